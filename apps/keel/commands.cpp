@@ -1,0 +1,22 @@
+#include "apps/keel/commands.h"
+
+#include <vector>
+
+namespace keel::cli {
+
+static std::vector<Command>& commands() {
+  static std::vector<Command> c;
+  return c;
+}
+
+void register_commands(CLI::App& app) {
+  commands().push_back(add_selfcheck(app));
+}
+
+int run_selected(CLI::App&) {
+  for (auto& c : commands())
+    if (c.app->parsed()) return c.run();
+  return 2;
+}
+
+}  // namespace keel::cli

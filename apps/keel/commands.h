@@ -1,0 +1,20 @@
+// Subcommand registry: each subcommand file defines add_<name>(CLI::App&) returning the
+// subcommand and the action to run when it is selected.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace keel::cli {
+
+using Action = std::function<int()>;
+struct Command {
+  CLI::App* app;
+  Action run;
+};
+
+Command add_selfcheck(CLI::App& app);
+
+void register_commands(CLI::App& app);
+int run_selected(CLI::App& app);
+
+}  // namespace keel::cli

@@ -1,0 +1,28 @@
+// keel: the command line. One file per subcommand; this file wires them and maps errors to the
+// exit codes of DESIGN §6 (0 done, 1 error, 2 bad usage or config, 3 stopped on a non-finite step).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "apps/keel/commands.h"
+#include "keel/numerics/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"keel: mixed-precision training with trustworthy numerics"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("keel ") + KEEL_VERSION);
+  keel::cli::register_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    return keel::cli::run_selected(app);
+  } catch (const keel::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return e.kind == keel::Error::kUsage ? 2 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

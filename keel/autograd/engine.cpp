@@ -1,0 +1,155 @@
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "keel/autograd/node.h"
+#include "keel/backend/elementwise.h"
+
+namespace keel {
+
+namespace {
+thread_local bool t_grad_enabled = true;
+thread_local uint64_t t_sequence = 0;
+thread_local const std::string* t_scope = nullptr;
+struct HookEntry {
+  int handle;
+  NodePostHook fn;
+};
+thread_local std::vector<HookEntry> t_hooks;
+thread_local int t_next_hook = 1;
+
+// a += b, both of a's dtype and shape (the sum of two gradient contributions).
+void accumulate_into(Tensor& a, const Tensor& b) {
+  KEEL_CHECK(a.numel() == b.numel(), "gradient shape mismatch " + shape_str(a.shape()) + " vs " +
+                                         shape_str(b.shape()));
+  Tensor bb = b.dtype() == a.dtype() ? b : b.to_dtype(a.dtype());
+  elementwise_kernels(a.device()).add(a.data(), a.data(), bb.data(), a.dtype(), a.numel());
+}
+}  // namespace
+
+bool grad_mode_enabled() { return t_grad_enabled; }
+NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }
+
+const std::string* current_scope() { return t_scope; }
+ScopeGuard::ScopeGuard(const std::string* s) : prev_(t_scope) { t_scope = s; }
+ScopeGuard::~ScopeGuard() { t_scope = prev_; }
+
+bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
+  if (!t_grad_enabled) return false;
+  for (const Tensor* t : inputs)
+    if (t && t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+static std::shared_ptr<Node> edge_for(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return nullptr;
+  if (t.grad_fn()) return t.grad_fn();
+  TensorImpl* impl = t.impl();
+  if (!impl->grad_accumulator) {
+    auto acc = std::make_shared<AccumulateGrad>();
+    acc->leaf = t.impl_ptr();
+    acc->output_dtype = t.dtype();
+    acc->output_shape = t.shape();
+    impl->grad_accumulator = acc;
+  }
+  return impl->grad_accumulator;
+}
+
+void record_node(Tensor& out, std::shared_ptr<Node> node,
+                 std::initializer_list<const Tensor*> inputs) {
+  node->next.clear();
+  for (const Tensor* t : inputs) node->next.push_back(t ? edge_for(*t) : nullptr);
+  node->sequence_nr = ++t_sequence;
+  node->scope = t_scope;
+  node->output_dtype = out.dtype();
+  node->output_shape = out.shape();
+  out.impl()->grad_fn = std::move(node);
+  out.impl()->requires_grad = true;
+}
+
+int add_node_post_hook(NodePostHook hook) {
+  t_hooks.push_back({t_next_hook, std::move(hook)});
+  return t_next_hook++;
+}
+void remove_node_post_hook(int handle) {
+  t_hooks.erase(std::remove_if(t_hooks.begin(), t_hooks.end(),
+                               [&](const HookEntry& e) { return e.handle == handle; }),
+                t_hooks.end());
+}
+
+std::vector<Tensor> AccumulateGrad::backward(const Tensor& g) {
+  auto impl = leaf.lock();
+  if (!impl || !g.defined()) return {};
+  Tensor& grad = impl->grad;
+  if (!grad.defined()) {
+    grad = g.dtype() == impl->dtype ? g.clone() : g.to_dtype(impl->dtype);
+    grad = grad.view(impl->shape);
+  } else {
+    accumulate_into(grad, g);
+  }
+  return {};
+}
+
+void backward(const Tensor& root, const Tensor& grad_root) {
+  KEEL_CHECK(root.defined(), "backward of an undefined tensor");
+  KEEL_CHECK(root.requires_grad(),
+             "backward: the tensor does not require grad (was it computed under NoGradGuard, or "
+             "from parameters with requires_grad = false?)");
+  Tensor seed = grad_root;
+  if (!seed.defined()) {
+    KEEL_CHECK(root.numel() == 1, "backward: grad_root is required for a non-scalar output " +
+                                      shape_str(root.shape()));
+    seed = Tensor::full(root.shape(), 1.0f, root.dtype());
+  }
+  NoGradGuard no_grad;  // backward formulas never build graphs
+  std::shared_ptr<Node> start = root.grad_fn() ? root.grad_fn() : edge_for(root);
+
+  // Collect reachable nodes. Creation order is a topological order of a define-by-run graph, so
+  // running them in decreasing sequence number sees every consumer before its producer.
+  std::vector<Node*> order;
+  std::unordered_set<Node*> seen;
+  std::vector<Node*> stack{start.get()};
+  seen.insert(start.get());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    order.push_back(n);
+    for (auto& nx : n->next)
+      if (nx && seen.insert(nx.get()).second) stack.push_back(nx.get());
+  }
+  std::sort(order.begin(), order.end(), [](Node* a, Node* b) {
+    // Accumulators carry sequence 0 and run last; their order among themselves doesn't matter.
+    return a->sequence_nr > b->sequence_nr;
+  });
+
+  struct Pending {
+    Tensor grad;
+    bool owned;  // false while `grad` may alias a tensor a backward formula returned elsewhere
+  };
+  std::unordered_map<Node*, Pending> pending;
+  pending[start.get()] = {seed, false};
+  for (Node* n : order) {
+    auto it = pending.find(n);
+    if (it == pending.end()) continue;  // no gradient flows here
+    Tensor g = std::move(it->second.grad);
+    pending.erase(it);
+    std::vector<Tensor> grads = n->backward(g);
+    if (!t_hooks.empty())
+      for (auto& h : t_hooks) h.fn(*n, g, grads);
+    for (size_t i = 0; i < n->next.size() && i < grads.size(); ++i) {
+      Node* nx = n->next[i].get();
+      if (!nx || !grads[i].defined()) continue;
+      auto p = pending.find(nx);
+      if (p == pending.end()) {
+        pending.emplace(nx, Pending{std::move(grads[i]), false});
+      } else {
+        // A backward may hand the same tensor to several inputs (add does): copy before adding.
+        if (!p->second.owned) p->second = {p->second.grad.clone(), true};
+        accumulate_into(p->second.grad, grads[i]);
+      }
+    }
+  }
+}
+
+}  // namespace keel

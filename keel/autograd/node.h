@@ -1,0 +1,82 @@
+// Reverse-mode autograd: nodes, the thread-local grad mode, and the hooks the tracer attaches to.
+//
+// Eager and define-by-run: an op computes its output at once and, when grad mode is on and an
+// input requires grad, records a Node holding what its backward needs. Every node has exactly one
+// output (ops with several outputs are built from single-output ones).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/tensor/tensor.h"
+
+namespace keel {
+
+struct Node {
+  virtual ~Node() = default;
+  // Gradients with respect to each input given the gradient of the output. An entry may be left
+  // undefined when the input does not need one (check needs_grad(i) to skip the work).
+  virtual std::vector<Tensor> backward(const Tensor& grad_output) = 0;
+  virtual const char* name() const = 0;
+
+  bool needs_grad(size_t input) const { return input < next.size() && next[input] != nullptr; }
+
+  std::vector<std::shared_ptr<Node>> next;  // per input: its grad_fn, its accumulator, or null
+  uint64_t sequence_nr = 0;                 // creation order; backward runs in decreasing order
+  const std::string* scope = nullptr;       // module active at creation (outlives the graph)
+  DType output_dtype = DType::F32;
+  Shape output_shape;
+};
+
+// The node that accumulates into a leaf's .grad.
+struct AccumulateGrad final : Node {
+  std::weak_ptr<TensorImpl> leaf;
+  std::vector<Tensor> backward(const Tensor& grad_output) override;
+  const char* name() const override { return "AccumulateGrad"; }
+};
+
+// Grad mode: on by default, per thread.
+bool grad_mode_enabled();
+struct NoGradGuard {
+  NoGradGuard();
+  ~NoGradGuard();
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// The module scope recorded into nodes created on this thread (set by nn::Module's call).
+const std::string* current_scope();
+struct ScopeGuard {
+  explicit ScopeGuard(const std::string* scope);
+  ~ScopeGuard();
+  ScopeGuard(const ScopeGuard&) = delete;
+  ScopeGuard& operator=(const ScopeGuard&) = delete;
+
+ private:
+  const std::string* prev_;
+};
+
+// True when grad mode is on and any input requires grad: the op must record a node.
+bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
+
+// Wires `node` to `inputs` and makes it `out`'s grad_fn. Call only when any_requires_grad().
+void record_node(Tensor& out, std::shared_ptr<Node> node,
+                 std::initializer_list<const Tensor*> inputs);
+
+// Post-hooks run after a node's backward with its output gradient and the input gradients it
+// produced. Hooks are per thread; the engine pays one branch when none is attached.
+using NodePostHook = std::function<void(const Node& node, const Tensor& grad_output,
+                                        const std::vector<Tensor>& grad_inputs)>;
+int add_node_post_hook(NodePostHook hook);  // returns a handle
+void remove_node_post_hook(int handle);
+
+// Runs backward from `root` (a scalar unless `grad_root` is given), accumulating into the .grad of
+// every leaf that requires grad. Grads of a leaf keep the leaf's dtype.
+void backward(const Tensor& root, const Tensor& grad_root = Tensor());
+
+}  // namespace keel

@@ -1,0 +1,15 @@
+// Everything the per-ISA kernel sources (*.inc) may use, included before the target pragma.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "keel/backend/cpu/kernel_tables.h"
+#include "keel/backend/parallel.h"
+#include "keel/numerics/convert.h"
+#include "keel/numerics/error.h"

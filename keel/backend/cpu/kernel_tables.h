@@ -1,0 +1,25 @@
+// The kernel families every ISA variant provides (one table per family per ISA).
+#pragma once
+#include "keel/backend/cpu/isa.h"
+#include "keel/backend/elementwise.h"
+
+namespace keel::cpu {
+#define KEEL_DECLARE_ISA_TABLES(ns) \
+  namespace ns {                    \
+  extern const ElementwiseKernels elementwise; \
+  }
+KEEL_DECLARE_ISA_TABLES(generic)
+KEEL_DECLARE_ISA_TABLES(avx2)
+KEEL_DECLARE_ISA_TABLES(avx512)
+#undef KEEL_DECLARE_ISA_TABLES
+
+// Picks the table of the running ISA level: pick(generic::x, avx2::x, avx512::x).
+template <class T>
+const T& pick(const T& g, const T& a2, const T& a512) {
+  switch (cpu_isa()) {
+    case CpuIsa::Avx512: return a512;
+    case CpuIsa::Avx2: return a2;
+    default: return g;
+  }
+}
+}  // namespace keel::cpu

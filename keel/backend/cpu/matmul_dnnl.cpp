@@ -1,0 +1,134 @@
+// CPU matmul through oneDNN, primitives cached per shape (creation JITs code: ~8 ms; a cache hit
+// costs microseconds). Transposes are strides, never copies.
+#include <dnnl.hpp>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "keel/backend/elementwise.h"
+#include "keel/backend/matmul.h"
+#include "keel/numerics/error.h"
+
+namespace keel {
+namespace {
+
+using dt = dnnl::memory::data_type;
+
+dt to_dnnl(DType d) {
+  switch (d) {
+    case DType::F32: return dt::f32;
+    case DType::BF16: return dt::bf16;
+    case DType::F16: return dt::f16;
+    default: KEEL_CHECK(false, "matmul: floating dtype required");
+  }
+  return dt::undef;
+}
+
+struct Ctx {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::mutex mu;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, bool>;
+  std::map<Key, std::shared_ptr<dnnl::matmul>> cache;
+  std::map<std::pair<int, int>, bool> supported;  // (in_dt, out_dt) -> primitive creation works
+};
+
+Ctx& ctx() {
+  static Ctx c;
+  return c;
+}
+
+dnnl::memory::desc desc(DType d, int64_t batch, int64_t rows, int64_t cols, bool trans) {
+  // Logical [batch, rows, cols]; stored [batch, cols, rows] when trans.
+  dnnl::memory::dims dims{batch, rows, cols};
+  dnnl::memory::dims strides = trans ? dnnl::memory::dims{rows * cols, 1, rows}
+                                     : dnnl::memory::dims{rows * cols, cols, 1};
+  return dnnl::memory::desc(dims, to_dnnl(d), strides);
+}
+
+std::shared_ptr<dnnl::matmul> primitive(const MatmulArgs& a) {
+  Ctx& c = ctx();
+  Ctx::Key key{a.batch, a.m, a.n, a.k, a.trans_a, a.trans_b, int(a.in_dt), int(a.out_dt),
+               a.accumulate};
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.cache.find(key);
+  if (it != c.cache.end()) return it->second;
+  std::shared_ptr<dnnl::matmul> p;
+  try {
+    auto ad = desc(a.in_dt, a.batch, a.m, a.k, a.trans_a);
+    auto bd = desc(a.in_dt, a.batch, a.k, a.n, a.trans_b);
+    auto cd = desc(a.out_dt, a.batch, a.m, a.n, false);
+    dnnl::primitive_attr attr;
+    if (a.accumulate) {
+      dnnl::post_ops po;
+      po.append_sum(1.0f);
+      attr.set_post_ops(po);
+    }
+    p = std::make_shared<dnnl::matmul>(
+        dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), attr, c.engine));
+  } catch (const dnnl::error&) {
+    p = nullptr;  // this CPU has no kernel for the dtype: the caller converts to f32
+  }
+  c.cache[key] = p;
+  return p;
+}
+
+void run(const MatmulArgs& a, const std::shared_ptr<dnnl::matmul>& p) {
+  Ctx& c = ctx();
+  auto ad = desc(a.in_dt, a.batch, a.m, a.k, a.trans_a);
+  auto bd = desc(a.in_dt, a.batch, a.k, a.n, a.trans_b);
+  auto cd = desc(a.out_dt, a.batch, a.m, a.n, false);
+  dnnl::memory am(ad, c.engine, const_cast<void*>(a.a));
+  dnnl::memory bm(bd, c.engine, const_cast<void*>(a.b));
+  dnnl::memory cm(cd, c.engine, a.c);
+  p->execute(c.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  c.stream.wait();
+}
+
+void cpu_matmul(const MatmulArgs& a) {
+  KEEL_CHECK(a.out_dt == DType::F32 || a.out_dt == a.in_dt, "matmul: out dtype must be f32 or in");
+  if (a.batch == 0 || a.m == 0 || a.n == 0) return;
+  if (a.k == 0) {  // empty sum: C = 0 (or unchanged when accumulating)
+    if (!a.accumulate) {
+      std::vector<float> z(a.batch * a.m * a.n, 0.f);
+      elementwise_kernels(Device::cpu()).convert(a.c, a.out_dt, z.data(), DType::F32, z.size());
+    }
+    return;
+  }
+  if (auto p = primitive(a)) return run(a, p);
+  // No native kernel (f16 on CPUs without AVX512-FP16/AMX, bf16 without AVX512): convert the
+  // inputs to f32 (exact for both), multiply in f32, round the result once.
+  const auto& ew = elementwise_kernels(Device::cpu());
+  std::vector<float> fa(a.batch * a.m * a.k), fb(a.batch * a.k * a.n);
+  ew.convert(fa.data(), DType::F32, a.a, a.in_dt, fa.size());
+  ew.convert(fb.data(), DType::F32, a.b, a.in_dt, fb.size());
+  MatmulArgs f = a;
+  f.a = fa.data();
+  f.b = fb.data();
+  f.in_dt = DType::F32;
+  if (a.out_dt == DType::F32) {
+    f.out_dt = DType::F32;
+    return run(f, primitive(f));
+  }
+  std::vector<float> fc(a.batch * a.m * a.n);
+  if (a.accumulate) ew.convert(fc.data(), DType::F32, a.c, a.out_dt, fc.size());
+  f.c = fc.data();
+  f.out_dt = DType::F32;
+  run(f, primitive(f));
+  ew.convert(a.c, a.out_dt, fc.data(), DType::F32, fc.size());
+}
+
+const char* cpu_describe() { return "oneDNN matmul (f32 accumulation)"; }
+
+const MatmulKernels cpu_table{cpu_matmul, cpu_describe};
+
+}  // namespace
+
+const MatmulKernels& matmul_kernels(Device dev) {
+  KEEL_CHECK(dev.is_cpu(), "no matmul kernels for " + dev.str() + " in this build");
+  return cpu_table;
+}
+
+}  // namespace keel

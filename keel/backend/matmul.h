@@ -1,0 +1,30 @@
+// Kernel interface: (batched) matrix multiplication with f32 accumulation.
+#pragma once
+#include <cstdint>
+
+#include "keel/numerics/dtype.h"
+#include "keel/tensor/device.h"
+
+namespace keel {
+
+struct MatmulArgs {
+  void* c = nullptr;        // [batch, M, N], dtype out_dt
+  const void* a = nullptr;  // [batch, M, K], or [batch, K, M] when trans_a; dtype in_dt
+  const void* b = nullptr;  // [batch, K, N], or [batch, N, K] when trans_b; dtype in_dt
+  DType in_dt = DType::F32;
+  DType out_dt = DType::F32;  // F32 or in_dt
+  int64_t batch = 1, m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false;
+  bool accumulate = false;  // C += A·B instead of C = A·B
+};
+
+struct MatmulKernels {
+  // bf16 inputs multiply exactly and accumulate in f32; f16 inputs are converted to f32 (exact)
+  // where the CPU has no f16 matmul; the result is rounded once to out_dt.
+  void (*matmul)(const MatmulArgs& args);
+  const char* (*describe)();  // which implementation runs (for logs and the bench)
+};
+
+const MatmulKernels& matmul_kernels(Device dev);
+
+}  // namespace keel

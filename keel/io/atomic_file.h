@@ -1,0 +1,16 @@
+// Crash-safe writes: write to a temporary sibling, fsync it, rename over the target, fsync the
+// directory. Readers see the old content or the new, never a mix.
+#pragma once
+#include <string>
+#include <string_view>
+
+namespace keel::io {
+
+void write_file_atomic(const std::string& path, std::string_view content);
+// Same for a payload produced by a callback writing into a FILE*.
+void write_file_atomic(const std::string& path, const void* const* chunks, const size_t* sizes,
+                       size_t count);
+void fsync_dir(const std::string& dir);
+std::string read_file(const std::string& path);  // Error naming the file when unreadable
+
+}  // namespace keel::io

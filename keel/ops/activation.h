@@ -1,0 +1,14 @@
+// Differentiable activations. Computed in f32, stored in the input's dtype (PyTorch's opmath rule);
+// gradients have the input's dtype.
+#pragma once
+#include "keel/tensor/tensor.h"
+
+namespace keel::ops {
+
+enum class GeluApprox { None, Tanh };  // None = exact erf form; Tanh = GPT-2's "gelu_new"
+
+Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::Tanh);
+Tensor silu(const Tensor& x);                         // x * sigmoid(x)
+Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up (Llama MLP), same shapes
+
+}  // namespace keel::ops

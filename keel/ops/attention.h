@@ -1,0 +1,27 @@
+// Causal scaled-dot-product attention with an optional key-padding mask, three backends:
+//
+//  eager: S = round(scale * Q·Kᵀ) in the compute dtype, masked, P = softmax in f32 rounded to the
+//         compute dtype, O = P·V (f32 accumulation, rounded). What HF's eager attention does.
+//  math:  every intermediate in f32; O rounded once.
+//  flash: tiles over keys with an online softmax whose running max and sum are f32; each tile's P
+//         is rounded to the compute dtype before P·V; O accumulates in f32, rounded once.
+//
+// q: [B, Hq, T, D]; k, v: [B, Hkv, T, D] with Hq % Hkv == 0 (grouped-query attention without
+// copying k/v). key_padding_mask: U8 [B, T], 1 = real token, 0 = padding; undefined = none.
+// scale = 1/sqrt(D). A query row with no visible key (fully masked) outputs 0, not NaN.
+// Masked scores are -inf by intent and are never reported as non-finite findings.
+#pragma once
+#include <string_view>
+
+#include "keel/tensor/tensor.h"
+
+namespace keel::ops {
+
+enum class AttentionBackend { kEager, kMath, kFlash };
+AttentionBackend attention_backend_from_name(std::string_view name);  // Error on unknown names
+const char* attention_backend_name(AttentionBackend b);
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
+                 AttentionBackend backend = AttentionBackend::kEager);
+
+}  // namespace keel::ops

@@ -1,0 +1,16 @@
+// Differentiable element-wise arithmetic and dtype casts.
+//
+// Inputs share one floating dtype (no implicit promotion: autocast decides dtypes); `b` may have
+// the full shape of `a` or a suffix of it (broadcast over the leading dims, as a bias row).
+#pragma once
+#include "keel/tensor/tensor.h"
+
+namespace keel::ops {
+
+Tensor add(const Tensor& a, const Tensor& b);          // a + b
+Tensor mul(const Tensor& a, const Tensor& b);          // a * b
+Tensor scale(const Tensor& a, float s);                // s * a
+Tensor cast(const Tensor& a, DType dt);                // rounds to dt; backward casts back
+double sum_squares(const Tensor& a);                   // not differentiable: for norms
+
+}  // namespace keel::ops

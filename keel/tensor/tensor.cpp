@@ -1,0 +1,299 @@
+#include "keel/tensor/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace keel {
+
+Device device_from_string(std::string_view s) {
+  if (s == "cpu") return Device::cpu();
+  if (s == "cuda") return Device::cuda(0);
+  if (s.substr(0, 5) == "cuda:") {
+    try {
+      return Device::cuda(std::stoi(std::string(s.substr(5))));
+    } catch (...) {
+    }
+  }
+  throw Error("unknown device '" + std::string(s) + "': use cpu, cuda or cuda:N", Error::kUsage);
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+
+Storage::Storage(size_t n, Device dev) : nbytes(n), device(dev) {
+  KEEL_CHECK(dev.is_cpu(), "only cpu storage is available in this build");
+  const size_t rounded = (n + 63) / 64 * 64;
+  data = std::aligned_alloc(64, rounded ? rounded : 64);
+  if (!data) throw Error("out of memory allocating " + std::to_string(n) + " bytes");
+}
+
+Storage::~Storage() { std::free(data); }
+
+static const TensorImpl& need(const std::shared_ptr<TensorImpl>& p) {
+  KEEL_CHECK(p, "use of an undefined tensor");
+  return *p;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dt, Device dev) {
+  for (int64_t d : shape) KEEL_CHECK(d >= 0, "negative dimension in " + shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dt), dev);
+  impl->shape = shape;
+  impl->dtype = dt;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dt, Device dev) {
+  Tensor t = empty(shape, dt, dev);
+  std::memset(t.data(), 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::full(const Shape& shape, float value, DType dt) {
+  Tensor t = empty(shape, dt);
+  t.fill(value);
+  return t;
+}
+
+Tensor Tensor::from_floats(const std::vector<float>& v, const Shape& shape, DType dt) {
+  KEEL_CHECK(static_cast<int64_t>(v.size()) == shape_numel(shape),
+             "from_floats: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
+  Tensor t = empty(shape, dt);
+  const int64_t n = t.numel();
+  switch (dt) {
+    case DType::F32: std::memcpy(t.data(), v.data(), n * 4); break;
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) store_f32(t.data_as<bf16_t>() + i, v[i]);
+      break;
+    case DType::F16:
+      for (int64_t i = 0; i < n; ++i) store_f32(t.data_as<f16_t>() + i, v[i]);
+      break;
+    case DType::I32:
+      for (int64_t i = 0; i < n; ++i) t.data_as<int32_t>()[i] = static_cast<int32_t>(v[i]);
+      break;
+    case DType::I64:
+      for (int64_t i = 0; i < n; ++i) t.data_as<int64_t>()[i] = static_cast<int64_t>(v[i]);
+      break;
+    case DType::U8:
+      for (int64_t i = 0; i < n; ++i) t.data_as<uint8_t>()[i] = static_cast<uint8_t>(v[i]);
+      break;
+  }
+  return t;
+}
+
+Tensor Tensor::from_ints(const std::vector<int64_t>& v, const Shape& shape, DType dt) {
+  KEEL_CHECK(static_cast<int64_t>(v.size()) == shape_numel(shape),
+             "from_ints: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
+  Tensor t = empty(shape, dt);
+  for (size_t i = 0; i < v.size(); ++i) {
+    switch (dt) {
+      case DType::I32: t.data_as<int32_t>()[i] = static_cast<int32_t>(v[i]); break;
+      case DType::I64: t.data_as<int64_t>()[i] = v[i]; break;
+      case DType::U8: t.data_as<uint8_t>()[i] = static_cast<uint8_t>(v[i]); break;
+      default: KEEL_CHECK(false, "from_ints: integer dtype required");
+    }
+  }
+  return t;
+}
+
+const Shape& Tensor::shape() const { return need(impl_).shape; }
+int64_t Tensor::numel() const { return shape_numel(shape()); }
+DType Tensor::dtype() const { return need(impl_).dtype; }
+Device Tensor::device() const { return need(impl_).storage->device; }
+
+int64_t Tensor::size(int64_t d) const {
+  const int64_t n = dim();
+  if (d < 0) d += n;
+  KEEL_CHECK(d >= 0 && d < n, "dimension " + std::to_string(d) + " out of range for " +
+                                  shape_str(shape()));
+  return shape()[d];
+}
+
+void* Tensor::data() const {
+  const TensorImpl& i = need(impl_);
+  return static_cast<char*>(i.storage->data) + i.offset;
+}
+
+Tensor Tensor::view(const Shape& s) const {
+  Shape out = s;
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == -1) {
+      KEEL_CHECK(infer < 0, "view: more than one -1 in " + shape_str(s));
+      infer = static_cast<int64_t>(i);
+    } else {
+      known *= out[i];
+    }
+  }
+  if (infer >= 0) out[infer] = known ? numel() / known : 0;
+  KEEL_CHECK(shape_numel(out) == numel(),
+             "view: cannot view " + shape_str(shape()) + " as " + shape_str(s));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->offset = impl_->offset;
+  impl->shape = out;
+  impl->dtype = impl_->dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
+  KEEL_CHECK(dim() >= 1 && 0 <= begin && begin <= end && end <= shape()[0],
+             "slice_rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " +
+                 shape_str(shape()));
+  const int64_t row = numel() / std::max<int64_t>(shape()[0], 1);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->offset = impl_->offset + static_cast<size_t>(begin * row) * dtype_size(dtype());
+  impl->shape = shape();
+  impl->shape[0] = end - begin;
+  impl->dtype = impl_->dtype;
+  return Tensor(std::move(impl));
+}
+
+bool Tensor::shares_storage(const Tensor& o) const {
+  return defined() && o.defined() && impl_->storage == o.impl_->storage;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape(), dtype(), device());
+  std::memcpy(t.data(), data(), nbytes());
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  KEEL_CHECK(src.numel() == numel(), "copy_from: " + shape_str(src.shape()) + " into " +
+                                         shape_str(shape()));
+  if (src.dtype() == dtype()) {
+    std::memmove(data(), src.data(), nbytes());
+    return;
+  }
+  KEEL_CHECK(dtype_is_floating(dtype()) && dtype_is_floating(src.dtype()),
+             "copy_from: conversion between integer and floating tensors");
+  const int64_t n = numel();
+  std::vector<float> tmp;
+  const float* f = nullptr;
+  if (src.dtype() == DType::F32) {
+    f = src.data_as<float>();
+  } else {
+    tmp = src.to_floats();
+    f = tmp.data();
+  }
+  switch (dtype()) {
+    case DType::F32: std::memcpy(data(), f, n * 4); break;
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) store_f32(data_as<bf16_t>() + i, f[i]);
+      break;
+    case DType::F16:
+      for (int64_t i = 0; i < n; ++i) store_f32(data_as<f16_t>() + i, f[i]);
+      break;
+    default: break;
+  }
+}
+
+Tensor Tensor::to_dtype(DType dt) const {
+  if (dt == dtype()) return clone();
+  Tensor t = empty(shape(), dt, device());
+  t.copy_from(*this);
+  return t;
+}
+
+void Tensor::fill(float value) {
+  const int64_t n = numel();
+  switch (dtype()) {
+    case DType::F32:
+      for (int64_t i = 0; i < n; ++i) data_as<float>()[i] = value;
+      break;
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) store_f32(data_as<bf16_t>() + i, value);
+      break;
+    case DType::F16:
+      for (int64_t i = 0; i < n; ++i) store_f32(data_as<f16_t>() + i, value);
+      break;
+    case DType::I32:
+      for (int64_t i = 0; i < n; ++i) data_as<int32_t>()[i] = static_cast<int32_t>(value);
+      break;
+    case DType::I64:
+      for (int64_t i = 0; i < n; ++i) data_as<int64_t>()[i] = static_cast<int64_t>(value);
+      break;
+    case DType::U8:
+      for (int64_t i = 0; i < n; ++i) data_as<uint8_t>()[i] = static_cast<uint8_t>(value);
+      break;
+  }
+}
+
+std::vector<float> Tensor::to_floats() const {
+  const int64_t n = numel();
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    switch (dtype()) {
+      case DType::F32: v[i] = data_as<float>()[i]; break;
+      case DType::BF16: v[i] = load_f32(data_as<bf16_t>() + i); break;
+      case DType::F16: v[i] = load_f32(data_as<f16_t>() + i); break;
+      case DType::I32: v[i] = static_cast<float>(data_as<int32_t>()[i]); break;
+      case DType::I64: v[i] = static_cast<float>(data_as<int64_t>()[i]); break;
+      case DType::U8: v[i] = static_cast<float>(data_as<uint8_t>()[i]); break;
+    }
+  }
+  return v;
+}
+
+std::vector<int64_t> Tensor::to_ints() const {
+  const int64_t n = numel();
+  std::vector<int64_t> v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    switch (dtype()) {
+      case DType::I32: v[i] = data_as<int32_t>()[i]; break;
+      case DType::I64: v[i] = data_as<int64_t>()[i]; break;
+      case DType::U8: v[i] = data_as<uint8_t>()[i]; break;
+      default: KEEL_CHECK(false, "to_ints: integer dtype required");
+    }
+  }
+  return v;
+}
+
+float Tensor::item() const {
+  KEEL_CHECK(numel() == 1, "item() of a tensor with shape " + shape_str(shape()));
+  return to_floats()[0];
+}
+
+bool Tensor::requires_grad() const { return impl_ && impl_->requires_grad; }
+Tensor& Tensor::set_requires_grad(bool r) {
+  need(impl_);
+  impl_->requires_grad = r;
+  return *this;
+}
+const Tensor& Tensor::grad() const { return need(impl_).grad; }
+Tensor& Tensor::mutable_grad() {
+  need(impl_);
+  return impl_->grad;
+}
+void Tensor::set_grad(Tensor g) {
+  need(impl_);
+  impl_->grad = std::move(g);
+}
+const std::shared_ptr<Node>& Tensor::grad_fn() const { return need(impl_).grad_fn; }
+const std::string& Tensor::name() const { return need(impl_).name; }
+Tensor& Tensor::set_name(std::string n) {
+  need(impl_);
+  impl_->name = std::move(n);
+  return *this;
+}
+uint64_t Tensor::version() const { return need(impl_).version; }
+void Tensor::bump_version() {
+  need(impl_);
+  ++impl_->version;
+}
+
+}  // namespace keel

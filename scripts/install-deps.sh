@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what keel needs from Debian 12 packages (run as root). Idempotent: skips when present.
+set -euo pipefail
+pkgs=(cmake ninja-build g++ pkg-config git
+      libdnnl-dev libomp-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libfmt-dev
+      libgtest-dev libbenchmark-dev openmpi-bin libopenmpi-dev)
+if [ "${KEEL_WITH_TORCH:-0}" = 1 ]; then pkgs+=(python3-torch python3-numpy libopenblas0-openmp); fi
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,139 @@
+// matmul / linear: gradient checks, an f64 reference in every dtype, and determinism.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "keel/autograd/node.h"
+#include "keel/ops/elementwise.h"
+#include "keel/ops/linear.h"
+#include "tests/support/check.h"
+
+namespace keel {
+namespace {
+
+using test::expect_close;
+using test::expect_gradcheck;
+using test::randn;
+
+// Reference: y[m, n] = sum_k x[m, k] w[n, k] + b[n], f64 accumulation of the stored values.
+std::vector<float> linear_ref(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const auto xv = x.to_floats(), wv = w.to_floats();
+  const int64_t k = w.size(1), n = w.size(0), m = x.numel() / k;
+  std::vector<float> bv = b.defined() ? b.to_floats() : std::vector<float>(n, 0.f);
+  std::vector<float> y(m * n);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = bv[j];
+      for (int64_t p = 0; p < k; ++p) s += double(xv[i * k + p]) * wv[j * k + p];
+      y[i * n + j] = static_cast<float>(s);
+    }
+  return y;
+}
+
+TEST(Linear, ForwardMatchesReferenceInEveryDtype) {
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    Tensor x = randn({3, 5, 64}, 1, 1.0f, dt), w = randn({48, 64}, 2, 0.2f, dt);
+    Tensor b = randn({48}, 3, 0.5f, dt);
+    Tensor y = ops::linear(x, w, b);
+    EXPECT_EQ(y.dtype(), dt);
+    EXPECT_EQ(y.shape(), (Shape{3, 5, 48}));
+    // One rounding of the f32-accumulated result: atol covers f32 accumulation over k = 64.
+    expect_close(y.to_floats(), linear_ref(x, w, b), 1e-4, test::eps_of(dt),
+                 std::string("linear ") + dtype_name(dt));
+  }
+}
+
+TEST(Linear, Gradcheck) {
+  expect_gradcheck([](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1], in[2]); },
+                   {randn({2, 3, 4}, 1), randn({5, 4}, 2), randn({5}, 3)}, {}, "linear");
+  expect_gradcheck([](const std::vector<Tensor>& in) { return ops::linear(in[0], in[1]); },
+                   {randn({6, 4}, 4), randn({3, 4}, 5)}, {}, "linear no bias");
+}
+
+TEST(Matmul, GradcheckAllTransposes) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      Tensor a = ta ? randn({2, 4, 3}, 1) : randn({2, 3, 4}, 1);  // logical [2, 3, 4]
+      Tensor b = tb ? randn({2, 5, 4}, 2) : randn({2, 4, 5}, 2);  // logical [2, 4, 5]
+      expect_gradcheck(
+          [=](const std::vector<Tensor>& in) { return ops::matmul(in[0], in[1], ta, tb); }, {a, b},
+          {}, "matmul ta=" + std::to_string(ta) + " tb=" + std::to_string(tb));
+    }
+  // A 2-D right operand shared by every batch.
+  for (bool tb : {false, true})
+    expect_gradcheck(
+        [=](const std::vector<Tensor>& in) { return ops::matmul(in[0], in[1], false, tb); },
+        {randn({2, 3, 4}, 3), tb ? randn({5, 4}, 4) : randn({4, 5}, 4)}, {}, "matmul shared b");
+}
+
+TEST(Matmul, RejectsMismatchedShapes) {
+  EXPECT_THROW(ops::matmul(randn({2, 3}, 1), randn({4, 5}, 2)), Error);
+  EXPECT_THROW(ops::linear(randn({2, 3}, 1), randn({4, 5}, 2)), Error);
+  EXPECT_THROW(ops::linear(randn({2, 4}, 1), randn({3, 4}, 2, 1.f, DType::BF16)), Error);
+}
+
+TEST(Elementwise, Gradchecks) {
+  expect_gradcheck([](const std::vector<Tensor>& in) { return ops::add(in[0], in[1]); },
+                   {randn({3, 4}, 1), randn({3, 4}, 2)}, {}, "add");
+  expect_gradcheck([](const std::vector<Tensor>& in) { return ops::add(in[0], in[1]); },
+                   {randn({2, 3, 4}, 1), randn({4}, 2)}, {}, "add row broadcast");
+  expect_gradcheck([](const std::vector<Tensor>& in) { return ops::mul(in[0], in[1]); },
+                   {randn({3, 4}, 3), randn({3, 4}, 4)}, {}, "mul");
+  expect_gradcheck([](const std::vector<Tensor>& in) { return ops::mul(in[0], in[1]); },
+                   {randn({2, 3, 4}, 3), randn({3, 4}, 4)}, {}, "mul broadcast");
+  expect_gradcheck([](const std::vector<Tensor>& in) { return ops::scale(in[0], -2.5f); },
+                   {randn({7}, 5)}, {}, "scale");
+  // A tensor used twice: gradients from both uses add up.
+  expect_gradcheck([](const std::vector<Tensor>& in) { return ops::mul(in[0], in[0]); },
+                   {randn({5}, 6)}, {}, "x*x");
+}
+
+TEST(Elementwise, CastRoundsAndBackwardCastsBack) {
+  Tensor x = Tensor::from_floats({1.0f + 1.0f / 512, 70000.f}, {2}).set_requires_grad(true);
+  Tensor h = ops::cast(x, DType::F16);
+  EXPECT_EQ(h.dtype(), DType::F16);
+  auto hv = h.to_floats();
+  EXPECT_EQ(hv[0], 1.0f + 1.0f / 512);
+  EXPECT_TRUE(std::isinf(hv[1]));
+  Tensor bf = ops::cast(x, DType::BF16);
+  EXPECT_EQ(bf.to_floats()[0], 1.0f);
+  backward(ops::cast(bf, DType::F32), Tensor::from_floats({3.f, 4.f}, {2}));
+  EXPECT_EQ(x.grad().dtype(), DType::F32);
+  EXPECT_EQ(x.grad().to_floats(), (std::vector<float>{3.f, 4.f}));
+}
+
+TEST(Determinism, LinearBackwardIsBitIdenticalAcrossRuns) {
+  auto run = [] {
+    Tensor x = randn({16, 96}, 1), w = randn({80, 96}, 2, 0.1f), b = randn({80}, 3);
+    w.set_requires_grad(true);
+    b.set_requires_grad(true);
+    Tensor y = ops::linear(x, w, b);
+    backward(y, randn(y.shape(), 4));
+    return std::vector<Tensor>{y, w.grad(), b.grad()};
+  };
+  auto r1 = run(), r2 = run();
+  for (size_t i = 0; i < r1.size(); ++i) test::expect_bitwise_equal(r1[i], r2[i], "run");
+}
+
+}  // namespace
+}  // namespace keel
+
+namespace keel {
+namespace {
+
+TEST(Parity, LinearMatmulAndElementwiseMatchPyTorch) {
+  for (const char* dn : {"f32", "bf16", "f16"}) {
+    const std::string d = dn;
+    test::expect_parity("linear", "linear." + d,
+                        [](auto& in) { return ops::linear(in[0], in[1], in[2]); });
+    test::expect_parity("linear", "matmul." + d, [](auto& in) { return ops::matmul(in[0], in[1]); });
+    test::expect_parity("linear", "matmul_tb." + d,
+                        [](auto& in) { return ops::matmul(in[0], in[1], false, true); });
+    test::expect_parity("linear", "add." + d, [](auto& in) { return ops::add(in[0], in[1]); });
+    test::expect_parity("linear", "mul." + d, [](auto& in) { return ops::mul(in[0], in[1]); });
+    test::expect_parity("linear", "scale." + d, [](auto& in) { return ops::scale(in[0], 0.37f); });
+  }
+}
+
+}  // namespace
+}  // namespace keel
