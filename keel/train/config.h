@@ -1,0 +1,152 @@
+// Config: one TOML file per run (DESIGN §6). Every key, its type and default is documented in
+// docs/config.md; unknown keys are errors naming the key and the nearest valid one; --set
+// section.key=value overrides a key after the file is read.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace keel {
+
+struct RunConfig {
+  std::string out_dir;  // "" -> out/<UTC timestamp>
+  uint64_t seed = 1337;
+  bool resume = false;
+  std::string device = "cpu";  // cpu | cuda | cuda:N
+  int threads = 0;             // OpenMP threads; 0 = all cores
+};
+
+struct AdapterConfig {
+  std::string kind = "none";  // none | lora | dora | lokr
+  int64_t r = 8;
+  double alpha = 16;
+  double dropout = 0.0;
+  std::vector<std::string> target_modules = {"q_proj", "v_proj"};
+};
+
+struct ModelConfig {
+  std::string family = "gpt2";  // gpt2 | llama
+  std::string path;             // HF directory (config.json + model.safetensors); "" = from sizes
+  int64_t n_layer = 2;
+  int64_t n_embd = 64;
+  int64_t n_head = 4;
+  int64_t n_kv_head = 0;          // llama GQA; 0 = n_head
+  int64_t intermediate_size = 0;  // 0 = 4*n_embd (gpt2) or the Llama rule
+  int64_t vocab_size = 0;         // 0 = the tokenizer's
+  int64_t max_seq_len = 128;
+  bool tie_embeddings = true;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  double init_std = 0.02;
+  double dropout = 0.0;
+  std::string attention = "eager";  // eager | math | flash
+  std::string base_dtype = "f32";   // storage of a frozen base under adapters: f32 | bf16
+  AdapterConfig adapter;
+};
+
+struct DataConfig {
+  std::string task = "arith";  // arith (built in) | text | jsonl
+  std::string path;            // text / jsonl file
+  std::string tokenizer = "byte";
+  int64_t seq_len = 32;
+  bool pack = false;  // pack text into full seq_len rows instead of one example per row
+  bool shuffle = true;
+  int64_t num_examples = 20000;  // arith: training examples generated
+  int64_t eval_examples = 500;   // held-out examples
+  int64_t digits = 3;            // arith: max digits per operand
+};
+
+struct TrainConfig {
+  std::string precision = "32-true";  // 32-true | bf16-mixed | 16-mixed | bf16-true | 16-true
+                                      // (aliases 32, bf16, 16) | auto
+  int64_t batch_size = 32;
+  int64_t grad_accum = 1;
+  int64_t max_steps = 0;  // 0 = run `epochs` epochs
+  int64_t epochs = 1;
+  double max_grad_norm = 1.0;  // 0 = no clipping
+  std::string on_nonfinite = "capture";  // capture | skip | abort
+  int64_t eval_every = 0;                // steps; 0 = at the end only
+  bool allow_cpu_bf16 = false;           // auto picks bf16-mixed on CPUs with AVX512_BF16
+};
+
+struct OptimConfig {
+  std::string name = "adamw";  // adamw | sgd
+  double lr = 3e-3;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  double weight_decay = 0.01;  // not applied to norms and biases
+  double momentum = 0.9;       // sgd
+};
+
+struct SchedConfig {
+  std::string name = "cosine";  // constant | linear | cosine
+  int64_t warmup_steps = 0;
+  double warmup_ratio = 0.0;  // used when warmup_steps == 0
+  double min_lr_ratio = 0.0;  // floor of cosine/linear decay, as a fraction of lr
+};
+
+struct ScalerConfig {
+  bool enabled = true;  // only meaningful under 16-mixed
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  double min_scale = 0.0;  // 0 = none
+  double max_scale = 0.0;  // 0 = none
+  int64_t hysteresis = 1;  // 1 = PyTorch behaviour
+};
+
+struct LogConfig {
+  int64_t every = 10;  // console line every N steps
+  bool console = true;
+  bool metrics = true;      // out_dir/metrics.jsonl
+  bool tensorboard = true;  // out_dir/tb/events.out.tfevents.*
+  bool per_layer_grad_norm = false;
+  int64_t checkpoint_every = 0;  // steps; 0 = only at the end
+};
+
+struct UnderflowOverflowConfig {
+  bool enabled = false;
+  int64_t max_frames_to_save = 21;
+  std::vector<int64_t> trace_batch_nums;
+  int64_t abort_after_batch_num = -1;  // -1 = none
+};
+
+struct InjectConfig {
+  std::string module;  // "" = no injection
+  int64_t step = -1;
+  std::string kind = "nan";  // nan | inf | scale
+  double factor = 1.0;       // kind = scale
+};
+
+struct DebugConfig {
+  bool nan_capture = true;
+  UnderflowOverflowConfig underflow_overflow;
+  InjectConfig inject;
+};
+
+struct DistConfig {
+  std::string backend = "single";  // single | mpi | nccl
+};
+
+struct Config {
+  RunConfig run;
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  OptimConfig optim;
+  SchedConfig sched;
+  ScalerConfig scaler;
+  LogConfig log;
+  DebugConfig debug;
+  DistConfig dist;
+  std::string source;  // the file it was read from ("" = defaults)
+};
+
+// Reads `path` ("" = defaults only), then applies `overrides` ("section.key=value", TOML value
+// syntax, bare strings allowed). Errors (kind kUsage) name the file, the key, the line when known,
+// and the fix: an unknown key names the nearest valid key.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The effective config as TOML (written to out_dir/config.toml; a capture embeds it).
+std::string config_to_toml(const Config& c);
+
+}  // namespace keel
