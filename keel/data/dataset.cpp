@@ -1,0 +1,205 @@
+#include "keel/data/dataset.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "keel/numerics/error.h"
+
+namespace keel::data {
+
+Dataset::~Dataset() = default;
+
+ExampleDataset::ExampleDataset(std::vector<Example> examples, std::string source)
+    : examples_(std::move(examples)), source_(std::move(source)) {
+  for (size_t i = 0; i < examples_.size(); ++i)
+    KEEL_CHECK(examples_[i].tokens.size() == examples_[i].target.size(),
+               source_ + ": example " + std::to_string(i) + " has " +
+                   std::to_string(examples_[i].tokens.size()) + " tokens but " +
+                   std::to_string(examples_[i].target.size()) + " target flags");
+}
+
+const Example& ExampleDataset::get(int64_t i) const {
+  if (i < 0 || i >= size())
+    throw Error(source_ + ": example index " + std::to_string(i) + " is outside [0, " +
+                std::to_string(size()) + ")");
+  return examples_[static_cast<size_t>(i)];
+}
+
+namespace {
+
+void check_seq_len(int64_t seq_len, const std::string& path) {
+  if (seq_len < 2)
+    throw Error(path + ": seq_len is " + std::to_string(seq_len) +
+                    "; next-token prediction needs at least 2 positions (set data.seq_len >= 2)",
+                Error::kUsage);
+}
+
+std::string read_whole_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw Error("dataset file " + path + " does not exist (check data.path)");
+  if (std::filesystem::is_directory(path, ec))
+    throw Error("dataset path " + path + " is a directory; data.path must name a file");
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (!in || in.bad()) throw Error("cannot read dataset file " + path + " (permissions?)");
+  return ss.str();
+}
+
+bool is_blank(std::string_view line) {
+  return line.find_first_not_of(" \t\r") == std::string_view::npos;
+}
+
+// Calls f(line, line_number) for each line (1-based; '\n' separated, the last line may lack it).
+template <class F>
+void for_each_line(const std::string& text, F&& f) {
+  size_t pos = 0;
+  int64_t number = 1;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    f(std::string_view(text).substr(pos, end - pos), number++);
+    pos = end + 1;
+  }
+}
+
+// Tokens the loader will use as labels: positions 1..min(len, seq_len)-1 with target set (token 0
+// has no preceding position to predict it from; tokens past seq_len are truncated).
+int64_t trainable_tokens(const Example& e, int64_t seq_len) {
+  const int64_t len = std::min<int64_t>(static_cast<int64_t>(e.tokens.size()), seq_len);
+  int64_t n = 0;
+  for (int64_t t = 1; t < len; ++t) n += e.target[static_cast<size_t>(t)] != 0;
+  return n;
+}
+
+Example all_targets(std::vector<int32_t> tokens) {
+  Example e;
+  e.target.assign(tokens.size(), 1);
+  e.tokens = std::move(tokens);
+  return e;
+}
+
+}  // namespace
+
+std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const ByteTokenizer& tok,
+                                           int64_t seq_len, bool pack) {
+  check_seq_len(seq_len, path);
+  const std::string text = read_whole_file(path);
+  std::vector<Example> examples;
+  if (pack) {
+    const std::vector<int32_t> ids = tok.encode(text);  // [n]
+    const size_t n = ids.size(), len = static_cast<size_t>(seq_len), stride = len - 1;
+    // Rows overlap by one token: row k's last token is row k+1's first, whose label lives in row
+    // k (the last position of a row has none). A row needs 2 tokens to predict anything.
+    for (size_t start = 0; start + 1 < n; start += stride) {
+      const size_t end = std::min(start + len, n);
+      examples.push_back(all_targets(
+          {ids.begin() + static_cast<int64_t>(start), ids.begin() + static_cast<int64_t>(end)}));
+    }
+    if (examples.empty())
+      throw Error(path + ": the file holds " + std::to_string(n) +
+                  " bytes; packing needs at least 2 tokens to predict one");
+  } else {
+    std::string para;
+    bool open = false;
+    auto flush = [&] {
+      if (!open) return;
+      std::vector<int32_t> ids = tok.encode(para);
+      ids.push_back(static_cast<int32_t>(tok.eos_id()));
+      examples.push_back(all_targets(std::move(ids)));
+      para.clear();
+      open = false;
+    };
+    for_each_line(text, [&](std::string_view line, int64_t) {
+      if (is_blank(line)) return flush();
+      if (open) para.push_back('\n');
+      para.append(line);
+      open = true;
+    });
+    flush();
+    if (examples.empty())
+      throw Error(path + ": no text (the file is empty or holds only blank lines)");
+  }
+  return std::make_unique<ExampleDataset>(std::move(examples), path);
+}
+
+std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const ByteTokenizer& tok,
+                                            int64_t seq_len) {
+  using json = nlohmann::json;
+  check_seq_len(seq_len, path);
+  const std::string text = read_whole_file(path);
+  static const char* kExpected =
+      "expected {\"prompt\": ..., \"completion\": ...} or {\"text\": ...}";
+  std::vector<Example> examples;
+  for_each_line(text, [&](std::string_view line, int64_t number) {
+    if (is_blank(line)) return;
+    auto bad = [&](const std::string& what) {
+      return Error(path + ": line " + std::to_string(number) + ": " + what);
+    };
+    json obj;
+    try {
+      obj = json::parse(line);
+    } catch (const json::parse_error& e) {
+      // e.what() is "[json.exception...] parse error at line 1, column C: DETAIL"; the "line 1"
+      // is the line's own, so report the column and the detail only.
+      std::string detail = e.what();
+      const size_t colon = detail.find(": ");
+      if (colon != std::string::npos) detail = detail.substr(colon + 2);
+      throw bad("invalid JSON at column " + std::to_string(e.byte) + ": " + detail + "; " +
+                kExpected);
+    }
+    if (!obj.is_object())
+      throw bad(std::string("a JSON ") + obj.type_name() + " instead of an object; " + kExpected);
+    auto get_string = [&](const char* key) {
+      const json& v = obj.at(key);
+      if (!v.is_string())
+        throw bad(std::string("\"") + key + "\" must be a string, got " + v.type_name() + "; " +
+                  kExpected);
+      return v.get<std::string>();
+    };
+    const bool has_text = obj.contains("text"), has_prompt = obj.contains("prompt"),
+               has_completion = obj.contains("completion");
+    Example e;
+    if (has_text && (has_prompt || has_completion)) {
+      throw bad("has both \"text\" and \"prompt\"/\"completion\" (which one is the data?); " +
+                std::string(kExpected));
+    } else if (has_text) {
+      e = all_targets(tok.encode(get_string("text")));
+      e.tokens.push_back(static_cast<int32_t>(tok.eos_id()));
+      e.target.push_back(1);
+    } else if (has_prompt || has_completion) {
+      if (!has_completion) throw bad(std::string("missing \"completion\"; ") + kExpected);
+      if (!has_prompt) throw bad(std::string("missing \"prompt\"; ") + kExpected);
+      e.tokens = tok.encode(get_string("prompt"));
+      e.target.assign(e.tokens.size(), 0);  // context: no loss on the prompt
+      const std::vector<int32_t> completion = tok.encode(get_string("completion"));
+      e.tokens.insert(e.tokens.end(), completion.begin(), completion.end());
+      e.tokens.push_back(static_cast<int32_t>(tok.eos_id()));
+      e.target.resize(e.tokens.size(), 1);
+      // The loader keeps the first seq_len tokens and labels positions 0..seq_len-2, i.e. it can
+      // train on tokens 1..seq_len-1; the first completion token sits at prompt_len.
+      const int64_t prompt_len = static_cast<int64_t>(e.tokens.size() - completion.size() - 1);
+      if (prompt_len > seq_len - 1)
+        throw bad("the prompt is " + std::to_string(prompt_len) + " tokens, so with seq_len " +
+                  std::to_string(seq_len) +
+                  " no completion token is left to train on; raise data.seq_len or shorten the "
+                  "prompt");
+    } else {
+      throw bad(std::string("missing \"text\" (or \"prompt\" and \"completion\"); ") + kExpected);
+    }
+    if (trainable_tokens(e, seq_len) == 0)
+      throw bad(
+          "nothing to train on (an empty \"text\" or \"completion\" with no preceding "
+          "token); remove the line or give it content");
+    examples.push_back(std::move(e));
+  });
+  if (examples.empty())
+    throw Error(path + ": no examples (the file is empty or holds only blank lines); " + kExpected);
+  return std::make_unique<ExampleDataset>(std::move(examples), path);
+}
+
+}  // namespace keel::data

@@ -1,0 +1,95 @@
+#include "keel/data/loader.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "keel/data/rng.h"
+#include "keel/numerics/error.h"
+
+namespace keel::data {
+
+Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_len, int64_t pad_id) {
+  KEEL_CHECK(seq_len >= 2 && !ids.empty(), "collate needs seq_len >= 2 and at least one example");
+  const int64_t B = static_cast<int64_t>(ids.size()), T = seq_len;
+  Batch b;
+  b.input_ids = Tensor::empty({B, T}, DType::I64);      // [B, T]
+  b.labels = Tensor::empty({B, T}, DType::I64);         // [B, T]
+  b.attention_mask = Tensor::empty({B, T}, DType::U8);  // [B, T]
+  int64_t* in = b.input_ids.data_as<int64_t>();
+  int64_t* lab = b.labels.data_as<int64_t>();
+  uint8_t* mask = b.attention_mask.data_as<uint8_t>();
+  for (int64_t r = 0; r < B; ++r) {
+    const Example& e = ds.get(ids[static_cast<size_t>(r)]);
+    KEEL_CHECK(e.tokens.size() == e.target.size(), "example tokens and target differ in length");
+    const int64_t len = std::min<int64_t>(static_cast<int64_t>(e.tokens.size()), T);
+    int64_t* in_r = in + r * T;
+    int64_t* lab_r = lab + r * T;
+    uint8_t* mask_r = mask + r * T;
+    for (int64_t t = 0; t < T; ++t) {
+      const bool real = t < len;
+      in_r[t] = real ? e.tokens[static_cast<size_t>(t)] : pad_id;
+      mask_r[t] = real ? 1 : 0;
+      // Position t predicts token t+1, which must exist within the kept row and be a target.
+      const bool labeled = t + 1 < len && e.target[static_cast<size_t>(t + 1)] != 0;
+      lab_r[t] = labeled ? e.tokens[static_cast<size_t>(t + 1)] : kIgnoreLabel;
+      b.n_targets += labeled;
+    }
+  }
+  b.example_ids = ids;
+  return b;
+}
+
+DataLoader::DataLoader(const Dataset& ds, int64_t batch_size, int64_t seq_len, int64_t pad_id,
+                       bool shuffle, uint64_t seed)
+    : ds_(ds),
+      batch_size_(batch_size),
+      seq_len_(seq_len),
+      pad_id_(pad_id),
+      shuffle_(shuffle),
+      seed_(seed) {
+  if (ds.size() <= 0)
+    throw Error("DataLoader: the dataset is empty; check data.path (or data.num_examples)",
+                Error::kUsage);
+  if (batch_size < 1)
+    throw Error("DataLoader: batch_size is " + std::to_string(batch_size) + "; it must be >= 1",
+                Error::kUsage);
+  if (seq_len < 2)
+    throw Error("DataLoader: seq_len is " + std::to_string(seq_len) +
+                    "; next-token prediction needs at least 2 positions (set data.seq_len >= 2)",
+                Error::kUsage);
+  batches_per_epoch_ = (ds.size() + batch_size - 1) / batch_size;
+}
+
+std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
+  if (epoch < 0) throw Error("DataLoader: epoch " + std::to_string(epoch) + " is negative");
+  std::vector<int64_t> order(static_cast<size_t>(ds_.size()));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  if (shuffle_) {
+    // One stream per (seed, epoch): mixing both through the bijective mix64 keeps nearby seeds
+    // and epochs from producing related streams.
+    SplitMix64 rng(mix64(seed_) ^ mix64(static_cast<uint64_t>(epoch) + 0x632be59bd9b4e019ULL));
+    shuffle_in_place(order, rng);
+  }
+  return order;
+}
+
+Batch DataLoader::batch(int64_t epoch, int64_t index) const {
+  if (index < 0 || index >= batches_per_epoch_)
+    throw Error("DataLoader: batch index " + std::to_string(index) + " is outside [0, " +
+                std::to_string(batches_per_epoch_) + ") for an epoch of " +
+                std::to_string(ds_.size()) + " examples in batches of " +
+                std::to_string(batch_size_));
+  std::vector<int64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cached_epoch_ != epoch) {
+      cached_order_ = epoch_order(epoch);
+      cached_epoch_ = epoch;
+    }
+    const int64_t begin = index * batch_size_, end = std::min(begin + batch_size_, ds_.size());
+    ids.assign(cached_order_.begin() + begin, cached_order_.begin() + end);
+  }
+  return collate(ds_, ids, seq_len_, pad_id_);
+}
+
+}  // namespace keel::data
