@@ -1,0 +1,65 @@
+// Autocast: a thread-local policy that the nn layers consult (DESIGN §2, §8), with PyTorch's op
+// rules in one table. Ops themselves never cast; modules ask `autocast(op, t)` for each input.
+//
+//   lower precision: linear, matmul, attention -> compute dtype (f32 accumulation inside)
+//   f32:             softmax, log_softmax, layer_norm, rms_norm, cross_entropy -> f32
+//   input dtype:     everything else (gelu, silu, swiglu, embedding, rope, dropout, add, mul);
+//                    binary ops with mixed dtypes promote to the widest (f32 beats bf16/f16).
+//
+// Casts of f32 leaves that require grad (the weights) to the compute dtype are cached, keyed on
+// the tensor and its version, until the outermost AutocastGuard exits — one copy per step, not per
+// use; the optimizer bumps versions, so a stale copy is never reused.
+#pragma once
+#include <utility>
+
+#include "keel/tensor/tensor.h"
+
+namespace keel::amp {
+
+enum class CastPolicy { kLowerPrecision, kFp32, kInputDtype };
+enum class AmpOp {
+  kLinear,
+  kMatmul,
+  kAttention,  // lower precision
+  kSoftmax,
+  kLogSoftmax,
+  kLayerNorm,
+  kRmsNorm,
+  kCrossEntropy,  // f32
+  kGelu,
+  kSilu,
+  kSwiglu,
+  kEmbedding,
+  kRope,
+  kDropout,
+  kAdd,
+  kMul,  // input dtype
+};
+CastPolicy cast_policy(AmpOp op);
+const char* amp_op_name(AmpOp op);
+
+bool autocast_enabled();
+DType autocast_dtype();
+
+class AutocastGuard {
+ public:
+  AutocastGuard(bool enabled, DType dtype);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  bool prev_enabled_;
+  DType prev_dtype_;
+};
+
+// The tensor `op` should receive for input `t` under the current state (t itself when no cast).
+// Integer tensors and undefined tensors pass through.
+Tensor autocast(AmpOp op, const Tensor& t);
+// Both operands in their widest floating dtype (type promotion of binary ops).
+std::pair<Tensor, Tensor> promote(const Tensor& a, const Tensor& b);
+
+// Number of cached weight casts (tests).
+size_t cast_cache_size();
+
+}  // namespace keel::amp

@@ -1,0 +1,44 @@
+#include "keel/models/causal_lm.h"
+
+#include "keel/models/gpt2.h"
+#include "keel/models/llama.h"
+#include "keel/numerics/error.h"
+
+namespace keel::models {
+
+int64_t ModelSpec::ffn_dim() const {
+  if (intermediate_size > 0) return intermediate_size;
+  if (family == "gpt2") return 4 * n_embd;
+  const int64_t h = 8 * n_embd / 3;  // Llama: 2/3 of 4d, rounded up to a multiple of 32
+  return (h + 31) / 32 * 32;
+}
+
+void ModelSpec::validate() const {
+  auto bad = [](const std::string& m) { return Error("model: " + m, Error::kUsage); };
+  if (family != "gpt2" && family != "llama")
+    throw bad("unknown family '" + family + "': use gpt2 or llama");
+  if (n_layer < 1 || n_embd < 1 || n_head < 1) throw bad("n_layer, n_embd and n_head must be >= 1");
+  if (n_embd % n_head)
+    throw bad("n_embd " + std::to_string(n_embd) + " is not divisible by n_head " +
+              std::to_string(n_head));
+  if (family == "llama" && head_dim() % 2)
+    throw bad("llama needs an even head dim for RoPE, got " + std::to_string(head_dim()));
+  if (n_head % kv_heads())
+    throw bad("n_head " + std::to_string(n_head) + " is not a multiple of n_kv_head " +
+              std::to_string(kv_heads()));
+  if (vocab_size < 1) throw bad("vocab_size must be >= 1");
+  if (max_seq_len < 1) throw bad("max_seq_len must be >= 1");
+}
+
+std::unique_ptr<CausalLM> make_causal_lm(const ModelSpec& spec, uint64_t seed) {
+  spec.validate();
+  std::unique_ptr<CausalLM> m;
+  if (spec.family == "gpt2")
+    m = std::make_unique<GPT2LMHeadModel>(spec, seed);
+  else
+    m = std::make_unique<LlamaForCausalLM>(spec, seed);
+  m->assign_paths();
+  return m;
+}
+
+}  // namespace keel::models

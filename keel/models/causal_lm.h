@@ -1,0 +1,53 @@
+// Decoder-only language models with HF parameter names: GPT-2 (GPT2LMHeadModel) and the Llama
+// family (LlamaForCausalLM). Linear weights use the nn.Linear layout [out, in]; GPT-2's HF
+// checkpoints store Conv1D weights transposed, which the loader (io/) undoes.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "keel/nn/module.h"
+#include "keel/ops/attention.h"
+
+namespace keel::models {
+
+struct ModelSpec {
+  std::string family = "gpt2";  // gpt2 | llama
+  int64_t n_layer = 2, n_embd = 64, n_head = 4;
+  int64_t n_kv_head = 0;          // llama: grouped-query heads; 0 = n_head
+  int64_t intermediate_size = 0;  // 0: 4*n_embd (gpt2); Llama's rule (8/3 n_embd, multiple of 32)
+  int64_t vocab_size = 0;
+  int64_t max_seq_len = 128;
+  bool tie_embeddings = true;  // gpt2 always ties
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  double init_std = 0.02;
+  double dropout = 0.0;
+  ops::AttentionBackend attention = ops::AttentionBackend::kEager;
+  DType param_dtype = DType::F32;
+
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t ffn_dim() const;
+  int64_t head_dim() const { return n_embd / n_head; }
+  void validate() const;  // Error (kUsage) naming the inconsistent sizes
+};
+
+class CausalLM : public nn::Module {
+ public:
+  CausalLM(std::string type, ModelSpec spec)
+      : nn::Module(std::move(type)), spec_(std::move(spec)) {}
+  // input_ids: I64 [B, T]; attention_mask: U8 [B, T] (1 real, 0 pad) or undefined.
+  // Returns logits [B, T, V] in the dtype of the last projection (compute dtype under autocast).
+  virtual Tensor forward(const Tensor& input_ids, const Tensor& attention_mask) = 0;
+  const ModelSpec& spec() const { return spec_; }
+  void set_attention_backend(ops::AttentionBackend b) { spec_.attention = b; }
+
+ protected:
+  ModelSpec spec_;
+};
+
+// Builds a model with deterministic initialization from `seed` (GPT-2: N(0, init_std), residual
+// projections scaled by 1/sqrt(2 n_layer), biases 0, norms 1; Llama: N(0, init_std), norms 1).
+std::unique_ptr<CausalLM> make_causal_lm(const ModelSpec& spec, uint64_t seed);
+
+}  // namespace keel::models

@@ -1,0 +1,116 @@
+#include "keel/models/gpt2.h"
+
+#include <cmath>
+
+#include "keel/amp/autocast.h"
+#include "keel/ops/linear.h"
+#include "keel/ops/shape.h"
+#include "keel/tensor/random.h"
+
+namespace keel::models {
+
+GPT2Attention::GPT2Attention(const ModelSpec& s)
+    : nn::Module("GPT2Attention"), n_head(s.n_head), n_embd(s.n_embd) {
+  c_attn = register_module(
+      "c_attn", std::make_unique<nn::Linear>(s.n_embd, 3 * s.n_embd, true, s.param_dtype));
+  c_proj = register_module("c_proj",
+                           std::make_unique<nn::Linear>(s.n_embd, s.n_embd, true, s.param_dtype));
+  resid_dropout = register_module("resid_dropout", std::make_unique<nn::Dropout>(s.dropout));
+}
+
+Tensor GPT2Attention::forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend) {
+  return call({x}, [&] {
+    Tensor qkv = c_attn->forward(x);                              // [B, T, 3C]
+    auto parts = ops::split_last(qkv, {n_embd, n_embd, n_embd});  // 3 x [B, T, C]
+    using amp::AmpOp;
+    Tensor q = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[0], n_head));  // [B,H,T,D]
+    Tensor k = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[1], n_head));
+    Tensor v = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[2], n_head));
+    Tensor y = ops::merge_heads(ops::attention(q, k, v, mask, backend));  // [B, T, C]
+    return resid_dropout->forward(c_proj->forward(y));
+  });
+}
+
+GPT2MLP::GPT2MLP(const ModelSpec& s) : nn::Module("GPT2MLP") {
+  c_fc = register_module("c_fc",
+                         std::make_unique<nn::Linear>(s.n_embd, s.ffn_dim(), true, s.param_dtype));
+  c_proj = register_module(
+      "c_proj", std::make_unique<nn::Linear>(s.ffn_dim(), s.n_embd, true, s.param_dtype));
+  dropout = register_module("dropout", std::make_unique<nn::Dropout>(s.dropout));
+}
+
+Tensor GPT2MLP::forward(const Tensor& x) {
+  return call({x}, [&] {
+    Tensor h = ops::gelu(c_fc->forward(x), ops::GeluApprox::Tanh);  // [B, T, 4C]
+    return dropout->forward(c_proj->forward(h));
+  });
+}
+
+GPT2Block::GPT2Block(const ModelSpec& s) : nn::Module("GPT2Block") {
+  ln_1 =
+      register_module("ln_1", std::make_unique<nn::LayerNorm>(s.n_embd, s.norm_eps, s.param_dtype));
+  attn = register_module("attn", std::make_unique<GPT2Attention>(s));
+  ln_2 =
+      register_module("ln_2", std::make_unique<nn::LayerNorm>(s.n_embd, s.norm_eps, s.param_dtype));
+  mlp = register_module("mlp", std::make_unique<GPT2MLP>(s));
+}
+
+Tensor GPT2Block::forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend) {
+  return call({x}, [&] {
+    Tensor h = nn::residual_add(x, attn->forward(ln_1->forward(x), mask, backend));
+    return nn::residual_add(h, mlp->forward(ln_2->forward(h)));
+  });
+}
+
+GPT2Model::GPT2Model(const ModelSpec& s) : nn::Module("GPT2Model") {
+  wte = register_module("wte",
+                        std::make_unique<nn::Embedding>(s.vocab_size, s.n_embd, s.param_dtype));
+  wpe = register_module("wpe",
+                        std::make_unique<nn::Embedding>(s.max_seq_len, s.n_embd, s.param_dtype));
+  drop = register_module("drop", std::make_unique<nn::Dropout>(s.dropout));
+  for (int64_t i = 0; i < s.n_layer; ++i)
+    h.push_back(register_module("h." + std::to_string(i), std::make_unique<GPT2Block>(s)));
+  ln_f =
+      register_module("ln_f", std::make_unique<nn::LayerNorm>(s.n_embd, s.norm_eps, s.param_dtype));
+}
+
+GPT2LMHeadModel::GPT2LMHeadModel(const ModelSpec& s, uint64_t seed)
+    : CausalLM("GPT2LMHeadModel", s) {
+  transformer = register_module("transformer", std::make_unique<GPT2Model>(spec_));
+  // Initialization as HF's GPT2PreTrainedModel._init_weights, in registration order.
+  Rng rng(seed);
+  const double proj_std = spec_.init_std / std::sqrt(2.0 * spec_.n_layer);
+  for (auto& [name, p] : named_parameters()) {
+    const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    const bool is_norm = name.find(".ln_") != std::string::npos;
+    if (is_bias) continue;  // zeros
+    if (is_norm) continue;  // ones
+    const bool residual_proj = name.find("c_proj.weight") != std::string::npos;
+    fill_normal(p, rng, 0.0, residual_proj ? proj_std : spec_.init_std);
+  }
+}
+
+Tensor GPT2LMHeadModel::forward(const Tensor& ids, const Tensor& mask) {
+  return call({ids}, [&] {
+    KEEL_CHECK(ids.dim() == 2, "GPT-2 input_ids must be [B, T], got " + shape_str(ids.shape()));
+    const int64_t B = ids.size(0), T = ids.size(1);
+    if (T > spec_.max_seq_len)
+      throw Error("sequence length " + std::to_string(T) + " exceeds the model's max_seq_len " +
+                  std::to_string(spec_.max_seq_len) +
+                  " (raise model.max_seq_len or lower data.seq_len)");
+    std::vector<int64_t> pos(B * T);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t) pos[b * T + t] = t;
+    Tensor x = nn::residual_add(transformer->wte->forward(ids),
+                                transformer->wpe->forward(Tensor::from_ints(pos, {B, T})));
+    x = transformer->drop->forward(x);
+    for (GPT2Block* block : transformer->h) x = block->forward(x, mask, spec_.attention);
+    x = transformer->ln_f->forward(x);
+    // lm_head is tied to wte: logits = x·wteᵀ, under the linear autocast rule.
+    using amp::AmpOp;
+    return ops::linear(amp::autocast(AmpOp::kLinear, x),
+                       amp::autocast(AmpOp::kLinear, transformer->wte->weight));
+  });
+}
+
+}  // namespace keel::models

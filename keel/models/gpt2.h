@@ -1,0 +1,53 @@
+// GPT-2 (HF GPT2LMHeadModel names): learned positions, pre-LayerNorm blocks, tanh-GELU MLP, fused
+// qkv projection, lm_head tied to wte.
+#pragma once
+#include <vector>
+
+#include "keel/models/causal_lm.h"
+#include "keel/nn/layers.h"
+
+namespace keel::models {
+
+class GPT2Attention : public nn::Module {
+ public:
+  explicit GPT2Attention(const ModelSpec& s);
+  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend);  // [B,T,C]
+  nn::Linear *c_attn, *c_proj;
+  nn::Dropout* resid_dropout;
+  int64_t n_head, n_embd;
+};
+
+class GPT2MLP : public nn::Module {
+ public:
+  explicit GPT2MLP(const ModelSpec& s);
+  Tensor forward(const Tensor& x);
+  nn::Linear *c_fc, *c_proj;
+  nn::Dropout* dropout;
+};
+
+class GPT2Block : public nn::Module {
+ public:
+  explicit GPT2Block(const ModelSpec& s);
+  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend);
+  nn::LayerNorm *ln_1, *ln_2;
+  GPT2Attention* attn;
+  GPT2MLP* mlp;
+};
+
+class GPT2Model : public nn::Module {
+ public:
+  explicit GPT2Model(const ModelSpec& s);
+  nn::Embedding *wte, *wpe;
+  nn::Dropout* drop;
+  std::vector<GPT2Block*> h;
+  nn::LayerNorm* ln_f;
+};
+
+class GPT2LMHeadModel : public CausalLM {
+ public:
+  GPT2LMHeadModel(const ModelSpec& s, uint64_t seed);
+  Tensor forward(const Tensor& input_ids, const Tensor& attention_mask) override;
+  GPT2Model* transformer;
+};
+
+}  // namespace keel::models

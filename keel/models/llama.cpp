@@ -1,0 +1,109 @@
+#include "keel/models/llama.h"
+
+#include "keel/amp/autocast.h"
+#include "keel/ops/linear.h"
+#include "keel/ops/rope.h"
+#include "keel/ops/shape.h"
+#include "keel/tensor/random.h"
+
+namespace keel::models {
+
+LlamaAttention::LlamaAttention(const ModelSpec& s)
+    : nn::Module("LlamaAttention"),
+      n_head(s.n_head),
+      n_kv_head(s.kv_heads()),
+      rope_theta(s.rope_theta) {
+  const int64_t d = s.head_dim();
+  auto lin = [&](int64_t in, int64_t out) {
+    return std::make_unique<nn::Linear>(in, out, false, s.param_dtype);
+  };
+  q_proj = register_module("q_proj", lin(s.n_embd, n_head * d));
+  k_proj = register_module("k_proj", lin(s.n_embd, n_kv_head * d));
+  v_proj = register_module("v_proj", lin(s.n_embd, n_kv_head * d));
+  o_proj = register_module("o_proj", lin(n_head * d, s.n_embd));
+}
+
+Tensor LlamaAttention::forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend) {
+  return call({x}, [&] {
+    using amp::AmpOp;
+    const float theta = static_cast<float>(rope_theta);
+    Tensor q = ops::rope(ops::split_heads(q_proj->forward(x), n_head), theta);     // [B,H,T,D]
+    Tensor k = ops::rope(ops::split_heads(k_proj->forward(x), n_kv_head), theta);  // [B,Hkv,T,D]
+    Tensor v = ops::split_heads(v_proj->forward(x), n_kv_head);                    // [B,Hkv,T,D]
+    Tensor y =
+        ops::attention(amp::autocast(AmpOp::kAttention, q), amp::autocast(AmpOp::kAttention, k),
+                       amp::autocast(AmpOp::kAttention, v), mask, backend);
+    return o_proj->forward(ops::merge_heads(y));  // [B, T, C]
+  });
+}
+
+LlamaMLP::LlamaMLP(const ModelSpec& s) : nn::Module("LlamaMLP") {
+  auto lin = [&](int64_t in, int64_t out) {
+    return std::make_unique<nn::Linear>(in, out, false, s.param_dtype);
+  };
+  gate_proj = register_module("gate_proj", lin(s.n_embd, s.ffn_dim()));
+  up_proj = register_module("up_proj", lin(s.n_embd, s.ffn_dim()));
+  down_proj = register_module("down_proj", lin(s.ffn_dim(), s.n_embd));
+}
+
+Tensor LlamaMLP::forward(const Tensor& x) {
+  return call({x}, [&] {
+    return down_proj->forward(ops::swiglu(gate_proj->forward(x), up_proj->forward(x)));
+  });
+}
+
+LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s) : nn::Module("LlamaDecoderLayer") {
+  input_layernorm = register_module(
+      "input_layernorm", std::make_unique<nn::RMSNorm>(s.n_embd, s.norm_eps, s.param_dtype));
+  self_attn = register_module("self_attn", std::make_unique<LlamaAttention>(s));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm",
+                      std::make_unique<nn::RMSNorm>(s.n_embd, s.norm_eps, s.param_dtype));
+  mlp = register_module("mlp", std::make_unique<LlamaMLP>(s));
+}
+
+Tensor LlamaDecoderLayer::forward(const Tensor& x, const Tensor& mask,
+                                  ops::AttentionBackend backend) {
+  return call({x}, [&] {
+    Tensor h = nn::residual_add(x, self_attn->forward(input_layernorm->forward(x), mask, backend));
+    return nn::residual_add(h, mlp->forward(post_attention_layernorm->forward(h)));
+  });
+}
+
+LlamaModel::LlamaModel(const ModelSpec& s) : nn::Module("LlamaModel") {
+  embed_tokens = register_module(
+      "embed_tokens", std::make_unique<nn::Embedding>(s.vocab_size, s.n_embd, s.param_dtype));
+  for (int64_t i = 0; i < s.n_layer; ++i)
+    layers.push_back(
+        register_module("layers." + std::to_string(i), std::make_unique<LlamaDecoderLayer>(s)));
+  norm =
+      register_module("norm", std::make_unique<nn::RMSNorm>(s.n_embd, s.norm_eps, s.param_dtype));
+}
+
+LlamaForCausalLM::LlamaForCausalLM(const ModelSpec& s, uint64_t seed)
+    : CausalLM("LlamaForCausalLM", s) {
+  model = register_module("model", std::make_unique<LlamaModel>(spec_));
+  if (!spec_.tie_embeddings)
+    lm_head = register_module(
+        "lm_head",
+        std::make_unique<nn::Linear>(spec_.n_embd, spec_.vocab_size, false, spec_.param_dtype));
+  // HF LlamaPreTrainedModel._init_weights: N(0, initializer_range) for linears and embeddings.
+  Rng rng(seed);
+  for (auto& [name, p] : named_parameters())
+    if (name.find("norm") == std::string::npos) fill_normal(p, rng, 0.0, spec_.init_std);
+}
+
+Tensor LlamaForCausalLM::forward(const Tensor& ids, const Tensor& mask) {
+  return call({ids}, [&] {
+    KEEL_CHECK(ids.dim() == 2, "Llama input_ids must be [B, T], got " + shape_str(ids.shape()));
+    Tensor x = model->embed_tokens->forward(ids);
+    for (LlamaDecoderLayer* layer : model->layers) x = layer->forward(x, mask, spec_.attention);
+    x = model->norm->forward(x);
+    if (lm_head) return lm_head->forward(x);
+    using amp::AmpOp;
+    return ops::linear(amp::autocast(AmpOp::kLinear, x),
+                       amp::autocast(AmpOp::kLinear, model->embed_tokens->weight));
+  });
+}
+
+}  // namespace keel::models

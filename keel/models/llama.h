@@ -1,0 +1,52 @@
+// Llama family (HF LlamaForCausalLM names): RMSNorm, RoPE, SwiGLU MLP, grouped-query attention,
+// no biases, tied or untied lm_head.
+#pragma once
+#include <vector>
+
+#include "keel/models/causal_lm.h"
+#include "keel/nn/layers.h"
+
+namespace keel::models {
+
+class LlamaAttention : public nn::Module {
+ public:
+  explicit LlamaAttention(const ModelSpec& s);
+  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend);  // [B,T,C]
+  nn::Linear *q_proj, *k_proj, *v_proj, *o_proj;
+  int64_t n_head, n_kv_head;
+  double rope_theta;
+};
+
+class LlamaMLP : public nn::Module {
+ public:
+  explicit LlamaMLP(const ModelSpec& s);
+  Tensor forward(const Tensor& x);
+  nn::Linear *gate_proj, *up_proj, *down_proj;
+};
+
+class LlamaDecoderLayer : public nn::Module {
+ public:
+  explicit LlamaDecoderLayer(const ModelSpec& s);
+  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend);
+  nn::RMSNorm *input_layernorm, *post_attention_layernorm;
+  LlamaAttention* self_attn;
+  LlamaMLP* mlp;
+};
+
+class LlamaModel : public nn::Module {
+ public:
+  explicit LlamaModel(const ModelSpec& s);
+  nn::Embedding* embed_tokens;
+  std::vector<LlamaDecoderLayer*> layers;
+  nn::RMSNorm* norm;
+};
+
+class LlamaForCausalLM : public CausalLM {
+ public:
+  LlamaForCausalLM(const ModelSpec& s, uint64_t seed);
+  Tensor forward(const Tensor& input_ids, const Tensor& attention_mask) override;
+  LlamaModel* model;
+  nn::Linear* lm_head = nullptr;  // null when tied to embed_tokens
+};
+
+}  // namespace keel::models

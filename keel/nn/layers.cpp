@@ -1,0 +1,86 @@
+#include "keel/nn/layers.h"
+
+#include "keel/amp/autocast.h"
+#include "keel/ops/dropout.h"
+#include "keel/ops/elementwise.h"
+#include "keel/ops/embedding.h"
+#include "keel/ops/linear.h"
+#include "keel/ops/norm.h"
+#include "keel/tensor/random.h"
+
+namespace keel::nn {
+
+using amp::AmpOp;
+using amp::autocast;
+
+Linear::Linear(int64_t in, int64_t out, bool has_bias, DType dt)
+    : Module("Linear"), in_features(in), out_features(out) {
+  weight = register_parameter("weight", Tensor::zeros({out, in}, dt));
+  if (has_bias) bias = register_parameter("bias", Tensor::zeros({out}, dt));
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  return call({x}, [&] {
+    return ops::linear(autocast(AmpOp::kLinear, x), autocast(AmpOp::kLinear, weight),
+                       autocast(AmpOp::kLinear, bias));
+  });
+}
+
+LayerNorm::LayerNorm(int64_t dim, double e, DType dt) : Module("LayerNorm"), eps(e) {
+  weight = register_parameter("weight", Tensor::full({dim}, 1.0f, dt));
+  bias = register_parameter("bias", Tensor::zeros({dim}, dt));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  return call({x}, [&] {
+    return ops::layer_norm(autocast(AmpOp::kLayerNorm, x), autocast(AmpOp::kLayerNorm, weight),
+                           autocast(AmpOp::kLayerNorm, bias), static_cast<float>(eps));
+  });
+}
+
+RMSNorm::RMSNorm(int64_t dim, double e, DType dt) : Module("RMSNorm"), eps(e) {
+  weight = register_parameter("weight", Tensor::full({dim}, 1.0f, dt));
+}
+
+Tensor RMSNorm::forward(const Tensor& x) {
+  return call({x}, [&] {
+    return ops::rms_norm(autocast(AmpOp::kRmsNorm, x), autocast(AmpOp::kRmsNorm, weight),
+                         static_cast<float>(eps));
+  });
+}
+
+Embedding::Embedding(int64_t num, int64_t dim, DType dt) : Module("Embedding") {
+  weight = register_parameter("weight", Tensor::zeros({num, dim}, dt));
+}
+
+Tensor Embedding::forward(const Tensor& ids) {
+  return call({ids}, [&] { return ops::embedding(ids, weight); });
+}
+
+namespace {
+thread_local uint64_t t_step_seed = 0;
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
+Dropout::Dropout(double prob) : Module("Dropout"), p(prob) {}
+
+void Dropout::set_step_seed(uint64_t seed) { t_step_seed = seed; }
+
+Tensor Dropout::forward(const Tensor& x) {
+  if (!is_training() || p == 0) return x;
+  return call({x}, [&] {
+    // Keyed on the module's path, so the mask does not depend on how many models were built.
+    return ops::dropout(x, static_cast<float>(p), mix_seed(t_step_seed, fnv1a(path())));
+  });
+}
+
+Tensor residual_add(const Tensor& x, const Tensor& y) {
+  auto [a, b] = amp::promote(x, y);
+  return ops::add(a, b);
+}
+
+}  // namespace keel::nn

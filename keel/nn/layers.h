@@ -1,0 +1,56 @@
+// The layers models are built from. Each forward asks autocast (amp/) for its inputs' dtypes and
+// runs one op from ops/; none of them casts by itself.
+#pragma once
+#include <cstdint>
+
+#include "keel/nn/module.h"
+#include "keel/ops/activation.h"
+
+namespace keel::nn {
+
+// y = x·Wᵀ + b, W [out, in] (nn.Linear / HF layout).
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias, DType dt = DType::F32);
+  Tensor forward(const Tensor& x);
+  Tensor weight, bias;  // [out, in], [out] (bias may be undefined)
+  int64_t in_features, out_features;
+};
+
+class LayerNorm : public Module {
+ public:
+  LayerNorm(int64_t dim, double eps, DType dt = DType::F32);
+  Tensor forward(const Tensor& x);
+  Tensor weight, bias;  // [dim]
+  double eps;
+};
+
+class RMSNorm : public Module {
+ public:
+  RMSNorm(int64_t dim, double eps, DType dt = DType::F32);
+  Tensor forward(const Tensor& x);
+  Tensor weight;  // [dim]
+  double eps;
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num, int64_t dim, DType dt = DType::F32);
+  Tensor forward(const Tensor& ids);
+  Tensor weight;  // [num, dim]
+};
+
+// Inverted dropout whose mask seed is mix(step seed, hash of this module's path): a replayed step
+// with the same step seed regenerates every mask. Identity in eval mode or with p == 0.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p);
+  Tensor forward(const Tensor& x);
+  double p;
+  static void set_step_seed(uint64_t seed);  // the trainer sets it per micro-batch
+};
+
+// x + y with type promotion (a residual add of an f32 stream and a bf16 branch stays f32).
+Tensor residual_add(const Tensor& x, const Tensor& y);
+
+}  // namespace keel::nn

@@ -1,0 +1,31 @@
+// Rng: a small, fast, serializable generator (xoshiro256**, seeded through splitmix64). Its whole
+// state is four words, so a checkpoint or a NaN capture stores it and a replay restores it exactly.
+#pragma once
+#include <array>
+#include <cstdint>
+
+#include "keel/tensor/tensor.h"
+
+namespace keel {
+
+class Rng {
+ public:
+  explicit Rng(uint64_t seed = 0);
+  uint64_t next_u64();
+  double uniform();  // [0, 1)
+  double normal();   // standard normal (Box-Muller, one value per call, deterministic)
+  std::array<uint64_t, 4> state() const { return s_; }
+  void set_state(const std::array<uint64_t, 4>& s) { s_ = s; }
+
+ private:
+  std::array<uint64_t, 4> s_;
+};
+
+// splitmix64: the mixing function used to derive independent seeds (e.g. per step, per module).
+uint64_t mix_seed(uint64_t a, uint64_t b = 0);
+
+// In-place fills of a floating tensor (values generated in f32, rounded into its dtype).
+void fill_normal(Tensor& t, Rng& rng, double mean, double stddev);
+void fill_uniform(Tensor& t, Rng& rng, double lo, double hi);
+
+}  // namespace keel
