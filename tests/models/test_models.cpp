@@ -1,0 +1,147 @@
+// One full training step of a tiny GPT-2 and a tiny Llama against PyTorch (tests/fixtures/
+// gen_models.py): the loss, every parameter's gradient, and the parameters after one AdamW step,
+// in 32-true and bf16-mixed.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "keel/amp/autocast.h"
+#include "keel/autograd/node.h"
+#include "keel/models/causal_lm.h"
+#include "keel/ops/cross_entropy.h"
+#include "keel/ops/shape.h"
+#include "tests/support/check.h"
+
+namespace keel {
+namespace {
+
+models::ModelSpec tiny_spec(const std::string& family) {
+  models::ModelSpec s;
+  s.family = family;
+  s.n_layer = 2;
+  s.n_embd = 16;
+  s.vocab_size = 37;
+  s.max_seq_len = 8;
+  s.norm_eps = 1e-5;
+  if (family == "gpt2") {
+    s.n_head = 2;
+  } else {
+    s.n_head = 4;
+    s.n_kv_head = 2;
+    s.intermediate_size = 48;
+    s.tie_embeddings = false;
+  }
+  return s;
+}
+
+struct StepOutput {
+  double loss;
+  std::unique_ptr<models::CausalLM> model;
+};
+
+StepOutput run_step(const std::string& family, const std::string& precision) {
+  const io::Safetensors& fx = test::fixture("models");
+  const std::string pre = family + "." + precision + ".";
+  StepOutput out;
+  out.model = models::make_causal_lm(tiny_spec(family), 1);
+  for (auto& [name, p] : out.model->named_parameters()) {
+    Tensor dst = p;
+    dst.copy_from(fx.at(pre + "param." + name));
+  }
+  const bool mixed = precision == "bf16-mixed";
+  amp::AutocastGuard autocast(mixed, DType::BF16);
+  Tensor logits = out.model->forward(fx.at(pre + "input_ids"), fx.at(pre + "attention_mask"));
+  EXPECT_EQ(logits.dtype(), mixed ? DType::BF16 : DType::F32);
+  const int64_t V = logits.size(-1);
+  Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, V}));
+  Tensor loss = ops::cross_entropy(flat, ops::reshape(fx.at(pre + "labels"), {-1}));
+  backward(loss);
+  out.loss = loss.item();
+  return out;
+}
+
+class ModelParity : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(ModelParity, LossAndEveryGradientMatchPyTorch) {
+  const auto& [family, precision] = GetParam();
+  const io::Safetensors& fx = test::fixture("models");
+  const std::string pre = family + "." + precision + ".";
+  StepOutput s = run_step(family, precision);
+  const bool mixed = precision == "bf16-mixed";
+  const double ref_loss = fx.at(pre + "loss").item();
+  EXPECT_NEAR(s.loss, ref_loss, mixed ? 2e-2 * std::fabs(ref_loss) : 1e-5 * std::fabs(ref_loss))
+      << pre << "loss";
+  int checked = 0;
+  for (auto& [name, p] : s.model->named_parameters()) {
+    const Tensor& ref = fx.at(pre + "grad." + name);
+    ASSERT_TRUE(p.grad().defined()) << name << " got no gradient";
+    EXPECT_EQ(p.grad().dtype(), DType::F32) << name << ": master gradients are f32";
+    // Scale-aware tolerance: bf16-mixed rounds every product to 8 bits; a 1-ulp difference in an
+    // intermediate moves a gradient by about eps_bf16 times the tensor's largest entry.
+    double amax = 0;
+    for (float v : ref.to_floats()) amax = std::max(amax, double(std::fabs(v)));
+    const double atol = mixed ? 0.06 * amax + 1e-4 : 1e-5 * amax + 1e-7;
+    const double rtol = mixed ? 0.06 : 1e-4;
+    test::expect_close(p.grad(), ref, atol, rtol, pre + "grad." + name);
+    ++checked;
+  }
+  EXPECT_GT(checked, 10);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, ModelParity,
+    ::testing::Combine(::testing::Values("gpt2", "llama"),
+                       ::testing::Values("32-true", "bf16-mixed")),
+    [](const auto& info) {
+      std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
+      for (auto& c : n)
+        if (c == '-') c = '_';
+      return n;
+    });
+
+TEST(Models, HfParameterNames) {
+  auto gpt2 = models::make_causal_lm(tiny_spec("gpt2"), 1);
+  EXPECT_TRUE(gpt2->find_parameter("transformer.h.1.attn.c_attn.weight").defined());
+  EXPECT_EQ(gpt2->find_parameter("transformer.h.0.mlp.c_fc.weight").shape(), (Shape{64, 16}));
+  EXPECT_FALSE(gpt2->find_parameter("lm_head.weight").defined()) << "gpt2 ties lm_head to wte";
+  auto llama = models::make_causal_lm(tiny_spec("llama"), 1);
+  EXPECT_EQ(llama->find_parameter("model.layers.1.self_attn.k_proj.weight").shape(),
+            (Shape{8, 16}));  // 2 kv heads x head dim 4
+  EXPECT_TRUE(llama->find_parameter("lm_head.weight").defined());
+  EXPECT_TRUE(llama->find_module("model.layers.0.mlp") != nullptr);
+}
+
+TEST(Models, InitializationIsDeterministicAndFollowsHf) {
+  auto a = models::make_causal_lm(tiny_spec("gpt2"), 7), b = models::make_causal_lm(tiny_spec("gpt2"), 7);
+  auto pa = a->named_parameters(), pb = b->named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) test::expect_bitwise_equal(pa[i].second, pb[i].second, pa[i].first);
+  EXPECT_EQ(a->find_parameter("transformer.h.0.ln_1.weight").to_floats()[0], 1.0f);
+  EXPECT_EQ(a->find_parameter("transformer.h.0.attn.c_attn.bias").to_floats()[0], 0.0f);
+}
+
+TEST(Models, SpecErrorsNameTheProblem) {
+  models::ModelSpec s = tiny_spec("llama");
+  s.n_kv_head = 3;
+  try {
+    models::make_causal_lm(s, 1);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("n_kv_head"), std::string::npos) << e.what();
+  }
+  s = tiny_spec("gpt3");
+  s.family = "gpt3";
+  EXPECT_THROW(models::make_causal_lm(s, 1), Error);
+}
+
+TEST(Models, BitIdenticalAcrossRuns) {
+  for (const char* fam : {"gpt2", "llama"}) {
+    StepOutput a = run_step(fam, "bf16-mixed"), b = run_step(fam, "bf16-mixed");
+    EXPECT_EQ(a.loss, b.loss);
+    auto pa = a.model->named_parameters(), pb = b.model->named_parameters();
+    for (size_t i = 0; i < pa.size(); ++i)
+      test::expect_bitwise_equal(pa[i].second.grad(), pb[i].second.grad(), pa[i].first);
+  }
+}
+
+}  // namespace
+}  // namespace keel
