@@ -116,6 +116,7 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const ByteTo
     };
     for_each_line(text, [&](std::string_view line, int64_t) {
       if (is_blank(line)) return flush();
+      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);  // CRLF files
       if (open) para.push_back('\n');
       para.append(line);
       open = true;

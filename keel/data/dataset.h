@@ -42,7 +42,8 @@ class ExampleDataset : public Dataset {
 // Plain text file; every token is a target.
 //  pack = false: one example per paragraph (paragraphs are separated by blank lines, i.e. lines
 //    holding only spaces, tabs or '\r'); an example is the paragraph's bytes (its lines joined by
-//    '\n') followed by eos. Longer paragraphs are truncated by the loader to seq_len.
+//    '\n', a line's trailing '\r' dropped) followed by eos. Longer paragraphs are truncated by the
+//    loader to seq_len.
 //  pack = true: the file's bytes as one stream (no eos inserted: blank lines are part of the text),
 //    cut into rows of seq_len tokens that overlap by one token (row k starts at k*(seq_len-1)), so
 //    that every token after the first is predicted exactly once although each row's last position

@@ -74,6 +74,8 @@ std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
 }
 
 Batch DataLoader::batch(int64_t epoch, int64_t index) const {
+  // Checked here, not only in epoch_order: the cache's "no epoch yet" sentinel is -1.
+  if (epoch < 0) throw Error("DataLoader: epoch " + std::to_string(epoch) + " is negative");
   if (index < 0 || index >= batches_per_epoch_)
     throw Error("DataLoader: batch index " + std::to_string(index) + " is outside [0, " +
                 std::to_string(batches_per_epoch_) + ") for an epoch of " +

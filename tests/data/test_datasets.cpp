@@ -1,0 +1,184 @@
+// Text and JSONL datasets: paragraph splitting, packing, prompt/completion masking, and errors that
+// name the file, the line and the fix.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "keel/data/dataset.h"
+#include "keel/data/loader.h"
+#include "keel/data/rng.h"
+#include "keel/numerics/error.h"
+#include "tests/support/check.h"
+
+namespace keel::data {
+namespace {
+
+std::string write_file(const std::string& name, const std::string& content) {
+  const std::string path = test::temp_dir("data") + "/" + name;
+  std::ofstream(path, std::ios::binary) << content;
+  return path;
+}
+
+std::vector<int32_t> ids_of(const std::string& s, bool eos) {
+  std::vector<int32_t> v;
+  for (unsigned char c : s) v.push_back(c);
+  if (eos) v.push_back(258);
+  return v;
+}
+
+// The Error message `f` throws (fails the test when it throws nothing).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no keel::Error thrown";
+  return "";
+}
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+const ByteTokenizer kTok;
+
+TEST(TextDataset, ParagraphsSplitOnBlankLines) {
+  const std::string path =
+      write_file("t.txt", "\n\nfirst line\nsecond line\n\n \t\n\r\nnext\r\npara\r\n\nlast");
+  auto ds = load_text_dataset(path, kTok, 8, false);
+  ASSERT_EQ(ds->size(), 3);
+  EXPECT_EQ(ds->get(0).tokens, ids_of("first line\nsecond line", true));
+  EXPECT_EQ(ds->get(1).tokens, ids_of("next\npara", true));  // CRLF lines lose the '\r'
+  EXPECT_EQ(ds->get(2).tokens, ids_of("last", true));
+  for (int64_t i = 0; i < ds->size(); ++i)
+    EXPECT_EQ(ds->get(i).target, std::vector<uint8_t>(ds->get(i).tokens.size(), 1));
+}
+
+// Packing: rows of seq_len overlapping by one token, so that the labels of all rows, in order,
+// are exactly the file's bytes after the first (each predicted once).
+TEST(TextDataset, PackingPredictsEveryTokenOnce) {
+  SplitMix64 rng(9);
+  for (int64_t n : {2, 15, 16, 17, 100, 301}) {
+    std::string content(static_cast<size_t>(n), '\0');
+    for (char& c : content) c = static_cast<char>(rng.below(256));
+    const std::string path = write_file("p.txt", content);
+    const int64_t T = 16;
+    auto ds = load_text_dataset(path, kTok, T, true);
+    EXPECT_EQ(ds->size(), (n - 1 + T - 2) / (T - 1)) << "n=" << n;  // ceil((n-1) / (T-1))
+    DataLoader loader(*ds, 3, T, kTok.pad_id(), false, 0);
+    std::vector<int32_t> predicted;
+    for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
+      const Batch b = loader.batch(0, i);
+      for (int64_t v : b.labels.to_ints())
+        if (v != kIgnoreLabel) predicted.push_back(static_cast<int32_t>(v));
+    }
+    std::vector<int32_t> expected = ids_of(content.substr(1), false);
+    EXPECT_EQ(predicted, expected) << "n=" << n;
+    for (int64_t i = 0; i < ds->size(); ++i) {
+      EXPECT_LE(static_cast<int64_t>(ds->get(i).tokens.size()), T);
+      EXPECT_GE(ds->get(i).tokens.size(), 2u);
+    }
+  }
+}
+
+TEST(TextDataset, Errors) {
+  EXPECT_CONTAINS(error_of([] { load_text_dataset("/nonexistent/corpus.txt", kTok, 8, false); }),
+                  "/nonexistent/corpus.txt");
+  const std::string dir = test::temp_dir("data-dir");
+  EXPECT_CONTAINS(error_of([&] { load_text_dataset(dir, kTok, 8, false); }), "directory");
+  const std::string blank = write_file("blank.txt", "\n \n\t\n");
+  EXPECT_CONTAINS(error_of([&] { load_text_dataset(blank, kTok, 8, false); }), "no text");
+  const std::string empty = write_file("empty.txt", "");
+  EXPECT_CONTAINS(error_of([&] { load_text_dataset(empty, kTok, 8, false); }), "empty.txt");
+  const std::string one = write_file("one.txt", "x");
+  EXPECT_CONTAINS(error_of([&] { load_text_dataset(one, kTok, 8, true); }), "at least 2 tokens");
+  const std::string ok = write_file("ok.txt", "hello");
+  EXPECT_CONTAINS(error_of([&] { load_text_dataset(ok, kTok, 1, false); }), "seq_len is 1");
+  EXPECT_CONTAINS(error_of([&] { load_text_dataset(ok, kTok, 1, true); }), "seq_len is 1");
+}
+
+TEST(JsonlDataset, TextAndPromptCompletion) {
+  const std::string path =
+      write_file("d.jsonl",
+                 "{\"text\": \"ab\"}\n"
+                 "\n"
+                 "{\"prompt\": \"Q: 2+2?\\nA:\", \"completion\": \" 4\", \"id\": 7}\r\n"
+                 "   \n"
+                 "{\"prompt\": \"\", \"completion\": \"h\\u00e9\"}");  // no final newline
+  auto ds = load_jsonl_dataset(path, kTok, 32);
+  ASSERT_EQ(ds->size(), 3);
+  EXPECT_EQ(ds->get(0).tokens, ids_of("ab", true));
+  EXPECT_EQ(ds->get(0).target, std::vector<uint8_t>(3, 1));
+
+  const Example& pc = ds->get(1);
+  EXPECT_EQ(pc.tokens, ids_of("Q: 2+2?\nA: 4", true));
+  // The prompt "Q: 2+2?\nA:" (10 bytes) is context; " 4" and eos are targets.
+  const std::vector<uint8_t> want = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1};
+  EXPECT_EQ(pc.target, want);
+
+  EXPECT_EQ(ds->get(2).tokens, ids_of("h\xc3\xa9", true));  // \u00e9 as UTF-8
+  EXPECT_EQ(ds->get(2).target, std::vector<uint8_t>(4, 1));
+
+  // Through the loader: the loss sits on the completion and eos only; the last prompt position
+  // predicts the first completion token.
+  DataLoader loader(*ds, 3, 16, kTok.pad_id(), false, 0);
+  const Batch b = loader.batch(0, 0);
+  const std::vector<int64_t> labels = b.labels.to_ints();
+  std::vector<int64_t> row1(labels.begin() + 16, labels.begin() + 32);
+  std::vector<int64_t> want_row1(16, kIgnoreLabel);
+  want_row1[9] = ' ';
+  want_row1[10] = '4';
+  want_row1[11] = 258;
+  EXPECT_EQ(row1, want_row1);
+  EXPECT_EQ(b.n_targets, 2 + 3 + 3);
+}
+
+TEST(JsonlDataset, MalformedLinesNameFileLineAndFix) {
+  // Line 17 lacks "completion" after 16 good lines.
+  std::string content;
+  for (int i = 0; i < 16; ++i) content += "{\"prompt\": \"p\", \"completion\": \"c\"}\n";
+  content += "{\"prompt\": \"p\"}\n";
+  const std::string path = write_file("bad.jsonl", content);
+  const std::string msg = error_of([&] { load_jsonl_dataset(path, kTok, 8); });
+  EXPECT_CONTAINS(msg, path);
+  EXPECT_CONTAINS(msg,
+                  "line 17: missing \"completion\"; expected {\"prompt\": ..., \"completion\": "
+                  "...} or {\"text\": ...}");
+
+  struct Case {
+    std::string content, needle;
+  };
+  const std::vector<Case> cases = {
+      {"{\"text\": \"a\"}\n\n{\"text\": \"b\",}\n", "line 3: invalid JSON"},
+      {"{\"text\": \"a\"}\n{\"text\": \"unterminated}\n", "line 2: invalid JSON"},
+      {"{\"completion\": \"c\"}\n", "line 1: missing \"prompt\""},
+      {"{\"input\": \"x\"}\n", "line 1: missing \"text\""},
+      {"{\"text\": 5}\n", "line 1: \"text\" must be a string, got number"},
+      {"{\"prompt\": \"p\", \"completion\": null}\n", "\"completion\" must be a string, got null"},
+      {"[\"text\", \"a\"]\n", "line 1: a JSON array instead of an object"},
+      {"{\"text\": \"a\", \"prompt\": \"p\", \"completion\": \"c\"}\n", "line 1: has both"},
+      {"{\"text\": \"\"}\n", "line 1: nothing to train on"},
+      {"{\"text\": \"ok\"}\n{\"prompt\": \"0123456789\", \"completion\": \"c\"}\n",
+       "line 2: the prompt is 10 tokens"},
+      {"", "no examples"},
+      {"\n  \n", "no examples"},
+  };
+  for (const Case& c : cases) {
+    const std::string p = write_file("case.jsonl", c.content);
+    const std::string m = error_of([&] { load_jsonl_dataset(p, kTok, 8); });
+    EXPECT_CONTAINS(m, c.needle);
+    EXPECT_CONTAINS(m, p);
+  }
+  // A prompt of seq_len - 1 tokens still leaves its first completion token to predict.
+  const std::string fits =
+      write_file("fits.jsonl", "{\"prompt\": \"0123456\", \"completion\": \"c\"}");
+  EXPECT_EQ(load_jsonl_dataset(fits, kTok, 8)->size(), 1);
+
+  EXPECT_CONTAINS(error_of([] { load_jsonl_dataset("/nonexistent/d.jsonl", kTok, 8); }),
+                  "/nonexistent/d.jsonl");
+  EXPECT_CONTAINS(error_of([&] { load_jsonl_dataset(fits, kTok, 1); }), "seq_len is 1");
+}
+
+}  // namespace
+}  // namespace keel::data
