@@ -63,7 +63,7 @@ struct TrainConfig {
   int64_t grad_accum = 1;
   int64_t max_steps = 0;  // 0 = run `epochs` epochs
   int64_t epochs = 1;
-  double max_grad_norm = 1.0;  // 0 = no clipping
+  double max_grad_norm = 1.0;            // 0 = no clipping
   std::string on_nonfinite = "capture";  // capture | skip | abort
   int64_t eval_every = 0;                // steps; 0 = at the end only
   bool allow_cpu_bf16 = false;           // auto picks bf16-mixed on CPUs with AVX512_BF16
@@ -148,5 +148,15 @@ struct Config {
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 // The effective config as TOML (written to out_dir/config.toml; a capture embeds it).
 std::string config_to_toml(const Config& c);
+
+// Every key the loader knows, in file order: "section.key", its type as docs/config.md spells it
+// (bool, int, float, string, string[], int[]) and its default as a TOML value. docs/config.md is
+// checked against this list by a test, so the docs cannot drift from the code.
+struct ConfigKeyInfo {
+  std::string key;
+  std::string type;
+  std::string default_toml;
+};
+std::vector<ConfigKeyInfo> config_keys();
 
 }  // namespace keel

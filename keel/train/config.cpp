@@ -1,0 +1,633 @@
+// Config loading: one table of every key (section, name, the Config field it fills, its checks),
+// used for reading the TOML file, applying --set overrides, validating, writing the effective
+// config back, and listing the keys for docs/config.md's test. Adding a key means adding one line
+// to `key_table()` and one row to docs/config.md.
+#include "keel/train/config.h"
+
+#include <toml++/toml.h>
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <variant>
+
+#include "keel/numerics/error.h"
+
+namespace keel {
+namespace {
+
+using Field = std::variant<bool*, int*, int64_t*, uint64_t*, double*, std::string*,
+                           std::vector<std::string>*, std::vector<int64_t>*>;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// One key: where it lives, which field it fills, and the checks on its value.
+struct KeySpec {
+  KeySpec(std::string s, std::string n, Field (*f)(Config&))
+      : section(std::move(s)), name(std::move(n)), field(f) {}
+  std::string section;  // "train", "model.adapter"
+  std::string name;     // "batch_size"
+  Field (*field)(Config&);
+  std::vector<std::string> choices;  // strings: the valid values (empty = any)
+  double lo = -kInf, hi = kInf;      // numbers (and each element of int[]): the valid range
+  bool lo_open = false, hi_open = false;
+
+  std::string full() const { return section + "." + name; }
+  KeySpec& at_least(double v) { return lo = v, lo_open = false, *this; }
+  KeySpec& above(double v) { return lo = v, lo_open = true, *this; }
+  KeySpec& below(double v) { return hi = v, hi_open = true, *this; }
+  KeySpec& at_most(double v) { return hi = v, hi_open = false, *this; }
+  KeySpec& one_of(std::vector<std::string> c) { return choices = std::move(c), *this; }
+};
+
+#define KEEL_KEY(section, path, member)                                 \
+  KeySpec {                                                             \
+    section, #member, [](Config& c) -> Field { return &c.path.member; } \
+  }
+
+const std::vector<KeySpec>& key_table() {
+  static const std::vector<KeySpec> keys = [] {
+    std::vector<KeySpec> k;
+    // [run]
+    k.push_back(KEEL_KEY("run", run, out_dir));
+    k.push_back(KEEL_KEY("run", run, seed));
+    k.push_back(KEEL_KEY("run", run, resume));
+    k.push_back(KEEL_KEY("run", run, device));  // checked by check_device()
+    k.push_back(KEEL_KEY("run", run, threads).at_least(0));
+    // [model]
+    k.push_back(KEEL_KEY("model", model, family).one_of({"gpt2", "llama"}));
+    k.push_back(KEEL_KEY("model", model, path));
+    k.push_back(KEEL_KEY("model", model, n_layer).at_least(1));
+    k.push_back(KEEL_KEY("model", model, n_embd).at_least(1));
+    k.push_back(KEEL_KEY("model", model, n_head).at_least(1));
+    k.push_back(KEEL_KEY("model", model, n_kv_head).at_least(0));
+    k.push_back(KEEL_KEY("model", model, intermediate_size).at_least(0));
+    k.push_back(KEEL_KEY("model", model, vocab_size).at_least(0));
+    k.push_back(KEEL_KEY("model", model, max_seq_len).at_least(2));
+    k.push_back(KEEL_KEY("model", model, tie_embeddings));
+    k.push_back(KEEL_KEY("model", model, rope_theta).above(0));
+    k.push_back(KEEL_KEY("model", model, norm_eps).above(0));
+    k.push_back(KEEL_KEY("model", model, init_std).at_least(0));
+    k.push_back(KEEL_KEY("model", model, dropout).at_least(0).below(1));
+    k.push_back(KEEL_KEY("model", model, attention).one_of({"eager", "math", "flash"}));
+    k.push_back(KEEL_KEY("model", model, base_dtype).one_of({"f32", "bf16"}));
+    // [model.adapter]
+    k.push_back(
+        KEEL_KEY("model.adapter", model.adapter, kind).one_of({"none", "lora", "dora", "lokr"}));
+    k.push_back(KEEL_KEY("model.adapter", model.adapter, r).at_least(1));
+    k.push_back(KEEL_KEY("model.adapter", model.adapter, alpha).above(0));
+    k.push_back(KEEL_KEY("model.adapter", model.adapter, dropout).at_least(0).below(1));
+    k.push_back(KEEL_KEY("model.adapter", model.adapter, target_modules));
+    // [data]
+    k.push_back(KEEL_KEY("data", data, task).one_of({"arith", "text", "jsonl"}));
+    k.push_back(KEEL_KEY("data", data, path));
+    k.push_back(KEEL_KEY("data", data, tokenizer));
+    k.push_back(KEEL_KEY("data", data, seq_len).at_least(2));
+    k.push_back(KEEL_KEY("data", data, pack));
+    k.push_back(KEEL_KEY("data", data, shuffle));
+    k.push_back(KEEL_KEY("data", data, num_examples).at_least(1));
+    k.push_back(KEEL_KEY("data", data, eval_examples).at_least(0));
+    // 18 digits keep operands and their sums within int64.
+    k.push_back(KEEL_KEY("data", data, digits).at_least(1).at_most(18));
+    // [train]
+    k.push_back(KEEL_KEY("train", train, precision)
+                    .one_of({"32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "32",
+                             "bf16", "16", "auto"}));
+    k.push_back(KEEL_KEY("train", train, batch_size).at_least(1));
+    k.push_back(KEEL_KEY("train", train, grad_accum).at_least(1));
+    k.push_back(KEEL_KEY("train", train, max_steps).at_least(0));
+    k.push_back(KEEL_KEY("train", train, epochs).at_least(1));
+    k.push_back(KEEL_KEY("train", train, max_grad_norm).at_least(0));
+    k.push_back(KEEL_KEY("train", train, on_nonfinite).one_of({"capture", "skip", "abort"}));
+    k.push_back(KEEL_KEY("train", train, eval_every).at_least(0));
+    k.push_back(KEEL_KEY("train", train, allow_cpu_bf16));
+    // [optim]
+    k.push_back(KEEL_KEY("optim", optim, name).one_of({"adamw", "sgd"}));
+    k.push_back(KEEL_KEY("optim", optim, lr).above(0));
+    k.push_back(KEEL_KEY("optim", optim, beta1).at_least(0).below(1));
+    k.push_back(KEEL_KEY("optim", optim, beta2).at_least(0).below(1));
+    k.push_back(KEEL_KEY("optim", optim, eps).at_least(0));
+    k.push_back(KEEL_KEY("optim", optim, weight_decay).at_least(0));
+    k.push_back(KEEL_KEY("optim", optim, momentum).at_least(0));
+    // [sched]
+    k.push_back(KEEL_KEY("sched", sched, name).one_of({"constant", "linear", "cosine"}));
+    k.push_back(KEEL_KEY("sched", sched, warmup_steps).at_least(0));
+    k.push_back(KEEL_KEY("sched", sched, warmup_ratio).at_least(0).below(1));
+    k.push_back(KEEL_KEY("sched", sched, min_lr_ratio).at_least(0).at_most(1));
+    // [scaler] (PyTorch's GradScaler rejects growth_factor <= 1 and backoff_factor >= 1 too)
+    k.push_back(KEEL_KEY("scaler", scaler, enabled));
+    k.push_back(KEEL_KEY("scaler", scaler, init_scale).above(0));
+    k.push_back(KEEL_KEY("scaler", scaler, growth_factor).above(1));
+    k.push_back(KEEL_KEY("scaler", scaler, backoff_factor).above(0).below(1));
+    k.push_back(KEEL_KEY("scaler", scaler, growth_interval).at_least(1));
+    k.push_back(KEEL_KEY("scaler", scaler, min_scale).at_least(0));
+    k.push_back(KEEL_KEY("scaler", scaler, max_scale).at_least(0));
+    k.push_back(KEEL_KEY("scaler", scaler, hysteresis).at_least(1));
+    // [log]
+    k.push_back(KEEL_KEY("log", log, every).at_least(1));
+    k.push_back(KEEL_KEY("log", log, console));
+    k.push_back(KEEL_KEY("log", log, metrics));
+    k.push_back(KEEL_KEY("log", log, tensorboard));
+    k.push_back(KEEL_KEY("log", log, per_layer_grad_norm));
+    k.push_back(KEEL_KEY("log", log, checkpoint_every).at_least(0));
+    // [debug]
+    k.push_back(KEEL_KEY("debug", debug, nan_capture));
+    // [debug.underflow_overflow]
+    k.push_back(KEEL_KEY("debug.underflow_overflow", debug.underflow_overflow, enabled));
+    k.push_back(KEEL_KEY("debug.underflow_overflow", debug.underflow_overflow, max_frames_to_save)
+                    .at_least(1));
+    k.push_back(KEEL_KEY("debug.underflow_overflow", debug.underflow_overflow, trace_batch_nums)
+                    .at_least(0));
+    k.push_back(
+        KEEL_KEY("debug.underflow_overflow", debug.underflow_overflow, abort_after_batch_num)
+            .at_least(-1));
+    // [debug.inject]
+    k.push_back(KEEL_KEY("debug.inject", debug.inject, module));
+    k.push_back(KEEL_KEY("debug.inject", debug.inject, step).at_least(-1));
+    k.push_back(KEEL_KEY("debug.inject", debug.inject, kind).one_of({"nan", "inf", "scale"}));
+    k.push_back(KEEL_KEY("debug.inject", debug.inject, factor));
+    // [dist]
+    k.push_back(KEEL_KEY("dist", dist, backend).one_of({"single", "mpi", "nccl"}));
+    return k;
+  }();
+  return keys;
+}
+
+#undef KEEL_KEY
+
+// Sections in file order ("model" before "model.adapter").
+std::vector<std::string> section_names() {
+  std::vector<std::string> out;
+  for (const KeySpec& k : key_table())
+    if (std::find(out.begin(), out.end(), k.section) == out.end()) out.push_back(k.section);
+  return out;
+}
+
+const KeySpec* find_key(const std::string& full) {
+  for (const KeySpec& k : key_table())
+    if (k.full() == full) return &k;
+  return nullptr;
+}
+
+bool is_section(const std::string& name) {
+  for (const KeySpec& k : key_table())
+    if (k.section == name) return true;
+  return false;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] =
+          std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// Edit distance, except that a prefix counts as one edit: `rank` is nearest to `r`,
+// `[debug.underflow]` to `[debug.underflow_overflow]`.
+size_t name_distance(const std::string& a, const std::string& b) {
+  const size_t d = edit_distance(a, b);
+  if (!a.empty() && !b.empty() && (a.rfind(b, 0) == 0 || b.rfind(a, 0) == 0))
+    return std::min<size_t>(d, 1);
+  return d;
+}
+
+// The valid key nearest to `full` ("train.lr" -> "optim.lr"): the closest key name across all
+// sections, ties broken by the closest section, then by plain edit distance (so `model.adaptor`
+// prefers `model.adapter` to its prefix `model`). A key put in the wrong section is found.
+std::string nearest_key(const std::string& full) {
+  const size_t dot = full.rfind('.');
+  const std::string sec = dot == std::string::npos ? "" : full.substr(0, dot);
+  const std::string name = dot == std::string::npos ? full : full.substr(dot + 1);
+  std::string best;
+  std::array<size_t, 4> best_d{SIZE_MAX, SIZE_MAX, SIZE_MAX, SIZE_MAX};
+  for (const KeySpec& k : key_table()) {
+    std::array<size_t, 4> d{name_distance(name, k.name), name_distance(sec, k.section),
+                            edit_distance(name, k.name), edit_distance(sec, k.section)};
+    if (d < best_d) best_d = d, best = k.full();
+  }
+  return best;
+}
+
+std::string nearest_section(const std::string& name) {
+  std::string best;
+  std::pair<size_t, size_t> best_d{SIZE_MAX, SIZE_MAX};
+  for (const std::string& s : section_names()) {
+    std::pair<size_t, size_t> d{name_distance(name, s), edit_distance(name, s)};
+    if (d < best_d) best_d = d, best = s;
+  }
+  return best;
+}
+
+// Shortest text that reads back as the same double; TOML floats need a '.' or an exponent.
+std::string format_double(double v, bool toml) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  std::string s(buf, res.ptr);
+  if (toml && s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char ch : s) {
+    switch (ch) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (ch < 0x20 || ch == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04X", ch);
+          out += buf;
+        } else {
+          out += static_cast<char>(ch);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+// The value of a field as TOML.
+std::string field_toml(const Field& f) {
+  struct Visitor {
+    std::string operator()(bool* v) const { return *v ? "true" : "false"; }
+    std::string operator()(int* v) const { return std::to_string(*v); }
+    std::string operator()(int64_t* v) const { return std::to_string(*v); }
+    std::string operator()(uint64_t* v) const { return std::to_string(*v); }
+    std::string operator()(double* v) const { return format_double(*v, true); }
+    std::string operator()(std::string* v) const { return toml_string(*v); }
+    std::string operator()(std::vector<std::string>* v) const {
+      std::string s = "[";
+      for (size_t i = 0; i < v->size(); ++i) s += (i ? ", " : "") + toml_string((*v)[i]);
+      return s + "]";
+    }
+    std::string operator()(std::vector<int64_t>* v) const {
+      std::string s = "[";
+      for (size_t i = 0; i < v->size(); ++i) s += (i ? ", " : "") + std::to_string((*v)[i]);
+      return s + "]";
+    }
+  };
+  return std::visit(Visitor{}, f);
+}
+
+const char* field_type(const Field& f) {
+  struct Visitor {
+    const char* operator()(bool*) const { return "bool"; }
+    const char* operator()(int*) const { return "int"; }
+    const char* operator()(int64_t*) const { return "int"; }
+    const char* operator()(uint64_t*) const { return "int"; }
+    const char* operator()(double*) const { return "float"; }
+    const char* operator()(std::string*) const { return "string"; }
+    const char* operator()(std::vector<std::string>*) const { return "string[]"; }
+    const char* operator()(std::vector<int64_t>*) const { return "int[]"; }
+  };
+  return std::visit(Visitor{}, f);
+}
+
+// "string \"big\"", "integer 8", ... for type errors.
+std::string describe(const toml::node& v) {
+  if (auto s = v.as_string()) return "string " + toml_string(s->get());
+  if (auto i = v.as_integer()) return "integer " + std::to_string(i->get());
+  if (auto d = v.as_floating_point()) return "float " + format_double(d->get(), true);
+  if (auto b = v.as_boolean()) return std::string("boolean ") + (b->get() ? "true" : "false");
+  if (auto a = v.as_array()) {
+    std::string s = "array [";
+    for (size_t i = 0; i < a->size(); ++i) {
+      if (i == 4) {
+        s += ", ...";
+        break;
+      }
+      s += (i ? ", " : "") + describe((*a)[i]);
+    }
+    return s + "]";
+  }
+  if (v.is_table()) return "table";
+  std::ostringstream os;
+  if (auto d = v.as_date()) os << "date " << *d;
+  if (auto t = v.as_time()) os << "time " << *t;
+  if (auto dt = v.as_date_time()) os << "date-time " << *dt;
+  return os.str();
+}
+
+// Where a value came from, for messages: "config.toml:12" or "--set train.batch_size=0".
+using Origins = std::map<std::string, std::string>;
+
+Error usage(const std::string& msg) { return Error(msg, Error::kUsage); }
+
+// Stores TOML value `v` into the field of `k`; a wrong type is an Error naming `where` and the key.
+void assign(Config& c, const KeySpec& k, const toml::node& v, const std::string& where) {
+  const Field f = k.field(c);
+  auto type_error = [&](const std::string& expected) {
+    return usage(where + ": " + k.full() + " must be " + expected + ", got " + describe(v));
+  };
+  auto integer = [&](int64_t lo, int64_t hi, const std::string& expected) -> int64_t {
+    auto i = v.as_integer();
+    if (!i) throw type_error(expected);
+    if (i->get() < lo || i->get() > hi)
+      throw usage(where + ": " + k.full() + " = " + std::to_string(i->get()) +
+                  " is out of range for " + expected);
+    return i->get();
+  };
+  if (auto p = std::get_if<bool*>(&f)) {
+    auto b = v.as_boolean();
+    if (!b) throw type_error("a boolean (true or false)");
+    **p = b->get();
+  } else if (auto p = std::get_if<int*>(&f)) {
+    **p = static_cast<int>(
+        integer(std::numeric_limits<int>::min(), std::numeric_limits<int>::max(), "an integer"));
+  } else if (auto p = std::get_if<int64_t*>(&f)) {
+    **p = integer(std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+                  "an integer");
+  } else if (auto p = std::get_if<uint64_t*>(&f)) {
+    **p = static_cast<uint64_t>(
+        integer(0, std::numeric_limits<int64_t>::max(), "a non-negative integer"));
+  } else if (auto p = std::get_if<double*>(&f)) {
+    // An integer is a fine number: `lr = 1` means 1.0.
+    if (auto d = v.as_floating_point())
+      **p = d->get();
+    else if (auto i = v.as_integer())
+      **p = static_cast<double>(i->get());
+    else
+      throw type_error("a number");
+  } else if (auto p = std::get_if<std::string*>(&f)) {
+    if (auto s = v.as_string()) **p = s->get();
+    // Lightning accepts precision=16 / 32 as integers; so do we.
+    else if (auto i = v.as_integer(); i && k.full() == "train.precision")
+      **p = std::to_string(i->get());
+    else
+      throw type_error("a string");
+  } else if (auto p = std::get_if<std::vector<std::string>*>(&f)) {
+    auto a = v.as_array();
+    if (!a) throw type_error("an array of strings");
+    std::vector<std::string> out;
+    for (const toml::node& e : *a) {
+      if (!e.is_string()) throw type_error("an array of strings");
+      out.push_back(e.as_string()->get());
+    }
+    **p = std::move(out);
+  } else if (auto p = std::get_if<std::vector<int64_t>*>(&f)) {
+    auto a = v.as_array();
+    if (!a) throw type_error("an array of integers");
+    std::vector<int64_t> out;
+    for (const toml::node& e : *a) {
+      if (!e.is_integer()) throw type_error("an array of integers");
+      out.push_back(e.as_integer()->get());
+    }
+    **p = std::move(out);
+  }
+}
+
+std::string line_of(const toml::source_region& r) {
+  return r.begin.line ? ":" + std::to_string(r.begin.line) : "";
+}
+
+// Walks a parsed table: known keys are assigned, known sections recursed into, anything else is an
+// Error naming it and the nearest valid key or section.
+void walk(Config& c, const toml::table& t, const std::string& prefix, const std::string& path,
+          Origins& origins) {
+  for (auto&& [key, node] : t) {
+    const std::string full =
+        prefix.empty() ? std::string(key.str()) : prefix + "." + std::string(key.str());
+    const std::string where =
+        path + line_of(key.source().begin.line ? key.source() : node.source());
+    if (const KeySpec* k = find_key(full)) {
+      assign(c, *k, node, where);
+      origins[full] = where;
+    } else if (is_section(full)) {
+      if (!node.is_table())
+        throw usage(where + ": [" + full + "] must be a table (a section), got " + describe(node));
+      walk(c, *node.as_table(), full, path, origins);
+    } else if (node.is_table()) {
+      throw usage("unknown section [" + full + "] (" + where + "); did you mean [" +
+                  nearest_section(full) + "]?");
+    } else {
+      throw usage("unknown key " + full + " (" + where + "); did you mean " + nearest_key(full) +
+                  "?");
+    }
+  }
+}
+
+std::string describe_range(const KeySpec& k) {
+  auto num = [](double v) { return format_double(v, false); };
+  if (k.hi == kInf) return std::string(k.lo_open ? "> " : ">= ") + num(k.lo);
+  if (k.lo == -kInf) return std::string(k.hi_open ? "< " : "<= ") + num(k.hi);
+  return std::string("in ") + (k.lo_open ? "(" : "[") + num(k.lo) + ", " + num(k.hi) +
+         (k.hi_open ? ")" : "]");
+}
+
+bool in_range(const KeySpec& k, double v) {
+  if (std::isnan(v)) return false;
+  if (k.lo_open ? !(v > k.lo) : !(v >= k.lo)) return false;
+  if (k.hi_open ? !(v < k.hi) : !(v <= k.hi)) return false;
+  return true;
+}
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
+  return s;
+}
+
+// Checks every key's value (enumerations, ranges, finiteness) and the few rules that tie keys
+// together; normalizes precision aliases. Errors name where the offending value came from.
+void validate(Config& c, const Origins& origins) {
+  auto from = [&](const std::string& key) {
+    auto it = origins.find(key);
+    return it == origins.end() ? std::string("default") : it->second;
+  };
+  auto prefix = [&](const std::string& key) {
+    auto it = origins.find(key);
+    return it == origins.end() ? std::string() : it->second + ": ";
+  };
+  for (const KeySpec& k : key_table()) {
+    const Field f = k.field(c);
+    const std::string pre = prefix(k.full());
+    if (auto p = std::get_if<std::string*>(&f); p && !k.choices.empty()) {
+      if (std::find(k.choices.begin(), k.choices.end(), **p) == k.choices.end())
+        throw usage(pre + k.full() + " must be one of " + join(k.choices, ", ") + "; got " +
+                    toml_string(**p));
+    }
+    auto check_number = [&](double v, const std::string& shown) {
+      if (!std::isfinite(v)) throw usage(pre + k.full() + " must be a finite number, got " + shown);
+      if (!in_range(k, v))
+        throw usage(pre + k.full() + " must be " + describe_range(k) + ", got " + shown);
+    };
+    if (auto p = std::get_if<int*>(&f)) check_number(**p, std::to_string(**p));
+    if (auto p = std::get_if<int64_t*>(&f))
+      check_number(static_cast<double>(**p), std::to_string(**p));
+    if (auto p = std::get_if<double*>(&f)) check_number(**p, format_double(**p, false));
+    if (auto p = std::get_if<std::vector<int64_t>*>(&f))
+      for (int64_t v : **p)
+        check_number(static_cast<double>(v), std::to_string(v) + " in the list");
+  }
+  // Device: cpu | cuda | cuda:N.
+  const std::string& dev = c.run.device;
+  bool dev_ok = dev == "cpu" || dev == "cuda";
+  if (dev.rfind("cuda:", 0) == 0 && dev.size() > 5 && dev.size() < 12)
+    dev_ok =
+        std::all_of(dev.begin() + 5, dev.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  if (!dev_ok)
+    throw usage(prefix("run.device") +
+                "run.device must be cpu, cuda or cuda:N (N = GPU index); got " + toml_string(dev));
+  // Lightning's aliases; the rest of keel sees canonical names only.
+  std::string& prec = c.train.precision;
+  if (prec == "32") prec = "32-true";
+  if (prec == "16") prec = "16-mixed";
+  if (prec == "bf16") prec = "bf16-mixed";
+  // Rules across keys.
+  auto at = [&](const std::string& key) { return " (" + from(key) + ")"; };
+  const ModelConfig& m = c.model;
+  if (m.path.empty() && m.n_embd % m.n_head != 0)
+    throw usage("model.n_embd = " + std::to_string(m.n_embd) + at("model.n_embd") +
+                " must be divisible by model.n_head = " + std::to_string(m.n_head) +
+                at("model.n_head") + "; each head gets n_embd / n_head channels");
+  if (m.path.empty() && m.n_kv_head > 0 && m.n_head % m.n_kv_head != 0)
+    throw usage("model.n_head = " + std::to_string(m.n_head) + at("model.n_head") +
+                " must be divisible by model.n_kv_head = " + std::to_string(m.n_kv_head) +
+                at("model.n_kv_head") + " (each key/value head serves a group of query heads)");
+  if (m.adapter.kind != "none") {
+    if (m.adapter.target_modules.empty())
+      throw usage("model.adapter.target_modules" + at("model.adapter.target_modules") +
+                  " is empty but model.adapter.kind = \"" + m.adapter.kind +
+                  "\"; name the modules to adapt, e.g. [\"q_proj\", \"v_proj\"]");
+    for (const std::string& t : m.adapter.target_modules)
+      if (t.empty())
+        throw usage("model.adapter.target_modules" + at("model.adapter.target_modules") +
+                    " contains an empty module name");
+  }
+  if ((c.data.task == "text" || c.data.task == "jsonl") && c.data.path.empty())
+    throw usage("data.task = \"" + c.data.task + "\"" + at("data.task") + " needs data.path (the " +
+                c.data.task + " file to train on)");
+  if (c.data.tokenizer.empty())
+    throw usage(prefix("data.tokenizer") +
+                "data.tokenizer must not be empty (\"byte\", or a tokenizer name or file)");
+  const ScalerConfig& s = c.scaler;
+  if (s.max_scale > 0 && s.min_scale > s.max_scale)
+    throw usage("scaler.min_scale = " + format_double(s.min_scale, false) + at("scaler.min_scale") +
+                " is above scaler.max_scale = " + format_double(s.max_scale, false) +
+                at("scaler.max_scale") + " (0 = no limit)");
+}
+
+// Parses the value of one --set override: a TOML value, or the raw text as a bare string.
+void apply_override(Config& c, const std::string& ov, Origins& origins) {
+  const std::string where = "--set " + ov;
+  const size_t eq = ov.find('=');
+  if (eq == std::string::npos)
+    throw usage(where + ": expected section.key=value (e.g. --set train.batch_size=8)");
+  auto trim = [](std::string s) {
+    const char* ws = " \t";
+    s.erase(0, s.find_first_not_of(ws));
+    s.erase(s.find_last_not_of(ws) + 1);
+    return s;
+  };
+  const std::string key = trim(ov.substr(0, eq));
+  const std::string text = trim(ov.substr(eq + 1));
+  const KeySpec* k = find_key(key);
+  if (!k) {
+    if (is_section(key))
+      throw usage(where + ": " + key + " is a section, not a key; set one of its keys (" + key +
+                  ".<key>=value)");
+    throw usage(where + ": unknown key " + key + "; did you mean " + nearest_key(key) + "?");
+  }
+  toml::table parsed;
+  bool is_value = false;
+  try {
+    parsed = toml::parse("v = " + text);
+    is_value = parsed.size() == 1 && parsed.contains("v");
+  } catch (const toml::parse_error&) {
+  }
+  toml::value<std::string> bare(text);
+  const toml::node* v = is_value ? parsed.get("v") : &bare;
+  // Bare strings: `train.precision=bf16-mixed`, and `run.out_dir=out/2024-01-01`, which TOML would
+  // read as something else; a quoted string is used as written.
+  if (std::holds_alternative<std::string*>(k->field(c)) && !v->is_string() &&
+      !(k->full() == "train.precision" && v->is_integer()))
+    v = &bare;
+  assign(c, *k, *v, where);
+  origins[key] = where;
+}
+
+}  // namespace
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config c;
+  Origins origins;
+  if (!path.empty()) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in || std::filesystem::is_directory(path))
+      throw usage("cannot read config file " + path + " (check the path; pass \"\" for defaults)");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    toml::table root;
+    try {
+      root = toml::parse(ss.str(), path);
+    } catch (const toml::parse_error& e) {
+      throw usage(path + ":" + std::to_string(e.source().begin.line) + ":" +
+                  std::to_string(e.source().begin.column) +
+                  ": TOML syntax error: " + std::string(e.description()));
+    }
+    walk(c, root, "", path, origins);
+    c.source = path;
+  }
+  for (const std::string& ov : overrides) apply_override(c, ov, origins);
+  validate(c, origins);
+  return c;
+}
+
+std::string config_to_toml(const Config& config) {
+  Config c = config;  // fields are reached through non-const pointers; only read here
+  std::string out = "# keel config: every key with its effective value (docs/config.md)\n";
+  if (!c.source.empty()) out += "# read from " + c.source + "\n";
+  std::string section;
+  for (const KeySpec& k : key_table()) {
+    if (k.section != section) {
+      section = k.section;
+      out += "\n[" + section + "]\n";
+    }
+    out += k.name + " = " + field_toml(k.field(c)) + "\n";
+  }
+  return out;
+}
+
+std::vector<ConfigKeyInfo> config_keys() {
+  Config c;
+  std::vector<ConfigKeyInfo> out;
+  for (const KeySpec& k : key_table()) {
+    const Field f = k.field(c);
+    out.push_back({k.full(), field_type(f), field_toml(f)});
+  }
+  return out;
+}
+
+}  // namespace keel

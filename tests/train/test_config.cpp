@@ -1,0 +1,599 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "keel/numerics/error.h"
+#include "keel/train/config.h"
+#include "tests/support/check.h"
+
+namespace keel {
+namespace {
+
+std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// The message of the kUsage Error that `fn` throws ("" and a test failure when it does not).
+template <class F>
+std::string usage_error(F&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind, Error::kUsage) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a keel::Error";
+  return "";
+}
+
+std::string load_error(const std::string& toml, const std::vector<std::string>& overrides = {}) {
+  const std::string path = write_file(test::temp_dir("config"), "config.toml", toml);
+  return usage_error([&] { load_config(path, overrides); });
+}
+
+std::string set_error(const std::string& override_) {
+  return usage_error([&] { load_config("", {override_}); });
+}
+
+TEST(Config, DefaultsWithoutAFile) {
+  Config c = load_config("");
+  EXPECT_EQ(config_to_toml(c), config_to_toml(Config{}));
+  EXPECT_EQ(c.source, "");
+  EXPECT_EQ(c.train.precision, "32-true");
+  EXPECT_EQ(c.train.batch_size, 32);
+  EXPECT_EQ(c.model.adapter.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+}
+
+TEST(Config, ReadsEverySectionIncludingSubtablesDottedKeysAndInlineTables) {
+  const std::string dir = test::temp_dir("config");
+  const std::string path = write_file(dir, "run.toml", R"(
+# a comment
+dist.backend = "mpi"        # a dotted key at the top level
+
+[run]
+out_dir = "out/x"
+seed = 42
+resume = true
+device = "cuda:1"
+threads = 2
+
+[model]
+family = "llama"
+n_layer = 4
+n_embd = 96
+n_head = 6
+n_kv_head = 2
+rope_theta = 500000
+attention = "flash"
+base_dtype = "bf16"
+adapter = { kind = "lora", r = 16, alpha = 32.5, target_modules = ["q_proj", "k_proj", "o_proj"] }
+
+[data]
+task = "text"
+path = "corpus.txt"
+seq_len = 64
+pack = true
+
+[train]
+precision = "bf16"
+batch_size = 8
+grad_accum = 4
+max_grad_norm = 0.5
+on_nonfinite = "skip"
+epochs = 3
+
+[optim]
+name = "sgd"
+lr = 1
+momentum = 0.8
+
+[sched]
+name = "linear"
+warmup_ratio = 0.1
+
+[scaler]
+init_scale = 1024.0
+hysteresis = 2
+min_scale = 1.0
+max_scale = 16777216.0
+
+[log]
+every = 1
+tensorboard = false
+
+[debug]
+nan_capture = false
+
+[debug.underflow_overflow]
+enabled = true
+trace_batch_nums = [1, 3]
+abort_after_batch_num = 3
+
+[debug.inject]
+module = "h.0.attn"
+step = 5
+kind = "scale"
+factor = 1e4
+)");
+  Config c = load_config(path);
+  EXPECT_EQ(c.source, path);
+  EXPECT_EQ(c.run.out_dir, "out/x");
+  EXPECT_EQ(c.run.seed, 42u);
+  EXPECT_TRUE(c.run.resume);
+  EXPECT_EQ(c.run.device, "cuda:1");
+  EXPECT_EQ(c.run.threads, 2);
+  EXPECT_EQ(c.model.family, "llama");
+  EXPECT_EQ(c.model.n_layer, 4);
+  EXPECT_EQ(c.model.n_kv_head, 2);
+  EXPECT_EQ(c.model.rope_theta, 500000.0);
+  EXPECT_EQ(c.model.attention, "flash");
+  EXPECT_EQ(c.model.base_dtype, "bf16");
+  EXPECT_EQ(c.model.adapter.kind, "lora");
+  EXPECT_EQ(c.model.adapter.r, 16);
+  EXPECT_EQ(c.model.adapter.alpha, 32.5);
+  EXPECT_EQ(c.model.adapter.target_modules,
+            (std::vector<std::string>{"q_proj", "k_proj", "o_proj"}));
+  EXPECT_EQ(c.data.task, "text");
+  EXPECT_EQ(c.data.path, "corpus.txt");
+  EXPECT_EQ(c.data.seq_len, 64);
+  EXPECT_TRUE(c.data.pack);
+  EXPECT_EQ(c.train.precision, "bf16-mixed");  // alias normalized
+  EXPECT_EQ(c.train.batch_size, 8);
+  EXPECT_EQ(c.train.grad_accum, 4);
+  EXPECT_EQ(c.train.epochs, 3);
+  EXPECT_EQ(c.train.max_grad_norm, 0.5);
+  EXPECT_EQ(c.train.on_nonfinite, "skip");
+  EXPECT_EQ(c.optim.name, "sgd");
+  EXPECT_EQ(c.optim.lr, 1.0);  // integer accepted for a float key
+  EXPECT_EQ(c.optim.momentum, 0.8);
+  EXPECT_EQ(c.sched.name, "linear");
+  EXPECT_EQ(c.sched.warmup_ratio, 0.1);
+  EXPECT_EQ(c.scaler.init_scale, 1024.0);
+  EXPECT_EQ(c.scaler.hysteresis, 2);
+  EXPECT_EQ(c.scaler.max_scale, 16777216.0);
+  EXPECT_EQ(c.log.every, 1);
+  EXPECT_FALSE(c.log.tensorboard);
+  EXPECT_FALSE(c.debug.nan_capture);
+  EXPECT_TRUE(c.debug.underflow_overflow.enabled);
+  EXPECT_EQ(c.debug.underflow_overflow.trace_batch_nums, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(c.debug.underflow_overflow.abort_after_batch_num, 3);
+  EXPECT_EQ(c.debug.inject.module, "h.0.attn");
+  EXPECT_EQ(c.debug.inject.step, 5);
+  EXPECT_EQ(c.debug.inject.kind, "scale");
+  EXPECT_EQ(c.debug.inject.factor, 1e4);
+  EXPECT_EQ(c.dist.backend, "mpi");
+  // Untouched keys keep their defaults.
+  EXPECT_EQ(c.optim.beta2, 0.999);
+  EXPECT_EQ(c.scaler.growth_interval, 2000);
+
+  // The effective config round-trips exactly.
+  const std::string text = config_to_toml(c);
+  Config back = load_config(write_file(dir, "effective.toml", text));
+  back.source = c.source;
+  EXPECT_EQ(config_to_toml(back), text);
+}
+
+TEST(Config, RoundTripsAwkwardValuesExactly) {
+  Config c;
+  c.run.out_dir = "dir with \"quotes\", \\backslash\\, tab\t, newline\n and unicode \xc3\xa9";
+  c.run.seed = 9223372036854775807ull;
+  c.optim.lr = 0.1 + 0.2;  // not representable in few digits
+  c.optim.eps = 1e-300;
+  c.scaler.init_scale = 1e300;
+  c.model.init_std = 1.0 / 3.0;
+  c.model.adapter.target_modules = {};
+  c.debug.underflow_overflow.trace_batch_nums = {0, 7, 123456789012};
+  c.debug.inject.factor = -2.5;
+  c.debug.inject.module = "";
+  const std::string dir = test::temp_dir("config");
+  const std::string text = config_to_toml(c);
+  Config back = load_config(write_file(dir, "c.toml", text));
+  EXPECT_EQ(back.run.out_dir, c.run.out_dir);
+  EXPECT_EQ(back.run.seed, c.run.seed);
+  EXPECT_EQ(back.optim.lr, c.optim.lr);
+  EXPECT_EQ(back.optim.eps, c.optim.eps);
+  EXPECT_EQ(back.scaler.init_scale, c.scaler.init_scale);
+  EXPECT_EQ(back.model.init_std, c.model.init_std);
+  EXPECT_TRUE(back.model.adapter.target_modules.empty());
+  EXPECT_EQ(back.debug.underflow_overflow.trace_batch_nums,
+            c.debug.underflow_overflow.trace_batch_nums);
+  EXPECT_EQ(back.debug.inject.factor, -2.5);
+  // Every line of the effective config except the "read from" comment is identical.
+  back.source = "";
+  EXPECT_EQ(config_to_toml(back), text);
+}
+
+TEST(Config, WritesEveryKeyUnderItsSection) {
+  const std::string text = config_to_toml(Config{});
+  std::string section;
+  std::set<std::string> written;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] == '[') {
+      section = line.substr(1, line.size() - 2);
+      continue;
+    }
+    written.insert(section + "." + line.substr(0, line.find(" = ")));
+  }
+  std::set<std::string> known;
+  for (const ConfigKeyInfo& k : config_keys()) known.insert(k.key);
+  EXPECT_EQ(written, known);
+  EXPECT_EQ(known.size(), config_keys().size());  // no key listed twice
+  EXPECT_EQ(known.size(), 79u);  // every field of config.h (update with config.h and the docs)
+}
+
+TEST(Config, TypeErrorsNameFileLineKeyAndExpectedType) {
+  const std::string dir = test::temp_dir("config");
+  const std::string path =
+      write_file(dir, "config.toml", "[run]\nseed = 1\n\n[train]\nbatch_size = \"big\"\n");
+  EXPECT_EQ(usage_error([&] { load_config(path); }),
+            path + ":5: train.batch_size must be an integer, got string \"big\"");
+
+  struct Case {
+    std::string toml, expected;
+  };
+  const std::vector<Case> cases = {
+      {"[train]\nbatch_size = 8.0", ":2: train.batch_size must be an integer, got float 8.0"},
+      {"[optim]\nlr = \"fast\"", ":2: optim.lr must be a number, got string \"fast\""},
+      {"[run]\nresume = \"yes\"", ":2: run.resume must be a boolean (true or false), got string"},
+      {"[run]\nresume = 1", ":2: run.resume must be a boolean (true or false), got integer 1"},
+      {"[model]\nfamily = 2", ":2: model.family must be a string, got integer 2"},
+      {"[model.adapter]\ntarget_modules = \"q_proj\"",
+       ":2: model.adapter.target_modules must be an array of strings, got string \"q_proj\""},
+      {"[model.adapter]\ntarget_modules = [\"q\", 1]",
+       ":2: model.adapter.target_modules must be an array of strings, got array [string \"q\", "
+       "integer 1]"},
+      {"[debug.underflow_overflow]\ntrace_batch_nums = [1.5]",
+       ":2: debug.underflow_overflow.trace_batch_nums must be an array of integers"},
+      {"[run]\nthreads = 10000000000",
+       ":2: run.threads = 10000000000 is out of range for an integer"},
+      {"[run]\nseed = -1", ":2: run.seed = -1 is out of range for a non-negative integer"},
+      {"[data]\nseq_len = 1979-05-27", ":2: data.seq_len must be an integer, got date 1979-05-27"},
+      {"[train]\nprecision = 8", ":2: train.precision must be one of 32-true, bf16-mixed"},
+      {"train = 3", ":1: [train] must be a table (a section), got integer 3"},
+      {"[model]\nadapter = \"lora\"", ":2: [model.adapter] must be a table (a section)"},
+      {"[log]\nevery = { n = 1 }", ":2: log.every must be an integer, got table"},
+  };
+  for (const Case& c : cases) {
+    const std::string p = write_file(dir, "config.toml", c.toml);
+    const std::string msg = usage_error([&] { load_config(p); });
+    EXPECT_NE(msg.find(p + c.expected), std::string::npos)
+        << "toml: " << c.toml << "\nmessage: " << msg << "\nexpected: " << c.expected;
+  }
+}
+
+TEST(Config, UnknownKeysAndSectionsNameTheNearestValidOne) {
+  const std::string dir = test::temp_dir("config");
+  struct Case {
+    std::string toml, expected;  // expected: text after the path
+  };
+  const std::vector<Case> cases = {
+      // A key in the wrong section: found across sections.
+      {"[run]\nseed = 1\n\n[train]\n\nlr = 1e-3\n",
+       "unknown key train.lr (@:6); did you mean optim.lr?"},
+      {"[train]\nbatchsize = 8",
+       "unknown key train.batchsize (@:2); did you mean train.batch_size?"},
+      {"[model.adapter]\nrank = 8",
+       "unknown key model.adapter.rank (@:2); did you mean model.adapter.r?"},
+      {"[model.adapter]\ntarget_module = [\"q\"]",
+       "unknown key model.adapter.target_module (@:2); did you mean model.adapter.target_modules?"},
+      {"lr = 0.1", "unknown key lr (@:1); did you mean optim.lr?"},
+      {"[debug.inject]\nfactr = 2.0",
+       "unknown key debug.inject.factr (@:2); did you mean debug.inject.factor?"},
+      {"[optimizer]\nlr = 0.1", "unknown section [optimizer] (@:1); did you mean [optim]?"},
+      {"[model.adaptor]\nr = 4",
+       "unknown section [model.adaptor] (@:1); did you mean [model.adapter]?"},
+      {"[debug.underflow]\nenabled = true",
+       "unknown section [debug.underflow] (@:1); did you mean [debug.underflow_overflow]?"},
+  };
+  for (const Case& c : cases) {
+    const std::string p = write_file(dir, "config.toml", c.toml);
+    std::string expected = c.expected;
+    expected.replace(expected.find('@'), 1, p);
+    const std::string msg = usage_error([&] { load_config(p); });
+    EXPECT_NE(msg.find(expected), std::string::npos)
+        << "message: " << msg << "\nexpected: " << expected;
+  }
+}
+
+TEST(Config, EnumerationsListTheirValidValues) {
+  struct Case {
+    std::string key, value, valid;
+  };
+  const std::vector<Case> cases = {
+      {"train.precision", "bf32",
+       "32-true, bf16-mixed, 16-mixed, bf16-true, 16-true, 32, bf16, 16, auto"},
+      {"train.on_nonfinite", "ignore", "capture, skip, abort"},
+      {"model.attention", "sdpa", "eager, math, flash"},
+      {"model.family", "gpt3", "gpt2, llama"},
+      {"model.base_dtype", "f16", "f32, bf16"},
+      {"model.adapter.kind", "ia3", "none, lora, dora, lokr"},
+      {"optim.name", "adam", "adamw, sgd"},
+      {"sched.name", "step", "constant, linear, cosine"},
+      {"dist.backend", "gloo", "single, mpi, nccl"},
+      {"data.task", "images", "arith, text, jsonl"},
+      {"debug.inject.kind", "zero", "nan, inf, scale"},
+  };
+  for (const Case& c : cases) {
+    const std::string msg = set_error(c.key + "=" + c.value);
+    EXPECT_EQ(msg, "--set " + c.key + "=" + c.value + ": " + c.key + " must be one of " + c.valid +
+                       "; got \"" + c.value + "\"");
+  }
+  // The same error from a file names the file and line.
+  const std::string msg = load_error("\n[model]\nattention = \"fast\"\n");
+  EXPECT_NE(
+      msg.find("config.toml:3: model.attention must be one of eager, math, flash; got \"fast\""),
+      std::string::npos)
+      << msg;
+  // Devices.
+  for (const char* ok : {"cpu", "cuda", "cuda:0", "cuda:12"})
+    EXPECT_EQ(load_config("", {std::string("run.device=") + ok}).run.device, ok);
+  for (const char* bad : {"gpu", "cuda:", "cuda:x", "CPU", "cuda:-1"})
+    EXPECT_NE(
+        set_error(std::string("run.device=") + bad).find("run.device must be cpu, cuda or cuda:N"),
+        std::string::npos);
+}
+
+TEST(Config, PrecisionAliasesAreNormalized) {
+  const std::map<std::string, std::string> expect = {
+      {"32", "32-true"},      {"16", "16-mixed"},
+      {"bf16", "bf16-mixed"}, {"\"32\"", "32-true"},
+      {"auto", "auto"},       {"bf16-true", "bf16-true"},
+      {"16-true", "16-true"}, {"16-mixed", "16-mixed"},
+      {"32-true", "32-true"}, {"\"bf16-mixed\"", "bf16-mixed"},
+  };
+  for (auto& [given, canonical] : expect)
+    EXPECT_EQ(load_config("", {"train.precision=" + given}).train.precision, canonical) << given;
+  // Integers in a file, as Lightning accepts them.
+  const std::string dir = test::temp_dir("config");
+  EXPECT_EQ(load_config(write_file(dir, "a.toml", "[train]\nprecision = 16")).train.precision,
+            "16-mixed");
+  EXPECT_EQ(load_config(write_file(dir, "b.toml", "[train]\nprecision = 32")).train.precision,
+            "32-true");
+}
+
+TEST(Config, RangesAreCheckedAndNameTheValidRange) {
+  struct Case {
+    std::string set, expected;
+  };
+  const std::vector<Case> cases = {
+      {"train.batch_size=0", "train.batch_size must be >= 1, got 0"},
+      {"train.grad_accum=-2", "train.grad_accum must be >= 1, got -2"},
+      {"train.epochs=0", "train.epochs must be >= 1, got 0"},
+      {"train.max_steps=-1", "train.max_steps must be >= 0, got -1"},
+      {"train.max_grad_norm=-1.0", "train.max_grad_norm must be >= 0, got -1"},
+      {"optim.lr=0", "optim.lr must be > 0, got 0"},
+      {"optim.lr=-1e-3", "optim.lr must be > 0, got -0.001"},
+      {"optim.lr=nan", "optim.lr must be a finite number, got nan"},
+      {"optim.lr=inf", "optim.lr must be a finite number, got inf"},
+      {"optim.beta1=1.0", "optim.beta1 must be in [0, 1), got 1"},
+      {"optim.beta2=-0.1", "optim.beta2 must be in [0, 1), got -0.1"},
+      {"data.seq_len=1", "data.seq_len must be >= 2, got 1"},
+      {"data.digits=19", "data.digits must be in [1, 18], got 19"},
+      {"model.dropout=1", "model.dropout must be in [0, 1), got 1"},
+      {"model.dropout=-0.5", "model.dropout must be in [0, 1), got -0.5"},
+      {"model.adapter.dropout=1.5", "model.adapter.dropout must be in [0, 1), got 1.5"},
+      {"model.adapter.r=0", "model.adapter.r must be >= 1, got 0"},
+      {"model.n_layer=0", "model.n_layer must be >= 1, got 0"},
+      {"model.norm_eps=0", "model.norm_eps must be > 0, got 0"},
+      {"sched.warmup_ratio=1", "sched.warmup_ratio must be in [0, 1), got 1"},
+      {"sched.min_lr_ratio=1.5", "sched.min_lr_ratio must be in [0, 1], got 1.5"},
+      {"scaler.growth_factor=1.0", "scaler.growth_factor must be > 1, got 1"},
+      {"scaler.backoff_factor=1", "scaler.backoff_factor must be in (0, 1), got 1"},
+      {"scaler.backoff_factor=0", "scaler.backoff_factor must be in (0, 1), got 0"},
+      {"scaler.init_scale=0", "scaler.init_scale must be > 0, got 0"},
+      {"scaler.growth_interval=0", "scaler.growth_interval must be >= 1, got 0"},
+      {"scaler.hysteresis=0", "scaler.hysteresis must be >= 1, got 0"},
+      {"log.every=0", "log.every must be >= 1, got 0"},
+      {"run.threads=-1", "run.threads must be >= 0, got -1"},
+      {"debug.underflow_overflow.trace_batch_nums=[2, -1]",
+       "debug.underflow_overflow.trace_batch_nums must be >= 0, got -1 in the list"},
+      {"debug.underflow_overflow.abort_after_batch_num=-2",
+       "debug.underflow_overflow.abort_after_batch_num must be >= -1, got -2"},
+      {"debug.inject.factor=inf", "debug.inject.factor must be a finite number, got inf"},
+  };
+  for (const Case& c : cases) EXPECT_EQ(set_error(c.set), "--set " + c.set + ": " + c.expected);
+  // Boundary values that are valid.
+  Config ok = load_config("", {"train.batch_size=1", "optim.beta1=0", "model.dropout=0.999",
+                               "data.seq_len=2", "sched.min_lr_ratio=1", "data.digits=18",
+                               "debug.underflow_overflow.abort_after_batch_num=-1"});
+  EXPECT_EQ(ok.train.batch_size, 1);
+  EXPECT_EQ(ok.model.dropout, 0.999);
+  // A range error from a file names the file and the line.
+  const std::string msg = load_error("[train]\nbatch_size = 0\n");
+  EXPECT_NE(msg.find("config.toml:2: train.batch_size must be >= 1, got 0"), std::string::npos)
+      << msg;
+}
+
+TEST(Config, RulesAcrossKeysNameBothKeysAndWhereTheyCameFrom) {
+  std::string msg = set_error("model.n_head=5");
+  EXPECT_NE(msg.find("model.n_embd = 64 (default) must be divisible by model.n_head = 5 (--set "
+                     "model.n_head=5)"),
+            std::string::npos)
+      << msg;
+  // Sizes come from the HF config when model.path is set.
+  EXPECT_NO_THROW(load_config("", {"model.n_head=5", "model.path=/models/gpt2"}));
+  msg = set_error("model.n_kv_head=3");
+  EXPECT_NE(msg.find("model.n_head = 4 (default) must be divisible by model.n_kv_head = 3"),
+            std::string::npos)
+      << msg;
+  msg = usage_error([] {
+    load_config("", {"model.adapter.kind=lora", "model.adapter.target_modules=[]"});
+  });
+  EXPECT_NE(
+      msg.find("model.adapter.target_modules (--set model.adapter.target_modules=[]) is empty"),
+      std::string::npos)
+      << msg;
+  EXPECT_NO_THROW(load_config("", {"model.adapter.target_modules=[]"}));  // kind = none
+  msg = set_error("data.task=jsonl");
+  EXPECT_NE(msg.find("data.task = \"jsonl\" (--set data.task=jsonl) needs data.path"),
+            std::string::npos)
+      << msg;
+  msg = usage_error([] { load_config("", {"scaler.min_scale=4", "scaler.max_scale=2"}); });
+  EXPECT_NE(
+      msg.find("scaler.min_scale = 4 (--set scaler.min_scale=4) is above scaler.max_scale = 2"),
+      std::string::npos)
+      << msg;
+}
+
+TEST(Config, OverridesParseTomlValuesAndBareStrings) {
+  const std::string dir = test::temp_dir("config");
+  const std::string path =
+      write_file(dir, "c.toml", "[train]\nbatch_size = 4\n[optim]\nlr = 0.1\n");
+  Config c = load_config(
+      path, {"train.batch_size=8", "optim.lr=1e-3", "train.precision=bf16-mixed",
+             "model.adapter.target_modules=[\"q_proj\",\"v_proj\",\"o_proj\"]",
+             "run.out_dir=2024-01-01", "data.tokenizer = gpt2 ", "log.tensorboard=false",
+             "debug.inject.module=\"h.1.mlp\"", "debug.underflow_overflow.trace_batch_nums=[0, 2]",
+             "scaler.init_scale=128", "run.seed=7", "train.max_grad_norm=0"});
+  EXPECT_EQ(c.train.batch_size, 8);  // the override wins over the file
+  EXPECT_EQ(c.optim.lr, 1e-3);
+  EXPECT_EQ(c.train.precision, "bf16-mixed");
+  EXPECT_EQ(c.model.adapter.target_modules,
+            (std::vector<std::string>{"q_proj", "v_proj", "o_proj"}));
+  EXPECT_EQ(c.run.out_dir, "2024-01-01");  // a TOML date, taken as the bare string it is
+  EXPECT_EQ(c.data.tokenizer, "gpt2");
+  EXPECT_FALSE(c.log.tensorboard);
+  EXPECT_EQ(c.debug.inject.module, "h.1.mlp");
+  EXPECT_EQ(c.debug.underflow_overflow.trace_batch_nums, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(c.scaler.init_scale, 128.0);
+  EXPECT_EQ(c.run.seed, 7u);
+  EXPECT_EQ(c.train.max_grad_norm, 0.0);
+  // Later overrides win.
+  EXPECT_EQ(load_config("", {"train.batch_size=2", "train.batch_size=3"}).train.batch_size, 3);
+  // A value with '=' in it keeps everything after the first '='.
+  EXPECT_EQ(load_config("", {"run.out_dir=a=b"}).run.out_dir, "a=b");
+
+  // Errors name the override.
+  EXPECT_EQ(set_error("train.batch_size=big"),
+            "--set train.batch_size=big: train.batch_size must be an integer, got string \"big\"");
+  EXPECT_EQ(set_error("train.lr=1e-3"),
+            "--set train.lr=1e-3: unknown key train.lr; did you mean optim.lr?");
+  EXPECT_EQ(set_error("train.batch_size"),
+            "--set train.batch_size: expected section.key=value (e.g. --set train.batch_size=8)");
+  EXPECT_NE(set_error("train=3").find("--set train=3: train is a section, not a key"),
+            std::string::npos);
+  EXPECT_NE(set_error("model.adapter.target_modules=q_proj")
+                .find("must be an array of strings, got string \"q_proj\""),
+            std::string::npos);
+  EXPECT_EQ(set_error("log.console=yes"),
+            "--set log.console=yes: log.console must be a boolean (true or false), got string "
+            "\"yes\"");
+}
+
+TEST(Config, FileErrorsNameTheFile) {
+  const std::string dir = test::temp_dir("config");
+  std::string msg = usage_error([&] { load_config(dir + "/missing.toml"); });
+  EXPECT_NE(msg.find("cannot read config file " + dir + "/missing.toml"), std::string::npos) << msg;
+  const std::string p = write_file(dir, "bad.toml", "[train]\nbatch_size = 8\nlr = = 3\n");
+  msg = usage_error([&] { load_config(p); });
+  EXPECT_NE(msg.find(p + ":3:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("TOML syntax error"), std::string::npos) << msg;
+  // A key set twice is a TOML error, not a silent choice.
+  const std::string dup = write_file(dir, "dup.toml", "[train]\nbatch_size = 8\nbatch_size = 9\n");
+  msg = usage_error([&] { load_config(dup); });
+  EXPECT_NE(msg.find(dup + ":3:"), std::string::npos) << msg;
+}
+
+// Everything wrong between a config.md text and the loader: undocumented keys, documented keys the
+// loader does not know, wrong types, and defaults that do not load to the code's defaults.
+std::vector<std::string> docs_problems(const std::string& markdown) {
+  std::vector<std::string> problems;
+  const std::regex heading(R"(^#+ \[([a-z_.]+)\]\s*$)");
+  const std::regex row(R"(^\| `([a-z_0-9]+)` \| ([a-z\[\]]+) \| `([^`]*)` \|)");
+  std::string section;
+  std::map<std::string, std::pair<std::string, std::string>> documented;  // key -> (type, default)
+  std::istringstream in(markdown);
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_match(line, m, heading)) {
+      section = m[1];
+    } else if (std::regex_search(line, m, row)) {
+      const std::string key = section + "." + std::string(m[1]);
+      if (section.empty()) problems.push_back("row before any [section] heading: " + line);
+      if (documented.count(key)) problems.push_back(key + " is documented twice");
+      documented[key] = {m[2], m[3]};
+    }
+  }
+  const std::string dir = test::temp_dir("config-docs");
+  for (const ConfigKeyInfo& k : config_keys()) {
+    auto it = documented.find(k.key);
+    if (it == documented.end()) {
+      problems.push_back(k.key + " is not documented (default " + k.default_toml + ")");
+      continue;
+    }
+    const auto [type, default_toml] = it->second;
+    documented.erase(it);
+    if (type != k.type)
+      problems.push_back(k.key + " is documented as " + type + " but is " + k.type);
+    // The documented default, read by the loader, must give exactly the code's default config.
+    const size_t dot = k.key.rfind('.');
+    const std::string one = write_file(
+        dir, "one.toml",
+        "[" + k.key.substr(0, dot) + "]\n" + k.key.substr(dot + 1) + " = " + default_toml + "\n");
+    try {
+      Config c = load_config(one);
+      c.source = "";
+      if (config_to_toml(c) != config_to_toml(Config{}))
+        problems.push_back(k.key + " is documented with default " + default_toml +
+                           " but the code's default is " + k.default_toml);
+    } catch (const Error& e) {
+      problems.push_back(k.key + ": documented default " + default_toml +
+                         " does not load: " + e.what());
+    }
+  }
+  for (auto& [key, v] : documented)
+    problems.push_back(key + " is documented but the loader does not know it");
+  return problems;
+}
+
+std::string read_docs() {
+  std::ifstream in(std::string(KEEL_SOURCE_DIR) + "/docs/config.md");
+  EXPECT_TRUE(in) << "docs/config.md is missing";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(Config, DocsDocumentEveryKeyWithTheCodesTypeAndDefault) {
+  const std::string docs = read_docs();
+  for (const std::string& p : docs_problems(docs)) ADD_FAILURE() << "docs/config.md: " << p;
+}
+
+// The docs check itself catches each kind of drift.
+TEST(Config, DocsCheckDetectsDrift) {
+  const std::string docs = read_docs();
+  auto mutated = [&](const std::string& from, const std::string& to) {
+    std::string d = docs;
+    const size_t at = d.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) d.replace(at, from.size(), to);
+    return docs_problems(d);
+  };
+  auto has = [](const std::vector<std::string>& problems, const std::string& text) {
+    for (const std::string& p : problems)
+      if (p.find(text) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(has(mutated("| `lr` | float | `0.003` |", "| `lr` | float | `0.004` |"),
+                  "optim.lr is documented with default 0.004 but the code's default is 0.003"));
+  EXPECT_TRUE(has(mutated("| `batch_size` | int |", "| `batch_size` | float |"),
+                  "train.batch_size is documented as float but is int"));
+  EXPECT_TRUE(
+      has(mutated("| `hysteresis` |", "| `hysteresys` |"), "scaler.hysteresis is not documented"));
+  EXPECT_TRUE(has(mutated("| `hysteresis` |", "| `hysteresys` |"),
+                  "scaler.hysteresys is documented but the loader does not know it"));
+  EXPECT_TRUE(has(mutated("`[\"q_proj\", \"v_proj\"]`", "`[\"q_proj\"]`"),
+                  "model.adapter.target_modules is documented with default"));
+}
+
+}  // namespace
+}  // namespace keel
