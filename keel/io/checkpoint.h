@@ -1,0 +1,49 @@
+// Checkpoint directories (DESIGN §6): `model.safetensors`, `optimizer.safetensors` and
+// `trainer.json` (step, epoch, sampler position, RNG, scaler) in one directory, replaced as a
+// whole.
+//
+// save_checkpoint writes everything into a temporary sibling `<dir>.tmp-<pid>`, fsyncs the files
+// and the directory, renames an existing `dir` aside to `<dir>.old-<pid>`, renames the temporary
+// directory to `dir`, fsyncs the parent and removes the old one. A crash at any point leaves a
+// complete checkpoint: the old one (at `dir`, or at `<dir>.old-*` if the crash fell between the two
+// renames) or the new one. Leftovers are handled by the next save (an orphaned `.old-*` is moved
+// back when `dir` is missing; `.tmp-*` and remaining `.old-*` are deleted) and by load_checkpoint,
+// which reads an orphaned `.old-*` when `dir` is missing and ignores `.tmp-*`.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "keel/tensor/tensor.h"
+
+namespace keel::io {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+struct Checkpoint {
+  NamedTensors model;      // in the order they were saved
+  NamedTensors optimizer;  // in the order they were saved
+  nlohmann::json trainer_state;
+  std::string dir;  // the directory actually read (differs from the argument only on recovery)
+};
+
+// Tensors must be on the CPU. `trainer_state` is written as pretty-printed JSON; it must hold only
+// finite numbers (JSON has no NaN/inf), which is checked, naming the offending path.
+void save_checkpoint(const std::string& dir, const NamedTensors& model,
+                     const NamedTensors& optimizer, const nlohmann::json& trainer_state);
+
+// Reads a checkpoint directory. Every problem is an Error naming the file (and, for safetensors,
+// the tensor): a missing file, a truncated or corrupt safetensors file, invalid JSON.
+Checkpoint load_checkpoint(const std::string& dir);
+
+// True when `dir` (or an orphaned `<dir>.old-*` left by a crash between the renames) holds a
+// checkpoint that load_checkpoint can read.
+bool checkpoint_exists(const std::string& dir);
+
+// Testing only: called by save_checkpoint after each stage ("tmp_written", "moved_aside",
+// "renamed", "done") so that a test can kill the process there and check what a crash leaves.
+// nullptr (the default) = no hook.
+void set_checkpoint_stage_hook(void (*hook)(const char* stage));
+
+}  // namespace keel::io
