@@ -1,15 +1,21 @@
 // The kernel families every ISA variant provides (one table per family per ISA).
 #pragma once
 #include "keel/backend/cpu/isa.h"
+#include "keel/backend/activation.h"
 #include "keel/backend/cross_entropy.h"
 #include "keel/backend/dropout.h"
 #include "keel/backend/elementwise.h"
+#include "keel/backend/norm.h"
 #include "keel/backend/rope.h"
+#include "keel/backend/softmax.h"
 
 namespace keel::cpu {
 #define KEEL_DECLARE_ISA_TABLES(ns) \
   namespace ns {                    \
   extern const ElementwiseKernels elementwise; \
+  extern const ActivationKernels activation;   \
+  extern const SoftmaxKernels softmax;         \
+  extern const NormKernels norm;               \
   extern const RopeKernels rope;               \
   extern const DropoutKernels dropout;         \
   extern const CrossEntropyKernels cross_entropy; \
