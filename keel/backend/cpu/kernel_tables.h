@@ -6,6 +6,7 @@
 #include "keel/backend/dropout.h"
 #include "keel/backend/elementwise.h"
 #include "keel/backend/norm.h"
+#include "keel/backend/optim.h"
 #include "keel/backend/rope.h"
 #include "keel/backend/softmax.h"
 
@@ -19,6 +20,7 @@ namespace keel::cpu {
   extern const RopeKernels rope;               \
   extern const DropoutKernels dropout;         \
   extern const CrossEntropyKernels cross_entropy; \
+  extern const OptimKernels optim;             \
   }
 KEEL_DECLARE_ISA_TABLES(generic)
 KEEL_DECLARE_ISA_TABLES(avx2)

@@ -1,0 +1,13 @@
+#include "keel/backend/optim.h"
+
+#include "keel/backend/cpu/kernel_tables.h"
+#include "keel/numerics/error.h"
+
+namespace keel {
+
+const OptimKernels& optim_kernels(Device dev) {
+  KEEL_CHECK(dev.is_cpu(), "no optimizer kernels for " + dev.str() + " in this build");
+  return cpu::pick(cpu::generic::optim, cpu::avx2::optim, cpu::avx512::optim);
+}
+
+}  // namespace keel

@@ -1,0 +1,163 @@
+#include "keel/optim/optimizer.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+#include <set>
+
+namespace keel::optim {
+
+std::vector<ParamGroup> make_param_groups(const NamedTensors& named_params, double weight_decay) {
+  ParamGroup decay, no_decay;
+  decay.weight_decay = weight_decay;
+  no_decay.weight_decay = 0.0;
+  for (const auto& [name, p] : named_params) {
+    if (!p.defined() || !p.requires_grad()) continue;
+    std::string lower = name;
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    const bool skip = lower.find("bias") != std::string::npos ||
+                      lower.find("norm") != std::string::npos ||
+                      lower.find("ln_") != std::string::npos || p.dim() < 2;
+    ParamGroup& g = skip ? no_decay : decay;
+    g.params.push_back(p);
+    g.names.push_back(name);
+  }
+  return {std::move(decay), std::move(no_decay)};
+}
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups, std::vector<std::string> kinds,
+                     const char* what)
+    : groups_(std::move(groups)), kinds_(std::move(kinds)), what_(what) {
+  std::set<std::string> seen;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    ParamGroup& g = groups_[gi];
+    if (!g.names.empty() && g.names.size() != g.params.size())
+      throw Error(std::string(what_) + ": param group " + std::to_string(gi) + " has " +
+                  std::to_string(g.params.size()) + " params but " +
+                  std::to_string(g.names.size()) + " names; give one name per parameter");
+    for (size_t i = 0; i < g.params.size(); ++i) {
+      const Tensor& p = g.params[i];
+      if (!p.defined())
+        throw Error(std::string(what_) + ": param group " + std::to_string(gi) + " entry " +
+                    std::to_string(i) + " is an undefined tensor");
+      std::string name = g.names.empty() ? p.name() : g.names[i];
+      if (name.empty()) name = "group" + std::to_string(gi) + ".param" + std::to_string(i);
+      if (!dtype_is_floating(p.dtype()))
+        throw Error(std::string(what_) + ": parameter '" + name + "' has dtype " +
+                    dtype_name(p.dtype()) + "; only f32, bf16 and f16 parameters can be trained");
+      if (!seen.insert(name).second)
+        throw Error(std::string(what_) + ": parameter name '" + name +
+                    "' appears twice; state entries are keyed by name, so names must be unique");
+      Slot s;
+      s.param = p;
+      s.name = name;
+      s.group = gi;
+      for (size_t k = 0; k < kinds_.size(); ++k) s.state.push_back(Tensor::zeros_like(p));
+      slots_.push_back(std::move(s));
+    }
+  }
+}
+
+void Optimizer::step(double lr) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    const Tensor& g = s.param.grad();
+    if (!g.defined()) continue;
+    if (g.dtype() != s.param.dtype() || g.shape() != s.param.shape())
+      throw Error(std::string(what_) + ": gradient of '" + s.name + "' is " +
+                  dtype_name(g.dtype()) + " " + shape_str(g.shape()) + ", parameter is " +
+                  dtype_name(s.param.dtype()) + " " + shape_str(s.param.shape()) +
+                  "; gradients must match their parameter");
+    const ParamGroup& grp = groups_[s.group];
+    s.step += 1;
+    update(s, g, lr * grp.lr_scale, grp.weight_decay, i);
+    s.param.bump_version();
+  }
+  steps_ += 1;
+}
+
+void Optimizer::zero_grad() {
+  for (Slot& s : slots_) {
+    Tensor& g = s.param.mutable_grad();
+    if (g.defined()) g.fill(0.f);
+  }
+}
+
+std::vector<Tensor> Optimizer::grads() const {
+  std::vector<Tensor> out;
+  out.reserve(slots_.size());
+  for (const Slot& s : slots_) out.push_back(s.param.grad());
+  return out;
+}
+
+NamedTensors Optimizer::state() const {
+  NamedTensors out;
+  for (const Slot& s : slots_) {
+    for (size_t k = 0; k < kinds_.size(); ++k)
+      out.emplace_back(s.name + "." + kinds_[k], s.state[k]);
+    out.emplace_back(s.name + ".step", Tensor::from_ints({s.step}, {}, DType::I64));
+  }
+  out.emplace_back("step", Tensor::from_ints({steps_}, {}, DType::I64));
+  return out;
+}
+
+namespace {
+int64_t read_count(const std::string& what, const std::string& key, const Tensor& t) {
+  if (t.numel() != 1 || dtype_is_floating(t.dtype()) || t.dtype() == DType::U8)
+    throw Error(what + "::load_state: entry '" + key + "' must be an integer scalar, got " +
+                dtype_name(t.dtype()) + " " + shape_str(t.shape()));
+  const int64_t v = t.to_ints()[0];
+  if (v < 0)
+    throw Error(what + "::load_state: entry '" + key + "' is negative (" + std::to_string(v) + ")");
+  return v;
+}
+}  // namespace
+
+void Optimizer::load_state(const NamedTensors& state) {
+  const std::string what = what_;
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [k, t] : state)
+    if (!by_name.emplace(k, &t).second)
+      throw Error(what + "::load_state: entry '" + k + "' appears twice");
+  std::set<std::string> used;
+  auto need = [&](const std::string& key) -> const Tensor& {
+    auto it = by_name.find(key);
+    if (it == by_name.end() || !it->second->defined())
+      throw Error(what + "::load_state: missing entry '" + key +
+                  "'; the state was saved for other parameters or another optimizer (" +
+                  std::to_string(state.size()) + " entries given)");
+    used.insert(key);
+    return *it->second;
+  };
+  // Validate everything first: a bad state changes nothing.
+  std::vector<int64_t> steps(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    for (size_t k = 0; k < kinds_.size(); ++k) {
+      const std::string key = s.name + "." + kinds_[k];
+      const Tensor& t = need(key);
+      if (t.shape() != s.param.shape() || !dtype_is_floating(t.dtype()))
+        throw Error(what + "::load_state: entry '" + key + "' is " + dtype_name(t.dtype()) + " " +
+                    shape_str(t.shape()) + ", expected a floating tensor of shape " +
+                    shape_str(s.param.shape()) + " (the parameter's)");
+    }
+    steps[i] = read_count(what, s.name + ".step", need(s.name + ".step"));
+  }
+  const int64_t total = read_count(what, "step", need("step"));
+  for (const auto& [k, t] : state)
+    if (!used.count(k))
+      throw Error(what + "::load_state: unexpected entry '" + k +
+                  "'; no parameter of this optimizer has that name");
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    Slot& s = slots_[i];
+    for (size_t k = 0; k < kinds_.size(); ++k) {
+      const Tensor& src = *by_name.at(s.name + "." + kinds_[k]);
+      if (src.data() != s.state[k].data()) s.state[k].copy_from(src);  // converts dtype if needed
+    }
+    s.step = steps[i];
+  }
+  steps_ = total;
+}
+
+}  // namespace keel::optim

@@ -1,0 +1,78 @@
+// Optimizer base, parameter groups and the HF weight-decay grouping rule.
+//
+// An optimizer owns its state tensors (one set per parameter, in the parameter's dtype, created at
+// construction) and updates every parameter that has a gradient with one fused kernel pass
+// (backend/optim.h), then bumps the parameter's version so autocast's cached low-precision copies
+// are refreshed. Parameters without a gradient are skipped and keep their per-parameter step, as
+// in PyTorch.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "keel/tensor/tensor.h"
+
+namespace keel::optim {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  std::vector<std::string> names;  // one per param (state keys); empty: the tensors' own names
+  double weight_decay = 0.0;
+  double lr_scale = 1;  // this group's lr = step(lr) * lr_scale
+};
+
+// HF Trainer's rule: parameters whose name contains "bias", "norm" or "ln_" (GPT-2's ln_1, ln_2,
+// ln_f), or with fewer than 2 dims, get no weight decay. Returns {decay group (weight_decay),
+// no-decay group (0)}, both always present (possibly empty), in the order of `named_params`.
+// Parameters that do not require grad (a frozen base under adapters) are left out.
+std::vector<ParamGroup> make_param_groups(const NamedTensors& named_params, double weight_decay);
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+
+  // One update of every parameter that has a gradient, with learning rate lr * group.lr_scale.
+  void step(double lr);
+  // Sets every defined gradient to zero in place (the buffers are kept).
+  void zero_grad();
+
+  // The state, by name: "<param>.<kind>" for each state kind (exp_avg, exp_avg_sq for AdamW;
+  // momentum_buffer for SGD with momentum), "<param>.step" (i64 scalar: this parameter's update
+  // count), and "step" (i64 scalar: step() calls). The tensors are live views, not copies.
+  NamedTensors state() const;
+  // Restores a state() result. Every entry must be present with the right shape and no other
+  // entry may appear; any problem is an Error naming the entry, and nothing is changed.
+  void load_state(const NamedTensors& state);
+
+  int64_t step_count() const { return steps_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  // The gradients of every parameter, in group order (undefined where a parameter has none):
+  // handles, so GradScaler::unscale and clip_grads modify them in place.
+  std::vector<Tensor> grads() const;
+
+ protected:
+  // kinds: the names of the per-parameter state tensors, e.g. {"exp_avg", "exp_avg_sq"}.
+  Optimizer(std::vector<ParamGroup> groups, std::vector<std::string> kinds, const char* what);
+
+  struct Slot {
+    Tensor param;
+    std::string name;
+    size_t group = 0;
+    int64_t step = 0;           // updates applied to this parameter
+    std::vector<Tensor> state;  // one per kind, same shape and dtype as param
+  };
+  // Updates one parameter whose gradient `g` is defined; slot.step is already incremented.
+  virtual void update(Slot& slot, const Tensor& g, double lr, double weight_decay,
+                      size_t slot_index) = 0;
+
+  std::vector<ParamGroup> groups_;
+  std::vector<Slot> slots_;
+  std::vector<std::string> kinds_;
+  int64_t steps_ = 0;
+  const char* what_;  // "AdamW" / "SGD" for messages
+};
+
+}  // namespace keel::optim
