@@ -1,0 +1,80 @@
+#include "keel/log/metrics.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "keel/numerics/error.h"
+
+namespace keel::log {
+
+using json = nlohmann::json;
+
+json json_number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+json json_finite(const json& j) {
+  if (j.is_number_float()) return json_number(j.get<double>());
+  if (j.is_object()) {
+    json out = json::object();
+    for (auto& [k, v] : j.items()) out[k] = json_finite(v);
+    return out;
+  }
+  if (j.is_array()) {
+    json out = json::array();
+    for (const json& v : j) out.push_back(json_finite(v));
+    return out;
+  }
+  return j;
+}
+
+nlohmann::ordered_json metrics_record(const StepResult& r, const json& extra) {
+  // ordered_json keeps the documented key order (plain json would sort the keys).
+  nlohmann::ordered_json rec = {{"step", r.step},
+                                {"epoch", r.epoch},
+                                {"loss", json_number(r.loss)},
+                                {"grad_norm", json_number(r.grad_norm)},
+                                {"learning_rate", json_number(r.lr)},
+                                {"loss_scale", json_number(r.loss_scale)},
+                                {"skipped_steps", r.skipped_steps},
+                                {"nan_steps", r.nan_steps},
+                                {"tokens_per_s", json_number(r.tokens_per_s)}};
+  if (!r.advice.empty()) rec["advice"] = r.advice;
+  if (!extra.is_null() && !extra.is_object())
+    throw Error("metrics: extra fields must be a JSON object, got " + extra.dump());
+  if (extra.is_object())
+    for (auto& [k, v] : extra.items()) {
+      if (rec.contains(k))
+        throw Error("metrics: extra field '" + k +
+                    "' collides with a fixed key of metrics.jsonl (rename it, e.g. eval_" + k +
+                    ")");
+      rec[k] = nlohmann::ordered_json(json_finite(v));
+    }
+  return rec;
+}
+
+MetricsWriter::MetricsWriter(const std::string& out_dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  path_ = (std::filesystem::path(out_dir) / "metrics.jsonl").string();
+  f_ = std::fopen(path_.c_str(), "a");
+  if (!f_)
+    throw Error("cannot open " + path_ + " for appending: " + std::strerror(errno) +
+                " (check that the output directory is writable)");
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (f_) std::fclose(f_);
+}
+
+void MetricsWriter::write(const StepResult& r, const json& extra) {
+  const std::string line = metrics_record(r, extra).dump() + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
+    throw Error("cannot write " + path_ + ": " + std::strerror(errno) + " (is the disk full?)");
+}
+
+}  // namespace keel::log

@@ -1,0 +1,44 @@
+// metrics.jsonl: one JSON object per optimizer step, appended to out_dir/metrics.jsonl and flushed
+// line by line (a crash loses at most the line being written; a resumed run appends).
+//
+// Keys: step, epoch, loss, grad_norm, learning_rate, loss_scale, skipped_steps, nan_steps,
+// tokens_per_s; `advice` when the trend advisor printed a line; then any extra fields given.
+// JSON has no NaN or infinity: a non-finite number (in the fixed keys or in the extras) is written
+// as the string "nan", "inf" or "-inf", so `"grad_norm": "inf"` is a step whose gradients
+// overflowed. Readers must accept a string wherever a number is expected (docs/config.md, [log]).
+#pragma once
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "keel/train/step_result.h"
+
+namespace keel::log {
+
+// A number as metrics.jsonl writes it: the number, or "nan" / "inf" / "-inf".
+nlohmann::json json_number(double v);
+// `j` with every non-finite float replaced by its string (recursively).
+nlohmann::json json_finite(const nlohmann::json& j);
+
+// The record of one step, keys in the order above. `extra` must be an object (or null) whose keys
+// differ from the fixed ones.
+nlohmann::ordered_json metrics_record(const StepResult& r,
+                                      const nlohmann::json& extra = nlohmann::json::object());
+
+class MetricsWriter {
+ public:
+  // Creates out_dir if needed and opens out_dir/metrics.jsonl for appending.
+  explicit MetricsWriter(const std::string& out_dir);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  void write(const StepResult& r, const nlohmann::json& extra = nlohmann::json::object());
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* f_ = nullptr;
+};
+
+}  // namespace keel::log
