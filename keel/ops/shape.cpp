@@ -45,6 +45,19 @@ struct ReshapeNode final : Node {
 };
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
+  int64_t known = 1, inferred = 0;
+  for (int64_t d : shape) {
+    KEEL_CHECK(d >= -1, "reshape: bad size " + std::to_string(d) + " in " + shape_str(shape));
+    if (d == -1)
+      ++inferred;
+    else
+      known *= d;
+  }
+  const bool fits =
+      inferred == 0 ? known == x.numel() : inferred == 1 && known > 0 && x.numel() % known == 0;
+  KEEL_CHECK(fits, "reshape: cannot reshape " + shape_str(x.shape()) + " (" +
+                       std::to_string(x.numel()) + " elements) into " + shape_str(shape) +
+                       " (at most one -1; the other sizes must divide the element count)");
   Tensor out = x.view(shape);
   if (any_requires_grad({&x})) {
     auto node = std::make_shared<ReshapeNode>();

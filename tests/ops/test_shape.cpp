@@ -178,6 +178,9 @@ TEST(Shape, BackwardIsDeterministic) {
 TEST(Shape, RejectsBadArguments) {
   Tensor x = randn({2, 3, 4}, 13);
   EXPECT_THROW(ops::reshape(x, {5, -1}), Error);
+  EXPECT_THROW(ops::reshape(x, {-1, -1}), Error);
+  EXPECT_THROW(ops::reshape(x, {-2, -12}), Error);
+  EXPECT_THROW(ops::reshape(x, {25}), Error);
   EXPECT_THROW(ops::transpose(x, 0, 3), Error);
   EXPECT_THROW(ops::transpose(x, -4, 1), Error);
   EXPECT_THROW(ops::split_heads(x, 3), Error);  // 4 not divisible by 3

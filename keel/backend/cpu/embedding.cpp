@@ -40,28 +40,31 @@ void gather(void* out, const void* weight, const void* ids, DType id_dt, DType d
   const size_t row = static_cast<size_t>(d) * dtype_size(dt);
   char* o = static_cast<char*>(out);
   const char* w = static_cast<const char*>(weight);
-  parallel_for(n, 64, [&](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) std::memcpy(o + i * row, w + id_at(ids, id_dt, i) * row, row);
-  });
+  parallel_for(n, std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t i = lo; i < hi; ++i)
+                   std::memcpy(o + i * row, w + id_at(ids, id_dt, i) * row, row);
+               });
 }
 
 // Rows of one id, accumulated in f32 in position order and rounded once.
 template <class T>
 void scatter_rows(T* dw, const T* g, const int64_t* order, const int64_t* group, int64_t ngroups,
                   const void* ids, DType id_dt, int64_t d) {
-  parallel_for(ngroups, 1, [&](int64_t g0, int64_t g1) {
-    std::vector<float> acc(d);  // [d]
-    for (int64_t k = g0; k < g1; ++k) {
-      const int64_t first = group[k], last = group[k + 1];
-      T* row = dw + id_at(ids, id_dt, order[first]) * d;
-      for (int64_t j = 0; j < d; ++j) acc[j] = load_f32(row + j);
-      for (int64_t p = first; p < last; ++p) {
-        const T* src = g + order[p] * d;
-        for (int64_t j = 0; j < d; ++j) acc[j] += load_f32(src + j);
-      }
-      for (int64_t j = 0; j < d; ++j) store_f32(row + j, acc[j]);
-    }
-  });
+  parallel_for(ngroups, std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)),
+               [&](int64_t g0, int64_t g1) {
+                 std::vector<float> acc(d);  // [d]
+                 for (int64_t k = g0; k < g1; ++k) {
+                   const int64_t first = group[k], last = group[k + 1];
+                   T* row = dw + id_at(ids, id_dt, order[first]) * d;
+                   for (int64_t j = 0; j < d; ++j) acc[j] = load_f32(row + j);
+                   for (int64_t p = first; p < last; ++p) {
+                     const T* src = g + order[p] * d;
+                     for (int64_t j = 0; j < d; ++j) acc[j] += load_f32(src + j);
+                   }
+                   for (int64_t j = 0; j < d; ++j) store_f32(row + j, acc[j]);
+                 }
+               });
 }
 
 void scatter_add(void* dweight, const void* grad, const void* ids, DType id_dt, DType dt, int64_t n,

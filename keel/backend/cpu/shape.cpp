@@ -2,6 +2,7 @@
 // implementation (no per-ISA variants). Parallel over output rows: every element is written once.
 #include "keel/backend/shape.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "keel/backend/parallel.h"
@@ -27,7 +28,8 @@ void swap_dims_t(char* out, const char* in, size_t elem, int64_t outer, int64_t 
                  int64_t n1, int64_t inner) {
   const int64_t step = inner * static_cast<int64_t>(elem);  // bytes of one [inner] run
   // One task per output row block out[a, j, b, :, :] (n0 runs of `inner` elements).
-  parallel_for(outer * n1 * mid, 16, [&](int64_t lo, int64_t hi) {
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(n0 * inner, 1));
+  parallel_for(outer * n1 * mid, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const int64_t b = r % mid, j = (r / mid) % n1, a = r / (mid * n1);
       char* dst = out + r * n0 * step;
@@ -59,9 +61,11 @@ void copy_2d(void* dst, int64_t dst_ld, const void* src, int64_t src_ld, size_t 
   auto* d = static_cast<char*>(dst);
   auto* s = static_cast<const char*>(src);
   const int64_t e = static_cast<int64_t>(elem);
-  parallel_for(rows, 64, [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) std::memcpy(d + r * dst_ld * e, s + r * src_ld * e, cols * e);
-  });
+  parallel_for(rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)),
+               [&](int64_t lo, int64_t hi) {
+                 for (int64_t r = lo; r < hi; ++r)
+                   std::memcpy(d + r * dst_ld * e, s + r * src_ld * e, cols * e);
+               });
 }
 
 const ShapeKernels kCpuShape = {swap_dims, copy_2d};
