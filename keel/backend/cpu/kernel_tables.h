@@ -2,6 +2,7 @@
 #pragma once
 #include "keel/backend/cpu/isa.h"
 #include "keel/backend/activation.h"
+#include "keel/backend/attention.h"
 #include "keel/backend/cross_entropy.h"
 #include "keel/backend/dropout.h"
 #include "keel/backend/elementwise.h"
@@ -14,6 +15,7 @@ namespace keel::cpu {
 #define KEEL_DECLARE_ISA_TABLES(ns) \
   namespace ns {                    \
   extern const ElementwiseKernels elementwise; \
+  extern const AttentionKernels attention;     \
   extern const ActivationKernels activation;   \
   extern const SoftmaxKernels softmax;         \
   extern const NormKernels norm;               \

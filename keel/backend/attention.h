@@ -1,0 +1,51 @@
+// Kernel interface: causal attention (see ops/attention.h for the semantics of the backends).
+//
+// Layouts: q, o, dq [B, Hq, T, D]; k, v, dk, dv [B, Hkv, T, D]; query head h reads key/value head
+// h / (Hq / Hkv) (grouped-query attention, HF's repeat_kv order, without copies). Scores and
+// probabilities [B, Hq, T, T] f32; lse [B, Hq, T] f32. key_padding_mask U8 [B, T] (1 = real key)
+// or null. Query i sees key j when j <= i and the key is real; a row that sees no key is "fully
+// masked": its output, probabilities and gradients are 0 (never NaN).
+//
+// The eager and math backends compute Q·Kᵀ, P·V and their gradients with the matmul kernels; the
+// two softmax kernels below do the masking and the softmax between them. The flash kernels are
+// self-contained: tiles of keys, online softmax, nothing [T, T] materialized.
+#pragma once
+#include <cstdint>
+
+#include "keel/numerics/dtype.h"
+#include "keel/tensor/device.h"
+
+namespace keel {
+
+struct AttentionDims {
+  int64_t batch = 0, heads_q = 0, heads_kv = 0, seq = 0, head_dim = 0;
+  float scale = 1.f;                          // applied to q·k (1/sqrt(D))
+  const uint8_t* key_padding_mask = nullptr;  // [B, T] or null (every key real)
+};
+
+struct AttentionKernels {
+  // p32[b, h, i, :] = softmax over the visible keys of round_to(score_dt, scale * s[b, h, i, :]),
+  // 0 at masked keys and on fully masked rows. Every element of p32 is written. p_lp, when not
+  // null, receives p32 rounded to p_dt. s: raw scores [B, Hq, T, T] f32; p32 may alias s.
+  void (*softmax_forward)(float* p32, void* p_lp, DType p_dt, const float* s, DType score_dt,
+                          const AttentionDims& dims);
+  // ds = p32 ⊙ (dp − Σ_visible dp ⊙ p32) per row, rounded to ds_dt; exactly 0 at masked keys and
+  // on fully masked rows whatever dp holds there. dp [B, Hq, T, T] of dtype dp_dt; ds may alias dp
+  // when ds_dt == dp_dt.
+  void (*softmax_backward)(void* ds, DType ds_dt, const float* p32, const void* dp, DType dp_dt,
+                           const AttentionDims& dims);
+  // o = attention(q, k, v) with an online softmax over key tiles; lse = m + log(l) per row (-inf on
+  // fully masked rows). Tensors of dtype dt; the P tile is rounded to dt before P·V.
+  void (*flash_forward)(void* o, float* lse, const void* q, const void* k, const void* v, DType dt,
+                        const AttentionDims& dims);
+  // FlashAttention-2 backward: P recomputed tile by tile from lse; P and dS rounded to dt before
+  // their products. Any of dq, dk, dv may be null (not needed). Deterministic: dK/dV are reduced
+  // per key tile, dQ per query tile, each in a fixed order (no atomics).
+  void (*flash_backward)(void* dq, void* dk, void* dv, const void* q, const void* k, const void* v,
+                         const void* o, const void* dout, const float* lse, DType dt,
+                         const AttentionDims& dims);
+};
+
+const AttentionKernels& attention_kernels(Device dev);
+
+}  // namespace keel

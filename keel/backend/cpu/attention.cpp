@@ -1,0 +1,13 @@
+#include "keel/backend/attention.h"
+
+#include "keel/backend/cpu/kernel_tables.h"
+#include "keel/numerics/error.h"
+
+namespace keel {
+
+const AttentionKernels& attention_kernels(Device dev) {
+  KEEL_CHECK(dev.is_cpu(), "no attention kernels for " + dev.str() + " in this build");
+  return cpu::pick(cpu::generic::attention, cpu::avx2::attention, cpu::avx512::attention);
+}
+
+}  // namespace keel

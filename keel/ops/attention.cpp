@@ -1,0 +1,239 @@
+// Causal attention: eager and math through the matmul kernels with a masked softmax between them,
+// flash through its own tiled kernels (backend/attention.h). Forward and backward side by side.
+#include "keel/ops/attention.h"
+
+#include <cmath>
+#include <string>
+
+#include "keel/backend/attention.h"
+#include "keel/backend/elementwise.h"
+#include "keel/backend/matmul.h"
+#include "keel/ops/op_util.h"
+
+namespace keel::ops {
+
+AttentionBackend attention_backend_from_name(std::string_view name) {
+  if (name == "eager") return AttentionBackend::kEager;
+  if (name == "math") return AttentionBackend::kMath;
+  if (name == "flash") return AttentionBackend::kFlash;
+  throw Error("attention backend '" + std::string(name) +
+                  "' is unknown; valid backends are: eager, math, flash (model.attention)",
+              Error::kUsage);
+}
+
+const char* attention_backend_name(AttentionBackend b) {
+  switch (b) {
+    case AttentionBackend::kEager:
+      return "eager";
+    case AttentionBackend::kMath:
+      return "math";
+    case AttentionBackend::kFlash:
+      return "flash";
+  }
+  return "?";
+}
+
+namespace {
+
+const ElementwiseKernels& ew(Device d) { return elementwise_kernels(d); }
+
+// t in dtype dt (t itself when it already is).
+Tensor as_dtype(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to_dtype(dt); }
+
+// c = op(a)·op(b) over `batch` matrices, f32 accumulation; c has dtype out_dt (F32 or in_dt).
+void mm(void* c, DType out_dt, const void* a, const void* b, DType in_dt, int64_t batch, int64_t m,
+        int64_t n, int64_t k, bool ta, bool tb) {
+  MatmulArgs args;
+  args.c = c;
+  args.a = a;
+  args.b = b;
+  args.in_dt = in_dt;
+  args.out_dt = out_dt;
+  args.batch = batch;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.trans_a = ta;
+  args.trans_b = tb;
+  matmul_kernels(Device::cpu()).matmul(args);
+}
+
+// out = round(alpha * op(a)·op(b)) into out's dtype, whatever the operands' dtype in_dt: the
+// product accumulates in f32 and is rounded once.
+void mm_into(Tensor& out, float alpha, const Tensor& a, const Tensor& b, DType in_dt, int64_t batch,
+             int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
+  const Device dev = out.device();
+  if (alpha == 1.f && (out.dtype() == in_dt || out.dtype() == DType::F32))
+    return mm(out.data(), out.dtype(), a.data(), b.data(), in_dt, batch, m, n, k, ta, tb);
+  Tensor acc = out.dtype() == DType::F32 ? out : Tensor::empty(out.shape(), DType::F32, dev);
+  mm(acc.data(), DType::F32, a.data(), b.data(), in_dt, batch, m, n, k, ta, tb);
+  if (alpha != 1.f)
+    ew(dev).axpby(acc.data(), alpha, acc.data(), 0.f, nullptr, DType::F32, acc.numel());
+  if (acc.data() != out.data())
+    ew(dev).convert(out.data(), out.dtype(), acc.data(), DType::F32, acc.numel());
+}
+
+// Validates the operands and describes them for the kernels (mask pointer set by the caller).
+AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& mask) {
+  check_floating("attention", q);
+  check_same_dtype("attention", q, k);
+  check_same_dtype("attention", q, v);
+  KEEL_CHECK(q.device().is_cpu() && k.device() == q.device() && v.device() == q.device(),
+             "attention: q, k and v must be on the same device (cpu in this build)");
+  if (q.dim() != 4 || k.dim() != 4 || k.shape() != v.shape() || q.size(0) != k.size(0) ||
+      q.size(2) != k.size(2) || q.size(3) != k.size(3) || q.size(3) < 1 || k.size(1) < 1 ||
+      q.size(1) % k.size(1) != 0)
+    throw Error("attention: q " + shape_str(q.shape()) + ", k " + shape_str(k.shape()) + ", v " +
+                shape_str(v.shape()) +
+                " do not fit q [B, Hq, T, D], k and v [B, Hkv, T, D] with Hq a multiple of Hkv "
+                "and D >= 1; reshape to that layout (heads before sequence)");
+  AttentionDims d;
+  d.batch = q.size(0);
+  d.heads_q = q.size(1);
+  d.heads_kv = k.size(1);
+  d.seq = q.size(2);
+  d.head_dim = q.size(3);
+  d.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+  if (mask.defined()) {
+    if (mask.dtype() != DType::U8 || mask.shape() != Shape{d.batch, d.seq})
+      throw Error(std::string("attention: key_padding_mask must be u8 [B, T] = ") +
+                  shape_str({d.batch, d.seq}) + ", got " + dtype_name(mask.dtype()) + " " +
+                  shape_str(mask.shape()) + "; build it as 1 for real tokens, 0 for padding");
+    const uint8_t* m = mask.data_as<uint8_t>();
+    for (int64_t i = 0; i < mask.numel(); ++i)
+      if (m[i] > 1)
+        throw Error("attention: key_padding_mask holds " + std::to_string(m[i]) + " at [" +
+                    std::to_string(i / d.seq) + ", " + std::to_string(i % d.seq) +
+                    "]; use 1 for real tokens and 0 for padding");
+  }
+  return d;
+}
+
+const uint8_t* mask_ptr(const Tensor& mask) {
+  return mask.defined() ? mask.data_as<uint8_t>() : nullptr;
+}
+
+// Eager and math. The compute dtype cdt is the input dtype (eager) or f32 (math): scores and
+// probabilities are rounded to cdt, products take cdt operands and accumulate in f32.
+// Per kv head the group's query heads are contiguous rows: Q as [B*Hkv, G*T, D] multiplies K
+// [B*Hkv, T, D] without copying k or v.
+struct MaterializedAttention {
+  AttentionDims d;
+  DType dt, cdt;
+  int64_t batch() const { return d.batch * d.heads_kv; }
+  int64_t rows() const { return d.heads_q / d.heads_kv * d.seq; }  // G*T
+
+  // Returns P in f32 [B, Hq, T, T] (0 where masked) and writes out [B, Hq, T, D].
+  Tensor forward(Tensor& out, const Tensor& qc, const Tensor& kc, const Tensor& vc) const {
+    const int64_t t = d.seq, dd = d.head_dim;
+    Tensor p32 = Tensor::empty({d.batch, d.heads_q, t, t}, DType::F32, out.device());
+    // S[B*Hkv, G*T, T] = Q·Kᵀ, f32 (the kernel scales and rounds it to cdt), softmax in place.
+    mm(p32.data(), DType::F32, qc.data(), kc.data(), cdt, batch(), rows(), t, dd, false, true);
+    Tensor pc = cdt == DType::F32 ? p32 : Tensor::empty(p32.shape(), cdt, out.device());
+    attention_kernels(out.device())
+        .softmax_forward(p32.data_as<float>(), cdt == DType::F32 ? nullptr : pc.data(), cdt,
+                         p32.data_as<float>(), cdt, d);
+    // O[B*Hkv, G*T, D] = P·V
+    mm_into(out, 1.f, pc, vc, cdt, batch(), rows(), dd, t, false, false);
+    return p32;
+  }
+
+  // Gradients into dq/dk/dv (each undefined when not needed).
+  void backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& gc, const Tensor& qc,
+                const Tensor& kc, const Tensor& vc, const Tensor& p32) const {
+    const int64_t t = d.seq, dd = d.head_dim;
+    const Device dev = p32.device();
+    if (dv.defined()) {  // dV[B*Hkv, T, D] = Pᵀ·dO, summed over the group's heads
+      const Tensor pc = as_dtype(p32, cdt);
+      mm_into(dv, 1.f, pc, gc, cdt, batch(), t, dd, rows(), true, false);
+    }
+    if (!dq.defined() && !dk.defined()) return;
+    // dP[B*Hkv, G*T, T] = dO·Vᵀ, rounded to cdt; dS overwrites it (the kernel reads a row first).
+    Tensor ds = Tensor::empty({d.batch, d.heads_q, t, t}, cdt, dev);
+    mm(ds.data(), cdt, gc.data(), vc.data(), cdt, batch(), rows(), t, dd, false, true);
+    attention_kernels(dev).softmax_backward(ds.data(), cdt, p32.data_as<float>(), ds.data(), cdt,
+                                            d);
+    // dQ = scale·dS·K, dK = scale·dSᵀ·Q
+    if (dq.defined()) mm_into(dq, d.scale, ds, kc, cdt, batch(), rows(), dd, t, false, false);
+    if (dk.defined()) mm_into(dk, d.scale, ds, qc, cdt, batch(), t, dd, rows(), true, false);
+  }
+};
+
+}  // namespace
+
+struct AttentionNode final : Node {
+  AttentionBackend backend;
+  AttentionDims dims;
+  Tensor q, k, v, mask;
+  Tensor p32;       // eager, math: probabilities [B, Hq, T, T] f32
+  Tensor out, lse;  // flash: output (a handle without grad_fn) and logsumexp [B, Hq, T] f32
+
+  std::vector<Tensor> backward(const Tensor& grad) override {
+    const DType dt = q.dtype();
+    AttentionDims d = dims;
+    d.key_padding_mask = mask_ptr(mask);
+    Tensor dq, dk, dv;
+    if (needs_grad(0)) dq = Tensor::empty_like(q);
+    if (needs_grad(1)) dk = Tensor::empty_like(k);
+    if (needs_grad(2)) dv = Tensor::empty_like(v);
+    if (backend == AttentionBackend::kFlash) {
+      const Tensor g = as_dtype(grad, dt);
+      attention_kernels(q.device())
+          .flash_backward(dq.defined() ? dq.data() : nullptr, dk.defined() ? dk.data() : nullptr,
+                          dv.defined() ? dv.data() : nullptr, q.data(), k.data(), v.data(),
+                          out.data(), g.data(), lse.data_as<float>(), dt, d);
+    } else {
+      MaterializedAttention ma{d, dt, backend == AttentionBackend::kEager ? dt : DType::F32};
+      ma.backward(dq, dk, dv, as_dtype(grad, ma.cdt), as_dtype(q, ma.cdt), as_dtype(k, ma.cdt),
+                  as_dtype(v, ma.cdt), p32);
+    }
+    return {dq, dk, dv};
+  }
+  const char* name() const override {
+    switch (backend) {
+      case AttentionBackend::kEager:
+        return "attention_eager";
+      case AttentionBackend::kMath:
+        return "attention_math";
+      case AttentionBackend::kFlash:
+        return "attention_flash";
+    }
+    return "attention";
+  }
+};
+
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
+                 AttentionBackend backend) {
+  AttentionDims d = attention_dims(q, k, v, key_padding_mask);
+  d.key_padding_mask = mask_ptr(key_padding_mask);
+  const DType dt = q.dtype();
+  Tensor out = Tensor::empty(q.shape(), dt, q.device());
+  Tensor p32, lse;
+  if (backend == AttentionBackend::kFlash) {
+    lse = Tensor::empty({d.batch, d.heads_q, d.seq}, DType::F32, q.device());
+    attention_kernels(q.device())
+        .flash_forward(out.data(), lse.data_as<float>(), q.data(), k.data(), v.data(), dt, d);
+  } else {
+    MaterializedAttention ma{d, dt, backend == AttentionBackend::kEager ? dt : DType::F32};
+    p32 = ma.forward(out, as_dtype(q, ma.cdt), as_dtype(k, ma.cdt), as_dtype(v, ma.cdt));
+  }
+  if (any_requires_grad({&q, &k, &v})) {
+    auto n = std::make_shared<AttentionNode>();
+    n->backend = backend;
+    n->dims = d;
+    n->q = q;
+    n->k = k;
+    n->v = v;
+    n->mask = key_padding_mask;
+    n->p32 = p32;
+    if (backend == AttentionBackend::kFlash) {
+      n->out = out.view(out.shape());  // shares the data, not the grad_fn: no reference cycle
+      n->lse = lse;
+    }
+    record_node(out, n, {&q, &k, &v});
+  }
+  return out;
+}
+
+}  // namespace keel::ops
