@@ -10,7 +10,9 @@ static std::vector<Command>& commands() {
 }
 
 void register_commands(CLI::App& app) {
+  commands().push_back(add_train(app));
   commands().push_back(add_selfcheck(app));
+  commands().push_back(add_numerics(app));
 }
 
 int run_selected(CLI::App&) {

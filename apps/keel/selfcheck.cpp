@@ -14,9 +14,8 @@
 namespace keel::cli {
 
 static int run_selfcheck() {
-  std::printf("keel %s | cpu isa %s | avx512_bf16 %s | %s\n", KEEL_VERSION,
-              cpu_isa_name(cpu_isa()), cpu_has_avx512_bf16() ? "yes" : "no",
-              matmul_kernels(Device::cpu()).describe());
+  std::printf("keel %s | cpu isa %s | avx512_bf16 %s | %s\n", KEEL_VERSION, cpu_isa_name(cpu_isa()),
+              cpu_has_avx512_bf16() ? "yes" : "no", matmul_kernels(Device::cpu()).describe());
   for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
     const FormatInfo& f = format_info(dt);
     std::printf("%-5s max %-12.6g min normal %-12.6g min subnormal %-12.6g eps %g\n",
@@ -42,8 +41,8 @@ static int run_selfcheck() {
         worst = std::max(worst, std::fabs(yv[i * n + j] - ref) / (1e-30 + mag));
       }
     const double tol = format_info(dt).epsilon + k * format_info(DType::F32).epsilon;
-    std::printf("linear %-5s max rel err vs f64: %.2e (tol %.1e) %s\n", dtype_name(dt), worst,
-                tol, worst <= tol ? "ok" : "FAIL");
+    std::printf("linear %-5s max rel err vs f64: %.2e (tol %.1e) %s\n", dtype_name(dt), worst, tol,
+                worst <= tol ? "ok" : "FAIL");
     ok = ok && worst <= tol;
   }
   Tensor w = Tensor::from_floats(wa, {n, k}).set_requires_grad(true);

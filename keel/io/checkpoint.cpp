@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
 #include "keel/io/atomic_file.h"
@@ -99,20 +100,18 @@ void check_finite(const json& j, const std::string& path) {
 
 void set_checkpoint_stage_hook(void (*hook)(const char* stage)) { g_stage_hook = hook; }
 
-void save_checkpoint(const std::string& dir, const NamedTensors& model,
-                     const NamedTensors& optimizer, const json& trainer_state) {
-  check_finite(trainer_state, "");
+void write_dir_atomic(const std::string& dir, const std::function<void(const std::string&)>& fill) {
   const Place p = place_of(dir);
   std::error_code ec;
   fs::create_directories(p.parent, ec);
   if (ec)
-    throw Error("cannot save checkpoint " + dir + ": creating " + p.parent.string() +
+    throw Error("cannot write " + dir + ": creating " + p.parent.string() +
                 " failed: " + ec.message());
-  // Leftovers of a crashed save: put an orphaned old checkpoint back first (so that a crash during
+  // Leftovers of a crashed save: put an orphaned old directory back first (so that a crash during
   // this save still leaves it), then drop partial temporaries and stale old copies.
   if (!fs::exists(p.dir))
     if (auto old = orphaned_old(p)) {
-      rename_or_throw(*old, p.dir, "restoring the checkpoint a crashed save moved aside");
+      rename_or_throw(*old, p.dir, "restoring the directory a crashed save moved aside");
       fsync_dir(p.parent.string());
     }
   for (const char* tag : {".tmp-", ".old-"})
@@ -123,15 +122,12 @@ void save_checkpoint(const std::string& dir, const NamedTensors& model,
   const fs::path old = p.parent / (p.name + ".old-" + pid);
   fs::create_directory(tmp, ec);
   if (ec)
-    throw Error("cannot save checkpoint " + dir + ": creating " + tmp.string() +
+    throw Error("cannot write " + dir + ": creating " + tmp.string() +
                 " failed: " + ec.message() + " (is the directory writable?)");
   try {
     // Each file is written to its own temporary, fsynced and renamed (write_file_atomic), and the
     // directory fsynced after each, so that `tmp` is durable before it is renamed into place.
-    const std::map<std::string, std::string> meta = {{"format", "pt"}};
-    write_safetensors((tmp / kModel).string(), model, meta);
-    write_safetensors((tmp / kOptimizer).string(), optimizer, meta);
-    write_file_atomic((tmp / kTrainer).string(), trainer_state.dump(2) + "\n");
+    fill(tmp.string());
     fsync_dir(tmp.string());
   } catch (...) {
     fs::remove_all(tmp, ec);
@@ -141,7 +137,7 @@ void save_checkpoint(const std::string& dir, const NamedTensors& model,
   const bool had_old = fs::exists(p.dir);
   if (had_old) {
     try {
-      rename_or_throw(p.dir, old, "moving the previous checkpoint aside");
+      rename_or_throw(p.dir, old, "moving the previous directory aside");
     } catch (...) {
       fs::remove_all(tmp, ec);
       throw;
@@ -149,9 +145,9 @@ void save_checkpoint(const std::string& dir, const NamedTensors& model,
     stage("moved_aside");
   }
   try {
-    rename_or_throw(tmp, p.dir, "putting the new checkpoint in place");
+    rename_or_throw(tmp, p.dir, "putting the new directory in place");
   } catch (...) {
-    if (had_old) fs::rename(old, p.dir, ec);  // keep the previous checkpoint where it was
+    if (had_old) fs::rename(old, p.dir, ec);  // keep the previous directory where it was
     fs::remove_all(tmp, ec);
     throw;
   }
@@ -159,6 +155,17 @@ void save_checkpoint(const std::string& dir, const NamedTensors& model,
   stage("renamed");
   if (had_old) fs::remove_all(old, ec);  // a leftover is removed by the next save
   stage("done");
+}
+
+void save_checkpoint(const std::string& dir, const NamedTensors& model,
+                     const NamedTensors& optimizer, const json& trainer_state) {
+  check_finite(trainer_state, "");
+  write_dir_atomic(dir, [&](const std::string& tmp) {
+    const std::map<std::string, std::string> meta = {{"format", "pt"}};
+    write_safetensors((fs::path(tmp) / kModel).string(), model, meta);
+    write_safetensors((fs::path(tmp) / kOptimizer).string(), optimizer, meta);
+    write_file_atomic((fs::path(tmp) / kTrainer).string(), trainer_state.dump(2) + "\n");
+  });
 }
 
 bool checkpoint_exists(const std::string& dir) {

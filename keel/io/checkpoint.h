@@ -10,6 +10,7 @@
 // back when `dir` is missing; `.tmp-*` and remaining `.old-*` are deleted) and by load_checkpoint,
 // which reads an orphaned `.old-*` when `dir` is missing and ignores `.tmp-*`.
 #pragma once
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -36,6 +37,12 @@ void save_checkpoint(const std::string& dir, const NamedTensors& model,
 // Reads a checkpoint directory. Every problem is an Error naming the file (and, for safetensors,
 // the tensor): a missing file, a truncated or corrupt safetensors file, invalid JSON.
 Checkpoint load_checkpoint(const std::string& dir);
+
+// The mechanism save_checkpoint uses, for any directory of files (NaN captures use it too):
+// `fill` writes the files into a temporary sibling, which is fsynced and renamed over `dir`; a
+// crash at any point leaves either the previous complete directory or the new one.
+void write_dir_atomic(const std::string& dir,
+                      const std::function<void(const std::string& tmp)>& fill);
 
 // True when `dir` (or an orphaned `<dir>.old-*` left by a crash between the renames) holds a
 // checkpoint that load_checkpoint can read.

@@ -72,7 +72,13 @@ MetricsWriter::~MetricsWriter() {
 }
 
 void MetricsWriter::write(const StepResult& r, const json& extra) {
-  const std::string line = metrics_record(r, extra).dump() + "\n";
+  write_line(metrics_record(r, extra).dump());
+}
+
+void MetricsWriter::write_record(const json& record) { write_line(json_finite(record).dump()); }
+
+void MetricsWriter::write_line(const std::string& text) {
+  const std::string line = text + "\n";
   if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
     throw Error("cannot write " + path_ + ": " + std::strerror(errno) + " (is the disk full?)");
 }

@@ -34,9 +34,13 @@ class MetricsWriter {
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 
   void write(const StepResult& r, const nlohmann::json& extra = nlohmann::json::object());
+  // A record that is not a training step (an evaluation: {"step", "eval_loss", ...}), as HF's
+  // log_history interleaves them. Non-finite numbers become strings, as above.
+  void write_record(const nlohmann::json& record);
   const std::string& path() const { return path_; }
 
  private:
+  void write_line(const std::string& text);
   std::string path_;
   std::FILE* f_ = nullptr;
 };

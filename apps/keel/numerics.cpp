@@ -1,0 +1,78 @@
+// `keel numerics`: format tables, what a value becomes in f16/bf16, and how a loss scaler backs off
+// for a given gradient (DESIGN §4, numerics explainer).
+#include <cmath>
+#include <cstdio>
+
+#include "apps/keel/commands.h"
+#include "keel/monitor/explain.h"
+#include "keel/numerics/error.h"
+
+namespace keel::cli {
+
+namespace {
+struct NumericsArgs {
+  std::string value_text, to = "f16";
+  double grad = 2.0, init_scale = 65536.0, backoff = 0.5;
+};
+}  // namespace
+
+Command add_numerics(CLI::App& app) {
+  auto args = std::make_shared<NumericsArgs>();
+  CLI::App* sub =
+      app.add_subcommand("numerics", "Explain floating formats, casts and loss scaling");
+  sub->require_subcommand(1);
+  CLI::App* formats =
+      sub->add_subcommand("formats", "Max, min normal, min subnormal, epsilon, bits");
+  CLI::App* cast = sub->add_subcommand("cast", "What a value becomes in f16 or bf16");
+  cast->add_option("VALUE", args->value_text, "the value (e.g. 1e-8, 131072, 1.001)")->required();
+  cast->add_option("--to", args->to, "target format: f16 | bf16 | f32")->capture_default_str();
+  CLI::App* scaler = sub->add_subcommand(
+      "scaler", "Trace a GradScaler's back-off for a true gradient stored in f16");
+  scaler->add_option("--grad", args->grad, "the true (unscaled) gradient value")->required();
+  scaler->add_option("--init-scale", args->init_scale, "initial loss scale")->capture_default_str();
+  scaler->add_option("--backoff", args->backoff, "backoff factor")->capture_default_str();
+  auto run = [=]() -> int {
+    if (formats->parsed()) {
+      std::fputs(monitor::format_table().c_str(), stdout);
+      return 0;
+    }
+    if (cast->parsed()) {
+      double v;
+      try {
+        size_t used = 0;
+        v = std::stod(args->value_text, &used);
+        if (used != args->value_text.size()) throw std::invalid_argument("trailing text");
+      } catch (const std::exception&) {
+        throw Error("numerics cast: '" + args->value_text + "' is not a number (try 1e-8 or 65504)",
+                    Error::kUsage);
+      }
+      auto dt = dtype_from_name(args->to);
+      if (!dt || !dtype_is_floating(*dt))
+        throw Error("numerics cast --to " + args->to + ": use f16, bf16 or f32", Error::kUsage);
+      monitor::CastReport r = monitor::cast_value(v, *dt);
+      std::printf("%.9g -> %s: stored %.9g (bits 0x%0*x): %s\n", v, dtype_name(*dt), r.stored,
+                  *dt == DType::F32 ? 8 : 4, r.bits, r.outcome.c_str());
+      std::printf("%s\n", r.explanation.c_str());
+      return 0;
+    }
+    GradScalerOptions o;
+    o.init_scale = args->init_scale;
+    o.backoff_factor = args->backoff;
+    auto trials = monitor::scaler_trace(args->grad, o);
+    std::printf("true gradient %.6g under 16-mixed (f16 gradients, scale starts at %.0f):\n",
+                args->grad, args->init_scale);
+    for (auto& t : trials)
+      std::printf("  step %lld: scale %-10.6g grad x scale in f16 = %-12.6g %s\n",
+                  static_cast<long long>(t.step), t.scale, t.scaled_grad,
+                  t.finite ? "finite -> update applied" : "inf -> step skipped, scale backs off");
+    if (!trials.empty() && trials.back().finite)
+      std::printf("applied after %zu skipped step(s); the LR schedule does not advance on skips.\n",
+                  trials.size() - 1);
+    else
+      std::printf("never finite: the gradient overflows f16 even unscaled; use bf16-mixed.\n");
+    return 0;
+  };
+  return {sub, run};
+}
+
+}  // namespace keel::cli

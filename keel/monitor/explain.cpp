@@ -1,0 +1,100 @@
+#include "keel/monitor/explain.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "keel/numerics/convert.h"
+#include "keel/numerics/format_info.h"
+
+namespace keel::monitor {
+
+std::string format_table() {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-6s %14s %14s %14s %14s %6s %6s\n", "format", "max",
+                "min normal", "min subnormal", "epsilon", "bits", "exp");
+  out += line;
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    const FormatInfo& f = format_info(dt);
+    std::snprintf(line, sizeof line, "%-6s %14.6g %14.6g %14.6g %14.6g %6d %6d\n", dtype_name(dt),
+                  f.max, f.min_normal, f.min_subnormal, f.epsilon, f.mantissa_bits + 1,
+                  f.exponent_bits);
+    out += line;
+  }
+  out += "bits = significant bits (stored fraction + 1); exp = exponent bits.\n";
+  return out;
+}
+
+CastReport cast_value(double v, DType to) {
+  CastReport r;
+  r.input = v;
+  const float f = static_cast<float>(v);
+  const FormatInfo& fi = format_info(to);
+  switch (to) {
+    case DType::BF16:
+      r.bits = f32_to_bf16_bits(f);
+      break;
+    case DType::F16:
+      r.bits = f32_to_f16_bits(f);
+      break;
+    default:
+      r.bits = f32_bits(f);
+      break;
+  }
+  r.stored = round_to(to, f);
+  char buf[256];
+  const char* name = dtype_name(to);
+  if (std::isnan(v)) {
+    r.outcome = "nan";
+    r.explanation = "NaN stays NaN in every format.";
+  } else if (std::isinf(r.stored) && !std::isinf(v)) {
+    r.outcome = "overflow";
+    std::snprintf(buf, sizeof buf,
+                  "%.6g is beyond %s's largest finite value %.6g (values from %.6g up round to "
+                  "inf); scale it down or use bf16, whose range matches f32.",
+                  v, name, fi.max, to == DType::F16 ? 65520.0 : fi.max);
+    r.explanation = buf;
+  } else if (r.stored == 0 && v != 0) {
+    r.outcome = "underflow";
+    std::snprintf(buf, sizeof buf,
+                  "%.6g is below half of %s's smallest subnormal %.6g and flushes to 0; gradients "
+                  "this small need a loss scale (16-mixed) or bf16.",
+                  v, name, fi.min_subnormal);
+    r.explanation = buf;
+  } else if (static_cast<double>(r.stored) == v) {
+    r.outcome = std::fabs(v) < fi.min_normal && v != 0 ? "subnormal" : "exact";
+    r.explanation = r.outcome == "exact" ? std::string(name) + " holds this value exactly."
+                                         : std::string(name) +
+                                               " holds it exactly, as a subnormal "
+                                               "(fewer significant bits).";
+  } else {
+    r.rel_error = std::fabs(r.stored - v) / std::fabs(v);
+    const bool sub = std::fabs(r.stored) < fi.min_normal;
+    r.outcome = sub ? "subnormal" : "rounded";
+    std::snprintf(buf, sizeof buf,
+                  "rounded to the nearest %s value (relative error %.3g; %s keeps %d significant "
+                  "bits%s).",
+                  name, r.rel_error, name, fi.mantissa_bits + 1,
+                  sub ? ", fewer here: the value is subnormal" : "");
+    r.explanation = buf;
+  }
+  return r;
+}
+
+std::vector<ScalerTrial> scaler_trace(double grad, const GradScalerOptions& opt, int max_tries) {
+  GradScaler scaler(opt);
+  std::vector<ScalerTrial> out;
+  for (int i = 0; i < max_tries; ++i) {
+    ScalerTrial t;
+    t.step = i + 1;
+    t.scale = scaler.get_scale();
+    t.scaled_grad = round_to(DType::F16, static_cast<float>(grad * t.scale));
+    t.finite = std::isfinite(t.scaled_grad);
+    out.push_back(t);
+    const ScalerUpdate u = scaler.update(!t.finite);
+    if (t.finite || u.at_min_scale) break;
+  }
+  return out;
+}
+
+}  // namespace keel::monitor

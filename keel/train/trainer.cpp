@@ -1,0 +1,409 @@
+#include "keel/train/trainer.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "keel/amp/autocast.h"
+#include "keel/autograd/node.h"
+#include "keel/io/checkpoint.h"
+#include "keel/nn/layers.h"
+#include "keel/ops/cross_entropy.h"
+#include "keel/ops/elementwise.h"
+#include "keel/ops/shape.h"
+#include "keel/optim/adamw.h"
+#include "keel/optim/clip.h"
+#include "keel/optim/sgd.h"
+#include "keel/tensor/random.h"
+
+namespace keel {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string utc_stamp() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::gmtime(&t));
+  return buf;
+}
+
+models::ModelSpec spec_from(const ModelConfig& m, int64_t vocab, int64_t seq_len, DType dt) {
+  models::ModelSpec s;
+  s.family = m.family;
+  s.n_layer = m.n_layer;
+  s.n_embd = m.n_embd;
+  s.n_head = m.n_head;
+  s.n_kv_head = m.n_kv_head;
+  s.intermediate_size = m.intermediate_size;
+  s.vocab_size = m.vocab_size > 0 ? m.vocab_size : vocab;
+  s.max_seq_len = std::max(m.max_seq_len, seq_len);
+  s.tie_embeddings = m.family == "gpt2" ? true : m.tie_embeddings;
+  s.rope_theta = m.rope_theta;
+  s.norm_eps = m.norm_eps;
+  s.init_std = m.init_std;
+  s.dropout = m.dropout;
+  s.attention = ops::attention_backend_from_name(m.attention);
+  s.param_dtype = dt;
+  return s;
+}
+
+bool all_finite(const Tensor& t) { return std::isfinite(ops::sum_squares(t)); }
+
+}  // namespace
+
+Trainer::Trainer(const Config& cfg, TrainerHooks hooks) : cfg_(cfg), hooks_(std::move(hooks)) {
+  if (cfg_.run.threads > 0) omp_set_num_threads(cfg_.run.threads);
+  const Device device = device_from_string(cfg_.run.device);
+  if (device.is_cuda())
+    throw Error("run.device = " + cfg_.run.device +
+                    ": this build has no CUDA backend; use run.device = \"cpu\"",
+                Error::kUsage);
+  policy_ = resolve_precision(cfg_.train.precision, device, cfg_.train.allow_cpu_bf16);
+  out_dir_ = cfg_.run.out_dir.empty() ? "out/" + utc_stamp() : cfg_.run.out_dir;
+
+  // Data.
+  if (cfg_.data.task == "arith") {
+    data::ArithOptions ao;
+    ao.num_train = cfg_.data.num_examples;
+    ao.num_eval = cfg_.data.eval_examples;
+    ao.digits = cfg_.data.digits;
+    ao.seed = cfg_.run.seed;
+    data::ArithTask task = data::make_arith_task(tokenizer_, ao);
+    train_set_ = std::move(task.train);
+    eval_set_ = std::move(task.eval);
+    eval_prompts_ = std::move(task.eval_prompts);
+    eval_answers_ = std::move(task.eval_answers);
+    stop_token_ = task.stop_token;
+    max_answer_tokens_ = task.max_answer_tokens;
+  } else if (cfg_.data.task == "text") {
+    train_set_ =
+        data::load_text_dataset(cfg_.data.path, tokenizer_, cfg_.data.seq_len, cfg_.data.pack);
+  } else if (cfg_.data.task == "jsonl") {
+    train_set_ = data::load_jsonl_dataset(cfg_.data.path, tokenizer_, cfg_.data.seq_len);
+  } else {
+    throw Error("data.task = \"" + cfg_.data.task + "\": use arith, text or jsonl", Error::kUsage);
+  }
+  loader_ =
+      std::make_unique<data::DataLoader>(*train_set_, cfg_.train.batch_size, cfg_.data.seq_len,
+                                         tokenizer_.pad_id(), cfg_.data.shuffle, cfg_.run.seed);
+  steps_per_epoch_ =
+      (loader_->batches_per_epoch() + cfg_.train.grad_accum - 1) / cfg_.train.grad_accum;
+  total_steps_ =
+      cfg_.train.max_steps > 0 ? cfg_.train.max_steps : steps_per_epoch_ * cfg_.train.epochs;
+
+  // Model: parameters in the policy's dtype (f32 masters in the mixed policies).
+  model_ = models::make_causal_lm(
+      spec_from(cfg_.model, tokenizer_.vocab_size(), cfg_.data.seq_len, policy_.param_dtype),
+      cfg_.run.seed);
+  trainable_ = model_->named_parameters(/*trainable_only=*/true);
+
+  // Optimizer, schedule, scaler.
+  auto groups = optim::make_param_groups(trainable_, cfg_.optim.weight_decay);
+  if (cfg_.optim.name == "adamw") {
+    optim::AdamWOptions o;
+    o.beta1 = cfg_.optim.beta1;
+    o.beta2 = cfg_.optim.beta2;
+    o.eps = cfg_.optim.eps;
+    optimizer_ = std::make_unique<optim::AdamW>(std::move(groups), o);
+  } else if (cfg_.optim.name == "sgd") {
+    optim::SGDOptions o;
+    o.momentum = cfg_.optim.momentum;
+    optimizer_ = std::make_unique<optim::SGD>(std::move(groups), o);
+  } else {
+    throw Error("optim.name = \"" + cfg_.optim.name + "\": use adamw or sgd", Error::kUsage);
+  }
+  schedule_ =
+      optim::make_lr_schedule(cfg_.sched.name, cfg_.optim.lr, total_steps_, cfg_.sched.warmup_steps,
+                              cfg_.sched.warmup_ratio, cfg_.sched.min_lr_ratio);
+  if (policy_.scaler && cfg_.scaler.enabled) {
+    GradScalerOptions so2;
+    so2.init_scale = cfg_.scaler.init_scale;
+    so2.growth_factor = cfg_.scaler.growth_factor;
+    so2.backoff_factor = cfg_.scaler.backoff_factor;
+    so2.growth_interval = cfg_.scaler.growth_interval;
+    if (cfg_.scaler.min_scale > 0) so2.min_scale = cfg_.scaler.min_scale;
+    if (cfg_.scaler.max_scale > 0) so2.max_scale = cfg_.scaler.max_scale;
+    so2.hysteresis = cfg_.scaler.hysteresis;
+    scaler_ = std::make_unique<GradScaler>(so2);
+  }
+  if (cfg_.run.resume) {
+    const std::string last = out_dir_ + "/checkpoints/last";
+    if (fs::exists(last)) {
+      load_checkpoint(last);
+      message("resumed from " + last + " at step " + std::to_string(step_));
+    } else {
+      message("run.resume = true but " + last + " does not exist: starting from scratch");
+    }
+  }
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::message(const std::string& m) {
+  if (hooks_.on_message)
+    hooks_.on_message(m);
+  else
+    std::fprintf(stderr, "%s\n", m.c_str());
+}
+
+std::vector<data::Batch> Trainer::window_at(int64_t epoch, int64_t first) const {
+  std::vector<data::Batch> w;
+  const int64_t end = std::min(first + cfg_.train.grad_accum, loader_->batches_per_epoch());
+  for (int64_t i = first; i < end; ++i) w.push_back(loader_->batch(epoch, i));
+  return w;
+}
+
+StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t epoch) {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  StepResult r;
+  r.step = ++step_;
+  r.epoch = epoch;
+  r.micro_batches = static_cast<int64_t>(window.size());
+  r.loss_scale = scaler_ ? scaler_->get_scale() : 1.0;
+  r.lr = schedule_.lr(sched_step_);
+
+  // 1. Zero grads; the step's dropout seeds derive from (run seed, step).
+  optimizer_->zero_grad();
+  const uint64_t step_seed = mix_seed(cfg_.run.seed, static_cast<uint64_t>(r.step));
+  int64_t tokens = 0;
+  for (auto& b : window) tokens += b.n_targets;
+  r.tokens = tokens;
+
+  // 2. Forward and backward per micro-batch; each loss is weighted by its share of the window's
+  //    target tokens, so the window's loss is the token mean whatever the window size.
+  double loss_sum = 0;
+  model_->train(true);
+  {
+    amp::AutocastGuard autocast(policy_.autocast, policy_.compute_dtype);
+    for (size_t i = 0; i < window.size() && tokens > 0; ++i) {
+      const data::Batch& b = window[i];
+      if (b.n_targets == 0) continue;
+      nn::Dropout::set_step_seed(mix_seed(step_seed, i));
+      Tensor logits = model_->forward(b.input_ids, b.attention_mask);  // [B, T, V]
+      const int64_t V = logits.size(-1);
+      Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, V}));
+      Tensor mb_loss = ops::cross_entropy(flat, ops::reshape(b.labels, {-1}), -100,
+                                          ops::Reduction::kSum);  // f32 scalar
+      loss_sum += mb_loss.item();
+      const double factor = r.loss_scale / static_cast<double>(tokens);
+      backward(ops::scale(mb_loss, static_cast<float>(factor)));
+    }
+  }
+  r.loss = tokens > 0 ? loss_sum / static_cast<double>(tokens) : 0.0;
+  const bool loss_finite = std::isfinite(r.loss);
+
+  // 4-5. Unscale (found_inf), then the global norm fused with the finite check.
+  std::vector<Tensor> grads;
+  for (auto& [name, p] : trainable_)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  bool found_inf = false;
+  if (scaler_) found_inf = scaler_->unscale(grads);
+  r.grad_norm = optim::global_grad_norm(grads);
+  if (!std::isfinite(r.grad_norm) || !loss_finite) found_inf = true;
+  r.found_inf = found_inf;
+
+  if (found_inf) {
+    // 6. A scaler handles an overflow of a finite loss: skip, back off, keep the LR clock.
+    bool handled = false;
+    if (scaler_ && loss_finite) {
+      auto u = scaler_->update(true);
+      r.loss_scale_after = u.scale_after;
+      handled = !u.at_min_scale;  // at min_scale backing off no longer helps
+      ++skipped_steps_;
+    }
+    if (!handled) {
+      ++nan_steps_;
+      NonfiniteEvent ev;
+      ev.step = r.step;
+      ev.epoch = epoch;
+      ev.loss = r.loss;
+      ev.loss_finite = loss_finite;
+      ev.grad_norm = r.grad_norm;
+      ev.window = &window;
+      ev.step_seed = step_seed;
+      for (auto& [name, p] : trainable_)
+        if (p.grad().defined() && !all_finite(p.grad())) ev.nonfinite_params.push_back(name);
+      const std::string& mode = cfg_.train.on_nonfinite;
+      if (mode == "capture" || mode == "abort") {
+        std::string path;
+        if (mode == "capture" && cfg_.debug.nan_capture && hooks_.on_capture)
+          path = hooks_.on_capture(ev);
+        std::string first =
+            ev.nonfinite_params.empty() ? std::string("(the loss)") : ev.nonfinite_params.front();
+        stop_message_ = "non-finite " + std::string(loss_finite ? "gradients" : "loss") +
+                        " at step " + std::to_string(r.step) + " (first: " + first + ")";
+        if (!path.empty())
+          stop_message_ += "; capture written to " + path + "; replay with: keel replay " + path;
+        else if (mode == "abort")
+          stop_message_ += "; on_nonfinite = abort, no capture written";
+      }
+    }
+    r.stepped = false;
+    if (!scaler_ || !loss_finite) r.loss_scale_after = r.loss_scale;
+  } else {
+    // 7. Clip after unscale, update, advance the schedule, let the scaler grow.
+    if (cfg_.train.max_grad_norm > 0)
+      r.clipped = optim::clip_grads(grads, cfg_.train.max_grad_norm, r.grad_norm);
+    optimizer_->step(r.lr);
+    ++sched_step_;
+    r.loss_scale_after = scaler_ ? scaler_->update(false).scale_after : 1.0;
+    r.stepped = true;
+    epoch_loss_sum_ += loss_sum;
+    epoch_tokens_ += tokens;
+    ++epoch_updates_;
+  }
+  r.skipped_steps = skipped_steps_;
+  r.nan_steps = nan_steps_;
+  r.seconds = std::chrono::duration<double>(clock::now() - t0).count();
+  r.tokens_per_s = r.seconds > 0 ? tokens / r.seconds : 0;
+  if (hooks_.on_step) hooks_.on_step(r);
+  return r;
+}
+
+EvalResult Trainer::evaluate() {
+  EvalResult e;
+  e.step = step_;
+  if (!eval_set_ || eval_set_->size() == 0) return e;
+  NoGradGuard no_grad;
+  model_->train(false);
+  amp::AutocastGuard autocast(policy_.autocast, policy_.compute_dtype);
+  data::DataLoader eval_loader(*eval_set_, cfg_.train.batch_size, cfg_.data.seq_len,
+                               tokenizer_.pad_id(), false, cfg_.run.seed);
+  double loss_sum = 0;
+  for (int64_t i = 0; i < eval_loader.batches_per_epoch(); ++i) {
+    data::Batch b = eval_loader.batch(0, i);
+    if (b.n_targets == 0) continue;
+    Tensor logits = model_->forward(b.input_ids, b.attention_mask);
+    const int64_t V = logits.size(-1);
+    Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, V}));
+    loss_sum +=
+        ops::cross_entropy(flat, ops::reshape(b.labels, {-1}), -100, ops::Reduction::kSum).item();
+    e.tokens += b.n_targets;
+  }
+  e.loss = e.tokens ? loss_sum / e.tokens : 0;
+  // Exact match by greedy decoding (the built-in task).
+  if (!eval_prompts_.empty()) {
+    int64_t correct = 0;
+    const int64_t n = static_cast<int64_t>(eval_prompts_.size());
+    for (int64_t i = 0; i < n; ++i) {
+      std::vector<int32_t> ids = tokenizer_.encode(eval_prompts_[i]);
+      std::vector<int32_t> answer;
+      for (int64_t t = 0; t < max_answer_tokens_; ++t) {
+        if (static_cast<int64_t>(ids.size()) >= model_->spec().max_seq_len) break;
+        std::vector<int64_t> v(ids.begin(), ids.end());
+        Tensor in = Tensor::from_ints(v, {1, static_cast<int64_t>(v.size())});
+        Tensor logits = model_->forward(in, Tensor());
+        const int64_t V = logits.size(-1);
+        const auto row = logits.slice_rows(0, 1)
+                             .view({-1, V})
+                             .slice_rows(in.size(1) - 1, in.size(1))
+                             .to_floats();
+        int32_t best = 0;
+        for (int64_t j = 1; j < V; ++j)
+          if (row[j] > row[best]) best = static_cast<int32_t>(j);
+        if (best == stop_token_) break;
+        answer.push_back(best);
+        ids.push_back(best);
+      }
+      correct += tokenizer_.decode(answer) == eval_answers_[i];
+    }
+    e.examples = n;
+    e.accuracy = static_cast<double>(correct) / static_cast<double>(n);
+  }
+  model_->train(true);
+  if (hooks_.on_eval) hooks_.on_eval(e);
+  return e;
+}
+
+int Trainer::fit() {
+  fs::create_directories(out_dir_);
+  const int64_t nb = loader_->batches_per_epoch();
+  auto checkpoint = [&] { save_checkpoint(out_dir_ + "/checkpoints/last"); };
+  while (step_ < total_steps_) {
+    if (next_batch_ >= nb) {  // end of an epoch
+      if (epoch_updates_ == 0)
+        throw Error("every step produced non-finite gradients in epoch " + std::to_string(epoch_) +
+                    " (no update was applied); run `keel doctor` on this config, or lower the "
+                    "learning rate / switch precision to bf16-mixed or 32-true");
+      ++epoch_;
+      next_batch_ = 0;
+      epoch_loss_sum_ = 0;
+      epoch_tokens_ = 0;
+      epoch_updates_ = 0;
+    }
+    std::vector<data::Batch> window = window_at(epoch_, next_batch_);
+    next_batch_ += static_cast<int64_t>(window.size());
+    StepResult r = train_step(window, epoch_);
+    if (!stop_message_.empty()) return 3;
+    if (cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) evaluate();
+    if (cfg_.log.checkpoint_every > 0 && step_ % cfg_.log.checkpoint_every == 0) {
+      checkpoint();
+      save_checkpoint(out_dir_ + "/checkpoints/step-" + std::to_string(step_));
+    }
+  }
+  if (epoch_updates_ == 0 && next_batch_ >= nb)
+    throw Error("every step produced non-finite gradients in epoch " + std::to_string(epoch_) +
+                " (no update was applied); lower the learning rate or switch precision to "
+                "bf16-mixed or 32-true");
+  evaluate();
+  checkpoint();
+  return 0;
+}
+
+void Trainer::save_checkpoint(const std::string& dir) {
+  json st;
+  st["step"] = step_;
+  st["sched_step"] = sched_step_;
+  st["epoch"] = epoch_;
+  st["next_batch"] = next_batch_;
+  st["skipped_steps"] = skipped_steps_;
+  st["nan_steps"] = nan_steps_;
+  st["epoch_loss_sum"] = epoch_loss_sum_;
+  st["epoch_tokens"] = epoch_tokens_;
+  st["epoch_updates"] = epoch_updates_;
+  st["seed"] = cfg_.run.seed;
+  st["precision"] = policy_.name();
+  if (scaler_) st["scaler"] = scaler_->state_dict();
+  io::save_checkpoint(dir, model_->named_parameters(), optimizer_->state(), st);
+}
+
+void Trainer::load_checkpoint(const std::string& dir) {
+  io::Checkpoint ck = io::load_checkpoint(dir);
+  for (auto& [name, p] : model_->named_parameters()) {
+    const Tensor* t = nullptr;
+    for (auto& [n, v] : ck.model)
+      if (n == name) t = &v;
+    if (!t) throw Error(dir + "/model.safetensors: tensor '" + name + "' is missing");
+    if (t->shape() != p.shape() || t->dtype() != p.dtype())
+      throw Error(dir + "/model.safetensors: tensor '" + name + "' is " + shape_str(t->shape()) +
+                  " " + dtype_name(t->dtype()) + ", the model expects " + shape_str(p.shape()) +
+                  " " + dtype_name(p.dtype()) + " (was it written by another config?)");
+    Tensor dst = p;
+    dst.copy_from(*t);
+    dst.bump_version();
+  }
+  optimizer_->load_state(ck.optimizer);
+  const json& st = ck.trainer_state;
+  step_ = st.at("step");
+  sched_step_ = st.at("sched_step");
+  epoch_ = st.at("epoch");
+  next_batch_ = st.at("next_batch");
+  skipped_steps_ = st.at("skipped_steps");
+  nan_steps_ = st.at("nan_steps");
+  epoch_loss_sum_ = st.at("epoch_loss_sum");
+  epoch_tokens_ = st.at("epoch_tokens");
+  epoch_updates_ = st.at("epoch_updates");
+  if (scaler_ && st.contains("scaler"))
+    scaler_->load_state_dict(st["scaler"].get<std::map<std::string, double>>());
+}
+
+}  // namespace keel

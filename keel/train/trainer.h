@@ -1,0 +1,110 @@
+// Trainer: the step of DESIGN §3 and the loop around it. It owns the model, the optimizer, the
+// schedule and the scaler built from a Config, and reports through hooks — loggers, the NaN
+// capture and the tracer live in lower layers (monitor/, log/) and are wired in by the caller.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/amp/grad_scaler.h"
+#include "keel/amp/precision.h"
+#include "keel/data/data.h"
+#include "keel/models/causal_lm.h"
+#include "keel/optim/optimizer.h"
+#include "keel/optim/schedule.h"
+#include "keel/train/config.h"
+#include "keel/train/step_result.h"
+
+namespace keel {
+
+struct EvalResult {
+  int64_t step = 0;
+  double loss = 0;  // token mean over the held-out split
+  int64_t tokens = 0;
+  double accuracy = -1;  // exact-match accuracy (built-in task); -1 when not applicable
+  int64_t examples = 0;
+};
+
+// What a handler of a non-finite step gets: everything is still as it was before the update.
+struct NonfiniteEvent {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  double loss = 0;
+  bool loss_finite = true;
+  double grad_norm = 0;
+  std::vector<std::string> nonfinite_params;  // parameters whose gradient holds nan/inf
+  const std::vector<data::Batch>* window = nullptr;
+  uint64_t step_seed = 0;  // dropout seeds of the step derive from it
+};
+
+struct TrainerHooks {
+  std::function<void(const StepResult&)> on_step;
+  std::function<void(const EvalResult&)> on_eval;
+  // on_nonfinite = capture: write the capture, return its path ("" when none was written).
+  std::function<std::string(const NonfiniteEvent&)> on_capture;
+  std::function<void(const std::string&)> on_message;  // one-line notices (default: stderr)
+};
+
+class Trainer {
+ public:
+  explicit Trainer(const Config& cfg, TrainerHooks hooks = {});
+  ~Trainer();
+
+  // Trains to max_steps or for `epochs` epochs, evaluating and checkpointing as configured.
+  // Returns the exit code of DESIGN §6: 0 done, 3 stopped on a non-finite step. Throws Error
+  // (exit 1) when an epoch applied no update ("every step produced non-finite gradients").
+  int fit();
+  // One optimizer step over a window of micro-batches (DESIGN §3).
+  StepResult train_step(const std::vector<data::Batch>& window, int64_t epoch);
+  EvalResult evaluate();
+
+  void save_checkpoint(const std::string& dir);
+  void load_checkpoint(const std::string& dir);  // model, optimizer, scaler and loop position
+
+  models::CausalLM& model() { return *model_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+  GradScaler* scaler() { return scaler_.get(); }
+  const Config& config() const { return cfg_; }
+  const PrecisionPolicy& policy() const { return policy_; }
+  const std::string& out_dir() const { return out_dir_; }
+  const data::DataLoader& loader() const { return *loader_; }
+  int64_t steps_done() const { return step_; }
+  int64_t total_steps() const { return total_steps_; }
+  // Trainable parameters (what the optimizer updates), by name.
+  const std::vector<std::pair<std::string, Tensor>>& trainable() const { return trainable_; }
+  // Set by fit() when it stops early: the reason, printed by the caller.
+  const std::string& stop_message() const { return stop_message_; }
+
+ private:
+  void message(const std::string& m);
+  std::vector<data::Batch> window_at(int64_t epoch, int64_t first_batch) const;
+
+  Config cfg_;
+  TrainerHooks hooks_;
+  PrecisionPolicy policy_;
+  std::string out_dir_;
+  data::ByteTokenizer tokenizer_;
+  std::unique_ptr<data::Dataset> train_set_, eval_set_;
+  std::vector<std::string> eval_prompts_, eval_answers_;
+  int32_t stop_token_ = '\n';
+  int64_t max_answer_tokens_ = 0;
+  std::unique_ptr<data::DataLoader> loader_;
+  std::unique_ptr<models::CausalLM> model_;
+  std::vector<std::pair<std::string, Tensor>> trainable_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  optim::LrSchedule schedule_;
+  std::unique_ptr<GradScaler> scaler_;
+
+  // Loop position (all of it goes into trainer.json).
+  int64_t step_ = 0;        // steps attempted
+  int64_t sched_step_ = 0;  // updates applied (the LR schedule's clock)
+  int64_t epoch_ = 0, next_batch_ = 0;
+  int64_t skipped_steps_ = 0, nan_steps_ = 0;
+  int64_t total_steps_ = 0, steps_per_epoch_ = 0;
+  double epoch_loss_sum_ = 0;  // token-weighted loss of the applied steps of the current epoch
+  int64_t epoch_tokens_ = 0, epoch_updates_ = 0;
+  std::string stop_message_;
+};
+
+}  // namespace keel
