@@ -3,8 +3,9 @@
 // Element i survives when the top 32 bits of hash(seed, i) are >= threshold, where hash is the
 // i-th output of a splitmix64 stream keyed by seed:
 //   key = mix64(seed + G),  hash(seed, i) = mix64(key + (i + 1) * G),  G = 0x9E3779B97F4A7C15
-// (mix64 is splitmix64's finalizer). The drop probability is threshold / 2^32. The mask is a pure
-// function of (seed, i): the same on every ISA, for every thread count, in forward and backward.
+// (mix64 is splitmix64's finalizer). The drop probability is threshold / 2^32 (p < 1 keeps
+// threshold below 2^32). The mask is a pure function of (seed, i): the same on every ISA, for
+// every thread count, in forward and backward.
 #pragma once
 #include <cstdint>
 
@@ -16,7 +17,7 @@ namespace keel {
 struct DropoutKernels {
   // out[i] = x[i] * (keep(seed, i) ? scale : 0)   (f32 product, rounded once into dt; a NaN or
   // inf in a dropped element gives NaN, as PyTorch's x * mask does). out may alias x.
-  void (*apply)(void* out, const void* x, DType dt, int64_t n, uint64_t seed, uint64_t threshold,
+  void (*apply)(void* out, const void* x, DType dt, int64_t n, uint64_t seed, uint32_t threshold,
                 float scale);
 };
 
