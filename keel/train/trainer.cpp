@@ -173,31 +173,14 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
 
   // 1. Zero grads; the step's dropout seeds derive from (run seed, step).
   optimizer_->zero_grad();
-  const uint64_t step_seed = mix_seed(cfg_.run.seed, static_cast<uint64_t>(r.step));
+  const uint64_t seed = step_seed(r.step);
   int64_t tokens = 0;
   for (auto& b : window) tokens += b.n_targets;
   r.tokens = tokens;
 
-  // 2. Forward and backward per micro-batch; each loss is weighted by its share of the window's
-  //    target tokens, so the window's loss is the token mean whatever the window size.
-  double loss_sum = 0;
+  // 2. Forward and backward per micro-batch (3, all-reduce, belongs to dist/ when it lands).
   model_->train(true);
-  {
-    amp::AutocastGuard autocast(policy_.autocast, policy_.compute_dtype);
-    for (size_t i = 0; i < window.size() && tokens > 0; ++i) {
-      const data::Batch& b = window[i];
-      if (b.n_targets == 0) continue;
-      nn::Dropout::set_step_seed(mix_seed(step_seed, i));
-      Tensor logits = model_->forward(b.input_ids, b.attention_mask);  // [B, T, V]
-      const int64_t V = logits.size(-1);
-      Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, V}));
-      Tensor mb_loss = ops::cross_entropy(flat, ops::reshape(b.labels, {-1}), -100,
-                                          ops::Reduction::kSum);  // f32 scalar
-      loss_sum += mb_loss.item();
-      const double factor = r.loss_scale / static_cast<double>(tokens);
-      backward(ops::scale(mb_loss, static_cast<float>(factor)));
-    }
-  }
+  const double loss_sum = forward_backward(window, seed, r.loss_scale);
   r.loss = tokens > 0 ? loss_sum / static_cast<double>(tokens) : 0.0;
   const bool loss_finite = std::isfinite(r.loss);
 
@@ -229,7 +212,7 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
       ev.loss_finite = loss_finite;
       ev.grad_norm = r.grad_norm;
       ev.window = &window;
-      ev.step_seed = step_seed;
+      ev.step_seed = seed;
       for (auto& [name, p] : trainable_)
         if (p.grad().defined() && !all_finite(p.grad())) ev.nonfinite_params.push_back(name);
       const std::string& mode = cfg_.train.on_nonfinite;
@@ -267,6 +250,33 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   r.tokens_per_s = r.seconds > 0 ? tokens / r.seconds : 0;
   if (hooks_.on_step) hooks_.on_step(r);
   return r;
+}
+
+double Trainer::forward_backward(const std::vector<data::Batch>& window, uint64_t step_seed,
+                                 double loss_scale) {
+  // Each micro-batch's loss is weighted by its share of the window's target tokens, so the
+  // window's loss is the token mean whatever the window size (a remainder window included).
+  int64_t tokens = 0;
+  for (auto& b : window) tokens += b.n_targets;
+  double loss_sum = 0;
+  amp::AutocastGuard autocast(policy_.autocast, policy_.compute_dtype);
+  for (size_t i = 0; i < window.size() && tokens > 0; ++i) {
+    const data::Batch& b = window[i];
+    if (b.n_targets == 0) continue;
+    nn::Dropout::set_step_seed(mix_seed(step_seed, i));
+    Tensor logits = model_->forward(b.input_ids, b.attention_mask);  // [B, T, V]
+    const int64_t V = logits.size(-1);
+    Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, V}));
+    Tensor mb_loss = ops::cross_entropy(flat, ops::reshape(b.labels, {-1}), -100,
+                                        ops::Reduction::kSum);  // f32 scalar
+    loss_sum += mb_loss.item();
+    backward(ops::scale(mb_loss, static_cast<float>(loss_scale / static_cast<double>(tokens))));
+  }
+  return loss_sum;
+}
+
+uint64_t Trainer::step_seed(int64_t step) const {
+  return mix_seed(cfg_.run.seed, static_cast<uint64_t>(step));
 }
 
 EvalResult Trainer::evaluate() {

@@ -58,6 +58,14 @@ class Trainer {
   // One optimizer step over a window of micro-batches (DESIGN §3).
   StepResult train_step(const std::vector<data::Batch>& window, int64_t epoch);
   EvalResult evaluate();
+  // Steps 1-2 of a step without the update: zero grads are the caller's business. Runs forward
+  // and backward over the window under the policy's autocast, multiplying each micro-batch's loss
+  // by loss_scale / (window tokens) before backward, and returns the summed (unweighted) loss.
+  // Replay re-runs a captured step through this, with the captured step_seed.
+  double forward_backward(const std::vector<data::Batch>& window, uint64_t step_seed,
+                          double loss_scale);
+  // The seed every random choice of step `step` derives from (dropout masks).
+  uint64_t step_seed(int64_t step) const;
 
   void save_checkpoint(const std::string& dir);
   void load_checkpoint(const std::string& dir);  // model, optimizer, scaler and loop position
