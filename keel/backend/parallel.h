@@ -34,7 +34,7 @@ template <class F>
 double parallel_sum_blocks(int64_t n, int64_t block, F&& block_fn) {
   const int64_t nblocks = (n + block - 1) / block;
   std::vector<double> partial(nblocks > 0 ? nblocks : 1, 0.0);
-  parallel_for(nblocks, 1, [&](int64_t b0, int64_t b1) {
+  parallel_for(nblocks, 4, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t lo = b * block, hi = lo + block < n ? lo + block : n;
       partial[b] = block_fn(lo, hi);
