@@ -120,7 +120,7 @@ const uint8_t* mask_ptr(const Tensor& mask) {
 // [B*Hkv, T, D] without copying k or v.
 struct MaterializedAttention {
   AttentionDims d;
-  DType dt, cdt;
+  DType cdt;
   int64_t batch() const { return d.batch * d.heads_kv; }
   int64_t rows() const { return d.heads_q / d.heads_kv * d.seq; }  // G*T
 
@@ -184,7 +184,7 @@ struct AttentionNode final : Node {
                           dv.defined() ? dv.data() : nullptr, q.data(), k.data(), v.data(),
                           out.data(), g.data(), lse.data_as<float>(), dt, d);
     } else {
-      MaterializedAttention ma{d, dt, backend == AttentionBackend::kEager ? dt : DType::F32};
+      MaterializedAttention ma{d, backend == AttentionBackend::kEager ? dt : DType::F32};
       ma.backward(dq, dk, dv, as_dtype(grad, ma.cdt), as_dtype(q, ma.cdt), as_dtype(k, ma.cdt),
                   as_dtype(v, ma.cdt), p32);
     }
@@ -215,7 +215,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     attention_kernels(q.device())
         .flash_forward(out.data(), lse.data_as<float>(), q.data(), k.data(), v.data(), dt, d);
   } else {
-    MaterializedAttention ma{d, dt, backend == AttentionBackend::kEager ? dt : DType::F32};
+    MaterializedAttention ma{d, backend == AttentionBackend::kEager ? dt : DType::F32};
     p32 = ma.forward(out, as_dtype(q, ma.cdt), as_dtype(k, ma.cdt), as_dtype(v, ma.cdt));
   }
   if (any_requires_grad({&q, &k, &v})) {

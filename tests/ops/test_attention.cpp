@@ -408,6 +408,15 @@ TEST(Attention, BackendNames) {
   }
 }
 
+TEST(Attention, EmptySequenceGivesEmptyOutputAndGradients) {
+  for (AttentionBackend be : kBackends) {
+    Case c = make_case(2, 2, 1, 0, 4, 171, mask_of({}, 2, 0));
+    const auto r = run_with_grads(c, be, Tensor::zeros({2, 2, 0, 4}), DType::F32);
+    EXPECT_EQ(r[0].shape(), (Shape{2, 2, 0, 4})) << bname(be);
+    EXPECT_EQ(r[2].shape(), (Shape{2, 1, 0, 4})) << bname(be);
+  }
+}
+
 TEST(Attention, RejectsBadInputs) {
   Case c = make_case(2, 4, 2, 5, 4, 161);
   auto attn = [](const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& m = Tensor()) {
