@@ -3,12 +3,17 @@
 set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config git
       libdnnl-dev libomp-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libfmt-dev
-      libgtest-dev libbenchmark-dev openmpi-bin libopenmpi-dev)
+      libgtest-dev libbenchmark-dev openmpi-bin libopenmpi-dev
+      libpcre2-dev)
 if [ "${KEEL_WITH_TORCH:-0}" = 1 ]; then pkgs+=(python3-torch python3-numpy libopenblas0-openmp); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# node and npm run the tokenizer parity test (tests/data/test_bpe_parity.cpp). Checked as commands:
+# a machine may have them from another source (NodeSource's nodejs bundles npm and conflicts with
+# Debian's npm package).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then missing+=(nodejs npm); fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -25,4 +25,23 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
   return out;
 }
 
+namespace {
+constexpr const char* kSpecialNames[] = {"<pad>", "<bos>", "<eos>"};
+}  // namespace
+
+int64_t ByteTokenizer::token_to_id(std::string_view token) const {
+  if (token.size() == 1) return static_cast<unsigned char>(token[0]);
+  for (int32_t i = 0; i < 3; ++i)
+    if (token == kSpecialNames[i]) return kPad + i;
+  return -1;
+}
+
+std::string ByteTokenizer::id_to_token(int64_t id) const {
+  if (id < 0 || id >= kVocab)
+    throw Error("ByteTokenizer::id_to_token: id " + std::to_string(id) +
+                " is outside the vocabulary [0, " + std::to_string(kVocab) + ")");
+  if (id < 256) return std::string(1, static_cast<char>(static_cast<unsigned char>(id)));
+  return kSpecialNames[id - kPad];
+}
+
 }  // namespace keel::data

@@ -1,0 +1,146 @@
+// Byte-level BPE, the machinery shared by GPT-2's tokenizer (gpt2_tokenizer.h) and HF
+// tokenizer.json BPE (hf_tokenizer.h):
+//   1. added tokens (specials such as <|endoftext|>) are cut out of the text first;
+//   2. the rest is split into pre-tokens by regexes (PCRE2 in UTF + UCP mode, so \p{L}, \p{N},
+//      (?i:...) and look-ahead behave as in the Python `regex` / Oniguruma engines the patterns
+//      were written for);
+//   3. each pre-token's bytes become symbols of GPT-2's byte-to-unicode alphabet and are merged by
+//      rank (lowest rank first, leftmost first among equal ranks), as HF tokenizers does.
+// Decoding maps each token back to its bytes, so decode(encode(s)) == s for any bytes.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "keel/data/tokenizer_base.h"
+
+namespace keel::data {
+
+// GPT-2's pre-tokenizer pattern (openai/gpt-2 encoder.py; HF ByteLevel with use_regex).
+inline constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// GPT-2's bytes_to_unicode: the code point that stands for byte b in a byte-level vocabulary
+// (printable Latin-1 bytes stand for themselves; the others map to 256 + n in byte order).
+uint32_t byte_to_codepoint(uint8_t b);
+// The byte-level spelling of raw bytes: " the" -> "Ġthe" (UTF-8).
+std::string bytes_to_byte_level(std::string_view bytes);
+// The inverse; false when `token` holds a character outside the byte-level alphabet (or is not
+// valid UTF-8).
+bool byte_level_to_bytes(std::string_view token, std::string* bytes);
+
+// A compiled PCRE2 pattern for splitting text. UTF + UCP mode; invalid UTF-8 in the subject is
+// tolerated (it never matches, so it stays in the gaps between matches).
+class SplitRegex {
+ public:
+  // literal = true: `pattern` is a plain string to find (HF's {"String": ...} patterns).
+  // A pattern PCRE2 rejects is an Error naming `where`, the offset and PCRE2's message.
+  SplitRegex(const std::string& pattern, bool literal, const std::string& where);
+  ~SplitRegex();
+  SplitRegex(const SplitRegex&) = delete;
+  SplitRegex& operator=(const SplitRegex&) = delete;
+
+  // The non-empty matches of the pattern in `text`, as [begin, end) byte offsets, left to right
+  // (the scan resumes at the end of each match, as JavaScript's matchAll and Python's finditer).
+  std::vector<std::pair<size_t, size_t>> find_all(std::string_view text) const;
+  // Whether the pattern matches somewhere in text.
+  bool search(std::string_view text) const;
+
+ private:
+  void* code_ = nullptr;  // pcre2_code_8*
+  std::string where_;
+};
+
+// One step of the pre-tokenizer, applied to every piece the previous steps produced.
+struct PreTokenizerStep {
+  enum class Kind { kSplit, kByteLevel };
+  Kind kind = Kind::kSplit;
+  // kSplit: pieces are the matches and the gaps between them (HF behavior "Isolated"), or the
+  // gaps only ("Removed"); `invert` swaps the roles of matches and gaps.
+  // kByteLevel: optionally prepend a space, then (use_regex) split by GPT-2's pattern, Isolated.
+  std::shared_ptr<const SplitRegex> regex;  // null for a kByteLevel step without use_regex
+  bool removed = false;
+  bool invert = false;
+  bool add_prefix_space = false;  // kByteLevel only
+};
+
+// A token matched in the raw text before pre-tokenization (HF added_tokens).
+struct AddedToken {
+  std::string content;
+  int32_t id = 0;
+  bool special = false;
+  bool lstrip = false, rstrip = false;  // swallow the whitespace on that side
+  bool single_word = false;             // only when not inside a word
+};
+
+// Everything a byte-level BPE tokenizer is made of; the loaders fill it from their files.
+struct BpeSpec {
+  std::string source;                                       // names the files in error messages
+  std::vector<std::pair<std::string, int32_t>> vocab;       // byte-level spellings -> ids
+  std::vector<std::pair<std::string, std::string>> merges;  // in rank order (rank = index)
+  std::vector<std::string> merge_places;  // where merge i was read ("vocab.bpe:12"), for errors
+  bool ignore_merges = false;  // a pre-token that is itself a vocabulary token is not merged
+  std::vector<PreTokenizerStep> pre_tokenizer;
+  std::vector<AddedToken> added_tokens;
+  int64_t bos_id = -1, eos_id = -1, pad_id = -1;
+};
+
+// The whole file at `path`; `what` names it in the error when it is missing or unreadable.
+std::string read_tokenizer_file(const std::string& path, const std::string& what);
+
+class BpeTokenizer : public Tokenizer {
+ public:
+  // Checks the spec: every merge's parts and result are vocabulary tokens, all 256 byte symbols
+  // are in the vocabulary, ids are non-negative and unique per spelling. Errors name spec.source
+  // and the offending entry.
+  explicit BpeTokenizer(BpeSpec spec);
+  ~BpeTokenizer() override;
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int64_t vocab_size() const override { return vocab_size_; }
+  int64_t pad_id() const override { return pad_id_; }
+  int64_t bos_id() const override { return bos_id_; }
+  int64_t eos_id() const override { return eos_id_; }
+  bool is_special(int64_t id) const override;
+  int64_t token_to_id(std::string_view token) const override;
+  std::string id_to_token(int64_t id) const override;
+
+  // The pre-tokens of `text` (added tokens excluded), for tests and diagnostics.
+  std::vector<std::string> pre_tokenize(std::string_view text) const;
+  // The ids of one pre-token given as raw bytes (BPE merges only).
+  std::vector<int32_t> bpe(std::string_view bytes) const;
+
+ private:
+  void pre_tokenize_into(std::string_view text, std::vector<std::string>* pieces) const;
+  void bpe_into(std::string_view bytes, std::vector<int32_t>* out) const;
+
+  std::string source_;
+  int64_t vocab_size_ = 0, bos_id_ = -1, eos_id_ = -1, pad_id_ = -1;
+  bool ignore_merges_ = false;
+  std::vector<PreTokenizerStep> pre_tokenizer_;
+  std::vector<AddedToken> added_;
+  std::vector<std::vector<int32_t>>
+      added_by_first_byte_;                // [256] indices into added_, longest first
+  std::unique_ptr<SplitRegex> word_char_;  // \w on one character (single_word checks)
+
+  int32_t byte_id_[256] = {};  // id of each single-byte symbol
+  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (left, right) -> (rank, id)
+  std::unordered_map<std::string, int32_t> bytes_to_id_;  // raw bytes of vocab tokens -> id
+  std::unordered_map<std::string, int32_t> token_to_id_;  // spellings (and added contents) -> id
+  std::vector<std::string> id_token_;                     // [vocab_size] spelling ("" = hole)
+  std::vector<std::string> id_bytes_;                     // [vocab_size] decoded bytes
+  std::vector<uint8_t> id_kind_;                          // [vocab_size] 0 hole, 1 token, 2 special
+
+  // Merge results of recent pre-tokens (as HF and GPT-2 keep): bounded, guarded for encode()
+  // calls from several threads.
+  mutable std::mutex cache_mu_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+};
+
+}  // namespace keel::data

@@ -1,0 +1,269 @@
+#include "keel/data/hf_tokenizer.h"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "keel/numerics/error.h"
+
+namespace keel::data {
+
+namespace {
+
+using nlohmann::json;
+
+struct Loader {
+  std::string file;
+  BpeSpec spec;
+  bool byte_level_seen = false;
+
+  [[noreturn]] void fail(const std::string& field, const std::string& problem) const {
+    throw Error(file + ": " + field + ": " + problem);
+  }
+
+  bool get_bool(const json& obj, const char* key, bool dflt, const std::string& field) const {
+    const auto it = obj.find(key);
+    if (it == obj.end() || it->is_null()) return dflt;
+    if (!it->is_boolean()) fail(field + "." + key, "expected true or false");
+    return it->get<bool>();
+  }
+
+  std::string get_string(const json& obj, const char* key, const std::string& field) const {
+    const auto it = obj.find(key);
+    if (it == obj.end() || !it->is_string()) fail(field + "." + key, "expected a string");
+    return it->get<std::string>();
+  }
+
+  void model(const json& m) {
+    if (!m.is_object()) fail("model", "expected an object");
+    const std::string type = m.contains("type") ? get_string(m, "type", "model") : "BPE";
+    if (type != "BPE")
+      fail("model.type", "\"" + type + "\" is not supported; keel reads byte-level BPE models");
+    if (m.contains("dropout") && !m["dropout"].is_null() &&
+        !(m["dropout"].is_number() && m["dropout"].get<double>() == 0.0))
+      fail("model.dropout", "BPE dropout is not supported (set it to null)");
+    for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+      if (m.contains(key) && !m[key].is_null() && m[key] != "")
+        fail(std::string("model.") + key, "not supported by byte-level BPE (expected null)");
+    if (get_bool(m, "byte_fallback", false, "model"))
+      fail("model.byte_fallback",
+           "SentencePiece-style byte fallback is not supported; keel reads byte-level BPE");
+    spec.ignore_merges = get_bool(m, "ignore_merges", false, "model");
+
+    const auto vit = m.find("vocab");
+    if (vit == m.end() || !vit->is_object())
+      fail("model.vocab", "expected an object {\"token\": id, ...}");
+    spec.vocab.reserve(vit->size());
+    for (const auto& [tok, id] : vit->items()) {
+      if (!id.is_number_integer())
+        fail("model.vocab", "the id of token \"" + tok + "\" is not an integer");
+      spec.vocab.emplace_back(tok, id.get<int32_t>());
+    }
+
+    const auto mit = m.find("merges");
+    if (mit == m.end() || !mit->is_array()) fail("model.merges", "expected an array");
+    spec.merges.reserve(mit->size());
+    spec.merge_places.reserve(mit->size());
+    for (size_t i = 0; i < mit->size(); ++i) {
+      const json& e = (*mit)[i];
+      const std::string place = "model.merges[" + std::to_string(i) + "]";
+      if (e.is_string()) {
+        // The "a b" form (tokenizers < 0.20): exactly one space, as HF requires.
+        const std::string s = e.get<std::string>();
+        const size_t sp = s.find(' ');
+        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
+          fail(place, "\"" + s + "\" is not two tokens separated by one space");
+        spec.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+      } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+        spec.merges.emplace_back(e[0].get<std::string>(), e[1].get<std::string>());
+      } else {
+        fail(place, "expected \"a b\" or [\"a\", \"b\"]");
+      }
+      spec.merge_places.push_back(place);
+    }
+  }
+
+  void pre_tokenizer(const json& p, const std::string& field) {
+    if (p.is_null()) return;
+    if (!p.is_object()) fail(field, "expected an object");
+    const std::string type = get_string(p, "type", field);
+    if (type == "Sequence") {
+      const auto it = p.find("pretokenizers");
+      if (it == p.end() || !it->is_array()) fail(field + ".pretokenizers", "expected an array");
+      for (size_t i = 0; i < it->size(); ++i)
+        pre_tokenizer((*it)[i], field + ".pretokenizers[" + std::to_string(i) + "]");
+      return;
+    }
+    PreTokenizerStep step;
+    if (type == "ByteLevel") {
+      // HF's defaults: add_prefix_space = true, use_regex = true.
+      step.kind = PreTokenizerStep::Kind::kByteLevel;
+      step.add_prefix_space = get_bool(p, "add_prefix_space", true, field);
+      if (get_bool(p, "use_regex", true, field))
+        step.regex = std::make_shared<SplitRegex>(kGpt2Pattern, false, file + ": " + field);
+      byte_level_seen = true;
+    } else if (type == "Split") {
+      // keel splits raw bytes and maps them to the byte-level alphabet at the end, which equals
+      // HF's order only while every Split runs before the ByteLevel step.
+      if (byte_level_seen)
+        fail(field, "a Split after the ByteLevel pre-tokenizer is not supported");
+      const auto pit = p.find("pattern");
+      if (pit == p.end() || !pit->is_object())
+        fail(field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
+      const std::string where = file + ": " + field + ".pattern";
+      if (pit->contains("Regex"))
+        step.regex = std::make_shared<SplitRegex>(get_string(*pit, "Regex", field + ".pattern"),
+                                                  false, where);
+      else if (pit->contains("String"))
+        step.regex = std::make_shared<SplitRegex>(get_string(*pit, "String", field + ".pattern"),
+                                                  true, where);
+      else
+        fail(field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
+      const std::string behavior = get_string(p, "behavior", field);
+      if (behavior == "Removed")
+        step.removed = true;
+      else if (behavior != "Isolated")
+        fail(field + ".behavior", "\"" + behavior + "\" is not supported (Isolated or Removed)");
+      step.invert = get_bool(p, "invert", false, field);
+    } else {
+      fail(field + ".type", "\"" + type +
+                                "\" is not supported (ByteLevel, Split or a Sequence of them; "
+                                "keel reads byte-level BPE tokenizers)");
+    }
+    spec.pre_tokenizer.push_back(std::move(step));
+  }
+
+  void added_tokens(const json& a) {
+    if (a.is_null()) return;
+    if (!a.is_array()) fail("added_tokens", "expected an array");
+    for (size_t i = 0; i < a.size(); ++i) {
+      const json& t = a[i];
+      const std::string field = "added_tokens[" + std::to_string(i) + "]";
+      if (!t.is_object()) fail(field, "expected an object");
+      const auto id = t.find("id");
+      if (id == t.end() || !id->is_number_integer()) fail(field + ".id", "expected an integer");
+      AddedToken tok;
+      tok.id = id->get<int32_t>();
+      tok.content = get_string(t, "content", field);
+      tok.special = get_bool(t, "special", false, field);
+      tok.lstrip = get_bool(t, "lstrip", false, field);
+      tok.rstrip = get_bool(t, "rstrip", false, field);
+      tok.single_word = get_bool(t, "single_word", false, field);
+      spec.added_tokens.push_back(std::move(tok));
+    }
+  }
+
+  // The id of a token named by content, from the vocabulary or the added tokens.
+  int64_t find_token(const std::string& content) const {
+    for (const AddedToken& a : spec.added_tokens)
+      if (a.content == content) return a.id;
+    for (const auto& [tok, id] : spec.vocab)
+      if (tok == content) return id;
+    return -1;
+  }
+};
+
+// tokenizer_config.json's bos_token/eos_token/pad_token: a string, {"content": ...} or null.
+int64_t config_token(const Loader& ld, const json& cfg, const char* key,
+                     const std::string& cfg_file, bool* present) {
+  const auto it = cfg.find(key);
+  *present = false;
+  if (it == cfg.end() || it->is_null()) return -1;
+  std::string content;
+  if (it->is_string())
+    content = it->get<std::string>();
+  else if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+    content = (*it)["content"].get<std::string>();
+  else
+    throw Error(cfg_file + ": " + key + ": expected a string or {\"content\": ...}");
+  const int64_t id = ld.find_token(content);
+  if (id < 0)
+    throw Error(cfg_file + ": " + key + " \"" + content + "\" is not a token of " + ld.file);
+  *present = true;
+  return id;
+}
+
+}  // namespace
+
+std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path file = path;
+  if (std::filesystem::is_directory(file, ec)) file /= "tokenizer.json";
+  Loader ld;
+  ld.file = file.string();
+  ld.spec.source = ld.file;
+  json root;
+  try {
+    root = json::parse(read_tokenizer_file(ld.file, "HF tokenizer file"));
+  } catch (const json::exception& e) {
+    throw Error(ld.file + ": not valid JSON: " + e.what());
+  }
+  if (!root.is_object()) ld.fail("(top level)", "expected a JSON object");
+  if (!root.contains("model")) ld.fail("model", "missing");
+  ld.model(root["model"]);
+  if (root.contains("normalizer") && !root["normalizer"].is_null())
+    ld.fail("normalizer", "normalizers are not supported (byte-level BPE files have null)");
+  if (root.contains("pre_tokenizer")) ld.pre_tokenizer(root["pre_tokenizer"], "pre_tokenizer");
+  if (!ld.byte_level_seen)
+    ld.fail("pre_tokenizer",
+            "no ByteLevel step: keel reads byte-level BPE (GPT-2, Llama-3 and Qwen2 style), not "
+            "SentencePiece-style BPE such as Llama-2's");
+  if (root.contains("decoder") && !root["decoder"].is_null()) {
+    const json& d = root["decoder"];
+    if (!d.is_object() || ld.get_string(d, "type", "decoder") != "ByteLevel")
+      ld.fail("decoder.type", "only the ByteLevel decoder is supported");
+  }
+  if (root.contains("added_tokens")) ld.added_tokens(root["added_tokens"]);
+
+  // Special ids. tokenizer_config.json (transformers' file) names them when present.
+  const std::filesystem::path cfg_path = file.parent_path() / "tokenizer_config.json";
+  bool have_cfg = false;
+  if (std::filesystem::exists(cfg_path, ec)) {
+    json cfg;
+    try {
+      cfg = json::parse(read_tokenizer_file(cfg_path.string(), "tokenizer config"));
+    } catch (const json::exception& e) {
+      throw Error(cfg_path.string() + ": not valid JSON: " + e.what());
+    }
+    if (!cfg.is_object()) throw Error(cfg_path.string() + ": expected a JSON object");
+    have_cfg = true;
+    bool present;
+    ld.spec.bos_id = config_token(ld, cfg, "bos_token", cfg_path.string(), &present);
+    ld.spec.eos_id = config_token(ld, cfg, "eos_token", cfg_path.string(), &present);
+    ld.spec.pad_id = config_token(ld, cfg, "pad_token", cfg_path.string(), &present);
+  }
+  if (!have_cfg) {
+    // The post-processor's template names the token it puts before the text (Llama-3's
+    // <|begin_of_text|>).
+    const json* pp = root.contains("post_processor") ? &root["post_processor"] : nullptr;
+    std::vector<const json*> procs;
+    if (pp && pp->is_object()) {
+      if (pp->value("type", "") == "Sequence" && pp->contains("processors") &&
+          (*pp)["processors"].is_array())
+        for (const json& p : (*pp)["processors"]) procs.push_back(&p);
+      else
+        procs.push_back(pp);
+    }
+    for (const json* p : procs) {
+      if (!p->is_object() || p->value("type", "") != "TemplateProcessing") continue;
+      const auto single = p->find("single");
+      if (single == p->end() || !single->is_array() || single->empty()) continue;
+      const json& first = (*single)[0];
+      if (first.contains("SpecialToken") && first["SpecialToken"].contains("id") &&
+          first["SpecialToken"]["id"].is_string())
+        ld.spec.bos_id = ld.find_token(first["SpecialToken"]["id"].get<std::string>());
+    }
+    const int64_t eot = ld.find_token("<|endoftext|>");
+    if (eot >= 0) {
+      if (ld.spec.bos_id < 0) ld.spec.bos_id = eot;
+      ld.spec.eos_id = eot;
+    }
+  }
+  if (root.contains("padding") && root["padding"].is_object() && ld.spec.pad_id < 0) {
+    const json& p = root["padding"];
+    if (p.contains("pad_id") && p["pad_id"].is_number_integer())
+      ld.spec.pad_id = p["pad_id"].get<int64_t>();
+  }
+  return std::make_unique<BpeTokenizer>(std::move(ld.spec));
+}
+
+}  // namespace keel::data

@@ -1,0 +1,25 @@
+// HF tokenizer.json byte-level BPE (GPT-2, Llama-3/3.1, Qwen2 style files).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "keel/data/bpe.h"
+
+namespace keel::data {
+
+// Loads `path` (a tokenizer.json file, or a directory holding one). Supported, as HF tokenizers
+// runs them:
+//   model: type "BPE" with vocab and merges ("a b" strings or ["a", "b"] pairs), ignore_merges;
+//   normalizer: null;
+//   pre_tokenizer: ByteLevel (add_prefix_space, use_regex), Split (Regex or String pattern,
+//     behavior Isolated or Removed, invert), or a Sequence of them with ByteLevel last;
+//   decoder: ByteLevel (or null);
+//   added_tokens (special or not, lstrip/rstrip/single_word), matched before pre-tokenization.
+// Anything else (WordPiece/Unigram models, normalizers, SentencePiece-style BPE with Metaspace or
+// byte_fallback, BPE dropout) is an Error naming the file and the field.
+// bos/eos/pad: from tokenizer_config.json beside the file when it exists (bos_token, eos_token,
+// pad_token), else bos from the post_processor's template and "<|endoftext|>" as bos and eos
+// when the vocabulary has it; -1 when unknown. Llama-3.1 has no pad token (pad_id() == -1).
+std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path);
+
+}  // namespace keel::data

@@ -1,0 +1,42 @@
+#include "keel/data/tokenizer_base.h"
+
+#include <filesystem>
+
+#include "keel/data/gpt2_tokenizer.h"
+#include "keel/data/hf_tokenizer.h"
+#include "keel/data/tokenizer.h"
+#include "keel/numerics/error.h"
+
+namespace keel::data {
+
+Tokenizer::~Tokenizer() = default;
+
+bool pad_collides(const Tokenizer& tok, int64_t pad_id) {
+  if (pad_id < 0 || pad_id >= tok.vocab_size()) return false;
+  if (pad_id == tok.pad_id()) return false;
+  if (pad_id == tok.bos_id() || pad_id == tok.eos_id()) return true;
+  if (tok.is_special(pad_id)) return false;
+  return !tok.id_to_token(pad_id).empty();  // a hole in the vocabulary is no token
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {
+  if (spec == "byte") return std::make_unique<ByteTokenizer>();
+  const auto has_prefix = [&](const char* p) { return spec.rfind(p, 0) == 0; };
+  if (has_prefix("gpt2:")) return load_gpt2_tokenizer(spec.substr(5));
+  if (has_prefix("hf:")) return load_hf_tokenizer(spec.substr(3));
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path p = spec;
+  if (fs::is_regular_file(p, ec) && p.extension() == ".json") return load_hf_tokenizer(spec);
+  if (fs::is_directory(p, ec)) {
+    if (fs::exists(p / "tokenizer.json", ec)) return load_hf_tokenizer(spec);
+    if (fs::exists(p / "vocab.bpe", ec) || fs::exists(p / "merges.txt", ec))
+      return load_gpt2_tokenizer(spec);
+  }
+  throw Error("data.tokenizer = \"" + spec +
+                  "\": not a tokenizer; use \"byte\", \"gpt2:DIR\" (encoder.json + vocab.bpe), "
+                  "\"hf:PATH\" (a tokenizer.json or its directory), or such a path",
+              Error::kUsage);
+}
+
+}  // namespace keel::data

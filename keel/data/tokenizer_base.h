@@ -1,0 +1,59 @@
+// Tokenizer: the interface every tokenizer of the data layer implements — the dependency-free
+// ByteTokenizer (tokenizer.h), GPT-2's byte-level BPE (gpt2_tokenizer.h) and HF tokenizer.json BPE
+// (hf_tokenizer.h) — and load_tokenizer(), which builds one from the config's `data.tokenizer`.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace keel::data {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer();
+
+  // Token ids of `text` (any bytes). No bos/eos is added: callers add the specials they want.
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // The text of `ids`; special tokens are skipped (HF's skip_special_tokens=True), so that
+  // decode(encode(s)) == s for text without special tokens. An id that names no token is an Error
+  // naming the id and its position.
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+
+  // One past the largest id (the model's embedding rows must be at least this many).
+  virtual int64_t vocab_size() const = 0;
+  // Ids of the special tokens, -1 when the tokenizer has none (GPT-2 and Llama-3.1 have no pad).
+  virtual int64_t pad_id() const = 0;
+  virtual int64_t bos_id() const = 0;
+  virtual int64_t eos_id() const = 0;
+  // Whether `id` is a special token (skipped by decode; never produced from ordinary text).
+  virtual bool is_special(int64_t id) const = 0;
+
+  // The id of a token given in the vocabulary's spelling (byte-level BPE: "Ġthe" for " the";
+  // added tokens: their content, "<|endoftext|>"); -1 when it is not a token.
+  virtual int64_t token_to_id(std::string_view token) const = 0;
+  // The vocabulary's spelling of `id`; "" for an id in [0, vocab_size()) that names no token (a
+  // hole in the vocabulary). An id outside [0, vocab_size()) is an Error.
+  virtual std::string id_to_token(int64_t id) const = 0;
+};
+
+// Whether using `pad_id` as the padding id would make padding indistinguishable from text: it
+// names a real token — an ordinary vocabulary token (Llama-3.1's id 0 is "!"), or the bos/eos
+// token, whose masking would stop the model from learning to start or stop. Not a collision: a
+// negative id (no pad configured), an id at or past vocab_size() (a new row added for padding),
+// the tokenizer's own pad token, and any other special token (e.g. one of Llama-3's
+// <|reserved_special_token_N|>), which ordinary text never produces.
+bool pad_collides(const Tokenizer& tok, int64_t pad_id);
+
+// Builds the tokenizer named by `spec` (the config's data.tokenizer):
+//   "byte"                 ByteTokenizer;
+//   "gpt2:DIR"             GPT-2 byte-level BPE from DIR/encoder.json (or vocab.json) and
+//                          DIR/vocab.bpe (or merges.txt);
+//   "hf:PATH"              HF tokenizer.json BPE; PATH is the file or a directory holding it;
+//   PATH                   without a prefix: a .json file is an HF tokenizer.json; a directory
+//                          holding tokenizer.json is HF, one holding vocab.bpe/merges.txt is GPT-2.
+// Errors (kind kUsage for a spec that names nothing usable) name the spec and the fix.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec);
+
+}  // namespace keel::data
