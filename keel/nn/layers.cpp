@@ -1,6 +1,7 @@
 #include "keel/nn/layers.h"
 
 #include "keel/amp/autocast.h"
+#include "keel/nn/adapters/adapter.h"
 #include "keel/ops/dropout.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/embedding.h"
@@ -21,9 +22,14 @@ Linear::Linear(int64_t in, int64_t out, bool has_bias, DType dt)
 
 Tensor Linear::forward(const Tensor& x) {
   return call({x}, [&] {
-    return ops::linear(autocast(AmpOp::kLinear, x), autocast(AmpOp::kLinear, weight),
-                       autocast(AmpOp::kLinear, bias));
+    if (adapter && !adapter->merged) return adapter->forward(*this, x);
+    return base_forward(x);
   });
+}
+
+Tensor Linear::base_forward(const Tensor& x) {
+  return ops::linear(autocast(AmpOp::kLinear, x), autocast(AmpOp::kLinear, weight),
+                     autocast(AmpOp::kLinear, bias));
 }
 
 LayerNorm::LayerNorm(int64_t dim, double e, DType dt) : Module("LayerNorm"), eps(e) {

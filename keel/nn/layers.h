@@ -8,13 +8,30 @@
 
 namespace keel::nn {
 
+class LinearAdapter;  // nn/adapters/adapter.h
+
 // y = x·Wᵀ + b, W [out, in] (nn.Linear / HF layout).
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias, DType dt = DType::F32);
+  // The product below, or adapter->forward(*this, x) when an unmerged adapter is attached.
   Tensor forward(const Tensor& x);
+  // x·Wᵀ + b under the linear autocast rule, never through the adapter (adapters call it).
+  Tensor base_forward(const Tensor& x);
   Tensor weight, bias;  // [out, in], [out] (bias may be undefined)
   int64_t in_features, out_features;
+
+  // Adapter hook (nn/adapters/, set by apply_adapters): model code keeps calling forward(). The
+  // adapter's modules and parameters are registered on this Linear, so they carry PEFT's names
+  // ("<path>.lora_A.weight", "<path>.lora_magnitude_vector") while the base keeps HF's.
+  std::shared_ptr<LinearAdapter> adapter;
+  template <class M>
+  M* add_adapter_module(const std::string& name, std::unique_ptr<M> m) {
+    return register_module(name, std::move(m));
+  }
+  Tensor add_adapter_parameter(const std::string& name, Tensor t) {
+    return register_parameter(name, std::move(t));
+  }
 };
 
 class LayerNorm : public Module {

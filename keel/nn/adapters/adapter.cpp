@@ -1,0 +1,187 @@
+#include "keel/nn/adapters/adapter.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "keel/nn/adapters/dora.h"
+#include "keel/nn/adapters/lokr.h"
+#include "keel/nn/adapters/lora.h"
+#include "keel/tensor/random.h"
+
+namespace keel::nn {
+
+namespace {
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// PEFT's target rule for a list of names: the key equals the target or ends with "." + target.
+bool targets(const std::string& path, const std::string& target) {
+  if (path == target) return true;
+  return path.size() > target.size() &&
+         path.compare(path.size() - target.size(), target.size(), target) == 0 &&
+         path[path.size() - target.size() - 1] == '.';
+}
+
+std::string last_component(const std::string& path) {
+  const size_t dot = path.rfind('.');
+  return dot == std::string::npos ? path : path.substr(dot + 1);
+}
+
+Error usage(const std::string& m) { return Error("model.adapter: " + m, Error::kUsage); }
+
+}  // namespace
+
+void init_kaiming_uniform(Tensor& w, uint64_t seed) {
+  KEEL_CHECK(w.dim() == 2, "init_kaiming_uniform: 2-D weight expected");
+  // gain = sqrt(2 / (1 + a^2)) with a = sqrt(5); bound = sqrt(3) * gain / sqrt(fan_in).
+  const double bound = 1.0 / std::sqrt(static_cast<double>(w.size(1)));
+  Rng rng(seed);
+  fill_uniform(w, rng, -bound, bound);
+}
+
+std::pair<int64_t, int64_t> lokr_factorization(int64_t dimension, int64_t factor) {
+  // A transcription of LyCORIS' factorization (PEFT copies it), `length` never updated included.
+  if (factor > 0 && dimension % factor == 0) return {factor, dimension / factor};
+  if (factor == -1) factor = dimension;
+  int64_t m = 1, n = dimension;
+  const int64_t length = m + n;
+  while (m < n) {
+    int64_t new_m = m + 1;
+    while (dimension % new_m != 0) ++new_m;
+    const int64_t new_n = dimension / new_m;
+    if (new_m + new_n > length || new_m > factor) break;
+    m = new_m;
+    n = new_n;
+  }
+  if (m > n) std::swap(m, n);
+  return {m, n};
+}
+
+std::vector<Linear*> adapted_linears(Module& root) {
+  std::vector<Linear*> out;
+  for (Module* m : root.modules())
+    if (auto* lin = dynamic_cast<Linear*>(m); lin && lin->adapter) out.push_back(lin);
+  return out;
+}
+
+std::vector<std::string> apply_adapters(Module& root, const AdapterOptions& opt) {
+  if (opt.kind != "lora" && opt.kind != "dora" && opt.kind != "lokr")
+    throw usage("unknown kind '" + opt.kind + "': use lora, dora or lokr");
+  if (opt.r < 1) throw usage("r = " + std::to_string(opt.r) + " must be >= 1");
+  if (!(opt.alpha > 0)) throw usage("alpha must be > 0");
+  if (!(opt.dropout >= 0 && opt.dropout < 1)) throw usage("dropout must be in [0, 1)");
+  if (opt.kind == "lokr" && opt.dropout > 0)
+    throw usage("dropout = " + std::to_string(opt.dropout) +
+                " with kind = \"lokr\": LoKr has no input dropout (PEFT's rank/module dropout are "
+                "not implemented); set model.adapter.dropout = 0");
+  if (opt.target_modules.empty())
+    throw usage(
+        "target_modules is empty; name the modules to adapt, e.g. [\"q_proj\", \"v_proj\"]");
+
+  // Candidate Linears: every Linear except those an adapter already owns (lora_A, lora_B).
+  std::set<const Module*> internal;
+  for (Linear* lin : adapted_linears(root))
+    for (Module* m : lin->modules())
+      if (m != lin) internal.insert(m);
+  std::vector<Linear*> linears;
+  for (Module* m : root.modules())
+    if (auto* lin = dynamic_cast<Linear*>(m); lin && !internal.count(lin)) linears.push_back(lin);
+
+  std::vector<Linear*> chosen;
+  for (const std::string& t : opt.target_modules) {
+    bool found = false;
+    for (Linear* lin : linears)
+      if (targets(lin->path(), t)) {
+        found = true;
+        if (std::find(chosen.begin(), chosen.end(), lin) == chosen.end()) chosen.push_back(lin);
+      }
+    if (!found) {
+      std::vector<std::string> names;
+      for (Linear* lin : linears) {
+        const std::string n = last_component(lin->path());
+        if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+      }
+      std::string list;
+      for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+      throw usage("target module '" + t + "' matches no linear layer of this " + root.type() +
+                  "; its linear layers are named: " + list + " (fix model.adapter.target_modules)");
+    }
+  }
+  // Tree order, whatever the order of the targets.
+  std::vector<Linear*> ordered;
+  for (Linear* lin : linears)
+    if (std::find(chosen.begin(), chosen.end(), lin) != chosen.end()) ordered.push_back(lin);
+
+  std::vector<std::string> paths;
+  for (Linear* lin : ordered) {
+    if (lin->adapter)
+      throw usage("'" + lin->path() + "' already has a " + lin->adapter->kind() +
+                  " adapter; apply adapters once");
+    const uint64_t seed = mix_seed(opt.seed, fnv1a(lin->path()));
+    if (opt.kind == "lora")
+      lin->adapter = std::make_shared<LoraAdapter>(*lin, opt.r, opt.alpha, opt.dropout, seed);
+    else if (opt.kind == "dora")
+      lin->adapter = std::make_shared<DoraAdapter>(*lin, opt.r, opt.alpha, opt.dropout, seed);
+    else
+      lin->adapter = std::make_shared<LokrAdapter>(*lin, opt.r, opt.alpha, seed);
+    paths.push_back(lin->path());
+  }
+  root.assign_paths(root.path());
+  // Freeze the base: only adapter parameters train.
+  for (auto& [name, p] : root.named_parameters()) {
+    Tensor t = p;
+    if (!is_adapter_parameter(root, t)) t.set_requires_grad(false);
+  }
+  return paths;
+}
+
+int64_t merge_adapters(Module& root) {
+  int64_t n = 0;
+  for (Linear* lin : adapted_linears(root)) {
+    if (lin->adapter->merged) continue;
+    Tensor merged = lin->adapter->merged_weight(*lin);  // [out, in] f32
+    Tensor w = lin->weight;
+    w.copy_from(merged);  // rounds into the base dtype
+    w.bump_version();
+    lin->adapter->merged = true;
+    ++n;
+  }
+  return n;
+}
+
+std::vector<std::pair<std::string, Tensor>> peft_state_dict(Module& root) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (Linear* lin : adapted_linears(root))
+    for (auto& [name, t] : lin->adapter->peft_tensors())
+      out.emplace_back("base_model.model." + lin->path() + "." + name, t);
+  return out;
+}
+
+bool is_adapter_parameter(Module& root, const Tensor& t) {
+  for (Linear* lin : adapted_linears(root))
+    for (auto& [name, a] : lin->adapter->peft_tensors())
+      if (a.impl() == t.impl()) return true;
+  return false;
+}
+
+void cast_frozen_parameters(Module& root, DType dt) {
+  for (auto& [name, p] : root.named_parameters()) {
+    if (p.requires_grad() || !dtype_is_floating(p.dtype()) || p.dtype() == dt) continue;
+    // Rewrite the shared impl: every handle to this parameter (module members, the registry)
+    // sees the new dtype and storage.
+    Tensor c = p.to_dtype(dt);
+    TensorImpl* impl = p.impl();
+    impl->storage = c.impl()->storage;
+    impl->offset = c.impl()->offset;
+    impl->dtype = dt;
+    impl->grad = Tensor();
+    ++impl->version;
+  }
+}
+
+}  // namespace keel::nn

@@ -1,0 +1,111 @@
+#include "keel/nn/adapters/dora.h"
+
+#include <cmath>
+
+#include "keel/amp/autocast.h"
+#include "keel/ops/elementwise.h"
+#include "keel/ops/linear.h"
+
+namespace keel::nn {
+
+using amp::AmpOp;
+
+DoraAdapter::DoraAdapter(Linear& base, int64_t r, double alpha, double dropout, uint64_t seed)
+    : LoraAdapter(base, r, alpha, dropout, seed) {
+  // B = 0, so the initial magnitude is ||W||_row and the adapted layer starts equal to the base.
+  magnitude = base.add_adapter_parameter("lora_magnitude_vector",
+                                         weight_norm(base.weight, delta_weight(), 1.0));
+}
+
+Tensor DoraAdapter::weight_norm(const Tensor& w, const Tensor& lora_weight, double s) {
+  NoGradGuard no_grad;
+  const int64_t out = w.size(0), in = w.size(1);
+  KEEL_CHECK(lora_weight.shape() == w.shape(), "DoRA weight_norm: shapes differ");
+  // torch: weight + scaling * lora_weight, the product rounded in lora_weight's dtype, the sum in
+  // the wider dtype (f32 here), then the row norm.
+  const std::vector<float> wv = w.to_floats();
+  const std::vector<float> lv = ops::scale(lora_weight, static_cast<float>(s)).to_floats();
+  std::vector<float> norm(static_cast<size_t>(out));
+  for (int64_t o = 0; o < out; ++o) {
+    double acc = 0;  // f64 accumulation: a fixed order, no cancellation (all terms >= 0)
+    for (int64_t i = 0; i < in; ++i) {
+      const float v = wv[static_cast<size_t>(o * in + i)] + lv[static_cast<size_t>(o * in + i)];
+      acc += static_cast<double>(v) * v;
+    }
+    norm[static_cast<size_t>(o)] = static_cast<float>(std::sqrt(acc));
+  }
+  return Tensor::from_floats(norm, {out});
+}
+
+Tensor DoraAdapter::forward(Linear& base, const Tensor& x) {
+  Tensor result = base.base_forward(x);  // [..., out], includes the bias
+  const DType out_dt = result.dtype();
+  Tensor h = adapter_input(x);  // [..., in] f32
+  const bool dropping = lora_dropout && base.is_training();
+  if (dropping) h = lora_dropout->forward(h);
+
+  // n = ||W.to(x.dtype) + s·B·A||_row, detached; B·A under the matmul autocast rule. B·A is
+  // formed with grad mode on, as PEFT does (its graph is simply dropped): under autocast the cast
+  // weights are cached for the step, and a cast made under NoGradGuard would be cached without its
+  // graph edge, cutting lora_A/lora_B off from their gradients in the products below.
+  Tensor lora_weight = ops::matmul(amp::autocast(AmpOp::kMatmul, lora_B->weight),
+                                   amp::autocast(AmpOp::kMatmul, lora_A->weight));  // [out, in]
+  Tensor inv_norm;  // [out] f32, 1/n
+  {
+    NoGradGuard no_grad;
+    Tensor n = weight_norm(base.weight, lora_weight, scaling);
+    std::vector<float> inv = n.to_floats();
+    for (float& v : inv) v = 1.0f / v;  // a zero row gives inf, as m / 0 does in torch
+    inv_norm = Tensor::from_floats(inv, {n.size(0)});
+  }
+  Tensor mag_norm_scale = ops::mul(magnitude, inv_norm);     // [out] f32, m / n
+  Tensor lora_result = lora_B->forward(lora_A->forward(h));  // [..., out]
+
+  Tensor base_result;  // [..., out]: x'·Wᵀ without the bias
+  if (!dropping) {
+    base_result = result;
+    if (base.bias.defined()) {
+      auto [r, b] = amp::promote(result, base.bias);
+      base_result = ops::add(r, ops::scale(b, -1.0f));
+    }
+  } else {
+    // PEFT: F.linear(x', W.to(x'.dtype)), under the linear autocast rule.
+    Tensor w = base.weight.dtype() == h.dtype() ? base.weight : ops::cast(base.weight, h.dtype());
+    base_result = ops::linear(amp::autocast(AmpOp::kLinear, h), amp::autocast(AmpOp::kLinear, w));
+  }
+  // (m/n - 1) * base_result + (m/n) * lora_result * s, in f32 (torch promotes to m's dtype).
+  const int64_t out = mag_norm_scale.size(0);
+  Tensor scale_minus_one = ops::add(mag_norm_scale, Tensor::full({out}, -1.0f));
+  if (base_result.dtype() != DType::F32) base_result = ops::cast(base_result, DType::F32);
+  if (lora_result.dtype() != DType::F32) lora_result = ops::cast(lora_result, DType::F32);
+  Tensor dora = ops::add(ops::mul(base_result, scale_minus_one),
+                         ops::scale(ops::mul(lora_result, mag_norm_scale),
+                                    static_cast<float>(scaling)));  // [..., out] f32
+  auto [a, b] = amp::promote(result, dora);
+  Tensor y = ops::add(a, b);
+  return y.dtype() == out_dt ? y : ops::cast(y, out_dt);
+}
+
+Tensor DoraAdapter::merged_weight(const Linear& base) const {
+  // PEFT's merge: dora_factor = m / ||W + ΔW||_row; W' = dora_factor[:, None] * (W + ΔW).
+  NoGradGuard no_grad;
+  Tensor delta = delta_weight();  // [out, in] f32, s·B·A
+  Tensor n = weight_norm(base.weight, delta, 1.0);
+  Tensor w = base.weight.dtype() == DType::F32 ? base.weight : base.weight.to_dtype(DType::F32);
+  std::vector<float> wd = ops::add(w, delta).to_floats();
+  const std::vector<float> m = magnitude.to_floats(), nv = n.to_floats();
+  const int64_t out = w.size(0), in = w.size(1);
+  for (int64_t o = 0; o < out; ++o) {
+    const float f = m[static_cast<size_t>(o)] / nv[static_cast<size_t>(o)];
+    for (int64_t i = 0; i < in; ++i) wd[static_cast<size_t>(o * in + i)] *= f;
+  }
+  return Tensor::from_floats(wd, {out, in});
+}
+
+std::vector<std::pair<std::string, Tensor>> DoraAdapter::peft_tensors() const {
+  auto t = LoraAdapter::peft_tensors();
+  t.emplace_back("lora_magnitude_vector", magnitude);
+  return t;
+}
+
+}  // namespace keel::nn
