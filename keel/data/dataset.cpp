@@ -30,6 +30,15 @@ const Example& ExampleDataset::get(int64_t i) const {
 
 namespace {
 
+// Examples end with eos: a tokenizer without one cannot mark where a text stops.
+void check_eos(const Tokenizer& tok, const std::string& path) {
+  if (tok.eos_id() < 0)
+    throw Error(path +
+                    ": the tokenizer has no eos token, which ends every example; name one "
+                    "(eos_token in the tokenizer_config.json beside tokenizer.json)",
+                Error::kUsage);
+}
+
 void check_seq_len(int64_t seq_len, const std::string& path) {
   if (seq_len < 2)
     throw Error(path + ": seq_len is " + std::to_string(seq_len) +
@@ -85,9 +94,10 @@ Example all_targets(std::vector<int32_t> tokens) {
 
 }  // namespace
 
-std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const ByteTokenizer& tok,
+std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokenizer& tok,
                                            int64_t seq_len, bool pack) {
   check_seq_len(seq_len, path);
+  if (!pack) check_eos(tok, path);
   const std::string text = read_whole_file(path);
   std::vector<Example> examples;
   if (pack) {
@@ -128,10 +138,11 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const ByteTo
   return std::make_unique<ExampleDataset>(std::move(examples), path);
 }
 
-std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const ByteTokenizer& tok,
+std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
                                             int64_t seq_len) {
   using json = nlohmann::json;
   check_seq_len(seq_len, path);
+  check_eos(tok, path);
   const std::string text = read_whole_file(path);
   static const char* kExpected =
       "expected {\"prompt\": ..., \"completion\": ...} or {\"text\": ...}";

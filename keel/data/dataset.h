@@ -49,7 +49,7 @@ class ExampleDataset : public Dataset {
 //    that every token after the first is predicted exactly once although each row's last position
 //    has no label. The last row may be shorter.
 // Errors: missing/unreadable file (names the path), seq_len < 2, no text in the file.
-std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const ByteTokenizer& tok,
+std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokenizer& tok,
                                            int64_t seq_len, bool pack);
 
 // JSONL: one JSON object per line (blank lines are skipped), either
@@ -59,7 +59,7 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const ByteTo
 // problem ("data.jsonl: line 17: missing \"completion\"; expected {\"prompt\": ..., \"completion\":
 // ...} or {\"text\": ...}"); so is a prompt so long that no completion token fits in seq_len (such
 // an example would train on nothing), seq_len < 2, and a file without examples.
-std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const ByteTokenizer& tok,
+std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
                                             int64_t seq_len);
 
 }  // namespace keel::data

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "keel/data/bpe.h"
+#include "keel/data/dataset.h"
 #include "keel/data/gpt2_tokenizer.h"
 #include "keel/data/hf_tokenizer.h"
 #include "keel/data/rng.h"
@@ -375,6 +376,34 @@ TEST(Tokenizer, LoadTokenizerSpecs) {
   EXPECT_CONTAINS(usage("gpt2:/no/such/dir"), "/no/such/dir");
   EXPECT_CONTAINS(usage("hf:/no/such/tokenizer.json"), "/no/such/tokenizer.json");
   EXPECT_CONTAINS(usage(test::temp_dir("bpe-empty")), "encoder.json");
+}
+
+// The datasets take any Tokenizer: examples are the BPE ids followed by eos.
+TEST(Tokenizer, DatasetsWithBpe) {
+  const std::string dir = test::temp_dir("bpe");
+  std::filesystem::copy_file(kTiny + "/llama_style/tokenizer.json", dir + "/tokenizer.json");
+  const std::string data = write_file(dir, "data.jsonl",
+                                      "{\"prompt\": \"the\", \"completion\": \" there\"}\n"
+                                      "{\"text\": \"aaaaa!!\"}\n");
+  // Without an eos the examples cannot end: an error naming the file.
+  EXPECT_CONTAINS(error_of([&] { load_jsonl_dataset(data, *load_hf_tokenizer(dir), 16); }),
+                  "data.jsonl: the tokenizer has no eos token");
+  write_file(dir, "tokenizer_config.json", R"({"eos_token": "<|eot|>"})");
+  const auto tok = load_hf_tokenizer(dir);
+  const auto ds = load_jsonl_dataset(data, *tok, 16);
+  ASSERT_EQ(ds->size(), 2);
+  std::vector<int32_t> want = tok->encode("the");
+  for (int32_t id : tok->encode(" there")) want.push_back(id);
+  want.push_back(static_cast<int32_t>(tok->eos_id()));
+  EXPECT_EQ(ds->get(0).tokens, want);
+  EXPECT_EQ(ds->get(0).target, (std::vector<uint8_t>{0, 1, 1}));  // "the" | " there" | eos
+  std::vector<int32_t> text = tok->encode("aaaaa!!");
+  text.push_back(static_cast<int32_t>(tok->eos_id()));
+  EXPECT_EQ(ds->get(1).tokens, text);
+  // Packed text needs no eos.
+  const std::string txt = write_file(dir, "data.txt", "the there the there");
+  EXPECT_EQ(load_text_dataset(txt, *tok, 4, true)->get(0).tokens,
+            (std::vector<int32_t>{284, 286, 258, 286}));  // the, " there", " the", " there"
 }
 
 TEST(Tokenizer, LoaderErrorsNameTheFileAndPlace) {
