@@ -531,7 +531,7 @@ void validate(Config& c, const Origins& origins) {
                 c.data.task + " file to train on)");
   if (c.data.tokenizer.empty())
     throw usage(prefix("data.tokenizer") +
-                "data.tokenizer must not be empty (\"byte\", or a tokenizer name or file)");
+                "data.tokenizer must not be empty (\"byte\", \"gpt2:DIR\" or \"hf:PATH\")");
   const ScalerConfig& s = c.scaler;
   if (s.max_scale > 0 && s.min_scale > s.max_scale)
     throw usage("scaler.min_scale = " + format_double(s.min_scale, false) + at("scaler.min_scale") +

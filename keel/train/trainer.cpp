@@ -57,6 +57,18 @@ models::ModelSpec spec_from(const ModelConfig& m, int64_t vocab, int64_t seq_len
 
 bool all_finite(const Tensor& t) { return std::isfinite(ops::sum_squares(t)); }
 
+// The id that fills padded positions (they carry no label and attention masks them out): the
+// tokenizer's pad, else its eos (HF's pad = eos), as GPT-2's and Llama-3.1's tokenizers have no
+// pad.
+int64_t pad_fill_id(const data::Tokenizer& tok) {
+  if (tok.pad_id() >= 0) return tok.pad_id();
+  if (tok.eos_id() >= 0) return tok.eos_id();
+  throw Error(
+      "the tokenizer (data.tokenizer) has neither a pad nor an eos token to fill padded "
+      "positions with; name one in the tokenizer_config.json beside tokenizer.json",
+      Error::kUsage);
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, TrainerHooks hooks) : cfg_(cfg), hooks_(std::move(hooks)) {
@@ -70,13 +82,21 @@ Trainer::Trainer(const Config& cfg, TrainerHooks hooks) : cfg_(cfg), hooks_(std:
   out_dir_ = cfg_.run.out_dir.empty() ? "out/" + utc_stamp() : cfg_.run.out_dir;
 
   // Data.
+  tokenizer_ = data::load_tokenizer(cfg_.data.tokenizer);
   if (cfg_.data.task == "arith") {
     data::ArithOptions ao;
     ao.num_train = cfg_.data.num_examples;
     ao.num_eval = cfg_.data.eval_examples;
     ao.digits = cfg_.data.digits;
     ao.seed = cfg_.run.seed;
-    data::ArithTask task = data::make_arith_task(tokenizer_, ao);
+    const auto* byte_tok = dynamic_cast<const data::ByteTokenizer*>(tokenizer_.get());
+    if (!byte_tok)
+      throw Error(
+          "data.task = \"arith\" spells numbers byte by byte: it needs data.tokenizer = "
+          "\"byte\", not \"" +
+              cfg_.data.tokenizer + "\"",
+          Error::kUsage);
+    data::ArithTask task = data::make_arith_task(*byte_tok, ao);
     train_set_ = std::move(task.train);
     eval_set_ = std::move(task.eval);
     eval_prompts_ = std::move(task.eval_prompts);
@@ -85,15 +105,15 @@ Trainer::Trainer(const Config& cfg, TrainerHooks hooks) : cfg_(cfg), hooks_(std:
     max_answer_tokens_ = task.max_answer_tokens;
   } else if (cfg_.data.task == "text") {
     train_set_ =
-        data::load_text_dataset(cfg_.data.path, tokenizer_, cfg_.data.seq_len, cfg_.data.pack);
+        data::load_text_dataset(cfg_.data.path, *tokenizer_, cfg_.data.seq_len, cfg_.data.pack);
   } else if (cfg_.data.task == "jsonl") {
-    train_set_ = data::load_jsonl_dataset(cfg_.data.path, tokenizer_, cfg_.data.seq_len);
+    train_set_ = data::load_jsonl_dataset(cfg_.data.path, *tokenizer_, cfg_.data.seq_len);
   } else {
     throw Error("data.task = \"" + cfg_.data.task + "\": use arith, text or jsonl", Error::kUsage);
   }
-  loader_ =
-      std::make_unique<data::DataLoader>(*train_set_, cfg_.train.batch_size, cfg_.data.seq_len,
-                                         tokenizer_.pad_id(), cfg_.data.shuffle, cfg_.run.seed);
+  loader_ = std::make_unique<data::DataLoader>(*train_set_, cfg_.train.batch_size,
+                                               cfg_.data.seq_len, pad_fill_id(*tokenizer_),
+                                               cfg_.data.shuffle, cfg_.run.seed);
   steps_per_epoch_ =
       (loader_->batches_per_epoch() + cfg_.train.grad_accum - 1) / cfg_.train.grad_accum;
   total_steps_ =
@@ -101,7 +121,7 @@ Trainer::Trainer(const Config& cfg, TrainerHooks hooks) : cfg_(cfg), hooks_(std:
 
   // Model: parameters in the policy's dtype (f32 masters in the mixed policies).
   model_ = models::make_causal_lm(
-      spec_from(cfg_.model, tokenizer_.vocab_size(), cfg_.data.seq_len, policy_.param_dtype),
+      spec_from(cfg_.model, tokenizer_->vocab_size(), cfg_.data.seq_len, policy_.param_dtype),
       cfg_.run.seed);
   trainable_ = model_->named_parameters(/*trainable_only=*/true);
 
@@ -287,7 +307,7 @@ EvalResult Trainer::evaluate() {
   model_->train(false);
   amp::AutocastGuard autocast(policy_.autocast, policy_.compute_dtype);
   data::DataLoader eval_loader(*eval_set_, cfg_.train.batch_size, cfg_.data.seq_len,
-                               tokenizer_.pad_id(), false, cfg_.run.seed);
+                               pad_fill_id(*tokenizer_), false, cfg_.run.seed);
   double loss_sum = 0;
   for (int64_t i = 0; i < eval_loader.batches_per_epoch(); ++i) {
     data::Batch b = eval_loader.batch(0, i);
@@ -305,7 +325,7 @@ EvalResult Trainer::evaluate() {
     int64_t correct = 0;
     const int64_t n = static_cast<int64_t>(eval_prompts_.size());
     for (int64_t i = 0; i < n; ++i) {
-      std::vector<int32_t> ids = tokenizer_.encode(eval_prompts_[i]);
+      std::vector<int32_t> ids = tokenizer_->encode(eval_prompts_[i]);
       std::vector<int32_t> answer;
       for (int64_t t = 0; t < max_answer_tokens_; ++t) {
         if (static_cast<int64_t>(ids.size()) >= model_->spec().max_seq_len) break;
@@ -324,7 +344,7 @@ EvalResult Trainer::evaluate() {
         answer.push_back(best);
         ids.push_back(best);
       }
-      correct += tokenizer_.decode(answer) == eval_answers_[i];
+      correct += tokenizer_->decode(answer) == eval_answers_[i];
     }
     e.examples = n;
     e.accuracy = static_cast<double>(correct) / static_cast<double>(n);

@@ -77,6 +77,7 @@ class Trainer {
   const PrecisionPolicy& policy() const { return policy_; }
   const std::string& out_dir() const { return out_dir_; }
   const data::DataLoader& loader() const { return *loader_; }
+  const data::Tokenizer& tokenizer() const { return *tokenizer_; }
   int64_t steps_done() const { return step_; }
   int64_t total_steps() const { return total_steps_; }
   // Trainable parameters (what the optimizer updates), by name.
@@ -92,7 +93,7 @@ class Trainer {
   TrainerHooks hooks_;
   PrecisionPolicy policy_;
   std::string out_dir_;
-  data::ByteTokenizer tokenizer_;
+  std::unique_ptr<data::Tokenizer> tokenizer_;  // from data.tokenizer
   std::unique_ptr<data::Dataset> train_set_, eval_set_;
   std::vector<std::string> eval_prompts_, eval_answers_;
   int32_t stop_token_ = '\n';
