@@ -44,6 +44,7 @@ class CausalLM : public nn::Module {
 
  protected:
   ModelSpec spec_;
+  friend void resize_token_embeddings(CausalLM& model, int64_t new_vocab);  // models/resize.h
 };
 
 // Builds a model with deterministic initialization from `seed` (GPT-2: N(0, init_std), residual

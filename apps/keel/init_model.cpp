@@ -1,0 +1,90 @@
+// `keel init-model --family llama --out DIR [sizes]`: writes a randomly initialized model as a
+// Hugging Face directory (config.json + model.safetensors, or shards with --shard-bytes), the
+// layout `model.path` reads. Examples and tests use it to get a small "pretrained" checkpoint
+// without downloading one.
+#include <cstdio>
+
+#include "apps/keel/commands.h"
+#include "keel/io/hf_model.h"
+
+namespace keel::cli {
+
+namespace {
+struct InitModelArgs {
+  std::string out, family = "llama", dtype = "f32";
+  int64_t n_layer = 2, n_embd = 64, n_head = 4, n_kv_head = 0, intermediate_size = 0;
+  int64_t vocab_size = 259, max_seq_len = 128, shard_bytes = 0;
+  bool untied = false;
+  double rope_theta = 10000.0, norm_eps = 1e-5, init_std = 0.02;
+  uint64_t seed = 0;
+};
+
+int run_init_model(const InitModelArgs& a) {
+  models::ModelSpec s;
+  s.family = a.family;
+  s.n_layer = a.n_layer;
+  s.n_embd = a.n_embd;
+  s.n_head = a.n_head;
+  s.n_kv_head = a.n_kv_head;
+  s.intermediate_size = a.intermediate_size;
+  s.vocab_size = a.vocab_size;
+  s.max_seq_len = a.max_seq_len;
+  s.tie_embeddings = a.family == "gpt2" || !a.untied;
+  s.rope_theta = a.rope_theta;
+  s.norm_eps = a.norm_eps;
+  s.init_std = a.init_std;
+  if (a.family == "gpt2" && a.untied)
+    throw Error("init-model: GPT-2 always ties lm_head to wte; drop --untied", Error::kUsage);
+  auto dt = dtype_from_name(a.dtype);
+  if (!dt || !dtype_is_floating(*dt))
+    throw Error("init-model --dtype " + a.dtype + ": use f32, bf16 or f16", Error::kUsage);
+  auto model = models::make_causal_lm(s, a.seed);  // validates the sizes (usage errors)
+  io::HfSaveOptions opt;
+  opt.dtype = *dt;
+  opt.max_shard_bytes = a.shard_bytes;
+  io::save_hf_model(*model, a.out, opt);
+  std::printf(
+      "wrote %s: %s, %lld layers, %lld wide, %lld heads (%lld kv), vocab %lld, %.2fM params, %s\n",
+      a.out.c_str(), a.family.c_str(), static_cast<long long>(s.n_layer),
+      static_cast<long long>(s.n_embd), static_cast<long long>(s.n_head),
+      static_cast<long long>(s.kv_heads()), static_cast<long long>(s.vocab_size),
+      model->num_parameters() / 1e6, dtype_name(*dt));
+  return 0;
+}
+}  // namespace
+
+Command add_init_model(CLI::App& app) {
+  auto a = std::make_shared<InitModelArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "init-model",
+      "Write a randomly initialized GPT-2 or Llama model as a Hugging Face directory");
+  sub->add_option("--out", a->out, "output directory (config.json + model.safetensors)")
+      ->required();
+  sub->add_option("--family", a->family, "gpt2 | llama")
+      ->check(CLI::IsMember({"gpt2", "llama"}))
+      ->capture_default_str();
+  sub->add_option("--n-layer", a->n_layer, "decoder layers")->capture_default_str();
+  sub->add_option("--n-embd", a->n_embd, "hidden size")->capture_default_str();
+  sub->add_option("--n-head", a->n_head, "attention heads")->capture_default_str();
+  sub->add_option("--n-kv-head", a->n_kv_head, "llama: key/value heads (0 = n-head)")
+      ->capture_default_str();
+  sub->add_option("--intermediate-size", a->intermediate_size,
+                  "MLP width (0: 4 x n-embd for gpt2, Llama's 8/3 rule)")
+      ->capture_default_str();
+  sub->add_option("--vocab-size", a->vocab_size, "vocabulary (259 = keel's byte tokenizer)")
+      ->capture_default_str();
+  sub->add_option("--max-seq-len", a->max_seq_len, "n_positions / max_position_embeddings")
+      ->capture_default_str();
+  sub->add_flag("--untied", a->untied, "llama: a separate lm_head (default: tied to embed_tokens)");
+  sub->add_option("--rope-theta", a->rope_theta, "llama: RoPE base")->capture_default_str();
+  sub->add_option("--norm-eps", a->norm_eps, "layer/RMS norm epsilon")->capture_default_str();
+  sub->add_option("--init-std", a->init_std, "initializer_range")->capture_default_str();
+  sub->add_option("--seed", a->seed, "initialization seed")->capture_default_str();
+  sub->add_option("--dtype", a->dtype, "stored dtype: f32 | bf16 | f16")->capture_default_str();
+  sub->add_option("--shard-bytes", a->shard_bytes,
+                  "> 0: shards of at most this many bytes with model.safetensors.index.json")
+      ->capture_default_str();
+  return {sub, [a] { return run_init_model(*a); }};
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,513 @@
+// HF model directories (keel/io/hf_model.h): tiny random GPT-2 and Llama checkpoints written here
+// in HF's layout — by this test's own writer, not by save_hf_model — load bit-exactly, sharded or
+// not, in f32 and bf16, and save back to the same tensors; GPT-2's Conv1D transposition is proven
+// against a torch model in HF's layout (tests/fixtures/gen_adapters.py); PEFT adapter directories
+// round-trip; every inconsistency is an Error naming the file and the tensor or field.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "keel/autograd/node.h"
+#include "keel/io/atomic_file.h"
+#include "keel/io/hf_model.h"
+#include "keel/io/safetensors.h"
+#include "keel/models/gpt2.h"
+#include "keel/models/llama.h"
+#include "tests/support/check.h"
+
+namespace keel::io {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Named = std::vector<std::pair<std::string, Tensor>>;
+
+// ---- an independent writer of HF directories ----------------------------------------------------
+
+bool is_conv1d(const std::string& n) {
+  for (const char* s :
+       {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"})
+    if (n.size() > std::strlen(s) && n.compare(n.size() - std::strlen(s), std::strlen(s), s) == 0)
+      return true;
+  return false;
+}
+
+// [R, C] -> [C, R] through floats (exact for every floating dtype).
+Tensor transposed(const Tensor& t) {
+  const int64_t R = t.size(0), C = t.size(1);
+  const std::vector<float> v = t.to_floats();
+  std::vector<float> o(v.size());
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) o[c * R + r] = v[r * C + c];
+  return Tensor::from_floats(o, {C, R}, t.dtype());
+}
+
+json config_of(const models::ModelSpec& s) {
+  if (s.family == "gpt2")
+    return {{"architectures", {"GPT2LMHeadModel"}},
+            {"model_type", "gpt2"},
+            {"n_layer", s.n_layer},
+            {"n_embd", s.n_embd},
+            {"n_head", s.n_head},
+            {"n_inner", nullptr},
+            {"vocab_size", s.vocab_size},
+            {"n_positions", s.max_seq_len},
+            {"layer_norm_epsilon", 1e-5},
+            {"activation_function", "gelu_new"},
+            {"bos_token_id", 50256}};
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"num_hidden_layers", s.n_layer},
+          {"hidden_size", s.n_embd},
+          {"num_attention_heads", s.n_head},
+          {"num_key_value_heads", s.kv_heads()},
+          {"intermediate_size", s.ffn_dim()},
+          {"vocab_size", s.vocab_size},
+          {"max_position_embeddings", s.max_seq_len},
+          {"rms_norm_eps", 1e-5},
+          {"rope_theta", 10000.0},
+          {"tie_word_embeddings", s.tie_embeddings},
+          {"hidden_act", "silu"},
+          {"torch_dtype", "bfloat16"}};
+}
+
+// HF's tensors of `model` stored in `dt`: GPT-2's Conv1D weights [in, out], names with or without
+// GPT-2's `transformer.` prefix.
+Named hf_tensors(models::CausalLM& model, DType dt, bool strip_prefix = false) {
+  Named out;
+  for (auto& [name, p] : model.named_parameters()) {
+    Tensor t = p.to_dtype(dt);
+    if (model.spec().family == "gpt2" && is_conv1d(name)) t = transposed(t);
+    std::string n = name;
+    if (strip_prefix && n.rfind("transformer.", 0) == 0) n = n.substr(12);
+    out.emplace_back(n, t);
+  }
+  return out;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+// config.json plus model.safetensors (shards == 0) or `shards` shards with their index.
+void write_hf_dir(const std::string& dir, const json& config, const Named& tensors,
+                  int shards = 0) {
+  fs::create_directories(dir);
+  write_text(dir + "/config.json", config.dump(2));
+  if (shards == 0) {
+    write_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+    return;
+  }
+  json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", json::object()}};
+  std::vector<Named> parts(static_cast<size_t>(shards));
+  for (size_t i = 0; i < tensors.size(); ++i) parts[i % shards].push_back(tensors[i]);
+  for (int s = 0; s < shards; ++s) {
+    const std::string file =
+        "model-0000" + std::to_string(s + 1) + "-of-0000" + std::to_string(shards) + ".safetensors";
+    write_safetensors(dir + "/" + file, parts[s]);
+    for (auto& [n, t] : parts[s]) index["weight_map"][n] = file;
+  }
+  write_text(dir + "/model.safetensors.index.json", index.dump(2));
+}
+
+// Every tensor of an HF directory (single or sharded), by name.
+std::map<std::string, Tensor> read_hf_tensors(const std::string& dir) {
+  std::map<std::string, Tensor> out;
+  if (fs::exists(dir + "/model.safetensors")) {
+    for (auto& [n, t] : read_safetensors(dir + "/model.safetensors").tensors) out[n] = t;
+    return out;
+  }
+  json index = json::parse(read_file(dir + "/model.safetensors.index.json"));
+  std::set<std::string> files;
+  for (auto& [n, f] : index["weight_map"].items()) files.insert(f.get<std::string>());
+  for (const std::string& f : files)
+    for (auto& [n, t] : read_safetensors(dir + "/" + f).tensors) out[n] = t;
+  return out;
+}
+
+models::ModelSpec llama_spec(bool tied) {
+  models::ModelSpec s;
+  s.family = "llama";
+  s.n_layer = 2;
+  s.n_embd = 32;
+  s.n_head = 4;
+  s.n_kv_head = 2;
+  s.intermediate_size = 48;
+  s.vocab_size = 40;
+  s.max_seq_len = 16;
+  s.tie_embeddings = tied;
+  return s;
+}
+
+models::ModelSpec gpt2_spec() {
+  models::ModelSpec s;
+  s.family = "gpt2";
+  s.n_layer = 2;
+  s.n_embd = 32;
+  s.n_head = 4;
+  s.vocab_size = 40;
+  s.max_seq_len = 16;
+  return s;
+}
+
+Tensor sample_ids() { return Tensor::from_ints({1, 5, 9, 2, 7, 3, 3, 8, 39, 0, 12, 6}, {2, 6}); }
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+#define EXPECT_MENTIONS(msg, text) \
+  EXPECT_NE((msg).find(text), std::string::npos) << "message: " << (msg)
+
+// ---- lossless load and save ---------------------------------------------------------------------
+
+struct LayoutCase {
+  std::string family;
+  bool tied;
+  int shards;
+  DType dt;
+  bool strip_prefix;
+};
+
+class HfRoundTrip : public ::testing::TestWithParam<LayoutCase> {};
+
+TEST_P(HfRoundTrip, LoadsBitExactlyAndSavesTheSameTensors) {
+  const LayoutCase c = GetParam();
+  const models::ModelSpec spec = c.family == "gpt2" ? gpt2_spec() : llama_spec(c.tied);
+  auto src = models::make_causal_lm(spec, 5);
+  const Named written = hf_tensors(*src, c.dt, c.strip_prefix);
+  const std::string dir = test::temp_dir("hf-in");
+  write_hf_dir(dir, config_of(spec), written, c.shards);
+
+  HfConfig cfg = read_hf_config(dir);
+  EXPECT_EQ(cfg.spec.family, spec.family);
+  EXPECT_EQ(cfg.spec.n_layer, spec.n_layer);
+  EXPECT_EQ(cfg.spec.n_embd, spec.n_embd);
+  EXPECT_EQ(cfg.spec.n_head, spec.n_head);
+  EXPECT_EQ(cfg.spec.kv_heads(), spec.kv_heads());
+  EXPECT_EQ(cfg.spec.ffn_dim(), spec.ffn_dim());
+  EXPECT_EQ(cfg.spec.vocab_size, spec.vocab_size);
+  EXPECT_EQ(cfg.spec.max_seq_len, spec.max_seq_len);
+  EXPECT_EQ(cfg.spec.tie_embeddings, spec.tie_embeddings);
+
+  auto loaded = load_hf_model(dir, DType::F32);
+  // Every parameter holds exactly the stored values (bf16 -> f32 is exact), in keel's layout.
+  for (auto& [name, p] : src->named_parameters()) {
+    Tensor got = loaded->find_parameter(name);
+    ASSERT_TRUE(got.defined()) << name;
+    test::expect_bitwise_equal(got, p.to_dtype(c.dt).to_dtype(DType::F32), name);
+  }
+  if (c.dt == DType::F32) {
+    NoGradGuard no_grad;
+    test::expect_bitwise_equal(loaded->forward(sample_ids(), Tensor()),
+                               src->forward(sample_ids(), Tensor()), "logits");
+  }
+  // Saving in the stored dtype and the same layout gives back the same tensors, bit for bit.
+  const std::string out = test::temp_dir("hf-out");
+  HfSaveOptions opt;
+  opt.dtype = c.dt;
+  opt.max_shard_bytes = c.shards ? 4096 : 0;
+  save_hf_model(*loaded, out, opt);
+  EXPECT_EQ(fs::exists(out + "/model.safetensors.index.json"), c.shards > 0);
+  std::map<std::string, Tensor> saved = read_hf_tensors(out);
+  EXPECT_EQ(saved.size(), written.size()) << "no lm_head for a tied model, nothing extra";
+  for (auto& [name, t] : written) {
+    const std::string keel_name =
+        (c.strip_prefix && c.family == "gpt2") ? "transformer." + name : name;
+    ASSERT_TRUE(saved.count(keel_name)) << keel_name;
+    test::expect_bitwise_equal(saved[keel_name], t, keel_name);
+  }
+  // ... and a loadable directory whose config gives the same spec.
+  HfConfig again = read_hf_config(out);
+  EXPECT_EQ(again.spec.ffn_dim(), spec.ffn_dim());
+  EXPECT_EQ(again.spec.kv_heads(), spec.kv_heads());
+  EXPECT_EQ(again.spec.tie_embeddings, spec.tie_embeddings);
+  EXPECT_EQ(again.dtype, c.dt);
+  auto reloaded = load_hf_model(out, DType::F32);
+  for (auto& [name, p] : loaded->named_parameters())
+    test::expect_bitwise_equal(reloaded->find_parameter(name), p, "reloaded " + name);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, HfRoundTrip,
+                         ::testing::Values(LayoutCase{"llama", true, 0, DType::F32, false},
+                                           LayoutCase{"llama", false, 0, DType::BF16, false},
+                                           LayoutCase{"llama", false, 3, DType::F32, false},
+                                           LayoutCase{"llama", true, 2, DType::BF16, false},
+                                           LayoutCase{"gpt2", true, 0, DType::F32, false},
+                                           LayoutCase{"gpt2", true, 0, DType::BF16, true},
+                                           LayoutCase{"gpt2", true, 3, DType::F32, true},
+                                           LayoutCase{"gpt2", true, 2, DType::F16, false}),
+                         [](const auto& info) {
+                           const LayoutCase& c = info.param;
+                           return c.family + (c.tied ? "_tied" : "_untied") + "_shards" +
+                                  std::to_string(c.shards) + "_" + dtype_name(c.dt) +
+                                  (c.strip_prefix ? "_noprefix" : "");
+                         });
+
+TEST(HfModel, Gpt2Conv1DLayoutMatchesTorch) {
+  // A GPT2LMHeadModel computed by torch with HF's Conv1D (y = x @ W + b, W [in, out]) and the
+  // original gpt2 file naming (no `transformer.` prefix): loading must transpose exactly the four
+  // Conv1D weights and nothing else for the logits to match.
+  const io::Safetensors& fx = test::fixture("adapters");
+  const std::string pre = "gpt2_conv1d.";
+  Named tensors;
+  for (auto& [name, t] : fx.tensors)
+    if (name.rfind(pre, 0) == 0 && name != pre + "input_ids" && name != pre + "logits")
+      tensors.emplace_back(name.substr(pre.size()), t);
+  ASSERT_EQ(tensors.size(), 2u + 2 * 12 + 2);
+  const std::string dir = test::temp_dir("hf-gpt2");
+  write_hf_dir(dir,
+               {{"model_type", "gpt2"},
+                {"n_layer", 2},
+                {"n_embd", 16},
+                {"n_head", 2},
+                {"vocab_size", 19},
+                {"n_positions", 8},
+                {"layer_norm_epsilon", 1e-5}},
+               tensors);
+  auto model = load_hf_model(dir);
+  NoGradGuard no_grad;
+  Tensor logits = model->forward(fx.at(pre + "input_ids"), Tensor());
+  test::expect_close(logits, fx.at(pre + "logits"), 1e-5, 1e-4, "GPT-2 logits vs torch");
+  // The transposition is real: the stored c_attn weight is [16, 48] ([in, out]).
+  EXPECT_EQ(fx.at(pre + "h.0.attn.c_attn.weight").shape(), (Shape{16, 48}));
+  EXPECT_EQ(model->find_parameter("transformer.h.0.attn.c_attn.weight").shape(), (Shape{48, 16}));
+}
+
+// ---- errors name the file and the tensor or field -----------------------------------------------
+
+class HfErrors : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    spec = llama_spec(false);
+    src = models::make_causal_lm(spec, 9);
+    tensors = hf_tensors(*src, DType::F32);
+    dir = test::temp_dir("hf-bad");
+  }
+  models::ModelSpec spec;
+  std::unique_ptr<models::CausalLM> src;
+  Named tensors;
+  std::string dir;
+};
+
+TEST_F(HfErrors, TruncatedFile) {
+  write_hf_dir(dir, config_of(spec), tensors);
+  const std::string file = dir + "/model.safetensors";
+  fs::resize_file(file, fs::file_size(file) - 100);
+  const std::string m = error_of([&] { load_hf_model(dir); });
+  EXPECT_MENTIONS(m, file);
+  EXPECT_MENTIONS(m, "truncated");
+  EXPECT_MENTIONS(m, "lm_head.weight");  // the last tensor, the one cut short
+}
+
+TEST_F(HfErrors, MissingTensor) {
+  Named some;
+  for (auto& nt : tensors)
+    if (nt.first != "model.layers.1.mlp.down_proj.weight") some.push_back(nt);
+  write_hf_dir(dir, config_of(spec), some);
+  const std::string m = error_of([&] { load_hf_model(dir); });
+  EXPECT_MENTIONS(m, "'model.layers.1.mlp.down_proj.weight' is missing");
+  EXPECT_MENTIONS(m, dir + "/model.safetensors");
+}
+
+TEST_F(HfErrors, ShapeDisagreesWithConfig) {
+  json cfg = config_of(spec);
+  cfg["intermediate_size"] = 64;  // the tensors are 48 wide
+  write_hf_dir(dir, cfg, tensors);
+  const std::string m = error_of([&] { load_hf_model(dir); });
+  EXPECT_MENTIONS(m, "'model.layers.0.mlp.gate_proj.weight' has shape [48, 32]");
+  EXPECT_MENTIONS(m, "config.json implies [64, 32]");
+}
+
+TEST_F(HfErrors, UnknownAndNonFloatingDtypes) {
+  // A header naming F64 (not a dtype keel reads).
+  write_hf_dir(dir, config_of(spec), tensors);
+  const std::string file = dir + "/model.safetensors";
+  std::string bytes = read_file(file);
+  const size_t at = bytes.find("\"F32\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 5, "\"F64\"");
+  write_text(file, bytes);
+  std::string m = error_of([&] { load_hf_model(dir); });
+  EXPECT_MENTIONS(m, file);
+  EXPECT_MENTIONS(m, "F64");
+  EXPECT_MENTIONS(m, "tensor '");
+  // An integer tensor where a weight belongs.
+  Named ints = tensors;
+  for (auto& [n, t] : ints)
+    if (n == "model.norm.weight") t = Tensor::zeros(t.shape(), DType::I32);
+  write_hf_dir(dir, config_of(spec), ints);
+  m = error_of([&] { load_hf_model(dir); });
+  EXPECT_MENTIONS(m, "'model.norm.weight' has dtype i32");
+}
+
+TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
+  json cfg = config_of(spec);
+  cfg.erase("hidden_size");
+  write_hf_dir(dir, cfg, tensors);
+  std::string m = error_of([&] { load_hf_model(dir); });
+  EXPECT_MENTIONS(m, dir + "/config.json: missing field 'hidden_size'");
+  cfg = config_of(spec);
+  cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+  write_hf_dir(dir, cfg, tensors);
+  m = error_of([&] { load_hf_model(dir); });
+  EXPECT_MENTIONS(m, "rope_scaling");
+  cfg = config_of(spec);
+  cfg["model_type"] = "mistral";
+  cfg["architectures"] = {"MistralForCausalLM"};
+  write_hf_dir(dir, cfg, tensors);
+  m = error_of([&] { load_hf_model(dir); });
+  EXPECT_MENTIONS(m, "MistralForCausalLM");
+  EXPECT_MENTIONS(m, "unsupported model");
+  const std::string empty = test::temp_dir("hf-empty");
+  m = error_of([&] { load_hf_model(empty); });
+  EXPECT_MENTIONS(m, "no config.json");
+  write_text(empty + "/config.json", config_of(spec).dump());
+  m = error_of([&] { load_hf_model(empty); });
+  EXPECT_MENTIONS(m, "no model.safetensors or model.safetensors.index.json");
+}
+
+TEST_F(HfErrors, UnexpectedTensorAndBrokenShards) {
+  Named extra = tensors;
+  extra.emplace_back("model.layers.0.self_attn.q_proj.bias", Tensor::zeros({32}));
+  write_hf_dir(dir, config_of(spec), extra);
+  std::string m = error_of([&] { load_hf_model(dir); });
+  EXPECT_MENTIONS(m, "unexpected tensor 'model.layers.0.self_attn.q_proj.bias'");
+
+  const std::string sh = test::temp_dir("hf-shards");
+  write_hf_dir(sh, config_of(spec), tensors, 2);
+  fs::remove(sh + "/model-00002-of-00002.safetensors");
+  m = error_of([&] { load_hf_model(sh); });
+  EXPECT_MENTIONS(m, "shard 'model-00002-of-00002.safetensors'");
+  EXPECT_MENTIONS(m, "does not exist");
+
+  const std::string moved = test::temp_dir("hf-shards2");
+  write_hf_dir(moved, config_of(spec), tensors, 2);
+  json index = json::parse(read_file(moved + "/model.safetensors.index.json"));
+  index["weight_map"]["model.norm.weight"] = index["weight_map"]["model.embed_tokens.weight"];
+  write_text(moved + "/model.safetensors.index.json", index.dump());
+  m = error_of([&] { load_hf_model(moved); });
+  EXPECT_MENTIONS(m, "'model.norm.weight' is missing");
+  EXPECT_MENTIONS(m, "places it in this shard");
+}
+
+// ---- adapters: PEFT directories, merged saves
+// ----------------------------------------------------
+
+class PeftExport : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(PeftExport, AdapterDirectoryRoundTrips) {
+  const std::string kind = GetParam();
+  auto model = models::make_causal_lm(llama_spec(false), 3);
+  nn::AdapterOptions opt;
+  opt.kind = kind;
+  opt.r = 4;
+  opt.alpha = 8;
+  opt.dropout = kind == "lokr" ? 0.0 : 0.05;
+  opt.target_modules = {"q_proj", "k_proj", "v_proj", "up_proj", "down_proj"};
+  nn::apply_adapters(*model, opt);
+  uint64_t seed = 20;
+  for (auto& [n, t] : nn::peft_state_dict(*model)) {  // a trained adapter
+    Tensor p = t;
+    p.copy_from(test::randn(p.shape(), seed++, 0.05f));
+  }
+  const std::string dir = test::temp_dir("peft") + "/adapter";
+  save_peft_adapter(*model, opt, dir, "/models/tiny-llama");
+
+  const json c = json::parse(read_file(dir + "/adapter_config.json"));
+  EXPECT_EQ(c["task_type"], "CAUSAL_LM");
+  EXPECT_EQ(c["base_model_name_or_path"], "/models/tiny-llama");
+  EXPECT_EQ(c["r"], 4);
+  EXPECT_EQ(c["target_modules"], json(opt.target_modules));
+  if (kind == "lokr") {
+    EXPECT_EQ(c["peft_type"], "LOKR");
+    EXPECT_EQ(c["alpha"], 8.0);
+  } else {
+    EXPECT_EQ(c["peft_type"], "LORA");
+    EXPECT_EQ(c["lora_alpha"], 8.0);
+    EXPECT_EQ(c["lora_dropout"], 0.05);
+    EXPECT_EQ(c["use_dora"], kind == "dora");
+    EXPECT_EQ(c["fan_in_fan_out"], false);
+  }
+  Safetensors st = read_safetensors(dir + "/adapter_model.safetensors");
+  EXPECT_EQ(st.metadata["format"], "pt");
+  const auto want = nn::peft_state_dict(*model);
+  ASSERT_EQ(st.tensors.size(), want.size());
+  for (auto& [n, t] : want) {
+    ASSERT_NE(st.find(n), nullptr) << n;
+    EXPECT_EQ(st.at(n).dtype(), DType::F32) << n;
+    test::expect_bitwise_equal(st.at(n), t, n);
+  }
+  const std::string first = kind == "lokr"
+                                ? "base_model.model.model.layers.0.self_attn.q_proj.lokr_w1"
+                                : "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight";
+  EXPECT_NE(st.find(first), nullptr);
+  if (kind == "dora") {
+    EXPECT_NE(st.find("base_model.model.model.layers.1.mlp.down_proj.lora_magnitude_vector"),
+              nullptr);
+  }
+
+  // Loading it into a fresh copy of the base reproduces the adapted model exactly.
+  auto fresh = models::make_causal_lm(llama_spec(false), 3);
+  nn::AdapterOptions got = load_peft_adapter(*fresh, dir);
+  EXPECT_EQ(got.kind, kind);
+  EXPECT_EQ(got.r, 4);
+  model->train(false);
+  fresh->train(false);
+  NoGradGuard no_grad;
+  test::expect_bitwise_equal(fresh->forward(sample_ids(), Tensor()),
+                             model->forward(sample_ids(), Tensor()), kind + " reloaded adapter");
+
+  // A PEFT file with a wrong rank is an error naming the tensor.
+  json bad = c;
+  bad["r"] = 2;
+  write_text(dir + "/adapter_config.json", bad.dump());
+  auto other = models::make_causal_lm(llama_spec(false), 3);
+  const std::string m = error_of([&] { load_peft_adapter(*other, dir); });
+  EXPECT_MENTIONS(m, dir + "/adapter_model.safetensors");
+  EXPECT_MENTIONS(m, "tensor 'base_model.model.model.layers.0.self_attn.q_proj.");
+}
+
+TEST_P(PeftExport, MergedModelSavesAsAPlainHfModel) {
+  const std::string kind = GetParam();
+  for (const std::string family : {"llama", "gpt2"}) {
+    auto model = models::make_causal_lm(family == "gpt2" ? gpt2_spec() : llama_spec(true), 4);
+    nn::AdapterOptions opt;
+    opt.kind = kind;
+    opt.r = 4;
+    opt.alpha = 8;
+    opt.target_modules = family == "gpt2" ? std::vector<std::string>{"c_attn", "c_fc"}
+                                          : std::vector<std::string>{"q_proj", "down_proj"};
+    nn::apply_adapters(*model, opt);
+    uint64_t seed = 40;
+    for (auto& [n, t] : nn::peft_state_dict(*model)) {
+      Tensor p = t;
+      p.copy_from(test::randn(p.shape(), seed++, 0.05f));
+    }
+    NoGradGuard no_grad;
+    Tensor adapted = model->forward(sample_ids(), Tensor());
+    nn::merge_adapters(*model);
+    const std::string dir = test::temp_dir("merged");
+    save_hf_model(*model, dir);
+    for (auto& [n, t] : read_hf_tensors(dir))
+      EXPECT_EQ(n.find("lora_"), std::string::npos) << "adapter tensor in a plain model: " << n;
+    auto plain = load_hf_model(dir);
+    test::expect_close(plain->forward(sample_ids(), Tensor()), adapted, 2e-5, 2e-4,
+                       kind + " " + family + " merged and reloaded");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, PeftExport, ::testing::Values("lora", "dora", "lokr"));
+
+}  // namespace
+}  // namespace keel::io
