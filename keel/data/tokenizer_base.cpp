@@ -13,10 +13,9 @@ Tokenizer::~Tokenizer() = default;
 
 bool pad_collides(const Tokenizer& tok, int64_t pad_id) {
   if (pad_id < 0 || pad_id >= tok.vocab_size()) return false;
-  if (pad_id == tok.pad_id()) return false;
   if (pad_id == tok.bos_id() || pad_id == tok.eos_id()) return true;
-  if (tok.is_special(pad_id)) return false;
-  return !tok.id_to_token(pad_id).empty();  // a hole in the vocabulary is no token
+  if (tok.is_special(pad_id)) return false;  // a dedicated pad, or a reserved special
+  return !tok.id_to_token(pad_id).empty();   // a hole in the vocabulary is no token
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {

@@ -39,11 +39,12 @@ class Tokenizer {
 };
 
 // Whether using `pad_id` as the padding id would make padding indistinguishable from text: it
-// names a real token — an ordinary vocabulary token (Llama-3.1's id 0 is "!"), or the bos/eos
-// token, whose masking would stop the model from learning to start or stop. Not a collision: a
-// negative id (no pad configured), an id at or past vocab_size() (a new row added for padding),
-// the tokenizer's own pad token, and any other special token (e.g. one of Llama-3's
-// <|reserved_special_token_N|>), which ordinary text never produces.
+// names a real token — an ordinary vocabulary token (Llama-3.1's id 0 is "!"), including a pad
+// token the tokenizer declares but text can produce, or the bos/eos token, whose masking would stop
+// the model from learning to start or stop (pad = eos). Not a collision: a negative id (no pad
+// configured), an id at or past vocab_size() (a new row added for padding), a hole in the ids, and
+// any other special token — a dedicated pad such as ByteTokenizer's, or one of Llama-3's
+// <|reserved_special_token_N|> — which ordinary text never produces.
 bool pad_collides(const Tokenizer& tok, int64_t pad_id);
 
 // Builds the tokenizer named by `spec` (the config's data.tokenizer):

@@ -337,6 +337,14 @@ TEST(Tokenizer, PadCollides) {
   EXPECT_EQ(holes->id_to_token(350), "");
   EXPECT_FALSE(pad_collides(*holes, 350));
   EXPECT_FALSE(pad_collides(*holes, 400));
+  // A declared pad that ordinary text produces collides all the same.
+  const std::string dir = test::temp_dir("bpe");
+  std::filesystem::copy_file(kTiny + "/llama_style/tokenizer.json", dir + "/tokenizer.json");
+  write_file(dir, "tokenizer_config.json", R"({"pad_token": "a", "eos_token": "<|eot|>!!"})");
+  const auto declared = load_hf_tokenizer(dir);
+  EXPECT_EQ(declared->pad_id(), declared->token_to_id("a"));
+  EXPECT_TRUE(pad_collides(*declared, declared->pad_id()));
+  EXPECT_TRUE(pad_collides(*declared, declared->eos_id()));  // pad = eos
 }
 
 TEST(Tokenizer, LoadTokenizerSpecs) {
