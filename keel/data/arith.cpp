@@ -1,5 +1,7 @@
 #include "keel/data/arith.h"
 
+#include <algorithm>
+
 #include <unordered_set>
 
 #include "keel/data/rng.h"
@@ -21,7 +23,7 @@ struct Problem {
 };
 
 // One draw from the task's distribution (see arith.h).
-Problem draw_problem(SplitMix64& rng, int64_t digits) {
+Problem draw_problem(SplitMix64& rng, int64_t digits, bool reverse) {
   auto operand = [&] {
     const int64_t k = 1 + static_cast<int64_t>(rng.below(static_cast<uint64_t>(digits)));
     const int64_t lo = k == 1 ? 0 : pow10(k - 1), hi = pow10(k) - 1;
@@ -31,7 +33,15 @@ Problem draw_problem(SplitMix64& rng, int64_t digits) {
   const bool sub = rng.below(2) == 1;
   if (sub && a < b) std::swap(a, b);
   const int64_t c = sub ? a - b : a + b;  // < 2e18: fits int64 for digits <= 18
-  return {std::to_string(a) + (sub ? "-" : "+") + std::to_string(b) + "=", std::to_string(c)};
+  if (!reverse) return {std::to_string(a) + (sub ? "-" : "+") + std::to_string(b) + "=", std::to_string(c)};
+  // Aligned form: fixed-width operands, answer least-significant digit first.
+  auto padded = [](int64_t v, int64_t width) {
+    std::string t = std::to_string(v);
+    return std::string(static_cast<size_t>(std::max<int64_t>(0, width - static_cast<int64_t>(t.size()))), '0') + t;
+  };
+  std::string answer = padded(c, digits + 1);
+  std::reverse(answer.begin(), answer.end());
+  return {padded(a, digits) + (sub ? "-" : "+") + padded(b, digits) + "=", answer};
 }
 
 Example make_example(const ByteTokenizer& tok, const Problem& p) {
@@ -71,7 +81,7 @@ ArithTask make_arith_task(const ByteTokenizer& tok, const ArithOptions& opt) {
   std::vector<Example> eval, train;
   eval.reserve(static_cast<size_t>(opt.num_eval));
   while (static_cast<int64_t>(eval.size()) < opt.num_eval) {
-    Problem p = draw_problem(rng, opt.digits);
+    Problem p = draw_problem(rng, opt.digits, opt.reverse_answer);
     if (!held_out.insert(p.prompt).second) continue;  // no repeats within the held-out set
     eval.push_back(make_example(tok, p));
     task.eval_prompts.push_back(std::move(p.prompt));
@@ -79,7 +89,7 @@ ArithTask make_arith_task(const ByteTokenizer& tok, const ArithOptions& opt) {
   }
   train.reserve(static_cast<size_t>(opt.num_train));
   while (static_cast<int64_t>(train.size()) < opt.num_train) {
-    const Problem p = draw_problem(rng, opt.digits);
+    const Problem p = draw_problem(rng, opt.digits, opt.reverse_answer);
     if (held_out.count(p.prompt)) continue;  // held-out problems never appear in training
     train.push_back(make_example(tok, p));
   }

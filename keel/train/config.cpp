@@ -94,6 +94,7 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("data", data, eval_examples).at_least(0));
     // 18 digits keep operands and their sums within int64.
     k.push_back(KEEL_KEY("data", data, digits).at_least(1).at_most(18));
+    k.push_back(KEEL_KEY("data", data, arith_reverse));
     // [train]
     k.push_back(KEEL_KEY("train", train, precision)
                     .one_of({"32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "32",

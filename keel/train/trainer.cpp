@@ -89,6 +89,7 @@ Trainer::Trainer(const Config& cfg, TrainerHooks hooks) : cfg_(cfg), hooks_(std:
     ao.num_eval = cfg_.data.eval_examples;
     ao.digits = cfg_.data.digits;
     ao.seed = cfg_.run.seed;
+    ao.reverse_answer = cfg_.data.arith_reverse;
     const auto* byte_tok = dynamic_cast<const data::ByteTokenizer*>(tokenizer_.get());
     if (!byte_tok)
       throw Error(

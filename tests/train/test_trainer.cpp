@@ -1,0 +1,302 @@
+// The step of DESIGN §3 end to end through the Trainer: token-weighted windows, remainder windows,
+// scaler skips that keep the LR clock, on_nonfinite, resume, and every precision policy training
+// the built-in task.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+
+#include "keel/autograd/node.h"
+#include "keel/train/trainer.h"
+#include "tests/support/check.h"
+
+namespace keel {
+namespace {
+
+bool sanitized() { return std::getenv("KEEL_TEST_SANITIZED") != nullptr; }
+
+// A small, fast config on the built-in task.
+Config small_config(const std::string& tag) {
+  Config c;
+  c.run.out_dir = test::temp_dir(tag);
+  c.run.seed = 11;
+  c.model.n_layer = 1;
+  c.model.n_embd = 32;
+  c.model.n_head = 2;
+  c.data.digits = 2;
+  c.data.num_examples = 256;
+  c.data.eval_examples = 32;
+  c.data.seq_len = 16;
+  c.train.batch_size = 16;
+  c.train.max_steps = 8;
+  c.log.tensorboard = false;
+  c.log.metrics = false;
+  c.log.console = false;
+  return c;
+}
+
+TEST(Trainer, WindowLossIsTheTokenMeanWhateverTheSplit) {
+  // One batch of 16 examples vs a window of 4 micro-batches of 4 holding the same examples: the
+  // loss and the gradients must agree (the loss is weighted by tokens, not by micro-batch count).
+  Config one = small_config("split1");
+  Trainer a(one);
+  Config four = small_config("split4");
+  four.train.batch_size = 4;
+  four.train.grad_accum = 4;
+  four.data.shuffle = false;
+  one.data.shuffle = false;
+  Trainer b(four);
+  Trainer a2(one);
+  const auto big = std::vector<data::Batch>{a2.loader().batch(0, 0)};
+  std::vector<data::Batch> small;
+  for (int i = 0; i < 4; ++i) small.push_back(b.loader().batch(0, i));
+  int64_t tok_big = big[0].n_targets, tok_small = 0;
+  for (auto& mb : small) tok_small += mb.n_targets;
+  ASSERT_EQ(tok_big, tok_small);
+  a2.optimizer().zero_grad();
+  b.optimizer().zero_grad();
+  const double la = a2.forward_backward(big, 1, 1.0) / tok_big;
+  const double lb = b.forward_backward(small, 1, 1.0) / tok_small;
+  EXPECT_NEAR(la, lb, 1e-6 * std::fabs(la));
+  for (size_t i = 0; i < a2.trainable().size(); ++i)
+    test::expect_close(b.trainable()[i].second.grad(), a2.trainable()[i].second.grad(), 1e-6,
+                       1e-4, a2.trainable()[i].first);
+}
+
+TEST(Trainer, RemainderWindowStepsWithAFiniteLoss) {
+  // One example, accumulation 4: the only window holds one micro-batch (r = 1 < K = 4). Its loss
+  // is the token mean of that micro-batch, not a quarter of it, and is finite.
+  Config c = small_config("remainder");
+  c.data.num_examples = 1;
+  c.train.batch_size = 1;
+  c.train.grad_accum = 4;
+  c.train.max_steps = 0;
+  c.train.epochs = 3;
+  std::vector<StepResult> steps;
+  TrainerHooks h;
+  h.on_step = [&](const StepResult& r) { steps.push_back(r); };
+  Trainer t(c, h);
+  EXPECT_EQ(t.total_steps(), 3);
+  EXPECT_EQ(t.fit(), 0);
+  ASSERT_EQ(steps.size(), 3u);
+  for (auto& r : steps) {
+    EXPECT_EQ(r.micro_batches, 1);
+    EXPECT_TRUE(r.stepped);
+    EXPECT_TRUE(std::isfinite(r.loss));
+    EXPECT_GT(r.loss, 1.0) << "a token mean over a 259-token vocabulary starts near ln(259)";
+  }
+}
+
+TEST(Trainer, ScalerSkipsKeepTheLrClockAndBackOff) {
+  // 16-mixed with an initial scale of 2^40: the f16 gradients overflow, the scaler skips and
+  // halves until the scale fits. Skipped steps do not advance the LR schedule (warmup here).
+  Config c = small_config("scaler");
+  c.train.precision = "16-mixed";
+  c.scaler.init_scale = std::ldexp(1.0, 40);
+  c.data.num_examples = 1024;  // an epoch longer than the back-off (an epoch of skips stops)
+  c.sched.name = "linear";
+  c.sched.warmup_steps = 4;
+  c.train.max_steps = 40;
+  std::vector<StepResult> steps;
+  TrainerHooks h;
+  h.on_step = [&](const StepResult& r) { steps.push_back(r); };
+  h.on_capture = [](const NonfiniteEvent&) -> std::string {
+    ADD_FAILURE() << "an overflow the scaler handles must never be captured";
+    return "";
+  };
+  Trainer t(c, h);
+  EXPECT_EQ(t.fit(), 0);
+  int skipped = 0;
+  double prev_scale = c.scaler.init_scale;
+  for (auto& r : steps) {
+    if (!r.stepped) {
+      ++skipped;
+      EXPECT_TRUE(r.found_inf);
+      EXPECT_EQ(r.lr, 0.0) << "warmup factor 0/4: the schedule has not advanced";
+      EXPECT_EQ(r.loss_scale_after, r.loss_scale * 0.5);
+      EXPECT_EQ(r.skipped_steps, skipped);
+      EXPECT_EQ(r.nan_steps, 0);
+    }
+    EXPECT_LE(r.loss_scale, prev_scale);
+    prev_scale = r.loss_scale_after;
+  }
+  EXPECT_GE(skipped, 10) << "2^40 needs many halvings before f16 gradients fit";
+  EXPECT_TRUE(steps.back().stepped);
+  // The first applied step runs at the schedule's step 0.
+  for (auto& r : steps)
+    if (r.stepped) {
+      EXPECT_EQ(r.lr, 0.0);
+      break;
+    }
+}
+
+// Poisons one weight with NaN so that every step is non-finite.
+void poison(Trainer& t) {
+  NoGradGuard g;
+  Tensor w = t.model().find_parameter("transformer.h.0.mlp.c_fc.weight");
+  ASSERT_TRUE(w.defined());
+  w.data_as<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+}
+
+TEST(Trainer, EveryStepNonFiniteStopsWithTheMessage) {
+  Config c = small_config("allnan");
+  c.train.on_nonfinite = "skip";
+  c.train.max_steps = 0;
+  c.train.epochs = 2;
+  std::vector<StepResult> steps;
+  TrainerHooks h;
+  h.on_step = [&](const StepResult& r) { steps.push_back(r); };
+  Trainer t(c, h);
+  poison(t);
+  try {
+    t.fit();
+    FAIL() << "expected a stop";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("every step produced non-finite gradients"),
+              std::string::npos)
+        << e.what();
+  }
+  ASSERT_FALSE(steps.empty());
+  for (auto& r : steps) {
+    EXPECT_FALSE(r.stepped);
+    EXPECT_TRUE(r.found_inf);
+    EXPECT_FALSE(std::isfinite(r.grad_norm)) << "a non-finite norm is reported, never 0";
+  }
+  EXPECT_EQ(steps.back().nan_steps, static_cast<int64_t>(steps.size()));
+}
+
+TEST(Trainer, CaptureStopsWithExitCode3AndNamesTheParameter) {
+  Config c = small_config("capture");
+  NonfiniteEvent seen;
+  int captures = 0;
+  TrainerHooks h;
+  h.on_capture = [&](const NonfiniteEvent& ev) {
+    seen = ev;
+    ++captures;
+    return std::string("/tmp/capture-dir");
+  };
+  Trainer t(c, h);
+  poison(t);
+  EXPECT_EQ(t.fit(), 3);
+  EXPECT_EQ(captures, 1);
+  EXPECT_EQ(seen.step, 1);
+  EXPECT_FALSE(seen.nonfinite_params.empty());
+  EXPECT_NE(t.stop_message().find("step 1"), std::string::npos) << t.stop_message();
+  EXPECT_NE(t.stop_message().find("/tmp/capture-dir"), std::string::npos) << t.stop_message();
+  EXPECT_NE(t.stop_message().find("keel replay"), std::string::npos) << t.stop_message();
+}
+
+TEST(Trainer, AbortStopsWithoutCapture) {
+  Config c = small_config("abort");
+  c.train.on_nonfinite = "abort";
+  TrainerHooks h;
+  h.on_capture = [](const NonfiniteEvent&) -> std::string {
+    ADD_FAILURE() << "abort must not capture";
+    return "";
+  };
+  Trainer t(c, h);
+  poison(t);
+  EXPECT_EQ(t.fit(), 3);
+  EXPECT_NE(t.stop_message().find("abort"), std::string::npos);
+}
+
+struct Interrupt {};
+
+TEST(Trainer, ResumeContinuesBitIdentically) {
+  auto losses_of = [](Config c, int64_t stop_after, bool resume) {
+    c.run.resume = resume;
+    std::vector<double> losses;
+    TrainerHooks h;
+    h.on_step = [&](const StepResult& r) {
+      if (stop_after > 0 && r.step > stop_after) throw Interrupt{};
+      losses.push_back(r.loss);
+    };
+    Trainer t(c, h);
+    try {
+      t.fit();
+    } catch (const Interrupt&) {
+    }
+    return losses;
+  };
+  Config c = small_config("resume");
+  c.train.max_steps = 8;
+  c.log.checkpoint_every = 3;
+  c.model.dropout = 0.1;  // dropout masks must replay too
+  Config straight = c;
+  straight.run.out_dir = test::temp_dir("resume-straight");
+  const auto full = losses_of(straight, 0, false);
+  ASSERT_EQ(full.size(), 8u);
+  const auto first = losses_of(c, 3, false);  // "crashes" during step 4, after step 3's checkpoint
+  ASSERT_EQ(first.size(), 3u);
+  const auto rest = losses_of(c, 0, true);
+  ASSERT_EQ(rest.size(), 5u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(first[i], full[i]) << "step " << i + 1;
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(rest[i], full[i + 3]) << "step " << i + 4 << " after resume";
+}
+
+TEST(Trainer, DeterministicAcrossRuns) {
+  auto run = [] {
+    Config c = small_config("det");
+    std::vector<double> losses;
+    TrainerHooks h;
+    h.on_step = [&](const StepResult& r) { losses.push_back(r.loss); losses.push_back(r.grad_norm); };
+    Trainer t(c, h);
+    t.fit();
+    return losses;
+  };
+  EXPECT_EQ(run(), run());
+}
+
+// Each precision policy trains the built-in task; the mixed policies end within 5% of 32-true.
+TEST(Trainer, EveryPolicyTrainsTheBuiltinTask) {
+  const int64_t steps = sanitized() ? 40 : 200;
+  std::map<std::string, double> eval_loss;
+  for (const char* p : {"32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true"}) {
+    Config c = small_config(std::string("policy-") + p);
+    c.train.precision = p;
+    c.train.max_steps = steps;
+    c.optim.lr = 1e-2;
+    c.sched.warmup_steps = 10;
+    // Pure f16 AdamW state underflows: eps = 1e-8 is 0 in f16 and v = g^2 flushes, so the update
+    // divides by zero (as model.half() with torch.optim.AdamW does). fp16 Adam needs eps >= 1e-4.
+    if (std::string(p) == "16-true") c.optim.eps = 1e-4;
+    std::vector<double> losses;
+    TrainerHooks h;
+    h.on_step = [&](const StepResult& r) { losses.push_back(r.loss); };
+    h.on_eval = [&](const EvalResult& e) { eval_loss[p] = e.loss; };
+    Trainer t(c, h);
+    ASSERT_EQ(t.fit(), 0) << p << ": " << t.stop_message();
+    ASSERT_EQ(static_cast<int64_t>(losses.size()), steps);
+    double head = 0, tail = 0;
+    for (int i = 0; i < 10; ++i) head += losses[i] / 10, tail += losses[losses.size() - 1 - i] / 10;
+    EXPECT_LT(tail, head * (sanitized() ? 0.9 : 0.8)) << p << ": the loss must fall (first 10 steps " << head
+                                << ", last 10 " << tail << ")";
+    if (std::string(p) == "bf16-true" || std::string(p) == "16-true") continue;
+    EXPECT_TRUE(std::isfinite(eval_loss[p])) << p;
+  }
+  if (!sanitized())  // the short sanitizer run only checks that every policy learns
+    for (const char* p : {"bf16-mixed", "16-mixed"})
+      EXPECT_NEAR(eval_loss[p], eval_loss["32-true"], 0.05 * eval_loss["32-true"]) << p;
+}
+
+TEST(Trainer, BadConfigsGiveClearErrors) {
+  Config c = small_config("bad");
+  c.data.task = "text";
+  c.data.path = "/nonexistent/corpus.txt";
+  try {
+    Trainer t(c);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/corpus.txt"), std::string::npos) << e.what();
+  }
+  c = small_config("bad2");
+  c.model.attention = "sdpa";
+  EXPECT_THROW(Trainer t(c), Error);
+  c = small_config("bad3");
+  c.run.device = "cuda:0";
+  EXPECT_THROW(Trainer t(c), Error);
+}
+
+}  // namespace
+}  // namespace keel
