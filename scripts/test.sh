@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 jobs=$(nproc)
+# ctest runs test binaries in parallel, one per core: each runs its OpenMP code on one thread so
+# they never oversubscribe the machine. Tests that check thread-count independence set their own
+# thread counts (1, 2, 3) explicitly.
+export OMP_NUM_THREADS=1
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$jobs"
