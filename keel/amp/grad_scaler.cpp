@@ -1,6 +1,8 @@
 #include "keel/amp/grad_scaler.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "keel/backend/optim.h"
 #include "keel/ops/elementwise.h"
