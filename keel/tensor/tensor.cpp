@@ -73,7 +73,9 @@ Tensor Tensor::from_floats(const std::vector<float>& v, const Shape& shape, DTyp
   Tensor t = empty(shape, dt);
   const int64_t n = t.numel();
   switch (dt) {
-    case DType::F32: std::memcpy(t.data(), v.data(), n * 4); break;
+    case DType::F32:
+      if (n > 0) std::memcpy(t.data(), v.data(), n * 4);  // an empty vector may hold no buffer
+      break;
     case DType::BF16:
       for (int64_t i = 0; i < n; ++i) store_f32(t.data_as<bf16_t>() + i, v[i]);
       break;
@@ -191,7 +193,9 @@ void Tensor::copy_from(const Tensor& src) {
     f = tmp.data();
   }
   switch (dtype()) {
-    case DType::F32: std::memcpy(data(), f, n * 4); break;
+    case DType::F32:
+      if (n > 0) std::memcpy(data(), f, n * 4);
+      break;
     case DType::BF16:
       for (int64_t i = 0; i < n; ++i) store_f32(data_as<bf16_t>() + i, f[i]);
       break;
