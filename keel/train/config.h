@@ -53,7 +53,7 @@ struct DataConfig {
   bool shuffle = true;
   int64_t num_examples = 20000;  // arith: training examples generated
   int64_t eval_examples = 500;   // held-out examples
-  int64_t digits = 3;            // arith: max digits per operand
+  int64_t digits = 2;            // arith: max digits per operand
   bool arith_reverse = true;     // arith: aligned operands, answer least-significant digit first
 };
 
