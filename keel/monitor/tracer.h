@@ -39,6 +39,7 @@
 #include "keel/nn/module.h"
 #include "keel/numerics/dtype.h"
 #include "keel/numerics/error.h"
+#include "keel/numerics/tensor_stats.h"
 
 namespace keel::monitor {
 
@@ -80,6 +81,11 @@ struct TracerStop : Error {
 // the constructing thread); detaches on destruction. Keeps the last max_frames_to_save frames in
 // memory (ring buffer). `log_path` (normally out_dir/debug/underflow_overflow_rank{R}.log) is
 // opened for appending, with its directory created, when there is something to write.
+// tensor_stats' result (same counts, same abs-min/abs-max) from one vectorized pass over the bit
+// patterns, split over threads for large tensors: what the tracer uses per tensor. For bf16/f16
+// data `fmt` must be the data's own format (other mixes fall back to tensor_stats).
+TensorStats trace_stats(const void* data, DType dt, int64_t n, DType fmt);
+
 class UnderflowOverflowTracer {
  public:
   UnderflowOverflowTracer(nn::Module& root, TracerOptions opt, std::string log_path);

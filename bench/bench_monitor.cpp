@@ -1,0 +1,152 @@
+// Overhead of the instability toolkit on the default task (DESIGN §7: a ratio against a peer run in
+// the same process). Issue 4's goal: the underflow/overflow tracer under 30% of step time (HF's and
+// LightlyTrain's tools are documented at about 3x).
+//
+//   OMP_NUM_THREADS=2 ./build/bench/bench_monitor [--steps N] [--precision P]
+//
+// One Trainer on `keel train`'s default config; after warm-up steps, blocks of steps alternate
+// between "nothing attached" and each instrument, so drift (caches, clock, a neighbour's load)
+// hits every configuration alike. Prints the median step time of each and its ratio to the
+// baseline: the tracer, the tracer + fault injector attached but idle (its hook is one branch),
+// and per-layer grad norms.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/monitor/grad_norms.h"
+#include "keel/monitor/inject.h"
+#include "keel/monitor/tracer.h"
+#include "keel/train/trainer.h"
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace keel;
+  int steps = 40;
+  std::string precision = "32-true";
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--steps") && i + 1 < argc)
+      steps = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--precision") && i + 1 < argc)
+      precision = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: bench_monitor [--steps N] [--precision P]\n");
+      return 2;
+    }
+  }
+  const std::string out = (std::filesystem::temp_directory_path() / "keel-bench-monitor").string();
+  std::filesystem::remove_all(out);
+  Config cfg =
+      load_config("", {"run.out_dir=\"" + out + "\"", "train.precision=\"" + precision + "\""});
+  Trainer trainer(cfg);
+  const auto& spec = trainer.model().spec();
+  std::printf("bench_monitor: default task, %s %lldL %lld-wide, batch %lld x %lld, %s\n",
+              spec.family.c_str(), static_cast<long long>(spec.n_layer),
+              static_cast<long long>(spec.n_embd), static_cast<long long>(cfg.train.batch_size),
+              static_cast<long long>(cfg.data.seq_len), trainer.policy().name().c_str());
+
+  int64_t next = 0;
+  auto one_step = [&](const std::function<void(int64_t)>& begin) {
+    std::vector<data::Batch> w{
+        trainer.loader().batch(0, next % trainer.loader().batches_per_epoch())};
+    ++next;
+    if (begin) begin(trainer.steps_done() + 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    trainer.train_step(w, 0);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (int i = 0; i < 5; ++i) one_step(nullptr);  // warm-up: allocations, oneDNN primitives
+
+  struct Config_ {
+    const char* name;
+    std::function<std::function<void(int64_t)>()> attach;  // returns the per-step begin hook
+    std::function<void()> detach;
+    std::vector<double> times;
+  };
+  std::unique_ptr<monitor::UnderflowOverflowTracer> tracer;
+  std::unique_ptr<monitor::FaultInjector> injector;
+  monitor::TracerOptions topt;
+  topt.format = trainer.policy().compute_dtype;
+  topt.scaler_handles_backward = trainer.scaler() != nullptr;
+  const std::string log = out + "/debug/underflow_overflow_rank0.log";
+  std::vector<Config_> configs;
+  configs.push_back({"nothing attached", [] { return std::function<void(int64_t)>(); }, [] {}, {}});
+  configs.push_back(
+      {"tracer",
+       [&] {
+         tracer = std::make_unique<monitor::UnderflowOverflowTracer>(trainer.model(), topt, log);
+         return std::function<void(int64_t)>([&](int64_t s) { tracer->begin_batch(s); });
+       },
+       [&] { tracer.reset(); },
+       {}});
+  configs.push_back({"tracer + idle injector",
+                     [&] {
+                       monitor::InjectOptions io;
+                       io.module = "transformer.h.0.mlp";
+                       io.step = -1;  // never fires: measures the hook's cost
+                       injector = std::make_unique<monitor::FaultInjector>(trainer.model(), io);
+                       tracer = std::make_unique<monitor::UnderflowOverflowTracer>(trainer.model(),
+                                                                                   topt, log);
+                       return std::function<void(int64_t)>([&](int64_t s) {
+                         injector->begin_step(s);
+                         tracer->begin_batch(s);
+                       });
+                     },
+                     [&] {
+                       tracer.reset();
+                       injector.reset();
+                     },
+                     {}});
+  configs.push_back({"per-layer grad norms",
+                     [&] {
+                       // Computed where the app computes them (after the step's backward; the
+                       // cost is the same pass over the gradients).
+                       return std::function<void(int64_t)>();
+                     },
+                     [] {},
+                     {}});
+
+  const int block = 5;
+  for (int done = 0; done < steps; done += block)
+    for (auto& c : configs) {
+      auto begin = c.attach();
+      for (int i = 0; i < block; ++i) {
+        double t = one_step(begin);
+        if (!std::strcmp(c.name, "per-layer grad norms")) {
+          const auto t0 = std::chrono::steady_clock::now();
+          auto norms = monitor::per_layer_grad_norms(trainer.trainable());
+          t += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (norms.empty()) std::printf("(no grads?)\n");
+        }
+        c.times.push_back(t);
+      }
+      c.detach();
+    }
+
+  const double base = median(configs[0].times);
+  for (auto& c : configs) {
+    const double m = median(c.times);
+    std::printf("  %-24s %8.2f ms/step (median of %zu)  %.3fx\n", c.name, 1e3 * m, c.times.size(),
+                m / base);
+  }
+  const double ratio = median(configs[1].times) / base;
+  std::printf(
+      "tracer overhead: %+.1f%% of step time (goal: under 30%%; HF's tool: about 3x) -> %s\n",
+      100 * (ratio - 1), ratio < 1.3 ? "ok" : "OVER");
+  std::filesystem::remove_all(out);
+  return 0;
+}

@@ -1,0 +1,222 @@
+#include "keel/monitor/advisor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+namespace keel::monitor {
+
+namespace {
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+// Loss scales are powers of two: print them whole (65536, not 6.55e+04).
+std::string scale_num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.8g", v);
+  return buf;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  const size_t m = v.size() / 2;
+  std::nth_element(v.begin(), v.begin() + m, v.end());
+  if (v.size() % 2) return v[m];
+  const double hi = v[m];
+  const double lo = *std::max_element(v.begin(), v.begin() + m);
+  return 0.5 * (lo + hi);
+}
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+}  // namespace
+
+const char* trend_name(Trend t) {
+  switch (t) {
+    case Trend::kStable:
+      return "stable";
+    case Trend::kExploding:
+      return "exploding";
+    case Trend::kVanishing:
+      return "vanishing";
+    case Trend::kSpiking:
+      return "spiking";
+    case Trend::kScaleCollapsing:
+      return "loss-scale collapsing";
+  }
+  return "?";
+}
+
+TrendAdvisor::TrendAdvisor(AdvisorOptions opt) : opt_(opt) {}
+
+std::string TrendAdvisor::observe(StepResult& r) {
+  const bool nonfinite_event = !std::isfinite(r.loss) || r.nan_steps > nan_steps_;
+  nan_steps_ = r.nan_steps;
+
+  // Spike test against the window BEFORE this step. A spike is a jump: the previous step was not
+  // already halfway up (a steady geometric growth is an explosion, not a series of spikes).
+  std::vector<double> prev_norms, prev_losses;
+  for (const StepResult& s : window_) {
+    if (std::isfinite(s.grad_norm)) prev_norms.push_back(s.grad_norm);
+    if (std::isfinite(s.loss)) prev_losses.push_back(s.loss);
+  }
+  const auto min_steps = static_cast<size_t>(opt_.min_steps);
+  auto jumped = [&](const std::vector<double>& prev, double v, double factor) {
+    if (prev.size() < min_steps || !std::isfinite(v)) return false;
+    const double m = median(prev);
+    return m > 0 && v >= factor * m && prev.back() < (1 + (factor - 1) / 2) * m;
+  };
+  if (jumped(prev_norms, r.grad_norm, opt_.spike_factor) ||
+      jumped(prev_losses, r.loss, opt_.loss_spike_factor))
+    last_spike_ = r.step;
+
+  window_.push_back(r);
+  while (static_cast<int64_t>(window_.size()) > opt_.window) window_.pop_front();
+
+  std::string why;
+  Trend t = nonfinite_event ? Trend::kExploding : classify(r, why);
+  if (nonfinite_event)
+    why = std::string("non-finite ") + (std::isfinite(r.loss) ? "gradients" : "loss") +
+          " at step " + std::to_string(r.step);
+  if (t == trend_) return "";
+  trend_ = t;
+  r.advice = std::string(trend_name(t)) + ": " + why + "; " + action(t, r);
+  return r.advice;
+}
+
+Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
+  // Loss-scale collapse.
+  bool scaler = false;
+  int64_t skips = 0;
+  for (const StepResult& s : window_) {
+    scaler |= s.loss_scale != 1.0 || s.loss_scale_after != 1.0;
+    skips += s.found_inf && !s.stepped && s.loss_scale_after < s.loss_scale;
+  }
+  if (scaler) {
+    const double first = window_.front().loss_scale, last = r.loss_scale_after;
+    if (last < 1.0) {
+      why = "the loss scale fell to " + scale_num(last) + " (below 1)";
+      return Trend::kScaleCollapsing;
+    }
+    if (skips >= opt_.collapse_skips && last > 0 && first / last >= opt_.collapse_ratio) {
+      why = "the loss scale fell from " + scale_num(first) + " to " + scale_num(last) + " with " +
+            std::to_string(skips) + " skipped steps in the last " + std::to_string(window_.size());
+      return Trend::kScaleCollapsing;
+    }
+  }
+
+  std::vector<double> norms, losses;
+  for (const StepResult& s : window_)
+    if (std::isfinite(s.grad_norm)) {
+      norms.push_back(s.grad_norm);
+      losses.push_back(s.loss);
+    }
+  const size_t n = norms.size();
+
+  // Exactly-zero (or vanishingly small) gradients: no need to wait for min_steps.
+  const auto zs = static_cast<size_t>(opt_.zero_steps);
+  if (zs > 0 && n >= zs) {
+    bool tiny = true;
+    int64_t zeros = 0;
+    for (size_t i = n - zs; i < n; ++i) {
+      tiny &= norms[i] <= opt_.vanish_abs;
+      zeros += norms[i] == 0.0;
+    }
+    if (tiny) {
+      why = zeros == static_cast<int64_t>(zs)
+                ? "the grad norm was exactly 0 on the last " + std::to_string(zs) + " steps"
+                : "the grad norm stayed below " + num(opt_.vanish_abs) + " on the last " +
+                      std::to_string(zs) + " steps";
+      return Trend::kVanishing;
+    }
+  }
+
+  if (n >= static_cast<size_t>(opt_.min_steps)) {
+    const size_t h = n / 2;
+    const std::vector<double> old_n(norms.begin(), norms.begin() + h),
+        new_n(norms.begin() + (n - h), norms.end());
+    const std::vector<double> old_l(losses.begin(), losses.begin() + h),
+        new_l(losses.begin() + (n - h), losses.end());
+    const double mo = median(old_n), mn = median(new_n);
+    if (mo > 0 && mn >= opt_.explode_ratio * mo &&
+        (mean(new_l) >= mean(old_l) || mn >= 10 * opt_.explode_ratio * mo)) {
+      why = "the grad norm grew " + num(mn / mo) + "x over the last " + std::to_string(n) +
+            " steps (median " + num(mo) + " -> " + num(mn) + ", loss " + num(mean(old_l)) + " -> " +
+            num(mean(new_l)) + ")";
+      return Trend::kExploding;
+    }
+    if (mo > 0 && mn <= opt_.vanish_ratio * mo) {
+      why = "the grad norm fell " + num(mo / std::max(mn, 1e-300)) + "x over the last " +
+            std::to_string(n) + " steps (median " + num(mo) + " -> " + num(mn) + ")";
+      return Trend::kVanishing;
+    }
+  }
+
+  if (last_spike_ >= 0 && r.step - last_spike_ < opt_.spike_hold) {
+    const StepResult* s = nullptr;
+    for (const StepResult& w : window_)
+      if (w.step == last_spike_) s = &w;
+    why = "step " + std::to_string(last_spike_) + " jumped (grad norm " +
+          num(s ? s->grad_norm : 0.0) + ", loss " + num(s ? s->loss : 0.0) +
+          ") far above the recent median (grad norm " + num(median(norms)) + ")";
+    return Trend::kSpiking;
+  }
+
+  why = "grad norm " + num(r.grad_norm) + ", loss " + num(r.loss);
+  return Trend::kStable;
+}
+
+std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
+  // Where lower precision is the suspect, the policy to try instead.
+  const std::string& p = opt_.precision;
+  std::string switch_to;
+  if (p == "16-mixed" || p == "16-true" || p == "bf16-true")
+    switch_to = "switch train.precision to bf16-mixed or 32-true";
+  else if (p == "bf16-mixed")
+    switch_to = "try train.precision = \"32-true\"";
+  const std::string lower_lr = "lower optim.lr (now " + num(r.lr) + ", try " + num(r.lr / 10) + ")";
+  switch (t) {
+    case Trend::kScaleCollapsing:
+      return "f16 overflows at any usable scale: switch train.precision to bf16-mixed or 32-true "
+             "(or lower optim.lr)";
+    case Trend::kExploding:
+      if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
+        return "find the module that produces it with debug.underflow_overflow.enabled = true (or "
+               "keel replay on the capture), then " +
+               lower_lr + (switch_to.empty() ? "" : " or " + switch_to);
+      return lower_lr + ", add warmup (sched.warmup_steps) and keep train.max_grad_norm > 0" +
+             (switch_to.empty() ? "" : "; if it persists, " + switch_to);
+    case Trend::kVanishing: {
+      const bool zero = !window_.empty() && window_.back().grad_norm == 0.0;
+      if (zero && (p == "16-true" || p == "bf16-true"))
+        return "gradients underflow to zero without a loss scaler: switch train.precision to "
+               "16-mixed (its GradScaler), bf16-mixed or 32-true";
+      if (zero)
+        return "nothing reaches the parameters: check that not every label is ignored (-100), "
+               "that the parameters are trainable, and in f16/bf16 switch to a -mixed policy or "
+               "32-true";
+      if (opt_.num_params > 0 && opt_.num_params < 10'000'000)
+        return "raise optim.lr (now " + num(r.lr) +
+               "): tiny models train well at 1e-3 to 1e-2; check model.init_std";
+      return "raise optim.lr (now " + num(r.lr) +
+             ") or check the initialization (model.init_std) and the schedule";
+    }
+    case Trend::kSpiking:
+      return "check the data around step " + std::to_string(last_spike_) +
+             " (a bad or mislabeled batch?), lower optim.lr or set train.max_grad_norm";
+    case Trend::kStable:
+      return "no action needed";
+  }
+  return "";
+}
+
+}  // namespace keel::monitor

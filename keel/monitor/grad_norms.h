@@ -1,0 +1,36 @@
+// Per-layer gradient norms (`log.per_layer_grad_norm`): the global grad norm of DESIGN §3 broken
+// down by top-level block, so a user sees WHICH layer's gradients explode or vanish.
+//
+// A block is the module path of a parameter up to and including its first numeric component
+// ("transformer.h.3.attn.c_attn.weight" -> "transformer.h.3", "model.layers.0.mlp.up_proj.weight"
+// -> "model.layers.0"); a parameter outside the numbered stack is its own module
+// ("transformer.wte.weight" -> "transformer.wte", "model.norm.weight" -> "model.norm",
+// "lm_head.weight" -> "lm_head"). Adapter parameters belong to the block of the layer they adapt.
+//
+// Call it where the global norm is computed: after unscale, before clipping (the trainer's
+// on_grads hook), so the norms are pre-clip and unscaled. Each tensor's sum of squares is the one
+// global_grad_norm adds up (f32 within fixed blocks, f64 across), so the squares of the block norms
+// add up to the global norm squared (up to f64 rounding), and the bits do not depend on the thread
+// count.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "keel/tensor/tensor.h"
+
+namespace keel::monitor {
+
+std::string grad_norm_block(const std::string& param_name);
+
+struct BlockGradNorm {
+  std::string block;
+  double norm = 0;  // inf/nan when a gradient of the block is non-finite
+};
+// One entry per block, in the order the blocks first appear in `params` (registration order:
+// embeddings, layers 0..L-1, final norm, head). Parameters without a gradient are skipped; a block
+// none of whose parameters has a gradient is absent.
+std::vector<BlockGradNorm> per_layer_grad_norms(
+    const std::vector<std::pair<std::string, Tensor>>& params);
+
+}  // namespace keel::monitor

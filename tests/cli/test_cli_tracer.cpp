@@ -1,0 +1,168 @@
+// End to end through the keel binary: the tracer with an injected NaN (exit 3, the log naming the
+// module), abort_after_batch_num, an unknown inject module, and per-layer grad norms in
+// metrics.jsonl.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tests/support/check.h"
+
+namespace keel {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Ran {
+  int code = -1;
+  std::string output;  // stdout and stderr
+};
+
+Ran run_keel(const std::string& args) {
+  Ran r;
+  const std::string cmd = test::keel_binary() + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::vector<nlohmann::json> metrics(const std::string& dir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j.contains("loss")) out.push_back(j);  // step records (eval records have eval_loss)
+  }
+  return out;
+}
+
+// A small, fast run of the built-in task.
+std::string small_run(const std::string& dir) {
+  return "train --set run.out_dir=\"" + dir +
+         "\" --set data.num_examples=256 --set data.eval_examples=4 --set train.batch_size=8 "
+         "--set train.max_steps=6 --set log.tensorboard=false";
+}
+
+TEST(CliTracer, InjectedNanStopsWithExit3AndTheLogNamesTheModule) {
+  const std::string dir = test::temp_dir("cli-tracer");
+  Ran r = run_keel(small_run(dir) +
+                   " --set debug.underflow_overflow.enabled=true"
+                   " --set debug.inject.module=transformer.h.0.mlp --set debug.inject.step=3");
+  EXPECT_EQ(r.code, 3) << r.output;
+  const std::string log = dir + "/debug/underflow_overflow_rank0.log";
+  ASSERT_TRUE(fs::exists(log)) << r.output;
+  const std::string text = read_file(log);
+  EXPECT_NE(text.find("Detected inf/nan during batch_number=3"), std::string::npos) << text;
+  EXPECT_NE(text.find("Last 21 forward and backward frames:"), std::string::npos) << text;
+  EXPECT_NE(text.find("produced by 'transformer.h.0.mlp' (GPT2MLP) in forward, tensor output"),
+            std::string::npos)
+      << text;
+  // The console names it too, and the step still got its NaN capture (the tracer lets the step
+  // finish when a capture is due).
+  EXPECT_NE(r.output.find("the first non-finite value was produced by 'transformer.h.0.mlp'"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("stopped: step 3"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/debug/nan_capture/rank0/capture.json")) << r.output;
+  EXPECT_EQ(metrics(dir).size(), 3u);
+}
+
+TEST(CliTracer, WithoutACaptureTheTracerStopsAtOnce) {
+  const std::string dir = test::temp_dir("cli-tracer-nocap");
+  Ran r = run_keel(small_run(dir) +
+                   " --set debug.underflow_overflow.enabled=true --set debug.nan_capture=false"
+                   " --set debug.inject.module=transformer.h.1.attn --set debug.inject.step=2"
+                   " --set debug.inject.kind=inf");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("stopped: underflow/overflow tracer: the first non-finite value was "
+                          "produced by 'transformer.h.1.attn' (GPT2Attention)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/debug/nan_capture"));
+  EXPECT_EQ(metrics(dir).size(), 1u);  // step 2 stopped inside its forward
+}
+
+TEST(CliTracer, AbortAfterBatchNum) {
+  const std::string dir = test::temp_dir("cli-tracer-abort");
+  Ran r = run_keel(small_run(dir) +
+                   " --set debug.underflow_overflow.enabled=true"
+                   " --set debug.underflow_overflow.abort_after_batch_num=2"
+                   " --set 'debug.underflow_overflow.trace_batch_nums=[2]'");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("abort_after_batch_num"), std::string::npos) << r.output;
+  EXPECT_EQ(metrics(dir).size(), 2u);
+  const std::string text = read_file(dir + "/debug/underflow_overflow_rank0.log");
+  EXPECT_NE(text.find("*** Starting batch number=2 (traced) ***"), std::string::npos) << text;
+  EXPECT_NE(text.find("transformer.h.1.mlp.c_fc Linear (backward: "), std::string::npos) << text;
+}
+
+TEST(CliTracer, UnknownInjectModuleIsAUsageError) {
+  const std::string dir = test::temp_dir("cli-inject-bad");
+  Ran r = run_keel(small_run(dir) +
+                   " --set debug.inject.module=transformer.h.0.mpl"
+                   " --set debug.inject.step=1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("\"transformer.h.0.mpl\""), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("similar paths: transformer.h.0.mlp"), std::string::npos) << r.output;
+}
+
+TEST(CliTracer, PerLayerGradNormsInMetrics) {
+  const std::string dir = test::temp_dir("cli-layer-norms");
+  Ran r = run_keel(small_run(dir) + " --set log.per_layer_grad_norm=true");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto recs = metrics(dir);
+  ASSERT_EQ(recs.size(), 6u);
+  for (auto& j : recs) {
+    double sq = 0;
+    int blocks = 0;
+    for (auto& [k, v] : j.items())
+      if (k.rfind("grad_norm/", 0) == 0) {
+        sq += v.get<double>() * v.get<double>();
+        ++blocks;
+      }
+    EXPECT_EQ(blocks, 5) << j.dump();  // wte, wpe, h.0, h.1, ln_f
+    EXPECT_TRUE(j.contains("grad_norm/transformer.h.1")) << j.dump();
+    const double g = j["grad_norm"].get<double>();
+    EXPECT_NEAR(std::sqrt(sq), g, 1e-9 * g) << j.dump();
+  }
+  // Off by default.
+  const std::string dir2 = test::temp_dir("cli-layer-norms-off");
+  ASSERT_EQ(run_keel(small_run(dir2)).code, 0);
+  for (auto& j : metrics(dir2)) EXPECT_FALSE(j.contains("grad_norm/transformer.h.0"));
+}
+
+TEST(CliTracer, TracerOnAFiniteRunChangesNothing) {
+  // Same losses bit for bit with and without the tracer: it only reads.
+  const std::string a = test::temp_dir("cli-tracer-a"), b = test::temp_dir("cli-tracer-b");
+  ASSERT_EQ(run_keel(small_run(a)).code, 0);
+  Ran r = run_keel(small_run(b) + " --set debug.underflow_overflow.enabled=true");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto ma = metrics(a), mb = metrics(b);
+  ASSERT_EQ(ma.size(), mb.size());
+  for (size_t i = 0; i < ma.size(); ++i) {
+    EXPECT_EQ(ma[i]["loss"], mb[i]["loss"]);
+    EXPECT_EQ(ma[i]["grad_norm"], mb[i]["grad_norm"]);
+  }
+  EXPECT_FALSE(fs::exists(b + "/debug/underflow_overflow_rank0.log"));  // nothing to report
+}
+
+}  // namespace
+}  // namespace keel

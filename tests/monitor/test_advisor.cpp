@@ -1,0 +1,213 @@
+// Trend advisor on synthetic step sequences: each class is recognised, advice is given only when
+// the class changes, and a healthy run (including a normal 16-mixed start) prints nothing.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+
+#include "keel/monitor/advisor.h"
+
+namespace keel {
+namespace {
+
+using monitor::AdvisorOptions;
+using monitor::Trend;
+using monitor::TrendAdvisor;
+
+StepResult step(int64_t i, double loss, double grad_norm) {
+  StepResult r;
+  r.step = i;
+  r.loss = loss;
+  r.grad_norm = grad_norm;
+  r.lr = 3e-3;
+  r.stepped = std::isfinite(grad_norm);
+  r.found_inf = !std::isfinite(grad_norm);
+  return r;
+}
+
+struct Feed {
+  TrendAdvisor adv;
+  std::vector<std::pair<int64_t, std::string>> advice;  // (step, line)
+  std::vector<Trend> trends;
+  explicit Feed(AdvisorOptions o = {}) : adv(o) {}
+  void feed(StepResult r) {
+    const std::string a = adv.observe(r);
+    EXPECT_EQ(a, r.advice);
+    if (!a.empty()) advice.emplace_back(r.step, a);
+    trends.push_back(adv.trend());
+  }
+};
+
+// A healthy run: loss decays, grad norm wobbles around 1 and slowly decays.
+double healthy_norm(int64_t i) { return (1.0 + 0.3 * std::sin(0.7 * i)) * std::exp(-0.01 * i); }
+double healthy_loss(int64_t i) { return 2.0 + 3.0 * std::exp(-0.05 * i) + 0.05 * std::cos(i); }
+
+TEST(Advisor, HealthyRunIsStableAndSilent) {
+  Feed run;
+  for (int64_t i = 1; i <= 200; ++i) run.feed(step(i, healthy_loss(i), healthy_norm(i)));
+  EXPECT_TRUE(run.advice.empty()) << run.advice.front().second;
+  EXPECT_EQ(run.adv.trend(), Trend::kStable);
+}
+
+TEST(Advisor, ExplodingGradNormWithRisingLoss) {
+  Feed run;
+  for (int64_t i = 1; i <= 15; ++i) run.feed(step(i, healthy_loss(i), healthy_norm(i)));
+  EXPECT_TRUE(run.advice.empty());
+  // Grad norm grows 1.5x per step from step 16, the loss climbs.
+  double g = 1.0;
+  for (int64_t i = 16; i <= 40; ++i) {
+    g *= 1.5;
+    run.feed(step(i, 3.0 + 0.2 * (i - 15), g));
+  }
+  ASSERT_FALSE(run.advice.empty());
+  const auto& [at, line] = run.advice.front();
+  EXPECT_EQ(line.rfind("exploding: ", 0), 0u) << line;
+  EXPECT_NE(line.find("lower optim.lr (now 0.003, try 0.0003)"), std::string::npos) << line;
+  EXPECT_EQ(line.find("train.precision"), std::string::npos) << line;  // precision unknown
+  EXPECT_GT(at, 16);
+  EXPECT_LT(at, 30);
+  EXPECT_EQ(run.adv.trend(), Trend::kExploding);
+  // Exactly one line while the class holds.
+  EXPECT_EQ(run.advice.size(), 1u);
+}
+
+TEST(Advisor, GrowingGradNormWhileTheLossFallsIsNotExploding) {
+  // 3x growth with an improving loss (common early in training) stays stable.
+  Feed run;
+  for (int64_t i = 1; i <= 40; ++i) run.feed(step(i, 5.0 - 0.05 * i, 0.2 * std::pow(1.03, i)));
+  EXPECT_TRUE(run.advice.empty()) << run.advice.front().second;
+}
+
+TEST(Advisor, NonFiniteLossIsExplodingAtOnce) {
+  Feed run;
+  for (int64_t i = 1; i <= 3; ++i) run.feed(step(i, healthy_loss(i), healthy_norm(i)));
+  StepResult r = step(4, std::nan(""), std::nan(""));
+  r.nan_steps = 1;
+  run.feed(r);
+  ASSERT_EQ(run.advice.size(), 1u);
+  EXPECT_EQ(run.advice[0].first, 4);
+  EXPECT_EQ(run.advice[0].second.rfind("exploding: non-finite loss at step 4", 0), 0u)
+      << run.advice[0].second;
+  EXPECT_NE(run.advice[0].second.find("debug.underflow_overflow.enabled = true"),
+            std::string::npos);
+  // Under bf16-mixed the advice names 32-true.
+  AdvisorOptions o;
+  o.precision = "bf16-mixed";
+  Feed bf(o);
+  StepResult s = step(1, 2.0, std::nan(""));
+  s.nan_steps = 1;
+  bf.feed(s);
+  ASSERT_EQ(bf.advice.size(), 1u);
+  EXPECT_EQ(bf.advice[0].second.rfind("exploding: non-finite gradients at step 1", 0), 0u)
+      << bf.advice[0].second;
+  EXPECT_NE(bf.advice[0].second.find("try train.precision = \"32-true\""), std::string::npos)
+      << bf.advice[0].second;
+}
+
+TEST(Advisor, ExactlyZeroGradNormsAreVanishing) {
+  // f16 gradient underflow without a scaler: the norm is exactly 0 from step 6 on.
+  AdvisorOptions o;
+  o.precision = "16-true";
+  Feed run(o);
+  for (int64_t i = 1; i <= 5; ++i) run.feed(step(i, 5.5, 1e-3));
+  for (int64_t i = 6; i <= 12; ++i) run.feed(step(i, 5.5, 0.0));
+  ASSERT_EQ(run.advice.size(), 1u);
+  EXPECT_EQ(run.advice[0].first, 8);  // the third zero in a row
+  const std::string& line = run.advice[0].second;
+  EXPECT_EQ(line.rfind("vanishing: the grad norm was exactly 0 on the last 3 steps", 0), 0u)
+      << line;
+  EXPECT_NE(line.find("switch train.precision to 16-mixed (its GradScaler)"), std::string::npos)
+      << line;
+  // Under 32-true exact zeros mean nothing reaches the parameters, not an underflow.
+  Feed f32;
+  for (int64_t i = 1; i <= 3; ++i) f32.feed(step(i, 5.5, 0.0));
+  ASSERT_EQ(f32.advice.size(), 1u);
+  EXPECT_NE(f32.advice[0].second.find("not every label is ignored"), std::string::npos);
+  EXPECT_EQ(f32.advice[0].second.find("switch train.precision to 16-mixed"), std::string::npos);
+}
+
+TEST(Advisor, DecayingGradNormIsVanishingAndSuggestsAHigherLrForTinyModels) {
+  AdvisorOptions o;
+  o.num_params = 100'000;
+  Feed run(o);
+  for (int64_t i = 1; i <= 40; ++i) run.feed(step(i, 5.5, std::pow(0.5, i)));
+  ASSERT_FALSE(run.advice.empty());
+  const std::string& line = run.advice.front().second;
+  EXPECT_EQ(line.rfind("vanishing: the grad norm fell ", 0), 0u) << line;
+  EXPECT_NE(line.find("raise optim.lr"), std::string::npos) << line;
+  EXPECT_NE(line.find("tiny models"), std::string::npos) << line;
+}
+
+TEST(Advisor, SpikeThenStableAgain) {
+  Feed run;
+  for (int64_t i = 1; i <= 30; ++i)
+    run.feed(step(i, healthy_loss(i), i == 20 ? 50.0 : healthy_norm(i)));
+  ASSERT_EQ(run.advice.size(), 2u);
+  EXPECT_EQ(run.advice[0].first, 20);
+  EXPECT_EQ(run.advice[0].second.rfind("spiking: step 20 jumped", 0), 0u) << run.advice[0].second;
+  EXPECT_NE(run.advice[0].second.find("check the data around step 20"), std::string::npos);
+  EXPECT_EQ(run.advice[1].first, 25);  // spike_hold = 5 steps
+  EXPECT_EQ(run.advice[1].second.rfind("stable: ", 0), 0u) << run.advice[1].second;
+  EXPECT_NE(run.advice[1].second.find("no action needed"), std::string::npos);
+}
+
+TEST(Advisor, LossSpikeIsSpiking) {
+  Feed run;
+  for (int64_t i = 1; i <= 20; ++i) run.feed(step(i, i == 15 ? 9.0 : 2.0, 1.0));
+  ASSERT_FALSE(run.advice.empty());
+  EXPECT_EQ(run.advice[0].first, 15);
+  EXPECT_EQ(run.advice[0].second.rfind("spiking: ", 0), 0u);
+}
+
+// 16-mixed: scaler steps. `skip` backs off 2x; otherwise the scale holds.
+StepResult scaled(int64_t i, double& scale, bool skip) {
+  StepResult r = step(i, 2.0, skip ? INFINITY : 0.5);
+  r.loss_scale = scale;
+  if (skip) {
+    scale *= 0.5;
+    r.skipped_steps = 1;
+  }
+  r.loss_scale_after = scale;
+  return r;
+}
+
+TEST(Advisor, NormalSixteenMixedStartIsNotACollapse) {
+  // PyTorch's 65536 usually backs off a few times at the start: 65536 -> 8192, then steps.
+  Feed run;
+  double scale = 65536;
+  for (int64_t i = 1; i <= 3; ++i) run.feed(scaled(i, scale, true));
+  for (int64_t i = 4; i <= 40; ++i) run.feed(scaled(i, scale, false));
+  EXPECT_TRUE(run.advice.empty()) << run.advice.front().second;
+}
+
+TEST(Advisor, LossScaleCollapse) {
+  Feed run;
+  double scale = 65536;
+  for (int64_t i = 1; i <= 5; ++i) run.feed(scaled(i, scale, false));
+  // Every other step overflows: eight back-offs within the window.
+  for (int64_t i = 6; i <= 22; ++i) run.feed(scaled(i, scale, i % 2 == 0));
+  ASSERT_FALSE(run.advice.empty());
+  const std::string& line = run.advice.front().second;
+  EXPECT_EQ(line.rfind("loss-scale collapsing: the loss scale fell from 65536 to ", 0), 0u) << line;
+  EXPECT_NE(line.find("bf16-mixed or 32-true"), std::string::npos) << line;
+  EXPECT_EQ(run.adv.trend(), Trend::kScaleCollapsing);
+
+  // Below 1 is a collapse at once.
+  Feed low;
+  double s = 1.0;
+  low.feed(scaled(1, s, true));
+  ASSERT_EQ(low.advice.size(), 1u);
+  EXPECT_EQ(low.advice[0].second.rfind("loss-scale collapsing: the loss scale fell to 0.5", 0), 0u)
+      << low.advice[0].second;
+}
+
+TEST(Advisor, ScalerSkippedStepsAreLeftOutOfTheMedians) {
+  // An inf grad norm on a skipped step is not a spike and not an explosion.
+  Feed run;
+  double scale = 65536;
+  for (int64_t i = 1; i <= 30; ++i) run.feed(scaled(i, scale, i == 20));
+  EXPECT_TRUE(run.advice.empty()) << run.advice.front().second;
+}
+
+}  // namespace
+}  // namespace keel
