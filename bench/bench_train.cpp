@@ -1,0 +1,98 @@
+// Tokens/s of `keel train` on GPT-2 124M (12 layers, 768 wide, 12 heads, vocab 50,257) at B=4,
+// T=64 in 32-true and bf16-mixed, and model-FLOPs utilization against the matmul peak measured in
+// the same run (1024³ through keel's matmul kernels, f32 and bf16).
+//
+//   ./build/bench/bench_train [steps=6] [layers=12]
+//
+// Reports the median step time over the steps after the first (warm-up), and the spread.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "keel/backend/matmul.h"
+#include "keel/train/trainer.h"
+
+using namespace keel;
+using clk = std::chrono::steady_clock;
+
+static double matmul_peak_gflops(DType dt) {
+  const int64_t n = 1024;
+  Tensor a = Tensor::full({n, n}, 0.5f, dt), b = Tensor::full({n, n}, 0.25f, dt);
+  Tensor c = Tensor::empty({n, n}, dt);
+  MatmulArgs args;
+  args.c = c.data();
+  args.a = a.data();
+  args.b = b.data();
+  args.in_dt = args.out_dt = dt;
+  args.m = args.n = args.k = n;
+  args.trans_b = true;
+  const auto& mm = matmul_kernels(Device::cpu());
+  mm.matmul(args);  // JIT + warm-up
+  double best = 1e30;
+  for (int r = 0; r < 5; ++r) {
+    auto t0 = clk::now();
+    mm.matmul(args);
+    best = std::min(best, std::chrono::duration<double>(clk::now() - t0).count());
+  }
+  return 2.0 * n * n * n / best / 1e9;
+}
+
+int main(int argc, char** argv) {
+  const int steps = argc > 1 ? std::atoi(argv[1]) : 6;
+  const int layers = argc > 2 ? std::atoi(argv[2]) : 12;
+  const std::string dir = std::filesystem::temp_directory_path() / "keel-bench-train";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/corpus.txt");
+    for (int i = 0; i < 4000; ++i) f << "the quick brown fox jumps over the lazy dog " << i << " ";
+  }
+  const double peak32 = matmul_peak_gflops(DType::F32), peak16 = matmul_peak_gflops(DType::BF16);
+  std::printf("threads %d | matmul peak 1024^3: f32 %.0f GFLOP/s, bf16 %.0f GFLOP/s\n",
+              omp_get_max_threads(), peak32, peak16);
+  for (const char* precision : {"32-true", "bf16-mixed"}) {
+    Config c;
+    c.run.out_dir = dir + "/out";
+    c.model.n_layer = layers;
+    c.model.n_embd = 768;
+    c.model.n_head = 12;
+    c.model.vocab_size = 50257;
+    c.model.max_seq_len = 64;
+    c.data.task = "text";
+    c.data.path = dir + "/corpus.txt";
+    c.data.pack = true;
+    c.data.seq_len = 64;
+    c.train.batch_size = 4;
+    c.train.max_steps = steps;
+    c.train.precision = precision;
+    c.log.console = c.log.metrics = c.log.tensorboard = false;
+    std::vector<double> times;
+    int64_t tokens = 0;
+    TrainerHooks h;
+    h.on_step = [&](const StepResult& r) {
+      times.push_back(r.seconds);
+      tokens = r.tokens;
+    };
+    Trainer t(c, h);
+    const double n_params = static_cast<double>(t.model().num_parameters());
+    t.fit();
+    std::vector<double> warm(times.begin() + (times.size() > 1 ? 1 : 0), times.end());
+    std::sort(warm.begin(), warm.end());
+    const double med = warm[warm.size() / 2];
+    // Model FLOPs per token (PaLM): 6N for the dense products + 12·L·T·C for attention.
+    const double flops_tok = 6 * n_params + 12.0 * layers * 64 * 768;
+    const double tps = tokens / med;
+    const double peak = std::string(precision) == "32-true" ? peak32 : peak16;
+    std::printf(
+        "%-10s | %.1fM params | median step %.3f s (min %.3f, max %.3f) | %.0f tok/s | "
+        "MFU %.1f%% of the %s matmul peak\n",
+        precision, n_params / 1e6, med, warm.front(), warm.back(), tps,
+        100 * tps * flops_tok / (peak * 1e9), std::string(precision) == "32-true" ? "f32" : "bf16");
+  }
+  return 0;
+}
