@@ -88,16 +88,15 @@ TEST_P(ModelParity, LossAndEveryGradientMatchPyTorch) {
   EXPECT_GT(checked, 10);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, ModelParity,
-    ::testing::Combine(::testing::Values("gpt2", "llama"),
-                       ::testing::Values("32-true", "bf16-mixed")),
-    [](const auto& info) {
-      std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
-      for (auto& c : n)
-        if (c == '-') c = '_';
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(Models, ModelParity,
+                         ::testing::Combine(::testing::Values("gpt2", "llama"),
+                                            ::testing::Values("32-true", "bf16-mixed")),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                           for (auto& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
 
 TEST(Models, HfParameterNames) {
   auto gpt2 = models::make_causal_lm(tiny_spec("gpt2"), 1);
@@ -112,9 +111,11 @@ TEST(Models, HfParameterNames) {
 }
 
 TEST(Models, InitializationIsDeterministicAndFollowsHf) {
-  auto a = models::make_causal_lm(tiny_spec("gpt2"), 7), b = models::make_causal_lm(tiny_spec("gpt2"), 7);
+  auto a = models::make_causal_lm(tiny_spec("gpt2"), 7),
+       b = models::make_causal_lm(tiny_spec("gpt2"), 7);
   auto pa = a->named_parameters(), pb = b->named_parameters();
-  for (size_t i = 0; i < pa.size(); ++i) test::expect_bitwise_equal(pa[i].second, pb[i].second, pa[i].first);
+  for (size_t i = 0; i < pa.size(); ++i)
+    test::expect_bitwise_equal(pa[i].second, pb[i].second, pa[i].first);
   EXPECT_EQ(a->find_parameter("transformer.h.0.ln_1.weight").to_floats()[0], 1.0f);
   EXPECT_EQ(a->find_parameter("transformer.h.0.attn.c_attn.bias").to_floats()[0], 0.0f);
 }

@@ -60,8 +60,8 @@ TEST(Trainer, WindowLossIsTheTokenMeanWhateverTheSplit) {
   const double lb = b.forward_backward(small, 1, 1.0) / tok_small;
   EXPECT_NEAR(la, lb, 1e-6 * std::fabs(la));
   for (size_t i = 0; i < a2.trainable().size(); ++i)
-    test::expect_close(b.trainable()[i].second.grad(), a2.trainable()[i].second.grad(), 1e-6,
-                       1e-4, a2.trainable()[i].first);
+    test::expect_close(b.trainable()[i].second.grad(), a2.trainable()[i].second.grad(), 1e-6, 1e-4,
+                       a2.trainable()[i].first);
 }
 
 TEST(Trainer, RemainderWindowStepsWithAFiniteLoss) {
@@ -232,7 +232,8 @@ TEST(Trainer, ResumeContinuesBitIdentically) {
   const auto rest = losses_of(c, 0, true);
   ASSERT_EQ(rest.size(), 5u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(first[i], full[i]) << "step " << i + 1;
-  for (int i = 0; i < 5; ++i) EXPECT_EQ(rest[i], full[i + 3]) << "step " << i + 4 << " after resume";
+  for (int i = 0; i < 5; ++i)
+    EXPECT_EQ(rest[i], full[i + 3]) << "step " << i + 4 << " after resume";
 }
 
 TEST(Trainer, DeterministicAcrossRuns) {
@@ -240,7 +241,10 @@ TEST(Trainer, DeterministicAcrossRuns) {
     Config c = small_config("det");
     std::vector<double> losses;
     TrainerHooks h;
-    h.on_step = [&](const StepResult& r) { losses.push_back(r.loss); losses.push_back(r.grad_norm); };
+    h.on_step = [&](const StepResult& r) {
+      losses.push_back(r.loss);
+      losses.push_back(r.grad_norm);
+    };
     Trainer t(c, h);
     t.fit();
     return losses;
@@ -270,8 +274,8 @@ TEST(Trainer, EveryPolicyTrainsTheBuiltinTask) {
     ASSERT_EQ(static_cast<int64_t>(losses.size()), steps);
     double head = 0, tail = 0;
     for (int i = 0; i < 10; ++i) head += losses[i] / 10, tail += losses[losses.size() - 1 - i] / 10;
-    EXPECT_LT(tail, head * (sanitized() ? 0.9 : 0.8)) << p << ": the loss must fall (first 10 steps " << head
-                                << ", last 10 " << tail << ")";
+    EXPECT_LT(tail, head * (sanitized() ? 0.9 : 0.8))
+        << p << ": the loss must fall (first 10 steps " << head << ", last 10 " << tail << ")";
     if (std::string(p) == "bf16-true" || std::string(p) == "16-true") continue;
     EXPECT_TRUE(std::isfinite(eval_loss[p])) << p;
   }
