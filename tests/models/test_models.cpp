@@ -11,28 +11,10 @@
 #include "keel/ops/cross_entropy.h"
 #include "keel/ops/shape.h"
 #include "tests/support/check.h"
+#include "tests/support/tiny_models.h"
 
 namespace keel {
 namespace {
-
-models::ModelSpec tiny_spec(const std::string& family) {
-  models::ModelSpec s;
-  s.family = family;
-  s.n_layer = 2;
-  s.n_embd = 16;
-  s.vocab_size = 37;
-  s.max_seq_len = 8;
-  s.norm_eps = 1e-5;
-  if (family == "gpt2") {
-    s.n_head = 2;
-  } else {
-    s.n_head = 4;
-    s.n_kv_head = 2;
-    s.intermediate_size = 48;
-    s.tie_embeddings = false;
-  }
-  return s;
-}
 
 struct StepOutput {
   double loss;
@@ -43,7 +25,7 @@ StepOutput run_step(const std::string& family, const std::string& precision) {
   const io::Safetensors& fx = test::fixture("models");
   const std::string pre = family + "." + precision + ".";
   StepOutput out;
-  out.model = models::make_causal_lm(tiny_spec(family), 1);
+  out.model = models::make_causal_lm(test::tiny_model_spec(family), 1);
   for (auto& [name, p] : out.model->named_parameters()) {
     Tensor dst = p;
     dst.copy_from(fx.at(pre + "param." + name));
@@ -99,11 +81,11 @@ INSTANTIATE_TEST_SUITE_P(Models, ModelParity,
                          });
 
 TEST(Models, HfParameterNames) {
-  auto gpt2 = models::make_causal_lm(tiny_spec("gpt2"), 1);
+  auto gpt2 = models::make_causal_lm(test::tiny_model_spec("gpt2"), 1);
   EXPECT_TRUE(gpt2->find_parameter("transformer.h.1.attn.c_attn.weight").defined());
   EXPECT_EQ(gpt2->find_parameter("transformer.h.0.mlp.c_fc.weight").shape(), (Shape{64, 16}));
   EXPECT_FALSE(gpt2->find_parameter("lm_head.weight").defined()) << "gpt2 ties lm_head to wte";
-  auto llama = models::make_causal_lm(tiny_spec("llama"), 1);
+  auto llama = models::make_causal_lm(test::tiny_model_spec("llama"), 1);
   EXPECT_EQ(llama->find_parameter("model.layers.1.self_attn.k_proj.weight").shape(),
             (Shape{8, 16}));  // 2 kv heads x head dim 4
   EXPECT_TRUE(llama->find_parameter("lm_head.weight").defined());
@@ -111,8 +93,8 @@ TEST(Models, HfParameterNames) {
 }
 
 TEST(Models, InitializationIsDeterministicAndFollowsHf) {
-  auto a = models::make_causal_lm(tiny_spec("gpt2"), 7),
-       b = models::make_causal_lm(tiny_spec("gpt2"), 7);
+  auto a = models::make_causal_lm(test::tiny_model_spec("gpt2"), 7),
+       b = models::make_causal_lm(test::tiny_model_spec("gpt2"), 7);
   auto pa = a->named_parameters(), pb = b->named_parameters();
   for (size_t i = 0; i < pa.size(); ++i)
     test::expect_bitwise_equal(pa[i].second, pb[i].second, pa[i].first);
@@ -121,7 +103,7 @@ TEST(Models, InitializationIsDeterministicAndFollowsHf) {
 }
 
 TEST(Models, SpecErrorsNameTheProblem) {
-  models::ModelSpec s = tiny_spec("llama");
+  models::ModelSpec s = test::tiny_model_spec("llama");
   s.n_kv_head = 3;
   try {
     models::make_causal_lm(s, 1);
@@ -129,7 +111,7 @@ TEST(Models, SpecErrorsNameTheProblem) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("n_kv_head"), std::string::npos) << e.what();
   }
-  s = tiny_spec("gpt3");
+  s = test::tiny_model_spec("gpt3");
   s.family = "gpt3";
   EXPECT_THROW(models::make_causal_lm(s, 1), Error);
 }

@@ -12,25 +12,10 @@
 #include "keel/ops/shape.h"
 #include "keel/optim/adamw.h"
 #include "tests/support/check.h"
+#include "tests/support/tiny_models.h"
 
 namespace keel {
 namespace {
-
-models::ModelSpec tiny(const std::string& family) {
-  models::ModelSpec s;
-  s.family = family;
-  s.n_layer = 2;
-  s.n_embd = 16;
-  s.vocab_size = 37;
-  s.max_seq_len = 8;
-  s.n_head = family == "gpt2" ? 2 : 4;
-  if (family == "llama") {
-    s.n_kv_head = 2;
-    s.intermediate_size = 48;
-    s.tie_embeddings = false;
-  }
-  return s;
-}
 
 class ModelStep : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
 
@@ -39,7 +24,7 @@ TEST_P(ModelStep, ParametersAfterOneAdamWStepMatchPyTorch) {
   const io::Safetensors& fx = test::fixture("models");
   const std::string pre = family + "." + precision + ".";
   const bool mixed = precision == "bf16-mixed";
-  auto model = models::make_causal_lm(tiny(family), 1);
+  auto model = models::make_causal_lm(test::tiny_model_spec(family), 1);
   for (auto& [name, p] : model->named_parameters()) {
     Tensor dst = p;
     dst.copy_from(fx.at(pre + "param." + name));

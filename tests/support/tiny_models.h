@@ -1,0 +1,29 @@
+// The tiny GPT-2 and Llama of tests/fixtures/gen_models.py (header-only: tests of any layer from
+// models/ on include it).
+#pragma once
+#include <string>
+
+#include "keel/models/causal_lm.h"
+
+namespace keel::test {
+
+inline models::ModelSpec tiny_model_spec(const std::string& family) {
+  models::ModelSpec s;
+  s.family = family;
+  s.n_layer = 2;
+  s.n_embd = 16;
+  s.vocab_size = 37;
+  s.max_seq_len = 8;
+  s.norm_eps = 1e-5;
+  if (family == "gpt2") {
+    s.n_head = 2;
+  } else {
+    s.n_head = 4;
+    s.n_kv_head = 2;
+    s.intermediate_size = 48;
+    s.tie_embeddings = false;
+  }
+  return s;
+}
+
+}  // namespace keel::test
