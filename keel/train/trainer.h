@@ -36,6 +36,7 @@ struct NonfiniteEvent {
   std::vector<std::string> nonfinite_params;  // parameters whose gradient holds nan/inf
   const std::vector<data::Batch>* window = nullptr;
   uint64_t step_seed = 0;  // dropout seeds of the step derive from it
+  double loss_scale = 1;   // the scale this step's backward ran with (1 without a scaler)
 };
 
 struct TrainerHooks {

@@ -1,0 +1,87 @@
+// Memory estimate behind `keel memory` and `keel doctor` (DESIGN §4, numerics explainer): weights,
+// gradients, optimizer state, the low-precision weight copies autocast caches for a step, and the
+// activations keel's autograd actually keeps.
+//
+// The activation model is not a rule of thumb: it counts the tensors that the ops' backward nodes
+// save (keel/ops/*.cpp: LinearNode keeps its input and weight, LayerNormNode its input and two f32
+// row statistics, AttentionNode q, k, v and, for eager/math, the f32 probabilities [B, H, T, T],
+// GeluNode its input, SwigluNode both inputs, CrossEntropyNode the f32 logits it was given), in
+// the dtypes the precision policy gives them (autocast casts of non-leaf activations are fresh
+// copies per consumer: Llama's q/k/v projections each keep their own cast of the normed input).
+// The engine keeps every saved tensor until backward returns, so the peak is: static state +
+// every saved activation of one micro-batch + the largest backward transient (the f32 logit
+// gradient at the head, or an attention backward's score gradient) = `live_peak`; glibc's heap
+// adds the holes the forward's freed temporaries leave (`heap_reserve`), and `total` is the sum:
+// what the process's peak RSS grows by.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "keel/train/config.h"
+
+namespace keel::monitor {
+
+struct MemoryQuery {
+  int64_t params = 0;  // total parameters; 0 = computed from the model sizes below
+  std::string precision = "32-true";
+  std::string optimizer = "adamw";  // adamw | sgd
+  double momentum = 0.9;            // sgd: 0 keeps no state
+  // Model and batch sizes for the activation estimate (all of batch, seq, layers, hidden > 0, or
+  // no activations are estimated).
+  std::string family = "gpt2";  // gpt2 | llama
+  int64_t batch = 0, seq = 0, layers = 0, hidden = 0;
+  int64_t heads = 0;        // 0 = hidden / 64 (at least 1)
+  int64_t kv_heads = 0;     // llama GQA; 0 = heads
+  int64_t ffn = 0;          // 0 = the family's rule (gpt2 4*hidden, Llama 8/3*hidden rounded)
+  int64_t vocab = 0;        // 0 = the byte tokenizer's 259
+  int64_t max_seq_len = 0;  // gpt2 position table; 0 = seq
+  bool tie_embeddings = true;
+  std::string attention = "eager";  // eager | math | flash
+};
+
+struct MemoryItem {
+  std::string name;
+  int64_t bytes = 0;
+  std::string detail;  // shapes and dtypes behind the number
+};
+
+struct MemoryEstimate {
+  std::string precision;  // canonical policy name
+  int64_t params = 0;
+  int64_t weights = 0;          // parameters as stored (f32 masters under -mixed)
+  int64_t grads = 0;            // .grad buffers, in the parameters' dtype
+  int64_t optimizer_state = 0;  // AdamW exp_avg + exp_avg_sq, SGD momentum
+  int64_t lowp_copies = 0;      // autocast's per-step casts of the weights (-mixed only)
+  int64_t matmul_scratch = 0;   // oneDNN's packed copies of the weight operands
+  int64_t activations = 0;      // saved for backward (one micro-batch)
+  int64_t transient = 0;        // the largest short-lived buffer set on top of them
+  int64_t live_peak = 0;        // all of the above: tensor bytes alive at the step's peak
+  int64_t heap_reserve = 0;     // freed forward temporaries the heap keeps (see the .cpp)
+  int64_t total = 0;            // live_peak + heap_reserve: the expected peak RSS increase
+  bool has_activations = false;
+  std::string transient_detail;
+  std::vector<MemoryItem> activation_items;  // what `activations` is made of
+};
+
+// Errors (kUsage) name the bad field and its fix (unknown precision/optimizer/family/attention,
+// no parameter count and no sizes, hidden not divisible by heads).
+MemoryEstimate estimate_memory(const MemoryQuery& q);
+
+// The query for a run's config (model sizes, batch_size, seq_len, precision, optimizer,
+// attention; vocab from the byte tokenizer unless model.vocab_size is set).
+MemoryQuery memory_query_from_config(const Config& cfg);
+
+// Parameter count of a model given by sizes (the models' own layout: GPT-2 with tied embeddings
+// and a position table, Llama with optional untied lm_head).
+int64_t count_parameters(const MemoryQuery& q);
+
+// Human-readable table (decimal MB, as the issue states the reference numbers) and JSON (bytes).
+std::string format_memory(const MemoryEstimate& e);
+nlohmann::json memory_to_json(const MemoryEstimate& e);
+
+// MemAvailable from /proc/meminfo in bytes, or -1 when unreadable.
+int64_t available_memory_bytes();
+
+}  // namespace keel::monitor

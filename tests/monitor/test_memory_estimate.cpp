@@ -1,0 +1,190 @@
+// The memory estimate behind `keel memory` and the doctor: the issue's reference numbers, the
+// parameter count against the real models, the per-policy byte widths, and the activation model's
+// scaling (its absolute accuracy is checked against a real run's peak RSS in tests/cli).
+#include <gtest/gtest.h>
+
+#include "keel/models/causal_lm.h"
+#include "keel/monitor/memory_estimate.h"
+#include "keel/numerics/error.h"
+
+namespace keel::monitor {
+namespace {
+
+TEST(MemoryEstimate, HundredMillionAdamWUnder16Mixed) {
+  // Issue 4 item 7: 400 MB weights (f32 masters), 400 MB grads, 800 MB optimizer state.
+  MemoryQuery q;
+  q.params = 100'000'000;
+  q.precision = "16-mixed";
+  q.optimizer = "adamw";
+  const MemoryEstimate e = estimate_memory(q);
+  EXPECT_EQ(e.weights, 400'000'000);
+  EXPECT_EQ(e.grads, 400'000'000);
+  EXPECT_EQ(e.optimizer_state, 800'000'000);
+  EXPECT_EQ(e.lowp_copies, 200'000'000);  // f16 copies of every weight, cached for the step
+  EXPECT_FALSE(e.has_activations);
+  EXPECT_EQ(e.activations, 0);
+  EXPECT_EQ(e.total, 1'800'000'000);
+  const std::string text = format_memory(e);
+  EXPECT_NE(text.find("400.0 MB"), std::string::npos) << text;
+  EXPECT_NE(text.find("800.0 MB"), std::string::npos) << text;
+}
+
+TEST(MemoryEstimate, BytesPerPolicyAndOptimizer) {
+  MemoryQuery q;
+  q.params = 1'000'000;
+  struct Case {
+    const char* precision;
+    int64_t weights, lowp;
+  } cases[] = {{"32-true", 4'000'000, 0},          {"bf16-mixed", 4'000'000, 2'000'000},
+               {"16-mixed", 4'000'000, 2'000'000}, {"bf16-true", 2'000'000, 0},
+               {"16-true", 2'000'000, 0},          {"bf16", 4'000'000, 2'000'000}};
+  for (const Case& c : cases) {
+    q.precision = c.precision;
+    q.optimizer = "adamw";
+    MemoryEstimate e = estimate_memory(q);
+    EXPECT_EQ(e.weights, c.weights) << c.precision;
+    EXPECT_EQ(e.grads, c.weights) << c.precision;  // grads keep the parameters' dtype
+    EXPECT_EQ(e.optimizer_state, 2 * c.weights) << c.precision;
+    EXPECT_EQ(e.lowp_copies, c.lowp) << c.precision;
+    q.optimizer = "sgd";
+    q.momentum = 0.9;
+    EXPECT_EQ(estimate_memory(q).optimizer_state, c.weights) << c.precision;
+    q.momentum = 0;
+    EXPECT_EQ(estimate_memory(q).optimizer_state, 0) << c.precision;
+    q.momentum = 0.9;
+  }
+}
+
+// The count from sizes must be the real models' count, parameter for parameter.
+TEST(MemoryEstimate, ParameterCountMatchesTheModels) {
+  struct Case {
+    const char* family;
+    int64_t layers, hidden, heads, kv_heads, vocab;
+    bool tie;
+  } cases[] = {{"gpt2", 2, 64, 4, 0, 259, true},
+               {"gpt2", 3, 96, 6, 0, 300, true},
+               {"llama", 2, 64, 4, 2, 259, true},
+               {"llama", 2, 64, 4, 0, 259, false}};
+  for (const Case& c : cases) {
+    models::ModelSpec s;
+    s.family = c.family;
+    s.n_layer = c.layers;
+    s.n_embd = c.hidden;
+    s.n_head = c.heads;
+    s.n_kv_head = c.kv_heads;
+    s.vocab_size = c.vocab;
+    s.max_seq_len = 48;
+    s.tie_embeddings = c.tie;
+    auto model = models::make_causal_lm(s, 1);
+    MemoryQuery q;
+    q.family = c.family;
+    q.layers = c.layers;
+    q.hidden = c.hidden;
+    q.heads = c.heads;
+    q.kv_heads = c.kv_heads;
+    q.vocab = c.vocab;
+    q.seq = 48;
+    q.max_seq_len = 48;
+    q.tie_embeddings = c.tie;
+    EXPECT_EQ(count_parameters(q), model->num_parameters()) << c.family << " " << c.hidden;
+    // The low-precision copies are exactly the cast weights: everything but norms and position
+    // table (gpt2), projections + lm_head (llama).
+    q.precision = "bf16-mixed";
+    const MemoryEstimate e = estimate_memory(q);
+    int64_t cast = 0;
+    for (auto& [name, p] : model->named_parameters()) {
+      const bool norm =
+          name.find("ln_") != std::string::npos || name.find("norm") != std::string::npos;
+      const bool pos = name.find("wpe") != std::string::npos;
+      const bool embed_only = name.find("embed_tokens") != std::string::npos && !c.tie;
+      if (!norm && !pos && !embed_only) cast += p.numel();
+    }
+    EXPECT_EQ(e.lowp_copies, 2 * cast) << c.family << " tie=" << c.tie;
+  }
+}
+
+TEST(MemoryEstimate, ActivationsScaleAsTheSavedTensors) {
+  MemoryQuery q;
+  q.family = "gpt2";
+  q.layers = 2;
+  q.hidden = 64;
+  q.heads = 4;
+  q.batch = 4;
+  q.seq = 32;
+  const MemoryEstimate a = estimate_memory(q);
+  ASSERT_TRUE(a.has_activations);
+  EXPECT_GT(a.activations, 0);
+  // Everything saved is per row: doubling the batch doubles activations exactly.
+  q.batch = 8;
+  const MemoryEstimate b = estimate_memory(q);
+  EXPECT_EQ(b.activations, 2 * a.activations);
+  // Eager keeps f32 probabilities [B, H, T, T] per layer; flash keeps output + lse instead.
+  q.batch = 4;
+  q.attention = "flash";
+  const MemoryEstimate f = estimate_memory(q);
+  const int64_t probs = 2 * 4 * 4 * 32 * 32 * 4;  // L * B * H * T * T * 4 bytes
+  const int64_t flash = 2 * (4 * 32 * 64 * 4 + 4 * 4 * 32 * 4);
+  EXPECT_EQ(a.activations - f.activations, probs - flash);
+  // 16-bit compute halves the compute-dtype tensors but not the f32 residual stream, norm
+  // statistics or probabilities; bf16-mixed adds cross_entropy's f32 copy of the logits.
+  q.attention = "eager";
+  q.precision = "bf16-mixed";
+  const MemoryEstimate m = estimate_memory(q);
+  EXPECT_LT(m.activations, a.activations);
+  EXPECT_GT(m.activations, a.activations / 2);
+  // Layers add linearly.
+  q.precision = "32-true";
+  q.layers = 4;
+  const MemoryEstimate l4 = estimate_memory(q);
+  q.layers = 3;
+  const MemoryEstimate l3 = estimate_memory(q);
+  EXPECT_EQ(l4.activations - l3.activations, l3.activations - a.activations);
+}
+
+TEST(MemoryEstimate, QueryFromConfig) {
+  Config c;
+  c.model.n_layer = 3;
+  c.model.n_embd = 96;
+  c.model.n_head = 6;
+  c.train.batch_size = 5;
+  c.data.seq_len = 40;
+  c.train.precision = "16-mixed";
+  c.model.attention = "math";
+  const MemoryQuery q = memory_query_from_config(c);
+  EXPECT_EQ(q.layers, 3);
+  EXPECT_EQ(q.hidden, 96);
+  EXPECT_EQ(q.heads, 6);
+  EXPECT_EQ(q.batch, 5);
+  EXPECT_EQ(q.seq, 40);
+  EXPECT_EQ(q.precision, "16-mixed");
+  EXPECT_EQ(q.attention, "math");
+  EXPECT_TRUE(estimate_memory(q).has_activations);
+}
+
+TEST(MemoryEstimate, BadQueriesNameTheFix) {
+  auto msg = [](MemoryQuery q) {
+    try {
+      estimate_memory(q);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind, Error::kUsage);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  MemoryQuery q;
+  EXPECT_NE(msg(q).find("--params"), std::string::npos);
+  q.params = 10;
+  q.precision = "fp8";
+  EXPECT_NE(msg(q).find("fp8"), std::string::npos);
+  q.precision = "32-true";
+  q.optimizer = "lion";
+  EXPECT_NE(msg(q).find("adamw or sgd"), std::string::npos);
+  q.optimizer = "adamw";
+  q.hidden = 100;
+  q.layers = 2;
+  q.heads = 3;
+  EXPECT_NE(msg(q).find("divisible"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace keel::monitor
