@@ -11,10 +11,9 @@ static std::vector<Command>& commands() {
 
 void register_commands(CLI::App& app) {
   commands().push_back(add_train(app));
+  commands().push_back(add_init_model(app));
   commands().push_back(add_selfcheck(app));
   commands().push_back(add_numerics(app));
-  commands().push_back(add_replay(app));
-  commands().push_back(add_memory(app));
 }
 
 int run_selected(CLI::App&) {

@@ -288,7 +288,8 @@ HfConfig read_hf_config(const std::string& dir) {
     }
   }
   s.init_std = c.number({"initializer_range"}, 0.02);
-  const std::string td = c.string("torch_dtype", "float32");
+  // transformers >= 4.56 writes "dtype"; earlier versions "torch_dtype".
+  const std::string td = c.string("torch_dtype", c.string("dtype", "float32"));
   if (td == "bfloat16")
     out.dtype = DType::BF16;
   else if (td == "float16")

@@ -87,6 +87,7 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("data", data, task).one_of({"arith", "text", "jsonl"}));
     k.push_back(KEEL_KEY("data", data, path));
     k.push_back(KEEL_KEY("data", data, tokenizer));
+    k.push_back(KEEL_KEY("data", data, pad).one_of({"add", "eos"}));
     k.push_back(KEEL_KEY("data", data, seq_len).at_least(2));
     k.push_back(KEEL_KEY("data", data, pack));
     k.push_back(KEEL_KEY("data", data, shuffle));

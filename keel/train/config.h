@@ -48,6 +48,7 @@ struct DataConfig {
   std::string task = "arith";  // arith (built in) | text | jsonl
   std::string path;            // text / jsonl file
   std::string tokenizer = "byte";
+  std::string pad = "add";  // add | eos: padding when the tokenizer has no usable pad token
   int64_t seq_len = 32;
   bool pack = false;  // pack text into full seq_len rows instead of one example per row
   bool shuffle = true;

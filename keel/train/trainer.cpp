@@ -12,8 +12,10 @@
 #include "keel/amp/autocast.h"
 #include "keel/autograd/node.h"
 #include "keel/io/checkpoint.h"
+#include "keel/io/hf_model.h"
+#include "keel/models/resize.h"
+#include "keel/nn/adapters/adapter.h"
 #include "keel/nn/layers.h"
-#include "keel/numerics/tensor_stats.h"
 #include "keel/ops/cross_entropy.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/shape.h"
@@ -56,22 +58,75 @@ models::ModelSpec spec_from(const ModelConfig& m, int64_t vocab, int64_t seq_len
   return s;
 }
 
-// Element by element (only on a non-finite step): a sum of squares would also flag finite values
-// beyond ~1.8e19, whose squares overflow.
-bool all_finite(const Tensor& t) {
-  return tensor_stats(t.data(), t.dtype(), t.numel()).all_finite();
-}
+bool all_finite(const Tensor& t) { return std::isfinite(ops::sum_squares(t)); }
 
 // The id that fills padded positions (they carry no label and attention masks them out): the
-// tokenizer's pad, else its eos (HF's pad = eos), as GPT-2's and Llama-3.1's tokenizers have no
-// pad.
-int64_t pad_fill_id(const data::Tokenizer& tok) {
-  if (tok.pad_id() >= 0) return tok.pad_id();
+// tokenizer's own pad when it names no real token; else, as data.pad says, a dedicated new id one
+// past the tokenizer's vocabulary ("add": the model's embeddings grow to hold it, see
+// build_model) or its eos (HF's pad = eos), as GPT-2's and Llama-3.1's tokenizers have no pad.
+int64_t pad_fill_id(const data::Tokenizer& tok, const std::string& mode) {
+  if (tok.pad_id() >= 0 && !data::pad_collides(tok, tok.pad_id())) return tok.pad_id();
+  if (mode == "add") return tok.vocab_size();
   if (tok.eos_id() >= 0) return tok.eos_id();
   throw Error(
       "the tokenizer (data.tokenizer) has neither a pad nor an eos token to fill padded "
-      "positions with; name one in the tokenizer_config.json beside tokenizer.json",
+      "positions with; set data.pad = \"add\" or name one in the tokenizer_config.json beside "
+      "tokenizer.json",
       Error::kUsage);
+}
+
+nn::AdapterOptions adapter_options(const Config& c) {
+  nn::AdapterOptions o;
+  o.kind = c.model.adapter.kind;
+  o.r = c.model.adapter.r;
+  o.alpha = c.model.adapter.alpha;
+  o.dropout = c.model.adapter.dropout;
+  o.target_modules = c.model.adapter.target_modules;
+  o.seed = c.run.seed;
+  return o;
+}
+
+// The model of a run: from an HF directory (model.path) or from the sizes, parameters in
+// `param_dtype`; embeddings grown to hold a dedicated pad id; then the adapters, with the frozen
+// base stored in model.base_dtype.
+std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tokenizer& tok,
+                                              int64_t pad_id, DType param_dtype,
+                                              const std::function<void(const std::string&)>& say) {
+  std::unique_ptr<models::CausalLM> m;
+  if (!cfg.model.path.empty()) {
+    io::HfConfig hf = io::read_hf_config(cfg.model.path);
+    hf.spec.param_dtype = param_dtype;
+    hf.spec.attention = ops::attention_backend_from_name(cfg.model.attention);
+    hf.spec.dropout = cfg.model.dropout;
+    m = models::make_causal_lm(hf.spec, cfg.run.seed);
+    io::load_hf_weights(*m, cfg.model.path);
+    if (hf.spec.family == "gpt2" && cfg.data.seq_len > hf.spec.max_seq_len)
+      throw Error("data.seq_len = " + std::to_string(cfg.data.seq_len) + " exceeds " +
+                      cfg.model.path + "/config.json's n_positions = " +
+                      std::to_string(hf.spec.max_seq_len) + "; lower data.seq_len",
+                  Error::kUsage);
+  } else {
+    m = models::make_causal_lm(
+        spec_from(cfg.model, tok.vocab_size(), cfg.data.seq_len, param_dtype), cfg.run.seed);
+  }
+  const int64_t V = m->spec().vocab_size;
+  if (tok.vocab_size() > V)
+    throw Error("the tokenizer (" + cfg.data.tokenizer + ") has " +
+                    std::to_string(tok.vocab_size()) + " ids but the model's vocabulary has " +
+                    std::to_string(V) + " rows; use the model's own tokenizer" +
+                    (cfg.model.path.empty() ? " or raise model.vocab_size" : ""),
+                Error::kUsage);
+  if (pad_id >= V) {
+    models::resize_token_embeddings(*m, pad_id + 1);
+    say("data.pad = \"add\": the tokenizer has no usable pad token; padding uses the new id " +
+        std::to_string(pad_id) + " (embeddings resized from " + std::to_string(V) + " to " +
+        std::to_string(pad_id + 1) + " rows, the new row the mean of the others)");
+  }
+  if (cfg.model.adapter.kind != "none") {
+    nn::apply_adapters(*m, adapter_options(cfg));
+    if (cfg.model.base_dtype == "bf16") nn::cast_frozen_parameters(*m, DType::BF16);
+  }
+  return m;
 }
 
 }  // namespace
@@ -117,18 +172,18 @@ Trainer::Trainer(const Config& cfg, TrainerHooks hooks) : cfg_(cfg), hooks_(std:
   } else {
     throw Error("data.task = \"" + cfg_.data.task + "\": use arith, text or jsonl", Error::kUsage);
   }
-  loader_ = std::make_unique<data::DataLoader>(*train_set_, cfg_.train.batch_size,
-                                               cfg_.data.seq_len, pad_fill_id(*tokenizer_),
-                                               cfg_.data.shuffle, cfg_.run.seed);
+  loader_ = std::make_unique<data::DataLoader>(
+      *train_set_, cfg_.train.batch_size, cfg_.data.seq_len,
+      pad_fill_id(*tokenizer_, cfg_.data.pad), cfg_.data.shuffle, cfg_.run.seed);
   steps_per_epoch_ =
       (loader_->batches_per_epoch() + cfg_.train.grad_accum - 1) / cfg_.train.grad_accum;
   total_steps_ =
       cfg_.train.max_steps > 0 ? cfg_.train.max_steps : steps_per_epoch_ * cfg_.train.epochs;
 
-  // Model: parameters in the policy's dtype (f32 masters in the mixed policies).
-  model_ = models::make_causal_lm(
-      spec_from(cfg_.model, tokenizer_->vocab_size(), cfg_.data.seq_len, policy_.param_dtype),
-      cfg_.run.seed);
+  // Model: parameters in the policy's dtype (f32 masters in the mixed policies), then padding and
+  // adapters (only they train: the frozen base is excluded here).
+  model_ = build_model(cfg_, *tokenizer_, pad_fill_id(*tokenizer_, cfg_.data.pad),
+                       policy_.param_dtype, [this](const std::string& m) { message(m); });
   trainable_ = model_->named_parameters(/*trainable_only=*/true);
 
   // Optimizer, schedule, scaler.
@@ -239,43 +294,21 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
       ev.grad_norm = r.grad_norm;
       ev.window = &window;
       ev.step_seed = seed;
-      ev.loss_scale = r.loss_scale;
       for (auto& [name, p] : trainable_)
         if (p.grad().defined() && !all_finite(p.grad())) ev.nonfinite_params.push_back(name);
       const std::string& mode = cfg_.train.on_nonfinite;
       if (mode == "capture" || mode == "abort") {
-        // One message: the step, what went non-finite, the first such parameter, and where the
-        // capture is with the command that replays it.
-        std::string path, why_none;
-        if (mode == "abort") {
-          why_none = "on_nonfinite = abort";
-        } else if (!cfg_.debug.nan_capture) {
-          why_none = "[debug] nan_capture = false";
-        } else if (!hooks_.on_capture) {
-          why_none = "no capture handler is attached";
-        } else {
-          try {
-            path = hooks_.on_capture(ev);
-          } catch (const std::exception& e) {
-            why_none = std::string("writing it failed: ") + e.what();
-          }
-        }
-        std::string what = loss_finite ? std::string("non-finite gradients")
-                                       : "non-finite loss (" + std::to_string(r.loss) + ")";
-        if (loss_finite && ev.nonfinite_params.empty())
-          what = "non-finite gradient norm (" + std::to_string(r.grad_norm) +
-                 ": its f32 sum of squares overflowed; every gradient element is finite but some "
-                 "exceed ~1.8e19)";
-        if (!ev.nonfinite_params.empty())
-          what += std::string(loss_finite ? "" : " and gradients") + " in " +
-                  std::to_string(ev.nonfinite_params.size()) + " of " +
-                  std::to_string(trainable_.size()) +
-                  " parameters (first: " + ev.nonfinite_params.front() + ")";
-        stop_message_ = "step " + std::to_string(r.step) + ": " + what;
+        std::string path;
+        if (mode == "capture" && cfg_.debug.nan_capture && hooks_.on_capture)
+          path = hooks_.on_capture(ev);
+        std::string first =
+            ev.nonfinite_params.empty() ? std::string("(the loss)") : ev.nonfinite_params.front();
+        stop_message_ = "non-finite " + std::string(loss_finite ? "gradients" : "loss") +
+                        " at step " + std::to_string(r.step) + " (first: " + first + ")";
         if (!path.empty())
           stop_message_ += "; capture written to " + path + "; replay with: keel replay " + path;
-        else
-          stop_message_ += "; no capture written (" + why_none + ")";
+        else if (mode == "abort")
+          stop_message_ += "; on_nonfinite = abort, no capture written";
       }
     }
     r.stepped = false;
@@ -335,7 +368,7 @@ EvalResult Trainer::evaluate() {
   model_->train(false);
   amp::AutocastGuard autocast(policy_.autocast, policy_.compute_dtype);
   data::DataLoader eval_loader(*eval_set_, cfg_.train.batch_size, cfg_.data.seq_len,
-                               pad_fill_id(*tokenizer_), false, cfg_.run.seed);
+                               pad_fill_id(*tokenizer_, cfg_.data.pad), false, cfg_.run.seed);
   double loss_sum = 0;
   for (int64_t i = 0; i < eval_loader.batches_per_epoch(); ++i) {
     data::Batch b = eval_loader.batch(0, i);
@@ -414,6 +447,11 @@ int Trainer::fit() {
                 "bf16-mixed or 32-true");
   evaluate();
   checkpoint();
+  if (cfg_.model.adapter.kind != "none") {
+    // The PEFT adapter directory, loadable by PEFT on the base model.path.
+    io::save_peft_adapter(*model_, adapter_options(cfg_), out_dir_ + "/adapter", cfg_.model.path);
+    message("adapter (PEFT " + cfg_.model.adapter.kind + ") written to " + out_dir_ + "/adapter");
+  }
   return 0;
 }
 
