@@ -6,7 +6,11 @@
 #include "apps/keel/commands.h"
 #include "keel/io/atomic_file.h"
 #include "keel/log/loggers.h"
+#include "keel/monitor/advisor.h"
+#include "keel/monitor/grad_norms.h"
+#include "keel/monitor/inject.h"
 #include "keel/monitor/nan_capture.h"
+#include "keel/monitor/tracer.h"
 #include "keel/train/trainer.h"
 
 namespace keel::cli {
@@ -21,8 +25,30 @@ int run_train(const TrainArgs& a) {
   Config cfg = load_config(a.config, a.sets);
   std::unique_ptr<log::RunLoggers> loggers;
   Trainer* trainer_ptr = nullptr;
+  // Instability toolkit (DESIGN §4), attached once the trainer has built the model.
+  std::unique_ptr<monitor::FaultInjector> injector;
+  std::unique_ptr<monitor::UnderflowOverflowTracer> tracer;
+  std::unique_ptr<monitor::TrendAdvisor> advisor;
+  nlohmann::json step_extra = nlohmann::json::object();  // per-layer grad norms of this step
   TrainerHooks hooks;
-  hooks.on_step = [&](const StepResult& r) { loggers->log(r); };
+  hooks.on_step_begin = [&](int64_t step) {
+    if (injector) injector->begin_step(step);
+    if (tracer) tracer->begin_batch(step);
+  };
+  hooks.on_grads = [&](const StepResult&) {
+    if (!cfg.log.per_layer_grad_norm) return;
+    for (auto& b : monitor::per_layer_grad_norms(trainer_ptr->trainable()))
+      step_extra["grad_norm/" + b.block] = b.norm;
+  };
+  hooks.on_step = [&](const StepResult& result) {
+    StepResult r = result;
+    if (advisor) advisor->observe(r);
+    loggers->log(r, step_extra);
+    step_extra = nlohmann::json::object();
+    // A finding the step survived (the capture did not stop it): stop now, as the tracer does.
+    if (tracer && tracer->finding().found && trainer_ptr->stop_message().empty())
+      throw monitor::TracerStop(tracer->finding());
+  };
   hooks.on_eval = [&](const EvalResult& e) {
     std::printf("eval step %lld | loss %.4f", static_cast<long long>(e.step), e.loss);
     if (e.accuracy >= 0)
@@ -39,6 +65,39 @@ int run_train(const TrainArgs& a) {
   };
   Trainer trainer(cfg, hooks);
   trainer_ptr = &trainer;
+  // The tracer and the injector hook into the trainer's model: detach them before the trainer is
+  // destroyed (they were declared before it, so they would outlive it).
+  struct Detach {
+    std::unique_ptr<monitor::UnderflowOverflowTracer>& tracer;
+    std::unique_ptr<monitor::FaultInjector>& injector;
+    ~Detach() {
+      tracer.reset();
+      injector.reset();
+    }
+  } detach{tracer, injector};
+  monitor::AdvisorOptions advisor_opt;
+  advisor_opt.num_params = trainer.model().num_parameters(/*trainable_only=*/true);
+  advisor_opt.precision = trainer.policy().name();
+  advisor = std::make_unique<monitor::TrendAdvisor>(advisor_opt);
+  // The injector's post hook goes first: the tracer must see the corrupted output to name the
+  // module that produced it.
+  if (!cfg.debug.inject.module.empty())
+    injector = std::make_unique<monitor::FaultInjector>(
+        trainer.model(), monitor::InjectOptions{cfg.debug.inject.module, cfg.debug.inject.step,
+                                                cfg.debug.inject.kind, cfg.debug.inject.factor});
+  if (cfg.debug.underflow_overflow.enabled) {
+    monitor::TracerOptions topt;
+    topt.max_frames_to_save = cfg.debug.underflow_overflow.max_frames_to_save;
+    topt.trace_batch_nums = cfg.debug.underflow_overflow.trace_batch_nums;
+    topt.abort_after_batch_num = cfg.debug.underflow_overflow.abort_after_batch_num;
+    topt.format = trainer.policy().compute_dtype;
+    topt.scaler_handles_backward = trainer.scaler() != nullptr;
+    tracer = std::make_unique<monitor::UnderflowOverflowTracer>(
+        trainer.model(), topt, trainer.out_dir() + "/debug/underflow_overflow_rank0.log");
+    // With a NaN capture to write, let the step finish so the trainer captures it (the tracer's
+    // log names the module, the capture replays the step); otherwise stop at the finding.
+    tracer->set_stop_on_finding(!(cfg.debug.nan_capture && cfg.train.on_nonfinite == "capture"));
+  }
   std::filesystem::create_directories(trainer.out_dir());
   io::write_file_atomic(trainer.out_dir() + "/config.toml", config_to_toml(trainer.config()));
   loggers = std::make_unique<log::RunLoggers>(cfg.log, trainer.out_dir(), trainer.total_steps(),
@@ -53,8 +112,16 @@ int run_train(const TrainArgs& a) {
       ops::attention_backend_name(spec.attention), static_cast<long long>(trainer.total_steps()),
       trainer.out_dir().c_str());
   std::fflush(stdout);
-  const int code = trainer.fit();
+  int code = 0;
+  try {
+    code = trainer.fit();
+  } catch (const monitor::TracerStop& stop) {
+    std::fprintf(stderr, "stopped: %s\n", stop.what());
+    return 3;
+  }
   if (code != 0) {
+    if (tracer && tracer->finding().found)
+      std::fprintf(stderr, "%s\n", tracer->finding().message.c_str());
     std::fprintf(stderr, "stopped: %s\n", trainer.stop_message().c_str());
     return code;
   }

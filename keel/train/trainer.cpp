@@ -251,6 +251,7 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   r.micro_batches = static_cast<int64_t>(window.size());
   r.loss_scale = scaler_ ? scaler_->get_scale() : 1.0;
   r.lr = schedule_.lr(sched_step_);
+  if (hooks_.on_step_begin) hooks_.on_step_begin(r.step);
 
   // 1. Zero grads; the step's dropout seeds derive from (run seed, step).
   optimizer_->zero_grad();
@@ -274,6 +275,7 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   r.grad_norm = optim::global_grad_norm(grads);
   if (!std::isfinite(r.grad_norm) || !loss_finite) found_inf = true;
   r.found_inf = found_inf;
+  if (hooks_.on_grads) hooks_.on_grads(r);
 
   if (found_inf) {
     // 6. A scaler handles an overflow of a finite loss: skip, back off, keep the LR clock.

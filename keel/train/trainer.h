@@ -45,6 +45,12 @@ struct TrainerHooks {
   // on_nonfinite = capture: write the capture, return its path ("" when none was written).
   std::function<std::string(const NonfiniteEvent&)> on_capture;
   std::function<void(const std::string&)> on_message;  // one-line notices (default: stderr)
+  // Before a step's forward, with the number the step will have (StepResult::step): the tracer's
+  // begin_batch and fault injection key on it.
+  std::function<void(int64_t step)> on_step_begin;
+  // After unscale and the global norm (steps 4-5), before clipping and the update: gradients are
+  // pre-clip and unscaled here (per-layer grad norms). `r` is filled up to found_inf.
+  std::function<void(const StepResult& r)> on_grads;
 };
 
 class Trainer {
