@@ -1,0 +1,269 @@
+// Replay of NaN captures in process: bit-exact reproduction (loss bits and every gradient bit),
+// the producing module, another precision converting the captured parameters, the original run
+// left untouched, bisect on a broken state, and a malformed capture's errors naming the file.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "keel/autograd/node.h"
+#include "keel/io/safetensors.h"
+#include "keel/monitor/nan_capture.h"
+#include "keel/monitor/replay.h"
+#include "keel/train/trainer.h"
+#include "tests/support/check.h"
+
+namespace keel::monitor {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Trains two healthy steps, then a step with one NaN weight element in `module`.weight; returns
+// the capture directory.
+std::string make_capture(const std::string& tag, const std::string& module,
+                         const std::string& precision = "32-true") {
+  Config c;
+  c.run.out_dir = test::temp_dir(tag);
+  c.run.seed = 9;
+  c.run.threads = 1;
+  c.model.n_layer = 2;
+  c.model.n_embd = 32;
+  c.model.n_head = 2;
+  c.model.dropout = 0.1;  // masks must be regenerated from the captured step seed
+  c.data.num_examples = 96;
+  c.data.eval_examples = 0;
+  c.data.seq_len = 16;
+  c.train.batch_size = 4;
+  c.train.grad_accum = 2;  // a window of two micro-batches
+  c.train.precision = precision;
+  c.train.max_steps = 6;
+  c.log.tensorboard = false;
+  c.log.metrics = false;
+  c.log.console = false;
+  Trainer* tp = nullptr;
+  std::string path;
+  TrainerHooks h;
+  h.on_capture = [&](const NonfiniteEvent& ev) { return path = write_nan_capture(*tp, ev); };
+  h.on_step = [&](const StepResult& r) {
+    if (r.step == 2) {
+      NoGradGuard g;
+      Tensor w = tp->model().find_parameter(module + ".weight");
+      EXPECT_TRUE(w.defined()) << module;
+      w.data_as<float>()[1] = std::numeric_limits<float>::quiet_NaN();
+      w.bump_version();
+    }
+  };
+  Trainer t(c, h);
+  tp = &t;
+  EXPECT_EQ(t.fit(), 3);
+  EXPECT_FALSE(path.empty());
+  return path;
+}
+
+TEST(Replay, ReproducesBitExactlyAndNamesTheProducer) {
+  const std::string dir = make_capture("replay-exact", "transformer.h.1.mlp.c_fc");
+  const json meta = json::parse(slurp(dir + "/capture.json"));
+  ASSERT_EQ(meta.at("step"), 3);
+  const ReplayResult r = replay_capture(dir);
+  EXPECT_TRUE(r.reproduced);
+  EXPECT_TRUE(r.loss_bit_exact) << r.loss_bits << " vs " << r.recorded_loss_bits;
+  EXPECT_TRUE(r.grads_bit_exact) << r.grads_fingerprint << " vs " << r.recorded_grads_fingerprint;
+  EXPECT_TRUE(r.bit_exact);
+  EXPECT_EQ(r.step, 3);
+  EXPECT_EQ(r.precision, "32-true");
+  EXPECT_EQ(r.nonfinite_params, meta.at("nonfinite_params").get<std::vector<std::string>>());
+  EXPECT_EQ(r.first_module, "transformer.h.1.mlp.c_fc");
+  EXPECT_EQ(r.first_module_type, "Linear");
+  EXPECT_EQ(r.first_tensor, "weight");
+  EXPECT_EQ(r.first_phase, "forward");
+  EXPECT_EQ(r.out_dir, dir + "/replay");
+  EXPECT_TRUE(fs::exists(r.tracer_log)) << r.tracer_log;
+  EXPECT_FALSE(r.bisected);
+  // The report and the JSON say the same.
+  const json j = replay_to_json(r);
+  EXPECT_TRUE(j.at("reproduced").get<bool>());
+  EXPECT_TRUE(j.at("bit_exact").get<bool>());
+  EXPECT_EQ(j.at("first_module"), "transformer.h.1.mlp.c_fc");
+  EXPECT_FALSE(j.contains("bisect"));
+  const std::string text = format_replay(r);
+  EXPECT_NE(text.find("reproduced   yes"), std::string::npos) << text;
+  EXPECT_NE(text.find("bit-exact    yes"), std::string::npos) << text;
+}
+
+TEST(Replay, TwiceGivesTheSameBitsAndLeavesTheRunUntouched) {
+  const std::string dir = make_capture("replay-untouched", "transformer.h.0.attn.c_attn");
+  const std::string run = fs::path(dir).parent_path().parent_path().parent_path().string();
+  std::map<std::string, std::string> before;
+  for (auto& e : fs::recursive_directory_iterator(run))
+    if (e.is_regular_file()) before[e.path().string()] = slurp(e.path().string());
+  const std::string out = test::temp_dir("replay-out");
+  ReplayOptions o;
+  o.out_dir = out;
+  const ReplayResult a = replay_capture(dir, o);
+  const ReplayResult b = replay_capture(dir, o);
+  EXPECT_EQ(a.loss_bits, b.loss_bits);
+  EXPECT_EQ(a.grads_fingerprint, b.grads_fingerprint);
+  EXPECT_TRUE(a.bit_exact && b.bit_exact);
+  for (auto& [path, content] : before) EXPECT_EQ(slurp(path), content) << path << " changed";
+  for (auto& e : fs::recursive_directory_iterator(run))
+    if (e.is_regular_file()) {
+      EXPECT_TRUE(before.count(e.path().string())) << e.path();
+    }
+}
+
+// Another policy re-runs the same state: f32 masters become bf16 parameters (rounded), the NaN
+// stays a NaN, and the loss bits differ.
+TEST(Replay, AnotherPrecisionConvertsTheCapturedParameters) {
+  const std::string dir = make_capture("replay-precision", "transformer.h.0.mlp.c_proj");
+  ReplayOptions o;
+  o.precision = "bf16-true";
+  o.attention = "math";
+  const ReplayResult r = replay_capture(dir, o);
+  EXPECT_EQ(r.precision, "bf16-true");
+  EXPECT_EQ(r.attention, "math");
+  EXPECT_EQ(r.captured_precision, "32-true");
+  EXPECT_TRUE(r.reproduced);
+  EXPECT_FALSE(r.loss_bit_exact && r.grads_bit_exact);
+  EXPECT_FALSE(r.bit_exact);
+  EXPECT_EQ(r.first_module, "transformer.h.0.mlp.c_proj");
+  bool noted = false;
+  for (auto& n : r.notes) noted |= n.find("converted") != std::string::npos;
+  EXPECT_TRUE(noted) << "the conversion is reported";
+}
+
+TEST(Replay, BisectOfABrokenStateBlamesTheParameters) {
+  const std::string dir = make_capture("replay-bisect", "transformer.h.0.attn.c_proj");
+  ReplayOptions o;
+  o.bisect = true;
+  const ReplayResult r = replay_capture(dir, o);
+  ASSERT_TRUE(r.bisected);
+  // From 32-true / eager the one alternative is attention=math (no precision below 32-true to
+  // leave, no adapter, no injection).
+  ASSERT_EQ(r.bisect.size(), 1u);
+  EXPECT_EQ(r.bisect[0].change, "attention=math");
+  EXPECT_FALSE(r.bisect[0].finite);
+  EXPECT_EQ(r.cause, "nonfinite-parameters");
+  EXPECT_EQ(r.nonfinite_param_values,
+            std::vector<std::string>{"transformer.h.0.attn.c_proj.weight"});
+  EXPECT_EQ(r.nonfinite_rows, std::vector<int64_t>{0});  // element 1 lies in row 0
+  EXPECT_NE(r.explanation.find("transformer.h.0.attn.c_proj.weight, rows 0"), std::string::npos)
+      << r.explanation;
+}
+
+TEST(Replay, BisectOfAFiniteReplayHasNothingToBisect) {
+  const std::string dir = make_capture("replay-finite", "transformer.h.0.mlp.c_fc");
+  // Replaying the capture under a state that is finite: remove the NaN from the captured weights.
+  {
+    io::Safetensors st = io::read_safetensors(dir + "/model.safetensors");
+    for (auto& [n, t] : st.tensors)
+      if (n == "transformer.h.0.mlp.c_fc.weight") {
+        Tensor c = t.clone();
+        c.data_as<float>()[1] = 0.f;
+        t = c;
+      }
+    io::write_safetensors(dir + "/model.safetensors", st.tensors, st.metadata);
+  }
+  ReplayOptions o;
+  o.bisect = true;
+  const ReplayResult r = replay_capture(dir, o);
+  EXPECT_FALSE(r.reproduced);
+  EXPECT_FALSE(r.bit_exact);
+  EXPECT_TRUE(r.first_module.empty());
+  EXPECT_EQ(r.cause, "not-reproduced");
+  EXPECT_TRUE(r.bisect.empty());
+}
+
+std::string error_of(const std::string& dir) {
+  try {
+    replay_capture(dir);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind, Error::kUsage) << e.what();
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Replay, MalformedCapturesNameTheFileAndTheFix) {
+  const std::string good = make_capture("replay-bad", "transformer.h.0.mlp.c_fc");
+  auto copy = [&](const std::string& tag) {
+    const std::string d = test::temp_dir(tag) + "/rank0";
+    fs::copy(good, d, fs::copy_options::recursive);
+    fs::remove_all(d + "/replay");
+    return d;
+  };
+  {
+    const std::string d = copy("replay-bad-opt");
+    fs::remove(d + "/optimizer.safetensors");
+    const std::string m = error_of(d);
+    EXPECT_NE(m.find(d + "/optimizer.safetensors: missing"), std::string::npos) << m;
+    EXPECT_NE(m.find("re-run the training"), std::string::npos) << m;
+  }
+  {
+    const std::string d = copy("replay-bad-format");
+    json meta = json::parse(slurp(d + "/capture.json"));
+    meta["format"] = "something-else";
+    std::ofstream(d + "/capture.json") << meta.dump();
+    const std::string m = error_of(d);
+    EXPECT_NE(m.find(d + "/capture.json: not a keel NaN capture"), std::string::npos) << m;
+  }
+  {
+    const std::string d = copy("replay-bad-version");
+    json meta = json::parse(slurp(d + "/capture.json"));
+    meta["format_version"] = 99;
+    std::ofstream(d + "/capture.json") << meta.dump();
+    const std::string m = error_of(d);
+    EXPECT_NE(m.find("format_version 99 is newer"), std::string::npos) << m;
+  }
+  {
+    const std::string d = copy("replay-bad-type");
+    json meta = json::parse(slurp(d + "/capture.json"));
+    meta["threads"] = "two";
+    std::ofstream(d + "/capture.json") << meta.dump();
+    const std::string m = error_of(d);
+    EXPECT_NE(m.find(d + "/capture.json: \"threads\" has the wrong type"), std::string::npos) << m;
+  }
+  {
+    const std::string d = copy("replay-bad-model");
+    io::Safetensors st = io::read_safetensors(d + "/model.safetensors");
+    std::vector<std::pair<std::string, Tensor>> fewer;
+    for (auto& [n, t] : st.tensors)
+      if (n != "transformer.ln_f.bias") fewer.emplace_back(n, t);
+    io::write_safetensors(d + "/model.safetensors", fewer);
+    const std::string m = error_of(d);
+    EXPECT_NE(m.find(d + "/model.safetensors: tensor 'transformer.ln_f.bias' is missing"),
+              std::string::npos)
+        << m;
+  }
+  {
+    const std::string d = copy("replay-bad-batches");
+    io::Safetensors st = io::read_safetensors(d + "/microbatches.safetensors");
+    for (auto& [n, t] : st.tensors)
+      if (n == "mb1.labels") t = Tensor::from_floats(std::vector<float>(t.numel(), 1.f), t.shape());
+    io::write_safetensors(d + "/microbatches.safetensors", st.tensors);
+    const std::string m = error_of(d);
+    EXPECT_NE(m.find(d + "/microbatches.safetensors: mb1.input_ids / labels must be i64"),
+              std::string::npos)
+        << m;
+  }
+  {
+    const std::string d = copy("replay-bad-truncated");
+    const std::string text = slurp(d + "/capture.json");
+    std::ofstream(d + "/capture.json") << text.substr(0, text.size() / 2);
+    const std::string m = error_of(d);
+    EXPECT_NE(m.find(d + "/capture.json: not valid JSON"), std::string::npos) << m;
+  }
+}
+
+}  // namespace
+}  // namespace keel::monitor
