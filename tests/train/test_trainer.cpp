@@ -279,9 +279,11 @@ TEST(Trainer, EveryPolicyTrainsTheBuiltinTask) {
     if (std::string(p) == "bf16-true" || std::string(p) == "16-true") continue;
     EXPECT_TRUE(std::isfinite(eval_loss[p])) << p;
   }
-  if (!sanitized())  // the short sanitizer run only checks that every policy learns
-    for (const char* p : {"bf16-mixed", "16-mixed"})
+  if (!sanitized()) {  // the short sanitizer run only checks that every policy learns
+    for (const char* p : {"bf16-mixed", "16-mixed"}) {
       EXPECT_NEAR(eval_loss[p], eval_loss["32-true"], 0.05 * eval_loss["32-true"]) << p;
+    }
+  }
 }
 
 TEST(Trainer, BadConfigsGiveClearErrors) {
