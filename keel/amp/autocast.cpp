@@ -2,6 +2,7 @@
 
 #include <unordered_map>
 
+#include "keel/autograd/node.h"
 #include "keel/ops/elementwise.h"
 
 namespace keel::amp {
@@ -64,7 +65,10 @@ AutocastGuard::~AutocastGuard() {
 
 static Tensor cached_cast(const Tensor& t, DType dt) {
   // Only weights are worth caching: f32 leaves that require grad (PyTorch's rule).
-  if (!(t.dtype() == DType::F32 && t.is_leaf() && t.requires_grad())) return ops::cast(t, dt);
+  // A cast made under NoGradGuard has no graph node: caching it would silently cut the gradient
+  // of a later use with grad mode on, so only casts that carry a node are cached.
+  if (!(t.dtype() == DType::F32 && t.is_leaf() && t.requires_grad() && grad_mode_enabled()))
+    return ops::cast(t, dt);
   auto it = t_state.cache.find(t.impl());
   if (it != t_state.cache.end() && !it->second.source.expired() &&
       it->second.version == t.version() && it->second.cast.dtype() == dt)
