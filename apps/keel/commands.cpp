@@ -14,6 +14,9 @@ void register_commands(CLI::App& app) {
   commands().push_back(add_init_model(app));
   commands().push_back(add_selfcheck(app));
   commands().push_back(add_numerics(app));
+  commands().push_back(add_replay(app));
+  commands().push_back(add_doctor(app));
+  commands().push_back(add_memory(app));
 }
 
 int run_selected(CLI::App&) {

@@ -16,6 +16,9 @@ Command add_selfcheck(CLI::App& app);
 Command add_numerics(CLI::App& app);
 Command add_train(CLI::App& app);
 Command add_init_model(CLI::App& app);
+Command add_replay(CLI::App& app);
+Command add_doctor(CLI::App& app);
+Command add_memory(CLI::App& app);
 
 void register_commands(CLI::App& app);
 int run_selected(CLI::App& app);

@@ -93,9 +93,12 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   const int64_t s = pb;
 
   e.weights = N * pb;
-  e.grads = N * pb;  // grads keep the parameter's dtype (f32 for masters)
+  // Grads keep the parameter's dtype (f32 for masters and adapters).
+  const int64_t Nt = q.trainable > 0 ? q.trainable : N;
+  const int64_t tb = q.trainable_f32 ? 4 : pb;
+  e.grads = Nt * tb;
   const int64_t kinds = q.optimizer == "adamw" ? 2 : (q.momentum != 0 ? 1 : 0);
-  e.optimizer_state = kinds * N * pb;
+  e.optimizer_state = kinds * Nt * tb;
 
   // Autocast caches one low-precision copy per weight for the whole window: every Linear weight
   // and bias and the tied embedding used as lm_head; not norms or position tables.

@@ -25,6 +25,10 @@ namespace keel::monitor {
 
 struct MemoryQuery {
   int64_t params = 0;  // total parameters; 0 = computed from the model sizes below
+  // Parameters that train (have grads and optimizer state); 0 = all. Under an adapter only the
+  // adapter's parameters train, in f32 whatever the policy.
+  int64_t trainable = 0;
+  bool trainable_f32 = false;
   std::string precision = "32-true";
   std::string optimizer = "adamw";  // adamw | sgd
   double momentum = 0.9;            // sgd: 0 keeps no state

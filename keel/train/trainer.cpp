@@ -16,6 +16,7 @@
 #include "keel/models/resize.h"
 #include "keel/nn/adapters/adapter.h"
 #include "keel/nn/layers.h"
+#include "keel/numerics/tensor_stats.h"
 #include "keel/ops/cross_entropy.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/shape.h"
@@ -58,7 +59,11 @@ models::ModelSpec spec_from(const ModelConfig& m, int64_t vocab, int64_t seq_len
   return s;
 }
 
-bool all_finite(const Tensor& t) { return std::isfinite(ops::sum_squares(t)); }
+// Element by element (only on a non-finite step): a sum of squares would also flag finite values
+// beyond ~1.8e19, whose squares overflow.
+bool all_finite(const Tensor& t) {
+  return tensor_stats(t.data(), t.dtype(), t.numel()).all_finite();
+}
 
 // The id that fills padded positions (they carry no label and attention masks them out): the
 // tokenizer's own pad when it names no real token; else, as data.pad says, a dedicated new id one
@@ -296,21 +301,43 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
       ev.grad_norm = r.grad_norm;
       ev.window = &window;
       ev.step_seed = seed;
+      ev.loss_scale = r.loss_scale;
       for (auto& [name, p] : trainable_)
         if (p.grad().defined() && !all_finite(p.grad())) ev.nonfinite_params.push_back(name);
       const std::string& mode = cfg_.train.on_nonfinite;
       if (mode == "capture" || mode == "abort") {
-        std::string path;
-        if (mode == "capture" && cfg_.debug.nan_capture && hooks_.on_capture)
-          path = hooks_.on_capture(ev);
-        std::string first =
-            ev.nonfinite_params.empty() ? std::string("(the loss)") : ev.nonfinite_params.front();
-        stop_message_ = "non-finite " + std::string(loss_finite ? "gradients" : "loss") +
-                        " at step " + std::to_string(r.step) + " (first: " + first + ")";
+        // One message: the step, what went non-finite, the first such parameter, and where the
+        // capture is with the command that replays it.
+        std::string path, why_none;
+        if (mode == "abort") {
+          why_none = "on_nonfinite = abort";
+        } else if (!cfg_.debug.nan_capture) {
+          why_none = "[debug] nan_capture = false";
+        } else if (!hooks_.on_capture) {
+          why_none = "no capture handler is attached";
+        } else {
+          try {
+            path = hooks_.on_capture(ev);
+          } catch (const std::exception& e) {
+            why_none = std::string("writing it failed: ") + e.what();
+          }
+        }
+        std::string what = loss_finite ? std::string("non-finite gradients")
+                                       : "non-finite loss (" + std::to_string(r.loss) + ")";
+        if (loss_finite && ev.nonfinite_params.empty())
+          what = "non-finite gradient norm (" + std::to_string(r.grad_norm) +
+                 ": its f32 sum of squares overflowed; every gradient element is finite but some "
+                 "exceed ~1.8e19)";
+        if (!ev.nonfinite_params.empty())
+          what += std::string(loss_finite ? "" : " and gradients") + " in " +
+                  std::to_string(ev.nonfinite_params.size()) + " of " +
+                  std::to_string(trainable_.size()) +
+                  " parameters (first: " + ev.nonfinite_params.front() + ")";
+        stop_message_ = "step " + std::to_string(r.step) + ": " + what;
         if (!path.empty())
           stop_message_ += "; capture written to " + path + "; replay with: keel replay " + path;
-        else if (mode == "abort")
-          stop_message_ += "; on_nonfinite = abort, no capture written";
+        else
+          stop_message_ += "; no capture written (" + why_none + ")";
       }
     }
     r.stepped = false;

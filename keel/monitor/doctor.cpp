@@ -1,0 +1,508 @@
+#include "keel/monitor/doctor.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <sstream>
+
+#include "keel/amp/precision.h"
+#include "keel/backend/cpu/isa.h"
+#include "keel/data/tokenizer_base.h"
+#include "keel/ops/elementwise.h"
+#include "keel/optim/clip.h"
+#include "keel/train/trainer.h"
+
+namespace keel::monitor {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+DoctorCheck make(const char* sev, const char* check, std::string msg) {
+  return {sev, check, std::move(msg)};
+}
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string quoted_token(const TokenizerFacts& tok, int64_t id) {
+  std::string t = tok.token_text ? tok.token_text(id) : std::string();
+  return t.empty() ? std::string() : " ('" + t + "')";
+}
+
+}  // namespace
+
+// ---- static checks
+
+TokenizerFacts tokenizer_facts(const data::Tokenizer& tok, const std::string& name) {
+  TokenizerFacts f;
+  f.name = name;
+  f.vocab_size = tok.vocab_size();
+  f.pad_id = tok.pad_id();
+  f.bos_id = tok.bos_id();
+  f.eos_id = tok.eos_id();
+  f.is_special = [&tok](int64_t id) { return tok.is_special(id); };
+  f.token_text = [&tok](int64_t id) { return tok.id_to_token(id); };
+  return f;
+}
+
+DoctorCheck check_pad_token(const TokenizerFacts& tok, const std::string& pad_mode,
+                            int64_t embedding_rows) {
+  const std::string who = "tokenizer " + tok.name + ": ";
+  const int64_t pad = tok.pad_id;
+  const bool in_vocab = pad >= 0 && pad < tok.vocab_size;
+  const bool special = in_vocab && tok.is_special && tok.is_special(pad);
+  const bool hole = in_vocab && tok.token_text && tok.token_text(pad).empty();
+  const bool is_bos_eos = pad >= 0 && (pad == tok.eos_id || pad == tok.bos_id);
+  const bool collides = in_vocab && (is_bos_eos || (!special && !hole));
+  if (pad >= 0 && !collides) {
+    if (pad >= embedding_rows)
+      return make("error", "pad-token",
+                  who + "pad id " + std::to_string(pad) + " is outside the model's embedding (" +
+                      std::to_string(embedding_rows) +
+                      " rows); raise model.vocab_size to at least " + std::to_string(pad + 1) +
+                      " or use the model's own tokenizer");
+    return make("ok", "pad-token",
+                who + "pad id " + std::to_string(pad) + quoted_token(tok, pad) +
+                    " is a dedicated token, distinct from every real token");
+  }
+  // No usable pad: say why, then what keel does instead (data.pad).
+  std::string why;
+  if (pad < 0)
+    why = "has no pad token (as GPT-2's and Llama-3's tokenizers)";
+  else if (is_bos_eos)
+    why = "declares pad id " + std::to_string(pad) + quoted_token(tok, pad) +
+          ", which is also its " + (pad == tok.eos_id ? "eos" : "bos") + " token";
+  else
+    why = "declares pad id " + std::to_string(pad) + quoted_token(tok, pad) +
+          ", an ordinary token that real text produces (as id 0 = '!' in Llama-3's vocabulary)";
+  if (pad_mode == "eos") {
+    if (tok.eos_id < 0)
+      return make("error", "pad-token",
+                  who + why +
+                      ", and data.pad = \"eos\" but it has no eos token either; set "
+                      "data.pad = \"add\"");
+    return make("warning", "pad-token",
+                who + why + "; data.pad = \"eos\" pads with eos " + std::to_string(tok.eos_id) +
+                    quoted_token(tok, tok.eos_id) +
+                    ": keel masks padding by position, so training is right, but a mask or label "
+                    "rule built from ids (ids != pad, as HF collators do) also hides the real eos, "
+                    "and the model never learns to stop; data.pad = \"add\" gives padding its own "
+                    "id");
+  }
+  // A declared pad that is a real token is a defect of the tokenizer's config (any tool that
+  // trusts it masks real text): a warning even though keel pads around it.
+  return make(pad < 0 ? "info" : "warning", "pad-token",
+              who + why + "; data.pad = \"add\" pads with the new id " +
+                  std::to_string(tok.vocab_size) +
+                  " (the embeddings grow by one row), so padding "
+                  "never collides with a real token");
+}
+
+std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int64_t grad_accum) {
+  std::vector<DoctorCheck> out;
+  if (examples <= 0) {
+    out.push_back(
+        make("error", "windows", "the training set is empty; check data.path / data.task"));
+    return out;
+  }
+  const int64_t nb = (examples + batch_size - 1) / batch_size;  // micro-batches per epoch
+  const int64_t last_rows = examples - (nb - 1) * batch_size;
+  if (grad_accum > nb) {
+    out.push_back(make(
+        "warning", "windows",
+        "train.grad_accum = " + std::to_string(grad_accum) + " is larger than the epoch (" +
+            std::to_string(examples) + " examples = " + std::to_string(nb) + " micro-batches of " +
+            std::to_string(batch_size) + "): every step is a remainder window of " +
+            std::to_string(nb) + " micro-batches, so the effective batch is " +
+            std::to_string(examples) + " examples, not " + std::to_string(grad_accum * batch_size) +
+            "; lower train.grad_accum to at most " + std::to_string(nb)));
+    return out;
+  }
+  const int64_t steps = (nb + grad_accum - 1) / grad_accum;
+  const int64_t rem = nb % grad_accum;
+  if (rem != 0)
+    out.push_back(make("info", "windows",
+                       "each epoch ends with a remainder window of " + std::to_string(rem) +
+                           " micro-batch(es) instead of " + std::to_string(grad_accum) + " (step " +
+                           std::to_string(steps) + " of " + std::to_string(steps) +
+                           "); keel weights micro-batches by target tokens, so its loss is still "
+                           "the token mean (no division by the full window)"));
+  if (last_rows != batch_size)
+    out.push_back(make("info", "windows",
+                       "the last micro-batch of each epoch has " + std::to_string(last_rows) +
+                           " of " + std::to_string(batch_size) +
+                           " rows (drop_last = false; token weighting keeps its loss exact)"));
+  if (out.empty())
+    out.push_back(make("ok", "windows",
+                       std::to_string(steps) + " steps per epoch of " + std::to_string(grad_accum) +
+                           " x " + std::to_string(batch_size) + " examples, no remainder"));
+  return out;
+}
+
+std::vector<DoctorCheck> check_config(const Config& cfg) {
+  std::vector<DoctorCheck> out;
+  // Precision vs device.
+  Device device;
+  try {
+    device = device_from_string(cfg.run.device);
+  } catch (const Error& e) {
+    out.push_back(make("error", "precision", e.what()));
+    return out;
+  }
+  if (device.is_cuda())
+    out.push_back(make("error", "precision",
+                       "run.device = " + cfg.run.device +
+                           ": this build has no CUDA backend; use run.device = \"cpu\""));
+  PrecisionPolicy pol;
+  try {
+    pol = resolve_precision(cfg.train.precision, device, cfg.train.allow_cpu_bf16);
+  } catch (const Error& e) {
+    out.push_back(make("error", "precision", e.what()));
+    return out;
+  }
+  const std::string p = pol.name();
+  if (cfg.train.precision == "auto")
+    out.push_back(
+        make("info", "precision", "precision = auto resolves to " + p + " on " + device.str()));
+  if (device.is_cpu() && pol.compute_dtype != DType::F32) {
+    const bool native = pol.compute_dtype == DType::BF16 && cpu_has_avx512_bf16();
+    out.push_back(make(
+        "info", "precision",
+        p + " on the CPU: " +
+            (native ? std::string("the CPU has native bf16 dot products")
+                    : std::string("no native ") + dtype_name(pol.compute_dtype) +
+                          " arithmetic, so products run in f32 on rounded inputs (the rounding, "
+                          "and so the numerics, are real; the speed is not)")));
+  } else if (device.is_cpu()) {
+    out.push_back(make("ok", "precision", p + " on the CPU"));
+  }
+  // f16 without a scaler, hard-cast policies.
+  if (pol.kind == Precision::k16Mixed && !cfg.scaler.enabled)
+    out.push_back(make("warning", "scaler",
+                       "16-mixed with [scaler] enabled = false: gradients below f16's smallest "
+                       "subnormal (6e-8) flush to zero and the step never learns why; enable "
+                       "the scaler (scaler.enabled = true) or use bf16-mixed"));
+  if (pol.kind == Precision::k16True)
+    out.push_back(make("warning", "scaler",
+                       "16-true keeps f16 parameters and f16 gradients with no loss scaler (a "
+                       "scaler cannot unscale f16 gradients, as PyTorch refuses to): small "
+                       "gradients underflow to 0 and activations above 65504 overflow; use "
+                       "16-mixed (f32 masters + scaler) or bf16-mixed"));
+  if (pol.kind == Precision::kBf16True)
+    out.push_back(make("warning", "precision",
+                       "bf16-true updates bf16 parameters without f32 masters: an update smaller "
+                       "than 2^-9 of a weight rounds away (8 significant bits), so small learning "
+                       "rates stall; use bf16-mixed unless memory forces it"));
+  // Adapters.
+  if (cfg.model.adapter.kind != "none") {
+    out.push_back(make("info", "adapter",
+                       cfg.model.adapter.kind + " adapter parameters are kept in f32 whatever the "
+                                                "base dtype (PEFT's autocast_adapter_dtype), so "
+                                                "the optimizer never updates 16-bit adapters"));
+    if (cfg.model.base_dtype == "bf16" && pol.compute_dtype == DType::F16)
+      out.push_back(make("warning", "adapter",
+                         "a bf16 base (model.base_dtype = bf16) computing in f16 (" + p +
+                             "): bf16 weights and activations beyond 65504 overflow f16; use "
+                             "bf16-mixed with a bf16 base"));
+  } else if (cfg.model.base_dtype != "f32") {
+    out.push_back(make("info", "adapter",
+                       "model.base_dtype = " + cfg.model.base_dtype +
+                           " applies only to a frozen base under an adapter; ignored here"));
+  }
+  // Learning rate vs decoupled weight decay: AdamW multiplies decayed weights by (1 - lr*wd).
+  if (cfg.optim.name == "adamw") {
+    const double f = 1.0 - cfg.optim.lr * cfg.optim.weight_decay;
+    if (f <= 0)
+      out.push_back(make(
+          "error", "optimizer",
+          "optim.lr x optim.weight_decay = " + fmt("%g", cfg.optim.lr * cfg.optim.weight_decay) +
+              " >= 1: AdamW's decoupled decay multiplies every decayed weight by "
+              "(1 - lr*wd) = " +
+              fmt("%g", f) +
+              " each step, so weights flip sign and grow until they overflow; "
+              "lower optim.lr (AdamW is usually run at 1e-5 to 1e-2)"));
+    else if (cfg.optim.lr > 0.1)
+      out.push_back(make("warning", "optimizer",
+                         "optim.lr = " + fmt("%g", cfg.optim.lr) +
+                             " is far above AdamW's usual range (1e-5 to 1e-2): each step moves "
+                             "every weight by up to lr; expect divergence"));
+  }
+  if (cfg.train.max_grad_norm <= 0)
+    out.push_back(make("info", "optimizer",
+                       "train.max_grad_norm = 0: no gradient clipping (a spike goes straight into "
+                       "the update)"));
+  return out;
+}
+
+DoctorCheck check_memory(const MemoryEstimate& e, int64_t available) {
+  const std::string est = fmt("%.1f MB", static_cast<double>(e.total) / 1e6);
+  if (available < 0)
+    return make("info", "memory", "estimated peak " + est + " (/proc/meminfo unreadable)");
+  const std::string av = fmt("%.1f MB", static_cast<double>(available) / 1e6);
+  if (e.total > available)
+    return make("error", "memory",
+                "estimated peak " + est + " exceeds the available memory " + av +
+                    "; lower train.batch_size (raise train.grad_accum to keep the batch) or "
+                    "data.seq_len, or use a -mixed policy");
+  if (e.total > available * 8 / 10)
+    return make("warning", "memory",
+                "estimated peak " + est + " is over 80% of the available memory " + av);
+  return make("ok", "memory", "estimated peak " + est + " of " + av + " available");
+}
+
+// ---- the sanity pass
+
+namespace {
+
+SanityRun sanity_run(const Config& base, const std::string& label,
+                     const std::vector<std::string>& sets, const std::string& out_dir) {
+  SanityRun s;
+  s.label = label;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    Config cfg = base;
+    const std::string cfg_path = out_dir + "/config.toml";
+    fs::create_directories(out_dir);
+    {
+      FILE* f = std::fopen(cfg_path.c_str(), "w");
+      if (!f) throw Error("doctor: cannot write " + cfg_path);
+      const std::string t = config_to_toml(cfg);
+      std::fwrite(t.data(), 1, t.size(), f);
+      std::fclose(f);
+    }
+    std::vector<std::string> ov = {"run.out_dir=" + out_dir, "run.resume=false",
+                                   "debug.underflow_overflow.enabled=false"};
+    ov.insert(ov.end(), sets.begin(), sets.end());
+    Trainer tr(load_config(cfg_path, ov));
+    s.precision = tr.policy().name();
+    s.attention = ops::attention_backend_name(tr.model().spec().attention);
+    const std::vector<data::Batch> window = {tr.loader().batch(0, 0)};
+    tr.optimizer().zero_grad();
+    tr.model().train(true);
+    const double scale = tr.scaler() ? tr.scaler()->get_scale() : 1.0;
+    const double sum = tr.forward_backward(window, tr.step_seed(1), scale);
+    s.loss = window[0].n_targets > 0 ? sum / static_cast<double>(window[0].n_targets) : 0.0;
+    std::vector<Tensor> grads;
+    for (auto& [name, p] : tr.trainable())
+      if (p.grad().defined()) grads.push_back(p.grad());
+    if (tr.scaler()) tr.scaler()->unscale(grads);
+    s.grad_norm = optim::global_grad_norm(grads);
+    s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
+    s.ran = true;
+  } catch (const std::exception& e) {
+    s.error = e.what();
+  }
+  s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s;
+}
+
+}  // namespace
+
+DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
+  DoctorReport r;
+  r.checks = check_config(cfg);
+  const bool config_ok = std::none_of(r.checks.begin(), r.checks.end(), [](const DoctorCheck& c) {
+    return c.severity == "error" && c.check == "precision";
+  });
+  std::string out_dir = opt.out_dir;
+  bool remove_after = false;
+  if (out_dir.empty()) {
+    std::string tmpl = (fs::temp_directory_path() / "keel-doctor-XXXXXX").string();
+    std::vector<char> buf(tmpl.begin(), tmpl.end());
+    buf.push_back('\0');
+    if (!mkdtemp(buf.data())) throw Error("doctor: cannot create a temporary directory");
+    out_dir = buf.data();
+    remove_after = true;
+  }
+  std::unique_ptr<Trainer> probe;
+  if (config_ok) {
+    try {
+      Config c = cfg;
+      c.run.out_dir = out_dir + "/probe";
+      c.run.resume = false;
+      c.debug.underflow_overflow.enabled = false;
+      probe = std::make_unique<Trainer>(c);
+    } catch (const std::exception& e) {
+      r.checks.push_back(make("error", "setup", std::string("the run cannot start: ") + e.what()));
+    }
+  }
+  if (probe) {
+    // Tokenizer and data, as the Trainer built them for training.
+    const TokenizerFacts tok = tokenizer_facts(probe->tokenizer(), cfg.data.tokenizer);
+    const int64_t rows = probe->model().spec().vocab_size;
+    r.checks.push_back(check_pad_token(tok, cfg.data.pad, std::max(rows, tok.vocab_size)));
+    // Adapter dtypes, as built: every trainable adapter parameter must be f32 (an f16 one would
+    // meet PyTorch's "Attempting to unscale FP16 gradients" pain); the frozen base as configured.
+    if (cfg.model.adapter.kind != "none") {
+      int64_t n = 0, not_f32 = 0;
+      std::string bad;
+      for (auto& [name, p] : probe->trainable()) {
+        ++n;
+        if (p.dtype() != DType::F32 && !not_f32++) bad = name + " (" + dtype_name(p.dtype()) + ")";
+      }
+      DType base_dt = DType::F32;
+      for (auto& [name, p] : probe->model().named_parameters())
+        if (!p.requires_grad()) base_dt = p.dtype();
+      if (not_f32)
+        r.checks.push_back(make("error", "adapter",
+                                std::to_string(not_f32) + " of " + std::to_string(n) +
+                                    " adapter parameters are not f32 (first: " + bad +
+                                    "); adapters must train in f32"));
+      else
+        r.checks.push_back(make("ok", "adapter",
+                                std::to_string(n) + " trainable " + cfg.model.adapter.kind +
+                                    " parameters, all f32; frozen base stored in " +
+                                    dtype_name(base_dt)));
+    }
+    auto w = check_windows(probe->loader().size(), cfg.train.batch_size, cfg.train.grad_accum);
+    r.checks.insert(r.checks.end(), w.begin(), w.end());
+  }
+  // Memory.
+  try {
+    MemoryQuery q = memory_query_from_config(cfg);
+    if (probe) {
+      q.params = probe->model().num_parameters();
+      if (cfg.model.adapter.kind != "none") {
+        q.trainable = probe->model().num_parameters(/*trainable_only=*/true);
+        q.trainable_f32 = true;
+      }
+    }
+    r.memory = estimate_memory(q);
+    r.available_bytes = available_memory_bytes();
+    r.checks.push_back(check_memory(r.memory, r.available_bytes));
+  } catch (const Error& e) {
+    r.checks.push_back(make("warning", "memory", std::string("no estimate: ") + e.what()));
+  }
+  probe.reset();
+
+  // One batch under the configured settings, 32-true, and each attention backend.
+  if (opt.sanity && config_ok &&
+      !std::any_of(r.checks.begin(), r.checks.end(), [](const DoctorCheck& c) {
+        return c.severity == "error" && c.check == "setup";
+      })) {
+    const PrecisionPolicy pol =
+        resolve_precision(cfg.train.precision, Device::cpu(), cfg.train.allow_cpu_bf16);
+    const std::string att = cfg.model.attention;
+    int idx = 0;
+    auto run = [&](const std::string& label, const std::vector<std::string>& sets) {
+      r.sanity.push_back(
+          sanity_run(cfg, label, sets, out_dir + "/sanity-" + std::to_string(idx++)));
+    };
+    run("configured", {});
+    if (pol.name() != "32-true") run("32-true", {"train.precision=32-true"});
+    for (const char* b : {"eager", "math", "flash"})
+      if (att != b) run(std::string("attention=") + b, {std::string("model.attention=") + b});
+    const SanityRun& conf = r.sanity.front();
+    const SanityRun* ref = pol.name() != "32-true" ? &r.sanity[1] : nullptr;
+    if (!conf.ran) {
+      r.checks.push_back(make("error", "sanity", "one batch could not run: " + conf.error));
+    } else if (!conf.finite) {
+      std::string m = "the first batch is non-finite under the configured settings (" +
+                      conf.precision + ", attention " + conf.attention + ")";
+      const bool scaler_only = std::isfinite(conf.loss) && pol.scaler && cfg.scaler.enabled;
+      if (scaler_only) {
+        r.checks.push_back(make("warning", "sanity",
+                                m + " only in the scaled gradients: the scaler will skip the first "
+                                    "step(s) and back off from scaler.init_scale"));
+      } else {
+        if (ref && ref->ran && ref->finite)
+          m += "; it is finite under 32-true: the precision is the cause (run keel train to "
+               "capture it, then keel replay --bisect)";
+        r.checks.push_back(make("error", "sanity", m));
+      }
+    } else {
+      std::string m = "one batch under " + conf.precision + ": loss " + fmt("%.6g", conf.loss) +
+                      ", grad norm " + fmt("%.6g", conf.grad_norm);
+      const char* sev = "ok";
+      if (ref && ref->ran && ref->finite) {
+        const double rel = std::fabs(conf.loss - ref->loss) / std::max(1e-12, std::fabs(ref->loss));
+        m += " (32-true: loss " + fmt("%.6g", ref->loss) + ", relative difference " +
+             fmt("%.2g", rel) + ")";
+        if (rel > 0.02) {
+          sev = "warning";
+          m += "; more than 2% off 32-true: low precision changes this model's loss visibly";
+        }
+      }
+      r.checks.push_back(make(sev, "sanity", m));
+    }
+    for (size_t i = 1; i < r.sanity.size(); ++i) {
+      const SanityRun& s = r.sanity[i];
+      if (!s.ran)
+        r.checks.push_back(make("warning", "sanity", s.label + " could not run: " + s.error));
+      else if (!s.finite && conf.ran && conf.finite)
+        r.checks.push_back(make("warning", "sanity",
+                                s.label + " is non-finite on the first batch while the configured "
+                                          "settings are finite: do not switch to it"));
+    }
+  }
+  if (remove_after) {
+    std::error_code ec;
+    fs::remove_all(out_dir, ec);
+  }
+  r.blocking = std::any_of(r.checks.begin(), r.checks.end(),
+                           [](const DoctorCheck& c) { return c.severity == "error"; });
+  return r;
+}
+
+std::string format_doctor(const DoctorReport& r) {
+  std::ostringstream o;
+  o << "keel doctor\n";
+  for (const DoctorCheck& c : r.checks) {
+    char tag[16];
+    std::snprintf(tag, sizeof tag, "%-7s", c.severity.c_str());
+    o << "  [" << tag << "] " << c.check << ": " << c.message << "\n";
+  }
+  if (!r.sanity.empty()) {
+    o << "one-batch sanity pass (first micro-batch, forward + backward, no update):\n";
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "  %-18s %-11s %-9s %14s %14s %8s\n", "run", "precision",
+                  "attention", "loss", "grad norm", "seconds");
+    o << buf;
+    for (const SanityRun& s : r.sanity) {
+      if (!s.ran) {
+        o << "  " << s.label << ": could not run (" << s.error << ")\n";
+        continue;
+      }
+      std::snprintf(buf, sizeof buf, "  %-18s %-11s %-9s %14.7g %14.7g %8.2f\n", s.label.c_str(),
+                    s.precision.c_str(), s.attention.c_str(), s.loss, s.grad_norm, s.seconds);
+      o << buf;
+    }
+  }
+  if (r.memory.total > 0) o << format_memory(r.memory);
+  o << (r.blocking ? "verdict: blocked — fix the errors above before training\n"
+                   : "verdict: nothing blocks training\n");
+  return o.str();
+}
+
+json doctor_to_json(const DoctorReport& r) {
+  auto num = [](double v) -> json {
+    if (std::isfinite(v)) return v;
+    return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+  };
+  json checks = json::array();
+  for (const DoctorCheck& c : r.checks)
+    checks.push_back({{"severity", c.severity}, {"check", c.check}, {"message", c.message}});
+  json sanity = json::array();
+  for (const SanityRun& s : r.sanity) {
+    json e = {{"label", s.label},   {"precision", s.precision}, {"attention", s.attention},
+              {"ran", s.ran},       {"loss", num(s.loss)},      {"grad_norm", num(s.grad_norm)},
+              {"finite", s.finite}, {"seconds", s.seconds}};
+    if (!s.error.empty()) e["error"] = s.error;
+    sanity.push_back(e);
+  }
+  return {{"checks", checks},
+          {"sanity", sanity},
+          {"memory", memory_to_json(r.memory)},
+          {"available_bytes", r.available_bytes},
+          {"blocking", r.blocking}};
+}
+
+}  // namespace keel::monitor
