@@ -4,6 +4,9 @@
 //
 //   OMP_NUM_THREADS=2 ./build/bench/bench_monitor [--steps N] [--precision P]
 //
+// On a machine other jobs share, run with OMP_NUM_THREADS=1 or OMP_WAIT_POLICY=passive: spinning
+// OpenMP workers that lose their core make every step several times slower, and the ratios noise.
+//
 // One Trainer on `keel train`'s default config; after warm-up steps, blocks of steps alternate
 // between "nothing attached" and each instrument, so drift (caches, clock, a neighbour's load)
 // hits every configuration alike. Prints the median step time of each and its ratio to the
