@@ -77,6 +77,61 @@ struct ConfigReader {
   }
 };
 
+// HF's `rope_scaling` object. "rope_type" (transformers >= 4.45) or "type" (older) names it.
+ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file) {
+  using Kind = ops::RopeScaling::Kind;
+  const std::string where = file + ": rope_scaling";
+  if (!rs.is_object()) throw Error(where + " must be an object or null, got " + rs.dump());
+  ConfigReader c{rs, file};
+  const json* type = c.find({"rope_type", "type"});
+  if (!type || !type->is_string())
+    throw Error(where + " has no string field 'rope_type' (or 'type'): " + rs.dump());
+  const std::string t = type->get<std::string>();
+  ops::RopeScaling s;
+  auto required = [&](const char* name) {
+    const json* v = c.find({name});
+    if (!v || !v->is_number() || !(v->get<double>() > 0))
+      throw Error(where + " (" + t + ") needs a positive number '" + name + "', got " +
+                  (v ? v->dump() : std::string("nothing")));
+    return v->get<double>();
+  };
+  if (t == "default") return s;
+  if (t == "linear") {
+    s.kind = Kind::kLinear;
+    s.factor = required("factor");
+  } else if (t == "llama3") {
+    s.kind = Kind::kLlama3;
+    s.factor = required("factor");
+    s.low_freq_factor = required("low_freq_factor");
+    s.high_freq_factor = required("high_freq_factor");
+    s.original_max_position = static_cast<int64_t>(required("original_max_position_embeddings"));
+    if (!(s.high_freq_factor > s.low_freq_factor))
+      throw Error(where + " (llama3): high_freq_factor (" + std::to_string(s.high_freq_factor) +
+                  ") must exceed low_freq_factor (" + std::to_string(s.low_freq_factor) + ")");
+  } else {
+    throw Error(where + " type '" + t +
+                "' is not supported by keel's llama model (it runs 'default', 'linear' and "
+                "'llama3'; Llama 3.1/3.2 checkpoints use 'llama3')");
+  }
+  return s;
+}
+
+json rope_scaling_json(const ops::RopeScaling& s) {
+  switch (s.kind) {
+    case ops::RopeScaling::Kind::kNone:
+      return nullptr;
+    case ops::RopeScaling::Kind::kLinear:
+      return {{"rope_type", "linear"}, {"factor", s.factor}};
+    case ops::RopeScaling::Kind::kLlama3:
+      return {{"rope_type", "llama3"},
+              {"factor", s.factor},
+              {"low_freq_factor", s.low_freq_factor},
+              {"high_freq_factor", s.high_freq_factor},
+              {"original_max_position_embeddings", s.original_max_position}};
+  }
+  return nullptr;
+}
+
 std::string family_of(const json& j, const std::string& file) {
   std::string mt = j.value("model_type", std::string());
   std::string arch;
@@ -204,7 +259,7 @@ json config_json(const models::ModelSpec& s, DType dt, const json& base) {
     j["max_position_embeddings"] = s.max_seq_len;
     j["rms_norm_eps"] = s.norm_eps;
     j["rope_theta"] = s.rope_theta;
-    j["rope_scaling"] = nullptr;
+    j["rope_scaling"] = rope_scaling_json(s.rope_scaling);
     j["tie_word_embeddings"] = s.tie_embeddings;
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
@@ -277,9 +332,7 @@ HfConfig read_hf_config(const std::string& dir) {
     if (act != "silu") throw unsupported("hidden_act '" + act + "' (keel's Llama MLP is SwiGLU)");
     if (c.boolean("attention_bias", false)) throw unsupported("attention_bias = true");
     if (c.boolean("mlp_bias", false)) throw unsupported("mlp_bias = true");
-    if (c.find({"rope_scaling"}))
-      throw unsupported("rope_scaling " + j["rope_scaling"].dump() +
-                        " (keel's RoPE has rope_theta only)");
+    if (const json* rs = c.find({"rope_scaling"})) s.rope_scaling = read_rope_scaling(*rs, file);
     if (s.n_head > 0 && s.n_embd % s.n_head == 0) {
       const int64_t hd = c.integer({"head_dim"}, s.n_embd / s.n_head);
       if (hd != s.n_embd / s.n_head)

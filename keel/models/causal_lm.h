@@ -8,6 +8,7 @@
 
 #include "keel/nn/module.h"
 #include "keel/ops/attention.h"
+#include "keel/ops/rope.h"
 
 namespace keel::models {
 
@@ -20,6 +21,7 @@ struct ModelSpec {
   int64_t max_seq_len = 128;
   bool tie_embeddings = true;  // gpt2 always ties
   double rope_theta = 10000.0;
+  ops::RopeScaling rope_scaling;  // llama: HF `rope_scaling` (none, linear, llama3)
   double norm_eps = 1e-5;
   double init_std = 0.02;
   double dropout = 0.0;

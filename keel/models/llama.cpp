@@ -12,7 +12,8 @@ LlamaAttention::LlamaAttention(const ModelSpec& s)
     : nn::Module("LlamaAttention"),
       n_head(s.n_head),
       n_kv_head(s.kv_heads()),
-      rope_theta(s.rope_theta) {
+      rope_theta(s.rope_theta),
+      rope_scaling(s.rope_scaling) {
   const int64_t d = s.head_dim();
   auto lin = [&](int64_t in, int64_t out) {
     return std::make_unique<nn::Linear>(in, out, false, s.param_dtype);
@@ -27,9 +28,11 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& mask, ops::Attenti
   return call({x}, [&] {
     using amp::AmpOp;
     const float theta = static_cast<float>(rope_theta);
-    Tensor q = ops::rope(ops::split_heads(q_proj->forward(x), n_head), theta);     // [B,H,T,D]
-    Tensor k = ops::rope(ops::split_heads(k_proj->forward(x), n_kv_head), theta);  // [B,Hkv,T,D]
-    Tensor v = ops::split_heads(v_proj->forward(x), n_kv_head);                    // [B,Hkv,T,D]
+    Tensor q = ops::rope(ops::split_heads(q_proj->forward(x), n_head), theta, 0,
+                         rope_scaling);  // [B,H,T,D]
+    Tensor k = ops::rope(ops::split_heads(k_proj->forward(x), n_kv_head), theta, 0,
+                         rope_scaling);                          // [B,Hkv,T,D]
+    Tensor v = ops::split_heads(v_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
     Tensor y =
         ops::attention(amp::autocast(AmpOp::kAttention, q), amp::autocast(AmpOp::kAttention, k),
                        amp::autocast(AmpOp::kAttention, v), mask, backend);

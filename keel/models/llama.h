@@ -15,6 +15,7 @@ class LlamaAttention : public nn::Module {
   nn::Linear *q_proj, *k_proj, *v_proj, *o_proj;
   int64_t n_head, n_kv_head;
   double rope_theta;
+  ops::RopeScaling rope_scaling;
 };
 
 class LlamaMLP : public nn::Module {

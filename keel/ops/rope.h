@@ -1,11 +1,34 @@
 // Rotary position embedding, HF Llama / GPT-NeoX "rotate half" layout: for head dim D and
-// i < D/2, (x[i], x[i + D/2]) rotates by angle pos * theta^(-2i/D). Angles in f64, rotation in f32,
-// output in x's dtype. x: [B, H, T, D] (split-heads layout); pos = t + pos_offset.
+// i < D/2, (x[i], x[i + D/2]) rotates by angle pos * inv_freq[i], inv_freq[i] = theta^(-2i/D)
+// (optionally rescaled, see RopeScaling). Angles in f64, rotation in f32, output in x's dtype.
+// x: [B, H, T, D] (split-heads layout); pos = t + pos_offset.
 #pragma once
+#include <vector>
+
 #include "keel/tensor/tensor.h"
 
 namespace keel::ops {
 
-Tensor rope(const Tensor& x, float theta = 10000.f, int64_t pos_offset = 0);
+// HF's `rope_scaling` for long contexts: which frequencies a model trained at a short context
+// stretches, and by how much. The angles of a position change, so a checkpoint must be run with
+// the scaling it was trained with (Llama 3.1/3.2 ship "llama3").
+struct RopeScaling {
+  enum class Kind { kNone, kLinear, kLlama3 };
+  Kind kind = Kind::kNone;
+  double factor = 1.0;  // linear: every inv_freq / factor; llama3: the low frequencies / factor
+  // llama3 only: wavelengths above original_max_position / low_freq_factor are divided by
+  // `factor`, those below original_max_position / high_freq_factor are kept, the band between is
+  // interpolated smoothly.
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int64_t original_max_position = 8192;
+  bool operator==(const RopeScaling&) const = default;
+};
+
+// inv_freq[i], i < D/2, in f64 (what the angle of position p multiplies: p * inv_freq[i]).
+std::vector<double> rope_inv_freq(double theta, int64_t head_dim, const RopeScaling& scaling = {});
+
+Tensor rope(const Tensor& x, float theta = 10000.f, int64_t pos_offset = 0,
+            const RopeScaling& scaling = {});
 
 }  // namespace keel::ops

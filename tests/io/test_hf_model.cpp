@@ -284,6 +284,50 @@ TEST(HfModel, Gpt2Conv1DLayoutMatchesTorch) {
   EXPECT_EQ(model->find_parameter("transformer.h.0.attn.c_attn.weight").shape(), (Shape{48, 16}));
 }
 
+TEST(HfModel, Llama31RopeScalingLoadsAndSavesBack) {
+  // The rope_scaling block of Meta-Llama-3.1-8B's config.json, as published.
+  models::ModelSpec spec = llama_spec(false);
+  auto src = models::make_causal_lm(spec, 4);
+  json cfg = config_of(spec);
+  cfg["rope_theta"] = 500000.0;
+  cfg["max_position_embeddings"] = 131072;
+  cfg["rope_scaling"] = {{"factor", 8.0},
+                         {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 8192},
+                         {"rope_type", "llama3"}};
+  const std::string dir = test::temp_dir("hf-llama31");
+  write_hf_dir(dir, cfg, hf_tensors(*src, DType::BF16));
+  const HfConfig hc = read_hf_config(dir);
+  const ops::RopeScaling& rs = hc.spec.rope_scaling;
+  EXPECT_EQ(rs.kind, ops::RopeScaling::Kind::kLlama3);
+  EXPECT_EQ(rs.factor, 8.0);
+  EXPECT_EQ(rs.low_freq_factor, 1.0);
+  EXPECT_EQ(rs.high_freq_factor, 4.0);
+  EXPECT_EQ(rs.original_max_position, 8192);
+  EXPECT_EQ(hc.spec.rope_theta, 500000.0);
+  // The model's attention rotates with it.
+  auto model = load_hf_model(dir);
+  auto* attn =
+      dynamic_cast<models::LlamaAttention*>(model->find_module("model.layers.1.self_attn"));
+  ASSERT_NE(attn, nullptr);
+  EXPECT_EQ(attn->rope_scaling, rs);
+  // Older transformers spell the key "type"; "default" means no scaling.
+  cfg["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  write_hf_dir(dir, cfg, hf_tensors(*src, DType::BF16));
+  EXPECT_EQ(read_hf_config(dir).spec.rope_scaling.kind, ops::RopeScaling::Kind::kLinear);
+  cfg["rope_scaling"] = {{"rope_type", "default"}};
+  write_hf_dir(dir, cfg, hf_tensors(*src, DType::BF16));
+  EXPECT_EQ(read_hf_config(dir).spec.rope_scaling.kind, ops::RopeScaling::Kind::kNone);
+  // Saving writes the scaling back, so the checkpoint reloads with the same angles.
+  models::ModelSpec scaled = spec;
+  scaled.rope_scaling = rs;
+  auto with = models::make_causal_lm(scaled, 4);
+  const std::string out = test::temp_dir("hf-llama31-save");
+  save_hf_model(*with, out);
+  EXPECT_EQ(read_hf_config(out).spec.rope_scaling, rs);
+}
+
 // ---- errors name the file and the tensor or field -----------------------------------------------
 
 class HfErrors : public ::testing::Test {
@@ -357,11 +401,20 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
   write_hf_dir(dir, cfg, tensors);
   std::string m = error_of([&] { load_hf_model(dir); });
   EXPECT_MENTIONS(m, dir + "/config.json: missing field 'hidden_size'");
+  // rope_scaling: llama3 without its other fields, an unknown type, a non-object.
   cfg = config_of(spec);
   cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
   write_hf_dir(dir, cfg, tensors);
   m = error_of([&] { load_hf_model(dir); });
-  EXPECT_MENTIONS(m, "rope_scaling");
+  EXPECT_MENTIONS(m, dir + "/config.json: rope_scaling (llama3) needs a positive number");
+  cfg["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  write_hf_dir(dir, cfg, tensors);
+  m = error_of([&] { load_hf_model(dir); });
+  EXPECT_MENTIONS(m, "rope_scaling type 'yarn' is not supported");
+  cfg["rope_scaling"] = 8;
+  write_hf_dir(dir, cfg, tensors);
+  m = error_of([&] { load_hf_model(dir); });
+  EXPECT_MENTIONS(m, "rope_scaling must be an object or null");
   cfg = config_of(spec);
   cfg["model_type"] = "mistral";
   cfg["architectures"] = {"MistralForCausalLM"};

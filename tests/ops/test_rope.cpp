@@ -17,14 +17,16 @@ using test::randn;
 
 // Reference: for x [B, H, T, D], pair (i, i + D/2) at position t + offset rotates by
 // (t + offset) * theta^(-2i/D); everything in f64.
-std::vector<float> rope_ref(const Tensor& x, double theta, int64_t offset, bool inverse = false) {
+std::vector<float> rope_ref(const Tensor& x, double theta, int64_t offset, bool inverse = false,
+                            const std::vector<double>& inv_freq = {}) {
   const auto xv = x.to_floats();
   const int64_t t = x.size(2), d = x.size(3), h = d / 2, rows = x.size(0) * x.size(1);
   std::vector<float> out(xv.size());
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t p = 0; p < t; ++p)
       for (int64_t i = 0; i < h; ++i) {
-        const double angle = (p + offset) * std::pow(theta, -2.0 * i / d) * (inverse ? -1 : 1);
+        const double f = inv_freq.empty() ? std::pow(theta, -2.0 * i / d) : inv_freq[i];
+        const double angle = (p + offset) * f * (inverse ? -1 : 1);
         const int64_t base = (r * t + p) * d;
         const double a = xv[base + i], b = xv[base + i + h];
         out[base + i] = static_cast<float>(a * std::cos(angle) - b * std::sin(angle));
@@ -84,6 +86,86 @@ TEST(Rope, Gradcheck) {
       {randn({1, 3, 4, 8}, 5)}, {}, "rope llama3 theta");
 }
 
+// Llama 3.1's rope_scaling, restated from its definition: wavelengths 2*pi/f longer than
+// old_ctx/low are stretched by `factor`, shorter than old_ctx/high kept, and in between the
+// frequency is the blend (1-s) f/factor + s f with s = (old_ctx/wavelen - low) / (high - low).
+std::vector<double> llama3_ref(double theta, int64_t d, double factor, double low, double high,
+                               double old_ctx) {
+  std::vector<double> out;
+  for (int64_t i = 0; i < d / 2; ++i) {
+    const double f = 1.0 / std::pow(theta, 2.0 * i / d);
+    const double wavelen = 2 * M_PI / f;
+    if (wavelen < old_ctx / high) {
+      out.push_back(f);
+    } else if (wavelen > old_ctx / low) {
+      out.push_back(f / factor);
+    } else {
+      const double s = (old_ctx / wavelen - low) / (high - low);
+      out.push_back((1 - s) * f / factor + s * f);
+    }
+  }
+  return out;
+}
+
+ops::RopeScaling llama31_scaling(int64_t original_max_position = 8192) {
+  ops::RopeScaling s;
+  s.kind = ops::RopeScaling::Kind::kLlama3;
+  s.factor = 8;
+  s.low_freq_factor = 1;
+  s.high_freq_factor = 4;
+  s.original_max_position = original_max_position;
+  return s;
+}
+
+TEST(Rope, Llama3ScalingMatchesItsDefinition) {
+  // Llama 3.1 8B: head dim 128, theta 500000, original context 8192.
+  const auto got = ops::rope_inv_freq(500000.0, 128, llama31_scaling());
+  const auto ref = llama3_ref(500000.0, 128, 8, 1, 4, 8192);
+  ASSERT_EQ(got.size(), 64u);
+  int kept = 0, stretched = 0, blended = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_NEAR(got[i], ref[i], 1e-15 * ref[i]) << "inv_freq[" << i << "]";
+    const double f = 1.0 / std::pow(500000.0, 2.0 * i / 128);
+    if (got[i] == f)
+      ++kept;
+    else if (std::abs(got[i] - f / 8) <= 1e-15 * f)
+      ++stretched;
+    else
+      ++blended;
+  }
+  // All three bands are populated for this model.
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(stretched, 0);
+  EXPECT_GT(blended, 0);
+  // Linear scaling divides every frequency.
+  ops::RopeScaling lin;
+  lin.kind = ops::RopeScaling::Kind::kLinear;
+  lin.factor = 4;
+  const auto plain = ops::rope_inv_freq(10000.0, 16);
+  const auto scaled = ops::rope_inv_freq(10000.0, 16, lin);
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_DOUBLE_EQ(scaled[i], plain[i] / 4);
+  // The rotation uses the scaled frequencies, forward and backward.
+  Tensor x = randn({1, 2, 5, 32}, 8).set_requires_grad(true);
+  const auto sc = llama31_scaling(64);
+  const auto f64 = llama3_ref(500000.0, 32, 8, 1, 4, 64);
+  Tensor y = ops::rope(x, 500000.f, 3000, sc);
+  expect_close(y.to_floats(), rope_ref(x, 500000.0, 3000, false, f64), 1e-6, 1e-6, "llama3 fwd");
+  Tensor g = randn(y.shape(), 9);
+  backward(y, g);
+  expect_close(x.grad().to_floats(), rope_ref(g, 500000.0, 3000, true, f64), 1e-6, 1e-6,
+               "llama3 bwd");
+  test::expect_gradcheck(
+      [&](const std::vector<Tensor>& in) { return ops::rope(in[0], 500000.f, 40, sc); },
+      {randn({1, 2, 3, 32}, 10)}, {}, "rope llama3 scaling");
+  // Bad parameters are refused.
+  ops::RopeScaling bad = sc;
+  bad.high_freq_factor = 0.5;
+  EXPECT_THROW(ops::rope(x, 500000.f, 0, bad), Error);
+  bad = sc;
+  bad.factor = 0;
+  EXPECT_THROW(ops::rope_inv_freq(500000.0, 32, bad), Error);
+}
+
 TEST(Rope, RejectsBadShapes) {
   EXPECT_THROW(ops::rope(randn({2, 3, 4, 5}, 1)), Error);  // odd head dim
   EXPECT_THROW(ops::rope(randn({3, 4, 8}, 1)), Error);     // not [B, H, T, D]
@@ -120,6 +202,9 @@ TEST(Rope, ParityWithHuggingFace) {
     test::expect_parity("rope", "rope." + d, [](auto& in) { return ops::rope(in[0], 10000.f, 0); });
     test::expect_parity("rope", "rope_offset." + d,
                         [](auto& in) { return ops::rope(in[0], 500000.f, 7); });
+    test::expect_parity("rope", "rope_llama3." + d, [](auto& in) {
+      return ops::rope(in[0], 500000.f, 3000, llama31_scaling(64));
+    });
   }
 }
 
