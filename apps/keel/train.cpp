@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "apps/keel/commands.h"
+#include "keel/dist/process_group.h"
 #include "keel/io/atomic_file.h"
 #include "keel/log/loggers.h"
 #include "keel/monitor/advisor.h"
@@ -21,8 +22,32 @@ struct TrainArgs {
   std::vector<std::string> sets;
 };
 
+int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg);
+
+// Data-parallel runs (`mpirun -np N keel train CONFIG`, dist.backend = auto|mpi|nccl): an error on
+// one rank must end every rank (the others would wait in a collective forever), so with more than
+// one rank an error is printed with its rank and the whole job aborted with its exit code.
 int run_train(const TrainArgs& a) {
   Config cfg = load_config(a.config, a.sets);
+  std::shared_ptr<dist::ProcessGroup> pg =
+      dist::make_process_group(cfg.dist.backend, cfg.dist.bucket_mb);
+  if (pg->world_size() == 1) return run_ranked(cfg, pg);
+  try {
+    return run_ranked(cfg, pg);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error (rank %d of %d): %s\n", pg->rank(), pg->world_size(), e.what());
+    std::fflush(stderr);
+    pg->abort(e.kind == Error::kUsage ? 2 : 1);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error (rank %d of %d): %s\n", pg->rank(), pg->world_size(), e.what());
+    std::fflush(stderr);
+    pg->abort(1);
+  }
+  return 1;  // not reached: abort() ends every rank
+}
+
+int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
+  const int rank = pg->rank(), world = pg->world_size();
   std::unique_ptr<log::RunLoggers> loggers;
   Trainer* trainer_ptr = nullptr;
   // Instability toolkit (DESIGN §4), attached once the trainer has built the model.
@@ -45,9 +70,21 @@ int run_train(const TrainArgs& a) {
     if (advisor) advisor->observe(r);
     loggers->log(r, step_extra);
     step_extra = nlohmann::json::object();
-    // A finding the step survived (the capture did not stop it): stop now, as the tracer does.
-    if (tracer && tracer->finding().found && trainer_ptr->stop_message().empty())
-      throw monitor::TracerStop(tracer->finding());
+    // A finding the step survived (the capture did not stop it): stop now, as the tracer does;
+    // with several ranks, every rank stops when any tracer found something (MAX), so none waits.
+    bool stop = tracer && tracer->finding().found && trainer_ptr->stop_message().empty();
+    if (tracer && world > 1) {
+      double any = stop ? 1 : 0;
+      pg->all_reduce_max(&any, 1);
+      if (any != 0 && !stop) {
+        monitor::TracerFinding f;
+        f.message = "another rank's tracer found a non-finite value at step " +
+                    std::to_string(r.step) + " (see " + trainer_ptr->out_dir() +
+                    "/debug/underflow_overflow_rank*.log)";
+        throw monitor::TracerStop(f);
+      }
+    }
+    if (stop) throw monitor::TracerStop(tracer->finding());
   };
   hooks.on_eval = [&](const EvalResult& e) {
     std::printf("eval step %lld | loss %.4f", static_cast<long long>(e.step), e.loss);
@@ -61,9 +98,10 @@ int run_train(const TrainArgs& a) {
     if (loggers->metrics()) loggers->metrics()->write_record(rec);
   };
   hooks.on_capture = [&](const NonfiniteEvent& ev) {
-    return monitor::write_nan_capture(*trainer_ptr, ev);
+    return monitor::write_nan_capture(*trainer_ptr, ev, rank);
   };
-  Trainer trainer(cfg, hooks);
+  if (rank > 0) hooks.on_message = [](const std::string&) {};  // rank 0 says it once
+  Trainer trainer(cfg, hooks, pg);
   trainer_ptr = &trainer;
   // The tracer and the injector hook into the trainer's model: detach them before the trainer is
   // destroyed (they were declared before it, so they would outlive it).
@@ -78,10 +116,11 @@ int run_train(const TrainArgs& a) {
   monitor::AdvisorOptions advisor_opt;
   advisor_opt.num_params = trainer.model().num_parameters(/*trainable_only=*/true);
   advisor_opt.precision = trainer.policy().name();
-  advisor = std::make_unique<monitor::TrendAdvisor>(advisor_opt);
+  if (rank == 0) advisor = std::make_unique<monitor::TrendAdvisor>(advisor_opt);
   // The injector's post hook goes first: the tracer must see the corrupted output to name the
   // module that produced it.
-  if (!cfg.debug.inject.module.empty())
+  if (!cfg.debug.inject.module.empty() &&
+      (cfg.debug.inject.only_rank < 0 || cfg.debug.inject.only_rank == rank))
     injector = std::make_unique<monitor::FaultInjector>(
         trainer.model(), monitor::InjectOptions{cfg.debug.inject.module, cfg.debug.inject.step,
                                                 cfg.debug.inject.kind, cfg.debug.inject.factor});
@@ -93,40 +132,56 @@ int run_train(const TrainArgs& a) {
     topt.format = trainer.policy().compute_dtype;
     topt.scaler_handles_backward = trainer.scaler() != nullptr;
     tracer = std::make_unique<monitor::UnderflowOverflowTracer>(
-        trainer.model(), topt, trainer.out_dir() + "/debug/underflow_overflow_rank0.log");
+        trainer.model(), topt,
+        trainer.out_dir() + "/debug/underflow_overflow_rank" + std::to_string(rank) + ".log");
     // With a NaN capture to write, let the step finish so the trainer captures it (the tracer's
-    // log names the module, the capture replays the step); otherwise stop at the finding.
-    tracer->set_stop_on_finding(!(cfg.debug.nan_capture && cfg.train.on_nonfinite == "capture"));
+    // log names the module, the capture replays the step); otherwise stop at the finding. With
+    // several ranks always finish the step: a rank stopping mid-step would leave the others
+    // waiting in its collectives (on_step stops them all together).
+    tracer->set_stop_on_finding(world == 1 &&
+                                !(cfg.debug.nan_capture && cfg.train.on_nonfinite == "capture"));
   }
   std::filesystem::create_directories(trainer.out_dir());
-  io::write_file_atomic(trainer.out_dir() + "/config.toml", config_to_toml(trainer.config()));
-  loggers = std::make_unique<log::RunLoggers>(cfg.log, trainer.out_dir(), trainer.total_steps(),
+  // Rank 0 alone writes the config, metrics, TensorBoard and the console line.
+  LogConfig log_cfg = cfg.log;
+  if (rank == 0)
+    io::write_file_atomic(trainer.out_dir() + "/config.toml", config_to_toml(trainer.config()));
+  else
+    log_cfg.console = log_cfg.metrics = log_cfg.tensorboard = false;
+  loggers = std::make_unique<log::RunLoggers>(log_cfg, trainer.out_dir(), trainer.total_steps(),
                                               trainer.scaler() != nullptr);
   const auto& spec = trainer.model().spec();
-  std::printf(
-      "keel train | %s %lldL %lld-wide %lld heads | %.2fM params | %s | attention %s | "
-      "%lld steps | out %s\n",
-      spec.family.c_str(), static_cast<long long>(spec.n_layer),
-      static_cast<long long>(spec.n_embd), static_cast<long long>(spec.n_head),
-      trainer.model().num_parameters() / 1e6, trainer.policy().name().c_str(),
-      ops::attention_backend_name(spec.attention), static_cast<long long>(trainer.total_steps()),
-      trainer.out_dir().c_str());
+  const std::string ranks =
+      world > 1 ? " | " + std::to_string(world) + " ranks (" + pg->backend() + ")" : "";
+  if (rank == 0)
+    std::printf(
+        "keel train | %s %lldL %lld-wide %lld heads | %.2fM params | %s | attention %s | "
+        "%lld steps%s | out %s\n",
+        spec.family.c_str(), static_cast<long long>(spec.n_layer),
+        static_cast<long long>(spec.n_embd), static_cast<long long>(spec.n_head),
+        trainer.model().num_parameters() / 1e6, trainer.policy().name().c_str(),
+        ops::attention_backend_name(spec.attention), static_cast<long long>(trainer.total_steps()),
+        ranks.c_str(), trainer.out_dir().c_str());
   std::fflush(stdout);
+  // "stopped:" on one rank, "stopped (rank R):" when there are several.
+  const std::string stopped =
+      world > 1 ? "stopped (rank " + std::to_string(rank) + "): " : std::string("stopped: ");
   int code = 0;
   try {
     code = trainer.fit();
   } catch (const monitor::TracerStop& stop) {
-    std::fprintf(stderr, "stopped: %s\n", stop.what());
+    std::fprintf(stderr, "%s%s\n", stopped.c_str(), stop.what());
     return 3;
   }
   if (code != 0) {
     if (tracer && tracer->finding().found)
       std::fprintf(stderr, "%s\n", tracer->finding().message.c_str());
-    std::fprintf(stderr, "stopped: %s\n", trainer.stop_message().c_str());
+    std::fprintf(stderr, "%s%s\n", stopped.c_str(), trainer.stop_message().c_str());
     return code;
   }
-  std::printf("done: %lld steps, checkpoint in %s/checkpoints/last\n",
-              static_cast<long long>(trainer.steps_done()), trainer.out_dir().c_str());
+  if (rank == 0)
+    std::printf("done: %lld steps, checkpoint in %s/checkpoints/last\n",
+                static_cast<long long>(trainer.steps_done()), trainer.out_dir().c_str());
   return 0;
 }
 }  // namespace

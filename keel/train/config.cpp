@@ -153,8 +153,12 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("debug.inject", debug.inject, step).at_least(-1));
     k.push_back(KEEL_KEY("debug.inject", debug.inject, kind).one_of({"nan", "inf", "scale"}));
     k.push_back(KEEL_KEY("debug.inject", debug.inject, factor));
+    k.push_back(KEEL_KEY("debug.inject", debug.inject, only_rank).at_least(-1));
     // [dist]
-    k.push_back(KEEL_KEY("dist", dist, backend).one_of({"single", "mpi", "nccl"}));
+    k.push_back(KEEL_KEY("dist", dist, backend).one_of({"auto", "single", "mpi", "nccl"}));
+    k.push_back(KEEL_KEY("dist", dist, bucket_mb).above(0).at_most(4096));
+    k.push_back(KEEL_KEY("dist", dist, check_every).at_least(0));
+    k.push_back(KEEL_KEY("dist", dist, rank_weights));
     return k;
   }();
   return keys;

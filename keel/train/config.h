@@ -118,6 +118,7 @@ struct InjectConfig {
   int64_t step = -1;
   std::string kind = "nan";  // nan | inf | scale
   double factor = 1.0;       // kind = scale
+  int64_t only_rank = -1;    // data-parallel: inject on this rank only; -1 = every rank
 };
 
 struct DebugConfig {
@@ -127,7 +128,10 @@ struct DebugConfig {
 };
 
 struct DistConfig {
-  std::string backend = "single";  // single | mpi | nccl
+  std::string backend = "auto";  // auto (mpi under mpirun, else single) | single | mpi | nccl
+  double bucket_mb = 25;         // gradient all-reduce bucket size (MiB)
+  int64_t check_every = 100;     // rank-consistency check every N steps (and at the first); 0 = off
+  bool rank_weights = false;     // ranks > 0 also write their final state to debug/rank{R}/
 };
 
 struct Config {

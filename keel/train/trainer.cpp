@@ -136,7 +136,10 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
 
 }  // namespace
 
-Trainer::Trainer(const Config& cfg, TrainerHooks hooks) : cfg_(cfg), hooks_(std::move(hooks)) {
+Trainer::Trainer(const Config& cfg, TrainerHooks hooks, std::shared_ptr<Collective> collective)
+    : cfg_(cfg),
+      hooks_(std::move(hooks)),
+      coll_(collective ? std::move(collective) : std::make_shared<SingleCollective>()) {
   if (cfg_.run.threads > 0) omp_set_num_threads(cfg_.run.threads);
   const Device device = device_from_string(cfg_.run.device);
   if (device.is_cuda())
@@ -180,8 +183,9 @@ Trainer::Trainer(const Config& cfg, TrainerHooks hooks) : cfg_(cfg), hooks_(std:
   loader_ = std::make_unique<data::DataLoader>(
       *train_set_, cfg_.train.batch_size, cfg_.data.seq_len,
       pad_fill_id(*tokenizer_, cfg_.data.pad), cfg_.data.shuffle, cfg_.run.seed);
-  steps_per_epoch_ =
-      (loader_->batches_per_epoch() + cfg_.train.grad_accum - 1) / cfg_.train.grad_accum;
+  // A step's global window: grad_accum micro-batches per rank (rank_micro_batches).
+  const int64_t global_window = cfg_.train.grad_accum * coll_->world_size();
+  steps_per_epoch_ = (loader_->batches_per_epoch() + global_window - 1) / global_window;
   total_steps_ =
       cfg_.train.max_steps > 0 ? cfg_.train.max_steps : steps_per_epoch_ * cfg_.train.epochs;
 
@@ -240,16 +244,50 @@ void Trainer::message(const std::string& m) {
     std::fprintf(stderr, "%s\n", m.c_str());
 }
 
-std::vector<data::Batch> Trainer::window_at(int64_t epoch, int64_t first) const {
+std::vector<data::Batch> Trainer::window_at(int64_t epoch, int64_t first,
+                                            int64_t* global_count) const {
+  const int W = coll_->world_size();
+  const int64_t count = std::min(cfg_.train.grad_accum * W, loader_->batches_per_epoch() - first);
+  if (global_count) *global_count = count;
   std::vector<data::Batch> w;
-  const int64_t end = std::min(first + cfg_.train.grad_accum, loader_->batches_per_epoch());
-  for (int64_t i = first; i < end; ++i) w.push_back(loader_->batch(epoch, i));
+  for (int64_t i : rank_micro_batches(first, count, coll_->rank(), W))
+    w.push_back(loader_->batch(epoch, i));
   return w;
+}
+
+void Trainer::check_ranks(int64_t step) {
+  std::vector<Tensor> params, opt;
+  for (auto& [name, p] : model_->named_parameters()) params.push_back(p);
+  for (auto& [name, t] : optimizer_->state()) opt.push_back(t);
+  check_rank_consistency(
+      *coll_, step,
+      {{"step", static_cast<double>(step_)},
+       {"lr_schedule_step", static_cast<double>(sched_step_)},
+       {"lr", schedule_.lr(sched_step_)},
+       {"loss_scale", scaler_ ? scaler_->get_scale() : 1.0},
+       {"scaler_growth_tracker", scaler_ ? static_cast<double>(scaler_->growth_tracker()) : 0.0},
+       {"epoch", static_cast<double>(epoch_)},
+       {"next_batch", static_cast<double>(next_batch_)},
+       {"skipped_steps", static_cast<double>(skipped_steps_)},
+       {"parameters_checksum", tensors_checksum(params), true},
+       {"optimizer_state_checksum", tensors_checksum(opt), true}});
+}
+
+bool Trainer::captures_here(const std::vector<int>& saw_nonfinite) const {
+  const int me = coll_->rank();
+  if (saw_nonfinite.empty()) return me == 0;
+  return std::find(saw_nonfinite.begin(), saw_nonfinite.end(), me) != saw_nonfinite.end();
 }
 
 StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t epoch) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
+  const int W = coll_->world_size();
+  if (W > 1 && cfg_.dist.check_every > 0 &&
+      (!ranks_checked_ || (step_ + 1) % cfg_.dist.check_every == 0)) {
+    check_ranks(step_ + 1);  // before the step: every rank must enter it in the same state
+    ranks_checked_ = true;
+  }
   StepResult r;
   r.step = ++step_;
   r.epoch = epoch;
@@ -263,22 +301,63 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   const uint64_t seed = step_seed(r.step);
   int64_t tokens = 0;
   for (auto& b : window) tokens += b.n_targets;
+  if (W > 1) {  // the loss weights divide by the GLOBAL window's tokens (exact in a double)
+    double t = static_cast<double>(tokens);
+    coll_->all_reduce_sum(&t, 1);
+    tokens = static_cast<int64_t>(t);
+  }
   r.tokens = tokens;
 
-  // 2. Forward and backward per micro-batch (3, all-reduce, belongs to dist/ when it lands).
+  // 2. Forward and backward per micro-batch.
   model_->train(true);
-  const double loss_sum = forward_backward(window, seed, r.loss_scale);
+  double loss_sum = forward_backward(window, seed, r.loss_scale, tokens, coll_->rank(), W);
+  // 3. Distributed: every rank checks its own loss and gradients BEFORE the all-reduce (so the
+  // rank that produced a non-finite value knows it and writes the capture), then one all-gather
+  // of [loss, saw non-finite, which parameters hold a gradient]: every rank sums the losses in
+  // rank order (same bits everywhere), gives a zero gradient to any parameter another rank has
+  // one for (a rank without data in a remainder window), and so joins the bucketed sum of the
+  // same tensors.
+  std::vector<int> saw_nonfinite;  // ranks whose own loss or gradients were non-finite
+  if (W > 1) {
+    const size_t n = 2 + trainable_.size();
+    std::vector<double> mine(n), all(n * static_cast<size_t>(W));
+    std::vector<Tensor> local;
+    for (auto& [name, p] : trainable_)
+      if (p.grad().defined()) local.push_back(p.grad());
+    mine[0] = loss_sum;
+    mine[1] = std::isfinite(loss_sum) && std::isfinite(optim::global_grad_norm(local)) ? 0 : 1;
+    for (size_t i = 0; i < trainable_.size(); ++i)
+      mine[2 + i] = trainable_[i].second.grad().defined();
+    coll_->all_gather(mine.data(), n, all.data());
+    loss_sum = 0;
+    for (int q = 0; q < W; ++q) {
+      const double* o = &all[static_cast<size_t>(q) * n];
+      loss_sum += o[0];
+      if (o[1] != 0) saw_nonfinite.push_back(q);
+      for (size_t i = 0; i < trainable_.size(); ++i) {
+        Tensor& p = trainable_[i].second;
+        if (o[2 + i] != 0 && !p.grad().defined()) p.set_grad(Tensor::zeros(p.shape(), p.dtype()));
+      }
+    }
+  }
   r.loss = tokens > 0 ? loss_sum / static_cast<double>(tokens) : 0.0;
   const bool loss_finite = std::isfinite(r.loss);
 
-  // 4-5. Unscale (found_inf), then the global norm fused with the finite check.
   std::vector<Tensor> grads;
   for (auto& [name, p] : trainable_)
     if (p.grad().defined()) grads.push_back(p.grad());
+  if (W > 1) coll_->all_reduce_grads(grads);
+
+  // 4-5. Unscale (found_inf), then the global norm fused with the finite check.
   bool found_inf = false;
   if (scaler_) found_inf = scaler_->unscale(grads);
   r.grad_norm = optim::global_grad_norm(grads);
   if (!std::isfinite(r.grad_norm) || !loss_finite) found_inf = true;
+  if (W > 1) {  // MAX over ranks: every rank takes the same branch below
+    double f = found_inf ? 1 : 0;
+    coll_->all_reduce_max(&f, 1);
+    found_inf = f != 0;
+  }
   r.found_inf = found_inf;
   if (hooks_.on_grads) hooks_.on_grads(r);
 
@@ -315,6 +394,13 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
           why_none = "[debug] nan_capture = false";
         } else if (!hooks_.on_capture) {
           why_none = "no capture handler is attached";
+        } else if (W > 1 && !captures_here(saw_nonfinite)) {
+          // The rank(s) that saw it write the capture (rank 0 when none did: the sum overflowed).
+          std::string who;
+          for (int q : saw_nonfinite)
+            who += (who.empty() ? "rank " : ", rank ") + std::to_string(q);
+          why_none = "on this rank; " + who + " saw the non-finite value and wrote it under " +
+                     out_dir_ + "/debug/nan_capture/";
         } else {
           try {
             path = hooks_.on_capture(ev);
@@ -363,17 +449,20 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
 }
 
 double Trainer::forward_backward(const std::vector<data::Batch>& window, uint64_t step_seed,
-                                 double loss_scale) {
+                                 double loss_scale, int64_t window_tokens, int64_t mb_first,
+                                 int64_t mb_stride) {
   // Each micro-batch's loss is weighted by its share of the window's target tokens, so the
   // window's loss is the token mean whatever the window size (a remainder window included).
   int64_t tokens = 0;
   for (auto& b : window) tokens += b.n_targets;
+  if (window_tokens >= 0) tokens = window_tokens;  // data-parallel: the global window's
   double loss_sum = 0;
   amp::AutocastGuard autocast(policy_.autocast, policy_.compute_dtype);
   for (size_t i = 0; i < window.size() && tokens > 0; ++i) {
     const data::Batch& b = window[i];
     if (b.n_targets == 0) continue;
-    nn::Dropout::set_step_seed(mix_seed(step_seed, i));
+    nn::Dropout::set_step_seed(
+        mix_seed(step_seed, static_cast<uint64_t>(mb_first + static_cast<int64_t>(i) * mb_stride)));
     Tensor logits = model_->forward(b.input_ids, b.attention_mask);  // [B, T, V]
     const int64_t V = logits.size(-1);
     Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, V}));
@@ -447,7 +536,11 @@ EvalResult Trainer::evaluate() {
 int Trainer::fit() {
   fs::create_directories(out_dir_);
   const int64_t nb = loader_->batches_per_epoch();
-  auto checkpoint = [&] { save_checkpoint(out_dir_ + "/checkpoints/last"); };
+  // Data-parallel: rank 0 alone evaluates and writes checkpoints (the ranks hold the same state).
+  const bool rank0 = coll_->rank() == 0;
+  auto checkpoint = [&] {
+    if (rank0) save_checkpoint(out_dir_ + "/checkpoints/last");
+  };
   while (step_ < total_steps_) {
     if (next_batch_ >= nb) {  // end of an epoch
       if (epoch_updates_ == 0)
@@ -460,12 +553,13 @@ int Trainer::fit() {
       epoch_tokens_ = 0;
       epoch_updates_ = 0;
     }
-    std::vector<data::Batch> window = window_at(epoch_, next_batch_);
-    next_batch_ += static_cast<int64_t>(window.size());
+    int64_t global_count = 0;
+    std::vector<data::Batch> window = window_at(epoch_, next_batch_, &global_count);
+    next_batch_ += global_count;
     StepResult r = train_step(window, epoch_);
     if (!stop_message_.empty()) return 3;
-    if (cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) evaluate();
-    if (cfg_.log.checkpoint_every > 0 && step_ % cfg_.log.checkpoint_every == 0) {
+    if (rank0 && cfg_.train.eval_every > 0 && step_ % cfg_.train.eval_every == 0) evaluate();
+    if (rank0 && cfg_.log.checkpoint_every > 0 && step_ % cfg_.log.checkpoint_every == 0) {
       checkpoint();
       save_checkpoint(out_dir_ + "/checkpoints/step-" + std::to_string(step_));
     }
@@ -474,6 +568,12 @@ int Trainer::fit() {
     throw Error("every step produced non-finite gradients in epoch " + std::to_string(epoch_) +
                 " (no update was applied); lower the learning rate or switch precision to "
                 "bf16-mixed or 32-true");
+  if (coll_->world_size() > 1) {
+    if (cfg_.dist.check_every > 0) check_ranks(step_);  // the final state is the same everywhere
+    if (!rank0 && cfg_.dist.rank_weights)
+      save_checkpoint(out_dir_ + "/debug/rank" + std::to_string(coll_->rank()) + "/checkpoint");
+  }
+  if (!rank0) return 0;
   evaluate();
   checkpoint();
   if (cfg_.model.adapter.kind != "none") {
@@ -497,6 +597,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
   st["epoch_updates"] = epoch_updates_;
   st["seed"] = cfg_.run.seed;
   st["precision"] = policy_.name();
+  st["world_size"] = coll_->world_size();  // next_batch counts global micro-batches
   if (scaler_) st["scaler"] = scaler_->state_dict();
   io::save_checkpoint(dir, model_->named_parameters(), optimizer_->state(), st);
 }
@@ -527,6 +628,12 @@ void Trainer::load_checkpoint(const std::string& dir) {
   epoch_loss_sum_ = st.at("epoch_loss_sum");
   epoch_tokens_ = st.at("epoch_tokens");
   epoch_updates_ = st.at("epoch_updates");
+  if (st.value("world_size", 1) != coll_->world_size())
+    message(dir + " was written by a run of " + std::to_string(st.value("world_size", 1)) +
+            " rank(s), this one has " + std::to_string(coll_->world_size()) +
+            ": it continues from the same global micro-batch, but steps now group " +
+            std::to_string(cfg_.train.grad_accum * coll_->world_size()) +
+            " micro-batches, so the loss sequence differs from the original run's");
   if (scaler_ && st.contains("scaler"))
     scaler_->load_state_dict(st["scaler"].get<std::map<std::string, double>>());
 }

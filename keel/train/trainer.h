@@ -13,6 +13,7 @@
 #include "keel/models/causal_lm.h"
 #include "keel/optim/optimizer.h"
 #include "keel/optim/schedule.h"
+#include "keel/train/collective.h"
 #include "keel/train/config.h"
 #include "keel/train/step_result.h"
 
@@ -55,7 +56,12 @@ struct TrainerHooks {
 
 class Trainer {
  public:
-  explicit Trainer(const Config& cfg, TrainerHooks hooks = {});
+  // `collective`: the process group of a data-parallel run (dist/); null = one process. With W
+  // ranks a step's global window is grad_accum * W micro-batches, rank r running micro-batches
+  // r, r + W, ... of it (rank_micro_batches in collective.h); rank 0 alone evaluates and writes
+  // checkpoints.
+  explicit Trainer(const Config& cfg, TrainerHooks hooks = {},
+                   std::shared_ptr<Collective> collective = nullptr);
   ~Trainer();
 
   // Trains to max_steps or for `epochs` epochs, evaluating and checkpointing as configured.
@@ -69,8 +75,12 @@ class Trainer {
   // and backward over the window under the policy's autocast, multiplying each micro-batch's loss
   // by loss_scale / (window tokens) before backward, and returns the summed (unweighted) loss.
   // Replay re-runs a captured step through this, with the captured step_seed.
+  // Data-parallel: `window_tokens` is the global window's target-token count (summed over ranks;
+  // -1 = this window's own), and micro-batch i of `window` is micro-batch mb_first + i * mb_stride
+  // of the global window (its dropout seed), so the summed gradients are the 1-rank gradients.
   double forward_backward(const std::vector<data::Batch>& window, uint64_t step_seed,
-                          double loss_scale);
+                          double loss_scale, int64_t window_tokens = -1, int64_t mb_first = 0,
+                          int64_t mb_stride = 1);
   // The seed every random choice of step `step` derives from (dropout masks).
   uint64_t step_seed(int64_t step) const;
 
@@ -91,13 +101,24 @@ class Trainer {
   const std::vector<std::pair<std::string, Tensor>>& trainable() const { return trainable_; }
   // Set by fit() when it stops early: the reason, printed by the caller.
   const std::string& stop_message() const { return stop_message_; }
+  Collective& collective() { return *coll_; }
+  int rank() const { return coll_->rank(); }
+  int world_size() const { return coll_->world_size(); }
 
  private:
   void message(const std::string& m);
-  std::vector<data::Batch> window_at(int64_t epoch, int64_t first_batch) const;
+  // This rank's micro-batches of the global window starting at first_batch; *global_count = the
+  // global window's size (what the loop position advances by).
+  std::vector<data::Batch> window_at(int64_t epoch, int64_t first_batch,
+                                     int64_t* global_count = nullptr) const;
+  // The rank-consistency check (dist.check_every): throws when ranks disagree.
+  void check_ranks(int64_t step);
+  // Whether this rank writes the NaN capture of a step the ranks in `saw_nonfinite` saw.
+  bool captures_here(const std::vector<int>& saw_nonfinite) const;
 
   Config cfg_;
   TrainerHooks hooks_;
+  std::shared_ptr<Collective> coll_;  // never null (SingleCollective without one)
   PrecisionPolicy policy_;
   std::string out_dir_;
   std::unique_ptr<data::Tokenizer> tokenizer_;  // from data.tokenizer
@@ -121,6 +142,7 @@ class Trainer {
   double epoch_loss_sum_ = 0;  // token-weighted loss of the applied steps of the current epoch
   int64_t epoch_tokens_ = 0, epoch_updates_ = 0;
   std::string stop_message_;
+  bool ranks_checked_ = false;  // the rank-consistency check ran at least once
 };
 
 }  // namespace keel

@@ -227,7 +227,7 @@ TEST(Config, WritesEveryKeyUnderItsSection) {
   for (const ConfigKeyInfo& k : config_keys()) known.insert(k.key);
   EXPECT_EQ(written, known);
   EXPECT_EQ(known.size(), config_keys().size());  // no key listed twice
-  EXPECT_EQ(known.size(), 81u);  // every field of config.h (update with config.h and the docs)
+  EXPECT_EQ(known.size(), 85u);  // every field of config.h (update with config.h and the docs)
 }
 
 TEST(Config, TypeErrorsNameFileLineKeyAndExpectedType) {
@@ -318,7 +318,7 @@ TEST(Config, EnumerationsListTheirValidValues) {
       {"model.adapter.kind", "ia3", "none, lora, dora, lokr"},
       {"optim.name", "adam", "adamw, sgd"},
       {"sched.name", "step", "constant, linear, cosine"},
-      {"dist.backend", "gloo", "single, mpi, nccl"},
+      {"dist.backend", "gloo", "auto, single, mpi, nccl"},
       {"data.task", "images", "arith, text, jsonl"},
       {"debug.inject.kind", "zero", "nan, inf, scale"},
   };

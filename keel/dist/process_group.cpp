@@ -1,0 +1,58 @@
+#include "keel/dist/process_group.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "keel/dist/bucket.h"
+#include "keel/dist/mpi_group.h"
+#include "keel/numerics/error.h"
+
+namespace keel::dist {
+
+void ProcessGroup::all_reduce_grads(std::vector<Tensor>& grads) {
+  all_reduce_in_buckets(
+      grads, bucket_bytes_,
+      [this](float* v, size_t n) {
+        all_reduce_sum_f32(v, n);
+        ++buckets_;
+      },
+      staging_);
+}
+
+void SingleGroup::all_gather(const double* in, size_t n, double* out) {
+  if (n) std::memcpy(out, in, n * sizeof(double));
+}
+
+void SingleGroup::abort(int code) { std::exit(code); }
+
+bool launched_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
+#ifndef KEEL_HAS_NCCL
+bool nccl_available() { return false; }
+int usable_gpus() { return 0; }
+std::unique_ptr<ProcessGroup> make_nccl_group(int64_t) {
+  throw Error(
+      "dist.backend = \"nccl\": this keel was built without NCCL (configure with the CUDA "
+      "toolkit and NCCL present and -DKEEL_NCCL=ON); use dist.backend = \"mpi\" on CPUs",
+      Error::kUsage);
+}
+#else
+bool nccl_available() { return true; }
+#endif
+
+std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, double bucket_mb) {
+  if (!(bucket_mb > 0) || !std::isfinite(bucket_mb))
+    throw Error("dist.bucket_mb = " + std::to_string(bucket_mb) + ": must be > 0", Error::kUsage);
+  const auto bytes = static_cast<int64_t>(bucket_mb * 1024 * 1024);
+  if (backend == "single") return std::make_unique<SingleGroup>(bytes);
+  if (backend == "mpi") return make_mpi_group(bytes);
+  if (backend == "nccl") return make_nccl_group(bytes);
+  if (backend == "auto")
+    return launched_by_mpirun() ? make_mpi_group(bytes) : std::make_unique<SingleGroup>(bytes);
+  throw Error("dist.backend = \"" + backend + "\": use auto, single, mpi or nccl", Error::kUsage);
+}
+
+}  // namespace keel::dist

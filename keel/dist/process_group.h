@@ -1,0 +1,64 @@
+// Process groups (DESIGN §1 dist/): the Collective interface of train/ implemented by
+//   single  one process (no MPI);
+//   mpi     Open MPI over shared memory or the network, CPU buffers (mpirun -np N keel train ...);
+//   nccl    NCCL on CUDA GPUs, one GPU per rank; host buffers are staged through a device buffer
+//           until the tensors live on the GPU. Built only with KEEL_NCCL (CUDA toolkit + NCCL).
+// Gradients are summed in buckets of at most bucket_bytes (dist/bucket.h).
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/train/collective.h"
+
+namespace keel::dist {
+
+class ProcessGroup : public Collective {
+ public:
+  explicit ProcessGroup(int64_t bucket_bytes) : bucket_bytes_(bucket_bytes) {}
+  // Buckets over all_reduce_sum_f32.
+  void all_reduce_grads(std::vector<Tensor>& grads) override;
+  // In place: element-wise sum across ranks of n floats.
+  virtual void all_reduce_sum_f32(float* v, size_t n) = 0;
+  // Ends every rank of the job now with `code` (a rank that hit an error another rank did not
+  // would otherwise leave it waiting in a collective forever). Does not return.
+  [[noreturn]] virtual void abort(int code) = 0;
+  int64_t bucket_bytes() const { return bucket_bytes_; }
+  // Buckets reduced and bytes summed so far (for the bench and the tests).
+  int64_t buckets_reduced() const { return buckets_; }
+
+ protected:
+  int64_t bucket_bytes_;
+  int64_t buckets_ = 0;
+  std::vector<float> staging_;
+};
+
+// `backend`: "auto" (mpi when launched by mpirun: OMPI_COMM_WORLD_SIZE, PMI_SIZE or PMIX_RANK is
+// set; else single), "single", "mpi" or "nccl". Errors (Error) name the backend and the fix: nccl
+// in a build without NCCL or without a usable GPU, mpi when MPI cannot start.
+std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, double bucket_mb);
+
+// True when this process was started by mpirun (or another PMI launcher).
+bool launched_by_mpirun();
+
+// Whether this build has the NCCL group.
+bool nccl_available();
+// CUDA GPUs the NCCL group could use: cudaGetDeviceCount's count, 0 when it fails (35: no
+// driver) or when this build has no NCCL.
+int usable_gpus();
+
+class SingleGroup final : public ProcessGroup {
+ public:
+  explicit SingleGroup(int64_t bucket_bytes = 25 << 20) : ProcessGroup(bucket_bytes) {}
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::string backend() const override { return "single"; }
+  void all_reduce_grads(std::vector<Tensor>&) override {}
+  void all_reduce_sum_f32(float*, size_t) override {}
+  void all_reduce_sum(double*, size_t) override {}
+  void all_reduce_max(double*, size_t) override {}
+  void all_gather(const double* in, size_t n, double* out) override;
+  [[noreturn]] void abort(int code) override;
+};
+
+}  // namespace keel::dist
