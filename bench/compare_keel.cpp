@@ -1,0 +1,164 @@
+// keel's side of bench/compare_pytorch: trains an HF model directory (written by `keel
+// init-model`) on fixed token batches through Trainer::train_step, and prints one JSON object:
+// the loss and wall time of every step, peak RSS, and the matmul peak measured in this process.
+// The PyTorch side (bench/compare_pytorch/compare.py) reads the same two files, so both sides do
+// the same work from the same start.
+//
+//   compare_keel --model DIR --ids FILE --batch B --seq T --steps N --precision P
+//                [--threads N] [--lr 1e-4] [--weight-decay 0.1] [--max-grad-norm 1.0]
+//
+// FILE holds int64 little-endian token ids [steps, B, T + 1]: row b of step s is the input
+// ids[s, b, :T] with the next-token labels ids[s, b, 1:].
+#include <omp.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "keel/backend/matmul.h"
+#include "keel/numerics/error.h"
+#include "keel/train/trainer.h"
+
+using namespace keel;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+// Best-of-5 GFLOP/s of an n³ NT product through keel's matmul kernels (the path linear takes).
+double matmul_peak_gflops(DType dt, int64_t n) {
+  Tensor a = Tensor::full({n, n}, 0.5f, dt), b = Tensor::full({n, n}, 0.25f, dt);
+  Tensor c = Tensor::empty({n, n}, dt);
+  MatmulArgs args;
+  args.c = c.data();
+  args.a = a.data();
+  args.b = b.data();
+  args.in_dt = args.out_dt = dt;
+  args.m = args.n = args.k = n;
+  args.trans_b = true;
+  const auto& mm = matmul_kernels(Device::cpu());
+  mm.matmul(args);  // JIT + first touch
+  double best = 1e30;
+  for (int r = 0; r < 5; ++r) {
+    auto t0 = clk::now();
+    mm.matmul(args);
+    best = std::min(best, std::chrono::duration<double>(clk::now() - t0).count());
+  }
+  return 2.0 * n * n * n / best / 1e9;
+}
+
+// VmRSS and VmHWM (peak) of this process in MB, from /proc/self/status.
+std::string rss_now() {
+  std::ifstream f("/proc/self/status");
+  std::string line, out;
+  while (std::getline(f, line))
+    if (line.rfind("VmRSS:", 0) == 0 || line.rfind("VmHWM:", 0) == 0)
+      out += line.substr(0, 6) + " " + std::to_string(std::stol(line.substr(6)) / 1024) + " MB ";
+  return out;
+}
+
+std::string arg(int argc, char** argv, const std::string& key, const std::string& def) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (argv[i] == key) return argv[i + 1];
+  if (def.empty()) throw Error("compare_keel: missing " + key + " (see the usage at the top)");
+  return def;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  const std::string model = arg(argc, argv, "--model", ""), ids_path = arg(argc, argv, "--ids", "");
+  const int64_t B = std::stoll(arg(argc, argv, "--batch", "")),
+                T = std::stoll(arg(argc, argv, "--seq", "")),
+                steps = std::stoll(arg(argc, argv, "--steps", ""));
+  const std::string precision = arg(argc, argv, "--precision", "32-true");
+  const int threads = std::stoi(arg(argc, argv, "--threads", "0"));
+  if (threads > 0) omp_set_num_threads(threads);
+
+  // Token batches: [steps, B, T + 1] int64.
+  std::vector<int64_t> ids(static_cast<size_t>(steps * B * (T + 1)));
+  {
+    std::ifstream f(ids_path, std::ios::binary);
+    if (!f) throw Error(ids_path + ": cannot open the token file");
+    f.read(reinterpret_cast<char*>(ids.data()), static_cast<std::streamsize>(ids.size() * 8));
+    if (f.gcount() != static_cast<std::streamsize>(ids.size() * 8) || f.peek() != EOF)
+      throw Error(ids_path + ": expected exactly steps*B*(T+1) = " + std::to_string(ids.size()) +
+                  " int64 ids; regenerate it with compare.py");
+  }
+
+  // The Trainer needs a dataset; a one-line corpus satisfies it and is never read by the steps.
+  const std::string dir = std::filesystem::temp_directory_path() /
+                          ("keel-compare-" + std::to_string(static_cast<long>(getpid())));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/corpus.txt") << "unused corpus: the steps read --ids\n";
+  Config c;
+  c.run.out_dir = dir + "/out";
+  c.run.threads = threads;
+  c.model.path = model;
+  c.data.task = "text";
+  c.data.path = dir + "/corpus.txt";
+  c.data.seq_len = T;
+  c.train.batch_size = B;
+  c.train.max_steps = steps;
+  c.train.precision = precision;
+  c.train.allow_cpu_bf16 = true;
+  c.train.max_grad_norm = std::stod(arg(argc, argv, "--max-grad-norm", "1.0"));
+  c.optim.lr = std::stod(arg(argc, argv, "--lr", "1e-4"));
+  c.optim.weight_decay = std::stod(arg(argc, argv, "--weight-decay", "0.1"));
+  c.sched.name = "constant";
+  c.log.console = c.log.metrics = c.log.tensorboard = false;
+  c.debug.nan_capture = false;
+
+  const DType peak_dt = precision == "32-true" ? DType::F32 : DType::BF16;
+  const double peak = matmul_peak_gflops(peak_dt, 1024);
+
+  std::fprintf(stderr, "before construction: %s\n", rss_now().c_str());
+  Trainer t(c);
+  const double n_params = static_cast<double>(t.model().num_parameters());
+  const auto& spec = t.model().spec();
+  std::fprintf(stderr, "after construction: %s\n", rss_now().c_str());
+  std::vector<double> losses, seconds;
+  std::vector<int64_t> in(B * T), lab(B * T);
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < T; ++j) {
+        in[b * T + j] = ids[(s * B + b) * (T + 1) + j];
+        lab[b * T + j] = ids[(s * B + b) * (T + 1) + j + 1];
+      }
+    data::Batch batch;
+    batch.input_ids = Tensor::from_ints(in, {B, T});
+    batch.labels = Tensor::from_ints(lab, {B, T});
+    batch.attention_mask = Tensor::full({B, T}, 1.0f, DType::U8);
+    batch.n_targets = B * T;
+    const StepResult r = t.train_step({batch}, 0);
+    if (!r.stepped) throw Error("compare_keel: step " + std::to_string(s) + " did not update");
+    losses.push_back(r.loss);
+    seconds.push_back(r.seconds);
+    std::fprintf(stderr, "step %lld: loss %.6f, %.3f s, %s\n", static_cast<long long>(s), r.loss,
+                 r.seconds, rss_now().c_str());
+  }
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  std::filesystem::remove_all(dir);
+
+  std::printf("{\"side\": \"keel\", \"precision\": \"%s\", \"threads\": %d, \"params\": %.0f, ",
+              precision.c_str(), omp_get_max_threads(), n_params);
+  std::printf("\"n_layer\": %lld, \"n_embd\": %lld, \"peak_gflops\": %.2f, \"peak_rss_mb\": %.1f, ",
+              static_cast<long long>(spec.n_layer), static_cast<long long>(spec.n_embd), peak,
+              ru.ru_maxrss / 1024.0);
+  std::printf("\"loss\": [");
+  for (size_t i = 0; i < losses.size(); ++i) std::printf("%s%.9g", i ? ", " : "", losses[i]);
+  std::printf("], \"seconds\": [");
+  for (size_t i = 0; i < seconds.size(); ++i) std::printf("%s%.6f", i ? ", " : "", seconds[i]);
+  std::printf("]}\n");
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "compare_keel: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,419 @@
+#!/usr/bin/python3
+"""keel vs PyTorch, side by side: the same GPT-2 / Llama configurations trained from the same initial
+weights on the same token batches for the same steps, each side in its own process.
+
+    /usr/bin/python3 bench/compare_pytorch/compare.py [--build build-perf] [--only NAME,...]
+        [--steps 6] [--warmup 2] [--rounds 2] [--threads 2] [--scaling 1,2]
+        [--wait-policy passive] [--work /tmp/keel-compare]
+
+Per configuration and precision it prints tokens/s of each side (median step time over the steps
+after warm-up, medians over rounds) with the spread of the step times, their ratio, peak RSS of
+each, the loss of both at every step (in 32-true they must agree within LOSS_RTOL, which shows the
+same work is timed) and keel's model-FLOPs utilization against the matmul peak measured in keel's
+process. Then thread scaling of GPT-2 124M B=4 T=64. Debian's torch 1.13 only works with
+/usr/bin/python3.
+
+`--worker torch ...` is the PyTorch side (run by the driver in a child process).
+"""
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import struct
+import subprocess
+import sys
+import time
+
+# Relative agreement of the per-step 32-true losses (keel vs torch). Both sides accumulate f32 sums
+# in different orders (oneDNN vs MKL-DNN blocking, softmax/cross-entropy reductions), and AdamW
+# with lr 1e-4 turns those ulp-level gradient differences into weight differences of ~1e-7 per step,
+# so the loss drifts apart by ~1e-6 relative per step at most; 1e-4 leaves room and still catches a
+# real mismatch (a wrong eps, GELU variant, missing weight decay or tied head moves the loss by
+# >1e-3 within two steps).
+LOSS_RTOL = 1e-4
+
+CONFIGS = {
+    # name: family, layers, width, heads, vocab, batch, seq
+    "gpt2-124m-b4t64": dict(family="gpt2", n_layer=12, n_embd=768, n_head=12, vocab=50257, B=4, T=64),
+    "gpt2-124m-b8t256": dict(family="gpt2", n_layer=12, n_embd=768, n_head=12, vocab=50257, B=8, T=256),
+    "gpt2-4l256-b8t256": dict(family="gpt2", n_layer=4, n_embd=256, n_head=8, vocab=50257, B=8, T=256),
+    # Llama-style of GPT-2 124M's size: RMSNorm, RoPE, SwiGLU (intermediate 2048), untied head,
+    # 32k vocabulary (Llama-2's).
+    "llama-110m-b4t64": dict(family="llama", n_layer=12, n_embd=768, n_head=12, vocab=32000, ffn=2048,
+                             B=4, T=64),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch side
+# ---------------------------------------------------------------------------------------------
+def read_safetensors(path):
+    import torch
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        blob = f.read()
+    dt = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = info["data_offsets"]
+        t = torch.frombuffer(bytearray(blob[a:b]), dtype=dt[info["dtype"]]).reshape(info["shape"])
+        out[name] = t.float()
+    return out
+
+
+def build_torch_model(model_dir):
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    cfg = json.load(open(os.path.join(model_dir, "config.json")))
+
+    def causal_attention(q, k, v):  # [B, H, T, D] each
+        T, D = q.shape[-2], q.shape[-1]
+        s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
+        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
+        return p @ v
+
+    class Conv1D(nn.Module):  # HF GPT-2: weight [in, out]
+        def __init__(self, nin, nout):
+            super().__init__()
+            self.weight = nn.Parameter(torch.empty(nin, nout))
+            self.bias = nn.Parameter(torch.empty(nout))
+
+        def forward(self, x):
+            return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(
+                *x.shape[:-1], -1)
+
+    if cfg["model_type"] == "gpt2":
+        C, H, L, V = cfg["n_embd"], cfg["n_head"], cfg["n_layer"], cfg["vocab_size"]
+        eps = cfg.get("layer_norm_epsilon", 1e-5)
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.ln_1 = nn.LayerNorm(C, eps=eps)
+                self.attn = nn.Module()
+                self.attn.c_attn = Conv1D(C, 3 * C)
+                self.attn.c_proj = Conv1D(C, C)
+                self.ln_2 = nn.LayerNorm(C, eps=eps)
+                self.mlp = nn.Module()
+                self.mlp.c_fc = Conv1D(C, 4 * C)
+                self.mlp.c_proj = Conv1D(4 * C, C)
+
+            def forward(self, x):
+                B, T, _ = x.shape
+                q, k, v = self.attn.c_attn(self.ln_1(x)).split(C, dim=-1)
+                q, k, v = (t.reshape(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+                y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+                x = x + self.attn.c_proj(y)
+                h = F.gelu(self.mlp.c_fc(self.ln_2(x)), approximate="tanh")
+                return x + self.mlp.c_proj(h)
+
+        class GPT2(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.transformer = nn.Module()
+                self.transformer.wte = nn.Embedding(V, C)
+                self.transformer.wpe = nn.Embedding(cfg["n_positions"], C)
+                self.transformer.h = nn.ModuleList(Block() for _ in range(L))
+                self.transformer.ln_f = nn.LayerNorm(C, eps=eps)
+
+            def forward(self, ids):
+                tr = self.transformer
+                pos = torch.arange(ids.shape[1])
+                x = tr.wte(ids) + tr.wpe(pos)
+                for b in tr.h:
+                    x = b(x)
+                return F.linear(tr.ln_f(x), tr.wte.weight)  # tied head
+
+        model, prefix = GPT2(), "transformer."
+    else:
+        C, H, L, V = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"], cfg[
+            "vocab_size"]
+        Hkv = cfg.get("num_key_value_heads", H)
+        D, Fd = C // H, cfg["intermediate_size"]
+        eps, theta = cfg.get("rms_norm_eps", 1e-6), cfg.get("rope_theta", 10000.0)
+        tied = cfg.get("tie_word_embeddings", False)
+
+        class RMSNorm(nn.Module):  # HF LlamaRMSNorm
+            def __init__(self):
+                super().__init__()
+                self.weight = nn.Parameter(torch.ones(C))
+
+            def forward(self, x):
+                xf = x.float()
+                xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+                return self.weight * xf.to(x.dtype)
+
+        def rope(x, cos, sin):  # [B, H, T, D], HF rotate_half
+            x1, x2 = x[..., : D // 2], x[..., D // 2:]
+            return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+        class Layer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.input_layernorm = RMSNorm()
+                self.post_attention_layernorm = RMSNorm()
+                self.self_attn = nn.Module()
+                for n, o in (("q_proj", H * D), ("k_proj", Hkv * D), ("v_proj", Hkv * D)):
+                    setattr(self.self_attn, n, nn.Linear(C, o, bias=False))
+                self.self_attn.o_proj = nn.Linear(H * D, C, bias=False)
+                self.mlp = nn.Module()
+                self.mlp.gate_proj = nn.Linear(C, Fd, bias=False)
+                self.mlp.up_proj = nn.Linear(C, Fd, bias=False)
+                self.mlp.down_proj = nn.Linear(Fd, C, bias=False)
+
+            def forward(self, x, cos, sin):
+                B, T, _ = x.shape
+                a, h = self.self_attn, self.input_layernorm(x)
+                q = rope(a.q_proj(h).view(B, T, H, D).transpose(1, 2), cos, sin)
+                k = rope(a.k_proj(h).view(B, T, Hkv, D).transpose(1, 2), cos, sin)
+                v = a.v_proj(h).view(B, T, Hkv, D).transpose(1, 2)
+                if Hkv != H:
+                    k, v = (t.repeat_interleave(H // Hkv, dim=1) for t in (k, v))
+                x = x + a.o_proj(causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C))
+                h, m = self.post_attention_layernorm(x), self.mlp
+                return x + m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
+
+        class Llama(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.model = nn.Module()
+                self.model.embed_tokens = nn.Embedding(V, C)
+                self.model.layers = nn.ModuleList(Layer() for _ in range(L))
+                self.model.norm = RMSNorm()
+                if not tied:
+                    self.lm_head = nn.Linear(C, V, bias=False)
+
+            def forward(self, ids):
+                T = ids.shape[1]
+                inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+                f = torch.outer(torch.arange(T, dtype=torch.float64), inv).float()
+                cos, sin = torch.cat((f.cos(), f.cos()), -1), torch.cat((f.sin(), f.sin()), -1)
+                x = self.model.embed_tokens(ids)
+                for layer in self.model.layers:
+                    x = layer(x, cos, sin)
+                x = self.model.norm(x)
+                return F.linear(x, self.model.embed_tokens.weight if tied else self.lm_head.weight)
+
+        model, prefix = Llama(), ""
+
+    sd = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    fixed = {}
+    for k, v in sd.items():
+        if prefix and not k.startswith(prefix) and not k.startswith("lm_head"):
+            k = prefix + k
+        fixed[k] = v
+    fixed.pop("lm_head.weight", None) if cfg["model_type"] == "gpt2" else None
+    missing, unexpected = model.load_state_dict(fixed, strict=False)
+    if missing or unexpected:
+        raise SystemExit(f"{model_dir}: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def torch_worker(a):
+    import torch
+    torch.set_num_threads(a.threads)
+    model = build_torch_model(a.model)
+    model.train()
+    # keel's param groups (optim/optimizer.cpp make_param_groups): no decay on biases, norms, 1-D.
+    decay, no_decay = [], []
+    for n, p in model.named_parameters():
+        ln = n.lower()
+        (no_decay if ("bias" in ln or "norm" in ln or "ln_" in ln or p.dim() < 2) else decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
+    B, T, S = a.batch, a.seq, a.steps
+    ids = torch.from_numpy(__import__("numpy").fromfile(a.ids, dtype="<i8").reshape(S, B, T + 1))
+    params = [p for p in model.parameters()]
+    losses, seconds = [], []
+    for s in range(S):
+        x, y = ids[s, :, :T].contiguous(), ids[s, :, 1:].contiguous()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16-mixed"):
+            logits = model(x)
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                     y.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm)
+        opt.step()
+        seconds.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print(json.dumps({"side": "torch", "precision": a.precision, "threads": torch.get_num_threads(),
+                      "peak_rss_mb": rss, "loss": losses, "seconds": seconds}))
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------------------------
+def flops_per_token(c, T):
+    """Model FLOPs per trained token (PaLM): 6 x the matmul weights + 12 L T C for attention."""
+    C, L, V = c["n_embd"], c["n_layer"], c["vocab"]
+    if c["family"] == "gpt2":
+        mm = L * 12 * C * C + V * C  # c_attn 3C², c_proj C², c_fc 4C², mlp.c_proj 4C²; tied head
+    else:
+        mm = L * (4 * C * C + 3 * C * c["ffn"]) + V * C  # q k v o, gate up down; head
+    return 6 * mm + 12 * L * T * C
+
+
+def run(cmd, env):
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def prepare(name, c, a, keel_cli):
+    import numpy as np
+    d = os.path.join(a.work, name)
+    model = os.path.join(d, "model")
+    if not os.path.exists(os.path.join(model, "model.safetensors")):
+        cmd = [keel_cli, "init-model", "--family", c["family"], "--out", model,
+               "--n-layer", str(c["n_layer"]), "--n-embd", str(c["n_embd"]), "--n-head",
+               str(c["n_head"]), "--vocab-size", str(c["vocab"]), "--max-seq-len",
+               str(max(c["T"], 64)), "--seed", "1234"]
+        if c["family"] == "llama":
+            cmd += ["--untied", "--intermediate-size", str(c["ffn"])]
+        subprocess.run(cmd, check=True, capture_output=True)
+    ids = os.path.join(d, f"ids-{a.steps}x{c['B']}x{c['T'] + 1}.bin")
+    if not os.path.exists(ids):
+        rng = np.random.default_rng(4321)
+        rng.integers(0, c["vocab"], size=(a.steps, c["B"], c["T"] + 1), dtype=np.int64).tofile(ids)
+    return model, ids
+
+
+def side_cmds(a, model, ids, c, precision, threads, keel_bin):
+    common = ["--model", model, "--ids", ids, "--batch", str(c["B"]), "--seq", str(c["T"]),
+              "--steps", str(a.steps), "--precision", precision, "--threads", str(threads),
+              "--lr", str(a.lr), "--weight-decay", str(a.weight_decay), "--max-grad-norm",
+              str(a.max_grad_norm)]
+    return {"keel": [keel_bin] + common,
+            "torch": ["/usr/bin/python3", os.path.abspath(__file__), "--worker", "torch"] + common}
+
+
+def summarize(runs, warmup, tokens):
+    """runs: worker results of one side over rounds -> (tok/s of the median step, spread, rss)."""
+    per_round = [statistics.median(r["seconds"][warmup:]) for r in runs]
+    all_steps = [s for r in runs for s in r["seconds"][warmup:]]
+    med = statistics.median(per_round)
+    return dict(tps=tokens / med, med=med, lo=min(all_steps), hi=max(all_steps),
+                rss=max(r["peak_rss_mb"] for r in runs), runs=runs)
+
+
+def measure(a, name, c, precision, threads, bins, env):
+    model, ids = prepare(name, c, a, bins["cli"])
+    cmds = side_cmds(a, model, ids, c, precision, threads, bins["bench"])
+    got = {"keel": [], "torch": []}
+    for r in range(a.rounds):  # interleaved, alternating which side goes first
+        order = ["keel", "torch"] if r % 2 == 0 else ["torch", "keel"]
+        for side in order:
+            got[side].append(run(cmds[side], env))
+    tokens = c["B"] * c["T"]
+    return {s: summarize(got[s], a.warmup, tokens) for s in got}
+
+
+def fmt_spread(s):
+    return f"{s['med'] * 1e3:.0f} ms [{s['lo'] * 1e3:.0f}..{s['hi'] * 1e3:.0f}]"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--worker", choices=["torch"])
+    p.add_argument("--model"), p.add_argument("--ids")
+    p.add_argument("--batch", type=int), p.add_argument("--seq", type=int)
+    p.add_argument("--precision", default="32-true")
+    p.add_argument("--build", default="build-perf")
+    p.add_argument("--only", default="", help="comma-separated configuration names")
+    p.add_argument("--precisions", default="32-true,bf16-mixed")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--scaling", default="", help="thread counts for the scaling table "
+                   "(default 1,2 and the core count when larger); 'none' skips it")
+    p.add_argument("--wait-policy", default="passive", help="OMP_WAIT_POLICY for both sides")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--max-grad-norm", type=float, default=1.0)
+    p.add_argument("--work", default="/tmp/keel-compare")
+    a = p.parse_args()
+    if a.worker == "torch":
+        return torch_worker(a)
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    build = a.build if os.path.isabs(a.build) else os.path.join(root, a.build)
+    bins = {"bench": os.path.join(build, "bench", "compare_keel"),
+            "cli": os.path.join(build, "keel")}
+    for b in bins.values():
+        if not os.path.exists(b):
+            raise SystemExit(f"{b} is missing: ninja -C {a.build} compare_keel keel")
+    env = dict(os.environ, OMP_WAIT_POLICY=a.wait_policy)
+    env.pop("OMP_NUM_THREADS", None)  # each side sets its own thread count
+    names = [n for n in a.only.split(",") if n] or list(CONFIGS)
+    precisions = [x for x in a.precisions.split(",") if x]
+    print(f"# steps {a.steps} (first {a.warmup} = warm-up), {a.rounds} rounds interleaved, "
+          f"{a.threads} threads, OMP_WAIT_POLICY={a.wait_policy}, load average "
+          f"{os.getloadavg()[0]:.1f} at start, {os.cpu_count()} CPUs")
+    print(f"# step time: median [min..max of all post-warm-up steps of all rounds]; "
+          f"32-true losses must agree within {LOSS_RTOL:g} relative")
+    ok = True
+    results = {}
+    for name in names:
+        c = CONFIGS[name]
+        for prec in precisions:
+            m = measure(a, name, c, prec, a.threads, bins, env)
+            k, t = m["keel"], m["torch"]
+            results[(name, prec)] = m
+            kl, tl = k["runs"][0]["loss"], t["runs"][0]["loss"]
+            rel = max(abs(x - y) / abs(y) for x, y in zip(kl, tl))
+            peak = k["runs"][0]["peak_gflops"]
+            mfu = k["tps"] * flops_per_token(c, c["T"]) / (peak * 1e9)
+            agree = rel <= LOSS_RTOL
+            if prec == "32-true" and not agree:
+                ok = False
+            print(f"\n{name} ({k['runs'][0]['params'] / 1e6:.1f}M params, B={c['B']} T={c['T']}) "
+                  f"{prec}")
+            print(f"  keel  {k['tps']:9.0f} tok/s  step {fmt_spread(k)}  peak RSS {k['rss']:.0f} MB")
+            print(f"  torch {t['tps']:9.0f} tok/s  step {fmt_spread(t)}  peak RSS {t['rss']:.0f} MB")
+            print(f"  keel/torch tokens/s {k['tps'] / t['tps']:.2f}x   RSS keel/torch "
+                  f"{k['rss'] / t['rss']:.2f}   keel MFU {100 * mfu:.1f}% of the "
+                  f"{'f32' if prec == '32-true' else 'bf16'} matmul peak ({peak:.0f} GFLOP/s, "
+                  f"1024^3 in keel's process)")
+            print("  loss keel : " + " ".join(f"{x:.6f}" for x in kl))
+            print("  loss torch: " + " ".join(f"{x:.6f}" for x in tl))
+            verdict = ("agree" if agree else "DISAGREE") if prec == "32-true" else "(informative)"
+            print(f"  max relative loss difference {rel:.2e} {verdict}")
+        if "32-true" in precisions and "bf16-mixed" in precisions:
+            k32, k16 = results[(name, "32-true")]["keel"], results[(name, "bf16-mixed")]["keel"]
+            t16 = results[(name, "bf16-mixed")]["torch"]
+            print(f"  keel bf16-mixed / keel 32-true {k16['tps'] / k32['tps']:.2f}x; "
+                  f"keel bf16-mixed / torch bf16 autocast {k16['tps'] / t16['tps']:.2f}x")
+
+    scaling = a.scaling or ",".join(str(n) for n in sorted({1, 2, os.cpu_count() or 1}))
+    if scaling != "none":
+        name = "gpt2-124m-b4t64"
+        c = CONFIGS[name]
+        print(f"\nthread scaling, {name}, 32-true (tokens/s; x = speed-up over 1 thread)")
+        base = {}
+        for n in [int(x) for x in scaling.split(",")]:
+            m = measure(a, name, c, "32-true", n, bins, env)
+            for s in ("keel", "torch"):
+                base.setdefault(s, m[s]["tps"])
+            print(f"  {n:2d} threads: keel {m['keel']['tps']:7.0f} ({m['keel']['tps'] / base['keel']:.2f}x)"
+                  f"  torch {m['torch']['tps']:7.0f} ({m['torch']['tps'] / base['torch']:.2f}x)"
+                  f"  keel/torch {m['keel']['tps'] / m['torch']['tps']:.2f}x")
+    print(f"\n# load average {os.getloadavg()[0]:.1f} at the end")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
