@@ -17,7 +17,7 @@ ctest --test-dir build --output-on-failure -j "$jobs" --timeout 900
 # Sanitizers: the same tests, with ASan + UBSan (leak checks off: OpenMP's and oneDNN's
 # thread-local caches live until exit and are reported as leaks).
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_SANITIZE=ON \
-  -DKEEL_BUILD_BENCH=OFF >/dev/null
+  -DKEEL_BUILD_BENCH=OFF -DKEEL_CUDA=OFF >/dev/null  # nvcc objects take no sanitizers: CUDA is built above
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   KEEL_TEST_SANITIZED=1 ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 1800

@@ -101,6 +101,7 @@ void backward(const Tensor& root, const Tensor& grad_root) {
     KEEL_CHECK(root.numel() == 1, "backward: grad_root is required for a non-scalar output " +
                                       shape_str(root.shape()));
     seed = Tensor::full(root.shape(), 1.0f, root.dtype());
+    if (!root.device().is_cpu()) seed = seed.to(root.device());
   }
   NoGradGuard no_grad;  // backward formulas never build graphs
   std::shared_ptr<Node> start = root.grad_fn() ? root.grad_fn() : edge_for(root);

@@ -119,8 +119,10 @@ void write_safetensors(const std::string& path,
   uint64_t offset = 0;
   std::vector<const void*> chunks;
   std::vector<size_t> sizes;
+  std::vector<Tensor> host;  // device tensors copied to the host, in order
+  host.reserve(tensors.size());
   for (auto& [name, t] : tensors) {
-    KEEL_CHECK(t.device().is_cpu(), "write_safetensors: tensor '" + name + "' is not on the cpu");
+    host.push_back(t.device().is_cpu() ? t : t.to(Device::cpu()));
     const uint64_t n = t.nbytes();
     header[name] = {{"dtype", safetensors_dtype(t.dtype())},
                     {"shape", t.shape()},
@@ -135,7 +137,7 @@ void write_safetensors(const std::string& path,
   prefix += h;
   chunks.insert(chunks.begin(), prefix.data());
   sizes.insert(sizes.begin(), prefix.size());
-  for (auto& [name, t] : tensors) {
+  for (const Tensor& t : host) {
     chunks.push_back(t.data());
     sizes.push_back(t.nbytes());
   }

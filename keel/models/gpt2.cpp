@@ -101,8 +101,9 @@ Tensor GPT2LMHeadModel::forward(const Tensor& ids, const Tensor& mask) {
     std::vector<int64_t> pos(B * T);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t) pos[b * T + t] = t;
-    Tensor x = nn::residual_add(transformer->wte->forward(ids),
-                                transformer->wpe->forward(Tensor::from_ints(pos, {B, T})));
+    Tensor x = nn::residual_add(
+        transformer->wte->forward(ids),
+        transformer->wpe->forward(Tensor::from_ints(pos, {B, T}).to(ids.device())));
     x = transformer->drop->forward(x);
     for (GPT2Block* block : transformer->h) x = block->forward(x, mask, spec_.attention);
     x = transformer->ln_f->forward(x);

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "keel/backend/monitor.h"
 #include "keel/io/atomic_file.h"
 #include "keel/io/checkpoint.h"
 #include "keel/io/safetensors.h"
@@ -48,8 +49,8 @@ std::string gradient_fingerprint(const std::vector<std::pair<std::string, Tensor
     for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
   };
   for (const auto& [name, p] : params) {
-    const Tensor g = p.grad();
-    if (!g.defined()) continue;
+    if (!p.grad().defined()) continue;
+    const Tensor g = p.grad().device().is_cpu() ? p.grad() : p.grad().to(Device::cpu());
     mix(name.data(), name.size());
     mix(g.data(), g.numel() * dtype_size(g.dtype()));
   }
@@ -88,7 +89,8 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
   // update that overflowed).
   std::vector<std::string> bad_values;
   for (auto& [name, p] : trainer.model().named_parameters())
-    if (!tensor_stats(p.data(), p.dtype(), p.numel()).all_finite()) bad_values.push_back(name);
+    if (!monitor_kernels(p.device()).stats(p.data(), p.dtype(), p.numel(), p.dtype()).all_finite())
+      bad_values.push_back(name);
   meta["nonfinite_param_values"] = bad_values;
   meta["rng"] = {{"seed", trainer.config().run.seed},
                  {"step_seed", ev.step_seed},

@@ -10,6 +10,7 @@
 #include <optional>
 #include <sstream>
 
+#include "keel/backend/monitor.h"
 #include "keel/io/atomic_file.h"
 #include "keel/io/safetensors.h"
 #include "keel/monitor/inject.h"
@@ -259,7 +260,9 @@ StepOutcome run_step(const Capture& c, const std::string& out_dir,
   for (auto& [name, p] : tr->trainable())
     if (p.grad().defined()) {
       grads.push_back(p.grad());
-      const TensorStats st = tensor_stats(p.grad().data(), p.grad().dtype(), p.grad().numel());
+      const Tensor& g = p.grad();
+      const TensorStats st =
+          monitor_kernels(g.device()).stats(g.data(), g.dtype(), g.numel(), g.dtype());
       if (!st.all_finite()) o.nonfinite_params.push_back(name);
       if (st.abs_max > o.largest_grad) {
         o.largest_grad = st.abs_max;

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "keel/autograd/node.h"
+#include "keel/backend/monitor.h"
 #include "keel/numerics/convert.h"
 #include "keel/numerics/format_info.h"
 #include "keel/numerics/tensor_stats.h"
@@ -312,6 +313,9 @@ struct UnderflowOverflowTracer::Impl {
   DType judge_format(DType dt) const { return dt == DType::F32 ? opt.format : dt; }
 
   TensorStats compute(const Tensor& t) const {
+    if (!t.device().is_cpu())  // on the device where the tensor lives: a few numbers come back
+      return monitor_kernels(t.device())
+          .stats(t.data(), t.dtype(), t.numel(), judge_format(t.dtype()));
     return trace_stats(t.data(), t.dtype(), t.numel(), judge_format(t.dtype()));
   }
 

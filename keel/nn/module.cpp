@@ -1,6 +1,7 @@
 #include "keel/nn/module.h"
 
 #include <algorithm>
+#include <map>
 
 namespace keel::nn {
 
@@ -104,6 +105,28 @@ Tensor Module::call_hooked(const std::vector<Tensor>& inputs, const std::functio
   auto post = post_hooks_;
   for (auto& [id, h] : post) h(*this, inputs, out);
   return out;
+}
+
+void move_to_device(Module& m, Device dev) {
+  std::map<const Storage*, std::shared_ptr<Storage>> moved;
+  std::vector<std::shared_ptr<Storage>> keep;  // old storages stay alive: their keys stay unique
+  auto move = [&](const Tensor& t) {
+    if (!t.defined() || t.device() == dev) return;
+    std::shared_ptr<Storage>& st = t.impl()->storage;
+    auto it = moved.find(st.get());
+    if (it == moved.end()) {
+      // The whole storage as bytes, so that every view into it keeps its offset.
+      auto whole = std::make_shared<TensorImpl>();
+      whole->storage = st;
+      whole->shape = {static_cast<int64_t>(st->nbytes)};
+      whole->dtype = DType::U8;
+      it = moved.emplace(st.get(), Tensor(whole).to(dev).impl()->storage).first;
+    }
+    keep.push_back(st);
+    st = it->second;
+  };
+  for (auto& [name, p] : m.named_parameters()) move(p);
+  for (auto& [name, b] : m.named_buffers()) move(b);
 }
 
 }  // namespace keel::nn

@@ -88,4 +88,9 @@ class Module {
   int next_hook_ = 1;
 };
 
+// Moves every parameter and buffer of `m` to `dev` in place: each tensor keeps its TensorImpl
+// (handles held elsewhere, e.g. by an optimizer, see the move) and tensors that shared a storage
+// (tied weights, views) still share one afterwards.
+void move_to_device(Module& m, Device dev);
+
 }  // namespace keel::nn

@@ -41,8 +41,8 @@ const ElementwiseKernels& ew(Device d) { return elementwise_kernels(d); }
 Tensor as_dtype(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to_dtype(dt); }
 
 // c = op(a)·op(b) over `batch` matrices, f32 accumulation; c has dtype out_dt (F32 or in_dt).
-void mm(void* c, DType out_dt, const void* a, const void* b, DType in_dt, int64_t batch, int64_t m,
-        int64_t n, int64_t k, bool ta, bool tb) {
+void mm(Device dev, void* c, DType out_dt, const void* a, const void* b, DType in_dt, int64_t batch,
+        int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
   MatmulArgs args;
   args.c = c;
   args.a = a;
@@ -55,7 +55,7 @@ void mm(void* c, DType out_dt, const void* a, const void* b, DType in_dt, int64_
   args.k = k;
   args.trans_a = ta;
   args.trans_b = tb;
-  matmul_kernels(Device::cpu()).matmul(args);
+  matmul_kernels(dev).matmul(args);
 }
 
 // out = round(alpha * op(a)·op(b)) into out's dtype, whatever the operands' dtype in_dt: the
@@ -64,9 +64,9 @@ void mm_into(Tensor& out, float alpha, const Tensor& a, const Tensor& b, DType i
              int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
   const Device dev = out.device();
   if (alpha == 1.f && (out.dtype() == in_dt || out.dtype() == DType::F32))
-    return mm(out.data(), out.dtype(), a.data(), b.data(), in_dt, batch, m, n, k, ta, tb);
+    return mm(dev, out.data(), out.dtype(), a.data(), b.data(), in_dt, batch, m, n, k, ta, tb);
   Tensor acc = out.dtype() == DType::F32 ? out : Tensor::empty(out.shape(), DType::F32, dev);
-  mm(acc.data(), DType::F32, a.data(), b.data(), in_dt, batch, m, n, k, ta, tb);
+  mm(dev, acc.data(), DType::F32, a.data(), b.data(), in_dt, batch, m, n, k, ta, tb);
   if (alpha != 1.f)
     ew(dev).axpby(acc.data(), alpha, acc.data(), 0.f, nullptr, DType::F32, acc.numel());
   if (acc.data() != out.data())
@@ -79,8 +79,8 @@ AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v,
   check_floating("attention", q);
   check_same_dtype("attention", q, k);
   check_same_dtype("attention", q, v);
-  KEEL_CHECK(q.device().is_cpu() && k.device() == q.device() && v.device() == q.device(),
-             "attention: q, k and v must be on the same device (cpu in this build)");
+  KEEL_CHECK(k.device() == q.device() && v.device() == q.device(),
+             "attention: q, k and v must be on the same device");
   if (q.dim() != 4 || k.dim() != 4 || k.shape() != v.shape() || q.size(0) != k.size(0) ||
       q.size(2) != k.size(2) || q.size(3) != k.size(3) || q.size(3) < 1 || k.size(1) < 1 ||
       q.size(1) % k.size(1) != 0)
@@ -100,7 +100,11 @@ AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v,
       throw Error(std::string("attention: key_padding_mask must be u8 [B, T] = ") +
                   shape_str({d.batch, d.seq}) + ", got " + dtype_name(mask.dtype()) + " " +
                   shape_str(mask.shape()) + "; build it as 1 for real tokens, 0 for padding");
-    const uint8_t* m = mask.data_as<uint8_t>();
+    KEEL_CHECK(
+        mask.device() == q.device(),
+        "attention: key_padding_mask on " + mask.device().str() + " but q on " + q.device().str());
+    const Tensor host = mask.device().is_cpu() ? mask : mask.to(Device::cpu());  // [B, T], small
+    const uint8_t* m = host.data_as<uint8_t>();
     for (int64_t i = 0; i < mask.numel(); ++i)
       if (m[i] > 1)
         throw Error("attention: key_padding_mask holds " + std::to_string(m[i]) + " at [" +
@@ -129,7 +133,8 @@ struct MaterializedAttention {
     const int64_t t = d.seq, dd = d.head_dim;
     Tensor p32 = Tensor::empty({d.batch, d.heads_q, t, t}, DType::F32, out.device());
     // S[B*Hkv, G*T, T] = Q·Kᵀ, f32 (the kernel scales and rounds it to cdt), softmax in place.
-    mm(p32.data(), DType::F32, qc.data(), kc.data(), cdt, batch(), rows(), t, dd, false, true);
+    mm(out.device(), p32.data(), DType::F32, qc.data(), kc.data(), cdt, batch(), rows(), t, dd,
+       false, true);
     Tensor pc = cdt == DType::F32 ? p32 : Tensor::empty(p32.shape(), cdt, out.device());
     attention_kernels(out.device())
         .softmax_forward(p32.data_as<float>(), cdt == DType::F32 ? nullptr : pc.data(), cdt,
@@ -151,7 +156,7 @@ struct MaterializedAttention {
     if (!dq.defined() && !dk.defined()) return;
     // dP[B*Hkv, G*T, T] = dO·Vᵀ, rounded to cdt; dS overwrites it (the kernel reads a row first).
     Tensor ds = Tensor::empty({d.batch, d.heads_q, t, t}, cdt, dev);
-    mm(ds.data(), cdt, gc.data(), vc.data(), cdt, batch(), rows(), t, dd, false, true);
+    mm(dev, ds.data(), cdt, gc.data(), vc.data(), cdt, batch(), rows(), t, dd, false, true);
     attention_kernels(dev).softmax_backward(ds.data(), cdt, p32.data_as<float>(), ds.data(), cdt,
                                             d);
     // dQ = scale·dS·K, dK = scale·dSᵀ·Q

@@ -47,8 +47,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   const auto& k = cross_entropy_kernels(logits.device());
   const int64_t bad = k.find_invalid(targets.data(), targets.dtype(), n, v, ignore_index);
   if (bad >= 0) {
-    const int64_t t = targets.dtype() == DType::I32 ? targets.data_as<int32_t>()[bad]
-                                                    : targets.data_as<int64_t>()[bad];
+    const int64_t t = targets.slice_rows(bad, bad + 1).to_ints()[0];  // any device
     throw Error("cross_entropy: target " + std::to_string(t) + " at row " + std::to_string(bad) +
                 " is outside [0, " + std::to_string(v) + ") and is not ignore_index (" +
                 std::to_string(ignore_index) +

@@ -47,8 +47,7 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
   const auto& k = embedding_kernels(weight.device());
   const int64_t bad = k.find_invalid(ids.data(), ids.dtype(), n, v);
   if (bad >= 0) {
-    const int64_t id =
-        ids.dtype() == DType::I32 ? ids.data_as<int32_t>()[bad] : ids.data_as<int64_t>()[bad];
+    const int64_t id = ids.view({-1}).slice_rows(bad, bad + 1).to_ints()[0];  // any device
     throw Error("embedding: id " + std::to_string(id) + " at position " + std::to_string(bad) +
                 " (index " + index_str(ids.shape(), bad) + " of ids " + shape_str(ids.shape()) +
                 ") is outside [0, " + std::to_string(v) +

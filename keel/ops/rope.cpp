@@ -92,7 +92,8 @@ Tensor rope(const Tensor& x, float theta, int64_t pos_offset, const RopeScaling&
   KEEL_CHECK(pos_offset >= 0, "rope: pos_offset = " + std::to_string(pos_offset) + " must be >= 0");
   const int64_t rows = x.size(0) * x.size(1);
   RopeTable tab = rope_table(rope_inv_freq(theta, d, scaling), pos_offset, t);
-  Tensor out = Tensor::empty_like(x);  // [B, H, T, D]
+  if (!x.device().is_cpu()) tab = {tab.cos.to(x.device()), tab.sin.to(x.device())};  // [T, D/2]
+  Tensor out = Tensor::empty_like(x);                                                // [B, H, T, D]
   rope_kernels(x.device())
       .rotate(out.data(), x.data(), tab.cos.data_as<float>(), tab.sin.data_as<float>(), x.dtype(),
               rows, t, d, /*inverse=*/false);

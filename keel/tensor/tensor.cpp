@@ -1,5 +1,7 @@
 #include "keel/tensor/tensor.h"
 
+#include "keel/tensor/device_runtime.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -32,14 +34,39 @@ std::string shape_str(const Shape& s) {
   return o.str();
 }
 
+namespace {
+const DeviceRuntime* g_cuda_runtime = nullptr;  // set by backend/cuda at static initialization
+
+const DeviceRuntime& runtime_for(Device dev) {
+  if (!g_cuda_runtime)
+    throw Error("a tensor on " + dev.str() +
+                    " needs the CUDA backend, which this build lacks (configure with "
+                    "-DKEEL_CUDA=ON on a machine with the CUDA toolkit); use the cpu device",
+                Error::kUsage);
+  return *g_cuda_runtime;
+}
+}  // namespace
+
+const DeviceRuntime* cuda_runtime() { return g_cuda_runtime; }
+void register_cuda_runtime(const DeviceRuntime* rt) { g_cuda_runtime = rt; }
+
 Storage::Storage(size_t n, Device dev) : nbytes(n), device(dev) {
-  KEEL_CHECK(dev.is_cpu(), "only cpu storage is available in this build");
+  if (dev.is_cuda()) {
+    data = runtime_for(dev).alloc(n, dev.index);
+    return;
+  }
   const size_t rounded = (n + 63) / 64 * 64;
   data = std::aligned_alloc(64, rounded ? rounded : 64);
   if (!data) throw Error("out of memory allocating " + std::to_string(n) + " bytes");
 }
 
-Storage::~Storage() { std::free(data); }
+Storage::~Storage() {
+  if (device.is_cuda()) {
+    if (g_cuda_runtime) g_cuda_runtime->release(data, nbytes, device.index);
+    return;
+  }
+  std::free(data);
+}
 
 static const TensorImpl& need(const std::shared_ptr<TensorImpl>& p) {
   KEEL_CHECK(p, "use of an undefined tensor");
@@ -57,7 +84,10 @@ Tensor Tensor::empty(const Shape& shape, DType dt, Device dev) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dt, Device dev) {
   Tensor t = empty(shape, dt, dev);
-  std::memset(t.data(), 0, t.nbytes());
+  if (dev.is_cuda())
+    runtime_for(dev).memset0(t.data(), t.nbytes(), dev.index);
+  else
+    std::memset(t.data(), 0, t.nbytes());
   return t;
 }
 
@@ -168,15 +198,39 @@ bool Tensor::shares_storage(const Tensor& o) const {
   return defined() && o.defined() && impl_->storage == o.impl_->storage;
 }
 
-Tensor Tensor::clone() const {
-  Tensor t = empty(shape(), dtype(), device());
-  std::memcpy(t.data(), data(), nbytes());
+Tensor Tensor::clone() const { return to(device()); }
+
+Tensor Tensor::to(Device dev) const {
+  Tensor t = empty(shape(), dtype(), dev);
+  if (nbytes() == 0) return t;
+  if (dev.is_cpu() && device().is_cpu())
+    std::memcpy(t.data(), data(), nbytes());
+  else
+    runtime_for(dev.is_cuda() ? dev : device()).copy(t.data(), dev, data(), device(), nbytes());
   return t;
 }
 
 void Tensor::copy_from(const Tensor& src) {
-  KEEL_CHECK(src.numel() == numel(), "copy_from: " + shape_str(src.shape()) + " into " +
-                                         shape_str(shape()));
+  KEEL_CHECK(src.numel() == numel(),
+             "copy_from: " + shape_str(src.shape()) + " into " + shape_str(shape()));
+  if (device().is_cuda() || src.device().is_cuda()) {
+    if (nbytes() == 0 && src.nbytes() == 0) return;
+    if (src.dtype() == dtype()) {
+      runtime_for(device().is_cuda() ? device() : src.device())
+          .copy(data(), device(), src.data(), src.device(), nbytes());
+      return;
+    }
+    KEEL_CHECK(dtype_is_floating(dtype()) && dtype_is_floating(src.dtype()),
+               "copy_from: conversion between integer and floating tensors");
+    // Convert on the device that holds the destination (after moving the source there).
+    const Tensor s = src.device() == device() ? src : src.to(device());
+    if (device().is_cuda()) {
+      runtime_for(device()).convert(data(), dtype(), s.data(), s.dtype(), numel(), device().index);
+    } else {
+      copy_from(s);
+    }
+    return;
+  }
   if (src.dtype() == dtype()) {
     std::memmove(data(), src.data(), nbytes());
     return;
@@ -215,6 +269,15 @@ Tensor Tensor::to_dtype(DType dt) const {
 
 void Tensor::fill(float value) {
   const int64_t n = numel();
+  if (device().is_cuda()) {
+    // The element's bits computed here, replicated on the device.
+    Tensor one = Tensor::empty({1}, dtype());
+    one.fill(value);
+    uint64_t pattern = 0;
+    std::memcpy(&pattern, one.data(), dtype_size(dtype()));
+    runtime_for(device()).fill(data(), pattern, dtype_size(dtype()), n, device().index);
+    return;
+  }
   switch (dtype()) {
     case DType::F32:
       for (int64_t i = 0; i < n; ++i) data_as<float>()[i] = value;
@@ -238,6 +301,7 @@ void Tensor::fill(float value) {
 }
 
 std::vector<float> Tensor::to_floats() const {
+  if (device().is_cuda()) return to(Device::cpu()).to_floats();
   const int64_t n = numel();
   std::vector<float> v(n);
   for (int64_t i = 0; i < n; ++i) {
@@ -254,6 +318,7 @@ std::vector<float> Tensor::to_floats() const {
 }
 
 std::vector<int64_t> Tensor::to_ints() const {
+  if (device().is_cuda()) return to(Device::cpu()).to_ints();
   const int64_t n = numel();
   std::vector<int64_t> v(n);
   for (int64_t i = 0; i < n; ++i) {

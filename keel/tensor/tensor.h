@@ -72,7 +72,8 @@ class Tensor {
 
   // Copies, outside autograd.
   Tensor clone() const;
-  Tensor to_dtype(DType dt) const;  // exact rounding (RNE) for floating targets
+  Tensor to_dtype(DType dt) const;    // exact rounding (RNE) for floating targets
+  Tensor to(Device dev) const;        // a copy on `dev` (shares nothing, even when dev is ours)
   void copy_from(const Tensor& src);  // same shape; converts dtype
   void fill(float value);
   std::vector<float> to_floats() const;      // any floating dtype, or integers converted

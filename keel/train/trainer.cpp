@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/amp/autocast.h"
+#include "keel/backend/cuda_api.h"
+#include "keel/backend/monitor.h"
 #include "keel/autograd/node.h"
 #include "keel/io/checkpoint.h"
 #include "keel/io/hf_model.h"
@@ -61,8 +63,18 @@ models::ModelSpec spec_from(const ModelConfig& m, int64_t vocab, int64_t seq_len
 
 // Element by element (only on a non-finite step): a sum of squares would also flag finite values
 // beyond ~1.8e19, whose squares overflow.
+// The micro-batch's tensors on `dev` (the batch itself on the cpu).
+data::Batch to_device(const data::Batch& b, Device dev) {
+  if (dev.is_cpu()) return b;
+  data::Batch d = b;
+  d.input_ids = b.input_ids.to(dev);
+  d.labels = b.labels.to(dev);
+  if (b.attention_mask.defined()) d.attention_mask = b.attention_mask.to(dev);
+  return d;
+}
+
 bool all_finite(const Tensor& t) {
-  return tensor_stats(t.data(), t.dtype(), t.numel()).all_finite();
+  return monitor_kernels(t.device()).stats(t.data(), t.dtype(), t.numel(), t.dtype()).all_finite();
 }
 
 // The id that fills padded positions (they carry no label and attention masks them out): the
@@ -141,11 +153,14 @@ Trainer::Trainer(const Config& cfg, TrainerHooks hooks, std::shared_ptr<Collecti
       hooks_(std::move(hooks)),
       coll_(collective ? std::move(collective) : std::make_shared<SingleCollective>()) {
   if (cfg_.run.threads > 0) omp_set_num_threads(cfg_.run.threads);
-  const Device device = device_from_string(cfg_.run.device);
-  if (device.is_cuda())
-    throw Error("run.device = " + cfg_.run.device +
-                    ": this build has no CUDA backend; use run.device = \"cpu\"",
-                Error::kUsage);
+  Device device = device_from_string(cfg_.run.device);
+  if (device.is_cuda() && !cuda::status().usable) {
+    // One line, then the CPU: a config written for a GPU machine still runs anywhere.
+    message("keel: run.device = " + cfg_.run.device + " but no usable CUDA device (" +
+            cuda::status().reason + "); training on the CPU");
+    device = Device::cpu();
+  }
+  device_ = device;
   policy_ = resolve_precision(cfg_.train.precision, device, cfg_.train.allow_cpu_bf16);
   out_dir_ = cfg_.run.out_dir.empty() ? "out/" + utc_stamp() : cfg_.run.out_dir;
 
@@ -193,6 +208,7 @@ Trainer::Trainer(const Config& cfg, TrainerHooks hooks, std::shared_ptr<Collecti
   // adapters (only they train: the frozen base is excluded here).
   model_ = build_model(cfg_, *tokenizer_, pad_fill_id(*tokenizer_, cfg_.data.pad),
                        policy_.param_dtype, [this](const std::string& m) { message(m); });
+  if (device_.is_cuda()) nn::move_to_device(*model_, device_);
   trainable_ = model_->named_parameters(/*trainable_only=*/true);
 
   // Optimizer, schedule, scaler.
@@ -350,8 +366,11 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
 
   // 4-5. Unscale (found_inf), then the global norm fused with the finite check.
   bool found_inf = false;
-  if (scaler_) found_inf = scaler_->unscale(grads);
-  r.grad_norm = optim::global_grad_norm(grads);
+  if (scaler_) {
+    found_inf = scaler_->unscale(grads, &r.grad_norm);  // one pass (one readback on a GPU)
+  } else {
+    r.grad_norm = optim::global_grad_norm(grads);
+  }
   if (!std::isfinite(r.grad_norm) || !loss_finite) found_inf = true;
   if (W > 1) {  // MAX over ranks: every rank takes the same branch below
     double f = found_inf ? 1 : 0;
@@ -459,7 +478,7 @@ double Trainer::forward_backward(const std::vector<data::Batch>& window, uint64_
   double loss_sum = 0;
   amp::AutocastGuard autocast(policy_.autocast, policy_.compute_dtype);
   for (size_t i = 0; i < window.size() && tokens > 0; ++i) {
-    const data::Batch& b = window[i];
+    const data::Batch b = to_device(window[i], device_);
     if (b.n_targets == 0) continue;
     nn::Dropout::set_step_seed(
         mix_seed(step_seed, static_cast<uint64_t>(mb_first + static_cast<int64_t>(i) * mb_stride)));
@@ -489,7 +508,7 @@ EvalResult Trainer::evaluate() {
                                pad_fill_id(*tokenizer_, cfg_.data.pad), false, cfg_.run.seed);
   double loss_sum = 0;
   for (int64_t i = 0; i < eval_loader.batches_per_epoch(); ++i) {
-    data::Batch b = eval_loader.batch(0, i);
+    data::Batch b = to_device(eval_loader.batch(0, i), device_);
     if (b.n_targets == 0) continue;
     Tensor logits = model_->forward(b.input_ids, b.attention_mask);
     const int64_t V = logits.size(-1);
@@ -510,7 +529,7 @@ EvalResult Trainer::evaluate() {
         if (static_cast<int64_t>(ids.size()) >= model_->spec().max_seq_len) break;
         std::vector<int64_t> v(ids.begin(), ids.end());
         Tensor in = Tensor::from_ints(v, {1, static_cast<int64_t>(v.size())});
-        Tensor logits = model_->forward(in, Tensor());
+        Tensor logits = model_->forward(in.to(device_), Tensor());
         const int64_t V = logits.size(-1);
         const auto row = logits.slice_rows(0, 1)
                              .view({-1, V})

@@ -92,6 +92,9 @@ class Trainer {
   GradScaler* scaler() { return scaler_.get(); }
   const Config& config() const { return cfg_; }
   const PrecisionPolicy& policy() const { return policy_; }
+  // Where the model, its gradients and optimizer state live (cpu when run.device = cuda found no
+  // usable GPU).
+  Device device() const { return device_; }
   const std::string& out_dir() const { return out_dir_; }
   const data::DataLoader& loader() const { return *loader_; }
   const data::Tokenizer& tokenizer() const { return *tokenizer_; }
@@ -120,6 +123,7 @@ class Trainer {
   TrainerHooks hooks_;
   std::shared_ptr<Collective> coll_;  // never null (SingleCollective without one)
   PrecisionPolicy policy_;
+  Device device_;
   std::string out_dir_;
   std::unique_ptr<data::Tokenizer> tokenizer_;  // from data.tokenizer
   std::unique_ptr<data::Dataset> train_set_, eval_set_;

@@ -10,6 +10,9 @@
 #include "keel/backend/parallel.h"
 #include "keel/numerics/convert.h"
 #include "keel/numerics/error.h"
+#ifdef KEEL_HAVE_CUDA
+#include "keel/backend/cuda/tables.h"
+#endif
 
 namespace keel {
 
@@ -108,6 +111,9 @@ const EmbeddingKernels kCpuEmbedding = {find_invalid, gather, scatter_add};
 }  // namespace
 
 const EmbeddingKernels& embedding_kernels(Device dev) {
+#ifdef KEEL_HAVE_CUDA
+  if (dev.is_cuda()) return cuda::embedding_table();
+#endif
   KEEL_CHECK(dev.is_cpu(), "no embedding kernels for " + dev.str() + " in this build");
   return kCpuEmbedding;
 }

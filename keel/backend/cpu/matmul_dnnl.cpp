@@ -10,6 +10,9 @@
 #include "keel/backend/elementwise.h"
 #include "keel/backend/matmul.h"
 #include "keel/numerics/error.h"
+#ifdef KEEL_HAVE_CUDA
+#include "keel/backend/cuda/tables.h"
+#endif
 
 namespace keel {
 namespace {
@@ -127,6 +130,9 @@ const MatmulKernels cpu_table{cpu_matmul, cpu_describe};
 }  // namespace
 
 const MatmulKernels& matmul_kernels(Device dev) {
+#ifdef KEEL_HAVE_CUDA
+  if (dev.is_cuda()) return cuda::matmul_table();
+#endif
   KEEL_CHECK(dev.is_cpu(), "no matmul kernels for " + dev.str() + " in this build");
   return cpu_table;
 }

@@ -7,6 +7,9 @@
 
 #include "keel/backend/parallel.h"
 #include "keel/numerics/error.h"
+#ifdef KEEL_HAVE_CUDA
+#include "keel/backend/cuda/tables.h"
+#endif
 
 namespace keel {
 
@@ -73,6 +76,9 @@ const ShapeKernels kCpuShape = {swap_dims, copy_2d};
 }  // namespace
 
 const ShapeKernels& shape_kernels(Device dev) {
+#ifdef KEEL_HAVE_CUDA
+  if (dev.is_cuda()) return cuda::shape_table();
+#endif
   KEEL_CHECK(dev.is_cpu(), "no shape kernels for " + dev.str() + " in this build");
   return kCpuShape;
 }

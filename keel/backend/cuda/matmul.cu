@@ -1,0 +1,192 @@
+// Matmul on CUDA through cuBLASLt: f32 (plain FP32 compute: TF32 stays off), bf16 and f16 inputs
+// with f32 accumulation (CUBLAS_COMPUTE_32F), output f32 or the input dtype, rounded once.
+//
+// keel's matrices are row-major; cuBLASLt's are column-major. A row-major [r, c] matrix is the
+// column-major [c, r] one, so C = op(A)·op(B) (row-major, [M, N]) is computed as
+// Cᵀ = op(B)ᵀ·op(A)ᵀ: cuBLASLt's first operand is our B, its second our A, m = N, n = M.
+// Plans (descriptors, layouts, the heuristic's algorithm) are cached per shape, dtype and pointer
+// alignment.
+#include <cublasLt.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "keel/backend/cuda/common.cuh"
+#include "keel/backend/cuda/tables.h"
+
+namespace keel::cuda {
+namespace {
+
+void check_lt(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(std::string("cuBLASLt: ") + what + " failed with status " +
+                std::to_string(static_cast<int>(s)));
+}
+
+cudaDataType_t cuda_type(DType dt) {
+  switch (dt) {
+    case DType::F32:
+      return CUDA_R_32F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    case DType::F16:
+      return CUDA_R_16F;
+    default:
+      throw Error(std::string("cuda matmul: floating dtype required, got ") + dtype_name(dt));
+  }
+}
+
+// Largest power of two (<= 256) dividing the address: cuBLASLt algorithms state what they need.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && (a % al) != 0) al /= 2;
+  return al;
+}
+
+using PlanKey = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, bool, bool, bool,
+                           uint32_t, uint32_t, uint32_t>;
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+constexpr size_t kWorkspace = size_t{32} << 20;
+
+struct DeviceCtx {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::map<PlanKey, Plan> plans;
+};
+
+std::mutex g_mu;
+DeviceCtx g_ctx[16];
+
+DeviceCtx& ctx() {
+  const int d = current_device();
+  DeviceCtx& c = g_ctx[d];
+  if (!c.handle) {
+    check_lt(cublasLtCreate(&c.handle), "cublasLtCreate");
+    KEEL_CUDA_CHECK(cudaMalloc(&c.workspace, kWorkspace));  // lives as long as the process
+  }
+  return c;
+}
+
+void set_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
+  const int32_t b = static_cast<int32_t>(batch);
+  check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b),
+           "layout batch count");
+  check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                            sizeof stride),
+           "layout batch stride");
+}
+
+Plan make_plan(DeviceCtx& c, const MatmulArgs& a, uint32_t al_a, uint32_t al_b, uint32_t al_c) {
+  Plan p;
+  const cudaDataType_t in_t = cuda_type(a.in_dt), out_t = cuda_type(a.out_dt);
+  check_lt(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
+  // cuBLASLt operand 1 = our B, operand 2 = our A (see the top of the file).
+  const cublasOperation_t t1 = a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t t2 = a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &t1, sizeof t1),
+           "transa");
+  check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &t2, sizeof t2),
+           "transb");
+  const int64_t m = a.n, n = a.m, k = a.k;
+  // Stored shapes (column-major rows, cols, ld) of each operand.
+  if (a.trans_b)
+    check_lt(cublasLtMatrixLayoutCreate(&p.la, in_t, k, m, k), "layout B");  // B stored [N, K]
+  else
+    check_lt(cublasLtMatrixLayoutCreate(&p.la, in_t, m, k, m), "layout B");  // B stored [K, N]
+  if (a.trans_a)
+    check_lt(cublasLtMatrixLayoutCreate(&p.lb, in_t, n, k, n), "layout A");  // A stored [K, M]
+  else
+    check_lt(cublasLtMatrixLayoutCreate(&p.lb, in_t, k, n, k), "layout A");  // A stored [M, K]
+  check_lt(cublasLtMatrixLayoutCreate(&p.lc, out_t, m, n, m), "layout C");
+  if (a.batch > 1) {
+    set_batch(p.la, a.batch, a.k * a.n);
+    set_batch(p.lb, a.batch, a.m * a.k);
+    set_batch(p.lc, a.batch, a.m * a.n);
+  }
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  const size_t ws = kWorkspace;
+  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                sizeof ws),
+           "workspace preference");
+  // Operand 1 is our B, operand 2 our A; C and D are the same buffer.
+  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                &al_b, sizeof al_b),
+           "alignment");
+  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                &al_a, sizeof al_a),
+           "alignment");
+  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                &al_c, sizeof al_c),
+           "alignment");
+  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                &al_c, sizeof al_c),
+           "alignment");
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  check_lt(
+      cublasLtMatmulAlgoGetHeuristic(c.handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &res, &found),
+      "algorithm heuristic");
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (found == 0)
+    throw Error("cuBLASLt has no algorithm for a " + std::string(dtype_name(a.in_dt)) + " -> " +
+                dtype_name(a.out_dt) + " matmul [" + std::to_string(a.batch) + " x " +
+                std::to_string(a.m) + " x " + std::to_string(a.k) + "] x [" + std::to_string(a.k) +
+                " x " + std::to_string(a.n) + "]");
+  p.algo = res.algo;
+  return p;
+}
+
+void cuda_matmul(const MatmulArgs& a) {
+  KEEL_CHECK(a.out_dt == DType::F32 || a.out_dt == a.in_dt,
+             "cuda matmul: out dtype must be f32 or the input dtype");
+  if (a.batch <= 0 || a.m <= 0 || a.n <= 0) return;
+  if (a.k <= 0) {  // an empty sum: C = 0 (or unchanged when accumulating)
+    if (!a.accumulate)
+      KEEL_CUDA_CHECK(
+          cudaMemsetAsync(a.c, 0, a.batch * a.m * a.n * dtype_size(a.out_dt), stream()));
+    return;
+  }
+  std::lock_guard<std::mutex> lock(g_mu);
+  DeviceCtx& c = ctx();
+  const uint32_t al_a = alignment(a.a), al_b = alignment(a.b), al_c = alignment(a.c);
+  const PlanKey key{static_cast<int>(a.in_dt),
+                    static_cast<int>(a.out_dt),
+                    0,
+                    a.batch,
+                    a.m,
+                    a.n,
+                    a.k,
+                    a.trans_a,
+                    a.trans_b,
+                    false,
+                    al_a,
+                    al_b,
+                    al_c};
+  auto it = c.plans.find(key);
+  if (it == c.plans.end()) it = c.plans.emplace(key, make_plan(c, a, al_a, al_b, al_c)).first;
+  const Plan& p = it->second;
+  const float alpha = 1.f, beta = a.accumulate ? 1.f : 0.f;
+  check_lt(cublasLtMatmul(c.handle, p.op, &alpha, a.b, p.la, a.a, p.lb, &beta, a.c, p.lc, a.c, p.lc,
+                          &p.algo, c.workspace, kWorkspace, stream()),
+           "cublasLtMatmul");
+}
+
+const char* cuda_describe() { return "cuBLASLt (f32 accumulation; f32 inputs without TF32)"; }
+
+const MatmulKernels kMatmul = {cuda_matmul, cuda_describe};
+
+}  // namespace
+
+const MatmulKernels& matmul_table() { return kMatmul; }
+
+}  // namespace keel::cuda

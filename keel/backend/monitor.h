@@ -1,0 +1,31 @@
+// Kernel interface: the instability toolkit's passes over whole buffers (DESIGN §3 steps 4-5 and
+// the tracer), so that a device computes them where the data lives and the host reads back a few
+// numbers once.
+#pragma once
+#include <cstdint>
+
+#include "keel/numerics/dtype.h"
+#include "keel/numerics/tensor_stats.h"
+#include "keel/tensor/device.h"
+
+namespace keel {
+
+struct GradSetStats {
+  int64_t nonfinite = 0;   // values that were nan or inf before scaling
+  double sum_squares = 0;  // of the values after scaling (non-finite values propagate)
+};
+
+struct MonitorKernels {
+  // Over `count` gradient buffers (bufs[i]: ns[i] values of dtype dts[i]): counts the non-finite
+  // values, multiplies every value by inv_scale in place unless inv_scale == 1 (as GradScaler's
+  // unscale: non-finite values are scaled too), and sums the squares of the results (f32 within
+  // fixed blocks, f64 across blocks and buffers). One pass, one result.
+  GradSetStats (*unscale_norm)(void* const* bufs, const DType* dts, const int64_t* ns, int count,
+                               float inv_scale);
+  // numerics/tensor_stats (counts, abs-min/abs-max over finite values, thresholds of `fmt`).
+  TensorStats (*stats)(const void* data, DType dt, int64_t n, DType fmt);
+};
+
+const MonitorKernels& monitor_kernels(Device dev);
+
+}  // namespace keel

@@ -1,0 +1,504 @@
+// The CUDA backend (issue 7): every op of the engine core against the CPU backend (forward and
+// backward, f32 within 1e-5 relative plus an absolute floor, bf16/f16 within a few units of their
+// rounding), the toolkit passes on the device, one training step of GPT-2 and Llama identical in
+// policy behaviour to the CPU, and NaN capture + replay on the GPU.
+//
+// The GPU tests skip with the runtime's own reason where no GPU is usable (e.g. "no usable CUDA
+// device: cudaGetDeviceCount: error 35 (cudaErrorInsufficientDriver: ...)"). The behaviour without
+// a GPU is tested everywhere: a clean error for a cuda tensor, and `keel train` with
+// run.device = "cuda" training on the CPU after one line.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "keel/autograd/node.h"
+#include "keel/backend/cuda_api.h"
+#include "keel/backend/monitor.h"
+#include "keel/backend/optim.h"
+#include "keel/numerics/tensor_stats.h"
+#include "keel/ops/activation.h"
+#include "keel/ops/attention.h"
+#include "keel/ops/cross_entropy.h"
+#include "keel/ops/dropout.h"
+#include "keel/ops/elementwise.h"
+#include "keel/ops/embedding.h"
+#include "keel/ops/linear.h"
+#include "keel/ops/norm.h"
+#include "keel/ops/rope.h"
+#include "keel/ops/shape.h"
+#include "keel/ops/softmax.h"
+#include "keel/optim/clip.h"
+#include "keel/train/trainer.h"
+#include "tests/support/check.h"
+
+namespace keel {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+#define REQUIRE_GPU()                                                     \
+  do {                                                                    \
+    if (!cuda::status().usable)                                           \
+      GTEST_SKIP() << "no usable CUDA device: " << cuda::status().reason; \
+  } while (0)
+
+const Device kGpu = Device::cuda(0);
+
+// ---- without a GPU ----------------------------------------------------------------------------
+
+TEST(CudaRuntime, AnUnusableGpuIsReportedWithTheRuntimesReason) {
+  const cuda::Status& s = cuda::status();
+  if (s.usable) GTEST_SKIP() << "a GPU is usable here: the GPU tests below cover it";
+  EXPECT_FALSE(s.reason.empty());
+#ifdef KEEL_HAVE_CUDA
+  EXPECT_TRUE(s.built);
+  // No driver: error 35 (cudaErrorInsufficientDriver); no device: 100. Either way the runtime's
+  // number and words are in the reason.
+  EXPECT_NE(s.reason.find("cudaGetDeviceCount: "), std::string::npos) << s.reason;
+#else
+  EXPECT_FALSE(s.built);
+#endif
+  try {
+    Tensor t = Tensor::empty({4}, DType::F32, kGpu);
+    ADD_FAILURE() << "a cuda tensor was allocated without a usable GPU";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+#ifdef KEEL_HAVE_CUDA
+    EXPECT_NE(m.find(s.reason), std::string::npos) << m;
+#endif
+    EXPECT_NE(m.find("cpu"), std::string::npos) << m;  // says what to use instead
+  }
+}
+
+struct Ran {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+Ran run_keel(const std::vector<std::string>& args) {
+  static int counter = 0;
+  const std::string base = test::temp_dir("cuda-cli") + "/run" + std::to_string(counter++);
+  Ran r;
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (!std::freopen((base + ".out").c_str(), "w", stdout) ||
+        !std::freopen((base + ".err").c_str(), "w", stderr))
+      _exit(127);
+    std::vector<char*> argv;
+    const std::string bin = test::keel_binary();
+    argv.push_back(const_cast<char*>(bin.c_str()));
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(bin.c_str(), argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  if (pid > 0 && waitpid(pid, &status, 0) == pid)
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  return r;
+}
+
+std::vector<std::string> train_args(const std::string& out, std::vector<std::string> extra) {
+  std::vector<std::string> sets = {
+      "run.out_dir=" + out, "run.threads=1",         "model.n_layer=2",      "model.n_embd=32",
+      "model.n_head=2",     "data.num_examples=64",  "data.eval_examples=0", "train.batch_size=4",
+      "data.seq_len=32",    "log.tensorboard=false", "log.every=1"};
+  sets.insert(sets.end(), extra.begin(), extra.end());
+  std::vector<std::string> args = {"train"};
+  for (const std::string& s : sets) args.push_back("--set"), args.push_back(s);
+  return args;
+}
+
+std::vector<json> metrics(const std::string& dir) {
+  std::vector<json> out;
+  std::ifstream f(dir + "/metrics.jsonl");
+  for (std::string line; std::getline(f, line);)
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+TEST(CudaFallback, TrainWithRunDeviceCudaSaysOneLineAndTrainsOnTheCpu) {
+  if (cuda::status().usable) GTEST_SKIP() << "a GPU is usable here: keel train uses it";
+  const std::string dir = test::temp_dir("cuda-fallback");
+  const Ran r = run_keel(train_args(dir, {"run.device=cuda", "train.max_steps=2"}));
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  const std::string line = "keel: run.device = cuda but no usable CUDA device (" +
+                           cuda::status().reason + "); training on the CPU";
+  const std::string all = r.out + r.err;
+  const size_t at = all.find(line);
+  EXPECT_NE(at, std::string::npos) << all;
+  EXPECT_EQ(all.find("no usable CUDA device", at + line.size()), std::string::npos)
+      << "said twice: " << all;
+  const auto m = metrics(dir);
+  ASSERT_EQ(m.size(), 2u) << r.err;
+  for (const json& j : m) {
+    EXPECT_TRUE(std::isfinite(j.at("loss").get<double>()));
+  }
+}
+
+// ---- ops against the CPU backend --------------------------------------------------------------
+
+struct Tol {
+  double atol, rtol;
+};
+Tol tol_for(DType dt, double f32_atol = 1e-5) {
+  if (dt == DType::F32) return {f32_atol, 1e-5};
+  const double e = test::eps_of(dt);
+  return {4 * e, 4 * e};  // a few units of the format's rounding (one-ulp ties in each rounding)
+}
+
+Tensor on(const Tensor& t, Device d) { return t.device() == d ? t.clone() : t.to(d); }
+
+// Runs f on CPU copies and GPU copies of `inputs` (floating inputs require grad), backward with
+// the same random output gradient, and compares the output and every input gradient.
+void expect_matches_cpu(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                        const std::vector<Tensor>& inputs, Tol tol, const std::string& what,
+                        bool backward_too = true) {
+  std::vector<Tensor> outs, grads_cpu;
+  std::vector<Tensor> results[2];
+  for (int side = 0; side < 2; ++side) {
+    const Device dev = side == 0 ? Device::cpu() : kGpu;
+    std::vector<Tensor> leaves;
+    for (const Tensor& t : inputs) {
+      Tensor l = on(t, dev);
+      if (backward_too && dtype_is_floating(l.dtype())) l.set_requires_grad(true);
+      leaves.push_back(l);
+    }
+    Tensor out = f(leaves);
+    ASSERT_EQ(out.device(), dev) << what;
+    results[side].push_back(out.to(Device::cpu()));
+    if (backward_too && out.requires_grad()) {
+      Tensor g = test::randn(out.shape(), 99, 1.f, out.dtype());
+      backward(out, on(g, dev));
+      for (const Tensor& l : leaves)
+        if (l.requires_grad()) {
+          results[side].push_back(l.grad().defined() ? l.grad().to(Device::cpu()) : Tensor());
+        }
+    }
+  }
+  ASSERT_EQ(results[0].size(), results[1].size()) << what;
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    if (!results[0][i].defined()) continue;
+    const std::string name = what + (i == 0 ? " output" : " grad " + std::to_string(i - 1));
+    test::expect_close(results[1][i], results[0][i], tol.atol, tol.rtol, name);
+  }
+}
+
+const DType kFloats[] = {DType::F32, DType::BF16, DType::F16};
+
+TEST(CudaOps, ElementwiseAndCast) {
+  REQUIRE_GPU();
+  for (DType dt : kFloats) {
+    const std::string n = dtype_name(dt);
+    Tensor a = test::randn({3, 37}, 1, 1.f, dt), b = test::randn({3, 37}, 2, 1.f, dt);
+    expect_matches_cpu([](auto& x) { return ops::add(x[0], x[1]); }, {a, b}, tol_for(dt),
+                       "add " + n);
+    expect_matches_cpu([](auto& x) { return ops::mul(x[0], x[1]); }, {a, b}, tol_for(dt),
+                       "mul " + n);
+    expect_matches_cpu([](auto& x) { return ops::scale(x[0], -0.37f); }, {a}, tol_for(dt),
+                       "scale " + n);
+    for (DType to : kFloats)
+      expect_matches_cpu([to](auto& x) { return ops::cast(x[0], to); }, {a}, tol_for(dt),
+                         "cast " + n + "->" + dtype_name(to));
+    const double s_cpu = ops::sum_squares(a), s_gpu = ops::sum_squares(a.to(kGpu));
+    EXPECT_NEAR(s_gpu, s_cpu, 1e-5 * s_cpu) << n;
+  }
+  // Non-finite values propagate, and an f16 overflow rounds to inf on the GPU as on the CPU.
+  Tensor big = Tensor::from_floats({60000.f, 1.f, NAN, -INFINITY}, {4});
+  expect_matches_cpu([](auto& x) { return ops::cast(ops::scale(x[0], 2.f), DType::F16); }, {big},
+                     {0, 0}, "f16 overflow and NaN", false);
+}
+
+TEST(CudaOps, LinearAndMatmul) {
+  REQUIRE_GPU();
+  for (DType dt : kFloats) {
+    const std::string n = dtype_name(dt);
+    Tensor x = test::randn({2, 5, 64}, 3, 1.f, dt), w = test::randn({48, 64}, 4, 0.2f, dt),
+           bias = test::randn({48}, 5, 1.f, dt);
+    expect_matches_cpu([](auto& v) { return ops::linear(v[0], v[1], v[2]); }, {x, w, bias},
+                       tol_for(dt, 1e-4), "linear " + n);
+    Tensor a = test::randn({3, 17, 33}, 6, 1.f, dt), b = test::randn({3, 33, 29}, 7, 1.f, dt);
+    expect_matches_cpu([](auto& v) { return ops::matmul(v[0], v[1]); }, {a, b}, tol_for(dt, 1e-4),
+                       "bmm " + n);
+    Tensor at = test::randn({3, 33, 17}, 8, 1.f, dt), bt = test::randn({3, 29, 33}, 9, 1.f, dt);
+    expect_matches_cpu([](auto& v) { return ops::matmul(v[0], v[1], true, true); }, {at, bt},
+                       tol_for(dt, 1e-4), "bmm TT " + n);
+  }
+}
+
+TEST(CudaOps, Activations) {
+  REQUIRE_GPU();
+  for (DType dt : kFloats) {
+    const std::string n = dtype_name(dt);
+    Tensor x = test::randn({4, 33}, 11, 2.f, dt), u = test::randn({4, 33}, 12, 1.f, dt);
+    expect_matches_cpu([](auto& v) { return ops::gelu(v[0], ops::GeluApprox::Tanh); }, {x},
+                       tol_for(dt), "gelu tanh " + n);
+    expect_matches_cpu([](auto& v) { return ops::gelu(v[0], ops::GeluApprox::None); }, {x},
+                       tol_for(dt), "gelu erf " + n);
+    expect_matches_cpu([](auto& v) { return ops::silu(v[0]); }, {x}, tol_for(dt), "silu " + n);
+    expect_matches_cpu([](auto& v) { return ops::swiglu(v[0], v[1]); }, {x, u}, tol_for(dt),
+                       "swiglu " + n);
+  }
+}
+
+TEST(CudaOps, SoftmaxAndNorms) {
+  REQUIRE_GPU();
+  for (DType dt : kFloats) {
+    const std::string n = dtype_name(dt);
+    Tensor x = test::randn({6, 700}, 13, 3.f, dt);
+    expect_matches_cpu([](auto& v) { return ops::softmax(v[0]); }, {x}, tol_for(dt),
+                       "softmax " + n);
+    expect_matches_cpu([](auto& v) { return ops::log_softmax(v[0]); }, {x}, tol_for(dt),
+                       "log_softmax " + n);
+    Tensor h = test::randn({9, 96}, 14, 2.f, dt), w = test::randn({96}, 15, 1.f, dt),
+           b = test::randn({96}, 16, 1.f, dt);
+    expect_matches_cpu([](auto& v) { return ops::layer_norm(v[0], v[1], v[2]); }, {h, w, b},
+                       tol_for(dt, 2e-5), "layer_norm " + n);
+    expect_matches_cpu([](auto& v) { return ops::rms_norm(v[0], v[1]); }, {h, w}, tol_for(dt, 2e-5),
+                       "rms_norm " + n);
+  }
+  // A row of -inf: zeros / -inf, never NaN.
+  Tensor ninf = Tensor::full({2, 8}, -INFINITY);
+  expect_matches_cpu([](auto& v) { return ops::softmax(v[0]); }, {ninf}, {0, 0}, "softmax -inf row",
+                     false);
+}
+
+TEST(CudaOps, EmbeddingRopeDropoutShapes) {
+  REQUIRE_GPU();
+  for (DType dt : kFloats) {
+    const std::string n = dtype_name(dt);
+    Tensor table = test::randn({11, 24}, 17, 1.f, dt);
+    Tensor ids = Tensor::from_ints({3, 0, 3, 10, 7, 3, 0, 1}, {2, 4});  // repeats: scatter order
+    expect_matches_cpu([](auto& v) { return ops::embedding(v[0], v[1]); }, {ids, table},
+                       tol_for(dt), "embedding " + n);
+    Tensor q = test::randn({2, 3, 7, 16}, 18, 1.f, dt);
+    expect_matches_cpu([](auto& v) { return ops::rope(v[0], 10000.f, 3); }, {q}, tol_for(dt),
+                       "rope " + n);
+    Tensor x = test::randn({5, 301}, 19, 1.f, dt);
+    // The mask is a pure function of (seed, index): bit-identical on both devices.
+    expect_matches_cpu([](auto& v) { return ops::dropout(v[0], 0.3f, 1234); }, {x}, {0, 0},
+                       "dropout " + n);
+    Tensor s = test::randn({2, 5, 12}, 20, 1.f, dt);
+    expect_matches_cpu([](auto& v) { return ops::merge_heads(ops::split_heads(v[0], 3)); }, {s},
+                       {0, 0}, "split/merge heads " + n);
+    expect_matches_cpu([](auto& v) { return ops::transpose(v[0], 0, 2); }, {s}, {0, 0},
+                       "transpose " + n);
+    expect_matches_cpu(
+        [](auto& v) {
+          return ops::split_last(v[0], {5, 7})[1];
+        },
+        {s}, {0, 0}, "split_last " + n);
+  }
+  // A bad id is reported with its value from the device.
+  Tensor bad = Tensor::from_ints({1, 42}, {2}).to(kGpu);
+  try {
+    ops::embedding(bad, Tensor::zeros({11, 4}, DType::F32, kGpu));
+    ADD_FAILURE() << "no error for id 42";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("id 42"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaOps, CrossEntropy) {
+  REQUIRE_GPU();
+  for (DType dt : kFloats) {
+    Tensor logits = test::randn({6, 1031}, 21, 2.f, dt);
+    Tensor targets = Tensor::from_ints({5, -100, 1030, 0, 77, -100}, {6});
+    expect_matches_cpu(
+        [](auto& v) { return ops::cross_entropy(v[0], v[1], -100, ops::Reduction::kSum); },
+        {logits, targets}, tol_for(dt, 1e-4), std::string("cross_entropy ") + dtype_name(dt));
+  }
+}
+
+TEST(CudaOps, AttentionEveryBackendWithPaddingAndGqa) {
+  REQUIRE_GPU();
+  // Batch 1's first three keys are padding: its rows 0-2 see no key (output and gradients 0).
+  std::vector<int64_t> mask_v(2 * 37, 1);
+  for (int j = 0; j < 3; ++j) mask_v[37 + j] = 0;
+  mask_v[37 + 20] = 0;
+  Tensor mask = Tensor::from_ints(mask_v, {2, 37}, DType::U8);
+  for (DType dt : kFloats)
+    for (auto backend : {ops::AttentionBackend::kEager, ops::AttentionBackend::kMath,
+                         ops::AttentionBackend::kFlash})
+      for (int64_t d : {16, 64, 80}) {
+        Tensor q = test::randn({2, 4, 37, d}, 22, 1.f, dt),
+               k = test::randn({2, 2, 37, d}, 23, 1.f, dt),
+               v = test::randn({2, 2, 37, d}, 24, 1.f, dt);
+        const std::string what = std::string("attention ") + ops::attention_backend_name(backend) +
+                                 " " + dtype_name(dt) + " D=" + std::to_string(d);
+        expect_matches_cpu([&](auto& x) { return ops::attention(x[0], x[1], x[2], x[3], backend); },
+                           {q, k, v, mask}, tol_for(dt, 1e-4), what);
+      }
+}
+
+// ---- optimizer and toolkit kernels ------------------------------------------------------------
+
+TEST(CudaKernels, AdamWMatchesTheCpuBitForBitInF32) {
+  REQUIRE_GPU();
+  for (DType dt : kFloats)
+    for (bool sr : {false, true}) {
+      if (sr && dt != DType::BF16) continue;
+      Tensor p = test::randn({5000}, 30, 1.f, dt), g = test::randn({5000}, 31, 0.1f, dt),
+             m = test::randn({5000}, 32, 0.01f, dt),
+             v = test::rand_uniform({5000}, 33, 0.f, 1e-3f, dt);
+      Tensor pc = p.clone(), mc = m.clone(), vc = v.clone();
+      Tensor pg = p.to(kGpu), gg = g.to(kGpu), mg = m.to(kGpu), vg = v.to(kGpu);
+      AdamWStep s;
+      s.lr = 3e-3, s.weight_decay = 0.1, s.step = 7, s.stochastic_rounding = sr, s.seed = 5;
+      optim_kernels(Device::cpu()).adamw(pc.data(), g.data(), mc.data(), vc.data(), dt, 5000, s);
+      optim_kernels(kGpu).adamw(pg.data(), gg.data(), mg.data(), vg.data(), dt, 5000, s);
+      const std::string what = std::string("adamw ") + dtype_name(dt) + (sr ? " SR" : "");
+      // Same operations in the same order without FMA contraction: the same bits.
+      test::expect_bitwise_equal(pg.to(Device::cpu()), pc, what + " p");
+      test::expect_bitwise_equal(mg.to(Device::cpu()), mc, what + " m");
+      test::expect_bitwise_equal(vg.to(Device::cpu()), vc, what + " v");
+    }
+}
+
+TEST(CudaKernels, FusedUnscaleFiniteCheckAndNormInOnePass) {
+  REQUIRE_GPU();
+  std::vector<Tensor> cpu = {test::randn({3000}, 40, 1000.f), test::randn({17, 9}, 41, 500.f),
+                             test::randn({9000}, 42, 2.f, DType::BF16)};
+  cpu[1].data_as<float>()[5] = NAN;
+  std::vector<Tensor> gpu;
+  for (auto& t : cpu) gpu.push_back(t.to(kGpu));
+  std::vector<void*> bufs;
+  std::vector<DType> dts;
+  std::vector<int64_t> ns;
+  for (auto& t : gpu) bufs.push_back(t.data()), dts.push_back(t.dtype()), ns.push_back(t.numel());
+  const GradSetStats s =
+      monitor_kernels(kGpu).unscale_norm(bufs.data(), dts.data(), ns.data(), 3, 1.f / 1024);
+  int64_t bad = 0;
+  for (auto& t : cpu)
+    bad += optim_kernels(Device::cpu()).unscale(t.data(), t.dtype(), t.numel(), 1.f / 1024);
+  EXPECT_EQ(s.nonfinite, bad);
+  EXPECT_TRUE(std::isnan(s.sum_squares));
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    test::expect_bitwise_equal(gpu[i].to(Device::cpu()), cpu[i], "unscaled " + std::to_string(i));
+  }
+  // Finite gradients: the norm matches optim's.
+  std::vector<Tensor> fin = {test::randn({3000}, 43, 3.f),
+                             test::randn({7, 7}, 44, 1.f, DType::BF16)};
+  std::vector<Tensor> fin_gpu = {fin[0].to(kGpu), fin[1].to(kGpu)};
+  EXPECT_NEAR(optim::global_grad_norm(fin_gpu), optim::global_grad_norm(fin),
+              1e-6 * optim::global_grad_norm(fin));
+}
+
+TEST(CudaKernels, TensorStatsOnTheDeviceMatchNumerics) {
+  REQUIRE_GPU();
+  for (DType dt : kFloats) {
+    Tensor t = test::randn({10007}, 50, 1e4f, dt);
+    std::vector<float> v = t.to_floats();
+    v[3] = 0.f, v[4] = 1e-41f, v[5] = INFINITY, v[6] = NAN, v[7] = 60000.f;
+    t = Tensor::from_floats(v, {10007}, dt);
+    const TensorStats a = tensor_stats(t.data(), dt, t.numel(), DType::F16);
+    const Tensor g = t.to(kGpu);
+    const TensorStats b = monitor_kernels(kGpu).stats(g.data(), dt, g.numel(), DType::F16);
+    EXPECT_EQ(b.nan, a.nan);
+    EXPECT_EQ(b.inf, a.inf);
+    EXPECT_EQ(b.zero, a.zero);
+    EXPECT_EQ(b.subnormal, a.subnormal);
+    EXPECT_EQ(b.near_max, a.near_max);
+    EXPECT_EQ(b.abs_min, a.abs_min);
+    EXPECT_EQ(b.abs_max, a.abs_max);
+  }
+}
+
+// ---- training on the GPU ----------------------------------------------------------------------
+
+Config step_config(const std::string& family, const std::string& precision,
+                   const std::string& device, const std::string& tag) {
+  std::vector<std::string> sets = {"run.out_dir=" + test::temp_dir("cuda-step-" + tag),
+                                   "run.device=" + device,
+                                   "run.threads=1",
+                                   "model.family=" + family,
+                                   "model.n_layer=2",
+                                   "model.n_embd=64",
+                                   "model.n_head=4",
+                                   "data.num_examples=64",
+                                   "data.eval_examples=0",
+                                   "train.batch_size=4",
+                                   "train.grad_accum=2",
+                                   "data.seq_len=32",
+                                   "train.precision=" + precision,
+                                   "model.attention=flash",
+                                   "log.tensorboard=false"};
+  if (family == "llama") sets.push_back("model.n_kv_head=2");
+  return load_config("", sets);
+}
+
+TEST(CudaTraining, OneStepOfGpt2AndLlamaBehavesAsOnTheCpu) {
+  REQUIRE_GPU();
+  for (const char* family : {"gpt2", "llama"})
+    for (const char* precision : {"32-true", "bf16-mixed", "16-mixed"}) {
+      const std::string what = std::string(family) + " " + precision;
+      Trainer cpu(step_config(family, precision, "cpu", what + "-cpu"));
+      Trainer gpu(step_config(family, precision, "cuda", what + "-gpu"));
+      ASSERT_TRUE(gpu.device().is_cuda()) << what;
+      EXPECT_EQ(gpu.policy().name(), cpu.policy().name()) << what;
+      const auto window =
+          std::vector<data::Batch>{cpu.loader().batch(0, 0), cpu.loader().batch(0, 1)};
+      for (int step = 0; step < 2; ++step) {
+        const StepResult a = cpu.train_step(window, 0), b = gpu.train_step(window, 0);
+        const double rt = std::string(precision) == "32-true" ? 1e-5 : 2e-2;
+        EXPECT_NEAR(b.loss, a.loss, rt * std::fabs(a.loss)) << what << " step " << step;
+        EXPECT_NEAR(b.grad_norm, a.grad_norm, 5 * rt * a.grad_norm) << what << " step " << step;
+        // Policy behaviour: the same branch, scale and counters.
+        EXPECT_EQ(b.found_inf, a.found_inf) << what;
+        EXPECT_EQ(b.stepped, a.stepped) << what;
+        EXPECT_EQ(b.clipped, a.clipped) << what;
+        EXPECT_EQ(b.loss_scale, a.loss_scale) << what;
+        EXPECT_EQ(b.lr, a.lr) << what;
+      }
+      // Parameter dtypes and devices as the policy says.
+      for (auto& [name, p] : gpu.trainable()) {
+        EXPECT_TRUE(p.device().is_cuda()) << name;
+        EXPECT_EQ(p.dtype(), cpu.policy().param_dtype) << name;
+      }
+    }
+}
+
+TEST(CudaTraining, NanCaptureAndReplayOnTheGpu) {
+  REQUIRE_GPU();
+  const std::string dir = test::temp_dir("cuda-nan");
+  const Ran r =
+      run_keel(train_args(dir, {"run.device=cuda", "train.max_steps=6",
+                                "debug.inject.module=transformer.h.1.attn", "debug.inject.step=3",
+                                "debug.inject.kind=nan", "debug.underflow_overflow.enabled=true"}));
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  const std::string capture = dir + "/debug/nan_capture/rank0";
+  for (const char* f :
+       {"capture.json", "model.safetensors", "optimizer.safetensors", "microbatches.safetensors"}) {
+    EXPECT_TRUE(fs::exists(capture + "/" + f)) << f << "\n" << r.err;
+  }
+  EXPECT_EQ(json::parse(slurp(capture + "/capture.json")).at("step").get<int64_t>(), 3);
+  EXPECT_NE(slurp(dir + "/debug/underflow_overflow_rank0.log").find("transformer.h.1.attn"),
+            std::string::npos);
+  const Ran rep = run_keel({"replay", capture, "--json"});
+  EXPECT_EQ(rep.code, 0) << rep.out << rep.err;
+  const json j = json::parse(rep.out);
+  EXPECT_TRUE(j.value("reproduced", false)) << j.dump(2);
+  EXPECT_TRUE(j.value("bit_exact", false)) << j.dump(2);
+  EXPECT_EQ(j.value("first_module", std::string()), "transformer.h.1.attn") << j.dump(2);
+}
+
+}  // namespace
+}  // namespace keel
