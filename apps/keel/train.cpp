@@ -1,5 +1,6 @@
 // `keel train [CONFIG.toml] [--set section.key=value ...]`: trains a model. With no config it
 // trains the built-in arithmetic task, which visibly learns in about a minute on two cores.
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 
@@ -167,6 +168,7 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   const std::string stopped =
       world > 1 ? "stopped (rank " + std::to_string(rank) + "): " : std::string("stopped: ");
   int code = 0;
+  const auto t_fit = std::chrono::steady_clock::now();
   try {
     code = trainer.fit();
   } catch (const monitor::TracerStop& stop) {
@@ -178,6 +180,17 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
       std::fprintf(stderr, "%s\n", tracer->finding().message.c_str());
     std::fprintf(stderr, "%s%s\n", stopped.c_str(), trainer.stop_message().c_str());
     return code;
+  }
+  if (rank == 0 && world > 1) {
+    // What overlapping the gradient all-reduce with backward could save at most.
+    const double fit_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_fit).count();
+    std::printf(
+        "dist: %lld gradient buckets (%.1f MB) summed over %d ranks in %.3f s, %.1f%% of %.1f s "
+        "of training (rank 0, waiting for other ranks included)\n",
+        static_cast<long long>(pg->buckets_reduced()), pg->bytes_reduced() / 1e6, world,
+        pg->grad_reduce_seconds(), fit_s > 0 ? 100 * pg->grad_reduce_seconds() / fit_s : 0.0,
+        fit_s);
   }
   if (rank == 0)
     std::printf("done: %lld steps, checkpoint in %s/checkpoints/last\n",

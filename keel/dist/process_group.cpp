@@ -1,5 +1,6 @@
 #include "keel/dist/process_group.h"
 
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -11,13 +12,16 @@
 namespace keel::dist {
 
 void ProcessGroup::all_reduce_grads(std::vector<Tensor>& grads) {
+  const auto t0 = std::chrono::steady_clock::now();
   all_reduce_in_buckets(
       grads, bucket_bytes_,
       [this](float* v, size_t n) {
         all_reduce_sum_f32(v, n);
         ++buckets_;
+        bytes_ += static_cast<int64_t>(n * sizeof(float));
       },
       staging_);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void SingleGroup::all_gather(const double* in, size_t n, double* out) {

@@ -24,12 +24,16 @@ class ProcessGroup : public Collective {
   // would otherwise leave it waiting in a collective forever). Does not return.
   [[noreturn]] virtual void abort(int code) = 0;
   int64_t bucket_bytes() const { return bucket_bytes_; }
-  // Buckets reduced and bytes summed so far (for the bench and the tests).
+  // Buckets reduced, f32 bytes summed and wall seconds spent in all_reduce_grads so far (waiting
+  // for slower ranks included): what overlapping it with backward could save at most.
   int64_t buckets_reduced() const { return buckets_; }
+  int64_t bytes_reduced() const { return bytes_; }
+  double grad_reduce_seconds() const { return seconds_; }
 
  protected:
   int64_t bucket_bytes_;
-  int64_t buckets_ = 0;
+  int64_t buckets_ = 0, bytes_ = 0;
+  double seconds_ = 0;
   std::vector<float> staging_;
 };
 

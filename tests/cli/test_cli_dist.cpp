@@ -5,7 +5,9 @@
 //     the two ranks end with bit-identical weights and optimizer state;
 //   - an overflow on rank 1 only (16-mixed) makes both ranks skip the step and back off the scale;
 //   - a NaN on rank 1 only makes both ranks stop with exit code 3, the capture written by rank 1;
-//   - a 2-rank run resumes from rank 0's checkpoint and continues bit-identically.
+//   - a 2-rank run resumes from rank 0's checkpoint and continues bit-identically;
+//   - a tracer finding on one rank stops both; ranks with different configs stop at the first
+//     step's consistency check with an error naming the value and the ranks (exit 1, no hang).
 // Skipped when mpirun is absent, and under the sanitizers (Open MPI's own allocations at
 // MPI_Init/Finalize are reported as leaks by LeakSanitizer, failing every rank).
 #include <gtest/gtest.h>
@@ -60,20 +62,31 @@ struct Ran {
   std::string out, err;
 };
 
+// `keel train --set S...` as argv words.
+std::vector<std::string> train_words(const std::vector<std::string>& sets) {
+  std::vector<std::string> w = {test::keel_binary(), "train"};
+  for (const std::string& s : sets) {
+    w.push_back("--set");
+    w.push_back(s);
+  }
+  return w;
+}
+
+Ran run_argv(std::vector<std::string> args);
+
 // Runs `keel train --set ...` on `ranks` processes: 1 = the keel binary itself, more = under
 // mpirun (as root it needs --allow-run-as-root; --oversubscribe lets 2 ranks share fewer cores).
 Ran run_train(int ranks, const std::vector<std::string>& sets) {
-  static int counter = 0;
-  const std::string base = test::temp_dir("cli-dist-io") + "/run" + std::to_string(counter++);
   std::vector<std::string> args;
   if (ranks > 1)
     args = {find_mpirun(), "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(ranks)};
-  args.push_back(test::keel_binary());
-  args.push_back("train");
-  for (const std::string& s : sets) {
-    args.push_back("--set");
-    args.push_back(s);
-  }
+  for (const std::string& w : train_words(sets)) args.push_back(w);
+  return run_argv(args);
+}
+
+Ran run_argv(std::vector<std::string> args) {
+  static int counter = 0;
+  const std::string base = test::temp_dir("cli-dist-io") + "/run" + std::to_string(counter++);
   Ran r;
   const pid_t pid = fork();
   if (pid == 0) {
@@ -137,6 +150,8 @@ TEST(CliDist, TwoRanksMatchOneRankWithTheSameGlobalBatch) {
   Ran two = run_train(2, tiny(dir + "/two", {"train.grad_accum=1", "train.epochs=2"}));
   ASSERT_EQ(two.code, 0) << two.out << two.err;
   EXPECT_NE(two.out.find("2 ranks (mpi)"), std::string::npos) << two.out;
+  // 8 steps, one bucket each (the model's 0.03M gradients fit in one 25 MiB bucket).
+  EXPECT_NE(two.out.find("dist: 8 gradient buckets"), std::string::npos) << two.out;
   // Rank 0 alone prints the console line and writes metrics.
   EXPECT_EQ(two.out.find("keel train |"), two.out.rfind("keel train |")) << two.out;
   const auto a = step_records(dir + "/one"), b = step_records(dir + "/two");
@@ -244,6 +259,48 @@ TEST(CliDist, TwoRanksResumeFromRankZerosCheckpoint) {
   EXPECT_TRUE(slurp(dir + "/full/checkpoints/last/model.safetensors") ==
               slurp(dir + "/part/checkpoints/last/model.safetensors"));
   expect_ranks_identical(dir + "/part");
+}
+
+TEST(CliDist, TracerOnOneRankStopsBothRanks) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-tracer");
+  // on_nonfinite = skip: the step itself goes on, so only the tracers' agreement stops rank 0.
+  Ran r =
+      run_train(2, tiny(dir, {"train.max_steps=4", "debug.underflow_overflow.enabled=true",
+                              "train.on_nonfinite=skip", "debug.inject.module=transformer.h.0.attn",
+                              "debug.inject.step=2", "debug.inject.only_rank=1"}));
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_TRUE(fs::exists(dir + "/debug/underflow_overflow_rank1.log"));
+  EXPECT_FALSE(fs::exists(dir + "/debug/underflow_overflow_rank0.log"));
+  EXPECT_NE(
+      r.err.find("stopped (rank 1): underflow/overflow tracer: the first non-finite value was "
+                 "produced by 'transformer.h.0.attn'"),
+      std::string::npos)
+      << r.err;
+  EXPECT_NE(
+      r.err.find("stopped (rank 0): another rank's tracer found a non-finite value at step 2"),
+      std::string::npos)
+      << r.err;
+}
+
+TEST(CliDist, RanksWithDifferentConfigsStopWithAnErrorNamingThem) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-mismatch");
+  // Two programs in one job (mpirun's MPMD form), differing in the learning rate only.
+  std::vector<std::string> args = {find_mpirun(), "--allow-run-as-root", "--oversubscribe", "-np",
+                                   "1"};
+  for (const std::string& w : train_words(tiny(dir, {"train.max_steps=3", "optim.lr=0.01"})))
+    args.push_back(w);
+  for (const char* w : {":", "-np", "1"}) args.push_back(w);
+  for (const std::string& w : train_words(tiny(dir, {"train.max_steps=3", "optim.lr=0.02"})))
+    args.push_back(w);
+  Ran r = run_argv(args);
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("rank consistency check at step 1: ranks disagree: lr is 0.01 on rank 0, "
+                       "0.02 on rank 1"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(step_records(dir).size(), 0u);  // checked before the first step ran
 }
 
 TEST(CliDist, NcclWithoutAGpuIsOneClearError) {
