@@ -13,14 +13,23 @@ namespace keel::dist {
 
 void ProcessGroup::all_reduce_grads(std::vector<Tensor>& grads) {
   const auto t0 = std::chrono::steady_clock::now();
+  // Gradients on a GPU (run.device = cuda) go through host copies: correct with every group,
+  // not fast (a device-side bucket path for NCCL is future work).
+  std::vector<Tensor> host = grads;
+  bool on_device = false;
+  for (Tensor& g : host)
+    if (g.defined() && !g.device().is_cpu()) g = g.to(Device::cpu()), on_device = true;
   all_reduce_in_buckets(
-      grads, bucket_bytes_,
+      host, bucket_bytes_,
       [this](float* v, size_t n) {
         all_reduce_sum_f32(v, n);
         ++buckets_;
         bytes_ += static_cast<int64_t>(n * sizeof(float));
       },
       staging_);
+  if (on_device)
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (grads[i].defined() && !grads[i].device().is_cpu()) grads[i].copy_from(host[i]);
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -78,8 +78,9 @@ double tensors_checksum(const std::vector<Tensor>& ts) {
       h = (h ^ 0x9e3779b97f4a7c15ull) * kPrime;
       continue;
     }
-    const auto* p = static_cast<const unsigned char*>(t.data());
-    const size_t nb = t.nbytes(), words = nb / 8;
+    const Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());  // GPU: a host copy
+    const auto* p = static_cast<const unsigned char*>(host.data());
+    const size_t nb = host.nbytes(), words = nb / 8;
     for (size_t i = 0; i < words; ++i) {
       uint64_t w;
       std::memcpy(&w, p + 8 * i, 8);

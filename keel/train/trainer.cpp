@@ -352,7 +352,8 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
       if (o[1] != 0) saw_nonfinite.push_back(q);
       for (size_t i = 0; i < trainable_.size(); ++i) {
         Tensor& p = trainable_[i].second;
-        if (o[2 + i] != 0 && !p.grad().defined()) p.set_grad(Tensor::zeros(p.shape(), p.dtype()));
+        if (o[2 + i] != 0 && !p.grad().defined())
+          p.set_grad(Tensor::zeros(p.shape(), p.dtype(), p.device()));
       }
     }
   }
