@@ -1,7 +1,6 @@
 // gelu (exact, tanh), silu, swiglu and the vec_math.inc functions they use: f64 references,
 // gradient checks, PyTorch parity, special values, determinism, and every ISA against the others.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -18,13 +17,11 @@ namespace keel {
 namespace {
 
 using test::eps_of;
-using test::expect_bitwise_equal;
 using test::expect_close;
 using test::expect_gradcheck;
 using test::randn;
 
 constexpr DType kDtypes[] = {DType::F32, DType::BF16, DType::F16};
-constexpr CpuIsa kIsas[] = {CpuIsa::Generic, CpuIsa::Avx2, CpuIsa::Avx512};
 
 // ---- f64 references: the formulas, evaluated on the stored input values ------------------------
 
@@ -180,10 +177,7 @@ TEST(VecMath, WithinTwoUlpOverTheWholeFloatRange) {
     xs.push_back(f);
   const int64_t n = static_cast<int64_t>(xs.size());
   Tensor x = Tensor::from_floats(xs, {n});
-  const CpuIsa best = cpu_isa();
-  for (CpuIsa isa : kIsas) {
-    if (static_cast<int>(isa) > static_cast<int>(best)) continue;
-    set_cpu_isa(isa);
+  test::for_each_cpu_isa([&](CpuIsa isa) {
     const auto& k = activation_kernels(Device::cpu());
     Tensor ye = Tensor::empty({n}), yt = Tensor::empty({n}), yf = Tensor::empty({n});
     k.exp(ye.data(), x.data(), DType::F32, n);
@@ -206,17 +200,13 @@ TEST(VecMath, WithinTwoUlpOverTheWholeFloatRange) {
     EXPECT_LE(we, 2.0) << "exp, " << cpu_isa_name(isa);
     EXPECT_LE(wt, 2.0) << "tanh, " << cpu_isa_name(isa);
     EXPECT_LE(wf, 2.0) << "erf, " << cpu_isa_name(isa);
-  }
-  set_cpu_isa(best);
+  });
 }
 
 TEST(VecMath, SpecialValues) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
   Tensor x = Tensor::from_floats({-inf, inf, nan, 100.f, 89.f, 88.8f, -200.f, -1e30f, 1e30f}, {9});
-  const CpuIsa best = cpu_isa();
-  for (CpuIsa isa : kIsas) {
-    if (static_cast<int>(isa) > static_cast<int>(best)) continue;
-    set_cpu_isa(isa);
+  test::for_each_cpu_isa([&](CpuIsa isa) {
     const auto& k = activation_kernels(Device::cpu());
     Tensor e = Tensor::empty({9}), t = Tensor::empty({9}), f = Tensor::empty({9});
     k.exp(e.data(), x.data(), DType::F32, 9);
@@ -238,8 +228,7 @@ TEST(VecMath, SpecialValues) {
     EXPECT_EQ(fv[1], 1.f);
     EXPECT_TRUE(std::isnan(fv[2]));
     EXPECT_EQ(fv[7], -1.f);
-  }
-  set_cpu_isa(best);
+  });
 }
 
 // ---- PyTorch parity
@@ -284,31 +273,8 @@ std::vector<Tensor> run_all(DType dt) {
 }
 
 TEST(Determinism, ActivationsBitIdenticalAcrossRunsThreadCountsAndIsas) {
-  const CpuIsa best = cpu_isa();
-  const int threads = omp_get_max_threads();
-  for (DType dt : kDtypes) {
-    const auto ref = run_all(dt);
-    const auto again = run_all(dt);
-    for (size_t i = 0; i < ref.size(); ++i)
-      expect_bitwise_equal(again[i], ref[i], std::string("rerun ") + dtype_name(dt));
-    for (int nt : {1, 3}) {
-      omp_set_num_threads(nt);
-      const auto r = run_all(dt);
-      for (size_t i = 0; i < ref.size(); ++i)
-        expect_bitwise_equal(r[i], ref[i], std::to_string(nt) + " threads " + dtype_name(dt));
-    }
-    omp_set_num_threads(threads);
-    for (CpuIsa isa : kIsas) {
-      if (static_cast<int>(isa) > static_cast<int>(best)) continue;
-      set_cpu_isa(isa);
-      const auto r = run_all(dt);
-      for (size_t i = 0; i < ref.size(); ++i)
-        expect_bitwise_equal(r[i], ref[i],
-                             std::string(cpu_isa_name(isa)) + " vs " + cpu_isa_name(best) + " " +
-                                 dtype_name(dt) + " output " + std::to_string(i));
-    }
-    set_cpu_isa(best);
-  }
+  for (DType dt : kDtypes)
+    test::expect_deterministic_across_threads_and_isas([&] { return run_all(dt); }, dtype_name(dt));
 }
 
 }  // namespace

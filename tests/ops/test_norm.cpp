@@ -1,7 +1,6 @@
 // layer_norm / rms_norm: f64 references (forward and backward), constant and zero rows, optional
 // affine parameters, gradient checks, PyTorch parity, determinism and ISA agreement.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <cmath>
 
@@ -14,7 +13,6 @@ namespace keel {
 namespace {
 
 using test::eps_of;
-using test::expect_bitwise_equal;
 using test::expect_close;
 using test::expect_gradcheck;
 using test::randn;
@@ -215,31 +213,8 @@ std::vector<Tensor> run_all(DType dt) {
 }
 
 TEST(Determinism, NormsBitIdenticalAcrossRunsThreadCountsAndIsas) {
-  const CpuIsa best = cpu_isa();
-  const int threads = omp_get_max_threads();
-  for (DType dt : kDtypes) {
-    const auto ref = run_all(dt);
-    const auto again = run_all(dt);
-    for (size_t i = 0; i < ref.size(); ++i)
-      expect_bitwise_equal(again[i], ref[i], std::string("rerun ") + dtype_name(dt));
-    for (int nt : {1, 3}) {
-      omp_set_num_threads(nt);
-      const auto r = run_all(dt);
-      for (size_t i = 0; i < ref.size(); ++i)
-        expect_bitwise_equal(r[i], ref[i], std::to_string(nt) + " threads " + dtype_name(dt));
-    }
-    omp_set_num_threads(threads);
-    for (CpuIsa isa : {CpuIsa::Generic, CpuIsa::Avx2, CpuIsa::Avx512}) {
-      if (static_cast<int>(isa) > static_cast<int>(best)) continue;
-      set_cpu_isa(isa);
-      const auto r = run_all(dt);
-      for (size_t i = 0; i < ref.size(); ++i)
-        expect_bitwise_equal(r[i], ref[i],
-                             std::string(cpu_isa_name(isa)) + " vs " + cpu_isa_name(best) + " " +
-                                 dtype_name(dt) + " output " + std::to_string(i));
-    }
-    set_cpu_isa(best);
-  }
+  for (DType dt : kDtypes)
+    test::expect_deterministic_across_threads_and_isas([&] { return run_all(dt); }, dtype_name(dt));
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "tests/support/check.h"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -14,14 +15,17 @@ namespace keel::test {
 
 double eps_of(DType dt) {
   switch (dt) {
-    case DType::BF16: return 1.0 / 128;    // 2^-7
-    case DType::F16: return 1.0 / 1024;    // 2^-10
-    default: return 1.0 / 8388608;         // 2^-23
+    case DType::BF16:
+      return 1.0 / 128;  // 2^-7
+    case DType::F16:
+      return 1.0 / 1024;  // 2^-10
+    default:
+      return 1.0 / 8388608;  // 2^-23
   }
 }
 
-void expect_close(const std::vector<float>& a, const std::vector<float>& r, double atol, double rtol,
-                  const std::string& what) {
+void expect_close(const std::vector<float>& a, const std::vector<float>& r, double atol,
+                  double rtol, const std::string& what) {
   ASSERT_EQ(a.size(), r.size()) << what << ": element count differs";
   int bad = 0;
   double worst = 0;
@@ -42,8 +46,8 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& r, doub
       }
     }
     if (!ok && ++bad <= 5)
-      ADD_FAILURE() << what << "[" << i << "]: got " << x << ", expected " << y
-                    << " (atol " << atol << ", rtol " << rtol << ")";
+      ADD_FAILURE() << what << "[" << i << "]: got " << x << ", expected " << y << " (atol " << atol
+                    << ", rtol " << rtol << ")";
   }
   if (bad > 5) ADD_FAILURE() << what << ": " << bad << " of " << a.size() << " elements differ";
   if (bad)
@@ -134,8 +138,7 @@ void expect_gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f
       p[j] = orig;
       numeric[j] = static_cast<float>((lp - lm) / (2 * opt.step));
     }
-    expect_close(analytic, numeric, opt.atol, opt.rtol,
-                 what + " d/d input" + std::to_string(i));
+    expect_close(analytic, numeric, opt.atol, opt.rtol, what + " d/d input" + std::to_string(i));
   }
 }
 
@@ -145,8 +148,9 @@ const io::Safetensors& fixture(const std::string& family) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(family);
   if (it == cache.end())
-    it = cache.emplace(family, io::read_safetensors(std::string(KEEL_FIXTURES_DIR) + "/" + family +
-                                                    ".safetensors"))
+    it = cache
+             .emplace(family, io::read_safetensors(std::string(KEEL_FIXTURES_DIR) + "/" + family +
+                                                   ".safetensors"))
              .first;
   return it->second;
 }
@@ -189,12 +193,43 @@ void expect_parity(const std::string& family, const std::string& name,
   }
 }
 
+void for_each_cpu_isa(const std::function<void(CpuIsa)>& body) {
+  const CpuIsa best = cpu_isa();
+  for (CpuIsa isa : {CpuIsa::Generic, CpuIsa::Avx2, CpuIsa::Avx512}) {
+    if (static_cast<int>(isa) > static_cast<int>(best)) continue;
+    set_cpu_isa(isa);
+    body(isa);
+  }
+  set_cpu_isa(best);
+}
+
+void expect_deterministic_across_threads_and_isas(const std::function<std::vector<Tensor>()>& run,
+                                                  const std::string& what) {
+  const std::vector<Tensor> ref = run();
+  auto expect_same = [&](const std::vector<Tensor>& r, const std::string& how) {
+    ASSERT_EQ(r.size(), ref.size()) << how << " " << what;
+    for (size_t i = 0; i < ref.size(); ++i)
+      expect_bitwise_equal(r[i], ref[i], how + " " + what + " output " + std::to_string(i));
+  };
+  expect_same(run(), "rerun");
+  const int threads = omp_get_max_threads();
+  for (int nt : {1, 3}) {
+    omp_set_num_threads(nt);
+    expect_same(run(), std::to_string(nt) + " threads");
+  }
+  omp_set_num_threads(threads);
+  const std::string best = cpu_isa_name(cpu_isa());
+  for_each_cpu_isa(
+      [&](CpuIsa isa) { expect_same(run(), std::string(cpu_isa_name(isa)) + " vs " + best); });
+}
+
 std::string keel_binary() { return std::string(KEEL_BINARY_DIR) + "/keel"; }
 
 std::string temp_dir(const std::string& tag) {
   static int counter = 0;
-  auto dir = std::filesystem::temp_directory_path() /
-             ("keel-test-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+  auto dir =
+      std::filesystem::temp_directory_path() /
+      ("keel-test-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();

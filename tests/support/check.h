@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/backend/cpu/isa.h"
 #include "keel/io/safetensors.h"
 #include "keel/tensor/tensor.h"
 
@@ -20,6 +21,17 @@ void expect_close(const std::vector<float>& actual, const std::vector<float>& ex
                   double rtol, const std::string& what);
 // Bitwise equality (determinism tests).
 void expect_bitwise_equal(const Tensor& a, const Tensor& b, const std::string& what);
+
+// Runs `body` once per CPU ISA level this CPU supports (generic, AVX2, AVX-512, up to the best),
+// with the kernels switched to that level; the best level is restored afterwards.
+void for_each_cpu_isa(const std::function<void(CpuIsa)>& body);
+
+// Determinism of a fixed computation (DESIGN §7): `run` returns its outputs (forward results and
+// gradients); EXPECTs every one bit-identical to the first run on a rerun, on 1 and 3 OpenMP
+// threads, and under every ISA level this CPU supports (the per-ISA kernels compute the same
+// bits). `what` names the case (e.g. the dtype) in failures.
+void expect_deterministic_across_threads_and_isas(const std::function<std::vector<Tensor>()>& run,
+                                                  const std::string& what);
 
 // The rounding unit of a dtype, for tolerances of the form atol + |ref| * eps(dtype).
 double eps_of(DType dt);
@@ -52,7 +64,7 @@ const io::Safetensors& fixture(const std::string& family);
 // element: atol + |ref| * rtol. Default tolerances come from the output dtype: f32 1e-5/1e-5,
 // bf16 and f16 a few units of their rounding (one-ulp disagreements in the last rounding are fine).
 struct ParityTolerance {
-  double atol = -1, rtol = -1;       // output (< 0: from dtype)
+  double atol = -1, rtol = -1;            // output (< 0: from dtype)
   double grad_atol = -1, grad_rtol = -1;  // gradients (< 0: same as output)
 };
 void expect_parity(const std::string& family, const std::string& name,
