@@ -87,8 +87,13 @@ std::string TrendAdvisor::observe(StepResult& r) {
   if (nonfinite_event)
     why = std::string("non-finite ") + (std::isfinite(r.loss) ? "gradients" : "loss") +
           " at step " + std::to_string(r.step);
-  if (t == trend_) return "";
+  // Exact zeros are news inside a vanishing trend too: a decay asks for a higher lr, exact zeros
+  // for a loss scaler or another precision.
+  const bool zeros = t == Trend::kVanishing && r.grad_norm == 0.0 &&
+                     why.rfind("the grad norm was exactly 0", 0) == 0;
+  if (t == trend_ && (zeros == zeros_ || !zeros)) return "";
   trend_ = t;
+  zeros_ = zeros;
   r.advice = std::string(trend_name(t)) + ": " + why + "; " + action(t, r);
   return r.advice;
 }
@@ -200,6 +205,15 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
       if (zero && (p == "16-true" || p == "bf16-true"))
         return "gradients underflow to zero without a loss scaler: switch train.precision to "
                "16-mixed (its GradScaler), bf16-mixed or 32-true";
+      // 16-mixed whose scale never left 1: the scaler is off (scaler.enabled = false), and the
+      // f16 activation gradients flush to zero below 6e-8 on their way back.
+      const bool no_scaler = std::all_of(window_.begin(), window_.end(), [](const StepResult& s) {
+        return s.loss_scale == 1.0 && s.loss_scale_after == 1.0;
+      });
+      if (zero && p == "16-mixed" && no_scaler)
+        return "f16 gradients underflow to zero without a loss scaler: set scaler.enabled = true "
+               "(16-mixed's GradScaler multiplies the loss by 65536 before backward), or switch "
+               "train.precision to bf16-mixed";
       if (zero)
         return "nothing reaches the parameters: check that not every label is ignored (-100), "
                "that the parameters are trainable, and in f16/bf16 switch to a -mixed policy or "

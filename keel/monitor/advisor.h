@@ -15,7 +15,8 @@
 //   vanishing              the grad norm was exactly 0 (or below vanish_abs = 1e-8) on the last
 //                          zero_steps (3) applied steps: f16/bf16 gradients underflowed to zero;
 //                          or, after min_steps, the newer-half median is <= vanish_ratio (1e-3) of
-//                          the older half.
+//                          the older half. Exact zeros after a decay already classed vanishing
+//                          give a second line: their cause and fix (an underflow) differ.
 //   spiking                a step's grad norm >= spike_factor (10x) the median of the window
 //                          before it, or its loss >= loss_spike_factor (2x) the median loss
 //                          (after min_steps), while the step before it was still below half that
@@ -76,6 +77,7 @@ class TrendAdvisor {
   Trend trend_ = Trend::kStable;
   int64_t last_spike_ = -1;  // step of the last spike
   int64_t nan_steps_ = 0;    // cumulative count seen on the previous step
+  bool zeros_ = false;       // the current vanishing class is exact zeros (already advised)
 };
 
 }  // namespace keel::monitor

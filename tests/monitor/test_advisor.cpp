@@ -124,6 +124,36 @@ TEST(Advisor, ExactlyZeroGradNormsAreVanishing) {
   ASSERT_EQ(f32.advice.size(), 1u);
   EXPECT_NE(f32.advice[0].second.find("not every label is ignored"), std::string::npos);
   EXPECT_EQ(f32.advice[0].second.find("switch train.precision to 16-mixed"), std::string::npos);
+  // 16-mixed with scaler.enabled = false (the scale stays 1): the advice is to turn it on.
+  o.precision = "16-mixed";
+  Feed mixed(o);
+  for (int64_t i = 1; i <= 3; ++i) mixed.feed(step(i, 5.5, 1e-3));
+  for (int64_t i = 4; i <= 6; ++i) mixed.feed(step(i, 5.5, 0.0));
+  ASSERT_EQ(mixed.advice.size(), 1u);
+  EXPECT_NE(mixed.advice[0].second.find("set scaler.enabled = true"), std::string::npos)
+      << mixed.advice[0].second;
+  // A decay already classed vanishing (the ratio rule), then exact zeros: a second line, with
+  // the underflow's fix (what a near-converged f16 run without a scaler prints).
+  Feed decay(o);
+  for (int64_t i = 1; i <= 14; ++i) decay.feed(step(i, 1.0, std::pow(10.0, -0.5 * i)));
+  ASSERT_EQ(decay.advice.size(), 1u);
+  EXPECT_EQ(decay.advice[0].second.find("scaler"), std::string::npos) << decay.advice[0].second;
+  for (int64_t i = 15; i <= 20; ++i) decay.feed(step(i, 1.0, 0.0));
+  ASSERT_EQ(decay.advice.size(), 2u);
+  EXPECT_EQ(decay.advice[1].first, 17);
+  EXPECT_EQ(decay.advice[1].second.rfind("vanishing: the grad norm was exactly 0", 0), 0u)
+      << decay.advice[1].second;
+  EXPECT_NE(decay.advice[1].second.find("set scaler.enabled = true"), std::string::npos);
+  // With a scaler on (scale 65536), zeros are not the missing scaler's fault.
+  Feed scaled(o);
+  for (int64_t i = 1; i <= 3; ++i) {
+    StepResult r = step(i, 5.5, 0.0);
+    r.loss_scale = r.loss_scale_after = 65536;
+    scaled.feed(r);
+  }
+  ASSERT_EQ(scaled.advice.size(), 1u);
+  EXPECT_EQ(scaled.advice[0].second.find("scaler.enabled"), std::string::npos)
+      << scaled.advice[0].second;
 }
 
 TEST(Advisor, DecayingGradNormIsVanishingAndSuggestsAHigherLrForTinyModels) {
