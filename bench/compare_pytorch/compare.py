@@ -44,6 +44,8 @@ CONFIGS = {
     "llama-110m-b4t64": dict(family="llama", n_layer=12, n_embd=768, n_head=12, vocab=32000, ffn=2048,
                              B=4, T=64),
 }
+# A seconds-long run of the whole script (not in the default list): --only smoke --scaling 1,2
+SMOKE = {"smoke": dict(family="gpt2", n_layer=2, n_embd=64, n_head=4, vocab=512, B=2, T=16)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -217,9 +219,18 @@ def build_torch_model(model_dir):
     return model
 
 
+def current_rss_mb():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
 def torch_worker(a):
     import torch
     torch.set_num_threads(a.threads)
+    base_rss = current_rss_mb()  # interpreter + torch's libraries, before the model exists
     model = build_torch_model(a.model)
     model.train()
     # keel's param groups (optim/optimizer.cpp make_param_groups): no decay on biases, norms, 1-D.
@@ -249,7 +260,7 @@ def torch_worker(a):
         losses.append(loss.item())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(json.dumps({"side": "torch", "precision": a.precision, "threads": torch.get_num_threads(),
-                      "peak_rss_mb": rss, "loss": losses, "seconds": seconds}))
+                      "peak_rss_mb": rss, "base_rss_mb": base_rss, "loss": losses, "seconds": seconds}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,7 +317,8 @@ def summarize(runs, warmup, tokens):
     all_steps = [s for r in runs for s in r["seconds"][warmup:]]
     med = statistics.median(per_round)
     return dict(tps=tokens / med, med=med, lo=min(all_steps), hi=max(all_steps),
-                rss=max(r["peak_rss_mb"] for r in runs), runs=runs)
+                rss=max(r["peak_rss_mb"] for r in runs),
+                base=max(r.get("base_rss_mb", 0) for r in runs), runs=runs)
 
 
 def measure(a, name, c, precision, threads, bins, env):
@@ -359,6 +371,10 @@ def main():
     env = dict(os.environ, OMP_WAIT_POLICY=a.wait_policy)
     env.pop("OMP_NUM_THREADS", None)  # each side sets its own thread count
     names = [n for n in a.only.split(",") if n] or list(CONFIGS)
+    CONFIGS.update(SMOKE)
+    for n in names:
+        if n not in CONFIGS:
+            raise SystemExit(f"--only {n}: unknown configuration; use one of {', '.join(CONFIGS)}")
     precisions = [x for x in a.precisions.split(",") if x]
     print(f"# steps {a.steps} (first {a.warmup} = warm-up), {a.rounds} rounds interleaved, "
           f"{a.threads} threads, OMP_WAIT_POLICY={a.wait_policy}, load average "
@@ -382,8 +398,10 @@ def main():
                 ok = False
             print(f"\n{name} ({k['runs'][0]['params'] / 1e6:.1f}M params, B={c['B']} T={c['T']}) "
                   f"{prec}")
-            print(f"  keel  {k['tps']:9.0f} tok/s  step {fmt_spread(k)}  peak RSS {k['rss']:.0f} MB")
-            print(f"  torch {t['tps']:9.0f} tok/s  step {fmt_spread(t)}  peak RSS {t['rss']:.0f} MB")
+            print(f"  keel  {k['tps']:9.0f} tok/s  step {fmt_spread(k)}  peak RSS {k['rss']:.0f} MB "
+                  f"({k['base']:.0f} before the model)")
+            print(f"  torch {t['tps']:9.0f} tok/s  step {fmt_spread(t)}  peak RSS {t['rss']:.0f} MB "
+                  f"({t['base']:.0f} before the model)")
             print(f"  keel/torch tokens/s {k['tps'] / t['tps']:.2f}x   RSS keel/torch "
                   f"{k['rss'] / t['rss']:.2f}   keel MFU {100 * mfu:.1f}% of the "
                   f"{'f32' if prec == '32-true' else 'bf16'} matmul peak ({peak:.0f} GFLOP/s, "
@@ -400,7 +418,7 @@ def main():
 
     scaling = a.scaling or ",".join(str(n) for n in sorted({1, 2, os.cpu_count() or 1}))
     if scaling != "none":
-        name = "gpt2-124m-b4t64"
+        name = "smoke" if names == ["smoke"] else "gpt2-124m-b4t64"
         c = CONFIGS[name]
         print(f"\nthread scaling, {name}, 32-true (tokens/s; x = speed-up over 1 thread)")
         base = {}
