@@ -1,34 +1,19 @@
 // `keel doctor` through the binary: exit 0 with a readable report when nothing blocks training,
 // exit 1 (and the JSON's blocking = true) when something does, exit 2 for a bad config.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "tests/support/check.h"
+#include "tests/support/run_keel.h"
 
 namespace keel {
 namespace {
 
-struct Ran {
-  int code = -1;
-  std::string out;  // stdout only (the report / the JSON)
-};
-
-Ran doctor(const std::string& args) {
-  Ran r;
-  const std::string cmd = test::keel_binary() + " doctor " + args + " 2>/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+// stdout (the report / the JSON) is in .out.
+test::KeelRun doctor(const std::string& args) { return test::run_keel_sh("doctor " + args); }
 
 const std::string kSmall =
     "--set run.threads=1 --set model.n_layer=1 --set model.n_embd=32 --set model.n_head=2 "
@@ -36,7 +21,7 @@ const std::string kSmall =
     "--set train.batch_size=8";
 
 TEST(CliDoctor, HealthyConfigExitsZeroWithTheReport) {
-  Ran r = doctor(kSmall + " --set train.precision=bf16-mixed");
+  test::KeelRun r = doctor(kSmall + " --set train.precision=bf16-mixed");
   EXPECT_EQ(r.code, 0) << r.out;
   for (const char* part :
        {"[ok     ] pad-token", "windows:", "memory:", "one-batch sanity pass", "configured",
@@ -47,8 +32,8 @@ TEST(CliDoctor, HealthyConfigExitsZeroWithTheReport) {
 TEST(CliDoctor, JsonSaysWhatBlocks) {
   // lr 1000 with AdamW's default weight decay flips and grows the weights every step; a window
   // of 4 micro-batches is larger than this 3-micro-batch epoch.
-  Ran r = doctor(kSmall +
-                 " --set optim.lr=1000 --set data.num_examples=20 --set train.grad_accum=4 --json");
+  test::KeelRun r = doctor(
+      kSmall + " --set optim.lr=1000 --set data.num_examples=20 --set train.grad_accum=4 --json");
   EXPECT_EQ(r.code, 1) << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_TRUE(j.at("blocking").get<bool>());

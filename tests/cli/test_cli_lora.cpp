@@ -6,7 +6,6 @@
 // token gets a dedicated id and resized embeddings (data.pad = "add") or pads with eos ("eos"),
 // and extra padding does not change the loss.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -19,6 +18,7 @@
 #include "keel/io/safetensors.h"
 #include "keel/train/trainer.h"
 #include "tests/support/check.h"
+#include "tests/support/run_keel.h"
 
 namespace keel {
 namespace {
@@ -26,30 +26,11 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-struct Ran {
-  int code = -1;
-  std::string output;  // stdout and stderr
-};
+using Ran = test::KeelRun;
 
-Ran run_keel(const std::string& args) {
-  Ran r;
-  const std::string cmd = test::keel_binary() + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+Ran run_keel(const std::string& args) { return test::run_keel_sh(args); }
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test::slurp;
 
 std::vector<double> losses(const std::string& out_dir) {
   std::vector<double> out;

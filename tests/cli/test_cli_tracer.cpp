@@ -2,7 +2,6 @@
 // module), abort_after_batch_num, an unknown inject module, and per-layer grad norms in
 // metrics.jsonl.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cmath>
 #include <cstdio>
@@ -12,36 +11,18 @@
 #include <sstream>
 
 #include "tests/support/check.h"
+#include "tests/support/run_keel.h"
 
 namespace keel {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Ran {
-  int code = -1;
-  std::string output;  // stdout and stderr
-};
+using Ran = test::KeelRun;
 
-Ran run_keel(const std::string& args) {
-  Ran r;
-  const std::string cmd = test::keel_binary() + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+Ran run_keel(const std::string& args) { return test::run_keel_sh(args); }
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test::slurp;
 
 std::vector<nlohmann::json> metrics(const std::string& dir) {
   std::vector<nlohmann::json> out;
@@ -69,7 +50,7 @@ TEST(CliTracer, InjectedNanStopsWithExit3AndTheLogNamesTheModule) {
   EXPECT_EQ(r.code, 3) << r.output;
   const std::string log = dir + "/debug/underflow_overflow_rank0.log";
   ASSERT_TRUE(fs::exists(log)) << r.output;
-  const std::string text = read_file(log);
+  const std::string text = slurp(log);
   EXPECT_NE(text.find("Detected inf/nan during batch_number=3"), std::string::npos) << text;
   EXPECT_NE(text.find("Last 21 forward and backward frames:"), std::string::npos) << text;
   EXPECT_NE(text.find("produced by 'transformer.h.0.mlp' (GPT2MLP) in forward, tensor output"),
@@ -109,7 +90,7 @@ TEST(CliTracer, AbortAfterBatchNum) {
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_NE(r.output.find("abort_after_batch_num"), std::string::npos) << r.output;
   EXPECT_EQ(metrics(dir).size(), 2u);
-  const std::string text = read_file(dir + "/debug/underflow_overflow_rank0.log");
+  const std::string text = slurp(dir + "/debug/underflow_overflow_rank0.log");
   EXPECT_NE(text.find("*** Starting batch number=2 (traced) ***"), std::string::npos) << text;
   EXPECT_NE(text.find("transformer.h.1.mlp.c_fc Linear (backward: "), std::string::npos) << text;
 }

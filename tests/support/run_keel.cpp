@@ -1,0 +1,79 @@
+#include "tests/support/run_keel.h"
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "tests/support/check.h"
+
+namespace keel::test {
+
+namespace {
+
+// fork + exec of argv[0] with stdout/stderr redirected to files; waits with wait4 for the
+// child's rusage.
+KeelRun spawn(const std::vector<std::string>& argv_in, const std::vector<std::string>& env) {
+  static int counter = 0;
+  static const std::string dir = temp_dir("run-keel");
+  const std::string base = dir + "/run" + std::to_string(counter++);
+  const std::string out_path = base + ".out", err_path = base + ".err";
+  KeelRun r;
+  std::vector<char*> argv;
+  for (const std::string& a : argv_in) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::fflush(nullptr);  // nothing buffered in the parent is written twice by the child
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (!std::freopen(out_path.c_str(), "w", stdout) ||
+        !std::freopen(err_path.c_str(), "w", stderr))
+      _exit(127);
+    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  struct rusage ru {};
+  if (pid > 0 && wait4(pid, &status, 0, &ru) == pid) {
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.max_rss_kb = ru.ru_maxrss;
+  }
+  r.out = slurp(out_path);
+  r.err = slurp(err_path);
+  r.output = r.out + r.err;
+  return r;
+}
+
+}  // namespace
+
+KeelRun run_keel(const std::vector<std::string>& args, const std::vector<std::string>& env) {
+  std::vector<std::string> argv = {keel_binary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return spawn(argv, env);
+}
+
+KeelRun run_keel_sh(const std::string& args, const std::vector<std::string>& env) {
+  return spawn({"/bin/sh", "-c", keel_binary() + " " + args}, env);
+}
+
+std::vector<std::string> with_sets(std::vector<std::string> args,
+                                   const std::vector<std::string>& sets) {
+  for (const std::string& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  return args;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace keel::test

@@ -1,0 +1,32 @@
+// Running the built `keel` binary from end-to-end tests (tests/cli/): one helper for every CLI
+// test, so they all capture output, exit codes and peak memory the same way.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace keel::test {
+
+struct KeelRun {
+  int code = -1;         // exit status; -1 when the child did not exit normally
+  std::string out, err;  // its stdout and stderr
+  std::string output;    // out + err (for "does the run mention X" checks)
+  long max_rss_kb = 0;   // the child's own peak resident set (getrusage via wait4)
+};
+
+// Runs keel with `args` as its argv (no shell: arguments need no quoting), with extra environment
+// entries "NAME=value" set in the child. stdout and stderr go to files under a temp directory and
+// are read back, so a chatty child never blocks on a full pipe.
+KeelRun run_keel(const std::vector<std::string>& args, const std::vector<std::string>& env = {});
+
+// The same through /bin/sh: `args` is one command line after the binary's path, with shell quoting
+// (e.g. "train --set 'model.adapter.target_modules=[\"qkv\"]'").
+KeelRun run_keel_sh(const std::string& args, const std::vector<std::string>& env = {});
+
+// Appends "--set S" for every S in `sets` to `args`.
+std::vector<std::string> with_sets(std::vector<std::string> args,
+                                   const std::vector<std::string>& sets);
+
+// The whole file as a string ("" when it cannot be read).
+std::string slurp(const std::string& path);
+
+}  // namespace keel::test
