@@ -367,10 +367,11 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
 
   // 4-5. Unscale (found_inf), then the global norm fused with the finite check.
   bool found_inf = false;
-  if (scaler_) {
+  if (scaler_ && grad_norm_check_) {
     found_inf = scaler_->unscale(grads, &r.grad_norm);  // one pass (one readback on a GPU)
   } else {
-    r.grad_norm = optim::global_grad_norm(grads);
+    if (scaler_) found_inf = scaler_->unscale(grads);
+    r.grad_norm = grad_norm_check_ ? optim::global_grad_norm(grads) : 0.0;
   }
   if (!std::isfinite(r.grad_norm) || !loss_finite) found_inf = true;
   if (W > 1) {  // MAX over ranks: every rank takes the same branch below

@@ -104,6 +104,9 @@ class Trainer {
   const std::vector<std::pair<std::string, Tensor>>& trainable() const { return trainable_; }
   // Set by fit() when it stops early: the reason, printed by the caller.
   const std::string& stop_message() const { return stop_message_; }
+  // bench_monitor only: false skips step 5's global grad norm and its finite check (grad_norm
+  // reads 0, nothing is clipped), the baseline the always-on checks are measured against.
+  void set_grad_norm_check_for_bench(bool on) { grad_norm_check_ = on; }
   Collective& collective() { return *coll_; }
   int rank() const { return coll_->rank(); }
   int world_size() const { return coll_->world_size(); }
@@ -146,6 +149,7 @@ class Trainer {
   double epoch_loss_sum_ = 0;  // token-weighted loss of the applied steps of the current epoch
   int64_t epoch_tokens_ = 0, epoch_updates_ = 0;
   std::string stop_message_;
+  bool grad_norm_check_ = true;
   bool ranks_checked_ = false;  // the rank-consistency check ran at least once
 };
 
