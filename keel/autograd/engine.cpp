@@ -110,14 +110,17 @@ void backward(const Tensor& root, const Tensor& grad_root) {
   // running them in decreasing sequence number sees every consumer before its producer.
   std::vector<Node*> order;
   std::unordered_set<Node*> seen;
+  std::unordered_map<Node*, int> fan_in;  // edges into each node
   std::vector<Node*> stack{start.get()};
   seen.insert(start.get());
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
     order.push_back(n);
-    for (auto& nx : n->next)
+    for (auto& nx : n->next) {
+      if (nx) ++fan_in[nx.get()];
       if (nx && seen.insert(nx.get()).second) stack.push_back(nx.get());
+    }
   }
   std::sort(order.begin(), order.end(), [](Node* a, Node* b) {
     // Accumulators carry sequence 0 and run last; their order among themselves doesn't matter.
@@ -141,6 +144,16 @@ void backward(const Tensor& root, const Tensor& grad_root) {
     for (size_t i = 0; i < n->next.size() && i < grads.size(); ++i) {
       Node* nx = n->next[i].get();
       if (!nx || !grads[i].defined()) continue;
+      // A leaf reached by a single edge gets its gradient into .grad at once instead of waiting
+      // in `pending` until the end: otherwise every weight gradient of the model is alive at the
+      // same time (one extra copy of all parameters at the peak). The arithmetic is the same
+      // (one add into .grad); leaves with several edges (tied embeddings) still sum their
+      // contributions first, and with post-hooks attached accumulators run last as before.
+      if (t_hooks.empty() && nx->sequence_nr == 0 && fan_in[nx] == 1)
+        if (auto* acc = dynamic_cast<AccumulateGrad*>(nx)) {
+          acc->backward(grads[i]);
+          continue;
+        }
       auto p = pending.find(nx);
       if (p == pending.end()) {
         pending.emplace(nx, Pending{std::move(grads[i]), false});
