@@ -53,7 +53,7 @@ int usable_gpus();
 
 class SingleGroup final : public ProcessGroup {
  public:
-  explicit SingleGroup(int64_t bucket_bytes = 25 << 20) : ProcessGroup(bucket_bytes) {}
+  explicit SingleGroup(int64_t bucket_bytes = 25000000) : ProcessGroup(bucket_bytes) {}
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   std::string backend() const override { return "single"; }

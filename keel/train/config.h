@@ -129,7 +129,7 @@ struct DebugConfig {
 
 struct DistConfig {
   std::string backend = "auto";  // auto (mpi under mpirun, else single) | single | mpi | nccl
-  double bucket_mb = 25;         // gradient all-reduce bucket size (MiB)
+  double bucket_mb = 25;         // gradient all-reduce bucket size (MB = 10^6 bytes)
   int64_t check_every = 100;     // rank-consistency check every N steps (and at the first); 0 = off
   bool rank_weights = false;     // ranks > 0 also write their final state to debug/rank{R}/
 };

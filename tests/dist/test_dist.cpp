@@ -206,6 +206,7 @@ TEST(ProcessGroups, SelectionAndErrors) {
   auto single = dist::make_process_group("single", 25);
   EXPECT_EQ(single->world_size(), 1);
   EXPECT_EQ(single->rank(), 0);
+  EXPECT_EQ(single->bucket_bytes(), 25000000);  // dist.bucket_mb counts 10^6 bytes
   double v[2] = {1, 2}, out[2];
   single->all_gather(v, 2, out);
   EXPECT_EQ(out[1], 2);
@@ -235,7 +236,7 @@ TEST(NcclGroup, OneRankNcclCollectives) {
   if (!dist::nccl_available()) GTEST_SKIP() << "this build has no NCCL (KEEL_NCCL=OFF)";
   if (!gpu_present()) GTEST_SKIP() << "no usable CUDA GPU on this machine";
   // A 1-rank group still runs every collective through NCCL (host -> device -> NCCL -> host).
-  auto g = dist::make_process_group("nccl", 1.0 / 1024);  // 1 KiB buckets: several calls
+  auto g = dist::make_process_group("nccl", 0.001);  // 1000-byte buckets: several calls
   ASSERT_EQ(g->backend(), "nccl");
   EXPECT_EQ(g->world_size(), 1);
   std::vector<float> big(1000);
@@ -256,7 +257,7 @@ TEST(NcclGroup, OneRankNcclCollectives) {
   g->all_reduce_grads(grads);
   EXPECT_EQ(a.to_floats()[699], 0.25f);
   EXPECT_EQ(h.to_floats()[2], 3.0f);
-  EXPECT_GE(g->buckets_reduced(), 3);  // 703 floats in 256-float buckets
+  EXPECT_GE(g->buckets_reduced(), 3);  // 703 floats in 250-float buckets
 }
 
 }  // namespace
