@@ -92,10 +92,22 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   const int64_t c = static_cast<int64_t>(dtype_size(pol.compute_dtype));
   const int64_t s = pb;
 
-  e.weights = N * pb;
   // Grads keep the parameter's dtype (f32 for masters and adapters).
   const int64_t Nt = q.trainable > 0 ? q.trainable : N;
   const int64_t tb = q.trainable_f32 ? 4 : pb;
+  // Under an adapter the frozen base (N - Nt parameters) is stored in model.base_dtype.
+  const bool adapter = q.trainable > 0 && q.trainable < N;
+  if (!q.base_dtype.empty() && q.base_dtype != "f32" && q.base_dtype != "bf16")
+    throw Error("memory: base dtype \"" + q.base_dtype + "\" is unknown; use f32 or bf16",
+                Error::kUsage);
+  // ("f32", the config's default, keeps the base in the policy's parameter dtype.)
+  const int64_t fb = q.base_dtype == "bf16" ? 2 : pb;
+  e.weights = adapter ? (N - Nt) * fb + Nt * tb : N * pb;
+  if (adapter)
+    e.weights_detail = std::string("frozen base in ") + (fb == 2 ? "16-bit" : "f32") +
+                       ", adapters in " + (tb == 4 ? "f32" : "16-bit");
+  else if (pol.autocast)
+    e.weights_detail = "f32 masters";
   e.grads = Nt * tb;
   const int64_t kinds = q.optimizer == "adamw" ? 2 : (q.momentum != 0 ? 1 : 0);
   e.optimizer_state = kinds * Nt * tb;
@@ -114,6 +126,10 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
             L * (2 * C * C + 2 * C * sp.kv_heads() * sp.head_dim() + 3 * C * sp.ffn_dim()) + V * C;
     }
     e.lowp_copies = cast_params * c;
+    // A frozen base already in the compute dtype is used as stored: no copy. (An f32 base is cast
+    // per use; the copies are not cached, but each Linear's backward node keeps its cast weight
+    // until backward, so they count the same.) The adapter's own f32 weights are cast and cached.
+    if (adapter) e.lowp_copies = (fb == c ? 0 : cast_params * c) + Nt * c;
   }
 
   if (has_sizes(q)) {
@@ -203,7 +219,8 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   }
   e.live_peak = e.weights + e.grads + e.optimizer_state + e.lowp_copies + e.matmul_scratch +
                 e.activations + e.transient;
-  e.total = e.live_peak + e.heap_reserve;
+  if (adapter && fb < pb) e.init_peak = N * pb;
+  e.total = std::max(e.live_peak + e.heap_reserve, e.init_peak);
   return e;
 }
 
@@ -224,6 +241,7 @@ MemoryQuery memory_query_from_config(const Config& cfg) {
   q.max_seq_len = cfg.model.max_seq_len;
   q.tie_embeddings = cfg.model.tie_embeddings;
   q.attention = cfg.model.attention;
+  if (cfg.model.adapter.kind != "none") q.base_dtype = cfg.model.base_dtype;
   return q;
 }
 
@@ -238,7 +256,7 @@ std::string format_memory(const MemoryEstimate& e) {
     o << buf;
   };
   const bool mixed = e.lowp_copies > 0;
-  row("weights", e.weights, mixed ? "f32 masters" : "");
+  row("weights", e.weights, e.weights_detail);
   row("gradients", e.grads, "");
   row("optimizer state", e.optimizer_state, "");
   if (mixed) row("low-precision copies", e.lowp_copies, "autocast's per-step weight casts");
@@ -258,7 +276,11 @@ std::string format_memory(const MemoryEstimate& e) {
     row("live peak", e.live_peak, "tensor bytes alive at once");
     row("heap reserve", e.heap_reserve, "freed forward temporaries glibc keeps");
   }
-  row("total", e.total, "expected peak resident memory of the step");
+  if (e.init_peak > 0)
+    row("while building", e.init_peak, "the base exists in the policy's dtype before its cast");
+  row("total", e.total,
+      e.init_peak > e.live_peak + e.heap_reserve ? "expected peak resident memory (while building)"
+                                                 : "expected peak resident memory of the step");
   return o.str();
 }
 
@@ -274,6 +296,7 @@ nlohmann::json memory_to_json(const MemoryEstimate& e) {
                       {"matmul_scratch", e.matmul_scratch},
                       {"heap_reserve", e.heap_reserve},
                       {"live_peak", e.live_peak},
+                      {"init_peak", e.init_peak},
                       {"total", e.total}};
   nlohmann::json items = nlohmann::json::array();
   for (const auto& it : e.activation_items)

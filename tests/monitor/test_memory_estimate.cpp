@@ -188,3 +188,49 @@ TEST(MemoryEstimate, BadQueriesNameTheFix) {
 
 }  // namespace
 }  // namespace keel::monitor
+
+namespace keel::monitor {
+namespace {
+
+// A LoRA run: 99M frozen base parameters, 1M f32 adapter parameters. A bf16 frozen base
+// (model.base_dtype = bf16) is 2 bytes a weight and, under bf16-mixed, used as stored (no autocast
+// copy); but keel builds the base in f32 first and casts it after, so the process peak is while
+// building. An f32 base under bf16-mixed is 4 bytes plus a bf16 copy per use.
+TEST(MemoryEstimate, LoraWithABf16FrozenBase) {
+  MemoryQuery q;
+  q.params = 100'000'000;
+  q.trainable = 1'000'000;
+  q.trainable_f32 = true;
+  q.precision = "bf16-mixed";
+  q.base_dtype = "bf16";
+  const MemoryEstimate b = estimate_memory(q);
+  EXPECT_EQ(b.weights, 99'000'000 * 2 + 1'000'000 * 4);
+  EXPECT_EQ(b.grads, 4'000'000);
+  EXPECT_EQ(b.optimizer_state, 8'000'000);
+  EXPECT_EQ(b.lowp_copies, 2'000'000);  // the adapters' bf16 casts only
+  EXPECT_EQ(b.live_peak, 216'000'000);
+  EXPECT_EQ(b.init_peak, 400'000'000);  // the base as built, in f32
+  EXPECT_EQ(b.total, 400'000'000);
+  EXPECT_NE(format_memory(b).find("frozen base in 16-bit, adapters in f32"), std::string::npos);
+
+  q.base_dtype = "f32";
+  const MemoryEstimate f = estimate_memory(q);
+  EXPECT_EQ(f.weights, 100'000'000 * 4);
+  EXPECT_EQ(f.lowp_copies, 100'000'000 * 2 + 1'000'000 * 2);
+  EXPECT_EQ(f.init_peak, 0);
+  EXPECT_EQ(f.total, 400'000'000 + 4'000'000 + 8'000'000 + 202'000'000);
+  // The step itself: the bf16 base saves the f32 weights and their bf16 copies.
+  EXPECT_EQ(f.live_peak - b.live_peak, 99'000'000 * 2 + 100'000'000 * 2);
+
+  // bf16-true builds the base in bf16 already: no cast, no build-time peak.
+  q.precision = "bf16-true";
+  q.base_dtype = "f32";  // the config default: the policy's parameter dtype
+  const MemoryEstimate t = estimate_memory(q);
+  EXPECT_EQ(t.weights, 99'000'000 * 2 + 1'000'000 * 4);
+  EXPECT_EQ(t.init_peak, 0);
+  q.base_dtype = "bf17";
+  EXPECT_THROW(estimate_memory(q), Error);
+}
+
+}  // namespace
+}  // namespace keel::monitor
