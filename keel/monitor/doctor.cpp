@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "keel/amp/precision.h"
+#include "keel/backend/cuda_api.h"
 #include "keel/backend/cpu/isa.h"
 #include "keel/data/tokenizer_base.h"
 #include "keel/ops/elementwise.h"
@@ -157,10 +158,13 @@ std::vector<DoctorCheck> check_config(const Config& cfg) {
     out.push_back(make("error", "precision", e.what()));
     return out;
   }
-  if (device.is_cuda())
-    out.push_back(make("error", "precision",
-                       "run.device = " + cfg.run.device +
-                           ": this build has no CUDA backend; use run.device = \"cpu\""));
+  if (device.is_cuda() && !cuda::status().usable) {
+    // keel train says one line and trains on the CPU: judge the rest for the CPU.
+    out.push_back(make("warning", "precision",
+                       "run.device = " + cfg.run.device + " but no usable CUDA device (" +
+                           cuda::status().reason + "); keel train will run on the CPU"));
+    device = Device::cpu();
+  }
   PrecisionPolicy pol;
   try {
     pol = resolve_precision(cfg.train.precision, device, cfg.train.allow_cpu_bf16);

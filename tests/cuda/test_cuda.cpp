@@ -183,7 +183,9 @@ void expect_matches_cpu(const std::function<Tensor(const std::vector<Tensor>&)>&
       leaves.push_back(l);
     }
     Tensor out = f(leaves);
-    ASSERT_EQ(out.device(), dev) << what;
+    if (out.dim() > 0) {  // (a loss is a host scalar)
+      ASSERT_EQ(out.device(), dev) << what;
+    }
     results[side].push_back(out.to(Device::cpu()));
     if (backward_too && out.requires_grad()) {
       Tensor g = test::randn(out.shape(), 99, 1.f, out.dtype());
@@ -391,8 +393,8 @@ TEST(CudaKernels, FusedUnscaleFiniteCheckAndNormInOnePass) {
     bad += optim_kernels(Device::cpu()).unscale(t.data(), t.dtype(), t.numel(), 1.f / 1024);
   EXPECT_EQ(s.nonfinite, bad);
   EXPECT_TRUE(std::isnan(s.sum_squares));
-  for (size_t i = 0; i < cpu.size(); ++i) {
-    test::expect_bitwise_equal(gpu[i].to(Device::cpu()), cpu[i], "unscaled " + std::to_string(i));
+  for (size_t i = 0; i < cpu.size(); ++i) {  // exact (a GPU's NaN has another payload)
+    test::expect_close(gpu[i].to(Device::cpu()), cpu[i], 0, 0, "unscaled " + std::to_string(i));
   }
   // Finite gradients: the norm matches optim's.
   std::vector<Tensor> fin = {test::randn({3000}, 43, 3.f),

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "keel/autograd/node.h"
+#include "keel/backend/cuda_api.h"
 #include "keel/train/trainer.h"
 #include "tests/support/check.h"
 
@@ -301,7 +302,10 @@ TEST(Trainer, BadConfigsGiveClearErrors) {
   EXPECT_THROW(Trainer t(c), Error);
   c = small_config("bad3");
   c.run.device = "cuda:0";
-  EXPECT_THROW(Trainer t(c), Error);
+  if (!cuda::status().usable) {  // one line, then the CPU (tests/cuda checks the line)
+    Trainer t(c);
+    EXPECT_TRUE(t.device().is_cpu());
+  }
 }
 
 }  // namespace

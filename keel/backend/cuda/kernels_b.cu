@@ -38,7 +38,7 @@ int64_t find_invalid_ids(const void* ids, DType dt, int64_t n, int64_t v, int64_
   if (n <= 0) return -1;
   Scratch s(8);
   const unsigned long long none = ~0ull;
-  KEEL_CUDA_CHECK(cudaMemcpyAsync(s.as<void>(), &none, 8, cudaMemcpyHostToDevice, stream()));
+  KEEL_CUDA_CHECK(cudaMemsetAsync(s.as<void>(), 0xff, 8, stream()));  // = none, no host sync
   find_invalid_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
       s.as<unsigned long long>(), ids, dt == DType::I32, n, v, ignore, use_ignore);
   KEEL_CUDA_LAUNCHED();

@@ -80,7 +80,8 @@ struct DeviceState {
   MemStats stats;
 };
 DeviceState& state(int device) {
-  static DeviceState states[kMaxDevices];
+  // Never destroyed: tensors released during static destruction still find their cache.
+  static DeviceState* states = new DeviceState[kMaxDevices];
   KEEL_CHECK(device >= 0 && device < kMaxDevices, "cuda: device index out of range");
   return states[device];
 }
