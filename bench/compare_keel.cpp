@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -51,6 +52,15 @@ double matmul_peak_gflops(DType dt, int64_t n) {
     best = std::min(best, std::chrono::duration<double>(clk::now() - t0).count());
   }
   return 2.0 * n * n * n / best / 1e9;
+}
+
+// A line of /proc/self/status in MB ("VmRSS:", "VmHWM:" = peak RSS).
+double status_mb(const char* key) {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind(key, 0) == 0) return std::stod(line.substr(std::strlen(key))) / 1024.0;
+  return 0;
 }
 
 // VmRSS and VmHWM (peak) of this process in MB, from /proc/self/status.
@@ -118,6 +128,9 @@ int main(int argc, char** argv) try {
   const DType peak_dt = precision == "32-true" ? DType::F32 : DType::BF16;
   const double peak = matmul_peak_gflops(peak_dt, 1024);
 
+  // What the process holds before the model exists: shared libraries (oneDNN; with a CUDA build
+  // also cuBLASLt/cudart, ~150 MB) and the matmul peak's buffers.
+  const double base_rss = status_mb("VmRSS:");
   std::fprintf(stderr, "before construction: %s\n", rss_now().c_str());
   Trainer t(c);
   const double n_params = static_cast<double>(t.model().num_parameters());
@@ -149,9 +162,11 @@ int main(int argc, char** argv) try {
 
   std::printf("{\"side\": \"keel\", \"precision\": \"%s\", \"threads\": %d, \"params\": %.0f, ",
               precision.c_str(), omp_get_max_threads(), n_params);
-  std::printf("\"n_layer\": %lld, \"n_embd\": %lld, \"peak_gflops\": %.2f, \"peak_rss_mb\": %.1f, ",
-              static_cast<long long>(spec.n_layer), static_cast<long long>(spec.n_embd), peak,
-              ru.ru_maxrss / 1024.0);
+  std::printf(
+      "\"n_layer\": %lld, \"n_embd\": %lld, \"peak_gflops\": %.2f, \"peak_rss_mb\": %.1f, "
+      "\"base_rss_mb\": %.1f, ",
+      static_cast<long long>(spec.n_layer), static_cast<long long>(spec.n_embd), peak,
+      ru.ru_maxrss / 1024.0, base_rss);
   std::printf("\"loss\": [");
   for (size_t i = 0; i < losses.size(); ++i) std::printf("%s%.9g", i ? ", " : "", losses[i]);
   std::printf("], \"seconds\": [");
