@@ -36,7 +36,7 @@ fi
 
 log "GPU tests"
 export OMP_NUM_THREADS=$jobs
-"$build/tests/test_cuda" --gtest_color=no >"$build.tests.log" 2>&1
+timeout 200 "$build/tests/test_cuda" --gtest_color=no >"$build.tests.log" 2>&1
 tests_rc=$?
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|Failure|error:" "$build.tests.log" | head -40
 tests_line=$(grep -E "^\[  PASSED  \]" "$build.tests.log" | head -1)
@@ -45,10 +45,10 @@ skipped=$(grep -cE "^\[  SKIPPED \] [A-Za-z]" "$build.tests.log")
 
 dump=$(mktemp -d /tmp/keel-gpu-parity.XXXXXX)
 log "keel benchmark"
-timeout 240 "$build/bench/bench_gpu" --dump "$dump" 2>&1 | tee "$build.bench.log" | tail -14
+timeout 150 "$build/bench/bench_gpu" --dump "$dump" 2>&1 | tee "$build.bench.log" | tail -14
 keel=$(grep "^RESULT" "$build.bench.log" | tail -1)
 log "PyTorch benchmark"
-timeout 150 python3 bench/gpt2_torch.py --dump "$dump" 2>&1 | tee "$build.torch.log" | tail -12
+timeout 120 python3 bench/gpt2_torch.py --dump "$dump" 2>&1 | tee "$build.torch.log" | tail -12
 torch=$(grep "^RESULT" "$build.torch.log" | tail -1)
 rm -rf "$dump"
 
