@@ -41,7 +41,7 @@ CONFIGS = {
     "gpt2-4l256-b8t256": dict(family="gpt2", n_layer=4, n_embd=256, n_head=8, vocab=50257, B=8, T=256),
     # Llama-style of GPT-2 124M's size: RMSNorm, RoPE, SwiGLU (intermediate 2048), untied head,
     # 32k vocabulary (Llama-2's).
-    "llama-110m-b4t64": dict(family="llama", n_layer=12, n_embd=768, n_head=12, vocab=32000, ffn=2048,
+    "llama-134m-b4t64": dict(family="llama", n_layer=12, n_embd=768, n_head=12, vocab=32000, ffn=2048,
                              B=4, T=64),
 }
 # A seconds-long run of the whole script (not in the default list): --only smoke --scaling 1,2
