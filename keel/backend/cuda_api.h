@@ -30,6 +30,9 @@ struct MemStats {
   int64_t cuda_mallocs = 0;
 };
 MemStats mem_stats(int device = 0);
+// cuBLASLt's version (e.g. 130100), loading the library (it is opened on first use, never at
+// process start); 0 in a build without CUDA. Throws keel::Error when it cannot be loaded.
+size_t cublaslt_version();
 void reset_peak(int device = 0);
 void empty_cache(int device = 0);  // returns cached blocks to the driver
 

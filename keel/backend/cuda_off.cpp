@@ -14,6 +14,7 @@ const Status& status() {
 std::string device_name(int) { return "none"; }
 void synchronize(int) {}
 MemStats mem_stats(int) { return {}; }
+size_t cublaslt_version() { return 0; }
 void reset_peak(int) {}
 void empty_cache(int) {}
 

@@ -135,6 +135,21 @@ std::vector<json> metrics(const std::string& dir) {
   return out;
 }
 
+// Runs without a GPU: cuBLASLt (540 MB on disk, ~210 MB resident once mapped) is not mapped
+// until the first matmul needs it, so CPU-only runs of a CUDA build stay small.
+TEST(CudaRuntime, CublasLtIsLoadedOnFirstUseOnly) {
+  auto mapped = [] {
+    std::ifstream maps("/proc/self/maps");
+    std::string line;
+    while (std::getline(maps, line))
+      if (line.find("libcublasLt") != std::string::npos) return true;
+    return false;
+  };
+  ASSERT_FALSE(mapped()) << "libcublasLt is mapped at process start (linked instead of dlopen'ed)";
+  EXPECT_GE(cuda::cublaslt_version(), 110000u);  // CUDA 11 or later
+  EXPECT_TRUE(mapped());
+}
+
 TEST(CudaFallback, TrainWithRunDeviceCudaSaysOneLineAndTrainsOnTheCpu) {
   if (cuda::status().usable) GTEST_SKIP() << "a GPU is usable here: keel train uses it";
   const std::string dir = test::temp_dir("cuda-fallback");

@@ -7,6 +7,7 @@
 // Plans (descriptors, layouts, the heuristic's algorithm) are cached per shape, dtype and pointer
 // alignment.
 #include <cublasLt.h>
+#include <dlfcn.h>
 
 #include <cstring>
 #include <map>
@@ -15,8 +16,71 @@
 
 #include "keel/backend/cuda/common.cuh"
 #include "keel/backend/cuda/tables.h"
+#include "keel/backend/cuda_api.h"
 
 namespace keel::cuda {
+namespace {
+
+// cuBLASLt is opened on first use, not linked: loading libcublasLt.so (540 MB on disk) makes a
+// process resident ~210 MB at start (measured: a bare main() linked to it peaks at 212 MB, 3 MB
+// without), which every CPU-only run of a CUDA build would pay.
+struct LtApi {
+  decltype(&cublasLtGetVersion) get_version;
+  decltype(&cublasLtCreate) create;
+  decltype(&cublasLtMatmul) matmul;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) algo_get_heuristic;
+  decltype(&cublasLtMatmulDescCreate) desc_create;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set_attribute;
+  decltype(&cublasLtMatmulPreferenceCreate) preference_create;
+  decltype(&cublasLtMatmulPreferenceDestroy) preference_destroy;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) preference_set_attribute;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create;
+  decltype(&cublasLtMatrixLayoutSetAttribute) layout_set_attribute;
+};
+
+LtApi load_lt() {
+  const std::string so = "libcublasLt.so." + std::to_string(CUBLAS_VER_MAJOR);
+  void* h = nullptr;
+  std::string tried;
+  // The toolkit's directory first (this build's headers match it), then the loader's search path.
+  for (const std::string& path : {std::string(KEEL_CUDA_LIB_DIR) + "/" + so, so}) {
+    h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (h) break;
+    const char* e = dlerror();
+    tried += "\n  " + path + ": " + (e ? e : "not found");
+  }
+  if (!h)
+    throw Error("cuda matmul: cannot load cuBLASLt; tried:" + tried +
+                "\n  fix: install the CUDA toolkit's libcublasLt or add its directory to "
+                "LD_LIBRARY_PATH");
+  LtApi api{};
+  auto sym = [&](auto& fn, const char* name) {
+    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+    if (!fn) throw Error(std::string("cuda matmul: ") + so + " has no symbol " + name);
+  };
+  sym(api.get_version, "cublasLtGetVersion");
+  sym(api.create, "cublasLtCreate");
+  sym(api.matmul, "cublasLtMatmul");
+  sym(api.algo_get_heuristic, "cublasLtMatmulAlgoGetHeuristic");
+  sym(api.desc_create, "cublasLtMatmulDescCreate");
+  sym(api.desc_set_attribute, "cublasLtMatmulDescSetAttribute");
+  sym(api.preference_create, "cublasLtMatmulPreferenceCreate");
+  sym(api.preference_destroy, "cublasLtMatmulPreferenceDestroy");
+  sym(api.preference_set_attribute, "cublasLtMatmulPreferenceSetAttribute");
+  sym(api.layout_create, "cublasLtMatrixLayoutCreate");
+  sym(api.layout_set_attribute, "cublasLtMatrixLayoutSetAttribute");
+  return api;
+}
+
+const LtApi& lt() {
+  static const LtApi api = load_lt();
+  return api;
+}
+
+}  // namespace
+
+size_t cublaslt_version() { return lt().get_version(); }
+
 namespace {
 
 void check_lt(cublasStatus_t s, const char* what) {
@@ -70,7 +134,7 @@ DeviceCtx& ctx() {
   const int d = current_device();
   DeviceCtx& c = g_ctx[d];
   if (!c.handle) {
-    check_lt(cublasLtCreate(&c.handle), "cublasLtCreate");
+    check_lt(lt().create(&c.handle), "cublasLtCreate");
     KEEL_CUDA_CHECK(cudaMalloc(&c.workspace, kWorkspace));  // lives as long as the process
   }
   return c;
@@ -78,65 +142,62 @@ DeviceCtx& ctx() {
 
 void set_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
   const int32_t b = static_cast<int32_t>(batch);
-  check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b),
+  check_lt(lt().layout_set_attribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &b, sizeof b),
            "layout batch count");
-  check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
-                                            sizeof stride),
+  check_lt(lt().layout_set_attribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                     sizeof stride),
            "layout batch stride");
 }
 
 Plan make_plan(DeviceCtx& c, const MatmulArgs& a, uint32_t al_a, uint32_t al_b, uint32_t al_c) {
   Plan p;
   const cudaDataType_t in_t = cuda_type(a.in_dt), out_t = cuda_type(a.out_dt);
-  check_lt(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
+  check_lt(lt().desc_create(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
   // cuBLASLt operand 1 = our B, operand 2 = our A (see the top of the file).
   const cublasOperation_t t1 = a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t t2 = a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &t1, sizeof t1),
-           "transa");
-  check_lt(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &t2, sizeof t2),
-           "transb");
+  check_lt(lt().desc_set_attribute(p.op, CUBLASLT_MATMUL_DESC_TRANSA, &t1, sizeof t1), "transa");
+  check_lt(lt().desc_set_attribute(p.op, CUBLASLT_MATMUL_DESC_TRANSB, &t2, sizeof t2), "transb");
   const int64_t m = a.n, n = a.m, k = a.k;
   // Stored shapes (column-major rows, cols, ld) of each operand.
   if (a.trans_b)
-    check_lt(cublasLtMatrixLayoutCreate(&p.la, in_t, k, m, k), "layout B");  // B stored [N, K]
+    check_lt(lt().layout_create(&p.la, in_t, k, m, k), "layout B");  // B stored [N, K]
   else
-    check_lt(cublasLtMatrixLayoutCreate(&p.la, in_t, m, k, m), "layout B");  // B stored [K, N]
+    check_lt(lt().layout_create(&p.la, in_t, m, k, m), "layout B");  // B stored [K, N]
   if (a.trans_a)
-    check_lt(cublasLtMatrixLayoutCreate(&p.lb, in_t, n, k, n), "layout A");  // A stored [K, M]
+    check_lt(lt().layout_create(&p.lb, in_t, n, k, n), "layout A");  // A stored [K, M]
   else
-    check_lt(cublasLtMatrixLayoutCreate(&p.lb, in_t, k, n, k), "layout A");  // A stored [M, K]
-  check_lt(cublasLtMatrixLayoutCreate(&p.lc, out_t, m, n, m), "layout C");
+    check_lt(lt().layout_create(&p.lb, in_t, k, n, k), "layout A");  // A stored [M, K]
+  check_lt(lt().layout_create(&p.lc, out_t, m, n, m), "layout C");
   if (a.batch > 1) {
     set_batch(p.la, a.batch, a.k * a.n);
     set_batch(p.lb, a.batch, a.m * a.k);
     set_batch(p.lc, a.batch, a.m * a.n);
   }
   cublasLtMatmulPreference_t pref = nullptr;
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  check_lt(lt().preference_create(&pref), "preference");
   const size_t ws = kWorkspace;
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                sizeof ws),
-           "workspace preference");
+  check_lt(
+      lt().preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
+      "workspace preference");
   // Operand 1 is our B, operand 2 our A; C and D are the same buffer.
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                &al_b, sizeof al_b),
+  check_lt(lt().preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_b,
+                                         sizeof al_b),
            "alignment");
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                &al_a, sizeof al_a),
+  check_lt(lt().preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_a,
+                                         sizeof al_a),
            "alignment");
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                &al_c, sizeof al_c),
+  check_lt(lt().preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c,
+                                         sizeof al_c),
            "alignment");
-  check_lt(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                &al_c, sizeof al_c),
+  check_lt(lt().preference_set_attribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c,
+                                         sizeof al_c),
            "alignment");
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
-  check_lt(
-      cublasLtMatmulAlgoGetHeuristic(c.handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &res, &found),
-      "algorithm heuristic");
-  cublasLtMatmulPreferenceDestroy(pref);
+  check_lt(lt().algo_get_heuristic(c.handle, p.op, p.la, p.lb, p.lc, p.lc, pref, 1, &res, &found),
+           "algorithm heuristic");
+  lt().preference_destroy(pref);
   if (found == 0)
     throw Error("cuBLASLt has no algorithm for a " + std::string(dtype_name(a.in_dt)) + " -> " +
                 dtype_name(a.out_dt) + " matmul [" + std::to_string(a.batch) + " x " +
@@ -176,8 +237,8 @@ void cuda_matmul(const MatmulArgs& a) {
   if (it == c.plans.end()) it = c.plans.emplace(key, make_plan(c, a, al_a, al_b, al_c)).first;
   const Plan& p = it->second;
   const float alpha = 1.f, beta = a.accumulate ? 1.f : 0.f;
-  check_lt(cublasLtMatmul(c.handle, p.op, &alpha, a.b, p.la, a.a, p.lb, &beta, a.c, p.lc, a.c, p.lc,
-                          &p.algo, c.workspace, kWorkspace, stream()),
+  check_lt(lt().matmul(c.handle, p.op, &alpha, a.b, p.la, a.a, p.lb, &beta, a.c, p.lc, a.c, p.lc,
+                       &p.algo, c.workspace, kWorkspace, stream()),
            "cublasLtMatmul");
 }
 
