@@ -27,6 +27,7 @@
 
 #include "keel/io/safetensors.h"
 #include "tests/support/check.h"
+#include "tests/support/run_keel.h"
 
 namespace keel {
 namespace {
@@ -58,17 +59,8 @@ bool leak_checks_on() {
     if (find_mpirun().empty()) GTEST_SKIP() << "mpirun is not installed (Debian openmpi-bin)";  \
   } while (0)
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-struct Ran {
-  int code = -1;
-  std::string out, err;
-};
+using Ran = test::KeelRun;
+using test::slurp;
 
 // `keel train --set S...` as argv words.
 std::vector<std::string> train_words(const std::vector<std::string>& sets) {
@@ -80,8 +72,6 @@ std::vector<std::string> train_words(const std::vector<std::string>& sets) {
   return w;
 }
 
-Ran run_argv(std::vector<std::string> args);
-
 // Runs `keel train --set ...` on `ranks` processes: 1 = the keel binary itself, more = under
 // mpirun (as root it needs --allow-run-as-root; --oversubscribe lets 2 ranks share fewer cores).
 Ran run_train(int ranks, const std::vector<std::string>& sets) {
@@ -89,30 +79,7 @@ Ran run_train(int ranks, const std::vector<std::string>& sets) {
   if (ranks > 1)
     args = {find_mpirun(), "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(ranks)};
   for (const std::string& w : train_words(sets)) args.push_back(w);
-  return run_argv(args);
-}
-
-Ran run_argv(std::vector<std::string> args) {
-  static int counter = 0;
-  const std::string base = test::temp_dir("cli-dist-io") + "/run" + std::to_string(counter++);
-  Ran r;
-  const pid_t pid = fork();
-  if (pid == 0) {
-    if (!std::freopen((base + ".out").c_str(), "w", stdout) ||
-        !std::freopen((base + ".err").c_str(), "w", stderr))
-      _exit(127);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  int status = 0;
-  if (pid > 0 && waitpid(pid, &status, 0) == pid)
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(base + ".out");
-  r.err = slurp(base + ".err");
-  return r;
+  return test::run_command(args);
 }
 
 // A tiny GPT-2 on the built-in task, one OpenMP thread per rank: 7 micro-batches of 8 examples
@@ -127,17 +94,7 @@ std::vector<std::string> tiny(const std::string& out, std::vector<std::string> m
   return s;
 }
 
-std::vector<json> step_records(const std::string& dir) {
-  std::vector<json> out;
-  std::ifstream f(dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) {
-      json j = json::parse(line);
-      if (j.contains("loss")) out.push_back(j);
-    }
-  return out;
-}
+using test::step_records;
 
 // Rank 0's final state (checkpoints/last) and rank 1's (debug/rank1/checkpoint) bit for bit.
 void expect_ranks_identical(const std::string& dir) {
@@ -327,7 +284,7 @@ TEST(CliDist, RanksWithDifferentConfigsStopWithAnErrorNamingThem) {
   for (const char* w : {":", "-np", "1"}) args.push_back(w);
   for (const std::string& w : train_words(tiny(dir, {"train.max_steps=3", "optim.lr=0.02"})))
     args.push_back(w);
-  Ran r = run_argv(args);
+  Ran r = test::run_command(args);
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_NE(r.err.find("rank consistency check at step 1: ranks disagree: lr is 0.01 on rank 0, "
                        "0.02 on rank 1"),

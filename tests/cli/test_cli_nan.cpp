@@ -52,17 +52,7 @@ std::vector<std::string> small_gpt2(const std::string& out) {
           "log.tensorboard=false", "log.every=1"};
 }
 
-std::vector<json> step_records(const std::string& dir) {
-  std::vector<json> out;
-  std::ifstream f(dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) {
-      json j = json::parse(line);
-      if (j.contains("loss")) out.push_back(j);
-    }
-  return out;
-}
+using test::step_records;
 
 json replay_json(const std::string& capture, const std::vector<std::string>& extra = {}) {
   std::vector<std::string> args = {"replay", capture, "--json"};

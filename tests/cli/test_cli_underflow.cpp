@@ -22,17 +22,7 @@ namespace {
 
 using json = nlohmann::json;
 
-std::vector<json> step_records(const std::string& dir) {
-  std::vector<json> out;
-  std::ifstream f(dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line))
-    if (!line.empty()) {
-      json j = json::parse(line);
-      if (j.contains("loss")) out.push_back(j);
-    }
-  return out;
-}
+using test::step_records;
 
 // The example's config with out_dir in a temp dir and the corpus by absolute path (the example
 // names it relative to the repository root); one thread, as everywhere in tests/cli.

@@ -13,11 +13,9 @@
 
 namespace keel::test {
 
-namespace {
-
 // fork + exec of argv[0] with stdout/stderr redirected to files; waits with wait4 for the
 // child's rusage.
-KeelRun spawn(const std::vector<std::string>& argv_in, const std::vector<std::string>& env) {
+KeelRun run_command(const std::vector<std::string>& argv_in, const std::vector<std::string>& env) {
   static int counter = 0;
   static const std::string dir = temp_dir("run-keel");
   const std::string base = dir + "/run" + std::to_string(counter++);
@@ -48,16 +46,14 @@ KeelRun spawn(const std::vector<std::string>& argv_in, const std::vector<std::st
   return r;
 }
 
-}  // namespace
-
 KeelRun run_keel(const std::vector<std::string>& args, const std::vector<std::string>& env) {
   std::vector<std::string> argv = {keel_binary()};
   argv.insert(argv.end(), args.begin(), args.end());
-  return spawn(argv, env);
+  return run_command(argv, env);
 }
 
 KeelRun run_keel_sh(const std::string& args, const std::vector<std::string>& env) {
-  return spawn({"/bin/sh", "-c", keel_binary() + " " + args}, env);
+  return run_command({"/bin/sh", "-c", keel_binary() + " " + args}, env);
 }
 
 std::vector<std::string> with_sets(std::vector<std::string> args,
@@ -74,6 +70,18 @@ std::string slurp(const std::string& path) {
   std::stringstream ss;
   ss << f.rdbuf();
   return ss.str();
+}
+
+std::vector<nlohmann::json> step_records(const std::string& out_dir) {
+  std::vector<nlohmann::json> out;
+  std::ifstream f(out_dir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty()) {
+      nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("loss")) out.push_back(j);
+    }
+  return out;
 }
 
 }  // namespace keel::test

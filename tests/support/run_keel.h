@@ -1,6 +1,7 @@
 // Running the built `keel` binary from end-to-end tests (tests/cli/): one helper for every CLI
 // test, so they all capture output, exit codes and peak memory the same way.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,9 @@ struct KeelRun {
 // are read back, so a chatty child never blocks on a full pipe.
 KeelRun run_keel(const std::vector<std::string>& args, const std::vector<std::string>& env = {});
 
+// Runs any program: argv[0] is its path (mpirun, or keel itself), the rest as run_keel.
+KeelRun run_command(const std::vector<std::string>& argv, const std::vector<std::string>& env = {});
+
 // The same through /bin/sh: `args` is one command line after the binary's path, with shell quoting
 // (e.g. "train --set 'model.adapter.target_modules=[\"qkv\"]'").
 KeelRun run_keel_sh(const std::string& args, const std::vector<std::string>& env = {});
@@ -25,6 +29,9 @@ KeelRun run_keel_sh(const std::string& args, const std::vector<std::string>& env
 // Appends "--set S" for every S in `sets` to `args`.
 std::vector<std::string> with_sets(std::vector<std::string> args,
                                    const std::vector<std::string>& sets);
+
+// The step records of OUT_DIR/metrics.jsonl (the lines with a "loss"), in order.
+std::vector<nlohmann::json> step_records(const std::string& out_dir);
 
 // The whole file as a string ("" when it cannot be read).
 std::string slurp(const std::string& path);
