@@ -15,33 +15,13 @@
 #include <fstream>
 #include <vector>
 
-#include "keel/backend/matmul.h"
+#include "bench/matmul_peak.h"
 #include "keel/train/trainer.h"
 
 using namespace keel;
 using clk = std::chrono::steady_clock;
 
-static double matmul_peak_gflops(DType dt) {
-  const int64_t n = 1024;
-  Tensor a = Tensor::full({n, n}, 0.5f, dt), b = Tensor::full({n, n}, 0.25f, dt);
-  Tensor c = Tensor::empty({n, n}, dt);
-  MatmulArgs args;
-  args.c = c.data();
-  args.a = a.data();
-  args.b = b.data();
-  args.in_dt = args.out_dt = dt;
-  args.m = args.n = args.k = n;
-  args.trans_b = true;
-  const auto& mm = matmul_kernels(Device::cpu());
-  mm.matmul(args);  // JIT + warm-up
-  double best = 1e30;
-  for (int r = 0; r < 5; ++r) {
-    auto t0 = clk::now();
-    mm.matmul(args);
-    best = std::min(best, std::chrono::duration<double>(clk::now() - t0).count());
-  }
-  return 2.0 * n * n * n / best / 1e9;
-}
+using bench::matmul_peak_gflops;
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 6;

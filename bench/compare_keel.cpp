@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "keel/backend/matmul.h"
+#include "bench/matmul_peak.h"
 #include "keel/numerics/error.h"
 #include "keel/train/trainer.h"
 
@@ -32,27 +32,7 @@ using clk = std::chrono::steady_clock;
 
 namespace {
 
-// Best-of-5 GFLOP/s of an n³ NT product through keel's matmul kernels (the path linear takes).
-double matmul_peak_gflops(DType dt, int64_t n) {
-  Tensor a = Tensor::full({n, n}, 0.5f, dt), b = Tensor::full({n, n}, 0.25f, dt);
-  Tensor c = Tensor::empty({n, n}, dt);
-  MatmulArgs args;
-  args.c = c.data();
-  args.a = a.data();
-  args.b = b.data();
-  args.in_dt = args.out_dt = dt;
-  args.m = args.n = args.k = n;
-  args.trans_b = true;
-  const auto& mm = matmul_kernels(Device::cpu());
-  mm.matmul(args);  // JIT + first touch
-  double best = 1e30;
-  for (int r = 0; r < 5; ++r) {
-    auto t0 = clk::now();
-    mm.matmul(args);
-    best = std::min(best, std::chrono::duration<double>(clk::now() - t0).count());
-  }
-  return 2.0 * n * n * n / best / 1e9;
-}
+using bench::matmul_peak_gflops;
 
 // A line of /proc/self/status in MB ("VmRSS:", "VmHWM:" = peak RSS).
 double status_mb(const char* key) {
