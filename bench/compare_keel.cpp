@@ -25,6 +25,7 @@
 
 #include "bench/matmul_peak.h"
 #include "keel/numerics/error.h"
+#include "keel/tensor/host_memory.h"
 #include "keel/train/trainer.h"
 
 using namespace keel;
@@ -133,8 +134,13 @@ int main(int argc, char** argv) try {
     if (!r.stepped) throw Error("compare_keel: step " + std::to_string(s) + " did not update");
     losses.push_back(r.loss);
     seconds.push_back(r.seconds);
-    std::fprintf(stderr, "step %lld: loss %.6f, %.3f s, %s\n", static_cast<long long>(s), r.loss,
-                 r.seconds, rss_now().c_str());
+    const auto hm = host_memory::stats();
+    std::fprintf(stderr,
+                 "step %lld: loss %.6f, %.3f s, %s block cache: %lld hits, %lld misses, %lld "
+                 "evictions, %zu MB cached\n",
+                 static_cast<long long>(s), r.loss, r.seconds, rss_now().c_str(),
+                 static_cast<long long>(hm.hits), static_cast<long long>(hm.misses),
+                 static_cast<long long>(hm.evictions), hm.cached_bytes >> 20);
   }
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);

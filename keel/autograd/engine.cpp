@@ -20,8 +20,8 @@ thread_local int t_next_hook = 1;
 
 // a += b, both of a's dtype and shape (the sum of two gradient contributions).
 void accumulate_into(Tensor& a, const Tensor& b) {
-  KEEL_CHECK(a.numel() == b.numel(), "gradient shape mismatch " + shape_str(a.shape()) + " vs " +
-                                         shape_str(b.shape()));
+  KEEL_CHECK(a.numel() == b.numel(),
+             "gradient shape mismatch " + shape_str(a.shape()) + " vs " + shape_str(b.shape()));
   Tensor bb = b.dtype() == a.dtype() ? b : b.to_dtype(a.dtype());
   elementwise_kernels(a.device()).add(a.data(), a.data(), bb.data(), a.dtype(), a.numel());
 }
@@ -83,7 +83,15 @@ std::vector<Tensor> AccumulateGrad::backward(const Tensor& g) {
   if (!impl || !g.defined()) return {};
   Tensor& grad = impl->grad;
   if (!grad.defined()) {
-    grad = g.dtype() == impl->dtype ? g.clone() : g.to_dtype(impl->dtype);
+    // The first contribution becomes .grad without a copy when nothing else can see it (the
+    // caller's one reference to a tensor with its own storage): a later accumulation into .grad
+    // then writes memory no other gradient shares. Otherwise (add hands one tensor to both
+    // inputs, a view shares its input's storage) it is copied, as before.
+    const bool sole_owner = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1;
+    if (g.dtype() != impl->dtype)
+      grad = g.to_dtype(impl->dtype);
+    else
+      grad = sole_owner ? g : g.clone();
     grad = grad.view(impl->shape);
   } else {
     accumulate_into(grad, g);

@@ -78,10 +78,9 @@ void Optimizer::step(double lr) {
 }
 
 void Optimizer::zero_grad() {
-  for (Slot& s : slots_) {
-    Tensor& g = s.param.mutable_grad();
-    if (g.defined()) g.fill(0.f);
-  }
+  // Gradients are dropped, not filled with zeros (PyTorch's set_to_none): the next backward's
+  // first contribution becomes .grad without a fill pass and an add pass over every parameter.
+  for (Slot& s : slots_) s.param.mutable_grad() = Tensor();
 }
 
 std::vector<Tensor> Optimizer::grads() const {

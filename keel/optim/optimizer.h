@@ -36,7 +36,7 @@ class Optimizer {
 
   // One update of every parameter that has a gradient, with learning rate lr * group.lr_scale.
   void step(double lr);
-  // Sets every defined gradient to zero in place (the buffers are kept).
+  // Drops every gradient (PyTorch's set_to_none): the next backward creates them afresh.
   void zero_grad();
 
   // The state, by name: "<param>.<kind>" for each state kind (exp_avg, exp_avg_sq for AdamW;

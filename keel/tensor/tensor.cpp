@@ -1,8 +1,7 @@
 #include "keel/tensor/tensor.h"
 
 #include "keel/tensor/device_runtime.h"
-
-#include <sys/mman.h>
+#include "keel/tensor/host_memory.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -57,20 +56,7 @@ Storage::Storage(size_t n, Device dev) : nbytes(n), device(dev) {
     data = runtime_for(dev).alloc(n, dev.index);
     return;
   }
-  // Large blocks (logits, embeddings, optimizer state) are 2 MiB aligned and advised to use
-  // transparent huge pages: glibc hands blocks this size out as fresh mmaps, and first-touch
-  // faults on 4 KiB pages are slow in VMs (reference/cpu-dependencies.md: a fresh 100 MB
-  // memset took 290 ms, 13 ms with MADV_HUGEPAGE). Rounding wastes < 2 MiB per block, < 25%.
-  constexpr size_t kHuge = size_t{2} << 20;
-  if (n >= 4 * kHuge) {
-    const size_t rounded = (n + kHuge - 1) / kHuge * kHuge;
-    data = std::aligned_alloc(kHuge, rounded);
-    if (data) madvise(data, rounded, MADV_HUGEPAGE);  // advice only: failure changes nothing
-  } else {
-    const size_t rounded = (n + 63) / 64 * 64;
-    data = std::aligned_alloc(64, rounded ? rounded : 64);
-  }
-  if (!data) throw Error("out of memory allocating " + std::to_string(n) + " bytes");
+  data = host_memory::allocate(n);
 }
 
 Storage::~Storage() {
@@ -78,7 +64,7 @@ Storage::~Storage() {
     if (g_cuda_runtime) g_cuda_runtime->release(data, nbytes, device.index);
     return;
   }
-  std::free(data);
+  host_memory::release(data, nbytes);
 }
 
 static const TensorImpl& need(const std::shared_ptr<TensorImpl>& p) {

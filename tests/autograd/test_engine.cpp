@@ -103,5 +103,54 @@ TEST(Engine, LeafWithSeveralEdgesSumsThemFirstAndKeepsTheInputsIntact) {
   EXPECT_EQ(w.grad().to_floats(), (std::vector<float>{12.f, -12.f}));
 }
 
+// out = x, whose backward hands back a fresh tensor and remembers where its data lives (without
+// holding a reference, which would make the engine copy it).
+struct FreshGradNode final : Node {
+  const void** data_out = nullptr;
+  Tensor keep;  // when defined, the node also holds the tensor it returns
+  bool hold = false;
+  std::vector<Tensor> backward(const Tensor& g) override {
+    Tensor out = Tensor::from_floats(g.to_floats(), g.shape());
+    *data_out = out.data();
+    if (hold) keep = out;
+    return {out};
+  }
+  const char* name() const override { return "fresh"; }
+};
+
+Tensor fresh(const Tensor& x, const void** data_out, std::shared_ptr<FreshGradNode>* node) {
+  Tensor out = Tensor::from_floats(x.to_floats(), x.shape());
+  auto n = std::make_shared<FreshGradNode>();
+  n->data_out = data_out;
+  *node = n;
+  record_node(out, n, {&x});
+  return out;
+}
+
+TEST(Engine, FirstGradientIsTakenOverWithoutACopyWhenNothingElseHoldsIt) {
+  Tensor w = leaf({1.f, 2.f});
+  const void* returned = nullptr;
+  std::shared_ptr<FreshGradNode> node;
+  backward(fresh(w, &returned, &node), Tensor::from_floats({5.f, 7.f}, {2}));
+  EXPECT_EQ(w.grad().data(), returned) << "the node's sole tensor becomes .grad";
+  EXPECT_EQ(w.grad().to_floats(), (std::vector<float>{5.f, 7.f}));
+}
+
+TEST(Engine, FirstGradientIsCopiedWhenTheNodeStillHoldsIt) {
+  // The node keeps the tensor it returned: .grad must not alias it, or the second backward's
+  // accumulation into .grad would change the node's tensor.
+  Tensor w = leaf({1.f, 2.f});
+  const void* returned = nullptr;
+  std::shared_ptr<FreshGradNode> node;
+  Tensor y = fresh(w, &returned, &node);
+  node->hold = true;
+  backward(y, Tensor::from_floats({5.f, 7.f}, {2}));
+  EXPECT_NE(w.grad().data(), returned);
+  const Tensor kept = node->keep;
+  backward(y, Tensor::from_floats({1.f, 1.f}, {2}));
+  EXPECT_EQ(w.grad().to_floats(), (std::vector<float>{6.f, 8.f}));
+  EXPECT_EQ(kept.to_floats(), (std::vector<float>{5.f, 7.f})) << "the held tensor is intact";
+}
+
 }  // namespace
 }  // namespace keel

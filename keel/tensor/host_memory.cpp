@@ -1,0 +1,167 @@
+#include "keel/tensor/host_memory.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "keel/numerics/error.h"
+
+namespace keel::host_memory {
+
+namespace {
+
+constexpr size_t kMinCached = size_t{64} << 10;  // below this, malloc's own bins do well
+constexpr size_t kHuge = size_t{2} << 20;
+constexpr size_t kMapped = 4 * kHuge;  // from here up: our own 2 MiB aligned mmap
+bool env_flag(const char* name, bool def) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return def;
+  return std::string(v) != "0";
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+struct Cache {
+  std::mutex mu;
+  std::multimap<size_t, void*> free;  // rounded size -> block
+  Stats st;
+  const bool enabled = !kSanitized && env_flag("KEEL_HOST_CACHE", true);
+  const bool poison = env_flag("KEEL_POISON_ALLOC", false);
+};
+
+Cache& cache() {
+  static Cache* c = new Cache;  // never destroyed: tensors may be freed during static destruction
+  return *c;
+}
+
+// Requests are rounded so that nearby sizes share blocks: to 2 MiB from 8 MiB up (huge pages),
+// below that to 1/16 of the size's power of two (at most 6.25% more).
+size_t round_size(size_t n) {
+  const size_t gran = n >= kMapped ? kHuge : std::max<size_t>(4096, std::bit_floor(n) / 16);
+  return (n + gran - 1) / gran * gran;
+}
+
+void* map_block(size_t rounded) {
+  if (rounded < kMapped) return std::aligned_alloc(64, rounded);
+  // Over-map by 2 MiB and trim, so the block starts on a huge-page boundary.
+  void* raw =
+      mmap(nullptr, rounded + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (base + kHuge - 1) / kHuge * kHuge;
+  if (aligned > base) munmap(raw, aligned - base);
+  const uintptr_t end = base + rounded + kHuge, used_end = aligned + rounded;
+  if (end > used_end) munmap(reinterpret_cast<void*>(used_end), end - used_end);
+  void* p = reinterpret_cast<void*>(aligned);
+  // Transparent huge pages: first-touch faults on 4 KiB pages are slow in VMs
+  // (reference/cpu-dependencies.md: a fresh 100 MB memset took 290 ms, 13 ms with the advice).
+  madvise(p, rounded, MADV_HUGEPAGE);  // advice only: failure changes nothing
+  return p;
+}
+
+void unmap_block(void* p, size_t rounded) {
+  if (rounded < kMapped)
+    std::free(p);
+  else
+    munmap(p, rounded);
+}
+
+// Before mapping `need` more bytes: unmaps cached blocks until live + cached + need fits under
+// the largest live total so far (plus a slack), taking the smallest block that alone makes room
+// if there is one, else the largest blocks first.
+void make_room(Cache& c, size_t need) {
+  const size_t limit =
+      std::max(c.st.peak_live_bytes, c.st.live_bytes + need) + c.st.peak_live_bytes / kSlackDivisor;
+  auto over = [&] { return c.st.live_bytes + c.st.cached_bytes + need > limit; };
+  if (!over()) return;
+  auto drop = [&](std::multimap<size_t, void*>::iterator it) {
+    unmap_block(it->second, it->first);
+    c.st.cached_bytes -= it->first;
+    c.free.erase(it);
+    ++c.st.evictions;
+  };
+  const size_t excess = c.st.live_bytes + c.st.cached_bytes + need - limit;
+  auto it = c.free.lower_bound(excess);
+  if (it != c.free.end()) return drop(it);
+  while (over() && !c.free.empty()) drop(std::prev(c.free.end()));
+}
+
+}  // namespace
+
+void* allocate(size_t nbytes) {
+  Cache& c = cache();
+  void* p = nullptr;
+  if (nbytes < kMinCached) {
+    p = std::aligned_alloc(64, (std::max<size_t>(nbytes, 1) + 63) / 64 * 64);
+  } else {
+    const size_t rounded = round_size(nbytes);
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.free.find(rounded);
+    if (it != c.free.end()) {
+      p = it->second;
+      c.free.erase(it);
+      c.st.cached_bytes -= rounded;
+      ++c.st.hits;
+    } else {
+      ++c.st.misses;
+      make_room(c, rounded);
+      p = map_block(rounded);
+    }
+    if (p) {
+      c.st.live_bytes += rounded;
+      c.st.peak_live_bytes = std::max(c.st.peak_live_bytes, c.st.live_bytes);
+      c.st.peak_mapped_bytes =
+          std::max(c.st.peak_mapped_bytes, c.st.live_bytes + c.st.cached_bytes);
+    }
+  }
+  if (!p) throw Error("out of memory allocating " + std::to_string(nbytes) + " bytes");
+  if (c.poison) std::memset(p, 0xFF, nbytes);
+  return p;
+}
+
+void release(void* p, size_t nbytes) {
+  if (!p) return;
+  if (nbytes < kMinCached) {
+    std::free(p);
+    return;
+  }
+  const size_t rounded = round_size(nbytes);
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.st.live_bytes -= std::min(rounded, c.st.live_bytes);
+  if (!c.enabled) {
+    unmap_block(p, rounded);
+    return;
+  }
+  c.free.emplace(rounded, p);
+  c.st.cached_bytes += rounded;
+}
+
+Stats stats() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.st;
+}
+
+void empty_cache() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  for (auto& [size, p] : c.free) unmap_block(p, size);
+  c.st.evictions += static_cast<int64_t>(c.free.size());
+  c.free.clear();
+  c.st.cached_bytes = 0;
+}
+
+bool cache_enabled() { return cache().enabled; }
+
+}  // namespace keel::host_memory

@@ -1,0 +1,96 @@
+// The CPU block cache behind tensor storage: a released block is handed to the next request of its
+// size, large blocks are huge-page aligned, and the cache never holds the process more than 1/16
+// above the most it ever had live (a miss unmaps cached blocks first).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "keel/tensor/host_memory.h"
+#include "keel/tensor/tensor.h"
+
+namespace keel {
+namespace {
+
+namespace hm = host_memory;
+
+#define SKIP_WITHOUT_CACHE() \
+  if (!hm::cache_enabled())  \
+  GTEST_SKIP() << "cache off (AddressSanitizer build or KEEL_HOST_CACHE=0)"
+
+TEST(HostMemory, ReleasedBlockIsHandedToTheNextRequestOfItsSize) {
+  SKIP_WITHOUT_CACHE();
+  hm::empty_cache();
+  void* a = hm::allocate(1'000'000);
+  hm::release(a, 1'000'000);
+  const auto before = hm::stats();
+  void* b = hm::allocate(1'010'000);  // same size class (sizes round to 1/16 of their octave)
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(hm::stats().hits, before.hits + 1);
+  hm::release(b, 1'010'000);
+}
+
+TEST(HostMemory, TensorsReuseTheStorageOfFreedTensorsOfTheSameShape) {
+  SKIP_WITHOUT_CACHE();
+  hm::empty_cache();
+  const void* first = nullptr;
+  {
+    Tensor t = Tensor::empty({256, 768});
+    first = t.data();
+  }
+  Tensor u = Tensor::empty({256, 768});
+  EXPECT_EQ(u.data(), first);
+  Tensor z = Tensor::zeros({256, 768});  // a reused block is still zeroed by zeros()
+  for (float v : z.to_floats()) ASSERT_EQ(v, 0.f);
+}
+
+TEST(HostMemory, LargeBlocksAreHugePageAlignedAndReused) {
+  SKIP_WITHOUT_CACHE();
+  hm::empty_cache();
+  const size_t n = size_t{51} << 20;  // a GPT-2 logits buffer
+  void* a = hm::allocate(n);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(a) % (size_t{2} << 20), 0u);
+  static_cast<char*>(a)[n - 1] = 1;  // the whole request is mapped
+  hm::release(a, n);
+  void* b = hm::allocate(n);
+  EXPECT_EQ(a, b);
+  hm::release(b, n);
+}
+
+TEST(HostMemory, MissesEvictSoMappedBytesStayNearThePeakLive) {
+  SKIP_WITHOUT_CACHE();
+  hm::empty_cache();
+  auto check = [&] {
+    const auto s = hm::stats();
+    EXPECT_LE(s.live_bytes + s.cached_bytes,
+              s.peak_live_bytes + s.peak_live_bytes / hm::kSlackDivisor);
+  };
+  // A forward-like phase of one size, then a backward-like phase of another size, three times
+  // (larger than anything earlier tests allocated, so they set the peak).
+  const size_t act = size_t{12} << 20, grad = size_t{20} << 20;
+  for (int round = 0; round < 3; ++round) {
+    std::vector<void*> acts, grads;
+    for (int i = 0; i < 6; ++i) acts.push_back(hm::allocate(act)), check();
+    for (void* p : acts) hm::release(p, act), check();
+    for (int i = 0; i < 4; ++i) grads.push_back(hm::allocate(grad)), check();
+    for (void* p : grads) hm::release(p, grad), check();
+  }
+  EXPECT_GE(hm::stats().peak_live_bytes, 4 * grad);
+  EXPECT_GT(hm::stats().evictions, 0);
+  hm::empty_cache();
+  EXPECT_EQ(hm::stats().cached_bytes, 0u);
+}
+
+TEST(HostMemory, SmallBlocksBypassTheCache) {
+  hm::empty_cache();
+  const auto before = hm::stats();
+  void* p = hm::allocate(1000);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+  hm::release(p, 1000);
+  const auto after = hm::stats();
+  EXPECT_EQ(after.hits + after.misses, before.hits + before.misses);
+  EXPECT_EQ(after.cached_bytes, 0u);
+}
+
+}  // namespace
+}  // namespace keel
