@@ -28,6 +28,10 @@ struct AdamWStep {
   // The random bits are a hash of (seed, element index), so results do not depend on threads.
   bool stochastic_rounding = false;
   uint64_t seed = 0;
+  // Gradient clipping fused into the update: g is first multiplied by this and rounded to dt,
+  // exactly what clip_grad_norm_'s in-place multiply would have stored (1: no clipping). .grad
+  // itself is not changed.
+  float grad_scale = 1.f;
 };
 
 // torch.optim.SGD (maximize = false), for one parameter:

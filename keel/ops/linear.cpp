@@ -50,14 +50,15 @@ struct LinearNode final : Node {
   Tensor x, w;
   bool has_bias = false;
   int64_t m, n, k;
+  DType gx_dtype, gw_dtype;  // f32 when x or w is a cast of an f32 tensor (grad_dtype_for)
   std::vector<Tensor> backward(const Tensor& g) override {
     Tensor gx, gw, gb;
     if (needs_grad(0)) {  // dx[M, K] = g[M, N]·w[N, K]
-      gx = Tensor::empty(x.shape(), x.dtype(), x.device());
+      gx = Tensor::empty(x.shape(), gx_dtype, x.device());
       mm(gx.data(), gx.dtype(), g, w, 1, m, k, n, false, false);
     }
     if (needs_grad(1)) {  // dw[N, K] = g[M, N]ᵀ·x[M, K]
-      gw = Tensor::empty(w.shape(), w.dtype(), w.device());
+      gw = Tensor::empty(w.shape(), gw_dtype, w.device());
       mm(gw.data(), gw.dtype(), g, x, 1, n, k, m, true, false);
     }
     if (has_bias && needs_grad(2)) {  // db[N] = sum over rows of g
@@ -78,8 +79,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   const int64_t k = w.size(1), n = w.size(0), m = x.numel() / std::max<int64_t>(k, 1);
   if (b.defined()) {
     check_same_dtype("linear", x, b);
-    KEEL_CHECK(b.numel() == n, "linear: bias " + shape_str(b.shape()) + " for " +
-                                   std::to_string(n) + " outputs");
+    KEEL_CHECK(b.numel() == n,
+               "linear: bias " + shape_str(b.shape()) + " for " + std::to_string(n) + " outputs");
   }
   Shape out_shape = x.shape();
   out_shape.back() = n;
@@ -90,6 +91,8 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
     node->x = x;
     node->w = w;
     node->has_bias = b.defined();
+    node->gx_dtype = grad_dtype_for(x);
+    node->gw_dtype = grad_dtype_for(w);
     node->m = m;
     node->n = n;
     node->k = k;
@@ -108,8 +111,8 @@ struct MatmulNode final : Node {
     if (needs_grad(0)) {
       ga = Tensor::empty(a.shape(), a.dtype(), a.device());
       if (!ta)  // da[M, K] = g[M, N]·op(b)ᵀ
-        mm(ga.data(), ga.dtype(), g, b, b_shared ? 1 : batch, b_shared ? batch * m : m, k, n,
-           false, !tb);
+        mm(ga.data(), ga.dtype(), g, b, b_shared ? 1 : batch, b_shared ? batch * m : m, k, n, false,
+           !tb);
       else  // da[K, M] = op(b)·gᵀ, per batch
         mm(ga.data(), ga.dtype(), b, g, batch, k, m, n, tb, true);
     }
@@ -129,9 +132,9 @@ struct MatmulNode final : Node {
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
   check_same_dtype("matmul", a, b);
   check_floating("matmul", a);
-  KEEL_CHECK(a.dim() >= 2 && b.dim() >= 2,
-             "matmul: need at least 2-D operands, got " + shape_str(a.shape()) + " and " +
-                 shape_str(b.shape()));
+  KEEL_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: need at least 2-D operands, got " +
+                                               shape_str(a.shape()) + " and " +
+                                               shape_str(b.shape()));
   const int64_t m = ta ? a.size(-1) : a.size(-2), k = ta ? a.size(-2) : a.size(-1);
   const int64_t kb = tb ? b.size(-1) : b.size(-2), n = tb ? b.size(-2) : b.size(-1);
   const int64_t batch = a.numel() / std::max<int64_t>(m * k, 1);

@@ -40,7 +40,8 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& o)
   check_stochastic_rounding("AdamW", opt_.stochastic_rounding, groups_);
 }
 
-void AdamW::update(Slot& s, const Tensor& g, double lr, double weight_decay, size_t slot_index) {
+void AdamW::update(Slot& s, const Tensor& g, double lr, double weight_decay, size_t slot_index,
+                   float grad_scale) {
   AdamWStep k;
   k.lr = lr;
   k.beta1 = opt_.beta1;
@@ -50,6 +51,7 @@ void AdamW::update(Slot& s, const Tensor& g, double lr, double weight_decay, siz
   k.step = s.step;
   k.stochastic_rounding = opt_.stochastic_rounding && s.param.dtype() == DType::BF16;
   k.seed = rounding_seed(opt_.seed, slot_index, s.step);
+  k.grad_scale = grad_scale;
   optim_kernels(s.param.device())
       .adamw(s.param.data(), g.data(), s.state[0].data(), s.state[1].data(), s.param.dtype(),
              s.param.numel(), k);

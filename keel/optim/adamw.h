@@ -20,8 +20,9 @@ class AdamW final : public Optimizer {
   const AdamWOptions& options() const { return opt_; }
 
  private:
-  void update(Slot& slot, const Tensor& g, double lr, double weight_decay,
-              size_t slot_index) override;
+  void update(Slot& slot, const Tensor& g, double lr, double weight_decay, size_t slot_index,
+              float grad_scale) override;
+  bool fuses_grad_scale() const override { return true; }  // one pass: clip + update
   AdamWOptions opt_;
 };
 

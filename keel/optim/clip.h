@@ -12,9 +12,14 @@ namespace keel::optim {
 // non-finite norm is the step's found_inf.
 double global_grad_norm(const std::vector<Tensor>& grads);
 
-// torch.nn.utils.clip_grad_norm_'s rule: coef = max_norm / (total_norm + 1e-6), and when coef < 1
-// every defined gradient is multiplied by it in place (in its own dtype, f32 math). Returns whether
-// the gradients were changed. A non-finite total_norm is an Error: clip after the finite check.
+// torch.nn.utils.clip_grad_norm_'s rule: coef = max_norm / (total_norm + 1e-6), applied when
+// coef < 1. Returns the factor to multiply the gradients by (1 when no clipping is needed), as the
+// f32 the multiply uses. A non-finite total_norm is an Error: clip after the finite check.
+float clip_coefficient(double max_norm, double total_norm);
+// Multiplies every defined gradient by `coef` in place (in its own dtype, f32 math).
+void scale_grads(std::vector<Tensor>& grads, float coef);
+// clip_coefficient, then scale_grads when it is < 1. Returns whether the gradients were changed.
+// (The Trainer instead hands the coefficient to Optimizer::step, which AdamW fuses into its pass.)
 bool clip_grads(std::vector<Tensor>& grads, double max_norm, double total_norm);
 
 }  // namespace keel::optim

@@ -1,5 +1,7 @@
 #include "keel/optim/optimizer.h"
 
+#include "keel/optim/clip.h"
+
 #include <algorithm>
 #include <cctype>
 #include <map>
@@ -59,7 +61,7 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, std::vector<std::string> ki
   }
 }
 
-void Optimizer::step(double lr) {
+void Optimizer::step(double lr, float grad_scale) {
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     const Tensor& g = s.param.grad();
@@ -71,7 +73,13 @@ void Optimizer::step(double lr) {
                   "; gradients must match their parameter");
     const ParamGroup& grp = groups_[s.group];
     s.step += 1;
-    update(s, g, lr * grp.lr_scale, grp.weight_decay, i);
+    if (grad_scale != 1.f && !fuses_grad_scale()) {  // clip in place first, as clip_grads does
+      std::vector<Tensor> one{g};
+      scale_grads(one, grad_scale);
+      update(s, g, lr * grp.lr_scale, grp.weight_decay, i, 1.f);
+    } else {
+      update(s, g, lr * grp.lr_scale, grp.weight_decay, i, grad_scale);
+    }
     s.param.bump_version();
   }
   steps_ += 1;

@@ -35,7 +35,9 @@ class Optimizer {
   virtual ~Optimizer() = default;
 
   // One update of every parameter that has a gradient, with learning rate lr * group.lr_scale.
-  void step(double lr);
+  // grad_scale (from clip_coefficient) multiplies every gradient first, as clip_grads would in
+  // place; an optimizer that fuses it into its kernel (AdamW) leaves .grad unchanged.
+  void step(double lr, float grad_scale = 1.f);
   // Drops every gradient (PyTorch's set_to_none): the next backward creates them afresh.
   void zero_grad();
 
@@ -65,8 +67,10 @@ class Optimizer {
     std::vector<Tensor> state;  // one per kind, same shape and dtype as param
   };
   // Updates one parameter whose gradient `g` is defined; slot.step is already incremented.
+  // grad_scale: see step(); only called with grad_scale != 1 when fuses_grad_scale().
   virtual void update(Slot& slot, const Tensor& g, double lr, double weight_decay,
-                      size_t slot_index) = 0;
+                      size_t slot_index, float grad_scale) = 0;
+  virtual bool fuses_grad_scale() const { return false; }
 
   std::vector<ParamGroup> groups_;
   std::vector<Slot> slots_;

@@ -26,7 +26,8 @@ SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& o)
   check_stochastic_rounding("SGD", opt_.stochastic_rounding, groups_);
 }
 
-void SGD::update(Slot& s, const Tensor& g, double lr, double weight_decay, size_t slot_index) {
+void SGD::update(Slot& s, const Tensor& g, double lr, double weight_decay, size_t slot_index,
+                 float /*grad_scale: always 1, Optimizer::step clips first*/) {
   SgdStep k;
   k.lr = lr;
   k.momentum = opt_.momentum;

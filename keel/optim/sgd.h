@@ -20,8 +20,8 @@ class SGD final : public Optimizer {
   const SGDOptions& options() const { return opt_; }
 
  private:
-  void update(Slot& slot, const Tensor& g, double lr, double weight_decay,
-              size_t slot_index) override;
+  void update(Slot& slot, const Tensor& g, double lr, double weight_decay, size_t slot_index,
+              float grad_scale) override;
   SGDOptions opt_;
 };
 

@@ -10,9 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/amp/autocast.h"
+#include "keel/autograd/node.h"
 #include "keel/backend/cuda_api.h"
 #include "keel/backend/monitor.h"
-#include "keel/autograd/node.h"
 #include "keel/io/checkpoint.h"
 #include "keel/io/hf_model.h"
 #include "keel/models/resize.h"
@@ -450,10 +450,13 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
     r.stepped = false;
     if (!scaler_ || !loss_finite) r.loss_scale_after = r.loss_scale;
   } else {
-    // 7. Clip after unscale, update, advance the schedule, let the scaler grow.
+    // 7. Clip after unscale (the coefficient goes to the optimizer, which AdamW fuses into its one
+    // pass over each parameter), update, advance the schedule, let the scaler grow.
+    float clip = 1.f;
     if (cfg_.train.max_grad_norm > 0)
-      r.clipped = optim::clip_grads(grads, cfg_.train.max_grad_norm, r.grad_norm);
-    optimizer_->step(r.lr);
+      clip = optim::clip_coefficient(cfg_.train.max_grad_norm, r.grad_norm);
+    r.clipped = clip != 1.f;
+    optimizer_->step(r.lr, clip);
     ++sched_step_;
     r.loss_scale_after = scaler_ ? scaler_->update(false).scale_after : 1.0;
     r.stepped = true;

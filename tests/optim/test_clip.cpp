@@ -4,13 +4,17 @@
 #include <omp.h>
 
 #include <cmath>
+#include <memory>
 
+#include "keel/optim/adamw.h"
 #include "keel/optim/clip.h"
+#include "keel/optim/sgd.h"
 #include "tests/support/check.h"
 
 namespace keel {
 namespace {
 
+using optim::clip_coefficient;
 using optim::clip_grads;
 using optim::global_grad_norm;
 using test::expect_bitwise_equal;
@@ -108,6 +112,47 @@ TEST(Clip, NormIsBitIdenticalAcrossRunsAndThreadCounts) {
   omp_set_num_threads(prev);
   EXPECT_EQ(a, b);
   EXPECT_EQ(a, c);
+}
+
+// The Trainer hands clip_coefficient to Optimizer::step instead of calling clip_grads: AdamW folds
+// the multiply into its one pass (leaving .grad as it was), SGD scales in place first. Both must
+// give the bits of clip_grads followed by a plain step, in every parameter dtype.
+TEST(Clip, CoefficientPassedToTheOptimizerMatchesClipThenStepBitForBit) {
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    for (bool adamw : {true, false}) {
+      auto make = [&](Tensor& w, Tensor& b) -> std::unique_ptr<optim::Optimizer> {
+        w = randn({37, 19}, 1, 1.f, dt), b = randn({19}, 2, 1.f, dt);
+        w.set_requires_grad(true), b.set_requires_grad(true);
+        optim::ParamGroup g;
+        g.params = {w, b};
+        g.names = {"w", "b"};
+        g.weight_decay = 0.1;
+        if (adamw) return std::make_unique<optim::AdamW>(std::vector<optim::ParamGroup>{g});
+        optim::SGDOptions o;
+        o.momentum = 0.9;
+        return std::make_unique<optim::SGD>(std::vector<optim::ParamGroup>{g}, o);
+      };
+      Tensor w1, b1, w2, b2;
+      auto separate = make(w1, b1), fused = make(w2, b2);
+      const std::string what = std::string(adamw ? "adamw " : "sgd ") + dtype_name(dt);
+      for (int step = 0; step < 3; ++step) {
+        const Tensor gw = randn({37, 19}, 10 + step, 3.f, dt), gb = randn({19}, 20 + step, 3.f, dt);
+        w1.set_grad(gw.clone()), b1.set_grad(gb.clone());
+        w2.set_grad(gw.clone()), b2.set_grad(gb.clone());
+        const double norm = global_grad_norm({gw, gb});
+        std::vector<Tensor> g1{w1.grad(), b1.grad()};
+        EXPECT_TRUE(clip_grads(g1, 1.0, norm)) << what;
+        separate->step(1e-2);
+        const float coef = clip_coefficient(1.0, norm);
+        ASSERT_LT(coef, 1.f);
+        fused->step(1e-2, coef);
+        expect_bitwise_equal(w2, w1, what + " w");
+        expect_bitwise_equal(b2, b1, what + " b");
+        if (adamw) expect_bitwise_equal(w2.grad(), gw, what + ": AdamW leaves .grad unclipped");
+      }
+    }
+  }
+  EXPECT_EQ(clip_coefficient(1.0, 0.5), 1.f) << "no clipping below max_norm";
 }
 
 }  // namespace

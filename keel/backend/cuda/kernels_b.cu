@@ -230,6 +230,7 @@ const EmbeddingKernels kEmbedding = {emb_find_invalid, emb_gather, emb_scatter_a
 
 struct AdamWConsts {
   float decay, b1, c1, b2, c2, bc2_sqrt, eps, neg_step;
+  float grad_scale;  // clipping: g * grad_scale
 };
 
 __device__ __forceinline__ uint64_t sr_bits(uint64_t seed, uint64_t i) {
@@ -260,7 +261,12 @@ template <class T>
 __global__ void adamw_kernel(T* p, const T* g, T* m, T* v, int64_t n, AdamWConsts c, bool sr,
                              uint64_t seed) {
   KEEL_CUDA_FOR(i, n) {
-    const float gj = ld(g + i);
+    float gj = ld(g + i);
+    if (c.grad_scale != 1.f) {  // clipping, rounded to T as clip_grad_norm_ would store it
+      T scaled;
+      st(&scaled, __fmul_rn(gj, c.grad_scale));
+      gj = ld(&scaled);
+    }
     const float pj = __fmul_rn(ld(p + i), c.decay);
     const float mj = __fadd_rn(__fmul_rn(ld(m + i), c.b1), __fmul_rn(c.c1, gj));
     const float vj = __fadd_rn(__fmul_rn(ld(v + i), c.b2), __fmul_rn(__fmul_rn(c.c2, gj), gj));
@@ -284,7 +290,8 @@ void opt_adamw(void* p, const void* g, void* m, void* v, DType dt, int64_t n, co
                       static_cast<float>(1.0 - s.beta2),
                       static_cast<float>(std::sqrt(bc2)),
                       static_cast<float>(s.eps),
-                      static_cast<float>(-(s.lr / bc1))};
+                      static_cast<float>(-(s.lr / bc1)),
+                      s.grad_scale};
   KEEL_CUDA_FLOAT_TYPES(dt, T,
                         adamw_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
                             (T*)p, (const T*)g, (T*)m, (T*)v, n, c, s.stochastic_rounding, s.seed));
