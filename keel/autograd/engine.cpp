@@ -78,6 +78,12 @@ void remove_node_post_hook(int handle) {
                 t_hooks.end());
 }
 
+// True when `t` is the only handle to its data: the caller's one reference to a tensor with its
+// own storage. Writing into it in place then changes nothing anyone else can see.
+static bool sole_owner(const Tensor& t) {
+  return t.impl_ptr().use_count() == 1 && t.impl()->storage.use_count() == 1;
+}
+
 std::vector<Tensor> AccumulateGrad::backward(const Tensor& g) {
   auto impl = leaf.lock();
   if (!impl || !g.defined()) return {};
@@ -87,11 +93,10 @@ std::vector<Tensor> AccumulateGrad::backward(const Tensor& g) {
     // caller's one reference to a tensor with its own storage): a later accumulation into .grad
     // then writes memory no other gradient shares. Otherwise (add hands one tensor to both
     // inputs, a view shares its input's storage) it is copied, as before.
-    const bool sole_owner = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1;
     if (g.dtype() != impl->dtype)
       grad = g.to_dtype(impl->dtype);
     else
-      grad = sole_owner ? g : g.clone();
+      grad = sole_owner(g) ? g : g.clone();
     grad = grad.view(impl->shape);
   } else {
     accumulate_into(grad, g);
@@ -166,8 +171,11 @@ void backward(const Tensor& root, const Tensor& grad_root) {
       if (p == pending.end()) {
         pending.emplace(nx, Pending{std::move(grads[i]), false});
       } else {
-        // A backward may hand the same tensor to several inputs (add does): copy before adding.
-        if (!p->second.owned) p->second = {p->second.grad.clone(), true};
+        // A backward may hand the same tensor to several inputs (add does): copy before adding,
+        // unless nothing else holds it by now (a tied weight's first gradient: 154 MB for
+        // GPT-2's wte).
+        if (!p->second.owned && !sole_owner(p->second.grad))
+          p->second = {p->second.grad.clone(), true};
         accumulate_into(p->second.grad, grads[i]);
       }
     }
