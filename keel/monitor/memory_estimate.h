@@ -10,9 +10,12 @@
 // copies per consumer: Llama's q/k/v projections each keep their own cast of the normed input).
 // The engine keeps every saved tensor until backward returns, so the peak is: static state +
 // every saved activation of one micro-batch + the largest backward transient (the f32 logit
-// gradient at the head, or an attention backward's score gradient) = `live_peak`; glibc's heap
-// adds the holes the forward's freed temporaries leave (`heap_reserve`), and `total` is the sum:
-// what the process's peak RSS grows by.
+// gradient at the head, or an attention backward's score gradient) = `live_peak`, every tensor
+// counted in the block host_memory hands out for it (keel/tensor/host_memory.h: 2 MiB multiples
+// from 8 MiB up). On top: the block cache's slack (released blocks kept mapped for reuse, at most
+// 1/16 of the peak) and, for f16 compute without an oneDNN kernel, the f32 operand copies of the
+// largest matmul. `total` is what the process's peak RSS grows by; measured within 15% of real
+// `keel train` runs (tests/cli/test_cli_nan.cpp; the numbers are in the .cpp).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -62,16 +65,19 @@ struct MemoryEstimate {
   int64_t grads = 0;    // .grad buffers, in the parameters' dtype
   int64_t optimizer_state = 0;  // AdamW exp_avg + exp_avg_sq, SGD momentum
   int64_t lowp_copies = 0;      // autocast's per-step casts of the weights (-mixed only)
-  int64_t matmul_scratch = 0;   // oneDNN's packed copies of the weight operands
+  int64_t matmul_scratch = 0;   // f32 operand copies where oneDNN has no kernel (f16), else 0
   int64_t activations = 0;      // saved for backward (one micro-batch)
   int64_t transient = 0;        // the largest short-lived buffer set on top of them
-  int64_t live_peak = 0;        // all of the above: tensor bytes alive at the step's peak
-  int64_t heap_reserve = 0;     // freed forward temporaries the heap keeps (see the .cpp)
+  int64_t live_peak = 0;    // weights .. transient (not matmul_scratch): tensor blocks at the peak
+  int64_t cache_slack = 0;  // released blocks host_memory keeps mapped (see the .cpp)
   // Building the model: keel builds it in the policy's parameter dtype and only then casts a
-  // frozen base to model.base_dtype, so a bf16 base first exists in f32 (measured: a 102M Llama
-  // LoRA run holds ~550 MB while building, ~370 MB while training). 0 when no cast follows.
+  // frozen base to model.base_dtype, so a bf16 base first exists in f32, plus one tensor (measured:
+  // a 102M Llama LoRA run holds 450 MB of blocks while building, 317 MB while training; the f32
+  // base's released blocks stay in host_memory's cache, so its RSS stays near the build's while it
+  // trains). 0 when no cast follows.
   int64_t init_peak = 0;
-  int64_t total = 0;  // max(live_peak + heap_reserve, init_peak): the expected peak RSS increase
+  // max(live_peak, init_peak) + matmul_scratch + cache_slack: the expected peak RSS increase
+  int64_t total = 0;
   std::string weights_detail;  // what `weights` holds ("f32 masters", "frozen base in bf16", ...)
   bool has_activations = false;
   std::string transient_detail;

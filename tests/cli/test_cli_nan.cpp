@@ -365,155 +365,145 @@ TEST(CliNan, ReplayOfAMalformedCaptureNamesTheFileAndTheFix) {
   EXPECT_NE(key.err.find(dir + "/capture.json: missing \"step\""), std::string::npos) << key.err;
 }
 
-// `keel memory` against the peak RSS of real `keel train` runs (getrusage of the child, wait4).
-// Method: the model's bytes are the run's peak minus the peak of a tiny run of the same task and
-// data (binary, libraries, OpenMP, oneDNN and dataset: the baseline), minus the tiny model's own
-// estimate. The run is sized so that model state and activations dominate (~330 MB against a
-// ~13 MB baseline). With glibc's defaults the estimate's `total` (live tensors + the heap reserve
-// the forward's freed temporaries leave) must be within 15%; with MALLOC_MMAP_THRESHOLD_ set low
-// (freed tensors unmapped at once) the RSS is the live bytes, and `live_peak` must match within
-// 10% — the saved-tensor model alone, without the allocator term.
+// `keel memory` / the doctor's memory estimate against the peak RSS of real `keel train` runs
+// (getrusage of the child, wait4). Method: a run's model bytes are its peak minus the peak of a
+// tiny run of the same family, precision and task (binary, libraries, OpenMP, oneDNN and
+// dataset: the process baseline, ~13 MB), plus the tiny model's own estimate. The estimate is the
+// doctor's (`keel doctor --no-sanity --json`: the config's sizes and the built model's parameter
+// and trainable counts, as a LoRA run needs). The runs are sized so that the model dominates the
+// baseline; each is 1-2 s.
+struct RssCase {
+  std::string name;
+  std::vector<std::string> sets;  // the run's config, without run.out_dir
+  std::vector<std::string> tiny;  // the same family, precision and adapter at 1 layer, 32 wide
+};
+
+std::vector<std::string> mem_sets(const std::vector<std::string>& sets, const std::string& out) {
+  std::vector<std::string> v = {
+      "run.out_dir=" + out, "run.threads=1",         "data.num_examples=16", "data.eval_examples=0",
+      "train.max_steps=2",  "log.tensorboard=false", "log.console=false"};
+  v.insert(v.end(), sets.begin(), sets.end());
+  return v;
+}
+
+// The doctor's estimate for a config, in bytes.
+json doctor_memory(const std::vector<std::string>& sets) {
+  const Ran d =
+      run_keel(with_sets({"doctor", "--no-sanity", "--json"}, sets), {"OMP_NUM_THREADS=1"});
+  try {
+    return json::parse(d.out).at("memory");
+  } catch (const json::exception&) {
+    ADD_FAILURE() << "doctor --json printed no memory estimate: " << d.out << d.err;
+    return json{{"total", 0.0}, {"live_peak", 0.0}, {"init_peak", 0.0}};
+  }
+}
+
+struct RssResult {
+  double measured = 0, estimated = 0;  // model bytes: peak RSS less the baseline; `total`
+  json estimate;
+};
+
+RssResult measure_against_estimate(const RssCase& c, const std::string& dir) {
+  RssResult r;
+  const Ran tiny = run_keel(with_sets({"train"}, mem_sets(c.tiny, dir + "/" + c.name + "-tiny")),
+                            {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(tiny.code, 0) << c.name << tiny.err;
+  const double baseline = tiny.max_rss_kb * 1024.0 -
+                          doctor_memory(mem_sets(c.tiny, dir + "/d")).at("total").get<double>();
+  const Ran big =
+      run_keel(with_sets({"train"}, mem_sets(c.sets, dir + "/" + c.name)), {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(big.code, 0) << c.name << big.err;
+  r.estimate = doctor_memory(mem_sets(c.sets, dir + "/d"));
+  r.measured = big.max_rss_kb * 1024.0 - baseline;
+  r.estimated = r.estimate.at("total").get<double>();
+  EXPECT_GT(r.measured, 8 * baseline) << c.name << ": the model must dominate the baseline";
+  EXPECT_NEAR(r.estimated / r.measured, 1.0, 0.15)
+      << c.name << ": estimate " << r.estimated / 1e6 << " MB, measured " << r.measured / 1e6
+      << " MB (peak " << big.max_rss_kb / 1024.0 << " MiB, baseline " << baseline / 1e6 << " MB)";
+  std::printf("%s: estimate %.1f MB, measured %.1f MB, ratio %.3f\n", c.name.c_str(),
+              r.estimated / 1e6, r.measured / 1e6, r.estimated / r.measured);
+  return r;
+}
+
+std::vector<std::string> gpt2_sizes(int L, int C, int H, int B, int T, const std::string& p) {
+  return {"model.n_layer=" + std::to_string(L),
+          "model.n_embd=" + std::to_string(C),
+          "model.n_head=" + std::to_string(H),
+          "train.batch_size=" + std::to_string(B),
+          "data.seq_len=" + std::to_string(T),
+          "model.max_seq_len=" + std::to_string(T),
+          "train.precision=" + p};
+}
+
+// A full GPT-2 (3.3M parameters, B8 T256: activations dominate) under 32-true and bf16-mixed, and
+// a LoRA Llama (51M parameters, 4 layers of C = 1024, f32 base: frozen weights and their per-use
+// bf16 copies dominate) under bf16-mixed. Each total within 15% of the measured peak.
 TEST(CliNan, MemoryEstimateWithin15PercentOfPeakRss) {
   if (sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
   const std::string dir = test::temp_dir("cli-nan-mem");
-  auto train_args = [&](const std::string& out, int L, int C, int H, int B, int T) {
-    return with_sets(
-        {"train"},
-        {"run.out_dir=" + out, "run.threads=1", "model.n_layer=" + std::to_string(L),
-         "model.n_embd=" + std::to_string(C), "model.n_head=" + std::to_string(H),
-         "train.batch_size=" + std::to_string(B), "data.seq_len=" + std::to_string(T),
-         "model.max_seq_len=" + std::to_string(T), "data.num_examples=64", "data.eval_examples=0",
-         "train.max_steps=2", "log.tensorboard=false", "log.console=false"});
-  };
-  auto estimate = [&](int L, int C, int H, int B, int T) {
-    Ran m =
-        run_keel({"memory", "--precision", "32-true", "--optimizer", "adamw", "--layers",
-                  std::to_string(L), "--hidden", std::to_string(C), "--heads", std::to_string(H),
-                  "--batch", std::to_string(B), "--seq", std::to_string(T), "--json"});
-    EXPECT_EQ(m.code, 0) << m.err;
-    return json::parse(m.out);
-  };
-  Ran tiny = run_keel(train_args(dir + "/tiny", 1, 32, 2, 2, 16));
-  ASSERT_EQ(tiny.code, 0) << tiny.err;
-  const json tiny_est = estimate(1, 32, 2, 2, 16);
-  const double baseline =
-      tiny.max_rss_kb * 1024.0 - tiny_est.at("total").get<double>();  // process, not model
+  double measured[2] = {0, 0}, estimated[2] = {0, 0};
+  const char* policies[2] = {"32-true", "bf16-mixed"};
+  for (int i = 0; i < 2; ++i) {
+    const RssResult r = measure_against_estimate(
+        {std::string("gpt2-") + policies[i], gpt2_sizes(4, 256, 4, 8, 256, policies[i]),
+         gpt2_sizes(1, 32, 2, 2, 16, policies[i])},
+        dir);
+    measured[i] = r.measured;
+    estimated[i] = r.estimated;
+  }
+  // bf16-mixed halves the saved activations and adds bf16 copies of the weights: both the run
+  // and the estimate come out lower than 32-true here.
+  EXPECT_LT(measured[1], measured[0]);
+  EXPECT_LT(estimated[1], estimated[0]);
 
-  Ran big = run_keel(train_args(dir + "/big", 4, 256, 4, 8, 256));
-  ASSERT_EQ(big.code, 0) << big.err;
-  const json est = estimate(4, 256, 4, 8, 256);
-  const double measured = big.max_rss_kb * 1024.0 - baseline;
-  const double total = est.at("total").get<double>();
-  EXPECT_GT(measured, 10 * baseline) << "the model must dominate the process baseline";
-  EXPECT_NEAR(total / measured, 1.0, 0.15)
-      << "estimate " << total / 1e6 << " MB, measured " << measured / 1e6 << " MB (peak "
-      << big.max_rss_kb / 1024.0 << " MiB, baseline " << baseline / 1e6 << " MB)";
-
-  Ran mm =
-      run_keel(train_args(dir + "/mmap", 4, 256, 4, 8, 256), {"MALLOC_MMAP_THRESHOLD_=262144"});
-  ASSERT_EQ(mm.code, 0) << mm.err;
-  const double live = mm.max_rss_kb * 1024.0 - baseline;
-  EXPECT_NEAR(est.at("live_peak").get<double>() / live, 1.0, 0.10)
-      << "live estimate " << est.at("live_peak").get<double>() / 1e6 << " MB, measured "
-      << live / 1e6 << " MB";
+  auto lora = [](int L, int C, int H, int B, int T) {
+    std::vector<std::string> v = gpt2_sizes(L, C, H, B, T, "bf16-mixed");
+    v.insert(v.end(), {"model.family=llama", "model.adapter.kind=lora", "model.base_dtype=f32"});
+    return v;
+  };
+  const RssResult l = measure_against_estimate(
+      {"llama-lora-bf16-mixed", lora(4, 1024, 16, 1, 16), lora(1, 32, 2, 2, 16)}, dir);
+  EXPECT_EQ(l.estimate.at("optimizer_state").get<double>(),
+            2 * l.estimate.at("grads").get<double>())
+      << "AdamW: two f32 moments per trainable (adapter) parameter";
 }
 
-}  // namespace
-}  // namespace keel
-
-namespace keel {
-namespace {
-
-// The resident set of a keel run while it trains: VmRSS from /proc, sampled every 2 ms once its
-// stdout shows the "keel train |" banner (printed when the Trainer is built: model, adapters and
-// the frozen base's cast done), with freed memory returned at once. Returns the largest sample in
-// kB; *code gets the exit status.
-long training_peak_rss_kb(const std::vector<std::string>& args, int* code) {
-  const std::string out = test::temp_dir("cli-rss") + "/stdout";
-  std::vector<std::string> argv = {test::keel_binary()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  std::vector<char*> cargv;
-  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    if (!std::freopen(out.c_str(), "w", stdout) || !std::freopen("/dev/null", "w", stderr))
-      _exit(127);
-    putenv(const_cast<char*>("OMP_NUM_THREADS=1"));
-    // A fixed mmap threshold: freed tensors go back to the OS at once, so the resident set is the
-    // live bytes (glibc's dynamic threshold would keep some of the f32 base freed by its cast).
-    putenv(const_cast<char*>("MALLOC_MMAP_THRESHOLD_=262144"));
-    execv(cargv[0], cargv.data());
-    _exit(127);
-  }
-  long peak = 0;
-  bool training = false;
-  int status = 0;
-  const std::string status_path = "/proc/" + std::to_string(pid) + "/status";
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (!training) training = test::slurp(out).find("keel train |") != std::string::npos;
-    if (training) {
-      std::ifstream f(status_path);
-      std::string key;
-      long kb = 0;
-      while (f >> key)
-        if (key == "VmRSS:" && f >> kb) break;
-      peak = std::max(peak, kb);
-    }
-    usleep(2000);
-  }
-  *code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return peak;
-}
-
-// Doctor's memory line for a LoRA run whose frozen base is stored in bf16 (model.base_dtype =
-// bf16) against the same run with an f32 base, under bf16-mixed: while training, the bf16 base
-// saves its f32 weights and their per-use bf16 copies (4 + 2 bytes a weight), which the estimate
-// must count. The process baseline (binary, libraries: ~220 MB here) is the same in both runs,
-// so the difference of the two training-phase peaks is the model's difference alone; it must
-// match the difference of the estimates' live peaks within 15%. (Before the estimate knew the
-// base dtype, both estimates were equal: the difference was 0.)
+// A LoRA run whose frozen base is stored in bf16 (model.base_dtype = bf16) against the same run
+// with an f32 base, under bf16-mixed. keel builds the base in f32 and casts it after, so the bf16
+// run's process peak is while building (the f32 base + one tensor: the estimate's init_peak);
+// the f32 run's is its training step (the f32 base and its per-use bf16 copies). Each run's total
+// must be within 15% of its measured peak, and the measured saving (difference of the peaks) must
+// match the difference of the totals within 25%: the difference of two estimates each within
+// ~5% (the block cache's slack is 4-6% of a peak, and the estimate counts its 1/16 bound).
 TEST(CliNan, MemoryEstimateOfABf16FrozenBaseMatchesTheMeasuredSaving) {
   if (sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
   const std::string dir = test::temp_dir("cli-nan-mem-bf16");
-  auto sets = [&](const std::string& base) {
-    return std::vector<std::string>{"run.out_dir=" + dir + "/" + base,
-                                    "run.threads=1",
-                                    "model.family=llama",
-                                    "model.n_layer=4",
-                                    "model.n_embd=1024",
-                                    "model.n_head=16",
-                                    "train.batch_size=1",
-                                    "data.seq_len=16",
-                                    "model.max_seq_len=16",
-                                    "data.num_examples=16",
-                                    "data.eval_examples=0",
-                                    "train.max_steps=1",
-                                    "log.tensorboard=false",
-                                    "log.console=false",
-                                    "train.precision=bf16-mixed",
-                                    "model.adapter.kind=lora",
-                                    "model.base_dtype=" + base};
+  auto sets = [](int L, int C, int H, int B, int T, const std::string& base) {
+    std::vector<std::string> v = gpt2_sizes(L, C, H, B, T, "bf16-mixed");
+    v.insert(v.end(),
+             {"model.family=llama", "model.adapter.kind=lora", "model.base_dtype=" + base});
+    return v;
   };
-  double measured[2], live[2];
+  double measured[2], total[2];
   const char* bases[2] = {"f32", "bf16"};
   for (int i = 0; i < 2; ++i) {
-    int code = -1;
-    measured[i] = 1024.0 * training_peak_rss_kb(with_sets({"train"}, sets(bases[i])), &code);
-    ASSERT_EQ(code, 0) << bases[i];
-    const Ran d = run_keel(with_sets({"doctor", "--no-sanity", "--json"}, sets(bases[i])),
-                           {"OMP_NUM_THREADS=1"});
-    const json j = json::parse(d.out);
-    live[i] = j.at("memory").at("live_peak").get<double>();
-    EXPECT_EQ(j.at("memory").at("init_peak").get<double>() > 0, i == 1) << d.out;
+    const RssResult r = measure_against_estimate(
+        {std::string("base-") + bases[i], sets(4, 1024, 16, 1, 16, bases[i]),
+         sets(1, 32, 2, 2, 16, bases[i])},
+        dir);
+    measured[i] = r.measured;
+    total[i] = r.estimated;
+    // Only the bf16 base has a build-time peak, and it is the run's peak.
+    EXPECT_EQ(r.estimate.at("init_peak").get<double>() > r.estimate.at("live_peak").get<double>(),
+              i == 1)
+        << r.estimate.dump();
   }
-  const double saved = measured[0] - measured[1], estimated = live[0] - live[1];
+  const double saved = measured[0] - measured[1], estimated = total[0] - total[1];
   std::printf("bf16 frozen base: measured saving %.1f MB, estimated %.1f MB\n", saved / 1e6,
               estimated / 1e6);
   EXPECT_GT(estimated, 0);
-  EXPECT_NEAR(saved / estimated, 1.0, 0.15)
-      << "measured saving " << saved / 1e6 << " MB (training peaks " << measured[0] / 1e6 << " vs "
+  EXPECT_NEAR(saved / estimated, 1.0, 0.25)
+      << "measured saving " << saved / 1e6 << " MB (peaks " << measured[0] / 1e6 << " vs "
       << measured[1] / 1e6 << " MB), estimated " << estimated / 1e6 << " MB";
 }
 

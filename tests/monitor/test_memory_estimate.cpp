@@ -234,3 +234,41 @@ TEST(MemoryEstimate, LoraWithABf16FrozenBase) {
 
 }  // namespace
 }  // namespace keel::monitor
+
+namespace keel::monitor {
+namespace {
+
+// With the model's sizes, state is counted in host_memory's blocks: GPT-2 with C = 768 has 9 MiB
+// MLP weights that take 10 MiB blocks (2 MiB multiples from 8 MiB up). No packed matmul copies:
+// matmul scratch is 0 but for f16 compute, which oneDNN multiplies through f32 copies here.
+TEST(MemoryEstimate, SizedStateIsCountedInHostMemoryBlocks) {
+  MemoryQuery q;
+  q.family = "gpt2";
+  q.layers = 1;
+  q.hidden = 768;
+  q.heads = 12;
+  q.seq = 64;
+  q.batch = 4;
+  const MemoryEstimate e = estimate_memory(q);
+  const int64_t N = count_parameters(q);
+  const int64_t mib = int64_t{1} << 20;
+  // c_fc and mlp.c_proj: 9 MiB each in 10 MiB blocks; wte's 796 kB in a 32 KiB multiple.
+  EXPECT_EQ(e.weights - 4 * N, 2 * mib + (25 * 32768 - 259 * 768 * 4));
+  EXPECT_EQ(e.grads, e.weights);
+  EXPECT_EQ(e.optimizer_state, 2 * e.weights);
+  EXPECT_EQ(e.matmul_scratch, 0);
+  EXPECT_EQ(e.cache_slack, e.live_peak / 16);
+  EXPECT_EQ(e.total, e.live_peak + e.cache_slack);
+  q.precision = "bf16-mixed";
+  EXPECT_EQ(estimate_memory(q).matmul_scratch, 0);
+  q.precision = "16-mixed";
+  EXPECT_GT(estimate_memory(q).matmul_scratch, 0);
+  // A bare parameter count stays bytes (no blocks, no slack).
+  MemoryQuery p;
+  p.params = N;
+  EXPECT_EQ(estimate_memory(p).weights, 4 * N);
+  EXPECT_EQ(estimate_memory(p).cache_slack, 0);
+}
+
+}  // namespace
+}  // namespace keel::monitor
