@@ -1,5 +1,6 @@
 #include "keel/amp/autocast.h"
 
+#include <iterator>
 #include <unordered_map>
 
 #include "keel/autograd/node.h"
@@ -17,7 +18,8 @@ struct State {
   bool enabled = false;
   DType dtype = DType::BF16;
   int nesting = 0;
-  std::unordered_map<TensorImpl*, CacheEntry> cache;
+  std::unordered_map<TensorImpl*, CacheEntry> cache;  // this step's casts (with graph nodes)
+  std::unordered_map<TensorImpl*, CacheEntry> kept;   // their values, across steps (no nodes)
 };
 thread_local State t_state;
 }  // namespace
@@ -60,7 +62,11 @@ AutocastGuard::AutocastGuard(bool enabled, DType dtype)
 AutocastGuard::~AutocastGuard() {
   t_state.enabled = prev_enabled_;
   t_state.dtype = prev_dtype_;
-  if (--t_state.nesting == 0) t_state.cache.clear();
+  if (--t_state.nesting == 0) {
+    t_state.cache.clear();
+    for (auto it = t_state.kept.begin(); it != t_state.kept.end();)  // weights that are gone
+      it = it->second.source.expired() ? t_state.kept.erase(it) : std::next(it);
+  }
 }
 
 static Tensor cached_cast(const Tensor& t, DType dt) {
@@ -69,14 +75,37 @@ static Tensor cached_cast(const Tensor& t, DType dt) {
   // of a later use with grad mode on, so only casts that carry a node are cached.
   if (!(t.dtype() == DType::F32 && t.is_leaf() && t.requires_grad() && grad_mode_enabled()))
     return ops::cast(t, dt);
+  auto current = [&](const CacheEntry& e) {
+    return !e.source.expired() && e.version == t.version() && e.cast.dtype() == dt;
+  };
   auto it = t_state.cache.find(t.impl());
-  if (it != t_state.cache.end() && !it->second.source.expired() &&
-      it->second.version == t.version() && it->second.cast.dtype() == dt)
-    return it->second.cast;
-  Tensor c = ops::cast(t, dt);
+  if (it != t_state.cache.end() && current(it->second)) return it->second.cast;
+  auto kept = t_state.kept.find(t.impl());
+  Tensor c = kept != t_state.kept.end() && current(kept->second)
+                 ? ops::cast_precomputed(t, kept->second.cast)
+                 : ops::cast(t, dt);
   t_state.cache[t.impl()] = {t.impl_ptr(), t.version(), c};
+  t_state.kept[t.impl()] = {t.impl_ptr(), t.version(), c.view(c.shape())};  // values only
   return c;
 }
+
+Tensor weight_copy(const Tensor& weight) {
+  auto it = t_state.kept.find(weight.impl());
+  if (it == t_state.kept.end() || it->second.source.expired() ||
+      it->second.version != weight.version())
+    return Tensor();
+  return it->second.cast;
+}
+
+void weight_copy_refreshed(const Tensor& weight) {
+  auto it = t_state.kept.find(weight.impl());
+  KEEL_CHECK(it != t_state.kept.end() && !it->second.source.expired(),
+             "weight_copy_refreshed: no kept copy for this weight");
+  it->second.version = weight.version();
+}
+
+size_t weight_copy_count() { return t_state.kept.size(); }
+void clear_weight_copies() { t_state.kept.clear(); }
 
 Tensor autocast(AmpOp op, const Tensor& t) {
   if (!t_state.enabled || !t.defined() || !dtype_is_floating(t.dtype())) return t;

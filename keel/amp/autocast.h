@@ -62,4 +62,18 @@ std::pair<Tensor, Tensor> promote(const Tensor& a, const Tensor& b);
 // Number of cached weight casts (tests).
 size_t cast_cache_size();
 
+// Weight copies kept across steps. Every cached weight cast also stays here after the step, keyed
+// on the weight and its version. An optimizer that updates the f32 weight can write the rounded
+// new values into the copy in the same pass (AdamW does on the CPU) and then mark it current:
+// the next step's cast then costs nothing. A copy whose weight changed any other way (a version
+// the copy was not marked with) is never used, and is replaced by a fresh cast.
+//
+// The copy of `weight` if it holds the weight's current values, else an undefined tensor.
+Tensor weight_copy(const Tensor& weight);
+// After writing round(weight) into weight_copy(weight) and bumping the weight's version.
+void weight_copy_refreshed(const Tensor& weight);
+// Number of kept copies; dropping them all (tests, and before a long idle phase).
+size_t weight_copy_count();
+void clear_weight_copies();
+
 }  // namespace keel::amp

@@ -32,6 +32,10 @@ struct AdamWStep {
   // exactly what clip_grad_norm_'s in-place multiply would have stored (1: no clipping). .grad
   // itself is not changed.
   float grad_scale = 1.f;
+  // When set (f32 parameters, CPU): also store the new parameter rounded to copy_dt (bf16/f16)
+  // here, in the same pass: autocast's kept weight copy (amp::weight_copy).
+  void* p_copy = nullptr;
+  DType copy_dt = DType::BF16;
 };
 
 // torch.optim.SGD (maximize = false), for one parameter:

@@ -127,11 +127,26 @@ struct CastNode final : Node {
 
 Tensor cast(const Tensor& a, DType dt) {
   check_floating("cast", a);
-  KEEL_CHECK(dtype_is_floating(dt), std::string("cast: target must be floating, got ") +
-                                        dtype_name(dt));
+  KEEL_CHECK(dtype_is_floating(dt),
+             std::string("cast: target must be floating, got ") + dtype_name(dt));
   if (a.dtype() == dt) return a;
   Tensor out = Tensor::empty(a.shape(), dt, a.device());
   ew(a).convert(out.data(), dt, a.data(), a.dtype(), a.numel());
+  if (any_requires_grad({&a})) {
+    auto n = std::make_shared<CastNode>();
+    n->from = a.dtype();
+    record_node(out, n, {&a});
+  }
+  return out;
+}
+
+Tensor cast_precomputed(const Tensor& a, const Tensor& rounded) {
+  KEEL_CHECK(rounded.numel() == a.numel() && rounded.device() == a.device() &&
+                 dtype_is_floating(rounded.dtype()) && rounded.dtype() != a.dtype(),
+             "cast_precomputed: " + shape_str(rounded.shape()) + " " + dtype_name(rounded.dtype()) +
+                 " cannot stand for a cast of " + shape_str(a.shape()) + " " +
+                 dtype_name(a.dtype()));
+  Tensor out = rounded.view(a.shape());  // a fresh handle: the graph node below is this step's
   if (any_requires_grad({&a})) {
     auto n = std::make_shared<CastNode>();
     n->from = a.dtype();

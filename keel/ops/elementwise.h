@@ -7,10 +7,13 @@
 
 namespace keel::ops {
 
-Tensor add(const Tensor& a, const Tensor& b);          // a + b
-Tensor mul(const Tensor& a, const Tensor& b);          // a * b
-Tensor scale(const Tensor& a, float s);                // s * a
-Tensor cast(const Tensor& a, DType dt);                // rounds to dt; backward casts back
-double sum_squares(const Tensor& a);                   // not differentiable: for norms
+Tensor add(const Tensor& a, const Tensor& b);  // a + b
+Tensor mul(const Tensor& a, const Tensor& b);  // a * b
+Tensor scale(const Tensor& a, float s);        // s * a
+Tensor cast(const Tensor& a, DType dt);        // rounds to dt; backward casts back
+// The same cast when `rounded` already holds a's values rounded to dt (autocast's kept weight
+// copy, refreshed by the optimizer): its storage becomes the output, with the same graph node.
+Tensor cast_precomputed(const Tensor& a, const Tensor& rounded);
+double sum_squares(const Tensor& a);  // not differentiable: for norms
 
 }  // namespace keel::ops

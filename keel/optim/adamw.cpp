@@ -40,18 +40,25 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& o)
   check_stochastic_rounding("AdamW", opt_.stochastic_rounding, groups_);
 }
 
-void AdamW::update(Slot& s, const Tensor& g, double lr, double weight_decay, size_t slot_index,
-                   float grad_scale) {
+bool AdamW::writes_weight_copy(const Tensor& p) const {
+  return p.device().is_cpu() && p.dtype() == DType::F32;
+}
+
+void AdamW::update(Slot& s, const Tensor& g, const Update& u) {
   AdamWStep k;
-  k.lr = lr;
+  k.lr = u.lr;
   k.beta1 = opt_.beta1;
   k.beta2 = opt_.beta2;
   k.eps = opt_.eps;
-  k.weight_decay = weight_decay;
+  k.weight_decay = u.weight_decay;
   k.step = s.step;
   k.stochastic_rounding = opt_.stochastic_rounding && s.param.dtype() == DType::BF16;
-  k.seed = rounding_seed(opt_.seed, slot_index, s.step);
-  k.grad_scale = grad_scale;
+  k.seed = rounding_seed(opt_.seed, u.slot_index, s.step);
+  k.grad_scale = u.grad_scale;
+  if (u.weight_copy.defined()) {
+    k.p_copy = u.weight_copy.data();
+    k.copy_dt = u.weight_copy.dtype();
+  }
   optim_kernels(s.param.device())
       .adamw(s.param.data(), g.data(), s.state[0].data(), s.state[1].data(), s.param.dtype(),
              s.param.numel(), k);

@@ -20,9 +20,9 @@ class AdamW final : public Optimizer {
   const AdamWOptions& options() const { return opt_; }
 
  private:
-  void update(Slot& slot, const Tensor& g, double lr, double weight_decay, size_t slot_index,
-              float grad_scale) override;
-  bool fuses_grad_scale() const override { return true; }  // one pass: clip + update
+  void update(Slot& slot, const Tensor& g, const Update& u) override;
+  bool fuses_grad_scale() const override { return true; }   // one pass: clip + update
+  bool writes_weight_copy(const Tensor& p) const override;  // f32 weights on the CPU
   AdamWOptions opt_;
 };
 

@@ -1,5 +1,6 @@
 #include "keel/optim/optimizer.h"
 
+#include "keel/amp/autocast.h"
 #include "keel/optim/clip.h"
 
 #include <algorithm>
@@ -73,14 +74,20 @@ void Optimizer::step(double lr, float grad_scale) {
                   "; gradients must match their parameter");
     const ParamGroup& grp = groups_[s.group];
     s.step += 1;
+    Update u;
+    u.lr = lr * grp.lr_scale;
+    u.weight_decay = grp.weight_decay;
+    u.slot_index = i;
+    u.grad_scale = grad_scale;
     if (grad_scale != 1.f && !fuses_grad_scale()) {  // clip in place first, as clip_grads does
       std::vector<Tensor> one{g};
       scale_grads(one, grad_scale);
-      update(s, g, lr * grp.lr_scale, grp.weight_decay, i, 1.f);
-    } else {
-      update(s, g, lr * grp.lr_scale, grp.weight_decay, i, grad_scale);
+      u.grad_scale = 1.f;
     }
+    if (writes_weight_copy(s.param)) u.weight_copy = amp::weight_copy(s.param);
+    update(s, g, u);
     s.param.bump_version();
+    if (u.weight_copy.defined()) amp::weight_copy_refreshed(s.param);
   }
   steps_ += 1;
 }

@@ -66,11 +66,18 @@ class Optimizer {
     int64_t step = 0;           // updates applied to this parameter
     std::vector<Tensor> state;  // one per kind, same shape and dtype as param
   };
+  struct Update {
+    double lr = 0, weight_decay = 0;
+    size_t slot_index = 0;
+    float grad_scale = 1.f;  // see step(); != 1 only when fuses_grad_scale()
+    Tensor weight_copy;      // defined only when writes_weight_copy(): write round(p) into it
+  };
   // Updates one parameter whose gradient `g` is defined; slot.step is already incremented.
-  // grad_scale: see step(); only called with grad_scale != 1 when fuses_grad_scale().
-  virtual void update(Slot& slot, const Tensor& g, double lr, double weight_decay,
-                      size_t slot_index, float grad_scale) = 0;
+  virtual void update(Slot& slot, const Tensor& g, const Update& u) = 0;
   virtual bool fuses_grad_scale() const { return false; }
+  // Whether update() can also refresh autocast's 16-bit copy of an f32 weight (amp::weight_copy)
+  // in its pass, sparing the next step's cast a read of the weight.
+  virtual bool writes_weight_copy(const Tensor& /*param*/) const { return false; }
 
   std::vector<ParamGroup> groups_;
   std::vector<Slot> slots_;

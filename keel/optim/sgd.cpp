@@ -26,17 +26,16 @@ SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& o)
   check_stochastic_rounding("SGD", opt_.stochastic_rounding, groups_);
 }
 
-void SGD::update(Slot& s, const Tensor& g, double lr, double weight_decay, size_t slot_index,
-                 float /*grad_scale: always 1, Optimizer::step clips first*/) {
+void SGD::update(Slot& s, const Tensor& g, const Update& u) {
   SgdStep k;
-  k.lr = lr;
+  k.lr = u.lr;
   k.momentum = opt_.momentum;
   k.dampening = opt_.dampening;
-  k.weight_decay = weight_decay;
+  k.weight_decay = u.weight_decay;
   k.nesterov = opt_.nesterov;
   k.first = s.step == 1;  // PyTorch: buf = clone(d_p) when the buffer does not exist yet
   k.stochastic_rounding = opt_.stochastic_rounding && s.param.dtype() == DType::BF16;
-  k.seed = rounding_seed(opt_.seed, slot_index, s.step);
+  k.seed = rounding_seed(opt_.seed, u.slot_index, s.step);
   optim_kernels(s.param.device())
       .sgd(s.param.data(), g.data(), s.state.empty() ? nullptr : s.state[0].data(), s.param.dtype(),
            s.param.numel(), k);

@@ -20,8 +20,7 @@ class SGD final : public Optimizer {
   const SGDOptions& options() const { return opt_; }
 
  private:
-  void update(Slot& slot, const Tensor& g, double lr, double weight_decay, size_t slot_index,
-              float grad_scale) override;
+  void update(Slot& slot, const Tensor& g, const Update& u) override;
   SGDOptions opt_;
 };
 

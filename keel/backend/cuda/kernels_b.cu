@@ -280,6 +280,7 @@ void opt_adamw(void* p, const void* g, void* m, void* v, DType dt, int64_t n, co
   KEEL_CHECK(s.step >= 1, "adamw: step must be >= 1, got " + std::to_string(s.step));
   KEEL_CHECK(!s.stochastic_rounding || dt != DType::F16,
              "optimizer: stochastic rounding is implemented for bf16 parameters only");
+  KEEL_CHECK(!s.p_copy, "adamw: the weight-copy write is CPU only (AdamW::writes_weight_copy)");
   if (n <= 0) return;
   const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(s.step));
   const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(s.step));

@@ -1,0 +1,94 @@
+// AdamW refreshes autocast's kept 16-bit weight copies in its own pass: after a step the copy
+// holds exactly round(new weight), the next step's autocast uses it without casting again, and a
+// weight changed any other way is cast afresh.
+#include <gtest/gtest.h>
+
+#include "keel/amp/autocast.h"
+#include "keel/autograd/node.h"
+#include "keel/ops/linear.h"
+#include "keel/optim/adamw.h"
+#include "keel/optim/sgd.h"
+#include "tests/support/check.h"
+
+namespace keel {
+namespace {
+
+using test::expect_bitwise_equal;
+using test::randn;
+
+Tensor rounded(const Tensor& w, DType dt) {
+  return Tensor::from_floats(w.to_floats(), w.shape(), dt);
+}
+
+// One bf16-mixed forward and backward of y = x·wᵀ; returns the 16-bit weight the linear saw.
+Tensor forward_backward(const Tensor& w, DType dt) {
+  amp::AutocastGuard autocast(true, dt);
+  const Tensor x = randn({8, 32}, 2, 1.f, dt);
+  const Tensor wc = amp::autocast(amp::AmpOp::kLinear, w);
+  const Tensor y = ops::linear(x, wc, Tensor());
+  backward(y, Tensor::full(y.shape(), 1.f, y.dtype()));
+  return wc;
+}
+
+TEST(WeightCopy, AdamWWritesTheRoundedWeightAndTheNextStepUsesIt) {
+  for (DType dt : {DType::BF16, DType::F16}) {
+    amp::clear_weight_copies();
+    Tensor w = randn({64, 32}, 1, 1.f);
+    w.set_requires_grad(true);
+    optim::ParamGroup g;
+    g.params = {w};
+    g.names = {"w"};
+    optim::AdamW opt({g});
+    const void* copy_data = nullptr;
+    for (int step = 0; step < 3; ++step) {
+      const Tensor wc = forward_backward(w, dt);
+      expect_bitwise_equal(wc, rounded(w, dt), "the cast the linear used");
+      if (step > 0) {
+        EXPECT_EQ(wc.data(), copy_data) << "step " << step << " reused the copy";
+      }
+      EXPECT_EQ(w.grad().dtype(), DType::F32);
+      opt.step(1e-2, 0.5f);
+      opt.zero_grad();
+      const Tensor copy = amp::weight_copy(w);
+      ASSERT_TRUE(copy.defined()) << "AdamW marked the copy current";
+      expect_bitwise_equal(copy, rounded(w, dt), "the copy after the update");
+      copy_data = copy.data();
+    }
+    // A change the optimizer did not make: the copy is no longer current, and is not used.
+    w.fill(0.25f);
+    w.bump_version();
+    EXPECT_FALSE(amp::weight_copy(w).defined());
+    const Tensor wc = forward_backward(w, dt);
+    expect_bitwise_equal(wc, rounded(w, dt), "cast afresh");
+  }
+}
+
+TEST(WeightCopy, SgdLeavesTheCopyStaleAndTheNextStepCastsAfresh) {
+  amp::clear_weight_copies();
+  Tensor w = randn({16, 32}, 3, 1.f);
+  w.set_requires_grad(true);
+  optim::ParamGroup g;
+  g.params = {w};
+  g.names = {"w"};
+  optim::SGD opt({g});
+  forward_backward(w, DType::BF16);
+  opt.step(1e-1);
+  EXPECT_FALSE(amp::weight_copy(w).defined());
+  const Tensor wc = forward_backward(w, DType::BF16);
+  expect_bitwise_equal(wc, rounded(w, DType::BF16), "cast afresh after SGD");
+}
+
+TEST(WeightCopy, CopiesOfWeightsThatAreGoneAreDropped) {
+  amp::clear_weight_copies();
+  {
+    Tensor w = randn({16, 32}, 4, 1.f);
+    w.set_requires_grad(true);
+    forward_backward(w, DType::BF16);
+    EXPECT_EQ(amp::weight_copy_count(), 1u);
+  }
+  { amp::AutocastGuard outer(true, DType::BF16); }  // the outermost guard's exit prunes
+  EXPECT_EQ(amp::weight_copy_count(), 0u);
+}
+
+}  // namespace
+}  // namespace keel
