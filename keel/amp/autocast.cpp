@@ -34,8 +34,9 @@ CastPolicy cast_policy(AmpOp op) {
     case AmpOp::kLogSoftmax:
     case AmpOp::kLayerNorm:
     case AmpOp::kRmsNorm:
-    case AmpOp::kCrossEntropy:
       return CastPolicy::kFp32;
+    case AmpOp::kCrossEntropy:
+      return CastPolicy::kFp32Inside;
     default:
       return CastPolicy::kInputDtype;
   }
@@ -114,6 +115,7 @@ Tensor autocast(AmpOp op, const Tensor& t) {
       return t.dtype() == t_state.dtype ? t : cached_cast(t, t_state.dtype);
     case CastPolicy::kFp32:
       return t.dtype() == DType::F32 ? t : ops::cast(t, DType::F32);
+    case CastPolicy::kFp32Inside:
     case CastPolicy::kInputDtype:
       return t;
   }

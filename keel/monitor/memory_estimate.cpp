@@ -269,20 +269,19 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       add_attention();
       add("swiglu inputs", 2 * L, c * BT * F, "gate and up outputs [B,T,F] " + cd);
     }
-    // Head: the lm_head input, the logits the step keeps, and cross-entropy's f32 copy.
-    const bool ce_copy = c != 4 && pol.autocast;
+    // Head: the lm_head input and the logits the step keeps. cross_entropy reads 16-bit logits
+    // as they are (amp's kFp32Inside): no f32 copy.
     add("lm_head input", 1, c * BT * C, "[B,T,C] " + cd);
-    const std::string ld = "[B*T,V] " + cd + (ce_copy ? " + f32 copy for cross_entropy" : "");
-    add("logits", 1, c * BT * V, ld);
-    if (ce_copy) add("logits", 1, 4 * BT * V, ld);
+    add("logits", 1, c * BT * V, "[B*T,V] " + cd);
     add("ids and labels", 3, 8 * BT, "i64 [B,T]");
 
-    // Backward transients: at the head, dlogits (the cross-entropy input's dtype) plus its cast
-    // back to the compute dtype and the lm_head gradients; inside a layer, attention's score
-    // gradient (with eager's rounded probabilities) and dq/dk/dv.
-    const int64_t head = block_bytes((pol.autocast ? 4 : c) * BT * V) +
-                         (pol.autocast ? block_bytes(c * BT * V) : 0) + block_bytes(c * BT * C) +
-                         block_bytes(c * V * C) + (pol.autocast ? block_bytes(4 * V * C) : 0);
+    // Backward transients: at the head, dlogits (in the logits' dtype) and the lm_head's input
+    // and weight gradients, which linear writes in the f32 masters' dtype under -mixed
+    // (ops::grad_dtype_for); inside a layer, attention's score gradient (with eager's rounded
+    // probabilities) and dq/dk/dv.
+    const int64_t gb = pol.autocast ? 4 : c;
+    const int64_t head =
+        block_bytes(c * BT * V) + block_bytes(gb * BT * C) + block_bytes(gb * V * C);
     const int64_t cdt = q.attention == "math" ? 4 : c;
     int64_t layer = 3 * block_bytes(c * BT * C) + 2 * block_bytes(s * BT * C);  // dq, dk, dv + dx
     if (!flash)

@@ -10,6 +10,7 @@
 #include "keel/autograd/node.h"
 #include "keel/backend/cpu/isa.h"
 #include "keel/ops/cross_entropy.h"
+#include "keel/ops/elementwise.h"
 #include "tests/support/check.h"
 
 namespace keel {
@@ -88,6 +89,32 @@ TEST(CrossEntropy, LossAndGradMatchReferenceInEveryDtype) {
         expect_close(logits.grad().to_floats(), ref.grad, subnormal_step(dt),
                      2 * test::eps_of(dt) + 1e-5, "grad " + what);
       }
+}
+
+// Autocast hands cross_entropy 16-bit logits as they are (amp's kFp32Inside): the kernel's f32
+// math on them must give exactly what casting them to f32 first gave, the loss and the gradient
+// after the cast's backward rounds it back to the logits' dtype.
+TEST(CrossEntropy, SixteenBitLogitsGiveTheBitsOfCastingToF32First) {
+  for (DType dt : {DType::BF16, DType::F16}) {
+    const int64_t n = 37, v = 1031;
+    std::vector<int64_t> t(n);
+    for (int64_t i = 0; i < n; ++i) t[i] = (i * 97) % v;
+    t[3] = -100;
+    const Tensor targets = Tensor::from_ints(t, {n});
+    auto run = [&](bool cast_first, Tensor* grad) {
+      Tensor x = randn({n, v}, 5, 3.f, dt);
+      x.set_requires_grad(true);
+      const Tensor in = cast_first ? ops::cast(x, DType::F32) : x;
+      Tensor loss = ops::cross_entropy(in, targets, -100, Reduction::kSum);
+      backward(loss, Tensor::full({}, 1024.f, DType::F32));  // a loss scale, as under 16-mixed
+      *grad = x.grad();
+      return loss.item();
+    };
+    Tensor g_direct, g_cast;
+    const double l_direct = run(false, &g_direct), l_cast = run(true, &g_cast);
+    EXPECT_EQ(l_direct, l_cast) << dtype_name(dt);
+    test::expect_bitwise_equal(g_direct, g_cast, dtype_name(dt));
+  }
 }
 
 TEST(CrossEntropy, UpstreamGradientScales) {
