@@ -154,6 +154,11 @@ void backward(const Tensor& root, const Tensor& grad_root) {
     std::vector<Tensor> grads = n->backward(g);
     if (!t_hooks.empty())
       for (auto& h : t_hooks) h.fn(*n, g, grads);
+    // Drop this node's own handle before passing gradients on: a node that hands its incoming
+    // gradient straight through (cast back to an f32 master that already is f32) then leaves the
+    // receiver the sole owner, and the weight's .grad takes it without a copy (500 MB a step for
+    // GPT-2 124M under bf16-mixed).
+    g = Tensor();
     for (size_t i = 0; i < n->next.size() && i < grads.size(); ++i) {
       Node* nx = n->next[i].get();
       if (!nx || !grads[i].defined()) continue;

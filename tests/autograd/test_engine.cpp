@@ -136,6 +136,24 @@ TEST(Engine, FirstGradientIsTakenOverWithoutACopyWhenNothingElseHoldsIt) {
   EXPECT_EQ(w.grad().to_floats(), (std::vector<float>{5.f, 7.f}));
 }
 
+// out = x; backward hands the incoming gradient straight through (as a cast back to a dtype the
+// gradient already has does).
+struct PassThroughNode final : Node {
+  std::vector<Tensor> backward(const Tensor& g) override { return {g}; }
+  const char* name() const override { return "pass"; }
+};
+
+TEST(Engine, GradientPassedStraightThroughIsTakenOverWithoutACopy) {
+  Tensor w = leaf({1.f, 2.f});
+  Tensor mid = Tensor::from_floats(w.to_floats(), w.shape());
+  record_node(mid, std::make_shared<PassThroughNode>(), {&w});
+  const void* returned = nullptr;
+  std::shared_ptr<FreshGradNode> node;
+  backward(fresh(mid, &returned, &node), Tensor::from_floats({5.f, 7.f}, {2}));
+  EXPECT_EQ(w.grad().data(), returned) << "the pass-through node's handle is dropped first";
+  EXPECT_EQ(w.grad().to_floats(), (std::vector<float>{5.f, 7.f}));
+}
+
 TEST(Engine, FirstGradientIsCopiedWhenTheNodeStillHoldsIt) {
   // The node keeps the tensor it returned: .grad must not alias it, or the second backward's
   // accumulation into .grad would change the node's tensor.

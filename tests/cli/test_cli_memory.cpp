@@ -18,11 +18,11 @@ namespace {
 
 std::vector<nlohmann::json> train(const std::string& out, const std::string& precision,
                                   const std::string& env) {
-  const test::KeelRun r =
-      test::run_keel(test::with_sets({"train"}, {"run.out_dir=" + out, "run.threads=1",
-                                                 "train.max_steps=8", "train.precision=" + precision,
-                                                 "train.allow_cpu_bf16=true", "log.tensorboard=false"}),
-                     {"OMP_NUM_THREADS=1", env});
+  const test::KeelRun r = test::run_keel(
+      test::with_sets({"train"}, {"run.out_dir=" + out, "run.threads=1", "train.max_steps=8",
+                                  "train.precision=" + precision, "train.allow_cpu_bf16=true",
+                                  "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1", env});
   EXPECT_EQ(r.code, 0) << r.output;
   return test::step_records(out);
 }
