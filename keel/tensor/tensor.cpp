@@ -3,6 +3,9 @@
 #include "keel/tensor/device_runtime.h"
 #include "keel/tensor/host_memory.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -36,6 +39,38 @@ std::string shape_str(const Shape& s) {
 }
 
 namespace {
+// memset / memcpy of a large CPU buffer split over the OpenMP threads (one contiguous chunk each):
+// a serial 154 MB fill (an embedding gradient) otherwise leaves the other cores waiting.
+constexpr size_t kParallelBytes = size_t{4} << 20;
+void fill_zero(void* dst, size_t n) {
+  if (n < kParallelBytes || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    std::memset(dst, 0, n);
+    return;
+  }
+#pragma omp parallel
+  {
+    const size_t nt = static_cast<size_t>(omp_get_num_threads());
+    const size_t chunk = (n / nt + 63) / 64 * 64,
+                 lo = chunk * static_cast<size_t>(omp_get_thread_num());
+    if (lo < n) std::memset(static_cast<char*>(dst) + lo, 0, std::min(chunk, n - lo));
+  }
+}
+void copy_bytes(void* dst, const void* src, size_t n) {  // dst and src do not overlap
+  if (n < kParallelBytes || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+#pragma omp parallel
+  {
+    const size_t nt = static_cast<size_t>(omp_get_num_threads());
+    const size_t chunk = (n / nt + 63) / 64 * 64,
+                 lo = chunk * static_cast<size_t>(omp_get_thread_num());
+    if (lo < n)
+      std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo,
+                  std::min(chunk, n - lo));
+  }
+}
+
 const DeviceRuntime* g_cuda_runtime = nullptr;  // set by backend/cuda at static initialization
 
 const DeviceRuntime& runtime_for(Device dev) {
@@ -86,7 +121,7 @@ Tensor Tensor::zeros(const Shape& shape, DType dt, Device dev) {
   if (dev.is_cuda())
     runtime_for(dev).memset0(t.data(), t.nbytes(), dev.index);
   else
-    std::memset(t.data(), 0, t.nbytes());
+    fill_zero(t.data(), t.nbytes());
   return t;
 }
 
@@ -210,7 +245,7 @@ Tensor Tensor::to(Device dev) const {
   Tensor t = empty(shape(), dtype(), dev);
   if (nbytes() == 0) return t;
   if (dev.is_cpu() && device().is_cpu())
-    std::memcpy(t.data(), data(), nbytes());
+    copy_bytes(t.data(), data(), nbytes());
   else
     runtime_for(dev.is_cuda() ? dev : device()).copy(t.data(), dev, data(), device(), nbytes());
   return t;
@@ -238,7 +273,12 @@ void Tensor::copy_from(const Tensor& src) {
     return;
   }
   if (src.dtype() == dtype()) {
-    std::memmove(data(), src.data(), nbytes());
+    if (src.data() == data()) return;
+    const char *d = static_cast<const char*>(data()), *s = static_cast<const char*>(src.data());
+    if (d + nbytes() <= s || s + nbytes() <= d)
+      copy_bytes(data(), src.data(), nbytes());
+    else
+      std::memmove(data(), src.data(), nbytes());  // overlapping views of one storage
     return;
   }
   KEEL_CHECK(dtype_is_floating(dtype()) && dtype_is_floating(src.dtype()),
