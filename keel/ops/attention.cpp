@@ -37,8 +37,14 @@ namespace {
 
 const ElementwiseKernels& ew(Device d) { return elementwise_kernels(d); }
 
-// t in dtype dt (t itself when it already is).
-Tensor as_dtype(const Tensor& t, DType dt) { return t.dtype() == dt ? t : t.to_dtype(dt); }
+// t in dtype dt (t itself when it already is), converted by the backend's vectorized kernel (the
+// eager backward rounds its [B, H, T, T] probabilities this way every layer).
+Tensor as_dtype(const Tensor& t, DType dt) {
+  if (t.dtype() == dt) return t;
+  Tensor out = Tensor::empty(t.shape(), dt, t.device());
+  ew(t.device()).convert(out.data(), dt, t.data(), t.dtype(), t.numel());
+  return out;
+}
 
 // c = op(a)·op(b) over `batch` matrices, f32 accumulation; c has dtype out_dt (F32 or in_dt).
 void mm(Device dev, void* c, DType out_dt, const void* a, const void* b, DType in_dt, int64_t batch,

@@ -283,27 +283,34 @@ void Tensor::copy_from(const Tensor& src) {
   }
   KEEL_CHECK(dtype_is_floating(dtype()) && dtype_is_floating(src.dtype()),
              "copy_from: conversion between integer and floating tensors");
+  // Element by element through f32 (exact from bf16/f16, rounded to nearest-even into a 16-bit
+  // destination), split over the OpenMP threads: the same bits as the backend's convert kernel.
   const int64_t n = numel();
-  std::vector<float> tmp;
-  const float* f = nullptr;
-  if (src.dtype() == DType::F32) {
-    f = src.data_as<float>();
-  } else {
-    tmp = src.to_floats();
-    f = tmp.data();
-  }
+  auto convert = [n](auto* dst, const auto* from) {
+#pragma omp parallel for schedule(static) if (n >= (int64_t{1} << 16) && !omp_in_parallel())
+    for (int64_t i = 0; i < n; ++i) store_f32(dst + i, load_f32(from + i));
+  };
+  auto from_src = [&](auto* dst) {
+    switch (src.dtype()) {
+      case DType::F32:
+        return convert(dst, src.data_as<float>());
+      case DType::BF16:
+        return convert(dst, src.data_as<bf16_t>());
+      case DType::F16:
+        return convert(dst, src.data_as<f16_t>());
+      default:
+        return;
+    }
+  };
   switch (dtype()) {
     case DType::F32:
-      if (n > 0) std::memcpy(data(), f, n * 4);
-      break;
+      return from_src(data_as<float>());
     case DType::BF16:
-      for (int64_t i = 0; i < n; ++i) store_f32(data_as<bf16_t>() + i, f[i]);
-      break;
+      return from_src(data_as<bf16_t>());
     case DType::F16:
-      for (int64_t i = 0; i < n; ++i) store_f32(data_as<f16_t>() + i, f[i]);
-      break;
+      return from_src(data_as<f16_t>());
     default:
-      break;
+      return;
   }
 }
 
