@@ -30,15 +30,21 @@ Tensor forward_backward(const Tensor& w, DType dt) {
   return wc;
 }
 
+// A trainable f32 weight of `shape` and its single parameter group.
+std::vector<optim::ParamGroup> weight_group(Tensor& w, const Shape& shape, uint64_t seed) {
+  w = randn(shape, seed, 1.f);
+  w.set_requires_grad(true);
+  optim::ParamGroup g;
+  g.params = {w};
+  g.names = {"w"};
+  return {g};
+}
+
 TEST(WeightCopy, AdamWWritesTheRoundedWeightAndTheNextStepUsesIt) {
   for (DType dt : {DType::BF16, DType::F16}) {
     amp::clear_weight_copies();
-    Tensor w = randn({64, 32}, 1, 1.f);
-    w.set_requires_grad(true);
-    optim::ParamGroup g;
-    g.params = {w};
-    g.names = {"w"};
-    optim::AdamW opt({g});
+    Tensor w;
+    optim::AdamW opt(weight_group(w, {64, 32}, 1));
     const void* copy_data = nullptr;
     for (int step = 0; step < 3; ++step) {
       const Tensor wc = forward_backward(w, dt);
@@ -65,12 +71,8 @@ TEST(WeightCopy, AdamWWritesTheRoundedWeightAndTheNextStepUsesIt) {
 
 TEST(WeightCopy, SgdLeavesTheCopyStaleAndTheNextStepCastsAfresh) {
   amp::clear_weight_copies();
-  Tensor w = randn({16, 32}, 3, 1.f);
-  w.set_requires_grad(true);
-  optim::ParamGroup g;
-  g.params = {w};
-  g.names = {"w"};
-  optim::SGD opt({g});
+  Tensor w;
+  optim::SGD opt(weight_group(w, {16, 32}, 3));
   forward_backward(w, DType::BF16);
   opt.step(1e-1);
   EXPECT_FALSE(amp::weight_copy(w).defined());
