@@ -16,6 +16,10 @@ struct MatmulArgs {
   int64_t batch = 1, m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
   bool accumulate = false;  // C += A·B instead of C = A·B
+  // CPU only: C = A·B + bias, the row `bias` [N] (dtype bias_dt) added to the f32 accumulator
+  // before the one rounding to out_dt. Not with accumulate.
+  const void* bias = nullptr;
+  DType bias_dt = DType::F32;
 };
 
 struct MatmulKernels {

@@ -8,9 +8,9 @@ namespace keel::ops {
 
 namespace {
 
-// C = op(A)·op(B) over `batch` matrices; out_dt F32 or A's dtype.
+// C = op(A)·op(B) (+ bias, CPU only) over `batch` matrices; out_dt F32 or A's dtype.
 void mm(void* c, DType out_dt, const Tensor& a, const Tensor& b, int64_t batch, int64_t m,
-        int64_t n, int64_t k, bool ta, bool tb, bool acc = false) {
+        int64_t n, int64_t k, bool ta, bool tb, bool acc = false, const Tensor& bias = Tensor()) {
   MatmulArgs args;
   args.c = c;
   args.a = a.data();
@@ -24,6 +24,10 @@ void mm(void* c, DType out_dt, const Tensor& a, const Tensor& b, int64_t batch, 
   args.trans_a = ta;
   args.trans_b = tb;
   args.accumulate = acc;
+  if (bias.defined()) {
+    args.bias = bias.data();
+    args.bias_dt = bias.dtype();
+  }
   matmul_kernels(a.device()).matmul(args);
 }
 
@@ -32,6 +36,8 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b
                     int64_t n, int64_t k) {
   const auto& ew = elementwise_kernels(x.device());
   if (!bias.defined()) return mm(y.data(), y.dtype(), x, w, 1, m, n, k, false, true);
+  if (x.device().is_cpu())  // the bias in oneDNN's epilogue: one pass over y instead of three
+    return mm(y.data(), y.dtype(), x, w, 1, m, n, k, false, true, false, bias);
   if (y.dtype() == DType::F32) {
     mm(y.data(), DType::F32, x, w, 1, m, n, k, false, true);
     ew.add_row(y.data(), y.data(), bias.data(), DType::F32, m, n);
@@ -76,7 +82,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   KEEL_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1),
              "linear: input " + shape_str(x.shape()) + " does not match weight " +
                  shape_str(w.shape()) + " (weight is [out_features, in_features])");
-  const int64_t k = w.size(1), n = w.size(0), m = x.numel() / std::max<int64_t>(k, 1);
+  const int64_t k = w.size(1), n = w.size(0);
+  int64_t m = 1;  // rows: every dim but the last (x.numel() / k fails for k = 0)
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) m *= x.size(d);
   if (b.defined()) {
     check_same_dtype("linear", x, b);
     KEEL_CHECK(b.numel() == n,

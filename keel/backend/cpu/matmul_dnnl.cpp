@@ -5,6 +5,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "keel/backend/elementwise.h"
@@ -21,10 +22,14 @@ using dt = dnnl::memory::data_type;
 
 dt to_dnnl(DType d) {
   switch (d) {
-    case DType::F32: return dt::f32;
-    case DType::BF16: return dt::bf16;
-    case DType::F16: return dt::f16;
-    default: KEEL_CHECK(false, "matmul: floating dtype required");
+    case DType::F32:
+      return dt::f32;
+    case DType::BF16:
+      return dt::bf16;
+    case DType::F16:
+      return dt::f16;
+    default:
+      KEEL_CHECK(false, "matmul: floating dtype required");
   }
   return dt::undef;
 }
@@ -33,7 +38,7 @@ struct Ctx {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::mutex mu;
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, bool>;
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, bool, int>;
   std::map<Key, std::shared_ptr<dnnl::matmul>> cache;
   std::map<std::pair<int, int>, bool> supported;  // (in_dt, out_dt) -> primitive creation works
 };
@@ -46,15 +51,20 @@ Ctx& ctx() {
 dnnl::memory::desc desc(DType d, int64_t batch, int64_t rows, int64_t cols, bool trans) {
   // Logical [batch, rows, cols]; stored [batch, cols, rows] when trans.
   dnnl::memory::dims dims{batch, rows, cols};
-  dnnl::memory::dims strides = trans ? dnnl::memory::dims{rows * cols, 1, rows}
-                                     : dnnl::memory::dims{rows * cols, cols, 1};
+  dnnl::memory::dims strides =
+      trans ? dnnl::memory::dims{rows * cols, 1, rows} : dnnl::memory::dims{rows * cols, cols, 1};
   return dnnl::memory::desc(dims, to_dnnl(d), strides);
+}
+
+// The bias row, broadcast over the batch and the M rows.
+dnnl::memory::desc bias_desc(const MatmulArgs& a) {
+  return dnnl::memory::desc({1, 1, a.n}, to_dnnl(a.bias_dt), dnnl::memory::dims{a.n, a.n, 1});
 }
 
 std::shared_ptr<dnnl::matmul> primitive(const MatmulArgs& a) {
   Ctx& c = ctx();
-  Ctx::Key key{a.batch, a.m, a.n, a.k, a.trans_a, a.trans_b, int(a.in_dt), int(a.out_dt),
-               a.accumulate};
+  Ctx::Key key{a.batch,   a.m,          a.n,           a.k,          a.trans_a,
+               a.trans_b, int(a.in_dt), int(a.out_dt), a.accumulate, a.bias ? int(a.bias_dt) : -1};
   std::lock_guard<std::mutex> lock(c.mu);
   auto it = c.cache.find(key);
   if (it != c.cache.end()) return it->second;
@@ -69,8 +79,9 @@ std::shared_ptr<dnnl::matmul> primitive(const MatmulArgs& a) {
       po.append_sum(1.0f);
       attr.set_post_ops(po);
     }
-    p = std::make_shared<dnnl::matmul>(
-        dnnl::matmul::primitive_desc(dnnl::matmul::desc(ad, bd, cd), attr, c.engine));
+    auto md =
+        a.bias ? dnnl::matmul::desc(ad, bd, bias_desc(a), cd) : dnnl::matmul::desc(ad, bd, cd);
+    p = std::make_shared<dnnl::matmul>(dnnl::matmul::primitive_desc(md, attr, c.engine));
   } catch (const dnnl::error&) {
     p = nullptr;  // this CPU has no kernel for the dtype: the caller converts to f32
   }
@@ -86,24 +97,40 @@ void run(const MatmulArgs& a, const std::shared_ptr<dnnl::matmul>& p) {
   dnnl::memory am(ad, c.engine, const_cast<void*>(a.a));
   dnnl::memory bm(bd, c.engine, const_cast<void*>(a.b));
   dnnl::memory cm(cd, c.engine, a.c);
-  p->execute(c.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+  if (a.bias)
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory(bias_desc(a), c.engine, const_cast<void*>(a.bias)));
+  p->execute(c.stream, args);
   c.stream.wait();
 }
 
-void cpu_matmul(const MatmulArgs& a) {
-  KEEL_CHECK(a.out_dt == DType::F32 || a.out_dt == a.in_dt, "matmul: out dtype must be f32 or in");
-  if (a.batch == 0 || a.m == 0 || a.n == 0) return;
-  if (a.k == 0) {  // empty sum: C = 0 (or unchanged when accumulating)
+void cpu_matmul(const MatmulArgs& args) {
+  KEEL_CHECK(args.out_dt == DType::F32 || args.out_dt == args.in_dt,
+             "matmul: out dtype must be f32 or in");
+  KEEL_CHECK(!(args.bias && args.accumulate), "matmul: a bias with accumulate is not supported");
+  if (args.batch == 0 || args.m == 0 || args.n == 0) return;
+  const auto& ew = elementwise_kernels(Device::cpu());
+  // oneDNN takes an f32 bias with every source dtype: convert it once (N values).
+  MatmulArgs a = args;
+  std::vector<float> bias32;
+  if (a.bias) {
+    bias32.resize(a.n);
+    ew.convert(bias32.data(), DType::F32, a.bias, a.bias_dt, a.n);
+    a.bias = bias32.data();
+    a.bias_dt = DType::F32;
+  }
+  if (a.k == 0) {  // empty sum: C = 0 (+ bias), or unchanged when accumulating
     if (!a.accumulate) {
       std::vector<float> z(a.batch * a.m * a.n, 0.f);
-      elementwise_kernels(Device::cpu()).convert(a.c, a.out_dt, z.data(), DType::F32, z.size());
+      if (a.bias) ew.add_row(z.data(), z.data(), bias32.data(), DType::F32, a.batch * a.m, a.n);
+      ew.convert(a.c, a.out_dt, z.data(), DType::F32, z.size());
     }
     return;
   }
   if (auto p = primitive(a)) return run(a, p);
   // No native kernel (f16 on CPUs without AVX512-FP16/AMX, bf16 without AVX512): convert the
   // inputs to f32 (exact for both), multiply in f32, round the result once.
-  const auto& ew = elementwise_kernels(Device::cpu());
   std::vector<float> fa(a.batch * a.m * a.k), fb(a.batch * a.k * a.n);
   ew.convert(fa.data(), DType::F32, a.a, a.in_dt, fa.size());
   ew.convert(fb.data(), DType::F32, a.b, a.in_dt, fb.size());
