@@ -114,16 +114,24 @@ Tensor scale(const Tensor& a, float s) {
   return out;
 }
 
-struct CastNode final : Node {
-  DType from;
-  std::vector<Tensor> backward(const Tensor& g) override {
-    if (g.dtype() == from) return {g};
-    Tensor ga = Tensor::empty(g.shape(), from, g.device());
-    ew(g).convert(ga.data(), from, g.data(), g.dtype(), g.numel());
-    return {ga};
+std::vector<Tensor> CastNode::backward(const Tensor& g) {
+  if (g.dtype() == from) return {g};
+  Tensor ga = Tensor::empty(g.shape(), from, g.device());
+  ew(g).convert(ga.data(), from, g.data(), g.dtype(), g.numel());
+  return {ga};
+}
+
+namespace {
+// `out` (a's values rounded to out's dtype) as the cast of `a` in the graph.
+Tensor as_cast_of(Tensor out, const Tensor& a) {
+  if (any_requires_grad({&a})) {
+    auto n = std::make_shared<CastNode>();
+    n->from = a.dtype();
+    record_node(out, n, {&a});
   }
-  const char* name() const override { return "cast"; }
-};
+  return out;
+}
+}  // namespace
 
 Tensor cast(const Tensor& a, DType dt) {
   check_floating("cast", a);
@@ -132,12 +140,7 @@ Tensor cast(const Tensor& a, DType dt) {
   if (a.dtype() == dt) return a;
   Tensor out = Tensor::empty(a.shape(), dt, a.device());
   ew(a).convert(out.data(), dt, a.data(), a.dtype(), a.numel());
-  if (any_requires_grad({&a})) {
-    auto n = std::make_shared<CastNode>();
-    n->from = a.dtype();
-    record_node(out, n, {&a});
-  }
-  return out;
+  return as_cast_of(std::move(out), a);
 }
 
 Tensor cast_precomputed(const Tensor& a, const Tensor& rounded) {
@@ -146,13 +149,7 @@ Tensor cast_precomputed(const Tensor& a, const Tensor& rounded) {
              "cast_precomputed: " + shape_str(rounded.shape()) + " " + dtype_name(rounded.dtype()) +
                  " cannot stand for a cast of " + shape_str(a.shape()) + " " +
                  dtype_name(a.dtype()));
-  Tensor out = rounded.view(a.shape());  // a fresh handle: the graph node below is this step's
-  if (any_requires_grad({&a})) {
-    auto n = std::make_shared<CastNode>();
-    n->from = a.dtype();
-    record_node(out, n, {&a});
-  }
-  return out;
+  return as_cast_of(rounded.view(a.shape()), a);  // a fresh handle: this step's graph node
 }
 
 double sum_squares(const Tensor& a) {

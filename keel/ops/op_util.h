@@ -1,6 +1,5 @@
 // Small checks shared by the op files. Errors name the op and the shapes involved.
 #pragma once
-#include <cstring>
 #include <string>
 
 #include "keel/autograd/node.h"
@@ -23,16 +22,22 @@ inline bool is_suffix_shape(const Shape& shape, const Shape& suffix) {
   return std::equal(suffix.begin(), suffix.end(), shape.end() - suffix.size());
 }
 
+// The node of ops::cast: its backward converts the gradient back to the source dtype `from` (and
+// passes it through when it already has that dtype).
+struct CastNode final : Node {
+  DType from = DType::F32;
+  std::vector<Tensor> backward(const Tensor& g) override;
+  const char* name() const override { return "cast"; }
+};
+
 // The dtype in which to produce the gradient of `t`. When `t` is a low-precision cast of a wider
 // tensor (autocast's bf16/f16 copy of an f32 weight, or of an f32 norm output), the cast's
 // backward only converts the gradient back to the wider dtype: a matmul can write it there
 // directly from its f32 accumulator, which skips a rounding to 16 bits and a conversion pass
 // (8% of a bf16-mixed GPT-2 step).
 inline DType grad_dtype_for(const Tensor& t) {
-  const Node* n = t.grad_fn().get();
-  if (n && std::strcmp(n->name(), "cast") == 0 && n->next.size() == 1 && n->next[0] &&
-      dtype_size(n->next[0]->output_dtype) > dtype_size(t.dtype()))
-    return n->next[0]->output_dtype;
+  const auto* n = dynamic_cast<const CastNode*>(t.grad_fn().get());
+  if (n && dtype_size(n->from) > dtype_size(t.dtype())) return n->from;
   return t.dtype();
 }
 

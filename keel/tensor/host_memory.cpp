@@ -120,8 +120,6 @@ void* allocate(size_t nbytes) {
     if (p) {
       c.st.live_bytes += rounded;
       c.st.peak_live_bytes = std::max(c.st.peak_live_bytes, c.st.live_bytes);
-      c.st.peak_mapped_bytes =
-          std::max(c.st.peak_mapped_bytes, c.st.live_bytes + c.st.cached_bytes);
     }
   }
   if (!p) throw Error("out of memory allocating " + std::to_string(nbytes) + " bytes");

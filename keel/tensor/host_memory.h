@@ -28,10 +28,9 @@ void* allocate(size_t nbytes);  // 64-byte aligned; 2 MiB aligned from 8 MiB up
 void release(void* p, size_t nbytes);
 
 struct Stats {
-  size_t live_bytes = 0;         // handed out and not yet released (blocks >= 64 KiB, rounded)
-  size_t cached_bytes = 0;       // released and kept for reuse
-  size_t peak_live_bytes = 0;    // the most ever handed out at once
-  size_t peak_mapped_bytes = 0;  // the most ever live + cached
+  size_t live_bytes = 0;       // handed out and not yet released (blocks >= 64 KiB, rounded)
+  size_t cached_bytes = 0;     // released and kept for reuse
+  size_t peak_live_bytes = 0;  // the most ever handed out at once
   int64_t hits = 0, misses = 0, evictions = 0;
 };
 Stats stats();

@@ -39,36 +39,28 @@ std::string shape_str(const Shape& s) {
 }
 
 namespace {
-// memset / memcpy of a large CPU buffer split over the OpenMP threads (one contiguous chunk each):
-// a serial 154 MB fill (an embedding gradient) otherwise leaves the other cores waiting.
-constexpr size_t kParallelBytes = size_t{4} << 20;
-void fill_zero(void* dst, size_t n) {
-  if (n < kParallelBytes || omp_get_max_threads() == 1 || omp_in_parallel()) {
-    std::memset(dst, 0, n);
-    return;
-  }
+// fn(offset, length) over [0, n) bytes, one contiguous 64-byte-aligned chunk per OpenMP thread
+// from 4 MB up: a serial memset or memcpy of a 154 MB buffer (an embedding gradient) otherwise
+// leaves the other cores waiting.
+template <class F>
+void over_byte_chunks(size_t n, F&& fn) {
+  if (n < (size_t{4} << 20) || omp_get_max_threads() == 1 || omp_in_parallel()) return fn(0, n);
 #pragma omp parallel
   {
     const size_t nt = static_cast<size_t>(omp_get_num_threads());
     const size_t chunk = (n / nt + 63) / 64 * 64,
                  lo = chunk * static_cast<size_t>(omp_get_thread_num());
-    if (lo < n) std::memset(static_cast<char*>(dst) + lo, 0, std::min(chunk, n - lo));
+    if (lo < n) fn(lo, std::min(chunk, n - lo));
   }
 }
+void fill_zero(void* dst, size_t n) {
+  over_byte_chunks(
+      n, [&](size_t lo, size_t len) { std::memset(static_cast<char*>(dst) + lo, 0, len); });
+}
 void copy_bytes(void* dst, const void* src, size_t n) {  // dst and src do not overlap
-  if (n < kParallelBytes || omp_get_max_threads() == 1 || omp_in_parallel()) {
-    std::memcpy(dst, src, n);
-    return;
-  }
-#pragma omp parallel
-  {
-    const size_t nt = static_cast<size_t>(omp_get_num_threads());
-    const size_t chunk = (n / nt + 63) / 64 * 64,
-                 lo = chunk * static_cast<size_t>(omp_get_thread_num());
-    if (lo < n)
-      std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo,
-                  std::min(chunk, n - lo));
-  }
+  over_byte_chunks(n, [&](size_t lo, size_t len) {
+    std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo, len);
+  });
 }
 
 const DeviceRuntime* g_cuda_runtime = nullptr;  // set by backend/cuda at static initialization

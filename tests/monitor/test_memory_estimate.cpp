@@ -10,6 +10,18 @@
 namespace keel::monitor {
 namespace {
 
+// A GPT-2 query with its sizes: L layers, C wide, H heads, batch B of T tokens.
+MemoryQuery gpt2_query(int64_t L, int64_t C, int64_t H, int64_t B, int64_t T) {
+  MemoryQuery q;
+  q.family = "gpt2";
+  q.layers = L;
+  q.hidden = C;
+  q.heads = H;
+  q.batch = B;
+  q.seq = T;
+  return q;
+}
+
 TEST(MemoryEstimate, HundredMillionAdamWUnder16Mixed) {
   // Issue 4 item 7: 400 MB weights (f32 masters), 400 MB grads, 800 MB optimizer state.
   MemoryQuery q;
@@ -104,13 +116,7 @@ TEST(MemoryEstimate, ParameterCountMatchesTheModels) {
 }
 
 TEST(MemoryEstimate, ActivationsScaleAsTheSavedTensors) {
-  MemoryQuery q;
-  q.family = "gpt2";
-  q.layers = 2;
-  q.hidden = 64;
-  q.heads = 4;
-  q.batch = 4;
-  q.seq = 32;
+  MemoryQuery q = gpt2_query(2, 64, 4, 4, 32);
   const MemoryEstimate a = estimate_memory(q);
   ASSERT_TRUE(a.has_activations);
   EXPECT_GT(a.activations, 0);
@@ -242,13 +248,7 @@ namespace {
 // MLP weights that take 10 MiB blocks (2 MiB multiples from 8 MiB up). No packed matmul copies:
 // matmul scratch is 0 but for f16 compute, which oneDNN multiplies through f32 copies here.
 TEST(MemoryEstimate, SizedStateIsCountedInHostMemoryBlocks) {
-  MemoryQuery q;
-  q.family = "gpt2";
-  q.layers = 1;
-  q.hidden = 768;
-  q.heads = 12;
-  q.seq = 64;
-  q.batch = 4;
+  MemoryQuery q = gpt2_query(1, 768, 12, 4, 64);
   const MemoryEstimate e = estimate_memory(q);
   const int64_t N = count_parameters(q);
   const int64_t mib = int64_t{1} << 20;

@@ -111,10 +111,10 @@ void cpu_matmul(const MatmulArgs& args) {
   KEEL_CHECK(!(args.bias && args.accumulate), "matmul: a bias with accumulate is not supported");
   if (args.batch == 0 || args.m == 0 || args.n == 0) return;
   const auto& ew = elementwise_kernels(Device::cpu());
-  // oneDNN takes an f32 bias with every source dtype: convert it once (N values).
+  // oneDNN takes an f32 bias with every source dtype: a 16-bit one is converted (N values).
   MatmulArgs a = args;
   std::vector<float> bias32;
-  if (a.bias) {
+  if (a.bias && a.bias_dt != DType::F32) {
     bias32.resize(a.n);
     ew.convert(bias32.data(), DType::F32, a.bias, a.bias_dt, a.n);
     a.bias = bias32.data();
@@ -123,7 +123,7 @@ void cpu_matmul(const MatmulArgs& args) {
   if (a.k == 0) {  // empty sum: C = 0 (+ bias), or unchanged when accumulating
     if (!a.accumulate) {
       std::vector<float> z(a.batch * a.m * a.n, 0.f);
-      if (a.bias) ew.add_row(z.data(), z.data(), bias32.data(), DType::F32, a.batch * a.m, a.n);
+      if (a.bias) ew.add_row(z.data(), z.data(), a.bias, DType::F32, a.batch * a.m, a.n);
       ew.convert(a.c, a.out_dt, z.data(), DType::F32, z.size());
     }
     return;
