@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "keel/autograd/node.h"
+#include "keel/backend/matmul.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/linear.h"
 #include "tests/support/check.h"
@@ -74,6 +75,49 @@ TEST(Matmul, GradcheckAllTransposes) {
     expect_gradcheck(
         [=](const std::vector<Tensor>& in) { return ops::matmul(in[0], in[1], false, tb); },
         {randn({2, 3, 4}, 3), tb ? randn({5, 4}, 4) : randn({4, 5}, 4)}, {}, "matmul shared b");
+}
+
+// The CPU backend rearranges some f32 products for oneDNN's faster layouts (a transposed copy of
+// B, or Cᵀ = Bᵀ·Aᵀ transposed back; backend/cpu/matmul_dnnl.cpp). Shapes that take each route,
+// plain and accumulating, against an f64 reference of C (+)= op(A)·B.
+TEST(Matmul, RearrangedF32ProductsMatchTheReference) {
+  struct Case {
+    int64_t m, k, n;
+    bool trans_a;
+    const char* route;
+  };
+  const Case cases[] = {{8, 200, 4, false, "C^T, long K (vocabulary head dX)"},
+                        {80, 1024, 4, true, "C^T, tall C (vocabulary head dW)"},
+                        {64, 24, 2048, true, "B transposed (wide dW)"},
+                        {16, 24, 20, true, "direct TN"},
+                        {16, 24, 20, false, "direct NN"}};
+  for (const Case& c : cases)
+    for (bool accumulate : {false, true}) {
+      const Tensor a = c.trans_a ? randn({c.k, c.m}, 11, 0.5f) : randn({c.m, c.k}, 11, 0.5f);
+      const Tensor b = randn({c.k, c.n}, 12, 0.5f);
+      Tensor out = randn({c.m, c.n}, 13);
+      const auto av = a.to_floats(), bv = b.to_floats(), c0 = out.to_floats();
+      std::vector<float> ref(c.m * c.n);
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < c.n; ++j) {
+          double s = accumulate ? c0[i * c.n + j] : 0.0;
+          for (int64_t p = 0; p < c.k; ++p)
+            s += double(c.trans_a ? av[p * c.m + i] : av[i * c.k + p]) * bv[p * c.n + j];
+          ref[i * c.n + j] = static_cast<float>(s);
+        }
+      MatmulArgs args;
+      args.c = out.data();
+      args.a = a.data();
+      args.b = b.data();
+      args.m = c.m;
+      args.n = c.n;
+      args.k = c.k;
+      args.trans_a = c.trans_a;
+      args.accumulate = accumulate;
+      matmul_kernels(Device::cpu()).matmul(args);
+      expect_close(out.to_floats(), ref, 1e-5, 1e-5,
+                   std::string(c.route) + (accumulate ? ", accumulate" : ""));
+    }
 }
 
 TEST(Matmul, RejectsMismatchedShapes) {

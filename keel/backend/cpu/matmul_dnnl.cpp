@@ -2,6 +2,7 @@
 // costs microseconds). Transposes are strides, never copies.
 #include <dnnl.hpp>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -11,6 +12,7 @@
 #include "keel/backend/elementwise.h"
 #include "keel/backend/matmul.h"
 #include "keel/numerics/error.h"
+#include "keel/tensor/host_memory.h"
 #ifdef KEEL_HAVE_CUDA
 #include "keel/backend/cuda/tables.h"
 #endif
@@ -41,6 +43,9 @@ struct Ctx {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, bool, int>;
   std::map<Key, std::shared_ptr<dnnl::matmul>> cache;
   std::map<std::pair<int, int>, bool> supported;  // (in_dt, out_dt) -> primitive creation works
+  // (rows, cols, src row stride, dst row stride, accumulate) -> transposing copy
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, std::shared_ptr<dnnl::reorder>>
+      reorders;
 };
 
 Ctx& ctx() {
@@ -105,6 +110,103 @@ void run(const MatmulArgs& a, const std::shared_ptr<dnnl::matmul>& p) {
   c.stream.wait();
 }
 
+// oneDNN 2.6's f32 kernels are slow for some layouts that linear's backward asks for. Three
+// products are rearranged; each sums the same products in another blocking (deterministic per
+// shape, within rounding of the direct kernel). Times per call inside a GPT-2 training step
+// (2 threads, AVX-512; M x K x N):
+// * mlp.c_proj's dW = dYᵀ·X reads X [tokens, 3072] as stored [K, N] (TN): 768x2048x3072 takes
+//   65 ms, 48 ms with X transposed first (TT). Narrower X gained nothing, and at 256 tokens the
+//   gain is within noise, so only B at least 2048 wide is copied.
+// * The vocabulary head's dX = dY·W (K = vocabulary, NN): computing dXᵀ = Wᵀ·dYᵀ (TT) and
+//   transposing the small [features, tokens] result back: 2048x50257x768 594 -> 522 ms, 256 rows
+//   75 -> 71 ms.
+// * The head's dW of a narrow model at >= 1024 tokens (TN, 132 GFLOP/s for 50257x2048x256):
+//   dWᵀ = Xᵀ·dY runs at 237, and turning the [256, vocabulary] result back costs ~15 ms; the
+//   4x256 model's 32-true step goes 1.17 -> 1.03 s. At 768 features the saving and the 154 MB
+//   transpose cancel (825 vs 834 ms), so wider models keep the direct product.
+// Transposing a weight for dX (NN -> NT, 2-3x faster in isolation) measured no faster in a step:
+// copying the cold 768x3072 weight took as long as the product it sped up. bf16 (AMX) showed no
+// consistent gain from any layout and is left as given.
+enum class F32Plan { kDirect, kTransposeB, kTransposedProduct };
+
+constexpr int64_t kMaxCopiedElems = int64_t(1) << 23;  // 32 MB of f32
+
+F32Plan f32_plan(const MatmulArgs& a) {
+  if (a.in_dt != DType::F32 || a.batch != 1 || a.bias || a.trans_b) return F32Plan::kDirect;
+  const bool small_output = a.m * a.n <= kMaxCopiedElems;
+  if (!a.trans_a && a.k >= 8 * std::max(a.m, a.n) && small_output)  // head dX
+    return F32Plan::kTransposedProduct;
+  if (a.trans_a && a.m >= 16 * a.n && a.k >= 1024 && a.n <= 512)  // head dW, narrow models
+    return F32Plan::kTransposedProduct;
+  if (a.trans_a && a.n >= 2048 && a.m >= 64 && a.k * a.n <= kMaxCopiedElems && small_output)
+    return F32Plan::kTransposeB;  // mlp.c_proj's dW
+  return F32Plan::kDirect;
+}
+
+// dst (+)= src over a [rows, cols] f32 matrix, each with its own strides (a transposing copy).
+void reorder_f32(float* dst, const dnnl::memory::dims& dst_strides, const float* src,
+                 const dnnl::memory::dims& src_strides, int64_t rows, int64_t cols,
+                 bool accumulate) {
+  Ctx& c = ctx();
+  const dnnl::memory::desc from({rows, cols}, dt::f32, src_strides);
+  const dnnl::memory::desc to({rows, cols}, dt::f32, dst_strides);
+  std::shared_ptr<dnnl::reorder> r;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto& slot = c.reorders[{rows, cols, src_strides[0], dst_strides[0], accumulate}];
+    if (!slot) {
+      dnnl::primitive_attr attr;
+      if (accumulate) {
+        dnnl::post_ops po;
+        po.append_sum(1.0f);
+        attr.set_post_ops(po);
+      }
+      slot = std::make_shared<dnnl::reorder>(
+          dnnl::reorder::primitive_desc(c.engine, from, c.engine, to, attr));
+    }
+    r = slot;
+  }
+  dnnl::memory src_m(from, c.engine, const_cast<float*>(src)), dst_m(to, c.engine, dst);
+  r->execute(c.stream, src_m, dst_m);
+  c.stream.wait();
+}
+
+// Scratch from the block cache, returned on every exit.
+struct Scratch {
+  size_t nbytes;
+  float* p;
+  explicit Scratch(int64_t elems)
+      : nbytes(size_t(elems) * sizeof(float)),
+        p(static_cast<float*>(host_memory::allocate(nbytes))) {}
+  ~Scratch() { host_memory::release(p, nbytes); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+};
+
+void run_f32_plan(const MatmulArgs& a, F32Plan plan) {
+  if (plan == F32Plan::kTransposeB) {  // B [K, N] -> [N, K], then C = op(A)·B with trans_b
+    Scratch bt(a.k * a.n);
+    reorder_f32(bt.p, {1, a.k}, static_cast<const float*>(a.b), {a.n, 1}, a.k, a.n, false);
+    MatmulArgs t = a;
+    t.b = bt.p;
+    t.trans_b = true;
+    return run(t, primitive(t));
+  }
+  // Cᵀ[N, M] = op(B)ᵀ·op(A)ᵀ into scratch, then C (+)= its transpose.
+  Scratch ct(a.m * a.n);
+  MatmulArgs t = a;
+  t.c = ct.p;
+  t.a = a.b;
+  t.trans_a = !a.trans_b;
+  t.b = a.a;
+  t.trans_b = !a.trans_a;
+  t.m = a.n;
+  t.n = a.m;
+  t.accumulate = false;
+  run(t, primitive(t));
+  reorder_f32(static_cast<float*>(a.c), {a.n, 1}, ct.p, {1, a.m}, a.m, a.n, a.accumulate);
+}
+
 void cpu_matmul(const MatmulArgs& args) {
   KEEL_CHECK(args.out_dt == DType::F32 || args.out_dt == args.in_dt,
              "matmul: out dtype must be f32 or in");
@@ -128,6 +230,7 @@ void cpu_matmul(const MatmulArgs& args) {
     }
     return;
   }
+  if (const F32Plan plan = f32_plan(a); plan != F32Plan::kDirect) return run_f32_plan(a, plan);
   if (auto p = primitive(a)) return run(a, p);
   // No native kernel (f16 on CPUs without AVX512-FP16/AMX, bf16 without AVX512): convert the
   // inputs to f32 (exact for both), multiply in f32, round the result once.
