@@ -20,6 +20,13 @@ struct Node {
   // undefined when the input does not need one (check needs_grad(i) to skip the work).
   virtual std::vector<Tensor> backward(const Tensor& grad_output) = 0;
   virtual const char* name() const = 0;
+  // Optional, for a gradient that touches few elements of a large input (an embedding's B·T rows
+  // of a 50k-row table): add the gradient for `input` straight into `sum`, the total of that
+  // input's other contributions so far (a tensor nothing else holds), and return true. The engine
+  // then needs neither the dense tensor backward() would return nor the pass that adds it.
+  virtual bool backward_into(const Tensor& /*grad_output*/, size_t /*input*/, Tensor& /*sum*/) {
+    return false;
+  }
 
   bool needs_grad(size_t input) const { return input < next.size() && next[input] != nullptr; }
 

@@ -18,7 +18,8 @@ struct EmbeddingKernels {
   void (*gather)(void* out, const void* weight, const void* ids, DType id_dt, DType dt, int64_t n,
                  int64_t d);
   // dweight[r, :] += sum over {i : ids[i] == r} of grad[i, :]   (i ascending, f32 accumulation,
-  // one rounding per touched row; rows no id names are not touched).   dweight [v, d], grad [n, d]
+  // the sum rounded to dt and then added to the row: the bits of a dense add of the scattered
+  // rows; rows no id names are not touched).   dweight [v, d], grad [n, d]
   void (*scatter_add)(void* dweight, const void* grad, const void* ids, DType id_dt, DType dt,
                       int64_t n, int64_t v, int64_t d);
 };

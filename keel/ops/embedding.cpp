@@ -32,6 +32,16 @@ struct EmbeddingNode final : Node {
         .scatter_add(dw.data(), gw.data(), ids.data(), ids.dtype(), dt, ids.numel(), v, d);
     return {Tensor(), dw};
   }
+  // The rows go straight into the weight's other gradient (a tied head's), each summed onto it in
+  // position order: no [V, D] zeros and no dense add.
+  bool backward_into(const Tensor& g, size_t input, Tensor& sum) override {
+    if (input != 1 || sum.dtype() != dt || sum.numel() != v * d || sum.device() != g.device())
+      return false;
+    const Tensor gw = g.dtype() == dt ? g : g.to_dtype(dt);
+    embedding_kernels(g.device())
+        .scatter_add(sum.data(), gw.data(), ids.data(), ids.dtype(), dt, ids.numel(), v, d);
+    return true;
+  }
   const char* name() const override { return "embedding"; }
 };
 

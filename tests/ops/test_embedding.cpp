@@ -8,6 +8,7 @@
 
 #include "keel/autograd/node.h"
 #include "keel/ops/embedding.h"
+#include "keel/ops/linear.h"
 #include "tests/support/check.h"
 
 namespace keel {
@@ -112,6 +113,49 @@ TEST(Embedding, BackwardIsBitIdenticalAcrossRunsAndThreadCounts) {
     test::expect_bitwise_equal(a[i], b[i], "two runs");
     test::expect_bitwise_equal(a[i], c[i], "2 vs 1 threads");
     test::expect_bitwise_equal(a[i], e[i], "2 vs 3 threads");
+  }
+}
+
+// A tied table (embedding in, linear head out): the engine lets the embedding add its rows into
+// the head's pending gradient instead of a zero-filled [V, D] tensor plus a dense add. With a
+// post-hook attached (the tracer) it takes the dense path; both must give the same bits.
+TEST(Embedding, TiedGradientAddedInPlaceHasTheBitsOfTheDenseSum) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    std::vector<int64_t> idv;
+    for (int i = 0; i < 48; ++i) idv.push_back((i * 7) % 13);  // repeats; rows 13..40 untouched
+    auto run = [&](bool hook) {
+      int handle = 0;
+      if (hook)
+        handle = add_node_post_hook([](const Node&, const Tensor&, const std::vector<Tensor>&) {});
+      Tensor w = randn({41, 16}, 8, 1.f, dt).set_requires_grad(true);
+      Tensor h = ops::embedding(Tensor::from_ints(idv, {48}), w);
+      Tensor logits = ops::linear(h, w);  // [48, 41]
+      backward(logits, randn(logits.shape(), 9, 1.f, dt));
+      if (hook) remove_node_post_hook(handle);
+      return w.grad();
+    };
+    const Tensor dense = run(true), in_place = run(false);
+    test::expect_bitwise_equal(in_place, dense, std::string("tied grad ") + dtype_name(dt));
+    // and both are the head's gradient plus the scattered rows
+    Tensor w = randn({41, 16}, 8, 1.f, dt), g = randn({48, 41}, 9, 1.f, dt);
+    const auto wv = w.to_floats(), gv = g.to_floats();
+    std::vector<float> rows(48 * 16, 0.f), ref(41 * 16, 0.f);
+    for (int i = 0; i < 48; ++i)  // h = w[ids]; head dW = gᵀ·h; embedding dW[ids[i]] += g·w
+      for (int j = 0; j < 16; ++j) {
+        double s = 0;
+        for (int r = 0; r < 41; ++r) s += double(gv[i * 41 + r]) * wv[r * 16 + j];
+        rows[i * 16 + j] = float(s);
+      }
+    for (int r = 0; r < 41; ++r)
+      for (int j = 0; j < 16; ++j) {
+        double s = 0;
+        for (int i = 0; i < 48; ++i) s += double(gv[i * 41 + r]) * wv[idv[i] * 16 + j];
+        ref[r * 16 + j] = float(s);
+      }
+    for (int i = 0; i < 48; ++i)
+      for (int j = 0; j < 16; ++j) ref[idv[i] * 16 + j] += rows[i * 16 + j];
+    expect_close(in_place.to_floats(), ref, dt == DType::F32 ? 1e-4 : 0.1,
+                 dt == DType::F32 ? 1e-4 : 0.05, std::string("tied grad vs f64 ") + dtype_name(dt));
   }
 }
 

@@ -50,7 +50,8 @@ void gather(void* out, const void* weight, const void* ids, DType id_dt, DType d
                });
 }
 
-// Rows of one id, accumulated in f32 in position order and rounded once.
+// Rows of one id, summed in f32 in position order and rounded to T, then added to the row (one
+// more rounding): the bits of adding a zero-filled gradient's rows to the row.
 template <class T>
 void scatter_rows(T* dw, const T* g, const int64_t* order, const int64_t* group, int64_t ngroups,
                   const void* ids, DType id_dt, int64_t d) {
@@ -60,12 +61,16 @@ void scatter_rows(T* dw, const T* g, const int64_t* order, const int64_t* group,
                  for (int64_t k = g0; k < g1; ++k) {
                    const int64_t first = group[k], last = group[k + 1];
                    T* row = dw + id_at(ids, id_dt, order[first]) * d;
-                   for (int64_t j = 0; j < d; ++j) acc[j] = load_f32(row + j);
+                   std::fill(acc.begin(), acc.end(), 0.f);
                    for (int64_t p = first; p < last; ++p) {
                      const T* src = g + order[p] * d;
                      for (int64_t j = 0; j < d; ++j) acc[j] += load_f32(src + j);
                    }
-                   for (int64_t j = 0; j < d; ++j) store_f32(row + j, acc[j]);
+                   for (int64_t j = 0; j < d; ++j) {
+                     T sum;  // the group's sum rounded to T, then added as a dense add would
+                     store_f32(&sum, acc[j]);
+                     store_f32(row + j, load_f32(row + j) + load_f32(&sum));
+                   }
                  }
                });
 }

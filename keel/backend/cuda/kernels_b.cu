@@ -176,17 +176,19 @@ void emb_gather(void* out, const void* weight, const void* ids, DType id_dt, DTy
   KEEL_CUDA_LAUNCHED();
 }
 
-// One block per distinct id: the row's old value plus its positions' gradients in increasing
-// position order (f32), rounded once; as the CPU kernel.
+// One block per distinct id: its positions' gradients summed in increasing position order (f32)
+// and rounded to T, then added to the row; as the CPU kernel.
 template <class T>
 __global__ void scatter_kernel(T* dw, const T* g, const int64_t* order, const int64_t* group,
                                const int64_t* row_of_group, int64_t d) {
   const int64_t k = blockIdx.x, first = group[k], last = group[k + 1];
   T* row = dw + row_of_group[k] * d;
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
-    float acc = ld(row + j);
+    float acc = 0.f;
     for (int64_t p = first; p < last; ++p) acc += ld(g + order[p] * d + j);
-    st(row + j, acc);
+    T sum;  // rounded to T, then added to the row as a dense add would
+    st(&sum, acc);
+    st(row + j, ld(row + j) + ld(&sum));
   }
 }
 void emb_scatter_add(void* dweight, const void* grad, const void* ids, DType id_dt, DType dt,
