@@ -77,8 +77,12 @@ void unmap_block(void* p, size_t rounded) {
 }
 
 // Before mapping `need` more bytes: unmaps cached blocks until live + cached + need fits under
-// the largest live total so far (plus a slack), taking the smallest block that alone makes room
-// if there is one, else the largest blocks first.
+// the largest live total so far (plus a slack). Of the smallest block that alone makes room and
+// the fewest smallest mapped blocks that together do, it drops whichever holds fewer bytes (a
+// dropped block is faulted in again when its size comes back); failing both, the largest first.
+// GPT-2 124M B8 T256 bf16-mixed: the first rule alone dropped the 148 MB head gradient to make
+// 21 MB of room, then the 198 MB logits gradient for the head gradient, every step (~10% of the
+// step in page clearing); now two or three 10-12 MB blocks go, same peak.
 void make_room(Cache& c, size_t need) {
   const size_t limit =
       std::max(c.st.peak_live_bytes, c.st.live_bytes + need) + c.st.peak_live_bytes / kSlackDivisor;
@@ -91,8 +95,18 @@ void make_room(Cache& c, size_t need) {
     ++c.st.evictions;
   };
   const size_t excess = c.st.live_bytes + c.st.cached_bytes + need - limit;
+  // A dropped block costs its bytes in page faults when its size is asked for again: drop the
+  // smallest blocks whose sizes add up to the excess when that is fewer bytes than the smallest
+  // single block that covers it.
+  size_t small_sum = 0;
+  for (auto s = c.free.lower_bound(kMapped); s != c.free.end() && small_sum < excess; ++s)
+    small_sum += s->first;
   auto it = c.free.lower_bound(excess);
-  if (it != c.free.end()) return drop(it);
+  if (it != c.free.end() && (small_sum < excess || it->first <= small_sum)) return drop(it);
+  if (small_sum >= excess) {
+    while (over()) drop(c.free.lower_bound(kMapped));
+    return;
+  }
   while (over() && !c.free.empty()) drop(std::prev(c.free.end()));
 }
 

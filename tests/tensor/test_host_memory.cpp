@@ -81,6 +81,33 @@ TEST(HostMemory, MissesEvictSoMappedBytesStayNearThePeakLive) {
   EXPECT_EQ(hm::stats().cached_bytes, 0u);
 }
 
+// Room for a new size is made by dropping as few cached bytes as possible: three 16 MB blocks
+// rather than one 160 MB block (which a later request of its size would fault in again).
+TEST(HostMemory, AMissDropsTheFewestCachedBytesThatMakeRoom) {
+  SKIP_WITHOUT_CACHE();
+  hm::empty_cache();
+  const size_t mb = size_t{1} << 20, peak = 400 * mb;  // sizes that round to themselves
+  if (hm::stats().peak_live_bytes > peak) GTEST_SKIP() << "an earlier test set a larger peak";
+  hm::release(hm::allocate(peak), peak);  // the peak: slack = 25 MB
+  hm::empty_cache();
+  const size_t big = 160 * mb, small = 16 * mb, filler = 192 * mb, fresh = 60 * mb;
+  void* b = hm::allocate(big);
+  std::vector<void*> smalls{hm::allocate(small), hm::allocate(small), hm::allocate(small)};
+  void* f = hm::allocate(filler);  // live 400 MB
+  hm::release(b, big);
+  for (void* p : smalls) hm::release(p, small);  // live 192 + cached 208
+  const auto before = hm::stats();
+  void* n = hm::allocate(fresh);  // 460 MB mapped would exceed 425: 35 MB must go
+  const auto after = hm::stats();
+  EXPECT_EQ(after.evictions - before.evictions, 3);
+  EXPECT_EQ(after.cached_bytes, big);
+  void* b2 = hm::allocate(big);  // still cached
+  EXPECT_EQ(b2, b);
+  EXPECT_EQ(hm::stats().hits, after.hits + 1);
+  for (auto [p, size] : {std::pair{n, fresh}, {b2, big}, {f, filler}}) hm::release(p, size);
+  hm::empty_cache();
+}
+
 TEST(HostMemory, SmallBlocksBypassTheCache) {
   hm::empty_cache();
   const auto before = hm::stats();
