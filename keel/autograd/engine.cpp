@@ -78,9 +78,7 @@ void remove_node_post_hook(int handle) {
                 t_hooks.end());
 }
 
-// True when `t` is the only handle to its data: the caller's one reference to a tensor with its
-// own storage. Writing into it in place then changes nothing anyone else can see.
-static bool sole_owner(const Tensor& t) {
+bool sole_owner(const Tensor& t) {
   return t.impl_ptr().use_count() == 1 && t.impl()->storage.use_count() == 1;
 }
 

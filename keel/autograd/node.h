@@ -71,6 +71,10 @@ struct ScopeGuard {
 // True when grad mode is on and any input requires grad: the op must record a node.
 bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
 
+// True when `t` is the only handle to its data (one reference to a tensor with its own storage):
+// writing into it in place changes nothing anyone else can see.
+bool sole_owner(const Tensor& t);
+
 // Wires `node` to `inputs` and makes it `out`'s grad_fn. Call only when any_requires_grad().
 void record_node(Tensor& out, std::shared_ptr<Node> node,
                  std::initializer_list<const Tensor*> inputs);

@@ -23,7 +23,8 @@ struct CrossEntropyKernels {
   double (*forward)(float* stats, const void* logits, DType dt, const void* targets, DType tdt,
                     int64_t n, int64_t v, int64_t ignore_index);
   // dlogits[r, j] = (exp(log p_j) - [j == target]) * scale on counted rows, 0 on ignored rows;
-  // stored in dt.   dlogits [n, v]
+  // stored in dt.   dlogits [n, v]; may be logits itself (each element is read before it is
+  // written, and by nobody else).
   void (*backward)(void* dlogits, const void* logits, DType dt, const float* stats,
                    const void* targets, DType tdt, int64_t n, int64_t v, int64_t ignore_index,
                    float scale);

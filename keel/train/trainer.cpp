@@ -493,11 +493,13 @@ double Trainer::forward_backward(const std::vector<data::Batch>& window, uint64_
     if (b.n_targets == 0) continue;
     nn::Dropout::set_step_seed(
         mix_seed(step_seed, static_cast<uint64_t>(mb_first + static_cast<int64_t>(i) * mb_stride)));
-    Tensor logits = model_->forward(b.input_ids, b.attention_mask);  // [B, T, V]
-    const int64_t V = logits.size(-1);
-    Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, V}));
-    Tensor mb_loss = ops::cross_entropy(flat, ops::reshape(b.labels, {-1}), -100,
-                                        ops::Reduction::kSum);  // f32 scalar
+    Tensor mb_loss;  // f32 scalar
+    {
+      Tensor logits = model_->forward(b.input_ids, b.attention_mask);  // [B, T, V]
+      const int64_t V = logits.size(-1);
+      Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, V}));
+      mb_loss = ops::cross_entropy(flat, ops::reshape(b.labels, {-1}), -100, ops::Reduction::kSum);
+    }  // the loss's graph holds the only handle to the logits: their buffer takes the gradient
     loss_sum += mb_loss.item();
     backward(ops::scale(mb_loss, static_cast<float>(loss_scale / static_cast<double>(tokens))));
   }

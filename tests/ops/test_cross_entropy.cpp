@@ -237,6 +237,47 @@ TEST(CrossEntropy, DeterministicAcrossRunsThreadsAndIsas) {
   }
 }
 
+// When the loss's graph holds the only handle to the logits (the Trainer drops the model output
+// before backward), cross_entropy writes the gradient over them instead of a second [N, V] buffer.
+// Same bits as the copy made while someone else still holds them; a second backward through the
+// graph is a clear error (PyTorch frees saved tensors likewise).
+TEST(CrossEntropy, GradientTakesTheLogitsBufferWhenNothingElseHoldsThem) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Tensor targets = Tensor::from_ints({3, 0, 7, 7, -100, 1}, {6});
+    auto run = [&](bool keep_logits, const void** logits_data, const void** grad_data) {
+      Tensor x = randn({6, 9}, 5, 2.f, dt).set_requires_grad(true);
+      Tensor kept, loss;
+      {
+        Tensor logits = ops::scale(x, 1.5f);  // not a leaf: nothing but the graph needs it
+        *logits_data = logits.data();
+        loss = ops::cross_entropy(logits, targets);
+        if (keep_logits) kept = logits;
+      }
+      const int hook =
+          add_node_post_hook([&](const Node& n, const Tensor&, const std::vector<Tensor>& grads) {
+            if (std::string(n.name()) == "cross_entropy") *grad_data = grads[0].data();
+          });
+      backward(loss);
+      remove_node_post_hook(hook);
+      if (!keep_logits) {
+        try {
+          backward(loss);
+          ADD_FAILURE() << "a second backward through the graph ran";
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
+        }
+      }
+      return x.grad();
+    };
+    const void *in_place_logits, *in_place_grad, *copy_logits, *copy_grad;
+    const Tensor in_place = run(false, &in_place_logits, &in_place_grad);
+    const Tensor copied = run(true, &copy_logits, &copy_grad);
+    EXPECT_EQ(in_place_grad, in_place_logits) << dtype_name(dt);
+    EXPECT_NE(copy_grad, copy_logits) << dtype_name(dt);
+    test::expect_bitwise_equal(in_place, copied, std::string("in place vs copy ") + dtype_name(dt));
+  }
+}
+
 TEST(CrossEntropy, ParityWithPyTorch) {
   // bf16/f16 gradients are one rounding of an f32 value: a unit of their last place.
   for (const char* dn : {"f32", "bf16", "f16"}) {
