@@ -1,5 +1,6 @@
 // CPU matmul through oneDNN, primitives cached per shape (creation JITs code: ~8 ms; a cache hit
-// costs microseconds). Transposes are strides, never copies.
+// costs microseconds). Transposes are strides; three f32 shapes of linear's backward are
+// rearranged through a transposing copy (f32_plan below).
 #include <dnnl.hpp>
 
 #include <algorithm>
@@ -43,9 +44,9 @@ struct Ctx {
   using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, bool, int>;
   std::map<Key, std::shared_ptr<dnnl::matmul>> cache;
   std::map<std::pair<int, int>, bool> supported;  // (in_dt, out_dt) -> primitive creation works
-  // (rows, cols, src row stride, dst row stride, accumulate) -> transposing copy
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, std::shared_ptr<dnnl::reorder>>
-      reorders;
+  // (rows, cols, src strides, dst strides, accumulate) -> transposing copy
+  using ReorderKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool>;
+  std::map<ReorderKey, std::shared_ptr<dnnl::reorder>> reorders;
 };
 
 Ctx& ctx() {
@@ -153,7 +154,8 @@ void reorder_f32(float* dst, const dnnl::memory::dims& dst_strides, const float*
   std::shared_ptr<dnnl::reorder> r;
   {
     std::lock_guard<std::mutex> lock(c.mu);
-    auto& slot = c.reorders[{rows, cols, src_strides[0], dst_strides[0], accumulate}];
+    auto& slot = c.reorders[{rows, cols, src_strides[0], src_strides[1], dst_strides[0],
+                             dst_strides[1], accumulate}];
     if (!slot) {
       dnnl::primitive_attr attr;
       if (accumulate) {
