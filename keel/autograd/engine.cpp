@@ -149,21 +149,17 @@ void backward(const Tensor& root, const Tensor& grad_root) {
     if (it == pending.end()) continue;  // no gradient flows here
     Tensor g = std::move(it->second.grad);
     pending.erase(it);
-    // Inputs whose gradient the node added into the sum already pending for them (a tied
+    // A node may add its gradients straight into the sums pending for its inputs (a tied
     // embedding's rows into the head's dense gradient: GPT-2 124M skips a zero-filled 154 MB
     // tensor and an add over it). Not with hooks attached, which expect every gradient.
-    std::vector<char> added(n->next.size(), 0);
-    size_t n_added = 0, n_needed = 0;
-    for (size_t i = 0; i < n->next.size(); ++i) {
-      Node* nx = n->next[i].get();
-      if (!nx) continue;
-      ++n_needed;
-      if (!t_hooks.empty()) continue;
-      auto p = pending.find(nx);
-      if (p == pending.end() || (!p->second.owned && !sole_owner(p->second.grad))) continue;
-      if (n->backward_into(g, i, p->second.grad)) added[i] = 1, ++n_added;
-    }
-    if (n_added > 0 && n_added == n_needed) continue;
+    if (t_hooks.empty() && n->backward_into(g, [&](size_t i) -> Tensor* {
+          if (i >= n->next.size() || !n->next[i]) return nullptr;
+          auto p = pending.find(n->next[i].get());
+          if (p == pending.end() || (!p->second.owned && !sole_owner(p->second.grad)))
+            return nullptr;
+          return &p->second.grad;
+        }))
+      continue;
     std::vector<Tensor> grads = n->backward(g);
     if (!t_hooks.empty())
       for (auto& h : t_hooks) h.fn(*n, g, grads);
@@ -174,7 +170,7 @@ void backward(const Tensor& root, const Tensor& grad_root) {
     g = Tensor();
     for (size_t i = 0; i < n->next.size() && i < grads.size(); ++i) {
       Node* nx = n->next[i].get();
-      if (!nx || !grads[i].defined() || added[i]) continue;
+      if (!nx || !grads[i].defined()) continue;
       // A leaf reached by a single edge gets its gradient into .grad at once instead of waiting
       // in `pending` until the end: otherwise every weight gradient of the model is alive at the
       // same time (one extra copy of all parameters at the peak). The arithmetic is the same

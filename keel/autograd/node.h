@@ -21,10 +21,12 @@ struct Node {
   virtual std::vector<Tensor> backward(const Tensor& grad_output) = 0;
   virtual const char* name() const = 0;
   // Optional, for a gradient that touches few elements of a large input (an embedding's B·T rows
-  // of a 50k-row table): add the gradient for `input` straight into `sum`, the total of that
-  // input's other contributions so far (a tensor nothing else holds), and return true. The engine
-  // then needs neither the dense tensor backward() would return nor the pass that adds it.
-  virtual bool backward_into(const Tensor& /*grad_output*/, size_t /*input*/, Tensor& /*sum*/) {
+  // of a 50k-row table): add every input gradient straight into the sum already pending for that
+  // input (`pending_sum(i)`: the total of its other contributions so far, a tensor nothing else
+  // holds, or null when there is none) and return true; the engine then skips backward(), its
+  // dense tensors and the passes that add them. Return false to have backward() run instead.
+  using PendingSum = std::function<Tensor*(size_t input)>;
+  virtual bool backward_into(const Tensor& /*grad_output*/, const PendingSum& /*pending_sum*/) {
     return false;
   }
 

@@ -23,23 +23,26 @@ struct EmbeddingNode final : Node {
   Tensor ids;  // [...] I32 or I64
   int64_t v = 0, d = 0;
   DType dt = DType::F32;
-  std::vector<Tensor> backward(const Tensor& g) override {  // g [..., D]
-    if (!needs_grad(1)) return {Tensor(), Tensor()};
+  // dw[ids[i], :] += g[i, :]: each touched row gets its positions' sum (in position order,
+  // deterministic); other rows are left as they are.
+  void scatter_into(Tensor& dw, const Tensor& g) const {
     const Tensor gw = g.dtype() == dt ? g : g.to_dtype(dt);
-    // Untouched rows stay zero; touched rows are summed in position order (deterministic).
-    Tensor dw = Tensor::zeros({v, d}, dt, g.device());  // [V, D]
     embedding_kernels(g.device())
         .scatter_add(dw.data(), gw.data(), ids.data(), ids.dtype(), dt, ids.numel(), v, d);
+  }
+  std::vector<Tensor> backward(const Tensor& g) override {  // g [..., D]
+    if (!needs_grad(1)) return {Tensor(), Tensor()};
+    Tensor dw = Tensor::zeros({v, d}, dt, g.device());  // [V, D]
+    scatter_into(dw, g);
     return {Tensor(), dw};
   }
-  // The rows go straight into the weight's other gradient (a tied head's), each summed onto it in
-  // position order: no [V, D] zeros and no dense add.
-  bool backward_into(const Tensor& g, size_t input, Tensor& sum) override {
-    if (input != 1 || sum.dtype() != dt || sum.numel() != v * d || sum.device() != g.device())
+  // The rows go straight into the weight's other gradient (a tied head's): no [V, D] zeros and no
+  // dense add.
+  bool backward_into(const Tensor& g, const PendingSum& pending_sum) override {
+    Tensor* sum = needs_grad(1) ? pending_sum(1) : nullptr;
+    if (!sum || sum->dtype() != dt || sum->numel() != v * d || sum->device() != g.device())
       return false;
-    const Tensor gw = g.dtype() == dt ? g : g.to_dtype(dt);
-    embedding_kernels(g.device())
-        .scatter_add(sum.data(), gw.data(), ids.data(), ids.dtype(), dt, ids.numel(), v, d);
+    scatter_into(*sum, g);
     return true;
   }
   const char* name() const override { return "embedding"; }

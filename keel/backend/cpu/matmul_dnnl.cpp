@@ -13,7 +13,7 @@
 #include "keel/backend/elementwise.h"
 #include "keel/backend/matmul.h"
 #include "keel/numerics/error.h"
-#include "keel/tensor/host_memory.h"
+#include "keel/tensor/tensor.h"
 #ifdef KEEL_HAVE_CUDA
 #include "keel/backend/cuda/tables.h"
 #endif
@@ -173,31 +173,20 @@ void reorder_f32(float* dst, const dnnl::memory::dims& dst_strides, const float*
   c.stream.wait();
 }
 
-// Scratch from the block cache, returned on every exit.
-struct Scratch {
-  size_t nbytes;
-  float* p;
-  explicit Scratch(int64_t elems)
-      : nbytes(size_t(elems) * sizeof(float)),
-        p(static_cast<float*>(host_memory::allocate(nbytes))) {}
-  ~Scratch() { host_memory::release(p, nbytes); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-};
-
 void run_f32_plan(const MatmulArgs& a, F32Plan plan) {
-  if (plan == F32Plan::kTransposeB) {  // B [K, N] -> [N, K], then C = op(A)·B with trans_b
-    Scratch bt(a.k * a.n);
-    reorder_f32(bt.p, {1, a.k}, static_cast<const float*>(a.b), {a.n, 1}, a.k, a.n, false);
+  if (plan == F32Plan::kTransposeB) {       // B [K, N] -> [N, K], then C = op(A)·B with trans_b
+    Tensor bt = Tensor::empty({a.n, a.k});  // the block cache's memory, like any tensor
+    reorder_f32(bt.data_as<float>(), {1, a.k}, static_cast<const float*>(a.b), {a.n, 1}, a.k, a.n,
+                false);
     MatmulArgs t = a;
-    t.b = bt.p;
+    t.b = bt.data();
     t.trans_b = true;
     return run(t, primitive(t));
   }
   // Cᵀ[N, M] = op(B)ᵀ·op(A)ᵀ into scratch, then C (+)= its transpose.
-  Scratch ct(a.m * a.n);
+  Tensor ct = Tensor::empty({a.n, a.m});
   MatmulArgs t = a;
-  t.c = ct.p;
+  t.c = ct.data();
   t.a = a.b;
   t.trans_a = !a.trans_b;
   t.b = a.a;
@@ -206,7 +195,8 @@ void run_f32_plan(const MatmulArgs& a, F32Plan plan) {
   t.n = a.m;
   t.accumulate = false;
   run(t, primitive(t));
-  reorder_f32(static_cast<float*>(a.c), {a.n, 1}, ct.p, {1, a.m}, a.m, a.n, a.accumulate);
+  reorder_f32(static_cast<float*>(a.c), {a.n, 1}, ct.data_as<float>(), {1, a.m}, a.m, a.n,
+              a.accumulate);
 }
 
 void cpu_matmul(const MatmulArgs& args) {
