@@ -32,7 +32,7 @@ std::string column_header() {
 
 // One line of a frame: a tensor's statistics, or a placeholder (undefined, integer, not on CPU).
 struct Entry {
-  enum Kind { kFloat, kInt, kNone, kUnreadable };
+  enum Kind { kFloat, kInt, kNone };
   Kind kind = kNone;
   std::string label;
   TensorStats s;               // kFloat
@@ -47,9 +47,6 @@ std::string format_entry(const Entry& e) {
   switch (e.kind) {
     case Entry::kNone:
       std::snprintf(buf, sizeof buf, "%17s %s", "None", e.label.c_str());
-      return buf;
-    case Entry::kUnreadable:
-      std::snprintf(buf, sizeof buf, "%17s %s", "not on the cpu", e.label.c_str());
       return buf;
     case Entry::kInt:
       std::snprintf(buf, sizeof buf, "%8.2e %8.2e %s", static_cast<double>(e.imin),
@@ -325,13 +322,10 @@ struct UnderflowOverflowTracer::Impl {
       e.kind = Entry::kNone;
       return;
     }
-    if (!t.device().is_cpu()) {
-      e.kind = Entry::kUnreadable;
-      return;
-    }
     if (!dtype_is_floating(t.dtype())) {
+      // Token ids and masks: small, and read where they are (one copy for a device tensor).
       e.kind = Entry::kInt;
-      int_range(e, t);
+      int_range(e, t.device().is_cpu() ? t : t.to(Device::cpu()));
       return;
     }
     e.kind = Entry::kFloat;
