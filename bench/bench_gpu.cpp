@@ -5,10 +5,13 @@
 // accumulation).
 //
 //   ./build/bench/bench_gpu [--steps 8] [--batch 16] [--seq 1024] [--layers 12] [--dump DIR]
+//                           [--profile ROWS]
 //
 // --dump DIR writes the initial parameters (DIR/model.safetensors, keel's names and layouts) and
 // the step's tokens (DIR/batch.safetensors) so that bench/gpt2_torch.py can start PyTorch from the
-// same point (loss parity at step 0). The last line is machine-readable:
+// same point (loss parity at step 0). --profile ROWS then runs one more step with an event after
+// every launch and prints the ROWS launch sites that took the most device time. The last line is
+// machine-readable:
 //   RESULT keel_tok_s=... step_ms=... mfu=... peak_tflops=... loss0=...
 #include <algorithm>
 #include <chrono>
@@ -75,6 +78,7 @@ uint64_t xorshift(uint64_t& s) {
 int main(int argc, char** argv) {
   int64_t steps = 8, batch = 16, seq = 1024, layers = 12;
   std::string dump;
+  int64_t profile_rows = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--steps")
@@ -87,6 +91,8 @@ int main(int argc, char** argv) {
       layers = std::stoll(v);
     else if (k == "--dump")
       dump = v;
+    else if (k == "--profile")
+      profile_rows = std::stoll(v);
     else {
       std::fprintf(stderr, "bench_gpu: unknown option %s\n", k.c_str());
       return 2;
@@ -138,30 +144,37 @@ int main(int argc, char** argv) {
   };
   // Flash (tiled, f32 online softmax on CUDA cores) and eager (scores through cuBLASLt, softmax
   // kernel between): both are keel's; the table reports the faster.
+  // One training step; returns (loss, grad norm).
+  auto train_step = [&]() {
+    opt.zero_grad();
+    double loss_v = 0;
+    {
+      amp::AutocastGuard autocast(true, DType::BF16);
+      Tensor logits = model->forward(ids, Tensor());  // [B, T, V]
+      Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, 50257}));
+      logits = Tensor();
+      Tensor loss = ops::cross_entropy(flat, labels);  // mean over tokens, f32
+      flat = Tensor();
+      loss_v = loss.item();
+      backward(loss);
+    }
+    std::vector<Tensor> grads;
+    for (auto& [name, p] : params)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    const double norm = optim::global_grad_norm(grads);  // one readback
+    if (std::isfinite(norm)) {
+      optim::clip_grads(grads, 1.0, norm);
+      opt.step(6e-4);
+    }
+    return std::pair<double, double>{loss_v, norm};
+  };
   auto run = [&](ops::AttentionBackend backend) {
     model->set_attention_backend(backend);
     std::vector<double> times, losses;
     for (int64_t step = 0; step < steps; ++step) {
       cuda::synchronize(0);
       const auto t0 = clk::now();
-      opt.zero_grad();
-      double loss_v = 0;
-      {
-        amp::AutocastGuard autocast(true, DType::BF16);
-        Tensor logits = model->forward(ids, Tensor());  // [B, T, V]
-        Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, 50257}));
-        Tensor loss = ops::cross_entropy(flat, labels);  // mean over tokens, f32
-        loss_v = loss.item();
-        backward(loss);
-      }
-      std::vector<Tensor> grads;
-      for (auto& [name, p] : params)
-        if (p.grad().defined()) grads.push_back(p.grad());
-      const double norm = optim::global_grad_norm(grads);  // one readback
-      if (std::isfinite(norm)) {
-        optim::clip_grads(grads, 1.0, norm);
-        opt.step(6e-4);
-      }
+      const auto [loss_v, norm] = train_step();
       cuda::synchronize(0);
       times.push_back(seconds_since(t0));
       losses.push_back(loss_v);
@@ -194,6 +207,26 @@ int main(int argc, char** argv) {
         100 * flops_tok * r.tok_s / (peak * 1e12));
   std::printf("peak memory %.2f GiB (caching allocator, live tensors)\n",
               ms.peak / double(1u << 30));
+  if (profile_rows > 0) {
+    // One more step of the faster backend with an event after every launch (cuda::profile_*).
+    model->set_attention_backend(&best == &flash ? ops::AttentionBackend::kFlash
+                                                 : ops::AttentionBackend::kEager);
+    cuda::profile_begin();
+    const auto t0 = clk::now();
+    train_step();
+    const std::vector<cuda::ProfileRow> rows = cuda::profile_end();
+    double dev_ms = 0, host_ms = 0;
+    int64_t calls = 0;
+    for (const auto& r : rows) dev_ms += r.device_ms, host_ms += r.host_ms, calls += r.calls;
+    std::printf(
+        "profile of one step (%.1f ms with the events): device %.1f ms, host %.1f ms, %lld "
+        "launches\n",
+        seconds_since(t0) * 1e3, dev_ms, host_ms, static_cast<long long>(calls));
+    std::printf("%10s %10s %7s  %s\n", "device ms", "host ms", "calls", "site");
+    for (size_t i = 0; i < rows.size() && static_cast<int64_t>(i) < profile_rows; ++i)
+      std::printf("%10.3f %10.3f %7lld  %s\n", rows[i].device_ms, rows[i].host_ms,
+                  static_cast<long long>(rows[i].calls), rows[i].site.c_str());
+  }
   std::printf(
       "RESULT keel_tok_s=%.1f step_ms=%.2f mfu=%.4f peak_tflops=%.1f loss0=%.6f "
       "attention=%s flash_tok_s=%.1f eager_tok_s=%.1f\n",

@@ -83,6 +83,8 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--dump", default="")
+    ap.add_argument("--profile", type=int, default=0,
+                    help="after the timed steps, profile one step and print this many kernels")
     a = ap.parse_args()
     dev = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False  # as keel: f32 matmuls in f32
@@ -104,10 +106,7 @@ def main():
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}], lr=6e-4, fused=True)
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}; starting from {src}")
-    times, losses = [], []
-    for step in range(a.steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+    def train_step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = forward(P, idx, a.layers)
@@ -115,11 +114,29 @@ def main():
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(list(P.values()), 1.0)
         opt.step()
-        lv = loss.item()
+        return loss.item(), norm
+
+    times, losses = [], []
+    for step in range(a.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        lv, norm = train_step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(lv)
         print(f"step {step}: loss {lv:.4f}  grad_norm {norm.item():.3f}  {times[-1] * 1e3:.1f} ms")
+    if a.profile > 0:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            train_step()
+            torch.cuda.synchronize()
+        for key in ("device_time_total", "cuda_time_total"):  # newer and older torch
+            try:
+                print(prof.key_averages().table(sort_by=key, row_limit=a.profile,
+                                                max_name_column_width=70))
+                break
+            except Exception:  # noqa: BLE001 (an unknown sort key)
+                continue
     timed = sorted(times[min(2, a.steps - 1):])
     step_s = timed[len(timed) // 2]
     tok_s = a.batch * a.seq / step_s

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace keel::cuda {
 
@@ -35,5 +36,18 @@ MemStats mem_stats(int device = 0);
 size_t cublaslt_version();
 void reset_peak(int device = 0);
 void empty_cache(int device = 0);  // returns cached blocks to the driver
+
+// Launch profile, for finding where a step's time goes without a profiler: between
+// profile_begin() and profile_end(), every kernel, copy, fill and matmul keel queues records a CUDA
+// event after it. A site's device time is the time between its event and the one before: its own
+// run time while the GPU is behind the host, that plus the GPU's idle wait when the host is behind.
+// Host time is the host's time between the two launches. Rows are per launch site, largest first.
+struct ProfileRow {
+  std::string site;  // "ln_forward (kernels_a.cu:120)", "matmul bf16 16384x2304x768 NT"
+  int64_t calls = 0;
+  double device_ms = 0, host_ms = 0;
+};
+void profile_begin();
+std::vector<ProfileRow> profile_end();  // synchronizes
 
 }  // namespace keel::cuda

@@ -21,6 +21,7 @@
 
 #include "keel/autograd/node.h"
 #include "keel/backend/cuda_api.h"
+#include "keel/backend/matmul.h"
 #include "keel/backend/monitor.h"
 #include "keel/backend/optim.h"
 #include "keel/numerics/tensor_stats.h"
@@ -262,6 +263,49 @@ TEST(CudaOps, LinearAndMatmul) {
   }
 }
 
+// Large products with an odd N or K (GPT-2's 50,257-token vocabulary) run on zero-padded copies
+// (backend/cuda/matmul.cu): each operand in turn, plain and accumulating, against the CPU backend.
+TEST(CudaOps, MatmulWithUnalignedRowsMatchesTheCpu) {
+  REQUIRE_GPU();
+  struct Case {
+    const char* what;
+    int64_t m, n, k;
+    bool trans_a, trans_b, accumulate;
+  };
+  const Case cases[] = {
+      {"C rows odd (x Wt)", 512, 1001, 272, false, true, false},
+      {"C rows odd, accumulating", 512, 1001, 272, false, true, true},
+      {"A rows odd (dY W)", 512, 272, 1001, false, false, false},
+      {"A rows odd, transposed (dYt X)", 1001, 272, 512, true, false, false},
+      {"B and C rows odd", 512, 1001, 272, false, false, true},
+      {"K odd (x Wt)", 512, 272, 1001, false, true, false},
+      {"everything odd, transposed", 333, 1001, 777, true, true, true},
+  };
+  for (DType in_dt : {DType::F32, DType::BF16})
+    for (DType out_dt : {DType::F32, in_dt})
+      for (const Case& c : cases) {
+        const std::string what =
+            std::string(c.what) + " " + dtype_name(in_dt) + "->" + dtype_name(out_dt);
+        Tensor a = test::randn(c.trans_a ? Shape{c.k, c.m} : Shape{c.m, c.k}, 21, 1.f, in_dt);
+        Tensor b = test::randn(c.trans_b ? Shape{c.n, c.k} : Shape{c.k, c.n}, 22, 1.f, in_dt);
+        Tensor c0 = test::randn({c.m, c.n}, 23, 1.f, out_dt);
+        Tensor out[2];
+        for (int side = 0; side < 2; ++side) {
+          const Device dev = side == 0 ? Device::cpu() : kGpu;
+          Tensor ad = on(a, dev), bd = on(b, dev);
+          out[side] = on(c0, dev);
+          MatmulArgs args;
+          args.c = out[side].data(), args.a = ad.data(), args.b = bd.data();
+          args.in_dt = in_dt, args.out_dt = out_dt;
+          args.m = c.m, args.n = c.n, args.k = c.k;
+          args.trans_a = c.trans_a, args.trans_b = c.trans_b, args.accumulate = c.accumulate;
+          matmul_kernels(dev).matmul(args);
+        }
+        const Tol t = out_dt == DType::F32 ? Tol{1e-3, 1e-4} : tol_for(out_dt);
+        test::expect_close(out[1].to(Device::cpu()), out[0], t.atol, t.rtol, what);
+      }
+}
+
 TEST(CudaOps, Activations) {
   REQUIRE_GPU();
   for (DType dt : kFloats) {
@@ -319,6 +363,10 @@ TEST(CudaOps, EmbeddingRopeDropoutShapes) {
                        {0, 0}, "split/merge heads " + n);
     expect_matches_cpu([](auto& v) { return ops::transpose(v[0], 0, 2); }, {s}, {0, 0},
                        "transpose " + n);
+    // Heads of 64 (GPT-2's): moved in 16-byte units.
+    Tensor s64 = test::randn({2, 9, 4 * 64}, 24, 1.f, dt);
+    expect_matches_cpu([](auto& v) { return ops::merge_heads(ops::split_heads(v[0], 4)); }, {s64},
+                       {0, 0}, "split/merge heads of 64 " + n);
     expect_matches_cpu(
         [](auto& v) {
           return ops::split_last(v[0], {5, 7})[1];

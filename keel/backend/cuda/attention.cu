@@ -10,6 +10,7 @@
 // that a lane per row reads without bank conflicts); 4 warps per block, each owning 8 query rows
 // (forward, dQ) or 8 keys (dK/dV). Head dims up to 128.
 #include <algorithm>
+#include <type_traits>
 
 #include "keel/backend/cuda/common.cuh"
 #include "keel/backend/cuda/tables.h"
@@ -112,21 +113,122 @@ __global__ void softmax_bwd_kernel(ED* ds, const float* p32, const EG* dp, Dims 
   }
 }
 
+// Rows of up to PER x blockDim keys (T <= 2048) are read once into registers: thread x holds keys
+// x, x + blockDim, ... (the keys the loops above give it, so the same sums and bits), so each
+// score is read and exponentiated once, and masked keys are never read. Without a padding mask
+// every row sees i + 1 >= 1 keys and needs no count. Longer rows take the kernels above.
+template <class EP, class ES, int PER>
+__global__ void softmax_fwd_reg_kernel(float* p32, EP* p_lp, const float* s, Dims a) {
+  __shared__ float sh[32];
+  const int64_t r = blockIdx.x, t = a.t, i = r % t, b = r / (a.hq * t);
+  const uint8_t* mk = a.mask ? a.mask + b * t : nullptr;
+  const int64_t n = i + 1;
+  float* pr = p32 + r * t;
+  const float* sr = s + r * t;
+  float x[PER];
+  uint32_t visible = 0;
+  float cnt = 0.f, mx = -INFINITY;
+#pragma unroll
+  for (int q = 0; q < PER; ++q) {
+    const int64_t j = threadIdx.x + int64_t(q) * blockDim.x;
+    x[q] = 0.f;
+    if (j < n && key_real(mk, j)) {
+      visible |= 1u << q;
+      x[q] = round_to<ES>(a.scale * sr[j]);
+      cnt += 1.f, mx = nan_max(mx, x[q]);
+    }
+  }
+  cnt = mk ? block_reduce(cnt, sh, SumOp{}, 0.f) : 1.f;
+  mx = block_reduce(mx, sh, MaxOp{}, -INFINITY);
+  float sum = 0.f;
+#pragma unroll
+  for (int q = 0; q < PER; ++q)
+    if (cnt > 0 && (visible >> q & 1)) x[q] = expf(x[q] - mx), sum += x[q];
+  sum = block_reduce(sum, sh, SumOp{}, 0.f);
+#pragma unroll
+  for (int q = 0; q < PER; ++q) {
+    const int64_t j = threadIdx.x + int64_t(q) * blockDim.x;
+    if (j < t) {
+      const float p = cnt > 0 && (visible >> q & 1) ? x[q] / sum : 0.f;
+      pr[j] = p;  // p32 may alias s: this thread read its s[j] above
+      if (p_lp) st(p_lp + r * t + j, p);
+    }
+  }
+}
+
+template <class ED, class EG, int PER>
+__global__ void softmax_bwd_reg_kernel(ED* ds, const float* p32, const EG* dp, Dims a) {
+  __shared__ float sh[32];
+  const int64_t r = blockIdx.x, t = a.t, i = r % t, b = r / (a.hq * t);
+  const uint8_t* mk = a.mask ? a.mask + b * t : nullptr;
+  const int64_t n = i + 1;
+  const float* pr = p32 + r * t;
+  float pv[PER], g[PER];
+  uint32_t visible = 0;
+  float dot = 0.f;
+#pragma unroll
+  for (int q = 0; q < PER; ++q) {
+    const int64_t j = threadIdx.x + int64_t(q) * blockDim.x;
+    pv[q] = g[q] = 0.f;
+    if (j < n && key_real(mk, j)) {
+      visible |= 1u << q;
+      pv[q] = pr[j], g[q] = ld(dp + r * t + j);
+      dot += g[q] * pv[q];
+    }
+  }
+  dot = block_reduce(dot, sh, SumOp{}, 0.f);
+#pragma unroll
+  for (int q = 0; q < PER; ++q) {
+    const int64_t j = threadIdx.x + int64_t(q) * blockDim.x;
+    if (j < t)
+      st(ds + r * t + j, visible >> q & 1 ? pv[q] * (g[q] - dot) : 0.f);  // ds may alias dp
+  }
+}
+
+// The block size of a row (as the loops above), and PER as a compile-time constant for f; false
+// for rows too long for registers.
+int row_threads_for(int64_t t) { return t >= 512 ? 256 : 128; }
+template <class F>
+bool with_keys_per_thread(int64_t t, F&& f) {
+  const int64_t per = (t + row_threads_for(t) - 1) / row_threads_for(t);
+  if (per <= 4)
+    f(std::integral_constant<int, 4>{});
+  else if (per <= 8)
+    f(std::integral_constant<int, 8>{});
+  else
+    return false;
+  return true;
+}
+
 void attn_softmax_forward(float* p32, void* p_lp, DType p_dt, const float* s, DType score_dt,
                           const AttentionDims& ad) {
   const Dims a = dims_of(ad);
   const int64_t rows = a.batch * a.hq * a.t;
   if (rows <= 0) return;
-  const int threads = a.t >= 512 ? 256 : 128;
-  KEEL_CUDA_FLOAT_TYPES(score_dt, ES, {
-    if (p_lp) {
-      KEEL_CUDA_FLOAT_TYPES(p_dt, EP,
-                            softmax_fwd_kernel<EP, ES>
-                            <<<rows, threads, 0, stream()>>>(p32, (EP*)p_lp, s, a));
-    } else {
-      softmax_fwd_kernel<float, ES><<<rows, threads, 0, stream()>>>(p32, nullptr, s, a);
-    }
+  const int threads = row_threads_for(a.t);
+  const bool in_registers = with_keys_per_thread(a.t, [&](auto per) {
+    KEEL_CUDA_FLOAT_TYPES(score_dt, ES, {
+      if (p_lp) {
+        KEEL_CUDA_FLOAT_TYPES(p_dt, EP,
+                              softmax_fwd_reg_kernel<EP, ES, per()>
+                              <<<rows, threads, 0, stream()>>>(p32, (EP*)p_lp, s, a));
+      } else {
+        softmax_fwd_reg_kernel<float, ES, per()>
+            <<<rows, threads, 0, stream()>>>(p32, nullptr, s, a);
+      }
+    });
   });
+  if (!in_registers) {
+    KEEL_CUDA_FLOAT_TYPES(score_dt, ES, {
+      if (p_lp) {
+        KEEL_CUDA_FLOAT_TYPES(p_dt, EP,
+                              softmax_fwd_kernel<EP, ES>
+                              <<<rows, threads, 0, stream()>>>(p32, (EP*)p_lp, s, a));
+      } else {
+        softmax_fwd_kernel<float, ES><<<rows, threads, 0, stream()>>>(p32, nullptr, s, a);
+      }
+    });
+  }
   KEEL_CUDA_LAUNCHED();
 }
 
@@ -135,11 +237,19 @@ void attn_softmax_backward(void* ds, DType ds_dt, const float* p32, const void* 
   const Dims a = dims_of(ad);
   const int64_t rows = a.batch * a.hq * a.t;
   if (rows <= 0) return;
-  const int threads = a.t >= 512 ? 256 : 128;
-  KEEL_CUDA_FLOAT_TYPES(ds_dt, ED, KEEL_CUDA_FLOAT_TYPES(dp_dt, EG, {
-                          softmax_bwd_kernel<ED, EG>
-                              <<<rows, threads, 0, stream()>>>((ED*)ds, p32, (const EG*)dp, a);
-                        }));
+  const int threads = row_threads_for(a.t);
+  const bool in_registers = with_keys_per_thread(a.t, [&](auto per) {
+    KEEL_CUDA_FLOAT_TYPES(ds_dt, ED, KEEL_CUDA_FLOAT_TYPES(dp_dt, EG, {
+                            softmax_bwd_reg_kernel<ED, EG, per()>
+                                <<<rows, threads, 0, stream()>>>((ED*)ds, p32, (const EG*)dp, a);
+                          }));
+  });
+  if (!in_registers) {
+    KEEL_CUDA_FLOAT_TYPES(ds_dt, ED, KEEL_CUDA_FLOAT_TYPES(dp_dt, EG, {
+                            softmax_bwd_kernel<ED, EG>
+                                <<<rows, threads, 0, stream()>>>((ED*)ds, p32, (const EG*)dp, a);
+                          }));
+  }
   KEEL_CUDA_LAUNCHED();
 }
 

@@ -26,8 +26,17 @@ namespace keel::cuda {
       ::keel::cuda::throw_cuda_error(keel_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 // After a kernel launch: reports a bad launch configuration at once (asynchronous faults surface
-// at the next synchronizing call).
-#define KEEL_CUDA_LAUNCHED() KEEL_CUDA_CHECK(cudaGetLastError())
+// at the next synchronizing call), and marks the launch for cuda::profile_begin/end.
+#define KEEL_CUDA_LAUNCHED()                                                                 \
+  do {                                                                                       \
+    KEEL_CUDA_CHECK(cudaGetLastError());                                                     \
+    if (::keel::cuda::g_profiling) ::keel::cuda::profile_mark(__func__, __FILE__, __LINE__); \
+  } while (0)
+// Set between profile_begin() and profile_end() (cuda_api.h).
+extern bool g_profiling;
+// Records an event after the work queued so far, labelled by its launch site or `site`.
+void profile_mark(const char* func, const char* file, int line);
+void profile_mark(std::string site);
 
 // The stream every keel kernel, copy and matmul of the current device runs on (in order).
 cudaStream_t stream();
@@ -120,6 +129,15 @@ class Scratch {
 void read_back(void* host, const void* dev, size_t nbytes);
 // out = in converted (RNE) on the current stream.
 void convert_async(void* out, DType out_dt, const void* in, DType in_dt, int64_t n);
+
+// N elements moved as one aligned load/store (element-wise kernels read 4 at a time).
+template <class T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+inline bool aligned_to(const void* p, size_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
 
 // Grid-stride loop over [0, n).
 #define KEEL_CUDA_FOR(i, n)                                                 \

@@ -5,6 +5,8 @@
 #include "keel/backend/cuda/common.cuh"
 #include "keel/backend/cuda/tables.h"
 
+#include <initializer_list>
+
 namespace keel::cuda {
 namespace {
 
@@ -27,32 +29,78 @@ struct ScaleOp {
   __device__ float operator()(float a) const { return alpha * a; }
 };
 
-template <class T, class Op>
+// V elements per load and store when the addresses (and, for a row operand, the row length)
+// allow: these kernels are bandwidth-bound, and 2-byte scalar loads leave much of it unused.
+template <class T, int V, class Op>
 __global__ void map1_kernel(T* out, const T* a, int64_t n, Op op) {
-  KEEL_CUDA_FOR(i, n) st(out + i, op(ld(a + i)));
+  using W = Vec<T, V>;
+  KEEL_CUDA_FOR(i, n / V) {
+    const W x = reinterpret_cast<const W*>(a)[i];
+    W y;
+#pragma unroll
+    for (int k = 0; k < V; ++k) st(&y.v[k], op(ld(&x.v[k])));
+    reinterpret_cast<W*>(out)[i] = y;
+  }
+  const int64_t tail = n / V * V + blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (tail < n) st(out + tail, op(ld(a + tail)));
 }
-template <class T, class Op>
+template <class T, int V, class Op>
 __global__ void map2_kernel(T* out, const T* a, const T* b, int64_t n, Op op) {
-  KEEL_CUDA_FOR(i, n) st(out + i, op(ld(a + i), ld(b + i)));
+  using W = Vec<T, V>;
+  KEEL_CUDA_FOR(i, n / V) {
+    const W x = reinterpret_cast<const W*>(a)[i], z = reinterpret_cast<const W*>(b)[i];
+    W y;
+#pragma unroll
+    for (int k = 0; k < V; ++k) st(&y.v[k], op(ld(&x.v[k]), ld(&z.v[k])));
+    reinterpret_cast<W*>(out)[i] = y;
+  }
+  const int64_t tail = n / V * V + blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (tail < n) st(out + tail, op(ld(a + tail), ld(b + tail)));
 }
-template <class T, class Op>
+// V divides cols here, so a vector never straddles two rows.
+template <class T, int V, class Op>
 __global__ void map_rows_kernel(T* out, const T* a, const T* row, int64_t n, int64_t cols, Op op) {
-  KEEL_CUDA_FOR(i, n) st(out + i, op(ld(a + i), ld(row + i % cols)));
+  using W = Vec<T, V>;
+  const int64_t row_vecs = cols / V;
+  KEEL_CUDA_FOR(i, n / V) {
+    const W x = reinterpret_cast<const W*>(a)[i], z = reinterpret_cast<const W*>(row)[i % row_vecs];
+    W y;
+#pragma unroll
+    for (int k = 0; k < V; ++k) st(&y.v[k], op(ld(&x.v[k]), ld(&z.v[k])));
+    reinterpret_cast<W*>(out)[i] = y;
+  }
+}
+
+template <class T>
+bool vectorizable(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (!aligned_to(p, 4 * sizeof(T))) return false;
+  return true;
 }
 
 template <class Op>
 void map1(void* out, const void* a, DType dt, int64_t n, Op op) {
   if (n <= 0) return;
-  KEEL_CUDA_FLOAT_TYPES(
-      dt, T, map1_kernel<<<grid_for(n), kThreads, 0, stream()>>>((T*)out, (const T*)a, n, op));
+  KEEL_CUDA_FLOAT_TYPES(dt, T, {
+    if (vectorizable<T>({out, a}))
+      map1_kernel<T, 4>
+          <<<grid_for(n / 4 + 1), kThreads, 0, stream()>>>((T*)out, (const T*)a, n, op);
+    else
+      map1_kernel<T, 1><<<grid_for(n), kThreads, 0, stream()>>>((T*)out, (const T*)a, n, op);
+  });
   KEEL_CUDA_LAUNCHED();
 }
 template <class Op>
 void map2(void* out, const void* a, const void* b, DType dt, int64_t n, Op op) {
   if (n <= 0) return;
-  KEEL_CUDA_FLOAT_TYPES(dt, T,
-                        map2_kernel<<<grid_for(n), kThreads, 0, stream()>>>((T*)out, (const T*)a,
-                                                                            (const T*)b, n, op));
+  KEEL_CUDA_FLOAT_TYPES(dt, T, {
+    if (vectorizable<T>({out, a, b}))
+      map2_kernel<T, 4><<<grid_for(n / 4 + 1), kThreads, 0, stream()>>>((T*)out, (const T*)a,
+                                                                        (const T*)b, n, op);
+    else
+      map2_kernel<T, 1>
+          <<<grid_for(n), kThreads, 0, stream()>>>((T*)out, (const T*)a, (const T*)b, n, op);
+  });
   KEEL_CUDA_LAUNCHED();
 }
 template <class Op>
@@ -60,9 +108,14 @@ void map_rows(void* out, const void* a, const void* row, DType dt, int64_t rows,
               Op op) {
   const int64_t n = rows * cols;
   if (n <= 0) return;
-  KEEL_CUDA_FLOAT_TYPES(dt, T,
-                        map_rows_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
-                            (T*)out, (const T*)a, (const T*)row, n, cols, op));
+  KEEL_CUDA_FLOAT_TYPES(dt, T, {
+    if (cols % 4 == 0 && vectorizable<T>({out, a, row}))
+      map_rows_kernel<T, 4><<<grid_for(n / 4), kThreads, 0, stream()>>>((T*)out, (const T*)a,
+                                                                        (const T*)row, n, cols, op);
+    else
+      map_rows_kernel<T, 1><<<grid_for(n), kThreads, 0, stream()>>>((T*)out, (const T*)a,
+                                                                    (const T*)row, n, cols, op);
+  });
   KEEL_CUDA_LAUNCHED();
 }
 

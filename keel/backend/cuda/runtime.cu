@@ -8,6 +8,8 @@
 // the host can be handed out again at once: later work is queued after the work that used it.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -170,6 +172,7 @@ void rt_memset0(void* p, size_t nbytes, int device) {
   if (nbytes == 0) return;
   use_device(device);
   KEEL_CUDA_CHECK(cudaMemsetAsync(p, 0, nbytes, stream_of(device)));
+  if (g_profiling) profile_mark("memset0");
 }
 
 void rt_copy(void* dst, Device dd, const void* src, Device sd, size_t nbytes) {
@@ -187,24 +190,45 @@ void rt_copy(void* dst, Device dd, const void* src, Device sd, size_t nbytes) {
       dd.is_cuda() ? (sd.is_cuda() ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
                    : cudaMemcpyDeviceToHost;
   KEEL_CUDA_CHECK(cudaMemcpyAsync(dst, src, nbytes, kind, st));
+  if (g_profiling)
+    profile_mark(kind == cudaMemcpyDeviceToDevice ? "copy device to device"
+                 : kind == cudaMemcpyHostToDevice ? "copy host to device (synchronizes)"
+                                                  : "copy device to host (synchronizes)");
   // To the host: the caller reads the buffer next. From the host: the source may be pageable
   // memory the caller frees next; synchronizing keeps both simple (batches are small).
   if (kind != cudaMemcpyDeviceToDevice) KEEL_CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
-template <class TO, class TI>
+// Four elements per load and store when both addresses allow it (a bandwidth-bound kernel: the
+// scalar 2-byte loads of a bf16 cast left a third of the bandwidth unused).
+template <class TO, class TI, int V>
 __global__ void convert_kernel(TO* out, const TI* in, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    st(out + i, ld(in + i));
+  const int64_t nv = n / V;
+  auto* vo = reinterpret_cast<Vec<TO, V>*>(out);
+  auto* vi = reinterpret_cast<const Vec<TI, V>*>(in);
+  KEEL_CUDA_FOR(i, nv) {
+    const Vec<TI, V> x = vi[i];
+    Vec<TO, V> y;
+#pragma unroll
+    for (int k = 0; k < V; ++k) st(&y.v[k], ld(&x.v[k]));
+    vo[i] = y;
+  }
+  const int64_t tail = nv * V + blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (tail < n) st(out + tail, ld(in + tail));
 }
 
 void rt_convert(void* out, DType odt, const void* in, DType idt, int64_t n, int device) {
   if (n <= 0) return;
   use_device(device);
+  const bool vec = aligned_to(out, 4 * dtype_size(odt)) && aligned_to(in, 4 * dtype_size(idt));
   KEEL_CUDA_FLOAT_TYPES(odt, TO, KEEL_CUDA_FLOAT_TYPES(idt, TI, {
-                          convert_kernel<<<grid_for(n), 256, 0, stream_of(device)>>>(
-                              static_cast<TO*>(out), static_cast<const TI*>(in), n);
+                          if (vec)
+                            convert_kernel<TO, TI, 4>
+                                <<<grid_for(n / 4 + 1), 256, 0, stream_of(device)>>>(
+                                    static_cast<TO*>(out), static_cast<const TI*>(in), n);
+                          else
+                            convert_kernel<TO, TI, 1><<<grid_for(n), 256, 0, stream_of(device)>>>(
+                                static_cast<TO*>(out), static_cast<const TI*>(in), n);
                         }));
   KEEL_CUDA_LAUNCHED();
 }
@@ -256,6 +280,7 @@ void read_back(void* host, const void* dev, size_t nbytes) {
   if (nbytes == 0) return;
   cudaStream_t st = stream();
   KEEL_CUDA_CHECK(cudaMemcpyAsync(host, dev, nbytes, cudaMemcpyDeviceToHost, st));
+  if (g_profiling) profile_mark("read_back (synchronizes)");
   KEEL_CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
@@ -301,6 +326,72 @@ void reset_peak(int device) {
   std::lock_guard<std::mutex> lock(s.mu);
   s.stats.peak = s.stats.allocated;
 }
+// ---- launch profile --------------------------------------------------------------------------
+
+bool g_profiling = false;
+
+namespace {
+
+using host_clock = std::chrono::steady_clock;
+struct Mark {
+  std::string site;
+  cudaEvent_t event;
+  host_clock::time_point host;
+};
+std::vector<Mark> g_marks;
+std::vector<cudaEvent_t> g_spare_events;
+
+}  // namespace
+
+void profile_mark(std::string site) {
+  cudaEvent_t e;
+  if (g_spare_events.empty()) {
+    KEEL_CUDA_CHECK(cudaEventCreate(&e));
+  } else {
+    e = g_spare_events.back();
+    g_spare_events.pop_back();
+  }
+  KEEL_CUDA_CHECK(cudaEventRecord(e, stream()));
+  g_marks.push_back({std::move(site), e, host_clock::now()});
+}
+
+void profile_mark(const char* func, const char* file, int line) {
+  const char* base = std::strrchr(file, '/');
+  profile_mark(std::string(func) + " (" + (base ? base + 1 : file) + ":" + std::to_string(line) +
+               ")");
+}
+
+void profile_begin() {
+  if (!status().usable) return;
+  synchronize(current_device());
+  g_profiling = true;
+  profile_mark("begin");
+}
+
+std::vector<ProfileRow> profile_end() {
+  if (!g_profiling) return {};
+  g_profiling = false;
+  synchronize(current_device());
+  std::map<std::string, ProfileRow> rows;
+  for (size_t i = 1; i < g_marks.size(); ++i) {
+    ProfileRow& r = rows[g_marks[i].site];
+    r.site = g_marks[i].site;
+    float ms = 0;
+    KEEL_CUDA_CHECK(cudaEventElapsedTime(&ms, g_marks[i - 1].event, g_marks[i].event));
+    ++r.calls;
+    r.device_ms += ms;
+    r.host_ms +=
+        std::chrono::duration<double, std::milli>(g_marks[i].host - g_marks[i - 1].host).count();
+  }
+  for (Mark& m : g_marks) g_spare_events.push_back(m.event);
+  g_marks.clear();
+  std::vector<ProfileRow> out;
+  for (auto& [site, r] : rows) out.push_back(r);
+  std::sort(out.begin(), out.end(),
+            [](const ProfileRow& a, const ProfileRow& b) { return a.device_ms > b.device_ms; });
+  return out;
+}
+
 void empty_cache(int device) {
   if (!status().usable) return;
   use_device(device);
