@@ -70,12 +70,21 @@ __device__ __forceinline__ float dot_rows(const float* a, const float* b, int64_
 
 // ---- eager/math softmax ---------------------------------------------------------------------
 
+// The row of this block (one per query row): its length, its causal visible prefix (keys
+// j < i + 1) and its batch's padding mask.
+struct Row {
+  int64_t r, t, n;
+  const uint8_t* mk;
+};
+__device__ __forceinline__ Row row_of(const Dims& a) {
+  const int64_t r = blockIdx.x, i = r % a.t, b = r / (a.hq * a.t);
+  return {r, a.t, i + 1, a.mask ? a.mask + b * a.t : nullptr};
+}
+
 template <class EP, class ES>
 __global__ void softmax_fwd_kernel(float* p32, EP* p_lp, const float* s, Dims a) {
   __shared__ float sh[32];
-  const int64_t r = blockIdx.x, t = a.t, i = r % t, b = r / (a.hq * t);
-  const uint8_t* mk = a.mask ? a.mask + b * t : nullptr;
-  const int64_t n = i + 1;
+  const auto [r, t, n, mk] = row_of(a);
   float* pr = p32 + r * t;
   const float* sr = s + r * t;
   float cnt = 0.f, mx = -INFINITY;
@@ -99,9 +108,7 @@ __global__ void softmax_fwd_kernel(float* p32, EP* p_lp, const float* s, Dims a)
 template <class ED, class EG>
 __global__ void softmax_bwd_kernel(ED* ds, const float* p32, const EG* dp, Dims a) {
   __shared__ float sh[32];
-  const int64_t r = blockIdx.x, t = a.t, i = r % t, b = r / (a.hq * t);
-  const uint8_t* mk = a.mask ? a.mask + b * t : nullptr;
-  const int64_t n = i + 1;
+  const auto [r, t, n, mk] = row_of(a);
   const float* pr = p32 + r * t;
   float dot = 0.f;
   for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
@@ -120,9 +127,7 @@ __global__ void softmax_bwd_kernel(ED* ds, const float* p32, const EG* dp, Dims 
 template <class EP, class ES, int PER>
 __global__ void softmax_fwd_reg_kernel(float* p32, EP* p_lp, const float* s, Dims a) {
   __shared__ float sh[32];
-  const int64_t r = blockIdx.x, t = a.t, i = r % t, b = r / (a.hq * t);
-  const uint8_t* mk = a.mask ? a.mask + b * t : nullptr;
-  const int64_t n = i + 1;
+  const auto [r, t, n, mk] = row_of(a);
   float* pr = p32 + r * t;
   const float* sr = s + r * t;
   float x[PER];
@@ -159,9 +164,7 @@ __global__ void softmax_fwd_reg_kernel(float* p32, EP* p_lp, const float* s, Dim
 template <class ED, class EG, int PER>
 __global__ void softmax_bwd_reg_kernel(ED* ds, const float* p32, const EG* dp, Dims a) {
   __shared__ float sh[32];
-  const int64_t r = blockIdx.x, t = a.t, i = r % t, b = r / (a.hq * t);
-  const uint8_t* mk = a.mask ? a.mask + b * t : nullptr;
-  const int64_t n = i + 1;
+  const auto [r, t, n, mk] = row_of(a);
   const float* pr = p32 + r * t;
   float pv[PER], g[PER];
   uint32_t visible = 0;
