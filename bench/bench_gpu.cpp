@@ -142,8 +142,6 @@ int main(int argc, char** argv) {
   struct Run {
     double step_s, tok_s, loss0;
   };
-  // Flash (tiled, f32 online softmax on CUDA cores) and eager (scores through cuBLASLt, softmax
-  // kernel between): both are keel's; the table reports the faster.
   // One training step; returns (loss, grad norm).
   auto train_step = [&]() {
     opt.zero_grad();
@@ -168,6 +166,8 @@ int main(int argc, char** argv) {
     }
     return std::pair<double, double>{loss_v, norm};
   };
+  // Flash (tiled, f32 online softmax on CUDA cores) and eager (scores through cuBLASLt, softmax
+  // kernel between): both are keel's; the table reports the faster.
   auto run = [&](ops::AttentionBackend backend) {
     model->set_attention_backend(backend);
     std::vector<double> times, losses;

@@ -112,7 +112,6 @@ PYTHONUNBUFFERED=1 timeout "${KEEL_GPU_TORCH_TIMEOUT:-120}" python3 bench/gpt2_t
 torch=$(grep "^RESULT" "$logs/torch.log" | tail -1)
 rm -rf "$dump"
 
-val() { echo "$1" | tr ' ' '\n' | grep "^$2=" | cut -d= -f2; }
 python3 - "$keel" "$torch" "$tests_rc" "$failed" "$skipped" "$tests_line" "$((SECONDS - start))" <<'PY'
 import sys
 keel, torch, rc, failed, skipped, line, secs = sys.argv[1:8]

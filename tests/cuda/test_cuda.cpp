@@ -417,6 +417,22 @@ TEST(CudaOps, AttentionEveryBackendWithPaddingAndGqa) {
 
 // ---- optimizer and toolkit kernels ------------------------------------------------------------
 
+// Rows longer than 2048 keys do not fit the eager softmax's registers and take its block-per-row
+// kernels (backend/cuda/attention.cu), forward and backward.
+TEST(CudaOps, EagerSoftmaxOfRowsLongerThanItsRegisters) {
+  REQUIRE_GPU();
+  const int64_t t = 2100;
+  for (DType dt : kFloats) {
+    Tensor q = test::randn({1, 1, t, 16}, 41, 1.f, dt), k = test::randn({1, 1, t, 16}, 42, 1.f, dt),
+           v = test::randn({1, 1, t, 16}, 43, 1.f, dt);
+    expect_matches_cpu(
+        [&](auto& x) {
+          return ops::attention(x[0], x[1], x[2], Tensor(), ops::AttentionBackend::kEager);
+        },
+        {q, k, v}, tol_for(dt, 1e-4), std::string("eager T=2100 ") + dtype_name(dt));
+  }
+}
+
 TEST(CudaKernels, AdamWMatchesTheCpuBitForBitInF32) {
   REQUIRE_GPU();
   for (DType dt : kFloats)
