@@ -415,8 +415,6 @@ TEST(CudaOps, AttentionEveryBackendWithPaddingAndGqa) {
       }
 }
 
-// ---- optimizer and toolkit kernels ------------------------------------------------------------
-
 // Rows longer than 2048 keys do not fit the eager softmax's registers and take its block-per-row
 // kernels (backend/cuda/attention.cu), forward and backward.
 TEST(CudaOps, EagerSoftmaxOfRowsLongerThanItsRegisters) {
@@ -432,6 +430,8 @@ TEST(CudaOps, EagerSoftmaxOfRowsLongerThanItsRegisters) {
         {q, k, v}, tol_for(dt, 1e-4), std::string("eager T=2100 ") + dtype_name(dt));
   }
 }
+
+// ---- optimizer and toolkit kernels ------------------------------------------------------------
 
 TEST(CudaKernels, AdamWMatchesTheCpuBitForBitInF32) {
   REQUIRE_GPU();
