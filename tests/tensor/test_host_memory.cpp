@@ -108,6 +108,38 @@ TEST(HostMemory, AMissDropsTheFewestCachedBytesThatMakeRoom) {
   hm::empty_cache();
 }
 
+// A block under 8 MiB comes from malloc, and freeing it does not give its pages back (they stay in
+// glibc's heap and fragment): room is made by unmapping a mapped block even when a malloc block
+// alone would cover the excess. Before, two such blocks evicting each other grew GPT-2 124M's
+// RSS 6 MB every step.
+TEST(HostMemory, RoomIsMadeFromMappedBlocksBeforeMallocOnes) {
+  SKIP_WITHOUT_CACHE();
+  hm::empty_cache();
+  const size_t mb = size_t{1} << 20, peak = 600 * mb;
+  if (hm::stats().peak_live_bytes > peak) GTEST_SKIP() << "an earlier test set a larger peak";
+  hm::release(hm::allocate(peak), peak);
+  hm::empty_cache();
+  const size_t slack = peak / hm::kSlackDivisor;
+  const size_t from_malloc = 4 * mb, mapped = 48 * mb, filler = peak - from_malloc - mapped;
+  void* s = hm::allocate(from_malloc);
+  void* m = hm::allocate(mapped);
+  void* f = hm::allocate(filler);  // live = the peak
+  hm::release(s, from_malloc);
+  hm::release(m, mapped);
+  const auto before = hm::stats();
+  // live + cached + fresh: 1-3 MB over the peak + slack (fresh is a whole number of 2 MiB pages),
+  // so the 4 MB block alone would cover the excess
+  const size_t fresh = (slack + 3 * mb) / (2 * mb) * (2 * mb);
+  void* n = hm::allocate(fresh);
+  const auto after = hm::stats();
+  EXPECT_EQ(after.evictions - before.evictions, 1);
+  EXPECT_EQ(after.cached_bytes, from_malloc) << "the mapped block went, the malloc one stayed";
+  void* s2 = hm::allocate(from_malloc);
+  EXPECT_EQ(s2, s);
+  for (auto [p, size] : {std::pair{n, fresh}, {s2, from_malloc}, {f, filler}}) hm::release(p, size);
+  hm::empty_cache();
+}
+
 TEST(HostMemory, SmallBlocksBypassTheCache) {
   hm::empty_cache();
   const auto before = hm::stats();
