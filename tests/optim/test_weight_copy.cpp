@@ -5,6 +5,7 @@
 
 #include "keel/amp/autocast.h"
 #include "keel/autograd/node.h"
+#include "keel/backend/optim.h"
 #include "keel/ops/linear.h"
 #include "keel/optim/adamw.h"
 #include "keel/optim/sgd.h"
@@ -90,6 +91,32 @@ TEST(WeightCopy, CopiesOfWeightsThatAreGoneAreDropped) {
   }
   { amp::AutocastGuard outer(true, DType::BF16); }  // the outermost guard's exit prunes
   EXPECT_EQ(amp::weight_copy_count(), 0u);
+}
+
+// The CPU kernel writes whole 64-byte lines of a bf16 copy with streaming stores and the ragged
+// ends with plain ones: wherever the copy starts and however long it is, every element holds
+// round(new weight), across the chunks the update is split into for the threads.
+TEST(WeightCopy, TheCopysBitsDoNotDependOnItsAlignmentOrLength) {
+  for (int64_t n : {1, 31, 33, 1000, 40000}) {
+    for (int64_t offset : {0, 1, 17, 31}) {
+      Tensor p = randn({n}, 3, 1.f), g = randn({n}, 4, 1.f);
+      Tensor m = Tensor::zeros({n}), v = Tensor::zeros({n});
+      Tensor copy = Tensor::full({n + 32}, 7.f, DType::BF16);  // 7: any value not written
+      AdamWStep s;
+      s.lr = 1e-2;
+      s.weight_decay = 0.1;
+      s.p_copy = static_cast<bf16_t*>(copy.data()) + offset;
+      s.copy_dt = DType::BF16;
+      optim_kernels(Device::cpu()).adamw(p.data(), g.data(), m.data(), v.data(), DType::F32, n, s);
+      const std::vector<float> c = copy.to_floats(), want = rounded(p, DType::BF16).to_floats();
+      for (int64_t i = 0; i < n + 32; ++i) {
+        const bool inside = i >= offset && i < offset + n;
+        const float expected = inside ? want[i - offset] : 7.f;
+        ASSERT_EQ(f32_bits(c[i]), f32_bits(expected))
+            << "n " << n << ", copy offset " << offset << ", element " << i;
+      }
+    }
+  }
 }
 
 }  // namespace

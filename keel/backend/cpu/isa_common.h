@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "keel/backend/cpu/kernel_tables.h"
 #include "keel/backend/parallel.h"
