@@ -402,7 +402,8 @@ def main():
                   f"({k['base']:.0f} before the model)")
             print(f"  torch {t['tps']:9.0f} tok/s  step {fmt_spread(t)}  peak RSS {t['rss']:.0f} MB "
                   f"({t['base']:.0f} before the model)")
-            print(f"  keel/torch tokens/s {k['tps'] / t['tps']:.2f}x   RSS keel/torch "
+            print(f"  keel/torch tokens/s {k['tps'] / t['tps']:.2f}x (fastest steps: "
+                  f"{t['lo'] / k['lo']:.2f}x)   RSS keel/torch "
                   f"{k['rss'] / t['rss']:.2f}   keel MFU {100 * mfu:.1f}% of the "
                   f"{'f32' if prec == '32-true' else 'bf16'} matmul peak ({peak:.0f} GFLOP/s, "
                   f"1024^3 in keel's process)")
