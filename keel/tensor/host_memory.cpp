@@ -96,19 +96,17 @@ void make_room(Cache& c, size_t need) {
     ++c.st.evictions;
   };
   const size_t excess = c.st.live_bytes + c.st.cached_bytes + need - limit;
-  // A dropped block costs its bytes in page faults when its size is asked for again: drop the
-  // smallest mapped blocks whose sizes add up to the excess when that is fewer bytes than the
-  // smallest single mapped block that covers it. Blocks under kMapped go only when no mapped
-  // block is left: they came from malloc, and freeing one leaves its pages in glibc's heap, where
-  // the next request of another size fragments them. GPT-2 124M B8 T256 32-true grew 6 MB a step,
-  // every step, while a 6.3 and a 7.1 MB block evicted each other; now a 10 MB mapped block goes.
+  // A dropped block costs its bytes in page faults when its size is asked for again. Blocks under
+  // kMapped came from malloc: freeing one leaves its pages in glibc's heap, where the next request
+  // of another size fragments them (GPT-2 124M B8 T256 32-true grew ~4 MB a step, every step,
+  // while two such blocks evicted each other), so they go only when no mapped block is left.
+  const auto mapped = [&] { return c.free.lower_bound(kMapped); };
   size_t small_sum = 0;
-  for (auto s = c.free.lower_bound(kMapped); s != c.free.end() && small_sum < excess; ++s)
-    small_sum += s->first;
+  for (auto s = mapped(); s != c.free.end() && small_sum < excess; ++s) small_sum += s->first;
   auto it = c.free.lower_bound(std::max(excess, kMapped));
   if (it != c.free.end() && (small_sum < excess || it->first <= small_sum)) return drop(it);
-  while (over() && c.free.lower_bound(kMapped) != c.free.end())
-    drop(small_sum >= excess ? c.free.lower_bound(kMapped) : std::prev(c.free.end()));
+  while (over() && mapped() != c.free.end())
+    drop(small_sum >= excess ? mapped() : std::prev(c.free.end()));
   while (over() && !c.free.empty()) drop(std::prev(c.free.end()));
 }
 

@@ -111,7 +111,7 @@ TEST(HostMemory, AMissDropsTheFewestCachedBytesThatMakeRoom) {
 // A block under 8 MiB comes from malloc, and freeing it does not give its pages back (they stay in
 // glibc's heap and fragment): room is made by unmapping a mapped block even when a malloc block
 // alone would cover the excess. Before, two such blocks evicting each other grew GPT-2 124M's
-// RSS 6 MB every step.
+// RSS ~4 MB every step.
 TEST(HostMemory, RoomIsMadeFromMappedBlocksBeforeMallocOnes) {
   SKIP_WITHOUT_CACHE();
   hm::empty_cache();
