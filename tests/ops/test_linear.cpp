@@ -89,6 +89,7 @@ TEST(Matmul, RearrangedF32ProductsMatchTheReference) {
   const Case cases[] = {{8, 200, 4, false, "C^T, long K (vocabulary head dX)"},
                         {80, 1024, 4, true, "C^T, tall C (vocabulary head dW)"},
                         {64, 24, 2048, true, "B transposed (wide dW)"},
+                        {8, 512, 2048, false, "C^T, wide N (mlp.c_proj dX)"},
                         {16, 24, 20, true, "direct TN"},
                         {16, 24, 20, false, "direct NN"}};
   for (const Case& c : cases)

@@ -111,7 +111,7 @@ void run(const MatmulArgs& a, const std::shared_ptr<dnnl::matmul>& p) {
   c.stream.wait();
 }
 
-// oneDNN 2.6's f32 kernels are slow for some layouts that linear's backward asks for. Three
+// oneDNN 2.6's f32 kernels are slow for some layouts that linear's backward asks for. Four
 // products are rearranged; each sums the same products in another blocking (deterministic per
 // shape, within rounding of the direct kernel). Times per call inside a GPT-2 training step
 // (2 threads, AVX-512; M x K x N):
@@ -125,8 +125,13 @@ void run(const MatmulArgs& a, const std::shared_ptr<dnnl::matmul>& p) {
 //   dWᵀ = Xᵀ·dY runs at 237, and turning the [256, vocabulary] result back costs ~15 ms; the
 //   4x256 model's 32-true step goes 1.17 -> 1.03 s. At 768 features the saving and the 154 MB
 //   transpose cancel (825 vs 834 ms), so wider models keep the direct product.
-// Transposing a weight for dX (NN -> NT, 2-3x faster in isolation) measured no faster in a step:
-// copying the cold 768x3072 weight took as long as the product it sped up. bf16 (AMX) showed no
+// * mlp.c_proj's dX = dY·W (NN, B [768, 3072] wider than deep) runs at half the rate of every
+//   other layout; dXᵀ = Wᵀ·dYᵀ (TT) and turning the [3072, tokens] result back: 2048x768x3072
+//   63 -> 35 + 6 ms a call, 256 rows 9.5 -> 5.0 + 0.7 ms (ONEDNN_VERBOSE's timings in a 32-true
+//   step). Llama's down_proj (B [768, 2048]) gains ~7%. Measured with K = 768: a thin K (a LoRA
+//   factor) keeps the direct product.
+// Transposing the weight itself for dX (NN -> NT) measured no faster in a step: copying the cold
+// 768x3072 weight took as long as the product it sped up. bf16 (AMX) showed no
 // consistent gain from any layout and is left as given.
 enum class F32Plan { kDirect, kTransposeB, kTransposedProduct };
 
@@ -136,6 +141,8 @@ F32Plan f32_plan(const MatmulArgs& a) {
   if (a.in_dt != DType::F32 || a.batch != 1 || a.bias || a.trans_b) return F32Plan::kDirect;
   const bool small_output = a.m * a.n <= kMaxCopiedElems;
   if (!a.trans_a && a.k >= 8 * std::max(a.m, a.n) && small_output)  // head dX
+    return F32Plan::kTransposedProduct;
+  if (!a.trans_a && a.n >= 2048 && a.n >= 2 * a.k && a.k >= 512 && small_output)  // c_proj dX
     return F32Plan::kTransposedProduct;
   if (a.trans_a && a.m >= 16 * a.n && a.k >= 1024 && a.n <= 512)  // head dW, narrow models
     return F32Plan::kTransposedProduct;
