@@ -127,9 +127,9 @@ void run(const MatmulArgs& a, const std::shared_ptr<dnnl::matmul>& p) {
 //   transpose cancel (825 vs 834 ms), so wider models keep the direct product.
 // * mlp.c_proj's dX = dY·W (NN, B [768, 3072] wider than deep) runs at half the rate of every
 //   other layout; dXᵀ = Wᵀ·dYᵀ (TT) and turning the [3072, tokens] result back: 2048x768x3072
-//   63 -> 35 + 6 ms a call, 256 rows 9.5 -> 5.0 + 0.7 ms (ONEDNN_VERBOSE's timings in a 32-true
-//   step). Llama's down_proj (B [768, 2048]) gains ~7%. Measured with K = 768: a thin K (a LoRA
-//   factor) keeps the direct product.
+//   61.5 -> 34.1 + 5.3 ms a call, 256 rows 9.2 -> 4.5 + 0.6 ms (bench/onednn_profile.py, steady
+//   state of a 32-true step). Llama's down_proj (B [768, 2048]) gains ~7%. Measured with K = 768: a
+//   thin K (a LoRA factor) keeps the direct product.
 // Transposing the weight itself for dX (NN -> NT) measured no faster in a step: copying the cold
 // 768x3072 weight took as long as the product it sped up. bf16 (AMX) showed no
 // consistent gain from any layout and is left as given.
