@@ -56,9 +56,49 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, std::vector<std::string> ki
       s.param = p;
       s.name = name;
       s.group = gi;
-      for (size_t k = 0; k < kinds_.size(); ++k) s.state.push_back(Tensor::zeros_like(p));
       slots_.push_back(std::move(s));
     }
+  }
+  allocate_flat_state();
+}
+
+// Each kind of state (AdamW's m, v) lives in one zeroed buffer per dtype and device, every slot a
+// 64-byte aligned view into it, so that the update streams through flat arrays. One block per
+// tensor also paid the block cache's rounding of every size (up to 1/16): GPT-2 124M's peak RSS
+// is 45 MB lower this way (bf16-mixed B=4 T=64: 2367 -> 2322 MB). In isolation AdamW over the 148
+// tensors ran 1.5x as long with each m and v its own block (bench/bench_adamw_layout); inside a
+// training step its share of the time did not move (perf: 21.5-23.5% either way).
+void Optimizer::allocate_flat_state() {
+  constexpr int64_t kAlign = 64;  // bytes
+  struct Buffer {
+    DType dt;
+    Device dev;
+    int64_t elems = 0;
+    std::vector<Tensor> per_kind;
+  };
+  std::vector<Buffer> buffers;
+  std::vector<std::pair<size_t, int64_t>> where(slots_.size());  // (buffer, element offset)
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Tensor& p = slots_[i].param;
+    size_t b = 0;
+    while (b < buffers.size() && !(buffers[b].dt == p.dtype() && buffers[b].dev == p.device())) ++b;
+    if (b == buffers.size()) buffers.push_back({p.dtype(), p.device(), 0, {}});
+    const int64_t align = kAlign / static_cast<int64_t>(dtype_size(p.dtype()));
+    buffers[b].elems = (buffers[b].elems + align - 1) / align * align;
+    where[i] = {b, buffers[b].elems};
+    buffers[b].elems += p.numel();
+  }
+  for (Buffer& b : buffers)
+    for (size_t k = 0; k < kinds_.size(); ++k)
+      b.per_kind.push_back(Tensor::zeros({b.elems}, b.dt, b.dev));
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const auto [b, offset] = where[i];
+    Slot& s = slots_[i];
+    for (size_t k = 0; k < kinds_.size(); ++k)
+      s.state.push_back(buffers[b]
+                            .per_kind[k]
+                            .slice_rows(offset, offset + s.param.numel())
+                            .view(s.param.shape()));
   }
 }
 

@@ -78,6 +78,8 @@ class Optimizer {
   // Whether update() can also refresh autocast's 16-bit copy of an f32 weight (amp::weight_copy)
   // in its pass, sparing the next step's cast a read of the weight.
   virtual bool writes_weight_copy(const Tensor& /*param*/) const { return false; }
+  // Gives every slot its state (zeros, one tensor per kind) as views of shared flat buffers.
+  void allocate_flat_state();
 
   std::vector<ParamGroup> groups_;
   std::vector<Slot> slots_;

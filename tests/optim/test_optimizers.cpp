@@ -458,6 +458,63 @@ TEST(Optimizer, ZeroGradBumpVersionAndSkippedParams) {
   }
 }
 
+// The state of all parameters of one dtype is one buffer (bench/bench_adamw_layout): each slot a
+// 64-byte aligned view, in order, none overlapping; and the views hold exactly what an optimizer
+// of that parameter alone holds after the same steps (no slot writes into its neighbour).
+TEST(Optimizer, StateOfEachDtypeIsOneBufferOfAlignedViews) {
+  const std::vector<Shape> shapes = {{3, 5}, {7}, {4, 4}, {33}, {2, 9}};
+  const std::vector<DType> dtypes = {DType::F32, DType::F32, DType::BF16, DType::F32, DType::BF16};
+  auto params = [&] {
+    std::vector<Tensor> ps;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      ps.push_back(randn(shapes[i], 10 + i, 1.f, dtypes[i]));
+      ps.back().set_requires_grad(true);
+    }
+    return ps;
+  };
+  const std::vector<std::string> names = {"a", "b", "c", "d", "e"};
+  std::vector<Tensor> ps = params();
+  AdamW opt(
+      {{{ps[0], ps[1], ps[2]}, {"a", "b", "c"}, 0.1, 1.0}, {{ps[3], ps[4]}, {"d", "e"}, 0.0, 1.0}});
+  for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+    const char* end[2] = {nullptr, nullptr};  // per dtype: where the previous view ended
+    for (size_t i = 0; i < names.size(); ++i) {
+      const Tensor m = find_state(opt, names[i] + "." + kind);
+      const auto* at = static_cast<const char*>(m.data());
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(at) % 64, 0u) << names[i] << "." << kind;
+      const int d = dtypes[i] == DType::F32 ? 0 : 1;
+      if (end[d]) {
+        EXPECT_GE(at, end[d]) << names[i] << " overlaps the view before it";
+        EXPECT_LT(at, end[d] + 64)
+            << names[i] << " is not in the same buffer as the view before it";
+      }
+      end[d] = at + m.numel() * dtype_size(m.dtype());
+      EXPECT_EQ(m.shape(), shapes[i]);
+      EXPECT_EQ(m.dtype(), dtypes[i]);
+    }
+  }
+  // Five single-parameter optimizers on copies, fed the same gradients: the same bits.
+  std::vector<Tensor> alone = params();
+  std::vector<std::unique_ptr<AdamW>> ones;
+  for (size_t i = 0; i < alone.size(); ++i)
+    ones.push_back(std::make_unique<AdamW>(
+        std::vector<ParamGroup>{{{alone[i]}, {names[i]}, i < 3 ? 0.1 : 0.0, 1.0}}));
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < ps.size(); ++i) {
+      ps[i].set_grad(randn(shapes[i], 100 * step + i, 1.f, dtypes[i]));
+      alone[i].set_grad(ps[i].grad().clone());
+      ones[i]->step(1e-2);
+    }
+    opt.step(1e-2);
+  }
+  for (size_t i = 0; i < ps.size(); ++i) {
+    expect_bitwise_equal(ps[i], alone[i], names[i]);
+    for (const char* kind : {"exp_avg", "exp_avg_sq"})
+      expect_bitwise_equal(find_state(opt, names[i] + "." + kind),
+                           find_state(*ones[i], names[i] + "." + kind), names[i] + "." + kind);
+  }
+}
+
 // Save after 2 steps (through a safetensors file), load into a fresh optimizer on copies of the
 // parameters, continue 3 steps on both: identical bits.
 TEST(Optimizer, StateRoundTripContinuesIdentically) {
