@@ -2,6 +2,7 @@
 // gradient checks, cross-backend agreement, PyTorch parity, masking, determinism and ISA variants.
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <bit>
 
 #include <cmath>
 #include <limits>
@@ -324,6 +325,35 @@ TEST(Attention, PaddingKeysDoNotInfluenceAnything) {
     for (int i = 2; i < 4; ++i)
       for (int64_t d = 0; d < dd; ++d) EXPECT_EQ(rb[i].to_floats()[2 * dd + d], 0.f) << bname(be);
   }
+}
+
+TEST(Attention, MaskedAndUnmaskedSoftmaxRowsHaveTheSameBits) {
+  // The eager and math softmax run vectorized loops for a batch whose mask hides nothing, and the
+  // masked loops otherwise; both sum in the same 16 lanes. Hiding only the last key of batch 0
+  // sends it down the masked loops while its rows 0..t-2 see exactly the keys they saw without a
+  // mask: their outputs and dQ must keep every bit. 70 keys: four full lanes and a tail.
+  const int64_t nb = 2, hq = 4, t = 70, dd = 16;
+  std::vector<int64_t> m(nb * t, 1);
+  m[t - 1] = 0;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (AttentionBackend be : kBackends) {
+      Case plain = make_case(nb, hq, 2, t, dd, 161);
+      Case masked = plain;
+      masked.mask = mask_of(m, nb, t);
+      Tensor gout = randn(plain.q.shape(), 164);
+      const auto a = run_with_grads(plain, be, gout, dt), b = run_with_grads(masked, be, gout, dt);
+      const std::string what = std::string(dtype_name(dt)) + " " + bname(be);
+      for (int i : {0, 1}) {  // out, dq: [nb, hq, t, dd]
+        const auto fa = a[i].to_floats(), fb = b[i].to_floats();
+        for (int64_t h = 0; h < nb * hq; ++h)
+          for (int64_t r = 0; r < t - 1; ++r)
+            for (int64_t d = 0; d < dd; ++d) {
+              const int64_t at = (h * t + r) * dd + d;
+              ASSERT_EQ(std::bit_cast<uint32_t>(fa[at]), std::bit_cast<uint32_t>(fb[at]))
+                  << what << " output " << i << " head " << h << " row " << r;
+            }
+      }
+    }
 }
 
 TEST(Attention, NaNInAVisibleKeyPropagates) {
