@@ -2,8 +2,8 @@
 // gradient checks, cross-backend agreement, PyTorch parity, masking, determinism and ISA variants.
 #include <gtest/gtest.h>
 #include <omp.h>
-#include <bit>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 
