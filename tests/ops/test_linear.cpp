@@ -1,9 +1,11 @@
 // matmul / linear: gradient checks, an f64 reference in every dtype, and determinism.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 
 #include "keel/autograd/node.h"
+#include "keel/backend/elementwise.h"
 #include "keel/backend/matmul.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/linear.h"
@@ -155,6 +157,43 @@ TEST(Elementwise, CastRoundsAndBackwardCastsBack) {
   backward(ops::cast(bf, DType::F32), Tensor::from_floats({3.f, 4.f}, {2}));
   EXPECT_EQ(x.grad().dtype(), DType::F32);
   EXPECT_EQ(x.grad().to_floats(), (std::vector<float>{3.f, 4.f}));
+}
+
+TEST(Elementwise, RowSumsAreTheRowOrderSumAtAnyThreadCount) {
+  // The bias gradient's row sums split columns over the threads in chunks of 128: each column is
+  // still one f32 sum in row order, rounded once to the dtype, whatever the thread count. 389
+  // columns leave a ragged chunk. The product sums (sum_rows_mul) may fuse each multiply-add on FMA
+  // CPUs, so they are checked against themselves across thread counts and near the plain sum.
+  const int64_t rows = 37, cols = 389;
+  const auto& ew = elementwise_kernels(Device::cpu());
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Tensor a = randn({rows, cols}, 71, 1.f, dt), b = randn({rows, cols}, 72, 1.f, dt);
+    const auto av = a.to_floats(), bv = b.to_floats();
+    std::vector<float> sum(cols, 0.f), dot(cols, 0.f);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) {
+        sum[c] += av[r * cols + c];
+        dot[c] += av[r * cols + c] * bv[r * cols + c];
+      }
+    const Tensor want_sum = ops::cast(Tensor::from_floats(sum, {cols}), dt);
+    const int saved = omp_get_max_threads();
+    Tensor first_dot;
+    for (int threads : {1, 2, 3}) {
+      omp_set_num_threads(threads);
+      Tensor got_sum = Tensor::empty({cols}, dt), got_dot = Tensor::empty({cols}, dt);
+      ew.sum_rows(got_sum.data(), a.data(), dt, rows, cols);
+      ew.sum_rows_mul(got_dot.data(), a.data(), b.data(), dt, rows, cols);
+      const std::string what =
+          std::string(dtype_name(dt)) + ", " + std::to_string(threads) + " threads";
+      test::expect_bitwise_equal(got_sum, want_sum, "sum_rows " + what);
+      expect_close(got_dot.to_floats(), dot, 1e-5, 2 * test::eps_of(dt), "sum_rows_mul " + what);
+      if (threads == 1)
+        first_dot = got_dot;
+      else
+        test::expect_bitwise_equal(got_dot, first_dot, "sum_rows_mul " + what + " vs 1 thread");
+    }
+    omp_set_num_threads(saved);
+  }
 }
 
 TEST(Determinism, LinearBackwardIsBitIdenticalAcrossRuns) {
