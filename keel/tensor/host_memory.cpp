@@ -34,6 +34,8 @@ constexpr bool kSanitized = false;
 struct Cache {
   std::mutex mu;
   std::multimap<size_t, void*> free;  // rounded size -> block
+  // rounded size -> blocks make_room unmapped whose size has not been asked for since
+  std::map<size_t, int64_t> dropped;
   Stats st;
   const bool enabled = !kSanitized && env_flag("KEEL_HOST_CACHE", true);
   const bool poison = env_flag("KEEL_POISON_ALLOC", false);
@@ -77,20 +79,22 @@ void unmap_block(void* p, size_t rounded) {
 }
 
 // Before mapping `need` more bytes: unmaps cached blocks until live + cached + need fits under
-// the largest live total so far (plus a slack). Of the smallest mapped block that alone makes room
-// and the fewest smallest mapped blocks that together do, it drops whichever holds fewer bytes (a
-// dropped block is faulted in again when its size comes back); failing both, the largest mapped
-// blocks first, and malloc's blocks last.
-// GPT-2 124M B8 T256 bf16-mixed: the first rule alone dropped the 148 MB head gradient to make
-// 21 MB of room, then the 198 MB logits gradient for the head gradient, every step (~10% of the
-// step in page clearing); now two or three 10-12 MB blocks go, same peak.
+// the largest live total so far plus a slack (1/16 of it and what misses taught, at most 1/8). Of
+// the smallest mapped block that alone makes room and the fewest smallest mapped blocks that
+// together do, it drops whichever holds fewer bytes (a dropped block is faulted in again when its
+// size comes back); failing both, the largest mapped blocks first, and malloc's blocks last. GPT-2
+// 124M B8 T256 bf16-mixed: the first rule alone dropped the 148 MB head gradient to make 21 MB of
+// room, then the 198 MB logits gradient for the head gradient, every step (~10% of the step in page
+// clearing); now two or three 10-12 MB blocks go, same peak.
 void make_room(Cache& c, size_t need) {
-  const size_t limit =
-      std::max(c.st.peak_live_bytes, c.st.live_bytes + need) + c.st.peak_live_bytes / kSlackDivisor;
+  const size_t peak = c.st.peak_live_bytes;
+  const size_t slack = std::min(peak / kSlackDivisor + c.st.learned_slack, peak / kMaxSlackDivisor);
+  const size_t limit = std::max(peak, c.st.live_bytes + need) + slack;
   auto over = [&] { return c.st.live_bytes + c.st.cached_bytes + need > limit; };
   if (!over()) return;
   auto drop = [&](std::multimap<size_t, void*>::iterator it) {
     unmap_block(it->second, it->first);
+    ++c.dropped[it->first];
     c.st.cached_bytes -= it->first;
     c.free.erase(it);
     ++c.st.evictions;
@@ -128,6 +132,13 @@ void* allocate(size_t nbytes) {
       ++c.st.hits;
     } else {
       ++c.st.misses;
+      // A size dropped to make room is asked for again: the step's blocks did not fit under the
+      // slack, and dropping more would fault them in again every step. Learn a larger slack.
+      if (auto d = c.dropped.find(rounded); d != c.dropped.end()) {
+        c.st.learned_slack =
+            std::min(c.st.learned_slack + rounded, c.st.peak_live_bytes / kMaxSlackDivisor);
+        if (--d->second == 0) c.dropped.erase(d);
+      }
       make_room(c, rounded);
       p = map_block(rounded);
     }
@@ -172,6 +183,8 @@ void empty_cache() {
   c.st.evictions += static_cast<int64_t>(c.free.size());
   c.free.clear();
   c.st.cached_bytes = 0;
+  c.dropped.clear();
+  c.st.learned_slack = 0;
 }
 
 bool cache_enabled() { return cache().enabled; }

@@ -12,6 +12,10 @@
 // Without that slack, phases that alternate between sizes (forward activations, backward
 // gradients) keep evicting each other's blocks: GPT-2 124M missed 49 times a step with none, 0
 // with 1/16, at the same peak RSS (2559 vs 2565 MB).
+// A step whose sizes still evict each other under 1/16 teaches the cache a larger slack: a miss for
+// a size the cache dropped earlier adds that size to the slack, up to 1/8 of the peak in all. GPT-2
+// 124M B8 T256 bf16-mixed re-faulted its 198 MB logits block and six 10-12 MB blocks every step
+// under 1/16 (8% of the step clearing pages); the learned slack stops that after the first steps.
 // Blocks under 64 KiB go straight to malloc. KEEL_HOST_CACHE=0 turns the cache off; it is off in
 // AddressSanitizer builds so that a use after free is still caught. KEEL_POISON_ALLOC=1 fills every
 // block handed out with 0xFF bytes (NaN in f32, bf16 and f16), so a kernel that reads memory it
@@ -22,7 +26,8 @@
 
 namespace keel::host_memory {
 
-constexpr size_t kSlackDivisor = 16;  // mapped <= peak live * (1 + 1/16)
+constexpr size_t kSlackDivisor = 16;    // mapped <= peak live * (1 + 1/16) ...
+constexpr size_t kMaxSlackDivisor = 8;  // ... + what thrashing taught, up to peak live / 8 in all
 
 void* allocate(size_t nbytes);  // 64-byte aligned; 2 MiB aligned from 8 MiB up
 void release(void* p, size_t nbytes);
@@ -31,10 +36,11 @@ struct Stats {
   size_t live_bytes = 0;       // handed out and not yet released (blocks >= 64 KiB, rounded)
   size_t cached_bytes = 0;     // released and kept for reuse
   size_t peak_live_bytes = 0;  // the most ever handed out at once
+  size_t learned_slack = 0;    // slack added by misses for sizes the cache had dropped
   int64_t hits = 0, misses = 0, evictions = 0;
 };
 Stats stats();
-void empty_cache();  // unmaps every cached block
+void empty_cache();  // unmaps every cached block and forgets the learned slack
 bool cache_enabled();
 
 }  // namespace keel::host_memory

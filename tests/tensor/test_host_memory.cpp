@@ -1,8 +1,10 @@
 // The CPU block cache behind tensor storage: a released block is handed to the next request of its
 // size, large blocks are huge-page aligned, and the cache never holds the process more than 1/16
-// above the most it ever had live (a miss unmaps cached blocks first).
+// above the most it ever had live (a miss unmaps cached blocks first), unless sizes that evict each
+// other every step taught it more, and never more than 1/8.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -63,7 +65,7 @@ TEST(HostMemory, MissesEvictSoMappedBytesStayNearThePeakLive) {
   auto check = [&] {
     const auto s = hm::stats();
     EXPECT_LE(s.live_bytes + s.cached_bytes,
-              s.peak_live_bytes + s.peak_live_bytes / hm::kSlackDivisor);
+              s.peak_live_bytes + s.peak_live_bytes / hm::kMaxSlackDivisor);
   };
   // A forward-like phase of one size, then a backward-like phase of another size, three times
   // (larger than anything earlier tests allocated, so they set the peak).
@@ -137,6 +139,74 @@ TEST(HostMemory, RoomIsMadeFromMappedBlocksBeforeMallocOnes) {
   void* s2 = hm::allocate(from_malloc);
   EXPECT_EQ(s2, s);
   for (auto [p, size] : {std::pair{n, fresh}, {s2, from_malloc}, {f, filler}}) hm::release(p, size);
+  hm::empty_cache();
+}
+
+// One "step" that needs three sizes mapped at once: live F + A, then F + B. With A = P/8 and
+// B = 3P/32 the three blocks need P + 3P/32 mapped, more than the base slack of P/16 allows, so
+// under the base slack A and B evict each other and both fault in again every step. The first miss
+// for a dropped size teaches the cache a larger slack (at most P/8 in all); from the third step on,
+// every request is a hit.
+size_t round_mb(size_t n, size_t mb) { return (n + mb - 1) / mb * mb; }
+
+TEST(HostMemory, SizesThatEvictEachOtherEveryStepTeachALargerSlack) {
+  SKIP_WITHOUT_CACHE();
+  hm::empty_cache();
+  const size_t mb2 = size_t{2} << 20;  // mapped sizes round to 2 MiB
+  const size_t P = round_mb(std::max(hm::stats().peak_live_bytes, size_t{256} << 20), 32 * mb2);
+  const size_t A = P / 8, B = 3 * P / 32, F = P - A;
+  hm::release(hm::allocate(P), P);  // the peak
+  hm::empty_cache();
+  auto within_bound = [&] {
+    const auto s = hm::stats();
+    EXPECT_LE(s.live_bytes + s.cached_bytes,
+              s.peak_live_bytes + s.peak_live_bytes / hm::kMaxSlackDivisor);
+  };
+  std::vector<int64_t> misses;
+  for (int step = 0; step < 5; ++step) {
+    const int64_t before = hm::stats().misses;
+    void* f = hm::allocate(F);
+    void* a = hm::allocate(A);
+    within_bound();
+    hm::release(a, A);
+    void* b = hm::allocate(B);
+    within_bound();
+    hm::release(b, B);
+    hm::release(f, F);
+    misses.push_back(hm::stats().misses - before);
+  }
+  EXPECT_GT(misses[0], 0);
+  EXPECT_EQ(misses[2] + misses[3] + misses[4], 0) << "A and B still evict each other";
+  const auto s = hm::stats();
+  EXPECT_GT(s.learned_slack, 0u);
+  EXPECT_LE(s.learned_slack, s.peak_live_bytes / hm::kMaxSlackDivisor);
+  hm::empty_cache();
+  EXPECT_EQ(hm::stats().learned_slack, 0u) << "empty_cache forgets what was learned";
+}
+
+// A step that would need more than P/8 above its peak keeps thrashing, but the cache never maps
+// more than the peak plus 1/8 of it.
+TEST(HostMemory, TheLearnedSlackStopsAtAnEighthOfThePeak) {
+  SKIP_WITHOUT_CACHE();
+  hm::empty_cache();
+  const size_t mb2 = size_t{2} << 20;
+  const size_t P = round_mb(std::max(hm::stats().peak_live_bytes, size_t{256} << 20), 32 * mb2);
+  const size_t A = P / 4, B = P / 4 - mb2, F = P - A;
+  hm::release(hm::allocate(P), P);
+  hm::empty_cache();
+  for (int step = 0; step < 4; ++step) {
+    void* f = hm::allocate(F);
+    void* a = hm::allocate(A);
+    hm::release(a, A);
+    void* b = hm::allocate(B);
+    const auto s = hm::stats();
+    EXPECT_LE(s.live_bytes + s.cached_bytes,
+              s.peak_live_bytes + s.peak_live_bytes / hm::kMaxSlackDivisor);
+    EXPECT_LE(s.learned_slack, s.peak_live_bytes / hm::kMaxSlackDivisor);
+    hm::release(b, B);
+    hm::release(f, F);
+  }
+  EXPECT_GT(hm::stats().learned_slack, 0u);
   hm::empty_cache();
 }
 
