@@ -123,6 +123,31 @@ TEST(Activation, Gradcheck) {
                    {randn({4, 6}, 6), randn({4, 6}, 7)}, only_up, "swiglu d/dup only");
 }
 
+// GELU's tanh form for x << 0 is x times a tiny factor. Written as 0.5 x (1 + tanh u) (PyTorch's
+// formula) it cancels: tanh u rounds to -1 in f32 below x ~ -4.5 and the result is 0. keel
+// evaluates the equal x sigmoid(2u), whose error is what rounding u to f32 costs any f32 evaluation
+// (e^2u's condition number is |2u|): a few ulp plus |2u| ulp, down to where the value underflows.
+TEST(Activation, GeluTanhKeepsItsNegativeTail) {
+  const std::vector<float> xs = {-3.f, -4.5f, -5.f, -6.f, -7.f, -8.f, -9.f, -10.f};
+  Tensor x = Tensor::from_floats(xs, {static_cast<int64_t>(xs.size())}).set_requires_grad(true);
+  Tensor y = ops::gelu(x, ops::GeluApprox::Tanh);
+  backward(y, Tensor::full({static_cast<int64_t>(xs.size())}, 1.f));
+  const auto yv = y.to_floats(), gv = x.grad().to_floats();
+  for (size_t i = 0; i < xs.size(); ++i) {
+    // The same function in f64 without the cancellation (f64's 1 + tanh u cancels below x ~ -7).
+    const double v = xs[i], u = std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v);
+    const double e = std::exp(-2 * u), sg = 1 / (1 + e);
+    const double ref = v * sg;
+    const double gref =
+        sg + v * sg * (e * sg) * 2 * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * v * v);
+    ASSERT_NE(ref, 0.0);
+    const double ulps = 8 + 4 * std::fabs(u);
+    EXPECT_LE(std::fabs(yv[i] - ref), ulps * std::fabs(ref) * 0x1p-24)
+        << "gelu_tanh(" << xs[i] << ")";
+    EXPECT_LE(std::fabs(gv[i] - gref), 2 * ulps * std::fabs(gref) * 0x1p-24) << "grad at " << xs[i];
+  }
+}
+
 TEST(Activation, SpecialValuesPropagateAsInPyTorch) {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
   Tensor x = Tensor::from_floats({nan, inf, -inf, 0.f, -30.f, 30.f}, {6});

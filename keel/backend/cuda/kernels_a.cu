@@ -252,9 +252,12 @@ __device__ __forceinline__ float silu_grad(float x) {
 struct GeluErf {
   __device__ float operator()(float x) const { return x * 0.5f * (1.f + erff(x * kSqrt1_2)); }
 };
+// x sigmoid(2u), u = sqrt(2/pi) (x + kappa x^3): equal to 0.5 x (1 + tanh u) without its
+// cancellation where tanh u -> -1 (the CPU kernel's form; backend/cpu/activation.inc).
 struct GeluTanh {
   __device__ float operator()(float x) const {
-    return 0.5f * x * (1.f + tanhf(kSqrt2OverPi * (x + kKappa * (x * x * x))));
+    const float u = kSqrt2OverPi * (x + kKappa * (x * x * x));
+    return x / (1.f + expf(-2.f * u));
   }
 };
 struct GeluErfGrad {
@@ -267,10 +270,12 @@ struct GeluErfGrad {
 struct GeluTanhGrad {
   __device__ float operator()(float g, float x) const {
     const float x2 = x * x;
-    const float t = tanhf(kSqrt2OverPi * (x + kKappa * (x2 * x)));
-    const float left = 0.5f * x, right = 1.f + t;
-    const float dright = left * (1.f - t * t) * kSqrt2OverPi * (1.f + 3.f * kKappa * x2);
-    return g * (0.5f * right + dright);
+    const float u = kSqrt2OverPi * (x + kKappa * (x2 * x));
+    const float e = expf(-2.f * u);
+    const float s = 1.f / (1.f + e);
+    const float one_minus_s = e <= 3.402823466e38f ? e * s : 1.f;  // e s, or 1 where e overflows
+    const float du2 = 2.f * kSqrt2OverPi * (1.f + 3.f * kKappa * x2);
+    return g * (s + x * s * one_minus_s * du2);
   }
 };
 struct Silu {
