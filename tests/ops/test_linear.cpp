@@ -123,6 +123,59 @@ TEST(Matmul, RearrangedF32ProductsMatchTheReference) {
     }
 }
 
+// The bf16 vocabulary head at >= 2048 tokens runs in 4096-wide pieces of the vocabulary side
+// (backend/cpu/matmul_dnnl.cpp): dX with K in pieces added up, dW in row panels. Both shapes
+// below take that route, with a ragged last piece, and must give the f32 product of the same
+// (exactly converted) inputs within f32 rounding, also when accumulating into C.
+TEST(Matmul, Bf16VocabularyProductsInPiecesMatchTheF32Product) {
+  struct Case {
+    int64_t m, k, n;
+    bool trans_a;
+    const char* route;
+  };
+  const Case cases[] = {{2048, 4 * 4096 + 16, 512, false, "head dX, K in pieces"},
+                        {2 * 4096 + 8, 2048, 512, true, "head dW, M in panels"}};
+  // Uniform values from a linear congruential generator: randn's Box-Muller on 34M values would
+  // take most of this test's time.
+  auto uniform = [](const Shape& shape, uint64_t seed) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float> v(n);
+    for (float& x : v) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      x = static_cast<float>(seed >> 40) * 0x1p-24f - 0.5f;
+    }
+    return ops::cast(Tensor::from_floats(v, shape), DType::BF16);
+  };
+  for (const Case& c : cases) {
+    const Tensor a = c.trans_a ? uniform({c.k, c.m}, 21) : uniform({c.m, c.k}, 21);
+    const Tensor b = uniform({c.k, c.n}, 22);
+    const Tensor a32 = ops::cast(a, DType::F32), b32 = ops::cast(b, DType::F32);
+    const Tensor c0 = randn({c.m, c.n}, 23);
+    for (bool accumulate : {false, true}) {
+      auto product = [&](const Tensor& x, const Tensor& y) {
+        Tensor out = c0.clone();
+        MatmulArgs args;
+        args.c = out.data();
+        args.a = x.data();
+        args.b = y.data();
+        args.in_dt = x.dtype();
+        args.m = c.m;
+        args.n = c.n;
+        args.k = c.k;
+        args.trans_a = c.trans_a;
+        args.accumulate = accumulate;
+        matmul_kernels(Device::cpu()).matmul(args);
+        return out.to_floats();
+      };
+      const auto pieces = product(a, b);
+      const auto ref = product(a32, b32);
+      expect_close(pieces, ref, 1e-3, 1e-4,
+                   std::string(c.route) + (accumulate ? ", accumulate" : ""));
+    }
+  }
+}
+
 TEST(Matmul, RejectsMismatchedShapes) {
   EXPECT_THROW(ops::matmul(randn({2, 3}, 1), randn({4, 5}, 2)), Error);
   EXPECT_THROW(ops::linear(randn({2, 3}, 1), randn({4, 5}, 2)), Error);
@@ -162,8 +215,8 @@ TEST(Elementwise, CastRoundsAndBackwardCastsBack) {
 TEST(Elementwise, RowSumsAreTheRowOrderSumAtAnyThreadCount) {
   // The bias gradient's row sums split columns over the threads in chunks of 128: each column is
   // still one f32 sum in row order, rounded once to the dtype, whatever the thread count. 389
-  // columns leave a ragged chunk. The product sums (sum_rows_mul) may fuse each multiply-add on FMA
-  // CPUs, so they are checked against themselves across thread counts and near the plain sum.
+  // columns leave a ragged chunk. The product sums (sum_rows_mul) may fuse each multiply-add on
+  // FMA CPUs, so they are checked against themselves across thread counts and near the plain sum.
   const int64_t rows = 37, cols = 389;
   const auto& ew = elementwise_kernels(Device::cpu());
   for (DType dt : {DType::F32, DType::BF16}) {
