@@ -123,21 +123,25 @@ TEST(Matmul, RearrangedF32ProductsMatchTheReference) {
     }
 }
 
-// The bf16 vocabulary head at >= 2048 tokens runs in 4096-wide pieces of the vocabulary side
-// (backend/cpu/matmul_dnnl.cpp): dX with K in pieces added up, dW in row panels. Both shapes
-// below take that route, with a ragged last piece, and must give the f32 product of the same
-// (exactly converted) inputs within f32 rounding, also when accumulating into C.
-TEST(Matmul, Bf16VocabularyProductsInPiecesMatchTheF32Product) {
+// The vocabulary head's backward products run in 4096-wide pieces of the vocabulary side
+// (backend/cpu/matmul_dnnl.cpp, vocab_pieces): dX with K in pieces added up, dW in row panels.
+// Every shape below takes that route, with a ragged last piece. Sampled entries (every row panel,
+// the ragged one included; each dX entry sums over every piece) must equal the f64 sum of the same
+// products within f32 rounding, also when accumulating into C.
+TEST(Matmul, VocabularyProductsInPiecesMatchTheF64Sum) {
   struct Case {
+    DType dt;
     int64_t m, k, n;
     bool trans_a;
     const char* route;
   };
-  const Case cases[] = {{2048, 4 * 4096 + 16, 512, false, "head dX, K in pieces"},
-                        {2 * 4096 + 8, 2048, 512, true, "head dW, M in panels"}};
+  const Case cases[] = {{DType::BF16, 2048, 4 * 4096 + 16, 512, false, "bf16 head dX, K in pieces"},
+                        {DType::BF16, 2 * 4096 + 8, 2048, 512, true, "bf16 head dW, M in panels"},
+                        {DType::F32, 64, 2 * 4096 + 24, 256, false, "f32 head dX, K in pieces"},
+                        {DType::F32, 2 * 4096 + 40, 256, 256, true, "f32 head dW, M in panels"}};
   // Uniform values from a linear congruential generator: randn's Box-Muller on 34M values would
   // take most of this test's time.
-  auto uniform = [](const Shape& shape, uint64_t seed) {
+  auto uniform = [](const Shape& shape, uint64_t seed, DType dt) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     std::vector<float> v(n);
@@ -145,32 +149,40 @@ TEST(Matmul, Bf16VocabularyProductsInPiecesMatchTheF32Product) {
       seed = seed * 6364136223846793005ull + 1442695040888963407ull;
       x = static_cast<float>(seed >> 40) * 0x1p-24f - 0.5f;
     }
-    return ops::cast(Tensor::from_floats(v, shape), DType::BF16);
+    return ops::cast(Tensor::from_floats(v, shape), dt);
   };
   for (const Case& c : cases) {
-    const Tensor a = c.trans_a ? uniform({c.k, c.m}, 21) : uniform({c.m, c.k}, 21);
-    const Tensor b = uniform({c.k, c.n}, 22);
-    const Tensor a32 = ops::cast(a, DType::F32), b32 = ops::cast(b, DType::F32);
+    const Tensor a = c.trans_a ? uniform({c.k, c.m}, 21, c.dt) : uniform({c.m, c.k}, 21, c.dt);
+    const Tensor b = uniform({c.k, c.n}, 22, c.dt);
     const Tensor c0 = randn({c.m, c.n}, 23);
+    const auto av = a.to_floats(), bv = b.to_floats(), c0v = c0.to_floats();
+    std::vector<int64_t> rows;
+    for (int64_t i = 0; i < c.m; i += 1021) rows.push_back(i);
+    for (int64_t i = c.m - 9; i < c.m; ++i) rows.push_back(i);
     for (bool accumulate : {false, true}) {
-      auto product = [&](const Tensor& x, const Tensor& y) {
-        Tensor out = c0.clone();
-        MatmulArgs args;
-        args.c = out.data();
-        args.a = x.data();
-        args.b = y.data();
-        args.in_dt = x.dtype();
-        args.m = c.m;
-        args.n = c.n;
-        args.k = c.k;
-        args.trans_a = c.trans_a;
-        args.accumulate = accumulate;
-        matmul_kernels(Device::cpu()).matmul(args);
-        return out.to_floats();
-      };
-      const auto pieces = product(a, b);
-      const auto ref = product(a32, b32);
-      expect_close(pieces, ref, 1e-3, 1e-4,
+      Tensor out = c0.clone();
+      MatmulArgs args;
+      args.c = out.data();
+      args.a = a.data();
+      args.b = b.data();
+      args.in_dt = c.dt;
+      args.m = c.m;
+      args.n = c.n;
+      args.k = c.k;
+      args.trans_a = c.trans_a;
+      args.accumulate = accumulate;
+      matmul_kernels(Device::cpu()).matmul(args);
+      const auto got = out.to_floats();
+      std::vector<float> sampled, ref;
+      for (int64_t i : rows)
+        for (int64_t j : {int64_t{0}, c.n / 3, c.n - 1}) {
+          double sum = accumulate ? c0v[i * c.n + j] : 0.0;
+          for (int64_t p = 0; p < c.k; ++p)
+            sum += double(c.trans_a ? av[p * c.m + i] : av[i * c.k + p]) * bv[p * c.n + j];
+          sampled.push_back(got[i * c.n + j]);
+          ref.push_back(static_cast<float>(sum));
+        }
+      expect_close(sampled, ref, 1e-3, 1e-4,
                    std::string(c.route) + (accumulate ? ", accumulate" : ""));
     }
   }

@@ -119,9 +119,10 @@ void run(const MatmulArgs& a, const std::shared_ptr<dnnl::matmul>& p, int64_t ld
 }
 
 // oneDNN 2.6's f32 kernels are slow for some layouts that linear's backward asks for. Four
-// products are rearranged; each sums the same products in another blocking (deterministic per
-// shape, within rounding of the direct kernel). Times per call inside a GPT-2 training step
-// (2 threads, AVX-512; M x K x N):
+// products are rearranged (the vocabulary head's two of a model at least 256 wide now run in
+// pieces instead, vocab_pieces below); each sums the same products in another blocking
+// (deterministic per shape, within rounding of the direct kernel). Times per call inside a GPT-2
+// training step (2 threads, AVX-512; M x K x N):
 // * mlp.c_proj's dW = dYᵀ·X reads X [tokens, 3072] as stored [K, N] (TN): 768x2048x3072 takes
 //   65 ms, 48 ms with X transposed first (TT). Narrower X gained nothing, and at 256 tokens the
 //   gain is within noise, so only B at least 2048 wide is copied.
@@ -213,34 +214,40 @@ void run_f32_plan(const MatmulArgs& a, F32Plan plan) {
               a.accumulate);
 }
 
-// The bf16 vocabulary head of a 768-wide model at >= 2048 tokens runs faster in 4096-wide
-// pieces of its vocabulary side (per call, 2 threads, AMX, caches flushed before each call):
-// * dX = dY·W (NN, K = vocabulary): K in pieces, each piece added to the f32 result:
-//   2048x50257x768 124-135 -> 108-117 ms.
-// * dW = dYᵀ·X (TN, M = vocabulary): M in row panels: 50257x2048x768 177-192 -> 153-172 ms.
-// At 1024 tokens the panels are 40% slower (dW 78 -> 106 ms), and for a 256-wide model neither
-// gains, so both stay direct there. Pieces sum in another order than the direct product
-// (deterministic per shape, within f32 rounding of it).
+// The vocabulary head's backward products run faster in 4096-wide pieces of the vocabulary side
+// (per call, 2 threads, caches flushed before each call, tokens x vocabulary x features):
+// * dX = dY·W (NN, K = vocabulary): K in pieces, each piece added to the f32 result.
+//   f32: 256x50257x768 78-84 -> 59-62 ms (the transposed product below: 71), 2048 tokens
+//   607-618 -> 418-436 ms (transposed: 522), 64 tokens 32-35 -> 17 ms.
+//   bf16 (AMX): 2048 tokens 124-135 -> 108-117 ms.
+// * dW = dYᵀ·X (TN, M = vocabulary): M in row panels.
+//   f32: 256 tokens 73-75 -> 54-59 ms, 2048 tokens 758-774 -> 426-430 ms; a 256-wide model at
+//   2048 tokens 374-400 -> 195-197 ms (the transposed product: ~225); 64 tokens 22-24 -> 37-38 ms.
+//   bf16: 2048 tokens 177-192 -> 153-172 ms, but 1024 tokens 78 -> 106 ms.
+// The bf16 forms gain nothing at 256 features, the forward (N in pieces) nothing at 256 tokens.
+// Pieces sum in another order than the direct product (deterministic per shape, within f32
+// rounding of it).
 constexpr int64_t kVocabPiece = 4096;
 
-bool bf16_vocab_pieces(const MatmulArgs& a) {
-  if (a.in_dt != DType::BF16 || a.out_dt != DType::F32 || a.batch != 1 || a.bias || a.trans_b)
-    return false;
+bool vocab_pieces(const MatmulArgs& a) {
+  if (a.out_dt != DType::F32 || a.batch != 1 || a.bias || a.trans_b) return false;
+  const bool f32 = a.in_dt == DType::F32;
+  if (!f32 && a.in_dt != DType::BF16) return false;
   if (!a.trans_a)  // head dX
-    return a.k >= 8 * std::max(a.m, a.n) && a.m >= 2048 && a.n >= 512;
-  return a.m >= 16 * a.n && a.k >= 2048 && a.n >= 512;  // head dW
+    return a.k >= 8 * std::max(a.m, a.n) && (f32 ? a.n >= 256 : a.m >= 2048 && a.n >= 512);
+  return a.m >= 16 * a.n && (f32 ? a.k >= 256 && a.n >= 256 : a.k >= 2048 && a.n >= 512);
 }
 
-void run_bf16_vocab_pieces(const MatmulArgs& a) {
-  const auto* A = static_cast<const uint16_t*>(a.a);
-  const auto* B = static_cast<const uint16_t*>(a.b);
-  auto* C = static_cast<float*>(a.c);
+void run_vocab_pieces(const MatmulArgs& a) {
+  const auto* A = static_cast<const char*>(a.a);
+  const auto* B = static_cast<const char*>(a.b);
+  const int64_t in_size = static_cast<int64_t>(dtype_size(a.in_dt));
   if (!a.trans_a) {  // C (+)= sum over pieces of A[:, k0:k1]·B[k0:k1, :]
     for (int64_t k0 = 0; k0 < a.k; k0 += kVocabPiece) {
       MatmulArgs p = a;
       p.k = std::min(kVocabPiece, a.k - k0);
-      p.a = A + k0;
-      p.b = B + k0 * a.n;
+      p.a = A + k0 * in_size;
+      p.b = B + k0 * a.n * in_size;
       p.accumulate = a.accumulate || k0 > 0;
       run(p, primitive(p, a.k), a.k);
     }
@@ -249,8 +256,8 @@ void run_bf16_vocab_pieces(const MatmulArgs& a) {
   for (int64_t m0 = 0; m0 < a.m; m0 += kVocabPiece) {  // C[m0:m1, :] (+)= (Aᵀ)[m0:m1, :]·B
     MatmulArgs p = a;
     p.m = std::min(kVocabPiece, a.m - m0);
-    p.a = A + m0;
-    p.c = C + m0 * a.n;
+    p.a = A + m0 * in_size;
+    p.c = static_cast<float*>(a.c) + m0 * a.n;
     run(p, primitive(p, a.m), a.m);
   }
 }
@@ -278,8 +285,8 @@ void cpu_matmul(const MatmulArgs& args) {
     }
     return;
   }
+  if (vocab_pieces(a) && primitive(a)) return run_vocab_pieces(a);
   if (const F32Plan plan = f32_plan(a); plan != F32Plan::kDirect) return run_f32_plan(a, plan);
-  if (bf16_vocab_pieces(a) && primitive(a)) return run_bf16_vocab_pieces(a);
   if (auto p = primitive(a)) return run(a, p);
   // No native kernel (f16 on CPUs without AVX512-FP16/AMX, bf16 without AVX512): convert the
   // inputs to f32 (exact for both), multiply in f32, round the result once.
