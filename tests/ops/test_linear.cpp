@@ -79,6 +79,22 @@ TEST(Matmul, GradcheckAllTransposes) {
         {randn({2, 3, 4}, 3), tb ? randn({5, 4}, 4) : randn({4, 5}, 4)}, {}, "matmul shared b");
 }
 
+// C (+)= op(A)·B through the CPU matmul kernel, A [m, k] (stored [k, m] when trans_a), B [k, n].
+void cpu_product(Tensor& out, const Tensor& a, const Tensor& b, int64_t m, int64_t k, int64_t n,
+                 bool trans_a, bool accumulate) {
+  MatmulArgs args;
+  args.c = out.data();
+  args.a = a.data();
+  args.b = b.data();
+  args.in_dt = a.dtype();
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.trans_a = trans_a;
+  args.accumulate = accumulate;
+  matmul_kernels(Device::cpu()).matmul(args);
+}
+
 // The CPU backend rearranges some f32 products for oneDNN's faster layouts (a transposed copy of
 // B, or Cᵀ = Bᵀ·Aᵀ transposed back; backend/cpu/matmul_dnnl.cpp). Shapes that take each route,
 // plain and accumulating, against an f64 reference of C (+)= op(A)·B.
@@ -108,16 +124,7 @@ TEST(Matmul, RearrangedF32ProductsMatchTheReference) {
             s += double(c.trans_a ? av[p * c.m + i] : av[i * c.k + p]) * bv[p * c.n + j];
           ref[i * c.n + j] = static_cast<float>(s);
         }
-      MatmulArgs args;
-      args.c = out.data();
-      args.a = a.data();
-      args.b = b.data();
-      args.m = c.m;
-      args.n = c.n;
-      args.k = c.k;
-      args.trans_a = c.trans_a;
-      args.accumulate = accumulate;
-      matmul_kernels(Device::cpu()).matmul(args);
+      cpu_product(out, a, b, c.m, c.k, c.n, c.trans_a, accumulate);
       expect_close(out.to_floats(), ref, 1e-5, 1e-5,
                    std::string(c.route) + (accumulate ? ", accumulate" : ""));
     }
@@ -161,17 +168,7 @@ TEST(Matmul, VocabularyProductsInPiecesMatchTheF64Sum) {
     for (int64_t i = c.m - 9; i < c.m; ++i) rows.push_back(i);
     for (bool accumulate : {false, true}) {
       Tensor out = c0.clone();
-      MatmulArgs args;
-      args.c = out.data();
-      args.a = a.data();
-      args.b = b.data();
-      args.in_dt = c.dt;
-      args.m = c.m;
-      args.n = c.n;
-      args.k = c.k;
-      args.trans_a = c.trans_a;
-      args.accumulate = accumulate;
-      matmul_kernels(Device::cpu()).matmul(args);
+      cpu_product(out, a, b, c.m, c.k, c.n, c.trans_a, accumulate);
       const auto got = out.to_floats();
       std::vector<float> sampled, ref;
       for (int64_t i : rows)
