@@ -238,28 +238,35 @@ bool vocab_pieces(const MatmulArgs& a) {
   return a.m >= 16 * a.n && (f32 ? a.k >= 256 && a.n >= 256 : a.k >= 2048 && a.n >= 512);
 }
 
-void run_vocab_pieces(const MatmulArgs& a) {
+// C (+)= op(A)·B in pieces; false (nothing done) when this CPU has no kernel for the dtype.
+bool run_vocab_pieces(const MatmulArgs& a) {
   const auto* A = static_cast<const char*>(a.a);
   const auto* B = static_cast<const char*>(a.b);
   const int64_t in_size = static_cast<int64_t>(dtype_size(a.in_dt));
-  if (!a.trans_a) {  // C (+)= sum over pieces of A[:, k0:k1]·B[k0:k1, :]
-    for (int64_t k0 = 0; k0 < a.k; k0 += kVocabPiece) {
-      MatmulArgs p = a;
-      p.k = std::min(kVocabPiece, a.k - k0);
-      p.a = A + k0 * in_size;
-      p.b = B + k0 * a.n * in_size;
-      p.accumulate = a.accumulate || k0 > 0;
-      run(p, primitive(p, a.k), a.k);
-    }
-    return;
-  }
-  for (int64_t m0 = 0; m0 < a.m; m0 += kVocabPiece) {  // C[m0:m1, :] (+)= (Aᵀ)[m0:m1, :]·B
+  // Piece i along the vocabulary side; A keeps the whole matrix's leading dimension, lda.
+  auto piece = [&](int64_t i) {
     MatmulArgs p = a;
-    p.m = std::min(kVocabPiece, a.m - m0);
-    p.a = A + m0 * in_size;
-    p.c = static_cast<float*>(a.c) + m0 * a.n;
-    run(p, primitive(p, a.m), a.m);
+    const int64_t v0 = i * kVocabPiece;
+    if (!a.trans_a) {  // C (+)= sum over pieces of A[:, k0:k1]·B[k0:k1, :]
+      p.k = std::min(kVocabPiece, a.k - v0);
+      p.a = A + v0 * in_size;
+      p.b = B + v0 * a.n * in_size;
+      p.accumulate = a.accumulate || i > 0;
+    } else {  // C[m0:m1, :] (+)= (Aᵀ)[m0:m1, :]·B
+      p.m = std::min(kVocabPiece, a.m - v0);
+      p.a = A + v0 * in_size;
+      p.c = static_cast<float*>(a.c) + v0 * a.n;
+    }
+    return p;
+  };
+  const int64_t lda = a.trans_a ? a.m : a.k;
+  const int64_t pieces = (lda + kVocabPiece - 1) / kVocabPiece;
+  if (!primitive(piece(0), lda)) return false;
+  for (int64_t i = 0; i < pieces; ++i) {
+    const MatmulArgs p = piece(i);
+    run(p, primitive(p, lda), lda);
   }
+  return true;
 }
 
 void cpu_matmul(const MatmulArgs& args) {
@@ -285,7 +292,7 @@ void cpu_matmul(const MatmulArgs& args) {
     }
     return;
   }
-  if (vocab_pieces(a) && primitive(a)) return run_vocab_pieces(a);
+  if (vocab_pieces(a) && run_vocab_pieces(a)) return;
   if (const F32Plan plan = f32_plan(a); plan != F32Plan::kDirect) return run_f32_plan(a, plan);
   if (auto p = primitive(a)) return run(a, p);
   // No native kernel (f16 on CPUs without AVX512-FP16/AMX, bf16 without AVX512): convert the
