@@ -4,6 +4,8 @@
 // no cross-ISA comparison here; they are exact, so references compare bitwise.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "keel/autograd/node.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/shape.h"
@@ -161,6 +163,26 @@ TEST(Shape, SplitLastGradientOfUnusedPiecesIsZeroAndGraphsCanBeReused) {
   // A second backward over the same pieces accumulates again.
   backward(p[1], g);
   check(2.f);
+}
+
+// Columns of pieces that got no gradient are zero even when the gradient buffer reuses a dirty
+// block: freeing a NaN-filled tensor of the buffer's size first hands that block to the buffer
+// (block cache, >= 64 KiB). The buffer is zero-filled when the first piece arrives; leaving that
+// fill to the join instead (which would zero only the unwritten columns) would show the tracer,
+// which checks every node's output, a half-written buffer with NaN in it.
+TEST(Shape, SplitLastZeroesUnwrittenColumnsOfAReusedBlock) {
+  const int64_t rows = 64, cols = 300;  // 76.8 KB of f32
+  for (int round = 0; round < 2; ++round) {
+    { Tensor dirty = Tensor::full({rows, cols}, std::nanf("")); }
+    Tensor x = randn({rows, cols}, 14).set_requires_grad(true);
+    auto p = ops::split_last(x, {100, 150, 50});
+    Tensor y = ops::add(p[0], p[0]);  // only piece 0 gets a gradient
+    backward(y, Tensor::full({rows, 100}, 1.f));
+    const auto xg = x.grad().to_floats();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < cols; ++j)
+        ASSERT_EQ(xg[r * cols + j], j < 100 ? 2.f : 0.f) << "row " << r << " column " << j;
+  }
 }
 
 TEST(Shape, BackwardIsDeterministic) {
