@@ -147,16 +147,24 @@ TEST(HostMemory, RoomIsMadeFromMappedBlocksBeforeMallocOnes) {
 // under the base slack A and B evict each other and both fault in again every step. The first miss
 // for a dropped size teaches the cache a larger slack (at most P/8 in all); from the third step on,
 // every request is a hit.
-size_t round_mb(size_t n, size_t mb) { return (n + mb - 1) / mb * mb; }
+constexpr size_t kMb2 = size_t{2} << 20;  // mapped sizes round to 2 MiB
+
+// Sets the peak to at least 256 MB (a multiple of 64 MiB, so that its eighths and 32nds are whole
+// 2 MiB pages) and empties the cache (which also forgets the learned slack); returns the peak.
+size_t start_from_a_round_peak() {
+  hm::empty_cache();
+  const size_t step = 32 * kMb2;
+  const size_t peak =
+      (std::max(hm::stats().peak_live_bytes, size_t{256} << 20) + step - 1) / step * step;
+  hm::release(hm::allocate(peak), peak);
+  hm::empty_cache();
+  return peak;
+}
 
 TEST(HostMemory, SizesThatEvictEachOtherEveryStepTeachALargerSlack) {
   SKIP_WITHOUT_CACHE();
-  hm::empty_cache();
-  const size_t mb2 = size_t{2} << 20;  // mapped sizes round to 2 MiB
-  const size_t P = round_mb(std::max(hm::stats().peak_live_bytes, size_t{256} << 20), 32 * mb2);
+  const size_t P = start_from_a_round_peak();
   const size_t A = P / 8, B = 3 * P / 32, F = P - A;
-  hm::release(hm::allocate(P), P);  // the peak
-  hm::empty_cache();
   auto within_bound = [&] {
     const auto s = hm::stats();
     EXPECT_LE(s.live_bytes + s.cached_bytes,
@@ -188,12 +196,8 @@ TEST(HostMemory, SizesThatEvictEachOtherEveryStepTeachALargerSlack) {
 // more than the peak plus 1/8 of it.
 TEST(HostMemory, TheLearnedSlackStopsAtAnEighthOfThePeak) {
   SKIP_WITHOUT_CACHE();
-  hm::empty_cache();
-  const size_t mb2 = size_t{2} << 20;
-  const size_t P = round_mb(std::max(hm::stats().peak_live_bytes, size_t{256} << 20), 32 * mb2);
-  const size_t A = P / 4, B = P / 4 - mb2, F = P - A;
-  hm::release(hm::allocate(P), P);
-  hm::empty_cache();
+  const size_t P = start_from_a_round_peak();
+  const size_t A = P / 4, B = P / 4 - kMb2, F = P - A;
   for (int step = 0; step < 4; ++step) {
     void* f = hm::allocate(F);
     void* a = hm::allocate(A);
