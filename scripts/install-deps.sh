@@ -4,7 +4,10 @@ set -euo pipefail
 pkgs=(cmake ninja-build g++ pkg-config git
       libdnnl-dev libomp-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libfmt-dev
       libgtest-dev libbenchmark-dev openmpi-bin libopenmpi-dev
-      libpcre2-dev)
+      libpcre2-dev
+      # libdnnl-dev's CMake config (dnnl-config.cmake) calls find_package(OpenCL REQUIRED), but
+      # Debian only recommends the package that provides it, and recommends are not installed here.
+      ocl-icd-opencl-dev)
 if [ "${KEEL_WITH_TORCH:-0}" = 1 ]; then pkgs+=(python3-torch python3-numpy libopenblas0-openmp); fi
 missing=()
 for p in "${pkgs[@]}"; do
