@@ -4,13 +4,14 @@ weights on the same token batches for the same steps, each side in its own proce
 
     /usr/bin/python3 bench/compare_pytorch/compare.py [--build build-perf] [--only NAME,...]
         [--steps 6] [--warmup 2] [--rounds 2] [--threads 2] [--scaling 1,2]
-        [--wait-policy passive] [--work /tmp/keel-compare]
+        [--wait-policy passive] [--work /tmp/keel-compare] [--torch-openblas-core Cooperlake]
 
 Per configuration and precision it prints tokens/s of each side (median step time over the steps
 after warm-up, medians over rounds) with the spread of the step times, their ratio, peak RSS of
 each, the loss of both at every step (in 32-true they must agree within LOSS_RTOL, which shows the
 same work is timed) and keel's model-FLOPs utilization against the matmul peak measured in keel's
-process. Then thread scaling of GPT-2 124M B=4 T=64. Debian's torch 1.13 only works with
+process. Then thread scaling of GPT-2 124M B=4 T=64. The header names the OpenBLAS core PyTorch's fp32
+products run on, and warns when it is a generic one on an AVX2/AVX-512 CPU (a handicapped peer). Debian's torch 1.13 only works with
 /usr/bin/python3.
 
 `--worker torch ...` is the PyTorch side (run by the driver in a child process).
@@ -227,9 +228,31 @@ def current_rss_mb():
     return 0.0
 
 
+# OpenBLAS cores that run no AVX2/AVX-512 kernels: PyTorch's fp32 products on such a core are a
+# handicapped peer on a CPU that has those instructions.
+GENERIC_BLAS_CORES = {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "katmai",
+                      "coppermine", "northwood", "banias", "generic"}
+
+
+def torch_blas():
+    """Which BLAS PyTorch's fp32 products run on: Debian's torch calls libblas.so.3, which is
+    OpenBLAS when installed. OpenBLAS 0.3.21 (Debian 12) does not recognize Sapphire/Emerald Rapids
+    and falls back to its Prescott (SSE3) kernels unless OPENBLAS_CORETYPE names a core."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libblas.so.3")
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        lib.openblas_get_config.restype = ctypes.c_char_p
+        return {"core": lib.openblas_get_corename().decode(),
+                "config": " ".join(lib.openblas_get_config().decode().split()[:2])}
+    except (OSError, AttributeError):
+        return {"core": "", "config": "not OpenBLAS"}
+
+
 def torch_worker(a):
     import torch
     torch.set_num_threads(a.threads)
+    blas = torch_blas()
     base_rss = current_rss_mb()  # interpreter + torch's libraries, before the model exists
     model = build_torch_model(a.model)
     model.train()
@@ -260,7 +283,7 @@ def torch_worker(a):
         losses.append(loss.item())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(json.dumps({"side": "torch", "precision": a.precision, "threads": torch.get_num_threads(),
-                      "peak_rss_mb": rss, "base_rss_mb": base_rss, "loss": losses, "seconds": seconds}))
+                      "blas": blas, "peak_rss_mb": rss, "base_rss_mb": base_rss, "loss": losses, "seconds": seconds}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,14 +344,14 @@ def summarize(runs, warmup, tokens):
                 base=max(r.get("base_rss_mb", 0) for r in runs), runs=runs)
 
 
-def measure(a, name, c, precision, threads, bins, env):
+def measure(a, name, c, precision, threads, bins, envs):
     model, ids = prepare(name, c, a, bins["cli"])
     cmds = side_cmds(a, model, ids, c, precision, threads, bins["bench"])
     got = {"keel": [], "torch": []}
     for r in range(a.rounds):  # interleaved, alternating which side goes first
         order = ["keel", "torch"] if r % 2 == 0 else ["torch", "keel"]
         for side in order:
-            got[side].append(run(cmds[side], env))
+            got[side].append(run(cmds[side], envs[side]))
     tokens = c["B"] * c["T"]
     return {s: summarize(got[s], a.warmup, tokens) for s in got}
 
@@ -357,6 +380,9 @@ def main():
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--work", default="/tmp/keel-compare")
+    p.add_argument("--torch-openblas-core", default="",
+                   help="OPENBLAS_CORETYPE for the PyTorch side only (e.g. Cooperlake), for a CPU "
+                   "that Debian's OpenBLAS does not recognize; by default the environment's is kept")
     a = p.parse_args()
     if a.worker == "torch":
         return torch_worker(a)
@@ -370,6 +396,12 @@ def main():
             raise SystemExit(f"{b} is missing: ninja -C {a.build} compare_keel keel")
     env = dict(os.environ, OMP_WAIT_POLICY=a.wait_policy)
     env.pop("OMP_NUM_THREADS", None)  # each side sets its own thread count
+    envs = {"keel": env, "torch": dict(env)}
+    if a.torch_openblas_core:
+        envs["torch"]["OPENBLAS_CORETYPE"] = a.torch_openblas_core
+    with open("/proc/cpuinfo") as f:
+        simd = {"avx2", "avx512f"} & set(f.read().split())
+    blas_reported = False
     names = [n for n in a.only.split(",") if n] or list(CONFIGS)
     CONFIGS.update(SMOKE)
     for n in names:
@@ -386,7 +418,7 @@ def main():
     for name in names:
         c = CONFIGS[name]
         for prec in precisions:
-            m = measure(a, name, c, prec, a.threads, bins, env)
+            m = measure(a, name, c, prec, a.threads, bins, envs)
             k, t = m["keel"], m["torch"]
             results[(name, prec)] = m
             kl, tl = k["runs"][0]["loss"], t["runs"][0]["loss"]
@@ -399,13 +431,26 @@ def main():
             agree = rel <= LOSS_RTOL
             if prec == "32-true" and not agree:
                 ok = False
+            blas = t["runs"][0].get("blas", {})
+            generic_blas = blas.get("core", "").lower() in GENERIC_BLAS_CORES and bool(simd)
+            if not blas_reported:
+                blas_reported = True
+                print(f"# PyTorch's fp32 products: {blas.get('config', '?')} core "
+                      f"{blas.get('core') or '-'} (OPENBLAS_CORETYPE "
+                      f"{envs['torch'].get('OPENBLAS_CORETYPE', 'unset')})")
+                if generic_blas:
+                    print(f"# WARNING: that core runs SSE3 kernels on a CPU with {'/'.join(sorted(simd))}: "
+                          f"PyTorch's 32-true steps are handicapped and keel/torch 32-true ratios "
+                          f"overstate keel (5x slower products measured on Emerald Rapids); rerun with "
+                          f"--torch-openblas-core Cooperlake (or SkylakeX, Haswell)")
             print(f"\n{name} ({k['runs'][0]['params'] / 1e6:.1f}M params, B={c['B']} T={c['T']}) "
                   f"{prec}")
             print(f"  keel  {k['tps']:9.0f} tok/s  step {fmt_spread(k)}  peak RSS {k['rss']:.0f} MB "
                   f"({k['base']:.0f} before the model)")
             print(f"  torch {t['tps']:9.0f} tok/s  step {fmt_spread(t)}  peak RSS {t['rss']:.0f} MB "
                   f"({t['base']:.0f} before the model)")
-            print(f"  keel/torch tokens/s {k['tps'] / t['tps']:.2f}x (fastest steps: "
+            handicap = " [PyTorch on generic BLAS kernels]" if generic_blas and prec == "32-true" else ""
+            print(f"  keel/torch tokens/s {k['tps'] / t['tps']:.2f}x{handicap} (fastest steps: "
                   f"{t['lo'] / k['lo']:.2f}x)   RSS keel/torch "
                   f"{k['rss'] / t['rss']:.2f}   keel MFU {100 * mfu:.1f}% of the "
                   f"{'f32' if prec == '32-true' else 'bf16'} matmul peak ({peak:.0f} GFLOP/s, "
@@ -427,7 +472,7 @@ def main():
         print(f"\nthread scaling, {name}, 32-true (tokens/s; x = speed-up over 1 thread)")
         base = {}
         for n in [int(x) for x in scaling.split(",")]:
-            m = measure(a, name, c, "32-true", n, bins, env)
+            m = measure(a, name, c, "32-true", n, bins, envs)
             for s in ("keel", "torch"):
                 base.setdefault(s, m[s]["tps"])
             print(f"  {n:2d} threads: keel {m['keel']['tps']:7.0f} ({m['keel']['tps'] / base['keel']:.2f}x)"
