@@ -249,11 +249,29 @@ def torch_blas():
         return {"core": "", "config": "not OpenBLAS"}
 
 
+def torch_matmul_probe(dtype, seconds=0.3, n=1024):
+    """The same probe as keel's (bench/matmul_peak.h) through PyTorch: best GFLOP/s of an n^3 NT
+    product over `seconds` of back-to-back calls (OpenBLAS in f32, oneDNN/AMX in bf16). Printed
+    beside keel's, it shows whether the two sides ran in the same state of the shared host."""
+    import torch
+    x, w = torch.full((n, n), 0.5, dtype=dtype), torch.full((n, n), 0.25, dtype=dtype)
+    torch.matmul(x, w.t())
+    best, start, calls = 1e30, time.perf_counter(), 0
+    while calls < 5 or time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        torch.matmul(x, w.t())
+        best = min(best, time.perf_counter() - t0)
+        calls += 1
+    return 2.0 * n ** 3 / best / 1e9
+
+
 def torch_worker(a):
     import torch
     torch.set_num_threads(a.threads)
     blas = torch_blas()
     base_rss = current_rss_mb()  # interpreter + torch's libraries, before the model exists
+    probe_dtype = torch.bfloat16 if a.precision == "bf16-mixed" else torch.float32
+    probe_before = torch_matmul_probe(probe_dtype)
     model = build_torch_model(a.model)
     model.train()
     # keel's param groups (optim/optimizer.cpp make_param_groups): no decay on biases, norms, 1-D.
@@ -282,8 +300,10 @@ def torch_worker(a):
         seconds.append(time.perf_counter() - t0)
         losses.append(loss.item())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    probe_after = torch_matmul_probe(probe_dtype)
     print(json.dumps({"side": "torch", "precision": a.precision, "threads": torch.get_num_threads(),
-                      "blas": blas, "peak_rss_mb": rss, "base_rss_mb": base_rss, "loss": losses, "seconds": seconds}))
+                      "blas": blas, "peak_gflops_before": probe_before,
+                      "peak_gflops_after": probe_after, "peak_rss_mb": rss, "base_rss_mb": base_rss, "loss": losses, "seconds": seconds}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,6 +447,8 @@ def main():
             # round): on a shared VM the rate moves by up to 3x (bench/matmul_peak.h).
             probes = [r[key] for r in k["runs"] for key in ("peak_gflops_before", "peak_gflops_after")]
             peak = max(probes)
+            torch_probes = [r[key] for r in t["runs"] for key in ("peak_gflops_before", "peak_gflops_after")
+                            if key in r]
             mfu = k["tps"] * flops_per_token(c, c["T"]) / (peak * 1e9)
             agree = rel <= LOSS_RTOL
             if prec == "32-true" and not agree:
@@ -455,6 +477,9 @@ def main():
                   f"{k['rss'] / t['rss']:.2f}   keel MFU {100 * mfu:.1f}% of the "
                   f"{'f32' if prec == '32-true' else 'bf16'} matmul peak ({peak:.0f} GFLOP/s, "
                   f"1024^3 in keel's process; probes {min(probes):.0f}..{peak:.0f})")
+            if torch_probes:
+                print(f"  the same 1024^3 product through PyTorch, probed beside its steps: "
+                      f"{min(torch_probes):.0f}..{max(torch_probes):.0f} GFLOP/s")
             print("  loss keel : " + " ".join(f"{x:.6f}" for x in kl))
             print("  loss torch: " + " ".join(f"{x:.6f}" for x in tl))
             verdict = ("agree" if agree else "DISAGREE") if prec == "32-true" else "(informative)"
