@@ -10,9 +10,9 @@ Per configuration and precision it prints tokens/s of each side (median step tim
 after warm-up, medians over rounds) with the spread of the step times, their ratio, peak RSS of
 each, the loss of both at every step (in 32-true they must agree within LOSS_RTOL, which shows the
 same work is timed) and keel's model-FLOPs utilization against the matmul peak measured in keel's
-process. Then thread scaling of GPT-2 124M B=4 T=64. The header names the OpenBLAS core PyTorch's fp32
-products run on, and warns when it is a generic one on an AVX2/AVX-512 CPU (a handicapped peer). Debian's torch 1.13 only works with
-/usr/bin/python3.
+process. Then thread scaling of GPT-2 124M B=4 T=64. The header names the OpenBLAS core PyTorch's
+fp32 products run on, and warns when it is a generic one on an AVX2/AVX-512 CPU (a handicapped
+peer). Debian's torch 1.13 only works with /usr/bin/python3.
 
 `--worker torch ...` is the PyTorch side (run by the driver in a child process).
 """
@@ -303,7 +303,8 @@ def torch_worker(a):
     probe_after = torch_matmul_probe(probe_dtype)
     print(json.dumps({"side": "torch", "precision": a.precision, "threads": torch.get_num_threads(),
                       "blas": blas, "peak_gflops_before": probe_before,
-                      "peak_gflops_after": probe_after, "peak_rss_mb": rss, "base_rss_mb": base_rss, "loss": losses, "seconds": seconds}))
+                      "peak_gflops_after": probe_after, "peak_rss_mb": rss, "base_rss_mb": base_rss,
+                      "loss": losses, "seconds": seconds}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -447,8 +448,8 @@ def main():
             # round): on a shared VM the rate moves by up to 3x (bench/matmul_peak.h).
             probes = [r[key] for r in k["runs"] for key in ("peak_gflops_before", "peak_gflops_after")]
             peak = max(probes)
-            torch_probes = [r[key] for r in t["runs"] for key in ("peak_gflops_before", "peak_gflops_after")
-                            if key in r]
+            torch_probes = [r[key] for r in t["runs"]
+                            for key in ("peak_gflops_before", "peak_gflops_after") if key in r]
             mfu = k["tps"] * flops_per_token(c, c["T"]) / (peak * 1e9)
             agree = rel <= LOSS_RTOL
             if prec == "32-true" and not agree:
@@ -461,10 +462,11 @@ def main():
                       f"{blas.get('core') or '-'} (OPENBLAS_CORETYPE "
                       f"{envs['torch'].get('OPENBLAS_CORETYPE', 'unset')})")
                 if generic_blas:
-                    print(f"# WARNING: that core runs SSE3 kernels on a CPU with {'/'.join(sorted(simd))}: "
-                          f"PyTorch's 32-true steps are handicapped and keel/torch 32-true ratios "
-                          f"overstate keel (5x slower products measured on Emerald Rapids); rerun with "
-                          f"--torch-openblas-core Cooperlake (or SkylakeX, Haswell)")
+                    print(f"# WARNING: that core runs SSE3 kernels on a CPU with "
+                          f"{'/'.join(sorted(simd))}: PyTorch's 32-true steps are handicapped and "
+                          f"keel/torch 32-true ratios overstate keel (5x slower products measured on "
+                          f"Emerald Rapids); rerun with --torch-openblas-core Cooperlake (or SkylakeX, "
+                          f"Haswell)")
             print(f"\n{name} ({k['runs'][0]['params'] / 1e6:.1f}M params, B={c['B']} T={c['T']}) "
                   f"{prec}")
             print(f"  keel  {k['tps']:9.0f} tok/s  step {fmt_spread(k)}  peak RSS {k['rss']:.0f} MB "
