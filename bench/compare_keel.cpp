@@ -145,7 +145,6 @@ int main(int argc, char** argv) try {
                  static_cast<long long>(hm.evictions), hm.cached_bytes >> 20);
   }
   const double peak_after = peak_probe.probe();
-  const double peak = std::max(peak_before, peak_after);
   struct rusage ru;
   getrusage(RUSAGE_SELF, &ru);
   std::filesystem::remove_all(dir);
@@ -153,9 +152,9 @@ int main(int argc, char** argv) try {
   std::printf("{\"side\": \"keel\", \"precision\": \"%s\", \"threads\": %d, \"params\": %.0f, ",
               precision.c_str(), omp_get_max_threads(), n_params);
   std::printf(
-      "\"n_layer\": %lld, \"n_embd\": %lld, \"peak_gflops\": %.2f, \"peak_gflops_before\": "
-      "%.2f, \"peak_gflops_after\": %.2f, \"peak_rss_mb\": %.1f, \"base_rss_mb\": %.1f, ",
-      static_cast<long long>(spec.n_layer), static_cast<long long>(spec.n_embd), peak, peak_before,
+      "\"n_layer\": %lld, \"n_embd\": %lld, \"peak_gflops_before\": %.2f, "
+      "\"peak_gflops_after\": %.2f, \"peak_rss_mb\": %.1f, \"base_rss_mb\": %.1f, ",
+      static_cast<long long>(spec.n_layer), static_cast<long long>(spec.n_embd), peak_before,
       peak_after, ru.ru_maxrss / 1024.0, base_rss);
   std::printf("\"loss\": [");
   for (size_t i = 0; i < losses.size(); ++i) std::printf("%s%.9g", i ? ", " : "", losses[i]);

@@ -449,7 +449,7 @@ def main():
             probes = [r[key] for r in k["runs"] for key in ("peak_gflops_before", "peak_gflops_after")]
             peak = max(probes)
             torch_probes = [r[key] for r in t["runs"]
-                            for key in ("peak_gflops_before", "peak_gflops_after") if key in r]
+                            for key in ("peak_gflops_before", "peak_gflops_after")]
             mfu = k["tps"] * flops_per_token(c, c["T"]) / (peak * 1e9)
             agree = rel <= LOSS_RTOL
             if prec == "32-true" and not agree:
@@ -479,9 +479,8 @@ def main():
                   f"{k['rss'] / t['rss']:.2f}   keel MFU {100 * mfu:.1f}% of the "
                   f"{'f32' if prec == '32-true' else 'bf16'} matmul peak ({peak:.0f} GFLOP/s, "
                   f"1024^3 in keel's process; probes {min(probes):.0f}..{peak:.0f})")
-            if torch_probes:
-                print(f"  the same 1024^3 product through PyTorch, probed beside its steps: "
-                      f"{min(torch_probes):.0f}..{max(torch_probes):.0f} GFLOP/s")
+            print(f"  the same 1024^3 product through PyTorch, probed beside its steps: "
+                  f"{min(torch_probes):.0f}..{max(torch_probes):.0f} GFLOP/s")
             print("  loss keel : " + " ".join(f"{x:.6f}" for x in kl))
             print("  loss torch: " + " ".join(f"{x:.6f}" for x in tl))
             verdict = ("agree" if agree else "DISAGREE") if prec == "32-true" else "(informative)"
