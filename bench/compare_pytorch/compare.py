@@ -11,8 +11,8 @@ after warm-up, medians over rounds) with the spread of the step times, their rat
 each, the loss of both at every step (in 32-true they must agree within LOSS_RTOL, which shows the
 same work is timed) and keel's model-FLOPs utilization against the matmul peak measured in keel's
 process. Then thread scaling of GPT-2 124M B=4 T=64. The header names the OpenBLAS core PyTorch's
-fp32 products run on, and warns when it is a generic one on an AVX2/AVX-512 CPU (a handicapped
-peer). Debian's torch 1.13 only works with /usr/bin/python3.
+fp32 products run on, and warns when its kernels are narrower than the CPU's (SSE3 or AVX2 on an
+AVX-512 CPU: a handicapped peer). Debian's torch 1.13 only works with /usr/bin/python3.
 
 `--worker torch ...` is the PyTorch side (run by the driver in a child process).
 """
@@ -228,10 +228,37 @@ def current_rss_mb():
     return 0.0
 
 
-# OpenBLAS cores that run no AVX2/AVX-512 kernels: PyTorch's fp32 products on such a core are a
-# handicapped peer on a CPU that has those instructions.
-GENERIC_BLAS_CORES = {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "katmai",
-                      "coppermine", "northwood", "banias", "generic"}
+# The widest vector kernels each OpenBLAS core runs (OpenBLAS's own core names, lower case); a
+# core not listed counts as generic. PyTorch's fp32 products on a core below what the CPU has are a
+# handicapped peer: SSE3 (Prescott, what OpenBLAS 0.3.21 picks on an Emerald Rapids it does not
+# know) ran a 1024^3 product 5x slower than Cooperlake on this project's VM, and AVX2 (Haswell,
+# what the project's machines set OPENBLAS_CORETYPE to: shared/reference/cpu-dependencies.md)
+# costs 36-47%.
+BLAS_CORE_ISA = {
+    **dict.fromkeys(["sandybridge", "bulldozer", "piledriver", "steamroller", "excavator"], "avx"),
+    **dict.fromkeys(["haswell", "zen"], "avx2"),
+    **dict.fromkeys(["skylakex", "cooperlake", "sapphirerapids"], "avx512"),
+}
+ISA_RANK = {"generic": 0, "avx": 1, "avx2": 2, "avx512": 3}
+
+
+def blas_handicap(core, cpu_isa):
+    """'' when PyTorch's OpenBLAS core runs the widest kernels this CPU has, else a description of
+    what it runs instead ('SSE3 kernels', 'avx2 kernels')."""
+    core_isa = BLAS_CORE_ISA.get(core.lower(), "generic")
+    if not core or ISA_RANK[core_isa] >= ISA_RANK[cpu_isa]:
+        return ""
+    return "SSE3 kernels" if core_isa == "generic" else f"{core_isa} kernels"
+
+
+def cpu_isa():
+    """The widest vector instructions of this CPU that OpenBLAS has kernels for."""
+    with open("/proc/cpuinfo") as f:
+        flags = set(f.read().split())
+    for isa, flag in (("avx512", "avx512f"), ("avx2", "avx2"), ("avx", "avx")):
+        if flag in flags:
+            return isa
+    return "generic"
 
 
 def torch_blas():
@@ -402,8 +429,10 @@ def main():
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--work", default="/tmp/keel-compare")
     p.add_argument("--torch-openblas-core", default="",
-                   help="OPENBLAS_CORETYPE for the PyTorch side only (e.g. Cooperlake), for a CPU "
-                   "that Debian's OpenBLAS does not recognize; by default the environment's is kept")
+                   help="OPENBLAS_CORETYPE for the PyTorch side only (e.g. Cooperlake, for a CPU "
+                   "that Debian's OpenBLAS does not recognize; OPENBLAS_L2_SIZE is dropped with it), "
+                   "or 'auto' to drop both and let OpenBLAS detect the CPU; by default the "
+                   "environment's are kept")
     a = p.parse_args()
     if a.worker == "torch":
         return torch_worker(a)
@@ -419,9 +448,13 @@ def main():
     env.pop("OMP_NUM_THREADS", None)  # each side sets its own thread count
     envs = {"keel": env, "torch": dict(env)}
     if a.torch_openblas_core:
-        envs["torch"]["OPENBLAS_CORETYPE"] = a.torch_openblas_core
-    with open("/proc/cpuinfo") as f:
-        simd = {"avx2", "avx512f"} & set(f.read().split())
+        # The core and the cache size it is tuned for go together (the machine's environment may
+        # set both for another core): naming a core drops OPENBLAS_L2_SIZE, 'auto' both.
+        envs["torch"].pop("OPENBLAS_L2_SIZE", None)
+        envs["torch"].pop("OPENBLAS_CORETYPE", None)
+        if a.torch_openblas_core != "auto":
+            envs["torch"]["OPENBLAS_CORETYPE"] = a.torch_openblas_core
+    isa = cpu_isa()
     blas_reported = False
     names = [n for n in a.only.split(",") if n] or list(CONFIGS)
     CONFIGS.update(SMOKE)
@@ -455,26 +488,28 @@ def main():
             if prec == "32-true" and not agree:
                 ok = False
             blas = t["runs"][0].get("blas", {})
-            generic_blas = blas.get("core", "").lower() in GENERIC_BLAS_CORES and bool(simd)
+            handicap = blas_handicap(blas.get("core", ""), isa)
             if not blas_reported:
                 blas_reported = True
                 print(f"# PyTorch's fp32 products: {blas.get('config', '?')} core "
                       f"{blas.get('core') or '-'} (OPENBLAS_CORETYPE "
-                      f"{envs['torch'].get('OPENBLAS_CORETYPE', 'unset')})")
-                if generic_blas:
-                    print(f"# WARNING: that core runs SSE3 kernels on a CPU with "
-                          f"{'/'.join(sorted(simd))}: PyTorch's 32-true steps are handicapped and "
-                          f"keel/torch 32-true ratios overstate keel (5x slower products measured on "
-                          f"Emerald Rapids); rerun with --torch-openblas-core Cooperlake (or SkylakeX, "
-                          f"Haswell)")
+                      f"{envs['torch'].get('OPENBLAS_CORETYPE', 'unset')}, OPENBLAS_L2_SIZE "
+                      f"{envs['torch'].get('OPENBLAS_L2_SIZE', 'unset')})")
+                if handicap:
+                    best = "Cooperlake" if isa == "avx512" else "Haswell"
+                    print(f"# WARNING: that core runs {handicap} on a CPU with {isa}: PyTorch's "
+                          f"32-true steps are handicapped and keel/torch 32-true ratios overstate "
+                          f"keel (SSE3: 5x slower products on Emerald Rapids; AVX2: 36-47% slower); "
+                          f"rerun with --torch-openblas-core {best} (or auto, when this OpenBLAS "
+                          f"knows the CPU)")
             print(f"\n{name} ({k['runs'][0]['params'] / 1e6:.1f}M params, B={c['B']} T={c['T']}) "
                   f"{prec}")
             print(f"  keel  {k['tps']:9.0f} tok/s  step {fmt_spread(k)}  peak RSS {k['rss']:.0f} MB "
                   f"({k['base']:.0f} before the model)")
             print(f"  torch {t['tps']:9.0f} tok/s  step {fmt_spread(t)}  peak RSS {t['rss']:.0f} MB "
                   f"({t['base']:.0f} before the model)")
-            handicap = " [PyTorch on generic BLAS kernels]" if generic_blas and prec == "32-true" else ""
-            print(f"  keel/torch tokens/s {k['tps'] / t['tps']:.2f}x{handicap} (fastest steps: "
+            mark = f" [PyTorch on {handicap}]" if handicap and prec == "32-true" else ""
+            print(f"  keel/torch tokens/s {k['tps'] / t['tps']:.2f}x{mark} (fastest steps: "
                   f"{t['lo'] / k['lo']:.2f}x)   RSS keel/torch "
                   f"{k['rss'] / t['rss']:.2f}   keel MFU {100 * mfu:.1f}% of the "
                   f"{'f32' if prec == '32-true' else 'bf16'} matmul peak ({peak:.0f} GFLOP/s, "
