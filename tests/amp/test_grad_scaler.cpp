@@ -15,6 +15,7 @@
 namespace keel {
 namespace {
 
+using test::error_of;
 using test::expect_bitwise_equal;
 using test::randn;
 
@@ -22,16 +23,6 @@ using test::randn;
 // converted (exactly) to the f32 master gradient.
 Tensor f16_backward_grad(float g, double scale, int64_t n = 8) {
   return Tensor::full({n}, round_to(DType::F16, static_cast<float>(g * scale)));
-}
-
-template <class F>
-std::string error_of(F f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // A true gradient of 2.0: 2 * 65536 and 2 * 32768 overflow f16 (max 65504), 2 * 16384 does not.

@@ -28,8 +28,6 @@ using json = nlohmann::json;
 
 using Ran = test::KeelRun;
 
-Ran run_keel(const std::string& args) { return test::run_keel_sh(args); }
-
 using test::slurp;
 
 std::vector<double> losses(const std::string& out_dir) {
@@ -47,8 +45,8 @@ std::vector<double> losses(const std::string& out_dir) {
 const std::string& base_dir() {
   static const std::string dir = [] {
     const std::string d = test::temp_dir("lora-base") + "/tiny-llama";
-    Ran r = run_keel("init-model --family llama --out " + d +
-                     " --n-layer 2 --n-embd 64 --n-head 4 --n-kv-head 2 --seed 3");
+    Ran r = test::run_keel_sh("init-model --family llama --out " + d +
+                              " --n-layer 2 --n-embd 64 --n-head 4 --n-kv-head 2 --seed 3");
     EXPECT_EQ(r.code, 0) << r.output;
     return d;
   }();
@@ -70,7 +68,7 @@ TEST(CliLora, FineTuneLowersTheLossKeepsTheBaseAndExportsPeft) {
   const std::string dir = test::temp_dir("lora-run");
   const std::string out = dir + "/out";
   std::ofstream(dir + "/lora.toml") << lora_config(out);
-  Ran r = run_keel("train " + dir + "/lora.toml");
+  Ran r = test::run_keel_sh("train " + dir + "/lora.toml");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("adapter (PEFT lora) written to " + out + "/adapter"), std::string::npos)
       << r.output;
@@ -126,7 +124,7 @@ TEST(CliLora, Bf16MixedWithABf16BaseIsFiniteUnderEveryAttentionBackend) {
     const std::string dir = test::temp_dir("lora-bf16");
     const std::string out = dir + "/out";
     std::ofstream(dir + "/lora.toml") << lora_config(out);
-    Ran r = run_keel(
+    Ran r = test::run_keel_sh(
         "train " + dir +
         "/lora.toml --set train.precision=bf16-mixed --set model.base_dtype=bf16 "
         "--set model.attention=" +
@@ -145,7 +143,8 @@ TEST(CliLora, Bf16MixedWithABf16BaseIsFiniteUnderEveryAttentionBackend) {
 TEST(CliLora, UnknownTargetModuleIsAUsageErrorListingTheLayers) {
   const std::string dir = test::temp_dir("lora-bad");
   std::ofstream(dir + "/lora.toml") << lora_config(dir + "/out");
-  Ran r = run_keel("train " + dir + "/lora.toml --set 'model.adapter.target_modules=[\"qkv\"]'");
+  Ran r = test::run_keel_sh("train " + dir +
+                            "/lora.toml --set 'model.adapter.target_modules=[\"qkv\"]'");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("'qkv'"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"),

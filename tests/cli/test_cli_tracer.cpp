@@ -20,8 +20,6 @@ namespace fs = std::filesystem;
 
 using Ran = test::KeelRun;
 
-Ran run_keel(const std::string& args) { return test::run_keel_sh(args); }
-
 using test::slurp;
 
 std::vector<nlohmann::json> metrics(const std::string& dir) {
@@ -44,9 +42,10 @@ std::string small_run(const std::string& dir) {
 
 TEST(CliTracer, InjectedNanStopsWithExit3AndTheLogNamesTheModule) {
   const std::string dir = test::temp_dir("cli-tracer");
-  Ran r = run_keel(small_run(dir) +
-                   " --set debug.underflow_overflow.enabled=true"
-                   " --set debug.inject.module=transformer.h.0.mlp --set debug.inject.step=3");
+  Ran r =
+      test::run_keel_sh(small_run(dir) +
+                        " --set debug.underflow_overflow.enabled=true"
+                        " --set debug.inject.module=transformer.h.0.mlp --set debug.inject.step=3");
   EXPECT_EQ(r.code, 3) << r.output;
   const std::string log = dir + "/debug/underflow_overflow_rank0.log";
   ASSERT_TRUE(fs::exists(log)) << r.output;
@@ -68,10 +67,11 @@ TEST(CliTracer, InjectedNanStopsWithExit3AndTheLogNamesTheModule) {
 
 TEST(CliTracer, WithoutACaptureTheTracerStopsAtOnce) {
   const std::string dir = test::temp_dir("cli-tracer-nocap");
-  Ran r = run_keel(small_run(dir) +
-                   " --set debug.underflow_overflow.enabled=true --set debug.nan_capture=false"
-                   " --set debug.inject.module=transformer.h.1.attn --set debug.inject.step=2"
-                   " --set debug.inject.kind=inf");
+  Ran r =
+      test::run_keel_sh(small_run(dir) +
+                        " --set debug.underflow_overflow.enabled=true --set debug.nan_capture=false"
+                        " --set debug.inject.module=transformer.h.1.attn --set debug.inject.step=2"
+                        " --set debug.inject.kind=inf");
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_NE(r.output.find("stopped: underflow/overflow tracer: the first non-finite value was "
                           "produced by 'transformer.h.1.attn' (GPT2Attention)"),
@@ -83,10 +83,10 @@ TEST(CliTracer, WithoutACaptureTheTracerStopsAtOnce) {
 
 TEST(CliTracer, AbortAfterBatchNum) {
   const std::string dir = test::temp_dir("cli-tracer-abort");
-  Ran r = run_keel(small_run(dir) +
-                   " --set debug.underflow_overflow.enabled=true"
-                   " --set debug.underflow_overflow.abort_after_batch_num=2"
-                   " --set 'debug.underflow_overflow.trace_batch_nums=[2]'");
+  Ran r = test::run_keel_sh(small_run(dir) +
+                            " --set debug.underflow_overflow.enabled=true"
+                            " --set debug.underflow_overflow.abort_after_batch_num=2"
+                            " --set 'debug.underflow_overflow.trace_batch_nums=[2]'");
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_NE(r.output.find("abort_after_batch_num"), std::string::npos) << r.output;
   EXPECT_EQ(metrics(dir).size(), 2u);
@@ -97,9 +97,9 @@ TEST(CliTracer, AbortAfterBatchNum) {
 
 TEST(CliTracer, UnknownInjectModuleIsAUsageError) {
   const std::string dir = test::temp_dir("cli-inject-bad");
-  Ran r = run_keel(small_run(dir) +
-                   " --set debug.inject.module=transformer.h.0.mpl"
-                   " --set debug.inject.step=1");
+  Ran r = test::run_keel_sh(small_run(dir) +
+                            " --set debug.inject.module=transformer.h.0.mpl"
+                            " --set debug.inject.step=1");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_NE(r.output.find("\"transformer.h.0.mpl\""), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("similar paths: transformer.h.0.mlp"), std::string::npos) << r.output;
@@ -107,7 +107,7 @@ TEST(CliTracer, UnknownInjectModuleIsAUsageError) {
 
 TEST(CliTracer, PerLayerGradNormsInMetrics) {
   const std::string dir = test::temp_dir("cli-layer-norms");
-  Ran r = run_keel(small_run(dir) + " --set log.per_layer_grad_norm=true");
+  Ran r = test::run_keel_sh(small_run(dir) + " --set log.per_layer_grad_norm=true");
   ASSERT_EQ(r.code, 0) << r.output;
   auto recs = metrics(dir);
   ASSERT_EQ(recs.size(), 6u);
@@ -126,15 +126,15 @@ TEST(CliTracer, PerLayerGradNormsInMetrics) {
   }
   // Off by default.
   const std::string dir2 = test::temp_dir("cli-layer-norms-off");
-  ASSERT_EQ(run_keel(small_run(dir2)).code, 0);
+  ASSERT_EQ(test::run_keel_sh(small_run(dir2)).code, 0);
   for (auto& j : metrics(dir2)) EXPECT_FALSE(j.contains("grad_norm/transformer.h.0"));
 }
 
 TEST(CliTracer, TracerOnAFiniteRunChangesNothing) {
   // Same losses bit for bit with and without the tracer: it only reads.
   const std::string a = test::temp_dir("cli-tracer-a"), b = test::temp_dir("cli-tracer-b");
-  ASSERT_EQ(run_keel(small_run(a)).code, 0);
-  Ran r = run_keel(small_run(b) + " --set debug.underflow_overflow.enabled=true");
+  ASSERT_EQ(test::run_keel_sh(small_run(a)).code, 0);
+  Ran r = test::run_keel_sh(small_run(b) + " --set debug.underflow_overflow.enabled=true");
   ASSERT_EQ(r.code, 0) << r.output;
   auto ma = metrics(a), mb = metrics(b);
   ASSERT_EQ(ma.size(), mb.size());

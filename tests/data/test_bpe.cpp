@@ -24,6 +24,7 @@ namespace keel::data {
 namespace {
 
 using nlohmann::json;
+using test::error_of;
 
 const std::string kTiny = std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
 
@@ -38,20 +39,6 @@ std::string write_file(const std::string& dir, const std::string& name,
   std::ofstream(path, std::ios::binary) << content;
   return path;
 }
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no keel::Error thrown";
-  return "";
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 std::unique_ptr<BpeTokenizer> tiny_gpt2() {
   return load_gpt2_tokenizer(kTiny + "/encoder.json", kTiny + "/vocab.bpe");

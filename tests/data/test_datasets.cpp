@@ -12,6 +12,7 @@
 
 namespace keel::data {
 namespace {
+using test::error_of;
 
 std::string write_file(const std::string& name, const std::string& content) {
   const std::string path = test::temp_dir("data") + "/" + name;
@@ -25,21 +26,6 @@ std::vector<int32_t> ids_of(const std::string& s, bool eos) {
   if (eos) v.push_back(258);
   return v;
 }
-
-// The Error message `f` throws (fails the test when it throws nothing).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no keel::Error thrown";
-  return "";
-}
-
-#define EXPECT_CONTAINS(haystack, needle) \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 const ByteTokenizer kTok;
 

@@ -16,6 +16,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using test::error_of;
 
 // A model and optimizer state whose values depend on `tag`, so that checkpoints are told apart.
 struct State {
@@ -83,17 +84,6 @@ std::vector<std::string> entries(const std::string& dir) {
   for (auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
   std::sort(out.begin(), out.end());
   return out;
-}
-
-template <class F>
-std::string error_of(F&& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a keel::Error";
-  return "";
 }
 
 TEST(Checkpoint, RoundTripIsBitExactAndKeepsOrder) {

@@ -26,6 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using Named = std::vector<std::pair<std::string, Tensor>>;
+using test::error_of;
 
 // ---- an independent writer of HF directories ----------------------------------------------------
 
@@ -156,15 +157,6 @@ models::ModelSpec gpt2_spec() {
 }
 
 Tensor sample_ids() { return Tensor::from_ints({1, 5, 9, 2, 7, 3, 3, 8, 39, 0, 12, 6}, {2, 6}); }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 #define EXPECT_MENTIONS(msg, text) \
   EXPECT_NE((msg).find(text), std::string::npos) << "message: " << (msg)

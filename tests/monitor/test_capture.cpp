@@ -18,6 +18,7 @@
 #include "keel/monitor/nan_capture.h"
 #include "keel/train/trainer.h"
 #include "tests/support/check.h"
+#include "tests/support/run_keel.h"
 
 namespace keel::monitor {
 namespace {
@@ -44,12 +45,7 @@ Config small_config(const std::string& tag) {
   return c;
 }
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test::slurp;
 
 // Poisons one weight element with NaN (a corrupt value the next step trips on).
 void poison(Trainer& t, const std::string& name) {

@@ -15,6 +15,7 @@
 #include "keel/monitor/replay.h"
 #include "keel/train/trainer.h"
 #include "tests/support/check.h"
+#include "tests/support/run_keel.h"
 
 namespace keel::monitor {
 namespace {
@@ -22,12 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using test::slurp;
 
 // Trains two healthy steps, then a step with one NaN weight element in `module`.weight; returns
 // the capture directory.

@@ -21,7 +21,7 @@ using test::expect_close;
 using test::expect_gradcheck;
 using test::randn;
 
-constexpr DType kDtypes[] = {DType::F32, DType::BF16, DType::F16};
+using test::kDtypes;
 
 // ---- f64 references: the formulas, evaluated on the stored input values ------------------------
 
@@ -54,7 +54,7 @@ std::vector<float> map_ref(const Tensor& t, const std::function<double(double)>&
 // Tolerance of an f32 computation rounded once into dt: |err| <= atol + |ref| * eps(dt). The atol
 // covers f32 cancellation where the result is much smaller than its terms (gelu's 1 + erf(x) for
 // x << 0, computed as PyTorch does).
-constexpr double kAtol = 2e-6;
+constexpr double kActAtol = 2e-6;
 
 TEST(Activation, ForwardAndBackwardMatchF64ReferenceInEveryDtype) {
   for (DType dt : kDtypes) {
@@ -69,23 +69,23 @@ TEST(Activation, ForwardAndBackwardMatchF64ReferenceInEveryDtype) {
       Tensor y = ops::gelu(xi, tanh_approx ? ops::GeluApprox::Tanh : ops::GeluApprox::None);
       EXPECT_EQ(y.dtype(), dt);
       expect_close(y.to_floats(), map_ref(x, [=](double v) { return gelu_ref(v, tanh_approx); }),
-                   kAtol, eps_of(dt), what);
+                   kActAtol, eps_of(dt), what);
       backward(y, gout);
       EXPECT_EQ(xi.grad().dtype(), dt);
       std::vector<float> ref(xv.size());
       for (size_t i = 0; i < xv.size(); ++i)
         ref[i] = static_cast<float>(double(gv[i]) * gelu_grad_ref(xv[i], tanh_approx));
-      expect_close(xi.grad().to_floats(), ref, kAtol, eps_of(dt), what + " grad");
+      expect_close(xi.grad().to_floats(), ref, kActAtol, eps_of(dt), what + " grad");
     }
     {
       Tensor xi = x.clone().set_requires_grad(true);
       Tensor y = ops::silu(xi);
-      expect_close(y.to_floats(), map_ref(x, silu_ref), kAtol, eps_of(dt), "silu " + dn);
+      expect_close(y.to_floats(), map_ref(x, silu_ref), kActAtol, eps_of(dt), "silu " + dn);
       backward(y, gout);
       std::vector<float> ref(xv.size());
       for (size_t i = 0; i < xv.size(); ++i)
         ref[i] = static_cast<float>(double(gv[i]) * silu_grad_ref(xv[i]));
-      expect_close(xi.grad().to_floats(), ref, kAtol, eps_of(dt), "silu grad " + dn);
+      expect_close(xi.grad().to_floats(), ref, kActAtol, eps_of(dt), "silu grad " + dn);
     }
     {
       Tensor g = x.clone().set_requires_grad(true), u = up.clone().set_requires_grad(true);
@@ -96,10 +96,10 @@ TEST(Activation, ForwardAndBackwardMatchF64ReferenceInEveryDtype) {
         dg[i] = static_cast<float>(double(gv[i]) * uv[i] * silu_grad_ref(xv[i]));
         du[i] = static_cast<float>(double(gv[i]) * silu_ref(xv[i]));
       }
-      expect_close(y.to_floats(), ref, kAtol, eps_of(dt), "swiglu " + dn);
+      expect_close(y.to_floats(), ref, kActAtol, eps_of(dt), "swiglu " + dn);
       backward(y, gout);
-      expect_close(g.grad().to_floats(), dg, kAtol, eps_of(dt), "swiglu dgate " + dn);
-      expect_close(u.grad().to_floats(), du, kAtol, eps_of(dt), "swiglu dup " + dn);
+      expect_close(g.grad().to_floats(), dg, kActAtol, eps_of(dt), "swiglu dgate " + dn);
+      expect_close(u.grad().to_floats(), du, kActAtol, eps_of(dt), "swiglu dup " + dn);
     }
   }
 }
@@ -277,7 +277,7 @@ TEST(Parity, ActivationsMatchPyTorch) {
 // ---- determinism and ISA agreement -------------------------------------------------------------
 
 // Forward outputs and input gradients of every activation on fixed inputs.
-std::vector<Tensor> run_all(DType dt) {
+std::vector<Tensor> run_all_activations(DType dt) {
   Tensor x = randn({7, 1000}, 11, 3.0f, dt).set_requires_grad(true);
   Tensor up = randn({7, 1000}, 12, 1.0f, dt).set_requires_grad(true);
   Tensor g = randn({7, 1000}, 13, 1.0f, dt);
@@ -299,7 +299,8 @@ std::vector<Tensor> run_all(DType dt) {
 
 TEST(Determinism, ActivationsBitIdenticalAcrossRunsThreadCountsAndIsas) {
   for (DType dt : kDtypes)
-    test::expect_deterministic_across_threads_and_isas([&] { return run_all(dt); }, dtype_name(dt));
+    test::expect_deterministic_across_threads_and_isas([&] { return run_all_activations(dt); },
+                                                       dtype_name(dt));
 }
 
 }  // namespace

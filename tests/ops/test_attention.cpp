@@ -17,6 +17,7 @@ namespace {
 
 using ops::AttentionBackend;
 using test::expect_close;
+using test::IsaRestore;
 using test::randn;
 
 constexpr AttentionBackend kBackends[] = {AttentionBackend::kEager, AttentionBackend::kMath,
@@ -393,11 +394,6 @@ TEST(Attention, FlashIsBitIdenticalAcrossThreadCounts) {
   omp_set_num_threads(saved);
   for (int i = 0; i < 4; ++i) test::expect_bitwise_equal(one[i], three[i], "1 vs 3 threads");
 }
-
-struct IsaRestore {
-  CpuIsa saved = cpu_isa();
-  ~IsaRestore() { set_cpu_isa(saved); }
-};
 
 // The generic, AVX2 and AVX-512 builds of the kernels agree. Not bitwise: the AVX builds contract
 // a*b+c into FMA, so scores can differ in the last f32 bit (and, rarely, a rounding to the

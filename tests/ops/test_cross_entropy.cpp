@@ -18,7 +18,9 @@ namespace {
 
 using ops::Reduction;
 using test::expect_close;
+using test::IsaRestore;
 using test::randn;
+using test::ThreadsGuard;
 
 struct CeRef {
   double loss = 0;
@@ -48,16 +50,6 @@ CeRef ce_ref(const Tensor& logits, const std::vector<int64_t>& t, int64_t ignore
   if (red == Reduction::kMean) ref.loss = count ? ref.loss / count : 0.0;
   return ref;
 }
-
-struct ThreadsGuard {
-  int saved = omp_get_max_threads();
-  explicit ThreadsGuard(int n) { omp_set_num_threads(n); }
-  ~ThreadsGuard() { omp_set_num_threads(saved); }
-};
-struct IsaRestore {
-  CpuIsa saved = cpu_isa();
-  ~IsaRestore() { set_cpu_isa(saved); }
-};
 
 // Small gradients (softmax / count over large V) are f16 subnormals, spaced 2^-24 apart.
 double subnormal_step(DType dt) { return dt == DType::F16 ? 5.9604644775390625e-08 : 1e-9; }

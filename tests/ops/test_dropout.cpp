@@ -16,7 +16,9 @@ namespace keel {
 namespace {
 
 using test::expect_close;
+using test::IsaRestore;
 using test::randn;
+using test::ThreadsGuard;
 
 // The mask of backend/dropout.h: element i survives when the top 32 bits of the i-th splitmix64
 // output keyed by seed are >= floor(p * 2^32).
@@ -41,16 +43,6 @@ std::vector<float> dropout_ref(const std::vector<float>& x, float p, uint64_t se
     out[i] = static_cast<float>(x[i] * (keep[i] ? 1.0 / (1.0 - p) : 0.0));
   return out;
 }
-
-struct ThreadsGuard {
-  int saved = omp_get_max_threads();
-  explicit ThreadsGuard(int n) { omp_set_num_threads(n); }
-  ~ThreadsGuard() { omp_set_num_threads(saved); }
-};
-struct IsaRestore {
-  CpuIsa saved = cpu_isa();
-  ~IsaRestore() { set_cpu_isa(saved); }
-};
 
 TEST(Dropout, ForwardAndBackwardMatchReferenceInEveryDtype) {
   for (DType dt : {DType::F32, DType::BF16, DType::F16})

@@ -16,6 +16,7 @@ namespace {
 
 using test::expect_close;
 using test::randn;
+using test::ThreadsGuard;
 
 // Reference forward: out[i, :] = w[ids[i], :].   ids [N], w [V, D] -> [N, D]
 std::vector<float> embedding_ref(const std::vector<int64_t>& ids, const std::vector<float>& w,
@@ -34,12 +35,6 @@ std::vector<float> embedding_grad_ref(const std::vector<int64_t>& ids, const std
     for (int64_t j = 0; j < d; ++j) acc[ids[i] * d + j] += g[i * d + j];
   return std::vector<float>(acc.begin(), acc.end());
 }
-
-struct ThreadsGuard {
-  int saved = omp_get_max_threads();
-  explicit ThreadsGuard(int n) { omp_set_num_threads(n); }
-  ~ThreadsGuard() { omp_set_num_threads(saved); }
-};
 
 TEST(Embedding, ForwardAndBackwardMatchReferenceInEveryDtype) {
   const int64_t v = 37, d = 70;

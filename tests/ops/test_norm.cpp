@@ -17,7 +17,7 @@ using test::expect_close;
 using test::expect_gradcheck;
 using test::randn;
 
-constexpr DType kDtypes[] = {DType::F32, DType::BF16, DType::F16};
+using test::kDtypes;
 
 // ---- f64 reference (llm.c's layernorm_forward / layernorm_backward, in double) ----------------
 
@@ -74,7 +74,7 @@ NormRef norm_ref(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor
 // f32 statistics and arithmetic, rounded once into dt. The f32 part is ~1e-6 relative to the
 // terms (x - mean, g - mean(g) cancel), hence the absolute floor.
 double rtol_of(DType dt) { return std::max(eps_of(dt), 1e-5); }
-constexpr double kAtol = 2e-5;
+constexpr double kNormAtol = 2e-5;
 
 void check_against_ref(DType dt, bool center, bool affine, const Shape& shape, float mean_shift) {
   const std::string what = std::string(center ? "layer_norm " : "rms_norm ") + dtype_name(dt) +
@@ -101,10 +101,10 @@ void check_against_ref(DType dt, bool center, bool affine, const Shape& shape, f
   EXPECT_EQ(y.shape(), x.shape());
   Tensor gout = randn(shape, 4, 1.0f, dt);
   const NormRef ref = norm_ref(x0, w, b, gout, eps, center);
-  expect_close(y.to_floats(), ref.y, kAtol, rtol_of(dt), what);
+  expect_close(y.to_floats(), ref.y, kNormAtol, rtol_of(dt), what);
   backward(y, gout);
   EXPECT_EQ(x.grad().dtype(), dt);
-  expect_close(x.grad().to_floats(), ref.dx, kAtol, rtol_of(dt), what + " dx");
+  expect_close(x.grad().to_floats(), ref.dx, kNormAtol, rtol_of(dt), what + " dx");
   if (affine) {
     // Row sums in f32 over up to 35 rows: ~1e-6 relative to the sum of magnitudes.
     expect_close(w.grad().to_floats(), ref.dw, 1e-4, rtol_of(dt), what + " dw");
@@ -196,7 +196,7 @@ TEST(Parity, NormsMatchPyTorch) {
 
 // ---- determinism and ISA agreement -------------------------------------------------------------
 
-std::vector<Tensor> run_all(DType dt) {
+std::vector<Tensor> run_all_norms(DType dt) {
   std::vector<Tensor> out;
   for (bool center : {true, false}) {
     Tensor x = randn({37, 700}, 7, 2.0f, dt).set_requires_grad(true);
@@ -214,7 +214,8 @@ std::vector<Tensor> run_all(DType dt) {
 
 TEST(Determinism, NormsBitIdenticalAcrossRunsThreadCountsAndIsas) {
   for (DType dt : kDtypes)
-    test::expect_deterministic_across_threads_and_isas([&] { return run_all(dt); }, dtype_name(dt));
+    test::expect_deterministic_across_threads_and_isas([&] { return run_all_norms(dt); },
+                                                       dtype_name(dt));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ namespace keel {
 namespace {
 
 using test::expect_close;
+using test::IsaRestore;
 using test::randn;
 
 // Reference: for x [B, H, T, D], pair (i, i + D/2) at position t + offset rotates by
@@ -35,10 +36,6 @@ std::vector<float> rope_ref(const Tensor& x, double theta, int64_t offset, bool 
   return out;
 }
 
-struct IsaRestore {
-  CpuIsa saved = cpu_isa();
-  ~IsaRestore() { set_cpu_isa(saved); }
-};
 // The ISA levels this CPU runs (up to the detected one).
 std::vector<CpuIsa> runnable_isas() {
   std::vector<CpuIsa> v;

@@ -235,4 +235,14 @@ std::string temp_dir(const std::string& tag) {
   return dir.string();
 }
 
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no keel::Error thrown";
+  return "(no error)";
+}
+
 }  // namespace keel::test

@@ -2,6 +2,7 @@
 // (|a - r| <= atol + |r| * rtol), finite-difference gradient checks, and the PyTorch fixtures.
 #pragma once
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <functional>
 #include <string>
@@ -32,6 +33,9 @@ void for_each_cpu_isa(const std::function<void(CpuIsa)>& body);
 // bits). `what` names the case (e.g. the dtype) in failures.
 void expect_deterministic_across_threads_and_isas(const std::function<std::vector<Tensor>()>& run,
                                                   const std::string& what);
+
+// The floating dtypes every op is tested in.
+inline constexpr DType kDtypes[] = {DType::F32, DType::BF16, DType::F16};
 
 // The rounding unit of a dtype, for tolerances of the form atol + |ref| * eps(dtype).
 double eps_of(DType dt);
@@ -70,6 +74,24 @@ struct ParityTolerance {
 void expect_parity(const std::string& family, const std::string& name,
                    const std::function<Tensor(const std::vector<Tensor>&)>& f,
                    ParityTolerance tol = {});
+
+// The message of the keel::Error that `f` throws (error-path tests check that it names the file,
+// the place and the fix). Adds a test failure and returns "(no error)" when nothing is thrown.
+std::string error_of(const std::function<void()>& f);
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+// The OpenMP thread count for a scope (thread-count independence tests).
+struct ThreadsGuard {
+  int saved = omp_get_max_threads();
+  explicit ThreadsGuard(int n) { omp_set_num_threads(n); }
+  ~ThreadsGuard() { omp_set_num_threads(saved); }
+};
+// Restores the kernels' ISA level at the end of a scope that switches it (set_cpu_isa).
+struct IsaRestore {
+  CpuIsa saved = cpu_isa();
+  ~IsaRestore() { set_cpu_isa(saved); }
+};
 
 // Path of the built `keel` binary and a fresh temporary directory for a test.
 std::string keel_binary();
