@@ -12,13 +12,14 @@ export OMP_NUM_THREADS=1
 
 # CUDA (when nvcc is present) is compiled for sm_90 only here, to keep CI short; a plain build
 # targets sm_80 and sm_90.
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DKEEL_UNITY_BUILD=ON >/dev/null  # the CLI and the tests in batches: see CMakeLists.txt
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs" --timeout 900
 
 # Sanitizers: the same tests, with ASan + UBSan (leak checks off: OpenMP's and oneDNN's
 # thread-local caches live until exit and are reported as leaks).
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_SANITIZE=ON \
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_SANITIZE=ON -DKEEL_UNITY_BUILD=ON \
   -DKEEL_BUILD_BENCH=OFF -DKEEL_CUDA=OFF >/dev/null  # nvcc objects take no sanitizers: CUDA is built above
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
