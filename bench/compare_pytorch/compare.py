@@ -242,13 +242,13 @@ BLAS_CORE_ISA = {
 ISA_RANK = {"generic": 0, "avx": 1, "avx2": 2, "avx512": 3}
 
 
-def blas_handicap(core, cpu_isa):
-    """'' when PyTorch's OpenBLAS core runs the widest kernels this CPU has, else a description of
-    what it runs instead ('SSE3 kernels', 'avx2 kernels')."""
+def blas_handicap(core, isa):
+    """'' when PyTorch's OpenBLAS core runs the widest kernels this CPU (whose best is `isa`) has,
+    else what it runs instead ('SSE kernels', 'avx2 kernels')."""
     core_isa = BLAS_CORE_ISA.get(core.lower(), "generic")
-    if not core or ISA_RANK[core_isa] >= ISA_RANK[cpu_isa]:
+    if not core or ISA_RANK[core_isa] >= ISA_RANK[isa]:
         return ""
-    return "SSE3 kernels" if core_isa == "generic" else f"{core_isa} kernels"
+    return "SSE kernels" if core_isa == "generic" else f"{core_isa} kernels"
 
 
 def cpu_isa():
@@ -499,7 +499,7 @@ def main():
                     best = "Cooperlake" if isa == "avx512" else "Haswell"
                     print(f"# WARNING: that core runs {handicap} on a CPU with {isa}: PyTorch's "
                           f"32-true steps are handicapped and keel/torch 32-true ratios overstate "
-                          f"keel (SSE3: 5x slower products on Emerald Rapids; AVX2: 36-47% slower); "
+                          f"keel (SSE3 Prescott: 5x slower products on Emerald Rapids; AVX2: 36-47% slower); "
                           f"rerun with --torch-openblas-core {best} (or auto, when this OpenBLAS "
                           f"knows the CPU)")
             print(f"\n{name} ({k['runs'][0]['params'] / 1e6:.1f}M params, B={c['B']} T={c['T']}) "
