@@ -13,7 +13,7 @@ export OMP_NUM_THREADS=1
 # CUDA (when nvcc is present) is compiled for sm_90 only here, to keep CI short; a plain build
 # targets sm_80 and sm_90.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DKEEL_UNITY_BUILD=ON >/dev/null  # the CLI and the tests in batches: see CMakeLists.txt
+  -DKEEL_UNITY_BUILD=ON >/dev/null  # files compiled in batches: see CMakeLists.txt
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs" --timeout 900
 

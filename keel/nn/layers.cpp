@@ -65,11 +65,6 @@ Tensor Embedding::forward(const Tensor& ids) {
 
 namespace {
 thread_local uint64_t t_step_seed = 0;
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 }  // namespace
 
 Dropout::Dropout(double prob) : Module("Dropout"), p(prob) {}
@@ -80,7 +75,7 @@ Tensor Dropout::forward(const Tensor& x) {
   if (!is_training() || p == 0) return x;
   return call({x}, [&] {
     // Keyed on the module's path, so the mask does not depend on how many models were built.
-    return ops::dropout(x, static_cast<float>(p), mix_seed(t_step_seed, fnv1a(path())));
+    return ops::dropout(x, static_cast<float>(p), mix_seed(t_step_seed, name_seed(path())));
   });
 }
 

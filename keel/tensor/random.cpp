@@ -12,6 +12,12 @@ uint64_t mix_seed(uint64_t a, uint64_t b) {
   return z ^ (z >> 31);
 }
 
+uint64_t name_seed(const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
 Rng::Rng(uint64_t seed) {
   for (int i = 0; i < 4; ++i) s_[i] = mix_seed(seed, static_cast<uint64_t>(i));
 }

@@ -3,6 +3,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <string>
 
 #include "keel/tensor/tensor.h"
 
@@ -23,6 +24,9 @@ class Rng {
 
 // splitmix64: the mixing function used to derive independent seeds (e.g. per step, per module).
 uint64_t mix_seed(uint64_t a, uint64_t b = 0);
+// FNV-1a of a name: a seed that depends on a module's path and nothing else (dropout masks, adapter
+// initialization), stable across runs, builds and machines.
+uint64_t name_seed(const std::string& name);
 
 // In-place fills of a floating tensor (values generated in f32, rounded into its dtype).
 void fill_normal(Tensor& t, Rng& rng, double mean, double stddev);

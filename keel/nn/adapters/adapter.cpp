@@ -13,12 +13,6 @@ namespace keel::nn {
 
 namespace {
 
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
 // PEFT's target rule for a list of names: the key equals the target or ends with "." + target.
 bool targets(const std::string& path, const std::string& target) {
   if (path == target) return true;
@@ -122,7 +116,7 @@ std::vector<std::string> apply_adapters(Module& root, const AdapterOptions& opt)
     if (lin->adapter)
       throw usage("'" + lin->path() + "' already has a " + lin->adapter->kind() +
                   " adapter; apply adapters once");
-    const uint64_t seed = mix_seed(opt.seed, fnv1a(lin->path()));
+    const uint64_t seed = mix_seed(opt.seed, name_seed(lin->path()));
     if (opt.kind == "lora")
       lin->adapter = std::make_shared<LoraAdapter>(*lin, opt.r, opt.alpha, opt.dropout, seed);
     else if (opt.kind == "dora")
