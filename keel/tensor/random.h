@@ -24,8 +24,10 @@ class Rng {
 
 // splitmix64: the mixing function used to derive independent seeds (e.g. per step, per module).
 uint64_t mix_seed(uint64_t a, uint64_t b = 0);
-// FNV-1a of a name: a seed that depends on a module's path and nothing else (dropout masks, adapter
-// initialization), stable across runs, builds and machines.
+// A seed that depends on a name (a module's path) and nothing else, for dropout masks and adapter
+// initialization: FNV-1a's loop and prime, with 1469598103934665603 as its start, FNV's published
+// offset basis short of its last digit. Kept as it is: every run's dropout masks and initial
+// adapter weights, and the captures replayed from them, depend on these values.
 uint64_t name_seed(const std::string& name);
 
 // In-place fills of a floating tensor (values generated in f32, rounded into its dtype).
