@@ -292,6 +292,11 @@ def torch_matmul_probe(dtype, seconds=0.3, n=1024):
     return 2.0 * n ** 3 / best / 1e9
 
 
+def probe_rates(runs):
+    """Every matmul probe of a side's rounds (before and after its steps), in GFLOP/s."""
+    return [r[key] for r in runs for key in ("peak_gflops_before", "peak_gflops_after")]
+
+
 def torch_worker(a):
     import torch
     torch.set_num_threads(a.threads)
@@ -479,10 +484,8 @@ def main():
             rel = max(abs(x - y) / abs(y) for x, y in zip(kl, tl))
             # The highest matmul rate any of keel's probes saw (before and after its steps, every
             # round): on a shared VM the rate moves by up to 3x (bench/matmul_peak.h).
-            probes = [r[key] for r in k["runs"] for key in ("peak_gflops_before", "peak_gflops_after")]
+            probes, torch_probes = probe_rates(k["runs"]), probe_rates(t["runs"])
             peak = max(probes)
-            torch_probes = [r[key] for r in t["runs"]
-                            for key in ("peak_gflops_before", "peak_gflops_after")]
             mfu = k["tps"] * flops_per_token(c, c["T"]) / (peak * 1e9)
             agree = rel <= LOSS_RTOL
             if prec == "32-true" and not agree:

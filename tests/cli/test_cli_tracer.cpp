@@ -22,17 +22,6 @@ using Ran = test::KeelRun;
 
 using test::slurp;
 
-std::vector<nlohmann::json> metrics(const std::string& dir) {
-  std::vector<nlohmann::json> out;
-  std::ifstream f(dir + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(f, line)) {
-    auto j = nlohmann::json::parse(line);
-    if (j.contains("loss")) out.push_back(j);  // step records (eval records have eval_loss)
-  }
-  return out;
-}
-
 // A small, fast run of the built-in task.
 std::string small_run(const std::string& dir) {
   return "train --set run.out_dir=\"" + dir +
@@ -62,7 +51,7 @@ TEST(CliTracer, InjectedNanStopsWithExit3AndTheLogNamesTheModule) {
       << r.output;
   EXPECT_NE(r.output.find("stopped: step 3"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(dir + "/debug/nan_capture/rank0/capture.json")) << r.output;
-  EXPECT_EQ(metrics(dir).size(), 3u);
+  EXPECT_EQ(test::step_records(dir).size(), 3u);
 }
 
 TEST(CliTracer, WithoutACaptureTheTracerStopsAtOnce) {
@@ -78,7 +67,7 @@ TEST(CliTracer, WithoutACaptureTheTracerStopsAtOnce) {
             std::string::npos)
       << r.output;
   EXPECT_FALSE(fs::exists(dir + "/debug/nan_capture"));
-  EXPECT_EQ(metrics(dir).size(), 1u);  // step 2 stopped inside its forward
+  EXPECT_EQ(test::step_records(dir).size(), 1u);  // step 2 stopped inside its forward
 }
 
 TEST(CliTracer, AbortAfterBatchNum) {
@@ -89,7 +78,7 @@ TEST(CliTracer, AbortAfterBatchNum) {
                             " --set 'debug.underflow_overflow.trace_batch_nums=[2]'");
   EXPECT_EQ(r.code, 3) << r.output;
   EXPECT_NE(r.output.find("abort_after_batch_num"), std::string::npos) << r.output;
-  EXPECT_EQ(metrics(dir).size(), 2u);
+  EXPECT_EQ(test::step_records(dir).size(), 2u);
   const std::string text = slurp(dir + "/debug/underflow_overflow_rank0.log");
   EXPECT_NE(text.find("*** Starting batch number=2 (traced) ***"), std::string::npos) << text;
   EXPECT_NE(text.find("transformer.h.1.mlp.c_fc Linear (backward: "), std::string::npos) << text;
@@ -109,7 +98,7 @@ TEST(CliTracer, PerLayerGradNormsInMetrics) {
   const std::string dir = test::temp_dir("cli-layer-norms");
   Ran r = test::run_keel_sh(small_run(dir) + " --set log.per_layer_grad_norm=true");
   ASSERT_EQ(r.code, 0) << r.output;
-  auto recs = metrics(dir);
+  auto recs = test::step_records(dir);
   ASSERT_EQ(recs.size(), 6u);
   for (auto& j : recs) {
     double sq = 0;
@@ -127,7 +116,7 @@ TEST(CliTracer, PerLayerGradNormsInMetrics) {
   // Off by default.
   const std::string dir2 = test::temp_dir("cli-layer-norms-off");
   ASSERT_EQ(test::run_keel_sh(small_run(dir2)).code, 0);
-  for (auto& j : metrics(dir2)) EXPECT_FALSE(j.contains("grad_norm/transformer.h.0"));
+  for (auto& j : test::step_records(dir2)) EXPECT_FALSE(j.contains("grad_norm/transformer.h.0"));
 }
 
 TEST(CliTracer, TracerOnAFiniteRunChangesNothing) {
@@ -136,7 +125,7 @@ TEST(CliTracer, TracerOnAFiniteRunChangesNothing) {
   ASSERT_EQ(test::run_keel_sh(small_run(a)).code, 0);
   Ran r = test::run_keel_sh(small_run(b) + " --set debug.underflow_overflow.enabled=true");
   ASSERT_EQ(r.code, 0) << r.output;
-  auto ma = metrics(a), mb = metrics(b);
+  auto ma = test::step_records(a), mb = test::step_records(b);
   ASSERT_EQ(ma.size(), mb.size());
   for (size_t i = 0; i < ma.size(); ++i) {
     EXPECT_EQ(ma[i]["loss"], mb[i]["loss"]);
