@@ -19,6 +19,7 @@
 #include "keel/nn/adapters/adapter.h"
 #include "keel/nn/layers.h"
 #include "keel/numerics/tensor_stats.h"
+#include "keel/numerics/utc_time.h"
 #include "keel/ops/cross_entropy.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/shape.h"
@@ -34,13 +35,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-std::string utc_stamp() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::gmtime(&t));
-  return buf;
-}
 
 models::ModelSpec spec_from(const ModelConfig& m, int64_t vocab, int64_t seq_len, DType dt) {
   models::ModelSpec s;
@@ -168,7 +162,7 @@ Trainer::Trainer(const Config& cfg, TrainerHooks hooks, std::shared_ptr<Collecti
   }
   device_ = device;
   policy_ = resolve_precision(cfg_.train.precision, device, cfg_.train.allow_cpu_bf16);
-  out_dir_ = cfg_.run.out_dir.empty() ? "out/" + utc_stamp() : cfg_.run.out_dir;
+  out_dir_ = cfg_.run.out_dir.empty() ? "out/" + utc_time(kUtcDirName) : cfg_.run.out_dir;
 
   // Data.
   tokenizer_ = data::load_tokenizer(cfg_.data.tokenizer);

@@ -14,3 +14,4 @@
 #include "keel/backend/parallel.h"
 #include "keel/numerics/convert.h"
 #include "keel/numerics/error.h"
+#include "keel/numerics/hash.h"

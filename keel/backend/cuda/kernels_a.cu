@@ -575,25 +575,19 @@ const RopeKernels kRope = {rope_rotate};
 
 // ---- dropout (the counter-based mask of backend/dropout.h) ----------------------------------
 
-constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ull;
-__host__ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 template <class T>
 __global__ void dropout_kernel(T* out, const T* x, int64_t n, uint64_t key, uint32_t threshold,
                                float scale) {
   KEEL_CUDA_FOR(i, n) {
     const uint32_t bits =
-        static_cast<uint32_t>(mix64(key + static_cast<uint64_t>(i + 1) * kGamma) >> 32);
+        static_cast<uint32_t>(splitmix64_at(key, static_cast<uint64_t>(i)) >> 32);
     st(out + i, ld(x + i) * (bits >= threshold ? 1.f : 0.f) * scale);
   }
 }
 void dropout_apply(void* out, const void* x, DType dt, int64_t n, uint64_t seed, uint32_t threshold,
                    float scale) {
   if (n <= 0) return;
-  const uint64_t key = mix64(seed + kGamma);
+  const uint64_t key = splitmix64_at(seed, 0);
   KEEL_CUDA_FLOAT_TYPES(dt, T,
                         dropout_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
                             (T*)out, (const T*)x, n, key, threshold, scale));

@@ -235,12 +235,6 @@ struct AdamWConsts {
   float grad_scale;  // clipping: g * grad_scale
 };
 
-__device__ __forceinline__ uint64_t sr_bits(uint64_t seed, uint64_t i) {
-  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 template <class T>
 __device__ __forceinline__ void store_param(T* p, float v, bool, uint64_t, int64_t) {
   st(p, v);
@@ -252,7 +246,7 @@ __device__ __forceinline__ void store_param(__nv_bfloat16* p, float v, bool sr, 
   if (!sr || (u & 0x7fffffffu) >= 0x7f800000u) {
     st(p, v);
   } else {
-    const uint32_t r = static_cast<uint32_t>(sr_bits(seed, i) >> 48);
+    const uint32_t r = static_cast<uint32_t>(splitmix64_at(seed, i) >> 48);
     *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>((u + r) >> 16);
   }
 }
