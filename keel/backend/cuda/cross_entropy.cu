@@ -63,13 +63,6 @@ __global__ void ce_fwd_kernel(float* stats, double* row_loss, const T* logits, c
     row_loss[r] = -static_cast<double>((ld(row + t) - mx) - ls);
   }
 }
-__global__ void sum_rows_in_order_kernel(double* out, const double* x, int64_t n) {
-  __shared__ double sh[32];
-  double acc = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += x[i];
-  acc = block_reduce(acc, sh, SumOp{}, 0.0);
-  if (threadIdx.x == 0) *out = acc;
-}
 double ce_forward(float* stats, const void* logits, DType dt, const void* targets, DType tdt,
                   int64_t n, int64_t v, int64_t ignore) {
   if (n <= 0) return 0.0;
@@ -79,7 +72,7 @@ double ce_forward(float* stats, const void* logits, DType dt, const void* target
   KEEL_CUDA_FLOAT_TYPES(dt, T,
                         ce_fwd_kernel<<<n, threads, 0, stream()>>>(
                             stats, p + 1, (const T*)logits, targets, tdt == DType::I32, v, ignore));
-  sum_rows_in_order_kernel<<<1, 1024, 0, stream()>>>(p, p + 1, n);
+  sum_doubles_kernel<<<1, 1024, 0, stream()>>>(p, p + 1, n);
   KEEL_CUDA_LAUNCHED();
   double out = 0;
   read_back(&out, p, 8);

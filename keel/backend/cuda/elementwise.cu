@@ -100,13 +100,6 @@ __global__ void block_sum_kernel(double* partial, const T* a, int64_t n) {
   acc = block_reduce(acc, sh, SumOp{}, 0.f);
   if (threadIdx.x == 0) partial[blockIdx.x] = static_cast<double>(acc);
 }
-__global__ void sum_doubles_kernel(double* out, const double* partial, int64_t n) {
-  __shared__ double sh[32];
-  double acc = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
-  acc = block_reduce(acc, sh, SumOp{}, 0.0);
-  if (threadIdx.x == 0) *out = acc;
-}
 template <bool kSquare>
 double block_sum(const void* a, DType dt, int64_t n) {
   if (n <= 0) return 0.0;

@@ -122,6 +122,21 @@ __global__ void col_finish_kernel(T* out, const float* partial, int64_t chunks, 
   }
 }
 
+// ---- a fixed-order f64 sum ---------------------------------------------------------------
+
+// *out = the sum of partial[0, n) in a fixed tree (one block of up to 1024 threads: launch
+// <<<1, 1024>>>): the second stage of element-wise sums and of cross-entropy's loss over rows.
+// (A template only so that every file may launch its own copy: kernels do not cross files
+// without relocatable device code.)
+template <class V = double>
+__global__ void sum_doubles_kernel(V* out, const V* partial, int64_t n) {
+  __shared__ V sh[32];
+  V acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
+  acc = block_reduce(acc, sh, SumOp{}, V(0));
+  if (threadIdx.x == 0) *out = acc;
+}
+
 // ---- ids -------------------------------------------------------------------------------------
 
 __device__ __forceinline__ int64_t id_at(const void* ids, bool i32, int64_t i) {
