@@ -24,7 +24,10 @@ struct MonitorKernels {
   // its values are then read once).
   GradSetStats (*unscale_norm)(void* const* bufs, const DType* dts, const int64_t* ns, int count,
                                float inv_scale);
-  // numerics/tensor_stats (counts, abs-min/abs-max over finite values, thresholds of `fmt`).
+  // numerics/tensor_stats' result, every field equal (counts, abs-min/abs-max over finite values,
+  // thresholds of `fmt`). CPU (cpu/monitor.inc): one vectorized pass over the bit patterns per
+  // ISA, split over threads only for large tensors; exact, so the same for every ISA and thread
+  // count. CUDA: on the device, a few numbers copied back.
   TensorStats (*stats)(const void* data, DType dt, int64_t n, DType fmt);
 };
 
