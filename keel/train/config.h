@@ -3,6 +3,7 @@
 // section.key=value overrides a key after the file is read.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -152,6 +153,9 @@ struct Config {
 // syntax, bare strings allowed). Errors (kind kUsage) name the file, the key, the line when known,
 // and the fix: an unknown key names the nearest valid key.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from a JSON object with the TOML file's shape (sections as objects; keel serve's
+// request bodies): the same checks and messages, `source` standing for the file name.
+Config load_config_json(const nlohmann::json& root, const std::string& source);
 // The effective config as TOML (written to out_dir/config.toml; a capture embeds it).
 std::string config_to_toml(const Config& c);
 

@@ -27,6 +27,7 @@
 #include "keel/optim/sgd.h"
 #include "keel/tensor/host_memory.h"
 #include "keel/tensor/random.h"
+#include "keel/train/stop_request.h"
 
 namespace keel {
 
@@ -594,6 +595,13 @@ int Trainer::fit() {
     if (rank0 && cfg_.log.checkpoint_every > 0 && step_ % cfg_.log.checkpoint_every == 0) {
       checkpoint();
       save_checkpoint(out_dir_ + "/checkpoints/step-" + std::to_string(step_));
+    }
+    // SIGTERM/SIGINT (train/stop_request.h): save and return, resumable. One process only: ranks
+    // would have to agree on the step first.
+    if (step_ < total_steps_ && coll_->world_size() == 1 && stop_requested()) {
+      checkpoint();
+      stopped_by_request_ = true;
+      return 0;
     }
   }
   if (epoch_updates_ == 0 && next_batch_ >= nb)
