@@ -39,7 +39,8 @@ void send_error(httplib::Response& res, int status, const std::string& message,
   json err = {{"message", message}, {"type", type}, {"status", status}};
   for (auto& [k, v] : extra.items()) err[k] = v;
   res.status = status;
-  res.set_content(json{{"error", err}}.dump(), "application/json");
+  res.set_content(json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace),
+                  "application/json");
 }
 
 void send_json(httplib::Response& res, int status, const json& body) {

@@ -616,8 +616,13 @@ namespace {
 // A JSON value as the TOML node a file would have given (no source positions: messages say
 // `source` alone). JSON has no dates; null has no TOML counterpart and is an error.
 std::unique_ptr<toml::node> toml_of_json(const nlohmann::json& j, const std::string& key,
-                                         const std::string& source) {
+                                         const std::string& source, int depth = 0) {
   using nlohmann::json;
+  // The deepest section is [model.adapter]; anything deeper is no config (and must not recurse
+  // without bound: a request body may be a million nested objects).
+  if (depth > 4)
+    throw usage(source + ": " + key + " is nested " + std::to_string(depth) +
+                " levels deep; no config key is (see docs/config.md)");
   switch (j.type()) {
     case json::value_t::boolean:
       return std::make_unique<toml::value<bool>>(j.get<bool>());
@@ -647,7 +652,7 @@ std::unique_ptr<toml::node> toml_of_json(const nlohmann::json& j, const std::str
     case json::value_t::object: {
       auto t = std::make_unique<toml::table>();
       for (const auto& [k, v] : j.items())
-        toml_of_json(v, key.empty() ? k : key + "." + k, source)->visit([&](auto&& n) {
+        toml_of_json(v, key.empty() ? k : key + "." + k, source, depth + 1)->visit([&](auto&& n) {
           t->insert(k, std::move(n));
         });
       return t;
