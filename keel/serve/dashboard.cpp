@@ -92,7 +92,14 @@ function draw(name) {
   g.fillStyle = "#555"; g.font = "11px sans-serif";
   g.fillText(fmt(y1), 2, 12); g.fillText(fmt(y0), 2, H - 18); g.fillText("step " + x1, W - 70, H - 3);
 }
-function drawAll() { ["loss", "grad_norm", "loss_scale", "learning_rate"].forEach(draw); $("points").dataset.points = records.length; $("points").textContent = records.length + " steps received"; }
+function drawAll() {
+  ["loss", "grad_norm", "loss_scale", "learning_rate"].forEach(draw);
+  let skipped = 0, nonfinite = 0;
+  records.forEach((r, i) => { if (i) { skipped += r.skipped_steps > records[i - 1].skipped_steps; nonfinite += r.nan_steps > records[i - 1].nan_steps; } else { skipped += r.skipped_steps > 0; nonfinite += r.nan_steps > 0; } });
+  const p = $("points");
+  p.dataset.points = records.length; p.dataset.skipped = skipped; p.dataset.nonfinite = nonfinite;
+  p.textContent = `${records.length} steps received, ${skipped} skipped, ${nonfinite} non-finite marked`;
+}
 async function showRun(id) {
   const r = await api("/v1/runs/" + id);
   if (!r.ok) return;
