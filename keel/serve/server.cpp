@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <pthread.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <csignal>
@@ -256,10 +257,21 @@ int run_server(const ServeOptions& opt) {
             send_file(res, artifact_path(service.run_dir(req.matches[1]), req.matches[2]));
           }));
 
+  // cpp-httplib listens with a backlog of 5 (compiled into Debian's library): a burst of clients
+  // beyond that would see connections dropped. Linux lets listen() be called again on the socket
+  // to raise it, so keep the socket's descriptor (this replaces httplib's default options, which
+  // set SO_REUSEADDR).
+  int listen_fd = -1;
+  svr.set_socket_options([&listen_fd](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_fd = sock;
+  });
   const int bound =
       port == 0 ? svr.bind_to_any_port(host) : (svr.bind_to_port(host, port) ? port : -1);
   if (bound < 0)
     throw Error("cannot listen on " + opt.listen + " (in use, or not an address of this machine)");
+  if (listen_fd >= 0) ::listen(listen_fd, 1024);
   std::printf("keel serve | listening on http://%s:%d | root %s | %s | data roots: %zu\n",
               host.c_str(), bound, so.root.c_str(),
               keys.empty() ? "OPEN (no API key, loopback only)"

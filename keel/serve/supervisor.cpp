@@ -66,6 +66,9 @@ pid_t Supervisor::start(const std::vector<std::string>& argv, const std::string&
     dup2(err, 2);
     const int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, 0);
+    // Not one of the server's descriptors (the listening socket, clients' connections, the
+    // registry) may live on in the run: a killed server could not be restarted on its port.
+    close_range(3, ~0u, 0);
     if (chdir(cwd.c_str()) != 0) _exit(112);
     execv(args[0], args.data());
     _exit(113);

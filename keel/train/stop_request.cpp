@@ -10,7 +10,9 @@ std::atomic<bool> g_stop{false};
 static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
 
 extern "C" void on_stop_signal(int sig) {
-  if (g_stop.exchange(true)) {  // the second signal: the default action (terminate)
+  // A second Ctrl-C means now: the default action. SIGTERM repeated (a supervisor making sure)
+  // keeps asking for the same graceful stop.
+  if (g_stop.exchange(true) && sig == SIGINT) {
     std::signal(sig, SIG_DFL);
     std::raise(sig);
   }

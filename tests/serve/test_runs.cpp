@@ -67,8 +67,12 @@ TEST(ServeRuns, FiftyConcurrentCreatesAcceptExactlyOne) {
       else if (r && r->status == 409) {
         ++conflicts;
         active_ids[i] = json::parse(r->body)["error"]["active_run"];
-      } else
+      } else {
         ++other;
+        ADD_FAILURE() << "create " << i << ": "
+                      << (r ? std::to_string(r->status) + " " + r->body
+                            : "no response: " + httplib::to_string(r.error()));
+      }
     });
   for (auto& t : clients) t.join();
   EXPECT_EQ(created.load(), 1);
@@ -250,12 +254,15 @@ TEST(ServeRuns, ServerKilledMidRunRestartsWithTheRunInterruptedAndResumable) {
   // The orphaned child got SIGTERM when the server died (its parent-death signal): it saved a
   // checkpoint, so the resume loses nothing.
   EXPECT_TRUE(fs::exists(s.run_dir(id) + "/checkpoints/last/trainer.json"));
+  EXPECT_CONTAINS(slurp(s.run_dir(id) + "/stdout.log"), "stopped by request at step");
   auto r = api.post("/v1/runs/" + id + "/resume", "");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 202) << r->body;
   run = api.wait_run(
       id, [](const json& j) { return j["state"] == "succeeded" || j["state"] == "failed"; });
   EXPECT_EQ(run["state"], "succeeded") << run.dump();
+  // It resumed at the step it checkpointed: every step once.
+  EXPECT_EQ(step_records(s.run_dir(id)).size(), static_cast<size_t>(kLongSteps));
   const std::vector<double> losses = losses_by_step(s.run_dir(id));
   const std::vector<double> ref = reference_losses(s.run_dir(id) + "/run.toml");
   ASSERT_EQ(losses.size(), ref.size());
