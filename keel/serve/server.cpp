@@ -189,6 +189,9 @@ int run_server(const ServeOptions& opt) {
       send_error(res, 413, "request body too large");
     else if (res.status == 404)
       send_error(res, 404, "no route " + req.method + " " + req.path + " (see GET /v1/runs)");
+    else if (res.status == 400 && req.method == "POST" && !req.has_header("Content-Length"))
+      // cpp-httplib refuses a POST without a length; `curl -X POST URL` sends none.
+      send_error(res, 400, "a POST needs a body or Content-Length: 0 (with curl: -d '')");
     else
       send_error(res, res.status, "request refused (HTTP " + std::to_string(res.status) + ")");
   });

@@ -314,6 +314,14 @@ int Trainer::fit() {
   auto checkpoint = [&] {
     if (rank0) save_checkpoint(run_.out_dir + "/checkpoints/last");
   };
+  auto save_adapter = [&] {
+    if (run_.cfg.model.adapter.kind == "none") return;
+    // The PEFT adapter directory, loadable by PEFT on the base model.path.
+    io::save_peft_adapter(*run_.model, run_.cfg.model.adapter, run_.out_dir + "/adapter",
+                          run_.cfg.model.path);
+    message("adapter (PEFT " + run_.cfg.model.adapter.kind + ") written to " + run_.out_dir +
+            "/adapter");
+  };
   while (step_ < run_.total_steps) {
     if (next_batch_ >= nb) {  // end of an epoch
       if (epoch_updates_ == 0)
@@ -341,6 +349,7 @@ int Trainer::fit() {
     // would have to agree on the step first.
     if (step_ < run_.total_steps && coll_->world_size() == 1 && stop_requested()) {
       checkpoint();
+      save_adapter();  // what was trained so far, usable without resuming
       stopped_by_request_ = true;
       return 0;
     }
@@ -358,13 +367,7 @@ int Trainer::fit() {
   if (!rank0) return 0;
   evaluate();
   checkpoint();
-  if (run_.cfg.model.adapter.kind != "none") {
-    // The PEFT adapter directory, loadable by PEFT on the base model.path.
-    io::save_peft_adapter(*run_.model, run_.cfg.model.adapter, run_.out_dir + "/adapter",
-                          run_.cfg.model.path);
-    message("adapter (PEFT " + run_.cfg.model.adapter.kind + ") written to " + run_.out_dir +
-            "/adapter");
-  }
+  save_adapter();
   return 0;
 }
 

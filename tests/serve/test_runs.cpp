@@ -318,17 +318,20 @@ TEST(ServeRuns, AFailedRunSaysWhyAndTheServerCarriesOn) {
   create(api, tiny_config(2));  // not active any more
 }
 
-TEST(ServeRuns, AdapterRunsCanBeDownloaded) {
+// A stopped LoRA run has its adapter so far (not only a finished one): download it.
+TEST(ServeRuns, AStoppedAdapterRunsAdapterCanBeDownloaded) {
   Service s;
   ServeProcess srv(s.args);
   ASSERT_TRUE(srv.started()) << srv.output();
   Api api{srv.port(), "key"};
-  json cfg = tiny_config(4);
+  json cfg = tiny_config(20000);
   cfg["model"] = {{"adapter", {{"kind", "lora"}, {"r", 4}, {"target_modules", {"c_attn"}}}}};
   const std::string id = create(api, cfg);
-  const json run = api.wait_run(
-      id, [](const json& j) { return j["state"] != "running" && j["state"] != "queued"; });
-  ASSERT_EQ(run["state"], "succeeded") << run.dump() << slurp(s.run_dir(id) + "/stderr.log");
+  api.wait_run(id, [](const json& j) { return j["step"].get<int64_t>() >= 5; });
+  auto stop = api.post("/v1/runs/" + id + "/stop", "");
+  ASSERT_TRUE(stop);
+  const json run = api.wait_run(id, [](const json& j) { return j["state"] != "stopping"; });
+  ASSERT_EQ(run["state"], "stopped") << run.dump() << slurp(s.run_dir(id) + "/stderr.log");
   auto r = api.get("/v1/runs/" + id + "/artifacts/adapter/adapter_config.json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
