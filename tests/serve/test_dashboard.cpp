@@ -160,16 +160,19 @@ TEST(ServeDashboard, ShowsARunLiveInAHeadlessChromium) {
   b.wait_for("document.getElementById('status').textContent",
              [](const json& v) { return v == "connected"; });
 
+  // Starts a run through the API, waits for the page to list it, and clicks its row.
+  auto start_and_pick = [&](const json& cfg) {
+    auto r = api.post("/v1/runs", cfg.dump());
+    EXPECT_TRUE(r && r->status == 201) << (r ? r->body : "no response");
+    const std::string id = r ? json::parse(r->body).value("id", "") : "";
+    const std::string row = "tr[data-id='" + id + "']";
+    b.wait_for("document.querySelector(\"" + row + "\") !== null",
+               [](const json& v) { return v == true; });
+    b.click(row);
+    return id;
+  };
   const int steps = 800;  // a few seconds: watched while it trains
-  json cfg = tiny_config(steps);
-  auto r = api.post("/v1/runs", cfg.dump());
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 201) << r->body;
-  const std::string id = json::parse(r->body)["id"];
-  const std::string row = "tr[data-id='" + id + "']";
-  b.wait_for("document.querySelector(\"" + row + "\") !== null",
-             [](const json& v) { return v == true; });
-  b.click(row);
+  const std::string id = start_and_pick(tiny_config(steps));
   // While it trains: the page shows it running, with points arriving from the events stream.
   const json live = b.wait_for(
       "[document.getElementById('run-state') && document.getElementById('run-state').textContent, "
@@ -189,14 +192,7 @@ TEST(ServeDashboard, ShowsARunLiveInAHeadlessChromium) {
   // A non-finite stop: its step is marked and the replay command shown.
   json bad = tiny_config(20);
   bad["debug"] = {{"inject", {{"module", "transformer.h.0.attn"}, {"step", 4}, {"kind", "nan"}}}};
-  r = api.post("/v1/runs", bad.dump());
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 201) << r->body;
-  const std::string bad_id = json::parse(r->body)["id"];
-  const std::string bad_row = "tr[data-id='" + bad_id + "']";
-  b.wait_for("document.querySelector(\"" + bad_row + "\") !== null",
-             [](const json& v) { return v == true; });
-  b.click(bad_row);
+  start_and_pick(bad);
   const json shown = b.wait_for(
       "[document.getElementById('run-state') && document.getElementById('run-state').textContent, "
       "document.getElementById('replay') && document.getElementById('replay').textContent, "

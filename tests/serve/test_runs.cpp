@@ -42,13 +42,16 @@ std::string create(const Api& api, const json& config, int expect = 201) {
   return json::parse(r->body).value("id", "");
 }
 
-// The loss sequence of an uninterrupted `keel train` of the same config (the run's run.toml).
-std::vector<double> reference_losses(const std::string& run_toml) {
+// EXPECTs the loss of every step of a run that was stopped and resumed to be bit for bit the loss
+// of an uninterrupted `keel train` of the same config (the run's run.toml).
+void expect_losses_of_an_uninterrupted_run(const std::string& run_dir) {
   const std::string out = temp_dir("serve-reference");
-  const KeelRun r =
-      run_keel({"train", run_toml, "--set", "run.out_dir=" + out}, {"OMP_NUM_THREADS=1"});
-  EXPECT_EQ(r.code, 0) << r.output;
-  return losses_by_step(out);
+  const KeelRun r = run_keel({"train", run_dir + "/run.toml", "--set", "run.out_dir=" + out},
+                             {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<double> losses = losses_by_step(run_dir), ref = losses_by_step(out);
+  ASSERT_EQ(losses.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(losses[i], ref[i]) << "step " << i + 1;
 }
 
 TEST(ServeRuns, FiftyConcurrentCreatesAcceptExactlyOne) {
@@ -223,10 +226,7 @@ TEST(ServeRuns, StopCheckpointsAndResumeContinuesBitIdentically) {
   EXPECT_EQ(r->status, 409);  // a finished run does not resume
   // Every step once, with the losses of an uninterrupted run, bit for bit.
   EXPECT_EQ(step_records(s.run_dir(id)).size(), static_cast<size_t>(kLongSteps));
-  const std::vector<double> losses = losses_by_step(s.run_dir(id));
-  const std::vector<double> ref = reference_losses(s.run_dir(id) + "/run.toml");
-  ASSERT_EQ(losses.size(), ref.size());
-  for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(losses[i], ref[i]) << "step " << i + 1;
+  expect_losses_of_an_uninterrupted_run(s.run_dir(id));
 }
 
 TEST(ServeRuns, ServerKilledMidRunRestartsWithTheRunInterruptedAndResumable) {
@@ -263,10 +263,7 @@ TEST(ServeRuns, ServerKilledMidRunRestartsWithTheRunInterruptedAndResumable) {
   EXPECT_EQ(run["state"], "succeeded") << run.dump();
   // It resumed at the step it checkpointed: every step once.
   EXPECT_EQ(step_records(s.run_dir(id)).size(), static_cast<size_t>(kLongSteps));
-  const std::vector<double> losses = losses_by_step(s.run_dir(id));
-  const std::vector<double> ref = reference_losses(s.run_dir(id) + "/run.toml");
-  ASSERT_EQ(losses.size(), ref.size());
-  for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(losses[i], ref[i]) << "step " << i + 1;
+  expect_losses_of_an_uninterrupted_run(s.run_dir(id));
 }
 
 TEST(ServeRuns, ANonfiniteStopIsItsOwnStateWithTheCaptureAndReplayCommand) {
