@@ -13,6 +13,7 @@
 #include "keel/monitor/inject.h"
 #include "keel/monitor/nan_capture.h"
 #include "keel/monitor/tracer.h"
+#include "keel/train/stop_request.h"
 #include "keel/train/trainer.h"
 
 namespace keel::cli {
@@ -32,7 +33,10 @@ int run_train(const TrainArgs& a) {
   Config cfg = load_config(a.config, a.sets);
   std::shared_ptr<dist::ProcessGroup> pg =
       dist::make_process_group(cfg.dist.backend, cfg.dist.bucket_mb);
-  if (pg->world_size() == 1) return run_ranked(cfg, pg);
+  if (pg->world_size() == 1) {
+    install_stop_handlers();  // SIGTERM/SIGINT: checkpoint, then stop (keel serve's stop)
+    return run_ranked(cfg, pg);
+  }
   try {
     return run_ranked(cfg, pg);
   } catch (const Error& e) {
@@ -176,6 +180,13 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
       std::fprintf(stderr, "%s\n", tracer->finding().message.c_str());
     std::fprintf(stderr, "%s%s\n", stopped.c_str(), trainer.stop_message().c_str());
     return code;
+  }
+  if (trainer.stopped_by_request()) {
+    std::printf(
+        "stopped by request at step %lld; checkpoint in %s/checkpoints/last (continue with "
+        "--set run.resume=true)\n",
+        static_cast<long long>(trainer.steps_done()), trainer.out_dir().c_str());
+    return 0;
   }
   if (rank == 0 && world > 1) {
     // What overlapping the gradient all-reduce with backward could save at most.

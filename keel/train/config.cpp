@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <variant>
 
@@ -605,6 +606,71 @@ Config load_config_text(const std::string& text, const std::string& source,
     c.source = source;
   }
   for (const std::string& ov : overrides) apply_override(c, ov, origins);
+  validate(c, origins);
+  return c;
+}
+
+namespace {
+// A JSON value as the TOML node a file would have given (no source positions: messages say
+// `source` alone). JSON has no dates; null has no TOML counterpart and is an error.
+std::unique_ptr<toml::node> toml_of_json(const nlohmann::json& j, const std::string& key,
+                                         const std::string& source, int depth = 0) {
+  using nlohmann::json;
+  // The deepest section is [model.adapter]; anything deeper is no config (and must not recurse
+  // without bound: a request body may be a million nested objects).
+  if (depth > 4)
+    throw usage(source + ": " + key + " is nested " + std::to_string(depth) +
+                " levels deep; no config key is (see docs/config.md)");
+  switch (j.type()) {
+    case json::value_t::boolean:
+      return std::make_unique<toml::value<bool>>(j.get<bool>());
+    case json::value_t::number_integer:
+      return std::make_unique<toml::value<int64_t>>(j.get<int64_t>());
+    case json::value_t::number_unsigned: {
+      const uint64_t u = j.get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        throw usage(source + ": " + key + " = " + std::to_string(u) + " is out of range for an " +
+                    "integer (at most 2^63 - 1)");
+      return std::make_unique<toml::value<int64_t>>(static_cast<int64_t>(u));
+    }
+    case json::value_t::number_float:
+      return std::make_unique<toml::value<double>>(j.get<double>());
+    case json::value_t::string:
+      return std::make_unique<toml::value<std::string>>(j.get<std::string>());
+    case json::value_t::array: {
+      auto a = std::make_unique<toml::array>();
+      for (const json& e : j) {
+        if (e.is_object() || e.is_array() || e.is_null())
+          throw usage(source + ": " + key + " holds " + std::string(e.type_name()) +
+                      " elements; its values are strings or numbers");
+        toml_of_json(e, key, source)->visit([&](auto&& n) { a->push_back(std::move(n)); });
+      }
+      return a;
+    }
+    case json::value_t::object: {
+      auto t = std::make_unique<toml::table>();
+      for (const auto& [k, v] : j.items())
+        toml_of_json(v, key.empty() ? k : key + "." + k, source, depth + 1)->visit([&](auto&& n) {
+          t->insert(k, std::move(n));
+        });
+      return t;
+    }
+    default:
+      throw usage(source + ": " + key + " is " + std::string(j.type_name()) +
+                  "; give a value or leave the key out for its default (docs/config.md)");
+  }
+}
+}  // namespace
+
+Config load_config_json(const nlohmann::json& root, const std::string& source) {
+  if (!root.is_object())
+    throw usage(source + ": expected a JSON object with the sections of docs/config.md (e.g. " +
+                "{\"train\": {\"max_steps\": 100}}), got " + std::string(root.type_name()));
+  const std::unique_ptr<toml::node> table = toml_of_json(root, "", source);
+  Config c;
+  Origins origins;
+  walk(c, *table->as_table(), "", source, origins);
+  c.source = source;
   validate(c, origins);
   return c;
 }

@@ -3,6 +3,7 @@
 // section.key=value overrides a key after the file is read.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // names it in messages ("capture.json's config_toml").
 Config load_config_text(const std::string& text, const std::string& source,
                         const std::vector<std::string>& overrides = {});
+// The same from a JSON object with the TOML file's shape (sections as objects; keel serve's
+// request bodies): the same checks and messages, `source` standing for the file name.
+Config load_config_json(const nlohmann::json& root, const std::string& source);
 // The effective config as TOML (written to out_dir/config.toml; a capture embeds it).
 std::string config_to_toml(const Config& c);
 

@@ -16,6 +16,7 @@
 #include "keel/ops/shape.h"
 #include "keel/optim/clip.h"
 #include "keel/tensor/random.h"
+#include "keel/train/stop_request.h"
 
 namespace keel {
 
@@ -322,6 +323,14 @@ int Trainer::fit() {
   auto checkpoint = [&] {
     if (rank0) save_checkpoint(run_.out_dir + "/checkpoints/last");
   };
+  auto save_adapter = [&] {
+    if (run_.cfg.model.adapter.kind == "none") return;
+    // The PEFT adapter directory, loadable by PEFT on the base model.path.
+    io::save_peft_adapter(*run_.model, run_.cfg.model.adapter, run_.out_dir + "/adapter",
+                          run_.cfg.model.path);
+    message("adapter (PEFT " + run_.cfg.model.adapter.kind + ") written to " + run_.out_dir +
+            "/adapter");
+  };
   while (step_ < run_.total_steps) {
     if (next_batch_ >= nb) {  // end of an epoch
       if (epoch_updates_ == 0)
@@ -345,6 +354,14 @@ int Trainer::fit() {
       checkpoint();
       save_checkpoint(run_.out_dir + "/checkpoints/step-" + std::to_string(step_));
     }
+    // SIGTERM/SIGINT (train/stop_request.h): save and return, resumable. One process only: ranks
+    // would have to agree on the step first.
+    if (step_ < run_.total_steps && coll_->world_size() == 1 && stop_requested()) {
+      checkpoint();
+      save_adapter();  // what was trained so far, usable without resuming
+      stopped_by_request_ = true;
+      return 0;
+    }
   }
   if (epoch_updates_ == 0 && next_batch_ >= nb)
     throw Error("every step produced non-finite gradients in epoch " + std::to_string(epoch_) +
@@ -359,13 +376,7 @@ int Trainer::fit() {
   if (!rank0) return 0;
   evaluate();
   checkpoint();
-  if (run_.cfg.model.adapter.kind != "none") {
-    // The PEFT adapter directory, loadable by PEFT on the base model.path.
-    io::save_peft_adapter(*run_.model, run_.cfg.model.adapter, run_.out_dir + "/adapter",
-                          run_.cfg.model.path);
-    message("adapter (PEFT " + run_.cfg.model.adapter.kind + ") written to " + run_.out_dir +
-            "/adapter");
-  }
+  save_adapter();
   return 0;
 }
 

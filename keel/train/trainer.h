@@ -123,6 +123,9 @@ class Trainer {
   const std::vector<std::pair<std::string, Tensor>>& trainable() const { return run_.trainable; }
   // Set by fit() when it stops early: the reason, printed by the caller.
   const std::string& stop_message() const { return stop_message_; }
+  // fit() returned 0 early because a stop was requested (SIGTERM/SIGINT); checkpoints/last holds
+  // the state after steps_done() steps.
+  bool stopped_by_request() const { return stopped_by_request_; }
   // bench_monitor only: false skips step 5's global grad norm and its finite check (grad_norm
   // reads 0, nothing is clipped), the baseline the always-on checks are measured against.
   void set_grad_norm_check_for_bench(bool on) { grad_norm_check_ = on; }
@@ -157,8 +160,9 @@ class Trainer {
   int64_t epoch_tokens_ = 0, epoch_updates_ = 0;
   std::string stop_message_;
   bool grad_norm_check_ = true;
-  bool ranks_checked_ = false;
-  amp::GradPass last_pass_;  // the rank-consistency check ran at least once
+  bool stopped_by_request_ = false;
+  bool ranks_checked_ = false;  // the rank-consistency check ran at least once
+  amp::GradPass last_pass_;     // the last step's gradient pass (last_grad_pass())
 };
 
 }  // namespace keel

@@ -1,0 +1,51 @@
+#include "keel/serve/auth.h"
+
+#include <fstream>
+
+#include "keel/numerics/error.h"
+
+namespace keel::serve {
+
+bool constant_time_equal(std::string_view a, std::string_view b) {
+  const size_t n = std::max(a.size(), b.size());
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned>(x ^ y);
+  }
+  return diff == 0;
+}
+
+ApiKeys ApiKeys::load(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw Error("cannot read the API key file " + path +
+                    " (one key per line; create it, e.g. `head -c 24 /dev/urandom | base64 > " +
+                    path + "`)",
+                Error::kUsage);
+  std::vector<std::string> keys;
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t b = line.find_first_not_of(" \t\r");
+    if (b == std::string::npos || line[b] == '#') continue;
+    const size_t e = line.find_last_not_of(" \t\r");
+    keys.push_back(line.substr(b, e - b + 1));
+  }
+  if (keys.empty())
+    throw Error("the API key file " + path + " holds no key (one per line; '#' starts a comment)",
+                Error::kUsage);
+  return ApiKeys(std::move(keys));
+}
+
+int ApiKeys::check(std::string_view authorization) const {
+  constexpr std::string_view kBearer = "Bearer ";
+  if (authorization.substr(0, kBearer.size()) != kBearer) return 401;
+  const std::string_view key = authorization.substr(kBearer.size());
+  if (key.empty()) return 401;
+  bool ok = false;
+  for (const std::string& k : keys_) ok |= constant_time_equal(key, k);
+  return ok ? 200 : 403;
+}
+
+}  // namespace keel::serve

@@ -1,0 +1,48 @@
+#include "keel/serve/path_policy.h"
+
+#include <filesystem>
+
+namespace keel::serve {
+
+namespace fs = std::filesystem;
+
+bool path_within(const std::string& p, const std::string& root) {
+  if (p == root) return true;
+  const std::string prefix = root.back() == '/' ? root : root + "/";
+  return p.compare(0, prefix.size(), prefix) == 0;
+}
+
+PathPolicy::PathPolicy(const std::vector<std::string>& roots) {
+  for (const std::string& r : roots) {
+    std::error_code ec;
+    const fs::path c = fs::canonical(r, ec);
+    if (ec || !fs::is_directory(c))
+      throw Error("--data-root " + r + " is not a directory (give an existing directory)",
+                  Error::kUsage);
+    roots_.push_back(c.string());
+  }
+}
+
+std::string PathPolicy::confine(const std::string& key, const std::string& path) const {
+  if (roots_.empty())
+    throw PathDenied(key + " = \"" + path +
+                     "\": this server accepts no paths (start it with --data-root DIR)");
+  fs::path p = path;
+  if (p.is_relative()) p = fs::path(roots_.front()) / p;
+  // canonical() resolves every symlink but needs the path to exist; weakly_canonical() resolves
+  // what exists, so a missing file is still judged by where it would be.
+  std::error_code ec;
+  fs::path real = fs::canonical(p, ec);
+  const bool exists = !ec;
+  if (!exists) real = fs::weakly_canonical(p, ec);
+  const std::string s = real.lexically_normal().string();
+  bool inside = false;
+  for (const std::string& r : roots_) inside |= path_within(s, r);
+  if (!inside)
+    throw PathDenied(key + " = \"" + path + "\" resolves to " + s +
+                     ", outside the server's data roots; put it under --data-root");
+  if (!exists) throw Error(key + " = \"" + path + "\": " + s + " does not exist", Error::kUsage);
+  return s;
+}
+
+}  // namespace keel::serve

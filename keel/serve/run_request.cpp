@@ -1,0 +1,74 @@
+#include "keel/serve/run_request.h"
+
+#include <nlohmann/json.hpp>
+
+#include "keel/serve/http_error.h"
+
+namespace keel::serve {
+
+using json = nlohmann::json;
+
+namespace {
+constexpr const char* kSource = "request body";
+
+// The path part of a data.tokenizer spec ("byte" has none).
+std::string tokenizer_path(const std::string& spec, std::string* prefix) {
+  for (const char* p : {"gpt2:", "hf:"})
+    if (spec.rfind(p, 0) == 0) {
+      *prefix = p;
+      return spec.substr(std::string(p).size());
+    }
+  prefix->clear();
+  return spec == "byte" ? "" : spec;
+}
+}  // namespace
+
+Config run_config_of_request(const std::string& body, const PathPolicy& paths,
+                             const std::string& out_dir) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    throw HttpError(400, std::string(kSource) + ": not JSON (at byte " + std::to_string(e.byte) +
+                             "); send an object with the sections of docs/config.md, e.g. " +
+                             "{\"train\": {\"max_steps\": 100}}");
+  }
+  if (j.is_object() && j.contains("run") && j["run"].is_object())
+    for (const char* key : {"out_dir", "resume"})
+      if (j["run"].contains(key))
+        throw HttpError(400, std::string(kSource) + ": run." + key +
+                                 " is chosen by the server (each run gets ROOT/runs/ID; resume " +
+                                 "with POST /v1/runs/ID/resume); leave it out");
+  Config cfg;
+  try {
+    cfg = load_config_json(j, kSource);
+  } catch (const Error& e) {
+    throw HttpError(400, e.what());
+  }
+  if (cfg.dist.backend == "mpi" || cfg.dist.backend == "nccl")
+    throw HttpError(400, std::string(kSource) + ": dist.backend = \"" + cfg.dist.backend +
+                             "\": keel serve runs each run as one process; use \"single\"");
+  auto confine = [&](const char* key, std::string& path) {
+    if (path.empty()) return;
+    try {
+      path = paths.confine(key, path);
+    } catch (const PathDenied& e) {
+      throw HttpError(403, e.what());
+    } catch (const Error& e) {
+      throw HttpError(400, e.what());
+    }
+  };
+  confine("model.path", cfg.model.path);
+  confine("data.path", cfg.data.path);
+  std::string prefix;
+  std::string tok = tokenizer_path(cfg.data.tokenizer, &prefix);
+  if (!tok.empty()) {
+    confine("data.tokenizer", tok);
+    cfg.data.tokenizer = prefix + tok;
+  }
+  cfg.run.out_dir = out_dir;
+  cfg.run.resume = false;
+  return cfg;
+}
+
+}  // namespace keel::serve

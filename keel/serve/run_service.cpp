@@ -1,0 +1,250 @@
+#include "keel/serve/run_service.h"
+
+#include <csignal>
+#include <filesystem>
+#include <random>
+
+#include "keel/io/atomic_file.h"
+#include "keel/serve/http_error.h"
+#include "keel/serve/run_request.h"
+
+namespace keel::serve {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+std::string new_run_id() {
+  static std::mutex mu;
+  static std::random_device rd;
+  std::lock_guard<std::mutex> lock(mu);
+  std::uniform_int_distribution<int> hex(0, 15);
+  std::string id = "run-";
+  for (int i = 0; i < 12; ++i) id += "0123456789abcdef"[hex(rd)];
+  return id;
+}
+
+// The state a child's exit leaves its run in, and why (DESIGN §6 exit codes).
+std::pair<std::string, std::string> exit_state(ChildExit e, bool stop_requested_by_us,
+                                               bool stopped_by_request, bool shutting_down,
+                                               const std::string& last_error) {
+  if (e.code == 0 && stopped_by_request)
+    return shutting_down && !stop_requested_by_us
+               ? std::pair<std::string, std::string>{"interrupted",
+                                                     "the server shut down; the run checkpointed "
+                                                     "and can be resumed"}
+               : std::pair<std::string, std::string>{"stopped", ""};
+  if (e.code == 0) return {"succeeded", ""};
+  if (e.code == 3) return {"nonfinite", last_error};
+  if (e.code >= 111 && e.code <= 113)
+    return {"failed", "the keel binary could not be started (exit " + std::to_string(e.code) + ")"};
+  if (e.signal != 0) {
+    std::string why = "the run's process was killed by signal " + std::to_string(e.signal);
+    if (e.signal == SIGKILL) why += " (SIGKILL: out of memory, or killed by hand)";
+    if (shutting_down) return {"interrupted", why};
+    return {"failed", why};
+  }
+  return {"failed", last_error.empty() ? "exit code " + std::to_string(e.code) : last_error};
+}
+}  // namespace
+
+RunService::RunService(RunServiceOptions opt)
+    : opt_(std::move(opt)),
+      paths_(opt_.data_roots),
+      registry_((fs::create_directories(opt_.root + "/runs"), opt_.root + "/keel-serve.db")),
+      supervisor_([this](pid_t pid, ChildExit e) { on_child_exit(pid, e); }) {
+  if (opt_.keel_binary.empty()) opt_.keel_binary = fs::read_symlink("/proc/self/exe").string();
+}
+
+RunService::~RunService() { shutdown(); }
+
+std::shared_ptr<RunProgress> RunService::progress(const std::string& id, bool new_start) {
+  std::lock_guard<std::mutex> lock(progress_mu_);
+  auto& p = progress_[id];
+  if (!p || new_start) p = std::make_shared<RunProgress>(run_dir(id), new_start);
+  return p;
+}
+
+RunRecord RunService::must_get(const std::string& id) const {
+  auto r = registry_.get(id);
+  if (!r) throw HttpError(404, "no run " + id + " (GET /v1/runs lists them)");
+  return *r;
+}
+
+json RunService::to_json(const RunRecord& r) {
+  json j = progress(r.id)->snapshot();
+  j["id"] = r.id;
+  j["object"] = "run";
+  j["state"] = r.state;
+  j["created_at"] = r.created_at;
+  j["updated_at"] = r.updated_at;
+  j["error"] = r.error.empty() ? json() : json(r.error);
+  j["exit_code"] = r.exit_code < 0 ? json() : json(r.exit_code);
+  j["starts"] = r.starts;
+  j["resumable"] = r.state == "stopped" || r.state == "interrupted";
+  j["artifacts"] = "/v1/runs/" + r.id + "/artifacts";
+  if (!r.capture.empty())
+    j["capture"] = {{"path", r.capture}, {"replay", "keel replay " + r.capture}};
+  return j;
+}
+
+void RunService::start_child(RunRecord& r, bool resume) {
+  const std::string dir = run_dir(r.id);
+  std::vector<std::string> argv = {opt_.keel_binary, "train", dir + "/run.toml"};
+  if (resume) argv.insert(argv.end(), {"--set", "run.resume=true"});
+  progress(r.id, /*new_start=*/true);
+  const pid_t pid = supervisor_.start(argv, dir, dir + "/stdout.log", dir + "/stderr.log");
+  children_[pid] = r.id;
+  r.state = "running";
+  r.pid = pid;
+  r.pid_start = process_start_time(pid);
+  r.error.clear();
+  r.exit_code = -1;
+  ++r.starts;
+  registry_.update(r);
+}
+
+std::pair<int, json> RunService::create(const std::string& body, const std::string& idem_key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) throw HttpError(503, "the server is shutting down");
+  if (!idem_key.empty()) {
+    if (auto r = registry_.by_idempotency_key(idem_key)) {
+      if (r->request != body)
+        throw HttpError(422,
+                        "Idempotency-Key " + idem_key + " was used by run " + r->id +
+                            " with a different body; use a new key for a new run",
+                        {{"run_id", r->id}});
+      return {200, to_json(*r)};
+    }
+  }
+  for (const RunRecord& r : registry_.list())
+    if (is_active_state(r.state))
+      throw HttpError(409,
+                      "run " + r.id + " is " + r.state +
+                          "; one run at a time (stop it with POST /v1/runs/" + r.id + "/stop)",
+                      {{"active_run", r.id}});
+  RunRecord r;
+  r.id = new_run_id();
+  const std::string dir = run_dir(r.id);
+  const Config cfg = run_config_of_request(body, paths_, dir);  // 400/403 before anything exists
+  fs::create_directories(dir);
+  io::write_file_atomic(dir + "/run.toml", config_to_toml(cfg));
+  r.state = "queued";
+  r.created_at = r.updated_at = utc_now();
+  r.idempotency_key = idem_key;
+  r.request = body;
+  registry_.insert(r);
+  try {
+    start_child(r, /*resume=*/false);
+  } catch (const Error& e) {
+    r.state = "failed";
+    r.error = e.what();
+    registry_.update(r);
+  }
+  return {201, to_json(r)};
+}
+
+json RunService::list() {
+  json runs = json::array();
+  for (const RunRecord& r : registry_.list()) runs.push_back(to_json(r));
+  return {{"object", "list"}, {"data", runs}};
+}
+
+json RunService::get(const std::string& id) { return to_json(must_get(id)); }
+
+std::string RunService::state(const std::string& id) {
+  auto r = registry_.get(id);
+  return r ? r->state : "";
+}
+
+json RunService::stop(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RunRecord r = must_get(id);
+  if (r.state == "stopping") return to_json(r);
+  if (r.state != "running")
+    throw HttpError(409, "run " + id + " is " + r.state + "; only a running run can be stopped",
+                    {{"state", r.state}});
+  r.state = "stopping";
+  registry_.update(r);
+  ::kill(static_cast<pid_t>(r.pid), SIGTERM);  // the child checkpoints after its current step
+  return to_json(r);
+}
+
+json RunService::resume(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shutting_down_) throw HttpError(503, "the server is shutting down");
+  RunRecord r = must_get(id);
+  if (r.state != "stopped" && r.state != "interrupted")
+    throw HttpError(
+        409, "run " + id + " is " + r.state + "; only a stopped or interrupted run can be resumed",
+        {{"state", r.state}});
+  for (const RunRecord& o : registry_.list())
+    if (is_active_state(o.state))
+      throw HttpError(409, "run " + o.id + " is " + o.state + "; one run at a time",
+                      {{"active_run", o.id}});
+  try {
+    start_child(r, /*resume=*/true);
+  } catch (const Error& e) {
+    throw HttpError(500, e.what());
+  }
+  return to_json(r);
+}
+
+void RunService::on_child_exit(pid_t pid, ChildExit e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = children_.find(pid);
+  if (it == children_.end()) return;
+  const std::string id = it->second;
+  children_.erase(it);
+  if (auto rec = registry_.get(id)) {
+    RunRecord r = *rec;
+    auto p = progress(id);
+    auto [state, why] = exit_state(e, r.state == "stopping", p->stopped_by_request(),
+                                   shutting_down_, p->last_error());
+    r.state = state;
+    r.error = why;
+    r.capture = p->capture();
+    r.exit_code = e.signal ? 128 + e.signal : e.code;
+    r.pid = 0;
+    r.pid_start.clear();
+    registry_.update(r);
+  }
+  exited_.notify_all();
+}
+
+void RunService::recover() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (RunRecord r : registry_.list()) {
+    if (!is_active_state(r.state)) continue;
+    const auto pid = static_cast<pid_t>(r.pid);
+    // A child of the dead server that still runs (its parent-death SIGTERM is on its way, or it
+    // was started by something else): ask it to checkpoint and stop, then make sure.
+    if (process_alive(pid, r.pid_start)) {
+      ::kill(pid, SIGTERM);
+      for (int i = 0; i < opt_.stop_grace_s * 10 && process_alive(pid, r.pid_start); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (process_alive(pid, r.pid_start)) ::kill(pid, SIGKILL);
+    }
+    const std::string was = r.state;
+    r.state = "interrupted";
+    r.error = "the server stopped while the run was " + was +
+              "; resume it from its last checkpoint with POST /v1/runs/" + r.id + "/resume";
+    r.pid = 0;
+    r.pid_start.clear();
+    registry_.update(r);
+  }
+}
+
+void RunService::shutdown() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (shutting_down_ && children_.empty()) return;
+  shutting_down_ = true;
+  for (const auto& [pid, id] : children_) ::kill(pid, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opt_.stop_grace_s);
+  if (!exited_.wait_until(lock, deadline, [&] { return children_.empty(); })) {
+    for (const auto& [pid, id] : children_) ::kill(pid, SIGKILL);
+    exited_.wait(lock, [&] { return children_.empty(); });
+  }
+}
+
+}  // namespace keel::serve

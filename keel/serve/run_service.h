@@ -1,0 +1,70 @@
+// The runs of keel serve: creating, stopping, resuming and recovering them, one active at a time.
+// It ties the registry (SQLite rows), the supervisor (child processes) and the progress readers
+// together; every change of state goes through its mutex and is written to the registry before
+// it is answered.
+#pragma once
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "keel/serve/path_policy.h"
+#include "keel/serve/progress.h"
+#include "keel/serve/registry.h"
+#include "keel/serve/supervisor.h"
+
+namespace keel::serve {
+
+struct RunServiceOptions {
+  std::string root;                     // ROOT: keel-serve.db and runs/ID/
+  std::vector<std::string> data_roots;  // where request paths may point
+  std::string keel_binary;              // the `keel` that runs `train` ("" = /proc/self/exe)
+  int stop_grace_s = 30;  // SIGTERM, then SIGKILL after this long (shutdown, recovery)
+};
+
+class RunService {
+ public:
+  explicit RunService(RunServiceOptions opt);
+  ~RunService();  // shutdown() if not done
+
+  // Runs left queued, running or stopping by a server that died become `interrupted` (their
+  // child, if it still lives, is stopped first: it checkpoints on SIGTERM). Called once at start.
+  void recover();
+  // Stops the active run (checkpoint, then `interrupted`) and waits for it. Idempotent.
+  void shutdown();
+
+  // The routes' work; each returns the run's JSON or throws HttpError.
+  // create: 201 and the new run, or 200 and the run an earlier create with the same
+  // idempotency key made; 409 while another run is active.
+  std::pair<int, nlohmann::json> create(const std::string& body, const std::string& idem_key);
+  nlohmann::json list();
+  nlohmann::json get(const std::string& id);
+  nlohmann::json stop(const std::string& id);
+  nlohmann::json resume(const std::string& id);
+
+  std::string state(const std::string& id);  // "" when there is no such run
+  std::string run_dir(const std::string& id) const { return opt_.root + "/runs/" + id; }
+
+ private:
+  nlohmann::json to_json(const RunRecord& r);
+  RunRecord must_get(const std::string& id) const;  // 404 otherwise
+  void start_child(RunRecord& r, bool resume);      // mu_ held
+  void on_child_exit(pid_t pid, ChildExit e);
+  std::shared_ptr<RunProgress> progress(const std::string& id, bool new_start = false);
+
+  RunServiceOptions opt_;
+  PathPolicy paths_;
+  Registry registry_;
+  mutable std::mutex mu_;
+  std::condition_variable exited_;
+  std::map<pid_t, std::string> children_;  // live child -> run id
+  bool shutting_down_ = false;
+  std::mutex progress_mu_;
+  std::map<std::string, std::shared_ptr<RunProgress>> progress_;
+  Supervisor supervisor_;  // last: its destructor joins waiters that call back into this object
+};
+
+}  // namespace keel::serve

@@ -1,0 +1,304 @@
+#include "keel/serve/server.h"
+
+#include <httplib.h>
+#include <pthread.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "keel/numerics/error.h"
+#include "keel/serve/auth.h"
+#include "keel/serve/dashboard.h"
+#include "keel/serve/events.h"
+#include "keel/serve/http_error.h"
+#include "keel/serve/run_service.h"
+
+namespace keel::serve {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+namespace {
+
+// Errors in the shape of OpenAI-compatible servers: {"error": {"message", "type", "status"}}.
+void send_error(httplib::Response& res, int status, const std::string& message,
+                const json& extra = json::object()) {
+  const char* type = status == 401 || status == 403 ? "authentication_error"
+                     : status == 404                ? "not_found"
+                     : status == 409                ? "conflict"
+                     : status >= 500                ? "server_error"
+                                                    : "invalid_request_error";
+  json err = {{"message", message}, {"type", type}, {"status", status}};
+  for (auto& [k, v] : extra.items()) err[k] = v;
+  res.status = status;
+  res.set_content(json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace),
+                  "application/json");
+}
+
+void send_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+}
+
+// A route whose errors (HttpError, keel::Error, anything else) become JSON error responses.
+httplib::Server::Handler guarded(
+    std::function<void(const httplib::Request&, httplib::Response&)> f) {
+  return [f = std::move(f)](const httplib::Request& req, httplib::Response& res) {
+    try {
+      f(req, res);
+    } catch (const HttpError& e) {
+      send_error(res, e.status, e.what(), e.extra);
+    } catch (const Error& e) {
+      send_error(res, e.kind == Error::kUsage ? 400 : 500, e.what());
+    } catch (const std::exception& e) {
+      send_error(res, 500, std::string("internal error: ") + e.what());
+    }
+  };
+}
+
+// The file P of a run's directory (artifacts): relative, no "..", resolving inside the run.
+fs::path artifact_path(const std::string& run_dir, const std::string& rel) {
+  const fs::path p(rel);
+  bool bad = rel.empty() || p.is_absolute() || rel.find('\0') != std::string::npos;
+  for (const auto& part : p) bad |= part == "..";
+  std::error_code ec;
+  const fs::path dir = fs::canonical(run_dir, ec);
+  if (bad || ec) throw HttpError(403, "artifact path \"" + rel + "\" is outside the run");
+  const fs::path real = fs::canonical(dir / p, ec);
+  if (ec) throw HttpError(404, "no artifact " + rel + " (GET .../artifacts lists them)");
+  if (!path_within(real.string(), dir.string()))
+    throw HttpError(403, "artifact path \"" + rel + "\" resolves outside the run");
+  if (!fs::is_regular_file(real))
+    throw HttpError(404, rel + " is not a file (GET .../artifacts lists the files)");
+  return real;
+}
+
+json list_artifacts(const std::string& run_dir) {
+  json files = json::array();
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(run_dir, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (!it->is_regular_file(ec)) continue;
+    const std::string rel = fs::relative(it->path(), run_dir, ec).string();
+    if (rel.find(".tmp") != std::string::npos) continue;  // a checkpoint being written
+    files.push_back({{"path", rel}, {"bytes", it->file_size(ec)}});
+  }
+  return {{"object", "list"}, {"data", files}};
+}
+
+void send_file(httplib::Response& res, const fs::path& path) {
+  const uint64_t size = fs::file_size(path);
+  auto in = std::make_shared<std::ifstream>(path, std::ios::binary);
+  if (!*in) throw HttpError(500, "cannot read " + path.filename().string());
+  const std::string ext = path.extension().string();
+  const char* type = ext == ".json" || ext == ".jsonl" ? "application/json"
+                     : ext == ".log" || ext == ".toml" || ext == ".txt"
+                         ? "text/plain; charset=utf-8"
+                         : "application/octet-stream";
+  res.set_header("Content-Disposition",
+                 "attachment; filename=\"" + path.filename().string() + "\"");
+  res.set_content_provider(size, type, [in](size_t offset, size_t length, httplib::DataSink& sink) {
+    char buf[1 << 16];
+    in->seekg(static_cast<std::streamoff>(offset));
+    const size_t n = std::min(length, sizeof buf);
+    in->read(buf, static_cast<std::streamsize>(n));
+    const auto got = static_cast<size_t>(in->gcount());
+    return got > 0 && sink.write(buf, got);
+  });
+}
+
+}  // namespace
+
+int run_server(const ServeOptions& opt) {
+  const size_t colon = opt.listen.rfind(':');
+  int port = -1;
+  if (colon != std::string::npos) {
+    try {
+      port = std::stoi(opt.listen.substr(colon + 1));
+    } catch (const std::exception&) {
+    }
+  }
+  if (port < 0 || port > 65535)
+    throw Error("--listen " + opt.listen + ": expected HOST:PORT (e.g. 127.0.0.1:8080)",
+                Error::kUsage);
+  std::string host = opt.listen.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  ApiKeys keys;
+  if (!opt.api_key_file.empty()) keys = ApiKeys::load(opt.api_key_file);
+  if (keys.empty() && !opt.insecure_open)
+    throw Error(
+        "keel serve needs --api-key-file FILE (one key per line); --insecure-open runs it "
+        "without keys, on a loopback address only",
+        Error::kUsage);
+  if (keys.empty() && !is_loopback_host(host))
+    throw Error(
+        "--insecure-open serves without API keys and is allowed on a loopback address only "
+        "(127.0.0.1, ::1); " +
+            host + " is not one: give --api-key-file",
+        Error::kUsage);
+  if (opt.root.empty())
+    throw Error("keel serve needs --root DIR (runs and their registry)", Error::kUsage);
+
+  // SIGINT/SIGTERM are waited for by one thread (blocked everywhere else, threads inherit the
+  // mask); a closed connection must not kill the server with SIGPIPE.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  RunServiceOptions so;
+  so.root = fs::absolute(opt.root).lexically_normal().string();
+  so.data_roots = opt.data_roots;
+  so.keel_binary = opt.keel_binary;
+  RunService service(so);
+  service.recover();
+
+  std::atomic<bool> closing{false};
+  httplib::Server svr;
+  const int threads = opt.threads;
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  svr.set_payload_max_length(opt.max_body_bytes);
+  svr.set_read_timeout(30);
+  svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+    if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+    if (keys.empty()) return httplib::Server::HandlerResponse::Unhandled;  // --insecure-open
+    const int status = keys.check(req.get_header_value("Authorization"));
+    if (status == 200) return httplib::Server::HandlerResponse::Unhandled;
+    if (status == 401) res.set_header("WWW-Authenticate", "Bearer");
+    send_error(res, status,
+               status == 401
+                   ? "missing or malformed Authorization header (Authorization: Bearer KEY)"
+                   : "the API key is not valid");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    if (res.status == 413)
+      send_error(res, 413, "request body too large");
+    else if (res.status == 404)
+      send_error(res, 404, "no route " + req.method + " " + req.path + " (see GET /v1/runs)");
+    else if (res.status == 400 && req.method == "POST" && !req.has_header("Content-Length"))
+      // cpp-httplib refuses a POST without a length; `curl -X POST URL` sends none.
+      send_error(res, 400, "a POST needs a body or Content-Length: 0 (with curl: -d '')");
+    else
+      send_error(res, res.status, "request refused (HTTP " + std::to_string(res.status) + ")");
+  });
+  svr.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        send_error(res, 500, "internal error: " + what);
+      });
+
+  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+    send_json(res, 200, {{"status", "ok"}});
+  });
+  svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dashboard_html(), "text/html; charset=utf-8");
+  });
+  svr.Post("/v1/runs", guarded([&](const httplib::Request& req, httplib::Response& res) {
+             auto [status, run] = service.create(req.body, req.get_header_value("Idempotency-Key"));
+             send_json(res, status, run);
+           }));
+  svr.Get("/v1/runs", guarded([&](const httplib::Request&, httplib::Response& res) {
+            send_json(res, 200, service.list());
+          }));
+  const std::string id = "/v1/runs/([A-Za-z0-9_-]{1,64})";
+  svr.Get(id, guarded([&](const httplib::Request& req, httplib::Response& res) {
+            send_json(res, 200, service.get(req.matches[1]));
+          }));
+  svr.Post(id + "/stop", guarded([&](const httplib::Request& req, httplib::Response& res) {
+             send_json(res, 202, service.stop(req.matches[1]));
+           }));
+  svr.Post(id + "/resume", guarded([&](const httplib::Request& req, httplib::Response& res) {
+             send_json(res, 202, service.resume(req.matches[1]));
+           }));
+  svr.Get(id + "/events", guarded([&](const httplib::Request& req, httplib::Response& res) {
+            const std::string run = req.matches[1];
+            service.get(run);  // 404 before the stream starts
+            int64_t last = 0;
+            const std::string h = req.get_header_value("Last-Event-ID");
+            if (!h.empty()) {
+              try {
+                last = std::stoll(h);
+              } catch (const std::exception&) {
+                throw HttpError(400, "Last-Event-ID \"" + h + "\" is not an event id (a number)");
+              }
+            }
+            EventStreamSource src;
+            src.metrics_path = service.run_dir(run) + "/metrics.jsonl";
+            src.state = [&service, run] { return service.state(run); };
+            src.run_json = [&service, run] {
+              return service.get(run).dump(-1, ' ', false, json::error_handler_t::replace);
+            };
+            src.closing = &closing;
+            stream_run_events(res, std::move(src), last);
+          }));
+  svr.Get(id + "/artifacts", guarded([&](const httplib::Request& req, httplib::Response& res) {
+            service.get(req.matches[1]);
+            send_json(res, 200, list_artifacts(service.run_dir(req.matches[1])));
+          }));
+  svr.Get(id + "/artifacts/(.+)", guarded([&](const httplib::Request& req, httplib::Response& res) {
+            service.get(req.matches[1]);
+            send_file(res, artifact_path(service.run_dir(req.matches[1]), req.matches[2]));
+          }));
+
+  // cpp-httplib listens with a backlog of 5 (compiled into Debian's library): a burst of clients
+  // beyond that would see connections dropped. Linux lets listen() be called again on the socket
+  // to raise it, so keep the socket's descriptor (this replaces httplib's default options, which
+  // set SO_REUSEADDR).
+  int listen_fd = -1;
+  svr.set_socket_options([&listen_fd](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    listen_fd = sock;
+  });
+  const int bound =
+      port == 0 ? svr.bind_to_any_port(host) : (svr.bind_to_port(host, port) ? port : -1);
+  if (bound < 0)
+    throw Error("cannot listen on " + opt.listen + " (in use, or not an address of this machine)");
+  if (listen_fd >= 0) ::listen(listen_fd, 1024);
+  std::printf("keel serve | listening on http://%s:%d | root %s | %s | data roots: %zu\n",
+              host.c_str(), bound, so.root.c_str(),
+              keys.empty() ? "OPEN (no API key, loopback only)"
+                           : (std::to_string(keys.size()) + " API key(s)").c_str(),
+              opt.data_roots.size());
+  std::fflush(stdout);
+
+  std::thread signals([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (sig == 0) return;
+    std::printf("keel serve | signal %d: stopping the active run (checkpoint) and shutting down\n",
+                sig);
+    std::fflush(stdout);
+    closing = true;
+    service.shutdown();
+    svr.stop();
+  });
+  svr.listen_after_bind();
+  // listen returned without a signal (a listen error): wake the signal thread.
+  if (!closing) pthread_kill(signals.native_handle(), SIGTERM);
+  signals.join();
+  std::printf("keel serve | stopped\n");
+  return 0;
+}
+
+}  // namespace keel::serve

@@ -1,0 +1,115 @@
+// API keys: constant-time comparison, the key file, 401 vs 403, the open health route, and the
+// refusal to start without keys unless told to run open on loopback.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "keel/serve/auth.h"
+#include "keel/serve/server.h"
+#include "tests/serve/serve_process.h"
+#include "tests/support/check.h"
+
+namespace keel::test {
+namespace {
+
+std::string write_keys(const std::string& dir, const std::string& text) {
+  const std::string path = dir + "/keys";
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(ServeAuth, ConstantTimeEqualComparesWholeStrings) {
+  EXPECT_TRUE(serve::constant_time_equal("abc", "abc"));
+  EXPECT_FALSE(serve::constant_time_equal("abc", "abd"));
+  EXPECT_FALSE(serve::constant_time_equal("abc", "abcd"));  // a prefix is not the key
+  EXPECT_FALSE(serve::constant_time_equal("", "a"));
+  EXPECT_TRUE(serve::constant_time_equal("", ""));
+}
+
+TEST(ServeAuth, KeyFileHoldsSeveralKeysCommentsAndBlankLines) {
+  const std::string dir = temp_dir("serve-keys");
+  auto keys = serve::ApiKeys::load(write_keys(dir, "# team keys\n alpha \n\nbeta\r\n"));
+  EXPECT_EQ(keys.size(), 2u);
+  EXPECT_EQ(keys.check("Bearer alpha"), 200);
+  EXPECT_EQ(keys.check("Bearer beta"), 200);
+  EXPECT_EQ(keys.check("Bearer gamma"), 403);
+  EXPECT_EQ(keys.check("Bearer alph"), 403);
+  EXPECT_EQ(keys.check(""), 401);
+  EXPECT_EQ(keys.check("alpha"), 401);
+  EXPECT_EQ(keys.check("Basic YWxwaGE6"), 401);
+  EXPECT_EQ(keys.check("Bearer "), 401);
+  EXPECT_CONTAINS(error_of([&] { serve::ApiKeys::load(dir + "/missing"); }), dir + "/missing");
+  EXPECT_CONTAINS(error_of([&] { serve::ApiKeys::load(write_keys(dir, "# none\n\n")); }),
+                  "holds no key");
+}
+
+TEST(ServeAuth, LoopbackHosts) {
+  EXPECT_TRUE(serve::is_loopback_host("127.0.0.1"));
+  EXPECT_TRUE(serve::is_loopback_host("127.1.2.3"));
+  EXPECT_TRUE(serve::is_loopback_host("::1"));
+  EXPECT_TRUE(serve::is_loopback_host("localhost"));
+  EXPECT_FALSE(serve::is_loopback_host("0.0.0.0"));
+  EXPECT_FALSE(serve::is_loopback_host("10.0.0.1"));
+}
+
+TEST(ServeAuth, RoutesNeedABearerKeyButHealthIsOpen) {
+  const std::string dir = temp_dir("serve-auth");
+  ServeProcess srv({"--root", dir + "/root", "--api-key-file", write_keys(dir, "k-one\nk-two\n")});
+  ASSERT_TRUE(srv.started()) << srv.output();
+  EXPECT_CONTAINS(srv.output(), "2 API key(s)");
+  Api none{srv.port(), ""}, wrong{srv.port(), "k-three"}, right{srv.port(), "k-two"};
+  auto health = none.get("/health");
+  ASSERT_TRUE(health);
+  EXPECT_EQ(health->status, 200);
+  auto r = none.get("/v1/runs");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  EXPECT_EQ(r->get_header_value("WWW-Authenticate"), "Bearer");
+  EXPECT_CONTAINS(r->body, "Authorization: Bearer KEY");
+  r = none.get("/v1/runs", {{"Authorization", "Token k-two"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401);
+  r = wrong.get("/v1/runs");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 403);
+  EXPECT_CONTAINS(r->body, "not valid");
+  r = wrong.post("/v1/runs", tiny_config(5).dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 403);
+  r = right.get("/v1/runs");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(nlohmann::json::parse(r->body)["data"].size(), 0u);
+  // An unknown route behind the key is a JSON 404, not an empty page.
+  r = right.get("/v1/nothing");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  EXPECT_CONTAINS(r->body, "no route");
+  EXPECT_EQ(srv.stop(), 0);
+}
+
+TEST(ServeAuth, RefusesToStartWithoutKeysUnlessOpenOnLoopback) {
+  const std::string dir = temp_dir("serve-open");
+  auto [code, out] = serve_refusal({"--root", dir + "/root"});
+  EXPECT_EQ(code, 2);
+  EXPECT_CONTAINS(out, "--api-key-file");
+  std::tie(code, out) = serve_refusal({"--root", dir + "/root", "--api-key-file", dir + "/nope"});
+  EXPECT_EQ(code, 2);
+  EXPECT_CONTAINS(out, dir + "/nope");
+  // --insecure-open on an address that is not loopback: refused before listening.
+  {
+    ServeProcess p({"--root", dir + "/root", "--insecure-open", "--listen", "0.0.0.0:0"});
+    EXPECT_FALSE(p.started());
+    EXPECT_CONTAINS(p.output(), "loopback");
+    EXPECT_EQ(p.stop(), 2);
+  }
+  ServeProcess open({"--root", dir + "/root", "--insecure-open"});
+  ASSERT_TRUE(open.started()) << open.output();
+  EXPECT_CONTAINS(open.output(), "OPEN");
+  auto r = Api{open.port(), ""}.get("/v1/runs");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+}
+
+}  // namespace
+}  // namespace keel::test

@@ -1,0 +1,129 @@
+// Mutated and garbage requests get a 4xx with a JSON error, never a crash or a 5xx: bodies
+// mutated byte by byte from a valid config (seeded, so a failure reproduces), hostile shapes
+// (deep nesting, huge numbers, wrong types), oversized bodies (413), bad headers and ids. The
+// server must still answer /health and train afterwards. Under ASan (scripts/test.sh) this is
+// also a memory-safety test of the request path.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "tests/serve/serve_process.h"
+#include "tests/support/check.h"
+
+namespace keel::test {
+namespace {
+
+using json = nlohmann::json;
+
+std::string mutate(std::string s, std::mt19937& rng) {
+  const char* junk = "{}[]\":,.-+eE0123456789tfn\\ \x01\xff\xc3";
+  const int edits = 1 + static_cast<int>(rng() % 4);
+  for (int e = 0; e < edits && !s.empty(); ++e) {
+    const size_t at = rng() % s.size();
+    switch (rng() % 4) {
+      case 0:
+        s[at] = junk[rng() % 24];
+        break;  // replace
+      case 1:
+        s.insert(at, 1, junk[rng() % 24]);
+        break;  // insert
+      case 2:
+        s.erase(at, 1 + rng() % 8);
+        break;  // delete a few
+      default:
+        s.resize(at);
+        break;  // truncate
+    }
+  }
+  return s;
+}
+
+TEST(ServeBadRequests, MutatedAndHostileBodiesGet4xxAndTheServerCarriesOn) {
+  const std::string dir = temp_dir("serve-fuzz");
+  std::ofstream(dir + "/keys") << "key\n";
+  ServeProcess srv({"--root", dir + "/root", "--api-key-file", dir + "/keys", "--data-root", dir});
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), "key"};
+  json base = tiny_config(1);
+  base["model"] = {{"n_layer", 1}, {"adapter", {{"kind", "lora"}, {"target_modules", {"c_attn"}}}}};
+  base["data"]["tokenizer"] = "byte";
+  const std::string valid = base.dump();
+  std::vector<std::string> bodies;
+  std::mt19937 rng(20261201);
+  for (int i = 0; i < 300; ++i) bodies.push_back(mutate(valid, rng));
+  bodies.push_back("");
+  bodies.push_back("null");
+  bodies.push_back("\"train\"");
+  bodies.push_back(std::string(100000, '['));  // deep arrays, unclosed
+  bodies.push_back(std::string(20000, '[') + std::string(20000, ']'));
+  std::string deep;
+  for (int i = 0; i < 5000; ++i) deep += "{\"a\":";
+  deep += "1" + std::string(5000, '}');
+  bodies.push_back(deep);  // deep objects
+  bodies.push_back(R"({"train": {"max_steps": 1e999}})");
+  bodies.push_back(R"({"train": {"max_steps": -1}})");
+  bodies.push_back(R"({"train": {"max_steps": 99999999999999999999999}})");
+  bodies.push_back(R"({"train": {"max_steps": [1, 2]}})");
+  bodies.push_back(R"({"train": {"max_steps": {"a": 1}}})");
+  bodies.push_back(R"({"model": {"adapter": {"target_modules": [[1]]}}})");
+  bodies.push_back(R"({"model": {"adapter": {"target_modules": [""]}}})");
+  bodies.push_back(R"({"optim": {"lr": -0.0}, "sched": {"name": "\u0000"}})");
+  bodies.push_back("{\"data\": {\"path\": \"\xff\xfe\"}}");  // not UTF-8
+  bodies.push_back(R"({"data": {"task": "text", "path": "/dev/zero"}})");
+  bodies.push_back(R"({"model": {"path": "/proc/self/root/etc"}})");
+  bodies.push_back(R"({"data": {"tokenizer": "hf:../../../../etc/passwd"}})");
+  int created = 0;
+  for (const std::string& body : bodies) {
+    auto r = api.post("/v1/runs", body, {{"Idempotency-Key", "\xff\x01 weird"}});
+    ASSERT_TRUE(r) << "no response (crash?) to body: " << body.substr(0, 200);
+    if (r->status == 201) {  // a mutation that is still a valid config: let it finish
+      ++created;
+      const std::string id = json::parse(r->body)["id"];
+      api.wait_run(id,
+                   [](const json& j) { return j["state"] != "running" && j["state"] != "queued"; });
+      continue;
+    }
+    // 200: the same Idempotency-Key and body as an earlier accepted mutation
+    if (r->status == 200) continue;
+    EXPECT_GE(r->status, 400) << body.substr(0, 200);
+    EXPECT_LT(r->status, 500) << body.substr(0, 200) << " -> " << r->body;
+    const json err = json::parse(r->body, nullptr, false);
+    EXPECT_TRUE(err.is_object() && err.contains("error")) << r->body;
+  }
+  // Oversized bodies: 413 before any parsing.
+  auto r = api.post("/v1/runs", std::string((1 << 20) + 10, ' '));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  // Bad ids, routes and headers.
+  for (const char* path :
+       {"/v1/runs/..", "/v1/runs/%2e%2e", "/v1/runs/x%00y", "/v1/runs/run-1/stop",
+        "/v1/runs/"
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"}) {
+    r = api.get(path);
+    ASSERT_TRUE(r) << path;
+    EXPECT_GE(r->status, 400) << path;
+    EXPECT_LT(r->status, 500) << path;
+  }
+  r = api.post("/v1/runs/run-000000000000/resume", "{}");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+  const json runs = api.get_json("/v1/runs")["data"];
+  if (!runs.empty()) {
+    r = api.get("/v1/runs/" + runs[0]["id"].get<std::string>() + "/events",
+                {{"Last-Event-ID", "not-a-number"}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400);
+  }
+  // Still serving, and still training.
+  const Api anonymous{srv.port(), ""};
+  EXPECT_EQ(anonymous.get("/health")->status, 200);
+  r = api.post("/v1/runs", valid);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 201) << r->body;
+  std::cout << created << " of " << bodies.size() << " mutated bodies were valid configs\n";
+}
+
+}  // namespace
+}  // namespace keel::test

@@ -1,0 +1,166 @@
+// Path safety: every path of a run's config must resolve (symlinks followed) inside the server's
+// data roots, the server owns run.out_dir, and a request body is read by keel train's own config
+// loader (same messages: the key and the nearest valid one).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "keel/serve/http_error.h"
+#include "keel/serve/path_policy.h"
+#include "keel/serve/run_request.h"
+#include "tests/serve/serve_process.h"
+#include "tests/support/check.h"
+
+namespace keel::test {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// root/data/{train.txt, sub/}, root/secret.txt, and root/data/escape -> root (a symlink out).
+struct Tree {
+  std::string top = temp_dir("serve-paths");
+  std::string data = top + "/data";
+  Tree() {
+    fs::create_directories(data + "/sub");
+    std::ofstream(data + "/train.txt") << "hello\n";
+    std::ofstream(top + "/secret.txt") << "no\n";
+    fs::create_directory_symlink(top, data + "/escape");
+    fs::create_symlink(data + "/train.txt", data + "/link.txt");  // a link that stays inside
+  }
+};
+
+// The status and message run_config_of_request answers for `body`.
+std::pair<int, std::string> refusal(const std::string& body, const serve::PathPolicy& p) {
+  try {
+    serve::run_config_of_request(body, p, "/srv/runs/x");
+  } catch (const serve::HttpError& e) {
+    return {e.status, e.what()};
+  }
+  return {200, ""};
+}
+
+TEST(ServePaths, ConfineFollowsSymlinksAndRefusesWhatLeavesTheRoots) {
+  Tree t;
+  serve::PathPolicy p({t.data});
+  const std::string real_data = fs::canonical(t.data).string();
+  EXPECT_EQ(p.confine("data.path", t.data + "/train.txt"), real_data + "/train.txt");
+  EXPECT_EQ(p.confine("data.path", "train.txt"), real_data + "/train.txt");  // under the 1st root
+  EXPECT_EQ(p.confine("data.path", t.data + "/link.txt"), real_data + "/train.txt");
+  EXPECT_EQ(p.confine("data.path", t.data + "/sub/../train.txt"), real_data + "/train.txt");
+  for (const std::string& bad :
+       {t.data + "/../secret.txt", std::string("../secret.txt"), t.top + "/secret.txt",
+        std::string("/etc/passwd"), t.data + "/escape/secret.txt", t.data + "/escape"}) {
+    try {
+      p.confine("data.path", bad);
+      ADD_FAILURE() << bad << " was allowed";
+    } catch (const serve::PathDenied& e) {
+      EXPECT_CONTAINS(e.what(), "data.path = \"" + bad + "\"");
+      EXPECT_CONTAINS(e.what(), "outside the server's data roots");
+    }
+  }
+  // Inside but missing: a config error (400), not a refusal; outside and missing: refused.
+  EXPECT_CONTAINS(error_of([&] { p.confine("data.path", "nope.txt"); }), "does not exist");
+  EXPECT_THROW(p.confine("data.path", t.top + "/nope.txt"), serve::PathDenied);
+  serve::PathPolicy none({});
+  EXPECT_THROW(none.confine("model.path", t.data), serve::PathDenied);
+  EXPECT_CONTAINS(error_of([&] { serve::PathPolicy({t.top + "/missing"}); }), "--data-root");
+}
+
+TEST(ServePaths, RequestBodiesAreReadByTheConfigLoader) {
+  Tree t;
+  serve::PathPolicy p({t.data});
+  auto [status, msg] = refusal(R"({"train": {"max_step": 5}})", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "unknown key train.max_step");
+  EXPECT_CONTAINS(msg, "did you mean train.max_steps?");
+  std::tie(status, msg) = refusal(R"({"train": {"batch_size": 0}})", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "train.batch_size must be >= 1");
+  std::tie(status, msg) = refusal(R"({"optim": {"lr": "fast"}})", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "optim.lr must be a number");
+  std::tie(status, msg) = refusal(R"({"optimizer": {"lr": 1}})", p);
+  EXPECT_CONTAINS(msg, "unknown section [optimizer]");
+  std::tie(status, msg) = refusal(R"({"train": {"max_steps": null}})", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "train.max_steps is null");
+  std::tie(status, msg) = refusal(R"({"run": {"seed": 18446744073709551615}})", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "run.seed");
+  std::tie(status, msg) = refusal("[1, 2]", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "expected a JSON object");
+  std::tie(status, msg) = refusal("{\"train\": ", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "not JSON");
+  std::tie(status, msg) = refusal(R"({"run": {"out_dir": "/tmp/mine"}})", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "run.out_dir is chosen by the server");
+  std::tie(status, msg) = refusal(R"({"run": {"resume": true}})", p);
+  EXPECT_CONTAINS(msg, "run.resume is chosen by the server");
+  std::tie(status, msg) = refusal(R"({"dist": {"backend": "mpi"}})", p);
+  EXPECT_EQ(status, 400);
+  // Paths: refused outside the roots (403), rewritten to their real path inside.
+  std::tie(status, msg) = refusal(
+      json{{"data", {{"task", "text"}, {"path", t.data + "/escape/secret.txt"}}}}.dump(), p);
+  EXPECT_EQ(status, 403);
+  EXPECT_CONTAINS(msg, t.data + "/escape/secret.txt");
+  std::tie(status, msg) = refusal(json{{"model", {{"path", "../"}}}}.dump(), p);
+  EXPECT_EQ(status, 403);
+  EXPECT_CONTAINS(msg, "model.path");
+  std::tie(status, msg) = refusal(json{{"data", {{"tokenizer", "hf:/etc/hostname"}}}}.dump(), p);
+  EXPECT_EQ(status, 403);
+  EXPECT_CONTAINS(msg, "data.tokenizer");
+  const Config c = serve::run_config_of_request(
+      json{{"data", {{"task", "text"}, {"path", "link.txt"}}}}.dump(), p, "/srv/runs/x");
+  EXPECT_EQ(c.data.path, fs::canonical(t.data).string() + "/train.txt");
+  EXPECT_EQ(c.run.out_dir, "/srv/runs/x");
+}
+
+TEST(ServePaths, TraversalAttemptsOverHttpGet403AndArtifactsStayInTheRun) {
+  Tree t;
+  const std::string dir = temp_dir("serve-paths-http");
+  std::ofstream(dir + "/keys") << "k\n";
+  ServeProcess srv(
+      {"--root", dir + "/root", "--api-key-file", dir + "/keys", "--data-root", t.data});
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), "k"};
+  for (const std::string& path : {std::string("../secret.txt"), t.top + "/secret.txt",
+                                  t.data + "/escape/secret.txt", std::string("/etc/passwd")}) {
+    json body = tiny_config(5);
+    body["data"]["task"] = "text";
+    body["data"]["path"] = path;
+    auto r = api.post("/v1/runs", body.dump());
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 403) << path << ": " << r->body;
+    EXPECT_CONTAINS(r->body, path);
+  }
+  EXPECT_EQ(api.get_json("/v1/runs")["data"].size(), 0u);  // nothing was created
+  // Artifacts: a finished run's files, and nothing outside its directory.
+  auto r = api.post("/v1/runs", tiny_config(3).dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 201) << r->body;
+  const std::string id = json::parse(r->body)["id"];
+  api.wait_run(id, [](const json& j) { return j["state"] == "succeeded"; });
+  const json files = api.get_json("/v1/runs/" + id + "/artifacts");
+  bool has_metrics = false;
+  for (const json& f : files["data"]) has_metrics |= f["path"] == "metrics.jsonl";
+  EXPECT_TRUE(has_metrics) << files.dump();
+  r = api.get("/v1/runs/" + id + "/artifacts/metrics.jsonl");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_CONTAINS(r->body, "\"loss\"");
+  fs::create_symlink(t.top + "/secret.txt", dir + "/root/runs/" + id + "/leak.txt");
+  for (const char* bad : {"../../keel-serve.db", "..%2F..%2Fkeel-serve.db", "leak.txt",
+                          "%2Fetc%2Fpasswd", "checkpoints/../../../keel-serve.db"}) {
+    r = api.get("/v1/runs/" + id + "/artifacts/" + std::string(bad));
+    ASSERT_TRUE(r);
+    EXPECT_TRUE(r->status == 403 || r->status == 404) << bad << ": " << r->status;
+    EXPECT_EQ(r->body.find("no\n"), std::string::npos) << bad;
+  }
+}
+
+}  // namespace
+}  // namespace keel::test

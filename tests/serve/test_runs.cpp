@@ -1,0 +1,346 @@
+// Runs end to end: one active run (50 concurrent creates), idempotent creates, an events stream
+// followed to the end, stop = checkpoint then resume bit-identically, a server killed with SIGKILL
+// and restarted (interrupted, resumable), a non-finite stop with its capture.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "tests/serve/serve_process.h"
+#include "tests/support/check.h"
+#include "tests/support/run_keel.h"
+
+namespace keel::test {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr int kLongSteps = 400;  // a few seconds: long enough to stop or kill it midway
+
+struct Service {
+  std::string dir = temp_dir("serve-runs");
+  std::string root = dir + "/root";
+  std::vector<std::string> args;
+  Service() {
+    std::ofstream(dir + "/keys") << "key\n";
+    args = {"--root", root, "--api-key-file", dir + "/keys"};
+  }
+  std::string run_dir(const std::string& id) const { return root + "/runs/" + id; }
+};
+
+std::string create(const Api& api, const json& config, int expect = 201) {
+  auto r = api.post("/v1/runs", config.dump());
+  if (!r) {
+    ADD_FAILURE() << "POST /v1/runs: no response";
+    return "";
+  }
+  EXPECT_EQ(r->status, expect) << r->body;
+  return json::parse(r->body).value("id", "");
+}
+
+// EXPECTs the loss of every step of a run that was stopped and resumed to be bit for bit the loss
+// of an uninterrupted `keel train` of the same config (the run's run.toml).
+void expect_losses_of_an_uninterrupted_run(const std::string& run_dir) {
+  const std::string out = temp_dir("serve-reference");
+  const KeelRun r = run_keel({"train", run_dir + "/run.toml", "--set", "run.out_dir=" + out},
+                             {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<double> losses = losses_by_step(run_dir), ref = losses_by_step(out);
+  ASSERT_EQ(losses.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(losses[i], ref[i]) << "step " << i + 1;
+}
+
+TEST(ServeRuns, FiftyConcurrentCreatesAcceptExactlyOne) {
+  Service s;
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), "key"};
+  std::atomic<int> created{0}, conflicts{0}, other{0};
+  std::vector<std::string> active_ids(50);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 50; ++i)
+    clients.emplace_back([&, i] {
+      auto r = api.post("/v1/runs", tiny_config(kLongSteps).dump());
+      if (r && r->status == 201)
+        ++created;
+      else if (r && r->status == 409) {
+        ++conflicts;
+        active_ids[i] = json::parse(r->body)["error"]["active_run"];
+      } else {
+        ++other;
+        ADD_FAILURE() << "create " << i << ": "
+                      << (r ? std::to_string(r->status) + " " + r->body
+                            : "no response: " + httplib::to_string(r.error()));
+      }
+    });
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(created.load(), 1);
+  EXPECT_EQ(conflicts.load(), 49);
+  EXPECT_EQ(other.load(), 0);
+  const json runs = api.get_json("/v1/runs")["data"];
+  ASSERT_EQ(runs.size(), 1u);
+  for (const std::string& id : active_ids)
+    if (!id.empty()) {
+      EXPECT_EQ(id, runs[0]["id"]);  // each 409 names the active run
+    }
+  const std::string id = runs[0]["id"];
+  auto r = api.post("/v1/runs/" + id + "/stop", "");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 202) << r->body;
+  api.wait_run(id,
+               [](const json& j) { return j["state"] == "stopped" || j["state"] == "succeeded"; });
+  create(api, tiny_config(3));  // no run active: accepted again
+}
+
+TEST(ServeRuns, IdempotencyKeyReturnsTheSameRun) {
+  Service s;
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), "key"};
+  const std::string body = tiny_config(3).dump();
+  auto a = api.post("/v1/runs", body, {{"Idempotency-Key", "job-17"}});
+  auto b = api.post("/v1/runs", body, {{"Idempotency-Key", "job-17"}});
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->status, 201);
+  EXPECT_EQ(b->status, 200);
+  const std::string id = json::parse(a->body)["id"];
+  EXPECT_EQ(json::parse(b->body)["id"], id);
+  auto c = api.post("/v1/runs", tiny_config(4).dump(), {{"Idempotency-Key", "job-17"}});
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->status, 422);
+  EXPECT_CONTAINS(c->body, id);
+  api.wait_run(id, [](const json& j) { return j["state"] == "succeeded"; });
+  EXPECT_EQ(api.get_json("/v1/runs")["data"].size(), 1u);
+}
+
+// The events of a stream read to its end: (type, data) in order, and the last id seen.
+struct Events {
+  std::vector<std::pair<std::string, json>> list;
+  int64_t last_id = 0;
+  int count(const std::string& type) const {
+    int n = 0;
+    for (auto& [t, d] : list) n += t == type;
+    return n;
+  }
+};
+
+Events read_events(const Api& api, const std::string& id, int64_t last_event_id = -1) {
+  httplib::Client c("127.0.0.1", api.port);
+  c.set_read_timeout(std::chrono::seconds(60));
+  httplib::Headers h = {{"Authorization", "Bearer " + api.key}};
+  if (last_event_id >= 0) h.emplace("Last-Event-ID", std::to_string(last_event_id));
+  Events ev;
+  std::string buf;
+  auto r = c.Get(("/v1/runs/" + id + "/events").c_str(), h, [&](const char* data, size_t n) {
+    buf.append(data, n);
+    size_t end;
+    while ((end = buf.find("\n\n")) != std::string::npos) {
+      std::string type, payload;
+      std::istringstream block(buf.substr(0, end));
+      buf.erase(0, end + 2);
+      for (std::string line; std::getline(block, line);) {
+        if (line.rfind("event: ", 0) == 0) type = line.substr(7);
+        if (line.rfind("data: ", 0) == 0) payload = line.substr(6);
+        if (line.rfind("id: ", 0) == 0) ev.last_id = std::stoll(line.substr(4));
+      }
+      if (!type.empty()) ev.list.emplace_back(type, json::parse(payload));
+    }
+    return true;
+  });
+  EXPECT_TRUE(r) << "events stream of " << id << " failed";
+  if (r) {
+    EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  }
+  return ev;
+}
+
+TEST(ServeRuns, EventsStreamFollowsARunToItsEndAndResumesWithLastEventId) {
+  Service s;
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), "key"};
+  const int steps = 120;
+  const std::string id = create(api, tiny_config(steps));
+  const Events ev = read_events(api, id);  // returns when the run ends
+  EXPECT_EQ(ev.count("step"), steps);
+  EXPECT_EQ(ev.count("eval"), 1);
+  ASSERT_FALSE(ev.list.empty());
+  EXPECT_EQ(ev.list.back().first, "end");
+  EXPECT_EQ(ev.list.back().second["state"], "succeeded");
+  EXPECT_EQ(ev.list.back().second["step"], steps);
+  int64_t step = 0;
+  for (auto& [type, data] : ev.list)
+    if (type == "step") {
+      EXPECT_EQ(data["step"].get<int64_t>(), ++step);  // in order, none lost
+    }
+  EXPECT_EQ(ev.last_id, steps + 1);  // one id per metrics.jsonl line (the eval record last)
+  // Reconnecting after event 100 gets exactly the rest.
+  const Events rest = read_events(api, id, 100);
+  EXPECT_EQ(rest.count("step"), steps - 100);
+  EXPECT_EQ(rest.list.front().second["step"], 101);
+  const json run = api.get_json("/v1/runs/" + id);
+  EXPECT_EQ(run["total_steps"], steps);
+  EXPECT_EQ(run["exit_code"], 0);
+  for (const char* k : {"loss", "grad_norm", "loss_scale", "learning_rate", "tokens_per_s"})
+    EXPECT_TRUE(run[k].is_number()) << k << ": " << run.dump();
+  auto r = api.get("/v1/runs/run-000000000000/events");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);
+}
+
+TEST(ServeRuns, StopCheckpointsAndResumeContinuesBitIdentically) {
+  Service s;
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), "key"};
+  const std::string id = create(api, tiny_config(kLongSteps));
+  api.wait_run(id, [](const json& j) { return j["step"].get<int64_t>() >= 20; });
+  auto r = api.post("/v1/runs/" + id + "/stop", "");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 202);
+  EXPECT_EQ(json::parse(r->body)["state"], "stopping");
+  json run = api.wait_run(id, [](const json& j) { return j["state"] != "stopping"; });
+  ASSERT_EQ(run["state"], "stopped") << run.dump();
+  EXPECT_TRUE(run["resumable"].get<bool>());
+  const int64_t stopped_at = run["step"];
+  EXPECT_LT(stopped_at, kLongSteps);
+  const json trainer = json::parse(slurp(s.run_dir(id) + "/checkpoints/last/trainer.json"));
+  EXPECT_EQ(trainer["step"].get<int64_t>(), stopped_at);  // the checkpoint is of the last step
+  EXPECT_CONTAINS(slurp(s.run_dir(id) + "/stdout.log"), "stopped by request at step");
+  r = api.post("/v1/runs/" + id + "/stop", "");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 409);  // nothing to stop
+  r = api.post("/v1/runs/" + id + "/resume", "");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 202) << r->body;
+  run = api.wait_run(
+      id, [](const json& j) { return j["state"] == "succeeded" || j["state"] == "failed"; });
+  EXPECT_EQ(run["state"], "succeeded") << run.dump();
+  EXPECT_EQ(run["starts"], 2);
+  r = api.post("/v1/runs/" + id + "/resume", "");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 409);  // a finished run does not resume
+  // Every step once, with the losses of an uninterrupted run, bit for bit.
+  EXPECT_EQ(step_records(s.run_dir(id)).size(), static_cast<size_t>(kLongSteps));
+  expect_losses_of_an_uninterrupted_run(s.run_dir(id));
+}
+
+TEST(ServeRuns, ServerKilledMidRunRestartsWithTheRunInterruptedAndResumable) {
+  Service s;
+  std::string id;
+  {
+    ServeProcess srv(s.args);
+    ASSERT_TRUE(srv.started()) << srv.output();
+    Api api{srv.port(), "key"};
+    id = create(api, tiny_config(kLongSteps));
+    create(api, tiny_config(3), 409);
+    api.wait_run(id, [](const json& j) { return j["step"].get<int64_t>() >= 20; });
+    EXPECT_EQ(srv.stop(SIGKILL), 128 + SIGKILL);
+  }
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), "key"};
+  const json runs = api.get_json("/v1/runs")["data"];
+  ASSERT_EQ(runs.size(), 1u);
+  json run = runs[0];
+  EXPECT_EQ(run["id"], id);
+  EXPECT_EQ(run["state"], "interrupted") << run.dump();
+  EXPECT_TRUE(run["resumable"].get<bool>());
+  EXPECT_CONTAINS(run["error"].get<std::string>(), "/resume");
+  // The orphaned child got SIGTERM when the server died (its parent-death signal): it saved a
+  // checkpoint, so the resume loses nothing.
+  EXPECT_TRUE(fs::exists(s.run_dir(id) + "/checkpoints/last/trainer.json"));
+  EXPECT_CONTAINS(slurp(s.run_dir(id) + "/stdout.log"), "stopped by request at step");
+  auto r = api.post("/v1/runs/" + id + "/resume", "");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 202) << r->body;
+  run = api.wait_run(
+      id, [](const json& j) { return j["state"] == "succeeded" || j["state"] == "failed"; });
+  EXPECT_EQ(run["state"], "succeeded") << run.dump();
+  // It resumed at the step it checkpointed: every step once.
+  EXPECT_EQ(step_records(s.run_dir(id)).size(), static_cast<size_t>(kLongSteps));
+  expect_losses_of_an_uninterrupted_run(s.run_dir(id));
+}
+
+TEST(ServeRuns, ANonfiniteStopIsItsOwnStateWithTheCaptureAndReplayCommand) {
+  Service s;
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), "key"};
+  json cfg = tiny_config(30);
+  cfg["debug"] = {{"inject", {{"module", "transformer.h.0.attn"}, {"step", 5}, {"kind", "nan"}}}};
+  const std::string id = create(api, cfg);
+  const json run = api.wait_run(
+      id, [](const json& j) { return j["state"] != "running" && j["state"] != "queued"; });
+  EXPECT_EQ(run["state"], "nonfinite") << run.dump();
+  EXPECT_EQ(run["exit_code"], 3);
+  ASSERT_TRUE(run["capture"].is_object()) << run.dump();
+  const std::string capture = run["capture"]["path"];
+  EXPECT_TRUE(fs::exists(capture)) << capture;
+  EXPECT_EQ(run["capture"]["replay"], "keel replay " + capture);
+  EXPECT_CONTAINS(run["error"].get<std::string>(), "step 5");
+  // The server is unharmed, and the capture is an artifact.
+  EXPECT_EQ(api.get("/health")->status, 200);
+  const std::string rel = fs::relative(capture, s.run_dir(id)).string();
+  const json files = api.get_json("/v1/runs/" + id + "/artifacts")["data"];
+  bool listed = false;
+  for (const json& f : files) listed |= f["path"].get<std::string>().rfind(rel, 0) == 0;
+  EXPECT_TRUE(listed) << rel << " in " << files.dump();
+}
+
+TEST(ServeRuns, AFailedRunSaysWhyAndTheServerCarriesOn) {
+  Service s;
+  const std::string data = s.dir + "/data";
+  fs::create_directories(data);
+  std::ofstream(data + "/bad.jsonl") << "{\"text\": \"1+1=2\"}\n{not json\n";
+  std::vector<std::string> args = s.args;
+  args.insert(args.end(), {"--data-root", data});
+  ServeProcess srv(args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), "key"};
+  json cfg = tiny_config(5);
+  cfg["data"] = {{"task", "jsonl"}, {"path", "bad.jsonl"}};
+  const std::string id = create(api, cfg);  // a valid config; the file is bad
+  const json run = api.wait_run(
+      id, [](const json& j) { return j["state"] != "running" && j["state"] != "queued"; });
+  EXPECT_EQ(run["state"], "failed") << run.dump();
+  EXPECT_NE(run["exit_code"], 0);
+  ASSERT_TRUE(run["error"].is_string()) << run.dump();
+  EXPECT_CONTAINS(run["error"].get<std::string>(), "bad.jsonl");
+  EXPECT_FALSE(run["resumable"].get<bool>());
+  create(api, tiny_config(2));  // not active any more
+}
+
+// A stopped LoRA run has its adapter so far (not only a finished one): download it.
+TEST(ServeRuns, AStoppedAdapterRunsAdapterCanBeDownloaded) {
+  Service s;
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), "key"};
+  json cfg = tiny_config(20000);
+  cfg["model"] = {{"adapter", {{"kind", "lora"}, {"r", 4}, {"target_modules", {"c_attn"}}}}};
+  const std::string id = create(api, cfg);
+  api.wait_run(id, [](const json& j) { return j["step"].get<int64_t>() >= 5; });
+  auto stop = api.post("/v1/runs/" + id + "/stop", "");
+  ASSERT_TRUE(stop);
+  const json run = api.wait_run(id, [](const json& j) { return j["state"] != "stopping"; });
+  ASSERT_EQ(run["state"], "stopped") << run.dump() << slurp(s.run_dir(id) + "/stderr.log");
+  auto r = api.get("/v1/runs/" + id + "/artifacts/adapter/adapter_config.json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(json::parse(r->body)["r"], 4);
+  r = api.get("/v1/runs/" + id + "/artifacts/adapter/adapter_model.safetensors");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->body, slurp(s.run_dir(id) + "/adapter/adapter_model.safetensors"));
+  r = api.get("/v1/runs/" + id + "/artifacts/adapter");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 404);  // a directory: the listing names its files
+}
+
+}  // namespace
+}  // namespace keel::test
