@@ -3,9 +3,9 @@
 #include <sqlite3.h>
 
 #include <chrono>
-#include <ctime>
 
 #include "keel/numerics/error.h"
+#include "keel/numerics/utc_time.h"
 
 namespace keel::serve {
 
@@ -14,15 +14,12 @@ bool is_active_state(const std::string& s) {
 }
 
 std::string utc_now() {
+  // Milliseconds too: runs are listed newest first, and several may start within a second.
   const auto now = std::chrono::system_clock::now();
-  const std::time_t t = std::chrono::system_clock::to_time_t(now);
   const auto ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() % 1000;
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[40];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
-  return std::string(buf) + "." + std::to_string(1000 + ms).substr(1) + "Z";
+  return utc_time("%Y-%m-%dT%H:%M:%S", std::chrono::system_clock::to_time_t(now)) + "." +
+         std::to_string(1000 + ms).substr(1) + "Z";
 }
 
 namespace {

@@ -38,6 +38,10 @@ std::pair<std::string, std::string> exit_state(ChildExit e, bool stop_requested_
   if (e.code == 3) return {"nonfinite", last_error};
   if (e.code >= 111 && e.code <= 113)
     return {"failed", "the keel binary could not be started (exit " + std::to_string(e.code) + ")"};
+  // SIGTERM before the child installed its handler (still starting up): no checkpoint yet.
+  if (e.signal == SIGTERM && stop_requested_by_us)
+    return {"stopped",
+            "stopped while starting, before its first step: a resume starts from step 0"};
   if (e.signal != 0) {
     std::string why = "the run's process was killed by signal " + std::to_string(e.signal);
     if (e.signal == SIGKILL) why += " (SIGKILL: out of memory, or killed by hand)";

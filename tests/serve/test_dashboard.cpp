@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -171,7 +172,8 @@ TEST(ServeDashboard, ShowsARunLiveInAHeadlessChromium) {
     b.click(row);
     return id;
   };
-  const int steps = 800;  // a few seconds: watched while it trains
+  // A few seconds: watched while it trains (each step is several times slower under ASan).
+  const int steps = std::getenv("KEEL_TEST_SANITIZED") ? 250 : 800;
   const std::string id = start_and_pick(tiny_config(steps));
   // While it trains: the page shows it running, with points arriving from the events stream.
   const json live = b.wait_for(
