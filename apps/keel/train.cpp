@@ -96,8 +96,9 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
     std::fflush(stdout);
     nlohmann::json rec = {{"step", e.step}, {"eval_loss", e.loss}, {"eval_tokens", e.tokens}};
     if (e.accuracy >= 0) rec["eval_accuracy"] = e.accuracy;
-    if (loggers->metrics()) loggers->metrics()->write_record(rec);
+    loggers->log_record(rec);  // metrics.jsonl and TensorBoard
   };
+  hooks.on_epoch = [&](const EpochResult& e) { loggers->log_epoch(e); };
   hooks.on_capture = [&](const NonfiniteEvent& ev) {
     return monitor::write_nan_capture(*trainer_ptr, ev, rank);
   };
@@ -117,6 +118,9 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   monitor::AdvisorOptions advisor_opt;
   advisor_opt.num_params = trainer.model().num_parameters(/*trainable_only=*/true);
   advisor_opt.precision = trainer.policy().name();
+  advisor_opt.tracer_on = cfg.debug.underflow_overflow.enabled;
+  advisor_opt.tracer_log =
+      trainer.out_dir() + "/debug/underflow_overflow_rank" + std::to_string(rank) + ".log";
   if (rank == 0) advisor = std::make_unique<monitor::TrendAdvisor>(advisor_opt);
   // The injector's post hook goes first: the tracer must see the corrupted output to name the
   // module that produced it.
@@ -149,13 +153,17 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   const auto& spec = trainer.model().spec();
   const std::string ranks =
       world > 1 ? " | " + std::to_string(world) + " ranks (" + pg->backend() + ")" : "";
+  // precision = auto says what it chose, and that it was a choice.
+  std::string precision = trainer.policy().name();
+  if (cfg.train.precision == "auto")
+    precision += " (precision = auto's choice on " + trainer.device().str() + ")";
   if (rank == 0)
     std::printf(
         "keel train | %s %lldL %lld-wide %lld heads | %.2fM params | %s | attention %s | "
         "%lld steps%s | out %s\n",
         spec.family.c_str(), static_cast<long long>(spec.n_layer),
         static_cast<long long>(spec.n_embd), static_cast<long long>(spec.n_head),
-        trainer.model().num_parameters() / 1e6, trainer.policy().name().c_str(),
+        trainer.model().num_parameters() / 1e6, precision.c_str(),
         ops::attention_backend_name(spec.attention), static_cast<long long>(trainer.total_steps()),
         ranks.c_str(), trainer.out_dir().c_str());
   std::fflush(stdout);

@@ -61,6 +61,7 @@ TrendAdvisor::TrendAdvisor(AdvisorOptions opt) : opt_(opt) {}
 std::string TrendAdvisor::observe(StepResult& r) {
   const bool nonfinite_event = !std::isfinite(r.loss) || r.nan_steps > nan_steps_;
   nan_steps_ = r.nan_steps;
+  updated_ |= r.stepped;
 
   // Spike test against the window BEFORE this step. A spike is a jump: the previous step was not
   // already halfway up (a steady geometric growth is an explosion, not a series of spikes).
@@ -191,13 +192,24 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
   const std::string lower_lr = "lower optim.lr (now " + num(r.lr) + ", try " + num(r.lr / 10) + ")";
   switch (t) {
     case Trend::kScaleCollapsing:
-      return "f16 overflows at any usable scale: switch train.precision to bf16-mixed or 32-true "
-             "(or lower optim.lr)";
+      return std::string(
+                 "f16 overflows at any usable scale: switch train.precision to "
+                 "bf16-mixed or 32-true") +
+             (updated_ ? " (or lower optim.lr)" : "");
     case Trend::kExploding:
       if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
-        return "find the module that produces it with debug.underflow_overflow.enabled = true (or "
-               "keel replay on the capture), then " +
-               lower_lr + (switch_to.empty() ? "" : " or " + switch_to);
+        return (opt_.tracer_on
+                    ? "the tracer's log (" +
+                          (opt_.tracer_log.empty() ? std::string("debug/") : opt_.tracer_log) +
+                          ") names the module that produces it"
+                    : std::string("find the module that produces it with "
+                                  "debug.underflow_overflow.enabled = true (or keel "
+                                  "replay on the capture)")) +
+               (updated_ ? ", then " + lower_lr + (switch_to.empty() ? "" : " or " + switch_to)
+                         : (switch_to.empty() ? std::string()
+                                              : ", then " + switch_to +
+                                                    " (no update was applied "
+                                                    "yet: not the learning rate)"));
       return lower_lr + ", add warmup (sched.warmup_steps) and keep train.max_grad_norm > 0" +
              (switch_to.empty() ? "" : "; if it persists, " + switch_to);
     case Trend::kVanishing: {

@@ -58,6 +58,10 @@ struct AdvisorOptions {
   // The run's precision policy ("32-true", "bf16-mixed", "16-mixed", ...; "" = unknown): the
   // advice names the policy to switch to only where lower precision is a suspect.
   std::string precision;
+  // debug.underflow_overflow.enabled: the tracer is already on, so the advice points at its log
+  // (`tracer_log`) instead of asking to enable it.
+  bool tracer_on = false;
+  std::string tracer_log;
 };
 
 class TrendAdvisor {
@@ -78,6 +82,7 @@ class TrendAdvisor {
   int64_t last_spike_ = -1;  // step of the last spike
   int64_t nan_steps_ = 0;    // cumulative count seen on the previous step
   bool zeros_ = false;       // the current vanishing class is exact zeros (already advised)
+  bool updated_ = false;     // some step applied an update (before that lr cannot be the cause)
 };
 
 }  // namespace keel::monitor

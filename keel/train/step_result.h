@@ -26,4 +26,15 @@ struct StepResult {
   std::string advice;         // trend advisor's line when its classification changed (or empty)
 };
 
+// The end of an epoch (DESIGN §3): its loss is the token mean over the steps that applied an
+// update, remainder windows included; `loss` is meaningless when `updates` is 0.
+struct EpochResult {
+  int64_t epoch = 0;  // 0-based
+  int64_t step = 0;   // the last step of the epoch
+  double loss = 0;
+  int64_t tokens = 0;                        // target tokens of the applied steps
+  int64_t updates = 0;                       // steps that applied an update
+  int64_t skipped_steps = 0, nan_steps = 0;  // cumulative, as in StepResult
+};
+
 }  // namespace keel

@@ -241,3 +241,41 @@ TEST(Advisor, ScalerSkippedStepsAreLeftOutOfTheMedians) {
 
 }  // namespace
 }  // namespace keel
+
+namespace keel {
+namespace {
+
+// A non-finite step: with the tracer already on, the advice points at its log instead of asking
+// to enable it; and before any update was applied it never blames the learning rate.
+TEST(Advisor, NonFiniteAdviceKnowsTheTracerIsOnAndThatNoUpdateWasApplied) {
+  AdvisorOptions o;
+  o.precision = "16-true";
+  o.tracer_on = true;
+  o.tracer_log = "out/debug/underflow_overflow_rank0.log";
+  Feed traced(o);
+  StepResult r = step(1, std::nan(""), std::nan(""));
+  r.nan_steps = 1;
+  traced.feed(r);
+  ASSERT_EQ(traced.advice.size(), 1u);
+  const std::string& line = traced.advice[0].second;
+  EXPECT_NE(line.find("the tracer's log (out/debug/underflow_overflow_rank0.log) names the module"),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(line.find("debug.underflow_overflow.enabled = true"), std::string::npos) << line;
+  EXPECT_EQ(line.find("optim.lr"), std::string::npos) << line;
+  EXPECT_NE(line.find("not the learning rate"), std::string::npos) << line;
+
+  // Without the tracer, after an applied update: enable the tracer, and lr is a suspect.
+  Feed plain(AdvisorOptions{});
+  plain.feed(step(1, 5.0, 1.0));
+  StepResult n = step(2, std::nan(""), std::nan(""));
+  n.nan_steps = 1;
+  plain.feed(n);
+  ASSERT_EQ(plain.advice.size(), 1u);
+  EXPECT_NE(plain.advice[0].second.find("debug.underflow_overflow.enabled = true"),
+            std::string::npos);
+  EXPECT_NE(plain.advice[0].second.find("lower optim.lr"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace keel
