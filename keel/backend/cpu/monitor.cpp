@@ -19,7 +19,9 @@ GradSetStats unscale_norm(void* const* bufs, const DType* dts, const int64_t* ns
   const auto& opt = optim_kernels(Device::cpu());
   const auto& ew = elementwise_kernels(Device::cpu());
   for (int i = 0; i < count; ++i) {
-    s.nonfinite += opt.unscale(bufs[i], dts[i], ns[i], inv_scale);
+    // Without a scale to apply the values are only read once, by the sum: a non-finite one shows
+    // there (MonitorKernels::unscale_norm).
+    if (inv_scale != 1.f) s.nonfinite += opt.unscale(bufs[i], dts[i], ns[i], inv_scale);
     s.sum_squares += ew.sum_squares(bufs[i], dts[i], ns[i]);
   }
   return s;
