@@ -1,6 +1,7 @@
 // `keel train [CONFIG.toml] [--set section.key=value ...]`: trains a model. With no config it
 // trains the built-in arithmetic task, which visibly learns in about a minute on two cores.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -69,8 +70,18 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   };
   hooks.on_step = [&](const StepResult& result) {
     StepResult r = result;
-    if (advisor) advisor->observe(r);
+    const bool finding = advisor && !advisor->observe(r).empty();
     loggers->log(r, step_extra);
+    if (finding) {  // the finding as a record of its own: kind, step, trend, cause, action
+      const monitor::Finding& f = advisor->last_finding();
+      nlohmann::json rec = {{"kind", "advisor"},
+                            {"step", f.step},
+                            {"trend", f.trend},
+                            {"cause", f.cause},
+                            {"action", f.action}};
+      if (!f.examples.empty()) rec["examples"] = f.examples;
+      loggers->log_record(rec, false);
+    }
     step_extra = nlohmann::json::object();
     // A finding the step survived (the capture did not stop it): stop now, as the tracer does;
     // with several ranks, every rank stops when any tracer found something (MAX), so none waits.
@@ -120,6 +131,10 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   advisor_opt.num_params = trainer.model().num_parameters(/*trainable_only=*/true);
   advisor_opt.precision = trainer.policy().name();
   advisor_opt.tracer_on = cfg.debug.underflow_overflow.enabled;
+  advisor_opt.uniform_loss = std::log(static_cast<double>(trainer.tokenizer().vocab_size()));
+  advisor_opt.describe_example = [&trainer](int64_t id) {
+    return trainer.run().data.train->where(id);
+  };
   advisor_opt.tracer_log =
       trainer.out_dir() + "/debug/underflow_overflow_rank" + std::to_string(rank) + ".log";
   if (rank == 0) advisor = std::make_unique<monitor::TrendAdvisor>(advisor_opt);

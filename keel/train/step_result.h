@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace keel {
 
@@ -24,6 +25,7 @@ struct StepResult {
   double seconds = 0;         // wall time of the step
   int64_t micro_batches = 0;  // K, or the remainder r < K at the end of an epoch
   std::string advice;         // trend advisor's line when its classification changed (or empty)
+  std::vector<int64_t> example_ids;  // dataset indices of the window's rows (this rank's)
 };
 
 // The end of an epoch (DESIGN §3): its loss is the token mean over the steps that applied an

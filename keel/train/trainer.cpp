@@ -133,7 +133,10 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   run_.optimizer->zero_grad();
   const uint64_t seed = step_seed(r.step);
   int64_t tokens = 0;
-  for (auto& b : window) tokens += b.n_targets;
+  for (auto& b : window) {
+    tokens += b.n_targets;
+    r.example_ids.insert(r.example_ids.end(), b.example_ids.begin(), b.example_ids.end());
+  }
   if (W > 1) {  // the loss weights divide by the GLOBAL window's tokens (exact in a double)
     double t = static_cast<double>(tokens);
     coll_->all_reduce_sum(&t, 1);

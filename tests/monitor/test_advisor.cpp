@@ -277,5 +277,29 @@ TEST(Advisor, NonFiniteAdviceKnowsTheTracerIsOnAndThatNoUpdateWasApplied) {
   EXPECT_NE(plain.advice[0].second.find("lower optim.lr"), std::string::npos);
 }
 
+// A divergence that settles on a high plateau stays exploding: the best window so far (and ln V
+// when known) is the reference, not the diverged steps themselves. It clears once the loss is back.
+TEST(Advisor, ExplodingVerdictHoldsUntilTheConditionClears) {
+  for (double uniform : {0.0, 5.56}) {
+    AdvisorOptions o;
+    o.uniform_loss = uniform;
+    Feed run(o);
+    for (int64_t i = 1; i <= 12; ++i) run.feed(step(i, healthy_loss(i), healthy_norm(i)));
+    EXPECT_TRUE(run.advice.empty());
+    for (int64_t i = 13; i <= 60; ++i) run.feed(step(i, 2500.0 + (i % 3), 2.6e4 + 10.0 * (i % 5)));
+    // Step 13 alone looks like a spike; at step 14 it is a divergence, and one line says so.
+    ASSERT_EQ(run.advice.size(), 2u) << run.advice.back().second;
+    EXPECT_EQ(run.advice[0].first, 13);
+    EXPECT_EQ(run.advice[0].second.rfind("spiking: ", 0), 0u) << run.advice[0].second;
+    EXPECT_EQ(run.advice[1].first, 14) << "the second diverged step";
+    EXPECT_EQ(run.advice[1].second.rfind("exploding: diverged: ", 0), 0u) << run.advice[1].second;
+    EXPECT_EQ(run.adv.trend(), Trend::kExploding);
+    // Back at the best window's loss and grad norm: the verdict clears.
+    for (int64_t i = 61; i <= 64; ++i) run.feed(step(i, healthy_loss(12), healthy_norm(12)));
+    ASSERT_EQ(run.advice.size(), 3u);
+    EXPECT_EQ(run.advice[2].second.rfind("stable: ", 0), 0u) << run.advice[2].second;
+  }
+}
+
 }  // namespace
 }  // namespace keel
