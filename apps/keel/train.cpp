@@ -1,6 +1,7 @@
 // `keel train [CONFIG.toml] [--set section.key=value ...]`: trains a model. With no config it
 // trains the built-in arithmetic task, which visibly learns in about a minute on two cores.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -73,8 +74,18 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   };
   hooks.on_step = [&](const StepResult& result) {
     StepResult r = result;
-    if (advisor) advisor->observe(r);
+    const bool finding = advisor && !advisor->observe(r).empty();
     loggers->log(r, step_extra);
+    if (finding) {  // the finding as a record of its own: kind, step, trend, cause, action
+      const monitor::Finding& f = advisor->last_finding();
+      nlohmann::json rec = {{"kind", "advisor"},
+                            {"step", f.step},
+                            {"trend", f.trend},
+                            {"cause", f.cause},
+                            {"action", f.action}};
+      if (!f.examples.empty()) rec["examples"] = f.examples;
+      loggers->log_record(rec, false);
+    }
     step_extra = nlohmann::json::object();
     // A finding the step survived (the capture did not stop it): stop now, as the tracer does;
     // with several ranks, every rank stops when any tracer found something (MAX), so none waits.
@@ -101,8 +112,9 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
     std::fflush(stdout);
     nlohmann::json rec = {{"step", e.step}, {"eval_loss", e.loss}, {"eval_tokens", e.tokens}};
     if (e.accuracy >= 0) rec["eval_accuracy"] = e.accuracy;
-    if (loggers->metrics()) loggers->metrics()->write_record(rec);
+    loggers->log_record(rec);  // metrics.jsonl and TensorBoard
   };
+  hooks.on_epoch = [&](const EpochResult& e) { loggers->log_epoch(e); };
   hooks.on_capture = [&](const NonfiniteEvent& ev) {
     return monitor::write_nan_capture(*trainer_ptr, ev, rank);
   };
@@ -122,6 +134,13 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   monitor::AdvisorOptions advisor_opt;
   advisor_opt.num_params = trainer.model().num_parameters(/*trainable_only=*/true);
   advisor_opt.precision = trainer.policy().name();
+  advisor_opt.tracer_on = cfg.debug.underflow_overflow.enabled;
+  advisor_opt.uniform_loss = std::log(static_cast<double>(trainer.tokenizer().vocab_size()));
+  advisor_opt.describe_example = [&trainer](int64_t id) {
+    return trainer.run().data.train->where(id);
+  };
+  advisor_opt.tracer_log =
+      trainer.out_dir() + "/debug/underflow_overflow_rank" + std::to_string(rank) + ".log";
   if (rank == 0) advisor = std::make_unique<monitor::TrendAdvisor>(advisor_opt);
   // The injector's post hook goes first: the tracer must see the corrupted output to name the
   // module that produced it.
@@ -154,13 +173,17 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   const auto& spec = trainer.model().spec();
   const std::string ranks =
       world > 1 ? " | " + std::to_string(world) + " ranks (" + pg->backend() + ")" : "";
+  // precision = auto says what it chose, and that it was a choice.
+  std::string precision = trainer.policy().name();
+  if (cfg.train.precision == "auto")
+    precision += " (precision = auto's choice on " + trainer.device().str() + ")";
   if (rank == 0)
     std::printf(
         "keel train | %s %lldL %lld-wide %lld heads | %.2fM params | %s | attention %s | "
         "%lld steps%s | out %s\n",
         spec.family.c_str(), static_cast<long long>(spec.n_layer),
         static_cast<long long>(spec.n_embd), static_cast<long long>(spec.n_head),
-        trainer.model().num_parameters() / 1e6, trainer.policy().name().c_str(),
+        trainer.model().num_parameters() / 1e6, precision.c_str(),
         ops::attention_backend_name(spec.attention), static_cast<long long>(trainer.total_steps()),
         ranks.c_str(), trainer.out_dir().c_str());
   std::fflush(stdout);

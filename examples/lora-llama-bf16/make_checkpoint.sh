@@ -5,10 +5,12 @@
 #
 #   sh examples/lora-llama-bf16/make_checkpoint.sh          # uses build/keel
 #   KEEL=build-asan/keel sh examples/lora-llama-bf16/make_checkpoint.sh
+#   OUT=/tmp/base sh examples/lora-llama-bf16/make_checkpoint.sh   # elsewhere (tests)
 set -eu
 KEEL=${KEEL:-build/keel}
 HERE=$(dirname "$0")
-"$KEEL" init-model --family llama --out "$HERE/base" \
+OUT=${OUT:-$HERE/base}
+"$KEEL" init-model --family llama --out "$OUT" \
   --n-layer 4 --n-embd 128 --n-head 8 --n-kv-head 4 --intermediate-size 352 \
   --vocab-size 259 --max-seq-len 256 --rope-theta 500000 --norm-eps 1e-5 \
   --untied --dtype bf16 --seed 2024

@@ -33,6 +33,10 @@ struct GradScalerOptions {
   // (DeepSpeed's consecutive_hysteresis=True).
   int64_t hysteresis = 1;
   bool consecutive_hysteresis = false;
+  // Read by the trainer, not by the scaler (PyTorch backs off forever): this many overflows in a
+  // row without one applied update mean the scaler cannot settle, and the step that reaches it is
+  // a non-finite step the scaler did not handle (train.on_nonfinite acts). 0 = never.
+  int64_t max_consecutive_skips = 32;
 };
 
 // What update() decided, for StepResult and the logs.

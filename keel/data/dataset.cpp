@@ -1,6 +1,9 @@
 #include "keel/data/dataset.h"
 
 #include <algorithm>
+#include <unordered_map>
+
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,8 +15,17 @@ namespace keel::data {
 
 Dataset::~Dataset() = default;
 
-ExampleDataset::ExampleDataset(std::vector<Example> examples, std::string source)
-    : examples_(std::move(examples)), source_(std::move(source)) {
+std::string Dataset::where(int64_t i) const { return "example " + std::to_string(i); }
+
+std::string ExampleDataset::where(int64_t i) const {
+  if (i >= 0 && i < static_cast<int64_t>(lines_.size()))
+    return source_ + ":" + std::to_string(lines_[static_cast<size_t>(i)]);
+  return source_ + " example " + std::to_string(i);
+}
+
+ExampleDataset::ExampleDataset(std::vector<Example> examples, std::string source,
+                               std::vector<int64_t> lines)
+    : examples_(std::move(examples)), source_(std::move(source)), lines_(std::move(lines)) {
   for (size_t i = 0; i < examples_.size(); ++i)
     KEEL_CHECK(examples_[i].tokens.size() == examples_[i].target.size(),
                source_ + ": example " + std::to_string(i) + " has " +
@@ -100,12 +112,26 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
   if (!pack) check_eos(tok, path);
   const std::string text = read_whole_file(path);
   std::vector<Example> examples;
+  std::vector<int64_t> lines;  // the line each example starts on
   if (pack) {
     const std::vector<int32_t> ids = tok.encode(text);  // [n]
     const size_t n = ids.size(), len = static_cast<size_t>(seq_len), stride = len - 1;
+    // A row's line: 1 + the newlines its preceding tokens decode to (one decode per distinct id).
+    std::unordered_map<int32_t, int64_t> newlines_of;
+    int64_t line = 1;
+    size_t counted = 0;
     // Rows overlap by one token: row k's last token is row k+1's first, whose label lives in row
     // k (the last position of a row has none). A row needs 2 tokens to predict anything.
     for (size_t start = 0; start + 1 < n; start += stride) {
+      for (; counted < start; ++counted) {
+        auto [it, fresh] = newlines_of.try_emplace(ids[counted], 0);
+        if (fresh) {
+          const std::string s = tok.decode({ids[counted]});
+          it->second = std::count(s.begin(), s.end(), '\n');
+        }
+        line += it->second;
+      }
+      lines.push_back(line);
       const size_t end = std::min(start + len, n);
       examples.push_back(all_targets(
           {ids.begin() + static_cast<int64_t>(start), ids.begin() + static_cast<int64_t>(end)}));
@@ -116,18 +142,21 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
   } else {
     std::string para;
     bool open = false;
+    int64_t first_line = 0;
     auto flush = [&] {
       if (!open) return;
       std::vector<int32_t> ids = tok.encode(para);
       ids.push_back(static_cast<int32_t>(tok.eos_id()));
       examples.push_back(all_targets(std::move(ids)));
+      lines.push_back(first_line);
       para.clear();
       open = false;
     };
-    for_each_line(text, [&](std::string_view line, int64_t) {
+    for_each_line(text, [&](std::string_view line, int64_t number) {
       if (is_blank(line)) return flush();
       if (!line.empty() && line.back() == '\r') line.remove_suffix(1);  // CRLF files
       if (open) para.push_back('\n');
+      if (!open) first_line = number;
       para.append(line);
       open = true;
     });
@@ -135,7 +164,7 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
     if (examples.empty())
       throw Error(path + ": no text (the file is empty or holds only blank lines)");
   }
-  return std::make_unique<ExampleDataset>(std::move(examples), path);
+  return std::make_unique<ExampleDataset>(std::move(examples), path, std::move(lines));
 }
 
 std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
@@ -147,6 +176,7 @@ std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Token
   static const char* kExpected =
       "expected {\"prompt\": ..., \"completion\": ...} or {\"text\": ...}";
   std::vector<Example> examples;
+  std::vector<int64_t> lines;
   for_each_line(text, [&](std::string_view line, int64_t number) {
     if (is_blank(line)) return;
     auto bad = [&](const std::string& what) {
@@ -208,10 +238,11 @@ std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Token
           "nothing to train on (an empty \"text\" or \"completion\" with no preceding "
           "token); remove the line or give it content");
     examples.push_back(std::move(e));
+    lines.push_back(number);
   });
   if (examples.empty())
     throw Error(path + ": no examples (the file is empty or holds only blank lines); " + kExpected);
-  return std::make_unique<ExampleDataset>(std::move(examples), path);
+  return std::make_unique<ExampleDataset>(std::move(examples), path, std::move(lines));
 }
 
 }  // namespace keel::data

@@ -23,20 +23,27 @@ class Dataset {
   virtual ~Dataset();
   virtual int64_t size() const = 0;
   virtual const Example& get(int64_t i) const = 0;  // 0 <= i < size()
+  // Where example i comes from, for findings that name a batch's examples: "data.jsonl:17" (the
+  // file and the 1-based line it starts on) when the dataset knows, else "example 17".
+  virtual std::string where(int64_t i) const;
 };
 
 // A dataset held in memory. `source` names it in error messages ("data.jsonl", "arith train").
 class ExampleDataset : public Dataset {
  public:
   // Every example must have tokens.size() == target.size() (checked).
-  ExampleDataset(std::vector<Example> examples, std::string source);
+  // `lines`: the 1-based line of `source` each example starts on (empty: not from a file).
+  ExampleDataset(std::vector<Example> examples, std::string source,
+                 std::vector<int64_t> lines = {});
   int64_t size() const override { return static_cast<int64_t>(examples_.size()); }
   const Example& get(int64_t i) const override;
   const std::string& source() const { return source_; }
+  std::string where(int64_t i) const override;
 
  private:
   std::vector<Example> examples_;
   std::string source_;
+  std::vector<int64_t> lines_;
 };
 
 // Plain text file; every token is a target.

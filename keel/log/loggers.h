@@ -23,11 +23,22 @@ class RunLoggers {
   // TensorBoard under their key.
   void log(const StepResult& r, const nlohmann::json& extra = nlohmann::json::object());
 
+  // The end of an epoch: a console line, a metrics.jsonl record {step, epoch, epoch_loss,
+  // epoch_tokens, epoch_updates} and the TensorBoard scalar epoch_loss at its last step. An epoch
+  // that applied no update (only scaler skips) has no epoch_loss and says so.
+  void log_epoch(const EpochResult& e);
+  // A record that is not a training step ({"step", "eval_loss", ...}, an advisor finding): into
+  // metrics.jsonl, and its numbers other than "step" to TensorBoard at that step under
+  // `tb_prefix` + key (nothing when `to_tensorboard` is false).
+  void log_record(const nlohmann::json& record, bool to_tensorboard = true,
+                  const std::string& tb_prefix = "");
+
   ConsoleLogger* console() { return console_.get(); }
   MetricsWriter* metrics() { return metrics_.get(); }
   TensorBoardWriter* tensorboard() { return tensorboard_.get(); }
 
  private:
+  std::FILE* console_out_ = nullptr;
   std::unique_ptr<ConsoleLogger> console_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;

@@ -160,7 +160,9 @@ void TensorBoardWriter::write(const StepResult& r) {
   add_scalars(r.step, {{"loss", r.loss},
                        {"grad_norm", r.grad_norm},
                        {"learning_rate", r.lr},
-                       {"loss_scale", r.loss_scale}});
+                       {"loss_scale", r.loss_scale},
+                       {"skipped_steps", static_cast<double>(r.skipped_steps)},
+                       {"nan_steps", static_cast<double>(r.nan_steps)}});
 }
 
 void TensorBoardWriter::add_scalars(int64_t step,

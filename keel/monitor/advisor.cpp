@@ -61,6 +61,7 @@ TrendAdvisor::TrendAdvisor(AdvisorOptions opt) : opt_(opt) {}
 std::string TrendAdvisor::observe(StepResult& r) {
   const bool nonfinite_event = !std::isfinite(r.loss) || r.nan_steps > nan_steps_;
   nan_steps_ = r.nan_steps;
+  updated_ |= r.stepped;
 
   // Spike test against the window BEFORE this step. A spike is a jump: the previous step was not
   // already halfway up (a steady geometric growth is an explosion, not a series of spikes).
@@ -75,18 +76,44 @@ std::string TrendAdvisor::observe(StepResult& r) {
     const double m = median(prev);
     return m > 0 && v >= factor * m && prev.back() < (1 + (factor - 1) / 2) * m;
   };
+  // Against the uniform guess too: a batch that takes a model that had learned something (the
+  // window's median well below ln V) above ln V jumped, whatever the ratio (3.26 -> 6.46).
+  const double U = opt_.uniform_loss;
+  const bool above_uniform = U > 0 && prev_losses.size() >= min_steps && std::isfinite(r.loss) &&
+                             r.loss > U && median(prev_losses) < 0.8 * U && prev_losses.back() < U;
   if (jumped(prev_norms, r.grad_norm, opt_.spike_factor) ||
-      jumped(prev_losses, r.loss, opt_.loss_spike_factor))
+      jumped(prev_losses, r.loss, opt_.loss_spike_factor) || above_uniform) {
     last_spike_ = r.step;
+    spikes_.push_back(r.step);
+  }
+  while (!spikes_.empty() && r.step - spikes_.front() >= opt_.window) spikes_.pop_front();
 
   window_.push_back(r);
   while (static_cast<int64_t>(window_.size()) > opt_.window) window_.pop_front();
+
+  // The best window: median loss of the last 3 applied finite steps, never raised.
+  std::vector<double> recent_l, recent_n;
+  for (auto it = window_.rbegin(); it != window_.rend() && recent_l.size() < 3; ++it)
+    if (it->stepped && std::isfinite(it->loss) && std::isfinite(it->grad_norm)) {
+      recent_l.push_back(it->loss);
+      recent_n.push_back(it->grad_norm);
+    }
+  // Not while exploding, nor from losses far above the uniform guess: those are no baseline.
+  const bool usable = trend_ != Trend::kExploding &&
+                      (U <= 0 || (recent_l.size() == 3 && median(recent_l) <= 1.5 * U));
+  if (recent_l.size() == 3 && usable && (best_loss_ == 0 || median(recent_l) < best_loss_)) {
+    best_loss_ = median(recent_l);
+    best_norm_ = median(recent_n);
+  }
 
   std::string why;
   Trend t = nonfinite_event ? Trend::kExploding : classify(r, why);
   if (nonfinite_event)
     why = std::string("non-finite ") + (std::isfinite(r.loss) ? "gradients" : "loss") +
           " at step " + std::to_string(r.step);
+  // An exploding verdict holds until its condition clears: a diverged run that settles on a high
+  // plateau is still diverged, never the new baseline of a "stable" run.
+  if (trend_ == Trend::kExploding && t != Trend::kExploding && !recovered(r)) return "";
   // Exact zeros are news inside a vanishing trend too: a decay asks for a higher lr, exact zeros
   // for a loss scaler or another precision.
   const bool zeros = t == Trend::kVanishing && r.grad_norm == 0.0 &&
@@ -94,8 +121,34 @@ std::string TrendAdvisor::observe(StepResult& r) {
   if (t == trend_ && (zeros == zeros_ || !zeros)) return "";
   trend_ = t;
   zeros_ = zeros;
-  r.advice = std::string(trend_name(t)) + ": " + why + "; " + action(t, r);
+  finding_ = Finding{r.step, trend_name(t), why, action(t, r), {}};
+  if (t == Trend::kSpiking)
+    for (const StepResult& s : window_)
+      if (s.step == last_spike_) examples_of(s, &finding_.examples);
+  r.advice = finding_.trend + ": " + why + "; " + finding_.action;
   return r.advice;
+}
+
+bool TrendAdvisor::recovered(const StepResult& r) const {
+  if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm) || !r.stepped) return false;
+  if (opt_.uniform_loss > 0 && r.loss > opt_.uniform_loss) return false;
+  if (best_loss_ > 0 && r.loss > 1.5 * best_loss_) return false;
+  if (best_norm_ > 0 && r.grad_norm > opt_.explode_ratio * best_norm_) return false;
+  return true;
+}
+
+// "corpus.txt:17, corpus.txt:40 (+3 more)": the batch of step `s`, by file and line.
+std::string TrendAdvisor::examples_of(const StepResult& s, std::vector<std::string>* list) const {
+  std::string out;
+  for (size_t i = 0; i < s.example_ids.size(); ++i) {
+    const int64_t id = s.example_ids[i];
+    const std::string w =
+        opt_.describe_example ? opt_.describe_example(id) : "example " + std::to_string(id);
+    if (list) list->push_back(w);
+    if (i < 8) out += (out.empty() ? "" : ", ") + w;
+  }
+  if (s.example_ids.size() > 8) out += " (+" + std::to_string(s.example_ids.size() - 8) + " more)";
+  return out;
 }
 
 Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
@@ -126,6 +179,27 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
       losses.push_back(s.loss);
     }
   const size_t n = norms.size();
+
+  // Diverged: the last two applied losses far above the uniform guess, or far above the best
+  // window so far. No min_steps: a learning rate that destroys the model shows at once.
+  if (n >= 2) {
+    const double a = losses[n - 2], b = losses[n - 1], U = opt_.uniform_loss;
+    if (U > 0 && a > 1.5 * U && b > 1.5 * U) {
+      why = "diverged: the loss is " + num(a) + ", " + num(b) +
+            " on the last 2 steps, above the "
+            "uniform guess ln V = " +
+            num(U) + " (a model that knows nothing)" +
+            (best_loss_ > 0 ? "; best window so far " + num(best_loss_) : std::string());
+      return Trend::kExploding;
+    }
+    if (best_loss_ > 0 && a > 3 * best_loss_ + 1 && b > 3 * best_loss_ + 1) {
+      why = "diverged: the loss is " + num(a) + ", " + num(b) +
+            " on the last 2 steps, over 3x "
+            "the best window so far (" +
+            num(best_loss_) + ")";
+      return Trend::kExploding;
+    }
+  }
 
   // Exactly-zero (or vanishingly small) gradients: no need to wait for min_steps.
   const auto zs = static_cast<size_t>(opt_.zero_steps);
@@ -172,7 +246,17 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
       if (w.step == last_spike_) s = &w;
     why = "step " + std::to_string(last_spike_) + " jumped (grad norm " +
           num(s ? s->grad_norm : 0.0) + ", loss " + num(s ? s->loss : 0.0) +
-          ") far above the recent median (grad norm " + num(median(norms)) + ")";
+          ") far above the recent median (grad norm " + num(median(norms)) + ", loss " +
+          num(median(losses)) + ")";
+    if (s && opt_.uniform_loss > 0 && s->loss > opt_.uniform_loss)
+      why += ", above the uniform guess ln V = " + num(opt_.uniform_loss);
+    if (spikes_.size() >= 2) {
+      why += "; spikes recur (steps";
+      for (int64_t k : spikes_) why += " " + std::to_string(k);
+      why += ") on different batches: the optimizer, not the data";
+    } else if (s && !s->example_ids.empty()) {
+      why += "; its batch: " + examples_of(*s, nullptr);
+    }
     return Trend::kSpiking;
   }
 
@@ -191,13 +275,24 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
   const std::string lower_lr = "lower optim.lr (now " + num(r.lr) + ", try " + num(r.lr / 10) + ")";
   switch (t) {
     case Trend::kScaleCollapsing:
-      return "f16 overflows at any usable scale: switch train.precision to bf16-mixed or 32-true "
-             "(or lower optim.lr)";
+      return std::string(
+                 "f16 overflows at any usable scale: switch train.precision to "
+                 "bf16-mixed or 32-true") +
+             (updated_ ? " (or lower optim.lr)" : "");
     case Trend::kExploding:
       if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
-        return "find the module that produces it with debug.underflow_overflow.enabled = true (or "
-               "keel replay on the capture), then " +
-               lower_lr + (switch_to.empty() ? "" : " or " + switch_to);
+        return (opt_.tracer_on
+                    ? "the tracer's log (" +
+                          (opt_.tracer_log.empty() ? std::string("debug/") : opt_.tracer_log) +
+                          ") names the module that produces it"
+                    : std::string("find the module that produces it with "
+                                  "debug.underflow_overflow.enabled = true (or keel "
+                                  "replay on the capture)")) +
+               (updated_ ? ", then " + lower_lr + (switch_to.empty() ? "" : " or " + switch_to)
+                         : (switch_to.empty() ? std::string()
+                                              : ", then " + switch_to +
+                                                    " (no update was applied "
+                                                    "yet: not the learning rate)"));
       return lower_lr + ", add warmup (sched.warmup_steps) and keep train.max_grad_norm > 0" +
              (switch_to.empty() ? "" : "; if it persists, " + switch_to);
     case Trend::kVanishing: {
@@ -225,8 +320,13 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
              ") or check the initialization (model.init_std) and the schedule";
     }
     case Trend::kSpiking:
+      if (spikes_.size() >= 2)
+        return lower_lr + " or set train.max_grad_norm (now " +
+               (r.clipped ? std::string("clipping") : std::string("not clipping")) +
+               "), and add warmup (sched.warmup_steps)";
       return "check the data around step " + std::to_string(last_spike_) +
-             " (a bad or mislabeled batch?), lower optim.lr or set train.max_grad_norm";
+             " (a bad, garbage or mislabeled batch: a data spike does not recur when other "
+             "batches follow; if spikes recur, lower optim.lr or set train.max_grad_norm)";
     case Trend::kStable:
       return "no action needed";
   }

@@ -30,7 +30,9 @@
 #pragma once
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "keel/train/step_result.h"
 
@@ -58,6 +60,23 @@ struct AdvisorOptions {
   // The run's precision policy ("32-true", "bf16-mixed", "16-mixed", ...; "" = unknown): the
   // advice names the policy to switch to only where lower precision is a suspect.
   std::string precision;
+  // debug.underflow_overflow.enabled: the tracer is already on, so the advice points at its log
+  // (`tracer_log`) instead of asking to enable it.
+  bool tracer_on = false;
+  std::string tracer_log;
+  // ln V, the loss of a uniform guess over the vocabulary (0 = unknown): an absolute reference a
+  // divergence cannot move. A loss above it is worse than knowing nothing.
+  double uniform_loss = 0;
+  // Where a dataset example comes from ("corpus.txt:17"); null = "example 17".
+  std::function<std::string(int64_t)> describe_example;
+};
+
+// One finding, as metrics.jsonl records it: {"kind": "advisor", step, trend, cause, action,
+// examples (the batch of a spike)}.
+struct Finding {
+  int64_t step = 0;
+  std::string trend, cause, action;
+  std::vector<std::string> examples;
 };
 
 class TrendAdvisor {
@@ -67,6 +86,10 @@ class TrendAdvisor {
   // (also stored in r.advice), "" otherwise.
   std::string observe(StepResult& r);
   Trend trend() const { return trend_; }
+  // The finding of the last observe() that returned a line.
+  const Finding& last_finding() const { return finding_; }
+  // The lowest loss of the best window so far (median of `best_steps` applied steps; 0 = none).
+  double best_loss() const { return best_loss_; }
 
  private:
   Trend classify(const StepResult& r, std::string& why) const;
@@ -78,6 +101,15 @@ class TrendAdvisor {
   int64_t last_spike_ = -1;  // step of the last spike
   int64_t nan_steps_ = 0;    // cumulative count seen on the previous step
   bool zeros_ = false;       // the current vanishing class is exact zeros (already advised)
+  bool updated_ = false;     // some step applied an update (before that lr cannot be the cause)
+  // The best window so far: the lowest median loss of the last 3 applied steps, and the median
+  // grad norm of those steps. A divergence cannot contaminate it (it only ever goes down).
+  double best_loss_ = 0, best_norm_ = 0;
+  std::deque<int64_t> spikes_;  // steps of the spikes in the window
+  Finding finding_;
+  // Whether an exploding verdict's condition has cleared at `r` (back near the best window).
+  bool recovered(const StepResult& r) const;
+  std::string examples_of(const StepResult& s, std::vector<std::string>* list) const;
 };
 
 }  // namespace keel::monitor

@@ -136,6 +136,7 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("scaler", scaler, max_scale).at_least(0));
     k.push_back(KEEL_KEY("scaler", scaler, hysteresis).at_least(1));
     k.push_back(KEEL_KEY("scaler", scaler, consecutive_hysteresis));
+    k.push_back(KEEL_KEY("scaler", scaler, max_consecutive_skips).at_least(0));
     // [log]
     k.push_back(KEEL_KEY("log", log, every).at_least(1));
     k.push_back(KEEL_KEY("log", log, console));

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace keel {
 
@@ -24,6 +25,18 @@ struct StepResult {
   double seconds = 0;         // wall time of the step
   int64_t micro_batches = 0;  // K, or the remainder r < K at the end of an epoch
   std::string advice;         // trend advisor's line when its classification changed (or empty)
+  std::vector<int64_t> example_ids;  // dataset indices of the window's rows (this rank's)
+};
+
+// The end of an epoch (DESIGN §3): its loss is the token mean over the steps that applied an
+// update, remainder windows included; `loss` is meaningless when `updates` is 0.
+struct EpochResult {
+  int64_t epoch = 0;  // 0-based
+  int64_t step = 0;   // the last step of the epoch
+  double loss = 0;
+  int64_t tokens = 0;                        // target tokens of the applied steps
+  int64_t updates = 0;                       // steps that applied an update
+  int64_t skipped_steps = 0, nan_steps = 0;  // cumulative, as in StepResult
 };
 
 }  // namespace keel

@@ -28,6 +28,24 @@ bool all_finite(const Tensor& t) {
   return monitor_kernels(t.device()).stats(t.data(), t.dtype(), t.numel(), t.dtype()).all_finite();
 }
 
+// Loss scales are powers of two: whole when they are (65536, not 6.55e+04).
+std::string log_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.8g", v);
+  return buf;
+}
+
+// What to do about a scaler that cannot settle. The learning rate is a suspect only once an update
+// was applied: before that the weights are as initialized or loaded.
+std::string unsettled_action(bool ever_updated) {
+  std::string a =
+      "find the module whose f16 gradients overflow with debug.underflow_overflow.enabled = true "
+      "(or keel replay on the capture), lower scaler.init_scale if the scale started far above "
+      "65536, or switch train.precision to bf16-mixed (f32's range, no scaler needed)";
+  if (ever_updated) a += "; the updates may have grown the weights: lower optim.lr";
+  return a;
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, TrainerHooks hooks, std::shared_ptr<Collective> collective)
@@ -116,7 +134,10 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   run_.optimizer->zero_grad();
   const uint64_t seed = step_seed(r.step);
   int64_t tokens = 0;
-  for (auto& b : window) tokens += b.n_targets;
+  for (auto& b : window) {
+    tokens += b.n_targets;
+    r.example_ids.insert(r.example_ids.end(), b.example_ids.begin(), b.example_ids.end());
+  }
   if (W > 1) {  // the loss weights divide by the GLOBAL window's tokens (exact in a double)
     double t = static_cast<double>(tokens);
     coll_->all_reduce_sum(&t, 1);
@@ -192,15 +213,36 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
 
   if (found_inf) {
     // 6. A scaler handles an overflow of a finite loss: skip, back off, keep the LR clock.
+    // It cannot settle when the scale is already at min_scale (backing off no longer helps) or
+    // after max_consecutive_skips overflows in a row: then the step is the run's problem, not the
+    // scaler's, and on_nonfinite acts. Either way a step counts once: skipped or nan.
     bool handled = false;
+    std::string unsettled;
     if (run_.scaler && loss_finite) {
       auto u = run_.scaler->update(true);
       r.loss_scale_after = u.scale_after;
-      handled = !u.at_min_scale;  // at min_scale backing off no longer helps
-      ++skipped_steps_;
+      skip_scales_.push_back(r.loss_scale);
+      skip_scale_after_ = u.scale_after;
+      const GradScalerOptions& so = run_.cfg.scaler;
+      const auto skips = static_cast<int64_t>(skip_scales_.size());
+      if (u.at_min_scale)
+        unsettled =
+            "the gradients overflowed f16 at scaler.min_scale = " + log_number(so.min_scale) +
+            ", the lowest scale allowed";
+      else if (so.max_consecutive_skips > 0 && skips >= so.max_consecutive_skips)
+        unsettled = std::to_string(skips) +
+                    " steps in a row overflowed f16 (scaler.max_consecutive_skips = " +
+                    std::to_string(so.max_consecutive_skips) + ")";
+      if (!unsettled.empty()) {
+        unsettled = "the loss scaler could not settle: " + unsettled + "; scale " + scale_trace();
+        unsettled_ = unsettled;
+      }
+      handled = unsettled.empty();
+      if (handled) ++skipped_steps_;
     }
     if (!handled) {
       ++nan_steps_;
+      ++epoch_unhandled_;
       NonfiniteEvent ev;
       ev.step = r.step;
       ev.epoch = epoch;
@@ -239,6 +281,8 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
         }
         std::string what = loss_finite ? std::string("non-finite gradients")
                                        : "non-finite loss (" + std::to_string(r.loss) + ")";
+        if (!unsettled.empty())
+          what = unsettled + "; " + unsettled_action(sched_step_ > 0) + "; last step's " + what;
         if (loss_finite && ev.nonfinite_params.empty())
           what = "non-finite gradient norm (" + std::to_string(r.grad_norm) +
                  ": its f32 sum of squares overflowed; every gradient element is finite but some "
@@ -268,10 +312,12 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
     ++sched_step_;
     r.loss_scale_after = run_.scaler ? run_.scaler->update(false).scale_after : 1.0;
     r.stepped = true;
+    skip_scales_.clear();
     epoch_loss_sum_ += loss_sum;
     epoch_tokens_ += tokens;
     ++epoch_updates_;
   }
+  ++epoch_steps_;
   r.skipped_steps = skipped_steps_;
   r.nan_steps = nan_steps_;
   r.seconds = std::chrono::duration<double>(clock::now() - t0).count();
@@ -315,6 +361,55 @@ uint64_t step_seed(const Config& cfg, int64_t step) {
   return mix_seed(cfg.run.seed, static_cast<uint64_t>(step));
 }
 
+std::string Trainer::scale_trace() const {
+  // A long back-off prints its first and last scales: the start says whether init_scale was sane,
+  // the end where it gave up.
+  std::string t;
+  const size_t n = skip_scales_.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (n > 10 && i == 4) {
+      t += " -> ... (" + std::to_string(n - 7) + " more)";
+      i = n - 4;
+      continue;
+    }
+    t += (t.empty() ? "" : " -> ") + log_number(skip_scales_[i]);
+  }
+  return t + " -> " + log_number(skip_scale_after_);
+}
+
+void Trainer::end_epoch() {
+  if (epoch_steps_ == 0) return;  // reported before a resume from this very point
+  EpochResult e;
+  e.epoch = epoch_;
+  e.step = step_;
+  e.loss = epoch_tokens_ > 0 ? epoch_loss_sum_ / static_cast<double>(epoch_tokens_) : 0.0;
+  e.tokens = epoch_tokens_;
+  e.updates = epoch_updates_;
+  e.skipped_steps = skipped_steps_;
+  e.nan_steps = nan_steps_;
+  const int64_t steps = epoch_steps_, unhandled = epoch_unhandled_;
+  epoch_steps_ = 0;
+  epoch_unhandled_ = 0;
+  if (hooks_.on_epoch && (e.updates > 0 || unhandled == 0)) hooks_.on_epoch(e);
+  // Scaler skips are calibration: an epoch made only of them (one step per epoch, the first skip
+  // of a 16-mixed start) goes on. Non-finite steps the scaler did not handle stop it.
+  if (e.updates > 0 || unhandled == 0) return;
+  std::string m = "every step produced non-finite gradients in epoch " + std::to_string(epoch_) +
+                  " (no update was applied; " + std::to_string(unhandled) + " of " +
+                  std::to_string(steps) + " steps non-finite with no scaler able to handle them)";
+  if (!unsettled_.empty()) m += "; " + unsettled_;
+  if (sched_step_ == 0)
+    m += "; no update was ever applied, so the learning rate is not the cause: the model as "
+         "initialized or loaded produces them under train.precision = " +
+         run_.policy.name() +
+         "; run `keel doctor` on this config, find the producing module with "
+         "debug.underflow_overflow.enabled = true, or switch precision to bf16-mixed or 32-true";
+  else
+    m += "; run `keel doctor` on this config, or lower the learning rate / switch precision to "
+         "bf16-mixed or 32-true";
+  throw Error(m);
+}
+
 int Trainer::fit() {
   fs::create_directories(run_.out_dir);
   const int64_t nb = run_.loader->batches_per_epoch();
@@ -333,10 +428,7 @@ int Trainer::fit() {
   };
   while (step_ < run_.total_steps) {
     if (next_batch_ >= nb) {  // end of an epoch
-      if (epoch_updates_ == 0)
-        throw Error("every step produced non-finite gradients in epoch " + std::to_string(epoch_) +
-                    " (no update was applied); run `keel doctor` on this config, or lower the "
-                    "learning rate / switch precision to bf16-mixed or 32-true");
+      end_epoch();
       ++epoch_;
       next_batch_ = 0;
       epoch_loss_sum_ = 0;
@@ -363,10 +455,7 @@ int Trainer::fit() {
       return 0;
     }
   }
-  if (epoch_updates_ == 0 && next_batch_ >= nb)
-    throw Error("every step produced non-finite gradients in epoch " + std::to_string(epoch_) +
-                " (no update was applied); lower the learning rate or switch precision to "
-                "bf16-mixed or 32-true");
+  if (next_batch_ >= nb) end_epoch();
   if (coll_->world_size() > 1) {
     if (run_.cfg.dist.check_every > 0)
       check_ranks(step_);  // the final state is the same everywhere

@@ -47,6 +47,7 @@ struct NonfiniteEvent {
 struct TrainerHooks {
   std::function<void(const StepResult&)> on_step;
   std::function<void(const EvalResult&)> on_eval;
+  std::function<void(const EpochResult&)> on_epoch;
   // on_nonfinite = capture: write the capture, return its path ("" when none was written).
   std::function<std::string(const NonfiniteEvent&)> on_capture;
   std::function<void(const std::string&)> on_message;  // one-line notices (default: stderr)
@@ -88,7 +89,8 @@ class Trainer {
 
   // Trains to max_steps or for `epochs` epochs, evaluating and checkpointing as configured.
   // Returns the exit code of DESIGN §6: 0 done, 3 stopped on a non-finite step. Throws Error
-  // (exit 1) when an epoch applied no update ("every step produced non-finite gradients").
+  // (exit 1) when an epoch applied no update and some of its non-finite steps were not the
+  // scaler's ("every step produced non-finite gradients"); scaler skips alone never stop it.
   int fit();
   // One optimizer step over a window of micro-batches (DESIGN §3).
   StepResult train_step(const std::vector<data::Batch>& window, int64_t epoch);
@@ -144,6 +146,11 @@ class Trainer {
                                      int64_t* global_count = nullptr) const;
   // The rank-consistency check (dist.check_every): throws when ranks disagree.
   void check_ranks(int64_t step);
+  // Ends the epoch: reports it (on_epoch), throws when it applied no update and some of its
+  // non-finite steps were not the scaler's, and resets the epoch's sums.
+  void end_epoch();
+  // "65536 -> 32768 -> ... -> 0.5": the scales of the current run of consecutive skips.
+  std::string scale_trace() const;
   // Whether this rank writes the NaN capture of a step the ranks in `saw_nonfinite` saw.
   bool captures_here(const std::vector<int>& saw_nonfinite) const;
 
@@ -157,7 +164,14 @@ class Trainer {
   int64_t epoch_ = 0, next_batch_ = 0;
   int64_t skipped_steps_ = 0, nan_steps_ = 0;
   double epoch_loss_sum_ = 0;  // token-weighted loss of the applied steps of the current epoch
-  int64_t epoch_tokens_ = 0, epoch_updates_ = 0;
+  int64_t epoch_tokens_ = 0, epoch_updates_ = 0, epoch_steps_ = 0;
+  // Non-finite steps of the epoch the scaler did not handle (scaler skips are calibration).
+  int64_t epoch_unhandled_ = 0;
+  // The current run of scaler skips with no update between them: the scale each ran with, and
+  // the scale after the last one (counted from the start or the resume point).
+  std::vector<double> skip_scales_;
+  double skip_scale_after_ = 0;
+  std::string unsettled_;  // why the scaler could not settle (the last such step), or ""
   std::string stop_message_;
   bool grad_norm_check_ = true;
   bool stopped_by_request_ = false;

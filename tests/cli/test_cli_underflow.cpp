@@ -90,6 +90,29 @@ TEST(CliUnderflow, F16WithoutScalerStallsAtExactlyZeroGradNormAndTheScalerFixesI
     }
   }
   EXPECT_LE(skipped, 3) << "the scaler found its scale within a few steps";
+
+  // The README's table is what these runs print (loss / grad_norm, 3 digits above 0.01, else 2).
+  const std::string readme =
+      test::slurp(std::string(KEEL_SOURCE_DIR) + "/examples/f16-no-scaler/README.md");
+  auto cell = [](const json& j) {
+    auto f = [](const json& v) {
+      if (v.is_string()) return v.get<std::string>();
+      const double x = v.get<double>();
+      char buf[32];
+      if (x == 0) return std::string("**0**");
+      std::snprintf(buf, sizeof buf, x >= 0.01 ? "%.3g" : "%.1e", x);
+      return std::string(buf);
+    };
+    return f(j.at("loss")) + " / " + f(j.at("grad_norm"));
+  };
+  EXPECT_CONTAINS(
+      readme, "| 1 | " + cell(recs[0]) + " | " + cell(on[0]) + ": skipped, scale 65536 → 32768 |");
+  EXPECT_CONTAINS(readme,
+                  "| 2 | " + cell(recs[1]) + " | " + cell(on[1]) + " (32768 from here on) |");
+  for (int step : {13, 14, 15})
+    EXPECT_CONTAINS(readme, "| " + std::to_string(step) + " | " + cell(recs[step - 1]) + " | " +
+                                cell(on[step - 1]) + " |");
+  EXPECT_CONTAINS(readme, "exactly 0 from step " + std::to_string(first_zero + 1) + " to the end");
   EXPECT_GT(on.back().at("loss_scale").get<double>(), 1.0);
   // And it keeps learning where the unscaled run stalled.
   EXPECT_LT(on.back().at("loss").get<double>(), stalled_loss);

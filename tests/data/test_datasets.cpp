@@ -168,3 +168,38 @@ TEST(JsonlDataset, MalformedLinesNameFileLineAndFix) {
 
 }  // namespace
 }  // namespace keel::data
+
+namespace keel::data {
+namespace {
+
+// Findings name a batch's examples by file and line: the line each example starts on, for
+// paragraphs, packed rows and JSONL lines (blank lines counted, as an editor counts them).
+TEST(Datasets, ExamplesKnowTheirFileAndLine) {
+  const ByteTokenizer tok;
+  const std::string dir = test::temp_dir("data-where");
+  const std::string text = dir + "/t.txt";
+  std::ofstream(text) << "\n\nfirst line\nsecond line\n\n\nthird\n\nlast\n";
+  auto paras = load_text_dataset(text, tok, 16, false);
+  ASSERT_EQ(paras->size(), 3);
+  EXPECT_EQ(paras->where(0), text + ":3");
+  EXPECT_EQ(paras->where(1), text + ":7");
+  EXPECT_EQ(paras->where(2), text + ":9");
+  // Packed rows of 8 tokens, stride 7: row 1 starts at byte 7 (" line\nse"), on line 3; row 2 at
+  // byte 14 ("econd li"), on line 4.
+  auto packed = load_text_dataset(text, tok, 8, true);
+  EXPECT_EQ(packed->where(0), text + ":1");
+  EXPECT_EQ(packed->where(1), text + ":3");
+  EXPECT_EQ(packed->where(2), text + ":4");
+  const std::string jsonl = dir + "/d.jsonl";
+  std::ofstream(jsonl) << "{\"text\": \"a\"}\n\n{\"prompt\": \"q\", \"completion\": \"b\"}\n";
+  auto js = load_jsonl_dataset(jsonl, tok, 16);
+  ASSERT_EQ(js->size(), 2);
+  EXPECT_EQ(js->where(0), jsonl + ":1");
+  EXPECT_EQ(js->where(1), jsonl + ":3");
+  // In-memory data has no file: its source and index.
+  ExampleDataset mem({{{1, 2}, {1, 1}}}, "arith train");
+  EXPECT_EQ(mem.where(0), "arith train example 0");
+}
+
+}  // namespace
+}  // namespace keel::data

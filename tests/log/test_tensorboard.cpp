@@ -167,6 +167,8 @@ StepResult step_result(int64_t step, double loss, double grad_norm, double lr, d
   r.loss_scale = scale;
   r.stepped = std::isfinite(grad_norm);
   r.found_inf = !r.stepped;
+  r.skipped_steps = step % 3;
+  r.nan_steps = step % 2;
   return r;
 }
 
@@ -205,7 +207,8 @@ TEST(TensorBoard, WritesAnEventFileTensorBoardCanRead) {
   EXPECT_GE(first.wall_time, t0);
   EXPECT_LE(first.wall_time, t1);
 
-  const std::vector<std::string> tags = {"loss", "grad_norm", "learning_rate", "loss_scale"};
+  const std::vector<std::string> tags = {"loss",       "grad_norm",     "learning_rate",
+                                         "loss_scale", "skipped_steps", "nan_steps"};
   auto expect_step = [&](const Event& e, int64_t step, const std::vector<float>& values) {
     EXPECT_TRUE(e.has_step);
     EXPECT_EQ(e.step, step);
@@ -222,9 +225,9 @@ TEST(TensorBoard, WritesAnEventFileTensorBoardCanRead) {
     }
   };
   const float finf = std::numeric_limits<float>::infinity(), fnan = std::nanf("");
-  expect_step(decode_event(records[1]), 1, {2.5f, 0.75f, 3e-3f, 65536.f});
-  expect_step(decode_event(records[2]), 2, {2.25f, finf, 2.9e-5f, 65536.f});
-  expect_step(decode_event(records[3]), 3, {fnan, fnan, 1e-4f, 32768.f});
+  expect_step(decode_event(records[1]), 1, {2.5f, 0.75f, 3e-3f, 65536.f, 1.f, 1.f});
+  expect_step(decode_event(records[2]), 2, {2.25f, finf, 2.9e-5f, 65536.f, 2.f, 0.f});
+  expect_step(decode_event(records[3]), 3, {fnan, fnan, 1e-4f, 32768.f, 0.f, 1.f});
   const Event extra = decode_event(records[4]);
   EXPECT_EQ(extra.step, 3);
   EXPECT_EQ(extra.wall_time, 1234.5);
@@ -232,7 +235,7 @@ TEST(TensorBoard, WritesAnEventFileTensorBoardCanRead) {
   EXPECT_EQ(extra.values[0], (std::pair<std::string, float>{"eval_loss", 1.125f}));
   EXPECT_EQ(extra.values[1].first, "huge");
   EXPECT_EQ(extra.values[1].second, finf);  // beyond float's range: inf, not garbage
-  expect_step(decode_event(records[5]), 300000000000, {0.5f, 0.1f, 1e-6f, 1.f});
+  expect_step(decode_event(records[5]), 300000000000, {0.5f, 0.1f, 1e-6f, 1.f, 0.f, 0.f});
 }
 
 TEST(TensorBoard, EachWriterGetsItsOwnFile) {

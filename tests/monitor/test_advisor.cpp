@@ -241,3 +241,65 @@ TEST(Advisor, ScalerSkippedStepsAreLeftOutOfTheMedians) {
 
 }  // namespace
 }  // namespace keel
+
+namespace keel {
+namespace {
+
+// A non-finite step: with the tracer already on, the advice points at its log instead of asking
+// to enable it; and before any update was applied it never blames the learning rate.
+TEST(Advisor, NonFiniteAdviceKnowsTheTracerIsOnAndThatNoUpdateWasApplied) {
+  AdvisorOptions o;
+  o.precision = "16-true";
+  o.tracer_on = true;
+  o.tracer_log = "out/debug/underflow_overflow_rank0.log";
+  Feed traced(o);
+  StepResult r = step(1, std::nan(""), std::nan(""));
+  r.nan_steps = 1;
+  traced.feed(r);
+  ASSERT_EQ(traced.advice.size(), 1u);
+  const std::string& line = traced.advice[0].second;
+  EXPECT_NE(line.find("the tracer's log (out/debug/underflow_overflow_rank0.log) names the module"),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(line.find("debug.underflow_overflow.enabled = true"), std::string::npos) << line;
+  EXPECT_EQ(line.find("optim.lr"), std::string::npos) << line;
+  EXPECT_NE(line.find("not the learning rate"), std::string::npos) << line;
+
+  // Without the tracer, after an applied update: enable the tracer, and lr is a suspect.
+  Feed plain(AdvisorOptions{});
+  plain.feed(step(1, 5.0, 1.0));
+  StepResult n = step(2, std::nan(""), std::nan(""));
+  n.nan_steps = 1;
+  plain.feed(n);
+  ASSERT_EQ(plain.advice.size(), 1u);
+  EXPECT_NE(plain.advice[0].second.find("debug.underflow_overflow.enabled = true"),
+            std::string::npos);
+  EXPECT_NE(plain.advice[0].second.find("lower optim.lr"), std::string::npos);
+}
+
+// A divergence that settles on a high plateau stays exploding: the best window so far (and ln V
+// when known) is the reference, not the diverged steps themselves. It clears once the loss is back.
+TEST(Advisor, ExplodingVerdictHoldsUntilTheConditionClears) {
+  for (double uniform : {0.0, 5.56}) {
+    AdvisorOptions o;
+    o.uniform_loss = uniform;
+    Feed run(o);
+    for (int64_t i = 1; i <= 12; ++i) run.feed(step(i, healthy_loss(i), healthy_norm(i)));
+    EXPECT_TRUE(run.advice.empty());
+    for (int64_t i = 13; i <= 60; ++i) run.feed(step(i, 2500.0 + (i % 3), 2.6e4 + 10.0 * (i % 5)));
+    // Step 13 alone looks like a spike; at step 14 it is a divergence, and one line says so.
+    ASSERT_EQ(run.advice.size(), 2u) << run.advice.back().second;
+    EXPECT_EQ(run.advice[0].first, 13);
+    EXPECT_EQ(run.advice[0].second.rfind("spiking: ", 0), 0u) << run.advice[0].second;
+    EXPECT_EQ(run.advice[1].first, 14) << "the second diverged step";
+    EXPECT_EQ(run.advice[1].second.rfind("exploding: diverged: ", 0), 0u) << run.advice[1].second;
+    EXPECT_EQ(run.adv.trend(), Trend::kExploding);
+    // Back at the best window's loss and grad norm: the verdict clears.
+    for (int64_t i = 61; i <= 64; ++i) run.feed(step(i, healthy_loss(12), healthy_norm(12)));
+    ASSERT_EQ(run.advice.size(), 3u);
+    EXPECT_EQ(run.advice[2].second.rfind("stable: ", 0), 0u) << run.advice[2].second;
+  }
+}
+
+}  // namespace
+}  // namespace keel

@@ -80,6 +80,8 @@ void expect_parity(const std::string& family, const std::string& name,
 std::string error_of(const std::function<void()>& f);
 #define EXPECT_CONTAINS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+#define EXPECT_NOT_CONTAINS(haystack, needle) \
+  EXPECT_EQ(std::string(haystack).find(needle), std::string::npos) << (haystack)
 
 // The OpenMP thread count for a scope (thread-count independence tests).
 struct ThreadsGuard {

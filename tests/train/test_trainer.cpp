@@ -89,6 +89,41 @@ TEST(Trainer, RemainderWindowStepsWithAFiniteLoss) {
   }
 }
 
+TEST(Trainer, EpochLossIsTheTokenMeanOverTheAppliedSteps) {
+  // 3 epochs of 5 steps, the last batch of each a remainder (72 examples, 16 per batch): each
+  // epoch's loss is the token-weighted mean of its steps' losses, reported once per epoch at its
+  // last step.
+  Config c = small_config("epoch-loss");
+  c.data.num_examples = 72;
+  c.train.max_steps = 0;
+  c.train.epochs = 3;
+  std::vector<StepResult> steps;
+  std::vector<EpochResult> epochs;
+  TrainerHooks h;
+  h.on_step = [&](const StepResult& r) { steps.push_back(r); };
+  h.on_epoch = [&](const EpochResult& e) { epochs.push_back(e); };
+  Trainer t(c, h);
+  ASSERT_EQ(t.fit(), 0);
+  ASSERT_EQ(epochs.size(), 3u);
+  for (const EpochResult& e : epochs) {
+    double sum = 0;
+    int64_t tokens = 0, updates = 0, last = 0;
+    for (const StepResult& r : steps)
+      if (r.epoch == e.epoch && r.stepped) {
+        sum += r.loss * static_cast<double>(r.tokens);
+        tokens += r.tokens;
+        ++updates;
+        last = r.step;
+      }
+    EXPECT_EQ(e.updates, 5);
+    EXPECT_EQ(e.updates, updates);
+    EXPECT_EQ(e.tokens, tokens);
+    EXPECT_EQ(e.step, last);
+    EXPECT_NEAR(e.loss, sum / static_cast<double>(tokens), 1e-12 * e.loss);
+  }
+  EXPECT_LT(steps[4].tokens, steps[0].tokens) << "the remainder window holds 8 of 16 examples";
+}
+
 TEST(Trainer, ScalerSkipsKeepTheLrClockAndBackOff) {
   // 16-mixed with an initial scale of 2^40: the f16 gradients overflow, the scaler skips and
   // halves until the scale fits. Skipped steps do not advance the LR schedule (warmup here).
@@ -157,6 +192,10 @@ TEST(Trainer, EveryStepNonFiniteStopsWithTheMessage) {
     EXPECT_NE(std::string(e.what()).find("every step produced non-finite gradients"),
               std::string::npos)
         << e.what();
+    // The weights were poisoned before the first step: no update was ever applied, so the advice
+    // must not send the user after the learning rate.
+    EXPECT_CONTAINS(e.what(), "the learning rate is not the cause");
+    EXPECT_EQ(std::string(e.what()).find("lower the learning rate"), std::string::npos) << e.what();
   }
   ASSERT_FALSE(steps.empty());
   for (auto& r : steps) {

@@ -1,0 +1,113 @@
+// The loss scaler's judgement at run time (issue 21 item 1): a skip the scaler handles is
+// calibration, never "every step produced non-finite gradients", even when an epoch holds a single
+// step; a scaler that cannot settle (max_consecutive_skips overflows in a row, or an overflow at
+// min_scale) is its own stop that says so, prints the scale trace and, before any update was
+// applied, never blames the learning rate. Every overflow here is f16's own: a scale too high for
+// the gradients (scaler.init_scale), nothing injected.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/support/check.h"
+#include "tests/support/run_keel.h"
+
+namespace keel {
+namespace {
+
+using json = nlohmann::json;
+using test::step_records;
+
+const std::string kRemainder = std::string(KEEL_SOURCE_DIR) + "/examples/remainder-window";
+
+test::KeelRun train(const std::string& config, const std::vector<std::string>& sets) {
+  std::vector<std::string> args = {"train"};
+  if (!config.empty()) args.push_back(config);
+  std::vector<std::string> all = {"run.threads=1", "log.tensorboard=false"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  return test::run_keel(test::with_sets(args, all), {"OMP_NUM_THREADS=1"});
+}
+
+// The seed-001 shape: one example, grad_accum 4, so every epoch is one step. Under 16-mixed the
+// scaler's first step overflows at 65536 and is skipped (65536 -> 32768): epoch 0 applies no
+// update, and that is calibration. The run trains to the end, the later epochs update the weights.
+TEST(CliScaler, OneStepPerEpochUnder16MixedTrainsThroughTheFirstSkip) {
+  const std::string dir = test::temp_dir("cli-scaler-remainder");
+  const test::KeelRun r =
+      train(kRemainder + "/config.toml", {"run.out_dir=" + dir, "train.precision=16-mixed"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.output, "every step produced non-finite gradients");
+  const auto recs = step_records(dir);
+  ASSERT_EQ(recs.size(), 5u) << r.output;
+  // The first step is the scaler's skip, and it is counted as a skip, never as a NaN step.
+  EXPECT_EQ(recs[0].at("loss_scale").get<double>(), 65536.0) << recs[0].dump();
+  EXPECT_EQ(recs[0].at("skipped_steps").get<int64_t>(), 1) << recs[0].dump();
+  EXPECT_CONTAINS(r.out, "SKIPPED: non-finite gradients, scale 65536 -> 32768");
+  int64_t applied = 0;
+  for (const json& j : recs) {
+    EXPECT_EQ(j.at("nan_steps").get<int64_t>(), 0) << j.dump();
+    applied += j.at("grad_norm").is_number();
+  }
+  EXPECT_GE(applied, 3) << "the settled scale must let the later epochs update: " << r.output;
+  EXPECT_CONTAINS(r.out, "done: 5 steps");
+}
+
+// The converse: the scale starts at 2^100, so far above what f16 gradients hold that 32 halvings
+// (scaler.max_consecutive_skips, default) never bring it down to a usable value. The 32nd overflow
+// in a row is the run's problem, not the scaler's: on_nonfinite = capture stops with exit 3, the
+// line says the scaler could not settle and why, prints the trace, and blames no learning rate
+// (no update was ever applied).
+TEST(CliScaler, AScalerThatCannotSettleStopsWithItsOwnMessageAndTheTrace) {
+  const std::string dir = test::temp_dir("cli-scaler-unsettled");
+  const test::KeelRun r =
+      train("", {"run.out_dir=" + dir, "train.precision=16-mixed",
+                 "scaler.init_scale=1.2676506002282294e30", "train.max_steps=40", "model.n_layer=1",
+                 "model.n_embd=32", "model.n_head=2", "data.num_examples=64",
+                 "data.eval_examples=8", "train.batch_size=8"});
+  ASSERT_EQ(r.code, 3) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "step 32: the loss scaler could not settle: 32 steps in a row overflowed "
+                  "f16 (scaler.max_consecutive_skips = 32)");
+  // The trace: where it started, an ellipsis, where it gave up.
+  EXPECT_CONTAINS(r.err, "scale 1.2676506e+30 -> 6.338253e+29 -> ");
+  EXPECT_CONTAINS(r.err, "(25 more)");
+  EXPECT_CONTAINS(r.err, "-> " + std::string("2.9514791e+20"));  // 2^68, after the 32nd back-off
+  EXPECT_CONTAINS(r.err, "lower scaler.init_scale");
+  EXPECT_CONTAINS(r.err, "bf16-mixed");
+  EXPECT_NOT_CONTAINS(r.err, "optim.lr");
+  EXPECT_NOT_CONTAINS(r.err, "learning rate");
+  EXPECT_CONTAINS(r.err, "keel replay");
+  const auto recs = step_records(dir);
+  ASSERT_EQ(recs.size(), 32u);
+  // 31 calibration skips, then one step the scaler could not handle: each counted once.
+  EXPECT_EQ(recs.back().at("skipped_steps").get<int64_t>(), 31) << recs.back().dump();
+  EXPECT_EQ(recs.back().at("nan_steps").get<int64_t>(), 1) << recs.back().dump();
+}
+
+// min_scale: an overflow while the scale is already at its floor is no longer calibration. With
+// on_nonfinite = skip and one step per epoch the run counts it, and the epoch that applied no
+// update because of it stops with a line naming min_scale and the trace, not the learning rate.
+TEST(CliScaler, AnOverflowAtMinScaleStopsNamingMinScale) {
+  const std::string dir = test::temp_dir("cli-scaler-min-scale");
+  const test::KeelRun r =
+      train(kRemainder + "/config.toml",
+            {"run.out_dir=" + dir, "train.precision=16-mixed", "scaler.init_scale=1099511627776",
+             "scaler.min_scale=549755813888", "train.on_nonfinite=skip"});
+  ASSERT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "every step produced non-finite gradients in epoch 1");
+  EXPECT_CONTAINS(r.err,
+                  "the loss scaler could not settle: the gradients overflowed f16 at "
+                  "scaler.min_scale = 5.4975581e+11");
+  EXPECT_CONTAINS(r.err, "scale 1.0995116e+12 -> 5.4975581e+11 -> 5.4975581e+11");
+  EXPECT_CONTAINS(r.err, "the learning rate is not the cause");
+  EXPECT_NOT_CONTAINS(r.err, "lower the learning rate");
+  const auto recs = step_records(dir);
+  ASSERT_EQ(recs.size(), 2u) << r.output;
+  EXPECT_EQ(recs[0].at("skipped_steps").get<int64_t>(), 1);  // 2^40 -> 2^39 (= min_scale)
+  EXPECT_EQ(recs[1].at("skipped_steps").get<int64_t>(), 1) << "not skipped AND nan";
+  EXPECT_EQ(recs[1].at("nan_steps").get<int64_t>(), 1);
+}
+
+}  // namespace
+}  // namespace keel
