@@ -12,6 +12,7 @@
 
 #include "keel/backend/monitor.h"
 #include "keel/io/atomic_file.h"
+#include "keel/io/json_fields.h"
 #include "keel/io/safetensors.h"
 #include "keel/monitor/inject.h"
 #include "keel/monitor/nan_capture.h"
@@ -79,7 +80,7 @@ Capture read_capture(const std::string& dir) {
                     "); the capture is corrupt: re-run the training to write a new one",
                 Error::kUsage);
   }
-  if (!c.meta.is_object() || c.meta.value("format", "") != kCaptureFormat)
+  if (!c.meta.is_object() || !c.meta.contains("format") || c.meta["format"] != kCaptureFormat)
     throw Error(meta_path + ": not a keel NaN capture (\"format\" is not \"" +
                     std::string(kCaptureFormat) + "\"); " + capture_hint(),
                 Error::kUsage);
@@ -88,12 +89,19 @@ Capture read_capture(const std::string& dir) {
     throw Error(meta_path + ": format_version " + std::to_string(version) +
                     " is newer than this keel reads (" + std::to_string(kCaptureFormatVersion) +
                     "); replay it with the keel that wrote it (" +
-                    c.meta.value("keel_version", std::string("?")) + ")",
+                    c.meta.value("keel_version", json("?")).dump() + ")",
                 Error::kUsage);
   for (const char* key : {"step", "config_toml", "threads", "loss_bits", "grads_fingerprint",
                           "loss_scale", "rng", "micro_batches", "precision", "attention"})
     need(c, key);
-  if (!need(c, "rng").contains("step_seed"))
+  // Replay uses the captured thread count (capped at the cores by the trainer, with a warning).
+  const int64_t threads = need(c, "threads").is_number_integer() ? need(c, "threads").get<int64_t>() : -1;
+  if (threads < 1 || threads > 4096)
+    throw Error(meta_path + ": \"threads\" = " + need(c, "threads").dump() +
+                    " is not a thread count in [1, 4096]; the capture is corrupt (re-run the "
+                    "training to write a new one)",
+                Error::kUsage);
+  if (!need(c, "rng").is_object() || !need(c, "rng").contains("step_seed"))
     throw Error(meta_path +
                     ": \"rng\" lacks \"step_seed\"; the capture is incomplete (re-run the "
                     "training to write a new one)",
@@ -394,9 +402,25 @@ std::string describe_rows(const Capture& c, ReplayResult& r) {
   return out;
 }
 
+ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt);
+
 }  // namespace
 
+// Every field read is checked where it is used; a type no check foresaw still names the file.
 ReplayResult replay_capture(const std::string& dir, const ReplayOptions& opt) {
+  try {
+    return replay_unchecked(dir, opt);
+  } catch (const json::exception& e) {
+    throw Error(dir + "/capture.json: a field is missing or has the wrong type (" +
+                    io::json_problem(e) +
+                    "); the capture is corrupt: re-run the training to write a new one",
+                Error::kUsage);
+  }
+}
+
+namespace {
+
+ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) {
   const Capture c = read_capture(dir);
   ReplayResult r;
   r.dir = dir;
@@ -525,6 +549,8 @@ ReplayResult replay_capture(const std::string& dir, const ReplayOptions& opt) {
   }
   return r;
 }
+
+}  // namespace
 
 json replay_to_json(const ReplayResult& r) {
   auto num = [](double v) -> json {

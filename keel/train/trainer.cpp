@@ -12,9 +12,11 @@
 #include "keel/amp/autocast.h"
 #include "keel/autograd/node.h"
 #include "keel/backend/cuda_api.h"
+#include "keel/backend/parallel.h"
 #include "keel/backend/monitor.h"
 #include "keel/io/checkpoint.h"
 #include "keel/io/hf_model.h"
+#include "keel/io/json_fields.h"
 #include "keel/models/resize.h"
 #include "keel/nn/adapters/adapter.h"
 #include "keel/nn/layers.h"
@@ -152,13 +154,32 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
   return m;
 }
 
+// The keys a checkpoint fixes, with their values: resuming with another value would continue a
+// different run (another data order, batch, precision or model) under the old one's name.
+json fixed_by_checkpoint(const Config& c) {
+  json out = json::object();
+  for (auto& [key, value] : config_values(c)) {
+    const bool fixed = key == "run.seed" || key == "train.precision" ||
+                       key == "train.batch_size" || key == "train.grad_accum" ||
+                       key == "optim.name" ||
+                       (key.rfind("model.", 0) == 0 && key != "model.attention") ||
+                       (key.rfind("data.", 0) == 0 && key != "data.eval_examples");
+    if (fixed) out[key] = value;
+  }
+  return out;
+}
+
 }  // namespace
 
 Trainer::Trainer(const Config& cfg, TrainerHooks hooks, std::shared_ptr<Collective> collective)
     : cfg_(cfg),
       hooks_(std::move(hooks)),
       coll_(collective ? std::move(collective) : std::make_shared<SingleCollective>()) {
-  if (cfg_.run.threads > 0) omp_set_num_threads(cfg_.run.threads);
+  if (cfg_.run.threads > 0) {
+    std::string capped;
+    omp_set_num_threads(capped_threads(cfg_.run.threads, "run.threads", &capped));
+    if (!capped.empty()) message("keel: " + capped);
+  }
   Device device = device_from_string(cfg_.run.device);
   if (device.is_cuda() && !cuda::status().usable) {
     // One line, then the CPU: a config written for a GPU machine still runs anywhere.
@@ -248,7 +269,9 @@ Trainer::Trainer(const Config& cfg, TrainerHooks hooks, std::shared_ptr<Collecti
   }
   if (cfg_.run.resume) {
     const std::string last = out_dir_ + "/checkpoints/last";
-    if (fs::exists(last)) {
+    // A save that crashed may have left `last` moved aside: recover before deciding.
+    if (coll_->rank() == 0) io::recover_checkpoints(out_dir_ + "/checkpoints");
+    if (io::checkpoint_exists(last)) {
       load_checkpoint(last);
       message("resumed from " + last + " at step " + std::to_string(step_));
     } else {
@@ -594,6 +617,7 @@ int Trainer::fit() {
     if (rank0 && cfg_.log.checkpoint_every > 0 && step_ % cfg_.log.checkpoint_every == 0) {
       checkpoint();
       save_checkpoint(out_dir_ + "/checkpoints/step-" + std::to_string(step_));
+      io::prune_step_checkpoints(out_dir_ + "/checkpoints", cfg_.log.keep_checkpoints);
     }
   }
   if (epoch_updates_ == 0 && next_batch_ >= nb)
@@ -630,6 +654,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
   st["seed"] = cfg_.run.seed;
   st["precision"] = policy_.name();
   st["world_size"] = coll_->world_size();  // next_batch counts global micro-batches
+  st["config"] = fixed_by_checkpoint(cfg_);  // checked on resume
   if (scaler_) st["scaler"] = scaler_->state_dict();
   io::save_checkpoint(dir, model_->named_parameters(), optimizer_->state(), st);
 }
@@ -651,23 +676,54 @@ void Trainer::load_checkpoint(const std::string& dir) {
   }
   optimizer_->load_state(ck.optimizer);
   const json& st = ck.trainer_state;
-  step_ = st.at("step");
-  sched_step_ = st.at("sched_step");
-  epoch_ = st.at("epoch");
-  next_batch_ = st.at("next_batch");
-  skipped_steps_ = st.at("skipped_steps");
-  nan_steps_ = st.at("nan_steps");
-  epoch_loss_sum_ = st.at("epoch_loss_sum");
-  epoch_tokens_ = st.at("epoch_tokens");
-  epoch_updates_ = st.at("epoch_updates");
-  if (st.value("world_size", 1) != coll_->world_size())
-    message(dir + " was written by a run of " + std::to_string(st.value("world_size", 1)) +
+  // trainer.json is input: every field is checked, naming the file and the key.
+  const std::string tj = ck.dir + "/trainer.json";
+  const std::string fix =
+      "the checkpoint is damaged: resume from another one (checkpoints/step-N) or start without "
+      "run.resume";
+  if (!st.is_object()) throw Error(tj + ": expected a JSON object; " + fix);
+  constexpr int64_t kCount = int64_t{1} << 53;  // counts stay exact in JSON's doubles
+  step_ = io::json_int(st, "step", tj, 0, kCount, fix);
+  sched_step_ = io::json_int(st, "sched_step", tj, 0, step_, fix);
+  epoch_ = io::json_int(st, "epoch", tj, 0, kCount, fix);
+  next_batch_ = io::json_int(st, "next_batch", tj, 0, kCount, fix);
+  skipped_steps_ = io::json_int(st, "skipped_steps", tj, 0, step_, fix);
+  nan_steps_ = io::json_int(st, "nan_steps", tj, 0, step_, fix);
+  epoch_loss_sum_ = io::json_number(st, "epoch_loss_sum", tj, fix);
+  epoch_tokens_ = io::json_int(st, "epoch_tokens", tj, 0, kCount, fix);
+  epoch_updates_ = io::json_int(st, "epoch_updates", tj, 0, step_, fix);
+  const int64_t world = st.contains("world_size") ? io::json_int(st, "world_size", tj, 1, 1 << 20, fix) : 1;
+  if (st.contains("config") && st["config"].is_object() && !cfg_.run.resume_force) {
+    std::string diff;
+    const json fixed = fixed_by_checkpoint(cfg_);
+    for (auto& [key, now] : fixed.items())
+      if (st["config"].contains(key) && st["config"][key] != now)
+        diff += "\n  " + key + ": " +
+                (st["config"][key].is_string() ? st["config"][key].get<std::string>()
+                                               : st["config"][key].dump()) +
+                " in the checkpoint, " +
+                now.get<std::string>() + " now";
+    if (!diff.empty())
+      throw Error(tj + ": this resume changes what the checkpoint fixes:" + diff +
+                      "\nrestore these values to continue the interrupted run, or set "
+                      "run.resume_force = true to continue from the checkpoint anyway",
+                  Error::kUsage);
+  }
+  if (world != coll_->world_size())
+    message(dir + " was written by a run of " + std::to_string(world) +
             " rank(s), this one has " + std::to_string(coll_->world_size()) +
             ": it continues from the same global micro-batch, but steps now group " +
             std::to_string(cfg_.train.grad_accum * coll_->world_size()) +
             " micro-batches, so the loss sequence differs from the original run's");
-  if (scaler_ && st.contains("scaler"))
-    scaler_->load_state_dict(st["scaler"].get<std::map<std::string, double>>());
+  if (scaler_ && st.contains("scaler")) {
+    std::map<std::string, double> scaler;
+    if (st["scaler"].is_object())
+      for (auto& [k, v] : st["scaler"].items())
+        scaler[k] = io::json_number(st["scaler"], k.c_str(), tj + ": scaler", fix);
+    else
+      throw Error(tj + ": \"scaler\" must be an object; " + fix);
+    scaler_->load_state_dict(scaler);
+  }
 }
 
 }  // namespace keel
