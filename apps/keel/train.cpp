@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "apps/keel/commands.h"
+#include "keel/dist/config_check.h"
 #include "keel/dist/process_group.h"
 #include "keel/io/atomic_file.h"
 #include "keel/io/hf_model.h"
@@ -91,7 +92,11 @@ int run_train(const TrainArgs& a) {
   check_run_memory(cfg);
   std::shared_ptr<dist::ProcessGroup> pg =
       dist::make_process_group(cfg.dist.backend, cfg.dist.bucket_mb);
+  pg->set_timeout(cfg.dist.timeout_s);
   if (pg->world_size() == 1) return run_ranked(cfg, pg);
+  // Every rank sees the same comparison and fails alike: no rank is left waiting, so the error
+  // ends each rank normally (exit 2) instead of aborting the job.
+  dist::check_config_agrees(cfg, *pg);
   try {
     return run_ranked(cfg, pg);
   } catch (const Error& e) {
