@@ -18,12 +18,4 @@ inline int64_t checked_mul(int64_t a, int64_t b, const char* what) {
   return r;
 }
 
-inline int64_t checked_add(int64_t a, int64_t b, const char* what) {
-  int64_t r = 0;
-  if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &r))
-    throw Error(std::string(what) + ": " + std::to_string(a) + " + " + std::to_string(b) +
-                " is negative or does not fit in 64 bits");
-  return r;
-}
-
 }  // namespace keel
