@@ -5,6 +5,8 @@ pkgs=(cmake ninja-build g++ pkg-config git
       libdnnl-dev libomp-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev libfmt-dev
       libgtest-dev libbenchmark-dev openmpi-bin libopenmpi-dev
       libpcre2-dev
+      # clang with libFuzzer (libclang-rt-14-dev) for the fuzz harnesses of scripts/fuzz.sh
+      clang libclang-rt-14-dev
       # libdnnl-dev's CMake config (dnnl-config.cmake) calls find_package(OpenCL REQUIRED), but
       # Debian only recommends the package that provides it, and recommends are not installed here.
       ocl-icd-opencl-dev)

@@ -24,3 +24,7 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_SANITIZE=ON 
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   KEEL_TEST_SANITIZED=1 ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 1800
+
+# Fuzzing: a short libFuzzer campaign per input format (safetensors, config.json, tokenizers,
+# JSONL, TOML, NaN captures, trainer.json), clang + ASan + UBSan; KEEL_FUZZ_SECONDS each.
+KEEL_FUZZ_SECONDS=${KEEL_FUZZ_SECONDS:-10} bash scripts/fuzz.sh

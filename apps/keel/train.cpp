@@ -104,8 +104,7 @@ int run_train(const TrainArgs& a) {
     std::fflush(stderr);
     pg->abort(e.kind == Error::kUsage ? 2 : 1);
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "error (rank %d of %d): %s\n", pg->rank(), pg->world_size(),
-                 kOutOfMemory);
+    std::fprintf(stderr, "error (rank %d of %d): %s\n", pg->rank(), pg->world_size(), kOutOfMemory);
     std::fflush(stderr);
     pg->abort(1);
   } catch (const std::exception& e) {

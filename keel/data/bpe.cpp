@@ -213,8 +213,7 @@ bool SplitRegex::search(std::string_view text) const {
 // ---- BpeTokenizer
 
 int32_t token_id_from_json(const nlohmann::json& v, const std::string& where) {
-  if (!v.is_number_integer())
-    throw Error(where + ": the id " + v.dump() + " is not an integer");
+  if (!v.is_number_integer()) throw Error(where + ": the id " + v.dump() + " is not an integer");
   if (v.is_number_unsigned() ? v.get<uint64_t>() > INT32_MAX
                              : (v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX))
     throw Error(where + ": the id " + v.dump() + " is outside 0 to 2147483647 (2^31 - 1)");

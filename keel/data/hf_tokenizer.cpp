@@ -54,7 +54,8 @@ struct Loader {
       fail("model.vocab", "expected an object {\"token\": id, ...}");
     spec.vocab.reserve(vit->size());
     for (const auto& [tok, id] : vit->items()) {
-      spec.vocab.emplace_back(tok, token_id_from_json(id, file + ": model.vocab: token \"" + tok + "\""));
+      spec.vocab.emplace_back(
+          tok, token_id_from_json(id, file + ": model.vocab: token \"" + tok + "\""));
     }
 
     const auto mit = m.find("merges");

@@ -48,8 +48,8 @@ void check_config_agrees(const Config& cfg, ProcessGroup& pg) {
       if (all[static_cast<size_t>(r) * values.size() + i] != mine[i])
         ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     if (!ranks.empty())
-      diff += "\n  " + values[i].first + " = " + values[i].second + " here, another value on rank(s) " +
-              ranks;
+      diff += "\n  " + values[i].first + " = " + values[i].second +
+              " here, another value on rank(s) " + ranks;
   }
   if (!diff.empty())
     throw Error("rank " + std::to_string(rank) + " of " + std::to_string(world) +

@@ -115,8 +115,8 @@ class MpiGroup final : public ProcessGroup {
   }
   void all_gather(const double* in, size_t n, double* out) override {
     MPI_Request req;
-    check(MPI_Iallgather(in, static_cast<int>(n), MPI_DOUBLE, out, static_cast<int>(n),
-                         MPI_DOUBLE, MPI_COMM_WORLD, &req),
+    check(MPI_Iallgather(in, static_cast<int>(n), MPI_DOUBLE, out, static_cast<int>(n), MPI_DOUBLE,
+                         MPI_COMM_WORLD, &req),
           "MPI_Allgather");
     wait(req, "MPI_Allgather");
   }

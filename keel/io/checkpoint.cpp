@@ -3,8 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -140,8 +140,8 @@ void write_dir_atomic(const std::string& dir, const std::function<void(const std
   const fs::path old = p.parent / (p.name + ".old-" + pid);
   fs::create_directory(tmp, ec);
   if (ec)
-    throw Error("cannot write " + dir + ": creating " + tmp.string() +
-                " failed: " + ec.message() + " (is the directory writable?)");
+    throw Error("cannot write " + dir + ": creating " + tmp.string() + " failed: " + ec.message() +
+                " (is the directory writable?)");
   try {
     // Each file is written to its own temporary, fsynced and renamed (write_file_atomic), and the
     // directory fsynced after each, so that `tmp` is durable before it is renamed into place.

@@ -139,7 +139,8 @@ std::string family_of(const json& j, const std::string& file) {
   std::string mt;
   if (j.contains("model_type") && !j["model_type"].is_null()) {
     if (!j["model_type"].is_string())
-      throw Error(file + ": field 'model_type' must be a string such as \"gpt2\" or \"llama\", got " +
+      throw Error(file +
+                  ": field 'model_type' must be a string such as \"gpt2\" or \"llama\", got " +
                   j["model_type"].dump());
     mt = j["model_type"].get<std::string>();
   }

@@ -22,13 +22,12 @@ inline std::string json_problem(const nlohmann::json::exception& e) {
 inline int64_t json_int(const nlohmann::json& j, const char* key, const std::string& file,
                         int64_t lo, int64_t hi, const std::string& fix) {
   const auto it = j.is_object() ? j.find(key) : j.end();
-  if (!j.is_object() || it == j.end())
-    throw Error(file + ": \"" + key + "\" is missing; " + fix);
-  const bool in_range = it->is_number_unsigned()
-                            ? it->get<uint64_t>() <= static_cast<uint64_t>(hi) &&
-                                  (lo <= 0 || it->get<uint64_t>() >= static_cast<uint64_t>(lo))
-                            : it->is_number_integer() && it->get<int64_t>() >= lo &&
-                                  it->get<int64_t>() <= hi;
+  if (!j.is_object() || it == j.end()) throw Error(file + ": \"" + key + "\" is missing; " + fix);
+  const bool in_range =
+      it->is_number_unsigned()
+          ? it->get<uint64_t>() <= static_cast<uint64_t>(hi) &&
+                (lo <= 0 || it->get<uint64_t>() >= static_cast<uint64_t>(lo))
+          : it->is_number_integer() && it->get<int64_t>() >= lo && it->get<int64_t>() <= hi;
   if (!in_range)
     throw Error(file + ": \"" + key + "\" = " + it->dump() + " is not an integer in [" +
                 std::to_string(lo) + ", " + std::to_string(hi) + "]; " + fix);
@@ -38,9 +37,9 @@ inline int64_t json_int(const nlohmann::json& j, const char* key, const std::str
 inline double json_number(const nlohmann::json& j, const char* key, const std::string& file,
                           const std::string& fix) {
   const auto it = j.is_object() ? j.find(key) : j.end();
-  if (!j.is_object() || it == j.end())
-    throw Error(file + ": \"" + key + "\" is missing; " + fix);
-  if (!it->is_number()) throw Error(file + ": \"" + key + "\" = " + it->dump() + " is not a number; " + fix);
+  if (!j.is_object() || it == j.end()) throw Error(file + ": \"" + key + "\" is missing; " + fix);
+  if (!it->is_number())
+    throw Error(file + ": \"" + key + "\" = " + it->dump() + " is not a number; " + fix);
   return it->get<double>();
 }
 

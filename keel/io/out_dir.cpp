@@ -27,9 +27,9 @@ OutDirLock::OutDirLock(const std::string& out_dir) {
   const std::string path = out_dir + "/.keel.lock";
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
-    throw Error("cannot open " + path + ": " + std::strerror(errno) +
-                    " (run.out_dir must be writable)",
-                Error::kUsage);
+    throw Error(
+        "cannot open " + path + ": " + std::strerror(errno) + " (run.out_dir must be writable)",
+        Error::kUsage);
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     char holder[512] = {};
@@ -77,8 +77,7 @@ void claim_out_dir(const std::string& out_dir, bool resume, bool overwrite) {
                 Error::kUsage);
   for (const fs::path& p : previous) {
     fs::remove_all(p, ec);
-    if (ec)
-      throw Error("run.overwrite = true: cannot remove " + p.string() + ": " + ec.message());
+    if (ec) throw Error("run.overwrite = true: cannot remove " + p.string() + ": " + ec.message());
   }
 }
 

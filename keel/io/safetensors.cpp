@@ -14,12 +14,18 @@ using json = nlohmann::json;
 
 const char* safetensors_dtype(DType dt) {
   switch (dt) {
-    case DType::F32: return "F32";
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-    case DType::I32: return "I32";
-    case DType::I64: return "I64";
-    case DType::U8: return "U8";
+    case DType::F32:
+      return "F32";
+    case DType::BF16:
+      return "BF16";
+    case DType::F16:
+      return "F16";
+    case DType::I32:
+      return "I32";
+    case DType::I64:
+      return "I64";
+    case DType::U8:
+      return "U8";
   }
   return "?";
 }
@@ -111,8 +117,9 @@ SafetensorsHeader parse_header(const std::string& path, std::string_view text, u
 // The header length of a file of `file_size` bytes whose first 8 bytes are `prefix`.
 uint64_t header_length(const std::string& path, const char* prefix, uint64_t file_size) {
   if (file_size < 8)
-    throw Error(path + ": not a valid safetensors file: shorter than the 8-byte header length "
-                       "(truncated?)");
+    throw Error(path +
+                ": not a valid safetensors file: shorter than the 8-byte header length "
+                "(truncated?)");
   uint64_t hlen = 0;
   std::memcpy(&hlen, prefix, 8);
   if (hlen > file_size - 8)
@@ -141,8 +148,8 @@ Safetensors read_safetensors(const std::string& path) {
   const std::string bytes = read_file(path);
   const uint64_t hlen = header_length(path, bytes.data(), bytes.size());
   const size_t data_start = 8 + hlen;
-  SafetensorsHeader h = parse_header(path, std::string_view(bytes).substr(8, hlen),
-                                     bytes.size() - data_start);
+  SafetensorsHeader h =
+      parse_header(path, std::string_view(bytes).substr(8, hlen), bytes.size() - data_start);
   Safetensors out;
   out.path = path;
   out.metadata = std::move(h.metadata);

@@ -1,6 +1,6 @@
 // safetensors read/write (the format HF models, PEFT adapters and keel checkpoints use):
-// u64 little-endian header length, a JSON header {name: {dtype, shape, data_offsets}, __metadata__},
-// then the raw little-endian data.
+// u64 little-endian header length, a JSON header {name: {dtype, shape, data_offsets},
+// __metadata__}, then the raw little-endian data.
 #pragma once
 #include <map>
 #include <string>

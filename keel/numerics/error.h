@@ -24,9 +24,9 @@ inline Error check_failure(const char* file, int line, const std::string& msg) {
 
 // KEEL_CHECK(cond, msg): an invariant (programming errors, not user input: inputs are checked
 // where their file and key are known).
-#define KEEL_CHECK(cond, msg)                                                   \
-  do {                                                                          \
-    if (!(cond)) throw ::keel::check_failure(__FILE__, __LINE__, (msg));        \
+#define KEEL_CHECK(cond, msg)                                            \
+  do {                                                                   \
+    if (!(cond)) throw ::keel::check_failure(__FILE__, __LINE__, (msg)); \
   } while (0)
 
 }  // namespace keel

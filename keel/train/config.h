@@ -17,8 +17,8 @@ struct RunConfig {
   std::string out_dir;  // "" -> out/<UTC timestamp>
   uint64_t seed = 1337;
   bool resume = false;
-  bool resume_force = false;  // resume even where the config changes what the checkpoint fixes
-  bool overwrite = false;     // start from scratch in an out_dir that holds a previous run
+  bool resume_force = false;   // resume even where the config changes what the checkpoint fixes
+  bool overwrite = false;      // start from scratch in an out_dir that holds a previous run
   std::string device = "cpu";  // cpu | cuda | cuda:N
   int threads = 0;             // OpenMP threads; 0 = all cores
 };
@@ -124,7 +124,7 @@ struct DistConfig {
   double bucket_mb = 25;         // gradient all-reduce bucket size (MB = 10^6 bytes)
   int64_t check_every = 100;     // rank-consistency check every N steps (and at the first); 0 = off
   bool rank_weights = false;     // ranks > 0 also write their final state to debug/rank{R}/
-  double timeout_s = 600;        // a collective not completed by every rank in this time is an error
+  double timeout_s = 600;  // a collective not completed by every rank in this time is an error
 };
 
 struct Config {

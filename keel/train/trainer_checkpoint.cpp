@@ -18,9 +18,8 @@ namespace {
 json fixed_by_checkpoint(const Config& c) {
   json out = json::object();
   for (auto& [key, value] : config_values(c)) {
-    const bool fixed = key == "run.seed" || key == "train.precision" ||
-                       key == "train.batch_size" || key == "train.grad_accum" ||
-                       key == "optim.name" ||
+    const bool fixed = key == "run.seed" || key == "train.precision" || key == "train.batch_size" ||
+                       key == "train.grad_accum" || key == "optim.name" ||
                        (key.rfind("model.", 0) == 0 && key != "model.attention") ||
                        (key.rfind("data.", 0) == 0 && key != "data.eval_examples");
     if (fixed) out[key] = value;
@@ -45,7 +44,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
   st["epoch_updates"] = epoch_updates_;
   st["seed"] = run_.cfg.run.seed;
   st["precision"] = run_.policy.name();
-  st["world_size"] = coll_->world_size();  // next_batch counts global micro-batches
+  st["world_size"] = coll_->world_size();        // next_batch counts global micro-batches
   st["config"] = fixed_by_checkpoint(run_.cfg);  // checked on resume
   if (run_.scaler) st["scaler"] = run_.scaler->state_dict();
   io::save_checkpoint(dir, run_.model->named_parameters(), run_.optimizer->state(), st);
@@ -102,8 +101,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
                   Error::kUsage);
   }
   if (world != coll_->world_size())
-    message(dir + " was written by a run of " + std::to_string(world) +
-            " rank(s), this one has " + std::to_string(coll_->world_size()) +
+    message(dir + " was written by a run of " + std::to_string(world) + " rank(s), this one has " +
+            std::to_string(coll_->world_size()) +
             ": it continues from the same global micro-batch, but steps now group " +
             std::to_string(run_.cfg.train.grad_accum * coll_->world_size()) +
             " micro-batches, so the loss sequence differs from the original run's");

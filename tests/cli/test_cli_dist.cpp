@@ -318,14 +318,18 @@ TEST(CliDist, RanksWithDifferentConfigsStopWithAnErrorNamingThem) {
 TEST(CliDist, ARankThatStopsAnsweringEndsTheJobAfterTheDeadline) {
   SKIP_WITHOUT_MPIRUN();
   const std::string dir = test::temp_dir("cli-dist-stall");
-  std::vector<std::string> args = {find_mpirun(), "--allow-run-as-root", "--oversubscribe",
-                                   "-x",          "KEEL_TEST_STALL_RANK", "-np", "2"};
+  std::vector<std::string> args = {find_mpirun(),
+                                   "--allow-run-as-root",
+                                   "--oversubscribe",
+                                   "-x",
+                                   "KEEL_TEST_STALL_RANK",
+                                   "-np",
+                                   "2"};
   for (const std::string& w : train_words(tiny(dir, {"train.max_steps=3", "dist.timeout_s=2"})))
     args.push_back(w);
   const auto t0 = std::chrono::steady_clock::now();
   Ran r = test::run_command(args, {"KEEL_TEST_STALL_RANK=1"});
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(r.code, 0) << r.out << r.err;
   EXPECT_LT(secs, 60) << "the job did not end soon after the deadline";
   EXPECT_NE(r.err.find("MPI_Allreduce(sum of gradients) did not complete within dist.timeout_s = "

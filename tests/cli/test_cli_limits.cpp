@@ -30,16 +30,26 @@ int64_t available_bytes() {
 
 std::vector<std::string> tiny(const std::string& out, std::vector<std::string> more = {}) {
   std::vector<std::string> s = {"train",
-                                "--set", "run.out_dir=" + out,
-                                "--set", "model.n_layer=1",
-                                "--set", "model.n_embd=32",
-                                "--set", "model.n_head=2",
-                                "--set", "data.num_examples=32",
-                                "--set", "data.eval_examples=0",
-                                "--set", "data.seq_len=16",
-                                "--set", "train.batch_size=8",
-                                "--set", "train.max_steps=2",
-                                "--set", "log.tensorboard=false"};
+                                "--set",
+                                "run.out_dir=" + out,
+                                "--set",
+                                "model.n_layer=1",
+                                "--set",
+                                "model.n_embd=32",
+                                "--set",
+                                "model.n_head=2",
+                                "--set",
+                                "data.num_examples=32",
+                                "--set",
+                                "data.eval_examples=0",
+                                "--set",
+                                "data.seq_len=16",
+                                "--set",
+                                "train.batch_size=8",
+                                "--set",
+                                "train.max_steps=2",
+                                "--set",
+                                "log.tensorboard=false"};
   for (const std::string& m : more) s.insert(s.end(), {"--set", m});
   return s;
 }

@@ -7,8 +7,8 @@
 //     scratch, with no leftovers, no duplicate step records and the uninterrupted run's weights;
 //   - a resume that changes what the checkpoint fixes is refused naming each difference unless
 //     run.resume_force; a damaged trainer.json names the file and the key.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -32,8 +32,8 @@ using test::step_records;
 
 std::vector<std::string> train(const std::string& out, std::vector<std::string> more = {}) {
   std::vector<std::string> sets = {
-      "run.out_dir=" + out,  "run.threads=1",         "model.n_layer=1",     "model.n_embd=32",
-      "model.n_head=2",      "data.num_examples=64",  "data.eval_examples=0", "data.seq_len=16",
+      "run.out_dir=" + out,  "run.threads=1",         "model.n_layer=1",       "model.n_embd=32",
+      "model.n_head=2",      "data.num_examples=64",  "data.eval_examples=0",  "data.seq_len=16",
       "train.batch_size=8",  "train.max_steps=4",     "log.tensorboard=false", "log.every=1",
       "sched.name=constant", "log.checkpoint_every=1"};
   sets.insert(sets.end(), more.begin(), more.end());
@@ -63,7 +63,8 @@ TEST(CliOutDir, ASecondRunOnALockedOutDirIsRefusedNamingTheHolder) {
   ASSERT_EQ(::write(fd, holder.data(), holder.size()), static_cast<ssize_t>(holder.size()));
   auto r = run_keel(train(out));
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_CONTAINS(r.err, "run.out_dir " + out + " is in use by another run (pid 4242 on trainer-host");
+  EXPECT_CONTAINS(r.err,
+                  "run.out_dir " + out + " is in use by another run (pid 4242 on trainer-host");
   EXPECT_FALSE(fs::exists(out + "/checkpoints")) << "the refused run wrote into the out_dir";
   ::close(fd);  // released: the next run takes the lock and records itself
   r = run_keel(train(out, {"train.max_steps=1"}));
@@ -155,8 +156,8 @@ TEST(CliOutDir, ResumeThatChangesWhatTheCheckpointFixesIsRefused) {
   const std::string out = test::temp_dir("outdir-fixed");
   auto r = run_keel(train(out, {"train.max_steps=2"}));
   ASSERT_EQ(r.code, 0) << r.output;
-  r = run_keel(train(out, {"run.resume=true", "train.batch_size=4", "run.seed=7",
-                           "train.precision=bf16-mixed"}));
+  r = run_keel(train(
+      out, {"run.resume=true", "train.batch_size=4", "run.seed=7", "train.precision=bf16-mixed"}));
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err, out + "/checkpoints/last/trainer.json: this resume changes");
   EXPECT_CONTAINS(r.err, "train.batch_size: 8 in the checkpoint, 4 now");
@@ -182,7 +183,8 @@ TEST(CliOutDir, ADamagedTrainerJsonNamesTheFileAndTheKey) {
     std::ofstream(path) << j.dump();
     r = run_keel(train(out, {"train.max_steps=3", "log.checkpoint_every=0", "run.resume=true"}));
     EXPECT_EQ(r.code, 1) << r.output;
-    EXPECT_CONTAINS(r.err, path + ": \"step\" = " + std::string(bad) + " is not an integer in [0, ");
+    EXPECT_CONTAINS(r.err,
+                    path + ": \"step\" = " + std::string(bad) + " is not an integer in [0, ");
     EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
   }
   json j = good;

@@ -461,9 +461,8 @@ TEST(Tokenizer, TokenIdsAreBoundedAndNeverTruncated) {
   json enc = read_json(kTiny + "/encoder.json");
   const std::string tok = enc.begin().key();
   enc[tok] = (int64_t{1} << 40) + 258;
-  std::string m = error_of([&] {
-    load_gpt2_tokenizer(write_file(dir, "big.json", enc.dump()), kTiny + "/vocab.bpe");
-  });
+  std::string m = error_of(
+      [&] { load_gpt2_tokenizer(write_file(dir, "big.json", enc.dump()), kTiny + "/vocab.bpe"); });
   EXPECT_CONTAINS(m, dir + "/big.json");
   EXPECT_CONTAINS(m, "1099511628034");
   EXPECT_CONTAINS(m, "outside 0 to 2147483647");

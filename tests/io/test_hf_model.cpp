@@ -424,8 +424,7 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
 // config.json's sizes are checked against the weights' headers before the model is built: a
 // layer count of 10^9 used to allocate for minutes (10^8: killed by the OOM killer at 24 GB).
 TEST_F(HfErrors, SizesAreCheckedAgainstTheWeightsBeforeBuilding) {
-  for (auto [field, value, held] :
-       std::vector<std::tuple<const char*, int64_t, const char*>>{
+  for (auto [field, value, held] : std::vector<std::tuple<const char*, int64_t, const char*>>{
            {"num_hidden_layers", 1000000000, "2 blocks"},
            {"vocab_size", 1000000, "an embedding of 40 rows"},
            {"hidden_size", 4096, "an embedding 32 wide"},

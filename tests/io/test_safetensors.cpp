@@ -30,24 +30,25 @@ std::string write_raw(const std::string& name, const json& header, size_t data_b
 TEST(Safetensors, ShapesThatOverflowAreErrorsNamingFileAndTensor) {
   // [2^32, 2^32] of F32: 2^64 elements wrap to 0, which matched data_offsets [0, 0].
   const int64_t big = int64_t{1} << 32;
-  std::string p = write_raw(
-      "wrap.safetensors",
-      {{"w", {{"dtype", "F32"}, {"shape", {big, big}}, {"data_offsets", {0, 0}}}}}, 0);
+  std::string p =
+      write_raw("wrap.safetensors",
+                {{"w", {{"dtype", "F32"}, {"shape", {big, big}}, {"data_offsets", {0, 0}}}}}, 0);
   std::string m = error_of([&] { read_safetensors(p); });
   EXPECT_CONTAINS(m, p);
   EXPECT_CONTAINS(m, "tensor 'w'");
   EXPECT_CONTAINS(m, "more than 2^64 bytes");
   EXPECT_CONTAINS(error_of([&] { read_safetensors_header(p); }), "tensor 'w'");
   // 2^62 elements of F32: the element count fits, the byte count does not.
-  p = write_raw("bytes.safetensors",
-                {{"w", {{"dtype", "F32"}, {"shape", {int64_t{1} << 62}}, {"data_offsets", {0, 0}}}}},
-                0);
+  p = write_raw(
+      "bytes.safetensors",
+      {{"w", {{"dtype", "F32"}, {"shape", {int64_t{1} << 62}}, {"data_offsets", {0, 0}}}}}, 0);
   EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }), "more than 2^64 bytes");
   // A size that does not match the data: named with both numbers.
   p = write_raw("short.safetensors",
                 {{"w", {{"dtype", "F32"}, {"shape", {4, 4}}, {"data_offsets", {0, 8}}}}}, 8);
   m = error_of([&] { read_safetensors(p); });
-  EXPECT_CONTAINS(m, "tensor 'w': data_offsets [0, 8) hold 8 bytes but shape [4, 4] of f32 needs 64");
+  EXPECT_CONTAINS(m,
+                  "tensor 'w': data_offsets [0, 8) hold 8 bytes but shape [4, 4] of f32 needs 64");
   p = write_raw("shape.safetensors",
                 {{"w", {{"dtype", "F32"}, {"shape", 4}, {"data_offsets", {0, 16}}}}}, 16);
   EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }), "shape must be an array");
@@ -56,12 +57,12 @@ TEST(Safetensors, ShapesThatOverflowAreErrorsNamingFileAndTensor) {
 }
 
 TEST(Safetensors, HeaderAloneGivesNamesShapesAndOffsets) {
-  const std::string p = write_raw(
-      "ok.safetensors",
-      {{"b", {{"dtype", "BF16"}, {"shape", {3}}, {"data_offsets", {16, 22}}}},
-       {"a", {{"dtype", "F32"}, {"shape", {2, 2}}, {"data_offsets", {0, 16}}}},
-       {"__metadata__", {{"format", "pt"}}}},
-      22);
+  const std::string p =
+      write_raw("ok.safetensors",
+                {{"b", {{"dtype", "BF16"}, {"shape", {3}}, {"data_offsets", {16, 22}}}},
+                 {"a", {{"dtype", "F32"}, {"shape", {2, 2}}, {"data_offsets", {0, 16}}}},
+                 {"__metadata__", {{"format", "pt"}}}},
+                22);
   const SafetensorsHeader h = read_safetensors_header(p);
   ASSERT_EQ(h.tensors.size(), 2u);
   EXPECT_EQ(h.tensors[0].name, "a");  // in file order

@@ -409,7 +409,8 @@ TEST(Config, RangesAreCheckedAndNameTheValidRange) {
   EXPECT_EQ(ok.model.dropout, 0.999);
   // A range error from a file names the file and the line.
   const std::string msg = load_error("[train]\nbatch_size = 0\n");
-  EXPECT_NE(msg.find("config.toml:2: train.batch_size must be in [1, 65536], got 0"), std::string::npos)
+  EXPECT_NE(msg.find("config.toml:2: train.batch_size must be in [1, 65536], got 0"),
+            std::string::npos)
       << msg;
 }
 
