@@ -294,7 +294,9 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
   // pair listed twice keeps its last rank, as HF, transformers.js and GPT-2's encoder.py do.
   merges_.reserve(spec.merges.size());
   for (size_t r = 0; r < spec.merges.size(); ++r) {
-    const auto& [a, b] = spec.merges[r];
+    // Plain references, not a structured binding: clang 14 cannot capture one in the lambda.
+    const std::string& a = spec.merges[r].first;
+    const std::string& b = spec.merges[r].second;
     const std::string place =
         r < spec.merge_places.size() ? spec.merge_places[r] : "merge " + std::to_string(r);
     const auto find = [&](const std::string& t) {
