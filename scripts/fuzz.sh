@@ -18,7 +18,7 @@ for src in tests/fuzz/fuzz_*.cpp; do
   mkdir -p "build-fuzz/corpus/$t"
   echo "fuzz: $t for ${secs}s"
   (cd build-fuzz && "./tests/fuzz/$t" -max_total_time="$secs" -max_len=16384 -rss_limit_mb=2048 \
-    -timeout=10 -print_final_stats=1 "corpus/$t" "../tests/fuzz/corpus/$t" 2>"$t.log") ||
+    -timeout=10 -print_final_stats=1 "corpus/$t" "../tests/fuzz/corpus/${t#fuzz_}" 2>"$t.log") ||
     { tail -n 60 "build-fuzz/$t.log"; echo "fuzz: $t found a failure (build-fuzz/$t.log)"; exit 1; }
   grep -E "^stat::number_of_executed_units" "build-fuzz/$t.log" || true
 done

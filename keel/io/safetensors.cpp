@@ -72,7 +72,8 @@ SafetensorsHeader parse_header(const std::string& path, std::string_view text, u
           out.metadata[k] = mv.is_string() ? mv.get<std::string>() : mv.dump();
       continue;
     }
-    auto tbad = [&](const std::string& what) { return bad("tensor '" + name + "': " + what); };
+    const std::string& tname = name;  // clang 14 cannot capture a structured binding
+    auto tbad = [&](const std::string& what) { return bad("tensor '" + tname + "': " + what); };
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
         !v.contains("data_offsets"))
       throw tbad("entry needs dtype, shape and data_offsets");
