@@ -45,12 +45,9 @@ void set_cpu_isa(CpuIsa isa) { isa_slot().store(static_cast<int>(isa)); }
 
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
-    case CpuIsa::Generic:
-      return "generic";
-    case CpuIsa::Avx2:
-      return "avx2";
-    case CpuIsa::Avx512:
-      return "avx512";
+    case CpuIsa::Generic: return "generic";
+    case CpuIsa::Avx2: return "avx2";
+    case CpuIsa::Avx512: return "avx512";
   }
   return "?";
 }
