@@ -7,6 +7,8 @@ pkgs=(cmake ninja-build g++ pkg-config git
       libpcre2-dev
       # keel serve: HTTP (cpp-httplib), the run registry (SQLite), the dashboard's browser test
       libcpp-httplib-dev libsqlite3-dev chromium chromium-driver
+      # clang with libFuzzer (libclang-rt-14-dev) for the fuzz harnesses of scripts/fuzz.sh
+      clang libclang-rt-14-dev
       # libdnnl-dev's CMake config (dnnl-config.cmake) calls find_package(OpenCL REQUIRED), but
       # Debian only recommends the package that provides it, and recommends are not installed here.
       ocl-icd-opencl-dev)

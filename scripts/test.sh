@@ -24,3 +24,9 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_SANITIZE=ON 
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   KEEL_TEST_SANITIZED=1 ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 1800
+
+# Fuzzing: a short libFuzzer campaign per input format (safetensors, config.json, tokenizers,
+# JSONL, TOML, NaN captures, trainer.json), clang + ASan + UBSan, KEEL_FUZZ_SECONDS each. Off
+# unless KEEL_FUZZ_SECONDS is set: its instrumented clang build of every layer takes ~16 minutes on
+# 2 cores from a cold ccache, which would double this script's time.
+if [ "${KEEL_FUZZ_SECONDS:-0}" != 0 ]; then bash scripts/fuzz.sh; fi

@@ -22,6 +22,12 @@ Command add_memory(CLI::App& app);
 Command add_serve(CLI::App& app);
 
 void register_commands(CLI::App& app);
+
+// What the user reads when an allocation fails (std::bad_alloc never reaches them as such).
+inline constexpr const char* kOutOfMemory =
+    "out of memory: an allocation failed (the run's sizes need more memory than is available); "
+    "lower train.batch_size, data.seq_len or the model sizes (model.n_layer, model.n_embd, "
+    "model.vocab_size); `keel memory` estimates a configuration's memory";
 int run_selected(CLI::App& app);
 
 }  // namespace keel::cli

@@ -1,12 +1,16 @@
 // keel: the command line. One file per subcommand; this file wires them and maps errors to the
 // exit codes of DESIGN §6 (0 done, 1 error, 2 bad usage or config, 3 stopped on a non-finite step).
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
+#include <new>
 
 #include "apps/keel/commands.h"
 #include "keel/numerics/error.h"
 
 int main(int argc, char** argv) {
+  // A file past the size limit (ulimit -f) is a write error keel reports, not a silent SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"keel: mixed-precision training with trustworthy numerics"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("keel ") + KEEL_VERSION);
@@ -21,6 +25,9 @@ int main(int argc, char** argv) {
   } catch (const keel::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return e.kind == keel::Error::kUsage ? 2 : 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error: %s\n", keel::cli::kOutOfMemory);
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -4,14 +4,19 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "apps/keel/commands.h"
+#include "keel/dist/config_check.h"
 #include "keel/dist/process_group.h"
 #include "keel/io/atomic_file.h"
+#include "keel/io/hf_model.h"
+#include "keel/io/out_dir.h"
 #include "keel/log/loggers.h"
 #include "keel/monitor/advisor.h"
 #include "keel/monitor/grad_norms.h"
 #include "keel/monitor/inject.h"
+#include "keel/monitor/memory_estimate.h"
 #include "keel/monitor/nan_capture.h"
 #include "keel/monitor/tracer.h"
 #include "keel/train/stop_request.h"
@@ -27,23 +32,86 @@ struct TrainArgs {
 
 int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg);
 
+std::string megabytes(double bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MB", bytes / 1e6);
+  return buf;
+}
+
+// The run's memory, estimated from its sizes (model.path's config.json, already checked against
+// its weights' headers, or the model.* keys) before anything large is allocated: a run that cannot
+// fit in MemAvailable is refused with the estimate and the keys that drive it, instead of being
+// killed by the OOM killer minutes into building the model.
+void check_run_memory(const Config& cfg) {
+  monitor::MemoryQuery q = monitor::memory_query_from_config(cfg);
+  if (!cfg.model.path.empty()) {
+    const models::ModelSpec s = io::read_hf_config(cfg.model.path).spec;
+    q.family = s.family;
+    q.layers = s.n_layer, q.hidden = s.n_embd, q.heads = s.n_head, q.kv_heads = s.kv_heads();
+    q.ffn = s.ffn_dim(), q.vocab = s.vocab_size, q.max_seq_len = s.max_seq_len;
+    q.tie_embeddings = s.tie_embeddings;
+  }
+  const int64_t available = monitor::available_memory_bytes();
+  if (available < 0) return;
+  const std::string fix =
+      "; lower train.batch_size or data.seq_len (activations), or model.n_layer, model.n_embd, "
+      "model.vocab_size (weights, gradients, optimizer state); `keel memory` breaks the estimate "
+      "down";
+  // A lower bound in doubles first: sizes near their upper bounds would overflow the int64
+  // arithmetic of the full estimate.
+  const double B = static_cast<double>(q.batch), T = static_cast<double>(q.seq),
+               L = static_cast<double>(q.layers), E = static_cast<double>(q.hidden),
+               V = static_cast<double>(q.vocab > 0 ? q.vocab : 259);
+  const double floor_bytes = 4 * (V * E + L * 12 * E * E) + 4 * B * T * (V + L * E);
+  if (floor_bytes > static_cast<double>(available))
+    throw Error("the run needs at least " + megabytes(floor_bytes) +
+                    " (parameters and one micro-batch's logits and activations) but only " +
+                    megabytes(static_cast<double>(available)) +
+                    " are available (MemAvailable in /proc/meminfo)" + fix,
+                Error::kUsage);
+  monitor::MemoryEstimate e;
+  try {
+    e = monitor::estimate_memory(q);
+  } catch (const Error&) {
+    return;  // a combination the estimate does not model: the run's own checks follow
+  }
+  if (e.total > available)
+    throw Error("the run needs an estimated " + megabytes(static_cast<double>(e.total)) +
+                    " (weights " + megabytes(static_cast<double>(e.weights)) + ", gradients " +
+                    megabytes(static_cast<double>(e.grads)) + ", optimizer state " +
+                    megabytes(static_cast<double>(e.optimizer_state)) + ", activations " +
+                    megabytes(static_cast<double>(e.activations)) + ") but only " +
+                    megabytes(static_cast<double>(available)) +
+                    " are available (MemAvailable in /proc/meminfo)" + fix,
+                Error::kUsage);
+}
+
 // Data-parallel runs (`mpirun -np N keel train CONFIG`, dist.backend = auto|mpi|nccl): an error on
 // one rank must end every rank (the others would wait in a collective forever), so with more than
 // one rank an error is printed with its rank and the whole job aborted with its exit code.
 int run_train(const TrainArgs& a) {
   Config cfg = load_config(a.config, a.sets);
+  check_run_memory(cfg);
   std::shared_ptr<dist::ProcessGroup> pg =
       dist::make_process_group(cfg.dist.backend, cfg.dist.bucket_mb);
+  pg->set_timeout(cfg.dist.timeout_s);
   if (pg->world_size() == 1) {
     install_stop_handlers();  // SIGTERM/SIGINT: checkpoint, then stop (keel serve's stop)
     return run_ranked(cfg, pg);
   }
+  // Every rank sees the same comparison and fails alike: no rank is left waiting, so the error
+  // ends each rank normally (exit 2) instead of aborting the job.
+  dist::check_config_agrees(cfg, *pg);
   try {
     return run_ranked(cfg, pg);
   } catch (const Error& e) {
     std::fprintf(stderr, "error (rank %d of %d): %s\n", pg->rank(), pg->world_size(), e.what());
     std::fflush(stderr);
     pg->abort(e.kind == Error::kUsage ? 2 : 1);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "error (rank %d of %d): %s\n", pg->rank(), pg->world_size(), kOutOfMemory);
+    std::fflush(stderr);
+    pg->abort(1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error (rank %d of %d): %s\n", pg->rank(), pg->world_size(), e.what());
     std::fflush(stderr);
@@ -119,7 +187,17 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
     return monitor::write_nan_capture(*trainer_ptr, ev, rank);
   };
   if (rank > 0) hooks.on_message = [](const std::string&) {};  // rank 0 says it once
+  // Rank 0 owns the out_dir for the run's life (the ranks share it): locked before anything in it
+  // is read or written, and a previous run in it is never silently overwritten.
+  std::optional<io::OutDirLock> lock;
+  if (rank == 0 && !cfg.run.out_dir.empty()) {
+    lock.emplace(cfg.run.out_dir);
+    io::claim_out_dir(cfg.run.out_dir, cfg.run.resume, cfg.run.overwrite);
+  }
   Trainer trainer(cfg, hooks, pg);
+  if (rank == 0 && !lock) lock.emplace(trainer.out_dir());  // out/<timestamp>: a fresh directory
+  // A resumed run logs the steps after its checkpoint again: drop the interrupted run's records.
+  if (rank == 0 && cfg.run.resume) log::drop_metrics_after(trainer.out_dir(), trainer.steps_done());
   trainer_ptr = &trainer;
   // The tracer and the injector hook into the trainer's model: detach them before the trainer is
   // destroyed (they were declared before it, so they would outlive it).

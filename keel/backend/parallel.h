@@ -6,12 +6,27 @@
 #pragma once
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
+#include <thread>
 #include <vector>
 
 namespace keel {
 
 inline int num_threads() { return omp_get_max_threads(); }
+
+// The thread count to use for `requested` threads (> 0) asked by `key`: more than the machine's
+// cores is capped at the core count (libgomp's per-thread stacks overflow long before 100000
+// threads, and oversubscription only slows a run down), with `warning` saying so.
+inline int capped_threads(int requested, const std::string& key, std::string* warning) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (requested <= cores) return requested;
+  *warning = key + " = " + std::to_string(requested) + " exceeds the " + std::to_string(cores) +
+             " cores of this machine: using " + std::to_string(cores) +
+             " threads (results are bit-identical only for a fixed thread count)";
+  return cores;
+}
 
 template <class F>
 void parallel_for(int64_t n, int64_t grain, F&& fn) {

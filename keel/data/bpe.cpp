@@ -11,6 +11,8 @@
 #include <queue>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "keel/numerics/error.h"
 
 namespace keel::data {
@@ -210,6 +212,14 @@ bool SplitRegex::search(std::string_view text) const {
 
 // ---- BpeTokenizer
 
+int32_t token_id_from_json(const nlohmann::json& v, const std::string& where) {
+  if (!v.is_number_integer()) throw Error(where + ": the id " + v.dump() + " is not an integer");
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > INT32_MAX
+                             : (v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX))
+    throw Error(where + ": the id " + v.dump() + " is outside 0 to 2147483647 (2^31 - 1)");
+  return static_cast<int32_t>(v.get<int64_t>());
+}
+
 BpeTokenizer::BpeTokenizer(BpeSpec spec)
     : source_(std::move(spec.source)),
       bos_id_(spec.bos_id),
@@ -234,6 +244,14 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
     max_id = std::max<int64_t>(max_id, a.id);
   }
   if (max_id < 0) throw Error(source_ + ": the vocabulary is empty");
+  // The id table is sized by the largest id: ids may leave gaps (reserved ids), but not more than
+  // 65536 of them, so a stray id of 2^31 - 1 is an error, not a request for tens of GB.
+  const int64_t entries = static_cast<int64_t>(spec.vocab.size() + added_.size());
+  if (max_id >= entries + 65536)
+    throw Error(source_ + ": id " + std::to_string(max_id) + " is beyond the " +
+                std::to_string(entries) +
+                " tokens the file defines (ids number the vocabulary from 0, with gaps of at most "
+                "65536)");
   vocab_size_ = max_id + 1;
   id_token_.resize(static_cast<size_t>(vocab_size_));
   id_bytes_.resize(static_cast<size_t>(vocab_size_));
@@ -276,7 +294,9 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
   // pair listed twice keeps its last rank, as HF, transformers.js and GPT-2's encoder.py do.
   merges_.reserve(spec.merges.size());
   for (size_t r = 0; r < spec.merges.size(); ++r) {
-    const auto& [a, b] = spec.merges[r];
+    // Plain references, not a structured binding: clang 14 cannot capture one in the lambda.
+    const std::string& a = spec.merges[r].first;
+    const std::string& b = spec.merges[r].second;
     const std::string place =
         r < spec.merge_places.size() ? spec.merge_places[r] : "merge " + std::to_string(r);
     const auto find = [&](const std::string& t) {

@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "keel/data/tokenizer_base.h"
 
 namespace keel::data {
@@ -89,6 +91,10 @@ struct BpeSpec {
   std::vector<AddedToken> added_tokens;
   int64_t bos_id = -1, eos_id = -1, pad_id = -1;
 };
+
+// A token id read from a JSON file: an integer in [0, 2^31 - 1] (ids are int32 in batches); a
+// larger or non-integer id is an Error naming `where`, never truncated.
+int32_t token_id_from_json(const nlohmann::json& v, const std::string& where);
 
 // The whole file at `path`; `what` names it in the error when it is missing or unreadable.
 std::string read_tokenizer_file(const std::string& path, const std::string& what);

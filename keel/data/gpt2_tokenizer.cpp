@@ -48,9 +48,7 @@ std::unique_ptr<BpeTokenizer> load_gpt2_tokenizer(const std::string& encoder_jso
   if (!enc.is_object()) throw Error(encoder_json + ": expected a JSON object {\"token\": id, ...}");
   spec.vocab.reserve(enc.size());
   for (const auto& [tok, id] : enc.items()) {
-    if (!id.is_number_integer())
-      throw Error(encoder_json + ": the id of token \"" + tok + "\" is not an integer");
-    spec.vocab.emplace_back(tok, id.get<int32_t>());
+    spec.vocab.emplace_back(tok, token_id_from_json(id, encoder_json + ": token \"" + tok + "\""));
   }
 
   // vocab.bpe: "#version: 0.2", then one merge per line: two tokens separated by a space.
@@ -83,7 +81,7 @@ std::unique_ptr<BpeTokenizer> load_gpt2_tokenizer(const std::string& encoder_jso
   if (eot != enc.end()) {
     AddedToken a;
     a.content = "<|endoftext|>";
-    a.id = eot->get<int32_t>();
+    a.id = token_id_from_json(*eot, encoder_json + ": token \"<|endoftext|>\"");
     a.special = true;
     spec.added_tokens.push_back(a);
     spec.bos_id = spec.eos_id = a.id;

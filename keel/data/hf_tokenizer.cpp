@@ -54,9 +54,8 @@ struct Loader {
       fail("model.vocab", "expected an object {\"token\": id, ...}");
     spec.vocab.reserve(vit->size());
     for (const auto& [tok, id] : vit->items()) {
-      if (!id.is_number_integer())
-        fail("model.vocab", "the id of token \"" + tok + "\" is not an integer");
-      spec.vocab.emplace_back(tok, id.get<int32_t>());
+      spec.vocab.emplace_back(
+          tok, token_id_from_json(id, file + ": model.vocab: token \"" + tok + "\""));
     }
 
     const auto mit = m.find("merges");
@@ -140,9 +139,9 @@ struct Loader {
       const std::string field = "added_tokens[" + std::to_string(i) + "]";
       if (!t.is_object()) fail(field, "expected an object");
       const auto id = t.find("id");
-      if (id == t.end() || !id->is_number_integer()) fail(field + ".id", "expected an integer");
+      if (id == t.end()) fail(field + ".id", "expected an integer");
       AddedToken tok;
-      tok.id = id->get<int32_t>();
+      tok.id = token_id_from_json(*id, file + ": " + field + ".id");
       tok.content = get_string(t, "content", field);
       tok.special = get_bool(t, "special", false, field);
       tok.lstrip = get_bool(t, "lstrip", false, field);
@@ -261,7 +260,7 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
   if (root.contains("padding") && root["padding"].is_object() && ld.spec.pad_id < 0) {
     const json& p = root["padding"];
     if (p.contains("pad_id") && p["pad_id"].is_number_integer())
-      ld.spec.pad_id = p["pad_id"].get<int64_t>();
+      ld.spec.pad_id = token_id_from_json(p["pad_id"], ld.file + ": padding.pad_id");
   }
   return std::make_unique<BpeTokenizer>(std::move(ld.spec));
 }

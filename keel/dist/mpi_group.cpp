@@ -3,8 +3,11 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <string>
+#include <thread>
 
 #include "keel/numerics/error.h"
 
@@ -67,6 +70,16 @@ void MpiRuntime::abort(int code) {
 
 namespace {
 
+// Testing only: KEEL_TEST_STALL_RANK=R makes rank R stop answering (sleep) before its first
+// gradient all-reduce, as a hung or stopped rank would, so that tests see the others' deadline.
+void stall_if_asked(int rank) {
+  static const int stalled = [] {
+    const char* v = std::getenv("KEEL_TEST_STALL_RANK");
+    return v && *v ? std::atoi(v) : -1;
+  }();
+  if (stalled == rank) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
 class MpiGroup final : public ProcessGroup {
  public:
   explicit MpiGroup(int64_t bucket_bytes) : ProcessGroup(bucket_bytes) {}
@@ -75,30 +88,71 @@ class MpiGroup final : public ProcessGroup {
   std::string backend() const override { return "mpi"; }
 
   void all_reduce_sum_f32(float* v, size_t n) override {
+    stall_if_asked(mpi_.rank);
     // MPI counts are ints: reduce in pieces below INT_MAX elements.
     for (size_t off = 0; off < n;) {
       const int c = static_cast<int>(std::min<size_t>(n - off, INT_MAX / 2));
-      check(MPI_Allreduce(MPI_IN_PLACE, v + off, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
+      MPI_Request req;
+      check(MPI_Iallreduce(MPI_IN_PLACE, v + off, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req),
             "MPI_Allreduce(sum of gradients)");
+      wait(req, "MPI_Allreduce(sum of gradients)");
       off += static_cast<size_t>(c);
     }
   }
   void all_reduce_sum(double* v, size_t n) override {
-    check(MPI_Allreduce(MPI_IN_PLACE, v, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD),
+    MPI_Request req;
+    check(MPI_Iallreduce(MPI_IN_PLACE, v, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD,
+                         &req),
           "MPI_Allreduce(sum)");
+    wait(req, "MPI_Allreduce(sum)");
   }
   void all_reduce_max(double* v, size_t n) override {
-    check(MPI_Allreduce(MPI_IN_PLACE, v, static_cast<int>(n), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD),
+    MPI_Request req;
+    check(MPI_Iallreduce(MPI_IN_PLACE, v, static_cast<int>(n), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD,
+                         &req),
           "MPI_Allreduce(max)");
+    wait(req, "MPI_Allreduce(max)");
   }
   void all_gather(const double* in, size_t n, double* out) override {
-    check(MPI_Allgather(in, static_cast<int>(n), MPI_DOUBLE, out, static_cast<int>(n), MPI_DOUBLE,
-                        MPI_COMM_WORLD),
+    MPI_Request req;
+    check(MPI_Iallgather(in, static_cast<int>(n), MPI_DOUBLE, out, static_cast<int>(n), MPI_DOUBLE,
+                         MPI_COMM_WORLD, &req),
           "MPI_Allgather");
+    wait(req, "MPI_Allgather");
   }
   [[noreturn]] void abort(int code) override { mpi_.abort(code); }
 
  private:
+  // Polls `req` until it completes or dist.timeout_s passes. A waiting rank spins briefly (a
+  // collective of ranks in step finishes within microseconds), then sleeps with a doubling
+  // backoff up to 5 ms, so that a rank left waiting does not burn a core.
+  void wait(MPI_Request& req, const char* what) {
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    auto nap = std::chrono::microseconds(20);
+    for (int polls = 0;; ++polls) {
+      int done = 0;
+      check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
+      if (done) return;
+      const double waited = std::chrono::duration<double>(clock::now() - start).count();
+      if (waited > timeout_s_) {
+        std::string others;
+        for (int r = 0; r < mpi_.world; ++r)
+          if (r != mpi_.rank) others += (others.empty() ? "" : ", ") + std::to_string(r);
+        throw Error(std::string(what) + " did not complete within dist.timeout_s = " +
+                    std::to_string(static_cast<int64_t>(timeout_s_)) + " s on rank " +
+                    std::to_string(mpi_.rank) + ": " +
+                    (mpi_.world == 2 ? "rank " : "one or more of ranks ") + others +
+                    " did not arrive (stopped, hung, or running a different config); check "
+                    "that rank's output, or raise dist.timeout_s for slow steps");
+      }
+      if (polls > 200) {
+        std::this_thread::sleep_for(nap);
+        nap = std::min(nap * 2, std::chrono::microseconds(5000));
+      }
+    }
+  }
+
   MpiRuntime mpi_;
 };
 

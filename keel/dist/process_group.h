@@ -24,6 +24,10 @@ class ProcessGroup : public Collective {
   // would otherwise leave it waiting in a collective forever). Does not return.
   [[noreturn]] virtual void abort(int code) = 0;
   int64_t bucket_bytes() const { return bucket_bytes_; }
+  // dist.timeout_s: a collective that every rank has not joined within this many seconds is an
+  // Error naming the collective and the ranks that may be missing (MPI), instead of a hang.
+  void set_timeout(double seconds) { timeout_s_ = seconds; }
+  double timeout() const { return timeout_s_; }
   // Buckets reduced, f32 bytes summed and wall seconds spent in all_reduce_grads so far (waiting
   // for slower ranks included): what overlapping it with backward could save at most.
   int64_t buckets_reduced() const { return buckets_; }
@@ -32,6 +36,7 @@ class ProcessGroup : public Collective {
 
  protected:
   int64_t bucket_bytes_;
+  double timeout_s_ = 600;
   int64_t buckets_ = 0, bytes_ = 0;
   double seconds_ = 0;
   std::vector<float> staging_;

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,12 +16,35 @@ namespace keel::io {
 
 namespace fs = std::filesystem;
 
-void fsync_dir(const std::string& dir) {
-  int fd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
+namespace {
+
+// Testing only: KEEL_TEST_FAIL_FSYNC=N makes the Nth fsync of this process (and every later one)
+// fail with EIO, as a failing disk does, so that tests see what a run does with it.
+int fsync_checked(int fd) {
+  static const long fail_from = [] {
+    const char* v = std::getenv("KEEL_TEST_FAIL_FSYNC");
+    return v && *v ? std::atol(v) : 0L;
+  }();
+  static long calls = 0;
+  if (fail_from > 0 && ++calls >= fail_from) {
+    errno = EIO;
+    return -1;
   }
+  return ::fsync(fd);
+}
+
+}  // namespace
+
+void fsync_dir(const std::string& dir) {
+  const std::string d = dir.empty() ? "." : dir;
+  int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;  // nothing to make durable (the directory is gone or unreadable)
+  const int rc = fsync_checked(fd), err = errno;
+  ::close(fd);
+  // Some file systems cannot fsync a directory (EINVAL): that is not a lost write.
+  if (rc != 0 && err != EINVAL && err != ENOTSUP)
+    throw Error("cannot fsync directory " + d + ": " + std::strerror(err) +
+                " (the disk may be failing; the previous checkpoint, if any, is kept)");
 }
 
 void write_file_atomic(const std::string& path, const void* const* chunks, const size_t* sizes,
@@ -47,8 +71,14 @@ void write_file_atomic(const std::string& path, const void* const* chunks, const
       left -= static_cast<size_t>(w);
     }
   }
-  ::fsync(fd);
-  ::close(fd);
+  const int synced = fsync_checked(fd), sync_err = errno;
+  const int closed = ::close(fd);
+  if (synced != 0 || closed != 0) {
+    const std::string why = std::strerror(synced != 0 ? sync_err : errno);
+    ::unlink(tmp.c_str());
+    throw Error("cannot write " + path + ": fsync failed: " + why +
+                " (the disk may be full or failing; nothing was replaced)");
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const std::string why = std::strerror(errno);
     ::unlink(tmp.c_str());

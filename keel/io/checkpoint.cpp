@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -25,7 +26,24 @@ constexpr const char* kTrainer = "trainer.json";
 
 void (*g_stage_hook)(const char*) = nullptr;
 
+// Testing only: KEEL_TEST_CRASH_AT=STAGE:N ends the process (exit code 86, no cleanup, as a
+// SIGKILL would) at the Nth time a save reaches STAGE, so that tests can crash a real run at each
+// point of a save.
+void crash_if_asked(const char* name) {
+  static const std::string spec = [] {
+    const char* v = std::getenv("KEEL_TEST_CRASH_AT");
+    return std::string(v ? v : "");
+  }();
+  if (spec.empty()) return;
+  static int seen = 0;
+  const size_t colon = spec.find(':');
+  if (spec.substr(0, colon) != name) return;
+  const int nth = colon == std::string::npos ? 1 : std::atoi(spec.c_str() + colon + 1);
+  if (++seen == nth) std::_Exit(86);
+}
+
 void stage(const char* name) {
+  crash_if_asked(name);
   if (g_stage_hook) g_stage_hook(name);
 }
 
@@ -122,8 +140,8 @@ void write_dir_atomic(const std::string& dir, const std::function<void(const std
   const fs::path old = p.parent / (p.name + ".old-" + pid);
   fs::create_directory(tmp, ec);
   if (ec)
-    throw Error("cannot write " + dir + ": creating " + tmp.string() +
-                " failed: " + ec.message() + " (is the directory writable?)");
+    throw Error("cannot write " + dir + ": creating " + tmp.string() + " failed: " + ec.message() +
+                " (is the directory writable?)");
   try {
     // Each file is written to its own temporary, fsynced and renamed (write_file_atomic), and the
     // directory fsynced after each, so that `tmp` is durable before it is renamed into place.
@@ -166,6 +184,56 @@ void save_checkpoint(const std::string& dir, const NamedTensors& model,
     write_safetensors((fs::path(tmp) / kOptimizer).string(), optimizer, meta);
     write_file_atomic((fs::path(tmp) / kTrainer).string(), trainer_state.dump(2) + "\n");
   });
+}
+
+void recover_checkpoints(const std::string& checkpoints_dir) {
+  std::error_code ec;
+  if (!fs::is_directory(checkpoints_dir, ec)) return;
+  std::vector<fs::path> entries;
+  for (fs::directory_iterator it(checkpoints_dir, ec), end; !ec && it != end; it.increment(ec))
+    entries.push_back(it->path());
+  std::sort(entries.begin(), entries.end());
+  bool changed = false;
+  // First put back every complete directory a crashed save moved aside, then drop the rest.
+  for (const fs::path& e : entries) {
+    const std::string n = e.filename().string();
+    const size_t at = n.find(".old-");
+    if (at == std::string::npos || at == 0) continue;
+    const fs::path base = e.parent_path() / n.substr(0, at);
+    if (!fs::exists(base, ec) && complete(e)) {
+      rename_or_throw(e, base, "restoring the checkpoint a crashed save moved aside");
+      changed = true;
+    }
+  }
+  for (const fs::path& e : entries) {
+    const std::string n = e.filename().string();
+    if ((n.find(".tmp-") != std::string::npos || n.find(".old-") != std::string::npos) &&
+        fs::exists(e, ec)) {
+      fs::remove_all(e, ec);
+      changed = true;
+    }
+  }
+  if (changed) fsync_dir(checkpoints_dir);
+}
+
+void prune_step_checkpoints(const std::string& checkpoints_dir, int64_t keep) {
+  if (keep <= 0) return;
+  std::error_code ec;
+  std::vector<std::pair<int64_t, fs::path>> steps;
+  for (fs::directory_iterator it(checkpoints_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.rfind("step-", 0) != 0 || n.size() == 5 || n.size() > 23 ||
+        n.find_first_not_of("0123456789", 5) != std::string::npos)
+      continue;
+    steps.emplace_back(std::stoll(n.substr(5)), it->path());
+  }
+  std::sort(steps.begin(), steps.end());
+  for (size_t i = 0; i + static_cast<size_t>(keep) < steps.size(); ++i) {
+    fs::remove_all(steps[i].second, ec);
+    if (ec)
+      throw Error("log.keep_checkpoints: cannot remove " + steps[i].second.string() + ": " +
+                  ec.message());
+  }
 }
 
 bool checkpoint_exists(const std::string& dir) {

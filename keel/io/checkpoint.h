@@ -48,6 +48,15 @@ void write_dir_atomic(const std::string& dir,
 // checkpoint that load_checkpoint can read.
 bool checkpoint_exists(const std::string& dir);
 
+// Recovery of a checkpoints directory after a crash, before a run decides whether it resumes: a
+// complete `<name>.old-*` whose `<name>` is missing (the crash fell between the two renames) is
+// renamed back; every other `*.tmp-*` and `*.old-*` leftover is removed.
+void recover_checkpoints(const std::string& checkpoints_dir);
+
+// Keeps the `keep` newest `step-N` directories of `checkpoints_dir` (by N), removing the others;
+// keep <= 0 keeps all.
+void prune_step_checkpoints(const std::string& checkpoints_dir, int64_t keep);
+
 // Testing only: called by save_checkpoint after each stage ("tmp_written", "moved_aside",
 // "renamed", "done") so that a test can kill the process there and check what a crash leaves.
 // nullptr (the default) = no hook.

@@ -1,5 +1,8 @@
 #include "keel/io/hf_model.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -133,7 +136,14 @@ json rope_scaling_json(const ops::RopeScaling& s) {
 }
 
 std::string family_of(const json& j, const std::string& file) {
-  std::string mt = j.value("model_type", std::string());
+  std::string mt;
+  if (j.contains("model_type") && !j["model_type"].is_null()) {
+    if (!j["model_type"].is_string())
+      throw Error(file +
+                  ": field 'model_type' must be a string such as \"gpt2\" or \"llama\", got " +
+                  j["model_type"].dump());
+    mt = j["model_type"].get<std::string>();
+  }
   std::string arch;
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
       j["architectures"][0].is_string())
@@ -219,6 +229,82 @@ WeightSource read_weights(const std::string& dir) {
     }
   }
   return src;
+}
+
+// The shapes the weight files' headers declare (nothing else is read), name -> shape; empty when
+// the directory holds no weights.
+std::map<std::string, Shape> weight_shapes(const std::string& dir) {
+  std::map<std::string, Shape> out;
+  const std::string single = dir + "/" + kSingle, index = dir + "/" + kIndex;
+  std::set<std::string> files;
+  if (fs::exists(single)) {
+    files.insert(single);
+  } else if (fs::exists(index)) {
+    const json j = read_json(index);
+    if (j.is_object() && j.contains("weight_map") && j["weight_map"].is_object())
+      for (auto& [name, file] : j["weight_map"].items())
+        if (file.is_string() && file.get<std::string>().find('/') == std::string::npos &&
+            fs::exists(dir + "/" + file.get<std::string>()))
+          files.insert(dir + "/" + file.get<std::string>());
+  }
+  for (const std::string& f : files)
+    for (TensorInfo& t : read_safetensors_header(f).tensors) out[t.name] = std::move(t.shape);
+  return out;
+}
+
+// config.json's sizes against the weights' headers, before any parameter is allocated: a layer
+// count, width, vocabulary or context that the files do not hold is an error naming the field
+// (the full per-tensor check follows in load_hf_weights).
+void check_sizes_against_weights(const std::string& dir, const models::ModelSpec& s) {
+  const std::map<std::string, Shape> shapes = weight_shapes(dir);
+  if (shapes.empty()) return;
+  const std::string file = dir + "/config.json";
+  const bool gpt2 = s.family == "gpt2";
+  auto shape_of = [&](std::initializer_list<const char*> names) -> const Shape* {
+    for (const char* n : names)
+      if (auto it = shapes.find(n); it != shapes.end()) return &it->second;
+    return nullptr;
+  };
+  auto disagree = [&](const char* field, int64_t v, const std::string& held) {
+    return Error(file + ": " + field + " = " + std::to_string(v) + " but the weights in " + dir +
+                     " hold " + held + "; config.json does not describe these weights (fix " +
+                     field + " or use the config.json written with them)",
+                 Error::kUsage);
+  };
+  int64_t layers = 0;  // 1 + the largest block index in the tensor names (h.N. / layers.N.)
+  for (auto& [name, shape] : shapes) {
+    const std::string tag = gpt2 ? "h." : "layers.";
+    for (size_t at = name.find(tag); at != std::string::npos; at = name.find(tag, at + 1)) {
+      if (at > 0 && name[at - 1] != '.') continue;
+      size_t i = at + tag.size(), j = i;
+      while (j < name.size() && j - i < 9 && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
+      if (j > i && j < name.size() && name[j] == '.')
+        layers = std::max<int64_t>(layers, std::stoll(name.substr(i, j - i)) + 1);
+    }
+  }
+  if (layers != s.n_layer)
+    throw disagree(gpt2 ? "n_layer" : "num_hidden_layers", s.n_layer,
+                   std::to_string(layers) + " blocks");
+  const Shape* emb = gpt2 ? shape_of({"wte.weight", "transformer.wte.weight"})
+                          : shape_of({"model.embed_tokens.weight"});
+  if (emb && emb->size() == 2) {
+    if ((*emb)[0] != s.vocab_size)
+      throw disagree("vocab_size", s.vocab_size,
+                     "an embedding of " + std::to_string((*emb)[0]) + " rows");
+    if ((*emb)[1] != s.n_embd)
+      throw disagree(gpt2 ? "n_embd" : "hidden_size", s.n_embd,
+                     "an embedding " + std::to_string((*emb)[1]) + " wide");
+  }
+  if (gpt2)
+    if (const Shape* wpe = shape_of({"wpe.weight", "transformer.wpe.weight"});
+        wpe && wpe->size() == 2 && (*wpe)[0] != s.max_seq_len)
+      throw disagree("n_positions", s.max_seq_len,
+                     "a position embedding of " + std::to_string((*wpe)[0]) + " rows");
+  const Shape* mlp = gpt2 ? shape_of({"h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.weight"})
+                          : shape_of({"model.layers.0.mlp.up_proj.weight"});
+  if (mlp && mlp->size() == 2 && (*mlp)[gpt2 ? 1 : 0] != s.ffn_dim())
+    throw disagree(gpt2 ? "n_inner" : "intermediate_size", s.ffn_dim(),
+                   "an MLP " + std::to_string((*mlp)[gpt2 ? 1 : 0]) + " wide");
 }
 
 json config_json(const models::ModelSpec& s, DType dt, const json& base) {
@@ -341,6 +427,14 @@ HfConfig read_hf_config(const std::string& dir) {
     }
   }
   s.init_std = c.number({"initializer_range"}, 0.02);
+  if (!(s.norm_eps > 0) || !std::isfinite(s.norm_eps))
+    throw Error(file + ": field '" + (s.family == "gpt2" ? "layer_norm_epsilon" : "rms_norm_eps") +
+                    "' must be a positive number, got " + std::to_string(s.norm_eps),
+                Error::kUsage);
+  if (!(s.rope_theta > 0) || !std::isfinite(s.rope_theta))
+    throw Error(file + ": field 'rope_theta' must be a positive number, got " +
+                    std::to_string(s.rope_theta),
+                Error::kUsage);
   // transformers >= 4.56 writes "dtype"; earlier versions "torch_dtype".
   const std::string td = c.string("torch_dtype", c.string("dtype", "float32"));
   if (td == "bfloat16")
@@ -356,6 +450,7 @@ HfConfig read_hf_config(const std::string& dir) {
   } catch (const Error& e) {
     throw Error(file + ": inconsistent sizes: " + e.what(), Error::kUsage);
   }
+  check_sizes_against_weights(dir, s);
   return out;
 }
 

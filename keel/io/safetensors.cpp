@@ -1,6 +1,9 @@
 #include "keel/io/safetensors.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "keel/io/atomic_file.h"
@@ -11,12 +14,18 @@ using json = nlohmann::json;
 
 const char* safetensors_dtype(DType dt) {
   switch (dt) {
-    case DType::F32: return "F32";
-    case DType::BF16: return "BF16";
-    case DType::F16: return "F16";
-    case DType::I32: return "I32";
-    case DType::I64: return "I64";
-    case DType::U8: return "U8";
+    case DType::F32:
+      return "F32";
+    case DType::BF16:
+      return "BF16";
+    case DType::F16:
+      return "F16";
+    case DType::I32:
+      return "I32";
+    case DType::I64:
+      return "I64";
+    case DType::U8:
+      return "U8";
   }
   return "?";
 }
@@ -40,28 +49,22 @@ const Tensor& Safetensors::at(const std::string& name) const {
               std::to_string(tensors.size()) + " tensors; was it written for another model?)");
 }
 
-Safetensors read_safetensors(const std::string& path) {
-  const std::string bytes = read_file(path);
+namespace {
+
+// The tensors a header describes, validated against the data section's length `data_len`
+// (sizes with checked arithmetic: a header's shape must not wrap the byte count), in file order.
+SafetensorsHeader parse_header(const std::string& path, std::string_view text, uint64_t data_len) {
   auto bad = [&](const std::string& what) {
     return Error(path + ": not a valid safetensors file: " + what);
   };
-  if (bytes.size() < 8) throw bad("shorter than the 8-byte header length (truncated?)");
-  uint64_t hlen = 0;
-  std::memcpy(&hlen, bytes.data(), 8);
-  if (hlen > bytes.size() - 8)
-    throw bad("header length " + std::to_string(hlen) + " exceeds the file size " +
-              std::to_string(bytes.size()) + " (truncated?)");
   json header;
   try {
-    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(hlen));
+    header = json::parse(text);
   } catch (const json::parse_error& e) {
     throw bad(std::string("header JSON: ") + e.what());
   }
   if (!header.is_object()) throw bad("header is not a JSON object");
-  const size_t data_start = 8 + hlen, data_len = bytes.size() - data_start;
-  Safetensors out;
-  out.path = path;
-  std::vector<std::tuple<uint64_t, uint64_t, std::string>> spans;
+  SafetensorsHeader out;
   for (auto& [name, v] : header.items()) {
     if (name == "__metadata__") {
       if (v.is_object())
@@ -69,45 +72,94 @@ Safetensors read_safetensors(const std::string& path) {
           out.metadata[k] = mv.is_string() ? mv.get<std::string>() : mv.dump();
       continue;
     }
-    auto tbad = [&](const std::string& what) { return bad("tensor '" + name + "': " + what); };
+    const std::string& tname = name;  // clang 14 cannot capture a structured binding
+    auto tbad = [&](const std::string& what) { return bad("tensor '" + tname + "': " + what); };
     if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") ||
         !v.contains("data_offsets"))
       throw tbad("entry needs dtype, shape and data_offsets");
     auto dt = parse_dtype(v["dtype"].is_string() ? v["dtype"].get<std::string>() : "");
-    if (!dt) throw tbad("unsupported dtype " + v["dtype"].dump() + " (keel reads F32, BF16, F16, I32, I64, U8)");
-    Shape shape;
+    if (!dt)
+      throw tbad("unsupported dtype " + v["dtype"].dump() +
+                 " (keel reads F32, BF16, F16, I32, I64, U8)");
+    TensorInfo t{name, *dt, {}, 0, 0};
+    if (!v["shape"].is_array()) throw tbad("shape must be an array, got " + v["shape"].dump());
+    uint64_t want = dtype_size(*dt);
     for (auto& d : v["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0) throw tbad("bad shape " + v["shape"].dump());
-      shape.push_back(d.get<int64_t>());
+      if (!d.is_number_integer() || d.get<int64_t>() < 0)
+        throw tbad("bad shape " + v["shape"].dump());
+      t.shape.push_back(d.get<int64_t>());
+      if (__builtin_mul_overflow(want, static_cast<uint64_t>(t.shape.back()), &want))
+        throw tbad("shape " + v["shape"].dump() + " of " + dtype_name(*dt) +
+                   " needs more than 2^64 bytes");
     }
     auto& off = v["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() ||
         !off[1].is_number_unsigned())
       throw tbad("data_offsets must be [begin, end]");
-    const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();
-    const uint64_t want = static_cast<uint64_t>(shape_numel(shape)) * dtype_size(*dt);
-    if (e < b || e - b != want)
-      throw tbad("data_offsets [" + std::to_string(b) + ", " + std::to_string(e) + ") hold " +
-                 std::to_string(e - b) + " bytes but shape " + shape_str(shape) + " of " +
-                 dtype_name(*dt) + " needs " + std::to_string(want));
-    if (e > data_len)
-      throw tbad("data ends at byte " + std::to_string(e) + " but the file has only " +
+    t.begin = off[0].get<uint64_t>(), t.end = off[1].get<uint64_t>();
+    if (t.end < t.begin || t.end - t.begin != want)
+      throw tbad("data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) +
+                 ") hold " + std::to_string(t.end - t.begin) + " bytes but shape " +
+                 shape_str(t.shape) + " of " + dtype_name(*dt) + " needs " + std::to_string(want));
+    if (t.end > data_len)
+      throw tbad("data ends at byte " + std::to_string(t.end) + " but the file has only " +
                  std::to_string(data_len) + " data bytes (truncated file?)");
-    spans.emplace_back(b, e, name);
-    Tensor t = Tensor::empty(shape, *dt);
-    std::memcpy(t.data(), bytes.data() + data_start + b, want);
-    t.set_name(name);
-    out.tensors.emplace_back(name, t);
+    out.tensors.push_back(std::move(t));
   }
-  std::sort(spans.begin(), spans.end());
-  for (size_t i = 1; i < spans.size(); ++i)
-    if (std::get<0>(spans[i]) < std::get<1>(spans[i - 1]))
-      throw bad("tensors '" + std::get<2>(spans[i - 1]) + "' and '" + std::get<2>(spans[i]) +
+  std::sort(out.tensors.begin(), out.tensors.end(),
+            [](const TensorInfo& a, const TensorInfo& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < out.tensors.size(); ++i)
+    if (out.tensors[i].begin < out.tensors[i - 1].end)
+      throw bad("tensors '" + out.tensors[i - 1].name + "' and '" + out.tensors[i].name +
                 "' overlap");
-  std::sort(out.tensors.begin(), out.tensors.end(), [&](auto& x, auto& y) {
-    return header[x.first]["data_offsets"][0].template get<uint64_t>() <
-           header[y.first]["data_offsets"][0].template get<uint64_t>();
-  });
+  return out;
+}
+
+// The header length of a file of `file_size` bytes whose first 8 bytes are `prefix`.
+uint64_t header_length(const std::string& path, const char* prefix, uint64_t file_size) {
+  if (file_size < 8)
+    throw Error(path +
+                ": not a valid safetensors file: shorter than the 8-byte header length "
+                "(truncated?)");
+  uint64_t hlen = 0;
+  std::memcpy(&hlen, prefix, 8);
+  if (hlen > file_size - 8)
+    throw Error(path + ": not a valid safetensors file: header length " + std::to_string(hlen) +
+                " exceeds the file size " + std::to_string(file_size) + " (truncated?)");
+  return hlen;
+}
+
+}  // namespace
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw Error("cannot read " + path + ": " + std::strerror(errno));
+  const uint64_t size = static_cast<uint64_t>(in.tellg());
+  char prefix[8] = {};
+  in.seekg(0);
+  in.read(prefix, size < 8 ? static_cast<std::streamsize>(size) : 8);
+  const uint64_t hlen = header_length(path, prefix, size);
+  std::string text(hlen, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(hlen));
+  if (!in) throw Error("cannot read " + path + ": the header could not be read");
+  return parse_header(path, text, size - 8 - hlen);
+}
+
+Safetensors read_safetensors(const std::string& path) {
+  const std::string bytes = read_file(path);
+  const uint64_t hlen = header_length(path, bytes.data(), bytes.size());
+  const size_t data_start = 8 + hlen;
+  SafetensorsHeader h =
+      parse_header(path, std::string_view(bytes).substr(8, hlen), bytes.size() - data_start);
+  Safetensors out;
+  out.path = path;
+  out.metadata = std::move(h.metadata);
+  for (const TensorInfo& i : h.tensors) {
+    Tensor t = Tensor::empty(i.shape, i.dtype);
+    std::memcpy(t.data(), bytes.data() + data_start + i.begin, i.end - i.begin);
+    t.set_name(i.name);
+    out.tensors.emplace_back(i.name, t);
+  }
   return out;
 }
 

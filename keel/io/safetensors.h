@@ -1,6 +1,6 @@
 // safetensors read/write (the format HF models, PEFT adapters and keel checkpoints use):
-// u64 little-endian header length, a JSON header {name: {dtype, shape, data_offsets}, __metadata__},
-// then the raw little-endian data.
+// u64 little-endian header length, a JSON header {name: {dtype, shape, data_offsets},
+// __metadata__}, then the raw little-endian data.
 #pragma once
 #include <map>
 #include <string>
@@ -20,6 +20,22 @@ struct Safetensors {
   const Tensor& at(const std::string& name) const;
   std::string path;  // where it was read from (for messages)
 };
+
+// A tensor as its header describes it: byte offsets into the data section.
+struct TensorInfo {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin, end;
+};
+struct SafetensorsHeader {
+  std::vector<TensorInfo> tensors;  // in file order
+  std::map<std::string, std::string> metadata;
+};
+
+// Reads and validates only the header (the tensors' names, dtypes, shapes and offsets, checked
+// against the file's size), so that sizes can be checked before anything is allocated.
+SafetensorsHeader read_safetensors_header(const std::string& path);
 
 // Reads and validates a whole file. Every problem is an Error naming the file and the tensor or
 // header position (truncated data, overlapping offsets, unknown dtype, shape/size mismatch).

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <sstream>
+
+#include "keel/io/atomic_file.h"
 
 #include "keel/numerics/error.h"
 
@@ -55,6 +58,25 @@ nlohmann::ordered_json metrics_record(const StepResult& r, const json& extra) {
       rec[k] = nlohmann::ordered_json(json_finite(v));
     }
   return rec;
+}
+
+void drop_metrics_after(const std::string& out_dir, int64_t step) {
+  const std::string path = (std::filesystem::path(out_dir) / "metrics.jsonl").string();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return;
+  std::istringstream in(io::read_file(path));
+  std::string kept, line;
+  bool dropped = false;
+  while (std::getline(in, line)) {
+    const json rec = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const bool keep = rec.is_object() && (!rec.contains("step") || !rec["step"].is_number() ||
+                                          rec["step"].get<double>() <= static_cast<double>(step));
+    if (keep)
+      kept += line + "\n";
+    else
+      dropped = true;
+  }
+  if (dropped) io::write_file_atomic(path, kept);
 }
 
 MetricsWriter::MetricsWriter(const std::string& out_dir) {

@@ -25,6 +25,11 @@ nlohmann::json json_finite(const nlohmann::json& j);
 nlohmann::ordered_json metrics_record(const StepResult& r,
                                       const nlohmann::json& extra = nlohmann::json::object());
 
+// Resume: rewrites OUT_DIR/metrics.jsonl (atomically) without the records of steps after `step`
+// (the interrupted run logged them after its last checkpoint; the resumed run logs them again) and
+// without a last line a crash cut short. Nothing to do when the file does not exist.
+void drop_metrics_after(const std::string& out_dir, int64_t step);
+
 class MetricsWriter {
  public:
   // Creates out_dir if needed and opens out_dir/metrics.jsonl for appending.

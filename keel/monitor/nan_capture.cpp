@@ -159,7 +159,7 @@ Capture read_nan_capture(const std::string& dir) {
                     "); the capture is corrupt: re-run the training to write a new one",
                 Error::kUsage);
   }
-  if (!c.meta.is_object() || c.meta.value("format", "") != kCaptureFormat)
+  if (!c.meta.is_object() || !c.meta.contains("format") || c.meta["format"] != kCaptureFormat)
     throw Error(meta_path + ": not a keel NaN capture (\"format\" is not \"" +
                     std::string(kCaptureFormat) + "\"); " + capture_hint(),
                 Error::kUsage);
@@ -168,12 +168,19 @@ Capture read_nan_capture(const std::string& dir) {
     throw Error(meta_path + ": format_version " + std::to_string(version) +
                     " is newer than this keel reads (" + std::to_string(kCaptureFormatVersion) +
                     "); replay it with the keel that wrote it (" +
-                    c.meta.value("keel_version", std::string("?")) + ")",
+                    c.meta.value("keel_version", json("?")).dump() + ")",
                 Error::kUsage);
   for (const char* key : {"step", "config_toml", "threads", "loss_bits", "grads_fingerprint",
                           "loss_scale", "rng", "micro_batches", "precision", "attention"})
     capture_field(c, key);
-  if (!capture_field(c, "rng").contains("step_seed"))
+  // Replay uses the captured thread count (capped at the cores by the trainer, with a warning).
+  const json& threads = capture_field(c, "threads");
+  if (!threads.is_number_integer() || threads.get<int64_t>() < 1 || threads.get<int64_t>() > 4096)
+    throw Error(meta_path + ": \"threads\" = " + threads.dump() +
+                    " is not a thread count in [1, 4096]; the capture is corrupt (re-run the "
+                    "training to write a new one)",
+                Error::kUsage);
+  if (!capture_field(c, "rng").is_object() || !capture_field(c, "rng").contains("step_seed"))
     throw Error(meta_path +
                     ": \"rng\" lacks \"step_seed\"; the capture is incomplete (re-run the "
                     "training to write a new one)",

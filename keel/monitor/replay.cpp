@@ -11,6 +11,7 @@
 #include <map>
 
 #include "keel/backend/monitor.h"
+#include "keel/io/json_fields.h"
 #include "keel/monitor/inject.h"
 #include "keel/monitor/nan_capture.h"
 #include "keel/monitor/tracer.h"
@@ -163,9 +164,25 @@ bool writable_dir(const std::string& d) {
   return !ec && access(d.c_str(), W_OK) == 0;
 }
 
+ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt);
+
 }  // namespace
 
+// Every field read is checked where it is used; a type no check foresaw still names the file.
 ReplayResult replay_capture(const std::string& dir, const ReplayOptions& opt) {
+  try {
+    return replay_unchecked(dir, opt);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(dir + "/capture.json: a field is missing or has the wrong type (" +
+                    io::json_problem(e) +
+                    "); the capture is corrupt: re-run the training to write a new one",
+                Error::kUsage);
+  }
+}
+
+namespace {
+
+ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) {
   const Capture c = read_nan_capture(dir);
   ReplayResult r;
   r.dir = dir;
@@ -212,6 +229,8 @@ ReplayResult replay_capture(const std::string& dir, const ReplayOptions& opt) {
   if (opt.bisect) bisect_step(c, sets, r);
   return r;
 }
+
+}  // namespace
 
 json replay_to_json(const ReplayResult& r) {
   auto num = [](double v) -> json {

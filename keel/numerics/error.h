@@ -1,6 +1,7 @@
 // keel::Error: every user-facing failure. The message names the file or object, the place and the
 // fix; the CLI maps `kind` to the exit codes of DESIGN §6 (usage/config errors exit 2, others 1).
 #pragma once
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -12,12 +13,20 @@ struct Error : std::runtime_error {
   explicit Error(const std::string& msg, Kind k = kRuntime) : std::runtime_error(msg), kind(k) {}
 };
 
-// KEEL_CHECK(cond, msg): internal invariant with file:line (programming errors, not user input).
-#define KEEL_CHECK(cond, msg)                                                              \
-  do {                                                                                     \
-    if (!(cond))                                                                           \
-      throw ::keel::Error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + \
-                          (msg));                                                          \
+// The error of a failed KEEL_CHECK: its message, prefixed with keel's source file and line only
+// when KEEL_DEBUG_ERRORS=1 (a user reads about their input, not about keel's sources).
+inline Error check_failure(const char* file, int line, const std::string& msg) {
+  const char* debug = std::getenv("KEEL_DEBUG_ERRORS");
+  if (debug && std::string(debug) == "1")
+    return Error(std::string(file) + ":" + std::to_string(line) + ": " + msg);
+  return Error(msg);
+}
+
+// KEEL_CHECK(cond, msg): an invariant (programming errors, not user input: inputs are checked
+// where their file and key are known).
+#define KEEL_CHECK(cond, msg)                                            \
+  do {                                                                   \
+    if (!(cond)) throw ::keel::check_failure(__FILE__, __LINE__, (msg)); \
   } while (0)
 
 }  // namespace keel

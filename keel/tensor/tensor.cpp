@@ -1,5 +1,6 @@
 #include "keel/tensor/tensor.h"
 
+#include "keel/numerics/checked.h"
 #include "keel/tensor/device_runtime.h"
 #include "keel/tensor/host_memory.h"
 
@@ -26,7 +27,9 @@ Device device_from_string(std::string_view s) {
 
 int64_t shape_numel(const Shape& s) {
   int64_t n = 1;
-  for (int64_t d : s) n *= d;
+  for (int64_t d : s)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n))
+      throw Error("shape " + shape_str(s) + " has a negative size or more than 2^63 elements");
   return n;
 }
 
@@ -102,7 +105,8 @@ static const TensorImpl& need(const std::shared_ptr<TensorImpl>& p) {
 Tensor Tensor::empty(const Shape& shape, DType dt, Device dev) {
   for (int64_t d : shape) KEEL_CHECK(d >= 0, "negative dimension in " + shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dt), dev);
+  impl->storage = std::make_shared<Storage>(
+      checked_mul(shape_numel(shape), static_cast<int64_t>(dtype_size(dt)), "tensor bytes"), dev);
   impl->shape = shape;
   impl->dtype = dt;
   return Tensor(std::move(impl));

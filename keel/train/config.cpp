@@ -59,18 +59,22 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("run", run, out_dir));
     k.push_back(KEEL_KEY("run", run, seed));
     k.push_back(KEEL_KEY("run", run, resume));
+    k.push_back(KEEL_KEY("run", run, resume_force));
+    k.push_back(KEEL_KEY("run", run, overwrite));
     k.push_back(KEEL_KEY("run", run, device));  // checked by check_device()
-    k.push_back(KEEL_KEY("run", run, threads).at_least(0));
+    // Sizes have upper bounds (docs/config.md): products of sizes stay far inside int64, and an
+    // absurd value is a config error, not a segfault or an allocation of exabytes.
+    k.push_back(KEEL_KEY("run", run, threads).at_least(0).at_most(4096));
     // [model]
     k.push_back(KEEL_KEY("model", model, family).one_of({"gpt2", "llama"}));
     k.push_back(KEEL_KEY("model", model, path));
-    k.push_back(KEEL_KEY("model", model, n_layer).at_least(1));
-    k.push_back(KEEL_KEY("model", model, n_embd).at_least(1));
-    k.push_back(KEEL_KEY("model", model, n_head).at_least(1));
-    k.push_back(KEEL_KEY("model", model, n_kv_head).at_least(0));
-    k.push_back(KEEL_KEY("model", model, intermediate_size).at_least(0));
-    k.push_back(KEEL_KEY("model", model, vocab_size).at_least(0));
-    k.push_back(KEEL_KEY("model", model, max_seq_len).at_least(2));
+    k.push_back(KEEL_KEY("model", model, n_layer).at_least(1).at_most(1024));
+    k.push_back(KEEL_KEY("model", model, n_embd).at_least(1).at_most(65536));
+    k.push_back(KEEL_KEY("model", model, n_head).at_least(1).at_most(1024));
+    k.push_back(KEEL_KEY("model", model, n_kv_head).at_least(0).at_most(1024));
+    k.push_back(KEEL_KEY("model", model, intermediate_size).at_least(0).at_most(1048576));
+    k.push_back(KEEL_KEY("model", model, vocab_size).at_least(0).at_most(16777216));
+    k.push_back(KEEL_KEY("model", model, max_seq_len).at_least(2).at_most(1048576));
     k.push_back(KEEL_KEY("model", model, tie_embeddings));
     k.push_back(KEEL_KEY("model", model, rope_theta).above(0));
     k.push_back(KEEL_KEY("model", model, norm_eps).above(0));
@@ -81,7 +85,7 @@ const std::vector<KeySpec>& key_table() {
     // [model.adapter]
     k.push_back(
         KEEL_KEY("model.adapter", model.adapter, kind).one_of({"none", "lora", "dora", "lokr"}));
-    k.push_back(KEEL_KEY("model.adapter", model.adapter, r).at_least(1));
+    k.push_back(KEEL_KEY("model.adapter", model.adapter, r).at_least(1).at_most(65536));
     k.push_back(KEEL_KEY("model.adapter", model.adapter, alpha).above(0));
     k.push_back(KEEL_KEY("model.adapter", model.adapter, dropout).at_least(0).below(1));
     k.push_back(KEEL_KEY("model.adapter", model.adapter, target_modules));
@@ -90,11 +94,11 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("data", data, path));
     k.push_back(KEEL_KEY("data", data, tokenizer));
     k.push_back(KEEL_KEY("data", data, pad).one_of({"add", "eos"}));
-    k.push_back(KEEL_KEY("data", data, seq_len).at_least(2));
+    k.push_back(KEEL_KEY("data", data, seq_len).at_least(2).at_most(1048576));
     k.push_back(KEEL_KEY("data", data, pack));
     k.push_back(KEEL_KEY("data", data, shuffle));
-    k.push_back(KEEL_KEY("data", data, num_examples).at_least(1));
-    k.push_back(KEEL_KEY("data", data, eval_examples).at_least(0));
+    k.push_back(KEEL_KEY("data", data, num_examples).at_least(1).at_most(100000000));
+    k.push_back(KEEL_KEY("data", data, eval_examples).at_least(0).at_most(100000000));
     // 18 digits keep operands and their sums within int64.
     k.push_back(KEEL_KEY("data", data, digits).at_least(1).at_most(18));
     k.push_back(KEEL_KEY("data", data, arith_reverse));
@@ -102,10 +106,10 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("train", train, precision)
                     .one_of({"32-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "32",
                              "bf16", "16", "auto"}));
-    k.push_back(KEEL_KEY("train", train, batch_size).at_least(1));
-    k.push_back(KEEL_KEY("train", train, grad_accum).at_least(1));
-    k.push_back(KEEL_KEY("train", train, max_steps).at_least(0));
-    k.push_back(KEEL_KEY("train", train, epochs).at_least(1));
+    k.push_back(KEEL_KEY("train", train, batch_size).at_least(1).at_most(65536));
+    k.push_back(KEEL_KEY("train", train, grad_accum).at_least(1).at_most(65536));
+    k.push_back(KEEL_KEY("train", train, max_steps).at_least(0).at_most(1e12));
+    k.push_back(KEEL_KEY("train", train, epochs).at_least(1).at_most(1000000));
     k.push_back(KEEL_KEY("train", train, max_grad_norm).at_least(0));
     k.push_back(KEEL_KEY("train", train, on_nonfinite).one_of({"capture", "skip", "abort"}));
     k.push_back(KEEL_KEY("train", train, eval_every).at_least(0));
@@ -144,12 +148,14 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("log", log, tensorboard));
     k.push_back(KEEL_KEY("log", log, per_layer_grad_norm));
     k.push_back(KEEL_KEY("log", log, checkpoint_every).at_least(0));
+    k.push_back(KEEL_KEY("log", log, keep_checkpoints).at_least(0));
     // [debug]
     k.push_back(KEEL_KEY("debug", debug, nan_capture));
     // [debug.underflow_overflow]
     k.push_back(KEEL_KEY("debug.underflow_overflow", debug.underflow_overflow, enabled));
     k.push_back(KEEL_KEY("debug.underflow_overflow", debug.underflow_overflow, max_frames_to_save)
-                    .at_least(1));
+                    .at_least(1)
+                    .at_most(100000));
     k.push_back(KEEL_KEY("debug.underflow_overflow", debug.underflow_overflow, trace_batch_nums)
                     .at_least(0));
     k.push_back(
@@ -166,6 +172,7 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("dist", dist, bucket_mb).above(0).at_most(4096));
     k.push_back(KEEL_KEY("dist", dist, check_every).at_least(0));
     k.push_back(KEEL_KEY("dist", dist, rank_weights));
+    k.push_back(KEEL_KEY("dist", dist, timeout_s).above(0).at_most(604800));
     return k;
   }();
   return keys;
@@ -688,6 +695,13 @@ std::string config_to_toml(const Config& config) {
     }
     out += k.name + " = " + field_toml(k.field(c)) + "\n";
   }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> config_values(const Config& config) {
+  Config c = config;  // fields are reached through non-const pointers; only read here
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const KeySpec& k : key_table()) out.emplace_back(k.full(), field_toml(k.field(c)));
   return out;
 }
 

@@ -18,6 +18,8 @@ struct RunConfig {
   std::string out_dir;  // "" -> out/<UTC timestamp>
   uint64_t seed = 1337;
   bool resume = false;
+  bool resume_force = false;   // resume even where the config changes what the checkpoint fixes
+  bool overwrite = false;      // start from scratch in an out_dir that holds a previous run
   std::string device = "cpu";  // cpu | cuda | cuda:N
   int threads = 0;             // OpenMP threads; 0 = all cores
 };
@@ -94,6 +96,7 @@ struct LogConfig {
   bool tensorboard = true;  // out_dir/tb/events.out.tfevents.*
   bool per_layer_grad_norm = false;
   int64_t checkpoint_every = 0;  // steps; 0 = only at the end
+  int64_t keep_checkpoints = 0;  // step-N directories kept (the newest); 0 = all
 };
 
 struct UnderflowOverflowConfig {
@@ -122,6 +125,7 @@ struct DistConfig {
   double bucket_mb = 25;         // gradient all-reduce bucket size (MB = 10^6 bytes)
   int64_t check_every = 100;     // rank-consistency check every N steps (and at the first); 0 = off
   bool rank_weights = false;     // ranks > 0 also write their final state to debug/rank{R}/
+  double timeout_s = 600;  // a collective not completed by every rank in this time is an error
 };
 
 struct Config {
@@ -151,6 +155,10 @@ Config load_config_text(const std::string& text, const std::string& source,
 Config load_config_json(const nlohmann::json& root, const std::string& source);
 // The effective config as TOML (written to out_dir/config.toml; a capture embeds it).
 std::string config_to_toml(const Config& c);
+
+// Every key with its effective value as TOML text, in file order ("train.batch_size" -> "8"):
+// what resume compares against a checkpoint and what ranks compare before they talk.
+std::vector<std::pair<std::string, std::string>> config_values(const Config& c);
 
 // Every key the loader knows, in file order: "section.key", its type as docs/config.md spells it
 // (bool, int, float, string, string[], int[]) and its default as a TOML value. docs/config.md is

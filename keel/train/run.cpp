@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "keel/backend/cuda_api.h"
+#include "keel/backend/parallel.h"
 #include "keel/data/arith.h"
 #include "keel/data/dataset.h"
 #include "keel/data/loader.h"
@@ -190,7 +191,11 @@ std::unique_ptr<GradScaler> build_scaler(const Config& cfg, const PrecisionPolic
 Run build_run(const Config& cfg, const RunOptions& o) {
   Run r;
   r.cfg = cfg;
-  if (cfg.run.threads > 0) omp_set_num_threads(cfg.run.threads);
+  if (cfg.run.threads > 0) {
+    std::string capped;
+    omp_set_num_threads(capped_threads(cfg.run.threads, "run.threads", &capped));
+    if (!capped.empty()) say_or_print(o.say, "keel: " + capped);
+  }
   r.device = run_device(cfg, o.say);
   r.policy = resolve_precision(cfg.train.precision, r.device, cfg.train.allow_cpu_bf16);
   r.out_dir = cfg.run.out_dir.empty() ? "out/" + utc_time(kUtcDirName) : cfg.run.out_dir;

@@ -8,6 +8,7 @@
 #include "keel/amp/grad_pass.h"
 #include "keel/autograd/node.h"
 #include "keel/backend/monitor.h"
+#include "keel/io/checkpoint.h"
 #include "keel/io/hf_model.h"
 #include "keel/nn/layers.h"
 #include "keel/numerics/tensor_stats.h"
@@ -59,7 +60,9 @@ Trainer::Trainer(Run run, TrainerHooks hooks, std::shared_ptr<Collective> collec
       coll_(collective ? std::move(collective) : std::make_shared<SingleCollective>()) {
   if (run_.cfg.run.resume) {
     const std::string last = run_.out_dir + "/checkpoints/last";
-    if (fs::exists(last)) {
+    // A save that crashed may have left `last` moved aside: recover before deciding.
+    if (coll_->rank() == 0) io::recover_checkpoints(run_.out_dir + "/checkpoints");
+    if (io::checkpoint_exists(last)) {
       load_checkpoint(last);
       message("resumed from " + last + " at step " + std::to_string(step_));
     } else {
@@ -445,6 +448,7 @@ int Trainer::fit() {
     if (rank0 && run_.cfg.log.checkpoint_every > 0 && step_ % run_.cfg.log.checkpoint_every == 0) {
       checkpoint();
       save_checkpoint(run_.out_dir + "/checkpoints/step-" + std::to_string(step_));
+      io::prune_step_checkpoints(run_.out_dir + "/checkpoints", run_.cfg.log.keep_checkpoints);
     }
     // SIGTERM/SIGINT (train/stop_request.h): save and return, resumable. One process only: ranks
     // would have to agree on the step first.

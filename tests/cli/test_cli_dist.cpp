@@ -7,8 +7,9 @@
 //   - an overflow on rank 1 only (16-mixed) makes both ranks skip the step and back off the scale;
 //   - a NaN on rank 1 only makes both ranks stop with exit code 3, the capture written by rank 1;
 //   - a 2-rank run resumes from rank 0's checkpoint and continues bit-identically;
-//   - a tracer finding on one rank stops both; ranks with different configs stop at the first
-//     step's consistency check with an error naming the value and the ranks (exit 1, no hang).
+//   - a tracer finding on one rank stops both; ranks with different configs stop before the first
+//     collective with an error naming the keys (exit 2, no hang); a rank that stops answering
+//     ends the job after dist.timeout_s with an error naming the collective and the rank.
 // Skipped when mpirun is absent, and under the sanitizers unless leak checking is off (Open MPI's
 // own allocations at MPI_Init/Finalize are reported as leaks by LeakSanitizer, aborting every
 // rank; scripts/test.sh runs the sanitizer build with detect_leaks=0, and there they pass).
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -273,24 +275,67 @@ TEST(CliDist, TracerOnOneRankStopsBothRanks) {
       << r.err;
 }
 
+// Two programs in one job (mpirun's MPMD form): rank 0 runs `a`, rank 1 runs `b`.
+Ran run_mpmd(const std::vector<std::string>& a, const std::vector<std::string>& b,
+             const std::vector<std::string>& env = {}) {
+  std::vector<std::string> args = {find_mpirun(), "--allow-run-as-root", "--oversubscribe", "-np",
+                                   "1"};
+  for (const std::string& w : train_words(a)) args.push_back(w);
+  for (const char* w : {":", "-np", "1"}) args.push_back(w);
+  for (const std::string& w : train_words(b)) args.push_back(w);
+  return test::run_command(args, env);
+}
+
+// Ranks compare a digest of their effective configs before the first collective (issue 22): a
+// different learning rate, bucket size (which corrupted the heap), max_steps (which hung) or
+// batch size (which went unnoticed) stops every rank with an error naming the keys (exit 2).
 TEST(CliDist, RanksWithDifferentConfigsStopWithAnErrorNamingThem) {
   SKIP_WITHOUT_MPIRUN();
   const std::string dir = test::temp_dir("cli-dist-mismatch");
-  // Two programs in one job (mpirun's MPMD form), differing in the learning rate only.
-  std::vector<std::string> args = {find_mpirun(), "--allow-run-as-root", "--oversubscribe", "-np",
-                                   "1"};
-  for (const std::string& w : train_words(tiny(dir, {"train.max_steps=3", "optim.lr=0.01"})))
-    args.push_back(w);
-  for (const char* w : {":", "-np", "1"}) args.push_back(w);
-  for (const std::string& w : train_words(tiny(dir, {"train.max_steps=3", "optim.lr=0.02"})))
-    args.push_back(w);
-  Ran r = test::run_command(args);
-  EXPECT_EQ(r.code, 1) << r.out << r.err;
-  EXPECT_NE(r.err.find("rank consistency check at step 1: ranks disagree: lr is 0.01 on rank 0, "
-                       "0.02 on rank 1"),
-            std::string::npos)
+  Ran r = run_mpmd(tiny(dir, {"train.max_steps=3", "optim.lr=0.01"}),
+                   tiny(dir, {"train.max_steps=3", "optim.lr=0.02"}));
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("the ranks' configs differ before the first collective"), std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("optim.lr = 0.01 here, another value on rank(s) 1"), std::string::npos)
       << r.err;
   EXPECT_EQ(step_records(dir).size(), 0u);  // checked before the first step ran
+  r = run_mpmd(tiny(dir, {"dist.bucket_mb=25", "train.max_steps=3", "train.batch_size=8"}),
+               tiny(dir, {"dist.bucket_mb=0.001", "train.max_steps=5", "train.batch_size=4"}));
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  for (const char* key : {"dist.bucket_mb = ", "train.max_steps = ", "train.batch_size = "})
+    EXPECT_NE(r.err.find(key), std::string::npos) << key << "\n" << r.err;
+  EXPECT_EQ(r.err.find("rank consistency check"), std::string::npos) << r.err;
+  // A rank's own thread count may differ.
+  r = run_mpmd(tiny(dir + "/threads", {"train.max_steps=2"}),
+               tiny(dir + "/threads", {"train.max_steps=2", "run.threads=2"}));
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+}
+
+// A rank that stops answering (KEEL_TEST_STALL_RANK: rank 1 sleeps before its first gradient
+// all-reduce) no longer hangs the other: after dist.timeout_s it stops with an error naming the
+// collective and the missing rank, and the job ends.
+TEST(CliDist, ARankThatStopsAnsweringEndsTheJobAfterTheDeadline) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-stall");
+  std::vector<std::string> args = {find_mpirun(),
+                                   "--allow-run-as-root",
+                                   "--oversubscribe",
+                                   "-x",
+                                   "KEEL_TEST_STALL_RANK",
+                                   "-np",
+                                   "2"};
+  for (const std::string& w : train_words(tiny(dir, {"train.max_steps=3", "dist.timeout_s=2"})))
+    args.push_back(w);
+  const auto t0 = std::chrono::steady_clock::now();
+  Ran r = test::run_command(args, {"KEEL_TEST_STALL_RANK=1"});
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(r.code, 0) << r.out << r.err;
+  EXPECT_LT(secs, 60) << "the job did not end soon after the deadline";
+  EXPECT_NE(r.err.find("MPI_Allreduce(sum of gradients) did not complete within dist.timeout_s = "
+                       "2 s on rank 0: rank 1 did not arrive"),
+            std::string::npos)
+      << r.err;
 }
 
 TEST(CliDist, NcclWithoutAGpuIsOneClearError) {

@@ -453,5 +453,38 @@ TEST(Tokenizer, LoaderErrorsNameTheFileAndPlace) {
                   "added_tokens[0].id");
 }
 
+// Ids come from the file: one above int32 is an error (never truncated: 2^40 + 258 is not 258),
+// and the id table is bounded by the entries the file defines (an id of 2^31 - 1 is an error,
+// not a 16 GB table).
+TEST(Tokenizer, TokenIdsAreBoundedAndNeverTruncated) {
+  const std::string dir = test::temp_dir("bpe-ids");
+  json enc = read_json(kTiny + "/encoder.json");
+  const std::string tok = enc.begin().key();
+  enc[tok] = (int64_t{1} << 40) + 258;
+  std::string m = error_of(
+      [&] { load_gpt2_tokenizer(write_file(dir, "big.json", enc.dump()), kTiny + "/vocab.bpe"); });
+  EXPECT_CONTAINS(m, dir + "/big.json");
+  EXPECT_CONTAINS(m, "1099511628034");
+  EXPECT_CONTAINS(m, "outside 0 to 2147483647");
+  enc[tok] = 2147483647;
+  m = error_of([&] {
+    load_gpt2_tokenizer(write_file(dir, "sparse.json", enc.dump()), kTiny + "/vocab.bpe");
+  });
+  EXPECT_CONTAINS(m, "sparse.json");
+  EXPECT_CONTAINS(m, "id 2147483647 is beyond the");
+  const auto hf_error = [&](const std::function<void(json&)>& edit) {
+    return error_of([&] { load_hf_tokenizer(tiny_hf_variant(edit)); });
+  };
+  EXPECT_CONTAINS(hf_error([](json& j) { j["added_tokens"][0]["id"] = (int64_t{1} << 40) + 258; }),
+                  "added_tokens[0].id: the id 1099511628034 is outside 0 to 2147483647");
+  EXPECT_CONTAINS(hf_error([](json& j) { j["model"]["vocab"].begin().value() = -1; }),
+                  "outside 0 to 2147483647");
+  EXPECT_CONTAINS(hf_error([](json& j) { j["model"]["vocab"].begin().value() = 1u << 30; }),
+                  "id 1073741824 is beyond the");
+  // Gaps of reserved ids are fine.
+  EXPECT_NO_THROW(
+      load_hf_tokenizer(tiny_hf_variant([](json& j) { j["added_tokens"][0]["id"] = 60000; })));
+}
+
 }  // namespace
 }  // namespace keel::data

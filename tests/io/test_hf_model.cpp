@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "keel/autograd/node.h"
 #include "keel/io/atomic_file.h"
@@ -354,12 +355,13 @@ TEST_F(HfErrors, MissingTensor) {
 }
 
 TEST_F(HfErrors, ShapeDisagreesWithConfig) {
-  json cfg = config_of(spec);
-  cfg["intermediate_size"] = 64;  // the tensors are 48 wide
-  write_hf_dir(dir, cfg, tensors);
+  Named narrow = tensors;
+  for (auto& [n, t] : narrow)
+    if (n == "model.layers.1.mlp.gate_proj.weight") t = Tensor::zeros({40, 32});  // 48 in config
+  write_hf_dir(dir, config_of(spec), narrow);
   const std::string m = error_of([&] { load_hf_model(dir); });
-  EXPECT_CONTAINS(m, "'model.layers.0.mlp.gate_proj.weight' has shape [48, 32]");
-  EXPECT_CONTAINS(m, "config.json implies [64, 32]");
+  EXPECT_CONTAINS(m, "'model.layers.1.mlp.gate_proj.weight' has shape [40, 32]");
+  EXPECT_CONTAINS(m, "config.json implies [48, 32]");
 }
 
 TEST_F(HfErrors, UnknownAndNonFloatingDtypes) {
@@ -417,6 +419,32 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
   write_text(empty + "/config.json", config_of(spec).dump());
   m = error_of([&] { load_hf_model(empty); });
   EXPECT_CONTAINS(m, "no model.safetensors or model.safetensors.index.json");
+}
+
+// config.json's sizes are checked against the weights' headers before the model is built: a
+// layer count of 10^9 used to allocate for minutes (10^8: killed by the OOM killer at 24 GB).
+TEST_F(HfErrors, SizesAreCheckedAgainstTheWeightsBeforeBuilding) {
+  for (auto [field, value, held] : std::vector<std::tuple<const char*, int64_t, const char*>>{
+           {"num_hidden_layers", 1000000000, "2 blocks"},
+           {"vocab_size", 1000000, "an embedding of 40 rows"},
+           {"hidden_size", 4096, "an embedding 32 wide"},
+           {"intermediate_size", 1048576, "an MLP 48 wide"}}) {
+    json cfg = config_of(spec);
+    cfg[field] = value;
+    if (std::string(field) == "hidden_size") cfg["head_dim"] = 4096 / 4;
+    write_hf_dir(dir, cfg, tensors);
+    const std::string m = error_of([&] { load_hf_model(dir); });
+    EXPECT_CONTAINS(m, dir + "/config.json: " + field + " = " + std::to_string(value));
+    EXPECT_CONTAINS(m, held);
+    EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }), field);
+  }
+  // A model_type of the wrong type names the file and the field (not a raw JSON exception).
+  json cfg = config_of(spec);
+  cfg["model_type"] = 5;
+  write_hf_dir(dir, cfg, tensors);
+  const std::string m = error_of([&] { load_hf_model(dir); });
+  EXPECT_CONTAINS(m, dir + "/config.json: field 'model_type' must be a string");
+  EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
 }
 
 TEST_F(HfErrors, UnexpectedTensorAndBrokenShards) {

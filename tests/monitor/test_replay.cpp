@@ -250,10 +250,23 @@ TEST(Replay, MalformedCapturesNameTheFileAndTheFix) {
   {
     const std::string d = copy("replay-bad-type");
     json meta = json::parse(slurp(d + "/capture.json"));
-    meta["threads"] = "two";
+    // A thread count that is not one, or that would overflow libgomp's stacks (100000).
+    for (const json& bad : {json("two"), json(100000), json(0)}) {
+      meta["threads"] = bad;
+      std::ofstream(d + "/capture.json") << meta.dump();
+      const std::string m = error_of(d);
+      EXPECT_NE(m.find(d + "/capture.json: \"threads\" = " + bad.dump() +
+                       " is not a thread count in [1, 4096]"),
+                std::string::npos)
+          << m;
+    }
+    // A "format" of the wrong type names the file, not a raw JSON exception.
+    meta = json::parse(slurp(copy("replay-format") + "/capture.json"));
+    meta["format"] = 5;
     std::ofstream(d + "/capture.json") << meta.dump();
     const std::string m = error_of(d);
-    EXPECT_NE(m.find(d + "/capture.json: \"threads\" has the wrong type"), std::string::npos) << m;
+    EXPECT_NE(m.find(d + "/capture.json: not a keel NaN capture"), std::string::npos) << m;
+    EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
   }
   {
     const std::string d = copy("replay-bad-model");

@@ -227,7 +227,7 @@ TEST(Config, WritesEveryKeyUnderItsSection) {
   for (const ConfigKeyInfo& k : config_keys()) known.insert(k.key);
   EXPECT_EQ(written, known);
   EXPECT_EQ(known.size(), config_keys().size());  // no key listed twice
-  EXPECT_EQ(known.size(), 90u);  // every field of config.h (update with config.h and the docs)
+  EXPECT_EQ(known.size(), 94u);  // every field of config.h (update with config.h and the docs)
 }
 
 TEST(Config, TypeErrorsNameFileLineKeyAndExpectedType) {
@@ -365,10 +365,10 @@ TEST(Config, RangesAreCheckedAndNameTheValidRange) {
     std::string set, expected;
   };
   const std::vector<Case> cases = {
-      {"train.batch_size=0", "train.batch_size must be >= 1, got 0"},
-      {"train.grad_accum=-2", "train.grad_accum must be >= 1, got -2"},
-      {"train.epochs=0", "train.epochs must be >= 1, got 0"},
-      {"train.max_steps=-1", "train.max_steps must be >= 0, got -1"},
+      {"train.batch_size=0", "train.batch_size must be in [1, 65536], got 0"},
+      {"train.grad_accum=-2", "train.grad_accum must be in [1, 65536], got -2"},
+      {"train.epochs=0", "train.epochs must be in [1, 1e+06], got 0"},
+      {"train.max_steps=-1", "train.max_steps must be in [0, 1e+12], got -1"},
       {"train.max_grad_norm=-1.0", "train.max_grad_norm must be >= 0, got -1"},
       {"optim.lr=0", "optim.lr must be > 0, got 0"},
       {"optim.lr=-1e-3", "optim.lr must be > 0, got -0.001"},
@@ -376,13 +376,13 @@ TEST(Config, RangesAreCheckedAndNameTheValidRange) {
       {"optim.lr=inf", "optim.lr must be a finite number, got inf"},
       {"optim.beta1=1.0", "optim.beta1 must be in [0, 1), got 1"},
       {"optim.beta2=-0.1", "optim.beta2 must be in [0, 1), got -0.1"},
-      {"data.seq_len=1", "data.seq_len must be >= 2, got 1"},
+      {"data.seq_len=1", "data.seq_len must be in [2, 1048576], got 1"},
       {"data.digits=19", "data.digits must be in [1, 18], got 19"},
       {"model.dropout=1", "model.dropout must be in [0, 1), got 1"},
       {"model.dropout=-0.5", "model.dropout must be in [0, 1), got -0.5"},
       {"model.adapter.dropout=1.5", "model.adapter.dropout must be in [0, 1), got 1.5"},
-      {"model.adapter.r=0", "model.adapter.r must be >= 1, got 0"},
-      {"model.n_layer=0", "model.n_layer must be >= 1, got 0"},
+      {"model.adapter.r=0", "model.adapter.r must be in [1, 65536], got 0"},
+      {"model.n_layer=0", "model.n_layer must be in [1, 1024], got 0"},
       {"model.norm_eps=0", "model.norm_eps must be > 0, got 0"},
       {"sched.warmup_ratio=1", "sched.warmup_ratio must be in [0, 1), got 1"},
       {"sched.min_lr_ratio=1.5", "sched.min_lr_ratio must be in [0, 1], got 1.5"},
@@ -393,7 +393,7 @@ TEST(Config, RangesAreCheckedAndNameTheValidRange) {
       {"scaler.growth_interval=0", "scaler.growth_interval must be >= 1, got 0"},
       {"scaler.hysteresis=0", "scaler.hysteresis must be >= 1, got 0"},
       {"log.every=0", "log.every must be >= 1, got 0"},
-      {"run.threads=-1", "run.threads must be >= 0, got -1"},
+      {"run.threads=-1", "run.threads must be in [0, 4096], got -1"},
       {"debug.underflow_overflow.trace_batch_nums=[2, -1]",
        "debug.underflow_overflow.trace_batch_nums must be >= 0, got -1 in the list"},
       {"debug.underflow_overflow.abort_after_batch_num=-2",
@@ -409,8 +409,31 @@ TEST(Config, RangesAreCheckedAndNameTheValidRange) {
   EXPECT_EQ(ok.model.dropout, 0.999);
   // A range error from a file names the file and the line.
   const std::string msg = load_error("[train]\nbatch_size = 0\n");
-  EXPECT_NE(msg.find("config.toml:2: train.batch_size must be >= 1, got 0"), std::string::npos)
+  EXPECT_NE(msg.find("config.toml:2: train.batch_size must be in [1, 65536], got 0"),
+            std::string::npos)
       << msg;
+}
+
+// Every size key has an upper bound (docs/config.md), so that sizes and their products stay inside
+// int64: 2^63 - 1 used to segfault (vocab_size, max_seq_len) or overflow (batch_size, grad_accum,
+// intermediate_size).
+TEST(Config, SizeKeysHaveUpperBounds) {
+  const std::string huge = "9223372036854775807";
+  for (const char* key :
+       {"model.vocab_size", "model.max_seq_len", "model.n_layer", "model.n_embd", "model.n_head",
+        "model.n_kv_head", "model.intermediate_size", "model.adapter.r", "data.seq_len",
+        "data.num_examples", "data.eval_examples", "train.batch_size", "train.grad_accum",
+        "train.max_steps", "train.epochs", "debug.underflow_overflow.max_frames_to_save"}) {
+    const std::string msg = set_error(std::string(key) + "=" + huge);
+    EXPECT_CONTAINS(msg, std::string(key) + " must be in [");
+    EXPECT_CONTAINS(msg, "got " + huge);
+  }
+  EXPECT_EQ(set_error("run.threads=100000"),
+            "--set run.threads=100000: run.threads must be in [0, 4096], got 100000");
+  // The bounds themselves are valid.
+  Config ok = load_config("", {"model.vocab_size=16777216", "train.batch_size=65536",
+                               "model.n_layer=1024", "run.threads=4096"});
+  EXPECT_EQ(ok.model.vocab_size, 16777216);
 }
 
 TEST(Config, RulesAcrossKeysNameBothKeysAndWhereTheyCameFrom) {

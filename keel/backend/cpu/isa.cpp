@@ -1,16 +1,25 @@
 #include "keel/backend/cpu/isa.h"
 
+#include <cpuid.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 
 namespace keel {
 
+// F16C (CPUID leaf 1, ECX bit 29): asked through cpuid, as clang 14's __builtin_cpu_supports does
+// not know "f16c" (the fuzz build, scripts/fuzz.sh, uses clang).
+static bool has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  return (ecx & (1u << 29)) != 0;
+}
+
 static CpuIsa detect() {
   __builtin_cpu_init();
   CpuIsa best = CpuIsa::Generic;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c())
     best = CpuIsa::Avx2;
   if (best == CpuIsa::Avx2 && __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&

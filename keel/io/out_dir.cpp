@@ -1,0 +1,84 @@
+#include "keel/io/out_dir.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <vector>
+
+#include "keel/numerics/error.h"
+
+namespace keel::io {
+
+namespace fs = std::filesystem;
+
+OutDirLock::OutDirLock(const std::string& out_dir) {
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  if (ec)
+    throw Error("cannot create run.out_dir " + out_dir + ": " + ec.message() +
+                    " (choose a writable directory)",
+                Error::kUsage);
+  const std::string path = out_dir + "/.keel.lock";
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw Error(
+        "cannot open " + path + ": " + std::strerror(errno) + " (run.out_dir must be writable)",
+        Error::kUsage);
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[512] = {};
+    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "an unknown process";
+    while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
+    ::close(fd_);
+    fd_ = -1;
+    if (err != EWOULDBLOCK)
+      throw Error("cannot lock " + path + ": " + std::strerror(err), Error::kUsage);
+    throw Error("run.out_dir " + out_dir + " is in use by another run (" + who + ", holding " +
+                    path + "); wait for it to finish, or choose another run.out_dir",
+                Error::kUsage);
+  }
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "?");
+  char when[64] = {};
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  const std::string text =
+      "pid " + std::to_string(::getpid()) + " on " + host + ", started " + when + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) < 0) {
+    // The lock holds; only the holder's description is missing.
+  }
+}
+
+OutDirLock::~OutDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // closing releases the flock
+}
+
+void claim_out_dir(const std::string& out_dir, bool resume, bool overwrite) {
+  if (resume) return;
+  const fs::path d(out_dir);
+  std::error_code ec;
+  std::vector<fs::path> previous;
+  for (const char* f : {"checkpoints", "metrics.jsonl", "tb"})
+    if (fs::exists(d / f, ec)) previous.push_back(d / f);
+  if (previous.empty()) return;
+  if (!overwrite)
+    throw Error("run.out_dir " + out_dir + " holds a previous run (" + previous.front().string() +
+                    "); set run.resume = true to continue it, run.overwrite = true to replace it, "
+                    "or choose another run.out_dir",
+                Error::kUsage);
+  for (const fs::path& p : previous) {
+    fs::remove_all(p, ec);
+    if (ec) throw Error("run.overwrite = true: cannot remove " + p.string() + ": " + ec.message());
+  }
+}
+
+}  // namespace keel::io

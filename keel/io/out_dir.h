@@ -1,0 +1,28 @@
+// Ownership of an out_dir by one run (DESIGN §9): the run holds an exclusive lock on
+// out_dir/.keel.lock (flock, released by the kernel when the process ends, however it ends) that
+// records its pid, host and start time, so that a second run on the same out_dir is refused with
+// an error naming the holder instead of destroying its saves.
+#pragma once
+#include <string>
+
+namespace keel::io {
+
+class OutDirLock {
+ public:
+  // Creates out_dir if needed and takes the lock; an Error (kUsage) naming the holder when another
+  // process holds it.
+  explicit OutDirLock(const std::string& out_dir);
+  ~OutDirLock();
+  OutDirLock(const OutDirLock&) = delete;
+  OutDirLock& operator=(const OutDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// A run that starts from scratch (no resume) in an out_dir holding a previous run's checkpoints or
+// metrics.jsonl would overwrite the one and mix both runs in the other: refused (kUsage) unless
+// `overwrite`, in which case those files are removed.
+void claim_out_dir(const std::string& out_dir, bool resume, bool overwrite);
+
+}  // namespace keel::io

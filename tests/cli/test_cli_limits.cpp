@@ -1,0 +1,104 @@
+// Sizes from input end as errors, never as crashes or hangs (issue 22, item 1): a run whose
+// estimated memory exceeds MemAvailable is refused before anything large is allocated, naming the
+// estimate and the keys; threads beyond the cores are capped with a warning; absurd sizes are
+// config errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "tests/support/check.h"
+#include "tests/support/run_keel.h"
+
+namespace keel {
+namespace {
+
+using test::run_keel;
+
+int64_t available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  long long kb = -1;
+  while (std::getline(in, line))
+    if (std::sscanf(line.c_str(), "MemAvailable: %lld kB", &kb) == 1) return kb * 1024;
+  return -1;
+}
+
+std::vector<std::string> tiny(const std::string& out, std::vector<std::string> more = {}) {
+  std::vector<std::string> s = {"train",
+                                "--set",
+                                "run.out_dir=" + out,
+                                "--set",
+                                "model.n_layer=1",
+                                "--set",
+                                "model.n_embd=32",
+                                "--set",
+                                "model.n_head=2",
+                                "--set",
+                                "data.num_examples=32",
+                                "--set",
+                                "data.eval_examples=0",
+                                "--set",
+                                "data.seq_len=16",
+                                "--set",
+                                "train.batch_size=8",
+                                "--set",
+                                "train.max_steps=2",
+                                "--set",
+                                "log.tensorboard=false"};
+  for (const std::string& m : more) s.insert(s.end(), {"--set", m});
+  return s;
+}
+
+TEST(CliLimits, ARunThatCannotFitIsRefusedBeforeAllocating) {
+  const std::string out = test::temp_dir("cli-limits-mem");
+  // 1024 layers 65536 wide: about 2 PB of weights; it used to be built (or killed by the OOM
+  // killer) before anything was checked.
+  auto r = run_keel(tiny(out, {"model.n_layer=1024", "model.n_embd=65536", "model.n_head=64"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "the run needs at least");
+  EXPECT_CONTAINS(r.err, "MemAvailable");
+  EXPECT_CONTAINS(r.err, "model.n_layer");
+  EXPECT_CONTAINS(r.err, "train.batch_size");
+  EXPECT_LT(r.max_rss_kb, 512 * 1024) << "refused only after allocating";
+  // Weights of a third of the available memory: the lower bound passes, the full estimate (with
+  // gradients and AdamW's two moments, 4x the weights) does not.
+  const int64_t avail = available_bytes();
+  ASSERT_GT(avail, 0);
+  const int64_t width = std::max<int64_t>(
+      64, static_cast<int64_t>(std::sqrt(static_cast<double>(avail) / 144.0)) / 64 * 64);
+  r = run_keel(tiny(out, {"model.n_embd=" + std::to_string(width)}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "the run needs");
+  EXPECT_CONTAINS(r.err, "are available (MemAvailable");
+  EXPECT_EQ(r.err.find("bad_alloc"), std::string::npos) << r.err;
+}
+
+TEST(CliLimits, ThreadsBeyondTheCoresAreCappedWithAWarning) {
+  const std::string out = test::temp_dir("cli-limits-threads");
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  auto r = run_keel(tiny(out, {"run.threads=4096"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.err, "run.threads = 4096 exceeds the " + std::to_string(cores) +
+                             " cores of this machine: using " + std::to_string(cores));
+  r = run_keel(tiny(out, {"run.threads=100000"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "run.threads must be in [0, 4096], got 100000");
+}
+
+TEST(CliLimits, OverflowingSizeKeysAreConfigErrors) {
+  const std::string out = test::temp_dir("cli-limits-keys");
+  for (const char* key : {"model.vocab_size", "model.max_seq_len", "train.batch_size",
+                          "train.grad_accum", "model.intermediate_size"}) {
+    auto r = run_keel(tiny(out, {std::string(key) + "=9223372036854775807"}));
+    EXPECT_EQ(r.code, 2) << key << ": " << r.output;
+    EXPECT_CONTAINS(r.err, std::string(key) + " must be in [");
+  }
+}
+
+}  // namespace
+}  // namespace keel

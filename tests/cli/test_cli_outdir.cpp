@@ -1,0 +1,198 @@
+// An out_dir is owned by its run and a resume never restarts silently (issue 22, items 2 and 3):
+//   - a second run on a locked out_dir is refused naming the holder; reusing an out_dir without
+//     run.resume is refused unless run.overwrite; log.keep_checkpoints keeps the newest step-N;
+//   - a failing fsync (KEEL_TEST_FAIL_FSYNC) and a file-size limit (SIGXFSZ ignored) end the run
+//     with exit 1 and an error, the last good checkpoint intact;
+//   - a crash at every stage of a save (KEEL_TEST_CRASH_AT) resumes from a checkpoint, never from
+//     scratch, with no leftovers, no duplicate step records and the uninterrupted run's weights;
+//   - a resume that changes what the checkpoint fixes is refused naming each difference unless
+//     run.resume_force; a damaged trainer.json names the file and the key.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "keel/io/checkpoint.h"
+#include "tests/support/check.h"
+#include "tests/support/run_keel.h"
+
+namespace keel {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using test::run_keel;
+using test::slurp;
+using test::step_records;
+
+std::vector<std::string> train(const std::string& out, std::vector<std::string> more = {}) {
+  std::vector<std::string> sets = {
+      "run.out_dir=" + out,  "run.threads=1",         "model.n_layer=1",       "model.n_embd=32",
+      "model.n_head=2",      "data.num_examples=64",  "data.eval_examples=0",  "data.seq_len=16",
+      "train.batch_size=8",  "train.max_steps=4",     "log.tensorboard=false", "log.every=1",
+      "sched.name=constant", "log.checkpoint_every=1"};
+  sets.insert(sets.end(), more.begin(), more.end());
+  return test::with_sets({"train"}, sets);
+}
+
+int64_t saved_step(const std::string& out) {
+  return json::parse(slurp(out + "/checkpoints/last/trainer.json")).at("step").get<int64_t>();
+}
+
+std::vector<std::string> leftovers(const std::string& out) {
+  std::vector<std::string> l;
+  for (auto& e : fs::directory_iterator(out + "/checkpoints")) {
+    const std::string n = e.path().filename().string();
+    if (n.find(".tmp-") != std::string::npos || n.find(".old-") != std::string::npos)
+      l.push_back(n);
+  }
+  return l;
+}
+
+TEST(CliOutDir, ASecondRunOnALockedOutDirIsRefusedNamingTheHolder) {
+  const std::string out = test::temp_dir("outdir-lock");
+  const int fd = ::open((out + "/.keel.lock").c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  const std::string holder = "pid 4242 on trainer-host, started 2026-12-01T20:00:00Z\n";
+  ASSERT_EQ(::write(fd, holder.data(), holder.size()), static_cast<ssize_t>(holder.size()));
+  auto r = run_keel(train(out));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "run.out_dir " + out + " is in use by another run (pid 4242 on trainer-host");
+  EXPECT_FALSE(fs::exists(out + "/checkpoints")) << "the refused run wrote into the out_dir";
+  ::close(fd);  // released: the next run takes the lock and records itself
+  r = run_keel(train(out, {"train.max_steps=1"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(slurp(out + "/.keel.lock"), "pid ");
+}
+
+TEST(CliOutDir, ReuseWithoutResumeIsRefusedUnlessOverwrite) {
+  const std::string out = test::temp_dir("outdir-reuse");
+  auto r = run_keel(train(out, {"train.max_steps=2", "log.checkpoint_every=0"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel(train(out, {"train.max_steps=3", "log.checkpoint_every=0"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "holds a previous run");
+  EXPECT_CONTAINS(r.err, "run.resume = true");
+  EXPECT_CONTAINS(r.err, "run.overwrite = true");
+  EXPECT_EQ(step_records(out).size(), 2u);  // untouched
+  r = run_keel(train(out, {"train.max_steps=3", "log.checkpoint_every=0", "run.overwrite=true"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(step_records(out).size(), 3u);  // the new run alone
+  EXPECT_EQ(saved_step(out), 3);
+}
+
+TEST(CliOutDir, KeepCheckpointsKeepsTheNewestStepDirectories) {
+  const std::string out = test::temp_dir("outdir-keep");
+  auto r = run_keel(train(out, {"train.max_steps=5", "log.keep_checkpoints=2"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<std::string> steps;
+  for (auto& e : fs::directory_iterator(out + "/checkpoints"))
+    if (e.path().filename().string().rfind("step-", 0) == 0)
+      steps.push_back(e.path().filename().string());
+  std::sort(steps.begin(), steps.end());
+  EXPECT_EQ(steps, (std::vector<std::string>{"step-4", "step-5"}));
+}
+
+TEST(CliOutDir, AFailingFsyncIsAnErrorAndKeepsTheLastGoodCheckpoint) {
+  const std::string out = test::temp_dir("outdir-fsync");
+  // config.toml and the first saves succeed; a later fsync fails with EIO.
+  auto r = run_keel(train(out), {"KEEL_TEST_FAIL_FSYNC=20"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "fsync");
+  EXPECT_CONTAINS(r.err, "Input/output error");
+  EXPECT_EQ(r.out.find("done:"), std::string::npos) << r.out;
+  const io::Checkpoint c = io::load_checkpoint(out + "/checkpoints/last");
+  EXPECT_GE(c.trainer_state.at("step").get<int64_t>(), 1);
+  EXPECT_LT(c.trainer_state.at("step").get<int64_t>(), 4);
+}
+
+TEST(CliOutDir, AFileSizeLimitIsAWriteErrorNotASignal) {
+  const std::string out = test::temp_dir("outdir-fsize");
+  // 64 KB: config.toml and metrics fit, the ~400 KB optimizer state does not.
+  std::string cmd = "ulimit -f 128; exec " + test::keel_binary();
+  for (const std::string& a : train(out)) cmd += " '" + a + "'";
+  auto r = test::run_command({"/bin/sh", "-c", cmd});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "File too large");
+  EXPECT_CONTAINS(r.err, "cannot write");
+}
+
+// A crash at each stage of the 2nd save of checkpoints/last (step 2), then a resume: the run
+// continues from step 1 or 2 (never from scratch), cleans the leftovers, logs every step once and
+// ends with the uninterrupted run's weights.
+TEST(CliOutDir, ACrashAtEveryPointOfASaveResumes) {
+  const std::string root = test::temp_dir("outdir-crash");
+  auto r = run_keel(train(root + "/straight"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string want = slurp(root + "/straight/checkpoints/last/model.safetensors");
+  // Stage occurrences: step 1 saves last then step-1 (tmp_written, renamed, done each), step 2
+  // saves last with a previous one to move aside.
+  for (const char* at : {"tmp_written:3", "moved_aside:1", "renamed:3", "done:3"}) {
+    SCOPED_TRACE(at);
+    const std::string out = root + "/" + std::string(at).substr(0, std::string(at).find(':'));
+    r = run_keel(train(out), {std::string("KEEL_TEST_CRASH_AT=") + at});
+    ASSERT_EQ(r.code, 86) << r.output;
+    r = run_keel(train(out, {"run.resume=true"}));
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(r.output.find("starting from scratch"), std::string::npos) << r.output;
+    EXPECT_CONTAINS(r.output, "resumed from");
+    EXPECT_TRUE(leftovers(out).empty()) << leftovers(out).front();
+    const auto recs = step_records(out);
+    ASSERT_EQ(recs.size(), 4u);
+    for (size_t i = 0; i < recs.size(); ++i)
+      EXPECT_EQ(recs[i].at("step").get<int64_t>(), static_cast<int64_t>(i + 1));
+    EXPECT_TRUE(slurp(out + "/checkpoints/last/model.safetensors") == want);
+  }
+}
+
+TEST(CliOutDir, ResumeThatChangesWhatTheCheckpointFixesIsRefused) {
+  const std::string out = test::temp_dir("outdir-fixed");
+  auto r = run_keel(train(out, {"train.max_steps=2"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel(train(
+      out, {"run.resume=true", "train.batch_size=4", "run.seed=7", "train.precision=bf16-mixed"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, out + "/checkpoints/last/trainer.json: this resume changes");
+  EXPECT_CONTAINS(r.err, "train.batch_size: 8 in the checkpoint, 4 now");
+  EXPECT_CONTAINS(r.err, "run.seed: 1337 in the checkpoint, 7 now");
+  EXPECT_CONTAINS(r.err, "train.precision: \"32-true\" in the checkpoint, \"bf16-mixed\" now");
+  EXPECT_CONTAINS(r.err, "run.resume_force = true");
+  r = run_keel(train(out, {"run.resume=true", "train.batch_size=4", "run.resume_force=true"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  // max_steps is not fixed: a longer run continues.
+  r = run_keel(train(out, {"run.resume=true", "train.batch_size=4", "train.max_steps=5"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+TEST(CliOutDir, ADamagedTrainerJsonNamesTheFileAndTheKey) {
+  const std::string out = test::temp_dir("outdir-trainer-json");
+  auto r = run_keel(train(out, {"train.max_steps=2", "log.checkpoint_every=0"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string path = out + "/checkpoints/last/trainer.json";
+  const json good = json::parse(slurp(path));
+  for (const char* bad : {"-5", "18446744073709551615", "1.5", "\"two\""}) {
+    json j = good;
+    j["step"] = json::parse(bad);
+    std::ofstream(path) << j.dump();
+    r = run_keel(train(out, {"train.max_steps=3", "log.checkpoint_every=0", "run.resume=true"}));
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_CONTAINS(r.err,
+                    path + ": \"step\" = " + std::string(bad) + " is not an integer in [0, ");
+    EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
+  }
+  json j = good;
+  j.erase("epoch");
+  std::ofstream(path) << j.dump();
+  r = run_keel(train(out, {"train.max_steps=3", "log.checkpoint_every=0", "run.resume=true"}));
+  EXPECT_CONTAINS(r.err, path + ": \"epoch\" is missing");
+}
+
+}  // namespace
+}  // namespace keel

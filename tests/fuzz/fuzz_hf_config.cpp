@@ -1,0 +1,12 @@
+// HF config.json (keel/io/hf_model): the sizes and fields of a model directory without weights.
+#include <filesystem>
+
+#include "keel/io/hf_model.h"
+#include "tests/fuzz/fuzz_util.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  keel::fuzz::write("config.json", data, size);
+  std::filesystem::remove(keel::fuzz::work_dir() + "/model.safetensors");
+  keel::fuzz::expect_keel_errors_only([&] { keel::io::read_hf_config(keel::fuzz::work_dir()); });
+  return 0;
+}
