@@ -17,6 +17,7 @@ void register_commands(CLI::App& app) {
   commands().push_back(add_replay(app));
   commands().push_back(add_doctor(app));
   commands().push_back(add_memory(app));
+  commands().push_back(add_tokenize(app));
 }
 
 int run_selected(CLI::App&) {

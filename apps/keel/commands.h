@@ -19,6 +19,7 @@ Command add_init_model(CLI::App& app);
 Command add_replay(CLI::App& app);
 Command add_doctor(CLI::App& app);
 Command add_memory(CLI::App& app);
+Command add_tokenize(CLI::App& app);
 
 void register_commands(CLI::App& app);
 int run_selected(CLI::App& app);
