@@ -122,8 +122,8 @@ void write_dir_atomic(const std::string& dir, const std::function<void(const std
   const fs::path old = p.parent / (p.name + ".old-" + pid);
   fs::create_directory(tmp, ec);
   if (ec)
-    throw Error("cannot write " + dir + ": creating " + tmp.string() +
-                " failed: " + ec.message() + " (is the directory writable?)");
+    throw Error("cannot write " + dir + ": creating " + tmp.string() + " failed: " + ec.message() +
+                " (is the directory writable?)");
   try {
     // Each file is written to its own temporary, fsynced and renamed (write_file_atomic), and the
     // directory fsynced after each, so that `tmp` is durable before it is renamed into place.
@@ -158,9 +158,11 @@ void write_dir_atomic(const std::string& dir, const std::function<void(const std
 }
 
 void save_checkpoint(const std::string& dir, const NamedTensors& model,
-                     const NamedTensors& optimizer, const json& trainer_state) {
+                     const NamedTensors& optimizer, const json& trainer_state,
+                     const std::function<void(const std::string& tmp)>& extra_files) {
   check_finite(trainer_state, "");
   write_dir_atomic(dir, [&](const std::string& tmp) {
+    if (extra_files) extra_files(tmp);
     const std::map<std::string, std::string> meta = {{"format", "pt"}};
     write_safetensors((fs::path(tmp) / kModel).string(), model, meta);
     write_safetensors((fs::path(tmp) / kOptimizer).string(), optimizer, meta);

@@ -15,6 +15,7 @@
 #include "keel/backend/monitor.h"
 #include "keel/io/checkpoint.h"
 #include "keel/io/hf_model.h"
+#include "keel/io/trained_model.h"
 #include "keel/models/resize.h"
 #include "keel/nn/adapters/adapter.h"
 #include "keel/nn/layers.h"
@@ -631,7 +632,13 @@ void Trainer::save_checkpoint(const std::string& dir) {
   st["precision"] = policy_.name();
   st["world_size"] = coll_->world_size();  // next_batch counts global micro-batches
   if (scaler_) st["scaler"] = scaler_->state_dict();
-  io::save_checkpoint(dir, model_->named_parameters(), optimizer_->state(), st);
+  std::optional<nn::AdapterOptions> adapter;
+  if (cfg_.model.adapter.kind != "none") adapter = adapter_options(cfg_);
+  io::save_checkpoint(dir, model_->named_parameters(), optimizer_->state(), st,
+                      [&](const std::string& tmp) {  // the checkpoint is a model.path too
+                        io::write_checkpoint_model_files(*model_, adapter, cfg_.data.tokenizer,
+                                                         cfg_.model.path, tmp);
+                      });
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
