@@ -60,7 +60,11 @@ LlamaMLP::LlamaMLP(const ModelSpec& s) : nn::Module("LlamaMLP") {
 
 Tensor LlamaMLP::forward(const Tensor& x) {
   return call({x}, [&] {
-    return down_proj->forward(ops::swiglu(gate_proj->forward(x), up_proj->forward(x)));
+    // The two projections can differ in dtype when only one carries an adapter (PEFT's LoKr
+    // returns its input's dtype, f32, while a plain projection under autocast returns bf16):
+    // promote to the wider, as PyTorch's mixed-dtype multiply does.
+    auto [gate, up] = amp::promote(gate_proj->forward(x), up_proj->forward(x));
+    return down_proj->forward(ops::swiglu(gate, up));
   });
 }
 
