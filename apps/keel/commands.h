@@ -22,6 +22,7 @@ Command add_memory(CLI::App& app);
 Command add_tokenize(CLI::App& app);
 Command add_generate(CLI::App& app);
 Command add_export(CLI::App& app);
+Command add_eval(CLI::App& app);
 
 void register_commands(CLI::App& app);
 int run_selected(CLI::App& app);
