@@ -8,10 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/keel/commands.h"
-#include "keel/backend/cuda_api.h"
+#include "apps/keel/model_args.h"
 #include "keel/data/dataset.h"
-#include "keel/io/trained_model.h"
-#include "keel/nn/module.h"
 #include "keel/train/config.h"
 #include "keel/train/eval_loss.h"
 #include "keel/train/run.h"
@@ -22,8 +20,8 @@ namespace fs = std::filesystem;
 
 namespace {
 struct EvalArgs {
-  std::string model, adapter, data, task, tokenizer, pad, precision = "32-true";
-  std::string attention = "eager", device = "cpu";
+  ModelArgs m;
+  std::string data, task, pad;
   int64_t seq_len = 0, batch_size = 0;
   bool pack = false, json = false;
 };
@@ -38,16 +36,10 @@ std::optional<Config> run_config(const io::TrainedModel& t) {
 }
 
 int run_eval(EvalArgs& a, bool pack_given) {
-  Device dev = device_from_string(a.device);
-  if (dev.is_cuda() && !cuda::status().usable)
-    throw Error("--device " + a.device + ": no usable CUDA device (" + cuda::status().reason +
-                    "); use --device cpu",
-                Error::kUsage);
   if (!fs::is_regular_file(a.data))
     throw Error("--data " + a.data + ": no such file (a text or JSONL file)", Error::kUsage);
-  const PrecisionPolicy policy = resolve_precision(a.precision, dev, /*allow_cpu_bf16=*/true);
-  io::TrainedModel t = io::load_trained_model(a.model, a.adapter, policy.param_dtype,
-                                              ops::attention_backend_from_name(a.attention));
+  ModelForUse m = load_model_for_use(a.m);
+  const io::TrainedModel& t = m.trained;
   const std::optional<Config> run = run_config(t);
   const DataConfig dc = run ? run->data : DataConfig();
   if (a.task.empty())
@@ -60,37 +52,26 @@ int run_eval(EvalArgs& a, bool pack_given) {
   if (a.batch_size == 0) a.batch_size = run ? run->train.batch_size : 8;
   if (a.pad.empty()) a.pad = dc.pad;
   if (!pack_given) a.pack = run && dc.pack;
-  const std::string spec = !a.tokenizer.empty() ? a.tokenizer : t.tokenizer;
-  if (spec.empty())
-    throw Error(a.model +
-                    " names no tokenizer (no tokenizer.json or vocab.bpe beside it); give "
-                    "--tokenizer byte | gpt2:DIR | hf:PATH",
-                Error::kUsage);
   if (a.seq_len < 2 || a.seq_len > t.model->spec().max_seq_len)
     throw Error("--seq-len " + std::to_string(a.seq_len) + ": use 2 to the model's max_seq_len " +
                     std::to_string(t.model->spec().max_seq_len),
                 Error::kUsage);
   if (a.batch_size < 1) throw Error("--batch-size must be >= 1", Error::kUsage);
-  const auto tok = data::load_tokenizer(spec);
+  const data::Tokenizer& tok = *m.tokenizer;
   const int64_t vocab = t.model->spec().vocab_size;
-  if (tok->vocab_size() > vocab)
-    throw Error("the tokenizer (" + spec + ") has " + std::to_string(tok->vocab_size()) +
-                    " ids but " + a.model + " has a vocabulary of " + std::to_string(vocab) +
-                    "; give the model's own --tokenizer",
-                Error::kUsage);
   // Padded positions are masked and carry no label: any id the model can embed will do when the
   // configured pad has no row (a model whose embeddings were not grown for it).
-  int64_t pad = pad_fill_id(*tok, a.pad);
-  if (pad >= vocab) pad = tok->eos_id() >= 0 ? tok->eos_id() : 0;
-  const auto set = a.task == "text" ? data::load_text_dataset(a.data, *tok, a.seq_len, a.pack)
-                                    : data::load_jsonl_dataset(a.data, *tok, a.seq_len);
-  if (dev.is_cuda()) nn::move_to_device(*t.model, dev);
-  const LossTotal r = dataset_loss(*t.model, *set, a.batch_size, a.seq_len, pad, policy, dev);
+  int64_t pad = pad_fill_id(tok, a.pad);
+  if (pad >= vocab) pad = tok.eos_id() >= 0 ? tok.eos_id() : 0;
+  const auto set = a.task == "text" ? data::load_text_dataset(a.data, tok, a.seq_len, a.pack)
+                                    : data::load_jsonl_dataset(a.data, tok, a.seq_len);
+  const LossTotal r =
+      dataset_loss(*t.model, *set, a.batch_size, a.seq_len, pad, m.policy, m.device);
   if (a.json) {
     nlohmann::json j = {{"loss", r.loss()},           {"perplexity", r.perplexity()},
                         {"tokens", r.tokens},         {"examples", r.examples},
                         {"loss_sum", r.loss_sum},     {"seq_len", a.seq_len},
-                        {"batch_size", a.batch_size}, {"precision", policy.name()}};
+                        {"batch_size", a.batch_size}, {"precision", m.policy.name()}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("loss %.4f | perplexity %.3f | %lld target tokens in %lld examples of %s\n",
@@ -105,19 +86,13 @@ Command add_eval(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* sub = app.add_subcommand(
       "eval", "Loss and perplexity of a model (+ adapter) on a text or JSONL file");
-  sub->add_option("MODEL", a->model, "HF model directory, checkpoint directory or OUT_DIR")
-      ->required();
+  add_model_options(sub, a->m);
   sub->add_option("--data", a->data, "the text or JSONL file")->required();
   sub->add_option("--task", a->task, "text | jsonl (default: the run's, or by extension)");
-  sub->add_option("--adapter", a->adapter, "a PEFT adapter directory to apply to MODEL");
-  sub->add_option("--tokenizer", a->tokenizer, "default: the run's or MODEL's own");
   sub->add_option("--seq-len", a->seq_len, "tokens per row (default: the run's data.seq_len)");
   sub->add_option("--batch-size", a->batch_size, "rows per batch (default: the run's, else 8)");
   CLI::Option* pack = sub->add_flag("--pack", a->pack, "text: pack into full rows (data.pack)");
   sub->add_option("--pad", a->pad, "add | eos, as data.pad (default: the run's)");
-  sub->add_option("--precision", a->precision, "precision policy")->capture_default_str();
-  sub->add_option("--attention", a->attention, "eager | math | flash")->capture_default_str();
-  sub->add_option("--device", a->device, "cpu | cuda")->capture_default_str();
   sub->add_flag("--json", a->json, "print one JSON object");
   return {sub, [a, pack] { return run_eval(*a, pack->count() > 0); }};
 }

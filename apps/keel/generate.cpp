@@ -8,21 +8,17 @@
 
 #include "apps/keel/commands.h"
 #include "apps/keel/input_text.h"
+#include "apps/keel/model_args.h"
 #include "keel/amp/autocast.h"
-#include "keel/amp/precision.h"
-#include "keel/backend/cuda_api.h"
 #include "keel/data/text_stream.h"
-#include "keel/data/tokenizer_base.h"
-#include "keel/io/trained_model.h"
 #include "keel/models/generate.h"
-#include "keel/nn/module.h"
 
 namespace keel::cli {
 
 namespace {
 struct GenerateArgs {
-  std::string model, adapter, prompt, prompt_file, tokenizer, precision = "32-true";
-  std::string attention = "eager", device = "cpu";
+  ModelArgs m;
+  std::string prompt, prompt_file;
   std::vector<std::string> stops;
   models::GenerateOptions opt;
   bool bos = false, no_cache = false, json = false;
@@ -30,28 +26,9 @@ struct GenerateArgs {
 
 int run_generate(GenerateArgs& a, bool has_prompt) {
   const std::string prompt = read_input_text(has_prompt, a.prompt, a.prompt_file, "--prompt-file");
-  Device dev = device_from_string(a.device);
-  if (dev.is_cuda() && !cuda::status().usable)
-    throw Error("--device " + a.device + ": no usable CUDA device (" + cuda::status().reason +
-                    "); use --device cpu",
-                Error::kUsage);
-  const PrecisionPolicy policy = resolve_precision(a.precision, dev, /*allow_cpu_bf16=*/true);
-  io::TrainedModel t = io::load_trained_model(a.model, a.adapter, policy.param_dtype,
-                                              ops::attention_backend_from_name(a.attention));
-  const std::string spec = a.tokenizer.empty() ? t.tokenizer : a.tokenizer;
-  if (spec.empty())
-    throw Error(a.model +
-                    " names no tokenizer (no tokenizer.json or vocab.bpe beside it); give "
-                    "--tokenizer byte | gpt2:DIR | hf:PATH",
-                Error::kUsage);
-  const auto tok = data::load_tokenizer(spec);
-  const int64_t vocab = t.model->spec().vocab_size;
-  if (tok->vocab_size() > vocab)
-    throw Error("the tokenizer (" + spec + ") has " + std::to_string(tok->vocab_size()) +
-                    " ids but " + a.model + " has a vocabulary of " + std::to_string(vocab) +
-                    "; give the model's own --tokenizer",
-                Error::kUsage);
-  if (dev.is_cuda()) nn::move_to_device(*t.model, dev);
+  ModelForUse m = load_model_for_use(a.m);
+  const data::Tokenizer* tok = m.tokenizer.get();
+  const PrecisionPolicy& policy = m.policy;
 
   std::vector<int32_t> ids = tok->encode(prompt);
   if (a.bos && tok->bos_id() >= 0) ids.insert(ids.begin(), static_cast<int32_t>(tok->bos_id()));
@@ -64,7 +41,7 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
     std::fflush(stdout);
   };
   amp::AutocastGuard autocast(policy.autocast, policy.compute_dtype);
-  models::GenerateResult r = models::generate(*t.model, ids, a.opt, [&](int32_t id) {
+  models::GenerateResult r = models::generate(*m.trained.model, ids, a.opt, [&](int32_t id) {
     emit(stream.push(id));
     return !stream.stopped();
   });
@@ -75,10 +52,14 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
                          ? static_cast<double>(r.tokens.size() - 1) / r.decode_seconds
                          : 0;
   if (a.json) {
-    nlohmann::json j = {
-        {"text", stream.text()}, {"tokens", r.tokens},        {"prompt_tokens", ids.size()},
-        {"stop", r.stop},        {"seconds", secs},           {"decode_tokens_per_s", tps},
-        {"tokenizer", spec},     {"precision", policy.name()}};
+    nlohmann::json j = {{"text", stream.text()},
+                        {"tokens", r.tokens},
+                        {"prompt_tokens", ids.size()},
+                        {"stop", r.stop},
+                        {"seconds", secs},
+                        {"decode_tokens_per_s", tps},
+                        {"tokenizer", m.tokenizer_spec},
+                        {"precision", policy.name()}};
     std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   } else {
     std::printf("\n");
@@ -95,14 +76,9 @@ Command add_generate(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* sub = app.add_subcommand(
       "generate", "Generate text from an HF model directory or a run's checkpoint (+ adapter)");
-  sub->add_option("MODEL", a->model,
-                  "HF model directory, checkpoint directory (OUT_DIR/checkpoints/last) or OUT_DIR")
-      ->required();
+  add_model_options(sub, a->m);
   CLI::Option* prompt = sub->add_option("PROMPT", a->prompt, "the prompt (default: stdin)");
   sub->add_option("--prompt-file", a->prompt_file, "read the prompt from this file");
-  sub->add_option("--adapter", a->adapter, "a PEFT adapter directory to apply to MODEL");
-  sub->add_option("--tokenizer", a->tokenizer,
-                  "byte | gpt2:DIR | hf:PATH (default: the run's or MODEL's own)");
   sub->add_option("--max-new-tokens", a->opt.max_new_tokens, "at most this many new tokens")
       ->capture_default_str();
   sub->add_option("--temperature", a->opt.sampling.temperature, "0 = greedy")
@@ -114,11 +90,6 @@ Command add_generate(CLI::App& app) {
   sub->add_option("--seed", a->opt.seed, "sampling seed")->capture_default_str();
   sub->add_option("--stop", a->stops, "stop before this string (repeatable)");
   sub->add_flag("--bos", a->bos, "start the prompt with the tokenizer's bos token");
-  sub->add_option("--precision", a->precision,
-                  "32-true | bf16-mixed | 16-mixed | bf16-true | 16-true")
-      ->capture_default_str();
-  sub->add_option("--attention", a->attention, "eager | math | flash")->capture_default_str();
-  sub->add_option("--device", a->device, "cpu | cuda")->capture_default_str();
   sub->add_flag("--no-cache", a->no_cache, "re-run the whole sequence every step (reference)");
   sub->add_flag("--json", a->json, "print one JSON object at the end instead of streaming");
   return {sub, [a, prompt] { return run_generate(*a, prompt->count() > 0); }};

@@ -98,18 +98,6 @@ GPT2LMHeadModel::GPT2LMHeadModel(const ModelSpec& s, uint64_t seed)
   }
 }
 
-Tensor GPT2LMHeadModel::forward(const Tensor& ids, const Tensor& mask) {
-  return run(ids, mask, nullptr);
-}
-
-Tensor GPT2LMHeadModel::forward_cached(const Tensor& ids, KVCache& cache) {
-  KEEL_CHECK(ids.dim() == 2 && ids.size(0) == 1,
-             "forward_cached: input_ids must be [1, T], got " + shape_str(ids.shape()));
-  Tensor logits = run(ids, Tensor(), &cache);
-  cache.length += ids.size(1);
-  return logits;
-}
-
 Tensor GPT2LMHeadModel::run(const Tensor& ids, const Tensor& mask, KVCache* cache) {
   return call({ids}, [&] {
     KEEL_CHECK(ids.dim() == 2, "GPT-2 input_ids must be [B, T], got " + shape_str(ids.shape()));

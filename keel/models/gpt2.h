@@ -49,12 +49,10 @@ class GPT2Model : public nn::Module {
 class GPT2LMHeadModel : public CausalLM {
  public:
   GPT2LMHeadModel(const ModelSpec& s, uint64_t seed);
-  Tensor forward(const Tensor& input_ids, const Tensor& attention_mask) override;
-  Tensor forward_cached(const Tensor& input_ids, KVCache& cache) override;
   GPT2Model* transformer;
 
- private:
-  Tensor run(const Tensor& input_ids, const Tensor& attention_mask, KVCache* cache);
+ protected:
+  Tensor run(const Tensor& input_ids, const Tensor& attention_mask, KVCache* cache) override;
 };
 
 }  // namespace keel::models

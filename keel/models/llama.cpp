@@ -110,18 +110,6 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelSpec& s, uint64_t seed)
     if (name.find("norm") == std::string::npos) fill_normal(p, rng, 0.0, spec_.init_std);
 }
 
-Tensor LlamaForCausalLM::forward(const Tensor& ids, const Tensor& mask) {
-  return run(ids, mask, nullptr);
-}
-
-Tensor LlamaForCausalLM::forward_cached(const Tensor& ids, KVCache& cache) {
-  KEEL_CHECK(ids.dim() == 2 && ids.size(0) == 1,
-             "forward_cached: input_ids must be [1, T], got " + shape_str(ids.shape()));
-  Tensor logits = run(ids, Tensor(), &cache);
-  cache.length += ids.size(1);
-  return logits;
-}
-
 Tensor LlamaForCausalLM::run(const Tensor& ids, const Tensor& mask, KVCache* cache) {
   return call({ids}, [&] {
     KEEL_CHECK(ids.dim() == 2, "Llama input_ids must be [B, T], got " + shape_str(ids.shape()));

@@ -48,13 +48,11 @@ class LlamaModel : public nn::Module {
 class LlamaForCausalLM : public CausalLM {
  public:
   LlamaForCausalLM(const ModelSpec& s, uint64_t seed);
-  Tensor forward(const Tensor& input_ids, const Tensor& attention_mask) override;
-  Tensor forward_cached(const Tensor& input_ids, KVCache& cache) override;
   LlamaModel* model;
   nn::Linear* lm_head = nullptr;  // null when tied to embed_tokens
 
- private:
-  Tensor run(const Tensor& input_ids, const Tensor& attention_mask, KVCache* cache);
+ protected:
+  Tensor run(const Tensor& input_ids, const Tensor& attention_mask, KVCache* cache) override;
 };
 
 }  // namespace keel::models

@@ -64,14 +64,7 @@ test::KeelRun train(const std::string& out, std::vector<std::string> sets) {
 }
 
 std::vector<json> eval_records(const std::string& out) {
-  std::vector<json> recs;
-  std::ifstream in(out + "/metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line);
-    if (j.contains("eval_loss")) recs.push_back(j);
-  }
-  return recs;
+  return test::records_with(out, "eval_loss");
 }
 
 TEST(CliEval, EqualsTheTrainingLossOfTheSameBatchesAndTheRunsEvalRecords) {
