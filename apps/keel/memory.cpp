@@ -1,6 +1,7 @@
 // `keel memory --params N --precision P --optimizer adamw [--batch B --seq T --layers L --hidden H
-// --vocab V]`: weights, gradients, optimizer state, low-precision copies and activations of a
-// training step (keel/monitor/memory_estimate.h has the model behind the numbers).
+// --heads N --kv-heads N --ffn F --vocab V --tie-embeddings false]`: weights, gradients, optimizer
+// state, low-precision copies and activations of a training step (keel/monitor/memory_estimate.h
+// has the model behind the numbers).
 #include <cmath>
 #include <cstdio>
 
@@ -56,6 +57,10 @@ Command add_memory(CLI::App& app) {
   sub->add_option("--layers", a->q.layers, "transformer layers L");
   sub->add_option("--hidden", a->q.hidden, "hidden size H");
   sub->add_option("--heads", a->q.heads, "attention heads (default hidden/64)");
+  sub->add_option("--kv-heads", a->q.kv_heads, "llama: key/value heads (GQA; default: --heads)");
+  sub->add_option("--tie-embeddings", a->q.tie_embeddings,
+                  "llama: lm_head shares the embedding (true | false; gpt2 always ties)")
+      ->default_str("true");
   sub->add_option("--ffn", a->q.ffn, "MLP width (default: the family's rule)");
   sub->add_option("--vocab", a->q.vocab, "vocabulary size (default 259, the byte tokenizer)");
   sub->add_option("--family", a->q.family, "gpt2 | llama")->capture_default_str();

@@ -43,7 +43,7 @@ void empty_cache(int device = 0);  // returns cached blocks to the driver
 // run time while the GPU is behind the host, that plus the GPU's idle wait when the host is behind.
 // Host time is the host's time between the two launches. Rows are per launch site, largest first.
 struct ProfileRow {
-  std::string site;  // "ln_forward (kernels_a.cu:120)", "matmul bf16 16384x2304x768 NT"
+  std::string site;  // "norm_layer_norm (norm.cu:106)", "matmul bf16 16384x2304x768 NT"
   int64_t calls = 0;
   double device_ms = 0, host_ms = 0;
 };

@@ -1,9 +1,10 @@
 // Kernel interface: inverted dropout with a counter-based mask.
 //
 // Element i survives when the top 32 bits of hash(seed, i) are >= threshold, where hash is the
-// i-th output of a splitmix64 stream keyed by seed:
-//   key = mix64(seed + G),  hash(seed, i) = mix64(key + (i + 1) * G),  G = 0x9E3779B97F4A7C15
-// (mix64 is splitmix64's finalizer). The drop probability is threshold / 2^32 (p < 1 keeps
+// i-th output of a splitmix64 stream keyed by seed (numerics/hash.h):
+//   key = splitmix64_at(seed, 0),  hash(seed, i) = splitmix64_at(key, i)
+// (splitmix64_at(s, i) = mix64(s + (i + 1) * G), G = 0x9E3779B97F4A7C15, mix64 splitmix64's
+// finalizer). The drop probability is threshold / 2^32 (p < 1 keeps
 // threshold below 2^32). The mask is a pure function of (seed, i): the same on every ISA, for
 // every thread count, in forward and backward.
 #pragma once

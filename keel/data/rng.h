@@ -7,19 +7,14 @@
 #include <utility>
 #include <vector>
 
-namespace keel::data {
+#include "keel/numerics/hash.h"
 
-// The SplitMix64 output function: a bijective 64-bit mixer.
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
+namespace keel::data {
 
 class SplitMix64 {
  public:
   explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next() { return mix64(state_ += 0x9e3779b97f4a7c15ULL); }
+  uint64_t next() { return mix64(state_ += kSplitmixGamma); }
   // Uniform in [0, n), n >= 1, without modulo bias: draws below 2^64 mod n are rejected so that
   // the accepted range is a multiple of n.
   uint64_t below(uint64_t n) {

@@ -4,25 +4,10 @@
 #include <cmath>
 #include <limits>
 
+#include "keel/numerics/text.h"
 #include "keel/ops/elementwise.h"
 
 namespace keel::monitor {
-
-namespace {
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-}  // namespace
 
 std::vector<std::string> similar_module_paths(nn::Module& root, const std::string& path,
                                               size_t max) {

@@ -8,6 +8,7 @@
 #include "keel/amp/precision.h"
 #include "keel/data/tokenizer.h"
 #include "keel/models/causal_lm.h"
+#include "keel/models/param_shapes.h"
 #include "keel/numerics/error.h"
 #include "keel/tensor/host_memory.h"
 
@@ -54,6 +55,10 @@ void check_query(const MemoryQuery& q) {
       throw Error("memory: hidden " + std::to_string(q.hidden) + " is not divisible by heads " +
                       std::to_string(h) + "; pick --heads dividing --hidden",
                   Error::kUsage);
+    if (q.kv_heads < 0 || (q.kv_heads > 0 && h % q.kv_heads != 0))
+      throw Error("memory: heads " + std::to_string(h) + " is not a multiple of kv heads " +
+                      std::to_string(q.kv_heads) + "; pick --kv-heads dividing --heads",
+                  Error::kUsage);
   }
 }
 
@@ -65,76 +70,16 @@ std::string mb(int64_t bytes) {
 
 }  // namespace
 
-int64_t count_parameters(const MemoryQuery& q) {
-  const models::ModelSpec s = spec_of(q);
-  const int64_t C = s.n_embd, F = s.ffn_dim(), V = s.vocab_size, L = s.n_layer;
-  if (q.family == "gpt2") {
-    const int64_t layer = 2 * 2 * C                 // ln_1, ln_2
-                          + 3 * C * C + 3 * C       // c_attn
-                          + C * C + C               // attn.c_proj
-                          + C * F + F + F * C + C;  // mlp.c_fc, mlp.c_proj
-    return V * C + s.max_seq_len * C + L * layer + 2 * C;
-  }
-  const int64_t kvd = s.kv_heads() * s.head_dim();
-  const int64_t layer = 2 * C + 2 * C * C + 2 * C * kvd + 3 * C * F;
-  return V * C + L * layer + C + (s.tie_embeddings ? 0 : V * C);
-}
+int64_t count_parameters(const MemoryQuery& q) { return models::parameter_count(spec_of(q)); }
 
 namespace {
 
-// What host_memory hands out for a request of `n` bytes (keel/tensor/host_memory.cpp, round_size):
-// under 64 KiB malloc's own size (64-byte multiple); from 8 MiB up a multiple of 2 MiB; between, a
-// multiple of 1/16 of the size's power of two. The rounding is real memory: GPT-2 with C = 768
-// has 9 MiB MLP weights that take 10 MiB blocks, and their weights, grads and two AdamW moments
-// hold 99 MB more than their bytes (measured: 1463.7 MB live after a step of an 85M-parameter
-// model whose state is 1364.8 MB).
+// What host_memory hands out for a tensor of `n` bytes (none for an empty one). The rounding is real
+// memory: GPT-2 with C = 768 has 9 MiB MLP weights that take 10 MiB blocks, and their weights,
+// grads and two AdamW moments hold 99 MB more than their bytes (measured: 1463.7 MB live after a
+// step of an 85M-parameter model whose state is 1364.8 MB).
 int64_t block_bytes(int64_t n) {
-  if (n <= 0) return 0;
-  constexpr int64_t kMinCached = int64_t{64} << 10, kHuge = int64_t{2} << 20;
-  if (n < kMinCached) return (n + 63) / 64 * 64;
-  int64_t gran = kHuge;
-  if (n < 4 * kHuge) {
-    int64_t p = 1;
-    while (p * 2 <= n) p *= 2;
-    gran = std::max<int64_t>(4096, p / 16);
-  }
-  return (n + gran - 1) / gran * gran;
-}
-
-// The model's parameter tensors (element counts), and which of them autocast casts (Linear
-// weights and biases, the lm_head): the layouts of keel/models, as count_parameters.
-struct ParamTensor {
-  int64_t numel;
-  bool cast;
-};
-std::vector<ParamTensor> param_tensors(const MemoryQuery& q) {
-  const models::ModelSpec s = spec_of(q);
-  const int64_t C = s.n_embd, F = s.ffn_dim(), V = s.vocab_size, L = s.n_layer;
-  std::vector<ParamTensor> t;
-  if (q.family == "gpt2") {
-    t.push_back({V * C, true});  // wte, tied: cast as lm_head
-    t.push_back({s.max_seq_len * C, false});
-    for (int64_t l = 0; l < L; ++l) {
-      for (int64_t n : {C, C}) t.push_back({n, false});  // ln_1
-      for (int64_t n : {C * 3 * C, 3 * C, C * C, C}) t.push_back({n, true});
-      for (int64_t n : {C, C}) t.push_back({n, false});  // ln_2
-      for (int64_t n : {C * F, F, F * C, C}) t.push_back({n, true});
-    }
-    t.push_back({C, false});
-    t.push_back({C, false});
-  } else {
-    const int64_t kvd = s.kv_heads() * s.head_dim();
-    t.push_back({V * C, s.tie_embeddings});
-    for (int64_t l = 0; l < L; ++l) {
-      t.push_back({C, false});
-      for (int64_t n : {C * C, C * kvd, C * kvd, C * C}) t.push_back({n, true});
-      t.push_back({C, false});
-      for (int64_t n : {C * F, C * F, F * C}) t.push_back({n, true});
-    }
-    t.push_back({C, false});
-    if (!s.tie_embeddings) t.push_back({V * C, true});
-  }
-  return t;
+  return n > 0 ? static_cast<int64_t>(host_memory::block_size(static_cast<size_t>(n))) : 0;
 }
 
 }  // namespace
@@ -169,20 +114,20 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   // adapter, whose own small tensors are counted as bytes). With a bare parameter count it is
   // bytes: 100M parameters under 16-mixed with AdamW are 400 MB weights, 400 MB grads and 800 MB
   // optimizer state (issue 4).
-  std::vector<ParamTensor> tensors;
+  std::vector<models::ParamShape> tensors;
   if (q.layers > 0 && q.hidden > 0 && count_parameters(q) == (adapter ? N - Nt : N))
-    tensors = param_tensors(q);
+    tensors = models::parameter_shapes(spec_of(q));
   const bool sized = !tensors.empty();
   auto state_bytes = [&](int64_t bytes_per_param, bool cast_only) {
     int64_t sum = 0;
-    for (const ParamTensor& t : tensors)
-      if (!cast_only || t.cast) sum += block_bytes(t.numel * bytes_per_param);
+    for (const models::ParamShape& t : tensors)
+      if (!cast_only || t.matmul) sum += block_bytes(t.numel() * bytes_per_param);
     return sum;
   };
   int64_t cast_params = N;  // the weights autocast casts (everything, without sizes)
   if (sized) {
     cast_params = 0;
-    for (const ParamTensor& t : tensors) cast_params += t.cast ? t.numel : 0;
+    for (const models::ParamShape& t : tensors) cast_params += t.matmul ? t.numel() : 0;
   }
 
   if (adapter) {
@@ -322,7 +267,8 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   // 231.8 for 219.8 with 4: 12 MB, the largest weight's f32 block).
   if (adapter && fb < pb) {
     int64_t largest = 0;
-    for (const ParamTensor& t : tensors) largest = std::max(largest, block_bytes(t.numel * pb));
+    for (const models::ParamShape& t : tensors)
+      largest = std::max(largest, block_bytes(t.numel() * pb));
     e.init_peak = (sized ? state_bytes(pb, false) : (N - Nt) * pb) + Nt * tb + largest;
   }
   // Block cache slack. host_memory keeps released blocks for the next request of their size and

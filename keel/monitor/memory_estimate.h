@@ -92,8 +92,9 @@ MemoryEstimate estimate_memory(const MemoryQuery& q);
 // attention; vocab from the byte tokenizer unless model.vocab_size is set).
 MemoryQuery memory_query_from_config(const Config& cfg);
 
-// Parameter count of a model given by sizes (the models' own layout: GPT-2 with tied embeddings
-// and a position table, Llama with optional untied lm_head).
+// Parameter count of a model given by sizes: models::parameter_count (models/param_shapes.h, the
+// models' own layout: GPT-2 with tied embeddings and a position table, Llama with grouped-query
+// k/v projections and an optional untied lm_head), nothing allocated.
 int64_t count_parameters(const MemoryQuery& q);
 
 // Human-readable table (decimal MB, as the issue states the reference numbers) and JSON (bytes).

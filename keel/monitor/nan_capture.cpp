@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -12,7 +11,9 @@
 #include "keel/io/atomic_file.h"
 #include "keel/io/checkpoint.h"
 #include "keel/io/safetensors.h"
+#include "keel/numerics/hash.h"
 #include "keel/numerics/tensor_stats.h"
+#include "keel/numerics/utc_time.h"
 #include "keel/tensor/random.h"
 
 namespace keel::monitor {
@@ -21,13 +22,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-std::string utc_now() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
 
 // JSON has no NaN/inf: non-finite numbers are written as strings ("nan", "inf", "-inf").
 nlohmann::json number(double v) {
@@ -46,16 +40,12 @@ std::string double_bits_hex(double v) {
 }
 
 std::string gradient_fingerprint(const std::vector<std::pair<std::string, Tensor>>& params) {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&](const void* data, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(data);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
-  };
+  uint64_t h = kNameHashStart;
   for (const auto& [name, p] : params) {
     if (!p.grad().defined()) continue;
     const Tensor g = p.grad().device().is_cpu() ? p.grad() : p.grad().to(Device::cpu());
-    mix(name.data(), name.size());
-    mix(g.data(), g.numel() * dtype_size(g.dtype()));
+    h = fnv1a(name.data(), name.size(), h);
+    h = fnv1a(g.data(), g.numel() * dtype_size(g.dtype()), h);
   }
   char buf[24];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
@@ -72,7 +62,7 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
   meta["step"] = ev.step;
   meta["epoch"] = ev.epoch;
   meta["rank"] = rank;
-  meta["utc_time"] = utc_now();
+  meta["utc_time"] = utc_time(kUtcIso8601);
   meta["precision"] = pol.name();
   meta["param_dtype"] = dtype_name(pol.param_dtype);
   meta["compute_dtype"] = dtype_name(pol.compute_dtype);

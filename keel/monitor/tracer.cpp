@@ -11,9 +11,7 @@
 
 #include "keel/autograd/node.h"
 #include "keel/backend/monitor.h"
-#include "keel/numerics/convert.h"
 #include "keel/numerics/format_info.h"
-#include "keel/numerics/tensor_stats.h"
 
 namespace keel::monitor {
 
@@ -119,130 +117,7 @@ std::string describe(const Entry& e) {
   return d;
 }
 
-// ---- statistics in one vectorized pass ---------------------------------------------------------
-//
-// tensor_stats' semantics on the bit patterns: the magnitude bits of an IEEE value order like the
-// value, so every test is an integer compare against the threshold's bits (exact: f16's and
-// bf16's min normal and max/2 are representable in f32 and in their own format). Integer lanes
-// vectorize without -ffast-math. The common case holds no NaN/inf, so the pass counts only
-// "non-finite" and takes min/max over everything; a tensor that does hold a non-finite value (the
-// rare, interesting one) is redone by numerics' scalar tensor_stats. Compiled for AVX-512, AVX2
-// and the baseline, picked at run time. Single-threaded on purpose: a pass costs tens of
-// microseconds, less than waking a thread team, and an extra OpenMP region per tensor makes steps
-// much slower on a busy machine (measured: 3.4x at 2 threads with a neighbour's load).
-struct BitStats {
-  int64_t nonfinite = 0, zero = 0, below_sub = 0, near = 0;  // below_sub counts zeros too
-  int32_t amin = INT32_MAX, amax = 0;
-};
-
-struct Thresholds {
-  int32_t inf, sub, near;  // magnitude bits of inf, of the min normal, of max / 2
-};
-
-// One block (< 2^31 elements): `abs_bits(x[i])` gives the magnitude bits. Inlined into each
-// ISA's clone below, so it is vectorized for that ISA.
-template <class W, class Abs>
-inline __attribute__((always_inline)) BitStats scan_body(const W* x, int64_t n, Thresholds t,
-                                                         Abs abs_bits) {
-  int32_t nf = 0, zero = 0, below = 0, near = 0, mn = INT32_MAX, mx = 0;
-#pragma omp simd reduction(+ : nf, zero, below, near) reduction(min : mn) reduction(max : mx)
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t a = abs_bits(x[i]);
-    nf += a >= t.inf;
-    zero += a == 0;
-    below += a < t.sub;
-    near += a >= t.near;
-    mn = a < mn ? a : mn;
-    mx = a > mx ? a : mx;
-  }
-  BitStats b;
-  b.nonfinite = nf;
-  b.zero = zero;
-  b.below_sub = below;
-  b.near = near;
-  b.amin = mn;
-  b.amax = mx;
-  return b;
-}
-
-__attribute__((target_clones("avx512f", "avx2", "default"))) BitStats scan_block32(const float* x,
-                                                                                   int64_t n,
-                                                                                   Thresholds t) {
-  return scan_body(
-      x, n, t, [](float v) __attribute__((always_inline)) {
-        return static_cast<int32_t>(f32_bits(v) & 0x7fffffffu);
-      });
-}
-
-__attribute__((target_clones("avx512f", "avx2", "default"))) BitStats scan_block16(
-    const uint16_t* x, int64_t n, Thresholds t) {
-  return scan_body(
-      x, n, t,
-      [](uint16_t h) __attribute__((always_inline)) { return static_cast<int32_t>(h & 0x7fff); });
-}
-
-// `bits`: the data as floats (f32) or 16-bit words (bf16, f16: the structs hold one uint16_t).
-template <class W>
-TensorStats scan(const W* bits, const void* data, DType dt, int64_t n, DType fmt, Thresholds t,
-                 double (*value)(int32_t)) {
-  constexpr int64_t kBlock = 1 << 15;
-  const int64_t nb = (n + kBlock - 1) / kBlock;
-  BitStats s;
-  for (int64_t b = 0; b < nb; ++b) {
-    const int64_t lo = b * kBlock, len = std::min(kBlock, n - lo);
-    BitStats p;
-    if constexpr (sizeof(W) == 4)
-      p = scan_block32(bits + lo, len, t);
-    else
-      p = scan_block16(bits + lo, len, t);
-    s.nonfinite += p.nonfinite;
-    s.zero += p.zero;
-    s.below_sub += p.below_sub;
-    s.near += p.near;
-    s.amin = std::min(s.amin, p.amin);
-    s.amax = std::max(s.amax, p.amax);
-  }
-  // Non-finite values change abs-min/abs-max (finite only) and near-max: the exact scalar pass.
-  if (s.nonfinite > 0) return tensor_stats(data, dt, n, fmt);
-  const FormatInfo& fi = format_info(fmt);
-  TensorStats r;
-  r.count = n;
-  r.zero = s.zero;
-  r.subnormal = s.below_sub - s.zero;
-  r.near_max = s.near;
-  r.abs_min = n > 0 ? value(s.amin) : 0.0;
-  r.abs_max = n > 0 ? value(s.amax) : 0.0;
-  r.headroom_bits =
-      r.abs_max > 0 ? std::log2(fi.max / r.abs_max) : std::numeric_limits<double>::infinity();
-  return r;
-}
-
 }  // namespace
-
-TensorStats trace_stats(const void* data, DType dt, int64_t n, DType fmt) {
-  const FormatInfo& fi = format_info(fmt);
-  const float sub_f = static_cast<float>(fi.min_normal), near_f = static_cast<float>(fi.max / 2);
-  if (dt == DType::F32) {
-    const Thresholds t{0x7f800000, static_cast<int32_t>(f32_bits(sub_f)),
-                       static_cast<int32_t>(f32_bits(near_f))};
-    return scan(static_cast<const float*>(data), data, dt, n, fmt, t, [](int32_t a) {
-      return static_cast<double>(f32_from_bits(static_cast<uint32_t>(a)));
-    });
-  }
-  if (dt == DType::BF16 && fmt == DType::BF16) {
-    const Thresholds t{0x7f80, f32_to_bf16_bits(sub_f), f32_to_bf16_bits(near_f)};
-    return scan(static_cast<const uint16_t*>(data), data, dt, n, fmt, t, [](int32_t a) {
-      return static_cast<double>(bf16_bits_to_f32(static_cast<uint16_t>(a)));
-    });
-  }
-  if (dt == DType::F16 && fmt == DType::F16) {
-    const Thresholds t{0x7c00, f32_to_f16_bits(sub_f), f32_to_f16_bits(near_f)};
-    return scan(static_cast<const uint16_t*>(data), data, dt, n, fmt, t, [](int32_t a) {
-      return static_cast<double>(f16_bits_to_f32(static_cast<uint16_t>(a)));
-    });
-  }
-  return tensor_stats(data, dt, n, fmt);  // a mix the tracer never asks for
-}
 
 struct UnderflowOverflowTracer::Impl {
   nn::Module& root;
@@ -309,11 +184,11 @@ struct UnderflowOverflowTracer::Impl {
 
   DType judge_format(DType dt) const { return dt == DType::F32 ? opt.format : dt; }
 
+  // The backend's statistics pass where the tensor lives (CPU: one vectorized pass over the bit
+  // patterns; CUDA: on the device, a few numbers come back).
   TensorStats compute(const Tensor& t) const {
-    if (!t.device().is_cpu())  // on the device where the tensor lives: a few numbers come back
-      return monitor_kernels(t.device())
-          .stats(t.data(), t.dtype(), t.numel(), judge_format(t.dtype()));
-    return trace_stats(t.data(), t.dtype(), t.numel(), judge_format(t.dtype()));
+    return monitor_kernels(t.device())
+        .stats(t.data(), t.dtype(), t.numel(), judge_format(t.dtype()));
   }
 
   void measure(Entry& e, const Tensor& t, bool cacheable) {

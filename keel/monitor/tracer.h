@@ -24,9 +24,10 @@
 // Modules downstream only propagate and are never named. Masked attention scores never leave the
 // attention op (it returns 0 for fully masked rows), so they are never seen, never reported.
 //
-// Cost: one pass of tensor_stats over each distinct tensor (an output that is the next module's
-// input is measured once: stats are cached per tensor and version for the batch), no copies; frames
-// are stored as numbers in a ring buffer and formatted only when written.
+// Cost: one pass of the backend's statistics kernel (monitor_kernels(device).stats) over each
+// distinct tensor (an output that is the next module's input is measured once: stats are cached
+// per tensor and version for the batch), no copies; frames are stored as numbers in a ring buffer
+// and formatted only when written.
 //
 // Batch numbers are the trainer's step numbers (1-based, as in the console line and metrics.jsonl);
 // the caller calls begin_batch before each step's forward.
@@ -81,11 +82,6 @@ struct TracerStop : Error {
 // the constructing thread); detaches on destruction. Keeps the last max_frames_to_save frames in
 // memory (ring buffer). `log_path` (normally out_dir/debug/underflow_overflow_rank{R}.log) is
 // opened for appending, with its directory created, when there is something to write.
-// tensor_stats' result (same counts, same abs-min/abs-max) from one vectorized pass over the bit
-// patterns, split over threads for large tensors: what the tracer uses per tensor. For bf16/f16
-// data `fmt` must be the data's own format (other mixes fall back to tensor_stats).
-TensorStats trace_stats(const void* data, DType dt, int64_t n, DType fmt);
-
 class UnderflowOverflowTracer {
  public:
   UnderflowOverflowTracer(nn::Module& root, TracerOptions opt, std::string log_path);

@@ -116,11 +116,15 @@ void make_room(Cache& c, size_t need) {
 
 }  // namespace
 
+size_t block_size(size_t nbytes) {
+  return nbytes < kMinCached ? (std::max<size_t>(nbytes, 1) + 63) / 64 * 64 : round_size(nbytes);
+}
+
 void* allocate(size_t nbytes) {
   Cache& c = cache();
   void* p = nullptr;
   if (nbytes < kMinCached) {
-    p = std::aligned_alloc(64, (std::max<size_t>(nbytes, 1) + 63) / 64 * 64);
+    p = std::aligned_alloc(64, block_size(nbytes));
   } else {
     const size_t rounded = round_size(nbytes);
     std::lock_guard<std::mutex> lock(c.mu);

@@ -30,6 +30,11 @@ constexpr size_t kSlackDivisor = 16;    // mapped <= peak live * (1 + 1/16) ...
 constexpr size_t kMaxSlackDivisor = 8;  // ... + what thrashing taught, up to peak live / 8 in all
 
 void* allocate(size_t nbytes);  // 64-byte aligned; 2 MiB aligned from 8 MiB up
+// The bytes allocate(nbytes) takes: below 64 KiB a 64-byte multiple (malloc's); from there to
+// 8 MiB a multiple of 1/16 of the size's power of two (at least 4 KiB); from 8 MiB up a multiple of
+// 2 MiB. Nearby sizes share blocks, and the rounding is real memory: the memory estimate
+// (monitor/memory_estimate) counts every tensor in it.
+size_t block_size(size_t nbytes);
 void release(void* p, size_t nbytes);
 
 struct Stats {

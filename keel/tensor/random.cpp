@@ -3,19 +3,14 @@
 #include <cmath>
 #include <vector>
 
+#include "keel/numerics/hash.h"
+
 namespace keel {
 
-uint64_t mix_seed(uint64_t a, uint64_t b) {
-  uint64_t z = a + 0x9E3779B97F4A7C15ull * (b + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+uint64_t mix_seed(uint64_t a, uint64_t b) { return splitmix64_at(a, b); }
 
 uint64_t name_seed(const std::string& name) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
-  return h;
+  return fnv1a(name.data(), name.size(), kNameHashStart);
 }
 
 Rng::Rng(uint64_t seed) {

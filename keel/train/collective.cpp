@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "keel/numerics/error.h"
+#include "keel/numerics/hash.h"
 
 namespace keel {
 
@@ -71,11 +72,10 @@ void check_rank_consistency(Collective& c, int64_t step,
 
 double tensors_checksum(const std::vector<Tensor>& ts) {
   // FNV-1a over 64-bit words (then the tail bytes): order-sensitive, cheap, not cryptographic.
-  uint64_t h = 0xcbf29ce484222325ull;
-  constexpr uint64_t kPrime = 0x100000001b3ull;
+  uint64_t h = kFnvOffsetBasis;
   for (const Tensor& t : ts) {
     if (!t.defined()) {
-      h = (h ^ 0x9e3779b97f4a7c15ull) * kPrime;
+      h = fnv1a_step(h, kSplitmixGamma);  // an absent tensor still moves the hash
       continue;
     }
     const Tensor host = t.device().is_cpu() ? t : t.to(Device::cpu());  // GPU: a host copy
@@ -84,10 +84,10 @@ double tensors_checksum(const std::vector<Tensor>& ts) {
     for (size_t i = 0; i < words; ++i) {
       uint64_t w;
       std::memcpy(&w, p + 8 * i, 8);
-      h = (h ^ w) * kPrime;
+      h = fnv1a_step(h, w);
     }
-    for (size_t i = words * 8; i < nb; ++i) h = (h ^ p[i]) * kPrime;
-    h = (h ^ nb) * kPrime;
+    h = fnv1a(p + words * 8, nb - words * 8, h);
+    h = fnv1a_step(h, nb);
   }
   double d;
   std::memcpy(&d, &h, sizeof d);

@@ -17,6 +17,7 @@
 #include <variant>
 
 #include "keel/numerics/error.h"
+#include "keel/numerics/text.h"
 
 namespace keel {
 namespace {
@@ -190,19 +191,6 @@ bool is_section(const std::string& name) {
   for (const KeySpec& k : key_table())
     if (k.section == name) return true;
   return false;
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] =
-          std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
 }
 
 // Edit distance, except that a prefix counts as one edit: `rank` is nearest to `r`,

@@ -15,6 +15,7 @@
 #include "keel/io/hf_model.h"
 #include "keel/models/resize.h"
 #include "keel/nn/adapters/adapter.h"
+#include "keel/numerics/utc_time.h"
 #include "keel/optim/adamw.h"
 #include "keel/optim/sgd.h"
 #include "keel/tensor/host_memory.h"
@@ -29,13 +30,6 @@ void say_or_print(const Say& say, const std::string& m) {
     say(m);
   else
     std::fprintf(stderr, "%s\n", m.c_str());
-}
-
-std::string utc_stamp() {
-  std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", std::gmtime(&t));
-  return buf;
 }
 
 }  // namespace
@@ -217,7 +211,7 @@ Run build_run(const Config& cfg, const RunOptions& o) {
   if (cfg.run.threads > 0) omp_set_num_threads(cfg.run.threads);
   r.device = run_device(cfg, o.say);
   r.policy = resolve_precision(cfg.train.precision, r.device, cfg.train.allow_cpu_bf16);
-  r.out_dir = cfg.run.out_dir.empty() ? "out/" + utc_stamp() : cfg.run.out_dir;
+  r.out_dir = cfg.run.out_dir.empty() ? "out/" + utc_time(kUtcDirName) : cfg.run.out_dir;
 
   try {
     r.data = build_data(cfg);

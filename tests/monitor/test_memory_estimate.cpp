@@ -1,6 +1,7 @@
 // The memory estimate behind `keel memory` and the doctor: the reference numbers, the
-// parameter count against the real models, the per-policy byte widths, and the activation model's
-// scaling (its absolute accuracy is checked against a real run's peak RSS in tests/cli).
+// parameter count against the real models and a published one (from models/param_shapes.h), the
+// per-policy byte widths, host_memory's block rounding, and the activation model's scaling (its
+// absolute accuracy is checked against a real run's peak RSS in tests/cli).
 #include <gtest/gtest.h>
 
 #include "keel/models/causal_lm.h"
@@ -115,6 +116,31 @@ TEST(MemoryEstimate, ParameterCountMatchesTheModels) {
   }
 }
 
+// Llama-3.1-8B's sizes: grouped-query attention (8 kv heads of 128) and an untied head make it
+// 8.03B parameters; counted from the layout, nothing built.
+TEST(MemoryEstimate, Llama31_8bHasItsPublishedParameterCount) {
+  MemoryQuery q;
+  q.family = "llama";
+  q.layers = 32;
+  q.hidden = 4096;
+  q.heads = 32;
+  q.kv_heads = 8;
+  q.ffn = 14336;
+  q.vocab = 128256;
+  q.tie_embeddings = false;
+  q.precision = "bf16-true";
+  EXPECT_EQ(count_parameters(q), 8'030'261'248);
+  const MemoryEstimate e = estimate_memory(q);
+  EXPECT_EQ(e.params, 8'030'261'248);
+  // Every matrix is a multiple of 2 MiB, every norm (8 KiB) of 64 bytes: no rounding.
+  EXPECT_EQ(e.weights, 2 * e.params);
+  EXPECT_EQ(e.optimizer_state, 2 * e.weights);
+  q.kv_heads = 0;  // full-width k/v projections
+  EXPECT_EQ(count_parameters(q), 8'030'261'248 + 32 * 2 * 4096 * (4096 - 1024));
+  q.tie_embeddings = true;
+  EXPECT_EQ(count_parameters(q), 8'030'261'248 + 32 * 2 * 4096 * (4096 - 1024) - 128256 * 4096);
+}
+
 TEST(MemoryEstimate, ActivationsScaleAsTheSavedTensors) {
   MemoryQuery q = gpt2_query(2, 64, 4, 4, 32);
   const MemoryEstimate a = estimate_memory(q);
@@ -190,6 +216,12 @@ TEST(MemoryEstimate, BadQueriesNameTheFix) {
   q.layers = 2;
   q.heads = 3;
   EXPECT_NE(msg(q).find("divisible"), std::string::npos);
+  q.family = "llama";
+  q.hidden = 96;
+  q.kv_heads = 2;  // 3 heads in 2 groups
+  EXPECT_NE(msg(q).find("pick --kv-heads dividing --heads"), std::string::npos) << msg(q);
+  q.kv_heads = -1;
+  EXPECT_NE(msg(q).find("--kv-heads"), std::string::npos) << msg(q);
 }
 
 }  // namespace

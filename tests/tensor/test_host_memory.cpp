@@ -32,6 +32,29 @@ TEST(HostMemory, ReleasedBlockIsHandedToTheNextRequestOfItsSize) {
   hm::release(b, 1'010'000);
 }
 
+// block_size is what allocate takes (the live bytes it adds), pinned on each side of the rounding
+// regimes: malloc's 64-byte multiples below 64 KiB, 1/16 of the octave up to 8 MiB, 2 MiB above.
+TEST(HostMemory, BlockSizeIsWhatAllocateTakes) {
+  const size_t kib = 1024, mib = kib * kib;
+  EXPECT_EQ(hm::block_size(0), 64u);
+  EXPECT_EQ(hm::block_size(1), 64u);
+  EXPECT_EQ(hm::block_size(8192), 8192u);
+  EXPECT_EQ(hm::block_size(64 * kib - 1), 64 * kib);
+  EXPECT_EQ(hm::block_size(64 * kib), 64 * kib);
+  EXPECT_EQ(hm::block_size(100'000), 25 * 4096u);     // 4 KiB steps in [64, 128) KiB
+  EXPECT_EQ(hm::block_size(796'000), 25 * 32 * kib);  // 32 KiB steps in [512 KiB, 1 MiB)
+  EXPECT_EQ(hm::block_size(8 * mib - 1), 8 * mib);    // 256 KiB steps in [4, 8) MiB
+  EXPECT_EQ(hm::block_size(9 * mib), 10 * mib);       // 2 MiB steps from 8 MiB
+  EXPECT_EQ(hm::block_size(32 * mib), 32 * mib);
+  for (size_t n : {64 * kib, size_t{100'000}, size_t{796'000}, 8 * mib - 1, 9 * mib, 9 * mib + 5}) {
+    const size_t before = hm::stats().live_bytes;
+    void* p = hm::allocate(n);
+    EXPECT_EQ(hm::stats().live_bytes - before, hm::block_size(n)) << n;
+    hm::release(p, n);
+    EXPECT_EQ(hm::stats().live_bytes, before) << n;
+  }
+}
+
 TEST(HostMemory, TensorsReuseTheStorageOfFreedTensorsOfTheSameShape) {
   SKIP_WITHOUT_CACHE();
   hm::empty_cache();

@@ -6,6 +6,7 @@
 #include "keel/backend/cross_entropy.h"
 #include "keel/backend/dropout.h"
 #include "keel/backend/elementwise.h"
+#include "keel/backend/monitor.h"
 #include "keel/backend/norm.h"
 #include "keel/backend/optim.h"
 #include "keel/backend/rope.h"
@@ -23,6 +24,7 @@ namespace keel::cpu {
   extern const DropoutKernels dropout;         \
   extern const CrossEntropyKernels cross_entropy; \
   extern const OptimKernels optim;             \
+  extern const MonitorKernels monitor;         \
   }
 KEEL_DECLARE_ISA_TABLES(generic)
 KEEL_DECLARE_ISA_TABLES(avx2)

@@ -14,6 +14,7 @@
 
 #include "keel/numerics/dtype.h"
 #include "keel/numerics/error.h"
+#include "keel/numerics/hash.h"
 
 namespace keel::cuda {
 

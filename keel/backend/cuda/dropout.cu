@@ -1,0 +1,33 @@
+// CUDA inverted dropout with the counter-based mask of backend/dropout.h (numerics/hash.h).
+// Semantics as backend/cpu (see the family header): f32 opmath, one RNE rounding on store,
+// NaN/inf propagate.
+#include "keel/backend/cuda/kernels.cuh"
+#include "keel/backend/cuda/tables.h"
+
+namespace keel::cuda {
+namespace {
+
+template <class T>
+__global__ void dropout_kernel(T* out, const T* x, int64_t n, uint64_t key, uint32_t threshold,
+                               float scale) {
+  KEEL_CUDA_FOR(i, n) {
+    const uint32_t bits = static_cast<uint32_t>(splitmix64_at(key, static_cast<uint64_t>(i)) >> 32);
+    st(out + i, ld(x + i) * (bits >= threshold ? 1.f : 0.f) * scale);
+  }
+}
+void dropout_apply(void* out, const void* x, DType dt, int64_t n, uint64_t seed, uint32_t threshold,
+                   float scale) {
+  if (n <= 0) return;
+  const uint64_t key = splitmix64_at(seed, 0);
+  KEEL_CUDA_FLOAT_TYPES(dt, T,
+                        dropout_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
+                            (T*)out, (const T*)x, n, key, threshold, scale));
+  KEEL_CUDA_LAUNCHED();
+}
+const DropoutKernels kDropout = {dropout_apply};
+
+}  // namespace
+
+const DropoutKernels& dropout_table() { return kDropout; }
+
+}  // namespace keel::cuda

@@ -1,0 +1,75 @@
+#include "keel/models/param_shapes.h"
+
+namespace keel::models {
+
+int64_t ParamShape::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+namespace {
+
+// nn::Linear(in, out, bias): weight [out, in], then bias [out].
+void linear(std::vector<ParamShape>& out, const std::string& path, int64_t in, int64_t n_out,
+            bool bias) {
+  out.push_back({path + ".weight", {n_out, in}, true});
+  if (bias) out.push_back({path + ".bias", {n_out}, true});
+}
+
+std::vector<ParamShape> gpt2(const ModelSpec& s) {
+  const int64_t C = s.n_embd, F = s.ffn_dim();
+  std::vector<ParamShape> p;
+  p.push_back({"transformer.wte.weight", {s.vocab_size, C}, true});  // also the tied lm_head
+  p.push_back({"transformer.wpe.weight", {s.max_seq_len, C}, false});
+  for (int64_t l = 0; l < s.n_layer; ++l) {
+    const std::string h = "transformer.h." + std::to_string(l);
+    p.push_back({h + ".ln_1.weight", {C}, false});
+    p.push_back({h + ".ln_1.bias", {C}, false});
+    linear(p, h + ".attn.c_attn", C, 3 * C, true);
+    linear(p, h + ".attn.c_proj", C, C, true);
+    p.push_back({h + ".ln_2.weight", {C}, false});
+    p.push_back({h + ".ln_2.bias", {C}, false});
+    linear(p, h + ".mlp.c_fc", C, F, true);
+    linear(p, h + ".mlp.c_proj", F, C, true);
+  }
+  p.push_back({"transformer.ln_f.weight", {C}, false});
+  p.push_back({"transformer.ln_f.bias", {C}, false});
+  return p;
+}
+
+std::vector<ParamShape> llama(const ModelSpec& s) {
+  const int64_t C = s.n_embd, F = s.ffn_dim(), D = s.head_dim();
+  const int64_t q_dim = s.n_head * D, kv_dim = s.kv_heads() * D;
+  std::vector<ParamShape> p;
+  p.push_back({"model.embed_tokens.weight", {s.vocab_size, C}, s.tie_embeddings});
+  for (int64_t l = 0; l < s.n_layer; ++l) {
+    const std::string h = "model.layers." + std::to_string(l);
+    p.push_back({h + ".input_layernorm.weight", {C}, false});
+    linear(p, h + ".self_attn.q_proj", C, q_dim, false);
+    linear(p, h + ".self_attn.k_proj", C, kv_dim, false);
+    linear(p, h + ".self_attn.v_proj", C, kv_dim, false);
+    linear(p, h + ".self_attn.o_proj", q_dim, C, false);
+    p.push_back({h + ".post_attention_layernorm.weight", {C}, false});
+    linear(p, h + ".mlp.gate_proj", C, F, false);
+    linear(p, h + ".mlp.up_proj", C, F, false);
+    linear(p, h + ".mlp.down_proj", F, C, false);
+  }
+  p.push_back({"model.norm.weight", {C}, false});
+  if (!s.tie_embeddings) linear(p, "lm_head", C, s.vocab_size, false);
+  return p;
+}
+
+}  // namespace
+
+std::vector<ParamShape> parameter_shapes(const ModelSpec& spec) {
+  return spec.family == "gpt2" ? gpt2(spec) : llama(spec);
+}
+
+int64_t parameter_count(const ModelSpec& spec) {
+  int64_t n = 0;
+  for (const ParamShape& p : parameter_shapes(spec)) n += p.numel();
+  return n;
+}
+
+}  // namespace keel::models

@@ -1,0 +1,180 @@
+// backend/monitor.h on the CPU: the statistics kernel (one vectorized pass over bit patterns, per
+// ISA, threaded for large tensors) against numerics' scalar tensor_stats, field by field, on every
+// ISA this machine runs and at several thread counts; unscale_norm against a scalar reference.
+#include "keel/backend/monitor.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "keel/backend/cpu/isa.h"
+#include "keel/numerics/convert.h"
+#include "keel/numerics/tensor_stats.h"
+#include "keel/tensor/tensor.h"
+#include "tests/support/check.h"
+
+namespace keel {
+namespace {
+
+using test::IsaRestore;
+using test::ThreadsGuard;
+
+// Values spanning every class: zeros of both signs, subnormals of each format, normals over the
+// whole exponent range, near-max of f16, bf16 and f32, inf and NaN of both signs (when `rare`, a
+// third of the values are special, so that the non-finite path is taken too).
+std::vector<float> mixed_values(int64_t n, bool rare, uint64_t seed) {
+  uint64_t state = seed;
+  auto next = [&] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state;
+  };
+  const float specials[] = {0.f,     -0.f,     1e-6f,    -3e-8f,    1e-39f,  -1e-45f,
+                            65504.f, -40000.f, 32752.f,  32751.f,   6.1e-5f, 6.103515625e-05f,
+                            3e38f,   -1.7e38f, INFINITY, -INFINITY, NAN,     -NAN};
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) {
+    const uint64_t r = next();
+    if (r % 8 == 0 || (rare && r % 3 == 0)) {
+      x = specials[(r >> 8) % (sizeof specials / sizeof specials[0])];
+    } else {
+      // Random sign, exponent over [-149, 127], random mantissa.
+      const uint32_t bits = static_cast<uint32_t>(r >> 11) & 0x807fffffu;
+      const uint32_t e = static_cast<uint32_t>((r >> 40) % 255);
+      x = f32_from_bits(bits | (e << 23));
+    }
+  }
+  return v;
+}
+
+void expect_same_stats(const TensorStats& got, const TensorStats& ref, const std::string& what) {
+  EXPECT_EQ(got.count, ref.count) << what;
+  EXPECT_EQ(got.nan, ref.nan) << what;
+  EXPECT_EQ(got.inf, ref.inf) << what;
+  EXPECT_EQ(got.zero, ref.zero) << what;
+  EXPECT_EQ(got.subnormal, ref.subnormal) << what;
+  EXPECT_EQ(got.near_max, ref.near_max) << what;
+  EXPECT_EQ(got.abs_min, ref.abs_min) << what;
+  EXPECT_EQ(got.abs_max, ref.abs_max) << what;
+  EXPECT_EQ(got.headroom_bits, ref.headroom_bits) << what;
+}
+
+std::vector<CpuIsa> isas_here(CpuIsa best) {
+  std::vector<CpuIsa> out;
+  for (CpuIsa isa : {CpuIsa::Generic, CpuIsa::Avx2, CpuIsa::Avx512})
+    if (static_cast<int>(isa) <= static_cast<int>(best)) out.push_back(isa);
+  return out;
+}
+
+TEST(MonitorKernels, StatsMatchTensorStatsOnEveryIsa) {
+  IsaRestore restore;
+  for (CpuIsa isa : isas_here(restore.saved)) {
+    set_cpu_isa(isa);
+    const MonitorKernels& k = monitor_kernels(Device::cpu());
+    for (int64_t n : {0, 1, 7, 4099, 100003})
+      for (int rare : {0, 1}) {
+        const std::vector<float> v = mixed_values(n, rare, 88172645463325252ull + n);
+        for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+          const Tensor t = Tensor::from_floats(v, {n}, dt);
+          // f32 data is judged against any compute format; 16-bit data against its own (and,
+          // through the scalar fallback, against another).
+          const std::vector<DType> fmts = {DType::F32, DType::BF16, DType::F16};
+          for (DType fmt : fmts) {
+            const std::string what = std::string(cpu_isa_name(isa)) + ": " + dtype_name(dt) +
+                                     " as " + dtype_name(fmt) + " n=" + std::to_string(n) +
+                                     (rare ? " with non-finite" : "");
+            const TensorStats ref = tensor_stats(t.data(), dt, n, fmt);
+            expect_same_stats(k.stats(t.data(), dt, n, fmt), ref, what);
+            if (n > 1000 && fmt == dt) {  // the classes were all there
+              EXPECT_GT(ref.subnormal + ref.zero, 0) << what;
+              EXPECT_GT(ref.near_max, 0) << what;
+              EXPECT_GT(ref.nan, 0) << what;
+            }
+          }
+        }
+      }
+  }
+}
+
+// A tensor large enough to be split over threads: the same result at 1 and 3 threads, on every
+// ISA, equal to the scalar reference; finite (the vectorized path all the way) and with one NaN at
+// the very end (the last block decides the fallback).
+TEST(MonitorKernels, StatsOfALargeTensorAreTheSameForEveryThreadCount) {
+  IsaRestore restore;
+  const int64_t n = (int64_t{1} << 22) + 12345;
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = std::ldexp(static_cast<float>((i * 2654435761u) % 1000) - 500.f,
+                      static_cast<int>(i % 61) - 40);
+  v[17] = 1e-40f;  // an f32 subnormal
+  for (bool with_nan : {false, true}) {
+    if (with_nan) v.back() = NAN;
+    const Tensor t = Tensor::from_floats(v, {n}, DType::F32);
+    const TensorStats ref = tensor_stats(t.data(), DType::F32, n, DType::F16);
+    ASSERT_GT(ref.near_max, 0);
+    ASSERT_GT(ref.subnormal, 0);
+    for (CpuIsa isa : isas_here(restore.saved)) {
+      set_cpu_isa(isa);
+      for (int threads : {1, 3}) {
+        ThreadsGuard guard(threads);
+        expect_same_stats(monitor_kernels(Device::cpu()).stats(t.data(), DType::F32, n, DType::F16),
+                          ref,
+                          std::string(cpu_isa_name(isa)) + ", " + std::to_string(threads) +
+                              " threads" + (with_nan ? ", a NaN" : ""));
+      }
+    }
+  }
+}
+
+// unscale_norm: non-finite values counted before scaling, every value scaled in place (NaN/inf
+// too), the sum of squares of the scaled values; on every ISA.
+TEST(MonitorKernels, UnscaleNormMatchesAScalarReferenceOnEveryIsa) {
+  IsaRestore restore;
+  for (CpuIsa isa : isas_here(restore.saved)) {
+    set_cpu_isa(isa);
+    std::vector<float> a(5000), b(77);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = std::sin(0.37f * i) * 512.f;
+    for (size_t i = 0; i < b.size(); ++i) b[i] = 0.25f * static_cast<float>(i) - 9.f;
+    Tensor ta = Tensor::from_floats(a, {5000}, DType::F32);
+    Tensor tb = Tensor::from_floats(b, {77}, DType::BF16);
+    const std::vector<float> b16 = tb.to_floats();  // b as bf16 holds it
+    void* bufs[] = {ta.data(), tb.data()};
+    const DType dts[] = {DType::F32, DType::BF16};
+    const int64_t ns[] = {5000, 77};
+    const float inv = 1.f / 256;
+    const GradSetStats s = monitor_kernels(Device::cpu()).unscale_norm(bufs, dts, ns, 2, inv);
+    double ref = 0;
+    const std::vector<float> ua = ta.to_floats(), ub = tb.to_floats();
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(ua[i], a[i] * inv) << i;
+      ref += static_cast<double>(ua[i]) * ua[i];
+    }
+    for (size_t i = 0; i < b.size(); ++i) {
+      EXPECT_EQ(ub[i], b16[i] * inv) << i;  // a power of two: exact in bf16
+      ref += static_cast<double>(ub[i]) * ub[i];
+    }
+    EXPECT_EQ(s.nonfinite, 0) << cpu_isa_name(isa);
+    EXPECT_NEAR(s.sum_squares, ref, 1e-5 * ref) << cpu_isa_name(isa);
+
+    // Non-finite values are counted (before scaling) and scaled too.
+    std::vector<float> c = {1.f, NAN, -INFINITY, 2.f, INFINITY};
+    Tensor tc = Tensor::from_floats(c, {5}, DType::F16);
+    void* cb[] = {tc.data()};
+    const DType cd[] = {DType::F16};
+    const int64_t cn[] = {5};
+    const GradSetStats sc = monitor_kernels(Device::cpu()).unscale_norm(cb, cd, cn, 1, 0.5f);
+    EXPECT_EQ(sc.nonfinite, 3) << cpu_isa_name(isa);
+    EXPECT_TRUE(std::isnan(sc.sum_squares)) << cpu_isa_name(isa);
+    const std::vector<float> uc = tc.to_floats();
+    EXPECT_EQ(uc[0], 0.5f);
+    EXPECT_TRUE(std::isnan(uc[1]));
+    EXPECT_EQ(uc[2], -INFINITY);
+    EXPECT_EQ(uc[3], 1.f);
+  }
+}
+
+}  // namespace
+}  // namespace keel

@@ -1,0 +1,46 @@
+// `keel memory` through the binary: a published model's sizes (Llama-3.1-8B, grouped-query
+// attention, untied head) give its real parameter count; bad sizes exit 2 naming the flag to fix.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/support/check.h"
+#include "tests/support/run_keel.h"
+
+namespace keel {
+namespace {
+
+const std::string kLlama31_8b =
+    "memory --family llama --layers 32 --hidden 4096 --heads 32 --kv-heads 8 --ffn 14336 "
+    "--vocab 128256 --tie-embeddings false --precision bf16-true";
+
+TEST(CliMemoryEstimate, Llama31_8bCountsItsPublishedParameters) {
+  const test::KeelRun j = test::run_keel_sh(kLlama31_8b + " --json");
+  ASSERT_EQ(j.code, 0) << j.output;
+  const auto e = nlohmann::json::parse(j.out);
+  EXPECT_EQ(e.at("params").get<int64_t>(), 8'030'261'248);
+  // bf16 weights: every matrix is a multiple of 2 MiB and every norm (8 KiB) of 64 bytes, so
+  // host_memory's blocks hold exactly 2 bytes a parameter.
+  EXPECT_EQ(e.at("weights").get<int64_t>(), 2 * int64_t{8'030'261'248});
+  const test::KeelRun t = test::run_keel_sh(kLlama31_8b);
+  ASSERT_EQ(t.code, 0) << t.output;
+  EXPECT_CONTAINS(t.out, "8030.26M parameters");
+  // The same sizes with full-width k/v projections and a tied head: the count moves with both.
+  const test::KeelRun mha = test::run_keel_sh(
+      "memory --family llama --layers 32 --hidden 4096 --heads 32 --ffn 14336 --vocab 128256 "
+      "--json");
+  ASSERT_EQ(mha.code, 0) << mha.output;
+  EXPECT_EQ(nlohmann::json::parse(mha.out).at("params").get<int64_t>(),
+            8'030'261'248 + 32 * 2 * 4096 * (4096 - 1024) - 128256 * 4096);
+}
+
+TEST(CliMemoryEstimate, KvHeadsThatDoNotDivideTheHeadsAreAUsageError) {
+  const test::KeelRun r = test::run_keel_sh(
+      "memory --family llama --layers 2 --hidden 256 --heads 8 --kv-heads 3 --batch 1 --seq 8");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "--kv-heads");
+}
+
+}  // namespace
+}  // namespace keel

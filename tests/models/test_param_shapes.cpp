@@ -1,0 +1,78 @@
+// models/param_shapes.h: every name, shape and order against the models gpt2.cpp and llama.cpp
+// build, the matmul flag against the modules that own the parameters, and the counts of published
+// models computed without building them.
+#include "keel/models/param_shapes.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "keel/models/causal_lm.h"
+
+namespace keel::models {
+namespace {
+
+ModelSpec spec(const char* family, int64_t layers, int64_t embd, int64_t heads, int64_t kv_heads,
+               int64_t vocab, bool tie, int64_t ffn = 0) {
+  ModelSpec s;
+  s.family = family;
+  s.n_layer = layers;
+  s.n_embd = embd;
+  s.n_head = heads;
+  s.n_kv_head = kv_heads;
+  s.vocab_size = vocab;
+  s.max_seq_len = 40;
+  s.tie_embeddings = tie;
+  s.intermediate_size = ffn;
+  return s;
+}
+
+TEST(ParamShapes, MatchTheBuiltModelsNameForName) {
+  const ModelSpec specs[] = {
+      spec("gpt2", 2, 32, 4, 0, 259, true),      spec("gpt2", 3, 48, 6, 0, 300, true, 100),
+      spec("gpt2", 1, 16, 2, 0, 50, false),  // GPT-2 ties whatever the flag says
+      spec("llama", 2, 32, 4, 2, 259, true),     spec("llama", 2, 32, 4, 0, 259, false),
+      spec("llama", 3, 64, 8, 1, 77, false, 96),  // multi-query, explicit MLP width
+  };
+  for (const ModelSpec& s : specs) {
+    const std::string what = s.family + " L" + std::to_string(s.n_layer) + " C" +
+                             std::to_string(s.n_embd) + (s.tie_embeddings ? " tied" : " untied");
+    auto model = make_causal_lm(s, 1);
+    // The parameters autocast casts: those of Linear modules, and the embedding a tied head
+    // multiplies by (GPT-2's wte, a tied Llama's embed_tokens).
+    std::set<std::string> matmul;
+    for (nn::Module* m : model->modules())
+      if (m->type() == "Linear")
+        for (const auto& [name, p] : m->local_parameters()) matmul.insert(m->path() + "." + name);
+    if (s.family == "gpt2") matmul.insert("transformer.wte.weight");
+    if (s.family == "llama" && s.tie_embeddings) matmul.insert("model.embed_tokens.weight");
+
+    const std::vector<ParamShape> shapes = parameter_shapes(s);
+    const auto& params = model->named_parameters();
+    ASSERT_EQ(shapes.size(), params.size()) << what;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      EXPECT_EQ(shapes[i].name, params[i].first) << what << " #" << i;
+      EXPECT_EQ(shapes[i].shape, params[i].second.shape()) << what << " " << shapes[i].name;
+      EXPECT_EQ(shapes[i].numel(), params[i].second.numel()) << what << " " << shapes[i].name;
+      EXPECT_EQ(shapes[i].matmul, matmul.count(params[i].first) == 1)
+          << what << " " << shapes[i].name;
+    }
+    EXPECT_EQ(parameter_count(s), model->num_parameters()) << what;
+  }
+}
+
+// Published sizes, counted without building: Llama-3.1-8B (grouped-query attention with 8 kv heads,
+// untied head) is 8.03B, not the 8.31B that full-width k/v projections would give; GPT-2 124M.
+TEST(ParamShapes, CountPublishedModelsWithoutBuildingThem) {
+  const ModelSpec llama31_8b = spec("llama", 32, 4096, 32, 8, 128256, false, 14336);
+  EXPECT_EQ(parameter_count(llama31_8b), 8'030'261'248);
+  ModelSpec mha = llama31_8b;
+  mha.n_kv_head = 0;
+  EXPECT_EQ(parameter_count(mha), 8'835'567'616);  // what ignoring n_kv_head would count
+  ModelSpec gpt2_124m = spec("gpt2", 12, 768, 12, 0, 50257, true);
+  gpt2_124m.max_seq_len = 1024;
+  EXPECT_EQ(parameter_count(gpt2_124m), 124'439'808);
+}
+
+}  // namespace
+}  // namespace keel::models
