@@ -18,6 +18,10 @@ void register_commands(CLI::App& app) {
   commands().push_back(add_doctor(app));
   commands().push_back(add_memory(app));
   commands().push_back(add_serve(app));
+  commands().push_back(add_tokenize(app));
+  commands().push_back(add_generate(app));
+  commands().push_back(add_export(app));
+  commands().push_back(add_eval(app));
 }
 
 int run_selected(CLI::App&) {

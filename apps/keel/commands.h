@@ -20,6 +20,10 @@ Command add_replay(CLI::App& app);
 Command add_doctor(CLI::App& app);
 Command add_memory(CLI::App& app);
 Command add_serve(CLI::App& app);
+Command add_tokenize(CLI::App& app);
+Command add_generate(CLI::App& app);
+Command add_export(CLI::App& app);
+Command add_eval(CLI::App& app);
 
 void register_commands(CLI::App& app);
 

@@ -245,4 +245,18 @@ std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Token
   return std::make_unique<ExampleDataset>(std::move(examples), path, std::move(lines));
 }
 
+std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>> split_dataset(
+    const Dataset& all, int64_t n_eval, const std::string& what) {
+  const int64_t n = all.size();
+  if (n_eval < 1 || n_eval >= n)
+    throw Error(what + ": holding out " + std::to_string(n_eval) + " of " + std::to_string(n) +
+                    " examples leaves " + (n_eval < 1 ? "no validation" : "no training") +
+                    " example; give a file with more examples or another data.eval_fraction",
+                Error::kUsage);
+  std::vector<Example> train, eval;
+  for (int64_t i = 0; i < n; ++i) (i < n - n_eval ? train : eval).push_back(all.get(i));
+  return {std::make_unique<ExampleDataset>(std::move(train), what + " (training part)"),
+          std::make_unique<ExampleDataset>(std::move(eval), what + " (validation part)")};
+}
+
 }  // namespace keel::data

@@ -46,6 +46,11 @@ class ExampleDataset : public Dataset {
   std::vector<int64_t> lines_;
 };
 
+// The last `n_eval` examples of `all` (in order) and the others: a validation split of one file.
+// Errors (kUsage, naming `what`) when either part would be empty.
+std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>> split_dataset(
+    const Dataset& all, int64_t n_eval, const std::string& what);
+
 // Plain text file; every token is a target.
 //  pack = false: one example per paragraph (paragraphs are separated by blank lines, i.e. lines
 //    holding only spaces, tabs or '\r'); an example is the paragraph's bytes (its lines joined by

@@ -176,9 +176,11 @@ void write_dir_atomic(const std::string& dir, const std::function<void(const std
 }
 
 void save_checkpoint(const std::string& dir, const NamedTensors& model,
-                     const NamedTensors& optimizer, const json& trainer_state) {
+                     const NamedTensors& optimizer, const json& trainer_state,
+                     const std::function<void(const std::string& tmp)>& extra_files) {
   check_finite(trainer_state, "");
   write_dir_atomic(dir, [&](const std::string& tmp) {
+    if (extra_files) extra_files(tmp);
     const std::map<std::string, std::string> meta = {{"format", "pt"}};
     write_safetensors((fs::path(tmp) / kModel).string(), model, meta);
     write_safetensors((fs::path(tmp) / kOptimizer).string(), optimizer, meta);

@@ -31,8 +31,11 @@ struct Checkpoint {
 
 // Tensors must be on the CPU. `trainer_state` is written as pretty-printed JSON; it must hold only
 // finite numbers (JSON has no NaN/inf), which is checked, naming the offending path.
+// `extra_files` (optional) writes more files into the temporary directory (the model's
+// config.json, see io/trained_model.h), so that they are replaced with the rest.
 void save_checkpoint(const std::string& dir, const NamedTensors& model,
-                     const NamedTensors& optimizer, const nlohmann::json& trainer_state);
+                     const NamedTensors& optimizer, const nlohmann::json& trainer_state,
+                     const std::function<void(const std::string& tmp)>& extra_files = {});
 
 // Reads a checkpoint directory. Every problem is an Error naming the file (and, for safetensors,
 // the tensor): a missing file, a truncated or corrupt safetensors file, invalid JSON.

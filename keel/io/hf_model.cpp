@@ -11,6 +11,7 @@
 #include "keel/io/atomic_file.h"
 #include "keel/io/checkpoint.h"
 #include "keel/io/safetensors.h"
+#include "keel/io/trained_model.h"
 
 namespace keel::io {
 
@@ -307,7 +308,9 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
                    "an MLP " + std::to_string((*mlp)[gpt2 ? 1 : 0]) + " wide");
 }
 
-json config_json(const models::ModelSpec& s, DType dt, const json& base) {
+}  // namespace
+
+json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
   json j = base.is_object() ? base : json::object();
   const char* torch_dtype = dt == DType::BF16  ? "bfloat16"
                             : dt == DType::F16 ? "float16"
@@ -354,6 +357,8 @@ json config_json(const models::ModelSpec& s, DType dt, const json& base) {
   j["torch_dtype"] = torch_dtype;
   return j;
 }
+
+namespace {
 
 // The base parameters (adapter parameters excluded), in registration order.
 std::vector<std::pair<std::string, Tensor>> base_parameters(models::CausalLM& model) {
@@ -456,6 +461,23 @@ HfConfig read_hf_config(const std::string& dir) {
 
 void load_hf_weights(models::CausalLM& model, const std::string& dir) {
   const models::ModelSpec& spec = model.spec();
+  if (is_keel_checkpoint(dir)) {  // a run's checkpoint: keel's layout, its adapters merged
+    TrainedModel t = load_trained_model(dir, "", DType::F32, spec.attention);
+    nn::merge_adapters(*t.model);
+    std::map<std::string, Tensor> merged;
+    for (auto& [name, p] : base_parameters(*t.model)) merged[name] = p;
+    for (auto& [name, p] : base_parameters(model)) {
+      auto it = merged.find(name);
+      if (it == merged.end() || it->second.shape() != p.shape())
+        throw Error(dir + "/model.safetensors: tensor '" + name + "' is " +
+                    (it == merged.end() ? std::string("missing") : shape_str(it->second.shape())) +
+                    " for a model built from " + dir + "/config.json");
+      Tensor dst = p;
+      dst.copy_from(it->second);
+      dst.bump_version();
+    }
+    return;
+  }
   WeightSource src = read_weights(dir);
   std::set<std::string> used;
   for (auto& [name, p] : base_parameters(model)) {
@@ -564,14 +586,11 @@ void save_hf_model(models::CausalLM& model, const std::string& dir, const HfSave
       if (!written.count(f)) remove_if_exists(dir + "/" + f);
   }
   write_file_atomic(dir + "/config.json",
-                    config_json(spec, stored, opt.base_config).dump(2) + "\n");
+                    hf_config_json(spec, stored, opt.base_config).dump(2) + "\n");
 }
 
-void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
-                       const std::string& dir, const std::string& base_model_name_or_path) {
-  auto tensors = nn::peft_state_dict(model);
-  if (tensors.empty())
-    throw Error("save_peft_adapter: the model has no adapter (set model.adapter.kind)");
+json peft_config_json(const models::CausalLM& model, const nn::AdapterOptions& opt,
+                      const std::string& base_model_name_or_path) {
   json c;
   c["task_type"] = "CAUSAL_LM";
   c["base_model_name_or_path"] =
@@ -605,16 +624,28 @@ void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
     // PEFT's flag for weights stored [in, out]: GPT-2's Conv1D layers in HF.
     c["fan_in_fan_out"] = model.spec().family == "gpt2";
   }
-  const std::string text = c.dump(2) + "\n";
+  return c;
+}
+
+void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
+                       const std::string& dir, const std::string& base_model_name_or_path) {
+  auto tensors = nn::peft_state_dict(model);
+  if (tensors.empty())
+    throw Error("save_peft_adapter: the model has no adapter (set model.adapter.kind)");
+  const std::string text = peft_config_json(model, opt, base_model_name_or_path).dump(2) + "\n";
   write_dir_atomic(dir, [&](const std::string& tmp) {
     write_file_atomic(tmp + "/adapter_config.json", text);
     write_safetensors(tmp + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
   });
 }
 
-nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string& dir) {
+nn::AdapterOptions read_peft_config(const std::string& dir) {
   const std::string cfg_path = dir + "/adapter_config.json";
-  const std::string st_path = dir + "/adapter_model.safetensors";
+  if (!fs::exists(cfg_path))
+    throw Error(dir +
+                    ": no adapter_config.json (expected a PEFT adapter directory, e.g. a run's "
+                    "out_dir/adapter)",
+                Error::kUsage);
   const json c = read_json(cfg_path);
   ConfigReader r{c, cfg_path};
   nn::AdapterOptions opt;
@@ -643,6 +674,12 @@ nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string&
     if (!t.is_string()) throw Error(cfg_path + ": target_modules must hold strings");
     opt.target_modules.push_back(t.get<std::string>());
   }
+  return opt;
+}
+
+nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string& dir) {
+  const std::string st_path = dir + "/adapter_model.safetensors";
+  const nn::AdapterOptions opt = read_peft_config(dir);
   nn::apply_adapters(model, opt);
   Safetensors st = read_safetensors(st_path);
   std::set<std::string> used;

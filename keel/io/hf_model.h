@@ -37,7 +37,8 @@ struct HfConfig {
 HfConfig read_hf_config(const std::string& dir);
 
 // Copies the weights of DIR into `model` (built from a matching spec), converting to each
-// parameter's dtype (exact for bf16/f16 -> f32). Bumps every parameter's version.
+// parameter's dtype (exact for bf16/f16 -> f32). Bumps every parameter's version. DIR may be a
+// keel checkpoint (io/trained_model.h): its weights are read in keel's layout, adapters merged.
 void load_hf_weights(models::CausalLM& model, const std::string& dir);
 
 // read_hf_config + make_causal_lm (parameters in `param_dtype`) + load_hf_weights.
@@ -55,6 +56,11 @@ struct HfSaveOptions {
   nlohmann::json base_config = nlohmann::json::object();
 };
 
+// The config.json of `spec` with weights stored in `stored` (torch_dtype); `base`'s fields that
+// keel does not set (token ids, ...) are kept.
+nlohmann::json hf_config_json(const models::ModelSpec& spec, DType stored,
+                              const nlohmann::json& base = nlohmann::json::object());
+
 // Writes config.json and the weights in HF's layout (adapter parameters excluded: merge first to
 // save an adapted model as a plain one). Files are written atomically one by one; a previous
 // layout's weight files in `dir` (single or sharded) are removed so that loaders never see both.
@@ -67,6 +73,14 @@ void save_hf_model(models::CausalLM& model, const std::string& dir, const HfSave
 // replaced atomically (io::write_dir_atomic).
 void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
                        const std::string& dir, const std::string& base_model_name_or_path = "");
+
+// The adapter_config.json save_peft_adapter writes.
+nlohmann::json peft_config_json(const models::CausalLM& model, const nn::AdapterOptions& opt,
+                                const std::string& base_model_name_or_path = "");
+
+// The adapter options of DIR/adapter_config.json (PEFT's LORA, DoRA or LOKR); Errors name the
+// file and the field.
+nn::AdapterOptions read_peft_config(const std::string& dir);
 
 // Reads a PEFT adapter directory written by save_peft_adapter (or by PEFT for these tuners):
 // applies the adapters its config describes to `model`, then loads their tensors. Errors name the

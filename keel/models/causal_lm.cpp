@@ -30,6 +30,14 @@ void ModelSpec::validate() const {
   if (max_seq_len < 1) throw bad("max_seq_len must be >= 1");
 }
 
+Tensor CausalLM::forward_cached(const Tensor& ids, KVCache& cache) {
+  KEEL_CHECK(ids.dim() == 2 && ids.size(0) == 1,
+             "forward_cached: input_ids must be [1, T], got " + shape_str(ids.shape()));
+  Tensor logits = run(ids, Tensor(), &cache);
+  cache.length += ids.size(1);
+  return logits;
+}
+
 std::unique_ptr<CausalLM> make_causal_lm(const ModelSpec& spec, uint64_t seed) {
   spec.validate();
   std::unique_ptr<CausalLM> m;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "keel/models/kv_cache.h"
 #include "keel/nn/module.h"
 #include "keel/ops/attention.h"
 #include "keel/ops/rope.h"
@@ -40,11 +41,22 @@ class CausalLM : public nn::Module {
       : nn::Module(std::move(type)), spec_(std::move(spec)) {}
   // input_ids: I64 [B, T]; attention_mask: U8 [B, T] (1 real, 0 pad) or undefined.
   // Returns logits [B, T, V] in the dtype of the last projection (compute dtype under autocast).
-  virtual Tensor forward(const Tensor& input_ids, const Tensor& attention_mask) = 0;
+  Tensor forward(const Tensor& input_ids, const Tensor& attention_mask) {
+    return run(input_ids, attention_mask, nullptr);
+  }
+  // Incremental decoding (batch 1, no padding): the logits [1, Tn, V] of input_ids [1, Tn] at
+  // positions [cache.length, cache.length + Tn), attending to every position the cache holds,
+  // which it then holds too. The prompt's pass (cache.length == 0) computes what forward() does.
+  Tensor forward_cached(const Tensor& input_ids, KVCache& cache);
+  // A cache with room for max_seq_len positions of every layer.
+  KVCache make_kv_cache() const { return KVCache(spec_.n_layer, spec_.max_seq_len); }
   const ModelSpec& spec() const { return spec_; }
   void set_attention_backend(ops::AttentionBackend b) { spec_.attention = b; }
 
  protected:
+  // The forward of the family; with a cache, positions start at cache->length (batch 1, no mask)
+  // and every layer appends its keys and values.
+  virtual Tensor run(const Tensor& input_ids, const Tensor& attention_mask, KVCache* cache) = 0;
   ModelSpec spec_;
   friend void resize_token_embeddings(CausalLM& model, int64_t new_vocab);  // models/resize.h
 };

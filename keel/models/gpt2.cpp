@@ -18,7 +18,8 @@ GPT2Attention::GPT2Attention(const ModelSpec& s)
   resid_dropout = register_module("resid_dropout", std::make_unique<nn::Dropout>(s.dropout));
 }
 
-Tensor GPT2Attention::forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend) {
+Tensor GPT2Attention::forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
+                              KVCache* cache, size_t layer) {
   return call({x}, [&] {
     Tensor qkv = c_attn->forward(x);                              // [B, T, 3C]
     auto parts = ops::split_last(qkv, {n_embd, n_embd, n_embd});  // 3 x [B, T, C]
@@ -26,7 +27,13 @@ Tensor GPT2Attention::forward(const Tensor& x, const Tensor& mask, ops::Attentio
     Tensor q = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[0], n_head));  // [B,H,T,D]
     Tensor k = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[1], n_head));
     Tensor v = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[2], n_head));
-    Tensor y = ops::merge_heads(ops::attention(q, k, v, mask, backend));  // [B, T, C]
+    Tensor y;  // [B, T, C]
+    if (cache) {
+      auto [k_all, v_all] = kv_append(cache->layers[layer], cache->capacity, cache->length, k, v);
+      y = ops::merge_heads(cached_attention(q, k_all, v_all, backend));
+    } else {
+      y = ops::merge_heads(ops::attention(q, k, v, mask, backend));
+    }
     return resid_dropout->forward(c_proj->forward(y));
   });
 }
@@ -55,9 +62,10 @@ GPT2Block::GPT2Block(const ModelSpec& s) : nn::Module("GPT2Block") {
   mlp = register_module("mlp", std::make_unique<GPT2MLP>(s));
 }
 
-Tensor GPT2Block::forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend) {
+Tensor GPT2Block::forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
+                          KVCache* cache, size_t layer) {
   return call({x}, [&] {
-    Tensor h = nn::residual_add(x, attn->forward(ln_1->forward(x), mask, backend));
+    Tensor h = nn::residual_add(x, attn->forward(ln_1->forward(x), mask, backend, cache, layer));
     return nn::residual_add(h, mlp->forward(ln_2->forward(h)));
   });
 }
@@ -90,22 +98,23 @@ GPT2LMHeadModel::GPT2LMHeadModel(const ModelSpec& s, uint64_t seed)
   }
 }
 
-Tensor GPT2LMHeadModel::forward(const Tensor& ids, const Tensor& mask) {
+Tensor GPT2LMHeadModel::run(const Tensor& ids, const Tensor& mask, KVCache* cache) {
   return call({ids}, [&] {
     KEEL_CHECK(ids.dim() == 2, "GPT-2 input_ids must be [B, T], got " + shape_str(ids.shape()));
-    const int64_t B = ids.size(0), T = ids.size(1);
-    if (T > spec_.max_seq_len)
-      throw Error("sequence length " + std::to_string(T) + " exceeds the model's max_seq_len " +
-                  std::to_string(spec_.max_seq_len) +
+    const int64_t B = ids.size(0), T = ids.size(1), past = cache ? cache->length : 0;
+    if (past + T > spec_.max_seq_len)
+      throw Error("sequence length " + std::to_string(past + T) +
+                  " exceeds the model's max_seq_len " + std::to_string(spec_.max_seq_len) +
                   " (raise model.max_seq_len or lower data.seq_len)");
     std::vector<int64_t> pos(B * T);
     for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < T; ++t) pos[b * T + t] = t;
+      for (int64_t t = 0; t < T; ++t) pos[b * T + t] = past + t;
     Tensor x = nn::residual_add(
         transformer->wte->forward(ids),
         transformer->wpe->forward(Tensor::from_ints(pos, {B, T}).to(ids.device())));
     x = transformer->drop->forward(x);
-    for (GPT2Block* block : transformer->h) x = block->forward(x, mask, spec_.attention);
+    for (size_t i = 0; i < transformer->h.size(); ++i)
+      x = transformer->h[i]->forward(x, mask, spec_.attention, cache, i);
     x = transformer->ln_f->forward(x);
     // lm_head is tied to wte: logits = x·wteᵀ, under the linear autocast rule.
     using amp::AmpOp;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "keel/models/causal_lm.h"
+#include "keel/models/kv_cache.h"
 #include "keel/nn/layers.h"
 
 namespace keel::models {
@@ -11,7 +12,8 @@ namespace keel::models {
 class GPT2Attention : public nn::Module {
  public:
   explicit GPT2Attention(const ModelSpec& s);
-  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend);  // [B,T,C]
+  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
+                 KVCache* cache = nullptr, size_t layer = 0);  // [B,T,C]
   nn::Linear *c_attn, *c_proj;
   nn::Dropout* resid_dropout;
   int64_t n_head, n_embd;
@@ -28,7 +30,8 @@ class GPT2MLP : public nn::Module {
 class GPT2Block : public nn::Module {
  public:
   explicit GPT2Block(const ModelSpec& s);
-  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend);
+  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
+                 KVCache* cache = nullptr, size_t layer = 0);
   nn::LayerNorm *ln_1, *ln_2;
   GPT2Attention* attn;
   GPT2MLP* mlp;
@@ -46,8 +49,10 @@ class GPT2Model : public nn::Module {
 class GPT2LMHeadModel : public CausalLM {
  public:
   GPT2LMHeadModel(const ModelSpec& s, uint64_t seed);
-  Tensor forward(const Tensor& input_ids, const Tensor& attention_mask) override;
   GPT2Model* transformer;
+
+ protected:
+  Tensor run(const Tensor& input_ids, const Tensor& attention_mask, KVCache* cache) override;
 };
 
 }  // namespace keel::models

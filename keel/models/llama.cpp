@@ -24,18 +24,27 @@ LlamaAttention::LlamaAttention(const ModelSpec& s)
   o_proj = register_module("o_proj", lin(n_head * d, s.n_embd));
 }
 
-Tensor LlamaAttention::forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend) {
+Tensor LlamaAttention::forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
+                               KVCache* cache, size_t layer) {
   return call({x}, [&] {
     using amp::AmpOp;
     const float theta = static_cast<float>(rope_theta);
-    Tensor q = ops::rope(ops::split_heads(q_proj->forward(x), n_head), theta, 0,
+    const int64_t past = cache ? cache->length : 0;  // the first new token's position
+    Tensor q = ops::rope(ops::split_heads(q_proj->forward(x), n_head), theta, past,
                          rope_scaling);  // [B,H,T,D]
-    Tensor k = ops::rope(ops::split_heads(k_proj->forward(x), n_kv_head), theta, 0,
+    Tensor k = ops::rope(ops::split_heads(k_proj->forward(x), n_kv_head), theta, past,
                          rope_scaling);                          // [B,Hkv,T,D]
     Tensor v = ops::split_heads(v_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
-    Tensor y =
-        ops::attention(amp::autocast(AmpOp::kAttention, q), amp::autocast(AmpOp::kAttention, k),
-                       amp::autocast(AmpOp::kAttention, v), mask, backend);
+    q = amp::autocast(AmpOp::kAttention, q);
+    k = amp::autocast(AmpOp::kAttention, k);
+    v = amp::autocast(AmpOp::kAttention, v);
+    Tensor y;
+    if (cache) {
+      auto [k_all, v_all] = kv_append(cache->layers[layer], cache->capacity, past, k, v);
+      y = cached_attention(q, k_all, v_all, backend);
+    } else {
+      y = ops::attention(q, k, v, mask, backend);
+    }
     return o_proj->forward(ops::merge_heads(y));  // [B, T, C]
   });
 }
@@ -70,9 +79,10 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s) : nn::Module("LlamaDeco
 }
 
 Tensor LlamaDecoderLayer::forward(const Tensor& x, const Tensor& mask,
-                                  ops::AttentionBackend backend) {
+                                  ops::AttentionBackend backend, KVCache* cache, size_t layer) {
   return call({x}, [&] {
-    Tensor h = nn::residual_add(x, self_attn->forward(input_layernorm->forward(x), mask, backend));
+    Tensor h = nn::residual_add(
+        x, self_attn->forward(input_layernorm->forward(x), mask, backend, cache, layer));
     return nn::residual_add(h, mlp->forward(post_attention_layernorm->forward(h)));
   });
 }
@@ -100,11 +110,12 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelSpec& s, uint64_t seed)
     if (name.find("norm") == std::string::npos) fill_normal(p, rng, 0.0, spec_.init_std);
 }
 
-Tensor LlamaForCausalLM::forward(const Tensor& ids, const Tensor& mask) {
+Tensor LlamaForCausalLM::run(const Tensor& ids, const Tensor& mask, KVCache* cache) {
   return call({ids}, [&] {
     KEEL_CHECK(ids.dim() == 2, "Llama input_ids must be [B, T], got " + shape_str(ids.shape()));
     Tensor x = model->embed_tokens->forward(ids);
-    for (LlamaDecoderLayer* layer : model->layers) x = layer->forward(x, mask, spec_.attention);
+    for (size_t i = 0; i < model->layers.size(); ++i)
+      x = model->layers[i]->forward(x, mask, spec_.attention, cache, i);
     x = model->norm->forward(x);
     if (lm_head) return lm_head->forward(x);
     using amp::AmpOp;

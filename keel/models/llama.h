@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "keel/models/causal_lm.h"
+#include "keel/models/kv_cache.h"
 #include "keel/nn/layers.h"
 
 namespace keel::models {
@@ -11,7 +12,8 @@ namespace keel::models {
 class LlamaAttention : public nn::Module {
  public:
   explicit LlamaAttention(const ModelSpec& s);
-  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend);  // [B,T,C]
+  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
+                 KVCache* cache = nullptr, size_t layer = 0);  // [B,T,C]
   nn::Linear *q_proj, *k_proj, *v_proj, *o_proj;
   int64_t n_head, n_kv_head;
   double rope_theta;
@@ -28,7 +30,8 @@ class LlamaMLP : public nn::Module {
 class LlamaDecoderLayer : public nn::Module {
  public:
   explicit LlamaDecoderLayer(const ModelSpec& s);
-  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend);
+  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
+                 KVCache* cache = nullptr, size_t layer = 0);
   nn::RMSNorm *input_layernorm, *post_attention_layernorm;
   LlamaAttention* self_attn;
   LlamaMLP* mlp;
@@ -45,9 +48,11 @@ class LlamaModel : public nn::Module {
 class LlamaForCausalLM : public CausalLM {
  public:
   LlamaForCausalLM(const ModelSpec& s, uint64_t seed);
-  Tensor forward(const Tensor& input_ids, const Tensor& attention_mask) override;
   LlamaModel* model;
   nn::Linear* lm_head = nullptr;  // null when tied to embed_tokens
+
+ protected:
+  Tensor run(const Tensor& input_ids, const Tensor& attention_mask, KVCache* cache) override;
 };
 
 }  // namespace keel::models

@@ -99,6 +99,8 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("data", data, shuffle));
     k.push_back(KEEL_KEY("data", data, num_examples).at_least(1).at_most(100000000));
     k.push_back(KEEL_KEY("data", data, eval_examples).at_least(0).at_most(100000000));
+    k.push_back(KEEL_KEY("data", data, eval_path));
+    k.push_back(KEEL_KEY("data", data, eval_fraction).at_least(0).below(1));
     // 18 digits keep operands and their sums within int64.
     k.push_back(KEEL_KEY("data", data, digits).at_least(1).at_most(18));
     k.push_back(KEEL_KEY("data", data, arith_reverse));
@@ -536,6 +538,13 @@ void validate(Config& c, const Origins& origins) {
   if ((c.data.task == "text" || c.data.task == "jsonl") && c.data.path.empty())
     throw usage("data.task = \"" + c.data.task + "\"" + at("data.task") + " needs data.path (the " +
                 c.data.task + " file to train on)");
+  if (!c.data.eval_path.empty() && c.data.eval_fraction > 0)
+    throw usage(prefix("data.eval_path") +
+                "data.eval_path and data.eval_fraction both give a validation split; set one");
+  if (c.data.task == "arith" && (!c.data.eval_path.empty() || c.data.eval_fraction > 0))
+    throw usage(prefix("data.task") +
+                "data.eval_path / data.eval_fraction apply to text and jsonl; the arith task "
+                "holds out data.eval_examples problems of its own");
   if (c.data.tokenizer.empty())
     throw usage(prefix("data.tokenizer") +
                 "data.tokenizer must not be empty (\"byte\", \"gpt2:DIR\" or \"hf:PATH\")");

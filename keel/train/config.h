@@ -53,7 +53,9 @@ struct DataConfig {
   bool pack = false;  // pack text into full seq_len rows instead of one example per row
   bool shuffle = true;
   int64_t num_examples = 20000;  // arith: training examples generated
-  int64_t eval_examples = 500;   // held-out examples
+  int64_t eval_examples = 500;   // arith: held-out examples
+  std::string eval_path;         // text / jsonl: a validation file (same format as path)
+  double eval_fraction = 0;      // text / jsonl: hold out this share of path's examples
   int64_t digits = 2;            // arith: max digits per operand
   bool arith_reverse = true;     // arith: aligned operands, answer least-significant digit first
 };

@@ -6,6 +6,7 @@
 #include "keel/autograd/node.h"
 #include "keel/ops/cross_entropy.h"
 #include "keel/ops/shape.h"
+#include "keel/train/eval_loss.h"
 #include "keel/train/trainer.h"
 
 namespace keel {
@@ -14,19 +15,13 @@ EvalResult Trainer::evaluate() {
   EvalResult e;
   e.step = step_;
   if (!run_.data.eval || run_.data.eval->size() == 0) return e;
+  const LossTotal loss =
+      dataset_loss(*run_.model, *run_.data.eval, run_.cfg.train.batch_size, run_.cfg.data.seq_len,
+                   run_.data.pad_id, run_.policy, run_.device);
+  e.loss = loss.loss();
+  e.tokens = loss.tokens;
   NoGradGuard no_grad;
-  run_.model->train(false);
   amp::AutocastGuard autocast(run_.policy.autocast, run_.policy.compute_dtype);
-  data::DataLoader eval_loader(*run_.data.eval, run_.cfg.train.batch_size, run_.cfg.data.seq_len,
-                               run_.data.pad_id, false, run_.cfg.run.seed);
-  double loss_sum = 0;
-  for (int64_t i = 0; i < eval_loader.batches_per_epoch(); ++i) {
-    data::Batch b = eval_loader.batch(0, i).to(run_.device);
-    if (b.n_targets == 0) continue;
-    loss_sum += batch_loss_sum(*run_.model, b).item();
-    e.tokens += b.n_targets;
-  }
-  e.loss = e.tokens ? loss_sum / e.tokens : 0;
   // Exact match by greedy decoding (the built-in task).
   if (!run_.data.eval_prompts.empty()) {
     int64_t correct = 0;

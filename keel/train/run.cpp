@@ -2,7 +2,10 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "keel/backend/cuda_api.h"
 #include "keel/backend/parallel.h"
@@ -80,10 +83,25 @@ RunData build_data(const Config& cfg) {
     d.eval_answers = std::move(task.eval_answers);
     d.stop_token = task.stop_token;
     d.max_answer_tokens = task.max_answer_tokens;
-  } else if (dc.task == "text") {
-    d.train = data::load_text_dataset(dc.path, *d.tokenizer, dc.seq_len, dc.pack);
-  } else if (dc.task == "jsonl") {
-    d.train = data::load_jsonl_dataset(dc.path, *d.tokenizer, dc.seq_len);
+  } else if (dc.task == "text" || dc.task == "jsonl") {
+    auto load = [&](const std::string& path) {
+      return dc.task == "text" ? data::load_text_dataset(path, *d.tokenizer, dc.seq_len, dc.pack)
+                               : data::load_jsonl_dataset(path, *d.tokenizer, dc.seq_len);
+    };
+    d.train = load(dc.path);
+    if (!dc.eval_path.empty()) {
+      if (!std::filesystem::is_regular_file(dc.eval_path))
+        throw Error("data.eval_path = \"" + dc.eval_path +
+                        "\": no such file (a validation file in the format of data.path)",
+                    Error::kUsage);
+      d.eval = load(dc.eval_path);
+    } else if (dc.eval_fraction > 0) {
+      const auto n_eval = std::max<int64_t>(
+          1, std::llround(dc.eval_fraction * static_cast<double>(d.train->size())));
+      auto [train, eval] = data::split_dataset(*d.train, n_eval, dc.path);
+      d.train = std::move(train);
+      d.eval = std::move(eval);
+    }
   } else {
     throw Error("data.task = \"" + dc.task + "\": use arith, text or jsonl", Error::kUsage);
   }

@@ -5,6 +5,7 @@
 
 #include "keel/io/checkpoint.h"
 #include "keel/io/json_fields.h"
+#include "keel/io/trained_model.h"
 #include "keel/train/trainer.h"
 
 namespace keel {
@@ -47,7 +48,14 @@ void Trainer::save_checkpoint(const std::string& dir) {
   st["world_size"] = coll_->world_size();        // next_batch counts global micro-batches
   st["config"] = fixed_by_checkpoint(run_.cfg);  // checked on resume
   if (run_.scaler) st["scaler"] = run_.scaler->state_dict();
-  io::save_checkpoint(dir, run_.model->named_parameters(), run_.optimizer->state(), st);
+  std::optional<nn::AdapterOptions> adapter;
+  if (run_.cfg.model.adapter.kind != "none") adapter = run_.cfg.model.adapter;
+  io::save_checkpoint(dir, run_.model->named_parameters(), run_.optimizer->state(), st,
+                      [&](const std::string& tmp) {  // the checkpoint is a model.path too
+                        io::write_checkpoint_model_files(*run_.model, adapter,
+                                                         run_.cfg.data.tokenizer,
+                                                         run_.cfg.model.path, tmp);
+                      });
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {

@@ -72,16 +72,20 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-std::vector<nlohmann::json> step_records(const std::string& out_dir) {
+std::vector<nlohmann::json> records_with(const std::string& out_dir, const std::string& key) {
   std::vector<nlohmann::json> out;
   std::ifstream f(out_dir + "/metrics.jsonl");
   std::string line;
   while (std::getline(f, line))
     if (!line.empty()) {
       nlohmann::json j = nlohmann::json::parse(line);
-      if (j.contains("loss")) out.push_back(j);
+      if (j.contains(key)) out.push_back(j);
     }
   return out;
+}
+
+std::vector<nlohmann::json> step_records(const std::string& out_dir) {
+  return records_with(out_dir, "loss");
 }
 
 }  // namespace keel::test

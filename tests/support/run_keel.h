@@ -32,6 +32,8 @@ std::vector<std::string> with_sets(std::vector<std::string> args,
 
 // The step records of OUT_DIR/metrics.jsonl (the lines with a "loss"), in order.
 std::vector<nlohmann::json> step_records(const std::string& out_dir);
+// The records of OUT_DIR/metrics.jsonl that hold `key` ("eval_loss": evaluations), in order.
+std::vector<nlohmann::json> records_with(const std::string& out_dir, const std::string& key);
 
 // The whole file as a string ("" when it cannot be read).
 std::string slurp(const std::string& path);

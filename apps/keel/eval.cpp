@@ -1,0 +1,100 @@
+// `keel eval MODEL --data FILE`: the loss and perplexity of a model (an HF directory, a run's
+// checkpoint or out_dir, optionally with --adapter) on a text or JSONL file, weighted over the
+// target tokens exactly as training weighs them (keel/train/eval_loss.h). For a run, the data
+// options (seq_len, pack, pad, batch_size, tokenizer) default to those of its config.toml.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "apps/keel/commands.h"
+#include "apps/keel/model_args.h"
+#include "keel/data/dataset.h"
+#include "keel/train/config.h"
+#include "keel/train/eval_loss.h"
+#include "keel/train/run.h"
+
+namespace keel::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+struct EvalArgs {
+  ModelArgs m;
+  std::string data, task, pad;
+  int64_t seq_len = 0, batch_size = 0;
+  bool pack = false, json = false;
+};
+
+// The config.toml of the run a checkpoint directory belongs to (OUT_DIR/checkpoints/NAME), or of
+// OUT_DIR itself; nullopt for an HF directory.
+std::optional<Config> run_config(const io::TrainedModel& t) {
+  if (!t.checkpoint) return std::nullopt;
+  const fs::path file = fs::path(t.dir).parent_path().parent_path() / "config.toml";
+  if (!fs::exists(file)) return std::nullopt;
+  return load_config(file.string());
+}
+
+int run_eval(EvalArgs& a, bool pack_given) {
+  if (!fs::is_regular_file(a.data))
+    throw Error("--data " + a.data + ": no such file (a text or JSONL file)", Error::kUsage);
+  ModelForUse m = load_model_for_use(a.m);
+  const io::TrainedModel& t = m.trained;
+  const std::optional<Config> run = run_config(t);
+  const DataConfig dc = run ? run->data : DataConfig();
+  if (a.task.empty())
+    a.task = run && dc.task != "arith"
+                 ? dc.task
+                 : (fs::path(a.data).extension() == ".jsonl" ? "jsonl" : "text");
+  if (a.task != "text" && a.task != "jsonl")
+    throw Error("--task " + a.task + ": use text or jsonl", Error::kUsage);
+  if (a.seq_len == 0) a.seq_len = run ? dc.seq_len : t.model->spec().max_seq_len;
+  if (a.batch_size == 0) a.batch_size = run ? run->train.batch_size : 8;
+  if (a.pad.empty()) a.pad = dc.pad;
+  if (!pack_given) a.pack = run && dc.pack;
+  if (a.seq_len < 2 || a.seq_len > t.model->spec().max_seq_len)
+    throw Error("--seq-len " + std::to_string(a.seq_len) + ": use 2 to the model's max_seq_len " +
+                    std::to_string(t.model->spec().max_seq_len),
+                Error::kUsage);
+  if (a.batch_size < 1) throw Error("--batch-size must be >= 1", Error::kUsage);
+  const data::Tokenizer& tok = *m.tokenizer;
+  const int64_t vocab = t.model->spec().vocab_size;
+  // Padded positions are masked and carry no label: any id the model can embed will do when the
+  // configured pad has no row (a model whose embeddings were not grown for it).
+  int64_t pad = pad_fill_id(tok, a.pad);
+  if (pad >= vocab) pad = tok.eos_id() >= 0 ? tok.eos_id() : 0;
+  const auto set = a.task == "text" ? data::load_text_dataset(a.data, tok, a.seq_len, a.pack)
+                                    : data::load_jsonl_dataset(a.data, tok, a.seq_len);
+  const LossTotal r =
+      dataset_loss(*t.model, *set, a.batch_size, a.seq_len, pad, m.policy, m.device);
+  if (a.json) {
+    nlohmann::json j = {{"loss", r.loss()},           {"perplexity", r.perplexity()},
+                        {"tokens", r.tokens},         {"examples", r.examples},
+                        {"loss_sum", r.loss_sum},     {"seq_len", a.seq_len},
+                        {"batch_size", a.batch_size}, {"precision", m.policy.name()}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("loss %.4f | perplexity %.3f | %lld target tokens in %lld examples of %s\n",
+                r.loss(), r.perplexity(), static_cast<long long>(r.tokens),
+                static_cast<long long>(r.examples), a.data.c_str());
+  }
+  return 0;
+}
+}  // namespace
+
+Command add_eval(CLI::App& app) {
+  auto a = std::make_shared<EvalArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "eval", "Loss and perplexity of a model (+ adapter) on a text or JSONL file");
+  add_model_options(sub, a->m);
+  sub->add_option("--data", a->data, "the text or JSONL file")->required();
+  sub->add_option("--task", a->task, "text | jsonl (default: the run's, or by extension)");
+  sub->add_option("--seq-len", a->seq_len, "tokens per row (default: the run's data.seq_len)");
+  sub->add_option("--batch-size", a->batch_size, "rows per batch (default: the run's, else 8)");
+  CLI::Option* pack = sub->add_flag("--pack", a->pack, "text: pack into full rows (data.pack)");
+  sub->add_option("--pad", a->pad, "add | eos, as data.pad (default: the run's)");
+  sub->add_flag("--json", a->json, "print one JSON object");
+  return {sub, [a, pack] { return run_eval(*a, pack->count() > 0); }};
+}
+
+}  // namespace keel::cli

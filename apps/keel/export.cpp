@@ -1,0 +1,120 @@
+// `keel export MODEL --out DIR`: a run's checkpoint (or an HF directory, with --adapter a PEFT
+// adapter on it) as a Hugging Face model directory — config.json, model.safetensors in HF's names
+// and layouts (GPT-2's Conv1D weights transposed back), sharded above --max-shard-size, the
+// tokenizer files when the run's tokenizer has them — with the adapters merged, in --dtype; or,
+// with --adapter-only, the PEFT adapter directory alone.
+#include <cstdio>
+#include <filesystem>
+
+#include "apps/keel/commands.h"
+#include "keel/data/tokenizer_base.h"
+#include "keel/io/hf_model.h"
+#include "keel/io/trained_model.h"
+
+namespace keel::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+struct ExportArgs {
+  std::string model, adapter, out, dtype = "f32", max_shard = "0";
+  bool adapter_only = false;
+};
+
+// "5GB", "500MB", "64KiB", "1000" (bytes); 0 = one file.
+int64_t parse_size(const std::string& s) {
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+  }
+  std::string unit = s.substr(used);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const std::pair<const char*, double> units[] = {
+      {"", 1},     {"B", 1},      {"KB", 1e3},      {"MB", 1e6},
+      {"GB", 1e9}, {"KIB", 1024}, {"MIB", 1048576}, {"GIB", 1073741824.0}};
+  for (auto& [name, mult] : units)
+    if (v >= 0 && unit == name) return static_cast<int64_t>(v * mult);
+  throw Error("--max-shard-size " + s + ": give a size such as 2GB, 500MB or 1000000 (bytes)",
+              Error::kUsage);
+}
+
+// The tokenizer files beside a load_tokenizer spec's path (none for "byte").
+std::vector<fs::path> tokenizer_files(const std::string& spec) {
+  std::string path = spec;
+  for (const char* prefix : {"gpt2:", "hf:"})
+    if (path.rfind(prefix, 0) == 0) path = path.substr(std::string(prefix).size());
+  if (spec.empty() || spec == "byte") return {};
+  fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
+  std::vector<fs::path> out;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                        "vocab.json", "merges.txt", "encoder.json", "vocab.bpe"})
+    if (fs::is_regular_file(dir / f)) out.push_back(dir / f);
+  return out;
+}
+
+int run_export(const ExportArgs& a) {
+  if (a.dtype != "f32" && a.dtype != "bf16")
+    throw Error("--dtype " + a.dtype + ": use f32 or bf16", Error::kUsage);
+  const int64_t shard = parse_size(a.max_shard);
+  io::TrainedModel t = io::load_trained_model(a.model, a.adapter);
+  if (a.adapter_only) {
+    if (!t.adapter)
+      throw Error(a.model +
+                      " has no adapters to export (--adapter-only needs a run trained with "
+                      "model.adapter.kind, or --adapter DIR)",
+                  Error::kUsage);
+    io::save_peft_adapter(*t.model, *t.adapter, a.out, t.base_model);
+    std::printf("wrote %s: PEFT %s adapter (r = %lld) for %s\n", a.out.c_str(),
+                t.adapter->kind.c_str(), static_cast<long long>(t.adapter->r),
+                t.base_model.empty() ? "(a base trained from sizes)" : t.base_model.c_str());
+    return 0;
+  }
+  const int64_t merged = t.adapter ? nn::merge_adapters(*t.model) : 0;
+  io::HfSaveOptions opt;
+  opt.dtype = a.dtype == "bf16" ? DType::BF16 : DType::F32;
+  opt.max_shard_bytes = shard;
+  std::string tok_note = "no tokenizer known; copy its files beside the weights";
+  if (!t.tokenizer.empty()) {
+    const auto tok = data::load_tokenizer(t.tokenizer);
+    for (auto [key, id] : {std::pair{"bos_token_id", tok->bos_id()},
+                           {"eos_token_id", tok->eos_id()},
+                           {"pad_token_id", tok->pad_id()}})
+      if (id >= 0) opt.base_config[key] = id;
+    tok_note = "tokenizer " + t.tokenizer;
+  }
+  io::save_hf_model(*t.model, a.out, opt);
+  const auto files = tokenizer_files(t.tokenizer);
+  for (const fs::path& f : files)
+    fs::copy_file(f, fs::path(a.out) / f.filename(), fs::copy_options::overwrite_existing);
+  if (t.tokenizer == "byte")
+    tok_note = "keel's byte tokenizer (no HF tokenizer files; in keel: --tokenizer byte)";
+  else if (!t.tokenizer.empty())
+    tok_note += " (" + std::to_string(files.size()) + " files copied)";
+  std::printf("wrote %s: %s, %lld adapted modules merged, %s, %s\n", a.out.c_str(),
+              t.model->spec().family.c_str(), static_cast<long long>(merged), a.dtype.c_str(),
+              tok_note.c_str());
+  return 0;
+}
+}  // namespace
+
+Command add_export(CLI::App& app) {
+  auto a = std::make_shared<ExportArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "export", "Write a run's checkpoint as a Hugging Face directory (adapters merged)");
+  sub->add_option("MODEL", a->model,
+                  "checkpoint directory (OUT_DIR/checkpoints/last), OUT_DIR or HF directory")
+      ->required();
+  sub->add_option("--out", a->out, "the directory to write")->required();
+  sub->add_option("--adapter", a->adapter, "a PEFT adapter directory to apply to MODEL first");
+  sub->add_option("--dtype", a->dtype, "stored dtype: f32 | bf16")->capture_default_str();
+  sub->add_option("--max-shard-size", a->max_shard,
+                  "shards of at most this size with model.safetensors.index.json (0: one file)")
+      ->capture_default_str();
+  sub->add_flag("--adapter-only", a->adapter_only,
+                "write only the PEFT adapter directory (adapter_config.json + weights)");
+  return {sub, [a] { return run_export(*a); }};
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,98 @@
+// `keel generate MODEL [PROMPT]`: text from a model — an HF directory, a run's checkpoint or its
+// out_dir, optionally with a PEFT adapter directory — greedy or sampled (temperature, top-k,
+// top-p, seed), with the key/value cache, streamed to stdout as it is produced, stopping at eos,
+// a --stop string or --max-new-tokens. The prompt comes from the argument, --prompt-file or
+// stdin. A summary (tokens, tokens/s, why it stopped) goes to stderr, or all of it as --json.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "apps/keel/commands.h"
+#include "apps/keel/input_text.h"
+#include "apps/keel/model_args.h"
+#include "keel/amp/autocast.h"
+#include "keel/data/text_stream.h"
+#include "keel/models/generate.h"
+
+namespace keel::cli {
+
+namespace {
+struct GenerateArgs {
+  ModelArgs m;
+  std::string prompt, prompt_file;
+  std::vector<std::string> stops;
+  models::GenerateOptions opt;
+  bool bos = false, no_cache = false, json = false;
+};
+
+int run_generate(GenerateArgs& a, bool has_prompt) {
+  const std::string prompt = read_input_text(has_prompt, a.prompt, a.prompt_file, "--prompt-file");
+  ModelForUse m = load_model_for_use(a.m);
+  const data::Tokenizer* tok = m.tokenizer.get();
+  const PrecisionPolicy& policy = m.policy;
+
+  std::vector<int32_t> ids = tok->encode(prompt);
+  if (a.bos && tok->bos_id() >= 0) ids.insert(ids.begin(), static_cast<int32_t>(tok->bos_id()));
+  a.opt.eos_id = tok->eos_id();
+  a.opt.use_cache = !a.no_cache;
+  data::TextStream stream(*tok, a.stops);
+  auto emit = [&](const std::string& s) {
+    if (a.json || s.empty()) return;
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  };
+  amp::AutocastGuard autocast(policy.autocast, policy.compute_dtype);
+  models::GenerateResult r = models::generate(*m.trained.model, ids, a.opt, [&](int32_t id) {
+    emit(stream.push(id));
+    return !stream.stopped();
+  });
+  emit(stream.finish());
+  if (stream.stopped()) r.stop = "stop_string";
+  const double secs = r.prompt_seconds + r.decode_seconds;
+  const double tps = r.decode_seconds > 0 && r.tokens.size() > 1
+                         ? static_cast<double>(r.tokens.size() - 1) / r.decode_seconds
+                         : 0;
+  if (a.json) {
+    nlohmann::json j = {{"text", stream.text()},
+                        {"tokens", r.tokens},
+                        {"prompt_tokens", ids.size()},
+                        {"stop", r.stop},
+                        {"seconds", secs},
+                        {"decode_tokens_per_s", tps},
+                        {"tokenizer", m.tokenizer_spec},
+                        {"precision", policy.name()}};
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else {
+    std::printf("\n");
+    std::fprintf(stderr,
+                 "keel: %zu tokens after a %zu-token prompt in %.3f s (%.1f tokens/s), "
+                 "stopped: %s\n",
+                 r.tokens.size(), ids.size(), secs, tps, r.stop.c_str());
+  }
+  return 0;
+}
+}  // namespace
+
+Command add_generate(CLI::App& app) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "generate", "Generate text from an HF model directory or a run's checkpoint (+ adapter)");
+  add_model_options(sub, a->m);
+  CLI::Option* prompt = sub->add_option("PROMPT", a->prompt, "the prompt (default: stdin)");
+  sub->add_option("--prompt-file", a->prompt_file, "read the prompt from this file");
+  sub->add_option("--max-new-tokens", a->opt.max_new_tokens, "at most this many new tokens")
+      ->capture_default_str();
+  sub->add_option("--temperature", a->opt.sampling.temperature, "0 = greedy")
+      ->capture_default_str();
+  sub->add_option("--top-k", a->opt.sampling.top_k, "sample among the k most likely (0 = all)")
+      ->capture_default_str();
+  sub->add_option("--top-p", a->opt.sampling.top_p, "nucleus: the most likely tokens of mass p")
+      ->capture_default_str();
+  sub->add_option("--seed", a->opt.seed, "sampling seed")->capture_default_str();
+  sub->add_option("--stop", a->stops, "stop before this string (repeatable)");
+  sub->add_flag("--bos", a->bos, "start the prompt with the tokenizer's bos token");
+  sub->add_flag("--no-cache", a->no_cache, "re-run the whole sequence every step (reference)");
+  sub->add_flag("--json", a->json, "print one JSON object at the end instead of streaming");
+  return {sub, [a, prompt] { return run_generate(*a, prompt->count() > 0); }};
+}
+
+}  // namespace keel::cli

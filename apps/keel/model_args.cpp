@@ -1,0 +1,50 @@
+#include "apps/keel/model_args.h"
+
+#include "keel/backend/cuda_api.h"
+#include "keel/nn/module.h"
+
+namespace keel::cli {
+
+void add_model_options(CLI::App* sub, ModelArgs& a) {
+  sub->add_option("MODEL", a.model,
+                  "HF model directory, checkpoint directory (OUT_DIR/checkpoints/last) or OUT_DIR")
+      ->required();
+  sub->add_option("--adapter", a.adapter, "a PEFT adapter directory to apply to MODEL");
+  sub->add_option("--tokenizer", a.tokenizer,
+                  "byte | gpt2:DIR | hf:PATH (default: the run's or MODEL's own)");
+  sub->add_option("--precision", a.precision,
+                  "32-true | bf16-mixed | 16-mixed | bf16-true | 16-true")
+      ->capture_default_str();
+  sub->add_option("--attention", a.attention, "eager | math | flash")->capture_default_str();
+  sub->add_option("--device", a.device, "cpu | cuda")->capture_default_str();
+}
+
+ModelForUse load_model_for_use(const ModelArgs& a) {
+  ModelForUse m;
+  m.device = device_from_string(a.device);
+  if (m.device.is_cuda() && !cuda::status().usable)
+    throw Error("--device " + a.device + ": no usable CUDA device (" + cuda::status().reason +
+                    "); use --device cpu",
+                Error::kUsage);
+  m.policy = resolve_precision(a.precision, m.device, /*allow_cpu_bf16=*/true);
+  m.trained = io::load_trained_model(a.model, a.adapter, m.policy.param_dtype,
+                                     ops::attention_backend_from_name(a.attention));
+  m.tokenizer_spec = a.tokenizer.empty() ? m.trained.tokenizer : a.tokenizer;
+  if (m.tokenizer_spec.empty())
+    throw Error(a.model +
+                    " names no tokenizer (no tokenizer.json or vocab.bpe beside it); give "
+                    "--tokenizer byte | gpt2:DIR | hf:PATH",
+                Error::kUsage);
+  m.tokenizer = data::load_tokenizer(m.tokenizer_spec);
+  const int64_t vocab = m.trained.model->spec().vocab_size;
+  if (m.tokenizer->vocab_size() > vocab)
+    throw Error("the tokenizer (" + m.tokenizer_spec + ") has " +
+                    std::to_string(m.tokenizer->vocab_size()) + " ids but " + a.model +
+                    " has a vocabulary of " + std::to_string(vocab) +
+                    "; give the model's own --tokenizer",
+                Error::kUsage);
+  if (m.device.is_cuda()) nn::move_to_device(*m.trained.model, m.device);
+  return m;
+}
+
+}  // namespace keel::cli

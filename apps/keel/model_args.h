@@ -1,0 +1,32 @@
+// The options `keel generate` and `keel eval` share — which model (MODEL, --adapter, --tokenizer)
+// and how to run it (--precision, --attention, --device) — and loading it for use.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "keel/amp/precision.h"
+#include "keel/data/tokenizer_base.h"
+#include "keel/io/trained_model.h"
+
+namespace keel::cli {
+
+struct ModelArgs {
+  std::string model, adapter, tokenizer, precision = "32-true", attention = "eager", device = "cpu";
+};
+
+void add_model_options(CLI::App* sub, ModelArgs& a);
+
+struct ModelForUse {
+  io::TrainedModel trained;  // on `device`
+  PrecisionPolicy policy;
+  Device device;
+  std::string tokenizer_spec;  // --tokenizer, else the run's or the directory's own
+  std::unique_ptr<data::Tokenizer> tokenizer;
+};
+
+// Usage errors name the flag: no usable GPU for --device cuda, no tokenizer known, a tokenizer
+// with more ids than the model's vocabulary.
+ModelForUse load_model_for_use(const ModelArgs& a);
+
+}  // namespace keel::cli

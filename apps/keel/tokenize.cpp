@@ -1,0 +1,96 @@
+// `keel tokenize [TEXT] --tokenizer SPEC [--pieces] [--json]`: the ids (or the vocabulary's pieces)
+// of a text under any tokenizer `data.tokenizer` accepts (byte, gpt2:DIR, hf:PATH, PATH);
+// `--decode` turns ids back into text. The text comes from the argument, --file or stdin.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "apps/keel/commands.h"
+#include "apps/keel/input_text.h"
+#include "keel/data/tokenizer_base.h"
+#include "keel/numerics/error.h"
+
+namespace keel::cli {
+
+namespace {
+struct TokenizeArgs {
+  std::string tokenizer = "byte", text, file;
+  bool decode = false, pieces = false, json = false;
+};
+
+// Ids written as "1 2 3", "1,2,3" or a JSON array "[1, 2, 3]".
+std::vector<int32_t> parse_ids(std::string s) {
+  for (char& c : s)
+    if (c == ',' || c == '[' || c == ']') c = ' ';
+  std::istringstream in(s);
+  std::vector<int32_t> ids;
+  std::string word;
+  while (in >> word) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(word, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != word.size() || v < INT32_MIN || v > INT32_MAX)
+      throw Error("tokenize --decode: '" + word +
+                      "' is not a token id; give integers separated by spaces or commas",
+                  Error::kUsage);
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+// JSON text of `j`; bytes that are not UTF-8 (a byte token >= 0x80 alone) become U+FFFD.
+std::string dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+int run_tokenize(const TokenizeArgs& a, bool has_text) {
+  const std::string input = read_input_text(has_text, a.text, a.file, "--file");
+  const auto tok = data::load_tokenizer(a.tokenizer);
+  const std::vector<int32_t> ids = a.decode ? parse_ids(input) : tok->encode(input);
+  std::vector<std::string> pieces;
+  if (a.pieces || a.json)
+    for (int32_t id : ids) pieces.push_back(tok->id_to_token(id));  // Error for an unknown id
+  if (a.decode) {
+    const std::string text = tok->decode(ids);
+    if (a.json)
+      std::printf("%s\n", dump({{"text", text}, {"ids", ids}, {"pieces", pieces}}).c_str());
+    else
+      std::fwrite(text.data(), 1, text.size(), stdout);
+    return 0;
+  }
+  if (a.json) {
+    std::printf("%s\n", dump({{"ids", ids}, {"pieces", pieces}, {"count", ids.size()}}).c_str());
+    return 0;
+  }
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += a.pieces ? "\n" : " ";
+    out += a.pieces ? pieces[i] : std::to_string(ids[i]);
+  }
+  std::printf("%s\n", out.c_str());
+  return 0;
+}
+}  // namespace
+
+Command add_tokenize(CLI::App& app) {
+  auto a = std::make_shared<TokenizeArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "tokenize", "Encode text to token ids (or pieces) with a tokenizer, or decode ids to text");
+  CLI::Option* text = sub->add_option("TEXT", a->text,
+                                      "the text (or ids with --decode); "
+                                      "default: --file or stdin");
+  sub->add_option("--tokenizer", a->tokenizer,
+                  "byte | gpt2:DIR | hf:PATH | PATH (as data.tokenizer)")
+      ->capture_default_str();
+  sub->add_option("--file", a->file, "read the text from this file");
+  sub->add_flag("--decode", a->decode, "the input is token ids: print their text");
+  sub->add_flag("--pieces", a->pieces, "print the vocabulary's spelling of each token, one a line");
+  sub->add_flag("--json", a->json, "print one JSON object (ids, pieces, count / text)");
+  return {sub, [a, text] { return run_tokenize(*a, text->count() > 0); }};
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,153 @@
+#include "keel/io/trained_model.h"
+
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "keel/io/atomic_file.h"
+#include "keel/io/hf_model.h"
+#include "keel/io/safetensors.h"
+#include "keel/numerics/error.h"
+
+namespace keel::io {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// data.tokenizer with its path made absolute, so that a checkpoint read from another directory
+// still finds the tokenizer files.
+std::string absolute_spec(const std::string& spec) {
+  if (spec.empty() || spec == "byte") return spec;
+  for (const char* prefix : {"gpt2:", "hf:"})
+    if (spec.rfind(prefix, 0) == 0)
+      return prefix + fs::absolute(spec.substr(std::strlen(prefix))).lexically_normal().string();
+  return fs::absolute(spec).lexically_normal().string();
+}
+
+// The tokenizer files an HF directory holds, as a load_tokenizer spec ("" when none).
+std::string tokenizer_of(const std::string& dir) {
+  if (fs::exists(dir + "/tokenizer.json")) return "hf:" + dir;
+  if (fs::exists(dir + "/vocab.bpe") || fs::exists(dir + "/merges.txt")) return "gpt2:" + dir;
+  return "";
+}
+
+json keel_block(const std::string& dir) {
+  const std::string file = dir + "/config.json";
+  if (!fs::exists(file) || !fs::exists(dir + "/trainer.json")) return nullptr;
+  try {
+    const json j = json::parse(read_file(file));
+    if (j.is_object() && j.contains("keel_checkpoint") && j["keel_checkpoint"].is_object())
+      return j["keel_checkpoint"];
+  } catch (const json::exception&) {
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void write_checkpoint_model_files(const models::CausalLM& model,
+                                  const std::optional<nn::AdapterOptions>& adapter,
+                                  const std::string& tokenizer, const std::string& base_model,
+                                  const std::string& dir) {
+  DType stored = DType::F32;  // the frozen base's storage (model.base_dtype, bf16-true, ...)
+  auto& m = const_cast<models::CausalLM&>(model);
+  for (auto& [name, p] : m.named_parameters())
+    if (!nn::is_adapter_parameter(m, p)) {
+      stored = p.dtype();
+      break;
+    }
+  json j = hf_config_json(model.spec(), stored);
+  j["keel_checkpoint"] = {{"layout", "keel"},
+                          {"tokenizer", absolute_spec(tokenizer)},
+                          {"adapter", adapter.has_value()},
+                          {"base_model", base_model}};
+  write_file_atomic(dir + "/config.json", j.dump(2) + "\n");
+  if (adapter)
+    write_file_atomic(dir + "/adapter_config.json",
+                      peft_config_json(model, *adapter, base_model).dump(2) + "\n");
+}
+
+bool is_keel_checkpoint(const std::string& dir) { return !keel_block(dir).is_null(); }
+
+TrainedModel load_trained_model(const std::string& path, const std::string& adapter_dir,
+                                DType param_dtype, ops::AttentionBackend attention) {
+  const char* kinds =
+      "give a Hugging Face model directory (config.json + model.safetensors), a run's checkpoint "
+      "(OUT_DIR/checkpoints/last) or the run's OUT_DIR";
+  if (!fs::is_directory(path)) throw Error(path + ": no such directory; " + kinds, Error::kUsage);
+  TrainedModel t;
+  t.dir = path;
+  if (!fs::exists(path + "/config.json") && !fs::exists(path + "/trainer.json") &&
+      fs::is_directory(path + "/checkpoints/last"))
+    t.dir = path + "/checkpoints/last";
+  const std::string& dir = t.dir;
+  if (fs::exists(dir + "/trainer.json")) {
+    const json keel = keel_block(dir);
+    if (keel.is_null())
+      throw Error(dir +
+                      ": this checkpoint has no config.json describing its model (it was "
+                      "written by an older keel); resume the run (run.resume = true) for one "
+                      "more step to write one",
+                  Error::kUsage);
+    HfConfig hf = read_hf_config(dir);
+    hf.spec.param_dtype = param_dtype;
+    hf.spec.attention = attention;
+    t.model = models::make_causal_lm(hf.spec, 0);
+    t.checkpoint = true;
+    t.tokenizer = keel.value("tokenizer", "");
+    t.base_model = keel.value("base_model", "");
+    if (keel.value("adapter", false)) {
+      t.adapter = read_peft_config(dir);
+      nn::apply_adapters(*t.model, *t.adapter);
+    }
+    const std::string file = dir + "/model.safetensors";
+    if (!fs::exists(file))
+      throw Error(dir + ": the checkpoint is incomplete: model.safetensors is missing");
+    Safetensors st = read_safetensors(file);
+    std::set<std::string> used;
+    for (auto& [name, p] : t.model->named_parameters()) {
+      const Tensor* src = st.find(name);
+      if (!src)
+        throw Error(file + ": tensor '" + name + "' is missing (" + dir +
+                    "/config.json describes a model that has it)");
+      if (src->shape() != p.shape())
+        throw Error(file + ": tensor '" + name + "' is " + shape_str(src->shape()) + ", " + dir +
+                    "/config.json implies " + shape_str(p.shape()));
+      Tensor dst = p;
+      dst.copy_from(*src);
+      dst.bump_version();
+      used.insert(name);
+    }
+    for (auto& [name, x] : st.tensors)
+      if (!used.count(name))
+        throw Error(file + ": unexpected tensor '" + name + "' (" + dir +
+                    "/config.json describes a model without it)");
+  } else if (fs::exists(dir + "/config.json")) {
+    t.model = load_hf_model(dir, param_dtype, attention);
+    t.tokenizer = tokenizer_of(dir);
+  } else {
+    throw Error(path +
+                    ": neither a model directory (no config.json) nor a checkpoint (no "
+                    "trainer.json) nor a run's out_dir (no checkpoints/last); " +
+                    std::string(kinds),
+                Error::kUsage);
+  }
+  if (!adapter_dir.empty()) {
+    if (t.adapter)
+      throw Error("--adapter " + adapter_dir + ": " + dir + " already carries the " +
+                      t.adapter->kind +
+                      " adapters it was trained with; give --adapter with a base model only",
+                  Error::kUsage);
+    if (!fs::is_directory(adapter_dir))
+      throw Error("--adapter " + adapter_dir +
+                      ": no such directory (a PEFT adapter directory, e.g. OUT_DIR/adapter)",
+                  Error::kUsage);
+    t.adapter = load_peft_adapter(*t.model, adapter_dir);
+  }
+  return t;
+}
+
+}  // namespace keel::io

@@ -1,0 +1,48 @@
+// What `keel generate`, `eval` and `export` (and `model.path`) load: a Hugging Face model
+// directory, or a run's checkpoint directory (out_dir/checkpoints/last, or the out_dir itself),
+// optionally with a PEFT adapter directory on top.
+//
+// A checkpoint directory is a model directory too: beside model.safetensors (every parameter
+// under keel's names and layouts, adapters included), optimizer.safetensors and trainer.json, the
+// trainer writes config.json (HF's fields for the model, plus a "keel_checkpoint" object: layout
+// "keel", the run's tokenizer spec, whether adapters are included) and, for an adapter run, the
+// PEFT adapter_config.json. `model.path` pointed at one loads the adapted model merged.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "keel/models/causal_lm.h"
+#include "keel/nn/adapters/adapter.h"
+
+namespace keel::io {
+
+// Writes config.json (and adapter_config.json when `adapter` is set) describing `model` into a
+// checkpoint directory. `tokenizer` is the run's data.tokenizer (paths made absolute).
+void write_checkpoint_model_files(const models::CausalLM& model,
+                                  const std::optional<nn::AdapterOptions>& adapter,
+                                  const std::string& tokenizer, const std::string& base_model,
+                                  const std::string& dir);
+
+// Whether DIR is a checkpoint directory with the files above (config.json's keel_checkpoint).
+bool is_keel_checkpoint(const std::string& dir);
+
+struct TrainedModel {
+  std::unique_ptr<models::CausalLM> model;
+  std::string dir;          // the directory the weights came from
+  bool checkpoint = false;  // a keel checkpoint (else an HF directory)
+  // A tokenizer spec for load_tokenizer: the run's data.tokenizer, or the HF directory itself
+  // when it holds tokenizer files; "" when unknown.
+  std::string tokenizer;
+  std::optional<nn::AdapterOptions> adapter;  // the adapters the model carries (unmerged)
+  std::string base_model;                     // the run's model.path ("" when trained from sizes)
+};
+
+// Loads `path` (an HF directory, a checkpoint directory or a run's out_dir), then the PEFT
+// adapter directory `adapter_dir` when not empty. Parameters in `param_dtype` (adapters f32).
+// Errors (kUsage) name the path and what it lacks.
+TrainedModel load_trained_model(const std::string& path, const std::string& adapter_dir = "",
+                                DType param_dtype = DType::F32,
+                                ops::AttentionBackend attention = ops::AttentionBackend::kEager);
+
+}  // namespace keel::io

@@ -1,0 +1,124 @@
+#include "keel/models/generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "keel/autograd/node.h"
+#include "keel/numerics/error.h"
+#include "keel/ops/shape.h"
+
+namespace keel::models {
+
+void SamplingOptions::validate() const {
+  if (!(temperature >= 0) || !std::isfinite(temperature))
+    throw Error("--temperature " + std::to_string(temperature) + ": use 0 (greedy) or > 0",
+                Error::kUsage);
+  if (top_k < 0)
+    throw Error("--top-k " + std::to_string(top_k) + ": use 0 (off) or >= 1", Error::kUsage);
+  if (!(top_p > 0 && top_p <= 1))
+    throw Error("--top-p " + std::to_string(top_p) + ": use a value in (0, 1]", Error::kUsage);
+}
+
+int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& opt, Rng& rng) {
+  KEEL_CHECK(!logits.empty(), "sample_token: no logits");
+  const int64_t V = static_cast<int64_t>(logits.size());
+  if (opt.temperature == 0)
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  // Candidates by descending logit (ties: lower id first), cut to top_k.
+  std::vector<int32_t> ids(static_cast<size_t>(V));
+  std::iota(ids.begin(), ids.end(), 0);
+  const int64_t k = opt.top_k > 0 ? std::min(opt.top_k, V) : V;
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), by_logit);
+  ids.resize(static_cast<size_t>(k));
+  // Softmax of logits / temperature in f64 over the candidates, then the top-p nucleus.
+  std::vector<double> p(ids.size());
+  const double top = logits[ids[0]];
+  double sum = 0;
+  for (size_t i = 0; i < ids.size(); ++i)
+    sum += p[i] = std::exp((logits[ids[i]] - top) / opt.temperature);
+  size_t keep = ids.size();
+  if (opt.top_p < 1) {
+    double mass = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      mass += p[i] / sum;
+      if (mass >= opt.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double kept = 0;
+  for (size_t i = 0; i < keep; ++i) kept += p[i];
+  double u = rng.uniform() * kept;
+  for (size_t i = 0; i < keep; ++i) {
+    u -= p[i];
+    if (u < 0) return ids[i];
+  }
+  return ids[keep - 1];
+}
+
+GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
+                        const GenerateOptions& opt, const std::function<bool(int32_t)>& on_token) {
+  using clock = std::chrono::steady_clock;
+  opt.sampling.validate();
+  const ModelSpec& spec = model.spec();
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (n == 0) throw Error("the prompt is empty: give at least one token", Error::kUsage);
+  if (n >= spec.max_seq_len)
+    throw Error("the prompt has " + std::to_string(n) + " tokens but the model's max_seq_len is " +
+                    std::to_string(spec.max_seq_len) +
+                    ": no room for a new token; shorten the prompt",
+                Error::kUsage);
+  for (int64_t i = 0; i < n; ++i)
+    if (prompt[i] < 0 || prompt[i] >= spec.vocab_size)
+      throw Error("prompt token " + std::to_string(prompt[i]) + " at position " +
+                      std::to_string(i) + " is outside the model's vocabulary [0, " +
+                      std::to_string(spec.vocab_size) + "); is this the model's tokenizer?",
+                  Error::kUsage);
+  NoGradGuard no_grad;
+  model.train(false);
+  Rng rng(opt.seed);
+  Device dev = Device::cpu();
+  for (auto& [name, p] : model.named_parameters()) dev = p.device();
+  KVCache cache = model.make_kv_cache();
+  std::vector<int32_t> seq = prompt;
+  GenerateResult r;
+  r.stop = "max_new_tokens";
+  auto t0 = clock::now();
+  std::vector<int32_t> feed = prompt;  // what the next forward reads
+  for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
+    if (static_cast<int64_t>(seq.size()) >= spec.max_seq_len) {
+      r.stop = "max_seq_len";
+      break;
+    }
+    const std::vector<int32_t>& in = opt.use_cache ? feed : seq;
+    const int64_t t = static_cast<int64_t>(in.size());
+    Tensor ids = Tensor::from_ints(std::vector<int64_t>(in.begin(), in.end()), {1, t}).to(dev);
+    Tensor logits = opt.use_cache ? model.forward_cached(ids, cache) : model.forward(ids, Tensor());
+    const int64_t V = logits.size(-1);
+    std::vector<float> row = logits.view({t, V}).slice_rows(t - 1, t).to_floats();
+    if (step == 0) r.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    const int32_t next = sample_token(row, opt.sampling, rng);
+    if (opt.keep_logits) r.logits.push_back(std::move(row));
+    if (next == opt.eos_id) {
+      r.stop = "eos";
+      break;
+    }
+    r.tokens.push_back(next);
+    seq.push_back(next);
+    feed.assign(1, next);
+    if (on_token && !on_token(next)) {
+      r.stop = "caller";
+      break;
+    }
+  }
+  r.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count() - r.prompt_seconds;
+  return r;
+}
+
+}  // namespace keel::models

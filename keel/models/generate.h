@@ -1,0 +1,49 @@
+// Autoregressive decoding of a CausalLM: the next-token choice (greedy, temperature, top-k,
+// top-p) and the loop around it, with or without the key/value cache. Token ids only: text,
+// stop strings and streaming are the caller's (the tokenizer lives in data/, below this layer).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "keel/models/causal_lm.h"
+#include "keel/tensor/random.h"
+
+namespace keel::models {
+
+struct SamplingOptions {
+  double temperature = 0;  // 0: greedy (argmax; the lowest id wins a tie)
+  int64_t top_k = 0;       // > 0: sample among the k most likely tokens only
+  double top_p = 1;        // < 1: the smallest set of most likely tokens whose mass reaches top_p
+  void validate() const;   // Error (kUsage) naming the flag and its range
+};
+
+// The next token from one row of logits (f32, length V). Sampling draws one uniform from `rng`.
+int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& opt, Rng& rng);
+
+struct GenerateOptions {
+  SamplingOptions sampling;
+  uint64_t seed = 0;  // sampling's Rng
+  int64_t max_new_tokens = 64;
+  int64_t eos_id = -1;       // stop after producing it (not counted in `tokens`); -1: never
+  bool use_cache = true;     // false: every step re-runs the whole sequence (the reference)
+  bool keep_logits = false;  // record each step's logits row (tests compare them)
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;             // the new tokens, in order (eos excluded)
+  std::string stop;                        // "eos", "max_new_tokens", "max_seq_len", "caller"
+  std::vector<std::vector<float>> logits;  // keep_logits: the row each token was chosen from
+  double prompt_seconds = 0, decode_seconds = 0;  // the prompt's pass; the steps after it
+};
+
+// Decodes from `prompt` (non-empty ids < vocab_size) with gradients off, in the model's current
+// autocast state and device. `on_token` (may be empty) sees every new token as it is chosen and
+// returns false to stop ("caller"). Generation stops at max_seq_len ("max_seq_len") with the
+// tokens so far; a prompt that leaves no room for one new token is an Error naming both lengths.
+GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
+                        const GenerateOptions& opt,
+                        const std::function<bool(int32_t)>& on_token = {});
+
+}  // namespace keel::models

@@ -1,0 +1,59 @@
+#include "keel/models/kv_cache.h"
+
+#include <cmath>
+
+#include "keel/numerics/error.h"
+#include "keel/ops/elementwise.h"
+#include "keel/ops/linear.h"
+#include "keel/ops/shape.h"
+#include "keel/ops/softmax.h"
+
+namespace keel::models {
+
+std::pair<Tensor, Tensor> kv_append(KVCache::Layer& layer, int64_t capacity, int64_t past,
+                                    const Tensor& k, const Tensor& v) {
+  KEEL_CHECK(k.dim() == 4 && k.size(0) == 1 && k.shape() == v.shape(),
+             "kv_append: keys and values must be [1, Hkv, T, D], got " + shape_str(k.shape()) +
+                 " and " + shape_str(v.shape()));
+  const int64_t hkv = k.size(1), tn = k.size(2), width = hkv * k.size(3);
+  if (past + tn > capacity)
+    throw Error("the key/value cache holds " + std::to_string(capacity) +
+                " positions (the model's max_seq_len); position " + std::to_string(past + tn) +
+                " does not fit: shorten the prompt or lower --max-new-tokens");
+  auto store = [&](Tensor& cache, const Tensor& x) {
+    if (!cache.defined()) cache = Tensor::empty({capacity, width}, x.dtype(), x.device());
+    KEEL_CHECK(cache.dtype() == x.dtype() && cache.shape()[1] == width,
+               "kv_append: the cache holds " + std::string(dtype_name(cache.dtype())) +
+                   " rows; this step's keys are " + dtype_name(x.dtype()));
+    Tensor rows = cache.slice_rows(past, past + tn);
+    rows.copy_from(ops::merge_heads(x).view({tn, width}));
+    return ops::split_heads(cache.slice_rows(0, past + tn).view({1, past + tn, width}), hkv);
+  };
+  Tensor all_k = store(layer.k, k);
+  return {all_k, store(layer.v, v)};
+}
+
+Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                        ops::AttentionBackend backend) {
+  const int64_t tn = q.size(2), tk = k.size(2);
+  if (tn == tk) return ops::attention(q, k, v, Tensor(), backend);
+  KEEL_CHECK(tn == 1, "cached_attention: after the prompt's pass a step feeds one token, got " +
+                          std::to_string(tn));
+  const int64_t hq = q.size(1), hkv = k.size(1), d = q.size(3);
+  const DType dt = q.dtype();
+  // The backend's roundings of one row: eager rounds the scores and the probabilities to the
+  // compute dtype, flash the probabilities, math neither; products accumulate in f32.
+  auto round = [&](const Tensor& x, bool on) {
+    return on && dt != DType::F32 ? ops::cast(ops::cast(x, dt), DType::F32) : x;
+  };
+  // Query head h reads key/value head h / G: the group's G queries are one [G, D] matrix.
+  Tensor q32 = ops::cast(q, DType::F32).view({1, hkv, hq / hkv, d});
+  Tensor s = ops::scale(ops::matmul(q32, ops::cast(k, DType::F32), false, true),
+                        static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))));
+  Tensor p = ops::softmax(round(s, backend == ops::AttentionBackend::kEager));  // [1, Hkv, G, Tk]
+  p = round(p, backend != ops::AttentionBackend::kMath);
+  Tensor o = ops::matmul(p, ops::cast(v, DType::F32));  // [1, Hkv, G, D]
+  return ops::cast(o.view({1, hq, 1, d}), dt);
+}
+
+}  // namespace keel::models

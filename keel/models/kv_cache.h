@@ -1,0 +1,43 @@
+// Key/value cache of incremental decoding: each layer keeps the keys and values (after RoPE, in
+// the dtype attention reads them) of every position seen so far, so a new token costs one row of
+// projections and one attention row over the cache — O(T) per token instead of re-running the
+// whole prefix, O(T^2).
+//
+// Layout per layer: [capacity, Hkv*D] time-major (the projection's own layout), so appending a
+// step is one contiguous copy; attention reads [1, Hkv, T, D] through split_heads. One sequence
+// (batch 1).
+#pragma once
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "keel/ops/attention.h"
+#include "keel/tensor/tensor.h"
+
+namespace keel::models {
+
+struct KVCache {
+  struct Layer {
+    Tensor k, v;  // [capacity, Hkv*D], allocated by the first append (its dtype and device)
+  };
+  KVCache(int64_t n_layer, int64_t capacity)
+      : layers(static_cast<size_t>(n_layer)), capacity(capacity) {}
+  std::vector<Layer> layers;
+  int64_t length = 0;  // positions every layer holds (the model's forward_cached advances it)
+  int64_t capacity;    // the model's max_seq_len
+};
+
+// Stores k, v [1, Hkv, Tn, D] (positions [past, past + Tn)) in `layer` and returns the keys and
+// values of every position so far, [1, Hkv, past + Tn, D].
+std::pair<Tensor, Tensor> kv_append(KVCache::Layer& layer, int64_t capacity, int64_t past,
+                                    const Tensor& k, const Tensor& v);
+
+// Causal attention of the queries q [1, Hq, Tn, D] at positions [Tk - Tn, Tk) over every cached
+// key k, v [1, Hkv, Tk, D]. The prompt's pass (Tn == Tk) is ops::attention itself, with
+// `backend`; a decoding step (Tn == 1) sees every key and computes its one row per head with
+// f32 products, rounding as the backend does (eager: scores and probabilities to q's dtype;
+// flash: the probabilities; math: neither), the output rounded to q's dtype.
+Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                        ops::AttentionBackend backend);
+
+}  // namespace keel::models

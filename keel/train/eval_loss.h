@@ -1,0 +1,29 @@
+// The loss of a model on a dataset as training weighs it: every batch the loader makes of it (in
+// order, no shuffling), the summed cross-entropy of the target tokens (the training masks: labels
+// of context tokens and padding are -100) divided by their count. `keel eval` and the trainer's
+// evaluation both use it.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "keel/amp/precision.h"
+#include "keel/data/dataset.h"
+#include "keel/models/causal_lm.h"
+
+namespace keel {
+
+struct LossTotal {
+  double loss_sum = 0;  // summed over target tokens (nats)
+  int64_t tokens = 0;   // target tokens
+  int64_t examples = 0;
+  double loss() const { return tokens ? loss_sum / static_cast<double>(tokens) : 0; }
+  double perplexity() const { return std::exp(loss()); }
+};
+
+// Gradients off, the model in eval mode (left so), under the policy's autocast, batches moved to
+// `device`.
+LossTotal dataset_loss(models::CausalLM& model, const data::Dataset& set, int64_t batch_size,
+                       int64_t seq_len, int64_t pad_id, const PrecisionPolicy& policy,
+                       Device device);
+
+}  // namespace keel

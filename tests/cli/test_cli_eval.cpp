@@ -1,0 +1,151 @@
+// `keel eval` and the text/JSONL validation split: eval's loss is the training loss of the same
+// batches (step 1 of a run, before its update) and the run's own eval_loss records; a checkpoint
+// equals its base + PEFT adapter; data.eval_path / data.eval_fraction evaluate every
+// train.eval_every; bad input is a usage error naming the flag, key or file.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/check.h"
+#include "tests/support/run_keel.h"
+
+namespace keel {
+namespace {
+
+using json = nlohmann::json;
+
+struct Files {
+  std::string dir, base, train, val;
+};
+
+// A tiny Llama base and two JSONL files (8 training, 4 validation examples), once per binary.
+const Files& files() {
+  static const Files f = [] {
+    Files f;
+    f.dir = test::temp_dir("eval");
+    f.base = f.dir + "/base";
+    const test::KeelRun r = test::run_keel(
+        {"init-model", "--family", "llama", "--out", f.base, "--n-layer", "2", "--n-embd", "32",
+         "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "64", "--init-std", "0.1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    f.train = f.dir + "/train.jsonl";
+    f.val = f.dir + "/val.jsonl";
+    std::ofstream t(f.train), v(f.val);
+    for (int i = 0; i < 8; ++i)
+      t << json({{"prompt", "Q" + std::to_string(i) + ": what is " + std::to_string(i * 7) + "?"},
+                 {"completion", " it is " + std::string(i + 1, 'x')}})
+               .dump()
+        << "\n";
+    for (int i = 0; i < 4; ++i)
+      v << json({{"text", "held out line " + std::to_string(i)}}).dump() << "\n";
+    return f;
+  }();
+  return f;
+}
+
+json eval_json(std::vector<std::string> args) {
+  args.insert(args.begin(), "eval");
+  args.push_back("--json");
+  const test::KeelRun r = test::run_keel(args, {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  return r.code == 0 ? json::parse(r.out) : json::object();
+}
+
+test::KeelRun train(const std::string& out, std::vector<std::string> sets) {
+  const Files& f = files();
+  std::vector<std::string> all = {
+      "run.out_dir=" + out, "run.threads=1",        "model.path=" + f.base,
+      "data.task=jsonl",    "data.path=" + f.train, "data.seq_len=40",
+      "data.shuffle=false", "train.batch_size=8",   "log.tensorboard=false"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  return test::run_keel(test::with_sets({"train"}, all), {"OMP_NUM_THREADS=1"});
+}
+
+std::vector<json> eval_records(const std::string& out) {
+  return test::records_with(out, "eval_loss");
+}
+
+TEST(CliEval, EqualsTheTrainingLossOfTheSameBatchesAndTheRunsEvalRecords) {
+  const Files& f = files();
+  const std::string out = f.dir + "/run";
+  const test::KeelRun r =
+      train(out, {"train.max_steps=3", "train.eval_every=2", "data.eval_path=" + f.val});
+  ASSERT_EQ(r.code, 0) << r.output;
+  // Step 1's loss is the base model's on the one batch of all 8 examples.
+  const auto steps = test::step_records(out);
+  ASSERT_EQ(steps.size(), 3u);
+  const json base = eval_json(
+      {f.base, "--data", f.train, "--tokenizer", "byte", "--seq-len", "40", "--batch-size", "8"});
+  EXPECT_NEAR(base["loss"].get<double>(), steps[0]["loss"].get<double>(),
+              1e-6 * steps[0]["loss"].get<double>());
+  EXPECT_NEAR(base["perplexity"].get<double>(), std::exp(base["loss"].get<double>()), 1e-9);
+  EXPECT_GT(base["tokens"].get<int64_t>(), 8 * 7);
+  // The validation split was evaluated at step 2 and at the end, printed and recorded; the
+  // final record is `keel eval` of the checkpoint on the same file (the run's seq_len and batch).
+  const auto evals = eval_records(out);
+  ASSERT_EQ(evals.size(), 2u);
+  EXPECT_EQ(evals[0]["step"], 2);
+  EXPECT_EQ(evals[1]["step"], 3);
+  EXPECT_CONTAINS(r.out, "eval step 2 | loss");
+  const json last = eval_json({out, "--data", f.val});
+  EXPECT_NEAR(last["loss"].get<double>(), evals[1]["eval_loss"].get<double>(),
+              1e-9 * last["loss"].get<double>());
+  EXPECT_EQ(last["tokens"], evals[1]["eval_tokens"]);
+  // Plain output names the numbers.
+  const test::KeelRun plain = test::run_keel({"eval", out, "--data", f.val});
+  EXPECT_EQ(plain.code, 0) << plain.output;
+  EXPECT_CONTAINS(plain.out, "perplexity");
+}
+
+TEST(CliEval, CheckpointEqualsBasePlusAdapterAndFractionSplitEvaluates) {
+  const Files& f = files();
+  const std::string out = f.dir + "/lora";
+  ASSERT_EQ(train(out, {"train.max_steps=2", "model.adapter.kind=lora", "optim.lr=0.05",
+                        "data.eval_fraction=0.25", "train.eval_every=1"})
+                .code,
+            0);
+  const json ck = eval_json({out, "--data", f.val, "--task", "text"});
+  const json pair = eval_json({f.base, "--adapter", out + "/adapter", "--data", f.val, "--task",
+                               "text", "--tokenizer", "byte", "--seq-len", "40"});
+  EXPECT_EQ(ck["loss"], pair["loss"]);
+  const json plain = eval_json(
+      {f.base, "--data", f.val, "--task", "text", "--tokenizer", "byte", "--seq-len", "40"});
+  EXPECT_NE(ck["loss"], plain["loss"]);  // the adapter trained
+  // eval_fraction 0.25 of 8 examples: 2 held out, evaluated after each step and at the end.
+  const auto evals = eval_records(out);
+  ASSERT_EQ(evals.size(), 3u);
+  for (const json& e : evals) EXPECT_GT(e["eval_tokens"].get<int64_t>(), 0);
+}
+
+TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
+  const Files& f = files();
+  auto eval_err = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "eval");
+    const test::KeelRun r = test::run_keel(args);
+    EXPECT_EQ(r.code, 2) << r.output;
+    return r.err;
+  };
+  EXPECT_CONTAINS(eval_err({f.base, "--data", "/no/file.jsonl"}), "--data /no/file.jsonl");
+  EXPECT_CONTAINS(eval_err({f.base, "--data", f.val}), "give --tokenizer");
+  EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--seq-len", "999"}),
+                  "--seq-len 999");
+  EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--task", "csv"}),
+                  "--task csv");
+  EXPECT_CONTAINS(eval_err({f.dir + "/none", "--data", f.val}), "no such directory");
+  auto train_err = [&](std::vector<std::string> sets) {
+    const test::KeelRun r = train(f.dir + "/bad", sets);
+    EXPECT_EQ(r.code, 2) << r.output;
+    return r.err;
+  };
+  EXPECT_CONTAINS(train_err({"data.eval_fraction=0.5", "data.eval_path=" + f.val}), "set one");
+  EXPECT_CONTAINS(train_err({"data.eval_fraction=1"}), "data.eval_fraction");
+  EXPECT_CONTAINS(train_err({"data.eval_fraction=0.95"}), "leaves no training example");
+  EXPECT_CONTAINS(train_err({"data.task=arith", "data.eval_path=" + f.val}),
+                  "apply to text and jsonl");
+  EXPECT_CONTAINS(train_err({"data.eval_path=/no/val.jsonl"}), "/no/val.jsonl");
+}
+
+}  // namespace
+}  // namespace keel

@@ -1,0 +1,200 @@
+// `keel export` round trips for both families and every adapter kind: checkpoint -> HF directory
+// (adapters merged) -> io::load_hf_model gives the checkpoint's logits (f32: to rounding; bf16:
+// within bf16's precision), sharded or not; --adapter-only -> base + PEFT directory gives them
+// bit for bit; PyTorch's reference forward of the export (tests/fixtures/hf_forward.py, when
+// python3-torch is installed) agrees; tokenizer files and ids travel; bad flags are usage errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "keel/autograd/node.h"
+#include "keel/io/hf_model.h"
+#include "keel/io/trained_model.h"
+#include "tests/support/check.h"
+#include "tests/support/run_keel.h"
+
+namespace keel {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+const std::vector<int64_t> kIds = {49, 50, 43, 51, 52, 61, 10, 7, 200};
+
+// A tiny HF base of `family` (vocab 259) and a 6-step fine-tune of it with `kind` adapters.
+std::string trained_run(const std::string& family, const std::string& kind) {
+  const std::string dir = test::temp_dir("export-" + family + "-" + kind);
+  std::vector<std::string> init = {
+      "init-model", "--family", family,     "--out", dir + "/base",   "--n-layer", "2",
+      "--n-embd",   "32",       "--n-head", "4",     "--max-seq-len", "32"};
+  if (family == "llama") init.insert(init.end(), {"--n-kv-head", "2", "--untied"});
+  const test::KeelRun b = test::run_keel(init);
+  EXPECT_EQ(b.code, 0) << b.output;
+  const std::string targets =
+      family == "gpt2" ? "[\"c_attn\", \"c_fc\"]" : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
+  std::ofstream(dir + "/c.toml") << "[run]\nout_dir = \"" << dir
+                                 << "/out\"\nthreads = 1\n[model]\npath = \"" << dir
+                                 << "/base\"\n[model.adapter]\nkind = \"" << kind
+                                 << "\"\nr = 4\ntarget_modules = " << targets
+                                 << "\n[data]\nnum_examples = 64\neval_examples = 4\nseq_len = "
+                                    "24\n[train]\nbatch_size = 8\nmax_steps = 6\n[optim]\nlr = "
+                                    "5e-2\n[log]\ntensorboard = false\n";
+  const test::KeelRun r = test::run_keel({"train", dir + "/c.toml"}, {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  return dir;
+}
+
+std::vector<float> logits_of(models::CausalLM& m) {
+  NoGradGuard g;
+  m.train(false);
+  return m.forward(Tensor::from_ints(kIds, {1, static_cast<int64_t>(kIds.size())}), Tensor())
+      .to_floats();
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, double(std::fabs(x)));
+  return m;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const double scale = max_abs(want);
+  int bad = 0;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (std::fabs(got[i] - want[i]) > tol * scale && ++bad <= 5)
+      ADD_FAILURE() << what << " [" << i << "]: " << got[i] << " vs " << want[i];
+}
+
+void keel_export(const std::vector<std::string>& args) {
+  std::vector<std::string> a = {"export"};
+  a.insert(a.end(), args.begin(), args.end());
+  const test::KeelRun r = test::run_keel(a);
+  ASSERT_EQ(r.code, 0) << r.output;
+}
+
+class CliExport : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(CliExport, MergedAndAdapterOnlyExportsGiveTheCheckpointsLogits) {
+  const auto& [family, kind] = GetParam();
+  const std::string dir = trained_run(family, kind), ckpt = dir + "/out/checkpoints/last";
+  io::TrainedModel t = io::load_trained_model(ckpt);
+  ASSERT_TRUE(t.adapter);
+  const std::vector<float> want = logits_of(*t.model);  // the adapted model, unmerged
+
+  // Merged, f32, one file and sharded.
+  keel_export({ckpt, "--out", dir + "/f32"});
+  keel_export({dir + "/out", "--out", dir + "/sharded", "--max-shard-size", "20KB"});
+  const std::vector<float> f32 = logits_of(*io::load_hf_model(dir + "/f32"));
+  expect_close(f32, want, 1e-5, family + " " + kind + " merged f32");
+  EXPECT_EQ(logits_of(*io::load_hf_model(dir + "/sharded")), f32);
+  EXPECT_TRUE(fs::exists(dir + "/sharded/model.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(dir + "/sharded/model.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/f32/adapter_config.json"));
+  const json cfg = json::parse(test::slurp(dir + "/f32/config.json"));
+  EXPECT_EQ(cfg["eos_token_id"], 258);  // the byte tokenizer's ids travel
+  EXPECT_FALSE(cfg.contains("keel_checkpoint"));
+
+  // Merged, bf16: the weights rounded once.
+  keel_export({ckpt, "--out", dir + "/bf16", "--dtype", "bf16"});
+  EXPECT_EQ(json::parse(test::slurp(dir + "/bf16/config.json"))["torch_dtype"], "bfloat16");
+  expect_close(logits_of(*io::load_hf_model(dir + "/bf16")), want, 3e-2,
+               family + " " + kind + " merged bf16");
+  expect_close(logits_of(*io::load_hf_model(dir + "/bf16", DType::BF16)), want, 6e-2,
+               family + " " + kind + " merged bf16 loaded as bf16");
+
+  // Unmerged: the PEFT directory on the base is the checkpoint's model, bit for bit.
+  keel_export({ckpt, "--out", dir + "/peft", "--adapter-only"});
+  io::TrainedModel p = io::load_trained_model(dir + "/base", dir + "/peft");
+  EXPECT_EQ(logits_of(*p.model), want);
+  EXPECT_EQ(json::parse(test::slurp(dir + "/peft/adapter_config.json"))["base_model_name_or_path"],
+            dir + "/base");
+  // ... and exporting that pair merged equals exporting the checkpoint.
+  keel_export({dir + "/base", "--adapter", dir + "/peft", "--out", dir + "/pair"});
+  EXPECT_EQ(logits_of(*io::load_hf_model(dir + "/pair")), f32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Adapters, CliExport,
+                         ::testing::Combine(::testing::Values("gpt2", "llama"),
+                                            ::testing::Values("lora", "dora", "lokr")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                         });
+
+TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
+  std::string ids;
+  for (int64_t id : kIds) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+  std::vector<std::string> argv = {
+      "/usr/bin/python3", std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/hf_forward.py", ids};
+  std::vector<std::pair<std::string, std::vector<float>>> cases;  // (export, checkpoint logits)
+  for (const std::string family : {"gpt2", "llama"}) {
+    const std::string dir = trained_run(family, "lora");
+    const std::vector<float> want =
+        logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);
+    for (const std::string dtype : {"f32", "bf16"}) {
+      const std::string out = dir + "/hf-" + dtype;
+      keel_export({dir + "/out", "--out", out, "--dtype", dtype, "--max-shard-size", "30KB"});
+      argv.push_back(out);
+      cases.emplace_back(out, want);
+    }
+  }
+  const test::KeelRun r = test::run_command(argv);  // one interpreter for every export
+  if (r.code == 77)
+    GTEST_SKIP() << "python3-torch is not installed (KEEL_WITH_TORCH=1 scripts/install-deps.sh)";
+  ASSERT_EQ(r.code, 0) << r.output;
+  const json all = json::parse(r.out);
+  for (const auto& [out, want] : cases) {
+    std::vector<float> torch_logits;
+    for (auto& row : all.at(out))
+      for (auto& v : row) torch_logits.push_back(v.get<float>());
+    // PyTorch reads the same stored weights as keel: they agree to rounding, and to the
+    // checkpoint within the export's rounding (none for f32).
+    expect_close(torch_logits, logits_of(*io::load_hf_model(out)), 1e-5, out + ": torch vs keel");
+    const bool bf16 = out.size() > 4 && out.substr(out.size() - 4) == "bf16";
+    expect_close(torch_logits, want, bf16 ? 3e-2 : 1e-5, out + ": torch vs the checkpoint");
+  }
+}
+
+TEST(CliExport, TokenizerFilesAreCopiedAndBadFlagsAreUsageErrors) {
+  const std::string dir = test::temp_dir("export-tok");
+  const std::string tiny = dir + "/tok";  // a tiny BPE tokenizer.json with an eos token
+  fs::create_directories(tiny);
+  fs::copy_file(
+      std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny/llama_style/tokenizer.json",
+      tiny + "/tokenizer.json");
+  std::ofstream(tiny + "/tokenizer_config.json") << R"({"eos_token": "<|eot|>"})";
+  std::ofstream(dir + "/text.txt") << std::string(40, 'x') + " the quick brown fox jumps\n";
+  const test::KeelRun r = test::run_keel(
+      test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1", "data.task=text",
+                                  "data.path=" + dir + "/text.txt", "data.tokenizer=hf:" + tiny,
+                                  "data.seq_len=8", "train.max_steps=2", "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  keel_export({dir + "/out", "--out", dir + "/hf"});
+  for (const char* f : {"/tokenizer.json", "/tokenizer_config.json"})
+    EXPECT_EQ(test::slurp(dir + "/hf" + f), test::slurp(tiny + f)) << f;
+  EXPECT_EQ(json::parse(test::slurp(dir + "/hf/config.json"))["eos_token_id"], 287);
+  // The export names its tokenizer: `keel generate` finds it without --tokenizer.
+  const test::KeelRun g = test::run_keel({"generate", dir + "/hf", "the", "--max-new-tokens", "2"});
+  EXPECT_EQ(g.code, 0) << g.output;
+
+  auto err = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), "export");
+    const test::KeelRun e = test::run_keel(args);
+    EXPECT_EQ(e.code, 2) << e.output;
+    return e.err;
+  };
+  EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--dtype", "f16"}), "--dtype f16");
+  EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--max-shard-size", "lots"}),
+                  "--max-shard-size lots");
+  EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--adapter-only"}),
+                  "has no adapters to export");
+  EXPECT_CONTAINS(err({dir + "/nothing", "--out", dir + "/x"}), "no such directory");
+}
+
+}  // namespace
+}  // namespace keel

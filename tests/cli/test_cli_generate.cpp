@@ -1,0 +1,184 @@
+// `keel generate` end to end: from an HF directory, a run's checkpoint (or its out_dir) and a base
+// plus a PEFT adapter directory, the CLI's tokens are the library's (io::load_trained_model +
+// models::generate), streamed text equals the --json text, stop strings and eos stop it, the
+// cache changes nothing, `model.path` accepts a checkpoint (adapters merged), and every bad input
+// is a usage error naming the path or flag.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "keel/data/tokenizer_base.h"
+#include "keel/io/trained_model.h"
+#include "keel/models/generate.h"
+#include "tests/support/check.h"
+#include "tests/support/run_keel.h"
+
+namespace keel {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// A tiny Llama (GQA) with peaked logits, vocab 259 (the byte tokenizer), once per binary.
+const std::string& base_dir() {
+  static const std::string dir = [] {
+    const std::string d = test::temp_dir("gen-base") + "/llama";
+    const test::KeelRun r = test::run_keel(
+        {"init-model", "--family", "llama", "--out", d, "--n-layer", "2", "--n-embd", "32",
+         "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "48", "--init-std", "0.3"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return d;
+  }();
+  return dir;
+}
+
+// A LoRA fine-tune of base_dir() (10 steps of the built-in task), once per binary.
+const std::string& lora_run() {
+  static const std::string out = [] {
+    const std::string dir = test::temp_dir("gen-lora");
+    std::ofstream(dir + "/c.toml")
+        << "[run]\nout_dir = \"" << dir << "/out\"\nthreads = 1\n[model]\npath = \"" << base_dir()
+        << "\"\n[model.adapter]\nkind = \"lora\"\nr = 4\ntarget_modules = [\"q_proj\", "
+           "\"v_proj\"]\n[data]\nnum_examples = 64\neval_examples = 4\nseq_len = 24\n"
+           "[train]\nbatch_size = 8\nmax_steps = 10\n[optim]\nlr = 5e-2\n"
+           "[log]\ntensorboard = false\n";
+    const test::KeelRun r = test::run_keel({"train", dir + "/c.toml"}, {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return dir + "/out";
+  }();
+  return out;
+}
+
+json generate_json(std::vector<std::string> args) {
+  args.insert(args.begin(), "generate");
+  args.push_back("--json");
+  const test::KeelRun r = test::run_keel(args, {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  return r.code == 0 ? json::parse(r.out) : json::object();
+}
+
+std::vector<int32_t> library_tokens(const std::string& model, const std::string& adapter,
+                                    const std::string& prompt, int64_t n) {
+  io::TrainedModel t = io::load_trained_model(model, adapter);
+  const auto tok = data::load_tokenizer("byte");
+  models::GenerateOptions o;
+  o.max_new_tokens = n;
+  o.eos_id = tok->eos_id();
+  return models::generate(*t.model, tok->encode(prompt), o).tokens;
+}
+
+TEST(CliGenerate, HfDirectoryGreedyEqualsTheLibraryAndStreamsTheSameText) {
+  const json j =
+      generate_json({base_dir(), "The cat", "--tokenizer", "byte", "--max-new-tokens", "12"});
+  const auto want = library_tokens(base_dir(), "", "The cat", 12);
+  ASSERT_FALSE(want.empty());
+  EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), want);
+  EXPECT_EQ(j["prompt_tokens"], 7);
+  // The streamed text (stdout, without --json) is the text of the same tokens; without the cache
+  // too. (--json's text replaces bytes that are not UTF-8; stdout has them as they are.)
+  const std::string text = data::load_tokenizer("byte")->decode(want);
+  for (const char* cache : {"", "--no-cache"}) {
+    std::vector<std::string> args = {"generate", base_dir(),         "The cat", "--tokenizer",
+                                     "byte",     "--max-new-tokens", "12"};
+    if (*cache) args.push_back(cache);
+    const test::KeelRun r = test::run_keel(args, {"OMP_NUM_THREADS=1"});
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(r.out, text + "\n") << cache;
+    EXPECT_CONTAINS(r.err, "tokens after a 7-token prompt");
+  }
+}
+
+TEST(CliGenerate, CheckpointOutDirAndAdapterDirectoryGiveTheSameTokens) {
+  const std::string out = lora_run();
+  const std::string prompt = "12+34=";
+  const auto want = library_tokens(out + "/checkpoints/last", "", prompt, 8);
+  for (const std::string& model : {out, out + "/checkpoints/last"}) {
+    const json j = generate_json({model, prompt, "--max-new-tokens", "8"});  // the run's tokenizer
+    EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), want) << model;
+    EXPECT_EQ(j["tokenizer"], "byte");
+  }
+  // The base with the run's PEFT adapter directory is the same model.
+  const json a = generate_json({base_dir(), prompt, "--adapter", out + "/adapter", "--tokenizer",
+                                "byte", "--max-new-tokens", "8"});
+  EXPECT_EQ(a["tokens"].get<std::vector<int32_t>>(), want);
+  // The adapter changed the model: the base alone decodes differently.
+  EXPECT_NE(library_tokens(base_dir(), "", prompt, 8), want);
+}
+
+TEST(CliGenerate, StopStringsSamplingAndPrecisions) {
+  const auto tok = data::load_tokenizer("byte");
+  const std::string text = tok->decode(library_tokens(base_dir(), "", "ab", 16));
+  ASSERT_GE(text.size(), 4u);
+  // Stop at the text's 3rd byte: what comes out is the text before it.
+  const std::string stop = text.substr(2, 2);
+  const json s = generate_json(
+      {base_dir(), "ab", "--tokenizer", "byte", "--max-new-tokens", "16", "--stop", stop});
+  EXPECT_EQ(s["stop"], "stop_string");
+  const test::KeelRun r = test::run_keel({"generate", base_dir(), "ab", "--tokenizer", "byte",
+                                          "--max-new-tokens", "16", "--stop", stop});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.out, text.substr(0, text.find(stop)) + "\n");
+  // Seeded sampling is reproducible; the seed matters.
+  auto sample = [&](const char* seed) {
+    return generate_json({base_dir(), "ab", "--tokenizer", "byte", "--max-new-tokens", "16",
+                          "--temperature", "1.5", "--top-k", "50", "--top-p", "0.95", "--seed",
+                          seed})["tokens"];
+  };
+  EXPECT_EQ(sample("1"), sample("1"));
+  EXPECT_NE(sample("1"), sample("2"));
+  // Other policies and backends run and decode as many tokens.
+  const json b = generate_json({base_dir(), "ab", "--tokenizer", "byte", "--max-new-tokens", "16",
+                                "--precision", "bf16-mixed", "--attention", "flash"});
+  EXPECT_EQ(b["precision"], "bf16-mixed");
+  EXPECT_EQ(b["tokens"].size(), 16u);
+}
+
+TEST(CliGenerate, ModelPathAcceptsACheckpointWithItsAdaptersMerged) {
+  const std::string out = lora_run();
+  const std::string dir = test::temp_dir("gen-from-ckpt");
+  // Train on from the checkpoint with lr 1e-30 (no weight moves): its weights are the merged
+  // adapted model.
+  const test::KeelRun r = test::run_keel(
+      test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1",
+                                  "model.path=" + out + "/checkpoints/last", "optim.lr=1e-30",
+                                  "train.max_steps=1", "data.seq_len=24", "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto want = library_tokens(out, "", "12+34=", 8);
+  EXPECT_EQ(generate_json({dir + "/out", "12+34=", "--max-new-tokens", "8"})["tokens"]
+                .get<std::vector<int32_t>>(),
+            want);
+}
+
+TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
+  auto err = [](std::vector<std::string> args, int code = 2) {
+    args.insert(args.begin(), "generate");
+    const test::KeelRun r = test::run_keel(args);
+    EXPECT_EQ(r.code, code) << r.output;
+    return r.err;
+  };
+  EXPECT_CONTAINS(err({"/no/such/model", "x"}), "/no/such/model: no such directory");
+  const std::string empty = test::temp_dir("gen-empty");
+  EXPECT_CONTAINS(err({empty, "x"}), "neither a model directory");
+  EXPECT_CONTAINS(err({base_dir(), "x"}), "give --tokenizer");
+  EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "/no/tok"}), "/no/tok");
+  EXPECT_CONTAINS(err({base_dir(), std::string(60, 'a'), "--tokenizer", "byte"}),
+                  "the prompt has 60 tokens but the model's max_seq_len is 48");
+  EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--top-p", "1.5"}), "--top-p");
+  EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--adapter", "/no/adapter"}),
+                  "--adapter /no/adapter");
+  EXPECT_CONTAINS(err({lora_run(), "x", "--adapter", lora_run() + "/adapter"}),
+                  "already carries the lora adapters");
+  EXPECT_CONTAINS(err({base_dir(), "--tokenizer", "byte", "--prompt-file", "/no/prompt.txt"}),
+                  "--prompt-file /no/prompt.txt");
+  // A checkpoint of an older keel (no config.json) says how to get one.
+  const std::string old = test::temp_dir("gen-old") + "/last";
+  fs::copy(lora_run() + "/checkpoints/last", old);
+  fs::remove(old + "/config.json");
+  EXPECT_CONTAINS(err({old, "x"}), "has no config.json describing its model");
+}
+
+}  // namespace
+}  // namespace keel

@@ -1,0 +1,100 @@
+// `keel tokenize` against the library: for every kind of tokenizer spec (byte, gpt2:DIR, hf:PATH,
+// a bare directory), the CLI's ids, pieces and decoded text are the library's; bad input is a
+// usage error naming the flag or the token.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "keel/data/tokenizer_base.h"
+#include "tests/support/check.h"
+#include "tests/support/run_keel.h"
+
+namespace keel {
+namespace {
+
+const std::string kTiny = std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
+const std::string kText = "the quick brown fox, 3 + 4 = 7\nnaïve café\n";
+
+class CliTokenize : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CliTokenize, IdsPiecesAndDecodeEqualTheLibrary) {
+  const std::string spec = GetParam();
+  const auto tok = data::load_tokenizer(spec);
+  const std::vector<int32_t> ids = tok->encode(kText);
+  ASSERT_FALSE(ids.empty());
+
+  const test::KeelRun plain = test::run_keel({"tokenize", "--tokenizer", spec, kText});
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  std::string want;
+  for (size_t i = 0; i < ids.size(); ++i) want += (i ? " " : "") + std::to_string(ids[i]);
+  EXPECT_EQ(plain.out, want + "\n");
+
+  const test::KeelRun js = test::run_keel({"tokenize", "--tokenizer", spec, "--json", kText});
+  ASSERT_EQ(js.code, 0) << js.output;
+  const auto j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), ids);
+  EXPECT_EQ(j["count"].get<size_t>(), ids.size());
+  ASSERT_EQ(j["pieces"].size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    // Pieces that are not UTF-8 alone (one byte >= 0x80) are printed with U+FFFD.
+    const std::string piece = nlohmann::json(tok->id_to_token(ids[i]))
+                                  .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    EXPECT_EQ(j["pieces"][i], nlohmann::json::parse(piece)) << i;
+  }
+
+  // Decode: ids back to the text, from the argument (comma-separated) and from a file.
+  std::string csv;
+  for (size_t i = 0; i < ids.size(); ++i) csv += (i ? "," : "") + std::to_string(ids[i]);
+  const test::KeelRun dec = test::run_keel({"tokenize", "--tokenizer", spec, "--decode", csv});
+  ASSERT_EQ(dec.code, 0) << dec.output;
+  EXPECT_EQ(dec.out, tok->decode(ids));
+  const std::string file = test::temp_dir("cli-tokenize") + "/ids.json";
+  std::ofstream(file) << nlohmann::json(ids).dump();
+  const test::KeelRun decf =
+      test::run_keel({"tokenize", "--tokenizer", spec, "--decode", "--json", "--file", file});
+  ASSERT_EQ(decf.code, 0) << decf.output;
+  EXPECT_EQ(nlohmann::json::parse(decf.out)["text"].get<std::string>(), tok->decode(ids));
+}
+
+INSTANTIATE_TEST_SUITE_P(Specs, CliTokenize,
+                         ::testing::Values("byte", "gpt2:" + kTiny,
+                                           "hf:" + kTiny + "/llama_style/tokenizer.json",
+                                           "hf:" + kTiny + "/gpt2_style", kTiny + "/llama_style"),
+                         [](const auto& info) { return "spec" + std::to_string(info.index); });
+
+TEST(CliTokenize, TextFromStdinAndPiecesOneALine) {
+  const test::KeelRun r =
+      test::run_keel_sh("tokenize --pieces --tokenizer gpt2:" + kTiny +
+                        " < /dev/null; printf 'the fox' | " + test::keel_binary() +
+                        " tokenize --pieces "
+                        "--tokenizer gpt2:" +
+                        kTiny);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto tok = data::load_tokenizer("gpt2:" + kTiny);
+  std::string want = "\n";  // the empty stdin: no tokens
+  const auto ids = tok->encode("the fox");
+  for (size_t i = 0; i < ids.size(); ++i) want += (i ? "\n" : "") + tok->id_to_token(ids[i]);
+  EXPECT_EQ(r.out, want + "\n");
+}
+
+TEST(CliTokenize, BadInputNamesTheFlagOrTheToken) {
+  const test::KeelRun unknown = test::run_keel({"tokenize", "--tokenizer", "/no/such/dir", "x"});
+  EXPECT_EQ(unknown.code, 2) << unknown.output;
+  EXPECT_CONTAINS(unknown.err, "/no/such/dir");
+  const test::KeelRun word = test::run_keel({"tokenize", "--decode", "12 x7 3"});
+  EXPECT_EQ(word.code, 2) << word.output;
+  EXPECT_CONTAINS(word.err, "'x7' is not a token id");
+  const test::KeelRun range = test::run_keel({"tokenize", "--decode", "65 9999"});
+  EXPECT_EQ(range.code, 1) << range.output;
+  EXPECT_CONTAINS(range.err, "9999");
+  const test::KeelRun nofile = test::run_keel({"tokenize", "--file", "/no/such/file.txt"});
+  EXPECT_EQ(nofile.code, 2) << nofile.output;
+  EXPECT_CONTAINS(nofile.err, "--file /no/such/file.txt");
+  const test::KeelRun both = test::run_keel({"tokenize", "--file", "/etc/hostname", "abc"});
+  EXPECT_EQ(both.code, 2) << both.output;
+  EXPECT_CONTAINS(both.err, "not both");
+}
+
+}  // namespace
+}  // namespace keel

@@ -1,0 +1,198 @@
+// Decoding (keel/models/generate.h, kv_cache.h): greedy output of a tiny GPT-2 and a tiny Llama
+// (GQA, RoPE) equals PyTorch's token for token with logits within tolerance
+// (tests/fixtures/gen_generate.py); the key/value cache changes no token and (in f32) no logit
+// beyond rounding, under every attention backend and bf16-mixed autocast; sampling follows its
+// options; every stop and every bad input is reported.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "keel/amp/autocast.h"
+#include "keel/models/generate.h"
+#include "tests/support/check.h"
+#include "tests/support/tiny_models.h"
+
+namespace keel {
+namespace {
+
+using models::GenerateOptions;
+using models::GenerateResult;
+
+models::ModelSpec spec16(const std::string& family) {
+  models::ModelSpec s = test::tiny_model_spec(family);
+  s.max_seq_len = 16;
+  s.init_std = 0.3;  // peaked logits: greedy choices far from ties
+  return s;
+}
+
+std::unique_ptr<models::CausalLM> fixture_model(const std::string& family) {
+  const io::Safetensors& fx = test::fixture("generate");
+  auto m = models::make_causal_lm(spec16(family), 1);
+  for (auto& [name, p] : m->named_parameters()) {
+    Tensor dst = p;
+    dst.copy_from(fx.at(family + ".param." + name));
+  }
+  return m;
+}
+
+std::vector<int32_t> ints32(const Tensor& t) {
+  std::vector<int32_t> v;
+  for (int64_t x : t.to_ints()) v.push_back(static_cast<int32_t>(x));
+  return v;
+}
+
+class GenerateParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GenerateParity, GreedyTokensAndLogitsMatchPyTorch) {
+  const std::string family = GetParam();
+  const io::Safetensors& fx = test::fixture("generate");
+  auto m = fixture_model(family);
+  const std::vector<int32_t> want = ints32(fx.at(family + ".tokens"));
+  const std::vector<float> ref = fx.at(family + ".logits").to_floats();
+  for (bool cache : {true, false}) {
+    GenerateOptions o;
+    o.max_new_tokens = static_cast<int64_t>(want.size());
+    o.use_cache = cache;
+    o.keep_logits = true;
+    const GenerateResult r = models::generate(*m, ints32(fx.at(family + ".prompt")), o);
+    EXPECT_EQ(r.tokens, want) << family << " cache=" << cache;
+    EXPECT_EQ(r.stop, "max_new_tokens");
+    ASSERT_EQ(r.logits.size(), want.size());
+    const size_t V = r.logits[0].size();
+    for (size_t s = 0; s < want.size(); ++s)
+      for (size_t j = 0; j < V; ++j)
+        EXPECT_NEAR(r.logits[s][j], ref[s * V + j], 2e-5 * (1 + std::fabs(ref[s * V + j])))
+            << family << " cache=" << cache << " step " << s << " id " << j;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, GenerateParity, ::testing::Values("gpt2", "llama"));
+
+// (family, attention backend, bf16-mixed autocast)
+class KvCache : public ::testing::TestWithParam<std::tuple<std::string, std::string, bool>> {};
+
+TEST_P(KvCache, SameTokensWithAndWithoutTheCache) {
+  const auto& [family, backend, mixed] = GetParam();
+  auto m = models::make_causal_lm(spec16(family), 7);
+  m->set_attention_backend(ops::attention_backend_from_name(backend));
+  amp::AutocastGuard autocast(mixed, DType::BF16);
+  for (double temperature : {0.0, 0.8}) {
+    GenerateOptions o;
+    o.max_new_tokens = 20;  // stops at max_seq_len after 12
+    o.keep_logits = true;
+    o.sampling.temperature = temperature;
+    o.seed = 42;
+    const GenerateResult cached = models::generate(*m, {1, 2, 3, 4}, o);
+    o.use_cache = false;
+    const GenerateResult full = models::generate(*m, {1, 2, 3, 4}, o);
+    EXPECT_EQ(cached.tokens, full.tokens) << family << " " << backend << " T=" << temperature;
+    ASSERT_EQ(cached.tokens.size(), 12u);
+    EXPECT_EQ(cached.stop, "max_seq_len");
+    // The prompt's pass is the same computation; later steps differ only by rounding (f32: the
+    // order of the sums; bf16-mixed: the decoding row is computed in f32, the full pass rounds
+    // scores and probabilities to bf16).
+    const double tol = mixed ? 0.1 : 2e-5;
+    EXPECT_EQ(cached.logits[0], full.logits[0]);
+    for (size_t s = 0; s < cached.logits.size(); ++s)
+      for (size_t j = 0; j < cached.logits[s].size(); ++j)
+        EXPECT_NEAR(cached.logits[s][j], full.logits[s][j],
+                    tol * (1 + std::fabs(full.logits[s][j])))
+            << family << " " << backend << " step " << s;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, KvCache,
+                         ::testing::Combine(::testing::Values("gpt2", "llama"),
+                                            ::testing::Values("eager", "math", "flash"),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param) +
+                                  (std::get<2>(info.param) ? "_bf16_mixed" : "_f32");
+                         });
+
+TEST(Sampling, GreedyTopKTopPAndTheirDistribution) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
+  Rng rng(1);
+  models::SamplingOptions greedy;
+  EXPECT_EQ(models::sample_token(logits, greedy, rng), 1);  // tie 1/3: the lower id
+  models::SamplingOptions top1;
+  top1.temperature = 1.0;
+  top1.top_k = 1;
+  models::SamplingOptions nucleus;
+  nucleus.temperature = 1.0;
+  nucleus.top_p = 0.01;
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_EQ(models::sample_token(logits, top1, rng), 1);
+    EXPECT_EQ(models::sample_token(logits, nucleus, rng), 1);
+  }
+  // T = 1, top_k = 3: frequencies follow softmax over {1, 3, 2}.
+  models::SamplingOptions k3;
+  k3.temperature = 1.0;
+  k3.top_k = 3;
+  std::vector<int> count(5);
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++count[models::sample_token(logits, k3, rng)];
+  const double z = 2 * std::exp(3.0) + std::exp(2.0);
+  EXPECT_EQ(count[0] + count[4], 0);
+  EXPECT_NEAR(count[1] / double(n), std::exp(3.0) / z, 0.015);
+  EXPECT_NEAR(count[2] / double(n), std::exp(2.0) / z, 0.015);
+  // top_p = 0.75 keeps {1, 3} (their mass 0.793 reaches it): never 2 or the others.
+  models::SamplingOptions p8;
+  p8.temperature = 1.0;
+  p8.top_p = 0.75;
+  for (int i = 0; i < 500; ++i) {
+    const int32_t t = models::sample_token(logits, p8, rng);
+    EXPECT_TRUE(t == 1 || t == 3) << t;
+  }
+}
+
+TEST(Generate, SeededSamplingIsDeterministicAndEosStops) {
+  auto m = models::make_causal_lm(spec16("llama"), 3);
+  GenerateOptions o;
+  o.sampling.temperature = 1.5;
+  o.max_new_tokens = 8;
+  o.seed = 9;
+  const GenerateResult a = models::generate(*m, {5, 6}, o), b = models::generate(*m, {5, 6}, o);
+  EXPECT_EQ(a.tokens, b.tokens);
+  o.seed = 10;
+  EXPECT_NE(models::generate(*m, {5, 6}, o).tokens, a.tokens);
+  o.seed = 9;
+  o.eos_id = a.tokens[2];
+  const GenerateResult e = models::generate(*m, {5, 6}, o);
+  EXPECT_EQ(e.stop, "eos");
+  EXPECT_EQ(e.tokens, std::vector<int32_t>(a.tokens.begin(), a.tokens.begin() + 2));
+  int seen = 0;
+  const GenerateResult c = models::generate(*m, {5, 6}, o, [&](int32_t) { return ++seen < 1; });
+  EXPECT_EQ(c.stop, "caller");
+  EXPECT_EQ(c.tokens.size(), 1u);
+}
+
+TEST(Generate, BadInputNamesTheProblemAndTheFix) {
+  auto m = models::make_causal_lm(spec16("gpt2"), 3);
+  GenerateOptions o;
+  EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, {}, o); }), "the prompt is empty");
+  EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, std::vector<int32_t>(16, 1), o); }),
+                  "the prompt has 16 tokens but the model's max_seq_len is 16");
+  EXPECT_CONTAINS(test::error_of([&] {
+                    models::generate(*m, {1, 99}, o);
+                  }),
+                  "prompt token 99 at position 1 is outside the model's vocabulary [0, 37)");
+  o.sampling.temperature = -1;
+  EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, {1}, o); }), "--temperature");
+  o.sampling.temperature = 1;
+  o.sampling.top_p = 0;
+  EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, {1}, o); }), "--top-p");
+  o.sampling.top_p = 1;
+  o.sampling.top_k = -2;
+  EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, {1}, o); }), "--top-k");
+  // The cache refuses a position past its capacity.
+  models::KVCache cache = m->make_kv_cache();
+  cache.length = 16;
+  EXPECT_CONTAINS(test::error_of([&] {
+                    m->forward_cached(Tensor::from_ints({1}, {1, 1}), cache);
+                  }),
+                  "exceeds the model's max_seq_len 16");
+}
+
+}  // namespace
+}  // namespace keel
