@@ -60,6 +60,7 @@ Config run_config_of_request(const std::string& body, const PathPolicy& paths,
   };
   confine("model.path", cfg.model.path);
   confine("data.path", cfg.data.path);
+  confine("data.eval_path", cfg.data.eval_path);
   std::string prefix;
   std::string tok = tokenizer_path(cfg.data.tokenizer, &prefix);
   if (!tok.empty()) {
