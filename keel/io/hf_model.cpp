@@ -455,7 +455,9 @@ HfConfig read_hf_config(const std::string& dir) {
   } catch (const Error& e) {
     throw Error(file + ": inconsistent sizes: " + e.what(), Error::kUsage);
   }
-  check_sizes_against_weights(dir, s);
+  // A keel checkpoint stores keel's layout (GPT-2 linears as [out, in]), not HF's: its own loader
+  // checks every tensor.
+  if (!is_keel_checkpoint(dir)) check_sizes_against_weights(dir, s);
   return out;
 }
 
