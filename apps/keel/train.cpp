@@ -122,14 +122,9 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   // module that produced it.
   if (!cfg.debug.inject.module.empty() &&
       (cfg.debug.inject.only_rank < 0 || cfg.debug.inject.only_rank == rank))
-    injector = std::make_unique<monitor::FaultInjector>(
-        trainer.model(), monitor::InjectOptions{cfg.debug.inject.module, cfg.debug.inject.step,
-                                                cfg.debug.inject.kind, cfg.debug.inject.factor});
+    injector = std::make_unique<monitor::FaultInjector>(trainer.model(), cfg.debug.inject);
   if (cfg.debug.underflow_overflow.enabled) {
-    monitor::TracerOptions topt;
-    topt.max_frames_to_save = cfg.debug.underflow_overflow.max_frames_to_save;
-    topt.trace_batch_nums = cfg.debug.underflow_overflow.trace_batch_nums;
-    topt.abort_after_batch_num = cfg.debug.underflow_overflow.abort_after_batch_num;
+    monitor::TracerOptions topt{cfg.debug.underflow_overflow};
     topt.format = trainer.policy().compute_dtype;
     topt.scaler_handles_backward = trainer.scaler() != nullptr;
     tracer = std::make_unique<monitor::UnderflowOverflowTracer>(

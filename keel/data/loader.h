@@ -20,6 +20,16 @@ struct Batch {
   Tensor attention_mask;  // [B, T] U8: 1 on real tokens, 0 on padding
   int64_t n_targets = 0;  // labels != -100 (the token count a loss mean divides by)
   std::vector<int64_t> example_ids;  // dataset index of each row
+
+  // The same batch with its tensors on `dev` (itself on the cpu).
+  Batch to(Device dev) const {
+    if (dev.is_cpu()) return *this;
+    Batch d = *this;
+    d.input_ids = input_ids.to(dev);
+    d.labels = labels.to(dev);
+    if (attention_mask.defined()) d.attention_mask = attention_mask.to(dev);
+    return d;
+  }
 };
 
 // Collates the listed examples: each row keeps the first seq_len tokens (longer examples are

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <sstream>
 
 #include "keel/amp/precision.h"
@@ -272,32 +273,23 @@ SanityRun sanity_run(const Config& base, const std::string& label,
   s.label = label;
   const auto t0 = std::chrono::steady_clock::now();
   try {
-    Config cfg = base;
-    const std::string cfg_path = out_dir + "/config.toml";
-    fs::create_directories(out_dir);
-    {
-      FILE* f = std::fopen(cfg_path.c_str(), "w");
-      if (!f) throw Error("doctor: cannot write " + cfg_path);
-      const std::string t = config_to_toml(cfg);
-      std::fwrite(t.data(), 1, t.size(), f);
-      std::fclose(f);
-    }
+    // The configured run with `sets` applied, validated as `keel train` would.
     std::vector<std::string> ov = {"run.out_dir=" + out_dir, "run.resume=false",
                                    "debug.underflow_overflow.enabled=false"};
     ov.insert(ov.end(), sets.begin(), sets.end());
-    Trainer tr(load_config(cfg_path, ov));
-    s.precision = tr.policy().name();
-    s.attention = ops::attention_backend_name(tr.model().spec().attention);
-    const std::vector<data::Batch> window = {tr.loader().batch(0, 0)};
-    tr.optimizer().zero_grad();
-    tr.model().train(true);
-    const double scale = tr.scaler() ? tr.scaler()->get_scale() : 1.0;
-    const double sum = tr.forward_backward(window, tr.step_seed(1), scale);
+    Run run = build_run(load_config_text(config_to_toml(base), "the config", ov));
+    s.precision = run.policy.name();
+    s.attention = ops::attention_backend_name(run.model->spec().attention);
+    const std::vector<data::Batch> window = {run.loader->batch(0, 0)};
+    run.optimizer->zero_grad();
+    run.model->train(true);
+    const double scale = run.scaler ? run.scaler->get_scale() : 1.0;
+    const double sum = forward_backward(run, window, step_seed(run.cfg, 1), scale);
     s.loss = window[0].n_targets > 0 ? sum / static_cast<double>(window[0].n_targets) : 0.0;
     std::vector<Tensor> grads;
-    for (auto& [name, p] : tr.trainable())
+    for (auto& [name, p] : run.trainable)
       if (p.grad().defined()) grads.push_back(p.grad());
-    if (tr.scaler()) tr.scaler()->unscale(grads);
+    if (run.scaler) run.scaler->unscale(grads);
     s.grad_norm = optim::global_grad_norm(grads);
     s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
     s.ran = true;
@@ -326,34 +318,34 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
     out_dir = buf.data();
     remove_after = true;
   }
-  std::unique_ptr<Trainer> probe;
+  std::optional<Run> probe;
   if (config_ok) {
     try {
       Config c = cfg;
       c.run.out_dir = out_dir + "/probe";
       c.run.resume = false;
       c.debug.underflow_overflow.enabled = false;
-      probe = std::make_unique<Trainer>(c);
+      probe = build_run(c);
     } catch (const std::exception& e) {
       r.checks.push_back(make("error", "setup", std::string("the run cannot start: ") + e.what()));
     }
   }
   if (probe) {
     // Tokenizer and data, as the Trainer built them for training.
-    const TokenizerFacts tok = tokenizer_facts(probe->tokenizer(), cfg.data.tokenizer);
-    const int64_t rows = probe->model().spec().vocab_size;
+    const TokenizerFacts tok = tokenizer_facts(*probe->data.tokenizer, cfg.data.tokenizer);
+    const int64_t rows = probe->model->spec().vocab_size;
     r.checks.push_back(check_pad_token(tok, cfg.data.pad, std::max(rows, tok.vocab_size)));
     // Adapter dtypes, as built: every trainable adapter parameter must be f32 (an f16 one would
     // meet PyTorch's "Attempting to unscale FP16 gradients" pain); the frozen base as configured.
     if (cfg.model.adapter.kind != "none") {
       int64_t n = 0, not_f32 = 0;
       std::string bad;
-      for (auto& [name, p] : probe->trainable()) {
+      for (auto& [name, p] : probe->trainable) {
         ++n;
         if (p.dtype() != DType::F32 && !not_f32++) bad = name + " (" + dtype_name(p.dtype()) + ")";
       }
       DType base_dt = DType::F32;
-      for (auto& [name, p] : probe->model().named_parameters())
+      for (auto& [name, p] : probe->model->named_parameters())
         if (!p.requires_grad()) base_dt = p.dtype();
       if (not_f32)
         r.checks.push_back(make("error", "adapter",
@@ -366,16 +358,16 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
                                     " parameters, all f32; frozen base stored in " +
                                     dtype_name(base_dt)));
     }
-    auto w = check_windows(probe->loader().size(), cfg.train.batch_size, cfg.train.grad_accum);
+    auto w = check_windows(probe->loader->size(), cfg.train.batch_size, cfg.train.grad_accum);
     r.checks.insert(r.checks.end(), w.begin(), w.end());
   }
   // Memory.
   try {
     MemoryQuery q = memory_query_from_config(cfg);
     if (probe) {
-      q.params = probe->model().num_parameters();
+      q.params = probe->model->num_parameters();
       if (cfg.model.adapter.kind != "none") {
-        q.trainable = probe->model().num_parameters(/*trainable_only=*/true);
+        q.trainable = probe->model->num_parameters(/*trainable_only=*/true);
         q.trainable_f32 = true;
       }
     }

@@ -18,15 +18,13 @@
 #include <vector>
 
 #include "keel/nn/module.h"
+#include "keel/train/config.h"
 
 namespace keel::monitor {
 
-struct InjectOptions {
-  std::string module;        // module path, e.g. "transformer.h.0.attn"
-  int64_t step = -1;         // step (1-based, as the console line counts) to inject at
-  std::string kind = "nan";  // nan | inf | scale
-  double factor = 1.0;       // kind = scale
-};
+// [debug.inject]: module (a path, e.g. "transformer.h.0.attn"), step (1-based, as the console
+// line counts), kind (nan | inf | scale), factor (kind = scale); only_rank is the caller's.
+using InjectOptions = InjectConfig;
 
 class FaultInjector {
  public:

@@ -294,7 +294,7 @@ MemoryQuery memory_query_from_config(const Config& cfg) {
   MemoryQuery q;
   q.precision = cfg.train.precision;
   q.optimizer = cfg.optim.name;
-  q.momentum = cfg.optim.momentum;
+  q.momentum = cfg.optim.sgd.momentum;
   q.family = cfg.model.family;
   q.batch = cfg.train.batch_size;
   q.seq = cfg.data.seq_len;

@@ -18,6 +18,9 @@
 
 namespace keel::monitor {
 
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
 namespace {
 
 // JSON has no NaN/inf: non-finite numbers are written as strings ("nan", "inf", "-inf").
@@ -111,6 +114,102 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
     io::write_file_atomic(tmp + "/capture.json", meta.dump(2) + "\n");
   });
   return dir;
+}
+
+// ---- reading a capture back
+
+namespace {
+
+std::string capture_hint() {
+  return "keel train writes a capture to out_dir/debug/nan_capture/rank0 when a step is "
+         "non-finite; pass that directory";
+}
+
+}  // namespace
+
+const json& capture_field(const Capture& c, const char* key) {
+  if (!c.meta.contains(key))
+    throw Error(c.dir + "/capture.json: missing \"" + key +
+                    "\"; the file is incomplete or was written by another tool (write a new "
+                    "capture by re-running the training)",
+                Error::kUsage);
+  return c.meta.at(key);
+}
+
+Error capture_field_type_error(const Capture& c, const char* key) {
+  return Error(c.dir + "/capture.json: \"" + key + "\" has the wrong type (" +
+                   capture_field(c, key).dump() +
+                   "); the file is corrupt (re-run the training to write a new capture)",
+               Error::kUsage);
+}
+
+Capture read_nan_capture(const std::string& dir) {
+  Capture c;
+  c.dir = dir;
+  if (!fs::is_directory(dir))
+    throw Error("replay: " + dir + " is not a directory; " + capture_hint(), Error::kUsage);
+  const std::string meta_path = dir + "/capture.json";
+  if (!fs::exists(meta_path))
+    throw Error(meta_path + ": missing; " + dir + " is not a NaN capture (" + capture_hint() + ")",
+                Error::kUsage);
+  try {
+    c.meta = json::parse(io::read_file(meta_path));
+  } catch (const json::parse_error& e) {
+    throw Error(meta_path + ": not valid JSON (" + e.what() +
+                    "); the capture is corrupt: re-run the training to write a new one",
+                Error::kUsage);
+  }
+  if (!c.meta.is_object() || c.meta.value("format", "") != kCaptureFormat)
+    throw Error(meta_path + ": not a keel NaN capture (\"format\" is not \"" +
+                    std::string(kCaptureFormat) + "\"); " + capture_hint(),
+                Error::kUsage);
+  const int version = capture_field_as<int>(c, "format_version");
+  if (version > kCaptureFormatVersion)
+    throw Error(meta_path + ": format_version " + std::to_string(version) +
+                    " is newer than this keel reads (" + std::to_string(kCaptureFormatVersion) +
+                    "); replay it with the keel that wrote it (" +
+                    c.meta.value("keel_version", std::string("?")) + ")",
+                Error::kUsage);
+  for (const char* key : {"step", "config_toml", "threads", "loss_bits", "grads_fingerprint",
+                          "loss_scale", "rng", "micro_batches", "precision", "attention"})
+    capture_field(c, key);
+  if (!capture_field(c, "rng").contains("step_seed"))
+    throw Error(meta_path +
+                    ": \"rng\" lacks \"step_seed\"; the capture is incomplete (re-run the "
+                    "training to write a new one)",
+                Error::kUsage);
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "microbatches.safetensors"})
+    if (!fs::exists(dir + "/" + f))
+      throw Error(dir + "/" + f +
+                      ": missing; the capture is incomplete (it is written atomically, "
+                      "so the directory was changed afterwards): re-run the training",
+                  Error::kUsage);
+  c.model = io::read_safetensors(dir + "/model.safetensors");
+  c.optimizer = io::read_safetensors(dir + "/optimizer.safetensors");
+  c.batches = io::read_safetensors(dir + "/microbatches.safetensors");
+  const json& mbs = capture_field(c, "micro_batches");
+  if (!mbs.is_array() || mbs.empty())
+    throw Error(meta_path + ": \"micro_batches\" must be a non-empty list; the capture is corrupt",
+                Error::kUsage);
+  for (size_t i = 0; i < mbs.size(); ++i) {
+    const std::string p = "mb" + std::to_string(i) + ".";
+    data::Batch b;
+    b.input_ids = c.batches.at(p + "input_ids");
+    b.labels = c.batches.at(p + "labels");
+    if (const Tensor* m = c.batches.find(p + "attention_mask")) b.attention_mask = *m;
+    if (b.input_ids.dtype() != DType::I64 || b.labels.dtype() != DType::I64 ||
+        b.input_ids.dim() != 2 || b.labels.shape() != b.input_ids.shape())
+      throw Error(dir + "/microbatches.safetensors: " + p +
+                      "input_ids / labels must be i64 [B, T] of the same shape; the capture is "
+                      "corrupt",
+                  Error::kUsage);
+    const int64_t* lab = b.labels.data_as<int64_t>();
+    for (int64_t k = 0; k < b.labels.numel(); ++k) b.n_targets += lab[k] != data::kIgnoreLabel;
+    if (mbs[i].is_object() && mbs[i].contains("example_ids"))
+      b.example_ids = mbs[i]["example_ids"].get<std::vector<int64_t>>();
+    c.window.push_back(std::move(b));
+  }
+  return c;
 }
 
 }  // namespace keel::monitor

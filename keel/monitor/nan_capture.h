@@ -26,6 +26,9 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "keel/io/safetensors.h"
 #include "keel/train/trainer.h"
 
 namespace keel::monitor {
@@ -35,6 +38,29 @@ inline constexpr int kCaptureFormatVersion = 1;
 
 // Writes the capture and returns its directory.
 std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int rank = 0);
+
+// A capture read back (replay; the fuzz harness): capture.json checked for every key replay needs,
+// the three safetensors files, and the step's window of micro-batches. Errors (kUsage) name the
+// file, the key and what to do.
+struct Capture {
+  std::string dir;
+  nlohmann::json meta;  // capture.json
+  io::Safetensors model, optimizer, batches;
+  std::vector<data::Batch> window;
+};
+Capture read_nan_capture(const std::string& dir);
+
+// capture.json's `key`, or an Error naming the file and the key.
+const nlohmann::json& capture_field(const Capture& c, const char* key);
+Error capture_field_type_error(const Capture& c, const char* key);
+template <class T>
+T capture_field_as(const Capture& c, const char* key) {
+  try {
+    return capture_field(c, key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw capture_field_type_error(c, key);
+  }
+}
 
 // "0x7ff8000000000000": the exact bits of a double, as the capture records the loss.
 std::string double_bits_hex(double v);

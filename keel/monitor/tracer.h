@@ -41,15 +41,15 @@
 #include "keel/numerics/dtype.h"
 #include "keel/numerics/error.h"
 #include "keel/numerics/tensor_stats.h"
+#include "keel/train/config.h"
 
 namespace keel::monitor {
 
-struct TracerOptions {
-  int64_t max_frames_to_save = 21;
-  // Dump these batches' full frames to the log even without a finding. Unlike HF, detection stays
-  // on in traced batches: keel never hides a non-finite value.
-  std::vector<int64_t> trace_batch_nums;
-  int64_t abort_after_batch_num = -1;  // stop (exit 3) after this batch (-1 = never)
+// [debug.underflow_overflow] (max_frames_to_save, trace_batch_nums: batches whose full frames are
+// dumped even without a finding — unlike HF, detection stays on in traced batches, keel never
+// hides a non-finite value —, abort_after_batch_num; `enabled` is the caller's business), and
+// what the run decides:
+struct TracerOptions : UnderflowOverflowConfig {
   // The compute dtype: subnormal / near-max are judged against it for f32 tensors (an f32 value
   // that will be rounded to f16 by the next product); a bf16/f16 tensor is judged against its own
   // format.

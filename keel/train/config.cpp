@@ -112,11 +112,14 @@ const std::vector<KeySpec>& key_table() {
     // [optim]
     k.push_back(KEEL_KEY("optim", optim, name).one_of({"adamw", "sgd"}));
     k.push_back(KEEL_KEY("optim", optim, lr).above(0));
-    k.push_back(KEEL_KEY("optim", optim, beta1).at_least(0).below(1));
-    k.push_back(KEEL_KEY("optim", optim, beta2).at_least(0).below(1));
-    k.push_back(KEEL_KEY("optim", optim, eps).at_least(0));
+    k.push_back(KEEL_KEY("optim", optim.adamw, beta1).at_least(0).below(1));
+    k.push_back(KEEL_KEY("optim", optim.adamw, beta2).at_least(0).below(1));
+    k.push_back(KEEL_KEY("optim", optim.adamw, eps).at_least(0));
     k.push_back(KEEL_KEY("optim", optim, weight_decay).at_least(0));
-    k.push_back(KEEL_KEY("optim", optim, momentum).at_least(0));
+    k.push_back(KEEL_KEY("optim", optim.sgd, momentum).at_least(0));
+    k.push_back(KEEL_KEY("optim", optim.sgd, dampening).at_least(0).at_most(1));
+    k.push_back(KEEL_KEY("optim", optim.sgd, nesterov));
+    k.push_back(KEEL_KEY("optim", optim, stochastic_rounding));
     // [sched]
     k.push_back(KEEL_KEY("sched", sched, name).one_of({"constant", "linear", "cosine"}));
     k.push_back(KEEL_KEY("sched", sched, warmup_steps).at_least(0));
@@ -131,6 +134,7 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("scaler", scaler, min_scale).at_least(0));
     k.push_back(KEEL_KEY("scaler", scaler, max_scale).at_least(0));
     k.push_back(KEEL_KEY("scaler", scaler, hysteresis).at_least(1));
+    k.push_back(KEEL_KEY("scaler", scaler, consecutive_hysteresis));
     // [log]
     k.push_back(KEEL_KEY("log", log, every).at_least(1));
     k.push_back(KEEL_KEY("log", log, console));
@@ -526,7 +530,7 @@ void validate(Config& c, const Origins& origins) {
   if (c.data.tokenizer.empty())
     throw usage(prefix("data.tokenizer") +
                 "data.tokenizer must not be empty (\"byte\", \"gpt2:DIR\" or \"hf:PATH\")");
-  const ScalerConfig& s = c.scaler;
+  const GradScalerOptions& s = c.scaler;
   if (s.max_scale > 0 && s.min_scale > s.max_scale)
     throw usage("scaler.min_scale = " + format_double(s.min_scale, false) + at("scaler.min_scale") +
                 " is above scaler.max_scale = " + format_double(s.max_scale, false) +
@@ -575,24 +579,30 @@ void apply_override(Config& c, const std::string& ov, Origins& origins) {
 }  // namespace
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  if (path.empty()) return load_config_text("", "", overrides);
+  std::ifstream in(path, std::ios::binary);
+  if (!in || std::filesystem::is_directory(path))
+    throw usage("cannot read config file " + path + " (check the path; pass \"\" for defaults)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return load_config_text(ss.str(), path, overrides);
+}
+
+Config load_config_text(const std::string& text, const std::string& source,
+                        const std::vector<std::string>& overrides) {
   Config c;
   Origins origins;
-  if (!path.empty()) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in || std::filesystem::is_directory(path))
-      throw usage("cannot read config file " + path + " (check the path; pass \"\" for defaults)");
-    std::stringstream ss;
-    ss << in.rdbuf();
+  if (!source.empty() || !text.empty()) {
     toml::table root;
     try {
-      root = toml::parse(ss.str(), path);
+      root = toml::parse(text, source);
     } catch (const toml::parse_error& e) {
-      throw usage(path + ":" + std::to_string(e.source().begin.line) + ":" +
+      throw usage(source + ":" + std::to_string(e.source().begin.line) + ":" +
                   std::to_string(e.source().begin.column) +
                   ": TOML syntax error: " + std::string(e.description()));
     }
-    walk(c, root, "", path, origins);
-    c.source = path;
+    walk(c, root, "", source, origins);
+    c.source = source;
   }
   for (const std::string& ov : overrides) apply_override(c, ov, origins);
   validate(c, origins);

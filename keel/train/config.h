@@ -6,6 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "keel/amp/grad_scaler.h"
+#include "keel/nn/adapters/adapter.h"
+#include "keel/optim/adamw.h"
+#include "keel/optim/sgd.h"
+
 namespace keel {
 
 struct RunConfig {
@@ -14,14 +19,6 @@ struct RunConfig {
   bool resume = false;
   std::string device = "cpu";  // cpu | cuda | cuda:N
   int threads = 0;             // OpenMP threads; 0 = all cores
-};
-
-struct AdapterConfig {
-  std::string kind = "none";  // none | lora | dora | lokr
-  int64_t r = 8;
-  double alpha = 16;
-  double dropout = 0.0;
-  std::vector<std::string> target_modules = {"q_proj", "v_proj"};
 };
 
 struct ModelConfig {
@@ -41,7 +38,7 @@ struct ModelConfig {
   double dropout = 0.0;
   std::string attention = "eager";  // eager | math | flash
   std::string base_dtype = "f32";   // storage of a frozen base under adapters: f32 | bf16
-  AdapterConfig adapter;
+  nn::AdapterOptions adapter;       // [model.adapter]; its seed is run.seed
 };
 
 struct DataConfig {
@@ -71,12 +68,15 @@ struct TrainConfig {
   bool allow_cpu_bf16 = false;           // auto picks bf16-mixed on CPUs with AVX512_BF16
 };
 
+// The keys shared by every optimizer, and each optimizer's own options (keys optim.beta1, ...,
+// optim.momentum: the section is flat in the file).
 struct OptimConfig {
   std::string name = "adamw";  // adamw | sgd
   double lr = 3e-3;
-  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
-  double weight_decay = 0.01;  // not applied to norms and biases
-  double momentum = 0.9;       // sgd
+  double weight_decay = 0.01;        // not applied to norms and biases
+  bool stochastic_rounding = false;  // bf16 parameters (bf16-true): unbiased rounding of updates
+  optim::AdamWOptions adamw;         // beta1, beta2, eps
+  optim::SGDOptions sgd;             // momentum, dampening, nesterov
 };
 
 struct SchedConfig {
@@ -84,17 +84,6 @@ struct SchedConfig {
   int64_t warmup_steps = 0;
   double warmup_ratio = 0.0;  // used when warmup_steps == 0
   double min_lr_ratio = 0.0;  // floor of cosine/linear decay, as a fraction of lr
-};
-
-struct ScalerConfig {
-  bool enabled = true;  // only meaningful under 16-mixed
-  double init_scale = 65536.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  int64_t growth_interval = 2000;
-  double min_scale = 0.0;  // 0 = none
-  double max_scale = 0.0;  // 0 = none
-  int64_t hysteresis = 1;  // 1 = PyTorch behaviour
 };
 
 struct LogConfig {
@@ -141,7 +130,7 @@ struct Config {
   TrainConfig train;
   OptimConfig optim;
   SchedConfig sched;
-  ScalerConfig scaler;
+  GradScalerOptions scaler;  // [scaler]: only meaningful under 16-mixed
   LogConfig log;
   DebugConfig debug;
   DistConfig dist;
@@ -152,6 +141,10 @@ struct Config {
 // syntax, bare strings allowed). Errors (kind kUsage) name the file, the key, the line when known,
 // and the fix: an unknown key names the nearest valid key.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from TOML text already in memory (a capture's config, a service request); `source`
+// names it in messages ("capture.json's config_toml").
+Config load_config_text(const std::string& text, const std::string& source,
+                        const std::vector<std::string>& overrides = {});
 // The effective config as TOML (written to out_dir/config.toml; a capture embeds it).
 std::string config_to_toml(const Config& c);
 

@@ -7,16 +7,16 @@
 namespace keel {
 
 struct StepResult {
-  int64_t step = 0;          // 1-based count of optimizer steps attempted (applied or skipped)
-  int64_t epoch = 0;         // 0-based
-  double loss = 0;           // token-mean loss of the window (f32 math, reported as double)
-  double grad_norm = 0;      // global, pre-clip, unscaled; inf/nan when found_inf
-  bool clipped = false;      // clipping changed the gradients
-  double lr = 0;             // learning rate used by this step
-  double loss_scale = 1;     // scale in effect for this step (1 without a scaler)
+  int64_t step = 0;       // 1-based count of optimizer steps attempted (applied or skipped)
+  int64_t epoch = 0;      // 0-based
+  double loss = 0;        // token-mean loss of the window (f32 math, reported as double)
+  double grad_norm = 0;   // global, pre-clip, unscaled; inf/nan when found_inf
+  bool clipped = false;   // clipping changed the gradients
+  double lr = 0;          // learning rate used by this step
+  double loss_scale = 1;  // scale in effect for this step (1 without a scaler)
   double loss_scale_after = 1;
-  bool stepped = false;      // the optimizer applied an update
-  bool found_inf = false;    // a non-finite gradient (or loss) was found
+  bool stepped = false;       // the optimizer applied an update
+  bool found_inf = false;     // a non-finite gradient (or loss) was found
   int64_t skipped_steps = 0;  // cumulative: steps skipped by the scaler
   int64_t nan_steps = 0;      // cumulative: non-finite steps not handled by the scaler
   int64_t tokens = 0;         // non-padding target tokens in the window

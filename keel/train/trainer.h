@@ -1,6 +1,8 @@
-// Trainer: the step of DESIGN §3 and the loop around it. It owns the model, the optimizer, the
-// schedule and the scaler built from a Config, and reports through hooks — loggers, the NaN
-// capture and the tracer live in lower layers (monitor/, log/) and are wired in by the caller.
+// Trainer: the step of DESIGN §3 and the loop around it, over a Run built by the run factory
+// (train/run.h). It reports through hooks — loggers, the NaN capture and the tracer live in
+// lower layers (monitor/, log/) and are wired in by the caller. Its members are defined by
+// concept: the step and the loop in trainer.cpp, evaluation in evaluate.cpp, checkpoints in
+// trainer_checkpoint.cpp.
 #pragma once
 #include <functional>
 #include <memory>
@@ -15,6 +17,7 @@
 #include "keel/optim/schedule.h"
 #include "keel/train/collective.h"
 #include "keel/train/config.h"
+#include "keel/train/run.h"
 #include "keel/train/step_result.h"
 
 namespace keel {
@@ -54,6 +57,22 @@ struct TrainerHooks {
   std::function<void(const StepResult& r)> on_grads;
 };
 
+// Steps 1-2 of a step without the update (zero grads are the caller's business): forward and
+// backward over the window under the policy's autocast, each micro-batch's loss multiplied by
+// loss_scale / (window tokens) before backward; returns the summed (unweighted) loss. Replay and
+// doctor run a step's gradients through this on a Run of their own.
+// Data-parallel: `window_tokens` is the global window's target-token count (summed over ranks;
+// -1 = this window's own), and micro-batch i of `window` is micro-batch mb_first + i * mb_stride
+// of the global window (its dropout seed), so the summed gradients are the 1-rank gradients.
+double forward_backward(Run& run, const std::vector<data::Batch>& window, uint64_t step_seed,
+                        double loss_scale, int64_t window_tokens = -1, int64_t mb_first = 0,
+                        int64_t mb_stride = 1);
+// The seed every random choice of step `step` derives from (dropout masks).
+uint64_t step_seed(const Config& cfg, int64_t step);
+// The summed cross-entropy of a batch's target tokens (f32 scalar, with its graph when grad mode
+// is on), under the autocast in force: what training and evaluation both weigh.
+Tensor batch_loss_sum(models::CausalLM& model, const data::Batch& batch);
+
 class Trainer {
  public:
   // `collective`: the process group of a data-parallel run (dist/); null = one process. With W
@@ -62,6 +81,8 @@ class Trainer {
   // checkpoints.
   explicit Trainer(const Config& cfg, TrainerHooks hooks = {},
                    std::shared_ptr<Collective> collective = nullptr);
+  // Over a run already built (its RunOptions::world_size must be the collective's).
+  Trainer(Run run, TrainerHooks hooks, std::shared_ptr<Collective> collective = nullptr);
   ~Trainer();
 
   // Trains to max_steps or for `epochs` epochs, evaluating and checkpointing as configured.
@@ -71,37 +92,34 @@ class Trainer {
   // One optimizer step over a window of micro-batches (DESIGN §3).
   StepResult train_step(const std::vector<data::Batch>& window, int64_t epoch);
   EvalResult evaluate();
-  // Steps 1-2 of a step without the update: zero grads are the caller's business. Runs forward
-  // and backward over the window under the policy's autocast, multiplying each micro-batch's loss
-  // by loss_scale / (window tokens) before backward, and returns the summed (unweighted) loss.
-  // Replay re-runs a captured step through this, with the captured step_seed.
-  // Data-parallel: `window_tokens` is the global window's target-token count (summed over ranks;
-  // -1 = this window's own), and micro-batch i of `window` is micro-batch mb_first + i * mb_stride
-  // of the global window (its dropout seed), so the summed gradients are the 1-rank gradients.
+  // keel::forward_backward on this trainer's run.
   double forward_backward(const std::vector<data::Batch>& window, uint64_t step_seed,
                           double loss_scale, int64_t window_tokens = -1, int64_t mb_first = 0,
-                          int64_t mb_stride = 1);
-  // The seed every random choice of step `step` derives from (dropout masks).
-  uint64_t step_seed(int64_t step) const;
+                          int64_t mb_stride = 1) {
+    return keel::forward_backward(run_, window, step_seed, loss_scale, window_tokens, mb_first,
+                                  mb_stride);
+  }
+  uint64_t step_seed(int64_t step) const { return keel::step_seed(run_.cfg, step); }
 
   void save_checkpoint(const std::string& dir);
   void load_checkpoint(const std::string& dir);  // model, optimizer, scaler and loop position
 
-  models::CausalLM& model() { return *model_; }
-  optim::Optimizer& optimizer() { return *optimizer_; }
-  GradScaler* scaler() { return scaler_.get(); }
-  const Config& config() const { return cfg_; }
-  const PrecisionPolicy& policy() const { return policy_; }
+  Run& run() { return run_; }
+  models::CausalLM& model() { return *run_.model; }
+  optim::Optimizer& optimizer() { return *run_.optimizer; }
+  GradScaler* scaler() { return run_.scaler.get(); }
+  const Config& config() const { return run_.cfg; }
+  const PrecisionPolicy& policy() const { return run_.policy; }
   // Where the model, its gradients and optimizer state live (cpu when run.device = cuda found no
   // usable GPU).
-  Device device() const { return device_; }
-  const std::string& out_dir() const { return out_dir_; }
-  const data::DataLoader& loader() const { return *loader_; }
-  const data::Tokenizer& tokenizer() const { return *tokenizer_; }
+  Device device() const { return run_.device; }
+  const std::string& out_dir() const { return run_.out_dir; }
+  const data::DataLoader& loader() const { return *run_.loader; }
+  const data::Tokenizer& tokenizer() const { return *run_.data.tokenizer; }
   int64_t steps_done() const { return step_; }
-  int64_t total_steps() const { return total_steps_; }
+  int64_t total_steps() const { return run_.total_steps; }
   // Trainable parameters (what the optimizer updates), by name.
-  const std::vector<std::pair<std::string, Tensor>>& trainable() const { return trainable_; }
+  const std::vector<std::pair<std::string, Tensor>>& trainable() const { return run_.trainable; }
   // Set by fit() when it stops early: the reason, printed by the caller.
   const std::string& stop_message() const { return stop_message_; }
   // bench_monitor only: false skips step 5's global grad norm and its finite check (grad_norm
@@ -122,30 +140,15 @@ class Trainer {
   // Whether this rank writes the NaN capture of a step the ranks in `saw_nonfinite` saw.
   bool captures_here(const std::vector<int>& saw_nonfinite) const;
 
-  Config cfg_;
+  Run run_;
   TrainerHooks hooks_;
   std::shared_ptr<Collective> coll_;  // never null (SingleCollective without one)
-  PrecisionPolicy policy_;
-  Device device_;
-  std::string out_dir_;
-  std::unique_ptr<data::Tokenizer> tokenizer_;  // from data.tokenizer
-  std::unique_ptr<data::Dataset> train_set_, eval_set_;
-  std::vector<std::string> eval_prompts_, eval_answers_;
-  int32_t stop_token_ = '\n';
-  int64_t max_answer_tokens_ = 0;
-  std::unique_ptr<data::DataLoader> loader_;
-  std::unique_ptr<models::CausalLM> model_;
-  std::vector<std::pair<std::string, Tensor>> trainable_;
-  std::unique_ptr<optim::Optimizer> optimizer_;
-  optim::LrSchedule schedule_;
-  std::unique_ptr<GradScaler> scaler_;
 
   // Loop position (all of it goes into trainer.json).
   int64_t step_ = 0;        // steps attempted
   int64_t sched_step_ = 0;  // updates applied (the LR schedule's clock)
   int64_t epoch_ = 0, next_batch_ = 0;
   int64_t skipped_steps_ = 0, nan_steps_ = 0;
-  int64_t total_steps_ = 0, steps_per_epoch_ = 0;
   double epoch_loss_sum_ = 0;  // token-weighted loss of the applied steps of the current epoch
   int64_t epoch_tokens_ = 0, epoch_updates_ = 0;
   std::string stop_message_;

@@ -265,7 +265,7 @@ TEST(Trainer, EveryPolicyTrainsTheBuiltinTask) {
     c.sched.warmup_steps = 10;
     // Pure f16 AdamW state underflows: eps = 1e-8 is 0 in f16 and v = g^2 flushes, so the update
     // divides by zero (as model.half() with torch.optim.AdamW does). fp16 Adam needs eps >= 1e-4.
-    if (std::string(p) == "16-true") c.optim.eps = 1e-4;
+    if (std::string(p) == "16-true") c.optim.adamw.eps = 1e-4;
     std::vector<double> losses;
     TrainerHooks h;
     h.on_step = [&](const StepResult& r) { losses.push_back(r.loss); };

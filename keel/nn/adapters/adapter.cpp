@@ -64,8 +64,9 @@ std::vector<Linear*> adapted_linears(Module& root) {
 }
 
 std::vector<std::string> apply_adapters(Module& root, const AdapterOptions& opt) {
+  if (opt.kind == "none") return {};
   if (opt.kind != "lora" && opt.kind != "dora" && opt.kind != "lokr")
-    throw usage("unknown kind '" + opt.kind + "': use lora, dora or lokr");
+    throw usage("unknown kind '" + opt.kind + "': use none, lora, dora or lokr");
   if (opt.r < 1) throw usage("r = " + std::to_string(opt.r) + " must be >= 1");
   if (!(opt.alpha > 0)) throw usage("alpha must be > 0");
   if (!(opt.dropout >= 0 && opt.dropout < 1)) throw usage("dropout must be in [0, 1)");

@@ -17,7 +17,7 @@
 namespace keel::nn {
 
 struct AdapterOptions {
-  std::string kind = "lora";  // lora | dora | lokr
+  std::string kind = "none";  // none | lora | dora | lokr
   int64_t r = 8;
   double alpha = 16;   // scaling = alpha / r
   double dropout = 0;  // LoRA/DoRA input dropout (PEFT's lora_dropout); LoKr: must be 0

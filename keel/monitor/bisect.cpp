@@ -1,0 +1,196 @@
+// keel replay --bisect (DESIGN §4): re-runs a captured step under one numerics change at a time,
+// from the smallest to the largest, and names the first that makes it finite with headroom; when
+// none does, the state the step started from is the cause (non-finite or diverged parameters).
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "keel/monitor/replay_step.h"
+
+namespace keel::monitor {
+
+namespace {
+
+struct Alternative {
+  std::string change;
+  std::vector<std::string> sets;
+};
+
+// The trainer's f32 sum of squares overflows at a gradient norm of ~1.8e19; within 2^10 of that a
+// step is finite only by luck.
+constexpr double kMarginalNorm = 1.8446744073709552e19 / 1024.0;
+
+std::vector<Alternative> alternatives(const Config& cfg, const std::string& precision,
+                                      const std::string& attention) {
+  std::vector<Alternative> a;
+  if (attention != "math") a.push_back({"attention=math", {"model.attention=math"}});
+  if (attention == "flash") a.push_back({"attention=eager", {"model.attention=eager"}});
+  if (precision == "16-true") a.push_back({"precision=16-mixed", {"train.precision=16-mixed"}});
+  if (precision == "bf16-true")
+    a.push_back({"precision=bf16-mixed", {"train.precision=bf16-mixed"}});
+  if (precision == "16-true" || precision == "16-mixed")
+    a.push_back({"precision=bf16-mixed", {"train.precision=bf16-mixed"}});
+  if (precision != "32-true") a.push_back({"precision=32-true", {"train.precision=32-true"}});
+  if (cfg.model.adapter.kind != "none") a.push_back({"adapter=none", {"model.adapter.kind=none"}});
+  if (!cfg.debug.inject.module.empty()) a.push_back({"inject=off", {"debug.inject.module="}});
+  return a;
+}
+
+std::string explain_change(const std::string& change, const std::string& precision) {
+  if (change == "attention=math")
+    return "the attention scores overflow or lose their range in the compute dtype; "
+           "model.attention = \"math\" keeps scores and softmax in f32";
+  if (change == "attention=eager")
+    return "the flash backend's tiled softmax produces it; model.attention = \"eager\" "
+           "materializes the scores instead";
+  if (change == "precision=16-mixed" || change == "precision=bf16-mixed") {
+    if (precision.rfind("16", 0) == 0 && change == "precision=bf16-mixed")
+      return "a value exceeds f16's range (max 65504) under " + precision +
+             "; bf16 has f32's range (train.precision = \"bf16-mixed\")";
+    return "hard-cast " + precision +
+           " parameters and activations lose it; the -mixed policy keeps f32 masters and f32 "
+           "softmax/norms (train.precision = \"" +
+           change.substr(10) + "\")";
+  }
+  if (change == "precision=32-true")
+    return "low-precision compute under " + precision +
+           " produces it and f32 does not; train in 32-true, or find the overflowing module in "
+           "the tracer's log and rescale it";
+  if (change == "adapter=none") return "the adapter's update produces it (check its rank/alpha)";
+  if (change == "inject=off")
+    return "the fault injected by [debug.inject] produces it (remove debug.inject.module)";
+  return change;
+}
+
+// For a non-finite 2-D parameter: which rows, and for an embedding table (rows are token ids)
+// where those tokens occur in the step's micro-batches — a NaN row breaks only the steps whose data
+// reaches it.
+std::string describe_rows(const Capture& c, ReplayResult& r) {
+  const std::string& name = r.nonfinite_param_values.front();
+  const Tensor* t = c.model.find(name);
+  if (!t || t->dim() != 2) return "";
+  const int64_t rows = t->size(0), cols = t->size(1);
+  const std::vector<float> v = t->to_dtype(DType::F32).to_floats();
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      if (!std::isfinite(v[i * cols + j])) {
+        r.nonfinite_rows.push_back(i);
+        break;
+      }
+  if (r.nonfinite_rows.empty()) return "";
+  std::string out = ", rows";
+  for (size_t k = 0; k < r.nonfinite_rows.size() && k < 5; ++k)
+    out += " " + std::to_string(r.nonfinite_rows[k]);
+  if (r.nonfinite_rows.size() > 5) out += " ...";
+  const bool embedding =
+      name.find("embed_tokens") != std::string::npos || name.find("wte") != std::string::npos;
+  if (!embedding) return out;
+  for (size_t m = 0; m < c.window.size(); ++m) {
+    const data::Batch& b = c.window[m];
+    const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
+    const int64_t* ids = b.input_ids.data_as<int64_t>();
+    for (int64_t row = 0; row < B; ++row)
+      for (int64_t pos = 0; pos < T; ++pos) {
+        const int64_t id = ids[row * T + pos];
+        const bool hit = std::find(r.nonfinite_rows.begin(), r.nonfinite_rows.end(), id) !=
+                         r.nonfinite_rows.end();
+        const bool real =
+            !b.attention_mask.defined() || b.attention_mask.data_as<uint8_t>()[row * T + pos] != 0;
+        if (hit && real) {
+          const int64_t ex =
+              row < static_cast<int64_t>(b.example_ids.size()) ? b.example_ids[row] : -1;
+          r.nonfinite_token_examples.push_back(ex);
+          out += "; token " + std::to_string(id) + " occurs in micro-batch " + std::to_string(m) +
+                 " row " + std::to_string(row) + " position " + std::to_string(pos) +
+                 (ex >= 0 ? " (dataset example " + std::to_string(ex) + ")" : "");
+          pos = T;  // one mention per row
+        }
+      }
+  }
+  return out;
+}
+
+}  // namespace
+
+void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayResult& r) {
+  r.bisected = true;
+  // The base of the bisection is the replay's own settings (the capture's, or --precision /
+  // --attention); each alternative changes one thing.
+  const Config base = replay_config(c, r.out_dir, sets);
+  if (!r.reproduced) {
+    r.cause = "not-reproduced";
+    r.explanation = "the step is finite under " + r.precision + " / attention " + r.attention +
+                    ": nothing to bisect (replay without --precision/--attention to reproduce "
+                    "the captured failure)";
+  } else {
+    for (const Alternative& a : alternatives(base, r.precision, r.attention)) {
+      BisectTrial t;
+      t.change = a.change;
+      std::vector<std::string> s = sets;
+      s.insert(s.end(), a.sets.begin(), a.sets.end());
+      try {
+        const StepOutcome o = replay_step(c, r.out_dir + "/bisect", s, false);
+        t.finite = o.finite;
+        t.marginal = o.finite && o.grad_norm > kMarginalNorm;
+        t.loss = o.loss;
+        t.grad_norm = o.grad_norm;
+      } catch (const Error& e) {
+        t.error = e.what();
+      }
+      r.bisect.push_back(t);
+    }
+    for (const BisectTrial& t : r.bisect)
+      if (t.finite && !t.marginal) {
+        r.cause = t.change;
+        r.explanation = explain_change(t.change, r.precision);
+        break;
+      }
+    if (r.cause.empty()) {
+      if (!r.nonfinite_param_values.empty()) {
+        r.cause = "nonfinite-parameters";
+        r.explanation = "the parameters were already non-finite before the step (first: " +
+                        r.nonfinite_param_values.front() + describe_rows(c, r) +
+                        "): no numerics change helps; the model state came in broken (a corrupt "
+                        "checkpoint or initialization, or an earlier update)";
+      } else {
+        // Finite parameters that overflow under every precision: the largest one names where.
+        double max_abs = 0;
+        std::string where;
+        for (auto& [name, t] : c.model.tensors) {
+          const Tensor f = t.to_dtype(DType::F32);
+          for (float v : f.to_floats())
+            if (std::fabs(v) > max_abs) {
+              max_abs = std::fabs(v);
+              where = name;
+            }
+        }
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.3g", max_abs);
+        r.cause = "diverged-parameters";
+        r.explanation =
+            "no numerics change makes this step finite: the parameters themselves "
+            "overflow every precision (largest |value| " +
+            std::string(buf) + " in " + where +
+            "); the run diverged before this step: lower optim.lr";
+        const double decay = 1.0 - base.optim.lr * base.optim.weight_decay;
+        if (base.optim.name == "adamw" && decay <= 0) {
+          std::snprintf(buf, sizeof buf, "%g", decay);
+          r.explanation += " (AdamW's decoupled decay multiplies the weights by 1 - lr*wd = " +
+                           std::string(buf) + " every step)";
+        }
+        if (base.train.max_grad_norm <= 0)
+          r.explanation += ", and enable gradient clipping (train.max_grad_norm)";
+        for (const BisectTrial& t : r.bisect)
+          if (t.marginal) {
+            std::snprintf(buf, sizeof buf, "%.3g", t.grad_norm);
+            r.explanation += "; " + t.change +
+                             " leaves this step finite only at the edge (grad norm " + buf +
+                             ", within 2^10 of the f32 overflow)";
+          }
+      }
+    }
+  }
+}
+
+}  // namespace keel::monitor

@@ -1,0 +1,40 @@
+// One re-run of a captured step, shared by replay and bisect (monitor/replay.cpp, bisect.cpp).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "keel/monitor/nan_capture.h"
+#include "keel/monitor/replay.h"
+#include "keel/monitor/tracer.h"
+#include "keel/train/config.h"
+
+namespace keel::monitor {
+
+struct StepOutcome {
+  double loss = 0, grad_norm = 0, loss_scale = 1;
+  std::string loss_bits, grads_fingerprint;
+  bool finite = true;
+  std::vector<std::string> nonfinite_params;
+  std::string largest_grad_param;  // the largest finite |gradient| element, and where
+  double largest_grad = 0;
+  TracerFinding finding;
+  std::string precision, attention;
+  std::vector<std::string> notes;
+};
+
+// The capture's config with `sets` applied, as the replay runs it (below out_dir, no resume, the
+// captured thread count).
+Config replay_config(const Capture& c, const std::string& out_dir,
+                     const std::vector<std::string>& sets);
+
+// Rebuilds the run from the capture's config (in memory; a training file that is gone is named
+// in the notes, the captured micro-batches feed the step), loads the captured state and runs the
+// step's forward and backward, stopping before the update.
+StepOutcome replay_step(const Capture& c, const std::string& out_dir,
+                        const std::vector<std::string>& sets, bool with_tracer);
+
+// --bisect (bisect.cpp): one numerics change at a time from the replay's own settings `sets`;
+// fills r.bisect, r.cause and r.explanation.
+void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayResult& r);
+
+}  // namespace keel::monitor

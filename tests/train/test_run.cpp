@@ -1,0 +1,129 @@
+// The run factory (train/run.h): every option of a config section reaches the object it
+// configures, a run is the same whoever builds it, and what cannot be built is said.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "keel/optim/adamw.h"
+#include "keel/optim/sgd.h"
+#include "keel/train/run.h"
+#include "keel/train/trainer.h"
+#include "tests/support/check.h"
+
+namespace keel {
+namespace {
+
+Config tiny(const std::string& tag, std::vector<std::string> sets = {}) {
+  std::vector<std::string> all = {"run.out_dir=" + test::temp_dir(tag),
+                                  "model.n_layer=1",
+                                  "model.n_embd=16",
+                                  "model.n_head=2",
+                                  "data.num_examples=32",
+                                  "data.eval_examples=4",
+                                  "data.seq_len=16",
+                                  "train.batch_size=8",
+                                  "train.max_steps=3",
+                                  "log.console=false",
+                                  "log.metrics=false",
+                                  "log.tensorboard=false"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  return load_config("", all);
+}
+
+TEST(RunFactory, EveryScalerKeyReachesTheScaler) {
+  keel::Run r = build_run(tiny("scaler", {"train.precision=16-mixed", "scaler.init_scale=1024",
+                                    "scaler.hysteresis=3", "scaler.consecutive_hysteresis=true",
+                                    "scaler.min_scale=2", "scaler.max_scale=4096"}));
+  ASSERT_NE(r.scaler, nullptr);
+  const GradScalerOptions& o = r.scaler->options();
+  EXPECT_EQ(o.init_scale, 1024);
+  EXPECT_EQ(o.hysteresis, 3);
+  EXPECT_TRUE(o.consecutive_hysteresis);
+  EXPECT_EQ(o.min_scale, 2);
+  EXPECT_EQ(o.max_scale, 4096);
+  EXPECT_EQ(build_run(tiny("noscaler", {"train.precision=bf16-mixed"})).scaler, nullptr);
+}
+
+TEST(RunFactory, EveryOptimizerKeyReachesTheOptimizer) {
+  keel::Run a = build_run(
+      tiny("adamw", {"optim.beta1=0.8", "optim.eps=1e-6", "optim.stochastic_rounding=true",
+                     "train.precision=bf16-true", "run.seed=77"}));
+  const auto* adamw = dynamic_cast<const optim::AdamW*>(a.optimizer.get());
+  ASSERT_NE(adamw, nullptr);
+  EXPECT_EQ(adamw->options().beta1, 0.8);
+  EXPECT_EQ(adamw->options().eps, 1e-6);
+  EXPECT_TRUE(adamw->options().stochastic_rounding);
+  EXPECT_EQ(adamw->options().seed, 77u);  // the rounding's stream is the run's
+  keel::Run s = build_run(tiny("sgd", {"optim.name=sgd", "optim.momentum=0.5", "optim.nesterov=true"}));
+  const auto* sgd = dynamic_cast<const optim::SGD*>(s.optimizer.get());
+  ASSERT_NE(sgd, nullptr);
+  EXPECT_EQ(sgd->options().momentum, 0.5);
+  EXPECT_TRUE(sgd->options().nesterov);
+}
+
+TEST(RunFactory, StochasticRoundingChangesBf16TrueUpdatesDeterministically) {
+  auto losses = [](bool sr) {
+    Config c = tiny(sr ? "sr" : "nosr",
+                    {"train.precision=bf16-true", "optim.lr=1e-3",
+                     sr ? "optim.stochastic_rounding=true" : "optim.stochastic_rounding=false"});
+    std::vector<double> out;
+    TrainerHooks h;
+    h.on_step = [&](const StepResult& r) { out.push_back(r.loss); };
+    Trainer t(c, h);
+    EXPECT_EQ(t.fit(), 0);
+    return out;
+  };
+  const std::vector<double> nearest = losses(false), sr1 = losses(true), sr2 = losses(true);
+  ASSERT_EQ(sr1.size(), 3u);
+  EXPECT_EQ(sr1, sr2);                    // seeded from (run seed, step, parameter): replayable
+  EXPECT_EQ(sr1[0], nearest[0]);          // the first loss is before any update
+  EXPECT_NE(sr1.back(), nearest.back());  // the updates round differently
+}
+
+TEST(RunFactory, AdapterDefaultsAreOneAndTheSame) {
+  // The config's [model.adapter] is nn::AdapterOptions itself: no second set of defaults.
+  EXPECT_EQ(Config{}.model.adapter.kind, nn::AdapterOptions{}.kind);
+  EXPECT_EQ(Config{}.model.adapter.kind, "none");
+  keel::Run r = build_run(tiny("noadapter"));
+  EXPECT_EQ(r.trainable.size(), r.model->named_parameters().size());
+}
+
+TEST(RunFactory, Gpt2WithAnUntiedHeadIsRefusedNotIgnored) {
+  const std::string msg =
+      test::error_of([] { build_run(tiny("untied", {"model.tie_embeddings=false"})); });
+  EXPECT_CONTAINS(msg, "model.tie_embeddings = false");
+  EXPECT_CONTAINS(msg, "model.family = \"llama\"");
+  keel::Run llama = build_run(tiny("untied-llama", {"model.family=llama", "model.tie_embeddings=false"}));
+  EXPECT_FALSE(llama.model->spec().tie_embeddings);
+}
+
+TEST(RunFactory, MissingTrainingDataIsNamedWhenOptionalAndAnErrorOtherwise) {
+  const std::string dir = test::temp_dir("nodata");
+  const std::string text = dir + "/corpus.txt";
+  std::ofstream(text) << "one line of text to train on\nand another\n";
+  Config c = tiny("nodata-run", {"data.task=text", "data.path=" + text});
+  std::filesystem::remove(text);
+  EXPECT_CONTAINS(test::error_of([&] { build_run(c); }), text);
+  RunOptions o;
+  o.data_optional = true;
+  keel::Run r = build_run(c, o);
+  ASSERT_EQ(r.not_rebuilt.size(), 1u);
+  EXPECT_CONTAINS(r.not_rebuilt[0], "data.path = " + text);
+  EXPECT_EQ(r.loader, nullptr);
+  ASSERT_NE(r.model, nullptr);  // the model does not depend on the data
+}
+
+TEST(RunFactory, TrainerOverABuiltRunTrainsAsTrainerOverItsConfig) {
+  auto losses = [](Trainer& t) {
+    std::vector<double> out;
+    for (int64_t s = 0; s < 3; ++s) out.push_back(t.train_step({t.loader().batch(0, s)}, 0).loss);
+    return out;
+  };
+  Trainer a(tiny("same-a"));
+  Trainer b(build_run(tiny("same-b")), TrainerHooks{});
+  EXPECT_EQ(losses(a), losses(b));
+}
+
+}  // namespace
+}  // namespace keel
