@@ -63,7 +63,8 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   };
   hooks.on_grads = [&](const StepResult&) {
     if (!cfg.log.per_layer_grad_norm) return;
-    for (auto& b : monitor::per_layer_grad_norms(trainer_ptr->trainable()))
+    for (auto& b :
+         monitor::per_layer_grad_norms(trainer_ptr->trainable(), &trainer_ptr->last_grad_pass()))
       step_extra["grad_norm/" + b.block] = b.norm;
   };
   hooks.on_step = [&](const StepResult& result) {

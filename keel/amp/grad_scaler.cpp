@@ -56,8 +56,8 @@ Tensor GradScaler::scale(const Tensor& loss) const {
   return ops::scale(loss, scale_);
 }
 
-bool GradScaler::unscale(std::vector<Tensor>& grads) {
-  if (!opt_.enabled) return false;
+amp::GradPass GradScaler::unscale_pass(std::vector<Tensor>& grads) {
+  if (!opt_.enabled) return amp::grad_pass(grads);
   if (unscaled_)
     throw Error(
         "unscale_() has already been called on this optimizer since the last update(). "
@@ -70,56 +70,9 @@ bool GradScaler::unscale(std::vector<Tensor>& grads) {
   // "FP32 division can be imprecise for certain compile options, so we carry out the reciprocal
   // in FP64" (torch/amp/grad_scaler.py).
   const float inv = static_cast<float>(1.0 / static_cast<double>(scale_));
-  int64_t bad = 0;
-  std::vector<void*> dev_bufs;  // gradients on a GPU: one fused pass below
-  std::vector<DType> dev_dts;
-  std::vector<int64_t> dev_ns;
-  Device dev;
-  size_t nonempty = 0;
-  for (Tensor& g : grads) {
-    if (!g.defined() || g.numel() == 0) continue;
-    ++nonempty;
-    KEEL_CHECK(dtype_is_floating(g.dtype()), "GradScaler::unscale: floating gradient required");
-    if (g.device().is_cuda() && (dev_bufs.empty() || g.device() == dev)) {
-      dev = g.device();
-      dev_bufs.push_back(g.data()), dev_dts.push_back(g.dtype()), dev_ns.push_back(g.numel());
-      continue;
-    }
-    bad += optim_kernels(g.device()).unscale(g.data(), g.dtype(), g.numel(), inv);
-  }
-  double sum_squares = 0;
-  if (!dev_bufs.empty()) {
-    const GradSetStats s = monitor_kernels(dev).unscale_norm(
-        dev_bufs.data(), dev_dts.data(), dev_ns.data(), static_cast<int>(dev_bufs.size()), inv);
-    bad += s.nonfinite;
-    sum_squares = s.sum_squares;
-  }
+  amp::GradPass pass = amp::grad_pass(grads, inv);
   unscaled_ = true;
-  last_sum_squares_ = dev_bufs.size() == nonempty ? sum_squares : -1;  // all fused: reusable
-  return bad > 0;
-}
-
-namespace {
-// optim::global_grad_norm's sum (amp/ sits above optim/): per gradient, in order, in double.
-double sum_of_squares(const std::vector<Tensor>& grads) {
-  double total = 0.0;
-  for (const Tensor& g : grads)
-    if (g.defined() && g.numel() > 0)
-      total += elementwise_kernels(g.device()).sum_squares(g.data(), g.dtype(), g.numel());
-  return total;
-}
-}  // namespace
-
-bool GradScaler::unscale(std::vector<Tensor>& grads, double* grad_norm) {
-  if (!opt_.enabled) {
-    *grad_norm = std::sqrt(sum_of_squares(grads));
-    return false;
-  }
-  last_sum_squares_ = -1;
-  const bool found = unscale(grads);
-  // On a GPU the pass above summed the squares of the unscaled values already.
-  *grad_norm = std::sqrt(last_sum_squares_ >= 0 ? last_sum_squares_ : sum_of_squares(grads));
-  return found;
+  return pass;
 }
 
 ScalerUpdate GradScaler::update(bool found_inf) {

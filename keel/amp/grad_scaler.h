@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/amp/grad_pass.h"
 #include "keel/tensor/tensor.h"
 
 namespace keel {
@@ -63,11 +64,10 @@ class GradScaler {
   // returns whether any value was non-finite (checked in the same pass). Gradients are unscaled
   // even when found_inf, as PyTorch does. f16 gradients are rejected (masters must be f32), and so
   // is a second call before update(), with PyTorch's messages. Disabled: returns false, no-op.
-  bool unscale(std::vector<Tensor>& grads);
-  // The same, and *grad_norm = the global L2 norm of the unscaled gradients (optim's
-  // global_grad_norm) from the same pass: on a GPU one kernel over every gradient and one
-  // readback (DESIGN §3 steps 4-5). Disabled: only the norm.
-  bool unscale(std::vector<Tensor>& grads, double* grad_norm);
+  bool unscale(std::vector<Tensor>& grads) { return unscale_pass(grads).nonfinite > 0; }
+  // The same, returning the whole pass (amp/grad_pass.h): the non-finite count and the sums of
+  // squares of the unscaled gradients, from the one pass. Disabled: the pass without unscaling.
+  amp::GradPass unscale_pass(std::vector<Tensor>& grads);
   // True between unscale() and update().
   bool unscaled() const { return unscaled_; }
 
@@ -87,7 +87,6 @@ class GradScaler {
   int64_t growth_tracker_ = 0;
   int64_t hysteresis_tracker_ = 1;
   bool unscaled_ = false;
-  double last_sum_squares_ = -1;  // of the last unscale when one fused pass covered every gradient
 };
 
 }  // namespace keel

@@ -19,7 +19,9 @@ struct MonitorKernels {
   // Over `count` gradient buffers (bufs[i]: ns[i] values of dtype dts[i]): counts the non-finite
   // values, multiplies every value by inv_scale in place unless inv_scale == 1 (as GradScaler's
   // unscale: non-finite values are scaled too), and sums the squares of the results (f32 within
-  // fixed blocks, f64 across blocks and buffers). One pass, one result.
+  // fixed blocks, f64 across blocks and buffers). One pass, one result. With inv_scale == 1 a
+  // device may leave `nonfinite` at 0 and let the sum carry the non-finite value (the CPU does:
+  // its values are then read once).
   GradSetStats (*unscale_norm)(void* const* bufs, const DType* dts, const int64_t* ns, int count,
                                float inv_scale);
   // numerics/tensor_stats' result, every field equal (counts, abs-min/abs-max over finite values,

@@ -10,11 +10,10 @@
 #include <sstream>
 
 #include "keel/amp/precision.h"
-#include "keel/backend/cuda_api.h"
 #include "keel/backend/cpu/isa.h"
+#include "keel/backend/cuda_api.h"
 #include "keel/data/tokenizer_base.h"
 #include "keel/ops/elementwise.h"
-#include "keel/optim/clip.h"
 #include "keel/train/trainer.h"
 
 namespace keel::monitor {
@@ -289,8 +288,8 @@ SanityRun sanity_run(const Config& base, const std::string& label,
     std::vector<Tensor> grads;
     for (auto& [name, p] : run.trainable)
       if (p.grad().defined()) grads.push_back(p.grad());
-    if (run.scaler) run.scaler->unscale(grads);
-    s.grad_norm = optim::global_grad_norm(grads);
+    const amp::GradPass pass = run.scaler ? run.scaler->unscale_pass(grads) : amp::grad_pass(grads);
+    s.grad_norm = pass.norm();
     s.finite = std::isfinite(s.loss) && std::isfinite(s.grad_norm);
     s.ran = true;
   } catch (const std::exception& e) {

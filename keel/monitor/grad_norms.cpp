@@ -4,8 +4,6 @@
 #include <cctype>
 #include <cmath>
 
-#include "keel/backend/elementwise.h"
-
 namespace keel::monitor {
 
 std::string grad_norm_block(const std::string& name) {
@@ -29,15 +27,18 @@ std::string grad_norm_block(const std::string& name) {
 }
 
 std::vector<BlockGradNorm> per_layer_grad_norms(
-    const std::vector<std::pair<std::string, Tensor>>& params) {
+    const std::vector<std::pair<std::string, Tensor>>& params, const amp::GradPass* pass) {
+  std::vector<Tensor> grads;
+  for (const auto& [name, p] : params) grads.push_back(p.grad());
+  const amp::GradPass own = pass ? amp::GradPass{} : amp::grad_pass(grads);
+  if (!pass) pass = &own;
   std::vector<BlockGradNorm> out;
   std::vector<double> sums;
-  for (const auto& [name, p] : params) {
-    const Tensor& g = p.grad();
+  for (size_t k = 0; k < params.size(); ++k) {
+    const Tensor& g = grads[k];
     if (!g.defined() || g.numel() == 0) continue;
-    KEEL_CHECK(dtype_is_floating(g.dtype()), "per_layer_grad_norms: floating gradient required");
-    const double ss = elementwise_kernels(g.device()).sum_squares(g.data(), g.dtype(), g.numel());
-    const std::string block = grad_norm_block(name);
+    const double ss = amp::grad_sum_squares(*pass, grads, k);
+    const std::string block = grad_norm_block(params[k].first);
     size_t i = 0;
     while (i < out.size() && out[i].block != block) ++i;  // a few dozen blocks: linear is fine
     if (i == out.size()) {

@@ -8,15 +8,16 @@
 // "lm_head.weight" -> "lm_head"). Adapter parameters belong to the block of the layer they adapt.
 //
 // Call it where the global norm is computed: after unscale, before clipping (the trainer's
-// on_grads hook), so the norms are pre-clip and unscaled. Each tensor's sum of squares is the one
-// global_grad_norm adds up (f32 within fixed blocks, f64 across), so the squares of the block norms
-// add up to the global norm squared (up to f64 rounding), and the bits do not depend on the thread
-// count.
+// on_grads hook, with the step's amp::GradPass), so the norms are pre-clip and unscaled. Each
+// tensor's sum of squares is the one the step's global norm adds up (f32 within fixed blocks, f64
+// across), so the squares of the block norms add up to the global norm squared (up to f64
+// rounding), and the bits do not depend on the thread count.
 #pragma once
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "keel/amp/grad_pass.h"
 #include "keel/tensor/tensor.h"
 
 namespace keel::monitor {
@@ -29,8 +30,9 @@ struct BlockGradNorm {
 };
 // One entry per block, in the order the blocks first appear in `params` (registration order:
 // embeddings, layers 0..L-1, final norm, head). Parameters without a gradient are skipped; a block
-// none of whose parameters has a gradient is absent.
+// none of whose parameters has a gradient is absent. `pass`: the step's pass over exactly these
+// parameters' gradients, in this order, whose per-gradient sums are reused (null: summed here).
 std::vector<BlockGradNorm> per_layer_grad_norms(
-    const std::vector<std::pair<std::string, Tensor>>& params);
+    const std::vector<std::pair<std::string, Tensor>>& params, const amp::GradPass* pass = nullptr);
 
 }  // namespace keel::monitor

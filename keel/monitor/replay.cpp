@@ -15,7 +15,6 @@
 #include "keel/monitor/nan_capture.h"
 #include "keel/monitor/tracer.h"
 #include "keel/numerics/tensor_stats.h"
-#include "keel/optim/clip.h"
 #include "keel/train/trainer.h"
 
 namespace keel::monitor {
@@ -138,9 +137,9 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
         o.largest_grad_param = name;
       }
     }
-  if (run.scaler) run.scaler->unscale(grads);
+  const amp::GradPass pass = run.scaler ? run.scaler->unscale_pass(grads) : amp::grad_pass(grads);
   o.grads_fingerprint = gradient_fingerprint(run.trainable);  // after unscale, as captured
-  o.grad_norm = optim::global_grad_norm(grads);
+  o.grad_norm = pass.norm();
   o.finite = std::isfinite(o.loss) && std::isfinite(o.grad_norm) && o.nonfinite_params.empty();
   if (tracer) o.finding = tracer->finding();
   return o;  // the tracer and the injector (declared after the run) detach before it goes

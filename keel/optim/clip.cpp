@@ -3,34 +3,12 @@
 #include <cmath>
 #include <string>
 
+#include "keel/amp/grad_pass.h"
 #include "keel/backend/elementwise.h"
-#include "keel/backend/monitor.h"
 
 namespace keel::optim {
 
-double global_grad_norm(const std::vector<Tensor>& grads) {
-  double total = 0.0;
-  std::vector<void*> bufs;  // gradients on a GPU: one pass over all of them, one readback
-  std::vector<DType> dts;
-  std::vector<int64_t> ns;
-  Device dev;
-  for (const Tensor& g : grads) {
-    if (!g.defined() || g.numel() == 0) continue;
-    KEEL_CHECK(dtype_is_floating(g.dtype()), "global_grad_norm: floating gradient required");
-    if (g.device().is_cuda() && (bufs.empty() || g.device() == dev)) {
-      dev = g.device();
-      bufs.push_back(g.data()), dts.push_back(g.dtype()), ns.push_back(g.numel());
-      continue;
-    }
-    total += elementwise_kernels(g.device()).sum_squares(g.data(), g.dtype(), g.numel());
-  }
-  if (!bufs.empty())
-    total +=
-        monitor_kernels(dev)
-            .unscale_norm(bufs.data(), dts.data(), ns.data(), static_cast<int>(bufs.size()), 1.f)
-            .sum_squares;
-  return std::sqrt(total);
-}
+double global_grad_norm(const std::vector<Tensor>& grads) { return amp::grad_pass(grads).norm(); }
 
 float clip_coefficient(double max_norm, double total_norm) {
   if (!(max_norm > 0.0))

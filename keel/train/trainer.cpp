@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "keel/amp/autocast.h"
+#include "keel/amp/grad_pass.h"
 #include "keel/autograd/node.h"
 #include "keel/backend/monitor.h"
 #include "keel/io/hf_model.h"
@@ -139,7 +140,7 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
     for (auto& [name, p] : run_.trainable)
       if (p.grad().defined()) local.push_back(p.grad());
     mine[0] = loss_sum;
-    mine[1] = std::isfinite(loss_sum) && std::isfinite(optim::global_grad_norm(local)) ? 0 : 1;
+    mine[1] = std::isfinite(loss_sum) && amp::grad_pass(local).finite() ? 0 : 1;
     for (size_t i = 0; i < run_.trainable.size(); ++i)
       mine[2 + i] = run_.trainable[i].second.grad().defined();
     coll_->all_gather(mine.data(), n, all.data());
@@ -158,20 +159,28 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   r.loss = tokens > 0 ? loss_sum / static_cast<double>(tokens) : 0.0;
   const bool loss_finite = std::isfinite(r.loss);
 
-  std::vector<Tensor> grads;
-  for (auto& [name, p] : run_.trainable)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  if (W > 1) coll_->all_reduce_grads(grads);
-
-  // 4-5. Unscale (found_inf), then the global norm fused with the finite check.
-  bool found_inf = false;
-  if (run_.scaler && grad_norm_check_) {
-    found_inf = run_.scaler->unscale(grads, &r.grad_norm);  // one pass (one readback on a GPU)
-  } else {
-    if (run_.scaler) found_inf = run_.scaler->unscale(grads);
-    r.grad_norm = grad_norm_check_ ? optim::global_grad_norm(grads) : 0.0;
+  if (W > 1) {
+    std::vector<Tensor> defined;
+    for (auto& [name, p] : run_.trainable)
+      if (p.grad().defined()) defined.push_back(p.grad());
+    coll_->all_reduce_grads(defined);
   }
-  if (!std::isfinite(r.grad_norm) || !loss_finite) found_inf = true;
+
+  // 4-5. One pass over the gradients (amp/grad_pass.h): unscale, the finite check, and the sums
+  // of squares of the global norm and of each gradient (the per-layer norms read those). The
+  // list is aligned with trainable(); a parameter without a gradient is skipped by the pass.
+  std::vector<Tensor> grads;
+  for (auto& [name, p] : run_.trainable) grads.push_back(p.grad());
+  bool found_inf = false;
+  last_pass_ = amp::GradPass{};
+  if (grad_norm_check_) {
+    last_pass_ = run_.scaler ? run_.scaler->unscale_pass(grads) : amp::grad_pass(grads);
+    r.grad_norm = last_pass_.norm();
+    found_inf = !last_pass_.finite();
+  } else if (run_.scaler) {
+    found_inf = run_.scaler->unscale(grads);
+  }
+  if (!loss_finite) found_inf = true;
   if (W > 1) {  // MAX over ranks: every rank takes the same branch below
     double f = found_inf ? 1 : 0;
     coll_->all_reduce_max(&f, 1);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/amp/grad_pass.h"
 #include "keel/amp/grad_scaler.h"
 #include "keel/amp/precision.h"
 #include "keel/data/data.h"
@@ -125,6 +126,9 @@ class Trainer {
   // bench_monitor only: false skips step 5's global grad norm and its finite check (grad_norm
   // reads 0, nothing is clipped), the baseline the always-on checks are measured against.
   void set_grad_norm_check_for_bench(bool on) { grad_norm_check_ = on; }
+  // The last step's pass over the gradients (amp/grad_pass.h), aligned with trainable(): the
+  // on_grads hook reads the per-layer sums of squares from it.
+  const amp::GradPass& last_grad_pass() const { return last_pass_; }
   Collective& collective() { return *coll_; }
   int rank() const { return coll_->rank(); }
   int world_size() const { return coll_->world_size(); }
@@ -153,7 +157,8 @@ class Trainer {
   int64_t epoch_tokens_ = 0, epoch_updates_ = 0;
   std::string stop_message_;
   bool grad_norm_check_ = true;
-  bool ranks_checked_ = false;  // the rank-consistency check ran at least once
+  bool ranks_checked_ = false;
+  amp::GradPass last_pass_;  // the rank-consistency check ran at least once
 };
 
 }  // namespace keel

@@ -28,7 +28,8 @@ using test::slurp;
 // Trains two healthy steps, then a step with one NaN weight element in `module`.weight; returns
 // the capture directory.
 std::string make_capture(const std::string& tag, const std::string& module,
-                         const std::string& precision = "32-true") {
+                         const std::string& precision = "32-true",
+                         const std::string& text_file = "") {
   Config c;
   c.run.out_dir = test::temp_dir(tag);
   c.run.seed = 9;
@@ -47,6 +48,10 @@ std::string make_capture(const std::string& tag, const std::string& module,
   c.log.tensorboard = false;
   c.log.metrics = false;
   c.log.console = false;
+  if (!text_file.empty()) {
+    c.data.task = "text";
+    c.data.path = text_file;
+  }
   Trainer* tp = nullptr;
   std::string path;
   TrainerHooks h;
@@ -95,6 +100,27 @@ TEST(Replay, ReproducesBitExactlyAndNamesTheProducer) {
   const std::string text = format_replay(r);
   EXPECT_NE(text.find("reproduced   yes"), std::string::npos) << text;
   EXPECT_NE(text.find("bit-exact    yes"), std::string::npos) << text;
+}
+
+TEST(Replay, ATrainingFileThatIsGoneIsNamedAndTheStepStillReplaysBitExactly) {
+  // The run factory rebuilds the model from the capture's config; the step's micro-batches are in
+  // the capture, so a moved or deleted training file costs nothing but a note naming it.
+  const std::string data_dir = test::temp_dir("replay-gone-data");
+  const std::string corpus = data_dir + "/corpus.txt";
+  {
+    std::ofstream f(corpus);
+    for (int i = 0; i < 64; ++i) f << "line " << i << ": twelve plus " << i % 7 << "\n";
+  }
+  const std::string dir =
+      make_capture("replay-gone", "transformer.h.0.mlp.c_fc", "32-true", corpus);
+  fs::remove_all(data_dir);
+  const ReplayResult r = replay_capture(dir);
+  EXPECT_TRUE(r.reproduced);
+  EXPECT_TRUE(r.bit_exact) << r.loss_bits << " vs " << r.recorded_loss_bits;
+  std::string notes;
+  for (const std::string& n : r.notes) notes += n + "\n";
+  EXPECT_CONTAINS(notes, "not rebuilt: the training data (data.path = " + corpus);
+  EXPECT_CONTAINS(format_replay(r), corpus);
 }
 
 TEST(Replay, TwiceGivesTheSameBitsAndLeavesTheRunUntouched) {
