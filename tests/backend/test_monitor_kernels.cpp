@@ -130,7 +130,7 @@ TEST(MonitorKernels, StatsOfALargeTensorAreTheSameForEveryThreadCount) {
 }
 
 // unscale_norm: non-finite values counted before scaling, every value scaled in place (NaN/inf
-// too), the sum of squares of the scaled values; on every ISA.
+// too), the sum of squares of the scaled values; with no scale, the sum alone; on every ISA.
 TEST(MonitorKernels, UnscaleNormMatchesAScalarReferenceOnEveryIsa) {
   IsaRestore restore;
   for (CpuIsa isa : isas_here(restore.saved)) {
@@ -173,6 +173,11 @@ TEST(MonitorKernels, UnscaleNormMatchesAScalarReferenceOnEveryIsa) {
     EXPECT_TRUE(std::isnan(uc[1]));
     EXPECT_EQ(uc[2], -INFINITY);
     EXPECT_EQ(uc[3], 1.f);
+
+    // inv_scale == 1: nothing is written, and a non-finite value shows in the sum.
+    const GradSetStats s1 = monitor_kernels(Device::cpu()).unscale_norm(cb, cd, cn, 1, 1.f);
+    EXPECT_TRUE(std::isnan(s1.sum_squares)) << cpu_isa_name(isa);
+    EXPECT_EQ(tc.to_floats()[0], 0.5f);
   }
 }
 
