@@ -68,7 +68,12 @@ class GradScaler {
   // returns whether any value was non-finite (checked in the same pass). Gradients are unscaled
   // even when found_inf, as PyTorch does. f16 gradients are rejected (masters must be f32), and so
   // is a second call before update(), with PyTorch's messages. Disabled: returns false, no-op.
-  bool unscale(std::vector<Tensor>& grads) { return unscale_pass(grads).nonfinite > 0; }
+  // (The pass's finite(), not its count: at a scale of exactly 1 nothing is written and the CPU
+  // reads each value once, for the sum, which then carries a non-finite value.)
+  bool unscale(std::vector<Tensor>& grads) {
+    const amp::GradPass p = unscale_pass(grads);
+    return opt_.enabled && !p.finite();
+  }
   // The same, returning the whole pass (amp/grad_pass.h): the non-finite count and the sums of
   // squares of the unscaled gradients, from the one pass. Disabled: the pass without unscaling.
   amp::GradPass unscale_pass(std::vector<Tensor>& grads);

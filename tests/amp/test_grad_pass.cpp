@@ -79,5 +79,15 @@ TEST(GradPass, TheScalersPassIsTheSamePassWithItsInverse) {
   EXPECT_CONTAINS(test::error_of([&] { s.unscale_pass(a); }), "already been called");
 }
 
+TEST(GradPass, AScalerAtScaleOneStillFindsANonFiniteGradient) {
+  // inv_scale == 1 writes nothing and counts nothing on the CPU; the sum must carry the NaN.
+  GradScalerOptions o;
+  o.init_scale = 1;
+  GradScaler s(o);
+  std::vector<Tensor> g = some_grads();
+  g[3].data_as<float>()[0] = std::nanf("");
+  EXPECT_TRUE(s.unscale(g));
+}
+
 }  // namespace
 }  // namespace keel
