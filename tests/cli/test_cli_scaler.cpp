@@ -21,7 +21,7 @@ using test::step_records;
 
 const std::string kRemainder = std::string(KEEL_SOURCE_DIR) + "/examples/remainder-window";
 
-test::KeelRun train(const std::string& config, const std::vector<std::string>& sets) {
+test::KeelRun train_one_thread(const std::string& config, const std::vector<std::string>& sets) {
   std::vector<std::string> args = {"train"};
   if (!config.empty()) args.push_back(config);
   std::vector<std::string> all = {"run.threads=1", "log.tensorboard=false"};
@@ -35,7 +35,7 @@ test::KeelRun train(const std::string& config, const std::vector<std::string>& s
 TEST(CliScaler, OneStepPerEpochUnder16MixedTrainsThroughTheFirstSkip) {
   const std::string dir = test::temp_dir("cli-scaler-remainder");
   const test::KeelRun r =
-      train(kRemainder + "/config.toml", {"run.out_dir=" + dir, "train.precision=16-mixed"});
+      train_one_thread(kRemainder + "/config.toml", {"run.out_dir=" + dir, "train.precision=16-mixed"});
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NOT_CONTAINS(r.output, "every step produced non-finite gradients");
   const auto recs = step_records(dir);
@@ -61,7 +61,7 @@ TEST(CliScaler, OneStepPerEpochUnder16MixedTrainsThroughTheFirstSkip) {
 TEST(CliScaler, AScalerThatCannotSettleStopsWithItsOwnMessageAndTheTrace) {
   const std::string dir = test::temp_dir("cli-scaler-unsettled");
   const test::KeelRun r =
-      train("", {"run.out_dir=" + dir, "train.precision=16-mixed",
+      train_one_thread("", {"run.out_dir=" + dir, "train.precision=16-mixed",
                  "scaler.init_scale=1.2676506002282294e30", "train.max_steps=40", "model.n_layer=1",
                  "model.n_embd=32", "model.n_head=2", "data.num_examples=64",
                  "data.eval_examples=8", "train.batch_size=8"});
@@ -91,7 +91,7 @@ TEST(CliScaler, AScalerThatCannotSettleStopsWithItsOwnMessageAndTheTrace) {
 TEST(CliScaler, AnOverflowAtMinScaleStopsNamingMinScale) {
   const std::string dir = test::temp_dir("cli-scaler-min-scale");
   const test::KeelRun r =
-      train(kRemainder + "/config.toml",
+      train_one_thread(kRemainder + "/config.toml",
             {"run.out_dir=" + dir, "train.precision=16-mixed", "scaler.init_scale=1099511627776",
              "scaler.min_scale=549755813888", "train.on_nonfinite=skip"});
   ASSERT_EQ(r.code, 1) << r.output;
