@@ -28,7 +28,7 @@ int64_t available_bytes() {
   return -1;
 }
 
-std::vector<std::string> tiny(const std::string& out, std::vector<std::string> more = {}) {
+std::vector<std::string> tiny_limits(const std::string& out, std::vector<std::string> more = {}) {
   std::vector<std::string> s = {"train",
                                 "--set",
                                 "run.out_dir=" + out,
@@ -58,7 +58,8 @@ TEST(CliLimits, ARunThatCannotFitIsRefusedBeforeAllocating) {
   const std::string out = test::temp_dir("cli-limits-mem");
   // 1024 layers 65536 wide: about 2 PB of weights; it used to be built (or killed by the OOM
   // killer) before anything was checked.
-  auto r = run_keel(tiny(out, {"model.n_layer=1024", "model.n_embd=65536", "model.n_head=64"}));
+  auto r =
+      run_keel(tiny_limits(out, {"model.n_layer=1024", "model.n_embd=65536", "model.n_head=64"}));
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err, "the run needs at least");
   EXPECT_CONTAINS(r.err, "MemAvailable");
@@ -71,7 +72,7 @@ TEST(CliLimits, ARunThatCannotFitIsRefusedBeforeAllocating) {
   ASSERT_GT(avail, 0);
   const int64_t width = std::max<int64_t>(
       64, static_cast<int64_t>(std::sqrt(static_cast<double>(avail) / 144.0)) / 64 * 64);
-  r = run_keel(tiny(out, {"model.n_embd=" + std::to_string(width)}));
+  r = run_keel(tiny_limits(out, {"model.n_embd=" + std::to_string(width)}));
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err, "the run needs");
   EXPECT_CONTAINS(r.err, "are available (MemAvailable");
@@ -81,11 +82,11 @@ TEST(CliLimits, ARunThatCannotFitIsRefusedBeforeAllocating) {
 TEST(CliLimits, ThreadsBeyondTheCoresAreCappedWithAWarning) {
   const std::string out = test::temp_dir("cli-limits-threads");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  auto r = run_keel(tiny(out, {"run.threads=4096"}));
+  auto r = run_keel(tiny_limits(out, {"run.threads=4096"}));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_CONTAINS(r.err, "run.threads = 4096 exceeds the " + std::to_string(cores) +
                              " cores of this machine: using " + std::to_string(cores));
-  r = run_keel(tiny(out, {"run.threads=100000"}));
+  r = run_keel(tiny_limits(out, {"run.threads=100000"}));
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err, "run.threads must be in [0, 4096], got 100000");
 }
@@ -94,7 +95,7 @@ TEST(CliLimits, OverflowingSizeKeysAreConfigErrors) {
   const std::string out = test::temp_dir("cli-limits-keys");
   for (const char* key : {"model.vocab_size", "model.max_seq_len", "train.batch_size",
                           "train.grad_accum", "model.intermediate_size"}) {
-    auto r = run_keel(tiny(out, {std::string(key) + "=9223372036854775807"}));
+    auto r = run_keel(tiny_limits(out, {std::string(key) + "=9223372036854775807"}));
     EXPECT_EQ(r.code, 2) << key << ": " << r.output;
     EXPECT_CONTAINS(r.err, std::string(key) + " must be in [");
   }

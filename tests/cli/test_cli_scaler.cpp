@@ -34,8 +34,8 @@ test::KeelRun train_one_thread(const std::string& config, const std::vector<std:
 // update, and that is calibration. The run trains to the end, the later epochs update the weights.
 TEST(CliScaler, OneStepPerEpochUnder16MixedTrainsThroughTheFirstSkip) {
   const std::string dir = test::temp_dir("cli-scaler-remainder");
-  const test::KeelRun r =
-      train_one_thread(kRemainder + "/config.toml", {"run.out_dir=" + dir, "train.precision=16-mixed"});
+  const test::KeelRun r = train_one_thread(kRemainder + "/config.toml",
+                                           {"run.out_dir=" + dir, "train.precision=16-mixed"});
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NOT_CONTAINS(r.output, "every step produced non-finite gradients");
   const auto recs = step_records(dir);
@@ -62,9 +62,9 @@ TEST(CliScaler, AScalerThatCannotSettleStopsWithItsOwnMessageAndTheTrace) {
   const std::string dir = test::temp_dir("cli-scaler-unsettled");
   const test::KeelRun r =
       train_one_thread("", {"run.out_dir=" + dir, "train.precision=16-mixed",
-                 "scaler.init_scale=1.2676506002282294e30", "train.max_steps=40", "model.n_layer=1",
-                 "model.n_embd=32", "model.n_head=2", "data.num_examples=64",
-                 "data.eval_examples=8", "train.batch_size=8"});
+                            "scaler.init_scale=1.2676506002282294e30", "train.max_steps=40",
+                            "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
+                            "data.num_examples=64", "data.eval_examples=8", "train.batch_size=8"});
   ASSERT_EQ(r.code, 3) << r.output;
   EXPECT_CONTAINS(r.err,
                   "step 32: the loss scaler could not settle: 32 steps in a row overflowed "
@@ -90,10 +90,10 @@ TEST(CliScaler, AScalerThatCannotSettleStopsWithItsOwnMessageAndTheTrace) {
 // update because of it stops with a line naming min_scale and the trace, not the learning rate.
 TEST(CliScaler, AnOverflowAtMinScaleStopsNamingMinScale) {
   const std::string dir = test::temp_dir("cli-scaler-min-scale");
-  const test::KeelRun r =
-      train_one_thread(kRemainder + "/config.toml",
-            {"run.out_dir=" + dir, "train.precision=16-mixed", "scaler.init_scale=1099511627776",
-             "scaler.min_scale=549755813888", "train.on_nonfinite=skip"});
+  const test::KeelRun r = train_one_thread(
+      kRemainder + "/config.toml",
+      {"run.out_dir=" + dir, "train.precision=16-mixed", "scaler.init_scale=1099511627776",
+       "scaler.min_scale=549755813888", "train.on_nonfinite=skip"});
   ASSERT_EQ(r.code, 1) << r.output;
   EXPECT_CONTAINS(r.err, "every step produced non-finite gradients in epoch 1");
   EXPECT_CONTAINS(r.err,
