@@ -77,7 +77,7 @@ TEST(ServePaths, RequestBodiesAreReadByTheConfigLoader) {
   EXPECT_CONTAINS(msg, "did you mean train.max_steps?");
   std::tie(status, msg) = refusal(R"({"train": {"batch_size": 0}})", p);
   EXPECT_EQ(status, 400);
-  EXPECT_CONTAINS(msg, "train.batch_size must be >= 1");
+  EXPECT_CONTAINS(msg, "train.batch_size must be in [1, 65536], got 0");
   std::tie(status, msg) = refusal(R"({"optim": {"lr": "fast"}})", p);
   EXPECT_EQ(status, 400);
   EXPECT_CONTAINS(msg, "optim.lr must be a number");
