@@ -129,32 +129,46 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   std::unique_ptr<monitor::UnderflowOverflowTracer> tracer;
   std::unique_ptr<monitor::TrendAdvisor> advisor;
   nlohmann::json step_extra = nlohmann::json::object();  // per-layer grad norms of this step
+  std::vector<monitor::BlockGradNorm> layers;  // this step's per-layer statistics (the advisor's)
   TrainerHooks hooks;
   hooks.on_step_begin = [&](int64_t step) {
     if (injector) injector->begin_step(step);
     if (tracer) tracer->begin_batch(step);
   };
+  // Always on: the per-layer norms and underflow counts come from the step's own gradient pass.
   hooks.on_grads = [&](const StepResult&) {
+    layers.clear();
+    if (!advisor && !cfg.log.per_layer_grad_norm) return;
+    if (trainer_ptr->last_grad_pass().sum_squares_of.size() != trainer_ptr->trainable().size())
+      return;  // no pass this step (the bench's switch)
+    layers =
+        monitor::per_layer_grad_norms(trainer_ptr->trainable(), &trainer_ptr->last_grad_pass());
     if (!cfg.log.per_layer_grad_norm) return;
-    for (auto& b :
-         monitor::per_layer_grad_norms(trainer_ptr->trainable(), &trainer_ptr->last_grad_pass()))
+    for (const auto& b : layers) {
       step_extra["grad_norm/" + b.block] = b.norm;
+      step_extra["grad_underflow/" + b.block] = b.underflow_share();
+    }
   };
   hooks.on_step = [&](const StepResult& result) {
     StepResult r = result;
-    const bool finding = advisor && !advisor->observe(r).empty();
+    if (advisor) advisor->observe(r, &layers);
     loggers->log(r, step_extra);
-    if (finding) {  // the finding as a record of its own: kind, step, trend, cause, action
-      const monitor::Finding& f = advisor->last_finding();
+    // Each finding as a record of its own: kind, step, trend, cause, action (+ examples, layers,
+    // share).
+    for (const monitor::Finding& f :
+         advisor ? advisor->findings() : std::vector<monitor::Finding>{}) {
       nlohmann::json rec = {{"kind", "advisor"},
                             {"step", f.step},
                             {"trend", f.trend},
                             {"cause", f.cause},
                             {"action", f.action}};
       if (!f.examples.empty()) rec["examples"] = f.examples;
+      if (!f.layers.empty()) rec["layers"] = f.layers;
+      if (f.share >= 0) rec["share"] = f.share;
       loggers->log_record(rec, false);
     }
     step_extra = nlohmann::json::object();
+    layers.clear();
     // A finding the step survived (the capture did not stop it): stop now, as the tracer does;
     // with several ranks, every rank stops when any tracer found something (MAX), so none waits.
     bool stop = tracer && tracer->finding().found && trainer_ptr->stop_message().empty();
@@ -213,6 +227,7 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   advisor_opt.num_params = trainer.model().num_parameters(/*trainable_only=*/true);
   advisor_opt.precision = trainer.policy().name();
   advisor_opt.tracer_on = cfg.debug.underflow_overflow.enabled;
+  advisor_opt.stochastic_rounding = cfg.optim.stochastic_rounding;
   advisor_opt.uniform_loss = std::log(static_cast<double>(trainer.tokenizer().vocab_size()));
   advisor_opt.describe_example = [&trainer](int64_t id) {
     return trainer.run().data.train->where(id);

@@ -466,8 +466,9 @@ TEST(CudaKernels, FusedUnscaleFiniteCheckAndNormInOnePass) {
   std::vector<DType> dts;
   std::vector<int64_t> ns;
   for (auto& t : gpu) bufs.push_back(t.data()), dts.push_back(t.dtype()), ns.push_back(t.numel());
-  const GradSetStats s =
-      monitor_kernels(kGpu).unscale_norm(bufs.data(), dts.data(), ns.data(), 3, 1.f / 1024);
+  GradBufStats per[3];
+  const GradSetStats s = monitor_kernels(kGpu).unscale_norm(bufs.data(), dts.data(), ns.data(), 3,
+                                                            1.f / 1024, 6.1035156e-05f / 1024, per);
   int64_t bad = 0;
   for (auto& t : cpu)
     bad += optim_kernels(Device::cpu()).unscale(t.data(), t.dtype(), t.numel(), 1.f / 1024);
@@ -475,6 +476,15 @@ TEST(CudaKernels, FusedUnscaleFiniteCheckAndNormInOnePass) {
   EXPECT_TRUE(std::isnan(s.sum_squares));
   for (size_t i = 0; i < cpu.size(); ++i) {  // exact (a GPU's NaN has another payload)
     test::expect_close(gpu[i].to(Device::cpu()), cpu[i], 0, 0, "unscaled " + std::to_string(i));
+    // The per-buffer counts, in the same pass: as the CPU's on the unscaled values.
+    GradBufStats c;
+    void* one[] = {cpu[i].data()};
+    const DType dt[] = {cpu[i].dtype()};
+    const int64_t n[] = {cpu[i].numel()};
+    monitor_kernels(Device::cpu()).unscale_norm(one, dt, n, 1, 1.f, 6.1035156e-05f / 1024, &c);
+    EXPECT_EQ(per[i].zero, c.zero) << i;
+    EXPECT_EQ(per[i].below_normal, c.below_normal) << i;
+    if (i != 1) EXPECT_NEAR(per[i].sum_squares, c.sum_squares, 1e-5 * c.sum_squares) << i;
   }
   // Finite gradients: the norm matches optim's.
   std::vector<Tensor> fin = {test::randn({3000}, 43, 3.f),
