@@ -39,6 +39,7 @@
 #include "keel/amp/grad_pass.h"
 #include "keel/backend/monitor.h"
 #include "keel/backend/optim.h"
+#include "keel/backend/parallel.h"
 #include "keel/models/param_shapes.h"
 #include "keel/monitor/grad_norms.h"
 #include "keel/monitor/inject.h"
