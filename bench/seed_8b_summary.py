@@ -1,0 +1,91 @@
+#!/usr/bin/python3
+"""The figures of one bench/seed_8b.sh run: peak RSS (/usr/bin/time -v) beside `keel memory`'s
+estimate and the goal, seconds per step, tokens/s and MFU against keel's bf16 matmul peak (probed
+by bench/matmul_peak before and after the run; the higher one). FLOPs per token are
+compare_pytorch's (bench/compare_pytorch/compare.py flops_per_token: an adapter step's model FLOPs).
+Run by seed_8b.sh; its arguments are that script's."""
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "compare_pytorch"))
+import compare  # noqa: E402
+
+GOAL_GB = 22.0  # issue 25: the 8B run's peak RSS on a 24 GB machine
+
+
+def time_fields(path):
+    """Peak RSS (bytes) and wall seconds from /usr/bin/time -v's report."""
+    text = open(path).read()
+    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", text).group(1)) * 1024
+    wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([\d:.]+)", text).group(1)
+    secs = 0.0
+    for part in wall.split(":"):
+        secs = secs * 60 + float(part)
+    return rss, secs
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    for k in ("shape", "kind", "ckpt", "device", "metrics", "time", "estimate", "estimate_from"):
+        p.add_argument("--" + k.replace("_", "-"), required=True)
+    for k in ("batch", "accum", "seq", "steps", "rc"):
+        p.add_argument("--" + k, type=int, required=True)
+    p.add_argument("--peaks", type=float, nargs=2, required=True)
+    a = p.parse_args()
+
+    adapter = dict(compare.SEED_LORA, kind=a.kind)
+    c = compare.from_shape(a.shape, a.batch, a.seq, adapter=adapter)
+    print(f"\nseed {a.shape} {a.kind}: {a.steps} steps of {a.batch} x {a.accum} x {a.seq} tokens, "
+          f"bf16-mixed, bf16 base, r={adapter['r']} on {','.join(adapter['targets'])}, "
+          f"activation checkpointing {a.ckpt}, {a.device}")
+    rss, wall = time_fields(a.time)
+    est = json.load(open(a.estimate))
+    total = est.get("total", 0)
+    how = ("keel memory --config" if a.estimate_from == "config" else
+           "keel memory from sizes only (this keel memory takes no config: no adapter, full "
+           "fine-tune state)")
+    ratio = f", measured / estimate {rss / total:.2f}" if total else ""
+    print(f"  peak RSS {rss / 1e9:.2f} GB (/usr/bin/time -v, the whole run: loading, steps, final "
+          f"save); estimate {total / 1e9:.2f} GB ({how}){ratio}")
+    if a.shape == "8b":
+        print(f"  goal: peak RSS <= {GOAL_GB:g} GB: {'met' if rss <= GOAL_GB * 1e9 else 'NOT met'}")
+    print(f"  wall {wall:.1f} s for the whole `keel train` (exit {a.rc})")
+
+    steps = []
+    if os.path.exists(a.metrics):
+        for line in open(a.metrics):
+            r = json.loads(line)
+            if "loss" in r and isinstance(r.get("tokens_per_s"), (int, float)) and r["tokens_per_s"]:
+                steps.append(r)
+    if not steps:
+        print("  no step finished (see train.log)")
+        return 1 if a.rc else 0
+    # keel's tokens_per_s counts target tokens: a packed row of SEQ tokens has SEQ - 1.
+    targets = a.batch * a.accum * (a.seq - 1)
+    tokens = a.batch * a.accum * a.seq
+    secs = [targets / r["tokens_per_s"] for r in steps]
+    for r, s in zip(steps, secs):
+        print(f"  step {r['step']}: {s:.1f} s, {tokens / s:.1f} tokens/s, loss {r['loss']:.4f}, "
+              f"grad_norm {r['grad_norm']}, lr {r['learning_rate']:.3g}")
+    # The first step pays one-time costs (oneDNN primitive creation, first touch of every buffer).
+    timed = secs[1:] or secs
+    med = statistics.median(timed)
+    peak = max(a.peaks)
+    line = (f"  seconds per step {med:.1f} (median of steps {2 if len(secs) > 1 else 1}.."
+            f"{len(secs)}), {tokens / med:.1f} tokens/s")
+    if a.device == "cpu":
+        mfu = tokens / med * compare.flops_per_token(c, a.seq) / (peak * 1e9)
+        line += (f", MFU {100 * mfu:.1f}% of the bf16 matmul peak ({peak:.0f} GFLOP/s, 1024^3 in "
+                 f"keel's kernels; probes {min(a.peaks):.0f}..{peak:.0f})")
+    else:
+        line += " (MFU: keel's probe is a CPU one; GPU figures are in docs/cuda.md)"
+    print(line)
+    return 1 if a.rc else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
