@@ -28,6 +28,10 @@ def time_fields(path):
     return rss, secs
 
 
+def size(b):
+    return f"{b / 1e9:.2f} GB" if b >= 1e9 else f"{b / 1e6:.0f} MB"
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     for k in ("shape", "kind", "ckpt", "device", "metrics", "time", "estimate", "estimate_from"):
@@ -49,8 +53,8 @@ def main():
            "keel memory from sizes only (this keel memory takes no config: no adapter, full "
            "fine-tune state)")
     ratio = f", measured / estimate {rss / total:.2f}" if total else ""
-    print(f"  peak RSS {rss / 1e9:.2f} GB (/usr/bin/time -v, the whole run: loading, steps, final "
-          f"save); estimate {total / 1e9:.2f} GB ({how}){ratio}")
+    print(f"  peak RSS {size(rss)} (/usr/bin/time -v, the whole run: loading, steps, final "
+          f"save); estimate {size(total)} ({how}){ratio}")
     if a.shape == "8b":
         print(f"  goal: peak RSS <= {GOAL_GB:g} GB: {'met' if rss <= GOAL_GB * 1e9 else 'NOT met'}")
     print(f"  wall {wall:.1f} s for the whole `keel train` (exit {a.rc})")
@@ -69,14 +73,14 @@ def main():
     tokens = a.batch * a.accum * a.seq
     secs = [targets / r["tokens_per_s"] for r in steps]
     for r, s in zip(steps, secs):
-        print(f"  step {r['step']}: {s:.1f} s, {tokens / s:.1f} tokens/s, loss {r['loss']:.4f}, "
-              f"grad_norm {r['grad_norm']}, lr {r['learning_rate']:.3g}")
+        print(f"  step {r['step']}: {s:.3g} s, {tokens / s:.4g} tokens/s, loss {r['loss']:.4f}, "
+              f"grad_norm {r['grad_norm']:.3g}, lr {r['learning_rate']:.3g}")
     # The first step pays one-time costs (oneDNN primitive creation, first touch of every buffer).
     timed = secs[1:] or secs
     med = statistics.median(timed)
     peak = max(a.peaks)
-    line = (f"  seconds per step {med:.1f} (median of steps {2 if len(secs) > 1 else 1}.."
-            f"{len(secs)}), {tokens / med:.1f} tokens/s")
+    line = (f"  seconds per step {med:.3g} (median of steps {2 if len(secs) > 1 else 1}.."
+            f"{len(secs)}), {tokens / med:.4g} tokens/s")
     if a.device == "cpu":
         mfu = tokens / med * compare.flops_per_token(c, a.seq) / (peak * 1e9)
         line += (f", MFU {100 * mfu:.1f}% of the bf16 matmul peak ({peak:.0f} GFLOP/s, 1024^3 in "

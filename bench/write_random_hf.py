@@ -7,7 +7,8 @@
 `keel init-model` builds the whole model in f32 first (32 GB for Llama-3.1-8B), so the benches that
 need a checkpoint of that size write it here instead: config.json (the real model's, with its
 grouped-query heads and llama3 rope_scaling), shards `model-0000k-of-0000n.safetensors` of at most
---shard-gb GB (HF's max_shard_size; a shard holds whole tensors) and model.safetensors.index.json.
+--shard-gb GB (HF's max_shard_size; a shard holds whole tensors) and model.safetensors.index.json,
+or, as save_pretrained does when everything fits in one shard (Llama-3.2-1B), model.safetensors.
 Values are bf16 N(0, std) (HF's _init_weights with initializer_range = std), norm weights 1: each
 value is one of the 65536 quantiles of N(0, std) rounded to bf16, picked by 16 random bits (one
 random pass and one table look-up per value, ~10x faster than numpy's normal sampler plus a bf16
@@ -15,9 +16,9 @@ conversion: 8B values took ~8 s per 64M with those on this project's loaded VM).
 generated and written in chunks of CHUNK elements, so the process holds a few hundred MB whatever
 the model's size.
 
-The index is written last: a directory whose config.json and index match what this run would
-write and whose shards have the right sizes is kept as it is (`--check` only reports that), and a
-write interrupted half-way is redone. Needs numpy (python3-numpy, /usr/bin/python3 on Debian).
+Each weight file is renamed into place when complete and the index is written last: a directory
+whose config.json and index match what this run would write and whose weight files have the right
+sizes is kept as it is (`--check` only reports that), and a write interrupted half-way is redone. Needs numpy (python3-numpy, /usr/bin/python3 on Debian).
 """
 import argparse
 import json
@@ -138,7 +139,8 @@ def expected(cfg, std, max_bytes):
     items = tensors(cfg)
     shards = plan_shards(items, max_bytes)
     n = len(shards)
-    names = [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)]
+    names = (["model.safetensors"] if n == 1 else
+             [f"model-{k + 1:05d}-of-{n:05d}.safetensors" for k in range(n)])
     sizes = [len(header_bytes(s)[0]) + header_bytes(s)[1] for s in shards]
     index = {"metadata": {"total_size": sum(numel(t[1]) * 2 for t in items)},
              "weight_map": {t[0]: names[k] for k, s in enumerate(shards) for t in s}}
@@ -148,9 +150,10 @@ def expected(cfg, std, max_bytes):
 
 def up_to_date(out, index, config, names, sizes):
     try:
-        with open(os.path.join(out, "model.safetensors.index.json")) as f:
-            if json.load(f) != index:
-                return False
+        if len(names) > 1:
+            with open(os.path.join(out, "model.safetensors.index.json")) as f:
+                if json.load(f) != index:
+                    return False
         with open(os.path.join(out, "config.json")) as f:
             if json.load(f) != config:
                 return False
@@ -200,9 +203,10 @@ def main():
                              f"expected {size}")
         os.replace(path + ".tmp", path)
         print(f"  {name}: {len(shard)} tensors, {size / 1e9:.2f} GB", flush=True)
-    with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
-        json.dump(index, f, indent=2)
-        f.write("\n")
+    if len(names) > 1:
+        with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
+            json.dump(index, f, indent=2)
+            f.write("\n")
     print(f"wrote {a.out}: {what}")
     return 0
 
