@@ -19,7 +19,7 @@
 # 3. Per adapter: the recipe's config (LoRA/DoRA r=32, alpha 64, dropout 0.05 on q, k, v, up, down;
 #    AdamW lr 3e-5 (0.9, 0.999, 1e-8), weight decay 0 (HF Trainer's default), warmup 6%, cosine,
 #    clip 1.0; bf16-mixed, model.base_dtype = bf16), `keel memory`'s estimate of it, then
-#    `keel train` under /usr/bin/time -v, with keel's bf16 matmul peak probed before and after.
+#    `keel train` with its peak RSS measured (ru_maxrss), with keel's bf16 matmul peak probed before and after.
 #    Printed: peak RSS against the estimate and the goal (<= 22 GB), seconds per step, tokens/s and
 #    MFU (bench/seed_8b_summary.py).
 set -euo pipefail
@@ -50,6 +50,7 @@ for k in $KIND; do
 done
 # The checkpointing key is issue 25 item 2; docs/config.md lists exactly the keys keel reads (a
 # test holds them together), so a tree without it stops here instead of inside keel's parser.
+# shellcheck disable=SC2016  # the backticks are docs/config.md's, not a command
 if [ "$CKPT" != none ] && ! grep -q '`activation_checkpointing`' "$ROOT/docs/config.md"; then
   echo "seed_8b: this keel has no train.activation_checkpointing (issue 25 item 2) yet;" \
     "CKPT=none runs without it (an 8B run then needs far more than 24 GB)" >&2
@@ -161,7 +162,8 @@ EOF
   PEAK_BEFORE=$(probe)
   echo "seed_8b: keel train $CFG (log: $RUN/train.log)" >&2
   set +e
-  /usr/bin/time -v -o "$RUN/time.txt" "$KEEL" train "$CFG" >"$RUN/train.log" 2>&1
+  $PY "$ROOT/bench/seed_8b_summary.py" run "$RUN/time.json" -- "$KEEL" train "$CFG" \
+    >"$RUN/train.log" 2>&1
   RC=$?
   set -e
   PEAK_AFTER=$(probe)
@@ -171,8 +173,8 @@ EOF
   fi
   $PY "$ROOT/bench/seed_8b_summary.py" --shape "$MODEL" --kind "$kind" --batch "$BATCH" \
     --accum "$ACCUM" --seq "$SEQ" --steps "$STEPS" --ckpt "$CKPT" --device "$DEVICE" \
-    --metrics "$RUN/out/metrics.jsonl" --time "$RUN/time.txt" --estimate "$RUN/estimate.json" \
-    --estimate-from "$ESTIMATE_FROM" --peaks "$PEAK_BEFORE" "$PEAK_AFTER" --rc "$RC"
+    --metrics "$RUN/out/metrics.jsonl" --time "$RUN/time.json" --estimate "$RUN/estimate.json" \
+    --estimate-from "$ESTIMATE_FROM" --peaks "$PEAK_BEFORE" "$PEAK_AFTER"
   # The final checkpoint holds the whole base (16 GB for 8B): dropped unless KEEP=1.
   [ "$KEEP" = 1 ] || rm -rf "$RUN/out/checkpoints"
   [ $RC -eq 0 ] || exit $RC

@@ -10,15 +10,16 @@ grouped-query heads and llama3 rope_scaling), shards `model-0000k-of-0000n.safet
 --shard-gb GB (HF's max_shard_size; a shard holds whole tensors) and model.safetensors.index.json,
 or, as save_pretrained does when everything fits in one shard (Llama-3.2-1B), model.safetensors.
 Values are bf16 N(0, std) (HF's _init_weights with initializer_range = std), norm weights 1: each
-value is one of the 65536 quantiles of N(0, std) rounded to bf16, picked by 16 random bits (one
-random pass and one table look-up per value, ~10x faster than numpy's normal sampler plus a bf16
-conversion: 8B values took ~8 s per 64M with those on this project's loaded VM). Each tensor is
-generated and written in chunks of CHUNK elements, so the process holds a few hundred MB whatever
-the model's size.
+value is one of the 65536 quantiles of N(0, std) rounded to bf16, picked by 16 random bits: one
+random pass and one table look-up per value (on this project's loaded VM, 4 s per 64M values where
+numpy's normal sampler plus a bf16 conversion took 32 s; the 1B shape takes 15 s in all). Each
+tensor is generated and written in chunks of CHUNK values, so the process holds a few hundred MB
+(432 MB measured for the 1B shape) whatever the model's size.
 
 Each weight file is renamed into place when complete and the index is written last: a directory
 whose config.json and index match what this run would write and whose weight files have the right
-sizes is kept as it is (`--check` only reports that), and a write interrupted half-way is redone. Needs numpy (python3-numpy, /usr/bin/python3 on Debian).
+sizes is kept as it is (`--check` only reports that), and a write interrupted half-way is redone.
+Needs numpy (python3-numpy, /usr/bin/python3 on Debian).
 """
 import argparse
 import json
