@@ -141,7 +141,8 @@ EOF
 
   # keel memory's estimate of this config (issue 25 item 3 teaches it configs and adapters); a
   # keel memory without --config gets the sizes only, and the summary says so.
-  if "$KEEL" memory --config "$CFG" --json >"$RUN/estimate.json" 2>"$RUN/estimate.err"; then
+  if "$KEEL" memory --help | grep -- --config >/dev/null; then  # (no -q: no SIGPIPE under pipefail)
+    "$KEEL" memory --config "$CFG" --json >"$RUN/estimate.json"
     ESTIMATE_FROM=config
   else
     ESTIMATE_FROM=sizes
