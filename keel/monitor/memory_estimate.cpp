@@ -84,15 +84,14 @@ std::string mb(int64_t bytes) {
   return buf;
 }
 
-// MB below 10 GB, GB above (the fit advice's figures).
-std::string human(int64_t bytes) {
+}  // namespace
+
+std::string format_bytes(int64_t bytes) {
   if (bytes < 10'000'000'000) return mb(bytes);
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(bytes) / 1e9);
   return buf;
 }
-
-}  // namespace
 
 int64_t count_parameters(const MemoryQuery& q) { return models::parameter_count(spec_of(q)); }
 
@@ -355,13 +354,14 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
           {"first block", -first_block_less, "no gradient reaches its input (frozen embedding)"});
     }
 
-    // Backward transients: at the head, dlogits (in the logits' dtype) and the lm_head's input
-    // and weight gradients, which linear writes in the f32 masters' dtype under -mixed
-    // (ops::grad_dtype_for), the weight's only when it trains; inside a block, attention's score
-    // gradient (with eager's rounded probabilities) and dq/dk/dv, or the MLP's.
+    // Backward transients: at the head, the lm_head's input gradient, which linear writes in the
+    // f32 masters' dtype under -mixed (ops::grad_dtype_for). Its weight gradient is no transient:
+    // it becomes the weight's .grad (counted in `grads`). dlogits take no memory of their own:
+    // cross_entropy's backward writes them over the logits it saved, their sole owner (measured:
+    // a 128256-row vocabulary at B8 T128 peaks 0.53 GB below logits + dlogits). Inside a block,
+    // attention's score gradient (with eager's rounded probabilities) and dq/dk/dv, or the MLP's.
     const int64_t gb = pol.autocast ? 4 : c;
-    head_transient = block_bytes(c * BT * V) + block_bytes(gb * BT * C) +
-                     (adapter ? 0 : block_bytes(gb * V * C));
+    head_transient = block_bytes(gb * BT * C);
     const int64_t cdt = q.attention == "math" ? 4 : c;
     int64_t layer = 3 * block_bytes(c * BT * C) + 2 * block_bytes(s * BT * C);  // dq, dk, dv + dx
     if (!flash)
@@ -372,7 +372,7 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     layer_transient = std::max({layer, mlp, adapter_transient});
     e.transient = std::max(head_transient, recompute + layer_transient);
     e.transient_detail = head_transient >= recompute + layer_transient
-                             ? "dlogits [B*T,V] and lm_head gradients"
+                             ? "lm_head input gradient (dlogits overwrite the logits)"
                          : every > 0 ? "one recomputed segment + its backward buffers"
                                      : "attention / MLP backward buffers";
 
@@ -593,12 +593,13 @@ std::string memory_fit_advice(const MemoryQuery& q, int64_t available) {
   }
   std::stable_sort(options.begin(), options.end(),
                    [&](const Option& a, const Option& b) { return a.total < b.total; });
-  std::string m = "the run needs an estimated " + human(e.total) + " but only " + human(available) +
+  std::string m = "the run needs an estimated " + format_bytes(e.total) + " but only " +
+                  format_bytes(available) +
                   " are available (MemAvailable in /proc/meminfo); nothing was loaded";
   if (!options.empty()) {
     m += ". What lowers the estimate:";
     for (const Option& o : options)
-      m += "\n  " + o.what + ": " + human(o.total) + (o.total <= available ? " (fits)" : "");
+      m += "\n  " + o.what + ": " + format_bytes(o.total) + (o.total <= available ? " (fits)" : "");
   }
   m += "\n`keel memory --config FILE` breaks the estimate down";
   return m;

@@ -139,6 +139,9 @@ int64_t count_parameters(const MemoryQuery& q);
 std::string format_memory(const MemoryEstimate& e);
 nlohmann::json memory_to_json(const MemoryEstimate& e);
 
+// "12.3 MB" below 10 GB, "37.83 GB" above (decimal units).
+std::string format_bytes(int64_t bytes);
+
 // MemAvailable from /proc/meminfo in bytes, or -1 when unreadable.
 int64_t available_memory_bytes();
 
