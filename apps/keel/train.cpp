@@ -47,14 +47,16 @@ void check_run_memory(const Config& cfg) {
   const int64_t available = monitor::available_memory_bytes();
   if (available < 0) return;
   const monitor::MemoryQuery q = monitor::memory_query_from_config(cfg);
-  // A lower bound in doubles first: sizes near their upper bounds would overflow the int64
-  // arithmetic of the full estimate (2 bytes a parameter, 16-bit logits, eager's probabilities).
+  // Absurd sizes first, in doubles: sizes near their upper bounds would overflow the int64
+  // arithmetic of the full estimate (a lower bound of 2 bytes a parameter and 16-bit logits
+  // beyond 100 times the available memory, which no option below would bring within reach, or
+  // products of sizes near int64's range).
   const double B = static_cast<double>(q.batch), T = static_cast<double>(q.seq),
                L = static_cast<double>(q.layers), E = static_cast<double>(q.hidden),
                V = static_cast<double>(q.vocab > 0 ? q.vocab : 259);
   const double floor_bytes = 2 * (V * E + L * 12 * E * E) + 2 * B * T * V;
   const double products = B * T * T * std::max(1.0, E / 64) * 8 + B * T * (V + 16 * E) * 8;
-  if (floor_bytes > static_cast<double>(available) || products > 4e18)
+  if (floor_bytes > 100 * static_cast<double>(available) || products > 4e18)
     throw Error("the run needs at least " + megabytes(floor_bytes) +
                     " (parameters in 16 bits and one micro-batch's logits) but only " +
                     megabytes(static_cast<double>(available)) +

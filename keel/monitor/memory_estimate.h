@@ -10,12 +10,15 @@
 // copies per consumer: Llama's q/k/v projections each keep their own cast of the normed input).
 // The engine keeps every saved tensor until backward returns, so the peak is: static state +
 // every saved activation of one micro-batch + the largest backward transient (the f32 logit
-// gradient at the head, or an attention backward's score gradient) = `live_peak`, every tensor
-// counted in the block host_memory hands out for it (keel/tensor/host_memory.h: 2 MiB multiples
-// from 8 MiB up). On top: the block cache's slack (released blocks kept mapped for reuse, at most
-// 1/16 of the peak) and, for f16 compute without an oneDNN kernel, the f32 operand copies of the
-// largest matmul. `total` is what the process's peak RSS grows by; measured within 15% of real
-// `keel train` runs (tests/cli/test_cli_nan.cpp; the numbers are in the .cpp).
+// gradient at the lm_head's input, or an attention backward's score gradient) = `live_peak`, every
+// tensor counted in the block host_memory hands out for it (keel/tensor/host_memory.h: 2 MiB
+// multiples from 8 MiB up). On top: the block cache's slack (released blocks kept mapped for
+// reuse, at most 1/16 of the peak), for f16 compute without an oneDNN kernel the f32 operand
+// copies of the largest matmul, and the process itself (`runtime`). Adapters add what their
+// forward keeps (nn/adapters/*.cpp), activation checkpointing keeps segment inputs and one
+// recomputed segment, and loading (from sizes or model.path's files) has its own peak. `total`
+// is the expected peak RSS of the process, measured within 10% of real `keel train` runs of each
+// kind (tests/cli/test_cli_memory_rss.cpp prints the table).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -66,6 +69,8 @@ struct MemoryQuery {
   // holds the built model, every tensor as read, and one whole file at once (see init_peak).
   int64_t file_dtype_bytes = 0;
   int64_t largest_file_bytes = 0;
+  bool checkpoint_dir =
+      false;           // model.path is a keel checkpoint (loaded through a model of its own)
   std::string source;  // where the sizes came from ("DIR/config.json"), shown by format_memory
 };
 

@@ -409,7 +409,7 @@ TEST(MemoryEstimate, FitAdviceNamesTheOptionsWithTheirEstimates) {
   EXPECT_EQ(format_bytes(12'345'678), "12.3 MB");
   EXPECT_EQ(format_bytes(37'830'000'000), "37.83 GB");
   EXPECT_NE(m.find("model.adapter.kind = lora"), std::string::npos) << m;
-  EXPECT_NE(m.find("data.batch_size = 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("train.batch_size = 1"), std::string::npos) << m;
   EXPECT_NE(m.find("(fits)"), std::string::npos) << m;
 }
 
