@@ -313,15 +313,10 @@ TEST(MemoryEstimate, SizedStateIsCountedInHostMemoryBlocks) {
 namespace keel::monitor {
 namespace {
 
-// A Llama query at the sizes of a small model, batch B of T tokens.
+// A Llama query with gpt2_query's sizes.
 MemoryQuery llama_query(int64_t L, int64_t C, int64_t H, int64_t B, int64_t T) {
-  MemoryQuery q;
+  MemoryQuery q = gpt2_query(L, C, H, B, T);
   q.family = "llama";
-  q.layers = L;
-  q.hidden = C;
-  q.heads = H;
-  q.batch = B;
-  q.seq = T;
   return q;
 }
 
