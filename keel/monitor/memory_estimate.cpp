@@ -597,11 +597,34 @@ std::string memory_fit_advice(const MemoryQuery& q, int64_t available) {
     a.seq = q.seq / 4;
     consider("data.seq_len = " + std::to_string(a.seq), a);
   }
+  // The step's own options together (the model, precision and sequence unchanged).
+  {
+    MemoryQuery a = q;
+    std::vector<std::string> parts;
+    if (q.checkpoint_every != 1 && q.layers > 1) a.checkpoint_every = 1, parts.push_back("blocks");
+    if (q.adapter.kind != "none" && q.base_dtype != "bf16")
+      a.base_dtype = "bf16", parts.push_back("base_dtype bf16");
+    if (q.batch > 1) a.batch = 1, parts.push_back("batch_size 1");
+    if (parts.size() > 1) {
+      std::string what = "together (";
+      for (size_t i = 0; i < parts.size(); ++i) what += (i ? ", " : "") + parts[i];
+      consider(what + ")", a);
+    }
+  }
   std::stable_sort(options.begin(), options.end(),
                    [&](const Option& a, const Option& b) { return a.total < b.total; });
   std::string m = "the run needs an estimated " + format_bytes(e.total) + " but only " +
                   format_bytes(available) +
                   " are available (MemAvailable in /proc/meminfo); nothing was loaded";
+  // A loading peak no option of the step lowers: say so rather than list nothing.
+  if (e.init_peak >= e.live_peak)
+    m += std::string(". The peak is while loading (") +
+         (q.file_dtype_bytes > 0
+              ? "the model built in the policy's dtype, its files' tensors as read "
+                "and the largest file"
+              : "the model built in the policy's dtype before its frozen base is "
+                "cast") +
+         ": " + format_bytes(e.init_peak) + ")";
   if (!options.empty()) {
     m += ". What lowers the estimate:";
     for (const Option& o : options)
