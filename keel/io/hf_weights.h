@@ -3,8 +3,8 @@
 // A model directory holds `config.json` and either `model.safetensors` or a sharded
 // `model.safetensors.index.json` ({"weight_map": {tensor: shard file}}) with its shards. HF stores
 // GPT-2's Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) as [in, out]: they are
-// transposed into keel's nn.Linear layout [out, in] on load and back on save. GPT-2 tensor names may
-// carry the `transformer.` prefix (GPT2LMHeadModel.save_pretrained) or not (the original gpt2
+// transposed into keel's nn.Linear layout [out, in] on load and back on save. GPT-2 tensor names
+// may carry the `transformer.` prefix (GPT2LMHeadModel.save_pretrained) or not (the original gpt2
 // files). Every problem is an Error naming the file and the tensor: a missing tensor, a shape that
 // disagrees with config.json, a non-floating dtype, a truncated file, an unexpected tensor.
 #pragma once
@@ -26,10 +26,10 @@ void load_hf_weights(models::CausalLM& model, const std::string& dir);
 
 // What attach_hf_weights did.
 struct LoadedWeights {
-  int64_t tensors = 0;       // base parameters attached
-  int64_t mapped = 0;        // of them, views of the files' mappings (no copy)
-  size_t mapped_bytes = 0;   // their bytes (the file's pages, resident once touched)
-  size_t copied_bytes = 0;   // bytes of the others: converted, transposed or misaligned copies
+  int64_t tensors = 0;      // base parameters attached
+  int64_t mapped = 0;       // of them, views of the files' mappings (no copy)
+  size_t mapped_bytes = 0;  // their bytes (the file's pages, resident once touched)
+  size_t copied_bytes = 0;  // bytes of the others: converted, transposed or misaligned copies
 };
 
 // For a model built under DeferStorage (tensor.h) whose base will be frozen: every base parameter
@@ -37,9 +37,9 @@ struct LoadedWeights {
 // parameter's (f32 parameters: any stored dtype; a bf16 parameter: bf16) is used as stored, a view
 // of the mapping without a copy where aligned (io/safetensors.h); any other is rounded into the
 // parameter's dtype as load_hf_weights would (one tensor at a time, the view's pages dropped
-// after). GPT-2's Conv1D weights are transposed into a fresh tensor of their stored dtype. Afterwards
-// a parameter's dtype is the one it holds: the caller casts the frozen base into its dtype
-// (nn::cast_frozen_parameters), tensor by tensor. DIR must be an HF directory (not a keel
+// after). GPT-2's Conv1D weights are transposed into a fresh tensor of their stored dtype.
+// Afterwards a parameter's dtype is the one it holds: the caller casts the frozen base into its
+// dtype (nn::cast_frozen_parameters), tensor by tensor. DIR must be an HF directory (not a keel
 // checkpoint). Errors as load_hf_weights.
 LoadedWeights attach_hf_weights(models::CausalLM& model, const std::string& dir);
 

@@ -132,9 +132,9 @@ Tensor Tensor::empty(const Shape& shape, DType dt, Device dev) {
 
 Tensor Tensor::from_external(void* data, const Shape& shape, DType dt,
                              std::shared_ptr<void> keep_alive) {
-  KEEL_CHECK(reinterpret_cast<uintptr_t>(data) % dtype_size(dt) == 0,
-             "from_external: address not aligned to the element size of " +
-                 std::string(dtype_name(dt)));
+  KEEL_CHECK(
+      reinterpret_cast<uintptr_t>(data) % dtype_size(dt) == 0,
+      "from_external: address not aligned to the element size of " + std::string(dtype_name(dt)));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(
       data, checked_mul(shape_numel(shape), static_cast<int64_t>(dtype_size(dt)), "tensor bytes"),

@@ -77,7 +77,8 @@ class Tensor {
   static Tensor from_floats(const std::vector<float>& v, const Shape& shape, DType dt = DType::F32);
   static Tensor from_ints(const std::vector<int64_t>& v, const Shape& shape, DType dt = DType::I64);
   // A CPU tensor over memory it does not own (`data`, aligned to at least dtype_size(dt)), valid
-  // while `keep_alive` lives; the storage holds it and releases it when the tensor's last view dies.
+  // while `keep_alive` lives; the storage holds it and releases it when the tensor's last view
+  // dies.
   static Tensor from_external(void* data, const Shape& shape, DType dt,
                               std::shared_ptr<void> keep_alive);
   // A fresh tensor of the same dtype, shape and device (not part of any graph).
@@ -95,10 +96,12 @@ class Tensor {
 
   void* data() const;
   template <class T>
-  T* data_as() const { return static_cast<T*>(data()); }
+  T* data_as() const {
+    return static_cast<T*>(data());
+  }
 
   // Storage views, outside autograd (ops/ wraps them with graph nodes).
-  Tensor view(const Shape& shape) const;                 // same numel; one dim may be -1
+  Tensor view(const Shape& shape) const;                // same numel; one dim may be -1
   Tensor slice_rows(int64_t begin, int64_t end) const;  // [begin, end) of the leading dim
   bool shares_storage(const Tensor& o) const;
   // Whether the memory is external (a file mapping) or not there yet (built under DeferStorage).
@@ -115,9 +118,9 @@ class Tensor {
   Tensor to(Device dev) const;        // a copy on `dev` (shares nothing, even when dev is ours)
   void copy_from(const Tensor& src);  // same shape; converts dtype
   void fill(float value);
-  std::vector<float> to_floats() const;      // any floating dtype, or integers converted
-  std::vector<int64_t> to_ints() const;      // integer dtypes
-  float item() const;                        // numel() == 1
+  std::vector<float> to_floats() const;  // any floating dtype, or integers converted
+  std::vector<int64_t> to_ints() const;  // integer dtypes
+  float item() const;                    // numel() == 1
 
   // Autograd state (see autograd/). Leaves that require grad accumulate into grad().
   bool requires_grad() const;

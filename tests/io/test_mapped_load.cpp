@@ -231,8 +231,9 @@ TEST(AttachHfWeights, KeepsTheCopyingLoadersErrors) {
   wrong.intermediate_size = 128;
   auto m = models::make_causal_lm_for_loading(wrong);
   EXPECT_CONTAINS(test::error_of([&] { attach_hf_weights(*m, dir); }),
-                  dir + "/model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight' has "
-                        "shape [96, 64] but " +
+                  dir +
+                      "/model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight' has "
+                      "shape [96, 64] but " +
                       dir + "/config.json implies [128, 64]");
   fs::remove_all(dir);
 }
