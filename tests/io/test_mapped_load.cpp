@@ -15,6 +15,7 @@
 #include "keel/io/safetensors.h"
 #include "keel/nn/adapters/adapter.h"
 #include "keel/nn/adapters/dora.h"
+#include "tests/io/tiny_specs.h"
 #include "tests/support/check.h"
 
 namespace keel::io {
@@ -88,30 +89,8 @@ TEST(MappedSafetensors, ErrorsNameTheFile) {
   fs::remove_all(dir);
 }
 
-models::ModelSpec llama_spec() {
-  models::ModelSpec s;
-  s.family = "llama";
-  s.n_layer = 2;
-  s.n_embd = 64;
-  s.n_head = 4;
-  s.n_kv_head = 2;
-  s.intermediate_size = 96;
-  s.vocab_size = 61;
-  s.max_seq_len = 32;
-  s.tie_embeddings = false;
-  return s;
-}
-
-models::ModelSpec gpt2_spec() {
-  models::ModelSpec s;
-  s.family = "gpt2";
-  s.n_layer = 2;
-  s.n_embd = 32;
-  s.n_head = 4;
-  s.vocab_size = 53;
-  s.max_seq_len = 16;
-  return s;
-}
+using test_specs::gpt2_spec;
+using test_specs::llama_spec;
 
 // An HF directory of `spec` written by save_hf_model in `stored` (sharded when shard_bytes > 0).
 std::string write_model(const models::ModelSpec& spec, DType stored, int64_t shard_bytes,
@@ -176,7 +155,7 @@ void expect_same_model(models::CausalLM& a, models::CausalLM& b) {
 }
 
 TEST(AttachHfWeights, ABf16BaseStoredAsBf16StaysAViewOfTheFiles) {
-  const std::string dir = write_model(llama_spec(), DType::BF16, 20000, "attach-bf16");
+  const std::string dir = write_model(llama_spec(false), DType::BF16, 20000, "attach-bf16");
   ASSERT_TRUE(fs::exists(dir + "/model.safetensors.index.json"));
   for (const char* kind : {"lora", "dora", "lokr"}) {
     LoadedWeights w;
@@ -194,7 +173,7 @@ TEST(AttachHfWeights, ABf16BaseStoredAsBf16StaysAViewOfTheFiles) {
 }
 
 TEST(AttachHfWeights, F32AndGpt2Conv1DFilesConvertToTheCopyingLoadersBits) {
-  for (const models::ModelSpec& spec : {llama_spec(), gpt2_spec()}) {
+  for (const models::ModelSpec& spec : {llama_spec(false), gpt2_spec()}) {
     const std::string dir = write_model(spec, DType::F32, 0, "attach-f32-" + spec.family);
     for (const char* kind : {"lora", "dora"}) {
       LoadedWeights w;
@@ -226,20 +205,20 @@ TEST(AttachHfWeights, F32AndGpt2Conv1DFilesConvertToTheCopyingLoadersBits) {
 }
 
 TEST(AttachHfWeights, KeepsTheCopyingLoadersErrors) {
-  const std::string dir = write_model(llama_spec(), DType::BF16, 0, "attach-errors");
-  models::ModelSpec wrong = llama_spec();
+  const std::string dir = write_model(llama_spec(false), DType::BF16, 0, "attach-errors");
+  models::ModelSpec wrong = llama_spec(false);
   wrong.intermediate_size = 128;
   auto m = models::make_causal_lm_for_loading(wrong);
   EXPECT_CONTAINS(test::error_of([&] { attach_hf_weights(*m, dir); }),
                   dir +
                       "/model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight' has "
-                      "shape [96, 64] but " +
-                      dir + "/config.json implies [128, 64]");
+                      "shape [48, 32] but " +
+                      dir + "/config.json implies [128, 32]");
   fs::remove_all(dir);
 }
 
 TEST(DeferredModel, HasNoMemoryUntilAttachedAndReplayGivesItsDraws) {
-  auto m = models::make_causal_lm_for_loading(llama_spec());
+  auto m = models::make_causal_lm_for_loading(llama_spec(false));
   const Tensor w = m->find_parameter("model.layers.0.self_attn.q_proj.weight");
   ASSERT_TRUE(w.defined());
   EXPECT_TRUE(w.is_deferred());
@@ -247,7 +226,7 @@ TEST(DeferredModel, HasNoMemoryUntilAttachedAndReplayGivesItsDraws) {
                   "'model.layers.0.self_attn.q_proj.weight' has no memory yet");
   // replay_init reproduces make_causal_lm's f32 draws, also when the model is built in bf16.
   for (DType dt : {DType::F32, DType::BF16}) {
-    models::ModelSpec s = llama_spec();
+    models::ModelSpec s = llama_spec(false);
     s.param_dtype = dt;
     auto built = models::make_causal_lm(s, 42);
     int64_t replayed = 0;
