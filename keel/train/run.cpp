@@ -192,7 +192,7 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
   const DType base_dt = cfg.model.base_dtype == "bf16" ? DType::BF16 : param_dtype;
   std::unique_ptr<models::CausalLM> m;
   models::ModelSpec random_spec;  // set when the base was drawn by random_base
-  std::string loaded;             // what attach_hf_weights did, for the notice below
+  int64_t attached = 0;           // base tensors attach_hf_weights took from the files
   const host_memory::ProcessMemory before = host_memory::process_memory();
   if (!cfg.model.path.empty()) {
     io::HfConfig hf = io::read_hf_config(cfg.model.path);
@@ -204,9 +204,7 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
       // converted tensor), never a freshly initialized f32 model copied over.
       m = models::make_causal_lm_for_loading(hf.spec);
       const io::LoadedWeights w = io::attach_hf_weights(*m, cfg.model.path);
-      loaded = std::to_string(w.mapped) + " of " + std::to_string(w.tensors) +
-               " base tensors used from the file mapping without a copy (" + mb(w.mapped_bytes) +
-               "), " + mb(w.copied_bytes) + " converted or copied";
+      attached = w.tensors;
     } else {
       // Full fine-tuning (or a keel checkpoint): parameters of their own, copied from the mapped
       // files one tensor at a time.
@@ -264,9 +262,21 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
       host_memory::empty_cache();
     }
   }
-  if (!loaded.empty()) {
+  if (attached > 0) {
+    // What the frozen base is now: views of the files, or tensors of its own (converted into
+    // base_dt, transposed, misaligned, grown).
+    int64_t mapped = 0;
+    size_t mapped_bytes = 0, own_bytes = 0;
+    for (auto& [name, p] : m->named_parameters()) {
+      if (p.requires_grad()) continue;
+      (p.is_external() ? mapped_bytes : own_bytes) += p.nbytes();
+      mapped += p.is_external();
+    }
     const host_memory::ProcessMemory after = host_memory::process_memory();
-    say_or_print(say, "model.path: " + loaded + "; peak resident memory while loading +" +
+    say_or_print(say, "model.path: " + std::to_string(mapped) + " of " + std::to_string(attached) +
+                          " base tensors used from the file mapping without a copy (" +
+                          mb(mapped_bytes) + "), " + mb(own_bytes) + " converted or copied into " +
+                          dtype_name(base_dt) + "; peak resident memory while loading +" +
                           mb(after.peak_rss > before.rss ? after.peak_rss - before.rss : 0));
   }
   return m;

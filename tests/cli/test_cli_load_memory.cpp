@@ -80,7 +80,8 @@ TEST(CliLoadMemory, ABf16BaseIsUsedFromTheFileMappingWithoutACopy) {
   ASSERT_EQ(r.code, 0) << r.output;
   const std::regex line(
       "model.path: ([0-9]+) of ([0-9]+) base tensors used from the file mapping without a copy "
-      "\\(([0-9]+) MB\\), ([0-9]+) MB converted or copied; peak resident memory while loading "
+      "\\(([0-9]+) MB\\), ([0-9]+) MB converted or copied into bf16; peak resident memory while "
+      "loading "
       "\\+([0-9]+) MB");
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.output, m, line)) << r.output;
