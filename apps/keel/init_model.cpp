@@ -38,6 +38,9 @@ int run_init_model(const InitModelArgs& a) {
   auto dt = dtype_from_name(a.dtype);
   if (!dt || !dtype_is_floating(*dt))
     throw Error("init-model --dtype " + a.dtype + ": use f32, bf16 or f16", Error::kUsage);
+  // Built in the stored dtype: each draw is made in f32 and rounded once, the bits an f32 model
+  // saved in that dtype gets, without ever holding the f32 model.
+  s.param_dtype = *dt;
   auto model = models::make_causal_lm(s, a.seed);  // validates the sizes (usage errors)
   io::HfSaveOptions opt;
   opt.dtype = *dt;

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -56,18 +57,24 @@ Tensor transpose2d(const Tensor& t) {
   return out;
 }
 
-// Every tensor of a model directory with the file it came from.
+// Every tensor of a model directory, mapped: nothing is read until a tensor is taken.
 struct WeightSource {
-  std::map<std::string, std::pair<std::string, Tensor>> tensors;  // name -> (file, tensor)
+  struct Entry {
+    const MappedSafetensors* file;
+    const TensorInfo* info;
+  };
+  std::vector<std::unique_ptr<MappedSafetensors>> files;
+  std::map<std::string, Entry> tensors;
   std::string describe;  // "DIR/model.safetensors" or "DIR/model.safetensors.index.json"
 };
 
-WeightSource read_weights(const std::string& dir) {
+WeightSource map_weights(const std::string& dir) {
   WeightSource src;
   const std::string single = dir + "/" + kSingle, index = dir + "/" + kIndex;
   if (fs::exists(single)) {
     src.describe = single;
-    for (auto& [name, t] : read_safetensors(single).tensors) src.tensors[name] = {single, t};
+    const auto& f = src.files.emplace_back(std::make_unique<MappedSafetensors>(single));
+    for (const TensorInfo& t : f->header().tensors) src.tensors[t.name] = {f.get(), &t};
     return src;
   }
   if (!fs::exists(index)) {
@@ -92,13 +99,13 @@ WeightSource read_weights(const std::string& dir) {
     if (!fs::exists(path))
       throw Error(index + ": shard '" + file + "' (holding '" + names.front() +
                   "') does not exist in " + dir);
-    Safetensors st = read_safetensors(path);
+    const auto& f = src.files.emplace_back(std::make_unique<MappedSafetensors>(path));
     for (const std::string& n : names) {
-      const Tensor* t = st.find(n);
+      const TensorInfo* t = f->find(n);
       if (!t)
         throw Error(path + ": tensor '" + n + "' is missing (" + kIndex +
                     " places it in this shard)");
-      src.tensors[n] = {path, *t};
+      src.tensors[n] = {f.get(), t};
     }
   }
   return src;
@@ -215,7 +222,35 @@ void load_hf_weights(models::CausalLM& model, const std::string& dir) {
     }
     return;
   }
-  WeightSource src = read_weights(dir);
+  for_each_weight(model, dir, [](Tensor& p, Tensor value) {
+    p.copy_from(value);  // converts; the view dies here and its pages are dropped
+    p.bump_version();
+  });
+}
+
+LoadedWeights attach_hf_weights(models::CausalLM& model, const std::string& dir) {
+  LoadedWeights stats;
+  for_each_weight(model, dir, [&](Tensor& p, Tensor value) {
+    ++stats.tensors;
+    // A value exact in the parameter's dtype is kept as it is stored (f32 parameters: any
+    // floating dtype); otherwise it is rounded as load_hf_weights' copy would round it.
+    const bool exact = value.dtype() == p.dtype() || p.dtype() == DType::F32;
+    if (!exact) value = value.to_dtype(p.dtype());
+    if (value.is_external()) {
+      ++stats.mapped;
+      stats.mapped_bytes += value.nbytes();
+    } else {
+      stats.copied_bytes += value.nbytes();
+    }
+    p.attach_storage(value);
+  });
+  return stats;
+}
+
+void for_each_weight(models::CausalLM& model, const std::string& dir,
+                     const std::function<void(Tensor& param, Tensor value)>& use) {
+  const models::ModelSpec& spec = model.spec();
+  WeightSource src = map_weights(dir);
   std::set<std::string> used;
   for (auto& [name, p] : base_parameters(model)) {
     // GPT-2's own files name tensors without the `transformer.` prefix.
@@ -229,24 +264,28 @@ void load_hf_weights(models::CausalLM& model, const std::string& dir) {
                   spec.family + " with " + std::to_string(spec.n_layer) + " layers, " +
                   std::to_string(spec.n_embd) + " wide, vocab " + std::to_string(spec.vocab_size) +
                   ")");
-    const auto& [file, t] = it->second;
+    const MappedSafetensors& file = *it->second.file;
+    const TensorInfo& info = *it->second.info;
     used.insert(key);
     const bool conv = is_conv1d(spec.family, name);
     const Shape want = conv ? Shape{p.size(1), p.size(0)} : p.shape();
-    if (!dtype_is_floating(t.dtype()))
-      throw Error(file + ": tensor '" + key + "' has dtype " + dtype_name(t.dtype()) +
+    if (!dtype_is_floating(info.dtype))
+      throw Error(file.path() + ": tensor '" + key + "' has dtype " + dtype_name(info.dtype) +
                   "; a weight must be F32, BF16 or F16");
-    if (t.shape() != want)
-      throw Error(file + ": tensor '" + key + "' has shape " + shape_str(t.shape()) + " but " +
-                  dir + "/config.json implies " + shape_str(want) +
+    if (info.shape != want)
+      throw Error(file.path() + ": tensor '" + key + "' has shape " + shape_str(info.shape) +
+                  " but " + dir + "/config.json implies " + shape_str(want) +
                   (conv ? " (GPT-2 Conv1D layout [in, out])" : ""));
-    Tensor dst = p;
-    dst.copy_from(conv ? transpose2d(t.to_dtype(p.dtype())) : t);
-    dst.bump_version();
+    // Each weight's raw data, before anything is made of it: file.raw(info) (info.dtype,
+    // info.shape in the file's layout: GPT-2's Conv1D weights are [in, out]), tensor `key`,
+    // file `file.path()`. A load-time check of the stored values belongs here.
+    Tensor value = file.tensor(info);  // a view of the mapping where aligned
+    if (conv) value = transpose2d(value);
+    use(p, std::move(value));
   }
   for (auto& [name, entry] : src.tensors)
     if (!used.count(name) && !ignorable(spec, name))
-      throw Error(entry.first + ": unexpected tensor '" + name + "' (" + dir +
+      throw Error(entry.file->path() + ": unexpected tensor '" + name + "' (" + dir +
                   "/config.json describes a " + spec.family +
                   " that has no such parameter; was the file written for another model?)");
 }

@@ -9,6 +9,7 @@
 // disagrees with config.json, a non-floating dtype, a truncated file, an unexpected tensor.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -22,6 +23,32 @@ namespace keel::io {
 // parameter's dtype (exact for bf16/f16 -> f32). Bumps every parameter's version. DIR may be a
 // keel checkpoint (io/trained_model.h): its weights are read in keel's layout, adapters merged.
 void load_hf_weights(models::CausalLM& model, const std::string& dir);
+
+// What attach_hf_weights did.
+struct LoadedWeights {
+  int64_t tensors = 0;      // base parameters attached
+  int64_t mapped = 0;       // of them, views of the files' mappings (no copy)
+  size_t mapped_bytes = 0;  // their bytes (the file's pages, resident once touched)
+  size_t copied_bytes = 0;  // bytes of the others: converted, transposed or misaligned copies
+};
+
+// For a model built under DeferStorage (tensor.h) whose base will be frozen: every base parameter
+// takes its tensor from DIR's mapped files itself. A tensor whose stored dtype is exact in the
+// parameter's (f32 parameters: any stored dtype; a bf16 parameter: bf16) is used as stored, a view
+// of the mapping without a copy where aligned (io/safetensors.h); any other is rounded into the
+// parameter's dtype as load_hf_weights would (one tensor at a time, the view's pages dropped
+// after). GPT-2's Conv1D weights are transposed into a fresh tensor of their stored dtype.
+// Afterwards a parameter's dtype is the one it holds: the caller casts the frozen base into its
+// dtype (nn::cast_frozen_parameters), tensor by tensor. DIR must be an HF directory (not a keel
+// checkpoint). Errors as load_hf_weights.
+LoadedWeights attach_hf_weights(models::CausalLM& model, const std::string& dir);
+
+// The loop both loaders run: each base parameter of `model` (registration order) with its tensor
+// from DIR's mapped files, checked (dtype, shape against config.json) and in keel's layout (the
+// file's dtype; a view of the mapping where aligned). Then the files' tensors that no parameter
+// took are checked (unexpected ones are Errors).
+void for_each_weight(models::CausalLM& model, const std::string& dir,
+                     const std::function<void(Tensor& param, Tensor value)>& use);
 
 // read_hf_config + make_causal_lm (parameters in `param_dtype`) + load_hf_weights.
 std::unique_ptr<models::CausalLM> load_hf_model(

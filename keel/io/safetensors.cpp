@@ -6,6 +6,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "keel/io/atomic_file.h"
 
 namespace keel::io {
@@ -145,21 +150,88 @@ SafetensorsHeader read_safetensors_header(const std::string& path) {
   return parse_header(path, text, size - 8 - hlen);
 }
 
+struct MappedSafetensors::Mapping {
+  void* base = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (base) munmap(base, size);
+  }
+};
+
+MappedSafetensors::MappedSafetensors(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error("cannot read " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    const int err = errno;
+    ::close(fd);
+    throw Error("cannot read " + path + ": " +
+                (S_ISDIR(st.st_mode) ? std::string("it is a directory") : std::strerror(err)));
+  }
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  char prefix[8] = {};
+  if (size >= 8 && ::pread(fd, prefix, 8, 0) != 8) {
+    ::close(fd);
+    throw Error("cannot read " + path + ": the header could not be read");
+  }
+  const uint64_t hlen = header_length(path, prefix, size);
+  map_ = std::make_shared<Mapping>();
+  // Writable and private: pages written by keel (an adapter merged into a mapped base) are
+  // copied on write; the file is opened read-only and never changes.
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  const int err = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) throw Error("cannot map " + path + ": " + std::strerror(err));
+  map_->base = base;
+  map_->size = size;
+  data_start_ = 8 + hlen;
+  const char* bytes = static_cast<const char*>(base);
+  header_ = parse_header(path, std::string_view(bytes + 8, hlen), size - data_start_);
+}
+
+const TensorInfo* MappedSafetensors::find(const std::string& name) const {
+  for (const TensorInfo& t : header_.tensors)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+const void* MappedSafetensors::raw(const TensorInfo& t) const {
+  return static_cast<const char*>(map_->base) + data_start_ + t.begin;
+}
+
+bool MappedSafetensors::aligned(const TensorInfo& t) const {
+  return reinterpret_cast<uintptr_t>(raw(t)) % dtype_size(t.dtype) == 0;
+}
+
+Tensor MappedSafetensors::tensor(const TensorInfo& t) const {
+  void* p = const_cast<void*>(raw(t));
+  const size_t n = t.end - t.begin;
+  Tensor out;
+  if (!aligned(t) || n == 0) {
+    out = Tensor::empty(t.shape, t.dtype);
+    if (n) std::memcpy(out.data(), p, n);
+  } else {
+    // Dropped when the view dies: the pages wholly inside [p, p + n) (a page shared with a
+    // neighbouring tensor stays).
+    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page,
+                    hi = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    std::shared_ptr<Mapping> map = map_;
+    std::shared_ptr<void> keep(p, [map, lo, hi](void*) {
+      if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+    });
+    out = Tensor::from_external(p, t.shape, t.dtype, std::move(keep));
+  }
+  out.set_name(t.name);
+  return out;
+}
+
 Safetensors read_safetensors(const std::string& path) {
-  const std::string bytes = read_file(path);
-  const uint64_t hlen = header_length(path, bytes.data(), bytes.size());
-  const size_t data_start = 8 + hlen;
-  SafetensorsHeader h =
-      parse_header(path, std::string_view(bytes).substr(8, hlen), bytes.size() - data_start);
+  MappedSafetensors m(path);
   Safetensors out;
   out.path = path;
-  out.metadata = std::move(h.metadata);
-  for (const TensorInfo& i : h.tensors) {
-    Tensor t = Tensor::empty(i.shape, i.dtype);
-    std::memcpy(t.data(), bytes.data() + data_start + i.begin, i.end - i.begin);
-    t.set_name(i.name);
-    out.tensors.emplace_back(i.name, t);
-  }
+  out.metadata = m.header().metadata;
+  for (const TensorInfo& i : m.header().tensors) out.tensors.emplace_back(i.name, m.tensor(i));
   return out;
 }
 

@@ -3,6 +3,7 @@
 // __metadata__}, then the raw little-endian data.
 #pragma once
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,8 +38,45 @@ struct SafetensorsHeader {
 // against the file's size), so that sizes can be checked before anything is allocated.
 SafetensorsHeader read_safetensors_header(const std::string& path);
 
-// Reads and validates a whole file. Every problem is an Error naming the file and the tensor or
-// header position (truncated data, overlapping offsets, unknown dtype, shape/size mismatch).
+// A safetensors file mapped into memory, its header validated as read_safetensors_header does.
+// The mapping is MAP_PRIVATE and writable: a write to a tensor (merging an adapter into a mapped
+// base) goes to a private copy of that page, never to the user's file.
+//
+// tensor() gives a view of the mapping without a copy when the tensor's address is aligned to its
+// element size: that is all keel's kernels need (the CPU kernels use unaligned vector loads, oneDNN
+// takes any address, and a device copy goes through the runtime's memcpy), and what C++ needs for
+// a float* or a bf16_t*. safetensors puts the data section at a multiple of 8 bytes and packs
+// tensors without gaps, so a tensor is misaligned only after a tensor of an odd number of smaller
+// elements; such a tensor is copied. A view keeps the mapping alive; when its last handle dies the
+// pages wholly inside it are dropped from memory (madvise MADV_DONTNEED; a later view of them
+// would read them from the file again), so converting a model tensor by tensor never keeps the
+// file's pages resident.
+class MappedSafetensors {
+ public:
+  explicit MappedSafetensors(const std::string& path);
+  const std::string& path() const { return path_; }
+  const SafetensorsHeader& header() const { return header_; }
+  const TensorInfo* find(const std::string& name) const;
+  // The bytes of `t` in the mapping, in the file's dtype and layout.
+  const void* raw(const TensorInfo& t) const;
+  // Whether tensor() of `t` is a view (no copy).
+  bool aligned(const TensorInfo& t) const;
+  // The tensor `t` describes. Take each tensor once: two views of the same bytes would each drop
+  // its pages when it dies.
+  Tensor tensor(const TensorInfo& t) const;
+
+  struct Mapping;  // the mmap'ed file
+
+ private:
+  std::string path_;
+  SafetensorsHeader header_;
+  std::shared_ptr<Mapping> map_;
+  size_t data_start_ = 0;
+};
+
+// Reads and validates a whole file, through MappedSafetensors: the tensors are views of the
+// mapping (copies only where misaligned). Every problem is an Error naming the file and the tensor
+// or header position (truncated data, overlapping offsets, unknown dtype, shape/size mismatch).
 Safetensors read_safetensors(const std::string& path);
 
 // Writes atomically (temporary file, fsync, rename): a crash never leaves a half-written file.

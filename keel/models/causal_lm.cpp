@@ -3,6 +3,9 @@
 #include "keel/models/gpt2.h"
 #include "keel/models/llama.h"
 #include "keel/numerics/error.h"
+#include "keel/tensor/random.h"
+
+#include <cmath>
 
 namespace keel::models {
 
@@ -47,6 +50,56 @@ std::unique_ptr<CausalLM> make_causal_lm(const ModelSpec& spec, uint64_t seed) {
     m = std::make_unique<LlamaForCausalLM>(spec, seed);
   m->assign_paths();
   return m;
+}
+
+std::unique_ptr<CausalLM> make_causal_lm_for_loading(const ModelSpec& spec) {
+  DeferStorage deferred;
+  return make_causal_lm(spec, 0);
+}
+
+std::optional<double> init_std(const ModelSpec& spec, const std::string& name) {
+  auto ends_with = [&](const char* suffix) {
+    const size_t n = std::char_traits<char>::length(suffix);
+    return name.size() > n && name.compare(name.size() - n, n, suffix) == 0;
+  };
+  if (spec.family == "gpt2") {
+    // GPT2PreTrainedModel._init_weights: biases 0, LayerNorms 1, residual projections scaled.
+    if (ends_with(".bias") || name.find(".ln_") != std::string::npos) return std::nullopt;
+    if (name.find("c_proj.weight") != std::string::npos)
+      return spec.init_std / std::sqrt(2.0 * spec.n_layer);
+    return spec.init_std;
+  }
+  // LlamaPreTrainedModel._init_weights: N(0, initializer_range) for linears and embeddings.
+  if (name.find("norm") != std::string::npos) return std::nullopt;
+  return spec.init_std;
+}
+
+void init_parameters(CausalLM& m, uint64_t seed) {
+  Rng rng(seed);
+  for (auto& [name, p] : m.named_parameters()) {
+    if (p.is_deferred()) continue;  // built for loading: the files provide every value
+    if (const auto sd = init_std(m.spec(), name)) fill_normal(p, rng, 0.0, *sd);
+  }
+}
+
+void replay_init(const ModelSpec& spec, uint64_t seed,
+                 const std::function<bool(const std::string& name)>& want,
+                 const std::function<void(const std::string& name, const Tensor& f32)>& use) {
+  ModelSpec f32_spec = spec;
+  f32_spec.param_dtype = DType::F32;
+  const auto shapes = make_causal_lm_for_loading(f32_spec);  // names and shapes only
+  Rng rng(seed);
+  for (auto& [name, p] : shapes->named_parameters()) {
+    const auto sd = init_std(spec, name);
+    if (!sd) continue;
+    if (!want(name)) {  // the same draws, not kept
+      for (int64_t i = 0, n = p.numel(); i < n; ++i) rng.normal();
+      continue;
+    }
+    Tensor v = Tensor::empty(p.shape(), DType::F32);
+    fill_normal(v, rng, 0.0, *sd);
+    use(name, v);
+  }
 }
 
 }  // namespace keel::models

@@ -3,7 +3,9 @@
 // checkpoints store Conv1D weights transposed, which the loader (io/) undoes.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "keel/models/kv_cache.h"
@@ -64,5 +66,26 @@ class CausalLM : public nn::Module {
 // Builds a model with deterministic initialization from `seed` (GPT-2: N(0, init_std), residual
 // projections scaled by 1/sqrt(2 n_layer), biases 0, norms 1; Llama: N(0, init_std), norms 1).
 std::unique_ptr<CausalLM> make_causal_lm(const ModelSpec& spec, uint64_t seed);
+
+// The model of `spec` with every parameter deferred (tensor.h's DeferStorage): shapes, dtypes and
+// names, no memory and no initialization. For a model whose weights come from files
+// (io::attach_hf_weights).
+std::unique_ptr<CausalLM> make_causal_lm_for_loading(const ModelSpec& spec);
+
+// make_causal_lm's random initialization of parameter `name` (HF's _init_weights): the standard
+// deviation of its N(0, std) draw, or nullopt for one that keeps its construction value (biases 0,
+// norms 1). Draws come from one Rng(seed) over the parameters in registration order.
+std::optional<double> init_std(const ModelSpec& spec, const std::string& name);
+
+// That initialization, of a built model (the families' constructors run it). Deferred parameters
+// are left alone.
+void init_parameters(CausalLM& model, uint64_t seed);
+
+// Replays make_causal_lm(spec, seed)'s draws without building the model: `use` gets the f32
+// value (before any rounding into spec.param_dtype) of every randomly initialized parameter that
+// `want` names, one tensor at a time, in registration order.
+void replay_init(const ModelSpec& spec, uint64_t seed,
+                 const std::function<bool(const std::string& name)>& want,
+                 const std::function<void(const std::string& name, const Tensor& f32)>& use);
 
 }  // namespace keel::models

@@ -85,17 +85,7 @@ GPT2Model::GPT2Model(const ModelSpec& s) : nn::Module("GPT2Model") {
 GPT2LMHeadModel::GPT2LMHeadModel(const ModelSpec& s, uint64_t seed)
     : CausalLM("GPT2LMHeadModel", s) {
   transformer = register_module("transformer", std::make_unique<GPT2Model>(spec_));
-  // Initialization as HF's GPT2PreTrainedModel._init_weights, in registration order.
-  Rng rng(seed);
-  const double proj_std = spec_.init_std / std::sqrt(2.0 * spec_.n_layer);
-  for (auto& [name, p] : named_parameters()) {
-    const bool is_bias = name.size() > 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
-    const bool is_norm = name.find(".ln_") != std::string::npos;
-    if (is_bias) continue;  // zeros
-    if (is_norm) continue;  // ones
-    const bool residual_proj = name.find("c_proj.weight") != std::string::npos;
-    fill_normal(p, rng, 0.0, residual_proj ? proj_std : spec_.init_std);
-  }
+  init_parameters(*this, seed);  // HF's GPT2PreTrainedModel._init_weights (init_std)
 }
 
 Tensor GPT2LMHeadModel::run(const Tensor& ids, const Tensor& mask, KVCache* cache) {

@@ -104,10 +104,7 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelSpec& s, uint64_t seed)
     lm_head = register_module(
         "lm_head",
         std::make_unique<nn::Linear>(spec_.n_embd, spec_.vocab_size, false, spec_.param_dtype));
-  // HF LlamaPreTrainedModel._init_weights: N(0, initializer_range) for linears and embeddings.
-  Rng rng(seed);
-  for (auto& [name, p] : named_parameters())
-    if (name.find("norm") == std::string::npos) fill_normal(p, rng, 0.0, spec_.init_std);
+  init_parameters(*this, seed);  // HF's LlamaPreTrainedModel._init_weights (init_std)
 }
 
 Tensor LlamaForCausalLM::run(const Tensor& ids, const Tensor& mask, KVCache* cache) {

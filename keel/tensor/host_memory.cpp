@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -196,5 +197,19 @@ void empty_cache() {
 }
 
 bool cache_enabled() { return cache().enabled; }
+
+ProcessMemory process_memory() {
+  ProcessMemory m;
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return m;
+  char line[256];
+  while (std::fgets(line, sizeof line, f)) {
+    unsigned long kb = 0;
+    if (std::sscanf(line, "VmRSS: %lu kB", &kb) == 1) m.rss = kb * 1024;
+    if (std::sscanf(line, "VmHWM: %lu kB", &kb) == 1) m.peak_rss = kb * 1024;
+  }
+  std::fclose(f);
+  return m;
+}
 
 }  // namespace keel::host_memory

@@ -48,4 +48,11 @@ Stats stats();
 void empty_cache();  // unmaps every cached block and forgets the learned slack
 bool cache_enabled();
 
+// This process's resident set now and its peak so far (/proc/self/status VmRSS, VmHWM), in bytes:
+// heap and file-mapped pages alike (a mapped model's touched pages count). 0 where unreadable.
+struct ProcessMemory {
+  size_t rss = 0, peak_rss = 0;
+};
+ProcessMemory process_memory();
+
 }  // namespace keel::host_memory

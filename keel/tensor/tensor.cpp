@@ -89,13 +89,27 @@ Storage::Storage(size_t n, Device dev) : nbytes(n), device(dev) {
   data = host_memory::allocate(n);
 }
 
+Storage::Storage(void* external, size_t n, std::shared_ptr<void> keep)
+    : data(external), nbytes(n), device(Device::cpu()), keep_alive(std::move(keep)) {
+  KEEL_CHECK(keep_alive, "external storage needs a keep-alive owner");
+}
+
 Storage::~Storage() {
+  if (keep_alive || !data) return;  // external (keep_alive's deleter releases it) or deferred
   if (device.is_cuda()) {
     if (g_cuda_runtime) g_cuda_runtime->release(data, nbytes, device.index);
     return;
   }
   host_memory::release(data, nbytes);
 }
+
+namespace {
+thread_local bool t_defer_storage = false;
+}  // namespace
+
+DeferStorage::DeferStorage() : prev_(t_defer_storage) { t_defer_storage = true; }
+DeferStorage::~DeferStorage() { t_defer_storage = prev_; }
+bool DeferStorage::active() { return t_defer_storage; }
 
 static const TensorImpl& need(const std::shared_ptr<TensorImpl>& p) {
   KEEL_CHECK(p, "use of an undefined tensor");
@@ -105,15 +119,48 @@ static const TensorImpl& need(const std::shared_ptr<TensorImpl>& p) {
 Tensor Tensor::empty(const Shape& shape, DType dt, Device dev) {
   for (int64_t d : shape) KEEL_CHECK(d >= 0, "negative dimension in " + shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(
-      checked_mul(shape_numel(shape), static_cast<int64_t>(dtype_size(dt)), "tensor bytes"), dev);
+  const size_t n =
+      checked_mul(shape_numel(shape), static_cast<int64_t>(dtype_size(dt)), "tensor bytes");
+  if (t_defer_storage && dev.is_cpu() && n > 0)
+    impl->storage = std::make_shared<Storage>(Storage::Deferred{}, n);
+  else
+    impl->storage = std::make_shared<Storage>(n, dev);
   impl->shape = shape;
   impl->dtype = dt;
   return Tensor(std::move(impl));
 }
 
+Tensor Tensor::from_external(void* data, const Shape& shape, DType dt,
+                             std::shared_ptr<void> keep_alive) {
+  KEEL_CHECK(
+      reinterpret_cast<uintptr_t>(data) % dtype_size(dt) == 0,
+      "from_external: address not aligned to the element size of " + std::string(dtype_name(dt)));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(
+      data, checked_mul(shape_numel(shape), static_cast<int64_t>(dtype_size(dt)), "tensor bytes"),
+      std::move(keep_alive));
+  impl->shape = shape;
+  impl->dtype = dt;
+  return Tensor(std::move(impl));
+}
+
+bool Tensor::is_external() const { return need(impl_).storage->external(); }
+bool Tensor::is_deferred() const { return need(impl_).storage->deferred(); }
+
+void Tensor::attach_storage(const Tensor& src) {
+  TensorImpl& i = *impl_;
+  KEEL_CHECK(src.shape() == i.shape, "attach_storage: shape " + shape_str(src.shape()) +
+                                         " for a tensor of shape " + shape_str(i.shape));
+  i.storage = src.impl()->storage;
+  i.offset = src.impl()->offset;
+  i.dtype = src.dtype();
+  i.grad = Tensor();
+  ++i.version;
+}
+
 Tensor Tensor::zeros(const Shape& shape, DType dt, Device dev) {
   Tensor t = empty(shape, dt, dev);
+  if (t.is_deferred()) return t;
   if (dev.is_cuda())
     runtime_for(dev).memset0(t.data(), t.nbytes(), dev.index);
   else
@@ -123,6 +170,7 @@ Tensor Tensor::zeros(const Shape& shape, DType dt, Device dev) {
 
 Tensor Tensor::full(const Shape& shape, float value, DType dt) {
   Tensor t = empty(shape, dt);
+  if (t.is_deferred()) return t;
   t.fill(value);
   return t;
 }
@@ -192,6 +240,10 @@ int64_t Tensor::size(int64_t d) const {
 
 void* Tensor::data() const {
   const TensorImpl& i = need(impl_);
+  if (!i.storage->data && i.storage->deferred())
+    throw Error("tensor '" + i.name +
+                "' has no memory yet: the model was built for loading and this weight was never "
+                "attached (a bug in the loader)");
   return static_cast<char*>(i.storage->data) + i.offset;
 }
 

@@ -25,15 +25,43 @@ std::string shape_str(const Shape& s);  // "[2, 3, 4]"
 struct Node;  // autograd/node.h
 struct TensorImpl;
 
-// Raw memory of one device. 64-byte aligned on the CPU.
+// Raw memory of one device. Three kinds:
+//  - owned (the first constructor): from host_memory (64-byte aligned) or the device allocator;
+//  - external CPU memory (a view of a file mapping, io/safetensors.h): not owned; `keep_alive`
+//    holds what keeps it valid and its deleter runs when the storage dies (a mapped tensor drops
+//    its pages there). Aligned to what its creator checked (at least the element size);
+//  - deferred (created under DeferStorage): nbytes known, data null until attach_storage().
 struct Storage {
   void* data = nullptr;
   size_t nbytes = 0;
   Device device;
+  std::shared_ptr<void> keep_alive;  // external memory only
   Storage(size_t nbytes, Device device);
+  Storage(void* external, size_t nbytes, std::shared_ptr<void> keep_alive);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
+  bool external() const { return keep_alive != nullptr; }
+  bool deferred() const { return !data && !keep_alive && nbytes > 0; }
+  struct Deferred {};
+  Storage(Deferred, size_t nbytes) : nbytes(nbytes), device(Device::cpu()) {}
+};
+
+// While alive on this thread, Tensor::empty/zeros/full make CPU tensors whose storage is deferred:
+// shape and dtype without memory (PyTorch's meta tensors, accelerate's init_empty_weights). A model
+// is built this way when its weights come from files: each parameter then gets the file's memory
+// (attach_storage) instead of a freshly allocated and initialized copy. data() of a deferred tensor
+// is an Error naming it.
+class DeferStorage {
+ public:
+  DeferStorage();
+  ~DeferStorage();
+  DeferStorage(const DeferStorage&) = delete;
+  DeferStorage& operator=(const DeferStorage&) = delete;
+  static bool active();
+
+ private:
+  bool prev_;
 };
 
 class Tensor {
@@ -48,6 +76,11 @@ class Tensor {
   // Values are rounded into `dt` (for a floating dt) or converted exactly (integer dt).
   static Tensor from_floats(const std::vector<float>& v, const Shape& shape, DType dt = DType::F32);
   static Tensor from_ints(const std::vector<int64_t>& v, const Shape& shape, DType dt = DType::I64);
+  // A CPU tensor over memory it does not own (`data`, aligned to at least dtype_size(dt)), valid
+  // while `keep_alive` lives; the storage holds it and releases it when the tensor's last view
+  // dies.
+  static Tensor from_external(void* data, const Shape& shape, DType dt,
+                              std::shared_ptr<void> keep_alive);
   // A fresh tensor of the same dtype, shape and device (not part of any graph).
   static Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.dtype(), t.device()); }
   static Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype(), t.device()); }
@@ -63,12 +96,21 @@ class Tensor {
 
   void* data() const;
   template <class T>
-  T* data_as() const { return static_cast<T*>(data()); }
+  T* data_as() const {
+    return static_cast<T*>(data());
+  }
 
   // Storage views, outside autograd (ops/ wraps them with graph nodes).
-  Tensor view(const Shape& shape) const;                 // same numel; one dim may be -1
+  Tensor view(const Shape& shape) const;                // same numel; one dim may be -1
   Tensor slice_rows(int64_t begin, int64_t end) const;  // [begin, end) of the leading dim
   bool shares_storage(const Tensor& o) const;
+  // Whether the memory is external (a file mapping) or not there yet (built under DeferStorage).
+  bool is_external() const;
+  bool is_deferred() const;
+  // Rewrites this tensor's impl in place to hold `src`'s storage, offset and dtype (same shape):
+  // every handle to it (module members, the parameter registry) sees the new memory. The old
+  // storage is released when nothing else holds it. Outside autograd (grad is cleared).
+  void attach_storage(const Tensor& src);
 
   // Copies, outside autograd.
   Tensor clone() const;
@@ -76,9 +118,9 @@ class Tensor {
   Tensor to(Device dev) const;        // a copy on `dev` (shares nothing, even when dev is ours)
   void copy_from(const Tensor& src);  // same shape; converts dtype
   void fill(float value);
-  std::vector<float> to_floats() const;      // any floating dtype, or integers converted
-  std::vector<int64_t> to_ints() const;      // integer dtypes
-  float item() const;                        // numel() == 1
+  std::vector<float> to_floats() const;  // any floating dtype, or integers converted
+  std::vector<int64_t> to_ints() const;  // integer dtypes
+  float item() const;                    // numel() == 1
 
   // Autograd state (see autograd/). Leaves that require grad accumulate into grad().
   bool requires_grad() const;

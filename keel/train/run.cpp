@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 
 #include "keel/backend/cuda_api.h"
 #include "keel/backend/parallel.h"
@@ -14,8 +15,10 @@
 #include "keel/data/loader.h"
 #include "keel/data/tokenizer.h"
 #include "keel/io/hf_model.h"
+#include "keel/io/trained_model.h"
 #include "keel/models/resize.h"
 #include "keel/nn/adapters/adapter.h"
+#include "keel/nn/adapters/dora.h"
 #include "keel/numerics/utc_time.h"
 #include "keel/optim/adamw.h"
 #include "keel/optim/sgd.h"
@@ -135,23 +138,92 @@ models::ModelSpec model_spec(const Config& cfg, int64_t tokenizer_vocab, DType p
   return s;
 }
 
+namespace {
+
+// A random base for an adapter run stored in `base_dt` while the run's parameters are f32: built
+// directly in base_dt (each draw is made in f32 and rounded, as the f32 model cast afterwards
+// would be: the same bits), never as a whole f32 model. The tensors whose f32 values are used
+// before that cast -- the embeddings when data.pad grows them (the new rows are their mean) -- are
+// replayed in f32 (models::replay_init) for the time it takes.
+std::unique_ptr<models::CausalLM> random_base(const models::ModelSpec& spec, uint64_t seed,
+                                              DType base_dt, bool grow_embeddings) {
+  models::ModelSpec s = spec;
+  s.param_dtype = base_dt;
+  auto m = models::make_causal_lm(s, seed);
+  if (grow_embeddings) {
+    auto embedding = [](const std::string& n) {
+      return n == "transformer.wte.weight" || n == "model.embed_tokens.weight" ||
+             n == "lm_head.weight";
+    };
+    models::replay_init(spec, seed, embedding, [&](const std::string& name, const Tensor& f32) {
+      m->find_parameter(name).attach_storage(f32);
+    });
+  }
+  return m;
+}
+
+// DoRA's magnitude is ||W||_row of the base weight it starts from: f32 values in a run whose base
+// was f32 before its cast. Where the base was drawn directly in a lower dtype (random_base), the
+// magnitudes are computed again from the replayed f32 draws, one weight at a time.
+void dora_magnitudes_from_f32_draws(models::CausalLM& m, const models::ModelSpec& spec,
+                                    uint64_t seed) {
+  std::map<std::string, nn::DoraAdapter*> dora;
+  for (nn::Linear* lin : nn::adapted_linears(m))
+    if (auto* d = dynamic_cast<nn::DoraAdapter*>(lin->adapter.get());
+        d && lin->weight.dtype() != DType::F32)
+      dora[lin->weight.name()] = d;
+  if (dora.empty()) return;
+  models::replay_init(
+      spec, seed, [&](const std::string& n) { return dora.count(n) > 0; },
+      [&](const std::string& name, const Tensor& f32) {
+        nn::DoraAdapter* d = dora.at(name);
+        d->magnitude.copy_from(nn::DoraAdapter::weight_norm(f32, d->delta_weight(), 1.0));
+      });
+}
+
+std::string mb(size_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MB"; }
+
+}  // namespace
+
 std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tokenizer& tok,
                                               int64_t pad_id, DType param_dtype, const Say& say) {
+  const bool adapted = cfg.model.adapter.kind != "none";
+  // The frozen base's dtype under an adapter (model.base_dtype; f32 = the parameters' dtype).
+  const DType base_dt = cfg.model.base_dtype == "bf16" ? DType::BF16 : param_dtype;
   std::unique_ptr<models::CausalLM> m;
+  models::ModelSpec random_spec;  // set when the base was drawn by random_base
+  int64_t attached = 0;           // base tensors attach_hf_weights took from the files
+  const host_memory::ProcessMemory before = host_memory::process_memory();
   if (!cfg.model.path.empty()) {
     io::HfConfig hf = io::read_hf_config(cfg.model.path);
     hf.spec.param_dtype = param_dtype;
     hf.spec.attention = ops::attention_backend_from_name(cfg.model.attention);
     hf.spec.dropout = cfg.model.dropout;
-    m = models::make_causal_lm(hf.spec, cfg.run.seed);
-    io::load_hf_weights(*m, cfg.model.path);
+    if (adapted && !io::is_keel_checkpoint(cfg.model.path)) {
+      // A frozen base: each parameter takes its file's tensor (a view of the mapping, or one
+      // converted tensor), never a freshly initialized f32 model copied over.
+      m = models::make_causal_lm_for_loading(hf.spec);
+      const io::LoadedWeights w = io::attach_hf_weights(*m, cfg.model.path);
+      attached = w.tensors;
+    } else {
+      // Full fine-tuning (or a keel checkpoint): parameters of their own, copied from the mapped
+      // files one tensor at a time.
+      m = models::make_causal_lm(hf.spec, cfg.run.seed);
+      io::load_hf_weights(*m, cfg.model.path);
+    }
     if (hf.spec.family == "gpt2" && cfg.data.seq_len > hf.spec.max_seq_len)
       throw Error("data.seq_len = " + std::to_string(cfg.data.seq_len) + " exceeds " +
                       cfg.model.path + "/config.json's n_positions = " +
                       std::to_string(hf.spec.max_seq_len) + "; lower data.seq_len",
                   Error::kUsage);
   } else {
-    m = models::make_causal_lm(model_spec(cfg, tok.vocab_size(), param_dtype), cfg.run.seed);
+    const models::ModelSpec spec = model_spec(cfg, tok.vocab_size(), param_dtype);
+    if (adapted && param_dtype == DType::F32 && base_dt != DType::F32) {
+      random_spec = spec;
+      m = random_base(spec, cfg.run.seed, base_dt, pad_id >= spec.vocab_size);
+    } else {
+      m = models::make_causal_lm(spec, cfg.run.seed);
+    }
   }
   const int64_t V = m->spec().vocab_size;
   if (tok.vocab_size() > V)
@@ -161,6 +233,13 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
                     (cfg.model.path.empty() ? " or raise model.vocab_size" : ""),
                 Error::kUsage);
   if (pad_id >= V) {
+    // The new rows are rounded into the embedding's dtype: f32, or the base dtype itself, as they
+    // would be by the f32 model's cast. A mapped f16 embedding is widened first.
+    for (auto& [name, p] : m->named_parameters())
+      if ((name == "transformer.wte.weight" || name == "model.embed_tokens.weight" ||
+           name == "lm_head.weight") &&
+          p.dtype() != param_dtype && p.dtype() != base_dt)
+        Tensor(p).attach_storage(p.to_dtype(param_dtype));
     models::resize_token_embeddings(*m, pad_id + 1);
     say_or_print(say,
                  "data.pad = \"add\": the tokenizer has no usable pad token; padding uses "
@@ -169,16 +248,36 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
                      " to " + std::to_string(pad_id + 1) +
                      " rows, the new row the mean of the others)");
   }
-  if (cfg.model.adapter.kind != "none") {
+  if (adapted) {
     nn::AdapterOptions adapter = cfg.model.adapter;
     adapter.seed = cfg.run.seed;
     nn::apply_adapters(*m, adapter);
+    if (random_spec.vocab_size > 0) dora_magnitudes_from_f32_draws(*m, random_spec, cfg.run.seed);
+    // Tensor by tensor: a mapped tensor of another dtype is converted and its pages dropped; a
+    // mapped tensor already in base_dt stays a view of the file.
+    nn::cast_frozen_parameters(*m, base_dt);
     if (cfg.model.base_dtype == "bf16") {
-      nn::cast_frozen_parameters(*m, DType::BF16);
-      // The f32 base's blocks are free now and no training step asks for those sizes again:
-      // unmap them instead of keeping them cached (the run trains ~160 MB lower for 102M params).
+      // The f32 blocks freed by the cast (a base from a keel checkpoint, the replayed embeddings)
+      // are not asked for again by a training step: unmap them instead of keeping them cached.
       host_memory::empty_cache();
     }
+  }
+  if (attached > 0) {
+    // What the frozen base is now: views of the files, or tensors of its own (converted into
+    // base_dt, transposed, misaligned, grown).
+    int64_t mapped = 0;
+    size_t mapped_bytes = 0, own_bytes = 0;
+    for (auto& [name, p] : m->named_parameters()) {
+      if (p.requires_grad()) continue;
+      (p.is_external() ? mapped_bytes : own_bytes) += p.nbytes();
+      mapped += p.is_external();
+    }
+    const host_memory::ProcessMemory after = host_memory::process_memory();
+    say_or_print(say, "model.path: " + std::to_string(mapped) + " of " + std::to_string(attached) +
+                          " base tensors used from the file mapping without a copy (" +
+                          mb(mapped_bytes) + "), " + mb(own_bytes) + " converted or copied into " +
+                          dtype_name(base_dt) + "; peak resident memory while loading +" +
+                          mb(after.peak_rss > before.rss ? after.peak_rss - before.rss : 0));
   }
   return m;
 }

@@ -19,6 +19,7 @@
 #include "keel/io/safetensors.h"
 #include "keel/models/gpt2.h"
 #include "keel/models/llama.h"
+#include "tests/io/tiny_specs.h"
 #include "tests/support/check.h"
 
 namespace keel::io {
@@ -132,30 +133,8 @@ std::map<std::string, Tensor> read_hf_tensors(const std::string& dir) {
   return out;
 }
 
-models::ModelSpec llama_spec(bool tied) {
-  models::ModelSpec s;
-  s.family = "llama";
-  s.n_layer = 2;
-  s.n_embd = 32;
-  s.n_head = 4;
-  s.n_kv_head = 2;
-  s.intermediate_size = 48;
-  s.vocab_size = 40;
-  s.max_seq_len = 16;
-  s.tie_embeddings = tied;
-  return s;
-}
-
-models::ModelSpec gpt2_spec() {
-  models::ModelSpec s;
-  s.family = "gpt2";
-  s.n_layer = 2;
-  s.n_embd = 32;
-  s.n_head = 4;
-  s.vocab_size = 40;
-  s.max_seq_len = 16;
-  return s;
-}
+using test_specs::gpt2_spec;
+using test_specs::llama_spec;
 
 Tensor sample_ids() { return Tensor::from_ints({1, 5, 9, 2, 7, 3, 3, 8, 39, 0, 12, 6}, {2, 6}); }
 

@@ -197,13 +197,8 @@ void cast_frozen_parameters(Module& root, DType dt) {
     if (p.requires_grad() || !dtype_is_floating(p.dtype()) || p.dtype() == dt) continue;
     // Rewrite the shared impl: every handle to this parameter (module members, the registry)
     // sees the new dtype and storage.
-    Tensor c = p.to_dtype(dt);
-    TensorImpl* impl = p.impl();
-    impl->storage = c.impl()->storage;
-    impl->offset = c.impl()->offset;
-    impl->dtype = dt;
-    impl->grad = Tensor();
-    ++impl->version;
+    // One tensor at a time: a view of a file mapping dies here and its pages are dropped.
+    Tensor(p).attach_storage(p.to_dtype(dt));
   }
 }
 

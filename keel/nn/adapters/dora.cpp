@@ -1,6 +1,7 @@
 #include "keel/nn/adapters/dora.h"
 
 #include <cmath>
+#include <vector>
 
 #include "keel/amp/autocast.h"
 #include "keel/ops/elementwise.h"
@@ -10,11 +11,43 @@ namespace keel::nn {
 
 using amp::AmpOp;
 
+namespace {
+
+// ||W||_row [out] f32 of a CPU weight in any floating dtype, one row converted at a time: what
+// weight_norm(W, delta_weight(), 1) gives while B = 0 (every term of W + s·B·A is W's own, a
+// zero's sign aside, which squaring drops), without its three [out, in] f32 temporaries (a
+// Llama-3-8B MLP weight: 235 MB each, on top of a base being loaded).
+Tensor row_norms(const Tensor& w) {
+  const int64_t out = w.size(0), in = w.size(1);
+  std::vector<float> norm(static_cast<size_t>(out));
+  auto rows = [&](const auto* p) {
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = 0;  // f64 in the order of weight_norm's loop
+      for (int64_t i = 0; i < in; ++i) {
+        const float v = load_f32(p + o * in + i);
+        acc += static_cast<double>(v) * v;
+      }
+      norm[static_cast<size_t>(o)] = static_cast<float>(std::sqrt(acc));
+    }
+  };
+  if (w.dtype() == DType::F32)
+    rows(w.data_as<float>());
+  else if (w.dtype() == DType::BF16)
+    rows(w.data_as<bf16_t>());
+  else
+    rows(w.data_as<f16_t>());
+  return Tensor::from_floats(norm, {out});
+}
+
+}  // namespace
+
 DoraAdapter::DoraAdapter(Linear& base, int64_t r, double alpha, double dropout, uint64_t seed)
     : LoraAdapter(base, r, alpha, dropout, seed) {
   // B = 0, so the initial magnitude is ||W||_row and the adapted layer starts equal to the base.
-  magnitude = base.add_adapter_parameter("lora_magnitude_vector",
-                                         weight_norm(base.weight, delta_weight(), 1.0));
+  const Tensor& w = base.weight;
+  const bool streamed = w.device().is_cpu() && dtype_is_floating(w.dtype()) && w.dim() == 2;
+  magnitude = base.add_adapter_parameter(
+      "lora_magnitude_vector", streamed ? row_norms(w) : weight_norm(w, delta_weight(), 1.0));
 }
 
 Tensor DoraAdapter::weight_norm(const Tensor& w, const Tensor& lora_weight, double s) {
