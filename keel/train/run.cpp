@@ -180,6 +180,7 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
       host_memory::empty_cache();
     }
   }
+  m->set_activation_checkpointing(activation_checkpointing_blocks(cfg.train));
   return m;
 }
 
