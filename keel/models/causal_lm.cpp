@@ -42,7 +42,7 @@ Tensor CausalLM::forward_cached(const Tensor& ids, KVCache& cache) {
 }
 
 Tensor CausalLM::run_blocks(const std::vector<nn::Module*>& blocks, Tensor x,
-                           BlockForward block_forward, bool may_checkpoint) {
+                            BlockForward block_forward, bool may_checkpoint) {
   const size_t every = static_cast<size_t>(std::max<int64_t>(blocks_per_segment_, 0));
   if (every == 0 || !may_checkpoint || !is_training() || !grad_mode_enabled()) {
     for (size_t i = 0; i < blocks.size(); ++i) x = block_forward(i, x);

@@ -23,8 +23,7 @@ struct ForwardState {
   const std::string* scope = nullptr;
 
   static ForwardState current() {
-    return {amp::autocast_enabled(), amp::autocast_dtype(), Dropout::step_seed(),
-            current_scope()};
+    return {amp::autocast_enabled(), amp::autocast_dtype(), Dropout::step_seed(), current_scope()};
   }
 };
 

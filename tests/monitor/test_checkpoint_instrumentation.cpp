@@ -122,8 +122,10 @@ CkptTracedRun ckpt_traced_run(Config c, bool inject) {
 TEST(Checkpoint, TracerFramesAndLogAreThoseOfTheRunWithout) {
   for (const CkptInstrCase& k :
        {CkptInstrCase{"gpt2", "bf16-mixed", "lora"}, CkptInstrCase{"llama", "32-true", "none"}}) {
-    const CkptTracedRun plain = ckpt_traced_run(ckpt_instr_config(k.family, k.precision, k.adapter, "none", "trace_none"), false);
-    const CkptTracedRun ckpt = ckpt_traced_run(ckpt_instr_config(k.family, k.precision, k.adapter, "blocks", "trace_blocks"), false);
+    const CkptTracedRun plain = ckpt_traced_run(
+        ckpt_instr_config(k.family, k.precision, k.adapter, "none", "trace_none"), false);
+    const CkptTracedRun ckpt = ckpt_traced_run(
+        ckpt_instr_config(k.family, k.precision, k.adapter, "blocks", "trace_blocks"), false);
     EXPECT_EQ(plain.exit_code, 0);
     EXPECT_EQ(ckpt.exit_code, 0);
     ASSERT_FALSE(plain.frames.empty());
@@ -135,8 +137,10 @@ TEST(Checkpoint, TracerFramesAndLogAreThoseOfTheRunWithout) {
 
 TEST(Checkpoint, AnInjectedNaNIsFoundCountedAndCapturedAsWithout) {
   const CkptInstrCase k{"llama", "bf16-mixed", "lora"};
-  const CkptTracedRun plain = ckpt_traced_run(ckpt_instr_config(k.family, k.precision, k.adapter, "none", "inject_none"), true);
-  const CkptTracedRun ckpt = ckpt_traced_run(ckpt_instr_config(k.family, k.precision, k.adapter, "blocks", "inject_blocks"), true);
+  const CkptTracedRun plain = ckpt_traced_run(
+      ckpt_instr_config(k.family, k.precision, k.adapter, "none", "inject_none"), true);
+  const CkptTracedRun ckpt = ckpt_traced_run(
+      ckpt_instr_config(k.family, k.precision, k.adapter, "blocks", "inject_blocks"), true);
   EXPECT_EQ(plain.exit_code, 3);
   EXPECT_EQ(ckpt.exit_code, 3);
   EXPECT_EQ(plain.injections, 2);  // one per micro-batch of step 2, not one more per recompute

@@ -249,7 +249,8 @@ size_t ckpt_child_peak(const std::string& mode) {
 
 TEST(Checkpoint, PeakLiveBytesDropWithCheckpointing) {
   if (!host_memory::cache_enabled()) GTEST_SKIP() << "the host cache (its statistics) is off";
-  const size_t plain = ckpt_child_peak("none"), blocks = ckpt_child_peak("blocks"), seg = ckpt_child_peak("2");
+  const size_t plain = ckpt_child_peak("none"), blocks = ckpt_child_peak("blocks"),
+               seg = ckpt_child_peak("2");
   ASSERT_GT(plain, 0u);
   std::printf("peak live bytes: none %.1f MB, blocks %.1f MB (%.2fx), segments of 2 %.1f MB\n",
               plain / 1e6, blocks / 1e6, static_cast<double>(blocks) / plain, seg / 1e6);
