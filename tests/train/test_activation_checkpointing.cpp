@@ -199,6 +199,37 @@ TEST(Checkpoint, OffOutsideTrainingAndWithoutGradMode) {
   EXPECT_EQ(recomputes, 0);
 }
 
+TEST(Checkpoint, TheKeyTakesNoneBlocksOrABlockCountAndNamesTheValidValues) {
+  auto blocks = [](const std::string& set) {
+    return activation_checkpointing_blocks(
+        load_config("", {"train.activation_checkpointing=" + set}).train);
+  };
+  EXPECT_EQ(activation_checkpointing_blocks(Config{}.train), 0);  // default: none
+  EXPECT_EQ(blocks("none"), 0);
+  EXPECT_EQ(blocks("blocks"), 1);
+  EXPECT_EQ(blocks("2"), 2);       // a TOML integer
+  EXPECT_EQ(blocks("\"07\""), 7);  // a string holding one, stored as "7"
+  EXPECT_EQ(
+      load_config("", {"train.activation_checkpointing=\"07\""}).train.activation_checkpointing,
+      "7");
+  EXPECT_EQ(activation_checkpointing_blocks(
+                load_config_text("[train]\nactivation_checkpointing = 4\n", "c.toml").train),
+            4);
+  for (const char* bad : {"sometimes", "0", "-1", "1025", "2x", "\"\""}) {
+    const std::string e = test::error_of(
+        [&] { load_config("", {std::string("train.activation_checkpointing=") + bad}); });
+    EXPECT_CONTAINS(e, "train.activation_checkpointing must be none, blocks, or an integer N");
+    EXPECT_CONTAINS(e, "--set train.activation_checkpointing=");
+  }
+  const std::string in_file = test::error_of(
+      [] { load_config_text("[train]\nactivation_checkpointing = \"all\"\n", "c.toml"); });
+  EXPECT_CONTAINS(in_file, "c.toml:2");
+  EXPECT_CONTAINS(in_file, "got \"all\"");
+  const std::string a_float = test::error_of(
+      [] { load_config_text("[train]\nactivation_checkpointing = 1.5\n", "c.toml"); });
+  EXPECT_CONTAINS(a_float, "train.activation_checkpointing must be a string");
+}
+
 // ---- memory ------------------------------------------------------------------------------------
 
 // A small Llama LoRA run in a fresh process (the peak is a process-wide high-water mark): prints
