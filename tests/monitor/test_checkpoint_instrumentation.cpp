@@ -119,13 +119,18 @@ CkptTracedRun ckpt_traced_run(Config c, bool inject) {
   return out;
 }
 
+// The run without checkpointing and the run with it (`blocks`), otherwise the same.
+std::pair<CkptTracedRun, CkptTracedRun> ckpt_traced_pair(const CkptInstrCase& k, bool inject) {
+  const std::string tag = std::string(inject ? "inject_" : "trace_") + k.family;
+  return {ckpt_traced_run(ckpt_instr_config(k.family, k.precision, k.adapter, "none", tag), inject),
+          ckpt_traced_run(ckpt_instr_config(k.family, k.precision, k.adapter, "blocks", tag + "_b"),
+                          inject)};
+}
+
 TEST(Checkpoint, TracerFramesAndLogAreThoseOfTheRunWithout) {
   for (const CkptInstrCase& k :
        {CkptInstrCase{"gpt2", "bf16-mixed", "lora"}, CkptInstrCase{"llama", "32-true", "none"}}) {
-    const CkptTracedRun plain = ckpt_traced_run(
-        ckpt_instr_config(k.family, k.precision, k.adapter, "none", "trace_none"), false);
-    const CkptTracedRun ckpt = ckpt_traced_run(
-        ckpt_instr_config(k.family, k.precision, k.adapter, "blocks", "trace_blocks"), false);
+    const auto [plain, ckpt] = ckpt_traced_pair(k, false);
     EXPECT_EQ(plain.exit_code, 0);
     EXPECT_EQ(ckpt.exit_code, 0);
     ASSERT_FALSE(plain.frames.empty());
@@ -137,10 +142,7 @@ TEST(Checkpoint, TracerFramesAndLogAreThoseOfTheRunWithout) {
 
 TEST(Checkpoint, AnInjectedNaNIsFoundCountedAndCapturedAsWithout) {
   const CkptInstrCase k{"llama", "bf16-mixed", "lora"};
-  const CkptTracedRun plain = ckpt_traced_run(
-      ckpt_instr_config(k.family, k.precision, k.adapter, "none", "inject_none"), true);
-  const CkptTracedRun ckpt = ckpt_traced_run(
-      ckpt_instr_config(k.family, k.precision, k.adapter, "blocks", "inject_blocks"), true);
+  const auto [plain, ckpt] = ckpt_traced_pair(k, true);
   EXPECT_EQ(plain.exit_code, 3);
   EXPECT_EQ(ckpt.exit_code, 3);
   EXPECT_EQ(plain.injections, 2);  // one per micro-batch of step 2, not one more per recompute
