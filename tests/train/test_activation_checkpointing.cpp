@@ -24,6 +24,10 @@ struct CkptCase {
   std::string family, precision, adapter;
 };
 
+void PrintTo(const CkptCase& c, std::ostream* os) {
+  *os << c.family << " " << c.precision << " " << c.adapter;
+}
+
 std::string ckpt_case_name(const CkptCase& c) {
   std::string s = c.family + "_" + c.precision + "_" + c.adapter;
   for (char& ch : s)
