@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <exception>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -24,12 +25,34 @@ void accumulate_into(Tensor& a, const Tensor& b) {
              "gradient shape mismatch " + shape_str(a.shape()) + " vs " + shape_str(b.shape()));
   Tensor bb = b.dtype() == a.dtype() ? b : b.to_dtype(a.dtype());
   elementwise_kernels(a.device()).add(a.data(), a.data(), bb.data(), a.dtype(), a.numel());
+  // A write in place: whoever measured `a` before (the tracer caches statistics per tensor and
+  // version) must not take the old values for the sum.
+  a.bump_version();
 }
 }  // namespace
 
 bool grad_mode_enabled() { return t_grad_enabled; }
 NoGradGuard::NoGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = false; }
 NoGradGuard::~NoGradGuard() { t_grad_enabled = prev_; }
+
+uint64_t reserve_sequence(uint64_t count) {
+  const uint64_t first = t_sequence + 1;
+  t_sequence += count;
+  return first;
+}
+SequenceGuard::SequenceGuard(uint64_t first, uint64_t count)
+    : prev_(t_sequence), end_(first + count) {
+  t_sequence = first - 1;
+}
+SequenceGuard::~SequenceGuard() noexcept(false) {
+  const bool overflowed = t_sequence >= end_;
+  t_sequence = prev_;
+  if (std::uncaught_exceptions() == 0)
+    KEEL_CHECK(!overflowed, "a scope created more graph nodes than its reserved sequence numbers");
+}
+
+EnableGradGuard::EnableGradGuard() : prev_(t_grad_enabled) { t_grad_enabled = true; }
+EnableGradGuard::~EnableGradGuard() { t_grad_enabled = prev_; }
 
 const std::string* current_scope() { return t_scope; }
 ScopeGuard::ScopeGuard(const std::string* s) : prev_(t_scope) { t_scope = s; }
@@ -102,7 +125,53 @@ std::vector<Tensor> AccumulateGrad::backward(const Tensor& g) {
   return {};
 }
 
-void backward(const Tensor& root, const Tensor& grad_root) {
+namespace {
+struct Pending {
+  Tensor grad;
+  bool owned;  // false while `grad` may alias a tensor a backward formula returned elsewhere
+};
+// One backward pass. Leaves' accumulators (sequence 0) run after every other node, in the order
+// their first gradient arrived; a nested pass (a checkpointed segment's, inside its node's
+// backward) hands them to the pass around it when post-hooks are attached.
+struct Pass {
+  std::unordered_map<Node*, Pending> pending;
+  std::vector<Node*> leaves;  // accumulators with a pending gradient, in arrival order
+  // Nodes a nested pass handed over (a max-heap on sequence number), run at their place in order.
+  std::vector<Node*> adopted;
+
+  static bool later(const Node* a, const Node* b) { return a->sequence_nr < b->sequence_nr; }
+  void adopt(Node* n, Tensor g) {
+    add(n, std::move(g));
+    adopted.push_back(n);
+    std::push_heap(adopted.begin(), adopted.end(), later);
+  }
+
+  void add(Node* n, Tensor g) {
+    auto p = pending.find(n);
+    if (p == pending.end()) {
+      if (n->sequence_nr == 0) leaves.push_back(n);
+      pending.emplace(n, Pending{std::move(g), false});
+      return;
+    }
+    // A backward may hand the same tensor to several inputs (add does): copy before adding,
+    // unless nothing else holds it by now (a tied weight's first gradient: 154 MB for GPT-2's
+    // wte).
+    if (!p->second.owned && !sole_owner(p->second.grad)) p->second = {p->second.grad.clone(), true};
+    accumulate_into(p->second.grad, g);
+  }
+};
+thread_local Pass* t_pass = nullptr;
+
+void run_hooks(const Node& n, const Tensor& g, const std::vector<Tensor>& grads) {
+  if (!t_hooks.empty() && !n.transparent())
+    for (auto& h : t_hooks) h.fn(n, g, grads);
+}
+}  // namespace
+
+void backward(const Tensor& root, const Tensor& grad_root) { backward_to(root, grad_root, {}); }
+
+std::vector<Tensor> backward_to(const Tensor& root, const Tensor& grad_root,
+                                const std::vector<Tensor>& inputs, uint64_t own_from) {
   KEEL_CHECK(root.defined(), "backward of an undefined tensor");
   KEEL_CHECK(root.requires_grad(),
              "backward: the tensor does not require grad (was it computed under NoGradGuard, or "
@@ -116,53 +185,74 @@ void backward(const Tensor& root, const Tensor& grad_root) {
   }
   NoGradGuard no_grad;  // backward formulas never build graphs
   std::shared_ptr<Node> start = root.grad_fn() ? root.grad_fn() : edge_for(root);
+  // The accumulators of `inputs`: their sums are returned instead of run.
+  std::unordered_map<Node*, size_t> captured;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    KEEL_CHECK(!inputs[i].defined() || inputs[i].is_leaf(), "backward_to: inputs must be leaves");
+    if (inputs[i].defined() && inputs[i].impl()->grad_accumulator)
+      captured.emplace(inputs[i].impl()->grad_accumulator.get(), i);
+  }
 
   // Collect reachable nodes. Creation order is a topological order of a define-by-run graph, so
   // running them in decreasing sequence number sees every consumer before its producer.
   std::vector<Node*> order;
   std::unordered_set<Node*> seen;
   std::unordered_map<Node*, int> fan_in;  // edges into each node
+  Pass* const outer = t_pass;
+  KEEL_CHECK(own_from == 0 || outer, "backward_to: own_from needs an enclosing backward pass");
+  auto foreign = [&](const Node* n) { return n->sequence_nr != 0 && n->sequence_nr < own_from; };
   std::vector<Node*> stack{start.get()};
   seen.insert(start.get());
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
+    // Accumulators run from `pass.leaves`, foreign nodes in the outer pass: neither is walked.
+    if (n->sequence_nr == 0 || foreign(n)) continue;
     order.push_back(n);
     for (auto& nx : n->next) {
       if (nx) ++fan_in[nx.get()];
       if (nx && seen.insert(nx.get()).second) stack.push_back(nx.get());
     }
   }
-  std::sort(order.begin(), order.end(), [](Node* a, Node* b) {
-    // Accumulators carry sequence 0 and run last; their order among themselves doesn't matter.
-    return a->sequence_nr > b->sequence_nr;
-  });
+  std::sort(order.begin(), order.end(),
+            [](Node* a, Node* b) { return a->sequence_nr > b->sequence_nr; });
 
-  struct Pending {
-    Tensor grad;
-    bool owned;  // false while `grad` may alias a tensor a backward formula returned elsewhere
+  Pass pass;
+  struct PassScope {
+    Pass* prev;
+    ~PassScope() { t_pass = prev; }
+  } pass_scope{outer};
+  t_pass = &pass;
+  pass.add(start.get(), seed);
+  size_t next = 0;
+  auto next_node = [&]() -> Node* {  // `order` and the adopted nodes, in decreasing sequence
+    if (!pass.adopted.empty() &&
+        (next == order.size() || pass.adopted.front()->sequence_nr > order[next]->sequence_nr)) {
+      std::pop_heap(pass.adopted.begin(), pass.adopted.end(), Pass::later);
+      Node* n = pass.adopted.back();
+      pass.adopted.pop_back();
+      return n;
+    }
+    return next < order.size() ? order[next++] : nullptr;
   };
-  std::unordered_map<Node*, Pending> pending;
-  pending[start.get()] = {seed, false};
-  for (Node* n : order) {
-    auto it = pending.find(n);
-    if (it == pending.end()) continue;  // no gradient flows here
+  while (Node* n = next_node()) {
+    auto it = pass.pending.find(n);
+    if (it == pass.pending.end()) continue;  // no gradient flows here
     Tensor g = std::move(it->second.grad);
-    pending.erase(it);
+    pass.pending.erase(it);
     // A node may add its gradients straight into the sums pending for its inputs (a tied
     // embedding's rows into the head's dense gradient: GPT-2 124M skips a zero-filled 154 MB
     // tensor and an add over it). Not with hooks attached, which expect every gradient.
     if (t_hooks.empty() && n->backward_into(g, [&](size_t i) -> Tensor* {
           if (i >= n->next.size() || !n->next[i]) return nullptr;
-          auto p = pending.find(n->next[i].get());
-          if (p == pending.end() || (!p->second.owned && !sole_owner(p->second.grad)))
+          auto p = pass.pending.find(n->next[i].get());
+          if (p == pass.pending.end() || (!p->second.owned && !sole_owner(p->second.grad)))
             return nullptr;
           return &p->second.grad;
         }))
       continue;
     std::vector<Tensor> grads = n->backward(g);
-    if (!t_hooks.empty())
-      for (auto& h : t_hooks) h.fn(*n, g, grads);
+    run_hooks(*n, g, grads);
     // Drop this node's own handle before passing gradients on: a node that hands its incoming
     // gradient straight through (cast back to an f32 master that already is f32) then leaves the
     // receiver the sole owner, and the weight's .grad takes it without a copy (500 MB a step for
@@ -176,24 +266,34 @@ void backward(const Tensor& root, const Tensor& grad_root) {
       // same time (one extra copy of all parameters at the peak). The arithmetic is the same
       // (one add into .grad); leaves with several edges (tied embeddings) still sum their
       // contributions first, and with post-hooks attached accumulators run last as before.
-      if (t_hooks.empty() && nx->sequence_nr == 0 && fan_in[nx] == 1)
+      if (t_hooks.empty() && nx->sequence_nr == 0 && fan_in[nx] == 1 && !captured.count(nx))
         if (auto* acc = dynamic_cast<AccumulateGrad*>(nx)) {
           acc->backward(grads[i]);
           continue;
         }
-      auto p = pending.find(nx);
-      if (p == pending.end()) {
-        pending.emplace(nx, Pending{std::move(grads[i]), false});
-      } else {
-        // A backward may hand the same tensor to several inputs (add does): copy before adding,
-        // unless nothing else holds it by now (a tied weight's first gradient: 154 MB for
-        // GPT-2's wte).
-        if (!p->second.owned && !sole_owner(p->second.grad))
-          p->second = {p->second.grad.clone(), true};
-        accumulate_into(p->second.grad, grads[i]);
-      }
+      pass.add(nx, std::move(grads[i]));
     }
   }
+
+  // Foreign nodes, in decreasing sequence (distinct nodes: the order only fixes the heap's).
+  std::vector<Node*> handed;
+  for (auto& [n, p] : pass.pending)
+    if (foreign(n)) handed.push_back(n);
+  std::sort(handed.begin(), handed.end(), [](Node* a, Node* b) { return Pass::later(b, a); });
+  for (Node* n : handed) outer->adopt(n, std::move(pass.pending.at(n).grad));
+  std::vector<Tensor> result(inputs.size());
+  for (Node* n : pass.leaves) {
+    Pending& p = pass.pending.at(n);
+    if (auto c = captured.find(n); c != captured.end()) {
+      result[c->second] = std::move(p.grad);
+    } else if (outer && !t_hooks.empty()) {
+      outer->add(n, std::move(p.grad));
+    } else {
+      std::vector<Tensor> none = n->backward(p.grad);
+      run_hooks(*n, p.grad, none);
+    }
+  }
+  return result;
 }
 
 }  // namespace keel

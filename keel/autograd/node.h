@@ -30,6 +30,10 @@ struct Node {
     return false;
   }
 
+  // A node that only runs other nodes (a checkpointed segment, which recomputes its forward and
+  // backpropagates through it inside backward()): post-hooks see those nodes, never this one.
+  virtual bool transparent() const { return false; }
+
   bool needs_grad(size_t input) const { return input < next.size() && next[input] != nullptr; }
 
   std::vector<std::shared_ptr<Node>> next;  // per input: its grad_fn, its accumulator, or null
@@ -53,6 +57,18 @@ struct NoGradGuard {
   ~NoGradGuard();
   NoGradGuard(const NoGradGuard&) = delete;
   NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// Turns grad mode on for a scope (a checkpointed segment's recompute runs inside backward, which
+// turns it off).
+struct EnableGradGuard {
+  EnableGradGuard();
+  ~EnableGradGuard();
+  EnableGradGuard(const EnableGradGuard&) = delete;
+  EnableGradGuard& operator=(const EnableGradGuard&) = delete;
 
  private:
   bool prev_;
@@ -91,5 +107,34 @@ void remove_node_post_hook(int handle);
 // Runs backward from `root` (a scalar unless `grad_root` is given), accumulating into the .grad of
 // every leaf that requires grad. Grads of a leaf keep the leaf's dtype.
 void backward(const Tensor& root, const Tensor& grad_root = Tensor());
+
+// backward() that returns the gradients with respect to `inputs` (leaves that require grad: each
+// gets the sum of its contributions, exactly as a non-leaf's node would receive it, and its .grad
+// is left alone; undefined where no gradient reaches it) and accumulates into every other leaf.
+// Called inside a node's backward (a checkpointed segment), it runs nested in the outer pass: with
+// post-hooks attached, the leaves' accumulations are handed to the outer pass, which runs them
+// last as one pass over the whole graph would, so that the hooks see the same sequence.
+//
+// `own_from` (nested passes): nodes created before this sequence number belong to the graph around
+// the nested one (a weight's cast cached by an earlier micro-batch): their gradients are handed to
+// the outer pass, which runs them at their place in its order, as one pass over the whole graph
+// would.
+std::vector<Tensor> backward_to(const Tensor& root, const Tensor& grad_root,
+                                const std::vector<Tensor>& inputs, uint64_t own_from = 0);
+
+// Sequence numbers for a graph built later: reserve_sequence(n) skips n numbers and returns the
+// first; a SequenceGuard(first, n) makes the nodes created in its scope take numbers from there
+// (a checkpointed segment's recompute, whose nodes then sort where the forward would have put
+// them). More than n nodes in the scope is an internal error.
+uint64_t reserve_sequence(uint64_t count);
+struct SequenceGuard {
+  SequenceGuard(uint64_t first, uint64_t count);
+  ~SequenceGuard() noexcept(false);
+  SequenceGuard(const SequenceGuard&) = delete;
+  SequenceGuard& operator=(const SequenceGuard&) = delete;
+
+ private:
+  uint64_t prev_, end_;
+};
 
 }  // namespace keel

@@ -1,7 +1,10 @@
 #include "keel/models/causal_lm.h"
 
+#include <algorithm>
+
 #include "keel/models/gpt2.h"
 #include "keel/models/llama.h"
+#include "keel/nn/checkpoint.h"
 #include "keel/numerics/error.h"
 #include "keel/tensor/random.h"
 
@@ -39,6 +42,29 @@ Tensor CausalLM::forward_cached(const Tensor& ids, KVCache& cache) {
   Tensor logits = run(ids, Tensor(), &cache);
   cache.length += ids.size(1);
   return logits;
+}
+
+Tensor CausalLM::run_blocks(const std::vector<nn::Module*>& blocks, Tensor x,
+                            BlockForward block_forward, bool may_checkpoint) {
+  const size_t every = static_cast<size_t>(std::max<int64_t>(blocks_per_segment_, 0));
+  if (every == 0 || !may_checkpoint || !is_training() || !grad_mode_enabled()) {
+    for (size_t i = 0; i < blocks.size(); ++i) x = block_forward(i, x);
+    return x;
+  }
+  for (size_t first = 0; first < blocks.size(); first += every) {
+    const size_t last = std::min(blocks.size(), first + every);
+    bool trainable = false;
+    for (size_t i = first; i < last && !trainable; ++i)
+      trainable = blocks[i]->num_parameters(/*trainable_only=*/true) > 0;
+    x = nn::checkpoint(
+        [block_forward, first, last](const Tensor& in) {
+          Tensor h = in;
+          for (size_t i = first; i < last; ++i) h = block_forward(i, h);
+          return h;
+        },
+        x, trainable);
+  }
+  return x;
 }
 
 std::unique_ptr<CausalLM> make_causal_lm(const ModelSpec& spec, uint64_t seed) {

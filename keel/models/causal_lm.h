@@ -54,12 +54,27 @@ class CausalLM : public nn::Module {
   KVCache make_kv_cache() const { return KVCache(spec_.n_layer, spec_.max_seq_len); }
   const ModelSpec& spec() const { return spec_; }
   void set_attention_backend(ops::AttentionBackend b) { spec_.attention = b; }
+  // Activation checkpointing (train.activation_checkpointing): 0 = off; N = the decoder blocks run
+  // in segments of N consecutive blocks (the last may be shorter), each keeping only its input
+  // until backward recomputes it (nn/checkpoint.h). Only a training forward with grad mode on and
+  // no KV cache is checkpointed; evaluation and generation run plainly.
+  void set_activation_checkpointing(int64_t blocks_per_segment) {
+    blocks_per_segment_ = blocks_per_segment;
+  }
+  int64_t activation_checkpointing() const { return blocks_per_segment_; }
 
  protected:
   // The forward of the family; with a cache, positions start at cache->length (batch 1, no mask)
   // and every layer appends its keys and values.
   virtual Tensor run(const Tensor& input_ids, const Tensor& attention_mask, KVCache* cache) = 0;
+  // x through `blocks` in order, block i's forward being block_forward(i, x) (which must own what
+  // it captures: a checkpointed segment calls it again inside backward); checkpointed as
+  // set_activation_checkpointing() says when `may_checkpoint` (no KV cache) and training.
+  using BlockForward = std::function<Tensor(size_t block, const Tensor& x)>;
+  Tensor run_blocks(const std::vector<nn::Module*>& blocks, Tensor x, BlockForward block_forward,
+                    bool may_checkpoint);
   ModelSpec spec_;
+  int64_t blocks_per_segment_ = 0;
   friend void resize_token_embeddings(CausalLM& model, int64_t new_vocab);  // models/resize.h
 };
 

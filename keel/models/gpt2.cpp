@@ -103,8 +103,13 @@ Tensor GPT2LMHeadModel::run(const Tensor& ids, const Tensor& mask, KVCache* cach
         transformer->wte->forward(ids),
         transformer->wpe->forward(Tensor::from_ints(pos, {B, T}).to(ids.device())));
     x = transformer->drop->forward(x);
-    for (size_t i = 0; i < transformer->h.size(); ++i)
-      x = transformer->h[i]->forward(x, mask, spec_.attention, cache, i);
+    const ops::AttentionBackend backend = spec_.attention;
+    x = run_blocks(
+        {transformer->h.begin(), transformer->h.end()}, x,
+        [this, mask, backend, cache](size_t i, const Tensor& h) {
+          return transformer->h[i]->forward(h, mask, backend, cache, i);
+        },
+        cache == nullptr);
     x = transformer->ln_f->forward(x);
     // lm_head is tied to wte: logits = x·wteᵀ, under the linear autocast rule.
     using amp::AmpOp;

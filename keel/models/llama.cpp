@@ -111,8 +111,13 @@ Tensor LlamaForCausalLM::run(const Tensor& ids, const Tensor& mask, KVCache* cac
   return call({ids}, [&] {
     KEEL_CHECK(ids.dim() == 2, "Llama input_ids must be [B, T], got " + shape_str(ids.shape()));
     Tensor x = model->embed_tokens->forward(ids);
-    for (size_t i = 0; i < model->layers.size(); ++i)
-      x = model->layers[i]->forward(x, mask, spec_.attention, cache, i);
+    const ops::AttentionBackend backend = spec_.attention;
+    x = run_blocks(
+        {model->layers.begin(), model->layers.end()}, x,
+        [this, mask, backend, cache](size_t i, const Tensor& h) {
+          return model->layers[i]->forward(h, mask, backend, cache, i);
+        },
+        cache == nullptr);
     x = model->norm->forward(x);
     if (lm_head) return lm_head->forward(x);
     using amp::AmpOp;

@@ -487,6 +487,7 @@ MemoryQuery memory_query_from_config(const Config& cfg) {
   q.seq = cfg.data.seq_len;
   q.attention = cfg.model.attention;
   q.adapter = cfg.model.adapter;
+  q.checkpoint_every = activation_checkpointing_blocks(cfg.train);
   if (cfg.model.adapter.kind != "none") q.base_dtype = cfg.model.base_dtype;
   if (cfg.model.path.empty()) {
     q.family = cfg.model.family;

@@ -355,7 +355,8 @@ struct UnderflowOverflowTracer::Impl {
   }
 
   void pre(nn::Module& m, const std::vector<Tensor>& inputs) {
-    if (done()) return;
+    // A checkpointed segment's recompute repeats a forward already traced: not a new call.
+    if (done() || nn::Module::recomputing()) return;
     if (stack.size() <= depth) stack.resize(depth + 1);
     Active& a = stack[depth];
     const Active* parent = depth > 0 ? &stack[depth - 1] : nullptr;
@@ -412,7 +413,7 @@ struct UnderflowOverflowTracer::Impl {
   }
 
   void post(nn::Module& m, const std::vector<Tensor>&, Tensor& out) {
-    if (done()) return;
+    if (done() || nn::Module::recomputing()) return;
     // Find this module's entry (an exception may have left deeper entries behind).
     size_t d = depth;
     while (d > 0 && stack[d - 1].module != &m) --d;

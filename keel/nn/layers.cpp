@@ -70,6 +70,7 @@ thread_local uint64_t t_step_seed = 0;
 Dropout::Dropout(double prob) : Module("Dropout"), p(prob) {}
 
 void Dropout::set_step_seed(uint64_t seed) { t_step_seed = seed; }
+uint64_t Dropout::step_seed() { return t_step_seed; }
 
 Tensor Dropout::forward(const Tensor& x) {
   if (!is_training() || p == 0) return x;

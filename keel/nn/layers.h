@@ -65,6 +65,7 @@ class Dropout : public Module {
   Tensor forward(const Tensor& x);
   double p;
   static void set_step_seed(uint64_t seed);  // the trainer sets it per micro-batch
+  static uint64_t step_seed();               // a checkpointed segment's recompute reuses it
 };
 
 // x + y with type promotion (a residual add of an f32 stream and a bf16 branch stays f32).

@@ -48,6 +48,11 @@ class Module {
   int add_forward_post_hook(PostHook h);
   void remove_hook(int handle);
   bool has_hooks() const { return !pre_hooks_.empty() || !post_hooks_.empty(); }
+  // True while a checkpointed segment's forward is recomputed inside backward (nn/checkpoint.h).
+  // Hooks run for that second call of every module in the segment: a hook that records must
+  // ignore it (the forward already ran, and was recorded, once); a hook that changes the output
+  // must change it again, the same way, so that the recomputed graph is the forward's.
+  static bool recomputing();
 
   // Parameters of this module only (not children).
   const std::vector<std::pair<std::string, Tensor>>& local_parameters() const { return params_; }

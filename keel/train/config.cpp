@@ -116,6 +116,7 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("train", train, on_nonfinite).one_of({"capture", "skip", "abort"}));
     k.push_back(KEEL_KEY("train", train, eval_every).at_least(0));
     k.push_back(KEEL_KEY("train", train, allow_cpu_bf16));
+    k.push_back(KEEL_KEY("train", train, activation_checkpointing));  // checked in validate()
     // [optim]
     k.push_back(KEEL_KEY("optim", optim, name).one_of({"adamw", "sgd"}));
     k.push_back(KEEL_KEY("optim", optim, lr).above(0));
@@ -352,6 +353,12 @@ std::string describe(const toml::node& v) {
 // Where a value came from, for messages: "config.toml:12" or "--set train.batch_size=0".
 using Origins = std::map<std::string, std::string>;
 
+// String keys that also take a TOML integer: precision = 16 (as Lightning), and
+// activation_checkpointing = 2 (blocks per segment).
+bool takes_integer(const KeySpec& k) {
+  return k.full() == "train.precision" || k.full() == "train.activation_checkpointing";
+}
+
 Error usage(const std::string& msg) { return Error(msg, Error::kUsage); }
 
 // Stores TOML value `v` into the field of `k`; a wrong type is an Error naming `where` and the key.
@@ -392,7 +399,7 @@ void assign(Config& c, const KeySpec& k, const toml::node& v, const std::string&
   } else if (auto p = std::get_if<std::string*>(&f)) {
     if (auto s = v.as_string()) **p = s->get();
     // Lightning accepts precision=16 / 32 as integers; so do we.
-    else if (auto i = v.as_integer(); i && k.full() == "train.precision")
+    else if (auto i = v.as_integer(); i && takes_integer(k))
       **p = std::to_string(i->get());
     else
       throw type_error("a string");
@@ -514,6 +521,19 @@ void validate(Config& c, const Origins& origins) {
   if (prec == "32") prec = "32-true";
   if (prec == "16") prec = "16-mixed";
   if (prec == "bf16") prec = "bf16-mixed";
+  // none | blocks | a positive integer, stored without sign or leading zeros.
+  std::string& ckpt = c.train.activation_checkpointing;
+  if (ckpt != "none" && ckpt != "blocks") {
+    int64_t n = 0;
+    const char* end = ckpt.data() + ckpt.size();
+    auto [ptr, ec] = std::from_chars(ckpt.data(), end, n);
+    if (ckpt.empty() || ec != std::errc() || ptr != end || n < 1 || n > 1024)
+      throw usage(prefix("train.activation_checkpointing") +
+                  "train.activation_checkpointing must be none, blocks, or an integer N in "
+                  "[1, 1024] (checkpointed segments of N consecutive blocks); got " +
+                  toml_string(ckpt));
+    ckpt = std::to_string(n);
+  }
   // Rules across keys.
   auto at = [&](const std::string& key) { return " (" + from(key) + ")"; };
   const ModelConfig& m = c.model;
@@ -588,13 +608,19 @@ void apply_override(Config& c, const std::string& ov, Origins& origins) {
   // Bare strings: `train.precision=bf16-mixed`, and `run.out_dir=out/2024-01-01`, which TOML would
   // read as something else; a quoted string is used as written.
   if (std::holds_alternative<std::string*>(k->field(c)) && !v->is_string() &&
-      !(k->full() == "train.precision" && v->is_integer()))
+      !(takes_integer(*k) && v->is_integer()))
     v = &bare;
   assign(c, *k, *v, where);
   origins[key] = where;
 }
 
 }  // namespace
+
+int64_t activation_checkpointing_blocks(const TrainConfig& t) {
+  if (t.activation_checkpointing == "none") return 0;
+  if (t.activation_checkpointing == "blocks") return 1;
+  return std::stoll(t.activation_checkpointing);  // validated: an integer in [1, 1024]
+}
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   if (path.empty()) return load_config_text("", "", overrides);

@@ -71,7 +71,15 @@ struct TrainConfig {
   std::string on_nonfinite = "capture";  // capture | skip | abort
   int64_t eval_every = 0;                // steps; 0 = at the end only
   bool allow_cpu_bf16 = false;           // auto picks bf16-mixed on CPUs with AVX512_BF16
+  // none | blocks | N (an integer >= 1, also as a TOML integer): the decoder blocks run in
+  // checkpointed segments of N consecutive blocks (`blocks` = 1), each keeping only its input
+  // between forward and backward and recomputing its forward inside backward. Gradients and losses
+  // are bit-identical to `none`; evaluation and generation ignore it.
+  std::string activation_checkpointing = "none";
 };
+
+// train.activation_checkpointing as blocks per checkpointed segment: 0 (none), 1 (blocks) or N.
+int64_t activation_checkpointing_blocks(const TrainConfig& t);
 
 // The keys shared by every optimizer, and each optimizer's own options (keys optim.beta1, ...,
 // optim.momentum: the section is flat in the file).

@@ -279,6 +279,7 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
                           dtype_name(base_dt) + "; peak resident memory while loading +" +
                           mb(after.peak_rss > before.rss ? after.peak_rss - before.rss : 0));
   }
+  m->set_activation_checkpointing(activation_checkpointing_blocks(cfg.train));
   return m;
 }
 

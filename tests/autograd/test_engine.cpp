@@ -170,5 +170,109 @@ TEST(Engine, FirstGradientIsCopiedWhenTheNodeStillHoldsIt) {
   EXPECT_EQ(kept.to_floats(), (std::vector<float>{5.f, 7.f})) << "the held tensor is intact";
 }
 
+// ---- nested passes (activation checkpointing, nn/checkpoint.h) -------------------------------
+
+// out = 3x + c: the forward records no graph and keeps x; backward recomputes it with the graph
+// (its nodes numbered where the forward would have put them) and backpropagates in a nested pass.
+struct RecomputeNode final : Node {
+  Tensor input, c;
+  uint64_t first = 0;
+  static constexpr uint64_t kSpan = 16;
+  static Tensor body(const Tensor& x, const Tensor& c) { return add(scale(x, 3.f), c); }
+  std::vector<Tensor> backward(const Tensor& g) override {
+    Tensor x = Tensor::from_floats(input.to_floats(), input.shape());
+    x.set_requires_grad(input.requires_grad());
+    Tensor out;
+    {
+      EnableGradGuard grad;
+      SequenceGuard sequence(first, kSpan);
+      out = body(x, c);
+    }
+    return backward_to(out, g, {x}, first);
+  }
+  const char* name() const override { return "recompute"; }
+  bool transparent() const override { return true; }
+};
+
+Tensor recomputed(const Tensor& x, const Tensor& c) {
+  auto node = std::make_shared<RecomputeNode>();
+  node->first = reserve_sequence(RecomputeNode::kSpan);
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = RecomputeNode::body(x, c);
+  }
+  node->input = x;
+  node->c = c;
+  record_node(out, node, {&x});
+  return out;
+}
+
+// 5 * (3 * (2u) + c) with c = 1 * w made first (a weight's cast shared with an earlier micro-batch
+// is such a node): the hooks' sequence of (node, gradient) and the leaves' gradients.
+struct NestedRun {
+  std::vector<std::pair<std::string, std::vector<float>>> seen;
+  std::vector<float> u_grad, w_grad;
+};
+
+NestedRun run_nested(bool checkpoint) {
+  Tensor u = leaf({1.f, -2.f}), w = leaf({0.5f, 4.f});
+  Tensor c = scale(w, 1.f);
+  Tensor h = scale(u, 2.f);
+  Tensor y = scale(checkpoint ? recomputed(h, c) : RecomputeNode::body(h, c), 5.f);
+  NestedRun r;
+  const int hook =
+      add_node_post_hook([&](const Node& n, const Tensor& g, const std::vector<Tensor>&) {
+        r.seen.emplace_back(n.name(), g.to_floats());
+      });
+  backward(y, Tensor::from_floats({1.f, 2.f}, {2}));
+  remove_node_post_hook(hook);
+  r.u_grad = u.grad().to_floats();
+  r.w_grad = w.grad().to_floats();
+  return r;
+}
+
+TEST(Engine, ANestedPassIsSeenByHooksAsOnePassOverTheWholeGraph) {
+  const NestedRun flat = run_nested(false), nested = run_nested(true);
+  EXPECT_EQ(nested.u_grad, (std::vector<float>{30.f, 60.f}));
+  EXPECT_EQ(nested.w_grad, (std::vector<float>{5.f, 10.f}));
+  EXPECT_EQ(nested.u_grad, flat.u_grad);
+  EXPECT_EQ(nested.w_grad, flat.w_grad);
+  // scale 5, add, scale 3, scale 2, then c's node (created first: the nested pass hands it to the
+  // outer one), then the accumulators; never the transparent recompute node.
+  std::vector<std::string> names;
+  for (auto& [name, g] : nested.seen) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"scale", "add", "scale", "scale", "scale",
+                                             "AccumulateGrad", "AccumulateGrad"}));
+  EXPECT_EQ(nested.seen, flat.seen);
+}
+
+TEST(Engine, BackwardToReturnsAnInputsSumAndLeavesItsGradAlone) {
+  // y = x + 2x: x's two contributions come back summed; w (another leaf) accumulates as usual.
+  Tensor x = leaf({1.f, 2.f}), w = leaf({3.f, 4.f});
+  Tensor y = add(add(x, scale(x, 2.f)), scale(w, 4.f));
+  const std::vector<Tensor> g = backward_to(y, Tensor::from_floats({1.f, -1.f}, {2}), {x});
+  ASSERT_EQ(g.size(), 1u);
+  EXPECT_EQ(g[0].to_floats(), (std::vector<float>{3.f, -3.f}));
+  EXPECT_FALSE(x.grad().defined());
+  EXPECT_EQ(w.grad().to_floats(), (std::vector<float>{4.f, -4.f}));
+  // An input no gradient reaches comes back undefined.
+  Tensor z = leaf({1.f});
+  EXPECT_FALSE(backward_to(scale(z, 2.f), Tensor(), {leaf({1.f})})[0].defined());
+}
+
+TEST(Engine, AScopeThatOutgrowsItsReservedSequenceNumbersIsAnError) {
+  Tensor x = leaf({1.f});
+  const uint64_t first = reserve_sequence(2);
+  EXPECT_THROW(
+      {
+        SequenceGuard sequence(first, 2);
+        Tensor y = scale(scale(scale(x, 2.f), 2.f), 2.f);  // three nodes
+      },
+      Error);
+  // Own_from without an enclosing pass is a misuse, named.
+  EXPECT_THROW(backward_to(scale(x, 2.f), Tensor(), {}, first), Error);
+}
+
 }  // namespace
 }  // namespace keel

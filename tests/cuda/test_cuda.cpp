@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -574,6 +575,50 @@ TEST(CudaTraining, OneStepOfGpt2AndLlamaBehavesAsOnTheCpu) {
         EXPECT_EQ(p.dtype(), cpu.policy().param_dtype) << name;
       }
     }
+}
+
+TEST(CudaTraining, ActivationCheckpointingIsBitIdenticalOnTheGpu) {
+  // train.activation_checkpointing takes the same code path on every device: on the GPU too the
+  // losses and every gradient of a checkpointed run equal the plain run's bit for bit.
+  REQUIRE_GPU();
+  for (const char* family : {"gpt2", "llama"})
+    for (const char* precision : {"32-true", "bf16-mixed", "16-mixed", "bf16-true"})
+      for (const char* adapter : {"none", "lora", "dora", "lokr"}) {
+        const std::string what = std::string(family) + " " + precision + " " + adapter;
+        auto config = [&](const char* ckpt) {
+          Config c = step_config(family, precision, "cuda", what + "-ckpt-" + ckpt);
+          c.model.dropout = 0.1;
+          c.model.adapter.kind = adapter;
+          if (std::string(adapter) != "none") {
+            c.model.adapter.dropout = std::string(adapter) == "lokr" ? 0.0 : 0.1;
+            c.model.adapter.target_modules =
+                std::string(family) == "gpt2"
+                    ? std::vector<std::string>{"c_attn", "c_proj", "c_fc"}
+                    : std::vector<std::string>{"q_proj", "v_proj", "up_proj", "down_proj"};
+          }
+          c.train.activation_checkpointing = ckpt;
+          return c;
+        };
+        Trainer plain(config("none"));
+        Trainer ckpt(config("blocks"));
+        ASSERT_TRUE(ckpt.device().is_cuda()) << what;
+        const auto window =
+            std::vector<data::Batch>{plain.loader().batch(0, 0), plain.loader().batch(0, 1)};
+        for (int step = 0; step < 2; ++step) {
+          const StepResult a = plain.train_step(window, 0), b = ckpt.train_step(window, 0);
+          EXPECT_EQ(std::memcmp(&a.loss, &b.loss, sizeof a.loss), 0) << what << " step " << step;
+          EXPECT_EQ(std::memcmp(&a.grad_norm, &b.grad_norm, sizeof a.grad_norm), 0)
+              << what << " step " << step;
+          for (size_t i = 0; i < plain.trainable().size(); ++i) {
+            const Tensor ga = plain.trainable()[i].second.grad(),
+                         gb = ckpt.trainable()[i].second.grad();
+            ASSERT_EQ(ga.defined(), gb.defined()) << what << " " << plain.trainable()[i].first;
+            if (ga.defined())
+              test::expect_bitwise_equal(gb.to(Device::cpu()), ga.to(Device::cpu()),
+                                         what + " " + plain.trainable()[i].first);
+          }
+        }
+      }
 }
 
 TEST(CudaTraining, NanCaptureAndReplayOnTheGpu) {
