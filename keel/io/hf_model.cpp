@@ -461,10 +461,10 @@ HfConfig read_hf_config(const std::string& dir) {
   return out;
 }
 
-void load_hf_weights(models::CausalLM& model, const std::string& dir) {
+void load_hf_weights(models::CausalLM& model, const std::string& dir, const WeightCheck& check) {
   const models::ModelSpec& spec = model.spec();
   if (is_keel_checkpoint(dir)) {  // a run's checkpoint: keel's layout, its adapters merged
-    TrainedModel t = load_trained_model(dir, "", DType::F32, spec.attention);
+    TrainedModel t = load_trained_model(dir, "", DType::F32, spec.attention, check);
     nn::merge_adapters(*t.model);
     std::map<std::string, Tensor> merged;
     for (auto& [name, p] : base_parameters(*t.model)) merged[name] = p;
@@ -505,6 +505,7 @@ void load_hf_weights(models::CausalLM& model, const std::string& dir) {
       throw Error(file + ": tensor '" + key + "' has shape " + shape_str(t.shape()) + " but " +
                   dir + "/config.json implies " + shape_str(want) +
                   (conv ? " (GPT-2 Conv1D layout [in, out])" : ""));
+    check_weights_finite(check, t, key, file);  // in the file's layout: Conv1D's [in, out]
     Tensor dst = p;
     dst.copy_from(conv ? transpose2d(t.to_dtype(p.dtype())) : t);
     dst.bump_version();
@@ -517,12 +518,13 @@ void load_hf_weights(models::CausalLM& model, const std::string& dir) {
 }
 
 std::unique_ptr<models::CausalLM> load_hf_model(const std::string& dir, DType param_dtype,
-                                                ops::AttentionBackend attention) {
+                                                ops::AttentionBackend attention,
+                                                const WeightCheck& check) {
   HfConfig cfg = read_hf_config(dir);
   cfg.spec.param_dtype = param_dtype;
   cfg.spec.attention = attention;
   auto model = models::make_causal_lm(cfg.spec, 0);
-  load_hf_weights(*model, dir);
+  load_hf_weights(*model, dir, check);
   return model;
 }
 

@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 
+#include "keel/io/weight_check.h"
 #include "keel/models/causal_lm.h"
 #include "keel/nn/adapters/adapter.h"
 
@@ -39,12 +40,15 @@ HfConfig read_hf_config(const std::string& dir);
 // Copies the weights of DIR into `model` (built from a matching spec), converting to each
 // parameter's dtype (exact for bf16/f16 -> f32). Bumps every parameter's version. DIR may be a
 // keel checkpoint (io/trained_model.h): its weights are read in keel's layout, adapters merged.
-void load_hf_weights(models::CausalLM& model, const std::string& dir);
+// Non-finite weights are an Error naming the tensor and its index in the file (io/weight_check.h)
+// unless `check` allows them.
+void load_hf_weights(models::CausalLM& model, const std::string& dir,
+                     const WeightCheck& check = {});
 
 // read_hf_config + make_causal_lm (parameters in `param_dtype`) + load_hf_weights.
 std::unique_ptr<models::CausalLM> load_hf_model(
     const std::string& dir, DType param_dtype = DType::F32,
-    ops::AttentionBackend attention = ops::AttentionBackend::kEager);
+    ops::AttentionBackend attention = ops::AttentionBackend::kEager, const WeightCheck& check = {});
 
 struct HfSaveOptions {
   // Stored dtype; F32, BF16 or F16. Unset: each parameter's own dtype.

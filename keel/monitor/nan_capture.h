@@ -29,12 +29,16 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/io/safetensors.h"
+#include "keel/train/grad_fingerprint.h"  // gradient_fingerprint: replay compares it
 #include "keel/train/trainer.h"
 
 namespace keel::monitor {
 
 inline constexpr const char* kCaptureFormat = "keel-nan-capture";
-inline constexpr int kCaptureFormatVersion = 1;
+// 2: world_size, window_tokens, first_nonfinite_param; with several ranks local_tokens,
+// local_loss(_bits), local_grads_fingerprint and each micro-batch's global_index (its dropout seed
+// was mix_seed(step_seed, index) before, wrong on ranks > 0). A version 1 capture reads as 1 rank.
+inline constexpr int kCaptureFormatVersion = 2;
 
 // Writes the capture and returns its directory.
 std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int rank = 0);
@@ -64,10 +68,5 @@ T capture_field_as(const Capture& c, const char* key) {
 
 // "0x7ff8000000000000": the exact bits of a double, as the capture records the loss.
 std::string double_bits_hex(double v);
-
-// FNV-1a (64 bits, hex) over the names and raw bytes of every defined gradient, in order: replay
-// compares it with the capture's "grads_fingerprint", so bit-exactness covers the whole backward,
-// not only a loss that may be NaN.
-std::string gradient_fingerprint(const std::vector<std::pair<std::string, Tensor>>& params);
 
 }  // namespace keel::monitor

@@ -144,7 +144,9 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
     hf.spec.attention = ops::attention_backend_from_name(cfg.model.attention);
     hf.spec.dropout = cfg.model.dropout;
     m = models::make_causal_lm(hf.spec, cfg.run.seed);
-    io::load_hf_weights(*m, cfg.model.path);
+    io::load_hf_weights(
+        *m, cfg.model.path,
+        {cfg.model.allow_nonfinite_weights, [&](const std::string& w) { say_or_print(say, w); }});
     if (hf.spec.family == "gpt2" && cfg.data.seq_len > hf.spec.max_seq_len)
       throw Error("data.seq_len = " + std::to_string(cfg.data.seq_len) + " exceeds " +
                       cfg.model.path + "/config.json's n_positions = " +

@@ -84,6 +84,9 @@ TEST(Replay, ReproducesBitExactlyAndNamesTheProducer) {
   EXPECT_EQ(r.step, 3);
   EXPECT_EQ(r.precision, "32-true");
   EXPECT_EQ(r.nonfinite_params, meta.at("nonfinite_params").get<std::vector<std::string>>());
+  EXPECT_EQ(r.first_nonfinite_param, meta.at("first_nonfinite_param").get<std::string>());
+  EXPECT_EQ(r.first_nonfinite_param, r.recorded_first_nonfinite_param);
+  EXPECT_EQ(r.world_size, 1);
   EXPECT_EQ(r.first_module, "transformer.h.1.mlp.c_fc");
   EXPECT_EQ(r.first_module_type, "Linear");
   EXPECT_EQ(r.first_tensor, "weight");
