@@ -1,6 +1,6 @@
 // Non-finite weights in a loaded checkpoint (issue 21 item 5), produced the natural way: one
-// 16-true step at optim.lr = 1e4 overflows the f16 weights (the examples/all-nonfinite run), and
-// the run saves them. Loading that checkpoint as model.path, or resuming from it, stops at load
+// 16-true step at optim.lr = 1e5 (an AdamW step moves each weight by about lr, beyond f16's 65504)
+// overflows the f16 weights, and the run saves them. Loading that checkpoint as model.path, or resuming from it, stops at load
 // time naming the checkpoint's file, the tensor, the count and the first index (keel's layout is
 // the file's here), exit 2; model.allow_nonfinite_weights = true loads it anyway with a warning,
 // and the first step then says which parameter VALUES were already non-finite.
@@ -23,7 +23,7 @@ std::vector<std::string> overflow_sets(const std::string& out) {
   return {"run.out_dir=" + out,      "run.threads=1",         "model.n_layer=2",
           "model.n_embd=32",         "model.n_head=2",        "data.num_examples=64",
           "data.eval_examples=0",    "data.seq_len=16",       "train.batch_size=16",
-          "train.precision=16-true", "train.max_grad_norm=0", "optim.lr=1e4",
+          "train.precision=16-true", "train.max_grad_norm=0", "optim.lr=1e5",
           "log.tensorboard=false",   "train.max_steps=1"};
 }
 
@@ -65,7 +65,7 @@ std::string index_of(const Shape& s) {
 TEST(CliWeights, ADivergedCheckpointAsModelPathIsRefusedNamingTensorAndIndex) {
   const std::string ckpt = diverged_run() + "/checkpoints/last";
   const FirstBad bad = first_bad(ckpt + "/model.safetensors");
-  ASSERT_FALSE(bad.name.empty()) << "the 16-true step at lr 1e4 left every weight finite";
+  ASSERT_FALSE(bad.name.empty()) << "the 16-true step at lr 1e5 left every weight finite";
   const std::string out = test::temp_dir("weights-model-path");
   test::KeelRun r = train_with({"run.out_dir=" + out, "run.threads=1", "model.path=" + ckpt,
                                 "data.num_examples=64", "data.eval_examples=0", "data.seq_len=16",

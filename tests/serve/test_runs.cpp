@@ -218,7 +218,9 @@ TEST(ServeRuns, AdvisorFindingsAreFindingEvents) {
   std::vector<json> events;
   for (auto& [type, data] : ev.list) {
     if (type == "finding") events.push_back(data);
-    if (type == "record") EXPECT_NE(data.value("kind", ""), "advisor") << data.dump();
+    if (type == "record") {
+      EXPECT_NE(data.value("kind", ""), "advisor") << data.dump();
+    }
   }
   EXPECT_EQ(events, in_file);  // every finding, once, as written
   const json& f = events.front();
