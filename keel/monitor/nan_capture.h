@@ -8,9 +8,15 @@
 //                           step seed; dropout masks of micro-batch i derive from
 //                           mix_seed(step_seed, i) and the module path), the loss (and its exact
 //                           IEEE-754 bits, "loss_bits", which replay compares), grad norm,
-//                           parameters with non-finite gradients and with non-finite values, and
-//                           per micro-batch its target-token count and dataset example ids, and a
-//                           fingerprint of every gradient's bits ("grads_fingerprint")
+//                           parameters with non-finite gradients (and the one backward produced
+//                           first, "first_nonfinite_param") and with non-finite values, and per
+//                           micro-batch its target-token count, dataset example ids and index in
+//                           the global window, and a fingerprint of every gradient's bits
+//                           ("grads_fingerprint"). Data-parallel: "world_size", the global
+//                           window's "window_tokens" (every rank's loss weights divide by it), and
+//                           what replaying this rank alone reproduces: "local_loss(_bits)" (its
+//                           loss sum over its own tokens) and "local_grads_fingerprint" (its
+//                           gradients before the all-reduce, still scaled)
 //   model.safetensors       the parameters as they were before the step, in their stored dtype:
 //                           the f32 masters under the -mixed policies (the low-precision copies
 //                           autocast uses are a deterministic rounding of them, recomputed on

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <tuple>
+#include <utility>
 
 #include "keel/backend/monitor.h"
 #include "keel/io/json_fields.h"
@@ -37,6 +39,20 @@ Config replay_config(const Capture& c, const std::string& out_dir,
 }
 
 namespace {
+
+// The captured (world size, rank). A version 1 capture has no world size: it replays as one
+// process (its tracer log still named after its rank).
+std::pair<int, int> captured_rank(const Capture& c) {
+  const bool sized = c.meta.contains("world_size");
+  const int world = sized ? capture_field_as<int>(c, "world_size") : 1;
+  const int rank = c.meta.contains("rank") ? capture_field_as<int>(c, "rank") : 0;
+  if (world < 1 || world > (1 << 20) || rank < 0 || (sized && rank >= world))
+    throw Error(c.dir + "/capture.json: \"rank\" = " + std::to_string(rank) +
+                    " is not a rank of \"world_size\" = " + std::to_string(world) +
+                    "; the capture is corrupt (re-run the training to write a new one)",
+                Error::kUsage);
+  return {world, rank};
+}
 
 // Loads the captured parameters (converted when the replay's policy stores them in another
 // dtype) and, when the parameters match exactly, the optimizer and scaler state.
@@ -83,17 +99,7 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
   StepOutcome o;
   // One rank of a data-parallel run (format 2): its micro-batches are rank, rank + W, ... of the
   // global window, weighted by the global window's tokens.
-  // A version 1 capture has no world size: it replays as one process (its log still named after
-  // its rank).
-  const bool sized = c.meta.contains("world_size");
-  o.world_size = sized ? capture_field_as<int>(c, "world_size") : 1;
-  o.rank = c.meta.contains("rank") ? capture_field_as<int>(c, "rank") : 0;
-  if (o.world_size < 1 || o.world_size > (1 << 20) || o.rank < 0 ||
-      (sized && o.rank >= o.world_size))
-    throw Error(c.dir + "/capture.json: \"rank\" = " + std::to_string(o.rank) +
-                    " is not a rank of \"world_size\" = " + std::to_string(o.world_size) +
-                    "; the capture is corrupt (re-run the training to write a new one)",
-                Error::kUsage);
+  std::tie(o.world_size, o.rank) = captured_rank(c);
   fs::create_directories(out_dir);
   RunOptions ro;
   ro.data_optional = true;  // the step's micro-batches come from the capture
@@ -221,8 +227,7 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
   r.captured_precision = capture_field_as<std::string>(c, "precision");
   r.captured_attention = capture_field_as<std::string>(c, "attention");
   r.threads = capture_field_as<int>(c, "threads");
-  r.world_size = c.meta.contains("world_size") ? capture_field_as<int>(c, "world_size") : 1;
-  r.rank = c.meta.contains("rank") ? capture_field_as<int>(c, "rank") : 0;
+  std::tie(r.world_size, r.rank) = captured_rank(c);
   // One rank of several: its own loss and pre-reduce gradients are what a replay of it reproduces.
   const bool local = r.world_size > 1;
   r.recorded_loss_bits = capture_field_as<std::string>(c, local ? "local_loss_bits" : "loss_bits");

@@ -1,9 +1,10 @@
 // Non-finite weights in a loaded checkpoint (issue 21 item 5), produced the natural way: one
 // 16-true step at optim.lr = 1e5 (an AdamW step moves each weight by about lr, beyond f16's 65504)
-// overflows the f16 weights, and the run saves them. Loading that checkpoint as model.path, or resuming from it, stops at load
-// time naming the checkpoint's file, the tensor, the count and the first index (keel's layout is
-// the file's here), exit 2; model.allow_nonfinite_weights = true loads it anyway with a warning,
-// and the first step then says which parameter VALUES were already non-finite.
+// overflows the f16 weights, and the run saves them. Loading that checkpoint as model.path, or
+// resuming from it, stops at load time naming the checkpoint's file, the tensor, the count and the
+// first index (keel's layout is the file's here), exit 2; model.allow_nonfinite_weights = true
+// loads it anyway with a warning, and the first step then says which parameter VALUES were already
+// non-finite.
 #include <gtest/gtest.h>
 
 #include <filesystem>

@@ -272,6 +272,32 @@ TEST(Replay, MalformedCapturesNameTheFileAndTheFix) {
     EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
   }
   {
+    // One rank of several: a rank outside the world, a missing local loss, a global window with
+    // fewer tokens than the rank's own micro-batches.
+    const std::string d = copy("replay-bad-rank");
+    const json base = json::parse(slurp(d + "/capture.json"));
+    json meta = base;
+    meta["world_size"] = 2;
+    meta["rank"] = 5;
+    std::ofstream(d + "/capture.json") << meta.dump();
+    std::string m = error_of(d);
+    EXPECT_CONTAINS(m, d + "/capture.json: \"rank\" = 5 is not a rank of \"world_size\" = 2");
+    meta["rank"] = 1;
+    std::ofstream(d + "/capture.json") << meta.dump();
+    m = error_of(d);
+    EXPECT_CONTAINS(m, d + "/capture.json: missing \"local_loss_bits\"");
+    meta["local_loss_bits"] = "0x0";
+    meta["local_grads_fingerprint"] = "";
+    meta["window_tokens"] = 1;
+    std::ofstream(d + "/capture.json") << meta.dump();
+    m = error_of(d);
+    EXPECT_CONTAINS(m, d + "/capture.json: \"window_tokens\" = 1 is fewer than the captured");
+    meta["window_tokens"] = "many";
+    std::ofstream(d + "/capture.json") << meta.dump();
+    m = error_of(d);
+    EXPECT_CONTAINS(m, d + "/capture.json: \"window_tokens\" has the wrong type");
+  }
+  {
     const std::string d = copy("replay-bad-model");
     io::Safetensors st = io::read_safetensors(d + "/model.safetensors");
     std::vector<std::pair<std::string, Tensor>> fewer;
