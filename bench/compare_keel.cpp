@@ -6,6 +6,12 @@
 //
 //   compare_keel --model DIR --ids FILE --batch B --seq T --steps N --precision P
 //                [--threads N] [--lr 1e-4] [--weight-decay 0.1] [--max-grad-norm 1.0]
+//                [--adapter lora|dora --r 32 --alpha 64 --adapter-dropout 0.05
+//                 --targets q_proj,k_proj,... --base-dtype f32|bf16 --adapter-init DIR]
+//
+// With --adapter the base is frozen (stored in --base-dtype) and only the adapter trains; the
+// adapter as initialized is written to --adapter-init (a PEFT directory) unless that directory
+// exists, so that the PyTorch side starts from the same lora_A.
 //
 // FILE holds int64 little-endian token ids [steps, B, T + 1]: row b of step s is the input
 // ids[s, b, :T] with the next-token labels ids[s, b, 1:].
@@ -20,10 +26,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench/matmul_peak.h"
+#include "keel/io/hf_model.h"
 #include "keel/numerics/error.h"
 #include "keel/tensor/host_memory.h"
 #include "keel/train/trainer.h"
@@ -105,6 +113,16 @@ int main(int argc, char** argv) try {
   c.sched.name = "constant";
   c.log.console = c.log.metrics = c.log.tensorboard = false;
   c.debug.nan_capture = false;
+  c.model.adapter.kind = arg(argc, argv, "--adapter", "none");
+  if (c.model.adapter.kind != "none") {
+    c.model.adapter.r = std::stoll(arg(argc, argv, "--r", "8"));
+    c.model.adapter.alpha = std::stod(arg(argc, argv, "--alpha", "16"));
+    c.model.adapter.dropout = std::stod(arg(argc, argv, "--adapter-dropout", "0"));
+    c.model.adapter.target_modules.clear();
+    std::stringstream targets(arg(argc, argv, "--targets", "q_proj,v_proj"));
+    for (std::string t; std::getline(targets, t, ',');) c.model.adapter.target_modules.push_back(t);
+    c.model.base_dtype = arg(argc, argv, "--base-dtype", "f32");
+  }
 
   // Probed before and after the steps (bench/matmul_peak.h); the buffers live throughout, so the
   // second probe adds nothing to the peak RSS.
@@ -117,6 +135,16 @@ int main(int argc, char** argv) try {
   std::fprintf(stderr, "before construction: %s\n", rss_now().c_str());
   Trainer t(c);
   const double n_params = static_cast<double>(t.model().num_parameters());
+  double n_trainable = 0;
+  for (const auto& [name, p] : t.model().named_parameters(/*trainable_only=*/true))
+    n_trainable += static_cast<double>(p.numel());
+  const std::string adapter_init = arg(argc, argv, "--adapter-init", "-");
+  if (c.model.adapter.kind != "none" && adapter_init != "-" &&
+      !std::filesystem::exists(adapter_init)) {
+    nn::AdapterOptions opt = c.model.adapter;
+    opt.seed = c.run.seed;
+    io::save_peft_adapter(t.model(), opt, adapter_init, model);
+  }
   const auto& spec = t.model().spec();
   std::fprintf(stderr, "after construction: %s\n", rss_now().c_str());
   std::vector<double> losses, seconds;
@@ -149,8 +177,10 @@ int main(int argc, char** argv) try {
   getrusage(RUSAGE_SELF, &ru);
   std::filesystem::remove_all(dir);
 
-  std::printf("{\"side\": \"keel\", \"precision\": \"%s\", \"threads\": %d, \"params\": %.0f, ",
-              precision.c_str(), omp_get_max_threads(), n_params);
+  std::printf(
+      "{\"side\": \"keel\", \"precision\": \"%s\", \"threads\": %d, \"params\": %.0f, "
+      "\"trainable\": %.0f, ",
+      precision.c_str(), omp_get_max_threads(), n_params, n_trainable);
   std::printf(
       "\"n_layer\": %lld, \"n_embd\": %lld, \"peak_gflops_before\": %.2f, "
       "\"peak_gflops_after\": %.2f, \"peak_rss_mb\": %.1f, \"base_rss_mb\": %.1f, ",

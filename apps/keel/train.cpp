@@ -247,7 +247,8 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   else
     log_cfg.console = log_cfg.metrics = log_cfg.tensorboard = false;
   loggers = std::make_unique<log::RunLoggers>(log_cfg, trainer.out_dir(), trainer.total_steps(),
-                                              trainer.scaler() != nullptr);
+                                              trainer.scaler() != nullptr, stdout,
+                                              cfg.run.resume ? trainer.steps_done() : -1);
   const auto& spec = trainer.model().spec();
   const std::string ranks =
       world > 1 ? " | " + std::to_string(world) + " ranks (" + pg->backend() + ")" : "";

@@ -10,7 +10,14 @@ Per configuration and precision it prints tokens/s of each side (median step tim
 after warm-up, medians over rounds) with the spread of the step times, their ratio, peak RSS of
 each, the loss of both at every step (in 32-true they must agree within LOSS_RTOL, which shows the
 same work is timed) and keel's model-FLOPs utilization against the matmul peak measured in keel's
-process. Then thread scaling of GPT-2 124M B=4 T=64. The header names the OpenBLAS core PyTorch's
+process. Then thread scaling of GPT-2 124M B=4 T=64.
+
+LoRA configurations (`adapter` in CONFIGS: the seed's recipe, r=32, alpha 64 on q, k, v, up, down)
+train a Llama-3.2-1B-shaped checkpoint written by bench/write_random_hf.py: a frozen base (bf16
+under bf16-mixed, f32 under 32-true) and f32 adapters on both sides. Debian has no peft, so the
+PyTorch side's LoRA is written here as PEFT's tuners/lora/layer.py Linear computes it, and it loads
+the adapter keel initialized (the PEFT directory compare_keel writes), so both start from the same
+lora_A. The header names the OpenBLAS core PyTorch's
 fp32 products run on, and warns when its kernels are narrower than the CPU's (SSE3 or AVX2 on an
 AVX-512 CPU: a handicapped peer). Debian's torch 1.13 only works with /usr/bin/python3.
 
@@ -26,6 +33,9 @@ import struct
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import write_random_hf  # noqa: E402  (bench/: the random HF checkpoints of the LoRA configurations)
 
 # Relative agreement of the per-step 32-true losses (keel vs torch). Both sides accumulate f32 sums
 # in different orders (oneDNN vs MKL-DNN blocking, softmax/cross-entropy reductions), and AdamW
@@ -45,36 +55,125 @@ CONFIGS = {
     "llama-134m-b4t64": dict(family="llama", n_layer=12, n_embd=768, n_head=12, vocab=32000, ffn=2048,
                              B=4, T=64),
 }
-# A seconds-long run of the whole script (not in the default list): --only smoke --scaling 1,2
-SMOKE = {"smoke": dict(family="gpt2", n_layer=2, n_embd=64, n_head=4, vocab=512, B=2, T=16)}
+
+# The seed's adapter recipe (issue 25): LoRA r=32, alpha 64, dropout 0.05 on q, k, v, up, down.
+SEED_LORA = dict(kind="lora", r=32, alpha=64.0, dropout=0.05,
+                 targets=["q_proj", "k_proj", "v_proj", "up_proj", "down_proj"])
+
+
+def from_shape(shape, B, T, **extra):
+    """A configuration whose checkpoint is write_random_hf.py's `shape` (its sizes from there)."""
+    h = write_random_hf.SHAPES[shape]
+    return dict(family="llama", shape=shape, n_layer=h["num_hidden_layers"],
+                n_embd=h["hidden_size"], n_head=h["num_attention_heads"],
+                n_kv_head=h["num_key_value_heads"], vocab=h["vocab_size"],
+                ffn=h["intermediate_size"], B=B, T=T, **extra)
+
+
+# Llama-3.2-1B shapes (16 layers, 2048 wide, 32/8 heads, MLP 8192, vocab 128,256, tied, llama3 rope
+# scaling), the seed's micro-batch: a bf16 frozen base under bf16-mixed.
+CONFIGS["llama-1b-lora-b2t512"] = from_shape("1b", 2, 512, adapter=SEED_LORA,
+                                             precisions=["bf16-mixed"])
+# A seconds-long run of the whole script (not in the default list): --only smoke --scaling 1,2.
+# lora-tiny: the LoRA path at write_random_hf's tiny shape (GQA, llama3 scaling, untied head); no
+# adapter dropout, so that the 32-true losses of every step must agree (dropout masks differ).
+SMOKE = {"smoke": dict(family="gpt2", n_layer=2, n_embd=64, n_head=4, vocab=512, B=2, T=16),
+         "lora-tiny": from_shape("tiny", 2, 64, adapter=dict(SEED_LORA, r=8, dropout=0.0))}
 
 
 # ---------------------------------------------------------------------------------------------
 # PyTorch side
 # ---------------------------------------------------------------------------------------------
-def read_safetensors(path):
+def safetensors_files(model_dir):
+    """model.safetensors, or the shards model.safetensors.index.json names."""
+    single = os.path.join(model_dir, "model.safetensors")
+    if os.path.exists(single):
+        return [single]
+    with open(os.path.join(model_dir, "model.safetensors.index.json")) as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+    return [os.path.join(model_dir, s) for s in shards]
+
+
+def load_safetensors_into(params, files, rename=lambda k: k):
+    """Copies every tensor of `files` into params[rename(name)] (converting the dtype), one tensor
+    in memory at a time: the side's peak RSS is its model, not a file's copy of it. A name that
+    renames to None is skipped. Returns the parameter names that got no tensor."""
     import torch
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        blob = f.read()
     dt = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = info["data_offsets"]
-        t = torch.frombuffer(bytearray(blob[a:b]), dtype=dt[info["dtype"]]).reshape(info["shape"])
-        out[name] = t.float()
-    return out
+    unexpected, seen = [], set()
+    for path in files:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            for name, info in header.items():
+                key = None if name == "__metadata__" else rename(name)
+                if key is None:
+                    continue
+                if key not in params:
+                    unexpected.append(name)
+                    continue
+                a, b = info["data_offsets"]
+                f.seek(8 + n + a)
+                t = torch.frombuffer(bytearray(f.read(b - a)), dtype=dt[info["dtype"]])
+                with torch.no_grad():
+                    params[key].copy_(t.reshape(info["shape"]))
+                seen.add(key)
+    if unexpected:
+        raise SystemExit(f"{files[0]}: unexpected tensors {unexpected[:5]}")
+    return sorted(set(params) - seen)
 
 
-def build_torch_model(model_dir):
+def llama3_inv_freq(inv, rs):
+    """HF's _compute_llama3_parameters (the same rule as keel/ops/rope.cpp): long wavelengths
+    stretched by `factor`, short ones kept, the band between blended."""
+    import torch
+    factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old = rs["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    stretched = torch.where(wavelen > old / lo, inv / factor, inv)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    blended = (1 - smooth) * stretched / factor + smooth * stretched
+    medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+    return torch.where(medium, blended, stretched)
+
+
+def lora_linear_class():
+    import torch.nn as nn
+
+    class LoraLinear(nn.Module):
+        """PEFT's lora.Linear (tuners/lora/layer.py): result = base_layer(x); x cast to the
+        adapter's dtype (f32); result + lora_B(lora_A(dropout(x))) * alpha / r, cast back to the
+        base result's dtype. lora_A and lora_B are loaded from keel's initial adapter."""
+
+        def __init__(self, base, r, alpha, dropout):
+            super().__init__()
+            self.base_layer = base
+            self.lora_A = nn.Linear(base.in_features, r, bias=False, device="meta")
+            self.lora_B = nn.Linear(r, base.out_features, bias=False, device="meta")
+            self.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+            self.scaling = alpha / r
+
+        def forward(self, x):
+            result = self.base_layer(x)
+            result_dtype = result.dtype
+            h = x.to(self.lora_A.weight.dtype)
+            result = result + self.lora_B(self.lora_A(self.lora_dropout(h))) * self.scaling
+            return result.to(result_dtype)
+
+    return LoraLinear
+
+
+def build_torch_model(model_dir, base_dtype="f32", adapter=None, adapter_init=None):
+    """The model of `model_dir` in plain torch.nn with its weights, parameters in f32 (or, under an
+    adapter, the frozen base in `base_dtype`, as PEFT on a model loaded in that dtype). The modules
+    are built on the meta device and allocated once, so no random init is paid for or held."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
 
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
+    pdt = torch.bfloat16 if adapter and base_dtype == "bf16" else torch.float32
+    dd = dict(device="meta", dtype=pdt)
 
     def causal_attention(q, k, v):  # [B, H, T, D] each
         T, D = q.shape[-2], q.shape[-1]
@@ -86,8 +185,8 @@ def build_torch_model(model_dir):
     class Conv1D(nn.Module):  # HF GPT-2: weight [in, out]
         def __init__(self, nin, nout):
             super().__init__()
-            self.weight = nn.Parameter(torch.empty(nin, nout))
-            self.bias = nn.Parameter(torch.empty(nout))
+            self.weight = nn.Parameter(torch.empty(nin, nout, **dd))
+            self.bias = nn.Parameter(torch.empty(nout, **dd))
 
         def forward(self, x):
             return torch.addmm(self.bias, x.reshape(-1, x.shape[-1]), self.weight).view(
@@ -100,11 +199,11 @@ def build_torch_model(model_dir):
         class Block(nn.Module):
             def __init__(self):
                 super().__init__()
-                self.ln_1 = nn.LayerNorm(C, eps=eps)
+                self.ln_1 = nn.LayerNorm(C, eps=eps, **dd)
                 self.attn = nn.Module()
                 self.attn.c_attn = Conv1D(C, 3 * C)
                 self.attn.c_proj = Conv1D(C, C)
-                self.ln_2 = nn.LayerNorm(C, eps=eps)
+                self.ln_2 = nn.LayerNorm(C, eps=eps, **dd)
                 self.mlp = nn.Module()
                 self.mlp.c_fc = Conv1D(C, 4 * C)
                 self.mlp.c_proj = Conv1D(4 * C, C)
@@ -122,10 +221,10 @@ def build_torch_model(model_dir):
             def __init__(self):
                 super().__init__()
                 self.transformer = nn.Module()
-                self.transformer.wte = nn.Embedding(V, C)
-                self.transformer.wpe = nn.Embedding(cfg["n_positions"], C)
+                self.transformer.wte = nn.Embedding(V, C, **dd)
+                self.transformer.wpe = nn.Embedding(cfg["n_positions"], C, **dd)
                 self.transformer.h = nn.ModuleList(Block() for _ in range(L))
-                self.transformer.ln_f = nn.LayerNorm(C, eps=eps)
+                self.transformer.ln_f = nn.LayerNorm(C, eps=eps, **dd)
 
             def forward(self, ids):
                 tr = self.transformer
@@ -140,14 +239,17 @@ def build_torch_model(model_dir):
         C, H, L, V = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"], cfg[
             "vocab_size"]
         Hkv = cfg.get("num_key_value_heads", H)
-        D, Fd = C // H, cfg["intermediate_size"]
+        D, Fd = cfg.get("head_dim", C // H), cfg["intermediate_size"]
         eps, theta = cfg.get("rms_norm_eps", 1e-6), cfg.get("rope_theta", 10000.0)
         tied = cfg.get("tie_word_embeddings", False)
+        rs = cfg.get("rope_scaling")
+        if rs and rs.get("rope_type", rs.get("type")) not in ("llama3", "default"):
+            raise SystemExit(f"{model_dir}: rope_scaling {rs} is not implemented here")
 
         class RMSNorm(nn.Module):  # HF LlamaRMSNorm
             def __init__(self):
                 super().__init__()
-                self.weight = nn.Parameter(torch.ones(C))
+                self.weight = nn.Parameter(torch.empty(C, **dd))
 
             def forward(self, x):
                 xf = x.float()
@@ -165,12 +267,12 @@ def build_torch_model(model_dir):
                 self.post_attention_layernorm = RMSNorm()
                 self.self_attn = nn.Module()
                 for n, o in (("q_proj", H * D), ("k_proj", Hkv * D), ("v_proj", Hkv * D)):
-                    setattr(self.self_attn, n, nn.Linear(C, o, bias=False))
-                self.self_attn.o_proj = nn.Linear(H * D, C, bias=False)
+                    setattr(self.self_attn, n, nn.Linear(C, o, bias=False, **dd))
+                self.self_attn.o_proj = nn.Linear(H * D, C, bias=False, **dd)
                 self.mlp = nn.Module()
-                self.mlp.gate_proj = nn.Linear(C, Fd, bias=False)
-                self.mlp.up_proj = nn.Linear(C, Fd, bias=False)
-                self.mlp.down_proj = nn.Linear(Fd, C, bias=False)
+                self.mlp.gate_proj = nn.Linear(C, Fd, bias=False, **dd)
+                self.mlp.up_proj = nn.Linear(C, Fd, bias=False, **dd)
+                self.mlp.down_proj = nn.Linear(Fd, C, bias=False, **dd)
 
             def forward(self, x, cos, sin):
                 B, T, _ = x.shape
@@ -180,7 +282,7 @@ def build_torch_model(model_dir):
                 v = a.v_proj(h).view(B, T, Hkv, D).transpose(1, 2)
                 if Hkv != H:
                     k, v = (t.repeat_interleave(H // Hkv, dim=1) for t in (k, v))
-                x = x + a.o_proj(causal_attention(q, k, v).transpose(1, 2).reshape(B, T, C))
+                x = x + a.o_proj(causal_attention(q, k, v).transpose(1, 2).reshape(B, T, H * D))
                 h, m = self.post_attention_layernorm(x), self.mlp
                 return x + m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
 
@@ -188,15 +290,17 @@ def build_torch_model(model_dir):
             def __init__(self):
                 super().__init__()
                 self.model = nn.Module()
-                self.model.embed_tokens = nn.Embedding(V, C)
+                self.model.embed_tokens = nn.Embedding(V, C, **dd)
                 self.model.layers = nn.ModuleList(Layer() for _ in range(L))
                 self.model.norm = RMSNorm()
                 if not tied:
-                    self.lm_head = nn.Linear(C, V, bias=False)
+                    self.lm_head = nn.Linear(C, V, bias=False, **dd)
 
             def forward(self, ids):
                 T = ids.shape[1]
                 inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+                if rs and rs.get("rope_type", rs.get("type")) == "llama3":
+                    inv = llama3_inv_freq(inv, rs)
                 f = torch.outer(torch.arange(T, dtype=torch.float64), inv).float()
                 cos, sin = torch.cat((f.cos(), f.cos()), -1), torch.cat((f.sin(), f.sin()), -1)
                 x = self.model.embed_tokens(ids)
@@ -207,16 +311,36 @@ def build_torch_model(model_dir):
 
         model, prefix = Llama(), ""
 
-    sd = read_safetensors(os.path.join(model_dir, "model.safetensors"))
-    fixed = {}
-    for k, v in sd.items():
-        if prefix and not k.startswith(prefix) and not k.startswith("lm_head"):
-            k = prefix + k
-        fixed[k] = v
-    fixed.pop("lm_head.weight", None) if cfg["model_type"] == "gpt2" else None
-    missing, unexpected = model.load_state_dict(fixed, strict=False)
-    if missing or unexpected:
-        raise SystemExit(f"{model_dir}: missing {missing}, unexpected {unexpected}")
+    def rename(k):  # HF file names -> this model's (GPT-2: the prefix, its tied lm_head)
+        if cfg["model_type"] == "gpt2" and k == "lm_head.weight":
+            return None
+        return prefix + k if prefix and not k.startswith(prefix) else k
+
+    model.to_empty(device="cpu")
+    missing = load_safetensors_into(dict(model.named_parameters()), safetensors_files(model_dir),
+                                    rename)
+    if missing:
+        raise SystemExit(f"{model_dir}: missing {missing}")
+    if adapter:
+        # Freeze the base, wrap the targets (PEFT's rule: the module's name ends with an entry),
+        # then load keel's initial lora_A / lora_B by their PEFT names.
+        model.requires_grad_(False)
+        LoraLinear = lora_linear_class()
+        targets = [(n, m) for n, m in model.named_modules()
+                   if isinstance(m, nn.Linear) and n.split(".")[-1] in adapter["targets"]]
+        for n, m in targets:
+            parent, child = n.rsplit(".", 1)
+            lora = LoraLinear(m, adapter["r"], adapter["alpha"], adapter["dropout"])
+            lora.lora_A.to_empty(device="cpu")
+            lora.lora_B.to_empty(device="cpu")
+            setattr(model.get_submodule(parent), child, lora)
+        lora_params = {n: p for n, p in model.named_parameters() if ".lora_" in n}
+        peft = "base_model.model."  # PEFT's adapter-file prefix before the module path
+        missing = load_safetensors_into(
+            lora_params, [os.path.join(adapter_init, "adapter_model.safetensors")],
+            lambda k: k[len(peft):] if k.startswith(peft) else k)
+        if missing:
+            raise SystemExit(f"{adapter_init}: missing {missing[:5]}")
     return model
 
 
@@ -304,11 +428,15 @@ def torch_worker(a):
     base_rss = current_rss_mb()  # interpreter + torch's libraries, before the model exists
     probe_dtype = torch.bfloat16 if a.precision == "bf16-mixed" else torch.float32
     probe_before = torch_matmul_probe(probe_dtype)
-    model = build_torch_model(a.model)
+    adapter = json.loads(a.adapter) if a.adapter else None
+    model = build_torch_model(a.model, a.base_dtype, adapter, a.adapter_init)
     model.train()
-    # keel's param groups (optim/optimizer.cpp make_param_groups): no decay on biases, norms, 1-D.
+    # keel's param groups (optim/optimizer.cpp make_param_groups): no decay on biases, norms, 1-D;
+    # only what trains (under an adapter, the adapter).
     decay, no_decay = [], []
     for n, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
         ln = n.lower()
         (no_decay if ("bias" in ln or "norm" in ln or "ln_" in ln or p.dim() < 2) else decay).append(p)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
@@ -316,7 +444,7 @@ def torch_worker(a):
                             lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
     B, T, S = a.batch, a.seq, a.steps
     ids = torch.from_numpy(__import__("numpy").fromfile(a.ids, dtype="<i8").reshape(S, B, T + 1))
-    params = [p for p in model.parameters()]
+    params = [p for p in model.parameters() if p.requires_grad]
     losses, seconds = [], []
     for s in range(S):
         x, y = ids[s, :, :T].contiguous(), ids[s, :, 1:].contiguous()
@@ -336,19 +464,39 @@ def torch_worker(a):
     print(json.dumps({"side": "torch", "precision": a.precision, "threads": torch.get_num_threads(),
                       "blas": blas, "peak_gflops_before": probe_before,
                       "peak_gflops_after": probe_after, "peak_rss_mb": rss, "base_rss_mb": base_rss,
-                      "loss": losses, "seconds": seconds}))
+                      "params": sum(p.numel() for p in model.parameters()),
+                      "trainable": sum(p.numel() for p in params), "loss": losses,
+                      "seconds": seconds}))
 
 
 # ---------------------------------------------------------------------------------------------
 # Driver
 # ---------------------------------------------------------------------------------------------
+def adapter_weights(c):
+    """Weights of the adapter (LoRA/DoRA A and B: r x (in + out) per target) of a Llama `c`."""
+    ad = c.get("adapter")
+    if not ad:
+        return 0
+    C, F = c["n_embd"], c["ffn"]
+    kv = C // c["n_head"] * c.get("n_kv_head", c["n_head"])
+    dims = {"q_proj": (C, C), "k_proj": (C, kv), "v_proj": (C, kv), "o_proj": (C, C),
+            "gate_proj": (C, F), "up_proj": (C, F), "down_proj": (F, C)}
+    return c["n_layer"] * sum(ad["r"] * sum(dims[t]) for t in ad["targets"])
+
+
 def flops_per_token(c, T):
-    """Model FLOPs per trained token (PaLM): 6 x the matmul weights + 12 L T C for attention."""
+    """Model FLOPs per trained token (PaLM): 6 x the matmul weights + 12 L T C for attention.
+    Under an adapter the frozen base needs no weight gradients: 4 x its matmul weights (forward
+    and input gradients) + 6 x the adapter's weights + attention. Model FLOPs: the recomputation
+    of activation checkpointing and DoRA's per-step weight norms are not counted."""
     C, L, V = c["n_embd"], c["n_layer"], c["vocab"]
     if c["family"] == "gpt2":
         mm = L * 12 * C * C + V * C  # c_attn 3C², c_proj C², c_fc 4C², mlp.c_proj 4C²; tied head
     else:
-        mm = L * (4 * C * C + 3 * C * c["ffn"]) + V * C  # q k v o, gate up down; head
+        kv = C // c["n_head"] * c.get("n_kv_head", c["n_head"])  # grouped-query k, v widths
+        mm = L * (2 * C * C + 2 * C * kv + 3 * C * c["ffn"]) + V * C  # q o, k v, MLP; head
+    if c.get("adapter"):
+        return 4 * mm + 6 * adapter_weights(c) + 12 * L * T * C
     return 6 * mm + 12 * L * T * C
 
 
@@ -363,7 +511,10 @@ def prepare(name, c, a, keel_cli):
     import numpy as np
     d = os.path.join(a.work, name)
     model = os.path.join(d, "model")
-    if not os.path.exists(os.path.join(model, "model.safetensors")):
+    if c.get("shape"):  # streamed, bf16 (skipped when up to date)
+        subprocess.run([sys.executable, write_random_hf.__file__, "--shape", c["shape"], "--out",
+                        model], check=True, capture_output=True)
+    elif not os.path.exists(os.path.join(model, "model.safetensors")):
         cmd = [keel_cli, "init-model", "--family", c["family"], "--out", model,
                "--n-layer", str(c["n_layer"]), "--n-embd", str(c["n_embd"]), "--n-head",
                str(c["n_head"]), "--vocab-size", str(c["vocab"]), "--max-seq-len",
@@ -383,8 +534,20 @@ def side_cmds(a, model, ids, c, precision, threads, keel_bin):
               "--steps", str(a.steps), "--precision", precision, "--threads", str(threads),
               "--lr", str(a.lr), "--weight-decay", str(a.weight_decay), "--max-grad-norm",
               str(a.max_grad_norm)]
-    return {"keel": [keel_bin] + common,
-            "torch": ["/usr/bin/python3", os.path.abspath(__file__), "--worker", "torch"] + common}
+    keel, torch = [], []
+    ad = c.get("adapter")
+    if ad:
+        # A bf16 frozen base under bf16-mixed (the seed's run), f32 under 32-true; the adapter
+        # keel initializes is written beside the checkpoint for the torch side to load.
+        base = "bf16" if precision == "bf16-mixed" else "f32"
+        init = os.path.join(os.path.dirname(model), f"adapter-init-{ad['kind']}-r{ad['r']}")
+        common += ["--base-dtype", base, "--adapter-init", init]
+        keel = ["--adapter", ad["kind"], "--r", str(ad["r"]), "--alpha", str(ad["alpha"]),
+                "--adapter-dropout", str(ad["dropout"]), "--targets", ",".join(ad["targets"])]
+        torch = ["--adapter", json.dumps(ad)]
+    return {"keel": [keel_bin] + common + keel,
+            "torch": ["/usr/bin/python3", os.path.abspath(__file__), "--worker", "torch"] + common
+            + torch}
 
 
 def summarize(runs, warmup, tokens):
@@ -419,6 +582,9 @@ def main():
     p.add_argument("--model"), p.add_argument("--ids")
     p.add_argument("--batch", type=int), p.add_argument("--seq", type=int)
     p.add_argument("--precision", default="32-true")
+    p.add_argument("--adapter", default="", help=argparse.SUPPRESS)  # worker: JSON of `adapter`
+    p.add_argument("--base-dtype", default="f32", help=argparse.SUPPRESS)
+    p.add_argument("--adapter-init", default="", help=argparse.SUPPRESS)
     p.add_argument("--build", default="build-perf")
     p.add_argument("--only", default="", help="comma-separated configuration names")
     p.add_argument("--precisions", default="32-true,bf16-mixed")
@@ -476,12 +642,16 @@ def main():
     results = {}
     for name in names:
         c = CONFIGS[name]
-        for prec in precisions:
+        ad = c.get("adapter")
+        for prec in [x for x in precisions if x in c.get("precisions", precisions)]:
             m = measure(a, name, c, prec, a.threads, bins, envs)
             k, t = m["keel"], m["torch"]
             results[(name, prec)] = m
             kl, tl = k["runs"][0]["loss"], t["runs"][0]["loss"]
-            rel = max(abs(x - y) / abs(y) for x, y in zip(kl, tl))
+            # Adapter dropout draws different masks on the two sides: only the first step (whose
+            # update is zero, lora_B starting at 0) computes the same loss.
+            compared = 1 if ad and ad["dropout"] > 0 else len(kl)
+            rel = max(abs(x - y) / abs(y) for x, y in zip(kl[:compared], tl[:compared]))
             # The highest matmul rate any of keel's probes saw (before and after its steps, every
             # round): on a shared VM the rate moves by up to 3x (bench/matmul_peak.h).
             probes, torch_probes = probe_rates(k["runs"]), probe_rates(t["runs"])
@@ -505,8 +675,18 @@ def main():
                           f"keel (SSE3 Prescott: 5x slower products on Emerald Rapids; AVX2: 36-47% slower); "
                           f"rerun with --torch-openblas-core {best} (or auto, when this OpenBLAS "
                           f"knows the CPU)")
-            print(f"\n{name} ({k['runs'][0]['params'] / 1e6:.1f}M params, B={c['B']} T={c['T']}) "
-                  f"{prec}")
+            trains = ""
+            if ad:
+                trains = (f", {k['runs'][0]['trainable'] / 1e6:.2f}M trainable: {ad['kind']} r={ad['r']} "
+                          f"alpha {ad['alpha']:g} dropout {ad['dropout']:g} on "
+                          f"{','.join(ad['targets'])}, {'bf16' if prec == 'bf16-mixed' else 'f32'} "
+                          f"frozen base")
+                if k["runs"][0]["trainable"] != t["runs"][0]["trainable"]:
+                    ok = False
+                    print(f"  DIFFERENT trainable counts: keel {k['runs'][0]['trainable']}, "
+                          f"torch {t['runs'][0]['trainable']}")
+            print(f"\n{name} ({k['runs'][0]['params'] / 1e6:.1f}M params{trains}, B={c['B']} "
+                  f"T={c['T']}) {prec}")
             print(f"  keel  {k['tps']:9.0f} tok/s  step {fmt_spread(k)}  peak RSS {k['rss']:.0f} MB "
                   f"({k['base']:.0f} before the model)")
             print(f"  torch {t['tps']:9.0f} tok/s  step {fmt_spread(t)}  peak RSS {t['rss']:.0f} MB "
@@ -522,8 +702,17 @@ def main():
             print("  loss keel : " + " ".join(f"{x:.6f}" for x in kl))
             print("  loss torch: " + " ".join(f"{x:.6f}" for x in tl))
             verdict = ("agree" if agree else "DISAGREE") if prec == "32-true" else "(informative)"
-            print(f"  max relative loss difference {rel:.2e} {verdict}")
-        if "32-true" in precisions and "bf16-mixed" in precisions:
+            which = "" if compared == len(kl) else " (first step only: adapter dropout masks differ)"
+            print(f"  max relative loss difference {rel:.2e}{which} {verdict}")
+            if ad:
+                tmfu = t["tps"] * flops_per_token(c, c["T"]) / (peak * 1e9)
+                speed, mem = k["tps"] / t["tps"], k["rss"] / t["rss"]
+                met = "met" if speed >= 2 and mem <= 0.7 else "NOT met"
+                print(f"  MFU (adapter step FLOPs, of keel's {peak:.0f} GFLOP/s peak): keel "
+                      f"{100 * mfu:.1f}%, torch {100 * tmfu:.1f}%")
+                print(f"  goal (issue 25): keel >= 2x torch tokens/s at <= 0.7x its peak RSS: "
+                      f"{speed:.2f}x at {mem:.2f}x: {met}")
+        if (name, "32-true") in results and (name, "bf16-mixed") in results:
             k32, k16 = results[(name, "32-true")]["keel"], results[(name, "bf16-mixed")]["keel"]
             t16 = results[(name, "bf16-mixed")]["torch"]
             print(f"  keel bf16-mixed / keel 32-true {k16['tps'] / k32['tps']:.2f}x; "

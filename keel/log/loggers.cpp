@@ -5,13 +5,15 @@
 namespace keel::log {
 
 RunLoggers::RunLoggers(const LogConfig& cfg, const std::string& out_dir, int64_t total_steps,
-                       bool show_scale, std::FILE* console) {
+                       bool show_scale, std::FILE* console, int64_t resumed_at) {
   if (cfg.console) console_out_ = console;
   if (cfg.console)
     console_ = std::make_unique<ConsoleLogger>(
         ConsoleLogger::Options{total_steps, cfg.every, show_scale}, console);
   if (cfg.metrics) metrics_ = std::make_unique<MetricsWriter>(out_dir);
-  if (cfg.tensorboard) tensorboard_ = std::make_unique<TensorBoardWriter>(out_dir);
+  if (cfg.tensorboard)
+    tensorboard_ =
+        std::make_unique<TensorBoardWriter>(out_dir, resumed_at >= 0 ? resumed_at + 1 : -1);
 }
 
 void RunLoggers::log(const StepResult& r, const nlohmann::json& extra) {

@@ -15,9 +15,10 @@ namespace keel::log {
 
 class RunLoggers {
  public:
-  // `total_steps` <= 0: unknown. `show_scale`: a loss scaler is on (16-mixed).
+  // `total_steps` <= 0: unknown. `show_scale`: a loss scaler is on (16-mixed). `resumed_at` >= 0:
+  // the run resumed after that step, so TensorBoard hides what an earlier writer logged beyond it.
   RunLoggers(const LogConfig& cfg, const std::string& out_dir, int64_t total_steps, bool show_scale,
-             std::FILE* console = stdout);
+             std::FILE* console = stdout, int64_t resumed_at = -1);
 
   // `extra`: more fields for metrics.jsonl (e.g. eval_loss); its top-level numbers also go to
   // TensorBoard under their key.

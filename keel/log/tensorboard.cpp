@@ -99,6 +99,15 @@ std::string encode_file_version_event(double wall_time, const std::string& versi
   return e;
 }
 
+std::string encode_session_start_event(double wall_time, int64_t step) {
+  std::string log;
+  put_tag(log, 1, 0);  // SessionLog.status: enum varint
+  put_varint(log, 1);  // START
+  std::string e = event_header(wall_time, &step);
+  put_bytes(e, 7, log);  // Event.session_log
+  return e;
+}
+
 std::string encode_scalars_event(double wall_time, int64_t step,
                                  const std::vector<std::pair<std::string, float>>& values) {
   std::string summary;
@@ -124,7 +133,7 @@ std::string encode_record(const std::string& data) {
   return r;
 }
 
-TensorBoardWriter::TensorBoardWriter(const std::string& out_dir) {
+TensorBoardWriter::TensorBoardWriter(const std::string& out_dir, int64_t purge_step) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(out_dir) / "tb";
   std::error_code ec;
@@ -144,6 +153,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& out_dir) {
     throw Error("cannot create " + path_ + ": " + std::strerror(errno) +
                 " (check that the output directory is writable)");
   append(encode_file_version_event(t, "brain.Event:2"));
+  if (purge_step >= 0) append(encode_session_start_event(t, purge_step));
 }
 
 TensorBoardWriter::~TensorBoardWriter() {

@@ -79,6 +79,31 @@ TEST(CliLimits, ARunThatCannotFitIsRefusedBeforeAllocating) {
   EXPECT_EQ(r.err.find("bad_alloc"), std::string::npos) << r.err;
 }
 
+// An allocation that fails for real (the address space capped below what the run needs, while
+// MemAvailable says it fits, so the estimate's check passes) is an error naming the keys that size
+// the run, exit 1: never "std::bad_alloc" and never a crash. AddressSanitizer reserves terabytes
+// of shadow address space, so the cap cannot apply under it.
+TEST(CliLimits, AnAllocationThatFailsIsAnOutOfMemoryErrorNamingTheKeys) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "an address-space limit cannot apply under AddressSanitizer";
+#else
+  const std::string out = test::temp_dir("cli-limits-oom");
+  std::string cmd = "ulimit -v 700000 && exec " + std::string(KEEL_BINARY_DIR) + "/keel";
+  for (const std::string& a :
+       tiny_limits(out, {"model.n_layer=4", "model.n_embd=1024", "model.n_head=8",
+                         "train.batch_size=64", "data.seq_len=64", "run.threads=1"}))
+    cmd += " '" + a + "'";
+  auto r = test::run_command({"/bin/sh", "-c", cmd});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "out of memory");
+  EXPECT_CONTAINS(r.err, "train.batch_size");
+  EXPECT_CONTAINS(r.err, "keel memory");
+  EXPECT_EQ(r.output.find("bad_alloc"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("keel/"), std::string::npos)
+      << "a path into keel's sources: " << r.output;
+#endif
+}
+
 TEST(CliLimits, ThreadsBeyondTheCoresAreCappedWithAWarning) {
   const std::string out = test::temp_dir("cli-limits-threads");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());

@@ -20,6 +20,7 @@
 #include "keel/io/checkpoint.h"
 #include "tests/support/check.h"
 #include "tests/support/run_keel.h"
+#include "tests/support/tb_events.h"
 
 namespace keel {
 namespace {
@@ -149,6 +150,30 @@ TEST(CliOutDir, ACrashAtEveryPointOfASaveResumes) {
     for (size_t i = 0; i < recs.size(); ++i)
       EXPECT_EQ(recs[i].at("step").get<int64_t>(), static_cast<int64_t>(i + 1));
     EXPECT_TRUE(slurp(out + "/checkpoints/last/model.safetensors") == want);
+  }
+}
+
+// A run killed while saving step 4 (its last checkpoint holds step 2) logged steps 3 and 4 to
+// TensorBoard; the resumed run logs them again. TensorBoard shows each step once, the resumed
+// run's value, as metrics.jsonl does.
+TEST(CliOutDir, TensorBoardShowsEachStepOnceAfterAResume) {
+  const std::string out = test::temp_dir("outdir-tb");
+  const std::vector<std::string> sets = {"log.tensorboard=true", "log.checkpoint_every=2"};
+  // Saves: step 2 writes last then step-2 (tmp_written 1, 2); step 4 writes last (3).
+  auto r = run_keel(train(out, sets), {"KEEL_TEST_CRASH_AT=tmp_written:3"});
+  ASSERT_EQ(r.code, 86) << r.output;
+  ASSERT_EQ(saved_step(out), 2);
+  auto resumed = sets;
+  resumed.push_back("run.resume=true");
+  r = run_keel(train(out, resumed));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto recs = step_records(out);
+  const auto view = test::tensorboard_view(out + "/tb", "loss");
+  ASSERT_EQ(view.size(), 4u);
+  ASSERT_EQ(recs.size(), 4u);
+  for (size_t i = 0; i < view.size(); ++i) {
+    EXPECT_EQ(view[i].first, static_cast<int64_t>(i + 1));
+    EXPECT_EQ(view[i].second, recs[i].at("loss").get<float>()) << "step " << i + 1;
   }
 }
 

@@ -15,21 +15,16 @@
 
 #include "keel/log/tensorboard.h"
 #include "tests/support/check.h"
+#include "tests/support/tb_events.h"
 
 namespace keel::log {
 namespace {
 
-// Bit-at-a-time CRC-32C (reflected Castagnoli polynomial), the slowest obviously-right form.
-uint32_t ref_crc32c(const std::string& s) {
-  uint32_t crc = 0xFFFFFFFFu;
-  for (unsigned char ch : s) {
-    crc ^= ch;
-    for (int k = 0; k < 8; ++k) crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
-  }
-  return ~crc;
-}
-
-uint32_t ref_mask(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
+using test::decode_event;
+using test::Event;
+using test::read_records;
+using test::ref_crc32c;
+using test::ref_mask;
 
 TEST(TensorBoard, Crc32cMatchesTheCheckValue) {
   EXPECT_EQ(ref_crc32c("123456789"), 0xe3069283u);  // the reference decoder is right
@@ -39,119 +34,6 @@ TEST(TensorBoard, Crc32cMatchesTheCheckValue) {
   for (int i = 0; i < 1000; ++i) bytes.push_back(static_cast<char>(i * 37 + 11));
   EXPECT_EQ(crc32c(bytes.data(), bytes.size()), ref_crc32c(bytes));
   EXPECT_EQ(masked_crc32c(bytes.data(), bytes.size()), ref_mask(ref_crc32c(bytes)));
-}
-
-struct Reader {
-  const std::string& s;
-  size_t pos = 0;
-  bool done() const { return pos >= s.size(); }
-  uint64_t varint() {
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      if (pos >= s.size()) throw std::runtime_error("truncated varint");
-      const uint8_t b = static_cast<uint8_t>(s[pos++]);
-      v |= uint64_t(b & 0x7f) << shift;
-      if (!(b & 0x80)) return v;
-    }
-    throw std::runtime_error("varint longer than 10 bytes");
-  }
-  std::string bytes(size_t n) {
-    if (pos + n > s.size()) throw std::runtime_error("truncated field");
-    std::string out = s.substr(pos, n);
-    pos += n;
-    return out;
-  }
-  template <class T>
-  T fixed() {
-    T v;
-    const std::string b = bytes(sizeof(T));
-    std::memcpy(&v, b.data(), sizeof(T));
-    return v;
-  }
-};
-
-struct Event {
-  double wall_time = 0;
-  int64_t step = 0;
-  bool has_step = false;
-  std::string file_version;
-  std::vector<std::pair<std::string, float>> values;  // summary values in order
-};
-
-std::vector<std::pair<std::string, float>> decode_summary(const std::string& data) {
-  std::vector<std::pair<std::string, float>> out;
-  Reader r{data};
-  while (!r.done()) {
-    const uint64_t key = r.varint();
-    EXPECT_EQ(key, (1u << 3) | 2u) << "Summary has only `repeated Value value = 1`";
-    Reader v{r.bytes(r.varint())};
-    std::string tag;
-    float value = 0;
-    bool has_value = false;
-    while (!v.done()) {
-      const uint64_t k = v.varint();
-      if (k == ((1u << 3) | 2u)) {
-        tag = v.bytes(v.varint());
-      } else if (k == ((2u << 3) | 5u)) {
-        value = v.fixed<float>();
-        has_value = true;
-      } else {
-        ADD_FAILURE() << "unexpected Value field key " << k;
-        return out;
-      }
-    }
-    EXPECT_TRUE(has_value) << tag;
-    out.emplace_back(tag, value);
-  }
-  return out;
-}
-
-Event decode_event(const std::string& data) {
-  Event e;
-  Reader r{data};
-  while (!r.done()) {
-    const uint64_t key = r.varint();
-    switch (key) {
-      case (1u << 3) | 1u:
-        e.wall_time = r.fixed<double>();
-        break;
-      case (2u << 3) | 0u:
-        e.step = static_cast<int64_t>(r.varint());
-        e.has_step = true;
-        break;
-      case (3u << 3) | 2u:
-        e.file_version = r.bytes(r.varint());
-        break;
-      case (5u << 3) | 2u:
-        e.values = decode_summary(r.bytes(r.varint()));
-        break;
-      default:
-        ADD_FAILURE() << "unexpected Event field key " << key;
-        return e;
-    }
-  }
-  return e;
-}
-
-// Splits a file into records, checking the framing and both masked CRCs of each.
-std::vector<std::string> read_records(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string file = ss.str();
-  std::vector<std::string> out;
-  Reader r{file};
-  while (!r.done()) {
-    const std::string len_bytes = r.bytes(8);
-    uint64_t len;
-    std::memcpy(&len, len_bytes.data(), 8);
-    EXPECT_EQ(r.fixed<uint32_t>(), ref_mask(ref_crc32c(len_bytes)))
-        << "length CRC, record " << out.size();
-    const std::string data = r.bytes(len);
-    EXPECT_EQ(r.fixed<uint32_t>(), ref_mask(ref_crc32c(data))) << "data CRC, record " << out.size();
-    out.push_back(data);
-  }
-  return out;
 }
 
 double now() {
@@ -247,6 +129,33 @@ TEST(TensorBoard, EachWriterGetsItsOwnFile) {
   EXPECT_EQ(read_records(b.path()).size(), 1u);
 }
 
+// A resumed run's writer starts with the session START at its first step; TensorBoard's view of the
+// directory then has each step once, with the resumed run's value.
+TEST(TensorBoard, AResumedWriterHidesTheInterruptedRunsLaterSteps) {
+  const std::string out = test::temp_dir("tb-resume");
+  {
+    TensorBoardWriter interrupted(out);
+    for (int64_t s = 1; s <= 4; ++s) interrupted.write(step_result(s, 10.0 + s, 1, 1, 1));
+  }
+  std::string resumed_path;
+  {
+    TensorBoardWriter resumed(out, /*purge_step=*/3);  // the checkpoint held step 2
+    resumed_path = resumed.path();
+    for (int64_t s = 3; s <= 5; ++s) resumed.write(step_result(s, 20.0 + s, 1, 1, 1));
+  }
+  const std::vector<std::string> records = read_records(resumed_path);
+  ASSERT_EQ(records.size(), 5u);
+  EXPECT_EQ(decode_event(records[0]).file_version, "brain.Event:2");
+  const Event start = decode_event(records[1]);
+  EXPECT_TRUE(start.session_start);
+  EXPECT_EQ(start.step, 3);
+  EXPECT_TRUE(start.values.empty());
+  const auto view = test::tensorboard_view(out + "/tb", "loss");
+  const std::vector<std::pair<int64_t, float>> want = {
+      {1, 11.f}, {2, 12.f}, {3, 23.f}, {4, 24.f}, {5, 25.f}};
+  EXPECT_EQ(view, want);
+}
+
 TEST(TensorBoard, EncodesKnownBytes) {
   // Hand-assembled: Event{wall_time = 1.0, step = 300, summary {value {tag "a" simple_value 0.5}}}
   const std::string expected = std::string("\x09\x00\x00\x00\x00\x00\x00\xf0\x3f", 9) +
@@ -260,6 +169,9 @@ TEST(TensorBoard, EncodesKnownBytes) {
   const std::string rec = encode_record(expected);
   ASSERT_EQ(rec.size(), 8 + 4 + expected.size() + 4);
   EXPECT_EQ(rec.substr(0, 8), std::string("\x18\0\0\0\0\0\0\0", 8));
+  // Event{wall_time = 1.0, step = 3, session_log {status START}}
+  EXPECT_EQ(encode_session_start_event(1.0, 3),
+            std::string("\x09\x00\x00\x00\x00\x00\x00\xf0\x3f\x10\x03\x3a\x02\x08\x01", 15));
 }
 
 }  // namespace

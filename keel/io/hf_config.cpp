@@ -1,0 +1,226 @@
+#include "keel/io/hf_config.h"
+
+#include <cmath>
+#include <filesystem>
+
+#include "keel/io/hf_json.h"
+#include "keel/io/hf_weights.h"
+#include "keel/io/trained_model.h"
+
+namespace keel::io {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// HF's `rope_scaling` object. "rope_type" (transformers >= 4.45) or "type" (older) names it.
+ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file) {
+  using Kind = ops::RopeScaling::Kind;
+  const std::string where = file + ": rope_scaling";
+  if (!rs.is_object()) throw Error(where + " must be an object or null, got " + rs.dump());
+  ConfigReader c{rs, file};
+  const json* type = c.find({"rope_type", "type"});
+  if (!type || !type->is_string())
+    throw Error(where + " has no string field 'rope_type' (or 'type'): " + rs.dump());
+  const std::string t = type->get<std::string>();
+  ops::RopeScaling s;
+  auto required = [&](const char* name) {
+    const json* v = c.find({name});
+    if (!v || !v->is_number() || !(v->get<double>() > 0))
+      throw Error(where + " (" + t + ") needs a positive number '" + name + "', got " +
+                  (v ? v->dump() : std::string("nothing")));
+    return v->get<double>();
+  };
+  if (t == "default") return s;
+  if (t == "linear") {
+    s.kind = Kind::kLinear;
+    s.factor = required("factor");
+  } else if (t == "llama3") {
+    s.kind = Kind::kLlama3;
+    s.factor = required("factor");
+    s.low_freq_factor = required("low_freq_factor");
+    s.high_freq_factor = required("high_freq_factor");
+    s.original_max_position = static_cast<int64_t>(required("original_max_position_embeddings"));
+    if (!(s.high_freq_factor > s.low_freq_factor))
+      throw Error(where + " (llama3): high_freq_factor (" + std::to_string(s.high_freq_factor) +
+                  ") must exceed low_freq_factor (" + std::to_string(s.low_freq_factor) + ")");
+  } else {
+    throw Error(where + " type '" + t +
+                "' is not supported by keel's llama model (it runs 'default', 'linear' and "
+                "'llama3'; Llama 3.1/3.2 checkpoints use 'llama3')");
+  }
+  return s;
+}
+
+json rope_scaling_json(const ops::RopeScaling& s) {
+  switch (s.kind) {
+    case ops::RopeScaling::Kind::kNone:
+      return nullptr;
+    case ops::RopeScaling::Kind::kLinear:
+      return {{"rope_type", "linear"}, {"factor", s.factor}};
+    case ops::RopeScaling::Kind::kLlama3:
+      return {{"rope_type", "llama3"},
+              {"factor", s.factor},
+              {"low_freq_factor", s.low_freq_factor},
+              {"high_freq_factor", s.high_freq_factor},
+              {"original_max_position_embeddings", s.original_max_position}};
+  }
+  return nullptr;
+}
+
+std::string family_of(const json& j, const std::string& file) {
+  std::string mt;
+  if (j.contains("model_type") && !j["model_type"].is_null()) {
+    if (!j["model_type"].is_string())
+      throw Error(file +
+                  ": field 'model_type' must be a string such as \"gpt2\" or \"llama\", got " +
+                  j["model_type"].dump());
+    mt = j["model_type"].get<std::string>();
+  }
+  std::string arch;
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string())
+    arch = j["architectures"][0].get<std::string>();
+  if (mt == "gpt2" || arch == "GPT2LMHeadModel" || arch == "GPT2Model") return "gpt2";
+  if (mt == "llama" || arch == "LlamaForCausalLM" || arch == "LlamaModel") return "llama";
+  throw Error(file + ": unsupported model (model_type '" + mt + "', architecture '" + arch +
+              "'); keel reads GPT2LMHeadModel (gpt2) and LlamaForCausalLM (llama)");
+}
+
+}  // namespace
+
+json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
+  json j = base.is_object() ? base : json::object();
+  const char* torch_dtype = dt == DType::BF16  ? "bfloat16"
+                            : dt == DType::F16 ? "float16"
+                                               : "float32";
+  if (s.family == "gpt2") {
+    j["architectures"] = {"GPT2LMHeadModel"};
+    j["model_type"] = "gpt2";
+    j["activation_function"] = "gelu_new";
+    j["n_layer"] = s.n_layer;
+    j["n_embd"] = s.n_embd;
+    j["n_head"] = s.n_head;
+    j["n_inner"] = s.intermediate_size > 0 ? json(s.intermediate_size) : json(nullptr);
+    j["n_positions"] = s.max_seq_len;
+    j["n_ctx"] = s.max_seq_len;
+    j["vocab_size"] = s.vocab_size;
+    j["layer_norm_epsilon"] = s.norm_eps;
+    j["initializer_range"] = s.init_std;
+    j["tie_word_embeddings"] = true;
+    j["scale_attn_weights"] = true;
+    j["scale_attn_by_inverse_layer_idx"] = false;
+    j["reorder_and_upcast_attn"] = false;
+    for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop"})
+      if (!j.contains(k)) j[k] = 0.0;
+  } else {
+    j["architectures"] = {"LlamaForCausalLM"};
+    j["model_type"] = "llama";
+    j["hidden_act"] = "silu";
+    j["num_hidden_layers"] = s.n_layer;
+    j["hidden_size"] = s.n_embd;
+    j["num_attention_heads"] = s.n_head;
+    j["num_key_value_heads"] = s.kv_heads();
+    j["head_dim"] = s.head_dim();
+    j["intermediate_size"] = s.ffn_dim();
+    j["vocab_size"] = s.vocab_size;
+    j["max_position_embeddings"] = s.max_seq_len;
+    j["rms_norm_eps"] = s.norm_eps;
+    j["rope_theta"] = s.rope_theta;
+    j["rope_scaling"] = rope_scaling_json(s.rope_scaling);
+    j["tie_word_embeddings"] = s.tie_embeddings;
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+    j["initializer_range"] = s.init_std;
+  }
+  j["torch_dtype"] = torch_dtype;
+  return j;
+}
+HfConfig read_hf_config(const std::string& dir) {
+  const std::string file = dir + "/config.json";
+  if (!fs::exists(file))
+    throw Error(dir + ": no config.json (model.path must be a Hugging Face model directory)");
+  HfConfig out;
+  out.json = read_json(file);
+  const json& j = out.json;
+  if (!j.is_object()) throw Error(file + ": expected a JSON object");
+  ConfigReader c{j, file};
+  models::ModelSpec& s = out.spec;
+  s.family = family_of(j, file);
+  auto unsupported = [&](const std::string& what) {
+    return Error(file + ": " + what + " is not supported by keel's " + s.family + " model");
+  };
+  if (s.family == "gpt2") {
+    s.n_layer = c.integer({"n_layer", "num_hidden_layers"});
+    s.n_embd = c.integer({"n_embd", "hidden_size"});
+    s.n_head = c.integer({"n_head", "num_attention_heads"});
+    s.intermediate_size = c.integer({"n_inner", "intermediate_size"}, 0);
+    s.vocab_size = c.integer({"vocab_size"});
+    s.max_seq_len = c.integer({"n_positions", "n_ctx", "max_position_embeddings"});
+    s.norm_eps = c.number({"layer_norm_epsilon"}, 1e-5);
+    s.tie_embeddings = true;
+    if (!c.boolean("tie_word_embeddings", true))
+      throw unsupported("tie_word_embeddings = false (GPT-2's lm_head is tied to wte)");
+    const std::string act = c.string("activation_function", "gelu_new");
+    if (act != "gelu_new" && act != "gelu_pytorch_tanh")
+      throw unsupported("activation_function '" + act + "' (keel's GPT-2 uses gelu_new)");
+    if (c.boolean("scale_attn_by_inverse_layer_idx", false))
+      throw unsupported("scale_attn_by_inverse_layer_idx = true");
+    if (!c.boolean("scale_attn_weights", true)) throw unsupported("scale_attn_weights = false");
+    if (c.boolean("reorder_and_upcast_attn", false))
+      throw unsupported("reorder_and_upcast_attn = true");
+  } else {
+    s.n_layer = c.integer({"num_hidden_layers", "n_layer"});
+    s.n_embd = c.integer({"hidden_size", "n_embd"});
+    s.n_head = c.integer({"num_attention_heads", "n_head"});
+    s.n_kv_head = c.integer({"num_key_value_heads"}, s.n_head);
+    s.intermediate_size = c.integer({"intermediate_size"});
+    s.vocab_size = c.integer({"vocab_size"});
+    s.max_seq_len = c.integer({"max_position_embeddings"}, 2048);
+    s.rope_theta = c.number({"rope_theta"}, 10000.0);
+    s.norm_eps = c.number({"rms_norm_eps"}, 1e-6);
+    s.tie_embeddings = c.boolean("tie_word_embeddings", false);
+    const std::string act = c.string("hidden_act", "silu");
+    if (act != "silu") throw unsupported("hidden_act '" + act + "' (keel's Llama MLP is SwiGLU)");
+    if (c.boolean("attention_bias", false)) throw unsupported("attention_bias = true");
+    if (c.boolean("mlp_bias", false)) throw unsupported("mlp_bias = true");
+    if (const json* rs = c.find({"rope_scaling"})) s.rope_scaling = read_rope_scaling(*rs, file);
+    if (s.n_head > 0 && s.n_embd % s.n_head == 0) {
+      const int64_t hd = c.integer({"head_dim"}, s.n_embd / s.n_head);
+      if (hd != s.n_embd / s.n_head)
+        throw unsupported("head_dim = " + std::to_string(hd) +
+                          " != hidden_size / num_attention_heads");
+    }
+  }
+  s.init_std = c.number({"initializer_range"}, 0.02);
+  if (!(s.norm_eps > 0) || !std::isfinite(s.norm_eps))
+    throw Error(file + ": field '" + (s.family == "gpt2" ? "layer_norm_epsilon" : "rms_norm_eps") +
+                    "' must be a positive number, got " + std::to_string(s.norm_eps),
+                Error::kUsage);
+  if (!(s.rope_theta > 0) || !std::isfinite(s.rope_theta))
+    throw Error(file + ": field 'rope_theta' must be a positive number, got " +
+                    std::to_string(s.rope_theta),
+                Error::kUsage);
+  // transformers >= 4.56 writes "dtype"; earlier versions "torch_dtype".
+  const std::string td = c.string("torch_dtype", c.string("dtype", "float32"));
+  if (td == "bfloat16")
+    out.dtype = DType::BF16;
+  else if (td == "float16")
+    out.dtype = DType::F16;
+  else if (td == "float32")
+    out.dtype = DType::F32;
+  else
+    throw Error(file + ": torch_dtype '" + td + "' is not one of float32, bfloat16, float16");
+  try {
+    s.validate();
+  } catch (const Error& e) {
+    throw Error(file + ": inconsistent sizes: " + e.what(), Error::kUsage);
+  }
+  // A keel checkpoint stores keel's layout (GPT-2 linears as [out, in]), not HF's: its own loader
+  // checks every tensor.
+  if (!is_keel_checkpoint(dir)) check_sizes_against_weights(dir, s);
+  return out;
+}
+
+}  // namespace keel::io

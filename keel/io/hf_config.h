@@ -1,0 +1,35 @@
+// Hugging Face config.json in and out (DESIGN §6). Two architectures are read:
+//   GPT2LMHeadModel  (model_type "gpt2"): n_layer, n_embd, n_head, n_inner, vocab_size,
+//     n_positions, layer_norm_epsilon; lm_head tied to wte.
+//   LlamaForCausalLM (model_type "llama"): num_hidden_layers, hidden_size, num_attention_heads,
+//     num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings, rope_theta,
+//     rope_scaling (default, linear, llama3), rms_norm_eps, tie_word_embeddings (tied: no
+//     lm_head.weight).
+// Every problem is an Error naming the file and the field: a missing or mistyped field, sizes that
+// disagree with each other or with the weights' headers, an unsupported architecture variant
+// (e.g. attention biases).
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "keel/models/causal_lm.h"
+
+namespace keel::io {
+
+struct HfConfig {
+  models::ModelSpec spec;    // family, sizes, eps, rope_theta, tie_embeddings, init_std
+  DType dtype = DType::F32;  // torch_dtype (F32 when absent)
+  nlohmann::json json;       // the file as read
+};
+
+// Reads DIR/config.json and checks its sizes against the weight files' headers (nothing else of
+// them is read). The spec's runtime fields (attention, dropout, param_dtype) keep their defaults;
+// the caller sets them.
+HfConfig read_hf_config(const std::string& dir);
+
+// The config.json of `spec` with weights stored in `stored` (torch_dtype); `base`'s fields that
+// keel does not set (token ids, ...) are kept.
+nlohmann::json hf_config_json(const models::ModelSpec& spec, DType stored,
+                              const nlohmann::json& base = nlohmann::json::object());
+
+}  // namespace keel::io

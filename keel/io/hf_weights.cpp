@@ -1,0 +1,330 @@
+#include "keel/io/hf_weights.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "keel/io/atomic_file.h"
+#include "keel/io/hf_config.h"
+#include "keel/io/hf_json.h"
+#include "keel/io/safetensors.h"
+#include "keel/io/trained_model.h"
+
+namespace keel::io {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kSingle = "model.safetensors";
+constexpr const char* kIndex = "model.safetensors.index.json";
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+// GPT-2's Conv1D layers: stored [in, out] by HF.
+bool is_conv1d(const std::string& family, const std::string& name) {
+  return family == "gpt2" &&
+         (ends_with(name, ".attn.c_attn.weight") || ends_with(name, ".attn.c_proj.weight") ||
+          ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_proj.weight"));
+}
+
+// Tensors HF files may hold that keel has no parameter for and may skip: GPT-2's causal-mask
+// buffers, Llama's rotary inverse frequencies, a tied lm_head.
+bool ignorable(const models::ModelSpec& spec, const std::string& name) {
+  if (spec.family == "gpt2")
+    return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
+           name == "lm_head.weight";
+  return ends_with(name, ".rotary_emb.inv_freq") ||
+         (spec.tie_embeddings && name == "lm_head.weight");
+}
+
+// [R, C] -> [C, R], any element size.
+Tensor transpose2d(const Tensor& t) {
+  const int64_t R = t.size(0), C = t.size(1);
+  Tensor out = Tensor::empty({C, R}, t.dtype());
+  const size_t es = dtype_size(t.dtype());
+  const char* src = static_cast<const char*>(t.data());
+  char* dst = static_cast<char*>(out.data());
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) std::memcpy(dst + (c * R + r) * es, src + (r * C + c) * es, es);
+  return out;
+}
+
+// Every tensor of a model directory with the file it came from.
+struct WeightSource {
+  std::map<std::string, std::pair<std::string, Tensor>> tensors;  // name -> (file, tensor)
+  std::string describe;  // "DIR/model.safetensors" or "DIR/model.safetensors.index.json"
+};
+
+WeightSource read_weights(const std::string& dir) {
+  WeightSource src;
+  const std::string single = dir + "/" + kSingle, index = dir + "/" + kIndex;
+  if (fs::exists(single)) {
+    src.describe = single;
+    for (auto& [name, t] : read_safetensors(single).tensors) src.tensors[name] = {single, t};
+    return src;
+  }
+  if (!fs::exists(index)) {
+    std::string hint;
+    if (fs::exists(dir + "/pytorch_model.bin"))
+      hint = " (pytorch_model.bin is not read: convert it to safetensors first)";
+    throw Error(dir + ": no " + kSingle + " or " + kIndex + " found" + hint);
+  }
+  src.describe = index;
+  const json j = read_json(index);
+  if (!j.contains("weight_map") || !j["weight_map"].is_object())
+    throw Error(index + ": missing the \"weight_map\" object {tensor: shard file}");
+  std::map<std::string, std::vector<std::string>> by_shard;
+  for (auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) throw Error(index + ": weight_map['" + name + "'] is not a file name");
+    by_shard[file.get<std::string>()].push_back(name);
+  }
+  for (auto& [file, names] : by_shard) {
+    if (file.find('/') != std::string::npos || file.find("..") != std::string::npos)
+      throw Error(index + ": shard name '" + file + "' must be a plain file name in " + dir);
+    const std::string path = dir + "/" + file;
+    if (!fs::exists(path))
+      throw Error(index + ": shard '" + file + "' (holding '" + names.front() +
+                  "') does not exist in " + dir);
+    Safetensors st = read_safetensors(path);
+    for (const std::string& n : names) {
+      const Tensor* t = st.find(n);
+      if (!t)
+        throw Error(path + ": tensor '" + n + "' is missing (" + kIndex +
+                    " places it in this shard)");
+      src.tensors[n] = {path, *t};
+    }
+  }
+  return src;
+}
+
+// The shapes the weight files' headers declare (nothing else is read), name -> shape; empty when
+// the directory holds no weights.
+std::map<std::string, Shape> weight_shapes(const std::string& dir) {
+  std::map<std::string, Shape> out;
+  const std::string single = dir + "/" + kSingle, index = dir + "/" + kIndex;
+  std::set<std::string> files;
+  if (fs::exists(single)) {
+    files.insert(single);
+  } else if (fs::exists(index)) {
+    const json j = read_json(index);
+    if (j.is_object() && j.contains("weight_map") && j["weight_map"].is_object())
+      for (auto& [name, file] : j["weight_map"].items())
+        if (file.is_string() && file.get<std::string>().find('/') == std::string::npos &&
+            fs::exists(dir + "/" + file.get<std::string>()))
+          files.insert(dir + "/" + file.get<std::string>());
+  }
+  for (const std::string& f : files)
+    for (TensorInfo& t : read_safetensors_header(f).tensors) out[t.name] = std::move(t.shape);
+  return out;
+}
+
+// config.json's sizes against the weights' headers, before any parameter is allocated: a layer
+// count, width, vocabulary or context that the files do not hold is an error naming the field
+
+// The base parameters (adapter parameters excluded), in registration order.
+std::vector<std::pair<std::string, Tensor>> base_parameters(models::CausalLM& model) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, p] : model.named_parameters())
+    if (!nn::is_adapter_parameter(model, p)) out.emplace_back(name, p);
+  return out;
+}
+
+void remove_if_exists(const std::string& path) {
+  std::error_code ec;
+  fs::remove(path, ec);
+}
+
+}  // namespace
+
+// (the full per-tensor check follows in load_hf_weights).
+void check_sizes_against_weights(const std::string& dir, const models::ModelSpec& s) {
+  const std::map<std::string, Shape> shapes = weight_shapes(dir);
+  if (shapes.empty()) return;
+  const std::string file = dir + "/config.json";
+  const bool gpt2 = s.family == "gpt2";
+  auto shape_of = [&](std::initializer_list<const char*> names) -> const Shape* {
+    for (const char* n : names)
+      if (auto it = shapes.find(n); it != shapes.end()) return &it->second;
+    return nullptr;
+  };
+  auto disagree = [&](const char* field, int64_t v, const std::string& held) {
+    return Error(file + ": " + field + " = " + std::to_string(v) + " but the weights in " + dir +
+                     " hold " + held + "; config.json does not describe these weights (fix " +
+                     field + " or use the config.json written with them)",
+                 Error::kUsage);
+  };
+  int64_t layers = 0;  // 1 + the largest block index in the tensor names (h.N. / layers.N.)
+  for (auto& [name, shape] : shapes) {
+    const std::string tag = gpt2 ? "h." : "layers.";
+    for (size_t at = name.find(tag); at != std::string::npos; at = name.find(tag, at + 1)) {
+      if (at > 0 && name[at - 1] != '.') continue;
+      size_t i = at + tag.size(), j = i;
+      while (j < name.size() && j - i < 9 && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
+      if (j > i && j < name.size() && name[j] == '.')
+        layers = std::max<int64_t>(layers, std::stoll(name.substr(i, j - i)) + 1);
+    }
+  }
+  if (layers != s.n_layer)
+    throw disagree(gpt2 ? "n_layer" : "num_hidden_layers", s.n_layer,
+                   std::to_string(layers) + " blocks");
+  const Shape* emb = gpt2 ? shape_of({"wte.weight", "transformer.wte.weight"})
+                          : shape_of({"model.embed_tokens.weight"});
+  if (emb && emb->size() == 2) {
+    if ((*emb)[0] != s.vocab_size)
+      throw disagree("vocab_size", s.vocab_size,
+                     "an embedding of " + std::to_string((*emb)[0]) + " rows");
+    if ((*emb)[1] != s.n_embd)
+      throw disagree(gpt2 ? "n_embd" : "hidden_size", s.n_embd,
+                     "an embedding " + std::to_string((*emb)[1]) + " wide");
+  }
+  if (gpt2)
+    if (const Shape* wpe = shape_of({"wpe.weight", "transformer.wpe.weight"});
+        wpe && wpe->size() == 2 && (*wpe)[0] != s.max_seq_len)
+      throw disagree("n_positions", s.max_seq_len,
+                     "a position embedding of " + std::to_string((*wpe)[0]) + " rows");
+  const Shape* mlp = gpt2 ? shape_of({"h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.weight"})
+                          : shape_of({"model.layers.0.mlp.up_proj.weight"});
+  if (mlp && mlp->size() == 2 && (*mlp)[gpt2 ? 1 : 0] != s.ffn_dim())
+    throw disagree(gpt2 ? "n_inner" : "intermediate_size", s.ffn_dim(),
+                   "an MLP " + std::to_string((*mlp)[gpt2 ? 1 : 0]) + " wide");
+}
+
+void load_hf_weights(models::CausalLM& model, const std::string& dir, const WeightCheck& check) {
+  const models::ModelSpec& spec = model.spec();
+  if (is_keel_checkpoint(dir)) {  // a run's checkpoint: keel's layout, its adapters merged
+    TrainedModel t = load_trained_model(dir, "", DType::F32, spec.attention, check);
+    nn::merge_adapters(*t.model);
+    std::map<std::string, Tensor> merged;
+    for (auto& [name, p] : base_parameters(*t.model)) merged[name] = p;
+    for (auto& [name, p] : base_parameters(model)) {
+      auto it = merged.find(name);
+      if (it == merged.end() || it->second.shape() != p.shape())
+        throw Error(dir + "/model.safetensors: tensor '" + name + "' is " +
+                    (it == merged.end() ? std::string("missing") : shape_str(it->second.shape())) +
+                    " for a model built from " + dir + "/config.json");
+      Tensor dst = p;
+      dst.copy_from(it->second);
+      dst.bump_version();
+    }
+    return;
+  }
+  WeightSource src = read_weights(dir);
+  std::set<std::string> used;
+  for (auto& [name, p] : base_parameters(model)) {
+    // GPT-2's own files name tensors without the `transformer.` prefix.
+    std::string key = name;
+    if (!src.tensors.count(key) && spec.family == "gpt2" && name.rfind("transformer.", 0) == 0 &&
+        src.tensors.count(name.substr(12)))
+      key = name.substr(12);
+    auto it = src.tensors.find(key);
+    if (it == src.tensors.end())
+      throw Error(src.describe + ": tensor '" + name + "' is missing (config.json describes a " +
+                  spec.family + " with " + std::to_string(spec.n_layer) + " layers, " +
+                  std::to_string(spec.n_embd) + " wide, vocab " + std::to_string(spec.vocab_size) +
+                  ")");
+    const auto& [file, t] = it->second;
+    used.insert(key);
+    const bool conv = is_conv1d(spec.family, name);
+    const Shape want = conv ? Shape{p.size(1), p.size(0)} : p.shape();
+    if (!dtype_is_floating(t.dtype()))
+      throw Error(file + ": tensor '" + key + "' has dtype " + dtype_name(t.dtype()) +
+                  "; a weight must be F32, BF16 or F16");
+    if (t.shape() != want)
+      throw Error(file + ": tensor '" + key + "' has shape " + shape_str(t.shape()) + " but " +
+                  dir + "/config.json implies " + shape_str(want) +
+                  (conv ? " (GPT-2 Conv1D layout [in, out])" : ""));
+    check_weights_finite(check, t, key, file);  // in the file's layout: Conv1D's [in, out]
+    Tensor dst = p;
+    dst.copy_from(conv ? transpose2d(t.to_dtype(p.dtype())) : t);
+    dst.bump_version();
+  }
+  for (auto& [name, entry] : src.tensors)
+    if (!used.count(name) && !ignorable(spec, name))
+      throw Error(entry.first + ": unexpected tensor '" + name + "' (" + dir +
+                  "/config.json describes a " + spec.family +
+                  " that has no such parameter; was the file written for another model?)");
+}
+
+std::unique_ptr<models::CausalLM> load_hf_model(const std::string& dir, DType param_dtype,
+                                                ops::AttentionBackend attention,
+                                                const WeightCheck& check) {
+  HfConfig cfg = read_hf_config(dir);
+  cfg.spec.param_dtype = param_dtype;
+  cfg.spec.attention = attention;
+  auto model = models::make_causal_lm(cfg.spec, 0);
+  load_hf_weights(*model, dir, check);
+  return model;
+}
+
+void save_hf_model(models::CausalLM& model, const std::string& dir, const HfSaveOptions& opt) {
+  const models::ModelSpec& spec = model.spec();
+  if (opt.dtype && !dtype_is_floating(*opt.dtype))
+    throw Error("save_hf_model: dtype must be F32, BF16 or F16", Error::kUsage);
+  fs::create_directories(dir);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  int64_t total = 0;
+  DType stored = DType::F32;
+  for (auto& [name, p] : base_parameters(model)) {
+    Tensor t = p;
+    if (opt.dtype && t.dtype() != *opt.dtype) t = t.to_dtype(*opt.dtype);
+    if (is_conv1d(spec.family, name)) t = transpose2d(t);  // back to Conv1D's [in, out]
+    stored = t.dtype();
+    total += static_cast<int64_t>(t.nbytes());
+    tensors.emplace_back(name, t);
+  }
+  const std::map<std::string, std::string> meta{{"format", "pt"}};
+  // Previous weight files: a loader must never see an old layout beside the new one.
+  std::set<std::string> old_shards;
+  const std::string index_path = dir + "/" + kIndex;
+  if (fs::exists(index_path)) {
+    try {
+      const json old = read_json(index_path);
+      if (old.contains("weight_map") && old["weight_map"].is_object())
+        for (auto& [n, f] : old["weight_map"].items())
+          if (f.is_string() && f.get<std::string>().find('/') == std::string::npos)
+            old_shards.insert(f.get<std::string>());
+    } catch (const Error&) {
+    }
+  }
+  if (opt.max_shard_bytes <= 0) {
+    write_safetensors(dir + "/" + kSingle, tensors, meta);
+    remove_if_exists(index_path);
+    for (const std::string& f : old_shards) remove_if_exists(dir + "/" + f);
+  } else {
+    std::vector<std::vector<std::pair<std::string, Tensor>>> shards(1);
+    int64_t in_shard = 0;
+    for (auto& nt : tensors) {
+      const int64_t n = static_cast<int64_t>(nt.second.nbytes());
+      if (!shards.back().empty() && in_shard + n > opt.max_shard_bytes) {
+        shards.emplace_back();
+        in_shard = 0;
+      }
+      shards.back().push_back(nt);
+      in_shard += n;
+    }
+    json index = {{"metadata", {{"total_size", total}}}, {"weight_map", json::object()}};
+    const size_t k = shards.size();
+    std::set<std::string> written;
+    for (size_t i = 0; i < k; ++i) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, k);
+      write_safetensors(dir + "/" + name, shards[i], meta);
+      written.insert(name);
+      for (auto& [n, t] : shards[i]) index["weight_map"][n] = name;
+    }
+    write_file_atomic(index_path, index.dump(2) + "\n");
+    remove_if_exists(dir + "/" + kSingle);
+    for (const std::string& f : old_shards)
+      if (!written.count(f)) remove_if_exists(dir + "/" + f);
+  }
+  write_file_atomic(dir + "/config.json",
+                    hf_config_json(spec, stored, opt.base_config).dump(2) + "\n");
+}
+}  // namespace keel::io

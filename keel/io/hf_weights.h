@@ -1,0 +1,55 @@
+// The weights of Hugging Face model directories in and out (DESIGN §6).
+//
+// A model directory holds `config.json` and either `model.safetensors` or a sharded
+// `model.safetensors.index.json` ({"weight_map": {tensor: shard file}}) with its shards. HF stores
+// GPT-2's Conv1D weights (attn.c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj) as [in, out]: they are
+// transposed into keel's nn.Linear layout [out, in] on load and back on save. GPT-2 tensor names
+// may carry the `transformer.` prefix (GPT2LMHeadModel.save_pretrained) or not (the original gpt2
+// files). Every problem is an Error naming the file and the tensor: a missing tensor, a shape that
+// disagrees with config.json, a non-floating dtype, a truncated file, an unexpected tensor.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "keel/io/weight_check.h"
+#include "keel/models/causal_lm.h"
+
+namespace keel::io {
+
+// Copies the weights of DIR into `model` (built from a matching spec), converting to each
+// parameter's dtype (exact for bf16/f16 -> f32). Bumps every parameter's version. DIR may be a
+// keel checkpoint (io/trained_model.h): its weights are read in keel's layout, adapters merged.
+// Non-finite weights are an Error naming the tensor and its index in the file (io/weight_check.h)
+// unless `check` allows them.
+void load_hf_weights(models::CausalLM& model, const std::string& dir,
+                     const WeightCheck& check = {});
+
+// read_hf_config + make_causal_lm (parameters in `param_dtype`) + load_hf_weights.
+std::unique_ptr<models::CausalLM> load_hf_model(
+    const std::string& dir, DType param_dtype = DType::F32,
+    ops::AttentionBackend attention = ops::AttentionBackend::kEager, const WeightCheck& check = {});
+
+// config.json's sizes (`spec`, read from DIR/config.json) against the weights' headers, before any
+// parameter is allocated: a layer count, width, vocabulary or context that the files do not hold
+// is an Error (kUsage) naming the field. No-op when DIR holds no weights.
+void check_sizes_against_weights(const std::string& dir, const models::ModelSpec& spec);
+
+struct HfSaveOptions {
+  // Stored dtype; F32, BF16 or F16. Unset: each parameter's own dtype.
+  std::optional<DType> dtype;
+  // > 0: shards of at most this many bytes (a tensor larger than that gets a shard of its own),
+  // named model-0000k-of-0000n.safetensors, with model.safetensors.index.json.
+  int64_t max_shard_bytes = 0;
+  // Fields of an original config.json to keep (token ids, ...); keel's own fields overwrite them.
+  nlohmann::json base_config = nlohmann::json::object();
+};
+
+// Writes config.json and the weights in HF's layout (adapter parameters excluded: merge first to
+// save an adapted model as a plain one). Files are written atomically one by one; a previous
+// layout's weight files in `dir` (single or sharded) are removed so that loaders never see both.
+void save_hf_model(models::CausalLM& model, const std::string& dir, const HfSaveOptions& opt = {});
+
+}  // namespace keel::io

@@ -1,0 +1,130 @@
+#include "keel/io/peft_dir.h"
+
+#include <filesystem>
+#include <set>
+
+#include "keel/io/atomic_file.h"
+#include "keel/io/checkpoint.h"
+#include "keel/io/hf_json.h"
+#include "keel/io/safetensors.h"
+
+namespace keel::io {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+json peft_config_json(const models::CausalLM& model, const nn::AdapterOptions& opt,
+                      const std::string& base_model_name_or_path) {
+  json c;
+  c["task_type"] = "CAUSAL_LM";
+  c["base_model_name_or_path"] =
+      base_model_name_or_path.empty() ? json(nullptr) : json(base_model_name_or_path);
+  c["target_modules"] = opt.target_modules;
+  c["r"] = opt.r;
+  c["inference_mode"] = true;
+  c["modules_to_save"] = nullptr;
+  c["layers_to_transform"] = nullptr;
+  c["layers_pattern"] = nullptr;
+  c["rank_pattern"] = json::object();
+  c["alpha_pattern"] = json::object();
+  c["revision"] = nullptr;
+  if (opt.kind == "lokr") {
+    c["peft_type"] = "LOKR";
+    c["alpha"] = opt.alpha;
+    c["rank_dropout"] = 0.0;
+    c["module_dropout"] = 0.0;
+    c["use_effective_conv2d"] = false;
+    c["decompose_both"] = false;
+    c["decompose_factor"] = -1;
+    c["init_weights"] = true;
+  } else {
+    c["peft_type"] = "LORA";
+    c["lora_alpha"] = opt.alpha;
+    c["lora_dropout"] = opt.dropout;
+    c["use_dora"] = opt.kind == "dora";
+    c["use_rslora"] = false;
+    c["bias"] = "none";
+    c["init_lora_weights"] = true;
+    // PEFT's flag for weights stored [in, out]: GPT-2's Conv1D layers in HF.
+    c["fan_in_fan_out"] = model.spec().family == "gpt2";
+  }
+  return c;
+}
+
+void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
+                       const std::string& dir, const std::string& base_model_name_or_path) {
+  auto tensors = nn::peft_state_dict(model);
+  if (tensors.empty())
+    throw Error("save_peft_adapter: the model has no adapter (set model.adapter.kind)");
+  const std::string text = peft_config_json(model, opt, base_model_name_or_path).dump(2) + "\n";
+  write_dir_atomic(dir, [&](const std::string& tmp) {
+    write_file_atomic(tmp + "/adapter_config.json", text);
+    write_safetensors(tmp + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+  });
+}
+
+nn::AdapterOptions read_peft_config(const std::string& dir) {
+  const std::string cfg_path = dir + "/adapter_config.json";
+  if (!fs::exists(cfg_path))
+    throw Error(dir +
+                    ": no adapter_config.json (expected a PEFT adapter directory, e.g. a run's "
+                    "out_dir/adapter)",
+                Error::kUsage);
+  const json c = read_json(cfg_path);
+  ConfigReader r{c, cfg_path};
+  nn::AdapterOptions opt;
+  const std::string type = r.string("peft_type", "");
+  opt.r = r.integer({"r"});
+  if (type == "LORA") {
+    opt.kind = r.boolean("use_dora", false) ? "dora" : "lora";
+    opt.alpha = r.number({"lora_alpha"}, 8);
+    opt.dropout = r.number({"lora_dropout"}, 0);
+    if (r.boolean("use_rslora", false))
+      throw Error(cfg_path + ": use_rslora = true is not supported (scaling alpha / sqrt(r))");
+  } else if (type == "LOKR") {
+    opt.kind = "lokr";
+    opt.alpha = r.number({"alpha"}, 8);
+    if (r.number({"rank_dropout"}, 0) != 0 || r.number({"module_dropout"}, 0) != 0)
+      throw Error(cfg_path + ": LoKr rank_dropout/module_dropout are not supported");
+    if (r.boolean("decompose_both", false) || r.number({"decompose_factor"}, -1) > 0)
+      throw Error(cfg_path + ": LoKr decompose_both/decompose_factor are not supported");
+  } else {
+    throw Error(cfg_path + ": peft_type '" + type + "' is not supported (LORA or LOKR)");
+  }
+  if (!c.contains("target_modules") || !c["target_modules"].is_array())
+    throw Error(cfg_path + ": target_modules must be a list of module names");
+  opt.target_modules.clear();
+  for (auto& t : c["target_modules"]) {
+    if (!t.is_string()) throw Error(cfg_path + ": target_modules must hold strings");
+    opt.target_modules.push_back(t.get<std::string>());
+  }
+  return opt;
+}
+
+nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string& dir) {
+  const std::string st_path = dir + "/adapter_model.safetensors";
+  const nn::AdapterOptions opt = read_peft_config(dir);
+  nn::apply_adapters(model, opt);
+  Safetensors st = read_safetensors(st_path);
+  std::set<std::string> used;
+  for (auto& [name, p] : nn::peft_state_dict(model)) {
+    const Tensor& t = st.at(name);
+    if (t.shape() != p.shape())
+      throw Error(st_path + ": tensor '" + name + "' has shape " + shape_str(t.shape()) +
+                  ", the adapter expects " + shape_str(p.shape()) +
+                  " (r = " + std::to_string(opt.r) + ")");
+    if (!dtype_is_floating(t.dtype()))
+      throw Error(st_path + ": tensor '" + name + "' has non-floating dtype " +
+                  dtype_name(t.dtype()));
+    Tensor dst = p;
+    dst.copy_from(t);
+    dst.bump_version();
+    used.insert(name);
+  }
+  for (auto& [name, t] : st.tensors)
+    if (!used.count(name))
+      throw Error(st_path + ": unexpected tensor '" + name + "' (no adapted module has it)");
+  return opt;
+}
+
+}  // namespace keel::io
