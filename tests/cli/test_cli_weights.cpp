@@ -114,5 +114,26 @@ TEST(CliWeights, ResumingFromADivergedCheckpointIsRefusedUnlessAllowed) {
   EXPECT_CONTAINS(a.err, "step 2: non-finite");
 }
 
+// keel generate / eval / export read no config: their message names their own flag.
+TEST(CliWeights, GenerateAndExportNameTheirFlag) {
+  const std::string ckpt = diverged_run() + "/checkpoints/last";
+  const FirstBad bad = first_bad(ckpt + "/model.safetensors");
+  ASSERT_FALSE(bad.name.empty());
+  const test::KeelRun g =
+      test::run_keel({"generate", ckpt, "1+1=", "--max-new-tokens", "2"}, {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(g.code, 2) << g.output;
+  EXPECT_CONTAINS(g.err, ckpt + "/model.safetensors: tensor '" + bad.name + "' holds");
+  EXPECT_CONTAINS(g.err, "set --allow-nonfinite-weights to load it anyway");
+  const std::string out = test::temp_dir("weights-export");
+  const test::KeelRun e = test::run_keel({"export", ckpt, "--out", out + "/hf"});
+  EXPECT_EQ(e.code, 2) << e.output;
+  EXPECT_CONTAINS(e.err, "set --allow-nonfinite-weights to load it anyway");
+  const test::KeelRun a =
+      test::run_keel({"export", ckpt, "--out", out + "/hf", "--allow-nonfinite-weights"});
+  EXPECT_EQ(a.code, 0) << a.output;
+  EXPECT_CONTAINS(a.err, "loaded anyway (--allow-nonfinite-weights)");
+  EXPECT_TRUE(fs::exists(out + "/hf/model.safetensors"));
+}
+
 }  // namespace
 }  // namespace keel
