@@ -173,8 +173,9 @@ void bm_sum_squares(benchmark::State& st) {
   for (auto _ : st) benchmark::DoNotOptimize(ew.sum_squares(a.data(), DType::F32, kN));
   set_gbytes(st, 4.0 * kN);
 }
-// One fused AdamW update: reads p, g, m, v and writes p, m, v (7 tensors of the dtype).
-void bm_adamw(benchmark::State& st, DType dt) {
+// One fused AdamW update: reads p, g, m, v and writes p, m, v (7 tensors of the dtype). `counted`:
+// with the rounded-away counter the trainer's optimizer always passes (issue 21 item 4).
+void bm_adamw(benchmark::State& st, DType dt, bool counted) {
   Buffer p(kN, dt), g(kN, dt, 0.01f, 2), m(kN, dt, 0.001f, 3), v(kN, dt, 0.001f, 4);
   {  // v >= 0
     Buffer tmp(kN, DType::F32, 0.001f, 4);
@@ -187,7 +188,8 @@ void bm_adamw(benchmark::State& st, DType dt) {
   s.lr = 1e-4;  // small enough that repeated updates stay well-conditioned
   s.weight_decay = 0.01;
   const auto& k = keel::optim_kernels(keel::Device::cpu());
-  int64_t step = 0;
+  int64_t step = 0, away = 0;
+  if (counted) s.rounded_away = &away;
   for (auto _ : st) {
     s.step = ++step;
     k.adamw(p.data(), g.data(), m.data(), v.data(), dt, kN, s);
@@ -277,8 +279,12 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("elementwise/convert/f32->f16", bm_convert, DType::F16)
       ->UseRealTime();
   benchmark::RegisterBenchmark("elementwise/sum_squares/f32", bm_sum_squares)->UseRealTime();
-  benchmark::RegisterBenchmark("optim/adamw/f32", bm_adamw, DType::F32)->UseRealTime();
-  benchmark::RegisterBenchmark("optim/adamw/bf16", bm_adamw, DType::BF16)->UseRealTime();
+  benchmark::RegisterBenchmark("optim/adamw/f32", bm_adamw, DType::F32, false)->UseRealTime();
+  benchmark::RegisterBenchmark("optim/adamw/bf16", bm_adamw, DType::BF16, false)->UseRealTime();
+  benchmark::RegisterBenchmark("optim/adamw_counted/f32", bm_adamw, DType::F32, true)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("optim/adamw_counted/bf16", bm_adamw, DType::BF16, true)
+      ->UseRealTime();
 
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

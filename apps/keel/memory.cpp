@@ -1,9 +1,14 @@
-// `keel memory --params N --precision P --optimizer adamw [--batch B --seq T --layers L --hidden H
-// --heads N --kv-heads N --ffn F --vocab V --tie-embeddings false]`: weights, gradients, optimizer
-// state, low-precision copies and activations of a training step (keel/monitor/memory_estimate.h
-// has the model behind the numbers).
+// `keel memory [--model DIR | --config FILE] [--set section.key=value ...] [--params N]
+// [--precision P --optimizer O --batch B --seq T --layers L --hidden H --heads N --kv-heads N
+// --ffn F --vocab V --tie-embeddings B --family F --attention A --adapter KIND --r R
+// --targets a,b --adapter-dropout P --base-dtype D --checkpointing none|blocks|N] [--json]`:
+// weights, gradients, optimizer state, low-precision copies and activations of a training step.
+// A model directory gives the sizes of its config.json (and its weight files); a config gives
+// everything `keel train` would run (the same estimate as its check before loading and as
+// `keel doctor`); the flags override either. keel/monitor/memory_estimate.h has the model.
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
 #include "apps/keel/commands.h"
 #include "keel/monitor/memory_estimate.h"
@@ -13,9 +18,12 @@ namespace keel::cli {
 
 namespace {
 struct MemoryArgs {
-  std::string params;
-  monitor::MemoryQuery q;
+  std::string params, model, config, checkpointing;
+  std::vector<std::string> sets;
+  monitor::MemoryQuery q;  // the flags' values (applied over the model/config when given)
   bool json = false;
+  // Every flag that sets a query field, with how it sets it: applied when given.
+  std::vector<std::pair<CLI::Option*, std::function<void(monitor::MemoryQuery&)>>> fields;
 };
 
 // "100M", "1.5B", "350k", "124000000".
@@ -41,33 +49,79 @@ int64_t parse_count(const std::string& s) {
                 Error::kUsage);
   return static_cast<int64_t>(std::llround(v * mult));
 }
+
+template <class T>
+void field(MemoryArgs& a, CLI::App* sub, const std::string& flag, T monitor::MemoryQuery::*m,
+           const std::string& help) {
+  CLI::Option* o = sub->add_option(flag, a.q.*m, help);
+  a.fields.push_back({o, [&a, m](monitor::MemoryQuery& q) { q.*m = a.q.*m; }});
+}
+
+template <class T>
+void adapter_field(MemoryArgs& a, CLI::App* sub, const std::string& flag, T nn::AdapterOptions::*m,
+                   const std::string& help) {
+  CLI::Option* o = sub->add_option(flag, a.q.adapter.*m, help);
+  a.fields.push_back({o, [&a, m](monitor::MemoryQuery& q) { q.adapter.*m = a.q.adapter.*m; }});
+}
 }  // namespace
 
 Command add_memory(CLI::App& app) {
   auto a = std::make_shared<MemoryArgs>();
   CLI::App* sub = app.add_subcommand(
       "memory", "Estimate weights, grads, optimizer state and activations of a training step");
+  sub->add_option("--model", a->model, "HF model directory: the sizes of its config.json");
+  sub->add_option("--config", a->config, "run config (TOML): the run keel train would start");
+  sub->add_option("--set", a->sets, "override a config key: section.key=value (repeatable)")
+      ->allow_extra_args(false);
   sub->add_option("--params", a->params, "parameter count (100M, 1.5B, ...); default: from sizes");
-  sub->add_option("--precision", a->q.precision,
-                  "32-true | bf16-mixed | 16-mixed | bf16-true | 16-true")
-      ->capture_default_str();
-  sub->add_option("--optimizer", a->q.optimizer, "adamw | sgd")->capture_default_str();
-  sub->add_option("--batch", a->q.batch, "micro-batch size B");
-  sub->add_option("--seq", a->q.seq, "sequence length T");
-  sub->add_option("--layers", a->q.layers, "transformer layers L");
-  sub->add_option("--hidden", a->q.hidden, "hidden size H");
-  sub->add_option("--heads", a->q.heads, "attention heads (default hidden/64)");
-  sub->add_option("--kv-heads", a->q.kv_heads, "llama: key/value heads (GQA; default: --heads)");
-  sub->add_option("--tie-embeddings", a->q.tie_embeddings,
-                  "llama: lm_head shares the embedding (true | false; gpt2 always ties)")
-      ->default_str("true");
-  sub->add_option("--ffn", a->q.ffn, "MLP width (default: the family's rule)");
-  sub->add_option("--vocab", a->q.vocab, "vocabulary size (default 259, the byte tokenizer)");
-  sub->add_option("--family", a->q.family, "gpt2 | llama")->capture_default_str();
-  sub->add_option("--attention", a->q.attention, "eager | math | flash")->capture_default_str();
+  MemoryArgs& r = *a;
+  field(r, sub, "--precision", &monitor::MemoryQuery::precision,
+        "32-true | bf16-mixed | 16-mixed | bf16-true | 16-true (default 32-true)");
+  field(r, sub, "--optimizer", &monitor::MemoryQuery::optimizer, "adamw | sgd (default adamw)");
+  field(r, sub, "--batch", &monitor::MemoryQuery::batch, "micro-batch size B");
+  field(r, sub, "--seq", &monitor::MemoryQuery::seq, "sequence length T");
+  field(r, sub, "--layers", &monitor::MemoryQuery::layers, "transformer layers L");
+  field(r, sub, "--hidden", &monitor::MemoryQuery::hidden, "hidden size H");
+  field(r, sub, "--heads", &monitor::MemoryQuery::heads, "attention heads (default hidden/64)");
+  field(r, sub, "--kv-heads", &monitor::MemoryQuery::kv_heads,
+        "llama: key/value heads (GQA; default: --heads)");
+  field(r, sub, "--tie-embeddings", &monitor::MemoryQuery::tie_embeddings,
+        "llama: lm_head shares the embedding (true | false; gpt2 always ties; default true)");
+  field(r, sub, "--ffn", &monitor::MemoryQuery::ffn, "MLP width (default: the family's rule)");
+  field(r, sub, "--vocab", &monitor::MemoryQuery::vocab,
+        "vocabulary size (default 259, the byte tokenizer)");
+  field(r, sub, "--family", &monitor::MemoryQuery::family, "gpt2 | llama (default gpt2)");
+  field(r, sub, "--attention", &monitor::MemoryQuery::attention,
+        "eager | math | flash (default eager)");
+  field(r, sub, "--base-dtype", &monitor::MemoryQuery::base_dtype,
+        "storage of the frozen base under an adapter: f32 | bf16");
+  adapter_field(r, sub, "--adapter", &nn::AdapterOptions::kind, "none | lora | dora | lokr");
+  adapter_field(r, sub, "--r", &nn::AdapterOptions::r, "adapter rank (default 8)");
+  adapter_field(r, sub, "--adapter-dropout", &nn::AdapterOptions::dropout,
+                "LoRA/DoRA input dropout (default 0)");
+  CLI::Option* targets = sub->add_option("--targets", a->q.adapter.target_modules,
+                                         "adapted modules, e.g. q_proj,v_proj (default)")
+                             ->delimiter(',');
+  a->fields.push_back({targets, [&r](monitor::MemoryQuery& q) {
+                         q.adapter.target_modules = r.q.adapter.target_modules;
+                       }});
+  CLI::Option* ckpt = sub->add_option("--checkpointing", a->checkpointing,
+                                      "activation checkpointing: none | blocks | N (every N "
+                                      "blocks; default none)");
+  a->fields.push_back({ckpt, [&r](monitor::MemoryQuery& q) {
+                         q.checkpoint_every = monitor::parse_checkpointing(
+                             r.checkpointing, "memory --checkpointing");
+                       }});
   sub->add_flag("--json", a->json, "print one JSON object (bytes)");
   return {sub, [a] {
-            monitor::MemoryQuery q = a->q;
+            monitor::MemoryQuery q;
+            if (!a->config.empty() || !a->model.empty() || !a->sets.empty()) {
+              Config cfg = load_config(a->config, a->sets);
+              if (!a->model.empty()) cfg.model.path = a->model;
+              q = monitor::memory_query_from_config(cfg);
+            }
+            for (auto& [opt, apply] : a->fields)
+              if (opt->count() > 0) apply(q);
             if (!a->params.empty()) q.params = parse_count(a->params);
             const monitor::MemoryEstimate e = monitor::estimate_memory(q);
             if (a->json)

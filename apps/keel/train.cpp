@@ -1,5 +1,6 @@
 // `keel train [CONFIG.toml] [--set section.key=value ...]`: trains a model. With no config it
 // trains the built-in arithmetic task, which visibly learns in about a minute on two cores.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -10,7 +11,6 @@
 #include "keel/dist/config_check.h"
 #include "keel/dist/process_group.h"
 #include "keel/io/atomic_file.h"
-#include "keel/io/hf_model.h"
 #include "keel/io/out_dir.h"
 #include "keel/log/loggers.h"
 #include "keel/monitor/advisor.h"
@@ -38,52 +38,42 @@ std::string megabytes(double bytes) {
   return buf;
 }
 
-// The run's memory, estimated from its sizes (model.path's config.json, already checked against
-// its weights' headers, or the model.* keys) before anything large is allocated: a run that cannot
-// fit in MemAvailable is refused with the estimate and the keys that drive it, instead of being
-// killed by the OOM killer minutes into building the model.
+// The run's memory, estimated from its sizes (model.path's config.json, or the model.* keys), its
+// adapter, precision, batch and checkpointing before anything large is allocated (the estimate
+// of `keel memory --config` and `keel doctor`): a run that cannot fit in MemAvailable stops here
+// with the estimate and the options that would make it fit, each with the estimate it would
+// bring, instead of being killed by the OOM killer minutes into loading the model.
 void check_run_memory(const Config& cfg) {
-  monitor::MemoryQuery q = monitor::memory_query_from_config(cfg);
-  if (!cfg.model.path.empty()) {
-    const models::ModelSpec s = io::read_hf_config(cfg.model.path).spec;
-    q.family = s.family;
-    q.layers = s.n_layer, q.hidden = s.n_embd, q.heads = s.n_head, q.kv_heads = s.kv_heads();
-    q.ffn = s.ffn_dim(), q.vocab = s.vocab_size, q.max_seq_len = s.max_seq_len;
-    q.tie_embeddings = s.tie_embeddings;
-  }
   const int64_t available = monitor::available_memory_bytes();
   if (available < 0) return;
-  const std::string fix =
-      "; lower train.batch_size or data.seq_len (activations), or model.n_layer, model.n_embd, "
-      "model.vocab_size (weights, gradients, optimizer state); `keel memory` breaks the estimate "
-      "down";
-  // A lower bound in doubles first: sizes near their upper bounds would overflow the int64
-  // arithmetic of the full estimate.
+  const monitor::MemoryQuery q = monitor::memory_query_from_config(cfg);
+  // Absurd sizes first, in doubles: sizes near their upper bounds would overflow the int64
+  // arithmetic of the full estimate (a lower bound of 2 bytes a parameter and 16-bit logits
+  // beyond 100 times the available memory, which no option below would bring within reach, or
+  // products of sizes near int64's range).
   const double B = static_cast<double>(q.batch), T = static_cast<double>(q.seq),
                L = static_cast<double>(q.layers), E = static_cast<double>(q.hidden),
                V = static_cast<double>(q.vocab > 0 ? q.vocab : 259);
-  const double floor_bytes = 4 * (V * E + L * 12 * E * E) + 4 * B * T * (V + L * E);
-  if (floor_bytes > static_cast<double>(available))
+  const double floor_bytes = 2 * (V * E + L * 12 * E * E) + 2 * B * T * V;
+  const double products = B * T * T * std::max(1.0, E / 64) * 8 + B * T * (V + 16 * E) * 8;
+  if (floor_bytes > 100 * static_cast<double>(available) || products > 4e18)
     throw Error("the run needs at least " + megabytes(floor_bytes) +
-                    " (parameters and one micro-batch's logits and activations) but only " +
+                    " (parameters in 16 bits and one micro-batch's logits) but only " +
                     megabytes(static_cast<double>(available)) +
-                    " are available (MemAvailable in /proc/meminfo)" + fix,
+                    " are available (MemAvailable in /proc/meminfo); nothing was loaded. Lower "
+                    "train.batch_size or data.seq_len (activations), or model.n_layer, "
+                    "model.n_embd, model.vocab_size (weights); `keel memory --config FILE` breaks "
+                    "the estimate down",
                 Error::kUsage);
-  monitor::MemoryEstimate e;
+  std::string advice;
   try {
-    e = monitor::estimate_memory(q);
-  } catch (const Error&) {
-    return;  // a combination the estimate does not model: the run's own checks follow
+    advice = monitor::memory_fit_advice(q, available);
+  } catch (const Error& e) {
+    // A combination the estimate does not model: the run's own checks follow (and name it).
+    std::fprintf(stderr, "note: no memory estimate before loading: %s\n", e.what());
+    return;
   }
-  if (e.total > available)
-    throw Error("the run needs an estimated " + megabytes(static_cast<double>(e.total)) +
-                    " (weights " + megabytes(static_cast<double>(e.weights)) + ", gradients " +
-                    megabytes(static_cast<double>(e.grads)) + ", optimizer state " +
-                    megabytes(static_cast<double>(e.optimizer_state)) + ", activations " +
-                    megabytes(static_cast<double>(e.activations)) + ") but only " +
-                    megabytes(static_cast<double>(available)) +
-                    " are available (MemAvailable in /proc/meminfo)" + fix,
-                Error::kUsage);
+  if (!advice.empty()) throw Error(advice, Error::kUsage);
 }
 
 // Data-parallel runs (`mpirun -np N keel train CONFIG`, dist.backend = auto|mpi|nccl): an error on
@@ -129,32 +119,46 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   std::unique_ptr<monitor::UnderflowOverflowTracer> tracer;
   std::unique_ptr<monitor::TrendAdvisor> advisor;
   nlohmann::json step_extra = nlohmann::json::object();  // per-layer grad norms of this step
+  std::vector<monitor::BlockGradNorm> layers;  // this step's per-layer statistics (the advisor's)
   TrainerHooks hooks;
   hooks.on_step_begin = [&](int64_t step) {
     if (injector) injector->begin_step(step);
     if (tracer) tracer->begin_batch(step);
   };
+  // Always on: the per-layer norms and underflow counts come from the step's own gradient pass.
   hooks.on_grads = [&](const StepResult&) {
+    layers.clear();
+    if (!advisor && !cfg.log.per_layer_grad_norm) return;
+    if (trainer_ptr->last_grad_pass().sum_squares_of.size() != trainer_ptr->trainable().size())
+      return;  // no pass this step (the bench's switch)
+    layers =
+        monitor::per_layer_grad_norms(trainer_ptr->trainable(), &trainer_ptr->last_grad_pass());
     if (!cfg.log.per_layer_grad_norm) return;
-    for (auto& b :
-         monitor::per_layer_grad_norms(trainer_ptr->trainable(), &trainer_ptr->last_grad_pass()))
+    for (const auto& b : layers) {
       step_extra["grad_norm/" + b.block] = b.norm;
+      step_extra["grad_underflow/" + b.block] = b.underflow_share();
+    }
   };
   hooks.on_step = [&](const StepResult& result) {
     StepResult r = result;
-    const bool finding = advisor && !advisor->observe(r).empty();
+    if (advisor) advisor->observe(r, &layers);
     loggers->log(r, step_extra);
-    if (finding) {  // the finding as a record of its own: kind, step, trend, cause, action
-      const monitor::Finding& f = advisor->last_finding();
+    // Each finding as a record of its own: kind, step, trend, cause, action (+ examples, layers,
+    // share).
+    for (const monitor::Finding& f :
+         advisor ? advisor->findings() : std::vector<monitor::Finding>{}) {
       nlohmann::json rec = {{"kind", "advisor"},
                             {"step", f.step},
                             {"trend", f.trend},
                             {"cause", f.cause},
                             {"action", f.action}};
       if (!f.examples.empty()) rec["examples"] = f.examples;
+      if (!f.layers.empty()) rec["layers"] = f.layers;
+      if (f.share >= 0) rec["share"] = f.share;
       loggers->log_record(rec, false);
     }
     step_extra = nlohmann::json::object();
+    layers.clear();
     // A finding the step survived (the capture did not stop it): stop now, as the tracer does;
     // with several ranks, every rank stops when any tracer found something (MAX), so none waits.
     bool stop = tracer && tracer->finding().found && trainer_ptr->stop_message().empty();
@@ -213,6 +217,7 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   advisor_opt.num_params = trainer.model().num_parameters(/*trainable_only=*/true);
   advisor_opt.precision = trainer.policy().name();
   advisor_opt.tracer_on = cfg.debug.underflow_overflow.enabled;
+  advisor_opt.stochastic_rounding = cfg.optim.stochastic_rounding;
   advisor_opt.uniform_loss = std::log(static_cast<double>(trainer.tokenizer().vocab_size()));
   advisor_opt.describe_example = [&trainer](int64_t id) {
     return trainer.run().data.train->where(id);

@@ -17,9 +17,12 @@ struct GradPass {
   // Values that were nan or inf, counted while unscaling (inv_scale != 1) and by the GPU's fused
   // pass; without unscaling the CPU reads each value once, and a non-finite one shows in the sum.
   int64_t nonfinite = 0;
-  // Per gradient, in the order given (0 for an undefined one). Empty when the pass ran fused on
-  // a GPU: grad_pass_of() then sums each gradient on its own.
+  // Per gradient, in the order given (0 for an undefined one).
   std::vector<double> sum_squares_of;
+  // Per gradient, counted in the same read as its sum (after scaling): values exactly 0, and
+  // non-zero values below the smallest normal of `format` (subnormal there, or flushed to 0 when
+  // the compute dtype carried them). The per-layer underflow statistics read these.
+  std::vector<int64_t> zero_of, below_normal_of;
 
   double norm() const { return std::sqrt(sum_squares); }
   // False when a value is non-finite, or the sum of squares overflowed f32/f64 (every element
@@ -27,10 +30,9 @@ struct GradPass {
   bool finite() const { return nonfinite == 0 && std::isfinite(sum_squares); }
 };
 
-// inv_scale == 1: no value is written.
-GradPass grad_pass(const std::vector<Tensor>& grads, float inv_scale = 1.f);
-
-// Gradient i's sum of squares: from the pass when it kept them, else its own pass.
-double grad_sum_squares(const GradPass& pass, const std::vector<Tensor>& grads, size_t i);
+// inv_scale == 1: no value is written. `format`: the compute dtype whose range the counts judge
+// (16-mixed: f16; a scaled gradient is judged as the f16 backward carried it, before unscaling).
+GradPass grad_pass(const std::vector<Tensor>& grads, float inv_scale = 1.f,
+                   DType format = DType::F32);
 
 }  // namespace keel::amp

@@ -56,8 +56,8 @@ Tensor GradScaler::scale(const Tensor& loss) const {
   return ops::scale(loss, scale_);
 }
 
-amp::GradPass GradScaler::unscale_pass(std::vector<Tensor>& grads) {
-  if (!opt_.enabled) return amp::grad_pass(grads);
+amp::GradPass GradScaler::unscale_pass(std::vector<Tensor>& grads, DType format) {
+  if (!opt_.enabled) return amp::grad_pass(grads, 1.f, format);
   if (unscaled_)
     throw Error(
         "unscale_() has already been called on this optimizer since the last update(). "
@@ -70,7 +70,7 @@ amp::GradPass GradScaler::unscale_pass(std::vector<Tensor>& grads) {
   // "FP32 division can be imprecise for certain compile options, so we carry out the reciprocal
   // in FP64" (torch/amp/grad_scaler.py).
   const float inv = static_cast<float>(1.0 / static_cast<double>(scale_));
-  amp::GradPass pass = amp::grad_pass(grads, inv);
+  amp::GradPass pass = amp::grad_pass(grads, inv, format);
   unscaled_ = true;
   return pass;
 }

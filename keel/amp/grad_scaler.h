@@ -76,7 +76,8 @@ class GradScaler {
   }
   // The same, returning the whole pass (amp/grad_pass.h): the non-finite count and the sums of
   // squares of the unscaled gradients, from the one pass. Disabled: the pass without unscaling.
-  amp::GradPass unscale_pass(std::vector<Tensor>& grads);
+  // Its zero/subnormal counts judge each value as f16 carried it (before unscaling).
+  amp::GradPass unscale_pass(std::vector<Tensor>& grads, DType format = DType::F16);
   // True between unscale() and update().
   bool unscaled() const { return unscaled_; }
 

@@ -15,6 +15,14 @@ struct GradSetStats {
   double sum_squares = 0;  // of the values after scaling (non-finite values propagate)
 };
 
+// One buffer's share of the pass: its sum of squares (the same bits the total adds up on the CPU)
+// and how many of its values, after scaling, were exactly 0 or below `normal_min` without being 0
+// (the compute format's smallest normal: subnormal there, or flushed to 0 on the way back).
+struct GradBufStats {
+  double sum_squares = 0;
+  int64_t zero = 0, below_normal = 0;
+};
+
 struct MonitorKernels {
   // Over `count` gradient buffers (bufs[i]: ns[i] values of dtype dts[i]): counts the non-finite
   // values, multiplies every value by inv_scale in place unless inv_scale == 1 (as GradScaler's
@@ -22,8 +30,11 @@ struct MonitorKernels {
   // fixed blocks, f64 across blocks and buffers). One pass, one result. With inv_scale == 1 a
   // device may leave `nonfinite` at 0 and let the sum carry the non-finite value (the CPU does:
   // its values are then read once).
+  // With `per` (count entries, may be null) each buffer's sum of squares and its counts of zeros
+  // and of non-zero values with |v| < normal_min, read from the values the sum reads (in cache,
+  // no second pass over memory; normal_min = 0 counts zeros only).
   GradSetStats (*unscale_norm)(void* const* bufs, const DType* dts, const int64_t* ns, int count,
-                               float inv_scale);
+                               float inv_scale, float normal_min, GradBufStats* per);
   // numerics/tensor_stats' result, every field equal (counts, abs-min/abs-max over finite values,
   // thresholds of `fmt`). CPU (cpu/monitor.inc): one vectorized pass over the bit patterns per
   // ISA, split over threads only for large tensors; exact, so the same for every ISA and thread

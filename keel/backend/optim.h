@@ -36,6 +36,10 @@ struct AdamWStep {
   // here, in the same pass: autocast's kept weight copy (amp::weight_copy).
   void* p_copy = nullptr;
   DType copy_dt = DType::BF16;
+  // When set: adds the number of elements whose update was non-zero (the increment or the weight
+  // decay) but left the stored value's bits unchanged: rounded away by the parameter's dtype.
+  // Counted in the update's own pass; an int64 on the parameter's device (host memory on the CPU).
+  int64_t* rounded_away = nullptr;
 };
 
 // torch.optim.SGD (maximize = false), for one parameter:
@@ -48,6 +52,7 @@ struct SgdStep {
   bool first = false;  // the buffer is uninitialized: buf = d (PyTorch's clone on the first step)
   bool stochastic_rounding = false;  // as AdamWStep
   uint64_t seed = 0;
+  int64_t* rounded_away = nullptr;  // as AdamWStep (the increment lr * d non-zero)
 };
 
 struct OptimKernels {

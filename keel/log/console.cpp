@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace keel::log {
@@ -83,7 +84,12 @@ bool ConsoleLogger::log(const StepResult& r) {
   last_line_ = progress_line(r, opt_.total_steps, eta_seconds(r.step), opt_.show_scale);
   if (out_) {
     std::fputs((last_line_ + "\n").c_str(), out_);
-    if (!r.advice.empty()) std::fputs(("  advice: " + r.advice + "\n").c_str(), out_);
+    // One "advice:" line per finding (StepResult::advice holds them separated by '\n').
+    for (size_t a = 0; a < r.advice.size();) {
+      const size_t e = std::min(r.advice.find('\n', a), r.advice.size());
+      std::fputs(("  advice: " + r.advice.substr(a, e - a) + "\n").c_str(), out_);
+      a = e + 1;
+    }
     std::fflush(out_);
   }
   return true;

@@ -46,6 +46,10 @@ nlohmann::ordered_json metrics_record(const StepResult& r, const json& extra) {
                                 {"skipped_steps", r.skipped_steps},
                                 {"nan_steps", r.nan_steps},
                                 {"tokens_per_s", json_number(r.tokens_per_s)}};
+  // bf16/f16 weights: the share of this update's elements whose non-zero update rounded away.
+  if (r.rounded_away > 0 && r.update_elements > 0)
+    rec["rounded_away"] =
+        static_cast<double>(r.rounded_away) / static_cast<double>(r.update_elements);
   if (!r.advice.empty()) rec["advice"] = r.advice;
   if (!extra.is_null() && !extra.is_object())
     throw Error("metrics: extra fields must be a JSON object, got " + extra.dump());

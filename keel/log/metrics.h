@@ -2,7 +2,9 @@
 // line by line (a crash loses at most the line being written; a resumed run appends).
 //
 // Keys: step, epoch, loss, grad_norm, learning_rate, loss_scale, skipped_steps, nan_steps,
-// tokens_per_s; `advice` when the trend advisor printed a line; then any extra fields given.
+// tokens_per_s; `rounded_away` (the share of the update's elements whose non-zero update left the
+// stored bf16/f16 weight unchanged) when any did; `advice` when the trend advisor printed a line
+// (one finding per line); then any extra fields given.
 // JSON has no NaN or infinity: a non-finite number (in the fixed keys or in the extras) is written
 // as the string "nan", "inf" or "-inf", so `"grad_norm": "inf"` is a step whose gradients
 // overflowed. Readers must accept a string wherever a number is expected (docs/config.md, [log]).

@@ -1,5 +1,9 @@
 #include "keel/models/param_shapes.h"
 
+#include <algorithm>
+
+#include "keel/numerics/error.h"
+
 namespace keel::models {
 
 int64_t ParamShape::numel() const {
@@ -13,7 +17,7 @@ namespace {
 // nn::Linear(in, out, bias): weight [out, in], then bias [out].
 void linear(std::vector<ParamShape>& out, const std::string& path, int64_t in, int64_t n_out,
             bool bias) {
-  out.push_back({path + ".weight", {n_out, in}, true});
+  out.push_back({path + ".weight", {n_out, in}, true, true});
   if (bias) out.push_back({path + ".bias", {n_out}, true});
 }
 
@@ -70,6 +74,39 @@ int64_t parameter_count(const ModelSpec& spec) {
   int64_t n = 0;
   for (const ParamShape& p : parameter_shapes(spec)) n += p.numel();
   return n;
+}
+
+std::vector<ParamShape> adapter_parameter_shapes(const ModelSpec& spec,
+                                                 const nn::AdapterOptions& opt) {
+  std::vector<ParamShape> out;
+  if (opt.kind == "none") return out;
+  const std::vector<ParamShape> base = parameter_shapes(spec);
+  auto module_of = [](const ParamShape& p) { return p.name.substr(0, p.name.size() - 7); };
+  for (const std::string& t : opt.target_modules) {
+    bool found = false;
+    for (const ParamShape& p : base)
+      found = found || (p.linear && nn::adapter_targets(module_of(p), {t}));
+    if (found) continue;
+    std::vector<std::string> names;
+    for (const ParamShape& p : base) {
+      if (!p.linear) continue;
+      const std::string m = module_of(p), last = m.substr(m.rfind('.') + 1);
+      if (std::find(names.begin(), names.end(), last) == names.end()) names.push_back(last);
+    }
+    std::string list;
+    for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+    throw Error("model.adapter: target module '" + t + "' matches no linear layer of this " +
+                    spec.family + " model; its linear layers are named: " + list +
+                    " (fix model.adapter.target_modules)",
+                Error::kUsage);
+  }
+  for (const ParamShape& p : base) {
+    if (!p.linear || !nn::adapter_targets(module_of(p), opt.target_modules)) continue;
+    for (const nn::AdapterParamShape& a :
+         nn::adapter_parameter_shapes(opt.kind, opt.r, p.shape[1], p.shape[0]))
+      out.push_back({module_of(p) + "." + a.name, a.shape, false, false});
+  }
+  return out;
 }
 
 }  // namespace keel::models

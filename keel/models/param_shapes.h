@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "keel/models/causal_lm.h"
+#include "keel/nn/adapters/adapter.h"
 #include "keel/tensor/tensor.h"
 
 namespace keel::models {
@@ -19,6 +20,7 @@ struct ParamShape {
   // by. Autocast casts these to the compute dtype (and caches the copy for the step); norms,
   // position tables and an untied input embedding are read as stored.
   bool matmul = false;
+  bool linear = false;  // an nn::Linear's weight (what model.adapter.target_modules can name)
 
   int64_t numel() const;
 };
@@ -26,5 +28,13 @@ struct ParamShape {
 // spec.validate() is not called: the sizes are taken as given (GPT-2 always ties its lm_head).
 std::vector<ParamShape> parameter_shapes(const ModelSpec& spec);
 int64_t parameter_count(const ModelSpec& spec);
+
+// The parameters apply_adapters would add to a model of `spec` for `opt` (kind, r, target
+// modules): every Linear a target names gets the adapter's own parameter shapes
+// (nn::adapter_parameter_shapes), named "<module path>.<local name>". Empty for kind "none". A
+// target that names no Linear is an error (kUsage) listing the model's Linear names, as
+// apply_adapters says it.
+std::vector<ParamShape> adapter_parameter_shapes(const ModelSpec& spec,
+                                                 const nn::AdapterOptions& opt);
 
 }  // namespace keel::models

@@ -58,7 +58,137 @@ const char* trend_name(Trend t) {
 
 TrendAdvisor::TrendAdvisor(AdvisorOptions opt) : opt_(opt) {}
 
-std::string TrendAdvisor::observe(StepResult& r) {
+std::string TrendAdvisor::observe(StepResult& r, const std::vector<BlockGradNorm>* layers) {
+  findings_.clear();
+  // The layers first: while blocks have vanished in f16, a vanishing trend's fix is theirs.
+  Finding under, round;
+  const bool under_due = layers && observe_layers(r, *layers, &under);
+  const bool round_due = observe_rounding(r, &round);
+  std::string advice = trend_line(r);
+  if (!advice.empty()) findings_.push_back(finding_);
+  for (const Finding* f : {under_due ? &under : nullptr, round_due ? &round : nullptr}) {
+    if (!f) continue;
+    findings_.push_back(*f);
+    advice += (advice.empty() ? "" : "\n") + f->trend + ": " + f->cause + "; " + f->action;
+  }
+  r.advice = advice;
+  return advice;
+}
+
+std::string TrendAdvisor::format_name() const {
+  const std::string& p = opt_.precision;
+  if (p == "16-mixed" || p == "16-true") return "f16";
+  if (p == "bf16-mixed" || p == "bf16-true") return "bf16";
+  return "f32";
+}
+
+// "16-mixed whose scale never left 1": the scaler is off (scaler.enabled = false).
+std::string TrendAdvisor::underflow_fix(const StepResult& r) const {
+  const std::string& p = opt_.precision;
+  if (p == "16-mixed" && r.loss_scale == 1.0 && r.loss_scale_after == 1.0)
+    return "f16 gradients underflow to zero without a loss scaler: set scaler.enabled = true "
+           "(16-mixed's GradScaler multiplies the loss by 65536 before backward), or switch "
+           "train.precision to bf16-mixed";
+  if (p == "16-mixed")
+    return "the loss scale (" + scale_num(r.loss_scale) +
+           ") is too low for these gradients: raise scaler.min_scale (or scaler.init_scale), or "
+           "switch train.precision to bf16-mixed";
+  if (p == "16-true")
+    return "f16 gradients underflow without a loss scaler: switch train.precision to 16-mixed "
+           "(its GradScaler) or bf16-mixed";
+  return "";
+}
+
+bool TrendAdvisor::observe_layers(const StepResult& r, const std::vector<BlockGradNorm>& layers,
+                                  Finding* f) {
+  if (r.found_inf || !std::isfinite(r.grad_norm)) return false;  // a skipped step: no evidence
+  std::vector<std::string> vanished;
+  std::string alive;
+  double alive_norm = 0;
+  for (const BlockGradNorm& b : layers) {
+    auto it = std::find_if(vanished_run_.begin(), vanished_run_.end(),
+                           [&](const auto& e) { return e.first == b.block; });
+    if (it == vanished_run_.end()) it = vanished_run_.insert(vanished_run_.end(), {b.block, 0});
+    it->second = b.vanished() ? it->second + 1 : 0;
+    if (it->second >= opt_.layer_steps)
+      vanished.push_back(b.block);
+    else if (b.norm > alive_norm)
+      alive = b.block, alive_norm = b.norm;
+  }
+  underflow_ = !vanished.empty() && format_name() == "f16";
+  if (vanished.empty()) reported_.clear();
+  bool news = false;
+  for (const std::string& v : vanished)
+    news |= std::find(reported_.begin(), reported_.end(), v) == reported_.end();
+  // Every block at once: the global norm is 0 (or below vanish_abs) and the trend's vanishing
+  // line says so with the same fix; naming every block would add nothing.
+  if (!news || alive.empty()) return false;
+  reported_ = vanished;
+  const std::string fmt = format_name();
+  int64_t zero = 0, count = 0;
+  for (const BlockGradNorm& b : layers)
+    if (std::find(vanished.begin(), vanished.end(), b.block) != vanished.end())
+      zero += b.zero, count += b.count;
+  std::string names;
+  for (size_t i = 0; i < vanished.size() && i < 8; ++i) names += (i ? ", " : "") + vanished[i];
+  if (vanished.size() > 8) names += " (+" + std::to_string(vanished.size() - 8) + " more)";
+  f->step = r.step;
+  f->trend = "underflow";
+  f->layers = vanished;
+  f->share = count > 0 ? static_cast<double>(zero) / static_cast<double>(count) : 0;
+  f->cause = "the gradients of " + std::to_string(vanished.size()) + " of " +
+             std::to_string(layers.size()) + " blocks vanished on the last " +
+             std::to_string(opt_.layer_steps) + " steps: " + names +
+             " (every element zero or below " + fmt + "'s smallest normal; " + num(100 * f->share) +
+             "% of them zeros)" + ", while " + alive + "'s did not (grad norm " + num(alive_norm) +
+             ")";
+  const std::string fix = underflow_fix(r);
+  if (!fix.empty()) {
+    f->cause += ": " + fmt + " underflow";
+    f->action = fix;
+  } else {
+    f->cause += ": not an underflow of " + fmt + "'s range (it reaches 1e-38)";
+    f->action =
+        "check that these layers take part in the loss (frozen, detached, or dead activations)";
+  }
+  return true;
+}
+
+bool TrendAdvisor::observe_rounding(const StepResult& r, Finding* f) {
+  if (!r.stepped || r.update_elements <= 0) return false;
+  const double share = static_cast<double>(r.rounded_away) / static_cast<double>(r.update_elements);
+  if (share < opt_.round_share) {
+    round_run_ = 0;
+    round_reported_ = false;
+    return false;
+  }
+  if (++round_run_ < opt_.round_steps || round_reported_ || opt_.stochastic_rounding) return false;
+  round_reported_ = true;
+  const std::string& p = opt_.precision;
+  const std::string weights = p == "bf16-true" ? "bf16" : p == "16-true" ? "f16" : "f32";
+  f->step = r.step;
+  f->trend = "rounding";
+  f->share = share;
+  f->cause = num(100 * share) + "% of the weight updates rounded away (step " +
+             std::to_string(r.step) + ": " + std::to_string(r.rounded_away) + " of " +
+             std::to_string(r.update_elements) + " elements had a non-zero update that left the " +
+             "stored " + weights + " value unchanged; " + std::to_string(opt_.round_steps) +
+             " steps in a row)";
+  if (weights == "bf16")
+    f->action =
+        "bf16 keeps 8 significant bits, so an update below half a unit in the last place is "
+        "lost: switch train.precision to bf16-mixed (f32 master weights keep every update) or set "
+        "optim.stochastic_rounding = true (updates land on average)";
+  else if (weights == "f16")
+    f->action =
+        "switch train.precision to bf16-mixed or 16-mixed (f32 master weights keep every update)";
+  else
+    f->action = "the updates are below f32's resolution for these weights: optim.lr (now " +
+                num(r.lr) + ") is too small to change them; raise optim.lr";
+  return true;
+}
+
+std::string TrendAdvisor::trend_line(StepResult& r) {
   const bool nonfinite_event = !std::isfinite(r.loss) || r.nan_steps > nan_steps_;
   nan_steps_ = r.nan_steps;
   updated_ |= r.stepped;
@@ -121,12 +251,11 @@ std::string TrendAdvisor::observe(StepResult& r) {
   if (t == trend_ && (zeros == zeros_ || !zeros)) return "";
   trend_ = t;
   zeros_ = zeros;
-  finding_ = Finding{r.step, trend_name(t), why, action(t, r), {}};
+  finding_ = Finding{r.step, trend_name(t), why, action(t, r), {}, {}, -1};
   if (t == Trend::kSpiking)
     for (const StepResult& s : window_)
       if (s.step == last_spike_) examples_of(s, &finding_.examples);
-  r.advice = finding_.trend + ": " + why + "; " + finding_.action;
-  return r.advice;
+  return finding_.trend + ": " + why + "; " + finding_.action;
 }
 
 bool TrendAdvisor::recovered(const StepResult& r) const {
@@ -297,6 +426,9 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
              (switch_to.empty() ? "" : "; if it persists, " + switch_to);
     case Trend::kVanishing: {
       const bool zero = !window_.empty() && window_.back().grad_norm == 0.0;
+      // Blocks whose f16 gradients vanished (observe_layers): the decay is their underflow, and a
+      // higher learning rate would not bring them back.
+      if (underflow_ && !underflow_fix(r).empty()) return underflow_fix(r);
       if (zero && (p == "16-true" || p == "bf16-true"))
         return "gradients underflow to zero without a loss scaler: switch train.precision to "
                "16-mixed (its GradScaler), bf16-mixed or 32-true";

@@ -27,6 +27,19 @@
 //
 // The window holds the last `window` (20) steps. No advice is given while the class stays the
 // same; the first step is "stable" without a line, so a healthy run prints nothing.
+//
+// Two findings beside the trend, from what the step's own passes counted (always on):
+//   underflow   given the per-layer statistics (monitor/grad_norms.h): blocks none of whose
+//               gradient elements was a normal number of the compute format (every one 0, or an
+//               f16 subnormal) on the last layer_steps (3) steps with finite gradients, named with
+//               the precision cause and the fix (16-mixed without a scaler: enable it, or
+//               bf16-mixed). Said again when another block vanishes, not when every block has
+//               (the global norm is then 0 or tiny, and the trend's vanishing line says it).
+//   rounding    >= round_share (50%) of an update's elements had a non-zero update that left the
+//               stored weight unchanged (StepResult::rounded_away: bf16 keeps 8 significant bits)
+//               on round_steps (3) applied steps in a row: the share and the fix (bf16-mixed's f32
+//               masters, or optim.stochastic_rounding = true). Not said when stochastic rounding
+//               is on: its unchanged values are unbiased draws, and the updates land on average.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -34,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/monitor/grad_norms.h"
 #include "keel/train/step_result.h"
 
 namespace keel::monitor {
@@ -54,6 +68,11 @@ struct AdvisorOptions {
   int64_t spike_hold = 5;
   int64_t collapse_skips = 4;
   double collapse_ratio = 256;
+  int64_t layer_steps = 3;
+  double round_share = 0.5;
+  int64_t round_steps = 3;
+  // optim.stochastic_rounding: bf16 updates that leave a weight unchanged are unbiased draws.
+  bool stochastic_rounding = false;
   // Trainable parameters of the model (0 = unknown): below 10M, vanishing advice suggests a
   // higher learning rate, which tiny models tolerate.
   int64_t num_params = 0;
@@ -72,21 +91,27 @@ struct AdvisorOptions {
 };
 
 // One finding, as metrics.jsonl records it: {"kind": "advisor", step, trend, cause, action,
-// examples (the batch of a spike)}.
+// examples (the batch of a spike), layers (the vanished blocks of an underflow), share (the
+// rounded-away share of a rounding finding)}. `trend`: a trend's name, "underflow" or "rounding".
 struct Finding {
   int64_t step = 0;
   std::string trend, cause, action;
   std::vector<std::string> examples;
+  std::vector<std::string> layers;
+  double share = -1;  // < 0: none
 };
 
 class TrendAdvisor {
  public:
   explicit TrendAdvisor(AdvisorOptions opt = {});
-  // Adds one step to the window and classifies. Returns the advice line when the class changed
-  // (also stored in r.advice), "" otherwise.
-  std::string observe(StepResult& r);
+  // Adds one step to the window and classifies; `layers`: the step's per-layer statistics (the
+  // underflow finding needs them). Returns the advice, one line per finding (also stored in
+  // r.advice): the trend's when its class changed, then underflow, then rounding; "" if none.
+  std::string observe(StepResult& r, const std::vector<BlockGradNorm>* layers = nullptr);
   Trend trend() const { return trend_; }
-  // The finding of the last observe() that returned a line.
+  // The findings of the last observe(), in the order of its lines.
+  const std::vector<Finding>& findings() const { return findings_; }
+  // The trend finding of the last observe() whose class changed.
   const Finding& last_finding() const { return finding_; }
   // The lowest loss of the best window so far (median of `best_steps` applied steps; 0 = none).
   double best_loss() const { return best_loss_; }
@@ -94,6 +119,12 @@ class TrendAdvisor {
  private:
   Trend classify(const StepResult& r, std::string& why) const;
   std::string action(Trend t, const StepResult& r) const;
+  std::string trend_line(StepResult& r);
+  // The underflow finding's state for this step (vanished blocks named), and its finding if due.
+  bool observe_layers(const StepResult& r, const std::vector<BlockGradNorm>& layers, Finding* f);
+  bool observe_rounding(const StepResult& r, Finding* f);
+  std::string underflow_fix(const StepResult& r) const;
+  std::string format_name() const;  // the compute format of opt_.precision: f16, bf16, f32
 
   AdvisorOptions opt_;
   std::deque<StepResult> window_;
@@ -107,6 +138,12 @@ class TrendAdvisor {
   double best_loss_ = 0, best_norm_ = 0;
   std::deque<int64_t> spikes_;  // steps of the spikes in the window
   Finding finding_;
+  std::vector<Finding> findings_;
+  std::vector<std::pair<std::string, int64_t>> vanished_run_;  // block -> steps in a row
+  std::vector<std::string> reported_;                          // blocks named by the last finding
+  bool underflow_ = false;  // some block has vanished (f16 and no scaler: the cause)
+  int64_t round_run_ = 0;   // applied steps in a row at >= round_share
+  bool round_reported_ = false;
   // Whether an exploding verdict's condition has cleared at `r` (back near the best window).
   bool recovered(const StepResult& r) const;
   std::string examples_of(const StepResult& s, std::vector<std::string>* list) const;

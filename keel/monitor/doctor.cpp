@@ -246,11 +246,12 @@ std::vector<DoctorCheck> check_config(const Config& cfg) {
   return out;
 }
 
-DoctorCheck check_memory(const MemoryEstimate& e, int64_t available) {
+DoctorCheck check_memory(const MemoryEstimate& e, int64_t available, const std::string& advice) {
   const std::string est = fmt("%.1f MB", static_cast<double>(e.total) / 1e6);
   if (available < 0)
     return make("info", "memory", "estimated peak " + est + " (/proc/meminfo unreadable)");
   const std::string av = fmt("%.1f MB", static_cast<double>(available) / 1e6);
+  if (e.total > available && !advice.empty()) return make("error", "memory", advice);
   if (e.total > available)
     return make("error", "memory",
                 "estimated peak " + est + " exceeds the available memory " + av +
@@ -317,8 +318,28 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
     out_dir = buf.data();
     remove_after = true;
   }
+  // Memory first: the estimate needs no model (model.path's config.json or the model.* keys,
+  // the adapters' own shapes), and a run that cannot fit is not built for the probe either.
+  bool estimated = false, fits = true;
+  try {
+    const MemoryQuery q = memory_query_from_config(cfg);
+    r.memory = estimate_memory(q);
+    r.available_bytes = available_memory_bytes();
+    estimated = true;
+    fits = r.available_bytes < 0 || r.memory.total <= r.available_bytes;
+    r.checks.push_back(check_memory(r.memory, r.available_bytes,
+                                    fits ? "" : memory_fit_advice(q, r.available_bytes)));
+  } catch (const Error& e) {
+    r.checks.push_back(
+        make("warning", "memory",
+             std::string("no estimate (nothing is assumed in its place): ") + e.what()));
+  }
   std::optional<Run> probe;
-  if (config_ok) {
+  if (config_ok && !fits)
+    r.checks.push_back(make("error", "setup",
+                            "the run was not built for the checks below: it would not fit in "
+                            "memory (see the memory check)"));
+  if (config_ok && fits) {
     try {
       Config c = cfg;
       c.run.out_dir = out_dir + "/probe";
@@ -360,21 +381,20 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
     auto w = check_windows(probe->loader->size(), cfg.train.batch_size, cfg.train.grad_accum);
     r.checks.insert(r.checks.end(), w.begin(), w.end());
   }
-  // Memory.
-  try {
-    MemoryQuery q = memory_query_from_config(cfg);
-    if (probe) {
-      q.params = probe->model->num_parameters();
-      if (cfg.model.adapter.kind != "none") {
-        q.trainable = probe->model->num_parameters(/*trainable_only=*/true);
-        q.trainable_f32 = true;
-      }
-    }
-    r.memory = estimate_memory(q);
-    r.available_bytes = available_memory_bytes();
-    r.checks.push_back(check_memory(r.memory, r.available_bytes));
-  } catch (const Error& e) {
-    r.checks.push_back(make("warning", "memory", std::string("no estimate: ") + e.what()));
+  // The built model against the estimate's count: the estimate sizes the model without
+  // building it (config.json or the model.* keys, the adapters' own shapes), so a difference
+  // says what it missed (a pad row added to the vocabulary is one row, nothing to report).
+  if (probe && estimated) {
+    const int64_t built = probe->model->num_parameters();
+    const int64_t trainable = probe->model->num_parameters(/*trainable_only=*/true);
+    const int64_t row = probe->model->spec().n_embd * (probe->model->spec().tie_embeddings ? 1 : 2);
+    if (std::llabs(built - r.memory.params) > row || trainable != r.memory.trainable)
+      r.checks.push_back(make("warning", "memory",
+                              "the estimate counts " + std::to_string(r.memory.params) +
+                                  " parameters (" + std::to_string(r.memory.trainable) +
+                                  " trainable) but the built model has " + std::to_string(built) +
+                                  " (" + std::to_string(trainable) +
+                                  " trainable): the estimate is off by their bytes"));
   }
   probe.reset();
 

@@ -56,7 +56,8 @@ std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int
 // Precision vs device, scaler, -true policies, adapters, learning rate (config only).
 std::vector<DoctorCheck> check_config(const Config& cfg);
 
-DoctorCheck check_memory(const MemoryEstimate& e, int64_t available_bytes);
+DoctorCheck check_memory(const MemoryEstimate& e, int64_t available_bytes,
+                         const std::string& advice = "");
 
 struct SanityRun {
   std::string label;  // "configured", "32-true", "attention=math", ...

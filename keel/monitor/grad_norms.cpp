@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cmath>
 
+#include "keel/numerics/error.h"
+
 namespace keel::monitor {
 
 std::string grad_norm_block(const std::string& name) {
@@ -32,20 +34,24 @@ std::vector<BlockGradNorm> per_layer_grad_norms(
   for (const auto& [name, p] : params) grads.push_back(p.grad());
   const amp::GradPass own = pass ? amp::GradPass{} : amp::grad_pass(grads);
   if (!pass) pass = &own;
+  KEEL_CHECK(pass->sum_squares_of.size() == grads.size(),
+             "per_layer_grad_norms: the pass is not over these parameters' gradients");
   std::vector<BlockGradNorm> out;
   std::vector<double> sums;
   for (size_t k = 0; k < params.size(); ++k) {
     const Tensor& g = grads[k];
     if (!g.defined() || g.numel() == 0) continue;
-    const double ss = amp::grad_sum_squares(*pass, grads, k);
     const std::string block = grad_norm_block(params[k].first);
     size_t i = 0;
     while (i < out.size() && out[i].block != block) ++i;  // a few dozen blocks: linear is fine
     if (i == out.size()) {
-      out.push_back({block, 0});
+      out.push_back({block});
       sums.push_back(0);
     }
-    sums[i] += ss;
+    sums[i] += pass->sum_squares_of[k];
+    out[i].count += g.numel();
+    out[i].zero += pass->zero_of[k];
+    out[i].below_normal += pass->below_normal_of[k];
   }
   for (size_t i = 0; i < out.size(); ++i) out[i].norm = std::sqrt(sums[i]);
   return out;

@@ -1,5 +1,7 @@
-// Per-layer gradient norms (`log.per_layer_grad_norm`): the global grad norm of DESIGN §3 broken
-// down by top-level block, so a user sees WHICH layer's gradients explode or vanish.
+// Per-layer gradient norms and underflow shares: the global grad norm of DESIGN §3 broken down by
+// top-level block, so a user sees WHICH layer's gradients explode or vanish. Always computed (from
+// the step's own pass: no extra read of the gradients); the trend advisor reads them, and
+// `log.per_layer_grad_norm` writes them to metrics.jsonl.
 //
 // A block is the module path of a parameter up to and including its first numeric component
 // ("transformer.h.3.attn.c_attn.weight" -> "transformer.h.3", "model.layers.0.mlp.up_proj.weight"
@@ -27,11 +29,20 @@ std::string grad_norm_block(const std::string& param_name);
 struct BlockGradNorm {
   std::string block;
   double norm = 0;  // inf/nan when a gradient of the block is non-finite
+  // Gradient elements of the block, and how many were exactly 0 or (non-zero) below the compute
+  // format's smallest normal, as the pass counted them (amp::GradPass::zero_of).
+  int64_t count = 0, zero = 0, below_normal = 0;
+  // No element of the block's gradient is a normal number of the compute format: it vanished.
+  bool vanished() const { return count > 0 && zero + below_normal == count; }
+  double underflow_share() const {
+    return count > 0 ? static_cast<double>(zero + below_normal) / static_cast<double>(count) : 0;
+  }
 };
 // One entry per block, in the order the blocks first appear in `params` (registration order:
 // embeddings, layers 0..L-1, final norm, head). Parameters without a gradient are skipped; a block
 // none of whose parameters has a gradient is absent. `pass`: the step's pass over exactly these
-// parameters' gradients, in this order, whose per-gradient sums are reused (null: summed here).
+// parameters' gradients, in this order, whose per-gradient sums and counts are reused (null: one
+// pass here, counts judged against f32).
 std::vector<BlockGradNorm> per_layer_grad_norms(
     const std::vector<std::pair<std::string, Tensor>>& params, const amp::GradPass* pass = nullptr);
 

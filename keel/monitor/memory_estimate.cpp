@@ -2,11 +2,15 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "keel/amp/precision.h"
 #include "keel/data/tokenizer.h"
+#include "keel/io/hf_model.h"
+#include "keel/io/safetensors.h"
 #include "keel/models/causal_lm.h"
 #include "keel/models/param_shapes.h"
 #include "keel/numerics/error.h"
@@ -45,6 +49,18 @@ void check_query(const MemoryQuery& q) {
   if (q.attention != "eager" && q.attention != "math" && q.attention != "flash")
     throw Error("memory: attention \"" + q.attention + "\" is unknown; use eager, math or flash",
                 Error::kUsage);
+  if (q.adapter.kind != "none" && q.adapter.kind != "lora" && q.adapter.kind != "dora" &&
+      q.adapter.kind != "lokr")
+    throw Error(
+        "memory: adapter \"" + q.adapter.kind + "\" is unknown; use none, lora, dora or lokr",
+        Error::kUsage);
+  if (q.adapter.kind != "none" && q.adapter.r < 1)
+    throw Error("memory: adapter r = " + std::to_string(q.adapter.r) + " must be >= 1",
+                Error::kUsage);
+  if (q.checkpoint_every < 0)
+    throw Error("memory: activation checkpointing every " + std::to_string(q.checkpoint_every) +
+                    " blocks; use none (0), blocks (1) or a positive N",
+                Error::kUsage);
   if (q.params <= 0 && !(q.layers > 0 && q.hidden > 0))
     throw Error(
         "memory: give the parameter count (--params N) or the model sizes (--layers L --hidden H)",
@@ -70,12 +86,19 @@ std::string mb(int64_t bytes) {
 
 }  // namespace
 
+std::string format_bytes(int64_t bytes) {
+  if (bytes < 10'000'000'000) return mb(bytes);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(bytes) / 1e9);
+  return buf;
+}
+
 int64_t count_parameters(const MemoryQuery& q) { return models::parameter_count(spec_of(q)); }
 
 namespace {
 
-// What host_memory hands out for a tensor of `n` bytes (none for an empty one). The rounding is real
-// memory: GPT-2 with C = 768 has 9 MiB MLP weights that take 10 MiB blocks, and their weights,
+// What host_memory hands out for a tensor of `n` bytes (none for an empty one). The rounding is
+// real memory: GPT-2 with C = 768 has 9 MiB MLP weights that take 10 MiB blocks, and their weights,
 // grads and two AdamW moments hold 99 MB more than their bytes (measured: 1463.7 MB live after a
 // step of an 85M-parameter model whose state is 1364.8 MB).
 int64_t block_bytes(int64_t n) {
@@ -84,65 +107,98 @@ int64_t block_bytes(int64_t n) {
 
 }  // namespace
 
+namespace {
+
+// Bytes of the run's parameters as stored, tensor by tensor in host_memory's blocks.
+int64_t blocks_of(const std::vector<models::ParamShape>& tensors, int64_t bytes_per_param,
+                  bool cast_only = false) {
+  int64_t sum = 0;
+  for (const models::ParamShape& t : tensors)
+    if (!cast_only || t.matmul) sum += block_bytes(t.numel() * bytes_per_param);
+  return sum;
+}
+
+int64_t numel_of(const std::vector<models::ParamShape>& tensors) {
+  int64_t n = 0;
+  for (const models::ParamShape& t : tensors) n += t.numel();
+  return n;
+}
+
+// The process without a model: the keel binary, its libraries (oneDNN, OpenMP, libstdc++), the
+// thread pool's stacks, the config, tokenizer and the built-in dataset. Measured as the peak RSS
+// of 1-layer, 32-wide runs (whose tensors are under 1 MB): 22.2-23.0 MB for gpt2 and llama,
+// 32-true and bf16-mixed, with and without an adapter.
+constexpr int64_t kRuntimeBytes = 22'500'000;
+
+}  // namespace
+
 MemoryEstimate estimate_memory(const MemoryQuery& q) {
   check_query(q);
   const PrecisionPolicy pol = resolve_precision(q.precision, Device::cpu());
   MemoryEstimate e;
   e.precision = pol.name();
-  e.params = q.params > 0 ? q.params : count_parameters(q);
-  const int64_t N = e.params;
+  e.source = q.source;
+  const bool sized = q.layers > 0 && q.hidden > 0;
+  const models::ModelSpec sp = spec_of(q);
+  // The base model's tensors (with sizes); an adapter's own tensors, from the adapters' shapes.
+  std::vector<models::ParamShape> tensors, adapter_tensors;
+  if (sized) tensors = models::parameter_shapes(sp);
+  const bool adapter_kind = q.adapter.kind != "none";
+  if (adapter_kind && !sized && q.trainable <= 0)
+    throw Error(
+        "memory: an adapter's parameters are counted from the model's sizes; give a model "
+        "directory (--model DIR), a config (--config FILE) or --layers and --hidden",
+        Error::kUsage);
+  if (adapter_kind && sized) adapter_tensors = models::adapter_parameter_shapes(sp, q.adapter);
+  // A bare count (or one that is not these sizes' count) is counted as bytes.
+  if (sized && q.params > 0 && q.params != numel_of(tensors) + numel_of(adapter_tensors) &&
+      q.params != numel_of(tensors))
+    tensors.clear(), adapter_tensors.clear();
+  const bool shaped = !tensors.empty();
+
   const int64_t pb = static_cast<int64_t>(dtype_size(pol.param_dtype));
   // c: bytes of the compute dtype (what linear/attention outputs are stored in); s: bytes of the
   // residual stream (f32 under -mixed, where residual_add promotes to the f32 branch).
   const int64_t c = static_cast<int64_t>(dtype_size(pol.compute_dtype));
   const int64_t s = pb;
-
-  // Grads keep the parameter's dtype (f32 for masters and adapters).
-  const int64_t Nt = q.trainable > 0 ? q.trainable : N;
-  const int64_t tb = q.trainable_f32 ? 4 : pb;
-  // Under an adapter the frozen base (N - Nt parameters) is stored in model.base_dtype.
-  const bool adapter = q.trainable > 0 && q.trainable < N;
   if (!q.base_dtype.empty() && q.base_dtype != "f32" && q.base_dtype != "bf16")
     throw Error("memory: base dtype \"" + q.base_dtype + "\" is unknown; use f32 or bf16",
                 Error::kUsage);
-  // ("f32", the config's default, keeps the base in the policy's parameter dtype.)
-  const int64_t fb = q.base_dtype == "bf16" ? 2 : pb;
-  const int64_t kinds = q.optimizer == "adamw" ? 2 : (q.momentum != 0 ? 1 : 0);
 
-  // With the model's sizes the state is counted tensor by tensor in host_memory's blocks (when
-  // the sizes account for the parameter count: the whole model, or the frozen base under an
-  // adapter, whose own small tensors are counted as bytes). With a bare parameter count it is
-  // bytes: 100M parameters under 16-mixed with AdamW are 400 MB weights, 400 MB grads and 800 MB
-  // optimizer state (issue 4).
-  std::vector<models::ParamShape> tensors;
-  if (q.layers > 0 && q.hidden > 0 && count_parameters(q) == (adapter ? N - Nt : N))
-    tensors = models::parameter_shapes(spec_of(q));
-  const bool sized = !tensors.empty();
-  auto state_bytes = [&](int64_t bytes_per_param, bool cast_only) {
-    int64_t sum = 0;
-    for (const models::ParamShape& t : tensors)
-      if (!cast_only || t.matmul) sum += block_bytes(t.numel() * bytes_per_param);
-    return sum;
-  };
-  int64_t cast_params = N;  // the weights autocast casts (everything, without sizes)
-  if (sized) {
-    cast_params = 0;
-    for (const models::ParamShape& t : tensors) cast_params += t.matmul ? t.numel() : 0;
+  int64_t N = 0, Nt = 0;  // all parameters; those that train
+  if (shaped) {
+    e.adapter_params = numel_of(adapter_tensors);
+    N = numel_of(tensors) + e.adapter_params;
+    Nt = adapter_kind ? e.adapter_params : N;
+  } else {
+    N = q.params > 0 ? q.params : count_parameters(q);
+    Nt = q.trainable > 0 ? std::min(q.trainable, N) : N;
   }
+  e.params = N;
+  e.trainable = Nt;
+  // Under an adapter the frozen base (N - Nt parameters) is stored in model.base_dtype ("f32",
+  // the config's default, keeps the base in the policy's parameter dtype); the adapters are f32.
+  const bool adapter = (adapter_kind || q.trainable > 0) && Nt < N;
+  const int64_t tb = adapter_kind || q.trainable_f32 ? 4 : pb;
+  const int64_t fb = adapter && q.base_dtype == "bf16" ? 2 : pb;
+  const int64_t kinds = q.optimizer == "adamw" ? 2 : (q.momentum != 0 ? 1 : 0);
+  const int64_t trainable_blocks =
+      shaped ? blocks_of(adapter_kind ? adapter_tensors : tensors, tb) : Nt * tb;
 
   if (adapter) {
-    e.weights = (sized ? state_bytes(fb, false) : (N - Nt) * fb) + Nt * tb;
+    e.weights = (shaped ? blocks_of(tensors, fb) : (N - Nt) * fb) + trainable_blocks;
     e.weights_detail = std::string("frozen base in ") + (fb == 2 ? "16-bit" : "f32") +
                        ", adapters in " + (tb == 4 ? "f32" : "16-bit");
-    e.grads = Nt * tb;
-    e.optimizer_state = kinds * Nt * tb;
+    if (adapter_kind)
+      e.weights_detail += " (" + q.adapter.kind + " r=" + std::to_string(q.adapter.r) + ": " +
+                          std::to_string(Nt) + " trainable)";
   } else {
-    e.weights = sized ? state_bytes(pb, false) : N * pb;
+    e.weights = shaped ? blocks_of(tensors, pb) : N * pb;
     if (pol.autocast) e.weights_detail = "f32 masters";
-    e.grads = sized ? state_bytes(tb, false) : N * tb;
-    e.optimizer_state = kinds * (sized ? state_bytes(tb, false) : N * tb);
   }
-  if (sized && e.weights != (adapter ? (N - Nt) * fb + Nt * tb : N * pb))
+  e.grads = trainable_blocks;
+  e.optimizer_state = kinds * trainable_blocks;
+  if (shaped && e.weights != (adapter ? (N - Nt) * fb + Nt * tb : N * pb))
     e.weights_detail +=
         std::string(e.weights_detail.empty() ? "" : "; ") + "in host_memory's rounded blocks";
 
@@ -151,104 +207,183 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   // GPT-2 of 85M parameters peaks 105 MB higher under bf16-mixed than under 32-true (1738.4 vs
   // 1629.7 MB of live blocks), the 170 MB of bf16 copies less the halved activations.
   if (pol.autocast) {
-    e.lowp_copies = sized ? state_bytes(c, true) : cast_params * c;
+    const int64_t cast_params = shaped ? blocks_of(tensors, c, true) : (N - (adapter ? Nt : 0)) * c;
     // A frozen base already in the compute dtype is used as stored: no copy. (An f32 base is cast
     // per use; the copies are not cached, but each Linear's backward node keeps its cast weight
     // until backward, so they count the same.) The adapter's own f32 weights are cast and cached.
-    if (adapter) e.lowp_copies = (fb == c ? 0 : e.lowp_copies) + Nt * c;
+    e.lowp_copies = adapter ? (fb == c ? 0 : cast_params) + Nt * c : cast_params;
   }
 
-  if (has_sizes(q)) {
+  const bool acts = has_sizes(q);
+  int64_t recompute = 0;  // checkpointing: one segment's activations, held during its backward
+  int64_t layer_transient = 0, head_transient = 0;
+  if (acts) {
     e.has_activations = true;
-    const models::ModelSpec sp = spec_of(q);
     const int64_t B = q.batch, T = q.seq, C = sp.n_embd, F = sp.ffn_dim(), V = sp.vocab_size;
     const int64_t H = sp.n_head, L = sp.n_layer, BT = B * T;
     const int64_t kvC = sp.kv_heads() * sp.head_dim();
     const bool flash = q.attention == "flash";
-    // `count` tensors of `each` bytes, in host_memory's blocks.
-    auto add = [&](const std::string& name, int64_t count, int64_t each,
-                   const std::string& detail) {
+    const bool llama = q.family == "llama";
+    // Items of one block (counted per block) and of the model outside its blocks.
+    struct Item {
+      std::string name, detail;
+      int64_t per_block = 0, outside = 0;
+    };
+    std::vector<Item> items;
+    auto add = [&](const std::string& name, int64_t count, int64_t each, const std::string& detail,
+                   bool per_block) {
       const int64_t bytes = count * block_bytes(each);
-      for (MemoryItem& it : e.activation_items)
-        if (it.name == name) {
-          it.bytes += bytes;
-          e.activations += bytes;
-          return;
-        }
-      e.activation_items.push_back({name, bytes, detail});
-      e.activations += bytes;
+      auto it =
+          std::find_if(items.begin(), items.end(), [&](const Item& i) { return i.name == name; });
+      if (it == items.end()) it = items.insert(items.end(), Item{name, detail});
+      (per_block ? it->per_block : it->outside) += bytes;
     };
     const std::string sd = s == 4 ? "f32" : "16-bit", cd = c == 4 ? "f32" : "16-bit";
     const std::string attn_detail = flash ? "flash: output [B,T,C] " + cd + " + lse [B,H,T] f32"
                                           : "probabilities [B,H,T,T] f32 (" + q.attention + ")";
-    auto add_attention = [&] {
-      if (flash) {
-        add("attention", L, c * BT * C, attn_detail);
-        add("attention", L, 4 * B * H * T, attn_detail);
-      } else {
-        add("attention", L, 4 * B * H * T * T, attn_detail);
-      }
-    };
-    if (q.family == "gpt2") {
-      add("residual stream", 2 * L + 1, s * BT * C, "2 per layer + ln_f: [B,T,C] " + sd);
-      add("norm statistics", 2 * (2 * L + 1), 4 * BT, "mean, rstd [B*T] f32 per LayerNorm");
+    if (flash) {
+      add("attention", 1, c * BT * C, attn_detail, true);
+      add("attention", 1, 4 * B * H * T, attn_detail, true);
+    } else {
+      add("attention", 1, 4 * B * H * T * T, attn_detail, true);
+    }
+    // The first norm's consumers: one autocast copy each under -mixed (c_attn; q, k, v).
+    const int64_t first_casts = llama ? (pol.autocast ? 3 : 1) : 1;
+    if (!llama) {
+      add("residual stream", 2, s * BT * C, "2 per block + ln_f: [B,T,C] " + sd, true);
+      add("norm statistics", 4, 4 * BT, "mean, rstd [B*T] f32 per LayerNorm", true);
       const std::string li =
           "c_attn, attn.c_proj, c_fc ([B,T,C]) and mlp.c_proj ([B,T,4C]) inputs, " + cd;
-      add("linear inputs", 3 * L, c * BT * C, li);
-      add("linear inputs", L, c * BT * F, li);
-      add("q, k, v", 3 * L, c * BT * C, "split-heads copies [B,H,T,D] " + cd);
-      add_attention();
-      add("gelu input", L, c * BT * F, "c_fc output [B,T,F] " + cd);
+      add("linear inputs", 3, c * BT * C, li, true);
+      add("linear inputs", 1, c * BT * F, li, true);
+      add("q, k, v", 3, c * BT * C, "split-heads copies [B,H,T,D] " + cd, true);
+      add("gelu input", 1, c * BT * F, "c_fc output [B,T,F] " + cd, true);
+      add("residual stream", 1, s * BT * C, "", false);
+      add("norm statistics", 2, 4 * BT, "", false);
     } else {
-      const int64_t casts = pol.autocast ? 3 : 1, mlp_casts = pol.autocast ? 2 : 1;
-      add("residual stream", 2 * L + 1, s * BT * C, "2 per layer + final norm: [B,T,C] " + sd);
-      add("norm statistics", 2 * L + 1, 4 * BT, "rstd [B*T] f32 per RMSNorm");
+      const int64_t mlp_casts = pol.autocast ? 2 : 1;
+      add("residual stream", 2, s * BT * C, "2 per block + final norm: [B,T,C] " + sd, true);
+      add("norm statistics", 2, 4 * BT, "rstd [B*T] f32 per RMSNorm", true);
       const std::string li =
           "normed input (one autocast copy per projection under -mixed), o_proj and down_proj "
           "inputs, " +
           cd;
-      add("linear inputs", L * (casts + 1 + mlp_casts), c * BT * C, li);
-      add("linear inputs", L, c * BT * F, li);
-      add("q, k, v", L, c * BT * C, "after rope / split-heads, " + cd);
-      add("q, k, v", 2 * L, c * BT * kvC, "after rope / split-heads, " + cd);
-      add_attention();
-      add("swiglu inputs", 2 * L, c * BT * F, "gate and up outputs [B,T,F] " + cd);
+      add("linear inputs", first_casts + 1 + mlp_casts, c * BT * C, li, true);
+      add("linear inputs", 1, c * BT * F, li, true);
+      add("q, k, v", 1, c * BT * C, "after rope / split-heads, " + cd, true);
+      add("q, k, v", 2, c * BT * kvC, "after rope / split-heads, " + cd, true);
+      add("swiglu inputs", 2, c * BT * F, "gate and up outputs [B,T,F] " + cd, true);
+      add("residual stream", 1, s * BT * C, "", false);
+      add("norm statistics", 1, 4 * BT, "", false);
+    }
+    // What each adapted Linear keeps on top (nn/adapters/*.cpp forward): the adapter's own cast
+    // of its input (autocast's copy for lora_A under -mixed; an f32 copy of a 16-bit input under
+    // -true; none when the f32 input is shared with the base product), LoRA's [rows, r] middle,
+    // DoRA's f32 base and LoRA results (its two products by m/n), LoKr's cast delta weight
+    // [out, in] (x·ΔWᵀ keeps it).
+    int64_t adapter_transient = 0;
+    if (adapter_kind) {
+      const std::string k = q.adapter.kind;
+      const bool dropout = q.adapter.dropout > 0;
+      const int64_t in_copy = pol.autocast ? c : (pb != 4 ? 4 : (dropout ? 4 : 0));
+      const int64_t mid = pol.autocast ? c : 4;
+      std::string detail = k + ": ";
+      detail += k == "lokr"   ? "input copy, delta weight [out,in] " + cd
+                : k == "dora" ? "input copy, [rows,r], base and LoRA results f32"
+                              : "input copy [rows,in] and [rows,r]";
+      std::set<std::string> modules;
+      for (const models::ParamShape& a : adapter_tensors)
+        modules.insert(a.name.substr(0, a.name.rfind(k == "lokr" ? ".lokr_" : ".lora_")));
+      for (const models::ParamShape& t : tensors) {
+        if (!t.linear || !modules.count(t.name.substr(0, t.name.size() - 7))) continue;
+        const int64_t out = t.shape[0], in = t.shape[1];
+        // Blocks repeat: count layer 0's modules per block, the head's (lm_head) outside.
+        const bool l0 = t.name.find(".0.") != std::string::npos;
+        const bool head = t.name.rfind("lm_head", 0) == 0;
+        if (!l0 && !head) continue;
+        add(k + " adapters", 1, in_copy * BT * in, detail, !head);
+        if (k == "lokr") {
+          add(k + " adapters", 1, (pol.autocast ? c : 4) * out * in, detail, !head);
+          adapter_transient = std::max(adapter_transient, 3 * block_bytes(4 * out * in));
+        } else {
+          add(k + " adapters", 1, mid * BT * q.adapter.r, detail, !head);
+          if (k == "dora") add(k + " adapters", 2, 4 * BT * out, detail, !head);
+          if (k == "dora" && dropout && pol.autocast)
+            add(k + " adapters", 1, c * BT * in + c * out * in, detail, !head);
+        }
+      }
     }
     // Head: the lm_head input and the logits the step keeps. cross_entropy reads 16-bit logits
     // as they are (amp's kFp32Inside): no f32 copy.
-    add("lm_head input", 1, c * BT * C, "[B,T,C] " + cd);
-    add("logits", 1, c * BT * V, "[B*T,V] " + cd);
-    add("ids and labels", 3, 8 * BT, "i64 [B,T]");
+    add("lm_head input", 1, c * BT * C, "[B,T,C] " + cd, false);
+    add("logits", 1, c * BT * V, "[B*T,V] " + cd, false);
+    add("ids and labels", 3, 8 * BT, "i64 [B,T]", false);
 
-    // Backward transients: at the head, dlogits (in the logits' dtype) and the lm_head's input
-    // and weight gradients, which linear writes in the f32 masters' dtype under -mixed
-    // (ops::grad_dtype_for); inside a layer, attention's score gradient (with eager's rounded
-    // probabilities) and dq/dk/dv.
+    int64_t per_block = 0, outside = 0;
+    for (const Item& i : items) per_block += i.per_block, outside += i.outside;
+    // Under an adapter the embedding is frozen: the first block's input needs no gradient, so its
+    // first norm and the base products reading that norm record nothing (ops record a node only
+    // when an input requires grad); the adapters' own copies (counted above) are saved.
+    int64_t first_block_less = 0;
+    if (adapter) {
+      first_block_less = block_bytes(s * BT * C) + (llama ? 1 : 2) * block_bytes(4 * BT);
+      first_block_less +=
+          (pol.autocast || adapter_tensors.empty() ? first_casts : 0) * block_bytes(c * BT * C);
+    }
+    // Checkpointing: a segment of N blocks keeps only its input; its backward first recomputes
+    // its blocks' activations (the input being the first of them) and holds them on top.
+    const int64_t every = std::min(q.checkpoint_every, L);
+    int64_t kept_blocks = L * per_block - first_block_less;
+    if (every > 0) {
+      const int64_t segments = (L + every - 1) / every;
+      kept_blocks = segments * block_bytes(s * BT * C);
+      recompute = every * per_block - block_bytes(s * BT * C);
+      e.checkpoint = "checkpoint every " + std::to_string(every) + " block" +
+                     (every == 1 ? "" : "s") + ": " + std::to_string(segments) +
+                     " segment inputs kept, one segment recomputed in backward";
+    }
+    e.activations = kept_blocks + outside;
+    for (const Item& i : items) {
+      const int64_t bytes = (every > 0 ? 0 : L * i.per_block) + i.outside;
+      if (bytes > 0) e.activation_items.push_back({i.name, bytes, i.detail});
+    }
+    if (every > 0) {
+      e.activation_items.push_back({"segment inputs", kept_blocks, "[B,T,C] " + sd + " each"});
+    } else if (first_block_less > 0) {
+      e.activation_items.push_back(
+          {"first block", -first_block_less, "no gradient reaches its input (frozen embedding)"});
+    }
+
+    // Backward transients: at the head, the lm_head's input gradient, which linear writes in the
+    // f32 masters' dtype under -mixed (ops::grad_dtype_for). Its weight gradient is no transient:
+    // it becomes the weight's .grad (counted in `grads`). dlogits take no memory of their own:
+    // cross_entropy's backward writes them over the logits it saved, their sole owner (measured:
+    // a 128256-row vocabulary at B8 T128 peaks 0.53 GB below logits + dlogits). Inside a block,
+    // attention's score gradient (with eager's rounded probabilities) and dq/dk/dv, or the MLP's.
     const int64_t gb = pol.autocast ? 4 : c;
-    const int64_t head =
-        block_bytes(c * BT * V) + block_bytes(gb * BT * C) + block_bytes(gb * V * C);
+    head_transient = block_bytes(gb * BT * C);
     const int64_t cdt = q.attention == "math" ? 4 : c;
     int64_t layer = 3 * block_bytes(c * BT * C) + 2 * block_bytes(s * BT * C);  // dq, dk, dv + dx
     if (!flash)
       layer += block_bytes(cdt * B * H * T * T) +
                (q.attention == "math" ? 4 * block_bytes(4 * BT * C) : 0);
     if (q.attention == "eager" && c != 4) layer += block_bytes(c * B * H * T * T);  // rounded P
-    const int64_t mlp =
-        (q.family == "gpt2" ? 2 : 3) * block_bytes(c * BT * F) + 2 * block_bytes(s * BT * C);
-    e.transient = std::max({head, layer, mlp});
-    e.transient_detail = head >= std::max(layer, mlp) ? "dlogits [B*T,V] and lm_head gradients"
-                                                      : "attention / MLP backward buffers";
+    const int64_t mlp = (llama ? 3 : 2) * block_bytes(c * BT * F) + 2 * block_bytes(s * BT * C);
+    layer_transient = std::max({layer, mlp, adapter_transient});
+    e.transient = std::max(head_transient, recompute + layer_transient);
+    e.transient_detail = head_transient >= recompute + layer_transient
+                             ? "lm_head input gradient (dlogits overwrite the logits)"
+                         : every > 0 ? "one recomputed segment + its backward buffers"
+                                     : "attention / MLP backward buffers";
 
     // Matmul scratch. oneDNN keeps no packed copies of the weights: its matmul primitives take
     // the plain tensors (keel/backend/cpu/matmul_dnnl.cpp), and with freed memory returned at once
     // (MALLOC_MMAP_THRESHOLD_=65536) the process holds only 3-6 MB beyond host_memory's blocks at
-    // 3M and 85M parameters alike, under 32-true and bf16-mixed (AMX): the same as a 1-layer,
-    // 32-wide run, so nothing that grows with the model. (The former estimate, an f32 copy of
-    // every Linear weight, put 341 MB on an 85M GPT-2 that peaks at 1630 MB of live blocks.) f16
-    // is the exception: this oneDNN has no f16 matmul on the CPU, so each product converts its
-    // operands and result to f32 vectors (malloc'd, outside host_memory); the largest product's
-    // three set the scratch. Measured: 16-mixed peaks 7 MB (3M params, B8 T256) and 12.6 MB (85M
-    // params, B4 T64) above bf16-mixed; this term gives 12.6 and 13.4 MB.
+    // 3M and 85M parameters alike, under 32-true and bf16-mixed (AMX). f16 is the exception: this
+    // oneDNN has no f16 matmul on the CPU, so each product converts its operands and result to
+    // f32 vectors (malloc'd, outside host_memory); the largest product's three set the scratch.
+    // Measured: 16-mixed peaks 7 MB (3M params, B8 T256) and 12.6 MB (85M params, B4 T64) above
+    // bf16-mixed; this term gives 12.6 and 13.4 MB.
     if (pol.compute_dtype == DType::F16) {
       auto mm = [](int64_t batch, int64_t m, int64_t k, int64_t n) {
         return 4 * batch * (m * k + k * n + m * n);
@@ -261,15 +396,27 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   }
   e.live_peak =
       e.weights + e.grads + e.optimizer_state + e.lowp_copies + e.activations + e.transient;
-  // A bf16 frozen base is built in the policy's dtype and cast after (keel/train/trainer.cpp,
-  // build_model): the f32 base exists first, plus one tensor's worth while it is built and cast
-  // (measured: 449.9 MB of live blocks for a 437.9 MB f32 base of 8 Llama layers with C = 1024,
-  // 231.8 for 219.8 with 4: 12 MB, the largest weight's f32 block).
-  if (adapter && fb < pb) {
-    int64_t largest = 0;
-    for (const models::ParamShape& t : tensors)
-      largest = std::max(largest, block_bytes(t.numel() * pb));
-    e.init_peak = (sized ? state_bytes(pb, false) : (N - Nt) * pb) + Nt * tb + largest;
+
+  // Building. From sizes, a bf16 frozen base is built in the policy's dtype and cast after
+  // (train/run.cpp build_model): the f32 base exists first, plus one tensor's worth while it is
+  // built and cast (measured: 449.9 MB of live blocks for a 437.9 MB f32 base of 8 Llama layers
+  // with C = 1024, 231.8 for 219.8 with 4: 12 MB, the largest weight's f32 block). From
+  // model.path, the model is built in the policy's dtype and every tensor of the files is read
+  // before it is copied in (each file whole, then its tensors): model + tensors as stored + the
+  // largest file + one tensor's worth (the largest, while it is initialized or copied).
+  int64_t largest = 0;
+  for (const models::ParamShape& t : tensors)
+    largest = std::max(largest, block_bytes(t.numel() * pb));
+  const int64_t built = shaped ? blocks_of(tensors, pb) : (N - Nt) * pb;
+  if (q.file_dtype_bytes > 0) {
+    // (Measured, 16.5M-parameter Llama with a 128256-row vocabulary: 267 MB above the runtime
+    // for an f32 file, 200 MB for a bf16 one; this gives 271 and 203 with the slack. A keel
+    // checkpoint is first loaded whole into a model of its own, in f32: one more f32 model.)
+    int64_t read = shaped ? blocks_of(tensors, q.file_dtype_bytes) : (N - Nt) * q.file_dtype_bytes;
+    if (q.checkpoint_dir) read += shaped ? blocks_of(tensors, 4) : (N - Nt) * 4;
+    e.init_peak = built + read + q.largest_file_bytes + largest;
+  } else if (adapter && fb < pb) {
+    e.init_peak = built + trainable_blocks + largest;
   }
   // Block cache slack. host_memory keeps released blocks for the next request of their size and
   // unmaps cached blocks only when mapping a new one would take live + cached past the largest
@@ -279,44 +426,227 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   // and bf16-mixed), 24 of 748 (102M Llama LoRA, bf16-mixed), 28 of 450 (its bf16 base while
   // building). Below 8 MiB the blocks come from malloc, and what the cache unmaps there stays in
   // glibc's heap: 9-22 MB more in the small GPT-2 runs, whose steps churn 2 MiB blocks (none in the
-  // 85M runs, whose blocks all recur). The bound, 1/16, covers both within the 15% the estimate
-  // is held to: the measured peaks are 0.88-1.06 of the total. A step whose sizes evict each other
-  // every step under 1/16 teaches the cache up to 1/8 (host_memory.h); the estimate keeps 1/16,
-  // the learned part having measured +1.7% of the peak at GPT-2 124M B8 T256 bf16-mixed (3365 ->
-  // 3421 MB) and +5.8% in 32-true (3686 -> 3898 MB).
+  // 85M runs, whose blocks all recur). A step whose sizes evict each other every step under 1/16
+  // teaches the cache up to 1/8 (host_memory.h); the estimate keeps 1/16, the learned part having
+  // measured +1.7% of the peak at GPT-2 124M B8 T256 bf16-mixed and +5.8% in 32-true.
   const int64_t peak = std::max(e.live_peak, e.init_peak);
   e.cache_slack = e.has_activations ? peak / static_cast<int64_t>(host_memory::kSlackDivisor) : 0;
-  e.total = peak + e.matmul_scratch + e.cache_slack;
+  e.runtime = e.has_activations ? kRuntimeBytes : 0;
+  e.total = e.runtime + peak + e.matmul_scratch + e.cache_slack;
   return e;
 }
+
+namespace {
+
+// The weight files of an HF directory as the loader finds them (model.safetensors, or the shards
+// model.safetensors.index.json names): their total and largest size and the stored dtype's bytes
+// (the first tensor's; 0 when there are none or a file cannot be read, which the loader reports).
+struct WeightFiles {
+  int64_t total = 0, largest = 0, dtype_bytes = 0;
+  bool checkpoint = false;  // a keel checkpoint (trainer.json beside the weights)
+};
+
+WeightFiles weight_files(const std::string& dir) {
+  namespace fs = std::filesystem;
+  WeightFiles w;
+  std::set<std::string> files;
+  std::error_code ec;
+  w.checkpoint = fs::exists(dir + "/trainer.json", ec);
+  if (fs::exists(dir + "/model.safetensors", ec)) {
+    files.insert(dir + "/model.safetensors");
+  } else {
+    std::ifstream in(dir + "/model.safetensors.index.json");
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_object() && j.contains("weight_map") && j["weight_map"].is_object())
+      for (const auto& [name, f] : j["weight_map"].items())
+        if (f.is_string()) files.insert(dir + "/" + f.get<std::string>());
+  }
+  for (const std::string& f : files) {
+    const auto size = fs::file_size(f, ec);
+    if (ec) continue;
+    w.total += static_cast<int64_t>(size);
+    w.largest = std::max(w.largest, static_cast<int64_t>(size));
+    if (w.dtype_bytes == 0) try {
+        const io::SafetensorsHeader h = io::read_safetensors_header(f);
+        if (!h.tensors.empty())
+          w.dtype_bytes = static_cast<int64_t>(dtype_size(h.tensors.front().dtype));
+      } catch (const Error&) {
+      }
+  }
+  return w;
+}
+
+}  // namespace
 
 MemoryQuery memory_query_from_config(const Config& cfg) {
   MemoryQuery q;
   q.precision = cfg.train.precision;
   q.optimizer = cfg.optim.name;
   q.momentum = cfg.optim.sgd.momentum;
-  q.family = cfg.model.family;
   q.batch = cfg.train.batch_size;
   q.seq = cfg.data.seq_len;
-  q.layers = cfg.model.n_layer;
-  q.hidden = cfg.model.n_embd;
-  q.heads = cfg.model.n_head;
-  q.kv_heads = cfg.model.n_kv_head;
-  q.ffn = cfg.model.intermediate_size;
-  q.vocab = cfg.model.vocab_size;
-  q.max_seq_len = cfg.model.max_seq_len;
-  q.tie_embeddings = cfg.model.tie_embeddings;
   q.attention = cfg.model.attention;
+  q.adapter = cfg.model.adapter;
   if (cfg.model.adapter.kind != "none") q.base_dtype = cfg.model.base_dtype;
+  if (cfg.model.path.empty()) {
+    q.family = cfg.model.family;
+    q.layers = cfg.model.n_layer;
+    q.hidden = cfg.model.n_embd;
+    q.heads = cfg.model.n_head;
+    q.kv_heads = cfg.model.n_kv_head;
+    q.ffn = cfg.model.intermediate_size;
+    q.vocab = cfg.model.vocab_size;
+    q.max_seq_len = cfg.model.max_seq_len;
+    q.tie_embeddings = cfg.model.tie_embeddings;
+    q.source = "the config's model.* sizes";
+    return q;
+  }
+  // model.path: the sizes of its config.json, and its weight files as the loader reads them.
+  const io::HfConfig hf = io::read_hf_config(cfg.model.path);
+  set_sizes(q, hf.spec);
+  q.source = cfg.model.path + "/config.json";
+  const WeightFiles w = weight_files(cfg.model.path);
+  if (w.total > 0) {
+    q.file_dtype_bytes =
+        w.dtype_bytes > 0 ? w.dtype_bytes : static_cast<int64_t>(dtype_size(hf.dtype));
+    q.largest_file_bytes = w.largest;
+    q.checkpoint_dir = w.checkpoint;
+  }
   return q;
+}
+
+int64_t parse_checkpointing(const std::string& value, const std::string& where) {
+  if (value == "none") return 0;
+  if (value == "blocks") return 1;
+  size_t used = 0;
+  long long n = 0;
+  try {
+    n = std::stoll(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size() || n < 1)
+    throw Error(
+        where + " = \"" + value +
+            "\": use none, blocks (every block) or a positive N (a checkpoint every N blocks)",
+        Error::kUsage);
+  return n;
+}
+
+void set_sizes(MemoryQuery& q, const models::ModelSpec& s) {
+  q.family = s.family;
+  q.layers = s.n_layer;
+  q.hidden = s.n_embd;
+  q.heads = s.n_head;
+  q.kv_heads = s.kv_heads();
+  q.ffn = s.ffn_dim();
+  q.vocab = s.vocab_size;
+  q.max_seq_len = s.max_seq_len;
+  q.tie_embeddings = s.tie_embeddings;
+}
+
+std::string memory_fit_advice(const MemoryQuery& q, int64_t available) {
+  const MemoryEstimate e = estimate_memory(q);
+  if (available < 0 || e.total <= available) return "";
+  struct Option {
+    std::string what;
+    int64_t total;
+  };
+  std::vector<Option> options;
+  auto consider = [&](const std::string& what, MemoryQuery alt) {
+    try {
+      const int64_t t = estimate_memory(alt).total;
+      if (t < e.total) options.push_back({what, t});
+    } catch (const Error&) {
+    }
+  };
+  if (q.checkpoint_every != 1 && q.layers > 1) {
+    MemoryQuery a = q;
+    a.checkpoint_every = 1;
+    consider("train.activation_checkpointing = blocks", a);
+  }
+  if (q.adapter.kind != "none" && q.base_dtype != "bf16") {
+    MemoryQuery a = q;
+    a.base_dtype = "bf16";
+    consider("model.base_dtype = bf16", a);
+  }
+  if (q.adapter.kind == "none" && q.layers > 0) {
+    MemoryQuery a = q;
+    a.adapter.kind = "lora";
+    a.adapter.r = 16;
+    a.adapter.target_modules = {q.family == "llama" ? "q_proj" : "c_attn",
+                                q.family == "llama" ? "v_proj" : "c_proj"};
+    a.base_dtype = "bf16";
+    consider(std::string("an adapter: model.adapter.kind = lora (r = 16 on ") +
+                 (q.family == "llama" ? "q_proj, v_proj" : "c_attn, c_proj") +
+                 ") with model.base_dtype = bf16",
+             a);
+  }
+  if (resolve_precision(q.precision, Device::cpu()).name() == "32-true") {
+    MemoryQuery a = q;
+    a.precision = "bf16-mixed";
+    consider("train.precision = bf16-mixed", a);
+  }
+  if (q.batch > 1) {
+    MemoryQuery a = q;
+    a.batch = 1;
+    consider("train.batch_size = 1 (raise train.grad_accum to keep the batch)", a);
+  }
+  if (q.seq > 128) {
+    MemoryQuery a = q;
+    a.seq = q.seq / 4;
+    consider("data.seq_len = " + std::to_string(a.seq), a);
+  }
+  // The step's own options together (the model, precision and sequence unchanged).
+  {
+    MemoryQuery a = q;
+    std::vector<std::string> parts;
+    if (q.checkpoint_every != 1 && q.layers > 1) a.checkpoint_every = 1, parts.push_back("blocks");
+    if (q.adapter.kind != "none" && q.base_dtype != "bf16")
+      a.base_dtype = "bf16", parts.push_back("base_dtype bf16");
+    if (q.batch > 1) a.batch = 1, parts.push_back("batch_size 1");
+    if (parts.size() > 1) {
+      std::string what = "together (";
+      for (size_t i = 0; i < parts.size(); ++i) what += (i ? ", " : "") + parts[i];
+      consider(what + ")", a);
+    }
+  }
+  std::stable_sort(options.begin(), options.end(),
+                   [&](const Option& a, const Option& b) { return a.total < b.total; });
+  std::string m = "the run needs an estimated " + format_bytes(e.total) + " but only " +
+                  format_bytes(available) +
+                  " are available (MemAvailable in /proc/meminfo); nothing was loaded";
+  // A loading peak no option of the step lowers: say so rather than list nothing.
+  if (e.init_peak >= e.live_peak)
+    m += std::string(". The peak is while loading (") +
+         (q.file_dtype_bytes > 0
+              ? "the model built in the policy's dtype, its files' tensors as read "
+                "and the largest file"
+              : "the model built in the policy's dtype before its frozen base is "
+                "cast") +
+         ": " + format_bytes(e.init_peak) + ")";
+  if (!options.empty()) {
+    m += ". What lowers the estimate:";
+    for (const Option& o : options)
+      m += "\n  " + o.what + ": " + format_bytes(o.total) + (o.total <= available ? " (fits)" : "");
+  }
+  m += "\n`keel memory --config FILE` breaks the estimate down";
+  return m;
 }
 
 std::string format_memory(const MemoryEstimate& e) {
   std::ostringstream o;
-  char buf[160];
+  char buf[200];
   std::snprintf(buf, sizeof buf, "memory estimate: %.2fM parameters, %s (1 MB = 10^6 bytes)\n",
                 static_cast<double>(e.params) / 1e6, e.precision.c_str());
   o << buf;
+  if (!e.source.empty()) o << "  sizes from " << e.source << "\n";
+  if (e.adapter_params > 0) {
+    std::snprintf(buf, sizeof buf, "  trainable: %.3fM adapter parameters (%.3f%% of the model)\n",
+                  static_cast<double>(e.adapter_params) / 1e6,
+                  100.0 * static_cast<double>(e.adapter_params) / static_cast<double>(e.params));
+    o << buf;
+  }
   auto row = [&](const char* name, int64_t b, const std::string& note) {
     std::snprintf(buf, sizeof buf, "  %-22s %12s  %s\n", name, mb(b).c_str(), note.c_str());
     o << buf;
@@ -328,7 +658,9 @@ std::string format_memory(const MemoryEstimate& e) {
   if (mixed) row("low-precision copies", e.lowp_copies, "autocast's per-step weight casts");
   if (e.has_activations) {
     row("matmul scratch", e.matmul_scratch, "f32 operand copies for f16 products");
-    row("activations", e.activations, "saved for backward, one micro-batch:");
+    row("activations", e.activations,
+        "saved for backward, one micro-batch" +
+            (e.checkpoint.empty() ? "" : " (" + e.checkpoint + ")") + ":");
     for (const auto& it : e.activation_items) {
       std::snprintf(buf, sizeof buf, "    %-20s %12s  %s\n", it.name.c_str(), mb(it.bytes).c_str(),
                     it.detail.c_str());
@@ -341,11 +673,13 @@ std::string format_memory(const MemoryEstimate& e) {
   if (e.has_activations) {
     row("live peak", e.live_peak, "tensor bytes alive at once");
     row("block cache slack", e.cache_slack, "released blocks host_memory keeps for reuse");
+    row("runtime", e.runtime, "binary, libraries, thread pools, data");
   }
   if (e.init_peak > 0)
-    row("while building", e.init_peak, "the base exists in the policy's dtype before its cast");
+    row("while loading", e.init_peak,
+        "the model as built (and its weight files as read) before the base is cast or freed");
   row("total", e.total,
-      e.init_peak > e.live_peak ? "expected peak resident memory (while building)"
+      e.init_peak > e.live_peak ? "expected peak resident memory (while loading)"
                                 : "expected peak resident memory of the step");
   return o.str();
 }
@@ -353,6 +687,8 @@ std::string format_memory(const MemoryEstimate& e) {
 nlohmann::json memory_to_json(const MemoryEstimate& e) {
   nlohmann::json j = {{"precision", e.precision},
                       {"params", e.params},
+                      {"trainable", e.trainable},
+                      {"adapter_params", e.adapter_params},
                       {"weights", e.weights},
                       {"grads", e.grads},
                       {"optimizer_state", e.optimizer_state},
@@ -363,7 +699,10 @@ nlohmann::json memory_to_json(const MemoryEstimate& e) {
                       {"cache_slack", e.cache_slack},
                       {"live_peak", e.live_peak},
                       {"init_peak", e.init_peak},
-                      {"total", e.total}};
+                      {"runtime", e.runtime},
+                      {"total", e.total},
+                      {"source", e.source},
+                      {"checkpoint", e.checkpoint}};
   nlohmann::json items = nlohmann::json::array();
   for (const auto& it : e.activation_items)
     items.push_back({{"name", it.name}, {"bytes", it.bytes}, {"detail", it.detail}});

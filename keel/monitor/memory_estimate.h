@@ -10,31 +10,37 @@
 // copies per consumer: Llama's q/k/v projections each keep their own cast of the normed input).
 // The engine keeps every saved tensor until backward returns, so the peak is: static state +
 // every saved activation of one micro-batch + the largest backward transient (the f32 logit
-// gradient at the head, or an attention backward's score gradient) = `live_peak`, every tensor
-// counted in the block host_memory hands out for it (keel/tensor/host_memory.h: 2 MiB multiples
-// from 8 MiB up). On top: the block cache's slack (released blocks kept mapped for reuse, at most
-// 1/16 of the peak) and, for f16 compute without an oneDNN kernel, the f32 operand copies of the
-// largest matmul. `total` is what the process's peak RSS grows by; measured within 15% of real
-// `keel train` runs (tests/cli/test_cli_nan.cpp; the numbers are in the .cpp).
+// gradient at the lm_head's input, or an attention backward's score gradient) = `live_peak`, every
+// tensor counted in the block host_memory hands out for it (keel/tensor/host_memory.h: 2 MiB
+// multiples from 8 MiB up). On top: the block cache's slack (released blocks kept mapped for
+// reuse, at most 1/16 of the peak), for f16 compute without an oneDNN kernel the f32 operand
+// copies of the largest matmul, and the process itself (`runtime`). Adapters add what their
+// forward keeps (nn/adapters/*.cpp), activation checkpointing keeps segment inputs and one
+// recomputed segment, and loading (from sizes or model.path's files) has its own peak. `total`
+// is the expected peak RSS of the process, measured within 10% of real `keel train` runs of each
+// kind (tests/cli/test_cli_memory_rss.cpp prints the table).
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "keel/models/causal_lm.h"
+#include "keel/nn/adapters/adapter.h"
 #include "keel/train/config.h"
 
 namespace keel::monitor {
 
 struct MemoryQuery {
   int64_t params = 0;  // total parameters; 0 = computed from the model sizes below
-  // Parameters that train (have grads and optimizer state); 0 = all. Under an adapter only the
-  // adapter's parameters train, in f32 whatever the policy.
+  // Without model sizes (a bare --params count): the parameters that train (have grads and
+  // optimizer state); 0 = all, trainable_f32 = they are f32 whatever the policy (adapters). With
+  // sizes and an adapter, the trainable count comes from the adapters' own shapes instead.
   int64_t trainable = 0;
   bool trainable_f32 = false;
   // The frozen base's storage under an adapter (model.base_dtype): "" or "f32" = the policy's
   // parameter dtype, "bf16" = 2 bytes a weight (and no autocast copy where bf16 is the compute
-  // dtype). Only with `trainable` > 0.
+  // dtype).
   std::string base_dtype;
   std::string precision = "32-true";
   std::string optimizer = "adamw";  // adamw | sgd
@@ -50,6 +56,22 @@ struct MemoryQuery {
   int64_t max_seq_len = 0;  // gpt2 position table; 0 = seq
   bool tie_embeddings = true;
   std::string attention = "eager";  // eager | math | flash
+  // model.adapter: kind (none | lora | dora | lokr), r, dropout and target_modules. With the
+  // model's sizes the adapters' parameters are counted from their own shapes
+  // (models::adapter_parameter_shapes) and their saved activations are modelled per kind.
+  nn::AdapterOptions adapter;
+  // train.activation_checkpointing: 0 = none; N = a checkpoint every N blocks ("blocks" = 1). What
+  // is kept is each checkpointed segment's input; during backward one segment's activations are
+  // recomputed and held on top.
+  int64_t checkpoint_every = 0;
+  // model.path's weight files (memory_query_from_config reads them): the stored dtype's bytes (0 =
+  // no files: the model is initialized from its sizes) and the largest file's bytes. Loading
+  // holds the built model, every tensor as read, and one whole file at once (see init_peak).
+  int64_t file_dtype_bytes = 0;
+  int64_t largest_file_bytes = 0;
+  bool checkpoint_dir =
+      false;           // model.path is a keel checkpoint (loaded through a model of its own)
+  std::string source;  // where the sizes came from ("DIR/config.json"), shown by format_memory
 };
 
 struct MemoryItem {
@@ -70,14 +92,19 @@ struct MemoryEstimate {
   int64_t transient = 0;        // the largest short-lived buffer set on top of them
   int64_t live_peak = 0;    // weights .. transient (not matmul_scratch): tensor blocks at the peak
   int64_t cache_slack = 0;  // released blocks host_memory keeps mapped (see the .cpp)
-  // Building the model: keel builds it in the policy's parameter dtype and only then casts a
-  // frozen base to model.base_dtype, so a bf16 base first exists in f32, plus one tensor (measured:
-  // a 102M Llama LoRA run holds 450 MB of blocks while building, 317 MB while training; the f32
-  // base's released blocks stay in host_memory's cache, so its RSS stays near the build's while it
-  // trains). 0 when no cast follows.
+  // Building the model. From sizes, keel builds it in the policy's parameter dtype and only then
+  // casts a frozen base to model.base_dtype, so a bf16 base first exists in f32, plus one tensor
+  // (measured: a 102M Llama LoRA run holds 450 MB of blocks while building, 317 MB while
+  // training). From model.path, the built model, every tensor as read from the files and one
+  // whole file are held at once (io/hf_model.cpp read_weights). 0 when neither applies.
   int64_t init_peak = 0;
-  // max(live_peak, init_peak) + matmul_scratch + cache_slack: the expected peak RSS increase
+  int64_t trainable = 0;       // parameters with grads and optimizer state
+  int64_t adapter_params = 0;  // of which adapter parameters (0 without an adapter)
+  int64_t runtime = 0;  // the process without the model: binary, libraries, thread pools, data
+  // runtime + max(live_peak, init_peak) + matmul_scratch + cache_slack: the expected peak RSS
   int64_t total = 0;
+  std::string source;          // the query's source
+  std::string checkpoint;      // "" or how activation checkpointing changes the activations
   std::string weights_detail;  // what `weights` holds ("f32 masters", "frozen base in bf16", ...)
   bool has_activations = false;
   std::string transient_detail;
@@ -88,9 +115,25 @@ struct MemoryEstimate {
 // no parameter count and no sizes, hidden not divisible by heads).
 MemoryEstimate estimate_memory(const MemoryQuery& q);
 
-// The query for a run's config (model sizes, batch_size, seq_len, precision, optimizer,
-// attention; vocab from the byte tokenizer unless model.vocab_size is set).
+// The query for a run's config: model sizes from model.path's config.json when it is set (its
+// weight files' dtype and sizes too), else the model.* keys (vocab from the byte tokenizer unless
+// model.vocab_size is set); batch_size, seq_len, precision, optimizer, attention, base_dtype,
+// the adapter and activation checkpointing. `keel train`'s check, `keel doctor` and `keel memory
+// --config` all use it.
 MemoryQuery memory_query_from_config(const Config& cfg);
+
+// train.activation_checkpointing's value: "none" = 0, "blocks" = 1, "N" = every N blocks (N >= 1).
+// A bad value is an error (kUsage) naming `where` and the accepted forms.
+int64_t parse_checkpointing(const std::string& value, const std::string& where);
+
+// The model sizes of `spec` (an HF config.json's, or a built model's) into `q`.
+void set_sizes(MemoryQuery& q, const models::ModelSpec& spec);
+
+// A run that does not fit: the message `keel train` stops with before loading anything, naming
+// the estimate, the available bytes, and each option that would lower the estimate with what it
+// would bring it down to ("train.activation_checkpointing = blocks: 12.3 GB"), those that fit
+// first. "" when the estimate fits in `available`.
+std::string memory_fit_advice(const MemoryQuery& q, int64_t available);
 
 // Parameter count of a model given by sizes: models::parameter_count (models/param_shapes.h, the
 // models' own layout: GPT-2 with tied embeddings and a position table, Llama with grouped-query
@@ -100,6 +143,9 @@ int64_t count_parameters(const MemoryQuery& q);
 // Human-readable table (decimal MB, as the issue states the reference numbers) and JSON (bytes).
 std::string format_memory(const MemoryEstimate& e);
 nlohmann::json memory_to_json(const MemoryEstimate& e);
+
+// "12.3 MB" below 10 GB, "37.83 GB" above (decimal units).
+std::string format_bytes(int64_t bytes);
 
 // MemAvailable from /proc/meminfo in bytes, or -1 when unreadable.
 int64_t available_memory_bytes();

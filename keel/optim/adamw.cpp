@@ -55,6 +55,7 @@ void AdamW::update(Slot& s, const Tensor& g, const Update& u) {
   k.stochastic_rounding = opt_.stochastic_rounding && s.param.dtype() == DType::BF16;
   k.seed = rounding_seed(opt_.seed, u.slot_index, s.step);
   k.grad_scale = u.grad_scale;
+  k.rounded_away = u.rounded_away;
   if (u.weight_copy.defined()) {
     k.p_copy = u.weight_copy.data();
     k.copy_dt = u.weight_copy.dtype();

@@ -103,6 +103,18 @@ void Optimizer::allocate_flat_state() {
 }
 
 void Optimizer::step(double lr, float grad_scale) {
+  // The kernels add their rounded-away counts here: host memory for CPU parameters, an int64 on
+  // the device for each GPU (read back once, after every update is queued).
+  last_update_ = {};
+  int64_t host_away = 0;
+  std::vector<std::pair<Device, Tensor>> device_away;
+  auto counter_for = [&](Device dev) -> int64_t* {
+    if (dev.is_cpu()) return &host_away;
+    for (auto& [d, t] : device_away)
+      if (d == dev) return static_cast<int64_t*>(t.data());
+    device_away.emplace_back(dev, Tensor::zeros({1}, DType::I64, dev));
+    return static_cast<int64_t*>(device_away.back().second.data());
+  };
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];
     const Tensor& g = s.param.grad();
@@ -125,10 +137,14 @@ void Optimizer::step(double lr, float grad_scale) {
       u.grad_scale = 1.f;
     }
     if (writes_weight_copy(s.param)) u.weight_copy = amp::weight_copy(s.param);
+    u.rounded_away = counter_for(s.param.device());
     update(s, g, u);
+    last_update_.elements += s.param.numel();
     s.param.bump_version();
     if (u.weight_copy.defined()) amp::weight_copy_refreshed(s.param);
   }
+  last_update_.rounded_away = host_away;
+  for (auto& [d, t] : device_away) last_update_.rounded_away += t.to_ints()[0];
   steps_ += 1;
 }
 

@@ -30,6 +30,15 @@ struct ParamGroup {
 // Parameters that do not require grad (a frozen base under adapters) are left out.
 std::vector<ParamGroup> make_param_groups(const NamedTensors& named_params, double weight_decay);
 
+// What the last step() did to the stored weights, counted by the update kernels in their pass.
+struct UpdateCounts {
+  int64_t elements = 0;      // elements of the parameters updated (those with a gradient)
+  int64_t rounded_away = 0;  // ... whose update was non-zero but left the stored bits unchanged
+  double rounded_away_share() const {
+    return elements > 0 ? static_cast<double>(rounded_away) / static_cast<double>(elements) : 0;
+  }
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -50,6 +59,8 @@ class Optimizer {
   void load_state(const NamedTensors& state);
 
   int64_t step_count() const { return steps_; }
+  // The last step()'s counts: in bf16-true most small updates round away (bf16 keeps 8 bits).
+  const UpdateCounts& last_update() const { return last_update_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   // The gradients of every parameter, in group order (undefined where a parameter has none):
   // handles, so GradScaler::unscale and clip_grads modify them in place.
@@ -71,6 +82,7 @@ class Optimizer {
     size_t slot_index = 0;
     float grad_scale = 1.f;  // see step(); != 1 only when fuses_grad_scale()
     Tensor weight_copy;      // defined only when writes_weight_copy(): write round(p) into it
+    int64_t* rounded_away = nullptr;  // the kernel's counter (AdamWStep::rounded_away)
   };
   // Updates one parameter whose gradient `g` is defined; slot.step is already incremented.
   virtual void update(Slot& slot, const Tensor& g, const Update& u) = 0;
@@ -85,6 +97,7 @@ class Optimizer {
   std::vector<Slot> slots_;
   std::vector<std::string> kinds_;
   int64_t steps_ = 0;
+  UpdateCounts last_update_;
   const char* what_;  // "AdamW" / "SGD" for messages
 };
 

@@ -36,6 +36,7 @@ void SGD::update(Slot& s, const Tensor& g, const Update& u) {
   k.first = s.step == 1;  // PyTorch: buf = clone(d_p) when the buffer does not exist yet
   k.stochastic_rounding = opt_.stochastic_rounding && s.param.dtype() == DType::BF16;
   k.seed = rounding_seed(opt_.seed, u.slot_index, s.step);
+  k.rounded_away = u.rounded_away;
   optim_kernels(s.param.device())
       .sgd(s.param.data(), g.data(), s.state.empty() ? nullptr : s.state[0].data(), s.param.dtype(),
            s.param.numel(), k);

@@ -24,7 +24,12 @@ struct StepResult {
   double tokens_per_s = 0;
   double seconds = 0;         // wall time of the step
   int64_t micro_batches = 0;  // K, or the remainder r < K at the end of an epoch
-  std::string advice;         // trend advisor's line when its classification changed (or empty)
+  // The update's counts (optim::UpdateCounts, 0 when no update was applied): elements of the
+  // updated parameters, and those whose non-zero update left the stored value unchanged.
+  int64_t update_elements = 0, rounded_away = 0;
+  // The advisor's lines when it found something (or empty): the trend's line when its class
+  // changed, then any per-layer underflow or rounded-away finding, one per line ('\n').
+  std::string advice;
   std::vector<int64_t> example_ids;  // dataset indices of the window's rows (this rank's)
 };
 

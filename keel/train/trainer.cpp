@@ -248,7 +248,10 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   bool found_inf = false;
   last_pass_ = amp::GradPass{};
   if (grad_norm_check_) {
-    last_pass_ = run_.scaler ? run_.scaler->unscale_pass(grads) : amp::grad_pass(grads);
+    // The zero/subnormal counts judge each gradient value in the compute dtype that carried it.
+    const DType fmt = run_.policy.compute_dtype;
+    last_pass_ =
+        run_.scaler ? run_.scaler->unscale_pass(grads, fmt) : amp::grad_pass(grads, 1.f, fmt);
     r.grad_norm = last_pass_.norm();
     found_inf = !last_pass_.finite();
   } else if (run_.scaler) {
@@ -380,6 +383,8 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
       clip = optim::clip_coefficient(run_.cfg.train.max_grad_norm, r.grad_norm);
     r.clipped = clip != 1.f;
     run_.optimizer->step(r.lr, clip);
+    r.update_elements = run_.optimizer->last_update().elements;
+    r.rounded_away = run_.optimizer->last_update().rounded_away;
     ++sched_step_;
     r.loss_scale_after = run_.scaler ? run_.scaler->update(false).scale_after : 1.0;
     r.stepped = true;

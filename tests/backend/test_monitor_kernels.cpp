@@ -145,7 +145,8 @@ TEST(MonitorKernels, UnscaleNormMatchesAScalarReferenceOnEveryIsa) {
     const DType dts[] = {DType::F32, DType::BF16};
     const int64_t ns[] = {5000, 77};
     const float inv = 1.f / 256;
-    const GradSetStats s = monitor_kernels(Device::cpu()).unscale_norm(bufs, dts, ns, 2, inv);
+    const GradSetStats s =
+        monitor_kernels(Device::cpu()).unscale_norm(bufs, dts, ns, 2, inv, 0.f, nullptr);
     double ref = 0;
     const std::vector<float> ua = ta.to_floats(), ub = tb.to_floats();
     for (size_t i = 0; i < a.size(); ++i) {
@@ -165,7 +166,8 @@ TEST(MonitorKernels, UnscaleNormMatchesAScalarReferenceOnEveryIsa) {
     void* cb[] = {tc.data()};
     const DType cd[] = {DType::F16};
     const int64_t cn[] = {5};
-    const GradSetStats sc = monitor_kernels(Device::cpu()).unscale_norm(cb, cd, cn, 1, 0.5f);
+    const GradSetStats sc =
+        monitor_kernels(Device::cpu()).unscale_norm(cb, cd, cn, 1, 0.5f, 0.f, nullptr);
     EXPECT_EQ(sc.nonfinite, 3) << cpu_isa_name(isa);
     EXPECT_TRUE(std::isnan(sc.sum_squares)) << cpu_isa_name(isa);
     const std::vector<float> uc = tc.to_floats();
@@ -175,9 +177,77 @@ TEST(MonitorKernels, UnscaleNormMatchesAScalarReferenceOnEveryIsa) {
     EXPECT_EQ(uc[3], 1.f);
 
     // inv_scale == 1: nothing is written, and a non-finite value shows in the sum.
-    const GradSetStats s1 = monitor_kernels(Device::cpu()).unscale_norm(cb, cd, cn, 1, 1.f);
+    const GradSetStats s1 =
+        monitor_kernels(Device::cpu()).unscale_norm(cb, cd, cn, 1, 1.f, 0.f, nullptr);
     EXPECT_TRUE(std::isnan(s1.sum_squares)) << cpu_isa_name(isa);
     EXPECT_EQ(tc.to_floats()[0], 0.5f);
+  }
+}
+
+// The per-buffer statistics of unscale_norm: each buffer's sum of squares has the bits of the
+// pass without them (the total adds the same numbers), and the zeros and the non-zero values
+// below normal_min are counted exactly, after scaling; the same on every ISA and thread count.
+TEST(MonitorKernels, UnscaleNormCountsZerosAndSubnormalsPerBufferInTheSamePass) {
+  IsaRestore restore;
+  const float f16_min_normal = 6.103515625e-05f;  // 2^-14
+  // 70,000 values (more than one reduce block, split over threads): a mix of exact zeros, f16
+  // subnormals (below 2^-14), values below f16's smallest subnormal, and normal values.
+  std::vector<float> a(70000), b(301);
+  for (size_t i = 0; i < a.size(); ++i) {
+    const float x = std::sin(0.11f * static_cast<float>(i));
+    a[i] = i % 7 == 0 ? 0.f : i % 5 == 0 ? x * 1e-5f : i % 3 == 0 ? x * 1e-9f : x;
+  }
+  for (size_t i = 0; i < b.size(); ++i) b[i] = i % 4 == 0 ? 0.f : 3e-6f * static_cast<float>(i);
+  for (const float inv : {1.f, 1.f / 1024}) {
+    // The reference: the values as the pass leaves them (scaled), judged against normal_min.
+    const float thr = static_cast<float>(f16_min_normal * static_cast<double>(inv));
+    Tensor ra = Tensor::from_floats(a, {70000}, DType::F32);
+    Tensor rb = Tensor::from_floats(b, {301}, DType::BF16);
+    void* rbufs[] = {ra.data(), rb.data()};
+    const DType dts[] = {DType::F32, DType::BF16};
+    const int64_t ns[] = {70000, 301};
+    const GradSetStats plain =
+        monitor_kernels(Device::cpu()).unscale_norm(rbufs, dts, ns, 2, inv, 0.f, nullptr);
+    int64_t zero[2] = {0, 0}, below[2] = {0, 0};
+    const std::vector<float> va = ra.to_floats(), vb = rb.to_floats();
+    for (int k = 0; k < 2; ++k)
+      for (float v : k == 0 ? va : vb) {
+        zero[k] += v == 0.f;
+        below[k] += v != 0.f && std::fabs(v) < thr;
+      }
+    ASSERT_GT(zero[0], 0);
+    ASSERT_GT(below[0], 0);
+    ASSERT_GT(below[1], 0);
+    for (CpuIsa isa : isas_here(restore.saved)) {
+      set_cpu_isa(isa);
+      for (int threads : {1, 3}) {
+        ThreadsGuard guard(threads);
+        const std::string where = std::string(cpu_isa_name(isa)) + ", " + std::to_string(threads) +
+                                  " threads, inv " + std::to_string(inv);
+        Tensor ta = Tensor::from_floats(a, {70000}, DType::F32);
+        Tensor tb = Tensor::from_floats(b, {301}, DType::BF16);
+        void* bufs[] = {ta.data(), tb.data()};
+        GradBufStats per[2];
+        const GradSetStats s =
+            monitor_kernels(Device::cpu()).unscale_norm(bufs, dts, ns, 2, inv, thr, per);
+        // Without the counts, on this ISA: the same bits.
+        Tensor pa = Tensor::from_floats(a, {70000}, DType::F32);
+        Tensor pb = Tensor::from_floats(b, {301}, DType::BF16);
+        void* pbufs[] = {pa.data(), pb.data()};
+        const GradSetStats p =
+            monitor_kernels(Device::cpu()).unscale_norm(pbufs, dts, ns, 2, inv, 0.f, nullptr);
+        EXPECT_EQ(s.sum_squares, p.sum_squares) << where;
+        EXPECT_EQ(per[0].sum_squares + per[1].sum_squares, s.sum_squares) << where;
+        EXPECT_EQ(s.nonfinite, 0) << where;
+        for (int k = 0; k < 2; ++k) {
+          EXPECT_EQ(per[k].zero, zero[k]) << where << ", buffer " << k;
+          EXPECT_EQ(per[k].below_normal, below[k]) << where << ", buffer " << k;
+        }
+        if (isa == restore.saved && threads == 1) {
+          EXPECT_EQ(s.sum_squares, plain.sum_squares);
+        }
+      }
+    }
   }
 }
 

@@ -7,8 +7,8 @@
 //       its token reach,
 //   (d) an injected NaN in one attention module at step 5.
 // Plus: an ordinary 16-mixed overflow is handled by the scaler and never captured; nan_capture =
-// false stops without writing; malformed captures get errors naming the file; and `keel memory`
-// predicts the peak RSS of a real `keel train` run within 15%.
+// false stops without writing; malformed captures get errors naming the file. (The memory
+// estimate against real runs' peak RSS: test_cli_memory_rss.cpp.)
 //
 // Every run uses one OpenMP thread (fast and steady on a shared machine; replay re-runs on the
 // captured thread count either way).
@@ -36,8 +36,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-bool sanitized() { return std::getenv("KEEL_TEST_SANITIZED") != nullptr; }
 
 using Ran = test::KeelRun;
 using test::run_keel;
@@ -374,148 +372,6 @@ TEST(CliNan, ReplayOfAMalformedCaptureNamesTheFileAndTheFix) {
   Ran key = run_keel({"replay", dir});
   EXPECT_EQ(key.code, 2);
   EXPECT_NE(key.err.find(dir + "/capture.json: missing \"step\""), std::string::npos) << key.err;
-}
-
-// `keel memory` / the doctor's memory estimate against the peak RSS of real `keel train` runs
-// (getrusage of the child, wait4). Method: a run's model bytes are its peak minus the peak of a
-// tiny run of the same family, precision and task (binary, libraries, OpenMP, oneDNN and
-// dataset: the process baseline, ~13 MB), plus the tiny model's own estimate. The estimate is the
-// doctor's (`keel doctor --no-sanity --json`: the config's sizes and the built model's parameter
-// and trainable counts, as a LoRA run needs). The runs are sized so that the model dominates the
-// baseline; each is 1-2 s.
-struct RssCase {
-  std::string name;
-  std::vector<std::string> sets;  // the run's config, without run.out_dir
-  std::vector<std::string> tiny;  // the same family, precision and adapter at 1 layer, 32 wide
-};
-
-std::vector<std::string> mem_sets(const std::vector<std::string>& sets, const std::string& out) {
-  std::vector<std::string> v = {
-      "run.out_dir=" + out, "run.threads=1",         "data.num_examples=16", "data.eval_examples=0",
-      "train.max_steps=2",  "log.tensorboard=false", "log.console=false"};
-  v.insert(v.end(), sets.begin(), sets.end());
-  return v;
-}
-
-// The doctor's estimate for a config, in bytes.
-json doctor_memory(const std::vector<std::string>& sets) {
-  const Ran d =
-      run_keel(with_sets({"doctor", "--no-sanity", "--json"}, sets), {"OMP_NUM_THREADS=1"});
-  try {
-    return json::parse(d.out).at("memory");
-  } catch (const json::exception&) {
-    ADD_FAILURE() << "doctor --json printed no memory estimate: " << d.out << d.err;
-    return json{{"total", 0.0}, {"live_peak", 0.0}, {"init_peak", 0.0}};
-  }
-}
-
-struct RssResult {
-  double measured = 0, estimated = 0;  // model bytes: peak RSS less the baseline; `total`
-  json estimate;
-};
-
-RssResult measure_against_estimate(const RssCase& c, const std::string& dir) {
-  RssResult r;
-  const Ran tiny = run_keel(with_sets({"train"}, mem_sets(c.tiny, dir + "/" + c.name + "-tiny")),
-                            {"OMP_NUM_THREADS=1"});
-  EXPECT_EQ(tiny.code, 0) << c.name << tiny.err;
-  const double baseline = tiny.max_rss_kb * 1024.0 -
-                          doctor_memory(mem_sets(c.tiny, dir + "/d")).at("total").get<double>();
-  const Ran big =
-      run_keel(with_sets({"train"}, mem_sets(c.sets, dir + "/" + c.name)), {"OMP_NUM_THREADS=1"});
-  EXPECT_EQ(big.code, 0) << c.name << big.err;
-  r.estimate = doctor_memory(mem_sets(c.sets, dir + "/d"));
-  r.measured = big.max_rss_kb * 1024.0 - baseline;
-  r.estimated = r.estimate.at("total").get<double>();
-  EXPECT_GT(r.measured, 8 * baseline) << c.name << ": the model must dominate the baseline";
-  EXPECT_NEAR(r.estimated / r.measured, 1.0, 0.15)
-      << c.name << ": estimate " << r.estimated / 1e6 << " MB, measured " << r.measured / 1e6
-      << " MB (peak " << big.max_rss_kb / 1024.0 << " MiB, baseline " << baseline / 1e6 << " MB)";
-  std::printf("%s: estimate %.1f MB, measured %.1f MB, ratio %.3f\n", c.name.c_str(),
-              r.estimated / 1e6, r.measured / 1e6, r.estimated / r.measured);
-  return r;
-}
-
-std::vector<std::string> gpt2_sizes(int L, int C, int H, int B, int T, const std::string& p) {
-  return {"model.n_layer=" + std::to_string(L),
-          "model.n_embd=" + std::to_string(C),
-          "model.n_head=" + std::to_string(H),
-          "train.batch_size=" + std::to_string(B),
-          "data.seq_len=" + std::to_string(T),
-          "model.max_seq_len=" + std::to_string(T),
-          "train.precision=" + p};
-}
-
-// A full GPT-2 (3.3M parameters, B8 T256: activations dominate) under 32-true and bf16-mixed, and
-// a LoRA Llama (51M parameters, 4 layers of C = 1024, f32 base: frozen weights and their per-use
-// bf16 copies dominate) under bf16-mixed. Each total within 15% of the measured peak.
-TEST(CliNan, MemoryEstimateWithin15PercentOfPeakRss) {
-  if (sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
-  const std::string dir = test::temp_dir("cli-nan-mem");
-  double measured[2] = {0, 0}, estimated[2] = {0, 0};
-  const char* policies[2] = {"32-true", "bf16-mixed"};
-  for (int i = 0; i < 2; ++i) {
-    const RssResult r = measure_against_estimate(
-        {std::string("gpt2-") + policies[i], gpt2_sizes(4, 256, 4, 8, 256, policies[i]),
-         gpt2_sizes(1, 32, 2, 2, 16, policies[i])},
-        dir);
-    measured[i] = r.measured;
-    estimated[i] = r.estimated;
-  }
-  // bf16-mixed halves the saved activations and adds bf16 copies of the weights: both the run
-  // and the estimate come out lower than 32-true here.
-  EXPECT_LT(measured[1], measured[0]);
-  EXPECT_LT(estimated[1], estimated[0]);
-
-  auto lora = [](int L, int C, int H, int B, int T) {
-    std::vector<std::string> v = gpt2_sizes(L, C, H, B, T, "bf16-mixed");
-    v.insert(v.end(), {"model.family=llama", "model.adapter.kind=lora", "model.base_dtype=f32"});
-    return v;
-  };
-  const RssResult l = measure_against_estimate(
-      {"llama-lora-bf16-mixed", lora(4, 1024, 16, 1, 16), lora(1, 32, 2, 2, 16)}, dir);
-  EXPECT_EQ(l.estimate.at("optimizer_state").get<double>(),
-            2 * l.estimate.at("grads").get<double>())
-      << "AdamW: two f32 moments per trainable (adapter) parameter";
-}
-
-// A LoRA run whose frozen base is stored in bf16 (model.base_dtype = bf16) against the same run
-// with an f32 base, under bf16-mixed. keel builds the base in f32 and casts it after, so the bf16
-// run's process peak is while building (the f32 base + one tensor: the estimate's init_peak);
-// the f32 run's is its training step (the f32 base and its per-use bf16 copies). Each run's total
-// must be within 15% of its measured peak, and the measured saving (difference of the peaks) must
-// match the difference of the totals within 25%: the difference of two estimates each within
-// ~5% (the block cache's slack is 4-6% of a peak, and the estimate counts its 1/16 bound).
-TEST(CliNan, MemoryEstimateOfABf16FrozenBaseMatchesTheMeasuredSaving) {
-  if (sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
-  const std::string dir = test::temp_dir("cli-nan-mem-bf16");
-  auto sets = [](int L, int C, int H, int B, int T, const std::string& base) {
-    std::vector<std::string> v = gpt2_sizes(L, C, H, B, T, "bf16-mixed");
-    v.insert(v.end(),
-             {"model.family=llama", "model.adapter.kind=lora", "model.base_dtype=" + base});
-    return v;
-  };
-  double measured[2], total[2];
-  const char* bases[2] = {"f32", "bf16"};
-  for (int i = 0; i < 2; ++i) {
-    const RssResult r = measure_against_estimate(
-        {std::string("base-") + bases[i], sets(4, 1024, 16, 1, 16, bases[i]),
-         sets(1, 32, 2, 2, 16, bases[i])},
-        dir);
-    measured[i] = r.measured;
-    total[i] = r.estimated;
-    // Only the bf16 base has a build-time peak, and it is the run's peak.
-    EXPECT_EQ(r.estimate.at("init_peak").get<double>() > r.estimate.at("live_peak").get<double>(),
-              i == 1)
-        << r.estimate.dump();
-  }
-  const double saved = measured[0] - measured[1], estimated = total[0] - total[1];
-  std::printf("bf16 frozen base: measured saving %.1f MB, estimated %.1f MB\n", saved / 1e6,
-              estimated / 1e6);
-  EXPECT_GT(estimated, 0);
-  EXPECT_NEAR(saved / estimated, 1.0, 0.25)
-      << "measured saving " << saved / 1e6 << " MB (peaks " << measured[0] / 1e6 << " vs "
-      << measured[1] / 1e6 << " MB), estimated " << estimated / 1e6 << " MB";
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 // gradient non-zero once its scale has settled.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -116,6 +117,103 @@ TEST(CliUnderflow, F16WithoutScalerStallsAtExactlyZeroGradNormAndTheScalerFixesI
   EXPECT_GT(on.back().at("loss_scale").get<double>(), 1.0);
   // And it keeps learning where the unscaled run stalled.
   EXPECT_LT(on.back().at("loss").get<double>(), stalled_loss);
+}
+
+// Per-layer underflow (issue 21 item 3), the same example: before the global norm reaches 0, the
+// blocks' f16 gradients vanish while the embedding's (the tied lm_head's, computed from the f32
+// logit gradients) does not. The always-on per-layer statistics show it (log.per_layer_grad_norm
+// writes them: grad_underflow/<block> = 1), the advisor names the vanished blocks with the f16
+// underflow and the scaler's fix, as a console line and a metrics.jsonl record, and no line asks
+// for a higher learning rate. The same run with the scaler on, and in bf16-mixed: no such finding.
+TEST(CliUnderflow, F16WithoutScalerNamesTheBlocksWhoseGradientsVanished) {
+  const std::string dir = test::temp_dir("cli-f16-layers");
+  const std::string ex = std::string(KEEL_SOURCE_DIR) + "/examples/f16-no-scaler";
+  auto run = [&](const std::string& toml, const std::string& out, std::vector<std::string> sets) {
+    sets.insert(sets.end(),
+                {"run.out_dir=" + out, "run.threads=1", "data.path=" + ex + "/corpus.txt",
+                 "log.tensorboard=false", "log.per_layer_grad_norm=true"});
+    return test::run_keel(test::with_sets({"train", ex + "/" + toml}, sets), {"OMP_NUM_THREADS=1"});
+  };
+  auto underflow_findings = [](const std::string& out) {
+    std::vector<json> v;
+    std::ifstream in(out + "/metrics.jsonl");
+    for (std::string l; std::getline(in, l);)
+      if (json j = json::parse(l); j.value("trend", "") == "underflow") v.push_back(j);
+    return v;
+  };
+  const test::KeelRun r = run("config.toml", dir + "/off", {});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto recs = step_records(dir + "/off");
+  ASSERT_EQ(recs.size(), 24u);
+  const auto f = underflow_findings(dir + "/off");
+  ASSERT_GE(f.size(), 2u) << r.output;
+  // Blocks vanish one after another (the position table first: its unused rows are exactly 0,
+  // the rest f16-subnormal); each finding names the blocks vanished so far, the embedding last.
+  size_t blocks_at = f.size();
+  for (size_t i = 0; i < f.size(); ++i) {
+    const auto layers = f[i].at("layers").get<std::vector<std::string>>();
+    if (i > 0) {
+      EXPECT_GT(layers.size(), f[i - 1].at("layers").size());
+    }
+    const bool h0 = std::find(layers.begin(), layers.end(), "transformer.h.0") != layers.end();
+    if (h0 && blocks_at == f.size()) blocks_at = i;
+  }
+  ASSERT_LT(blocks_at, f.size());
+  const json& first = f[blocks_at];
+  const auto named = first.at("layers").get<std::vector<std::string>>();
+  EXPECT_NE(std::find(named.begin(), named.end(), "transformer.h.1"), named.end());
+  EXPECT_EQ(std::find(named.begin(), named.end(), "transformer.wte"), named.end());
+  const int64_t at = first.at("step").get<int64_t>();
+  // The three steps up to the finding: every element of the named blocks 0 or f16-subnormal,
+  // while the embedding's gradient is alive and the global norm is not 0 yet.
+  ASSERT_GE(at, 3);
+  for (int64_t k = at - 3; k < at; ++k) {
+    const json& j = recs[static_cast<size_t>(k)];
+    for (const std::string& b : named)
+      EXPECT_EQ(j.at("grad_underflow/" + b).get<double>(), 1.0) << b << ": " << j.dump();
+    EXPECT_LT(j.at("grad_underflow/transformer.wte").get<double>(), 1.0) << j.dump();
+    EXPECT_GT(j.at("grad_norm/transformer.wte").get<double>(), 0.0) << j.dump();
+    EXPECT_GT(j.at("grad_norm").get<double>(), 0.0) << "before the global norm is 0: " << j.dump();
+  }
+  const std::string cause = first.at("cause").get<std::string>(),
+                    action = first.at("action").get<std::string>();
+  EXPECT_CONTAINS(cause, "blocks vanished on the last 3 steps: ");
+  EXPECT_CONTAINS(cause, "transformer.h.0, transformer.h.1");
+  EXPECT_CONTAINS(cause, "while transformer.wte's did not");
+  EXPECT_CONTAINS(cause, "f16 underflow");
+  EXPECT_CONTAINS(action, "set scaler.enabled = true");
+  EXPECT_CONTAINS(action, "bf16-mixed");
+  EXPECT_CONTAINS(r.output, "advice: underflow: " + cause + "; " + action);
+  // Once every block has vanished the global norm is exactly 0 and the trend's line says it: no
+  // underflow line then (the embedding, the last alive, is never named).
+  for (const json& j : f) {
+    const auto layers = j.at("layers").get<std::vector<std::string>>();
+    EXPECT_EQ(std::find(layers.begin(), layers.end(), "transformer.wte"), layers.end()) << j.dump();
+    EXPECT_GT(recs[static_cast<size_t>(j.at("step").get<int64_t>() - 1)].at("grad_norm"), 0.0);
+  }
+  // Before: the trend called the decay "vanishing" and asked for a higher learning rate.
+  EXPECT_EQ(r.output.find("raise optim.lr"), std::string::npos) << r.output;
+
+  // bf16-mixed (bf16 reaches 1e-38): the gradients never vanish. With the scaler on they stay
+  // normal f16 numbers while the model learns; only once it has converged (loss ~1e-6, many steps
+  // after the unscaled run's first finding) does a block's gradient fall below f16's normal range
+  // even at the scale (32768, which grows only every 2000 steps): then the fix named is the scale,
+  // never "enable the scaler".
+  const test::KeelRun bf = run("config.toml", dir + "/bf16", {"train.precision=bf16-mixed"});
+  ASSERT_EQ(bf.code, 0) << bf.output;
+  EXPECT_TRUE(underflow_findings(dir + "/bf16").empty()) << bf.output;
+  EXPECT_EQ(bf.output.find("advice: underflow"), std::string::npos) << bf.output;
+  const test::KeelRun on = run("with-scaler.toml", dir + "/on", {});
+  ASSERT_EQ(on.code, 0) << on.output;
+  const auto on_recs = step_records(dir + "/on");
+  for (const json& j : underflow_findings(dir + "/on")) {
+    EXPECT_GE(j.at("step").get<int64_t>(), f[0].at("step").get<int64_t>() + 8) << j.dump();
+    EXPECT_CONTAINS(j.at("action").get<std::string>(), "the loss scale (");
+    EXPECT_EQ(j.at("action").get<std::string>().find("scaler.enabled"), std::string::npos);
+    EXPECT_LT(
+        on_recs[static_cast<size_t>(j.at("step").get<int64_t>() - 1)].at("loss").get<double>(),
+        1e-5);
+  }
 }
 
 }  // namespace

@@ -445,9 +445,15 @@ TEST(CudaKernels, AdamWMatchesTheCpuBitForBitInF32) {
       Tensor pg = p.to(kGpu), gg = g.to(kGpu), mg = m.to(kGpu), vg = v.to(kGpu);
       AdamWStep s;
       s.lr = 3e-3, s.weight_decay = 0.1, s.step = 7, s.stochastic_rounding = sr, s.seed = 5;
+      // The rounded-away counts too: a host counter for the CPU, a device int64 for the GPU.
+      int64_t cpu_away = 0;
+      Tensor gpu_away = Tensor::zeros({1}, DType::I64, kGpu);
+      s.rounded_away = &cpu_away;
       optim_kernels(Device::cpu()).adamw(pc.data(), g.data(), mc.data(), vc.data(), dt, 5000, s);
+      s.rounded_away = static_cast<int64_t*>(gpu_away.data());
       optim_kernels(kGpu).adamw(pg.data(), gg.data(), mg.data(), vg.data(), dt, 5000, s);
       const std::string what = std::string("adamw ") + dtype_name(dt) + (sr ? " SR" : "");
+      EXPECT_EQ(gpu_away.to_ints()[0], cpu_away) << what;
       // Same operations in the same order without FMA contraction: the same bits.
       test::expect_bitwise_equal(pg.to(Device::cpu()), pc, what + " p");
       test::expect_bitwise_equal(mg.to(Device::cpu()), mc, what + " m");
@@ -466,8 +472,9 @@ TEST(CudaKernels, FusedUnscaleFiniteCheckAndNormInOnePass) {
   std::vector<DType> dts;
   std::vector<int64_t> ns;
   for (auto& t : gpu) bufs.push_back(t.data()), dts.push_back(t.dtype()), ns.push_back(t.numel());
-  const GradSetStats s =
-      monitor_kernels(kGpu).unscale_norm(bufs.data(), dts.data(), ns.data(), 3, 1.f / 1024);
+  GradBufStats per[3];
+  const GradSetStats s = monitor_kernels(kGpu).unscale_norm(bufs.data(), dts.data(), ns.data(), 3,
+                                                            1.f / 1024, 6.1035156e-05f / 1024, per);
   int64_t bad = 0;
   for (auto& t : cpu)
     bad += optim_kernels(Device::cpu()).unscale(t.data(), t.dtype(), t.numel(), 1.f / 1024);
@@ -475,6 +482,17 @@ TEST(CudaKernels, FusedUnscaleFiniteCheckAndNormInOnePass) {
   EXPECT_TRUE(std::isnan(s.sum_squares));
   for (size_t i = 0; i < cpu.size(); ++i) {  // exact (a GPU's NaN has another payload)
     test::expect_close(gpu[i].to(Device::cpu()), cpu[i], 0, 0, "unscaled " + std::to_string(i));
+    // The per-buffer counts, in the same pass: as the CPU's on the unscaled values.
+    GradBufStats c;
+    void* one[] = {cpu[i].data()};
+    const DType dt[] = {cpu[i].dtype()};
+    const int64_t n[] = {cpu[i].numel()};
+    monitor_kernels(Device::cpu()).unscale_norm(one, dt, n, 1, 1.f, 6.1035156e-05f / 1024, &c);
+    EXPECT_EQ(per[i].zero, c.zero) << i;
+    EXPECT_EQ(per[i].below_normal, c.below_normal) << i;
+    if (i != 1) {  // cpu[1] holds the NaN
+      EXPECT_NEAR(per[i].sum_squares, c.sum_squares, 1e-5 * c.sum_squares) << i;
+    }
   }
   // Finite gradients: the norm matches optim's.
   std::vector<Tensor> fin = {test::randn({3000}, 43, 3.f),

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "keel/models/causal_lm.h"
+#include "keel/numerics/error.h"
 
 namespace keel::models {
 namespace {
@@ -72,6 +73,74 @@ TEST(ParamShapes, CountPublishedModelsWithoutBuildingThem) {
   ModelSpec gpt2_124m = spec("gpt2", 12, 768, 12, 0, 50257, true);
   gpt2_124m.max_seq_len = 1024;
   EXPECT_EQ(parameter_count(gpt2_124m), 124'439'808);
+}
+
+// adapter_parameter_shapes against apply_adapters on the built models: every adapter parameter's
+// name and shape, in tree order, for each kind (LoKr with a full and a low-rank w2), and the
+// linear flag against the model's Linear modules.
+TEST(ParamShapes, AdapterShapesMatchTheBuiltAdapters) {
+  struct Case {
+    ModelSpec spec;
+    nn::AdapterOptions opt;
+  };
+  auto opt = [](const char* kind, int64_t r, std::vector<std::string> targets) {
+    nn::AdapterOptions o;
+    o.kind = kind;
+    o.r = r;
+    o.target_modules = std::move(targets);
+    return o;
+  };
+  const Case cases[] = {
+      {spec("llama", 2, 32, 4, 2, 259, true), opt("lora", 4, {"q_proj", "v_proj", "down_proj"})},
+      {spec("llama", 2, 32, 4, 2, 259, false), opt("dora", 3, {"k_proj", "lm_head"})},
+      {spec("llama", 2, 48, 4, 1, 77, true, 96), opt("lokr", 2, {"q_proj", "up_proj"})},
+      {spec("llama", 1, 48, 4, 1, 77, true, 96), opt("lokr", 16, {"o_proj", "down_proj"})},
+      {spec("gpt2", 2, 32, 4, 0, 259, true), opt("lora", 8, {"c_attn", "mlp.c_proj"})},
+  };
+  for (const Case& c : cases) {
+    const std::string what = c.spec.family + " " + c.opt.kind + " r" + std::to_string(c.opt.r);
+    auto model = make_causal_lm(c.spec, 1);
+    const std::vector<ParamShape> base = parameter_shapes(c.spec);
+    std::set<std::string> linear;
+    for (nn::Module* m : model->modules())
+      if (m->type() == "Linear") linear.insert(m->path() + ".weight");
+    for (const ParamShape& p : base) EXPECT_EQ(p.linear, linear.count(p.name) == 1) << p.name;
+    nn::apply_adapters(*model, c.opt);
+    const std::vector<ParamShape> shapes = adapter_parameter_shapes(c.spec, c.opt);
+    std::vector<std::pair<std::string, Shape>> built;
+    for (const auto& [name, p] : model->named_parameters(/*trainable_only=*/true))
+      built.emplace_back(name, p.shape());
+    ASSERT_EQ(shapes.size(), built.size()) << what;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      EXPECT_EQ(shapes[i].name, built[i].first) << what << " #" << i;
+      EXPECT_EQ(shapes[i].shape, built[i].second) << what << " " << shapes[i].name;
+    }
+  }
+  // A target that names no Linear: apply_adapters' message, with the model's Linear names.
+  try {
+    adapter_parameter_shapes(spec("llama", 1, 32, 4, 2, 259, true), opt("lora", 4, {"qkv"}));
+    ADD_FAILURE() << "no error for a target that names nothing";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind, Error::kUsage);
+    EXPECT_NE(std::string(e.what()).find("'qkv' matches no linear layer"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("q_proj, k_proj, v_proj, o_proj"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Llama-3.1-8B with the seed's LoRA (r = 32 on q, k, v, up, down): r·(in + out) per adapted
+// projection, 32 layers.
+TEST(ParamShapes, SeedLoraOnLlama31_8bCountsItsAdapters) {
+  const ModelSpec s = spec("llama", 32, 4096, 32, 8, 128256, false, 14336);
+  nn::AdapterOptions o;
+  o.kind = "lora";
+  o.r = 32;
+  o.target_modules = {"q_proj", "k_proj", "v_proj", "up_proj", "down_proj"};
+  int64_t n = 0;
+  for (const ParamShape& p : adapter_parameter_shapes(s, o)) n += p.numel();
+  const int64_t per_layer = (4096 + 4096) + 2 * (4096 + 1024) + 2 * (4096 + 14336);
+  EXPECT_EQ(n, 32 * 32 * per_layer);
 }
 
 }  // namespace

@@ -301,5 +301,154 @@ TEST(Advisor, ExplodingVerdictHoldsUntilTheConditionClears) {
   }
 }
 
+// ---- per-layer underflow and rounded-away updates (issue 21 items 3, 4) -----------------------
+
+using monitor::BlockGradNorm;
+using monitor::Finding;
+
+// A GPT-2's blocks: the embedding (gradient alive), two blocks and the final norm. `dead`: which
+// of the blocks have every element 0 (or below f16's smallest normal).
+std::vector<BlockGradNorm> layers_of(bool dead_h0, bool dead_h1, bool subnormal = false) {
+  auto block = [](const std::string& name, bool dead, bool sub) {
+    BlockGradNorm b;
+    b.block = name;
+    b.count = 1000;
+    b.zero = dead ? (sub ? 400 : 1000) : 10;
+    b.below_normal = dead ? (sub ? 600 : 0) : 5;
+    b.norm = dead ? (sub ? 1e-6 : 0.0) : 0.5;
+    return b;
+  };
+  return {block("transformer.wte", false, false), block("transformer.h.0", dead_h0, subnormal),
+          block("transformer.h.1", dead_h1, subnormal), block("transformer.ln_f", false, false)};
+}
+
+struct LayerFeed {
+  TrendAdvisor adv;
+  std::vector<Finding> findings;
+  std::vector<std::string> lines;
+  explicit LayerFeed(AdvisorOptions o) : adv(o) {}
+  void feed(StepResult r, const std::vector<BlockGradNorm>& layers) {
+    const std::string a = adv.observe(r, &layers);
+    EXPECT_EQ(a, r.advice);
+    for (const Finding& f : adv.findings()) findings.push_back(f);
+    if (!a.empty()) lines.push_back(a);
+  }
+  std::vector<Finding> of(const std::string& trend) const {
+    std::vector<Finding> out;
+    for (const Finding& f : findings)
+      if (f.trend == trend) out.push_back(f);
+    return out;
+  }
+};
+
+// 16-mixed without a scaler: the blocks' gradients vanish while the embedding's does not. The
+// global norm is not 0, so the trend alone would see a decay and ask for a higher lr; the finding
+// names the two blocks, the f16 underflow and the scaler, once, on the third such step.
+TEST(Advisor, VanishedBlocksAreNamedWithTheirPrecisionCauseAndFix) {
+  AdvisorOptions o;
+  o.precision = "16-mixed";
+  o.num_params = 100000;
+  LayerFeed run(o);
+  for (int64_t i = 1; i <= 10; ++i) run.feed(step(i, 3.0, 1.0), layers_of(false, false));
+  for (int64_t i = 11; i <= 20; ++i) run.feed(step(i, 3.0, 1e-4), layers_of(true, true));
+  const auto under = run.of("underflow");
+  ASSERT_EQ(under.size(), 1u) << (run.lines.empty() ? "" : run.lines.back());
+  const Finding& f = under[0];
+  EXPECT_EQ(f.step, 13);
+  EXPECT_EQ(f.layers, (std::vector<std::string>{"transformer.h.0", "transformer.h.1"}));
+  EXPECT_NE(f.cause.find("the gradients of 2 of 4 blocks vanished on the last 3 steps: "
+                         "transformer.h.0, transformer.h.1"),
+            std::string::npos)
+      << f.cause;
+  EXPECT_NE(f.cause.find("while transformer.wte's did not"), std::string::npos) << f.cause;
+  EXPECT_NE(f.cause.find("f16 underflow"), std::string::npos) << f.cause;
+  EXPECT_NE(f.action.find("set scaler.enabled = true"), std::string::npos) << f.action;
+  EXPECT_NE(f.action.find("bf16-mixed"), std::string::npos) << f.action;
+  EXPECT_EQ(f.share, 1.0);
+  // Whatever the trend says meanwhile, it never asks for a higher learning rate.
+  for (const std::string& l : run.lines)
+    EXPECT_EQ(l.find("raise optim.lr"), std::string::npos) << l;
+
+  // Only subnormal (not zero) f16 gradients count as vanished too; and a block that recovers and
+  // vanishes again is named again.
+  LayerFeed sub(o);
+  for (int64_t i = 1; i <= 4; ++i) sub.feed(step(i, 3.0, 1.0), layers_of(false, true, true));
+  for (int64_t i = 5; i <= 6; ++i) sub.feed(step(i, 3.0, 1.0), layers_of(false, false));
+  for (int64_t i = 7; i <= 9; ++i) sub.feed(step(i, 3.0, 1.0), layers_of(true, true, true));
+  const auto s = sub.of("underflow");
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].step, 3);
+  EXPECT_EQ(s[0].layers, std::vector<std::string>{"transformer.h.1"});
+  EXPECT_EQ(s[0].share, 0.4);
+  EXPECT_EQ(s[1].step, 9);
+  EXPECT_EQ(s[1].layers.size(), 2u);
+
+  // Under bf16-mixed (bf16 reaches 1e-38) all-zero blocks are no underflow: another action.
+  o.precision = "bf16-mixed";
+  LayerFeed bf(o);
+  for (int64_t i = 1; i <= 5; ++i) bf.feed(step(i, 3.0, 1.0), layers_of(true, false));
+  ASSERT_EQ(bf.of("underflow").size(), 1u);
+  EXPECT_NE(bf.of("underflow")[0].cause.find("not an underflow of bf16's range"),
+            std::string::npos);
+  EXPECT_EQ(bf.of("underflow")[0].action.find("scaler"), std::string::npos);
+}
+
+TEST(Advisor, HealthyLayersAndSkippedStepsGiveNoUnderflowFinding) {
+  AdvisorOptions o;
+  o.precision = "16-mixed";
+  LayerFeed run(o);
+  for (int64_t i = 1; i <= 30; ++i)
+    run.feed(step(i, healthy_loss(i), healthy_norm(i)), layers_of(false, false));
+  EXPECT_TRUE(run.findings.empty());
+  // A scaler's skipped steps carry inf gradients: no evidence either way, the count holds.
+  LayerFeed skips(o);
+  skips.feed(step(1, 3.0, 1.0), layers_of(true, false));
+  skips.feed(step(2, 3.0, INFINITY), layers_of(false, false));
+  skips.feed(step(3, 3.0, 1.0), layers_of(true, false));
+  EXPECT_TRUE(skips.of("underflow").empty());
+  skips.feed(step(4, 3.0, 1.0), layers_of(true, false));
+  EXPECT_EQ(skips.of("underflow").size(), 1u);
+}
+
+StepResult update_step(int64_t i, int64_t elements, int64_t away) {
+  StepResult r = step(i, 3.0, 1.0);
+  r.update_elements = elements;
+  r.rounded_away = away;
+  return r;
+}
+
+// bf16-true at a small lr: 94% of the updates round away step after step. The finding gives the
+// share and both fixes, once; bf16-mixed (f32 masters, nothing rounds away) and a run with
+// stochastic rounding on say nothing.
+TEST(Advisor, RoundedAwayUpdatesAreReportedWithTheFix) {
+  AdvisorOptions o;
+  o.precision = "bf16-true";
+  LayerFeed run(o);
+  for (int64_t i = 1; i <= 10; ++i) run.feed(update_step(i, 1000, 940), layers_of(false, false));
+  const auto r = run.of("rounding");
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].step, 3);
+  EXPECT_DOUBLE_EQ(r[0].share, 0.94);
+  EXPECT_EQ(r[0].cause.rfind("94% of the weight updates rounded away (step 3: 940 of 1000", 0), 0u)
+      << r[0].cause;
+  EXPECT_NE(r[0].action.find("bf16-mixed (f32 master weights keep every update)"),
+            std::string::npos);
+  EXPECT_NE(r[0].action.find("optim.stochastic_rounding = true"), std::string::npos);
+  // Below the share for a step: the run restarts, and a later relapse is reported again.
+  run.feed(update_step(11, 1000, 10), layers_of(false, false));
+  for (int64_t i = 12; i <= 14; ++i) run.feed(update_step(i, 1000, 990), layers_of(false, false));
+  EXPECT_EQ(run.of("rounding").size(), 2u);
+
+  o.precision = "bf16-mixed";
+  LayerFeed mixed(o);
+  for (int64_t i = 1; i <= 10; ++i) mixed.feed(update_step(i, 1000, 0), layers_of(false, false));
+  EXPECT_TRUE(mixed.findings.empty());
+  o.precision = "bf16-true";
+  o.stochastic_rounding = true;
+  LayerFeed sr(o);
+  for (int64_t i = 1; i <= 10; ++i) sr.feed(update_step(i, 1000, 800), layers_of(false, false));
+  EXPECT_TRUE(sr.of("rounding").empty());
+}
+
 }  // namespace
 }  // namespace keel

@@ -4,6 +4,10 @@
 // absolute accuracy is checked against a real run's peak RSS in tests/cli).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
 #include "keel/models/causal_lm.h"
 #include "keel/monitor/memory_estimate.h"
 #include "keel/numerics/error.h"
@@ -254,11 +258,11 @@ TEST(MemoryEstimate, LoraWithABf16FrozenBase) {
   q.base_dtype = "f32";
   const MemoryEstimate f = estimate_memory(q);
   EXPECT_EQ(f.weights, 100'000'000 * 4);
-  EXPECT_EQ(f.lowp_copies, 100'000'000 * 2 + 1'000'000 * 2);
+  EXPECT_EQ(f.lowp_copies, 99'000'000 * 2 + 1'000'000 * 2);  // the base's and the adapters' casts
   EXPECT_EQ(f.init_peak, 0);
-  EXPECT_EQ(f.total, 400'000'000 + 4'000'000 + 8'000'000 + 202'000'000);
+  EXPECT_EQ(f.total, 400'000'000 + 4'000'000 + 8'000'000 + 200'000'000);
   // The step itself: the bf16 base saves the f32 weights and their bf16 copies.
-  EXPECT_EQ(f.live_peak - b.live_peak, 99'000'000 * 2 + 100'000'000 * 2);
+  EXPECT_EQ(f.live_peak - b.live_peak, 99'000'000 * 2 + 99'000'000 * 2);
 
   // bf16-true builds the base in bf16 already: no cast, no build-time peak.
   q.precision = "bf16-true";
@@ -290,7 +294,8 @@ TEST(MemoryEstimate, SizedStateIsCountedInHostMemoryBlocks) {
   EXPECT_EQ(e.optimizer_state, 2 * e.weights);
   EXPECT_EQ(e.matmul_scratch, 0);
   EXPECT_EQ(e.cache_slack, e.live_peak / 16);
-  EXPECT_EQ(e.total, e.live_peak + e.cache_slack);
+  EXPECT_GT(e.runtime, 0);  // the process without the model
+  EXPECT_EQ(e.total, e.runtime + e.live_peak + e.cache_slack);
   q.precision = "bf16-mixed";
   EXPECT_EQ(estimate_memory(q).matmul_scratch, 0);
   q.precision = "16-mixed";
@@ -300,6 +305,138 @@ TEST(MemoryEstimate, SizedStateIsCountedInHostMemoryBlocks) {
   p.params = N;
   EXPECT_EQ(estimate_memory(p).weights, 4 * N);
   EXPECT_EQ(estimate_memory(p).cache_slack, 0);
+}
+
+}  // namespace
+}  // namespace keel::monitor
+
+namespace keel::monitor {
+namespace {
+
+// A Llama query with gpt2_query's sizes.
+MemoryQuery llama_query(int64_t L, int64_t C, int64_t H, int64_t B, int64_t T) {
+  MemoryQuery q = gpt2_query(L, C, H, B, T);
+  q.family = "llama";
+  return q;
+}
+
+// An adapter's parameters come from its own shapes: trainable count, f32 grads and AdamW state
+// for them only, the frozen base in model.base_dtype; an adapter without sizes is an error, not
+// a silent full fine-tune.
+TEST(MemoryEstimate, AdaptersAreCountedFromTheirShapes) {
+  MemoryQuery q = llama_query(2, 64, 4, 2, 16);
+  const MemoryEstimate full = estimate_memory(q);
+  q.adapter.kind = "lora";
+  q.adapter.r = 4;
+  q.adapter.target_modules = {"q_proj", "v_proj"};
+  const MemoryEstimate lora = estimate_memory(q);
+  EXPECT_EQ(lora.adapter_params, 2 * (4 * (64 + 64) + 4 * (64 + 64)));  // q and v, 2 layers
+  EXPECT_EQ(lora.trainable, lora.adapter_params);
+  EXPECT_EQ(lora.params, full.params + lora.adapter_params);
+  EXPECT_EQ(lora.optimizer_state, 2 * lora.grads);
+  EXPECT_LT(lora.grads, full.grads / 10);
+  // The adapters keep activations of their own: DoRA more than LoRA (its f32 base and LoRA
+  // results), rank for rank.
+  q.adapter.kind = "dora";
+  EXPECT_GT(estimate_memory(q).activations, lora.activations);
+  q.adapter.kind = "lora";
+  q.adapter.target_modules = {"qkv"};
+  EXPECT_THROW(estimate_memory(q), Error);
+  MemoryQuery bare;
+  bare.params = 1'000'000;
+  bare.adapter.kind = "lora";
+  try {
+    estimate_memory(bare);
+    ADD_FAILURE() << "an adapter without sizes must not fall back to a full fine-tune";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--model DIR"), std::string::npos) << e.what();
+  }
+  bare.adapter.kind = "ia3";
+  EXPECT_THROW(estimate_memory(bare), Error);
+}
+
+// Checkpointing keeps each segment's input instead of every block's activations, and holds one
+// segment's recompute during backward: the more blocks a segment holds, the more it keeps then.
+TEST(MemoryEstimate, CheckpointingKeepsSegmentInputs) {
+  MemoryQuery q = llama_query(8, 128, 4, 4, 128);
+  const MemoryEstimate none = estimate_memory(q);
+  EXPECT_TRUE(none.checkpoint.empty());
+  q.checkpoint_every = 1;
+  const MemoryEstimate blocks = estimate_memory(q);
+  q.checkpoint_every = 4;
+  const MemoryEstimate four = estimate_memory(q);
+  EXPECT_LT(blocks.activations, none.activations / 4);
+  EXPECT_GT(blocks.activations, four.activations);  // 8 segment inputs vs 2, but ...
+  EXPECT_GT(four.transient, blocks.transient);      // ... a 4-block recompute vs a 1-block one
+  EXPECT_LT(blocks.total, none.total);
+  EXPECT_NE(blocks.checkpoint.find("8 segment inputs"), std::string::npos) << blocks.checkpoint;
+  q.checkpoint_every = -1;
+  EXPECT_THROW(estimate_memory(q), Error);
+  EXPECT_EQ(parse_checkpointing("none", "k"), 0);
+  EXPECT_EQ(parse_checkpointing("blocks", "k"), 1);
+  EXPECT_EQ(parse_checkpointing("3", "k"), 3);
+  for (const char* bad : {"0", "-2", "block", "2x", ""}) {
+    try {
+      parse_checkpointing(bad, "train.activation_checkpointing");
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("train.activation_checkpointing"), std::string::npos);
+      EXPECT_NE(std::string(e.what()).find("none, blocks"), std::string::npos);
+    }
+  }
+}
+
+// What does not fit gets the options that would lower it, each with its own estimate (computed
+// by the same function), those that fit marked.
+TEST(MemoryEstimate, FitAdviceNamesTheOptionsWithTheirEstimates) {
+  MemoryQuery q = llama_query(16, 2048, 16, 8, 1024);
+  q.precision = "bf16-mixed";
+  const MemoryEstimate e = estimate_memory(q);
+  EXPECT_EQ(memory_fit_advice(q, e.total), "");
+  const std::string m = memory_fit_advice(q, e.total / 2);
+  EXPECT_NE(m.find("needs an estimated"), std::string::npos) << m;
+  EXPECT_NE(m.find("available"), std::string::npos) << m;
+  MemoryQuery ck = q;
+  ck.checkpoint_every = 1;
+  const std::string ck_line = "train.activation_checkpointing = blocks: ";
+  ASSERT_NE(m.find(ck_line), std::string::npos) << m;
+  EXPECT_NE(m.find(ck_line + format_bytes(estimate_memory(ck).total)), std::string::npos) << m;
+  EXPECT_EQ(format_bytes(12'345'678), "12.3 MB");
+  EXPECT_EQ(format_bytes(37'830'000'000), "37.83 GB");
+  EXPECT_NE(m.find("model.adapter.kind = lora"), std::string::npos) << m;
+  EXPECT_NE(m.find("train.batch_size = 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("(fits)"), std::string::npos) << m;
+}
+
+// model.path: the sizes of its config.json (Llama-3.1-8B's: 8.03B parameters), the adapter from
+// the config; no weights read.
+TEST(MemoryEstimate, QueryFromAModelDirectory) {
+  const std::string dir = ::testing::TempDir() + "/keel-mem-llama31-8b";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/config.json")
+      << R"({"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
+             "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+             "vocab_size": 128256, "tie_word_embeddings": false, "rms_norm_eps": 1e-5,
+             "max_position_embeddings": 131072, "rope_theta": 500000.0,
+             "torch_dtype": "bfloat16"})";
+  Config c;
+  c.model.path = dir;
+  c.train.batch_size = 2;
+  c.data.seq_len = 512;
+  MemoryQuery q = memory_query_from_config(c);
+  EXPECT_EQ(q.source, dir + "/config.json");
+  EXPECT_EQ(estimate_memory(q).params, 8'030'261'248);
+  c.model.adapter.kind = "lora";
+  c.model.adapter.r = 32;
+  c.model.adapter.target_modules = {"q_proj", "k_proj", "v_proj", "up_proj", "down_proj"};
+  c.model.base_dtype = "bf16";
+  c.train.precision = "bf16-mixed";
+  q = memory_query_from_config(c);
+  const MemoryEstimate e = estimate_memory(q);
+  EXPECT_EQ(e.trainable, 56'623'104);
+  EXPECT_EQ(e.params, 8'030'261'248 + 56'623'104);
+  EXPECT_EQ(e.optimizer_state, 2 * 4 * 56'623'104);  // f32 moments of the adapters only
+  EXPECT_NE(format_memory(e).find("sizes from " + dir + "/config.json"), std::string::npos);
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ struct BufDesc {
 };
 
 template <class T>
-__device__ void unscale_chunk(T* g, int64_t lo, int64_t hi, float inv, long long& bad, float& sq) {
+__device__ void unscale_chunk(T* g, int64_t lo, int64_t hi, float inv, float normal_min,
+                              long long& bad, float& sq, long long& zero, long long& below) {
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
     float v = ld(g + i);
     bad += !(fabsf(v) <= 3.40282347e38f);  // NaN compares false
@@ -34,11 +35,15 @@ __device__ void unscale_chunk(T* g, int64_t lo, int64_t hi, float inv, long long
       v = ld(&t);
     }
     sq += v * v;
+    zero += v == 0.f;
+    below += v != 0.f && fabsf(v) < normal_min;
   }
 }
-// One block per chunk of kChunk values: bad count and f32 sum of squares per chunk.
-__global__ void unscale_norm_kernel(long long* bad_out, double* sq_out, const BufDesc* bufs,
-                                    int nbufs, float inv) {
+// One block per chunk of kChunk values: bad count, f32 sum of squares, zeros and values below
+// normal_min per chunk.
+__global__ void unscale_norm_kernel(long long* bad_out, double* sq_out, long long* zero_out,
+                                    long long* below_out, const BufDesc* bufs, int nbufs, float inv,
+                                    float normal_min) {
   __shared__ float shf[32];
   __shared__ long long shi[32];
   const int64_t chunk = blockIdx.x;
@@ -52,17 +57,22 @@ __global__ void unscale_norm_kernel(long long* bad_out, double* sq_out, const Bu
   }
   const BufDesc b = bufs[lo];
   const int64_t e0 = (chunk - b.first_chunk) * kChunk, e1 = min(b.n, e0 + kChunk);
-  long long bad = 0;
+  long long bad = 0, zero = 0, below = 0;
   float sq = 0.f;
   if (b.dt == 0)
-    unscale_chunk(static_cast<float*>(b.p), e0, e1, inv, bad, sq);
+    unscale_chunk(static_cast<float*>(b.p), e0, e1, inv, normal_min, bad, sq, zero, below);
   else if (b.dt == 1)
-    unscale_chunk(static_cast<__nv_bfloat16*>(b.p), e0, e1, inv, bad, sq);
+    unscale_chunk(static_cast<__nv_bfloat16*>(b.p), e0, e1, inv, normal_min, bad, sq, zero, below);
   else
-    unscale_chunk(static_cast<__half*>(b.p), e0, e1, inv, bad, sq);
+    unscale_chunk(static_cast<__half*>(b.p), e0, e1, inv, normal_min, bad, sq, zero, below);
   sq = block_reduce(sq, shf, SumOp{}, 0.f);
   bad = block_reduce(bad, shi, SumOp{}, 0ll);
-  if (threadIdx.x == 0) bad_out[chunk] = bad, sq_out[chunk] = static_cast<double>(sq);
+  zero = block_reduce(zero, shi, SumOp{}, 0ll);
+  below = block_reduce(below, shi, SumOp{}, 0ll);
+  if (threadIdx.x == 0) {
+    bad_out[chunk] = bad, sq_out[chunk] = static_cast<double>(sq);
+    zero_out[chunk] = zero, below_out[chunk] = below;
+  }
 }
 __global__ void finish_unscale_norm_kernel(double* out, const long long* bad, const double* sq,
                                            int64_t n) {
@@ -75,11 +85,35 @@ __global__ void finish_unscale_norm_kernel(double* out, const long long* bad, co
   c = block_reduce(c, shi, SumOp{}, 0ll);
   if (threadIdx.x == 0) out[0] = s, reinterpret_cast<long long*>(out)[1] = c;
 }
+// Per buffer (one block each): its chunks' sums and counts, in a fixed order. out[3 b + 0..2]:
+// sum of squares, zeros, values below normal_min (the counts as long long bits).
+__global__ void finish_per_buffer_kernel(double* out, const BufDesc* bufs, const double* sq,
+                                         const long long* zero, const long long* below,
+                                         int64_t chunks) {
+  __shared__ double shd[32];
+  __shared__ long long shi[32];
+  const BufDesc b = bufs[blockIdx.x];
+  const int64_t c1 = min(chunks, b.first_chunk + (b.n + kChunk - 1) / kChunk);
+  double s = 0;
+  long long z = 0, w = 0;
+  for (int64_t i = b.first_chunk + threadIdx.x; i < c1; i += blockDim.x)
+    s += sq[i], z += zero[i], w += below[i];
+  s = block_reduce(s, shd, SumOp{}, 0.0);
+  z = block_reduce(z, shi, SumOp{}, 0ll);
+  w = block_reduce(w, shi, SumOp{}, 0ll);
+  if (threadIdx.x == 0) {
+    out[3 * blockIdx.x] = s;
+    reinterpret_cast<long long*>(out)[3 * blockIdx.x + 1] = z;
+    reinterpret_cast<long long*>(out)[3 * blockIdx.x + 2] = w;
+  }
+}
 GradSetStats unscale_norm(void* const* bufs, const DType* dts, const int64_t* ns, int count,
-                          float inv_scale) {
+                          float inv_scale, float normal_min, GradBufStats* per) {
   std::vector<BufDesc> desc;
+  std::vector<int> index_of;  // desc entry -> buffer index
   int64_t chunks = 0;
   for (int i = 0; i < count; ++i) {
+    if (per) per[i] = GradBufStats{};
     if (ns[i] <= 0) continue;
     const int code = dts[i] == DType::F32    ? 0
                      : dts[i] == DType::BF16 ? 1
@@ -88,29 +122,46 @@ GradSetStats unscale_norm(void* const* bufs, const DType* dts, const int64_t* ns
     KEEL_CHECK(code >= 0,
                std::string("unscale_norm: floating dtype required, got ") + dtype_name(dts[i]));
     desc.push_back({bufs[i], ns[i], chunks, code});
+    index_of.push_back(i);
     chunks += (ns[i] + kChunk - 1) / kChunk;
   }
   GradSetStats out;
   if (chunks == 0) return out;
-  const size_t desc_bytes = (desc.size() * sizeof(BufDesc) + 15) / 16 * 16;
-  Scratch s(desc_bytes + static_cast<size_t>(chunks) * 16 + 16);
+  const size_t nd = desc.size();
+  const size_t desc_bytes = (nd * sizeof(BufDesc) + 15) / 16 * 16;
+  const size_t out_bytes = 16 + (per ? nd * 24 : 0);  // total, then per buffer
+  Scratch s(desc_bytes + static_cast<size_t>(chunks) * 32 + out_bytes);
   char* base = s.as<char>();
   auto* d_desc = reinterpret_cast<BufDesc*>(base);
   auto* d_bad = reinterpret_cast<long long*>(base + desc_bytes);
   auto* d_sq = reinterpret_cast<double*>(base + desc_bytes + chunks * 8);
-  auto* d_out = reinterpret_cast<double*>(base + desc_bytes + chunks * 16);
-  KEEL_CUDA_CHECK(cudaMemcpyAsync(d_desc, desc.data(), desc.size() * sizeof(BufDesc),
-                                  cudaMemcpyHostToDevice, stream()));
-  unscale_norm_kernel<<<chunks, kThreads, 0, stream()>>>(d_bad, d_sq, d_desc,
-                                                         static_cast<int>(desc.size()), inv_scale);
+  auto* d_zero = reinterpret_cast<long long*>(base + desc_bytes + chunks * 16);
+  auto* d_below = reinterpret_cast<long long*>(base + desc_bytes + chunks * 24);
+  auto* d_out = reinterpret_cast<double*>(base + desc_bytes + chunks * 32);
+  KEEL_CUDA_CHECK(
+      cudaMemcpyAsync(d_desc, desc.data(), nd * sizeof(BufDesc), cudaMemcpyHostToDevice, stream()));
+  unscale_norm_kernel<<<chunks, kThreads, 0, stream()>>>(
+      d_bad, d_sq, d_zero, d_below, d_desc, static_cast<int>(nd), inv_scale, normal_min);
   finish_unscale_norm_kernel<<<1, 1024, 0, stream()>>>(d_out, d_bad, d_sq, chunks);
+  if (per)
+    finish_per_buffer_kernel<<<static_cast<unsigned>(nd), kThreads, 0, stream()>>>(
+        d_out + 2, d_desc, d_sq, d_zero, d_below, chunks);
   KEEL_CUDA_LAUNCHED();
-  double h[2] = {0, 0};
-  read_back(h, d_out, 16);  // the one synchronization of the step's steps 4-5
+  std::vector<double> h(out_bytes / 8, 0.0);
+  read_back(h.data(), d_out, out_bytes);  // the one synchronization of the step's steps 4-5
   out.sum_squares = h[0];
   long long bad = 0;
   std::memcpy(&bad, &h[1], 8);
   out.nonfinite = bad;
+  if (per)
+    for (size_t k = 0; k < nd; ++k) {
+      GradBufStats& b = per[index_of[k]];
+      b.sum_squares = h[2 + 3 * k];
+      long long z = 0, w = 0;
+      std::memcpy(&z, &h[3 + 3 * k], 8);
+      std::memcpy(&w, &h[4 + 3 * k], 8);
+      b.zero = z, b.below_normal = w;
+    }
   return out;
 }
 

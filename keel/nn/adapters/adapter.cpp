@@ -56,6 +56,34 @@ std::pair<int64_t, int64_t> lokr_factorization(int64_t dimension, int64_t factor
   return {m, n};
 }
 
+int64_t AdapterParamShape::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<AdapterParamShape> adapter_parameter_shapes(const std::string& kind, int64_t r,
+                                                        int64_t in, int64_t out) {
+  if (kind == "lora") return {{"lora_A.weight", {r, in}}, {"lora_B.weight", {out, r}}};
+  if (kind == "dora")
+    return {
+        {"lora_magnitude_vector", {out}}, {"lora_A.weight", {r, in}}, {"lora_B.weight", {out, r}}};
+  if (kind == "lokr") {
+    auto [in_m, in_n] = lokr_factorization(in);
+    auto [out_l, out_k] = lokr_factorization(out);
+    // PEFT: use_w2 = not (r < max(out_k, in_n) / 2), a float comparison.
+    if (!(static_cast<double>(r) < static_cast<double>(std::max(out_k, in_n)) / 2))
+      return {{"lokr_w1", {out_l, in_m}}, {"lokr_w2", {out_k, in_n}}};
+    return {{"lokr_w1", {out_l, in_m}}, {"lokr_w2_a", {out_k, r}}, {"lokr_w2_b", {r, in_n}}};
+  }
+  return {};
+}
+
+bool adapter_targets(const std::string& module_path, const std::vector<std::string>& targets_) {
+  return std::any_of(targets_.begin(), targets_.end(),
+                     [&](const std::string& t) { return targets(module_path, t); });
+}
+
 std::vector<Linear*> adapted_linears(Module& root) {
   std::vector<Linear*> out;
   for (Module* m : root.modules())

@@ -42,6 +42,23 @@ class LinearAdapter {
   bool merged = false;  // merge_adapters() ran: forward is the base product only
 };
 
+// The parameters an adapter of `kind` (lora | dora | lokr) with rank r attaches to a Linear of
+// in -> out features, without building it: PEFT's local names and shapes, in registration order
+// (lora_A [r, in], lora_B [out, r]; DoRA adds lora_magnitude_vector [out]; LoKr lokr_w1 and
+// lokr_w2 or lokr_w2_a/lokr_w2_b as the factorization gives). The adapters' constructors register
+// exactly these (tests/nn checks them against built adapters); the memory estimate counts with it.
+struct AdapterParamShape {
+  std::string name;  // relative to the Linear, e.g. "lora_A.weight"
+  Shape shape;
+  int64_t numel() const;
+};
+std::vector<AdapterParamShape> adapter_parameter_shapes(const std::string& kind, int64_t r,
+                                                        int64_t in, int64_t out);
+
+// PEFT's target rule (apply_adapters uses it): the module path equals a target or ends with
+// "." + target.
+bool adapter_targets(const std::string& module_path, const std::vector<std::string>& targets);
+
 // Attaches an adapter of opt.kind to every Linear under `root` that a target names, freezes every
 // other parameter of the tree (requires_grad = false) and renames the tree (assign_paths). Returns
 // the adapted module paths, in tree order. Errors (kUsage) name the problem and the fix: an

@@ -23,17 +23,16 @@ Tensor kron(const Tensor& a, const Tensor& b) {
 
 LokrAdapter::LokrAdapter(Linear& base, int64_t r, double alpha, uint64_t seed) {
   scaling = alpha / static_cast<double>(r);
-  auto [in_m, in_n] = lokr_factorization(base.in_features);
-  auto [out_l, out_k] = lokr_factorization(base.out_features);
-  w1 = base.add_adapter_parameter("lokr_w1", Tensor::zeros({out_l, in_m}));
-  // PEFT: use_w2 = not (r < max(out_k, in_n) / 2), a float comparison.
-  const bool full_w2 = !(static_cast<double>(r) < static_cast<double>(std::max(out_k, in_n)) / 2);
-  if (full_w2) {
-    w2 = base.add_adapter_parameter("lokr_w2", Tensor::zeros({out_k, in_n}));
+  // The shapes (and PEFT's full-or-low-rank w2 rule) in one place: adapter_parameter_shapes.
+  const std::vector<AdapterParamShape> p =
+      adapter_parameter_shapes("lokr", r, base.in_features, base.out_features);
+  w1 = base.add_adapter_parameter("lokr_w1", Tensor::zeros(p[0].shape));
+  if (p.size() == 2) {
+    w2 = base.add_adapter_parameter("lokr_w2", Tensor::zeros(p[1].shape));
     init_kaiming_uniform(w2, seed);
   } else {
-    w2_a = base.add_adapter_parameter("lokr_w2_a", Tensor::zeros({out_k, r}));
-    w2_b = base.add_adapter_parameter("lokr_w2_b", Tensor::zeros({r, in_n}));
+    w2_a = base.add_adapter_parameter("lokr_w2_a", Tensor::zeros(p[1].shape));
+    w2_b = base.add_adapter_parameter("lokr_w2_b", Tensor::zeros(p[2].shape));
     init_kaiming_uniform(w2_a, seed);
     init_kaiming_uniform(w2_b, mix_seed(seed, 1));
   }

@@ -1,0 +1,309 @@
+// The memory estimate (`keel memory`, `keel doctor` and keel train's check before loading: one
+// function, monitor::estimate_memory on monitor::memory_query_from_config) against the peak RSS
+// of real `keel train` runs (issue 25 item 3): the child's own peak resident set (getrusage via
+// wait4, VmHWM) compared with the estimate's total, which counts the process itself (runtime)
+// as well as the model, within 10% on small configurations of each kind: full fine-tune and
+// LoRA/DoRA/LoKr, gpt2 and llama, an f32 and a bf16 frozen base, 32-true and bf16-mixed, sizes
+// from the config and from a model directory's config.json. Each run is 1-3 s on one thread. And
+// what the estimate is for: a run that cannot fit stops before loading, naming the options that
+// would make it fit with their estimates; `keel memory --model DIR` counts Llama-3.1-8B as 8.03B.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "keel/monitor/memory_estimate.h"
+#include "tests/support/check.h"
+#include "tests/support/run_keel.h"
+
+namespace keel {
+namespace {
+
+using test::run_keel;
+using test::with_sets;
+using json = nlohmann::json;
+
+bool memtest_sanitized() { return std::getenv("KEEL_TEST_SANITIZED") != nullptr; }
+
+// The settings every measured run shares: one thread, a 16-example arith task, 2 steps.
+std::vector<std::string> memtest_sets(const std::vector<std::string>& sets,
+                                      const std::string& out) {
+  std::vector<std::string> v = {
+      "run.out_dir=" + out, "run.threads=1",         "data.num_examples=16", "data.eval_examples=0",
+      "train.max_steps=2",  "log.tensorboard=false", "log.console=false"};
+  v.insert(v.end(), sets.begin(), sets.end());
+  return v;
+}
+
+// `keel memory --json` for a run's --set list (the estimate keel train checks before loading).
+json memtest_estimate(const std::vector<std::string>& sets) {
+  const test::KeelRun m = run_keel(with_sets({"memory", "--json"}, sets));
+  EXPECT_EQ(m.code, 0) << m.output;
+  try {
+    return json::parse(m.out);
+  } catch (const json::exception&) {
+    ADD_FAILURE() << "keel memory --json printed no JSON: " << m.output;
+    return json{{"total", 0.0}, {"init_peak", 0.0}, {"live_peak", 0.0}};
+  }
+}
+
+struct MemCase {
+  std::string name;
+  std::vector<std::string> sets;
+};
+
+struct MemResult {
+  double estimated = 0, measured = 0;
+  json estimate;
+};
+
+// Trains `c` and compares its peak RSS with the estimate; prints the row of the report's table.
+MemResult memtest_measure(const MemCase& c, const std::string& dir) {
+  MemResult r;
+  const std::vector<std::string> sets = memtest_sets(c.sets, dir + "/" + c.name);
+  r.estimate = memtest_estimate(sets);
+  const test::KeelRun run = run_keel(with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(run.code, 0) << c.name << ": " << run.output;
+  r.measured = static_cast<double>(run.max_rss_kb) * 1024.0;
+  r.estimated = r.estimate.at("total").get<double>();
+  EXPECT_NEAR(r.estimated / r.measured, 1.0, 0.10)
+      << c.name << ": estimate " << r.estimated / 1e6 << " MB, measured " << r.measured / 1e6
+      << " MB\n"
+      << r.estimate.dump();
+  std::printf("| %-28s | %8.1f | %8.1f | %.3f |\n", c.name.c_str(), r.estimated / 1e6,
+              r.measured / 1e6, r.estimated / r.measured);
+  return r;
+}
+
+std::vector<std::string> memtest_sizes(const std::string& family, int L, int C, int H, int B, int T,
+                                       const std::string& precision) {
+  return {"model.family=" + family,
+          "model.n_layer=" + std::to_string(L),
+          "model.n_embd=" + std::to_string(C),
+          "model.n_head=" + std::to_string(H),
+          "train.batch_size=" + std::to_string(B),
+          "data.seq_len=" + std::to_string(T),
+          "model.max_seq_len=" + std::to_string(T),
+          "train.precision=" + precision};
+}
+
+std::vector<std::string> memtest_plus(std::vector<std::string> v,
+                                      const std::vector<std::string>& more) {
+  v.insert(v.end(), more.begin(), more.end());
+  return v;
+}
+
+// Full fine-tunes where activations dominate (B8 T256): gpt2 and llama (grouped-query), 32-true
+// and bf16-mixed.
+TEST(CliMemoryRss, FullFineTuneEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  const std::string dir = test::temp_dir("cli-memory-full");
+  for (const char* p : {"32-true", "bf16-mixed"}) {
+    memtest_measure({std::string("gpt2-full-") + p, memtest_sizes("gpt2", 4, 256, 4, 8, 256, p)},
+                    dir);
+    memtest_measure(
+        {std::string("llama-full-") + p,
+         memtest_plus(memtest_sizes("llama", 4, 256, 4, 8, 256, p), {"model.n_kv_head=2"})},
+        dir);
+  }
+}
+
+// Adapters: LoRA on every projection in both policies, DoRA, LoKr, LoRA on gpt2, each with the
+// activations its forward keeps; and a wide model with few tokens where the frozen base
+// dominates, stored in f32 (its bf16 copies per use) and in bf16 (the process peaks while the
+// base is built in f32 before its cast).
+TEST(CliMemoryRss, AdapterEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  const std::string dir = test::temp_dir("cli-memory-adapters");
+  const std::string every =
+      R"(model.adapter.target_modules=["q_proj","k_proj","v_proj","o_proj","up_proj","down_proj"])";
+  const std::string some = R"(model.adapter.target_modules=["q_proj","v_proj","down_proj"])";
+  auto llama = [](const std::string& p, std::vector<std::string> more) {
+    return memtest_plus(memtest_sizes("llama", 4, 256, 4, 8, 256, p),
+                        memtest_plus({"model.n_kv_head=2"}, more));
+  };
+  memtest_measure(
+      {"llama-lora-bf16-mixed", llama("bf16-mixed", {"model.adapter.kind=lora", every})}, dir);
+  memtest_measure({"llama-lora-32-true", llama("32-true", {"model.adapter.kind=lora", every})},
+                  dir);
+  memtest_measure({"llama-dora-bf16-mixed", llama("bf16-mixed", {"model.adapter.kind=dora", some})},
+                  dir);
+  memtest_measure({"llama-lokr-32-true", llama("32-true", {"model.adapter.kind=lokr", some})}, dir);
+  memtest_measure(
+      {"gpt2-lora-32-true", memtest_plus(memtest_sizes("gpt2", 4, 256, 4, 8, 256, "32-true"),
+                                         {"model.adapter.kind=lora",
+                                          R"(model.adapter.target_modules=["c_attn","c_fc"])"})},
+      dir);
+  const std::vector<std::string> wide = memtest_plus(
+      memtest_sizes("llama", 4, 1024, 16, 1, 16, "bf16-mixed"), {"model.adapter.kind=lora"});
+  const MemResult f32 =
+      memtest_measure({"llama-lora-f32-base", memtest_plus(wide, {"model.base_dtype=f32"})}, dir);
+  const MemResult bf16 =
+      memtest_measure({"llama-lora-bf16-base", memtest_plus(wide, {"model.base_dtype=bf16"})}, dir);
+  // Only the bf16 base has a loading peak, and it is the run's peak.
+  EXPECT_EQ(f32.estimate.at("init_peak").get<double>(), 0);
+  EXPECT_GT(bf16.estimate.at("init_peak").get<double>(),
+            bf16.estimate.at("live_peak").get<double>());
+  EXPECT_LT(bf16.measured, f32.measured);
+}
+
+// Sizes from a model directory's config.json: a Llama with a Llama-3-sized vocabulary (128256
+// rows, which the logits and embeddings dominate), as a keel checkpoint (f32, loaded through a
+// model of its own) and exported as an HF directory in bf16. A bf16 frozen base from the bf16
+// files peaks while loading (the model built in f32, the tensors as read, the file). The doctor's
+// estimate is the same and says where its sizes came from.
+TEST(CliMemoryRss, ModelDirectoryEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  const std::string dir = test::temp_dir("cli-memory-dir");
+  const test::KeelRun made = run_keel(
+      with_sets({"train"},
+                memtest_sets(memtest_plus(memtest_sizes("llama", 2, 128, 4, 2, 32, "32-true"),
+                                          {"model.vocab_size=128256", "train.max_steps=1"}),
+                             dir + "/made")),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(made.code, 0) << made.output;
+  const std::string ckpt = dir + "/made/checkpoints/last", hf = dir + "/hf-bf16";
+  const test::KeelRun exported = run_keel({"export", ckpt, "--out", hf, "--dtype", "bf16"});
+  ASSERT_EQ(exported.code, 0) << exported.output;
+  const std::vector<std::string> batch = {"train.batch_size=2", "data.seq_len=64"};
+  const MemResult full =
+      memtest_measure({"dir-ckpt-full-32-true",
+                       memtest_plus(batch, {"model.path=" + ckpt, "train.precision=32-true"})},
+                      dir);
+  EXPECT_EQ(full.estimate.at("source").get<std::string>(), ckpt + "/config.json");
+  EXPECT_GT(full.estimate.at("params").get<double>(), 128256.0 * 128);
+  memtest_measure({"dir-hf-bf16-full-bf16-mixed",
+                   memtest_plus(batch, {"model.path=" + hf, "train.precision=bf16-mixed"})},
+                  dir);
+  const std::vector<std::string> lora =
+      memtest_plus(batch, {"model.path=" + hf, "train.precision=bf16-mixed",
+                           "model.adapter.kind=lora", "model.base_dtype=bf16"});
+  const MemResult l = memtest_measure({"dir-hf-bf16-lora-bf16-base", lora}, dir);
+  EXPECT_GT(l.estimate.at("init_peak").get<double>(), l.estimate.at("live_peak").get<double>());
+
+  const test::KeelRun d =
+      run_keel(with_sets({"doctor", "--no-sanity", "--json"}, memtest_sets(lora, dir + "/d")),
+               {"OMP_NUM_THREADS=1"});
+  json doctor;
+  try {
+    doctor = json::parse(d.out).at("memory");
+  } catch (const json::exception&) {
+    FAIL() << "doctor --json printed no memory estimate: " << d.output;
+  }
+  EXPECT_EQ(doctor.at("total"), l.estimate.at("total")) << "doctor and keel memory differ";
+  EXPECT_EQ(doctor.at("source").get<std::string>(), hf + "/config.json");
+  EXPECT_EQ(doctor.at("trainable"), l.estimate.at("adapter_params"));
+  EXPECT_EQ(d.out.find("the estimate counts"), std::string::npos)
+      << "the built model and the estimate disagree: " << d.out;
+}
+
+// Llama-3.1-8B's config.json: `keel memory --model DIR` counts 8.03B parameters, and with the
+// seed's LoRA (r 32 on q, k, v, up, down) 56.6M trainable ones, their gradients and AdamW state
+// in f32 only; the flags override the directory, a --config file gives the same as --set.
+TEST(CliMemoryRss, KeelMemoryReadsAModelDirectory) {
+  const std::string dir = test::temp_dir("cli-memory-8b");
+  std::ofstream(dir + "/config.json")
+      << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": false,
+             "rms_norm_eps": 1e-05, "max_position_embeddings": 131072, "rope_theta": 500000.0,
+             "torch_dtype": "bfloat16",
+             "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 8192, "rope_type": "llama3"}})";
+  test::KeelRun r = run_keel({"memory", "--model", dir});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.out, "8030.26M parameters");
+  EXPECT_CONTAINS(r.out, "sizes from " + dir + "/config.json");
+  const std::vector<std::string> seed = {
+      "memory",       "--model",    dir,         "--json",
+      "--precision",  "bf16-mixed", "--adapter", "lora",
+      "--r",          "32",         "--targets", "q_proj,k_proj,v_proj,up_proj,down_proj",
+      "--batch",      "2",          "--seq",     "512",
+      "--base-dtype", "bf16"};
+  r = run_keel(seed);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const json lora = json::parse(r.out);
+  EXPECT_EQ(lora.at("adapter_params").get<int64_t>(), 56'623'104);
+  EXPECT_EQ(lora.at("params").get<int64_t>(), 8'030'261'248 + 56'623'104);
+  EXPECT_EQ(lora.at("grads").get<int64_t>(), 4 * 56'623'104);
+  EXPECT_EQ(lora.at("optimizer_state").get<int64_t>(), 8 * 56'623'104);
+  // Checkpointing every block keeps 32 segment inputs instead of every activation.
+  std::vector<std::string> ck = seed;
+  ck.insert(ck.end(), {"--checkpointing", "blocks"});
+  r = run_keel(ck);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const json with_ck = json::parse(r.out);
+  EXPECT_LT(with_ck.at("activations").get<int64_t>(), lora.at("activations").get<int64_t>() / 4);
+  EXPECT_CONTAINS(with_ck.at("checkpoint").get<std::string>(), "32 segment inputs");
+  // The same run as a config file: the same estimate.
+  const std::string toml = dir + "/seed.toml";
+  std::ofstream(toml) << "[model]\npath = \"" << dir
+                      << "\"\nbase_dtype = \"bf16\"\n[model.adapter]\nkind = \"lora\"\nr = 32\n"
+                         "target_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"up_proj\", "
+                         "\"down_proj\"]\n[train]\nprecision = \"bf16-mixed\"\nbatch_size = 2\n"
+                         "[data]\nseq_len = 512\n";
+  r = run_keel({"memory", "--json", "--config", toml});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(json::parse(r.out).at("total"), lora.at("total"));
+  // Bad values name the flag and the fix.
+  r = run_keel({"memory", "--model", dir, "--checkpointing", "sometimes"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "memory --checkpointing = \"sometimes\": use none, blocks");
+  r = run_keel({"memory", "--model", dir, "--adapter", "lora", "--targets", "qkv"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "'qkv' matches no linear layer");
+  r = run_keel({"memory", "--params", "1B", "--adapter", "lora"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "counted from the model's sizes");
+  r = run_keel({"memory", "--model", dir + "/missing"});  // keel train's error for model.path
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, dir + "/missing: no config.json");
+}
+
+// A run that cannot fit stops before loading: the estimate, the available memory, and each
+// option that lowers it with the estimate it would bring (one of them fitting). The batch is
+// sized from this machine's MemAvailable so that the run needs about twice of it in eager
+// attention's probabilities while a batch of 1 fits; the refused process never grows.
+TEST(CliMemoryRss, ARunThatCannotFitStopsBeforeLoadingNamingWhatWouldFit) {
+  const int64_t available = monitor::available_memory_bytes();
+  if (available < 0) GTEST_SKIP() << "/proc/meminfo unreadable";
+  const std::string dir = test::temp_dir("cli-memory-fit");
+  monitor::MemoryQuery q;
+  q.family = "llama";
+  q.layers = 4;
+  q.hidden = 256;
+  q.heads = 4;
+  q.seq = 2048;
+  q.batch = 1;
+  const int64_t one = monitor::estimate_memory(q).total;
+  q.batch = 2;
+  const int64_t per_row = monitor::estimate_memory(q).total - one;
+  const int64_t batch = 2 * available / per_row + 1;
+  if (one > available / 2 || batch > 65536) GTEST_SKIP() << "machine too small or too large";
+  const std::vector<std::string> sets = memtest_sets(
+      memtest_plus(memtest_sizes("llama", 4, 256, 4, static_cast<int>(batch), 2048, "32-true"), {}),
+      dir + "/run");
+  const test::KeelRun r = run_keel(with_sets({"train"}, sets));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "the run needs an estimated ");
+  EXPECT_CONTAINS(r.err, "are available (MemAvailable in /proc/meminfo); nothing was loaded");
+  EXPECT_CONTAINS(r.err, "train.activation_checkpointing = blocks: ");
+  EXPECT_CONTAINS(r.err, "train.batch_size = 1 (raise train.grad_accum to keep the batch): " +
+                             monitor::format_bytes(one) + " (fits)");
+  EXPECT_CONTAINS(r.err, "train.precision = bf16-mixed: ");
+  EXPECT_CONTAINS(r.err, "keel memory --config FILE");
+  EXPECT_LT(r.max_rss_kb, 256 * 1024) << "refused only after allocating";
+  // The doctor says the same, and does not build the run for its probe.
+  const test::KeelRun d = run_keel(with_sets({"doctor", "--no-sanity"}, sets));
+  EXPECT_EQ(d.code, 1) << d.output;
+  EXPECT_CONTAINS(d.output, "train.activation_checkpointing = blocks: ");
+  EXPECT_CONTAINS(d.output, "would not fit in memory");
+  EXPECT_LT(d.max_rss_kb, 256 * 1024) << "the doctor built the run";
+}
+
+}  // namespace
+}  // namespace keel
