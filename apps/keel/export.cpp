@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "apps/keel/commands.h"
+#include "apps/keel/model_args.h"
 #include "keel/data/tokenizer_base.h"
 #include "keel/io/hf_model.h"
 #include "keel/io/trained_model.h"
@@ -18,7 +19,7 @@ namespace fs = std::filesystem;
 namespace {
 struct ExportArgs {
   std::string model, adapter, out, dtype = "f32", max_shard = "0";
-  bool adapter_only = false;
+  bool adapter_only = false, allow_nonfinite_weights = false;
 };
 
 // "5GB", "500MB", "64KiB", "1000" (bytes); 0 = one file.
@@ -58,7 +59,9 @@ int run_export(const ExportArgs& a) {
   if (a.dtype != "f32" && a.dtype != "bf16")
     throw Error("--dtype " + a.dtype + ": use f32 or bf16", Error::kUsage);
   const int64_t shard = parse_size(a.max_shard);
-  io::TrainedModel t = io::load_trained_model(a.model, a.adapter);
+  io::TrainedModel t =
+      io::load_trained_model(a.model, a.adapter, DType::F32, ops::AttentionBackend::kEager,
+                             weight_check_of_flag(a.allow_nonfinite_weights));
   if (a.adapter_only) {
     if (!t.adapter)
       throw Error(a.model +
@@ -112,6 +115,8 @@ Command add_export(CLI::App& app) {
   sub->add_option("--max-shard-size", a->max_shard,
                   "shards of at most this size with model.safetensors.index.json (0: one file)")
       ->capture_default_str();
+  sub->add_flag("--allow-nonfinite-weights", a->allow_nonfinite_weights,
+                "export weights that hold nan/inf (by default an error naming the tensor)");
   sub->add_flag("--adapter-only", a->adapter_only,
                 "write only the PEFT adapter directory (adapter_config.json + weights)");
   return {sub, [a] { return run_export(*a); }};

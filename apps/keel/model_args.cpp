@@ -17,6 +17,15 @@ void add_model_options(CLI::App* sub, ModelArgs& a) {
       ->capture_default_str();
   sub->add_option("--attention", a.attention, "eager | math | flash")->capture_default_str();
   sub->add_option("--device", a.device, "cpu | cuda")->capture_default_str();
+  sub->add_flag("--allow-nonfinite-weights", a.allow_nonfinite_weights,
+                "load weights that hold nan/inf (by default an error naming the tensor)");
+}
+
+io::WeightCheck weight_check_of_flag(bool allow) {
+  io::WeightCheck c;
+  c.allow_nonfinite = allow;
+  c.override_hint = "--allow-nonfinite-weights";
+  return c;
 }
 
 ModelForUse load_model_for_use(const ModelArgs& a) {
@@ -28,7 +37,8 @@ ModelForUse load_model_for_use(const ModelArgs& a) {
                 Error::kUsage);
   m.policy = resolve_precision(a.precision, m.device, /*allow_cpu_bf16=*/true);
   m.trained = io::load_trained_model(a.model, a.adapter, m.policy.param_dtype,
-                                     ops::attention_backend_from_name(a.attention));
+                                     ops::attention_backend_from_name(a.attention),
+                                     weight_check_of_flag(a.allow_nonfinite_weights));
   m.tokenizer_spec = a.tokenizer.empty() ? m.trained.tokenizer : a.tokenizer;
   if (m.tokenizer_spec.empty())
     throw Error(a.model +

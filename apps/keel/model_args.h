@@ -13,6 +13,7 @@ namespace keel::cli {
 
 struct ModelArgs {
   std::string model, adapter, tokenizer, precision = "32-true", attention = "eager", device = "cpu";
+  bool allow_nonfinite_weights = false;  // load weights holding nan/inf (io/weight_check.h)
 };
 
 void add_model_options(CLI::App* sub, ModelArgs& a);
@@ -28,5 +29,8 @@ struct ModelForUse {
 // Usage errors name the flag: no usable GPU for --device cuda, no tokenizer known, a tokenizer
 // with more ids than the model's vocabulary.
 ModelForUse load_model_for_use(const ModelArgs& a);
+
+// --allow-nonfinite-weights as the loaders' check (warnings to stderr).
+io::WeightCheck weight_check_of_flag(bool allow);
 
 }  // namespace keel::cli

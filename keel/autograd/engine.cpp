@@ -18,6 +18,14 @@ struct HookEntry {
 };
 thread_local std::vector<HookEntry> t_hooks;
 thread_local int t_next_hook = 1;
+thread_local uint64_t t_produced = 0;  // gradients handed to leaves so far (grad_production_order)
+
+// `n` (an edge's target) received a gradient contribution: when it is a leaf's accumulator, that
+// leaf's gradient was produced now.
+void note_produced(Node* n) {
+  if (n->sequence_nr != 0) return;  // accumulators carry sequence 0, every other node more
+  if (auto* acc = dynamic_cast<AccumulateGrad*>(n)) acc->produced_at = ++t_produced;
+}
 
 // a += b, both of a's dtype and shape (the sum of two gradient contributions).
 void accumulate_into(Tensor& a, const Tensor& b) {
@@ -123,6 +131,12 @@ std::vector<Tensor> AccumulateGrad::backward(const Tensor& g) {
     accumulate_into(grad, g);
   }
   return {};
+}
+
+uint64_t grad_production_order(const Tensor& leaf) {
+  if (!leaf.defined() || !leaf.impl()->grad_accumulator) return 0;
+  const auto* acc = dynamic_cast<const AccumulateGrad*>(leaf.impl()->grad_accumulator.get());
+  return acc ? acc->produced_at : 0;
 }
 
 namespace {
@@ -249,8 +263,11 @@ std::vector<Tensor> backward_to(const Tensor& root, const Tensor& grad_root,
           if (p == pass.pending.end() || (!p->second.owned && !sole_owner(p->second.grad)))
             return nullptr;
           return &p->second.grad;
-        }))
+        })) {
+      for (auto& nx : n->next)
+        if (nx) note_produced(nx.get());
       continue;
+    }
     std::vector<Tensor> grads = n->backward(g);
     run_hooks(*n, g, grads);
     // Drop this node's own handle before passing gradients on: a node that hands its incoming
@@ -261,6 +278,7 @@ std::vector<Tensor> backward_to(const Tensor& root, const Tensor& grad_root,
     for (size_t i = 0; i < n->next.size() && i < grads.size(); ++i) {
       Node* nx = n->next[i].get();
       if (!nx || !grads[i].defined()) continue;
+      note_produced(nx);
       // A leaf reached by a single edge gets its gradient into .grad at once instead of waiting
       // in `pending` until the end: otherwise every weight gradient of the model is alive at the
       // same time (one extra copy of all parameters at the peak). The arithmetic is the same

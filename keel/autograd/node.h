@@ -46,6 +46,7 @@ struct Node {
 // The node that accumulates into a leaf's .grad.
 struct AccumulateGrad final : Node {
   std::weak_ptr<TensorImpl> leaf;
+  uint64_t produced_at = 0;  // see grad_production_order()
   std::vector<Tensor> backward(const Tensor& grad_output) override;
   const char* name() const override { return "AccumulateGrad"; }
 };
@@ -136,5 +137,13 @@ struct SequenceGuard {
  private:
   uint64_t prev_, end_;
 };
+// When backward produced `leaf`'s gradient: a per-thread count of the gradients handed to leaves,
+// taken at the last contribution (a leaf reached by several edges, a tied embedding, counts when
+// its last one arrives). Among the leaves of one backward, smaller = produced earlier = nearer the
+// loss; a non-finite gradient produced in backward first reaches the leaves nearest its producer,
+// so the non-finite gradient with the smallest order names where it came from (the model order
+// would name the embedding: every gradient before it is non-finite by then). 0 when no backward
+// has produced one.
+uint64_t grad_production_order(const Tensor& leaf);
 
 }  // namespace keel

@@ -203,10 +203,10 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
                    "an MLP " + std::to_string((*mlp)[gpt2 ? 1 : 0]) + " wide");
 }
 
-void load_hf_weights(models::CausalLM& model, const std::string& dir) {
+void load_hf_weights(models::CausalLM& model, const std::string& dir, const WeightCheck& check) {
   const models::ModelSpec& spec = model.spec();
   if (is_keel_checkpoint(dir)) {  // a run's checkpoint: keel's layout, its adapters merged
-    TrainedModel t = load_trained_model(dir, "", DType::F32, spec.attention);
+    TrainedModel t = load_trained_model(dir, "", DType::F32, spec.attention, check);
     nn::merge_adapters(*t.model);
     std::map<std::string, Tensor> merged;
     for (auto& [name, p] : base_parameters(*t.model)) merged[name] = p;
@@ -222,13 +222,17 @@ void load_hf_weights(models::CausalLM& model, const std::string& dir) {
     }
     return;
   }
-  for_each_weight(model, dir, [](Tensor& p, Tensor value) {
-    p.copy_from(value);  // converts; the view dies here and its pages are dropped
-    p.bump_version();
-  });
+  for_each_weight(
+      model, dir,
+      [](Tensor& p, Tensor value) {
+        p.copy_from(value);  // converts; the view dies here and its pages are dropped
+        p.bump_version();
+      },
+      check);
 }
 
-LoadedWeights attach_hf_weights(models::CausalLM& model, const std::string& dir) {
+LoadedWeights attach_hf_weights(models::CausalLM& model, const std::string& dir,
+                                const WeightCheck& check) {
   LoadedWeights stats;
   for_each_weight(model, dir, [&](Tensor& p, Tensor value) {
     ++stats.tensors;
@@ -248,7 +252,8 @@ LoadedWeights attach_hf_weights(models::CausalLM& model, const std::string& dir)
 }
 
 void for_each_weight(models::CausalLM& model, const std::string& dir,
-                     const std::function<void(Tensor& param, Tensor value)>& use) {
+                     const std::function<void(Tensor& param, Tensor value)>& use,
+                     const WeightCheck& check) {
   const models::ModelSpec& spec = model.spec();
   WeightSource src = map_weights(dir);
   std::set<std::string> used;
@@ -276,9 +281,9 @@ void for_each_weight(models::CausalLM& model, const std::string& dir,
       throw Error(file.path() + ": tensor '" + key + "' has shape " + shape_str(info.shape) +
                   " but " + dir + "/config.json implies " + shape_str(want) +
                   (conv ? " (GPT-2 Conv1D layout [in, out])" : ""));
-    // Each weight's raw data, before anything is made of it: file.raw(info) (info.dtype,
-    // info.shape in the file's layout: GPT-2's Conv1D weights are [in, out]), tensor `key`,
-    // file `file.path()`. A load-time check of the stored values belongs here.
+    // Each weight's raw data is checked before anything is made of it, in the file's layout
+    // (GPT-2's Conv1D weights are [in, out]), so a message's index is the file's.
+    check_weights_finite(check, file.raw(info), info.dtype, info.shape, key, file.path());
     Tensor value = file.tensor(info);  // a view of the mapping where aligned
     if (conv) value = transpose2d(value);
     use(p, std::move(value));
@@ -291,12 +296,13 @@ void for_each_weight(models::CausalLM& model, const std::string& dir,
 }
 
 std::unique_ptr<models::CausalLM> load_hf_model(const std::string& dir, DType param_dtype,
-                                                ops::AttentionBackend attention) {
+                                                ops::AttentionBackend attention,
+                                                const WeightCheck& check) {
   HfConfig cfg = read_hf_config(dir);
   cfg.spec.param_dtype = param_dtype;
   cfg.spec.attention = attention;
   auto model = models::make_causal_lm(cfg.spec, 0);
-  load_hf_weights(*model, dir);
+  load_hf_weights(*model, dir, check);
   return model;
 }
 

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "keel/io/weight_check.h"
 #include "keel/models/causal_lm.h"
 
 namespace keel::io {
@@ -22,7 +23,10 @@ namespace keel::io {
 // Copies the weights of DIR into `model` (built from a matching spec), converting to each
 // parameter's dtype (exact for bf16/f16 -> f32). Bumps every parameter's version. DIR may be a
 // keel checkpoint (io/trained_model.h): its weights are read in keel's layout, adapters merged.
-void load_hf_weights(models::CausalLM& model, const std::string& dir);
+// Non-finite weights are an Error naming the tensor and its index in the file (io/weight_check.h)
+// unless `check` allows them.
+void load_hf_weights(models::CausalLM& model, const std::string& dir,
+                     const WeightCheck& check = {});
 
 // What attach_hf_weights did.
 struct LoadedWeights {
@@ -40,20 +44,23 @@ struct LoadedWeights {
 // after). GPT-2's Conv1D weights are transposed into a fresh tensor of their stored dtype.
 // Afterwards a parameter's dtype is the one it holds: the caller casts the frozen base into its
 // dtype (nn::cast_frozen_parameters), tensor by tensor. DIR must be an HF directory (not a keel
-// checkpoint). Errors as load_hf_weights.
-LoadedWeights attach_hf_weights(models::CausalLM& model, const std::string& dir);
+// checkpoint). Errors as load_hf_weights, non-finite values as `check` says (io/weight_check.h).
+LoadedWeights attach_hf_weights(models::CausalLM& model, const std::string& dir,
+                                const WeightCheck& check = {});
 
 // The loop both loaders run: each base parameter of `model` (registration order) with its tensor
 // from DIR's mapped files, checked (dtype, shape against config.json) and in keel's layout (the
 // file's dtype; a view of the mapping where aligned). Then the files' tensors that no parameter
-// took are checked (unexpected ones are Errors).
+// took are checked (unexpected ones are Errors). Each tensor's stored values are checked for
+// non-finite ones first, in the file's layout (`check`).
 void for_each_weight(models::CausalLM& model, const std::string& dir,
-                     const std::function<void(Tensor& param, Tensor value)>& use);
+                     const std::function<void(Tensor& param, Tensor value)>& use,
+                     const WeightCheck& check = {});
 
 // read_hf_config + make_causal_lm (parameters in `param_dtype`) + load_hf_weights.
 std::unique_ptr<models::CausalLM> load_hf_model(
     const std::string& dir, DType param_dtype = DType::F32,
-    ops::AttentionBackend attention = ops::AttentionBackend::kEager);
+    ops::AttentionBackend attention = ops::AttentionBackend::kEager, const WeightCheck& check = {});
 
 // config.json's sizes (`spec`, read from DIR/config.json) against the weights' headers, before any
 // parameter is allocated: a layer count, width, vocabulary or context that the files do not hold

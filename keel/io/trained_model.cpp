@@ -73,7 +73,8 @@ void write_checkpoint_model_files(const models::CausalLM& model,
 bool is_keel_checkpoint(const std::string& dir) { return !keel_block(dir).is_null(); }
 
 TrainedModel load_trained_model(const std::string& path, const std::string& adapter_dir,
-                                DType param_dtype, ops::AttentionBackend attention) {
+                                DType param_dtype, ops::AttentionBackend attention,
+                                const WeightCheck& check) {
   const char* kinds =
       "give a Hugging Face model directory (config.json + model.safetensors), a run's checkpoint "
       "(OUT_DIR/checkpoints/last) or the run's OUT_DIR";
@@ -116,6 +117,7 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
       if (src->shape() != p.shape())
         throw Error(file + ": tensor '" + name + "' is " + shape_str(src->shape()) + ", " + dir +
                     "/config.json implies " + shape_str(p.shape()));
+      check_weights_finite(check, *src, name, file);
       Tensor dst = p;
       dst.copy_from(*src);
       dst.bump_version();
@@ -126,7 +128,7 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
         throw Error(file + ": unexpected tensor '" + name + "' (" + dir +
                     "/config.json describes a model without it)");
   } else if (fs::exists(dir + "/config.json")) {
-    t.model = load_hf_model(dir, param_dtype, attention);
+    t.model = load_hf_model(dir, param_dtype, attention, check);
     t.tokenizer = tokenizer_of(dir);
   } else {
     throw Error(path +

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "keel/io/weight_check.h"
 #include "keel/models/causal_lm.h"
 #include "keel/nn/adapters/adapter.h"
 
@@ -40,9 +41,11 @@ struct TrainedModel {
 
 // Loads `path` (an HF directory, a checkpoint directory or a run's out_dir), then the PEFT
 // adapter directory `adapter_dir` when not empty. Parameters in `param_dtype` (adapters f32).
-// Errors (kUsage) name the path and what it lacks.
+// Errors (kUsage) name the path and what it lacks, or a tensor with non-finite values (unless
+// `check` allows them).
 TrainedModel load_trained_model(const std::string& path, const std::string& adapter_dir = "",
                                 DType param_dtype = DType::F32,
-                                ops::AttentionBackend attention = ops::AttentionBackend::kEager);
+                                ops::AttentionBackend attention = ops::AttentionBackend::kEager,
+                                const WeightCheck& check = {});
 
 }  // namespace keel::io

@@ -39,19 +39,6 @@ std::string double_bits_hex(double v) {
   return buf;
 }
 
-std::string gradient_fingerprint(const std::vector<std::pair<std::string, Tensor>>& params) {
-  uint64_t h = kNameHashStart;
-  for (const auto& [name, p] : params) {
-    if (!p.grad().defined()) continue;
-    const Tensor g = p.grad().device().is_cpu() ? p.grad() : p.grad().to(Device::cpu());
-    h = fnv1a(name.data(), name.size(), h);
-    h = fnv1a(g.data(), g.numel() * dtype_size(g.dtype()), h);
-  }
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
-
 std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int rank) {
   const std::string dir = trainer.out_dir() + "/debug/nan_capture/rank" + std::to_string(rank);
   const PrecisionPolicy& pol = trainer.policy();
@@ -77,6 +64,17 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
   meta["grads_fingerprint"] = gradient_fingerprint(trainer.trainable());
   meta["loss_scale"] = ev.loss_scale;
   meta["nonfinite_params"] = ev.nonfinite_params;
+  meta["first_nonfinite_param"] = ev.first_nonfinite_param;  // in the order backward produced them
+  // One rank of a data-parallel run: what replaying this rank alone reproduces (its loss and its
+  // gradients before the all-reduce; "loss" and "grads_fingerprint" are the reduced ones).
+  meta["world_size"] = ev.world_size;
+  meta["window_tokens"] = ev.window_tokens;
+  if (ev.world_size > 1) {
+    meta["local_tokens"] = ev.local_tokens;
+    meta["local_loss"] = number(ev.local_loss);
+    meta["local_loss_bits"] = double_bits_hex(ev.local_loss);
+    meta["local_grads_fingerprint"] = ev.local_grads_fingerprint;
+  }
   // Parameters whose values (not only gradients) are already non-finite: the step cannot be
   // fixed by any numerics change, the state came in broken (a corrupt checkpoint, an earlier
   // update that overflowed).
@@ -91,6 +89,7 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
   meta["scaler"] =
       trainer.scaler() ? nlohmann::json(trainer.scaler()->state_dict()) : nlohmann::json(nullptr);
 
+  KEEL_CHECK(ev.rank == rank, "write_nan_capture: the event's rank is the capture's");
   std::vector<std::pair<std::string, Tensor>> batches;
   nlohmann::json mbs = nlohmann::json::array();
   if (ev.window)
@@ -100,10 +99,14 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
       batches.emplace_back(p + "input_ids", b.input_ids);
       batches.emplace_back(p + "labels", b.labels);
       batches.emplace_back(p + "attention_mask", b.attention_mask);
+      // Micro-batch i of rank r is micro-batch r + i * W of the global window (its dropout seed).
+      const uint64_t global =
+          static_cast<uint64_t>(ev.rank) + i * static_cast<uint64_t>(ev.world_size);
       mbs.push_back({{"index", i},
+                     {"global_index", global},
                      {"rows", b.input_ids.size(0)},
                      {"n_targets", b.n_targets},
-                     {"dropout_seed", mix_seed(ev.step_seed, i)},
+                     {"dropout_seed", mix_seed(ev.step_seed, global)},
                      {"example_ids", b.example_ids}});
     }
   meta["micro_batches"] = mbs;

@@ -8,9 +8,15 @@
 //                           step seed; dropout masks of micro-batch i derive from
 //                           mix_seed(step_seed, i) and the module path), the loss (and its exact
 //                           IEEE-754 bits, "loss_bits", which replay compares), grad norm,
-//                           parameters with non-finite gradients and with non-finite values, and
-//                           per micro-batch its target-token count and dataset example ids, and a
-//                           fingerprint of every gradient's bits ("grads_fingerprint")
+//                           parameters with non-finite gradients (and the one backward produced
+//                           first, "first_nonfinite_param") and with non-finite values, and per
+//                           micro-batch its target-token count, dataset example ids and index in
+//                           the global window, and a fingerprint of every gradient's bits
+//                           ("grads_fingerprint"). Data-parallel: "world_size", the global
+//                           window's "window_tokens" (every rank's loss weights divide by it), and
+//                           what replaying this rank alone reproduces: "local_loss(_bits)" (its
+//                           loss sum over its own tokens) and "local_grads_fingerprint" (its
+//                           gradients before the all-reduce, still scaled)
 //   model.safetensors       the parameters as they were before the step, in their stored dtype:
 //                           the f32 masters under the -mixed policies (the low-precision copies
 //                           autocast uses are a deterministic rounding of them, recomputed on
@@ -29,12 +35,16 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/io/safetensors.h"
+#include "keel/train/grad_fingerprint.h"  // gradient_fingerprint: replay compares it
 #include "keel/train/trainer.h"
 
 namespace keel::monitor {
 
 inline constexpr const char* kCaptureFormat = "keel-nan-capture";
-inline constexpr int kCaptureFormatVersion = 1;
+// 2: world_size, window_tokens, first_nonfinite_param; with several ranks local_tokens,
+// local_loss(_bits), local_grads_fingerprint and each micro-batch's global_index (its dropout seed
+// was mix_seed(step_seed, index) before, wrong on ranks > 0). A version 1 capture reads as 1 rank.
+inline constexpr int kCaptureFormatVersion = 2;
 
 // Writes the capture and returns its directory.
 std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int rank = 0);
@@ -64,10 +74,5 @@ T capture_field_as(const Capture& c, const char* key) {
 
 // "0x7ff8000000000000": the exact bits of a double, as the capture records the loss.
 std::string double_bits_hex(double v);
-
-// FNV-1a (64 bits, hex) over the names and raw bytes of every defined gradient, in order: replay
-// compares it with the capture's "grads_fingerprint", so bit-exactness covers the whole backward,
-// not only a loss that may be NaN.
-std::string gradient_fingerprint(const std::vector<std::pair<std::string, Tensor>>& params);
 
 }  // namespace keel::monitor

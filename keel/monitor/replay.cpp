@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <tuple>
+#include <utility>
 
 #include "keel/backend/monitor.h"
 #include "keel/io/json_fields.h"
@@ -37,6 +39,20 @@ Config replay_config(const Capture& c, const std::string& out_dir,
 }
 
 namespace {
+
+// The captured (world size, rank). A version 1 capture has no world size: it replays as one
+// process (its tracer log still named after its rank).
+std::pair<int, int> captured_rank(const Capture& c) {
+  const bool sized = c.meta.contains("world_size");
+  const int world = sized ? capture_field_as<int>(c, "world_size") : 1;
+  const int rank = c.meta.contains("rank") ? capture_field_as<int>(c, "rank") : 0;
+  if (world < 1 || world > (1 << 20) || rank < 0 || (sized && rank >= world))
+    throw Error(c.dir + "/capture.json: \"rank\" = " + std::to_string(rank) +
+                    " is not a rank of \"world_size\" = " + std::to_string(world) +
+                    "; the capture is corrupt (re-run the training to write a new one)",
+                Error::kUsage);
+  return {world, rank};
+}
 
 // Loads the captured parameters (converted when the replay's policy stores them in another
 // dtype) and, when the parameters match exactly, the optimizer and scaler state.
@@ -81,6 +97,9 @@ void load_state(Run& run, const Capture& c, std::vector<std::string>& notes) {
 StepOutcome replay_step(const Capture& c, const std::string& out_dir,
                         const std::vector<std::string>& sets, bool with_tracer) {
   StepOutcome o;
+  // One rank of a data-parallel run (format 2): its micro-batches are rank, rank + W, ... of the
+  // global window, weighted by the global window's tokens.
+  std::tie(o.world_size, o.rank) = captured_rank(c);
   fs::create_directories(out_dir);
   RunOptions ro;
   ro.data_optional = true;  // the step's micro-batches come from the capture
@@ -113,7 +132,8 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
     topt.format = run.policy.compute_dtype;
     topt.scaler_handles_backward = run.scaler != nullptr;
     tracer = std::make_unique<UnderflowOverflowTracer>(
-        *run.model, topt, out_dir + "/debug/underflow_overflow_rank0.log");
+        *run.model, topt,
+        out_dir + "/debug/underflow_overflow_rank" + std::to_string(o.rank) + ".log");
     tracer->set_stop_on_finding(false);
     tracer->begin_batch(step);
   }
@@ -121,10 +141,24 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
   run.model->train(true);
   int64_t tokens = 0;
   for (auto& b : c.window) tokens += b.n_targets;
-  const double loss_sum = forward_backward(run, c.window, step_seed, o.loss_scale);
-  // Exactly as Trainer::train_step computes the logged loss.
+  int64_t window_tokens = -1;  // one process: the window's own
+  if (o.world_size > 1) {
+    window_tokens = capture_field_as<int64_t>(c, "window_tokens");
+    if (window_tokens < tokens)
+      throw Error(c.dir + "/capture.json: \"window_tokens\" = " + std::to_string(window_tokens) +
+                      " is fewer than the captured micro-batches' " + std::to_string(tokens) +
+                      " target tokens; the capture is corrupt",
+                  Error::kUsage);
+  }
+  const double loss_sum = forward_backward(run, c.window, step_seed, o.loss_scale, window_tokens,
+                                           o.world_size > 1 ? o.rank : 0, o.world_size);
+  // Exactly as Trainer::train_step computes the logged loss (one rank: its local loss, its sum
+  // over its own tokens).
   o.loss = tokens > 0 ? loss_sum / static_cast<double>(tokens) : 0.0;
+  if (o.world_size > 1 && tokens == 0) o.loss = loss_sum;
   o.loss_bits = double_bits_hex(o.loss);
+  // One rank: its gradients before the all-reduce, as the trainer fingerprinted them.
+  if (o.world_size > 1) o.grads_fingerprint = gradient_fingerprint(run.trainable);
   std::vector<Tensor> grads;
   for (auto& [name, p] : run.trainable)
     if (p.grad().defined()) {
@@ -138,8 +172,11 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
         o.largest_grad_param = name;
       }
     }
+  if (!o.nonfinite_params.empty())
+    o.first_nonfinite_param = in_backward_order(run.trainable, o.nonfinite_params).front();
   const amp::GradPass pass = run.scaler ? run.scaler->unscale_pass(grads) : amp::grad_pass(grads);
-  o.grads_fingerprint = gradient_fingerprint(run.trainable);  // after unscale, as captured
+  if (o.world_size == 1)
+    o.grads_fingerprint = gradient_fingerprint(run.trainable);  // after unscale, as captured
   o.grad_norm = pass.norm();
   o.finite = std::isfinite(o.loss) && std::isfinite(o.grad_norm) && o.nonfinite_params.empty();
   if (tracer) o.finding = tracer->finding();
@@ -190,7 +227,10 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
   r.captured_precision = capture_field_as<std::string>(c, "precision");
   r.captured_attention = capture_field_as<std::string>(c, "attention");
   r.threads = capture_field_as<int>(c, "threads");
-  r.recorded_loss_bits = capture_field_as<std::string>(c, "loss_bits");
+  std::tie(r.world_size, r.rank) = captured_rank(c);
+  // One rank of several: its own loss and pre-reduce gradients are what a replay of it reproduces.
+  const bool local = r.world_size > 1;
+  r.recorded_loss_bits = capture_field_as<std::string>(c, local ? "local_loss_bits" : "loss_bits");
   if (c.meta.contains("nonfinite_param_values"))
     r.nonfinite_param_values = c.meta["nonfinite_param_values"].get<std::vector<std::string>>();
   r.out_dir = opt.out_dir;
@@ -212,9 +252,13 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
   r.largest_grad = main.largest_grad;
   r.reproduced = !main.finite;
   r.grads_fingerprint = main.grads_fingerprint;
-  r.recorded_grads_fingerprint = c.meta.value("grads_fingerprint", std::string());
+  r.recorded_grads_fingerprint = local ? capture_field_as<std::string>(c, "local_grads_fingerprint")
+                                       : c.meta.value("grads_fingerprint", std::string());
+  if (c.meta.contains("first_nonfinite_param"))
+    r.recorded_first_nonfinite_param = capture_field_as<std::string>(c, "first_nonfinite_param");
   r.loss_bit_exact = main.loss_bits == r.recorded_loss_bits;
   r.grads_bit_exact = r.grads_fingerprint == r.recorded_grads_fingerprint;
+  r.first_nonfinite_param = main.first_nonfinite_param;
   r.bit_exact = r.loss_bit_exact && r.grads_bit_exact;
   r.notes = main.notes;
   if (main.finding.found) {
@@ -256,6 +300,11 @@ json replay_to_json(const ReplayResult& r) {
             {"grad_norm", num(r.grad_norm)},
             {"loss_scale", r.loss_scale},
             {"nonfinite_params", r.nonfinite_params},
+            {"first_nonfinite_param", r.first_nonfinite_param},
+            {"recorded_first_nonfinite_param", r.recorded_first_nonfinite_param},
+            {"world_size", r.world_size},
+            {"rank", r.rank},
+            {"compared", r.world_size > 1 ? "local" : "global"},
             {"nonfinite_param_values", r.nonfinite_param_values},
             {"largest_grad_param", r.largest_grad_param},
             {"largest_grad", num(r.largest_grad)},
@@ -304,12 +353,21 @@ std::string format_replay(const ReplayResult& r) {
   o << buf;
   o << "  reproduced   " << (r.reproduced ? "yes: the step is non-finite again" : "no: finite")
     << "\n";
-  o << "  bit-exact    " << (r.bit_exact ? "yes" : "no") << " (loss "
-    << (r.loss_bit_exact ? "same bits" : "differs") << ", gradients "
-    << (r.grads_bit_exact ? "same bits" : "differ") << ")\n";
+  const bool local = r.world_size > 1;
+  if (local)
+    o << "  rank         " << r.rank << " of " << r.world_size
+      << " (replayed alone: its micro-batches, its loss and its gradients before the "
+         "all-reduce)\n";
+  o << "  bit-exact    " << (r.bit_exact ? "yes" : "no") << " ("
+    << (local ? "local loss " : "loss ") << (r.loss_bit_exact ? "same bits" : "differs") << ", "
+    << (local ? "pre-reduce gradients " : "gradients ")
+    << (r.grads_bit_exact                      ? "same bits"
+        : r.recorded_grads_fingerprint.empty() ? "not recorded"
+                                               : "differ")
+    << ")\n";
   if (!r.nonfinite_params.empty()) {
     o << "  non-finite gradients in " << r.nonfinite_params.size()
-      << " parameters, first: " << r.nonfinite_params.front() << "\n";
+      << " parameters, first produced by backward: " << r.first_nonfinite_param << "\n";
   }
   if (!r.nonfinite_param_values.empty())
     o << "  non-finite VALUES before the step in " << r.nonfinite_param_values.size()

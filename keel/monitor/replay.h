@@ -4,7 +4,10 @@
 // and loss scale, on the captured thread count) with the underflow/overflow tracer on, stopping
 // before any update. It reports whether the step is non-finite again (`reproduced`), whether the
 // loss has the same bits as recorded (`bit_exact`), the parameters with non-finite gradients, and
-// the module that produced the first non-finite value.
+// the module that produced the first non-finite value. A capture of one rank of a data-parallel
+// run replays that rank alone (its micro-batches, their global indices and the global window's
+// token count) and compares its local loss and pre-reduce gradients; the tracer's log is
+// underflow_overflow_rank{R}.log after the captured rank R.
 //
 // Bisect re-runs the step under one numerics change at a time, ordered from the smallest change
 // to the largest — attention backend (math: f32 scores; eager), the -mixed variant of a -true
@@ -61,6 +64,13 @@ struct ReplayResult {
   double grad_norm = 0;  // unscaled
   double loss_scale = 1;
   std::vector<std::string> nonfinite_params;  // non-finite gradients, in parameter order
+  // Of those, the one backward produced first (nearest the producer), and the capture's.
+  std::string first_nonfinite_param, recorded_first_nonfinite_param;
+  // The captured rank of a data-parallel run and its world size. With several ranks a replay runs
+  // that rank's micro-batches alone: the loss compared is the rank's own (its loss sum over its
+  // target tokens, "local_loss_bits") and the gradients its own before the all-reduce, still
+  // scaled ("local_grads_fingerprint"); the reduced loss and gradients need every rank's data.
+  int world_size = 1, rank = 0;
   std::string largest_grad_param;  // where the largest |gradient| element is (finite ones)
   double largest_grad = 0;
   std::vector<std::string> nonfinite_param_values;  // non-finite values before the step

@@ -15,7 +15,9 @@ struct StepOutcome {
   std::string loss_bits, grads_fingerprint;
   bool finite = true;
   std::vector<std::string> nonfinite_params;
-  std::string largest_grad_param;  // the largest finite |gradient| element, and where
+  std::string first_nonfinite_param;  // of those, the one backward produced first
+  int world_size = 1, rank = 0;       // the captured rank (a replay runs it alone)
+  std::string largest_grad_param;     // the largest finite |gradient| element, and where
   double largest_grad = 0;
   TracerFinding finding;
   std::string precision, attention;

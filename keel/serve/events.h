@@ -1,6 +1,7 @@
 // GET /v1/runs/{id}/events: server-sent events of a run. Each metrics.jsonl line is an event
-// (`step`, `eval`, `finding`, plus `advice` for a step record that carries advice) whose id is its
-// line number, so a client that reconnects with Last-Event-ID gets exactly what it missed; a
+// (`step`, `eval`, `finding` for the advisor's findings {kind: advisor, step, trend, cause, action,
+// examples}, `record` for the rest, plus `advice` for a step record that carries advice) whose id
+// is its line number, so a client that reconnects with Last-Event-ID gets exactly what it missed; a
 // `state` event tells each change of the run's state, and `end` (the run's JSON) closes the
 // stream once the run is no longer active.
 #pragma once

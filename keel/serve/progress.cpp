@@ -37,7 +37,10 @@ std::vector<RunEvent> events_of_line(int64_t line_no, const std::string& line) {
   json rec = json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (rec.is_discarded() || !rec.is_object()) return {};
   std::vector<RunEvent> ev;
-  const char* type = rec.contains("finding")     ? "finding"
+  // The advisor's findings are records of their own ({kind: advisor, step, trend, cause, action,
+  // examples}: apps/keel/train.cpp) and reach a client as `finding` events.
+  const bool finding = rec.contains("finding") || rec.value("kind", json()) == "advisor";
+  const char* type = finding                     ? "finding"
                      : rec.contains("grad_norm") ? "step"
                      : rec.contains("eval_loss") ? "eval"
                                                  : "record";

@@ -42,6 +42,9 @@ struct ModelConfig {
   std::string attention = "eager";  // eager | math | flash
   std::string base_dtype = "f32";   // storage of a frozen base under adapters: f32 | bf16
   nn::AdapterOptions adapter;       // [model.adapter]; its seed is run.seed
+  // Load weights (model.path, resume) that hold nan/inf instead of stopping with an error naming
+  // the tensor and the index (io/weight_check.h).
+  bool allow_nonfinite_weights = false;
 };
 
 struct DataConfig {

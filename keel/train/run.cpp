@@ -199,17 +199,19 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
     hf.spec.param_dtype = param_dtype;
     hf.spec.attention = ops::attention_backend_from_name(cfg.model.attention);
     hf.spec.dropout = cfg.model.dropout;
+    const io::WeightCheck check{cfg.model.allow_nonfinite_weights,
+                                [&](const std::string& w) { say_or_print(say, w); }};
     if (adapted && !io::is_keel_checkpoint(cfg.model.path)) {
       // A frozen base: each parameter takes its file's tensor (a view of the mapping, or one
       // converted tensor), never a freshly initialized f32 model copied over.
       m = models::make_causal_lm_for_loading(hf.spec);
-      const io::LoadedWeights w = io::attach_hf_weights(*m, cfg.model.path);
+      const io::LoadedWeights w = io::attach_hf_weights(*m, cfg.model.path, check);
       attached = w.tensors;
     } else {
       // Full fine-tuning (or a keel checkpoint): parameters of their own, copied from the mapped
       // files one tensor at a time.
       m = models::make_causal_lm(hf.spec, cfg.run.seed);
-      io::load_hf_weights(*m, cfg.model.path);
+      io::load_hf_weights(*m, cfg.model.path, check);
     }
     if (hf.spec.family == "gpt2" && cfg.data.seq_len > hf.spec.max_seq_len)
       throw Error("data.seq_len = " + std::to_string(cfg.data.seq_len) + " exceeds " +

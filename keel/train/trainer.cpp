@@ -1,8 +1,13 @@
 #include "keel/train/trainer.h"
 
+#include <algorithm>
+#include <cfloat>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
+#include <limits>
+#include <map>
 
 #include "keel/amp/autocast.h"
 #include "keel/amp/grad_pass.h"
@@ -11,12 +16,14 @@
 #include "keel/io/checkpoint.h"
 #include "keel/io/hf_model.h"
 #include "keel/nn/layers.h"
+#include "keel/numerics/format_info.h"
 #include "keel/numerics/tensor_stats.h"
 #include "keel/ops/cross_entropy.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/shape.h"
 #include "keel/optim/clip.h"
 #include "keel/tensor/random.h"
+#include "keel/train/grad_fingerprint.h"
 #include "keel/train/stop_request.h"
 
 namespace keel {
@@ -116,6 +123,32 @@ bool Trainer::captures_here(const std::vector<int>& saw_nonfinite) const {
   return std::find(saw_nonfinite.begin(), saw_nonfinite.end(), me) != saw_nonfinite.end();
 }
 
+bool Trainer::local_capture_needed(const std::vector<int>& saw_nonfinite, bool loss_finite,
+                                   double sum_of_norms) const {
+  if (run_.cfg.train.on_nonfinite != "capture" || !run_.cfg.debug.nan_capture ||
+      !hooks_.on_capture || !captures_here(saw_nonfinite))
+    return false;
+  if (saw_nonfinite.empty()) {
+    // Every rank's gradients are finite: only their sum can overflow, which needs an element
+    // (bounded by the sum of the ranks' norms) beyond the gradient dtype's range, or a sum of
+    // squares beyond f32's (2x margins for the rounding of the sums).
+    double max = std::numeric_limits<float>::max();
+    for (auto& [name, p] : run_.trainable)
+      if (p.grad().defined()) max = std::min(max, format_info(p.grad().dtype()).max);
+    if (!(sum_of_norms >= max / 2 || sum_of_norms * sum_of_norms >= FLT_MAX / 4.0)) return false;
+  }
+  // A finite loss whose gradients overflowed is the scaler's to skip unless it cannot settle (the
+  // conditions of step 6 below): no capture then.
+  if (run_.scaler && loss_finite) {
+    const GradScalerOptions& so = run_.cfg.scaler;
+    const bool at_min = so.min_scale > 0 && run_.scaler->get_scale() <= so.min_scale;
+    const bool too_many = so.max_consecutive_skips > 0 &&
+                          static_cast<int64_t>(skip_scales_.size()) + 1 >= so.max_consecutive_skips;
+    if (!at_min && !too_many) return false;
+  }
+  return true;
+}
+
 StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t epoch) {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
@@ -141,6 +174,7 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
     tokens += b.n_targets;
     r.example_ids.insert(r.example_ids.end(), b.example_ids.begin(), b.example_ids.end());
   }
+  const int64_t local_tokens = tokens;
   if (W > 1) {  // the loss weights divide by the GLOBAL window's tokens (exact in a double)
     double t = static_cast<double>(tokens);
     coll_->all_reduce_sum(&t, 1);
@@ -158,25 +192,40 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   // one for (a rank without data in a remainder window), and so joins the bucketed sum of the
   // same tensors.
   std::vector<int> saw_nonfinite;  // ranks whose own loss or gradients were non-finite
+  const double local_loss_sum = loss_sum;
+  std::string
+      local_fingerprint;  // this rank's gradients before the all-reduce, when it may capture
   if (W > 1) {
-    const size_t n = 2 + run_.trainable.size();
+    const size_t n = 3 + run_.trainable.size();
     std::vector<double> mine(n), all(n * static_cast<size_t>(W));
     std::vector<Tensor> local;
+    std::vector<std::pair<std::string, Tensor>> with_local_grad;
     for (auto& [name, p] : run_.trainable)
-      if (p.grad().defined()) local.push_back(p.grad());
+      if (p.grad().defined()) local.push_back(p.grad()), with_local_grad.emplace_back(name, p);
+    const amp::GradPass local_pass = amp::grad_pass(local);
     mine[0] = loss_sum;
-    mine[1] = std::isfinite(loss_sum) && amp::grad_pass(local).finite() ? 0 : 1;
+    mine[1] = std::isfinite(loss_sum) && local_pass.finite() ? 0 : 1;
+    mine[2] = local_pass.norm();
     for (size_t i = 0; i < run_.trainable.size(); ++i)
-      mine[2 + i] = run_.trainable[i].second.grad().defined();
+      mine[3 + i] = run_.trainable[i].second.grad().defined();
     coll_->all_gather(mine.data(), n, all.data());
     loss_sum = 0;
+    double norms = 0;  // the sum of the ranks' norms bounds every element of the sum and its norm
     for (int q = 0; q < W; ++q) {
       const double* o = &all[static_cast<size_t>(q) * n];
       loss_sum += o[0];
+      norms += o[2];
       if (o[1] != 0) saw_nonfinite.push_back(q);
+    }
+    // Before the all-reduce replaces them: the gradients one rank's replay reproduces, taken only
+    // when this rank would write a capture of this step (hashing them costs a pass).
+    if (local_capture_needed(saw_nonfinite, std::isfinite(loss_sum), norms))
+      local_fingerprint = gradient_fingerprint(with_local_grad);
+    for (int q = 0; q < W; ++q) {
+      const double* o = &all[static_cast<size_t>(q) * n];
       for (size_t i = 0; i < run_.trainable.size(); ++i) {
         Tensor& p = run_.trainable[i].second;
-        if (o[2 + i] != 0 && !p.grad().defined())
+        if (o[3 + i] != 0 && !p.grad().defined())
           p.set_grad(Tensor::zeros(p.shape(), p.dtype(), p.device()));
       }
     }
@@ -258,8 +307,17 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
       ev.window = &window;
       ev.step_seed = seed;
       ev.loss_scale = r.loss_scale;
+      ev.world_size = W;
+      ev.rank = coll_->rank();
+      ev.window_tokens = tokens;
+      ev.local_tokens = local_tokens;
+      ev.local_loss =
+          local_tokens > 0 ? local_loss_sum / static_cast<double>(local_tokens) : local_loss_sum;
+      ev.local_grads_fingerprint = local_fingerprint;
       for (auto& [name, p] : run_.trainable)
         if (p.grad().defined() && !all_finite(p.grad())) ev.nonfinite_params.push_back(name);
+      if (!ev.nonfinite_params.empty())
+        ev.first_nonfinite_param = in_backward_order(run_.trainable, ev.nonfinite_params).front();
       const std::string& mode = run_.cfg.train.on_nonfinite;
       if (mode == "capture" || mode == "abort") {
         // One message: the step, what went non-finite, the first such parameter, and where the
@@ -297,7 +355,17 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
           what += std::string(loss_finite ? "" : " and gradients") + " in " +
                   std::to_string(ev.nonfinite_params.size()) + " of " +
                   std::to_string(run_.trainable.size()) +
-                  " parameters (first: " + ev.nonfinite_params.front() + ")";
+                  " parameters (first produced by backward: " + ev.first_nonfinite_param + ")";
+        // Values that are already non-finite are the cause, whatever the gradients say: an
+        // update overflowed them (a load refuses them, io/weight_check.h).
+        if (!loss_finite || !ev.nonfinite_params.empty()) {
+          std::vector<std::string> bad;
+          for (auto& [name, p] : run_.model->named_parameters())
+            if (!all_finite(p)) bad.push_back(name);
+          if (!bad.empty())
+            what += "; parameter values already non-finite in " + std::to_string(bad.size()) +
+                    " (first: " + bad.front() + ")";
+        }
         stop_message_ = "step " + std::to_string(r.step) + ": " + what;
         if (!path.empty())
           stop_message_ += "; capture written to " + path + "; replay with: keel replay " + path;
@@ -363,6 +431,19 @@ Tensor batch_loss_sum(models::CausalLM& model, const data::Batch& b) {
   Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, V}));
   return ops::cross_entropy(flat, ops::reshape(b.labels, {-1}), data::kIgnoreLabel,
                             ops::Reduction::kSum);
+}
+
+std::vector<std::string> in_backward_order(
+    const std::vector<std::pair<std::string, Tensor>>& params, std::vector<std::string> names) {
+  std::map<std::string, uint64_t> order;
+  for (auto& [name, p] : params) order[name] = grad_production_order(p);
+  auto key = [&](const std::string& n) {
+    auto it = order.find(n);
+    return it == order.end() || it->second == 0 ? UINT64_MAX : it->second;
+  };
+  std::stable_sort(names.begin(), names.end(),
+                   [&](const std::string& a, const std::string& b) { return key(a) < key(b); });
+  return names;
 }
 
 uint64_t step_seed(const Config& cfg, int64_t step) {

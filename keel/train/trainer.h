@@ -39,9 +39,22 @@ struct NonfiniteEvent {
   bool loss_finite = true;
   double grad_norm = 0;
   std::vector<std::string> nonfinite_params;  // parameters whose gradient holds nan/inf
+  // The one of them whose gradient backward produced first (nearest the producer: every gradient
+  // backward produced before it was finite), from autograd's grad_production_order.
+  std::string first_nonfinite_param;
   const std::vector<data::Batch>* window = nullptr;
   uint64_t step_seed = 0;  // dropout seeds of the step derive from it
   double loss_scale = 1;   // the scale this step's backward ran with (1 without a scaler)
+  // Data-parallel: what one rank's replay reproduces. The rank ran micro-batches rank, rank + W,
+  // ... of the global window (their dropout seeds), each weighted by the global window's target
+  // tokens; `loss` above is the global one. local_loss = this rank's loss sum / its own tokens;
+  // local_grads_fingerprint = its gradients before the all-reduce (and before unscale), "" when
+  // they were not recorded (the overflow arose in the sum over ranks, or the scaler was expected
+  // to handle it).
+  int world_size = 1, rank = 0;
+  int64_t window_tokens = 0, local_tokens = 0;
+  double local_loss = 0;
+  std::string local_grads_fingerprint;
 };
 
 struct TrainerHooks {
@@ -69,6 +82,12 @@ struct TrainerHooks {
 double forward_backward(Run& run, const std::vector<data::Batch>& window, uint64_t step_seed,
                         double loss_scale, int64_t window_tokens = -1, int64_t mb_first = 0,
                         int64_t mb_stride = 1);
+// `names` (parameters of `params`) in the order the last backward produced their gradients
+// (autograd's grad_production_order), earliest first; names without one keep their order, last.
+// For non-finite gradients the first names the parameter nearest the producer, where the model
+// order would name the embedding.
+std::vector<std::string> in_backward_order(
+    const std::vector<std::pair<std::string, Tensor>>& params, std::vector<std::string> names);
 // The seed every random choice of step `step` derives from (dropout masks).
 uint64_t step_seed(const Config& cfg, int64_t step);
 // The summed cross-entropy of a batch's target tokens (f32 scalar, with its graph when grad mode
@@ -153,6 +172,10 @@ class Trainer {
   std::string scale_trace() const;
   // Whether this rank writes the NaN capture of a step the ranks in `saw_nonfinite` saw.
   bool captures_here(const std::vector<int>& saw_nonfinite) const;
+  // Whether this rank takes its pre-reduce gradient fingerprint (NonfiniteEvent) this step: it
+  // would write a capture of it (on_nonfinite = capture, no scaler that would skip the step).
+  bool local_capture_needed(const std::vector<int>& saw_nonfinite, bool loss_finite,
+                            double sum_of_norms) const;
 
   Run run_;
   TrainerHooks hooks_;

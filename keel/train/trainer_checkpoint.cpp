@@ -6,6 +6,7 @@
 #include "keel/io/checkpoint.h"
 #include "keel/io/json_fields.h"
 #include "keel/io/trained_model.h"
+#include "keel/io/weight_check.h"
 #include "keel/train/trainer.h"
 
 namespace keel {
@@ -21,7 +22,8 @@ json fixed_by_checkpoint(const Config& c) {
   for (auto& [key, value] : config_values(c)) {
     const bool fixed = key == "run.seed" || key == "train.precision" || key == "train.batch_size" ||
                        key == "train.grad_accum" || key == "optim.name" ||
-                       (key.rfind("model.", 0) == 0 && key != "model.attention") ||
+                       (key.rfind("model.", 0) == 0 && key != "model.attention" &&
+                        key != "model.allow_nonfinite_weights") ||
                        (key.rfind("data.", 0) == 0 && key != "data.eval_examples");
     if (fixed) out[key] = value;
   }
@@ -60,6 +62,8 @@ void Trainer::save_checkpoint(const std::string& dir) {
 
 void Trainer::load_checkpoint(const std::string& dir) {
   io::Checkpoint ck = io::load_checkpoint(dir);
+  const io::WeightCheck finite{run_.cfg.model.allow_nonfinite_weights,
+                               [&](const std::string& m) { message(m); }};
   for (auto& [name, p] : run_.model->named_parameters()) {
     const Tensor* t = nullptr;
     for (auto& [n, v] : ck.model)
@@ -69,10 +73,13 @@ void Trainer::load_checkpoint(const std::string& dir) {
       throw Error(dir + "/model.safetensors: tensor '" + name + "' is " + shape_str(t->shape()) +
                   " " + dtype_name(t->dtype()) + ", the model expects " + shape_str(p.shape()) +
                   " " + dtype_name(p.dtype()) + " (was it written by another config?)");
+    io::check_weights_finite(finite, *t, name, ck.dir + "/model.safetensors");
     Tensor dst = p;
     dst.copy_from(*t);
     dst.bump_version();
   }
+  for (auto& [name, t] : ck.optimizer)  // moments that overflowed poison every later update
+    io::check_weights_finite(finite, t, name, ck.dir + "/optimizer.safetensors");
   run_.optimizer->load_state(ck.optimizer);
   const json& st = ck.trainer_state;
   // trainer.json is input: every field is checked, naming the file and the key.

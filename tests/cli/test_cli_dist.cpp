@@ -232,6 +232,57 @@ TEST(CliDist, NanOnOneRankStopsBothWithTheCaptureOfThatRank) {
   EXPECT_EQ(step_records(dir).size(), 3u);  // rank 0 logged steps 1-3, nothing after
 }
 
+// Replay of one rank's capture (issue 21 item 6). At step 3 both ranks scale the MLP's input by
+// 1e21: the GELU's derivative overflows to NaN in backward while the loss stays finite (the final
+// LayerNorm's variance overflows and its output is the bias), so each rank's loss is its own
+// batch's. Each rank writes its capture, and each replays alone bit for bit — its local loss (its
+// loss sum over its own target tokens) and its gradients before the all-reduce (still scaled),
+// with dropout on (its micro-batches' global indices seed it) — the two ranks' differ, and each
+// replay's tracer log is named after its rank.
+TEST(CliDist, ReplayOfEachRanksCaptureIsBitExact) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-replay");
+  Ran r =
+      run_train(2, tiny(dir, {"train.max_steps=4", "model.dropout=0.1",
+                              "debug.inject.module=transformer.h.0.ln_2", "debug.inject.kind=scale",
+                              "debug.inject.factor=1e21", "debug.inject.step=3"}));
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  // The stop line names the gradient backward produced first: the MLP's, not the embedding.
+  EXPECT_CONTAINS(r.err, "(first produced by backward: transformer.h.0.mlp.c_fc.");
+  std::vector<json> replays;
+  for (int rank : {0, 1}) {
+    const std::string capture = dir + "/debug/nan_capture/rank" + std::to_string(rank);
+    ASSERT_TRUE(fs::exists(capture + "/capture.json")) << r.err;
+    const json meta = json::parse(slurp(capture + "/capture.json"));
+    EXPECT_EQ(meta.at("world_size").get<int>(), 2);
+    EXPECT_EQ(meta.at("rank").get<int>(), rank);
+    EXPECT_EQ(meta.at("micro_batches")[0].at("global_index").get<int>(), rank);
+    EXPECT_FALSE(meta.at("local_grads_fingerprint").get<std::string>().empty());
+    const Ran rep = test::run_keel({"replay", capture, "--json"}, {"OMP_NUM_THREADS=1"});
+    ASSERT_EQ(rep.code, 0) << rep.output;
+    const json j = json::parse(rep.out);
+    EXPECT_TRUE(j.at("bit_exact").get<bool>()) << rep.out;
+    EXPECT_TRUE(j.at("reproduced").get<bool>()) << rep.out;
+    EXPECT_EQ(j.at("compared"), "local");
+    EXPECT_EQ(j.at("loss_bits"), meta.at("local_loss_bits"));
+    EXPECT_EQ(j.at("grads_fingerprint"), meta.at("local_grads_fingerprint"));
+    EXPECT_EQ(j.at("rank").get<int>(), rank);
+    const std::string log = j.at("tracer_log");
+    EXPECT_EQ(fs::path(log).filename(), "underflow_overflow_rank" + std::to_string(rank) + ".log")
+        << log;
+    EXPECT_TRUE(fs::exists(log)) << log;
+    const Ran text = test::run_keel({"replay", capture}, {"OMP_NUM_THREADS=1"});
+    EXPECT_CONTAINS(text.out, "rank         " + std::to_string(rank) + " of 2");
+    EXPECT_CONTAINS(text.out, "bit-exact    yes (local loss same bits, pre-reduce gradients same");
+    EXPECT_TRUE(meta.at("local_loss").is_number()) << meta.at("local_loss");
+    EXPECT_TRUE(meta.at("loss").is_number()) << "the global loss, finite too";
+    replays.push_back(j);
+  }
+  EXPECT_NE(replays[0].at("loss_bits"), replays[1].at("loss_bits"))
+      << "each rank replays its own micro-batches";
+  EXPECT_NE(replays[0].at("grads_fingerprint"), replays[1].at("grads_fingerprint"));
+}
+
 TEST(CliDist, TwoRanksResumeFromRankZerosCheckpoint) {
   SKIP_WITHOUT_MPIRUN();
   const std::string dir = test::temp_dir("cli-dist-resume");

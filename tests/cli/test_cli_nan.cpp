@@ -214,7 +214,8 @@ TEST(CliNan, ExplodingLearningRateInBf16MixedIsDivergedParameters) {
 // (c) A non-finite value reaches the step through its input. Token ids cannot be NaN, so it comes
 // in through the embedding row of one token: a checkpoint whose row for '~' is NaN (a resized
 // vocabulary whose new row was never initialized, a save that overflowed), resumed on a JSONL
-// dataset where only example 29 contains '~'. Training runs on until the batch holding that
+// dataset where only example 29 contains '~'. The resume refuses it at load time unless
+// model.allow_nonfinite_weights = true. Training runs on until the batch holding that
 // example; the capture names its step and example, and bisect says the state came in broken.
 TEST(CliNan, NanEmbeddingRowHitByOneExampleIsCapturedAtItsBatch) {
   const std::string dir = test::temp_dir("cli-nan-c");
@@ -263,6 +264,15 @@ TEST(CliNan, NanEmbeddingRowHitByOneExampleIsCapturedAtItsBatch) {
   fs::copy(run, dir + "/traced", fs::copy_options::recursive);
   auto resume = sets_for(run);
   resume.insert(resume.end(), {"train.max_steps=12", "run.resume=true"});
+  // The resume finds the row at load time (io/weight_check.h), naming the tensor and its index;
+  // the override loads it, and the step that reads the row stops.
+  Ran refused = run_keel(with_sets({"train"}, resume));
+  EXPECT_EQ(refused.code, 2) << refused.output;
+  EXPECT_CONTAINS(refused.err, model_path +
+                                   ": tensor 'model.embed_tokens.weight' holds 64 non-finite "
+                                   "values of 16576 (64 nan, 0 inf); the first at [126, 0]");
+  EXPECT_EQ(step_records(run).size(), 2u) << "the refused resume ran no step";
+  resume.push_back("model.allow_nonfinite_weights=true");
   Ran r = run_keel(with_sets({"train"}, resume));
   int64_t step = 0;
   const std::string capture = expect_captured_stop(r, run, &step);
@@ -282,7 +292,8 @@ TEST(CliNan, NanEmbeddingRowHitByOneExampleIsCapturedAtItsBatch) {
   // The tracer sees the NaN weight the first time the module runs (before any batch reaches it).
   auto traced = sets_for(dir + "/traced");
   traced.insert(traced.end(),
-                {"train.max_steps=12", "run.resume=true", "debug.underflow_overflow.enabled=true"});
+                {"train.max_steps=12", "run.resume=true", "debug.underflow_overflow.enabled=true",
+                 "model.allow_nonfinite_weights=true"});
   Ran t = run_keel(with_sets({"train"}, traced));
   EXPECT_EQ(t.code, 3) << t.out << t.err;
   expect_log_names(dir + "/traced", "model.embed_tokens", "Embedding");

@@ -160,12 +160,64 @@ TEST(NanCapture, StopsWithOneMessageNamingStepParameterPathAndReplay) {
   const std::string m = t.stop_message();
   const std::string path = c.run.out_dir + "/debug/nan_capture/rank0";
   EXPECT_EQ(m.rfind("step 1: non-finite loss", 0), 0u) << m;
-  EXPECT_NE(m.find("(first: transformer.wte.weight)"), std::string::npos) << m;
+  // The NaN is in the forward: every gradient is non-finite, and what names the cause is the
+  // poisoned value itself.
+  EXPECT_CONTAINS(m, "(first produced by backward: ");
+  EXPECT_CONTAINS(m,
+                  "; parameter values already non-finite in 1 (first: "
+                  "transformer.h.0.attn.c_proj.weight)");
   EXPECT_NE(m.find("capture written to " + path + "; replay with: keel replay " + path),
             std::string::npos)
       << m;
   EXPECT_EQ(m.find('\n'), std::string::npos) << "one message, one line";
   EXPECT_TRUE(fs::exists(path + "/capture.json"));
+}
+
+// A NaN produced in backward in the last block, naturally: its MLP weight is so large (1e21) that
+// the GELU's input squares beyond f32 (x^3 overflows: the forward still holds, x sigmoid(inf) = x,
+// but its derivative is inf * 0 = nan), while the final LayerNorm's variance overflows to inf and
+// its output and backward stay finite (x * 1/sqrt(inf) = 0). Every gradient backward produces
+// after that GELU is NaN, down to the embedding, which comes first in model order: the stop line
+// names the gradient backward produced first, in the last block's MLP.
+TEST(NanCapture, StopLineNamesTheGradientBackwardProducedFirstNotTheEmbedding) {
+  Config c = small_config("capture-order");
+  c.model.n_layer = 2;
+  Trainer* tp = nullptr;
+  NonfiniteEvent seen;
+  std::string path;
+  TrainerHooks h;
+  h.on_capture = [&](const NonfiniteEvent& ev) {
+    seen = ev;
+    return path = write_nan_capture(*tp, ev);
+  };
+  Trainer t(c, h);
+  tp = &t;
+  {
+    NoGradGuard g;
+    Tensor w = t.model().find_parameter("transformer.h.1.mlp.c_fc.weight");
+    ASSERT_TRUE(w.defined());
+    float* v = w.data_as<float>();
+    for (int64_t i = 0; i < w.numel(); ++i) v[i] *= 1e21f;
+    w.bump_version();
+  }
+  EXPECT_EQ(t.fit(), 3);
+  const std::string m = t.stop_message();
+  EXPECT_EQ(m.rfind("step 1: non-finite gradients in ", 0), 0u) << "the loss is finite: " << m;
+  EXPECT_CONTAINS(m, "(first produced by backward: transformer.h.1.mlp.c_fc.");
+  EXPECT_NOT_CONTAINS(m, "parameter values already non-finite");  // they are large, not broken
+  ASSERT_FALSE(seen.nonfinite_params.empty());
+  EXPECT_EQ(seen.nonfinite_params.front(), "transformer.wte.weight") << "model order";
+  EXPECT_EQ(seen.first_nonfinite_param.rfind("transformer.h.1.mlp.c_fc.", 0), 0u)
+      << seen.first_nonfinite_param;
+  // Nothing of block 1 after the MLP's input in the forward (its c_proj, the final norm) is
+  // non-finite: the NaN starts at the GELU.
+  for (const std::string& n : seen.nonfinite_params) {
+    EXPECT_EQ(n.find("h.1.mlp.c_proj"), std::string::npos) << n;
+    EXPECT_EQ(n.find("ln_f"), std::string::npos) << n;
+  }
+  const json meta = json::parse(slurp(path + "/capture.json"));
+  EXPECT_EQ(meta.at("first_nonfinite_param"), seen.first_nonfinite_param);
+  EXPECT_EQ(meta.at("world_size"), 1);
 }
 
 TEST(NanCapture, DisabledWritesNothingButStillStops) {

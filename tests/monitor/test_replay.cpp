@@ -84,6 +84,9 @@ TEST(Replay, ReproducesBitExactlyAndNamesTheProducer) {
   EXPECT_EQ(r.step, 3);
   EXPECT_EQ(r.precision, "32-true");
   EXPECT_EQ(r.nonfinite_params, meta.at("nonfinite_params").get<std::vector<std::string>>());
+  EXPECT_EQ(r.first_nonfinite_param, meta.at("first_nonfinite_param").get<std::string>());
+  EXPECT_EQ(r.first_nonfinite_param, r.recorded_first_nonfinite_param);
+  EXPECT_EQ(r.world_size, 1);
   EXPECT_EQ(r.first_module, "transformer.h.1.mlp.c_fc");
   EXPECT_EQ(r.first_module_type, "Linear");
   EXPECT_EQ(r.first_tensor, "weight");
@@ -267,6 +270,32 @@ TEST(Replay, MalformedCapturesNameTheFileAndTheFix) {
     const std::string m = error_of(d);
     EXPECT_NE(m.find(d + "/capture.json: not a keel NaN capture"), std::string::npos) << m;
     EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
+  }
+  {
+    // One rank of several: a rank outside the world, a missing local loss, a global window with
+    // fewer tokens than the rank's own micro-batches.
+    const std::string d = copy("replay-bad-rank");
+    const json base = json::parse(slurp(d + "/capture.json"));
+    json meta = base;
+    meta["world_size"] = 2;
+    meta["rank"] = 5;
+    std::ofstream(d + "/capture.json") << meta.dump();
+    std::string m = error_of(d);
+    EXPECT_CONTAINS(m, d + "/capture.json: \"rank\" = 5 is not a rank of \"world_size\" = 2");
+    meta["rank"] = 1;
+    std::ofstream(d + "/capture.json") << meta.dump();
+    m = error_of(d);
+    EXPECT_CONTAINS(m, d + "/capture.json: missing \"local_loss_bits\"");
+    meta["local_loss_bits"] = "0x0";
+    meta["local_grads_fingerprint"] = "";
+    meta["window_tokens"] = 1;
+    std::ofstream(d + "/capture.json") << meta.dump();
+    m = error_of(d);
+    EXPECT_CONTAINS(m, d + "/capture.json: \"window_tokens\" = 1 is fewer than the captured");
+    meta["window_tokens"] = "many";
+    std::ofstream(d + "/capture.json") << meta.dump();
+    m = error_of(d);
+    EXPECT_CONTAINS(m, d + "/capture.json: \"window_tokens\" has the wrong type");
   }
   {
     const std::string d = copy("replay-bad-model");

@@ -192,6 +192,43 @@ TEST(ServeRuns, EventsStreamFollowsARunToItsEndAndResumesWithLastEventId) {
   EXPECT_EQ(r->status, 404);
 }
 
+// The advisor's findings (metrics.jsonl records {kind: advisor, step, trend, cause, action}) reach
+// the stream as `finding` events of their own, with the same id as their line: at optim.lr = 10
+// under bf16-mixed the first update destroys the model and the advisor says so within a few steps.
+TEST(ServeRuns, AdvisorFindingsAreFindingEvents) {
+  Service s;
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), "key"};
+  json cfg = tiny_config(12);
+  cfg["train"]["precision"] = "bf16-mixed";
+  cfg["train"]["on_nonfinite"] = "skip";
+  cfg["optim"] = {{"lr", 10.0}};
+  cfg["data"]["eval_examples"] = 0;
+  const std::string id = create(api, cfg);
+  const Events ev = read_events(api, id);
+  ASSERT_GE(ev.count("finding"), 1) << "no finding event; metrics.jsonl:\n"
+                                    << slurp(s.run_dir(id) + "/metrics.jsonl");
+  std::vector<json> in_file;  // the advisor records of metrics.jsonl, in order
+  std::ifstream in(s.run_dir(id) + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);)
+    if (json j = json::parse(line, nullptr, false);
+        j.is_object() && j.value("kind", "") == "advisor")
+      in_file.push_back(j);
+  std::vector<json> events;
+  for (auto& [type, data] : ev.list) {
+    if (type == "finding") events.push_back(data);
+    if (type == "record") {
+      EXPECT_NE(data.value("kind", ""), "advisor") << data.dump();
+    }
+  }
+  EXPECT_EQ(events, in_file);  // every finding, once, as written
+  const json& f = events.front();
+  EXPECT_EQ(f.at("trend"), "exploding") << f.dump();
+  for (const char* k : {"step", "cause", "action"}) EXPECT_TRUE(f.contains(k)) << k << f.dump();
+  EXPECT_CONTAINS(f.at("action").get<std::string>(), "lower optim.lr");
+}
+
 TEST(ServeRuns, StopCheckpointsAndResumeContinuesBitIdentically) {
   Service s;
   ServeProcess srv(s.args);
