@@ -234,20 +234,23 @@ void load_hf_weights(models::CausalLM& model, const std::string& dir, const Weig
 LoadedWeights attach_hf_weights(models::CausalLM& model, const std::string& dir,
                                 const WeightCheck& check) {
   LoadedWeights stats;
-  for_each_weight(model, dir, [&](Tensor& p, Tensor value) {
-    ++stats.tensors;
-    // A value exact in the parameter's dtype is kept as it is stored (f32 parameters: any
-    // floating dtype); otherwise it is rounded as load_hf_weights' copy would round it.
-    const bool exact = value.dtype() == p.dtype() || p.dtype() == DType::F32;
-    if (!exact) value = value.to_dtype(p.dtype());
-    if (value.is_external()) {
-      ++stats.mapped;
-      stats.mapped_bytes += value.nbytes();
-    } else {
-      stats.copied_bytes += value.nbytes();
-    }
-    p.attach_storage(value);
-  });
+  for_each_weight(
+      model, dir,
+      [&](Tensor& p, Tensor value) {
+        ++stats.tensors;
+        // A value exact in the parameter's dtype is kept as it is stored (f32 parameters: any
+        // floating dtype); otherwise it is rounded as load_hf_weights' copy would round it.
+        const bool exact = value.dtype() == p.dtype() || p.dtype() == DType::F32;
+        if (!exact) value = value.to_dtype(p.dtype());
+        if (value.is_external()) {
+          ++stats.mapped;
+          stats.mapped_bytes += value.nbytes();
+        } else {
+          stats.copied_bytes += value.nbytes();
+        }
+        p.attach_storage(value);
+      },
+      check);
   return stats;
 }
 
