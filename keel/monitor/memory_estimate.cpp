@@ -397,26 +397,27 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   e.live_peak =
       e.weights + e.grads + e.optimizer_state + e.lowp_copies + e.activations + e.transient;
 
-  // Building. From sizes, a bf16 frozen base is built in the policy's dtype and cast after
-  // (train/run.cpp build_model): the f32 base exists first, plus one tensor's worth while it is
-  // built and cast (measured: 449.9 MB of live blocks for a 437.9 MB f32 base of 8 Llama layers
-  // with C = 1024, 231.8 for 219.8 with 4: 12 MB, the largest weight's f32 block). From
-  // model.path, the model is built in the policy's dtype and every tensor of the files is read
-  // before it is copied in (each file whole, then its tensors): model + tensors as stored + the
-  // largest file + one tensor's worth (the largest, while it is initialized or copied).
-  int64_t largest = 0;
-  for (const models::ParamShape& t : tensors)
+  // Loading (train/run.cpp build_model, io/hf_weights.cpp). Under an adapter a model.path base is
+  // attached from the mapped files: a tensor stored in the base's dtype is a view of the mapping
+  // (its pages are file-backed RSS once touched: the base's bytes, counted once in `weights`), any
+  // other is converted one tensor at a time (the converted base + one tensor as stored). Full
+  // fine-tuning allocates the parameters and copies each tensor from its mapped pages, dropped
+  // after (the model + one tensor as stored); a keel checkpoint is first loaded into an f32 model
+  // of its own (one more f32 model). From sizes, a low-precision frozen base is drawn directly in
+  // its dtype, with one f32 tensor while an embedding grows or DoRA's magnitude is drawn.
+  int64_t largest = 0, largest_stored = 0;
+  for (const models::ParamShape& t : tensors) {
     largest = std::max(largest, block_bytes(t.numel() * pb));
+    largest_stored = std::max(largest_stored, t.numel() * q.file_dtype_bytes);
+  }
   const int64_t built = shaped ? blocks_of(tensors, pb) : (N - Nt) * pb;
-  if (q.file_dtype_bytes > 0) {
-    // (Measured, 16.5M-parameter Llama with a 128256-row vocabulary: 267 MB above the runtime
-    // for an f32 file, 200 MB for a bf16 one; this gives 271 and 203 with the slack. A keel
-    // checkpoint is first loaded whole into a model of its own, in f32: one more f32 model.)
-    int64_t read = shaped ? blocks_of(tensors, q.file_dtype_bytes) : (N - Nt) * q.file_dtype_bytes;
-    if (q.checkpoint_dir) read += shaped ? blocks_of(tensors, 4) : (N - Nt) * 4;
-    e.init_peak = built + read + q.largest_file_bytes + largest;
+  if (q.file_dtype_bytes > 0 && adapter && !q.checkpoint_dir) {
+    e.init_peak = e.weights + (q.file_dtype_bytes == fb ? 0 : largest_stored);
+  } else if (q.file_dtype_bytes > 0) {
+    e.init_peak = built + largest_stored;
+    if (q.checkpoint_dir) e.init_peak += shaped ? blocks_of(tensors, 4) : (N - Nt) * 4;
   } else if (adapter && fb < pb) {
-    e.init_peak = built + trainable_blocks + largest;
+    e.init_peak = e.weights + largest;
   }
   // Block cache slack. host_memory keeps released blocks for the next request of their size and
   // unmaps cached blocks only when mapping a new one would take live + cached past the largest
@@ -439,10 +440,10 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
 namespace {
 
 // The weight files of an HF directory as the loader finds them (model.safetensors, or the shards
-// model.safetensors.index.json names): their total and largest size and the stored dtype's bytes
+// model.safetensors.index.json names): their total size and the stored dtype's bytes
 // (the first tensor's; 0 when there are none or a file cannot be read, which the loader reports).
 struct WeightFiles {
-  int64_t total = 0, largest = 0, dtype_bytes = 0;
+  int64_t total = 0, dtype_bytes = 0;
   bool checkpoint = false;  // a keel checkpoint (trainer.json beside the weights)
 };
 
@@ -465,7 +466,6 @@ WeightFiles weight_files(const std::string& dir) {
     const auto size = fs::file_size(f, ec);
     if (ec) continue;
     w.total += static_cast<int64_t>(size);
-    w.largest = std::max(w.largest, static_cast<int64_t>(size));
     if (w.dtype_bytes == 0) try {
         const io::SafetensorsHeader h = io::read_safetensors_header(f);
         if (!h.tensors.empty())
@@ -510,7 +510,6 @@ MemoryQuery memory_query_from_config(const Config& cfg) {
   if (w.total > 0) {
     q.file_dtype_bytes =
         w.dtype_bytes > 0 ? w.dtype_bytes : static_cast<int64_t>(dtype_size(hf.dtype));
-    q.largest_file_bytes = w.largest;
     q.checkpoint_dir = w.checkpoint;
   }
   return q;
@@ -620,11 +619,8 @@ std::string memory_fit_advice(const MemoryQuery& q, int64_t available) {
   // A loading peak no option of the step lowers: say so rather than list nothing.
   if (e.init_peak >= e.live_peak)
     m += std::string(". The peak is while loading (") +
-         (q.file_dtype_bytes > 0
-              ? "the model built in the policy's dtype, its files' tensors as read "
-                "and the largest file"
-              : "the model built in the policy's dtype before its frozen base is "
-                "cast") +
+         (q.file_dtype_bytes > 0 ? "the model and one tensor of its files as stored"
+                                 : "the model and one f32 tensor while its base is drawn") +
          ": " + format_bytes(e.init_peak) + ")";
   if (!options.empty()) {
     m += ". What lowers the estimate:";

@@ -65,10 +65,8 @@ struct MemoryQuery {
   // recomputed and held on top.
   int64_t checkpoint_every = 0;
   // model.path's weight files (memory_query_from_config reads them): the stored dtype's bytes (0 =
-  // no files: the model is initialized from its sizes) and the largest file's bytes. Loading
-  // holds the built model, every tensor as read, and one whole file at once (see init_peak).
+  // no files: the model is initialized from its sizes). See init_peak.
   int64_t file_dtype_bytes = 0;
-  int64_t largest_file_bytes = 0;
   bool checkpoint_dir =
       false;           // model.path is a keel checkpoint (loaded through a model of its own)
   std::string source;  // where the sizes came from ("DIR/config.json"), shown by format_memory
@@ -92,11 +90,9 @@ struct MemoryEstimate {
   int64_t transient = 0;        // the largest short-lived buffer set on top of them
   int64_t live_peak = 0;    // weights .. transient (not matmul_scratch): tensor blocks at the peak
   int64_t cache_slack = 0;  // released blocks host_memory keeps mapped (see the .cpp)
-  // Building the model. From sizes, keel builds it in the policy's parameter dtype and only then
-  // casts a frozen base to model.base_dtype, so a bf16 base first exists in f32, plus one tensor
-  // (measured: a 102M Llama LoRA run holds 450 MB of blocks while building, 317 MB while
-  // training). From model.path, the built model, every tensor as read from the files and one
-  // whole file are held at once (io/hf_model.cpp read_weights). 0 when neither applies.
+  // Loading the model: the weights as built (a frozen base attached from the mapped files, or drawn
+  // in its dtype) plus one tensor as stored or drawn; a keel checkpoint adds an f32 model of its
+  // own (the .cpp). 0 when nothing is loaded or converted.
   int64_t init_peak = 0;
   int64_t trainable = 0;       // parameters with grads and optimizer state
   int64_t adapter_params = 0;  // of which adapter parameters (0 without an adapter)
