@@ -120,6 +120,7 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   std::unique_ptr<monitor::TrendAdvisor> advisor;
   nlohmann::json step_extra = nlohmann::json::object();  // per-layer grad norms of this step
   std::vector<monitor::BlockGradNorm> layers;  // this step's per-layer statistics (the advisor's)
+  static const std::vector<monitor::Finding> kNoFindings;
   TrainerHooks hooks;
   hooks.on_step_begin = [&](int64_t step) {
     if (injector) injector->begin_step(step);
@@ -145,8 +146,7 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
     loggers->log(r, step_extra);
     // Each finding as a record of its own: kind, step, trend, cause, action (+ examples, layers,
     // share).
-    for (const monitor::Finding& f :
-         advisor ? advisor->findings() : std::vector<monitor::Finding>{}) {
+    for (const monitor::Finding& f : advisor ? advisor->findings() : kNoFindings) {
       nlohmann::json rec = {{"kind", "advisor"},
                             {"step", f.step},
                             {"trend", f.trend},

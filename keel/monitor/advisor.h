@@ -111,8 +111,6 @@ class TrendAdvisor {
   Trend trend() const { return trend_; }
   // The findings of the last observe(), in the order of its lines.
   const std::vector<Finding>& findings() const { return findings_; }
-  // The trend finding of the last observe() whose class changed.
-  const Finding& last_finding() const { return finding_; }
   // The lowest loss of the best window so far (median of `best_steps` applied steps; 0 = none).
   double best_loss() const { return best_loss_; }
 

@@ -674,7 +674,8 @@ std::string format_memory(const MemoryEstimate& e) {
   }
   if (e.init_peak > 0)
     row("while loading", e.init_peak,
-        "the model as built (and its weight files as read) before the base is cast or freed");
+        "the model as loaded (a base in its stored dtype mapped from its files) and one tensor "
+        "being converted");
   row("total", e.total,
       e.init_peak > e.live_peak ? "expected peak resident memory (while loading)"
                                 : "expected peak resident memory of the step");
