@@ -18,19 +18,12 @@ int64_t first_nonfinite_bits(const void* data, int64_t n, Bits exponent) {
   return -1;
 }
 
-std::string index_text(const Shape& index) {
-  std::string s = "[";
-  for (size_t i = 0; i < index.size(); ++i) s += (i ? ", " : "") + std::to_string(index[i]);
-  return s + "]";
-}
-
 }  // namespace
 
 NonfiniteWeights find_nonfinite_weights(const void* data, DType dtype, const Shape& shape) {
   NonfiniteWeights w;
   if (!dtype_is_floating(dtype)) return w;
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  const int64_t n = shape_numel(shape);
   if (n == 0) return w;
   const TensorStats st = monitor_kernels(Device::cpu()).stats(data, dtype, n, dtype);
   w.nan = st.nan;
@@ -52,12 +45,11 @@ void check_weights_finite(const WeightCheck& check, const void* data, DType dtyp
                           const Shape& shape, const std::string& tensor, const std::string& file) {
   const NonfiniteWeights w = find_nonfinite_weights(data, dtype, shape);
   if (w.count == 0) return;
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  const int64_t n = shape_numel(shape);
   std::string what = file + ": tensor '" + tensor + "' holds " + std::to_string(w.count) +
                      " non-finite value" + (w.count == 1 ? "" : "s") + " of " + std::to_string(n) +
                      " (" + std::to_string(w.nan) + " nan, " + std::to_string(w.inf) +
-                     " inf); the first at " + index_text(w.first_index) + " of its " +
+                     " inf); the first at " + shape_str(w.first_index) + " of its " +
                      shape_str(shape) + " " + dtype_name(dtype) + " in the file";
   if (check.allow_nonfinite) {
     const std::string m = "warning: " + what + "; loaded anyway (" + check.override_hint + ")";
