@@ -2,12 +2,15 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "keel/io/atomic_file.h"
+#include "keel/io/base_reference.h"
 #include "keel/io/hf_model.h"
 #include "keel/io/safetensors.h"
+#include "keel/models/resize.h"
 #include "keel/numerics/error.h"
 
 namespace keel::io {
@@ -51,23 +54,24 @@ json keel_block(const std::string& dir) {
 void write_checkpoint_model_files(const models::CausalLM& model,
                                   const std::optional<nn::AdapterOptions>& adapter,
                                   const std::string& tokenizer, const std::string& base_model,
-                                  const std::string& dir) {
-  DType stored = DType::F32;  // the frozen base's storage (model.base_dtype, bf16-true, ...)
-  auto& m = const_cast<models::CausalLM&>(model);
-  for (auto& [name, p] : m.named_parameters())
-    if (!nn::is_adapter_parameter(m, p)) {
-      stored = p.dtype();
-      break;
-    }
-  json j = hf_config_json(model.spec(), stored);
+                                  const std::string& dir, const json& base) {
+  json j = hf_config_json(model.spec(), stored_base_dtype(model));
   j["keel_checkpoint"] = {{"layout", "keel"},
                           {"tokenizer", absolute_spec(tokenizer)},
                           {"adapter", adapter.has_value()},
                           {"base_model", base_model}};
+  if (!base.is_null()) j["keel_checkpoint"]["base"] = base;
   write_file_atomic(dir + "/config.json", j.dump(2) + "\n");
   if (adapter)
     write_file_atomic(dir + "/adapter_config.json",
                       peft_config_json(model, *adapter, base_model).dump(2) + "\n");
+}
+
+DType stored_base_dtype(const models::CausalLM& model) {
+  auto& m = const_cast<models::CausalLM&>(model);
+  for (auto& [name, p] : m.named_parameters())
+    if (!nn::is_adapter_parameter(m, p)) return p.dtype();
+  return DType::F32;
 }
 
 bool is_keel_checkpoint(const std::string& dir) { return !keel_block(dir).is_null(); }
@@ -96,7 +100,33 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
     HfConfig hf = read_hf_config(dir);
     hf.spec.param_dtype = param_dtype;
     hf.spec.attention = attention;
-    t.model = models::make_causal_lm(hf.spec, 0);
+    // The names (and shapes) of the parameters the referenced base supplies: the checkpoint of
+    // an adapter run over an HF directory holds only the others.
+    std::map<std::string, Shape> from_base;
+    const json ref = checkpoint_base_reference(dir);
+    if (!ref.is_null()) {
+      const std::string base = find_referenced_base(ref, dir);
+      models::ModelSpec spec = hf.spec;
+      spec.vocab_size = read_hf_config(base).spec.vocab_size;  // before data.pad = "add"'s rows
+      t.model = models::make_causal_lm(spec, 0);
+      load_hf_weights(*t.model, base, check);
+      // The run held its base in `dtype` (model.base_dtype): the same rounding of the files.
+      const std::optional<DType> held = dtype_from_name(ref.value("dtype", std::string("f32")));
+      if (!held)
+        throw Error(dir + "/config.json: keel_checkpoint.base.dtype is not a dtype name (the "
+                          "checkpoint is damaged; use another one)");
+      for (auto& [name, p] : t.model->named_parameters()) {
+        if (*held != p.dtype()) {
+          Tensor dst = p;
+          dst.copy_from(p.to_dtype(*held));
+        }
+        from_base[name] = p.shape();
+      }
+      if (spec.vocab_size != hf.spec.vocab_size)
+        models::resize_token_embeddings(*t.model, hf.spec.vocab_size);
+    } else {
+      t.model = models::make_causal_lm(hf.spec, 0);
+    }
     t.checkpoint = true;
     t.tokenizer = keel.value("tokenizer", "");
     t.base_model = keel.value("base_model", "");
@@ -111,6 +141,8 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
     std::set<std::string> used;
     for (auto& [name, p] : t.model->named_parameters()) {
       const Tensor* src = st.find(name);
+      auto base_it = from_base.find(name);
+      if (!src && base_it != from_base.end() && base_it->second == p.shape()) continue;
       if (!src)
         throw Error(file + ": tensor '" + name + "' is missing (" + dir +
                     "/config.json describes a model that has it)");

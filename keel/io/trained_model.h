@@ -9,6 +9,7 @@
 // PEFT adapter_config.json. `model.path` pointed at one loads the adapted model merged.
 #pragma once
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -19,11 +20,17 @@
 namespace keel::io {
 
 // Writes config.json (and adapter_config.json when `adapter` is set) describing `model` into a
-// checkpoint directory. `tokenizer` is the run's data.tokenizer (paths made absolute).
+// checkpoint directory. `tokenizer` is the run's data.tokenizer (paths made absolute). `base`
+// (io/base_reference.h; null = none) is stored as keel_checkpoint.base when model.safetensors
+// holds only the trained tensors.
 void write_checkpoint_model_files(const models::CausalLM& model,
                                   const std::optional<nn::AdapterOptions>& adapter,
                                   const std::string& tokenizer, const std::string& base_model,
-                                  const std::string& dir);
+                                  const std::string& dir, const nlohmann::json& base = nullptr);
+
+// The dtype a checkpoint's frozen base is held in by the run (model.base_dtype, or the
+// parameters' dtype).
+DType stored_base_dtype(const models::CausalLM& model);
 
 // Whether DIR is a checkpoint directory with the files above (config.json's keel_checkpoint).
 bool is_keel_checkpoint(const std::string& dir);

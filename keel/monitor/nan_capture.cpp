@@ -15,6 +15,7 @@
 #include "keel/numerics/tensor_stats.h"
 #include "keel/numerics/utc_time.h"
 #include "keel/tensor/random.h"
+#include "keel/train/checkpoint_contents.h"
 
 namespace keel::monitor {
 
@@ -110,8 +111,12 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
                      {"example_ids", b.example_ids}});
     }
   meta["micro_batches"] = mbs;
+  // An adapter run over an HF directory captures its trained tensors only, with the reference to
+  // the base that its checkpoints carry (train/checkpoint_contents.h); replay rebuilds the base.
+  meta["base"] = saved_base_reference(trainer.model(), trainer.config());
   io::write_dir_atomic(dir, [&](const std::string& tmp) {
-    io::write_safetensors(tmp + "/model.safetensors", trainer.model().named_parameters());
+    io::write_safetensors(tmp + "/model.safetensors",
+                          saved_parameters(trainer.model(), trainer.config()));
     io::write_safetensors(tmp + "/optimizer.safetensors", trainer.optimizer().state());
     io::write_safetensors(tmp + "/microbatches.safetensors", batches);
     io::write_file_atomic(tmp + "/capture.json", meta.dump(2) + "\n");

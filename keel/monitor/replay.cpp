@@ -18,6 +18,7 @@
 #include "keel/monitor/nan_capture.h"
 #include "keel/monitor/tracer.h"
 #include "keel/numerics/tensor_stats.h"
+#include "keel/train/checkpoint_contents.h"
 #include "keel/train/trainer.h"
 
 namespace keel::monitor {
@@ -58,8 +59,13 @@ std::pair<int, int> captured_rank(const Capture& c) {
 // dtype) and, when the parameters match exactly, the optimizer and scaler state.
 void load_state(Run& run, const Capture& c, std::vector<std::string>& notes) {
   bool same_dtypes = true;
+  const nlohmann::json ref = c.meta.contains("base") ? c.meta["base"] : nlohmann::json(nullptr);
+  check_saved_base(ref, c.dir, run.cfg,
+                   "point model.path at the base model the run was trained on (--set "
+                   "model.path=DIR)");
   for (auto& [name, p] : run.model->named_parameters()) {
     const Tensor* t = c.model.find(name);
+    if (!t && from_referenced_base(ref, *run.model, p)) continue;  // rebuilt from model.path
     if (!t)
       throw Error(c.dir + "/model.safetensors: tensor '" + name +
                       "' is missing (the capture was written by another model config?)",

@@ -1,12 +1,19 @@
 // Trainer's checkpoints (DESIGN §6): the model, optimizer state and the loop position in
-// trainer.json, written atomically by io/checkpoint.
+// trainer.json, written atomically by io/checkpoint. An adapter run whose frozen base came from an
+// HF directory (model.path) saves only the tensors it trains plus a reference to that directory
+// (io/base_reference.h): 16 GB less per save for an 8B base. A resume rebuilds the base from
+// model.path as the run did (build_run), after checking the reference's fingerprint.
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "keel/io/base_reference.h"
 #include "keel/io/checkpoint.h"
+#include "keel/io/hf_config.h"
 #include "keel/io/json_fields.h"
 #include "keel/io/trained_model.h"
 #include "keel/io/weight_check.h"
+#include "keel/nn/adapters/adapter.h"
+#include "keel/train/checkpoint_contents.h"
 #include "keel/train/trainer.h"
 
 namespace keel {
@@ -34,6 +41,50 @@ std::string text_of(const json& v) { return v.is_string() ? v.get<std::string>()
 
 }  // namespace
 
+bool base_by_reference(const Config& c) {
+  return c.model.adapter.kind != "none" && !c.model.path.empty() &&
+         !io::is_keel_checkpoint(c.model.path);
+}
+
+io::NamedTensors saved_parameters(models::CausalLM& model, const Config& c) {
+  io::NamedTensors all = model.named_parameters();
+  if (!base_by_reference(c)) return all;
+  models::ModelSpec base_spec = io::read_hf_config(c.model.path).spec;
+  base_spec.param_dtype = model.spec().param_dtype;
+  const auto base = models::make_causal_lm_for_loading(base_spec);  // names and shapes only
+  std::map<std::string, Shape> in_base;
+  for (auto& [name, p] : base->named_parameters()) in_base[name] = p.shape();
+  io::NamedTensors out;
+  for (auto& [name, p] : all) {
+    auto it = in_base.find(name);
+    if (p.requires_grad() || nn::is_adapter_parameter(model, p) || it == in_base.end() ||
+        it->second != p.shape())
+      out.emplace_back(name, p);
+  }
+  return out;
+}
+
+json saved_base_reference(models::CausalLM& model, const Config& c) {
+  if (!base_by_reference(c)) return nullptr;
+  return io::base_reference(c.model.path, dtype_name(io::stored_base_dtype(model)));
+}
+
+void check_saved_base(const json& ref, const std::string& dir, const Config& c,
+                      const std::string& fix) {
+  if (ref.is_null()) return;
+  if (c.model.path.empty())
+    throw Error(dir + " references its frozen base " + ref.value("path", std::string("?")) +
+                    " (it holds only the trained tensors of an adapter run), but model.path is "
+                    "empty; " +
+                    fix,
+                Error::kUsage);
+  io::check_base_reference(ref, dir, c.model.path, fix);
+}
+
+bool from_referenced_base(const json& ref, models::CausalLM& model, const Tensor& p) {
+  return !ref.is_null() && !p.requires_grad() && !nn::is_adapter_parameter(model, p);
+}
+
 void Trainer::save_checkpoint(const std::string& dir) {
   json st;
   st["step"] = step_;
@@ -52,22 +103,30 @@ void Trainer::save_checkpoint(const std::string& dir) {
   if (run_.scaler) st["scaler"] = run_.scaler->state_dict();
   std::optional<nn::AdapterOptions> adapter;
   if (run_.cfg.model.adapter.kind != "none") adapter = run_.cfg.model.adapter;
-  io::save_checkpoint(dir, run_.model->named_parameters(), run_.optimizer->state(), st,
+  const json base = saved_base_reference(*run_.model, run_.cfg);
+  io::save_checkpoint(dir, saved_parameters(*run_.model, run_.cfg), run_.optimizer->state(), st,
                       [&](const std::string& tmp) {  // the checkpoint is a model.path too
                         io::write_checkpoint_model_files(*run_.model, adapter,
                                                          run_.cfg.data.tokenizer,
-                                                         run_.cfg.model.path, tmp);
+                                                         run_.cfg.model.path, tmp, base);
                       });
 }
 
 void Trainer::load_checkpoint(const std::string& dir) {
   io::Checkpoint ck = io::load_checkpoint(dir);
+  // A checkpoint that references its base: the run rebuilt the base from model.path (build_run);
+  // it must be the directory the checkpoint was trained on.
+  const json ref = io::checkpoint_base_reference(ck.dir);
+  check_saved_base(ref, ck.dir, run_.cfg,
+                   "point model.path at the base model the run was trained on (set "
+                   "run.resume_force = true if its path changed)");
   const io::WeightCheck finite{run_.cfg.model.allow_nonfinite_weights,
                                [&](const std::string& m) { message(m); }};
   for (auto& [name, p] : run_.model->named_parameters()) {
     const Tensor* t = nullptr;
     for (auto& [n, v] : ck.model)
       if (n == name) t = &v;
+    if (!t && from_referenced_base(ref, *run_.model, p)) continue;  // the frozen base, rebuilt from model.path
     if (!t) throw Error(dir + "/model.safetensors: tensor '" + name + "' is missing");
     if (t->shape() != p.shape() || t->dtype() != p.dtype())
       throw Error(dir + "/model.safetensors: tensor '" + name + "' is " + shape_str(t->shape()) +

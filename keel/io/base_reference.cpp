@@ -1,0 +1,180 @@
+#include "keel/io/base_reference.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "keel/io/atomic_file.h"
+#include "keel/numerics/error.h"
+#include "keel/numerics/hash.h"
+
+namespace keel::io {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kSingle = "model.safetensors";
+constexpr const char* kIndex = "model.safetensors.index.json";
+
+std::string hex(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// FNV-1a of `n` bytes of `path` from `offset` (fewer when the file is shorter), continuing `h`.
+uint64_t hash_range(const std::string& path, uint64_t offset, uint64_t n, uint64_t h) {
+  std::ifstream f(path, std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  std::vector<char> buf(1 << 16);
+  while (n > 0 && f) {
+    f.read(buf.data(), static_cast<std::streamsize>(std::min<uint64_t>(n, buf.size())));
+    const auto got = static_cast<uint64_t>(f.gcount());
+    if (got == 0) break;
+    h = fnv1a(buf.data(), got, h);
+    n -= got;
+  }
+  return h;
+}
+
+// The bytes of the weights sampled beside the header: the first and the last 64 KiB, so that a
+// base replaced by another of the same shapes (a fine-tuned copy) differs too.
+constexpr uint64_t kSample = 64 << 10;
+
+// A safetensors file's header: its 8-byte little-endian length and the JSON after it.
+uint64_t header_bytes(const std::string& path, uint64_t size) {
+  unsigned char len[8] = {};
+  std::ifstream f(path, std::ios::binary);
+  f.read(reinterpret_cast<char*>(len), 8);
+  if (f.gcount() != 8) return size;
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len[i];
+  return std::min<uint64_t>(size, n > size ? size : 8 + n);
+}
+
+json entry(const std::string& dir, const std::string& name, bool whole) {
+  const std::string path = dir + "/" + name;
+  std::error_code ec;
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec) return {{"file", name}, {"bytes", nullptr}, {"fnv1a64", nullptr}};
+  uint64_t h = 0;
+  if (whole) {
+    h = hash_range(path, 0, size, kFnvOffsetBasis);
+  } else {
+    const uint64_t head = header_bytes(path, size);
+    h = hash_range(path, 0, std::min(size, head + kSample), kFnvOffsetBasis);
+    if (size > head + kSample)
+      h = hash_range(path, std::max(head + kSample, size - kSample), kSample, h);
+  }
+  return {{"file", name}, {"bytes", size}, {"fnv1a64", hex(h)}};
+}
+
+// The files that make up the HF directory `dir`'s model, in a fixed order.
+json fingerprint(const std::string& dir) {
+  json files = json::array();
+  files.push_back(entry(dir, "config.json", true));
+  if (fs::exists(dir + "/" + kSingle) || !fs::exists(dir + "/" + kIndex)) {
+    files.push_back(entry(dir, kSingle, false));
+    return files;
+  }
+  files.push_back(entry(dir, kIndex, true));
+  std::vector<std::string> shards;
+  try {
+    const json j = json::parse(read_file(dir + "/" + kIndex));
+    for (auto& [name, file] : j.at("weight_map").items())
+      if (file.is_string()) shards.push_back(file.get<std::string>());
+  } catch (const std::exception&) {  // a damaged index differs in its own hash already
+  }
+  std::sort(shards.begin(), shards.end());
+  shards.erase(std::unique(shards.begin(), shards.end()), shards.end());
+  for (const std::string& s : shards)
+    if (s.find('/') == std::string::npos) files.push_back(entry(dir, s, false));
+  return files;
+}
+
+std::string describe(const json& e) {
+  if (e["bytes"].is_null()) return "missing";
+  return std::to_string(e["bytes"].get<uint64_t>()) + " bytes, hash " +
+         e["fnv1a64"].get<std::string>();
+}
+
+}  // namespace
+
+json base_reference(const std::string& base_dir, const std::string& dtype) {
+  return {{"path", base_dir},
+          {"resolved", fs::weakly_canonical(fs::absolute(base_dir)).string()},
+          {"dtype", dtype},
+          {"files", fingerprint(base_dir)}};
+}
+
+json checkpoint_base_reference(const std::string& checkpoint_dir) {
+  const std::string file = checkpoint_dir + "/config.json";
+  if (!fs::exists(file)) return nullptr;
+  try {
+    const json j = json::parse(read_file(file));
+    if (j.contains("keel_checkpoint") && j["keel_checkpoint"].is_object() &&
+        j["keel_checkpoint"].contains("base") && j["keel_checkpoint"]["base"].is_object())
+      return j["keel_checkpoint"]["base"];
+  } catch (const json::exception&) {
+  }
+  return nullptr;
+}
+
+void check_base_reference(const json& ref, const std::string& checkpoint_dir,
+                          const std::string& base_dir, const std::string& fix) {
+  const std::string head = "checkpoint " + checkpoint_dir +
+                           " holds only the trained tensors of an adapter run; its frozen base is "
+                           "the model directory " +
+                           ref.value("path", std::string("?")) + " (" +
+                           ref.value("resolved", std::string("?")) + "), but ";
+  if (!ref.contains("files") || !ref["files"].is_array())
+    throw Error(checkpoint_dir + "/config.json: keel_checkpoint.base has no \"files\" array (the "
+                                 "checkpoint is damaged; use another one)",
+                Error::kUsage);
+  if (!fs::is_directory(base_dir))
+    throw Error(head + base_dir + " is not a directory; " + fix, Error::kUsage);
+  const json now = fingerprint(base_dir);
+  for (const json& want : ref["files"]) {
+    const std::string name = want.value("file", std::string("?"));
+    json have = nullptr;
+    for (const json& e : now)
+      if (e["file"] == name) have = e;
+    if (have.is_null()) have = entry(base_dir, name, name.find(".json") != std::string::npos);
+    if (have["bytes"] != want["bytes"] || have["fnv1a64"] != want["fnv1a64"])
+      throw Error(head + base_dir + "/" + name + " differs (now " + describe(have) +
+                      ", when the checkpoint was written " + describe(want) + "); " + fix,
+                  Error::kUsage);
+  }
+  for (const json& e : now) {
+    bool known = false;
+    for (const json& want : ref["files"]) known = known || want["file"] == e["file"];
+    if (!known && !e["bytes"].is_null())
+      throw Error(head + base_dir + "/" + e["file"].get<std::string>() +
+                      " is not one of its files (the directory holds another model); " + fix,
+                  Error::kUsage);
+  }
+}
+
+std::string find_referenced_base(const json& ref, const std::string& checkpoint_dir) {
+  const std::string path = ref.value("path", std::string()),
+                    resolved = ref.value("resolved", std::string());
+  const std::string where = resolved.empty() ? path : resolved;
+  const std::string fix = "put the base model the run was trained on back at " + where +
+                          " (a checkpoint of an adapter run does not copy its base)";
+  for (const std::string& d : {resolved, path})
+    if (!d.empty() && fs::is_directory(d)) {
+      check_base_reference(ref, checkpoint_dir, d, fix);
+      return d;
+    }
+  throw Error("checkpoint " + checkpoint_dir +
+                  " holds only the trained tensors of an adapter run; its frozen base, the model "
+                  "directory " +
+                  path + " (" + resolved + "), does not exist any more; " + fix,
+              Error::kUsage);
+}
+
+}  // namespace keel::io
