@@ -96,10 +96,15 @@ json fingerprint(const std::string& dir) {
   return files;
 }
 
+// A field of a fingerprint entry (null when absent: the entry is read from a checkpoint's file).
+json field(const json& e, const char* key) {
+  return e.is_object() && e.contains(key) ? e[key] : json(nullptr);
+}
+
 std::string describe(const json& e) {
-  if (e["bytes"].is_null()) return "missing";
-  return std::to_string(e["bytes"].get<uint64_t>()) + " bytes, hash " +
-         e["fnv1a64"].get<std::string>();
+  const json bytes = field(e, "bytes"), hash = field(e, "fnv1a64");
+  if (!bytes.is_number_unsigned() || !hash.is_string()) return "missing";
+  return std::to_string(bytes.get<uint64_t>()) + " bytes, hash " + hash.get<std::string>();
 }
 
 }  // namespace
@@ -132,26 +137,28 @@ void check_base_reference(const json& ref, const std::string& checkpoint_dir,
                            ref.value("path", std::string("?")) + " (" +
                            ref.value("resolved", std::string("?")) + "), but ";
   if (!ref.contains("files") || !ref["files"].is_array())
-    throw Error(checkpoint_dir + "/config.json: keel_checkpoint.base has no \"files\" array (the "
-                                 "checkpoint is damaged; use another one)",
+    throw Error(checkpoint_dir +
+                    "/config.json: keel_checkpoint.base has no \"files\" array (the "
+                    "checkpoint is damaged; use another one)",
                 Error::kUsage);
   if (!fs::is_directory(base_dir))
     throw Error(head + base_dir + " is not a directory; " + fix, Error::kUsage);
   const json now = fingerprint(base_dir);
   for (const json& want : ref["files"]) {
-    const std::string name = want.value("file", std::string("?"));
+    const json file = field(want, "file");
+    const std::string name = file.is_string() ? file.get<std::string>() : "?";
     json have = nullptr;
     for (const json& e : now)
       if (e["file"] == name) have = e;
     if (have.is_null()) have = entry(base_dir, name, name.find(".json") != std::string::npos);
-    if (have["bytes"] != want["bytes"] || have["fnv1a64"] != want["fnv1a64"])
+    if (have["bytes"] != field(want, "bytes") || have["fnv1a64"] != field(want, "fnv1a64"))
       throw Error(head + base_dir + "/" + name + " differs (now " + describe(have) +
                       ", when the checkpoint was written " + describe(want) + "); " + fix,
                   Error::kUsage);
   }
   for (const json& e : now) {
     bool known = false;
-    for (const json& want : ref["files"]) known = known || want["file"] == e["file"];
+    for (const json& want : ref["files"]) known = known || field(want, "file") == e["file"];
     if (!known && !e["bytes"].is_null())
       throw Error(head + base_dir + "/" + e["file"].get<std::string>() +
                       " is not one of its files (the directory holds another model); " + fix,

@@ -113,12 +113,14 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
       // The run held its base in `dtype` (model.base_dtype): the same rounding of the files.
       const std::optional<DType> held = dtype_from_name(ref.value("dtype", std::string("f32")));
       if (!held)
-        throw Error(dir + "/config.json: keel_checkpoint.base.dtype is not a dtype name (the "
-                          "checkpoint is damaged; use another one)");
+        throw Error(dir +
+                    "/config.json: keel_checkpoint.base.dtype is not a dtype name (the "
+                    "checkpoint is damaged; use another one)");
       for (auto& [name, p] : t.model->named_parameters()) {
         if (*held != p.dtype()) {
           Tensor dst = p;
           dst.copy_from(p.to_dtype(*held));
+          dst.bump_version();
         }
         from_base[name] = p.shape();
       }

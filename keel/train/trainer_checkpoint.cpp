@@ -126,7 +126,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
     const Tensor* t = nullptr;
     for (auto& [n, v] : ck.model)
       if (n == name) t = &v;
-    if (!t && from_referenced_base(ref, *run_.model, p)) continue;  // the frozen base, rebuilt from model.path
+    if (!t && from_referenced_base(ref, *run_.model, p))
+      continue;  // the frozen base, rebuilt from model.path
     if (!t) throw Error(dir + "/model.safetensors: tensor '" + name + "' is missing");
     if (t->shape() != p.shape() || t->dtype() != p.dtype())
       throw Error(dir + "/model.safetensors: tensor '" + name + "' is " + shape_str(t->shape()) +

@@ -143,8 +143,8 @@ TEST(CliLora, Bf16MixedWithABf16BaseIsFiniteUnderEveryAttentionBackend) {
     // The frozen base was stored in bf16; the adapter in f32.
     io::Safetensors ck = io::read_safetensors(out + "/checkpoints/last/model.safetensors");
     EXPECT_EQ(ck.find("model.layers.0.self_attn.q_proj.weight"), nullptr);  // referenced
-    EXPECT_EQ(json::parse(slurp(out + "/checkpoints/last/config.json"))["keel_checkpoint"]["base"]
-                  ["dtype"],
+    EXPECT_EQ(json::parse(
+                  slurp(out + "/checkpoints/last/config.json"))["keel_checkpoint"]["base"]["dtype"],
               "bf16");
     EXPECT_EQ(ck.at("model.layers.0.self_attn.q_proj.lora_A.weight").dtype(), DType::F32);
   }
