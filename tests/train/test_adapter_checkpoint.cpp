@@ -217,7 +217,8 @@ TEST(AdapterCheckpoint, AMovedOrChangedBaseIsAClearError) {
   EXPECT_CONTAINS(e, ck);
   EXPECT_CONTAINS(e, fs::weakly_canonical(moved).string() + "/model-0000");
   EXPECT_CONTAINS(e, "differs");
-  r.model.path = "";
+  r.model.path = "";  // a random Llama of the sizes' defaults: the reference is checked first
+  r.model.family = "llama";
   e = test::error_of([&] { Trainer(r).fit(); });
   EXPECT_CONTAINS(e, "model.path is empty");
 }
