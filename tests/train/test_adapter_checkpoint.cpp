@@ -15,6 +15,7 @@
 #include "keel/io/trained_model.h"
 #include "keel/nn/adapters/adapter.h"
 #include "keel/train/trainer.h"
+#include "tests/io/tiny_specs.h"
 #include "tests/support/check.h"
 
 namespace keel {
@@ -25,15 +26,9 @@ using json = nlohmann::json;
 
 // A small random Llama (vocab 259: the byte tokenizer) saved as bf16 in 3+ shards.
 void write_base(const std::string& dir, uint64_t seed) {
-  models::ModelSpec s;
-  s.family = "llama";
-  s.n_layer = 2;
-  s.n_embd = 32;
-  s.n_head = 4;
-  s.n_kv_head = 2;
+  models::ModelSpec s = io::test_specs::llama_spec(false);
   s.vocab_size = 259;
   s.max_seq_len = 64;
-  s.tie_embeddings = false;
   auto m = models::make_causal_lm(s, seed);
   io::HfSaveOptions o;
   o.dtype = DType::BF16;
