@@ -4,7 +4,8 @@
 // a bf16 base is finite from step 0 under every attention backend; a bad target module is a usage
 // error listing the model's layers. Padding through the Trainer: a tokenizer without a usable pad
 // token gets a dedicated id and resized embeddings (data.pad = "add") or pads with eos ("eos"),
-// and extra padding does not change the loss.
+// and extra padding does not change the loss. Checkpoints and NaN captures of these runs hold the
+// adapters only and reference the base (issue 25); `keel replay` rebuilds it.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -148,6 +149,30 @@ TEST(CliLora, Bf16MixedWithABf16BaseIsFiniteUnderEveryAttentionBackend) {
               "bf16");
     EXPECT_EQ(ck.at("model.layers.0.self_attn.q_proj.lora_A.weight").dtype(), DType::F32);
   }
+}
+
+// A NaN capture of an adapter run over an HF directory holds the trained tensors only, with the
+// checkpoint's reference to the base (issue 25); `keel replay` rebuilds the base from it and
+// reproduces the step.
+TEST(CliLora, NanCaptureReferencesTheBaseAndReplays) {
+  const std::string dir = test::temp_dir("lora-nan");
+  const std::string out = dir + "/out";
+  std::ofstream(dir + "/lora.toml") << lora_config(out);
+  Ran r = test::run_keel_sh("train " + dir +
+                            "/lora.toml --set train.max_steps=4 --set "
+                            "debug.inject.module=model.layers.1.self_attn --set "
+                            "debug.inject.step=2 --set debug.inject.kind=nan");
+  ASSERT_EQ(r.code, 3) << r.output;
+  const std::string capture = out + "/debug/nan_capture/rank0";
+  io::Safetensors m = io::read_safetensors(capture + "/model.safetensors");
+  EXPECT_EQ(m.find("model.layers.0.self_attn.q_proj.weight"), nullptr);
+  EXPECT_NE(m.find("model.layers.0.self_attn.q_proj.lora_A.weight"), nullptr);
+  EXPECT_EQ(m.tensors.size(), 2u * 5 * 2);
+  const json meta = json::parse(slurp(capture + "/capture.json"));
+  EXPECT_EQ(meta["base"]["path"], base_dir());
+  Ran rp = test::run_keel_sh("replay " + capture + " --json");
+  ASSERT_EQ(rp.code, 0) << rp.output;
+  EXPECT_CONTAINS(rp.output, "\"reproduced\":true");
 }
 
 TEST(CliLora, UnknownTargetModuleIsAUsageErrorListingTheLayers) {
