@@ -218,7 +218,10 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   advisor_opt.precision = trainer.policy().name();
   advisor_opt.tracer_on = cfg.debug.underflow_overflow.enabled;
   advisor_opt.stochastic_rounding = cfg.optim.stochastic_rounding;
-  advisor_opt.uniform_loss = std::log(static_cast<double>(trainer.tokenizer().vocab_size()));
+  // The uniform guess is over the logits the model produces (model.vocab_size), which may be far
+  // wider than the tokenizer's ids (a byte tokenizer over Llama-3's 128,256 rows): a random model
+  // starts near ln 128256 = 11.8, not ln 259 = 5.6, and is no divergence there.
+  advisor_opt.uniform_loss = std::log(static_cast<double>(trainer.model().spec().vocab_size));
   advisor_opt.describe_example = [&trainer](int64_t id) {
     return trainer.run().data.train->where(id);
   };

@@ -33,6 +33,23 @@ test::KeelRun train(const std::vector<std::string>& sets) {
   return test::run_keel(test::with_sets({"train"}, all), {"OMP_NUM_THREADS=1"});
 }
 
+// A random model whose vocabulary is far wider than the tokenizer's ids (the seed bench: keel's
+// byte tokenizer over Llama-3's 128,256 rows) starts near ln V of its own logits, ln 32000 = 10.4
+// here, which is above 1.5 x ln 259. That is where every untrained model starts, no divergence: the
+// uniform guess is taken over the model's logits.
+TEST(CliAdvisor, AWideVocabularyAtInitIsNoDivergence) {
+  const std::string dir = test::temp_dir("cli-advisor-wide-vocab");
+  const test::KeelRun r =
+      train({"run.out_dir=" + dir, "model.family=llama", "model.vocab_size=32000",
+             "train.max_steps=6", "data.num_examples=64", "data.eval_examples=0"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const json& j : findings(dir)) {
+    EXPECT_NOT_CONTAINS(j.at("cause").get<std::string>(), "diverged") << j.dump();
+    EXPECT_NE(j.at("trend"), "exploding") << j.dump();
+  }
+  EXPECT_NOT_CONTAINS(r.out, "diverged");
+}
+
 // optim.lr = 10 under bf16-mixed: the first update destroys the model (the loss leaps from ~ln V
 // to hundreds or thousands and stays far above it). The advisor says exploding/diverged within
 // a few steps and holds that verdict to the end: never "stable" on the diverged plateau, never a
