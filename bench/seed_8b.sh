@@ -176,7 +176,8 @@ EOF
     --accum "$ACCUM" --seq "$SEQ" --steps "$STEPS" --ckpt "$CKPT" --device "$DEVICE" \
     --metrics "$RUN/out/metrics.jsonl" --time "$RUN/time.json" --estimate "$RUN/estimate.json" \
     --estimate-from "$ESTIMATE_FROM" --peaks "$PEAK_BEFORE" "$PEAK_AFTER"
-  # The final checkpoint holds the whole base (16 GB for 8B): dropped unless KEEP=1.
+  # The final checkpoint (the adapter, its optimizer state and a reference to the base): dropped
+  # unless KEEP=1.
   [ "$KEEP" = 1 ] || rm -rf "$RUN/out/checkpoints"
   [ $RC -eq 0 ] || exit $RC
 done
