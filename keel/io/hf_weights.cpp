@@ -13,6 +13,7 @@
 #include "keel/io/hf_json.h"
 #include "keel/io/safetensors.h"
 #include "keel/io/trained_model.h"
+#include "keel/tensor/convert_mapped.h"
 
 namespace keel::io {
 
@@ -241,7 +242,7 @@ LoadedWeights attach_hf_weights(models::CausalLM& model, const std::string& dir,
         // A value exact in the parameter's dtype is kept as it is stored (f32 parameters: any
         // floating dtype); otherwise it is rounded as load_hf_weights' copy would round it.
         const bool exact = value.dtype() == p.dtype() || p.dtype() == DType::F32;
-        if (!exact) value = value.to_dtype(p.dtype());
+        if (!exact) value = convert_mapped(value, p.dtype());  // a chunk at a time
         if (value.is_external()) {
           ++stats.mapped;
           stats.mapped_bytes += value.nbytes();
@@ -288,6 +289,9 @@ void for_each_weight(models::CausalLM& model, const std::string& dir,
     // (GPT-2's Conv1D weights are [in, out]), so a message's index is the file's.
     check_weights_finite(check, file.raw(info), info.dtype, info.shape, key, file.path());
     Tensor value = file.tensor(info);  // a view of the mapping where aligned
+    // The check read every page of it: drop them (a later read faults them in from the page cache
+    // again), or an f32 file loaded into a bf16 base would be resident whole until the cast.
+    drop_mapped_pages(value);
     if (conv) value = transpose2d(value);
     use(p, std::move(value));
   }

@@ -370,11 +370,20 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     if (q.attention == "eager" && c != 4) layer += block_bytes(c * B * H * T * T);  // rounded P
     const int64_t mlp = (llama ? 3 : 2) * block_bytes(c * BT * F) + 2 * block_bytes(s * BT * C);
     layer_transient = std::max({layer, mlp, adapter_transient});
-    e.transient = std::max(head_transient, recompute + layer_transient);
-    e.transient_detail = head_transient >= recompute + layer_transient
+    // The blocks' backward runs after the head's: cross_entropy's node hands its logits over as
+    // dlogits (ops/cross_entropy.cpp) and the lm_head's backward drops them, so a block's
+    // transients (and, checkpointed, its recomputed segment) are alive without the logits. The
+    // 1B-shaped seed bench (B2 T512, V 128256, blocks) holds 264 MB of logits and 288 MB of
+    // recompute, not both: counting both put the estimate 15% above its measured peak.
+    const int64_t logits_freed = block_bytes(c * BT * V);
+    const int64_t block_phase = std::max<int64_t>(0, recompute + layer_transient - logits_freed);
+    e.transient = std::max(head_transient, block_phase);
+    e.transient_detail = head_transient >= block_phase
                              ? "lm_head input gradient (dlogits overwrite the logits)"
-                         : every > 0 ? "one recomputed segment + its backward buffers"
-                                     : "attention / MLP backward buffers";
+                         : every > 0 ? "one recomputed segment + its backward buffers, less the "
+                                       "logits freed by then"
+                                     : "attention / MLP backward buffers, less the logits freed "
+                                       "by then";
 
     // Matmul scratch. oneDNN keeps no packed copies of the weights: its matmul primitives take
     // the plain tensors (keel/backend/cpu/matmul_dnnl.cpp), and with freed memory returned at once
@@ -400,7 +409,7 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   // Loading (train/run.cpp build_model, io/hf_weights.cpp). Under an adapter a model.path base is
   // attached from the mapped files: a tensor stored in the base's dtype is a view of the mapping
   // (its pages are file-backed RSS once touched: the base's bytes, counted once in `weights`), any
-  // other is converted one tensor at a time (the converted base + one tensor as stored). Full
+  // other is converted one tensor at a time, a chunk at a time (the converted base + 8 MB). Full
   // fine-tuning allocates the parameters and copies each tensor from its mapped pages, dropped
   // after (the model + one tensor as stored); a keel checkpoint is first loaded into an f32 model
   // of its own (one more f32 model). From sizes, a low-precision frozen base is drawn directly in
@@ -412,7 +421,10 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   }
   const int64_t built = shaped ? blocks_of(tensors, pb) : (N - Nt) * pb;
   if (q.file_dtype_bytes > 0 && adapter && !q.checkpoint_dir) {
-    e.init_peak = e.weights + (q.file_dtype_bytes == fb ? 0 : largest_stored);
+    // Converted from the mapping a chunk at a time (tensor/convert_mapped.h), the chunk's pages
+    // dropped as it goes: one chunk as stored, not one whole tensor.
+    e.init_peak =
+        e.weights + (q.file_dtype_bytes == fb ? 0 : std::min<int64_t>(largest_stored, 8 << 20));
   } else if (q.file_dtype_bytes > 0) {
     e.init_peak = built + largest_stored;
     if (q.checkpoint_dir) e.init_peak += shaped ? blocks_of(tensors, 4) : (N - Nt) * 4;
@@ -431,7 +443,16 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   // teaches the cache up to 1/8 (host_memory.h); the estimate keeps 1/16, the learned part having
   // measured +1.7% of the peak at GPT-2 124M B8 T256 bf16-mixed and +5.8% in 32-true.
   const int64_t peak = std::max(e.live_peak, e.init_peak);
-  e.cache_slack = e.has_activations ? peak / static_cast<int64_t>(host_memory::kSlackDivisor) : 0;
+  // A frozen base used from the mapped files (stored in its dtype) is file-backed pages, not
+  // host_memory blocks: no cache slack over it (the 1B seed bench's 2.47 GB bf16 base would add
+  // 154 MB of slack that no block cache holds).
+  const int64_t mapped_base =
+      q.file_dtype_bytes > 0 && adapter && !q.checkpoint_dir && q.file_dtype_bytes == fb
+          ? e.weights - trainable_blocks
+          : 0;
+  e.cache_slack = e.has_activations ? (peak - std::min(peak, mapped_base)) /
+                                          static_cast<int64_t>(host_memory::kSlackDivisor)
+                                    : 0;
   e.runtime = e.has_activations ? kRuntimeBytes : 0;
   e.total = e.runtime + peak + e.matmul_scratch + e.cache_slack;
   return e;

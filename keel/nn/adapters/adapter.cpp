@@ -7,6 +7,7 @@
 #include "keel/nn/adapters/dora.h"
 #include "keel/nn/adapters/lokr.h"
 #include "keel/nn/adapters/lora.h"
+#include "keel/tensor/convert_mapped.h"
 #include "keel/tensor/random.h"
 
 namespace keel::nn {
@@ -197,8 +198,9 @@ void cast_frozen_parameters(Module& root, DType dt) {
     if (p.requires_grad() || !dtype_is_floating(p.dtype()) || p.dtype() == dt) continue;
     // Rewrite the shared impl: every handle to this parameter (module members, the registry)
     // sees the new dtype and storage.
-    // One tensor at a time: a view of a file mapping dies here and its pages are dropped.
-    Tensor(p).attach_storage(p.to_dtype(dt));
+    // One tensor at a time, and a view of a file mapping a chunk at a time (its pages dropped as
+    // they are converted: an f32 file's tensor is never resident whole beside its cast).
+    Tensor(p).attach_storage(convert_mapped(p, dt));
   }
 }
 

@@ -6,6 +6,7 @@
 #include "keel/amp/autocast.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/linear.h"
+#include "keel/tensor/convert_mapped.h"
 
 namespace keel::nn {
 
@@ -48,6 +49,9 @@ DoraAdapter::DoraAdapter(Linear& base, int64_t r, double alpha, double dropout, 
   const bool streamed = w.device().is_cpu() && dtype_is_floating(w.dtype()) && w.dim() == 2;
   magnitude = base.add_adapter_parameter(
       "lora_magnitude_vector", streamed ? row_norms(w) : weight_norm(w, delta_weight(), 1.0));
+  // A weight used from its file's mapping (a frozen base being loaded) need not stay resident
+  // until the base is cast: an f32 file's adapted weights would all be, on top of the base.
+  drop_mapped_pages(w);
 }
 
 Tensor DoraAdapter::weight_norm(const Tensor& w, const Tensor& lora_weight, double s) {
