@@ -2,10 +2,13 @@
 // T=64 in 32-true and bf16-mixed, and model-FLOPs utilization against the matmul peak measured in
 // the same run (1024³ through keel's matmul kernels, f32 and bf16).
 //
-//   ./build/bench/bench_train [steps=6] [layers=12]
+//   ./build/bench/bench_train [steps=6] [layers=12] [grads=plain|flat] [precision=both]
 //
+// grads=flat gives the optimizer's parameters flat gradient buffers (Optimizer::use_flat_grads);
+// the process's peak RSS is printed last (run one precision per process to compare it).
 // Reports the median step time over the steps after the first (warm-up), and the spread.
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -26,6 +29,8 @@ using bench::MatmulPeak;
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 6;
   const int layers = argc > 2 ? std::atoi(argv[2]) : 12;
+  const bool flat_grads = argc > 3 && std::string(argv[3]) == "flat";
+  const std::string only = argc > 4 ? argv[4] : "";
   const std::string dir = std::filesystem::temp_directory_path() / "keel-bench-train";
   std::filesystem::create_directories(dir);
   {
@@ -37,6 +42,7 @@ int main(int argc, char** argv) {
   std::printf("threads %d | matmul peak 1024^3: f32 %.0f GFLOP/s, bf16 %.0f GFLOP/s\n",
               omp_get_max_threads(), peak32, peak16);
   for (const char* precision : {"32-true", "bf16-mixed"}) {
+    if (!only.empty() && only != precision) continue;
     Config c;
     c.run.out_dir = dir + "/out";
     c.model.n_layer = layers;
@@ -60,6 +66,7 @@ int main(int argc, char** argv) {
       tokens = r.tokens;
     };
     Trainer t(c, h);
+    if (flat_grads) t.optimizer().use_flat_grads();
     const double n_params = static_cast<double>(t.model().num_parameters());
     t.fit();
     std::vector<double> warm(times.begin() + (times.size() > 1 ? 1 : 0), times.end());
@@ -77,5 +84,8 @@ int main(int argc, char** argv) {
         precision, n_params / 1e6, med, warm.front(), warm.back(), tps,
         100 * tps * flops_tok / (peak * 1e9), f32 ? "f32" : "bf16");
   }
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  std::printf("grads %s | peak RSS %ld MB\n", flat_grads ? "flat" : "plain", ru.ru_maxrss / 1024);
   return 0;
 }

@@ -117,7 +117,13 @@ std::vector<Tensor> AccumulateGrad::backward(const Tensor& g) {
   auto impl = leaf.lock();
   if (!impl || !g.defined()) return {};
   Tensor& grad = impl->grad;
-  if (!grad.defined()) {
+  if (!grad.defined() && impl->grad_home.defined()) {
+    // A flat gradient buffer (optim's use_flat_grads): the first contribution is copied into the
+    // leaf's view of it (a copy, not 0 + g, keeps the sign of zeros), and later ones add there.
+    grad = impl->grad_home.view(impl->shape);
+    grad.copy_from(g);
+    grad.bump_version();
+  } else if (!grad.defined()) {
     // The first contribution becomes .grad without a copy when nothing else can see it (the
     // caller's one reference to a tensor with its own storage): a later accumulation into .grad
     // then writes memory no other gradient shares. Otherwise (add hands one tensor to both

@@ -49,6 +49,12 @@ class Optimizer {
   void step(double lr, float grad_scale = 1.f);
   // Drops every gradient (PyTorch's set_to_none): the next backward creates them afresh.
   void zero_grad();
+  // Gives every parameter a home for its gradient in one flat buffer per dtype and device (the
+  // layout of the state's): backward then writes each fresh gradient there (a copy) instead of
+  // adopting its own tensor. Off unless called; the same bits either way.
+  void use_flat_grads();
+  // The flat gradient buffers (empty until use_flat_grads()).
+  const std::vector<Tensor>& flat_grad_buffers() const { return grad_buffers_; }
 
   // The state, by name: "<param>.<kind>" for each state kind (exp_avg, exp_avg_sq for AdamW;
   // momentum_buffer for SGD with momentum), "<param>.step" (i64 scalar: this parameter's update
@@ -92,10 +98,18 @@ class Optimizer {
   virtual bool writes_weight_copy(const Tensor& /*param*/) const { return false; }
   // Gives every slot its state (zeros, one tensor per kind) as views of shared flat buffers.
   void allocate_flat_state();
+  // The flat layout: one buffer per (dtype, device) in slot order, every slot 64-byte aligned.
+  struct FlatLayout {
+    std::vector<std::pair<DType, Device>> buffers;
+    std::vector<int64_t> elems;                     // per buffer
+    std::vector<std::pair<size_t, int64_t>> where;  // per slot: (buffer, element offset)
+  };
+  FlatLayout flat_layout() const;
 
   std::vector<ParamGroup> groups_;
   std::vector<Slot> slots_;
   std::vector<std::string> kinds_;
+  std::vector<Tensor> grad_buffers_;  // use_flat_grads()
   int64_t steps_ = 0;
   UpdateCounts last_update_;
   const char* what_;  // "AdamW" / "SGD" for messages

@@ -473,6 +473,13 @@ void Tensor::set_grad(Tensor g) {
   need(impl_);
   impl_->grad = std::move(g);
 }
+void Tensor::set_grad_home(Tensor home) {
+  need(impl_);
+  KEEL_CHECK(!home.defined() ||
+                 (home.numel() == numel() && home.dtype() == dtype() && home.device() == device()),
+             "set_grad_home: the home must match the tensor's numel, dtype and device");
+  impl_->grad_home = std::move(home);
+}
 const std::shared_ptr<Node>& Tensor::grad_fn() const { return need(impl_).grad_fn; }
 const std::string& Tensor::name() const { return need(impl_).name; }
 Tensor& Tensor::set_name(std::string n) {

@@ -128,6 +128,7 @@ class Tensor {
   const Tensor& grad() const;
   Tensor& mutable_grad();
   void set_grad(Tensor g);
+  void set_grad_home(Tensor home);  // see TensorImpl::grad_home
   const std::shared_ptr<Node>& grad_fn() const;
   bool is_leaf() const { return grad_fn() == nullptr; }
 
@@ -159,6 +160,9 @@ struct TensorImpl {
   Tensor grad;
   std::shared_ptr<Node> grad_fn;           // the node that produced this tensor (non-leaves)
   std::shared_ptr<Node> grad_accumulator;  // leaves: the node that accumulates into grad
+  // Leaves: where a fresh gradient is written (a view of a flat buffer, optim's use_flat_grads),
+  // so that grad aliases it instead of adopting the backward's own tensor. Undefined: adopt.
+  Tensor grad_home;
 };
 
 }  // namespace keel
