@@ -693,10 +693,11 @@ std::unique_ptr<toml::node> toml_of_json(const nlohmann::json& j, const std::str
     }
     case json::value_t::object: {
       auto t = std::make_unique<toml::table>();
-      for (const auto& [k, v] : j.items())
-        toml_of_json(v, key.empty() ? k : key + "." + k, source, depth + 1)->visit([&](auto&& n) {
-          t->insert(k, std::move(n));
-        });
+      for (const auto& item : j.items()) {  // (clang 14 lambdas cannot capture structured bindings)
+        const std::string& k = item.key();
+        toml_of_json(item.value(), key.empty() ? k : key + "." + k, source, depth + 1)
+            ->visit([&](auto&& n) { t->insert(k, std::move(n)); });
+      }
       return t;
     }
     default:

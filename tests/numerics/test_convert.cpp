@@ -1,5 +1,6 @@
 // Exactness of the f32 <-> bf16/f16 conversions: every 16-bit pattern, the F16C hardware on
 // boundary and random values, and the documented figures users meet.
+#include <cpuid.h>
 #include <gtest/gtest.h>
 #include <immintrin.h>
 
@@ -21,9 +22,9 @@ __attribute__((target("f16c"))) uint16_t hw_f32_to_f16(float f) {
 }
 __attribute__((target("f16c"))) float hw_f16_to_f32(uint16_t h) { return _cvtsh_ss(h); }
 
-bool have_f16c() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("f16c");
+bool have_f16c() {  // CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports lacks "f16c")
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & (1u << 29)) != 0;
 }
 
 TEST(Convert, EveryBf16PatternRoundTrips) {
@@ -57,14 +58,25 @@ TEST(Convert, EveryF16PatternRoundTripsAndMatchesHardware) {
 
 TEST(Convert, F32ToF16MatchesF16cOnBoundariesAndRandomValues) {
   if (!have_f16c()) GTEST_SKIP() << "this CPU has no F16C instructions to compare against";
-  std::vector<float> cases = {0.f, -0.f, 65504.f, 65519.99f, 65520.f, 65536.f, 131072.f, 1e-8f,
-                              5.960464477539063e-08f, 2.98023223876953125e-08f,
-                              2.9802326e-08f, 6.103515625e-05f, 6.1035156e-05f,
+  std::vector<float> cases = {0.f,
+                              -0.f,
+                              65504.f,
+                              65519.99f,
+                              65520.f,
+                              65536.f,
+                              131072.f,
+                              1e-8f,
+                              5.960464477539063e-08f,
+                              2.98023223876953125e-08f,
+                              2.9802326e-08f,
+                              6.103515625e-05f,
+                              6.1035156e-05f,
                               std::numeric_limits<float>::infinity(),
                               std::numeric_limits<float>::quiet_NaN(),
                               std::numeric_limits<float>::signaling_NaN(),
                               std::numeric_limits<float>::denorm_min(),
-                              std::numeric_limits<float>::max(), 1.0f + 1.0f / 2048,
+                              std::numeric_limits<float>::max(),
+                              1.0f + 1.0f / 2048,
                               1.0f + 3.0f / 2048};
   // Every f16 value, and the f32 values halfway between neighbours and one ulp either side.
   for (uint32_t h = 0; h < 0x7c00; ++h) {
@@ -77,8 +89,8 @@ TEST(Convert, F32ToF16MatchesF16cOnBoundariesAndRandomValues) {
     }
   }
   for (float v : cases)
-    ASSERT_EQ(f32_to_f16_bits(v), hw_f32_to_f16(v)) << "value " << v << " bits " << std::hex
-                                                    << f32_bits(v);
+    ASSERT_EQ(f32_to_f16_bits(v), hw_f32_to_f16(v))
+        << "value " << v << " bits " << std::hex << f32_bits(v);
   std::mt19937_64 rng(12345);
   int64_t mismatches = 0;
   for (int64_t i = 0; i < 10'000'000; ++i) {
@@ -101,8 +113,8 @@ TEST(Convert, Bf16RoundsToNearestEven) {
 }
 
 TEST(Convert, DocumentedFigures) {
-  EXPECT_EQ(round_to(DType::F16, 1e-8f), 0.0f);                 // underflow
-  EXPECT_EQ(round_to(DType::F16, 65504.f), 65504.f);            // f16's max
+  EXPECT_EQ(round_to(DType::F16, 1e-8f), 0.0f);       // underflow
+  EXPECT_EQ(round_to(DType::F16, 65504.f), 65504.f);  // f16's max
   EXPECT_EQ(format_info(DType::F16).max, 65504.0);
   EXPECT_TRUE(std::isinf(round_to(DType::F16, 131072.f)));      // overflow
   EXPECT_TRUE(std::isinf(round_to(DType::F16, 2.0f * 65536)));  // 2 x 65536 in f16
@@ -110,7 +122,7 @@ TEST(Convert, DocumentedFigures) {
   EXPECT_EQ(round_to(DType::BF16, x), 1.0f);                    // lost in bf16 (8 bits)
   EXPECT_EQ(round_to(DType::F16, x), x);                        // kept in f16 (11 bits)
   EXPECT_EQ(round_to(DType::F16, 5.960464477539063e-08f), 5.960464477539063e-08f);  // min subnormal
-  EXPECT_EQ(round_to(DType::F16, 2.98023223876953125e-08f), 0.0f);  // half of it: tie to even 0
+  EXPECT_EQ(round_to(DType::F16, 2.98023223876953125e-08f), 0.0f);    // half of it: tie to even 0
   EXPECT_EQ(round_to(DType::F16, 3.0e-08f), 5.960464477539063e-08f);  // just above half: rounds up
 }
 
