@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "keel/io/atomic_file.h"
+#include "keel/io/hf_weights.h"
 #include "keel/numerics/error.h"
 #include "keel/numerics/hash.h"
 
@@ -16,9 +17,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-constexpr const char* kSingle = "model.safetensors";
-constexpr const char* kIndex = "model.safetensors.index.json";
 
 std::string hex(uint64_t h) {
   char buf[17];
@@ -77,14 +75,14 @@ json entry(const std::string& dir, const std::string& name, bool whole) {
 json fingerprint(const std::string& dir) {
   json files = json::array();
   files.push_back(entry(dir, "config.json", true));
-  if (fs::exists(dir + "/" + kSingle) || !fs::exists(dir + "/" + kIndex)) {
-    files.push_back(entry(dir, kSingle, false));
+  if (fs::exists(dir + "/" + kSafetensorsSingle) || !fs::exists(dir + "/" + kSafetensorsIndex)) {
+    files.push_back(entry(dir, kSafetensorsSingle, false));
     return files;
   }
-  files.push_back(entry(dir, kIndex, true));
+  files.push_back(entry(dir, kSafetensorsIndex, true));
   std::vector<std::string> shards;
   try {
-    const json j = json::parse(read_file(dir + "/" + kIndex));
+    const json j = json::parse(read_file(dir + "/" + kSafetensorsIndex));
     for (auto& [name, file] : j.at("weight_map").items())
       if (file.is_string()) shards.push_back(file.get<std::string>());
   } catch (const std::exception&) {  // a damaged index differs in its own hash already

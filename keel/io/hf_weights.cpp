@@ -22,9 +22,6 @@ using json = nlohmann::json;
 
 namespace {
 
-constexpr const char* kSingle = "model.safetensors";
-constexpr const char* kIndex = "model.safetensors.index.json";
-
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -71,7 +68,7 @@ struct WeightSource {
 
 WeightSource map_weights(const std::string& dir) {
   WeightSource src;
-  const std::string single = dir + "/" + kSingle, index = dir + "/" + kIndex;
+  const std::string single = dir + "/" + kSafetensorsSingle, index = dir + "/" + kSafetensorsIndex;
   if (fs::exists(single)) {
     src.describe = single;
     const auto& f = src.files.emplace_back(std::make_unique<MappedSafetensors>(single));
@@ -82,7 +79,7 @@ WeightSource map_weights(const std::string& dir) {
     std::string hint;
     if (fs::exists(dir + "/pytorch_model.bin"))
       hint = " (pytorch_model.bin is not read: convert it to safetensors first)";
-    throw Error(dir + ": no " + kSingle + " or " + kIndex + " found" + hint);
+    throw Error(dir + ": no " + kSafetensorsSingle + " or " + kSafetensorsIndex + " found" + hint);
   }
   src.describe = index;
   const json j = read_json(index);
@@ -104,7 +101,7 @@ WeightSource map_weights(const std::string& dir) {
     for (const std::string& n : names) {
       const TensorInfo* t = f->find(n);
       if (!t)
-        throw Error(path + ": tensor '" + n + "' is missing (" + kIndex +
+        throw Error(path + ": tensor '" + n + "' is missing (" + kSafetensorsIndex +
                     " places it in this shard)");
       src.tensors[n] = {f.get(), t};
     }
@@ -116,7 +113,7 @@ WeightSource map_weights(const std::string& dir) {
 // the directory holds no weights.
 std::map<std::string, Shape> weight_shapes(const std::string& dir) {
   std::map<std::string, Shape> out;
-  const std::string single = dir + "/" + kSingle, index = dir + "/" + kIndex;
+  const std::string single = dir + "/" + kSafetensorsSingle, index = dir + "/" + kSafetensorsIndex;
   std::set<std::string> files;
   if (fs::exists(single)) {
     files.insert(single);
@@ -332,7 +329,7 @@ void save_hf_model(models::CausalLM& model, const std::string& dir, const HfSave
   const std::map<std::string, std::string> meta{{"format", "pt"}};
   // Previous weight files: a loader must never see an old layout beside the new one.
   std::set<std::string> old_shards;
-  const std::string index_path = dir + "/" + kIndex;
+  const std::string index_path = dir + "/" + kSafetensorsIndex;
   if (fs::exists(index_path)) {
     try {
       const json old = read_json(index_path);
@@ -344,7 +341,7 @@ void save_hf_model(models::CausalLM& model, const std::string& dir, const HfSave
     }
   }
   if (opt.max_shard_bytes <= 0) {
-    write_safetensors(dir + "/" + kSingle, tensors, meta);
+    write_safetensors(dir + "/" + kSafetensorsSingle, tensors, meta);
     remove_if_exists(index_path);
     for (const std::string& f : old_shards) remove_if_exists(dir + "/" + f);
   } else {
@@ -370,7 +367,7 @@ void save_hf_model(models::CausalLM& model, const std::string& dir, const HfSave
       for (auto& [n, t] : shards[i]) index["weight_map"][n] = name;
     }
     write_file_atomic(index_path, index.dump(2) + "\n");
-    remove_if_exists(dir + "/" + kSingle);
+    remove_if_exists(dir + "/" + kSafetensorsSingle);
     for (const std::string& f : old_shards)
       if (!written.count(f)) remove_if_exists(dir + "/" + f);
   }

@@ -20,6 +20,10 @@
 
 namespace keel::io {
 
+// The weight files of an HF directory: one file, or shards listed by the index.
+inline constexpr const char* kSafetensorsSingle = "model.safetensors";
+inline constexpr const char* kSafetensorsIndex = "model.safetensors.index.json";
+
 // Copies the weights of DIR into `model` (built from a matching spec), converting to each
 // parameter's dtype (exact for bf16/f16 -> f32). Bumps every parameter's version. DIR may be a
 // keel checkpoint (io/trained_model.h): its weights are read in keel's layout, adapters merged.
