@@ -71,20 +71,20 @@ Config adapter_config(const std::string& tag, const std::string& kind) {
   return c;
 }
 
-struct Interrupt {};
+struct StopHere {};
 
 std::vector<double> losses_of(Config c, int64_t stop_after, bool resume) {
   c.run.resume = resume;
   std::vector<double> losses;
   TrainerHooks h;
   h.on_step = [&](const StepResult& r) {
-    if (stop_after > 0 && r.step > stop_after) throw Interrupt{};
+    if (stop_after > 0 && r.step > stop_after) throw StopHere{};
     losses.push_back(r.loss);
   };
   Trainer t(c, h);
   try {
     t.fit();
-  } catch (const Interrupt&) {
+  } catch (const StopHere&) {
   }
   return losses;
 }
