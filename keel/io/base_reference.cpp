@@ -1,7 +1,6 @@
 #include "keel/io/base_reference.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <vector>
@@ -17,12 +16,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-std::string hex(uint64_t h) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
-}
 
 // FNV-1a of `n` bytes of `path` from `offset` (fewer when the file is shorter), continuing `h`.
 uint64_t hash_range(const std::string& path, uint64_t offset, uint64_t n, uint64_t h) {
@@ -68,7 +61,7 @@ json entry(const std::string& dir, const std::string& name, bool whole) {
     if (size > head + kSample)
       h = hash_range(path, std::max(head + kSample, size - kSample), kSample, h);
   }
-  return {{"file", name}, {"bytes", size}, {"fnv1a64", hex(h)}};
+  return {{"file", name}, {"bytes", size}, {"fnv1a64", hash_hex(h)}};
 }
 
 // The files that make up the HF directory `dir`'s model, in a fixed order.

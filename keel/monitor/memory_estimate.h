@@ -11,9 +11,8 @@
 // The engine keeps every saved tensor until backward returns, so the peak is: static state +
 // every saved activation of one micro-batch + the largest backward transient (the f32 logit
 // gradient at the lm_head's input, or an attention backward's score gradient, or with
-// checkpointing one recomputed segment: the blocks' backward runs after the head's has freed the
-// logits, so those two are never alive together) = `live_peak`, every
-// tensor counted in the block host_memory hands out for it (keel/tensor/host_memory.h: 2 MiB
+// checkpointing one recomputed segment, counted beside the logits: see the .cpp) = `live_peak`,
+// every tensor counted in the block host_memory hands out for it (keel/tensor/host_memory.h: 2 MiB
 // multiples from 8 MiB up). On top: the block cache's slack (released blocks kept mapped for
 // reuse, at most 1/16 of the peak; none over a frozen base used from its mapped files), for f16
 // compute without an oneDNN kernel the f32 operand copies of the largest matmul, and the process

@@ -113,7 +113,7 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
   meta["micro_batches"] = mbs;
   // An adapter run over an HF directory captures its trained tensors only, with the reference to
   // the base that its checkpoints carry (train/checkpoint_contents.h); replay rebuilds the base.
-  meta["base"] = saved_base_reference(trainer.model(), trainer.config());
+  meta["base"] = trainer.run().base_ref;
   io::write_dir_atomic(dir, [&](const std::string& tmp) {
     io::write_safetensors(tmp + "/model.safetensors",
                           saved_parameters(trainer.model(), trainer.config()));

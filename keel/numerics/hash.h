@@ -8,6 +8,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 
 #if defined(__CUDACC__)
 #define KEEL_HOST_DEVICE __host__ __device__
@@ -51,6 +53,13 @@ inline uint64_t fnv1a(const void* data, size_t n, uint64_t h) {
   const auto* b = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < n; ++i) h = fnv1a_step(h, b[i]);
   return h;
+}
+
+// A 64-bit hash as 16 lower-case hex digits (how fingerprints are written into JSON files).
+inline std::string hash_hex(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
 }
 
 }  // namespace keel

@@ -19,7 +19,8 @@ bool base_by_reference(const Config& c);
 // one the base's files do not hold as it is (embeddings grown by data.pad = "add").
 io::NamedTensors saved_parameters(models::CausalLM& model, const Config& c);
 
-// The reference to store (io::base_reference), or null when the base is saved whole.
+// The reference to store (io::base_reference), or null when the base is saved whole. build_run
+// takes it once, right after loading the base (Run::base_ref).
 nlohmann::json saved_base_reference(models::CausalLM& model, const Config& c);
 
 // Checks a saved reference (`ref`, from the checkpoint or capture at `dir`) against the run's

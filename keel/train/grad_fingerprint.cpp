@@ -1,7 +1,5 @@
 #include "keel/train/grad_fingerprint.h"
 
-#include <cstdio>
-
 #include "keel/numerics/hash.h"
 
 namespace keel {
@@ -14,9 +12,7 @@ std::string gradient_fingerprint(const std::vector<std::pair<std::string, Tensor
     h = fnv1a(name.data(), name.size(), h);
     h = fnv1a(g.data(), g.numel() * dtype_size(g.dtype()), h);
   }
-  char buf[24];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
-  return buf;
+  return hash_hex(h);
 }
 
 }  // namespace keel

@@ -24,6 +24,7 @@
 #include "keel/optim/sgd.h"
 #include "keel/tensor/host_memory.h"
 #include "keel/tensor/random.h"
+#include "keel/train/checkpoint_contents.h"
 
 namespace keel {
 
@@ -344,6 +345,7 @@ Run build_run(const Config& cfg, const RunOptions& o) {
   // Parameters in the policy's dtype (f32 masters in the mixed policies), then padding and
   // adapters (only they train: the frozen base is excluded here).
   r.model = build_model(cfg, *r.data.tokenizer, r.data.pad_id, r.policy.param_dtype, o.say);
+  r.base_ref = saved_base_reference(*r.model, cfg);
   if (r.device.is_cuda()) nn::move_to_device(*r.model, r.device);
   r.trainable = r.model->named_parameters(/*trainable_only=*/true);
   r.optimizer = build_optimizer(cfg, r.trainable);

@@ -5,6 +5,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,11 @@ struct Run {
   int64_t steps_per_epoch = 0, total_steps = 0;
   // What could not be rebuilt, each with why (RunOptions::data_optional); empty for a full run.
   std::vector<std::string> not_rebuilt;
+  // The reference to the frozen base that checkpoints and NaN captures store instead of its
+  // weights (train/checkpoint_contents.h), fingerprinted when the base was loaded: a base file
+  // replaced later in the run must not pass for the one the adapters were trained on. Null when
+  // they hold the whole model.
+  nlohmann::json base_ref;
 };
 
 Run build_run(const Config& cfg, const RunOptions& options = {});

@@ -103,7 +103,7 @@ void Trainer::save_checkpoint(const std::string& dir) {
   if (run_.scaler) st["scaler"] = run_.scaler->state_dict();
   std::optional<nn::AdapterOptions> adapter;
   if (run_.cfg.model.adapter.kind != "none") adapter = run_.cfg.model.adapter;
-  const json base = saved_base_reference(*run_.model, run_.cfg);
+  const json& base = run_.base_ref;
   io::save_checkpoint(dir, saved_parameters(*run_.model, run_.cfg), run_.optimizer->state(), st,
                       [&](const std::string& tmp) {  // the checkpoint is a model.path too
                         io::write_checkpoint_model_files(*run_.model, adapter,

@@ -218,6 +218,28 @@ TEST(AdapterCheckpoint, AMovedOrChangedBaseIsAClearError) {
   EXPECT_CONTAINS(e, "model.path is empty");
 }
 
+// The reference is the base the run loaded: a base directory replaced while the run trains (same
+// shapes, other values) is not what its checkpoints describe, so resuming over it is refused.
+TEST(AdapterCheckpoint, ABaseReplacedDuringTheRunDoesNotPassForTheLoadedOne) {
+  const std::string base = test::temp_dir("adck-replaced") + "/llama";
+  fs::copy(base_dir(), base);
+  Config c = adapter_config("adck-replaced-run", "lora");
+  c.model.path = base;
+  c.train.max_steps = 3;
+  TrainerHooks h;
+  h.on_step = [&](const StepResult& r) {
+    if (r.step == 1) write_base(base, 4);  // before any checkpoint is written
+  };
+  ASSERT_EQ(Trainer(c, h).fit(), 0);
+  Config r = c;
+  r.run.resume = true;
+  r.train.max_steps = 4;
+  const std::string e = test::error_of([&] { Trainer(r).fit(); });
+  EXPECT_CONTAINS(e, c.run.out_dir + "/checkpoints/last");
+  EXPECT_CONTAINS(e, base + "/model-0000");
+  EXPECT_CONTAINS(e, "differs");
+}
+
 TEST(AdapterCheckpoint, ARandomBaseIsSavedWhole) {
   Config c = adapter_config("adck-random", "lora");
   c.model.path = "";
