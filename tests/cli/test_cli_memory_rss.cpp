@@ -152,8 +152,8 @@ TEST(CliMemoryRss, AdapterEstimateWithin10PercentOfPeakRss) {
 }
 
 // Activation checkpointing (every block, and every 2 of 4) on full fine-tunes: the segment inputs
-// kept, one segment recomputed inside backward, which runs after the head's backward has freed
-// the logits. (LoRA with checkpointing measures 0.77-0.79 of its peak today: not yet modelled.)
+// kept, one segment recomputed inside backward, counted beside the logits (memory_estimate.cpp).
+// (LoRA with checkpointing measures 0.77-0.79 of its peak today: not yet modelled.)
 TEST(CliMemoryRss, CheckpointingEstimateWithin10PercentOfPeakRss) {
   if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
   const std::string dir = test::temp_dir("cli-memory-checkpointing");

@@ -236,7 +236,8 @@ namespace {
 
 // A LoRA run: 99M frozen base parameters, 1M f32 adapter parameters. A bf16 frozen base
 // (model.base_dtype = bf16) is 2 bytes a weight and, under bf16-mixed, used as stored (no autocast
-// copy), and drawn directly in bf16 (no f32 model first), so the step sets the peak. An f32 base under bf16-mixed is 4 bytes plus a bf16 copy per use.
+// copy), and drawn directly in bf16 (no f32 model first), so the step sets the peak. An f32 base
+// under bf16-mixed is 4 bytes plus a bf16 copy per use.
 TEST(MemoryEstimate, LoraWithABf16FrozenBase) {
   MemoryQuery q;
   q.params = 100'000'000;
