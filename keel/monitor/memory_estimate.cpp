@@ -432,11 +432,15 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   // bytes. Measured (peak mapped - peak live): 15.3 MB of 244.5 (GPT-2 L4 C256 B8 T256 32-true),
   // 11.2 of 186.0 (the same, bf16-mixed), 11.6 of 1630 and 26.1 of 1738 (85M GPT-2 B4 T64, 32-true
   // and bf16-mixed), 24 of 748 (102M Llama LoRA, bf16-mixed), 28 of 450 (its bf16 base while
-  // building). Below 8 MiB the blocks come from malloc, and what the cache unmaps there stays in
-  // glibc's heap: 9-22 MB more in the small GPT-2 runs, whose steps churn 2 MiB blocks (none in the
-  // 85M runs, whose blocks all recur). A step whose sizes evict each other every step under 1/16
-  // teaches the cache up to 1/8 (host_memory.h); the estimate keeps 1/16, the learned part having
-  // measured +1.7% of the peak at GPT-2 124M B8 T256 bf16-mixed and +5.8% in 32-true.
+  // building). (Those figures predate blocks under 8 MiB being mapped: from malloc, what the cache
+  // dropped there stayed in glibc's heap, 9-22 MB more in the small GPT-2 runs and 34 MB in a
+  // small Llama LoRA with checkpointing.) A step whose sizes evict each other every step under
+  // 1/16 teaches the cache up to 1/8 (host_memory.h); the estimate keeps 1/16, the learned part
+  // having measured +1.7% of the peak at GPT-2 124M B8 T256 bf16-mixed and +5.8% in 32-true.
+  // With activation checkpointing it charges 1/8: a recomputed segment's activations and the
+  // backward buffers beside them differ in size from block to block, and the learned slack stood
+  // at its cap in every measured configuration (Llama 4 x 256 B8 T256: full, LoRA and DoRA under
+  // `blocks`, full under every 2).
   const int64_t peak = std::max(e.live_peak, e.init_peak);
   // A frozen base used from the mapped files (stored in its dtype) is file-backed pages, not
   // host_memory blocks: no cache slack over it (the 1B seed bench's 2.47 GB bf16 base would add
@@ -445,9 +449,9 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       q.file_dtype_bytes > 0 && adapter && !q.checkpoint_dir && q.file_dtype_bytes == fb
           ? e.weights - trainable_blocks
           : 0;
-  e.cache_slack = e.has_activations ? (peak - std::min(peak, mapped_base)) /
-                                          static_cast<int64_t>(host_memory::kSlackDivisor)
-                                    : 0;
+  const int64_t slack_divisor = static_cast<int64_t>(
+      q.checkpoint_every > 0 ? host_memory::kMaxSlackDivisor : host_memory::kSlackDivisor);
+  e.cache_slack = e.has_activations ? (peak - std::min(peak, mapped_base)) / slack_divisor : 0;
   e.runtime = e.has_activations ? kRuntimeBytes : 0;
   e.total = e.runtime + peak + e.matmul_scratch + e.cache_slack;
   return e;
