@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 struct ExportArgs {
-  std::string model, adapter, out, dtype = "f32", max_shard = "0";
+  std::string model, adapter, base, out, dtype = "f32", max_shard = "0";
   bool adapter_only = false, allow_nonfinite_weights = false;
 };
 
@@ -61,7 +61,7 @@ int run_export(const ExportArgs& a) {
   const int64_t shard = parse_size(a.max_shard);
   io::TrainedModel t =
       io::load_trained_model(a.model, a.adapter, DType::F32, ops::AttentionBackend::kEager,
-                             weight_check_of_flag(a.allow_nonfinite_weights));
+                             weight_check_of_flag(a.allow_nonfinite_weights), a.base);
   if (a.adapter_only) {
     if (!t.adapter)
       throw Error(a.model +
@@ -111,6 +111,8 @@ Command add_export(CLI::App& app) {
       ->required();
   sub->add_option("--out", a->out, "the directory to write")->required();
   sub->add_option("--adapter", a->adapter, "a PEFT adapter directory to apply to MODEL first");
+  sub->add_option("--base", a->base,
+                  "where the frozen base of an adapter run's checkpoint is now, if it moved");
   sub->add_option("--dtype", a->dtype, "stored dtype: f32 | bf16")->capture_default_str();
   sub->add_option("--max-shard-size", a->max_shard,
                   "shards of at most this size with model.safetensors.index.json (0: one file)")

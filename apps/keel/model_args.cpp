@@ -10,6 +10,8 @@ void add_model_options(CLI::App* sub, ModelArgs& a) {
                   "HF model directory, checkpoint directory (OUT_DIR/checkpoints/last) or OUT_DIR")
       ->required();
   sub->add_option("--adapter", a.adapter, "a PEFT adapter directory to apply to MODEL");
+  sub->add_option("--base", a.base,
+                  "where the frozen base of an adapter run's checkpoint is now, if it moved");
   sub->add_option("--tokenizer", a.tokenizer,
                   "byte | gpt2:DIR | hf:PATH (default: the run's or MODEL's own)");
   sub->add_option("--precision", a.precision,
@@ -38,7 +40,7 @@ ModelForUse load_model_for_use(const ModelArgs& a) {
   m.policy = resolve_precision(a.precision, m.device, /*allow_cpu_bf16=*/true);
   m.trained = io::load_trained_model(a.model, a.adapter, m.policy.param_dtype,
                                      ops::attention_backend_from_name(a.attention),
-                                     weight_check_of_flag(a.allow_nonfinite_weights));
+                                     weight_check_of_flag(a.allow_nonfinite_weights), a.base);
   m.tokenizer_spec = a.tokenizer.empty() ? m.trained.tokenizer : a.tokenizer;
   if (m.tokenizer_spec.empty())
     throw Error(a.model +

@@ -12,7 +12,8 @@
 namespace keel::cli {
 
 struct ModelArgs {
-  std::string model, adapter, tokenizer, precision = "32-true", attention = "eager", device = "cpu";
+  std::string model, adapter, base, tokenizer, precision = "32-true", attention = "eager",
+                                               device = "cpu";
   bool allow_nonfinite_weights = false;  // load weights holding nan/inf (io/weight_check.h)
 };
 

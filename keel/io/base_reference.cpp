@@ -157,12 +157,19 @@ void check_base_reference(const json& ref, const std::string& checkpoint_dir,
   }
 }
 
-std::string find_referenced_base(const json& ref, const std::string& checkpoint_dir) {
+std::string find_referenced_base(const json& ref, const std::string& checkpoint_dir,
+                                 const std::string& moved_to) {
   const std::string path = ref.value("path", std::string()),
                     resolved = ref.value("resolved", std::string());
   const std::string where = resolved.empty() ? path : resolved;
+  if (!moved_to.empty()) {
+    check_base_reference(ref, checkpoint_dir, moved_to,
+                         "give --base the directory of the base model the run was trained on");
+    return moved_to;
+  }
   const std::string fix = "put the base model the run was trained on back at " + where +
-                          " (a checkpoint of an adapter run does not copy its base)";
+                          ", or name its new place with --base DIR (a checkpoint of an adapter "
+                          "run does not copy its base)";
   for (const std::string& d : {resolved, path})
     if (!d.empty() && fs::is_directory(d)) {
       check_base_reference(ref, checkpoint_dir, d, fix);

@@ -26,9 +26,10 @@ nlohmann::json checkpoint_base_reference(const std::string& checkpoint_dir);
 void check_base_reference(const nlohmann::json& ref, const std::string& checkpoint_dir,
                           const std::string& base_dir, const std::string& fix);
 
-// Where the referenced base is: `resolved` when it exists, else `path` as given (relative to the
-// current directory); checked as check_base_reference does. An Error naming both when neither
-// holds the base.
-std::string find_referenced_base(const nlohmann::json& ref, const std::string& checkpoint_dir);
+// Where the referenced base is: `moved_to` when given (the base's new place, from `--base DIR`),
+// else `resolved` when it exists, else `path` as given (relative to the current directory);
+// checked as check_base_reference does. An Error naming both when neither holds the base.
+std::string find_referenced_base(const nlohmann::json& ref, const std::string& checkpoint_dir,
+                                 const std::string& moved_to = "");
 
 }  // namespace keel::io

@@ -78,7 +78,7 @@ bool is_keel_checkpoint(const std::string& dir) { return !keel_block(dir).is_nul
 
 TrainedModel load_trained_model(const std::string& path, const std::string& adapter_dir,
                                 DType param_dtype, ops::AttentionBackend attention,
-                                const WeightCheck& check) {
+                                const WeightCheck& check, const std::string& base_dir) {
   const char* kinds =
       "give a Hugging Face model directory (config.json + model.safetensors), a run's checkpoint "
       "(OUT_DIR/checkpoints/last) or the run's OUT_DIR";
@@ -98,6 +98,11 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
                       "more step to write one",
                   Error::kUsage);
     HfConfig hf = read_hf_config(dir);
+    if (!base_dir.empty() && checkpoint_base_reference(dir).is_null())
+      throw Error("--base " + base_dir + ": " + dir +
+                      " holds every parameter of its model (its run did not reference a base "
+                      "from files); drop --base",
+                  Error::kUsage);
     hf.spec.param_dtype = param_dtype;
     hf.spec.attention = attention;
     // The names (and shapes) of the parameters the referenced base supplies: the checkpoint of
@@ -105,7 +110,7 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
     std::map<std::string, Shape> from_base;
     const json ref = checkpoint_base_reference(dir);
     if (!ref.is_null()) {
-      const std::string base = find_referenced_base(ref, dir);
+      const std::string base = find_referenced_base(ref, dir, base_dir);
       models::ModelSpec spec = hf.spec;
       spec.vocab_size = read_hf_config(base).spec.vocab_size;  // before data.pad = "add"'s rows
       t.model = models::make_causal_lm(spec, 0);
@@ -131,7 +136,7 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
     }
     t.checkpoint = true;
     t.tokenizer = keel.value("tokenizer", "");
-    t.base_model = keel.value("base_model", "");
+    t.base_model = base_dir.empty() || ref.is_null() ? keel.value("base_model", "") : base_dir;
     if (keel.value("adapter", false)) {
       t.adapter = read_peft_config(dir);
       nn::apply_adapters(*t.model, *t.adapter);
@@ -162,6 +167,11 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
         throw Error(file + ": unexpected tensor '" + name + "' (" + dir +
                     "/config.json describes a model without it)");
   } else if (fs::exists(dir + "/config.json")) {
+    if (!base_dir.empty())
+      throw Error("--base " + base_dir + ": " + dir +
+                      " is a model directory, not a checkpoint of an adapter run; drop --base "
+                      "(a PEFT adapter goes on a base with --adapter)",
+                  Error::kUsage);
     t.model = load_hf_model(dir, param_dtype, attention, check);
     t.tokenizer = tokenizer_of(dir);
   } else {

@@ -49,10 +49,11 @@ struct TrainedModel {
 // Loads `path` (an HF directory, a checkpoint directory or a run's out_dir), then the PEFT
 // adapter directory `adapter_dir` when not empty. Parameters in `param_dtype` (adapters f32).
 // Errors (kUsage) name the path and what it lacks, or a tensor with non-finite values (unless
-// `check` allows them).
+// `check` allows them). `base_dir` (`--base DIR`) is where the frozen base of an adapter run's
+// checkpoint is now, when it moved after training (checked against the checkpoint's reference).
 TrainedModel load_trained_model(const std::string& path, const std::string& adapter_dir = "",
                                 DType param_dtype = DType::F32,
                                 ops::AttentionBackend attention = ops::AttentionBackend::kEager,
-                                const WeightCheck& check = {});
+                                const WeightCheck& check = {}, const std::string& base_dir = "");
 
 }  // namespace keel::io

@@ -273,5 +273,35 @@ TEST(TrainerPadding, ExtraPaddingLeavesTheLossUnchanged) {
   }
 }
 
+// The base of an adapter run moved after training: generate and export name --base DIR as the
+// fix, and with it load the base from its new place (checked against the checkpoint's reference)
+// and give what they gave before the move.
+TEST(CliLora, AMovedBaseIsFoundWithTheBaseOption) {
+  const std::string dir = test::temp_dir("lora-moved");
+  const std::string out = dir + "/out", base = dir + "/base", moved = dir + "/moved";
+  fs::copy(base_dir(), base);
+  std::ofstream(dir + "/lora.toml") << lora_config(out);
+  Ran r = test::run_keel_sh("train " + dir +
+                            "/lora.toml --set train.max_steps=3 --set model.path=" + base);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string gen = "generate " + out + " 12+34= --max-new-tokens 4";
+  const Ran before = test::run_keel_sh(gen);
+  ASSERT_EQ(before.code, 0) << before.output;
+  fs::rename(base, moved);
+  r = test::run_keel_sh(gen);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, base);
+  EXPECT_CONTAINS(r.err, "or name its new place with --base DIR");
+  const Ran after = test::run_keel_sh(gen + " --base " + moved);
+  ASSERT_EQ(after.code, 0) << after.output;
+  EXPECT_EQ(after.out, before.out);
+  r = test::run_keel_sh("export " + out + " --out " + dir + "/peft --adapter-only --base " + moved);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(json::parse(slurp(dir + "/peft/adapter_config.json"))["base_model_name_or_path"],
+            moved);
+  r = test::run_keel_sh("export " + out + " --out " + dir + "/hf --base " + base_dir());
+  EXPECT_EQ(r.code, 0) << r.output;  // another copy of the same base passes the check
+}
+
 }  // namespace
 }  // namespace keel

@@ -189,6 +189,26 @@ TEST(AdapterCheckpoint, AMovedOrChangedBaseIsAClearError) {
   EXPECT_CONTAINS(e, base);
   EXPECT_CONTAINS(e, "does not exist");
   EXPECT_CONTAINS(e, "put the base model the run was trained on back at");
+  EXPECT_CONTAINS(e, "or name its new place with --base DIR");
+  // --base DIR: the base's new place, checked against the reference; the model is the same.
+  {
+    io::TrainedModel at_new =
+        io::load_trained_model(ck, "", DType::F32, ops::AttentionBackend::kEager, {}, moved);
+    EXPECT_EQ(at_new.base_model, moved);
+    const std::string elsewhere = root + "/elsewhere";
+    write_base(elsewhere, 5);
+    e = test::error_of([&] {
+      io::load_trained_model(ck, "", DType::F32, ops::AttentionBackend::kEager, {}, elsewhere);
+    });
+    EXPECT_CONTAINS(e, elsewhere + "/model-0000");
+    EXPECT_CONTAINS(e, "differs");
+    EXPECT_CONTAINS(e, "give --base the directory of the base model the run was trained on");
+    // --base where nothing references a base: an HF directory.
+    e = test::error_of([&] {
+      io::load_trained_model(moved, "", DType::F32, ops::AttentionBackend::kEager, {}, moved);
+    });
+    EXPECT_CONTAINS(e, "--base " + moved + ": " + moved + " is a model directory");
+  }
   Config r = c;
   r.run.resume = true;
   r.run.resume_force = true;
