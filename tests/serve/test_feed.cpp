@@ -38,7 +38,7 @@ struct Parsed {
   std::vector<int64_t> ids;
   std::vector<std::string> states;
 };
-Parsed parse(const std::string& text) {
+Parsed parse_sse(const std::string& text) {
   Parsed p;
   static const std::regex kId(R"(^id: (\d+)$)");
   static const std::regex kState(R"re(^data: \{"state":"(\w+)"\}$)re");
@@ -52,11 +52,12 @@ Parsed parse(const std::string& text) {
 }
 
 // Takes until nothing is new; returns the ids given (and whether the subscriber is done).
-std::vector<int64_t> drain(FeedSubscriber& s, bool* done = nullptr, uint64_t file_bytes = 1 << 20) {
+std::vector<int64_t> take_all(FeedSubscriber& s, bool* done = nullptr,
+                              uint64_t file_bytes = 1 << 20) {
   std::vector<int64_t> ids;
   for (int i = 0; i < 1000; ++i) {
     FeedSubscriber::Chunk c = s.take(file_bytes);
-    const Parsed p = parse(c.text);
+    const Parsed p = parse_sse(c.text);
     ids.insert(ids.end(), p.ids.begin(), p.ids.end());
     if (done) *done = c.done;
     if (c.text.empty() || c.done) break;
@@ -64,7 +65,7 @@ std::vector<int64_t> drain(FeedSubscriber& s, bool* done = nullptr, uint64_t fil
   return ids;
 }
 
-std::vector<int64_t> range(int64_t from, int64_t to) {  // [from, to]
+std::vector<int64_t> ids_from_to(int64_t from, int64_t to) {  // [from, to]
   std::vector<int64_t> v;
   for (int64_t i = from; i <= to; ++i) v.push_back(i);
   return v;
@@ -79,11 +80,11 @@ TEST(ServeFeed, ALateSubscriberGetsEveryLineOnceFromTheFileThenTheWindow) {
   feed->refresh();  // lines 11..30; the window keeps 27..30
   FeedSubscriber late(feed, 0);
   // A small read bound: the file is read over several takes, each line still once.
-  EXPECT_EQ(drain(late, nullptr, /*file_bytes=*/200), range(1, 30));
+  EXPECT_EQ(take_all(late, nullptr, /*file_bytes=*/200), ids_from_to(1, 30));
   run.steps_to(33);
   feed->refresh();
-  EXPECT_EQ(drain(late), range(31, 33));  // then from the window
-  EXPECT_EQ(drain(late), std::vector<int64_t>{});
+  EXPECT_EQ(take_all(late), ids_from_to(31, 33));  // then from the window
+  EXPECT_EQ(take_all(late), std::vector<int64_t>{});
 }
 
 TEST(ServeFeed, ALastEventIdResumeGetsExactlyTheLinesAfterIt) {
@@ -94,9 +95,9 @@ TEST(ServeFeed, ALastEventIdResumeGetsExactlyTheLinesAfterIt) {
   run.steps_to(20);
   feed->refresh();  // window: 17..20
   FeedSubscriber far_back(feed, 7), in_window(feed, 18), at_end(feed, 20);
-  EXPECT_EQ(drain(far_back), range(8, 20));
-  EXPECT_EQ(drain(in_window), range(19, 20));
-  EXPECT_EQ(drain(at_end), std::vector<int64_t>{});
+  EXPECT_EQ(take_all(far_back), ids_from_to(8, 20));
+  EXPECT_EQ(take_all(in_window), ids_from_to(19, 20));
+  EXPECT_EQ(take_all(at_end), std::vector<int64_t>{});
 }
 
 TEST(ServeFeed, AStreamThatFellBehindTheWindowCatchesUpFromTheFile) {
@@ -108,9 +109,9 @@ TEST(ServeFeed, AStreamThatFellBehindTheWindowCatchesUpFromTheFile) {
   for (int to : {3, 5, 15, 16, 30}) {  // 5 -> 15 and 16 -> 30: more than the window at once
     run.steps_to(to);
     feed->refresh();
-    for (int64_t id : drain(s)) got.push_back(id);
+    for (int64_t id : take_all(s)) got.push_back(id);
   }
-  EXPECT_EQ(got, range(1, 30));
+  EXPECT_EQ(got, ids_from_to(1, 30));
 }
 
 TEST(ServeFeed, StatusIsTheNewestRecordAsOfTheLastRefresh) {
@@ -135,7 +136,7 @@ TEST(ServeFeed, StateEventsAtEachChangeAndTheEndOnlyOnceEverythingIsGiven) {
   feed->set_state("running");
   FeedSubscriber s(feed, 0);
   FeedSubscriber::Chunk c = s.take();
-  EXPECT_EQ(parse(c.text).states, std::vector<std::string>{"running"});
+  EXPECT_EQ(parse_sse(c.text).states, std::vector<std::string>{"running"});
   EXPECT_FALSE(c.done);
   // The run ends with lines the stream has not had, some of them out of the window.
   run.steps_to(12);
@@ -143,11 +144,11 @@ TEST(ServeFeed, StateEventsAtEachChangeAndTheEndOnlyOnceEverythingIsGiven) {
   feed->set_state("succeeded");
   c = s.take();
   EXPECT_FALSE(c.done) << "done before lines 1..8 (out of the window) were given";
-  EXPECT_EQ(parse(c.text).ids, range(1, 12));
+  EXPECT_EQ(parse_sse(c.text).ids, ids_from_to(1, 12));
   c = s.take();
   EXPECT_TRUE(c.done);
-  EXPECT_EQ(parse(c.text).states, std::vector<std::string>{"succeeded"});
-  EXPECT_EQ(parse(c.text).ids, std::vector<int64_t>{});
+  EXPECT_EQ(parse_sse(c.text).states, std::vector<std::string>{"succeeded"});
+  EXPECT_EQ(parse_sse(c.text).ids, std::vector<int64_t>{});
 }
 
 TEST(ServeFeed, WaitSleepsUntilALineComesAndCloseEndsTheStreams) {
@@ -171,7 +172,7 @@ TEST(ServeFeed, WaitSleepsUntilALineComesAndCloseEndsTheStreams) {
   s.wait(t0 + std::chrono::seconds(30));
   writer.join();
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(20));
-  EXPECT_EQ(parse(s.take().text).ids, std::vector<int64_t>{1});
+  EXPECT_EQ(parse_sse(s.take().text).ids, std::vector<int64_t>{1});
   std::thread closer([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     feed->close();
