@@ -3,6 +3,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -104,6 +105,23 @@ class ConnectionStream final : public httplib::Stream {
 };
 
 }  // namespace
+
+RequestThreadPool::RequestThreadPool(size_t threads, int nice_above_process)
+    : httplib::ThreadPool(threads),
+      nice_(std::min(19, getpriority(PRIO_PROCESS, 0) + nice_above_process)) {}
+
+void RequestThreadPool::enqueue(std::function<void()> fn) {
+  // The pool's threads are made by its constructor, out of reach: each lowers itself at its first
+  // job (nice is per thread on Linux).
+  httplib::ThreadPool::enqueue([nice = nice_, fn = std::move(fn)] {
+    thread_local bool lowered = false;
+    if (!lowered) {
+      setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), nice);
+      lowered = true;
+    }
+    fn();
+  });
+}
 
 HttpServer::HttpServer() : stop_fd_(eventfd(0, EFD_CLOEXEC)) {}
 

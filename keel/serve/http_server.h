@@ -14,6 +14,20 @@
 
 namespace keel::serve {
 
+// httplib's thread pool, whose threads serve requests at a lower priority than the process's:
+// `nice` above the server's own (capped at 19). keel serve shares the machine with the run it
+// trains, and the training is what the user is there for: when the cores are short, a status
+// request waits a little rather than the run. Children are not forked by these threads
+// (supervisor.h), so the run keeps the server's priority.
+class RequestThreadPool : public httplib::ThreadPool {
+ public:
+  RequestThreadPool(size_t threads, int nice_above_process);
+  void enqueue(std::function<void()> fn) override;
+
+ private:
+  int nice_;  // the threads' nice value
+};
+
 class HttpServer : public httplib::Server {
  public:
   HttpServer();

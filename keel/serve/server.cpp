@@ -170,9 +170,12 @@ int run_server(const ServeOptions& opt) {
   HttpServer svr;  // httplib's, with idle keep-alive connections asleep (http_server.h)
   // A thread per connection: a keep-alive connection holds one while it waits for its next
   // request (asleep in poll), an events stream while it streams (asleep on its run's feed). The
-  // pool's idle threads sleep on its queue.
+  // pool's idle threads sleep on its queue. They run 10 nice levels below the server (about a
+  // tenth of a core's share against the run, when both want one; http_server.h).
   const int threads = opt.threads;
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  svr.new_task_queue = [threads] {
+    return new RequestThreadPool(static_cast<size_t>(threads), /*nice_above_process=*/10);
+  };
   // httplib closes a keep-alive connection after 5 requests by default: a client polling every
   // 100 ms would reconnect twice a second.
   svr.set_keep_alive_max_count(1000);

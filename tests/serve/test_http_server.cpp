@@ -1,7 +1,9 @@
 // keel serve's connections (serve/http_server.h): a keep-alive connection serves many requests
 // (httplib's default closed it after 5), waits asleep for the next one however long the client
 // pauses (within the keep-alive time), closes when that time runs out, and a server stopping with
-// idle connections open closes them at once instead of waiting out their keep-alive time.
+// idle connections open closes them at once instead of waiting out their keep-alive time. The
+// threads that serve requests run 10 nice levels below the server; the training run it starts
+// keeps the server's own priority.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -9,7 +11,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "tests/serve/serve_process.h"
@@ -102,6 +106,52 @@ TEST(ServeHttp, StoppingClosesIdleConnectionsAtOnce) {
   EXPECT_EQ(s.srv.stop(SIGTERM), 0) << s.srv.output();
   // Not the 5 s keep-alive time: the connections were woken to close.
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+}
+
+// Field `n` (1-based, as in proc(5)) of /proc/PATH/stat; "" when unreadable.
+std::string stat_field(const std::string& path, int n) {
+  std::ifstream in("/proc/" + path + "/stat");
+  std::string s;
+  std::getline(in, s);
+  const size_t paren = s.rfind(')');
+  if (paren == std::string::npos) return "";
+  std::istringstream fields(s.substr(paren + 2));
+  std::string f;
+  for (int i = 3; i <= n && fields >> f; ++i) {
+  }
+  return f;
+}
+
+TEST(ServeHttp, RequestThreadsRunBelowTheServerAndTheRunKeepsItsPriority) {
+  OpenServer s;
+  ASSERT_TRUE(s.srv.started()) << s.srv.output();
+  Api api{s.srv.port(), ""};
+  auto r = api.post("/v1/runs", tiny_config(2000).dump());
+  ASSERT_TRUE(r && r->status == 201) << (r ? r->body : "no response");
+  const std::string id = nlohmann::json::parse(r->body)["id"];
+  const std::string server = std::to_string(s.srv.pid());
+  const int server_nice = std::stoi(stat_field(server, 19));  // its main thread's
+  // The run: the server's child.
+  std::string child;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") == std::string::npos && stat_field(pid, 4) == server)
+      child = pid;
+  }
+  ASSERT_NE(child, "") << "no child process of the server";
+  EXPECT_EQ(std::stoi(stat_field(child, 19)), server_nice) << "the run's nice value";
+  // The thread that served the POST (and every request thread that served one) runs lower.
+  int lowered = 0;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/" + server + "/task")) {
+    const std::string nice = stat_field(server + "/task/" + t.path().filename().string(), 19);
+    if (!nice.empty() && std::stoi(nice) == std::min(19, server_nice + 10)) ++lowered;
+  }
+  EXPECT_GE(lowered, 1) << "no request thread at nice " << server_nice + 10;
+  r = api.post("/v1/runs/" + id + "/stop", "");
+  ASSERT_TRUE(r);
+  api.wait_run(id, [](const nlohmann::json& j) {
+    return j["state"] != "stopping" && j["state"] != "running";
+  });
 }
 
 }  // namespace
