@@ -2,12 +2,17 @@
 // once while STATUS clients poll GET /v1/runs/{id} (each every PERIOD ms, keep-alive) and EVENTS
 // clients follow its events stream. Prints the status latency percentiles, what the events
 // clients received, and the run's tokens/s in both cases (their ratio is the cost of the load).
-// Bounded: the runs have a fixed number of steps and the clients end with the run.
+// Bounded: the runs have a fixed number of steps and the clients end with the run. Each run also
+// reports where the CPU went: the server's own CPU time and the run child's (from the server's
+// /proc/PID/stat: utime+stime, and cutime+cstime once the child is reaped), and the clients'
+// (this process's getrusage), so a slowdown can be told apart from the machine running out of
+// cores.
 //
 //   OMP_NUM_THREADS=1 ./build/bench/bench_serve [STEPS=600] [STATUS=100] [EVENTS=100] [PERIOD=100]
 //   [PAIRS=3]
 #include <httplib.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -102,6 +107,38 @@ double mean_tokens_per_s(const std::string& run_dir) {
   return n ? sum / n : 0;
 }
 
+// CPU seconds of process `pid` (/proc/PID/stat): its own threads', and its reaped children's.
+struct ProcCpu {
+  double self = 0, children = 0;
+};
+ProcCpu proc_cpu(pid_t pid) {
+  const std::string s = slurp("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = s.rfind(')');  // the command name may hold spaces
+  if (paren == std::string::npos) return {};
+  std::istringstream in(s.substr(paren + 2));
+  std::vector<std::string> f;  // f[0] is field 3 (state); utime is field 14
+  for (std::string w; in >> w;) f.push_back(w);
+  if (f.size() < 15) return {};
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return {(std::stod(f[11]) + std::stod(f[12])) / tick,
+          (std::stod(f[13]) + std::stod(f[14])) / tick};
+}
+
+// CPU seconds of this process (the clients' threads, and the main thread's state polls).
+double own_cpu() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
+
+std::string loadavg() {
+  std::string s = slurp("/proc/loadavg");
+  return s.substr(0, s.find(' ', s.find(' ', s.find(' ') + 1) + 1));
+}
+
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -132,9 +169,14 @@ int main(int argc, char** argv) {
   struct Load {
     std::vector<double> latency_ms;
     long errors = 0, events = 0, streams_ended = 0;
+    // Per run: CPU seconds of the server, of the clients (this process), of the run's child.
+    std::vector<double> server_cpu, client_cpu, child_cpu, wall;
   };
+  std::printf("load average at start: %s\n", loadavg().c_str());
   // One run of `steps` steps, under `n_status` + `n_events` clients; returns its mean tokens/s.
   auto run_once = [&](int n_status, int n_events, Load* load, double* wall_s) {
+    const ProcCpu srv0 = proc_cpu(srv.pid);
+    const double own0 = own_cpu();
     const auto t0 = Clock::now();
     const std::string id = create(srv.port, steps);
     std::atomic<bool> done{false};
@@ -183,6 +225,11 @@ int main(int argc, char** argv) {
     *wall_s = std::chrono::duration<double>(Clock::now() - t0).count();
     done = true;
     for (auto& t : clients) t.join();
+    const ProcCpu srv1 = proc_cpu(srv.pid);  // the child was reaped before its state changed
+    load->server_cpu.push_back(srv1.self - srv0.self);
+    load->child_cpu.push_back(srv1.children - srv0.children);
+    load->client_cpu.push_back(own_cpu() - own0);
+    load->wall.push_back(*wall_s);
     return mean_tokens_per_s(dir + "/root/runs/" + id);
   };
   // Quiet and loaded runs alternate (Q L, L Q, Q L, ...), so a drift in the machine's load
@@ -204,6 +251,13 @@ int main(int argc, char** argv) {
         "pair %d: tokens/s %.0f with no clients, %.0f under load (ratio %.3f); run wall %.2f s vs "
         "%.2f s (ratio %.3f)\n",
         rep + 1, q, l, l / q, qw, lw, lw / qw);
+    std::printf(
+        "  CPU s (cores = CPU s / wall s): loaded: server %.2f (%.2f), clients %.2f (%.2f), run "
+        "%.2f (%.2f); no clients: server %.2f (%.2f), run %.2f (%.2f)\n",
+        load.server_cpu.back(), load.server_cpu.back() / lw, load.client_cpu.back(),
+        load.client_cpu.back() / lw, load.child_cpu.back(), load.child_cpu.back() / lw,
+        none.server_cpu.back(), none.server_cpu.back() / qw, none.child_cpu.back(),
+        none.child_cpu.back() / qw);
   }
   std::printf(
       "keel serve load bench: %d steps a run, %d pairs; %d status clients (one GET every %d ms "
@@ -220,6 +274,19 @@ int main(int argc, char** argv) {
       "run tokens/s under load / with no clients: median ratio %.3f; run wall time (create to "
       "end) under load / with no clients: median ratio %.3f\n",
       percentile(ratios, 0.5), percentile(wall_ratios, 0.5));
+  // Cores each side kept busy, over all runs of a kind (CPU seconds / wall seconds).
+  auto cores = [](const std::vector<double>& cpu, const std::vector<double>& wall) {
+    double c = 0, w = 0;
+    for (size_t i = 0; i < cpu.size(); ++i) c += cpu[i], w += wall[i];
+    return w > 0 ? c / w : 0.0;
+  };
+  std::printf(
+      "CPU (cores busy, CPU s / wall s over the runs): under load: server %.3f, clients %.3f, run "
+      "%.3f; with no clients: server %.3f, run %.3f\n",
+      cores(load.server_cpu, load.wall), cores(load.client_cpu, load.wall),
+      cores(load.child_cpu, load.wall), cores(none.server_cpu, none.wall),
+      cores(none.child_cpu, none.wall));
+  std::printf("load average at end: %s\n", loadavg().c_str());
   fs::remove_all(dir);
   return 0;
 }

@@ -1,71 +1,50 @@
 #include "keel/serve/events.h"
 
 #include <chrono>
-#include <memory>
 #include <thread>
-
-#include "keel/serve/progress.h"
-#include "keel/serve/registry.h"
 
 namespace keel::serve {
 
-std::string sse_event(const std::string& type, const std::string& data, int64_t id) {
-  std::string e;
-  if (id >= 0) e += "id: " + std::to_string(id) + "\n";
-  e += "event: " + type + "\n";
-  e += "data: " + data + "\n\n";  // JSON dumps hold no newline
-  return e;
-}
-
 namespace {
 // The state of one connection's stream.
-struct Stream {
-  EventStreamSource src;
-  LineTail tail;
-  int64_t line = 0;  // metrics.jsonl lines read so far
-  int64_t skip = 0;  // lines the client already has (Last-Event-ID)
-  std::string state;
-  std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
-  Stream(EventStreamSource s, int64_t last_id)
-      : src(std::move(s)), tail(src.metrics_path), skip(last_id) {}
+struct EventStream {
+  FeedSubscriber sub;
+  std::function<std::string()> run_json;
+  RunFeed::Clock::time_point last_write = RunFeed::Clock::now();
+  EventStream(std::shared_ptr<RunFeed> feed, std::function<std::string()> json, int64_t last_id)
+      : sub(std::move(feed), last_id), run_json(std::move(json)) {}
 };
 
-constexpr auto kPoll = std::chrono::milliseconds(100);
+// A fast run writes a few hundred lines a second: a stream gathers them for this long after a
+// write, so it writes (and its client wakes) at most 10 times a second.
+constexpr auto kBatch = std::chrono::milliseconds(100);
 constexpr auto kKeepAlive = std::chrono::seconds(15);
 }  // namespace
 
-void stream_run_events(httplib::Response& res, EventStreamSource src, int64_t last_event_id) {
-  auto st = std::make_shared<Stream>(std::move(src), last_event_id);
+void stream_run_events(httplib::Response& res, std::shared_ptr<RunFeed> feed,
+                       std::function<std::string()> run_json, int64_t last_event_id) {
+  auto st = std::make_shared<EventStream>(std::move(feed), std::move(run_json), last_event_id);
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider("text/event-stream", [st](size_t, httplib::DataSink& sink) {
-    // Each call writes what is new, or waits a poll interval; the stream ends with the run.
-    std::string out;
-    const std::string state = st->src.state();  // before reading: lines then are complete
-    for (const std::string& l : st->tail.read_new()) {
-      ++st->line;
-      if (st->line <= st->skip) continue;
-      for (const RunEvent& e : events_of_line(st->line, l))
-        out += sse_event(
-            e.type, e.data.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), e.id);
+    // Each call writes what is new, waiting (asleep) until there is something; the stream ends
+    // with the run.
+    FeedSubscriber::Chunk c = st->sub.take();
+    while (c.text.empty() && !c.done) {
+      const auto keep_alive_at = st->last_write + kKeepAlive;
+      if (RunFeed::Clock::now() >= keep_alive_at) {
+        c.text = ": keep-alive\n\n";
+        break;
+      }
+      st->sub.wait(keep_alive_at);
+      const auto batch_at = st->last_write + kBatch;
+      if (RunFeed::Clock::now() < batch_at) std::this_thread::sleep_until(batch_at);
+      c = st->sub.take();
     }
-    if (state != st->state) {
-      st->state = state;
-      out += sse_event("state", nlohmann::json{{"state", state}}.dump());
-    }
-    const bool done = !is_active_state(state) || (st->src.closing && st->src.closing->load());
-    if (done) out += sse_event("end", st->src.run_json());
-    const auto now = std::chrono::steady_clock::now();
-    if (out.empty() && now - st->last_write > kKeepAlive) out = ": keep-alive\n\n";
-    if (!out.empty()) {
-      if (!sink.is_writable() || !sink.write(out.data(), out.size())) return false;
-      st->last_write = now;
-    }
-    if (done) {
-      sink.done();
-      return true;
-    }
-    if (out.empty()) std::this_thread::sleep_for(kPoll);
+    if (c.done) c.text += sse_event("end", st->run_json());
+    if (!sink.is_writable() || !sink.write(c.text.data(), c.text.size())) return false;
+    st->last_write = RunFeed::Clock::now();
+    if (c.done) sink.done();
     return true;
   });
 }

@@ -1,24 +1,45 @@
 #include "keel/serve/progress.h"
 
-#include <fstream>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <regex>
 
 namespace keel::serve {
 
 using json = nlohmann::json;
 
-std::vector<std::string> LineTail::read_new() {
+std::vector<std::string> LineTail::read_new(uint64_t max_bytes) {
   std::vector<std::string> lines;
-  std::ifstream in(path_, std::ios::binary);
-  if (!in) return lines;
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<uint64_t>(in.tellg());
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) != 0) return lines;
+  const auto size = static_cast<uint64_t>(st.st_size);
   if (size < offset_) offset_ = 0;  // truncated or replaced: start over
   if (size == offset_) return lines;
-  in.seekg(static_cast<std::streamoff>(offset_));
-  std::string chunk(size - offset_, '\0');
-  in.read(chunk.data(), static_cast<std::streamsize>(chunk.size()));
-  chunk.resize(static_cast<size_t>(in.gcount()));
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);  // CLOEXEC: runs are forked
+  if (fd < 0) return lines;
+  std::string chunk;
+  uint64_t want = std::min(size - offset_, max_bytes);
+  for (;;) {
+    const size_t had = chunk.size();
+    chunk.resize(had + want);
+    size_t got = 0;
+    while (got < want) {
+      const ssize_t n = ::pread(fd, chunk.data() + had + got, want - got,
+                                static_cast<off_t>(offset_ + had + got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    chunk.resize(had + got);
+    // A bounded read that holds no whole line: read the rest of that line too.
+    if (got < want || chunk.find('\n', had) != std::string::npos || offset_ + chunk.size() >= size)
+      break;
+    want = std::min<uint64_t>(size - offset_ - chunk.size(), std::max<uint64_t>(max_bytes, 4096));
+  }
+  ::close(fd);
   size_t begin = 0, nl;
   while ((nl = chunk.find('\n', begin)) != std::string::npos) {
     lines.push_back(chunk.substr(begin, nl - begin));
@@ -29,13 +50,12 @@ std::vector<std::string> LineTail::read_new() {
 }
 
 void LineTail::skip_existing() {
-  std::ifstream in(path_, std::ios::binary | std::ios::ate);
-  if (in) offset_ = static_cast<uint64_t>(in.tellg());
+  struct stat st {};
+  if (::stat(path_.c_str(), &st) == 0) offset_ = static_cast<uint64_t>(st.st_size);
 }
 
-std::vector<RunEvent> events_of_line(int64_t line_no, const std::string& line) {
-  json rec = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (rec.is_discarded() || !rec.is_object()) return {};
+std::vector<RunEvent> events_of_record(int64_t line_no, const json& rec) {
+  if (!rec.is_object()) return {};
   std::vector<RunEvent> ev;
   // The advisor's findings are records of their own ({kind: advisor, step, trend, cause, action,
   // examples}: apps/keel/train.cpp) and reach a client as `finding` events.
@@ -50,59 +70,74 @@ std::vector<RunEvent> events_of_line(int64_t line_no, const std::string& line) {
   return ev;
 }
 
-RunProgress::RunProgress(const std::string& run_dir, bool new_start)
-    : metrics_(run_dir + "/metrics.jsonl"),
-      out_(run_dir + "/stdout.log"),
-      err_(run_dir + "/stderr.log") {
-  if (new_start) {
-    out_.skip_existing();
-    err_.skip_existing();
+std::vector<RunEvent> events_of_line(int64_t line_no, const std::string& line) {
+  const json rec = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (rec.is_discarded()) return {};
+  return events_of_record(line_no, rec);
+}
+
+std::string sse_event(const std::string& type, const std::string& data, int64_t id) {
+  std::string e;
+  if (id >= 0) e += "id: " + std::to_string(id) + "\n";
+  e += "event: " + type + "\n";
+  e += "data: " + data + "\n\n";  // JSON dumps hold no newline
+  return e;
+}
+
+std::string sse_of_record(int64_t line_no, const json& rec) {
+  std::string out;
+  for (const RunEvent& e : events_of_record(line_no, rec))
+    out += sse_event(e.type, e.data.dump(-1, ' ', false, json::error_handler_t::replace), e.id);
+  return out;
+}
+
+void Progress::on_metrics(const json& rec, std::chrono::steady_clock::time_point now) {
+  if (!rec.is_object() || !rec.contains("grad_norm") || !rec.contains("step")) return;
+  last_step_ = rec;
+  const int64_t step = rec["step"].is_number() ? rec["step"].get<int64_t>() : 0;
+  if (first_step_ < 0 || step < first_step_) {  // first seen, or a resume started over
+    first_step_ = step;
+    first_seen_ = now;
+  } else if (step > first_step_) {
+    const double s = std::chrono::duration<double>(now - first_seen_).count();
+    if (s > 0) steps_per_s_ = static_cast<double>(step - first_step_) / s;
+  }
+  if (rec.contains("advice")) {
+    advice_.push_front({{"step", step}, {"advice", rec["advice"]}});
+    if (advice_.size() > 10) advice_.pop_back();
   }
 }
 
-void RunProgress::refresh() {
-  const auto now = std::chrono::steady_clock::now();
-  for (const std::string& line : metrics_.read_new()) {
-    json rec = json::parse(line, nullptr, false);
-    if (rec.is_discarded() || !rec.is_object()) continue;
-    if (rec.contains("grad_norm") && rec.contains("step")) {
-      last_step_ = rec;
-      const int64_t step = rec["step"].is_number() ? rec["step"].get<int64_t>() : 0;
-      if (first_step_ < 0 || step < first_step_) {  // first seen, or a resume started over
-        first_step_ = step;
-        first_seen_ = now;
-      } else if (step > first_step_) {
-        const double s = std::chrono::duration<double>(now - first_seen_).count();
-        if (s > 0) steps_per_s_ = static_cast<double>(step - first_step_) / s;
-      }
-      if (rec.contains("advice")) {
-        advice_.push_front({{"step", step}, {"advice", rec["advice"]}});
-        if (advice_.size() > 10) advice_.pop_back();
-      }
-    }
-  }
+void Progress::on_stdout(const std::string& line) {
   // The header line of `keel train`: "... | 400 steps | out DIR".
   static const std::regex kSteps(R"(\| (\d+) steps(?: \||$))");
-  for (const std::string& line : out_.read_new()) {
-    std::smatch m;
-    if (line.rfind("keel train |", 0) == 0 && std::regex_search(line, m, kSteps))
-      total_steps_ = std::stoll(m[1]);
-    if (line.rfind("stopped by request", 0) == 0) stopped_by_request_ = true;
-  }
+  std::smatch m;
+  if (line.rfind("keel train |", 0) == 0 && std::regex_search(line, m, kSteps))
+    total_steps_ = std::stoll(m[1]);
+  if (line.rfind("stopped by request", 0) == 0) stopped_by_request_ = true;
+}
+
+void Progress::on_stderr(const std::string& line) {
   static const std::regex kCapture(R"(capture written to (\S+?);? replay with: (keel replay \S+))");
-  for (const std::string& line : err_.read_new()) {
-    if (line.rfind("error", 0) == 0 || line.rfind("stopped", 0) == 0) error_ = line;
-    std::smatch m;
-    if (std::regex_search(line, m, kCapture)) {
-      capture_ = m[1];
-      replay_ = m[2];
-    }
+  if (line.rfind("error", 0) == 0 || line.rfind("stopped", 0) == 0) error_ = line;
+  std::smatch m;
+  if (std::regex_search(line, m, kCapture)) {
+    capture_ = m[1];
+    replay_ = m[2];
   }
 }
 
-json RunProgress::snapshot() {
-  std::lock_guard<std::mutex> lock(mu_);
-  refresh();
+void Progress::new_start() {
+  total_steps_ = 0;
+  error_.clear();
+  capture_.clear();
+  replay_.clear();
+  stopped_by_request_ = false;
+  first_step_ = -1;
+  steps_per_s_ = 0;
+}
+
+json Progress::snapshot() const {
   json s = json::object();
   const json& r = last_step_;
   auto field = [&](const char* k) { return r.is_object() && r.contains(k) ? r[k] : json(); };
@@ -124,24 +159,6 @@ json RunProgress::snapshot() {
   s["advice"] = json(advice_);
   s["capture"] = capture_.empty() ? json() : json{{"path", capture_}, {"replay", replay_}};
   return s;
-}
-
-std::string RunProgress::last_error() {
-  std::lock_guard<std::mutex> lock(mu_);
-  refresh();
-  return error_;
-}
-
-std::string RunProgress::capture() {
-  std::lock_guard<std::mutex> lock(mu_);
-  refresh();
-  return capture_;
-}
-
-bool RunProgress::stopped_by_request() {
-  std::lock_guard<std::mutex> lock(mu_);
-  refresh();
-  return stopped_by_request_;
 }
 
 }  // namespace keel::serve

@@ -1,11 +1,11 @@
 // What a run is doing, read from the files its child writes: metrics.jsonl (one JSON record per
 // line: step records, eval records, findings) and the child's stdout and stderr. The server reads
-// them as they grow, so progress is the run's own numbers, not a copy kept in step with it.
+// them as they grow, so progress is the run's own numbers, not a copy kept in step with it. The
+// reading itself is shared by every client of a run (run_feed.h); this file holds its parts.
 #pragma once
 #include <chrono>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -13,11 +13,13 @@
 namespace keel::serve {
 
 // The complete lines appended to a file since the last call (a partial last line waits for its
-// newline). A file that is missing reads as empty.
+// newline). A file that is missing reads as empty; one that shrank is read again from its start.
+// An unchanged file costs one stat. `max_bytes` bounds one call's read (a longer single line is
+// still read whole).
 class LineTail {
  public:
   explicit LineTail(std::string path) : path_(std::move(path)) {}
-  std::vector<std::string> read_new();
+  std::vector<std::string> read_new(uint64_t max_bytes = UINT64_MAX);
   void skip_existing();  // start after what the file holds now
 
  private:
@@ -32,36 +34,44 @@ struct RunEvent {
   std::string type;  // step | eval | advice | finding | record
   nlohmann::json data;
 };
-// The events of one metrics.jsonl line (a step record with advice gives two, the same id).
+// The events of one metrics.jsonl line (a step record with advice gives two, the same id); a line
+// that is not a JSON object gives none.
 std::vector<RunEvent> events_of_line(int64_t line_no, const std::string& line);
+std::vector<RunEvent> events_of_record(int64_t line_no, const nlohmann::json& rec);
 
-// The latest numbers of a run, refreshed from its files on each read.
-class RunProgress {
+// One event in the text/event-stream format (id < 0: no id line).
+std::string sse_event(const std::string& type, const std::string& data, int64_t id = -1);
+// The events of a parsed metrics.jsonl line as text/event-stream text ("" for none).
+std::string sse_of_record(int64_t line_no, const nlohmann::json& rec);
+
+// The latest numbers of a run, folded from its files' lines as they come (no locking, no files:
+// RunFeed feeds it).
+class Progress {
  public:
-  // `new_start`: a child was just started: its stdout and stderr are read from their current ends
-  // (what earlier starts of the run wrote there is theirs); metrics.jsonl is always read whole.
-  RunProgress(const std::string& run_dir, bool new_start);
-  // Reads what the files gained and returns the fields of GET /v1/runs/{id}: step, total_steps,
-  // loss, grad_norm, loss_scale, learning_rate, skipped_steps, nan_steps, tokens_per_s,
-  // steps_per_s, eta_s, advice (latest lines), capture {path, replay}, error_detail.
-  nlohmann::json snapshot();
+  void on_metrics(const nlohmann::json& rec, std::chrono::steady_clock::time_point now);
+  void on_stdout(const std::string& line);
+  void on_stderr(const std::string& line);
+  // A child was just started: what the previous start printed (its error, capture, "stopped by
+  // request", step count) and its speed are no longer this run's; the metrics seen so far are.
+  void new_start();
+  // The fields of GET /v1/runs/{id}: step, total_steps, epoch, loss, grad_norm, loss_scale,
+  // learning_rate, skipped_steps, nan_steps, tokens_per_s, steps_per_s, eta_s, advice (latest
+  // first), capture {path, replay}.
+  nlohmann::json snapshot() const;
   // The last "error: ..." or "stopped: ..." line of the child's stderr ("" when none).
-  std::string last_error();
+  const std::string& last_error() const { return error_; }
   // The NaN capture directory named by the child's stderr ("" when none).
-  std::string capture();
+  const std::string& capture() const { return capture_; }
   // Whether the child printed "stopped by request" (a graceful stop completed).
-  bool stopped_by_request();
+  bool stopped_by_request() const { return stopped_by_request_; }
 
  private:
-  void refresh();  // mu_ held
-  std::mutex mu_;
-  LineTail metrics_, out_, err_;
   nlohmann::json last_step_;
   int64_t total_steps_ = 0;
   std::deque<nlohmann::json> advice_;  // latest first
   std::string error_, capture_, replay_;
   bool stopped_by_request_ = false;
-  // Steps per second over what this server saw (the first step seen and the latest).
+  // Steps per second over what this server saw of this start (the first step seen, the latest).
   std::chrono::steady_clock::time_point first_seen_;
   int64_t first_step_ = -1;
   double steps_per_s_ = 0;

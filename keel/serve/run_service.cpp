@@ -58,25 +58,86 @@ RunService::RunService(RunServiceOptions opt)
       registry_((fs::create_directories(opt_.root + "/runs"), opt_.root + "/keel-serve.db")),
       supervisor_([this](pid_t pid, ChildExit e) { on_child_exit(pid, e); }) {
   if (opt_.keel_binary.empty()) opt_.keel_binary = fs::read_symlink("/proc/self/exe").string();
+  poller_ = std::thread([this] { poll_feeds(); });
 }
 
-RunService::~RunService() { shutdown(); }
-
-std::shared_ptr<RunProgress> RunService::progress(const std::string& id, bool new_start) {
-  std::lock_guard<std::mutex> lock(progress_mu_);
-  auto& p = progress_[id];
-  if (!p || new_start) p = std::make_shared<RunProgress>(run_dir(id), new_start);
-  return p;
+RunService::~RunService() {
+  shutdown();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_polling_ = true;
+  }
+  poll_.notify_all();
+  poller_.join();
 }
 
-RunRecord RunService::must_get(const std::string& id) const {
+// How often the active run's files are looked at (a stat each; a read when they grew). Status
+// answers and events are at most this much behind the run.
+constexpr auto kFeedPoll = std::chrono::milliseconds(20);
+
+void RunService::poll_feeds() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_polling_) {
+    if (children_.empty()) {
+      poll_.wait(lock);  // nothing runs: nothing to read until a child starts
+      continue;
+    }
+    std::vector<std::string> ids;
+    for (const auto& [pid, id] : children_) ids.push_back(id);
+    lock.unlock();
+    for (const std::string& id : ids) {
+      std::shared_ptr<RunFeed> f;
+      {
+        std::lock_guard<std::mutex> fl(feeds_mu_);
+        auto it = feeds_.find(id);
+        if (it != feeds_.end()) f = it->second;
+      }
+      if (f) f->refresh();
+    }
+    lock.lock();
+    poll_.wait_for(lock, kFeedPoll, [&] { return stop_polling_; });
+  }
+}
+
+std::shared_ptr<RunFeed> RunService::feed_of(const RunRecord& r) {
+  std::lock_guard<std::mutex> lock(feeds_mu_);
+  auto& f = feeds_[r.id];
+  if (!f) {
+    f = std::make_shared<RunFeed>(run_dir(r.id));
+    f->set_state(r.state);
+  }
+  return f;
+}
+
+std::shared_ptr<RunFeed> RunService::feed(const std::string& id) { return feed_of(must_get(id)); }
+
+RunRecord RunService::must_get(const std::string& id) {
+  {
+    std::lock_guard<std::mutex> lock(records_mu_);
+    auto it = records_.find(id);
+    if (it != records_.end()) return it->second;
+  }
   auto r = registry_.get(id);
   if (!r) throw HttpError(404, "no run " + id + " (GET /v1/runs lists them)");
-  return *r;
+  std::lock_guard<std::mutex> lock(records_mu_);
+  return records_.emplace(id, *r).first->second;  // a save in between wins
+}
+
+void RunService::save(const RunRecord& r, bool insert) {
+  if (insert)
+    registry_.insert(r);
+  else
+    registry_.update(r);
+  const RunRecord stored = registry_.get(r.id).value_or(r);  // with the updated_at it wrote
+  {
+    std::lock_guard<std::mutex> lock(records_mu_);
+    records_[r.id] = stored;
+  }
+  feed_of(stored)->set_state(stored.state);
 }
 
 json RunService::to_json(const RunRecord& r) {
-  json j = progress(r.id)->snapshot();
+  json j = feed_of(r)->snapshot();
   j["id"] = r.id;
   j["object"] = "run";
   j["state"] = r.state;
@@ -96,16 +157,17 @@ void RunService::start_child(RunRecord& r, bool resume) {
   const std::string dir = run_dir(r.id);
   std::vector<std::string> argv = {opt_.keel_binary, "train", dir + "/run.toml"};
   if (resume) argv.insert(argv.end(), {"--set", "run.resume=true"});
-  progress(r.id, /*new_start=*/true);
+  feed_of(r)->new_start();
   const pid_t pid = supervisor_.start(argv, dir, dir + "/stdout.log", dir + "/stderr.log");
   children_[pid] = r.id;
+  poll_.notify_all();
   r.state = "running";
   r.pid = pid;
   r.pid_start = process_start_time(pid);
   r.error.clear();
   r.exit_code = -1;
   ++r.starts;
-  registry_.update(r);
+  save(r, /*insert=*/false);
 }
 
 std::pair<int, json> RunService::create(const std::string& body, const std::string& idem_key) {
@@ -137,13 +199,13 @@ std::pair<int, json> RunService::create(const std::string& body, const std::stri
   r.created_at = r.updated_at = utc_now();
   r.idempotency_key = idem_key;
   r.request = body;
-  registry_.insert(r);
+  save(r, /*insert=*/true);
   try {
     start_child(r, /*resume=*/false);
   } catch (const Error& e) {
     r.state = "failed";
     r.error = e.what();
-    registry_.update(r);
+    save(r, /*insert=*/false);
   }
   return {201, to_json(r)};
 }
@@ -157,8 +219,11 @@ json RunService::list() {
 json RunService::get(const std::string& id) { return to_json(must_get(id)); }
 
 std::string RunService::state(const std::string& id) {
-  auto r = registry_.get(id);
-  return r ? r->state : "";
+  try {
+    return must_get(id).state;
+  } catch (const HttpError&) {
+    return "";
+  }
 }
 
 json RunService::stop(const std::string& id) {
@@ -169,7 +234,7 @@ json RunService::stop(const std::string& id) {
     throw HttpError(409, "run " + id + " is " + r.state + "; only a running run can be stopped",
                     {{"state", r.state}});
   r.state = "stopping";
-  registry_.update(r);
+  save(r, /*insert=*/false);
   ::kill(static_cast<pid_t>(r.pid), SIGTERM);  // the child checkpoints after its current step
   return to_json(r);
 }
@@ -202,7 +267,8 @@ void RunService::on_child_exit(pid_t pid, ChildExit e) {
   children_.erase(it);
   if (auto rec = registry_.get(id)) {
     RunRecord r = *rec;
-    auto p = progress(id);
+    auto p = feed_of(r);
+    p->refresh();  // all the child wrote, before its run leaves the active states
     auto [state, why] = exit_state(e, r.state == "stopping", p->stopped_by_request(),
                                    shutting_down_, p->last_error());
     r.state = state;
@@ -211,7 +277,7 @@ void RunService::on_child_exit(pid_t pid, ChildExit e) {
     r.exit_code = e.signal ? 128 + e.signal : e.code;
     r.pid = 0;
     r.pid_start.clear();
-    registry_.update(r);
+    save(r, /*insert=*/false);
   }
   exited_.notify_all();
 }
@@ -235,7 +301,7 @@ void RunService::recover() {
               "; resume it from its last checkpoint with POST /v1/runs/" + r.id + "/resume";
     r.pid = 0;
     r.pid_start.clear();
-    registry_.update(r);
+    save(r, /*insert=*/false);
   }
 }
 
@@ -243,6 +309,10 @@ void RunService::shutdown() {
   std::unique_lock<std::mutex> lock(mu_);
   if (shutting_down_ && children_.empty()) return;
   shutting_down_ = true;
+  {
+    std::lock_guard<std::mutex> fl(feeds_mu_);
+    for (auto& [id, f] : feeds_) f->close();  // the events streams end now
+  }
   for (const auto& [pid, id] : children_) ::kill(pid, SIGTERM);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(opt_.stop_grace_s);
   if (!exited_.wait_until(lock, deadline, [&] { return children_.empty(); })) {

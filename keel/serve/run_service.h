@@ -1,7 +1,9 @@
 // The runs of keel serve: creating, stopping, resuming and recovering them, one active at a time.
 // It ties the registry (SQLite rows), the supervisor (child processes) and the progress readers
 // together; every change of state goes through its mutex and is written to the registry before
-// it is answered.
+// it is answered. Reads are answered from memory: the runs' records (a copy of the registry's,
+// kept at every write) and their feeds (run_feed.h), which one poller thread refreshes while a
+// run is active, so no request reads a file or the database.
 #pragma once
 #include <condition_variable>
 #include <map>
@@ -10,10 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "keel/serve/path_policy.h"
-#include "keel/serve/progress.h"
 #include "keel/serve/registry.h"
+#include "keel/serve/run_feed.h"
 #include "keel/serve/supervisor.h"
 
 namespace keel::serve {
@@ -46,14 +49,18 @@ class RunService {
   nlohmann::json resume(const std::string& id);
 
   std::string state(const std::string& id);  // "" when there is no such run
+  // The feed of run `id` (its events stream reads from it); 404 when there is no such run.
+  std::shared_ptr<RunFeed> feed(const std::string& id);
   std::string run_dir(const std::string& id) const { return opt_.root + "/runs/" + id; }
 
  private:
   nlohmann::json to_json(const RunRecord& r);
-  RunRecord must_get(const std::string& id) const;  // 404 otherwise
-  void start_child(RunRecord& r, bool resume);      // mu_ held
+  RunRecord must_get(const std::string& id);    // 404 otherwise
+  void save(const RunRecord& r, bool insert);   // to the registry, the cache and the feed
+  void start_child(RunRecord& r, bool resume);  // mu_ held
   void on_child_exit(pid_t pid, ChildExit e);
-  std::shared_ptr<RunProgress> progress(const std::string& id, bool new_start = false);
+  std::shared_ptr<RunFeed> feed_of(const RunRecord& r);
+  void poll_feeds();  // the poller thread: refreshes the active runs' feeds
 
   RunServiceOptions opt_;
   PathPolicy paths_;
@@ -62,8 +69,13 @@ class RunService {
   std::condition_variable exited_;
   std::map<pid_t, std::string> children_;  // live child -> run id
   bool shutting_down_ = false;
-  std::mutex progress_mu_;
-  std::map<std::string, std::shared_ptr<RunProgress>> progress_;
+  std::mutex records_mu_;
+  std::map<std::string, RunRecord> records_;  // as last written to (or read from) the registry
+  std::mutex feeds_mu_;
+  std::map<std::string, std::shared_ptr<RunFeed>> feeds_;
+  std::condition_variable poll_;  // with mu_: a child started, or the service ends
+  bool stop_polling_ = false;     // mu_
+  std::thread poller_;
   Supervisor supervisor_;  // last: its destructor joins waiters that call back into this object
 };
 

@@ -16,6 +16,7 @@
 #include "keel/serve/dashboard.h"
 #include "keel/serve/events.h"
 #include "keel/serve/http_error.h"
+#include "keel/serve/http_server.h"
 #include "keel/serve/run_service.h"
 
 namespace keel::serve {
@@ -166,9 +167,18 @@ int run_server(const ServeOptions& opt) {
   service.recover();
 
   std::atomic<bool> closing{false};
-  httplib::Server svr;
+  HttpServer svr;  // httplib's, with idle keep-alive connections asleep (http_server.h)
+  // A thread per connection: a keep-alive connection holds one while it waits for its next
+  // request (asleep in poll), an events stream while it streams (asleep on its run's feed). The
+  // pool's idle threads sleep on its queue. They run 10 nice levels below the server (about a
+  // tenth of a core's share against the run, when both want one; http_server.h).
   const int threads = opt.threads;
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  svr.new_task_queue = [threads] {
+    return new RequestThreadPool(static_cast<size_t>(threads), /*nice_above_process=*/10);
+  };
+  // httplib closes a keep-alive connection after 5 requests by default: a client polling every
+  // 100 ms would reconnect twice a second.
+  svr.set_keep_alive_max_count(1000);
   svr.set_payload_max_length(opt.max_body_bytes);
   svr.set_read_timeout(30);
   svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
@@ -232,7 +242,7 @@ int run_server(const ServeOptions& opt) {
            }));
   svr.Get(id + "/events", guarded([&](const httplib::Request& req, httplib::Response& res) {
             const std::string run = req.matches[1];
-            service.get(run);  // 404 before the stream starts
+            std::shared_ptr<RunFeed> feed = service.feed(run);  // 404 before the stream starts
             int64_t last = 0;
             const std::string h = req.get_header_value("Last-Event-ID");
             if (!h.empty()) {
@@ -242,14 +252,12 @@ int run_server(const ServeOptions& opt) {
                 throw HttpError(400, "Last-Event-ID \"" + h + "\" is not an event id (a number)");
               }
             }
-            EventStreamSource src;
-            src.metrics_path = service.run_dir(run) + "/metrics.jsonl";
-            src.state = [&service, run] { return service.state(run); };
-            src.run_json = [&service, run] {
-              return service.get(run).dump(-1, ' ', false, json::error_handler_t::replace);
-            };
-            src.closing = &closing;
-            stream_run_events(res, std::move(src), last);
+            stream_run_events(
+                res, std::move(feed),
+                [&service, run] {
+                  return service.get(run).dump(-1, ' ', false, json::error_handler_t::replace);
+                },
+                last);
           }));
   svr.Get(id + "/artifacts", guarded([&](const httplib::Request& req, httplib::Response& res) {
             service.get(req.matches[1]);
@@ -290,8 +298,8 @@ int run_server(const ServeOptions& opt) {
                 sig);
     std::fflush(stdout);
     closing = true;
-    service.shutdown();
-    svr.stop();
+    service.shutdown();  // ends the events streams too
+    svr.stop_serving();
   });
   svr.listen_after_bind();
   // listen returned without a signal (a listen error): wake the signal thread.

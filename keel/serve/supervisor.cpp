@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <sstream>
 
 #include "keel/numerics/error.h"
@@ -34,6 +35,34 @@ bool process_alive(pid_t pid, const std::string& start_time) {
   return pid > 0 && !start_time.empty() && process_start_time(pid) == start_time;
 }
 
+Supervisor::Supervisor(OnExit on_exit) : on_exit_(std::move(on_exit)) {
+  spawner_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(spawn_mu_);
+    for (;;) {
+      spawn_cv_.wait(lock, [&] { return spawner_stop_ || !spawn_jobs_.empty(); });
+      if (spawn_jobs_.empty()) return;
+      std::function<void()> job = std::move(spawn_jobs_.front());
+      spawn_jobs_.pop_front();
+      lock.unlock();
+      job();
+      lock.lock();
+    }
+  });
+}
+
+void Supervisor::on_spawner(const std::function<void()>& f) {
+  std::promise<void> done;
+  {
+    std::lock_guard<std::mutex> lock(spawn_mu_);
+    spawn_jobs_.push_back([&] {
+      f();
+      done.set_value();
+    });
+  }
+  spawn_cv_.notify_one();
+  done.get_future().wait();
+}
+
 pid_t Supervisor::start(const std::vector<std::string>& argv, const std::string& cwd,
                         const std::string& stdout_path, const std::string& stderr_path) {
   // Everything the child needs is prepared before fork: between fork and exec a multithreaded
@@ -51,29 +80,33 @@ pid_t Supervisor::start(const std::vector<std::string>& argv, const std::string&
   }
   const pid_t parent = getpid();
   std::lock_guard<std::mutex> lock(mu_);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(111);  // the server died before prctl
-    setpgid(0, 0);
-    // The server blocks SIGINT/SIGTERM (a thread sigwaits them) and ignores SIGPIPE; a child
-    // inherits both across exec, so reset them.
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    signal(SIGPIPE, SIG_DFL);
-    dup2(out, 1);
-    dup2(err, 2);
-    const int devnull = open("/dev/null", O_RDONLY);
-    if (devnull >= 0) dup2(devnull, 0);
-    // Not one of the server's descriptors (the listening socket, clients' connections, the
-    // registry) may live on in the run: a killed server could not be restarted on its port.
-    close_range(3, ~0u, 0);
-    if (chdir(cwd.c_str()) != 0) _exit(112);
-    execv(args[0], args.data());
-    _exit(113);
-  }
-  const int fork_errno = errno;
+  pid_t pid = -1;
+  int fork_errno = 0;
+  on_spawner([&] {
+    pid = fork();
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent) _exit(111);  // the server died before prctl
+      setpgid(0, 0);
+      // The server blocks SIGINT/SIGTERM (a thread sigwaits them) and ignores SIGPIPE; a child
+      // inherits both across exec, so reset them.
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      signal(SIGPIPE, SIG_DFL);
+      dup2(out, 1);
+      dup2(err, 2);
+      const int devnull = open("/dev/null", O_RDONLY);
+      if (devnull >= 0) dup2(devnull, 0);
+      // Not one of the server's descriptors (the listening socket, clients' connections, the
+      // registry) may live on in the run: a killed server could not be restarted on its port.
+      close_range(3, ~0u, 0);
+      if (chdir(cwd.c_str()) != 0) _exit(112);
+      execv(args[0], args.data());
+      _exit(113);
+    }
+    fork_errno = errno;
+  });
   close(out);
   close(err);
   if (pid < 0)
@@ -91,6 +124,12 @@ pid_t Supervisor::start(const std::vector<std::string>& argv, const std::string&
 }
 
 Supervisor::~Supervisor() {
+  {
+    std::lock_guard<std::mutex> lock(spawn_mu_);
+    spawner_stop_ = true;
+  }
+  spawn_cv_.notify_all();
+  spawner_.join();
   std::vector<std::thread> w;
   {
     std::lock_guard<std::mutex> lock(mu_);
