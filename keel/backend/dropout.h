@@ -20,6 +20,11 @@ struct DropoutKernels {
   // inf in a dropped element gives NaN, as PyTorch's x * mask does). out may alias x.
   void (*apply)(void* out, const void* x, DType dt, int64_t n, uint64_t seed, uint32_t threshold,
                 float scale);
+  // The same with x and out in their own dtypes (f32 opmath, one rounding into out_dt): LoRA's
+  // input path in one pass (ops::dropout_cast) instead of a widening cast, a dropout in f32
+  // and a narrowing cast. Not aliased.
+  void (*apply_cast)(void* out, DType out_dt, const void* x, DType x_dt, int64_t n, uint64_t seed,
+                     uint32_t threshold, float scale);
 };
 
 const DropoutKernels& dropout_kernels(Device dev);

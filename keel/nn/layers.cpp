@@ -72,12 +72,11 @@ Dropout::Dropout(double prob) : Module("Dropout"), p(prob) {}
 void Dropout::set_step_seed(uint64_t seed) { t_step_seed = seed; }
 uint64_t Dropout::step_seed() { return t_step_seed; }
 
+uint64_t Dropout::mask_seed() const { return mix_seed(t_step_seed, name_seed(path())); }
+
 Tensor Dropout::forward(const Tensor& x) {
   if (!is_training() || p == 0) return x;
-  return call({x}, [&] {
-    // Keyed on the module's path, so the mask does not depend on how many models were built.
-    return ops::dropout(x, static_cast<float>(p), mix_seed(t_step_seed, name_seed(path())));
-  });
+  return call({x}, [&] { return ops::dropout(x, static_cast<float>(p), mask_seed()); });
 }
 
 Tensor residual_add(const Tensor& x, const Tensor& y) {

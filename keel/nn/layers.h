@@ -63,6 +63,9 @@ class Dropout : public Module {
  public:
   explicit Dropout(double p);
   Tensor forward(const Tensor& x);
+  // The seed of this call's mask: the step's seed mixed with the module's path (so the mask does
+  // not depend on how many models were built). LoRA's fused input path draws the same mask.
+  uint64_t mask_seed() const;
   double p;
   static void set_step_seed(uint64_t seed);  // the trainer sets it per micro-batch
   static uint64_t step_seed();               // a checkpointed segment's recompute reuses it

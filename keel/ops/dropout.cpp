@@ -28,17 +28,60 @@ struct DropoutNode final : Node {
   const char* name() const override { return "dropout"; }
 };
 
-Tensor dropout(const Tensor& x, float p, uint64_t seed) {
-  check_floating("dropout", x);
+namespace {
+void check_dropout_p(float p) {
   if (!(p >= 0.f && p < 1.f))
     throw Error("dropout: p = " + std::to_string(p) +
                 " is outside [0, 1); set the dropout probability (e.g. model.dropout) to a value "
                 "in [0, 1)");
+}
+// An element survives when its 32 hash bits are >= p * 2^32 (exact: p has 24 significant bits;
+// p < 1 keeps it below 2^32).
+uint32_t dropout_threshold(float p) {
+  return static_cast<uint32_t>(static_cast<double>(p) * 4294967296.0);
+}
+float dropout_scale(float p) { return static_cast<float>(1.0 / (1.0 - static_cast<double>(p))); }
+}  // namespace
+
+std::vector<Tensor> DropoutCastNode::backward(const Tensor& g) {
+  // g is in f32 when the consumer wrote it there (a matmul from its f32 accumulator), else in the
+  // output's dtype; either way the f32 product g * mask * scale is rounded once into x's dtype, as
+  // dropout's backward in f32 followed by the widening cast's backward rounded it.
+  Tensor gx = Tensor::empty(g.shape(), in, g.device());
+  dropout_kernels(g.device())
+      .apply_cast(gx.data(), in, g.data(), g.dtype(), g.numel(), seed, threshold, scale);
+  return {gx};
+}
+
+Tensor dropout_cast(const Tensor& x, float p, uint64_t seed, DType out) {
+  check_floating("dropout_cast", x);
+  check_dropout_p(p);
+  KEEL_CHECK(dtype_is_floating(out) && dtype_size(out) < 4 && dtype_size(x.dtype()) <= 4,
+             std::string("dropout_cast: rounds f32 math into a 16-bit dtype, got x ") +
+                 dtype_name(x.dtype()) + " and out " + dtype_name(out));
+  // p == 0: every element kept and scaled by 1, which is exact.
+  const uint32_t threshold = p == 0.f ? 0u : dropout_threshold(p);
+  const float scale = p == 0.f ? 1.f : dropout_scale(p);
+  Tensor y = Tensor::empty(x.shape(), out, x.device());
+  dropout_kernels(x.device())
+      .apply_cast(y.data(), out, x.data(), x.dtype(), x.numel(), seed, threshold, scale);
+  if (any_requires_grad({&x})) {
+    auto node = std::make_shared<DropoutCastNode>();
+    node->in = x.dtype();
+    node->seed = seed;
+    node->threshold = threshold;
+    node->scale = scale;
+    record_node(y, node, {&x});
+  }
+  return y;
+}
+
+Tensor dropout(const Tensor& x, float p, uint64_t seed) {
+  check_floating("dropout", x);
+  check_dropout_p(p);
   if (p == 0.f) return x;
-  // An element survives when its 32 hash bits are >= p * 2^32 (exact: p has 24 significant bits;
-  // p < 1 keeps it below 2^32).
-  const uint32_t threshold = static_cast<uint32_t>(static_cast<double>(p) * 4294967296.0);
-  const float scale = static_cast<float>(1.0 / (1.0 - static_cast<double>(p)));
+  const uint32_t threshold = dropout_threshold(p);
+  const float scale = dropout_scale(p);
   Tensor out = apply_mask(x, seed, threshold, scale);
   if (any_requires_grad({&x})) {
     auto node = std::make_shared<DropoutNode>();

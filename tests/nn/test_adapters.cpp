@@ -594,6 +594,74 @@ TEST(ApplyAdapters, BaseDtypeBf16KeepsAdaptersF32) {
   }
 }
 
+// Under bf16 autocast, LoRA's input path (cast to f32, dropout, autocast's bf16 copy for lora_A)
+// runs fused (ops::dropout_cast) unless a hook watches the dropout or lora_A: both ways give the
+// same output, input gradient (q, k, v share their input, so its gradient sums six consumers) and
+// adapter gradients, bit for bit.
+TEST(ApplyAdapters, LoraFusedInputPathIsBitIdenticalToTheUnfusedOne) {
+  Toy toy(DType::BF16);
+  nn::AdapterOptions o = options("lora", {"q_proj", "k_proj", "v_proj", "up_proj", "down_proj"});
+  o.dropout = 0.25;
+  nn::apply_adapters(*toy.root, o);
+  for (auto& [n, t] : nn::peft_state_dict(*toy.root)) {
+    Tensor p = t;
+    p.copy_from(test::randn(p.shape(), 80, 0.1f));  // lora_B nonzero: the update counts
+  }
+  // A bf16 input (LoRA after a bf16 op, as down_proj after swiglu) and an f32 one (after an f32
+  // norm, as q, k, v and up_proj).
+  for (DType xdt : {DType::BF16, DType::F32}) {
+    const Tensor x0 = test::randn({5, 16}, 81).to_dtype(xdt);
+    auto run = [&] {
+      std::vector<Tensor> out;
+      Tensor x = x0.clone().set_requires_grad(true);
+      nn::Dropout::set_step_seed(9);
+      {
+        amp::AutocastGuard autocast(true, DType::BF16);
+        Tensor y = toy.forward(x);
+        out.push_back(y);
+        backward(ops::cast(y, DType::F32), test::randn(y.shape(), 82));
+      }
+      out.push_back(x.grad());
+      for (auto& [n, t] : nn::peft_state_dict(*toy.root)) {
+        out.push_back(t.grad());
+        Tensor g = t;
+        g.set_grad(Tensor());
+      }
+      return out;
+    };
+    {
+      amp::AutocastGuard autocast(true, DType::BF16);
+      auto* q = dynamic_cast<LoraAdapter*>(toy.blocks[0].q->adapter.get());
+      Tensor h = q->dropped_input(x0.clone().set_requires_grad(true));
+      EXPECT_EQ(h.dtype(), DType::BF16);
+      EXPECT_STREQ(h.grad_fn()->name(), "dropout_cast");
+    }
+    const auto fused = run();
+    int hooked = 0;
+    std::vector<std::pair<nn::Module*, int>> hooks;
+    for (Linear* l : nn::adapted_linears(*toy.root)) {
+      auto* lora = dynamic_cast<LoraAdapter*>(l->adapter.get());
+      ASSERT_TRUE(lora && lora->lora_dropout);
+      hooks.emplace_back(lora->lora_dropout, 0);
+      hooks.back().second = lora->lora_dropout->add_forward_post_hook(
+          [&](nn::Module&, const std::vector<Tensor>& in, Tensor& out) {
+            EXPECT_EQ(in[0].dtype(), DType::F32);  // the unfused path: the dropout runs in f32
+            EXPECT_EQ(out.dtype(), DType::F32);
+            ++hooked;
+          });
+    }
+    const auto unfused = run();
+    EXPECT_EQ(hooked, 10);  // five adapted projections in each of two blocks
+    ASSERT_EQ(fused.size(), unfused.size());
+    for (size_t i = 0; i < fused.size(); ++i) {
+      ASSERT_TRUE(fused[i].defined() && unfused[i].defined()) << i;
+      test::expect_bitwise_equal(fused[i], unfused[i],
+                                 std::string(dtype_name(xdt)) + " tensor " + std::to_string(i));
+    }
+    for (auto& [m, h] : hooks) m->remove_hook(h);
+  }
+}
+
 TEST(ApplyAdapters, TrainingMovesOnlyTheAdapter) {
   // Plain SGD on a regression target: the loss falls and every base weight stays bit-identical.
   for (const std::string kind : {"lora", "dora", "lokr"}) {

@@ -10,6 +10,8 @@
 #include "keel/autograd/node.h"
 #include "keel/backend/cpu/isa.h"
 #include "keel/ops/dropout.h"
+#include "keel/ops/elementwise.h"
+#include "keel/ops/op_util.h"
 #include "tests/support/check.h"
 
 namespace keel {
@@ -125,6 +127,55 @@ TEST(Dropout, NonFiniteValuesPropagate) {
     else
       EXPECT_TRUE(std::isnan(y[i])) << i;
   }
+}
+
+// dropout_cast stands for cast(dropout(cast(x, f32)), out) (LoRA's input path under autocast,
+// x in f32 after a norm or in 16 bits after swiglu): the same bits forward, a gradient asked for
+// in f32 by the consumer's product, and the same bits backward for an f32 and for a 16-bit
+// incoming gradient. Values include huge ones that overflow once scaled or rounded, subnormals,
+// signed zero, NaN and inf.
+TEST(Dropout, CastIsTheCastDropoutCastChainBitForBit) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (DType out : {DType::BF16, DType::F16})
+    for (DType xdt : {DType::F32, out})
+      for (float p : {0.f, 0.05f, 0.5f}) {
+        const std::string what = std::string("x ") + dtype_name(xdt) + " out " + dtype_name(out) +
+                                 " p=" + std::to_string(p);
+        std::vector<float> v = randn({4099}, 11, 3.f).to_floats();
+        v[0] = std::numeric_limits<float>::quiet_NaN();
+        v[1] = inf;
+        v[2] = -inf;
+        v[3] = 1e-40f;
+        v[4] = 3.3e38f;
+        v[5] = 65519.f;
+        v[6] = -0.f;
+        v[7] = 1.00390625f;  // a bf16 tie
+        Tensor x0 = Tensor::from_floats(v, {4099}).to_dtype(xdt);
+        Tensor xa = x0.clone().set_requires_grad(true), xb = x0.clone().set_requires_grad(true);
+        auto chain = [&](const Tensor& x) {
+          return ops::cast(ops::dropout(ops::cast(x, DType::F32), p, 77), out);
+        };
+        Tensor fused = ops::dropout_cast(xb, p, 77, out);
+        ASSERT_EQ(fused.dtype(), out) << what;
+        test::expect_bitwise_equal(chain(xa), fused, "forward " + what);
+        EXPECT_EQ(ops::grad_dtype_for(fused), DType::F32) << what;
+        for (DType gdt : {DType::F32, out}) {
+          std::vector<float> gv = randn({4099}, 12, 2.f).to_floats();
+          gv[7] = std::numeric_limits<float>::quiet_NaN();
+          gv[8] = 1e30f;
+          Tensor g = Tensor::from_floats(gv, {4099}).to_dtype(gdt);
+          xa.set_grad(Tensor());
+          xb.set_grad(Tensor());
+          backward(chain(xa), g);
+          backward(ops::dropout_cast(xb, p, 77, out), g);
+          ASSERT_EQ(xb.grad().dtype(), xdt) << what;
+          test::expect_bitwise_equal(xa.grad(), xb.grad(),
+                                     "backward " + what + ", gradient in " + dtype_name(gdt));
+        }
+      }
+  Tensor x32 = randn({4}, 1);
+  EXPECT_THROW(ops::dropout_cast(x32, 0.5f, 1, DType::F32), Error);  // nothing to round into
+  EXPECT_THROW(ops::dropout_cast(x32, 1.f, 1, DType::BF16), Error);
 }
 
 TEST(Dropout, Gradcheck) {

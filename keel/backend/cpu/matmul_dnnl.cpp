@@ -219,7 +219,10 @@ void run_f32_plan(const MatmulArgs& a, F32Plan plan) {
 // * dX = dY·W (NN, K = vocabulary): K in pieces, each piece added to the f32 result.
 //   f32: 256x50257x768 78-84 -> 59-62 ms (the transposed product below: 71), 2048 tokens
 //   607-618 -> 418-436 ms (transposed: 522), 64 tokens 32-35 -> 17 ms.
-//   bf16 (AMX): 2048 tokens 124-135 -> 108-117 ms.
+//   bf16 (AMX): 2048 tokens 124-135 -> 108-117 ms; 1024 tokens 281 -> 178 ms. Llama-3.2-1B's
+//   head (128256 x 2048, bench/compare_pytorch's LoRA row) at 1024 tokens 2283 -> 692 ms, at 512
+//   1932 -> 530 ms (2 threads, a loaded VM: the direct product slows down past ~16K of K).
+//   Issue 25 item 5 moved the bf16 threshold from 2048 tokens to 512.
 // * dW = dYᵀ·X (TN, M = vocabulary): M in row panels.
 //   f32: 256 tokens 73-75 -> 54-59 ms, 2048 tokens 758-774 -> 426-430 ms; a 256-wide model at
 //   2048 tokens 374-400 -> 195-197 ms (the transposed product: ~225); 64 tokens 22-24 -> 37-38 ms.
@@ -234,7 +237,7 @@ bool vocab_pieces(const MatmulArgs& a) {
   const bool f32 = a.in_dt == DType::F32;
   if (!f32 && a.in_dt != DType::BF16) return false;
   if (!a.trans_a)  // head dX
-    return a.k >= 8 * std::max(a.m, a.n) && (f32 ? a.n >= 256 : a.m >= 2048 && a.n >= 512);
+    return a.k >= 8 * std::max(a.m, a.n) && (f32 ? a.n >= 256 : a.m >= 512 && a.n >= 512);
   return a.m >= 16 * a.n && (f32 ? a.k >= 256 && a.n >= 256 : a.k >= 2048 && a.n >= 512);
 }
 

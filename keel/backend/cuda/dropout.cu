@@ -7,8 +7,8 @@
 namespace keel::cuda {
 namespace {
 
-template <class T>
-__global__ void dropout_kernel(T* out, const T* x, int64_t n, uint64_t key, uint32_t threshold,
+template <class TO, class TI>
+__global__ void dropout_kernel(TO* out, const TI* x, int64_t n, uint64_t key, uint32_t threshold,
                                float scale) {
   KEEL_CUDA_FOR(i, n) {
     const uint32_t bits = static_cast<uint32_t>(splitmix64_at(key, static_cast<uint64_t>(i)) >> 32);
@@ -24,7 +24,18 @@ void dropout_apply(void* out, const void* x, DType dt, int64_t n, uint64_t seed,
                             (T*)out, (const T*)x, n, key, threshold, scale));
   KEEL_CUDA_LAUNCHED();
 }
-const DropoutKernels kDropout = {dropout_apply};
+void dropout_apply_cast(void* out, DType out_dt, const void* x, DType x_dt, int64_t n,
+                        uint64_t seed, uint32_t threshold, float scale) {
+  if (n <= 0) return;
+  const uint64_t key = splitmix64_at(seed, 0);
+  KEEL_CUDA_FLOAT_TYPES(
+      out_dt, TO,
+      KEEL_CUDA_FLOAT_TYPES(x_dt, TI,
+                            dropout_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
+                                (TO*)out, (const TI*)x, n, key, threshold, scale)));
+  KEEL_CUDA_LAUNCHED();
+}
+const DropoutKernels kDropout = {dropout_apply, dropout_apply_cast};
 
 }  // namespace
 

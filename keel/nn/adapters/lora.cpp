@@ -1,6 +1,7 @@
 #include "keel/nn/adapters/lora.h"
 
 #include "keel/amp/autocast.h"
+#include "keel/ops/dropout.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/linear.h"
 
@@ -23,11 +24,29 @@ Tensor LoraAdapter::adapter_input(const Tensor& x) const {
   return x.dtype() == dt ? x : ops::cast(x, dt);
 }
 
+Tensor LoraAdapter::dropped_input(const Tensor& x) const {
+  const DType dt = lora_A->weight.dtype();
+  // Under autocast, lora_A's product rounds the dropped f32 input straight into the compute
+  // dtype: ops::dropout_cast gives that 16-bit tensor, and the f32 gradient the chain would
+  // give, in one pass each way, bit for bit. Not when a hook watches the dropout or lora_A (the
+  // tracer records their f32 input and output, a fault injection may replace them).
+  const DType low = amp::autocast_dtype();
+  const bool fused = lora_dropout && lora_dropout->is_training() && lora_dropout->p > 0 &&
+                     dt == DType::F32 && amp::autocast_enabled() && dtype_size(low) < 4 &&
+                     (x.dtype() == DType::F32 || x.dtype() == low) &&
+                     amp::cast_policy(amp::AmpOp::kLinear) == amp::CastPolicy::kLowerPrecision &&
+                     !lora_dropout->has_hooks() && !lora_A->has_hooks();
+  if (fused)
+    return ops::dropout_cast(x, static_cast<float>(lora_dropout->p), lora_dropout->mask_seed(),
+                             low);
+  Tensor h = adapter_input(x);  // [..., in] f32
+  return lora_dropout ? lora_dropout->forward(h) : h;
+}
+
 Tensor LoraAdapter::forward(Linear& base, const Tensor& x) {
   Tensor result = base.base_forward(x);  // [..., out], base or compute dtype
   const DType out_dt = result.dtype();
-  Tensor h = adapter_input(x);  // [..., in] f32
-  if (lora_dropout) h = lora_dropout->forward(h);
+  Tensor h = dropped_input(x);  // [..., in] f32, or under autocast its 16-bit copy
   // lora_B(lora_A(h)) * scaling: both products follow the linear autocast rule.
   Tensor update = ops::scale(lora_B->forward(lora_A->forward(h)), static_cast<float>(scaling));
   auto [a, b] = amp::promote(result, update);

@@ -24,6 +24,10 @@ class LoraAdapter : public LinearAdapter {
   Linear* lora_B;                   // weight [out, r], f32
   Dropout* lora_dropout = nullptr;  // null when dropout == 0 (PEFT: nn.Identity)
 
+  // lora_dropout(adapter_input(x)); under autocast, the 16-bit copy of it that lora_A's product
+  // would make, in one fused pass (ops::dropout_cast), with the same values and gradients.
+  Tensor dropped_input(const Tensor& x) const;
+
  protected:
   // x in the adapter's dtype (PEFT's _cast_input_dtype), differentiable.
   Tensor adapter_input(const Tensor& x) const;
