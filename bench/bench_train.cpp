@@ -3,9 +3,12 @@
 // the same run (1024³ through keel's matmul kernels, f32 and bf16).
 //
 //   ./build/bench/bench_train [steps=6] [layers=12] [grads=plain|flat] [precision=both]
+//                             [model=gpt2|llama|lora]
 //
 // grads=flat gives the optimizer's parameters flat gradient buffers (Optimizer::use_flat_grads);
 // the process's peak RSS is printed last (run one precision per process to compare it).
+// model=llama: a Llama of the same width (12 heads, 4 key/value heads, SwiGLU 2048, untied, vocab
+// 32,000); model=lora: the GPT-2 with a frozen base and LoRA r=16 on c_attn, c_proj and c_fc.
 // Reports the median step time over the steps after the first (warm-up), and the spread.
 #include <omp.h>
 #include <sys/resource.h>
@@ -31,6 +34,11 @@ int main(int argc, char** argv) {
   const int layers = argc > 2 ? std::atoi(argv[2]) : 12;
   const bool flat_grads = argc > 3 && std::string(argv[3]) == "flat";
   const std::string only = argc > 4 ? argv[4] : "";
+  const std::string model = argc > 5 ? argv[5] : "gpt2";
+  if (model != "gpt2" && model != "llama" && model != "lora") {
+    std::fprintf(stderr, "model must be gpt2, llama or lora, got %s\n", model.c_str());
+    return 2;
+  }
   const std::string dir = std::filesystem::temp_directory_path() / "keel-bench-train";
   std::filesystem::create_directories(dir);
   {
@@ -50,6 +58,19 @@ int main(int argc, char** argv) {
     c.model.n_head = 12;
     c.model.vocab_size = 50257;
     c.model.max_seq_len = 64;
+    if (model == "llama") {
+      c.model.family = "llama";
+      c.model.n_kv_head = 4;
+      c.model.intermediate_size = 2048;
+      c.model.vocab_size = 32000;
+      c.model.tie_embeddings = false;
+    }
+    if (model == "lora") {
+      c.model.adapter.kind = "lora";
+      c.model.adapter.r = 16;
+      c.model.adapter.alpha = 32;
+      c.model.adapter.target_modules = {"c_attn", "c_proj", "c_fc"};
+    }
     c.data.task = "text";
     c.data.path = dir + "/corpus.txt";
     c.data.pack = true;
@@ -66,7 +87,7 @@ int main(int argc, char** argv) {
       tokens = r.tokens;
     };
     Trainer t(c, h);
-    if (flat_grads) t.optimizer().use_flat_grads();
+    t.optimizer().use_flat_grads(flat_grads);  // build_run's default is flat
     const double n_params = static_cast<double>(t.model().num_parameters());
     t.fit();
     std::vector<double> warm(times.begin() + (times.size() > 1 ? 1 : 0), times.end());
@@ -86,6 +107,7 @@ int main(int argc, char** argv) {
   }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  std::printf("grads %s | peak RSS %ld MB\n", flat_grads ? "flat" : "plain", ru.ru_maxrss / 1024);
+  std::printf("%s | grads %s | peak RSS %ld MB\n", model.c_str(), flat_grads ? "flat" : "plain",
+              ru.ru_maxrss / 1024);
   return 0;
 }

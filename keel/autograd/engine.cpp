@@ -117,17 +117,31 @@ std::vector<Tensor> AccumulateGrad::backward(const Tensor& g) {
   auto impl = leaf.lock();
   if (!impl || !g.defined()) return {};
   Tensor& grad = impl->grad;
-  if (!grad.defined() && impl->grad_home.defined()) {
+  const Tensor& home = impl->grad_home;
+  if (home_live && g.data() == home.data()) {
+    // The gradient was written in the home (Node::grad_buffer): it becomes .grad as it is.
+    home_live = false;
+    if (grad.defined()) {  // another pass's contribution came first: the same sum, then moved
+      accumulate_into(grad, g);
+      Tensor sum = grad;
+      grad = home.view(impl->shape);
+      grad.copy_from(sum);
+    } else {
+      grad = home.view(impl->shape);
+    }
+    grad.bump_version();
+  } else if (!grad.defined() && home.defined() && !home_live) {
     // A flat gradient buffer (optim's use_flat_grads): the first contribution is copied into the
     // leaf's view of it (a copy, not 0 + g, keeps the sign of zeros), and later ones add there.
-    grad = impl->grad_home.view(impl->shape);
+    grad = home.view(impl->shape);
     grad.copy_from(g);
     grad.bump_version();
   } else if (!grad.defined()) {
     // The first contribution becomes .grad without a copy when nothing else can see it (the
     // caller's one reference to a tensor with its own storage): a later accumulation into .grad
     // then writes memory no other gradient shares. Otherwise (add hands one tensor to both
-    // inputs, a view shares its input's storage) it is copied, as before.
+    // inputs, a view shares its input's storage) it is copied, as before. (With a flat buffer,
+    // only while the home holds another pass's pending sum; its arrival moves .grad there.)
     if (g.dtype() != impl->dtype)
       grad = g.to_dtype(impl->dtype);
     else
@@ -150,6 +164,15 @@ struct Pending {
   Tensor grad;
   bool owned;  // false while `grad` may alias a tensor a backward formula returned elsewhere
 };
+// `g` is the home of accumulator `n`'s leaf, written by Node::grad_buffer and not yet in .grad.
+AccumulateGrad* live_home_of(Node* n, const Tensor& g) {
+  if (n->sequence_nr != 0) return nullptr;
+  auto* acc = dynamic_cast<AccumulateGrad*>(n);
+  if (!acc || !acc->home_live) return nullptr;
+  auto impl = acc->leaf.lock();
+  return impl && impl->grad_home.data() == g.data() ? acc : nullptr;
+}
+
 // One backward pass. Leaves' accumulators (sequence 0) run after every other node, in the order
 // their first gradient arrived; a nested pass (a checkpointed segment's, inside its node's
 // backward) hands them to the pass around it when post-hooks are attached.
@@ -158,7 +181,13 @@ struct Pass {
   std::vector<Node*> leaves;  // accumulators with a pending gradient, in arrival order
   // Nodes a nested pass handed over (a max-heap on sequence number), run at their place in order.
   std::vector<Node*> adopted;
+  std::unordered_map<Node*, int> fan_in;       // edges into each node
+  std::unordered_map<Node*, size_t> captured;  // accumulators of backward_to's inputs
+  uint64_t own_from = 0;
+  const Node* running = nullptr;              // the node whose backward() runs now
+  std::vector<AccumulateGrad*> handed_homes;  // homes grad_buffer gave `running`
 
+  bool foreign(const Node* n) const { return n->sequence_nr != 0 && n->sequence_nr < own_from; }
   static bool later(const Node* a, const Node* b) { return a->sequence_nr < b->sequence_nr; }
   void adopt(Node* n, Tensor g) {
     add(n, std::move(g));
@@ -168,9 +197,11 @@ struct Pass {
 
   void add(Node* n, Tensor g) {
     auto p = pending.find(n);
+    AccumulateGrad* home = live_home_of(n, g);
     if (p == pending.end()) {
       if (n->sequence_nr == 0) leaves.push_back(n);
-      pending.emplace(n, Pending{std::move(g), false});
+      // A leaf's home holds nothing anyone else sees: later contributions add into it.
+      pending.emplace(n, Pending{std::move(g), home != nullptr});
       return;
     }
     // A backward may hand the same tensor to several inputs (add does): copy before adding,
@@ -178,6 +209,41 @@ struct Pass {
     // wte).
     if (!p->second.owned && !sole_owner(p->second.grad)) p->second = {p->second.grad.clone(), true};
     accumulate_into(p->second.grad, g);
+    if (home) home->home_live = false;  // its values are in the sum now
+  }
+
+  // Node::grad_buffer's home for `n`'s input `i`: the leaf reached through pass-through nodes
+  // alone, with no gradient yet (in .grad, in this pass, or waiting in its home from another
+  // pass), whose gradient this pass hands over as it is (no post-hooks, not a backward_to input).
+  Tensor home_for(const Node* n, size_t i, DType dt, int64_t numel) {
+    if (n != running || !t_hooks.empty() || i >= n->next.size()) return Tensor();
+    Node* nx = n->next[i].get();
+    while (nx && nx->sequence_nr != 0) {  // pass-through nodes with no other gradient
+      if (foreign(nx) || fan_in[nx] != 1 || !nx->passes_through(dt) || nx->next.size() != 1)
+        return Tensor();
+      nx = nx->next[0].get();
+    }
+    auto* acc = nx ? dynamic_cast<AccumulateGrad*>(nx) : nullptr;
+    if (!acc || acc->home_live || captured.count(acc) || pending.count(acc)) return Tensor();
+    auto impl = acc->leaf.lock();
+    if (!impl || impl->grad.defined() || !impl->grad_home.defined() || impl->dtype != dt ||
+        impl->grad_home.numel() != numel)
+      return Tensor();
+    acc->home_live = true;
+    handed_homes.push_back(acc);
+    return impl->grad_home;
+  }
+  // After `running`'s backward(): a home it did not return as a gradient holds nothing.
+  void settle_homes(const Node* n, const std::vector<Tensor>& grads) {
+    for (AccumulateGrad* acc : handed_homes) {
+      auto impl = acc->leaf.lock();
+      bool returned = false;
+      for (const Tensor& g : grads)
+        returned |= impl && g.defined() && g.data() == impl->grad_home.data();
+      if (!returned) acc->home_live = false;
+    }
+    handed_homes.clear();
+    if (running == n) running = nullptr;
   }
 };
 thread_local Pass* t_pass = nullptr;
@@ -187,6 +253,17 @@ void run_hooks(const Node& n, const Tensor& g, const std::vector<Tensor>& grads)
     for (auto& h : t_hooks) h.fn(n, g, grads);
 }
 }  // namespace
+
+Tensor Node::grad_buffer(size_t input, const Shape& shape, DType dtype, Device device) const {
+  if (t_pass) {
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    Tensor home = t_pass->home_for(this, input, dtype, numel);
+    if (home.defined() && home.device() == device) return home.view(shape);
+    KEEL_CHECK(!home.defined(), "grad_buffer: a gradient's home on another device");
+  }
+  return Tensor::empty(shape, dtype, device);
+}
 
 void backward(const Tensor& root, const Tensor& grad_root) { backward_to(root, grad_root, {}); }
 
@@ -206,7 +283,9 @@ std::vector<Tensor> backward_to(const Tensor& root, const Tensor& grad_root,
   NoGradGuard no_grad;  // backward formulas never build graphs
   std::shared_ptr<Node> start = root.grad_fn() ? root.grad_fn() : edge_for(root);
   // The accumulators of `inputs`: their sums are returned instead of run.
-  std::unordered_map<Node*, size_t> captured;
+  Pass pass;
+  pass.own_from = own_from;
+  auto& captured = pass.captured;
   for (size_t i = 0; i < inputs.size(); ++i) {
     KEEL_CHECK(!inputs[i].defined() || inputs[i].is_leaf(), "backward_to: inputs must be leaves");
     if (inputs[i].defined() && inputs[i].impl()->grad_accumulator)
@@ -217,10 +296,10 @@ std::vector<Tensor> backward_to(const Tensor& root, const Tensor& grad_root,
   // running them in decreasing sequence number sees every consumer before its producer.
   std::vector<Node*> order;
   std::unordered_set<Node*> seen;
-  std::unordered_map<Node*, int> fan_in;  // edges into each node
+  auto& fan_in = pass.fan_in;
   Pass* const outer = t_pass;
   KEEL_CHECK(own_from == 0 || outer, "backward_to: own_from needs an enclosing backward pass");
-  auto foreign = [&](const Node* n) { return n->sequence_nr != 0 && n->sequence_nr < own_from; };
+  auto foreign = [&](const Node* n) { return pass.foreign(n); };
   std::vector<Node*> stack{start.get()};
   seen.insert(start.get());
   while (!stack.empty()) {
@@ -237,7 +316,6 @@ std::vector<Tensor> backward_to(const Tensor& root, const Tensor& grad_root,
   std::sort(order.begin(), order.end(),
             [](Node* a, Node* b) { return a->sequence_nr > b->sequence_nr; });
 
-  Pass pass;
   struct PassScope {
     Pass* prev;
     ~PassScope() { t_pass = prev; }
@@ -274,7 +352,9 @@ std::vector<Tensor> backward_to(const Tensor& root, const Tensor& grad_root,
         if (nx) note_produced(nx.get());
       continue;
     }
+    pass.running = n;
     std::vector<Tensor> grads = n->backward(g);
+    pass.settle_homes(n, grads);
     run_hooks(*n, g, grads);
     // Drop this node's own handle before passing gradients on: a node that hands its incoming
     // gradient straight through (cast back to an f32 master that already is f32) then leaves the

@@ -34,6 +34,18 @@ struct Node {
   // backpropagates through it inside backward()): post-hooks see those nodes, never this one.
   virtual bool transparent() const { return false; }
 
+  // Whether backward() returns its incoming gradient itself, unchanged, as its one input's
+  // gradient when that gradient has dtype `dt` (a cast back to an f32 master that already is
+  // f32): a buffer handed out for this node's gradient is then the input's gradient too.
+  virtual bool passes_through(DType /*dt*/) const { return false; }
+
+  // For backward(): the tensor to write input `input`'s gradient into (every element of it,
+  // never accumulating) and return. When that gradient is the first one of a leaf with a
+  // flat-buffer home (optim's use_flat_grads) and reaches it as it is, that is the home itself:
+  // the gradient is never allocated and then copied there (GPT-2's tied 154 MB wte gradient).
+  // Otherwise, and outside a backward pass, a fresh Tensor::empty(shape, dtype, device).
+  Tensor grad_buffer(size_t input, const Shape& shape, DType dtype, Device device) const;
+
   bool needs_grad(size_t input) const { return input < next.size() && next[input] != nullptr; }
 
   std::vector<std::shared_ptr<Node>> next;  // per input: its grad_fn, its accumulator, or null
@@ -47,6 +59,9 @@ struct Node {
 struct AccumulateGrad final : Node {
   std::weak_ptr<TensorImpl> leaf;
   uint64_t produced_at = 0;  // see grad_production_order()
+  // The leaf's grad_home holds a gradient (Node::grad_buffer) that has not reached .grad yet
+  // (it waits as a pending sum, or at a pass-through node): nothing else may write there.
+  bool home_live = false;
   std::vector<Tensor> backward(const Tensor& grad_output) override;
   const char* name() const override { return "AccumulateGrad"; }
 };

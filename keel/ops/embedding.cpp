@@ -32,7 +32,8 @@ struct EmbeddingNode final : Node {
   }
   std::vector<Tensor> backward(const Tensor& g) override {  // g [..., D]
     if (!needs_grad(1)) return {Tensor(), Tensor()};
-    Tensor dw = Tensor::zeros({v, d}, dt, g.device());  // [V, D]
+    Tensor dw = grad_buffer(1, {v, d}, dt, g.device());  // [V, D], a flat home or fresh
+    dw.zero();
     scatter_into(dw, g);
     return {Tensor(), dw};
   }

@@ -63,12 +63,12 @@ struct LinearNode final : Node {
       gx = Tensor::empty(x.shape(), gx_dtype, x.device());
       mm(gx.data(), gx.dtype(), g, w, 1, m, k, n, false, false);
     }
-    if (needs_grad(1)) {  // dw[N, K] = g[M, N]ᵀ·x[M, K]
-      gw = Tensor::empty(w.shape(), gw_dtype, w.device());
+    if (needs_grad(1)) {                                     // dw[N, K] = g[M, N]ᵀ·x[M, K]
+      gw = grad_buffer(1, w.shape(), gw_dtype, w.device());  // a flat home: written in place
       mm(gw.data(), gw.dtype(), g, x, 1, n, k, m, true, false);
     }
     if (has_bias && needs_grad(2)) {  // db[N] = sum over rows of g
-      gb = Tensor::empty({n}, g.dtype(), g.device());
+      gb = grad_buffer(2, {n}, g.dtype(), g.device());
       elementwise_kernels(g.device()).sum_rows(gb.data(), g.data(), g.dtype(), m, n);
     }
     return {gx, gw, gb};
@@ -117,7 +117,7 @@ struct MatmulNode final : Node {
     Tensor ga, gb;
     // C = A·B with A = op(a), B = op(b):  dA = dC·Bᵀ, dB = Aᵀ·dC; then undo the op on each.
     if (needs_grad(0)) {
-      ga = Tensor::empty(a.shape(), a.dtype(), a.device());
+      ga = grad_buffer(0, a.shape(), a.dtype(), a.device());
       if (!ta)  // da[M, K] = g[M, N]·op(b)ᵀ
         mm(ga.data(), ga.dtype(), g, b, b_shared ? 1 : batch, b_shared ? batch * m : m, k, n, false,
            !tb);
@@ -125,7 +125,7 @@ struct MatmulNode final : Node {
         mm(ga.data(), ga.dtype(), b, g, batch, k, m, n, tb, true);
     }
     if (needs_grad(1)) {
-      gb = Tensor::empty(b.shape(), b.dtype(), b.device());
+      gb = grad_buffer(1, b.shape(), b.dtype(), b.device());
       const int64_t bb = b_shared ? 1 : batch, mm_rows = b_shared ? batch * m : m;
       if (!tb)  // db[K, N] = op(a)ᵀ·g
         mm(gb.data(), gb.dtype(), a, g, bb, k, n, mm_rows, !ta, false);

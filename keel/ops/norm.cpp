@@ -40,8 +40,8 @@ struct LayerNormNode final : Node {
     const Tensor g = grad_as(grad, x, "layer_norm");
     Tensor dx, dw, db;
     if (needs_grad(0)) dx = Tensor::empty_like(x);
-    if (w.defined() && needs_grad(1)) dw = Tensor::empty_like(w);
-    if (has_bias && needs_grad(2)) db = Tensor::empty({cols}, x.dtype(), x.device());
+    if (w.defined() && needs_grad(1)) dw = grad_buffer(1, w.shape(), w.dtype(), w.device());
+    if (has_bias && needs_grad(2)) db = grad_buffer(2, {cols}, x.dtype(), x.device());
     nk(x).layer_norm_backward(data_or_null(dx), data_or_null(dw), data_or_null(db), g.data(),
                               x.data(), data_or_null(w), mean.data_as<float>(),
                               rstd.data_as<float>(), x.dtype(), rows, cols);
@@ -80,7 +80,7 @@ struct RmsNormNode final : Node {
     const Tensor g = grad_as(grad, x, "rms_norm");
     Tensor dx, dw;
     if (needs_grad(0)) dx = Tensor::empty_like(x);
-    if (w.defined() && needs_grad(1)) dw = Tensor::empty_like(w);
+    if (w.defined() && needs_grad(1)) dw = grad_buffer(1, w.shape(), w.dtype(), w.device());
     nk(x).rms_norm_backward(data_or_null(dx), data_or_null(dw), g.data(), x.data(), data_or_null(w),
                             rstd.data_as<float>(), x.dtype(), rows, cols);
     return {dx, dw};

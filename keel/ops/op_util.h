@@ -27,6 +27,7 @@ inline bool is_suffix_shape(const Shape& shape, const Shape& suffix) {
 struct CastNode final : Node {
   DType from = DType::F32;
   std::vector<Tensor> backward(const Tensor& g) override;
+  bool passes_through(DType dt) const override { return dt == from; }
   const char* name() const override { return "cast"; }
 };
 

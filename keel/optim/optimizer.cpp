@@ -100,7 +100,16 @@ void Optimizer::allocate_flat_state() {
   }
 }
 
-void Optimizer::use_flat_grads() {
+void Optimizer::use_flat_grads(bool on) {
+  if (!on) {
+    for (Slot& s : slots_) {
+      KEEL_CHECK(!s.param.grad().defined() || grad_buffers_.empty(),
+                 "use_flat_grads(false): drop the gradients first (zero_grad)");
+      s.param.set_grad_home(Tensor());
+    }
+    grad_buffers_.clear();
+    return;
+  }
   if (!grad_buffers_.empty()) return;
   const FlatLayout l = flat_layout();
   for (size_t b = 0; b < l.buffers.size(); ++b)

@@ -161,11 +161,15 @@ void Tensor::attach_storage(const Tensor& src) {
 Tensor Tensor::zeros(const Shape& shape, DType dt, Device dev) {
   Tensor t = empty(shape, dt, dev);
   if (t.is_deferred()) return t;
-  if (dev.is_cuda())
-    runtime_for(dev).memset0(t.data(), t.nbytes(), dev.index);
-  else
-    fill_zero(t.data(), t.nbytes());
+  t.zero();
   return t;
+}
+
+void Tensor::zero() {
+  if (device().is_cuda())
+    runtime_for(device()).memset0(data(), nbytes(), device().index);
+  else
+    fill_zero(data(), nbytes());
 }
 
 Tensor Tensor::full(const Shape& shape, float value, DType dt) {

@@ -118,6 +118,7 @@ class Tensor {
   Tensor to(Device dev) const;        // a copy on `dev` (shares nothing, even when dev is ours)
   void copy_from(const Tensor& src);  // same shape; converts dtype
   void fill(float value);
+  void zero();  // every byte 0 (+0.0 in each floating dtype), in parallel chunks like zeros()
   std::vector<float> to_floats() const;  // any floating dtype, or integers converted
   std::vector<int64_t> to_ints() const;  // integer dtypes
   float item() const;                    // numel() == 1

@@ -349,6 +349,7 @@ Run build_run(const Config& cfg, const RunOptions& o) {
   if (r.device.is_cuda()) nn::move_to_device(*r.model, r.device);
   r.trainable = r.model->named_parameters(/*trainable_only=*/true);
   r.optimizer = build_optimizer(cfg, r.trainable);
+  r.optimizer->use_flat_grads();  // every gradient a view of one buffer (optim/optimizer.h)
   r.schedule =
       optim::make_lr_schedule(cfg.sched.name, cfg.optim.lr, r.total_steps, cfg.sched.warmup_steps,
                               cfg.sched.warmup_ratio, cfg.sched.min_lr_ratio);
