@@ -120,9 +120,9 @@ struct HomeProbe final : Node {
   const char* name() const override { return "home_probe"; }
 };
 
-// probe(inputs) -> a scalar-shaped output recorded with a HomeProbe.
-Tensor probe(std::shared_ptr<HomeProbe>& node, std::initializer_list<const Tensor*> inputs,
-             float value = 1) {
+// probe_home(inputs) -> a scalar-shaped output recorded with a HomeProbe.
+Tensor probe_home(std::shared_ptr<HomeProbe>& node, std::initializer_list<const Tensor*> inputs,
+                  float value = 1) {
   node = std::make_shared<HomeProbe>();
   node->value = value;
   for (const Tensor* t : inputs) {
@@ -150,17 +150,17 @@ struct FlatPair {
 TEST(FlatGradsHome, AFirstGradientIsWrittenInItsHomeAndALaterOneIsNot) {
   FlatPair p;
   std::shared_ptr<HomeProbe> n;
-  backward(probe(n, {&p.w, &p.v}, 1));
+  backward(probe_home(n, {&p.w, &p.v}, 1));
   EXPECT_EQ(n->got_home, (std::vector<bool>{true, true}));
   EXPECT_EQ(p.w.grad().to_floats(), std::vector<float>(12, 1.f));
   EXPECT_EQ(p.v.grad().to_floats(), std::vector<float>(5, 2.f));
   EXPECT_TRUE(p.w.grad().shares_storage(p.opt->flat_grad_buffers()[0]));
-  backward(probe(n, {&p.w, &p.v}, 10));  // accumulates: 1 + 10, 2 + 20
+  backward(probe_home(n, {&p.w, &p.v}, 10));  // accumulates: 1 + 10, 2 + 20
   EXPECT_EQ(n->got_home, (std::vector<bool>{false, false}));
   EXPECT_EQ(p.w.grad().to_floats(), std::vector<float>(12, 11.f));
   EXPECT_EQ(p.v.grad().to_floats(), std::vector<float>(5, 22.f));
   p.opt->zero_grad();
-  backward(probe(n, {&p.w}, 3));
+  backward(probe_home(n, {&p.w}, 3));
   EXPECT_EQ(n->got_home, (std::vector<bool>{true}));
   EXPECT_EQ(p.w.grad().to_floats(), std::vector<float>(12, 3.f));
 }
@@ -170,10 +170,10 @@ TEST(FlatGradsHome, AGradientOfAnotherDtypeOrALeafWithoutHomeGetsAFreshTensor) {
   Tensor u = Tensor::zeros({4, 3});
   u.set_requires_grad(true);  // no optimizer: no home
   std::shared_ptr<HomeProbe> n;
-  backward(probe(n, {&u}));
+  backward(probe_home(n, {&u}));
   EXPECT_EQ(n->got_home, (std::vector<bool>{false}));
   std::shared_ptr<HomeProbe> b;
-  Tensor out = probe(b, {&p.w});
+  Tensor out = probe_home(b, {&p.w});
   b->as = DType::BF16;  // converted to the leaf's f32 by AccumulateGrad
   backward(out);
   EXPECT_EQ(b->got_home, (std::vector<bool>{false}));
@@ -185,7 +185,7 @@ TEST(FlatGradsHome, AGradientReachesItsHomeThroughACastBackToItsDtype) {
   FlatPair p;
   Tensor w16 = ops::cast(p.w, DType::BF16);  // autocast's copy of an f32 master
   std::shared_ptr<HomeProbe> n;
-  Tensor out = probe(n, {&w16});
+  Tensor out = probe_home(n, {&w16});
   n->as = DType::F32;  // what linear does (ops::grad_dtype_for): the master's dtype
   n->homes = {p.w.impl()->grad_home};
   backward(out);
@@ -194,7 +194,7 @@ TEST(FlatGradsHome, AGradientReachesItsHomeThroughACastBackToItsDtype) {
   // A bf16 gradient is converted by the cast: never the home.
   p.opt->zero_grad();
   Tensor w16b = ops::cast(p.w, DType::BF16);
-  out = probe(n, {&w16b});
+  out = probe_home(n, {&w16b});
   n->homes = {p.w.impl()->grad_home};
   backward(out);
   EXPECT_EQ(n->got_home, (std::vector<bool>{false}));
@@ -205,8 +205,8 @@ TEST(FlatGradsHome, AGradientReachesItsHomeThroughACastBackToItsDtype) {
 TEST(FlatGradsHome, ATiedLeafSumsItsContributionsInItsHome) {
   FlatPair p;
   std::shared_ptr<HomeProbe> first, second;
-  Tensor a = probe(first, {&p.w}, 1);
-  Tensor b = probe(second, {&p.w}, 4);
+  Tensor a = probe_home(first, {&p.w}, 1);
+  Tensor b = probe_home(second, {&p.w}, 4);
   backward(ops::add(a, b));
   // One of the two (the later node, which runs first) gets the home; the other adds into it.
   EXPECT_NE(first->got_home[0], second->got_home[0]);
@@ -221,13 +221,13 @@ TEST(FlatGradsHome, WithPostHooksOrForABackwardToInputTheHomeIsNotHandedOut) {
   int calls = 0;
   const int h =
       add_node_post_hook([&](const Node&, const Tensor&, const std::vector<Tensor>&) { ++calls; });
-  backward(probe(n, {&p.w}));
+  backward(probe_home(n, {&p.w}));
   remove_node_post_hook(h);
   EXPECT_GT(calls, 0);
   EXPECT_EQ(n->got_home, (std::vector<bool>{false}));
   EXPECT_EQ(p.w.grad().to_floats(), std::vector<float>(12, 1.f));
   p.opt->zero_grad();
-  Tensor out = probe(n, {&p.w, &p.v});
+  Tensor out = probe_home(n, {&p.w, &p.v});
   std::vector<Tensor> got = backward_to(out, Tensor(), {p.w});
   EXPECT_EQ(n->got_home, (std::vector<bool>{false, true}));
   EXPECT_FALSE(p.w.grad().defined());
