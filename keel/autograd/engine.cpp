@@ -256,9 +256,7 @@ void run_hooks(const Node& n, const Tensor& g, const std::vector<Tensor>& grads)
 
 Tensor Node::grad_buffer(size_t input, const Shape& shape, DType dtype, Device device) const {
   if (t_pass) {
-    int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
-    Tensor home = t_pass->home_for(this, input, dtype, numel);
+    Tensor home = t_pass->home_for(this, input, dtype, shape_numel(shape));
     if (home.defined() && home.device() == device) return home.view(shape);
     KEEL_CHECK(!home.defined(), "grad_buffer: a gradient's home on another device");
   }

@@ -39,6 +39,12 @@ struct Node {
   // f32): a buffer handed out for this node's gradient is then the input's gradient too.
   virtual bool passes_through(DType /*dt*/) const { return false; }
 
+  // The dtype in which a consumer should produce the gradient of this node's output, whose dtype
+  // is `output` (ops::grad_dtype_for): the output's own, unless the node converts the gradient
+  // straight into a wider one (a narrowing cast of an f32 tensor: a matmul writes its f32
+  // accumulator there, skipping a rounding to 16 bits and a conversion pass).
+  virtual DType wanted_grad_dtype(DType output) const { return output; }
+
   // For backward(): the tensor to write input `input`'s gradient into (every element of it,
   // never accumulating) and return. When that gradient is the first one of a leaf with a
   // flat-buffer home (optim's use_flat_grads) and reaches it as it is, that is the home itself:

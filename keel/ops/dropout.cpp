@@ -28,6 +28,18 @@ struct DropoutNode final : Node {
   const char* name() const override { return "dropout"; }
 };
 
+// The node of dropout_cast: in the graph it stands for cast(dropout(cast(x, f32)), a 16-bit
+// dtype), so it asks for its gradient in f32 as that narrowing cast did.
+struct DropoutCastNode final : Node {
+  DType in = DType::F32;  // x's dtype: the gradient's
+  uint64_t seed = 0;
+  uint32_t threshold = 0;
+  float scale = 1.f;
+  std::vector<Tensor> backward(const Tensor& g) override;
+  DType wanted_grad_dtype(DType) const override { return DType::F32; }
+  const char* name() const override { return "dropout_cast"; }
+};
+
 namespace {
 void check_dropout_p(float p) {
   if (!(p >= 0.f && p < 1.f))

@@ -28,31 +28,19 @@ struct CastNode final : Node {
   DType from = DType::F32;
   std::vector<Tensor> backward(const Tensor& g) override;
   bool passes_through(DType dt) const override { return dt == from; }
+  DType wanted_grad_dtype(DType output) const override {
+    return dtype_size(from) > dtype_size(output) ? from : output;
+  }
   const char* name() const override { return "cast"; }
 };
 
-// The dtype in which to produce the gradient of `t`. When `t` is a low-precision cast of a wider
-// tensor (autocast's bf16/f16 copy of an f32 weight, or of an f32 norm output), the cast's
-// backward only converts the gradient back to the wider dtype: a matmul can write it there
-// directly from its f32 accumulator, which skips a rounding to 16 bits and a conversion pass
-// (8% of a bf16-mixed GPT-2 step).
-// The node of ops::dropout_cast (ops/dropout.cpp): in the graph it stands for
-// cast(dropout(cast(x, f32)), a 16-bit dtype), so it asks for its gradient in f32 as that
-// narrowing cast did.
-struct DropoutCastNode final : Node {
-  DType in = DType::F32;  // x's dtype: the gradient's
-  uint64_t seed = 0;
-  uint32_t threshold = 0;
-  float scale = 1.f;
-  std::vector<Tensor> backward(const Tensor& g) override;
-  const char* name() const override { return "dropout_cast"; }
-};
-
+// The dtype in which to produce the gradient of `t` (its node's Node::wanted_grad_dtype). When
+// `t` is a low-precision cast of a wider tensor (autocast's bf16/f16 copy of an f32 weight, or of
+// an f32 norm output), the cast's backward only converts the gradient back to the wider dtype: a
+// matmul can write it there directly from its f32 accumulator, which skips a rounding to 16 bits
+// and a conversion pass (8% of a bf16-mixed GPT-2 step).
 inline DType grad_dtype_for(const Tensor& t) {
-  if (dynamic_cast<const DropoutCastNode*>(t.grad_fn().get())) return DType::F32;
-  const auto* n = dynamic_cast<const CastNode*>(t.grad_fn().get());
-  if (n && dtype_size(n->from) > dtype_size(t.dtype())) return n->from;
-  return t.dtype();
+  return t.grad_fn() ? t.grad_fn()->wanted_grad_dtype(t.dtype()) : t.dtype();
 }
 
 }  // namespace keel::ops
