@@ -47,19 +47,21 @@ void fsync_dir(const std::string& dir) {
                 " (the disk may be failing; the previous checkpoint, if any, is kept)");
 }
 
-void write_file_atomic(const std::string& path, const void* const* chunks, const size_t* sizes,
-                       size_t count) {
+size_t write_file_atomic(const std::string& path, const void* const* chunks, const size_t* sizes,
+                         size_t count) {
   const fs::path target(path);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0)
     throw Error("cannot write " + path + ": " + std::strerror(errno) +
                 " (check that the directory exists and is writable)");
+  size_t calls = 0;
   for (size_t c = 0; c < count; ++c) {
     const char* p = static_cast<const char*>(chunks[c]);
     size_t left = sizes[c];
     while (left > 0) {
       ssize_t w = ::write(fd, p, left);
+      ++calls;
       if (w < 0) {
         if (errno == EINTR) continue;
         const std::string why = std::strerror(errno);
@@ -85,6 +87,7 @@ void write_file_atomic(const std::string& path, const void* const* chunks, const
     throw Error("cannot rename " + tmp + " to " + path + ": " + why);
   }
   fsync_dir(target.parent_path().string());
+  return calls;
 }
 
 void write_file_atomic(const std::string& path, std::string_view content) {

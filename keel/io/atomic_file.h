@@ -7,9 +7,10 @@
 namespace keel::io {
 
 void write_file_atomic(const std::string& path, std::string_view content);
-// Same for a payload produced by a callback writing into a FILE*.
-void write_file_atomic(const std::string& path, const void* const* chunks, const size_t* sizes,
-                       size_t count);
+// Same for a payload in `count` pieces of memory, each written with one write(2) call (more only
+// where the kernel writes less than asked: over 2 GiB, or a signal). Returns the calls made.
+size_t write_file_atomic(const std::string& path, const void* const* chunks, const size_t* sizes,
+                         size_t count);
 void fsync_dir(const std::string& dir);
 std::string read_file(const std::string& path);  // Error naming the file when unreadable
 

@@ -23,8 +23,10 @@ namespace keel::io {
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 struct Checkpoint {
-  NamedTensors model;      // in the order they were saved
-  NamedTensors optimizer;  // in the order they were saved
+  // In file order: the order they were saved in, except that views of one storage (the optimizer's
+  // flat state) come in that storage's order (io/safetensors.h, write_safetensors).
+  NamedTensors model;
+  NamedTensors optimizer;
   nlohmann::json trainer_state;
   std::string dir;  // the directory actually read (differs from the argument only on recovery)
 };

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -235,23 +236,164 @@ Safetensors read_safetensors(const std::string& path) {
   return out;
 }
 
-void write_safetensors(const std::string& path,
-                       const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+// ---- reading straight into memory
+
+bool holds_exactly(const SafetensorsHeader& h,
+                   const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  if (h.tensors.size() != tensors.size()) return false;
+  std::unordered_map<std::string, const TensorInfo*> by_name;
+  for (const TensorInfo& t : h.tensors) by_name.emplace(t.name, &t);
+  for (const auto& [name, t] : tensors) {
+    auto it = by_name.find(name);
+    if (it == by_name.end() || it->second->dtype != t.dtype() || it->second->shape != t.shape())
+      return false;
+    by_name.erase(it);  // a name given twice does not match the file's one entry twice
+  }
+  return true;
+}
+
+size_t read_safetensors_into(const std::string& path,
+                             const std::vector<std::pair<std::string, Tensor>>& into) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error("cannot read " + path + ": " + std::strerror(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+    throw Error("cannot read " + path + ": " +
+                (S_ISDIR(st.st_mode) ? std::string("it is a directory") : std::strerror(errno)));
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  // Reads exactly n bytes at `at`, or throws naming what was being read.
+  size_t calls = 0;
+  auto read_at = [&](void* dst, size_t n, uint64_t at, const std::string& what) {
+    char* p = static_cast<char*>(dst);
+    while (n > 0) {
+      const ssize_t r = ::pread(fd, p, n, static_cast<off_t>(at));
+      ++calls;
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0)
+        throw Error("cannot read " + path + ": " + what + ": " +
+                    (r < 0 ? std::strerror(errno) : "the file ended early (truncated?)"));
+      p += r, at += static_cast<uint64_t>(r), n -= static_cast<size_t>(r);
+    }
+  };
+  char prefix[8] = {};
+  if (size >= 8) read_at(prefix, 8, 0, "the header length");
+  const uint64_t hlen = header_length(path, prefix, size);
+  std::string text(hlen, '\0');
+  read_at(text.data(), hlen, 8, "the header");
+  const SafetensorsHeader h = parse_header(path, text, size - 8 - hlen);
+  const uint64_t data_start = 8 + hlen;
+
+  // Every destination is checked before anything is read.
+  std::unordered_map<std::string, const TensorInfo*> by_name;
+  for (const TensorInfo& t : h.tensors) by_name.emplace(t.name, &t);
+  struct Piece {
+    uint64_t begin, end;  // in the data section
+    char* dst;
+    std::string name;
+  };
+  std::vector<Piece> pieces;
+  for (const auto& [name, t] : into) {
+    auto it = by_name.find(name);
+    if (it == by_name.end())
+      throw Error(path + ": tensor '" + name + "' is missing (the file has " +
+                  std::to_string(h.tensors.size()) +
+                  " tensors; was it written for another model?)");
+    const TensorInfo& info = *it->second;
+    if (info.dtype != t.dtype() || info.shape != t.shape())
+      throw Error(path + ": tensor '" + name + "' is " + dtype_name(info.dtype) + " " +
+                  shape_str(info.shape) + ", expected " + dtype_name(t.dtype()) + " " +
+                  shape_str(t.shape()));
+    KEEL_CHECK(t.device().is_cpu(), "read_safetensors_into: '" + name + "' is not on the CPU");
+    if (info.end > info.begin)
+      pieces.push_back({info.begin, info.end, static_cast<char*>(t.data()), name});
+  }
+  // A stretch that follows on in the file and in memory is one read.
+  std::sort(pieces.begin(), pieces.end(),
+            [](const Piece& a, const Piece& b) { return a.begin < b.begin; });
+  const size_t header_calls = calls;
+  for (size_t i = 0; i < pieces.size();) {
+    size_t j = i + 1;
+    while (j < pieces.size() && pieces[j].begin == pieces[j - 1].end &&
+           pieces[j].dst == pieces[j - 1].dst + (pieces[j - 1].end - pieces[j - 1].begin))
+      ++j;
+    read_at(pieces[i].dst, pieces[j - 1].end - pieces[i].begin, data_start + pieces[i].begin,
+            "tensor '" + pieces[i].name + "'" +
+                (j - i > 1 ? " and the " + std::to_string(j - i - 1) + " after it" : ""));
+    i = j;
+  }
+  return calls - header_calls;
+}
+
+namespace {
+
+// The order of `tensors` in the file: the views of one storage (a flat buffer's slots) back to
+// back in the buffer's order, each storage where its first tensor comes in `tensors`; tensors of
+// their own storage stay where they are. Deterministic (it depends on offsets, not addresses), so
+// the same state always gives the same file.
+std::vector<size_t> file_order(const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::unordered_map<const Storage*, size_t> group_of;
+  std::vector<std::vector<size_t>> groups;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Storage* s = tensors[i].second.impl()->storage.get();
+    auto [it, fresh] = group_of.emplace(s, groups.size());
+    if (fresh) groups.emplace_back();
+    groups[it->second].push_back(i);
+  }
+  std::vector<size_t> order;
+  order.reserve(tensors.size());
+  for (std::vector<size_t>& g : groups) {
+    std::stable_sort(g.begin(), g.end(), [&](size_t a, size_t b) {
+      return tensors[a].second.impl()->offset < tensors[b].second.impl()->offset;
+    });
+    order.insert(order.end(), g.begin(), g.end());
+  }
+  return order;
+}
+
+// `bytes` bytes of `first`'s storage from `first` on, as one tensor (a run of views).
+Tensor storage_run(const Tensor& first, size_t bytes) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = first.impl()->storage;
+  impl->offset = first.impl()->offset;
+  impl->shape = {static_cast<int64_t>(bytes)};
+  impl->dtype = DType::U8;
+  return Tensor(std::move(impl));
+}
+
+}  // namespace
+
+SafetensorsWrite write_safetensors(const std::string& path,
+                                   const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                   const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
+  // A run: tensors that follow each other both in the file and in one storage, written at once.
+  struct Run {
+    Tensor first;
+    size_t bytes = 0;
+  };
+  std::vector<Run> runs;
   uint64_t offset = 0;
-  std::vector<const void*> chunks;
-  std::vector<size_t> sizes;
-  std::vector<Tensor> host;  // device tensors copied to the host, in order
-  host.reserve(tensors.size());
-  for (auto& [name, t] : tensors) {
-    host.push_back(t.device().is_cpu() ? t : t.to(Device::cpu()));
+  for (size_t i : file_order(tensors)) {
+    const auto& [name, t] = tensors[i];
     const uint64_t n = t.nbytes();
     header[name] = {{"dtype", safetensors_dtype(t.dtype())},
                     {"shape", t.shape()},
                     {"data_offsets", {offset, offset + n}}};
     offset += n;
+    if (n == 0) continue;
+    // A gap between two slots (the optimizer's 64-byte alignment) or an overlap ends the run: a
+    // safetensors data section has no holes.
+    Run* last = runs.empty() ? nullptr : &runs.back();
+    if (last && last->first.shares_storage(t) &&
+        static_cast<const char*>(last->first.data()) + last->bytes == t.data())
+      last->bytes += n;
+    else
+      runs.push_back({t, n});
   }
   std::string h = header.dump();
   while ((8 + h.size()) % 8) h.push_back(' ');  // align the data section to 8 bytes
@@ -259,13 +401,20 @@ void write_safetensors(const std::string& path,
   std::string prefix(8, '\0');
   std::memcpy(prefix.data(), &hlen, 8);
   prefix += h;
-  chunks.insert(chunks.begin(), prefix.data());
-  sizes.insert(sizes.begin(), prefix.size());
-  for (const Tensor& t : host) {
-    chunks.push_back(t.data());
-    sizes.push_back(t.nbytes());
+  std::vector<const void*> chunks{prefix.data()};
+  std::vector<size_t> sizes{prefix.size()};
+  std::vector<Tensor> host;  // device runs copied to the host, one copy per run
+  host.reserve(runs.size());
+  for (const Run& r : runs) {
+    const Tensor bytes = storage_run(r.first, r.bytes);
+    host.push_back(bytes.device().is_cpu() ? bytes : bytes.to(Device::cpu()));
+    chunks.push_back(host.back().data());
+    sizes.push_back(r.bytes);
   }
-  write_file_atomic(path, chunks.data(), sizes.data(), chunks.size());
+  SafetensorsWrite out;
+  out.runs = runs.size();
+  out.write_calls = write_file_atomic(path, chunks.data(), sizes.data(), chunks.size());
+  return out;
 }
 
 }  // namespace keel::io

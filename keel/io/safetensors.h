@@ -79,10 +79,38 @@ class MappedSafetensors {
 // or header position (truncated data, overlapping offsets, unknown dtype, shape/size mismatch).
 Safetensors read_safetensors(const std::string& path);
 
+// How write_safetensors wrote the data: `runs` stretches of memory (see below), and
+// `write_calls` write(2) calls in all, the header's included (one per run unless a run is over
+// the kernel's 2 GiB per call).
+struct SafetensorsWrite {
+  size_t runs = 0;
+  size_t write_calls = 0;
+};
+
 // Writes atomically (temporary file, fsync, rename): a crash never leaves a half-written file.
-void write_safetensors(const std::string& path,
-                       const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+// Tensors that are views of one storage (the optimizer's flat state, optim/optimizer.h) are laid
+// out in the storage's order, and every stretch of it that they cover without a gap is one run,
+// written with one call (a device run is copied to the host in one piece): the data goes out in
+// whole blocks, not tensor by tensor. The file stays a standard safetensors file (no holes: a gap
+// between two views, such as the optimizer's 64-byte alignment of its slots, ends a run); the
+// header names every tensor with its own offsets, so readers need not know about runs.
+SafetensorsWrite write_safetensors(const std::string& path,
+                                   const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                   const std::map<std::string, std::string>& metadata = {});
+
+// Reads the tensors `into` names from the file at `path` straight into their memory, without a
+// mapping: one pread(2) per stretch that follows on both in the file and in memory, so the views
+// of a flat buffer that write_safetensors laid out come back in one read per run. Each tensor of
+// `into` must be on the CPU and in the file with the same dtype and shape (the file may hold more),
+// or an Error names the file and the tensor before anything is read; a read that fails midway
+// (an I/O error, a file truncated after its header was read) is an Error naming the tensor, and
+// leaves `into` partly overwritten. Returns the pread calls made for the data.
+size_t read_safetensors_into(const std::string& path,
+                             const std::vector<std::pair<std::string, Tensor>>& into);
+// Whether `h` holds exactly the tensors named in `tensors` (no more), each with its dtype and
+// shape: then read_safetensors_into fills all of them and leaves nothing of the file unread.
+bool holds_exactly(const SafetensorsHeader& h,
+                   const std::vector<std::pair<std::string, Tensor>>& tensors);
 
 // "F32", "BF16", ... as safetensors spells them.
 const char* safetensors_dtype(DType dt);

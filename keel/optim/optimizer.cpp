@@ -181,13 +181,21 @@ std::vector<Tensor> Optimizer::grads() const {
 }
 
 NamedTensors Optimizer::state() const {
+  // The counts are a snapshot in one i64 buffer, each a view of it: a checkpoint writes them in
+  // one piece, as it writes each kind's flat buffer (io/safetensors.h).
+  const int64_t n = static_cast<int64_t>(slots_.size());
+  Tensor counts = Tensor::empty({n + 1}, DType::I64);
+  int64_t* count = counts.data_as<int64_t>();
   NamedTensors out;
-  for (const Slot& s : slots_) {
+  for (int64_t i = 0; i < n; ++i) {
+    const Slot& s = slots_[static_cast<size_t>(i)];
     for (size_t k = 0; k < kinds_.size(); ++k)
       out.emplace_back(s.name + "." + kinds_[k], s.state[k]);
-    out.emplace_back(s.name + ".step", Tensor::from_ints({s.step}, {}, DType::I64));
+    count[i] = s.step;
+    out.emplace_back(s.name + ".step", counts.slice_rows(i, i + 1).view({}));
   }
-  out.emplace_back("step", Tensor::from_ints({steps_}, {}, DType::I64));
+  count[n] = steps_;
+  out.emplace_back("step", counts.slice_rows(n, n + 1).view({}));
   return out;
 }
 

@@ -61,7 +61,10 @@ class Optimizer {
 
   // The state, by name: "<param>.<kind>" for each state kind (exp_avg, exp_avg_sq for AdamW;
   // momentum_buffer for SGD with momentum), "<param>.step" (i64 scalar: this parameter's update
-  // count), and "step" (i64 scalar: step() calls). The tensors are live views, not copies.
+  // count), and "step" (i64 scalar: step() calls). The state kinds are live views of the flat
+  // buffers, not copies; the counts are a snapshot, views of one i64 buffer (load_state reads
+  // them, so a caller may fill them in place: Trainer::load_checkpoint reads a checkpoint
+  // straight into a state() result, then hands it to load_state).
   NamedTensors state() const;
   // Restores a state() result. Every entry must be present with the right shape and no other
   // entry may appear; any problem is an Error naming the entry, and nothing is changed.

@@ -3,6 +3,7 @@
 // HF directory (model.path) saves only the tensors it trains plus a reference to that directory
 // (io/base_reference.h): 16 GB less per save for an 8B base. A resume rebuilds the base from
 // model.path as the run did (build_run), after checking the reference's fingerprint.
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -10,6 +11,7 @@
 #include "keel/io/checkpoint.h"
 #include "keel/io/hf_config.h"
 #include "keel/io/json_fields.h"
+#include "keel/io/safetensors.h"
 #include "keel/io/trained_model.h"
 #include "keel/io/weight_check.h"
 #include "keel/nn/adapters/adapter.h"
@@ -122,6 +124,12 @@ void Trainer::load_checkpoint(const std::string& dir) {
                    "run.resume_force = true if its path changed)");
   const io::WeightCheck finite{run_.cfg.model.allow_nonfinite_weights,
                                [&](const std::string& m) { message(m); }};
+  // CPU tensors are read straight from the files into their memory (io::read_safetensors_into:
+  // one read per parameter, one per flat buffer of the optimizer's state) and checked there;
+  // others are copied from the mapping that io::load_checkpoint made.
+  const std::string model_file = ck.dir + "/model.safetensors";
+  io::NamedTensors read_in;  // parameters to read from model_file
+  std::vector<Tensor> restored;
   for (auto& [name, p] : run_.model->named_parameters()) {
     const Tensor* t = nullptr;
     for (auto& [n, v] : ck.model)
@@ -133,13 +141,31 @@ void Trainer::load_checkpoint(const std::string& dir) {
       throw Error(dir + "/model.safetensors: tensor '" + name + "' is " + shape_str(t->shape()) +
                   " " + dtype_name(t->dtype()) + ", the model expects " + shape_str(p.shape()) +
                   " " + dtype_name(p.dtype()) + " (was it written by another config?)");
-    io::check_weights_finite(finite, *t, name, ck.dir + "/model.safetensors");
+    if (p.device().is_cpu()) {
+      read_in.emplace_back(name, p);
+      continue;
+    }
+    io::check_weights_finite(finite, *t, name, model_file);
     Tensor dst = p;
     dst.copy_from(*t);
-    dst.bump_version();
+    restored.push_back(dst);
+  }
+  io::read_safetensors_into(model_file, read_in);
+  for (auto& [name, p] : read_in) {
+    io::check_weights_finite(finite, p, name, model_file);
+    restored.push_back(p);
+  }
+  for (Tensor& p : restored) p.bump_version();
+  const std::string opt_file = ck.dir + "/optimizer.safetensors";
+  const io::NamedTensors live = run_.optimizer->state();
+  const bool on_cpu = std::all_of(live.begin(), live.end(),
+                                  [](const auto& e) { return e.second.device().is_cpu(); });
+  if (on_cpu && io::holds_exactly(io::read_safetensors_header(opt_file), live)) {
+    io::read_safetensors_into(opt_file, live);
+    ck.optimizer = live;  // the state's own memory: load_state takes the counts, copies nothing
   }
   for (auto& [name, t] : ck.optimizer)  // moments that overflowed poison every later update
-    io::check_weights_finite(finite, t, name, ck.dir + "/optimizer.safetensors");
+    io::check_weights_finite(finite, t, name, opt_file);
   run_.optimizer->load_state(ck.optimizer);
   const json& st = ck.trainer_state;
   // trainer.json is input: every field is checked, naming the file and the key.

@@ -9,6 +9,7 @@
 
 #include "keel/io/safetensors.h"
 #include "tests/support/check.h"
+#include "tests/support/standard_safetensors.h"
 
 namespace keel::io {
 namespace {
@@ -73,6 +74,96 @@ TEST(Safetensors, HeaderAloneGivesNamesShapesAndOffsets) {
   const Safetensors full = read_safetensors(p);
   EXPECT_EQ(full.tensors[0].first, "a");
   EXPECT_EQ(full.at("b").shape(), (Shape{3}));
+}
+
+// Views of one buffer (the optimizer's flat state) are laid out in the buffer's order and written
+// as one block per buffer, whatever order they are given in; the file is a standard safetensors
+// file, and a reader that fills views of a flat buffer gets each block back with one read.
+TEST(Safetensors, ViewsOfOneBufferAreWrittenAsOneBlockAndReadBackInOne) {
+  const Tensor f32 = test::randn({64}, 1), bf16 = test::randn({64}, 2, 1.f, DType::BF16);
+  const Tensor count = Tensor::from_ints({3}, {}, DType::I64);  // a storage of its own
+  const std::vector<std::pair<std::string, Tensor>> tensors = {
+      {"w.m", f32.slice_rows(0, 48).view({6, 8})},
+      {"w.v", bf16.slice_rows(0, 48).view({6, 8})},
+      {"w.step", count},
+      {"b.m", f32.slice_rows(48, 64)},
+      {"b.v", bf16.slice_rows(48, 64)},
+  };
+  const std::string p = test::temp_dir("safetensors") + "/blocks.safetensors";
+  const SafetensorsWrite w = write_safetensors(p, tensors);
+  EXPECT_EQ(w.runs, 3u);         // the f32 buffer, the bf16 buffer, the count
+  EXPECT_EQ(w.write_calls, 4u);  // the header, then one per run
+  test::expect_standard_safetensors(p);
+  const SafetensorsHeader h = read_safetensors_header(p);
+  std::vector<std::string> order;
+  for (const TensorInfo& t : h.tensors) order.push_back(t.name);
+  EXPECT_EQ(order, (std::vector<std::string>{"w.m", "b.m", "w.v", "b.v", "w.step"}));
+  const Safetensors back = read_safetensors(p);
+  for (const auto& [name, t] : tensors) test::expect_bitwise_equal(back.at(name), t, name);
+
+  // Into views of fresh buffers of the same layout: one read per block.
+  const Tensor f32_in = Tensor::zeros({64}), bf16_in = Tensor::zeros({64}, DType::BF16);
+  const Tensor count_in = Tensor::zeros({}, DType::I64);
+  const std::vector<std::pair<std::string, Tensor>> into = {
+      {"b.v", bf16_in.slice_rows(48, 64)},
+      {"w.step", count_in},
+      {"w.m", f32_in.slice_rows(0, 48).view({6, 8})},
+      {"b.m", f32_in.slice_rows(48, 64)},
+      {"w.v", bf16_in.slice_rows(0, 48).view({6, 8})},
+  };
+  EXPECT_TRUE(holds_exactly(h, into));
+  EXPECT_EQ(read_safetensors_into(p, into), 3u);
+  test::expect_bitwise_equal(f32_in, f32, "f32 buffer");
+  test::expect_bitwise_equal(bf16_in, bf16, "bf16 buffer");
+  EXPECT_EQ(count_in.to_ints()[0], 3);
+  // Into tensors of their own: one read each (the file is the same either way).
+  const Tensor alone = Tensor::zeros({16});
+  EXPECT_EQ(read_safetensors_into(p, {{"b.m", alone}}), 1u);
+  test::expect_bitwise_equal(alone, f32.slice_rows(48, 64), "b.m alone");
+  EXPECT_FALSE(holds_exactly(h, {{"b.m", alone}}));  // the file holds more
+}
+
+// A gap between two views (the optimizer aligns each slot to 64 bytes) cannot be written as data:
+// safetensors has no holes. It ends the block; the file stays standard and reads back exactly.
+TEST(Safetensors, AGapBetweenViewsEndsTheBlock) {
+  const Tensor buf = test::randn({48}, 3);
+  const std::vector<std::pair<std::string, Tensor>> tensors = {
+      {"a", buf.slice_rows(0, 10)}, {"b", buf.slice_rows(16, 40)}, {"c", buf.slice_rows(40, 48)}};
+  const std::string p = test::temp_dir("safetensors") + "/gap.safetensors";
+  const SafetensorsWrite w = write_safetensors(p, tensors);
+  EXPECT_EQ(w.runs, 2u);  // a | gap | b c
+  EXPECT_EQ(w.write_calls, 3u);
+  test::expect_standard_safetensors(p);
+  EXPECT_EQ(read_safetensors_header(p).tensors.back().end, 4u * (10 + 24 + 8));  // no hole
+  const Tensor in = Tensor::zeros({48});
+  const std::vector<std::pair<std::string, Tensor>> into = {
+      {"a", in.slice_rows(0, 10)}, {"b", in.slice_rows(16, 40)}, {"c", in.slice_rows(40, 48)}};
+  EXPECT_EQ(read_safetensors_into(p, into), 2u);
+  for (size_t i = 0; i < into.size(); ++i)
+    test::expect_bitwise_equal(into[i].second, tensors[i].second, tensors[i].first);
+  // The same view twice (an alias) is written twice, not folded into one block.
+  const std::string q = test::temp_dir("safetensors") + "/alias.safetensors";
+  EXPECT_EQ(write_safetensors(q, {{"x", buf.slice_rows(0, 8)}, {"y", buf.slice_rows(0, 8)}}).runs,
+            2u);
+  test::expect_standard_safetensors(q);
+}
+
+// A destination that does not match the file is an Error naming the file and the tensor, and
+// nothing is read.
+TEST(Safetensors, ReadingIntoAMismatchNamesTheTensorAndReadsNothing) {
+  const std::string p = test::temp_dir("safetensors") + "/into.safetensors";
+  write_safetensors(p, {{"a", test::randn({4}, 5)}, {"b", test::randn({2, 2}, 6)}});
+  const Tensor a = Tensor::full({4}, 7.f), b = Tensor::full({4}, 7.f);
+  std::string m = error_of([&] { read_safetensors_into(p, {{"a", a}, {"b", b}}); });
+  EXPECT_CONTAINS(m, p);
+  EXPECT_CONTAINS(m, "tensor 'b' is f32 [2, 2], expected f32 [4]");
+  m = error_of([&] { read_safetensors_into(p, {{"a", a}, {"c", b}}); });
+  EXPECT_CONTAINS(m, "tensor 'c' is missing");
+  EXPECT_EQ(a.to_floats(), std::vector<float>(4, 7.f));  // untouched
+  EXPECT_CONTAINS(error_of([&] {
+                    read_safetensors_into(p, {{"a", a.to_dtype(DType::BF16)}});
+                  }),
+                  "expected bf16 [4]");
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "keel/optim/adamw.h"
 #include "keel/optim/sgd.h"
 #include "tests/support/check.h"
+#include "tests/support/standard_safetensors.h"
 
 namespace keel {
 namespace {
@@ -564,6 +565,70 @@ TEST(Optimizer, StateRoundTripContinuesIdentically) {
       EXPECT_EQ(sa[i].first, sb[i].first);
       expect_bitwise_equal(sa[i].second, sb[i].second, sa[i].first);
     }
+  }
+}
+
+// A checkpoint writes the flat state in whole blocks (io::write_safetensors): each kind's buffer
+// of each dtype goes out in one write per stretch between alignment gaps, the step counts in one,
+// to a standard safetensors file; a fresh optimizer of the same parameters reads it straight into
+// its own buffers with one read per block and continues with the same bits.
+TEST(Optimizer, FlatStateGoesOutInWholeBlocksAndComesBackIntoTheBuffers) {
+  // f32 slots of 15, 7 and 33 elements: gaps after the first two (16-element alignment); bf16
+  // slots of 16 and 18: a gap after the first (32-element alignment). Then the same without gaps.
+  struct Case {
+    std::vector<Shape> shapes;
+    std::vector<DType> dtypes;
+    size_t runs;  // per kind: 3 f32 stretches + 2 bf16 ones; + 1 for the counts
+  };
+  const DType f = DType::F32, b = DType::BF16;
+  for (const Case& c : {Case{{{3, 5}, {7}, {4, 4}, {33}, {2, 9}}, {f, f, b, b, f}, 2 * 5 + 1},
+                        Case{{{4, 4}, {32}, {2, 32}, {16, 3}}, {f, f, b, b}, 2 * 2 + 1}}) {
+    auto params = [&] {
+      std::vector<Tensor> ps;
+      for (size_t i = 0; i < c.shapes.size(); ++i) {
+        ps.push_back(randn(c.shapes[i], 10 + i, 1.f, c.dtypes[i]));
+        ps.back().set_requires_grad(true);
+      }
+      return ps;
+    };
+    auto grads = [&](int step) {
+      std::vector<Tensor> g;
+      for (size_t i = 0; i < c.shapes.size(); ++i)
+        g.push_back(randn(c.shapes[i], 100 * step + i, 1.f, c.dtypes[i]));
+      return g;
+    };
+    std::vector<Tensor> pa = params();
+    AdamW a({{pa, {}, 0.1, 1.0}});
+    for (int step = 0; step < 2; ++step) {
+      auto g = grads(step);
+      for (size_t i = 0; i < pa.size(); ++i) pa[i].set_grad(g[i]);
+      a.step(1e-2);
+    }
+    const std::string path = test::temp_dir("optim_blocks") + "/optimizer.safetensors";
+    const io::SafetensorsWrite w = io::write_safetensors(path, a.state());
+    EXPECT_EQ(w.runs, c.runs);
+    EXPECT_EQ(w.write_calls, c.runs + 1);
+    test::expect_standard_safetensors(path);
+
+    std::vector<Tensor> pb;
+    for (const Tensor& p : pa) pb.push_back(p.clone().set_requires_grad(true));
+    AdamW bo({{pb, {}, 0.1, 1.0}});
+    const NamedTensors live = bo.state();
+    ASSERT_TRUE(io::holds_exactly(io::read_safetensors_header(path), live));
+    EXPECT_EQ(io::read_safetensors_into(path, live), c.runs);
+    bo.load_state(live);
+    EXPECT_EQ(bo.step_count(), 2);
+    for (int step = 2; step < 4; ++step) {
+      auto g = grads(step);
+      for (size_t i = 0; i < pa.size(); ++i) pa[i].set_grad(g[i]), pb[i].set_grad(g[i].clone());
+      a.step(1e-2);
+      bo.step(1e-2);
+    }
+    for (size_t i = 0; i < pa.size(); ++i) expect_bitwise_equal(pa[i], pb[i], "parameter");
+    const NamedTensors sa = a.state(), sb = bo.state();
+    ASSERT_EQ(sa.size(), sb.size());
+    for (size_t i = 0; i < sa.size(); ++i)
+      expect_bitwise_equal(sa[i].second, sb[i].second, sa[i].first);
   }
 }
 
