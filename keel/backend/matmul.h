@@ -31,4 +31,9 @@ struct MatmulKernels {
 
 const MatmulKernels& matmul_kernels(Device dev);
 
+// Whether this CPU's oneDNN has a matmul kernel for `in_dt` inputs (f32 always; bf16 needs
+// AVX-512, f16 AVX512-FP16 or AMX-FP16). Without one every product converts its operands and
+// result to f32 vectors outside host_memory (the memory estimate's matmul scratch).
+bool cpu_matmul_native(DType in_dt);
+
 }  // namespace keel

@@ -87,7 +87,7 @@ struct MemoryEstimate {
   int64_t grads = 0;    // .grad buffers, in the parameters' dtype
   int64_t optimizer_state = 0;  // AdamW exp_avg + exp_avg_sq, SGD momentum
   int64_t lowp_copies = 0;      // autocast's per-step casts of the weights (-mixed only)
-  int64_t matmul_scratch = 0;   // f32 operand copies where oneDNN has no kernel (f16), else 0
+  int64_t matmul_scratch = 0;   // f32 operand copies where oneDNN has no kernel here, else 0
   int64_t activations = 0;      // saved for backward (one micro-batch)
   int64_t transient = 0;        // the largest short-lived buffer set on top of them
   int64_t live_peak = 0;    // weights .. transient (not matmul_scratch): tensor blocks at the peak

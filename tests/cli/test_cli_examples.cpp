@@ -253,8 +253,9 @@ TEST(CliExamples, LoraLlamaBf16) {
   const auto recs = step_records(out + "/run");
   ASSERT_EQ(recs.size(), 3u);
   // The first row of the README's table: | 1 | bf16 loss | f32 loss | bf16 grad_norm | f32 ... |
-  // bf16 products round differently on CPUs with and without AMX: the printed last digit may
-  // differ by one (AMX machines print 5.6526 where the README says 5.6525).
+  // bf16 products round differently on CPUs with AMX, with AVX-512 and with AVX2 only (no bf16
+  // kernel: products in f32 from exact copies): AMX machines print 5.6526 where the README says
+  // 5.6525, the AVX2 kernel set (an AMD EPYC) reads 5.65266.
   const std::string readme = test::slurp(kSrc + "/examples/lora-llama-bf16/README.md");
   const size_t row = readme.find("\n| 1 | ");
   ASSERT_NE(row, std::string::npos) << "the README has no row for step 1";
@@ -263,7 +264,7 @@ TEST(CliExamples, LoraLlamaBf16) {
                         &bf16_norm),
             3)
       << readme.substr(row + 1, readme.find('\n', row + 1) - row - 1);
-  EXPECT_NEAR(recs[0].at("loss").get<double>(), bf16_loss, 1.5e-4) << "the README's step-1 loss";
+  EXPECT_NEAR(recs[0].at("loss").get<double>(), bf16_loss, 2.5e-4) << "the README's step-1 loss";
   EXPECT_NEAR(recs[0].at("grad_norm").get<double>(), bf16_norm, 1.5e-3)
       << "the README's step-1 grad_norm";
   for (const json& j : recs)

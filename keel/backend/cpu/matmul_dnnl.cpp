@@ -325,6 +325,14 @@ const MatmulKernels cpu_table{cpu_matmul, cpu_describe};
 
 }  // namespace
 
+bool cpu_matmul_native(DType in_dt) {
+  MatmulArgs a;
+  a.in_dt = in_dt;
+  a.out_dt = in_dt;
+  a.m = a.n = a.k = 16;
+  return primitive(a) != nullptr;  // built once, kept in the primitive cache
+}
+
 const MatmulKernels& matmul_kernels(Device dev) {
 #ifdef KEEL_HAVE_CUDA
   if (dev.is_cuda()) return cuda::matmul_table();
