@@ -12,7 +12,8 @@
 // Reports the median step time over the steps after the first (warm-up), and the spread, then the
 // gradient pass alone (amp/grad_pass.h: the step's unscale + finite check + sums of squares) over
 // the last step's gradients: its median of 9 runs without a scale (32-true, bf16-mixed) and with
-// one (16-mixed's GradScaler: x 0.5 and x 2 in turn, exact for these values).
+// one (16-mixed's GradScaler: x 0.5 and x 2 in turn, exact for these values), beside the
+// composition it replaced (per gradient: the unscale's pass, then the sum's), and their ratio.
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -26,6 +27,8 @@
 
 #include "bench/matmul_peak.h"
 #include "keel/amp/grad_pass.h"
+#include "keel/backend/monitor.h"
+#include "keel/backend/optim.h"
 #include "keel/train/trainer.h"
 
 using namespace keel;
@@ -95,7 +98,20 @@ int main(int argc, char** argv) {
     const double n_params = static_cast<double>(t.model().num_parameters());
     t.fit();
     const std::vector<Tensor> grads = t.optimizer().grads();
-    std::vector<double> pass_s, unscale_s;
+    // The peer, measured alongside: the composition the fused pass replaced, one gradient at a
+    // time, the unscale as its own read and write before the sum's read.
+    auto two_passes = [&](float inv) {
+      for (const Tensor& g : grads) {
+        if (!g.defined()) continue;
+        void* d = g.data();
+        DType dt = g.dtype();
+        int64_t n = g.numel();
+        if (inv != 1.f) optim_kernels(g.device()).unscale(d, dt, n, inv);
+        GradBufStats b;
+        monitor_kernels(g.device()).unscale_norm(&d, &dt, &n, 1, 1.f, 0.f, &b);
+      }
+    };
+    std::vector<double> pass_s, unscale_s, two_pass_s, two_unscale_s;
     auto seconds_of = [](auto&& f) {
       const auto t0 = clk::now();
       f();
@@ -104,9 +120,11 @@ int main(int argc, char** argv) {
     for (int rep = 0; rep < 9; ++rep) {
       pass_s.push_back(seconds_of([&] { amp::grad_pass(grads, 1.f); }));
       unscale_s.push_back(seconds_of([&] { amp::grad_pass(grads, rep % 2 ? 2.f : 0.5f); }));
+      two_pass_s.push_back(seconds_of([&] { two_passes(1.f); }));
+      two_unscale_s.push_back(seconds_of([&] { two_passes(rep % 2 ? 2.f : 0.5f); }));
     }
-    std::sort(pass_s.begin(), pass_s.end());
-    std::sort(unscale_s.begin(), unscale_s.end());
+    for (auto* v : {&pass_s, &unscale_s, &two_pass_s, &two_unscale_s})
+      std::sort(v->begin(), v->end());
     std::vector<double> warm(times.begin() + (times.size() > 1 ? 1 : 0), times.end());
     std::sort(warm.begin(), warm.end());
     const double med = warm[warm.size() / 2];
@@ -121,8 +139,11 @@ int main(int argc, char** argv) {
         "MFU %.1f%% of the %s matmul peak\n",
         precision, n_params / 1e6, med, warm.front(), warm.back(), tps,
         100 * tps * flops_tok / (peak * 1e9), f32 ? "f32" : "bf16");
-    std::printf("%-10s | grad pass over %zu gradients: %.1f ms, unscaling %.1f ms (medians of 9)\n",
-                precision, grads.size(), 1e3 * pass_s[4], 1e3 * unscale_s[4]);
+    std::printf(
+        "%-10s | grad pass over %zu gradients: %.1f ms, unscaling %.1f ms | one gradient at a "
+        "time, unscale then sum: %.1f ms, %.1f ms | ratio %.2fx, %.2fx (medians of 9)\n",
+        precision, grads.size(), 1e3 * pass_s[4], 1e3 * unscale_s[4], 1e3 * two_pass_s[4],
+        1e3 * two_unscale_s[4], two_pass_s[4] / pass_s[4], two_unscale_s[4] / unscale_s[4]);
   }
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);

@@ -1,8 +1,9 @@
 // The one pass over a step's gradients (DESIGN §3 steps 4-5): unscale in place, count non-finite
 // values, and sum the squares of the results, per gradient and in total, in a fixed order (f32
 // within fixed blocks, f64 across blocks and gradients). The step, GradScaler, clipping's global
-// norm, the per-layer norms and each rank's own check all read it; on a GPU it is one kernel over
-// every gradient and one readback (backend/monitor.h's unscale_norm).
+// norm, the per-layer norms and each rank's own check all read it. It is one backend call over
+// every gradient (backend/monitor.h's unscale_norm): on the CPU one parallel loop that reads each
+// value once, on a GPU one kernel and one readback.
 #pragma once
 #include <cmath>
 #include <cstdint>

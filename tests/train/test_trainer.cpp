@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "keel/autograd/node.h"
@@ -63,6 +64,65 @@ TEST(Trainer, WindowLossIsTheTokenMeanWhateverTheSplit) {
   for (size_t i = 0; i < a2.trainable().size(); ++i)
     test::expect_close(b.trainable()[i].second.grad(), a2.trainable()[i].second.grad(), 1e-6, 1e-4,
                        a2.trainable()[i].first);
+}
+
+// Plays rank 1 of 2: all_gather reports rank 0 with a finite loss and a gradient for every
+// parameter; all_reduce_grads sums nothing and records what it was handed and whether every value
+// in it was 0.
+class RankOneOfTwo final : public Collective {
+ public:
+  int rank() const override { return 1; }
+  int world_size() const override { return 2; }
+  std::string backend() const override { return "fake"; }
+  void all_reduce_grads(std::vector<Tensor>& grads) override {
+    handed.push_back(grads);
+    bool zero = true;
+    for (const Tensor& g : grads)
+      for (float v : g.to_floats()) zero = zero && v == 0.f;
+    all_zero.push_back(zero);
+  }
+  void all_reduce_sum(double*, size_t) override {}
+  void all_reduce_max(double*, size_t) override {}
+  void all_gather(const double* in, size_t n, double* out) override {
+    std::memcpy(out + n, in, n * sizeof(double));
+    std::memcpy(out, in, n * sizeof(double));
+    if (n != 3 + trainable) return;      // not the step's gather: rank 0 agrees
+    out[0] = 1, out[1] = 0, out[2] = 1;  // loss sum, saw non-finite, norm
+    for (size_t i = 3; i < n; ++i) out[i] = 1;
+  }
+  std::vector<std::vector<Tensor>> handed;
+  std::vector<bool> all_zero;
+  size_t trainable = 0;  // parameters the trainer updates: its step's gather holds 3 + this
+};
+
+TEST(Trainer, ARankWithoutDataJoinsTheSumWithZerosInItsFlatHomes) {
+  // train_step takes this rank's share of the window: one micro-batch in step 1, none in step 2
+  // (a remainder window), where rank 1 joins rank 0's sum with zeros. They go into the flat
+  // homes, whose values from step 1 zero_grad left behind, and the all-reduce is handed the whole
+  // flat buffers (offset ranges), not one tensor per parameter.
+  Config c = small_config("rank1of2");
+  c.dist.check_every = 0;
+  c.train.batch_size = 4;
+  auto group = std::make_shared<RankOneOfTwo>();
+  Trainer t(c, {}, group);
+  group->trainable = t.trainable().size();
+  const std::vector<Tensor> buffers = t.optimizer().flat_grad_buffers();
+  ASSERT_FALSE(buffers.empty());
+  t.train_step({t.loader().batch(0, 1)}, 0);
+  t.train_step({}, 0);
+  ASSERT_EQ(group->handed.size(), 2u);
+  for (const std::vector<Tensor>& h : group->handed) {
+    ASSERT_EQ(h.size(), buffers.size());
+    for (size_t k = 0; k < h.size(); ++k) EXPECT_EQ(h[k].data(), buffers[k].data());
+  }
+  EXPECT_FALSE(group->all_zero[0]) << "step 1: rank 1 ran a micro-batch";
+  EXPECT_TRUE(group->all_zero[1]) << "step 2: stale gradients of step 1 joined the sum";
+  for (const auto& [name, p] : t.trainable()) {
+    ASSERT_TRUE(p.grad().defined()) << name;
+    bool in_buffer = false;
+    for (const Tensor& b : buffers) in_buffer |= p.grad().shares_storage(b);
+    EXPECT_TRUE(in_buffer) << name << ": its zero gradient is not in its flat home";
+  }
 }
 
 TEST(Trainer, RemainderWindowStepsWithAFiniteLoss) {
