@@ -52,9 +52,10 @@ TEST_P(FlatGrads, SameBitsAsAdoptedGradientsAndEveryGradientIsAViewOfTheBuffer) 
   opt_flat.use_flat_grads();
   ASSERT_FALSE(opt_flat.flat_grad_buffers().empty());
   EXPECT_TRUE(opt_plain.flat_grad_buffers().empty());
+  const int n_micro = micro;  // clang 14 lets no lambda capture a structured binding
   auto micro_batches = [&](models::CausalLM& m) {
     amp::AutocastGuard autocast(mixed, DType::BF16);
-    for (int k = 0; k < micro; ++k) {
+    for (int k = 0; k < n_micro; ++k) {
       Tensor logits = m.forward(fx.at(pre + "input_ids"), fx.at(pre + "attention_mask"));
       Tensor f = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, 37}));
       // A different weight per micro-batch, as the trainer's token shares give.
