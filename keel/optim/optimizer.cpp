@@ -173,6 +173,25 @@ void Optimizer::zero_grad() {
   for (Slot& s : slots_) s.param.mutable_grad() = Tensor();
 }
 
+void Optimizer::zero_grad_of(Tensor& param) {
+  Tensor home = param.impl()->grad_home;
+  if (!home.defined()) {
+    param.set_grad(Tensor::zeros(param.shape(), param.dtype(), param.device()));
+    return;
+  }
+  home.zero();
+  param.set_grad(home);
+}
+
+bool Optimizer::grads_in_flat_buffers() const {
+  if (grad_buffers_.empty()) return false;
+  for (const Slot& s : slots_) {
+    const Tensor& g = s.param.grad();
+    if (g.defined() && g.data() != s.param.impl()->grad_home.data()) return false;
+  }
+  return true;
+}
+
 std::vector<Tensor> Optimizer::grads() const {
   std::vector<Tensor> out;
   out.reserve(slots_.size());

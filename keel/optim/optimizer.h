@@ -58,6 +58,13 @@ class Optimizer {
   void use_flat_grads(bool on = true);
   // The flat gradient buffers (empty until use_flat_grads()).
   const std::vector<Tensor>& flat_grad_buffers() const { return grad_buffers_; }
+  // A data-parallel step's zero gradient for `param`, one of this optimizer's parameters without
+  // a gradient on this rank: written into its flat home when it has one (zero_grad leaves the
+  // previous step's values there), so that the buffers stay whole.
+  void zero_grad_of(Tensor& param);
+  // True when flat buffers exist and every gradient that is defined lives in its home: the
+  // buffers then hold all of this step's gradients (an all-reduce may sum them as offset ranges).
+  bool grads_in_flat_buffers() const;
 
   // The state, by name: "<param>.<kind>" for each state kind (exp_avg, exp_avg_sq for AdamW;
   // momentum_buffer for SGD with momentum), "<param>.step" (i64 scalar: this parameter's update

@@ -225,16 +225,7 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
       const double* o = &all[static_cast<size_t>(q) * n];
       for (size_t i = 0; i < run_.trainable.size(); ++i) {
         Tensor& p = run_.trainable[i].second;
-        if (o[3 + i] == 0 || p.grad().defined()) continue;
-        // The zeros go into the parameter's flat home when it has one (the buffers stay whole:
-        // the all-reduce below then sums them as offset ranges); zero_grad left stale values there.
-        Tensor home = p.impl()->grad_home;
-        if (home.defined()) {
-          home.zero();
-          p.set_grad(home);
-        } else {
-          p.set_grad(Tensor::zeros(p.shape(), p.dtype(), p.device()));
-        }
+        if (o[3 + i] != 0 && !p.grad().defined()) run_.optimizer->zero_grad_of(p);
       }
     }
   }
@@ -247,15 +238,13 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
     // full. The buffers also hold the 64-byte gaps and the homes of parameters no rank has a
     // gradient for: summed, never read. Element-wise sums either way: with two ranks the same
     // bits (MPI may pick its algorithm, and so the order of more than two addends, by size).
-    std::vector<Tensor> defined;
-    bool in_homes = !run_.optimizer->flat_grad_buffers().empty();
-    for (auto& [name, p] : run_.trainable) {
-      if (!p.grad().defined()) continue;
-      defined.push_back(p.grad());
-      in_homes = in_homes && p.grad().data() == p.impl()->grad_home.data();
+    std::vector<Tensor> reduced = run_.optimizer->flat_grad_buffers();
+    if (!run_.optimizer->grads_in_flat_buffers()) {
+      reduced.clear();
+      for (auto& [name, p] : run_.trainable)
+        if (p.grad().defined()) reduced.push_back(p.grad());
     }
-    std::vector<Tensor> buffers = run_.optimizer->flat_grad_buffers();
-    coll_->all_reduce_grads(in_homes ? buffers : defined);
+    coll_->all_reduce_grads(reduced);
   }
 
   // 4-5. One pass over the gradients (amp/grad_pass.h): unscale, the finite check, and the sums

@@ -269,9 +269,9 @@ TEST(MonitorKernels, UnscaleNormOverManyBuffersHasTheBitsOfUnscaleThenSumSquares
   auto make = [&](bool bad) {
     std::vector<Tensor> out;
     for (size_t k = 0; k < std::size(sizes); ++k) {
-      std::vector<float> v = mixed_values(sizes[k], bad && (k == 3 || k == 10), 1000 + k);
-      for (float& x : v)
-        x = std::isfinite(x) || (bad && (k == 3 || k == 10)) ? std::fmod(x, 1000.f) : 1.5f;
+      const bool special = bad && (k == 3 || k == 10);
+      std::vector<float> v = mixed_values(sizes[k], special, 1000 + k);
+      for (float& x : v) x = std::isfinite(x) || special ? std::fmod(x, 1000.f) : 1.5f;
       out.push_back(Tensor::from_floats(v, {sizes[k]}, types[k % 3]));
     }
     return out;
