@@ -51,8 +51,12 @@ struct Ctx {
   std::map<ReorderKey, std::shared_ptr<dnnl::reorder>> reorders;
 };
 
+// Never destroyed: oneDNN's own globals (its primitive cache among them) are created after the
+// context, by the first primitive, so at exit they are destroyed first, and destroying a cached
+// primitive then reads freed memory. A `keel train` child of `keel serve` stopped that way died by
+// SIGSEGV in ~Ctx about once in twenty exits. The process ends; the kernel frees the memory.
 Ctx& ctx() {
-  static Ctx c;
+  static Ctx& c = *new Ctx;
   return c;
 }
 
