@@ -1,11 +1,8 @@
 // Trainer::evaluate: the held-out loss (token mean, as training weighs it) and, for the built-in
 // task, exact match of greedily decoded answers.
-#include <filesystem>
-
 #include "keel/amp/autocast.h"
 #include "keel/autograd/node.h"
-#include "keel/ops/cross_entropy.h"
-#include "keel/ops/shape.h"
+#include "keel/models/generate.h"
 #include "keel/train/eval_loss.h"
 #include "keel/train/trainer.h"
 
@@ -22,31 +19,21 @@ EvalResult Trainer::evaluate() {
   e.tokens = loss.tokens;
   NoGradGuard no_grad;
   amp::AutocastGuard autocast(run_.policy.autocast, run_.policy.compute_dtype);
-  // Exact match by greedy decoding (the built-in task).
+  // Exact match by greedy decoding (the built-in task), through the generation loop and its
+  // key/value cache: each answer token costs one position's forward, not the whole sequence's.
   if (!run_.data.eval_prompts.empty()) {
+    models::GenerateOptions greedy;  // temperature 0: argmax, the lowest id wins a tie
+    greedy.max_new_tokens = run_.data.max_answer_tokens;
+    greedy.eos_id = run_.data.stop_token;
     int64_t correct = 0;
     const int64_t n = static_cast<int64_t>(run_.data.eval_prompts.size());
     for (int64_t i = 0; i < n; ++i) {
-      std::vector<int32_t> ids = run_.data.tokenizer->encode(run_.data.eval_prompts[i]);
-      std::vector<int32_t> answer;
-      for (int64_t t = 0; t < run_.data.max_answer_tokens; ++t) {
-        if (static_cast<int64_t>(ids.size()) >= run_.model->spec().max_seq_len) break;
-        std::vector<int64_t> v(ids.begin(), ids.end());
-        Tensor in = Tensor::from_ints(v, {1, static_cast<int64_t>(v.size())});
-        Tensor logits = run_.model->forward(in.to(run_.device), Tensor());
-        const int64_t V = logits.size(-1);
-        const auto row = logits.slice_rows(0, 1)
-                             .view({-1, V})
-                             .slice_rows(in.size(1) - 1, in.size(1))
-                             .to_floats();
-        int32_t best = 0;
-        for (int64_t j = 1; j < V; ++j)
-          if (row[j] > row[best]) best = static_cast<int32_t>(j);
-        if (best == run_.data.stop_token) break;
-        answer.push_back(best);
-        ids.push_back(best);
-      }
-      correct += run_.data.tokenizer->decode(answer) == run_.data.eval_answers[i];
+      const std::vector<int32_t> prompt = run_.data.tokenizer->encode(run_.data.eval_prompts[i]);
+      // A prompt that fills the context has no answer (and counts as wrong).
+      if (prompt.empty() || static_cast<int64_t>(prompt.size()) >= run_.model->spec().max_seq_len)
+        continue;
+      const models::GenerateResult answer = models::generate(*run_.model, prompt, greedy);
+      correct += run_.data.tokenizer->decode(answer.tokens) == run_.data.eval_answers[i];
     }
     e.examples = n;
     e.accuracy = static_cast<double>(correct) / static_cast<double>(n);

@@ -3,6 +3,7 @@
 // the built-in task.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -384,6 +385,45 @@ TEST(Trainer, EveryPolicyTrainsTheBuiltinTask) {
       EXPECT_NEAR(eval_loss[p], eval_loss["32-true"], 0.05 * eval_loss["32-true"]) << p;
     }
   }
+}
+
+// Exact match on the built-in task: evaluate() (the generation loop, with its key/value cache)
+// counts the held-out problems whose greedy answer, cut at the newline, is the answer's text. The
+// reference decodes here without a cache, re-running the whole sequence for each token. The run is
+// trained until some answers are right and some wrong, so neither 0 nor 1 passes.
+TEST(Trainer, ExactMatchCountsTheGreedyAnswersThatAreRight) {
+  Config c = small_config("exact-match");
+  c.data.eval_examples = 64;
+  c.data.digits = 1;
+  c.train.max_steps = sanitized() ? 60 : 120;
+  c.optim.lr = 1e-2;
+  Trainer t(c);
+  ASSERT_EQ(t.fit(), 0) << t.stop_message();
+  const keel::Run& run = t.run();
+  NoGradGuard no_grad;
+  t.model().train(false);
+  int64_t right = 0;
+  for (size_t i = 0; i < run.data.eval_prompts.size(); ++i) {
+    std::vector<int32_t> ids = t.tokenizer().encode(run.data.eval_prompts[i]);
+    std::vector<int32_t> answer;
+    for (int64_t k = 0; k < run.data.max_answer_tokens; ++k) {
+      const int64_t n = static_cast<int64_t>(ids.size());
+      Tensor logits = t.model().forward(
+          Tensor::from_ints(std::vector<int64_t>(ids.begin(), ids.end()), {1, n}), Tensor());
+      const std::vector<float> row = logits.view({n, -1}).slice_rows(n - 1, n).to_floats();
+      const int32_t best =
+          static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
+      if (best == run.data.stop_token) break;
+      answer.push_back(best);
+      ids.push_back(best);
+    }
+    right += t.tokenizer().decode(answer) == run.data.eval_answers[i];
+  }
+  const EvalResult e = t.evaluate();
+  ASSERT_EQ(e.examples, 64);
+  EXPECT_GT(right, 0);
+  EXPECT_LT(right, 64);
+  EXPECT_DOUBLE_EQ(e.accuracy, static_cast<double>(right) / 64);
 }
 
 TEST(Trainer, BadConfigsGiveClearErrors) {
