@@ -3,6 +3,8 @@
 // block fresh from the OS, zero-filled) and with every block filled with 0xFF bytes first
 // (KEEL_POISON_ALLOC=1: NaN in f32, bf16 and f16), under each precision. A kernel that relied on
 // fresh zeros, or read stale values from a reused block, would change the numbers or make them NaN.
+// The end-of-run evaluation decodes 16 problems (not the default 500, 3/4 of a sanitized run's
+// time): enough to take the loss and key/value cache paths through poisoned blocks too.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,7 +23,7 @@ std::vector<nlohmann::json> train(const std::string& out, const std::string& pre
   const test::KeelRun r = test::run_keel(
       test::with_sets({"train"}, {"run.out_dir=" + out, "run.threads=1", "train.max_steps=8",
                                   "train.precision=" + precision, "train.allow_cpu_bf16=true",
-                                  "log.tensorboard=false"}),
+                                  "log.tensorboard=false", "data.eval_examples=16"}),
       {"OMP_NUM_THREADS=1", env});
   EXPECT_EQ(r.code, 0) << r.output;
   return test::step_records(out);

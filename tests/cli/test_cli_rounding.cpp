@@ -30,8 +30,9 @@ std::vector<json> rounding_findings(const std::string& out_dir, const std::strin
 }
 
 test::KeelRun train_rounding(const std::string& out, const std::vector<std::string>& sets) {
-  std::vector<std::string> all = {"run.out_dir=" + out, "run.threads=1", "log.tensorboard=false",
-                                  "log.every=1", "train.max_steps=12"};
+  std::vector<std::string> all = {"run.out_dir=" + out,    "run.threads=1",
+                                  "log.tensorboard=false", "log.every=1",
+                                  "train.max_steps=12",    "data.eval_examples=16"};
   all.insert(all.end(), sets.begin(), sets.end());
   return test::run_keel(test::with_sets({"train"}, all), {"OMP_NUM_THREADS=1"});
 }
