@@ -64,10 +64,12 @@ size_t write_file_atomic(const std::string& path, const void* const* chunks, con
       ++calls;
       if (w < 0) {
         if (errno == EINTR) continue;
-        const std::string why = std::strerror(errno);
+        const int err = errno;
         ::close(fd);
         ::unlink(tmp.c_str());
-        throw Error("cannot write " + path + ": " + why + " (is the disk full?)");
+        throw Error("cannot write " + path + ": " + std::strerror(err) +
+                    (err == EFBIG ? " (the process's file-size limit, ulimit -f, is reached)"
+                                  : " (is the disk full?)"));
       }
       p += w;
       left -= static_cast<size_t>(w);

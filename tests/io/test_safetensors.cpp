@@ -3,12 +3,17 @@
 // header can be read alone, so that sizes are checked before anything is allocated.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/resource.h>
+
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "keel/io/safetensors.h"
 #include "tests/support/check.h"
+#include "tests/support/run_keel.h"
 #include "tests/support/standard_safetensors.h"
 
 namespace keel::io {
@@ -164,6 +169,41 @@ TEST(Safetensors, ReadingIntoAMismatchNamesTheTensorAndReadsNothing) {
                     read_safetensors_into(p, {{"a", a.to_dtype(DType::BF16)}});
                   }),
                   "expected bf16 [4]");
+}
+
+// A write that fails in the middle of a stretch (here: the file-size limit, reached inside the
+// flat buffer's one write) is an Error naming the file and the cause; the file it was replacing
+// is unchanged and no temporary file is left beside it.
+TEST(Safetensors, AWriteFailingInsideABlockKeepsThePreviousFile) {
+  const std::string dir = test::temp_dir("safetensors-fsize");
+  const std::string p = dir + "/state.safetensors";
+  const Tensor old = test::randn({1024}, 7);
+  write_safetensors(p, {{"m", old}});
+  const std::string before = test::slurp(p);
+  const Tensor flat = test::randn({8192}, 8);  // 32 KB, written as one stretch
+  const std::vector<std::pair<std::string, Tensor>> views = {{"w.m", flat.slice_rows(0, 4096)},
+                                                             {"b.m", flat.slice_rows(4096, 8192)}};
+
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  rlimit small = saved;
+  small.rlim_cur = 16384;                      // the header and part of the stretch
+  auto* const was = signal(SIGXFSZ, SIG_IGN);  // past the limit write(2) fails with EFBIG
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string m = error_of([&] { write_safetensors(p, views); });
+  setrlimit(RLIMIT_FSIZE, &saved);
+  signal(SIGXFSZ, was);
+
+  EXPECT_CONTAINS(m, "cannot write " + p);
+  EXPECT_CONTAINS(m, "File too large");
+  EXPECT_CONTAINS(m, "ulimit -f");
+  EXPECT_EQ(test::slurp(p), before);
+  size_t files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.is_regular_file();
+  EXPECT_EQ(files, 1u) << "a temporary file was left in " << dir;
+  // With the limit back, the same write goes through.
+  write_safetensors(p, views);
+  test::expect_bitwise_equal(read_safetensors(p).at("b.m"), flat.slice_rows(4096, 8192), "b.m");
 }
 
 }  // namespace
