@@ -252,6 +252,13 @@ bool holds_exactly(const SafetensorsHeader& h,
   return true;
 }
 
+bool holds_exactly(const std::vector<std::pair<std::string, Tensor>>& file,
+                   const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  SafetensorsHeader h;
+  for (const auto& [name, t] : file) h.tensors.push_back({name, t.dtype(), t.shape(), 0, 0});
+  return holds_exactly(h, tensors);
+}
+
 size_t read_safetensors_into(const std::string& path,
                              const std::vector<std::pair<std::string, Tensor>>& into) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

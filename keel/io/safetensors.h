@@ -111,6 +111,10 @@ size_t read_safetensors_into(const std::string& path,
 // shape: then read_safetensors_into fills all of them and leaves nothing of the file unread.
 bool holds_exactly(const SafetensorsHeader& h,
                    const std::vector<std::pair<std::string, Tensor>>& tensors);
+// The same, against the tensors a read of the file gave (read_safetensors, load_checkpoint), so
+// that a file already mapped needs no second read of its header.
+bool holds_exactly(const std::vector<std::pair<std::string, Tensor>>& file,
+                   const std::vector<std::pair<std::string, Tensor>>& tensors);
 
 // "F32", "BF16", ... as safetensors spells them.
 const char* safetensors_dtype(DType dt);

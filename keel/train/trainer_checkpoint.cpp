@@ -160,7 +160,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   const io::NamedTensors live = run_.optimizer->state();
   const bool on_cpu = std::all_of(live.begin(), live.end(),
                                   [](const auto& e) { return e.second.device().is_cpu(); });
-  if (on_cpu && io::holds_exactly(io::read_safetensors_header(opt_file), live)) {
+  if (on_cpu && io::holds_exactly(ck.optimizer, live)) {  // ck.optimizer: the file's tensors
     io::read_safetensors_into(opt_file, live);
     ck.optimizer = live;  // the state's own memory: load_state takes the counts, copies nothing
   }

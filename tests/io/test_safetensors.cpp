@@ -117,6 +117,7 @@ TEST(Safetensors, ViewsOfOneBufferAreWrittenAsOneBlockAndReadBackInOne) {
       {"w.v", bf16_in.slice_rows(0, 48).view({6, 8})},
   };
   EXPECT_TRUE(holds_exactly(h, into));
+  EXPECT_TRUE(holds_exactly(back.tensors, into));  // the same answer from the tensors read
   EXPECT_EQ(read_safetensors_into(p, into), 3u);
   test::expect_bitwise_equal(f32_in, f32, "f32 buffer");
   test::expect_bitwise_equal(bf16_in, bf16, "bf16 buffer");
@@ -126,6 +127,7 @@ TEST(Safetensors, ViewsOfOneBufferAreWrittenAsOneBlockAndReadBackInOne) {
   EXPECT_EQ(read_safetensors_into(p, {{"b.m", alone}}), 1u);
   test::expect_bitwise_equal(alone, f32.slice_rows(48, 64), "b.m alone");
   EXPECT_FALSE(holds_exactly(h, {{"b.m", alone}}));  // the file holds more
+  EXPECT_FALSE(holds_exactly(back.tensors, {{"b.m", alone}}));
 }
 
 // A gap between two views (the optimizer aligns each slot to 64 bytes) cannot be written as data:
