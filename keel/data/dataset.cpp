@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "keel/numerics/error.h"
+#include "keel/numerics/text.h"
 
 namespace keel::data {
 
@@ -193,6 +194,8 @@ std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Token
       if (colon != std::string::npos) detail = detail.substr(colon + 2);
       throw bad("invalid JSON at column " + std::to_string(e.byte) + ": " + detail + "; " +
                 kExpected);
+    } catch (const json::exception& e) {  // out_of_range: a number beyond a double
+      throw bad("invalid JSON: " + json_error_detail(e.what()) + "; " + kExpected);
     }
     if (!obj.is_object())
       throw bad(std::string("a JSON ") + obj.type_name() + " instead of an object; " + kExpected);

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/numerics/error.h"
+#include "keel/numerics/text.h"
 
 namespace keel::data {
 
@@ -43,7 +44,7 @@ std::unique_ptr<BpeTokenizer> load_gpt2_tokenizer(const std::string& encoder_jso
   try {
     enc = nlohmann::json::parse(read_tokenizer_file(encoder_json, "GPT-2 vocabulary"));
   } catch (const nlohmann::json::exception& e) {
-    throw Error(encoder_json + ": not valid JSON: " + e.what());
+    throw Error(encoder_json + ": not valid JSON: " + json_error_detail(e.what()));
   }
   if (!enc.is_object()) throw Error(encoder_json + ": expected a JSON object {\"token\": id, ...}");
   spec.vocab.reserve(enc.size());

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/numerics/error.h"
+#include "keel/numerics/text.h"
 
 namespace keel::data {
 
@@ -194,7 +195,7 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
   try {
     root = json::parse(read_tokenizer_file(ld.file, "HF tokenizer file"));
   } catch (const json::exception& e) {
-    throw Error(ld.file + ": not valid JSON: " + e.what());
+    throw Error(ld.file + ": not valid JSON: " + json_error_detail(e.what()));
   }
   if (!root.is_object()) ld.fail("(top level)", "expected a JSON object");
   if (!root.contains("model")) ld.fail("model", "missing");
@@ -221,7 +222,7 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
     try {
       cfg = json::parse(read_tokenizer_file(cfg_path.string(), "tokenizer config"));
     } catch (const json::exception& e) {
-      throw Error(cfg_path.string() + ": not valid JSON: " + e.what());
+      throw Error(cfg_path.string() + ": not valid JSON: " + json_error_detail(e.what()));
     }
     if (!cfg.is_object()) throw Error(cfg_path.string() + ": expected a JSON object");
     have_cfg = true;

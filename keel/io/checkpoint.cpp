@@ -12,6 +12,7 @@
 #include "keel/io/atomic_file.h"
 #include "keel/io/safetensors.h"
 #include "keel/numerics/error.h"
+#include "keel/numerics/text.h"
 
 namespace keel::io {
 
@@ -266,8 +267,8 @@ Checkpoint load_checkpoint(const std::string& dir) {
   const std::string trainer_path = (src / kTrainer).string();
   try {
     c.trainer_state = json::parse(read_file(trainer_path));
-  } catch (const json::parse_error& e) {
-    throw Error(trainer_path + ": invalid JSON (" + e.what() +
+  } catch (const json::exception& e) {
+    throw Error(trainer_path + ": invalid JSON (" + json_error_detail(e.what()) +
                 "); the checkpoint is damaged, resume from another one");
   }
   return c;

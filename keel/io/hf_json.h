@@ -9,6 +9,7 @@
 
 #include "keel/io/atomic_file.h"
 #include "keel/numerics/error.h"
+#include "keel/numerics/text.h"
 
 namespace keel::io {
 
@@ -17,8 +18,8 @@ inline nlohmann::json read_json(const std::string& path) {
   const std::string text = read_file(path);
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(path + ": invalid JSON: " + e.what());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(path + ": invalid JSON: " + json_error_detail(e.what()));
   }
 }
 

@@ -91,6 +91,18 @@ nn::AdapterOptions read_peft_config(const std::string& dir) {
   } else {
     throw Error(cfg_path + ": peft_type '" + type + "' is not supported (LORA or LOKR)");
   }
+  // Checked here with the file's own field names: apply_adapters would name model.adapter, a key
+  // of the user's config that this directory did not come from.
+  if (opt.r < 1 || opt.r > nn::kMaxAdapterRank)
+    throw Error(cfg_path + ": field 'r' must be in [1, " + std::to_string(nn::kMaxAdapterRank) +
+                "], got " + std::to_string(opt.r));
+  const char* alpha_field = opt.kind == "lokr" ? "alpha" : "lora_alpha";
+  if (!(opt.alpha > 0))
+    throw Error(cfg_path + ": field '" + alpha_field + "' must be > 0, got " +
+                c.at(alpha_field).dump());
+  if (!(opt.dropout >= 0 && opt.dropout < 1))
+    throw Error(cfg_path + ": field 'lora_dropout' must be in [0, 1), got " +
+                c.at("lora_dropout").dump());
   if (!c.contains("target_modules") || !c["target_modules"].is_array())
     throw Error(cfg_path + ": target_modules must be a list of module names");
   opt.target_modules.clear();
@@ -98,6 +110,10 @@ nn::AdapterOptions read_peft_config(const std::string& dir) {
     if (!t.is_string()) throw Error(cfg_path + ": target_modules must hold strings");
     opt.target_modules.push_back(t.get<std::string>());
   }
+  if (opt.target_modules.empty())
+    throw Error(cfg_path +
+                ": target_modules is empty (PEFT writes the adapted module names, e.g. "
+                "[\"q_proj\", \"v_proj\"])");
   return opt;
 }
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "keel/io/atomic_file.h"
+#include "keel/numerics/text.h"
 
 namespace keel::io {
 
@@ -66,8 +67,8 @@ SafetensorsHeader parse_header(const std::string& path, std::string_view text, u
   json header;
   try {
     header = json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw bad(std::string("header JSON: ") + e.what());
+  } catch (const json::exception& e) {
+    throw bad("header JSON: " + json_error_detail(e.what()));
   }
   if (!header.is_object()) throw bad("header is not a JSON object");
   SafetensorsHeader out;

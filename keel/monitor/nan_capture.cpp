@@ -13,6 +13,7 @@
 #include "keel/io/safetensors.h"
 #include "keel/numerics/hash.h"
 #include "keel/numerics/tensor_stats.h"
+#include "keel/numerics/text.h"
 #include "keel/numerics/utc_time.h"
 #include "keel/tensor/random.h"
 #include "keel/train/checkpoint_contents.h"
@@ -162,8 +163,8 @@ Capture read_nan_capture(const std::string& dir) {
                 Error::kUsage);
   try {
     c.meta = json::parse(io::read_file(meta_path));
-  } catch (const json::parse_error& e) {
-    throw Error(meta_path + ": not valid JSON (" + e.what() +
+  } catch (const json::exception& e) {
+    throw Error(meta_path + ": not valid JSON (" + json_error_detail(e.what()) +
                     "); the capture is corrupt: re-run the training to write a new one",
                 Error::kUsage);
   }

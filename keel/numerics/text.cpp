@@ -19,4 +19,11 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   return prev[b.size()];
 }
 
+std::string json_error_detail(std::string_view what) {
+  if (what.rfind("[json.exception.", 0) == 0)
+    if (const size_t end = what.find("] "); end != std::string_view::npos)
+      what.remove_prefix(end + 2);
+  return std::string(what);
+}
+
 }  // namespace keel

@@ -2,6 +2,7 @@
 // module paths).
 #pragma once
 #include <cstddef>
+#include <string>
 #include <string_view>
 
 namespace keel {
@@ -9,5 +10,11 @@ namespace keel {
 // Levenshtein distance: the fewest single-character insertions, deletions and substitutions that
 // turn `a` into `b` (bytes, not Unicode characters).
 size_t edit_distance(std::string_view a, std::string_view b);
+
+// An nlohmann::json exception's text without its "[json.exception.parse_error.101] " prefix, for a
+// message that names the user's file first ("parse error at line 3, column 7: ...", "number
+// overflow parsing '1e400'"). A parse can throw out_of_range (406: a number beyond a double) as
+// well as parse_error, so a reader catches json::exception, the base of both.
+std::string json_error_detail(std::string_view what);
 
 }  // namespace keel

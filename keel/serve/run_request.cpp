@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "keel/numerics/text.h"
 #include "keel/serve/http_error.h"
 
 namespace keel::serve {
@@ -32,6 +33,9 @@ Config run_config_of_request(const std::string& body, const PathPolicy& paths,
     throw HttpError(400, std::string(kSource) + ": not JSON (at byte " + std::to_string(e.byte) +
                              "); send an object with the sections of docs/config.md, e.g. " +
                              "{\"train\": {\"max_steps\": 100}}");
+  } catch (const json::exception& e) {  // out_of_range: a number beyond a double
+    throw HttpError(400, std::string(kSource) + ": not JSON (" + json_error_detail(e.what()) +
+                             "); numbers must fit a double");
   }
   if (j.is_object() && j.contains("run") && j["run"].is_object())
     for (const char* key : {"out_dir", "resume"})

@@ -86,7 +86,8 @@ const std::vector<KeySpec>& key_table() {
     // [model.adapter]
     k.push_back(
         KEEL_KEY("model.adapter", model.adapter, kind).one_of({"none", "lora", "dora", "lokr"}));
-    k.push_back(KEEL_KEY("model.adapter", model.adapter, r).at_least(1).at_most(65536));
+    k.push_back(
+        KEEL_KEY("model.adapter", model.adapter, r).at_least(1).at_most(nn::kMaxAdapterRank));
     k.push_back(KEEL_KEY("model.adapter", model.adapter, alpha).above(0));
     k.push_back(KEEL_KEY("model.adapter", model.adapter, dropout).at_least(0).below(1));
     k.push_back(KEEL_KEY("model.adapter", model.adapter, target_modules));

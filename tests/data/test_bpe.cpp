@@ -423,6 +423,11 @@ TEST(Tokenizer, LoaderErrorsNameTheFileAndPlace) {
                                         kTiny + "/vocab.bpe");
                   }),
                   "broken.json: not valid JSON");
+  const std::string overflow = error_of([&] {
+    load_gpt2_tokenizer(write_file(dir, "big.json", "{\"a\": 1e400}"), kTiny + "/vocab.bpe");
+  });
+  EXPECT_CONTAINS(overflow, "big.json: not valid JSON: number overflow");
+  EXPECT_EQ(overflow.find("json.exception"), std::string::npos) << overflow;
 
   const auto hf_error = [&](const std::function<void(json&)>& edit) {
     return error_of([&] { load_hf_tokenizer(tiny_hf_variant(edit)); });

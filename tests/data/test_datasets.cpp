@@ -138,6 +138,7 @@ TEST(JsonlDataset, MalformedLinesNameFileLineAndFix) {
   const std::vector<Case> cases = {
       {"{\"text\": \"a\"}\n\n{\"text\": \"b\",}\n", "line 3: invalid JSON"},
       {"{\"text\": \"a\"}\n{\"text\": \"unterminated}\n", "line 2: invalid JSON"},
+      {"{\"text\": 1e400}\n", "line 1: invalid JSON: number overflow parsing '1e400'"},
       {"{\"completion\": \"c\"}\n", "line 1: missing \"prompt\""},
       {"{\"input\": \"x\"}\n", "line 1: missing \"text\""},
       {"{\"text\": 5}\n", "line 1: \"text\" must be a string, got number"},

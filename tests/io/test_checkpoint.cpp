@@ -221,6 +221,10 @@ TEST(Checkpoint, MissingOrCorruptFilesAreNamed) {
   std::ofstream(dir + "/trainer.json") << "{\"step\": 10,";
   std::string msg = error_of([&] { load_checkpoint(dir); });
   EXPECT_NE(msg.find(dir + "/trainer.json: invalid JSON"), std::string::npos) << msg;
+  std::ofstream(dir + "/trainer.json") << "{\"step\": 1e400}";  // out_of_range, not parse_error
+  msg = error_of([&] { load_checkpoint(dir); });
+  EXPECT_NE(msg.find(dir + "/trainer.json: invalid JSON (number overflow"), std::string::npos)
+      << msg;
   fs::remove(dir + "/model.safetensors");
   msg = error_of([&] { load_checkpoint(dir); });
   EXPECT_NE(msg.find(dir + "/model.safetensors is missing"), std::string::npos) << msg;

@@ -424,6 +424,11 @@ TEST_F(HfErrors, SizesAreCheckedAgainstTheWeightsBeforeBuilding) {
   const std::string m = error_of([&] { load_hf_model(dir); });
   EXPECT_CONTAINS(m, dir + "/config.json: field 'model_type' must be a string");
   EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
+  // A number beyond a double (nlohmann throws out_of_range, not parse_error, for it).
+  write_text(dir + "/config.json", R"({"model_type": "llama", "num_hidden_layers": 1e400})");
+  const std::string big = error_of([&] { read_hf_config(dir); });
+  EXPECT_CONTAINS(big, dir + "/config.json: invalid JSON: number overflow parsing '1e400'");
+  EXPECT_EQ(big.find("json.exception"), std::string::npos) << big;
 }
 
 TEST_F(HfErrors, UnexpectedTensorAndBrokenShards) {
@@ -557,6 +562,49 @@ TEST_P(PeftExport, MergedModelSavesAsAPlainHfModel) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, PeftExport, ::testing::Values("lora", "dora", "lokr"));
+
+// A PEFT directory's fields out of range are refused before anything is built, naming the file
+// and the field (r = 1e8 used to end in "out of memory" advising train.batch_size, r = 2^63 - 1
+// in a shape error, r = 0 in "model.adapter: r = 0", a key of a config the user never wrote).
+TEST(PeftConfig, FieldsOutOfRangeNameTheFileAndTheField) {
+  auto model = models::make_causal_lm(llama_spec(false), 3);
+  nn::AdapterOptions opt;
+  opt.kind = "lora";
+  opt.r = 4;
+  opt.target_modules = {"q_proj"};
+  nn::apply_adapters(*model, opt);
+  const std::string dir = test::temp_dir("peft-bad") + "/adapter";
+  save_peft_adapter(*model, opt, dir, "");
+  const std::string cfg_path = dir + "/adapter_config.json";
+  const json good = json::parse(read_file(cfg_path));
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"r", 0}}, "field 'r' must be in [1, 65536], got 0"},
+      {{{"r", 100000000}}, "field 'r' must be in [1, 65536], got 100000000"},
+      {{{"r", INT64_MAX}}, "field 'r' must be in [1, 65536], got 9223372036854775807"},
+      {{{"lora_alpha", -2.0}}, "field 'lora_alpha' must be > 0, got -2.0"},
+      {{{"lora_dropout", 1.0}}, "field 'lora_dropout' must be in [0, 1), got 1.0"},
+      {{{"target_modules", json::array()}}, "target_modules is empty"},
+      {{{"peft_type", "LOKR"}, {"alpha", 0}}, "field 'alpha' must be > 0, got 0"},
+  };
+  for (const auto& [change, want] : cases) {
+    json bad = good;
+    bad.update(change);
+    write_text(cfg_path, bad.dump());
+    auto fresh = models::make_causal_lm(llama_spec(false), 3);
+    const std::string m = error_of([&] { load_peft_adapter(*fresh, dir); });
+    EXPECT_CONTAINS(m, cfg_path + ": " + want) << change.dump();
+    EXPECT_EQ(m.find("model.adapter"), std::string::npos) << m;
+  }
+  write_text(cfg_path, R"({"peft_type": "LORA", "r": 1e400})");
+  EXPECT_CONTAINS(error_of([&] { read_peft_config(dir); }), cfg_path + ": invalid JSON: number");
+  // The bound is model.adapter.r's: the largest rank loads as far as the weights' shapes.
+  json big = good;
+  big["r"] = nn::kMaxAdapterRank;
+  write_text(cfg_path, big.dump());
+  auto fresh = models::make_causal_lm(llama_spec(false), 3);
+  EXPECT_CONTAINS(error_of([&] { load_peft_adapter(*fresh, dir); }),
+                  "(r = " + std::to_string(nn::kMaxAdapterRank) + ")");
+}
 
 }  // namespace
 }  // namespace keel::io

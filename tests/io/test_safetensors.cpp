@@ -62,6 +62,18 @@ TEST(Safetensors, ShapesThatOverflowAreErrorsNamingFileAndTensor) {
   EXPECT_CONTAINS(error_of([&] { shape_numel({big, big}); }), "more than 2^63 elements");
 }
 
+// nlohmann's parse throws out_of_range, not parse_error, for a number beyond a double: it escaped
+// every reader that caught parse_error only (found by tests/fuzz's run_request campaign).
+TEST(Safetensors, ANumberBeyondADoubleInTheHeaderIsAnErrorNamingTheFile) {
+  const std::string p = test::temp_dir("safetensors") + "/overflow.safetensors";
+  const std::string h = R"({"w": {"dtype": "F32", "shape": [1e400], "data_offsets": [0, 0]}})";
+  const uint64_t n = h.size();
+  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(&n), 8) << h;
+  const std::string m = error_of([&] { read_safetensors(p); });
+  EXPECT_CONTAINS(m, p + ": not a valid safetensors file: header JSON: number overflow");
+  EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
+}
+
 TEST(Safetensors, HeaderAloneGivesNamesShapesAndOffsets) {
   const std::string p =
       write_raw("ok.safetensors",

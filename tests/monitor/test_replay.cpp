@@ -327,6 +327,12 @@ TEST(Replay, MalformedCapturesNameTheFileAndTheFix) {
     const std::string m = error_of(d);
     EXPECT_NE(m.find(d + "/capture.json: not valid JSON"), std::string::npos) << m;
   }
+  {
+    const std::string d = copy("replay-bad-overflow");  // out_of_range, not parse_error
+    std::ofstream(d + "/capture.json") << "{\"format\": \"keel-nan-capture\", \"step\": 1e400}";
+    const std::string m = error_of(d);
+    EXPECT_NE(m.find(d + "/capture.json: not valid JSON (number overflow"), std::string::npos) << m;
+  }
 }
 
 }  // namespace

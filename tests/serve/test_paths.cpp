@@ -95,6 +95,10 @@ TEST(ServePaths, RequestBodiesAreReadByTheConfigLoader) {
   std::tie(status, msg) = refusal("{\"train\": ", p);
   EXPECT_EQ(status, 400);
   EXPECT_CONTAINS(msg, "not JSON");
+  // nlohmann throws out_of_range, not parse_error, for a number beyond a double (tests/fuzz).
+  std::tie(status, msg) = refusal(R"({"optim": {"lr": 1e400}})", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "request body: not JSON (number overflow parsing '1e400')");
   std::tie(status, msg) = refusal(R"({"run": {"out_dir": "/tmp/mine"}})", p);
   EXPECT_EQ(status, 400);
   EXPECT_CONTAINS(msg, "run.out_dir is chosen by the server");

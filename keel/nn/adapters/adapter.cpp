@@ -96,7 +96,9 @@ std::vector<std::string> apply_adapters(Module& root, const AdapterOptions& opt)
   if (opt.kind == "none") return {};
   if (opt.kind != "lora" && opt.kind != "dora" && opt.kind != "lokr")
     throw usage("unknown kind '" + opt.kind + "': use none, lora, dora or lokr");
-  if (opt.r < 1) throw usage("r = " + std::to_string(opt.r) + " must be >= 1");
+  if (opt.r < 1 || opt.r > kMaxAdapterRank)
+    throw usage("r = " + std::to_string(opt.r) + " must be in [1, " +
+                std::to_string(kMaxAdapterRank) + "]");
   if (!(opt.alpha > 0)) throw usage("alpha must be > 0");
   if (!(opt.dropout >= 0 && opt.dropout < 1)) throw usage("dropout must be in [0, 1)");
   if (opt.kind == "lokr" && opt.dropout > 0)

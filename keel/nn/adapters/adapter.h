@@ -16,6 +16,10 @@
 
 namespace keel::nn {
 
+// The largest rank keel builds: the bound of the config key model.adapter.r and of a PEFT
+// directory's r (a rank beyond any layer's width only multiplies memory).
+inline constexpr int64_t kMaxAdapterRank = 65536;
+
 struct AdapterOptions {
   std::string kind = "none";  // none | lora | dora | lokr
   int64_t r = 8;
