@@ -221,11 +221,11 @@ NamedTensors Optimizer::state() const {
 namespace {
 int64_t read_count(const std::string& what, const std::string& key, const Tensor& t) {
   if (t.numel() != 1 || dtype_is_floating(t.dtype()) || t.dtype() == DType::U8)
-    throw Error(what + "::load_state: entry '" + key + "' must be an integer scalar, got " +
+    throw Error(what + " state: entry '" + key + "' must be an integer scalar, got " +
                 dtype_name(t.dtype()) + " " + shape_str(t.shape()));
   const int64_t v = t.to_ints()[0];
   if (v < 0)
-    throw Error(what + "::load_state: entry '" + key + "' is negative (" + std::to_string(v) + ")");
+    throw Error(what + " state: entry '" + key + "' is negative (" + std::to_string(v) + ")");
   return v;
 }
 }  // namespace
@@ -235,12 +235,12 @@ void Optimizer::load_state(const NamedTensors& state) {
   std::map<std::string, const Tensor*> by_name;
   for (const auto& [k, t] : state)
     if (!by_name.emplace(k, &t).second)
-      throw Error(what + "::load_state: entry '" + k + "' appears twice");
+      throw Error(what + " state: entry '" + k + "' appears twice");
   std::set<std::string> used;
   auto need = [&](const std::string& key) -> const Tensor& {
     auto it = by_name.find(key);
     if (it == by_name.end() || !it->second->defined())
-      throw Error(what + "::load_state: missing entry '" + key +
+      throw Error(what + " state: missing entry '" + key +
                   "'; the state was saved for other parameters or another optimizer (" +
                   std::to_string(state.size()) + " entries given)");
     used.insert(key);
@@ -254,7 +254,7 @@ void Optimizer::load_state(const NamedTensors& state) {
       const std::string key = s.name + "." + kinds_[k];
       const Tensor& t = need(key);
       if (t.shape() != s.param.shape() || !dtype_is_floating(t.dtype()))
-        throw Error(what + "::load_state: entry '" + key + "' is " + dtype_name(t.dtype()) + " " +
+        throw Error(what + " state: entry '" + key + "' is " + dtype_name(t.dtype()) + " " +
                     shape_str(t.shape()) + ", expected a floating tensor of shape " +
                     shape_str(s.param.shape()) + " (the parameter's)");
     }
@@ -263,7 +263,7 @@ void Optimizer::load_state(const NamedTensors& state) {
   const int64_t total = read_count(what, "step", need("step"));
   for (const auto& [k, t] : state)
     if (!used.count(k))
-      throw Error(what + "::load_state: unexpected entry '" + k +
+      throw Error(what + " state: unexpected entry '" + k +
                   "'; no parameter of this optimizer has that name");
   for (size_t i = 0; i < slots_.size(); ++i) {
     Slot& s = slots_[i];

@@ -166,13 +166,18 @@ void Trainer::load_checkpoint(const std::string& dir) {
   }
   for (auto& [name, t] : ck.optimizer)  // moments that overflowed poison every later update
     io::check_weights_finite(finite, t, name, opt_file);
-  run_.optimizer->load_state(ck.optimizer);
-  const json& st = ck.trainer_state;
-  // trainer.json is input: every field is checked, naming the file and the key.
-  const std::string tj = ck.dir + "/trainer.json";
   const std::string fix =
       "the checkpoint is damaged: resume from another one (checkpoints/step-N) or start without "
       "run.resume";
+  // The optimizer and the scaler check their state; the file it came from is named here.
+  try {
+    run_.optimizer->load_state(ck.optimizer);
+  } catch (const Error& e) {
+    throw Error(opt_file + ": " + e.what() + "; " + fix);
+  }
+  const json& st = ck.trainer_state;
+  // trainer.json is input: every field is checked, naming the file and the key.
+  const std::string tj = ck.dir + "/trainer.json";
   if (!st.is_object()) throw Error(tj + ": expected a JSON object; " + fix);
   constexpr int64_t kCount = int64_t{1} << 53;  // counts stay exact in JSON's doubles
   step_ = io::json_int(st, "step", tj, 0, kCount, fix);
@@ -212,7 +217,11 @@ void Trainer::load_checkpoint(const std::string& dir) {
     std::map<std::string, double> scaler;
     for (auto& [k, v] : st["scaler"].items())
       scaler[k] = io::json_number(st["scaler"], k.c_str(), tj + ": scaler", fix);
-    run_.scaler->load_state_dict(scaler);
+    try {
+      run_.scaler->load_state_dict(scaler);
+    } catch (const Error& e) {
+      throw Error(tj + ": \"scaler\": " + e.what() + "; " + fix);
+    }
   }
 }
 

@@ -7,12 +7,16 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include "keel/autograd/node.h"
 #include "keel/backend/cuda_api.h"
+#include "keel/io/safetensors.h"
 #include "keel/train/trainer.h"
 #include "tests/support/check.h"
+#include "tests/support/run_keel.h"
 
 namespace keel {
 namespace {
@@ -335,6 +339,35 @@ TEST(Trainer, ResumeContinuesBitIdentically) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(first[i], full[i]) << "step " << i + 1;
   for (int i = 0; i < 5; ++i)
     EXPECT_EQ(rest[i], full[i + 3]) << "step " << i + 4 << " after resume";
+}
+
+// A checkpoint whose optimizer state or scaler state is damaged names its file (these errors used
+// to read "AdamW::load_state: missing entry 'step'", with no file).
+TEST(Trainer, ADamagedOptimizerOrScalerStateNamesTheCheckpointFile) {
+  Config c = small_config("damaged-state");
+  c.train.precision = "16-mixed";  // a scaler, whose state trainer.json holds
+  c.data.eval_examples = 0;
+  const std::string dir = c.run.out_dir + "/ck";
+  Trainer(c).save_checkpoint(dir);
+  const std::string opt_file = dir + "/optimizer.safetensors";
+  const auto good = io::read_safetensors(opt_file).tensors;
+  std::vector<std::pair<std::string, Tensor>> without_step;
+  for (const auto& [name, t] : good)
+    if (name != "step") without_step.emplace_back(name, t.clone());
+  io::write_safetensors(opt_file, without_step);
+  std::string m = test::error_of([&] { Trainer(c).load_checkpoint(dir); });
+  EXPECT_CONTAINS(m, opt_file + ": AdamW state: missing entry 'step'");
+  EXPECT_CONTAINS(m, "resume from another one");
+  EXPECT_EQ(m.find("::"), std::string::npos) << m;
+
+  Trainer(c).save_checkpoint(dir);
+  const std::string tj = dir + "/trainer.json";
+  nlohmann::json st = nlohmann::json::parse(test::slurp(tj));
+  st["scaler"].erase("scale");
+  std::ofstream(tj) << st.dump();
+  m = test::error_of([&] { Trainer(c).load_checkpoint(dir); });
+  EXPECT_CONTAINS(m, tj + ": \"scaler\": ");
+  EXPECT_CONTAINS(m, "missing key 'scale'");
 }
 
 TEST(Trainer, DeterministicAcrossRuns) {
