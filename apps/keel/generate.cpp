@@ -80,6 +80,9 @@ Command add_generate(CLI::App& app) {
   CLI::Option* prompt = sub->add_option("PROMPT", a->prompt, "the prompt (default: stdin)");
   sub->add_option("--prompt-file", a->prompt_file, "read the prompt from this file");
   sub->add_option("--max-new-tokens", a->opt.max_new_tokens, "at most this many new tokens")
+      ->check([](const std::string& v) {  // -1 used to generate nothing and exit 0
+        return v.rfind('-', 0) == 0 ? v + ": use 0 (the prompt alone) or more" : std::string();
+      })
       ->capture_default_str();
   sub->add_option("--temperature", a->opt.sampling.temperature, "0 = greedy")
       ->capture_default_str();

@@ -167,6 +167,8 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
   EXPECT_CONTAINS(err({base_dir(), std::string(60, 'a'), "--tokenizer", "byte"}),
                   "the prompt has 60 tokens but the model's max_seq_len is 48");
   EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--top-p", "1.5"}), "--top-p");
+  EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--max-new-tokens", "-1"}),
+                  "--max-new-tokens: -1: use 0 (the prompt alone) or more");
   EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--adapter", "/no/adapter"}),
                   "--adapter /no/adapter");
   EXPECT_CONTAINS(err({lora_run(), "x", "--adapter", lora_run() + "/adapter"}),
