@@ -57,6 +57,8 @@ int run_eval(EvalArgs& a, bool pack_given) {
                     std::to_string(t.model->spec().max_seq_len),
                 Error::kUsage);
   if (a.batch_size < 1) throw Error("--batch-size must be >= 1", Error::kUsage);
+  if (a.pad != "add" && a.pad != "eos")  // any other word was taken as "eos"
+    throw Error("--pad " + a.pad + ": use add or eos (as data.pad)", Error::kUsage);
   const data::Tokenizer& tok = *m.tokenizer;
   const int64_t vocab = t.model->spec().vocab_size;
   // Padded positions are masked and carry no label: any id the model can embed will do when the

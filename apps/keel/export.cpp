@@ -35,8 +35,15 @@ int64_t parse_size(const std::string& s) {
   const std::pair<const char*, double> units[] = {
       {"", 1},     {"B", 1},      {"KB", 1e3},      {"MB", 1e6},
       {"GB", 1e9}, {"KIB", 1024}, {"MIB", 1048576}, {"GIB", 1073741824.0}};
+  // Below 2^62 bytes: inf, 1e20 or 2^63 would overflow the conversion (undefined behaviour).
+  constexpr double kMaxBytes = 4611686018427387904.0;
   for (auto& [name, mult] : units)
-    if (v >= 0 && unit == name) return static_cast<int64_t>(v * mult);
+    if (v >= 0 && unit == name) {
+      if (!(v * mult < kMaxBytes))
+        throw Error("--max-shard-size " + s + ": larger than any file; give 0 for one file",
+                    Error::kUsage);
+      return static_cast<int64_t>(v * mult);
+    }
   throw Error("--max-shard-size " + s + ": give a size such as 2GB, 500MB or 1000000 (bytes)",
               Error::kUsage);
 }

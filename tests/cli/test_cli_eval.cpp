@@ -133,6 +133,8 @@ TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
                   "--seq-len 999");
   EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--task", "csv"}),
                   "--task csv");
+  EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--pad", "left"}),
+                  "--pad left: use add or eos");
   EXPECT_CONTAINS(eval_err({f.dir + "/none", "--data", f.val}), "no such directory");
   auto train_err = [&](std::vector<std::string> sets) {
     const test::KeelRun r = train(f.dir + "/bad", sets);

@@ -191,6 +191,9 @@ TEST(CliExport, TokenizerFilesAreCopiedAndBadFlagsAreUsageErrors) {
   EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--dtype", "f16"}), "--dtype f16");
   EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--max-shard-size", "lots"}),
                   "--max-shard-size lots");
+  for (const char* huge : {"inf", "99999999999999999999", "9EiB", "1e300GB"})
+    EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--max-shard-size", huge}),
+                    "--max-shard-size " + std::string(huge) + ": ");
   EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--adapter-only"}),
                   "has no adapters to export");
   EXPECT_CONTAINS(err({dir + "/nothing", "--out", dir + "/x"}), "no such directory");
