@@ -3,9 +3,13 @@
 // layout `model.path` reads. Examples and tests use it to get a small "pretrained" checkpoint
 // without downloading one.
 #include <cstdio>
+#include <sstream>
 
 #include "apps/keel/commands.h"
 #include "keel/io/hf_model.h"
+#include "keel/models/param_shapes.h"
+#include "keel/monitor/memory_estimate.h"
+#include "keel/train/config.h"
 
 namespace keel::cli {
 
@@ -19,7 +23,39 @@ struct InitModelArgs {
   uint64_t seed = 0;
 };
 
+// Each size and constant within the bounds of the config key it becomes (model.n_layer, ...):
+// --n-layer 1000000000 used to run for minutes building modules, --norm-eps -1 or --rope-theta 0
+// to write a model whose first forward is NaN.
+void check_flags(const InitModelArgs& a) {
+  auto check = [](const char* key, const char* flag, double v, const std::string& shown) {
+    check_config_number(key, v, shown, std::string("init-model ") + flag + " " + shown);
+  };
+  auto sized = [&](const char* key, const char* flag, int64_t v) {
+    check(key, flag, static_cast<double>(v), std::to_string(v));
+  };
+  auto real = [&](const char* key, const char* flag, double v) {
+    std::ostringstream shown;
+    shown << v;  // as typed for usual values: 1e-05, -1, nan, inf
+    check(key, flag, v, shown.str());
+  };
+  sized("model.n_layer", "--n-layer", a.n_layer);
+  sized("model.n_embd", "--n-embd", a.n_embd);
+  sized("model.n_head", "--n-head", a.n_head);
+  sized("model.n_kv_head", "--n-kv-head", a.n_kv_head);
+  sized("model.intermediate_size", "--intermediate-size", a.intermediate_size);
+  sized("model.vocab_size", "--vocab-size", a.vocab_size);
+  sized("model.max_seq_len", "--max-seq-len", a.max_seq_len);
+  real("model.rope_theta", "--rope-theta", a.rope_theta);
+  real("model.norm_eps", "--norm-eps", a.norm_eps);
+  real("model.init_std", "--init-std", a.init_std);
+  if (a.shard_bytes < 0)
+    throw Error("init-model --shard-bytes " + std::to_string(a.shard_bytes) +
+                    ": use 0 (one file) or a positive number of bytes",
+                Error::kUsage);
+}
+
 int run_init_model(const InitModelArgs& a) {
+  check_flags(a);
   models::ModelSpec s;
   s.family = a.family;
   s.n_layer = a.n_layer;
@@ -41,7 +77,19 @@ int run_init_model(const InitModelArgs& a) {
   // Built in the stored dtype: each draw is made in f32 and rounded once, the bits an f32 model
   // saved in that dtype gets, without ever holding the f32 model.
   s.param_dtype = *dt;
-  auto model = models::make_causal_lm(s, a.seed);  // validates the sizes (usage errors)
+  s.validate();  // usage errors naming the inconsistent sizes
+  // The model is held whole before it is written: refused before allocating when it cannot fit.
+  const int64_t params = models::parameter_count(s);
+  const int64_t bytes = params * static_cast<int64_t>(dtype_size(*dt));
+  const int64_t avail = monitor::available_memory_bytes();
+  if (avail > 0 && bytes > avail)
+    throw Error("init-model: " + std::to_string(params) + " parameters need " +
+                    monitor::format_bytes(bytes) + " in " + dtype_name(*dt) + ", but only " +
+                    monitor::format_bytes(avail) +
+                    " of memory is available; lower --n-layer, --n-embd, --intermediate-size or "
+                    "--vocab-size, or store --dtype bf16",
+                Error::kUsage);
+  auto model = models::make_causal_lm(s, a.seed);
   io::HfSaveOptions opt;
   opt.dtype = *dt;
   opt.max_shard_bytes = a.shard_bytes;

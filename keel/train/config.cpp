@@ -477,6 +477,13 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
   return s;
 }
 
+// A number of key `k` is finite and in its range; `pre` names where it came from ("FILE:3:7: ").
+void check_number(const KeySpec& k, double v, const std::string& shown, const std::string& pre) {
+  if (!std::isfinite(v)) throw usage(pre + k.full() + " must be a finite number, got " + shown);
+  if (!in_range(k, v))
+    throw usage(pre + k.full() + " must be " + describe_range(k) + ", got " + shown);
+}
+
 // Checks every key's value (enumerations, ranges, finiteness) and the few rules that tie keys
 // together; normalizes precision aliases. Errors name where the offending value came from.
 void validate(Config& c, const Origins& origins) {
@@ -496,18 +503,13 @@ void validate(Config& c, const Origins& origins) {
         throw usage(pre + k.full() + " must be one of " + join(k.choices, ", ") + "; got " +
                     toml_string(**p));
     }
-    auto check_number = [&](double v, const std::string& shown) {
-      if (!std::isfinite(v)) throw usage(pre + k.full() + " must be a finite number, got " + shown);
-      if (!in_range(k, v))
-        throw usage(pre + k.full() + " must be " + describe_range(k) + ", got " + shown);
-    };
-    if (auto p = std::get_if<int*>(&f)) check_number(**p, std::to_string(**p));
+    if (auto p = std::get_if<int*>(&f)) check_number(k, **p, std::to_string(**p), pre);
     if (auto p = std::get_if<int64_t*>(&f))
-      check_number(static_cast<double>(**p), std::to_string(**p));
-    if (auto p = std::get_if<double*>(&f)) check_number(**p, format_double(**p, false));
+      check_number(k, static_cast<double>(**p), std::to_string(**p), pre);
+    if (auto p = std::get_if<double*>(&f)) check_number(k, **p, format_double(**p, false), pre);
     if (auto p = std::get_if<std::vector<int64_t>*>(&f))
       for (int64_t v : **p)
-        check_number(static_cast<double>(v), std::to_string(v) + " in the list");
+        check_number(k, static_cast<double>(v), std::to_string(v) + " in the list", pre);
   }
   // Device: cpu | cuda | cuda:N.
   const std::string& dev = c.run.device;
@@ -741,6 +743,13 @@ std::vector<std::pair<std::string, std::string>> config_values(const Config& con
   std::vector<std::pair<std::string, std::string>> out;
   for (const KeySpec& k : key_table()) out.emplace_back(k.full(), field_toml(k.field(c)));
   return out;
+}
+
+void check_config_number(const std::string& key, double value, const std::string& shown,
+                         const std::string& origin) {
+  for (const KeySpec& k : key_table())
+    if (k.full() == key) return check_number(k, value, shown, origin + ": ");
+  KEEL_CHECK(false, "check_config_number: no key " + key);
 }
 
 std::vector<ConfigKeyInfo> config_keys() {

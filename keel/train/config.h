@@ -173,6 +173,12 @@ std::string config_to_toml(const Config& c);
 // what resume compares against a checkpoint and what ranks compare before they talk.
 std::vector<std::pair<std::string, std::string>> config_values(const Config& c);
 
+// The key table's check of one number (finite, in the key's range) for a command whose flag sets
+// what a config key would (init-model's --n-layer is model.n_layer): the loader's message, with
+// `origin` ("init-model --n-layer 5000") where a file and line would be.
+void check_config_number(const std::string& key, double value, const std::string& shown,
+                         const std::string& origin);
+
 // Every key the loader knows, in file order: "section.key", its type as docs/config.md spells it
 // (bool, int, float, string, string[], int[]) and its default as a TOML value. docs/config.md is
 // checked against this list by a test, so the docs cannot drift from the code.

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -129,6 +130,39 @@ TEST(CliLimits, OverflowingSizeKeysAreConfigErrors) {
     EXPECT_EQ(r.code, 2) << key << ": " << r.output;
     EXPECT_CONTAINS(r.err, std::string(key) + " must be in [");
   }
+}
+
+// keel init-model's flags are the model.* keys' values: the same bounds and messages (before,
+// --n-layer 1000000000 ran for minutes and --norm-eps -1 or --rope-theta 0 wrote a model whose
+// first forward is NaN), and a model that cannot fit is refused before it is built.
+TEST(CliLimits, InitModelFlagsHaveTheConfigKeysBounds) {
+  const std::string out = test::temp_dir("cli-limits-init") + "/m";
+  auto init = [&](std::vector<std::string> flags) {
+    flags.insert(flags.begin(), {"init-model", "--out", out});
+    return run_keel(flags);
+  };
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--n-layer", "1000000000"}, "init-model --n-layer 1000000000: model.n_layer must be in ["},
+      {{"--n-embd", "99999999999", "--n-head", "1"}, "model.n_embd must be in [1, 65536]"},
+      {{"--norm-eps", "-1"}, "init-model --norm-eps -1: model.norm_eps must be > 0, got -1"},
+      {{"--norm-eps", "nan"}, "model.norm_eps must be a finite number, got nan"},
+      {{"--rope-theta", "0"}, "init-model --rope-theta 0: model.rope_theta must be > 0"},
+      {{"--init-std", "inf"}, "model.init_std must be a finite number, got inf"},
+      {{"--shard-bytes", "-5"}, "init-model --shard-bytes -5: use 0 (one file)"},
+  };
+  for (const auto& [flags, want] : cases) {
+    const auto r = init(flags);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, want);
+  }
+  const int64_t avail = available_bytes();
+  if (avail > 0 && avail < (int64_t{1} << 42)) {  // 3.3 TB of f32 weights
+    const auto r = init({"--n-layer", "1024", "--n-embd", "8192", "--n-head", "64"});
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, "init-model: 824921063424 parameters need 3299.68 GB in f32");
+    EXPECT_CONTAINS(r.err, "lower --n-layer");
+  }
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 }  // namespace
