@@ -66,6 +66,48 @@ void check_query(const MemoryQuery& q) {
     throw Error(
         "memory: give the parameter count (--params N) or the model sizes (--layers L --hidden H)",
         Error::kUsage);
+  // Each size within the bounds of the config key it stands for, the numbers keel train accepts
+  // (0 = not given). --layers 99999999 (or a config.json saying so) used to run for minutes
+  // listing parameter shapes, a negative size to drop the activations without a word.
+  auto check = [&](const char* key, const char* what, const char* flag, double v,
+                   const std::string& shown) {
+    check_config_number(key, v, shown,
+                        std::string("memory: ") + what + " = " + shown + " (" + flag +
+                            (q.source.empty() ? "" : " or " + q.source) + ")");
+  };
+  auto bound = [&](const char* key, const char* what, const char* flag, int64_t v) {
+    if (v != 0) check(key, what, flag, static_cast<double>(v), std::to_string(v));
+  };
+  bound("train.batch_size", "batch", "--batch", q.batch);
+  bound("data.seq_len", "seq", "--seq", q.seq);
+  bound("model.n_layer", "layers", "--layers", q.layers);
+  bound("model.n_embd", "hidden", "--hidden", q.hidden);
+  bound("model.n_head", "heads", "--heads", q.heads);
+  bound("model.n_kv_head", "kv heads", "--kv-heads", q.kv_heads);
+  bound("model.intermediate_size", "ffn", "--ffn", q.ffn);
+  bound("model.vocab_size", "vocab", "--vocab", q.vocab);
+  if (q.adapter.kind != "none") {
+    bound("model.adapter.r", "adapter r", "--r", q.adapter.r);
+    std::ostringstream p;
+    p << q.adapter.dropout;
+    check("model.adapter.dropout", "adapter dropout", "--adapter-dropout", q.adapter.dropout,
+          p.str());
+  }
+  // Within those bounds the activations can still exceed what an int64 byte count holds (65536
+  // sequences of 2^20 tokens): refused far above any machine and below any wrap.
+  const double width =
+      static_cast<double>(q.seq) * static_cast<double>(std::max<int64_t>(
+                                       q.heads, q.hidden > 0 ? default_heads(q.hidden) : 1)) +
+      static_cast<double>(std::max<int64_t>(q.vocab, 259)) +
+      16.0 * static_cast<double>(std::max({q.hidden, q.ffn, int64_t{1}}));
+  const double activation_bound = static_cast<double>(q.batch) * static_cast<double>(q.seq) *
+                                  width * (static_cast<double>(q.layers) + 2) * 8;
+  if (activation_bound > 0x1p60)
+    throw Error("memory: batch " + std::to_string(q.batch) + " x seq " + std::to_string(q.seq) +
+                    " tokens through " + std::to_string(q.layers) +
+                    " layers need more than 2^60 bytes (1.15 EB) of activations; lower the batch "
+                    "(--batch, train.batch_size) or the sequence (--seq, data.seq_len)",
+                Error::kUsage);
   if (q.hidden > 0) {
     const int64_t h = q.heads > 0 ? q.heads : default_heads(q.hidden);
     if (q.hidden % h != 0)

@@ -12,6 +12,7 @@
 #include "keel/models/causal_lm.h"
 #include "keel/monitor/memory_estimate.h"
 #include "keel/numerics/error.h"
+#include "tests/support/check.h"
 
 namespace keel::monitor {
 namespace {
@@ -227,6 +228,57 @@ TEST(MemoryEstimate, BadQueriesNameTheFix) {
   EXPECT_NE(msg(q).find("pick --kv-heads dividing --heads"), std::string::npos) << msg(q);
   q.kv_heads = -1;
   EXPECT_NE(msg(q).find("--kv-heads"), std::string::npos) << msg(q);
+}
+
+// Sizes beyond the config keys' bounds are refused before anything is counted: --layers 99999999
+// (or a config.json saying so) ran for minutes listing parameter shapes, --batch 1e14 wrapped the
+// activations to a negative count and printed a total of 22.5 MB, --batch -3 dropped them.
+TEST(MemoryEstimate, SizesBeyondTheConfigKeysBoundsAreRefused) {
+  auto msg = [](MemoryQuery q) {
+    try {
+      estimate_memory(q);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind, Error::kUsage);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto sized = [] {
+    MemoryQuery q;
+    q.layers = 2;
+    q.hidden = 64;
+    q.batch = 4;
+    q.seq = 64;
+    return q;
+  };
+  MemoryQuery q = sized();
+  EXPECT_EQ(msg(q), "no error");
+  q.layers = 99999999;
+  EXPECT_CONTAINS(msg(q),
+                  "memory: layers = 99999999 (--layers): model.n_layer must be in [1, 1024]");
+  q = sized();
+  q.batch = 100000000000000;
+  EXPECT_CONTAINS(msg(q), "memory: batch = 100000000000000 (--batch): train.batch_size must be");
+  q.batch = -3;
+  EXPECT_CONTAINS(msg(q), "train.batch_size must be in [1, 65536], got -3");
+  q = sized();
+  q.ffn = -1;
+  EXPECT_CONTAINS(msg(q), "(--ffn): model.intermediate_size");
+  q = sized();
+  q.source = "/models/x/config.json";
+  q.vocab = 99999999999;
+  EXPECT_CONTAINS(msg(q), "vocab = 99999999999 (--vocab or /models/x/config.json)");
+  q = sized();
+  q.adapter.kind = "lora";
+  q.adapter.r = 100000;
+  EXPECT_CONTAINS(msg(q), "(--r): model.adapter.r must be in [1, 65536]");
+  // Within every bound, a product beyond any machine is refused before it could wrap.
+  q = sized();
+  q.layers = 1024;
+  q.hidden = 65536;
+  q.batch = 65536;
+  q.seq = 1048576;
+  EXPECT_CONTAINS(msg(q), "need more than 2^60 bytes (1.15 EB) of activations");
 }
 
 }  // namespace
