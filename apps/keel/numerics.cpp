@@ -42,6 +42,11 @@ Command add_numerics(CLI::App& app) {
         size_t used = 0;
         v = std::stod(args->value_text, &used);
         if (used != args->value_text.size()) throw std::invalid_argument("trailing text");
+      } catch (const std::out_of_range&) {  // beyond f64, or below its smallest subnormal
+        throw Error("numerics cast: '" + args->value_text +
+                        "' is beyond f64's range (magnitudes from about 4.9e-324 to 1.8e308); "
+                        "every format here would hold it as inf or 0",
+                    Error::kUsage);
       } catch (const std::exception&) {
         throw Error("numerics cast: '" + args->value_text + "' is not a number (try 1e-8 or 65504)",
                     Error::kUsage);
@@ -61,15 +66,17 @@ Command add_numerics(CLI::App& app) {
     auto trials = monitor::scaler_trace(args->grad, o);
     std::printf("true gradient %.6g under 16-mixed (f16 gradients, scale starts at %.0f):\n",
                 args->grad, args->init_scale);
-    for (auto& t : trials)
+    for (auto& t : trials) {
+      const char* what = !t.finite ? (t.outcome == "nan" ? "nan -> step skipped, scale backs off"
+                                                         : "inf -> step skipped, scale backs off")
+                         : t.outcome == "underflow"
+                             ? "0: underflow -> applied, the gradient is lost"
+                         : t.outcome == "subnormal" ? "subnormal -> applied with fewer bits"
+                                                    : "finite -> update applied";
       std::printf("  step %lld: scale %-10.6g grad x scale in f16 = %-12.6g %s\n",
-                  static_cast<long long>(t.step), t.scale, t.scaled_grad,
-                  t.finite ? "finite -> update applied" : "inf -> step skipped, scale backs off");
-    if (!trials.empty() && trials.back().finite)
-      std::printf("applied after %zu skipped step(s); the LR schedule does not advance on skips.\n",
-                  trials.size() - 1);
-    else
-      std::printf("never finite: the gradient overflows f16 even unscaled; use bf16-mixed.\n");
+                  static_cast<long long>(t.step), t.scale, t.scaled_grad, what);
+    }
+    std::printf("%s\n", monitor::scaler_verdict(args->grad, trials).c_str());
     return 0;
   };
   return {sub, run};

@@ -90,11 +90,72 @@ std::vector<ScalerTrial> scaler_trace(double grad, const GradScalerOptions& opt,
     t.scale = scaler.get_scale();
     t.scaled_grad = round_to(DType::F16, static_cast<float>(grad * t.scale));
     t.finite = std::isfinite(t.scaled_grad);
+    t.outcome = cast_value(grad * t.scale, DType::F16).outcome;
     out.push_back(t);
     const ScalerUpdate u = scaler.update(!t.finite);
-    if (t.finite || u.at_min_scale) break;
+    if (t.finite || u.at_min_scale || !std::isfinite(grad)) break;
   }
   return out;
+}
+
+namespace {
+// The smallest power of two s >= `from` with grad * s at least `least` in magnitude (0 when none
+// below f32's largest scale).
+double scale_reaching(double grad, double from, double least) {
+  for (double s = from; s < 1e38; s *= 2)
+    if (std::fabs(grad * s) >= least) return s;
+  return 0;
+}
+}  // namespace
+
+std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials) {
+  char buf[512];
+  if (!std::isfinite(grad)) {
+    std::snprintf(buf, sizeof buf,
+                  "a%s gradient is %s at every scale: the scaler skips the step and backs off "
+                  "forever, and no scale or format fixes it; the value comes from the computation "
+                  "itself (keel train's NaN capture and keel replay name the op that made it).",
+                  std::isnan(grad) ? " NaN" : "n infinite", std::isnan(grad) ? "NaN" : "inf");
+    return buf;
+  }
+  if (grad == 0) return "a zero gradient is 0 at every scale: there is nothing to lose or keep.";
+  if (trials.empty()) return "";
+  const ScalerTrial& last = trials.back();
+  const FormatInfo& f16 = format_info(DType::F16);
+  if (!last.finite) {
+    std::snprintf(buf, sizeof buf,
+                  "never finite: |grad| x scale overflows f16 (max %.6g) even at scale %.6g; use "
+                  "bf16-mixed, whose range matches f32.",
+                  f16.max, last.scale);
+    return buf;
+  }
+  std::string out;
+  const size_t skipped = trials.size() - 1;
+  if (skipped > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "applied after %zu skipped step(s); the LR schedule does not advance on skips.",
+                  skipped);
+    out = buf;
+  }
+  if (last.outcome == "underflow") {
+    const double keep = scale_reaching(grad, last.scale, f16.min_subnormal);
+    std::snprintf(buf, sizeof buf,
+                  "%sapplied, but grad x scale = %.6g underflows f16 to 0: the update is zero, the "
+                  "symptom of a 16-mixed run stuck at grad_norm 0.0. Keeping it needs a scale of "
+                  "at least %.6g (f16's smallest subnormal is %.6g), or bf16-mixed.",
+                  out.empty() ? "" : " ", grad * last.scale, keep, f16.min_subnormal);
+    return out + buf;
+  }
+  if (last.outcome == "subnormal") {
+    const double full = scale_reaching(grad, last.scale, f16.min_normal);
+    std::snprintf(buf, sizeof buf,
+                  "%sapplied with fewer significant bits: grad x scale = %.6g is an f16 subnormal "
+                  "(below its smallest normal %.6g); a scale of at least %.6g keeps all %d bits.",
+                  out.empty() ? "" : " ", grad * last.scale, f16.min_normal, full,
+                  f16.mantissa_bits + 1);
+    return out + buf;
+  }
+  return out.empty() ? "applied at the first try: grad x scale is a normal f16 value." : out;
 }
 
 }  // namespace keel::monitor

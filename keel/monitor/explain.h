@@ -29,11 +29,18 @@ struct ScalerTrial {
   double scale = 0;
   double scaled_grad = 0;  // grad * scale as f16 stores it (inf on overflow)
   bool finite = false;     // the step is applied
+  std::string outcome;     // cast_value's outcome for grad * scale in f16 ("underflow", ...)
 };
 // Simulates a 16-mixed step whose true gradient is `grad`: each try multiplies by the scale,
 // stores in f16 and, on overflow, backs off as the scaler does, until a step applies (or
-// max_tries). The last trial is the applied one.
+// max_tries). The last trial is the applied one. A NaN or infinite gradient gets one trial: it is
+// non-finite at every scale.
 std::vector<ScalerTrial> scaler_trace(double grad, const GradScalerOptions& opt,
                                       int max_tries = 64);
+// What the trace means, in one or two sentences a user can act on: applied after N skips; applied
+// but lost to underflow (a zero update: a run stuck at grad_norm 0.0) or kept with fewer bits as
+// an f16 subnormal, with the scale that would keep it; never finite; or a NaN/inf gradient that
+// no scale can help.
+std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials);
 
 }  // namespace keel::monitor

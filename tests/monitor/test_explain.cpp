@@ -1,0 +1,116 @@
+// The numerics explainer behind `keel numerics` (monitor/explain): the format table, what a value
+// becomes in each format, and the scaler trace with its verdict, against the formats' known facts
+// (IEEE binary16: max 65504, smallest normal 2^-14, smallest subnormal 2^-24; bfloat16: f32's
+// exponent with 8 significant bits).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "keel/monitor/explain.h"
+#include "tests/support/check.h"
+
+namespace keel::monitor {
+namespace {
+
+TEST(Explain, FormatTableHoldsEachFormatsLimits) {
+  const std::string t = format_table();
+  EXPECT_CONTAINS(t, "65504");        // f16 max
+  EXPECT_CONTAINS(t, "6.10352e-05");  // f16 smallest normal, 2^-14
+  EXPECT_CONTAINS(t, "5.96046e-08");  // f16 smallest subnormal, 2^-24
+  EXPECT_CONTAINS(t, "3.38953e+38");  // bf16 max
+  EXPECT_CONTAINS(t, "0.0078125");    // bf16 epsilon, 2^-7
+}
+
+TEST(Explain, CastNamesEachOutcome) {
+  struct Case {
+    double v;
+    DType to;
+    const char* outcome;
+    double stored;
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const Case& c : std::vector<Case>{
+           {65504, DType::F16, "exact", 65504},
+           {70000, DType::F16, "overflow", inf},
+           {65519, DType::F16, "rounded", 65504},  // below 65520 rounds down
+           {1e-8, DType::F16, "underflow", 0},     // below half of 2^-24
+           {std::ldexp(1.0, -20), DType::F16, "subnormal", std::ldexp(1.0, -20)},
+           {1e-6, DType::F16, "subnormal", std::ldexp(17.0, -24)},  // 16.78 x 2^-24 rounds to 17
+           {1e-8, DType::BF16, "rounded", 0},  // stored: checked below (a normal bf16 value)
+           {70000, DType::BF16, "rounded", 70144},
+           {1.5, DType::F32, "exact", 1.5},
+       }) {
+    const CastReport r = cast_value(c.v, c.to);
+    EXPECT_EQ(r.outcome, c.outcome) << c.v << " -> " << dtype_name(c.to);
+    if (c.stored != 0 || std::string(c.outcome) == "underflow") {
+      EXPECT_EQ(r.stored, c.stored) << c.v << " -> " << dtype_name(c.to);
+    }
+    EXPECT_FALSE(r.explanation.empty());
+  }
+  EXPECT_NEAR(cast_value(1e-8, DType::BF16).rel_error, 0, 1.0 / 256);  // 8 significant bits
+  EXPECT_EQ(cast_value(70000, DType::F16).bits, 0x7c00u);              // +inf
+  EXPECT_CONTAINS(cast_value(1e-8, DType::F16).explanation, "flushes to 0");
+  EXPECT_EQ(cast_value(std::nan(""), DType::F16).outcome, "nan");
+}
+
+std::vector<ScalerTrial> trace(double grad) { return scaler_trace(grad, GradScalerOptions{}); }
+
+TEST(Explain, ScalerBacksOffUntilTheScaledGradientFitsF16) {
+  // 2 x 65536 and 2 x 32768 = 65536 overflow f16 (from 65520 up rounds to inf); 2 x 16384 fits.
+  const auto t = trace(2.0);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[0].scale, 65536);
+  EXPECT_FALSE(t[0].finite);
+  EXPECT_EQ(t[0].outcome, "overflow");
+  EXPECT_EQ(t[1].scale, 32768);
+  EXPECT_FALSE(t[1].finite);
+  EXPECT_EQ(t[2].scale, 16384);
+  EXPECT_TRUE(t[2].finite);
+  EXPECT_EQ(t[2].scaled_grad, 32768);
+  EXPECT_EQ(scaler_verdict(2.0, t),
+            "applied after 2 skipped step(s); the LR schedule does not advance on skips.");
+  EXPECT_EQ(scaler_verdict(0.5, trace(0.5)),  // x 65536 = 32768
+            "applied at the first try: grad x scale is a normal f16 value.");
+}
+
+// A gradient that underflows is applied as a zero update: the verdict must say so (it used to say
+// "update applied" and nothing else) and name the scale that would keep it.
+TEST(Explain, AnUnderflowingGradientIsNamedAsLostWithTheScaleThatKeepsIt) {
+  const auto t = trace(1e-13);  // x 65536 = 6.6e-9, below half of 2^-24
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_TRUE(t[0].finite);
+  EXPECT_EQ(t[0].outcome, "underflow");
+  EXPECT_EQ(t[0].scaled_grad, 0);
+  const std::string v = scaler_verdict(1e-13, t);
+  EXPECT_CONTAINS(v, "underflows f16 to 0: the update is zero");
+  EXPECT_CONTAINS(v, "grad_norm 0.0");
+  EXPECT_CONTAINS(v, "at least 1.04858e+06");  // 2^20: 1e-13 x 2^20 = 1.05e-7 >= 2^-24
+  const std::string sub = scaler_verdict(1e-11, trace(1e-11));  // 6.6e-7: subnormal
+  EXPECT_CONTAINS(sub, "is an f16 subnormal");
+  EXPECT_CONTAINS(sub, "at least 8.38861e+06 keeps all 11 bits");  // 2^23 x 1e-11 >= 2^-14
+}
+
+// NaN and inf are non-finite at every scale: one trial, and a verdict that does not blame f16's
+// range (it used to say "overflows f16 even unscaled; use bf16-mixed" for a NaN).
+TEST(Explain, NanAndInfGradientsAreNotBlamedOnTheFormat) {
+  for (double g : {std::nan(""), std::numeric_limits<double>::infinity()}) {
+    const auto t = trace(g);
+    ASSERT_EQ(t.size(), 1u);
+    EXPECT_FALSE(t[0].finite);
+    const std::string v = scaler_verdict(g, t);
+    EXPECT_CONTAINS(v, "at every scale");
+    EXPECT_CONTAINS(v, "no scale or format fixes it");
+    EXPECT_EQ(v.find("bf16-mixed"), std::string::npos) << v;
+  }
+  EXPECT_EQ(trace(std::nan(""))[0].outcome, "nan");
+  EXPECT_CONTAINS(scaler_verdict(0.0, trace(0.0)), "a zero gradient");
+  // A finite gradient too large for f16 at every scale the trace reaches.
+  const auto huge = trace(1e30);
+  EXPECT_FALSE(huge.back().finite);
+  EXPECT_CONTAINS(scaler_verdict(1e30, huge), "never finite");
+  EXPECT_CONTAINS(scaler_verdict(1e30, huge), "use bf16-mixed");
+}
+
+}  // namespace
+}  // namespace keel::monitor
