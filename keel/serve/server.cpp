@@ -149,6 +149,20 @@ int run_server(const ServeOptions& opt) {
         Error::kUsage);
   if (opt.root.empty())
     throw Error("keel serve needs --root DIR (runs and their registry)", Error::kUsage);
+  // A root that is a file, or that cannot be created, is named here: the registry's constructor
+  // would end in std::filesystem's own message.
+  std::error_code root_error;
+  fs::create_directories(fs::path(opt.root) / "runs", root_error);
+  if (root_error || !fs::is_directory(fs::path(opt.root) / "runs"))
+    throw Error("--root " + opt.root + ": cannot create " + opt.root + "/runs (" +
+                    (root_error ? root_error.message() : std::string("not a directory")) +
+                    "); give a directory keel serve may write (it holds the runs and "
+                    "keel-serve.db)",
+                Error::kUsage);
+  if (opt.max_body_bytes < 1024)
+    throw Error("--max-body-bytes " + std::to_string(opt.max_body_bytes) +
+                    ": use at least 1024 (every POST /v1/runs would be refused with 413)",
+                Error::kUsage);
 
   // SIGINT/SIGTERM are waited for by one thread (blocked everywhere else, threads inherit the
   // mask); a closed connection must not kill the server with SIGPIPE.

@@ -96,6 +96,17 @@ TEST(ServeAuth, RefusesToStartWithoutKeysUnlessOpenOnLoopback) {
   std::tie(code, out) = serve_refusal({"--root", dir + "/root", "--api-key-file", dir + "/nope"});
   EXPECT_EQ(code, 2);
   EXPECT_CONTAINS(out, dir + "/nope");
+  // A root that is a file, and a body limit no request fits: refused naming the flag (the file
+  // root ended in std::filesystem's own message).
+  std::ofstream(dir + "/a-file") << "x";
+  std::tie(code, out) = serve_refusal({"--root", dir + "/a-file", "--insecure-open"});
+  EXPECT_EQ(code, 2);
+  EXPECT_CONTAINS(out, "--root " + dir + "/a-file: cannot create " + dir + "/a-file/runs");
+  EXPECT_EQ(out.find("filesystem error"), std::string::npos) << out;
+  std::tie(code, out) =
+      serve_refusal({"--root", dir + "/root", "--insecure-open", "--max-body-bytes", "0"});
+  EXPECT_EQ(code, 2);
+  EXPECT_CONTAINS(out, "--max-body-bytes 0: use at least 1024");
   // --insecure-open on an address that is not loopback: refused before listening.
   {
     ServeProcess p({"--root", dir + "/root", "--insecure-open", "--listen", "0.0.0.0:0"});
