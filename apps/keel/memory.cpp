@@ -47,6 +47,8 @@ int64_t parse_count(const std::string& s) {
   if (used == 0 || used != num.size() || !(v * mult >= 1) || !std::isfinite(v))
     throw Error("memory --params " + s + ": give a positive count such as 124000000, 100M or 1.5B",
                 Error::kUsage);
+  if (v * mult > 1e15)  // llround beyond int64 is unspecified: 1e30 became a negative count
+    throw Error("memory --params " + s + ": at most 1e15 parameters (1000000B)", Error::kUsage);
   return static_cast<int64_t>(std::llround(v * mult));
 }
 

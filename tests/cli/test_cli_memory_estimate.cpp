@@ -42,5 +42,16 @@ TEST(CliMemoryEstimate, KvHeadsThatDoNotDivideTheHeadsAreAUsageError) {
   EXPECT_CONTAINS(r.err, "--kv-heads");
 }
 
+// A count beyond int64 was rounded to an unspecified value (a negative count, then "give the
+// parameter count"); a layer count beyond model.n_layer's bound ran for minutes.
+TEST(CliMemoryEstimate, CountsAndSizesBeyondTheirBoundsAreUsageErrors) {
+  test::KeelRun r = test::run_keel_sh("memory --params 1e30");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "memory --params 1e30: at most 1e15 parameters");
+  r = test::run_keel_sh("memory --layers 99999999 --hidden 64 --batch 1 --seq 8");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "layers = 99999999 (--layers): model.n_layer must be in [1, 1024]");
+}
+
 }  // namespace
 }  // namespace keel
