@@ -199,50 +199,44 @@ TEST(MemoryEstimate, QueryFromConfig) {
   EXPECT_TRUE(estimate_memory(q).has_activations);
 }
 
+// The usage error estimate_memory throws for `q` ("no error" when it accepts it).
+std::string usage_error_of(const MemoryQuery& q) {
+  try {
+    estimate_memory(q);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind, Error::kUsage);
+    return e.what();
+  }
+  return "no error";
+}
+
 TEST(MemoryEstimate, BadQueriesNameTheFix) {
-  auto msg = [](MemoryQuery q) {
-    try {
-      estimate_memory(q);
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind, Error::kUsage);
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   MemoryQuery q;
-  EXPECT_NE(msg(q).find("--params"), std::string::npos);
+  EXPECT_NE(usage_error_of(q).find("--params"), std::string::npos);
   q.params = 10;
   q.precision = "fp8";
-  EXPECT_NE(msg(q).find("fp8"), std::string::npos);
+  EXPECT_NE(usage_error_of(q).find("fp8"), std::string::npos);
   q.precision = "32-true";
   q.optimizer = "lion";
-  EXPECT_NE(msg(q).find("adamw or sgd"), std::string::npos);
+  EXPECT_NE(usage_error_of(q).find("adamw or sgd"), std::string::npos);
   q.optimizer = "adamw";
   q.hidden = 100;
   q.layers = 2;
   q.heads = 3;
-  EXPECT_NE(msg(q).find("divisible"), std::string::npos);
+  EXPECT_NE(usage_error_of(q).find("divisible"), std::string::npos);
   q.family = "llama";
   q.hidden = 96;
   q.kv_heads = 2;  // 3 heads in 2 groups
-  EXPECT_NE(msg(q).find("pick --kv-heads dividing --heads"), std::string::npos) << msg(q);
+  EXPECT_NE(usage_error_of(q).find("pick --kv-heads dividing --heads"), std::string::npos)
+      << usage_error_of(q);
   q.kv_heads = -1;
-  EXPECT_NE(msg(q).find("--kv-heads"), std::string::npos) << msg(q);
+  EXPECT_NE(usage_error_of(q).find("--kv-heads"), std::string::npos) << usage_error_of(q);
 }
 
 // Sizes beyond the config keys' bounds are refused before anything is counted: --layers 99999999
 // (or a config.json saying so) ran for minutes listing parameter shapes, --batch 1e14 wrapped the
 // activations to a negative count and printed a total of 22.5 MB, --batch -3 dropped them.
 TEST(MemoryEstimate, SizesBeyondTheConfigKeysBoundsAreRefused) {
-  auto msg = [](MemoryQuery q) {
-    try {
-      estimate_memory(q);
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind, Error::kUsage);
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   auto sized = [] {
     MemoryQuery q;
     q.layers = 2;
@@ -252,33 +246,34 @@ TEST(MemoryEstimate, SizesBeyondTheConfigKeysBoundsAreRefused) {
     return q;
   };
   MemoryQuery q = sized();
-  EXPECT_EQ(msg(q), "no error");
+  EXPECT_EQ(usage_error_of(q), "no error");
   q.layers = 99999999;
-  EXPECT_CONTAINS(msg(q),
+  EXPECT_CONTAINS(usage_error_of(q),
                   "memory: layers = 99999999 (--layers): model.n_layer must be in [1, 1024]");
   q = sized();
   q.batch = 100000000000000;
-  EXPECT_CONTAINS(msg(q), "memory: batch = 100000000000000 (--batch): train.batch_size must be");
+  EXPECT_CONTAINS(usage_error_of(q),
+                  "memory: batch = 100000000000000 (--batch): train.batch_size must be");
   q.batch = -3;
-  EXPECT_CONTAINS(msg(q), "train.batch_size must be in [1, 65536], got -3");
+  EXPECT_CONTAINS(usage_error_of(q), "train.batch_size must be in [1, 65536], got -3");
   q = sized();
   q.ffn = -1;
-  EXPECT_CONTAINS(msg(q), "(--ffn): model.intermediate_size");
+  EXPECT_CONTAINS(usage_error_of(q), "(--ffn): model.intermediate_size");
   q = sized();
   q.source = "/models/x/config.json";
   q.vocab = 99999999999;
-  EXPECT_CONTAINS(msg(q), "vocab = 99999999999 (--vocab or /models/x/config.json)");
+  EXPECT_CONTAINS(usage_error_of(q), "vocab = 99999999999 (--vocab or /models/x/config.json)");
   q = sized();
   q.adapter.kind = "lora";
   q.adapter.r = 100000;
-  EXPECT_CONTAINS(msg(q), "(--r): model.adapter.r must be in [1, 65536]");
+  EXPECT_CONTAINS(usage_error_of(q), "(--r): model.adapter.r must be in [1, 65536]");
   // Within every bound, a product beyond any machine is refused before it could wrap.
   q = sized();
   q.layers = 1024;
   q.hidden = 65536;
   q.batch = 65536;
   q.seq = 1048576;
-  EXPECT_CONTAINS(msg(q), "need more than 2^60 bytes (1.15 EB) of activations");
+  EXPECT_CONTAINS(usage_error_of(q), "need more than 2^60 bytes (1.15 EB) of activations");
 }
 
 }  // namespace
