@@ -593,6 +593,10 @@ void apply_override(Config& c, const std::string& ov, Origins& origins) {
   };
   const std::string key = trim(ov.substr(0, eq));
   const std::string text = trim(ov.substr(eq + 1));
+  if (key.empty())  // "--set =5" named no key ("unknown key ; did you mean ...")
+    throw usage(where +
+                ": no key before '='; expected section.key=value (e.g. --set "
+                "train.batch_size=8)");
   const KeySpec* k = find_key(key);
   if (!k) {
     if (is_section(key))

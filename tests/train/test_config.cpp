@@ -502,6 +502,9 @@ TEST(Config, OverridesParseTomlValuesAndBareStrings) {
             "--set train.lr=1e-3: unknown key train.lr; did you mean optim.lr?");
   EXPECT_EQ(set_error("train.batch_size"),
             "--set train.batch_size: expected section.key=value (e.g. --set train.batch_size=8)");
+  EXPECT_EQ(set_error("=5"),
+            "--set =5: no key before '='; expected section.key=value (e.g. --set "
+            "train.batch_size=8)");
   EXPECT_NE(set_error("train=3").find("--set train=3: train is a section, not a key"),
             std::string::npos);
   EXPECT_NE(set_error("model.adapter.target_modules=q_proj")
