@@ -139,6 +139,13 @@ std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials) 
   }
   if (last.outcome == "underflow") {
     const double keep = scale_reaching(grad, last.scale, f16.min_subnormal);
+    if (keep == 0) {  // below what any f32 scale lifts into f16 (|grad| under ~1e-45)
+      std::snprintf(buf, sizeof buf,
+                    "%sapplied, but grad x scale underflows f16 to 0 and no loss scale within "
+                    "f32's range keeps it: a gradient of %.6g is 0 in every format keel trains in.",
+                    out.empty() ? "" : " ", grad);
+      return out + buf;
+    }
     std::snprintf(buf, sizeof buf,
                   "%sapplied, but grad x scale = %.6g underflows f16 to 0: the update is zero, the "
                   "symptom of a 16-mixed run stuck at grad_norm 0.0. Keeping it needs a scale of "
@@ -147,6 +154,7 @@ std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials) 
     return out + buf;
   }
   if (last.outcome == "subnormal") {
+    // A subnormal is at most 2^11 below a normal: this scale exists.
     const double full = scale_reaching(grad, last.scale, f16.min_normal);
     std::snprintf(buf, sizeof buf,
                   "%sapplied with fewer significant bits: grad x scale = %.6g is an f16 subnormal "
