@@ -1,6 +1,7 @@
 // `keel tokenize [TEXT] --tokenizer SPEC [--pieces] [--json]`: the ids (or the vocabulary's pieces)
 // of a text under any tokenizer `data.tokenizer` accepts (byte, gpt2:DIR, hf:PATH, PATH);
 // `--decode` turns ids back into text. The text comes from the argument, --file or stdin.
+#include <climits>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -26,16 +27,20 @@ std::vector<int32_t> parse_ids(std::string s) {
   std::vector<int32_t> ids;
   std::string word;
   while (in >> word) {
-    size_t used = 0;
-    long long v = 0;
-    try {
-      v = std::stoll(word, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != word.size() || v < INT32_MIN || v > INT32_MAX)
+    const size_t digits = word[0] == '-' ? 1 : 0;
+    if (word.size() == digits || word.find_first_not_of("0123456789", digits) != std::string::npos)
       throw Error("tokenize --decode: '" + word +
                       "' is not a token id; give integers separated by spaces or commas",
+                  Error::kUsage);
+    long long v = 0;
+    try {
+      v = std::stoll(word);
+    } catch (const std::out_of_range&) {
+      v = LLONG_MAX;  // beyond int64: beyond every vocabulary too
+    }
+    if (v < INT32_MIN || v > INT32_MAX)
+      throw Error("tokenize --decode: '" + word +
+                      "' is outside every vocabulary (token ids are below 2^31)",
                   Error::kUsage);
     ids.push_back(static_cast<int32_t>(v));
   }

@@ -85,6 +85,11 @@ TEST(CliTokenize, BadInputNamesTheFlagOrTheToken) {
   const test::KeelRun word = test::run_keel({"tokenize", "--decode", "12 x7 3"});
   EXPECT_EQ(word.code, 2) << word.output;
   EXPECT_CONTAINS(word.err, "'x7' is not a token id");
+  for (const char* big : {"99999999999", "99999999999999999999"}) {  // an integer, but no id
+    const test::KeelRun r = test::run_keel({"tokenize", "--decode", std::string("5 ") + big});
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, "'" + std::string(big) + "' is outside every vocabulary");
+  }
   const test::KeelRun range = test::run_keel({"tokenize", "--decode", "65 9999"});
   EXPECT_EQ(range.code, 1) << range.output;
   EXPECT_CONTAINS(range.err, "9999");
