@@ -609,7 +609,16 @@ void apply_override(Config& c, const std::string& ov, Origins& origins) {
   try {
     parsed = toml::parse("v = " + text);
     is_value = parsed.size() == 1 && parsed.contains("v");
-  } catch (const toml::parse_error&) {
+  } catch (const toml::parse_error& e) {
+    // A number TOML cannot hold (1e400, an integer beyond int64) would otherwise be read as a
+    // bare string and reported as "must be a number, got string".
+    const Field f = k->field(c);
+    const bool numeric = std::holds_alternative<double*>(f) || std::holds_alternative<int*>(f) ||
+                         std::holds_alternative<int64_t*>(f) ||
+                         std::holds_alternative<uint64_t*>(f);
+    if (numeric && !text.empty() && text.find_first_not_of("+-0123456789.eE_") == std::string::npos)
+      throw usage(where + ": " + key + " = " + text + " is not a number TOML can hold (" +
+                  std::string(e.description()) + ")");
   }
   toml::value<std::string> bare(text);
   const toml::node* v = is_value ? parsed.get("v") : &bare;

@@ -502,6 +502,11 @@ TEST(Config, OverridesParseTomlValuesAndBareStrings) {
             "--set train.lr=1e-3: unknown key train.lr; did you mean optim.lr?");
   EXPECT_EQ(set_error("train.batch_size"),
             "--set train.batch_size: expected section.key=value (e.g. --set train.batch_size=8)");
+  EXPECT_NE(set_error("optim.lr=1e400").find("optim.lr = 1e400 is not a number TOML can hold ("),
+            std::string::npos);
+  EXPECT_NE(set_error("log.every=99999999999999999999")
+                .find("log.every = 99999999999999999999 is not a number TOML can hold"),
+            std::string::npos);
   EXPECT_EQ(set_error("=5"),
             "--set =5: no key before '='; expected section.key=value (e.g. --set "
             "train.batch_size=8)");
