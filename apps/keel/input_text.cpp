@@ -1,5 +1,6 @@
 #include "apps/keel/input_text.h"
 
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -16,6 +17,9 @@ std::string read_input_text(bool has_text, const std::string& text, const std::s
                 Error::kUsage);
   if (has_text) return text;
   if (!file.empty()) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(file, ec))  // else libstdc++'s "basic_filebuf::underflow"
+      throw Error(flag + " " + file + ": is a directory; give a text file", Error::kUsage);
     std::ifstream in(file, std::ios::binary);
     if (!in)
       throw Error(flag + " " + file + ": cannot open the file; check the path", Error::kUsage);

@@ -175,6 +175,9 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
                   "already carries the lora adapters");
   EXPECT_CONTAINS(err({base_dir(), "--tokenizer", "byte", "--prompt-file", "/no/prompt.txt"}),
                   "--prompt-file /no/prompt.txt");
+  const std::string dir_prompt = test::temp_dir("gen-prompt-dir");  // was basic_filebuf's message
+  EXPECT_CONTAINS(err({base_dir(), "--tokenizer", "byte", "--prompt-file", dir_prompt}),
+                  "--prompt-file " + dir_prompt + ": is a directory; give a text file");
   // A checkpoint of an older keel (no config.json) says how to get one.
   const std::string old = test::temp_dir("gen-old") + "/last";
   fs::copy(lora_run() + "/checkpoints/last", old);
