@@ -99,6 +99,9 @@ void write_file_atomic(const std::string& path, std::string_view content) {
 }
 
 std::string read_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))  // it would read as empty: "invalid JSON" or worse
+    throw Error("cannot read " + path + ": it is a directory, where a file was expected");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot read " + path + ": " + std::strerror(errno));
   std::ostringstream ss;

@@ -429,6 +429,11 @@ TEST_F(HfErrors, SizesAreCheckedAgainstTheWeightsBeforeBuilding) {
   const std::string big = error_of([&] { read_hf_config(dir); });
   EXPECT_CONTAINS(big, dir + "/config.json: invalid JSON: number overflow parsing '1e400'");
   EXPECT_EQ(big.find("json.exception"), std::string::npos) << big;
+  // A directory named config.json read as an empty file ("invalid JSON ... unexpected end").
+  const std::string odd = test::temp_dir("hf-config-dir");
+  std::filesystem::create_directory(odd + "/config.json");
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(odd); }),
+                  "cannot read " + odd + "/config.json: it is a directory");
 }
 
 TEST_F(HfErrors, UnexpectedTensorAndBrokenShards) {

@@ -41,6 +41,9 @@ TEST(ServeAuth, KeyFileHoldsSeveralKeysCommentsAndBlankLines) {
   EXPECT_CONTAINS(error_of([&] { serve::ApiKeys::load(dir + "/missing"); }), dir + "/missing");
   EXPECT_CONTAINS(error_of([&] { serve::ApiKeys::load(write_keys(dir, "# none\n\n")); }),
                   "holds no key");
+  // A directory is not a key file (it read as one holding no key).
+  EXPECT_CONTAINS(error_of([&] { serve::ApiKeys::load(dir); }),
+                  "cannot read the API key file " + dir);
 }
 
 TEST(ServeAuth, LoopbackHosts) {
