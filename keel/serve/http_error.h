@@ -6,6 +6,10 @@
 
 namespace keel::serve {
 
+// The error type of a refusal that is not about the API key (a path outside the data roots or the
+// run): 403 with OpenAI's "permission_error", where a wrong key's 403 is "authentication_error".
+inline nlohmann::json permission_error() { return {{"type", "permission_error"}}; }
+
 struct HttpError : std::runtime_error {
   int status;
   nlohmann::json extra;  // more fields of the error object (e.g. the active run's id)

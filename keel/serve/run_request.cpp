@@ -57,7 +57,7 @@ Config run_config_of_request(const std::string& body, const PathPolicy& paths,
     try {
       path = paths.confine(key, path);
     } catch (const PathDenied& e) {
-      throw HttpError(403, e.what());
+      throw HttpError(403, e.what(), permission_error());
     } catch (const Error& e) {
       throw HttpError(400, e.what());
     }

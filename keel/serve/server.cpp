@@ -30,7 +30,8 @@ bool is_loopback_host(const std::string& host) {
 
 namespace {
 
-// Errors in the shape of OpenAI-compatible servers: {"error": {"message", "type", "status"}}.
+// Errors in the shape of OpenAI-compatible servers: {"error": {"message", "type", "status"}};
+// `extra` may replace the type (a path refusal's 403 is a permission_error, see http_error.h).
 void send_error(httplib::Response& res, int status, const std::string& message,
                 const json& extra = json::object()) {
   const char* type = status == 401 || status == 403 ? "authentication_error"
@@ -73,11 +74,13 @@ fs::path artifact_path(const std::string& run_dir, const std::string& rel) {
   for (const auto& part : p) bad |= part == "..";
   std::error_code ec;
   const fs::path dir = fs::canonical(run_dir, ec);
-  if (bad || ec) throw HttpError(403, "artifact path \"" + rel + "\" is outside the run");
+  if (bad || ec)
+    throw HttpError(403, "artifact path \"" + rel + "\" is outside the run", permission_error());
   const fs::path real = fs::canonical(dir / p, ec);
   if (ec) throw HttpError(404, "no artifact " + rel + " (GET .../artifacts lists them)");
   if (!path_within(real.string(), dir.string()))
-    throw HttpError(403, "artifact path \"" + rel + "\" resolves outside the run");
+    throw HttpError(403, "artifact path \"" + rel + "\" resolves outside the run",
+                    permission_error());
   if (!fs::is_regular_file(real))
     throw HttpError(404, rel + " is not a file (GET .../artifacts lists the files)");
   return real;

@@ -76,6 +76,7 @@ TEST(ServeAuth, RoutesNeedABearerKeyButHealthIsOpen) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 403);
   EXPECT_CONTAINS(r->body, "not valid");
+  EXPECT_CONTAINS(r->body, "\"type\":\"authentication_error\"");
   r = wrong.post("/v1/runs", tiny_config(5).dump());
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 403);

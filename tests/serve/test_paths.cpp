@@ -163,6 +163,10 @@ TEST(ServePaths, TraversalAttemptsOverHttpGet403AndArtifactsStayInTheRun) {
     ASSERT_TRUE(r);
     EXPECT_TRUE(r->status == 403 || r->status == 404) << bad << ": " << r->status;
     EXPECT_EQ(r->body.find("no\n"), std::string::npos) << bad;
+    // A path refusal is not about the key: OpenAI's permission_error, not authentication_error.
+    if (r->status == 403) {
+      EXPECT_CONTAINS(r->body, "\"type\":\"permission_error\"");
+    }
   }
 }
 
