@@ -98,7 +98,7 @@ void check_query(const MemoryQuery& q) {
   const double width =
       static_cast<double>(q.seq) * static_cast<double>(std::max<int64_t>(
                                        q.heads, q.hidden > 0 ? default_heads(q.hidden) : 1)) +
-      static_cast<double>(std::max<int64_t>(q.vocab, 259)) +
+      static_cast<double>(std::max<int64_t>(q.vocab, data::ByteTokenizer::kVocab)) +
       16.0 * static_cast<double>(std::max({q.hidden, q.ffn, int64_t{1}}));
   const double activation_bound = static_cast<double>(q.batch) * static_cast<double>(q.seq) *
                                   width * (static_cast<double>(q.layers) + 2) * 8;
