@@ -35,6 +35,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+constexpr const char* kBenchKey = "keel-bench-key-0123456789";  // >= ApiKeys::kMinKeyChars
+
 std::string slurp(const std::string& p) {
   std::ifstream f(p);
   std::stringstream ss;
@@ -46,7 +48,7 @@ struct Server {
   pid_t pid = -1;
   int port = -1;
   Server(const std::string& keel, const std::string& dir) {
-    std::ofstream(dir + "/keys") << "bench\n";
+    std::ofstream(dir + "/keys") << kBenchKey << "\n";
     const std::string log = dir + "/serve.log";
     pid = fork();
     if (pid == 0) {
@@ -70,7 +72,7 @@ struct Server {
   }
 };
 
-httplib::Headers auth() { return {{"Authorization", "Bearer bench"}}; }
+httplib::Headers auth() { return {{"Authorization", std::string("Bearer ") + kBenchKey}}; }
 
 std::string create(int port, int steps) {
   httplib::Client c("127.0.0.1", port);

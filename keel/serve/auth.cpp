@@ -28,11 +28,17 @@ ApiKeys ApiKeys::load(const std::string& path) {
                 Error::kUsage);
   std::vector<std::string> keys;
   std::string line;
-  while (std::getline(in, line)) {
+  for (int line_no = 1; std::getline(in, line); ++line_no) {
     const size_t b = line.find_first_not_of(" \t\r");
     if (b == std::string::npos || line[b] == '#') continue;
     const size_t e = line.find_last_not_of(" \t\r");
     keys.push_back(line.substr(b, e - b + 1));
+    // Nothing limits how often a client may guess: a short key is found by trying them all.
+    if (keys.back().size() < kMinKeyChars)
+      throw Error("the API key file " + path + ": the key on line " + std::to_string(line_no) +
+                      " has " + std::to_string(keys.back().size()) + " characters; use at least " +
+                      std::to_string(kMinKeyChars) + " (e.g. `head -c 24 /dev/urandom | base64`)",
+                  Error::kUsage);
   }
   if (keys.empty())
     throw Error("the API key file " + path + " holds no key (one per line; '#' starts a comment)",

@@ -13,9 +13,13 @@ bool constant_time_equal(std::string_view a, std::string_view b);
 
 class ApiKeys {
  public:
+  // The shortest key the key file may hold (the README's `head -c 24 /dev/urandom | base64` gives
+  // 32 characters).
+  static constexpr size_t kMinKeyChars = 16;
   ApiKeys() = default;
   // One key per line; blank lines and lines starting with '#' are skipped, surrounding spaces
-  // trimmed. Throws Error (kUsage) naming the file when it cannot be read or holds no key.
+  // trimmed. Throws Error (kUsage) naming the file when it cannot be read, holds no key, or holds
+  // a key shorter than kMinKeyChars (naming its line).
   static ApiKeys load(const std::string& path);
   explicit ApiKeys(std::vector<std::string> keys) : keys_(std::move(keys)) {}
 

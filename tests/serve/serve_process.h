@@ -38,6 +38,9 @@ class ServeProcess {
 // Runs `keel serve ARGS` expecting it to refuse to start; returns its exit code and output.
 std::pair<int, std::string> serve_refusal(const std::vector<std::string>& args);
 
+// The API key the serve tests write to their key files (ApiKeys::kMinKeyChars or longer).
+inline constexpr const char* kTestKey = "keel-test-key-0123456789";
+
 // A client of one server, with the key as a Bearer token ("" = no Authorization header).
 struct Api {
   int port;

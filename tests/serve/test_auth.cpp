@@ -28,19 +28,24 @@ TEST(ServeAuth, ConstantTimeEqualComparesWholeStrings) {
 
 TEST(ServeAuth, KeyFileHoldsSeveralKeysCommentsAndBlankLines) {
   const std::string dir = temp_dir("serve-keys");
-  auto keys = serve::ApiKeys::load(write_keys(dir, "# team keys\n alpha \n\nbeta\r\n"));
+  auto keys = serve::ApiKeys::load(
+      write_keys(dir, "# team keys\n alpha-key-0123456789 \n\nbeta-key-0123456789\r\n"));
   EXPECT_EQ(keys.size(), 2u);
-  EXPECT_EQ(keys.check("Bearer alpha"), 200);
-  EXPECT_EQ(keys.check("Bearer beta"), 200);
-  EXPECT_EQ(keys.check("Bearer gamma"), 403);
-  EXPECT_EQ(keys.check("Bearer alph"), 403);
+  EXPECT_EQ(keys.check("Bearer alpha-key-0123456789"), 200);
+  EXPECT_EQ(keys.check("Bearer beta-key-0123456789"), 200);
+  EXPECT_EQ(keys.check("Bearer gamma-key-0123456789"), 403);
+  EXPECT_EQ(keys.check("Bearer alpha-key-012345678"), 403);
   EXPECT_EQ(keys.check(""), 401);
-  EXPECT_EQ(keys.check("alpha"), 401);
+  EXPECT_EQ(keys.check("alpha-key-0123456789"), 401);
   EXPECT_EQ(keys.check("Basic YWxwaGE6"), 401);
   EXPECT_EQ(keys.check("Bearer "), 401);
   EXPECT_CONTAINS(error_of([&] { serve::ApiKeys::load(dir + "/missing"); }), dir + "/missing");
   EXPECT_CONTAINS(error_of([&] { serve::ApiKeys::load(write_keys(dir, "# none\n\n")); }),
                   "holds no key");
+  // A short key is refused naming its line: nothing limits how often a client may guess.
+  EXPECT_CONTAINS(
+      error_of([&] { serve::ApiKeys::load(write_keys(dir, "# ok\nalpha-key-0123456789\nkey\n")); }),
+      "the key on line 3 has 3 characters; use at least 16");
   // A directory is not a key file (it read as one holding no key).
   EXPECT_CONTAINS(error_of([&] { serve::ApiKeys::load(dir); }),
                   "cannot read the API key file " + dir);
@@ -57,10 +62,12 @@ TEST(ServeAuth, LoopbackHosts) {
 
 TEST(ServeAuth, RoutesNeedABearerKeyButHealthIsOpen) {
   const std::string dir = temp_dir("serve-auth");
-  ServeProcess srv({"--root", dir + "/root", "--api-key-file", write_keys(dir, "k-one\nk-two\n")});
+  ServeProcess srv({"--root", dir + "/root", "--api-key-file",
+                    write_keys(dir, "key-one-0123456789\nkey-two-0123456789\n")});
   ASSERT_TRUE(srv.started()) << srv.output();
   EXPECT_CONTAINS(srv.output(), "2 API key(s)");
-  Api none{srv.port(), ""}, wrong{srv.port(), "k-three"}, right{srv.port(), "k-two"};
+  Api none{srv.port(), ""}, wrong{srv.port(), "key-three-0123456789"},
+      right{srv.port(), "key-two-0123456789"};
   auto health = none.get("/health");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
@@ -69,7 +76,7 @@ TEST(ServeAuth, RoutesNeedABearerKeyButHealthIsOpen) {
   EXPECT_EQ(r->status, 401);
   EXPECT_EQ(r->get_header_value("WWW-Authenticate"), "Bearer");
   EXPECT_CONTAINS(r->body, "Authorization: Bearer KEY");
-  r = none.get("/v1/runs", {{"Authorization", "Token k-two"}});
+  r = none.get("/v1/runs", {{"Authorization", "Token key-two-0123456789"}});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 401);
   r = wrong.get("/v1/runs");

@@ -42,10 +42,10 @@ std::string mutate(std::string s, std::mt19937& rng) {
 
 TEST(ServeBadRequests, MutatedAndHostileBodiesGet4xxAndTheServerCarriesOn) {
   const std::string dir = temp_dir("serve-fuzz");
-  std::ofstream(dir + "/keys") << "key\n";
+  std::ofstream(dir + "/keys") << kTestKey << "\n";
   ServeProcess srv({"--root", dir + "/root", "--api-key-file", dir + "/keys", "--data-root", dir});
   ASSERT_TRUE(srv.started()) << srv.output();
-  Api api{srv.port(), "key"};
+  Api api{srv.port(), kTestKey};
   json base = tiny_config(1);
   base["model"] = {{"n_layer", 1}, {"adapter", {{"kind", "lora"}, {"target_modules", {"c_attn"}}}}};
   base["data"]["tokenizer"] = "byte";

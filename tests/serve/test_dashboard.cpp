@@ -140,10 +140,10 @@ TEST(ServeDashboard, ShowsARunLiveInAHeadlessChromium) {
                     "chromium-driver, as scripts/install-deps.sh does): the dashboard is not "
                     "tested in a browser here";
   const std::string dir = temp_dir("serve-dashboard");
-  std::ofstream(dir + "/keys") << "dash-key\n";
+  std::ofstream(dir + "/keys") << kTestKey << "\n";
   ServeProcess srv({"--root", dir + "/root", "--api-key-file", dir + "/keys"});
   ASSERT_TRUE(srv.started()) << srv.output();
-  Api api{srv.port(), "dash-key"};
+  Api api{srv.port(), kTestKey};
   Browser b;
   ASSERT_TRUE(b.ok()) << "no WebDriver session: " << b.log();
   const std::string url = "http://127.0.0.1:" + std::to_string(srv.port()) + "/";
@@ -156,7 +156,7 @@ TEST(ServeDashboard, ShowsARunLiveInAHeadlessChromium) {
     return v.is_string() && v.get<std::string>().find("403") != std::string::npos;
   });
   b.script("document.getElementById('key').value = '';");
-  b.type("#key", "dash-key");
+  b.type("#key", kTestKey);
   b.click("#connect");
   b.wait_for("document.getElementById('status').textContent",
              [](const json& v) { return v == "connected"; });

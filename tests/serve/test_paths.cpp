@@ -126,11 +126,11 @@ TEST(ServePaths, RequestBodiesAreReadByTheConfigLoader) {
 TEST(ServePaths, TraversalAttemptsOverHttpGet403AndArtifactsStayInTheRun) {
   Tree t;
   const std::string dir = temp_dir("serve-paths-http");
-  std::ofstream(dir + "/keys") << "k\n";
+  std::ofstream(dir + "/keys") << kTestKey << "\n";
   ServeProcess srv(
       {"--root", dir + "/root", "--api-key-file", dir + "/keys", "--data-root", t.data});
   ASSERT_TRUE(srv.started()) << srv.output();
-  Api api{srv.port(), "k"};
+  Api api{srv.port(), kTestKey};
   for (const std::string& path : {std::string("../secret.txt"), t.top + "/secret.txt",
                                   t.data + "/escape/secret.txt", std::string("/etc/passwd")}) {
     json body = tiny_config(5);

@@ -26,7 +26,7 @@ struct Service {
   std::string root = dir + "/root";
   std::vector<std::string> args;
   Service() {
-    std::ofstream(dir + "/keys") << "key\n";
+    std::ofstream(dir + "/keys") << kTestKey << "\n";
     args = {"--root", root, "--api-key-file", dir + "/keys"};
   }
   std::string run_dir(const std::string& id) const { return root + "/runs/" + id; }
@@ -58,7 +58,7 @@ TEST(ServeRuns, FiftyConcurrentCreatesAcceptExactlyOne) {
   Service s;
   ServeProcess srv(s.args);
   ASSERT_TRUE(srv.started()) << srv.output();
-  Api api{srv.port(), "key"};
+  Api api{srv.port(), kTestKey};
   std::atomic<int> created{0}, conflicts{0}, other{0};
   std::vector<std::string> active_ids(50);
   std::vector<std::thread> clients;
@@ -100,7 +100,7 @@ TEST(ServeRuns, IdempotencyKeyReturnsTheSameRun) {
   Service s;
   ServeProcess srv(s.args);
   ASSERT_TRUE(srv.started()) << srv.output();
-  Api api{srv.port(), "key"};
+  Api api{srv.port(), kTestKey};
   const std::string body = tiny_config(3).dump();
   auto a = api.post("/v1/runs", body, {{"Idempotency-Key", "job-17"}});
   auto b = api.post("/v1/runs", body, {{"Idempotency-Key", "job-17"}});
@@ -162,7 +162,7 @@ TEST(ServeRuns, EventsStreamFollowsARunToItsEndAndResumesWithLastEventId) {
   Service s;
   ServeProcess srv(s.args);
   ASSERT_TRUE(srv.started()) << srv.output();
-  Api api{srv.port(), "key"};
+  Api api{srv.port(), kTestKey};
   const int steps = 120;
   const std::string id = create(api, tiny_config(steps));
   const Events ev = read_events(api, id);  // returns when the run ends
@@ -199,7 +199,7 @@ TEST(ServeRuns, AdvisorFindingsAreFindingEvents) {
   Service s;
   ServeProcess srv(s.args);
   ASSERT_TRUE(srv.started()) << srv.output();
-  Api api{srv.port(), "key"};
+  Api api{srv.port(), kTestKey};
   json cfg = tiny_config(12);
   cfg["train"]["precision"] = "bf16-mixed";
   cfg["train"]["on_nonfinite"] = "skip";
@@ -233,7 +233,7 @@ TEST(ServeRuns, StopCheckpointsAndResumeContinuesBitIdentically) {
   Service s;
   ServeProcess srv(s.args);
   ASSERT_TRUE(srv.started()) << srv.output();
-  Api api{srv.port(), "key"};
+  Api api{srv.port(), kTestKey};
   const std::string id = create(api, tiny_config(kLongSteps));
   api.wait_run(id, [](const json& j) { return j["step"].get<int64_t>() >= 20; });
   auto r = api.post("/v1/runs/" + id + "/stop", "");
@@ -272,7 +272,7 @@ TEST(ServeRuns, ServerKilledMidRunRestartsWithTheRunInterruptedAndResumable) {
   {
     ServeProcess srv(s.args);
     ASSERT_TRUE(srv.started()) << srv.output();
-    Api api{srv.port(), "key"};
+    Api api{srv.port(), kTestKey};
     id = create(api, tiny_config(kLongSteps));
     create(api, tiny_config(3), 409);
     api.wait_run(id, [](const json& j) { return j["step"].get<int64_t>() >= 20; });
@@ -280,7 +280,7 @@ TEST(ServeRuns, ServerKilledMidRunRestartsWithTheRunInterruptedAndResumable) {
   }
   ServeProcess srv(s.args);
   ASSERT_TRUE(srv.started()) << srv.output();
-  Api api{srv.port(), "key"};
+  Api api{srv.port(), kTestKey};
   const json runs = api.get_json("/v1/runs")["data"];
   ASSERT_EQ(runs.size(), 1u);
   json run = runs[0];
@@ -307,7 +307,7 @@ TEST(ServeRuns, ANonfiniteStopIsItsOwnStateWithTheCaptureAndReplayCommand) {
   Service s;
   ServeProcess srv(s.args);
   ASSERT_TRUE(srv.started()) << srv.output();
-  Api api{srv.port(), "key"};
+  Api api{srv.port(), kTestKey};
   json cfg = tiny_config(30);
   cfg["debug"] = {{"inject", {{"module", "transformer.h.0.attn"}, {"step", 5}, {"kind", "nan"}}}};
   const std::string id = create(api, cfg);
@@ -338,7 +338,7 @@ TEST(ServeRuns, AFailedRunSaysWhyAndTheServerCarriesOn) {
   args.insert(args.end(), {"--data-root", data});
   ServeProcess srv(args);
   ASSERT_TRUE(srv.started()) << srv.output();
-  Api api{srv.port(), "key"};
+  Api api{srv.port(), kTestKey};
   json cfg = tiny_config(5);
   cfg["data"] = {{"task", "jsonl"}, {"path", "bad.jsonl"}};
   const std::string id = create(api, cfg);  // a valid config; the file is bad
@@ -357,7 +357,7 @@ TEST(ServeRuns, AStoppedAdapterRunsAdapterCanBeDownloaded) {
   Service s;
   ServeProcess srv(s.args);
   ASSERT_TRUE(srv.started()) << srv.output();
-  Api api{srv.port(), "key"};
+  Api api{srv.port(), kTestKey};
   json cfg = tiny_config(20000);
   cfg["model"] = {{"adapter", {{"kind", "lora"}, {"r", 4}, {"target_modules", {"c_attn"}}}}};
   const std::string id = create(api, cfg);
