@@ -36,7 +36,7 @@ int64_t parse_size(const std::string& s) {
       {"", 1},     {"B", 1},      {"KB", 1e3},      {"MB", 1e6},
       {"GB", 1e9}, {"KIB", 1024}, {"MIB", 1048576}, {"GIB", 1073741824.0}};
   // Below 2^62 bytes: inf, 1e20 or 2^63 would overflow the conversion (undefined behaviour).
-  constexpr double kMaxBytes = 4611686018427387904.0;
+  constexpr double kMaxBytes = 0x1p62;
   for (auto& [name, mult] : units)
     if (v >= 0 && unit == name) {
       if (!(v * mult < kMaxBytes))

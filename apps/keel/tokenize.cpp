@@ -27,8 +27,8 @@ std::vector<int32_t> parse_ids(std::string s) {
   std::vector<int32_t> ids;
   std::string word;
   while (in >> word) {
-    const size_t digits = word[0] == '-' ? 1 : 0;
-    if (word.size() == digits || word.find_first_not_of("0123456789", digits) != std::string::npos)
+    const size_t sign = word[0] == '-' ? 1 : 0;
+    if (word.size() == sign || word.find_first_not_of("0123456789", sign) != std::string::npos)
       throw Error("tokenize --decode: '" + word +
                       "' is not a token id; give integers separated by spaces or commas",
                   Error::kUsage);

@@ -129,29 +129,26 @@ std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials) 
                   f16.max, last.scale);
     return buf;
   }
-  std::string out;
-  const size_t skipped = trials.size() - 1;
-  if (skipped > 0) {
-    std::snprintf(buf, sizeof buf,
-                  "applied after %zu skipped step(s); the LR schedule does not advance on skips.",
-                  skipped);
-    out = buf;
-  }
+  // "applied after N skipped step(s)" leads whatever else is said of the applied step.
+  std::string lead;
+  if (const size_t skipped = trials.size() - 1; skipped > 0)
+    lead = "applied after " + std::to_string(skipped) +
+           " skipped step(s); the LR schedule does not advance on skips.";
+  const char* sep = lead.empty() ? "" : " ";
   if (last.outcome == "underflow") {
     const double keep = scale_reaching(grad, last.scale, f16.min_subnormal);
-    if (keep == 0) {  // below what any f32 scale lifts into f16 (|grad| under ~1e-45)
+    if (keep == 0)  // below what any f32 scale lifts into f16 (|grad| under ~1e-45)
       std::snprintf(buf, sizeof buf,
                     "%sapplied, but grad x scale underflows f16 to 0 and no loss scale within "
                     "f32's range keeps it: a gradient of %.6g is 0 in every format keel trains in.",
-                    out.empty() ? "" : " ", grad);
-      return out + buf;
-    }
-    std::snprintf(buf, sizeof buf,
-                  "%sapplied, but grad x scale = %.6g underflows f16 to 0: the update is zero, the "
-                  "symptom of a 16-mixed run stuck at grad_norm 0.0. Keeping it needs a scale of "
-                  "at least %.6g (f16's smallest subnormal is %.6g), or bf16-mixed.",
-                  out.empty() ? "" : " ", grad * last.scale, keep, f16.min_subnormal);
-    return out + buf;
+                    sep, grad);
+    else
+      std::snprintf(buf, sizeof buf,
+                    "%sapplied, but grad x scale = %.6g underflows f16 to 0: the update is zero, "
+                    "the symptom of a 16-mixed run stuck at grad_norm 0.0. Keeping it needs a "
+                    "scale of at least %.6g (f16's smallest subnormal is %.6g), or bf16-mixed.",
+                    sep, grad * last.scale, keep, f16.min_subnormal);
+    return lead + buf;
   }
   if (last.outcome == "subnormal") {
     // A subnormal is at most 2^11 below a normal: this scale exists.
@@ -159,11 +156,10 @@ std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials) 
     std::snprintf(buf, sizeof buf,
                   "%sapplied with fewer significant bits: grad x scale = %.6g is an f16 subnormal "
                   "(below its smallest normal %.6g); a scale of at least %.6g keeps all %d bits.",
-                  out.empty() ? "" : " ", grad * last.scale, f16.min_normal, full,
-                  f16.mantissa_bits + 1);
-    return out + buf;
+                  sep, grad * last.scale, f16.min_normal, full, f16.mantissa_bits + 1);
+    return lead + buf;
   }
-  return out.empty() ? "applied at the first try: grad x scale is a normal f16 value." : out;
+  return lead.empty() ? "applied at the first try: grad x scale is a normal f16 value." : lead;
 }
 
 }  // namespace keel::monitor

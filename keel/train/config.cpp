@@ -612,11 +612,9 @@ void apply_override(Config& c, const std::string& ov, Origins& origins) {
   } catch (const toml::parse_error& e) {
     // A number TOML cannot hold (1e400, an integer beyond int64) would otherwise be read as a
     // bare string and reported as "must be a number, got string".
-    const Field f = k->field(c);
-    const bool numeric = std::holds_alternative<double*>(f) || std::holds_alternative<int*>(f) ||
-                         std::holds_alternative<int64_t*>(f) ||
-                         std::holds_alternative<uint64_t*>(f);
-    if (numeric && !text.empty() && text.find_first_not_of("+-0123456789.eE_") == std::string::npos)
+    const std::string type = field_type(k->field(c));
+    if ((type == "int" || type == "float") && !text.empty() &&
+        text.find_first_not_of("+-0123456789.eE_") == std::string::npos)
       throw usage(where + ": " + key + " = " + text + " is not a number TOML can hold (" +
                   std::string(e.description()) + ")");
   }
@@ -760,9 +758,9 @@ std::vector<std::pair<std::string, std::string>> config_values(const Config& con
 
 void check_config_number(const std::string& key, double value, const std::string& shown,
                          const std::string& origin) {
-  for (const KeySpec& k : key_table())
-    if (k.full() == key) return check_number(k, value, shown, origin + ": ");
-  KEEL_CHECK(false, "check_config_number: no key " + key);
+  const KeySpec* k = find_key(key);
+  KEEL_CHECK(k, "check_config_number: no key " + key);
+  check_number(*k, value, shown, origin + ": ");
 }
 
 std::vector<ConfigKeyInfo> config_keys() {
