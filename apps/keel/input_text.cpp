@@ -1,12 +1,12 @@
 #include "apps/keel/input_text.h"
 
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
 #include <sstream>
 
 #include "keel/numerics/error.h"
+#include "keel/numerics/input_file.h"
 
 namespace keel::cli {
 
@@ -17,9 +17,8 @@ std::string read_input_text(bool has_text, const std::string& text, const std::s
                 Error::kUsage);
   if (has_text) return text;
   if (!file.empty()) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(file, ec))  // else libstdc++'s "basic_filebuf::underflow"
-      throw Error(flag + " " + file + ": is a directory; give a text file", Error::kUsage);
+    if (const std::string problem = input_file_problem(file); !problem.empty())
+      throw Error(flag + " " + file + ": " + problem + "; give a text file", Error::kUsage);
     std::ifstream in(file, std::ios::binary);
     if (!in)
       throw Error(flag + " " + file + ": cannot open the file; check the path", Error::kUsage);

@@ -6,14 +6,12 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <queue>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "keel/numerics/error.h"
+#include "keel/numerics/input_file.h"
 
 namespace keel::data {
 
@@ -135,16 +133,7 @@ bool byte_level_to_bytes(std::string_view token, std::string* bytes) {
 }
 
 std::string read_tokenizer_file(const std::string& path, const std::string& what) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
-    throw Error(what + " " + path + " does not exist (check data.tokenizer)", Error::kUsage);
-  if (std::filesystem::is_directory(path, ec))
-    throw Error(what + " " + path + " is a directory; a file was expected", Error::kUsage);
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (!in || in.bad()) throw Error("cannot read " + what + " " + path + " (permissions?)");
-  return ss.str();
+  return read_input_file(path, what, "data.tokenizer");
 }
 
 // ---- SplitRegex

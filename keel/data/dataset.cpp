@@ -4,12 +4,10 @@
 #include <unordered_map>
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "keel/numerics/error.h"
+#include "keel/numerics/input_file.h"
 #include "keel/numerics/text.h"
 
 namespace keel::data {
@@ -60,16 +58,7 @@ void check_seq_len(int64_t seq_len, const std::string& path) {
 }
 
 std::string read_whole_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec))
-    throw Error("dataset file " + path + " does not exist (check data.path)");
-  if (std::filesystem::is_directory(path, ec))
-    throw Error("dataset path " + path + " is a directory; data.path must name a file");
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (!in || in.bad()) throw Error("cannot read dataset file " + path + " (permissions?)");
-  return ss.str();
+  return read_input_file(path, "dataset file", "data.path");
 }
 
 bool is_blank(std::string_view line) {

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "keel/numerics/error.h"
+#include "keel/numerics/input_file.h"
 
 namespace keel::io {
 
@@ -99,9 +100,8 @@ void write_file_atomic(const std::string& path, std::string_view content) {
 }
 
 std::string read_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))  // it would read as empty: "invalid JSON" or worse
-    throw Error("cannot read " + path + ": it is a directory, where a file was expected");
+  if (const std::string problem = input_file_problem(path); !problem.empty())
+    throw Error("cannot read " + path + ": it " + problem + ", where a file was expected");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot read " + path + ": " + std::strerror(errno));
   std::ostringstream ss;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "keel/io/atomic_file.h"
+#include "keel/numerics/input_file.h"
 #include "keel/numerics/text.h"
 
 namespace keel::io {
@@ -136,9 +138,21 @@ uint64_t header_length(const std::string& path, const char* prefix, uint64_t fil
   return hlen;
 }
 
+// A safetensors file is read by offset (mmap, pread): a directory, a device or a pipe cannot be.
+Error not_a_regular_file(const std::string& path) {
+  const std::string problem = input_file_problem(path);
+  return Error("cannot read " + path + ": it " +
+               (problem.empty()
+                    ? std::string("is not a regular file (a pipe cannot be read by offset)")
+                    : problem) +
+               "; a safetensors file was expected");
+}
+
 }  // namespace
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) throw not_a_regular_file(path);
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) throw Error("cannot read " + path + ": " + std::strerror(errno));
   const uint64_t size = static_cast<uint64_t>(in.tellg());
@@ -161,14 +175,13 @@ struct MappedSafetensors::Mapping {
 };
 
 MappedSafetensors::MappedSafetensors(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO would wait for a writer; it is refused by the check below instead.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error("cannot read " + path + ": " + std::strerror(errno));
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    const int err = errno;
     ::close(fd);
-    throw Error("cannot read " + path + ": " +
-                (S_ISDIR(st.st_mode) ? std::string("it is a directory") : std::strerror(err)));
+    throw not_a_regular_file(path);
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   char prefix[8] = {};
@@ -262,16 +275,15 @@ bool holds_exactly(const std::vector<std::pair<std::string, Tensor>>& file,
 
 size_t read_safetensors_into(const std::string& path,
                              const std::vector<std::pair<std::string, Tensor>>& into) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO would wait for a writer; it is refused by the check below instead.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error("cannot read " + path + ": " + std::strerror(errno));
   struct Closer {
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
   struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-    throw Error("cannot read " + path + ": " +
-                (S_ISDIR(st.st_mode) ? std::string("it is a directory") : std::strerror(errno)));
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw not_a_regular_file(path);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   // Reads exactly n bytes at `at`, or throws naming what was being read.
   size_t calls = 0;

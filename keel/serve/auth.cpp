@@ -1,9 +1,9 @@
 #include "keel/serve/auth.h"
 
-#include <filesystem>
 #include <fstream>
 
 #include "keel/numerics/error.h"
+#include "keel/numerics/input_file.h"
 
 namespace keel::serve {
 
@@ -20,8 +20,7 @@ bool constant_time_equal(std::string_view a, std::string_view b) {
 
 ApiKeys ApiKeys::load(const std::string& path) {
   std::ifstream in(path);
-  std::error_code ec;
-  if (!in || std::filesystem::is_directory(path, ec))  // a directory read as 'holds no key'
+  if (!in || !input_file_problem(path).empty())  // a directory would read as 'holds no key'
     throw Error("cannot read the API key file " + path +
                     " (one key per line; create it, e.g. `head -c 24 /dev/urandom | base64 > " +
                     path + "`)",

@@ -7,8 +7,10 @@
 #include <toml++/toml.h>
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -18,6 +20,7 @@
 #include <variant>
 
 #include "keel/numerics/error.h"
+#include "keel/numerics/input_file.h"
 #include "keel/numerics/text.h"
 
 namespace keel {
@@ -639,9 +642,12 @@ int64_t activation_checkpointing_blocks(const TrainConfig& t) {
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   if (path.empty()) return load_config_text("", "", overrides);
+  const std::string problem = input_file_problem(path);
   std::ifstream in(path, std::ios::binary);
-  if (!in || std::filesystem::is_directory(path))
-    throw usage("cannot read config file " + path + " (check the path; pass \"\" for defaults)");
+  if (!problem.empty() || !in)
+    throw usage("cannot read config file " + path + ": it " +
+                (problem.empty() ? std::string(std::strerror(errno)) : problem) +
+                " (check the path; pass \"\" for defaults)");
   std::stringstream ss;
   ss << in.rdbuf();
   return load_config_text(ss.str(), path, overrides);

@@ -132,6 +132,24 @@ TEST(CliLimits, OverflowingSizeKeysAreConfigErrors) {
   }
 }
 
+// A device never ends: /dev/zero as a dataset, a tokenizer or the config was read until the OOM
+// killer stopped the run. Each is a config error naming the key before anything is allocated.
+TEST(CliLimits, DevicesNamedAsInputFilesAreConfigErrors) {
+  const std::string out = test::temp_dir("cli-limits-devices");
+  auto r = run_keel(tiny_limits(out, {"data.task=text", "data.path=/dev/zero"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "dataset file /dev/zero is a character device, not a file; "
+                  "data.path must name a file");
+  r = run_keel(tiny_limits(
+      out, {"data.task=text", "data.path=/dev/null", "data.tokenizer=hf:/dev/urandom"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "HF tokenizer file /dev/urandom is a character device");
+  r = run_keel({"train", "/dev/zero"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "cannot read config file /dev/zero: it is a character device");
+}
+
 // keel init-model's flags are the model.* keys' values: the same bounds and messages (before,
 // --n-layer 1000000000 ran for minutes and --norm-eps -1 or --rope-theta 0 wrote a model whose
 // first forward is NaN), and a model that cannot fit is refused before it is built.

@@ -410,6 +410,12 @@ TEST(Tokenizer, LoaderErrorsNameTheFileAndPlace) {
   EXPECT_CONTAINS(error_of([&] { load_gpt2_tokenizer(enc_path, bad_merge); }), "bad.bpe:3");
   const std::string bad_line = write_file(dir, "line.bpe", "#version: 0.2\na a\nabc\n");
   EXPECT_CONTAINS(error_of([&] { load_gpt2_tokenizer(enc_path, bad_line); }), "line.bpe:3");
+  // Devices never end (read until the OOM killer stopped the run, before).
+  EXPECT_CONTAINS(error_of([&] { load_gpt2_tokenizer(enc_path, "/dev/zero"); }),
+                  "GPT-2 merges file /dev/zero is a character device, not a file; "
+                  "data.tokenizer must name a file");
+  EXPECT_CONTAINS(error_of([&] { load_hf_tokenizer("/dev/zero"); }),
+                  "HF tokenizer file /dev/zero is a character device");
   // A vocabulary without all 256 byte symbols.
   json small = read_json(kTiny + "/encoder.json");
   small.erase("\xC4\xA0");

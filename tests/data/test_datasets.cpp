@@ -73,6 +73,11 @@ TEST(TextDataset, Errors) {
                   "/nonexistent/corpus.txt");
   const std::string dir = test::temp_dir("data-dir");
   EXPECT_CONTAINS(error_of([&] { load_text_dataset(dir, kTok, 8, false); }), "directory");
+  // Read until the OOM killer stopped the run, before: /dev/zero never ends.
+  EXPECT_CONTAINS(error_of([&] { load_text_dataset("/dev/zero", kTok, 8, true); }),
+                  "dataset file /dev/zero is a character device, not a file; data.path");
+  EXPECT_CONTAINS(error_of([&] { load_jsonl_dataset("/dev/zero", kTok, 8); }),
+                  "dataset file /dev/zero is a character device");
   const std::string blank = write_file("blank.txt", "\n \n\t\n");
   EXPECT_CONTAINS(error_of([&] { load_text_dataset(blank, kTok, 8, false); }), "no text");
   const std::string empty = write_file("empty.txt", "");

@@ -5,10 +5,12 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "keel/io/safetensors.h"
@@ -72,6 +74,25 @@ TEST(Safetensors, ANumberBeyondADoubleInTheHeaderIsAnErrorNamingTheFile) {
   const std::string m = error_of([&] { read_safetensors(p); });
   EXPECT_CONTAINS(m, p + ": not a valid safetensors file: header JSON: number overflow");
   EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
+}
+
+// Safetensors files are read by offset: a device (/dev/zero read as an empty file: "shorter than
+// the 8-byte header"; a mapping's "Success") and a pipe (open waited for a writer) are refused.
+TEST(Safetensors, DevicesAndPipesAreRefusedNamingTheFile) {
+  for (const auto& read : std::vector<std::function<void(const std::string&)>>{
+           [](const std::string& p) { read_safetensors_header(p); },
+           [](const std::string& p) { read_safetensors(p); },
+           [](const std::string& p) { read_safetensors_into(p, {}); }}) {
+    EXPECT_EQ(error_of([&] { read("/dev/zero"); }),
+              "cannot read /dev/zero: it is a character device, not a file; a safetensors "
+              "file was expected");
+    const std::string fifo = test::temp_dir("safetensors-fifo") + "/model.safetensors";
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    EXPECT_CONTAINS(error_of([&] { read(fifo); }),
+                    "cannot read " + fifo +
+                        ": it is not a regular file (a pipe cannot be read by "
+                        "offset)");
+  }
 }
 
 TEST(Safetensors, HeaderAloneGivesNamesShapesAndOffsets) {

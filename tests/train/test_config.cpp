@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -6,6 +7,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "keel/numerics/error.h"
 #include "keel/train/config.h"
@@ -520,10 +522,22 @@ TEST(Config, OverridesParseTomlValuesAndBareStrings) {
             "\"yes\"");
 }
 
+// `keel train <(sed s/8/16/ cfg.toml)`: a pipe is read like a file (devices are refused).
+TEST(Config, AConfigFromAPipeIsRead) {
+  const std::string fifo = test::temp_dir("config-fifo") + "/cfg.toml";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::thread writer([&] { std::ofstream(fifo) << "[train]\nmax_steps = 7\n"; });
+  EXPECT_EQ(load_config(fifo).train.max_steps, 7);
+  writer.join();
+}
+
 TEST(Config, FileErrorsNameTheFile) {
   const std::string dir = test::temp_dir("config");
   std::string msg = usage_error([&] { load_config(dir + "/missing.toml"); });
   EXPECT_NE(msg.find("cannot read config file " + dir + "/missing.toml"), std::string::npos) << msg;
+  EXPECT_EQ(usage_error([&] { load_config("/dev/zero"); }),
+            "cannot read config file /dev/zero: it is a character device, not a file (check "
+            "the path; pass \"\" for defaults)");
   const std::string p = write_file(dir, "bad.toml", "[train]\nbatch_size = 8\nlr = = 3\n");
   msg = usage_error([&] { load_config(p); });
   EXPECT_NE(msg.find(p + ":3:"), std::string::npos) << msg;

@@ -1,0 +1,45 @@
+#include "keel/numerics/input_file.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "keel/numerics/error.h"
+
+namespace keel {
+
+std::string input_file_problem(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return errno == ENOENT || errno == ENOTDIR
+               ? "does not exist"
+               : std::string("cannot be opened: ") + std::strerror(errno);
+  if (S_ISDIR(st.st_mode)) return "is a directory";
+  if (S_ISCHR(st.st_mode)) return "is a character device, not a file";
+  if (S_ISBLK(st.st_mode)) return "is a block device";
+  if (S_ISSOCK(st.st_mode)) return "is a socket";
+  return "";
+}
+
+std::string read_input_file(const std::string& path, const std::string& what,
+                            const std::string& key) {
+  if (const std::string problem = input_file_problem(path); !problem.empty())
+    throw Error(what + " " + path + " " + problem + "; " + key + " must name a file",
+                Error::kUsage);
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw Error(
+        "cannot read " + what + " " + path + ": " + std::strerror(errno) + " (check " + key + ")",
+        Error::kUsage);
+  std::ostringstream all;
+  all << in.rdbuf();
+  if (in.bad())
+    throw Error("cannot read " + what + " " + path + ": a read failed part-way (check " + key + ")",
+                Error::kUsage);
+  return all.str();
+}
+
+}  // namespace keel

@@ -1,0 +1,20 @@
+// Reading a file the user named, whole: the one home of the checks every reader makes first. A
+// directory reads as empty ("invalid JSON" or worse); a device such as /dev/zero or /dev/urandom
+// never ends, so the run would read until the OOM killer stops it. A pipe is a file the user meant:
+// `keel train <(sed s/0.1/0.2/ cfg.toml)` is read like any other.
+#pragma once
+#include <string>
+
+namespace keel {
+
+// Why `path` cannot be read whole, or "" when it can (a regular file or a pipe): "does not exist",
+// "is a directory", "is a character device, not a file" (/dev/zero would never end), "is a block
+// device", "is a socket".
+std::string input_file_problem(const std::string& path);
+
+// The whole of `path`, the user's `what` ("dataset file") named by `key` ("data.path", or a flag).
+// Throws a usage Error naming the file, what is wrong with it and `key`.
+std::string read_input_file(const std::string& path, const std::string& what,
+                            const std::string& key);
+
+}  // namespace keel
