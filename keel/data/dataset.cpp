@@ -1,10 +1,8 @@
 #include "keel/data/dataset.h"
 
 #include <algorithm>
-#include <unordered_map>
-
-#include <algorithm>
 #include <nlohmann/json.hpp>
+#include <unordered_map>
 
 #include "keel/numerics/error.h"
 #include "keel/numerics/input_file.h"
@@ -16,27 +14,100 @@ Dataset::~Dataset() = default;
 
 std::string Dataset::where(int64_t i) const { return "example " + std::to_string(i); }
 
-std::string ExampleDataset::where(int64_t i) const {
-  if (i >= 0 && i < static_cast<int64_t>(lines_.size()))
-    return source_ + ":" + std::to_string(lines_[static_cast<size_t>(i)]);
-  return source_ + " example " + std::to_string(i);
-}
+ExampleDataset::ExampleDataset(std::string source) : source_(std::move(source)) {}
 
-ExampleDataset::ExampleDataset(std::vector<Example> examples, std::string source,
+ExampleDataset::ExampleDataset(const std::vector<Example>& examples, std::string source,
                                std::vector<int64_t> lines)
-    : examples_(std::move(examples)), source_(std::move(source)), lines_(std::move(lines)) {
-  for (size_t i = 0; i < examples_.size(); ++i)
-    KEEL_CHECK(examples_[i].tokens.size() == examples_[i].target.size(),
+    : source_(std::move(source)) {
+  size_t total = 0;
+  for (const Example& e : examples) total += e.tokens.size();
+  reserve(total);
+  for (size_t i = 0; i < examples.size(); ++i) {
+    KEEL_CHECK(examples[i].tokens.size() == examples[i].target.size(),
                source_ + ": example " + std::to_string(i) + " has " +
-                   std::to_string(examples_[i].tokens.size()) + " tokens but " +
-                   std::to_string(examples_[i].target.size()) + " target flags");
+                   std::to_string(examples[i].tokens.size()) + " tokens but " +
+                   std::to_string(examples[i].target.size()) + " target flags");
+    add(examples[i].tokens, examples[i].target);
+  }
+  lines_ = std::move(lines);
 }
 
-const Example& ExampleDataset::get(int64_t i) const {
-  if (i < 0 || i >= size())
-    throw Error(source_ + ": example index " + std::to_string(i) + " is outside [0, " +
-                std::to_string(size()) + ")");
-  return examples_[static_cast<size_t>(i)];
+void ExampleDataset::reserve(size_t tokens) {
+  tokens_.reserve(tokens);
+  target_.reserve(tokens);
+}
+
+void ExampleDataset::add(std::span<const int32_t> tokens, std::span<const uint8_t> target,
+                         int64_t line) {
+  KEEL_CHECK(tokens.size() == target.size(), source_ + ": an example's target differs in length");
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  target_.insert(target_.end(), target.begin(), target.end());
+  starts_.push_back(tokens_.size());
+  if (line > 0) lines_.push_back(line);
+}
+
+void ExampleDataset::add_all_targets(std::span<const int32_t> tokens, int64_t line) {
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  target_.resize(tokens_.size(), 1);
+  starts_.push_back(tokens_.size());
+  if (line > 0) lines_.push_back(line);
+}
+
+namespace {
+
+void check_index(int64_t i, int64_t size, const std::string& source) {
+  if (i < 0 || i >= size)
+    throw Error(source + ": example index " + std::to_string(i) + " is outside [0, " +
+                std::to_string(size) + ")");
+}
+
+std::string where_in(const std::string& source, const std::vector<int64_t>& lines, int64_t i) {
+  if (i >= 0 && i < static_cast<int64_t>(lines.size()))
+    return source + ":" + std::to_string(lines[static_cast<size_t>(i)]);
+  return source + " example " + std::to_string(i);
+}
+
+// A packed text file: one token stream, cut into rows of `len` tokens starting every len - 1
+// (load_text_dataset's comment). Each row is a view of the stream; every token is a target. Held
+// as Examples, the rows cost 5 bytes a token and a pair of allocations each, beside the stream
+// they were copied from while loading: 11 times a byte-tokenized file's size at the peak.
+class PackedDataset : public Dataset {
+ public:
+  PackedDataset(std::vector<int32_t> ids, size_t len, std::string source,
+                std::vector<int64_t> lines)
+      : ids_(std::move(ids)),
+        len_(len),
+        all_targets_(len, 1),
+        source_(std::move(source)),
+        lines_(std::move(lines)) {}
+  int64_t size() const override { return static_cast<int64_t>(lines_.size()); }
+  ExampleView get(int64_t i) const override {
+    check_index(i, size(), source_);
+    const size_t start = static_cast<size_t>(i) * (len_ - 1);
+    const size_t n = std::min(len_, ids_.size() - start);
+    return {std::span<const int32_t>(ids_).subspan(start, n),
+            std::span<const uint8_t>(all_targets_).first(n)};
+  }
+  std::string where(int64_t i) const override { return where_in(source_, lines_, i); }
+
+ private:
+  std::vector<int32_t> ids_;  // [n] the whole file
+  size_t len_;                // tokens a row (seq_len)
+  std::vector<uint8_t> all_targets_;
+  std::string source_;
+  std::vector<int64_t> lines_;  // the line each row starts on: one per row
+};
+
+}  // namespace
+
+std::string ExampleDataset::where(int64_t i) const { return where_in(source_, lines_, i); }
+
+ExampleView ExampleDataset::get(int64_t i) const {
+  check_index(i, size(), source_);
+  const size_t begin = starts_[static_cast<size_t>(i)],
+               n = starts_[static_cast<size_t>(i) + 1] - begin;
+  return {std::span<const int32_t>(tokens_).subspan(begin, n),
+          std::span<const uint8_t>(target_).subspan(begin, n)};
 }
 
 namespace {
@@ -87,6 +158,13 @@ int64_t trainable_tokens(const Example& e, int64_t seq_len) {
   return n;
 }
 
+// At most the tokens a text file's examples hold: a token covers at least one byte, and each line
+// may add a few beyond its bytes (a tokenizer's prefix, a JSONL prompt's and completion's, eos).
+// Reserved, not touched: an upper bound costs no memory.
+size_t token_bound(const std::string& text) {
+  return text.size() + 3 * (static_cast<size_t>(std::count(text.begin(), text.end(), '\n')) + 1);
+}
+
 Example all_targets(std::vector<int32_t> tokens) {
   Example e;
   e.target.assign(tokens.size(), 1);
@@ -101,10 +179,9 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
   check_seq_len(seq_len, path);
   if (!pack) check_eos(tok, path);
   const std::string text = read_whole_file(path);
-  std::vector<Example> examples;
-  std::vector<int64_t> lines;  // the line each example starts on
   if (pack) {
-    const std::vector<int32_t> ids = tok.encode(text);  // [n]
+    std::vector<int32_t> ids = tok.encode(text);  // [n]
+    std::vector<int64_t> lines;                   // the line each row starts on
     const size_t n = ids.size(), len = static_cast<size_t>(seq_len), stride = len - 1;
     // A row's line: 1 + the newlines its preceding tokens decode to (one decode per distinct id).
     std::unordered_map<int32_t, int64_t> newlines_of;
@@ -122,39 +199,37 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
         line += it->second;
       }
       lines.push_back(line);
-      const size_t end = std::min(start + len, n);
-      examples.push_back(all_targets(
-          {ids.begin() + static_cast<int64_t>(start), ids.begin() + static_cast<int64_t>(end)}));
     }
-    if (examples.empty())
+    if (lines.empty())
       throw Error(path + ": the file holds " + std::to_string(n) +
                   " bytes; packing needs at least 2 tokens to predict one");
-  } else {
-    std::string para;
-    bool open = false;
-    int64_t first_line = 0;
-    auto flush = [&] {
-      if (!open) return;
-      std::vector<int32_t> ids = tok.encode(para);
-      ids.push_back(static_cast<int32_t>(tok.eos_id()));
-      examples.push_back(all_targets(std::move(ids)));
-      lines.push_back(first_line);
-      para.clear();
-      open = false;
-    };
-    for_each_line(text, [&](std::string_view line, int64_t number) {
-      if (is_blank(line)) return flush();
-      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);  // CRLF files
-      if (open) para.push_back('\n');
-      if (!open) first_line = number;
-      para.append(line);
-      open = true;
-    });
-    flush();
-    if (examples.empty())
-      throw Error(path + ": no text (the file is empty or holds only blank lines)");
+    return std::make_unique<PackedDataset>(std::move(ids), len, path, std::move(lines));
   }
-  return std::make_unique<ExampleDataset>(std::move(examples), path, std::move(lines));
+  auto ds = std::make_unique<ExampleDataset>(path);
+  ds->reserve(token_bound(text));
+  std::string para;
+  bool open = false;
+  int64_t first_line = 0;
+  auto flush = [&] {
+    if (!open) return;
+    std::vector<int32_t> ids = tok.encode(para);
+    ids.push_back(static_cast<int32_t>(tok.eos_id()));
+    ds->add_all_targets(ids, first_line);
+    para.clear();
+    open = false;
+  };
+  for_each_line(text, [&](std::string_view line, int64_t number) {
+    if (is_blank(line)) return flush();
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);  // CRLF files
+    if (open) para.push_back('\n');
+    if (!open) first_line = number;
+    para.append(line);
+    open = true;
+  });
+  flush();
+  if (ds->size() == 0)
+    throw Error(path + ": no text (the file is empty or holds only blank lines)");
+  return ds;
 }
 
 std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
@@ -165,8 +240,8 @@ std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Token
   const std::string text = read_whole_file(path);
   static const char* kExpected =
       "expected {\"prompt\": ..., \"completion\": ...} or {\"text\": ...}";
-  std::vector<Example> examples;
-  std::vector<int64_t> lines;
+  auto ds = std::make_unique<ExampleDataset>(path);
+  ds->reserve(token_bound(text));
   for_each_line(text, [&](std::string_view line, int64_t number) {
     if (is_blank(line)) return;
     auto bad = [&](const std::string& what) {
@@ -229,26 +304,47 @@ std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Token
       throw bad(
           "nothing to train on (an empty \"text\" or \"completion\" with no preceding "
           "token); remove the line or give it content");
-    examples.push_back(std::move(e));
-    lines.push_back(number);
+    ds->add(e.tokens, e.target, number);
   });
-  if (examples.empty())
+  if (ds->size() == 0)
     throw Error(path + ": no examples (the file is empty or holds only blank lines); " + kExpected);
-  return std::make_unique<ExampleDataset>(std::move(examples), path, std::move(lines));
+  return ds;
 }
 
+namespace {
+
+// Examples [begin, begin + n) of a dataset shared with the other part of its split: no copies,
+// and each example still names its file and line.
+class RangeDataset : public Dataset {
+ public:
+  RangeDataset(std::shared_ptr<const Dataset> all, int64_t begin, int64_t n, std::string source)
+      : all_(std::move(all)), begin_(begin), n_(n), source_(std::move(source)) {}
+  int64_t size() const override { return n_; }
+  ExampleView get(int64_t i) const override {
+    check_index(i, n_, source_);
+    return all_->get(begin_ + i);
+  }
+  std::string where(int64_t i) const override { return all_->where(begin_ + i); }
+
+ private:
+  std::shared_ptr<const Dataset> all_;
+  int64_t begin_, n_;
+  std::string source_;
+};
+
+}  // namespace
+
 std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>> split_dataset(
-    const Dataset& all, int64_t n_eval, const std::string& what) {
-  const int64_t n = all.size();
+    std::unique_ptr<Dataset> all, int64_t n_eval, const std::string& what) {
+  const int64_t n = all->size();
   if (n_eval < 1 || n_eval >= n)
     throw Error(what + ": holding out " + std::to_string(n_eval) + " of " + std::to_string(n) +
                     " examples leaves " + (n_eval < 1 ? "no validation" : "no training") +
                     " example; give a file with more examples or another data.eval_fraction",
                 Error::kUsage);
-  std::vector<Example> train, eval;
-  for (int64_t i = 0; i < n; ++i) (i < n - n_eval ? train : eval).push_back(all.get(i));
-  return {std::make_unique<ExampleDataset>(std::move(train), what + " (training part)"),
-          std::make_unique<ExampleDataset>(std::move(eval), what + " (validation part)")};
+  std::shared_ptr<const Dataset> shared = std::move(all);
+  return {std::make_unique<RangeDataset>(shared, 0, n - n_eval, what + " (training part)"),
+          std::make_unique<RangeDataset>(shared, n - n_eval, n_eval, what + " (validation part)")};
 }
 
 }  // namespace keel::data

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,38 +19,62 @@ struct Example {
   std::vector<uint8_t> target;  // same length as tokens
 };
 
+// An example as a dataset hands it out: views of its tokens and target flags (same length), valid
+// while the dataset lives. A packed text file's rows are views of one token stream, not copies.
+struct ExampleView {
+  std::span<const int32_t> tokens;
+  std::span<const uint8_t> target;
+  ExampleView() = default;
+  ExampleView(std::span<const int32_t> t, std::span<const uint8_t> f) : tokens(t), target(f) {}
+  ExampleView(const Example& e) : tokens(e.tokens), target(e.target) {}  // NOLINT: a view of it
+  Example copy() const { return {{tokens.begin(), tokens.end()}, {target.begin(), target.end()}}; }
+};
+
 class Dataset {
  public:
   virtual ~Dataset();
   virtual int64_t size() const = 0;
-  virtual const Example& get(int64_t i) const = 0;  // 0 <= i < size()
+  virtual ExampleView get(int64_t i) const = 0;  // 0 <= i < size()
   // Where example i comes from, for findings that name a batch's examples: "data.jsonl:17" (the
   // file and the 1-based line it starts on) when the dataset knows, else "example 17".
   virtual std::string where(int64_t i) const;
 };
 
-// A dataset held in memory. `source` names it in error messages ("data.jsonl", "arith train").
+// A dataset held in memory: every example's tokens and target flags one after another in two
+// flat arrays (5 bytes a token, 8 an example), not a pair of vectors each. `source` names it in
+// error messages ("data.jsonl", "arith train").
 class ExampleDataset : public Dataset {
  public:
+  explicit ExampleDataset(std::string source);  // empty; filled by add()
   // Every example must have tokens.size() == target.size() (checked).
   // `lines`: the 1-based line of `source` each example starts on (empty: not from a file).
-  ExampleDataset(std::vector<Example> examples, std::string source,
+  ExampleDataset(const std::vector<Example>& examples, std::string source,
                  std::vector<int64_t> lines = {});
-  int64_t size() const override { return static_cast<int64_t>(examples_.size()); }
-  const Example& get(int64_t i) const override;
+  // Room for `tokens` tokens in all: pages of the arrays that no example reaches are never
+  // touched, so an upper bound costs no memory (and spares the copies of growing).
+  void reserve(size_t tokens);
+  // Appends an example (`line`: where it starts in `source`, or 0 when not from a file).
+  void add(std::span<const int32_t> tokens, std::span<const uint8_t> target, int64_t line = 0);
+  void add_all_targets(std::span<const int32_t> tokens, int64_t line = 0);
+
+  int64_t size() const override { return static_cast<int64_t>(starts_.size()) - 1; }
+  ExampleView get(int64_t i) const override;
   const std::string& source() const { return source_; }
   std::string where(int64_t i) const override;
 
  private:
-  std::vector<Example> examples_;
+  std::vector<int32_t> tokens_;    // [all tokens]
+  std::vector<uint8_t> target_;    // [all tokens]
+  std::vector<size_t> starts_{0};  // [size() + 1] where each example starts; then the end
   std::string source_;
   std::vector<int64_t> lines_;
 };
 
 // The last `n_eval` examples of `all` (in order) and the others: a validation split of one file.
-// Errors (kUsage, naming `what`) when either part would be empty.
+// Both parts are views of `all`, which they share (examples keep their file and line). Errors
+// (kUsage, naming `what`) when either part would be empty.
 std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>> split_dataset(
-    const Dataset& all, int64_t n_eval, const std::string& what);
+    std::unique_ptr<Dataset> all, int64_t n_eval, const std::string& what);
 
 // Plain text file; every token is a target.
 //  pack = false: one example per paragraph (paragraphs are separated by blank lines, i.e. lines
@@ -59,7 +84,8 @@ std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>> split_dataset(
 //  pack = true: the file's bytes as one stream (no eos inserted: blank lines are part of the text),
 //    cut into rows of seq_len tokens that overlap by one token (row k starts at k*(seq_len-1)), so
 //    that every token after the first is predicted exactly once although each row's last position
-//    has no label. The last row may be shorter.
+//    has no label. The last row may be shorter. The dataset holds the stream once (4 bytes a
+//    token) and hands out its rows as views.
 // Errors: missing/unreadable file (names the path), seq_len < 2, no text in the file.
 std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokenizer& tok,
                                            int64_t seq_len, bool pack);

@@ -19,7 +19,7 @@ Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_le
   int64_t* lab = b.labels.data_as<int64_t>();
   uint8_t* mask = b.attention_mask.data_as<uint8_t>();
   for (int64_t r = 0; r < B; ++r) {
-    const Example& e = ds.get(ids[static_cast<size_t>(r)]);
+    const ExampleView e = ds.get(ids[static_cast<size_t>(r)]);
     KEEL_CHECK(e.tokens.size() == e.target.size(), "example tokens and target differ in length");
     const int64_t len = std::min<int64_t>(static_cast<int64_t>(e.tokens.size()), T);
     int64_t* in_r = in + r * T;

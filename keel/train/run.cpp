@@ -102,7 +102,7 @@ RunData build_data(const Config& cfg) {
     } else if (dc.eval_fraction > 0) {
       const auto n_eval = std::max<int64_t>(
           1, std::llround(dc.eval_fraction * static_cast<double>(d.train->size())));
-      auto [train, eval] = data::split_dataset(*d.train, n_eval, dc.path);
+      auto [train, eval] = data::split_dataset(std::move(d.train), n_eval, dc.path);
       d.train = std::move(train);
       d.eval = std::move(eval);
     }

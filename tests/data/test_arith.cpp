@@ -59,7 +59,7 @@ void check_example(const ByteTokenizer& tok, const Example& e, int64_t digits,
 }
 
 std::string text_of(const ByteTokenizer& tok, const Dataset& ds, int64_t i) {
-  return tok.decode(ds.get(i).tokens);
+  return tok.decode(ds.get(i).copy().tokens);
 }
 
 TEST(Arith, EveryProblemIsCorrectAndTargetsOnlyTheAnswer) {
@@ -73,9 +73,9 @@ TEST(Arith, EveryProblemIsCorrectAndTargetsOnlyTheAnswer) {
   ASSERT_EQ(task.eval_prompts.size(), 300u);
   ASSERT_EQ(task.eval_answers.size(), 300u);
   for (int64_t i = 0; i < task.train->size(); ++i)
-    check_example(tok, task.train->get(i), opt.digits, "train " + std::to_string(i));
+    check_example(tok, task.train->get(i).copy(), opt.digits, "train " + std::to_string(i));
   for (int64_t i = 0; i < task.eval->size(); ++i) {
-    check_example(tok, task.eval->get(i), opt.digits, "eval " + std::to_string(i));
+    check_example(tok, task.eval->get(i).copy(), opt.digits, "eval " + std::to_string(i));
     // The exact-match strings describe the same problem as the eval example.
     EXPECT_EQ(task.eval_prompts[i] + task.eval_answers[i] + "\n", text_of(tok, *task.eval, i));
     EXPECT_EQ(task.eval_prompts[i].back(), '=');
@@ -135,8 +135,8 @@ TEST(Arith, DeterministicFromSeed) {
   opt.num_eval = 50;
   ArithTask a = make_arith_task(tok, opt), b = make_arith_task(tok, opt);
   for (int64_t i = 0; i < a.train->size(); ++i) {
-    EXPECT_EQ(a.train->get(i).tokens, b.train->get(i).tokens);
-    EXPECT_EQ(a.train->get(i).target, b.train->get(i).target);
+    EXPECT_EQ(a.train->get(i).copy().tokens, b.train->get(i).copy().tokens);
+    EXPECT_EQ(a.train->get(i).copy().target, b.train->get(i).copy().target);
   }
   EXPECT_EQ(a.eval_prompts, b.eval_prompts);
   EXPECT_EQ(a.eval_answers, b.eval_answers);
@@ -147,7 +147,7 @@ TEST(Arith, DeterministicFromSeed) {
   ArithTask c = make_arith_task(tok, other);
   int64_t same = 0;
   for (int64_t i = 0; i < a.train->size(); ++i)
-    same += a.train->get(i).tokens == c.train->get(i).tokens;
+    same += a.train->get(i).copy().tokens == c.train->get(i).copy().tokens;
   EXPECT_LT(same, 50);  // only coincidences among the small problems
   EXPECT_NE(a.eval_prompts, c.eval_prompts);
 
@@ -157,7 +157,7 @@ TEST(Arith, DeterministicFromSeed) {
   ArithTask d = make_arith_task(tok, more);
   EXPECT_EQ(a.eval_prompts, d.eval_prompts);
   for (int64_t i = 0; i < a.train->size(); ++i)
-    EXPECT_EQ(a.train->get(i).tokens, d.train->get(i).tokens);
+    EXPECT_EQ(a.train->get(i).copy().tokens, d.train->get(i).copy().tokens);
 }
 
 TEST(Arith, LoaderLabelsAreTheAnswers) {

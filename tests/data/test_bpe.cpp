@@ -390,14 +390,14 @@ TEST(Tokenizer, DatasetsWithBpe) {
   std::vector<int32_t> want = tok->encode("the");
   for (int32_t id : tok->encode(" there")) want.push_back(id);
   want.push_back(static_cast<int32_t>(tok->eos_id()));
-  EXPECT_EQ(ds->get(0).tokens, want);
-  EXPECT_EQ(ds->get(0).target, (std::vector<uint8_t>{0, 1, 1}));  // "the" | " there" | eos
+  EXPECT_EQ(ds->get(0).copy().tokens, want);
+  EXPECT_EQ(ds->get(0).copy().target, (std::vector<uint8_t>{0, 1, 1}));  // "the" | " there" | eos
   std::vector<int32_t> text = tok->encode("aaaaa!!");
   text.push_back(static_cast<int32_t>(tok->eos_id()));
-  EXPECT_EQ(ds->get(1).tokens, text);
+  EXPECT_EQ(ds->get(1).copy().tokens, text);
   // Packed text needs no eos.
   const std::string txt = write_file(dir, "data.txt", "the there the there");
-  EXPECT_EQ(load_text_dataset(txt, *tok, 4, true)->get(0).tokens,
+  EXPECT_EQ(load_text_dataset(txt, *tok, 4, true)->get(0).copy().tokens,
             (std::vector<int32_t>{284, 286, 258, 286}));  // the, " there", " the", " there"
 }
 

@@ -34,11 +34,11 @@ TEST(TextDataset, ParagraphsSplitOnBlankLines) {
       write_file("t.txt", "\n\nfirst line\nsecond line\n\n \t\n\r\nnext\r\npara\r\n\nlast");
   auto ds = load_text_dataset(path, kTok, 8, false);
   ASSERT_EQ(ds->size(), 3);
-  EXPECT_EQ(ds->get(0).tokens, ids_of("first line\nsecond line", true));
-  EXPECT_EQ(ds->get(1).tokens, ids_of("next\npara", true));  // CRLF lines lose the '\r'
-  EXPECT_EQ(ds->get(2).tokens, ids_of("last", true));
+  EXPECT_EQ(ds->get(0).copy().tokens, ids_of("first line\nsecond line", true));
+  EXPECT_EQ(ds->get(1).copy().tokens, ids_of("next\npara", true));  // CRLF lines lose the '\r'
+  EXPECT_EQ(ds->get(2).copy().tokens, ids_of("last", true));
   for (int64_t i = 0; i < ds->size(); ++i)
-    EXPECT_EQ(ds->get(i).target, std::vector<uint8_t>(ds->get(i).tokens.size(), 1));
+    EXPECT_EQ(ds->get(i).copy().target, std::vector<uint8_t>(ds->get(i).tokens.size(), 1));
 }
 
 // Packing: rows of seq_len overlapping by one token, so that the labels of all rows, in order,
@@ -99,17 +99,17 @@ TEST(JsonlDataset, TextAndPromptCompletion) {
                  "{\"prompt\": \"\", \"completion\": \"h\\u00e9\"}");  // no final newline
   auto ds = load_jsonl_dataset(path, kTok, 32);
   ASSERT_EQ(ds->size(), 3);
-  EXPECT_EQ(ds->get(0).tokens, ids_of("ab", true));
-  EXPECT_EQ(ds->get(0).target, std::vector<uint8_t>(3, 1));
+  EXPECT_EQ(ds->get(0).copy().tokens, ids_of("ab", true));
+  EXPECT_EQ(ds->get(0).copy().target, std::vector<uint8_t>(3, 1));
 
-  const Example& pc = ds->get(1);
+  const Example pc = ds->get(1).copy();
   EXPECT_EQ(pc.tokens, ids_of("Q: 2+2?\nA: 4", true));
   // The prompt "Q: 2+2?\nA:" (10 bytes) is context; " 4" and eos are targets.
   const std::vector<uint8_t> want = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1};
   EXPECT_EQ(pc.target, want);
 
-  EXPECT_EQ(ds->get(2).tokens, ids_of("h\xc3\xa9", true));  // \u00e9 as UTF-8
-  EXPECT_EQ(ds->get(2).target, std::vector<uint8_t>(4, 1));
+  EXPECT_EQ(ds->get(2).copy().tokens, ids_of("h\xc3\xa9", true));  // \u00e9 as UTF-8
+  EXPECT_EQ(ds->get(2).copy().target, std::vector<uint8_t>(4, 1));
 
   // Through the loader: the loss sits on the completion and eos only; the last prompt position
   // predicts the first completion token.
@@ -170,6 +170,35 @@ TEST(JsonlDataset, MalformedLinesNameFileLineAndFix) {
   EXPECT_CONTAINS(error_of([] { load_jsonl_dataset("/nonexistent/d.jsonl", kTok, 8); }),
                   "/nonexistent/d.jsonl");
   EXPECT_CONTAINS(error_of([&] { load_jsonl_dataset(fits, kTok, 1); }), "seq_len is 1");
+}
+
+// A dataset holds each token once: packed rows are views of the file's one token stream (a row's
+// first token is the previous row's last), and examples lie one after another in one array. Held
+// as a pair of vectors an example, a byte-tokenized file took 11 times its size at the peak.
+TEST(Datasets, ExamplesAreViewsOfOneArray) {
+  const std::string path = write_file("views.txt", "one two\nthree\n\nfour five six\n\nseven\n");
+  auto packed = load_text_dataset(path, kTok, 8, true);
+  ASSERT_GE(packed->size(), 3);
+  for (int64_t i = 1; i < packed->size(); ++i)
+    EXPECT_EQ(packed->get(i).tokens.data(), packed->get(i - 1).tokens.data() + 7) << i;
+  auto paras = load_text_dataset(path, kTok, 64, false);
+  ASSERT_EQ(paras->size(), 3);
+  for (int64_t i = 1; i < 3; ++i) {
+    const ExampleView prev = paras->get(i - 1), e = paras->get(i);
+    EXPECT_EQ(e.tokens.data(), prev.tokens.data() + prev.tokens.size()) << i;
+    EXPECT_EQ(e.target.data(), prev.target.data() + prev.target.size()) << i;
+  }
+  // A validation split shares them too, and its examples still name their file and line.
+  const int32_t* last = paras->get(2).tokens.data();
+  auto [train, eval] = split_dataset(std::move(paras), 1, path);
+  ASSERT_EQ(train->size(), 2);
+  ASSERT_EQ(eval->size(), 1);
+  EXPECT_EQ(eval->get(0).copy().tokens, ids_of("seven", true));
+  EXPECT_EQ(eval->get(0).tokens.data(), last);
+  EXPECT_EQ(eval->where(0), path + ":6");
+  EXPECT_EQ(train->where(1), path + ":4");
+  EXPECT_CONTAINS(error_of([&] { eval->get(1); }),
+                  path + " (validation part): example index 1 is outside [0, 1)");
 }
 
 }  // namespace

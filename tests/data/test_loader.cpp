@@ -46,7 +46,7 @@ void expect_matches_reference(const Batch& b, const Dataset& ds, int64_t T) {
                              mask = b.attention_mask.to_ints();
   int64_t targets = 0;
   for (int64_t r = 0; r < B; ++r) {
-    const Example& e = ds.get(b.example_ids[r]);
+    const Example e = ds.get(b.example_ids[r]).copy();
     const int64_t len = static_cast<int64_t>(e.tokens.size());
     for (int64_t t = 0; t < T; ++t) {
       const int64_t k = r * T + t;
