@@ -49,17 +49,35 @@ CastReport cast_value(double v, DType to) {
     r.explanation = "NaN stays NaN in every format.";
   } else if (std::isinf(r.stored) && !std::isinf(v)) {
     r.outcome = "overflow";
+    // Round-to-nearest-even goes to inf from the largest finite value plus half its ulp (65520
+    // for f16), as the largest value's last bit is odd.
+    const double to_inf = fi.max + std::ldexp(1.0, std::ilogb(fi.max) - fi.mantissa_bits - 1);
+    const double f32_max = format_info(DType::F32).max;
+    const char* fix =
+        to == DType::F16
+            ? "scale it down (a smaller loss scale) or use bf16, whose range matches f32"
+        : to == DType::BF16 && std::fabs(v) <= f32_max
+            ? "f32 holds it (up to 3.40282e+38): keep this tensor in f32, or scale it down"
+            : "no training format holds it (f32's range is the widest): scale it down, or find "
+              "what grows without bound (keel train's NaN capture names the op)";
     std::snprintf(buf, sizeof buf,
                   "%.6g is beyond %s's largest finite value %.6g (values from %.6g up round to "
-                  "inf); scale it down or use bf16, whose range matches f32.",
-                  v, name, fi.max, to == DType::F16 ? 65520.0 : fi.max);
+                  "inf); %s.",
+                  v, name, fi.max, to_inf, fix);
     r.explanation = buf;
   } else if (r.stored == 0 && v != 0) {
     r.outcome = "underflow";
+    // bf16 has f32's exponent but 16 fewer fraction bits: its subnormals stop 2^16 above f32's.
+    const double f32_min = format_info(DType::F32).min_subnormal;
+    const char* fix = to == DType::F16 ? "gradients this small need a loss scale (16-mixed) or bf16"
+                      : to == DType::BF16 && std::fabs(v) > f32_min / 2
+                          ? "f32 keeps it (its smallest subnormal is 1.4e-45): hold this tensor "
+                            "in f32, or scale it up"
+                          : "no training format keeps it (f32's range is the widest): it is 0 "
+                            "unless scaled up first";
     std::snprintf(buf, sizeof buf,
-                  "%.6g is below half of %s's smallest subnormal %.6g and flushes to 0; gradients "
-                  "this small need a loss scale (16-mixed) or bf16.",
-                  v, name, fi.min_subnormal);
+                  "%.6g is below half of %s's smallest subnormal %.6g and flushes to 0; %s.", v,
+                  name, fi.min_subnormal, fix);
     r.explanation = buf;
   } else if (static_cast<double>(r.stored) == v) {
     r.outcome = std::fabs(v) < fi.min_normal && v != 0 ? "subnormal" : "exact";

@@ -54,6 +54,33 @@ TEST(Explain, CastNamesEachOutcome) {
   EXPECT_EQ(cast_value(std::nan(""), DType::F16).outcome, "nan");
 }
 
+// The advice fits the format asked about: bf16 was told to "use bf16", f32 too, and bf16's
+// round-to- inf point was printed as its largest finite value.
+TEST(Explain, CastAdviceFitsTheTargetFormat) {
+  const std::string f16_over = cast_value(70000, DType::F16).explanation;
+  EXPECT_CONTAINS(f16_over, "(values from 65520 up round to inf)");
+  EXPECT_CONTAINS(f16_over, "or use bf16, whose range matches f32");
+  // bf16's largest finite value is 0x7f7f = 3.38953e38; plus half its ulp, 2^119, rounds to inf.
+  EXPECT_EQ(cast_value(3.3961e38, DType::BF16).outcome, "rounded");
+  const std::string bf16_over = cast_value(3.3962e38, DType::BF16).explanation;
+  EXPECT_CONTAINS(bf16_over, "(values from 3.39618e+38 up round to inf)");
+  EXPECT_CONTAINS(bf16_over, "f32 holds it (up to 3.40282e+38): keep this tensor in f32");
+  for (DType to : {DType::BF16, DType::F32}) {
+    const std::string over = cast_value(1e40, to).explanation;
+    EXPECT_CONTAINS(over, "no training format holds it");
+    EXPECT_NOT_CONTAINS(over, "use bf16");
+  }
+  EXPECT_CONTAINS(cast_value(1e-8, DType::F16).explanation, "need a loss scale (16-mixed) or bf16");
+  const CastReport bf16_under = cast_value(1e-42, DType::BF16);  // an f32 subnormal, not a bf16 one
+  EXPECT_EQ(bf16_under.outcome, "underflow");
+  EXPECT_CONTAINS(bf16_under.explanation, "f32 keeps it");
+  for (const auto& [v, to] : {std::pair{1e-50, DType::BF16}, std::pair{1e-46, DType::F32}}) {
+    const std::string under = cast_value(v, to).explanation;
+    EXPECT_CONTAINS(under, "no training format keeps it");
+    EXPECT_NOT_CONTAINS(under, "or bf16");
+  }
+}
+
 std::vector<ScalerTrial> trace(double grad) { return scaler_trace(grad, GradScalerOptions{}); }
 
 TEST(Explain, ScalerBacksOffUntilTheScaledGradientFitsF16) {
