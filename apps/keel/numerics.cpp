@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "apps/keel/commands.h"
+#include "keel/log/console.h"
 #include "keel/monitor/explain.h"
 #include "keel/numerics/error.h"
 
@@ -60,6 +61,15 @@ Command add_numerics(CLI::App& app) {
       std::printf("%s\n", r.explanation.c_str());
       return 0;
     }
+    // The flags' own names (GradScaler's messages name the config keys scaler.*).
+    if (!(args->init_scale > 0) || !std::isfinite(static_cast<float>(args->init_scale)))
+      throw Error("numerics scaler --init-scale " + log::format_number(args->init_scale, 6) +
+                      ": a loss scale must be a positive finite f32 value (e.g. 65536)",
+                  Error::kUsage);
+    if (!(args->backoff > 0 && args->backoff < 1))
+      throw Error("numerics scaler --backoff " + log::format_number(args->backoff, 6) +
+                      ": the backoff factor must be in (0, 1) (PyTorch's default: 0.5)",
+                  Error::kUsage);
     GradScalerOptions o;
     o.init_scale = args->init_scale;
     o.backoff_factor = args->backoff;

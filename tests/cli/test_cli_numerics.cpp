@@ -1,0 +1,60 @@
+// `keel numerics`: the README's three examples say what they promise, and bad flags are usage
+// errors that name the flag (not the config key behind it).
+#include <gtest/gtest.h>
+
+#include "tests/support/check.h"
+#include "tests/support/run_keel.h"
+
+namespace keel {
+namespace {
+
+using test::run_keel;
+
+TEST(CliNumerics, TheReadmeExamplesExplainWhatTheyPromise) {
+  auto r = run_keel({"numerics", "cast", "1e-8", "--to", "f16"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.out, "1e-08 -> f16: stored 0 (bits 0x0000): underflow");
+  EXPECT_CONTAINS(r.out, "need a loss scale (16-mixed) or bf16");
+
+  r = run_keel({"numerics", "scaler", "--grad", "2.0"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.out, "step 1: scale 65536 ");
+  EXPECT_CONTAINS(r.out, "step 3: scale 16384 ");
+  EXPECT_CONTAINS(r.out, "= 32768 ");
+  EXPECT_CONTAINS(r.out, "applied after 2 skipped step(s)");
+
+  r = run_keel({"numerics", "scaler", "--grad", "1e-13"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.out, "underflows f16 to 0: the update is zero");
+  EXPECT_CONTAINS(r.out, "a scale of at least 1.04858e+06");
+
+  r = run_keel({"numerics", "formats"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.out, "65504");
+}
+
+TEST(CliNumerics, BadFlagsAreUsageErrorsNamingTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"numerics", "cast", "abc", "--to", "f16"}, "'abc' is not a number"},
+           {{"numerics", "cast", "1", "--to", "f8"}, "--to f8: use f16, bf16 or f32"},
+           // They named scaler.init_scale / scaler.backoff_factor, keys this command has not.
+           {{"numerics", "scaler", "--grad", "1", "--init-scale", "0"},
+            "numerics scaler --init-scale 0: a loss scale must be a positive finite f32 value"},
+           {{"numerics", "scaler", "--grad", "1", "--init-scale", "1e39"}, "--init-scale 1e+39"},
+           {{"numerics", "scaler", "--grad", "1", "--backoff", "0"},
+            "numerics scaler --backoff 0: the backoff factor must be in (0, 1)"},
+           {{"numerics", "scaler", "--grad", "1", "--backoff", "nan"}, "--backoff nan"},
+       }) {
+    const auto r = run_keel(c.args);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, c.message);
+    EXPECT_NOT_CONTAINS(r.err, "scaler.");
+  }
+}
+
+}  // namespace
+}  // namespace keel
