@@ -63,4 +63,11 @@ PrecisionPolicy resolve_precision(std::string_view s, Device device, bool allow_
               Error::kUsage);
 }
 
+std::string wider_precisions(std::string_view policy_name) {
+  if (policy_name == "16-mixed" || policy_name == "16-true" || policy_name == "bf16-true")
+    return "bf16-mixed or 32-true";
+  if (policy_name == "bf16-mixed") return "32-true";
+  return "";
+}
+
 }  // namespace keel

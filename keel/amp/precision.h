@@ -26,4 +26,10 @@ struct PrecisionPolicy {
 // usage Error listing the valid ones.
 PrecisionPolicy resolve_precision(std::string_view s, Device device, bool allow_cpu_bf16 = false);
 
+// The policies with more range or bits to suggest when `policy_name`'s low precision is a suspect:
+// "bf16-mixed or 32-true" from the f16 policies and bf16-true, "32-true" from bf16-mixed, and ""
+// from 32-true (precision is not the cause there: naming a switch would mislead) or an unknown
+// name. Canonical names (PrecisionPolicy::name()).
+std::string wider_precisions(std::string_view policy_name);
+
 }  // namespace keel

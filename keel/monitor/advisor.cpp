@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <vector>
 
+#include "keel/amp/precision.h"
+
 namespace keel::monitor {
 
 namespace {
@@ -397,10 +399,10 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
   // Where lower precision is the suspect, the policy to try instead.
   const std::string& p = opt_.precision;
   std::string switch_to;
-  if (p == "16-mixed" || p == "16-true" || p == "bf16-true")
-    switch_to = "switch train.precision to bf16-mixed or 32-true";
-  else if (p == "bf16-mixed")
+  if (const std::string wider = wider_precisions(p); wider == "32-true")
     switch_to = "try train.precision = \"32-true\"";
+  else if (!wider.empty())
+    switch_to = "switch train.precision to " + wider;
   const std::string lower_lr = "lower optim.lr (now " + num(r.lr) + ", try " + num(r.lr / 10) + ")";
   switch (t) {
     case Trend::kScaleCollapsing:

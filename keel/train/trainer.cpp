@@ -11,6 +11,7 @@
 
 #include "keel/amp/autocast.h"
 #include "keel/amp/grad_pass.h"
+#include "keel/amp/precision.h"
 #include "keel/autograd/node.h"
 #include "keel/backend/monitor.h"
 #include "keel/io/checkpoint.h"
@@ -494,15 +495,19 @@ void Trainer::end_epoch() {
                   " (no update was applied; " + std::to_string(unhandled) + " of " +
                   std::to_string(steps) + " steps non-finite with no scaler able to handle them)";
   if (!unsettled_.empty()) m += "; " + unsettled_;
+  // A wider policy is worth naming only below 32-true: there, precision is not the cause.
+  const std::string wider = wider_precisions(run_.policy.name());
   if (sched_step_ == 0)
     m += "; no update was ever applied, so the learning rate is not the cause: the model as "
          "initialized or loaded produces them under train.precision = " +
          run_.policy.name() +
          "; run `keel doctor` on this config, find the producing module with "
-         "debug.underflow_overflow.enabled = true, or switch precision to bf16-mixed or 32-true";
+         "debug.underflow_overflow.enabled = true" +
+         (wider.empty() ? std::string(" (under 32-true the weights or the data are the suspects)")
+                        : ", or switch train.precision to " + wider);
   else
-    m += "; run `keel doctor` on this config, or lower the learning rate / switch precision to "
-         "bf16-mixed or 32-true";
+    m += "; run `keel doctor` on this config, or lower the learning rate" +
+         (wider.empty() ? std::string() : " / switch train.precision to " + wider);
   throw Error(m);
 }
 

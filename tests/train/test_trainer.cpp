@@ -261,7 +261,18 @@ TEST(Trainer, EveryStepNonFiniteStopsWithTheMessage) {
     // must not send the user after the learning rate.
     EXPECT_CONTAINS(e.what(), "the learning rate is not the cause");
     EXPECT_EQ(std::string(e.what()).find("lower the learning rate"), std::string::npos) << e.what();
+    // Under 32-true, precision is not the cause: it said "switch precision to bf16-mixed or
+    // 32-true" to a 32-true run.
+    EXPECT_CONTAINS(e.what(), "under 32-true the weights or the data are the suspects");
+    EXPECT_NOT_CONTAINS(e.what(), "switch train.precision");
   }
+  // Under bf16-mixed, the one wider policy is named.
+  c.train.precision = "bf16-mixed";
+  Trainer b(c, {});
+  poison(b);
+  const std::string m = test::error_of([&] { b.fit(); });
+  EXPECT_CONTAINS(m, "every step produced non-finite gradients");
+  EXPECT_CONTAINS(m, "or switch train.precision to 32-true");
   ASSERT_FALSE(steps.empty());
   for (auto& r : steps) {
     EXPECT_FALSE(r.stepped);
