@@ -10,6 +10,8 @@
 #include "apps/keel/commands.h"
 #include "apps/keel/model_args.h"
 #include "keel/data/dataset.h"
+#include "keel/io/json_fields.h"
+#include "keel/log/console.h"
 #include "keel/train/config.h"
 #include "keel/train/eval_loss.h"
 #include "keel/train/run.h"
@@ -70,16 +72,23 @@ int run_eval(EvalArgs& a, bool pack_given) {
   const LossTotal r =
       dataset_loss(*t.model, *set, a.batch_size, a.seq_len, pad, m.policy, m.device);
   if (a.json) {
-    nlohmann::json j = {{"loss", r.loss()},           {"perplexity", r.perplexity()},
-                        {"tokens", r.tokens},         {"examples", r.examples},
-                        {"loss_sum", r.loss_sum},     {"seq_len", a.seq_len},
-                        {"batch_size", a.batch_size}, {"precision", m.policy.name()}};
+    nlohmann::json j = {{"loss", io::json_float(r.loss())},
+                        {"perplexity", io::json_float(r.perplexity())},
+                        {"tokens", r.tokens},
+                        {"examples", r.examples},
+                        {"loss_sum", io::json_float(r.loss_sum)},
+                        {"seq_len", a.seq_len},
+                        {"batch_size", a.batch_size},
+                        {"precision", m.policy.name()}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("loss %.4f | perplexity %.3f | %lld target tokens in %lld examples of %s\n",
                 r.loss(), r.perplexity(), static_cast<long long>(r.tokens),
                 static_cast<long long>(r.examples), a.data.c_str());
   }
+  if (!std::isfinite(r.loss_sum))  // printed as it is, and an error: scripts test the exit code
+    throw Error("the loss on " + a.data + " is " + log::format_number(r.loss(), 4) + ": " +
+                nonfinite_advice(a.m, m.policy));
   return 0;
 }
 }  // namespace

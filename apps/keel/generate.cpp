@@ -68,6 +68,12 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
                  "stopped: %s\n",
                  r.tokens.size(), ids.size(), secs, tps, r.stop.c_str());
   }
+  if (r.stop == "nonfinite")  // what was printed stands; the next token would have been arbitrary
+    throw Error("generation stopped before new token " + std::to_string(r.tokens.size() + 1) +
+                ": " + std::to_string(r.nonfinite_logits) + " of its " +
+                std::to_string(m.trained.model->spec().vocab_size) +
+                " logits are NaN or inf, so any token chosen from them would be arbitrary; " +
+                nonfinite_advice(a.m, policy));
   return 0;
 }
 }  // namespace

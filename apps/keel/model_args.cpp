@@ -23,6 +23,19 @@ void add_model_options(CLI::App* sub, ModelArgs& a) {
                 "load weights that hold nan/inf (by default an error naming the tensor)");
 }
 
+std::string nonfinite_advice(const ModelArgs& a, const PrecisionPolicy& policy) {
+  if (const std::string wider = wider_precisions(policy.name()); !wider.empty())
+    return "activations beyond " + std::string(dtype_name(policy.compute_dtype)) +
+           "'s range are the usual cause under --precision " + policy.name() +
+           ": try --precision " + wider;
+  if (a.allow_nonfinite_weights)
+    return "the weights hold NaN/inf (--allow-nonfinite-weights loaded them): the model is "
+           "broken, not its precision; go back to a checkpoint from before they appeared";
+  return "under --precision 32-true the weights themselves produce them (values large enough to "
+         "overflow f32 in a product): they are not a model to use; keel train's NaN capture and "
+         "keel replay find where such weights come from";
+}
+
 io::WeightCheck weight_check_of_flag(bool allow) {
   io::WeightCheck c;
   c.allow_nonfinite = allow;

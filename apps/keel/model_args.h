@@ -31,6 +31,11 @@ struct ModelForUse {
 // with more ids than the model's vocabulary.
 ModelForUse load_model_for_use(const ModelArgs& a);
 
+// What to try when the model's outputs are not finite (a NaN loss, NaN logits), for the error that
+// says so: a wider --precision where low precision is a suspect; under 32-true, the weights
+// themselves (loaded despite NaN/inf with --allow-nonfinite-weights, or too large for f32).
+std::string nonfinite_advice(const ModelArgs& a, const PrecisionPolicy& policy);
+
 // --allow-nonfinite-weights as the loaders' check (warnings to stderr).
 io::WeightCheck weight_check_of_flag(bool allow);
 

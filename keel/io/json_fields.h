@@ -2,6 +2,7 @@
 // one of the wrong type or range is an Error naming the file and the key, never a raw
 // `[json.exception...]`.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -15,6 +16,14 @@ inline std::string json_problem(const nlohmann::json::exception& e) {
   const std::string m = e.what();
   const size_t close = m.find("] ");
   return m.rfind('[', 0) == 0 && close != std::string::npos ? m.substr(close + 2) : m;
+}
+
+// A double as keel's JSON files write it: the number, or the string "nan", "inf" or "-inf" (JSON
+// has neither; nlohmann would write null, which hides which it was).
+inline nlohmann::json json_float(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
 }
 
 // The integer `key` of object `j` read from `file`, in [lo, hi]: an Error naming both otherwise

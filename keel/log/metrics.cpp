@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "keel/io/atomic_file.h"
+#include "keel/io/json_fields.h"
 
 #include "keel/numerics/error.h"
 
@@ -14,14 +15,8 @@ namespace keel::log {
 
 using json = nlohmann::json;
 
-json json_number(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  return v;
-}
-
 json json_finite(const json& j) {
-  if (j.is_number_float()) return json_number(j.get<double>());
+  if (j.is_number_float()) return io::json_float(j.get<double>());
   if (j.is_object()) {
     json out = json::object();
     for (auto& [k, v] : j.items()) out[k] = json_finite(v);
@@ -39,13 +34,13 @@ nlohmann::ordered_json metrics_record(const StepResult& r, const json& extra) {
   // ordered_json keeps the documented key order (plain json would sort the keys).
   nlohmann::ordered_json rec = {{"step", r.step},
                                 {"epoch", r.epoch},
-                                {"loss", json_number(r.loss)},
-                                {"grad_norm", json_number(r.grad_norm)},
-                                {"learning_rate", json_number(r.lr)},
-                                {"loss_scale", json_number(r.loss_scale)},
+                                {"loss", io::json_float(r.loss)},
+                                {"grad_norm", io::json_float(r.grad_norm)},
+                                {"learning_rate", io::json_float(r.lr)},
+                                {"loss_scale", io::json_float(r.loss_scale)},
                                 {"skipped_steps", r.skipped_steps},
                                 {"nan_steps", r.nan_steps},
-                                {"tokens_per_s", json_number(r.tokens_per_s)}};
+                                {"tokens_per_s", io::json_float(r.tokens_per_s)}};
   // bf16/f16 weights: the share of this update's elements whose non-zero update rounded away.
   if (r.rounded_away > 0 && r.update_elements > 0)
     rec["rounded_away"] =

@@ -17,9 +17,7 @@
 
 namespace keel::log {
 
-// A number as metrics.jsonl writes it: the number, or "nan" / "inf" / "-inf".
-nlohmann::json json_number(double v);
-// `j` with every non-finite float replaced by its string (recursively).
+// `j` with every non-finite float replaced by its string (recursively; io::json_float).
 nlohmann::json json_finite(const nlohmann::json& j);
 
 // The record of one step, keys in the order above. `extra` must be an object (or null) whose keys

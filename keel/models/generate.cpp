@@ -103,6 +103,12 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
     const int64_t V = logits.size(-1);
     std::vector<float> row = logits.view({t, V}).slice_rows(t - 1, t).to_floats();
     if (step == 0) r.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
+    r.nonfinite_logits =
+        std::count_if(row.begin(), row.end(), [](float v) { return !std::isfinite(v); });
+    if (r.nonfinite_logits > 0) {
+      r.stop = "nonfinite";
+      break;
+    }
     const int32_t next = sample_token(row, opt.sampling, rng);
     if (opt.keep_logits) r.logits.push_back(std::move(row));
     if (next == opt.eos_id) {

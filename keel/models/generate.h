@@ -32,16 +32,21 @@ struct GenerateOptions {
 };
 
 struct GenerateResult {
-  std::vector<int32_t> tokens;             // the new tokens, in order (eos excluded)
-  std::string stop;                        // "eos", "max_new_tokens", "max_seq_len", "caller"
-  std::vector<std::vector<float>> logits;  // keep_logits: the row each token was chosen from
+  std::vector<int32_t> tokens;  // the new tokens, in order (eos excluded)
+  // "eos", "max_new_tokens", "max_seq_len", "caller", or "nonfinite": the logits of the next
+  // token held NaN or inf, so any token chosen from them would be arbitrary (argmax over NaN
+  // answers whatever comparisons with NaN leave; sampling, the last id).
+  std::string stop;
+  int64_t nonfinite_logits = 0;                   // "nonfinite": how many of that row's values
+  std::vector<std::vector<float>> logits;         // keep_logits: the row each token was chosen from
   double prompt_seconds = 0, decode_seconds = 0;  // the prompt's pass; the steps after it
 };
 
 // Decodes from `prompt` (non-empty ids < vocab_size) with gradients off, in the model's current
 // autocast state and device. `on_token` (may be empty) sees every new token as it is chosen and
-// returns false to stop ("caller"). Generation stops at max_seq_len ("max_seq_len") with the
-// tokens so far; a prompt that leaves no room for one new token is an Error naming both lengths.
+// returns false to stop ("caller"). Generation stops at max_seq_len ("max_seq_len") and at logits
+// that are not all finite ("nonfinite") with the tokens so far; a prompt that leaves no room for
+// one new token is an Error naming both lengths.
 GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
                         const GenerateOptions& opt,
                         const std::function<bool(int32_t)>& on_token = {});

@@ -13,6 +13,7 @@
 #include "keel/backend/cpu/isa.h"
 #include "keel/backend/cuda_api.h"
 #include "keel/data/tokenizer_base.h"
+#include "keel/io/json_fields.h"
 #include "keel/ops/elementwise.h"
 #include "keel/train/trainer.h"
 
@@ -498,18 +499,19 @@ std::string format_doctor(const DoctorReport& r) {
 }
 
 json doctor_to_json(const DoctorReport& r) {
-  auto num = [](double v) -> json {
-    if (std::isfinite(v)) return v;
-    return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
-  };
   json checks = json::array();
   for (const DoctorCheck& c : r.checks)
     checks.push_back({{"severity", c.severity}, {"check", c.check}, {"message", c.message}});
   json sanity = json::array();
   for (const SanityRun& s : r.sanity) {
-    json e = {{"label", s.label},   {"precision", s.precision}, {"attention", s.attention},
-              {"ran", s.ran},       {"loss", num(s.loss)},      {"grad_norm", num(s.grad_norm)},
-              {"finite", s.finite}, {"seconds", s.seconds}};
+    json e = {{"label", s.label},
+              {"precision", s.precision},
+              {"attention", s.attention},
+              {"ran", s.ran},
+              {"loss", io::json_float(s.loss)},
+              {"grad_norm", io::json_float(s.grad_norm)},
+              {"finite", s.finite},
+              {"seconds", s.seconds}};
     if (!s.error.empty()) e["error"] = s.error;
     sanity.push_back(e);
   }

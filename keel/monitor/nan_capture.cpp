@@ -10,6 +10,7 @@
 #include "keel/backend/monitor.h"
 #include "keel/io/atomic_file.h"
 #include "keel/io/checkpoint.h"
+#include "keel/io/json_fields.h"
 #include "keel/io/safetensors.h"
 #include "keel/numerics/hash.h"
 #include "keel/numerics/tensor_stats.h"
@@ -22,16 +23,6 @@ namespace keel::monitor {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-namespace {
-
-// JSON has no NaN/inf: non-finite numbers are written as strings ("nan", "inf", "-inf").
-nlohmann::json number(double v) {
-  if (std::isfinite(v)) return v;
-  return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
-}
-
-}  // namespace
 
 std::string double_bits_hex(double v) {
   uint64_t bits;
@@ -59,10 +50,10 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
   meta["attention"] = ops::attention_backend_name(trainer.model().spec().attention);
   meta["threads"] = omp_get_max_threads();
   meta["config_toml"] = config_to_toml(trainer.config());
-  meta["loss"] = number(ev.loss);
+  meta["loss"] = io::json_float(ev.loss);
   meta["loss_bits"] = double_bits_hex(ev.loss);
   meta["loss_finite"] = ev.loss_finite;
-  meta["grad_norm"] = number(ev.grad_norm);
+  meta["grad_norm"] = io::json_float(ev.grad_norm);
   meta["grads_fingerprint"] = gradient_fingerprint(trainer.trainable());
   meta["loss_scale"] = ev.loss_scale;
   meta["nonfinite_params"] = ev.nonfinite_params;
@@ -73,7 +64,7 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
   meta["window_tokens"] = ev.window_tokens;
   if (ev.world_size > 1) {
     meta["local_tokens"] = ev.local_tokens;
-    meta["local_loss"] = number(ev.local_loss);
+    meta["local_loss"] = io::json_float(ev.local_loss);
     meta["local_loss_bits"] = double_bits_hex(ev.local_loss);
     meta["local_grads_fingerprint"] = ev.local_grads_fingerprint;
   }

@@ -283,10 +283,6 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
 }  // namespace
 
 json replay_to_json(const ReplayResult& r) {
-  auto num = [](double v) -> json {
-    if (std::isfinite(v)) return v;
-    return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
-  };
   json j = {{"capture", r.dir},
             {"step", r.step},
             {"precision", r.precision},
@@ -296,14 +292,14 @@ json replay_to_json(const ReplayResult& r) {
             {"threads", r.threads},
             {"reproduced", r.reproduced},
             {"bit_exact", r.bit_exact},
-            {"loss", num(r.loss)},
+            {"loss", io::json_float(r.loss)},
             {"loss_bits", r.loss_bits},
             {"recorded_loss_bits", r.recorded_loss_bits},
             {"loss_bit_exact", r.loss_bit_exact},
             {"grads_fingerprint", r.grads_fingerprint},
             {"recorded_grads_fingerprint", r.recorded_grads_fingerprint},
             {"grads_bit_exact", r.grads_bit_exact},
-            {"grad_norm", num(r.grad_norm)},
+            {"grad_norm", io::json_float(r.grad_norm)},
             {"loss_scale", r.loss_scale},
             {"nonfinite_params", r.nonfinite_params},
             {"first_nonfinite_param", r.first_nonfinite_param},
@@ -313,7 +309,7 @@ json replay_to_json(const ReplayResult& r) {
             {"compared", r.world_size > 1 ? "local" : "global"},
             {"nonfinite_param_values", r.nonfinite_param_values},
             {"largest_grad_param", r.largest_grad_param},
-            {"largest_grad", num(r.largest_grad)},
+            {"largest_grad", io::json_float(r.largest_grad)},
             {"nonfinite_rows", r.nonfinite_rows},
             {"nonfinite_token_examples", r.nonfinite_token_examples},
             {"first_module", r.first_module},
@@ -330,8 +326,8 @@ json replay_to_json(const ReplayResult& r) {
       json e = {{"change", t.change},
                 {"finite", t.finite},
                 {"marginal", t.marginal},
-                {"loss", num(t.loss)},
-                {"grad_norm", num(t.grad_norm)}};
+                {"loss", io::json_float(t.loss)},
+                {"grad_norm", io::json_float(t.grad_norm)}};
       if (!t.error.empty()) e["error"] = t.error;
       b.push_back(e);
     }

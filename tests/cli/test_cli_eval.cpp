@@ -119,6 +119,30 @@ TEST(CliEval, CheckpointEqualsBasePlusAdapterAndFractionSplitEvaluates) {
   for (const json& e : evals) EXPECT_GT(e["eval_tokens"].get<int64_t>(), 0);
 }
 
+// A NaN loss was printed with exit 0, and as null in --json (JSON has no NaN): now "nan", exit 1
+// and what to try. Weights initialized with std 20 overflow f16's activations.
+TEST(CliEval, ANonFiniteLossIsShownAndIsAnError) {
+  const Files& f = files();
+  const std::string d = f.dir + "/wide";
+  ASSERT_EQ(test::run_keel({"init-model", "--family", "gpt2", "--out", d, "--n-layer", "2",
+                            "--n-embd", "64", "--n-head", "2", "--init-std", "20"})
+                .code,
+            0);
+  test::KeelRun r = test::run_keel(
+      {"eval", d, "--data", f.val, "--tokenizer", "byte", "--precision", "16-true", "--json"},
+      {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j.at("loss"), "nan");
+  EXPECT_EQ(j.at("perplexity"), "nan");
+  EXPECT_CONTAINS(r.err, "the loss on " + f.val + " is nan: ");
+  EXPECT_CONTAINS(r.err, "try --precision bf16-mixed or 32-true");
+  r = test::run_keel({"eval", d, "--data", f.val, "--tokenizer", "byte", "--json"},
+                     {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(json::parse(r.out).at("loss").is_number()) << r.out;
+}
+
 TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
   const Files& f = files();
   auto eval_err = [](std::vector<std::string> args) {

@@ -69,6 +69,32 @@ std::vector<int32_t> library_tokens(const std::string& model, const std::string&
   return models::generate(*t.model, tok->encode(prompt), o).tokens;
 }
 
+// Weights whose f16 activations overflow (initialized with std 20): greedy decoding over NaN
+// logits printed bytes with exit 0. Now generation stops there, exit 1, naming the wider
+// precision, which is finite.
+TEST(CliGenerate, NonFiniteLogitsStopWithAnErrorNamingTheWiderPrecision) {
+  const std::string d = test::temp_dir("gen-wide") + "/gpt2";
+  ASSERT_EQ(test::run_keel({"init-model", "--family", "gpt2", "--out", d, "--n-layer", "2",
+                            "--n-embd", "64", "--n-head", "2", "--init-std", "20"})
+                .code,
+            0);
+  const std::vector<std::string> gen = {"generate",         d,   "hello", "--tokenizer", "byte",
+                                        "--max-new-tokens", "4", "--json"};
+  std::vector<std::string> f16 = gen;
+  f16.insert(f16.end(), {"--precision", "16-true"});
+  test::KeelRun r = test::run_keel(f16, {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j.at("stop"), "nonfinite");
+  EXPECT_TRUE(j.at("tokens").empty());
+  EXPECT_CONTAINS(r.err, "generation stopped before new token 1: ");
+  EXPECT_CONTAINS(r.err, "of its 259 logits are NaN or inf");
+  EXPECT_CONTAINS(r.err, "under --precision 16-true: try --precision bf16-mixed or 32-true");
+  r = test::run_keel(gen, {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(json::parse(r.out).at("tokens").size(), 4u);
+}
+
 TEST(CliGenerate, HfDirectoryGreedyEqualsTheLibraryAndStreamsTheSameText) {
   const json j =
       generate_json({base_dir(), "The cat", "--tokenizer", "byte", "--max-new-tokens", "12"});

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "keel/amp/autocast.h"
 #include "keel/models/generate.h"
@@ -165,6 +166,30 @@ TEST(Generate, SeededSamplingIsDeterministicAndEosStops) {
   const GenerateResult c = models::generate(*m, {5, 6}, o, [&](int32_t) { return ++seen < 1; });
   EXPECT_EQ(c.stop, "caller");
   EXPECT_EQ(c.tokens.size(), 1u);
+}
+
+// Logits that are not all finite end generation: argmax over NaN took whatever the comparisons
+// left, and sampling the last id, each printed as a token. A NaN weight in the lm_head's row 5
+// makes logit 5 NaN at every position.
+TEST(Generate, NonFiniteLogitsStopInsteadOfChoosingAToken) {
+  auto m = models::make_causal_lm(spec16("llama"), 3);
+  GenerateOptions o;
+  o.max_new_tokens = 4;
+  EXPECT_EQ(models::generate(*m, {5, 6}, o).stop, "max_new_tokens");
+  {
+    NoGradGuard g;
+    Tensor head = m->find_parameter("lm_head.weight");
+    if (!head.defined()) head = m->find_parameter("model.embed_tokens.weight");  // tied
+    ASSERT_TRUE(head.defined());
+    head.data_as<float>()[5 * head.size(1)] = std::numeric_limits<float>::quiet_NaN();
+  }
+  for (float temperature : {0.0f, 1.0f}) {
+    o.sampling.temperature = temperature;
+    const GenerateResult r = models::generate(*m, {5, 6}, o);
+    EXPECT_EQ(r.stop, "nonfinite") << temperature;
+    EXPECT_TRUE(r.tokens.empty()) << temperature;
+    EXPECT_EQ(r.nonfinite_logits, 1) << temperature;
+  }
 }
 
 TEST(Generate, BadInputNamesTheProblemAndTheFix) {
