@@ -26,7 +26,6 @@ struct ExampleView {
   std::span<const uint8_t> target;
   ExampleView() = default;
   ExampleView(std::span<const int32_t> t, std::span<const uint8_t> f) : tokens(t), target(f) {}
-  ExampleView(const Example& e) : tokens(e.tokens), target(e.target) {}  // NOLINT: a view of it
   Example copy() const { return {{tokens.begin(), tokens.end()}, {target.begin(), target.end()}}; }
 };
 
