@@ -454,10 +454,17 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
              ") or check the initialization (model.init_std) and the schedule";
     }
     case Trend::kSpiking:
-      if (spikes_.size() >= 2)
-        return lower_lr + " or set train.max_grad_norm (now " +
-               (r.clipped ? std::string("clipping") : std::string("not clipping")) +
-               "), and add warmup (sched.warmup_steps)";
+      if (spikes_.size() >= 2) {
+        // It said "set train.max_grad_norm (now clipping)" to a run that clips already.
+        const double clip = opt_.max_grad_norm;
+        const std::string clipping = clip > 0 ? "lower train.max_grad_norm (now " + num(clip) +
+                                                    (r.clipped ? ": it clipped this step)" : ")")
+                                     : clip == 0
+                                         ? "set train.max_grad_norm = 1.0 (now 0: no clipping)"
+                                         : "set train.max_grad_norm (this step was " +
+                                               std::string(r.clipped ? "clipped)" : "not clipped)");
+        return lower_lr + " or " + clipping + ", and add warmup (sched.warmup_steps)";
+      }
       return "check the data around step " + std::to_string(last_spike_) +
              " (a bad, garbage or mislabeled batch: a data spike does not recur when other "
              "batches follow; if spikes recur, lower optim.lr or set train.max_grad_norm)";

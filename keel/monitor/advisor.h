@@ -76,6 +76,9 @@ struct AdvisorOptions {
   // Trainable parameters of the model (0 = unknown): below 10M, vanishing advice suggests a
   // higher learning rate, which tiny models tolerate.
   int64_t num_params = 0;
+  // train.max_grad_norm (0 = no clipping, < 0 = unknown): recurring spikes are told to lower a
+  // clipping threshold that is set, or to set one that is not.
+  double max_grad_norm = -1;
   // The run's precision policy ("32-true", "bf16-mixed", "16-mixed", ...; "" = unknown): the
   // advice names the policy to switch to only where lower precision is a suspect.
   std::string precision;

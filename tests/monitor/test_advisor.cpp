@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "keel/monitor/advisor.h"
+#include "tests/support/check.h"
 
 namespace keel {
 namespace {
@@ -179,6 +180,28 @@ TEST(Advisor, SpikeThenStableAgain) {
   EXPECT_EQ(run.advice[1].first, 25);  // spike_hold = 5 steps
   EXPECT_EQ(run.advice[1].second.rfind("stable: ", 0), 0u) << run.advice[1].second;
   EXPECT_NE(run.advice[1].second.find("no action needed"), std::string::npos);
+}
+
+// Recurring spikes name the clipping the run has: it said "set train.max_grad_norm (now
+// clipping)" to a run clipping at 1.0 already.
+TEST(Advisor, RecurringSpikesNameTheClippingThreshold) {
+  auto advice_at_second_spike = [](double max_grad_norm) {
+    AdvisorOptions o;
+    o.max_grad_norm = max_grad_norm;
+    Feed run(o);
+    for (int64_t i = 1; i <= 28; ++i) {
+      StepResult r = step(i, healthy_loss(i), i == 20 || i == 28 ? 50.0 : healthy_norm(i));
+      r.clipped = max_grad_norm > 0 && r.grad_norm > max_grad_norm;
+      run.feed(r);
+    }
+    EXPECT_FALSE(run.advice.empty());
+    return run.advice.empty() ? std::string() : run.advice.back().second;
+  };
+  const std::string clipping = advice_at_second_spike(1.0);
+  EXPECT_CONTAINS(clipping, "spikes recur (steps 20 28)");
+  EXPECT_CONTAINS(clipping, "or lower train.max_grad_norm (now 1: it clipped this step)");
+  EXPECT_CONTAINS(advice_at_second_spike(0.0),
+                  "or set train.max_grad_norm = 1.0 (now 0: no clipping)");
 }
 
 TEST(Advisor, LossSpikeIsSpiking) {
