@@ -12,6 +12,7 @@
 #include "keel/data/dataset.h"
 #include "keel/io/json_fields.h"
 #include "keel/log/console.h"
+#include "keel/numerics/input_file.h"
 #include "keel/train/config.h"
 #include "keel/train/eval_loss.h"
 #include "keel/train/run.h"
@@ -38,8 +39,8 @@ std::optional<Config> run_config(const io::TrainedModel& t) {
 }
 
 int run_eval(EvalArgs& a, bool pack_given) {
-  if (!fs::is_regular_file(a.data))
-    throw Error("--data " + a.data + ": no such file (a text or JSONL file)", Error::kUsage);
+  if (const std::string problem = input_file_problem(a.data); !problem.empty())  // a pipe will do
+    throw Error("--data " + a.data + ": it " + problem + " (a text or JSONL file)", Error::kUsage);
   ModelForUse m = load_model_for_use(a.m);
   const io::TrainedModel& t = m.trained;
   const std::optional<Config> run = run_config(t);

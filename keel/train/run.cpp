@@ -19,6 +19,7 @@
 #include "keel/models/resize.h"
 #include "keel/nn/adapters/adapter.h"
 #include "keel/nn/adapters/dora.h"
+#include "keel/numerics/input_file.h"
 #include "keel/numerics/utc_time.h"
 #include "keel/optim/adamw.h"
 #include "keel/optim/sgd.h"
@@ -94,9 +95,9 @@ RunData build_data(const Config& cfg) {
     };
     d.train = load(dc.path);
     if (!dc.eval_path.empty()) {
-      if (!std::filesystem::is_regular_file(dc.eval_path))
-        throw Error("data.eval_path = \"" + dc.eval_path +
-                        "\": no such file (a validation file in the format of data.path)",
+      if (const std::string problem = input_file_problem(dc.eval_path); !problem.empty())
+        throw Error("data.eval_path = \"" + dc.eval_path + "\": it " + problem +
+                        " (a validation file in the format of data.path)",
                     Error::kUsage);
       d.eval = load(dc.eval_path);
     } else if (dc.eval_fraction > 0) {

@@ -2,11 +2,16 @@
 // batches (step 1 of a run, before its update) and the run's own eval_loss records; a checkpoint
 // equals its base + PEFT adapter; data.eval_path / data.eval_fraction evaluate every
 // train.eval_every; bad input is a usage error naming the flag, key or file.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "tests/support/check.h"
 #include "tests/support/run_keel.h"
@@ -143,6 +148,38 @@ TEST(CliEval, ANonFiniteLossIsShownAndIsAnError) {
   EXPECT_TRUE(json::parse(r.out).at("loss").is_number()) << r.out;
 }
 
+// `keel eval --data <(zcat val.jsonl.gz)`: a pipe is read like a file (it was "no such file").
+TEST(CliEval, DataFromAPipeIsRead) {
+  const Files& f = files();
+  const std::string fifo = test::temp_dir("eval-fifo") + "/val";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // The writer waits for keel to open the pipe (ENXIO until a reader has), at most 60 s: if keel
+  // never reads it, the test fails instead of hanging.
+  const std::string content = test::slurp(f.val);
+  std::thread writer([&] {
+    for (int tries = 0; tries < 6000; ++tries) {
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+      if (fd < 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        continue;
+      }
+      ::fcntl(fd, F_SETFL, 0);  // blocking writes from here: the reader drains as it goes
+      EXPECT_EQ(::write(fd, content.data(), content.size()), static_cast<ssize_t>(content.size()));
+      ::close(fd);
+      return;
+    }
+    ADD_FAILURE() << "keel never opened " << fifo;
+  });
+  const test::KeelRun piped = test::run_keel(
+      {"eval", f.base, "--data", fifo, "--task", "jsonl", "--tokenizer", "byte", "--json"});
+  writer.join();
+  ASSERT_EQ(piped.code, 0) << piped.output;
+  const test::KeelRun file =
+      test::run_keel({"eval", f.base, "--data", f.val, "--tokenizer", "byte", "--json"});
+  ASSERT_EQ(file.code, 0) << file.output;
+  EXPECT_EQ(json::parse(piped.out).at("loss"), json::parse(file.out).at("loss"));
+}
+
 TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
   const Files& f = files();
   auto eval_err = [](std::vector<std::string> args) {
@@ -151,7 +188,11 @@ TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
     EXPECT_EQ(r.code, 2) << r.output;
     return r.err;
   };
-  EXPECT_CONTAINS(eval_err({f.base, "--data", "/no/file.jsonl"}), "--data /no/file.jsonl");
+  EXPECT_CONTAINS(eval_err({f.base, "--data", "/no/file.jsonl"}),
+                  "--data /no/file.jsonl: it does not exist");
+  EXPECT_CONTAINS(eval_err({f.base, "--data", f.dir}), "--data " + f.dir + ": it is a directory");
+  EXPECT_CONTAINS(eval_err({f.base, "--data", "/dev/zero", "--task", "text"}),
+                  "--data /dev/zero: it is a character device");
   EXPECT_CONTAINS(eval_err({f.base, "--data", f.val}), "give --tokenizer");
   EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--seq-len", "999"}),
                   "--seq-len 999");
