@@ -1,6 +1,10 @@
 #include "keel/data/dataset.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cmath>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
@@ -89,6 +93,10 @@ class PackedDataset : public Dataset {
             std::span<const uint8_t>(all_targets_).first(n)};
   }
   std::string where(int64_t i) const override { return where_in(source_, lines_, i); }
+  int64_t held_bytes() const override {
+    return static_cast<int64_t>(ids_.size() * sizeof(int32_t) + lines_.size() * sizeof(int64_t));
+  }
+  int64_t tokens() const { return static_cast<int64_t>(ids_.size()); }
 
  private:
   std::vector<int32_t> ids_;  // [n] the whole file
@@ -101,6 +109,11 @@ class PackedDataset : public Dataset {
 }  // namespace
 
 std::string ExampleDataset::where(int64_t i) const { return where_in(source_, lines_, i); }
+
+int64_t ExampleDataset::held_bytes() const {
+  return static_cast<int64_t>(tokens_.size() * sizeof(int32_t) + target_.size() +
+                              (starts_.size() + lines_.size()) * sizeof(int64_t));
+}
 
 ExampleView ExampleDataset::get(int64_t i) const {
   check_index(i, size(), source_);
@@ -174,11 +187,11 @@ Example all_targets(std::vector<int32_t> tokens) {
 
 }  // namespace
 
-std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokenizer& tok,
-                                           int64_t seq_len, bool pack) {
-  check_seq_len(seq_len, path);
-  if (!pack) check_eos(tok, path);
-  const std::string text = read_whole_file(path);
+namespace {
+
+// The datasets of `text`, the contents of `path` (or its first lines: dataset_footprint's sample).
+std::unique_ptr<Dataset> text_dataset_of(const std::string& text, const std::string& path,
+                                         const Tokenizer& tok, int64_t seq_len, bool pack) {
   if (pack) {
     std::vector<int32_t> ids = tok.encode(text);  // [n]
     std::vector<int64_t> lines;                   // the line each row starts on
@@ -232,12 +245,9 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
   return ds;
 }
 
-std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
-                                            int64_t seq_len) {
+std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::string& path,
+                                          const Tokenizer& tok, int64_t seq_len) {
   using json = nlohmann::json;
-  check_seq_len(seq_len, path);
-  check_eos(tok, path);
-  const std::string text = read_whole_file(path);
   static const char* kExpected =
       "expected {\"prompt\": ..., \"completion\": ...} or {\"text\": ...}";
   auto ds = std::make_unique<ExampleDataset>(path);
@@ -311,6 +321,22 @@ std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Token
   return ds;
 }
 
+}  // namespace
+
+std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokenizer& tok,
+                                           int64_t seq_len, bool pack) {
+  check_seq_len(seq_len, path);
+  if (!pack) check_eos(tok, path);
+  return text_dataset_of(read_whole_file(path), path, tok, seq_len, pack);
+}
+
+std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
+                                            int64_t seq_len) {
+  check_seq_len(seq_len, path);
+  check_eos(tok, path);
+  return jsonl_dataset_of(read_whole_file(path), path, tok, seq_len);
+}
+
 namespace {
 
 // Examples [begin, begin + n) of a dataset shared with the other part of its split: no copies,
@@ -345,6 +371,44 @@ std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>> split_dataset(
   std::shared_ptr<const Dataset> shared = std::move(all);
   return {std::make_unique<RangeDataset>(shared, 0, n - n_eval, what + " (training part)"),
           std::make_unique<RangeDataset>(shared, n - n_eval, n_eval, what + " (validation part)")};
+}
+
+DatasetFootprint dataset_footprint(const std::string& path, const std::string& task,
+                                   const Tokenizer& tok, int64_t seq_len, bool pack) {
+  DatasetFootprint f;
+  check_seq_len(seq_len, path);  // the loader's checks first: a stride of 0 would never end
+  if (task == "jsonl" || !pack) check_eos(tok, path);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) return f;
+  f.file_bytes = static_cast<int64_t>(st.st_size);
+  constexpr int64_t kSample = 1 << 20;
+  std::string sample(static_cast<size_t>(std::min(f.file_bytes, kSample)), '\0');
+  {
+    std::ifstream in(path, std::ios::binary);
+    in.read(sample.data(), static_cast<std::streamsize>(sample.size()));
+    if (in.gcount() != static_cast<std::streamsize>(sample.size())) return f;
+  }
+  if (f.file_bytes > kSample) {  // whole lines only: a cut JSON line would not parse
+    const size_t end = sample.rfind('\n');
+    if (end == std::string::npos) return f;
+    sample.resize(end + 1);
+  }
+  const std::unique_ptr<Dataset> ds = task == "jsonl"
+                                          ? jsonl_dataset_of(sample, path, tok, seq_len)
+                                          : text_dataset_of(sample, path, tok, seq_len, pack);
+  int64_t tokens = 0;
+  if (const auto* packed = dynamic_cast<const PackedDataset*>(ds.get()))
+    tokens = packed->tokens();
+  else
+    for (int64_t i = 0; i < ds->size(); ++i)
+      tokens += static_cast<int64_t>(ds->get(i).tokens.size());
+  const double scale = static_cast<double>(f.file_bytes) / static_cast<double>(sample.size());
+  f.estimated = true;
+  f.tokens = std::llround(static_cast<double>(tokens) * scale);
+  f.examples = std::llround(static_cast<double>(ds->size()) * scale);
+  f.held = std::llround(static_cast<double>(ds->held_bytes()) * scale);
+  f.load_peak = f.file_bytes + f.held;
+  return f;
 }
 
 }  // namespace keel::data

@@ -37,6 +37,9 @@ class Dataset {
   // Where example i comes from, for findings that name a batch's examples: "data.jsonl:17" (the
   // file and the 1-based line it starts on) when the dataset knows, else "example 17".
   virtual std::string where(int64_t i) const;
+  // The bytes its storage holds in memory (the token arrays and line numbers; 0 for a view of
+  // another dataset): what dataset_footprint scales.
+  virtual int64_t held_bytes() const { return 0; }
 };
 
 // A dataset held in memory: every example's tokens and target flags one after another in two
@@ -60,6 +63,7 @@ class ExampleDataset : public Dataset {
   ExampleView get(int64_t i) const override;
   const std::string& source() const { return source_; }
   std::string where(int64_t i) const override;
+  int64_t held_bytes() const override;
 
  private:
   std::vector<int32_t> tokens_;    // [all tokens]
@@ -98,5 +102,18 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
 // an example would train on nothing), seq_len < 2, and a file without examples.
 std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
                                             int64_t seq_len);
+
+// What loading a text or JSONL file will hold, before it is loaded: the examples of its first MiB
+// (cut at a line's end) built as the loader builds them, scaled by the file's size. `held`: the
+// dataset's storage for the run (4 bytes a token packed, 5 with the target flags, plus 8 to 16 an
+// example); `load_peak`: the most at once while loading, the file's text beside it. A file of at
+// most 1 MiB is counted whole; a pipe (no size) and a first line beyond 1 MiB are not estimated
+// (`estimated` false). A malformed line in the sample is the loader's Error.
+struct DatasetFootprint {
+  bool estimated = false;
+  int64_t file_bytes = 0, tokens = 0, examples = 0, held = 0, load_peak = 0;
+};
+DatasetFootprint dataset_footprint(const std::string& path, const std::string& task,
+                                   const Tokenizer& tok, int64_t seq_len, bool pack);
 
 }  // namespace keel::data

@@ -9,6 +9,7 @@
 
 #include "keel/amp/precision.h"
 #include "keel/backend/matmul.h"
+#include "keel/data/dataset.h"
 #include "keel/data/tokenizer.h"
 #include "keel/io/hf_model.h"
 #include "keel/io/safetensors.h"
@@ -499,7 +500,12 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       q.checkpoint_every > 0 ? host_memory::kMaxSlackDivisor : host_memory::kSlackDivisor);
   e.cache_slack = e.has_activations ? (peak - std::min(peak, mapped_base)) / slack_divisor : 0;
   e.runtime = e.has_activations ? runtime_bytes() : 0;
-  e.total = e.runtime + peak + e.matmul_scratch + e.cache_slack;
+  // The data loads first (its text beside its tokens), then stays for the run.
+  e.dataset = q.dataset_bytes;
+  e.dataset_load = q.dataset_load_bytes;
+  e.dataset_detail = q.dataset_detail;
+  e.total =
+      e.runtime + std::max(e.dataset + peak, e.dataset_load) + e.matmul_scratch + e.cache_slack;
   return e;
 }
 
@@ -544,8 +550,50 @@ WeightFiles weight_files(const std::string& dir) {
 
 }  // namespace
 
+namespace {
+
+// 950, 41.2k, 1.73M, 4.92B
+std::string count_text(int64_t n) {
+  char buf[32];
+  const double v = static_cast<double>(n);
+  if (n >= 1'000'000'000)
+    std::snprintf(buf, sizeof buf, "%.3gB", v / 1e9);
+  else if (n >= 1'000'000)
+    std::snprintf(buf, sizeof buf, "%.3gM", v / 1e6);
+  else if (n >= 1000)
+    std::snprintf(buf, sizeof buf, "%.3gk", v / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
+  return buf;
+}
+
+// data.path and data.eval_path of a text or JSONL run, as data::dataset_footprint counts them.
+void add_datasets(MemoryQuery& q, const Config& cfg) {
+  const DataConfig& dc = cfg.data;
+  if (dc.task != "text" && dc.task != "jsonl") return;
+  try {
+    const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(dc.tokenizer);
+    for (const std::string& path : {dc.path, dc.eval_path}) {
+      if (path.empty()) continue;
+      const data::DatasetFootprint f =
+          data::dataset_footprint(path, dc.task, *tok, dc.seq_len, dc.pack);
+      if (!f.estimated) continue;
+      q.dataset_load_bytes = std::max(q.dataset_load_bytes, q.dataset_bytes + f.load_peak);
+      q.dataset_bytes += f.held;
+      q.dataset_detail += (q.dataset_detail.empty() ? "" : "; ") + path + ": " +
+                          count_text(f.tokens) + " tokens in " + count_text(f.examples) +
+                          (dc.task == "text" && dc.pack ? " rows" : " examples");
+    }
+  } catch (const Error&) {
+    // The run's own loading names a bad file or tokenizer; the estimate goes on without it.
+  }
+}
+
+}  // namespace
+
 MemoryQuery memory_query_from_config(const Config& cfg) {
   MemoryQuery q;
+  add_datasets(q, cfg);
   q.precision = cfg.train.precision;
   q.optimizer = cfg.optim.name;
   q.momentum = cfg.optim.sgd.momentum;
@@ -622,7 +670,8 @@ std::string memory_fit_advice(const MemoryQuery& q, int64_t available) {
   auto consider = [&](const std::string& what, MemoryQuery alt) {
     try {
       const int64_t t = estimate_memory(alt).total;
-      if (t < e.total) options.push_back({what, t});
+      // Below 1% it lowers nothing worth a change (under data that dominates: a few MB of GBs).
+      if (t < e.total - e.total / 100) options.push_back({what, t});
     } catch (const Error&) {
     }
   };
@@ -688,6 +737,13 @@ std::string memory_fit_advice(const MemoryQuery& q, int64_t available) {
          (q.file_dtype_bytes > 0 ? "the model and one tensor of its files as stored"
                                  : "the model and one f32 tensor while its base is drawn") +
          ": " + format_bytes(e.init_peak) + ")";
+  // No option of the step lowers what the data holds: say what it holds and what would.
+  if (e.dataset > 0 && 4 * std::max(e.dataset, e.dataset_load) >= e.total)
+    m += ". The data holds " + format_bytes(e.dataset) + " for the run (" + e.dataset_detail +
+         ") and " + format_bytes(e.dataset_load) +
+         " while it loads: train on a part of the file at a time, or with a tokenizer of fewer "
+         "tokens a byte (a BPE tokenizer's token covers about 4 bytes of English, the byte "
+         "tokenizer's 1)";
   if (!options.empty()) {
     m += ". What lowers the estimate:";
     for (const Option& o : options)
@@ -736,15 +792,20 @@ std::string format_memory(const MemoryEstimate& e) {
   if (e.has_activations) {
     row("live peak", e.live_peak, "tensor bytes alive at once");
     row("block cache slack", e.cache_slack, "released blocks host_memory keeps for reuse");
-    row("runtime", e.runtime, "binary, libraries, thread pools, data");
+    row("runtime", e.runtime, "binary, libraries, thread pools");
   }
+  if (e.dataset > 0) row("dataset", e.dataset, e.dataset_detail + " (held for the run)");
+  if (e.dataset_load > e.dataset)
+    row("loading the data", e.dataset_load, "the file's text beside its tokens, before the model");
   if (e.init_peak > 0)
     row("while loading", e.init_peak,
         "the model as loaded (a base in its stored dtype mapped from its files) and one tensor "
         "being converted");
+  const int64_t model_peak = std::max(e.live_peak, e.init_peak);
   row("total", e.total,
-      e.init_peak > e.live_peak ? "expected peak resident memory (while loading)"
-                                : "expected peak resident memory of the step");
+      e.dataset_load > e.dataset + model_peak ? "expected peak resident memory (loading the data)"
+      : e.init_peak > e.live_peak             ? "expected peak resident memory (while loading)"
+                                              : "expected peak resident memory of the step");
   return o.str();
 }
 
@@ -764,6 +825,8 @@ nlohmann::json memory_to_json(const MemoryEstimate& e) {
                       {"live_peak", e.live_peak},
                       {"init_peak", e.init_peak},
                       {"runtime", e.runtime},
+                      {"dataset", e.dataset},
+                      {"dataset_load", e.dataset_load},
                       {"total", e.total},
                       {"source", e.source},
                       {"checkpoint", e.checkpoint}};

@@ -72,6 +72,11 @@ struct MemoryQuery {
   bool checkpoint_dir =
       false;           // model.path is a keel checkpoint (loaded through a model of its own)
   std::string source;  // where the sizes came from ("DIR/config.json"), shown by format_memory
+  // A text or JSONL run's data (data.path and data.eval_path, data::dataset_footprint): what the
+  // datasets hold for the run, and the most at once while they load (before the model, beside
+  // the file's text). 0 = not estimated (arith, a pipe, no files yet).
+  int64_t dataset_bytes = 0, dataset_load_bytes = 0;
+  std::string dataset_detail;  // "data.jsonl: 12.3M tokens in 41k examples"
 };
 
 struct MemoryItem {
@@ -98,8 +103,11 @@ struct MemoryEstimate {
   int64_t init_peak = 0;
   int64_t trainable = 0;       // parameters with grads and optimizer state
   int64_t adapter_params = 0;  // of which adapter parameters (0 without an adapter)
-  int64_t runtime = 0;  // the process without the model: binary, libraries, thread pools, data
-  // runtime + max(live_peak, init_peak) + matmul_scratch + cache_slack: the expected peak RSS
+  int64_t runtime = 0;         // the process without the model: binary, libraries, thread pools
+  int64_t dataset = 0, dataset_load = 0;  // the query's: held for the run; while loading
+  std::string dataset_detail;
+  // runtime + max(dataset + max(live_peak, init_peak), dataset_load) + matmul_scratch +
+  // cache_slack: the expected peak RSS
   int64_t total = 0;
   std::string source;          // the query's source
   std::string checkpoint;      // "" or how activation checkpointing changes the activations
@@ -116,7 +124,9 @@ MemoryEstimate estimate_memory(const MemoryQuery& q);
 // The query for a run's config: model sizes from model.path's config.json when it is set (its
 // weight files' dtype and sizes too), else the model.* keys (vocab from the byte tokenizer unless
 // model.vocab_size is set); batch_size, seq_len, precision, optimizer, attention, base_dtype,
-// the adapter and activation checkpointing. `keel train`'s check, `keel doctor` and `keel memory
+// the adapter and activation checkpointing; a text or JSONL run's data files (their first MiB
+// tokenized with data.tokenizer; a file or tokenizer that cannot be read is left to the run). `keel
+// train`'s check, `keel doctor` and `keel memory
 // --config` all use it.
 MemoryQuery memory_query_from_config(const Config& cfg);
 

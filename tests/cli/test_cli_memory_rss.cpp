@@ -185,6 +185,37 @@ TEST(CliMemoryRss, CheckpointingEstimateWithin10PercentOfPeakRss) {
       dir);
 }
 
+// A text or JSONL run's data, held beside a small model and at the process's peak while it loads
+// (the file's text beside its tokens): a packed byte-tokenized file (4 bytes a token), its
+// paragraphs and a prompt/completion JSONL (5 bytes a token, 16 an example), ~24 MB each. The
+// estimate did not count the data: a 5 GB corpus was estimated at 34 MB.
+TEST(CliMemoryRss, DataEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  const std::string dir = test::temp_dir("cli-memory-data");
+  {
+    std::ofstream text(dir + "/corpus.txt"), jsonl(dir + "/corpus.jsonl");
+    for (int i = 0; i < 400000; ++i) {
+      const std::string line = "line " + std::to_string(i) + " of the corpus, and some more words";
+      text << line << (i % 5 == 4 ? "\n\n" : "\n");
+      if (i % 2 == 0)
+        jsonl << R"({"prompt": "q)" << i << R"(", "completion": ")" << line << " " << line
+              << "\"}\n";
+    }
+  }
+  const std::vector<std::string> small = memtest_sizes("gpt2", 1, 32, 2, 2, 64, "32-true");
+  memtest_measure({"data-text-packed", memtest_plus(small, {"data.task=text", "data.pack=true",
+                                                            "data.path=" + dir + "/corpus.txt"})},
+                  dir);
+  memtest_measure({"data-text-paragraphs",
+                   memtest_plus(small, {"data.task=text", "data.path=" + dir + "/corpus.txt"})},
+                  dir);
+  const MemResult j = memtest_measure(
+      {"data-jsonl",
+       memtest_plus(small, {"data.task=jsonl", "data.path=" + dir + "/corpus.jsonl"})},
+      dir);
+  EXPECT_GT(j.estimate.at("dataset_load").get<double>(), 0.8 * j.estimated) << j.estimate.dump();
+}
+
 // Sizes from a model directory's config.json: a Llama with a Llama-3-sized vocabulary (128256
 // rows, which the logits and embeddings dominate), as a keel checkpoint (f32, loaded through a
 // model of its own) and exported as an HF directory in bf16. A bf16 frozen base from the bf16

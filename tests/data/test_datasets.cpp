@@ -172,6 +172,43 @@ TEST(JsonlDataset, MalformedLinesNameFileLineAndFix) {
   EXPECT_CONTAINS(error_of([&] { load_jsonl_dataset(fits, kTok, 1); }), "seq_len is 1");
 }
 
+// dataset_footprint: exact for a file within its 1 MiB sample, within 2% beyond it (a file of
+// varied lines), nothing for a pipe; it is what the run's memory check adds for the data.
+TEST(Datasets, FootprintIsWhatLoadingHolds) {
+  SplitMix64 rng(4);
+  std::string text, jsonl;
+  for (int i = 0; i < 60000; ++i) {  // ~3.3 MB of text, ~4.6 MB of JSONL
+    std::string line(static_cast<size_t>(10 + rng.below(90)), 'a');
+    for (char& c : line) c = static_cast<char>('a' + rng.below(26));
+    text += line + (i % 4 == 3 ? "\n\n" : "\n");
+    jsonl += "{\"prompt\": \"" + line.substr(0, 8) + "\", \"completion\": \"" + line + "\"}\n";
+  }
+  const std::string small = write_file("small.txt", text.substr(0, 200000));
+  const std::string big = write_file("big.txt", text), js = write_file("big.jsonl", jsonl);
+  for (bool pack : {false, true}) {
+    const DatasetFootprint f = dataset_footprint(small, "text", kTok, 64, pack);
+    const auto ds = load_text_dataset(small, kTok, 64, pack);
+    ASSERT_TRUE(f.estimated);
+    EXPECT_EQ(f.held, ds->held_bytes()) << pack;
+    EXPECT_EQ(f.examples, ds->size()) << pack;
+    EXPECT_EQ(f.load_peak, f.file_bytes + f.held);
+    const DatasetFootprint b = dataset_footprint(big, "text", kTok, 64, pack);
+    const auto whole = load_text_dataset(big, kTok, 64, pack);
+    EXPECT_NEAR(static_cast<double>(b.held) / static_cast<double>(whole->held_bytes()), 1.0, 0.02)
+        << pack;
+    EXPECT_NEAR(static_cast<double>(b.examples) / static_cast<double>(whole->size()), 1.0, 0.02);
+  }
+  const DatasetFootprint j = dataset_footprint(js, "jsonl", kTok, 128, false);
+  const auto whole = load_jsonl_dataset(js, kTok, 128);
+  EXPECT_NEAR(static_cast<double>(j.held) / static_cast<double>(whole->held_bytes()), 1.0, 0.02);
+  // Packed, a byte-tokenized file is 4 bytes a token; as examples, 5 and the example's 16.
+  const DatasetFootprint packed = dataset_footprint(small, "text", kTok, 64, true);
+  EXPECT_NEAR(static_cast<double>(packed.held) / 200000.0, 4.0, 0.2);
+  EXPECT_FALSE(dataset_footprint("/dev/null", "text", kTok, 64, true).estimated);
+  EXPECT_CONTAINS(error_of([&] { dataset_footprint(small, "text", kTok, 1, true); }),
+                  "seq_len is 1");
+}
+
 // A dataset holds each token once: packed rows are views of the file's one token stream (a row's
 // first token is the previous row's last), and examples lie one after another in one array. Held
 // as a pair of vectors an example, a byte-tokenized file took 11 times its size at the peak.

@@ -12,6 +12,7 @@
 #include "keel/models/causal_lm.h"
 #include "keel/monitor/memory_estimate.h"
 #include "keel/numerics/error.h"
+#include "keel/train/config.h"
 #include "tests/support/check.h"
 
 namespace keel::monitor {
@@ -455,6 +456,45 @@ TEST(MemoryEstimate, FitAdviceNamesTheOptionsWithTheirEstimates) {
   EXPECT_NE(m.find("model.adapter.kind = lora"), std::string::npos) << m;
   EXPECT_NE(m.find("train.batch_size = 1"), std::string::npos) << m;
   EXPECT_NE(m.find("(fits)"), std::string::npos) << m;
+}
+
+// A text or JSONL run's data is counted: held for the run beside the model, and its loading peak
+// (before the model) on its own. memory_query_from_config reads data.path's first MiB; an 8 MB
+// packed byte-tokenized file holds 4 bytes a token. Data that dominates is named in the advice,
+// and step options that lower nothing (under 1%) are not listed.
+TEST(MemoryEstimate, TheDataOfATextRunIsCounted) {
+  const std::string dir = ::testing::TempDir() + "/keel-mem-data";
+  std::filesystem::create_directories(dir);
+  {
+    std::ofstream f(dir + "/corpus.txt");
+    for (int i = 0; i < 200000; ++i) f << "line " << i << " of a corpus for the estimate\n";
+  }
+  const int64_t bytes = static_cast<int64_t>(std::filesystem::file_size(dir + "/corpus.txt"));
+  Config c = load_config("", {"data.task=text", "data.path=" + dir + "/corpus.txt",
+                              "data.pack=true", "data.seq_len=64", "model.n_layer=1",
+                              "model.n_embd=32", "model.n_head=2", "train.batch_size=2"});
+  const MemoryQuery q = memory_query_from_config(c);
+  EXPECT_NEAR(static_cast<double>(q.dataset_bytes) / static_cast<double>(bytes), 4.0, 0.2);
+  EXPECT_EQ(q.dataset_load_bytes, bytes + q.dataset_bytes);
+  EXPECT_CONTAINS(q.dataset_detail, dir + "/corpus.txt: ");
+  MemoryQuery none = q;
+  none.dataset_bytes = none.dataset_load_bytes = 0;
+  const MemoryEstimate e = estimate_memory(q), without = estimate_memory(none);
+  // The loading peak is the process's here: the data and its text, before a model of 0.1 MB.
+  EXPECT_EQ(e.total - without.total,
+            q.dataset_load_bytes - std::max(without.live_peak, without.init_peak));
+  EXPECT_CONTAINS(format_memory(e), "loading the data");
+  const std::string m = memory_fit_advice(q, e.total / 2);
+  EXPECT_CONTAINS(m, "The data holds " + format_bytes(q.dataset_bytes) + " for the run");
+  EXPECT_CONTAINS(m, "a tokenizer of fewer tokens a byte");
+  // Each would lower the estimate by a fraction of a MB of its 40.
+  EXPECT_NOT_CONTAINS(m, "train.batch_size = 1");
+  EXPECT_NOT_CONTAINS(m, "train.precision = bf16-mixed");
+  // Arith has no file; a missing file is left to the run's own error.
+  EXPECT_EQ(memory_query_from_config(load_config("", {})).dataset_bytes, 0);
+  EXPECT_EQ(memory_query_from_config(load_config("", {"data.task=text", "data.path=/no/file"}))
+                .dataset_bytes,
+            0);
 }
 
 // model.path: the sizes of its config.json (Llama-3.1-8B's: 8.03B parameters), the adapter from
