@@ -185,10 +185,6 @@ Example all_targets(std::vector<int32_t> tokens) {
   return e;
 }
 
-}  // namespace
-
-namespace {
-
 // The datasets of `text`, the contents of `path` (or its first lines: dataset_footprint's sample).
 std::unique_ptr<Dataset> text_dataset_of(const std::string& text, const std::string& path,
                                          const Tokenizer& tok, int64_t seq_len, bool pack) {
