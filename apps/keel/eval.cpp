@@ -38,6 +38,31 @@ std::optional<Config> run_config(const io::TrainedModel& t) {
   return load_config(file.string());
 }
 
+// Where a non-finite loss comes from: how many batches, and which examples of the first are
+// non-finite alone (their file and line), or that none is alone.
+std::string where_nonfinite(const LossTotal& r, models::CausalLM& model, const data::Dataset& set,
+                            int64_t seq_len, int64_t pad, const ModelForUse& m) {
+  const std::vector<int64_t> alone =
+      nonfinite_examples(model, set, r.first_nonfinite_batch, seq_len, pad, m.policy, m.device);
+  auto names = [&](const std::vector<int64_t>& ids) {
+    std::string s;
+    for (size_t i = 0; i < ids.size() && i < 5; ++i) s += (i ? ", " : "") + set.where(ids[i]);
+    if (ids.size() > 5) s += " and " + std::to_string(ids.size() - 5) + " more";
+    return s;
+  };
+  std::string w = std::to_string(r.nonfinite_batches) + " of " + std::to_string(r.batches) +
+                  " batches are non-finite";
+  if (!alone.empty() && alone.size() == r.first_nonfinite_batch.size())
+    return w + "; every example of the first is non-finite alone (" + names(alone) +
+           "): the model, not these examples";
+  if (!alone.empty())
+    return w + "; of the first's " + std::to_string(r.first_nonfinite_batch.size()) +
+           " examples, " + std::to_string(alone.size()) +
+           " are non-finite alone, the others finite: " + names(alone);
+  return w + "; the first (" + names(r.first_nonfinite_batch) +
+         ") is finite example by example: only batched together (padding to the longest)";
+}
+
 int run_eval(EvalArgs& a, bool pack_given) {
   if (const std::string problem = input_file_problem(a.data); !problem.empty())  // a pipe will do
     throw Error("--data " + a.data + ": it " + problem + " (a text or JSONL file)", Error::kUsage);
@@ -89,6 +114,7 @@ int run_eval(EvalArgs& a, bool pack_given) {
   }
   if (!std::isfinite(r.loss_sum))  // printed as it is, and an error: scripts test the exit code
     throw Error("the loss on " + a.data + " is " + log::format_number(r.loss(), 4) + ": " +
+                where_nonfinite(r, *t.model, *set, a.seq_len, pad, m) + "; " +
                 nonfinite_advice(a.m, m.policy));
   return 0;
 }

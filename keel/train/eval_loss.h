@@ -5,6 +5,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "keel/amp/precision.h"
 #include "keel/data/dataset.h"
@@ -16,6 +17,9 @@ struct LossTotal {
   double loss_sum = 0;  // summed over target tokens (nats)
   int64_t tokens = 0;   // target tokens
   int64_t examples = 0;
+  // Batches whose summed loss is NaN or inf, and the dataset indices of the first one's rows.
+  int64_t batches = 0, nonfinite_batches = 0;
+  std::vector<int64_t> first_nonfinite_batch;
   double loss() const { return tokens ? loss_sum / static_cast<double>(tokens) : 0; }
   double perplexity() const { return std::exp(loss()); }
 };
@@ -25,5 +29,12 @@ struct LossTotal {
 LossTotal dataset_loss(models::CausalLM& model, const data::Dataset& set, int64_t batch_size,
                        int64_t seq_len, int64_t pad_id, const PrecisionPolicy& policy,
                        Device device);
+
+// Of examples `ids`, those whose loss alone (a batch of one) is not finite: which rows of a
+// non-finite batch produce it, for an error that names their file and line.
+std::vector<int64_t> nonfinite_examples(models::CausalLM& model, const data::Dataset& set,
+                                        const std::vector<int64_t>& ids, int64_t seq_len,
+                                        int64_t pad_id, const PrecisionPolicy& policy,
+                                        Device device);
 
 }  // namespace keel

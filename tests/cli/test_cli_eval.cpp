@@ -140,7 +140,10 @@ TEST(CliEval, ANonFiniteLossIsShownAndIsAnError) {
   const json j = json::parse(r.out);
   EXPECT_EQ(j.at("loss"), "nan");
   EXPECT_EQ(j.at("perplexity"), "nan");
-  EXPECT_CONTAINS(r.err, "the loss on " + f.val + " is nan: ");
+  EXPECT_CONTAINS(r.err, "the loss on " + f.val + " is nan: 1 of 1 batches are non-finite; ");
+  // Localized: each example alone is non-finite too, so the model is the cause, not the data.
+  EXPECT_CONTAINS(r.err, "every example of the first is non-finite alone (" + f.val + ":1, ");
+  EXPECT_CONTAINS(r.err, "): the model, not these examples");
   EXPECT_CONTAINS(r.err, "try --precision bf16-mixed or 32-true");
   r = test::run_keel({"eval", d, "--data", f.val, "--tokenizer", "byte", "--json"},
                      {"OMP_NUM_THREADS=1"});
