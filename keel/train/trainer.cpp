@@ -367,9 +367,7 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
         // Values that are already non-finite are the cause, whatever the gradients say: an
         // update overflowed them (a load refuses them, io/weight_check.h).
         if (!loss_finite || !ev.nonfinite_params.empty()) {
-          std::vector<std::string> bad;
-          for (auto& [name, p] : run_.model->named_parameters())
-            if (!all_finite(p)) bad.push_back(name);
+          const std::vector<std::string> bad = nonfinite_parameters();
           if (!bad.empty())
             what += "; parameter values already non-finite in " + std::to_string(bad.size()) +
                     " (first: " + bad.front() + ")";
@@ -472,6 +470,13 @@ std::string Trainer::scale_trace() const {
     t += (t.empty() ? "" : " -> ") + log_number(skip_scales_[i]);
   }
   return t + " -> " + log_number(skip_scale_after_);
+}
+
+std::vector<std::string> Trainer::nonfinite_parameters() const {
+  std::vector<std::string> bad;
+  for (auto& [name, p] : run_.model->named_parameters())
+    if (!all_finite(p)) bad.push_back(name);
+  return bad;
 }
 
 void Trainer::end_epoch() {

@@ -123,6 +123,10 @@ class Trainer {
   }
   uint64_t step_seed(int64_t step) const { return keel::step_seed(run_.cfg, step); }
 
+  // Weights that hold NaN or inf (an applied update overflowed them; train.on_nonfinite = skip goes
+  // on past such steps) are not written to `dir`, which keeps what it holds: they go to
+  // nonfinite-step-N beside it, for inspection (loaded with model.allow_nonfinite_weights or
+  // --allow-nonfinite-weights), and the Error names the parameters and that folder.
   void save_checkpoint(const std::string& dir);
   void load_checkpoint(const std::string& dir);  // model, optimizer, scaler and loop position
 
@@ -168,6 +172,9 @@ class Trainer {
   // Ends the epoch: reports it (on_epoch), throws when it applied no update and some of its
   // non-finite steps were not the scaler's, and resets the epoch's sums.
   void end_epoch();
+  void write_checkpoint(const std::string& dir);  // save_checkpoint without the weights' check
+  // The parameters whose values hold NaN or inf (an update overflowed them), in model order.
+  std::vector<std::string> nonfinite_parameters() const;
   // "65536 -> 32768 -> ... -> 0.5": the scales of the current run of consecutive skips.
   std::string scale_trace() const;
   // Whether this rank writes the NaN capture of a step the ranks in `saw_nonfinite` saw.

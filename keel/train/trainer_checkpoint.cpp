@@ -4,9 +4,11 @@
 // (io/base_reference.h): 16 GB less per save for an 8B base. A resume rebuilds the base from
 // model.path as the run did (build_run), after checking the reference's fingerprint.
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "keel/amp/precision.h"
 #include "keel/io/base_reference.h"
 #include "keel/io/checkpoint.h"
 #include "keel/io/hf_config.h"
@@ -88,6 +90,29 @@ bool from_referenced_base(const json& ref, models::CausalLM& model, const Tensor
 }
 
 void Trainer::save_checkpoint(const std::string& dir) {
+  // Such weights would not load (io/weight_check.h) and would replace the last good checkpoint.
+  const std::vector<std::string> bad = nonfinite_parameters();
+  if (bad.empty()) return write_checkpoint(dir);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool kept = fs::exists(dir, ec);
+  const std::string aside =
+      (fs::path(dir).parent_path() / ("nonfinite-step-" + std::to_string(step_))).string();
+  write_checkpoint(aside);
+  const std::string wider = wider_precisions(run_.policy.name());
+  throw Error(
+      "step " + std::to_string(step_) + ": the weights hold NaN or inf in " +
+      std::to_string(bad.size()) + " parameters (first: " + bad.front() + "), so " + dir +
+      (kept ? " was not replaced (the good one there is kept)" : " was not written") +
+      "; they are in " + aside +
+      " (model.allow_nonfinite_weights or --allow-nonfinite-weights load it). An applied update "
+      "made them so: lower "
+      "optim.lr" +
+      (wider.empty() ? std::string() : " or switch train.precision to " + wider) +
+      ", and leave train.on_nonfinite = capture to stop at the first such step");
+}
+
+void Trainer::write_checkpoint(const std::string& dir) {
   json st;
   st["step"] = step_;
   st["sched_step"] = sched_step_;

@@ -352,6 +352,26 @@ TEST(CliNan, NanCaptureOffStopsWithoutWriting) {
       << r.err;
 }
 
+// on_nonfinite = skip goes on past non-finite steps; an applied update that overflowed 16-true's
+// f16 weights (lr 1) replaced checkpoints/last by weights that do not load, with "done" and exit
+// 0. Now last keeps the good one, the weights go beside it, exit 1 naming them.
+TEST(CliNan, NonFiniteWeightsAreNeverCheckpointedOverAGoodOne) {
+  const std::string dir = test::temp_dir("cli-nan-skip-weights");
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(), {"train.precision=16-true", "optim.lr=1", "train.max_steps=6",
+                           "train.on_nonfinite=skip", "log.checkpoint_every=1"});
+  Ran r = run_keel(with_sets({"train"}, sets));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, ": the weights hold NaN or inf in ");
+  EXPECT_CONTAINS(r.err, dir + "/checkpoints/last was not replaced (the good one there is kept)");
+  EXPECT_CONTAINS(r.err, "they are in " + dir + "/checkpoints/nonfinite-step-");
+  EXPECT_CONTAINS(r.err, "lower optim.lr or switch train.precision to bf16-mixed or 32-true");
+  EXPECT_NOT_CONTAINS(r.output, "done:");
+  // The last checkpoint is a good one: it loads (weights are checked on load).
+  Ran gen = run_keel({"generate", dir, "1+1=", "--max-new-tokens", "2"});
+  EXPECT_EQ(gen.code, 0) << gen.output;
+}
+
 TEST(CliNan, ReplayOfAMalformedCaptureNamesTheFileAndTheFix) {
   const std::string dir = test::temp_dir("cli-nan-bad");
   Ran missing = run_keel({"replay", dir + "/nope"});

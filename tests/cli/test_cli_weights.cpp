@@ -1,10 +1,11 @@
 // Non-finite weights in a loaded checkpoint (issue 21 item 5), produced the natural way: one
 // 16-true step at optim.lr = 1e5 (an AdamW step moves each weight by about lr, beyond f16's 65504)
-// overflows the f16 weights, and the run saves them. Loading that checkpoint as model.path, or
-// resuming from it, stops at load time naming the checkpoint's file, the tensor, the count and the
-// first index (keel's layout is the file's here), exit 2; model.allow_nonfinite_weights = true
-// loads it anyway with a warning, and the first step then says which parameter VALUES were already
-// non-finite.
+// overflows the f16 weights. The run refuses to make them checkpoints/last (exit 1) and writes
+// them to checkpoints/nonfinite-step-1. Loading that checkpoint as model.path, or resuming from it
+// (copied to last, as a hand or another tool would), stops at load time naming the checkpoint's
+// file, the tensor, the count and the first index (keel's layout is the file's here), exit 2;
+// model.allow_nonfinite_weights = true loads it anyway with a warning, and the first step then says
+// which parameter VALUES were already non-finite.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -37,7 +38,11 @@ const std::string& diverged_run() {
   static const std::string out = [] {
     const std::string d = test::temp_dir("weights-diverged");
     const test::KeelRun r = train_with(overflow_sets(d));
-    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_CONTAINS(r.err, "step 1: the weights hold NaN or inf in ");
+    EXPECT_CONTAINS(r.err, d + "/checkpoints/last was not written; they are in " + d +
+                               "/checkpoints/nonfinite-step-1");
+    EXPECT_FALSE(fs::exists(d + "/checkpoints/last"));
     return d;
   }();
   return out;
@@ -64,7 +69,7 @@ std::string index_of(const Shape& s) {
 }
 
 TEST(CliWeights, ADivergedCheckpointAsModelPathIsRefusedNamingTensorAndIndex) {
-  const std::string ckpt = diverged_run() + "/checkpoints/last";
+  const std::string ckpt = diverged_run() + "/checkpoints/nonfinite-step-1";
   const FirstBad bad = first_bad(ckpt + "/model.safetensors");
   ASSERT_FALSE(bad.name.empty()) << "the 16-true step at lr 1e5 left every weight finite";
   const std::string out = test::temp_dir("weights-model-path");
@@ -95,6 +100,7 @@ TEST(CliWeights, ResumingFromADivergedCheckpointIsRefusedUnlessAllowed) {
   const std::string out = test::temp_dir("weights-resume");
   fs::copy(src, out, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
   const std::string ckpt = out + "/checkpoints/last";
+  fs::copy(out + "/checkpoints/nonfinite-step-1", ckpt, fs::copy_options::recursive);
   const FirstBad bad = first_bad(ckpt + "/model.safetensors");
   ASSERT_FALSE(bad.name.empty());
   std::vector<std::string> sets = overflow_sets(out);
@@ -116,7 +122,7 @@ TEST(CliWeights, ResumingFromADivergedCheckpointIsRefusedUnlessAllowed) {
 
 // keel generate / eval / export read no config: their message names their own flag.
 TEST(CliWeights, GenerateAndExportNameTheirFlag) {
-  const std::string ckpt = diverged_run() + "/checkpoints/last";
+  const std::string ckpt = diverged_run() + "/checkpoints/nonfinite-step-1";
   const FirstBad bad = first_bad(ckpt + "/model.safetensors");
   ASSERT_FALSE(bad.name.empty());
   const test::KeelRun g =
