@@ -472,9 +472,9 @@ std::string Trainer::scale_trace() const {
   return t + " -> " + log_number(skip_scale_after_);
 }
 
-std::vector<std::string> Trainer::nonfinite_parameters() const {
+std::vector<std::string> Trainer::nonfinite_parameters(bool trainable_only) const {
   std::vector<std::string> bad;
-  for (auto& [name, p] : run_.model->named_parameters())
+  for (auto& [name, p] : trainable_only ? run_.trainable : run_.model->named_parameters())
     if (!all_finite(p)) bad.push_back(name);
   return bad;
 }

@@ -173,8 +173,9 @@ class Trainer {
   // non-finite steps were not the scaler's, and resets the epoch's sums.
   void end_epoch();
   void write_checkpoint(const std::string& dir);  // save_checkpoint without the weights' check
-  // The parameters whose values hold NaN or inf (an update overflowed them), in model order.
-  std::vector<std::string> nonfinite_parameters() const;
+  // The parameters whose values hold NaN or inf (an update overflowed them), in model order; of
+  // those the optimizer updates only (a frozen base was checked when it loaded, and is large).
+  std::vector<std::string> nonfinite_parameters(bool trainable_only = false) const;
   // "65536 -> 32768 -> ... -> 0.5": the scales of the current run of consecutive skips.
   std::string scale_trace() const;
   // Whether this rank writes the NaN capture of a step the ranks in `saw_nonfinite` saw.

@@ -91,7 +91,7 @@ bool from_referenced_base(const json& ref, models::CausalLM& model, const Tensor
 
 void Trainer::save_checkpoint(const std::string& dir) {
   // Such weights would not load (io/weight_check.h) and would replace the last good checkpoint.
-  const std::vector<std::string> bad = nonfinite_parameters();
+  const std::vector<std::string> bad = nonfinite_parameters(/*trainable_only=*/true);
   if (bad.empty()) return write_checkpoint(dir);
   namespace fs = std::filesystem;
   std::error_code ec;

@@ -11,26 +11,25 @@ namespace {
 using test::run_keel;
 
 TEST(CliNumerics, TheReadmeExamplesExplainWhatTheyPromise) {
-  auto r = run_keel({"numerics", "cast", "1e-8", "--to", "f16"});
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_CONTAINS(r.out, "1e-08 -> f16: stored 0 (bits 0x0000): underflow");
-  EXPECT_CONTAINS(r.out, "need a loss scale (16-mixed) or bf16");
-
-  r = run_keel({"numerics", "scaler", "--grad", "2.0"});
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_CONTAINS(r.out, "step 1: scale 65536 ");
-  EXPECT_CONTAINS(r.out, "step 3: scale 16384 ");
-  EXPECT_CONTAINS(r.out, "= 32768 ");
-  EXPECT_CONTAINS(r.out, "applied after 2 skipped step(s)");
-
-  r = run_keel({"numerics", "scaler", "--grad", "1e-13"});
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_CONTAINS(r.out, "underflows f16 to 0: the update is zero");
-  EXPECT_CONTAINS(r.out, "a scale of at least 1.04858e+06");
-
-  r = run_keel({"numerics", "formats"});
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_CONTAINS(r.out, "65504");
+  struct Example {
+    std::vector<std::string> args;
+    std::vector<const char*> says;
+  };
+  for (const Example& e : std::vector<Example>{
+           {{"numerics", "cast", "1e-8", "--to", "f16"},
+            {"1e-08 -> f16: stored 0 (bits 0x0000): underflow",
+             "need a loss scale (16-mixed) or bf16"}},
+           {{"numerics", "scaler", "--grad", "2.0"},
+            {"step 1: scale 65536 ", "step 3: scale 16384 ", "= 32768 ",
+             "applied after 2 skipped step(s)"}},
+           {{"numerics", "scaler", "--grad", "1e-13"},
+            {"underflows f16 to 0: the update is zero", "a scale of at least 1.04858e+06"}},
+           {{"numerics", "formats"}, {"65504"}},
+       }) {
+    const auto r = run_keel(e.args);
+    ASSERT_EQ(r.code, 0) << r.output;
+    for (const char* s : e.says) EXPECT_CONTAINS(r.out, s);
+  }
 }
 
 TEST(CliNumerics, BadFlagsAreUsageErrorsNamingTheFlag) {
