@@ -43,8 +43,8 @@ class Dataset {
 };
 
 // A dataset held in memory: every example's tokens and target flags one after another in two
-// flat arrays (5 bytes a token, 8 an example), not a pair of vectors each. `source` names it in
-// error messages ("data.jsonl", "arith train").
+// flat arrays (5 bytes a token, 16 an example: its start and line), not a pair of vectors each.
+// `source` names it in error messages ("data.jsonl", "arith train").
 class ExampleDataset : public Dataset {
  public:
   explicit ExampleDataset(std::string source);  // empty; filled by add()

@@ -181,7 +181,9 @@ TEST(ServeDashboard, ShowsARunLiveInAHeadlessChromium) {
       "+document.getElementById('points').dataset.points]",
       [](const json& v) { return v[0] == "running" && v[1].get<int>() >= 5; });
   EXPECT_EQ(live[0], "running");
-  EXPECT_EQ(api.get_json("/v1/runs/" + id)["state"], "running");  // it really was mid-run
+  // It really was mid-run: the page had charted some of the steps, not all. (Asking the API here
+  // raced the run's end under ASan: 250 steps of the 1-layer config can finish in between.)
+  EXPECT_LT(live[1].get<int>(), steps);
   b.screenshot(std::string(KEEL_BINARY_DIR) + "/serve-dashboard.png");
   const json done = b.wait_for(
       "[document.getElementById('run-state').textContent, "
