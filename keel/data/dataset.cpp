@@ -173,9 +173,28 @@ int64_t trainable_tokens(const Example& e, int64_t seq_len) {
 
 // At most the tokens a text file's examples hold: a token covers at least one byte, and each line
 // may add a few beyond its bytes (a tokenizer's prefix, a JSONL prompt's and completion's, eos).
-// Reserved, not touched: an upper bound costs no memory.
 size_t token_bound(const std::string& text) {
   return text.size() + 3 * (static_cast<size_t>(std::count(text.begin(), text.end(), '\n')) + 1);
+}
+
+// Room for the tokens of `text`: those of the examples of its first 64 KiB, built by `build` as
+// the whole will be, scaled to its size with a quarter more in case what follows is denser, and at
+// most token_bound. The bound alone asks for 4 bytes of address space a byte of text: for a 7 GB
+// file, 28 GB, which Linux refuses outright on a 24 GB machine although a BPE tokenizer's tokens
+// of it fit. An estimate that falls short only grows.
+template <class Build>
+size_t token_reserve(const std::string& text, Build&& build) {
+  const size_t bound = token_bound(text);
+  constexpr size_t kProbe = 64 << 10;
+  if (text.size() <= 4 * kProbe) return bound;
+  const size_t cut = text.rfind('\n', kProbe);  // whole lines: a cut JSON line would not parse
+  if (cut == std::string::npos || cut == 0) return bound;
+  const std::unique_ptr<Dataset> probe = build(text.substr(0, cut + 1));
+  size_t tokens = 0;
+  for (int64_t i = 0; i < probe->size(); ++i) tokens += probe->get(i).tokens.size();
+  const double per_byte = static_cast<double>(tokens) / static_cast<double>(cut + 1);
+  return std::min(bound,
+                  static_cast<size_t>(1.25 * per_byte * static_cast<double>(text.size())) + 64);
 }
 
 Example all_targets(std::vector<int32_t> tokens) {
@@ -215,7 +234,8 @@ std::unique_ptr<Dataset> text_dataset_of(const std::string& text, const std::str
     return std::make_unique<PackedDataset>(std::move(ids), len, path, std::move(lines));
   }
   auto ds = std::make_unique<ExampleDataset>(path);
-  ds->reserve(token_bound(text));
+  ds->reserve(token_reserve(
+      text, [&](const std::string& t) { return text_dataset_of(t, path, tok, seq_len, false); }));
   std::string para;
   bool open = false;
   int64_t first_line = 0;
@@ -247,7 +267,8 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
   static const char* kExpected =
       "expected {\"prompt\": ..., \"completion\": ...} or {\"text\": ...}";
   auto ds = std::make_unique<ExampleDataset>(path);
-  ds->reserve(token_bound(text));
+  ds->reserve(token_reserve(
+      text, [&](const std::string& t) { return jsonl_dataset_of(t, path, tok, seq_len); }));
   for_each_line(text, [&](std::string_view line, int64_t number) {
     if (is_blank(line)) return;
     auto bad = [&](const std::string& what) {

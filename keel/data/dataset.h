@@ -52,8 +52,8 @@ class ExampleDataset : public Dataset {
   // `lines`: the 1-based line of `source` each example starts on (empty: not from a file).
   ExampleDataset(const std::vector<Example>& examples, std::string source,
                  std::vector<int64_t> lines = {});
-  // Room for `tokens` tokens in all: pages of the arrays that no example reaches are never
-  // touched, so an upper bound costs no memory (and spares the copies of growing).
+  // Room for `tokens` tokens in all, so that the arrays do not grow by copies: address space, not
+  // memory (pages that no example reaches are never touched).
   void reserve(size_t tokens);
   // Appends an example (`line`: where it starts in `source`, or 0 when not from a file).
   void add(std::span<const int32_t> tokens, std::span<const uint8_t> target, int64_t line = 0);
@@ -64,6 +64,7 @@ class ExampleDataset : public Dataset {
   const std::string& source() const { return source_; }
   std::string where(int64_t i) const override;
   int64_t held_bytes() const override;
+  size_t token_capacity() const { return tokens_.capacity(); }  // what reserve() asked for
 
  private:
   std::vector<int32_t> tokens_;    // [all tokens]

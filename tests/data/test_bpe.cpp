@@ -373,6 +373,27 @@ TEST(Tokenizer, LoadTokenizerSpecs) {
   EXPECT_CONTAINS(usage(test::temp_dir("bpe-empty")), "encoder.json");
 }
 
+// A file's token arrays are reserved from the tokens a byte of its first 64 KiB, not from the
+// bound of one a byte: that bound asked for 4 bytes of address space a byte of text, which Linux
+// refuses outright for a file of a quarter of the machine's memory.
+TEST(Tokenizer, DatasetsReserveForTheTokensABpeTokenizerMakes) {
+  const std::string dir = test::temp_dir("bpe-reserve");
+  std::filesystem::copy_file(kTiny + "/llama_style/tokenizer.json", dir + "/tokenizer.json");
+  write_file(dir, "tokenizer_config.json", R"({"eos_token": "<|eot|>"})");
+  const auto tok = load_hf_tokenizer(dir);
+  std::string text;
+  while (text.size() < (1u << 20)) text += "the there the there\n\n";
+  const std::string path = write_file(dir, "corpus.txt", text);
+  const auto ds = load_text_dataset(path, *tok, 64, false);
+  const auto* examples = dynamic_cast<const ExampleDataset*>(ds.get());
+  ASSERT_NE(examples, nullptr);
+  size_t tokens = 0;
+  for (int64_t i = 0; i < ds->size(); ++i) tokens += ds->get(i).tokens.size();
+  EXPECT_LT(tokens, text.size() / 2);  // the merges make fewer tokens than bytes
+  EXPECT_GE(examples->token_capacity(), tokens);
+  EXPECT_LT(examples->token_capacity(), 2 * tokens) << "reserved as if a token were a byte";
+}
+
 // The datasets take any Tokenizer: examples are the BPE ids followed by eos.
 TEST(Tokenizer, DatasetsWithBpe) {
   const std::string dir = test::temp_dir("bpe");
