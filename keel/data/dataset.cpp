@@ -96,7 +96,7 @@ class PackedDataset : public Dataset {
   int64_t held_bytes() const override {
     return static_cast<int64_t>(ids_.size() * sizeof(int32_t) + lines_.size() * sizeof(int64_t));
   }
-  int64_t tokens() const { return static_cast<int64_t>(ids_.size()); }
+  int64_t held_tokens() const override { return static_cast<int64_t>(ids_.size()); }
 
  private:
   std::vector<int32_t> ids_;  // [n] the whole file
@@ -109,6 +109,8 @@ class PackedDataset : public Dataset {
 }  // namespace
 
 std::string ExampleDataset::where(int64_t i) const { return where_in(source_, lines_, i); }
+
+int64_t ExampleDataset::held_tokens() const { return static_cast<int64_t>(tokens_.size()); }
 
 int64_t ExampleDataset::held_bytes() const {
   return static_cast<int64_t>(tokens_.size() * sizeof(int32_t) + target_.size() +
@@ -177,6 +179,13 @@ size_t token_bound(const std::string& text) {
   return text.size() + 3 * (static_cast<size_t>(std::count(text.begin(), text.end(), '\n')) + 1);
 }
 
+// The bytes of `prefix` (the start of a longer text) up to its last line's end, 0 when it holds no
+// line's end: a sample that parses as the whole does, as a cut JSON line would not.
+size_t whole_lines(std::string_view prefix) {
+  const size_t end = prefix.rfind('\n');
+  return end == std::string_view::npos ? 0 : end + 1;
+}
+
 // Room for the tokens of `text`: those of the examples of its first 64 KiB, built by `build` as
 // the whole will be, scaled to its size with a quarter more in case what follows is denser, and at
 // most token_bound. The bound alone asks for 4 bytes of address space a byte of text: for a 7 GB
@@ -187,12 +196,10 @@ size_t token_reserve(const std::string& text, Build&& build) {
   const size_t bound = token_bound(text);
   constexpr size_t kProbe = 64 << 10;
   if (text.size() <= 4 * kProbe) return bound;
-  const size_t cut = text.rfind('\n', kProbe);  // whole lines: a cut JSON line would not parse
-  if (cut == std::string::npos || cut == 0) return bound;
-  const std::unique_ptr<Dataset> probe = build(text.substr(0, cut + 1));
-  size_t tokens = 0;
-  for (int64_t i = 0; i < probe->size(); ++i) tokens += probe->get(i).tokens.size();
-  const double per_byte = static_cast<double>(tokens) / static_cast<double>(cut + 1);
+  const size_t probe_bytes = whole_lines(std::string_view(text).substr(0, kProbe));
+  if (probe_bytes == 0) return bound;
+  const auto tokens = static_cast<double>(build(text.substr(0, probe_bytes))->held_tokens());
+  const double per_byte = tokens / static_cast<double>(probe_bytes);
   return std::min(bound,
                   static_cast<size_t>(1.25 * per_byte * static_cast<double>(text.size())) + 64);
 }
@@ -405,23 +412,17 @@ DatasetFootprint dataset_footprint(const std::string& path, const std::string& t
     in.read(sample.data(), static_cast<std::streamsize>(sample.size()));
     if (in.gcount() != static_cast<std::streamsize>(sample.size())) return f;
   }
-  if (f.file_bytes > kSample) {  // whole lines only: a cut JSON line would not parse
-    const size_t end = sample.rfind('\n');
-    if (end == std::string::npos) return f;
-    sample.resize(end + 1);
+  if (f.file_bytes > kSample) {
+    sample.resize(whole_lines(sample));
+    if (sample.empty()) return f;
   }
   const std::unique_ptr<Dataset> ds = task == "jsonl"
                                           ? jsonl_dataset_of(sample, path, tok, seq_len)
                                           : text_dataset_of(sample, path, tok, seq_len, pack);
-  int64_t tokens = 0;
-  if (const auto* packed = dynamic_cast<const PackedDataset*>(ds.get()))
-    tokens = packed->tokens();
-  else
-    for (int64_t i = 0; i < ds->size(); ++i)
-      tokens += static_cast<int64_t>(ds->get(i).tokens.size());
+  const auto tokens = static_cast<double>(ds->held_tokens());
   const double scale = static_cast<double>(f.file_bytes) / static_cast<double>(sample.size());
   f.estimated = true;
-  f.tokens = std::llround(static_cast<double>(tokens) * scale);
+  f.tokens = std::llround(tokens * scale);
   f.examples = std::llround(static_cast<double>(ds->size()) * scale);
   f.held = std::llround(static_cast<double>(ds->held_bytes()) * scale);
   f.load_peak = f.file_bytes + f.held;

@@ -40,6 +40,8 @@ class Dataset {
   // The bytes its storage holds in memory (the token arrays and line numbers; 0 for a view of
   // another dataset): what dataset_footprint scales.
   virtual int64_t held_bytes() const { return 0; }
+  // The tokens its storage holds (a packed file's stream once, not its overlapping rows).
+  virtual int64_t held_tokens() const { return 0; }
 };
 
 // A dataset held in memory: every example's tokens and target flags one after another in two
@@ -64,6 +66,7 @@ class ExampleDataset : public Dataset {
   const std::string& source() const { return source_; }
   std::string where(int64_t i) const override;
   int64_t held_bytes() const override;
+  int64_t held_tokens() const override;
   size_t token_capacity() const { return tokens_.capacity(); }  // what reserve() asked for
 
  private:

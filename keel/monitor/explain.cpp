@@ -53,11 +53,14 @@ CastReport cast_value(double v, DType to) {
     // for f16), as the largest value's last bit is odd.
     const double to_inf = fi.max + std::ldexp(1.0, std::ilogb(fi.max) - fi.mantissa_bits - 1);
     const double f32_max = format_info(DType::F32).max;
+    char f32_holds[96];
+    std::snprintf(f32_holds, sizeof f32_holds,
+                  "f32 holds it (up to %.6g): keep this tensor in f32, or scale it down", f32_max);
     const char* fix =
         to == DType::F16
             ? "scale it down (a smaller loss scale) or use bf16, whose range matches f32"
         : to == DType::BF16 && std::fabs(v) <= f32_max
-            ? "f32 holds it (up to 3.40282e+38): keep this tensor in f32, or scale it down"
+            ? f32_holds
             : "no training format holds it (f32's range is the widest): scale it down, or find "
               "what grows without bound (keel train's NaN capture names the op)";
     std::snprintf(buf, sizeof buf,
@@ -69,10 +72,14 @@ CastReport cast_value(double v, DType to) {
     r.outcome = "underflow";
     // bf16 has f32's exponent but 16 fewer fraction bits: its subnormals stop 2^16 above f32's.
     const double f32_min = format_info(DType::F32).min_subnormal;
+    char f32_keeps[112];
+    std::snprintf(f32_keeps, sizeof f32_keeps,
+                  "f32 keeps it (its smallest subnormal is %.2g): hold this tensor in f32, or "
+                  "scale it up",
+                  f32_min);
     const char* fix = to == DType::F16 ? "gradients this small need a loss scale (16-mixed) or bf16"
                       : to == DType::BF16 && std::fabs(v) > f32_min / 2
-                          ? "f32 keeps it (its smallest subnormal is 1.4e-45): hold this tensor "
-                            "in f32, or scale it up"
+                          ? f32_keeps
                           : "no training format keeps it (f32's range is the widest): it is 0 "
                             "unless scaled up first";
     std::snprintf(buf, sizeof buf,
