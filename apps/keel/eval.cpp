@@ -1,7 +1,7 @@
 // `keel eval MODEL --data FILE`: the loss and perplexity of a model (an HF directory, a run's
-// checkpoint or out_dir, optionally with --adapter) on a text or JSONL file, weighted over the
-// target tokens exactly as training weighs them (keel/train/eval_loss.h). For a run, the data
-// options (seq_len, pack, pad, batch_size, tokenizer) default to those of its config.toml.
+// checkpoint or out_dir, optionally with --adapter) on a text, JSONL or llm.c token file, weighted
+// over the target tokens exactly as training weighs them (keel/train/eval_loss.h). For a run, the
+// data options (seq_len, pack, pad, batch_size, tokenizer) default to those of its config.toml.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -64,18 +64,21 @@ std::string where_nonfinite(const LossTotal& r, models::CausalLM& model, const d
 }
 
 int run_eval(EvalArgs& a, bool pack_given) {
-  if (const std::string problem = input_file_problem(a.data); !problem.empty())  // a pipe will do
-    throw Error("--data " + a.data + ": it " + problem + " (a text or JSONL file)", Error::kUsage);
+  // Before the model loads (minutes for a large one); the loader checks again (a pipe will do).
+  check_input_file(a.data, "dataset file", "--data");
   ModelForUse m = load_model_for_use(a.m);
   const io::TrainedModel& t = m.trained;
   const std::optional<Config> run = run_config(t);
   const DataConfig dc = run ? run->data : DataConfig();
-  if (a.task.empty())
-    a.task = run && dc.task != "arith"
-                 ? dc.task
-                 : (fs::path(a.data).extension() == ".jsonl" ? "jsonl" : "text");
-  if (a.task != "text" && a.task != "jsonl")
-    throw Error("--task " + a.task + ": use text or jsonl", Error::kUsage);
+  const fs::path extension = fs::path(a.data).extension();
+  if (a.task.empty())  // a file's extension says more than the task the run trained on
+    a.task = extension == ".bin"         ? "tokens"
+             : extension == ".jsonl"     ? "jsonl"
+             : run && dc.task != "arith" ? dc.task
+                                         : "text";
+  if (a.task != "text" && a.task != "jsonl" && a.task != "tokens")
+    throw Error("--task " + a.task + ": use text, jsonl or tokens (an llm.c token file)",
+                Error::kUsage);
   if (a.seq_len == 0) a.seq_len = run ? dc.seq_len : t.model->spec().max_seq_len;
   if (a.batch_size == 0) a.batch_size = run ? run->train.batch_size : 8;
   if (a.pad.empty()) a.pad = dc.pad;
@@ -93,8 +96,7 @@ int run_eval(EvalArgs& a, bool pack_given) {
   // configured pad has no row (a model whose embeddings were not grown for it).
   int64_t pad = pad_fill_id(tok, a.pad);
   if (pad >= vocab) pad = tok.eos_id() >= 0 ? tok.eos_id() : 0;
-  const auto set = a.task == "text" ? data::load_text_dataset(a.data, tok, a.seq_len, a.pack)
-                                    : data::load_jsonl_dataset(a.data, tok, a.seq_len);
+  const auto set = data::load_dataset(a.task, a.data, "--data", tok, a.seq_len, a.pack);
   const LossTotal r =
       dataset_loss(*t.model, *set, a.batch_size, a.seq_len, pad, m.policy, m.device);
   if (a.json) {
@@ -123,10 +125,11 @@ int run_eval(EvalArgs& a, bool pack_given) {
 Command add_eval(CLI::App& app) {
   auto a = std::make_shared<EvalArgs>();
   CLI::App* sub = app.add_subcommand(
-      "eval", "Loss and perplexity of a model (+ adapter) on a text or JSONL file");
+      "eval", "Loss and perplexity of a model (+ adapter) on a text, JSONL or token file");
   add_model_options(sub, a->m);
-  sub->add_option("--data", a->data, "the text or JSONL file")->required();
-  sub->add_option("--task", a->task, "text | jsonl (default: the run's, or by extension)");
+  sub->add_option("--data", a->data, "the text, JSONL or llm.c token (.bin) file")->required();
+  sub->add_option("--task", a->task,
+                  "text | jsonl | tokens (default: by extension, .jsonl or .bin; else the run's)");
   sub->add_option("--seq-len", a->seq_len, "tokens per row (default: the run's data.seq_len)");
   sub->add_option("--batch-size", a->batch_size, "rows per batch (default: the run's, else 8)");
   CLI::Option* pack = sub->add_flag("--pack", a->pack, "text: pack into full rows (data.pack)");

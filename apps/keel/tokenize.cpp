@@ -1,6 +1,8 @@
 // `keel tokenize [TEXT] --tokenizer SPEC [--pieces] [--json]`: the ids (or the vocabulary's pieces)
 // of a text under any tokenizer `data.tokenizer` accepts (byte, gpt2:DIR, hf:PATH, PATH);
 // `--decode` turns ids back into text. The text comes from the argument, --file or stdin.
+// `--output FILE` writes the ids as an llm.c token file instead (data.task = "tokens" trains on
+// it as on the text packed: the same rows, mapped instead of held).
 #include <climits>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -8,14 +10,16 @@
 
 #include "apps/keel/commands.h"
 #include "apps/keel/input_text.h"
+#include "keel/data/token_file.h"
 #include "keel/data/tokenizer_base.h"
+#include "keel/io/atomic_file.h"
 #include "keel/numerics/error.h"
 
 namespace keel::cli {
 
 namespace {
 struct TokenizeArgs {
-  std::string tokenizer = "byte", text, file;
+  std::string tokenizer = "byte", text, file, output;
   bool decode = false, pieces = false, json = false;
 };
 
@@ -56,6 +60,13 @@ int run_tokenize(const TokenizeArgs& a, bool has_text) {
   const std::string input = read_input_text(has_text, a.text, a.file, "--file");
   const auto tok = data::load_tokenizer(a.tokenizer);
   const std::vector<int32_t> ids = a.decode ? parse_ids(input) : tok->encode(input);
+  if (!a.output.empty()) {
+    const std::string bytes = data::token_file_bytes(ids, tok->vocab_size());
+    io::write_file_atomic(a.output, bytes);
+    std::fprintf(stderr, "keel tokenize | wrote %zu tokens (%zu bytes) to %s\n", ids.size(),
+                 bytes.size(), a.output.c_str());
+    return 0;
+  }
   std::vector<std::string> pieces;
   if (a.pieces || a.json)
     for (int32_t id : ids) pieces.push_back(tok->id_to_token(id));  // Error for an unknown id
@@ -95,6 +106,11 @@ Command add_tokenize(CLI::App& app) {
   sub->add_flag("--decode", a->decode, "the input is token ids: print their text");
   sub->add_flag("--pieces", a->pieces, "print the vocabulary's spelling of each token, one a line");
   sub->add_flag("--json", a->json, "print one JSON object (ids, pieces, count / text)");
+  sub->add_option("--output", a->output,
+                  "write the ids as an llm.c token file (for data.task = \"tokens\")")
+      ->excludes("--decode")
+      ->excludes("--pieces")
+      ->excludes("--json");
   return {sub, [a, text] { return run_tokenize(*a, text->count() > 0); }};
 }
 

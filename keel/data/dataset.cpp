@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "keel/data/token_file.h"
 #include "keel/numerics/error.h"
 #include "keel/numerics/input_file.h"
 #include "keel/numerics/text.h"
@@ -57,13 +58,22 @@ void ExampleDataset::add_all_targets(std::span<const int32_t> tokens, int64_t li
   if (line > 0) lines_.push_back(line);
 }
 
-namespace {
-
-void check_index(int64_t i, int64_t size, const std::string& source) {
+void check_example_index(int64_t i, int64_t size, const std::string& source) {
   if (i < 0 || i >= size)
     throw Error(source + ": example index " + std::to_string(i) + " is outside [0, " +
                 std::to_string(size) + ")");
 }
+
+int64_t packed_rows(size_t n, size_t len) {
+  return n < 2 ? 0 : static_cast<int64_t>((n - 2) / (len - 1) + 1);  // starts s with s + 1 < n
+}
+
+std::pair<size_t, size_t> packed_row(int64_t k, size_t n, size_t len) {
+  const size_t start = static_cast<size_t>(k) * (len - 1);
+  return {start, std::min(len, n - start)};
+}
+
+namespace {
 
 std::string where_in(const std::string& source, const std::vector<int64_t>& lines, int64_t i) {
   if (i >= 0 && i < static_cast<int64_t>(lines.size()))
@@ -86,9 +96,8 @@ class PackedDataset : public Dataset {
         lines_(std::move(lines)) {}
   int64_t size() const override { return static_cast<int64_t>(lines_.size()); }
   ExampleView get(int64_t i) const override {
-    check_index(i, size(), source_);
-    const size_t start = static_cast<size_t>(i) * (len_ - 1);
-    const size_t n = std::min(len_, ids_.size() - start);
+    check_example_index(i, size(), source_);
+    const auto [start, n] = packed_row(i, ids_.size(), len_);
     return {std::span<const int32_t>(ids_).subspan(start, n),
             std::span<const uint8_t>(all_targets_).first(n)};
   }
@@ -118,7 +127,7 @@ int64_t ExampleDataset::held_bytes() const {
 }
 
 ExampleView ExampleDataset::get(int64_t i) const {
-  check_index(i, size(), source_);
+  check_example_index(i, size(), source_);
   const size_t begin = starts_[static_cast<size_t>(i)],
                n = starts_[static_cast<size_t>(i) + 1] - begin;
   return {std::span<const int32_t>(tokens_).subspan(begin, n),
@@ -143,8 +152,8 @@ void check_seq_len(int64_t seq_len, const std::string& path) {
                 Error::kUsage);
 }
 
-std::string read_whole_file(const std::string& path) {
-  return read_input_file(path, "dataset file", "data.path");
+std::string read_whole_file(const std::string& path, const std::string& key) {
+  return read_input_file(path, "dataset file", key);
 }
 
 bool is_blank(std::string_view line) {
@@ -348,17 +357,28 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
 }  // namespace
 
 std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokenizer& tok,
-                                           int64_t seq_len, bool pack) {
+                                           int64_t seq_len, bool pack, const std::string& key) {
   check_seq_len(seq_len, path);
   if (!pack) check_eos(tok, path);
-  return text_dataset_of(read_whole_file(path), path, tok, seq_len, pack);
+  return text_dataset_of(read_whole_file(path, key), path, tok, seq_len, pack);
 }
 
 std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
-                                            int64_t seq_len) {
+                                            int64_t seq_len, const std::string& key) {
   check_seq_len(seq_len, path);
   check_eos(tok, path);
-  return jsonl_dataset_of(read_whole_file(path), path, tok, seq_len);
+  return jsonl_dataset_of(read_whole_file(path, key), path, tok, seq_len);
+}
+
+std::unique_ptr<Dataset> load_dataset(const std::string& task, const std::string& path,
+                                      const std::string& key, const Tokenizer& tok, int64_t seq_len,
+                                      bool pack) {
+  if (task == "text") return load_text_dataset(path, tok, seq_len, pack, key);
+  if (task == "jsonl") return load_jsonl_dataset(path, tok, seq_len, key);
+  if (task == "tokens") return load_token_file(path, key, tok, seq_len);
+  throw Error(key + " " + path + ": no dataset of task \"" + task +
+                  "\" (text, jsonl and tokens are read from files)",
+              Error::kUsage);
 }
 
 namespace {
@@ -371,7 +391,7 @@ class RangeDataset : public Dataset {
       : all_(std::move(all)), begin_(begin), n_(n), source_(std::move(source)) {}
   int64_t size() const override { return n_; }
   ExampleView get(int64_t i) const override {
-    check_index(i, n_, source_);
+    check_example_index(i, n_, source_);
     return all_->get(begin_ + i);
   }
   std::string where(int64_t i) const override { return all_->where(begin_ + i); }
@@ -401,6 +421,17 @@ DatasetFootprint dataset_footprint(const std::string& path, const std::string& t
                                    const Tokenizer& tok, int64_t seq_len, bool pack) {
   DatasetFootprint f;
   check_seq_len(seq_len, path);  // the loader's checks first: a stride of 0 would never end
+  if (task == "tokens") {
+    // Counted from the header; the ids stay in the file's mapping (page cache the kernel may
+    // drop), so only the rows' target flags are held.
+    const TokenFileHeader h = read_token_file_header(path, "data.path");
+    f.estimated = true;
+    f.file_bytes = kTokenFileHeaderBytes + h.tokens * h.width;
+    f.tokens = h.tokens;
+    f.examples = packed_rows(static_cast<size_t>(h.tokens), static_cast<size_t>(seq_len));
+    f.held = f.load_peak = seq_len;
+    return f;
+  }
   if (task == "jsonl" || !pack) check_eos(tok, path);
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0) return f;

@@ -20,13 +20,25 @@ struct Example {
 };
 
 // An example as a dataset hands it out: views of its tokens and target flags (same length), valid
-// while the dataset lives. A packed text file's rows are views of one token stream, not copies.
+// while the dataset lives. A packed text file's rows are views of one token stream, not copies;
+// a GPT-2 token file's rows are views of its 16-bit ids where the file is mapped (tokens16, and
+// `tokens` is empty): read ids through id(t).
 struct ExampleView {
   std::span<const int32_t> tokens;
+  std::span<const uint16_t> tokens16;
   std::span<const uint8_t> target;
   ExampleView() = default;
   ExampleView(std::span<const int32_t> t, std::span<const uint8_t> f) : tokens(t), target(f) {}
-  Example copy() const { return {{tokens.begin(), tokens.end()}, {target.begin(), target.end()}}; }
+  ExampleView(std::span<const uint16_t> t, std::span<const uint8_t> f) : tokens16(t), target(f) {}
+  size_t size() const { return target.size(); }
+  int32_t id(size_t t) const { return tokens16.empty() ? tokens[t] : tokens16[t]; }
+  // Ids and flags agree in length (what a dataset must hand out).
+  bool consistent() const { return tokens.size() + tokens16.size() == target.size(); }
+  Example copy() const {
+    Example e{{tokens.begin(), tokens.end()}, {target.begin(), target.end()}};
+    if (!tokens16.empty()) e.tokens.assign(tokens16.begin(), tokens16.end());
+    return e;
+  }
 };
 
 class Dataset {
@@ -77,6 +89,15 @@ class ExampleDataset : public Dataset {
   std::vector<int64_t> lines_;
 };
 
+// Rows of a packed token stream of `n` tokens, `len` tokens a row starting every len - 1 (rows
+// overlap by one token; load_text_dataset's comment): how many hold at least 2 tokens, and row
+// k's {start, length}.
+int64_t packed_rows(size_t n, size_t len);
+std::pair<size_t, size_t> packed_row(int64_t k, size_t n, size_t len);
+
+// An Error naming `source` when i is outside [0, size): what every get(i) checks.
+void check_example_index(int64_t i, int64_t size, const std::string& source);
+
 // The last `n_eval` examples of `all` (in order) and the others: a validation split of one file.
 // Both parts are views of `all`, which they share (examples keep their file and line). Errors
 // (kUsage, naming `what`) when either part would be empty.
@@ -93,9 +114,11 @@ std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>> split_dataset(
 //    that every token after the first is predicted exactly once although each row's last position
 //    has no label. The last row may be shorter. The dataset holds the stream once (4 bytes a
 //    token) and hands out its rows as views.
-// Errors: missing/unreadable file (names the path), seq_len < 2, no text in the file.
+// Errors: missing/unreadable file (names the path and `key`, the config key or flag that gave
+// it), seq_len < 2, no text in the file.
 std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokenizer& tok,
-                                           int64_t seq_len, bool pack);
+                                           int64_t seq_len, bool pack,
+                                           const std::string& key = "data.path");
 
 // JSONL: one JSON object per line (blank lines are skipped), either
 //   {"text": "..."}                         -> text + eos, all targets, or
@@ -105,9 +128,18 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
 // ...} or {\"text\": ...}"); so is a prompt so long that no completion token fits in seq_len (such
 // an example would train on nothing), seq_len < 2, and a file without examples.
 std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
-                                            int64_t seq_len);
+                                            int64_t seq_len, const std::string& key = "data.path");
 
-// What loading a text or JSONL file will hold, before it is loaded: the examples of its first MiB
+// The dataset of a run's data.task from `path`: "text" (load_text_dataset, `pack` as data.pack),
+// "jsonl" (load_jsonl_dataset) or "tokens" (an llm.c token file, load_token_file in
+// token_file.h). `key` names where the path came from ("data.path", "data.eval_path", "--data")
+// in the errors about the file.
+std::unique_ptr<Dataset> load_dataset(const std::string& task, const std::string& path,
+                                      const std::string& key, const Tokenizer& tok, int64_t seq_len,
+                                      bool pack);
+
+// What loading a text or JSONL file will hold, before it is loaded (a token file: its header's
+// count; the ids stay in the file's mapping, not counted): the examples of its first MiB
 // (cut at a line's end) built as the loader builds them, scaled by the file's size. `held`: the
 // dataset's storage for the run (4 bytes a token packed, 5 with the target flags, plus 8 to 16 an
 // example); `load_peak`: the most at once while loading, the file's text beside it. A file of at

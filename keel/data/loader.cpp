@@ -20,18 +20,18 @@ Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_le
   uint8_t* mask = b.attention_mask.data_as<uint8_t>();
   for (int64_t r = 0; r < B; ++r) {
     const ExampleView e = ds.get(ids[static_cast<size_t>(r)]);
-    KEEL_CHECK(e.tokens.size() == e.target.size(), "example tokens and target differ in length");
-    const int64_t len = std::min<int64_t>(static_cast<int64_t>(e.tokens.size()), T);
+    KEEL_CHECK(e.consistent(), "example tokens and target differ in length");
+    const int64_t len = std::min<int64_t>(static_cast<int64_t>(e.size()), T);
     int64_t* in_r = in + r * T;
     int64_t* lab_r = lab + r * T;
     uint8_t* mask_r = mask + r * T;
     for (int64_t t = 0; t < T; ++t) {
       const bool real = t < len;
-      in_r[t] = real ? e.tokens[static_cast<size_t>(t)] : pad_id;
+      in_r[t] = real ? e.id(static_cast<size_t>(t)) : pad_id;
       mask_r[t] = real ? 1 : 0;
       // Position t predicts token t+1, which must exist within the kept row and be a target.
       const bool labeled = t + 1 < len && e.target[static_cast<size_t>(t + 1)] != 0;
-      lab_r[t] = labeled ? e.tokens[static_cast<size_t>(t + 1)] : kIgnoreLabel;
+      lab_r[t] = labeled ? e.id(static_cast<size_t>(t + 1)) : kIgnoreLabel;
       b.n_targets += labeled;
     }
   }

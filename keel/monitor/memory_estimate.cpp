@@ -504,6 +504,7 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   e.dataset = q.dataset_bytes;
   e.dataset_load = q.dataset_load_bytes;
   e.dataset_detail = q.dataset_detail;
+  e.dataset_advice = q.dataset_advice;
   e.total =
       e.runtime + std::max(e.dataset + peak, e.dataset_load) + e.matmul_scratch + e.cache_slack;
   return e;
@@ -567,11 +568,18 @@ std::string count_text(int64_t n) {
   return buf;
 }
 
-// data.path and data.eval_path of a text or JSONL run, as data::dataset_footprint counts them.
+// data.path and data.eval_path of a text, JSONL or token-file run, as data::dataset_footprint
+// counts them.
 void add_datasets(MemoryQuery& q, const Config& cfg) {
   const DataConfig& dc = cfg.data;
-  if (dc.task != "text" && dc.task != "jsonl") return;
+  if (dc.task == "arith") return;
   try {
+    if (dc.task == "text" && dc.pack)
+      q.dataset_advice =
+          "tokenize it once into a token file, which the run maps instead of holding (keel "
+          "tokenize --tokenizer " +
+          dc.tokenizer + " --file " + dc.path + " --output " + dc.path +
+          ".bin; then data.task = \"tokens\", data.path = \"" + dc.path + ".bin\")";
     const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(dc.tokenizer);
     for (const std::string& path : {dc.path, dc.eval_path}) {
       if (path.empty()) continue;
@@ -582,7 +590,9 @@ void add_datasets(MemoryQuery& q, const Config& cfg) {
       q.dataset_bytes += f.held;
       q.dataset_detail += (q.dataset_detail.empty() ? "" : "; ") + path + ": " +
                           count_text(f.tokens) + " tokens in " + count_text(f.examples) +
-                          (dc.task == "text" && dc.pack ? " rows" : " examples");
+                          (dc.task == "tokens" ? " rows, mapped (page cache, not counted)"
+                           : dc.task == "text" && dc.pack ? " rows"
+                                                          : " examples");
     }
   } catch (const Error&) {
     // The run's own loading names a bad file or tokenizer; the estimate goes on without it.
@@ -740,10 +750,10 @@ std::string memory_fit_advice(const MemoryQuery& q, int64_t available) {
   // No option of the step lowers what the data holds: say what it holds and what would.
   if (e.dataset > 0 && 4 * std::max(e.dataset, e.dataset_load) >= e.total)
     m += ". The data holds " + format_bytes(e.dataset) + " for the run (" + e.dataset_detail +
-         ") and " + format_bytes(e.dataset_load) +
-         " while it loads: train on a part of the file at a time, or with a tokenizer of fewer "
-         "tokens a byte (a BPE tokenizer's token covers about 4 bytes of English, the byte "
-         "tokenizer's 1)";
+         ") and " + format_bytes(e.dataset_load) + " while it loads: " +
+         (e.dataset_advice.empty() ? std::string() : e.dataset_advice + "; or ") +
+         "train on a part of the file at a time, or with a tokenizer of fewer tokens a byte (a "
+         "BPE tokenizer's token covers about 4 bytes of English, the byte tokenizer's 1)";
   if (!options.empty()) {
     m += ". What lowers the estimate:";
     for (const Option& o : options)

@@ -77,6 +77,7 @@ struct MemoryQuery {
   // the file's text). 0 = not estimated (arith, a pipe, no files yet).
   int64_t dataset_bytes = 0, dataset_load_bytes = 0;
   std::string dataset_detail;  // "data.jsonl: 12.3M tokens in 41k examples"
+  std::string dataset_advice;  // how the data would hold less ("" when nothing keel offers would)
 };
 
 struct MemoryItem {
@@ -105,7 +106,7 @@ struct MemoryEstimate {
   int64_t adapter_params = 0;  // of which adapter parameters (0 without an adapter)
   int64_t runtime = 0;         // the process without the model: binary, libraries, thread pools
   int64_t dataset = 0, dataset_load = 0;  // the query's: held for the run; while loading
-  std::string dataset_detail;
+  std::string dataset_detail, dataset_advice;
   // runtime + max(dataset + max(live_peak, init_peak), dataset_load) + matmul_scratch +
   // cache_slack: the expected peak RSS
   int64_t total = 0;

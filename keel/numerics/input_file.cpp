@@ -24,11 +24,15 @@ std::string input_file_problem(const std::string& path) {
   return "";
 }
 
-std::string read_input_file(const std::string& path, const std::string& what,
-                            const std::string& key) {
+void check_input_file(const std::string& path, const std::string& what, const std::string& key) {
   if (const std::string problem = input_file_problem(path); !problem.empty())
     throw Error(what + " " + path + " " + problem + "; " + key + " must name a file",
                 Error::kUsage);
+}
+
+std::string read_input_file(const std::string& path, const std::string& what,
+                            const std::string& key) {
+  check_input_file(path, what, key);
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw Error(

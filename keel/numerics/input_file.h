@@ -12,6 +12,10 @@ namespace keel {
 // device", "is a socket".
 std::string input_file_problem(const std::string& path);
 
+// Throws read_input_file's usage Error when `path` cannot be read whole: for a reader that
+// checks early (before loading a model) and reads later.
+void check_input_file(const std::string& path, const std::string& what, const std::string& key);
+
 // The whole of `path`, the user's `what` ("dataset file") named by `key` ("data.path", or a flag).
 // Throws a usage Error naming the file, what is wrong with it and `key`.
 std::string read_input_file(const std::string& path, const std::string& what,

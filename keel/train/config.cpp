@@ -95,7 +95,7 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("model.adapter", model.adapter, dropout).at_least(0).below(1));
     k.push_back(KEEL_KEY("model.adapter", model.adapter, target_modules));
     // [data]
-    k.push_back(KEEL_KEY("data", data, task).one_of({"arith", "text", "jsonl"}));
+    k.push_back(KEEL_KEY("data", data, task).one_of({"arith", "text", "jsonl", "tokens"}));
     k.push_back(KEEL_KEY("data", data, path));
     k.push_back(KEEL_KEY("data", data, tokenizer));
     k.push_back(KEEL_KEY("data", data, pad).one_of({"add", "eos"}));
@@ -562,16 +562,18 @@ void validate(Config& c, const Origins& origins) {
         throw usage("model.adapter.target_modules" + at("model.adapter.target_modules") +
                     " contains an empty module name");
   }
-  if ((c.data.task == "text" || c.data.task == "jsonl") && c.data.path.empty())
+  if (c.data.task != "arith" && c.data.path.empty())
     throw usage("data.task = \"" + c.data.task + "\"" + at("data.task") + " needs data.path (the " +
-                c.data.task + " file to train on)");
+                (c.data.task == "tokens" ? std::string("llm.c token") : c.data.task) +
+                " file to train on)");
   if (!c.data.eval_path.empty() && c.data.eval_fraction > 0)
     throw usage(prefix("data.eval_path") +
                 "data.eval_path and data.eval_fraction both give a validation split; set one");
   if (c.data.task == "arith" && (!c.data.eval_path.empty() || c.data.eval_fraction > 0))
-    throw usage(prefix("data.task") +
-                "data.eval_path / data.eval_fraction apply to text and jsonl; the arith task "
-                "holds out data.eval_examples problems of its own");
+    throw usage(
+        prefix("data.task") +
+        "data.eval_path / data.eval_fraction apply to text, jsonl and tokens; the arith task "
+        "holds out data.eval_examples problems of its own");
   if (c.data.tokenizer.empty())
     throw usage(prefix("data.tokenizer") +
                 "data.tokenizer must not be empty (\"byte\", \"gpt2:DIR\" or \"hf:PATH\")");

@@ -19,7 +19,6 @@
 #include "keel/models/resize.h"
 #include "keel/nn/adapters/adapter.h"
 #include "keel/nn/adapters/dora.h"
-#include "keel/numerics/input_file.h"
 #include "keel/numerics/utc_time.h"
 #include "keel/optim/adamw.h"
 #include "keel/optim/sgd.h"
@@ -88,18 +87,11 @@ RunData build_data(const Config& cfg) {
     d.eval_answers = std::move(task.eval_answers);
     d.stop_token = task.stop_token;
     d.max_answer_tokens = task.max_answer_tokens;
-  } else if (dc.task == "text" || dc.task == "jsonl") {
-    auto load = [&](const std::string& path) {
-      return dc.task == "text" ? data::load_text_dataset(path, *d.tokenizer, dc.seq_len, dc.pack)
-                               : data::load_jsonl_dataset(path, *d.tokenizer, dc.seq_len);
-    };
-    d.train = load(dc.path);
+  } else if (dc.task == "text" || dc.task == "jsonl" || dc.task == "tokens") {
+    d.train = data::load_dataset(dc.task, dc.path, "data.path", *d.tokenizer, dc.seq_len, dc.pack);
     if (!dc.eval_path.empty()) {
-      if (const std::string problem = input_file_problem(dc.eval_path); !problem.empty())
-        throw Error("data.eval_path = \"" + dc.eval_path + "\": it " + problem +
-                        " (a validation file in the format of data.path)",
-                    Error::kUsage);
-      d.eval = load(dc.eval_path);
+      d.eval = data::load_dataset(dc.task, dc.eval_path, "data.eval_path", *d.tokenizer, dc.seq_len,
+                                  dc.pack);
     } else if (dc.eval_fraction > 0) {
       const auto n_eval = std::max<int64_t>(
           1, std::llround(dc.eval_fraction * static_cast<double>(d.train->size())));

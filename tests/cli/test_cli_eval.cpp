@@ -192,10 +192,11 @@ TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
     return r.err;
   };
   EXPECT_CONTAINS(eval_err({f.base, "--data", "/no/file.jsonl"}),
-                  "--data /no/file.jsonl: it does not exist");
-  EXPECT_CONTAINS(eval_err({f.base, "--data", f.dir}), "--data " + f.dir + ": it is a directory");
+                  "dataset file /no/file.jsonl does not exist; --data must name a file");
+  EXPECT_CONTAINS(eval_err({f.base, "--data", f.dir}),
+                  "dataset file " + f.dir + " is a directory; --data must name a file");
   EXPECT_CONTAINS(eval_err({f.base, "--data", "/dev/zero", "--task", "text"}),
-                  "--data /dev/zero: it is a character device");
+                  "dataset file /dev/zero is a character device");
   EXPECT_CONTAINS(eval_err({f.base, "--data", f.val}), "give --tokenizer");
   EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--seq-len", "999"}),
                   "--seq-len 999");
@@ -213,8 +214,9 @@ TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
   EXPECT_CONTAINS(train_err({"data.eval_fraction=1"}), "data.eval_fraction");
   EXPECT_CONTAINS(train_err({"data.eval_fraction=0.95"}), "leaves no training example");
   EXPECT_CONTAINS(train_err({"data.task=arith", "data.eval_path=" + f.val}),
-                  "apply to text and jsonl");
-  EXPECT_CONTAINS(train_err({"data.eval_path=/no/val.jsonl"}), "/no/val.jsonl");
+                  "apply to text, jsonl and tokens");
+  EXPECT_CONTAINS(train_err({"data.eval_path=/no/val.jsonl"}),
+                  "/no/val.jsonl does not exist; data.eval_path must name a file");
 }
 
 }  // namespace

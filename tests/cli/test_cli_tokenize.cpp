@@ -101,5 +101,70 @@ TEST(CliTokenize, BadInputNamesTheFlagOrTheToken) {
   EXPECT_CONTAINS(both.err, "not both");
 }
 
+// `--output` writes an llm.c token file; a run on it (data.task = "tokens") is the run on the text
+// packed, bit for bit: the same losses and gradient norms, the same validation loss through
+// data.eval_path, the same `keel eval`.
+TEST(CliTokenize, OutputTrainsAsTheTextPacked) {
+  const std::string dir = test::temp_dir("cli-tokenize-output");
+  const std::string txt = dir + "/corpus.txt", val = dir + "/val.txt";
+  {
+    std::ofstream t(txt), v(val);
+    for (int i = 0; i < 60; ++i) t << "line " << i << ": the quick brown fox " << i * 7 << "\n";
+    for (int i = 0; i < 12; ++i) v << "held out " << i << "\n";
+  }
+  for (const std::string& f : {txt, val}) {
+    const test::KeelRun r = test::run_keel(
+        {"tokenize", "--tokenizer", "gpt2:" + kTiny, "--file", f, "--output", f + ".bin"});
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_CONTAINS(r.err, "wrote ");
+  }
+  auto run = [&](const std::string& out, std::vector<std::string> data) {
+    std::vector<std::string> sets = {"run.out_dir=" + out,           "run.threads=1",
+                                     "data.tokenizer=gpt2:" + kTiny, "data.seq_len=24",
+                                     "train.batch_size=4",           "train.max_steps=4",
+                                     "train.eval_every=2",           "log.tensorboard=false"};
+    sets.insert(sets.end(), data.begin(), data.end());
+    const test::KeelRun r = test::run_keel(test::with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r;
+  };
+  run(dir + "/text",
+      {"data.task=text", "data.pack=true", "data.path=" + txt, "data.eval_path=" + val});
+  run(dir + "/tokens",
+      {"data.task=tokens", "data.path=" + txt + ".bin", "data.eval_path=" + val + ".bin"});
+  const auto a = test::step_records(dir + "/text"), b = test::step_records(dir + "/tokens");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << i;
+    EXPECT_EQ(a[i]["grad_norm"].get<double>(), b[i]["grad_norm"].get<double>()) << i;
+  }
+  const auto ea = test::records_with(dir + "/text", "eval_loss"),
+             eb = test::records_with(dir + "/tokens", "eval_loss");
+  ASSERT_GE(ea.size(), 2u);
+  ASSERT_EQ(eb.size(), ea.size());
+  for (size_t i = 0; i < ea.size(); ++i)
+    EXPECT_EQ(ea[i]["eval_loss"].get<double>(), eb[i]["eval_loss"].get<double>()) << i;
+  // keel eval picks the token file's task from its extension.
+  const test::KeelRun et = test::run_keel(
+      {"eval", dir + "/text", "--data", val, "--pack", "--json"}, {"OMP_NUM_THREADS=1"});
+  const test::KeelRun eb2 = test::run_keel(
+      {"eval", dir + "/text", "--data", val + ".bin", "--json"}, {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(et.code, 0) << et.output;
+  ASSERT_EQ(eb2.code, 0) << eb2.output;
+  EXPECT_EQ(nlohmann::json::parse(et.out)["loss"], nlohmann::json::parse(eb2.out)["loss"]);
+  // The estimate counts the mapped ids as the page cache's, not the run's.
+  const test::KeelRun mem = test::run_keel(
+      test::with_sets({"memory"}, {"data.task=tokens", "data.path=" + txt + ".bin",
+                                   "data.tokenizer=gpt2:" + kTiny, "data.seq_len=24"}));
+  ASSERT_EQ(mem.code, 0) << mem.output;
+  EXPECT_CONTAINS(mem.out, txt + ".bin: ");
+  EXPECT_CONTAINS(mem.out, "rows, mapped (page cache, not counted)");
+  // --output writes ids, not text: the flags that print are refused beside it.
+  const test::KeelRun both =
+      test::run_keel({"tokenize", "--output", dir + "/x.bin", "--json", "a"});
+  EXPECT_EQ(both.code, 2) << both.output;
+}
+
 }  // namespace
 }  // namespace keel

@@ -321,7 +321,7 @@ TEST(Config, EnumerationsListTheirValidValues) {
       {"optim.name", "adam", "adamw, sgd"},
       {"sched.name", "step", "constant, linear, cosine"},
       {"dist.backend", "gloo", "auto, single, mpi, nccl"},
-      {"data.task", "images", "arith, text, jsonl"},
+      {"data.task", "images", "arith, text, jsonl, tokens"},
       {"debug.inject.kind", "zero", "nan, inf, scale"},
   };
   for (const Case& c : cases) {

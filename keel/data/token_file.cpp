@@ -1,0 +1,263 @@
+#include "keel/data/token_file.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "keel/numerics/error.h"
+#include "keel/numerics/input_file.h"
+
+namespace keel::data {
+
+namespace {
+
+// The header and ids are little-endian, read in place.
+static_assert(std::endian::native == std::endian::little, "token files are little-endian");
+
+constexpr int32_t kGpt2Magic = 20240520, kGpt2Version = 1;      // uint16 ids
+constexpr int32_t kLlama3Magic = 20240801, kLlama3Version = 7;  // uint32 ids
+const char* kWhatItIs =
+    "an llm.c token file (llm.c's dev/data scripts or `keel tokenize --output` write one)";
+
+// An open file descriptor, closed on every path out.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Reads bytes [offset, offset + n) of `fd` whole (pread returns short counts near EOF or on a
+// signal).
+bool read_at(int fd, void* out, size_t n, int64_t offset) {
+  auto* p = static_cast<char*>(out);
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<size_t>(got);
+    offset += got;
+  }
+  return true;
+}
+
+Error file_error(const std::string& path, const std::string& key, const std::string& what) {
+  return Error("token file " + path + " (" + key + "): " + what, Error::kUsage);
+}
+
+// Opens `path` for reading as a regular file of `st`'s size.
+void open_token_file(const std::string& path, const std::string& key, Fd& f, struct stat& st) {
+  check_input_file(path, "token file", key);
+  // O_NONBLOCK: a FIFO would otherwise wait here for a writer before fstat could refuse it.
+  f.fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (f.fd < 0)
+    throw file_error(path, key, std::string("cannot be opened: ") + std::strerror(errno));
+  if (::fstat(f.fd, &st) != 0 || !S_ISREG(st.st_mode))
+    throw file_error(path, key,
+                     "is a pipe, not a file: a token file is mapped, not read as a stream; write "
+                     "it to disk first");
+}
+
+TokenFileHeader header_of(int fd, const struct stat& st, const std::string& path,
+                          const std::string& key) {
+  const auto size = static_cast<int64_t>(st.st_size);
+  if (size < kTokenFileHeaderBytes)
+    throw file_error(path, key,
+                     "holds " + std::to_string(size) + " bytes, less than the " +
+                         std::to_string(kTokenFileHeaderBytes) + "-byte header of " + kWhatItIs);
+  int32_t h[3] = {};
+  if (!read_at(fd, h, sizeof h, 0))
+    throw file_error(path, key, std::string("cannot read its header: ") + std::strerror(errno));
+  TokenFileHeader t;
+  if (h[0] == kGpt2Magic || h[0] == kLlama3Magic) {
+    const bool gpt2 = h[0] == kGpt2Magic;
+    const int32_t version = gpt2 ? kGpt2Version : kLlama3Version;
+    if (h[1] != version)
+      throw file_error(path, key,
+                       "its header's version is " + std::to_string(h[1]) + "; the magic " +
+                           std::to_string(h[0]) + " (" + (gpt2 ? "GPT-2" : "Llama 3") +
+                           ") comes with version " + std::to_string(version));
+    t.width = gpt2 ? 2 : 4;
+  } else {
+    char first[16];
+    std::snprintf(first, sizeof first, "0x%08x", static_cast<uint32_t>(h[0]));
+    throw file_error(path, key,
+                     std::string("is not ") + kWhatItIs + ": its first 4 bytes read " + first +
+                         " (" + std::to_string(h[0]) +
+                         "), not the magic 20240520 (GPT-2, 16-bit "
+                         "ids) or 20240801 (Llama 3, 32-bit ids); a text file is read with "
+                         "data.task = \"text\" (keel eval: --task text)");
+  }
+  if (h[2] < 0)
+    throw file_error(path, key,
+                     "its header counts " + std::to_string(h[2]) +
+                         " tokens (negative): the "
+                         "header is damaged; write the file again");
+  t.tokens = h[2];
+  const int64_t want = t.tokens * t.width, have = size - kTokenFileHeaderBytes;
+  if (have != want)
+    throw file_error(path, key,
+                     "its header counts " + std::to_string(t.tokens) + " tokens of " +
+                         std::to_string(t.width) + " bytes (" + std::to_string(want) +
+                         " bytes after the header), but " + std::to_string(have) +
+                         " bytes follow it: " +
+                         (have < want ? "the file is truncated (a copy or a write that did not "
+                                        "finish); write it again"
+                                      : "bytes after the ids; this is not one token file"));
+  return t;
+}
+
+// The first id of the file at or beyond `vocab` (its position, or -1): read in 1 MiB pieces
+// through the page cache, so checking a corpus does not make it resident in the process.
+template <class Id>
+int64_t first_id_beyond(int fd, int64_t n, int64_t vocab, Id& found, const std::string& path,
+                        const std::string& key) {
+  std::vector<Id> chunk(size_t{1} << 19);
+  for (int64_t done = 0; done < n;) {
+    const auto m =
+        static_cast<size_t>(std::min<int64_t>(static_cast<int64_t>(chunk.size()), n - done));
+    if (!read_at(fd, chunk.data(), m * sizeof(Id), kTokenFileHeaderBytes + done * sizeof(Id)))
+      throw file_error(path, key, std::string("a read failed part-way: ") + std::strerror(errno));
+    for (size_t i = 0; i < m; ++i)
+      if (static_cast<int64_t>(chunk[i]) >= vocab) {
+        found = chunk[i];
+        return done + static_cast<int64_t>(i);
+      }
+    done += static_cast<int64_t>(m);
+  }
+  return -1;
+}
+
+// The rows of a mapped token file. `Id` is uint16_t (GPT-2's layout) or int32_t (Llama 3's
+// uint32 ids, all checked below 2^31 against the vocabulary, so read as int32 in place).
+template <class Id>
+class TokenFileDataset : public Dataset {
+ public:
+  TokenFileDataset(void* map, size_t map_bytes, int64_t n, size_t len, std::string source)
+      : map_(map),
+        map_bytes_(map_bytes),
+        ids_(reinterpret_cast<const Id*>(static_cast<const char*>(map) + kTokenFileHeaderBytes),
+             static_cast<size_t>(n)),
+        len_(len),
+        rows_(packed_rows(static_cast<size_t>(n), len)),
+        all_targets_(len, 1),
+        source_(std::move(source)) {}
+  ~TokenFileDataset() override { ::munmap(map_, map_bytes_); }
+  TokenFileDataset(const TokenFileDataset&) = delete;
+  TokenFileDataset& operator=(const TokenFileDataset&) = delete;
+
+  int64_t size() const override { return rows_; }
+  ExampleView get(int64_t i) const override {
+    check_example_index(i, rows_, source_);
+    const auto [start, n] = packed_row(i, ids_.size(), len_);
+    return {ids_.subspan(start, n), std::span<const uint8_t>(all_targets_).first(n)};
+  }
+  std::string where(int64_t i) const override {
+    if (i < 0 || i >= rows_) return source_ + " row " + std::to_string(i);
+    return source_ + " row " + std::to_string(i) + " (tokens from " +
+           std::to_string(packed_row(i, ids_.size(), len_).first) + ")";
+  }
+  // The mapping is the page cache's, not the process's own memory: only the flags are held.
+  int64_t held_bytes() const override { return static_cast<int64_t>(all_targets_.size()); }
+  int64_t held_tokens() const override { return static_cast<int64_t>(ids_.size()); }
+
+ private:
+  void* map_;
+  size_t map_bytes_;
+  std::span<const Id> ids_;  // [n] in the mapping
+  size_t len_;               // tokens a row (seq_len)
+  int64_t rows_;
+  std::vector<uint8_t> all_targets_;
+  std::string source_;
+};
+
+}  // namespace
+
+TokenFileHeader read_token_file_header(const std::string& path, const std::string& key) {
+  Fd f;
+  struct stat st {};
+  open_token_file(path, key, f, st);
+  return header_of(f.fd, st, path, key);
+}
+
+std::unique_ptr<Dataset> load_token_file(const std::string& path, const std::string& key,
+                                         const Tokenizer& tok, int64_t seq_len) {
+  if (seq_len < 2)
+    throw Error(path + ": seq_len is " + std::to_string(seq_len) +
+                    "; next-token prediction needs at least 2 positions (set data.seq_len >= 2)",
+                Error::kUsage);
+  Fd f;
+  struct stat st {};
+  open_token_file(path, key, f, st);
+  const TokenFileHeader h = header_of(f.fd, st, path, key);
+  if (h.tokens < 2)
+    throw file_error(path, key,
+                     "holds " + std::to_string(h.tokens) + (h.tokens == 1 ? " token" : " tokens") +
+                         "; training needs at least 2 (one to predict the other)");
+  const int64_t vocab = tok.vocab_size();
+  int64_t at = -1, id = 0;
+  if (h.width == 2) {
+    uint16_t v = 0;
+    at = first_id_beyond<uint16_t>(f.fd, h.tokens, vocab, v, path, key);
+    id = v;
+  } else {
+    uint32_t v = 0;
+    at = first_id_beyond<uint32_t>(f.fd, h.tokens, vocab, v, path, key);
+    id = v;
+  }
+  if (at >= 0)
+    throw file_error(path, key,
+                     "token " + std::to_string(at) + " is id " + std::to_string(id) +
+                         ", beyond the tokenizer's vocabulary (" + std::to_string(vocab) +
+                         " ids): the file was written with another tokenizer; use that one "
+                         "(data.tokenizer = \"gpt2:DIR\" for llm.c's GPT-2 files, \"hf:PATH\" "
+                         "for Llama 3's)");
+  const auto bytes = static_cast<size_t>(st.st_size);
+  void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, f.fd, 0);
+  if (map == MAP_FAILED)
+    throw file_error(path, key, std::string("cannot be mapped: ") + std::strerror(errno));
+  const auto len = static_cast<size_t>(seq_len);
+  if (h.width == 2)
+    return std::make_unique<TokenFileDataset<uint16_t>>(map, bytes, h.tokens, len, path);
+  return std::make_unique<TokenFileDataset<int32_t>>(map, bytes, h.tokens, len, path);
+}
+
+std::string token_file_bytes(std::span<const int32_t> ids, int64_t vocab_size) {
+  if (ids.size() > static_cast<size_t>(INT32_MAX))
+    throw Error(
+        "a token file holds at most 2^31 - 1 tokens (its header counts them in an "
+        "int32); this text has " +
+            std::to_string(ids.size()) + ": split it into several files",
+        Error::kUsage);
+  const bool narrow = vocab_size <= 65536;
+  const int width = narrow ? 2 : 4;
+  std::string out(static_cast<size_t>(kTokenFileHeaderBytes) + ids.size() * width, '\0');
+  const int32_t header[3] = {narrow ? kGpt2Magic : kLlama3Magic,
+                             narrow ? kGpt2Version : kLlama3Version,
+                             static_cast<int32_t>(ids.size())};
+  std::memcpy(out.data(), header, sizeof header);
+  char* p = out.data() + kTokenFileHeaderBytes;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    if (id < 0 || id >= vocab_size)
+      throw Error("token " + std::to_string(i) + " is id " + std::to_string(id) +
+                  ", outside the tokenizer's vocabulary of " + std::to_string(vocab_size));
+    if (narrow) {
+      const auto v = static_cast<uint16_t>(id);
+      std::memcpy(p + i * 2, &v, 2);
+    } else {
+      std::memcpy(p + i * 4, &id, 4);
+    }
+  }
+  return out;
+}
+
+}  // namespace keel::data
