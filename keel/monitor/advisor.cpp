@@ -68,6 +68,7 @@ std::string TrendAdvisor::observe(StepResult& r, const std::vector<BlockGradNorm
   const bool round_due = observe_rounding(r, &round);
   std::string advice = trend_line(r);
   if (!advice.empty()) findings_.push_back(finding_);
+  if (under_due) explain_vanished(r, under);
   for (const Finding* f : {under_due ? &under : nullptr, round_due ? &round : nullptr}) {
     if (!f) continue;
     findings_.push_back(*f);
@@ -144,16 +145,30 @@ bool TrendAdvisor::observe_layers(const StepResult& r, const std::vector<BlockGr
              " (every element zero or below " + fmt + "'s smallest normal; " + num(100 * f->share) +
              "% of them zeros)" + ", while " + alive + "'s did not (grad norm " + num(alive_norm) +
              ")";
-  const std::string fix = underflow_fix(r);
-  if (!fix.empty()) {
-    f->cause += ": " + fmt + " underflow";
-    f->action = fix;
-  } else {
-    f->cause += ": not an underflow of " + fmt + "'s range (it reaches 1e-38)";
-    f->action =
-        "check that these layers take part in the loss (frozen, detached, or dead activations)";
-  }
   return true;
+}
+
+// Why the blocks of `f` vanished, once this step's trend is known. In a diverged run they died
+// of the divergence: weights it blew up saturate softmax, GELU and the normalizations, whose
+// gradients are then exactly zero in any format; the divergence's fix is theirs, and the format's
+// or a detached layer's would send the user the wrong way.
+void TrendAdvisor::explain_vanished(const StepResult& r, Finding& f) const {
+  const std::string fmt = format_name();
+  if (trend_ == Trend::kExploding) {
+    f.cause += ": the run has diverged (since step " + std::to_string(finding_.step) +
+               "), and activations saturated by the blown-up weights pass no gradient; not an "
+               "underflow";
+    f.action = action(Trend::kExploding, r);
+    return;
+  }
+  if (const std::string fix = underflow_fix(r); !fix.empty()) {
+    f.cause += ": " + fmt + " underflow";
+    f.action = fix;
+    return;
+  }
+  f.cause += ": not an underflow of " + fmt + "'s range (it reaches 1e-38)";
+  f.action =
+      "check that these layers take part in the loss (frozen, detached, or dead activations)";
 }
 
 bool TrendAdvisor::observe_rounding(const StepResult& r, Finding* f) {

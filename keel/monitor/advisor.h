@@ -124,6 +124,7 @@ class TrendAdvisor {
   // The underflow finding's state for this step (vanished blocks named), and its finding if due.
   bool observe_layers(const StepResult& r, const std::vector<BlockGradNorm>& layers, Finding* f);
   bool observe_rounding(const StepResult& r, Finding* f);
+  void explain_vanished(const StepResult& r, Finding& f) const;
   std::string underflow_fix(const StepResult& r) const;
   std::string format_name() const;  // the compute format of opt_.precision: f16, bf16, f32
 

@@ -77,6 +77,27 @@ TEST(CliAdvisor, LearningRateDivergenceHoldsItsVerdict) {
   EXPECT_NOT_CONTAINS(r.out, "stable:");
 }
 
+// optim.lr = 1000 without clipping in f32: the loss leaps to 1e7 by step 3, and a few steps later
+// the gradients of the embedding's positions and both blocks are exactly zero while the final
+// norm's are 1e9. That is the divergence (softmax, GELU and LayerNorm saturated by blown-up
+// weights), not f32 underflow nor a detached layer: the finding says so and repeats its fix.
+TEST(CliAdvisor, BlocksThatDieInADivergenceAreNamedAsItsDoing) {
+  const std::string dir = test::temp_dir("cli-advisor-lr1000");
+  const test::KeelRun r =
+      train({"run.out_dir=" + dir, "optim.lr=1000", "train.max_grad_norm=0", "train.max_steps=12",
+             "data.num_examples=512", "data.eval_examples=0", "train.on_nonfinite=skip"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<json> under;
+  for (const json& j : findings(dir))
+    if (j.at("trend") == "underflow") under.push_back(j);
+  ASSERT_EQ(under.size(), 1u) << r.output;
+  const std::string cause = under[0].at("cause"), action = under[0].at("action");
+  EXPECT_CONTAINS(cause, "transformer.h.0");
+  EXPECT_CONTAINS(cause, "the run has diverged (since step ");
+  EXPECT_CONTAINS(action, "lower optim.lr");
+  EXPECT_NOT_CONTAINS(r.out, "check that these layers take part in the loss");
+}
+
 // A text dataset of plain sentences with one paragraph of random printable bytes. At an ordinary
 // learning rate the model learns the sentences (loss well below ln 259); the garbage batch takes
 // the loss above the uniform guess, and the next batches are back down. The finding names the

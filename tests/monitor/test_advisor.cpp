@@ -416,6 +416,30 @@ TEST(Advisor, VanishedBlocksAreNamedWithTheirPrecisionCauseAndFix) {
   EXPECT_EQ(bf.of("underflow")[0].action.find("scaler"), std::string::npos);
 }
 
+// Blocks that vanish after the run diverged died of it (saturated activations of blown-up
+// weights), in any format: the finding says so and gives the divergence's fix, not the format's
+// (f16: a loss scaler) nor a detached layer's.
+TEST(Advisor, VanishedBlocksOfADivergedRunAreTheDivergences) {
+  for (const std::string precision : {"32-true", "16-mixed"}) {
+    AdvisorOptions o;
+    o.precision = precision;
+    o.uniform_loss = 5.56;
+    LayerFeed run(o);
+    run.feed(step(1, 5.5, 3.0), layers_of(false, false));
+    for (int64_t i = 2; i <= 8; ++i)
+      run.feed(step(i, 1e6 * static_cast<double>(i), 1e5), layers_of(i >= 4, i >= 4));
+    ASSERT_FALSE(run.of("exploding").empty()) << precision;
+    const int64_t diverged = run.of("exploding")[0].step;
+    const auto under = run.of("underflow");
+    ASSERT_EQ(under.size(), 1u) << precision;
+    EXPECT_CONTAINS(under[0].cause,
+                    "the run has diverged (since step " + std::to_string(diverged) + ")");
+    EXPECT_CONTAINS(under[0].action, "lower optim.lr");
+    EXPECT_NOT_CONTAINS(under[0].action, "scaler");
+    EXPECT_NOT_CONTAINS(under[0].action, "detached");
+  }
+}
+
 TEST(Advisor, HealthyLayersAndSkippedStepsGiveNoUnderflowFinding) {
   AdvisorOptions o;
   o.precision = "16-mixed";
