@@ -19,6 +19,7 @@
 #include "keel/monitor/memory_estimate.h"
 #include "keel/monitor/nan_capture.h"
 #include "keel/monitor/tracer.h"
+#include "keel/train/eval_loss.h"
 #include "keel/train/stop_request.h"
 #include "keel/train/trainer.h"
 
@@ -226,6 +227,17 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   advisor_opt.describe_example = [&trainer](int64_t id) {
     return trainer.run().data.train->where(id);
   };
+  // Two forwards without gradients, on a loss spike's first sighting only; the next step sets
+  // train mode again, and no random draw is taken (dropout is off), so the run is unchanged. Not
+  // with the tracer or the injector: their hooks would take the probe for the step's forward.
+  if (!cfg.debug.underflow_overflow.enabled && cfg.debug.inject.module.empty())
+    advisor_opt.batch_loss = [&trainer, &cfg](const std::vector<int64_t>& ids) {
+      const RunData& d = trainer.run().data;
+      const LossTotal t =
+          examples_loss(trainer.model(), *d.train, ids, cfg.train.batch_size, cfg.data.seq_len,
+                        d.pad_id, trainer.policy(), trainer.device());
+      return t.tokens > 0 ? t.loss() : std::nan("");
+    };
   advisor_opt.tracer_log =
       trainer.out_dir() + "/debug/underflow_overflow_rank" + std::to_string(rank) + ".log";
   if (rank == 0) advisor = std::make_unique<monitor::TrendAdvisor>(advisor_opt);

@@ -228,10 +228,15 @@ std::string TrendAdvisor::trend_line(StepResult& r) {
   const double U = opt_.uniform_loss;
   const bool above_uniform = U > 0 && prev_losses.size() >= min_steps && std::isfinite(r.loss) &&
                              r.loss > U && median(prev_losses) < 0.8 * U && prev_losses.back() < U;
-  if (jumped(prev_norms, r.grad_norm, opt_.spike_factor) ||
-      jumped(prev_losses, r.loss, opt_.loss_spike_factor) || above_uniform) {
+  const bool loss_jumped = jumped(prev_losses, r.loss, opt_.loss_spike_factor) || above_uniform;
+  if (jumped(prev_norms, r.grad_norm, opt_.spike_factor) || loss_jumped) {
     last_spike_ = r.step;
     spikes_.push_back(r.step);
+    // A loss spike's first sighting: its batch against the step before's, same weights.
+    if (loss_jumped && spikes_.size() == 1 && opt_.batch_loss && !r.example_ids.empty() &&
+        !window_.empty() && !window_.back().example_ids.empty())
+      probe_ = {r.step, opt_.batch_loss(r.example_ids),
+                opt_.batch_loss(window_.back().example_ids)};
   }
   while (!spikes_.empty() && r.step - spikes_.front() >= opt_.window) spikes_.pop_front();
 
@@ -401,6 +406,12 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
       for (int64_t k : spikes_) why += " " + std::to_string(k);
       why += ") on different batches: the optimizer, not the data";
     } else if (s && !s->example_ids.empty()) {
+      if (const int v = probe_verdict(last_spike_); v != 0)
+        why += "; under the same weights its batch's loss is " + num(probe_.spike) +
+               " and the step before's batch's " + num(probe_.before) +
+               (v > 0 ? ": the batch is the harder, the data"
+                      : ": its batch is no harder, the update before moved the weights (the "
+                        "optimizer, not the data)");
       why += "; its batch: " + examples_of(*s, nullptr);
     }
     return Trend::kSpiking;
@@ -408,6 +419,32 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
 
   why = "grad norm " + num(r.grad_norm) + ", loss " + num(r.loss);
   return Trend::kStable;
+}
+
+namespace {
+std::string lower_lr_of(const StepResult& r) {
+  return "lower optim.lr (now " + num(r.lr) + ", try " + num(r.lr / 10) + ")";
+}
+}  // namespace
+
+int TrendAdvisor::probe_verdict(int64_t step) const {
+  if (probe_.step != step || !std::isfinite(probe_.spike) || !std::isfinite(probe_.before) ||
+      probe_.before <= 0)
+    return 0;
+  return probe_.spike >= opt_.spike_batch_ratio * probe_.before ? 1 : -1;
+}
+
+// Spikes the optimizer makes: a smaller step, a clipping threshold, a warmup.
+std::string TrendAdvisor::optimizer_spike_fix(const StepResult& r) const {
+  // It said "set train.max_grad_norm (now clipping)" to a run that clips already.
+  const double clip = opt_.max_grad_norm;
+  const std::string clipping = clip > 0 ? "lower train.max_grad_norm (now " + num(clip) +
+                                              (r.clipped ? ": it clipped this step)" : ")")
+                               : clip == 0
+                                   ? "set train.max_grad_norm = 1.0 (now 0: no clipping)"
+                                   : "set train.max_grad_norm (this step was " +
+                                         std::string(r.clipped ? "clipped)" : "not clipped)");
+  return lower_lr_of(r) + " or " + clipping + ", and add warmup (sched.warmup_steps)";
 }
 
 std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
@@ -418,7 +455,7 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
     switch_to = "try train.precision = \"32-true\"";
   else if (!wider.empty())
     switch_to = "switch train.precision to " + wider;
-  const std::string lower_lr = "lower optim.lr (now " + num(r.lr) + ", try " + num(r.lr / 10) + ")";
+  const std::string lower_lr = lower_lr_of(r);
   switch (t) {
     case Trend::kScaleCollapsing:
       return std::string(
@@ -469,17 +506,7 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
              ") or check the initialization (model.init_std) and the schedule";
     }
     case Trend::kSpiking:
-      if (spikes_.size() >= 2) {
-        // It said "set train.max_grad_norm (now clipping)" to a run that clips already.
-        const double clip = opt_.max_grad_norm;
-        const std::string clipping = clip > 0 ? "lower train.max_grad_norm (now " + num(clip) +
-                                                    (r.clipped ? ": it clipped this step)" : ")")
-                                     : clip == 0
-                                         ? "set train.max_grad_norm = 1.0 (now 0: no clipping)"
-                                         : "set train.max_grad_norm (this step was " +
-                                               std::string(r.clipped ? "clipped)" : "not clipped)");
-        return lower_lr + " or " + clipping + ", and add warmup (sched.warmup_steps)";
-      }
+      if (spikes_.size() >= 2 || probe_verdict(last_spike_) < 0) return optimizer_spike_fix(r);
       return "check the data around step " + std::to_string(last_spike_) +
              " (a bad, garbage or mislabeled batch: a data spike does not recur when other "
              "batches follow; if spikes recur, lower optim.lr or set train.max_grad_norm)";

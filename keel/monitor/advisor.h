@@ -21,7 +21,9 @@
 //                          before it, or its loss >= loss_spike_factor (2x) the median loss
 //                          (after min_steps), while the step before it was still below half that
 //                          jump (5.5x, 1.5x): a jump, not a steady growth; the class holds for
-//                          spike_hold (5) steps.
+//                          spike_hold (5) steps. A first loss spike's batch is compared with the
+//                          batch before it under the same weights (batch_loss): the harder batch
+//                          is the data, one no harder the optimizer.
 //   stable                 none of the above.
 // Grad norms of steps the scaler skipped (inf by design) are left out of the medians.
 //
@@ -91,6 +93,13 @@ struct AdvisorOptions {
   double uniform_loss = 0;
   // Where a dataset example comes from ("corpus.txt:17"); null = "example 17".
   std::function<std::string(int64_t)> describe_example;
+  // The loss (token mean) of examples `ids` under the model's current weights, without gradients
+  // or dropout; NaN when it cannot be measured; null = not asked. A loss spike's batch is then
+  // compared with the batch of the step before under the same weights: much harder than its
+  // neighbour (spike_batch_ratio, 1.5x), it is the data; no harder, the update before moved the
+  // weights and the optimizer is the suspect, not the data.
+  std::function<double(const std::vector<int64_t>&)> batch_loss;
+  double spike_batch_ratio = 1.5;
 };
 
 // One finding, as metrics.jsonl records it: {"kind": "advisor", step, trend, cause, action,
@@ -139,6 +148,17 @@ class TrendAdvisor {
   // grad norm of those steps. A divergence cannot contaminate it (it only ever goes down).
   double best_loss_ = 0, best_norm_ = 0;
   std::deque<int64_t> spikes_;  // steps of the spikes in the window
+  // A loss spike's batch and the batch of the step before, under the weights after the spike
+  // (AdvisorOptions::batch_loss).
+  struct SpikeProbe {
+    int64_t step = -1;
+    double spike = 0, before = 0;  // NaN: not measured
+  };
+  SpikeProbe probe_;
+  // The probe of spike `step` was measured: +1 its batch is the harder (the data), -1 it is no
+  // harder (the weights); 0 not measured.
+  int probe_verdict(int64_t step) const;
+  std::string optimizer_spike_fix(const StepResult& r) const;
   Finding finding_;
   std::vector<Finding> findings_;
   std::vector<std::pair<std::string, int64_t>> vanished_run_;  // block -> steps in a row

@@ -1,10 +1,13 @@
 #include "keel/train/eval_loss.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "keel/amp/autocast.h"
 #include "keel/autograd/node.h"
 #include "keel/data/loader.h"
+#include "keel/numerics/error.h"
 #include "keel/train/trainer.h"
 
 namespace keel {
@@ -12,15 +15,26 @@ namespace keel {
 LossTotal dataset_loss(models::CausalLM& model, const data::Dataset& set, int64_t batch_size,
                        int64_t seq_len, int64_t pad_id, const PrecisionPolicy& policy,
                        Device device) {
+  std::vector<int64_t> all(static_cast<size_t>(set.size()));
+  std::iota(all.begin(), all.end(), int64_t{0});
+  return examples_loss(model, set, all, batch_size, seq_len, pad_id, policy, device);
+}
+
+LossTotal examples_loss(models::CausalLM& model, const data::Dataset& set,
+                        const std::vector<int64_t>& ids, int64_t batch_size, int64_t seq_len,
+                        int64_t pad_id, const PrecisionPolicy& policy, Device device) {
   LossTotal t;
-  t.examples = set.size();
-  if (set.size() == 0) return t;
+  t.examples = static_cast<int64_t>(ids.size());
+  if (ids.empty()) return t;
+  KEEL_CHECK(batch_size >= 1, "examples_loss needs batch_size >= 1");
   NoGradGuard no_grad;
   model.train(false);
   amp::AutocastGuard autocast(policy.autocast, policy.compute_dtype);
-  data::DataLoader loader(set, batch_size, seq_len, pad_id, /*shuffle=*/false, /*seed=*/0);
-  for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
-    data::Batch b = loader.batch(0, i).to(device);
+  for (size_t begin = 0; begin < ids.size(); begin += static_cast<size_t>(batch_size)) {
+    const size_t end = std::min(ids.size(), begin + static_cast<size_t>(batch_size));
+    const std::vector<int64_t> chunk(ids.begin() + static_cast<std::ptrdiff_t>(begin),
+                                     ids.begin() + static_cast<std::ptrdiff_t>(end));
+    data::Batch b = data::collate(set, chunk, seq_len, pad_id).to(device);
     if (b.n_targets == 0) continue;
     const double sum = batch_loss_sum(model, b).item();
     if (!std::isfinite(sum) && t.nonfinite_batches++ == 0) t.first_nonfinite_batch = b.example_ids;

@@ -30,6 +30,12 @@ LossTotal dataset_loss(models::CausalLM& model, const data::Dataset& set, int64_
                        int64_t seq_len, int64_t pad_id, const PrecisionPolicy& policy,
                        Device device);
 
+// The same over examples `ids` of `set` (in batches of batch_size, in the order given): the loss
+// of one step's batch under the current weights (the trend advisor's spike comparison).
+LossTotal examples_loss(models::CausalLM& model, const data::Dataset& set,
+                        const std::vector<int64_t>& ids, int64_t batch_size, int64_t seq_len,
+                        int64_t pad_id, const PrecisionPolicy& policy, Device device);
+
 // Of examples `ids`, those whose loss alone (a batch of one) is not finite: which rows of a
 // non-finite batch produce it, for an error that names their file and line.
 std::vector<int64_t> nonfinite_examples(models::CausalLM& model, const data::Dataset& set,

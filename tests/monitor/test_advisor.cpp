@@ -324,6 +324,51 @@ TEST(Advisor, ExplodingVerdictHoldsUntilTheConditionClears) {
   }
 }
 
+// A single loss spike's batch measured against the batch before it, under the same weights: the
+// harder batch is the data (check the data); a batch no harder means the weights moved (the
+// optimizer's fix). Measured once, on the loss spike's first sighting, never for a grad-norm-only
+// spike.
+TEST(Advisor, ASpikeBatchIsComparedWithTheBatchBeforeUnderTheSameWeights) {
+  for (const double spike_now : {6.0, 2.1}) {
+    AdvisorOptions o;
+    std::vector<std::vector<int64_t>> asked;
+    o.batch_loss = [&](const std::vector<int64_t>& ids) {
+      asked.push_back(ids);
+      return ids[0] == 12 ? spike_now : 2.0;
+    };
+    Feed run(o);
+    for (int64_t i = 1; i <= 12; ++i) {
+      StepResult r = step(i, i == 12 ? 6.0 : 2.0, 1.0);
+      r.example_ids = {i, i + 100};
+      run.feed(r);
+    }
+    ASSERT_EQ(asked.size(), 2u);
+    EXPECT_EQ(asked[0], (std::vector<int64_t>{12, 112}));  // the spike's batch
+    EXPECT_EQ(asked[1], (std::vector<int64_t>{11, 111}));  // the batch before it
+    ASSERT_FALSE(run.advice.empty());
+    const std::string& line = run.advice.back().second;
+    if (spike_now == 6.0) {
+      EXPECT_CONTAINS(line, "its batch's loss is 6 and the step before's batch's 2: the batch");
+      EXPECT_CONTAINS(line, "check the data around step 12");
+    } else {
+      EXPECT_CONTAINS(line, "its batch is no harder, the update before moved the weights");
+      EXPECT_CONTAINS(line, "lower optim.lr");
+      EXPECT_NOT_CONTAINS(line, "check the data");
+    }
+  }
+  // A grad-norm spike alone: nothing to compare by loss.
+  AdvisorOptions o;
+  int calls = 0;
+  o.batch_loss = [&](const std::vector<int64_t>&) { return ++calls, 2.0; };
+  Feed run(o);
+  for (int64_t i = 1; i <= 12; ++i) {
+    StepResult r = step(i, 2.0, i == 12 ? 50.0 : 1.0);
+    r.example_ids = {i};
+    run.feed(r);
+  }
+  EXPECT_EQ(calls, 0);
+}
+
 // ---- per-layer underflow and rounded-away updates (issue 21 items 3, 4) -----------------------
 
 using monitor::BlockGradNorm;
