@@ -89,9 +89,11 @@ RunData build_data(const Config& cfg) {
     d.max_answer_tokens = task.max_answer_tokens;
   } else if (dc.task == "text" || dc.task == "jsonl" || dc.task == "tokens") {
     d.train = data::load_dataset(dc.task, dc.path, "data.path", *d.tokenizer, dc.seq_len, dc.pack);
+    d.files.emplace_back("data.path", file_fingerprint(dc.path));
     if (!dc.eval_path.empty()) {
       d.eval = data::load_dataset(dc.task, dc.eval_path, "data.eval_path", *d.tokenizer, dc.seq_len,
                                   dc.pack);
+      d.files.emplace_back("data.eval_path", file_fingerprint(dc.eval_path));
     } else if (dc.eval_fraction > 0) {
       const auto n_eval = std::max<int64_t>(
           1, std::llround(dc.eval_fraction * static_cast<double>(d.train->size())));

@@ -13,6 +13,7 @@
 #include "keel/amp/precision.h"
 #include "keel/data/data.h"
 #include "keel/models/causal_lm.h"
+#include "keel/numerics/file_fingerprint.h"
 #include "keel/optim/optimizer.h"
 #include "keel/optim/schedule.h"
 #include "keel/train/config.h"
@@ -30,6 +31,9 @@ struct RunData {
   int32_t stop_token = '\n';
   int64_t max_answer_tokens = 0;
   int64_t pad_id = 0;  // the id that fills padded positions (pad_fill_id)
+  // The files read, by the key that named them ("data.path", "data.eval_path"), as they were
+  // when loaded (a pipe: none): what a resume checks its checkpoint was trained on.
+  std::vector<std::pair<std::string, FileFingerprint>> files;
 };
 
 struct RunOptions {

@@ -127,6 +127,10 @@ void Trainer::write_checkpoint(const std::string& dir) {
   st["precision"] = run_.policy.name();
   st["world_size"] = coll_->world_size();        // next_batch counts global micro-batches
   st["config"] = fixed_by_checkpoint(run_.cfg);  // checked on resume
+  json files = json::object();                   // so are the data files' contents
+  for (const auto& [key, f] : run_.data.files)
+    if (f.known()) files[key] = {{"bytes", f.bytes}, {"fnv1a64", f.fnv1a64}};
+  st["data_files"] = files;
   if (run_.scaler) st["scaler"] = run_.scaler->state_dict();
   std::optional<nn::AdapterOptions> adapter;
   if (run_.cfg.model.adapter.kind != "none") adapter = run_.cfg.model.adapter;
@@ -229,6 +233,30 @@ void Trainer::load_checkpoint(const std::string& dir) {
       throw Error(tj + ": this resume changes what the checkpoint fixes:" + diff +
                       "\nrestore these values to continue the interrupted run, or set "
                       "run.resume_force = true to continue from the checkpoint anyway",
+                  Error::kUsage);
+  }
+  // The saved batch position counts batches of the file trained on: another file under the same
+  // name (regenerated, appended to, cut) would continue with other batches, or past its end.
+  if (st.contains("data_files") && st["data_files"].is_object() && !run_.cfg.run.resume_force) {
+    std::string diff;
+    for (const auto& [key, now] : run_.data.files) {
+      if (!now.known() || !st["data_files"].contains(key)) continue;
+      const json& then = st["data_files"][key];
+      FileFingerprint was;
+      if (then.is_object() && then.contains("bytes") && then["bytes"].is_number_integer() &&
+          then.contains("fnv1a64") && then["fnv1a64"].is_string())
+        was = {then["bytes"].get<int64_t>(), then["fnv1a64"].get<std::string>()};
+      if (!(was == now))
+        diff += "\n  " + key + " = " +
+                (key == "data.path" ? run_.cfg.data.path : run_.cfg.data.eval_path) + ": " +
+                (was.known() ? was.text() : "unrecorded") + " in the checkpoint, " + now.text() +
+                " now";
+    }
+    if (!diff.empty())
+      throw Error(tj + ": the data changed since this checkpoint was written:" + diff +
+                      "\nrestore the file to continue the interrupted run, or set "
+                      "run.resume_force = true to continue on the new data (from the same batch "
+                      "position, in another order)",
                   Error::kUsage);
   }
   if (world != coll_->world_size())

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -194,6 +195,56 @@ TEST(CliOutDir, ResumeThatChangesWhatTheCheckpointFixesIsRefused) {
   // max_steps is not fixed: a longer run continues.
   r = run_keel(train(out, {"run.resume=true", "train.batch_size=4", "train.max_steps=5"}));
   EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// The batch position a checkpoint saved counts batches of the file it trained on: a resume on a
+// file changed since (cut, appended to, regenerated; the eval file too) is refused naming the key
+// and both fingerprints, unless run.resume_force. A file only touched resumes.
+TEST(CliOutDir, ResumeOnChangedDataIsRefusedNamingTheFile) {
+  const std::string out = test::temp_dir("outdir-data");
+  const std::string txt = out + "-corpus.txt", val = out + "-val.txt";
+  auto write = [](const std::string& path, int lines) {
+    std::ofstream f(path);
+    for (int i = 0; i < lines; ++i) f << "line " << i << " of the corpus, the quick brown fox\n";
+  };
+  write(txt, 80);
+  write(val, 8);
+  const std::vector<std::string> text = {"data.task=text",    "data.pack=true",
+                                         "data.path=" + txt,  "data.eval_path=" + val,
+                                         "train.max_steps=2", "data.seq_len=16"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), text.begin(), text.end());
+    return train(out, more);
+  };
+  auto r = run_keel(with({}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto fp = json::parse(slurp(out + "/checkpoints/last/trainer.json")).at("data_files");
+  EXPECT_EQ(fp.at("data.path").at("bytes").get<int64_t>(),
+            static_cast<int64_t>(fs::file_size(txt)));
+  ASSERT_TRUE(fp.contains("data.eval_path")) << fp.dump();
+  ::utimes(txt.c_str(), nullptr);  // the same bytes, a new mtime
+  r = run_keel(with({"run.resume=true", "train.max_steps=3"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+
+  write(txt, 60);  // cut
+  r = run_keel(with({"run.resume=true", "train.max_steps=4"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "trainer.json: the data changed since this checkpoint was written");
+  EXPECT_CONTAINS(r.err, "data.path = " + txt + ": " +
+                             std::to_string(fp.at("data.path").at("bytes").get<int64_t>()) +
+                             " bytes, hash ");
+  EXPECT_CONTAINS(r.err, std::to_string(fs::file_size(txt)) + " bytes, hash ");
+  EXPECT_NOT_CONTAINS(r.err, "data.eval_path = ");
+  EXPECT_CONTAINS(r.err, "run.resume_force = true");
+  EXPECT_EQ(saved_step(out), 3);  // nothing written over
+  write(txt, 80);                 // restored: the interrupted run continues
+  std::ofstream(val, std::ios::app) << "one more held-out line\n";
+  r = run_keel(with({"run.resume=true", "train.max_steps=4"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "data.eval_path = " + val + ": ");
+  r = run_keel(with({"run.resume=true", "train.max_steps=4", "run.resume_force=true"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(saved_step(out), 4);
 }
 
 TEST(CliOutDir, ADamagedTrainerJsonNamesTheFileAndTheKey) {
