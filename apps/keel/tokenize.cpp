@@ -3,8 +3,10 @@
 // `--decode` turns ids back into text. The text comes from the argument, --file or stdin.
 // `--output FILE` writes the ids as an llm.c token file instead (data.task = "tokens" trains on
 // it as on the text packed: the same rows, mapped instead of held).
+#include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -12,7 +14,6 @@
 #include "apps/keel/input_text.h"
 #include "keel/data/token_file.h"
 #include "keel/data/tokenizer_base.h"
-#include "keel/io/atomic_file.h"
 #include "keel/numerics/error.h"
 
 namespace keel::cli {
@@ -56,17 +57,28 @@ std::string dump(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// --output: the text read and encoded 8 MiB at a time (data::encode_in_pieces: the ids of
+// encoding it whole), written as it comes; a corpus larger than memory converts.
+int write_token_file(const TokenizeArgs& a, bool has_text) {
+  const auto in = open_input_text(has_text, a.text, a.file, "--file");
+  const auto tok = data::load_tokenizer(a.tokenizer);
+  data::TokenFileWriter out(a.output, tok->vocab_size());
+  size_t piece = size_t{8} << 20;
+  if (const char* p = std::getenv("KEEL_TEST_TOKENIZE_PIECE_BYTES"))  // tests: many pieces
+    piece = std::max<size_t>(1, std::strtoull(p, nullptr, 10));
+  data::encode_in_pieces(*tok, *in, piece, [&](std::span<const int32_t> ids) { out.append(ids); });
+  out.commit();
+  std::fprintf(stderr, "keel tokenize | wrote %lld tokens (%lld bytes) to %s\n",
+               static_cast<long long>(out.tokens()), static_cast<long long>(out.bytes()),
+               a.output.c_str());
+  return 0;
+}
+
 int run_tokenize(const TokenizeArgs& a, bool has_text) {
+  if (!a.output.empty()) return write_token_file(a, has_text);
   const std::string input = read_input_text(has_text, a.text, a.file, "--file");
   const auto tok = data::load_tokenizer(a.tokenizer);
   const std::vector<int32_t> ids = a.decode ? parse_ids(input) : tok->encode(input);
-  if (!a.output.empty()) {
-    const std::string bytes = data::token_file_bytes(ids, tok->vocab_size());
-    io::write_file_atomic(a.output, bytes);
-    std::fprintf(stderr, "keel tokenize | wrote %zu tokens (%zu bytes) to %s\n", ids.size(),
-                 bytes.size(), a.output.c_str());
-    return 0;
-  }
   std::vector<std::string> pieces;
   if (a.pieces || a.json)
     for (int32_t id : ids) pieces.push_back(tok->id_to_token(id));  // Error for an unknown id

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "keel/numerics/error.h"
@@ -230,34 +231,163 @@ std::unique_ptr<Dataset> load_token_file(const std::string& path, const std::str
   return std::make_unique<TokenFileDataset<int32_t>>(map, bytes, h.tokens, len, path);
 }
 
-std::string token_file_bytes(std::span<const int32_t> ids, int64_t vocab_size) {
-  if (ids.size() > static_cast<size_t>(INT32_MAX))
+namespace {
+
+// The first kTokenFileHeaderBytes of a token file of `tokens` ids for a vocabulary of `vocab_size`.
+std::string token_file_header(int64_t tokens, int64_t vocab_size) {
+  if (tokens > INT32_MAX)
     throw Error(
         "a token file holds at most 2^31 - 1 tokens (its header counts them in an "
         "int32); this text has " +
-            std::to_string(ids.size()) + ": split it into several files",
+            std::to_string(tokens) + ": split it into several files",
         Error::kUsage);
   const bool narrow = vocab_size <= 65536;
-  const int width = narrow ? 2 : 4;
-  std::string out(static_cast<size_t>(kTokenFileHeaderBytes) + ids.size() * width, '\0');
-  const int32_t header[3] = {narrow ? kGpt2Magic : kLlama3Magic,
-                             narrow ? kGpt2Version : kLlama3Version,
-                             static_cast<int32_t>(ids.size())};
-  std::memcpy(out.data(), header, sizeof header);
-  char* p = out.data() + kTokenFileHeaderBytes;
+  std::string header(static_cast<size_t>(kTokenFileHeaderBytes), '\0');
+  const int32_t h[3] = {narrow ? kGpt2Magic : kLlama3Magic, narrow ? kGpt2Version : kLlama3Version,
+                        static_cast<int32_t>(tokens)};
+  std::memcpy(header.data(), h, sizeof h);
+  return header;
+}
+
+// Appends ids[i] to `out` in `width` bytes, each checked in [0, vocab_size); `first` numbers them.
+void append_ids(std::string& out, std::span<const int32_t> ids, int width, int64_t vocab_size,
+                int64_t first) {
+  const size_t at = out.size();
+  out.resize(at + ids.size() * static_cast<size_t>(width));
+  char* p = out.data() + at;
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
     if (id < 0 || id >= vocab_size)
-      throw Error("token " + std::to_string(i) + " is id " + std::to_string(id) +
-                  ", outside the tokenizer's vocabulary of " + std::to_string(vocab_size));
-    if (narrow) {
+      throw Error("token " + std::to_string(first + static_cast<int64_t>(i)) + " is id " +
+                  std::to_string(id) + ", outside the tokenizer's vocabulary of " +
+                  std::to_string(vocab_size));
+    if (width == 2) {
       const auto v = static_cast<uint16_t>(id);
       std::memcpy(p + i * 2, &v, 2);
     } else {
       std::memcpy(p + i * 4, &id, 4);
     }
   }
+}
+
+}  // namespace
+
+std::string token_file_bytes(std::span<const int32_t> ids, int64_t vocab_size) {
+  std::string out = token_file_header(static_cast<int64_t>(ids.size()), vocab_size);
+  append_ids(out, ids, vocab_size <= 65536 ? 2 : 4, vocab_size, 0);
   return out;
+}
+
+TokenFileWriter::TokenFileWriter(const std::string& path, int64_t vocab_size)
+    : path_(path),
+      tmp_(path + ".tmp-" + std::to_string(::getpid())),
+      vocab_size_(vocab_size),
+      width_(vocab_size <= 65536 ? 2 : 4) {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw Error("cannot write the token file " + path + ": " + std::strerror(errno) +
+                    " (check that its directory exists and is writable)",
+                Error::kUsage);
+  const std::string header = token_file_header(0, vocab_size);
+  write_all(header.data(), header.size(), 0);
+}
+
+TokenFileWriter::~TokenFileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+int64_t TokenFileWriter::bytes() const { return kTokenFileHeaderBytes + tokens_ * width_; }
+
+void TokenFileWriter::write_all(const void* data, size_t n, int64_t offset) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t put = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+    if (put < 0 && errno == EINTR) continue;
+    if (put <= 0)
+      throw Error("cannot write the token file " + path_ + ": " +
+                  std::strerror(put < 0 ? errno : ENOSPC) + " (nothing was written over " + path_ +
+                  ")");
+    p += put;
+    n -= static_cast<size_t>(put);
+    offset += put;
+  }
+}
+
+void TokenFileWriter::append(std::span<const int32_t> ids) {
+  if (tokens_ + static_cast<int64_t>(ids.size()) > INT32_MAX)
+    token_file_header(tokens_ + static_cast<int64_t>(ids.size()), vocab_size_);  // its Error
+  std::string block;
+  append_ids(block, ids, width_, vocab_size_, tokens_);
+  write_all(block.data(), block.size(), bytes());
+  tokens_ += static_cast<int64_t>(ids.size());
+}
+
+void TokenFileWriter::commit() {
+  const std::string header = token_file_header(tokens_, vocab_size_);
+  write_all(header.data(), header.size(), 0);
+  if (::fsync(fd_) != 0)
+    throw Error("cannot write the token file " + path_ + ": " + std::strerror(errno));
+  ::close(fd_);
+  fd_ = -1;
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp_.c_str());
+    throw Error("cannot write the token file " + path_ + ": " + std::strerror(e));
+  }
+}
+
+void encode_in_pieces(const Tokenizer& tok, std::istream& in, size_t piece_bytes,
+                      const std::function<void(std::span<const int32_t>)>& emit) {
+  auto blank = [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+  };
+  // Where `text` may be cut (after text[cut - 1] == '\n'): a newline between two non-blank bytes
+  // whose lines encode the same together and apart; 0 when none of the last few candidates is.
+  auto find_cut = [&](std::string_view text) -> size_t {
+    int tries = 0;
+    for (size_t nl = text.rfind('\n'); nl != std::string::npos && nl > 0 && tries < 64;
+         nl = text.rfind('\n', nl - 1)) {
+      if (nl + 1 >= text.size() || blank(text[nl - 1]) || blank(text[nl + 1])) continue;
+      ++tries;
+      const size_t before = text.rfind('\n', nl - 1),
+                   line_start = before == std::string::npos ? 0 : before + 1;
+      const size_t after = text.find('\n', nl + 1);
+      const size_t line_end = after == std::string::npos ? text.size() : after;
+      const std::string_view left(text.data() + line_start, nl + 1 - line_start),
+          right(text.data() + nl + 1, line_end - nl - 1);
+      std::vector<int32_t> apart = tok.encode(left);
+      const std::vector<int32_t> r = tok.encode(right);
+      apart.insert(apart.end(), r.begin(), r.end());
+      const std::string joined = std::string(left) + std::string(right);
+      if (tok.encode(joined) == apart) return nl + 1;
+    }
+    return 0;
+  };
+  std::string text;
+  std::vector<char> buf(std::max<size_t>(piece_bytes, 1));
+  bool end = false;
+  while (!end) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    text.append(buf.data(), static_cast<size_t>(in.gcount()));
+    if (in.bad()) throw Error("a read of the text failed part-way");
+    end = in.eof() || in.gcount() == 0;
+    if (end) break;
+    // The line the cut ends on must be whole, so look for cuts before the last newline only.
+    const size_t last_nl = text.rfind('\n');
+    if (last_nl == std::string::npos) continue;
+    const size_t cut = find_cut(std::string_view(text).substr(0, last_nl));
+    if (cut == 0) continue;  // no cut yet: read on, the piece grows
+    const std::vector<int32_t> ids = tok.encode(std::string_view(text).substr(0, cut));
+    emit(ids);
+    text.erase(0, cut);
+  }
+  if (!text.empty()) {
+    const std::vector<int32_t> ids = tok.encode(text);
+    emit(ids);
+  }
 }
 
 }  // namespace keel::data

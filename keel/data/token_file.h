@@ -8,6 +8,8 @@
 // memory. `keel tokenize --output FILE` writes one from text.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <istream>
 #include <memory>
 #include <span>
 #include <string>
@@ -41,5 +43,35 @@ std::unique_ptr<Dataset> load_token_file(const std::string& path, const std::str
 // else Llama 3's 32-bit one (llm.c reads both). Errors for more than 2^31 - 1 ids (the header
 // counts them in an int32) and for an id outside [0, vocab_size).
 std::string token_file_bytes(std::span<const int32_t> ids, int64_t vocab_size);
+
+// A token file written as its ids come (token_file_bytes's layout): into `path`.tmp-PID, the
+// header's count written by commit(), which syncs and renames it over `path`; a writer destroyed
+// without commit() removes its file, so a failed conversion leaves nothing half-written. Write
+// errors (a full disk) are Errors naming `path`.
+class TokenFileWriter {
+ public:
+  TokenFileWriter(const std::string& path, int64_t vocab_size);
+  ~TokenFileWriter();
+  TokenFileWriter(const TokenFileWriter&) = delete;
+  TokenFileWriter& operator=(const TokenFileWriter&) = delete;
+  void append(std::span<const int32_t> ids);  // each id checked against the vocabulary
+  void commit();
+  int64_t tokens() const { return tokens_; }
+  int64_t bytes() const;  // of the file, header included
+
+ private:
+  void write_all(const void* data, size_t n, int64_t offset);
+  std::string path_, tmp_;
+  int64_t vocab_size_ = 0, tokens_ = 0;
+  int width_ = 2, fd_ = -1;
+};
+
+// tok.encode(text) for a text read from `in`, a piece of about `piece_bytes` at a time, without
+// holding the whole text: each piece ends after a newline where the lines on both sides encode
+// to the same ids together and apart (checked at each cut, so a tokenizer whose pre-tokenizer
+// would read the cut differently, as one that adds a prefix space to every text, is never cut
+// there; a text without such a newline is read whole). `emit` receives each piece's ids in order.
+void encode_in_pieces(const Tokenizer& tok, std::istream& in, size_t piece_bytes,
+                      const std::function<void(std::span<const int32_t>)>& emit);
 
 }  // namespace keel::data

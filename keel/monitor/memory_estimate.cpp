@@ -576,7 +576,9 @@ void add_datasets(MemoryQuery& q, const Config& cfg) {
   try {
     if (dc.task == "text" && dc.pack)
       q.dataset_advice =
-          "tokenize it once into a token file, which the run maps instead of holding (keel "
+          "tokenize it once into a token file, which the run maps instead of holding (it is read "
+          "in "
+          "8 MiB pieces, so a corpus larger than memory converts: keel "
           "tokenize --tokenizer " +
           dc.tokenizer + " --file " + dc.path + " --output " + dc.path +
           ".bin; then data.task = \"tokens\", data.path = \"" + dc.path + ".bin\")";

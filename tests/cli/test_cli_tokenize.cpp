@@ -3,9 +3,11 @@
 // usage error naming the flag or the token.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "keel/data/token_file.h"
 #include "keel/data/tokenizer_base.h"
 #include "tests/support/check.h"
 #include "tests/support/run_keel.h"
@@ -164,6 +166,39 @@ TEST(CliTokenize, OutputTrainsAsTheTextPacked) {
   const test::KeelRun both =
       test::run_keel({"tokenize", "--output", dir + "/x.bin", "--json", "a"});
   EXPECT_EQ(both.code, 2) << both.output;
+}
+
+// --output reads and encodes the text a piece at a time (8 MiB; here 64 bytes): the file holds
+// the ids of encoding it whole, from --file and from stdin. A write that fails (a file-size limit
+// here, a full disk alike) is an error naming the file, and leaves no file and no partial one.
+TEST(CliTokenize, OutputIsWrittenInPiecesAndNothingOnAFailedWrite) {
+  const std::string dir = test::temp_dir("cli-tokenize-pieces");
+  const std::string txt = dir + "/corpus.txt";
+  std::string text;
+  for (int i = 0; i < 400; ++i)
+    text +=
+        "line " + std::to_string(i) + (i % 5 ? ": the quick brown fox.\n" : ":\n\n  indented\n");
+  std::ofstream(txt) << text;
+  const auto tok = data::load_tokenizer("gpt2:" + kTiny);
+  const std::string want = data::token_file_bytes(tok->encode(text), tok->vocab_size());
+  const std::vector<std::string> env = {"KEEL_TEST_TOKENIZE_PIECE_BYTES=64"};
+  test::KeelRun r = test::run_keel(
+      {"tokenize", "--tokenizer", "gpt2:" + kTiny, "--file", txt, "--output", dir + "/a.bin"}, env);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(test::slurp(dir + "/a.bin") == want);
+  r = test::run_keel_sh(
+      "tokenize --tokenizer gpt2:" + kTiny + " --output " + dir + "/b.bin < " + txt, env);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(test::slurp(dir + "/b.bin") == want);
+
+  const std::string bad = dir + "/limited";
+  std::filesystem::create_directories(bad);
+  r = test::run_command({"/bin/sh", "-c",
+                         "ulimit -f 4; exec " + test::keel_binary() + " tokenize --file " + txt +
+                             " --output " + bad + "/c.bin"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "cannot write the token file " + bad + "/c.bin: File too large");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(bad), {}), 0);
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "keel/data/dataset.h"
 #include "keel/data/loader.h"
@@ -19,7 +21,8 @@
 namespace keel::data {
 namespace {
 
-const std::string kTiny = std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
+const std::string kTokenizerDir =
+    std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
 const std::string kText =
     "the quick brown fox jumps over the lazy dog\n\nthen it ran; 3 + 4 = 7, naïve café\n"
     "and the dog slept again and again and again under the old oak tree\n";
@@ -85,7 +88,7 @@ void expect_same_rows(const Dataset& a, const Dataset& b) {
 }
 
 TEST(TokenFile, RowsAreThoseOfThePackedTextForEveryTokenizerAndSeqLen) {
-  for (const std::string& spec : {std::string("byte"), "gpt2:" + kTiny}) {
+  for (const std::string& spec : {std::string("byte"), "gpt2:" + kTokenizerDir}) {
     const auto tok = load_tokenizer(spec);
     const std::string txt = write("corpus.txt", kText);
     const std::string bin =
@@ -195,6 +198,87 @@ TEST(TokenFile, APipeIsRefusedWithoutWaitingForAWriter) {
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   const ByteTokenizer tok;
   EXPECT_CONTAINS(load_error(fifo, tok), "is a pipe, not a file: a token file is mapped");
+}
+
+// A corpus of every kind of line end: punctuation before newlines (Llama-3's pattern takes
+// "x.\n" as one pre-token), blank lines, lines that start with spaces or tabs, CRLF, digits,
+// non-ASCII text, a line without an end.
+std::string varied_corpus() {
+  std::string t;
+  const char* lines[] = {"the quick brown fox.",
+                         "  indented line, two spaces",
+                         "\ttabbed",
+                         "",
+                         "numbers 12345 and 3.14!",
+                         "naïve café — done?",
+                         "x",
+                         "CRLF line\r",
+                         "end of paragraph:",
+                         "",
+                         "",
+                         "a'll we've they're",
+                         "<|endoftext|>"};
+  for (int i = 0; i < 60; ++i) t += std::string(lines[i % 13]) + (i % 7 == 3 ? " \n" : "\n");
+  return t + "last line without an end";
+}
+
+std::vector<int32_t> encode_piecewise(const Tokenizer& tok, const std::string& text, size_t piece,
+                                      int* pieces) {
+  std::istringstream in(text);
+  std::vector<int32_t> all;
+  *pieces = 0;
+  encode_in_pieces(tok, in, piece, [&](std::span<const int32_t> ids) {
+    all.insert(all.end(), ids.begin(), ids.end());
+    ++*pieces;
+  });
+  return all;
+}
+
+// Every piece size gives the ids of encoding the text whole. Tokenizers whose pre-tokenizers read
+// a cut after a newline as the whole text does are cut into many pieces; one that adds a prefix
+// space to every text (HF ByteLevel add_prefix_space, the gpt2_style file) is never cut.
+TEST(TokenFile, EncodingInPiecesIsEncodingWhole) {
+  const std::string text = varied_corpus();
+  for (const std::string& spec :
+       {std::string("byte"), "gpt2:" + kTokenizerDir, "hf:" + kTokenizerDir + "/llama_style",
+        "hf:" + kTokenizerDir + "/gpt2_style"}) {
+    const auto tok = load_tokenizer(spec);
+    const std::vector<int32_t> whole = tok->encode(text);
+    for (size_t piece : {size_t{1}, size_t{13}, size_t{100}, size_t{1} << 20}) {
+      int pieces = 0;
+      EXPECT_EQ(encode_piecewise(*tok, text, piece, &pieces), whole) << spec << " piece " << piece;
+      if (piece != 100) continue;
+      if (spec.find("gpt2_style") != std::string::npos)
+        EXPECT_EQ(pieces, 1) << spec;
+      else
+        EXPECT_GT(pieces, 3) << spec;
+    }
+  }
+}
+
+TEST(TokenFile, AWriterWritesTheFileAtCommitAndNothingWithout) {
+  const ByteTokenizer tok;
+  const std::vector<int32_t> ids = tok.encode(kText);
+  const std::string dir = test::temp_dir("token-file-writer");
+  {
+    TokenFileWriter w(dir + "/out.bin", tok.vocab_size());
+    w.append(std::span(ids).first(10));
+    w.append(std::span(ids).subspan(10));
+    EXPECT_EQ(w.tokens(), static_cast<int64_t>(ids.size()));
+    w.commit();
+  }
+  EXPECT_EQ(test::slurp(dir + "/out.bin"), token_file_bytes(ids, tok.vocab_size()));
+  {
+    TokenFileWriter w(dir + "/never.bin", tok.vocab_size());
+    w.append(ids);
+    EXPECT_CONTAINS(test::error_of([&] {
+                      w.append(std::vector<int32_t>{5, 999});
+                    }),
+                    "token " + std::to_string(ids.size() + 1) + " is id 999, outside");
+  }  // no commit: nothing left behind
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1);
+  EXPECT_CONTAINS(test::error_of([&] { TokenFileWriter("/no/such/dir/x.bin", 259); }),
+                  "cannot write the token file /no/such/dir/x.bin");
 }
 
 TEST(TokenFile, FootprintCountsTheHeaderNotTheIds) {

@@ -487,6 +487,9 @@ TEST(MemoryEstimate, TheDataOfATextRunIsCounted) {
   const std::string m = memory_fit_advice(q, e.total / 2);
   EXPECT_CONTAINS(m, "The data holds " + format_bytes(q.dataset_bytes) + " for the run");
   EXPECT_CONTAINS(m, "a tokenizer of fewer tokens a byte");
+  // A packed text can be converted once into a token file the run maps.
+  EXPECT_CONTAINS(m, "keel tokenize --tokenizer byte --file " + dir + "/corpus.txt --output " +
+                         dir + "/corpus.txt.bin; then data.task = \"tokens\"");
   // Each would lower the estimate by a fraction of a MB of its 40.
   EXPECT_NOT_CONTAINS(m, "train.batch_size = 1");
   EXPECT_NOT_CONTAINS(m, "train.precision = bf16-mixed");
