@@ -1,14 +1,18 @@
 #include "keel/data/token_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string_view>
 #include <vector>
 
@@ -137,13 +141,80 @@ int64_t first_id_beyond(int fd, int64_t n, int64_t vocab, Id& found, const std::
   return -1;
 }
 
+// A token file cut while the run maps it (rewritten in place, as a script that reopens it for
+// writing does) turns the next read of a page past its new end into SIGBUS, which would end the
+// run with "Bus error" and nothing else. The mappings are registered here, and a SIGBUS inside
+// one prints which file it was and exits 1 (the last checkpoint is intact); any other SIGBUS goes
+// to the handler that was there before.
+struct MappedFile {
+  std::atomic<const char*> begin{nullptr}, end{nullptr};
+  char message[768] = {};
+};
+constexpr int kMaxMapped = 16;
+MappedFile g_mapped[kMaxMapped];
+struct sigaction g_previous_sigbus = {};
+
+void on_sigbus(int sig, siginfo_t* info, void* context) {
+  const auto* at = static_cast<const char*>(info->si_addr);
+  for (MappedFile& m : g_mapped) {
+    const char *b = m.begin.load(), *e = m.end.load();
+    if (b && at >= b && at < e) {
+      const ssize_t ignored = ::write(2, m.message, std::strlen(m.message));
+      (void)ignored;
+      ::_exit(1);
+    }
+  }
+  if (g_previous_sigbus.sa_flags & SA_SIGINFO) {
+    if (g_previous_sigbus.sa_sigaction) return g_previous_sigbus.sa_sigaction(sig, info, context);
+  } else if (g_previous_sigbus.sa_handler != SIG_DFL && g_previous_sigbus.sa_handler != SIG_IGN) {
+    return g_previous_sigbus.sa_handler(sig);
+  }
+  ::signal(SIGBUS, SIG_DFL);  // the default action, on the fault's own retry
+}
+
+// The slot of the mapping [map, map + bytes) of `path`, or -1 when all are taken (then a cut
+// file is the default "Bus error").
+int register_mapping(const void* map, size_t bytes, const std::string& path,
+                     const std::string& key) {
+  static std::mutex mu;
+  static bool installed = false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!installed) {
+    struct sigaction sa = {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGBUS, &sa, &g_previous_sigbus);
+    installed = true;
+  }
+  for (int i = 0; i < kMaxMapped; ++i)
+    if (!g_mapped[i].begin.load()) {
+      std::snprintf(g_mapped[i].message, sizeof g_mapped[i].message,
+                    "\nerror: token file %s (%s) was cut while the run read it (rewritten in "
+                    "place by another program?); the run stops here, its last checkpoint intact: "
+                    "write token files to a new name and rename them over the old one (keel "
+                    "tokenize --output does), then resume\n",
+                    path.c_str(), key.c_str());
+      g_mapped[i].end = static_cast<const char*>(map) + bytes;
+      g_mapped[i].begin = static_cast<const char*>(map);
+      return i;
+    }
+  return -1;
+}
+
+void unregister_mapping(int slot) {
+  if (slot >= 0) g_mapped[slot].begin = nullptr;
+}
+
 // The rows of a mapped token file. `Id` is uint16_t (GPT-2's layout) or int32_t (Llama 3's
 // uint32 ids, all checked below 2^31 against the vocabulary, so read as int32 in place).
 template <class Id>
 class TokenFileDataset : public Dataset {
  public:
-  TokenFileDataset(void* map, size_t map_bytes, int64_t n, size_t len, std::string source)
-      : map_(map),
+  TokenFileDataset(void* map, size_t map_bytes, int64_t n, size_t len, std::string source,
+                   const std::string& key)
+      : slot_(register_mapping(map, map_bytes, source, key)),
+        map_(map),
         map_bytes_(map_bytes),
         ids_(reinterpret_cast<const Id*>(static_cast<const char*>(map) + kTokenFileHeaderBytes),
              static_cast<size_t>(n)),
@@ -151,7 +222,10 @@ class TokenFileDataset : public Dataset {
         rows_(packed_rows(static_cast<size_t>(n), len)),
         all_targets_(len, 1),
         source_(std::move(source)) {}
-  ~TokenFileDataset() override { ::munmap(map_, map_bytes_); }
+  ~TokenFileDataset() override {
+    unregister_mapping(slot_);
+    ::munmap(map_, map_bytes_);
+  }
   TokenFileDataset(const TokenFileDataset&) = delete;
   TokenFileDataset& operator=(const TokenFileDataset&) = delete;
 
@@ -171,6 +245,7 @@ class TokenFileDataset : public Dataset {
   int64_t held_tokens() const override { return static_cast<int64_t>(ids_.size()); }
 
  private:
+  int slot_;  // register_mapping's
   void* map_;
   size_t map_bytes_;
   std::span<const Id> ids_;  // [n] in the mapping
@@ -227,8 +302,8 @@ std::unique_ptr<Dataset> load_token_file(const std::string& path, const std::str
     throw file_error(path, key, std::string("cannot be mapped: ") + std::strerror(errno));
   const auto len = static_cast<size_t>(seq_len);
   if (h.width == 2)
-    return std::make_unique<TokenFileDataset<uint16_t>>(map, bytes, h.tokens, len, path);
-  return std::make_unique<TokenFileDataset<int32_t>>(map, bytes, h.tokens, len, path);
+    return std::make_unique<TokenFileDataset<uint16_t>>(map, bytes, h.tokens, len, path, key);
+  return std::make_unique<TokenFileDataset<int32_t>>(map, bytes, h.tokens, len, path, key);
 }
 
 namespace {

@@ -4,6 +4,7 @@
 // usage error naming the file, the key and what is wrong.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -279,6 +280,24 @@ TEST(TokenFile, AWriterWritesTheFileAtCommitAndNothingWithout) {
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1);
   EXPECT_CONTAINS(test::error_of([&] { TokenFileWriter("/no/such/dir/x.bin", 259); }),
                   "cannot write the token file /no/such/dir/x.bin");
+}
+
+// A token file cut while mapped (rewritten in place by another program): the next read past its
+// new end is SIGBUS, which keel turns into an error naming the file and exit 1.
+TEST(TokenFileDeathTest, AFileCutWhileMappedStopsTheRunNamingIt) {
+  const ByteTokenizer tok;
+  std::string ids(1 << 20, '\x01');  // 512k ids of 1: 256 pages
+  const std::string bin = write("cut.bin", llmc_file(20240520, 1, 1 << 19, ids));
+  EXPECT_EXIT(
+      {
+        const auto ds = load_token_file(bin, "data.path", tok, 64);
+        if (::truncate(bin.c_str(), 4096) != 0) std::abort();
+        int64_t sum = 0;
+        for (int64_t i = 0; i < ds->size(); ++i) sum += ds->get(i).id(3);
+        std::printf("%lld\n", static_cast<long long>(sum));
+      },
+      ::testing::ExitedWithCode(1),
+      "token file " + bin + " \\(data.path\\) was cut while the run read it");
 }
 
 TEST(TokenFile, FootprintCountsTheHeaderNotTheIds) {
