@@ -26,6 +26,13 @@ std::vector<json> findings(const std::string& out_dir) {
   return v;
 }
 
+std::vector<json> findings_of(const std::string& out_dir, const std::string& trend) {
+  std::vector<json> v;
+  for (const json& j : findings(out_dir))
+    if (j.at("trend") == trend) v.push_back(j);
+  return v;
+}
+
 test::KeelRun train(const std::vector<std::string>& sets) {
   std::vector<std::string> all = {"run.threads=1", "log.tensorboard=false", "model.n_layer=2",
                                   "model.n_embd=64", "model.n_head=4"};
@@ -87,9 +94,7 @@ TEST(CliAdvisor, BlocksThatDieInADivergenceAreNamedAsItsDoing) {
       train({"run.out_dir=" + dir, "optim.lr=1000", "train.max_grad_norm=0", "train.max_steps=12",
              "data.num_examples=512", "data.eval_examples=0", "train.on_nonfinite=skip"});
   ASSERT_EQ(r.code, 0) << r.output;
-  std::vector<json> under;
-  for (const json& j : findings(dir))
-    if (j.at("trend") == "underflow") under.push_back(j);
+  const std::vector<json> under = findings_of(dir, "underflow");
   ASSERT_EQ(under.size(), 1u) << r.output;
   const std::string cause = under[0].at("cause"), action = under[0].at("action");
   EXPECT_CONTAINS(cause, "transformer.h.0");
@@ -104,13 +109,16 @@ TEST(CliAdvisor, BlocksThatDieInADivergenceAreNamedAsItsDoing) {
 // finding blames the optimizer and gives its fix instead of sending the user to clean data.
 TEST(CliAdvisor, ASpikeOfTheOptimizerOnCleanDataIsNotBlamedOnTheData) {
   const std::string dir = test::temp_dir("cli-advisor-lr005");
-  const test::KeelRun r =
-      train({"run.out_dir=" + dir, "train.precision=16-mixed", "optim.lr=0.05",
-             "train.max_steps=60", "data.num_examples=2000", "data.eval_examples=50"});
+  const std::vector<std::string> sets = {"train.precision=16-mixed", "optim.lr=0.05",
+                                         "train.max_steps=60", "data.num_examples=2000",
+                                         "data.eval_examples=50"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), sets.begin(), sets.end());
+    return train(more);
+  };
+  const test::KeelRun r = with({"run.out_dir=" + dir});
   ASSERT_EQ(r.code, 0) << r.output;
-  std::vector<json> spikes;
-  for (const json& j : findings(dir))
-    if (j.at("trend") == "spiking") spikes.push_back(j);
+  const std::vector<json> spikes = findings_of(dir, "spiking");
   ASSERT_EQ(spikes.size(), 1u) << r.output;
   const std::string cause = spikes[0].at("cause"), action = spikes[0].at("action");
   EXPECT_CONTAINS(cause, "its batch is no harder, the update before moved the weights");
@@ -118,9 +126,8 @@ TEST(CliAdvisor, ASpikeOfTheOptimizerOnCleanDataIsNotBlamedOnTheData) {
   EXPECT_NOT_CONTAINS(action, "check the data");
   // The two probe forwards change nothing: the run without them (the tracer on turns them off)
   // has the same losses and gradient norms, bit for bit.
-  const test::KeelRun t = train({"run.out_dir=" + dir + "-traced", "train.precision=16-mixed",
-                                 "optim.lr=0.05", "train.max_steps=60", "data.num_examples=2000",
-                                 "data.eval_examples=50", "debug.underflow_overflow.enabled=true"});
+  const test::KeelRun t =
+      with({"run.out_dir=" + dir + "-traced", "debug.underflow_overflow.enabled=true"});
   ASSERT_EQ(t.code, 0) << t.output;
   const auto a = test::step_records(dir), b = test::step_records(dir + "-traced");
   ASSERT_EQ(a.size(), 60u);
@@ -167,9 +174,7 @@ TEST(CliAdvisor, GarbageBatchIsADataSpikeNamedByFileAndLine) {
              "train.max_steps=64", "optim.lr=0.003", "sched.name=constant"});
   ASSERT_EQ(r.code, 0) << r.output;
   const auto f = findings(dir + "/run");
-  std::vector<json> spikes;
-  for (const json& j : f)
-    if (j.at("trend") == "spiking") spikes.push_back(j);
+  const std::vector<json> spikes = findings_of(dir + "/run", "spiking");
   ASSERT_EQ(spikes.size(), 1u) << r.output;
   const json& s = spikes[0];
   EXPECT_EQ(s.at("step").get<int64_t>(), 41) << s.dump();  // paragraph 40, batch size 1
