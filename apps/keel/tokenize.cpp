@@ -12,6 +12,7 @@
 
 #include "apps/keel/commands.h"
 #include "apps/keel/input_text.h"
+#include "keel/data/text_pieces.h"
 #include "keel/data/token_file.h"
 #include "keel/data/tokenizer_base.h"
 #include "keel/numerics/error.h"

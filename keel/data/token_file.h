@@ -8,8 +8,6 @@
 // memory. `keel tokenize --output FILE` writes one from text.
 #pragma once
 #include <cstdint>
-#include <functional>
-#include <istream>
 #include <memory>
 #include <span>
 #include <string>
@@ -65,13 +63,5 @@ class TokenFileWriter {
   int64_t vocab_size_ = 0, tokens_ = 0;
   int width_ = 2, fd_ = -1;
 };
-
-// tok.encode(text) for a text read from `in`, a piece of about `piece_bytes` at a time, without
-// holding the whole text: each piece ends after a newline where the lines on both sides encode
-// to the same ids together and apart (checked at each cut, so a tokenizer whose pre-tokenizer
-// would read the cut differently, as one that adds a prefix space to every text, is never cut
-// there; a text without such a newline is read whole). `emit` receives each piece's ids in order.
-void encode_in_pieces(const Tokenizer& tok, std::istream& in, size_t piece_bytes,
-                      const std::function<void(std::span<const int32_t>)>& emit);
 
 }  // namespace keel::data

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "keel/data/dataset.h"
 #include "keel/data/loader.h"
@@ -199,62 +198,6 @@ TEST(TokenFile, APipeIsRefusedWithoutWaitingForAWriter) {
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   const ByteTokenizer tok;
   EXPECT_CONTAINS(load_error(fifo, tok), "is a pipe, not a file: a token file is mapped");
-}
-
-// A corpus of every kind of line end: punctuation before newlines (Llama-3's pattern takes
-// "x.\n" as one pre-token), blank lines, lines that start with spaces or tabs, CRLF, digits,
-// non-ASCII text, a line without an end.
-std::string varied_corpus() {
-  std::string t;
-  const char* lines[] = {"the quick brown fox.",
-                         "  indented line, two spaces",
-                         "\ttabbed",
-                         "",
-                         "numbers 12345 and 3.14!",
-                         "naïve café — done?",
-                         "x",
-                         "CRLF line\r",
-                         "end of paragraph:",
-                         "",
-                         "",
-                         "a'll we've they're",
-                         "<|endoftext|>"};
-  for (int i = 0; i < 60; ++i) t += std::string(lines[i % 13]) + (i % 7 == 3 ? " \n" : "\n");
-  return t + "last line without an end";
-}
-
-std::vector<int32_t> encode_piecewise(const Tokenizer& tok, const std::string& text, size_t piece,
-                                      int* pieces) {
-  std::istringstream in(text);
-  std::vector<int32_t> all;
-  *pieces = 0;
-  encode_in_pieces(tok, in, piece, [&](std::span<const int32_t> ids) {
-    all.insert(all.end(), ids.begin(), ids.end());
-    ++*pieces;
-  });
-  return all;
-}
-
-// Every piece size gives the ids of encoding the text whole. Tokenizers whose pre-tokenizers read
-// a cut after a newline as the whole text does are cut into many pieces; one that adds a prefix
-// space to every text (HF ByteLevel add_prefix_space, the gpt2_style file) is never cut.
-TEST(TokenFile, EncodingInPiecesIsEncodingWhole) {
-  const std::string text = varied_corpus();
-  for (const std::string& spec :
-       {std::string("byte"), "gpt2:" + kTokenizerDir, "hf:" + kTokenizerDir + "/llama_style",
-        "hf:" + kTokenizerDir + "/gpt2_style"}) {
-    const auto tok = load_tokenizer(spec);
-    const std::vector<int32_t> whole = tok->encode(text);
-    for (size_t piece : {size_t{1}, size_t{13}, size_t{100}, size_t{1} << 20}) {
-      int pieces = 0;
-      EXPECT_EQ(encode_piecewise(*tok, text, piece, &pieces), whole) << spec << " piece " << piece;
-      if (piece != 100) continue;
-      if (spec.find("gpt2_style") != std::string::npos)
-        EXPECT_EQ(pieces, 1) << spec;
-      else
-        EXPECT_GT(pieces, 3) << spec;
-    }
-  }
 }
 
 TEST(TokenFile, AWriterWritesTheFileAtCommitAndNothingWithout) {

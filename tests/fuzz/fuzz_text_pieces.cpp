@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "keel/data/text_pieces.h"
 #include "keel/data/token_file.h"
 #include "keel/data/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
