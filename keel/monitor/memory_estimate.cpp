@@ -354,8 +354,14 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
         } else {
           add(k + " adapters", 1, mid * BT * q.adapter.r, detail, !head);
           if (k == "dora") add(k + " adapters", 2, 4 * BT * out, detail, !head);
+          // Under dropout DoRA's base product of the dropped input keeps that input's copy in
+          // the compute dtype, and a 16-bit base in another compute dtype (bf16 base, 16-mixed)
+          // its cast weight; a base in the compute dtype is used as it is, an f32 one through
+          // autocast's cached cast (lowp_copies).
           if (k == "dora" && dropout && pol.autocast)
-            add(k + " adapters", 1, c * BT * in + c * out * in, detail, !head);
+            add(k + " adapters", 1,
+                c * BT * in + (fb == 2 && pol.compute_dtype != DType::BF16 ? c * out * in : 0),
+                detail, !head);
         }
       }
     }

@@ -1,5 +1,7 @@
 #include "keel/nn/adapters/dora.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <vector>
 
@@ -14,29 +16,55 @@ using amp::AmpOp;
 
 namespace {
 
-// ||W||_row [out] f32 of a CPU weight in any floating dtype, one row converted at a time: what
-// weight_norm(W, delta_weight(), 1) gives while B = 0 (every term of W + s·B·A is W's own, a
-// zero's sign aside, which squaring drops), without its three [out, in] f32 temporaries (a
-// Llama-3-8B MLP weight: 235 MB each, on top of a base being loaded).
-Tensor row_norms(const Tensor& w) {
+// norm[o] = ||W[o, :] + round(s·L[o, :])||, round() to L's dtype (torch rounds the scaled product
+// in lora_weight's dtype and adds it to W.to(f32) in f32); L null: ||W[o, :]||. One pass over W and
+// L, no [out, in] temporaries (three f32 copies before: a Llama-3-8B MLP weight's are 235 MB each,
+// written and page-faulted twice per target per micro-batch). Rows go to threads; each row is
+// summed in column order in f64, so the bits depend neither on the thread count nor on the pass.
+template <class TW, class TL>
+void row_norms_of(float* norm, const TW* w, const TL* l, DType l_dt, float s, int64_t out,
+                  int64_t in) {
+#pragma omp parallel for schedule(static) if (out * in >= (int64_t{1} << 16) && !omp_in_parallel())
+  for (int64_t o = 0; o < out; ++o) {
+    const TW* wr = w + o * in;
+    const TL* lr = l ? l + o * in : nullptr;
+    double acc = 0;  // f64: a fixed order, no cancellation (all terms >= 0)
+    for (int64_t i = 0; i < in; ++i) {
+      float v = load_f32(wr + i);
+      if (lr) v += round_to(l_dt, s * load_f32(lr + i));
+      acc += static_cast<double>(v) * v;
+    }
+    norm[o] = static_cast<float>(std::sqrt(acc));
+  }
+}
+
+template <class F>
+void visit_floating(const Tensor& t, F&& f) {
+  switch (t.dtype()) {
+    case DType::F32:
+      return f(t.data_as<float>());
+    case DType::BF16:
+      return f(t.data_as<bf16_t>());
+    case DType::F16:
+      return f(t.data_as<f16_t>());
+    default:
+      KEEL_CHECK(false, "DoRA weight_norm: a floating weight is required");
+  }
+}
+
+// ||W + s·L||_row [out] f32 of CPU tensors; lora_weight undefined: ||W||_row.
+Tensor row_norms(const Tensor& w, const Tensor& lora_weight, double s) {
   const int64_t out = w.size(0), in = w.size(1);
   std::vector<float> norm(static_cast<size_t>(out));
-  auto rows = [&](const auto* p) {
-    for (int64_t o = 0; o < out; ++o) {
-      double acc = 0;  // f64 in the order of weight_norm's loop
-      for (int64_t i = 0; i < in; ++i) {
-        const float v = load_f32(p + o * in + i);
-        acc += static_cast<double>(v) * v;
-      }
-      norm[static_cast<size_t>(o)] = static_cast<float>(std::sqrt(acc));
+  visit_floating(w, [&](const auto* wp) {
+    if (!lora_weight.defined()) {
+      row_norms_of(norm.data(), wp, static_cast<const float*>(nullptr), DType::F32, 0.f, out, in);
+      return;
     }
-  };
-  if (w.dtype() == DType::F32)
-    rows(w.data_as<float>());
-  else if (w.dtype() == DType::BF16)
-    rows(w.data_as<bf16_t>());
-  else
-    rows(w.data_as<f16_t>());
+    visit_floating(lora_weight, [&](const auto* lp) {
+      row_norms_of(norm.data(), wp, lp, lora_weight.dtype(), static_cast<float>(s), out, in);
+    });
+  });
   return Tensor::from_floats(norm, {out});
 }
 
@@ -48,7 +76,8 @@ DoraAdapter::DoraAdapter(Linear& base, int64_t r, double alpha, double dropout, 
   const Tensor& w = base.weight;
   const bool streamed = w.device().is_cpu() && dtype_is_floating(w.dtype()) && w.dim() == 2;
   magnitude = base.add_adapter_parameter(
-      "lora_magnitude_vector", streamed ? row_norms(w) : weight_norm(w, delta_weight(), 1.0));
+      "lora_magnitude_vector",
+      streamed ? row_norms(w, Tensor(), 0) : weight_norm(w, delta_weight(), 1.0));
   // A weight used from its file's mapping (a frozen base being loaded) need not stay resident
   // until the base is cast: an f32 file's adapted weights would all be, on top of the base.
   drop_mapped_pages(w);
@@ -56,22 +85,12 @@ DoraAdapter::DoraAdapter(Linear& base, int64_t r, double alpha, double dropout, 
 
 Tensor DoraAdapter::weight_norm(const Tensor& w, const Tensor& lora_weight, double s) {
   NoGradGuard no_grad;
-  const int64_t out = w.size(0), in = w.size(1);
   KEEL_CHECK(lora_weight.shape() == w.shape(), "DoRA weight_norm: shapes differ");
   // torch: weight + scaling * lora_weight, the product rounded in lora_weight's dtype, the sum in
-  // the wider dtype (f32 here), then the row norm.
-  const std::vector<float> wv = w.to_floats();
-  const std::vector<float> lv = ops::scale(lora_weight, static_cast<float>(s)).to_floats();
-  std::vector<float> norm(static_cast<size_t>(out));
-  for (int64_t o = 0; o < out; ++o) {
-    double acc = 0;  // f64 accumulation: a fixed order, no cancellation (all terms >= 0)
-    for (int64_t i = 0; i < in; ++i) {
-      const float v = wv[static_cast<size_t>(o * in + i)] + lv[static_cast<size_t>(o * in + i)];
-      acc += static_cast<double>(v) * v;
-    }
-    norm[static_cast<size_t>(o)] = static_cast<float>(std::sqrt(acc));
-  }
-  return Tensor::from_floats(norm, {out});
+  // the wider dtype (f32 here), then the row norm. On the host: a CUDA weight is copied over.
+  const Device cpu = Device::cpu();
+  return row_norms(w.device().is_cpu() ? w : w.to(cpu),
+                   lora_weight.device().is_cpu() ? lora_weight : lora_weight.to(cpu), s);
 }
 
 Tensor DoraAdapter::forward(Linear& base, const Tensor& x) {
@@ -106,8 +125,13 @@ Tensor DoraAdapter::forward(Linear& base, const Tensor& x) {
       base_result = ops::add(r, ops::scale(b, -1.0f));
     }
   } else {
-    // PEFT: F.linear(x', W.to(x'.dtype)), under the linear autocast rule.
-    Tensor w = base.weight.dtype() == h.dtype() ? base.weight : ops::cast(base.weight, h.dtype());
+    // PEFT: F.linear(x', W.to(x'.dtype)), under the linear autocast rule. When that rule takes
+    // the f32 copy straight back to W's own dtype (a bf16 base under bf16-mixed), the round trip
+    // is exact and W is used as it is: two [out, in] copies per call fewer.
+    const DType wdt = base.weight.dtype();
+    const bool round_trip = amp::autocast_enabled() && amp::autocast_dtype() == wdt &&
+                            amp::cast_policy(AmpOp::kLinear) == amp::CastPolicy::kLowerPrecision;
+    Tensor w = wdt == h.dtype() || round_trip ? base.weight : ops::cast(base.weight, h.dtype());
     base_result = ops::linear(amp::autocast(AmpOp::kLinear, h), amp::autocast(AmpOp::kLinear, w));
   }
   // (m/n - 1) * base_result + (m/n) * lora_result * s, in f32 (torch promotes to m's dtype).
