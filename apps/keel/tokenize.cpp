@@ -58,13 +58,13 @@ std::string dump(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-// --output: the text read and encoded 8 MiB at a time (data::encode_in_pieces: the ids of
+// --output: the text read and encoded 1 MiB at a time (data::encode_in_pieces: the ids of
 // encoding it whole), written as it comes; a corpus larger than memory converts.
 int write_token_file(const TokenizeArgs& a, bool has_text) {
   const auto in = open_input_text(has_text, a.text, a.file, "--file");
   const auto tok = data::load_tokenizer(a.tokenizer);
   data::TokenFileWriter out(a.output, tok->vocab_size());
-  size_t piece = size_t{8} << 20;
+  size_t piece = data::kTextPieceBytes;
   if (const char* p = std::getenv("KEEL_TEST_TOKENIZE_PIECE_BYTES"))  // tests: many pieces
     piece = std::max<size_t>(1, std::strtoull(p, nullptr, 10));
   data::encode_in_pieces(*tok, *in, piece, [&](std::span<const int32_t> ids) { out.append(ids); });

@@ -3,11 +3,15 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <unordered_map>
 
+#include "keel/data/text_pieces.h"
 #include "keel/data/token_file.h"
 #include "keel/numerics/error.h"
 #include "keel/numerics/input_file.h"
@@ -84,11 +88,13 @@ std::string where_in(const std::string& source, const std::vector<int64_t>& line
 // A packed text file: one token stream, cut into rows of `len` tokens starting every len - 1
 // (load_text_dataset's comment). Each row is a view of the stream; every token is a target. Held
 // as Examples, the rows cost 5 bytes a token and a pair of allocations each, beside the stream
-// they were copied from while loading: 11 times a byte-tokenized file's size at the peak.
+// they were copied from while loading: 11 times a byte-tokenized file's size at the peak. The
+// stream is held in 16 bits a token when the vocabulary fits (the byte and GPT-2 tokenizers), in
+// 32 otherwise (Llama 3's 128,256 ids).
+template <class Id>
 class PackedDataset : public Dataset {
  public:
-  PackedDataset(std::vector<int32_t> ids, size_t len, std::string source,
-                std::vector<int64_t> lines)
+  PackedDataset(std::vector<Id> ids, size_t len, std::string source, std::vector<int64_t> lines)
       : ids_(std::move(ids)),
         len_(len),
         all_targets_(len, 1),
@@ -98,18 +104,18 @@ class PackedDataset : public Dataset {
   ExampleView get(int64_t i) const override {
     check_example_index(i, size(), source_);
     const auto [start, n] = packed_row(i, ids_.size(), len_);
-    return {std::span<const int32_t>(ids_).subspan(start, n),
+    return {std::span<const Id>(ids_).subspan(start, n),
             std::span<const uint8_t>(all_targets_).first(n)};
   }
   std::string where(int64_t i) const override { return where_in(source_, lines_, i); }
   int64_t held_bytes() const override {
-    return static_cast<int64_t>(ids_.size() * sizeof(int32_t) + lines_.size() * sizeof(int64_t));
+    return static_cast<int64_t>(ids_.size() * sizeof(Id) + lines_.size() * sizeof(int64_t));
   }
   int64_t held_tokens() const override { return static_cast<int64_t>(ids_.size()); }
 
  private:
-  std::vector<int32_t> ids_;  // [n] the whole file
-  size_t len_;                // tokens a row (seq_len)
+  std::vector<Id> ids_;  // [n] the whole file
+  size_t len_;           // tokens a row (seq_len)
   std::vector<uint8_t> all_targets_;
   std::string source_;
   std::vector<int64_t> lines_;  // the line each row starts on: one per row
@@ -220,12 +226,30 @@ Example all_targets(std::vector<int32_t> tokens) {
   return e;
 }
 
-// The datasets of `text`, the contents of `path` (or its first lines: dataset_footprint's sample).
-std::unique_ptr<Dataset> text_dataset_of(const std::string& text, const std::string& path,
-                                         const Tokenizer& tok, int64_t seq_len, bool pack) {
-  if (pack) {
-    std::vector<int32_t> ids = tok.encode(text);  // [n]
-    std::vector<int64_t> lines;                   // the line each row starts on
+// The packed dataset of the text read from `in` (`size`: its bytes when known, else 0), encoded
+// a piece at a time (encode_in_pieces: the ids of encoding it whole) into the stream the dataset
+// keeps: the text is never held whole, nor its ids in 32 bits when 16 hold them.
+std::unique_ptr<Dataset> packed_dataset_of(std::istream& in, size_t size, const std::string& path,
+                                           const Tokenizer& tok, int64_t seq_len) {
+  auto build = [&](auto id_tag) -> std::unique_ptr<Dataset> {
+    using Id = decltype(id_tag);
+    std::vector<Id> ids;  // [n]
+    // Room for a token a byte (byte-level tokenizers give at most that), so that the stream does
+    // not grow by copies: address space, not memory; where even that is refused, it grows.
+    try {
+      if (size > 0) ids.reserve(size + 16);
+    } catch (const std::bad_alloc&) {
+    }
+    // A small file needs no whole piece of read buffer.
+    const size_t piece = size > 0 ? std::min(kTextPieceBytes, size + 1) : kTextPieceBytes;
+    try {
+      encode_in_pieces(tok, in, piece, [&](std::span<const int32_t> p) {
+        ids.insert(ids.end(), p.begin(), p.end());  // every id < vocab_size(): fits Id
+      });
+    } catch (const Error& e) {
+      throw Error("cannot read dataset file " + path + ": " + e.what(), Error::kUsage);
+    }
+    std::vector<int64_t> lines;  // the line each row starts on
     const size_t n = ids.size(), len = static_cast<size_t>(seq_len), stride = len - 1;
     // A row's line: 1 + the newlines its preceding tokens decode to (one decode per distinct id).
     std::unordered_map<int32_t, int64_t> newlines_of;
@@ -235,9 +259,10 @@ std::unique_ptr<Dataset> text_dataset_of(const std::string& text, const std::str
     // k (the last position of a row has none). A row needs 2 tokens to predict anything.
     for (size_t start = 0; start + 1 < n; start += stride) {
       for (; counted < start; ++counted) {
-        auto [it, fresh] = newlines_of.try_emplace(ids[counted], 0);
+        const auto id = static_cast<int32_t>(ids[counted]);
+        auto [it, fresh] = newlines_of.try_emplace(id, 0);
         if (fresh) {
-          const std::string s = tok.decode({ids[counted]});
+          const std::string s = tok.decode({id});
           it->second = std::count(s.begin(), s.end(), '\n');
         }
         line += it->second;
@@ -246,8 +271,19 @@ std::unique_ptr<Dataset> text_dataset_of(const std::string& text, const std::str
     }
     if (lines.empty())
       throw Error(path + ": the file holds " + std::to_string(n) +
-                  " bytes; packing needs at least 2 tokens to predict one");
-    return std::make_unique<PackedDataset>(std::move(ids), len, path, std::move(lines));
+                  " tokens; packing needs at least 2 tokens to predict one");
+    return std::make_unique<PackedDataset<Id>>(std::move(ids), len, path, std::move(lines));
+  };
+  if (tok.vocab_size() <= 65536) return build(uint16_t{});
+  return build(int32_t{});
+}
+
+// The datasets of `text`, the contents of `path` (or its first lines: dataset_footprint's sample).
+std::unique_ptr<Dataset> text_dataset_of(const std::string& text, const std::string& path,
+                                         const Tokenizer& tok, int64_t seq_len, bool pack) {
+  if (pack) {
+    std::istringstream in(text);
+    return packed_dataset_of(in, text.size(), path, tok, seq_len);
   }
   auto ds = std::make_unique<ExampleDataset>(path);
   ds->reserve(token_reserve(
@@ -360,7 +396,18 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
                                            int64_t seq_len, bool pack, const std::string& key) {
   check_seq_len(seq_len, path);
   if (!pack) check_eos(tok, path);
-  return text_dataset_of(read_whole_file(path, key), path, tok, seq_len, pack);
+  if (!pack) return text_dataset_of(read_whole_file(path, key), path, tok, seq_len, pack);
+  check_input_file(path, "dataset file", key);
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw Error(
+        "cannot read dataset file " + path + ": " + std::strerror(errno) + " (check " + key + ")",
+        Error::kUsage);
+  struct stat st {};
+  const size_t size = ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)
+                          ? static_cast<size_t>(st.st_size)
+                          : 0;  // a pipe: no size
+  return packed_dataset_of(in, size, path, tok, seq_len);
 }
 
 std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
@@ -456,7 +503,14 @@ DatasetFootprint dataset_footprint(const std::string& path, const std::string& t
   f.tokens = std::llround(tokens * scale);
   f.examples = std::llround(static_cast<double>(ds->size()) * scale);
   f.held = std::llround(static_cast<double>(ds->held_bytes()) * scale);
-  f.load_peak = f.file_bytes + f.held;
+  // Packed text is read and encoded a piece at a time into the stream it keeps (packed_dataset_of):
+  // beside it, the read buffer and the piece's text (about 3 pieces) and the piece's ids in 32
+  // bits. Paragraphs and JSONL are read whole first.
+  const double piece = static_cast<double>(std::min<int64_t>(f.file_bytes, kTextPieceBytes));
+  f.load_peak =
+      task == "text" && pack
+          ? f.held + std::llround(piece * (3 + 4 * tokens / static_cast<double>(sample.size())))
+          : f.file_bytes + f.held;
   return f;
 }
 

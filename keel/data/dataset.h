@@ -112,8 +112,9 @@ std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>> split_dataset(
 //  pack = true: the file's bytes as one stream (no eos inserted: blank lines are part of the text),
 //    cut into rows of seq_len tokens that overlap by one token (row k starts at k*(seq_len-1)), so
 //    that every token after the first is predicted exactly once although each row's last position
-//    has no label. The last row may be shorter. The dataset holds the stream once (4 bytes a
-//    token) and hands out its rows as views.
+//    has no label. The last row may be shorter. The dataset holds the stream once (2 bytes a token
+//    when the vocabulary has at most 65,536 ids, else 4) and hands out its rows as views; the file
+//    is read and encoded a piece at a time (text_pieces.h), never whole.
 // Errors: missing/unreadable file (names the path and `key`, the config key or flag that gave
 // it), seq_len < 2, no text in the file.
 std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokenizer& tok,
@@ -141,8 +142,9 @@ std::unique_ptr<Dataset> load_dataset(const std::string& task, const std::string
 // What loading a text or JSONL file will hold, before it is loaded (a token file: its header's
 // count; the ids stay in the file's mapping, not counted): the examples of its first MiB
 // (cut at a line's end) built as the loader builds them, scaled by the file's size. `held`: the
-// dataset's storage for the run (4 bytes a token packed, 5 with the target flags, plus 8 to 16 an
-// example); `load_peak`: the most at once while loading, the file's text beside it. A file of at
+// dataset's storage for the run (2 or 4 bytes a token packed, 5 with the target flags, plus 8 to
+// 16 an example); `load_peak`: the most at once while loading (paragraphs and JSONL: the file's
+// text beside it; packed text: one piece's text and ids). A file of at
 // most 1 MiB is counted whole; a pipe (no size) and a first line beyond 1 MiB are not estimated
 // (`estimated` false). A malformed line in the sample is the loader's Error.
 struct DatasetFootprint {

@@ -11,6 +11,10 @@
 
 namespace keel::data {
 
+// The piece `keel tokenize --output` and the packed text loader read at a time: what they hold
+// beside the ids is about 3 pieces of text and one piece's ids in 32 bits (dataset_footprint).
+constexpr size_t kTextPieceBytes = size_t{1} << 20;
+
 // tok.encode(text) for a text read from `in`, a piece of about `piece_bytes` at a time, without
 // holding the whole text: each piece ends after a newline where the lines on both sides encode
 // to the same ids together and apart (checked at each cut, so a tokenizer whose pre-tokenizer

@@ -506,7 +506,8 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       q.checkpoint_every > 0 ? host_memory::kMaxSlackDivisor : host_memory::kSlackDivisor);
   e.cache_slack = e.has_activations ? (peak - std::min(peak, mapped_base)) / slack_divisor : 0;
   e.runtime = e.has_activations ? runtime_bytes() : 0;
-  // The data loads first (its text beside its tokens), then stays for the run.
+  // The data loads first (its text, or a packed text's piece, beside its tokens), then stays for
+  // the run.
   e.dataset = q.dataset_bytes;
   e.dataset_load = q.dataset_load_bytes;
   e.dataset_detail = q.dataset_detail;
@@ -814,7 +815,7 @@ std::string format_memory(const MemoryEstimate& e) {
   }
   if (e.dataset > 0) row("dataset", e.dataset, e.dataset_detail + " (held for the run)");
   if (e.dataset_load > e.dataset)
-    row("loading the data", e.dataset_load, "the file's text beside its tokens, before the model");
+    row("loading the data", e.dataset_load, "the file's text (packed: a piece of it) beside its tokens, before the model");
   if (e.init_peak > 0)
     row("while loading", e.init_peak,
         "the model as loaded (a base in its stored dtype mapped from its files) and one tensor "

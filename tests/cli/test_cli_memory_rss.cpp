@@ -186,7 +186,8 @@ TEST(CliMemoryRss, CheckpointingEstimateWithin10PercentOfPeakRss) {
 }
 
 // A text or JSONL run's data, held beside a small model and at the process's peak while it loads
-// (the file's text beside its tokens): a packed byte-tokenized file (4 bytes a token), its
+// (the file's text beside its tokens; packed, a 1 MiB piece of it): a packed byte-tokenized file
+// (2 bytes a token), its
 // paragraphs and a prompt/completion JSONL (5 bytes a token, 16 an example), ~24 MB each. The
 // estimate did not count the data: a 5 GB corpus was estimated at 34 MB.
 TEST(CliMemoryRss, DataEstimateWithin10PercentOfPeakRss) {

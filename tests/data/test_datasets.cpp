@@ -7,6 +7,7 @@
 #include "keel/data/dataset.h"
 #include "keel/data/loader.h"
 #include "keel/data/rng.h"
+#include "keel/data/text_pieces.h"
 #include "keel/numerics/error.h"
 #include "tests/support/check.h"
 
@@ -62,9 +63,48 @@ TEST(TextDataset, PackingPredictsEveryTokenOnce) {
     std::vector<int32_t> expected = ids_of(content.substr(1), false);
     EXPECT_EQ(predicted, expected) << "n=" << n;
     for (int64_t i = 0; i < ds->size(); ++i) {
-      EXPECT_LE(static_cast<int64_t>(ds->get(i).tokens.size()), T);
-      EXPECT_GE(ds->get(i).tokens.size(), 2u);
+      EXPECT_LE(static_cast<int64_t>(ds->get(i).size()), T);
+      EXPECT_GE(ds->get(i).size(), 2u);
     }
+  }
+}
+
+// The byte tokenizer's ids under a vocabulary too large for 16 bits (Llama 3's 128,256).
+struct WideByteTokenizer : ByteTokenizer {
+  int64_t vocab_size() const override { return 128256; }
+};
+
+// A packed file is read and encoded a piece at a time (kTextPieceBytes; this one is 2.6 pieces),
+// giving the ids of encoding it whole, held in 16 bits when the vocabulary fits and in 32 when it
+// does not. Before, the file's text and its 32-bit ids were held whole at once.
+TEST(TextDataset, PackedTextIsEncodedInPiecesIntoTheNarrowestIds) {
+  SplitMix64 rng(10);
+  std::string content;
+  while (content.size() < kTextPieceBytes * 13 / 5) {
+    content +=
+        std::string(static_cast<size_t>(1 + rng.below(70)), static_cast<char>('a' + rng.below(26)));
+    content += rng.below(9) == 0 ? "\n\n" : "\n";
+  }
+  const std::string path = write_file("pieces.txt", content);
+  const int64_t T = 1000;
+  const WideByteTokenizer wide;
+  for (const Tokenizer* tok :
+       {static_cast<const Tokenizer*>(&kTok), static_cast<const Tokenizer*>(&wide)}) {
+    const bool narrow = tok == &kTok;
+    auto ds = load_text_dataset(path, *tok, T, true);
+    const std::vector<int32_t> want = tok->encode(content);
+    std::vector<int32_t> got;
+    for (int64_t i = 0; i < ds->size(); ++i) {
+      const ExampleView e = ds->get(i);
+      EXPECT_EQ(e.tokens16.empty(), !narrow) << i;
+      EXPECT_EQ(e.tokens.empty(), narrow) << i;
+      for (size_t t = i == 0 ? 0 : 1; t < e.size(); ++t)
+        got.push_back(e.id(t));  // rows overlap by one
+    }
+    EXPECT_EQ(got, want) << (narrow ? "16-bit" : "32-bit");
+    EXPECT_EQ(ds->held_tokens(), static_cast<int64_t>(want.size()));
+    EXPECT_EQ(ds->held_bytes(), static_cast<int64_t>(want.size()) * (narrow ? 2 : 4) +
+                                    ds->size() * static_cast<int64_t>(sizeof(int64_t)));
   }
 }
 
@@ -191,7 +231,9 @@ TEST(Datasets, FootprintIsWhatLoadingHolds) {
     ASSERT_TRUE(f.estimated);
     EXPECT_EQ(f.held, ds->held_bytes()) << pack;
     EXPECT_EQ(f.examples, ds->size()) << pack;
-    EXPECT_EQ(f.load_peak, f.file_bytes + f.held);
+    // Packed text is encoded a piece at a time (this file is one piece): beside the stream, the
+    // piece's text about 3 times and its ids in 32 bits. Paragraphs are read whole first.
+    EXPECT_EQ(f.load_peak, pack ? f.held + 7 * f.file_bytes : f.file_bytes + f.held);
     const DatasetFootprint b = dataset_footprint(big, "text", kTok, 64, pack);
     const auto whole = load_text_dataset(big, kTok, 64, pack);
     EXPECT_NEAR(static_cast<double>(b.held) / static_cast<double>(whole->held_bytes()), 1.0, 0.02)
@@ -201,9 +243,10 @@ TEST(Datasets, FootprintIsWhatLoadingHolds) {
   const DatasetFootprint j = dataset_footprint(js, "jsonl", kTok, 128, false);
   const auto whole = load_jsonl_dataset(js, kTok, 128);
   EXPECT_NEAR(static_cast<double>(j.held) / static_cast<double>(whole->held_bytes()), 1.0, 0.02);
-  // Packed, a byte-tokenized file is 4 bytes a token; as examples, 5 and the example's 16.
+  // Packed, a byte-tokenized file is 2 bytes a token (16-bit ids); as examples, 5 and the
+  // example's 16.
   const DatasetFootprint packed = dataset_footprint(small, "text", kTok, 64, true);
-  EXPECT_NEAR(static_cast<double>(packed.held) / 200000.0, 4.0, 0.2);
+  EXPECT_NEAR(static_cast<double>(packed.held) / 200000.0, 2.0, 0.2);
   EXPECT_FALSE(dataset_footprint("/dev/null", "text", kTok, 64, true).estimated);
   EXPECT_CONTAINS(error_of([&] { dataset_footprint(small, "text", kTok, 1, true); }),
                   "seq_len is 1");
@@ -217,7 +260,7 @@ TEST(Datasets, ExamplesAreViewsOfOneArray) {
   auto packed = load_text_dataset(path, kTok, 8, true);
   ASSERT_GE(packed->size(), 3);
   for (int64_t i = 1; i < packed->size(); ++i)
-    EXPECT_EQ(packed->get(i).tokens.data(), packed->get(i - 1).tokens.data() + 7) << i;
+    EXPECT_EQ(packed->get(i).tokens16.data(), packed->get(i - 1).tokens16.data() + 7) << i;
   auto paras = load_text_dataset(path, kTok, 64, false);
   ASSERT_EQ(paras->size(), 3);
   for (int64_t i = 1; i < 3; ++i) {

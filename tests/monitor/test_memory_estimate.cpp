@@ -460,8 +460,9 @@ TEST(MemoryEstimate, FitAdviceNamesTheOptionsWithTheirEstimates) {
 
 // A text or JSONL run's data is counted: held for the run beside the model, and its loading peak
 // (before the model) on its own. memory_query_from_config reads data.path's first MiB; an 8 MB
-// packed byte-tokenized file holds 4 bytes a token. Data that dominates is named in the advice,
-// and step options that lower nothing (under 1%) are not listed.
+// packed byte-tokenized file holds 2 bytes a token (16-bit ids), and loads a 1 MiB piece at a time
+// (its text, read buffer and 32-bit ids: 7 MiB beside the stream). Data that dominates is named
+// in the advice, and step options that lower nothing (under 1%) are not listed.
 TEST(MemoryEstimate, TheDataOfATextRunIsCounted) {
   const std::string dir = ::testing::TempDir() + "/keel-mem-data";
   std::filesystem::create_directories(dir);
@@ -474,8 +475,8 @@ TEST(MemoryEstimate, TheDataOfATextRunIsCounted) {
                               "data.pack=true", "data.seq_len=64", "model.n_layer=1",
                               "model.n_embd=32", "model.n_head=2", "train.batch_size=2"});
   const MemoryQuery q = memory_query_from_config(c);
-  EXPECT_NEAR(static_cast<double>(q.dataset_bytes) / static_cast<double>(bytes), 4.0, 0.2);
-  EXPECT_EQ(q.dataset_load_bytes, bytes + q.dataset_bytes);
+  EXPECT_NEAR(static_cast<double>(q.dataset_bytes) / static_cast<double>(bytes), 2.0, 0.2);
+  EXPECT_EQ(q.dataset_load_bytes, q.dataset_bytes + 7 * (int64_t{1} << 20));
   EXPECT_CONTAINS(q.dataset_detail, dir + "/corpus.txt: ");
   MemoryQuery none = q;
   none.dataset_bytes = none.dataset_load_bytes = 0;
