@@ -228,9 +228,11 @@ Example all_targets(std::vector<int32_t> tokens) {
 
 // The packed dataset of the text read from `in` (`size`: its bytes when known, else 0), encoded
 // a piece at a time (encode_in_pieces: the ids of encoding it whole) into the stream the dataset
-// keeps: the text is never held whole, nor its ids in 32 bits when 16 hold them.
+// keeps: the text is never held whole, nor its ids in 32 bits when 16 hold them. `key` names where
+// the path came from in a read error.
 std::unique_ptr<Dataset> packed_dataset_of(std::istream& in, size_t size, const std::string& path,
-                                           const Tokenizer& tok, int64_t seq_len) {
+                                           const std::string& key, const Tokenizer& tok,
+                                           int64_t seq_len) {
   auto build = [&](auto id_tag) -> std::unique_ptr<Dataset> {
     using Id = decltype(id_tag);
     std::vector<Id> ids;  // [n]
@@ -247,7 +249,8 @@ std::unique_ptr<Dataset> packed_dataset_of(std::istream& in, size_t size, const 
         ids.insert(ids.end(), p.begin(), p.end());  // every id < vocab_size(): fits Id
       });
     } catch (const Error& e) {
-      throw Error("cannot read dataset file " + path + ": " + e.what(), Error::kUsage);
+      throw Error("cannot read dataset file " + path + ": " + e.what() + " (check " + key + ")",
+                  Error::kUsage);
     }
     std::vector<int64_t> lines;  // the line each row starts on
     const size_t n = ids.size(), len = static_cast<size_t>(seq_len), stride = len - 1;
@@ -283,7 +286,7 @@ std::unique_ptr<Dataset> text_dataset_of(const std::string& text, const std::str
                                          const Tokenizer& tok, int64_t seq_len, bool pack) {
   if (pack) {
     std::istringstream in(text);
-    return packed_dataset_of(in, text.size(), path, tok, seq_len);
+    return packed_dataset_of(in, text.size(), path, "data.path", tok, seq_len);
   }
   auto ds = std::make_unique<ExampleDataset>(path);
   ds->reserve(token_reserve(
@@ -407,7 +410,7 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
   const size_t size = ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)
                           ? static_cast<size_t>(st.st_size)
                           : 0;  // a pipe: no size
-  return packed_dataset_of(in, size, path, tok, seq_len);
+  return packed_dataset_of(in, size, path, key, tok, seq_len);
 }
 
 std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
