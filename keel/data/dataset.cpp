@@ -201,22 +201,27 @@ size_t whole_lines(std::string_view prefix) {
   return end == std::string_view::npos ? 0 : end + 1;
 }
 
-// Room for the tokens of `text`: those of the examples of its first 64 KiB, built by `build` as
-// the whole will be, scaled to its size with a quarter more in case what follows is denser, and at
-// most token_bound. The bound alone asks for 4 bytes of address space a byte of text: for a 7 GB
-// file, 28 GB, which Linux refuses outright on a 24 GB machine although a BPE tokenizer's tokens
-// of it fit. An estimate that falls short only grows.
+// Room for the tokens of a text of `bytes` bytes that starts with `head` (at least its first
+// kTokenProbe bytes): the tokens `tokens_of` gives for the whole lines of its first 64 KiB (built
+// as the whole will be), scaled to its size with a quarter more in case what follows is denser,
+// and at most `bound`. The bound alone asks for 4 bytes of address space a byte of text: for a
+// 7 GB file, 28 GB, which Linux refuses outright on a 24 GB machine although a BPE tokenizer's
+// tokens of it fit. An estimate that falls short only grows.
+constexpr size_t kTokenProbe = 64 << 10;
+template <class TokensOf>
+size_t token_reserve(size_t bytes, std::string_view head, size_t bound, TokensOf&& tokens_of) {
+  if (bytes <= 4 * kTokenProbe) return bound;
+  const size_t probe_bytes = whole_lines(head.substr(0, kTokenProbe));
+  if (probe_bytes == 0) return bound;
+  const auto tokens = static_cast<double>(tokens_of(std::string(head.substr(0, probe_bytes))));
+  const double per_byte = tokens / static_cast<double>(probe_bytes);
+  return std::min(bound, static_cast<size_t>(1.25 * per_byte * static_cast<double>(bytes)) + 64);
+}
+// The same for a whole text in memory, its examples built by `build`.
 template <class Build>
 size_t token_reserve(const std::string& text, Build&& build) {
-  const size_t bound = token_bound(text);
-  constexpr size_t kProbe = 64 << 10;
-  if (text.size() <= 4 * kProbe) return bound;
-  const size_t probe_bytes = whole_lines(std::string_view(text).substr(0, kProbe));
-  if (probe_bytes == 0) return bound;
-  const auto tokens = static_cast<double>(build(text.substr(0, probe_bytes))->held_tokens());
-  const double per_byte = tokens / static_cast<double>(probe_bytes);
-  return std::min(bound,
-                  static_cast<size_t>(1.25 * per_byte * static_cast<double>(text.size())) + 64);
+  return token_reserve(text.size(), text, token_bound(text),
+                       [&](const std::string& t) { return build(t)->held_tokens(); });
 }
 
 Example all_targets(std::vector<int32_t> tokens) {
@@ -236,11 +241,17 @@ std::unique_ptr<Dataset> packed_dataset_of(std::istream& in, size_t size, const 
   auto build = [&](auto id_tag) -> std::unique_ptr<Dataset> {
     using Id = decltype(id_tag);
     std::vector<Id> ids;  // [n]
-    // Room for a token a byte (byte-level tokenizers give at most that), so that the stream does
-    // not grow by copies: address space, not memory; where even that is refused, it grows.
-    try {
-      if (size > 0) ids.reserve(size + 16);
-    } catch (const std::bad_alloc&) {
+    // Room for the stream, estimated from its first 64 KiB (token_reserve; at most a token a byte
+    // and a prefix), so that it does not grow by copies; a pipe (no size) grows. The probe is read
+    // and the stream rewound, which a file allows.
+    if (size > 4 * kTokenProbe) {
+      std::string head(kTokenProbe, '\0');
+      in.read(head.data(), static_cast<std::streamsize>(head.size()));
+      head.resize(static_cast<size_t>(in.gcount()));
+      in.clear();
+      in.seekg(0);
+      ids.reserve(token_reserve(size, head, size + 16,
+                                [&](const std::string& t) { return tok.encode(t).size(); }));
     }
     // A small file needs no whole piece of read buffer.
     const size_t piece = size > 0 ? std::min(kTextPieceBytes, size + 1) : kTextPieceBytes;

@@ -8,6 +8,7 @@
 #include "keel/io/atomic_file.h"
 #include "keel/io/hf_weights.h"
 #include "keel/numerics/error.h"
+#include "keel/numerics/file_fingerprint.h"
 #include "keel/numerics/hash.h"
 
 namespace keel::io {
@@ -20,15 +21,7 @@ namespace {
 // FNV-1a of `n` bytes of `path` from `offset` (fewer when the file is shorter), continuing `h`.
 uint64_t hash_range(const std::string& path, uint64_t offset, uint64_t n, uint64_t h) {
   std::ifstream f(path, std::ios::binary);
-  f.seekg(static_cast<std::streamoff>(offset));
-  std::vector<char> buf(1 << 16);
-  while (n > 0 && f) {
-    f.read(buf.data(), static_cast<std::streamsize>(std::min<uint64_t>(n, buf.size())));
-    const auto got = static_cast<uint64_t>(f.gcount());
-    if (got == 0) break;
-    h = fnv1a(buf.data(), got, h);
-    n -= got;
-  }
+  fnv1a_file_range(f, static_cast<int64_t>(offset), static_cast<int64_t>(n), h);
   return h;
 }
 

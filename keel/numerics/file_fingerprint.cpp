@@ -16,23 +16,23 @@ constexpr int64_t kWholeUpTo = int64_t{64} << 20, kEnds = int64_t{1} << 20,
                   kBlock = int64_t{64} << 10;
 constexpr int kBlocks = 16;
 
-// FNV-1a of bytes [offset, offset + n) of `in`, continuing `h`; false when they cannot be read.
-bool hash_range(std::ifstream& in, int64_t offset, int64_t n, uint64_t& h) {
+}  // namespace
+
+int64_t fnv1a_file_range(std::istream& in, int64_t offset, int64_t n, uint64_t& h) {
   in.clear();
   in.seekg(static_cast<std::streamoff>(offset));
-  std::vector<char> buf(static_cast<size_t>(std::min<int64_t>(n, int64_t{1} << 20)));
-  while (n > 0) {
-    const auto want =
-        static_cast<std::streamsize>(std::min<int64_t>(n, static_cast<int64_t>(buf.size())));
-    in.read(buf.data(), want);
-    if (in.gcount() != want) return false;
-    h = fnv1a(buf.data(), static_cast<size_t>(want), h);
-    n -= want;
+  std::vector<char> buf(static_cast<size_t>(std::clamp<int64_t>(n, 1, int64_t{1} << 20)));
+  int64_t hashed = 0;
+  while (hashed < n && in) {
+    in.read(buf.data(), static_cast<std::streamsize>(
+                            std::min<int64_t>(n - hashed, static_cast<int64_t>(buf.size()))));
+    const auto got = static_cast<int64_t>(in.gcount());
+    if (got == 0) break;
+    h = fnv1a(buf.data(), static_cast<size_t>(got), h);
+    hashed += got;
   }
-  return true;
+  return hashed;
 }
-
-}  // namespace
 
 std::string FileFingerprint::text() const {
   return known() ? std::to_string(bytes) + " bytes, hash " + fnv1a64 : "not a regular file";
@@ -45,15 +45,17 @@ FileFingerprint file_fingerprint(const std::string& path) {
   if (!in) return {};
   const auto size = static_cast<int64_t>(st.st_size);
   uint64_t h = kFnvOffsetBasis;
+  // Every range read whole, else nothing to compare.
+  auto hash = [&](int64_t offset, int64_t n) { return fnv1a_file_range(in, offset, n, h) == n; };
   bool ok = true;
   if (size <= kWholeUpTo) {
-    ok = hash_range(in, 0, size, h);
+    ok = hash(0, size);
   } else {
-    ok = hash_range(in, 0, kEnds, h);
+    ok = hash(0, kEnds);
     const int64_t span = size - 2 * kEnds - kBlock;  // where the blocks may start, after the head
     for (int i = 0; ok && i < kBlocks; ++i)
-      ok = hash_range(in, kEnds + span * (2 * i + 1) / (2 * kBlocks), kBlock, h);
-    ok = ok && hash_range(in, size - kEnds, kEnds, h);
+      ok = hash(kEnds + span * (2 * i + 1) / (2 * kBlocks), kBlock);
+    ok = ok && hash(size - kEnds, kEnds);
   }
   if (!ok) return {};
   FileFingerprint f;

@@ -5,6 +5,7 @@
 // the run was trained on.
 #pragma once
 #include <cstdint>
+#include <istream>
 #include <string>
 
 namespace keel {
@@ -18,5 +19,10 @@ struct FileFingerprint {
 };
 
 FileFingerprint file_fingerprint(const std::string& path);
+
+// FNV-1a of bytes [offset, offset + n) of the file open in `in`, continuing `h`: the bytes hashed,
+// fewer than n where the file ends sooner or a read fails (the one home of a file's range hash:
+// data fingerprints here, an adapter's base reference in io/base_reference.cpp).
+int64_t fnv1a_file_range(std::istream& in, int64_t offset, int64_t n, uint64_t& h);
 
 }  // namespace keel
