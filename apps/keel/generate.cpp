@@ -31,8 +31,15 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
   const PrecisionPolicy& policy = m.policy;
 
   std::vector<int32_t> ids = tok->encode(prompt);
-  if (a.bos && tok->bos_id() >= 0) ids.insert(ids.begin(), static_cast<int32_t>(tok->bos_id()));
+  if (a.bos) {
+    if (tok->bos_id() < 0)
+      throw Error("--bos: the tokenizer (" + m.tokenizer_spec +
+                      ") has no bos token to start the prompt with: leave --bos out",
+                  Error::kUsage);
+    ids.insert(ids.begin(), static_cast<int32_t>(tok->bos_id()));
+  }
   a.opt.eos_id = tok->eos_id();
+  a.opt.choosable = tok->vocab_size();  // not the rows the model has beyond it
   a.opt.use_cache = !a.no_cache;
   data::TextStream stream(*tok, a.stops);
   auto emit = [&](const std::string& s) {
@@ -97,7 +104,13 @@ Command add_generate(CLI::App& app) {
   sub->add_option("--top-p", a->opt.sampling.top_p, "nucleus: the most likely tokens of mass p")
       ->capture_default_str();
   sub->add_option("--seed", a->opt.seed, "sampling seed")->capture_default_str();
-  sub->add_option("--stop", a->stops, "stop before this string (repeatable)");
+  // One string an occurrence: with CLI11's default a vector option also took the arguments after
+  // it, so `--stop x "17+05="` made the prompt a second stop string and read stdin instead.
+  sub->add_option("--stop", a->stops, "stop before this string (repeatable)")
+      ->allow_extra_args(false)
+      ->check([](const std::string& v) {
+        return v.empty() ? std::string("--stop \"\": an empty string would never stop") : "";
+      });
   sub->add_flag("--bos", a->bos, "start the prompt with the tokenizer's bos token");
   sub->add_flag("--no-cache", a->no_cache, "re-run the whole sequence every step (reference)");
   sub->add_flag("--json", a->json, "print one JSON object at the end instead of streaming");

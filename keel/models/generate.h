@@ -26,7 +26,11 @@ struct GenerateOptions {
   SamplingOptions sampling;
   uint64_t seed = 0;  // sampling's Rng
   int64_t max_new_tokens = 64;
-  int64_t eos_id = -1;       // stop after producing it (not counted in `tokens`); -1: never
+  int64_t eos_id = -1;  // stop after producing it (not counted in `tokens`); -1: never
+  // > 0: choose only among ids [0, choosable), the tokenizer's vocabulary, when the model has more
+  // rows (the padding row data.pad = "add" appends, a vocabulary rounded up): those ids name no
+  // text, and a sampled one would end the decode in a tokenizer error. 0: every id.
+  int64_t choosable = 0;
   bool use_cache = true;     // false: every step re-runs the whole sequence (the reference)
   bool keep_logits = false;  // record each step's logits row (tests compare them)
 };

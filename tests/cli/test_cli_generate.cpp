@@ -146,6 +146,16 @@ TEST(CliGenerate, StopStringsSamplingAndPrecisions) {
                                           "--max-new-tokens", "16", "--stop", stop});
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.out, text.substr(0, text.find(stop)) + "\n");
+  // --stop takes one string: the prompt after it stays the prompt (it became a second stop
+  // string, and the prompt was read from stdin: "the prompt is empty").
+  const test::KeelRun before = test::run_keel({"generate", base_dir(), "--tokenizer", "byte",
+                                               "--max-new-tokens", "16", "--stop", stop, "ab"});
+  ASSERT_EQ(before.code, 0) << before.output;
+  EXPECT_EQ(before.out, r.out);
+  const test::KeelRun empty =
+      test::run_keel({"generate", base_dir(), "ab", "--tokenizer", "byte", "--stop", ""});
+  EXPECT_EQ(empty.code, 2) << empty.output;
+  EXPECT_CONTAINS(empty.err, "would never stop");
   // Seeded sampling is reproducible; the seed matters.
   auto sample = [&](const char* seed) {
     return generate_json({base_dir(), "ab", "--tokenizer", "byte", "--max-new-tokens", "16",
@@ -204,6 +214,16 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
   const std::string dir_prompt = test::temp_dir("gen-prompt-dir");  // was basic_filebuf's message
   EXPECT_CONTAINS(err({base_dir(), "--tokenizer", "byte", "--prompt-file", dir_prompt}),
                   "--prompt-file " + dir_prompt + ": is a directory; give a text file");
+  // --bos with a tokenizer that has none was dropped without a word (GPT-2's files name no bos).
+  const std::string wide = test::temp_dir("gen-wide") + "/llama";
+  ASSERT_EQ(test::run_keel({"init-model", "--family", "llama", "--out", wide, "--n-layer", "1",
+                            "--n-embd", "16", "--n-head", "2", "--vocab-size", "290"})
+                .code,
+            0);
+  const std::string gpt2 =
+      "gpt2:" + std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
+  EXPECT_CONTAINS(err({wide, "x", "--tokenizer", gpt2, "--bos"}),
+                  "--bos: the tokenizer (" + gpt2 + ") has no bos token");
   // A checkpoint of an older keel (no config.json) says how to get one.
   const std::string old = test::temp_dir("gen-old") + "/last";
   fs::copy(lora_run() + "/checkpoints/last", old);

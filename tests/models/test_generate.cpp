@@ -5,6 +5,7 @@
 // options; every stop and every bad input is reported.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -166,6 +167,36 @@ TEST(Generate, SeededSamplingIsDeterministicAndEosStops) {
   const GenerateResult c = models::generate(*m, {5, 6}, o, [&](int32_t) { return ++seen < 1; });
   EXPECT_EQ(c.stop, "caller");
   EXPECT_EQ(c.tokens.size(), 1u);
+}
+
+// A model with rows beyond its tokenizer's vocabulary (the padding row data.pad = "add" appends)
+// never emits them: keel generate sampled id 290 of a 291-row model over a 290-id tokenizer and
+// ended in a decode error. The last row becomes 1000 times the row greedy chooses first, so that
+// it is by far the most likely first token.
+TEST(Generate, IdsBeyondTheChoosableVocabularyAreNeverChosen) {
+  auto m = models::make_causal_lm(spec16("llama"), 3);
+  const int64_t V = m->spec().vocab_size;
+  {
+    const int32_t first = models::generate(*m, {5, 6}, GenerateOptions{}).tokens.at(0);
+    ASSERT_LT(first, V - 1);
+    NoGradGuard g;
+    Tensor head = m->find_parameter("lm_head.weight");
+    if (!head.defined()) head = m->find_parameter("model.embed_tokens.weight");  // tied
+    ASSERT_TRUE(head.defined());
+    const int64_t C = head.size(1);
+    float* w = head.data_as<float>();
+    for (int64_t c = 0; c < C; ++c) w[(V - 1) * C + c] = 1000 * w[first * C + c];
+  }
+  GenerateOptions o;
+  o.max_new_tokens = 6;
+  for (float temperature : {0.0f, 1.0f}) {
+    o.sampling.temperature = temperature;
+    o.choosable = 0;
+    const std::vector<int32_t> all = models::generate(*m, {5, 6}, o).tokens;
+    EXPECT_NE(std::count(all.begin(), all.end(), static_cast<int32_t>(V - 1)), 0) << temperature;
+    o.choosable = V - 1;
+    for (int32_t t : models::generate(*m, {5, 6}, o).tokens) EXPECT_LT(t, V - 1) << temperature;
+  }
 }
 
 // Logits that are not all finite end generation: argmax over NaN took whatever the comparisons
