@@ -117,7 +117,8 @@ nn::AdapterOptions read_peft_config(const std::string& dir) {
   return opt;
 }
 
-nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string& dir) {
+nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string& dir,
+                                     const WeightCheck& check) {
   const std::string st_path = dir + "/adapter_model.safetensors";
   const nn::AdapterOptions opt = read_peft_config(dir);
   nn::apply_adapters(model, opt);
@@ -132,6 +133,7 @@ nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string&
     if (!dtype_is_floating(t.dtype()))
       throw Error(st_path + ": tensor '" + name + "' has non-floating dtype " +
                   dtype_name(t.dtype()));
+    check_weights_finite(check, t, name, st_path);
     Tensor dst = p;
     dst.copy_from(t);
     dst.bump_version();

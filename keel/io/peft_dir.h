@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "keel/io/weight_check.h"
 #include "keel/models/causal_lm.h"
 #include "keel/nn/adapters/adapter.h"
 
@@ -27,7 +28,8 @@ nn::AdapterOptions read_peft_config(const std::string& dir);
 
 // Reads a PEFT adapter directory written by save_peft_adapter (or by PEFT for these tuners):
 // applies the adapters its config describes to `model`, then loads their tensors. Errors name the
-// file and the tensor (missing, wrong shape, unexpected).
-nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string& dir);
+// file and the tensor (missing, wrong shape, unexpected, holding nan/inf: `check`).
+nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string& dir,
+                                     const WeightCheck& check = {});
 
 }  // namespace keel::io

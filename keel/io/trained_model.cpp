@@ -191,7 +191,7 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
       throw Error("--adapter " + adapter_dir +
                       ": no such directory (a PEFT adapter directory, e.g. OUT_DIR/adapter)",
                   Error::kUsage);
-    t.adapter = load_peft_adapter(*t.model, adapter_dir);
+    t.adapter = load_peft_adapter(*t.model, adapter_dir, check);
   }
   return t;
 }

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <tuple>
@@ -535,6 +536,20 @@ TEST_P(PeftExport, AdapterDirectoryRoundTrips) {
   const std::string m = error_of([&] { load_peft_adapter(*other, dir); });
   EXPECT_CONTAINS(m, dir + "/adapter_model.safetensors");
   EXPECT_CONTAINS(m, "tensor 'base_model.model.model.layers.0.self_attn.q_proj.");
+
+  // An adapter holding an inf is refused like a base holding one (it was loaded unchecked: keel
+  // export wrote a model that did not load, keel eval blamed the weights of the base's policy).
+  write_text(dir + "/adapter_config.json", c.dump());
+  Safetensors held = read_safetensors(dir + "/adapter_model.safetensors");
+  const std::string bad_name = held.tensors[1].first;
+  Tensor bad_t = held.tensors[1].second.to_dtype(DType::F32);
+  bad_t.data_as<float>()[2] = std::numeric_limits<float>::infinity();
+  held.tensors[1].second = bad_t;
+  write_safetensors(dir + "/adapter_model.safetensors", held.tensors, held.metadata);
+  auto inf_model = models::make_causal_lm(llama_spec(false), 3);
+  const std::string inf_m = error_of([&] { load_peft_adapter(*inf_model, dir); });
+  EXPECT_CONTAINS(inf_m, dir + "/adapter_model.safetensors");
+  EXPECT_CONTAINS(inf_m, "tensor '" + bad_name + "' holds 1 non-finite value");
 }
 
 TEST_P(PeftExport, MergedModelSavesAsAPlainHfModel) {
