@@ -8,6 +8,7 @@
 
 #include "apps/keel/commands.h"
 #include "apps/keel/model_args.h"
+#include "apps/keel/output_dir.h"
 #include "keel/data/tokenizer_base.h"
 #include "keel/io/hf_model.h"
 #include "keel/io/trained_model.h"
@@ -48,17 +49,27 @@ int64_t parse_size(const std::string& s) {
               Error::kUsage);
 }
 
-// The tokenizer files beside a load_tokenizer spec's path (none for "byte").
-std::vector<fs::path> tokenizer_files(const std::string& spec) {
+// The directory of a load_tokenizer spec's files ("" for "byte" or none).
+std::string tokenizer_dir(const std::string& spec) {
   std::string path = spec;
   for (const char* prefix : {"gpt2:", "hf:"})
     if (path.rfind(prefix, 0) == 0) path = path.substr(std::string(prefix).size());
-  if (spec.empty() || spec == "byte") return {};
-  fs::path dir = fs::is_directory(path) ? fs::path(path) : fs::path(path).parent_path();
-  std::vector<fs::path> out;
-  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                        "vocab.json", "merges.txt", "encoder.json", "vocab.bpe"})
-    if (fs::is_regular_file(dir / f)) out.push_back(dir / f);
+  if (spec.empty() || spec == "byte") return "";
+  return fs::is_directory(path) ? path : fs::path(path).parent_path().string();
+}
+
+// The tokenizer files of a load_tokenizer spec, each with the name it gets in the export: an
+// hf: spec naming a file (data.tokenizer = "hf:DIR/my_tok.json") becomes tokenizer.json, the name
+// loaders look for (it was skipped: the export held tokenizer_config.json alone).
+std::vector<std::pair<fs::path, std::string>> tokenizer_files(const std::string& spec) {
+  const std::string dir = tokenizer_dir(spec);
+  if (dir.empty()) return {};
+  std::vector<std::pair<fs::path, std::string>> out;
+  const std::string path = spec.rfind("hf:", 0) == 0 ? spec.substr(3) : "";
+  if (!path.empty() && fs::is_regular_file(path)) out.emplace_back(path, "tokenizer.json");
+  for (const std::string& f : kTokenizerFiles)
+    if (fs::is_regular_file(fs::path(dir) / f) && !(f == "tokenizer.json" && !out.empty()))
+      out.emplace_back(fs::path(dir) / f, f);
   return out;
 }
 
@@ -66,19 +77,30 @@ int run_export(const ExportArgs& a) {
   if (a.dtype != "f32" && a.dtype != "bf16")
     throw Error("--dtype " + a.dtype + ": use f32 or bf16", Error::kUsage);
   const int64_t shard = parse_size(a.max_shard);
+  std::vector<std::pair<std::string, std::string>> inputs = {
+      {"MODEL", a.model}, {"the --adapter directory", a.adapter}, {"the --base directory", a.base}};
+  check_output_dir("--out", a.out, inputs);  // before loading: a refusal costs nothing
   io::TrainedModel t =
       io::load_trained_model(a.model, a.adapter, DType::F32, ops::AttentionBackend::kEager,
                              weight_check_of_flag(a.allow_nonfinite_weights), a.base);
+  // What MODEL turned out to hold: the weights' directory, a checkpoint's frozen base, the
+  // tokenizer's files.
+  inputs.insert(inputs.end(), {{"the model's weights", t.dir},
+                               {"the model the run started from (its model.path)", t.base_model},
+                               {"the tokenizer's files", tokenizer_dir(t.tokenizer)}});
+  check_output_dir("--out", a.out, inputs);
+  // The base an adapter goes on: the run's model.path, or the HF directory it was applied to.
+  const std::string base_model = t.checkpoint ? t.base_model : t.dir;
   if (a.adapter_only) {
     if (!t.adapter)
       throw Error(a.model +
                       " has no adapters to export (--adapter-only needs a run trained with "
                       "model.adapter.kind, or --adapter DIR)",
                   Error::kUsage);
-    io::save_peft_adapter(*t.model, *t.adapter, a.out, t.base_model);
+    io::save_peft_adapter(*t.model, *t.adapter, a.out, base_model);
     std::printf("wrote %s: PEFT %s adapter (r = %lld) for %s\n", a.out.c_str(),
                 t.adapter->kind.c_str(), static_cast<long long>(t.adapter->r),
-                t.base_model.empty() ? "(a base trained from sizes)" : t.base_model.c_str());
+                base_model.empty() ? "(a base trained from sizes)" : base_model.c_str());
     return 0;
   }
   const int64_t merged = t.adapter ? nn::merge_adapters(*t.model) : 0;
@@ -94,10 +116,11 @@ int run_export(const ExportArgs& a) {
       if (id >= 0) opt.base_config[key] = id;
     tok_note = "tokenizer " + t.tokenizer;
   }
-  io::save_hf_model(*t.model, a.out, opt);
   const auto files = tokenizer_files(t.tokenizer);
-  for (const fs::path& f : files)
-    fs::copy_file(f, fs::path(a.out) / f.filename(), fs::copy_options::overwrite_existing);
+  write_model_dir("--out", a.out, [&](const std::string& dir) {
+    io::save_hf_model(*t.model, dir, opt);
+    for (const auto& [from, name] : files) fs::copy_file(from, fs::path(dir) / name);
+  });
   if (t.tokenizer == "byte")
     tok_note = "keel's byte tokenizer (no HF tokenizer files; in keel: --tokenizer byte)";
   else if (!t.tokenizer.empty())

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "apps/keel/commands.h"
+#include "apps/keel/output_dir.h"
 #include "keel/io/hf_model.h"
 #include "keel/models/param_shapes.h"
 #include "keel/monitor/memory_estimate.h"
@@ -78,6 +79,7 @@ int run_init_model(const InitModelArgs& a) {
   // saved in that dtype gets, without ever holding the f32 model.
   s.param_dtype = *dt;
   s.validate();  // usage errors naming the inconsistent sizes
+  check_output_dir("--out", a.out, {});
   // The model is held whole before it is written: refused before allocating when it cannot fit.
   const int64_t params = models::parameter_count(s);
   const int64_t bytes = params * static_cast<int64_t>(dtype_size(*dt));
@@ -93,7 +95,8 @@ int run_init_model(const InitModelArgs& a) {
   io::HfSaveOptions opt;
   opt.dtype = *dt;
   opt.max_shard_bytes = a.shard_bytes;
-  io::save_hf_model(*model, a.out, opt);
+  write_model_dir("--out", a.out,
+                  [&](const std::string& dir) { io::save_hf_model(*model, dir, opt); });
   std::printf(
       "wrote %s: %s, %lld layers, %lld wide, %lld heads (%lld kv), vocab %lld, %.2fM params, %s\n",
       a.out.c_str(), a.family.c_str(), static_cast<long long>(s.n_layer),

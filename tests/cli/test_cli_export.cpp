@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "keel/autograd/node.h"
 #include "keel/io/hf_model.h"
@@ -197,6 +198,68 @@ TEST(CliExport, TokenizerFilesAreCopiedAndBadFlagsAreUsageErrors) {
   EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--adapter-only"}),
                   "has no adapters to export");
   EXPECT_CONTAINS(err({dir + "/nothing", "--out", dir + "/x"}), "no such directory");
+
+  // An export of a byte-tokenizer run over it removes those tokenizer files: they stayed, and
+  // `keel generate` then took the 287-id tokenizer.json for the new 259-row model's.
+  const test::KeelRun bytes =
+      test::run_keel(test::with_sets({"train"}, {"run.out_dir=" + dir + "/bytes", "run.threads=1",
+                                                 "train.max_steps=2", "log.tensorboard=false"}),
+                     {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(bytes.code, 0) << bytes.output;
+  keel_export({dir + "/bytes", "--out", dir + "/hf"});
+  EXPECT_FALSE(fs::exists(dir + "/hf/tokenizer.json"));
+  EXPECT_FALSE(fs::exists(dir + "/hf/tokenizer_config.json"));
+}
+
+// --out was written without a look: `keel export RUN --out RUN/checkpoints/last` replaced the
+// checkpoint it read (resume and generate failed after it), `--out BASE` an adapter run's frozen
+// base, a file as --out gave std::filesystem's raw text, and a failed sharded export left its
+// first shards beside the previous export. Now refused, or staged beside --out and moved in whole.
+TEST(CliExport, OutNeverReplacesWhatItReadsAndAFailedExportChangesNothing) {
+  const std::string dir = trained_run("llama", "lora");
+  const std::string out = dir + "/out", last = out + "/checkpoints/last";
+  const std::string ckpt_weights = test::slurp(last + "/model.safetensors");
+  auto err = [&](std::vector<std::string> args) {
+    const test::KeelRun e = test::run_keel(args);
+    EXPECT_EQ(e.code, 2) << e.output;
+    return e.err;
+  };
+  EXPECT_CONTAINS(err({"export", out, "--out", last}), "holds a keel run");
+  EXPECT_CONTAINS(err({"export", out, "--out", out + "/checkpoints"}), "holds the model's weights");
+  EXPECT_CONTAINS(err({"export", out, "--out", dir + "/base"}),
+                  "is the model the run started from");
+  EXPECT_CONTAINS(err({"export", dir + "/base", "--adapter", out + "/adapter", "--out",
+                       out + "/adapter", "--adapter-only"}),
+                  "is the --adapter directory");
+  EXPECT_CONTAINS(err({"init-model", "--out", last}), "holds a keel run");
+  std::ofstream(dir + "/file") << "x";
+  EXPECT_CONTAINS(err({"export", out, "--out", dir + "/file"}), "exists and is not a directory");
+  EXPECT_CONTAINS(err({"export", out, "--out", dir + "/file/sub"}),
+                  "cannot be created: " + dir + "/file is not a directory");
+  EXPECT_EQ(test::slurp(last + "/model.safetensors"), ckpt_weights);
+
+  // A failed export (a file-size limit of 4 KB: the first shard does not fit) leaves the
+  // previous export, and the user's own file beside it, as they were, and no staging directory.
+  keel_export({out, "--out", dir + "/hf"});
+  std::ofstream(dir + "/hf/NOTES.md") << "mine";
+  const std::string weights = test::slurp(dir + "/hf/model.safetensors");
+  const test::KeelRun failed =
+      test::run_command({"/bin/sh", "-c",
+                         "ulimit -f 8; exec " + test::keel_binary() + " export '" + out +
+                             "' --out '" + dir + "/hf' --max-shard-size 2KB"});
+  EXPECT_EQ(failed.code, 1) << failed.output;
+  EXPECT_CONTAINS(failed.err, "--out " + dir + "/hf: cannot write");
+  EXPECT_EQ(test::slurp(dir + "/hf/model.safetensors"), weights);
+  std::set<std::string> held, want = {"config.json", "model.safetensors", "NOTES.md"};
+  for (const auto& e : fs::directory_iterator(dir + "/hf")) held.insert(e.path().filename());
+  EXPECT_EQ(held, want);
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  // A sharded export over it replaces the single file, and keeps the user's.
+  keel_export({out, "--out", dir + "/hf", "--max-shard-size", "20KB"});
+  EXPECT_FALSE(fs::exists(dir + "/hf/model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir + "/hf/model.safetensors.index.json"));
+  EXPECT_EQ(test::slurp(dir + "/hf/NOTES.md"), "mine");
 }
 
 }  // namespace

@@ -1,0 +1,123 @@
+#include "apps/keel/output_dir.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <regex>
+#include <system_error>
+
+#include "keel/io/atomic_file.h"
+#include "keel/numerics/error.h"
+
+namespace keel::cli {
+
+namespace fs = std::filesystem;
+
+const std::vector<std::string> kTokenizerFiles = {"tokenizer.json",
+                                                  "tokenizer_config.json",
+                                                  "special_tokens_map.json",
+                                                  "vocab.json",
+                                                  "merges.txt",
+                                                  "encoder.json",
+                                                  "vocab.bpe"};
+
+namespace {
+
+// DIR as an absolute path with links and dots resolved as far as it exists.
+fs::path resolved(const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::weakly_canonical(fs::absolute(dir), ec);
+  return ec ? fs::absolute(dir).lexically_normal() : p;
+}
+
+// Whether `inner` is `outer` or lies below it.
+bool within(const fs::path& inner, const fs::path& outer) {
+  auto i = inner.begin();
+  for (auto o = outer.begin(); o != outer.end(); ++o, ++i)
+    if (o->empty())
+      continue;  // a trailing separator
+    else if (i == inner.end() || *i != *o)
+      return false;
+  return true;
+}
+
+bool is_model_dir_file(const std::string& name) {
+  static const std::regex shard(R"(model-\d{5}-of-\d{5}\.safetensors)");
+  if (name == "model.safetensors" || name == "model.safetensors.index.json") return true;
+  for (const std::string& t : kTokenizerFiles)
+    if (name == t) return true;
+  return std::regex_match(name, shard);
+}
+
+}  // namespace
+
+void check_output_dir(const std::string& flag, const std::string& dir,
+                      const std::vector<std::pair<std::string, std::string>>& inputs) {
+  auto refuse = [&](const std::string& why) {
+    throw Error(flag + " " + dir + ": " + why, Error::kUsage);
+  };
+  if (dir.empty()) throw Error(flag + ": give the directory to write", Error::kUsage);
+  const fs::path out = resolved(dir);
+  std::error_code ec;
+  if (fs::exists(out, ec) && !fs::is_directory(out, ec))
+    refuse("exists and is not a directory; give a new directory or an existing one");
+  fs::path up = out.parent_path();
+  while (!up.empty() && !fs::exists(up, ec) && up != up.root_path()) up = up.parent_path();
+  if (!fs::is_directory(up, ec))
+    refuse("cannot be created: " + up.string() + " is not a directory");
+  if (::access(up.c_str(), W_OK) != 0)
+    refuse("cannot be created: " + up.string() + " is not writable");
+  for (const auto& [what, path] : inputs) {
+    if (path.empty()) continue;
+    const fs::path in = resolved(path);
+    if (within(in, out))
+      refuse(std::string(out == in ? "is " : "holds ") + what + ", " + in.string() +
+             ", which this command reads: writing there would replace it; give another "
+             "directory");
+  }
+  if (fs::exists(out / "trainer.json", ec) || fs::is_directory(out / "checkpoints", ec))
+    refuse("holds a keel run (" +
+           std::string(fs::exists(out / "trainer.json", ec) ? "a checkpoint's trainer.json"
+                                                            : "an out_dir's checkpoints/") +
+           "): a model directory written there would lose its training state; give another "
+           "directory");
+}
+
+std::vector<std::string> write_model_dir(const std::string& flag, const std::string& dir,
+                                         const std::function<void(const std::string&)>& write) {
+  const fs::path out = resolved(dir);
+  const fs::path stage =
+      out.parent_path() / ("." + out.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  std::vector<std::string> names;
+  try {
+    fs::remove_all(stage);
+    fs::create_directories(stage);
+    write(stage.string());
+    fs::create_directories(out);
+    for (const auto& e : fs::directory_iterator(stage)) names.push_back(e.path().filename());
+    for (const std::string& n : names) fs::rename(stage / n, out / n);
+    for (const auto& e : fs::directory_iterator(out)) {
+      const std::string n = e.path().filename();
+      if (is_model_dir_file(n) && std::find(names.begin(), names.end(), n) == names.end())
+        fs::remove(e.path());
+    }
+    fs::remove(stage);
+    io::fsync_dir(out.string());
+  } catch (const fs::filesystem_error& e) {
+    std::error_code ec;
+    fs::remove_all(stage, ec);
+    throw Error(flag + " " + dir + ": cannot write " + e.path1().string() + ": " +
+                e.code().message());
+  } catch (const Error& e) {  // named in the staging directory: say which --out it was for
+    std::error_code ec;
+    fs::remove_all(stage, ec);
+    throw Error(flag + " " + dir + ": " + e.what(), e.kind);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove_all(stage, ec);
+    throw;
+  }
+  return names;
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,34 @@
+// `--out DIR` of the commands that write a model directory (`keel export`, `keel init-model`):
+// what DIR may be, and writing it so that a failure changes nothing there.
+#pragma once
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace keel::cli {
+
+// The tokenizer files an HF model directory may hold (transformers' and GPT-2's own names).
+extern const std::vector<std::string> kTokenizerFiles;
+
+// Refuses (a usage Error naming `flag`, DIR and the fix) a DIR that
+// - is empty, or exists and is not a directory, or cannot be created (its nearest existing
+//   ancestor is not a directory);
+// - is one of `inputs` ((what, path) pairs; empty paths are skipped), or a folder holding one:
+//   writing there replaces what the command reads (`keel export RUN --out RUN/checkpoints/last`
+//   overwrote the checkpoint it was exporting, and `--out BASE` the frozen base of an adapter run);
+// - holds a keel run (trainer.json: a checkpoint; checkpoints/: an out_dir), whose training state a
+//   model directory would not keep.
+void check_output_dir(const std::string& flag, const std::string& dir,
+                      const std::vector<std::pair<std::string, std::string>>& inputs);
+
+// Writes a model directory at DIR: `write` fills a new sibling staging directory (its argument);
+// only when it returns are its files moved into DIR (created if missing), and then the files of
+// the kinds a model directory holds (weights, their index, tokenizer files) that it did not write
+// are removed from DIR, so that a loader never sees an earlier layout or tokenizer beside the new
+// one. Other files in DIR are left as they are. If `write` throws, the staging directory is
+// removed and DIR is untouched. Returns the names of the files moved into DIR.
+std::vector<std::string> write_model_dir(const std::string& flag, const std::string& dir,
+                                         const std::function<void(const std::string&)>& write);
+
+}  // namespace keel::cli
