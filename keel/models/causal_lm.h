@@ -2,6 +2,7 @@
 // family (LlamaForCausalLM). Linear weights use the nn.Linear layout [out, in]; GPT-2's HF
 // checkpoints store Conv1D weights transposed, which the loader (io/) undoes.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,7 +52,13 @@ class CausalLM : public nn::Module {
   // which it then holds too. The prompt's pass (cache.length == 0) computes what forward() does.
   Tensor forward_cached(const Tensor& input_ids, KVCache& cache);
   // A cache with room for max_seq_len positions of every layer.
-  KVCache make_kv_cache() const { return KVCache(spec_.n_layer, spec_.max_seq_len); }
+  // A cache for at most `positions` tokens (0: the model's max_seq_len). Each layer's keys and
+  // values are allocated whole at the first step: Llama-3.1-8B's 131,072 positions would take
+  // 16 GB in bf16, so a decode asks for the prompt plus the tokens it may add.
+  KVCache make_kv_cache(int64_t positions = 0) const {
+    return KVCache(spec_.n_layer, positions > 0 ? std::min(positions, spec_.max_seq_len)
+                                                : spec_.max_seq_len);
+  }
   const ModelSpec& spec() const { return spec_; }
   void set_attention_backend(ops::AttentionBackend b) { spec_.attention = b; }
   // Activation checkpointing (train.activation_checkpointing): 0 = off; N = the decoder blocks run

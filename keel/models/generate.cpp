@@ -85,7 +85,9 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
   Rng rng(opt.seed);
   Device dev = Device::cpu();
   for (auto& [name, p] : model.named_parameters()) dev = p.device();
-  KVCache cache = model.make_kv_cache();
+  // Room for the prompt and every token this decode may add (max_seq_len at most).
+  KVCache cache =
+      model.make_kv_cache(n + std::clamp<int64_t>(opt.max_new_tokens, 0, spec.max_seq_len - n));
   std::vector<int32_t> seq = prompt;
   GenerateResult r;
   r.stop = "max_new_tokens";
