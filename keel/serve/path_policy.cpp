@@ -36,13 +36,32 @@ std::string PathPolicy::confine(const std::string& key, const std::string& path)
   const bool exists = !ec;
   if (!exists) real = fs::weakly_canonical(p, ec);
   const std::string s = real.lexically_normal().string();
-  bool inside = false;
-  for (const std::string& r : roots_) inside |= path_within(s, r);
-  if (!inside)
+  if (!inside(s))
     throw PathDenied(key + " = \"" + path + "\" resolves to " + s +
                      ", outside the server's data roots; put it under --data-root");
   if (!exists) throw Error(key + " = \"" + path + "\": " + s + " does not exist", Error::kUsage);
+  if (fs::is_directory(real)) confine_entries(key, s);
   return s;
+}
+
+bool PathPolicy::inside(const std::string& canonical) const {
+  for (const std::string& r : roots_)
+    if (path_within(canonical, r)) return true;
+  return false;
+}
+
+void PathPolicy::confine_entries(const std::string& key, const std::string& dir) const {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code rc;
+    fs::path real = fs::canonical(it->path(), rc);
+    if (rc) real = fs::weakly_canonical(it->path(), rc);  // a dangling link: where it points
+    const std::string s = real.lexically_normal().string();
+    if (!inside(s))
+      throw PathDenied(key + ": " + it->path().string() + " resolves to " + s +
+                       ", outside the server's data roots; copy the file under --data-root "
+                       "instead of linking it");
+  }
 }
 
 }  // namespace keel::serve

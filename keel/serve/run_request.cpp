@@ -1,5 +1,6 @@
 #include "keel/serve/run_request.h"
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "keel/numerics/text.h"
@@ -52,6 +53,13 @@ Config run_config_of_request(const std::string& body, const PathPolicy& paths,
   if (cfg.dist.backend == "mpi" || cfg.dist.backend == "nccl")
     throw HttpError(400, std::string(kSource) + ": dist.backend = \"" + cfg.dist.backend +
                              "\": keel serve runs each run as one process; use \"single\"");
+  confine_run_paths(cfg, paths);
+  cfg.run.out_dir = out_dir;
+  cfg.run.resume = false;
+  return cfg;
+}
+
+void confine_run_paths(Config& cfg, const PathPolicy& paths) {
   auto confine = [&](const char* key, std::string& path) {
     if (path.empty()) return;
     try {
@@ -70,10 +78,13 @@ Config run_config_of_request(const std::string& body, const PathPolicy& paths,
   if (!tok.empty()) {
     confine("data.tokenizer", tok);
     cfg.data.tokenizer = prefix + tok;
+    // An HF tokenizer named by its file: the loader reads tokenizer_config.json beside it.
+    if (!std::filesystem::is_directory(tok)) try {
+        paths.confine_entries("data.tokenizer", std::filesystem::path(tok).parent_path());
+      } catch (const PathDenied& e) {
+        throw HttpError(403, e.what(), permission_error());
+      }
   }
-  cfg.run.out_dir = out_dir;
-  cfg.run.resume = false;
-  return cfg;
 }
 
 }  // namespace keel::serve

@@ -15,4 +15,9 @@ namespace keel::serve {
 Config run_config_of_request(const std::string& body, const PathPolicy& paths,
                              const std::string& out_dir);
 
+// Confines the config's paths (model.path, data.path, data.eval_path, the tokenizer's) to the
+// roots, making them canonical: HttpError 403 outside, 400 missing. A resume asks again (a
+// directory may have been replaced by a link out of the roots since the run was created).
+void confine_run_paths(Config& cfg, const PathPolicy& paths);
+
 }  // namespace keel::serve

@@ -251,6 +251,15 @@ json RunService::resume(const std::string& id) {
     if (is_active_state(o.state))
       throw HttpError(409, "run " + o.id + " is " + o.state + "; one run at a time",
                       {{"active_run", o.id}});
+  // Its paths are judged again: what they name may have become a link out of the roots since
+  // the run was created (a refusal leaves the run resumable).
+  Config cfg;
+  try {
+    cfg = load_config(run_dir(id) + "/run.toml");
+  } catch (const Error& e) {
+    throw HttpError(500, e.what());
+  }
+  confine_run_paths(cfg, paths_);
   try {
     start_child(r, /*resume=*/true);
   } catch (const Error& e) {

@@ -68,6 +68,55 @@ TEST(ServePaths, ConfineFollowsSymlinksAndRefusesWhatLeavesTheRoots) {
   EXPECT_CONTAINS(error_of([&] { serve::PathPolicy({t.top + "/missing"}); }), "--data-root");
 }
 
+// The files a loader opens inside a confined directory are confined too: a tokenizer directory
+// inside the root whose vocab.bpe linked to a file outside had that file's first line quoted in
+// the run's error, and a tokenizer.json linked out trained a run on it. A resume asks again.
+TEST(ServePaths, FilesInsideAConfinedDirectoryAreConfinedToo) {
+  Tree t;
+  serve::PathPolicy p({t.data});
+  const std::string real_data = fs::canonical(t.data).string();
+  fs::create_directories(t.data + "/gpt2");
+  std::ofstream(t.data + "/gpt2/encoder.json") << "{}";
+  fs::create_symlink(t.top + "/secret.txt", t.data + "/gpt2/vocab.bpe");
+  auto [status, msg] = refusal(json{{"data", {{"tokenizer", "gpt2:gpt2"}}}}.dump(), p);
+  EXPECT_EQ(status, 403);
+  EXPECT_CONTAINS(msg, "data.tokenizer: " + real_data + "/gpt2/vocab.bpe resolves to " +
+                           fs::canonical(t.top).string() + "/secret.txt, outside");
+  // hf:FILE reads tokenizer_config.json beside the file.
+  fs::create_directories(t.data + "/hf");
+  std::ofstream(t.data + "/hf/tokenizer.json") << "{}";
+  fs::create_symlink(t.top + "/secret.txt", t.data + "/hf/tokenizer_config.json");
+  std::tie(status, msg) =
+      refusal(json{{"data", {{"tokenizer", "hf:hf/tokenizer.json"}}}}.dump(), p);
+  EXPECT_EQ(status, 403);
+  EXPECT_CONTAINS(msg, "/hf/tokenizer_config.json resolves to");
+  // A model directory with a link out; one whose link stays inside is accepted.
+  fs::create_directories(t.data + "/model");
+  fs::create_symlink(t.top + "/secret.txt", t.data + "/model/config.json");
+  std::tie(status, msg) = refusal(json{{"model", {{"path", "model"}}}}.dump(), p);
+  EXPECT_EQ(status, 403);
+  EXPECT_CONTAINS(msg, "model.path: " + real_data + "/model/config.json resolves to");
+  fs::remove(t.data + "/model/config.json");
+  fs::create_symlink(t.data + "/train.txt", t.data + "/model/config.json");
+  std::tie(status, msg) = refusal(json{{"model", {{"path", "model"}}}}.dump(), p);
+  EXPECT_NE(status, 403) << msg;
+  // Resume: the confined config is judged again after its directory became a link out.
+  Config c;
+  c.data.path = t.data + "/sub/x.txt";
+  std::ofstream(c.data.path) << "x\n";
+  serve::confine_run_paths(c, p);
+  fs::rename(t.data + "/sub", t.data + "/sub.real");
+  fs::create_directory_symlink(t.top, t.data + "/sub");
+  std::ofstream(t.top + "/x.txt") << "outside\n";
+  try {
+    serve::confine_run_paths(c, p);
+    ADD_FAILURE() << "a path that now leaves the roots was allowed";
+  } catch (const serve::HttpError& e) {
+    EXPECT_EQ(e.status, 403);
+    EXPECT_CONTAINS(e.what(), "outside the server's data roots");
+  }
+}
+
 TEST(ServePaths, RequestBodiesAreReadByTheConfigLoader) {
   Tree t;
   serve::PathPolicy p({t.data});
