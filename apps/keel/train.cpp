@@ -195,11 +195,13 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   // Rank 0 owns the out_dir for the run's life (the ranks share it): locked before anything in it
   // is read or written, and a previous run in it is never silently overwritten.
   std::optional<io::OutDirLock> lock;
+  std::vector<std::string> previous_run;
   if (rank == 0 && !cfg.run.out_dir.empty()) {
     lock.emplace(cfg.run.out_dir);
-    io::claim_out_dir(cfg.run.out_dir, cfg.run.resume, cfg.run.overwrite);
+    previous_run = io::claim_out_dir(cfg.run.out_dir, cfg.run.resume, cfg.run.overwrite);
   }
   Trainer trainer(cfg, hooks, pg);
+  io::remove_previous_run(previous_run);                    // run.overwrite, once this run is built
   if (rank == 0 && !lock) lock.emplace(trainer.out_dir());  // out/<timestamp>: a fresh directory
   // A resumed run logs the steps after its checkpoint again: drop the interrupted run's records.
   if (rank == 0 && cfg.run.resume) log::drop_metrics_after(trainer.out_dir(), trainer.steps_done());

@@ -62,22 +62,26 @@ OutDirLock::~OutDirLock() {
   if (fd_ >= 0) ::close(fd_);  // closing releases the flock
 }
 
-void claim_out_dir(const std::string& out_dir, bool resume, bool overwrite) {
-  if (resume) return;
+std::vector<std::string> claim_out_dir(const std::string& out_dir, bool resume, bool overwrite) {
+  if (resume) return {};
   const fs::path d(out_dir);
   std::error_code ec;
-  std::vector<fs::path> previous;
+  std::vector<std::string> previous;
   for (const char* f : {"checkpoints", "metrics.jsonl", "tb"})
-    if (fs::exists(d / f, ec)) previous.push_back(d / f);
-  if (previous.empty()) return;
-  if (!overwrite)
-    throw Error("run.out_dir " + out_dir + " holds a previous run (" + previous.front().string() +
+    if (fs::exists(d / f, ec)) previous.push_back((d / f).string());
+  if (!previous.empty() && !overwrite)
+    throw Error("run.out_dir " + out_dir + " holds a previous run (" + previous.front() +
                     "); set run.resume = true to continue it, run.overwrite = true to replace it, "
                     "or choose another run.out_dir",
                 Error::kUsage);
-  for (const fs::path& p : previous) {
+  return previous;
+}
+
+void remove_previous_run(const std::vector<std::string>& previous) {
+  for (const std::string& p : previous) {
+    std::error_code ec;
     fs::remove_all(p, ec);
-    if (ec) throw Error("run.overwrite = true: cannot remove " + p.string() + ": " + ec.message());
+    if (ec) throw Error("run.overwrite = true: cannot remove " + p + ": " + ec.message());
   }
 }
 

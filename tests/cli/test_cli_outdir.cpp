@@ -84,6 +84,15 @@ TEST(CliOutDir, ReuseWithoutResumeIsRefusedUnlessOverwrite) {
   EXPECT_CONTAINS(r.err, "run.resume = true");
   EXPECT_CONTAINS(r.err, "run.overwrite = true");
   EXPECT_EQ(step_records(out).size(), 2u);  // untouched
+  // An overwriting run that fails on its data removes nothing (it removed the previous run's
+  // checkpoints and metrics before loading the data).
+  std::ofstream(out + "/../empty.txt").flush();
+  r = run_keel(train(out, {"train.max_steps=3", "run.overwrite=true", "data.task=text",
+                           "data.path=" + out + "/../empty.txt"}));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "no text");
+  EXPECT_EQ(step_records(out).size(), 2u);
+  EXPECT_EQ(saved_step(out), 2);
   r = run_keel(train(out, {"train.max_steps=3", "log.checkpoint_every=0", "run.overwrite=true"}));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(step_records(out).size(), 3u);  // the new run alone
