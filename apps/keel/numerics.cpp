@@ -62,9 +62,10 @@ Command add_numerics(CLI::App& app) {
       return 0;
     }
     // The flags' own names (GradScaler's messages name the config keys scaler.*).
-    if (!(args->init_scale > 0) || !std::isfinite(static_cast<float>(args->init_scale)))
+    if (!is_f32_scale(args->init_scale))
       throw Error("numerics scaler --init-scale " + log::format_number(args->init_scale, 6) +
-                      ": a loss scale must be a positive finite f32 value (e.g. 65536)",
+                      ": a loss scale must be a positive finite f32 value, from 1.2e-38 to 3.4e38 "
+                      "(e.g. 65536)",
                   Error::kUsage);
     if (!(args->backoff > 0 && args->backoff < 1))
       throw Error("numerics scaler --backoff " + log::format_number(args->backoff, 6) +

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "keel/backend/elementwise.h"
 #include "keel/backend/monitor.h"
@@ -19,6 +20,11 @@ std::string num(double v) {
 }
 }  // namespace
 
+bool is_f32_scale(double v) {
+  const float f = static_cast<float>(v);
+  return std::isfinite(f) && f >= std::numeric_limits<float>::min();
+}
+
 GradScaler::GradScaler(const GradScalerOptions& o)
     : opt_(o), scale_(static_cast<float>(o.init_scale)) {
   if (!opt_.enabled) return;  // PyTorch validates only an enabled scaler
@@ -31,10 +37,12 @@ GradScaler::GradScaler(const GradScalerOptions& o)
     throw Error("GradScaler: The backoff factor must be < 1.0. (scaler.backoff_factor = " +
                     num(opt_.backoff_factor) + "; it must also be > 0)",
                 Error::kUsage);
-  if (!(opt_.init_scale > 0.0) || !std::isfinite(scale_))
-    throw Error("GradScaler: scaler.init_scale must be a positive finite f32 value, got " +
-                    num(opt_.init_scale),
-                Error::kUsage);
+  if (!is_f32_scale(opt_.init_scale))
+    throw Error(
+        "GradScaler: scaler.init_scale must be a positive finite f32 value (from 1.2e-38 "
+        "to 3.4e38), got " +
+            num(opt_.init_scale),
+        Error::kUsage);
   if (opt_.growth_interval < 1)
     throw Error("GradScaler: scaler.growth_interval must be >= 1, got " +
                     std::to_string(opt_.growth_interval),
@@ -44,10 +52,14 @@ GradScaler::GradScaler(const GradScalerOptions& o)
                     std::to_string(opt_.hysteresis),
                 Error::kUsage);
   if (opt_.min_scale < 0.0 || opt_.max_scale < 0.0 ||
+      (opt_.min_scale > 0.0 && !is_f32_scale(opt_.min_scale)) ||
+      (opt_.max_scale > 0.0 && !is_f32_scale(opt_.max_scale)) ||
       (opt_.min_scale > 0.0 && opt_.max_scale > 0.0 && opt_.min_scale > opt_.max_scale))
-    throw Error("GradScaler: scaler.min_scale (" + num(opt_.min_scale) + ") and max_scale (" +
-                    num(opt_.max_scale) + ") must be >= 0 (0 = none) with min_scale <= max_scale",
-                Error::kUsage);
+    throw Error(
+        "GradScaler: scaler.min_scale (" + num(opt_.min_scale) + ") and max_scale (" +
+            num(opt_.max_scale) +
+            ") must be 0 (none) or f32 values from 1.2e-38 to 3.4e38, with min_scale <= max_scale",
+        Error::kUsage);
   hysteresis_tracker_ = opt_.hysteresis;
 }
 

@@ -50,6 +50,10 @@ struct ScalerUpdate {
   bool at_min_scale = false;
 };
 
+// Whether `v` can be a loss scale: held in f32, it must be finite and at least f32's smallest
+// normal (1e-300 rounded to 0 and made every step a skip, the run ending with exit 0).
+bool is_f32_scale(double v);
+
 class GradScaler {
  public:
   explicit GradScaler(const GradScalerOptions& options = {});

@@ -230,6 +230,21 @@ TEST(GradScaler, PyTorchErrorTexts) {
   o.backoff_factor = 1.0;
   EXPECT_NE(error_of([&] { GradScaler x(o); }).find("The backoff factor must be < 1.0."),
             std::string::npos);
+  // Scales are f32: 1e-300 rounded to 0 (every step skipped, exit 0), 1e300 to inf.
+  o = {};
+  o.init_scale = 1e-300;
+  EXPECT_CONTAINS(error_of([&] { GradScaler x(o); }),
+                  "scaler.init_scale must be a positive finite f32 value");
+  o = {};
+  o.min_scale = 1e300;
+  EXPECT_CONTAINS(error_of([&] { GradScaler x(o); }), "f32 values from 1.2e-38 to 3.4e38");
+  o = {};
+  o.max_scale = 1e-300;
+  EXPECT_CONTAINS(error_of([&] { GradScaler x(o); }), "f32 values from 1.2e-38 to 3.4e38");
+  o = {};
+  o.init_scale = 1e-30;  // small but normal: allowed
+  GradScaler small(o);
+  EXPECT_EQ(small.get_scale(), static_cast<double>(1e-30f));
 }
 
 TEST(GradScaler, DisabledIsANoOpWithScaleOne) {

@@ -44,6 +44,9 @@ TEST(CliNumerics, BadFlagsAreUsageErrorsNamingTheFlag) {
            {{"numerics", "scaler", "--grad", "1", "--init-scale", "0"},
             "numerics scaler --init-scale 0: a loss scale must be a positive finite f32 value"},
            {{"numerics", "scaler", "--grad", "1", "--init-scale", "1e39"}, "--init-scale 1e+39"},
+           // 0 in f32: every step "applied", the gradient lost, called a normal f16 value.
+           {{"numerics", "scaler", "--grad", "1", "--init-scale", "1e-300"},
+            "--init-scale 1e-300: a loss scale must be a positive finite f32 value"},
            {{"numerics", "scaler", "--grad", "1", "--backoff", "0"},
             "numerics scaler --backoff 0: the backoff factor must be in (0, 1)"},
            {{"numerics", "scaler", "--grad", "1", "--backoff", "nan"}, "--backoff nan"},
