@@ -212,7 +212,12 @@ void Trainer::load_checkpoint(const std::string& dir) {
   step_ = io::json_int(st, "step", tj, 0, kCount, fix);
   sched_step_ = io::json_int(st, "sched_step", tj, 0, step_, fix);
   epoch_ = io::json_int(st, "epoch", tj, 0, kCount, fix);
-  next_batch_ = io::json_int(st, "next_batch", tj, 0, kCount, fix);
+  // At most one epoch's batches (== the count: the epoch's end is pending); a position past it
+  // continued in another epoch without a word. A resume on changed data (resume_force) may find
+  // fewer batches: the epoch then ends at once.
+  next_batch_ =
+      io::json_int(st, "next_batch", tj, 0,
+                   run_.cfg.run.resume_force ? kCount : run_.loader->batches_per_epoch(), fix);
   skipped_steps_ = io::json_int(st, "skipped_steps", tj, 0, step_, fix);
   nan_steps_ = io::json_int(st, "nan_steps", tj, 0, step_, fix);
   epoch_loss_sum_ = io::json_number(st, "epoch_loss_sum", tj, fix);
@@ -222,12 +227,20 @@ void Trainer::load_checkpoint(const std::string& dir) {
       st.contains("world_size") ? io::json_int(st, "world_size", tj, 1, 1 << 20, fix) : 1;
   // A resume that changes what the checkpoint fixes continues another run: refused, naming each
   // difference, unless run.resume_force.
-  if (st.contains("config") && st["config"].is_object() && !run_.cfg.run.resume_force) {
+  // A key the checkpoint does not record is a difference too: a trainer.json without its
+  // "config" (or with one of another type) let every change through.
+  if (!run_.cfg.run.resume_force) {
     std::string diff;
     const json fixed = fixed_by_checkpoint(run_.cfg);
+    const json* saved = st.contains("config") && st["config"].is_object() ? &st["config"] : nullptr;
     for (auto& [key, now] : fixed.items())
-      if (st["config"].contains(key) && st["config"][key] != now)
-        diff += "\n  " + key + ": " + text_of(st["config"][key]) + " in the checkpoint, " +
+      if (!saved || !saved->contains(key))
+        diff += "\n  " + key +
+                ": unrecorded in the checkpoint (damaged, or written by an older "
+                "keel), " +
+                text_of(now) + " now";
+      else if ((*saved)[key] != now)
+        diff += "\n  " + key + ": " + text_of((*saved)[key]) + " in the checkpoint, " +
                 text_of(now) + " now";
     if (!diff.empty())
       throw Error(tj + ": this resume changes what the checkpoint fixes:" + diff +
@@ -237,11 +250,14 @@ void Trainer::load_checkpoint(const std::string& dir) {
   }
   // The saved batch position counts batches of the file trained on: another file under the same
   // name (regenerated, appended to, cut) would continue with other batches, or past its end.
-  if (st.contains("data_files") && st["data_files"].is_object() && !run_.cfg.run.resume_force) {
+  if (!run_.cfg.run.resume_force) {
     std::string diff;
+    const json none = json::object();
+    const json& files =
+        st.contains("data_files") && st["data_files"].is_object() ? st["data_files"] : none;
     for (const auto& [key, now] : run_.data.files) {
-      if (!now.known() || !st["data_files"].contains(key)) continue;
-      const json& then = st["data_files"][key];
+      if (!now.known()) continue;
+      const json& then = files.contains(key) ? files[key] : none;  // unrecorded: refused too
       FileFingerprint was;
       if (then.is_object() && then.contains("bytes") && then["bytes"].is_number_integer() &&
           then.contains("fnv1a64") && then["fnv1a64"].is_string())

@@ -254,6 +254,14 @@ TEST(CliOutDir, ResumeOnChangedDataIsRefusedNamingTheFile) {
   r = run_keel(with({"run.resume=true", "train.max_steps=4", "run.resume_force=true"}));
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(saved_step(out), 4);
+  // A checkpoint without its "data_files" record resumed on any data.
+  const std::string tj = out + "/checkpoints/last/trainer.json";
+  json st = json::parse(slurp(tj));
+  st.erase("data_files");
+  std::ofstream(tj) << st.dump();
+  r = run_keel(with({"run.resume=true", "train.max_steps=5"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "data.path = " + txt + ": unrecorded in the checkpoint");
 }
 
 TEST(CliOutDir, ADamagedTrainerJsonNamesTheFileAndTheKey) {
@@ -277,6 +285,28 @@ TEST(CliOutDir, ADamagedTrainerJsonNamesTheFileAndTheKey) {
   std::ofstream(path) << j.dump();
   r = run_keel(train(out, {"train.max_steps=3", "log.checkpoint_every=0", "run.resume=true"}));
   EXPECT_CONTAINS(r.err, path + ": \"epoch\" is missing");
+  // A batch position past the epoch's batches continued in another epoch without a word.
+  j = good;
+  j["next_batch"] = 1000000000000;
+  std::ofstream(path) << j.dump();
+  r = run_keel(train(out, {"train.max_steps=3", "log.checkpoint_every=0", "run.resume=true"}));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, path + ": \"next_batch\" = 1000000000000 is not an integer in [0, ");
+  // Without its "config" record the checks of what a checkpoint fixes were skipped: a changed
+  // seed and batch size resumed.
+  for (const json& config : {json(), json::array({1})}) {
+    j = good;
+    if (config.is_null())
+      j.erase("config");
+    else
+      j["config"] = config;
+    std::ofstream(path) << j.dump();
+    r = run_keel(train(
+        out, {"train.max_steps=3", "log.checkpoint_every=0", "run.resume=true", "run.seed=7"}));
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, "run.seed: unrecorded in the checkpoint");
+    EXPECT_CONTAINS(r.err, "run.resume_force = true");
+  }
 }
 
 }  // namespace
