@@ -225,6 +225,47 @@ ReplayResult replay_capture(const std::string& dir, const ReplayOptions& opt) {
 
 namespace {
 
+// capture.json's step, precision and attention are reported as what was captured; they must be
+// what the captured config trained with. An edited "precision": "fp8" replayed as "bit-exact
+// yes", and a config_toml edited to 32-true against a 16-true capture as "reproduced no".
+void check_captured_settings(const Capture& c, const ReplayResult& r) {
+  const std::string meta = c.dir + "/capture.json";
+  const std::string corrupt =
+      "; the capture was changed after it was written (re-run the "
+      "training to write a new one)";
+  if (r.step < 0 || r.step > (int64_t{1} << 53))
+    throw Error(meta + ": \"step\" = " + std::to_string(r.step) + " is not a step" + corrupt,
+                Error::kUsage);
+  const Config cfg = replay_config(c, c.dir, {});
+  std::string precision;
+  try {
+    precision = resolve_precision(r.captured_precision, Device::cpu(), true).name();
+  } catch (const Error&) {
+  }
+  if (precision != r.captured_precision)
+    throw Error(meta + ": \"precision\" = \"" + r.captured_precision +
+                    "\" is not a precision policy's name" + corrupt,
+                Error::kUsage);
+  // "auto" resolves per device: the capture's own device may differ from this one.
+  if (cfg.train.precision != "auto" &&
+      resolve_precision(cfg.train.precision, Device::cpu(), true).name() != precision)
+    throw Error(meta + ": \"precision\" = \"" + precision + "\" but its config_toml trains in " +
+                    cfg.train.precision + corrupt,
+                Error::kUsage);
+  std::string attention;
+  try {
+    attention = ops::attention_backend_name(ops::attention_backend_from_name(r.captured_attention));
+  } catch (const Error&) {
+  }
+  if (attention != r.captured_attention ||
+      attention !=
+          ops::attention_backend_name(ops::attention_backend_from_name(cfg.model.attention)))
+    throw Error(meta + ": \"attention\" = \"" + r.captured_attention +
+                    "\" is not the attention backend its config_toml names (" +
+                    cfg.model.attention + ")" + corrupt,
+                Error::kUsage);
+}
+
 ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) {
   const Capture c = read_nan_capture(dir);
   ReplayResult r;
@@ -234,6 +275,7 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
   r.captured_attention = capture_field_as<std::string>(c, "attention");
   r.threads = capture_field_as<int>(c, "threads");
   std::tie(r.world_size, r.rank) = captured_rank(c);
+  check_captured_settings(c, r);
   // One rank of several: its own loss and pre-reduce gradients are what a replay of it reproduces.
   const bool local = r.world_size > 1;
   r.recorded_loss_bits = capture_field_as<std::string>(c, local ? "local_loss_bits" : "loss_bits");

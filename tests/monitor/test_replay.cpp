@@ -272,6 +272,32 @@ TEST(Replay, MalformedCapturesNameTheFileAndTheFix) {
     EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
   }
   {
+    // Edited settings: a step that is none, a precision or attention that is no policy or
+    // backend, or that is not the captured config's. They replayed as "bit-exact yes" (and an
+    // edited config_toml as "reproduced no").
+    const std::string d = copy("replay-edited");
+    const json base = json::parse(slurp(d + "/capture.json"));
+    auto edited = [&](const char* key, const json& v) {
+      json meta = base;
+      meta[key] = v;
+      std::ofstream(d + "/capture.json") << meta.dump();
+      return error_of(d);
+    };
+    EXPECT_CONTAINS(edited("step", -1), d + "/capture.json: \"step\" = -1 is not a step");
+    EXPECT_CONTAINS(edited("precision", "fp8"), "\"precision\" = \"fp8\" is not a precision");
+    const std::string other =
+        base["precision"] == "32-true" ? std::string("bf16-mixed") : std::string("32-true");
+    EXPECT_CONTAINS(edited("precision", other), "but its config_toml trains in");
+    EXPECT_CONTAINS(edited("attention", "xx"), "\"attention\" = \"xx\" is not the attention");
+    std::string toml = base["config_toml"].get<std::string>();
+    const size_t at = toml.find("attention = \"eager\"");
+    ASSERT_NE(at, std::string::npos) << toml;
+    toml.replace(at, std::string("attention = \"eager\"").size(), "attention = \"math\"");
+    EXPECT_CONTAINS(edited("config_toml", toml),
+                    "is not the attention backend its config_toml names (math)");
+    std::ofstream(d + "/capture.json") << base.dump();
+  }
+  {
     // One rank of several: a rank outside the world, a missing local loss, a global window with
     // fewer tokens than the rank's own micro-batches.
     const std::string d = copy("replay-bad-rank");
