@@ -17,18 +17,19 @@ namespace keel::io {
 
 namespace fs = std::filesystem;
 
-OutDirLock::OutDirLock(const std::string& out_dir) {
+OutDirLock::OutDirLock(const std::string& out_dir, const std::string& key,
+                       const std::string& owner) {
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec)
-    throw Error("cannot create run.out_dir " + out_dir + ": " + ec.message() +
+    throw Error("cannot create " + key + " " + out_dir + ": " + ec.message() +
                     " (choose a writable directory)",
                 Error::kUsage);
   const std::string path = out_dir + "/.keel.lock";
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
     throw Error(
-        "cannot open " + path + ": " + std::strerror(errno) + " (run.out_dir must be writable)",
+        "cannot open " + path + ": " + std::strerror(errno) + " (" + key + " must be writable)",
         Error::kUsage);
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
@@ -40,8 +41,8 @@ OutDirLock::OutDirLock(const std::string& out_dir) {
     fd_ = -1;
     if (err != EWOULDBLOCK)
       throw Error("cannot lock " + path + ": " + std::strerror(err), Error::kUsage);
-    throw Error("run.out_dir " + out_dir + " is in use by another run (" + who + ", holding " +
-                    path + "); wait for it to finish, or choose another run.out_dir",
+    throw Error(key + " " + out_dir + " is in use by another " + owner + " (" + who + ", holding " +
+                    path + "); wait for it to finish, or choose another " + key,
                 Error::kUsage);
   }
   char host[256] = {};

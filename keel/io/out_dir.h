@@ -11,8 +11,10 @@ namespace keel::io {
 class OutDirLock {
  public:
   // Creates out_dir if needed and takes the lock; an Error (kUsage) naming the holder when another
-  // process holds it.
-  explicit OutDirLock(const std::string& out_dir);
+  // process holds it. `key` and `owner` name the directory and its owner in messages (keel
+  // serve locks its --root the same way: a second server on it stopped the first one's run).
+  explicit OutDirLock(const std::string& out_dir, const std::string& key = "run.out_dir",
+                      const std::string& owner = "run");
   ~OutDirLock();
   OutDirLock(const OutDirLock&) = delete;
   OutDirLock& operator=(const OutDirLock&) = delete;

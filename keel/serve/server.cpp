@@ -11,6 +11,7 @@
 #include <fstream>
 #include <thread>
 
+#include "keel/io/out_dir.h"
 #include "keel/numerics/error.h"
 #include "keel/serve/auth.h"
 #include "keel/serve/dashboard.h"
@@ -99,8 +100,18 @@ json list_artifacts(const std::string& run_dir) {
   return {{"object", "list"}, {"data", files}};
 }
 
-void send_file(httplib::Response& res, const fs::path& path) {
+void send_file(const httplib::Request& req, httplib::Response& res, const fs::path& path) {
   const uint64_t size = fs::file_size(path);
+  // cpp-httplib 0.11 answers a range that starts past the end with a 206 whose Content-Length
+  // wrapped around (2^64 - n) and no body, and the client waits for bytes that never come: such
+  // a range is 416 here (RFC 9110 15.5.17), with the size the client can ask within.
+  for (const auto& [first, last] : req.ranges)
+    if ((first >= 0 && static_cast<uint64_t>(first) >= size) || (first < 0 && last == 0)) {
+      res.set_header("Content-Range", "bytes */" + std::to_string(size));
+      throw HttpError(416, "Range: bytes " + std::to_string(first) + "-" +
+                               (last >= 0 ? std::to_string(last) : std::string()) +
+                               " is not within the artifact's " + std::to_string(size) + " bytes");
+    }
   auto in = std::make_shared<std::ifstream>(path, std::ios::binary);
   if (!*in) throw HttpError(500, "cannot read " + path.filename().string());
   const std::string ext = path.extension().string();
@@ -180,6 +191,9 @@ int run_server(const ServeOptions& opt) {
   so.root = fs::absolute(opt.root).lexically_normal().string();
   so.data_roots = opt.data_roots;
   so.keel_binary = opt.keel_binary;
+  // One server a root, for the server's life: a second one's recovery marked the first one's
+  // running run interrupted and its run stopped, each server then reporting it its own way.
+  io::OutDirLock root_lock(so.root, "--root", "keel serve");
   RunService service(so);
   service.recover();
 
@@ -282,7 +296,7 @@ int run_server(const ServeOptions& opt) {
           }));
   svr.Get(id + "/artifacts/(.+)", guarded([&](const httplib::Request& req, httplib::Response& res) {
             service.get(req.matches[1]);
-            send_file(res, artifact_path(service.run_dir(req.matches[1]), req.matches[2]));
+            send_file(req, res, artifact_path(service.run_dir(req.matches[1]), req.matches[2]));
           }));
 
   // cpp-httplib listens with a backlog of 5 (compiled into Debian's library): a burst of clients

@@ -2,6 +2,7 @@
 // refusal to start without keys unless told to run open on loopback.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "keel/serve/auth.h"
@@ -131,6 +132,13 @@ TEST(ServeAuth, RefusesToStartWithoutKeysUnlessOpenOnLoopback) {
   auto r = Api{open.port(), ""}.get("/v1/runs");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
+  // A second server on the same root is refused naming the first: its recovery marked the first
+  // one's running run interrupted, and the two then reported the run each its own way.
+  std::tie(code, out) = serve_refusal({"--root", dir + "/root", "--insecure-open"});
+  EXPECT_EQ(code, 2);
+  EXPECT_CONTAINS(out, "--root " +
+                           std::filesystem::absolute(dir + "/root").lexically_normal().string() +
+                           " is in use by another keel serve (pid " + std::to_string(open.pid()));
 }
 
 }  // namespace

@@ -205,6 +205,20 @@ TEST(ServePaths, TraversalAttemptsOverHttpGet403AndArtifactsStayInTheRun) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);
   EXPECT_CONTAINS(r->body, "\"loss\"");
+  // Byte ranges: within the file, 206 with those bytes; from past its end, 416 with the size
+  // (cpp-httplib answered 206 with a Content-Length of 2^64 - n and no body: the client hung).
+  const std::string whole = r->body;
+  r = api.get("/v1/runs/" + id + "/artifacts/metrics.jsonl", {{"Range", "bytes=2-9"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 206);
+  EXPECT_EQ(r->body, whole.substr(2, 8));
+  for (const std::string& range :
+       {"bytes=" + std::to_string(whole.size()) + "-", std::string("bytes=999999-1000000")}) {
+    r = api.get("/v1/runs/" + id + "/artifacts/metrics.jsonl", {{"Range", range}});
+    ASSERT_TRUE(r) << range;
+    EXPECT_EQ(r->status, 416) << range;
+    EXPECT_EQ(r->get_header_value("Content-Range"), "bytes */" + std::to_string(whole.size()));
+  }
   fs::create_symlink(t.top + "/secret.txt", dir + "/root/runs/" + id + "/leak.txt");
   for (const char* bad : {"../../keel-serve.db", "..%2F..%2Fkeel-serve.db", "leak.txt",
                           "%2Fetc%2Fpasswd", "checkpoints/../../../keel-serve.db"}) {
