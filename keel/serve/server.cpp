@@ -224,10 +224,24 @@ int run_server(const ServeOptions& opt) {
                    : "the API key is not valid");
     return httplib::Server::HandlerResponse::Handled;
   });
-  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  const size_t max_body = opt.max_body_bytes;
+  svr.set_error_handler([max_body](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    if (res.status == 413)
-      send_error(res, 413, "request body too large");
+    // cpp-httplib limits a body sent as a form (curl -d's default type) to 8 KiB, below
+    // --max-body-bytes: say which limit it was and how to send JSON.
+    const bool form =
+        req.get_header_value("Content-Type").rfind("application/x-www-form-urlencoded", 0) == 0;
+    if (res.status == 413 && form)
+      send_error(res, 413,
+                 "request body too large for a form (Content-Type: "
+                 "application/x-www-form-urlencoded, curl -d's default, is limited to 8192 bytes)"
+                 "; send it as Content-Type: application/json (curl -H 'Content-Type: "
+                 "application/json'), up to " +
+                     std::to_string(max_body) + " bytes");
+    else if (res.status == 413)
+      send_error(res, 413,
+                 "request body too large: more than " + std::to_string(max_body) +
+                     " bytes (keel serve --max-body-bytes)");
     else if (res.status == 404)
       send_error(res, 404, "no route " + req.method + " " + req.path + " (see GET /v1/runs)");
     else if (res.status == 400 && req.method == "POST" && !req.has_header("Content-Length"))

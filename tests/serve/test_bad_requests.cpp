@@ -96,6 +96,15 @@ TEST(ServeBadRequests, MutatedAndHostileBodiesGet4xxAndTheServerCarriesOn) {
   auto r = api.post("/v1/runs", std::string((1 << 20) + 10, ' '));
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 413);
+  EXPECT_CONTAINS(r->body, "more than 1048576 bytes (keel serve --max-body-bytes)");
+  // A form-typed body (curl -d's default) is limited to 8 KiB by cpp-httplib: its 413 says so
+  // and how to send JSON (it said only "too large", under a limit of 1 MiB).
+  httplib::Client form("127.0.0.1", api.port);
+  r = form.Post("/v1/runs", {{"Authorization", "Bearer " + api.key}}, std::string(9000, ' '),
+                "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413);
+  EXPECT_CONTAINS(r->body, "send it as Content-Type: application/json");
   // Bad ids, routes and headers.
   for (const char* path :
        {"/v1/runs/..", "/v1/runs/%2e%2e", "/v1/runs/x%00y", "/v1/runs/run-1/stop",
