@@ -13,6 +13,7 @@
 #include "keel/io/json_fields.h"
 #include "keel/log/console.h"
 #include "keel/numerics/input_file.h"
+#include "keel/tensor/host_memory.h"
 #include "keel/train/config.h"
 #include "keel/train/eval_loss.h"
 #include "keel/train/run.h"
@@ -79,7 +80,10 @@ int run_eval(EvalArgs& a, bool pack_given) {
   if (a.task != "text" && a.task != "jsonl" && a.task != "tokens")
     throw Error("--task " + a.task + ": use text, jsonl or tokens (an llm.c token file)",
                 Error::kUsage);
-  if (a.seq_len == 0) a.seq_len = run ? dc.seq_len : t.model->spec().max_seq_len;
+  // Rows are padded to the row length: a model's whole context (Llama-3's 131,072 positions)
+  // as the default asked 256 GB for a 10-byte file. As HF's run_clm: at most 1024 by default.
+  if (a.seq_len == 0)
+    a.seq_len = run ? dc.seq_len : std::min<int64_t>(t.model->spec().max_seq_len, 1024);
   if (a.batch_size == 0) a.batch_size = run ? run->train.batch_size : 8;
   if (a.pad.empty()) a.pad = dc.pad;
   if (!pack_given) a.pack = run && dc.pack;
@@ -97,8 +101,15 @@ int run_eval(EvalArgs& a, bool pack_given) {
   int64_t pad = pad_fill_id(tok, a.pad);
   if (pad >= vocab) pad = tok.eos_id() >= 0 ? tok.eos_id() : 0;
   const auto set = data::load_dataset(a.task, a.data, "--data", tok, a.seq_len, a.pack);
-  const LossTotal r =
-      dataset_loss(*t.model, *set, a.batch_size, a.seq_len, pad, m.policy, m.device);
+  LossTotal r;
+  try {
+    r = dataset_loss(*t.model, *set, a.batch_size, a.seq_len, pad, m.policy, m.device);
+  } catch (const host_memory::OutOfMemory& e) {  // its message names training's keys
+    throw Error("out of memory allocating a tensor of " + std::to_string(e.bytes) +
+                " bytes while evaluating " + std::to_string(a.batch_size) + " rows of " +
+                std::to_string(a.seq_len) +
+                " tokens a batch (rows are padded to --seq-len): lower --batch-size or --seq-len");
+  }
   if (a.json) {
     nlohmann::json j = {{"loss", io::json_float(r.loss())},
                         {"perplexity", io::json_float(r.perplexity())},
@@ -130,8 +141,20 @@ Command add_eval(CLI::App& app) {
   sub->add_option("--data", a->data, "the text, JSONL or llm.c token (.bin) file")->required();
   sub->add_option("--task", a->task,
                   "text | jsonl | tokens (default: by extension, .jsonl or .bin; else the run's)");
-  sub->add_option("--seq-len", a->seq_len, "tokens per row (default: the run's data.seq_len)");
-  sub->add_option("--batch-size", a->batch_size, "rows per batch (default: the run's, else 8)");
+  auto positive = [](const std::string& v) {
+    try {
+      size_t used = 0;
+      if (std::stoll(v, &used) >= 1 && used == v.size()) return std::string();
+    } catch (const std::exception&) {
+    }
+    return v + ": use a whole number of 1 or more (leave the flag out for the default)";
+  };
+  sub->add_option("--seq-len", a->seq_len,
+                  "tokens per row (default: the run's data.seq_len, else the model's "
+                  "max_seq_len up to 1024)")
+      ->check(positive);  // 0 was taken as "the default" without a word
+  sub->add_option("--batch-size", a->batch_size, "rows per batch (default: the run's, else 8)")
+      ->check(positive);
   CLI::Option* pack = sub->add_flag("--pack", a->pack, "text: pack into full rows (data.pack)");
   sub->add_option("--pad", a->pad, "add | eos, as data.pad (default: the run's)");
   sub->add_flag("--json", a->json, "print one JSON object");

@@ -163,10 +163,11 @@ void* allocate(size_t nbytes) {
     }
   }
   if (!p)
-    throw Error("out of memory allocating a tensor of " + std::to_string(nbytes) +
-                " bytes; the run's sizes need more memory than is available: lower "
-                "train.batch_size or data.seq_len (activations) or the model.* sizes (weights), "
-                "and see `keel memory` for the estimate");
+    throw OutOfMemory("out of memory allocating a tensor of " + std::to_string(nbytes) +
+                          " bytes; the run's sizes need more memory than is available: lower "
+                          "train.batch_size or data.seq_len (activations) or the model.* sizes "
+                          "(weights), and see `keel memory` for the estimate",
+                      nbytes);
   if (c.poison) std::memset(p, 0xFF, nbytes);
   return p;
 }

@@ -23,8 +23,18 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include "keel/numerics/error.h"
 
 namespace keel::host_memory {
+
+// allocate's Error when a block cannot be had. Its message names the config keys that size a
+// training run; commands whose sizes are flags (keel eval) catch it to name their own.
+struct OutOfMemory : Error {
+  OutOfMemory(const std::string& message, size_t nbytes) : Error(message), bytes(nbytes) {}
+  size_t bytes;  // the block asked for
+};
 
 constexpr size_t kSlackDivisor = 16;    // mapped <= peak live * (1 + 1/16) ...
 constexpr size_t kMaxSlackDivisor = 8;  // ... + what thrashing taught, up to peak live / 8 in all

@@ -205,6 +205,28 @@ TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
   EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--pad", "left"}),
                   "--pad left: use add or eos");
   EXPECT_CONTAINS(eval_err({f.dir + "/none", "--data", f.val}), "no such directory");
+  // 0 was taken as "the default" without a word.
+  for (const char* flag : {"--seq-len", "--batch-size"})
+    EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", flag, "0"}),
+                    std::string(flag) + ": 0: use a whole number of 1 or more");
+  // A model with Llama-3's context: rows were its 131,072 positions by default (256 GB asked
+  // for a 10-byte file, the error naming train.batch_size and data.seq_len); now at most 1024,
+  // and a row length that does not fit names eval's own flags.
+  const std::string wide = f.dir + "/long-context";
+  ASSERT_EQ(test::run_keel({"init-model", "--family", "llama", "--out", wide, "--n-layer", "1",
+                            "--n-embd", "32", "--n-head", "2", "--max-seq-len", "131072"})
+                .code,
+            0);
+  std::ofstream(f.dir + "/ten.txt") << "abcdefghij";
+  test::KeelRun r =
+      test::run_keel({"eval", wide, "--tokenizer", "byte", "--data", f.dir + "/ten.txt", "--json"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["seq_len"], 1024);
+  r = test::run_keel({"eval", wide, "--tokenizer", "byte", "--data", f.dir + "/ten.txt",
+                      "--seq-len", "131072", "--batch-size", "1"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "(rows are padded to --seq-len): lower --batch-size or --seq-len");
+  EXPECT_NOT_CONTAINS(r.err, "train.batch_size");
   auto train_err = [&](std::vector<std::string> sets) {
     const test::KeelRun r = train(f.dir + "/bad", sets);
     EXPECT_EQ(r.code, 2) << r.output;
