@@ -2,6 +2,8 @@
 
 #include <filesystem>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "keel/io/atomic_file.h"
 #include "keel/io/checkpoint.h"
@@ -91,6 +93,29 @@ nn::AdapterOptions read_peft_config(const std::string& dir) {
   } else {
     throw Error(cfg_path + ": peft_type '" + type + "' is not supported (LORA or LOKR)");
   }
+  // PEFT fields keel does not apply, when set: an adapter loaded without them computes another
+  // function (alpha_pattern was ignored: the loss of a PEFT run with other alphas per module came
+  // out as if it had none), or is refused naming a tensor (rank_pattern, layers_to_transform).
+  auto set = [&](const char* field) {
+    if (!c.contains(field)) return false;
+    const json& v = c[field];
+    return !(v.is_null() || (v.is_object() && v.empty()) || (v.is_array() && v.empty()) ||
+             (v.is_boolean() && !v.get<bool>()) || (v.is_string() && v == "none"));
+  };
+  for (const auto& [field, what] : std::vector<std::pair<const char*, const char*>>{
+           {"alpha_pattern", "alphas per module"},
+           {"rank_pattern", "ranks per module"},
+           {"layers_to_transform", "adapters on some layers only"},
+           {"modules_to_save", "whole modules trained beside the adapter"},
+           {"exclude_modules", "modules excluded from target_modules"},
+           {"bias", "trained biases"},
+           {"lora_bias", "trained biases"}})
+    if (set(field))
+      throw Error(cfg_path + ": " + field + " = " + c[field].dump() + " (" + what +
+                      ") is not supported by keel, which would load the adapter without it and "
+                      "compute another model; merge the adapter into its base with PEFT "
+                      "(merge_and_unload) and use the merged model instead",
+                  Error::kUsage);
   // Checked here with the file's own field names: apply_adapters would name model.adapter, a key
   // of the user's config that this directory did not come from.
   if (opt.r < 1 || opt.r > nn::kMaxAdapterRank)

@@ -550,6 +550,23 @@ TEST_P(PeftExport, AdapterDirectoryRoundTrips) {
   const std::string inf_m = error_of([&] { load_peft_adapter(*inf_model, dir); });
   EXPECT_CONTAINS(inf_m, dir + "/adapter_model.safetensors");
   EXPECT_CONTAINS(inf_m, "tensor '" + bad_name + "' holds 1 non-finite value");
+
+  // PEFT fields keel does not apply are refused by name: alpha_pattern was ignored, and the
+  // adapter computed another model without a word.
+  for (const auto& [field, value] :
+       std::vector<std::pair<std::string, json>>{{"alpha_pattern", {{"q_proj", 4}}},
+                                                 {"rank_pattern", {{"q_proj", 2}}},
+                                                 {"layers_to_transform", json::array({0})},
+                                                 {"modules_to_save", json::array({"lm_head"})}}) {
+    json with = c;
+    with[field] = value;
+    write_text(dir + "/adapter_config.json", with.dump());
+    auto m2 = models::make_causal_lm(llama_spec(false), 3);
+    const std::string e = error_of([&] { load_peft_adapter(*m2, dir); });
+    EXPECT_CONTAINS(e, dir + "/adapter_config.json: " + field + " = " + value.dump());
+    EXPECT_CONTAINS(e, "is not supported by keel");
+  }
+  write_text(dir + "/adapter_config.json", c.dump());
 }
 
 TEST_P(PeftExport, MergedModelSavesAsAPlainHfModel) {
