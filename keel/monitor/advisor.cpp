@@ -361,6 +361,16 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
       tiny &= norms[i] <= opt_.vanish_abs;
       zeros += norms[i] == 0.0;
     }
+    // A loss at 0 has no gradient left to give: a task learned perfectly, not a broken backward.
+    // Not in f16, whose gradients of a small loss do underflow (examples/f16-no-scaler): there
+    // the zeros are the format's, and the scaler's fix stands.
+    double recent_loss = 0;
+    for (size_t i = n - zs; i < n; ++i) recent_loss += losses[i] / static_cast<double>(zs);
+    if (tiny && recent_loss < 0.01 && format_name() != "f16") {
+      why = "converged: the loss is " + num(recent_loss) + " and the grad norm " +
+            num(norms[n - 1]) + " on the last " + std::to_string(zs) + " steps";
+      return Trend::kStable;
+    }
     if (tiny) {
       why = zeros == static_cast<int64_t>(zs)
                 ? "the grad norm was exactly 0 on the last " + std::to_string(zs) + " steps"
@@ -383,6 +393,17 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
             " steps (median " + num(mo) + " -> " + num(mn) + ", loss " + num(mean(old_l)) + " -> " +
             num(mean(new_l)) + ")";
       return Trend::kExploding;
+    }
+    // A cross-entropy's gradient shrinks as its loss does: a run that has learned its task (the
+    // loss near 0, or a tenth of what it was) is converging, not losing its gradients. It was
+    // told to raise optim.lr.
+    const double lo = mean(old_l), ln = mean(new_l);
+    const bool converging = ln < 0.01 || (lo > 0 && ln <= 0.1 * lo);
+    if (mo > 0 && mn <= opt_.vanish_ratio * mo && converging) {
+      why = "converging: the loss fell " + num(lo) + " -> " + num(ln) + " over the last " +
+            std::to_string(n) + " steps and the grad norm with it (median " + num(mo) + " -> " +
+            num(mn) + ")";
+      return Trend::kStable;
     }
     if (mo > 0 && mn <= opt_.vanish_ratio * mo) {
       why = "the grad norm fell " + num(mo / std::max(mn, 1e-300)) + "x over the last " +

@@ -57,6 +57,20 @@ TEST(CliAdvisor, AWideVocabularyAtInitIsNoDivergence) {
   EXPECT_NOT_CONTAINS(r.out, "diverged");
 }
 
+// A run that learns its task to a loss of ~1e-7 (examples/f16-no-scaler's config in 32-true):
+// its grad norm falls with the loss. It was told "vanishing: ... raise optim.lr (now 0.01): tiny
+// models train well at 1e-3 to 1e-2".
+TEST(CliAdvisor, AConvergedRunIsNotToldToRaiseTheLearningRate) {
+  const std::string dir = test::temp_dir("cli-advisor-converged");
+  const test::KeelRun r = test::run_keel(
+      {"train", std::string(KEEL_SOURCE_DIR) + "/examples/f16-no-scaler/config.toml", "--set",
+       "train.precision=32-true", "--set", "run.out_dir=" + dir, "--set", "run.threads=1"},
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.output, "raise optim.lr");
+  EXPECT_TRUE(findings_of(dir, "vanishing").empty()) << findings_of(dir, "vanishing")[0].dump();
+}
+
 // optim.lr = 10 under bf16-mixed: the first update destroys the model (the loss leaps from ~ln V
 // to hundreds or thousands and stays far above it). The advisor says exploding/diverged within
 // a few steps and holds that verdict to the end: never "stable" on the diverged plateau, never a

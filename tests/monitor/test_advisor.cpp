@@ -169,6 +169,18 @@ TEST(Advisor, DecayingGradNormIsVanishingAndSuggestsAHigherLrForTinyModels) {
   EXPECT_NE(line.find("tiny models"), std::string::npos) << line;
 }
 
+// A run that learns its task: the loss and the grad norm fall together towards 0. It is
+// converging, not vanishing: a converged 32-true run (examples/f16-no-scaler's config) was told
+// to raise optim.lr.
+TEST(Advisor, ALossAndGradNormFallingTogetherIsConvergingNotVanishing) {
+  AdvisorOptions o;
+  o.num_params = 100'000;
+  Feed run(o);
+  for (int64_t i = 1; i <= 40; ++i) run.feed(step(i, 2.0 * std::pow(0.6, i), std::pow(0.5, i)));
+  EXPECT_TRUE(run.advice.empty()) << run.advice.front().second;
+  for (Trend t : run.trends) EXPECT_EQ(t, Trend::kStable);
+}
+
 TEST(Advisor, SpikeThenStableAgain) {
   Feed run;
   for (int64_t i = 1; i <= 30; ++i)
