@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "keel/numerics/input_file.h"
 #include "keel/numerics/text.h"
 #include "keel/serve/http_error.h"
 
@@ -50,6 +51,12 @@ Config run_config_of_request(const std::string& body, const PathPolicy& paths,
   } catch (const Error& e) {
     throw HttpError(400, e.what());
   }
+  // The run's progress, events and records are read from its metrics.jsonl: without it a run
+  // ended "succeeded" at step 0 with no loss.
+  if (!cfg.log.metrics)
+    throw HttpError(400, std::string(kSource) +
+                             ": log.metrics = false: keel serve follows a run through its "
+                             "metrics.jsonl; leave it on");
   if (cfg.dist.backend == "mpi" || cfg.dist.backend == "nccl")
     throw HttpError(400, std::string(kSource) + ": dist.backend = \"" + cfg.dist.backend +
                              "\": keel serve runs each run as one process; use \"single\"");
@@ -73,8 +80,20 @@ void confine_run_paths(Config& cfg, const PathPolicy& paths) {
   confine("model.path", cfg.model.path);
   confine("data.path", cfg.data.path);
   confine("data.eval_path", cfg.data.eval_path);
+  // Answered here rather than by a run that fails as it starts (201, then "failed").
+  for (const auto& [key, path] :
+       {std::pair<const char*, const std::string&>{"data.path", cfg.data.path},
+        {"data.eval_path", cfg.data.eval_path}})
+    if (!path.empty())
+      if (const std::string why = input_file_problem(path); !why.empty())
+        throw HttpError(400,
+                        std::string(key) + " = \"" + path + "\" " + why + "; name a data file");
   std::string prefix;
   std::string tok = tokenizer_path(cfg.data.tokenizer, &prefix);
+  if (tok.empty() && !prefix.empty())
+    throw HttpError(400, "data.tokenizer = \"" + cfg.data.tokenizer + "\": give the path after " +
+                             prefix + " (e.g. " + prefix +
+                             (prefix == "hf:" ? "tokenizer.json" : "gpt2-tokenizer-dir") + ")");
   if (!tok.empty()) {
     confine("data.tokenizer", tok);
     cfg.data.tokenizer = prefix + tok;

@@ -283,6 +283,14 @@ int run_server(const ServeOptions& opt) {
              send_json(res, 202, service.stop(req.matches[1]));
            }));
   svr.Post(id + "/resume", guarded([&](const httplib::Request& req, httplib::Response& res) {
+             // A resume continues the run as it was created: a body asking for other settings
+             // ({"train": {"max_steps": 5}}) was accepted and ignored.
+             const auto first = req.body.find_first_not_of(" \t\r\n");
+             const auto last = req.body.find_last_not_of(" \t\r\n");
+             if (first != std::string::npos && req.body.substr(first, last - first + 1) != "{}")
+               throw HttpError(400,
+                               "a resume continues the run with the config it was created with: "
+                               "send no body (or {}); for other settings start a new run");
              send_json(res, 202, service.resume(req.matches[1]));
            }));
   svr.Get(id + "/events", guarded([&](const httplib::Request& req, httplib::Response& res) {

@@ -118,6 +118,19 @@ TEST(ServeBadRequests, MutatedAndHostileBodiesGet4xxAndTheServerCarriesOn) {
   r = api.post("/v1/runs/run-000000000000/resume", "{}");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 404);
+  // A resume with settings was accepted and the settings ignored: 400 naming the rule.
+  r = api.post("/v1/runs/run-000000000000/resume", R"({"train": {"max_steps": 5}})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_CONTAINS(r->body, "send no body (or {})");
+  // The service follows a run through its metrics.jsonl: a run without it ended "succeeded" at
+  // step 0 with no loss.
+  json no_metrics = tiny_config(5);
+  no_metrics["log"]["metrics"] = false;
+  r = api.post("/v1/runs", no_metrics.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_CONTAINS(r->body, "log.metrics = false");
   const json runs = api.get_json("/v1/runs")["data"];
   if (!runs.empty()) {
     r = api.get("/v1/runs/" + runs[0]["id"].get<std::string>() + "/events",

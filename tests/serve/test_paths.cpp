@@ -160,6 +160,13 @@ TEST(ServePaths, RequestBodiesAreReadByTheConfigLoader) {
       json{{"data", {{"task", "text"}, {"path", t.data + "/escape/secret.txt"}}}}.dump(), p);
   EXPECT_EQ(status, 403);
   EXPECT_CONTAINS(msg, t.data + "/escape/secret.txt");
+  // A directory as data.path, an hf: with no path: 400 now, not a run that fails as it starts.
+  std::tie(status, msg) = refusal(json{{"data", {{"task", "text"}, {"path", "sub"}}}}.dump(), p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "data.path = \"" + fs::canonical(t.data).string() + "/sub\" is a directory");
+  std::tie(status, msg) = refusal(json{{"data", {{"tokenizer", "hf:"}}}}.dump(), p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "give the path after hf:");
   std::tie(status, msg) = refusal(json{{"model", {{"path", "../"}}}}.dump(), p);
   EXPECT_EQ(status, 403);
   EXPECT_CONTAINS(msg, "model.path");
