@@ -64,7 +64,8 @@ TEST(CliAdvisor, AConvergedRunIsNotToldToRaiseTheLearningRate) {
   const std::string dir = test::temp_dir("cli-advisor-converged");
   const test::KeelRun r = test::run_keel(
       {"train", std::string(KEEL_SOURCE_DIR) + "/examples/f16-no-scaler/config.toml", "--set",
-       "train.precision=32-true", "--set", "run.out_dir=" + dir, "--set", "run.threads=1"},
+       "train.precision=32-true", "--set", "run.out_dir=" + dir, "--set", "run.threads=1", "--set",
+       "data.path=" + std::string(KEEL_SOURCE_DIR) + "/examples/f16-no-scaler/corpus.txt"},
       {"OMP_NUM_THREADS=1"});
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NOT_CONTAINS(r.output, "raise optim.lr");
