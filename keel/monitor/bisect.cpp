@@ -20,6 +20,10 @@ struct Alternative {
 // The trainer's f32 sum of squares overflows at a gradient norm of ~1.8e19; within 2^10 of that a
 // step is finite only by luck.
 constexpr double kMarginalNorm = 1.8446744073709552e19 / 1024.0;
+// A cross-entropy of 10^4 nats needs logit gaps of 10^4: the uniform guess over the largest
+// vocabularies is 12 nats, and even an untrained model at init_std 10 (CliNan's f16 overflow)
+// starts near 250; only weights an update blew up get there (optim.lr 1e4: 9e8).
+constexpr double kDivergedLoss = 1e4;
 
 std::vector<Alternative> alternatives(const Config& cfg, const std::string& precision,
                                       const std::string& attention) {
@@ -133,6 +137,7 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
         const StepOutcome o = replay_step(c, r.out_dir + "/bisect", s, false);
         t.finite = o.finite;
         t.marginal = o.finite && o.grad_norm > kMarginalNorm;
+        t.diverged = o.finite && o.loss > kDivergedLoss;
         t.loss = o.loss;
         t.grad_norm = o.grad_norm;
       } catch (const Error& e) {
@@ -141,7 +146,7 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
       r.bisect.push_back(t);
     }
     for (const BisectTrial& t : r.bisect)
-      if (t.finite && !t.marginal) {
+      if (t.finite && !t.marginal && !t.diverged) {
         r.cause = t.change;
         r.explanation = explain_change(t.change, r.precision);
         break;
@@ -187,6 +192,10 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
             r.explanation += "; " + t.change +
                              " leaves this step finite only at the edge (grad norm " + buf +
                              ", within 2^10 of the f32 overflow)";
+          } else if (t.diverged) {
+            std::snprintf(buf, sizeof buf, "%.3g", t.loss);
+            r.explanation += "; " + t.change + " leaves this step finite with a loss of " + buf +
+                             ": the model it runs has diverged";
           }
       }
     }

@@ -368,6 +368,7 @@ json replay_to_json(const ReplayResult& r) {
       json e = {{"change", t.change},
                 {"finite", t.finite},
                 {"marginal", t.marginal},
+                {"diverged", t.diverged},
                 {"loss", io::json_float(t.loss)},
                 {"grad_norm", io::json_float(t.grad_norm)}};
       if (!t.error.empty()) e["error"] = t.error;
@@ -434,6 +435,7 @@ std::string format_replay(const ReplayResult& r) {
       std::snprintf(buf, sizeof buf, "  %-22s %s", t.change.c_str(),
                     !t.error.empty()         ? "error"
                     : t.finite && t.marginal ? "finite only at the edge"
+                    : t.finite && t.diverged ? "finite, but the loss has diverged"
                     : t.finite               ? "finite"
                                              : "non-finite");
       o << buf;

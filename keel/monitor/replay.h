@@ -13,7 +13,8 @@
 // to the largest — attention backend (math: f32 scores; eager), the -mixed variant of a -true
 // policy, bf16-mixed for an f16 policy, 32-true, no adapter, no fault injection — and names the
 // first change that makes the step finite with headroom (a step that a change leaves finite only
-// marginally, its gradient norm within 2^10 of the f32 overflow, counts as not fixed). A learning
+// marginally, its gradient norm within 2^10 of the f32 overflow, or with a diverged loss, counts
+// as not fixed). A learning
 // rate does not act within a step, so when no change helps the cause is the state the step started
 // from: non-finite parameter values (a corrupt checkpoint, a broken update), or finite parameters
 // so large that every precision overflows (a run that diverged: lower optim.lr).
@@ -44,6 +45,10 @@ struct BisectTrial {
   // Finite, but the gradient norm is within 2^10 of where its f32 sum of squares overflows
   // (~1.8e19): the change only nudged a diverged step under the edge, it fixes nothing.
   bool marginal = false;
+  // Finite, but with a loss only blown-up weights give (above 10^4 nats): the
+  // change ran a diverged model's step in a wider format, it fixes nothing (a run at optim.lr
+  // 1e4 in 16-true was blamed on its precision: 32-true gave a loss of 9e8).
+  bool diverged = false;
   double loss = 0;
   double grad_norm = 0;
   std::string error;  // the trial could not run (e.g. an invalid combination), with why

@@ -211,6 +211,34 @@ TEST(CliNan, ExplodingLearningRateInBf16MixedIsDivergedParameters) {
       << j.value("explanation", std::string());
 }
 
+// examples/all-nonfinite's run (optim.lr 1e4 in 16-true) captured at its first non-finite step:
+// every weight is ~1e4 after step 1. Under 32-true the step is finite, with a loss of ~9e8: the
+// model diverged, so the learning rate is the cause, not the precision (bisect said
+// "precision=32-true: low-precision compute under 16-true produces it").
+TEST(CliNan, ADivergedModelFiniteInAWiderFormatIsNotBlamedOnThePrecision) {
+  const std::string dir = test::temp_dir("cli-nan-lr-16true");
+  Ran r = run_keel(
+      {"train", std::string(KEEL_SOURCE_DIR) + "/examples/all-nonfinite/config.toml", "--set",
+       "run.out_dir=" + dir, "--set", "train.on_nonfinite=capture", "--set", "run.threads=1"},
+      {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, dir, &step);
+  const json j = replay_json(capture, {"--bisect"});
+  EXPECT_TRUE(j.value("reproduced", false)) << j.dump(2);
+  bool wider_ran = false;
+  for (const json& t : j.at("bisect"))
+    if (t.at("change") == "precision=32-true" && t.at("finite").get<bool>()) {
+      wider_ran = true;
+      EXPECT_GT(t.at("loss").get<double>(), 1e4) << t.dump();
+      EXPECT_TRUE(t.at("diverged").get<bool>()) << t.dump();
+    }
+  EXPECT_TRUE(wider_ran) << j.dump(2);
+  EXPECT_EQ(j.value("cause", std::string()), "diverged-parameters") << j.dump(2);
+  EXPECT_CONTAINS(j.value("explanation", std::string()), "lower optim.lr");
+  EXPECT_CONTAINS(j.value("explanation", std::string()),
+                  "precision=32-true leaves this step finite with a loss of");
+}
+
 // (c) A non-finite value reaches the step through its input. Token ids cannot be NaN, so it comes
 // in through the embedding row of one token: a checkpoint whose row for '~' is NaN (a resized
 // vocabulary whose new row was never initialized, a save that overflowed), resumed on a JSONL
