@@ -147,7 +147,8 @@ void check_eos(const Tokenizer& tok, const std::string& path) {
   if (tok.eos_id() < 0)
     throw Error(path +
                     ": the tokenizer has no eos token, which ends every example; name one "
-                    "(eos_token in the tokenizer_config.json beside tokenizer.json)",
+                    "(an HF tokenizer.json: eos_token in the tokenizer_config.json beside it; a "
+                    "GPT-2 encoder.json: an \"<|endoftext|>\" entry)",
                 Error::kUsage);
 }
 

@@ -146,7 +146,7 @@ nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string&
                                      const WeightCheck& check) {
   const std::string st_path = dir + "/adapter_model.safetensors";
   const nn::AdapterOptions opt = read_peft_config(dir);
-  nn::apply_adapters(model, opt);
+  nn::apply_adapters(model, opt, dir + "/adapter_config.json");
   Safetensors st = read_safetensors(st_path);
   std::set<std::string> used;
   for (auto& [name, p] : nn::peft_state_dict(model)) {

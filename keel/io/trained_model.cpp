@@ -139,7 +139,7 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
     t.base_model = base_dir.empty() || ref.is_null() ? keel.value("base_model", "") : base_dir;
     if (keel.value("adapter", false)) {
       t.adapter = read_peft_config(dir);
-      nn::apply_adapters(*t.model, *t.adapter);
+      nn::apply_adapters(*t.model, *t.adapter, dir + "/adapter_config.json");
     }
     const std::string file = dir + "/model.safetensors";
     if (!fs::exists(file))

@@ -567,6 +567,13 @@ TEST_P(PeftExport, AdapterDirectoryRoundTrips) {
     EXPECT_CONTAINS(e, "is not supported by keel");
   }
   write_text(dir + "/adapter_config.json", c.dump());
+  // On a model of another family its targets match nothing: the error names the adapter's file
+  // (it said to fix model.adapter.target_modules, a key of no file the user gave).
+  auto gpt2 = models::make_causal_lm(gpt2_spec(), 3);
+  const std::string family = error_of([&] { load_peft_adapter(*gpt2, dir); });
+  EXPECT_CONTAINS(family, dir + "/adapter_config.json: target module 'q_proj' matches no linear");
+  EXPECT_CONTAINS(family, "(fix target_modules in " + dir + "/adapter_config.json)");
+  EXPECT_NOT_CONTAINS(family, "model.adapter");
 }
 
 TEST_P(PeftExport, MergedModelSavesAsAPlainHfModel) {

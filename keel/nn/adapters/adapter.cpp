@@ -27,7 +27,14 @@ std::string last_component(const std::string& path) {
   return dot == std::string::npos ? path : path.substr(dot + 1);
 }
 
-Error usage(const std::string& m) { return Error("model.adapter: " + m, Error::kUsage); }
+// An Error about `source`'s options, and how to name one of its fields in a fix.
+struct SourceErrors {
+  std::string source;
+  Error operator()(const std::string& m) const { return Error(source + ": " + m, Error::kUsage); }
+  std::string field(const std::string& f) const {
+    return source == "model.adapter" ? source + "." + f : f + " in " + source;
+  }
+};
 
 }  // namespace
 
@@ -92,7 +99,9 @@ std::vector<Linear*> adapted_linears(Module& root) {
   return out;
 }
 
-std::vector<std::string> apply_adapters(Module& root, const AdapterOptions& opt) {
+std::vector<std::string> apply_adapters(Module& root, const AdapterOptions& opt,
+                                        const std::string& source) {
+  const SourceErrors usage{source};
   if (opt.kind == "none") return {};
   if (opt.kind != "lora" && opt.kind != "dora" && opt.kind != "lokr")
     throw usage("unknown kind '" + opt.kind + "': use none, lora, dora or lokr");
@@ -104,7 +113,8 @@ std::vector<std::string> apply_adapters(Module& root, const AdapterOptions& opt)
   if (opt.kind == "lokr" && opt.dropout > 0)
     throw usage("dropout = " + std::to_string(opt.dropout) +
                 " with kind = \"lokr\": LoKr has no input dropout (PEFT's rank/module dropout are "
-                "not implemented); set model.adapter.dropout = 0");
+                "not implemented); set " +
+                usage.field("dropout") + " = 0");
   if (opt.target_modules.empty())
     throw usage(
         "target_modules is empty; name the modules to adapt, e.g. [\"q_proj\", \"v_proj\"]");
@@ -135,7 +145,8 @@ std::vector<std::string> apply_adapters(Module& root, const AdapterOptions& opt)
       std::string list;
       for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
       throw usage("target module '" + t + "' matches no linear layer of this " + root.type() +
-                  "; its linear layers are named: " + list + " (fix model.adapter.target_modules)");
+                  "; its linear layers are named: " + list + " (fix " +
+                  usage.field("target_modules") + ")");
     }
   }
   // Tree order, whatever the order of the targets.

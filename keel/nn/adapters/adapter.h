@@ -68,7 +68,11 @@ bool adapter_targets(const std::string& module_path, const std::vector<std::stri
 // the adapted module paths, in tree order. Errors (kUsage) name the problem and the fix: an
 // unknown kind, r < 1, alpha <= 0, dropout outside [0, 1), a target that names no Linear (the
 // message lists the Linear names the model has), a Linear that already has an adapter.
-std::vector<std::string> apply_adapters(Module& root, const AdapterOptions& opt);
+// `source` names where `opt` came from in messages: the config's model.adapter, or a PEFT
+// directory's adapter_config.json (a GPT-2 model given a Llama adapter was told to fix
+// model.adapter.target_modules, a key of no file the user gave).
+std::vector<std::string> apply_adapters(Module& root, const AdapterOptions& opt,
+                                        const std::string& source = "model.adapter");
 
 // PEFT's merge: W <- merged_weight(), rounded to W's dtype, for every attached adapter not merged
 // yet; forward then runs the merged base product only. Returns the number of merged modules.
