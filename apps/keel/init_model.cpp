@@ -8,6 +8,8 @@
 #include "apps/keel/commands.h"
 #include "apps/keel/output_dir.h"
 #include "keel/io/hf_model.h"
+#include "keel/io/weight_check.h"
+#include "keel/log/console.h"
 #include "keel/models/param_shapes.h"
 #include "keel/monitor/memory_estimate.h"
 #include "keel/train/config.h"
@@ -72,6 +74,14 @@ int run_init_model(const InitModelArgs& a) {
   s.init_std = a.init_std;
   if (a.family == "gpt2" && a.untied)
     throw Error("init-model: GPT-2 always ties lm_head to wte; drop --untied", Error::kUsage);
+  // Llama's options, which GPT-2 has not (they were dropped silently, the summary line still
+  // printing "(2 kv)").
+  if (a.family == "gpt2" && a.n_kv_head != 0 && a.n_kv_head != a.n_head)
+    throw Error("init-model: GPT-2 has no grouped key/value heads; drop --n-kv-head",
+                Error::kUsage);
+  if (a.family == "gpt2" && a.rope_theta != InitModelArgs{}.rope_theta)
+    throw Error("init-model: GPT-2 has learned positions, no RoPE; drop --rope-theta",
+                Error::kUsage);
   auto dt = dtype_from_name(a.dtype);
   if (!dt || !dtype_is_floating(*dt))
     throw Error("init-model --dtype " + a.dtype + ": use f32, bf16 or f16", Error::kUsage);
@@ -92,6 +102,15 @@ int run_init_model(const InitModelArgs& a) {
                     "--vocab-size, or store --dtype bf16",
                 Error::kUsage);
   auto model = models::make_causal_lm(s, a.seed);
+  // Draws that the stored dtype cannot hold (--init-std 1e6 in f16: 95% of the embedding inf)
+  // would make a model no loader accepts.
+  for (auto& [name, p] : model->named_parameters())
+    if (const io::NonfiniteWeights bad = io::find_nonfinite_weights(p.data(), p.dtype(), p.shape());
+        bad.count > 0)
+      throw Error("init-model --init-std " + log::format_number(a.init_std, 6) + ": " +
+                      std::to_string(bad.count) + " values of " + name + " overflow " +
+                      dtype_name(*dt) + "; lower --init-std or store a wider --dtype",
+                  Error::kUsage);
   io::HfSaveOptions opt;
   opt.dtype = *dt;
   opt.max_shard_bytes = a.shard_bytes;

@@ -205,6 +205,9 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
   EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--top-p", "1.5"}), "--top-p");
   EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--max-new-tokens", "-1"}),
                   "--max-new-tokens: -1: use 0 (the prompt alone) or more");
+  for (const char* seed : {"-1", "18446744073709551616", "99999999999999999999999"})
+    EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--seed", seed}),
+                    std::string("--seed: ") + seed + ": use a whole number from 0 to");
   EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--adapter", "/no/adapter"}),
                   "--adapter /no/adapter");
   EXPECT_CONTAINS(err({lora_run(), "x", "--adapter", lora_run() + "/adapter"}),

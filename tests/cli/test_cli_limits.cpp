@@ -167,6 +167,11 @@ TEST(CliLimits, InitModelFlagsHaveTheConfigKeysBounds) {
       {{"--rope-theta", "0"}, "init-model --rope-theta 0: model.rope_theta must be > 0"},
       {{"--init-std", "inf"}, "model.init_std must be a finite number, got inf"},
       {{"--shard-bytes", "-5"}, "init-model --shard-bytes -5: use 0 (one file)"},
+      // Dropped silently for GPT-2 (the summary still printed "(2 kv)").
+      {{"--family", "gpt2", "--n-kv-head", "2"}, "GPT-2 has no grouped key/value heads"},
+      {{"--family", "gpt2", "--rope-theta", "5"}, "GPT-2 has learned positions, no RoPE"},
+      // Draws f16 cannot hold: the model was written with 95% of its embedding inf.
+      {{"--dtype", "f16", "--init-std", "1e6"}, "init-model --init-std 1e+06: "},
   };
   for (const auto& [flags, want] : cases) {
     const auto r = init(flags);
