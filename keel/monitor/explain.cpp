@@ -77,8 +77,15 @@ CastReport cast_value(double v, DType to) {
                   "f32 keeps it (its smallest subnormal is %.2g): hold this tensor in f32, or "
                   "scale it up",
                   f32_min);
-    const char* fix = to == DType::F16 ? "gradients this small need a loss scale (16-mixed) or bf16"
-                      : to == DType::BF16 && std::fabs(v) > f32_min / 2
+    // Which wider format keeps it: f16's fix named bf16 for values bf16 flushes too (1e-41).
+    const bool bf16_keeps = std::fabs(v) > format_info(DType::BF16).min_subnormal / 2;
+    const bool f32_keeps_it = std::fabs(v) > f32_min / 2;
+    const char* fix = to == DType::F16 && bf16_keeps
+                          ? "gradients this small need a loss scale (16-mixed) or bf16"
+                      : to == DType::F16 && f32_keeps_it
+                          ? "gradients this small need a loss scale (16-mixed) or f32 (bf16 "
+                            "flushes it too)"
+                      : to == DType::BF16 && f32_keeps_it
                           ? f32_keeps
                           : "no training format keeps it (f32's range is the widest): it is 0 "
                             "unless scaled up first";

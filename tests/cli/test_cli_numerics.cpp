@@ -25,6 +25,10 @@ TEST(CliNumerics, TheReadmeExamplesExplainWhatTheyPromise) {
            {{"numerics", "scaler", "--grad", "1e-13"},
             {"underflows f16 to 0: the update is zero", "a scale of at least 1.04858e+06"}},
            {{"numerics", "formats"}, {"65504"}},
+           // bf16 flushes 1e-41 too: the f16 advice named it anyway.
+           {{"numerics", "cast", "1e-41", "--to", "f16"},
+            {"a loss scale (16-mixed) or f32 (bf16 flushes it too)"}},
+           {{"numerics", "cast", "1e-46", "--to", "f16"}, {"no training format keeps it"}},
        }) {
     const auto r = run_keel(e.args);
     ASSERT_EQ(r.code, 0) << r.output;
