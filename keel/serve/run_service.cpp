@@ -27,7 +27,7 @@ std::string new_run_id() {
 // The state a child's exit leaves its run in, and why (DESIGN §6 exit codes).
 std::pair<std::string, std::string> exit_state(ChildExit e, bool stop_requested_by_us,
                                                bool stopped_by_request, bool shutting_down,
-                                               const std::string& last_error) {
+                                               bool has_checkpoint, const std::string& last_error) {
   if (e.code == 0 && stopped_by_request)
     return shutting_down && !stop_requested_by_us
                ? std::pair<std::string, std::string>{"interrupted",
@@ -46,6 +46,12 @@ std::pair<std::string, std::string> exit_state(ChildExit e, bool stop_requested_
     std::string why = "the run's process was killed by signal " + std::to_string(e.signal);
     if (e.signal == SIGKILL) why += " (SIGKILL: out of memory, or killed by hand)";
     if (shutting_down) return {"interrupted", why};
+    // Its last checkpoint stands (checkpoints are written whole): the run was interrupted, not
+    // lost. An out-of-memory kill ended it "failed" and not resumable.
+    if (has_checkpoint)
+      return {"interrupted", why +
+                                 "; its last checkpoint is kept: resume it with POST "
+                                 "/v1/runs/ID/resume (after making room, if memory ran out)"};
     return {"failed", why};
   }
   return {"failed", last_error.empty() ? "exit code " + std::to_string(e.code) : last_error};
@@ -278,8 +284,16 @@ void RunService::on_child_exit(pid_t pid, ChildExit e) {
     RunRecord r = *rec;
     auto p = feed_of(r);
     p->refresh();  // all the child wrote, before its run leaves the active states
+    // checkpoints/last, or the previous one moved aside by a save the kill interrupted
+    // (last.old-PID: the resume's recovery puts it back).
+    std::error_code ec;
+    const fs::path ck = fs::path(run_dir(id)) / "checkpoints";
+    bool has_checkpoint = fs::exists(ck / "last" / "trainer.json", ec);
+    for (fs::directory_iterator it(ck, ec), end; !ec && !has_checkpoint && it != end;
+         it.increment(ec))
+      has_checkpoint = it->path().filename().string().rfind("last.old-", 0) == 0;
     auto [state, why] = exit_state(e, r.state == "stopping", p->stopped_by_request(),
-                                   shutting_down_, p->last_error());
+                                   shutting_down_, has_checkpoint, p->last_error());
     r.state = state;
     r.error = why;
     r.capture = p->capture();

@@ -303,6 +303,49 @@ TEST(ServeRuns, ServerKilledMidRunRestartsWithTheRunInterruptedAndResumable) {
   expect_losses_of_an_uninterrupted_run(s.run_dir(id));
 }
 
+// The `keel train` process of a run, found by its run directory in its command line.
+pid_t child_of(const std::string& run_dir) {
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmd((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (cmd.find(run_dir + "/run.toml") != std::string::npos) return std::stoi(name);
+  }
+  return -1;
+}
+
+// A run's process killed outright (the OOM killer's SIGKILL) after a checkpoint: the run is
+// interrupted and resumable from it. It ended "failed", not resumable, its checkpoint unused.
+TEST(ServeRuns, AChildKilledAfterACheckpointIsInterruptedAndResumable) {
+  Service s;
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  json cfg = tiny_config(kLongSteps);
+  cfg["log"]["checkpoint_every"] = 10;
+  const std::string id = create(api, cfg);
+  const std::string dir = s.run_dir(id);
+  api.wait_run(id, [&](const json& j) {
+    return j["step"].get<int64_t>() >= 25 && fs::exists(dir + "/checkpoints/last/trainer.json");
+  });
+  const pid_t child = child_of(dir);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  json run = api.wait_run(id, [](const json& j) { return j["state"] != "running"; });
+  EXPECT_EQ(run["state"], "interrupted") << run.dump();
+  EXPECT_TRUE(run["resumable"].get<bool>()) << run.dump();
+  EXPECT_CONTAINS(run["error"].get<std::string>(), "SIGKILL");
+  EXPECT_CONTAINS(run["error"].get<std::string>(), "its last checkpoint is kept");
+  auto r = api.post("/v1/runs/" + id + "/resume", "");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 202) << r->body;
+  run = api.wait_run(
+      id, [](const json& j) { return j["state"] == "succeeded" || j["state"] == "failed"; });
+  EXPECT_EQ(run["state"], "succeeded") << run.dump();
+  expect_losses_of_an_uninterrupted_run(dir);
+}
+
 TEST(ServeRuns, ANonfiniteStopIsItsOwnStateWithTheCaptureAndReplayCommand) {
   Service s;
   ServeProcess srv(s.args);
