@@ -266,6 +266,15 @@ TEST(ServeRuns, StopCheckpointsAndResumeContinuesBitIdentically) {
   expect_losses_of_an_uninterrupted_run(s.run_dir(id));
 }
 
+// POST .../resume (202), then the run's record once it has ended.
+json resume_to_the_end(const Api& api, const std::string& id) {
+  auto r = api.post("/v1/runs/" + id + "/resume", "");
+  EXPECT_TRUE(r);
+  if (r) EXPECT_EQ(r->status, 202) << r->body;
+  return api.wait_run(
+      id, [](const json& j) { return j["state"] == "succeeded" || j["state"] == "failed"; });
+}
+
 TEST(ServeRuns, ServerKilledMidRunRestartsWithTheRunInterruptedAndResumable) {
   Service s;
   std::string id;
@@ -292,12 +301,7 @@ TEST(ServeRuns, ServerKilledMidRunRestartsWithTheRunInterruptedAndResumable) {
   // checkpoint, so the resume loses nothing.
   EXPECT_TRUE(fs::exists(s.run_dir(id) + "/checkpoints/last/trainer.json"));
   EXPECT_CONTAINS(slurp(s.run_dir(id) + "/stdout.log"), "stopped by request at step");
-  auto r = api.post("/v1/runs/" + id + "/resume", "");
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 202) << r->body;
-  run = api.wait_run(
-      id, [](const json& j) { return j["state"] == "succeeded" || j["state"] == "failed"; });
-  EXPECT_EQ(run["state"], "succeeded") << run.dump();
+  EXPECT_EQ(resume_to_the_end(api, id)["state"], "succeeded");
   // It resumed at the step it checkpointed: every step once.
   EXPECT_EQ(step_records(s.run_dir(id)).size(), static_cast<size_t>(kLongSteps));
   expect_losses_of_an_uninterrupted_run(s.run_dir(id));
@@ -337,12 +341,7 @@ TEST(ServeRuns, AChildKilledAfterACheckpointIsInterruptedAndResumable) {
   EXPECT_TRUE(run["resumable"].get<bool>()) << run.dump();
   EXPECT_CONTAINS(run["error"].get<std::string>(), "SIGKILL");
   EXPECT_CONTAINS(run["error"].get<std::string>(), "its last checkpoint is kept");
-  auto r = api.post("/v1/runs/" + id + "/resume", "");
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 202) << r->body;
-  run = api.wait_run(
-      id, [](const json& j) { return j["state"] == "succeeded" || j["state"] == "failed"; });
-  EXPECT_EQ(run["state"], "succeeded") << run.dump();
+  EXPECT_EQ(resume_to_the_end(api, id)["state"], "succeeded");
   expect_losses_of_an_uninterrupted_run(dir);
 }
 
