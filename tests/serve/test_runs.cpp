@@ -270,7 +270,9 @@ TEST(ServeRuns, StopCheckpointsAndResumeContinuesBitIdentically) {
 json resume_to_the_end(const Api& api, const std::string& id) {
   auto r = api.post("/v1/runs/" + id + "/resume", "");
   EXPECT_TRUE(r);
-  if (r) EXPECT_EQ(r->status, 202) << r->body;
+  if (r) {
+    EXPECT_EQ(r->status, 202) << r->body;
+  }
   return api.wait_run(
       id, [](const json& j) { return j["state"] == "succeeded" || j["state"] == "failed"; });
 }
