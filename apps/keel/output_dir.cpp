@@ -30,15 +30,10 @@ fs::path resolved(const std::string& dir) {
   return ec ? fs::absolute(dir).lexically_normal() : p;
 }
 
-// Whether `inner` is `outer` or lies below it.
+// Whether `inner` is `outer` or lies below it (both absolute and normal).
 bool within(const fs::path& inner, const fs::path& outer) {
-  auto i = inner.begin();
-  for (auto o = outer.begin(); o != outer.end(); ++o, ++i)
-    if (o->empty())
-      continue;  // a trailing separator
-    else if (i == inner.end() || *i != *o)
-      return false;
-  return true;
+  const fs::path rel = inner.lexically_relative(outer);
+  return !rel.empty() && *rel.begin() != "..";
 }
 
 bool is_model_dir_file(const std::string& name) {
