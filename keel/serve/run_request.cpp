@@ -97,12 +97,11 @@ void confine_run_paths(Config& cfg, const PathPolicy& paths) {
   if (!tok.empty()) {
     confine("data.tokenizer", tok);
     cfg.data.tokenizer = prefix + tok;
-    // An HF tokenizer named by its file: the loader reads tokenizer_config.json beside it.
-    if (!std::filesystem::is_directory(tok)) try {
-        paths.confine_entries("data.tokenizer", std::filesystem::path(tok).parent_path());
-      } catch (const PathDenied& e) {
-        throw HttpError(403, e.what(), permission_error());
-      }
+    // An HF tokenizer named by its file: the loader also reads tokenizer_config.json beside it.
+    namespace fs = std::filesystem;
+    std::string beside = (fs::path(tok).parent_path() / "tokenizer_config.json").string();
+    if (!fs::is_directory(tok) && fs::exists(fs::symlink_status(beside)))
+      confine("data.tokenizer", beside);
   }
 }
 

@@ -89,7 +89,7 @@ TEST(ServePaths, FilesInsideAConfinedDirectoryAreConfinedToo) {
   std::tie(status, msg) =
       refusal(json{{"data", {{"tokenizer", "hf:hf/tokenizer.json"}}}}.dump(), p);
   EXPECT_EQ(status, 403);
-  EXPECT_CONTAINS(msg, "/hf/tokenizer_config.json resolves to");
+  EXPECT_CONTAINS(msg, "/hf/tokenizer_config.json\" resolves to");
   // A model directory with a link out; one whose link stays inside is accepted.
   fs::create_directories(t.data + "/model");
   fs::create_symlink(t.top + "/secret.txt", t.data + "/model/config.json");
