@@ -60,7 +60,8 @@ void PathPolicy::confine_entries(const std::string& key, const std::string& dir)
     if (!inside(s))
       throw PathDenied(key + ": " + it->path().string() + " resolves to " + s +
                        ", outside the server's data roots; copy the file under --data-root "
-                       "instead of linking it");
+                       "instead of linking it, or give a --data-root that holds its target (an "
+                       "HF cache's snapshots link into its blobs/)");
   }
 }
 
