@@ -232,9 +232,11 @@ std::string TrendAdvisor::trend_line(StepResult& r) {
   if (jumped(prev_norms, r.grad_norm, opt_.spike_factor) || loss_jumped) {
     last_spike_ = r.step;
     spikes_.push_back(r.step);
-    // A loss spike's first sighting: its batch against the step before's, same weights.
-    if (loss_jumped && spikes_.size() == 1 && opt_.batch_loss && !r.example_ids.empty() &&
-        !window_.empty() && !window_.back().example_ids.empty())
+    // A spike's first sighting (of the loss or the grad norm): its batch against the step
+    // before's, same weights. A grad-norm spike went unprobed and was sent to "check the data"
+    // all the same (optim.lr 0.03 on the clean arithmetic task, step 151).
+    if (spikes_.size() == 1 && opt_.batch_loss && !r.example_ids.empty() && !window_.empty() &&
+        !window_.back().example_ids.empty())
       probe_ = {r.step, opt_.batch_loss(r.example_ids),
                 opt_.batch_loss(window_.back().example_ids)};
   }
@@ -528,9 +530,13 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
     }
     case Trend::kSpiking:
       if (spikes_.size() >= 2 || probe_verdict(last_spike_) < 0) return optimizer_spike_fix(r);
-      return "check the data around step " + std::to_string(last_spike_) +
-             " (a bad, garbage or mislabeled batch: a data spike does not recur when other "
-             "batches follow; if spikes recur, lower optim.lr or set train.max_grad_norm)";
+      if (probe_verdict(last_spike_) > 0)
+        return "check the data around step " + std::to_string(last_spike_) +
+               " (a bad, garbage or mislabeled batch: a data spike does not recur when other "
+               "batches follow; if spikes recur, lower optim.lr or set train.max_grad_norm)";
+      // Not probed (the tracer or the injector is on): neither cause is known.
+      return "if its batch looks wrong, check the data around step " + std::to_string(last_spike_) +
+             "; if spikes recur, it is the optimizer: " + optimizer_spike_fix(r);
     case Trend::kStable:
       return "no action needed";
   }

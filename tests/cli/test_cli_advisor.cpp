@@ -153,6 +153,26 @@ TEST(CliAdvisor, ASpikeOfTheOptimizerOnCleanDataIsNotBlamedOnTheData) {
   }
 }
 
+// optim.lr = 0.03, constant, on the arithmetic task: at step 151 the grad norm jumps 11x (0.24 ->
+// 2.77) while the loss barely moves (1.16 -> 1.34). Such a spike went unprobed, and the finding
+// sent the user to "check the data" of a generated, clean task. Now its batch is compared under
+// the same weights like a loss spike's: no harder, the optimizer.
+TEST(CliAdvisor, AGradNormSpikeIsProbedAndNotBlamedOnCleanData) {
+  const std::string dir = test::temp_dir("cli-advisor-grad-spike");
+  const test::KeelRun r = test::run_keel(
+      test::with_sets({"train"}, {"run.out_dir=" + dir, "run.threads=1", "log.tensorboard=false",
+                                  "optim.lr=0.03", "sched.name=constant", "train.max_steps=300",
+                                  "data.eval_examples=0"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<json> spikes = findings_of(dir, "spiking");
+  ASSERT_FALSE(spikes.empty()) << r.output;
+  for (const json& s : spikes) {
+    EXPECT_CONTAINS(s.at("cause").get<std::string>(), "under the same weights");
+    EXPECT_NOT_CONTAINS(s.at("action").get<std::string>(), "check the data") << s.dump();
+  }
+}
+
 // A text dataset of plain sentences with one paragraph of random printable bytes. At an ordinary
 // learning rate the model learns the sentences (loss well below ln 259); the garbage batch takes
 // the loss above the uniform guess, and the next batches are back down. The finding names the

@@ -368,7 +368,8 @@ TEST(Advisor, ASpikeBatchIsComparedWithTheBatchBeforeUnderTheSameWeights) {
       EXPECT_NOT_CONTAINS(line, "check the data");
     }
   }
-  // A grad-norm spike alone: nothing to compare by loss.
+  // A grad-norm spike alone is probed too: it went unprobed and was sent to "check the data"
+  // (optim.lr 0.03 on the clean arithmetic task). Its batch is no harder here: the optimizer.
   AdvisorOptions o;
   int calls = 0;
   o.batch_loss = [&](const std::vector<int64_t>&) { return ++calls, 2.0; };
@@ -378,7 +379,20 @@ TEST(Advisor, ASpikeBatchIsComparedWithTheBatchBeforeUnderTheSameWeights) {
     r.example_ids = {i};
     run.feed(r);
   }
-  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(calls, 2);
+  ASSERT_FALSE(run.advice.empty());
+  EXPECT_NOT_CONTAINS(run.advice.back().second, "check the data");
+  EXPECT_CONTAINS(run.advice.back().second, "lower optim.lr");
+  // Without a probe (the tracer or the injector on) neither cause is asserted.
+  Feed unprobed;
+  for (int64_t i = 1; i <= 12; ++i) {
+    StepResult r = step(i, 2.0, i == 12 ? 50.0 : 1.0);
+    r.example_ids = {i};
+    unprobed.feed(r);
+  }
+  ASSERT_FALSE(unprobed.advice.empty());
+  EXPECT_CONTAINS(unprobed.advice.back().second, "if its batch looks wrong, check the data");
+  EXPECT_CONTAINS(unprobed.advice.back().second, "if spikes recur, it is the optimizer");
 }
 
 // ---- per-layer underflow and rounded-away updates (issue 21 items 3, 4) -----------------------
