@@ -357,6 +357,11 @@ TokenFileWriter::TokenFileWriter(const std::string& path, int64_t vocab_size)
       tmp_(path + ".tmp-" + std::to_string(::getpid())),
       vocab_size_(vocab_size),
       width_(vocab_size <= 65536 ? 2 : 4) {
+  if (const std::string why = replaced_file_problem(path); !why.empty())
+    throw Error("cannot write the token file " + path + ": it " + why +
+                    "; give the path of a file (a token file is written whole, then renamed "
+                    "into place)",
+                Error::kUsage);
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0)
     throw Error("cannot write the token file " + path + ": " + std::strerror(errno) +

@@ -51,6 +51,9 @@ void fsync_dir(const std::string& dir) {
 size_t write_file_atomic(const std::string& path, const void* const* chunks, const size_t* sizes,
                          size_t count) {
   const fs::path target(path);
+  if (const std::string why = replaced_file_problem(path); !why.empty())
+    throw Error("cannot write " + path + ": it " + why + "; give the path of a file",
+                Error::kUsage);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0)

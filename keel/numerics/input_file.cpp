@@ -24,6 +24,16 @@ std::string input_file_problem(const std::string& path) {
   return "";
 }
 
+std::string replaced_file_problem(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode) || S_ISLNK(st.st_mode)) return "";
+  if (S_ISDIR(st.st_mode)) return "is a directory";
+  if (S_ISCHR(st.st_mode)) return "is a character device, which the written file would replace";
+  if (S_ISBLK(st.st_mode)) return "is a block device, which the written file would replace";
+  if (S_ISFIFO(st.st_mode)) return "is a pipe, which the written file would replace";
+  return "is a socket, which the written file would replace";
+}
+
 void check_input_file(const std::string& path, const std::string& what, const std::string& key) {
   if (const std::string problem = input_file_problem(path); !problem.empty())
     throw Error(what + " " + path + " " + problem + "; " + key + " must name a file",

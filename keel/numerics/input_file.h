@@ -12,6 +12,12 @@ namespace keel {
 // device", "is a socket".
 std::string input_file_problem(const std::string& path);
 
+// Why `path` cannot be replaced by a file written beside it and renamed over it (how keel writes
+// every file), or "" when it can (missing, or a regular file): a directory, or a device, pipe or
+// socket the rename would replace. `keel tokenize --output /dev/null`, run as root, turned
+// /dev/null into a regular file, and every later reader of /dev/null read what was written there.
+std::string replaced_file_problem(const std::string& path);
+
 // Throws read_input_file's usage Error when `path` cannot be read whole: for a reader that
 // checks early (before loading a model) and reads later.
 void check_input_file(const std::string& path, const std::string& what, const std::string& key);

@@ -223,6 +223,17 @@ TEST(TokenFile, AWriterWritesTheFileAtCommitAndNothingWithout) {
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1);
   EXPECT_CONTAINS(test::error_of([&] { TokenFileWriter("/no/such/dir/x.bin", 259); }),
                   "cannot write the token file /no/such/dir/x.bin");
+  // A device or a pipe at the path is refused, not replaced: `keel tokenize --output /dev/null`
+  // as root renamed a regular file over /dev/null. A FIFO stands for both (no root needed).
+  const std::string fifo = dir + "/pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  EXPECT_CONTAINS(test::error_of([&] { TokenFileWriter(fifo, 259); }),
+                  "cannot write the token file " + fifo +
+                      ": it is a pipe, which the written "
+                      "file would replace");
+  struct stat st {};
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
 }
 
 // A token file cut while mapped (rewritten in place by another program): the next read past its

@@ -241,5 +241,19 @@ TEST(Safetensors, AWriteFailingInsideABlockKeepsThePreviousFile) {
   test::expect_bitwise_equal(read_safetensors(p).at("b.m"), flat.slice_rows(4096, 8192), "b.m");
 }
 
+// A pipe (or device) at the path is refused, not replaced by the file renamed over it: as root,
+// /dev/null became a regular file that way (keel tokenize --output /dev/null).
+TEST(Safetensors, APipeAtThePathIsRefusedNotReplaced) {
+  const std::string fifo = test::temp_dir("safetensors-fifo") + "/pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  EXPECT_CONTAINS(test::error_of([&] {
+                    write_safetensors(fifo, {{"m", test::randn({4}, 1)}});
+                  }),
+                  "cannot write " + fifo + ": it is a pipe, which the written file would replace");
+  struct stat st {};
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
 }  // namespace
 }  // namespace keel::io
