@@ -166,6 +166,17 @@ void Trainer::load_checkpoint(const std::string& dir) {
     if (!t && from_referenced_base(ref, *run_.model, p))
       continue;  // the frozen base, rebuilt from model.path
     if (!t) throw Error(dir + "/model.safetensors: tensor '" + name + "' is missing");
+    // A precision whose parameters have another dtype (32-true <-> 16-true, bf16-true): the
+    // optimizer's state and the masters do not carry over, not even with run.resume_force.
+    if (t->shape() == p.shape() && t->dtype() != p.dtype())
+      throw Error(dir + "/model.safetensors holds '" + name + "' in " + dtype_name(t->dtype()) +
+                      ", and train.precision = \"" + run_.policy.name() + "\" keeps it in " +
+                      dtype_name(p.dtype()) +
+                      ": a resume cannot change the parameters' dtype, even with "
+                      "run.resume_force; resume under the checkpoint's train.precision, or start "
+                      "a new run from its weights (model.path = \"" +
+                      ck.dir + "\")",
+                  Error::kUsage);
     if (t->shape() != p.shape() || t->dtype() != p.dtype())
       throw Error(dir + "/model.safetensors: tensor '" + name + "' is " + shape_str(t->shape()) +
                   " " + dtype_name(t->dtype()) + ", the model expects " + shape_str(p.shape()) +

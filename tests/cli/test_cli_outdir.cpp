@@ -199,6 +199,17 @@ TEST(CliOutDir, ResumeThatChangesWhatTheCheckpointFixesIsRefused) {
   EXPECT_CONTAINS(r.err, "run.seed: 1337 in the checkpoint, 7 now");
   EXPECT_CONTAINS(r.err, "train.precision: \"32-true\" in the checkpoint, \"bf16-mixed\" now");
   EXPECT_CONTAINS(r.err, "run.resume_force = true");
+  // Parameters of another dtype do not carry over even when forced: it failed with "tensor ... is
+  // [259, 64] f32, the model expects [259, 64] f16 (was it written by another config?)".
+  r = run_keel(train(out, {"run.resume=true", "train.precision=16-true", "run.resume_force=true"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "a resume cannot change the parameters' dtype, even with "
+                  "run.resume_force");
+  // ... and the fix it names works: a new run from the checkpoint's weights.
+  r = run_keel(train(out + "-from-checkpoint", {"model.path=" + out + "/checkpoints/last",
+                                                "train.precision=16-true", "train.max_steps=1"}));
+  EXPECT_EQ(r.code, 0) << r.output;
   r = run_keel(train(out, {"run.resume=true", "train.batch_size=4", "run.resume_force=true"}));
   EXPECT_EQ(r.code, 0) << r.output;
   // max_steps is not fixed: a longer run continues.
