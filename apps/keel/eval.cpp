@@ -85,6 +85,15 @@ int run_eval(EvalArgs& a, bool pack_given) {
   if (a.seq_len == 0)
     a.seq_len = run ? dc.seq_len : std::min<int64_t>(t.model->spec().max_seq_len, 1024);
   if (a.batch_size == 0) a.batch_size = run ? run->train.batch_size : 8;
+  // Flags that mean nothing for this data were taken without a word.
+  if (pack_given && a.task != "text")
+    throw Error("--pack applies to text files; " + a.data + " is read as " + a.task +
+                    (a.task == "tokens" ? " (a token file's rows are packed already)"
+                                        : " (each line is one example)"),
+                Error::kUsage);
+  if (!a.pad.empty() && a.task == "tokens")
+    throw Error("--pad: " + a.data + " is a token file, whose rows are full: nothing is padded",
+                Error::kUsage);
   if (a.pad.empty()) a.pad = dc.pad;
   if (!pack_given) a.pack = run && dc.pack;
   if (a.seq_len < 2 || a.seq_len > t.model->spec().max_seq_len)

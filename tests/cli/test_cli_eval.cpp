@@ -205,6 +205,10 @@ TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
   EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--pad", "left"}),
                   "--pad left: use add or eos");
   EXPECT_CONTAINS(eval_err({f.dir + "/none", "--data", f.val}), "no such directory");
+  // Flags that mean nothing for the data were taken without a word.
+  EXPECT_CONTAINS(
+      eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--task", "jsonl", "--pack"}),
+      "--pack applies to text files");
   // 0 was taken as "the default" without a word.
   for (const char* flag : {"--seq-len", "--batch-size"})
     EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", flag, "0"}),

@@ -155,6 +155,12 @@ TEST(CliTokenize, OutputTrainsAsTheTextPacked) {
   ASSERT_EQ(et.code, 0) << et.output;
   ASSERT_EQ(eb2.code, 0) << eb2.output;
   EXPECT_EQ(nlohmann::json::parse(et.out)["loss"], nlohmann::json::parse(eb2.out)["loss"]);
+  // --pack and --pad mean nothing for a token file: refused (they were taken without a word).
+  for (const char* flag : {"--pack", "--pad=eos"}) {
+    const test::KeelRun f = test::run_keel({"eval", dir + "/text", "--data", val + ".bin", flag});
+    EXPECT_EQ(f.code, 2) << f.output;
+    EXPECT_CONTAINS(f.err, std::string(flag).substr(0, 5));
+  }
   // The estimate counts the mapped ids as the page cache's, not the run's.
   const test::KeelRun mem = test::run_keel(
       test::with_sets({"memory"}, {"data.task=tokens", "data.path=" + txt + ".bin",
