@@ -532,6 +532,7 @@ int Trainer::fit() {
     message("adapter (PEFT " + run_.cfg.model.adapter.kind + ") written to " + run_.out_dir +
             "/adapter");
   };
+  int64_t evaluated_at = -1;  // the step the loop last evaluated
   while (step_ < run_.total_steps) {
     if (next_batch_ >= nb) {  // end of an epoch
       end_epoch();
@@ -546,8 +547,10 @@ int Trainer::fit() {
     next_batch_ += global_count;
     StepResult r = train_step(window, epoch_);
     if (!stop_message_.empty()) return 3;
-    if (rank0 && run_.cfg.train.eval_every > 0 && step_ % run_.cfg.train.eval_every == 0)
+    if (rank0 && run_.cfg.train.eval_every > 0 && step_ % run_.cfg.train.eval_every == 0) {
       evaluate();
+      evaluated_at = step_;
+    }
     if (rank0 && run_.cfg.log.checkpoint_every > 0 && step_ % run_.cfg.log.checkpoint_every == 0) {
       checkpoint();
       save_checkpoint(run_.out_dir + "/checkpoints/step-" + std::to_string(step_));
@@ -570,7 +573,9 @@ int Trainer::fit() {
       save_checkpoint(run_.out_dir + "/debug/rank" + std::to_string(coll_->rank()) + "/checkpoint");
   }
   if (!rank0) return 0;
-  evaluate();
+  // Once a step: an eval_every that divides the last step has evaluated it already (its record
+  // was written twice).
+  if (evaluated_at != step_) evaluate();
   checkpoint();
   save_adapter();
   return 0;

@@ -118,10 +118,14 @@ TEST(CliEval, CheckpointEqualsBasePlusAdapterAndFractionSplitEvaluates) {
   const json plain = eval_json(
       {f.base, "--data", f.val, "--task", "text", "--tokenizer", "byte", "--seq-len", "40"});
   EXPECT_NE(ck["loss"], plain["loss"]);  // the adapter trained
-  // eval_fraction 0.25 of 8 examples: 2 held out, evaluated after each step and at the end.
+  // eval_fraction 0.25 of 8 examples: 2 held out, evaluated after each step, the last once (the
+  // end of the run evaluated step 2 again: two records of it).
   const auto evals = eval_records(out);
-  ASSERT_EQ(evals.size(), 3u);
-  for (const json& e : evals) EXPECT_GT(e["eval_tokens"].get<int64_t>(), 0);
+  ASSERT_EQ(evals.size(), 2u);
+  for (size_t i = 0; i < evals.size(); ++i) {
+    EXPECT_EQ(evals[i]["step"], static_cast<int64_t>(i + 1));
+    EXPECT_GT(evals[i]["eval_tokens"].get<int64_t>(), 0);
+  }
 }
 
 // A NaN loss was printed with exit 0, and as null in --json (JSON has no NaN): now "nan", exit 1
