@@ -116,8 +116,11 @@ Command add_tokenize(CLI::App& app) {
                   "byte | gpt2:DIR | hf:PATH | PATH (as data.tokenizer)")
       ->capture_default_str();
   sub->add_option("--file", a->file, "read the text from this file");
-  sub->add_flag("--decode", a->decode, "the input is token ids: print their text");
-  sub->add_flag("--pieces", a->pieces, "print the vocabulary's spelling of each token, one a line");
+  CLI::Option* decode =
+      sub->add_flag("--decode", a->decode, "the input is token ids: print their text");
+  // Decoding prints text: --pieces was ignored beside it.
+  sub->add_flag("--pieces", a->pieces, "print the vocabulary's spelling of each token, one a line")
+      ->excludes(decode);
   sub->add_flag("--json", a->json, "print one JSON object (ids, pieces, count / text)");
   sub->add_option("--output", a->output,
                   "write the ids as an llm.c token file (for data.task = \"tokens\")")

@@ -84,6 +84,10 @@ TEST(CliTokenize, BadInputNamesTheFlagOrTheToken) {
   const test::KeelRun unknown = test::run_keel({"tokenize", "--tokenizer", "/no/such/dir", "x"});
   EXPECT_EQ(unknown.code, 2) << unknown.output;
   EXPECT_CONTAINS(unknown.err, "/no/such/dir");
+  // --pieces beside --decode was ignored.
+  const test::KeelRun decode_pieces = test::run_keel({"tokenize", "--decode", "--pieces", "65 66"});
+  EXPECT_EQ(decode_pieces.code, 2) << decode_pieces.output;
+  EXPECT_CONTAINS(decode_pieces.err, "excludes --");
   const test::KeelRun word = test::run_keel({"tokenize", "--decode", "12 x7 3"});
   EXPECT_EQ(word.code, 2) << word.output;
   EXPECT_CONTAINS(word.err, "'x7' is not a token id");
