@@ -17,4 +17,9 @@ size_t edit_distance(std::string_view a, std::string_view b);
 // well as parse_error, so a reader catches json::exception, the base of both.
 std::string json_error_detail(std::string_view what);
 
+// `s` with its control bytes spelled out (\x00 ... \x1f, \x7f), for a message that quotes user
+// input: an Error's text is a C string, so a NUL cut it short ("unknown key train.max_steps" for
+// the key "train.max_steps\0x" named a valid key).
+std::string visible(std::string_view s);
+
 }  // namespace keel

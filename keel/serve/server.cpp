@@ -13,6 +13,7 @@
 
 #include "keel/io/out_dir.h"
 #include "keel/numerics/error.h"
+#include "keel/numerics/text.h"
 #include "keel/serve/auth.h"
 #include "keel/serve/dashboard.h"
 #include "keel/serve/events.h"
@@ -76,11 +77,12 @@ fs::path artifact_path(const std::string& run_dir, const std::string& rel) {
   std::error_code ec;
   const fs::path dir = fs::canonical(run_dir, ec);
   if (bad || ec)
-    throw HttpError(403, "artifact path \"" + rel + "\" is outside the run", permission_error());
+    throw HttpError(403, "artifact path \"" + visible(rel) + "\" is outside the run",
+                    permission_error());
   const fs::path real = fs::canonical(dir / p, ec);
   if (ec) throw HttpError(404, "no artifact " + rel + " (GET .../artifacts lists them)");
   if (!path_within(real.string(), dir.string()))
-    throw HttpError(403, "artifact path \"" + rel + "\" resolves outside the run",
+    throw HttpError(403, "artifact path \"" + visible(rel) + "\" resolves outside the run",
                     permission_error());
   if (!fs::is_regular_file(real))
     throw HttpError(404, rel + " is not a file (GET .../artifacts lists the files)");

@@ -450,11 +450,11 @@ void walk(Config& c, const toml::table& t, const std::string& prefix, const std:
         throw usage(where + ": [" + full + "] must be a table (a section), got " + describe(node));
       walk(c, *node.as_table(), full, path, origins);
     } else if (node.is_table()) {
-      throw usage("unknown section [" + full + "] (" + where + "); did you mean [" +
+      throw usage("unknown section [" + visible(full) + "] (" + where + "); did you mean [" +
                   nearest_section(full) + "]?");
     } else {
-      throw usage("unknown key " + full + " (" + where + "); did you mean " + nearest_key(full) +
-                  "?");
+      throw usage("unknown key " + visible(full) + " (" + where + "); did you mean " +
+                  nearest_key(full) + "?");
     }
   }
 }

@@ -127,6 +127,10 @@ TEST(ServePaths, RequestBodiesAreReadByTheConfigLoader) {
   std::tie(status, msg) = refusal(R"({"train": {"batch_size": 0}})", p);
   EXPECT_EQ(status, 400);
   EXPECT_CONTAINS(msg, "train.batch_size must be in [1, 65536], got 0");
+  // A NUL in a key cut the message short: "unknown key train.max_steps" named a valid key.
+  std::tie(status, msg) = refusal(R"({"train": {"max_steps\u0000x": 5}})", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "unknown key train.max_steps\\x00x");
   std::tie(status, msg) = refusal(R"({"optim": {"lr": "fast"}})", p);
   EXPECT_EQ(status, 400);
   EXPECT_CONTAINS(msg, "optim.lr must be a number");
