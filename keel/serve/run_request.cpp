@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "keel/io/base_reference.h"
+#include "keel/io/trained_model.h"
 #include "keel/numerics/input_file.h"
 #include "keel/numerics/text.h"
 #include "keel/serve/http_error.h"
@@ -78,6 +80,20 @@ void confine_run_paths(Config& cfg, const PathPolicy& paths) {
     }
   };
   confine("model.path", cfg.model.path);
+  // An adapter run's checkpoint as model.path loads its frozen base from where its config.json
+  // says it was trained: that directory is the request's path too.
+  if (!cfg.model.path.empty() && io::is_keel_checkpoint(cfg.model.path)) {
+    nlohmann::json ref;
+    try {
+      ref = io::checkpoint_base_reference(cfg.model.path);
+    } catch (const Error& e) {
+      throw HttpError(400, e.what());
+    }
+    if (ref.is_object() && ref.contains("resolved") && ref["resolved"].is_string()) {
+      std::string base = ref["resolved"].get<std::string>();
+      confine("model.path's base (keel_checkpoint.base in its config.json)", base);
+    }
+  }
   confine("data.path", cfg.data.path);
   confine("data.eval_path", cfg.data.eval_path);
   // Answered here rather than by a run that fails as it starts (201, then "failed").

@@ -100,6 +100,19 @@ TEST(ServePaths, FilesInsideAConfinedDirectoryAreConfinedToo) {
   fs::create_symlink(t.data + "/train.txt", t.data + "/model/config.json");
   std::tie(status, msg) = refusal(json{{"model", {{"path", "model"}}}}.dump(), p);
   EXPECT_NE(status, 403) << msg;
+  // An adapter run's checkpoint as model.path: its frozen base, loaded from where the checkpoint
+  // says it was trained, is confined too.
+  fs::create_directories(t.data + "/ckpt");
+  std::ofstream(t.data + "/ckpt/trainer.json") << "{}";
+  fs::create_directories(t.top + "/outside-base");
+  std::ofstream(t.data + "/ckpt/config.json")
+      << json{{"keel_checkpoint",
+               {{"layout", "keel"},
+                {"base", {{"path", "b"}, {"resolved", t.top + "/outside-base"}}}}}}
+             .dump();
+  std::tie(status, msg) = refusal(json{{"model", {{"path", "ckpt"}}}}.dump(), p);
+  EXPECT_EQ(status, 403);
+  EXPECT_CONTAINS(msg, "model.path's base (keel_checkpoint.base in its config.json)");
   // Resume: the confined config is judged again after its directory became a link out.
   Config c;
   c.data.path = t.data + "/sub/x.txt";
