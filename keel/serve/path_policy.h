@@ -25,13 +25,12 @@ class PathPolicy {
   // directory's entries are confined too (confine_entries).
   std::string confine(const std::string& key, const std::string& path) const;
 
+ private:
   // Throws PathDenied when an entry of directory `dir` (not recursively) resolves outside every
   // root: the files a loader opens inside a confined directory (a model's config.json and shards,
   // a tokenizer's vocab.bpe or tokenizer_config.json) are the request's paths as much as the
   // directory is; a symlink among them to /etc/passwd had its first line quoted in the run's error.
   void confine_entries(const std::string& key, const std::string& dir) const;
-
- private:
   bool inside(const std::string& canonical) const;  // within some root
   std::vector<std::string> roots_;                  // canonical
 };

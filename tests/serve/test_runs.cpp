@@ -229,6 +229,17 @@ TEST(ServeRuns, AdvisorFindingsAreFindingEvents) {
   EXPECT_CONTAINS(f.at("action").get<std::string>(), "lower optim.lr");
 }
 
+// POST .../resume (202), then the run's record once it has ended.
+json resume_to_the_end(const Api& api, const std::string& id) {
+  auto r = api.post("/v1/runs/" + id + "/resume", "");
+  EXPECT_TRUE(r);
+  if (r) {
+    EXPECT_EQ(r->status, 202) << r->body;
+  }
+  return api.wait_run(
+      id, [](const json& j) { return j["state"] == "succeeded" || j["state"] == "failed"; });
+}
+
 TEST(ServeRuns, StopCheckpointsAndResumeContinuesBitIdentically) {
   Service s;
   ServeProcess srv(s.args);
@@ -251,11 +262,7 @@ TEST(ServeRuns, StopCheckpointsAndResumeContinuesBitIdentically) {
   r = api.post("/v1/runs/" + id + "/stop", "");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 409);  // nothing to stop
-  r = api.post("/v1/runs/" + id + "/resume", "");
-  ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 202) << r->body;
-  run = api.wait_run(
-      id, [](const json& j) { return j["state"] == "succeeded" || j["state"] == "failed"; });
+  run = resume_to_the_end(api, id);
   EXPECT_EQ(run["state"], "succeeded") << run.dump();
   EXPECT_EQ(run["starts"], 2);
   r = api.post("/v1/runs/" + id + "/resume", "");
@@ -264,17 +271,6 @@ TEST(ServeRuns, StopCheckpointsAndResumeContinuesBitIdentically) {
   // Every step once, with the losses of an uninterrupted run, bit for bit.
   EXPECT_EQ(step_records(s.run_dir(id)).size(), static_cast<size_t>(kLongSteps));
   expect_losses_of_an_uninterrupted_run(s.run_dir(id));
-}
-
-// POST .../resume (202), then the run's record once it has ended.
-json resume_to_the_end(const Api& api, const std::string& id) {
-  auto r = api.post("/v1/runs/" + id + "/resume", "");
-  EXPECT_TRUE(r);
-  if (r) {
-    EXPECT_EQ(r->status, 202) << r->body;
-  }
-  return api.wait_run(
-      id, [](const json& j) { return j["state"] == "succeeded" || j["state"] == "failed"; });
 }
 
 TEST(ServeRuns, ServerKilledMidRunRestartsWithTheRunInterruptedAndResumable) {
