@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "keel/backend/cpu/isa.h"
+#include "keel/backend/dropout.h"
 #include "keel/backend/elementwise.h"
 #include "keel/backend/matmul.h"
 #include "keel/backend/optim.h"
@@ -167,6 +168,15 @@ void bm_convert(benchmark::State& st, DType to) {
   for (auto _ : st) ew.convert(o.data(), to, a.data(), DType::F32, kN);
   set_gbytes(st, 6.0 * kN);
 }
+// LoRA's input path: inverted dropout of an f32 activation rounded into bf16 (the mask hashed
+// per element), beside convert/f32->bf16, the same bytes without the hash.
+void bm_dropout_cast(benchmark::State& st) {
+  Buffer a(kN, DType::F32), o(kN, DType::BF16);
+  const auto& dk = keel::dropout_kernels(keel::Device::cpu());
+  for (auto _ : st)
+    dk.apply_cast(o.data(), DType::BF16, a.data(), DType::F32, kN, 7, 1u << 28, 1.05f);
+  set_gbytes(st, 6.0 * kN);
+}
 void bm_sum_squares(benchmark::State& st) {
   Buffer a(kN, DType::F32);
   const auto& ew = keel::elementwise_kernels(keel::Device::cpu());
@@ -277,6 +287,8 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("elementwise/convert/f32->bf16", bm_convert, DType::BF16)
       ->UseRealTime();
   benchmark::RegisterBenchmark("elementwise/convert/f32->f16", bm_convert, DType::F16)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("elementwise/dropout_cast/f32->bf16", bm_dropout_cast)
       ->UseRealTime();
   benchmark::RegisterBenchmark("elementwise/sum_squares/f32", bm_sum_squares)->UseRealTime();
   benchmark::RegisterBenchmark("optim/adamw/f32", bm_adamw, DType::F32, false)->UseRealTime();

@@ -20,6 +20,7 @@ struct State {
   int nesting = 0;
   std::unordered_map<TensorImpl*, CacheEntry> cache;  // this step's casts (with graph nodes)
   std::unordered_map<TensorImpl*, CacheEntry> kept;   // their values, across steps (no nodes)
+  CacheEntry last_activation;  // the newest cast of anything else: its values (no node)
 };
 thread_local State t_state;
 }  // namespace
@@ -65,9 +66,25 @@ AutocastGuard::~AutocastGuard() {
   t_state.dtype = prev_dtype_;
   if (--t_state.nesting == 0) {
     t_state.cache.clear();
+    t_state.last_activation = {};
     for (auto it = t_state.kept.begin(); it != t_state.kept.end();)  // weights that are gone
       it = it->second.source.expired() ? t_state.kept.erase(it) : std::next(it);
   }
+}
+
+// An activation read by several products in a row (a norm's f32 output by q, k and v, or by gate
+// and up) is rounded once: each later cast reuses the values of the previous one under a graph node
+// of its own, so the graph, and every bit of the backward, is the one separate casts give. Only
+// the newest cast is kept (a step's activations are not held past their next cast); a new tensor,
+// view or in-place version misses.
+static Tensor reused_activation_cast(const Tensor& t, DType dt) {
+  CacheEntry& last = t_state.last_activation;
+  if (last.cast.defined() && last.cast.dtype() == dt && last.version == t.version() &&
+      !last.source.expired() && last.source.lock().get() == t.impl())
+    return ops::cast_precomputed(t, last.cast);
+  Tensor c = ops::cast(t, dt);
+  last = {t.impl_ptr(), t.version(), c.view(c.shape())};  // values only
+  return c;
 }
 
 static Tensor cached_cast(const Tensor& t, DType dt) {
@@ -75,7 +92,7 @@ static Tensor cached_cast(const Tensor& t, DType dt) {
   // A cast made under NoGradGuard has no graph node: caching it would silently cut the gradient
   // of a later use with grad mode on, so only casts that carry a node are cached.
   if (!(t.dtype() == DType::F32 && t.is_leaf() && t.requires_grad() && grad_mode_enabled()))
-    return ops::cast(t, dt);
+    return reused_activation_cast(t, dt);
   auto current = [&](const CacheEntry& e) {
     return !e.source.expired() && e.version == t.version() && e.cast.dtype() == dt;
   };

@@ -16,6 +16,9 @@ struct ElementwiseKernels {
   // alpha * a + beta * b (b may be null when beta == 0)
   void (*axpby)(void* out, float alpha, const void* a, float beta, const void* b, DType dt,
                 int64_t n);
+  // a + round(s * b): the sum of `a` and the output of scaling `b` (s * b rounded into dt), in
+  // one pass with the bits of the two (LoRA's base output plus its scaled update).
+  void (*add_scaled)(void* out, const void* a, float s, const void* b, DType dt, int64_t n);
   // out[r, c] = a[r, c] (+|*) row[c]  (row broadcast over `rows` rows of `cols`)
   void (*add_row)(void* out, const void* a, const void* row, DType dt, int64_t rows, int64_t cols);
   void (*mul_row)(void* out, const void* a, const void* row, DType dt, int64_t rows, int64_t cols);

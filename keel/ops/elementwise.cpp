@@ -114,6 +114,35 @@ Tensor scale(const Tensor& a, float s) {
   return out;
 }
 
+// The graph of add(a, scale(b, s)) in one node: a's gradient is g, b's is scale's of g.
+struct AddScaledNode final : Node {
+  float s;
+  std::vector<Tensor> backward(const Tensor& g) override {
+    Tensor gb;
+    if (needs_grad(1)) {
+      gb = Tensor::empty_like(g);
+      ew(g).axpby(gb.data(), s, g.data(), 0.f, nullptr, g.dtype(), g.numel());
+    }
+    return {g, gb};
+  }
+  const char* name() const override { return "add_scaled"; }
+};
+
+Tensor add_scaled(const Tensor& a, const Tensor& b, float s) {
+  check_same_dtype("add_scaled", a, b);
+  check_floating("add_scaled", a);
+  KEEL_CHECK(a.shape() == b.shape(),
+             "add_scaled: shapes differ: " + shape_str(a.shape()) + " and " + shape_str(b.shape()));
+  Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
+  ew(a).add_scaled(out.data(), a.data(), s, b.data(), a.dtype(), a.numel());
+  if (any_requires_grad({&a, &b})) {
+    auto n = std::make_shared<AddScaledNode>();
+    n->s = s;
+    record_node(out, n, {&a, &b});
+  }
+  return out;
+}
+
 std::vector<Tensor> CastNode::backward(const Tensor& g) {
   if (g.dtype() == from) return {g};
   Tensor ga = Tensor::empty(g.shape(), from, g.device());

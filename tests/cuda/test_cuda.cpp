@@ -235,6 +235,8 @@ TEST(CudaOps, ElementwiseAndCast) {
                        "mul " + n);
     expect_matches_cpu([](auto& x) { return ops::scale(x[0], -0.37f); }, {a}, tol_for(dt),
                        "scale " + n);
+    expect_matches_cpu([](auto& x) { return ops::add_scaled(x[0], x[1], -0.37f); }, {a, b},
+                       tol_for(dt), "add_scaled " + n);
     for (DType to : kFloats)
       expect_matches_cpu([to](auto& x) { return ops::cast(x[0], to); }, {a}, tol_for(dt),
                          "cast " + n + "->" + dtype_name(to));

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 
 #include "keel/autograd/node.h"
 #include "keel/backend/elementwise.h"
@@ -202,9 +203,40 @@ TEST(Elementwise, Gradchecks) {
                    {randn({2, 3, 4}, 3), randn({3, 4}, 4)}, {}, "mul broadcast");
   expect_gradcheck([](const std::vector<Tensor>& in) { return ops::scale(in[0], -2.5f); },
                    {randn({7}, 5)}, {}, "scale");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) { return ops::add_scaled(in[0], in[1], 0.37f); },
+      {randn({3, 5}, 7), randn({3, 5}, 8)}, {}, "add_scaled");
   // A tensor used twice: gradients from both uses add up.
   expect_gradcheck([](const std::vector<Tensor>& in) { return ops::mul(in[0], in[0]); },
                    {randn({5}, 6)}, {}, "x*x");
+}
+
+// LoRA's tail in one pass must be the two ops it replaces, bit for bit, forward and backward: the
+// scaled update is rounded into the dtype before the sum (no fused multiply-add in f32 either).
+TEST(Elementwise, AddScaledHasTheBitsOfAddAfterScale) {
+  auto bits = [](const Tensor& t) {
+    const Tensor c = t.to_dtype(DType::F32);  // exact from every floating dtype
+    std::vector<uint32_t> out(c.numel());
+    std::memcpy(out.data(), c.data(), out.size() * 4);
+    return out;
+  };
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Shape shape{3, 701};  // blocks of 512 and a tail, on each thread
+    const float s = 2.f / 3.f;  // inexact: s * b rounds
+    Tensor a1 = randn(shape, 11, 3.f, dt).set_requires_grad(true);
+    Tensor b1 = randn(shape, 12, 3.f, dt).set_requires_grad(true);
+    Tensor a2 = a1.clone().set_requires_grad(true), b2 = b1.clone().set_requires_grad(true);
+    Tensor g = randn(shape, 13, 1.f, dt);
+    Tensor fused = ops::add_scaled(a1, b1, s);
+    Tensor pair = ops::add(a2, ops::scale(b2, s));
+    EXPECT_EQ(bits(fused), bits(pair));
+    backward(fused, g);
+    backward(pair, g);
+    EXPECT_EQ(bits(a1.grad()), bits(a2.grad()));
+    EXPECT_EQ(bits(b1.grad()), bits(b2.grad()));
+  }
+  EXPECT_THROW(ops::add_scaled(randn({2, 3}, 1), randn({3}, 2), 1.f), Error);
 }
 
 TEST(Elementwise, CastRoundsAndBackwardCastsBack) {

@@ -6,6 +6,7 @@
 #include "keel/amp/autocast.h"
 #include "keel/autograd/node.h"
 #include "keel/backend/optim.h"
+#include "keel/ops/elementwise.h"
 #include "keel/ops/linear.h"
 #include "keel/optim/adamw.h"
 #include "keel/optim/sgd.h"
@@ -91,6 +92,43 @@ TEST(WeightCopy, CopiesOfWeightsThatAreGoneAreDropped) {
   }
   { amp::AutocastGuard outer(true, DType::BF16); }  // the outermost guard's exit prunes
   EXPECT_EQ(amp::weight_copy_count(), 0u);
+}
+
+// An activation cast for several products in a row (a norm's output for q, k and v) is rounded
+// once: the later casts share the first one's values, each under a graph node of its own, so x's
+// gradient has the bits of separate casts. Only the newest cast is kept, and a changed tensor is
+// cast afresh.
+TEST(WeightCopy, AnActivationCastForSeveralProductsIsRoundedOnce) {
+  const Tensor w1 = randn({16, 32}, 5, 1.f, DType::BF16), w2 = randn({16, 32}, 6, 1.f, DType::BF16);
+  const Tensor x0 = randn({8, 32}, 7, 1.f);
+  auto two_products = [&](bool reuse, const void** first, const void** second) {
+    Tensor leaf = x0.clone().set_requires_grad(true);
+    amp::AutocastGuard autocast(true, DType::BF16);
+    const Tensor x = ops::scale(leaf, 1.5f);  // an activation: not a leaf
+    const Tensor c1 = reuse ? amp::autocast(amp::AmpOp::kLinear, x) : ops::cast(x, DType::BF16);
+    const Tensor c2 = reuse ? amp::autocast(amp::AmpOp::kLinear, x) : ops::cast(x, DType::BF16);
+    EXPECT_NE(c1.grad_fn(), c2.grad_fn()) << "each use has its own cast node";
+    *first = c1.data();
+    *second = c2.data();
+    const Tensor y = ops::add(ops::linear(c1, w1, Tensor()), ops::linear(c2, w2, Tensor()));
+    backward(y, randn(y.shape(), 8, 1.f, y.dtype()));
+    return leaf.grad();
+  };
+  const void *a = nullptr, *b = nullptr;
+  const Tensor reused = two_products(true, &a, &b);
+  EXPECT_EQ(a, b) << "the second cast reused the first one's values";
+  const Tensor separate = two_products(false, &a, &b);
+  EXPECT_NE(a, b);
+  expect_bitwise_equal(reused, separate, "x's gradient");
+
+  amp::AutocastGuard autocast(true, DType::BF16);
+  Tensor x = ops::scale(x0, 2.f), other = ops::scale(x0, 3.f);
+  const Tensor c1 = amp::autocast(amp::AmpOp::kLinear, x);
+  amp::autocast(amp::AmpOp::kLinear, other);  // the newest cast is now other's
+  EXPECT_NE(amp::autocast(amp::AmpOp::kLinear, x).data(), c1.data());
+  const Tensor c3 = amp::autocast(amp::AmpOp::kLinear, x);
+  x.bump_version();  // written in place
+  EXPECT_NE(amp::autocast(amp::AmpOp::kLinear, x).data(), c3.data());
 }
 
 // The CPU kernel writes whole 64-byte lines of a bf16 copy with streaming stores and the ragged

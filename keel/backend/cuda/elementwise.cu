@@ -35,6 +35,23 @@ void ew_axpby(void* out, float alpha, const void* a, float beta, const void* b, 
   if (!b || beta == 0.f) return map1(out, a, dt, n, ScaleOp{alpha});
   map2(out, a, b, dt, n, AxpbyOp{alpha, beta});
 }
+// s * b rounded into T (a store and load of T) before the sum, as the two ops round it; the
+// _rn intrinsics are never contracted into a fused multiply-add (f32 would otherwise round once).
+template <class T>
+__global__ void add_scaled_kernel(T* out, const T* a, float s, const T* b, int64_t n) {
+  KEEL_CUDA_FOR(i, n) {
+    T scaled;
+    st(&scaled, __fmul_rn(s, ld(b + i)));
+    st(out + i, __fadd_rn(ld(a + i), ld(&scaled)));
+  }
+}
+void ew_add_scaled(void* out, const void* a, float s, const void* b, DType dt, int64_t n) {
+  if (n <= 0) return;
+  KEEL_CUDA_FLOAT_TYPES(dt, T,
+                        add_scaled_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
+                            (T*)out, (const T*)a, s, (const T*)b, n));
+  KEEL_CUDA_LAUNCHED();
+}
 void ew_add_row(void* out, const void* a, const void* row, DType dt, int64_t rows, int64_t cols) {
   map_rows(out, a, row, dt, rows, cols, AddOp{});
 }
@@ -119,8 +136,8 @@ double ew_sum(const void* a, DType dt, int64_t n) { return block_sum<false>(a, d
 double ew_sum_squares(const void* a, DType dt, int64_t n) { return block_sum<true>(a, dt, n); }
 
 const ElementwiseKernels kElementwise = {
-    ew_add,      ew_mul,          ew_axpby,   ew_add_row, ew_mul_row,
-    ew_sum_rows, ew_sum_rows_mul, ew_convert, ew_sum,     ew_sum_squares,
+    ew_add,      ew_mul,          ew_axpby,   ew_add_scaled, ew_add_row,     ew_mul_row,
+    ew_sum_rows, ew_sum_rows_mul, ew_convert, ew_sum,        ew_sum_squares,
 };
 
 }  // namespace

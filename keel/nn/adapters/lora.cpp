@@ -48,8 +48,11 @@ Tensor LoraAdapter::forward(Linear& base, const Tensor& x) {
   const DType out_dt = result.dtype();
   Tensor h = dropped_input(x);  // [..., in] f32, or under autocast its 16-bit copy
   // lora_B(lora_A(h)) * scaling: both products follow the linear autocast rule.
-  Tensor update = ops::scale(lora_B->forward(lora_A->forward(h)), static_cast<float>(scaling));
-  auto [a, b] = amp::promote(result, update);
+  Tensor ba = lora_B->forward(lora_A->forward(h));
+  const float s = static_cast<float>(scaling);
+  if (ba.dtype() == out_dt && ba.shape() == result.shape())
+    return ops::add_scaled(result, ba, s);  // result + ba * s, one pass
+  auto [a, b] = amp::promote(result, ops::scale(ba, s));
   Tensor y = ops::add(a, b);
   return y.dtype() == out_dt ? y : ops::cast(y, out_dt);
 }
