@@ -31,9 +31,10 @@ struct AttentionKernels {
                           const AttentionDims& dims);
   // ds = p32 ⊙ (dp − Σ_visible dp ⊙ p32) per row, rounded to ds_dt; exactly 0 at masked keys and
   // on fully masked rows whatever dp holds there. dp [B, Hq, T, T] of dtype dp_dt; ds may alias dp
-  // when ds_dt == dp_dt.
+  // when ds_dt == dp_dt. p_lp, when not null, receives p32 rounded to ds_dt (dV's operand P), from
+  // the rows this pass reads anyway.
   void (*softmax_backward)(void* ds, DType ds_dt, const float* p32, const void* dp, DType dp_dt,
-                           const AttentionDims& dims);
+                           void* p_lp, const AttentionDims& dims);
   // o = attention(q, k, v) with an online softmax over key tiles; lse = m + log(l) per row (-inf on
   // fully masked rows). Tensors of dtype dt; the P tile is rounded to dt before P·V.
   void (*flash_forward)(void* o, float* lse, const void* q, const void* k, const void* v, DType dt,

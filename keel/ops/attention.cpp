@@ -155,16 +155,26 @@ struct MaterializedAttention {
                 const Tensor& kc, const Tensor& vc, const Tensor& p32) const {
     const int64_t t = d.seq, dd = d.head_dim;
     const Device dev = p32.device();
-    if (dv.defined()) {  // dV[B*Hkv, T, D] = Pᵀ·dO, summed over the group's heads
-      const Tensor pc = as_dtype(p32, cdt);
-      mm_into(dv, 1.f, pc, gc, cdt, batch(), t, dd, rows(), true, false);
+    const bool scores = dq.defined() || dk.defined();
+    // dV needs P in cdt (in f32 it is p32 itself): the softmax backward writes it from the rows it
+    // reads anyway, instead of a conversion pass over p32 of its own.
+    const bool p_from_backward = dv.defined() && scores && cdt != DType::F32;
+    Tensor pc;
+    if (dv.defined())
+      pc = p_from_backward ? Tensor::empty(p32.shape(), cdt, dev) : as_dtype(p32, cdt);
+    Tensor ds;
+    if (scores) {
+      // dP[B*Hkv, G*T, T] = dO·Vᵀ, rounded to cdt; dS overwrites it (the kernel reads a row first).
+      ds = Tensor::empty({d.batch, d.heads_q, t, t}, cdt, dev);
+      mm(dev, ds.data(), cdt, gc.data(), vc.data(), cdt, batch(), rows(), t, dd, false, true);
+      attention_kernels(dev).softmax_backward(ds.data(), cdt, p32.data_as<float>(), ds.data(), cdt,
+                                              p_from_backward ? pc.data() : nullptr, d);
     }
-    if (!dq.defined() && !dk.defined()) return;
-    // dP[B*Hkv, G*T, T] = dO·Vᵀ, rounded to cdt; dS overwrites it (the kernel reads a row first).
-    Tensor ds = Tensor::empty({d.batch, d.heads_q, t, t}, cdt, dev);
-    mm(dev, ds.data(), cdt, gc.data(), vc.data(), cdt, batch(), rows(), t, dd, false, true);
-    attention_kernels(dev).softmax_backward(ds.data(), cdt, p32.data_as<float>(), ds.data(), cdt,
-                                            d);
+    if (dv.defined()) {  // dV[B*Hkv, T, D] = Pᵀ·dO, summed over the group's heads
+      mm_into(dv, 1.f, pc, gc, cdt, batch(), t, dd, rows(), true, false);
+      pc = Tensor();
+    }
+    if (!scores) return;
     // dQ = scale·dS·K, dK = scale·dSᵀ·Q
     if (dq.defined()) mm_into(dq, d.scale, ds, kc, cdt, batch(), rows(), dd, t, false, false);
     if (dk.defined()) mm_into(dk, d.scale, ds, qc, cdt, batch(), t, dd, rows(), true, false);

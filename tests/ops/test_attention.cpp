@@ -382,6 +382,21 @@ TEST(Attention, BitIdenticalAcrossRuns) {
     }
 }
 
+// dV's operand P in the compute dtype comes from the softmax backward when dq or dk is wanted too,
+// and from a conversion of its own when only dv is: the same bits either way.
+TEST(Attention, ValueGradientIsTheSameWithOrWithoutTheOthers) {
+  Case c = make_case(2, 4, 2, 70, 16, 141, padding_mask_3x(70).slice_rows(0, 2));
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (AttentionBackend be : {AttentionBackend::kEager, AttentionBackend::kMath}) {
+      const Tensor gout = randn(c.q.shape(), 144).to_dtype(dt);
+      const Tensor all = run_with_grads(c, be, gout, dt)[3];
+      Tensor q = c.q.to_dtype(dt), k = c.k.to_dtype(dt);
+      Tensor v = c.v.to_dtype(dt).set_requires_grad(true);
+      backward(ops::attention(q, k, v, c.mask, be), gout);
+      test::expect_bitwise_equal(v.grad(), all, std::string(dtype_name(dt)) + " " + bname(be));
+    }
+}
+
 TEST(Attention, FlashIsBitIdenticalAcrossThreadCounts) {
   // Big enough that every flash pass splits its work items across threads.
   Case c = make_case(2, 4, 2, 100, 32, 141, padding_mask_3x(100).slice_rows(0, 2));

@@ -236,10 +236,11 @@ void attn_softmax_forward(float* p32, void* p_lp, DType p_dt, const float* s, DT
 }
 
 void attn_softmax_backward(void* ds, DType ds_dt, const float* p32, const void* dp, DType dp_dt,
-                           const AttentionDims& ad) {
+                           void* p_lp, const AttentionDims& ad) {
   const Dims a = dims_of(ad);
   const int64_t rows = a.batch * a.hq * a.t;
   if (rows <= 0) return;
+  if (p_lp) convert_async(p_lp, ds_dt, p32, DType::F32, rows * a.t);  // a pass of its own here
   const int threads = row_threads_for(a.t);
   const bool in_registers = with_keys_per_thread(a.t, [&](auto per) {
     KEEL_CUDA_FLOAT_TYPES(ds_dt, ED, KEEL_CUDA_FLOAT_TYPES(dp_dt, EG, {
