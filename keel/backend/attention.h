@@ -26,9 +26,11 @@ struct AttentionDims {
 struct AttentionKernels {
   // p32[b, h, i, :] = softmax over the visible keys of round_to(score_dt, scale * s[b, h, i, :]),
   // 0 at masked keys and on fully masked rows. Every element of p32 is written. p_lp, when not
-  // null, receives p32 rounded to p_dt. s: raw scores [B, Hq, T, T] f32; p32 may alias s.
-  void (*softmax_forward)(float* p32, void* p_lp, DType p_dt, const float* s, DType score_dt,
-                          const AttentionDims& dims);
+  // null, receives p32 rounded to p_dt. s [B, Hq, T, T]: raw f32 scores when s_dt is F32 (p32 may
+  // alias them), or, when s_dt is score_dt and 16-bit, round_to(score_dt, scale * s) already (the
+  // product scaled and rounded them: half the bytes; CPU only; p_lp may alias them).
+  void (*softmax_forward)(float* p32, void* p_lp, DType p_dt, const void* s, DType s_dt,
+                          DType score_dt, const AttentionDims& dims);
   // ds = p32 ⊙ (dp − Σ_visible dp ⊙ p32) per row, rounded to ds_dt; exactly 0 at masked keys and
   // on fully masked rows whatever dp holds there. dp [B, Hq, T, T] of dtype dp_dt; ds may alias dp
   // when ds_dt == dp_dt. p_lp, when not null, receives p32 rounded to ds_dt (dV's operand P), from

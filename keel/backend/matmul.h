@@ -20,6 +20,9 @@ struct MatmulArgs {
   // before the one rounding to out_dt. Not with accumulate.
   const void* bias = nullptr;
   DType bias_dt = DType::F32;
+  // CPU only: C = alpha·(A·B), the f32 accumulator scaled in f32 before the one rounding to out_dt
+  // (the bits of an f32 product scaled, then rounded). Not with accumulate.
+  float alpha = 1.f;
 };
 
 struct MatmulKernels {

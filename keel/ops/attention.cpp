@@ -46,9 +46,10 @@ Tensor as_dtype(const Tensor& t, DType dt) {
   return out;
 }
 
-// c = op(a)·op(b) over `batch` matrices, f32 accumulation; c has dtype out_dt (F32 or in_dt).
+// c = alpha·op(a)·op(b) over `batch` matrices, f32 accumulation scaled in f32; c has dtype out_dt
+// (F32 or in_dt). alpha other than 1 on the CPU only.
 void mm(Device dev, void* c, DType out_dt, const void* a, const void* b, DType in_dt, int64_t batch,
-        int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
+        int64_t m, int64_t n, int64_t k, bool ta, bool tb, float alpha = 1.f) {
   MatmulArgs args;
   args.c = c;
   args.a = a;
@@ -61,6 +62,7 @@ void mm(Device dev, void* c, DType out_dt, const void* a, const void* b, DType i
   args.k = k;
   args.trans_a = ta;
   args.trans_b = tb;
+  args.alpha = alpha;
   matmul_kernels(dev).matmul(args);
 }
 
@@ -137,14 +139,23 @@ struct MaterializedAttention {
   // Returns P in f32 [B, Hq, T, T] (0 where masked) and writes out [B, Hq, T, D].
   Tensor forward(Tensor& out, const Tensor& qc, const Tensor& kc, const Tensor& vc) const {
     const int64_t t = d.seq, dd = d.head_dim;
-    Tensor p32 = Tensor::empty({d.batch, d.heads_q, t, t}, DType::F32, out.device());
-    // S[B*Hkv, G*T, T] = Q·Kᵀ, f32 (the kernel scales and rounds it to cdt), softmax in place.
-    mm(out.device(), p32.data(), DType::F32, qc.data(), kc.data(), cdt, batch(), rows(), t, dd,
-       false, true);
-    Tensor pc = cdt == DType::F32 ? p32 : Tensor::empty(p32.shape(), cdt, out.device());
-    attention_kernels(out.device())
-        .softmax_forward(p32.data_as<float>(), cdt == DType::F32 ? nullptr : pc.data(), cdt,
-                         p32.data_as<float>(), cdt, d);
+    const Device dev = out.device();
+    Tensor p32 = Tensor::empty({d.batch, d.heads_q, t, t}, DType::F32, dev);
+    Tensor pc = cdt == DType::F32 ? p32 : Tensor::empty(p32.shape(), cdt, dev);
+    void* p_lp = cdt == DType::F32 ? nullptr : pc.data();
+    if (cdt != DType::F32 && dev.is_cpu()) {
+      // S = scale·Q·Kᵀ scaled in f32 and rounded to cdt by the product itself: the bits of the
+      // raw f32 scores scaled and rounded by the softmax kernel, in half the bytes written and
+      // read. P·V's operand pc overwrites S row by row.
+      mm(dev, p_lp, cdt, qc.data(), kc.data(), cdt, batch(), rows(), t, dd, false, true, d.scale);
+      attention_kernels(dev).softmax_forward(p32.data_as<float>(), p_lp, cdt, p_lp, cdt, cdt, d);
+    } else {
+      // S[B*Hkv, G*T, T] = Q·Kᵀ, f32 (the kernel scales and rounds it to cdt), softmax in place.
+      mm(dev, p32.data(), DType::F32, qc.data(), kc.data(), cdt, batch(), rows(), t, dd, false,
+         true);
+      attention_kernels(dev).softmax_forward(p32.data_as<float>(), p_lp, cdt, p32.data(),
+                                             DType::F32, cdt, d);
+    }
     // O[B*Hkv, G*T, D] = P·V
     mm_into(out, 1.f, pc, vc, cdt, batch(), rows(), dd, t, false, false);
     return p32;

@@ -131,6 +131,39 @@ TEST(Matmul, RearrangedF32ProductsMatchTheReference) {
     }
 }
 
+// MatmulArgs::alpha scales the f32 accumulator before the one rounding: the eager attention's
+// scores come out of the product as round(scale * (q·kᵀ)) in bf16, which must be the bits of the
+// f32 product scaled and rounded afterwards (what the softmax kernel did with raw f32 scores).
+TEST(Matmul, AlphaScalesTheAccumulatorBeforeTheOneRounding) {
+  const int64_t batch = 3, m = 70, n = 70, k = 24;
+  const float alpha = static_cast<float>(1.0 / std::sqrt(24.0));  // not a power of 2
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor a = randn({batch, m, k}, 21, 2.f, dt), b = randn({batch, n, k}, 22, 2.f, dt);
+    Tensor raw = Tensor::empty({batch, m, n}, DType::F32),
+           scaled = Tensor::empty({batch, m, n}, dt);
+    MatmulArgs args;
+    args.a = a.data();
+    args.b = b.data();
+    args.in_dt = dt;
+    args.batch = batch;
+    args.m = m;
+    args.n = n;
+    args.k = k;
+    args.trans_b = true;
+    args.c = raw.data();
+    args.out_dt = DType::F32;
+    matmul_kernels(Device::cpu()).matmul(args);
+    args.c = scaled.data();
+    args.out_dt = dt;
+    args.alpha = alpha;
+    matmul_kernels(Device::cpu()).matmul(args);
+    std::vector<float> want = raw.to_floats();
+    for (float& v : want) v = alpha * v;
+    test::expect_bitwise_equal(scaled, Tensor::from_floats(want, raw.shape(), dt), "alpha product");
+  }
+}
+
 // The vocabulary head's backward products run in 4096-wide pieces of the vocabulary side
 // (backend/cpu/matmul_dnnl.cpp, vocab_pieces): dX with K in pieces added up, dW in row panels.
 // Every shape below takes that route, with a ragged last piece. Sampled entries (every row panel,

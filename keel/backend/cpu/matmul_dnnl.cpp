@@ -41,9 +41,10 @@ struct Ctx {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::mutex mu;
-  // (batch, m, n, k, trans_a, trans_b, in, out, accumulate, bias dtype, A's leading dimension)
-  using Key =
-      std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, bool, int, int64_t>;
+  // (batch, m, n, k, trans_a, trans_b, in, out, accumulate, bias dtype, A's leading dimension,
+  // alpha)
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int, int, bool, int,
+                         int64_t, float>;
   std::map<Key, std::shared_ptr<dnnl::matmul>> cache;
   std::map<std::pair<int, int>, bool> supported;  // (in_dt, out_dt) -> primitive creation works
   // (rows, cols, src strides, dst strides, accumulate) -> transposing copy
@@ -81,7 +82,7 @@ std::shared_ptr<dnnl::matmul> primitive(const MatmulArgs& a, int64_t lda = 0) {
   Ctx& c = ctx();
   Ctx::Key key{a.batch,   a.m,          a.n,           a.k,          a.trans_a,
                a.trans_b, int(a.in_dt), int(a.out_dt), a.accumulate, a.bias ? int(a.bias_dt) : -1,
-               lda};
+               lda,       a.alpha};
   std::lock_guard<std::mutex> lock(c.mu);
   auto it = c.cache.find(key);
   if (it != c.cache.end()) return it->second;
@@ -96,6 +97,7 @@ std::shared_ptr<dnnl::matmul> primitive(const MatmulArgs& a, int64_t lda = 0) {
       po.append_sum(1.0f);
       attr.set_post_ops(po);
     }
+    if (a.alpha != 1.f) attr.set_output_scales(0, {a.alpha});
     auto md =
         a.bias ? dnnl::matmul::desc(ad, bd, bias_desc(a), cd) : dnnl::matmul::desc(ad, bd, cd);
     p = std::make_shared<dnnl::matmul>(dnnl::matmul::primitive_desc(md, attr, c.engine));
@@ -150,7 +152,8 @@ enum class F32Plan { kDirect, kTransposeB, kTransposedProduct };
 constexpr int64_t kMaxCopiedElems = int64_t(1) << 23;  // 32 MB of f32
 
 F32Plan f32_plan(const MatmulArgs& a) {
-  if (a.in_dt != DType::F32 || a.batch != 1 || a.bias || a.trans_b) return F32Plan::kDirect;
+  if (a.in_dt != DType::F32 || a.batch != 1 || a.bias || a.trans_b || a.alpha != 1.f)
+    return F32Plan::kDirect;
   const bool small_output = a.m * a.n <= kMaxCopiedElems;
   if (!a.trans_a && a.k >= 8 * std::max(a.m, a.n) && small_output)  // head dX
     return F32Plan::kTransposedProduct;
@@ -237,7 +240,7 @@ void run_f32_plan(const MatmulArgs& a, F32Plan plan) {
 constexpr int64_t kVocabPiece = 4096;
 
 bool vocab_pieces(const MatmulArgs& a) {
-  if (a.out_dt != DType::F32 || a.batch != 1 || a.bias || a.trans_b) return false;
+  if (a.out_dt != DType::F32 || a.batch != 1 || a.bias || a.trans_b || a.alpha != 1.f) return false;
   const bool f32 = a.in_dt == DType::F32;
   if (!f32 && a.in_dt != DType::BF16) return false;
   if (!a.trans_a)  // head dX
@@ -280,6 +283,8 @@ void cpu_matmul(const MatmulArgs& args) {
   KEEL_CHECK(args.out_dt == DType::F32 || args.out_dt == args.in_dt,
              "matmul: out dtype must be f32 or in");
   KEEL_CHECK(!(args.bias && args.accumulate), "matmul: a bias with accumulate is not supported");
+  KEEL_CHECK(!(args.alpha != 1.f && args.accumulate),
+             "matmul: alpha with accumulate is not supported");
   if (args.batch == 0 || args.m == 0 || args.n == 0) return;
   const auto& ew = elementwise_kernels(Device::cpu());
   // oneDNN takes an f32 bias with every source dtype: a 16-bit one is converted (N values).
@@ -291,7 +296,7 @@ void cpu_matmul(const MatmulArgs& args) {
     a.bias = bias32.data();
     a.bias_dt = DType::F32;
   }
-  if (a.k == 0) {  // empty sum: C = 0 (+ bias), or unchanged when accumulating
+  if (a.k == 0) {  // empty sum: C = 0 (+ bias), or unchanged when accumulating; alpha·0 = 0
     if (!a.accumulate) {
       std::vector<float> z(a.batch * a.m * a.n, 0.f);
       if (a.bias) ew.add_row(z.data(), z.data(), a.bias, DType::F32, a.batch * a.m, a.n);

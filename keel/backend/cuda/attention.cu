@@ -203,8 +203,10 @@ bool with_keys_per_thread(int64_t t, F&& f) {
   return true;
 }
 
-void attn_softmax_forward(float* p32, void* p_lp, DType p_dt, const float* s, DType score_dt,
-                          const AttentionDims& ad) {
+void attn_softmax_forward(float* p32, void* p_lp, DType p_dt, const void* s_raw, DType s_dt,
+                          DType score_dt, const AttentionDims& ad) {
+  KEEL_CHECK(s_dt == DType::F32, "attention softmax: CUDA takes raw f32 scores");
+  const float* s = static_cast<const float*>(s_raw);
   const Dims a = dims_of(ad);
   const int64_t rows = a.batch * a.hq * a.t;
   if (rows <= 0) return;

@@ -227,6 +227,7 @@ Plan make_plan(DeviceCtx& c, const MatmulArgs& a, const Lds& ld, uint32_t al_a, 
 void cuda_matmul(const MatmulArgs& a) {
   KEEL_CHECK(!a.bias,
              "matmul: the fused bias is CPU only (ops::linear adds it separately on CUDA)");
+  KEEL_CHECK(a.alpha == 1.f, "matmul: the fused alpha is CPU only");
   KEEL_CHECK(a.out_dt == DType::F32 || a.out_dt == a.in_dt,
              "cuda matmul: out dtype must be f32 or the input dtype");
   if (a.batch <= 0 || a.m <= 0 || a.n <= 0) return;
