@@ -1,5 +1,7 @@
 #include "keel/amp/autocast.h"
 
+#include <algorithm>
+#include <array>
 #include <iterator>
 #include <unordered_map>
 
@@ -20,7 +22,10 @@ struct State {
   int nesting = 0;
   std::unordered_map<TensorImpl*, CacheEntry> cache;  // this step's casts (with graph nodes)
   std::unordered_map<TensorImpl*, CacheEntry> kept;   // their values, across steps (no nodes)
-  CacheEntry last_activation;  // the newest cast of anything else: its values (no node)
+  // The two newest casts of anything else (activations), newest first: their values (no nodes).
+  // Two, so that a cast between the uses of one activation (LoKr's delta weight for q, between
+  // q's and k's casts of the normed input) does not evict it.
+  std::array<CacheEntry, 2> last_activations;
 };
 thread_local State t_state;
 }  // namespace
@@ -66,24 +71,31 @@ AutocastGuard::~AutocastGuard() {
   t_state.dtype = prev_dtype_;
   if (--t_state.nesting == 0) {
     t_state.cache.clear();
-    t_state.last_activation = {};
+    t_state.last_activations = {};
     for (auto it = t_state.kept.begin(); it != t_state.kept.end();)  // weights that are gone
       it = it->second.source.expired() ? t_state.kept.erase(it) : std::next(it);
   }
 }
 
 // An activation read by several products in a row (a norm's f32 output by q, k and v, or by gate
-// and up) is rounded once: each later cast reuses the values of the previous one under a graph node
-// of its own, so the graph, and every bit of the backward, is the one separate casts give. Only
-// the newest cast is kept (a step's activations are not held past their next cast); a new tensor,
+// and up) is rounded once: each later cast reuses the values of the first under a graph node of
+// its own, so the graph, and every bit of the backward, is the one separate casts give. Only the
+// two newest casts are kept (a step's activations are not held past the next ones); a new tensor,
 // view or in-place version misses.
 static Tensor reused_activation_cast(const Tensor& t, DType dt) {
-  CacheEntry& last = t_state.last_activation;
-  if (last.cast.defined() && last.cast.dtype() == dt && last.version == t.version() &&
-      !last.source.expired() && last.source.lock().get() == t.impl())
-    return ops::cast_precomputed(t, last.cast);
+  auto& kept = t_state.last_activations;
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const CacheEntry& e = kept[i];
+    if (e.cast.defined() && e.cast.dtype() == dt && e.version == t.version() &&
+        !e.source.expired() && e.source.lock().get() == t.impl()) {
+      Tensor c = ops::cast_precomputed(t, e.cast);
+      std::rotate(kept.begin(), kept.begin() + i, kept.begin() + i + 1);  // newest first
+      return c;
+    }
+  }
   Tensor c = ops::cast(t, dt);
-  last = {t.impl_ptr(), t.version(), c.view(c.shape())};  // values only
+  std::rotate(kept.begin(), kept.end() - 1, kept.end());
+  kept[0] = {t.impl_ptr(), t.version(), c.view(c.shape())};  // values only
   return c;
 }
 

@@ -293,8 +293,9 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     } else {
       add("attention", 1, 4 * B * H * T * T, attn_detail, true);
     }
-    // The first norm's consumers: one autocast copy each under -mixed (c_attn; q, k, v).
-    const int64_t first_casts = llama ? (pol.autocast ? 3 : 1) : 1;
+    // The first norm's consumers (c_attn; q, k, v) share one autocast copy under -mixed: the
+    // later casts reuse the first's values (amp/autocast.cpp), as gate and up do.
+    const int64_t first_casts = 1;
     if (!llama) {
       add("residual stream", 2, s * BT * C, "2 per block + ln_f: [B,T,C] " + sd, true);
       add("norm statistics", 4, 4 * BT, "mean, rstd [B*T] f32 per LayerNorm", true);
@@ -307,12 +308,12 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       add("residual stream", 1, s * BT * C, "", false);
       add("norm statistics", 2, 4 * BT, "", false);
     } else {
-      const int64_t mlp_casts = pol.autocast ? 2 : 1;
+      const int64_t mlp_casts = 1;
       add("residual stream", 2, s * BT * C, "2 per block + final norm: [B,T,C] " + sd, true);
       add("norm statistics", 2, 4 * BT, "rstd [B*T] f32 per RMSNorm", true);
       const std::string li =
-          "normed input (one autocast copy per projection under -mixed), o_proj and down_proj "
-          "inputs, " +
+          "normed inputs (one autocast copy shared by q, k, v and one by gate, up under -mixed), "
+          "o_proj and down_proj inputs, " +
           cd;
       add("linear inputs", first_casts + 1 + mlp_casts, c * BT * C, li, true);
       add("linear inputs", 1, c * BT * F, li, true);
@@ -815,7 +816,8 @@ std::string format_memory(const MemoryEstimate& e) {
   }
   if (e.dataset > 0) row("dataset", e.dataset, e.dataset_detail + " (held for the run)");
   if (e.dataset_load > e.dataset)
-    row("loading the data", e.dataset_load, "the file's text (packed: a piece of it) beside its tokens, before the model");
+    row("loading the data", e.dataset_load,
+        "the file's text (packed: a piece of it) beside its tokens, before the model");
   if (e.init_peak > 0)
     row("while loading", e.init_peak,
         "the model as loaded (a base in its stored dtype mapped from its files) and one tensor "

@@ -96,8 +96,8 @@ TEST(WeightCopy, CopiesOfWeightsThatAreGoneAreDropped) {
 
 // An activation cast for several products in a row (a norm's output for q, k and v) is rounded
 // once: the later casts share the first one's values, each under a graph node of its own, so x's
-// gradient has the bits of separate casts. Only the newest cast is kept, and a changed tensor is
-// cast afresh.
+// gradient has the bits of separate casts. Only the two newest casts are kept (one cast between
+// two uses, LoKr's delta weight, does not evict), and a changed tensor is cast afresh.
 TEST(WeightCopy, AnActivationCastForSeveralProductsIsRoundedOnce) {
   const Tensor w1 = randn({16, 32}, 5, 1.f, DType::BF16), w2 = randn({16, 32}, 6, 1.f, DType::BF16);
   const Tensor x0 = randn({8, 32}, 7, 1.f);
@@ -122,9 +122,12 @@ TEST(WeightCopy, AnActivationCastForSeveralProductsIsRoundedOnce) {
   expect_bitwise_equal(reused, separate, "x's gradient");
 
   amp::AutocastGuard autocast(true, DType::BF16);
-  Tensor x = ops::scale(x0, 2.f), other = ops::scale(x0, 3.f);
+  Tensor x = ops::scale(x0, 2.f), other = ops::scale(x0, 3.f), third = ops::scale(x0, 4.f);
   const Tensor c1 = amp::autocast(amp::AmpOp::kLinear, x);
-  amp::autocast(amp::AmpOp::kLinear, other);  // the newest cast is now other's
+  amp::autocast(amp::AmpOp::kLinear, other);  // one cast between two uses
+  EXPECT_EQ(amp::autocast(amp::AmpOp::kLinear, x).data(), c1.data());
+  amp::autocast(amp::AmpOp::kLinear, other);
+  amp::autocast(amp::AmpOp::kLinear, third);  // two newer ones: x's copy is let go
   EXPECT_NE(amp::autocast(amp::AmpOp::kLinear, x).data(), c1.data());
   const Tensor c3 = amp::autocast(amp::AmpOp::kLinear, x);
   x.bump_version();  // written in place
