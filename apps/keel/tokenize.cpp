@@ -80,6 +80,15 @@ int run_tokenize(const TokenizeArgs& a, bool has_text) {
   const std::string input = read_input_text(has_text, a.text, a.file, "--file");
   const auto tok = data::load_tokenizer(a.tokenizer);
   const std::vector<int32_t> ids = a.decode ? parse_ids(input) : tok->encode(input);
+  // `--decode ""` printed nothing and exited 0, as if the ids had decoded to no text.
+  if (a.decode && ids.empty())
+    throw Error("tokenize --decode: " +
+                    (has_text         ? std::string("the argument holds")
+                     : a.file.empty() ? std::string("stdin holds")
+                                      : "--file " + a.file + " holds") +
+                    " no token ids; --decode expects a list of token ids, separated by spaces or "
+                    "commas (e.g. --decode \"72 105\")",
+                Error::kUsage);
   std::vector<std::string> pieces;
   if (a.pieces || a.json)
     for (int32_t id : ids) pieces.push_back(tok->id_to_token(id));  // Error for an unknown id

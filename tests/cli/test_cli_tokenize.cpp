@@ -96,6 +96,22 @@ TEST(CliTokenize, BadInputNamesTheFlagOrTheToken) {
     EXPECT_EQ(r.code, 2) << r.output;
     EXPECT_CONTAINS(r.err, "'" + std::string(big) + "' is outside every vocabulary");
   }
+  // No ids at all printed nothing and exited 0, as if they had decoded to no text.
+  for (const char* none : {"", " , ", "[]"}) {
+    const test::KeelRun r = test::run_keel({"tokenize", "--decode", none});
+    EXPECT_EQ(r.code, 2) << "'" << none << "': " << r.output;
+    EXPECT_CONTAINS(r.err, "tokenize --decode: the argument holds no token ids");
+    EXPECT_CONTAINS(r.err, "--decode expects a list of token ids");
+    EXPECT_EQ(r.out, "");
+  }
+  const std::string empty = test::temp_dir("tokenize-decode") + "/empty.txt";
+  std::ofstream(empty).close();
+  const test::KeelRun empty_file = test::run_keel({"tokenize", "--decode", "--file", empty});
+  EXPECT_EQ(empty_file.code, 2) << empty_file.output;
+  EXPECT_CONTAINS(empty_file.err, "--file " + empty + " holds no token ids");
+  const test::KeelRun empty_stdin = test::run_keel_sh("tokenize --decode < /dev/null");
+  EXPECT_EQ(empty_stdin.code, 2) << empty_stdin.output;
+  EXPECT_CONTAINS(empty_stdin.err, "stdin holds no token ids");
   const test::KeelRun range = test::run_keel({"tokenize", "--decode", "65 9999"});
   EXPECT_EQ(range.code, 1) << range.output;
   EXPECT_CONTAINS(range.err, "9999");
