@@ -64,6 +64,16 @@ std::string where_nonfinite(const LossTotal& r, models::CausalLM& model, const d
          ") is finite example by example: only batched together (padding to the longest)";
 }
 
+// The examples of `set` longer than `seq_len` tokens, which the loader cuts to it: one text
+// paragraph or JSONL line each (packed text and a token file's rows are seq_len long already).
+int64_t truncated_examples(const data::Dataset& set, const std::string& task, bool pack,
+                           int64_t seq_len) {
+  if (task == "tokens" || (task == "text" && pack)) return 0;
+  int64_t n = 0;
+  for (int64_t i = 0; i < set.size(); ++i) n += static_cast<int64_t>(set.get(i).size()) > seq_len;
+  return n;
+}
+
 int run_eval(EvalArgs& a, bool pack_given) {
   // Before the model loads (minutes for a large one); the loader checks again (a pipe will do).
   check_input_file(a.data, "dataset file", "--data");
@@ -82,6 +92,10 @@ int run_eval(EvalArgs& a, bool pack_given) {
                 Error::kUsage);
   // Rows are padded to the row length: a model's whole context (Llama-3's 131,072 positions)
   // as the default asked 256 GB for a 10-byte file. As HF's run_clm: at most 1024 by default.
+  // Where the row length came from, for the note on truncated examples.
+  const std::string seq_len_from = a.seq_len != 0 ? "--seq-len"
+                                   : run          ? "the run's data.seq_len"
+                                         : "the default, the model's max_seq_len up to 1024";
   if (a.seq_len == 0)
     a.seq_len = run ? dc.seq_len : std::min<int64_t>(t.model->spec().max_seq_len, 1024);
   if (a.batch_size == 0) a.batch_size = run ? run->train.batch_size : 8;
@@ -110,6 +124,24 @@ int run_eval(EvalArgs& a, bool pack_given) {
   int64_t pad = pad_fill_id(tok, a.pad);
   if (pad >= vocab) pad = tok.eos_id() >= 0 ? tok.eos_id() : 0;
   const auto set = data::load_dataset(a.task, a.data, "--data", tok, a.seq_len, a.pack);
+  // Examples longer than a row are cut to it (the tokens past it are not scored): they were
+  // evaluated cut without a word, and the loss read as the whole file's.
+  const int64_t truncated = truncated_examples(*set, a.task, a.pack, a.seq_len);
+  if (truncated > 0) {
+    const int64_t max_seq_len = t.model->spec().max_seq_len;
+    const std::string fix =
+        a.seq_len < max_seq_len
+            ? "--seq-len N scores up to N tokens of each (at most the model's max_seq_len, " +
+                  std::to_string(max_seq_len) + ")"
+            : "the model's max_seq_len is " + std::to_string(max_seq_len) +
+                  ", so no --seq-len scores them whole";
+    std::fprintf(stderr,
+                 "note: %lld of %lld examples of %s are longer than %lld tokens (%s) and were "
+                 "truncated to %lld: the tokens past it are not scored; %s\n",
+                 static_cast<long long>(truncated), static_cast<long long>(set->size()),
+                 a.data.c_str(), static_cast<long long>(a.seq_len), seq_len_from.c_str(),
+                 static_cast<long long>(a.seq_len), fix.c_str());
+  }
   LossTotal r;
   try {
     r = dataset_loss(*t.model, *set, a.batch_size, a.seq_len, pad, m.policy, m.device);
@@ -126,6 +158,7 @@ int run_eval(EvalArgs& a, bool pack_given) {
                         {"examples", r.examples},
                         {"loss_sum", io::json_float(r.loss_sum)},
                         {"seq_len", a.seq_len},
+                        {"truncated_examples", truncated},
                         {"batch_size", a.batch_size},
                         {"precision", m.policy.name()}};
     std::printf("%s\n", j.dump().c_str());

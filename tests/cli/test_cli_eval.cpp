@@ -187,6 +187,42 @@ TEST(CliEval, DataFromAPipeIsRead) {
   EXPECT_EQ(json::parse(piped.out).at("loss"), json::parse(file.out).at("loss"));
 }
 
+// Examples longer than a row are cut to it; they were scored cut without a word. The count is on
+// stderr with the flag that changes it, and in --json.
+TEST(CliEval, TruncatedExamplesAreCountedAndTheFlagNamed) {
+  const Files& f = files();
+  const std::string data = f.dir + "/long.jsonl";
+  {
+    std::ofstream o(data);
+    o << json({{"text", "short"}}).dump() << "\n";                // 6 tokens with eos
+    o << json({{"text", std::string(20, 'x')}}).dump() << "\n";   // 21
+    o << json({{"text", std::string(100, 'y')}}).dump() << "\n";  // 101: past max_seq_len
+  }
+  auto eval = [&](const std::string& seq_len) {
+    return test::run_keel(
+        {"eval", f.base, "--data", data, "--tokenizer", "byte", "--seq-len", seq_len, "--json"},
+        {"OMP_NUM_THREADS=1"});
+  };
+  test::KeelRun r = eval("16");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(json::parse(r.out).at("truncated_examples"), 2);
+  EXPECT_CONTAINS(r.err, "note: 2 of 3 examples of " + data +
+                             " are longer than 16 tokens (--seq-len) and were truncated to 16");
+  EXPECT_CONTAINS(r.err,
+                  "--seq-len N scores up to N tokens of each (at most the model's "
+                  "max_seq_len, 64)");
+  r = eval("64");  // the model's whole context: the long one still does not fit
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(json::parse(r.out).at("truncated_examples"), 1);
+  EXPECT_CONTAINS(r.err, "note: 1 of 3 examples");
+  EXPECT_CONTAINS(r.err, "the model's max_seq_len is 64, so no --seq-len scores them whole");
+  // Nothing cut, nothing said.
+  r = test::run_keel({"eval", f.base, "--data", f.val, "--tokenizer", "byte", "--json"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(json::parse(r.out).at("truncated_examples"), 0);
+  EXPECT_NOT_CONTAINS(r.err, "truncated");
+}
+
 TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
   const Files& f = files();
   auto eval_err = [](std::vector<std::string> args) {
