@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 namespace keel::serve {
@@ -104,6 +105,26 @@ class ConnectionStream final : public httplib::Stream {
   size_t off_ = 0, len_ = 0;
 };
 
+// Set by close_after_response on the thread serving a request, read by its connection's loop.
+thread_local bool close_after_this_response = false;
+
+// Reads and drops what the client still sends, until it closes or `ms` pass: a socket closed with
+// unread bytes sends a reset, which can discard the response before the client has read it.
+void drain(int sock, int ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  char buf[4096];
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          until - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0 || poll_one_fd(sock, POLLIN, static_cast<int>(left)) <= 0) return;
+    ssize_t n;
+    while ((n = ::recv(sock, buf, sizeof buf, 0)) < 0 && errno == EINTR) {
+    }
+    if (n <= 0) return;
+  }
+}
+
 }  // namespace
 
 RequestThreadPool::RequestThreadPool(size_t threads, int nice_above_process)
@@ -129,6 +150,11 @@ HttpServer::~HttpServer() {
   if (stop_fd_ >= 0) ::close(stop_fd_);
 }
 
+void HttpServer::close_after_response(httplib::Response& res) {
+  res.set_header("Connection", "close");
+  close_after_this_response = true;
+}
+
 void HttpServer::stop_serving() {
   const uint64_t one = 1;
   if (stop_fd_ >= 0 && ::write(stop_fd_, &one, sizeof one) < 0) {
@@ -151,7 +177,14 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
     ConnectionStream strm(sock, ms_of(read_timeout_sec_, read_timeout_usec_),
                           ms_of(write_timeout_sec_, write_timeout_usec_));
     bool closed = false;
+    close_after_this_response = false;
     ret = process_request(strm, /*close_connection=*/count == 1, closed, nullptr);
+    if (close_after_this_response) {
+      close_after_this_response = false;
+      ::shutdown(sock, SHUT_WR);  // the response is all the client gets: say so (FIN) at once
+      drain(sock, 1000);
+      break;
+    }
     if (!ret || closed) break;
   }
   ::shutdown(sock, SHUT_RDWR);

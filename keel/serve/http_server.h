@@ -34,6 +34,12 @@ class HttpServer : public httplib::Server {
   ~HttpServer() override;
   // Wakes the connections waiting for a request (they close) and stops the server.
   void stop_serving();
+  // Makes `res` its connection's last response, for a handler (the pre-routing one included) that
+  // answers before the request's body was read: the unread body would otherwise be read as the
+  // next request. The connection says "Connection: close", drains what the client still sends
+  // for a moment (so that closing with unread bytes does not reset it before it reads the
+  // answer), and closes. Called on the thread that serves the request.
+  static void close_after_response(httplib::Response& res);
 
  private:
   bool process_and_close_socket(socket_t sock) override;  // Server's, overridden

@@ -4,11 +4,14 @@
 #include <pthread.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <thread>
 
 #include "keel/io/out_dir.h"
@@ -133,6 +136,44 @@ void send_file(const httplib::Request& req, httplib::Response& res, const fs::pa
   });
 }
 
+// The methods each path takes (httplib keeps its routes out of reach): a path that a route
+// matches with another method is 405 with the methods it takes, not 404 as if it did not exist.
+class RouteTable {
+ public:
+  void add(const std::string& method, const std::string& pattern) {
+    routes_.push_back({method == "GET", std::regex(pattern)});
+  }
+  // The methods that `path` takes, as an Allow header lists them ("GET, HEAD, POST"; HEAD with
+  // GET, whose route httplib answers it with); "" when no route matches the path.
+  std::string allowed(const std::string& path) const {
+    bool get = false, post = false;
+    for (const auto& [is_get, pattern] : routes_)
+      if (std::regex_match(path, pattern)) (is_get ? get : post) = true;
+    return std::string(get ? "GET, HEAD" : "") + (get && post ? ", " : "") + (post ? "POST" : "");
+  }
+  static bool takes(const std::string& allowed, const std::string& method) {
+    return (", " + allowed + ",").find(", " + method + ",") != std::string::npos;
+  }
+
+ private:
+  std::vector<std::pair<bool, std::regex>> routes_;  // {a GET route (else POST), its path}
+};
+
+bool chunked(const httplib::Request& req) {
+  std::string te = req.get_header_value("Transfer-Encoding");
+  for (char& c : te) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return te.find("chunked") != std::string::npos;
+}
+
+// Whether bytes of the request's body may wait unread after its head: a handler that answers
+// before the body is read must close the connection (HttpServer::close_after_response).
+bool may_have_body(const httplib::Request& req) {
+  if (chunked(req)) return true;
+  if (!req.has_header("Content-Length"))
+    return req.method == "POST" || req.method == "PUT" || req.method == "PATCH";
+  return req.get_header_value("Content-Length") != "0";
+}
+
 }  // namespace
 
 int run_server(const ServeOptions& opt) {
@@ -214,16 +255,41 @@ int run_server(const ServeOptions& opt) {
   svr.set_keep_alive_max_count(1000);
   svr.set_payload_max_length(opt.max_body_bytes);
   svr.set_read_timeout(30);
+  RouteTable routes;  // filled as the routes are added, below
+  // Answered from the request's head, before httplib reads its body: the API key, the route and
+  // method.
+  auto refusal = [&](const httplib::Request& req, httplib::Response& res) {
+    if (req.path.rfind("/v1/", 0) == 0 && !keys.empty()) {  // none: --insecure-open
+      const int status = keys.check(req.get_header_value("Authorization"));
+      if (status != 200) {
+        if (status == 401) res.set_header("WWW-Authenticate", "Bearer");
+        send_error(res, status,
+                   status == 401
+                       ? "missing or malformed Authorization header (Authorization: Bearer KEY)"
+                       : "the API key is not valid");
+        return true;
+      }
+    }
+    // A known path asked with a method it does not take was 404, as if the path did not exist.
+    const std::string allowed = routes.allowed(req.path);
+    if (allowed.empty()) {
+      send_error(res, 404,
+                 "no route " + req.method + " " + visible(req.path) + " (see GET /v1/runs)");
+      return true;
+    }
+    if (!RouteTable::takes(allowed, req.method)) {
+      res.set_header("Allow", allowed);
+      send_error(res, 405,
+                 req.method + " " + visible(req.path) + " is not a method this path takes; it " +
+                     "takes " + allowed);
+      return true;
+    }
+    return false;
+  };
   svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
-    if (req.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-    if (keys.empty()) return httplib::Server::HandlerResponse::Unhandled;  // --insecure-open
-    const int status = keys.check(req.get_header_value("Authorization"));
-    if (status == 200) return httplib::Server::HandlerResponse::Unhandled;
-    if (status == 401) res.set_header("WWW-Authenticate", "Bearer");
-    send_error(res, status,
-               status == 401
-                   ? "missing or malformed Authorization header (Authorization: Bearer KEY)"
-                   : "the API key is not valid");
+    if (!refusal(req, res)) return httplib::Server::HandlerResponse::Unhandled;
+    // Its body is not read: it must not be read as the connection's next request.
+    if (may_have_body(req)) HttpServer::close_after_response(res);
     return httplib::Server::HandlerResponse::Handled;
   });
   const size_t max_body = opt.max_body_bytes;
@@ -264,64 +330,73 @@ int run_server(const ServeOptions& opt) {
         send_error(res, 500, "internal error: " + what);
       });
 
-  svr.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+  // Every route through these, so that RouteTable knows the methods of each path.
+  auto get = [&](const std::string& pattern, httplib::Server::Handler h) {
+    routes.add("GET", pattern);
+    svr.Get(pattern, std::move(h));
+  };
+  auto post = [&](const std::string& pattern, httplib::Server::Handler h) {
+    routes.add("POST", pattern);
+    svr.Post(pattern, std::move(h));
+  };
+  get("/health", [](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200, {{"status", "ok"}});
   });
-  svr.Get("/", [](const httplib::Request&, httplib::Response& res) {
+  get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(dashboard_html(), "text/html; charset=utf-8");
   });
-  svr.Post("/v1/runs", guarded([&](const httplib::Request& req, httplib::Response& res) {
-             auto [status, run] = service.create(req.body, req.get_header_value("Idempotency-Key"));
-             send_json(res, status, run);
-           }));
-  svr.Get("/v1/runs", guarded([&](const httplib::Request&, httplib::Response& res) {
-            send_json(res, 200, service.list());
-          }));
+  post("/v1/runs", guarded([&](const httplib::Request& req, httplib::Response& res) {
+         auto [status, run] = service.create(req.body, req.get_header_value("Idempotency-Key"));
+         send_json(res, status, run);
+       }));
+  get("/v1/runs", guarded([&](const httplib::Request&, httplib::Response& res) {
+        send_json(res, 200, service.list());
+      }));
   const std::string id = "/v1/runs/([A-Za-z0-9_-]{1,64})";
-  svr.Get(id, guarded([&](const httplib::Request& req, httplib::Response& res) {
-            send_json(res, 200, service.get(req.matches[1]));
-          }));
-  svr.Post(id + "/stop", guarded([&](const httplib::Request& req, httplib::Response& res) {
-             send_json(res, 202, service.stop(req.matches[1]));
-           }));
-  svr.Post(id + "/resume", guarded([&](const httplib::Request& req, httplib::Response& res) {
-             // A resume continues the run as it was created: a body asking for other settings
-             // ({"train": {"max_steps": 5}}) was accepted and ignored.
-             const auto first = req.body.find_first_not_of(" \t\r\n");
-             const auto last = req.body.find_last_not_of(" \t\r\n");
-             if (first != std::string::npos && req.body.substr(first, last - first + 1) != "{}")
-               throw HttpError(400,
-                               "a resume continues the run with the config it was created with: "
-                               "send no body (or {}); for other settings start a new run");
-             send_json(res, 202, service.resume(req.matches[1]));
-           }));
-  svr.Get(id + "/events", guarded([&](const httplib::Request& req, httplib::Response& res) {
-            const std::string run = req.matches[1];
-            std::shared_ptr<RunFeed> feed = service.feed(run);  // 404 before the stream starts
-            int64_t last = 0;
-            const std::string h = req.get_header_value("Last-Event-ID");
-            if (!h.empty()) {
-              try {
-                last = std::stoll(h);
-              } catch (const std::exception&) {
-                throw HttpError(400, "Last-Event-ID \"" + h + "\" is not an event id (a number)");
-              }
-            }
-            stream_run_events(
-                res, std::move(feed),
-                [&service, run] {
-                  return service.get(run).dump(-1, ' ', false, json::error_handler_t::replace);
-                },
-                last);
-          }));
-  svr.Get(id + "/artifacts", guarded([&](const httplib::Request& req, httplib::Response& res) {
-            service.get(req.matches[1]);
-            send_json(res, 200, list_artifacts(service.run_dir(req.matches[1])));
-          }));
-  svr.Get(id + "/artifacts/(.+)", guarded([&](const httplib::Request& req, httplib::Response& res) {
-            service.get(req.matches[1]);
-            send_file(req, res, artifact_path(service.run_dir(req.matches[1]), req.matches[2]));
-          }));
+  get(id, guarded([&](const httplib::Request& req, httplib::Response& res) {
+        send_json(res, 200, service.get(req.matches[1]));
+      }));
+  post(id + "/stop", guarded([&](const httplib::Request& req, httplib::Response& res) {
+         send_json(res, 202, service.stop(req.matches[1]));
+       }));
+  post(id + "/resume", guarded([&](const httplib::Request& req, httplib::Response& res) {
+         // A resume continues the run as it was created: a body asking for other settings
+         // ({"train": {"max_steps": 5}}) was accepted and ignored.
+         const auto first = req.body.find_first_not_of(" \t\r\n");
+         const auto last = req.body.find_last_not_of(" \t\r\n");
+         if (first != std::string::npos && req.body.substr(first, last - first + 1) != "{}")
+           throw HttpError(400,
+                           "a resume continues the run with the config it was created with: "
+                           "send no body (or {}); for other settings start a new run");
+         send_json(res, 202, service.resume(req.matches[1]));
+       }));
+  get(id + "/events", guarded([&](const httplib::Request& req, httplib::Response& res) {
+        const std::string run = req.matches[1];
+        std::shared_ptr<RunFeed> feed = service.feed(run);  // 404 before the stream starts
+        int64_t last = 0;
+        const std::string h = req.get_header_value("Last-Event-ID");
+        if (!h.empty()) {
+          try {
+            last = std::stoll(h);
+          } catch (const std::exception&) {
+            throw HttpError(400, "Last-Event-ID \"" + h + "\" is not an event id (a number)");
+          }
+        }
+        stream_run_events(
+            res, std::move(feed),
+            [&service, run] {
+              return service.get(run).dump(-1, ' ', false, json::error_handler_t::replace);
+            },
+            last);
+      }));
+  get(id + "/artifacts", guarded([&](const httplib::Request& req, httplib::Response& res) {
+        service.get(req.matches[1]);
+        send_json(res, 200, list_artifacts(service.run_dir(req.matches[1])));
+      }));
+  get(id + "/artifacts/(.+)", guarded([&](const httplib::Request& req, httplib::Response& res) {
+        service.get(req.matches[1]);
+        send_file(req, res, artifact_path(service.run_dir(req.matches[1]), req.matches[2]));
+      }));
 
   // cpp-httplib listens with a backlog of 5 (compiled into Debian's library): a burst of clients
   // beyond that would see connections dropped. Linux lets listen() be called again on the socket

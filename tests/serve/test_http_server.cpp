@@ -154,5 +154,125 @@ TEST(ServeHttp, RequestThreadsRunBelowTheServerAndTheRunKeepsItsPriority) {
   });
 }
 
+// One request written by hand on a fresh connection; its response read until the server closes
+// the connection or the Content-Length of the body has come, within `timeout_s` (the socket's
+// own timeout: a server that waits for more never hangs the test). `seconds`: how long the
+// response took.
+struct RawAnswer {
+  std::string text;
+  double seconds = 0;
+  bool closed = false;  // the server closed the connection after it
+};
+RawAnswer raw_exchange(int port, const std::string& request, int timeout_s = 10) {
+  RawAnswer a;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{timeout_s, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const auto t0 = std::chrono::steady_clock::now();
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(request.size())) {
+    char buf[4096];
+    for (;;) {
+      const size_t head_end = a.text.find("\r\n\r\n");
+      const size_t length_at = a.text.find("Content-Length: ");
+      if (head_end != std::string::npos && length_at != std::string::npos && length_at < head_end &&
+          a.text.size() >= head_end + 4 + std::stoul(a.text.substr(length_at + 16))) {
+        // The whole response: does the server close the connection after it (at once; a
+        // keep-alive connection stays open for 5 s)?
+        a.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        timeval second{1, 0};
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &second, sizeof second);
+        a.closed = ::recv(fd, buf, sizeof buf, 0) == 0;
+        ::close(fd);
+        return a;
+      }
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) {
+        a.closed = n == 0;
+        break;
+      }
+      a.text.append(buf, static_cast<size_t>(n));
+    }
+  }
+  a.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::close(fd);
+  return a;
+}
+
+// A path that exists, asked with a method it does not take, was 404 as if it did not exist: it
+// is 405 with the methods it takes (Allow) and the usual JSON error; an unknown path stays 404.
+TEST(ServeHttp, AMethodAPathDoesNotTakeIs405WithAllow) {
+  const std::string dir = temp_dir("serve-405");
+  std::ofstream(dir + "/keys") << kTestKey << "\n";
+  ServeProcess srv({"--root", dir + "/root", "--api-key-file", dir + "/keys"});
+  ASSERT_TRUE(srv.started()) << srv.output();
+  httplib::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(std::chrono::seconds(10));
+  const httplib::Headers auth = {{"Authorization", std::string("Bearer ") + kTestKey}};
+  struct Case {
+    const char* method;
+    const char* path;
+    const char* allow;
+  };
+  for (const Case& k : {Case{"DELETE", "/v1/runs", "GET, HEAD, POST"},
+                        Case{"PUT", "/v1/runs/run-000000000000", "GET, HEAD"},
+                        Case{"DELETE", "/v1/runs/run-000000000000", "GET, HEAD"},
+                        Case{"PATCH", "/v1/runs/run-000000000000/artifacts/x.log", "GET, HEAD"},
+                        Case{"GET", "/v1/runs/run-000000000000/stop", "POST"},
+                        Case{"PUT", "/health", "GET, HEAD"}}) {
+    httplib::Request req;
+    req.method = k.method;
+    req.path = k.path;
+    req.headers = auth;
+    if (std::string(k.method) != "GET") req.body = "{}";
+    req.headers.emplace("Content-Type", "application/json");
+    const auto r = c.send(req);
+    ASSERT_TRUE(r) << k.method << " " << k.path;
+    EXPECT_EQ(r->status, 405) << k.method << " " << k.path << ": " << r->body;
+    EXPECT_EQ(r->get_header_value("Allow"), k.allow) << k.method << " " << k.path;
+    const auto err = nlohmann::json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(err.is_object() && err.contains("error")) << r->body;
+    EXPECT_EQ(err["error"]["status"], 405);
+    EXPECT_EQ(err["error"]["type"], "invalid_request_error");
+    EXPECT_CONTAINS(err["error"]["message"].get<std::string>(),
+                    std::string(k.method) + " " + k.path +
+                        " is not a method this path takes; it takes " + k.allow);
+  }
+  // Unknown paths stay 404, with any method.
+  for (const char* method : {"GET", "DELETE"}) {
+    httplib::Request req;
+    req.method = method;
+    req.path = "/v1/nothing";
+    req.headers = auth;
+    const auto r = c.send(req);
+    ASSERT_TRUE(r) << method;
+    EXPECT_EQ(r->status, 404) << method << ": " << r->body;
+    EXPECT_EQ(r->get_header_value("Allow"), "") << method;
+  }
+  // The API key still comes first: no key, no list of methods.
+  httplib::Request anonymous;
+  anonymous.method = "DELETE";
+  anonymous.path = "/v1/runs";
+  const auto r = c.send(anonymous);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 401) << r->body;
+  // HEAD comes with GET, and the routes that take the method still answer.
+  EXPECT_EQ(c.Head("/health")->status, 200);
+  EXPECT_EQ(c.Get("/v1/runs", auth)->status, 200);
+  // A 405 whose body was left unread closes its connection: the body (here a request itself) is
+  // not read as the connection's next request.
+  const std::string inner = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  const RawAnswer a =
+      raw_exchange(srv.port(), "PUT /health HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                                   std::to_string(inner.size()) + "\r\n\r\n" + inner);
+  EXPECT_EQ(a.text.rfind("HTTP/1.1 405", 0), 0u) << a.text;
+  EXPECT_TRUE(a.closed) << a.text;
+}
+
 }  // namespace
 }  // namespace keel::test
