@@ -257,7 +257,7 @@ int run_server(const ServeOptions& opt) {
   svr.set_read_timeout(30);
   RouteTable routes;  // filled as the routes are added, below
   // Answered from the request's head, before httplib reads its body: the API key, the route and
-  // method.
+  // method, and a body's length.
   auto refusal = [&](const httplib::Request& req, httplib::Response& res) {
     if (req.path.rfind("/v1/", 0) == 0 && !keys.empty()) {  // none: --insecure-open
       const int status = keys.check(req.get_header_value("Authorization"));
@@ -282,6 +282,17 @@ int run_server(const ServeOptions& opt) {
       send_error(res, 405,
                  req.method + " " + visible(req.path) + " is not a method this path takes; it " +
                      "takes " + allowed);
+      return true;
+    }
+    // cpp-httplib reads a body without a length until the client closes or the read timeout
+    // (30 s) runs out, and then answered 400: the client waited half a minute for a refusal.
+    if ((req.method == "POST" || req.method == "PUT" || req.method == "PATCH") &&
+        !req.has_header("Content-Length") && !chunked(req)) {
+      send_error(res, 411,
+                 "a " + req.method +
+                     " needs a Content-Length header (or Transfer-Encoding: chunked): a body "
+                     "without one is not read; send its length (curl -d and HTTP clients do), "
+                     "or Content-Length: 0 for no body (with curl: -d '')");
       return true;
     }
     return false;
@@ -312,9 +323,6 @@ int run_server(const ServeOptions& opt) {
                      " bytes (keel serve --max-body-bytes)");
     else if (res.status == 404)
       send_error(res, 404, "no route " + req.method + " " + req.path + " (see GET /v1/runs)");
-    else if (res.status == 400 && req.method == "POST" && !req.has_header("Content-Length"))
-      // cpp-httplib refuses a POST without a length; `curl -X POST URL` sends none.
-      send_error(res, 400, "a POST needs a body or Content-Length: 0 (with curl: -d '')");
     else
       send_error(res, res.status, "request refused (HTTP " + std::to_string(res.status) + ")");
   });

@@ -274,5 +274,37 @@ TEST(ServeHttp, AMethodAPathDoesNotTakeIs405WithAllow) {
   EXPECT_TRUE(a.closed) << a.text;
 }
 
+// A POST with a body but no Content-Length (nor Transfer-Encoding: chunked): cpp-httplib read it
+// until the read timeout (30 s) and then answered 400. It is 411 at once; a chunked body is
+// still read, and a POST without a body says so with Content-Length: 0.
+TEST(ServeHttp, APostWithoutALengthIs411AtOnce) {
+  OpenServer s;
+  ASSERT_TRUE(s.srv.started()) << s.srv.output();
+  for (const std::string& request :
+       {std::string("POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    "\r\n{\"train\": {\"max_steps\": 2}}"),
+        std::string("POST /v1/runs/run-000000000000/stop HTTP/1.1\r\nHost: x\r\n\r\n")}) {
+    const RawAnswer a = raw_exchange(s.srv.port(), request);
+    EXPECT_LT(a.seconds, 5.0) << request;
+    EXPECT_EQ(a.text.rfind("HTTP/1.1 411", 0), 0u) << request << "\n-> " << a.text;
+    EXPECT_CONTAINS(a.text, "\"status\":411");
+    EXPECT_CONTAINS(a.text, "a POST needs a Content-Length header (or Transfer-Encoding: chunked)");
+    EXPECT_CONTAINS(a.text, "Content-Length: 0 for no body (with curl: -d '')");
+    EXPECT_TRUE(a.closed) << a.text;  // what the client sent after the head is not a request
+  }
+  // With a length, or chunked, the body is read and judged as before.
+  RawAnswer a = raw_exchange(s.srv.port(),
+                             "POST /v1/runs/run-000000000000/stop HTTP/1.1\r\nHost: x\r\n"
+                             "Content-Length: 0\r\n\r\n");
+  EXPECT_EQ(a.text.rfind("HTTP/1.1 404", 0), 0u) << a.text;
+  EXPECT_FALSE(a.closed) << a.text;
+  a = raw_exchange(s.srv.port(),
+                   "POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   "Transfer-Encoding: chunked\r\n\r\n4\r\nnull\r\n0\r\n\r\n");
+  EXPECT_LT(a.seconds, 5.0);
+  EXPECT_EQ(a.text.rfind("HTTP/1.1 400", 0), 0u) << a.text;
+  EXPECT_CONTAINS(a.text, "expected a JSON object");
+}
+
 }  // namespace
 }  // namespace keel::test
