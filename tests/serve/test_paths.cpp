@@ -196,6 +196,30 @@ TEST(ServePaths, RequestBodiesAreReadByTheConfigLoader) {
   EXPECT_EQ(c.run.out_dir, "/srv/runs/x");
 }
 
+TEST(ServePaths, AKeyGivenTwiceIsRefusedNamingItsPath) {
+  Tree t;
+  serve::PathPolicy p({t.data});
+  int status = 0;
+  std::string msg;
+  // A key given twice: nlohmann::json kept the last without a word (the run trained 5 steps).
+  std::tie(status, msg) = refusal(R"({"train": {"max_steps": 2, "max_steps": 5}})", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "request body: train.max_steps is given more than once");
+  EXPECT_CONTAINS(msg, "give each key once");
+  std::tie(status, msg) = refusal(R"({"train": {"max_steps": 2}, "train": {"max_steps": 5}})", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "request body: train is given more than once");
+  std::tie(status, msg) = refusal(R"({"x": [1, {"a": 1}, {"b": 1, "b": 2}]})", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "request body: x[2].b is given more than once");
+  std::tie(status, msg) = refusal(R"({"train": {"max_steps\u0000": 2, "max_steps\u0000": 5}})", p);
+  EXPECT_CONTAINS(msg, "request body: train.max_steps\\x00 is given more than once");
+  // The same key in two objects is no repeat.
+  std::tie(status, msg) =
+      refusal(R"({"model": {"adapter": {"kind": "lora"}}, "data": {"task": "arith"}})", p);
+  EXPECT_EQ(msg.find("more than once"), std::string::npos) << msg;
+}
+
 TEST(ServePaths, TraversalAttemptsOverHttpGet403AndArtifactsStayInTheRun) {
   Tree t;
   const std::string dir = temp_dir("serve-paths-http");
