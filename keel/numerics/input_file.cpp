@@ -11,7 +11,7 @@
 
 namespace keel {
 
-std::string input_file_problem(const std::string& path) {
+std::string input_file_problem(const std::string& path, bool pipes) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     return errno == ENOENT || errno == ENOTDIR
@@ -21,6 +21,7 @@ std::string input_file_problem(const std::string& path) {
   if (S_ISCHR(st.st_mode)) return "is a character device, not a file";
   if (S_ISBLK(st.st_mode)) return "is a block device";
   if (S_ISSOCK(st.st_mode)) return "is a socket";
+  if (S_ISFIFO(st.st_mode) && !pipes) return "is a pipe (FIFO), not a regular file";
   return "";
 }
 

@@ -9,8 +9,10 @@ namespace keel {
 
 // Why `path` cannot be read whole, or "" when it can (a regular file or a pipe): "does not exist",
 // "is a directory", "is a character device, not a file" (/dev/zero would never end), "is a block
-// device", "is a socket".
-std::string input_file_problem(const std::string& path);
+// device", "is a socket". With `pipes` false a pipe is refused too ("is a pipe (FIFO), not a
+// regular file"): keel serve's runs, whose files no one writes into a pipe for them; the run
+// waited for a writer until it was stopped.
+std::string input_file_problem(const std::string& path, bool pipes = true);
 
 // Why `path` cannot be replaced by a file written beside it and renamed over it (how keel writes
 // every file), or "" when it can (missing, or a regular file): a directory, or a device, pipe or

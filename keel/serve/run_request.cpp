@@ -151,14 +151,16 @@ void confine_run_paths(Config& cfg, const PathPolicy& paths) {
   }
   confine("data.path", cfg.data.path);
   confine("data.eval_path", cfg.data.eval_path);
-  // Answered here rather than by a run that fails as it starts (201, then "failed").
+  // Answered here rather than by a run that fails as it starts (201, then "failed"). A pipe is
+  // refused too: `keel train` reads one its user writes into (<(zcat ...)), but no one writes
+  // into a pipe named in a request, and the run waited for a writer until it was stopped.
   for (const auto& [key, path] :
        {std::pair<const char*, const std::string&>{"data.path", cfg.data.path},
         {"data.eval_path", cfg.data.eval_path}})
     if (!path.empty())
-      if (const std::string why = input_file_problem(path); !why.empty())
-        throw HttpError(400,
-                        std::string(key) + " = \"" + path + "\" " + why + "; name a data file");
+      if (const std::string why = input_file_problem(path, /*pipes=*/false); !why.empty())
+        throw HttpError(400, std::string(key) + " = \"" + visible(path) + "\" " + why + "; " + key +
+                                 " must name a regular file (keel serve reads no pipes)");
   std::string prefix;
   std::string tok = tokenizer_path(cfg.data.tokenizer, &prefix);
   if (tok.empty() && !prefix.empty())
@@ -168,6 +170,14 @@ void confine_run_paths(Config& cfg, const PathPolicy& paths) {
   if (!tok.empty()) {
     confine("data.tokenizer", tok);
     cfg.data.tokenizer = prefix + tok;
+    // A tokenizer is a directory or a file (read whole): not a pipe, as data.path above.
+    if (std::error_code ec; !std::filesystem::is_directory(tok, ec))
+      if (const std::string why = input_file_problem(tok, /*pipes=*/false);
+          !why.empty() && why != "does not exist")  // the loader's error names the forms
+        throw HttpError(400, "data.tokenizer = \"" + visible(cfg.data.tokenizer) +
+                                 "\": " + visible(tok) + " " + why +
+                                 "; name a tokenizer file or directory (keel serve reads no "
+                                 "pipes)");
     // An HF tokenizer named by its file: the loader also reads tokenizer_config.json beside it.
     namespace fs = std::filesystem;
     std::string beside = (fs::path(tok).parent_path() / "tokenizer_config.json").string();

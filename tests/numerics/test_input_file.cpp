@@ -25,6 +25,9 @@ TEST(InputFile, RegularFilesAndPipesAreReadable) {
   const std::string fifo = dir + "/fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   EXPECT_EQ(input_file_problem(fifo), "");
+  // ... unless pipes are refused (keel serve: no one writes into a pipe a request names).
+  EXPECT_EQ(input_file_problem(fifo, /*pipes=*/false), "is a pipe (FIFO), not a regular file");
+  EXPECT_EQ(input_file_problem(dir + "/a.txt", /*pipes=*/false), "");
   std::thread writer([&] { std::ofstream(fifo) << "from a pipe"; });
   EXPECT_EQ(read_input_file(fifo, "config file", "the config argument"), "from a pipe");
   writer.join();

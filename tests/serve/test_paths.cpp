@@ -2,6 +2,7 @@
 // data roots, the server owns run.out_dir, and a request body is read by keel train's own config
 // loader (same messages: the key and the nearest valid one).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -218,6 +219,39 @@ TEST(ServePaths, AKeyGivenTwiceIsRefusedNamingItsPath) {
   std::tie(status, msg) =
       refusal(R"({"model": {"adapter": {"kind": "lora"}}, "data": {"task": "arith"}})", p);
   EXPECT_EQ(msg.find("more than once"), std::string::npos) << msg;
+}
+
+TEST(ServePaths, PipesAndDevicesAreRefusedBeforeTheRunStarts) {
+  Tree t;
+  serve::PathPolicy p({t.data});
+  int status = 0;
+  std::string msg;
+  // A pipe as data.path (or data.eval_path, or a tokenizer file) is refused before the run
+  // starts: no one writes into it, and the run waited for a writer until it was stopped.
+  const std::string fifo = t.data + "/pipe.txt";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string real_fifo = fs::canonical(fifo).string();
+  std::tie(status, msg) =
+      refusal(json{{"data", {{"task", "text"}, {"path", "pipe.txt"}}}}.dump(), p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "data.path = \"" + real_fifo +
+                           "\" is a pipe (FIFO), not a regular file; data.path must name a "
+                           "regular file");
+  std::tie(status, msg) = refusal(
+      json{{"data", {{"task", "text"}, {"path", "train.txt"}, {"eval_path", "pipe.txt"}}}}.dump(),
+      p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "data.eval_path = \"" + real_fifo + "\" is a pipe (FIFO)");
+  std::tie(status, msg) = refusal(json{{"data", {{"tokenizer", "hf:pipe.txt"}}}}.dump(), p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "data.tokenizer = \"hf:" + real_fifo + "\": " + real_fifo +
+                           " is a pipe (FIFO), not a regular file");
+  // A device was refused already.
+  serve::PathPolicy dev({"/dev"});
+  std::tie(status, msg) =
+      refusal(json{{"data", {{"task", "text"}, {"path", "/dev/zero"}}}}.dump(), dev);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "data.path = \"/dev/zero\" is a character device");
 }
 
 TEST(ServePaths, TraversalAttemptsOverHttpGet403AndArtifactsStayInTheRun) {
