@@ -170,11 +170,18 @@ void bm_convert(benchmark::State& st, DType to) {
 }
 // LoRA's input path: inverted dropout of an f32 activation rounded into bf16 (the mask hashed
 // per element), beside convert/f32->bf16, the same bytes without the hash.
-void bm_dropout_cast(benchmark::State& st) {
+// `kept`: the backward's form, the mask read from the bits the forward kept instead of hashed.
+void bm_dropout_cast(benchmark::State& st, bool kept) {
   Buffer a(kN, DType::F32), o(kN, DType::BF16);
+  std::vector<uint8_t> keep(keel::dropout_keep_bytes(kN));
   const auto& dk = keel::dropout_kernels(keel::Device::cpu());
-  for (auto _ : st)
-    dk.apply_cast(o.data(), DType::BF16, a.data(), DType::F32, kN, 7, 1u << 28, 1.05f);
+  dk.apply_cast(o.data(), DType::BF16, a.data(), DType::F32, kN, 7, 1u << 28, 1.05f, keep.data());
+  for (auto _ : st) {
+    if (kept)
+      dk.apply_kept(o.data(), DType::BF16, a.data(), DType::F32, kN, keep.data(), 1.05f);
+    else
+      dk.apply_cast(o.data(), DType::BF16, a.data(), DType::F32, kN, 7, 1u << 28, 1.05f, nullptr);
+  }
   set_gbytes(st, 6.0 * kN);
 }
 void bm_sum_squares(benchmark::State& st) {
@@ -288,7 +295,9 @@ int main(int argc, char** argv) {
       ->UseRealTime();
   benchmark::RegisterBenchmark("elementwise/convert/f32->f16", bm_convert, DType::F16)
       ->UseRealTime();
-  benchmark::RegisterBenchmark("elementwise/dropout_cast/f32->bf16", bm_dropout_cast)
+  benchmark::RegisterBenchmark("elementwise/dropout_cast/f32->bf16", bm_dropout_cast, false)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("elementwise/dropout_kept/f32->bf16", bm_dropout_cast, true)
       ->UseRealTime();
   benchmark::RegisterBenchmark("elementwise/sum_squares/f32", bm_sum_squares)->UseRealTime();
   benchmark::RegisterBenchmark("optim/adamw/f32", bm_adamw, DType::F32, false)->UseRealTime();

@@ -22,10 +22,17 @@ struct DropoutKernels {
                 float scale);
   // The same with x and out in their own dtypes (f32 opmath, one rounding into out_dt): LoRA's
   // input path in one pass (ops::dropout_cast) instead of a widening cast, a dropout in f32
-  // and a narrowing cast. Not aliased.
+  // and a narrowing cast. Not aliased. `keep`, when not null, receives the mask: bit i % 8 of
+  // keep[i / 8] is set where element i survives (dropout_keep_bytes(n) bytes).
   void (*apply_cast)(void* out, DType out_dt, const void* x, DType x_dt, int64_t n, uint64_t seed,
-                     uint32_t threshold, float scale);
+                     uint32_t threshold, float scale, uint8_t* keep);
+  // apply_cast's product with the mask apply_cast kept instead of the hash (the backward: a
+  // read of n / 8 bytes where the hash is most of the kernel's time), bit for bit.
+  void (*apply_kept)(void* out, DType out_dt, const void* x, DType x_dt, int64_t n,
+                     const uint8_t* keep, float scale);
 };
+
+inline int64_t dropout_keep_bytes(int64_t n) { return (n + 7) / 8; }
 
 const DropoutKernels& dropout_kernels(Device dev);
 

@@ -349,6 +349,10 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
         const bool head = t.name.rfind("lm_head", 0) == 0;
         if (!l0 && !head) continue;
         add(k + " adapters", 1, in_copy * BT * in, detail, !head);
+        // LoRA's fused dropout keeps its mask, a bit per input element, for its backward
+        // (ops::dropout_cast).
+        if (k == "lora" && dropout && pol.autocast && c < 4)
+          add(k + " adapters", 1, (BT * in + 7) / 8, detail + ", dropout mask bits", !head);
         if (k == "lokr") {
           add(k + " adapters", 1, (pol.autocast ? c : 4) * out * in, detail, !head);
           adapter_transient = std::max(adapter_transient, 3 * block_bytes(4 * out * in));

@@ -35,6 +35,7 @@ struct DropoutCastNode final : Node {
   uint64_t seed = 0;
   uint32_t threshold = 0;
   float scale = 1.f;
+  Tensor keep;  // the forward's mask, a bit per element: the backward does not hash again
   std::vector<Tensor> backward(const Tensor& g) override;
   DType wanted_grad_dtype(DType) const override { return DType::F32; }
   const char* name() const override { return "dropout_cast"; }
@@ -61,7 +62,7 @@ std::vector<Tensor> DropoutCastNode::backward(const Tensor& g) {
   // dropout's backward in f32 followed by the widening cast's backward rounded it.
   Tensor gx = Tensor::empty(g.shape(), in, g.device());
   dropout_kernels(g.device())
-      .apply_cast(gx.data(), in, g.data(), g.dtype(), g.numel(), seed, threshold, scale);
+      .apply_kept(gx.data(), in, g.data(), g.dtype(), g.numel(), keep.data_as<uint8_t>(), scale);
   return {gx};
 }
 
@@ -75,14 +76,19 @@ Tensor dropout_cast(const Tensor& x, float p, uint64_t seed, DType out) {
   const uint32_t threshold = p == 0.f ? 0u : dropout_threshold(p);
   const float scale = p == 0.f ? 1.f : dropout_scale(p);
   Tensor y = Tensor::empty(x.shape(), out, x.device());
+  const bool grad = any_requires_grad({&x});
+  Tensor keep =
+      grad ? Tensor::empty({dropout_keep_bytes(x.numel())}, DType::U8, x.device()) : Tensor();
   dropout_kernels(x.device())
-      .apply_cast(y.data(), out, x.data(), x.dtype(), x.numel(), seed, threshold, scale);
-  if (any_requires_grad({&x})) {
+      .apply_cast(y.data(), out, x.data(), x.dtype(), x.numel(), seed, threshold, scale,
+                  grad ? keep.data_as<uint8_t>() : nullptr);
+  if (grad) {
     auto node = std::make_shared<DropoutCastNode>();
     node->in = x.dtype();
     node->seed = seed;
     node->threshold = threshold;
     node->scale = scale;
+    node->keep = keep;
     record_node(y, node, {&x});
   }
   return y;

@@ -101,6 +101,33 @@ TEST(Dropout, MaskIsReproducibleAcrossRunsThreadsAndIsas) {
   EXPECT_GT(differ, static_cast<int64_t>(a.size()) / 4);
 }
 
+// dropout_cast keeps its mask as bits for the backward (packed per 512-element block by each ISA's
+// kernel, on every thread): the gradient is the hashed mask's, bit for bit, whatever the thread
+// count and ISA of the forward and the backward, at a length that ends inside a byte.
+TEST(Dropout, CastsKeptMaskIsTheHashedOneAcrossThreadsAndIsas) {
+  IsaRestore restore;
+  const int64_t n = (1 << 16) + 5;
+  const Tensor x0 = randn({n}, 5, 1.f), g = randn({n}, 6, 1.f);
+  auto grad_of = [&](bool fused) {
+    Tensor x = x0.clone().set_requires_grad(true);
+    backward(fused ? ops::dropout_cast(x, 0.3f, 99, DType::BF16)
+                   : ops::cast(ops::dropout(x, 0.3f, 99), DType::BF16),
+             g.to_dtype(DType::BF16));
+    return x.grad();
+  };
+  const Tensor ref = grad_of(false);
+  for (int threads : {1, 3}) {
+    ThreadsGuard guard(threads);
+    test::expect_bitwise_equal(grad_of(true), ref, std::to_string(threads) + " threads");
+  }
+  for (CpuIsa isa : {CpuIsa::Generic, CpuIsa::Avx2, CpuIsa::Avx512}) {
+    if (static_cast<int>(isa) > static_cast<int>(restore.saved)) continue;
+    set_cpu_isa(isa);
+    test::expect_bitwise_equal(grad_of(true), ref, cpu_isa_name(isa));
+  }
+  set_cpu_isa(restore.saved);
+}
+
 TEST(Dropout, ZeroPReturnsTheInputItself) {
   Tensor x = randn({4, 5}, 4).set_requires_grad(true);
   Tensor y = ops::dropout(x, 0.f, 1);
