@@ -1,6 +1,7 @@
 // keel replay --bisect (DESIGN §4): re-runs a captured step under one numerics change at a time,
 // from the smallest to the largest, and names the first that makes it finite with headroom; when
 // none does, the state the step started from is the cause (non-finite or diverged parameters).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -24,6 +25,19 @@ constexpr double kMarginalNorm = 1.8446744073709552e19 / 1024.0;
 // vocabularies is 12 nats, and even an untrained model at init_std 10 (CliNan's f16 overflow)
 // starts near 250; only weights an update blew up get there (optim.lr 1e4: 9e8).
 constexpr double kDivergedLoss = 1e4;
+// Once updates were applied, a loss above 1.5 x ln V (the uniform guess over the model's logits;
+// the trend advisor's "diverged" line uses the same bound) is a model the updates destroyed: a run
+// at optim.lr 1 in 16-mixed was captured at step 7 with a loss of 25 under attention=math (ln V =
+// 5.56) and bisect named attention=math its cause. Not before any update: an untrained model with
+// a wide init (init_std 10: ~250) is no divergence, and there the precision change is the fix.
+constexpr double kDivergedUniform = 1.5;
+
+// Updates the optimizer applied before the captured step (its state's "step" count); -1: unknown.
+int64_t updates_before(const Capture& c) {
+  const Tensor* t = c.optimizer.find("step");
+  if (!t || t->numel() != 1 || dtype_is_floating(t->dtype())) return -1;
+  return t->to_ints()[0];
+}
 
 std::vector<Alternative> alternatives(const Config& cfg, const std::string& precision,
                                       const std::string& attention) {
@@ -128,6 +142,8 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
                     ": nothing to bisect (replay without --precision/--attention to reproduce "
                     "the captured failure)";
   } else {
+    const int64_t updates = updates_before(c);
+    double uniform = 0;  // ln V once a trial has built the model
     for (const Alternative& a : alternatives(base, r.precision, r.attention)) {
       BisectTrial t;
       t.change = a.change;
@@ -137,7 +153,9 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
         const StepOutcome o = replay_step(c, r.out_dir + "/bisect", s, false);
         t.finite = o.finite;
         t.marginal = o.finite && o.grad_norm > kMarginalNorm;
-        t.diverged = o.finite && o.loss > kDivergedLoss;
+        if (o.vocab_size > 1) uniform = std::log(static_cast<double>(o.vocab_size));
+        t.diverged = o.finite && (o.loss > kDivergedLoss || (updates > 0 && uniform > 0 &&
+                                                             o.loss > kDivergedUniform * uniform));
         t.loss = o.loss;
         t.grad_norm = o.grad_norm;
       } catch (const Error& e) {
@@ -173,11 +191,17 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
         char buf[64];
         std::snprintf(buf, sizeof buf, "%.3g", max_abs);
         r.cause = "diverged-parameters";
-        r.explanation =
-            "no numerics change makes this step finite: the parameters themselves "
-            "overflow every precision (largest |value| " +
-            std::string(buf) + " in " + where +
-            "); the run diverged before this step: lower optim.lr";
+        // Finite but diverged under some change: the weights do not overflow it, they are wrong.
+        const bool some_finite = std::any_of(r.bisect.begin(), r.bisect.end(),
+                                             [](const BisectTrial& t) { return t.finite; });
+        r.explanation = (some_finite ? "no numerics change makes this step sound: the parameters "
+                                       "themselves have diverged (largest |value| "
+                                     : "no numerics change makes this step finite: the parameters "
+                                       "themselves overflow every precision (largest |value| ") +
+                        std::string(buf) + " in " + where + "); the run diverged before this step" +
+                        (updates > 0 ? " (" + std::to_string(updates) + " updates were applied)"
+                                     : std::string()) +
+                        ": lower optim.lr";
         const double decay = 1.0 - base.optim.lr * base.optim.weight_decay;
         if (base.optim.name == "adamw" && decay <= 0) {
           std::snprintf(buf, sizeof buf, "%g", decay);
@@ -194,8 +218,12 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
                              ", within 2^10 of the f32 overflow)";
           } else if (t.diverged) {
             std::snprintf(buf, sizeof buf, "%.3g", t.loss);
-            r.explanation += "; " + t.change + " leaves this step finite with a loss of " + buf +
-                             ": the model it runs has diverged";
+            r.explanation += "; " + t.change + " leaves this step finite with a loss of " + buf;
+            if (t.loss <= kDivergedLoss) {
+              std::snprintf(buf, sizeof buf, "%.3g", uniform);
+              r.explanation += std::string(", above 1.5 x the uniform guess ln V = ") + buf;
+            }
+            r.explanation += ": the model it runs has diverged";
           }
       }
     }

@@ -114,6 +114,7 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
   load_state(run, c, o.notes);
   o.precision = run.policy.name();
   o.attention = ops::attention_backend_name(run.model->spec().attention);
+  o.vocab_size = run.model->spec().vocab_size;
   const int64_t step = capture_field_as<int64_t>(c, "step");
   const uint64_t step_seed = capture_field(c, "rng").at("step_seed").get<uint64_t>();
   // The captured scale when the replay has a scaler too; a scaler the capture did not have starts

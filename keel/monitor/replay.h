@@ -45,9 +45,11 @@ struct BisectTrial {
   // Finite, but the gradient norm is within 2^10 of where its f32 sum of squares overflows
   // (~1.8e19): the change only nudged a diverged step under the edge, it fixes nothing.
   bool marginal = false;
-  // Finite, but with a loss only blown-up weights give (above 10^4 nats): the
-  // change ran a diverged model's step in a wider format, it fixes nothing (a run at optim.lr
-  // 1e4 in 16-true was blamed on its precision: 32-true gave a loss of 9e8).
+  // Finite, but with a loss only blown-up weights give (above 10^4 nats, or, once an update was
+  // applied, above 1.5 x the uniform guess ln V): the change ran a diverged model's step in
+  // another format, it fixes nothing (a run at optim.lr 1e4 in 16-true was blamed on its
+  // precision: 32-true gave a loss of 9e8; one at optim.lr 1 in 16-mixed on attention=math:
+  // 25 nats after 4 updates, ln V = 5.56).
   bool diverged = false;
   double loss = 0;
   double grad_norm = 0;

@@ -21,6 +21,7 @@ struct StepOutcome {
   double largest_grad = 0;
   TracerFinding finding;
   std::string precision, attention;
+  int64_t vocab_size = 0;  // the model's logits: ln V is the loss of a uniform guess
   std::vector<std::string> notes;
 };
 

@@ -239,6 +239,40 @@ TEST(CliNan, ADivergedModelFiniteInAWiderFormatIsNotBlamedOnThePrecision) {
                   "precision=32-true leaves this step finite with a loss of");
 }
 
+// optim.lr = 1 under 16-mixed (the scaler on, clipping on): the first update takes the loss from
+// 5.5 to ~22, and a few steps later the loss is NaN (captured). Under attention=math the step is
+// finite, but its loss is ~25, far above the uniform guess ln V = 5.56: the model the updates
+// destroyed, not the attention backend. Bisect named attention=math the cause ("the attention
+// scores overflow ...; model.attention = math"), a fix that keeps training a diverged model.
+TEST(CliNan, ALearningRateDivergenceIsNotBlamedOnTheAttentionBackend) {
+  const std::string dir = test::temp_dir("cli-nan-lr1-16mixed");
+  Ran r =
+      run_keel(with_sets({"train"},
+                         {"run.out_dir=" + dir, "run.threads=1", "log.tensorboard=false",
+                          "log.every=1", "train.precision=16-mixed", "optim.lr=1",
+                          "train.max_steps=40", "data.num_examples=1280", "data.eval_examples=0"}),
+               {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, dir, &step);
+  EXPECT_GT(step, 2) << "updates were applied before the non-finite step";
+  const json j = replay_json(capture, {"--bisect"});
+  EXPECT_TRUE(j.value("reproduced", false)) << j.dump(2);
+  bool finite_trial = false;
+  for (const json& t : j.at("bisect"))
+    if (t.at("finite").get<bool>()) {
+      finite_trial = true;
+      EXPECT_GT(t.at("loss").get<double>(), 1.5 * std::log(259.0)) << t.dump();
+      EXPECT_TRUE(t.at("diverged").get<bool>()) << t.dump();
+    }
+  EXPECT_TRUE(finite_trial) << j.dump(2);
+  EXPECT_EQ(j.value("cause", std::string()), "diverged-parameters") << j.dump(2);
+  const std::string why = j.value("explanation", std::string());
+  EXPECT_CONTAINS(why, "the parameters themselves have diverged");
+  EXPECT_CONTAINS(why, "updates were applied): lower optim.lr");
+  EXPECT_CONTAINS(why, "above 1.5 x the uniform guess ln V = 5.56");
+  EXPECT_NOT_CONTAINS(why, "model.attention");
+}
+
 // (c) A non-finite value reaches the step through its input. Token ids cannot be NaN, so it comes
 // in through the embedding row of one token: a checkpoint whose row for '~' is NaN (a resized
 // vocabulary whose new row was never initialized, a save that overflowed), resumed on a JSONL
