@@ -431,9 +431,37 @@ struct UnderflowOverflowTracer::Impl {
     commit(f);
     if (!o.finite()) {
       const Entry copy = o;
+      const std::string beyond = beyond_format(f);
       report(f, "forward", "output",
-             "its inputs and weights are finite, its output has " + describe(copy));
+             beyond.empty() ? "its inputs and weights are finite, its output has " + describe(copy)
+                            : "its inputs and weights are finite as stored, but " + beyond +
+                                  "; its output has " + describe(copy) +
+                                  " (fix that tensor, or train in bf16-mixed, whose range is "
+                                  "f32's)");
     }
+  }
+
+  // A finite f32 weight or input beyond the compute format's range (a weight of 1e5 under
+  // 16-mixed): finite as stored, but the op computes on it rounded to that format, where it is
+  // inf. The frame's nearmax% column counted it as near the max; the finding said "its inputs and
+  // weights are finite" and nothing more.
+  std::string beyond_format(const Frame& f) const {
+    if (opt.format == DType::F32) return "";
+    const FormatInfo& fi = format_info(opt.format);
+    const Entry* worst = nullptr;
+    for (const Entry& e : f.entries)
+      if (e.kind == Entry::kFloat && e.dtype == DType::F32 && e.label != "output" &&
+          e.s.abs_max > fi.max && (!worst || e.s.abs_max > worst->s.abs_max))
+        worst = &e;
+    if (!worst) return "";
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", worst->s.abs_max);
+    const std::string fmt = dtype_name(opt.format);
+    const std::string name = worst->label.rfind("input", 0) == 0 || frame_path(f).empty()
+                                 ? worst->label
+                                 : worst->label + " " + frame_path(f) + "." + worst->label;
+    return "its " + name + " holds |values| up to " + buf + ", beyond " + fmt + "'s max " +
+           short_num(fi.max) + ": rounded to " + fmt + " for the computation they are inf";
   }
 
   // ---- backward ---------------------------------------------------------------------------

@@ -273,6 +273,48 @@ TEST(CliNan, ALearningRateDivergenceIsNotBlamedOnTheAttentionBackend) {
   EXPECT_NOT_CONTAINS(why, "model.attention");
 }
 
+// A checkpoint with one huge but finite weight: model.layers.1.mlp.up_proj.weight[0, 5] = 1e5, as
+// written by keel init-model and edited (a bad merge, a conversion that scaled one tensor). It
+// loads (the value is finite in f32), and under 16-mixed the first step is NaN: autocast rounds
+// the weight to f16, where 1e5 is inf. The tracer named the module and said "its inputs and
+// weights are finite, its output has 1024 inf": the weight that is not representable in the
+// computation's format went unnamed. It now names the tensor, its largest |value| and f16's max.
+TEST(CliNan, AWeightBeyondF16sRangeIsNamedByTheTracer) {
+  const std::string dir = test::temp_dir("cli-nan-huge-weight");
+  Ran init = run_keel({"init-model", "--family", "llama", "--out", dir + "/base", "--seed", "1"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  const std::string model_path = dir + "/base/model.safetensors";
+  {
+    io::Safetensors st = io::read_safetensors(model_path);
+    for (auto& [name, t] : st.tensors)
+      if (name == "model.layers.1.mlp.up_proj.weight") {
+        Tensor c = t.clone();
+        c.data_as<float>()[5] = 1e5f;
+        t = c;
+      }
+    io::write_safetensors(model_path, st.tensors, st.metadata);
+  }
+  Ran r = run_keel(
+      with_sets({"train"}, {"run.out_dir=" + dir + "/run", "run.threads=1",
+                            "model.path=" + dir + "/base", "train.precision=16-mixed",
+                            "train.max_steps=2", "data.num_examples=64", "data.eval_examples=0",
+                            "log.tensorboard=false", "debug.underflow_overflow.enabled=true"}),
+      {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  expect_captured_stop(r, dir + "/run", &step);
+  EXPECT_EQ(step, 1);
+  expect_log_names(dir + "/run", "model.layers.1.mlp.up_proj", "Linear");
+  const std::string log = slurp(dir + "/run/debug/underflow_overflow_rank0.log");
+  EXPECT_CONTAINS(log,
+                  "its inputs and weights are finite as stored, but its weight "
+                  "model.layers.1.mlp.up_proj.weight holds |values| up to 1e+05, beyond f16's "
+                  "max 65504: rounded to f16 for the computation they are inf");
+  EXPECT_CONTAINS(log, "train in bf16-mixed");
+  // Its bisect agrees: bf16's range holds it.
+  const json j = replay_json(dir + "/run/debug/nan_capture/rank0", {"--bisect"});
+  EXPECT_EQ(j.value("cause", std::string()), "precision=bf16-mixed") << j.dump(2);
+}
+
 // (c) A non-finite value reaches the step through its input. Token ids cannot be NaN, so it comes
 // in through the embedding row of one token: a checkpoint whose row for '~' is NaN (a resized
 // vocabulary whose new row was never initialized, a save that overflowed), resumed on a JSONL
