@@ -131,6 +131,55 @@ std::string describe_rows(const Capture& c, ReplayResult& r) {
 
 }  // namespace
 
+std::string optimizer_state_underflow(const Capture& c, const Config& cfg) {
+  const std::string suffix = ".exp_avg_sq";
+  int64_t lost = 0, total = 0, worst_lost = 0, worst_total = 0;
+  std::string worst, state_dtype;
+  for (auto& [name, v] : c.optimizer.tensors) {
+    if (name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0 ||
+        v.dtype() == DType::F32)
+      continue;
+    const std::string param = name.substr(0, name.size() - suffix.size());
+    const Tensor* m = c.optimizer.find(param + ".exp_avg");
+    if (!m || m->numel() != v.numel()) continue;
+    const std::vector<float> vs = v.to_dtype(DType::F32).to_floats(),
+                             ms = m->to_dtype(DType::F32).to_floats();
+    int64_t n = 0;
+    for (size_t i = 0; i < vs.size(); ++i) n += vs[i] == 0.0f && ms[i] != 0.0f;
+    lost += n;
+    total += v.numel();
+    state_dtype = dtype_name(v.dtype());
+    if (n > worst_lost) worst_lost = n, worst_total = v.numel(), worst = param;
+  }
+  if (lost == 0) return "";
+  double max_abs = 0;
+  if (const Tensor* w = c.model.find(worst))
+    for (float x : w->to_dtype(DType::F32).to_floats())
+      max_abs = std::max<double>(max_abs, std::fabs(x));
+  const int64_t updates = updates_before(c);
+  // AdamW moves an element by about lr per update (|m / sqrt(v)| <= ~3); weights within that
+  // reach of their init (|w| <= 1) owe their size to the learning rate, not to the flushed
+  // moment (optim.lr 1e4 makes 1e4 weights in one update whatever v holds).
+  if (max_abs <= 10 * cfg.optim.lr * static_cast<double>(std::max<int64_t>(updates, 1)) + 1)
+    return "";
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%.3g", max_abs);
+  const std::string largest = buf;
+  std::snprintf(buf, sizeof buf, "%g", cfg.optim.adamw.eps);
+  return "AdamW's second moment (exp_avg_sq, stored in " + state_dtype + ") underflowed to 0 for " +
+         std::to_string(lost) + " of " + std::to_string(total) +
+         " elements whose first moment is not 0 (most in " + worst + ": " +
+         std::to_string(worst_lost) + " of " + std::to_string(worst_total) +
+         "): a squared gradient below " + state_dtype +
+         "'s smallest subnormal is stored as 0, and those elements are updated by lr * m / eps "
+         "(optim.eps = " +
+         buf + "), so " + worst + " grew to a largest |value| of " + largest +
+         (updates > 0 ? " in " + std::to_string(updates) + " updates" : std::string()) +
+         ": train in 16-mixed or bf16-mixed (f32 master weights and optimizer state), or raise "
+         "optim.eps (to about 1e-4)";
+}
+
 void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayResult& r) {
   r.bisected = true;
   // The base of the bisection is the replay's own settings (the capture's, or --precision /
@@ -227,6 +276,12 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
           }
       }
     }
+  }
+  // The weights this step overflows on were blown up by updates with a flushed second moment:
+  // that is the cause, the precision or backend change only the symptom's fix.
+  if (r.reproduced) {
+    const std::string why = optimizer_state_underflow(c, base);
+    if (!why.empty()) r.explanation = why + ". This step: " + r.explanation;
   }
 }
 

@@ -310,6 +310,10 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
   r.first_nonfinite_param = main.first_nonfinite_param;
   r.bit_exact = r.loss_bit_exact && r.grads_bit_exact;
   r.notes = main.notes;
+  if (!main.finite)
+    if (std::string why = optimizer_state_underflow(c, replay_config(c, r.out_dir, sets));
+        !why.empty())
+      r.notes.push_back(why);
   if (main.finding.found) {
     r.first_module = main.finding.module;
     r.first_module_type = main.finding.module_type;

@@ -36,6 +36,12 @@ Config replay_config(const Capture& c, const std::string& out_dir,
 StepOutcome replay_step(const Capture& c, const std::string& out_dir,
                         const std::vector<std::string>& sets, bool with_tracer);
 
+// AdamW's second moment held in a 16-bit format (16-true's f16 state): elements whose exp_avg is
+// not 0 but whose exp_avg_sq is (a squared gradient flushed to 0) are updated by lr * m / eps,
+// which blows the weights up in a few updates. What it did, naming the tensor and the fix; "" when
+// no element is so (bisect.cpp).
+std::string optimizer_state_underflow(const Capture& c, const Config& cfg);
+
 // --bisect (bisect.cpp): one numerics change at a time from the replay's own settings `sets`;
 // fills r.bisect, r.cause and r.explanation.
 void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayResult& r);

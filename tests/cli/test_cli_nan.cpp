@@ -237,6 +237,9 @@ TEST(CliNan, ADivergedModelFiniteInAWiderFormatIsNotBlamedOnThePrecision) {
   EXPECT_CONTAINS(j.value("explanation", std::string()), "lower optim.lr");
   EXPECT_CONTAINS(j.value("explanation", std::string()),
                   "precision=32-true leaves this step finite with a loss of");
+  // Its f16 second moment flushed too, but lr 1e4 makes 1e4 weights in one update whatever it
+  // holds: the flushed moment is not named as the cause.
+  EXPECT_NOT_CONTAINS(j.value("explanation", std::string()), "exp_avg_sq");
 }
 
 // optim.lr = 1 under 16-mixed (the scaler on, clipping on): the first update takes the loss from
@@ -313,6 +316,42 @@ TEST(CliNan, AWeightBeyondF16sRangeIsNamedByTheTracer) {
   // Its bisect agrees: bf16's range holds it.
   const json j = replay_json(dir + "/run/debug/nan_capture/rank0", {"--bisect"});
   EXPECT_EQ(j.value("cause", std::string()), "precision=bf16-mixed") << j.dump(2);
+}
+
+// 16-true at the default learning rate (0.003): AdamW's state is f16 like the weights, and the
+// squares of most gradients (below 2.4e-4) flush to 0 in exp_avg_sq while exp_avg keeps them, so
+// those elements are updated by lr * m / eps (eps 1e-8): the MLP's weights grow from 0.02 to
+// hundreds in 3 updates and step 4's forward overflows f16. Bisect said only "a value exceeds
+// f16's range ...; bf16 has f32's range", the symptom; the cause (and optim.eps, which fixes it
+// too) went unnamed. Replay's note and bisect's explanation now name the flushed second moment.
+TEST(CliNan, AdamWSecondMomentUnderflowIn16TrueIsNamedAsTheCause) {
+  const std::string dir = test::temp_dir("cli-nan-16true-adam");
+  Ran r =
+      run_keel(with_sets({"train"}, {"run.out_dir=" + dir, "run.threads=1", "log.tensorboard=false",
+                                     "train.precision=16-true", "train.max_steps=40",
+                                     "data.num_examples=1280", "data.eval_examples=0"}),
+               {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, dir, &step);
+  EXPECT_GT(step, 1);
+  const json j = replay_json(capture, {"--bisect"});
+  EXPECT_TRUE(j.value("reproduced", false)) << j.dump(2);
+  const std::string why = j.value("explanation", std::string());
+  EXPECT_CONTAINS(why, "AdamW's second moment (exp_avg_sq, stored in f16) underflowed to 0 for ");
+  EXPECT_CONTAINS(why, "updated by lr * m / eps (optim.eps = 1e-08)");
+  EXPECT_CONTAINS(why, "train in 16-mixed or bf16-mixed");
+  EXPECT_CONTAINS(why, "raise optim.eps");
+  bool noted = false;
+  for (const json& n : j.at("notes"))
+    noted |= n.get<std::string>().find("exp_avg_sq") != std::string::npos;
+  EXPECT_TRUE(noted) << j.dump(2);
+  // The fix it names: the same run with optim.eps = 1e-4 trains to the end.
+  Ran fixed = run_keel(
+      with_sets({"train"}, {"run.out_dir=" + dir + "-eps", "run.threads=1", "log.tensorboard=false",
+                            "train.precision=16-true", "optim.eps=1e-4", "train.max_steps=40",
+                            "data.num_examples=1280", "data.eval_examples=0"}),
+      {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(fixed.code, 0) << fixed.output;
 }
 
 // (c) A non-finite value reaches the step through its input. Token ids cannot be NaN, so it comes
