@@ -62,6 +62,8 @@ TrendAdvisor::TrendAdvisor(AdvisorOptions opt) : opt_(opt) {}
 
 std::string TrendAdvisor::observe(StepResult& r, const std::vector<BlockGradNorm>* layers) {
   findings_.clear();
+  Finding start;
+  if (observe_start(r, &start)) findings_.push_back(start);
   // The layers first: while blocks have vanished in f16, a vanishing trend's fix is theirs.
   Finding under, round;
   const bool under_due = layers && observe_layers(r, *layers, &under);
@@ -74,8 +76,29 @@ std::string TrendAdvisor::observe(StepResult& r, const std::vector<BlockGradNorm
     findings_.push_back(*f);
     advice += (advice.empty() ? "" : "\n") + f->trend + ": " + f->cause + "; " + f->action;
   }
+  if (!findings_.empty() && findings_.front().trend == "initialization")
+    advice = "initialization: " + start.cause + "; " + start.action + (advice.empty() ? "" : "\n") +
+             advice;
   r.advice = advice;
   return advice;
+}
+
+bool TrendAdvisor::observe_start(const StepResult& r, Finding* f) {
+  if (start_observed_ || updated_ || !std::isfinite(r.loss)) return false;
+  start_observed_ = true;
+  start_loss_ = r.loss;
+  const double U = opt_.uniform_loss;
+  if (U <= 0 || r.loss <= 1.5 * U) return false;
+  f->step = r.step;
+  f->trend = "initialization";
+  f->cause = "the loss before any update is " + num(r.loss) + ", " + num(r.loss / U) +
+             "x the uniform guess ln V = " + num(U) +
+             ": the weights as initialized or loaded are far off (no update was applied yet: "
+             "not the learning rate)";
+  f->action =
+      "check the initialization (model.init_std; 0.02 is usual) or the weights of model.path; "
+      "training may pull the loss down from there";
+  return true;
 }
 
 std::string TrendAdvisor::format_name() const {
@@ -337,11 +360,15 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
   // window so far. No min_steps: a learning rate that destroys the model shows at once.
   if (n >= 2) {
     const double a = losses[n - 2], b = losses[n - 1], U = opt_.uniform_loss;
-    if (U > 0 && a > 1.5 * U && b > 1.5 * U) {
-      why = "diverged: the loss is " + num(a) + ", " + num(b) +
-            " on the last 2 steps, above the "
-            "uniform guess ln V = " +
-            num(U) + " (a model that knows nothing)" +
+    // A model that started above 1.5 ln V (observe_start) is measured against its start: a loss
+    // falling from there is training, not a divergence.
+    const bool high_start = U > 0 && start_loss_ > 1.5 * U;
+    const double bound = high_start ? 1.5 * start_loss_ : 1.5 * U;
+    if (U > 0 && a > bound && b > bound) {
+      why = "diverged: the loss is " + num(a) + ", " + num(b) + " on the last 2 steps, above " +
+            (high_start ? "1.5x the loss before any update (" + num(start_loss_) +
+                              ", itself above the uniform guess ln V = " + num(U) + ")"
+                        : "the uniform guess ln V = " + num(U) + " (a model that knows nothing)") +
             (best_loss_ > 0 ? "; best window so far " + num(best_loss_) : std::string());
       return Trend::kExploding;
     }

@@ -25,6 +25,10 @@
 //                          batch before it under the same weights (batch_loss): the harder batch
 //                          is the data, one no harder the optimizer.
 //   stable                 none of the above.
+// A model whose loss before any update is already above 1.5 ln V (a wide init, a bad checkpoint)
+// gets one "initialization" finding at that step (the weights, not the learning rate), and the
+// diverged rule then measures against that start instead of ln V: a loss that falls from 12.9
+// (model.init_std 0.5) was told "diverged ... lower optim.lr".
 // Grad norms of steps the scaler skipped (inf by design) are left out of the medians.
 //
 // The window holds the last `window` (20) steps. No advice is given while the class stays the
@@ -104,7 +108,8 @@ struct AdvisorOptions {
 
 // One finding, as metrics.jsonl records it: {"kind": "advisor", step, trend, cause, action,
 // examples (the batch of a spike), layers (the vanished blocks of an underflow), share (the
-// rounded-away share of a rounding finding)}. `trend`: a trend's name, "underflow" or "rounding".
+// rounded-away share of a rounding finding)}. `trend`: a trend's name, "underflow", "rounding" or
+// "initialization".
 struct Finding {
   int64_t step = 0;
   std::string trend, cause, action;
@@ -144,6 +149,12 @@ class TrendAdvisor {
   int64_t nan_steps_ = 0;    // cumulative count seen on the previous step
   bool zeros_ = false;       // the current vanishing class is exact zeros (already advised)
   bool updated_ = false;     // some step applied an update (before that lr cannot be the cause)
+  // The first finite loss, taken before any update: where the weights as initialized or loaded
+  // start (0 = none yet). Above 1.5 ln V the start itself is far off, and staying up there is no
+  // divergence of the learning rate's.
+  double start_loss_ = 0;
+  bool start_observed_ = false;
+  bool observe_start(const StepResult& r, Finding* f);
   // The best window so far: the lowest median loss of the last 3 applied steps, and the median
   // grad norm of those steps. A divergence cannot contaminate it (it only ever goes down).
   double best_loss_ = 0, best_norm_ = 0;

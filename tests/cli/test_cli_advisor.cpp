@@ -5,6 +5,7 @@
 // a learning rate of 10, and a paragraph of random bytes in the training text.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -55,6 +56,41 @@ TEST(CliAdvisor, AWideVocabularyAtInitIsNoDivergence) {
     EXPECT_NE(j.at("trend"), "exploding") << j.dump();
   }
   EXPECT_NOT_CONTAINS(r.out, "diverged");
+}
+
+// A model initialized 25x wider than usual (model.init_std = 0.5) starts at a loss of ~13, above
+// 1.5 x ln V before any update, and falls from there (13 -> 9 -> 6 -> 4). The advisor said at step
+// 2 "exploding: diverged: the loss is 13.1, 9.25 ...; lower optim.lr ..., add warmup": a falling
+// loss blamed on the learning rate that was pulling it down. Now one "initialization" finding at
+// step 1 names the weights, and no divergence is declared; a learning rate that does destroy such
+// a model (optim.lr 10) is still called diverged, measured against where it started.
+TEST(CliAdvisor, AWideInitIsNamedAndItsFallingLossIsNoDivergence) {
+  const std::string dir = test::temp_dir("cli-advisor-wide-init");
+  const test::KeelRun r = train({"run.out_dir=" + dir, "model.init_std=0.5", "train.max_steps=16",
+                                 "data.num_examples=512", "data.eval_examples=0"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<json> init = findings_of(dir, "initialization");
+  ASSERT_EQ(init.size(), 1u) << r.output;
+  EXPECT_EQ(init[0].at("step").get<int64_t>(), 1) << init[0].dump();
+  EXPECT_CONTAINS(init[0].at("cause").get<std::string>(), "the loss before any update is ");
+  EXPECT_CONTAINS(init[0].at("cause").get<std::string>(), "not the learning rate");
+  EXPECT_CONTAINS(init[0].at("action").get<std::string>(), "model.init_std");
+  EXPECT_TRUE(findings_of(dir, "exploding").empty()) << findings_of(dir, "exploding")[0].dump();
+  EXPECT_NOT_CONTAINS(r.out, "lower optim.lr");
+  const auto steps = test::step_records(dir);
+  ASSERT_EQ(steps.size(), 16u);
+  EXPECT_GT(steps[0].at("loss").get<double>(), 1.5 * std::log(259.0)) << "starts above 1.5 ln V";
+  EXPECT_LT(steps[15].at("loss").get<double>(), steps[0].at("loss").get<double>() / 2);
+
+  const std::string lr10 = test::temp_dir("cli-advisor-wide-init-lr10");
+  const test::KeelRun d =
+      train({"run.out_dir=" + lr10, "model.init_std=0.5", "optim.lr=10", "train.max_steps=16",
+             "data.num_examples=512", "data.eval_examples=0", "train.on_nonfinite=skip"});
+  ASSERT_EQ(d.code, 0) << d.output;
+  const std::vector<json> ex = findings_of(lr10, "exploding");
+  ASSERT_FALSE(ex.empty()) << d.output;
+  EXPECT_CONTAINS(ex[0].at("cause").get<std::string>(), "above 1.5x the loss before any update");
+  EXPECT_CONTAINS(ex[0].at("action").get<std::string>(), "lower optim.lr");
 }
 
 // A run that learns its task to a loss of ~1e-7 (examples/f16-no-scaler's config in 32-true):
