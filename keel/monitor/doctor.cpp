@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -106,6 +107,44 @@ DoctorCheck check_pad_token(const TokenizerFacts& tok, const std::string& pad_mo
                   std::to_string(tok.vocab_size) +
                   " (the embeddings grow by one row), so padding "
                   "never collides with a real token");
+}
+
+static std::optional<DoctorCheck> check_targets(const std::map<int64_t, int64_t>& count,
+                                                int64_t targets, const TokenizerFacts& tok) {
+  if (targets <= 0) return std::nullopt;
+  int64_t top = -1, top_n = 0;
+  for (auto [id, n] : count)
+    if (n > top_n) top = id, top_n = n;
+  // Only a dedicated pad id (as check_pad_token judges it) is never real data: Llama-3's declared
+  // pad 0 is '!', which text does hold.
+  const int64_t p = tok.pad_id;
+  const bool in_vocab = p >= 0 && p < tok.vocab_size;
+  const bool dedicated = p >= 0 && p != tok.eos_id && p != tok.bos_id &&
+                         (!in_vocab || (tok.is_special && tok.is_special(p)) ||
+                          (tok.token_text && tok.token_text(p).empty()));
+  const auto pad = count.find(p);
+  const int64_t pads = dedicated && pad != count.end() ? pad->second : 0;
+  auto share = [&](int64_t n) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g%%",
+                  100.0 * static_cast<double>(n) / static_cast<double>(targets));
+    return std::string(buf);
+  };
+  const std::string of =
+      " of the first micro-batch's " + std::to_string(targets) + " target tokens are ";
+  if (pads > 0)
+    return make("warning", "data",
+                share(pads) + of + "the pad id " + std::to_string(tok.pad_id) +
+                    quoted_token(tok, tok.pad_id) +
+                    ": padding is in the data itself (a token file or text written with "
+                    "padding), and the model is trained to predict it; remove it from the data");
+  if (targets >= 16 && top_n * 10 >= targets * 9)
+    return make("warning", "data",
+                share(top_n) + of + "one token, id " + std::to_string(top) +
+                    quoted_token(tok, top) +
+                    ": the data is (almost) one repeated token, which a model predicts after a "
+                    "few steps: the loss falls to ~0 and nothing is learned; check data.path");
+  return std::nullopt;
 }
 
 std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int64_t grad_accum) {
@@ -381,6 +420,20 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
     }
     auto w = check_windows(probe->loader->size(), cfg.train.batch_size, cfg.train.grad_accum);
     r.checks.insert(r.checks.end(), w.begin(), w.end());
+    if (probe->loader->size() > 0) {
+      // What the first micro-batch asks the model to predict: padding written into the data
+      // (a token file of pad ids) or one token repeated trains to a loss of ~0 and learns
+      // nothing, and every other check passes on it.
+      const data::Batch b = probe->loader->batch(0, 0);
+      const Tensor labels = b.labels.to(Device::cpu());
+      std::map<int64_t, int64_t> count;
+      int64_t targets = 0;
+      const int64_t* l = labels.data_as<int64_t>();
+      for (int64_t i = 0; i < labels.numel(); ++i)
+        if (l[i] != data::kIgnoreLabel) ++count[l[i]], ++targets;
+      if (const std::optional<DoctorCheck> d = check_targets(count, targets, tok))
+        r.checks.push_back(*d);
+    }
   }
   // The built model against the estimate's count: the estimate sizes the model without
   // building it (config.json or the model.* keys, the adapters' own shapes), so a difference

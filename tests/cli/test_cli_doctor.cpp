@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "keel/data/token_file.h"
 #include "tests/support/check.h"
 #include "tests/support/run_keel.h"
 
@@ -27,6 +29,36 @@ TEST(CliDoctor, HealthyConfigExitsZeroWithTheReport) {
        {"[ok     ] pad-token", "windows:", "memory:", "one-batch sanity pass", "configured",
         "32-true", "attention=math", "attention=flash", "verdict: nothing blocks training"})
     EXPECT_NE(r.out.find(part), std::string::npos) << part << "\n" << r.out;
+}
+
+// Bad data that every other check passes: a token file whose ids are all the byte tokenizer's pad
+// id (256: padding written into the data), and a text file of one repeated byte. Training on
+// either runs "healthy" (the pad file's loss falls from 4.8 to 0.18 in 30 steps) and learns
+// nothing; doctor said "nothing blocks training" with no word on the data. The healthy built-in
+// task gets no data warning.
+TEST(CliDoctor, PaddingOrOneRepeatedTokenAsTheDataIsFlagged) {
+  const std::string dir = test::temp_dir("cli-doctor-data");
+  {
+    const std::vector<int32_t> ids(4000, 256);
+    std::ofstream(dir + "/pad.bin", std::ios::binary) << data::token_file_bytes(ids, 259);
+    std::ofstream(dir + "/a.txt") << std::string(4000, 'a') << "\n";
+  }
+  test::KeelRun pad =
+      doctor(kSmall + " --set data.task=tokens --set data.path=" + dir + "/pad.bin");
+  EXPECT_EQ(pad.code, 0) << pad.output;
+  EXPECT_CONTAINS(
+      pad.out,
+      "[warning] data: 100% of the first micro-batch's 120 target tokens are the pad id "
+      "256 ('<pad>'): padding is in the data itself");
+  test::KeelRun one = doctor(
+      kSmall + " --set data.task=text --set data.pack=true --set data.path=" + dir + "/a.txt");
+  EXPECT_EQ(one.code, 0) << one.output;
+  EXPECT_CONTAINS(one.out,
+                  "target tokens are one token, id 97 ('a'): the data is (almost) one "
+                  "repeated token");
+  test::KeelRun healthy = doctor(kSmall);
+  EXPECT_EQ(healthy.code, 0) << healthy.output;
+  EXPECT_NOT_CONTAINS(healthy.out, "] data:");
 }
 
 TEST(CliDoctor, JsonSaysWhatBlocks) {
