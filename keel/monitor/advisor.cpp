@@ -252,6 +252,11 @@ std::string TrendAdvisor::trend_line(StepResult& r) {
   const bool above_uniform = U > 0 && prev_losses.size() >= min_steps && std::isfinite(r.loss) &&
                              r.loss > U && median(prev_losses) < 0.8 * U && prev_losses.back() < U;
   const bool loss_jumped = jumped(prev_losses, r.loss, opt_.loss_spike_factor) || above_uniform;
+  // Spikes that left the window go first: a spike exactly `window` steps after the last one is a
+  // first sighting again (probed), not a recurrence. It was counted as the second of a pair
+  // before the first was dropped, went unprobed, and a clean batch was sent to "if its batch looks
+  // wrong, check the data" (a LoRA run at optim.lr 3e-2, spikes at steps 39 and 59).
+  while (!spikes_.empty() && r.step - spikes_.front() >= opt_.window) spikes_.pop_front();
   if (jumped(prev_norms, r.grad_norm, opt_.spike_factor) || loss_jumped) {
     last_spike_ = r.step;
     spikes_.push_back(r.step);

@@ -209,6 +209,38 @@ TEST(CliAdvisor, AGradNormSpikeIsProbedAndNotBlamedOnCleanData) {
   }
 }
 
+// A LoRA fine-tune (examples/lora-llama-bf16's base and adapter, in 32-true) at optim.lr 3e-2:
+// the grad norm jumps on clean, generated batches at steps 39 and 59, exactly the advisor's window
+// (20 steps) apart. The second was counted as a recurrence of the first before the first left the
+// window, so it was not probed, yet its cause did not say "spikes recur" either (the first was
+// dropped right after): the finding sent the user to "if its batch looks wrong, check the data
+// around step 59", the verdict meant for runs whose probe is off (tracer or injector). Every spike
+// of a run with the probe on is now probed or named a recurrence.
+TEST(CliAdvisor, ASpikeAWindowAfterTheLastIsProbedAgain) {
+  const std::string dir = test::temp_dir("cli-advisor-lora-spikes");
+  const test::KeelRun m = test::run_command(
+      {"/bin/sh", std::string(KEEL_SOURCE_DIR) + "/examples/lora-llama-bf16/make_checkpoint.sh"},
+      {"KEEL=" + test::keel_binary(), "OUT=" + dir + "/base", "OMP_NUM_THREADS=1"});
+  ASSERT_EQ(m.code, 0) << m.output;
+  const test::KeelRun r = test::run_keel(
+      {"train", std::string(KEEL_SOURCE_DIR) + "/examples/lora-llama-bf16/config.toml", "--set",
+       "model.path=" + dir + "/base", "--set", "run.out_dir=" + dir + "/run", "--set",
+       "run.threads=1", "--set", "train.precision=32-true", "--set", "optim.lr=3e-2", "--set",
+       "train.max_steps=60", "--set", "data.eval_examples=0", "--set", "log.tensorboard=false"},
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<json> spikes = findings_of(dir + "/run", "spiking");
+  ASSERT_FALSE(spikes.empty()) << r.output;
+  for (const json& s : spikes) {
+    const std::string cause = s.at("cause"), action = s.at("action");
+    EXPECT_TRUE(cause.find("under the same weights") != std::string::npos ||
+                cause.find("spikes recur") != std::string::npos)
+        << s.dump();
+    EXPECT_NOT_CONTAINS(action, "if its batch looks wrong");
+    EXPECT_NOT_CONTAINS(action, "check the data");
+  }
+}
+
 // A text dataset of plain sentences with one paragraph of random printable bytes. At an ordinary
 // learning rate the model learns the sentences (loss well below ln 259); the garbage batch takes
 // the loss above the uniform guess, and the next batches are back down. The finding names the
