@@ -84,7 +84,8 @@ std::string TrendAdvisor::observe(StepResult& r, const std::vector<BlockGradNorm
 }
 
 bool TrendAdvisor::observe_start(const StepResult& r, Finding* f) {
-  if (start_observed_ || updated_ || !std::isfinite(r.loss)) return false;
+  // Step 1 only: a resumed run's first step here comes after the checkpoint's updates.
+  if (start_observed_ || updated_ || r.step != 1 || !std::isfinite(r.loss)) return false;
   start_observed_ = true;
   start_loss_ = r.loss;
   const double U = opt_.uniform_loss;
