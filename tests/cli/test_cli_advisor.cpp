@@ -93,6 +93,33 @@ TEST(CliAdvisor, AWideInitIsNamedAndItsFallingLossIsNoDivergence) {
   EXPECT_CONTAINS(ex[0].at("action").get<std::string>(), "lower optim.lr");
 }
 
+// A run diverged by optim.lr = 10 and resumed from its step-8 checkpoint: the resumed process's
+// first step has a loss of ~1e4, far above 1.5 ln V, but it comes after the checkpoint's 8 updates:
+// it is no "initialization" finding (the weights as initialized), and the divergence is still the
+// learning rate's.
+TEST(CliAdvisor, AResumedDivergedRunIsNoInitializationFinding) {
+  const std::string dir = test::temp_dir("cli-advisor-resume-diverged");
+  const std::vector<std::string> sets = {"run.out_dir=" + dir,    "optim.lr=10",
+                                         "sched.name=constant",   "data.num_examples=512",
+                                         "data.eval_examples=0",  "train.on_nonfinite=skip",
+                                         "log.checkpoint_every=8"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), sets.begin(), sets.end());
+    return train(more);
+  };
+  ASSERT_EQ(with({"train.max_steps=8"}).code, 0);
+  const test::KeelRun r = with({"train.max_steps=16", "run.resume=true", "run.resume_force=true"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto steps = test::step_records(dir);
+  ASSERT_EQ(steps.size(), 16u);
+  EXPECT_GT(steps[8].at("loss").get<double>(), 1.5 * std::log(259.0)) << steps[8].dump();
+  EXPECT_TRUE(findings_of(dir, "initialization").empty())
+      << findings_of(dir, "initialization")[0].dump();
+  const std::vector<json> ex = findings_of(dir, "exploding");
+  ASSERT_FALSE(ex.empty()) << r.output;
+  EXPECT_CONTAINS(ex.back().at("action").get<std::string>(), "lower optim.lr");
+}
+
 // A run that learns its task to a loss of ~1e-7 (examples/f16-no-scaler's config in 32-true):
 // its grad norm falls with the loss. It was told "vanishing: ... raise optim.lr (now 0.01): tiny
 // models train well at 1e-3 to 1e-2".
