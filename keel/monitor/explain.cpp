@@ -191,6 +191,17 @@ std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials) 
                   sep, grad * last.scale, f16.min_normal, full, f16.mantissa_bits + 1);
     return lead + buf;
   }
+  if (last.scale < 1) {
+    // Applied only once the scale shrank the gradient: PyTorch warns below 1, and keel's trend
+    // advisor calls a run there "loss-scale collapsing". The trace alone read as a success.
+    std::snprintf(buf, sizeof buf,
+                  " The scale fell below 1 (PyTorch warns there; keel train's advisor calls it "
+                  "loss-scale collapsing): |grad| = %.6g is itself beyond f16's max %.6g, so "
+                  "16-mixed carries it only by shrinking it; "
+                  "use bf16-mixed, whose range matches f32.",
+                  std::fabs(grad), f16.max);
+    return lead + buf;
+  }
   return lead.empty() ? "applied at the first try: grad x scale is a normal f16 value." : lead;
 }
 

@@ -36,6 +36,24 @@ TEST(CliNumerics, TheReadmeExamplesExplainWhatTheyPromise) {
   }
 }
 
+// A gradient beyond f16's max (70000): the scaler backs off 17 times to a scale of 0.5 and the
+// step is applied there. The trace ended "applied after 17 skipped step(s)", read as a success,
+// while keel train's advisor calls a scale below 1 a collapsing scaler whose fix is bf16-mixed.
+// A gradient f16 holds at scale 1 or more gets no such line.
+TEST(CliNumerics, AGradientBeyondF16sMaxIsNoScalerSuccess) {
+  const auto r = run_keel({"numerics", "scaler", "--grad", "70000"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.out, "step 18: scale 0.5 ");
+  EXPECT_CONTAINS(r.out, "applied after 17 skipped step(s)");
+  EXPECT_CONTAINS(r.out,
+                  "The scale fell below 1 (PyTorch warns there; keel train's advisor calls it "
+                  "loss-scale collapsing): |grad| = 70000 is itself beyond f16's max 65504");
+  EXPECT_CONTAINS(r.out, "use bf16-mixed");
+  const auto ok = run_keel({"numerics", "scaler", "--grad", "60000"});
+  ASSERT_EQ(ok.code, 0) << ok.output;
+  EXPECT_NOT_CONTAINS(ok.out, "below 1");
+}
+
 TEST(CliNumerics, BadFlagsAreUsageErrorsNamingTheFlag) {
   struct Case {
     std::vector<std::string> args;
