@@ -498,9 +498,19 @@ void validate(Config& c, const Origins& origins) {
     auto it = origins.find(key);
     return it == origins.end() ? std::string() : it->second + ": ";
   };
+  // A NUL byte (TOML's "\u0000") ends a path at the C library: data.path = "a.txt\u0000b"
+  // trained on a.txt, and run.out_dir = "out\u0000x" created out/. No path or name holds one.
+  auto check_no_nul = [&](const KeySpec& k, const std::string& s, const std::string& pre) {
+    if (s.find('\0') != std::string::npos)
+      throw usage(pre + k.full() + " = " + toml_string(s) +
+                  " holds a NUL byte (\\u0000), which no path or name can hold; remove it");
+  };
   for (const KeySpec& k : key_table()) {
     const Field f = k.field(c);
     const std::string pre = prefix(k.full());
+    if (auto p = std::get_if<std::string*>(&f)) check_no_nul(k, **p, pre);
+    if (auto p = std::get_if<std::vector<std::string>*>(&f))
+      for (const std::string& s : **p) check_no_nul(k, s, pre);
     if (auto p = std::get_if<std::string*>(&f); p && !k.choices.empty()) {
       if (std::find(k.choices.begin(), k.choices.end(), **p) == k.choices.end())
         throw usage(pre + k.full() + " must be one of " + join(k.choices, ", ") + "; got " +

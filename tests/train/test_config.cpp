@@ -438,6 +438,27 @@ TEST(Config, SizeKeysHaveUpperBounds) {
   EXPECT_EQ(ok.model.vocab_size, 16777216);
 }
 
+// A NUL byte in a string (TOML's \u0000 escape) cut the path short at the C library:
+// data.path = "/etc/hostname\u0000zzz" trained on /etc/hostname, and run.out_dir = "out\u0000x"
+// created out/ and failed with "cannot open out".
+TEST(Config, StringsHoldingANulByteAreRefused) {
+  std::string msg = load_error("[data]\ntask = \"text\"\npath = \"a.txt\\u0000b\"\n");
+  EXPECT_NE(msg.find("config.toml:3: data.path = \"a.txt\\u0000b\" holds a NUL byte"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("remove it"), std::string::npos) << msg;
+  msg = load_error("[model.adapter]\ntarget_modules = [\"q_proj\", \"v\\u0000\"]\n");
+  EXPECT_NE(msg.find("config.toml:2: model.adapter.target_modules = \"v\\u0000\" holds a NUL"),
+            std::string::npos)
+      << msg;
+  msg = set_error("run.out_dir=\"out\\u0000x\"");
+  EXPECT_EQ(msg,
+            "--set run.out_dir=\"out\\u0000x\": run.out_dir = \"out\\u0000x\" holds a NUL "
+            "byte (\\u0000), which no path or name can hold; remove it");
+  // Other control bytes are legal in a Linux path and stay accepted.
+  EXPECT_EQ(load_config("", {"run.out_dir=\"out\\tx\""}).run.out_dir, "out\tx");
+}
+
 TEST(Config, RulesAcrossKeysNameBothKeysAndWhereTheyCameFrom) {
   std::string msg = set_error("model.n_head=5");
   EXPECT_NE(msg.find("model.n_embd = 64 (default) must be divisible by model.n_head = 5 (--set "
