@@ -234,17 +234,26 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
   if (!have_cfg) {
     // The post-processor's template names the token it puts before the text (Llama-3's
     // <|begin_of_text|>).
+    // Each processor's "type" is checked as a string: json::value("type", "") threw nlohmann's
+    // raw "[json.exception.type_error.302] type must be string, but is number".
+    auto type_of = [&](const json& p, const std::string& field) -> std::string {
+      if (!p.is_object() || !p.contains("type")) return "";
+      return ld.get_string(p, "type", field);
+    };
     const json* pp = root.contains("post_processor") ? &root["post_processor"] : nullptr;
-    std::vector<const json*> procs;
+    std::vector<std::pair<const json*, std::string>> procs;  // processor, its field
     if (pp && pp->is_object()) {
-      if (pp->value("type", "") == "Sequence" && pp->contains("processors") &&
-          (*pp)["processors"].is_array())
-        for (const json& p : (*pp)["processors"]) procs.push_back(&p);
-      else
-        procs.push_back(pp);
+      if (type_of(*pp, "post_processor") == "Sequence" && pp->contains("processors") &&
+          (*pp)["processors"].is_array()) {
+        const json& list = (*pp)["processors"];
+        for (size_t i = 0; i < list.size(); ++i)
+          procs.emplace_back(&list[i], "post_processor.processors[" + std::to_string(i) + "]");
+      } else {
+        procs.emplace_back(pp, "post_processor");
+      }
     }
-    for (const json* p : procs) {
-      if (!p->is_object() || p->value("type", "") != "TemplateProcessing") continue;
+    for (const auto& [p, field] : procs) {
+      if (type_of(*p, field) != "TemplateProcessing") continue;
       const auto single = p->find("single");
       if (single == p->end() || !single->is_array() || single->empty()) continue;
       const json& first = (*single)[0];

@@ -483,6 +483,17 @@ TEST(Tokenizer, LoaderErrorsNameTheFileAndPlace) {
   EXPECT_CONTAINS(hf_error([](json& j) { j["decoder"] = {{"type", "Metaspace"}}; }), "decoder");
   EXPECT_CONTAINS(hf_error([](json& j) { j["added_tokens"][0]["id"] = "x"; }),
                   "added_tokens[0].id");
+  // A post-processor's "type" that is no string was nlohmann's raw "[json.exception.type_error.302]
+  // type must be string, but is number".
+  std::string m = hf_error([](json& j) { j["post_processor"]["type"] = 5; });
+  EXPECT_CONTAINS(m, "tokenizer.json: post_processor.type: expected a string");
+  EXPECT_NOT_CONTAINS(m, "json.exception");
+  m = hf_error([](json& j) {
+    j["post_processor"] = {{"type", "Sequence"},
+                           {"processors", json::array({j["post_processor"], {{"type", true}}})}};
+  });
+  EXPECT_CONTAINS(m, "tokenizer.json: post_processor.processors[1].type: expected a string");
+  EXPECT_NOT_CONTAINS(m, "json.exception");
 }
 
 // Ids come from the file: one above int32 is an error (never truncated: 2^40 + 258 is not 258),
