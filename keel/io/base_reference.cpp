@@ -10,6 +10,7 @@
 #include "keel/numerics/error.h"
 #include "keel/numerics/file_fingerprint.h"
 #include "keel/numerics/hash.h"
+#include "keel/numerics/input_file.h"
 
 namespace keel::io {
 
@@ -61,7 +62,7 @@ json entry(const std::string& dir, const std::string& name, bool whole) {
 json fingerprint(const std::string& dir) {
   json files = json::array();
   files.push_back(entry(dir, "config.json", true));
-  if (fs::exists(dir + "/" + kSafetensorsSingle) || !fs::exists(dir + "/" + kSafetensorsIndex)) {
+  if (path_exists(dir + "/" + kSafetensorsSingle) || !path_exists(dir + "/" + kSafetensorsIndex)) {
     files.push_back(entry(dir, kSafetensorsSingle, false));
     return files;
   }
@@ -102,7 +103,7 @@ json base_reference(const std::string& base_dir, const std::string& dtype) {
 
 json checkpoint_base_reference(const std::string& checkpoint_dir) {
   const std::string file = checkpoint_dir + "/config.json";
-  if (!fs::exists(file)) return nullptr;
+  if (!path_exists(file)) return nullptr;
   try {
     const json j = json::parse(read_file(file));
     if (j.contains("keel_checkpoint") && j["keel_checkpoint"].is_object() &&
@@ -125,7 +126,7 @@ void check_base_reference(const json& ref, const std::string& checkpoint_dir,
                     "/config.json: keel_checkpoint.base has no \"files\" array (the "
                     "checkpoint is damaged; use another one)",
                 Error::kUsage);
-  if (!fs::is_directory(base_dir))
+  if (!directory_exists(base_dir))
     throw Error(head + base_dir + " is not a directory; " + fix, Error::kUsage);
   const json now = fingerprint(base_dir);
   for (const json& want : ref["files"]) {
@@ -164,7 +165,7 @@ std::string find_referenced_base(const json& ref, const std::string& checkpoint_
                           ", or name its new place with --base DIR (a checkpoint of an adapter "
                           "run does not copy its base)";
   for (const std::string& d : {resolved, path})
-    if (!d.empty() && fs::is_directory(d)) {
+    if (!d.empty() && directory_exists(d)) {
       check_base_reference(ref, checkpoint_dir, d, fix);
       return d;
     }

@@ -6,6 +6,7 @@
 #include "keel/io/hf_json.h"
 #include "keel/io/hf_weights.h"
 #include "keel/io/trained_model.h"
+#include "keel/numerics/input_file.h"
 
 namespace keel::io {
 
@@ -139,7 +140,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
 }
 HfConfig read_hf_config(const std::string& dir) {
   const std::string file = dir + "/config.json";
-  if (!fs::exists(file))
+  if (!path_exists(file))
     throw Error(dir + ": no config.json (model.path must be a Hugging Face model directory)");
   HfConfig out;
   out.json = read_json(file);

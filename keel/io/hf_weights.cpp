@@ -13,6 +13,7 @@
 #include "keel/io/hf_json.h"
 #include "keel/io/safetensors.h"
 #include "keel/io/trained_model.h"
+#include "keel/numerics/input_file.h"
 #include "keel/tensor/convert_mapped.h"
 
 namespace keel::io {
@@ -69,15 +70,15 @@ struct WeightSource {
 WeightSource map_weights(const std::string& dir) {
   WeightSource src;
   const std::string single = dir + "/" + kSafetensorsSingle, index = dir + "/" + kSafetensorsIndex;
-  if (fs::exists(single)) {
+  if (path_exists(single)) {
     src.describe = single;
     const auto& f = src.files.emplace_back(std::make_unique<MappedSafetensors>(single));
     for (const TensorInfo& t : f->header().tensors) src.tensors[t.name] = {f.get(), &t};
     return src;
   }
-  if (!fs::exists(index)) {
+  if (!path_exists(index)) {
     std::string hint;
-    if (fs::exists(dir + "/pytorch_model.bin"))
+    if (path_exists(dir + "/pytorch_model.bin"))
       hint = " (pytorch_model.bin is not read: convert it to safetensors first)";
     throw Error(dir + ": no " + kSafetensorsSingle + " or " + kSafetensorsIndex + " found" + hint);
   }
@@ -94,7 +95,7 @@ WeightSource map_weights(const std::string& dir) {
     if (file.find('/') != std::string::npos || file.find("..") != std::string::npos)
       throw Error(index + ": shard name '" + file + "' must be a plain file name in " + dir);
     const std::string path = dir + "/" + file;
-    if (!fs::exists(path))
+    if (!path_exists(path))
       throw Error(index + ": shard '" + file + "' (holding '" + names.front() +
                   "') does not exist in " + dir);
     const auto& f = src.files.emplace_back(std::make_unique<MappedSafetensors>(path));
@@ -115,14 +116,14 @@ std::map<std::string, Shape> weight_shapes(const std::string& dir) {
   std::map<std::string, Shape> out;
   const std::string single = dir + "/" + kSafetensorsSingle, index = dir + "/" + kSafetensorsIndex;
   std::set<std::string> files;
-  if (fs::exists(single)) {
+  if (path_exists(single)) {
     files.insert(single);
-  } else if (fs::exists(index)) {
+  } else if (path_exists(index)) {
     const json j = read_json(index);
     if (j.is_object() && j.contains("weight_map") && j["weight_map"].is_object())
       for (auto& [name, file] : j["weight_map"].items())
         if (file.is_string() && file.get<std::string>().find('/') == std::string::npos &&
-            fs::exists(dir + "/" + file.get<std::string>()))
+            path_exists(dir + "/" + file.get<std::string>()))
           files.insert(dir + "/" + file.get<std::string>());
   }
   for (const std::string& f : files)
@@ -330,7 +331,7 @@ void save_hf_model(models::CausalLM& model, const std::string& dir, const HfSave
   // Previous weight files: a loader must never see an old layout beside the new one.
   std::set<std::string> old_shards;
   const std::string index_path = dir + "/" + kSafetensorsIndex;
-  if (fs::exists(index_path)) {
+  if (path_exists(index_path)) {
     try {
       const json old = read_json(index_path);
       if (old.contains("weight_map") && old["weight_map"].is_object())

@@ -9,6 +9,7 @@
 #include "keel/io/checkpoint.h"
 #include "keel/io/hf_json.h"
 #include "keel/io/safetensors.h"
+#include "keel/numerics/input_file.h"
 
 namespace keel::io {
 
@@ -67,7 +68,7 @@ void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
 
 nn::AdapterOptions read_peft_config(const std::string& dir) {
   const std::string cfg_path = dir + "/adapter_config.json";
-  if (!fs::exists(cfg_path))
+  if (!path_exists(cfg_path))
     throw Error(dir +
                     ": no adapter_config.json (expected a PEFT adapter directory, e.g. a run's "
                     "out_dir/adapter)",

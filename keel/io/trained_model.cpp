@@ -12,6 +12,7 @@
 #include "keel/io/safetensors.h"
 #include "keel/models/resize.h"
 #include "keel/numerics/error.h"
+#include "keel/numerics/input_file.h"
 
 namespace keel::io {
 
@@ -32,14 +33,14 @@ std::string absolute_spec(const std::string& spec) {
 
 // The tokenizer files an HF directory holds, as a load_tokenizer spec ("" when none).
 std::string tokenizer_of(const std::string& dir) {
-  if (fs::exists(dir + "/tokenizer.json")) return "hf:" + dir;
-  if (fs::exists(dir + "/vocab.bpe") || fs::exists(dir + "/merges.txt")) return "gpt2:" + dir;
+  if (path_exists(dir + "/tokenizer.json")) return "hf:" + dir;
+  if (path_exists(dir + "/vocab.bpe") || path_exists(dir + "/merges.txt")) return "gpt2:" + dir;
   return "";
 }
 
 json keel_block(const std::string& dir) {
   const std::string file = dir + "/config.json";
-  if (!fs::exists(file) || !fs::exists(dir + "/trainer.json")) return nullptr;
+  if (!path_exists(file) || !path_exists(dir + "/trainer.json")) return nullptr;
   try {
     const json j = json::parse(read_file(file));
     if (j.is_object() && j.contains("keel_checkpoint") && j["keel_checkpoint"].is_object())
@@ -82,14 +83,14 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
   const char* kinds =
       "give a Hugging Face model directory (config.json + model.safetensors), a run's checkpoint "
       "(OUT_DIR/checkpoints/last) or the run's OUT_DIR";
-  if (!fs::is_directory(path)) throw Error(path + ": no such directory; " + kinds, Error::kUsage);
+  if (!directory_exists(path)) throw Error(path + ": no such directory; " + kinds, Error::kUsage);
   TrainedModel t;
   t.dir = path;
-  if (!fs::exists(path + "/config.json") && !fs::exists(path + "/trainer.json") &&
-      fs::is_directory(path + "/checkpoints/last"))
+  if (!path_exists(path + "/config.json") && !path_exists(path + "/trainer.json") &&
+      directory_exists(path + "/checkpoints/last"))
     t.dir = path + "/checkpoints/last";
   const std::string& dir = t.dir;
-  if (fs::exists(dir + "/trainer.json")) {
+  if (path_exists(dir + "/trainer.json")) {
     const json keel = keel_block(dir);
     if (keel.is_null())
       throw Error(dir +
@@ -142,7 +143,7 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
       nn::apply_adapters(*t.model, *t.adapter, dir + "/adapter_config.json");
     }
     const std::string file = dir + "/model.safetensors";
-    if (!fs::exists(file))
+    if (!path_exists(file))
       throw Error(dir + ": the checkpoint is incomplete: model.safetensors is missing");
     Safetensors st = read_safetensors(file);
     std::set<std::string> used;
@@ -166,7 +167,7 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
       if (!used.count(name))
         throw Error(file + ": unexpected tensor '" + name + "' (" + dir +
                     "/config.json describes a model without it)");
-  } else if (fs::exists(dir + "/config.json")) {
+  } else if (path_exists(dir + "/config.json")) {
     if (!base_dir.empty())
       throw Error("--base " + base_dir + ": " + dir +
                       " is a model directory, not a checkpoint of an adapter run; drop --base "
@@ -187,7 +188,7 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
                       t.adapter->kind +
                       " adapters it was trained with; give --adapter with a base model only",
                   Error::kUsage);
-    if (!fs::is_directory(adapter_dir))
+    if (!directory_exists(adapter_dir))
       throw Error("--adapter " + adapter_dir +
                       ": no such directory (a PEFT adapter directory, e.g. OUT_DIR/adapter)",
                   Error::kUsage);

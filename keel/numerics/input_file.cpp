@@ -35,6 +35,30 @@ std::string replaced_file_problem(const std::string& path) {
   return "is a socket, which the written file would replace";
 }
 
+namespace {
+
+// stat(path), or false when nothing is there; an Error when the path cannot be looked at.
+bool stat_or_throw(const std::string& path, struct stat& st) {
+  if (::stat(path.c_str(), &st) == 0) return true;
+  const int err = errno;
+  if (err == ENOENT || err == ENOTDIR) return false;
+  throw Error("cannot look at " + path + ": " + std::strerror(err) +
+              (err == ELOOP ? " (a symbolic link on the way leads back to itself; fix or remove it)"
+                            : " (check the path and its permissions)"));
+}
+
+}  // namespace
+
+bool path_exists(const std::string& path) {
+  struct stat st {};
+  return stat_or_throw(path, st);
+}
+
+bool directory_exists(const std::string& path) {
+  struct stat st {};
+  return stat_or_throw(path, st) && S_ISDIR(st.st_mode);
+}
+
 void check_input_file(const std::string& path, const std::string& what, const std::string& key) {
   if (const std::string problem = input_file_problem(path); !problem.empty())
     throw Error(what + " " + path + " " + problem + "; " + key + " must name a file",

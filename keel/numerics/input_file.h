@@ -20,6 +20,14 @@ std::string input_file_problem(const std::string& path, bool pipes = true);
 // /dev/null into a regular file, and every later reader of /dev/null read what was written there.
 std::string replaced_file_problem(const std::string& path);
 
+// Whether `path` exists (following links), as std::filesystem::exists would say, except that a
+// path that cannot be looked at (a symbolic link that leads back to itself, a component without
+// search permission) is an Error naming the path and the fix instead of std::filesystem's raw
+// "filesystem error: status: Too many levels of symbolic links [PATH]".
+bool path_exists(const std::string& path);
+// Whether `path` is a directory (following links); the same Error as path_exists otherwise.
+bool directory_exists(const std::string& path);
+
 // Throws read_input_file's usage Error when `path` cannot be read whole: for a reader that
 // checks early (before loading a model) and reads later.
 void check_input_file(const std::string& path, const std::string& what, const std::string& key);

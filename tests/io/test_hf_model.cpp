@@ -18,6 +18,7 @@
 #include "keel/io/atomic_file.h"
 #include "keel/io/hf_model.h"
 #include "keel/io/safetensors.h"
+#include "keel/io/trained_model.h"
 #include "keel/models/gpt2.h"
 #include "keel/models/llama.h"
 #include "tests/io/tiny_specs.h"
@@ -459,6 +460,35 @@ TEST_F(HfErrors, UnexpectedTensorAndBrokenShards) {
   m = error_of([&] { load_hf_model(moved); });
   EXPECT_CONTAINS(m, "'model.norm.weight' is missing");
   EXPECT_CONTAINS(m, "places it in this shard");
+}
+
+// A symbolic link that leads back to itself (config.json, the weights, a shard, the directory)
+// escaped as std::filesystem's "filesystem error: status: Too many levels of symbolic links
+// [PATH]", which keel train printed as it was.
+TEST_F(HfErrors, SymbolicLinkLoopsNameThePathAndTheFix) {
+  auto expect_loop = [](const std::string& m, const std::string& path) {
+    EXPECT_CONTAINS(m, "cannot look at " + path + ": ");
+    EXPECT_CONTAINS(m, "leads back to itself; fix or remove it");
+  };
+  write_hf_dir(dir, config_of(spec), tensors);
+  fs::remove(dir + "/model.safetensors");
+  fs::create_symlink("model.safetensors", dir + "/model.safetensors");
+  expect_loop(error_of([&] { load_hf_model(dir); }), dir + "/model.safetensors");
+  fs::remove(dir + "/config.json");
+  fs::create_symlink("config.json", dir + "/config.json");
+  expect_loop(error_of([&] { read_hf_config(dir); }), dir + "/config.json");
+  expect_loop(error_of([&] { load_trained_model(dir, "", DType::F32); }), dir + "/config.json");
+
+  const std::string sh = test::temp_dir("hf-shard-loop");
+  write_hf_dir(sh, config_of(spec), tensors, 2);
+  const std::string shard = sh + "/model-00002-of-00002.safetensors";
+  fs::remove(shard);
+  fs::create_symlink("model-00002-of-00002.safetensors", shard);
+  expect_loop(error_of([&] { load_hf_model(sh); }), shard);
+
+  const std::string loop = test::temp_dir("hf-dir-loop") + "/model";
+  fs::create_symlink("model", loop);
+  expect_loop(error_of([&] { load_trained_model(loop, "", DType::F32); }), loop);
 }
 
 // ---- adapters: PEFT directories, merged saves
