@@ -42,7 +42,15 @@ ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file) {
     s.factor = required("factor");
     s.low_freq_factor = required("low_freq_factor");
     s.high_freq_factor = required("high_freq_factor");
-    s.original_max_position = static_cast<int64_t>(required("original_max_position_embeddings"));
+    // A position count: 0.5 was cut to 0 (refused later by the rope op, without the file's name),
+    // and 1e300 converted to int64 is undefined.
+    const double orig = required("original_max_position_embeddings");
+    if (orig != std::floor(orig) || orig > 1073741824.0)
+      throw Error(where +
+                  " (llama3): original_max_position_embeddings must be a whole number of "
+                  "positions from 1 to 2^30, got " +
+                  c.find({"original_max_position_embeddings"})->dump() + " (Llama 3.1's is 8192)");
+    s.original_max_position = static_cast<int64_t>(orig);
     if (!(s.high_freq_factor > s.low_freq_factor))
       throw Error(where + " (llama3): high_freq_factor (" + std::to_string(s.high_freq_factor) +
                   ") must exceed low_freq_factor (" + std::to_string(s.low_freq_factor) + ")");

@@ -379,6 +379,23 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
   write_hf_dir(dir, cfg, tensors);
   m = error_of([&] { load_hf_model(dir); });
   EXPECT_CONTAINS(m, dir + "/config.json: rope_scaling (llama3) needs a positive number");
+  // A position count that is no whole number: 0.5 was cut to 0 and refused by the rope op
+  // without the file's name ("rope: llama3 rope_scaling needs ..."); 1e300 overflowed int64.
+  for (const double orig : {0.5, 8192.5, 1e300}) {
+    cfg["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", 8.0},
+                           {"low_freq_factor", 1.0},
+                           {"high_freq_factor", 4.0},
+                           {"original_max_position_embeddings", orig}};
+    write_hf_dir(dir, cfg, tensors);
+    m = error_of([&] { load_hf_model(dir); });
+    EXPECT_CONTAINS(m, dir +
+                           "/config.json: rope_scaling (llama3): "
+                           "original_max_position_embeddings must be a whole number");
+  }
+  cfg["rope_scaling"]["original_max_position_embeddings"] = 8192.0;  // integral: as 8192
+  write_hf_dir(dir, cfg, tensors);
+  EXPECT_EQ(read_hf_config(dir).spec.rope_scaling.original_max_position, 8192);
   cfg["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
   write_hf_dir(dir, cfg, tensors);
   m = error_of([&] { load_hf_model(dir); });
