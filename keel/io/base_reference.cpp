@@ -104,14 +104,22 @@ json base_reference(const std::string& base_dir, const std::string& dtype) {
 json checkpoint_base_reference(const std::string& checkpoint_dir) {
   const std::string file = checkpoint_dir + "/config.json";
   if (!path_exists(file)) return nullptr;
+  json ref = nullptr;
   try {
     const json j = json::parse(read_file(file));
     if (j.contains("keel_checkpoint") && j["keel_checkpoint"].is_object() &&
         j["keel_checkpoint"].contains("base") && j["keel_checkpoint"]["base"].is_object())
-      return j["keel_checkpoint"]["base"];
+      ref = j["keel_checkpoint"]["base"];
   } catch (const json::exception&) {
   }
-  return nullptr;
+  // Its readers take these as strings (json::value threw nlohmann's raw "type must be string").
+  if (ref.is_object())
+    for (const char* key : {"path", "resolved", "dtype"})
+      if (ref.contains(key) && !ref[key].is_string())
+        throw Error(file + ": keel_checkpoint.base." + key + " must be a string, got " +
+                        ref[key].dump() + " (the checkpoint is damaged; use another one)",
+                    Error::kUsage);
+  return ref;
 }
 
 void check_base_reference(const json& ref, const std::string& checkpoint_dir,

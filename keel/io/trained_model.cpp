@@ -5,6 +5,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <type_traits>
 
 #include "keel/io/atomic_file.h"
 #include "keel/io/base_reference.h"
@@ -48,6 +49,22 @@ json keel_block(const std::string& dir) {
   } catch (const json::exception&) {
   }
   return nullptr;
+}
+
+// A field of a checkpoint's keel_checkpoint block, `def` when absent: json::value() threw
+// nlohmann's raw "[json.exception.type_error.302] type must be string, but is number" for a
+// hand-edited field of another type.
+template <class T>
+T keel_field(const json& keel, const char* key, T def, const std::string& dir) {
+  const auto it = keel.find(key);
+  if (it == keel.end() || it->is_null()) return def;
+  const bool ok = std::is_same_v<T, bool> ? it->is_boolean() : it->is_string();
+  if (!ok)
+    throw Error(dir + "/config.json: keel_checkpoint." + key + " must be " +
+                    (std::is_same_v<T, bool> ? "true or false" : "a string") + ", got " +
+                    it->dump() + " (the checkpoint is damaged; use another one)",
+                Error::kUsage);
+  return it->get<T>();
 }
 
 }  // namespace
@@ -136,9 +153,11 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
       t.model = models::make_causal_lm(hf.spec, 0);
     }
     t.checkpoint = true;
-    t.tokenizer = keel.value("tokenizer", "");
-    t.base_model = base_dir.empty() || ref.is_null() ? keel.value("base_model", "") : base_dir;
-    if (keel.value("adapter", false)) {
+    t.tokenizer = keel_field<std::string>(keel, "tokenizer", "", dir);
+    t.base_model = base_dir.empty() || ref.is_null()
+                       ? keel_field<std::string>(keel, "base_model", "", dir)
+                       : base_dir;
+    if (keel_field<bool>(keel, "adapter", false, dir)) {
       t.adapter = read_peft_config(dir);
       nn::apply_adapters(*t.model, *t.adapter, dir + "/adapter_config.json");
     }

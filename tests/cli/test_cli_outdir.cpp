@@ -320,5 +320,40 @@ TEST(CliOutDir, ADamagedTrainerJsonNamesTheFileAndTheKey) {
   }
 }
 
+// A checkpoint's config.json is read by model.path (and generate, eval, export): a hand-edited
+// keel_checkpoint field of another type was nlohmann's raw "[json.exception.type_error.302] type
+// must be string, but is number".
+TEST(CliOutDir, ADamagedCheckpointConfigJsonNamesTheFileAndTheField) {
+  const std::string out = test::temp_dir("outdir-config-json");
+  auto r = run_keel(train(out, {"train.max_steps=1", "log.checkpoint_every=0"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string ck = out + "/checkpoints/last", path = ck + "/config.json";
+  const json good = json::parse(slurp(path));
+  struct Case {
+    const char* key;
+    json value;
+    const char* expected;
+  };
+  for (const Case& c :
+       {Case{"tokenizer", 5, "keel_checkpoint.tokenizer must be a string, got 5"},
+        Case{"base_model", json::array({1}),
+             "keel_checkpoint.base_model must be a string, got [1]"},
+        Case{"adapter", "no", "keel_checkpoint.adapter must be true or false, got \"no\""},
+        Case{"base", {{"path", 3}}, "keel_checkpoint.base.path must be a string, got 3"}}) {
+    json j = good;
+    j["keel_checkpoint"][c.key] = c.value;
+    std::ofstream(path) << j.dump();
+    for (const auto& args :
+         {train(test::temp_dir("outdir-config-json-from"), {"model.path=" + ck}),
+          std::vector<std::string>{"generate", ck, "12+", "--max-new-tokens", "1"}}) {
+      r = run_keel(args);
+      EXPECT_EQ(r.code, 2) << r.output;
+      EXPECT_CONTAINS(r.err, path + ": " + c.expected);
+      EXPECT_CONTAINS(r.err, "the checkpoint is damaged");
+      EXPECT_NOT_CONTAINS(r.err, "json.exception");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace keel
