@@ -88,6 +88,25 @@ int run_init_model(const InitModelArgs& a) {
   // Built in the stored dtype: each draw is made in f32 and rounded once, the bits an f32 model
   // saved in that dtype gets, without ever holding the f32 model.
   s.param_dtype = *dt;
+  // Sizes that do not fit together, named by their flags (the model's own check names its fields:
+  // "model: llama needs an even head dim for RoPE, got 9").
+  if (a.n_embd % a.n_head != 0)
+    throw Error("init-model --n-embd " + std::to_string(a.n_embd) +
+                    " is not divisible by --n-head " + std::to_string(a.n_head) +
+                    "; each head gets n-embd / n-head channels",
+                Error::kUsage);
+  if (a.family == "llama" && (a.n_embd / a.n_head) % 2 != 0)
+    throw Error("init-model --n-embd " + std::to_string(a.n_embd) + " / --n-head " +
+                    std::to_string(a.n_head) + " gives heads of " +
+                    std::to_string(a.n_embd / a.n_head) +
+                    " channels; llama's rotary embedding (RoPE) turns pairs of channels, so a "
+                    "head needs an even number: change --n-embd or --n-head",
+                Error::kUsage);
+  if (a.n_kv_head > 0 && a.n_head % a.n_kv_head != 0)
+    throw Error("init-model --n-head " + std::to_string(a.n_head) +
+                    " is not a multiple of --n-kv-head " + std::to_string(a.n_kv_head) +
+                    " (each key/value head serves a group of query heads)",
+                Error::kUsage);
   s.validate();  // usage errors naming the inconsistent sizes
   check_output_dir("--out", a.out, {});
   // The model is held whole before it is written: refused before allocating when it cannot fit.

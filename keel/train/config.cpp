@@ -558,6 +558,15 @@ void validate(Config& c, const Origins& origins) {
     throw usage("model.n_embd = " + std::to_string(m.n_embd) + at("model.n_embd") +
                 " must be divisible by model.n_head = " + std::to_string(m.n_head) +
                 at("model.n_head") + "; each head gets n_embd / n_head channels");
+  // (the model's own check said "model: llama needs an even head dim for RoPE, got 9", naming
+  // no key)
+  if (m.path.empty() && m.family == "llama" && m.n_embd % m.n_head == 0 &&
+      (m.n_embd / m.n_head) % 2 != 0)
+    throw usage("model.n_embd = " + std::to_string(m.n_embd) + at("model.n_embd") +
+                " / model.n_head = " + std::to_string(m.n_head) + at("model.n_head") +
+                " gives heads of " + std::to_string(m.n_embd / m.n_head) +
+                " channels; llama's rotary embedding (RoPE) turns pairs of channels, so a head "
+                "needs an even number: change model.n_embd or model.n_head");
   if (m.path.empty() && m.n_kv_head > 0 && m.n_head % m.n_kv_head != 0)
     throw usage("model.n_head = " + std::to_string(m.n_head) + at("model.n_head") +
                 " must be divisible by model.n_kv_head = " + std::to_string(m.n_kv_head) +

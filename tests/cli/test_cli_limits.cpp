@@ -172,6 +172,13 @@ TEST(CliLimits, InitModelFlagsHaveTheConfigKeysBounds) {
       {{"--family", "gpt2", "--rope-theta", "5"}, "GPT-2 has learned positions, no RoPE"},
       // Draws f16 cannot hold: the model was written with 95% of its embedding inf.
       {{"--dtype", "f16", "--init-std", "1e6"}, "init-model --init-std 1e+06: "},
+      // Sizes that do not fit together named the model's fields ("model: llama needs an even
+      // head dim for RoPE, got 9"), not the flags.
+      {{"--n-embd", "64", "--n-head", "3"},
+       "init-model --n-embd 64 is not divisible by --n-head 3"},
+      {{"--n-embd", "36", "--n-head", "4"},
+       "init-model --n-embd 36 / --n-head 4 gives heads of 9 channels; llama's rotary embedding"},
+      {{"--n-kv-head", "3"}, "init-model --n-head 4 is not a multiple of --n-kv-head 3"},
   };
   for (const auto& [flags, want] : cases) {
     const auto r = init(flags);

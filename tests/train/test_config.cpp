@@ -467,6 +467,15 @@ TEST(Config, RulesAcrossKeysNameBothKeysAndWhereTheyCameFrom) {
       << msg;
   // Sizes come from the HF config when model.path is set.
   EXPECT_NO_THROW(load_config("", {"model.n_head=5", "model.path=/models/gpt2"}));
+  // Llama's RoPE needs an even head dim: the model's own check named no key ("model: llama needs
+  // an even head dim for RoPE, got 9").
+  msg = usage_error([] { load_config("", {"model.family=llama", "model.n_embd=36"}); });
+  EXPECT_NE(msg.find("model.n_embd = 36 (--set model.n_embd=36) / model.n_head = 4 (default) "
+                     "gives heads of 9 channels"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("change model.n_embd or model.n_head"), std::string::npos) << msg;
+  EXPECT_NO_THROW(load_config("", {"model.family=gpt2", "model.n_embd=36"}));  // no RoPE
   msg = set_error("model.n_kv_head=3");
   EXPECT_NE(msg.find("model.n_head = 4 (default) must be divisible by model.n_kv_head = 3"),
             std::string::npos)
