@@ -70,7 +70,12 @@ Trainer::Trainer(Run run, TrainerHooks hooks, std::shared_ptr<Collective> collec
     const std::string last = run_.out_dir + "/checkpoints/last";
     // A save that crashed may have left `last` moved aside: recover before deciding.
     if (coll_->rank() == 0) io::recover_checkpoints(run_.out_dir + "/checkpoints");
-    if (io::checkpoint_exists(last)) {
+    // A `last` that is there but incomplete (a file removed or lost) is loaded too, so that its
+    // error names the missing file: it was taken as absent, the run started from scratch ("does
+    // not exist") and its first save replaced the checkpoint's remaining files.
+    std::error_code ec;
+    if (io::checkpoint_exists(last) ||
+        std::filesystem::exists(std::filesystem::symlink_status(last, ec))) {
       load_checkpoint(last);
       message("resumed from " + last + " at step " + std::to_string(step_));
     } else {

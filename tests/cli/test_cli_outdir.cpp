@@ -320,6 +320,35 @@ TEST(CliOutDir, ADamagedTrainerJsonNamesTheFileAndTheKey) {
   }
 }
 
+// A resume whose checkpoints/last lacks a file (optimizer.safetensors removed) took the checkpoint
+// as absent: "run.resume = true but .../last does not exist: starting from scratch", exit 0, and
+// the fresh run's first save replaced the step-2 weights and trainer.json that were there.
+TEST(CliOutDir, ResumingFromAnIncompleteCheckpointIsRefusedAndKeepsIt) {
+  const std::string out = test::temp_dir("outdir-incomplete");
+  auto r = run_keel(train(out, {"train.max_steps=2", "log.checkpoint_every=0"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string last = out + "/checkpoints/last";
+  const std::string weights = slurp(last + "/model.safetensors");
+  for (const char* file : {"optimizer.safetensors", "model.safetensors", "trainer.json"}) {
+    const std::string saved = slurp(last + "/" + file);
+    fs::remove(last + "/" + file);
+    r = run_keel(train(out, {"train.max_steps=3", "log.checkpoint_every=0", "run.resume=true"}));
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_CONTAINS(r.err,
+                    "checkpoint " + last + " is incomplete: " + last + "/" + file + " is missing");
+    EXPECT_NOT_CONTAINS(r.output, "starting from scratch");
+    if (std::string(file) != "trainer.json") {
+      EXPECT_EQ(saved_step(out), 2);
+    }
+    EXPECT_EQ(slurp(last + "/model.safetensors"),
+              std::string(file) == "model.safetensors" ? "" : weights);
+    std::ofstream(last + "/" + file, std::ios::binary) << saved;
+  }
+  r = run_keel(train(out, {"train.max_steps=3", "log.checkpoint_every=0", "run.resume=true"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "resumed from " + last + " at step 2");
+}
+
 // A checkpoint's config.json is read by model.path (and generate, eval, export): a hand-edited
 // keel_checkpoint field of another type was nlohmann's raw "[json.exception.type_error.302] type
 // must be string, but is number".
