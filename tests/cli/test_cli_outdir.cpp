@@ -349,6 +349,32 @@ TEST(CliOutDir, ResumingFromAnIncompleteCheckpointIsRefusedAndKeepsIt) {
   EXPECT_CONTAINS(r.output, "resumed from " + last + " at step 2");
 }
 
+// A resume whose checkpoints/last is gone while step-N checkpoints remain started from scratch
+// ("last does not exist") and replaced step-1, step-2, ... one by one with the new run's.
+TEST(CliOutDir, ResumingWithoutLastNamesTheNewestStepCheckpoint) {
+  const std::string out = test::temp_dir("outdir-no-last");
+  auto r = run_keel(train(out, {"train.max_steps=3"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string ck = out + "/checkpoints";
+  const std::string step1 = slurp(ck + "/step-1/model.safetensors");
+  fs::remove_all(ck + "/last");
+  r = run_keel(train(out, {"train.max_steps=5", "run.resume=true"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "run.resume = true but " + ck + "/last does not exist, while " + ck +
+                             "/step-3 does: copy it to " + ck + "/last to resume from step 3");
+  EXPECT_EQ(slurp(ck + "/step-1/model.safetensors"), step1);
+  EXPECT_FALSE(fs::exists(ck + "/step-4"));
+  fs::copy(ck + "/step-3", ck + "/last");
+  r = run_keel(train(out, {"train.max_steps=5", "run.resume=true"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "resumed from " + ck + "/last at step 3");
+  // With no checkpoint at all a resume still starts from scratch.
+  const std::string fresh = test::temp_dir("outdir-no-last-fresh");
+  r = run_keel(train(fresh, {"train.max_steps=1", "run.resume=true"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "starting from scratch");
+}
+
 // A checkpoint's config.json is read by model.path (and generate, eval, export): a hand-edited
 // keel_checkpoint field of another type was nlohmann's raw "[json.exception.type_error.302] type
 // must be string, but is number".
