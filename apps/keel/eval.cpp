@@ -64,16 +64,6 @@ std::string where_nonfinite(const LossTotal& r, models::CausalLM& model, const d
          ") is finite example by example: only batched together (padding to the longest)";
 }
 
-// The examples of `set` longer than `seq_len` tokens, which the loader cuts to it: one text
-// paragraph or JSONL line each (packed text and a token file's rows are seq_len long already).
-int64_t truncated_examples(const data::Dataset& set, const std::string& task, bool pack,
-                           int64_t seq_len) {
-  if (task == "tokens" || (task == "text" && pack)) return 0;
-  int64_t n = 0;
-  for (int64_t i = 0; i < set.size(); ++i) n += static_cast<int64_t>(set.get(i).size()) > seq_len;
-  return n;
-}
-
 int run_eval(EvalArgs& a, bool pack_given) {
   // Before the model loads (minutes for a large one); the loader checks again (a pipe will do).
   check_input_file(a.data, "dataset file", "--data");
@@ -126,7 +116,7 @@ int run_eval(EvalArgs& a, bool pack_given) {
   const auto set = data::load_dataset(a.task, a.data, "--data", tok, a.seq_len, a.pack);
   // Examples longer than a row are cut to it (the tokens past it are not scored): they were
   // evaluated cut without a word, and the loss read as the whole file's.
-  const int64_t truncated = truncated_examples(*set, a.task, a.pack, a.seq_len);
+  const int64_t truncated = data::truncated_examples(*set, a.task, a.pack, a.seq_len);
   if (truncated > 0) {
     const int64_t max_seq_len = t.model->spec().max_seq_len;
     const std::string fix =

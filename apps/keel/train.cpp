@@ -289,6 +289,32 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
         ops::attention_backend_name(spec.attention), static_cast<long long>(trainer.total_steps()),
         ranks.c_str(), trainer.out_dir().c_str());
   std::fflush(stdout);
+  // Examples longer than a row are cut to it by the loader, their tokens past it never trained on:
+  // a paragraph of 100 MB trained as its first data.seq_len tokens without a word.
+  if (rank == 0) {
+    const RunData& d = trainer.run().data;
+    const DataConfig& dc = cfg.data;
+    for (const auto& [set, key] :
+         {std::pair{d.train.get(), "data.path"}, std::pair{d.eval.get(), "data.eval_path"}}) {
+      if (!set || dc.task == "arith") continue;
+      const int64_t cut = data::truncated_examples(*set, dc.task, dc.pack, dc.seq_len);
+      if (cut == 0) continue;
+      const bool training = std::string(key) == "data.path";
+      // A split validation part (data.eval_fraction) is a part of data.path.
+      const bool own_file = training || dc.eval_path.empty();
+      std::fprintf(stderr,
+                   "note: %lld of %lld %sexamples of %s (%s) are longer than data.seq_len = %lld "
+                   "tokens and are cut to it: their tokens past it are not %s; raise "
+                   "data.seq_len%s\n",
+                   static_cast<long long>(cut), static_cast<long long>(set->size()),
+                   training ? "" : "validation ", own_file ? dc.path.c_str() : dc.eval_path.c_str(),
+                   own_file ? "data.path" : "data.eval_path", static_cast<long long>(dc.seq_len),
+                   training ? "trained on" : "evaluated",
+                   dc.task == "text" ? ", or set data.pack = true to train on the whole text in "
+                                       "rows of data.seq_len"
+                                     : " or split the long lines");
+    }
+  }
   // "stopped:" on one rank, "stopped (rank R):" when there are several.
   const std::string stopped =
       world > 1 ? "stopped (rank " + std::to_string(rank) + "): " : std::string("stopped: ");

@@ -466,6 +466,14 @@ class RangeDataset : public Dataset {
 
 }  // namespace
 
+int64_t truncated_examples(const Dataset& set, const std::string& task, bool pack,
+                           int64_t seq_len) {
+  if (task == "tokens" || (task == "text" && pack)) return 0;
+  int64_t n = 0;
+  for (int64_t i = 0; i < set.size(); ++i) n += static_cast<int64_t>(set.get(i).size()) > seq_len;
+  return n;
+}
+
 std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>> split_dataset(
     std::unique_ptr<Dataset> all, int64_t n_eval, const std::string& what) {
   const int64_t n = all->size();

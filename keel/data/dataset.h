@@ -98,6 +98,11 @@ std::pair<size_t, size_t> packed_row(int64_t k, size_t n, size_t len);
 // An Error naming `source` when i is outside [0, size): what every get(i) checks.
 void check_example_index(int64_t i, int64_t size, const std::string& source);
 
+// The examples of `set` (of data.task `task`, packed or not) longer than `seq_len` tokens, which
+// the loader cuts to it: one text paragraph or JSONL line each (packed text and a token file's
+// rows are seq_len long already: 0 without a look).
+int64_t truncated_examples(const Dataset& set, const std::string& task, bool pack, int64_t seq_len);
+
 // The last `n_eval` examples of `all` (in order) and the others: a validation split of one file.
 // Both parts are views of `all`, which they share (examples keep their file and line). Errors
 // (kUsage, naming `what`) when either part would be empty.

@@ -223,6 +223,56 @@ TEST(CliEval, TruncatedExamplesAreCountedAndTheFlagNamed) {
   EXPECT_NOT_CONTAINS(r.err, "truncated");
 }
 
+// keel train cut the same examples without a word: a 100 MB paragraph trained as its first
+// data.seq_len tokens, the run saying nothing about the rest.
+TEST(CliEval, TrainingSaysHowManyExamplesAreCutToTheRowLength) {
+  const std::string dir = test::temp_dir("train-cut");
+  const std::string jsonl = dir + "/long.jsonl", text = dir + "/long.txt";
+  {
+    std::ofstream o(jsonl);
+    o << json({{"text", "short"}}).dump() << "\n";                // 6 tokens with eos
+    o << json({{"text", std::string(20, 'x')}}).dump() << "\n";   // 21
+    o << json({{"text", std::string(100, 'y')}}).dump() << "\n";  // 101
+    std::ofstream(text) << "short\n\n" << std::string(100, 'z') << "\n";
+  }
+  auto train = [&](const std::string& task, const std::string& path,
+                   std::vector<std::string> more) {
+    std::vector<std::string> sets = {"run.out_dir=" + dir + "/out-" + task,
+                                     "run.overwrite=true",
+                                     "data.task=" + task,
+                                     "data.path=" + path,
+                                     "data.seq_len=16",
+                                     "train.max_steps=1",
+                                     "log.tensorboard=false",
+                                     "run.threads=1"};
+    sets.insert(sets.end(), more.begin(), more.end());
+    return test::run_keel(test::with_sets({"train"}, sets));
+  };
+  test::KeelRun r = train("jsonl", jsonl, {});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.err, "note: 2 of 3 examples of " + jsonl +
+                             " (data.path) are longer than data.seq_len = 16 tokens and are cut to "
+                             "it: their tokens past it are not trained on; raise data.seq_len or "
+                             "split the long lines");
+  r = train("jsonl", jsonl, {"data.eval_fraction=0.5"});  // the last 2 lines hold out
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.err, "note: 2 of 2 validation examples of " + jsonl +
+                             " (data.path) are longer than data.seq_len = 16 tokens");
+  EXPECT_CONTAINS(r.err, "not evaluated");
+  EXPECT_NOT_CONTAINS(r.err, "not trained on");  // the training part is "short" alone
+  r = train("text", text, {});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.err, "note: 1 of 2 examples of " + text + " (data.path)");
+  EXPECT_CONTAINS(r.err, "or set data.pack = true to train on the whole text in rows");
+  // Packed rows are data.seq_len long: nothing is cut, nothing said.
+  r = train("text", text, {"data.pack=true"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.err, "are cut");
+  r = train("jsonl", jsonl, {"data.seq_len=128"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.err, "are cut");
+}
+
 TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
   const Files& f = files();
   auto eval_err = [](std::vector<std::string> args) {
