@@ -115,8 +115,10 @@ SafetensorsHeader parse_header(const std::string& path, std::string_view text, u
                  std::to_string(data_len) + " data bytes (truncated file?)");
     out.tensors.push_back(std::move(t));
   }
-  std::sort(out.tensors.begin(), out.tensors.end(),
-            [](const TensorInfo& a, const TensorInfo& b) { return a.begin < b.begin; });
+  std::sort(out.tensors.begin(), out.tensors.end(), [](const TensorInfo& a, const TensorInfo& b) {
+    // An empty tensor before the one that starts where it does (else "overlap").
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
   for (size_t i = 1; i < out.tensors.size(); ++i)
     if (out.tensors[i].begin < out.tensors[i - 1].end)
       throw bad("tensors '" + out.tensors[i - 1].name + "' and '" + out.tensors[i].name +

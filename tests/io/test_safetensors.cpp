@@ -64,6 +64,19 @@ TEST(Safetensors, ShapesThatOverflowAreErrorsNamingFileAndTensor) {
   EXPECT_CONTAINS(error_of([&] { shape_numel({big, big}); }), "more than 2^63 elements");
 }
 
+// A zero-sized tensor starts where the next one does: the header's tensors were sorted by their
+// first byte alone, so the pair could come out in either order, and keel's own file {a, e: [0],
+// b} was refused as "tensors 'b' and 'e' overlap".
+TEST(Safetensors, AnEmptyTensorBesideAnotherReadsBack) {
+  const std::string p = test::temp_dir("safetensors") + "/empty.safetensors";
+  write_safetensors(
+      p, {{"a", Tensor::zeros({3})}, {"e", Tensor::zeros({0})}, {"b", Tensor::zeros({2, 2})}});
+  const Safetensors st = read_safetensors(p);
+  ASSERT_EQ(st.tensors.size(), 3u);
+  EXPECT_EQ(st.at("e").numel(), 0);
+  EXPECT_EQ(st.at("b").shape(), (Shape{2, 2}));
+}
+
 // nlohmann's parse throws out_of_range, not parse_error, for a number beyond a double: it escaped
 // every reader that caught parse_error only (found by tests/fuzz's run_request campaign).
 TEST(Safetensors, ANumberBeyondADoubleInTheHeaderIsAnErrorNamingTheFile) {
