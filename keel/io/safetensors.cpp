@@ -123,6 +123,24 @@ SafetensorsHeader parse_header(const std::string& path, std::string_view text, u
     if (out.tensors[i].begin < out.tensors[i - 1].end)
       throw bad("tensors '" + out.tensors[i - 1].name + "' and '" + out.tensors[i].name +
                 "' overlap");
+  // The data section holds the tensors back to back and nothing else, as the reference
+  // implementation requires (its InvalidOffset and MetadataIncompleteBuffer): bytes no tensor
+  // covers (a file with something appended, a header entry given twice, whose first bytes no
+  // entry keeps) were accepted without a word.
+  uint64_t at = 0;
+  for (const TensorInfo& t : out.tensors) {
+    if (t.begin != at)
+      throw bad(
+          "tensor '" + t.name + "' starts at data byte " + std::to_string(t.begin) + " but " +
+          (at == 0 ? std::string("the data section starts at 0")
+                   : "the tensor before it ends at " + std::to_string(at)) +
+          ": bytes no tensor covers (a damaged file, or a tensor named twice in the header?)");
+    at = t.end;
+  }
+  if (at != data_len)
+    throw bad("the tensors end at data byte " + std::to_string(at) + " but the file holds " +
+              std::to_string(data_len) + " data bytes: " + std::to_string(data_len - at) +
+              " bytes after the last tensor (something appended to the file?)");
   return out;
 }
 

@@ -64,6 +64,42 @@ TEST(Safetensors, ShapesThatOverflowAreErrorsNamingFileAndTensor) {
   EXPECT_CONTAINS(error_of([&] { shape_numel({big, big}); }), "more than 2^63 elements");
 }
 
+// The data section holds the tensors back to back and nothing else (the reference
+// implementation's InvalidOffset and MetadataIncompleteBuffer): bytes appended to a file, a hole
+// before or between tensors, and a tensor named twice in the header (JSON keeps the last entry,
+// whose bytes the first one's leave uncovered) were read without a word.
+TEST(Safetensors, BytesNoTensorCoversAreAnErrorNamingTheFile) {
+  const json one = {{"w", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}}}};
+  std::string p = write_raw("appended.safetensors", one, 8 + 100);
+  std::string m = error_of([&] { read_safetensors(p); });
+  EXPECT_CONTAINS(m, p + ": not a valid safetensors file: the tensors end at data byte 8 but the "
+                         "file holds 108 data bytes: 100 bytes after the last tensor");
+  EXPECT_CONTAINS(error_of([&] { read_safetensors_header(p); }), "100 bytes after the last tensor");
+  p = write_raw("hole.safetensors",
+                {{"a", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 4}}}},
+                 {"b", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {8, 12}}}}},
+                12);
+  EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }),
+                  "tensor 'b' starts at data byte 8 but the tensor before it ends at 4");
+  p = write_raw("late.safetensors",
+                {{"w", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {4, 8}}}}}, 8);
+  EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }),
+                  "tensor 'w' starts at data byte 4 but the data section starts at 0");
+  // The same name twice: {"w": [0, 4), "w": [4, 8)} parses as the last entry alone.
+  p = test::temp_dir("safetensors") + "/twice.safetensors";
+  const std::string h = R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, )"
+                        R"("w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})";
+  const uint64_t n = h.size();
+  std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(&n), 8)
+      << h << std::string(8, '\0');
+  EXPECT_CONTAINS(error_of([&] { read_safetensors(p); }), "a tensor named twice in the header?");
+  // What keel writes reads back (zero-sized tensors included).
+  p = test::temp_dir("safetensors") + "/ok.safetensors";
+  write_safetensors(
+      p, {{"a", Tensor::zeros({3})}, {"e", Tensor::zeros({0})}, {"b", Tensor::zeros({2, 2})}});
+  EXPECT_EQ(read_safetensors(p).tensors.size(), 3u);
+}
+
 // A zero-sized tensor starts where the next one does: the header's tensors were sorted by their
 // first byte alone, so the pair could come out in either order, and keel's own file {a, e: [0],
 // b} was refused as "tensors 'b' and 'e' overlap".
