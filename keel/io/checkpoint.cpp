@@ -12,6 +12,7 @@
 #include "keel/io/atomic_file.h"
 #include "keel/io/safetensors.h"
 #include "keel/numerics/error.h"
+#include "keel/numerics/input_file.h"
 #include "keel/numerics/text.h"
 
 namespace keel::io {
@@ -128,7 +129,7 @@ void write_dir_atomic(const std::string& dir, const std::function<void(const std
                 " failed: " + ec.message());
   // Leftovers of a crashed save: put an orphaned old directory back first (so that a crash during
   // this save still leaves it), then drop partial temporaries and stale old copies.
-  if (!fs::exists(p.dir))
+  if (!path_exists(p.dir.string()))
     if (auto old = orphaned_old(p)) {
       rename_or_throw(*old, p.dir, "restoring the directory a crashed save moved aside");
       fsync_dir(p.parent.string());
@@ -153,7 +154,7 @@ void write_dir_atomic(const std::string& dir, const std::function<void(const std
     throw;
   }
   stage("tmp_written");
-  const bool had_old = fs::exists(p.dir);
+  const bool had_old = path_exists(p.dir.string());
   if (had_old) {
     try {
       rename_or_throw(p.dir, old, "moving the previous directory aside");
@@ -241,13 +242,13 @@ void prune_step_checkpoints(const std::string& checkpoints_dir, int64_t keep) {
 
 bool checkpoint_exists(const std::string& dir) {
   const Place p = place_of(dir);
-  return complete(p.dir) || (!fs::exists(p.dir) && orphaned_old(p));
+  return complete(p.dir) || (!path_exists(p.dir.string()) && orphaned_old(p));
 }
 
 Checkpoint load_checkpoint(const std::string& dir) {
   const Place p = place_of(dir);
   fs::path src = p.dir;
-  if (!fs::exists(p.dir)) {
+  if (!path_exists(p.dir.string())) {
     // A save crashed between its two renames: the previous checkpoint is complete, aside.
     if (auto old = orphaned_old(p))
       src = *old;
@@ -255,9 +256,10 @@ Checkpoint load_checkpoint(const std::string& dir) {
       throw Error("no checkpoint at " + dir +
                   " (the directory does not exist; check the path, or start without resume)");
   }
-  if (!fs::is_directory(src)) throw Error("checkpoint " + src.string() + " is not a directory");
+  if (!directory_exists(src.string()))
+    throw Error("checkpoint " + src.string() + " is not a directory");
   for (const char* f : {kModel, kOptimizer, kTrainer})
-    if (!fs::is_regular_file(src / f))
+    if (!path_exists((src / f).string()) || !fs::is_regular_file(src / f))
       throw Error("checkpoint " + src.string() + " is incomplete: " + (src / f).string() +
                   " is missing (resume from another checkpoint)");
   Checkpoint c;

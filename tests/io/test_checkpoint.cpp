@@ -231,6 +231,26 @@ TEST(Checkpoint, MissingOrCorruptFilesAreNamed) {
   EXPECT_FALSE(checkpoint_exists(dir));
 }
 
+// checkpoints/last as a symbolic link that leads back to itself: resume printed std::filesystem's
+// "filesystem error: status: Too many levels of symbolic links [OUT/checkpoints/last]".
+TEST(Checkpoint, ASymbolicLinkLoopIsNamedWithTheFix) {
+  const std::string root = test::temp_dir("ckpt-loop");
+  const std::string dir = root + "/last";
+  fs::create_symlink("last", dir);
+  std::string msg = error_of([&] { checkpoint_exists(dir); });
+  EXPECT_NE(msg.find("cannot look at " + dir + ": "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("leads back to itself; fix or remove it"), std::string::npos) << msg;
+  msg = error_of([&] { load_checkpoint(dir); });
+  EXPECT_NE(msg.find("leads back to itself"), std::string::npos) << msg;
+  // A file of a checkpoint that loops.
+  const std::string ok = root + "/step-1";
+  save(ok, 1);
+  fs::remove(ok + "/trainer.json");
+  fs::create_symlink("trainer.json", ok + "/trainer.json");
+  msg = error_of([&] { load_checkpoint(ok); });
+  EXPECT_NE(msg.find("cannot look at " + ok + "/trainer.json"), std::string::npos) << msg;
+}
+
 TEST(Checkpoint, NonFiniteTrainerStateIsRejectedBeforeWriting) {
   const std::string dir = test::temp_dir("ckpt") + "/last";
   save(dir, 1);
