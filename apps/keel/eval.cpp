@@ -100,10 +100,15 @@ int run_eval(EvalArgs& a, bool pack_given) {
                 Error::kUsage);
   if (a.pad.empty()) a.pad = dc.pad;
   if (!pack_given) a.pack = run && dc.pack;
+  // A length the run trained with (a Llama model.path trains past its max_position_embeddings)
+  // was reported as "--seq-len 512: ..." to a user who gave no --seq-len.
   if (a.seq_len < 2 || a.seq_len > t.model->spec().max_seq_len)
-    throw Error("--seq-len " + std::to_string(a.seq_len) + ": use 2 to the model's max_seq_len " +
-                    std::to_string(t.model->spec().max_seq_len),
-                Error::kUsage);
+    throw Error(
+        (seq_len_from == "--seq-len" ? "--seq-len " + std::to_string(a.seq_len) + ": use"
+                                     : seq_len_from + " is " + std::to_string(a.seq_len) +
+                                           ", longer than the model takes: give --seq-len from") +
+            " 2 to the model's max_seq_len " + std::to_string(t.model->spec().max_seq_len),
+        Error::kUsage);
   if (a.batch_size < 1) throw Error("--batch-size must be >= 1", Error::kUsage);
   if (a.pad != "add" && a.pad != "eos")  // any other word was taken as "eos"
     throw Error("--pad " + a.pad + ": use add or eos (as data.pad)", Error::kUsage);

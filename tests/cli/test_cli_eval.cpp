@@ -273,6 +273,30 @@ TEST(CliEval, TrainingSaysHowManyExamplesAreCutToTheRowLength) {
   EXPECT_NOT_CONTAINS(r.err, "are cut");
 }
 
+// A run whose data.seq_len is longer than its model's max_seq_len (a Llama model.path, whose
+// max_position_embeddings keel train does not bound) was told "--seq-len 128: use 2 to the
+// model's max_seq_len 64" by keel eval, which had been given no --seq-len.
+TEST(CliEval, ARunLongerThanItsModelNamesTheRunsSeqLen) {
+  const Files& f = files();  // the base: max_position_embeddings = 64
+  const std::string out = test::temp_dir("eval-long-run") + "/out";
+  test::KeelRun r = test::run_keel(test::with_sets(
+      {"train"},
+      {"run.out_dir=" + out, "model.path=" + f.base, "data.task=jsonl", "data.path=" + f.train,
+       "data.seq_len=128", "train.max_steps=1", "log.tensorboard=false", "run.threads=1"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = test::run_keel({"eval", out, "--data", f.val});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "the run's data.seq_len is 128, longer than the model takes: give "
+                  "--seq-len from 2 to the model's max_seq_len 64");
+  EXPECT_NOT_CONTAINS(r.err, "--seq-len 128");
+  r = test::run_keel({"eval", out, "--data", f.val, "--seq-len", "100"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "--seq-len 100: use 2 to the model's max_seq_len 64");
+  r = test::run_keel({"eval", out, "--data", f.val, "--seq-len", "64"});
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
 TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
   const Files& f = files();
   auto eval_err = [](std::vector<std::string> args) {
