@@ -585,6 +585,15 @@ void validate(Config& c, const Origins& origins) {
     throw usage("data.task = \"" + c.data.task + "\"" + at("data.task") + " needs data.path (the " +
                 (c.data.task == "tokens" ? std::string("llm.c token") : c.data.task) +
                 " file to train on)");
+  // data.pack = true with another task was ignored without a word (keel eval --pack refuses it).
+  if (c.data.pack && c.data.task != "text")
+    throw usage("data.pack = true" + at("data.pack") +
+                " packs a text file into rows; data.task = \"" + c.data.task + "\"" +
+                at("data.task") +
+                (c.data.task == "tokens"  ? std::string(" is trained packed already")
+                 : c.data.task == "jsonl" ? std::string(" keeps each example in a row of its own")
+                                          : std::string(" makes one problem a row")) +
+                "; remove data.pack (or set it to false)");
   if (!c.data.eval_path.empty() && c.data.eval_fraction > 0)
     throw usage(prefix("data.eval_path") +
                 "data.eval_path and data.eval_fraction both give a validation split; set one");

@@ -492,6 +492,17 @@ TEST(Config, RulesAcrossKeysNameBothKeysAndWhereTheyCameFrom) {
   EXPECT_NE(msg.find("data.task = \"jsonl\" (--set data.task=jsonl) needs data.path"),
             std::string::npos)
       << msg;
+  // data.pack with a task it does not apply to was ignored without a word.
+  msg = usage_error([] {
+    load_config("", {"data.task=jsonl", "data.path=a.jsonl", "data.pack=true"});
+  });
+  EXPECT_NE(msg.find("data.pack = true (--set data.pack=true) packs a text file into rows; "
+                     "data.task = \"jsonl\" (--set data.task=jsonl) keeps each example in a row "
+                     "of its own; remove data.pack"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(set_error("data.pack=true").find("makes one problem a row"), std::string::npos);
+  EXPECT_NO_THROW(load_config("", {"data.task=text", "data.path=a.txt", "data.pack=true"}));
   msg = usage_error([] { load_config("", {"scaler.min_scale=4", "scaler.max_scale=2"}); });
   EXPECT_NE(
       msg.find("scaler.min_scale = 4 (--set scaler.min_scale=4) is above scaler.max_scale = 2"),
