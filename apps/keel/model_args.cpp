@@ -60,7 +60,9 @@ ModelForUse load_model_for_use(const ModelArgs& a) {
                     " names no tokenizer (no tokenizer.json or vocab.bpe beside it); give "
                     "--tokenizer byte | gpt2:DIR | hf:PATH",
                 Error::kUsage);
-  m.tokenizer = data::load_tokenizer(m.tokenizer_spec);
+  m.tokenizer =
+      data::load_tokenizer(m.tokenizer_spec, a.tokenizer.empty() ? a.model + "'s tokenizer"
+                                                                 : std::string("--tokenizer"));
   const int64_t vocab = m.trained.model->spec().vocab_size;
   if (m.tokenizer->vocab_size() > vocab)
     throw Error("the tokenizer (" + m.tokenizer_spec + ") has " +

@@ -62,7 +62,7 @@ std::string dump(const nlohmann::json& j) {
 // encoding it whole), written as it comes; a corpus larger than memory converts.
 int write_token_file(const TokenizeArgs& a, bool has_text) {
   const auto in = open_input_text(has_text, a.text, a.file, "--file");
-  const auto tok = data::load_tokenizer(a.tokenizer);
+  const auto tok = data::load_tokenizer(a.tokenizer, "--tokenizer");
   data::TokenFileWriter out(a.output, tok->vocab_size());
   size_t piece = data::kTextPieceBytes;
   if (const char* p = std::getenv("KEEL_TEST_TOKENIZE_PIECE_BYTES"))  // tests: many pieces
@@ -78,7 +78,7 @@ int write_token_file(const TokenizeArgs& a, bool has_text) {
 int run_tokenize(const TokenizeArgs& a, bool has_text) {
   if (!a.output.empty()) return write_token_file(a, has_text);
   const std::string input = read_input_text(has_text, a.text, a.file, "--file");
-  const auto tok = data::load_tokenizer(a.tokenizer);
+  const auto tok = data::load_tokenizer(a.tokenizer, "--tokenizer");
   const std::vector<int32_t> ids = a.decode ? parse_ids(input) : tok->encode(input);
   // `--decode ""` printed nothing and exited 0, as if the ids had decoded to no text.
   if (a.decode && ids.empty())

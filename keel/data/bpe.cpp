@@ -132,8 +132,9 @@ bool byte_level_to_bytes(std::string_view token, std::string* bytes) {
   return true;
 }
 
-std::string read_tokenizer_file(const std::string& path, const std::string& what) {
-  return read_input_file(path, what, "data.tokenizer");
+std::string read_tokenizer_file(const std::string& path, const std::string& what,
+                                const std::string& key) {
+  return read_input_file(path, what, key);
 }
 
 // ---- SplitRegex

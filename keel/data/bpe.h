@@ -96,8 +96,10 @@ struct BpeSpec {
 // larger or non-integer id is an Error naming `where`, never truncated.
 int32_t token_id_from_json(const nlohmann::json& v, const std::string& where);
 
-// The whole file at `path`; `what` names it in the error when it is missing or unreadable.
-std::string read_tokenizer_file(const std::string& path, const std::string& what);
+// The whole file at `path`; `what` names it in the error when it is missing or unreadable, `key`
+// the setting or flag that named it.
+std::string read_tokenizer_file(const std::string& path, const std::string& what,
+                                const std::string& key = "data.tokenizer");
 
 class BpeTokenizer : public Tokenizer {
  public:

@@ -10,39 +10,42 @@ namespace keel::data {
 
 namespace {
 
-std::string first_existing(const std::string& dir, const char* a, const char* b) {
+std::string first_existing(const std::string& dir, const char* a, const char* b,
+                           const std::string& key) {
   std::error_code ec;
   const std::filesystem::path pa = std::filesystem::path(dir) / a;
   if (std::filesystem::exists(pa, ec)) return pa.string();
   const std::filesystem::path pb = std::filesystem::path(dir) / b;
   if (std::filesystem::exists(pb, ec)) return pb.string();
-  throw Error("GPT-2 tokenizer directory " + dir + " holds neither " + a + " nor " + b +
-                  " (data.tokenizer = \"gpt2:DIR\" needs encoder.json/vocab.json and "
+  throw Error("GPT-2 tokenizer directory " + dir + " holds neither " + a + " nor " + b + " (" +
+                  key +
+                  " = \"gpt2:DIR\" needs encoder.json/vocab.json and "
                   "vocab.bpe/merges.txt)",
               Error::kUsage);
 }
 
 }  // namespace
 
-std::unique_ptr<BpeTokenizer> load_gpt2_tokenizer(const std::string& dir) {
+std::unique_ptr<BpeTokenizer> load_gpt2_tokenizer(const std::string& dir, const std::string& key) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec))
-    throw Error("GPT-2 tokenizer directory " + dir +
-                    " does not exist or is not a directory (data.tokenizer = \"gpt2:DIR\")",
+    throw Error("GPT-2 tokenizer directory " + dir + " does not exist or is not a directory (" +
+                    key + " = \"gpt2:DIR\")",
                 Error::kUsage);
-  return load_gpt2_tokenizer(first_existing(dir, "encoder.json", "vocab.json"),
-                             first_existing(dir, "vocab.bpe", "merges.txt"));
+  return load_gpt2_tokenizer_files(first_existing(dir, "encoder.json", "vocab.json", key),
+                                   first_existing(dir, "vocab.bpe", "merges.txt", key), key);
 }
 
-std::unique_ptr<BpeTokenizer> load_gpt2_tokenizer(const std::string& encoder_json,
-                                                  const std::string& vocab_bpe) {
+std::unique_ptr<BpeTokenizer> load_gpt2_tokenizer_files(const std::string& encoder_json,
+                                                        const std::string& vocab_bpe,
+                                                        const std::string& key) {
   BpeSpec spec;
   spec.source = encoder_json + " + " + vocab_bpe;
 
   // encoder.json: {"token": id, ...}.
   nlohmann::json enc;
   try {
-    enc = nlohmann::json::parse(read_tokenizer_file(encoder_json, "GPT-2 vocabulary"));
+    enc = nlohmann::json::parse(read_tokenizer_file(encoder_json, "GPT-2 vocabulary", key));
   } catch (const nlohmann::json::exception& e) {
     throw Error(encoder_json + ": not valid JSON: " + json_error_detail(e.what()));
   }
@@ -53,7 +56,7 @@ std::unique_ptr<BpeTokenizer> load_gpt2_tokenizer(const std::string& encoder_jso
   }
 
   // vocab.bpe: "#version: 0.2", then one merge per line: two tokens separated by a space.
-  const std::string text = read_tokenizer_file(vocab_bpe, "GPT-2 merges file");
+  const std::string text = read_tokenizer_file(vocab_bpe, "GPT-2 merges file", key);
   size_t pos = 0;
   for (int64_t line_no = 1; pos < text.size(); ++line_no) {
     size_t end = text.find('\n', pos);

@@ -13,11 +13,14 @@ namespace keel::data {
 // GPT-2) is the bos and eos token, matched as a special token in text as HF's GPT2Tokenizer does
 // (openai's encoder.py would spell it out as ordinary text); there is no pad token.
 // `dir` holds encoder.json or vocab.json, and vocab.bpe or merges.txt. Errors name the file, the
-// line and the problem.
-std::unique_ptr<BpeTokenizer> load_gpt2_tokenizer(const std::string& dir);
+// line and the problem, and `key`, the setting or flag that named the tokenizer. (Two files are
+// load_gpt2_tokenizer_files: a second string here is the key.)
+std::unique_ptr<BpeTokenizer> load_gpt2_tokenizer(const std::string& dir,
+                                                  const std::string& key = "data.tokenizer");
 
 // The same from explicit files.
-std::unique_ptr<BpeTokenizer> load_gpt2_tokenizer(const std::string& encoder_json,
-                                                  const std::string& vocab_bpe);
+std::unique_ptr<BpeTokenizer> load_gpt2_tokenizer_files(const std::string& encoder_json,
+                                                        const std::string& vocab_bpe,
+                                                        const std::string& key = "data.tokenizer");
 
 }  // namespace keel::data

@@ -184,7 +184,7 @@ int64_t config_token(const Loader& ld, const json& cfg, const char* key,
 
 }  // namespace
 
-std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
+std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path, const std::string& key) {
   std::error_code ec;
   std::filesystem::path file = path;
   if (std::filesystem::is_directory(file, ec)) file /= "tokenizer.json";
@@ -193,7 +193,7 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
   ld.spec.source = ld.file;
   json root;
   try {
-    root = json::parse(read_tokenizer_file(ld.file, "HF tokenizer file"));
+    root = json::parse(read_tokenizer_file(ld.file, "HF tokenizer file", key));
   } catch (const json::exception& e) {
     throw Error(ld.file + ": not valid JSON: " + json_error_detail(e.what()));
   }
@@ -220,7 +220,7 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path) {
   if (std::filesystem::exists(cfg_path, ec)) {
     json cfg;
     try {
-      cfg = json::parse(read_tokenizer_file(cfg_path.string(), "tokenizer config"));
+      cfg = json::parse(read_tokenizer_file(cfg_path.string(), "tokenizer config", key));
     } catch (const json::exception& e) {
       throw Error(cfg_path.string() + ": not valid JSON: " + json_error_detail(e.what()));
     }

@@ -20,6 +20,8 @@ namespace keel::data {
 // bos/eos/pad: from tokenizer_config.json beside the file when it exists (bos_token, eos_token,
 // pad_token), else bos from the post_processor's template and "<|endoftext|>" as bos and eos
 // when the vocabulary has it; -1 when unknown. Llama-3.1 has no pad token (pad_id() == -1).
-std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path);
+// `key`: the setting or flag that named the file (in errors).
+std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path,
+                                                const std::string& key = "data.tokenizer");
 
 }  // namespace keel::data

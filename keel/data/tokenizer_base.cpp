@@ -18,21 +18,21 @@ bool pad_collides(const Tokenizer& tok, int64_t pad_id) {
   return !tok.id_to_token(pad_id).empty();   // a hole in the vocabulary is no token
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec) {
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec, const std::string& key) {
   if (spec == "byte") return std::make_unique<ByteTokenizer>();
   const auto has_prefix = [&](const char* p) { return spec.rfind(p, 0) == 0; };
-  if (has_prefix("gpt2:")) return load_gpt2_tokenizer(spec.substr(5));
-  if (has_prefix("hf:")) return load_hf_tokenizer(spec.substr(3));
+  if (has_prefix("gpt2:")) return load_gpt2_tokenizer(spec.substr(5), key);
+  if (has_prefix("hf:")) return load_hf_tokenizer(spec.substr(3), key);
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path p = spec;
-  if (fs::is_regular_file(p, ec) && p.extension() == ".json") return load_hf_tokenizer(spec);
+  if (fs::is_regular_file(p, ec) && p.extension() == ".json") return load_hf_tokenizer(spec, key);
   if (fs::is_directory(p, ec)) {
-    if (fs::exists(p / "tokenizer.json", ec)) return load_hf_tokenizer(spec);
+    if (fs::exists(p / "tokenizer.json", ec)) return load_hf_tokenizer(spec, key);
     if (fs::exists(p / "vocab.bpe", ec) || fs::exists(p / "merges.txt", ec))
-      return load_gpt2_tokenizer(spec);
+      return load_gpt2_tokenizer(spec, key);
   }
-  throw Error("data.tokenizer = \"" + spec +
+  throw Error(key + " = \"" + spec +
                   "\": not a tokenizer; use \"byte\", \"gpt2:DIR\" (encoder.json + vocab.bpe), "
                   "\"hf:PATH\" (a tokenizer.json or its directory), or such a path",
               Error::kUsage);

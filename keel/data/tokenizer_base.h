@@ -55,6 +55,8 @@ bool pad_collides(const Tokenizer& tok, int64_t pad_id);
 //   PATH                   without a prefix: a .json file is an HF tokenizer.json; a directory
 //                          holding tokenizer.json is HF, one holding vocab.bpe/merges.txt is GPT-2.
 // Errors (kind kUsage for a spec that names nothing usable) name the spec and the fix.
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec);
+// `key`: the setting or flag the spec came from (--tokenizer for the commands' flag).
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec,
+                                          const std::string& key = "data.tokenizer");
 
 }  // namespace keel::data

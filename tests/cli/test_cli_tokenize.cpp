@@ -84,6 +84,13 @@ TEST(CliTokenize, BadInputNamesTheFlagOrTheToken) {
   const test::KeelRun unknown = test::run_keel({"tokenize", "--tokenizer", "/no/such/dir", "x"});
   EXPECT_EQ(unknown.code, 2) << unknown.output;
   EXPECT_CONTAINS(unknown.err, "/no/such/dir");
+  // The flag is named, not the config key data.tokenizer the loaders named.
+  EXPECT_CONTAINS(unknown.err, "--tokenizer = \"/no/such/dir\": not a tokenizer");
+  const test::KeelRun missing =
+      test::run_keel({"tokenize", "--tokenizer", "hf:/no/such.json", "x"});
+  EXPECT_EQ(missing.code, 2) << missing.output;
+  EXPECT_CONTAINS(missing.err, "--tokenizer must name a file");
+  EXPECT_EQ(missing.err.find("data.tokenizer"), std::string::npos) << missing.err;
   // --pieces beside --decode was ignored.
   const test::KeelRun decode_pieces = test::run_keel({"tokenize", "--decode", "--pieces", "65 66"});
   EXPECT_EQ(decode_pieces.code, 2) << decode_pieces.output;

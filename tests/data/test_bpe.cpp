@@ -41,7 +41,7 @@ std::string write_file(const std::string& dir, const std::string& name,
 }
 
 std::unique_ptr<BpeTokenizer> tiny_gpt2() {
-  return load_gpt2_tokenizer(kTiny + "/encoder.json", kTiny + "/vocab.bpe");
+  return load_gpt2_tokenizer_files(kTiny + "/encoder.json", kTiny + "/vocab.bpe");
 }
 
 // A tokenizer.json from the tiny Llama-style file with `edit` applied, in a fresh directory.
@@ -428,11 +428,11 @@ TEST(Tokenizer, LoaderErrorsNameTheFileAndPlace) {
   const std::string enc_path = write_file(dir, "encoder.json", enc);
   // A merge whose part is not in the vocabulary: named by file and line.
   const std::string bad_merge = write_file(dir, "bad.bpe", "#version: 0.2\na a\nq zz\n");
-  EXPECT_CONTAINS(error_of([&] { load_gpt2_tokenizer(enc_path, bad_merge); }), "bad.bpe:3");
+  EXPECT_CONTAINS(error_of([&] { load_gpt2_tokenizer_files(enc_path, bad_merge); }), "bad.bpe:3");
   const std::string bad_line = write_file(dir, "line.bpe", "#version: 0.2\na a\nabc\n");
-  EXPECT_CONTAINS(error_of([&] { load_gpt2_tokenizer(enc_path, bad_line); }), "line.bpe:3");
+  EXPECT_CONTAINS(error_of([&] { load_gpt2_tokenizer_files(enc_path, bad_line); }), "line.bpe:3");
   // Devices never end (read until the OOM killer stopped the run, before).
-  EXPECT_CONTAINS(error_of([&] { load_gpt2_tokenizer(enc_path, "/dev/zero"); }),
+  EXPECT_CONTAINS(error_of([&] { load_gpt2_tokenizer_files(enc_path, "/dev/zero"); }),
                   "GPT-2 merges file /dev/zero is a character device, not a file; "
                   "data.tokenizer must name a file");
   EXPECT_CONTAINS(error_of([&] { load_hf_tokenizer("/dev/zero"); }),
@@ -441,17 +441,17 @@ TEST(Tokenizer, LoaderErrorsNameTheFileAndPlace) {
   json small = read_json(kTiny + "/encoder.json");
   small.erase("\xC4\xA0");
   EXPECT_CONTAINS(error_of([&] {
-                    load_gpt2_tokenizer(write_file(dir, "small.json", small.dump()),
-                                        kTiny + "/vocab.bpe");
+                    load_gpt2_tokenizer_files(write_file(dir, "small.json", small.dump()),
+                                              kTiny + "/vocab.bpe");
                   }),
                   "byte 0x20");
   EXPECT_CONTAINS(error_of([&] {
-                    load_gpt2_tokenizer(write_file(dir, "broken.json", "{\"a\": "),
-                                        kTiny + "/vocab.bpe");
+                    load_gpt2_tokenizer_files(write_file(dir, "broken.json", "{\"a\": "),
+                                              kTiny + "/vocab.bpe");
                   }),
                   "broken.json: not valid JSON");
   const std::string overflow = error_of([&] {
-    load_gpt2_tokenizer(write_file(dir, "big.json", "{\"a\": 1e400}"), kTiny + "/vocab.bpe");
+    load_gpt2_tokenizer_files(write_file(dir, "big.json", "{\"a\": 1e400}"), kTiny + "/vocab.bpe");
   });
   EXPECT_CONTAINS(overflow, "big.json: not valid JSON: number overflow");
   EXPECT_EQ(overflow.find("json.exception"), std::string::npos) << overflow;
@@ -504,14 +504,15 @@ TEST(Tokenizer, TokenIdsAreBoundedAndNeverTruncated) {
   json enc = read_json(kTiny + "/encoder.json");
   const std::string tok = enc.begin().key();
   enc[tok] = (int64_t{1} << 40) + 258;
-  std::string m = error_of(
-      [&] { load_gpt2_tokenizer(write_file(dir, "big.json", enc.dump()), kTiny + "/vocab.bpe"); });
+  std::string m = error_of([&] {
+    load_gpt2_tokenizer_files(write_file(dir, "big.json", enc.dump()), kTiny + "/vocab.bpe");
+  });
   EXPECT_CONTAINS(m, dir + "/big.json");
   EXPECT_CONTAINS(m, "1099511628034");
   EXPECT_CONTAINS(m, "outside 0 to 2147483647");
   enc[tok] = 2147483647;
   m = error_of([&] {
-    load_gpt2_tokenizer(write_file(dir, "sparse.json", enc.dump()), kTiny + "/vocab.bpe");
+    load_gpt2_tokenizer_files(write_file(dir, "sparse.json", enc.dump()), kTiny + "/vocab.bpe");
   });
   EXPECT_CONTAINS(m, "sparse.json");
   EXPECT_CONTAINS(m, "id 2147483647 is beyond the");

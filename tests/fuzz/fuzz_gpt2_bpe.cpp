@@ -10,7 +10,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string bpe =
       keel::fuzz::write("vocab.bpe", cut == std::string::npos ? "" : in.substr(cut + 4));
   keel::fuzz::expect_keel_errors_only([&] {
-    auto tok = keel::data::load_gpt2_tokenizer(enc, bpe);
+    auto tok = keel::data::load_gpt2_tokenizer_files(enc, bpe);
     tok->decode(tok->encode("the quick brown fox, 42 times"));
   });
   return 0;
