@@ -15,6 +15,7 @@
 #include "keel/data/token_file.h"
 #include "keel/numerics/error.h"
 #include "keel/numerics/input_file.h"
+#include "keel/numerics/json_duplicates.h"
 #include "keel/numerics/text.h"
 
 namespace keel::data {
@@ -342,8 +343,9 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
       return Error(path + ": line " + std::to_string(number) + ": " + what);
     };
     json obj;
+    std::string duplicate;
     try {
-      obj = json::parse(line);
+      obj = parse_json_noting_duplicates(line, duplicate);
     } catch (const json::parse_error& e) {
       // e.what() is "[json.exception...] parse error at line 1, column C: DETAIL"; the "line 1"
       // is the line's own, so report the column and the detail only.
@@ -357,6 +359,10 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
     }
     if (!obj.is_object())
       throw bad(std::string("a JSON ") + obj.type_name() + " instead of an object; " + kExpected);
+    // {"text": "a", "text": "b"} trained on "b" without a word.
+    if (!duplicate.empty())
+      throw bad("the key \"" + visible(duplicate) +
+                "\" is given more than once (JSON would keep the last); give each key once");
     auto get_string = [&](const char* key) {
       const json& v = obj.at(key);
       if (!v.is_string())

@@ -2,12 +2,11 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
-#include <unordered_set>
-#include <vector>
 
 #include "keel/io/base_reference.h"
 #include "keel/io/trained_model.h"
 #include "keel/numerics/input_file.h"
+#include "keel/numerics/json_duplicates.h"
 #include "keel/numerics/text.h"
 #include "keel/serve/http_error.h"
 
@@ -29,53 +28,6 @@ std::string tokenizer_path(const std::string& spec, std::string* prefix) {
   return spec == "byte" ? "" : spec;
 }
 
-// One level of a JSON text being parsed: an object (its keys so far, the latest) or an array (its
-// latest element). key_path: where the latest key is ("train.max_steps", "x[2].b").
-struct JsonLevel {
-  bool object = true;
-  std::unordered_set<std::string> keys;  // an object's keys so far
-  std::string key;                       // an object's latest key
-  int64_t index = -1;                    // an array's latest element
-};
-std::string key_path(const std::vector<JsonLevel>& levels) {
-  std::string path;
-  for (const JsonLevel& l : levels)
-    path += l.object ? (path.empty() ? "" : ".") + l.key : "[" + std::to_string(l.index) + "]";
-  return path;
-}
-
-// `body` parsed, and in `duplicate` the path of the first key an object of it holds twice ("" when
-// none): nlohmann::json keeps the last value of a repeated key without a word, so
-// {"train": {"max_steps": 2, "max_steps": 5}} ran 5 steps. Levels hold no paths (a body may be
-// nested a million deep): the path is built when a key repeats.
-json parse_noting_duplicates(const std::string& body, std::string& duplicate) {
-  std::vector<JsonLevel> levels;
-  const json::parser_callback_t note = [&](int, json::parse_event_t event, json& parsed) {
-    using E = json::parse_event_t;
-    switch (event) {
-      case E::object_start:
-      case E::array_start:
-        if (!levels.empty() && !levels.back().object) ++levels.back().index;
-        levels.push_back({});
-        levels.back().object = event == E::object_start;
-        break;
-      case E::key:
-        levels.back().key = parsed.get<std::string>();
-        if (!levels.back().keys.insert(levels.back().key).second && duplicate.empty())
-          duplicate = key_path(levels);
-        break;
-      case E::value:
-        if (!levels.empty() && !levels.back().object) ++levels.back().index;
-        break;
-      case E::object_end:
-      case E::array_end:
-        levels.pop_back();
-        break;
-    }
-    return true;
-  };
-  return json::parse(body, note);
-}
 }  // namespace
 
 Config run_config_of_request(const std::string& body, const PathPolicy& paths,
@@ -83,7 +35,7 @@ Config run_config_of_request(const std::string& body, const PathPolicy& paths,
   json j;
   std::string duplicate;
   try {
-    j = parse_noting_duplicates(body, duplicate);
+    j = parse_json_noting_duplicates(body, duplicate);
   } catch (const json::parse_error& e) {
     throw HttpError(400, std::string(kSource) + ": not JSON (at byte " + std::to_string(e.byte) +
                              "); send an object with the sections of docs/config.md, e.g. " +

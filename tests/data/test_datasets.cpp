@@ -189,6 +189,10 @@ TEST(JsonlDataset, MalformedLinesNameFileLineAndFix) {
       {"{\"text\": 5}\n", "line 1: \"text\" must be a string, got number"},
       {"{\"prompt\": \"p\", \"completion\": null}\n", "\"completion\" must be a string, got null"},
       {"[\"text\", \"a\"]\n", "line 1: a JSON array instead of an object"},
+      // A key given twice kept the last value without a word.
+      {"{\"text\": \"a\"}\n{\"text\": \"a\", \"text\": \"b\"}\n",
+       "line 2: the key \"text\" is given more than once"},
+      {"{\"text\": \"a\", \"text\": 5}\n", "line 1: the key \"text\" is given more than once"},
       {"{\"text\": \"a\", \"prompt\": \"p\", \"completion\": \"c\"}\n", "line 1: has both"},
       {"{\"text\": \"\"}\n", "line 1: nothing to train on"},
       {"{\"text\": \"ok\"}\n{\"prompt\": \"0123456789\", \"completion\": \"c\"}\n",
