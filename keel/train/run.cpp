@@ -123,6 +123,14 @@ models::ModelSpec model_spec(const Config& cfg, int64_t tokenizer_vocab, DType p
   s.n_kv_head = m.n_kv_head;
   s.intermediate_size = m.intermediate_size;
   s.vocab_size = m.vocab_size > 0 ? m.vocab_size : tokenizer_vocab;
+  // Left at its default, model.max_seq_len follows a longer data.seq_len; set shorter, it was
+  // raised without a word. (By value, not by origin: a run's saved config.toml gives every key.)
+  if (m.max_seq_len != ModelConfig{}.max_seq_len && m.max_seq_len < cfg.data.seq_len)
+    throw Error("model.max_seq_len = " + std::to_string(m.max_seq_len) +
+                    " is shorter than data.seq_len = " + std::to_string(cfg.data.seq_len) +
+                    ": a row needs a position for each of its tokens; raise model.max_seq_len "
+                    "(or remove it: it then follows data.seq_len) or lower data.seq_len",
+                Error::kUsage);
   s.max_seq_len = std::max(m.max_seq_len, cfg.data.seq_len);
   s.tie_embeddings = m.tie_embeddings;
   s.rope_theta = m.rope_theta;
@@ -177,6 +185,48 @@ void dora_magnitudes_from_f32_draws(models::CausalLM& m, const models::ModelSpec
       });
 }
 
+// With model.path, config.json gives the model's shape and [model]'s shape keys are not read: a
+// --set model.n_layer=7 trained the file's 2 layers without a word. A key left at its default (or
+// a saved config.toml's) says nothing; one set to another value than the file's is refused.
+void check_shape_keys_match(const ModelConfig& m, const models::ModelSpec& file_spec,
+                            const std::string& path) {
+  const ModelConfig d;
+  auto refuse = [&](const std::string& key, const std::string& given, const std::string& in_file) {
+    throw Error("model." + key + " = " + given + " but model.path (" + path +
+                    "/config.json) gives " + in_file +
+                    ": the file fixes the model's shape, and [model]'s shape keys are not read "
+                    "with it; remove model." +
+                    key + " (or use model.path's own value)",
+                Error::kUsage);
+  };
+  auto integer = [&](const char* key, int64_t given, int64_t def, int64_t in_file) {
+    if (given != def && given != in_file)
+      refuse(key, std::to_string(given), std::to_string(in_file));
+  };
+  if (m.family != d.family && m.family != file_spec.family)
+    refuse("family", "\"" + m.family + "\"", "\"" + file_spec.family + "\"");
+  integer("n_layer", m.n_layer, d.n_layer, file_spec.n_layer);
+  integer("n_embd", m.n_embd, d.n_embd, file_spec.n_embd);
+  integer("n_head", m.n_head, d.n_head, file_spec.n_head);
+  integer("n_kv_head", m.n_kv_head, d.n_kv_head, file_spec.kv_heads());
+  integer("intermediate_size", m.intermediate_size, d.intermediate_size, file_spec.ffn_dim());
+  integer("vocab_size", m.vocab_size, d.vocab_size, file_spec.vocab_size);
+  integer("max_seq_len", m.max_seq_len, d.max_seq_len, file_spec.max_seq_len);
+  if (m.tie_embeddings != d.tie_embeddings && m.tie_embeddings != file_spec.tie_embeddings)
+    refuse("tie_embeddings", m.tie_embeddings ? "true" : "false",
+           file_spec.tie_embeddings ? "true" : "false");
+  auto shown = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.10g", v);
+    return std::string(buf);
+  };
+  auto real = [&](const char* key, double given, double def, double in_file) {
+    if (given != def && given != in_file) refuse(key, shown(given), shown(in_file));
+  };
+  real("rope_theta", m.rope_theta, d.rope_theta, file_spec.rope_theta);
+  real("norm_eps", m.norm_eps, d.norm_eps, file_spec.norm_eps);
+}
+
 std::string mb(size_t bytes) { return std::to_string((bytes + (1 << 19)) >> 20) + " MB"; }
 
 }  // namespace
@@ -192,6 +242,7 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
   const host_memory::ProcessMemory before = host_memory::process_memory();
   if (!cfg.model.path.empty()) {
     io::HfConfig hf = io::read_hf_config(cfg.model.path);
+    check_shape_keys_match(cfg.model, hf.spec, cfg.model.path);
     hf.spec.param_dtype = param_dtype;
     hf.spec.attention = ops::attention_backend_from_name(cfg.model.attention);
     hf.spec.dropout = cfg.model.dropout;
@@ -214,6 +265,19 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
                       cfg.model.path + "/config.json's n_positions = " +
                       std::to_string(hf.spec.max_seq_len) + "; lower data.seq_len",
                   Error::kUsage);
+    // RoPE has no table to run off, so a Llama trains past max_position_embeddings; its positions
+    // beyond it were never trained (nor, without rope_scaling, meant to be used), and keel eval
+    // and generate keep to it. Said once, so that a long data.seq_len is a choice.
+    if (hf.spec.family == "llama" && cfg.data.seq_len > hf.spec.max_seq_len)
+      say_or_print(say, "note: data.seq_len = " + std::to_string(cfg.data.seq_len) + " exceeds " +
+                            cfg.model.path + "/config.json's max_position_embeddings = " +
+                            std::to_string(hf.spec.max_seq_len) +
+                            ": rows are trained at positions the model was not, and keel eval "
+                            "and generate stop at " +
+                            std::to_string(hf.spec.max_seq_len) +
+                            "; lower data.seq_len to keep to the model's context, or raise "
+                            "max_position_embeddings (with rope_scaling) in config.json to "
+                            "extend it");
   } else {
     const models::ModelSpec spec = model_spec(cfg, tok.vocab_size(), param_dtype);
     if (adapted && param_dtype == DType::F32 && base_dt != DType::F32) {

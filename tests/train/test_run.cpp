@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "keel/io/hf_weights.h"
 #include "keel/optim/adamw.h"
 #include "keel/optim/sgd.h"
 #include "keel/train/run.h"
@@ -32,9 +33,10 @@ Config tiny(const std::string& tag, std::vector<std::string> sets = {}) {
 }
 
 TEST(RunFactory, EveryScalerKeyReachesTheScaler) {
-  keel::Run r = build_run(tiny("scaler", {"train.precision=16-mixed", "scaler.init_scale=1024",
-                                    "scaler.hysteresis=3", "scaler.consecutive_hysteresis=true",
-                                    "scaler.min_scale=2", "scaler.max_scale=4096"}));
+  keel::Run r =
+      build_run(tiny("scaler", {"train.precision=16-mixed", "scaler.init_scale=1024",
+                                "scaler.hysteresis=3", "scaler.consecutive_hysteresis=true",
+                                "scaler.min_scale=2", "scaler.max_scale=4096"}));
   ASSERT_NE(r.scaler, nullptr);
   const GradScalerOptions& o = r.scaler->options();
   EXPECT_EQ(o.init_scale, 1024);
@@ -55,7 +57,8 @@ TEST(RunFactory, EveryOptimizerKeyReachesTheOptimizer) {
   EXPECT_EQ(adamw->options().eps, 1e-6);
   EXPECT_TRUE(adamw->options().stochastic_rounding);
   EXPECT_EQ(adamw->options().seed, 77u);  // the rounding's stream is the run's
-  keel::Run s = build_run(tiny("sgd", {"optim.name=sgd", "optim.momentum=0.5", "optim.nesterov=true"}));
+  keel::Run s =
+      build_run(tiny("sgd", {"optim.name=sgd", "optim.momentum=0.5", "optim.nesterov=true"}));
   const auto* sgd = dynamic_cast<const optim::SGD*>(s.optimizer.get());
   ASSERT_NE(sgd, nullptr);
   EXPECT_EQ(sgd->options().momentum, 0.5);
@@ -94,8 +97,81 @@ TEST(RunFactory, Gpt2WithAnUntiedHeadIsRefusedNotIgnored) {
       test::error_of([] { build_run(tiny("untied", {"model.tie_embeddings=false"})); });
   EXPECT_CONTAINS(msg, "model.tie_embeddings = false");
   EXPECT_CONTAINS(msg, "model.family = \"llama\"");
-  keel::Run llama = build_run(tiny("untied-llama", {"model.family=llama", "model.tie_embeddings=false"}));
+  keel::Run llama =
+      build_run(tiny("untied-llama", {"model.family=llama", "model.tie_embeddings=false"}));
   EXPECT_FALSE(llama.model->spec().tie_embeddings);
+}
+
+// model.path's config.json fixes the shape: a shape key set to another value was not read, and the
+// run trained the file's model without a word (--set model.n_layer=7 on a 2-layer file).
+TEST(RunFactory, AShapeKeyThatDisagreesWithModelPathIsRefusedNotIgnored) {
+  const std::string dir = test::temp_dir("shape-keys") + "/llama";
+  {
+    keel::Run base = build_run(tiny("shape-keys-base", {"model.family=llama", "model.n_layer=3"}));
+    io::save_hf_model(*base.model, dir);
+  }
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"model.n_layer=7", "model.n_layer = 7 but model.path (" + dir + "/config.json) gives 3"},
+      {"model.family=gpt2", ""},  // the default: says nothing either way
+      {"model.n_head=8", "model.n_head = 8 but model.path"},
+      {"model.max_seq_len=64", "model.max_seq_len = 64 but model.path"},
+      {"model.rope_theta=500000", "model.rope_theta = 500000 but model.path"},
+      {"model.norm_eps=1e-6", "model.norm_eps = 1e-06 but model.path"},
+      {"model.n_layer=3", ""},  // the file's own value
+  };
+  for (const auto& [set, expected] : cases) {
+    SCOPED_TRACE(set);
+    const Config cfg =
+        load_config("", {"run.out_dir=" + test::temp_dir("shape-keys-run"), "model.path=" + dir,
+                         set, "data.seq_len=16", "train.max_steps=1", "log.console=false",
+                         "log.metrics=false", "log.tensorboard=false"});
+    if (expected.empty()) {
+      EXPECT_EQ(build_run(cfg).model->spec().n_layer, 3);
+    } else {
+      const std::string msg = test::error_of([&] { build_run(cfg); });
+      EXPECT_CONTAINS(msg, expected);
+      EXPECT_CONTAINS(msg, "remove " + set.substr(0, set.find('=')));
+    }
+  }
+}
+
+// Set shorter than data.seq_len, model.max_seq_len was raised to it without a word; left at its
+// default it follows data.seq_len.
+TEST(RunFactory, AModelMaxSeqLenShorterThanTheRowsIsRefusedNotRaised) {
+  const std::string msg = test::error_of([] {
+    build_run(tiny("short-max-seq", {"model.max_seq_len=8", "data.seq_len=16"}));
+  });
+  EXPECT_CONTAINS(msg, "model.max_seq_len = 8 is shorter than data.seq_len = 16");
+  keel::Run run = build_run(tiny("long-rows", {"data.seq_len=200"}));
+  EXPECT_EQ(run.model->spec().max_seq_len, 200);
+}
+
+// A Llama model.path trains past max_position_embeddings (RoPE has no table to run off), and says
+// so.
+TEST(RunFactory, RowsLongerThanALlamaFilesContextAreSaid) {
+  const std::string dir = test::temp_dir("llama-context") + "/llama";
+  {
+    keel::Run base =
+        build_run(tiny("llama-context-base", {"model.family=llama", "model.max_seq_len=16"}));
+    io::save_hf_model(*base.model, dir);
+  }
+  std::string said;
+  RunOptions opt;
+  opt.say = [&](const std::string& m) { said += m + "\n"; };
+  const Config cfg =
+      load_config("", {"run.out_dir=" + test::temp_dir("llama-context-run"), "model.path=" + dir,
+                       "data.seq_len=32", "train.max_steps=1", "log.console=false",
+                       "log.metrics=false", "log.tensorboard=false"});
+  build_run(cfg, opt);
+  EXPECT_CONTAINS(
+      said, "data.seq_len = 32 exceeds " + dir + "/config.json's max_position_embeddings = 16");
+  said.clear();
+  const Config within =
+      load_config("", {"run.out_dir=" + test::temp_dir("llama-context-run2"), "model.path=" + dir,
+                       "data.seq_len=16", "train.max_steps=1", "log.console=false",
+                       "log.metrics=false", "log.tensorboard=false"});
+  build_run(within, opt);
+  EXPECT_NOT_CONTAINS(said, "max_position_embeddings");
 }
 
 TEST(RunFactory, MissingTrainingDataIsNamedWhenOptionalAndAnErrorOtherwise) {
