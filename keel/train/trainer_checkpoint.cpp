@@ -292,6 +292,22 @@ void Trainer::load_checkpoint(const std::string& dir) {
             ": it continues from the same global micro-batch, but steps now group " +
             std::to_string(run_.cfg.train.grad_accum * coll_->world_size()) +
             " micro-batches, so the loss sequence differs from the original run's");
+  // A 16-mixed checkpoint without a scaler's state (its run had scaler.enabled = false, or the
+  // file lost it) started the scaler afresh without a word; one with a state under a run whose
+  // scaler is now off dropped the scale silently.
+  if (run_.scaler && !st.contains("scaler"))
+    message(tj + " holds no loss-scaler state (its run had scaler.enabled = false, or the file " +
+            "lost it): the scaler starts afresh at scaler.init_scale = " +
+            json(run_.cfg.scaler.init_scale).dump() +
+            " and backs off again on the first overflowing steps");
+  if (!run_.scaler && st.contains("scaler") && st["scaler"].is_object() &&
+      st["scaler"].contains("scale"))
+    message(tj + " holds a loss scale of " + st["scaler"]["scale"].dump() +
+            " that this run drops: " +
+            (run_.cfg.train.precision == "16-mixed"
+                 ? std::string("scaler.enabled = false now, so f16 gradients below 2^-24 flush "
+                               "to zero unscaled")
+                 : "train.precision = " + run_.cfg.train.precision + " uses no loss scaler"));
   if (run_.scaler && st.contains("scaler")) {
     if (!st["scaler"].is_object()) throw Error(tj + ": \"scaler\" must be an object; " + fix);
     std::map<std::string, double> scaler;

@@ -381,6 +381,38 @@ TEST(Trainer, ADamagedOptimizerOrScalerStateNamesTheCheckpointFile) {
   EXPECT_CONTAINS(m, "missing key 'scale'");
 }
 
+// A 16-mixed checkpoint without a scaler's state resumed a fresh scaler without a word, and one
+// with a state under a run whose scaler is off dropped it silently: both are said.
+TEST(Trainer, AResumeThatStartsOrDropsTheLossScalerSaysSo) {
+  Config c = small_config("scaler-state");
+  c.train.precision = "16-mixed";
+  c.data.eval_examples = 0;
+  const std::string dir = c.run.out_dir + "/ck";
+  Trainer(c).save_checkpoint(dir);
+  auto said_on_load = [&](const Config& cfg) {
+    std::string said;
+    TrainerHooks h;
+    h.on_message = [&](const std::string& m) { said += m + "\n"; };
+    Trainer t(cfg, h);
+    t.load_checkpoint(dir);
+    return said;
+  };
+  EXPECT_NOT_CONTAINS(said_on_load(c), "scale");
+  Config off = c;
+  off.scaler.enabled = false;
+  EXPECT_CONTAINS(said_on_load(off),
+                  "/ck/trainer.json holds a loss scale of 65536.0 that this "
+                  "run drops: scaler.enabled = false now");
+  const std::string tj = dir + "/trainer.json";
+  nlohmann::json st = nlohmann::json::parse(test::slurp(tj));
+  st.erase("scaler");
+  std::ofstream(tj) << st.dump();
+  EXPECT_CONTAINS(said_on_load(c),
+                  "/ck/trainer.json holds no loss-scaler state (its run had "
+                  "scaler.enabled = false, or the file lost it): the scaler "
+                  "starts afresh at scaler.init_scale = 65536.0");
+}
+
 TEST(Trainer, DeterministicAcrossRuns) {
   auto run = [] {
     Config c = small_config("det");
