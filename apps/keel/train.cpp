@@ -19,6 +19,7 @@
 #include "keel/monitor/memory_estimate.h"
 #include "keel/monitor/nan_capture.h"
 #include "keel/monitor/tracer.h"
+#include "keel/ops/elementwise.h"
 #include "keel/train/eval_loss.h"
 #include "keel/train/stop_request.h"
 #include "keel/train/trainer.h"
@@ -226,6 +227,20 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   // wider than the tokenizer's ids (a byte tokenizer over Llama-3's 128,256 rows): a random model
   // starts near ln 128256 = 11.8, not ln 259 = 5.6, and is no divergence there.
   advisor_opt.uniform_loss = std::log(static_cast<double>(trainer.model().spec().vocab_size));
+  // What "stalled" measures an update against: the trainable matrices as they start (not their
+  // norm gains and biases, whose 1s and 0s say nothing of a weight's scale).
+  advisor_opt.peak_lr = cfg.optim.lr;
+  advisor_opt.adaptive = cfg.optim.name != "sgd";
+  if (rank == 0 && trainer.steps_done() == 0) {
+    double sum_sq = 0;
+    int64_t n = 0;
+    for (const auto& [name, p] : trainer.run().trainable)
+      if (p.dim() >= 2) {
+        sum_sq += ops::sum_squares(p);
+        n += p.numel();
+      }
+    if (n > 0) advisor_opt.weight_rms = std::sqrt(sum_sq / static_cast<double>(n));
+  }
   advisor_opt.describe_example = [&trainer](int64_t id) {
     return trainer.run().data.train->where(id);
   };

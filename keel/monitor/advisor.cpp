@@ -70,8 +70,11 @@ std::string TrendAdvisor::observe(StepResult& r, const std::vector<BlockGradNorm
   const bool round_due = observe_rounding(r, &round);
   std::string advice = trend_line(r);
   if (!advice.empty()) findings_.push_back(finding_);
+  Finding stall;
+  const bool stall_due = observe_stall(r, &stall);
   if (under_due) explain_vanished(r, under);
-  for (const Finding* f : {under_due ? &under : nullptr, round_due ? &round : nullptr}) {
+  for (const Finding* f :
+       {under_due ? &under : nullptr, round_due ? &round : nullptr, stall_due ? &stall : nullptr}) {
     if (!f) continue;
     findings_.push_back(*f);
     advice += (advice.empty() ? "" : "\n") + f->trend + ": " + f->cause + "; " + f->action;
@@ -99,6 +102,42 @@ bool TrendAdvisor::observe_start(const StepResult& r, Finding* f) {
   f->action =
       "check the initialization (model.init_std; 0.02 is usual) or the weights of model.path; "
       "training may pull the loss down from there";
+  return true;
+}
+
+bool TrendAdvisor::observe_stall(const StepResult& r, Finding* f) {
+  if (!r.stepped || !std::isfinite(r.loss)) return false;
+  recent_losses_.push_back(r.loss);
+  if (recent_losses_.size() > 10) recent_losses_.pop_front();
+  if (opt_.peak_lr <= 0 || r.lr < 0.5 * opt_.peak_lr) return false;
+  ++full_lr_steps_;
+  if (stall_reported_ || full_lr_steps_ < opt_.stall_steps || !start_observed_ ||
+      start_loss_ <= 0 || opt_.weight_rms <= 0 || trend_ != Trend::kStable ||
+      !(r.grad_norm > opt_.vanish_abs) || !std::isfinite(r.grad_norm))
+    return false;
+  const double now = median({recent_losses_.begin(), recent_losses_.end()});
+  const double fall = (start_loss_ - now) / start_loss_;
+  // AdamW moves an element by about lr (m / sqrt(v) is at most ~1); SGD by lr times its gradient.
+  const double n = static_cast<double>(std::max<int64_t>(opt_.num_params, 1));
+  const double move = opt_.adaptive ? r.lr / opt_.weight_rms
+                                    : r.lr * r.grad_norm / (opt_.weight_rms * std::sqrt(n));
+  if (fall >= opt_.stall_fall || move >= opt_.stall_move) return false;
+  stall_reported_ = true;
+  f->step = r.step;
+  f->trend = "stalled";
+  f->cause =
+      (fall > 0 ? "the loss fell " + num(100 * fall) + "% in " : "the loss did not fall in ") +
+      std::to_string(full_lr_steps_) + " updates at the full learning rate (" + num(start_loss_) +
+      " before the first, " + num(now) +
+      " now) while the gradients are finite and non-zero (grad norm " + num(r.grad_norm) +
+      "): an update moves the weights by " + (opt_.adaptive ? "at most " : "") + "~" + num(move) +
+      " of their RMS (" + num(opt_.weight_rms) + "; " +
+      (opt_.adaptive ? "AdamW moves each by about lr = " + num(r.lr)
+                     : "SGD moves them by lr = " + num(r.lr) + " times the gradient") +
+      ")";
+  f->action =
+      "optim.lr is far too low: raise it (AdamW usually trains from scratch at 1e-4 to "
+      "3e-3, fine-tunes at 1e-5 to 2e-4 and LoRA at 1e-4 to 1e-3)";
   return true;
 }
 
@@ -197,6 +236,12 @@ void TrendAdvisor::explain_vanished(const StepResult& r, Finding& f) const {
 
 bool TrendAdvisor::observe_rounding(const StepResult& r, Finding* f) {
   if (!r.stepped || r.update_elements <= 0) return false;
+  // A schedule's decayed tail (cosine to 0) makes updates too small to land by design: told to
+  // "raise optim.lr" at its last steps, a healthy run was misled.
+  if (opt_.peak_lr > 0 && r.lr < 0.1 * opt_.peak_lr) {
+    round_run_ = 0;
+    return false;
+  }
   const double share = static_cast<double>(r.rounded_away) / static_cast<double>(r.update_elements);
   if (share < opt_.round_share) {
     round_run_ = 0;

@@ -29,6 +29,11 @@
 // gets one "initialization" finding at that step (the weights, not the learning rate), and the
 // diverged rule then measures against that start instead of ln V: a loss that falls from 12.9
 // (model.init_std 0.5) was told "diverged ... lower optim.lr".
+// A run whose loss barely moves while its updates are tiny against its weights gets one "stalled"
+// finding: 50 updates at full learning rate, the loss down less than 2% from before the first,
+// and an update at most 1e-4 of the weights' RMS (AdamW: lr / RMS): optim.lr is far too low.
+// Both are needed: a flat loss alone may be data with little left to learn, and small updates
+// alone a model that learns anyway.
 // Grad norms of steps the scaler skipped (inf by design) are left out of the medians.
 //
 // The window holds the last `window` (20) steps. No advice is given while the class stays the
@@ -104,12 +109,27 @@ struct AdvisorOptions {
   // weights and the optimizer is the suspect, not the data.
   std::function<double(const std::vector<int64_t>&)> batch_loss;
   double spike_batch_ratio = 1.5;
+  // optim.lr, the schedule's peak (0 = unknown): steps of a warmup or of a decayed tail (their lr
+  // below half of it) do not count towards "stalled", and a decayed tail (below a tenth) whose
+  // updates round away is the schedule, not a learning rate to raise.
+  double peak_lr = 0;
+  // RMS of the trainable matrices (>= 2-D) before the first update (0 = unknown), and whether the
+  // optimizer moves each element by about lr whatever its gradient (AdamW: true) or by lr times
+  // it (SGD: false): the relative size of an update, which "stalled" needs.
+  double weight_rms = 0;
+  bool adaptive = true;
+  // stalled: after stall_steps (50) updates at >= half the peak lr, the loss fell less than
+  // stall_fall (2%) from the loss before any update, and an update moves the weights by less than
+  // stall_move (1e-4) of their RMS: the learning rate is far too low (optim.lr = 1e-7 for 1e-4).
+  int64_t stall_steps = 50;
+  double stall_fall = 0.02;
+  double stall_move = 1e-4;
 };
 
 // One finding, as metrics.jsonl records it: {"kind": "advisor", step, trend, cause, action,
 // examples (the batch of a spike), layers (the vanished blocks of an underflow), share (the
-// rounded-away share of a rounding finding)}. `trend`: a trend's name, "underflow", "rounding" or
-// "initialization".
+// rounded-away share of a rounding finding)}. `trend`: a trend's name, "underflow", "rounding",
+// "initialization" or "stalled".
 struct Finding {
   int64_t step = 0;
   std::string trend, cause, action;
@@ -155,6 +175,11 @@ class TrendAdvisor {
   double start_loss_ = 0;
   bool start_observed_ = false;
   bool observe_start(const StepResult& r, Finding* f);
+  // "stalled" (AdvisorOptions::stall_steps): said once, for a run that started at step 1.
+  bool observe_stall(const StepResult& r, Finding* f);
+  int64_t full_lr_steps_ = 0;         // applied steps at >= half the peak lr
+  std::deque<double> recent_losses_;  // finite losses of the last 10 applied steps
+  bool stall_reported_ = false;
   // The best window so far: the lowest median loss of the last 3 applied steps, and the median
   // grad norm of those steps. A divergence cannot contaminate it (it only ever goes down).
   double best_loss_ = 0, best_norm_ = 0;

@@ -41,6 +41,30 @@ test::KeelRun train(const std::vector<std::string>& sets) {
   return test::run_keel(test::with_sets({"train"}, all), {"OMP_NUM_THREADS=1"});
 }
 
+// optim.lr = 1e-6 on the built-in task (1e-3 meant): 60 steps, every one finite, the loss flat
+// within its noise. Without "stalled" the run said nothing at all. The same run at 1e-5 learns
+// slowly and at the default lr well: neither is told its lr is too low.
+TEST(CliAdvisor, ALearningRateFarTooLowIsStalled) {
+  const std::string dir = test::temp_dir("cli-advisor-lr-low");
+  auto run = [&](const std::string& lr) {
+    const test::KeelRun r =
+        train({"run.out_dir=" + dir, "run.overwrite=true", "optim.lr=" + lr, "train.max_steps=60",
+               "sched.name=constant", "data.eval_examples=0"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r;
+  };
+  test::KeelRun r = run("1e-6");
+  std::vector<json> f = findings_of(dir, "stalled");
+  ASSERT_EQ(f.size(), 1u) << r.output;
+  EXPECT_EQ(f[0].at("step"), 50);
+  EXPECT_CONTAINS(f[0].at("action").get<std::string>(), "optim.lr is far too low");
+  EXPECT_CONTAINS(r.out, "advice: stalled: the loss ");
+  for (const std::string lr : {"1e-5", "3e-3"}) {
+    r = run(lr);
+    EXPECT_TRUE(findings_of(dir, "stalled").empty()) << lr << ": " << r.output;
+  }
+}
+
 // A random model whose vocabulary is far wider than the tokenizer's ids (the seed bench: keel's
 // byte tokenizer over Llama-3's 128,256 rows) starts near ln V of its own logits, ln 32000 = 10.4
 // here, which is above 1.5 x ln 259. That is where every untrained model starts, no divergence: the

@@ -568,5 +568,70 @@ TEST(Advisor, RoundedAwayUpdatesAreReportedWithTheFix) {
   EXPECT_TRUE(sr.of("rounding").empty());
 }
 
+// optim.lr = 1e-6 where 1e-3 was meant: the loss barely moves and nothing else is wrong, so no
+// trend fires. "stalled" needs both a flat loss and updates tiny against the weights: the same
+// flat loss at a healthy lr (data with little left to learn) and the same lr with a falling loss
+// say nothing, nor do a warmup's and a decayed tail's steps count.
+StepResult lr_step(int64_t i, double loss, double lr) {
+  StepResult r = step(i, loss, 2.0);
+  r.lr = lr;
+  return r;
+}
+
+TEST(Advisor, AFlatLossUnderUpdatesTinyAgainstTheWeightsIsStalled) {
+  AdvisorOptions o;
+  o.peak_lr = 1e-6;
+  o.weight_rms = 0.02;  // an update moves the weights by 5e-5 of their RMS
+  LayerFeed low(o);
+  for (int64_t i = 1; i <= 80; ++i)
+    low.feed(lr_step(i, 5.5 - 1e-4 * static_cast<double>(i) + 0.02 * std::cos(i), 1e-6), {});
+  const auto f = low.of("stalled");
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].step, 50);
+  EXPECT_CONTAINS(f[0].cause, "in 50 updates at the full learning rate");
+  EXPECT_CONTAINS(f[0].cause, "~5e-05 of their RMS (0.02; AdamW moves each by about lr = 1e-06)");
+  EXPECT_CONTAINS(f[0].action, "optim.lr is far too low: raise it");
+
+  o.peak_lr = 1e-3;  // the same flat loss with updates of 5% of the weights: not the lr
+  LayerFeed flat(o);
+  for (int64_t i = 1; i <= 80; ++i) flat.feed(lr_step(i, 5.5 + 0.02 * std::cos(i), 1e-3), {});
+  EXPECT_TRUE(flat.of("stalled").empty());
+
+  o.peak_lr = 1e-6;  // the same lr, and the loss falls: it learns, slowly
+  LayerFeed falling(o);
+  for (int64_t i = 1; i <= 80; ++i)
+    falling.feed(lr_step(i, 5.5 * std::exp(-0.002 * static_cast<double>(i)), 1e-6), {});
+  EXPECT_TRUE(falling.of("stalled").empty());
+
+  LayerFeed warmup(o);  // 60 warmup steps below half the peak, 30 at it: not yet 50
+  for (int64_t i = 1; i <= 90; ++i)
+    warmup.feed(lr_step(i, 5.5, i <= 60 ? 1e-6 * static_cast<double>(i) / 200 : 1e-6), {});
+  EXPECT_TRUE(warmup.of("stalled").empty());
+
+  o.adaptive = false;  // SGD moves by lr x gradient: 1e-6 * 2 / (0.02 * sqrt(1e4)) = 1e-6
+  o.num_params = 10000;
+  LayerFeed sgd(o);
+  for (int64_t i = 1; i <= 60; ++i) sgd.feed(lr_step(i, 5.5, 1e-6), {});
+  ASSERT_EQ(sgd.of("stalled").size(), 1u);
+  EXPECT_CONTAINS(sgd.of("stalled")[0].cause, "SGD moves them by lr = 1e-06 times the gradient");
+}
+
+// A cosine schedule decays to ~0: its last updates round away by design, and "raise optim.lr"
+// misled a healthy run at its end. Below a tenth of the peak, rounding is not counted.
+TEST(Advisor, UpdatesRoundedAwayInADecayedTailAreTheSchedule) {
+  AdvisorOptions o;
+  o.peak_lr = 3e-3;
+  LayerFeed tail(o);
+  for (int64_t i = 1; i <= 10; ++i) {
+    StepResult r = update_step(i, 1000, 900);
+    r.lr = 1e-6;
+    tail.feed(r, layers_of(false, false));
+  }
+  EXPECT_TRUE(tail.of("rounding").empty());
+  LayerFeed full(o);
+  for (int64_t i = 1; i <= 10; ++i) full.feed(update_step(i, 1000, 900), layers_of(false, false));
+  EXPECT_EQ(full.of("rounding").size(), 1u);
+}
+
 }  // namespace
 }  // namespace keel
