@@ -317,7 +317,9 @@ SanityRun sanity_run(const Config& base, const std::string& label,
     std::vector<std::string> ov = {"run.out_dir=" + out_dir, "run.resume=false",
                                    "debug.underflow_overflow.enabled=false"};
     ov.insert(ov.end(), sets.begin(), sets.end());
-    Run run = build_run(load_config_text(config_to_toml(base), "the config", ov));
+    RunOptions quiet;  // its notices are the probe's, said once there
+    quiet.say = [](const std::string&) {};
+    Run run = build_run(load_config_text(config_to_toml(base), "the config", ov), quiet);
     s.precision = run.policy.name();
     s.attention = ops::attention_backend_name(run.model->spec().attention);
     const std::vector<data::Batch> window = {run.loader->batch(0, 0)};
@@ -385,7 +387,17 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
       c.run.out_dir = out_dir + "/probe";
       c.run.resume = false;
       c.debug.underflow_overflow.enabled = false;
-      probe = build_run(c);
+      // Its notices go to stderr as keel train's would, but for the weights a 16-bit format
+      // cannot hold: those are an error check of their own below.
+      RunOptions o;
+      o.say = [](const std::string& m) {
+        if (m.rfind("warning: ", 0) != 0 ||
+            m.find(" beyond f16's largest finite ") == std::string::npos)
+          std::fprintf(stderr, "%s\n", m.c_str());
+      };
+      probe = build_run(c, o);
+      for (const std::string& w : weights_beyond_compute_format(*probe->model, probe->policy))
+        r.checks.push_back(make("error", "weights", w));
     } catch (const std::exception& e) {
       r.checks.push_back(make("error", "setup", std::string("the run cannot start: ") + e.what()));
     }

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "keel/backend/cuda_api.h"
+#include "keel/backend/monitor.h"
 #include "keel/backend/parallel.h"
 #include "keel/data/arith.h"
 #include "keel/data/dataset.h"
@@ -19,6 +20,7 @@
 #include "keel/models/resize.h"
 #include "keel/nn/adapters/adapter.h"
 #include "keel/nn/adapters/dora.h"
+#include "keel/nn/layers.h"
 #include "keel/numerics/utc_time.h"
 #include "keel/optim/adamw.h"
 #include "keel/optim/sgd.h"
@@ -368,6 +370,50 @@ std::unique_ptr<GradScaler> build_scaler(const Config& cfg, const PrecisionPolic
   return std::make_unique<GradScaler>(cfg.scaler);
 }
 
+std::vector<std::string> weights_beyond_compute_format(models::CausalLM& model,
+                                                       const PrecisionPolicy& policy) {
+  if (policy.compute_dtype != DType::F16 || policy.kind == Precision::k32True) return {};
+  constexpr double kOverflow = 65520;  // halfway to 2^16: rounds to inf, ties to even
+  std::vector<Tensor> cast;            // handles: named_parameters() returns a temporary list
+  for (nn::Module* m : model.modules())
+    if (auto* lin = dynamic_cast<nn::Linear*>(m)) cast.push_back(lin->weight);
+  if (model.spec().tie_embeddings)
+    for (auto& [name, p] : model.named_parameters())
+      if (name == "transformer.wte.weight" || name == "model.embed_tokens.weight")
+        cast.push_back(p);
+  std::vector<std::string> out;
+  for (const Tensor& w : cast) {
+    if (!w.defined() || w.numel() == 0 || !dtype_is_floating(w.dtype())) continue;
+    const TensorStats st =
+        monitor_kernels(w.device()).stats(w.data(), w.dtype(), w.numel(), w.dtype());
+    if (st.nan + st.inf == 0 && st.abs_max < kOverflow) continue;
+    // Rare: find the first such value on a CPU copy, for its index.
+    const Tensor host = w.to(Device::cpu()).to_dtype(DType::F32);
+    const float* v = static_cast<const float*>(host.data());
+    int64_t first = 0, count = 0;
+    for (int64_t i = 0; i < host.numel(); ++i)
+      if (!(std::fabs(v[i]) < kOverflow) && !std::isnan(v[i]) && count++ == 0) first = i;
+    if (count == 0) continue;  // NaN only: loaded under model.allow_nonfinite_weights, said there
+    Shape at(w.shape().size(), 0);
+    for (int64_t rest = first, d = static_cast<int64_t>(at.size()) - 1; d >= 0; --d) {
+      at[static_cast<size_t>(d)] = rest % w.shape()[static_cast<size_t>(d)];
+      rest /= w.shape()[static_cast<size_t>(d)];
+    }
+    char value[32];
+    std::snprintf(value, sizeof value, "%.6g", static_cast<double>(v[first]));
+    const bool stored_f16 = w.dtype() == DType::F16;
+    out.push_back(
+        w.name() + " holds " + std::to_string(count) + " value" + (count == 1 ? "" : "s") +
+        " beyond f16's largest finite 65504 (the first " +
+        (stored_f16 ? std::string("already inf in its f16 copy") : std::string(value)) + " at " +
+        shape_str(at) + "): train.precision = " + policy.name() + " computes its " +
+        "matmuls in f16, where " + (stored_f16 ? "it is" : "it becomes") +
+        " inf, so the first step is non-finite; switch train.precision to bf16-mixed (f32's " +
+        "range) or 32-true, or correct the weight");
+  }
+  return out;
+}
+
 Run build_run(const Config& cfg, const RunOptions& o) {
   Run r;
   r.cfg = cfg;
@@ -404,6 +450,8 @@ Run build_run(const Config& cfg, const RunOptions& o) {
   // Parameters in the policy's dtype (f32 masters in the mixed policies), then padding and
   // adapters (only they train: the frozen base is excluded here).
   r.model = build_model(cfg, *r.data.tokenizer, r.data.pad_id, r.policy.param_dtype, o.say);
+  for (const std::string& w : weights_beyond_compute_format(*r.model, r.policy))
+    say_or_print(o.say, "warning: " + w);
   r.base_ref = saved_base_reference(*r.model, cfg);
   if (r.device.is_cuda()) nn::move_to_device(*r.model, r.device);
   r.trainable = r.model->named_parameters(/*trainable_only=*/true);

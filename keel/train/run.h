@@ -68,6 +68,15 @@ struct Run {
 
 Run build_run(const Config& cfg, const RunOptions& options = {});
 
+// The weights a 16-bit compute format cannot hold: under 16-mixed and 16-true, each matmul weight
+// (every Linear, and a head tied to the embedding) whose values reach f16's overflow (|w| >= 65520
+// rounds to inf; a 16-true parameter already holds that inf), one line each naming the tensor,
+// the value, its index and the fix. A weight of 1e5 in model.path made the first step non-finite
+// with nothing named. Empty for other policies. build_run says them as warnings; keel doctor
+// lists them.
+std::vector<std::string> weights_beyond_compute_format(models::CausalLM& model,
+                                                       const PrecisionPolicy& policy);
+
 // The pieces build_run is made of, for the tools that need one of them alone.
 
 // run.device, falling back to the CPU (with one notice) when no usable GPU is found.

@@ -7,6 +7,7 @@
 
 #include "keel/backend/cuda_api.h"
 #include "keel/data/tokenizer.h"
+#include "keel/io/hf_weights.h"
 #include "keel/monitor/doctor.h"
 #include "tests/support/check.h"
 
@@ -222,6 +223,34 @@ TEST(Doctor, FirstBatchOverflowBlocks) {
   EXPECT_TRUE(r.sanity[1].finite);  // 32-true
   const std::string m = find(r.checks, "sanity", "error");
   EXPECT_TRUE(has(m, "finite under 32-true")) << format_doctor(r);
+}
+
+// A weight of 1e5 in model.path under 16-mixed: the sanity pass said only "the precision is the
+// cause"; a check of its own names the tensor and the value.
+TEST(Doctor, AWeightBeyondF16IsAnErrorNamingIt) {
+  const std::string dir = test::temp_dir("doctor-huge-weight") + "/llama";
+  {
+    models::ModelSpec spec;
+    spec.family = "llama";
+    spec.vocab_size = 259;
+    auto m = models::make_causal_lm(spec, 1);
+    for (auto& [name, p] : m->named_parameters())
+      if (name == "model.layers.1.self_attn.o_proj.weight") p.data_as<float>()[3] = -2e5f;
+    io::save_hf_model(*m, dir);
+  }
+  Config c = small("doctor-huge-weight");
+  c.model = ModelConfig{};  // the file's shape
+  c.model.path = dir;
+  c.train.precision = "16-mixed";
+  const DoctorReport r = run_doctor(c);
+  EXPECT_TRUE(r.blocking);
+  const std::string m = find(r.checks, "weights", "error");
+  EXPECT_TRUE(has(m,
+                  "model.layers.1.self_attn.o_proj.weight holds 1 value beyond f16's largest "
+                  "finite 65504 (the first -200000 at [0, 3])"))
+      << format_doctor(r);
+  c.train.precision = "32-true";
+  EXPECT_EQ(find(run_doctor(c).checks, "weights", "error"), "");
 }
 
 TEST(Doctor, BrokenSetupBlocksWithoutASanityPass) {

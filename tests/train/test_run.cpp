@@ -174,6 +174,38 @@ TEST(RunFactory, RowsLongerThanALlamaFilesContextAreSaid) {
   EXPECT_NOT_CONTAINS(said, "max_position_embeddings");
 }
 
+// A weight of 1e5 in model.path (a checkpoint whose weights grew) under 16-mixed: its f16 copy in
+// the matmul is inf and the first step is non-finite, with nothing named. The run now says which
+// tensor, the value, where, and the fix; bf16-mixed and 32-true hold it and say nothing.
+TEST(RunFactory, AWeightBeyondF16IsNamedUnderTheF16Policies) {
+  const std::string dir = test::temp_dir("huge-weight") + "/llama";
+  {
+    keel::Run base = build_run(tiny("huge-weight-base", {"model.family=llama"}));
+    for (auto& [name, p] : base.model->named_parameters())
+      if (name == "model.layers.0.mlp.down_proj.weight") p.data_as<float>()[17] = 1e5f;
+    io::save_hf_model(*base.model, dir);
+  }
+  auto said = [&](const std::string& precision) {
+    std::string all;
+    RunOptions opt;
+    opt.say = [&](const std::string& m) { all += m + "\n"; };
+    build_run(
+        load_config("", {"run.out_dir=" + test::temp_dir("huge-weight-run"), "model.path=" + dir,
+                         "train.precision=" + precision, "data.seq_len=16", "log.console=false",
+                         "log.metrics=false", "log.tensorboard=false"}),
+        opt);
+    return all;
+  };
+  const std::string mixed = said("16-mixed");
+  EXPECT_CONTAINS(mixed,
+                  "warning: model.layers.0.mlp.down_proj.weight holds 1 value beyond f16's "
+                  "largest finite 65504 (the first 100000 at [0, 17]): train.precision = 16-mixed");
+  EXPECT_CONTAINS(mixed, "switch train.precision to bf16-mixed");
+  EXPECT_CONTAINS(said("16-true"), "(the first already inf in its f16 copy at [0, 17])");
+  EXPECT_NOT_CONTAINS(said("bf16-mixed"), "beyond f16");
+  EXPECT_NOT_CONTAINS(said("32-true"), "beyond f16");
+}
+
 TEST(RunFactory, MissingTrainingDataIsNamedWhenOptionalAndAnErrorOtherwise) {
   const std::string dir = test::temp_dir("nodata");
   const std::string text = dir + "/corpus.txt";
