@@ -138,6 +138,14 @@ double scale_reaching(double grad, double from, double least) {
     if (std::fabs(grad * s) >= least) return s;
   return 0;
 }
+// The smallest power of two s >= `from` whose grad * s does not round to 0 in f16: round to
+// nearest lifts anything above half the smallest subnormal (2^-25) to it, so this is half the
+// scale that reaches the subnormal itself (0 when none below f32's largest scale).
+double scale_nonzero_f16(double grad, double from) {
+  for (double s = from; s < 1e38; s *= 2)
+    if (round_to(DType::F16, static_cast<float>(grad * s)) != 0) return s;
+  return 0;
+}
 }  // namespace
 
 std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials) {
@@ -168,18 +176,22 @@ std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials) 
            " skipped step(s); the LR schedule does not advance on skips.";
   const char* sep = lead.empty() ? "" : " ";
   if (last.outcome == "underflow") {
-    const double keep = scale_reaching(grad, last.scale, f16.min_subnormal);
+    const double keep = scale_nonzero_f16(grad, last.scale);
     if (keep == 0)  // below what any f32 scale lifts into f16 (|grad| under ~1e-45)
       std::snprintf(buf, sizeof buf,
                     "%sapplied, but grad x scale underflows f16 to 0 and no loss scale within "
                     "f32's range keeps it: a gradient of %.6g is 0 in every format keel trains in.",
                     sep, grad);
     else
+      // The first nonzero scale keeps one bit (the smallest subnormal); all of f16's bits need
+      // grad x scale at its smallest normal: said both, since "keeping" it at one bit is barely.
       std::snprintf(buf, sizeof buf,
                     "%sapplied, but grad x scale = %.6g underflows f16 to 0: the update is zero, "
-                    "the symptom of a 16-mixed run stuck at grad_norm 0.0. Keeping it needs a "
-                    "scale of at least %.6g (f16's smallest subnormal is %.6g), or bf16-mixed.",
-                    sep, grad * last.scale, keep, f16.min_subnormal);
+                    "the symptom of a 16-mixed run stuck at grad_norm 0.0. A scale of %.6g "
+                    "makes it nonzero (rounded to f16's smallest subnormal %.6g, about 1 "
+                    "significant bit); %.6g keeps all %d bits; or bf16-mixed.",
+                    sep, grad * last.scale, keep, f16.min_subnormal,
+                    scale_reaching(grad, last.scale, f16.min_normal), f16.mantissa_bits + 1);
     return lead + buf;
   }
   if (last.outcome == "subnormal") {

@@ -112,11 +112,16 @@ TEST(Explain, AnUnderflowingGradientIsNamedAsLostWithTheScaleThatKeepsIt) {
   const std::string v = scaler_verdict(1e-13, t);
   EXPECT_CONTAINS(v, "underflows f16 to 0: the update is zero");
   EXPECT_CONTAINS(v, "grad_norm 0.0");
-  EXPECT_CONTAINS(v, "at least 1.04858e+06");  // 2^20: 1e-13 x 2^20 = 1.05e-7 >= 2^-24
+  // 2^19: 1e-13 x 2^19 = 5.2e-8 is above half of 2^-24 and rounds up to it (the verdict said
+  // 2^20, twice the scale that is needed); all 11 bits need 2^30 (1.07e-4 >= 2^-14).
+  EXPECT_CONTAINS(v, "A scale of 524288 makes it nonzero");
+  EXPECT_CONTAINS(v, "1.07374e+09 keeps all 11 bits");
+  EXPECT_NE(round_to(DType::F16, static_cast<float>(1e-13 * 524288)), 0.0f);
+  EXPECT_EQ(round_to(DType::F16, static_cast<float>(1e-13 * 262144)), 0.0f);
   // Below what any f32 scale lifts into f16's range: no scale is named (it printed "at least 0").
   const std::string none = scaler_verdict(1e-50, trace(1e-50));
   EXPECT_CONTAINS(none, "no loss scale within f32's range keeps it");
-  EXPECT_EQ(none.find("at least"), std::string::npos) << none;
+  EXPECT_EQ(none.find("A scale of"), std::string::npos) << none;
   const std::string sub = scaler_verdict(1e-11, trace(1e-11));  // 6.6e-7: subnormal
   EXPECT_CONTAINS(sub, "is an f16 subnormal");
   EXPECT_CONTAINS(sub, "at least 8.38861e+06 keeps all 11 bits");  // 2^23 x 1e-11 >= 2^-14
