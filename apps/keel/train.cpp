@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <optional>
 
 #include "apps/keel/commands.h"
@@ -18,6 +19,7 @@
 #include "keel/monitor/inject.h"
 #include "keel/monitor/memory_estimate.h"
 #include "keel/monitor/nan_capture.h"
+#include "keel/monitor/replay_step.h"
 #include "keel/monitor/tracer.h"
 #include "keel/ops/elementwise.h"
 #include "keel/train/eval_loss.h"
@@ -345,6 +347,26 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
     if (tracer && tracer->finding().found)
       std::fprintf(stderr, "%s\n", tracer->finding().message.c_str());
     std::fprintf(stderr, "%s%s\n", stopped.c_str(), trainer.stop_message().c_str());
+    // 16-true / bf16-true keep AdamW's moments in 16 bits: a squared gradient flushed to 0 makes
+    // an update of lr * m / eps that blows the weights up. keel replay --bisect found it from the
+    // capture; the run's own advice said only "lower optim.lr or switch precision".
+    if (cfg.optim.name == "adamw" && trainer.policy().param_dtype != DType::F32) {
+      const auto state = trainer.run().optimizer->state();
+      int64_t updates = -1;
+      for (const auto& [name, t] : state)
+        if (name == "step" && t.numel() == 1 && !dtype_is_floating(t.dtype()))
+          updates = t.to(Device::cpu()).to_ints()[0];
+      std::map<std::string, Tensor> params;
+      for (auto& [name, p] : trainer.model().named_parameters()) params.emplace(name, p);
+      const std::string why = monitor::optimizer_state_underflow(
+          state,
+          [&](const std::string& name) -> std::optional<Tensor> {
+            auto it = params.find(name);
+            return it == params.end() ? std::nullopt : std::optional<Tensor>(it->second);
+          },
+          updates, cfg);
+      if (!why.empty()) std::fprintf(stderr, "cause: %s\n", why.c_str());
+    }
     return code;
   }
   if (trainer.stopped_by_request()) {

@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -131,20 +134,27 @@ std::string describe_rows(const Capture& c, ReplayResult& r) {
 
 }  // namespace
 
-std::string optimizer_state_underflow(const Capture& c, const Config& cfg) {
+std::string optimizer_state_underflow(
+    const std::vector<std::pair<std::string, Tensor>>& state,
+    const std::function<std::optional<Tensor>(const std::string&)>& parameter, int64_t updates,
+    const Config& cfg) {
   const std::string suffix = ".exp_avg_sq";
+  std::map<std::string, const Tensor*> by_name;
+  for (auto& [name, t] : state) by_name[name] = &t;
+  auto host_floats = [](const Tensor& t) {
+    return t.to(Device::cpu()).to_dtype(DType::F32).to_floats();
+  };
   int64_t lost = 0, total = 0, worst_lost = 0, worst_total = 0;
   std::string worst, state_dtype;
-  for (auto& [name, v] : c.optimizer.tensors) {
+  for (auto& [name, v] : state) {
     if (name.size() <= suffix.size() ||
         name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0 ||
         v.dtype() == DType::F32)
       continue;
     const std::string param = name.substr(0, name.size() - suffix.size());
-    const Tensor* m = c.optimizer.find(param + ".exp_avg");
-    if (!m || m->numel() != v.numel()) continue;
-    const std::vector<float> vs = v.to_dtype(DType::F32).to_floats(),
-                             ms = m->to_dtype(DType::F32).to_floats();
+    auto it = by_name.find(param + ".exp_avg");
+    if (it == by_name.end() || it->second->numel() != v.numel()) continue;
+    const std::vector<float> vs = host_floats(v), ms = host_floats(*it->second);
     int64_t n = 0;
     for (size_t i = 0; i < vs.size(); ++i) n += vs[i] == 0.0f && ms[i] != 0.0f;
     lost += n;
@@ -154,10 +164,8 @@ std::string optimizer_state_underflow(const Capture& c, const Config& cfg) {
   }
   if (lost == 0) return "";
   double max_abs = 0;
-  if (const Tensor* w = c.model.find(worst))
-    for (float x : w->to_dtype(DType::F32).to_floats())
-      max_abs = std::max<double>(max_abs, std::fabs(x));
-  const int64_t updates = updates_before(c);
+  if (const std::optional<Tensor> w = parameter(worst))
+    for (float x : host_floats(*w)) max_abs = std::max<double>(max_abs, std::fabs(x));
   // AdamW moves an element by about lr per update (|m / sqrt(v)| <= ~3); weights within that
   // reach of their init (|w| <= 1) owe their size to the learning rate, not to the flushed
   // moment (optim.lr 1e4 makes 1e4 weights in one update whatever v holds).
@@ -178,6 +186,16 @@ std::string optimizer_state_underflow(const Capture& c, const Config& cfg) {
          (updates > 0 ? " in " + std::to_string(updates) + " updates" : std::string()) +
          ": train in 16-mixed or bf16-mixed (f32 master weights and optimizer state), or raise "
          "optim.eps (to about 1e-4)";
+}
+
+std::string optimizer_state_underflow(const Capture& c, const Config& cfg) {
+  return optimizer_state_underflow(
+      c.optimizer.tensors,
+      [&](const std::string& name) -> std::optional<Tensor> {
+        const Tensor* t = c.model.find(name);
+        return t ? std::optional<Tensor>(*t) : std::nullopt;
+      },
+      updates_before(c), cfg);
 }
 
 void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayResult& r) {

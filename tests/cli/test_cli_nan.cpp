@@ -238,8 +238,9 @@ TEST(CliNan, ADivergedModelFiniteInAWiderFormatIsNotBlamedOnThePrecision) {
   EXPECT_CONTAINS(j.value("explanation", std::string()),
                   "precision=32-true leaves this step finite with a loss of");
   // Its f16 second moment flushed too, but lr 1e4 makes 1e4 weights in one update whatever it
-  // holds: the flushed moment is not named as the cause.
+  // holds: the flushed moment is not named as the cause, by bisect or by the run's stop.
   EXPECT_NOT_CONTAINS(j.value("explanation", std::string()), "exp_avg_sq");
+  EXPECT_NOT_CONTAINS(r.err, "exp_avg_sq");
 }
 
 // optim.lr = 1 under 16-mixed (the scaler on, clipping on): the first update takes the loss from
@@ -334,6 +335,9 @@ TEST(CliNan, AdamWSecondMomentUnderflowIn16TrueIsNamedAsTheCause) {
   int64_t step = 0;
   const std::string capture = expect_captured_stop(r, dir, &step);
   EXPECT_GT(step, 1);
+  // The run's own stop names it (its advice said only "lower optim.lr or switch precision").
+  EXPECT_CONTAINS(r.err,
+                  "cause: AdamW's second moment (exp_avg_sq, stored in f16) underflowed to 0 for ");
   const json j = replay_json(capture, {"--bisect"});
   EXPECT_TRUE(j.value("reproduced", false)) << j.dump(2);
   const std::string why = j.value("explanation", std::string());
