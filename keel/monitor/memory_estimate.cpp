@@ -295,7 +295,6 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     }
     // The first norm's consumers (c_attn; q, k, v) share one autocast copy under -mixed: the
     // later casts reuse the first's values (amp/autocast.cpp), as gate and up do.
-    const int64_t first_casts = 1;
     if (!llama) {
       add("residual stream", 2, s * BT * C, "2 per block + ln_f: [B,T,C] " + sd, true);
       add("norm statistics", 4, 4 * BT, "mean, rstd [B*T] f32 per LayerNorm", true);
@@ -308,14 +307,13 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       add("residual stream", 1, s * BT * C, "", false);
       add("norm statistics", 2, 4 * BT, "", false);
     } else {
-      const int64_t mlp_casts = 1;
       add("residual stream", 2, s * BT * C, "2 per block + final norm: [B,T,C] " + sd, true);
       add("norm statistics", 2, 4 * BT, "rstd [B*T] f32 per RMSNorm", true);
       const std::string li =
           "normed inputs (one autocast copy shared by q, k, v and one by gate, up under -mixed), "
           "o_proj and down_proj inputs, " +
           cd;
-      add("linear inputs", first_casts + 1 + mlp_casts, c * BT * C, li, true);
+      add("linear inputs", 3, c * BT * C, li, true);  // normed (q, k, v), o_proj, normed (gate, up)
       add("linear inputs", 1, c * BT * F, li, true);
       add("q, k, v", 1, c * BT * C, "after rope / split-heads, " + cd, true);
       add("q, k, v", 2, c * BT * kvC, "after rope / split-heads, " + cd, true);
@@ -385,7 +383,7 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     if (adapter) {
       first_block_less = block_bytes(s * BT * C) + (llama ? 1 : 2) * block_bytes(4 * BT);
       first_block_less +=
-          (pol.autocast || adapter_tensors.empty() ? first_casts : 0) * block_bytes(c * BT * C);
+          (pol.autocast || adapter_tensors.empty() ? 1 : 0) * block_bytes(c * BT * C);
     }
     // Checkpointing: a segment of N blocks keeps only its input; its backward first recomputes
     // its blocks' activations (the input being the first of them) and holds them on top.

@@ -146,7 +146,8 @@ struct MaterializedAttention {
     if (cdt != DType::F32 && dev.is_cpu()) {
       // S = scale·Q·Kᵀ scaled in f32 and rounded to cdt by the product itself: the bits of the
       // raw f32 scores scaled and rounded by the softmax kernel, in half the bytes written and
-      // read. P·V's operand pc overwrites S row by row.
+      // read. P·V's operand pc overwrites S row by row. CPU only: the CUDA matmul takes no
+      // alpha (it refuses one), so the GPU keeps the f32 scores below.
       mm(dev, p_lp, cdt, qc.data(), kc.data(), cdt, batch(), rows(), t, dd, false, true, d.scale);
       attention_kernels(dev).softmax_forward(p32.data_as<float>(), p_lp, cdt, p_lp, cdt, cdt, d);
     } else {

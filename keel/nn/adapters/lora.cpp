@@ -50,8 +50,7 @@ Tensor LoraAdapter::forward(Linear& base, const Tensor& x) {
   // lora_B(lora_A(h)) * scaling: both products follow the linear autocast rule.
   Tensor ba = lora_B->forward(lora_A->forward(h));
   const float s = static_cast<float>(scaling);
-  if (ba.dtype() == out_dt && ba.shape() == result.shape())
-    return ops::add_scaled(result, ba, s);  // result + ba * s, one pass
+  if (ba.dtype() == out_dt) return ops::add_scaled(result, ba, s);  // result + ba * s, one pass
   auto [a, b] = amp::promote(result, ops::scale(ba, s));
   Tensor y = ops::add(a, b);
   return y.dtype() == out_dt ? y : ops::cast(y, out_dt);
