@@ -226,6 +226,14 @@ size_t token_reserve(const std::string& text, Build&& build) {
                        [&](const std::string& t) { return build(t)->held_tokens(); });
 }
 
+// What an example keeps of its tokens: the loader reads the first seq_len, and one more says the
+// example was longer (truncated_examples counts it). A 105 MB paragraph held all its ids (5 bytes
+// a token) to train on 512 of them.
+template <class T>
+std::span<const T> kept_of(const std::vector<T>& v, int64_t seq_len) {
+  return std::span<const T>(v).first(std::min(v.size(), static_cast<size_t>(seq_len) + 1));
+}
+
 Example all_targets(std::vector<int32_t> tokens) {
   Example e;
   e.target.assign(tokens.size(), 1);
@@ -311,7 +319,7 @@ std::unique_ptr<Dataset> text_dataset_of(const std::string& text, const std::str
     if (!open) return;
     std::vector<int32_t> ids = tok.encode(para);
     ids.push_back(static_cast<int32_t>(tok.eos_id()));
-    ds->add_all_targets(ids, first_line);
+    ds->add_all_targets(kept_of(ids, seq_len), first_line);
     para.clear();
     open = false;
   };
@@ -404,7 +412,7 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
       throw bad(
           "nothing to train on (an empty \"text\" or \"completion\" with no preceding "
           "token); remove the line or give it content");
-    ds->add(e.tokens, e.target, number);
+    ds->add(kept_of(e.tokens, seq_len), kept_of(e.target, seq_len), number);
   });
   if (ds->size() == 0)
     throw Error(path + ": no examples (the file is empty or holds only blank lines); " + kExpected);

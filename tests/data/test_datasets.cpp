@@ -33,13 +33,36 @@ const ByteTokenizer kTok;
 TEST(TextDataset, ParagraphsSplitOnBlankLines) {
   const std::string path =
       write_file("t.txt", "\n\nfirst line\nsecond line\n\n \t\n\r\nnext\r\npara\r\n\nlast");
-  auto ds = load_text_dataset(path, kTok, 8, false);
+  auto ds = load_text_dataset(path, kTok, 64, false);
   ASSERT_EQ(ds->size(), 3);
   EXPECT_EQ(ds->get(0).copy().tokens, ids_of("first line\nsecond line", true));
   EXPECT_EQ(ds->get(1).copy().tokens, ids_of("next\npara", true));  // CRLF lines lose the '\r'
   EXPECT_EQ(ds->get(2).copy().tokens, ids_of("last", true));
   for (int64_t i = 0; i < ds->size(); ++i)
     EXPECT_EQ(ds->get(i).copy().target, std::vector<uint8_t>(ds->get(i).tokens.size(), 1));
+}
+
+// An example keeps the seq_len tokens the loader reads and one more (which says it was longer):
+// a 105 MB one-line text held all its ids, 5 bytes a token, to train on 512 of them. The batches
+// are those of the whole example, and the long ones are still counted.
+TEST(TextDataset, ALongExampleKeepsOnlyWhatTheLoaderReads) {
+  const std::string line(100000, 'x');
+  const int64_t T = 16;
+  const std::string text = write_file("long.txt", "short\n\n" + line + "\n");
+  auto ds = load_text_dataset(text, kTok, T, false);
+  ASSERT_EQ(ds->size(), 2);
+  EXPECT_EQ(ds->get(0).copy().tokens, ids_of("short", true));
+  EXPECT_EQ(ds->get(1).copy().tokens, ids_of(line.substr(0, T + 1), false));
+  EXPECT_LE(ds->held_tokens(), 6 + T + 1);
+  EXPECT_EQ(truncated_examples(*ds, "text", false, T), 1);
+  DataLoader loader(*ds, 2, T, kTok.pad_id(), false, 0);
+  const Batch b = loader.batch(0, 0);
+  const std::vector<int64_t> ids = b.input_ids.to_ints();
+  EXPECT_EQ(ids[T + T - 1], 'x');  // row 1 is full: seq_len tokens of the line
+  const std::string jsonl = write_file("long.jsonl", "{\"text\": \"" + line + "\"}\n");
+  auto js = load_jsonl_dataset(jsonl, kTok, T);
+  EXPECT_EQ(js->held_tokens(), T + 1);
+  EXPECT_EQ(truncated_examples(*js, "jsonl", false, T), 1);
 }
 
 // Packing: rows of seq_len overlapping by one token, so that the labels of all rows, in order,
