@@ -121,7 +121,13 @@ bool TrendAdvisor::observe_stall(const StepResult& r, Finding* f) {
   const double n = static_cast<double>(std::max<int64_t>(opt_.num_params, 1));
   const double move = opt_.adaptive ? r.lr / opt_.weight_rms
                                     : r.lr * r.grad_norm / (opt_.weight_rms * std::sqrt(n));
-  if (fall >= opt_.stall_fall || move >= opt_.stall_move) return false;
+  // A model that starts near the uniform guess knows nothing yet and has everything to learn; one
+  // that starts well below it (a pretrained model) may learn slowly at a small lr by design (a
+  // full fine-tune at 1e-6 moves its weights 5e-5 of their RMS): only a far smaller move is "far
+  // too low" there.
+  const bool untrained = opt_.uniform_loss > 0 && start_loss_ >= 0.8 * opt_.uniform_loss;
+  const double too_small = untrained ? opt_.stall_move : opt_.stall_move / 10;
+  if (fall >= opt_.stall_fall || move >= too_small) return false;
   stall_reported_ = true;
   f->step = r.step;
   f->trend = "stalled";
@@ -135,9 +141,10 @@ bool TrendAdvisor::observe_stall(const StepResult& r, Finding* f) {
       (opt_.adaptive ? "AdamW moves each by about lr = " + num(r.lr)
                      : "SGD moves them by lr = " + num(r.lr) + " times the gradient") +
       ")";
-  f->action =
-      "optim.lr is far too low: raise it (AdamW usually trains from scratch at 1e-4 to "
-      "3e-3, fine-tunes at 1e-5 to 2e-4 and LoRA at 1e-4 to 1e-3)";
+  f->action = untrained ? "optim.lr is far too low: raise it (AdamW usually trains a model from "
+                          "scratch at 1e-4 to 3e-3)"
+                        : "optim.lr is far too low: raise it (AdamW usually fine-tunes at 1e-5 "
+                          "to 2e-4, LoRA at 1e-4 to 1e-3)";
   return true;
 }
 

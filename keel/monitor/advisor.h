@@ -31,7 +31,8 @@
 // (model.init_std 0.5) was told "diverged ... lower optim.lr".
 // A run whose loss barely moves while its updates are tiny against its weights gets one "stalled"
 // finding: 50 updates at full learning rate, the loss down less than 2% from before the first,
-// and an update at most 1e-4 of the weights' RMS (AdamW: lr / RMS): optim.lr is far too low.
+// and an update at most 1e-4 of the weights' RMS (AdamW: lr / RMS; 1e-5 for a model that starts
+// well below ln V, a pretrained one): optim.lr is far too low.
 // Both are needed: a flat loss alone may be data with little left to learn, and small updates
 // alone a model that learns anyway.
 // Grad norms of steps the scaler skipped (inf by design) are left out of the medians.
@@ -120,7 +121,8 @@ struct AdvisorOptions {
   bool adaptive = true;
   // stalled: after stall_steps (50) updates at >= half the peak lr, the loss fell less than
   // stall_fall (2%) from the loss before any update, and an update moves the weights by less than
-  // stall_move (1e-4) of their RMS: the learning rate is far too low (optim.lr = 1e-7 for 1e-4).
+  // stall_move (1e-4) of their RMS (a tenth of it for a model that starts well below ln V, which
+  // may learn slowly by design): the learning rate is far too low (optim.lr = 1e-7 for 1e-4).
   int64_t stall_steps = 50;
   double stall_fall = 0.02;
   double stall_move = 1e-4;

@@ -581,7 +581,8 @@ StepResult lr_step(int64_t i, double loss, double lr) {
 TEST(Advisor, AFlatLossUnderUpdatesTinyAgainstTheWeightsIsStalled) {
   AdvisorOptions o;
   o.peak_lr = 1e-6;
-  o.weight_rms = 0.02;  // an update moves the weights by 5e-5 of their RMS
+  o.weight_rms = 0.02;               // an update moves the weights by 5e-5 of their RMS
+  o.uniform_loss = std::log(259.0);  // 5.56: the loss of 5.5 below is an untrained model's
   LayerFeed low(o);
   for (int64_t i = 1; i <= 80; ++i)
     low.feed(lr_step(i, 5.5 - 1e-4 * static_cast<double>(i) + 0.02 * std::cos(i), 1e-6), {});
@@ -590,7 +591,25 @@ TEST(Advisor, AFlatLossUnderUpdatesTinyAgainstTheWeightsIsStalled) {
   EXPECT_EQ(f[0].step, 50);
   EXPECT_CONTAINS(f[0].cause, "in 50 updates at the full learning rate");
   EXPECT_CONTAINS(f[0].cause, "~5e-05 of their RMS (0.02; AdamW moves each by about lr = 1e-06)");
-  EXPECT_CONTAINS(f[0].action, "optim.lr is far too low: raise it");
+  EXPECT_CONTAINS(f[0].action,
+                  "optim.lr is far too low: raise it (AdamW usually trains a model "
+                  "from scratch at 1e-4 to 3e-3)");
+
+  // A pretrained model (loss 2.0 against ln V = 10.4) fine-tuned at 1e-6 learns slowly by design:
+  // its updates of 5e-5 of the weights are no stall; at 1e-7 (5e-6) they are.
+  AdvisorOptions tuned = o;
+  tuned.uniform_loss = std::log(32000.0);
+  for (const double lr : {1e-6, 1e-7}) {
+    tuned.peak_lr = lr;
+    LayerFeed ft(tuned);
+    for (int64_t i = 1; i <= 60; ++i) ft.feed(lr_step(i, 2.0 + 0.01 * std::cos(i), lr), {});
+    if (lr == 1e-6) {
+      EXPECT_TRUE(ft.of("stalled").empty());
+    } else {
+      ASSERT_EQ(ft.of("stalled").size(), 1u);
+      EXPECT_CONTAINS(ft.of("stalled")[0].action, "AdamW usually fine-tunes at 1e-5 to 2e-4");
+    }
+  }
 
   o.peak_lr = 1e-3;  // the same flat loss with updates of 5% of the weights: not the lr
   LayerFeed flat(o);
