@@ -558,6 +558,16 @@ int Trainer::fit() {
     message("adapter (PEFT " + run_.cfg.model.adapter.kind + ") written to " + run_.out_dir +
             "/adapter");
   };
+  // A resume of a run already complete (or past a lowered train.max_steps): each such resume
+  // evaluated again and appended the same eval and epoch records to metrics.jsonl, rewriting the
+  // checkpoint it had just read, and its header announced steps it would not take.
+  if (step_ > 0 && step_ >= run_.total_steps) {
+    message("nothing left to train: the checkpoint is at step " + std::to_string(step_) +
+            (step_ == run_.total_steps ? ", the run's last (" : ", past the run's ") +
+            std::to_string(run_.total_steps) + (step_ == run_.total_steps ? " steps)" : " steps") +
+            "; raise train.max_steps (or train.epochs) to train further");
+    return 0;
+  }
   int64_t evaluated_at = -1;  // the step the loop last evaluated
   while (step_ < run_.total_steps) {
     if (next_batch_ >= nb) {  // end of an epoch

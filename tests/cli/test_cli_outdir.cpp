@@ -410,5 +410,26 @@ TEST(CliOutDir, ADamagedCheckpointConfigJsonNamesTheFileAndTheField) {
   }
 }
 
+// Resuming a run that is complete (or past a lowered train.max_steps) evaluated again and
+// appended the same eval and epoch records each time, rewriting the checkpoint it had read. Now
+// it says there is nothing left to train and changes nothing.
+TEST(CliOutDir, ResumingACompleteRunTrainsNothingAndWritesNothing) {
+  const std::string out = test::temp_dir("outdir-complete");
+  test::KeelRun r = run_keel(train(out, {"data.eval_examples=8", "train.eval_every=2"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string metrics = slurp(out + "/metrics.jsonl");
+  const auto written = fs::last_write_time(out + "/checkpoints/last/trainer.json");
+  for (const char* steps : {"train.max_steps=4", "train.max_steps=3"}) {
+    r = run_keel(train(out, {"data.eval_examples=8", "train.eval_every=2", "run.resume=true",
+                             "log.checkpoint_every=0", steps}));
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_CONTAINS(r.err, "nothing left to train: the checkpoint is at step 4");
+    EXPECT_CONTAINS(r.err, "raise train.max_steps (or train.epochs) to train further");
+    EXPECT_EQ(slurp(out + "/metrics.jsonl"), metrics) << steps;
+    EXPECT_EQ(fs::last_write_time(out + "/checkpoints/last/trainer.json"), written) << steps;
+  }
+  EXPECT_CONTAINS(r.err, "past the run's 3 steps");
+}
+
 }  // namespace
 }  // namespace keel
