@@ -144,7 +144,7 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& s) {
   auto get = [&](const char* key) {
     auto it = s.find(key);
     if (it == s.end())
-      throw Error(std::string("GradScaler::load_state_dict: missing key '") + key +
+      throw Error(std::string("the loss scaler's state: missing key '") + key +
                   "' (expected scale, growth_factor, backoff_factor, growth_interval, "
                   "_growth_tracker)");
     return it->second;
@@ -152,8 +152,8 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& s) {
   const float scale = static_cast<float>(get("scale"));
   const double interval = get("growth_interval"), tracker = get("_growth_tracker");
   if (!(scale > 0.f) || !std::isfinite(scale) || interval < 1 || tracker < 0)
-    throw Error("GradScaler::load_state_dict: invalid state (scale " + num(scale) +
-                ", growth_interval " + num(interval) + ", _growth_tracker " + num(tracker) + ")");
+    throw Error("the loss scaler's state is invalid (scale " + num(scale) + ", growth_interval " +
+                num(interval) + ", _growth_tracker " + num(tracker) + ")");
   scale_ = scale;
   opt_.growth_factor = get("growth_factor");
   opt_.backoff_factor = get("backoff_factor");
