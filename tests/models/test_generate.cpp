@@ -264,6 +264,16 @@ TEST(Generate, BadInputNamesTheProblemAndTheFix) {
   o.sampling.top_p = 1;
   o.sampling.top_k = -2;
   EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, {1}, o); }), "--top-k");
+  // A cut under greedy decoding would be ignored: refused (it was accepted without a word).
+  o.sampling.temperature = 0;
+  o.sampling.top_k = 5;
+  EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, {1}, o); }),
+                  "--top-k 5 cuts the tokens sampled from, but --temperature 0 decodes greedily");
+  o.sampling.top_k = 0;
+  o.sampling.top_p = 0.9;
+  EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, {1}, o); }),
+                  "--top-p 0.9 cuts the tokens sampled from");
+  o.sampling.top_p = 1;
   // The cache refuses a position past its capacity.
   models::KVCache cache = m->make_kv_cache();
   cache.length = 16;
