@@ -51,6 +51,26 @@ class RawConnection {
     }
     return got;
   }
+  // Sends `bytes` as they are and reads until `answers` responses to GET /health have come (each
+  // ends with its body, {"status":"ok"}); returns what came, short when the connection closed or
+  // the read timed out.
+  std::string exchange(const std::string& bytes, size_t answers) {
+    if (::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size()))
+      return "";
+    std::string got;
+    char buf[4096];
+    auto count = [&] {
+      size_t n = 0;
+      for (size_t at = 0; (at = got.find("\"ok\"}", at)) != std::string::npos; ++at) ++n;
+      return n;
+    };
+    while (count() < answers) {
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    return got;
+  }
   // Whether the server closed the connection (a read returns 0) within `s` seconds.
   bool closed_by_server(int s) {
     timeval tv{s, 0};
@@ -82,6 +102,25 @@ TEST(ServeHttp, AKeepAliveConnectionServesManyRequestsAcrossPauses) {
     // Pauses longer than httplib's 10 ms polling step, far shorter than the keep-alive time.
     if (i % 10 == 9) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
+}
+
+// HTTP/1.1 pipelining: requests sent together, before any answer, are each answered, in order.
+// The second was read into the first one's buffer and dropped with it: the client waited for its
+// answer until the keep-alive time (5 s) closed the connection.
+TEST(ServeHttp, RequestsSentTogetherAreEachAnswered) {
+  OpenServer s;
+  ASSERT_TRUE(s.srv.started()) << s.srv.output();
+  RawConnection c(s.srv.port());
+  ASSERT_TRUE(c.connected());
+  const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string got = c.exchange(health + health + health, 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  size_t answers = 0;
+  for (size_t at = 0; (at = got.find("HTTP/1.1 200 OK", at)) != std::string::npos; ++at) ++answers;
+  EXPECT_EQ(answers, 3u) << got;
+  // The connection goes on as before.
+  EXPECT_EQ(c.health().rfind("HTTP/1.1 200", 0), 0u);
 }
 
 TEST(ServeHttp, AnIdleConnectionClosesWhenItsKeepAliveTimeRunsOut) {
