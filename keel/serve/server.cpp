@@ -56,12 +56,23 @@ void send_json(httplib::Response& res, int status, const json& body) {
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
-// A route whose errors (HttpError, keel::Error, anything else) become JSON error responses.
+// The byte ranges of the request's Range header, as httplib parsed them. httplib cuts whatever a
+// route answers to them, errors and JSON included (a 401 sent as its first two bytes, `{"`, under
+// a Content-Range; an events stream called 206): only an artifact's bytes are served in ranges,
+// so every other answer clears them. Handlers are given the request const, but it is httplib's
+// own object for this one request (a local of Server::process_request), free to change.
+httplib::Ranges& ranges_of(const httplib::Request& req) {
+  return const_cast<httplib::Request&>(req).ranges;
+}
+
+// A route whose errors (HttpError, keel::Error, anything else) become JSON error responses, sent
+// whole whatever the Range header asked.
 httplib::Server::Handler guarded(
     std::function<void(const httplib::Request&, httplib::Response&)> f) {
   return [f = std::move(f)](const httplib::Request& req, httplib::Response& res) {
     try {
       f(req, res);
+      return;
     } catch (const HttpError& e) {
       send_error(res, e.status, e.what(), e.extra);
     } catch (const Error& e) {
@@ -69,6 +80,7 @@ httplib::Server::Handler guarded(
     } catch (const std::exception& e) {
       send_error(res, 500, std::string("internal error: ") + e.what());
     }
+    ranges_of(req).clear();
   };
 }
 
@@ -117,6 +129,15 @@ void send_file(const httplib::Request& req, httplib::Response& res, const fs::pa
                                (last >= 0 ? std::to_string(last) : std::string()) +
                                " is not within the artifact's " + std::to_string(size) + " bytes");
     }
+  // A range that ends past the file ends with it (RFC 9110 14.1.2): a download in fixed-size
+  // pieces asks for more than is left in its last one. httplib took the end as given, promising
+  // a Content-Length of bytes that never came, and the client waited for them.
+  for (auto& [first, last] : ranges_of(req))
+    if (first >= 0 && last >= 0 && static_cast<uint64_t>(last) >= size)
+      last = static_cast<ssize_t>(size - 1);
+  // Several ranges are answered with the whole file (RFC 9110 14.2 lets a server ignore Range):
+  // httplib's multipart/byteranges answer gives each part's file size as 0 ("bytes 0-4/0").
+  if (req.ranges.size() > 1) ranges_of(req).clear();
   auto in = std::make_shared<std::ifstream>(path, std::ios::binary);
   if (!*in) throw HttpError(500, "cannot read " + path.filename().string());
   const std::string ext = path.extension().string();
@@ -297,8 +318,11 @@ int run_server(const ServeOptions& opt) {
     }
     return false;
   };
+  const std::regex artifact_file("/v1/runs/[^/]+/artifacts/.+");
   svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+    if (!std::regex_match(req.path, artifact_file)) ranges_of(req).clear();  // JSON goes whole
     if (!refusal(req, res)) return httplib::Server::HandlerResponse::Unhandled;
+    ranges_of(req).clear();
     // Its body is not read: it must not be read as the connection's next request.
     if (may_have_body(req)) HttpServer::close_after_response(res);
     return httplib::Server::HandlerResponse::Handled;
