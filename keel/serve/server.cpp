@@ -180,6 +180,11 @@ class RouteTable {
   std::vector<std::pair<bool, std::regex>> routes_;  // {a GET route (else POST), its path}
 };
 
+std::string too_large(size_t max_body) {
+  return "request body too large: more than " + std::to_string(max_body) +
+         " bytes (keel serve --max-body-bytes)";
+}
+
 bool chunked(const httplib::Request& req) {
   std::string te = req.get_header_value("Transfer-Encoding");
   for (char& c : te) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -276,6 +281,7 @@ int run_server(const ServeOptions& opt) {
   svr.set_keep_alive_max_count(1000);
   svr.set_payload_max_length(opt.max_body_bytes);
   svr.set_read_timeout(30);
+  const size_t max_body = opt.max_body_bytes;
   RouteTable routes;  // filled as the routes are added, below
   // Answered from the request's head, before httplib reads its body: the API key, the route and
   // method, and a body's length.
@@ -305,6 +311,30 @@ int run_server(const ServeOptions& opt) {
                      "takes " + allowed);
       return true;
     }
+    // A Content-Length that is not a byte count: httplib read "abc" as 0, leaving the body to be
+    // read as the connection's next request, and "-5" as 2^64 - 5, waited the read timeout (30 s)
+    // for it and answered that the body was too large. One past --max-body-bytes is refused now,
+    // not once the body was read (or waited for).
+    if (req.has_header("Content-Length")) {
+      const std::string length = req.get_header_value("Content-Length");
+      bool count = !length.empty() && length.find_first_not_of("0123456789") == std::string::npos;
+      for (size_t i = 1; i < req.get_header_value_count("Content-Length"); ++i)
+        count &= req.get_header_value("Content-Length", i) == length;
+      if (!count) {
+        send_error(res, 400,
+                   req.get_header_value_count("Content-Length") > 1
+                       ? "Content-Length is given more than once, with different values; send "
+                         "one, the body's size in bytes (HTTP clients do)"
+                       : "Content-Length \"" + visible(length) +
+                             "\" is not a byte count; send the body's size in bytes (HTTP "
+                             "clients do)");
+        return true;
+      }
+      if (length.size() > 19 || std::stoull(length) > max_body) {
+        send_error(res, 413, too_large(max_body));
+        return true;
+      }
+    }
     // cpp-httplib reads a body without a length until the client closes or the read timeout
     // (30 s) runs out, and then answered 400: the client waited half a minute for a refusal.
     if ((req.method == "POST" || req.method == "PUT" || req.method == "PATCH") &&
@@ -327,7 +357,6 @@ int run_server(const ServeOptions& opt) {
     if (may_have_body(req)) HttpServer::close_after_response(res);
     return httplib::Server::HandlerResponse::Handled;
   });
-  const size_t max_body = opt.max_body_bytes;
   svr.set_error_handler([max_body](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     // cpp-httplib limits a body sent as a form (curl -d's default type) to 8 KiB, below
@@ -342,11 +371,26 @@ int run_server(const ServeOptions& opt) {
                  "application/json'), up to " +
                      std::to_string(max_body) + " bytes");
     else if (res.status == 413)
-      send_error(res, 413,
-                 "request body too large: more than " + std::to_string(max_body) +
-                     " bytes (keel serve --max-body-bytes)");
+      send_error(res, 413, too_large(max_body));
     else if (res.status == 404)
       send_error(res, 404, "no route " + req.method + " " + req.path + " (see GET /v1/runs)");
+    // The refusals cpp-httplib makes before a route is found said only "request refused (HTTP
+    // 414)": what was refused, and why, is named.
+    else if (res.status == 414)
+      send_error(res, 414,
+                 "the request's URL is longer than 8192 bytes (cpp-httplib's limit); the routes' "
+                 "URLs are far shorter (see GET /v1/runs)");
+    else if (res.status == 416)
+      send_error(res, 416,
+                 "Range: " + visible(req.get_header_value("Range")) +
+                     " is not a byte range; ask for bytes=FIRST-LAST (FIRST <= LAST), "
+                     "bytes=FIRST- or bytes=-COUNT, or send no Range for the whole file");
+    else if (res.status == 400)
+      send_error(res, 400,
+                 "the request could not be read: a malformed request line or header, a header "
+                 "line longer than 8192 bytes (cpp-httplib's limit), or a body that is not what "
+                 "its Content-Length or chunked encoding says; send a well-formed HTTP/1.1 "
+                 "request");
     else
       send_error(res, res.status, "request refused (HTTP " + std::to_string(res.status) + ")");
   });
