@@ -85,6 +85,9 @@ class ConnectionStream final : public httplib::Stream {
       ip_and_port_of(a, len, ip, port);
   }
   socket_t socket() const override { return sock_; }
+  // Whether bytes the client sent are read but not yet taken: the start of its next request, when
+  // it sent that request without waiting for the answer to this one (HTTP/1.1 pipelining).
+  bool has_buffered() const { return off_ < len_; }
 
  private:
   ssize_t recv_some(char* p, size_t n) const {
@@ -164,18 +167,22 @@ void HttpServer::stop_serving() {
 
 bool HttpServer::process_and_close_socket(socket_t sock) {
   bool ret = false;
+  // One stream for the connection's life: its buffer may hold the next request's first bytes
+  // (read with this one's), which a stream made for each request dropped, and a client that sent
+  // two requests at once waited for the second answer until the keep-alive time ran out.
+  ConnectionStream strm(sock, ms_of(read_timeout_sec_, read_timeout_usec_),
+                        ms_of(write_timeout_sec_, write_timeout_usec_));
   for (size_t count = keep_alive_max_count_; count > 0 && svr_sock_ != INVALID_SOCKET; --count) {
     // Asleep until the client sends its next request, closes, the keep-alive time runs out, or
-    // the server stops.
+    // the server stops; not when that request is read already.
     pollfd p[2] = {{sock, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    const int timeout_ms =
+        strm.has_buffered() ? 0 : static_cast<int>(keep_alive_timeout_sec_ * 1000);
     int r;
-    while ((r = ::poll(p, stop_fd_ >= 0 ? 2 : 1,
-                       static_cast<int>(keep_alive_timeout_sec_ * 1000))) < 0 &&
-           errno == EINTR) {
+    while ((r = ::poll(p, stop_fd_ >= 0 ? 2 : 1, timeout_ms)) < 0 && errno == EINTR) {
     }
-    if (r <= 0 || (p[1].revents & POLLIN) || !(p[0].revents & (POLLIN | POLLHUP | POLLERR))) break;
-    ConnectionStream strm(sock, ms_of(read_timeout_sec_, read_timeout_usec_),
-                          ms_of(write_timeout_sec_, write_timeout_usec_));
+    if (p[1].revents & POLLIN) break;
+    if (!strm.has_buffered() && (r <= 0 || !(p[0].revents & (POLLIN | POLLHUP | POLLERR)))) break;
     bool closed = false;
     close_after_this_response = false;
     ret = process_request(strm, /*close_connection=*/count == 1, closed, nullptr);

@@ -13,10 +13,17 @@ using json = nlohmann::json;
 
 std::vector<std::string> LineTail::read_new(uint64_t max_bytes) {
   std::vector<std::string> lines;
+  started_over_ = false;
   struct stat st {};
   if (::stat(path_.c_str(), &st) != 0) return lines;
   const auto size = static_cast<uint64_t>(st.st_size);
-  if (size < offset_) offset_ = 0;  // truncated or replaced: start over
+  const bool replaced = ino_ != 0 && (st.st_ino != ino_ || st.st_dev != dev_);
+  dev_ = st.st_dev;
+  ino_ = st.st_ino;
+  if (size < offset_ || replaced) {  // truncated or replaced: start over
+    started_over_ = offset_ > 0;
+    offset_ = 0;
+  }
   if (size == offset_) return lines;
   const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);  // CLOEXEC: runs are forked
   if (fd < 0) return lines;
@@ -51,7 +58,10 @@ std::vector<std::string> LineTail::read_new(uint64_t max_bytes) {
 
 void LineTail::skip_existing() {
   struct stat st {};
-  if (::stat(path_.c_str(), &st) == 0) offset_ = static_cast<uint64_t>(st.st_size);
+  if (::stat(path_.c_str(), &st) != 0) return;
+  offset_ = static_cast<uint64_t>(st.st_size);
+  dev_ = st.st_dev;
+  ino_ = st.st_ino;
 }
 
 std::vector<RunEvent> events_of_record(int64_t line_no, const json& rec) {

@@ -13,18 +13,23 @@
 namespace keel::serve {
 
 // The complete lines appended to a file since the last call (a partial last line waits for its
-// newline). A file that is missing reads as empty; one that shrank is read again from its start.
-// An unchanged file costs one stat. `max_bytes` bounds one call's read (a longer single line is
-// still read whole).
+// newline). A file that is missing reads as empty; one that shrank or was replaced by another
+// file (a resumed run rewrites metrics.jsonl without the records after its checkpoint) is read
+// again from its start. An unchanged file costs one stat. `max_bytes` bounds one call's read (a
+// longer single line is still read whole).
 class LineTail {
  public:
   explicit LineTail(std::string path) : path_(std::move(path)) {}
   std::vector<std::string> read_new(uint64_t max_bytes = UINT64_MAX);
   void skip_existing();  // start after what the file holds now
+  // Whether the last read_new started the file over: its lines are numbered from 1 again.
+  bool started_over() const { return started_over_; }
 
  private:
   std::string path_;
   uint64_t offset_ = 0;
+  uint64_t dev_ = 0, ino_ = 0;  // the file read so far (0, 0: none yet)
+  bool started_over_ = false;
 };
 
 // One server-sent event of a run's stream: `id` is the metrics.jsonl line it came from (1-based),

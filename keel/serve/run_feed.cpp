@@ -1,5 +1,7 @@
 #include "keel/serve/run_feed.h"
 
+#include <utility>
+
 #include "keel/serve/registry.h"
 
 namespace keel::serve {
@@ -19,6 +21,7 @@ RunFeed::RunFeed(const std::string& run_dir, size_t window_lines)
     progress_.on_metrics(json::parse(line, nullptr, false), now);
     ++end_;
   }
+  file_lines_ = end_ - 1;
   for (const std::string& line : out_.read_new()) progress_.on_stdout(line);
   for (const std::string& line : err_.read_new()) progress_.on_stderr(line);
 }
@@ -26,14 +29,34 @@ RunFeed::RunFeed(const std::string& run_dir, size_t window_lines)
 void RunFeed::refresh_locked() {
   const auto now = Clock::now();
   bool grew = false;
-  for (const std::string& line : metrics_.read_new()) {
+  const std::vector<std::string> lines = metrics_.read_new();
+  // The file was rewritten: a resume drops the records after its checkpoint, then does those
+  // steps again. Its lines count from 1 again, and those below end_ were given to the streams
+  // already (the same steps, bit for bit): they are not given again, so that an event's id stays
+  // its line in the file, which a Last-Event-ID reconnect reads by. Read as new lines, every step
+  // up to the checkpoint was sent twice, under ids past the end of the file.
+  const bool over = metrics_.started_over();
+  if (over) file_lines_ = 0;
+  json reread;  // the newest line that the start over read again: where the run is now
+  for (const std::string& line : lines) {
     const json rec = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (++file_lines_ < end_) {
+      // Re-read at once, they would count as steps done in no time (steps_per_s): only the
+      // newest is the run's progress. Later ones are the steps done again, as they come.
+      if (over)
+        reread = rec;
+      else
+        progress_.on_metrics(rec, now);
+      continue;
+    }
+    if (!reread.is_null()) progress_.on_metrics(std::exchange(reread, json()), now);
     progress_.on_metrics(rec, now);
     window_.push_back(rec.is_discarded() ? std::string() : sse_of_record(end_, rec));
     if (window_.size() > window_lines_) window_.pop_front();
     ++end_;
     grew = true;
   }
+  if (!reread.is_null()) progress_.on_metrics(reread, now);
   for (const std::string& line : out_.read_new()) progress_.on_stdout(line);
   for (const std::string& line : err_.read_new()) progress_.on_stderr(line);
   if (grew) changed_.notify_all();
@@ -113,6 +136,7 @@ FeedSubscriber::Chunk FeedSubscriber::take(uint64_t file_bytes) {
     // number, each once. The state and the end wait until the stream has caught up.
     if (!file_) file_.emplace(feed_->metrics_path());
     const std::vector<std::string> lines = file_->read_new(file_bytes);
+    if (file_->started_over()) file_lines_ = 0;  // rewritten by a resume (RunFeed::refresh_locked)
     for (const std::string& line : lines) {
       if (++file_lines_ < next_) continue;  // the client has it
       const json rec = json::parse(line, nullptr, /*allow_exceptions=*/false);

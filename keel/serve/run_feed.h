@@ -70,7 +70,9 @@ class RunFeed {
   LineTail metrics_, out_, err_;
   Progress progress_;
   std::deque<std::string> window_;  // SSE text of lines [end_ - window_.size(), end_)
-  int64_t end_ = 1;
+  int64_t end_ = 1;                 // one past the last line given to the streams
+  int64_t file_lines_ = 0;          // lines read of metrics.jsonl as it is now (end_ - 1 but
+                                    // while a resume does again the steps it dropped)
   std::string state_;
   bool closed_ = false;
 };

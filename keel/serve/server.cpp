@@ -56,12 +56,23 @@ void send_json(httplib::Response& res, int status, const json& body) {
   res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
-// A route whose errors (HttpError, keel::Error, anything else) become JSON error responses.
+// The byte ranges of the request's Range header, as httplib parsed them. httplib cuts whatever a
+// route answers to them, errors and JSON included (a 401 sent as its first two bytes, `{"`, under
+// a Content-Range; an events stream called 206): only an artifact's bytes are served in ranges,
+// so every other answer clears them. Handlers are given the request const, but it is httplib's
+// own object for this one request (a local of Server::process_request), free to change.
+httplib::Ranges& ranges_of(const httplib::Request& req) {
+  return const_cast<httplib::Request&>(req).ranges;
+}
+
+// A route whose errors (HttpError, keel::Error, anything else) become JSON error responses, sent
+// whole whatever the Range header asked.
 httplib::Server::Handler guarded(
     std::function<void(const httplib::Request&, httplib::Response&)> f) {
   return [f = std::move(f)](const httplib::Request& req, httplib::Response& res) {
     try {
       f(req, res);
+      return;
     } catch (const HttpError& e) {
       send_error(res, e.status, e.what(), e.extra);
     } catch (const Error& e) {
@@ -69,6 +80,7 @@ httplib::Server::Handler guarded(
     } catch (const std::exception& e) {
       send_error(res, 500, std::string("internal error: ") + e.what());
     }
+    ranges_of(req).clear();
   };
 }
 
@@ -117,6 +129,15 @@ void send_file(const httplib::Request& req, httplib::Response& res, const fs::pa
                                (last >= 0 ? std::to_string(last) : std::string()) +
                                " is not within the artifact's " + std::to_string(size) + " bytes");
     }
+  // A range that ends past the file ends with it (RFC 9110 14.1.2): a download in fixed-size
+  // pieces asks for more than is left in its last one. httplib took the end as given, promising
+  // a Content-Length of bytes that never came, and the client waited for them.
+  for (auto& [first, last] : ranges_of(req))
+    if (first >= 0 && last >= 0 && static_cast<uint64_t>(last) >= size)
+      last = static_cast<ssize_t>(size - 1);
+  // Several ranges are answered with the whole file (RFC 9110 14.2 lets a server ignore Range):
+  // httplib's multipart/byteranges answer gives each part's file size as 0 ("bytes 0-4/0").
+  if (req.ranges.size() > 1) ranges_of(req).clear();
   auto in = std::make_shared<std::ifstream>(path, std::ios::binary);
   if (!*in) throw HttpError(500, "cannot read " + path.filename().string());
   const std::string ext = path.extension().string();
@@ -158,6 +179,11 @@ class RouteTable {
  private:
   std::vector<std::pair<bool, std::regex>> routes_;  // {a GET route (else POST), its path}
 };
+
+std::string too_large(size_t max_body) {
+  return "request body too large: more than " + std::to_string(max_body) +
+         " bytes (keel serve --max-body-bytes)";
+}
 
 bool chunked(const httplib::Request& req) {
   std::string te = req.get_header_value("Transfer-Encoding");
@@ -255,6 +281,7 @@ int run_server(const ServeOptions& opt) {
   svr.set_keep_alive_max_count(1000);
   svr.set_payload_max_length(opt.max_body_bytes);
   svr.set_read_timeout(30);
+  const size_t max_body = opt.max_body_bytes;
   RouteTable routes;  // filled as the routes are added, below
   // Answered from the request's head, before httplib reads its body: the API key, the route and
   // method, and a body's length.
@@ -284,6 +311,30 @@ int run_server(const ServeOptions& opt) {
                      "takes " + allowed);
       return true;
     }
+    // A Content-Length that is not a byte count: httplib read "abc" as 0, leaving the body to be
+    // read as the connection's next request, and "-5" as 2^64 - 5, waited the read timeout (30 s)
+    // for it and answered that the body was too large. One past --max-body-bytes is refused now,
+    // not once the body was read (or waited for).
+    if (req.has_header("Content-Length")) {
+      const std::string length = req.get_header_value("Content-Length");
+      bool count = !length.empty() && length.find_first_not_of("0123456789") == std::string::npos;
+      for (size_t i = 1; i < req.get_header_value_count("Content-Length"); ++i)
+        count &= req.get_header_value("Content-Length", i) == length;
+      if (!count) {
+        send_error(res, 400,
+                   req.get_header_value_count("Content-Length") > 1
+                       ? "Content-Length is given more than once, with different values; send "
+                         "one, the body's size in bytes (HTTP clients do)"
+                       : "Content-Length \"" + visible(length) +
+                             "\" is not a byte count; send the body's size in bytes (HTTP "
+                             "clients do)");
+        return true;
+      }
+      if (length.size() > 19 || std::stoull(length) > max_body) {
+        send_error(res, 413, too_large(max_body));
+        return true;
+      }
+    }
     // cpp-httplib reads a body without a length until the client closes or the read timeout
     // (30 s) runs out, and then answered 400: the client waited half a minute for a refusal.
     if ((req.method == "POST" || req.method == "PUT" || req.method == "PATCH") &&
@@ -297,13 +348,15 @@ int run_server(const ServeOptions& opt) {
     }
     return false;
   };
+  const std::regex artifact_file("/v1/runs/[^/]+/artifacts/.+");
   svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+    if (!std::regex_match(req.path, artifact_file)) ranges_of(req).clear();  // JSON goes whole
     if (!refusal(req, res)) return httplib::Server::HandlerResponse::Unhandled;
+    ranges_of(req).clear();
     // Its body is not read: it must not be read as the connection's next request.
     if (may_have_body(req)) HttpServer::close_after_response(res);
     return httplib::Server::HandlerResponse::Handled;
   });
-  const size_t max_body = opt.max_body_bytes;
   svr.set_error_handler([max_body](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     // cpp-httplib limits a body sent as a form (curl -d's default type) to 8 KiB, below
@@ -318,11 +371,26 @@ int run_server(const ServeOptions& opt) {
                  "application/json'), up to " +
                      std::to_string(max_body) + " bytes");
     else if (res.status == 413)
-      send_error(res, 413,
-                 "request body too large: more than " + std::to_string(max_body) +
-                     " bytes (keel serve --max-body-bytes)");
+      send_error(res, 413, too_large(max_body));
     else if (res.status == 404)
       send_error(res, 404, "no route " + req.method + " " + req.path + " (see GET /v1/runs)");
+    // The refusals cpp-httplib makes before a route is found said only "request refused (HTTP
+    // 414)": what was refused, and why, is named.
+    else if (res.status == 414)
+      send_error(res, 414,
+                 "the request's URL is longer than 8192 bytes (cpp-httplib's limit); the routes' "
+                 "URLs are far shorter (see GET /v1/runs)");
+    else if (res.status == 416)
+      send_error(res, 416,
+                 "Range: " + visible(req.get_header_value("Range")) +
+                     " is not a byte range; ask for bytes=FIRST-LAST (FIRST <= LAST), "
+                     "bytes=FIRST- or bytes=-COUNT, or send no Range for the whole file");
+    else if (res.status == 400)
+      send_error(res, 400,
+                 "the request could not be read: a malformed request line or header, a header "
+                 "line longer than 8192 bytes (cpp-httplib's limit), or a body that is not what "
+                 "its Content-Length or chunked encoding says; send a well-formed HTTP/1.1 "
+                 "request");
     else
       send_error(res, res.status, "request refused (HTTP " + std::to_string(res.status) + ")");
   });

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <thread>
@@ -27,6 +28,17 @@ struct RunFiles {
     for (; written < to; ++written)
       f << json{{"step", written + 1}, {"loss", 2.0 - 0.001 * written}, {"grad_norm", 1.0}}.dump()
         << "\n";
+  }
+  // Replaces the file with its steps up to `step`, as a resume from the checkpoint of that step
+  // does (a new file renamed over it: log::drop_metrics_after).
+  void rewrite_to(int step) {
+    {
+      std::ofstream f(dir + "/metrics.jsonl.tmp");
+      for (int i = 0; i < step; ++i)
+        f << json{{"step", i + 1}, {"loss", 2.0 - 0.001 * i}, {"grad_norm", 1.0}}.dump() << "\n";
+    }
+    std::filesystem::rename(dir + "/metrics.jsonl.tmp", dir + "/metrics.jsonl");
+    written = step;
   }
   void raw(const std::string& text) {
     std::ofstream(dir + "/metrics.jsonl", std::ios::app) << text;
@@ -198,6 +210,36 @@ TEST(ServeFeed, ANewStartReadsTheLogsFromTheirEndsAndKeepsTheMetrics) {
   feed.refresh();
   EXPECT_EQ(feed.last_error(), "stopped: by the second start");
   EXPECT_EQ(feed.snapshot()["step"], 6);
+}
+
+// A run killed after its checkpoint of step 20, at step 30, then resumed: the resume rewrites
+// metrics.jsonl without steps 21..30 and does them again. A stream that had lines 1..30 goes on
+// with line 31 (step 31), and an event's id stays its line in the file. The feed read the
+// rewritten file as new lines: steps 1..20 came again as events 31..50, and ids no longer matched
+// the file that a Last-Event-ID reconnect reads by.
+TEST(ServeFeed, AResumeThatRewroteTheMetricsGoesOnAtTheLineAfterTheLastGiven) {
+  RunFiles run;
+  run.steps_to(30);
+  auto feed = std::make_shared<RunFeed>(run.dir, 4);
+  feed->set_state("running");
+  FeedSubscriber live(feed, 0);
+  EXPECT_EQ(take_all(live), ids_from_to(1, 30));
+  feed->new_start();
+  run.rewrite_to(20);
+  feed->refresh();
+  EXPECT_EQ(take_all(live), std::vector<int64_t>{});
+  EXPECT_EQ(feed->snapshot()["step"], 20);  // where the resumed run is
+  run.steps_to(34);                         // 21..30 again, then new steps
+  feed->refresh();
+  EXPECT_EQ(feed->snapshot()["step"], 34);
+  FeedSubscriber::Chunk c = live.take();
+  EXPECT_EQ(parse_sse(c.text).ids, ids_from_to(31, 34));
+  EXPECT_CONTAINS(c.text,
+                  "id: 31\nevent: step\ndata: {\"grad_norm\":1.0,\"loss\":1.97,\"step\":31}");
+  // Reconnects, from the window and from the file, get the lines after their id once each.
+  FeedSubscriber after_32(feed, 32), from_start(feed, 0);
+  EXPECT_EQ(take_all(after_32), ids_from_to(33, 34));
+  EXPECT_EQ(take_all(from_start), ids_from_to(1, 34));
 }
 
 }  // namespace

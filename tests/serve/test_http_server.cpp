@@ -15,6 +15,7 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "tests/serve/serve_process.h"
 #include "tests/support/check.h"
@@ -51,6 +52,26 @@ class RawConnection {
     }
     return got;
   }
+  // Sends `bytes` as they are and reads until `answers` responses to GET /health have come (each
+  // ends with its body, {"status":"ok"}); returns what came, short when the connection closed or
+  // the read timed out.
+  std::string exchange(const std::string& bytes, size_t answers) {
+    if (::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(bytes.size()))
+      return "";
+    std::string got;
+    char buf[4096];
+    auto count = [&] {
+      size_t n = 0;
+      for (size_t at = 0; (at = got.find("\"ok\"}", at)) != std::string::npos; ++at) ++n;
+      return n;
+    };
+    while (count() < answers) {
+      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<size_t>(n));
+    }
+    return got;
+  }
   // Whether the server closed the connection (a read returns 0) within `s` seconds.
   bool closed_by_server(int s) {
     timeval tv{s, 0};
@@ -82,6 +103,25 @@ TEST(ServeHttp, AKeepAliveConnectionServesManyRequestsAcrossPauses) {
     // Pauses longer than httplib's 10 ms polling step, far shorter than the keep-alive time.
     if (i % 10 == 9) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   }
+}
+
+// HTTP/1.1 pipelining: requests sent together, before any answer, are each answered, in order.
+// The second was read into the first one's buffer and dropped with it: the client waited for its
+// answer until the keep-alive time (5 s) closed the connection.
+TEST(ServeHttp, RequestsSentTogetherAreEachAnswered) {
+  OpenServer s;
+  ASSERT_TRUE(s.srv.started()) << s.srv.output();
+  RawConnection c(s.srv.port());
+  ASSERT_TRUE(c.connected());
+  const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string got = c.exchange(health + health + health, 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+  size_t answers = 0;
+  for (size_t at = 0; (at = got.find("HTTP/1.1 200 OK", at)) != std::string::npos; ++at) ++answers;
+  EXPECT_EQ(answers, 3u) << got;
+  // The connection goes on as before.
+  EXPECT_EQ(c.health().rfind("HTTP/1.1 200", 0), 0u);
 }
 
 TEST(ServeHttp, AnIdleConnectionClosesWhenItsKeepAliveTimeRunsOut) {
@@ -304,6 +344,52 @@ TEST(ServeHttp, APostWithoutALengthIs411AtOnce) {
   EXPECT_LT(a.seconds, 5.0);
   EXPECT_EQ(a.text.rfind("HTTP/1.1 400", 0), 0u) << a.text;
   EXPECT_CONTAINS(a.text, "expected a JSON object");
+}
+
+// A Content-Length that is not a byte count, or is past --max-body-bytes, is refused from the head
+// at once, naming it, and the connection closes (the body is not read). httplib read "abc" as 0
+// (the body then read as the next request) and "-5" as 2^64 - 5: it waited 30 s for that body,
+// and then called it too large; a declared 2 MB body was refused only after the same wait.
+TEST(ServeHttp, AContentLengthThatIsNotAByteCountOrTooLargeIsRefusedAtOnce) {
+  OpenServer s;
+  ASSERT_TRUE(s.srv.started()) << s.srv.output();
+  const std::string head =
+      "POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n";
+  for (const auto& [length, status, says] :
+       {std::tuple<std::string, int, std::string>{"-5", 400,
+                                                  "Content-Length \\\"-5\\\" is not a byte count"},
+        {"abc", 400, "Content-Length \\\"abc\\\" is not a byte count"},
+        {"2\r\nContent-Length: 3", 400, "Content-Length is given more than once"},
+        {"2000000", 413, "more than 1048576 bytes (keel serve --max-body-bytes)"},
+        {"99999999999999999999999", 413, "more than 1048576 bytes"}}) {
+    const RawAnswer a =
+        raw_exchange(s.srv.port(), head + "Content-Length: " + length + "\r\n\r\n{}");
+    EXPECT_LT(a.seconds, 2.0) << length;
+    EXPECT_EQ(a.text.rfind("HTTP/1.1 " + std::to_string(status), 0), 0u)
+        << length << ": " << a.text;
+    EXPECT_CONTAINS(a.text, says);
+    EXPECT_TRUE(a.closed) << length << ": " << a.text;
+  }
+}
+
+// The refusals httplib makes before any route (a URL or header line too long, a Range that is not
+// one) name what was refused; they said "request refused (HTTP 414)".
+TEST(ServeHttp, RefusalsBeforeARouteNameWhatWasRefused) {
+  OpenServer s;
+  ASSERT_TRUE(s.srv.started()) << s.srv.output();
+  const Api api{s.srv.port(), ""};
+  auto r = api.get("/v1/runs/" + std::string(9000, 'a'));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 414);
+  EXPECT_CONTAINS(r->body, "the request's URL is longer than 8192 bytes");
+  r = api.get("/v1/runs", {{"X-Big", std::string(9000, 'a')}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_CONTAINS(r->body, "a header line longer than 8192 bytes");
+  r = api.get("/v1/runs", {{"Range", "bytes=5-2"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 416);
+  EXPECT_CONTAINS(r->body, "Range: bytes=5-2 is not a byte range");
 }
 
 }  // namespace

@@ -315,5 +315,62 @@ TEST(ServePaths, TraversalAttemptsOverHttpGet403AndArtifactsStayInTheRun) {
   }
 }
 
+// A Range header is for an artifact's bytes. One that ends past the file is cut at its end: httplib
+// promised the bytes asked for (Content-Length: 100000000 for a file of a few KB) and the client
+// waited for them. Any other answer goes whole: httplib cut errors and JSON to the range too (a
+// 401 or 404 sent as `{"`, a 416's error as nothing, an events stream called 206).
+TEST(ServePaths, AnArtifactRangePastItsEndEndsWithItAndOtherAnswersAreWhole) {
+  const std::string dir = temp_dir("serve-ranges");
+  std::ofstream(dir + "/keys") << kTestKey << "\n";
+  ServeProcess srv({"--root", dir + "/root", "--api-key-file", dir + "/keys"});
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  auto r = api.post("/v1/runs", tiny_config(2).dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 201) << r->body;
+  const std::string id = json::parse(r->body)["id"];
+  api.wait_run(id, [](const json& j) { return j["state"] == "succeeded"; });
+  const std::string file = "/v1/runs/" + id + "/artifacts/metrics.jsonl";
+  const std::string whole = api.get(file)->body;
+  ASSERT_GT(whole.size(), 10u);
+  const std::string size = std::to_string(whole.size());
+  for (const auto& [range, first] :
+       {std::pair<std::string, size_t>{"bytes=0-99999999", 0}, {"bytes=5-99999999", 5}}) {
+    r = api.get(file, {{"Range", range}});
+    ASSERT_TRUE(r) << range;
+    EXPECT_EQ(r->status, 206) << range;
+    EXPECT_EQ(r->body, whole.substr(first)) << range;
+    EXPECT_EQ(
+        r->get_header_value("Content-Range"),
+        "bytes " + std::to_string(first) + "-" + std::to_string(whole.size() - 1) + "/" + size);
+  }
+  // Several ranges at once: the whole file (httplib's multipart answer said the file held 0 bytes).
+  r = api.get(file, {{"Range", "bytes=0-4,8-99999999"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->body, whole);
+  auto expect_whole_error = [](const httplib::Result& res, int status, const std::string& says) {
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, status);
+    const json err = json::parse(res->body, nullptr, false);
+    ASSERT_TRUE(err.is_object() && err.contains("error")) << res->body;
+    EXPECT_CONTAINS(err["error"]["message"].get<std::string>(), says);
+  };
+  expect_whole_error(api.get(file, {{"Range", "bytes=" + size + "-"}}), 416,
+                     "is not within the artifact's " + size + " bytes");
+  expect_whole_error(api.get("/v1/runs/" + id + "/artifacts/nothing.txt", {{"Range", "bytes=0-1"}}),
+                     404, "no artifact nothing.txt");
+  expect_whole_error(Api{srv.port(), ""}.get(file, {{"Range", "bytes=0-1"}}), 401, "Authorization");
+  r = api.get("/v1/runs/" + id, {{"Range", "bytes=0-10"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_FALSE(r->has_header("Content-Range"));
+  EXPECT_EQ(json::parse(r->body, nullptr, false).value("id", ""), id) << r->body;
+  r = api.get("/v1/runs/" + id + "/events", {{"Range", "bytes=0-10"}});
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  EXPECT_CONTAINS(r->body, "event: end");
+}
+
 }  // namespace
 }  // namespace keel::test
