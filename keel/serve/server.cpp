@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <charconv>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -451,12 +452,15 @@ int run_server(const ServeOptions& opt) {
         std::shared_ptr<RunFeed> feed = service.feed(run);  // 404 before the stream starts
         int64_t last = 0;
         const std::string h = req.get_header_value("Last-Event-ID");
+        // The whole header is the id, a line number: "5abc" was read as 5, and 2^63 - 1 wrapped
+        // to a stream from the start when the next id was formed.
         if (!h.empty()) {
-          try {
-            last = std::stoll(h);
-          } catch (const std::exception&) {
-            throw HttpError(400, "Last-Event-ID \"" + h + "\" is not an event id (a number)");
-          }
+          const auto [end, ec] = std::from_chars(h.data(), h.data() + h.size(), last);
+          if (ec != std::errc() || end != h.data() + h.size() || last < 0 ||
+              last > (int64_t{1} << 53))
+            throw HttpError(400, "Last-Event-ID \"" + visible(h) +
+                                     "\" is not an event id: send the id of the last event "
+                                     "received (a line number of the run's metrics, 0 or more)");
         }
         stream_run_events(
             res, std::move(feed),

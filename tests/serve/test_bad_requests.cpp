@@ -133,10 +133,14 @@ TEST(ServeBadRequests, MutatedAndHostileBodiesGet4xxAndTheServerCarriesOn) {
   EXPECT_CONTAINS(r->body, "log.metrics = false");
   const json runs = api.get_json("/v1/runs")["data"];
   if (!runs.empty()) {
-    r = api.get("/v1/runs/" + runs[0]["id"].get<std::string>() + "/events",
-                {{"Last-Event-ID", "not-a-number"}});
-    ASSERT_TRUE(r);
-    EXPECT_EQ(r->status, 400);
+    // The whole header is the id: "5abc" was read as 5, 2^63 - 1 wrapped to the stream's start.
+    for (const char* id : {"not-a-number", "5abc", "-1", "9223372036854775807", "5 6"}) {
+      r = api.get("/v1/runs/" + runs[0]["id"].get<std::string>() + "/events",
+                  {{"Last-Event-ID", id}});
+      ASSERT_TRUE(r) << id;
+      EXPECT_EQ(r->status, 400) << id;
+      EXPECT_CONTAINS(r->body, "is not an event id: send the id of the last event received");
+    }
   }
   // Still serving, and still training.
   const Api anonymous{srv.port(), ""};
