@@ -433,18 +433,22 @@ int run_server(const ServeOptions& opt) {
   get(id, guarded([&](const httplib::Request& req, httplib::Response& res) {
         send_json(res, 200, service.get(req.matches[1]));
       }));
+  // Stop and resume take no settings: a body asking for some ({"force": true}, {"train":
+  // {"max_steps": 5}}) was accepted and ignored.
+  auto no_settings = [](const httplib::Request& req, const char* why) {
+    const auto first = req.body.find_first_not_of(" \t\r\n");
+    const auto last = req.body.find_last_not_of(" \t\r\n");
+    if (first != std::string::npos && req.body.substr(first, last - first + 1) != "{}")
+      throw HttpError(400, std::string(why) + ": send no body (or {})");
+  };
   post(id + "/stop", guarded([&](const httplib::Request& req, httplib::Response& res) {
+         no_settings(req, "a stop takes no settings (it checkpoints the run, then stops it)");
          send_json(res, 202, service.stop(req.matches[1]));
        }));
   post(id + "/resume", guarded([&](const httplib::Request& req, httplib::Response& res) {
-         // A resume continues the run as it was created: a body asking for other settings
-         // ({"train": {"max_steps": 5}}) was accepted and ignored.
-         const auto first = req.body.find_first_not_of(" \t\r\n");
-         const auto last = req.body.find_last_not_of(" \t\r\n");
-         if (first != std::string::npos && req.body.substr(first, last - first + 1) != "{}")
-           throw HttpError(400,
-                           "a resume continues the run with the config it was created with: "
-                           "send no body (or {}); for other settings start a new run");
+         no_settings(req,
+                     "a resume continues the run with the config it was created with (for "
+                     "other settings start a new run)");
          send_json(res, 202, service.resume(req.matches[1]));
        }));
   get(id + "/events", guarded([&](const httplib::Request& req, httplib::Response& res) {

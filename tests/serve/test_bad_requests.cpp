@@ -123,6 +123,11 @@ TEST(ServeBadRequests, MutatedAndHostileBodiesGet4xxAndTheServerCarriesOn) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
   EXPECT_CONTAINS(r->body, "send no body (or {})");
+  // So does a stop with settings ({"force": true} was accepted and dropped).
+  r = api.post("/v1/runs/run-000000000000/stop", R"({"force": true})");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_CONTAINS(r->body, "a stop takes no settings");
   // The service follows a run through its metrics.jsonl: a run without it ended "succeeded" at
   // step 0 with no loss.
   json no_metrics = tiny_config(5);
