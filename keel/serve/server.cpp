@@ -336,6 +336,15 @@ int run_server(const ServeOptions& opt) {
         return true;
       }
     }
+    // A multipart form (curl -F) reaches a route with its body taken apart into files and fields
+    // and req.body empty: creating a run from one answered "not JSON (at byte 1)".
+    if (req.get_header_value("Content-Type").rfind("multipart/form-data", 0) == 0) {
+      send_error(res, 415,
+                 "the body is a multipart form (Content-Type: multipart/form-data, curl -F); "
+                 "send JSON as the body itself (Content-Type: application/json; with curl: -H "
+                 "'Content-Type: application/json' -d @config.json)");
+      return true;
+    }
     // cpp-httplib reads a body without a length until the client closes or the read timeout
     // (30 s) runs out, and then answered 400: the client waited half a minute for a refusal.
     if ((req.method == "POST" || req.method == "PUT" || req.method == "PATCH") &&

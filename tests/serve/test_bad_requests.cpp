@@ -105,6 +105,14 @@ TEST(ServeBadRequests, MutatedAndHostileBodiesGet4xxAndTheServerCarriesOn) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 413);
   EXPECT_CONTAINS(r->body, "send it as Content-Type: application/json");
+  // A multipart form (curl -F) reached the route with an empty body: "not JSON (at byte 1)".
+  r = form.Post("/v1/runs", {{"Authorization", "Bearer " + api.key}},
+                "--b\r\nContent-Disposition: form-data; name=\"config\"\r\n\r\n{}\r\n--b--\r\n",
+                "multipart/form-data; boundary=b");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 415);
+  EXPECT_CONTAINS(r->body, "the body is a multipart form");
+  EXPECT_CONTAINS(r->body, "send JSON as the body itself");
   // Bad ids, routes and headers.
   for (const char* path :
        {"/v1/runs/..", "/v1/runs/%2e%2e", "/v1/runs/x%00y", "/v1/runs/run-1/stop",
