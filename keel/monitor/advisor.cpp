@@ -422,10 +422,21 @@ std::string TrendAdvisor::trend_line(StepResult& r) {
   trend_ = t;
   zeros_ = zeros;
   finding_ = Finding{r.step, trend_name(t), why, action(t, r), {}, {}, -1};
+  if (r.step == opt_.inject_step && (t == Trend::kExploding || t == Trend::kSpiking)) {
+    const bool nonfinite = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
+    finding_.cause += "; debug.inject put " + opt_.inject_what + " at this step";
+    finding_.action =
+        std::string(nonfinite ? (opt_.tracer_on ? "the tracer's log names the module that "
+                                                  "produces it; "
+                                                : "")
+                              : "") +
+        "the fault is debug.inject's, not the run's (no learning rate or data to change): set "
+        "debug.inject.module = \"\" to train without it";
+  }
   if (t == Trend::kSpiking)
     for (const StepResult& s : window_)
       if (s.step == last_spike_) examples_of(s, &finding_.examples);
-  return finding_.trend + ": " + why + "; " + finding_.action;
+  return finding_.trend + ": " + finding_.cause + "; " + finding_.action;
 }
 
 bool TrendAdvisor::recovered(const StepResult& r) const {

@@ -133,6 +133,11 @@ struct AdvisorOptions {
   // any usable scale" (init_scale 1e-3 was told "the loss scale fell to 0.001 ... switch to
   // bf16-mixed").
   double init_scale = 0;
+  // [debug.inject]: the step it corrupts (-1 = none) and what it does there ("nan into
+  // transformer.h.0.mlp.c_fc's output"). A spike or non-finite step there is the injector's: it
+  // was told "lower optim.lr" (a fix that fixes nothing).
+  int64_t inject_step = -1;
+  std::string inject_what;
 };
 
 // One finding, as metrics.jsonl records it: {"kind": "advisor", step, trend, cause, action,

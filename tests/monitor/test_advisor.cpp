@@ -741,5 +741,39 @@ TEST(Advisor, ADivergenceWithoutClippingIsToldToSetIt) {
   EXPECT_NOT_CONTAINS(run.advice.back().second, "keep train.max_grad_norm");
 }
 
+// [debug.inject] puts its fault at its step: the non-finite loss there was told "then lower
+// optim.lr (now 0.00196, try 0.000196)", and an injected spike "check the data around step 15
+// ...; if spikes recur, it is the optimizer: lower optim.lr", fixes that fix nothing. Other steps
+// keep their advice.
+TEST(Advisor, AFaultInjectedByDebugInjectIsNamedNotTheLearningRate) {
+  AdvisorOptions o;
+  o.inject_step = 5;
+  o.inject_what = "nan into transformer.h.0.mlp.c_fc's output";
+  Feed nan_run(o);
+  for (int64_t i = 1; i <= 5; ++i) nan_run.feed(step(i, i == 5 ? NAN : 3.0, i == 5 ? NAN : 1.0));
+  ASSERT_EQ(nan_run.advice.size(), 1u);
+  const std::string& a = nan_run.advice[0].second;
+  EXPECT_CONTAINS(a,
+                  "non-finite loss at step 5; debug.inject put nan into "
+                  "transformer.h.0.mlp.c_fc's output at this step");
+  EXPECT_CONTAINS(a, "set debug.inject.module = \"\"");
+  EXPECT_NOT_CONTAINS(a, "optim.lr");
+
+  o.inject_step = 15;
+  o.inject_what = "a factor of 50 into transformer.ln_f's output";
+  Feed spike(o);
+  for (int64_t i = 1; i <= 16; ++i) spike.feed(step(i, i == 15 ? 11.9 : 3.0, i == 15 ? 235 : 3.0));
+  ASSERT_FALSE(spike.advice.empty());
+  EXPECT_CONTAINS(spike.advice[0].second, "debug.inject put a factor of 50");
+  EXPECT_NOT_CONTAINS(spike.advice[0].second, "check the data");
+  EXPECT_NOT_CONTAINS(spike.advice[0].second, "optim.lr");
+
+  o.inject_step = 3;  // a fault at step 5 that the injector did not put there
+  Feed other(o);
+  for (int64_t i = 1; i <= 5; ++i) other.feed(step(i, i == 5 ? NAN : 3.0, i == 5 ? NAN : 1.0));
+  ASSERT_EQ(other.advice.size(), 1u);
+  EXPECT_NOT_CONTAINS(other.advice[0].second, "debug.inject");
+}
+
 }  // namespace
 }  // namespace keel
