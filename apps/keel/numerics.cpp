@@ -75,7 +75,8 @@ Command add_numerics(CLI::App& app) {
     o.init_scale = args->init_scale;
     o.backoff_factor = args->backoff;
     auto trials = monitor::scaler_trace(args->grad, o);
-    std::printf("true gradient %.6g under 16-mixed (f16 gradients, scale starts at %.0f):\n",
+    // %.8g: a scale of 0.5 printed as "0" and 1e30 as 31 digits.
+    std::printf("true gradient %.6g under 16-mixed (f16 gradients, scale starts at %.8g):\n",
                 args->grad, args->init_scale);
     for (auto& t : trials) {
       const char* what = !t.finite ? (t.outcome == "nan" ? "nan -> step skipped, scale backs off"

@@ -13,6 +13,7 @@
 #include "keel/dist/process_group.h"
 #include "keel/io/atomic_file.h"
 #include "keel/io/out_dir.h"
+#include "keel/log/console.h"
 #include "keel/log/loggers.h"
 #include "keel/monitor/advisor.h"
 #include "keel/monitor/grad_norms.h"
@@ -225,6 +226,13 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   advisor_opt.tracer_on = cfg.debug.underflow_overflow.enabled;
   advisor_opt.stochastic_rounding = cfg.optim.stochastic_rounding;
   advisor_opt.max_grad_norm = cfg.train.max_grad_norm;
+  if (trainer.scaler()) advisor_opt.init_scale = cfg.scaler.init_scale;
+  if (const InjectConfig& inj = cfg.debug.inject; !inj.module.empty() && inj.step >= 1) {
+    advisor_opt.inject_step = inj.step;
+    advisor_opt.inject_what =
+        (inj.kind == "scale" ? "a factor of " + log::format_number(inj.factor, 6) : inj.kind) +
+        " into " + inj.module + "'s output";
+  }
   // The uniform guess is over the logits the model produces (model.vocab_size), which may be far
   // wider than the tokenizer's ids (a byte tokenizer over Llama-3's 128,256 rows): a random model
   // starts near ln 128256 = 11.8, not ln 259 = 5.6, and is no divergence there.

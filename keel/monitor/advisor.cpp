@@ -11,6 +11,9 @@ namespace keel::monitor {
 
 namespace {
 
+// GradScaler's default start (PyTorch's): a scale above it was set so.
+constexpr double kPyTorchInitScale = 65536;
+
 std::string num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3g", v);
@@ -58,14 +61,18 @@ const char* trend_name(Trend t) {
   return "?";
 }
 
-TrendAdvisor::TrendAdvisor(AdvisorOptions opt) : opt_(opt) {}
+TrendAdvisor::TrendAdvisor(AdvisorOptions opt) : opt_(opt) {
+  // The scaler keeps its scale in f32: compared with the f32 it holds (1e-3 is not 1e-3f).
+  opt_.init_scale = static_cast<double>(static_cast<float>(opt_.init_scale));
+}
 
 std::string TrendAdvisor::observe(StepResult& r, const std::vector<BlockGradNorm>* layers) {
   findings_.clear();
   Finding start;
   if (observe_start(r, &start)) findings_.push_back(start);
   // The layers first: while blocks have vanished in f16, a vanishing trend's fix is theirs.
-  Finding under, round;
+  Finding scale, under, round;
+  const bool scale_due = observe_scale(r, &scale);
   const bool under_due = layers && observe_layers(r, *layers, &under);
   const bool round_due = observe_rounding(r, &round);
   std::string advice = trend_line(r);
@@ -73,8 +80,8 @@ std::string TrendAdvisor::observe(StepResult& r, const std::vector<BlockGradNorm
   Finding stall;
   const bool stall_due = observe_stall(r, &stall);
   if (under_due) explain_vanished(r, under);
-  for (const Finding* f :
-       {under_due ? &under : nullptr, round_due ? &round : nullptr, stall_due ? &stall : nullptr}) {
+  for (const Finding* f : {scale_due ? &scale : nullptr, under_due ? &under : nullptr,
+                           round_due ? &round : nullptr, stall_due ? &stall : nullptr}) {
     if (!f) continue;
     findings_.push_back(*f);
     advice += (advice.empty() ? "" : "\n") + f->trend + ": " + f->cause + "; " + f->action;
@@ -105,6 +112,48 @@ bool TrendAdvisor::observe_start(const StepResult& r, Finding* f) {
   return true;
 }
 
+bool TrendAdvisor::scale_as_set(const StepResult& r) const {
+  return opt_.init_scale > 0 && backoffs_ == 0 && r.loss_scale == opt_.init_scale;
+}
+
+bool TrendAdvisor::observe_scale(const StepResult& r, Finding* f) {
+  if (opt_.init_scale <= 0) return false;
+  backoffs_ += r.loss_scale_after < r.loss_scale;
+  if (scale_reported_) return false;
+  // Set below 1: the scale shrinks the gradients towards f16's underflow from the first step on,
+  // and no overflow put it there. Said at step 1 (a resumed run's scale is the checkpoint's).
+  if (r.step == 1 && opt_.init_scale < 1 && r.loss_scale == opt_.init_scale) {
+    scale_reported_ = true;
+    f->step = r.step;
+    f->trend = "loss scale";
+    f->cause = "scaler.init_scale = " + scale_num(opt_.init_scale) +
+               " starts the loss scale below 1: it shrinks the gradients towards f16's underflow "
+               "(below 6e-08 they are 0) instead of lifting them away; no overflow put it there";
+    f->action =
+        "raise scaler.init_scale (PyTorch's default 65536: where that overflows, the scaler backs "
+        "off by itself), and scaler.max_scale with it if set";
+    return true;
+  }
+  // Far above what f16 carries: every step overflows and is skipped (no update) while the scale
+  // backs off towards a usable one. Not a collapse: f16 is fine at the scale it is heading for.
+  if (opt_.init_scale > kPyTorchInitScale && backoffs_ >= opt_.collapse_skips &&
+      r.loss_scale_after >= kPyTorchInitScale) {
+    scale_reported_ = true;
+    f->step = r.step;
+    f->trend = "loss scale";
+    f->cause = "the loss scale started at scaler.init_scale = " + scale_num(opt_.init_scale) +
+               " and has backed off " + std::to_string(backoffs_) + " times (now " +
+               scale_num(r.loss_scale_after) +
+               "), each a skipped step with no update: the gradients " +
+               "times that scale overflow f16 (max 65504)";
+    f->action =
+        "lower scaler.init_scale (PyTorch's default 65536); each overflow only multiplies the "
+        "scale by scaler.backoff_factor";
+    return true;
+  }
+  return false;
+}
+
 bool TrendAdvisor::observe_stall(const StepResult& r, Finding* f) {
   if (!r.stepped || !std::isfinite(r.loss)) return false;
   recent_losses_.push_back(r.loss);
@@ -118,9 +167,15 @@ bool TrendAdvisor::observe_stall(const StepResult& r, Finding* f) {
   const double now = median({recent_losses_.begin(), recent_losses_.end()});
   const double fall = (start_loss_ - now) / start_loss_;
   // AdamW moves an element by about lr (m / sqrt(v) is at most ~1); SGD by lr times its gradient.
+  // SGD moves by the clipped gradient: a tiny train.max_grad_norm stalls it whatever optim.lr is
+  // (1e-6 held the loss at 5.5 for 120 steps without a finding; AdamW's update does not scale
+  // with the gradient's norm, so clipping cannot stall it).
   const double n = static_cast<double>(std::max<int64_t>(opt_.num_params, 1));
+  const bool clip_caps =
+      !opt_.adaptive && opt_.max_grad_norm > 0 && r.grad_norm > opt_.max_grad_norm;
+  const double applied_norm = clip_caps ? opt_.max_grad_norm : r.grad_norm;
   const double move = opt_.adaptive ? r.lr / opt_.weight_rms
-                                    : r.lr * r.grad_norm / (opt_.weight_rms * std::sqrt(n));
+                                    : r.lr * applied_norm / (opt_.weight_rms * std::sqrt(n));
   // A model that starts near the uniform guess knows nothing yet and has everything to learn; one
   // that starts well below it (a pretrained model) may learn slowly at a small lr by design (a
   // full fine-tune at 1e-6 moves its weights 5e-5 of their RMS): only a far smaller move is "far
@@ -138,13 +193,23 @@ bool TrendAdvisor::observe_stall(const StepResult& r, Finding* f) {
       " now) while the gradients are finite and non-zero (grad norm " + num(r.grad_norm) +
       "): an update moves the weights by " + (opt_.adaptive ? "at most " : "") + "~" + num(move) +
       " of their RMS (" + num(opt_.weight_rms) + "; " +
-      (opt_.adaptive ? "AdamW moves each by about lr = " + num(r.lr)
-                     : "SGD moves them by lr = " + num(r.lr) + " times the gradient") +
+      (opt_.adaptive
+           ? "AdamW moves each by about lr = " + num(r.lr)
+           : "SGD moves them by lr = " + num(r.lr) + " times the gradient" +
+                 (clip_caps ? ", clipped to train.max_grad_norm = " + num(opt_.max_grad_norm)
+                            : std::string())) +
       ")";
-  f->action = untrained ? "optim.lr is far too low: raise it (AdamW usually trains a model from "
-                          "scratch at 1e-4 to 3e-3)"
-                        : "optim.lr is far too low: raise it (AdamW usually fine-tunes at 1e-5 "
-                          "to 2e-4, LoRA at 1e-4 to 1e-3)";
+  // Unclipped, the same lr would move them enough: the threshold is the cause, not optim.lr.
+  const double unclipped = r.lr * r.grad_norm / (opt_.weight_rms * std::sqrt(n));
+  if (clip_caps && unclipped >= too_small)
+    f->action = "train.max_grad_norm = " + num(opt_.max_grad_norm) +
+                " cuts every gradient to a norm far below its own (" + num(r.grad_norm) +
+                " now): raise it (1.0 is usual) or set it to 0 (no clipping)";
+  else
+    f->action = untrained ? "optim.lr is far too low: raise it (AdamW usually trains a model from "
+                            "scratch at 1e-4 to 3e-3)"
+                          : "optim.lr is far too low: raise it (AdamW usually fine-tunes at 1e-5 "
+                            "to 2e-4, LoRA at 1e-4 to 1e-3)";
   return true;
 }
 
@@ -162,6 +227,10 @@ std::string TrendAdvisor::underflow_fix(const StepResult& r) const {
     return "f16 gradients underflow to zero without a loss scaler: set scaler.enabled = true "
            "(16-mixed's GradScaler multiplies the loss by 65536 before backward), or switch "
            "train.precision to bf16-mixed";
+  if (p == "16-mixed" && scale_as_set(r))
+    return "the loss scale (" + scale_num(r.loss_scale) +
+           ", scaler.init_scale, never backed off) is too low for these gradients: raise "
+           "scaler.init_scale (PyTorch's default 65536), or switch train.precision to bf16-mixed";
   if (p == "16-mixed")
     return "the loss scale (" + scale_num(r.loss_scale) +
            ") is too low for these gradients: raise scaler.min_scale (or scaler.init_scale), or "
@@ -310,8 +379,11 @@ std::string TrendAdvisor::trend_line(StepResult& r) {
   // before the first was dropped, went unprobed, and a clean batch was sent to "if its batch looks
   // wrong, check the data" (a LoRA run at optim.lr 3e-2, spikes at steps 39 and 59).
   while (!spikes_.empty() && r.step - spikes_.front() >= opt_.window) spikes_.pop_front();
-  if (jumped(prev_norms, r.grad_norm, opt_.spike_factor) || loss_jumped) {
+  const bool norm_jumped = jumped(prev_norms, r.grad_norm, opt_.spike_factor);
+  if (norm_jumped || loss_jumped) {
     last_spike_ = r.step;
+    spike_norm_ = norm_jumped;
+    spike_loss_ = loss_jumped;
     spikes_.push_back(r.step);
     // A spike's first sighting (of the loss or the grad norm): its batch against the step
     // before's, same weights. A grad-norm spike went unprobed and was sent to "check the data"
@@ -357,10 +429,21 @@ std::string TrendAdvisor::trend_line(StepResult& r) {
   trend_ = t;
   zeros_ = zeros;
   finding_ = Finding{r.step, trend_name(t), why, action(t, r), {}, {}, -1};
+  if (r.step == opt_.inject_step && (t == Trend::kExploding || t == Trend::kSpiking)) {
+    const bool nonfinite = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
+    finding_.cause += "; debug.inject put " + opt_.inject_what + " at this step";
+    finding_.action =
+        std::string(nonfinite ? (opt_.tracer_on ? "the tracer's log names the module that "
+                                                  "produces it; "
+                                                : "")
+                              : "") +
+        "the fault is debug.inject's, not the run's (no learning rate or data to change): set "
+        "debug.inject.module = \"\" to train without it";
+  }
   if (t == Trend::kSpiking)
     for (const StepResult& s : window_)
       if (s.step == last_spike_) examples_of(s, &finding_.examples);
-  return finding_.trend + ": " + why + "; " + finding_.action;
+  return finding_.trend + ": " + finding_.cause + "; " + finding_.action;
 }
 
 bool TrendAdvisor::recovered(const StepResult& r) const {
@@ -394,8 +477,13 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
     skips += s.found_inf && !s.stepped && s.loss_scale_after < s.loss_scale;
   }
   if (scaler) {
-    const double first = window_.front().loss_scale, last = r.loss_scale_after;
-    if (last < 1.0) {
+    // A start set above PyTorch's is measured from there: backing off from 1e30 is the setting's
+    // (observe_scale), not f16 overflowing at every usable scale.
+    double first = window_.front().loss_scale;
+    if (opt_.init_scale > kPyTorchInitScale) first = std::min(first, kPyTorchInitScale);
+    const double last = r.loss_scale_after;
+    // Set below 1 and never backed off: the setting (observe_scale), not a fall.
+    if (last < 1.0 && !(opt_.init_scale > 0 && backoffs_ == 0 && last >= opt_.init_scale)) {
       why = "the loss scale fell to " + scale_num(last) + " (below 1)";
       return Trend::kScaleCollapsing;
     }
@@ -503,11 +591,20 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
     const StepResult* s = nullptr;
     for (const StepResult& w : window_)
       if (w.step == last_spike_) s = &w;
-    why = "step " + std::to_string(last_spike_) + " jumped (grad norm " +
-          num(s ? s->grad_norm : 0.0) + ", loss " + num(s ? s->loss : 0.0) +
-          ") far above the recent median (grad norm " + num(median(norms)) + ", loss " +
-          num(median(losses)) + ")";
-    if (s && opt_.uniform_loss > 0 && s->loss > opt_.uniform_loss)
+    const std::string norm = num(s ? s->grad_norm : 0.0), loss = num(s ? s->loss : 0.0);
+    const std::string med_norm = num(median(norms)), med_loss = num(median(losses));
+    const std::string step = "step " + std::to_string(last_spike_);
+    // Only what jumped is called "far above"; the other is given beside it.
+    if (spike_norm_ && spike_loss_)
+      why = step + " jumped (grad norm " + norm + ", loss " + loss +
+            ") far above the recent median (grad norm " + med_norm + ", loss " + med_loss + ")";
+    else if (spike_norm_)
+      why = step + "'s grad norm jumped to " + norm + ", far above the recent median " + med_norm +
+            " (its loss " + loss + ", median " + med_loss + ")";
+    else
+      why = step + "'s loss jumped to " + loss + ", far above the recent median " + med_loss +
+            " (its grad norm " + norm + ", median " + med_norm + ")";
+    if (spike_loss_ && s && opt_.uniform_loss > 0 && s->loss > opt_.uniform_loss)
       why += ", above the uniform guess ln V = " + num(opt_.uniform_loss);
     if (spikes_.size() >= 2) {
       why += "; spikes recur (steps";
@@ -584,7 +681,10 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
                                               : ", then " + switch_to +
                                                     " (no update was applied "
                                                     "yet: not the learning rate)"));
-      return lower_lr + ", add warmup (sched.warmup_steps) and keep train.max_grad_norm > 0" +
+      // "keep train.max_grad_norm > 0" was said to a run with it at 0.
+      return lower_lr + ", add warmup (sched.warmup_steps) and " +
+             (opt_.max_grad_norm == 0 ? "set train.max_grad_norm = 1.0 (now 0: no clipping)"
+                                      : "keep train.max_grad_norm > 0") +
              (switch_to.empty() ? "" : "; if it persists, " + switch_to);
     case Trend::kVanishing: {
       const bool zero = !window_.empty() && window_.back().grad_norm == 0.0;

@@ -34,7 +34,11 @@
 // and an update at most 1e-4 of the weights' RMS (AdamW: lr / RMS; 1e-5 for a model that starts
 // well below ln V, a pretrained one): optim.lr is far too low.
 // Both are needed: a flat loss alone may be data with little left to learn, and small updates
-// alone a model that learns anyway.
+// alone a model that learns anyway. SGD's update is measured with the clipped gradient: a tiny
+// train.max_grad_norm is then the cause named, not optim.lr.
+// A scaler.init_scale below 1 (step 1), or far above 65536 and still backing off after
+// collapse_skips overflows, gets one "loss scale" finding naming the key: the scale is where the
+// setting put it, and neither is loss-scale collapsing.
 // Grad norms of steps the scaler skipped (inf by design) are left out of the medians.
 //
 // The window holds the last `window` (20) steps. No advice is given while the class stays the
@@ -126,12 +130,23 @@ struct AdvisorOptions {
   int64_t stall_steps = 50;
   double stall_fall = 0.02;
   double stall_move = 1e-4;
+  // scaler.init_scale when a loss scaler is on (0 = none or unknown): where the scale started. A
+  // scale set below 1, or far above f16's range, is the setting's doing, not f16 overflowing "at
+  // any usable scale" (init_scale 1e-3 was told "the loss scale fell to 0.001 ... switch to
+  // bf16-mixed").
+  double init_scale = 0;
+  // [debug.inject]: the step it corrupts (-1 = none) and what it does there ("nan into
+  // transformer.h.0.mlp.c_fc's output"). A spike or non-finite step there is the injector's: it
+  // was told "lower optim.lr" (a fix that fixes nothing).
+  int64_t inject_step = -1;
+  std::string inject_what;
 };
 
 // One finding, as metrics.jsonl records it: {"kind": "advisor", step, trend, cause, action,
 // examples (the batch of a spike), layers (the vanished blocks of an underflow), share (the
 // rounded-away share of a rounding finding)}. `trend`: a trend's name, "underflow", "rounding",
-// "initialization" or "stalled".
+// "initialization", "stalled" or "loss scale" (scaler.init_scale set below 1, or far above f16's
+// range and backing off).
 struct Finding {
   int64_t step = 0;
   std::string trend, cause, action;
@@ -168,9 +183,12 @@ class TrendAdvisor {
   std::deque<StepResult> window_;
   Trend trend_ = Trend::kStable;
   int64_t last_spike_ = -1;  // step of the last spike
-  int64_t nan_steps_ = 0;    // cumulative count seen on the previous step
-  bool zeros_ = false;       // the current vanishing class is exact zeros (already advised)
-  bool updated_ = false;     // some step applied an update (before that lr cannot be the cause)
+  // What jumped at the last spike: its grad norm, its loss (or both). The line named both as
+  // "far above the recent median" when only the grad norm had jumped (loss 32.4, median 33.9).
+  bool spike_norm_ = false, spike_loss_ = false;
+  int64_t nan_steps_ = 0;  // cumulative count seen on the previous step
+  bool zeros_ = false;     // the current vanishing class is exact zeros (already advised)
+  bool updated_ = false;   // some step applied an update (before that lr cannot be the cause)
   // The first finite loss, taken before any update: where the weights as initialized or loaded
   // start (0 = none yet). Above 1.5 ln V the start itself is far off, and staying up there is no
   // divergence of the learning rate's.
@@ -182,6 +200,12 @@ class TrendAdvisor {
   int64_t full_lr_steps_ = 0;         // applied steps at >= half the peak lr
   std::deque<double> recent_losses_;  // finite losses of the last 10 applied steps
   bool stall_reported_ = false;
+  // "loss scale" (AdvisorOptions::init_scale): said once; the scaler's back-offs seen so far.
+  bool observe_scale(const StepResult& r, Finding* f);
+  int64_t backoffs_ = 0;
+  bool scale_reported_ = false;
+  // Whether the scale is where scaler.init_scale put it, no overflow having moved it.
+  bool scale_as_set(const StepResult& r) const;
   // The best window so far: the lowest median loss of the last 3 applied steps, and the median
   // grad norm of those steps. A divergence cannot contaminate it (it only ever goes down).
   double best_loss_ = 0, best_norm_ = 0;

@@ -263,19 +263,38 @@ std::vector<DoctorCheck> check_config(const Config& cfg) {
   }
   // Learning rate vs decoupled weight decay: AdamW multiplies decayed weights by (1 - lr*wd).
   if (cfg.optim.name == "adamw") {
-    const double f = 1.0 - cfg.optim.lr * cfg.optim.weight_decay;
+    const double lr = cfg.optim.lr, wd = cfg.optim.weight_decay, lrwd = lr * wd;
+    const double f = 1.0 - lrwd;
+    // The fix names the key out of its usual range: lr 0.003 with weight_decay 500 was told
+    // "lower optim.lr (AdamW is usually run at 1e-5 to 1e-2)", a learning rate already there.
+    const bool lr_high = lr > 0.01, wd_high = wd > 1;
+    const std::string lr_fix = "lower optim.lr (AdamW is usually run at 1e-5 to 1e-2)";
+    const std::string wd_fix = "lower optim.weight_decay (AdamW usually takes 0 to 0.1)";
+    const std::string fix = wd_high && !lr_high  ? wd_fix
+                            : wd_high && lr_high ? lr_fix + " and " + wd_fix
+                                                 : lr_fix;
     if (f <= 0)
-      out.push_back(make(
-          "error", "optimizer",
-          "optim.lr x optim.weight_decay = " + fmt("%g", cfg.optim.lr * cfg.optim.weight_decay) +
-              " >= 1: AdamW's decoupled decay multiplies every decayed weight by "
-              "(1 - lr*wd) = " +
-              fmt("%g", f) +
-              " each step, so weights flip sign and grow until they overflow; "
-              "lower optim.lr (AdamW is usually run at 1e-5 to 1e-2)"));
-    else if (cfg.optim.lr > 0.1)
+      out.push_back(make("error", "optimizer",
+                         "optim.lr x optim.weight_decay = " + fmt("%g", lrwd) +
+                             " >= 1: AdamW's decoupled decay multiplies every decayed weight by "
+                             "(1 - lr*wd) = " +
+                             fmt("%g", f) +
+                             " each step, so weights flip sign and grow until they overflow; " +
+                             fix));
+    else if (lrwd >= 0.01)
+      // weight_decay 100 at lr 0.003 shrank every weight by 30% a step: the loss stuck at 4.05
+      // (5.5 at the start) for 120 steps with doctor's "nothing blocks training".
       out.push_back(make("warning", "optimizer",
-                         "optim.lr = " + fmt("%g", cfg.optim.lr) +
+                         "optim.lr x optim.weight_decay = " + fmt("%g", lrwd) +
+                             ": AdamW's decoupled decay multiplies every decayed weight by " +
+                             fmt("%g", f) + " each step, halving it every " +
+                             fmt("%.0f", std::ceil(std::log(0.5) / std::log(f))) +
+                             " step(s) whatever the gradients (the usual product is 1e-3 or "
+                             "less); " +
+                             fix));
+    if (f > 0 && lr > 0.1)
+      out.push_back(make("warning", "optimizer",
+                         "optim.lr = " + fmt("%g", lr) +
                              " is far above AdamW's usual range (1e-5 to 1e-2): each step moves "
                              "every weight by up to lr; expect divergence"));
   }

@@ -162,6 +162,22 @@ std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials) 
   if (trials.empty()) return "";
   const ScalerTrial& last = trials.back();
   const FormatInfo& f16 = format_info(DType::F16);
+  // Whether f16 holds the gradient itself (at a scale of 1): a scale small enough then carries it.
+  const bool fits_f16 = std::isfinite(round_to(DType::F16, static_cast<float>(grad)));
+  const double first_scale = trials.front().scale;
+  if (!last.finite && fits_f16) {
+    // The trace gave up while backing off from a scale far too large: a scale does fit, and the
+    // fix is where the scale starts, not the format (--grad 100 --init-scale 1e30 was told
+    // "never finite ...; use bf16-mixed").
+    std::snprintf(buf, sizeof buf,
+                  "not finite within %zu steps: the scale started at %.8g and is still %.6g after "
+                  "%zu back-offs, while |grad| = %.6g fits f16 at any scale up to %.6g (its max "
+                  "%.6g / |grad|); start the scale there or lower: a smaller --init-scale "
+                  "(scaler.init_scale; PyTorch's default 65536 suits gradients below 1).",
+                  trials.size(), first_scale, last.scale, trials.size() - 1, std::fabs(grad),
+                  f16.max / std::fabs(grad), f16.max);
+    return buf;
+  }
   if (!last.finite) {
     std::snprintf(buf, sizeof buf,
                   "never finite: |grad| x scale overflows f16 (max %.6g) even at scale %.6g; use "
@@ -201,6 +217,29 @@ std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials) 
                   "%sapplied with fewer significant bits: grad x scale = %.6g is an f16 subnormal "
                   "(below its smallest normal %.6g); a scale of at least %.6g keeps all %d bits.",
                   sep, grad * last.scale, f16.min_normal, full, f16.mantissa_bits + 1);
+    return lead + buf;
+  }
+  if (last.scale < 1 && trials.size() == 1) {
+    // A scale set below 1 from the start shrinks the gradient towards f16's underflow instead of
+    // lifting it away: no overflow pushed it there, and f16 is not at fault (--grad 1e-3
+    // --init-scale 0.5 was told "|grad| = 0.001 is itself beyond f16's max 65504").
+    std::snprintf(buf, sizeof buf,
+                  "applied, but the scale starts below 1 (--init-scale %.8g): it shrinks the "
+                  "gradient towards f16's underflow instead of lifting it away, and no overflow "
+                  "called for it (|grad| x scale = %.6g); start at a scale of 1 or more "
+                  "(scaler.init_scale; PyTorch's default 65536).",
+                  first_scale, grad * last.scale);
+    return buf;
+  }
+  if (last.scale < 1 && fits_f16) {
+    // The back-off went past the scales that fit: the factor was too small for a gradient f16
+    // holds (--grad 10 --init-scale 1e4 --backoff 1e-6 lands at 0.01).
+    std::snprintf(buf, sizeof buf,
+                  " The scale fell below 1 (PyTorch warns there; keel train's advisor calls it "
+                  "loss-scale collapsing), while |grad| = %.6g fits f16 at any scale up to %.6g: "
+                  "the back-off jumped past it; a --backoff closer to 1 (scaler.backoff_factor; "
+                  "PyTorch's 0.5) stops nearer.",
+                  std::fabs(grad), f16.max / std::fabs(grad));
     return lead + buf;
   }
   if (last.scale < 1) {

@@ -39,8 +39,9 @@ std::vector<ScalerTrial> scaler_trace(double grad, const GradScalerOptions& opt,
                                       int max_tries = 64);
 // What the trace means, in one or two sentences a user can act on: applied after N skips; applied
 // but lost to underflow (a zero update: a run stuck at grad_norm 0.0) or kept with fewer bits as
-// an f16 subnormal, with the scale that would keep it; never finite; or a NaN/inf gradient that
-// no scale can help.
+// an f16 subnormal, with the scale that would keep it; never finite (a gradient beyond f16's
+// max), or not finite within the tries from a start scale far too large (a gradient f16 holds);
+// a scale set below 1 from the start; or a NaN/inf gradient that no scale can help.
 std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials);
 
 }  // namespace keel::monitor

@@ -610,6 +610,22 @@ void validate(Config& c, const Origins& origins) {
     throw usage("scaler.min_scale = " + format_double(s.min_scale, false) + at("scaler.min_scale") +
                 " is above scaler.max_scale = " + format_double(s.max_scale, false) +
                 at("scaler.max_scale") + " (0 = no limit)");
+  // A start outside the bounds was taken as it was: init_scale 1e10 under min_scale 1e20 stopped
+  // at its first overflow as "the gradients overflowed f16 at scaler.min_scale = 1e+20, the lowest
+  // scale allowed; scale 1e+10 -> 1e+20" (a back-off that raised the scale), and a start above
+  // max_scale stayed above it.
+  if (s.min_scale > 0 && s.init_scale < s.min_scale)
+    throw usage("scaler.init_scale = " + format_double(s.init_scale, false) +
+                at("scaler.init_scale") + " is below scaler.min_scale = " +
+                format_double(s.min_scale, false) + at("scaler.min_scale") +
+                ": the scale would start under its own floor; set scaler.init_scale to at least "
+                "scaler.min_scale, or lower scaler.min_scale (0 = no limit)");
+  if (s.max_scale > 0 && s.init_scale > s.max_scale)
+    throw usage("scaler.init_scale = " + format_double(s.init_scale, false) +
+                at("scaler.init_scale") + " is above scaler.max_scale = " +
+                format_double(s.max_scale, false) + at("scaler.max_scale") +
+                ": the scale would start over its own ceiling; set scaler.init_scale to at most "
+                "scaler.max_scale, or raise scaler.max_scale (0 = no limit)");
 }
 
 // Parses the value of one --set override: a TOML value, or the raw text as a bare string.

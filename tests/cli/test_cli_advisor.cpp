@@ -69,6 +69,35 @@ TEST(CliAdvisor, ALearningRateFarTooLowIsStalled) {
 // byte tokenizer over Llama-3's 128,256 rows) starts near ln V of its own logits, ln 32000 = 10.4
 // here, which is above 1.5 x ln 259. That is where every untrained model starts, no divergence: the
 // uniform guess is taken over the model's logits.
+// scaler.init_scale = 1e-3 under 16-mixed: the first line was "loss-scale collapsing: the loss
+// scale fell to 0.001 (below 1); f16 overflows at any usable scale: switch train.precision to
+// bf16-mixed or 32-true", a fall that never happened and a fix that leaves the setting. It is now
+// the setting's own finding, at step 1, with the key to raise; 1e30 (every step overflowing while
+// the scale backs off) likewise names the key to lower.
+TEST(CliAdvisor, ALossScaleSetFarOffNamesScalerInitScale) {
+  const std::string dir = test::temp_dir("cli-advisor-init-scale");
+  test::KeelRun r = train({"run.out_dir=" + dir, "train.precision=16-mixed",
+                           "scaler.init_scale=1e-3", "train.max_steps=4", "data.eval_examples=0"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<json> f = findings_of(dir, "loss scale");
+  ASSERT_EQ(f.size(), 1u) << r.output;
+  EXPECT_EQ(f[0].at("step"), 1);
+  EXPECT_CONTAINS(f[0].at("cause").get<std::string>(),
+                  "scaler.init_scale = 0.001 starts the loss "
+                  "scale below 1");
+  EXPECT_CONTAINS(f[0].at("action").get<std::string>(), "raise scaler.init_scale");
+  EXPECT_NOT_CONTAINS(r.out, "collapsing");
+
+  r = train({"run.out_dir=" + dir, "run.overwrite=true", "train.precision=16-mixed",
+             "scaler.init_scale=1e30", "train.max_steps=6", "data.eval_examples=0"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  f = findings_of(dir, "loss scale");
+  ASSERT_EQ(f.size(), 1u) << r.output;
+  EXPECT_EQ(f[0].at("step"), 4);
+  EXPECT_CONTAINS(f[0].at("action").get<std::string>(), "lower scaler.init_scale");
+  EXPECT_NOT_CONTAINS(r.out, "collapsing");
+}
+
 TEST(CliAdvisor, AWideVocabularyAtInitIsNoDivergence) {
   const std::string dir = test::temp_dir("cli-advisor-wide-vocab");
   const test::KeelRun r =

@@ -54,6 +54,32 @@ TEST(CliNumerics, AGradientBeyondF16sMaxIsNoScalerSuccess) {
   EXPECT_NOT_CONTAINS(ok.out, "below 1");
 }
 
+// The scale, not f16, is at fault when --init-scale is set far off. Below 1 from the start
+// (0.5) the trace printed "scale starts at 0" and blamed a gradient of 0.001 as "itself beyond
+// f16's max 65504"; far above (1e30) it gave up after 64 back-offs with "never finite ...; use
+// bf16-mixed" for a gradient of 100 that f16 holds at any scale up to 655.
+TEST(CliNumerics, AnInitScaleSetFarOffIsNamedNotTheFormat) {
+  const auto low = run_keel({"numerics", "scaler", "--grad", "1e-3", "--init-scale", "0.5"});
+  ASSERT_EQ(low.code, 0) << low.output;
+  EXPECT_CONTAINS(low.out, "scale starts at 0.5)");
+  EXPECT_CONTAINS(low.out, "the scale starts below 1 (--init-scale 0.5)");
+  EXPECT_CONTAINS(low.out, "start at a scale of 1 or more");
+  EXPECT_NOT_CONTAINS(low.out, "beyond f16's max");
+  EXPECT_NOT_CONTAINS(low.out, "bf16-mixed");
+  const auto high = run_keel({"numerics", "scaler", "--grad", "100", "--init-scale", "1e30"});
+  ASSERT_EQ(high.code, 0) << high.output;
+  EXPECT_CONTAINS(high.out, "scale starts at 1e+30)");
+  EXPECT_CONTAINS(high.out, "not finite within 64 steps");
+  EXPECT_CONTAINS(high.out, "fits f16 at any scale up to 655.04");
+  EXPECT_CONTAINS(high.out, "a smaller --init-scale");
+  EXPECT_NOT_CONTAINS(high.out, "never finite");
+  EXPECT_NOT_CONTAINS(high.out, "bf16-mixed");
+  // A gradient f16 cannot hold keeps its verdict.
+  const auto beyond = run_keel({"numerics", "scaler", "--grad", "1e20"});
+  ASSERT_EQ(beyond.code, 0) << beyond.output;
+  EXPECT_CONTAINS(beyond.out, "never finite");
+}
+
 TEST(CliNumerics, BadFlagsAreUsageErrorsNamingTheFlag) {
   struct Case {
     std::vector<std::string> args;

@@ -187,7 +187,8 @@ TEST(Advisor, SpikeThenStableAgain) {
     run.feed(step(i, healthy_loss(i), i == 20 ? 50.0 : healthy_norm(i)));
   ASSERT_EQ(run.advice.size(), 2u);
   EXPECT_EQ(run.advice[0].first, 20);
-  EXPECT_EQ(run.advice[0].second.rfind("spiking: step 20 jumped", 0), 0u) << run.advice[0].second;
+  EXPECT_EQ(run.advice[0].second.rfind("spiking: step 20's grad norm jumped to 50", 0), 0u)
+      << run.advice[0].second;
   EXPECT_NE(run.advice[0].second.find("check the data around step 20"), std::string::npos);
   EXPECT_EQ(run.advice[1].first, 25);  // spike_hold = 5 steps
   EXPECT_EQ(run.advice[1].second.rfind("stable: ", 0), 0u) << run.advice[1].second;
@@ -650,6 +651,147 @@ TEST(Advisor, UpdatesRoundedAwayInADecayedTailAreTheSchedule) {
   LayerFeed full(o);
   for (int64_t i = 1; i <= 10; ++i) full.feed(update_step(i, 1000, 900), layers_of(false, false));
   EXPECT_EQ(full.of("rounding").size(), 1u);
+}
+
+// A spike names as "far above the recent median" only what jumped. A grad-norm spike whose loss
+// was below its median (init_std 5: grad norm 2.43e4, loss 32.4 against a median loss of 33.9)
+// read "step 48 jumped (grad norm 2.43e+04, loss 32.4) far above the recent median (grad norm
+// 69.3, loss 33.9)".
+TEST(Advisor, ASpikeNamesOnlyWhatJumped) {
+  Feed norm_only;
+  for (int64_t i = 1; i <= 22; ++i)
+    norm_only.feed(step(i, i == 20 ? 2.9 : 3.0 + 0.01 * std::cos(i), i == 20 ? 50.0 : 1.0));
+  ASSERT_FALSE(norm_only.advice.empty());
+  const std::string& a = norm_only.advice.front().second;
+  EXPECT_CONTAINS(a,
+                  "step 20's grad norm jumped to 50, far above the recent median 1 (its loss "
+                  "2.9, median 3)");
+  EXPECT_NOT_CONTAINS(a, "loss 2.9) far above");
+  Feed loss_only;
+  for (int64_t i = 1; i <= 17; ++i) loss_only.feed(step(i, i == 15 ? 9.0 : 2.0, 1.0));
+  ASSERT_FALSE(loss_only.advice.empty());
+  EXPECT_CONTAINS(loss_only.advice.front().second,
+                  "step 15's loss jumped to 9, far above the recent median 2 (its grad norm 1, "
+                  "median 1)");
+  Feed both;
+  for (int64_t i = 1; i <= 17; ++i) both.feed(step(i, i == 15 ? 9.0 : 2.0, i == 15 ? 50.0 : 1.0));
+  ASSERT_FALSE(both.advice.empty());
+  EXPECT_CONTAINS(both.advice.front().second,
+                  "step 15 jumped (grad norm 50, loss 9) far above the recent median (grad norm "
+                  "1, loss 2)");
+}
+
+// scaler.init_scale set below 1 is the setting, not a collapse: "loss-scale collapsing: the loss
+// scale fell to 0.001 (below 1); f16 overflows at any usable scale: switch train.precision to
+// bf16-mixed" named a fall that never happened and a fix that leaves the scale where it is. Set
+// far above f16's range (1e30), its back-offs towards a usable scale are no collapse either.
+TEST(Advisor, ALossScaleSetBelowOneOrFarAboveIsTheSettingNotACollapse) {
+  AdvisorOptions o;
+  o.precision = "16-mixed";
+  o.init_scale = 1e-3;
+  LayerFeed low(o);
+  double scale = static_cast<float>(1e-3);
+  for (int64_t i = 1; i <= 30; ++i) low.feed(scaled(i, scale, false), {});
+  ASSERT_EQ(low.of("loss scale").size(), 1u);
+  EXPECT_EQ(low.of("loss scale")[0].step, 1);
+  EXPECT_CONTAINS(low.of("loss scale")[0].cause,
+                  "scaler.init_scale = 0.001 starts the loss scale "
+                  "below 1");
+  EXPECT_CONTAINS(low.of("loss scale")[0].action, "raise scaler.init_scale");
+  EXPECT_EQ(low.adv.trend(), Trend::kStable);
+  for (const auto& line : low.lines) EXPECT_NOT_CONTAINS(line, "collapsing");
+
+  o.init_scale = 1e30;
+  LayerFeed high(o);
+  scale = static_cast<float>(1e30);
+  for (int64_t i = 1; i <= 12; ++i) high.feed(scaled(i, scale, true), {});
+  ASSERT_EQ(high.of("loss scale").size(), 1u);
+  EXPECT_EQ(high.of("loss scale")[0].step, 4);
+  EXPECT_CONTAINS(high.of("loss scale")[0].cause,
+                  "the loss scale started at scaler.init_scale = 1e+30 and has backed off 4 times");
+  EXPECT_CONTAINS(high.of("loss scale")[0].action, "lower scaler.init_scale");
+  for (const auto& line : high.lines) EXPECT_NOT_CONTAINS(line, "collapsing");
+
+  // From PyTorch's 65536, a fall below 1 is still a collapse.
+  o.init_scale = 65536;
+  LayerFeed fall(o);
+  scale = 65536;
+  for (int64_t i = 1; i <= 18; ++i) fall.feed(scaled(i, scale, true), {});
+  EXPECT_EQ(fall.adv.trend(), Trend::kScaleCollapsing);
+  EXPECT_TRUE(fall.of("loss scale").empty());
+}
+
+// SGD moves by the clipped gradient: train.max_grad_norm = 1e-6 held the loss flat for 120 steps
+// without a finding (the pre-clip norm made the update look large), and "raise optim.lr" would
+// not be the fix. AdamW's update does not scale with the norm: its stall stays optim.lr's.
+TEST(Advisor, SgdStalledByATinyClippingThresholdNamesIt) {
+  AdvisorOptions o;
+  o.peak_lr = 0.1;
+  o.weight_rms = 0.02;
+  o.adaptive = false;
+  o.num_params = 10000;
+  o.max_grad_norm = 1e-6;
+  LayerFeed sgd(o);
+  for (int64_t i = 1; i <= 60; ++i) {
+    StepResult r = lr_step(i, 5.5, 0.1);
+    r.clipped = true;
+    sgd.feed(r, {});
+  }
+  const auto f = sgd.of("stalled");
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_CONTAINS(f[0].cause, "times the gradient, clipped to train.max_grad_norm = 1e-06");
+  EXPECT_CONTAINS(f[0].action, "train.max_grad_norm = 1e-06 cuts every gradient");
+  EXPECT_NOT_CONTAINS(f[0].action, "optim.lr");
+  o.max_grad_norm = 1.0;  // the same run clipped at 1: the update is large, no stall
+  LayerFeed clipped_at_one(o);
+  for (int64_t i = 1; i <= 60; ++i) clipped_at_one.feed(lr_step(i, 5.5, 0.1), {});
+  EXPECT_TRUE(clipped_at_one.of("stalled").empty());
+}
+
+// A divergence's fix said "keep train.max_grad_norm > 0" to a run with it at 0.
+TEST(Advisor, ADivergenceWithoutClippingIsToldToSetIt) {
+  AdvisorOptions o;
+  o.uniform_loss = std::log(259.0);
+  o.max_grad_norm = 0;
+  Feed run(o);
+  for (int64_t i = 1; i <= 4; ++i) run.feed(step(i, i <= 2 ? 5.0 : 12.0, 3.0));
+  ASSERT_FALSE(run.advice.empty());
+  EXPECT_CONTAINS(run.advice.back().second, "set train.max_grad_norm = 1.0 (now 0: no clipping)");
+  EXPECT_NOT_CONTAINS(run.advice.back().second, "keep train.max_grad_norm");
+}
+
+// [debug.inject] puts its fault at its step: the non-finite loss there was told "then lower
+// optim.lr (now 0.00196, try 0.000196)", and an injected spike "check the data around step 15
+// ...; if spikes recur, it is the optimizer: lower optim.lr", fixes that fix nothing. Other steps
+// keep their advice.
+TEST(Advisor, AFaultInjectedByDebugInjectIsNamedNotTheLearningRate) {
+  AdvisorOptions o;
+  o.inject_step = 5;
+  o.inject_what = "nan into transformer.h.0.mlp.c_fc's output";
+  Feed nan_run(o);
+  for (int64_t i = 1; i <= 5; ++i) nan_run.feed(step(i, i == 5 ? NAN : 3.0, i == 5 ? NAN : 1.0));
+  ASSERT_EQ(nan_run.advice.size(), 1u);
+  const std::string& a = nan_run.advice[0].second;
+  EXPECT_CONTAINS(a,
+                  "non-finite loss at step 5; debug.inject put nan into "
+                  "transformer.h.0.mlp.c_fc's output at this step");
+  EXPECT_CONTAINS(a, "set debug.inject.module = \"\"");
+  EXPECT_NOT_CONTAINS(a, "optim.lr");
+
+  o.inject_step = 15;
+  o.inject_what = "a factor of 50 into transformer.ln_f's output";
+  Feed spike(o);
+  for (int64_t i = 1; i <= 16; ++i) spike.feed(step(i, i == 15 ? 11.9 : 3.0, i == 15 ? 235 : 3.0));
+  ASSERT_FALSE(spike.advice.empty());
+  EXPECT_CONTAINS(spike.advice[0].second, "debug.inject put a factor of 50");
+  EXPECT_NOT_CONTAINS(spike.advice[0].second, "check the data");
+  EXPECT_NOT_CONTAINS(spike.advice[0].second, "optim.lr");
+
+  o.inject_step = 3;  // a fault at step 5 that the injector did not put there
+  Feed other(o);
+  for (int64_t i = 1; i <= 5; ++i) other.feed(step(i, i == 5 ? NAN : 3.0, i == 5 ? NAN : 1.0));
+  ASSERT_EQ(other.advice.size(), 1u);
+  EXPECT_NOT_CONTAINS(other.advice[0].second, "debug.inject");
 }
 
 }  // namespace

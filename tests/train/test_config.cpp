@@ -508,6 +508,17 @@ TEST(Config, RulesAcrossKeysNameBothKeysAndWhereTheyCameFrom) {
       msg.find("scaler.min_scale = 4 (--set scaler.min_scale=4) is above scaler.max_scale = 2"),
       std::string::npos)
       << msg;
+  // A start outside the bounds: under min_scale, the first overflow "backed off" up to min_scale
+  // and stopped as an overflow at the floor; over max_scale, the scale stayed above it.
+  msg = usage_error([] { load_config("", {"scaler.init_scale=1e10", "scaler.min_scale=1e20"}); });
+  EXPECT_CONTAINS(msg,
+                  "scaler.init_scale = 1e+10 (--set scaler.init_scale=1e10) is below "
+                  "scaler.min_scale = 1e+20 (--set scaler.min_scale=1e20)");
+  EXPECT_CONTAINS(msg, "set scaler.init_scale to at least scaler.min_scale");
+  msg = usage_error([] { load_config("", {"scaler.max_scale=4096"}); });
+  EXPECT_CONTAINS(msg, "scaler.init_scale = 65536");
+  EXPECT_CONTAINS(msg, "is above scaler.max_scale = 4096 (--set scaler.max_scale=4096)");
+  EXPECT_NO_THROW(load_config("", {"scaler.min_scale=65536", "scaler.max_scale=65536"}));
 }
 
 TEST(Config, OverridesParseTomlValuesAndBareStrings) {
