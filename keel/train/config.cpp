@@ -605,7 +605,7 @@ void validate(Config& c, const Origins& origins) {
   if (c.data.tokenizer.empty())
     throw usage(prefix("data.tokenizer") +
                 "data.tokenizer must not be empty (\"byte\", \"gpt2:DIR\" or \"hf:PATH\")");
-  const GradScalerOptions& s = c.scaler;
+  GradScalerOptions& s = c.scaler;
   if (s.max_scale > 0 && s.min_scale > s.max_scale)
     throw usage("scaler.min_scale = " + format_double(s.min_scale, false) + at("scaler.min_scale") +
                 " is above scaler.max_scale = " + format_double(s.max_scale, false) +
@@ -614,6 +614,12 @@ void validate(Config& c, const Origins& origins) {
   // at its first overflow as "the gradients overflowed f16 at scaler.min_scale = 1e+20, the lowest
   // scale allowed; scale 1e+10 -> 1e+20" (a back-off that raised the scale), and a start above
   // max_scale stayed above it.
+  // Left at its default (65536), the start follows the bound that was set: scaler.max_scale =
+  // 4096 alone means a start at 4096, not an error asking for scaler.init_scale too.
+  if (!origins.count("scaler.init_scale")) {
+    if (s.max_scale > 0) s.init_scale = std::min(s.init_scale, s.max_scale);
+    if (s.min_scale > 0) s.init_scale = std::max(s.init_scale, s.min_scale);
+  }
   if (s.min_scale > 0 && s.init_scale < s.min_scale)
     throw usage("scaler.init_scale = " + format_double(s.init_scale, false) +
                 at("scaler.init_scale") + " is below scaler.min_scale = " +

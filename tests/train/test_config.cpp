@@ -515,10 +515,16 @@ TEST(Config, RulesAcrossKeysNameBothKeysAndWhereTheyCameFrom) {
                   "scaler.init_scale = 1e+10 (--set scaler.init_scale=1e10) is below "
                   "scaler.min_scale = 1e+20 (--set scaler.min_scale=1e20)");
   EXPECT_CONTAINS(msg, "set scaler.init_scale to at least scaler.min_scale");
-  msg = usage_error([] { load_config("", {"scaler.max_scale=4096"}); });
-  EXPECT_CONTAINS(msg, "scaler.init_scale = 65536");
+  msg = usage_error([] { load_config("", {"scaler.init_scale=65536", "scaler.max_scale=4096"}); });
+  EXPECT_CONTAINS(msg, "scaler.init_scale = 65536 (--set scaler.init_scale=65536)");
   EXPECT_CONTAINS(msg, "is above scaler.max_scale = 4096 (--set scaler.max_scale=4096)");
   EXPECT_NO_THROW(load_config("", {"scaler.min_scale=65536", "scaler.max_scale=65536"}));
+  // Left at its default, the start follows the bound that was set (max_scale = 4096 alone was an
+  // error asking for init_scale too), and the saved config gives it back as it ran.
+  const Config capped = load_config("", {"scaler.max_scale=4096"});
+  EXPECT_EQ(capped.scaler.init_scale, 4096.0);
+  EXPECT_EQ(load_config_text(config_to_toml(capped), "saved").scaler.init_scale, 4096.0);
+  EXPECT_EQ(load_config("", {"scaler.min_scale=1e6"}).scaler.init_scale, 1e6);
 }
 
 TEST(Config, OverridesParseTomlValuesAndBareStrings) {
