@@ -299,7 +299,14 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
   // that is the cause, the precision or backend change only the symptom's fix.
   if (r.reproduced) {
     const std::string why = optimizer_state_underflow(c, base);
-    if (!why.empty()) r.explanation = why + ". This step: " + r.explanation;
+    if (!why.empty()) {
+      // The divergence is those updates' doing: its "lower optim.lr" would not fix it (an update
+      // of lr * m / eps blows up at any lr), and read as a second, contradicting fix.
+      const std::string lr_fix = ": lower optim.lr";
+      if (const size_t at = r.explanation.find(lr_fix); at != std::string::npos)
+        r.explanation.replace(at, lr_fix.size(), ", by the updates of the flushed second moment");
+      r.explanation = why + ". This step: " + r.explanation;
+    }
   }
 }
 

@@ -345,6 +345,9 @@ TEST(CliNan, AdamWSecondMomentUnderflowIn16TrueIsNamedAsTheCause) {
   EXPECT_CONTAINS(why, "updated by lr * m / eps (optim.eps = 1e-08)");
   EXPECT_CONTAINS(why, "train in 16-mixed or bf16-mixed");
   EXPECT_CONTAINS(why, "raise optim.eps");
+  // Not also "lower optim.lr": an update of lr * m / eps blows up at any lr.
+  EXPECT_NOT_CONTAINS(why, "lower optim.lr");
+  EXPECT_CONTAINS(why, "by the updates of the flushed second moment");
   bool noted = false;
   for (const json& n : j.at("notes"))
     noted |= n.get<std::string>().find("exp_avg_sq") != std::string::npos;
