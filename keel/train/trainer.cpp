@@ -377,8 +377,10 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
             why_none = std::string("writing it failed: ") + e.what();
           }
         }
+        // "nan", never std::to_string's "-nan": a NaN's sign bit says nothing to the user.
+        const char* loss_text = std::isnan(r.loss) ? "nan" : r.loss > 0 ? "inf" : "-inf";
         std::string what = loss_finite ? std::string("non-finite gradients")
-                                       : "non-finite loss (" + std::to_string(r.loss) + ")";
+                                       : "non-finite loss (" + std::string(loss_text) + ")";
         if (!unsettled.empty())
           what = unsettled + "; " + unsettled_action(sched_step_ > 0) + "; last step's " + what;
         if (loss_finite && ev.nonfinite_params.empty())

@@ -461,6 +461,7 @@ TEST(CliNan, InjectedNanInAttentionAtStep5IsBisectedToTheInjection) {
   const std::string capture = expect_captured_stop(r, dir, &step);
   EXPECT_EQ(step, 5);
   EXPECT_EQ(step_records(dir).size(), 5u);
+  EXPECT_CONTAINS(r.err, "stopped: step 5: non-finite loss (nan)");  // it printed "(-nan)"
   expect_log_names(dir, "transformer.h.1.attn", "GPT2Attention");
   const json j = replay_json(capture, {"--bisect"});
   expect_reproduced(j, "transformer.h.1.attn", "GPT2Attention", "output");
