@@ -450,6 +450,19 @@ TEST(CliNan, NanEmbeddingRowHitByOneExampleIsCapturedAtItsBatch) {
 }
 
 // (d) An injected NaN in one attention module's output at step 5.
+// A NaN injected into the MLP makes the loss NaN with its sign bit set: the stop printed
+// std::to_string's "non-finite loss (-nan)".
+TEST(CliNan, TheStopNamesANanLossWithoutItsSign) {
+  const std::string dir = test::temp_dir("cli-nan-sign");
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(), {"train.max_steps=6", "debug.inject.module=transformer.h.0.mlp.c_fc",
+                           "debug.inject.step=5", "debug.nan_capture=false"});
+  const Ran r = run_keel(with_sets({"train"}, sets));
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.err, "stopped: step 5: non-finite loss (nan)");
+  EXPECT_NOT_CONTAINS(r.err, "-nan");
+}
+
 TEST(CliNan, InjectedNanInAttentionAtStep5IsBisectedToTheInjection) {
   const std::string dir = test::temp_dir("cli-nan-d");
   auto sets = small_gpt2(dir);
@@ -461,7 +474,6 @@ TEST(CliNan, InjectedNanInAttentionAtStep5IsBisectedToTheInjection) {
   const std::string capture = expect_captured_stop(r, dir, &step);
   EXPECT_EQ(step, 5);
   EXPECT_EQ(step_records(dir).size(), 5u);
-  EXPECT_CONTAINS(r.err, "stopped: step 5: non-finite loss (nan)");  // it printed "(-nan)"
   expect_log_names(dir, "transformer.h.1.attn", "GPT2Attention");
   const json j = replay_json(capture, {"--bisect"});
   expect_reproduced(j, "transformer.h.1.attn", "GPT2Attention", "output");
