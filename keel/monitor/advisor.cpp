@@ -615,8 +615,14 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
         why += "; under the same weights its batch's loss is " + num(probe_.spike) +
                " and the step before's batch's " + num(probe_.before) +
                (v > 0 ? ": the batch is the harder, the data"
-                      : ": its batch is no harder, the update before moved the weights (the "
-                        "optimizer, not the data)");
+                : probe_.spike > probe_.before
+                    // 1.18x harder was called "no harder": it is not hard enough to be the cause.
+                    ? ": its batch is only " + num(probe_.spike / probe_.before) +
+                          "x harder (under " + num(opt_.spike_batch_ratio) +
+                          "x), too little to make the spike: the update before moved the weights "
+                          "(the optimizer, not the data)"
+                    : std::string(": its batch is no harder, the update before moved the "
+                                  "weights (the optimizer, not the data)"));
       why += "; its batch: " + examples_of(*s, nullptr);
     }
     return Trend::kSpiking;

@@ -252,7 +252,7 @@ TEST(CliAdvisor, ASpikeOfTheOptimizerOnCleanDataIsNotBlamedOnTheData) {
   const std::vector<json> spikes = findings_of(dir, "spiking");
   ASSERT_EQ(spikes.size(), 1u) << r.output;
   const std::string cause = spikes[0].at("cause"), action = spikes[0].at("action");
-  EXPECT_CONTAINS(cause, "its batch is no harder, the update before moved the weights");
+  EXPECT_CONTAINS(cause, "the update before moved the weights (the optimizer, not the data)");
   EXPECT_CONTAINS(action, "lower optim.lr");
   EXPECT_NOT_CONTAINS(action, "check the data");
   // The two probe forwards change nothing: the run without them (the tracer on turns them off)
