@@ -187,6 +187,35 @@ TEST(CliOutDir, TensorBoardShowsEachStepOnceAfterAResume) {
   }
 }
 
+// 8 batches in windows of 3: steps 3 and 6 end epochs 0 and 1. A run killed after the checkpoint
+// of step 3 (its epoch's record not yet written) resumed with the epoch taken as reported: epoch
+// 0's record was missing from metrics.jsonl.
+TEST(CliOutDir, AKillAfterAnEpochsLastCheckpointKeepsTheEpochRecord) {
+  const std::string root = test::temp_dir("outdir-epoch-end");
+  const std::vector<std::string> sets = {"train.grad_accum=3", "train.max_steps=5"};
+  auto r = run_keel(train(root + "/straight", sets));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto want = test::records_with(root + "/straight", "epoch_loss");
+  ASSERT_EQ(want.size(), 1u);
+  // Saves: each step writes last then step-N; done:6 is step 3's step-3.
+  const std::string out = root + "/killed";
+  r = run_keel(train(out, sets), {"KEEL_TEST_CRASH_AT=done:6"});
+  ASSERT_EQ(r.code, 86) << r.output;
+  ASSERT_EQ(saved_step(out), 3);
+  auto resumed = sets;
+  resumed.push_back("run.resume=true");
+  r = run_keel(train(out, resumed));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(test::records_with(out, "epoch_loss"), want);
+  // Killed after the record was written (step 4's save): it is not written twice.
+  const std::string later = root + "/killed-later";
+  r = run_keel(train(later, sets), {"KEEL_TEST_CRASH_AT=done:7"});
+  ASSERT_EQ(r.code, 86) << r.output;
+  r = run_keel(train(later, resumed));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(test::records_with(later, "epoch_loss"), want);
+}
+
 TEST(CliOutDir, ResumeThatChangesWhatTheCheckpointFixesIsRefused) {
   const std::string out = test::temp_dir("outdir-fixed");
   auto r = run_keel(train(out, {"train.max_steps=2"}));
