@@ -86,6 +86,15 @@ void check_run_memory(const Config& cfg) {
 // one rank an error is printed with its rank and the whole job aborted with its exit code.
 int run_train(const TrainArgs& a) {
   Config cfg = load_config(a.config, a.sets);
+  // Without run.out_dir every run writes to a new out/<UTC time>/: such a resume found no
+  // checkpoint there and trained from scratch (a run's saved config.toml holds out_dir = "", so
+  // `keel train out/RUN/config.toml --set run.resume=true` did just that).
+  if (cfg.run.resume && cfg.run.out_dir.empty())
+    throw Error(
+        "run.resume = true but run.out_dir is not set: a run without it writes to a new "
+        "out/<UTC time>/ directory, where there is nothing to resume; set run.out_dir to the "
+        "directory of the run to continue (e.g. --set run.out_dir=out/20260101-120000)",
+        Error::kUsage);
   check_run_memory(cfg);
   std::shared_ptr<dist::ProcessGroup> pg =
       dist::make_process_group(cfg.dist.backend, cfg.dist.bucket_mb);

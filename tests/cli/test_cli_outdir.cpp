@@ -216,6 +216,17 @@ TEST(CliOutDir, AKillAfterAnEpochsLastCheckpointKeepsTheEpochRecord) {
   EXPECT_EQ(test::records_with(later, "epoch_loss"), want);
 }
 
+// Without run.out_dir a run writes to a new out/<UTC time>/: a resume (a run's own config.toml
+// holds out_dir = "") found nothing there and trained from scratch, exit 0.
+TEST(CliOutDir, ResumeWithoutAnOutDirIsRefused) {
+  auto r = run_keel(test::with_sets(
+      {"train"}, {"run.resume=true", "train.max_steps=1", "model.n_layer=1", "run.threads=1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "run.resume = true but run.out_dir is not set");
+  EXPECT_CONTAINS(r.err, "set run.out_dir to the directory of the run to continue");
+  EXPECT_NOT_CONTAINS(r.output, "starting from scratch");
+}
+
 TEST(CliOutDir, ResumeThatChangesWhatTheCheckpointFixesIsRefused) {
   const std::string out = test::temp_dir("outdir-fixed");
   auto r = run_keel(train(out, {"train.max_steps=2"}));
