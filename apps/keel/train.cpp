@@ -95,6 +95,23 @@ int run_train(const TrainArgs& a) {
         "out/<UTC time>/ directory, where there is nothing to resume; set run.out_dir to the "
         "directory of the run to continue (e.g. --set run.out_dir=out/20260101-120000)",
         Error::kUsage);
+  // train.eval_every with nothing to evaluate was accepted and no evaluation ever ran.
+  if (cfg.train.eval_every > 0) {
+    const bool arith = cfg.data.task == "arith";
+    if (arith ? cfg.data.eval_examples == 0
+              : cfg.data.eval_path.empty() && cfg.data.eval_fraction == 0)
+      throw Error("train.eval_every = " + std::to_string(cfg.train.eval_every) +
+                      " evaluates the run's validation split, but it has none (" +
+                      (arith ? std::string("data.eval_examples = 0")
+                             : "data.task = \"" + cfg.data.task +
+                                   "\" without data.eval_path or data.eval_fraction") +
+                      "); " +
+                      (arith ? "raise data.eval_examples"
+                             : "set data.eval_path to a validation file, or data.eval_fraction "
+                               "to hold out a share of data.path") +
+                      ", or remove train.eval_every",
+                  Error::kUsage);
+  }
   check_run_memory(cfg);
   std::shared_ptr<dist::ProcessGroup> pg =
       dist::make_process_group(cfg.dist.backend, cfg.dist.bucket_mb);
