@@ -44,5 +44,28 @@ TEST(CliTrainOptions, EvalEveryWithoutAValidationSplitIsRefused) {
   EXPECT_EQ(test::records_with(dir + "/split", "eval_loss").size(), 2u);
 }
 
+// sched.warmup_ratio beside sched.warmup_steps, and sched.min_lr_ratio under a constant schedule,
+// changed no learning rate.
+TEST(CliTrainOptions, ScheduleKeysThatWouldNotActAreRefused) {
+  const std::string dir = test::temp_dir("train-sched-keys");
+  auto r = test::run_keel(
+      tiny_train(dir + "/warmup", {"sched.warmup_steps=2", "sched.warmup_ratio=0.1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "sched.warmup_steps = 2 and sched.warmup_ratio = 0.1 both set the "
+                  "warmup, and warmup_ratio is ignored when warmup_steps is set");
+  r = test::run_keel(tiny_train(dir + "/floor", {"sched.name=constant", "sched.min_lr_ratio=0.1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "sched.min_lr_ratio = 0.1 floors the decay of a linear or cosine "
+                  "schedule, but sched.name = \"constant\" does not decay");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/warmup"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/floor"));
+  // Each alone acts: a constant schedule warms up, a cosine one keeps its floor.
+  r = test::run_keel(tiny_train(
+      dir + "/ok", {"sched.name=cosine", "sched.warmup_ratio=0.5", "sched.min_lr_ratio=0.1"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
 }  // namespace
 }  // namespace keel
