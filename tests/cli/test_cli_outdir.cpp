@@ -260,6 +260,31 @@ TEST(CliOutDir, ResumeThatChangesWhatTheCheckpointFixesIsRefused) {
 // The batch position a checkpoint saved counts batches of the file it trained on: a resume on a
 // file changed since (cut, appended to, regenerated; the eval file too) is refused naming the key
 // and both fingerprints, unless run.resume_force. A file only touched resumes.
+// run.resume_force cannot load a checkpoint into other tensors: another optimizer, or an adapter
+// dropped, failed as "the checkpoint is damaged: resume from another one", and an adapter added
+// on its first missing tensor.
+TEST(CliOutDir, ResumeForceThatChangesTheTensorsIsRefusedNamingTheKeys) {
+  const std::string out = test::temp_dir("outdir-force-tensors");
+  auto r = run_keel(train(out, {"train.max_steps=2"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel(
+      train(out, {"run.resume=true", "run.resume_force=true", "optim.name=sgd",
+                  "model.adapter.kind=lora", "model.adapter.target_modules=[\"c_attn\"]"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, out +
+                             "/checkpoints/last/trainer.json: run.resume_force = true, but this "
+                             "resume changes which tensors the model or the optimizer holds:");
+  EXPECT_CONTAINS(r.err, "optim.name: \"adamw\" in the checkpoint, \"sgd\" now");
+  EXPECT_CONTAINS(r.err, "model.adapter.kind: \"none\" in the checkpoint, \"lora\" now");
+  EXPECT_CONTAINS(r.err, "(model.path = \"" + out + "/checkpoints/last\", without run.resume)");
+  EXPECT_NOT_CONTAINS(r.err, "damaged");
+  EXPECT_EQ(saved_step(out), 2);
+  // What does not change the tensors still resumes under it.
+  r = run_keel(train(out, {"run.resume=true", "run.resume_force=true", "run.seed=7"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(saved_step(out), 4);
+}
+
 TEST(CliOutDir, ResumeOnChangedDataIsRefusedNamingTheFile) {
   const std::string out = test::temp_dir("outdir-data");
   const std::string txt = out + "-corpus.txt", val = out + "-val.txt";
