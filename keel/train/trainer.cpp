@@ -508,7 +508,7 @@ std::vector<std::string> Trainer::nonfinite_parameters(bool trainable_only) cons
 }
 
 void Trainer::end_epoch() {
-  if (epoch_steps_ == 0) return;  // reported before a resume from this very point
+  if (epoch_steps_ == 0) return;  // reported already (after its last step, before a resume)
   EpochResult e;
   e.epoch = epoch_;
   e.step = step_;
@@ -585,6 +585,9 @@ int Trainer::fit() {
     next_batch_ += global_count;
     StepResult r = train_step(window, epoch_);
     if (!stop_message_.empty()) return 3;
+    // The epoch's record before this step's checkpoint: a resume from that checkpoint takes the
+    // epoch as reported (end_epoch), so a run stopped or killed after it had lost the record.
+    if (next_batch_ >= nb) end_epoch();
     if (rank0 && run_.cfg.train.eval_every > 0 && step_ % run_.cfg.train.eval_every == 0) {
       evaluate();
       evaluated_at = step_;
@@ -603,7 +606,6 @@ int Trainer::fit() {
       return 0;
     }
   }
-  if (next_batch_ >= nb) end_epoch();
   if (coll_->world_size() > 1) {
     if (run_.cfg.dist.check_every > 0)
       check_ranks(step_);  // the final state is the same everywhere

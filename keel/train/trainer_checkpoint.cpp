@@ -43,6 +43,40 @@ json fixed_by_checkpoint(const Config& c) {
 
 std::string text_of(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
+// Keys whose value decides which tensors the model and the optimizer hold: a checkpoint of other
+// values cannot load, not even under run.resume_force. (It failed on the first tensor it lacked,
+// or as "the checkpoint is damaged" for another optimizer or a dropped adapter.)
+constexpr const char* kTensorSetKeys[] = {
+    "optim.name",          "model.adapter.kind", "model.adapter.r", "model.adapter.target_modules",
+    "model.family",        "model.n_layer",      "model.n_embd",    "model.intermediate_size",
+    "model.tie_embeddings"};
+
+void refuse_other_tensor_sets(const Config& c, const json& st, const std::string& dir) {
+  if (!st.is_object() || !st.contains("config") || !st["config"].is_object()) return;
+  const json& saved = st["config"];
+  const json now = fixed_by_checkpoint(c);
+  std::string diff;
+  // An adapter's rank and targets mean nothing while neither run has an adapter.
+  const bool adapters = saved.value("model.adapter.kind", json()) != json("\"none\"") ||
+                        now.value("model.adapter.kind", json()) != json("\"none\"");
+  for (const char* key : kTensorSetKeys)
+    if (saved.contains(key) && now.contains(key) && saved[key] != now[key] &&
+        (adapters || std::string(key).rfind("model.adapter.", 0) != 0 ||
+         std::string(key) == "model.adapter.kind"))
+      diff += "\n  " + std::string(key) + ": " + text_of(saved[key]) + " in the checkpoint, " +
+              text_of(now[key]) + " now";
+  if (diff.empty()) return;
+  throw Error(dir +
+                  "/trainer.json: run.resume_force = true, but this resume changes which tensors "
+                  "the model or the optimizer holds:" +
+                  diff +
+                  "\nthe checkpoint's model.safetensors and optimizer.safetensors hold those of "
+                  "its own run, so it cannot continue under these values; restore them to resume, "
+                  "or start a new run from its weights (model.path = \"" +
+                  dir + "\", without run.resume)",
+              Error::kUsage);
+}
+
 }  // namespace
 
 bool base_by_reference(const Config& c) {
@@ -151,6 +185,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   check_saved_base(ref, ck.dir, run_.cfg,
                    "point model.path at the base model the run was trained on (set "
                    "run.resume_force = true if its path changed)");
+  if (run_.cfg.run.resume_force) refuse_other_tensor_sets(run_.cfg, ck.trainer_state, ck.dir);
   const io::WeightCheck finite{run_.cfg.model.allow_nonfinite_weights,
                                [&](const std::string& m) { message(m); }};
   // CPU tensors are read straight from the files into their memory (io::read_safetensors_into:

@@ -187,6 +187,46 @@ TEST(CliOutDir, TensorBoardShowsEachStepOnceAfterAResume) {
   }
 }
 
+// 8 batches in windows of 3: steps 3 and 6 end epochs 0 and 1. A run killed after the checkpoint
+// of step 3 (its epoch's record not yet written) resumed with the epoch taken as reported: epoch
+// 0's record was missing from metrics.jsonl.
+TEST(CliOutDir, AKillAfterAnEpochsLastCheckpointKeepsTheEpochRecord) {
+  const std::string root = test::temp_dir("outdir-epoch-end");
+  const std::vector<std::string> sets = {"train.grad_accum=3", "train.max_steps=5"};
+  auto r = run_keel(train(root + "/straight", sets));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto want = test::records_with(root + "/straight", "epoch_loss");
+  ASSERT_EQ(want.size(), 1u);
+  // Saves: each step writes last then step-N; done:6 is step 3's step-3.
+  const std::string out = root + "/killed";
+  r = run_keel(train(out, sets), {"KEEL_TEST_CRASH_AT=done:6"});
+  ASSERT_EQ(r.code, 86) << r.output;
+  ASSERT_EQ(saved_step(out), 3);
+  auto resumed = sets;
+  resumed.push_back("run.resume=true");
+  r = run_keel(train(out, resumed));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(test::records_with(out, "epoch_loss"), want);
+  // Killed after the record was written (step 4's save): it is not written twice.
+  const std::string later = root + "/killed-later";
+  r = run_keel(train(later, sets), {"KEEL_TEST_CRASH_AT=done:7"});
+  ASSERT_EQ(r.code, 86) << r.output;
+  r = run_keel(train(later, resumed));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(test::records_with(later, "epoch_loss"), want);
+}
+
+// Without run.out_dir a run writes to a new out/<UTC time>/: a resume (a run's own config.toml
+// holds out_dir = "") found nothing there and trained from scratch, exit 0.
+TEST(CliOutDir, ResumeWithoutAnOutDirIsRefused) {
+  auto r = run_keel(test::with_sets(
+      {"train"}, {"run.resume=true", "train.max_steps=1", "model.n_layer=1", "run.threads=1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "run.resume = true but run.out_dir is not set");
+  EXPECT_CONTAINS(r.err, "set run.out_dir to the directory of the run to continue");
+  EXPECT_NOT_CONTAINS(r.output, "starting from scratch");
+}
+
 TEST(CliOutDir, ResumeThatChangesWhatTheCheckpointFixesIsRefused) {
   const std::string out = test::temp_dir("outdir-fixed");
   auto r = run_keel(train(out, {"train.max_steps=2"}));
@@ -220,6 +260,31 @@ TEST(CliOutDir, ResumeThatChangesWhatTheCheckpointFixesIsRefused) {
 // The batch position a checkpoint saved counts batches of the file it trained on: a resume on a
 // file changed since (cut, appended to, regenerated; the eval file too) is refused naming the key
 // and both fingerprints, unless run.resume_force. A file only touched resumes.
+// run.resume_force cannot load a checkpoint into other tensors: another optimizer, or an adapter
+// dropped, failed as "the checkpoint is damaged: resume from another one", and an adapter added
+// on its first missing tensor.
+TEST(CliOutDir, ResumeForceThatChangesTheTensorsIsRefusedNamingTheKeys) {
+  const std::string out = test::temp_dir("outdir-force-tensors");
+  auto r = run_keel(train(out, {"train.max_steps=2"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel(
+      train(out, {"run.resume=true", "run.resume_force=true", "optim.name=sgd",
+                  "model.adapter.kind=lora", "model.adapter.target_modules=[\"c_attn\"]"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, out +
+                             "/checkpoints/last/trainer.json: run.resume_force = true, but this "
+                             "resume changes which tensors the model or the optimizer holds:");
+  EXPECT_CONTAINS(r.err, "optim.name: \"adamw\" in the checkpoint, \"sgd\" now");
+  EXPECT_CONTAINS(r.err, "model.adapter.kind: \"none\" in the checkpoint, \"lora\" now");
+  EXPECT_CONTAINS(r.err, "(model.path = \"" + out + "/checkpoints/last\", without run.resume)");
+  EXPECT_NOT_CONTAINS(r.err, "damaged");
+  EXPECT_EQ(saved_step(out), 2);
+  // What does not change the tensors still resumes under it.
+  r = run_keel(train(out, {"run.resume=true", "run.resume_force=true", "run.seed=7"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(saved_step(out), 4);
+}
+
 TEST(CliOutDir, ResumeOnChangedDataIsRefusedNamingTheFile) {
   const std::string out = test::temp_dir("outdir-data");
   const std::string txt = out + "-corpus.txt", val = out + "-val.txt";

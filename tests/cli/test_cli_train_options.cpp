@@ -1,0 +1,71 @@
+// `keel train` options that a run would accept and then never act on are refused before anything
+// is built or written, naming the key, what it lacks and the fix.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/support/check.h"
+#include "tests/support/run_keel.h"
+
+namespace keel {
+namespace {
+
+std::vector<std::string> tiny_train(const std::string& out, std::vector<std::string> more) {
+  std::vector<std::string> sets = {
+      "run.out_dir=" + out,    "run.threads=1",       "model.n_layer=1",    "model.n_embd=32",
+      "model.n_head=2",        "data.seq_len=16",     "train.batch_size=8", "train.max_steps=2",
+      "log.tensorboard=false", "data.num_examples=64"};
+  sets.insert(sets.end(), more.begin(), more.end());
+  return test::with_sets({"train"}, sets);
+}
+
+// train.eval_every with no validation split ran no evaluation, without a word.
+TEST(CliTrainOptions, EvalEveryWithoutAValidationSplitIsRefused) {
+  const std::string dir = test::temp_dir("train-eval-every");
+  { std::ofstream(dir + "/train.txt") << "one paragraph\n\nanother paragraph\n"; }
+  auto r = test::run_keel(tiny_train(
+      dir + "/text", {"data.task=text", "data.path=" + dir + "/train.txt", "train.eval_every=1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "train.eval_every = 1 evaluates the run's validation split, but it has "
+                  "none (data.task = \"text\" without data.eval_path or data.eval_fraction)");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/text")) << "the refused run wrote its out_dir";
+  r = test::run_keel(tiny_train(dir + "/arith", {"data.eval_examples=0", "train.eval_every=1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "(data.eval_examples = 0); raise data.eval_examples, or remove "
+                  "train.eval_every");
+  // With a split it evaluates after each step.
+  r = test::run_keel(
+      tiny_train(dir + "/split", {"data.task=text", "data.path=" + dir + "/train.txt",
+                                  "data.eval_fraction=0.5", "train.eval_every=1"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(test::records_with(dir + "/split", "eval_loss").size(), 2u);
+}
+
+// sched.warmup_ratio beside sched.warmup_steps, and sched.min_lr_ratio under a constant schedule,
+// changed no learning rate.
+TEST(CliTrainOptions, ScheduleKeysThatWouldNotActAreRefused) {
+  const std::string dir = test::temp_dir("train-sched-keys");
+  auto r = test::run_keel(
+      tiny_train(dir + "/warmup", {"sched.warmup_steps=2", "sched.warmup_ratio=0.1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "sched.warmup_steps = 2 and sched.warmup_ratio = 0.1 both set the "
+                  "warmup, and warmup_ratio is ignored when warmup_steps is set");
+  r = test::run_keel(tiny_train(dir + "/floor", {"sched.name=constant", "sched.min_lr_ratio=0.1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "sched.min_lr_ratio = 0.1 floors the decay of a linear or cosine "
+                  "schedule, but sched.name = \"constant\" does not decay");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/warmup"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/floor"));
+  // Each alone acts: a constant schedule warms up, a cosine one keeps its floor.
+  r = test::run_keel(tiny_train(
+      dir + "/ok", {"sched.name=cosine", "sched.warmup_ratio=0.5", "sched.min_lr_ratio=0.1"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+}  // namespace
+}  // namespace keel
