@@ -118,12 +118,21 @@ int run_eval(EvalArgs& a, bool pack_given) {
   // configured pad has no row (a model whose embeddings were not grown for it).
   int64_t pad = pad_fill_id(tok, a.pad);
   if (pad >= vocab) pad = tok.eos_id() >= 0 ? tok.eos_id() : 0;
-  const auto set = data::load_dataset(a.task, a.data, "--data", tok, a.seq_len, a.pack);
+  // A JSONL prompt longer than the rows: the fix is eval's flag (it said "raise data.seq_len", a
+  // key of no file here, and "raise" even at the model's max_seq_len).
+  const int64_t max_seq_len = t.model->spec().max_seq_len;
+  const std::string long_prompt_fix =
+      a.seq_len < max_seq_len
+          ? "raise --seq-len (now " + std::to_string(a.seq_len) +
+                ", at most the model's max_seq_len " + std::to_string(max_seq_len) +
+                ") or shorten the prompt"
+          : "shorten the prompt (the model's max_seq_len is " + std::to_string(max_seq_len) + ")";
+  const auto set =
+      data::load_dataset(a.task, a.data, "--data", tok, a.seq_len, a.pack, long_prompt_fix);
   // Examples longer than a row are cut to it (the tokens past it are not scored): they were
   // evaluated cut without a word, and the loss read as the whole file's.
   const int64_t truncated = data::truncated_examples(*set, a.task, a.pack, a.seq_len);
   if (truncated > 0) {
-    const int64_t max_seq_len = t.model->spec().max_seq_len;
     const std::string fix =
         a.seq_len < max_seq_len
             ? "--seq-len N scores up to N tokens of each (at most the model's max_seq_len, " +

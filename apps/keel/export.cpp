@@ -77,6 +77,18 @@ int run_export(const ExportArgs& a) {
   if (a.dtype != "f32" && a.dtype != "bf16")
     throw Error("--dtype " + a.dtype + ": use f32 or bf16", Error::kUsage);
   const int64_t shard = parse_size(a.max_shard);
+  // The merged model's options: with --adapter-only they were taken and ignored (an f32 adapter in
+  // one file, whatever was asked).
+  if (a.adapter_only && a.dtype != "f32")
+    throw Error("--dtype " + a.dtype +
+                    " applies to the merged model; --adapter-only writes the adapter's weights "
+                    "in f32: drop --dtype (or --adapter-only)",
+                Error::kUsage);
+  if (a.adapter_only && shard != 0)
+    throw Error("--max-shard-size " + a.max_shard +
+                    " applies to the merged model; --adapter-only writes the adapter as one "
+                    "file, adapter_model.safetensors: drop --max-shard-size (or --adapter-only)",
+                Error::kUsage);
   std::vector<std::pair<std::string, std::string>> inputs = {
       {"MODEL", a.model}, {"the --adapter directory", a.adapter}, {"the --base directory", a.base}};
   check_output_dir("--out", a.out, inputs);  // before loading: a refusal costs nothing

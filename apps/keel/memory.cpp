@@ -115,7 +115,7 @@ Command add_memory(CLI::App& app) {
                              r.checkpointing, "memory --checkpointing");
                        }});
   sub->add_flag("--json", a->json, "print one JSON object (bytes)");
-  return {sub, [a] {
+  return {sub, [a, sub] {
             monitor::MemoryQuery q;
             if (!a->config.empty() || !a->model.empty() || !a->sets.empty()) {
               Config cfg = load_config(a->config, a->sets);
@@ -125,6 +125,25 @@ Command add_memory(CLI::App& app) {
             for (auto& [opt, apply] : a->fields)
               if (opt->count() > 0) apply(q);
             if (!a->params.empty()) q.params = parse_count(a->params);
+            // Flags that do not apply to the step estimated were taken and ignored (gpt2 with
+            // --tie-embeddings false, --r 64 without an adapter: the same estimate, exit 0).
+            auto given = [&](const char* flag) { return sub->get_option(flag)->count() > 0; };
+            if (q.family == "gpt2")
+              for (const char* flag : {"--tie-embeddings", "--kv-heads"})
+                if (given(flag))
+                  throw Error(std::string("memory ") + flag +
+                                  ": applies to llama; GPT-2 ties lm_head to wte and has no "
+                                  "grouped key/value heads: drop " +
+                                  flag + " (or give --family llama)",
+                              Error::kUsage);
+            if (q.adapter.kind == "none")
+              for (const char* flag : {"--r", "--adapter-dropout", "--targets", "--base-dtype"})
+                if (given(flag))
+                  throw Error(std::string("memory ") + flag +
+                                  ": applies to an adapter, and the step has none: give "
+                                  "--adapter lora | dora | lokr, or drop " +
+                                  flag,
+                              Error::kUsage);
             const monitor::MemoryEstimate e = monitor::estimate_memory(q);
             if (a->json)
               std::printf("%s\n", monitor::memory_to_json(e).dump().c_str());

@@ -305,6 +305,20 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
   for (size_t k = 0; k < added_.size(); ++k) {
     const AddedToken& a = added_[k];
     const auto i = static_cast<size_t>(a.id);
+    // One id, one token: an added token on the id of another token (the vocabulary's or an
+    // earlier added one) made that id decode as the added content ("a" encoded as 64 and decoded
+    // as "<sep>"); a content the vocabulary spells under another id was encoded to the added id,
+    // where HF keeps the vocabulary's id (and warns).
+    if (id_kind_[i] != 0 && id_token_[i] != a.content)
+      throw Error(source_ + ": added token " + dq(a.content) + " has id " + std::to_string(a.id) +
+                  ", which is already the token " + dq(id_token_[i]) +
+                  "'s; ids must be unique: give the added token an unused id");
+    if (const auto it = token_to_id_.find(a.content);
+        it != token_to_id_.end() && it->second != a.id)
+      throw Error(source_ + ": added token " + dq(a.content) + " has id " + std::to_string(a.id) +
+                  ", but the token is already id " + std::to_string(it->second) +
+                  "; a token has one id: give the added token id " + std::to_string(it->second) +
+                  " or remove it");
     token_to_id_[a.content] = a.id;
     id_token_[i] = a.content;
     id_bytes_[i] = a.content;

@@ -345,13 +345,15 @@ std::unique_ptr<Dataset> text_dataset_of(const std::string& text, const std::str
 }
 
 std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::string& path,
-                                          const Tokenizer& tok, int64_t seq_len) {
+                                          const Tokenizer& tok, int64_t seq_len,
+                                          const std::string& long_prompt_fix = kLongPromptFix) {
   using json = nlohmann::json;
   static const char* kExpected =
       "expected {\"prompt\": ..., \"completion\": ...} or {\"text\": ...}";
   auto ds = std::make_unique<ExampleDataset>(path);
-  ds->reserve(token_reserve(
-      text, [&](const std::string& t) { return jsonl_dataset_of(t, path, tok, seq_len); }));
+  ds->reserve(token_reserve(text, [&](const std::string& t) {
+    return jsonl_dataset_of(t, path, tok, seq_len, long_prompt_fix);
+  }));
   for_each_line(text, [&](std::string_view line, int64_t number) {
     if (is_blank(line)) return;
     auto bad = [&](const std::string& what) {
@@ -409,9 +411,8 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
       const int64_t prompt_len = static_cast<int64_t>(e.tokens.size() - completion.size() - 1);
       if (prompt_len > seq_len - 1)
         throw bad("the prompt is " + std::to_string(prompt_len) + " tokens, so with seq_len " +
-                  std::to_string(seq_len) +
-                  " no completion token is left to train on; raise data.seq_len or shorten the "
-                  "prompt");
+                  std::to_string(seq_len) + " no completion token is left to train on; " +
+                  long_prompt_fix);
     } else {
       throw bad(std::string("missing \"text\" (or \"prompt\" and \"completion\"); ") + kExpected);
     }
@@ -447,17 +448,18 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
 }
 
 std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
-                                            int64_t seq_len, const std::string& key) {
+                                            int64_t seq_len, const std::string& key,
+                                            const std::string& long_prompt_fix) {
   check_seq_len(seq_len, path);
   check_eos(tok, path);
-  return jsonl_dataset_of(read_whole_file(path, key), path, tok, seq_len);
+  return jsonl_dataset_of(read_whole_file(path, key), path, tok, seq_len, long_prompt_fix);
 }
 
 std::unique_ptr<Dataset> load_dataset(const std::string& task, const std::string& path,
                                       const std::string& key, const Tokenizer& tok, int64_t seq_len,
-                                      bool pack) {
+                                      bool pack, const std::string& long_prompt_fix) {
   if (task == "text") return load_text_dataset(path, tok, seq_len, pack, key);
-  if (task == "jsonl") return load_jsonl_dataset(path, tok, seq_len, key);
+  if (task == "jsonl") return load_jsonl_dataset(path, tok, seq_len, key, long_prompt_fix);
   if (task == "tokens") return load_token_file(path, key, tok, seq_len);
   throw Error(key + " " + path + ": no dataset of task \"" + task +
                   "\" (text, jsonl and tokens are read from files)",

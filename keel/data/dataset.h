@@ -133,8 +133,12 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
 // problem ("data.jsonl: line 17: missing \"completion\"; expected {\"prompt\": ..., \"completion\":
 // ...} or {\"text\": ...}"); so is a prompt so long that no completion token fits in seq_len (such
 // an example would train on nothing), seq_len < 2, and a file without examples.
+// `long_prompt_fix` ends the error of a prompt that leaves no completion token: the fix in the
+// words of the command that read the file (keel eval has --seq-len, and none past the model's).
+inline constexpr const char* kLongPromptFix = "raise data.seq_len or shorten the prompt";
 std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
-                                            int64_t seq_len, const std::string& key = "data.path");
+                                            int64_t seq_len, const std::string& key = "data.path",
+                                            const std::string& long_prompt_fix = kLongPromptFix);
 
 // The dataset of a run's data.task from `path`: "text" (load_text_dataset, `pack` as data.pack),
 // "jsonl" (load_jsonl_dataset) or "tokens" (an llm.c token file, load_token_file in
@@ -142,7 +146,8 @@ std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Token
 // in the errors about the file.
 std::unique_ptr<Dataset> load_dataset(const std::string& task, const std::string& path,
                                       const std::string& key, const Tokenizer& tok, int64_t seq_len,
-                                      bool pack);
+                                      bool pack,
+                                      const std::string& long_prompt_fix = kLongPromptFix);
 
 // What loading a text or JSONL file will hold, before it is loaded (a token file: its header's
 // count; the ids stay in the file's mapping, not counted): the examples of its first MiB

@@ -109,6 +109,12 @@ nn::AdapterOptions read_peft_config(const std::string& dir) {
            {"layers_to_transform", "adapters on some layers only"},
            {"modules_to_save", "whole modules trained beside the adapter"},
            {"exclude_modules", "modules excluded from target_modules"},
+           // PEFT builds a model of other layers (copies, another order, fewer) from it: the
+           // adapter's tensors may still name the base's layers, and loaded on the base's own
+           // layers they computed another model without a word.
+           {"layer_replication", "layers copied or reordered into another stack"},
+           {"trainable_token_indices", "token embeddings trained beside the adapter"},
+           {"target_parameters", "adapters on parameters rather than linear layers"},
            {"bias", "trained biases"},
            {"lora_bias", "trained biases"}})
     if (set(field))

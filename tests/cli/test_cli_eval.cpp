@@ -223,6 +223,33 @@ TEST(CliEval, TruncatedExamplesAreCountedAndTheFlagNamed) {
   EXPECT_NOT_CONTAINS(r.err, "truncated");
 }
 
+// A JSONL prompt that leaves no completion token in a row is refused with eval's own fix: it said
+// "raise data.seq_len" (a key of no file eval read), even at the model's max_seq_len.
+TEST(CliEval, APromptLongerThanARowNamesSeqLenOrTheModelsLimit) {
+  const Files& f = files();
+  const std::string data = f.dir + "/long_prompt.jsonl";
+  std::ofstream(data) << json({{"prompt", std::string(50, 'p')}, {"completion", "c"}}).dump()
+                      << "\n";
+  auto eval = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {"eval", f.base, "--data", data, "--tokenizer", "byte"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return test::run_keel(args, {"OMP_NUM_THREADS=1"});
+  };
+  test::KeelRun r = eval({"--seq-len", "32"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, data + ": line 1: the prompt is 50 tokens, so with seq_len 32");
+  EXPECT_CONTAINS(r.err,
+                  "raise --seq-len (now 32, at most the model's max_seq_len 64) or shorten the "
+                  "prompt");
+  EXPECT_NOT_CONTAINS(r.err, "data.seq_len");
+  std::ofstream(data) << json({{"prompt", std::string(70, 'p')}, {"completion", "c"}}).dump()
+                      << "\n";
+  r = eval({});  // the default row is the model's whole context: nothing to raise
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "shorten the prompt (the model's max_seq_len is 64)");
+  EXPECT_NOT_CONTAINS(r.err, "raise");
+}
+
 // keel train cut the same examples without a word: a 100 MB paragraph trained as its first
 // data.seq_len tokens, the run saying nothing about the rest.
 TEST(CliEval, TrainingSaysHowManyExamplesAreCutToTheRowLength) {

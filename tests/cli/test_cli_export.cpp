@@ -198,6 +198,16 @@ TEST(CliExport, TokenizerFilesAreCopiedAndBadFlagsAreUsageErrors) {
   EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--adapter-only"}),
                   "has no adapters to export");
   EXPECT_CONTAINS(err({dir + "/nothing", "--out", dir + "/x"}), "no such directory");
+  // The merged model's --dtype and --max-shard-size were taken and ignored with --adapter-only
+  // (an f32 adapter in one file, exit 0).
+  EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--adapter-only", "--dtype", "bf16"}),
+                  "--dtype bf16 applies to the merged model; --adapter-only writes the adapter's "
+                  "weights in f32");
+  EXPECT_CONTAINS(
+      err({dir + "/out", "--out", dir + "/x", "--adapter-only", "--max-shard-size", "1KB"}),
+      "--max-shard-size 1KB applies to the merged model; --adapter-only writes the adapter as one "
+      "file");
+  EXPECT_FALSE(fs::exists(dir + "/x"));
 
   // An export of a byte-tokenizer run over it removes those tokenizer files: they stayed, and
   // `keel generate` then took the 287-id tokenizer.json for the new 259-row model's.

@@ -53,5 +53,27 @@ TEST(CliMemoryEstimate, CountsAndSizesBeyondTheirBoundsAreUsageErrors) {
   EXPECT_CONTAINS(r.err, "layers = 99999999 (--layers): model.n_layer must be in [1, 1024]");
 }
 
+// Flags that do not apply to the step were taken and ignored: gpt2 with --tie-embeddings false,
+// or --r 64 without an adapter, printed the estimate without them, exit 0.
+TEST(CliMemoryEstimate, FlagsThatDoNotApplyToTheStepAreUsageErrors) {
+  const std::string sizes = " --layers 2 --hidden 64 --batch 1 --seq 8";
+  test::KeelRun r = test::run_keel_sh("memory --family gpt2 --tie-embeddings false" + sizes);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "memory --tie-embeddings: applies to llama");
+  r = test::run_keel_sh("memory --kv-heads 1" + sizes);  // gpt2 by default
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "drop --kv-heads (or give --family llama)");
+  for (const std::string flag :
+       {"--r 64", "--targets c_attn", "--adapter-dropout 0.1", "--base-dtype bf16"}) {
+    r = test::run_keel_sh("memory " + flag + sizes);
+    EXPECT_EQ(r.code, 2) << flag << ": " << r.output;
+    EXPECT_CONTAINS(r.err, "memory " + flag.substr(0, flag.find(' ')) +
+                               ": applies to an adapter, and the step has none");
+  }
+  // With an adapter they apply.
+  r = test::run_keel_sh("memory --adapter lora --targets c_attn --r 64 --base-dtype bf16" + sizes);
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
 }  // namespace
 }  // namespace keel

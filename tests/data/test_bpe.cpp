@@ -235,10 +235,11 @@ TEST(Bpe, AddedTokensAndSpecials) {
 
 TEST(Bpe, SingleWordAddedTokens) {
   // HF: a single_word token glued to a word character is ordinary text (not checked by the
-  // JavaScript references, which ignore single_word).
+  // JavaScript references, which ignore single_word). "ox" is no token of the vocabulary, so it
+  // may have an id of its own.
   const std::string path = tiny_hf_variant([](json& j) {
     j["added_tokens"].push_back({{"id", 300},
-                                 {"content", "he"},
+                                 {"content", "ox"},
                                  {"single_word", true},
                                  {"lstrip", false},
                                  {"rstrip", false},
@@ -248,12 +249,12 @@ TEST(Bpe, SingleWordAddedTokens) {
   const auto plain = load_hf_tokenizer(kTiny + "/llama_style");
   std::vector<int32_t> split = {300};
   for (int32_t id : plain->encode(" said")) split.push_back(id);
-  EXPECT_EQ(tok->encode("he said"), split);
-  EXPECT_EQ(tok->encode("the"), plain->encode("the"));                // 't' before it
-  EXPECT_EQ(tok->encode("hex"), plain->encode("hex"));                // 'x' after it
-  EXPECT_EQ(tok->encode("\xC3\xA9he"), plain->encode("\xC3\xA9he"));  // é is a letter
-  EXPECT_EQ(tok->encode("(he)").size(), 3u);
-  EXPECT_EQ(tok->encode("(he)")[1], 300);
+  EXPECT_EQ(tok->encode("ox said"), split);
+  EXPECT_EQ(tok->encode("fox"), plain->encode("fox"));                // 'f' before it
+  EXPECT_EQ(tok->encode("oxen"), plain->encode("oxen"));              // 'e' after it
+  EXPECT_EQ(tok->encode("\xC3\xA9ox"), plain->encode("\xC3\xA9ox"));  // é is a letter
+  EXPECT_EQ(tok->encode("(ox)").size(), 3u);
+  EXPECT_EQ(tok->encode("(ox)")[1], 300);
 }
 
 TEST(Bpe, PreTokenizerVariants) {
@@ -528,6 +529,32 @@ TEST(Tokenizer, TokenIdsAreBoundedAndNeverTruncated) {
   // Gaps of reserved ids are fine.
   EXPECT_NO_THROW(
       load_hf_tokenizer(tiny_hf_variant([](json& j) { j["added_tokens"][0]["id"] = 60000; })));
+}
+
+// One id, one token. An added token on a vocabulary id made the id decode as the added content
+// ("a" encoded as 64 and decoded as "<sep>"); an added token spelling a
+// vocabulary token under another id encoded it to the added id (HF keeps the vocabulary's).
+TEST(Tokenizer, AnAddedTokenSharingAnIdOrAContentWithAnotherIsRefused) {
+  const auto hf_error = [&](const std::function<void(json&)>& edit) {
+    return error_of([&] { load_hf_tokenizer(tiny_hf_variant(edit)); });
+  };
+  const json tiny = read_json(kTiny + "/llama_style/tokenizer.json");
+  const int64_t a_id = tiny["model"]["vocab"]["a"].get<int64_t>();
+  ASSERT_EQ(tiny["added_tokens"][2]["content"], "<sep>");
+  std::string m = hf_error([&](json& j) { j["added_tokens"][2]["id"] = a_id; });
+  EXPECT_CONTAINS(m, "tokenizer.json: added token \"<sep>\" has id " + std::to_string(a_id) +
+                         ", which is already the token \"a\"'s");
+  m = hf_error([&](json& j) { j["added_tokens"][2]["content"] = "a"; });
+  EXPECT_CONTAINS(m, "tokenizer.json: added token \"a\" has id 289, but the token is already id " +
+                         std::to_string(a_id));
+  // Two added tokens on one id.
+  m = hf_error([&](json& j) { j["added_tokens"][2]["id"] = 287; });
+  EXPECT_CONTAINS(m, "added token \"<sep>\" has id 287, which is already the token \"<|eot|>\"'s");
+  // An added token that is the vocabulary's own token under its own id (GPT-2's <|endoftext|>) is
+  // fine.
+  EXPECT_NO_THROW(load_hf_tokenizer(tiny_hf_variant([&](json& j) {
+    j["added_tokens"].push_back({{"id", a_id}, {"content", "a"}, {"special", false}});
+  })));
 }
 
 }  // namespace

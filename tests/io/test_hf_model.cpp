@@ -604,7 +604,12 @@ TEST_P(PeftExport, AdapterDirectoryRoundTrips) {
        std::vector<std::pair<std::string, json>>{{"alpha_pattern", {{"q_proj", 4}}},
                                                  {"rank_pattern", {{"q_proj", 2}}},
                                                  {"layers_to_transform", json::array({0})},
-                                                 {"modules_to_save", json::array({"lm_head"})}}) {
+                                                 {"modules_to_save", json::array({"lm_head"})},
+                                                 // Were ignored: [[1, 2], [0, 1]] (the layers
+                                                 // swapped) loaded on the base's own order.
+                                                 {"layer_replication", {{1, 2}, {0, 1}}},
+                                                 {"trainable_token_indices", json::array({1, 2})},
+                                                 {"target_parameters", json::array({"mlp.w"})}}) {
     json with = c;
     with[field] = value;
     write_text(dir + "/adapter_config.json", with.dump());
