@@ -356,8 +356,8 @@ int64_t BpeTokenizer::token_to_id(std::string_view token) const {
 
 std::string BpeTokenizer::id_to_token(int64_t id) const {
   if (id < 0 || id >= vocab_size_)
-    throw Error(source_ + ": id_to_token: id " + std::to_string(id) +
-                " is outside the vocabulary [0, " + std::to_string(vocab_size_) + ")");
+    throw Error(source_ + ": no token has id " + std::to_string(id) + " (the vocabulary is [0, " +
+                std::to_string(vocab_size_) + "))");
   return id_token_[static_cast<size_t>(id)];
 }
 
@@ -550,7 +550,7 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
     if (id < 0 || id >= vocab_size_ || id_kind_[static_cast<size_t>(id)] == 0)
-      throw Error(source_ + ": decode: id " + std::to_string(id) + " at position " +
+      throw Error(source_ + ": cannot decode id " + std::to_string(id) + " at position " +
                   std::to_string(i) + " names no token of the vocabulary [0, " +
                   std::to_string(vocab_size_) +
                   "); was it produced by a model with another vocab_size?");

@@ -92,7 +92,10 @@ nn::AdapterOptions read_peft_config(const std::string& dir) {
     if (r.boolean("decompose_both", false) || r.number({"decompose_factor"}, -1) > 0)
       throw Error(cfg_path + ": LoKr decompose_both/decompose_factor are not supported");
   } else {
-    throw Error(cfg_path + ": peft_type '" + type + "' is not supported (LORA or LOKR)");
+    throw Error(cfg_path +
+                (type.empty() ? std::string(": has no peft_type")
+                              : ": peft_type '" + type + "' is not supported") +
+                "; keel reads PEFT's LORA (with or without use_dora) and LOKR adapters");
   }
   // PEFT fields keel does not apply, when set: an adapter loaded without them computes another
   // function (alpha_pattern was ignored: the loss of a PEFT run with other alphas per module came

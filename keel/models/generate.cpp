@@ -13,24 +13,27 @@
 namespace keel::models {
 
 void SamplingOptions::validate() const {
+  // Flags as given ("%g"): std::to_string printed --temperature -1 as "-1.000000" and -1e-9 as
+  // "-0.000000".
+  auto shown = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g", v);
+    return std::string(buf);
+  };
   if (!(temperature >= 0) || !std::isfinite(temperature))
-    throw Error("--temperature " + std::to_string(temperature) + ": use 0 (greedy) or > 0",
-                Error::kUsage);
+    throw Error("--temperature " + shown(temperature) + ": use 0 (greedy) or > 0", Error::kUsage);
   if (top_k < 0)
     throw Error("--top-k " + std::to_string(top_k) + ": use 0 (off) or >= 1", Error::kUsage);
   if (!(top_p > 0 && top_p <= 1))
-    throw Error("--top-p " + std::to_string(top_p) + ": use a value in (0, 1]", Error::kUsage);
+    throw Error("--top-p " + shown(top_p) + ": use a value in (0, 1]", Error::kUsage);
   // Greedy decoding takes the most likely token whatever the cut: --top-k 5 alone was accepted
   // and ignored (HF's generate warns that top_k "is only used in sample-based generation modes").
-  if (temperature == 0 && (top_k != 0 || top_p != 1)) {
-    char p[32];
-    std::snprintf(p, sizeof p, "%g", top_p);
-    throw Error((top_k != 0 ? "--top-k " + std::to_string(top_k) : "--top-p " + std::string(p)) +
+  if (temperature == 0 && (top_k != 0 || top_p != 1))
+    throw Error((top_k != 0 ? "--top-k " + std::to_string(top_k) : "--top-p " + shown(top_p)) +
                     " cuts the tokens sampled from, but --temperature 0 decodes greedily (the "
                     "most likely token each step) and would ignore it: give a --temperature "
                     "above 0 (e.g. 0.7) to sample, or leave it out",
                 Error::kUsage);
-  }
 }
 
 int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& opt, Rng& rng) {

@@ -325,6 +325,10 @@ TEST(Tokenizer, PadCollides) {
   EXPECT_EQ(holes->id_to_token(350), "");
   EXPECT_FALSE(pad_collides(*holes, 350));
   EXPECT_FALSE(pad_collides(*holes, 400));
+  // Errors name the file and what is wrong, not keel's methods ("decode: id", "id_to_token: id").
+  const std::string hole = error_of([&] { holes->decode({350}); });
+  EXPECT_CONTAINS(hole, ": cannot decode id 350 at position 0");
+  EXPECT_CONTAINS(error_of([&] { holes->id_to_token(401); }), ": no token has id 401");
   // A declared pad that ordinary text produces collides all the same.
   const std::string dir = test::temp_dir("bpe");
   std::filesystem::copy_file(kTiny + "/llama_style/tokenizer.json", dir + "/tokenizer.json");

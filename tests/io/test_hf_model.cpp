@@ -681,6 +681,9 @@ TEST(PeftConfig, FieldsOutOfRangeNameTheFileAndTheField) {
       {{{"lora_dropout", 1.0}}, "field 'lora_dropout' must be in [0, 1), got 1.0"},
       {{{"target_modules", json::array()}}, "target_modules is empty"},
       {{{"peft_type", "LOKR"}, {"alpha", 0}}, "field 'alpha' must be > 0, got 0"},
+      // It read "peft_type '' is not supported" for a file without the field.
+      {{{"peft_type", nullptr}}, "has no peft_type; keel reads PEFT's LORA"},
+      {{{"peft_type", "IA3"}}, "peft_type 'IA3' is not supported; keel reads PEFT's LORA"},
   };
   for (const auto& [change, want] : cases) {
     json bad = good;

@@ -256,8 +256,9 @@ TEST(Generate, BadInputNamesTheProblemAndTheFix) {
                     models::generate(*m, {1, 99}, o);
                   }),
                   "prompt token 99 at position 1 is outside the model's vocabulary [0, 37)");
-  o.sampling.temperature = -1;
-  EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, {1}, o); }), "--temperature");
+  o.sampling.temperature = -1;  // as given, not std::to_string's "-1.000000"
+  EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, {1}, o); }),
+                  "--temperature -1: use 0 (greedy) or > 0");
   o.sampling.temperature = 1;
   o.sampling.top_p = 0;
   EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, {1}, o); }), "--top-p");
