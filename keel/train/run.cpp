@@ -460,6 +460,18 @@ Run build_run(const Config& cfg, const RunOptions& o) {
   r.schedule =
       optim::make_lr_schedule(cfg.sched.name, cfg.optim.lr, r.total_steps, cfg.sched.warmup_steps,
                               cfg.sched.warmup_ratio, cfg.sched.min_lr_ratio);
+  // A warmup as long as the run never reaches optim.lr: said, with the rate the run peaks at.
+  if (r.schedule.warmup_steps > 0 && r.total_steps > 0 &&
+      r.schedule.warmup_steps >= r.total_steps) {
+    char peak[32];
+    std::snprintf(peak, sizeof peak, "%.3g", r.schedule.lr(r.total_steps - 1));
+    say_or_print(o.say,
+                 "note: the warmup (" + std::to_string(r.schedule.warmup_steps) +
+                     " steps, sched.warmup_steps / sched.warmup_ratio) is not shorter than " +
+                     "the run (" + std::to_string(r.total_steps) +
+                     " steps): the learning rate peaks at " + peak +
+                     ", below optim.lr, and never decays; shorten the warmup or train longer");
+  }
   r.scaler = build_scaler(cfg, r.policy);
   return r;
 }

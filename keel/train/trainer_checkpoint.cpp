@@ -4,6 +4,8 @@
 // (io/base_reference.h): 16 GB less per save for an 8B base. A resume rebuilds the base from
 // model.path as the run did (build_run), after checking the reference's fingerprint.
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -159,9 +161,10 @@ void Trainer::write_checkpoint(const std::string& dir) {
   st["epoch_updates"] = epoch_updates_;
   st["seed"] = run_.cfg.run.seed;
   st["precision"] = run_.policy.name();
-  st["world_size"] = coll_->world_size();        // next_batch counts global micro-batches
-  st["config"] = fixed_by_checkpoint(run_.cfg);  // checked on resume
-  json files = json::object();                   // so are the data files' contents
+  st["world_size"] = coll_->world_size();            // next_batch counts global micro-batches
+  st["schedule_steps"] = run_.schedule.total_steps;  // what the LR schedule was laid over
+  st["config"] = fixed_by_checkpoint(run_.cfg);      // checked on resume
+  json files = json::object();                       // so are the data files' contents
   for (const auto& [key, f] : run_.data.files)
     if (f.known()) files[key] = {{"bytes", f.bytes}, {"fnv1a64", f.fnv1a64}};
   st["data_files"] = files;
@@ -327,6 +330,27 @@ void Trainer::load_checkpoint(const std::string& dir) {
             ": it continues from the same global micro-batch, but steps now group " +
             std::to_string(run_.cfg.train.grad_accum * coll_->world_size()) +
             " micro-batches, so the loss sequence differs from the original run's");
+  // A resume with another train.max_steps (or epochs) lays the schedule over the new total: the
+  // learning rate jumped without a word (a 4-step run that ended at 0.000439 resumed for 8 steps
+  // at 0.0015), as HF's Trainer does when its max_steps changes.
+  if (st.contains("schedule_steps") && run_.schedule.kind != optim::ScheduleKind::kConstant) {
+    const int64_t then = io::json_int(st, "schedule_steps", tj, 0, kCount, fix);
+    if (then != run_.schedule.total_steps) {
+      optim::LrSchedule old = run_.schedule;
+      old.total_steps = then;
+      if (run_.cfg.sched.warmup_steps == 0 && run_.cfg.sched.warmup_ratio > 0)
+        old.warmup_steps = static_cast<int64_t>(
+            std::ceil(static_cast<double>(then) * run_.cfg.sched.warmup_ratio));
+      char now_lr[32], old_lr[32];
+      std::snprintf(now_lr, sizeof now_lr, "%.3g", run_.schedule.lr(sched_step_));
+      std::snprintf(old_lr, sizeof old_lr, "%.3g", old.lr(std::min(sched_step_, then)));
+      message("the learning-rate schedule (sched.name = " + run_.cfg.sched.name +
+              ") was laid over " + std::to_string(then) + " steps in the checkpoint's run and is " +
+              "over " + std::to_string(run_.schedule.total_steps) +
+              " now (train.max_steps or train.epochs changed): step " + std::to_string(step_ + 1) +
+              " runs at lr " + now_lr + " where the old schedule had " + old_lr);
+    }
+  }
   // A 16-mixed checkpoint without a scaler's state (its run had scaler.enabled = false, or the
   // file lost it) started the scaler afresh without a word; one with a state under a run whose
   // scaler is now off dropped the scale silently.

@@ -496,5 +496,25 @@ TEST(CliOutDir, ResumingACompleteRunTrainsNothingAndWritesNothing) {
   EXPECT_CONTAINS(r.err, "past the run's 3 steps");
 }
 
+// A resume with another train.max_steps lays a decaying schedule over the new total, so the
+// learning rate jumps (a 4-step cosine run ends near 0 and resumes for 8 at half of optim.lr):
+// said with both rates. A constant schedule has nothing to say.
+TEST(CliOutDir, AResumeThatRelaysTheScheduleSaysHowTheLearningRateJumps) {
+  const std::string out = test::temp_dir("outdir-relaid");
+  test::KeelRun r = run_keel(train(out, {"sched.name=cosine"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel(train(out, {"sched.name=cosine", "run.resume=true", "train.max_steps=8"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "the learning-rate schedule (sched.name = cosine) was laid over 4 steps in the "
+                  "checkpoint's run and is over 8 now (train.max_steps or train.epochs changed): "
+                  "step 5 runs at lr 0.0015 where the old schedule had 0");
+  const std::string same = test::temp_dir("outdir-relaid-constant");
+  ASSERT_EQ(run_keel(train(same)).code, 0);
+  r = run_keel(train(same, {"run.resume=true", "train.max_steps=8"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.err, "learning-rate schedule");
+}
+
 }  // namespace
 }  // namespace keel

@@ -206,6 +206,20 @@ TEST(RunFactory, AWeightBeyondF16IsNamedUnderTheF16Policies) {
   EXPECT_NOT_CONTAINS(said("32-true"), "beyond f16");
 }
 
+// A warmup as long as the run never reaches optim.lr nor decays: said (it ran without a word).
+TEST(RunFactory, AWarmupAsLongAsTheRunIsSaid) {
+  std::string said;
+  RunOptions opt;
+  opt.say = [&](const std::string& m) { said += m + "\n"; };
+  build_run(tiny("warmup-long", {"sched.warmup_steps=10", "train.max_steps=3"}), opt);
+  EXPECT_CONTAINS(said,
+                  "note: the warmup (10 steps, sched.warmup_steps / sched.warmup_ratio) is "
+                  "not shorter than the run (3 steps): the learning rate peaks at");
+  said.clear();
+  build_run(tiny("warmup-short", {"sched.warmup_steps=2", "train.max_steps=3"}), opt);
+  EXPECT_NOT_CONTAINS(said, "warmup");
+}
+
 TEST(RunFactory, MissingTrainingDataIsNamedWhenOptionalAndAnErrorOtherwise) {
   const std::string dir = test::temp_dir("nodata");
   const std::string text = dir + "/corpus.txt";
