@@ -41,15 +41,15 @@ test::KeelRun train(const std::vector<std::string>& sets) {
   return test::run_keel(test::with_sets({"train"}, all), {"OMP_NUM_THREADS=1"});
 }
 
-// optim.lr = 1e-6 on the built-in task (1e-3 meant): 60 steps, every one finite, the loss flat
-// within its noise. Without "stalled" the run said nothing at all. The same run at 1e-5 learns
-// slowly and at the default lr well: neither is told its lr is too low.
+// optim.lr = 1e-6 on the built-in task (1e-3 meant): 51 steps of 8 rows, every one finite, the loss
+// flat within its noise. Without "stalled" the run said nothing at all. The same run at 1e-5 learns
+// slowly: it is not told its lr is too low.
 TEST(CliAdvisor, ALearningRateFarTooLowIsStalled) {
   const std::string dir = test::temp_dir("cli-advisor-lr-low");
   auto run = [&](const std::string& lr) {
     const test::KeelRun r =
-        train({"run.out_dir=" + dir, "run.overwrite=true", "optim.lr=" + lr, "train.max_steps=60",
-               "sched.name=constant", "data.eval_examples=0"});
+        train({"run.out_dir=" + dir, "run.overwrite=true", "optim.lr=" + lr, "train.max_steps=51",
+               "sched.name=constant", "data.eval_examples=0", "train.batch_size=8"});
     EXPECT_EQ(r.code, 0) << r.output;
     return r;
   };
@@ -59,10 +59,9 @@ TEST(CliAdvisor, ALearningRateFarTooLowIsStalled) {
   EXPECT_EQ(f[0].at("step"), 50);
   EXPECT_CONTAINS(f[0].at("action").get<std::string>(), "optim.lr is far too low");
   EXPECT_CONTAINS(r.out, "advice: stalled: the loss ");
-  for (const std::string lr : {"1e-5", "3e-3"}) {
-    r = run(lr);
-    EXPECT_TRUE(findings_of(dir, "stalled").empty()) << lr << ": " << r.output;
-  }
+  // (A healthy lr's silence is the unit tests'; this run's rate learns slowly and is no stall.)
+  r = run("1e-5");
+  EXPECT_TRUE(findings_of(dir, "stalled").empty()) << r.output;
 }
 
 // A random model whose vocabulary is far wider than the tokenizer's ids (the seed bench: keel's
