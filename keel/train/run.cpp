@@ -460,6 +460,22 @@ Run build_run(const Config& cfg, const RunOptions& o) {
   r.schedule =
       optim::make_lr_schedule(cfg.sched.name, cfg.optim.lr, r.total_steps, cfg.sched.warmup_steps,
                               cfg.sched.warmup_ratio, cfg.sched.min_lr_ratio);
+  // [model.adapter]'s keys do nothing without a kind: a run with r = 32 and kind = "none" (the
+  // default) was a full fine-tune without a word. Said, not refused: switching kind off for a
+  // baseline with the section left as it was is a fair thing to do.
+  if (const nn::AdapterOptions& a = cfg.model.adapter, d{}; a.kind == "none") {
+    std::string set;
+    if (a.r != d.r) set += " r = " + std::to_string(a.r);
+    if (a.alpha != d.alpha) set += std::string(set.empty() ? "" : ",") + " alpha";
+    if (a.dropout != d.dropout) set += std::string(set.empty() ? "" : ",") + " dropout";
+    if (a.target_modules != d.target_modules)
+      set += std::string(set.empty() ? "" : ",") + " target_modules";
+    if (!set.empty())
+      say_or_print(o.say, "note: [model.adapter]" + set +
+                              " set, but model.adapter.kind = \"none\": this run trains every "
+                              "parameter, with no adapter; set model.adapter.kind (lora, dora or "
+                              "lokr) to train one");
+  }
   // A warmup as long as the run never reaches optim.lr: said, with the rate the run peaks at.
   if (r.schedule.warmup_steps > 0 && r.total_steps > 0 &&
       r.schedule.warmup_steps >= r.total_steps) {

@@ -220,6 +220,22 @@ TEST(RunFactory, AWarmupAsLongAsTheRunIsSaid) {
   EXPECT_NOT_CONTAINS(said, "warmup");
 }
 
+// Adapter keys without an adapter kind trained every parameter without a word.
+TEST(RunFactory, AdapterKeysWithoutAnAdapterKindAreSaid) {
+  std::string said;
+  RunOptions opt;
+  opt.say = [&](const std::string& m) { said += m + "\n"; };
+  build_run(tiny("adapter-none", {"model.adapter.r=32", "model.adapter.dropout=0.05"}), opt);
+  EXPECT_CONTAINS(said,
+                  "note: [model.adapter] r = 32, dropout set, but model.adapter.kind = "
+                  "\"none\": this run trains every parameter");
+  said.clear();
+  build_run(
+      tiny("adapter-lora", {"model.family=llama", "model.adapter.kind=lora", "model.adapter.r=32"}),
+      opt);
+  EXPECT_NOT_CONTAINS(said, "[model.adapter]");
+}
+
 TEST(RunFactory, MissingTrainingDataIsNamedWhenOptionalAndAnErrorOtherwise) {
   const std::string dir = test::temp_dir("nodata");
   const std::string text = dir + "/corpus.txt";
