@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <map>
 #include <optional>
 
 #include "apps/keel/commands.h"
@@ -405,20 +404,8 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
     // an update of lr * m / eps that blows the weights up. keel replay --bisect found it from the
     // capture; the run's own advice said only "lower optim.lr or switch precision".
     if (cfg.optim.name == "adamw" && trainer.policy().param_dtype != DType::F32) {
-      const auto state = trainer.run().optimizer->state();
-      int64_t updates = -1;
-      for (const auto& [name, t] : state)
-        if (name == "step" && t.numel() == 1 && !dtype_is_floating(t.dtype()))
-          updates = t.to(Device::cpu()).to_ints()[0];
-      std::map<std::string, Tensor> params;
-      for (auto& [name, p] : trainer.model().named_parameters()) params.emplace(name, p);
       const std::string why = monitor::optimizer_state_underflow(
-          state,
-          [&](const std::string& name) -> std::optional<Tensor> {
-            auto it = params.find(name);
-            return it == params.end() ? std::nullopt : std::optional<Tensor>(it->second);
-          },
-          updates, cfg);
+          trainer.run().optimizer->state(), trainer.model().named_parameters(), cfg);
       if (!why.empty()) std::fprintf(stderr, "cause: %s\n", why.c_str());
     }
     return code;

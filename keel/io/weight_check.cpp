@@ -33,11 +33,7 @@ NonfiniteWeights find_nonfinite_weights(const void* data, DType dtype, const Sha
   w.first = dtype == DType::F32    ? first_nonfinite_bits<uint32_t>(data, n, 0x7f800000u)
             : dtype == DType::BF16 ? first_nonfinite_bits<uint16_t>(data, n, uint16_t{0x7f80})
                                    : first_nonfinite_bits<uint16_t>(data, n, uint16_t{0x7c00});
-  w.first_index.assign(shape.size(), 0);
-  for (int64_t rest = w.first, d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
-    w.first_index[static_cast<size_t>(d)] = rest % shape[static_cast<size_t>(d)];
-    rest /= shape[static_cast<size_t>(d)];
-  }
+  w.first_index = shape_index(shape, w.first);
   return w;
 }
 

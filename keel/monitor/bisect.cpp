@@ -4,9 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,12 +33,15 @@ constexpr double kDivergedLoss = 1e4;
 // a wide init (init_std 10: ~250) is no divergence, and there the precision change is the fix.
 constexpr double kDivergedUniform = 1.5;
 
-// Updates the optimizer applied before the captured step (its state's "step" count); -1: unknown.
-int64_t updates_before(const Capture& c) {
-  const Tensor* t = c.optimizer.find("step");
-  if (!t || t->numel() != 1 || dtype_is_floating(t->dtype())) return -1;
-  return t->to_ints()[0];
+// Updates the optimizer applied (its state's "step" count); -1: unknown.
+int64_t updates_in(const std::vector<std::pair<std::string, Tensor>>& optimizer_state) {
+  for (const auto& [name, t] : optimizer_state)
+    if (name == "step" && t.numel() == 1 && !dtype_is_floating(t.dtype()))
+      return t.to(Device::cpu()).to_ints()[0];
+  return -1;
 }
+// Before the captured step.
+int64_t updates_before(const Capture& c) { return updates_in(c.optimizer.tensors); }
 
 std::vector<Alternative> alternatives(const Config& cfg, const std::string& precision,
                                       const std::string& attention) {
@@ -134,10 +135,9 @@ std::string describe_rows(const Capture& c, ReplayResult& r) {
 
 }  // namespace
 
-std::string optimizer_state_underflow(
-    const std::vector<std::pair<std::string, Tensor>>& state,
-    const std::function<std::optional<Tensor>(const std::string&)>& parameter, int64_t updates,
-    const Config& cfg) {
+std::string optimizer_state_underflow(const std::vector<std::pair<std::string, Tensor>>& state,
+                                      const std::vector<std::pair<std::string, Tensor>>& parameters,
+                                      const Config& cfg) {
   const std::string suffix = ".exp_avg_sq";
   std::map<std::string, const Tensor*> by_name;
   for (auto& [name, t] : state) by_name[name] = &t;
@@ -164,8 +164,10 @@ std::string optimizer_state_underflow(
   }
   if (lost == 0) return "";
   double max_abs = 0;
-  if (const std::optional<Tensor> w = parameter(worst))
-    for (float x : host_floats(*w)) max_abs = std::max<double>(max_abs, std::fabs(x));
+  for (const auto& [name, w] : parameters)
+    if (name == worst)
+      for (float x : host_floats(w)) max_abs = std::max<double>(max_abs, std::fabs(x));
+  const int64_t updates = updates_in(state);
   // AdamW moves an element by about lr per update (|m / sqrt(v)| <= ~3); weights within that
   // reach of their init (|w| <= 1) owe their size to the learning rate, not to the flushed
   // moment (optim.lr 1e4 makes 1e4 weights in one update whatever v holds).
@@ -189,13 +191,7 @@ std::string optimizer_state_underflow(
 }
 
 std::string optimizer_state_underflow(const Capture& c, const Config& cfg) {
-  return optimizer_state_underflow(
-      c.optimizer.tensors,
-      [&](const std::string& name) -> std::optional<Tensor> {
-        const Tensor* t = c.model.find(name);
-        return t ? std::optional<Tensor>(*t) : std::nullopt;
-      },
-      updates_before(c), cfg);
+  return optimizer_state_underflow(c.optimizer.tensors, c.model.tensors, cfg);
 }
 
 void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayResult& r) {

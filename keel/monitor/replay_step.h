@@ -42,11 +42,10 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
 // no element is so (bisect.cpp).
 std::string optimizer_state_underflow(const Capture& c, const Config& cfg);
 // The same from a live run (keel train, stopping at a non-finite step): the optimizer's state()
-// entries, the parameters by name, and the updates applied so far.
-std::string optimizer_state_underflow(
-    const std::vector<std::pair<std::string, Tensor>>& state,
-    const std::function<std::optional<Tensor>(const std::string&)>& parameter, int64_t updates,
-    const Config& cfg);
+// entries (its "step" counts the updates applied) and the model's named parameters.
+std::string optimizer_state_underflow(const std::vector<std::pair<std::string, Tensor>>& state,
+                                      const std::vector<std::pair<std::string, Tensor>>& parameters,
+                                      const Config& cfg);
 
 // --bisect (bisect.cpp): one numerics change at a time from the replay's own settings `sets`;
 // fills r.bisect, r.cause and r.explanation.

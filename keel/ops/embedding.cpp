@@ -5,20 +5,6 @@
 
 namespace keel::ops {
 
-namespace {
-
-// "[1, 2]": the multi-dimensional index of flat position `pos` in `shape`.
-std::string index_str(const Shape& shape, int64_t pos) {
-  Shape idx(shape.size());
-  for (size_t k = shape.size(); k-- > 0;) {
-    idx[k] = shape[k] ? pos % shape[k] : 0;
-    pos = shape[k] ? pos / shape[k] : 0;
-  }
-  return shape_str(idx);
-}
-
-}  // namespace
-
 struct EmbeddingNode final : Node {
   Tensor ids;  // [...] I32 or I64
   int64_t v = 0, d = 0;
@@ -63,8 +49,8 @@ Tensor embedding(const Tensor& ids, const Tensor& weight) {
   if (bad >= 0) {
     const int64_t id = ids.view({-1}).slice_rows(bad, bad + 1).to_ints()[0];  // any device
     throw Error("embedding: id " + std::to_string(id) + " at position " + std::to_string(bad) +
-                " (index " + index_str(ids.shape(), bad) + " of ids " + shape_str(ids.shape()) +
-                ") is outside [0, " + std::to_string(v) +
+                " (index " + shape_str(shape_index(ids.shape(), bad)) + " of ids " +
+                shape_str(ids.shape()) + ") is outside [0, " + std::to_string(v) +
                 "), the table's vocabulary size; check that the tokenizer matches the model's "
                 "vocab_size and that padding/label values (-100) are not fed as input ids");
   }

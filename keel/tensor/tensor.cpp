@@ -33,6 +33,15 @@ int64_t shape_numel(const Shape& s) {
   return n;
 }
 
+Shape shape_index(const Shape& s, int64_t flat) {
+  Shape idx(s.size(), 0);
+  for (size_t k = s.size(); k-- > 0;) {
+    idx[k] = s[k] ? flat % s[k] : 0;
+    flat = s[k] ? flat / s[k] : 0;
+  }
+  return idx;
+}
+
 std::string shape_str(const Shape& s) {
   std::ostringstream o;
   o << "[";

@@ -21,6 +21,8 @@ namespace keel {
 using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& s);
 std::string shape_str(const Shape& s);  // "[2, 3, 4]"
+// The multi-dimensional index of row-major flat position `flat` in `s` (what an error names).
+Shape shape_index(const Shape& s, int64_t flat);
 
 struct Node;  // autograd/node.h
 struct TensorImpl;

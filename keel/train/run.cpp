@@ -394,11 +394,6 @@ std::vector<std::string> weights_beyond_compute_format(models::CausalLM& model,
     for (int64_t i = 0; i < host.numel(); ++i)
       if (!(std::fabs(v[i]) < kOverflow) && !std::isnan(v[i]) && count++ == 0) first = i;
     if (count == 0) continue;  // NaN only: loaded under model.allow_nonfinite_weights, said there
-    Shape at(w.shape().size(), 0);
-    for (int64_t rest = first, d = static_cast<int64_t>(at.size()) - 1; d >= 0; --d) {
-      at[static_cast<size_t>(d)] = rest % w.shape()[static_cast<size_t>(d)];
-      rest /= w.shape()[static_cast<size_t>(d)];
-    }
     char value[32];
     std::snprintf(value, sizeof value, "%.6g", static_cast<double>(v[first]));
     const bool stored_f16 = w.dtype() == DType::F16;
@@ -406,8 +401,8 @@ std::vector<std::string> weights_beyond_compute_format(models::CausalLM& model,
         w.name() + " holds " + std::to_string(count) + " value" + (count == 1 ? "" : "s") +
         " beyond f16's largest finite 65504 (the first " +
         (stored_f16 ? std::string("already inf in its f16 copy") : std::string(value)) + " at " +
-        shape_str(at) + "): train.precision = " + policy.name() + " computes its " +
-        "matmuls in f16, where " + (stored_f16 ? "it is" : "it becomes") +
+        shape_str(shape_index(w.shape(), first)) + "): train.precision = " + policy.name() +
+        " computes its " + "matmuls in f16, where " + (stored_f16 ? "it is" : "it becomes") +
         " inf, so the first step is non-finite; switch train.precision to bf16-mixed (f32's " +
         "range) or 32-true, or correct the weight");
   }
@@ -464,14 +459,15 @@ Run build_run(const Config& cfg, const RunOptions& o) {
   // default) was a full fine-tune without a word. Said, not refused: switching kind off for a
   // baseline with the section left as it was is a fair thing to do.
   if (const nn::AdapterOptions& a = cfg.model.adapter, d{}; a.kind == "none") {
-    std::string set;
-    if (a.r != d.r) set += " r = " + std::to_string(a.r);
-    if (a.alpha != d.alpha) set += std::string(set.empty() ? "" : ",") + " alpha";
-    if (a.dropout != d.dropout) set += std::string(set.empty() ? "" : ",") + " dropout";
-    if (a.target_modules != d.target_modules)
-      set += std::string(set.empty() ? "" : ",") + " target_modules";
+    std::vector<std::string> set;
+    if (a.r != d.r) set.push_back("r");
+    if (a.alpha != d.alpha) set.push_back("alpha");
+    if (a.dropout != d.dropout) set.push_back("dropout");
+    if (a.target_modules != d.target_modules) set.push_back("target_modules");
+    std::string keys;
+    for (const std::string& k : set) keys += (keys.empty() ? " " : ", ") + k;
     if (!set.empty())
-      say_or_print(o.say, "note: [model.adapter]" + set +
+      say_or_print(o.say, "note: [model.adapter]" + keys +
                               " set, but model.adapter.kind = \"none\": this run trains every "
                               "parameter, with no adapter; set model.adapter.kind (lora, dora or "
                               "lokr) to train one");

@@ -4,7 +4,6 @@
 // (io/base_reference.h): 16 GB less per save for an 8B base. A resume rebuilds the base from
 // model.path as the run did (build_run), after checking the reference's fingerprint.
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -335,12 +334,10 @@ void Trainer::load_checkpoint(const std::string& dir) {
   // at 0.0015), as HF's Trainer does when its max_steps changes.
   if (st.contains("schedule_steps") && run_.schedule.kind != optim::ScheduleKind::kConstant) {
     const int64_t then = io::json_int(st, "schedule_steps", tj, 0, kCount, fix);
-    if (then != run_.schedule.total_steps) {
-      optim::LrSchedule old = run_.schedule;
-      old.total_steps = then;
-      if (run_.cfg.sched.warmup_steps == 0 && run_.cfg.sched.warmup_ratio > 0)
-        old.warmup_steps = static_cast<int64_t>(
-            std::ceil(static_cast<double>(then) * run_.cfg.sched.warmup_ratio));
+    if (then > 0 && then != run_.schedule.total_steps) {
+      const SchedConfig& sc = run_.cfg.sched;  // the same schedule over the old total
+      const optim::LrSchedule old = optim::make_lr_schedule(
+          sc.name, run_.cfg.optim.lr, then, sc.warmup_steps, sc.warmup_ratio, sc.min_lr_ratio);
       char now_lr[32], old_lr[32];
       std::snprintf(now_lr, sizeof now_lr, "%.3g", run_.schedule.lr(sched_step_));
       std::snprintf(old_lr, sizeof old_lr, "%.3g", old.lr(std::min(sched_step_, then)));

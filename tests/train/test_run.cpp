@@ -227,7 +227,7 @@ TEST(RunFactory, AdapterKeysWithoutAnAdapterKindAreSaid) {
   opt.say = [&](const std::string& m) { said += m + "\n"; };
   build_run(tiny("adapter-none", {"model.adapter.r=32", "model.adapter.dropout=0.05"}), opt);
   EXPECT_CONTAINS(said,
-                  "note: [model.adapter] r = 32, dropout set, but model.adapter.kind = "
+                  "note: [model.adapter] r, dropout set, but model.adapter.kind = "
                   "\"none\": this run trains every parameter");
   said.clear();
   build_run(
