@@ -32,6 +32,27 @@ Config tiny(const std::string& tag, std::vector<std::string> sets = {}) {
   return load_config("", all);
 }
 
+// A run on the HF directory `dir` (its shape from config.json), with `sets`.
+Config of_model_dir(const std::string& dir, std::vector<std::string> sets) {
+  std::vector<std::string> all = {"run.out_dir=" + test::temp_dir("model-dir-run"),
+                                  "model.path=" + dir,
+                                  "train.max_steps=1",
+                                  "log.console=false",
+                                  "log.metrics=false",
+                                  "log.tensorboard=false"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  return load_config("", all);
+}
+
+// What building the run of `cfg` said (its notices and warnings), a line each.
+std::string said_by_build(const Config& cfg) {
+  std::string said;
+  RunOptions opt;
+  opt.say = [&](const std::string& m) { said += m + "\n"; };
+  build_run(cfg, opt);
+  return said;
+}
+
 TEST(RunFactory, EveryScalerKeyReachesTheScaler) {
   keel::Run r =
       build_run(tiny("scaler", {"train.precision=16-mixed", "scaler.init_scale=1024",
@@ -155,23 +176,11 @@ TEST(RunFactory, RowsLongerThanALlamaFilesContextAreSaid) {
         build_run(tiny("llama-context-base", {"model.family=llama", "model.max_seq_len=16"}));
     io::save_hf_model(*base.model, dir);
   }
-  std::string said;
-  RunOptions opt;
-  opt.say = [&](const std::string& m) { said += m + "\n"; };
-  const Config cfg =
-      load_config("", {"run.out_dir=" + test::temp_dir("llama-context-run"), "model.path=" + dir,
-                       "data.seq_len=32", "train.max_steps=1", "log.console=false",
-                       "log.metrics=false", "log.tensorboard=false"});
-  build_run(cfg, opt);
   EXPECT_CONTAINS(
-      said, "data.seq_len = 32 exceeds " + dir + "/config.json's max_position_embeddings = 16");
-  said.clear();
-  const Config within =
-      load_config("", {"run.out_dir=" + test::temp_dir("llama-context-run2"), "model.path=" + dir,
-                       "data.seq_len=16", "train.max_steps=1", "log.console=false",
-                       "log.metrics=false", "log.tensorboard=false"});
-  build_run(within, opt);
-  EXPECT_NOT_CONTAINS(said, "max_position_embeddings");
+      said_by_build(of_model_dir(dir, {"data.seq_len=32"})),
+      "data.seq_len = 32 exceeds " + dir + "/config.json's max_position_embeddings = 16");
+  EXPECT_NOT_CONTAINS(said_by_build(of_model_dir(dir, {"data.seq_len=16"})),
+                      "max_position_embeddings");
 }
 
 // A weight of 1e5 in model.path (a checkpoint whose weights grew) under 16-mixed: its f16 copy in
@@ -186,15 +195,7 @@ TEST(RunFactory, AWeightBeyondF16IsNamedUnderTheF16Policies) {
     io::save_hf_model(*base.model, dir);
   }
   auto said = [&](const std::string& precision) {
-    std::string all;
-    RunOptions opt;
-    opt.say = [&](const std::string& m) { all += m + "\n"; };
-    build_run(
-        load_config("", {"run.out_dir=" + test::temp_dir("huge-weight-run"), "model.path=" + dir,
-                         "train.precision=" + precision, "data.seq_len=16", "log.console=false",
-                         "log.metrics=false", "log.tensorboard=false"}),
-        opt);
-    return all;
+    return said_by_build(of_model_dir(dir, {"train.precision=" + precision, "data.seq_len=16"}));
   };
   const std::string mixed = said("16-mixed");
   EXPECT_CONTAINS(mixed,
@@ -208,32 +209,24 @@ TEST(RunFactory, AWeightBeyondF16IsNamedUnderTheF16Policies) {
 
 // A warmup as long as the run never reaches optim.lr nor decays: said (it ran without a word).
 TEST(RunFactory, AWarmupAsLongAsTheRunIsSaid) {
-  std::string said;
-  RunOptions opt;
-  opt.say = [&](const std::string& m) { said += m + "\n"; };
-  build_run(tiny("warmup-long", {"sched.warmup_steps=10", "train.max_steps=3"}), opt);
-  EXPECT_CONTAINS(said,
-                  "note: the warmup (10 steps, sched.warmup_steps / sched.warmup_ratio) is "
-                  "not shorter than the run (3 steps): the learning rate peaks at");
-  said.clear();
-  build_run(tiny("warmup-short", {"sched.warmup_steps=2", "train.max_steps=3"}), opt);
-  EXPECT_NOT_CONTAINS(said, "warmup");
+  EXPECT_CONTAINS(
+      said_by_build(tiny("warmup-long", {"sched.warmup_steps=10", "train.max_steps=3"})),
+      "note: the warmup (10 steps, sched.warmup_steps / sched.warmup_ratio) is not shorter than "
+      "the run (3 steps): the learning rate peaks at");
+  EXPECT_NOT_CONTAINS(
+      said_by_build(tiny("warmup-short", {"sched.warmup_steps=2", "train.max_steps=3"})), "warmup");
 }
 
 // Adapter keys without an adapter kind trained every parameter without a word.
 TEST(RunFactory, AdapterKeysWithoutAnAdapterKindAreSaid) {
-  std::string said;
-  RunOptions opt;
-  opt.say = [&](const std::string& m) { said += m + "\n"; };
-  build_run(tiny("adapter-none", {"model.adapter.r=32", "model.adapter.dropout=0.05"}), opt);
-  EXPECT_CONTAINS(said,
-                  "note: [model.adapter] r, dropout set, but model.adapter.kind = "
-                  "\"none\": this run trains every parameter");
-  said.clear();
-  build_run(
-      tiny("adapter-lora", {"model.family=llama", "model.adapter.kind=lora", "model.adapter.r=32"}),
-      opt);
-  EXPECT_NOT_CONTAINS(said, "[model.adapter]");
+  EXPECT_CONTAINS(
+      said_by_build(tiny("adapter-none", {"model.adapter.r=32", "model.adapter.dropout=0.05"})),
+      "note: [model.adapter] r, dropout set, but model.adapter.kind = \"none\": this run trains "
+      "every parameter");
+  EXPECT_NOT_CONTAINS(
+      said_by_build(tiny("adapter-lora",
+                         {"model.family=llama", "model.adapter.kind=lora", "model.adapter.r=32"})),
+      "[model.adapter]");
 }
 
 TEST(RunFactory, MissingTrainingDataIsNamedWhenOptionalAndAnErrorOtherwise) {
