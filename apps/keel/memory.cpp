@@ -125,9 +125,13 @@ Command add_memory(CLI::App& app) {
             for (auto& [opt, apply] : a->fields)
               if (opt->count() > 0) apply(q);
             if (!a->params.empty()) q.params = parse_count(a->params);
+            // The targets' fix is the flag unless a config set them (the default q_proj, v_proj
+            // on a GPT-2 model was said to need model.adapter.target_modules, a key of no file).
+            auto given = [&](const char* flag) { return sub->get_option(flag)->count() > 0; };
+            if (given("--targets") || (a->config.empty() && a->sets.empty()))
+              q.targets_key = "--targets";
             // Flags that do not apply to the step estimated were taken and ignored (gpt2 with
             // --tie-embeddings false, --r 64 without an adapter: the same estimate, exit 0).
-            auto given = [&](const char* flag) { return sub->get_option(flag)->count() > 0; };
             if (q.family == "gpt2")
               for (const char* flag : {"--tie-embeddings", "--kv-heads"})
                 if (given(flag))

@@ -195,7 +195,8 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
         "memory: an adapter's parameters are counted from the model's sizes; give a model "
         "directory (--model DIR), a config (--config FILE) or --layers and --hidden",
         Error::kUsage);
-  if (adapter_kind && sized) adapter_tensors = models::adapter_parameter_shapes(sp, q.adapter);
+  if (adapter_kind && sized)
+    adapter_tensors = models::adapter_parameter_shapes(sp, q.adapter, q.targets_key);
   // A bare count (or one that is not these sizes' count) is counted as bytes.
   if (sized && q.params > 0 && q.params != numel_of(tensors) + numel_of(adapter_tensors) &&
       q.params != numel_of(tensors))

@@ -62,6 +62,7 @@ struct MemoryQuery {
   // model's sizes the adapters' parameters are counted from their own shapes
   // (models::adapter_parameter_shapes) and their saved activations are modelled per kind.
   nn::AdapterOptions adapter;
+  std::string targets_key = "model.adapter.target_modules";  // what sets them, in messages
   // train.activation_checkpointing: 0 = none; N = a checkpoint every N blocks ("blocks" = 1). What
   // is kept is each checkpointed segment's input; during backward one segment's activations are
   // recomputed and held on top.

@@ -75,5 +75,24 @@ TEST(CliMemoryEstimate, FlagsThatDoNotApplyToTheStepAreUsageErrors) {
   EXPECT_EQ(r.code, 0) << r.output;
 }
 
+// Targets that name no layer of the model are fixed with --targets, the flag that sets them: the
+// default q_proj, v_proj on GPT-2 (and --targets q_proj) said to fix
+// model.adapter.target_modules, a key of no file the user gave.
+TEST(CliMemoryEstimate, TargetsThatNameNoLayerNameTheTargetsFlag) {
+  const std::string sizes = " --layers 2 --hidden 64 --batch 1 --seq 8";
+  for (const std::string flags : {"--adapter lokr", "--adapter lora --targets q_proj"}) {
+    const test::KeelRun r = test::run_keel_sh("memory " + flags + sizes);
+    EXPECT_EQ(r.code, 2) << flags << ": " << r.output;
+    EXPECT_CONTAINS(r.err, "target module 'q_proj' matches no linear layer of this gpt2 model");
+    EXPECT_CONTAINS(r.err, "(fix --targets)");
+    EXPECT_EQ(r.err.find("model.adapter.target_modules"), std::string::npos) << r.err;
+  }
+  // Set by a config, the key is the fix.
+  const test::KeelRun r = test::run_keel_sh(
+      "memory --set model.adapter.kind=lokr --set model.n_layer=2 --set model.n_embd=64");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "(fix model.adapter.target_modules)");
+}
+
 }  // namespace
 }  // namespace keel
