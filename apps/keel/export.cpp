@@ -43,6 +43,11 @@ int64_t parse_size(const std::string& s) {
       if (!(v * mult < kMaxBytes))
         throw Error("--max-shard-size " + s + ": larger than any file; give 0 for one file",
                     Error::kUsage);
+      // Truncated to 0 bytes, 0.5 meant "one file", the opposite of what was asked.
+      if (v > 0 && v * mult < 1)
+        throw Error("--max-shard-size " + s +
+                        ": below one byte; give a size such as 2GB, or 0 for one file",
+                    Error::kUsage);
       return static_cast<int64_t>(v * mult);
     }
   throw Error("--max-shard-size " + s + ": give a size such as 2GB, 500MB or 1000000 (bytes)",

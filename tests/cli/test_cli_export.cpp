@@ -195,6 +195,10 @@ TEST(CliExport, TokenizerFilesAreCopiedAndBadFlagsAreUsageErrors) {
   for (const char* huge : {"inf", "99999999999999999999", "9EiB", "1e300GB"})
     EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--max-shard-size", huge}),
                     "--max-shard-size " + std::string(huge) + ": ");
+  // A size below one byte was truncated to 0, one file: the opposite of shards.
+  for (const char* tiny_size : {"0.5", "1e-9KB"})
+    EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--max-shard-size", tiny_size}),
+                    "--max-shard-size " + std::string(tiny_size) + ": below one byte");
   EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--adapter-only"}),
                   "has no adapters to export");
   EXPECT_CONTAINS(err({dir + "/nothing", "--out", dir + "/x"}), "no such directory");
