@@ -354,6 +354,16 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
           add(k + " adapters", 1, (BT * in + 7) / 8, detail + ", dropout mask bits", !head);
         if (k == "lokr") {
           add(k + " adapters", 1, (pol.autocast ? c : 4) * out * in, detail, !head);
+          // LoKr returns its input's dtype (PEFT's result.to(previous_dtype)): under -mixed a
+          // normed input is f32, so the op after c_fc (gelu) or gate/up (swiglu) keeps an f32
+          // output where the plain Linear's was 16-bit (gpt2 LoKr on c_fc measured 0.88).
+          const std::string m = t.name.substr(0, t.name.size() - 7);
+          const bool mlp_in =
+              m.ends_with(".c_fc") || m.ends_with(".gate_proj") || m.ends_with(".up_proj");
+          if (pol.autocast && c < 4 && mlp_in) {
+            add(k + " adapters", 1, 4 * BT * out, detail + ", f32 MLP outputs", !head);
+            add(k + " adapters", -1, c * BT * out, detail + ", f32 MLP outputs", !head);
+          }
           adapter_transient = std::max(adapter_transient, 3 * block_bytes(4 * out * in));
         } else {
           add(k + " adapters", 1, mid * BT * q.adapter.r, detail, !head);

@@ -139,6 +139,12 @@ TEST(CliMemoryRss, AdapterEstimateWithin10PercentOfPeakRss) {
                                          {"model.adapter.kind=lora",
                                           R"(model.adapter.target_modules=["c_attn","c_fc"])"})},
       dir);
+  // LoKr returns its input's dtype: under -mixed c_fc's output, which gelu keeps, is f32 (0.88).
+  memtest_measure(
+      {"gpt2-lokr-bf16-mixed", memtest_plus(memtest_sizes("gpt2", 4, 256, 4, 8, 256, "bf16-mixed"),
+                                            {"model.adapter.kind=lokr",
+                                             R"(model.adapter.target_modules=["c_attn","c_fc"])"})},
+      dir);
   const std::vector<std::string> wide = memtest_plus(
       memtest_sizes("llama", 4, 1024, 16, 1, 16, "bf16-mixed"), {"model.adapter.kind=lora"});
   const MemResult f32 =
