@@ -145,6 +145,12 @@ TEST(CliMemoryRss, AdapterEstimateWithin10PercentOfPeakRss) {
                                             {"model.adapter.kind=lokr",
                                              R"(model.adapter.target_modules=["c_attn","c_fc"])"})},
       dir);
+  // DoRA's backward holds five f32 [rows, out] gradients at once: c_attn's 3C outputs (0.88).
+  memtest_measure(
+      {"gpt2-dora-bf16-mixed",
+       memtest_plus(memtest_sizes("gpt2", 2, 256, 4, 16, 128, "bf16-mixed"),
+                    {"model.adapter.kind=dora", R"(model.adapter.target_modules=["c_attn"])"})},
+      dir);
   const std::vector<std::string> wide = memtest_plus(
       memtest_sizes("llama", 4, 1024, 16, 1, 16, "bf16-mixed"), {"model.adapter.kind=lora"});
   const MemResult f32 =
