@@ -114,7 +114,11 @@ int run_export(const ExportArgs& a) {
                       " has no adapters to export (--adapter-only needs a run trained with "
                       "model.adapter.kind, or --adapter DIR)",
                   Error::kUsage);
-    io::save_peft_adapter(*t.model, *t.adapter, a.out, base_model);
+    // Staged and moved in like the merged model: save_peft_adapter alone replaces its directory
+    // whole (a run's out_dir/adapter), which took every file of --out with it.
+    write_model_dir("--out", a.out, [&](const std::string& dir) {
+      io::save_peft_adapter(*t.model, *t.adapter, dir, base_model);
+    });
     std::printf("wrote %s: PEFT %s adapter (r = %lld) for %s\n", a.out.c_str(),
                 t.adapter->kind.c_str(), static_cast<long long>(t.adapter->r),
                 base_model.empty() ? "(a base trained from sizes)" : base_model.c_str());
