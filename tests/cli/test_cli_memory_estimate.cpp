@@ -2,6 +2,8 @@
 // attention, untied head) give its real parameter count; bad sizes exit 2 naming the flag to fix.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -51,6 +53,18 @@ TEST(CliMemoryEstimate, CountsAndSizesBeyondTheirBoundsAreUsageErrors) {
   r = test::run_keel_sh("memory --layers 99999999 --hidden 64 --batch 1 --seq 8");
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err, "layers = 99999999 (--layers): model.n_layer must be in [1, 1024]");
+}
+
+// A run's out_dir (what generate, eval and export take) as --model / model.path said only that it
+// has no config.json; it names the run's model directory now.
+TEST(CliMemoryEstimate, ARunsOutDirAsTheModelNamesItsCheckpoint) {
+  const std::string run = test::temp_dir("cli-memory-outdir");
+  std::filesystem::create_directories(run + "/checkpoints/last");
+  std::ofstream(run + "/checkpoints/last/config.json") << "{}";
+  const test::KeelRun r = test::run_keel({"memory", "--model", run});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "this is a keel run's out_dir, whose model is " + run + "/checkpoints/last");
 }
 
 // Flags that do not apply to the step were taken and ignored: gpt2 with --tie-embeddings false,
