@@ -93,6 +93,12 @@ void check_query(const MemoryQuery& q) {
     p << q.adapter.dropout;
     check("model.adapter.dropout", "adapter dropout", "--adapter-dropout", q.adapter.dropout,
           p.str());
+    // keel train refuses it (nn::apply_adapters): the estimate was of a run that cannot start.
+    if (q.adapter.kind == "lokr" && q.adapter.dropout > 0)
+      throw Error("memory: adapter dropout = " + p.str() +
+                      " (--adapter-dropout or model.adapter.dropout) with lokr: LoKr has no "
+                      "input dropout; drop it or use lora / dora",
+                  Error::kUsage);
   }
   // Within those bounds the activations can still exceed what an int64 byte count holds (65536
   // sequences of 2^20 tokens): refused far above any machine and below any wrap.

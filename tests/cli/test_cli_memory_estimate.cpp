@@ -84,6 +84,12 @@ TEST(CliMemoryEstimate, FlagsThatDoNotApplyToTheStepAreUsageErrors) {
     EXPECT_CONTAINS(r.err, "memory " + flag.substr(0, flag.find(' ')) +
                                ": applies to an adapter, and the step has none");
   }
+  // LoKr has no input dropout: keel train refuses the run that was estimated.
+  r = test::run_keel_sh("memory --adapter lokr --targets c_attn --adapter-dropout 0.1" + sizes);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "(--adapter-dropout or model.adapter.dropout) with lokr: LoKr has no "
+                  "input dropout");
   // With an adapter they apply.
   r = test::run_keel_sh("memory --adapter lora --targets c_attn --r 64 --base-dtype bf16" + sizes);
   EXPECT_EQ(r.code, 0) << r.output;
