@@ -43,6 +43,11 @@ int64_t parse_size(const std::string& s) {
       if (!(v * mult < kMaxBytes))
         throw Error("--max-shard-size " + s + ": larger than any file; give 0 for one file",
                     Error::kUsage);
+      // Truncated to 0 bytes, 0.5 meant "one file", the opposite of what was asked.
+      if (v > 0 && v * mult < 1)
+        throw Error("--max-shard-size " + s +
+                        ": below one byte; give a size such as 2GB, or 0 for one file",
+                    Error::kUsage);
       return static_cast<int64_t>(v * mult);
     }
   throw Error("--max-shard-size " + s + ": give a size such as 2GB, 500MB or 1000000 (bytes)",
@@ -109,7 +114,11 @@ int run_export(const ExportArgs& a) {
                       " has no adapters to export (--adapter-only needs a run trained with "
                       "model.adapter.kind, or --adapter DIR)",
                   Error::kUsage);
-    io::save_peft_adapter(*t.model, *t.adapter, a.out, base_model);
+    // Staged and moved in like the merged model: save_peft_adapter alone replaces its directory
+    // whole (a run's out_dir/adapter), which took every file of --out with it.
+    write_model_dir("--out", a.out, [&](const std::string& dir) {
+      io::save_peft_adapter(*t.model, *t.adapter, dir, base_model);
+    });
     std::printf("wrote %s: PEFT %s adapter (r = %lld) for %s\n", a.out.c_str(),
                 t.adapter->kind.c_str(), static_cast<long long>(t.adapter->r),
                 base_model.empty() ? "(a base trained from sizes)" : base_model.c_str());

@@ -51,6 +51,13 @@ void check_flags(const InitModelArgs& a) {
   real("model.rope_theta", "--rope-theta", a.rope_theta);
   real("model.norm_eps", "--norm-eps", a.norm_eps);
   real("model.init_std", "--init-std", a.init_std);
+  // model.vocab_size's 0 means "the tokenizer's", and init-model has no tokenizer; a one-token
+  // vocabulary has nothing to predict (its softmax is 1 and the loss 0, whatever the weights).
+  if (a.vocab_size < 2)
+    throw Error("init-model --vocab-size " + std::to_string(a.vocab_size) +
+                    ": a model needs at least 2 tokens to predict; give its tokenizer's "
+                    "vocabulary (259 for keel's byte tokenizer, 50257 for GPT-2's)",
+                Error::kUsage);
   if (a.shard_bytes < 0)
     throw Error("init-model --shard-bytes " + std::to_string(a.shard_bytes) +
                     ": use 0 (one file) or a positive number of bytes",

@@ -1,5 +1,6 @@
 // `keel memory [--model DIR | --config FILE] [--set section.key=value ...] [--params N]
-// [--precision P --optimizer O --batch B --seq T --layers L --hidden H --heads N --kv-heads N
+// [--precision P --optimizer O --batch B --seq T --grad-accum K --layers L --hidden H --heads N
+// --kv-heads N
 // --ffn F --vocab V --tie-embeddings B --family F --attention A --adapter KIND --r R
 // --targets a,b --adapter-dropout P --base-dtype D --checkpointing none|blocks|N] [--json]`:
 // weights, gradients, optimizer state, low-precision copies and activations of a training step.
@@ -82,6 +83,8 @@ Command add_memory(CLI::App& app) {
   field(r, sub, "--optimizer", &monitor::MemoryQuery::optimizer, "adamw | sgd (default adamw)");
   field(r, sub, "--batch", &monitor::MemoryQuery::batch, "micro-batch size B");
   field(r, sub, "--seq", &monitor::MemoryQuery::seq, "sequence length T");
+  field(r, sub, "--grad-accum", &monitor::MemoryQuery::grad_accum,
+        "micro-batches per optimizer step (default 1)");
   field(r, sub, "--layers", &monitor::MemoryQuery::layers, "transformer layers L");
   field(r, sub, "--hidden", &monitor::MemoryQuery::hidden, "hidden size H");
   field(r, sub, "--heads", &monitor::MemoryQuery::heads, "attention heads (default hidden/64)");
@@ -125,9 +128,13 @@ Command add_memory(CLI::App& app) {
             for (auto& [opt, apply] : a->fields)
               if (opt->count() > 0) apply(q);
             if (!a->params.empty()) q.params = parse_count(a->params);
+            // The targets' fix is the flag unless a config set them (the default q_proj, v_proj
+            // on a GPT-2 model was said to need model.adapter.target_modules, a key of no file).
+            auto given = [&](const char* flag) { return sub->get_option(flag)->count() > 0; };
+            if (given("--targets") || (a->config.empty() && a->sets.empty()))
+              q.targets_key = "--targets";
             // Flags that do not apply to the step estimated were taken and ignored (gpt2 with
             // --tie-embeddings false, --r 64 without an adapter: the same estimate, exit 0).
-            auto given = [&](const char* flag) { return sub->get_option(flag)->count() > 0; };
             if (q.family == "gpt2")
               for (const char* flag : {"--tie-embeddings", "--kv-heads"})
                 if (given(flag))

@@ -91,7 +91,10 @@ std::vector<std::string> write_model_dir(const std::string& flag, const std::str
     fs::create_directories(out);
     for (const auto& e : fs::directory_iterator(stage)) names.push_back(e.path().filename());
     for (const std::string& n : names) fs::rename(stage / n, out / n);
+    // A model written (config.json) replaces the model there; an adapter beside one leaves it.
+    const bool model = std::find(names.begin(), names.end(), "config.json") != names.end();
     for (const auto& e : fs::directory_iterator(out)) {
+      if (!model) break;
       const std::string n = e.path().filename();
       if (is_model_dir_file(n) && std::find(names.begin(), names.end(), n) == names.end())
         fs::remove(e.path());

@@ -23,11 +23,13 @@ void check_output_dir(const std::string& flag, const std::string& dir,
                       const std::vector<std::pair<std::string, std::string>>& inputs);
 
 // Writes a model directory at DIR: `write` fills a new sibling staging directory (its argument);
-// only when it returns are its files moved into DIR (created if missing), and then the files of
-// the kinds a model directory holds (weights, their index, tokenizer files) that it did not write
-// are removed from DIR, so that a loader never sees an earlier layout or tokenizer beside the new
-// one. Other files in DIR are left as they are. If `write` throws, the staging directory is
-// removed and DIR is untouched. Returns the names of the files moved into DIR.
+// only when it returns are its files moved into DIR (created if missing), and then, when it wrote a
+// model (config.json), the files of the kinds a model directory holds (weights, their index,
+// tokenizer files) that it did not write are removed from DIR, so that a loader never sees an
+// earlier layout or tokenizer beside the new one. Other files in DIR are left as they are (and all
+// of them under a PEFT adapter directory: `export --adapter-only` removed every file of DIR). If
+// `write` throws, the staging directory is removed and DIR is untouched. Returns the names of the
+// files moved into DIR.
 std::vector<std::string> write_model_dir(const std::string& flag, const std::string& dir,
                                          const std::function<void(const std::string&)>& write);
 

@@ -148,8 +148,15 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
 }
 HfConfig read_hf_config(const std::string& dir) {
   const std::string file = dir + "/config.json";
-  if (!path_exists(file))
-    throw Error(dir + ": no config.json (model.path must be a Hugging Face model directory)");
+  if (!path_exists(file)) {
+    // A run's out_dir is what generate, eval and export take: say where its model is.
+    const std::string last = dir + "/checkpoints/last";
+    throw Error(dir + ": no config.json (model.path must be a Hugging Face model directory" +
+                (path_exists(last + "/config.json")
+                     ? "; this is a keel run's out_dir, whose model is " + last
+                     : std::string()) +
+                ")");
+  }
   HfConfig out;
   out.json = read_json(file);
   const json& j = out.json;

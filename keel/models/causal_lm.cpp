@@ -32,7 +32,9 @@ void ModelSpec::validate() const {
   if (n_head % kv_heads())
     throw bad("n_head " + std::to_string(n_head) + " is not a multiple of n_kv_head " +
               std::to_string(kv_heads()));
-  if (vocab_size < 1) throw bad("vocab_size must be >= 1");
+  // One token has nothing to predict: its softmax is 1 and the loss 0, whatever the weights.
+  if (vocab_size < 2)
+    throw bad("vocab_size = " + std::to_string(vocab_size) + ": a model needs at least 2 tokens");
   if (max_seq_len < 1) throw bad("max_seq_len must be >= 1");
 }
 

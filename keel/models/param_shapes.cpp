@@ -77,7 +77,8 @@ int64_t parameter_count(const ModelSpec& spec) {
 }
 
 std::vector<ParamShape> adapter_parameter_shapes(const ModelSpec& spec,
-                                                 const nn::AdapterOptions& opt) {
+                                                 const nn::AdapterOptions& opt,
+                                                 const std::string& targets) {
   std::vector<ParamShape> out;
   if (opt.kind == "none") return out;
   const std::vector<ParamShape> base = parameter_shapes(spec);
@@ -96,8 +97,8 @@ std::vector<ParamShape> adapter_parameter_shapes(const ModelSpec& spec,
     std::string list;
     for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
     throw Error("model.adapter: target module '" + t + "' matches no linear layer of this " +
-                    spec.family + " model; its linear layers are named: " + list +
-                    " (fix model.adapter.target_modules)",
+                    spec.family + " model; its linear layers are named: " + list + " (fix " +
+                    targets + ")",
                 Error::kUsage);
   }
   for (const ParamShape& p : base) {

@@ -33,8 +33,10 @@ int64_t parameter_count(const ModelSpec& spec);
 // modules): every Linear a target names gets the adapter's own parameter shapes
 // (nn::adapter_parameter_shapes), named "<module path>.<local name>". Empty for kind "none". A
 // target that names no Linear is an error (kUsage) listing the model's Linear names, as
-// apply_adapters says it.
-std::vector<ParamShape> adapter_parameter_shapes(const ModelSpec& spec,
-                                                 const nn::AdapterOptions& opt);
+// apply_adapters says it; `targets` is what the user set the targets with, named as the fix
+// (`keel memory`'s --targets, not a config key the user never wrote).
+std::vector<ParamShape> adapter_parameter_shapes(
+    const ModelSpec& spec, const nn::AdapterOptions& opt,
+    const std::string& targets = "model.adapter.target_modules");
 
 }  // namespace keel::models

@@ -80,6 +80,8 @@ void check_query(const MemoryQuery& q) {
     if (v != 0) check(key, what, flag, static_cast<double>(v), std::to_string(v));
   };
   bound("train.batch_size", "batch", "--batch", q.batch);
+  check("train.grad_accum", "grad accum", "--grad-accum", static_cast<double>(q.grad_accum),
+        std::to_string(q.grad_accum));
   bound("data.seq_len", "seq", "--seq", q.seq);
   bound("model.n_layer", "layers", "--layers", q.layers);
   bound("model.n_embd", "hidden", "--hidden", q.hidden);
@@ -93,6 +95,12 @@ void check_query(const MemoryQuery& q) {
     p << q.adapter.dropout;
     check("model.adapter.dropout", "adapter dropout", "--adapter-dropout", q.adapter.dropout,
           p.str());
+    // keel train refuses it (nn::apply_adapters): the estimate was of a run that cannot start.
+    if (q.adapter.kind == "lokr" && q.adapter.dropout > 0)
+      throw Error("memory: adapter dropout = " + p.str() +
+                      " (--adapter-dropout or model.adapter.dropout) with lokr: LoKr has no "
+                      "input dropout; drop it or use lora / dora",
+                  Error::kUsage);
   }
   // Within those bounds the activations can still exceed what an int64 byte count holds (65536
   // sequences of 2^20 tokens): refused far above any machine and below any wrap.
@@ -195,7 +203,8 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
         "memory: an adapter's parameters are counted from the model's sizes; give a model "
         "directory (--model DIR), a config (--config FILE) or --layers and --hidden",
         Error::kUsage);
-  if (adapter_kind && sized) adapter_tensors = models::adapter_parameter_shapes(sp, q.adapter);
+  if (adapter_kind && sized)
+    adapter_tensors = models::adapter_parameter_shapes(sp, q.adapter, q.targets_key);
   // A bare count (or one that is not these sizes' count) is counted as bytes.
   if (sized && q.params > 0 && q.params != numel_of(tensors) + numel_of(adapter_tensors) &&
       q.params != numel_of(tensors))
@@ -243,6 +252,14 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     if (pol.autocast) e.weights_detail = "f32 masters";
   }
   e.grads = trainable_blocks;
+  // Accumulating under -mixed, a later micro-batch's backward makes each f32 weight gradient (cast
+  // from the 16-bit copy's) beside .grad and adds it in at the end of backward: a second set.
+  // Measured: a 12.6M-parameter Llama under bf16-mixed peaks 50 MB higher with grad_accum = 2
+  // (or 4) than with 1, and 32-true not at all.
+  if (pol.autocast && q.grad_accum > 1) {
+    e.grads *= 2;
+    e.grads_detail = "and the later micro-batches' (train.grad_accum under -mixed)";
+  }
   e.optimizer_state = kinds * trainable_blocks;
   if (shaped && e.weights != (adapter ? (N - Nt) * fb + Nt * tb : N * pb))
     e.weights_detail +=
@@ -353,10 +370,26 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
           add(k + " adapters", 1, (BT * in + 7) / 8, detail + ", dropout mask bits", !head);
         if (k == "lokr") {
           add(k + " adapters", 1, (pol.autocast ? c : 4) * out * in, detail, !head);
+          // LoKr returns its input's dtype (PEFT's result.to(previous_dtype)): under -mixed a
+          // normed input is f32, so the op after c_fc (gelu) or gate/up (swiglu) keeps an f32
+          // output where the plain Linear's was 16-bit (gpt2 LoKr on c_fc measured 0.88).
+          const std::string m = t.name.substr(0, t.name.size() - 7);
+          const bool mlp_in =
+              m.ends_with(".c_fc") || m.ends_with(".gate_proj") || m.ends_with(".up_proj");
+          if (pol.autocast && c < 4 && mlp_in) {
+            add(k + " adapters", 1, 4 * BT * out, detail + ", f32 MLP outputs", !head);
+            add(k + " adapters", -1, c * BT * out, detail + ", f32 MLP outputs", !head);
+          }
           adapter_transient = std::max(adapter_transient, 3 * block_bytes(4 * out * in));
         } else {
           add(k + " adapters", 1, mid * BT * q.adapter.r, detail, !head);
-          if (k == "dora") add(k + " adapters", 2, 4 * BT * out, detail, !head);
+          if (k == "dora") {
+            add(k + " adapters", 2, 4 * BT * out, detail, !head);
+            // Its backward holds f32 [rows, out] gradients at once: the output's (cast to f32),
+            // the scaled LoRA product's, base_result's and lora_result's, and the result's sum
+            // (gpt2 DoRA on c_attn measured 0.93 of its peak without them, at 2 to 6 layers).
+            adapter_transient = std::max(adapter_transient, 5 * block_bytes(4 * BT * out));
+          }
           // Under dropout DoRA's base product of the dropped input keeps that input's copy in
           // the compute dtype, and a 16-bit base in another compute dtype (bf16 base, 16-mixed)
           // its cast weight; a base in the compute dtype is used as it is, an f32 one through
@@ -624,6 +657,7 @@ MemoryQuery memory_query_from_config(const Config& cfg) {
   q.attention = cfg.model.attention;
   q.adapter = cfg.model.adapter;
   q.checkpoint_every = activation_checkpointing_blocks(cfg.train);
+  q.grad_accum = cfg.train.grad_accum;
   if (cfg.model.adapter.kind != "none") q.base_dtype = cfg.model.base_dtype;
   if (cfg.model.path.empty()) {
     q.family = cfg.model.family;
@@ -794,7 +828,7 @@ std::string format_memory(const MemoryEstimate& e) {
   };
   const bool mixed = e.lowp_copies > 0;
   row("weights", e.weights, e.weights_detail);
-  row("gradients", e.grads, "");
+  row("gradients", e.grads, e.grads_detail);
   row("optimizer state", e.optimizer_state, "");
   if (mixed) row("low-precision copies", e.lowp_copies, "autocast's per-step weight casts");
   if (e.has_activations) {

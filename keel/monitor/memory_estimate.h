@@ -62,10 +62,13 @@ struct MemoryQuery {
   // model's sizes the adapters' parameters are counted from their own shapes
   // (models::adapter_parameter_shapes) and their saved activations are modelled per kind.
   nn::AdapterOptions adapter;
+  std::string targets_key = "model.adapter.target_modules";  // what sets them, in messages
   // train.activation_checkpointing: 0 = none; N = a checkpoint every N blocks ("blocks" = 1). What
   // is kept is each checkpointed segment's input; during backward one segment's activations are
   // recomputed and held on top.
   int64_t checkpoint_every = 0;
+  // train.grad_accum: micro-batches per step (see MemoryEstimate::grads).
+  int64_t grad_accum = 1;
   // model.path's weight files (memory_query_from_config reads them): the stored dtype's bytes (0 =
   // no files: the model is initialized from its sizes). See init_peak.
   int64_t file_dtype_bytes = 0;
@@ -90,7 +93,10 @@ struct MemoryEstimate {
   std::string precision;  // canonical policy name
   int64_t params = 0;
   int64_t weights = 0;  // parameters as stored (f32 masters under -mixed; a bf16 frozen base)
-  int64_t grads = 0;    // .grad buffers, in the parameters' dtype
+  // .grad buffers, in the parameters' dtype; under -mixed with grad_accum > 1 twice: the later
+  // micro-batches' weight gradients are made beside .grad and added in at the end of backward.
+  int64_t grads = 0;
+  std::string grads_detail;
   int64_t optimizer_state = 0;  // AdamW exp_avg + exp_avg_sq, SGD momentum
   int64_t lowp_copies = 0;      // autocast's per-step casts of the weights (-mixed only)
   int64_t matmul_scratch = 0;   // f32 operand copies where oneDNN has no kernel here, else 0

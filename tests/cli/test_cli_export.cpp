@@ -195,6 +195,10 @@ TEST(CliExport, TokenizerFilesAreCopiedAndBadFlagsAreUsageErrors) {
   for (const char* huge : {"inf", "99999999999999999999", "9EiB", "1e300GB"})
     EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--max-shard-size", huge}),
                     "--max-shard-size " + std::string(huge) + ": ");
+  // A size below one byte was truncated to 0, one file: the opposite of shards.
+  for (const char* tiny_size : {"0.5", "1e-9KB"})
+    EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--max-shard-size", tiny_size}),
+                    "--max-shard-size " + std::string(tiny_size) + ": below one byte");
   EXPECT_CONTAINS(err({dir + "/out", "--out", dir + "/x", "--adapter-only"}),
                   "has no adapters to export");
   EXPECT_CONTAINS(err({dir + "/nothing", "--out", dir + "/x"}), "no such directory");
@@ -270,6 +274,20 @@ TEST(CliExport, OutNeverReplacesWhatItReadsAndAFailedExportChangesNothing) {
   EXPECT_FALSE(fs::exists(dir + "/hf/model.safetensors"));
   EXPECT_TRUE(fs::exists(dir + "/hf/model.safetensors.index.json"));
   EXPECT_EQ(test::slurp(dir + "/hf/NOTES.md"), "mine");
+
+  // --adapter-only replaced --out whole: the user's notes and folders, and the merged model
+  // exported there, were deleted without a word. Now the adapter's two files are added.
+  fs::create_directories(dir + "/hf/sub");
+  std::ofstream(dir + "/hf/sub/data.txt") << "kept";
+  keel_export({out, "--out", dir + "/hf", "--adapter-only"});
+  EXPECT_EQ(test::slurp(dir + "/hf/NOTES.md"), "mine");
+  EXPECT_EQ(test::slurp(dir + "/hf/sub/data.txt"), "kept");
+  EXPECT_TRUE(fs::exists(dir + "/hf/model.safetensors.index.json"));
+  EXPECT_TRUE(fs::exists(dir + "/hf/config.json"));
+  EXPECT_TRUE(fs::exists(dir + "/hf/adapter_config.json"));
+  EXPECT_TRUE(fs::exists(dir + "/hf/adapter_model.safetensors"));
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
 }
 
 }  // namespace

@@ -167,6 +167,9 @@ TEST(CliLimits, InitModelFlagsHaveTheConfigKeysBounds) {
       {{"--rope-theta", "0"}, "init-model --rope-theta 0: model.rope_theta must be > 0"},
       {{"--init-std", "inf"}, "model.init_std must be a finite number, got inf"},
       {{"--shard-bytes", "-5"}, "init-model --shard-bytes -5: use 0 (one file)"},
+      // A one-token vocabulary was written (nothing to learn: the loss is 0), 0 named no flag.
+      {{"--vocab-size", "1"}, "init-model --vocab-size 1: a model needs at least 2 tokens"},
+      {{"--vocab-size", "0"}, "init-model --vocab-size 0: a model needs at least 2 tokens"},
       // Dropped silently for GPT-2 (the summary still printed "(2 kv)").
       {{"--family", "gpt2", "--n-kv-head", "2"}, "GPT-2 has no grouped key/value heads"},
       {{"--family", "gpt2", "--rope-theta", "5"}, "GPT-2 has learned positions, no RoPE"},

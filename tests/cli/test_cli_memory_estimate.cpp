@@ -2,6 +2,8 @@
 // attention, untied head) give its real parameter count; bad sizes exit 2 naming the flag to fix.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -53,6 +55,18 @@ TEST(CliMemoryEstimate, CountsAndSizesBeyondTheirBoundsAreUsageErrors) {
   EXPECT_CONTAINS(r.err, "layers = 99999999 (--layers): model.n_layer must be in [1, 1024]");
 }
 
+// A run's out_dir (what generate, eval and export take) as --model / model.path said only that it
+// has no config.json; it names the run's model directory now.
+TEST(CliMemoryEstimate, ARunsOutDirAsTheModelNamesItsCheckpoint) {
+  const std::string run = test::temp_dir("cli-memory-outdir");
+  std::filesystem::create_directories(run + "/checkpoints/last");
+  std::ofstream(run + "/checkpoints/last/config.json") << "{}";
+  const test::KeelRun r = test::run_keel({"memory", "--model", run});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "this is a keel run's out_dir, whose model is " + run + "/checkpoints/last");
+}
+
 // Flags that do not apply to the step were taken and ignored: gpt2 with --tie-embeddings false,
 // or --r 64 without an adapter, printed the estimate without them, exit 0.
 TEST(CliMemoryEstimate, FlagsThatDoNotApplyToTheStepAreUsageErrors) {
@@ -70,9 +84,34 @@ TEST(CliMemoryEstimate, FlagsThatDoNotApplyToTheStepAreUsageErrors) {
     EXPECT_CONTAINS(r.err, "memory " + flag.substr(0, flag.find(' ')) +
                                ": applies to an adapter, and the step has none");
   }
+  // LoKr has no input dropout: keel train refuses the run that was estimated.
+  r = test::run_keel_sh("memory --adapter lokr --targets c_attn --adapter-dropout 0.1" + sizes);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "(--adapter-dropout or model.adapter.dropout) with lokr: LoKr has no "
+                  "input dropout");
   // With an adapter they apply.
   r = test::run_keel_sh("memory --adapter lora --targets c_attn --r 64 --base-dtype bf16" + sizes);
   EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// Targets that name no layer of the model are fixed with --targets, the flag that sets them: the
+// default q_proj, v_proj on GPT-2 (and --targets q_proj) said to fix
+// model.adapter.target_modules, a key of no file the user gave.
+TEST(CliMemoryEstimate, TargetsThatNameNoLayerNameTheTargetsFlag) {
+  const std::string sizes = " --layers 2 --hidden 64 --batch 1 --seq 8";
+  for (const std::string flags : {"--adapter lokr", "--adapter lora --targets q_proj"}) {
+    const test::KeelRun r = test::run_keel_sh("memory " + flags + sizes);
+    EXPECT_EQ(r.code, 2) << flags << ": " << r.output;
+    EXPECT_CONTAINS(r.err, "target module 'q_proj' matches no linear layer of this gpt2 model");
+    EXPECT_CONTAINS(r.err, "(fix --targets)");
+    EXPECT_EQ(r.err.find("model.adapter.target_modules"), std::string::npos) << r.err;
+  }
+  // Set by a config, the key is the fix.
+  const test::KeelRun r = test::run_keel_sh(
+      "memory --set model.adapter.kind=lokr --set model.n_layer=2 --set model.n_embd=64");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "(fix model.adapter.target_modules)");
 }
 
 }  // namespace

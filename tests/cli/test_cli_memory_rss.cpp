@@ -111,6 +111,12 @@ TEST(CliMemoryRss, FullFineTuneEstimateWithin10PercentOfPeakRss) {
          memtest_plus(memtest_sizes("llama", 4, 256, 4, 8, 256, p), {"model.n_kv_head=2"})},
         dir);
   }
+  // Accumulating under -mixed, a later micro-batch's weight gradients are made beside .grad: a
+  // full fine-tune whose weights dominate measured 0.88 with grad_accum = 2 (1.04 with 1).
+  memtest_measure({"llama-full-bf16-mixed-accum-2",
+                   memtest_plus(memtest_sizes("llama", 4, 512, 8, 2, 32, "bf16-mixed"),
+                                {"train.grad_accum=2"})},
+                  dir);
 }
 
 // Adapters: LoRA on every projection in both policies, DoRA, LoKr, LoRA on gpt2, each with the
@@ -138,6 +144,18 @@ TEST(CliMemoryRss, AdapterEstimateWithin10PercentOfPeakRss) {
       {"gpt2-lora-32-true", memtest_plus(memtest_sizes("gpt2", 4, 256, 4, 8, 256, "32-true"),
                                          {"model.adapter.kind=lora",
                                           R"(model.adapter.target_modules=["c_attn","c_fc"])"})},
+      dir);
+  // LoKr returns its input's dtype: under -mixed c_fc's output, which gelu keeps, is f32 (0.88).
+  memtest_measure(
+      {"gpt2-lokr-bf16-mixed", memtest_plus(memtest_sizes("gpt2", 4, 256, 4, 8, 256, "bf16-mixed"),
+                                            {"model.adapter.kind=lokr",
+                                             R"(model.adapter.target_modules=["c_attn","c_fc"])"})},
+      dir);
+  // DoRA's backward holds five f32 [rows, out] gradients at once: c_attn's 3C outputs (0.88).
+  memtest_measure(
+      {"gpt2-dora-bf16-mixed",
+       memtest_plus(memtest_sizes("gpt2", 2, 256, 4, 16, 128, "bf16-mixed"),
+                    {"model.adapter.kind=dora", R"(model.adapter.target_modules=["c_attn"])"})},
       dir);
   const std::vector<std::string> wide = memtest_plus(
       memtest_sizes("llama", 4, 1024, 16, 1, 16, "bf16-mixed"), {"model.adapter.kind=lora"});
