@@ -89,11 +89,20 @@ int run_tokenize(const TokenizeArgs& a, bool has_text) {
                     " no token ids; --decode expects a list of token ids, separated by spaces or "
                     "commas (e.g. --decode \"72 105\")",
                 Error::kUsage);
+  // The ids to decode are the user's: one the tokenizer has no token for is bad input, like 'x7'.
+  // Decoded before the pieces are looked up, so that its error names the id's position.
+  std::string text;
+  if (a.decode) {
+    try {
+      text = tok->decode(ids);
+    } catch (const Error& e) {
+      throw Error(e.what(), Error::kUsage);
+    }
+  }
   std::vector<std::string> pieces;
   if (a.pieces || a.json)
-    for (int32_t id : ids) pieces.push_back(tok->id_to_token(id));  // Error for an unknown id
+    for (int32_t id : ids) pieces.push_back(tok->id_to_token(id));
   if (a.decode) {
-    const std::string text = tok->decode(ids);
     if (a.json)
       std::printf("%s\n", dump({{"text", text}, {"ids", ids}, {"pieces", pieces}}).c_str());
     else

@@ -120,7 +120,7 @@ TEST(CliTokenize, BadInputNamesTheFlagOrTheToken) {
   EXPECT_EQ(empty_stdin.code, 2) << empty_stdin.output;
   EXPECT_CONTAINS(empty_stdin.err, "stdin holds no token ids");
   const test::KeelRun range = test::run_keel({"tokenize", "--decode", "65 9999"});
-  EXPECT_EQ(range.code, 1) << range.output;
+  EXPECT_EQ(range.code, 2) << range.output;
   EXPECT_CONTAINS(range.err, "the byte tokenizer cannot decode id 9999 at position 1");
   EXPECT_NOT_CONTAINS(range.err, "::");  // it named keel's class: "ByteTokenizer::decode: id"
   const test::KeelRun nofile = test::run_keel({"tokenize", "--file", "/no/such/file.txt"});
@@ -129,6 +129,23 @@ TEST(CliTokenize, BadInputNamesTheFlagOrTheToken) {
   const test::KeelRun both = test::run_keel({"tokenize", "--file", "/etc/hostname", "abc"});
   EXPECT_EQ(both.code, 2) << both.output;
   EXPECT_CONTAINS(both.err, "not both");
+}
+
+// An id the tokenizer has no token for is the user's input, like 'x7': it exited 1 with a sentence
+// that did not parse ("cannot decode id 9999 at position 1 is outside the vocabulary"), and with
+// --json the position was lost (the pieces were looked up first).
+TEST(CliTokenize, DecodingAnIdOutsideTheVocabularyIsAUsageErrorNamingItsPosition) {
+  for (const std::string& spec : {std::string("byte"), "gpt2:" + kTiny}) {
+    for (const bool json : {false, true}) {
+      std::vector<std::string> args = {"tokenize", "--tokenizer", spec, "--decode", "65 9999"};
+      if (json) args.push_back("--json");
+      const test::KeelRun r = test::run_keel(args);
+      EXPECT_EQ(r.code, 2) << r.output;
+      EXPECT_CONTAINS(r.err, "cannot decode id 9999 at position 1: it is outside the vocabulary");
+      EXPECT_NOT_CONTAINS(r.err, "position 1 is");
+      EXPECT_EQ(r.out, "");
+    }
+  }
 }
 
 // `--output` writes an llm.c token file; a run on it (data.task = "tokens") is the run on the text
