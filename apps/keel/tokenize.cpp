@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -62,6 +63,14 @@ std::string dump(const nlohmann::json& j) {
 // encoding it whole), written as it comes; a corpus larger than memory converts.
 int write_token_file(const TokenizeArgs& a, bool has_text) {
   const auto in = open_input_text(has_text, a.text, a.file, "--file");
+  // The ids are renamed over --output when whole: over the text itself, the corpus was lost.
+  std::error_code ec;
+  if (!a.file.empty() && std::filesystem::equivalent(a.file, a.output, ec))
+    throw Error("--output " + a.output +
+                    " is the --file it reads: writing it would replace the "
+                    "text with its token ids; give another path (e.g. " +
+                    a.file + ".bin)",
+                Error::kUsage);
   const auto tok = data::load_tokenizer(a.tokenizer, "--tokenizer");
   data::TokenFileWriter out(a.output, tok->vocab_size());
   size_t piece = data::kTextPieceBytes;

@@ -148,6 +148,20 @@ TEST(CliTokenize, DecodingAnIdOutsideTheVocabularyIsAUsageErrorNamingItsPosition
   }
 }
 
+// `--output` naming the --file it reads replaced the user's text with its token ids, exit 0: the
+// corpus was gone. Refused (through another spelling of the path too), the text left as it was.
+TEST(CliTokenize, OutputThatIsTheInputFileIsRefusedAndTheTextKept) {
+  const std::string dir = test::temp_dir("cli-tokenize-same");
+  const std::string txt = dir + "/corpus.txt";
+  std::ofstream(txt) << "hello world\n";
+  for (const std::string& out : {txt, dir + "/./corpus.txt"}) {
+    const test::KeelRun r = test::run_keel({"tokenize", "--file", txt, "--output", out});
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, "--output " + out + " is the --file it reads");
+    EXPECT_EQ(test::slurp(txt), "hello world\n");
+  }
+}
+
 // `--output` writes an llm.c token file; a run on it (data.task = "tokens") is the run on the text
 // packed, bit for bit: the same losses and gradient norms, the same validation loss through
 // data.eval_path, the same `keel eval`.
