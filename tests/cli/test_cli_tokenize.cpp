@@ -148,6 +148,33 @@ TEST(CliTokenize, DecodingAnIdOutsideTheVocabularyIsAUsageErrorNamingItsPosition
   }
 }
 
+// A tokenizer file keel cannot use is bad input, as a missing one is (exit 2): each exited 1.
+TEST(CliTokenize, AMalformedTokenizerFileIsAUsageErrorNamingTheFileAndField) {
+  const std::string dir = test::temp_dir("cli-tokenize-bad");
+  nlohmann::json j = nlohmann::json::parse(test::slurp(kTiny + "/gpt2_style/tokenizer.json"));
+  j["model"]["type"] = "WordPiece";
+  std::ofstream(dir + "/wordpiece.json") << j.dump();
+  std::ofstream(dir + "/cut.json") << "{\"model\": [1,";
+  std::filesystem::create_directories(dir + "/gpt2");
+  std::filesystem::copy_file(kTiny + "/encoder.json", dir + "/gpt2/encoder.json");
+  std::ofstream(dir + "/gpt2/vocab.bpe") << "#version: 0.2\nfoo\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"hf:" + dir + "/wordpiece.json",
+       "wordpiece.json: model.type: \"WordPiece\" is not supported"},
+      {"hf:" + dir + "/cut.json", "cut.json: not valid JSON"},
+      {"gpt2:" + dir + "/gpt2", "vocab.bpe:2: expected two tokens separated by one space"}};
+  for (const auto& [spec, error] : cases) {
+    const test::KeelRun r = test::run_keel({"tokenize", "--tokenizer", spec, "x"});
+    EXPECT_EQ(r.code, 2) << spec << ": " << r.output;
+    EXPECT_CONTAINS(r.err, error);
+  }
+  const test::KeelRun r = test::run_keel(test::with_sets(
+      {"train"}, {"run.out_dir=" + dir + "/out", "data.task=text", "data.path=" + dir + "/cut.json",
+                  "data.tokenizer=hf:" + dir + "/wordpiece.json", "train.max_steps=1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "wordpiece.json: model.type");
+}
+
 // `--output` naming the --file it reads replaced the user's text with its token ids, exit 0: the
 // corpus was gone. Refused (through another spelling of the path too), the text left as it was.
 TEST(CliTokenize, OutputThatIsTheInputFileIsRefusedAndTheTextKept) {
