@@ -175,6 +175,16 @@ TEST(CliTokenize, AMalformedTokenizerFileIsAUsageErrorNamingTheFileAndField) {
   EXPECT_CONTAINS(r.err, "wordpiece.json: model.type");
 }
 
+// A tokenizer.json given as gpt2:DIR was said not to exist.
+TEST(CliTokenize, AFileGivenAsAGpt2DirectoryIsNamedAsAFile) {
+  const std::string json = kTiny + "/gpt2_style/tokenizer.json";
+  const test::KeelRun r = test::run_keel({"tokenize", "--tokenizer", "gpt2:" + json, "x"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, json + " is a file, not a directory");
+  EXPECT_CONTAINS(r.err, "a tokenizer.json is read with \"hf:PATH\"");
+  EXPECT_NOT_CONTAINS(r.err, "does not exist");
+}
+
 // `--output` naming the --file it reads replaced the user's text with its token ids, exit 0: the
 // corpus was gone. Refused (through another spelling of the path too), the text left as it was.
 TEST(CliTokenize, OutputThatIsTheInputFileIsRefusedAndTheTextKept) {
