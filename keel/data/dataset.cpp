@@ -376,7 +376,7 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
     } catch (const json::parse_error& e) {
       // e.what() is "[json.exception...] parse error at line 1, column C: DETAIL"; the "line 1"
       // is the line's own, so report the column and the detail only.
-      std::string detail = e.what();
+      std::string detail = json_error_detail(e.what());
       const size_t colon = detail.find(": ");
       if (colon != std::string::npos) detail = detail.substr(colon + 2);
       throw bad("invalid JSON at column " + std::to_string(e.byte) + ": " + detail + "; " +
