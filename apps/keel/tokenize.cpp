@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -62,6 +63,14 @@ std::string dump(const nlohmann::json& j) {
 // encoding it whole), written as it comes; a corpus larger than memory converts.
 int write_token_file(const TokenizeArgs& a, bool has_text) {
   const auto in = open_input_text(has_text, a.text, a.file, "--file");
+  // The ids are renamed over --output when whole: over the text itself, the corpus was lost.
+  std::error_code ec;
+  if (!a.file.empty() && std::filesystem::equivalent(a.file, a.output, ec))
+    throw Error("--output " + a.output +
+                    " is the --file it reads: writing it would replace the "
+                    "text with its token ids; give another path (e.g. " +
+                    a.file + ".bin)",
+                Error::kUsage);
   const auto tok = data::load_tokenizer(a.tokenizer, "--tokenizer");
   data::TokenFileWriter out(a.output, tok->vocab_size());
   size_t piece = data::kTextPieceBytes;
@@ -89,11 +98,20 @@ int run_tokenize(const TokenizeArgs& a, bool has_text) {
                     " no token ids; --decode expects a list of token ids, separated by spaces or "
                     "commas (e.g. --decode \"72 105\")",
                 Error::kUsage);
+  // The ids to decode are the user's: one the tokenizer has no token for is bad input, like 'x7'.
+  // Decoded before the pieces are looked up, so that its error names the id's position.
+  std::string text;
+  if (a.decode) {
+    try {
+      text = tok->decode(ids);
+    } catch (const Error& e) {
+      throw Error(e.what(), Error::kUsage);
+    }
+  }
   std::vector<std::string> pieces;
   if (a.pieces || a.json)
-    for (int32_t id : ids) pieces.push_back(tok->id_to_token(id));  // Error for an unknown id
+    for (int32_t id : ids) pieces.push_back(tok->id_to_token(id));
   if (a.decode) {
-    const std::string text = tok->decode(ids);
     if (a.json)
       std::printf("%s\n", dump({{"text", text}, {"ids", ids}, {"pieces", pieces}}).c_str());
     else

@@ -551,8 +551,9 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
     const int32_t id = ids[i];
     if (id < 0 || id >= vocab_size_ || id_kind_[static_cast<size_t>(id)] == 0)
       throw Error(source_ + ": cannot decode id " + std::to_string(id) + " at position " +
-                  std::to_string(i) + " names no token of the vocabulary [0, " +
-                  std::to_string(vocab_size_) +
+                  std::to_string(i) + ": it " +
+                  (id < 0 || id >= vocab_size_ ? "is outside" : "names no token of") +
+                  " the vocabulary [0, " + std::to_string(vocab_size_) +
                   "); was it produced by a model with another vocab_size?");
     if (id_kind_[static_cast<size_t>(id)] == 2) continue;
     out += id_bytes_[static_cast<size_t>(id)];

@@ -294,8 +294,11 @@ std::unique_ptr<Dataset> packed_dataset_of(std::istream& in, size_t size, const 
       lines.push_back(line);
     }
     if (lines.empty())
-      throw Error(path + ": the file holds " + std::to_string(n) +
-                  " tokens; packing needs at least 2 tokens to predict one");
+      throw Error("dataset file " + path + " (" + key + "): holds " + std::to_string(n) +
+                      (n == 1 ? " token" : " tokens") +
+                      "; packing needs at least 2 tokens (one to predict the other); give a file "
+                      "with more text",
+                  Error::kUsage);
     return std::make_unique<PackedDataset<Id>>(std::move(ids), len, path, std::move(lines));
   };
   if (tok.vocab_size() <= 65536) return build(uint16_t{});
@@ -304,14 +307,16 @@ std::unique_ptr<Dataset> packed_dataset_of(std::istream& in, size_t size, const 
 
 // The datasets of `text`, the contents of `path` (or its first lines: dataset_footprint's sample).
 std::unique_ptr<Dataset> text_dataset_of(const std::string& text, const std::string& path,
-                                         const Tokenizer& tok, int64_t seq_len, bool pack) {
+                                         const std::string& key, const Tokenizer& tok,
+                                         int64_t seq_len, bool pack) {
   if (pack) {
     std::istringstream in(text);
-    return packed_dataset_of(in, text.size(), path, "data.path", tok, seq_len);
+    return packed_dataset_of(in, text.size(), path, key, tok, seq_len);
   }
   auto ds = std::make_unique<ExampleDataset>(path);
-  ds->reserve(token_reserve(
-      text, [&](const std::string& t) { return text_dataset_of(t, path, tok, seq_len, false); }));
+  ds->reserve(token_reserve(text, [&](const std::string& t) {
+    return text_dataset_of(t, path, key, tok, seq_len, false);
+  }));
   // A paragraph of one line is encoded from the text itself; lines are joined into `para` only
   // from the second on (a 105 MB line was copied whole before encoding).
   std::string para;
@@ -340,24 +345,29 @@ std::unique_ptr<Dataset> text_dataset_of(const std::string& text, const std::str
   });
   flush();
   if (ds->size() == 0)
-    throw Error(path + ": no text (the file is empty or holds only blank lines)");
+    throw Error("dataset file " + path + " (" + key +
+                    "): holds no text (it is empty or holds only blank lines); give a file with "
+                    "at least one paragraph",
+                Error::kUsage);
   return ds;
 }
 
+// A line keel cannot use is bad input (exit 2), as a token file's bad header is.
 std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::string& path,
-                                          const Tokenizer& tok, int64_t seq_len,
+                                          const std::string& key, const Tokenizer& tok,
+                                          int64_t seq_len,
                                           const std::string& long_prompt_fix = kLongPromptFix) {
   using json = nlohmann::json;
   static const char* kExpected =
       "expected {\"prompt\": ..., \"completion\": ...} or {\"text\": ...}";
   auto ds = std::make_unique<ExampleDataset>(path);
   ds->reserve(token_reserve(text, [&](const std::string& t) {
-    return jsonl_dataset_of(t, path, tok, seq_len, long_prompt_fix);
+    return jsonl_dataset_of(t, path, key, tok, seq_len, long_prompt_fix);
   }));
   for_each_line(text, [&](std::string_view line, int64_t number) {
     if (is_blank(line)) return;
     auto bad = [&](const std::string& what) {
-      return Error(path + ": line " + std::to_string(number) + ": " + what);
+      return Error(path + ": line " + std::to_string(number) + ": " + what, Error::kUsage);
     };
     json obj;
     std::string duplicate;
@@ -366,7 +376,7 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
     } catch (const json::parse_error& e) {
       // e.what() is "[json.exception...] parse error at line 1, column C: DETAIL"; the "line 1"
       // is the line's own, so report the column and the detail only.
-      std::string detail = e.what();
+      std::string detail = json_error_detail(e.what());
       const size_t colon = detail.find(": ");
       if (colon != std::string::npos) detail = detail.substr(colon + 2);
       throw bad("invalid JSON at column " + std::to_string(e.byte) + ": " + detail + "; " +
@@ -423,7 +433,9 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
     ds->add(kept_of(e.tokens, seq_len), kept_of(e.target, seq_len), number);
   });
   if (ds->size() == 0)
-    throw Error(path + ": no examples (the file is empty or holds only blank lines); " + kExpected);
+    throw Error("dataset file " + path + " (" + key +
+                    "): holds no examples (it is empty or holds only blank lines); " + kExpected,
+                Error::kUsage);
   return ds;
 }
 
@@ -433,7 +445,7 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
                                            int64_t seq_len, bool pack, const std::string& key) {
   check_seq_len(seq_len, path);
   if (!pack) check_eos(tok, path);
-  if (!pack) return text_dataset_of(read_whole_file(path, key), path, tok, seq_len, pack);
+  if (!pack) return text_dataset_of(read_whole_file(path, key), path, key, tok, seq_len, pack);
   check_input_file(path, "dataset file", key);
   std::ifstream in(path, std::ios::binary);
   if (!in)
@@ -452,7 +464,7 @@ std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Token
                                             const std::string& long_prompt_fix) {
   check_seq_len(seq_len, path);
   check_eos(tok, path);
-  return jsonl_dataset_of(read_whole_file(path, key), path, tok, seq_len, long_prompt_fix);
+  return jsonl_dataset_of(read_whole_file(path, key), path, key, tok, seq_len, long_prompt_fix);
 }
 
 std::unique_ptr<Dataset> load_dataset(const std::string& task, const std::string& path,
@@ -540,9 +552,9 @@ DatasetFootprint dataset_footprint(const std::string& path, const std::string& t
     sample.resize(whole_lines(sample));
     if (sample.empty()) return f;
   }
-  const std::unique_ptr<Dataset> ds = task == "jsonl"
-                                          ? jsonl_dataset_of(sample, path, tok, seq_len)
-                                          : text_dataset_of(sample, path, tok, seq_len, pack);
+  const std::unique_ptr<Dataset> ds =
+      task == "jsonl" ? jsonl_dataset_of(sample, path, "data.path", tok, seq_len)
+                      : text_dataset_of(sample, path, "data.path", tok, seq_len, pack);
   const auto tokens = static_cast<double>(ds->held_tokens());
   const double scale = static_cast<double>(f.file_bytes) / static_cast<double>(sample.size());
   f.estimated = true;

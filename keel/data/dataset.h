@@ -120,8 +120,8 @@ std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>> split_dataset(
 //    has no label. The last row may be shorter. The dataset holds the stream once (2 bytes a token
 //    when the vocabulary has at most 65,536 ids, else 4) and hands out its rows as views; the file
 //    is read and encoded a piece at a time (text_pieces.h), never whole.
-// Errors: missing/unreadable file (names the path and `key`, the config key or flag that gave
-// it), seq_len < 2, no text in the file.
+// Errors (kUsage: bad input) name the path and `key`, the config key or flag that gave it: a
+// missing/unreadable file, seq_len < 2, no text in the file (packed: fewer than 2 tokens).
 std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokenizer& tok,
                                            int64_t seq_len, bool pack,
                                            const std::string& key = "data.path");
@@ -131,10 +131,11 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
 //   {"prompt": "...", "completion": "..."}  -> prompt (context) + completion + eos (targets).
 // Other keys are ignored. A malformed line is an Error naming the file, the line number and the
 // problem ("data.jsonl: line 17: missing \"completion\"; expected {\"prompt\": ..., \"completion\":
-// ...} or {\"text\": ...}"); so is a prompt so long that no completion token fits in seq_len (such
-// an example would train on nothing), seq_len < 2, and a file without examples.
-// `long_prompt_fix` ends the error of a prompt that leaves no completion token: the fix in the
-// words of the command that read the file (keel eval has --seq-len, and none past the model's).
+// ...} or {\"text\": ...}"), kUsage (bad input) as every error here; so is a prompt so long that no
+// completion token fits in seq_len (such an example would train on nothing), seq_len < 2, and a
+// file without examples. `long_prompt_fix` ends the error of a prompt that leaves no completion
+// token: the fix in the words of the command that read the file (keel eval has --seq-len, and none
+// past the model's).
 inline constexpr const char* kLongPromptFix = "raise data.seq_len or shorten the prompt";
 std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
                                             int64_t seq_len, const std::string& key = "data.path",

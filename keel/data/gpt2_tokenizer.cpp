@@ -29,8 +29,12 @@ std::string first_existing(const std::string& dir, const char* a, const char* b,
 std::unique_ptr<BpeTokenizer> load_gpt2_tokenizer(const std::string& dir, const std::string& key) {
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec))
-    throw Error("GPT-2 tokenizer directory " + dir + " does not exist or is not a directory (" +
-                    key + " = \"gpt2:DIR\")",
+    throw Error("GPT-2 tokenizer directory " + dir +
+                    (std::filesystem::exists(dir, ec)
+                         ? " is a file, not a directory (" + key +
+                               " = \"gpt2:DIR\" names the directory of encoder.json and "
+                               "vocab.bpe; a tokenizer.json is read with \"hf:PATH\")"
+                         : " does not exist (" + key + " = \"gpt2:DIR\")"),
                 Error::kUsage);
   return load_gpt2_tokenizer_files(first_existing(dir, "encoder.json", "vocab.json", key),
                                    first_existing(dir, "vocab.bpe", "merges.txt", key), key);

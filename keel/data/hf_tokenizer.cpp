@@ -162,11 +162,11 @@ struct Loader {
   }
 };
 
-// tokenizer_config.json's bos_token/eos_token/pad_token: a string, {"content": ...} or null.
+// tokenizer_config.json's bos_token/eos_token/pad_token: a string, {"content": ...} or null
+// (none: -1).
 int64_t config_token(const Loader& ld, const json& cfg, const char* key,
-                     const std::string& cfg_file, bool* present) {
+                     const std::string& cfg_file) {
   const auto it = cfg.find(key);
-  *present = false;
   if (it == cfg.end() || it->is_null()) return -1;
   std::string content;
   if (it->is_string())
@@ -178,7 +178,6 @@ int64_t config_token(const Loader& ld, const json& cfg, const char* key,
   const int64_t id = ld.find_token(content);
   if (id < 0)
     throw Error(cfg_file + ": " + key + " \"" + content + "\" is not a token of " + ld.file);
-  *present = true;
   return id;
 }
 
@@ -214,9 +213,45 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path, const s
   }
   if (root.contains("added_tokens")) ld.added_tokens(root["added_tokens"]);
 
-  // Special ids. tokenizer_config.json (transformers' file) names them when present.
+  // Special ids: first the tokenizer.json's own conventions. The post-processor's template names
+  // the token it puts before the text (Llama-3's <|begin_of_text|>).
+  // Each processor's "type" is checked as a string: json::value("type", "") threw nlohmann's
+  // raw "[json.exception.type_error.302] type must be string, but is number".
+  auto type_of = [&](const json& p, const std::string& field) -> std::string {
+    if (!p.is_object() || !p.contains("type")) return "";
+    return ld.get_string(p, "type", field);
+  };
+  const json* pp = root.contains("post_processor") ? &root["post_processor"] : nullptr;
+  std::vector<std::pair<const json*, std::string>> procs;  // processor, its field
+  if (pp && pp->is_object()) {
+    if (type_of(*pp, "post_processor") == "Sequence" && pp->contains("processors") &&
+        (*pp)["processors"].is_array()) {
+      const json& list = (*pp)["processors"];
+      for (size_t i = 0; i < list.size(); ++i)
+        procs.emplace_back(&list[i], "post_processor.processors[" + std::to_string(i) + "]");
+    } else {
+      procs.emplace_back(pp, "post_processor");
+    }
+  }
+  for (const auto& [p, field] : procs) {
+    if (type_of(*p, field) != "TemplateProcessing") continue;
+    const auto single = p->find("single");
+    if (single == p->end() || !single->is_array() || single->empty()) continue;
+    const json& first = (*single)[0];
+    if (first.contains("SpecialToken") && first["SpecialToken"].contains("id") &&
+        first["SpecialToken"]["id"].is_string())
+      ld.spec.bos_id = ld.find_token(first["SpecialToken"]["id"].get<std::string>());
+  }
+  const int64_t eot = ld.find_token("<|endoftext|>");
+  if (eot >= 0) {
+    if (ld.spec.bos_id < 0) ld.spec.bos_id = eot;
+    ld.spec.eos_id = eot;
+  }
+  // tokenizer_config.json (transformers' file) names them when present (null: none, as Qwen2's
+  // bos_token). A token it does not mention keeps the file's: GPT-2's on the Hub holds only
+  // {"model_max_length": 1024}, and its <|endoftext|> was dropped, leaving no eos to end an
+  // example with.
   const std::filesystem::path cfg_path = file.parent_path() / "tokenizer_config.json";
-  bool have_cfg = false;
   if (std::filesystem::exists(cfg_path, ec)) {
     json cfg;
     try {
@@ -225,46 +260,10 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path, const s
       throw Error(cfg_path.string() + ": not valid JSON: " + json_error_detail(e.what()));
     }
     if (!cfg.is_object()) throw Error(cfg_path.string() + ": expected a JSON object");
-    have_cfg = true;
-    bool present;
-    ld.spec.bos_id = config_token(ld, cfg, "bos_token", cfg_path.string(), &present);
-    ld.spec.eos_id = config_token(ld, cfg, "eos_token", cfg_path.string(), &present);
-    ld.spec.pad_id = config_token(ld, cfg, "pad_token", cfg_path.string(), &present);
-  }
-  if (!have_cfg) {
-    // The post-processor's template names the token it puts before the text (Llama-3's
-    // <|begin_of_text|>).
-    // Each processor's "type" is checked as a string: json::value("type", "") threw nlohmann's
-    // raw "[json.exception.type_error.302] type must be string, but is number".
-    auto type_of = [&](const json& p, const std::string& field) -> std::string {
-      if (!p.is_object() || !p.contains("type")) return "";
-      return ld.get_string(p, "type", field);
-    };
-    const json* pp = root.contains("post_processor") ? &root["post_processor"] : nullptr;
-    std::vector<std::pair<const json*, std::string>> procs;  // processor, its field
-    if (pp && pp->is_object()) {
-      if (type_of(*pp, "post_processor") == "Sequence" && pp->contains("processors") &&
-          (*pp)["processors"].is_array()) {
-        const json& list = (*pp)["processors"];
-        for (size_t i = 0; i < list.size(); ++i)
-          procs.emplace_back(&list[i], "post_processor.processors[" + std::to_string(i) + "]");
-      } else {
-        procs.emplace_back(pp, "post_processor");
-      }
-    }
-    for (const auto& [p, field] : procs) {
-      if (type_of(*p, field) != "TemplateProcessing") continue;
-      const auto single = p->find("single");
-      if (single == p->end() || !single->is_array() || single->empty()) continue;
-      const json& first = (*single)[0];
-      if (first.contains("SpecialToken") && first["SpecialToken"].contains("id") &&
-          first["SpecialToken"]["id"].is_string())
-        ld.spec.bos_id = ld.find_token(first["SpecialToken"]["id"].get<std::string>());
-    }
-    const int64_t eot = ld.find_token("<|endoftext|>");
-    if (eot >= 0) {
-      if (ld.spec.bos_id < 0) ld.spec.bos_id = eot;
-      ld.spec.eos_id = eot;
+    for (auto [name, id] :
+         {std::pair{"bos_token", &ld.spec.bos_id}, std::pair{"eos_token", &ld.spec.eos_id},
+          std::pair{"pad_token", &ld.spec.pad_id}}) {
+      if (cfg.contains(name)) *id = config_token(ld, cfg, name, cfg_path.string());
     }
   }
   if (root.contains("padding") && root["padding"].is_object() && ld.spec.pad_id < 0) {

@@ -18,7 +18,8 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
     const int32_t id = ids[i];
     if (id < 0 || id >= kVocab)
       throw Error("the byte tokenizer cannot decode id " + std::to_string(id) + " at position " +
-                  std::to_string(i) + " is outside the vocabulary [0, " + std::to_string(kVocab) +
+                  std::to_string(i) + ": it is outside the vocabulary [0, " +
+                  std::to_string(kVocab) +
                   "); was it produced by a model with another vocab_size?");
     if (id < 256) out.push_back(static_cast<char>(static_cast<unsigned char>(id)));
   }
@@ -39,7 +40,7 @@ int64_t ByteTokenizer::token_to_id(std::string_view token) const {
 std::string ByteTokenizer::id_to_token(int64_t id) const {
   if (id < 0 || id >= kVocab)
     throw Error("the byte tokenizer has no token for id " + std::to_string(id) +
-                " is outside the vocabulary [0, " + std::to_string(kVocab) + ")");
+                ": it is outside the vocabulary [0, " + std::to_string(kVocab) + ")");
   if (id < 256) return std::string(1, static_cast<char>(static_cast<unsigned char>(id)));
   return kSpecialNames[id - kPad];
 }

@@ -18,7 +18,9 @@ bool pad_collides(const Tokenizer& tok, int64_t pad_id) {
   return !tok.id_to_token(pad_id).empty();   // a hole in the vocabulary is no token
 }
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec, const std::string& key) {
+namespace {
+
+std::unique_ptr<Tokenizer> load_tokenizer_of(const std::string& spec, const std::string& key) {
   if (spec == "byte") return std::make_unique<ByteTokenizer>();
   const auto has_prefix = [&](const char* p) { return spec.rfind(p, 0) == 0; };
   if (has_prefix("gpt2:")) return load_gpt2_tokenizer(spec.substr(5), key);
@@ -36,6 +38,18 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec, const std::st
                   "\": not a tokenizer; use \"byte\", \"gpt2:DIR\" (encoder.json + vocab.bpe), "
                   "\"hf:PATH\" (a tokenizer.json or its directory), or such a path",
               Error::kUsage);
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec, const std::string& key) {
+  // A tokenizer file keel cannot use (malformed JSON, an unsupported model, a merge of unknown
+  // tokens) is bad input, as a missing one is: exit 2, not 1.
+  try {
+    return load_tokenizer_of(spec, key);
+  } catch (const Error& e) {
+    throw Error(e.what(), Error::kUsage);
+  }
 }
 
 }  // namespace keel::data

@@ -23,7 +23,20 @@ std::string json_error_detail(std::string_view what) {
   if (what.rfind("[json.exception.", 0) == 0)
     if (const size_t end = what.find("] "); end != std::string_view::npos)
       what.remove_prefix(end + 2);
-  return std::string(what);
+  // A parse error quotes the token it was reading ("...; last read: '<token>'", maybe then
+  // "; expected ..."): for a string, all of it so far, a megabyte for a long JSONL line. Its last
+  // bytes place the problem.
+  constexpr std::string_view kLastRead = "; last read: '";
+  constexpr size_t kKeep = 40;
+  const size_t at = what.find(kLastRead);
+  if (at == std::string_view::npos) return std::string(what);
+  const size_t begin = at + kLastRead.size();
+  size_t end = what.rfind("'; expected ");
+  if (end == std::string_view::npos || end < begin) end = what.size() - (what.back() == '\'');
+  if (end < begin || end - begin <= kKeep + 3) return std::string(what);
+  size_t cut = end - kKeep;
+  while (cut < end && (static_cast<unsigned char>(what[cut]) & 0xC0) == 0x80) ++cut;  // UTF-8
+  return std::string(what.substr(0, begin)) + "..." + std::string(what.substr(cut));
 }
 
 std::string visible(std::string_view s) {

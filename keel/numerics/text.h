@@ -14,7 +14,8 @@ size_t edit_distance(std::string_view a, std::string_view b);
 // An nlohmann::json exception's text without its "[json.exception.parse_error.101] " prefix, for a
 // message that names the user's file first ("parse error at line 3, column 7: ...", "number
 // overflow parsing '1e400'"). A parse can throw out_of_range (406: a number beyond a double) as
-// well as parse_error, so a reader catches json::exception, the base of both.
+// well as parse_error, so a reader catches json::exception, the base of both. The token a parse
+// error quotes ("last read: '...'") is cut to its last 40 bytes.
 std::string json_error_detail(std::string_view what);
 
 // `s` with its control bytes spelled out (\x00 ... \x1f, \x7f), for a message that quotes user

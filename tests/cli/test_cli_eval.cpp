@@ -236,7 +236,7 @@ TEST(CliEval, APromptLongerThanARowNamesSeqLenOrTheModelsLimit) {
     return test::run_keel(args, {"OMP_NUM_THREADS=1"});
   };
   test::KeelRun r = eval({"--seq-len", "32"});
-  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err, data + ": line 1: the prompt is 50 tokens, so with seq_len 32");
   EXPECT_CONTAINS(r.err,
                   "raise --seq-len (now 32, at most the model's max_seq_len 64) or shorten the "
@@ -245,7 +245,7 @@ TEST(CliEval, APromptLongerThanARowNamesSeqLenOrTheModelsLimit) {
   std::ofstream(data) << json({{"prompt", std::string(70, 'p')}, {"completion", "c"}}).dump()
                       << "\n";
   r = eval({});  // the default row is the model's whole context: nothing to raise
-  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err, "shorten the prompt (the model's max_seq_len is 64)");
   EXPECT_NOT_CONTAINS(r.err, "raise");
 }
@@ -322,6 +322,50 @@ TEST(CliEval, ARunLongerThanItsModelNamesTheRunsSeqLen) {
   EXPECT_CONTAINS(r.err, "--seq-len 100: use 2 to the model's max_seq_len 64");
   r = test::run_keel({"eval", out, "--data", f.val, "--seq-len", "64"});
   EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// A text or JSONL file keel cannot use is bad input, as a token file is (exit 2, naming the key):
+// each of these exited 1, and an empty or one-token file named neither the key nor the fix.
+TEST(CliEval, ADataFileWithoutUsableExamplesIsBadInputNamingTheKey) {
+  const Files& f = files();
+  struct Case {
+    std::string name, content, task, error;
+    bool pack = false;
+  };
+  const std::vector<Case> cases = {
+      {"empty.txt", "", "text", "holds no text (it is empty or holds only blank lines)"},
+      {"blank.txt", " \n\t\r\n\n", "text", "holds no text"},
+      {"empty-packed.txt", "", "text", "holds 0 tokens; packing needs at least 2 tokens", true},
+      {"one.txt", "a", "text", "holds 1 token; packing needs at least 2 tokens", true},
+      {"empty.jsonl", "\n \n", "jsonl", "holds no examples (it is empty"},
+      {"bad.jsonl", "{\"text\": \"a\"}\n{\"text\": 5}\n", "jsonl", ": line 2: \"text\" must be"},
+      {"comma.jsonl", "{\"text\": \"a\"},\n", "jsonl", ": line 1: invalid JSON at column 14"},
+      {"missing.jsonl", "{\"prompt\": \"a\"}\n", "jsonl", ": line 1: missing \"completion\""},
+  };
+  for (const Case& c : cases) {
+    const std::string path = f.dir + "/" + c.name;
+    std::ofstream(path) << c.content;
+    std::vector<std::string> args = {"eval",        f.base, "--data", path,
+                                     "--tokenizer", "byte", "--task", c.task};
+    if (c.pack) args.push_back("--pack");
+    test::KeelRun r = test::run_keel(args, {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 2) << c.name << ": " << r.output;
+    EXPECT_CONTAINS(r.err, path);
+    EXPECT_CONTAINS(r.err, c.error);
+    const bool a_line = c.error.rfind(": line", 0) == 0;  // else the whole file: named with its key
+    if (!a_line) {
+      EXPECT_CONTAINS(r.err, "dataset file " + path + " (--data): ");
+    }
+    r = train(f.dir + "/bad-data",
+              {"data.task=" + c.task, "data.pack=" + std::string(c.pack ? "true" : "false"),
+               "data.path=" + f.val, "data.tokenizer=byte", "data.eval_path=" + path,
+               "train.max_steps=1", "run.overwrite=true"});
+    EXPECT_EQ(r.code, 2) << c.name << ": " << r.output;
+    EXPECT_CONTAINS(r.err, c.error);
+    if (!a_line) {
+      EXPECT_CONTAINS(r.err, "dataset file " + path + " (data.eval_path): ");
+    }
+  }
 }
 
 TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {

@@ -89,7 +89,7 @@ TEST(CliOutDir, ReuseWithoutResumeIsRefusedUnlessOverwrite) {
   std::ofstream(out + "/../empty.txt").flush();
   r = run_keel(train(out, {"train.max_steps=3", "run.overwrite=true", "data.task=text",
                            "data.path=" + out + "/../empty.txt"}));
-  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_EQ(r.code, 2) << r.output;  // bad input
   EXPECT_CONTAINS(r.err, "no text");
   EXPECT_EQ(step_records(out).size(), 2u);
   EXPECT_EQ(saved_step(out), 2);

@@ -120,7 +120,7 @@ TEST(CliTokenize, BadInputNamesTheFlagOrTheToken) {
   EXPECT_EQ(empty_stdin.code, 2) << empty_stdin.output;
   EXPECT_CONTAINS(empty_stdin.err, "stdin holds no token ids");
   const test::KeelRun range = test::run_keel({"tokenize", "--decode", "65 9999"});
-  EXPECT_EQ(range.code, 1) << range.output;
+  EXPECT_EQ(range.code, 2) << range.output;
   EXPECT_CONTAINS(range.err, "the byte tokenizer cannot decode id 9999 at position 1");
   EXPECT_NOT_CONTAINS(range.err, "::");  // it named keel's class: "ByteTokenizer::decode: id"
   const test::KeelRun nofile = test::run_keel({"tokenize", "--file", "/no/such/file.txt"});
@@ -129,6 +129,74 @@ TEST(CliTokenize, BadInputNamesTheFlagOrTheToken) {
   const test::KeelRun both = test::run_keel({"tokenize", "--file", "/etc/hostname", "abc"});
   EXPECT_EQ(both.code, 2) << both.output;
   EXPECT_CONTAINS(both.err, "not both");
+}
+
+// An id the tokenizer has no token for is the user's input, like 'x7': it exited 1 with a sentence
+// that did not parse ("cannot decode id 9999 at position 1 is outside the vocabulary"), and with
+// --json the position was lost (the pieces were looked up first).
+TEST(CliTokenize, DecodingAnIdOutsideTheVocabularyIsAUsageErrorNamingItsPosition) {
+  for (const std::string& spec : {std::string("byte"), "gpt2:" + kTiny}) {
+    for (const bool json : {false, true}) {
+      std::vector<std::string> args = {"tokenize", "--tokenizer", spec, "--decode", "65 9999"};
+      if (json) args.push_back("--json");
+      const test::KeelRun r = test::run_keel(args);
+      EXPECT_EQ(r.code, 2) << r.output;
+      EXPECT_CONTAINS(r.err, "cannot decode id 9999 at position 1: it is outside the vocabulary");
+      EXPECT_NOT_CONTAINS(r.err, "position 1 is");
+      EXPECT_EQ(r.out, "");
+    }
+  }
+}
+
+// A tokenizer file keel cannot use is bad input, as a missing one is (exit 2): each exited 1.
+TEST(CliTokenize, AMalformedTokenizerFileIsAUsageErrorNamingTheFileAndField) {
+  const std::string dir = test::temp_dir("cli-tokenize-bad");
+  nlohmann::json j = nlohmann::json::parse(test::slurp(kTiny + "/gpt2_style/tokenizer.json"));
+  j["model"]["type"] = "WordPiece";
+  std::ofstream(dir + "/wordpiece.json") << j.dump();
+  std::ofstream(dir + "/cut.json") << "{\"model\": [1,";
+  std::filesystem::create_directories(dir + "/gpt2");
+  std::filesystem::copy_file(kTiny + "/encoder.json", dir + "/gpt2/encoder.json");
+  std::ofstream(dir + "/gpt2/vocab.bpe") << "#version: 0.2\nfoo\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"hf:" + dir + "/wordpiece.json",
+       "wordpiece.json: model.type: \"WordPiece\" is not supported"},
+      {"hf:" + dir + "/cut.json", "cut.json: not valid JSON"},
+      {"gpt2:" + dir + "/gpt2", "vocab.bpe:2: expected two tokens separated by one space"}};
+  for (const auto& [spec, error] : cases) {
+    const test::KeelRun r = test::run_keel({"tokenize", "--tokenizer", spec, "x"});
+    EXPECT_EQ(r.code, 2) << spec << ": " << r.output;
+    EXPECT_CONTAINS(r.err, error);
+  }
+  const test::KeelRun r = test::run_keel(test::with_sets(
+      {"train"}, {"run.out_dir=" + dir + "/out", "data.task=text", "data.path=" + dir + "/cut.json",
+                  "data.tokenizer=hf:" + dir + "/wordpiece.json", "train.max_steps=1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "wordpiece.json: model.type");
+}
+
+// A tokenizer.json given as gpt2:DIR was said not to exist.
+TEST(CliTokenize, AFileGivenAsAGpt2DirectoryIsNamedAsAFile) {
+  const std::string json = kTiny + "/gpt2_style/tokenizer.json";
+  const test::KeelRun r = test::run_keel({"tokenize", "--tokenizer", "gpt2:" + json, "x"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, json + " is a file, not a directory");
+  EXPECT_CONTAINS(r.err, "a tokenizer.json is read with \"hf:PATH\"");
+  EXPECT_NOT_CONTAINS(r.err, "does not exist");
+}
+
+// `--output` naming the --file it reads replaced the user's text with its token ids, exit 0: the
+// corpus was gone. Refused (through another spelling of the path too), the text left as it was.
+TEST(CliTokenize, OutputThatIsTheInputFileIsRefusedAndTheTextKept) {
+  const std::string dir = test::temp_dir("cli-tokenize-same");
+  const std::string txt = dir + "/corpus.txt";
+  std::ofstream(txt) << "hello world\n";
+  for (const std::string& out : {txt, dir + "/./corpus.txt"}) {
+    const test::KeelRun r = test::run_keel({"tokenize", "--file", txt, "--output", out});
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, "--output " + out + " is the --file it reads");
+    EXPECT_EQ(test::slurp(txt), "hello world\n");
+  }
 }
 
 // `--output` writes an llm.c token file; a run on it (data.task = "tokens") is the run on the text

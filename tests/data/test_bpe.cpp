@@ -233,6 +233,28 @@ TEST(Bpe, AddedTokensAndSpecials) {
   EXPECT_CONTAINS(error_of([&] { load_hf_tokenizer(dir); }), "pad_token \"<nope>\"");
 }
 
+// A tokenizer_config.json that does not mention a special token leaves the tokenizer.json's own:
+// GPT-2's on the Hub is {"model_max_length": 1024}, and beside it <|endoftext|> was neither eos nor
+// bos, so no text or JSONL example could end. A token the config sets to null is none (Qwen2's
+// bos_token), not the file's.
+TEST(Bpe, AConfigThatDoesNotNameASpecialTokenKeepsTheFiles) {
+  const std::string path = tiny_hf_variant([](json& j) {
+    j["post_processor"] = nullptr;
+    j["added_tokens"].push_back({{"id", 300}, {"content", "<|endoftext|>"}, {"special", true}});
+  });
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  EXPECT_EQ(load_hf_tokenizer(dir)->eos_id(), 300);  // no config: <|endoftext|>
+  write_file(dir, "tokenizer_config.json", R"({"model_max_length": 1024})");
+  const auto gpt2 = load_hf_tokenizer(dir);
+  EXPECT_EQ(gpt2->eos_id(), 300);
+  EXPECT_EQ(gpt2->bos_id(), 300);
+  EXPECT_EQ(gpt2->pad_id(), -1);
+  write_file(dir, "tokenizer_config.json", R"({"bos_token": null, "eos_token": "<|eot|>"})");
+  const auto qwen = load_hf_tokenizer(dir);
+  EXPECT_EQ(qwen->bos_id(), -1);
+  EXPECT_EQ(qwen->eos_id(), qwen->token_to_id("<|eot|>"));
+}
+
 TEST(Bpe, SingleWordAddedTokens) {
   // HF: a single_word token glued to a word character is ordinary text (not checked by the
   // JavaScript references, which ignore single_word). "ox" is no token of the vocabulary, so it

@@ -229,6 +229,16 @@ TEST(JsonlDataset, MalformedLinesNameFileLineAndFix) {
     EXPECT_CONTAINS(m, c.needle);
     EXPECT_CONTAINS(m, p);
   }
+  // JSON's "last read" is the token so far: a 1 MB string with a raw control byte at its end was
+  // quoted whole, a megabyte of error message. Its end is quoted.
+  const std::string long_line =
+      write_file("long.jsonl", "{\"text\": \"" + std::string(1 << 20, 'a') + "z\x01\"}\n");
+  const std::string m = error_of([&] { load_jsonl_dataset(long_line, kTok, 8); });
+  EXPECT_CONTAINS(m, "line 1: invalid JSON at column ");
+  EXPECT_CONTAINS(m, "control character U+0001");
+  EXPECT_CONTAINS(m, "last read: '...aaa");
+  EXPECT_CONTAINS(m, "aaaz<U+0001>'; expected");
+  EXPECT_LT(m.size(), 500u);
   // A prompt of seq_len - 1 tokens still leaves its first completion token to predict.
   const std::string fits =
       write_file("fits.jsonl", "{\"prompt\": \"0123456\", \"completion\": \"c\"}");
