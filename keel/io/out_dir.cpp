@@ -64,6 +64,16 @@ OutDirLock::~OutDirLock() {
 }
 
 std::vector<std::string> claim_out_dir(const std::string& out_dir, bool resume, bool overwrite) {
+  // Continue the previous run or replace it: asked for both, the resume went ahead and the
+  // overwrite was ignored without a word.
+  if (resume && overwrite)
+    throw Error(
+        "run.resume = true and run.overwrite = true contradict each other (continue the "
+        "run in run.out_dir " +
+            out_dir +
+            ", or replace it); set run.overwrite = false to resume, or run.resume = false "
+            "to start over",
+        Error::kUsage);
   if (resume) return {};
   const fs::path d(out_dir);
   std::error_code ec;

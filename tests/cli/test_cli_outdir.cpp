@@ -99,6 +99,20 @@ TEST(CliOutDir, ReuseWithoutResumeIsRefusedUnlessOverwrite) {
   EXPECT_EQ(saved_step(out), 3);
 }
 
+// Continue the run or replace it: with both asked for, the resume went ahead and run.overwrite
+// was ignored without a word.
+TEST(CliOutDir, ResumeWithOverwriteIsRefusedNamingBothKeys) {
+  const std::string out = test::temp_dir("outdir-resume-overwrite");
+  auto r = run_keel(train(out, {"train.max_steps=2"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel(train(out, {"train.max_steps=3", "run.resume=true", "run.overwrite=true"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "run.resume = true and run.overwrite = true contradict each other");
+  EXPECT_CONTAINS(r.err, "set run.overwrite = false to resume, or run.resume = false");
+  EXPECT_EQ(step_records(out).size(), 2u);  // untouched
+  EXPECT_EQ(saved_step(out), 2);
+}
+
 TEST(CliOutDir, KeepCheckpointsKeepsTheNewestStepDirectories) {
   const std::string out = test::temp_dir("outdir-keep");
   auto r = run_keel(train(out, {"train.max_steps=5", "log.keep_checkpoints=2"}));
