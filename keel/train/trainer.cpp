@@ -552,6 +552,12 @@ int Trainer::fit() {
   auto checkpoint = [&] {
     if (rank0) save_checkpoint(run_.out_dir + "/checkpoints/last");
   };
+  const int64_t every = run_.cfg.log.checkpoint_every;
+  auto save_step_n = [&] {  // log.checkpoint_every's step-N, on its steps
+    if (!rank0 || every <= 0 || step_ % every != 0) return;
+    save_checkpoint(run_.out_dir + "/checkpoints/step-" + std::to_string(step_));
+    io::prune_step_checkpoints(run_.out_dir + "/checkpoints", run_.cfg.log.keep_checkpoints);
+  };
   auto save_adapter = [&] {
     if (run_.cfg.model.adapter.kind == "none") return;
     // The PEFT adapter directory, loadable by PEFT on the base model.path.
@@ -592,10 +598,9 @@ int Trainer::fit() {
       evaluate();
       evaluated_at = step_;
     }
-    if (rank0 && run_.cfg.log.checkpoint_every > 0 && step_ % run_.cfg.log.checkpoint_every == 0) {
+    if (every > 0 && step_ % every == 0 && step_ < run_.total_steps) {  // the last: below
       checkpoint();
-      save_checkpoint(run_.out_dir + "/checkpoints/step-" + std::to_string(step_));
-      io::prune_step_checkpoints(run_.out_dir + "/checkpoints", run_.cfg.log.keep_checkpoints);
+      save_step_n();
     }
     // SIGTERM/SIGINT (train/stop_request.h): save and return, resumable. One process only: ranks
     // would have to agree on the step first.
@@ -616,8 +621,12 @@ int Trainer::fit() {
   // Once a step: an eval_every that divides the last step has evaluated it already (its record
   // was written twice).
   if (evaluated_at != step_) evaluate();
-  checkpoint();
+  // checkpoints/last at the final step is written last: a resume that finds it has nothing left
+  // to do. Saved before the evaluation and the adapter, a kill between them (a long evaluation)
+  // left a run that no resume would finish: "nothing left to train", no adapter, no final eval.
   save_adapter();
+  save_step_n();
+  checkpoint();
   return 0;
 }
 

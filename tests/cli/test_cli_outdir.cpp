@@ -230,6 +230,35 @@ TEST(CliOutDir, AKillAfterAnEpochsLastCheckpointKeepsTheEpochRecord) {
   EXPECT_EQ(test::records_with(later, "epoch_loss"), want);
 }
 
+// The last step's checkpoints/last was written before the run's final evaluation and its PEFT
+// adapter: a run killed between them (in a long evaluation) resumed to "nothing left to train",
+// with no adapter and no final eval record, and no resume would ever write them.
+TEST(CliOutDir, AKillBetweenTheLastStepAndTheRunsEndFinishesOnResume) {
+  const std::string root = test::temp_dir("outdir-run-end");
+  const std::vector<std::string> sets = {"model.adapter.kind=lora",
+                                         "model.adapter.target_modules=[\"c_attn\"]",
+                                         "train.max_steps=2", "data.eval_examples=8"};
+  auto r = run_keel(train(root + "/straight", sets));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string adapter = "/adapter/adapter_model.safetensors";
+  const std::string want = slurp(root + "/straight" + adapter);
+  const auto evals = test::records_with(root + "/straight", "eval_loss");
+  ASSERT_EQ(evals.size(), 1u);
+  // Saves: step 1 writes last then step-1; done:4 is the 4th save, the last step's.
+  const std::string out = root + "/killed";
+  r = run_keel(train(out, sets), {"KEEL_TEST_CRASH_AT=done:4"});
+  ASSERT_EQ(r.code, 86) << r.output;
+  auto resumed = sets;
+  resumed.push_back("run.resume=true");
+  r = run_keel(train(out, resumed));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.err, "nothing left to train");
+  EXPECT_TRUE(fs::exists(out + adapter) && slurp(out + adapter) == want);
+  EXPECT_EQ(test::records_with(out, "eval_loss"), evals);
+  EXPECT_EQ(step_records(out).size(), 2u);
+  EXPECT_EQ(saved_step(out), 2);
+}
+
 // Without run.out_dir a run writes to a new out/<UTC time>/: a resume (a run's own config.toml
 // holds out_dir = "") found nothing there and trained from scratch, exit 0.
 TEST(CliOutDir, ResumeWithoutAnOutDirIsRefused) {
