@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "keel/numerics/error.h"
+#include "keel/numerics/utc_time.h"
 
 namespace keel::io {
 
@@ -93,6 +95,27 @@ void remove_previous_run(const std::vector<std::string>& previous) {
     std::error_code ec;
     fs::remove_all(p, ec);
     if (ec) throw Error("run.overwrite = true: cannot remove " + p + ": " + ec.message());
+  }
+}
+
+std::string run_dir_name(std::time_t t, int n) {
+  return "out/" + utc_time(kUtcDirName, t) + (n > 1 ? "-" + std::to_string(n) : "");
+}
+
+int create_run_dir(std::time_t t) {
+  std::error_code ec;
+  fs::create_directories("out", ec);
+  if (ec)
+    throw Error("cannot create out/ for the run (run.out_dir is not set): " + ec.message() +
+                    " (run from a writable directory, or set run.out_dir)",
+                Error::kUsage);
+  for (int n = 1;; ++n) {
+    const std::string dir = run_dir_name(t, n);
+    if (::mkdir(dir.c_str(), 0755) == 0) return n;
+    if (errno != EEXIST)
+      throw Error("cannot create " + dir + " for the run (run.out_dir is not set): " +
+                      std::strerror(errno) + " (run from a writable directory, or set run.out_dir)",
+                  Error::kUsage);
   }
 }
 

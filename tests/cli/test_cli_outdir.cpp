@@ -13,12 +13,14 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "keel/io/checkpoint.h"
+#include "keel/numerics/utc_time.h"
 #include "tests/support/check.h"
 #include "tests/support/run_keel.h"
 #include "tests/support/tb_events.h"
@@ -257,6 +259,35 @@ TEST(CliOutDir, AKillBetweenTheLastStepAndTheRunsEndFinishesOnResume) {
   EXPECT_EQ(test::records_with(out, "eval_loss"), evals);
   EXPECT_EQ(step_records(out).size(), 2u);
   EXPECT_EQ(saved_step(out), 2);
+}
+
+// A run that names no run.out_dir gets a new out/<UTC time>: runs started in the same second
+// shared one, a later one appending its records to the earlier's metrics.jsonl and replacing its
+// checkpoints (a concurrent one was refused as "in use" by the run.out_dir it never set).
+TEST(CliOutDir, ARunWithoutAnOutDirNeverSharesOneStartedInTheSameSecond) {
+  const std::string cwd = test::temp_dir("outdir-default");
+  // An earlier run in each of the next 30 seconds: this run starts in one of them.
+  const std::string earlier = "{\"step\": 1, \"earlier\": true}\n";
+  const std::time_t now = std::time(nullptr);
+  for (int i = 0; i < 30; ++i) {
+    const std::string d = cwd + "/out/" + utc_time(kUtcDirName, now + i);
+    fs::create_directories(d);
+    std::ofstream(d + "/metrics.jsonl") << earlier;
+  }
+  std::vector<std::string> args = train("", {"train.max_steps=2"});
+  args.erase(args.begin() + 1, args.begin() + 3);  // --set run.out_dir=
+  std::string cmd = "cd '" + cwd + "' && exec " + test::keel_binary();
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  auto r = test::run_command({"/bin/sh", "-c", cmd});
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<std::string> runs;
+  for (auto& e : fs::directory_iterator(cwd + "/out"))
+    if (slurp(e.path().string() + "/metrics.jsonl") != earlier)
+      runs.push_back(e.path().filename().string());
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].substr(15), "-2") << runs[0];  // the second run of its second
+  EXPECT_EQ(step_records(cwd + "/out/" + runs[0]).size(), 2u);
+  EXPECT_CONTAINS(r.out, "out out/" + runs[0]);
 }
 
 // Without run.out_dir a run writes to a new out/<UTC time>/: a resume (a run's own config.toml
