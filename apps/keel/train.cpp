@@ -265,6 +265,12 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   }
   Trainer trainer(cfg, hooks, pg);
   io::remove_previous_run(previous_run);  // run.overwrite, once this run is built
+  // The other ranks write into debug/ (rank weights, tracer logs, captures) only once rank 0 has
+  // removed the previous run's.
+  if (world > 1) {
+    double none = 0;
+    pg->all_reduce_max(&none, 1);
+  }
   // A resumed run logs the steps after its checkpoint again: drop the interrupted run's records.
   if (rank == 0 && cfg.run.resume) log::drop_metrics_after(trainer.out_dir(), trainer.steps_done());
   trainer_ptr = &trainer;

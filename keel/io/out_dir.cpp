@@ -80,7 +80,10 @@ std::vector<std::string> claim_out_dir(const std::string& out_dir, bool resume, 
   const fs::path d(out_dir);
   std::error_code ec;
   std::vector<std::string> previous;
-  for (const char* f : {"checkpoints", "metrics.jsonl", "tb"})
+  // Everything a run writes there but its config.toml (rewritten): an adapter/ or debug/ left
+  // behind sat beside the new run's checkpoints as if it were its own (a full fine-tune kept the
+  // replaced LoRA run's PEFT adapter; the tracer appended to the old run's log).
+  for (const char* f : {"checkpoints", "metrics.jsonl", "tb", "adapter", "debug"})
     if (fs::exists(d / f, ec)) previous.push_back((d / f).string());
   if (!previous.empty() && !overwrite)
     throw Error("run.out_dir " + out_dir + " holds a previous run (" + previous.front() +

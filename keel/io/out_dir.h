@@ -27,9 +27,9 @@ class OutDirLock {
 // A run that starts from scratch (no resume) in an out_dir holding a previous run's checkpoints or
 // metrics.jsonl would overwrite the one and mix both runs in the other: refused (kUsage) unless
 // `overwrite`; `resume` together with `overwrite` is refused too (kUsage). Returns what the
-// previous run left (checkpoints/, metrics.jsonl, tb/), for remove_previous_run once the new run
-// has been built: a run that fails on its data or its model removes nothing (it removed them first,
-// and a bad data file cost the good checkpoint).
+// previous run left (checkpoints/, metrics.jsonl, tb/, adapter/, debug/), for remove_previous_run
+// once the new run has been built: a run that fails on its data or its model removes nothing (it
+// removed them first, and a bad data file cost the good checkpoint).
 std::vector<std::string> claim_out_dir(const std::string& out_dir, bool resume, bool overwrite);
 void remove_previous_run(const std::vector<std::string>& previous);
 

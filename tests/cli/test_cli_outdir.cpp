@@ -101,6 +101,23 @@ TEST(CliOutDir, ReuseWithoutResumeIsRefusedUnlessOverwrite) {
   EXPECT_EQ(saved_step(out), 3);
 }
 
+// run.overwrite replaced the previous run's checkpoints, metrics and TensorBoard files but kept
+// its adapter/ and debug/: a full fine-tune's out_dir held the LoRA run's PEFT adapter it
+// replaced, as if it were its own.
+TEST(CliOutDir, OverwriteRemovesThePreviousRunsAdapterAndDebugFiles) {
+  const std::string out = test::temp_dir("outdir-overwrite-all");
+  auto r = run_keel(train(out, {"train.max_steps=1", "model.adapter.kind=lora",
+                                "model.adapter.target_modules=[\"c_attn\"]"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_TRUE(fs::exists(out + "/adapter/adapter_model.safetensors"));
+  fs::create_directories(out + "/debug/nan_capture/rank0");
+  r = run_keel(train(out, {"train.max_steps=1", "run.overwrite=true"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(out + "/adapter")) << "the replaced run's adapter is still there";
+  EXPECT_FALSE(fs::exists(out + "/debug")) << "the replaced run's debug files are still there";
+  EXPECT_EQ(step_records(out).size(), 1u);
+}
+
 // Continue the run or replace it: with both asked for, the resume went ahead and run.overwrite
 // was ignored without a word.
 TEST(CliOutDir, ResumeWithOverwriteIsRefusedNamingBothKeys) {
