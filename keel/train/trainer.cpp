@@ -19,6 +19,7 @@
 #include "keel/nn/layers.h"
 #include "keel/numerics/format_info.h"
 #include "keel/numerics/tensor_stats.h"
+#include "keel/numerics/text.h"
 #include "keel/ops/cross_entropy.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/shape.h"
@@ -402,7 +403,8 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
         }
         stop_message_ = "step " + std::to_string(r.step) + ": " + what;
         if (!path.empty())
-          stop_message_ += "; capture written to " + path + "; replay with: keel replay " + path;
+          stop_message_ +=
+              "; capture written to " + path + "; replay with: keel replay " + shell_word(path);
         else
           stop_message_ += "; no capture written (" + why_none + ")";
       }
