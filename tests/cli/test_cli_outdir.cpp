@@ -587,6 +587,27 @@ TEST(CliOutDir, ResumingACompleteRunTrainsNothingAndWritesNothing) {
   EXPECT_CONTAINS(r.err, "past the run's 3 steps");
 }
 
+// A resume may change what the checkpoint does not fix (optim.lr, train.max_grad_norm, ...): it
+// did so without a word, and the run was no longer the one it continued. Each change is named;
+// a longer run and other logging are no change of its numbers.
+TEST(CliOutDir, AResumeThatChangesASettingNamesEachChange) {
+  const std::string out = test::temp_dir("outdir-settings");
+  test::KeelRun r = run_keel(train(out, {"train.max_steps=2"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel(train(
+      out, {"train.max_steps=3", "run.resume=true", "log.every=2", "log.checkpoint_every=0"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.err, "changes settings");
+  r = run_keel(train(
+      out, {"train.max_steps=4", "run.resume=true", "optim.lr=0.01", "train.max_grad_norm=0.5"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "this resume changes settings of the checkpoint's run (allowed; from step 4 on "
+                  "the run differs from an uninterrupted one):\n"
+                  "  optim.lr: 0.003 in the checkpoint, 0.01 now\n"
+                  "  train.max_grad_norm: 1.0 in the checkpoint, 0.5 now\n");
+}
+
 // A resume with another train.max_steps lays a decaying schedule over the new total, so the
 // learning rate jumps (a 4-step cosine run ends near 0 and resumes for 8 at half of optim.lr):
 // said with both rates. A constant schedule has nothing to say.
