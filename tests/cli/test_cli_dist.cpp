@@ -379,7 +379,7 @@ TEST(CliDist, ARankThatStopsAnsweringEndsTheJobAfterTheDeadline) {
                                    "KEEL_TEST_STALL_RANK",
                                    "-np",
                                    "2"};
-  for (const std::string& w : train_words(tiny(dir, {"train.max_steps=3", "dist.timeout_s=2"})))
+  for (const std::string& w : train_words(tiny(dir, {"train.max_steps=3", "dist.timeout_s=1.5"})))
     args.push_back(w);
   const auto t0 = std::chrono::steady_clock::now();
   Ran r = test::run_command(args, {"KEEL_TEST_STALL_RANK=1"});
@@ -387,7 +387,7 @@ TEST(CliDist, ARankThatStopsAnsweringEndsTheJobAfterTheDeadline) {
   EXPECT_NE(r.code, 0) << r.out << r.err;
   EXPECT_LT(secs, 60) << "the job did not end soon after the deadline";
   EXPECT_NE(r.err.find("MPI_Allreduce(sum of gradients) did not complete within dist.timeout_s = "
-                       "2 s on rank 0: rank 1 did not arrive"),
+                       "1.5 s on rank 0: rank 1 did not arrive"),
             std::string::npos)
       << r.err;
 }
