@@ -71,6 +71,12 @@ Trainer::Trainer(Run run, TrainerHooks hooks, std::shared_ptr<Collective> collec
     const std::string last = run_.out_dir + "/checkpoints/last";
     // A save that crashed may have left `last` moved aside: recover before deciding.
     if (coll_->rank() == 0) io::recover_checkpoints(run_.out_dir + "/checkpoints");
+    // The other ranks look only once rank 0 has put it back: they read from the directory it was
+    // renaming (a 2-rank resume after a crash mid-save failed in 3 of 5 tries, on rank 1).
+    if (coll_->world_size() > 1) {
+      double none = 0;
+      coll_->all_reduce_max(&none, 1);
+    }
     // A `last` that is there but incomplete (a file removed or lost) is loaded too, so that its
     // error names the missing file: it was taken as absent, the run started from scratch ("does
     // not exist") and its first save replaced the checkpoint's remaining files.
