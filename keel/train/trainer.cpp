@@ -602,14 +602,20 @@ int Trainer::fit() {
     // The epoch's record before this step's checkpoint: a resume from that checkpoint takes the
     // epoch as reported (end_epoch), so a run stopped or killed after it had lost the record.
     if (next_batch_ >= nb) end_epoch();
-    if (rank0 && run_.cfg.train.eval_every > 0 && step_ % run_.cfg.train.eval_every == 0) {
+    const bool evaluates = run_.cfg.train.eval_every > 0 && step_ % run_.cfg.train.eval_every == 0;
+    const bool saves = every > 0 && step_ % every == 0 && step_ < run_.total_steps;  // last: below
+    if (rank0 && evaluates) {
       evaluate();
       evaluated_at = step_;
     }
-    if (every > 0 && step_ % every == 0 && step_ < run_.total_steps) {  // the last: below
+    if (saves) {
       checkpoint();
       save_step_n();
     }
+    // Rank 0 alone did them: the others wait for it here, not in the next step's collectives,
+    // whose deadline (dist.timeout_s) ended the job when they took longer, naming rank 0 as
+    // stopped or hung.
+    if (evaluates || saves) coll_->wait_for_rank_zero();
     // SIGTERM/SIGINT (train/stop_request.h): save and return, resumable. One process only: ranks
     // would have to agree on the step first.
     if (step_ < run_.total_steps && coll_->world_size() == 1 && stop_requested()) {

@@ -419,6 +419,20 @@ TEST(CliDist, ARankThatStopsAnsweringEndsTheJobAfterTheDeadline) {
       << r.err;
 }
 
+// Rank 0 alone evaluates and writes checkpoints: the other ranks waited for it in their next
+// collective, whose deadline ended the job when that work took longer than dist.timeout_s (a
+// large checkpoint, a long evaluation), saying that rank 0 "did not arrive (stopped, hung, ...)".
+TEST(CliDist, RankZerosEvaluationIsNotHeldToTheCollectiveDeadline) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-eval");
+  // An evaluation of 7000 problems takes over a second; the deadline is half of one.
+  Ran r = run_train(2, tiny(dir, {"train.max_steps=1", "train.eval_every=1",
+                                  "data.eval_examples=7000", "dist.timeout_s=0.5"}));
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NOT_CONTAINS(r.err, "did not complete within dist.timeout_s");
+  EXPECT_EQ(test::records_with(dir, "eval_loss").size(), 1u);
+}
+
 TEST(CliDist, NcclWithoutAGpuIsOneClearError) {
   const std::string dir = test::temp_dir("cli-dist-nccl");
   Ran r = run_train(1, tiny(dir, {"dist.backend=nccl", "train.max_steps=1"}));
