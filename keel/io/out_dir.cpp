@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -65,7 +66,9 @@ OutDirLock::~OutDirLock() {
   if (fd_ >= 0) ::close(fd_);  // closing releases the flock
 }
 
-std::vector<std::string> claim_out_dir(const std::string& out_dir, bool resume, bool overwrite) {
+std::vector<std::string> claim_out_dir(
+    const std::string& out_dir, bool resume, bool overwrite,
+    const std::vector<std::pair<std::string, std::string>>& inputs) {
   // Continue the previous run or replace it: asked for both, the resume went ahead and the
   // overwrite was ignored without a word.
   if (resume && overwrite)
@@ -90,6 +93,24 @@ std::vector<std::string> claim_out_dir(const std::string& out_dir, bool resume, 
                     "); set run.resume = true to continue it, run.overwrite = true to replace it, "
                     "or choose another run.out_dir",
                 Error::kUsage);
+  // A run that starts from its out_dir's own checkpoint (model.path = OUT/checkpoints/last, or
+  // OUT) with run.overwrite removed the weights it started from once it was built: they were lost.
+  auto within = [](const fs::path& a, const fs::path& b) {  // a is b or lies inside it
+    return std::mismatch(b.begin(), b.end(), a.begin(), a.end()).first == b.end();
+  };
+  for (const auto& [key, path] : inputs) {
+    if (path.empty()) continue;
+    const fs::path in = fs::weakly_canonical(path, ec);
+    if (ec || in.empty()) continue;  // unresolvable: the run's own load names it
+    for (const std::string& p : previous) {
+      const fs::path gone = fs::weakly_canonical(p, ec);
+      if (!ec && !gone.empty() && (within(in, gone) || within(gone, in)))
+        throw Error("run.overwrite = true would remove " + key + " = " + path + " (in " + p +
+                        ", the previous run's), which this run reads; copy it out of run.out_dir " +
+                        out_dir + " first, or choose another run.out_dir",
+                    Error::kUsage);
+    }
+  }
   return previous;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 #include <ctime>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace keel::io {
@@ -30,7 +31,11 @@ class OutDirLock {
 // previous run left (checkpoints/, metrics.jsonl, tb/, adapter/, debug/), for remove_previous_run
 // once the new run has been built: a run that fails on its data or its model removes nothing (it
 // removed them first, and a bad data file cost the good checkpoint).
-std::vector<std::string> claim_out_dir(const std::string& out_dir, bool resume, bool overwrite);
+// `inputs` (key, path: model.path, data.path, ...) are what the run reads: one inside what
+// `overwrite` would remove is refused too (kUsage).
+std::vector<std::string> claim_out_dir(
+    const std::string& out_dir, bool resume, bool overwrite,
+    const std::vector<std::pair<std::string, std::string>>& inputs = {});
 void remove_previous_run(const std::vector<std::string>& previous);
 
 // The out_dir of a run that names no run.out_dir: out/<UTC time t>, or out/<time>-N (N >= 2) for

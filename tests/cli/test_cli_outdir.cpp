@@ -101,6 +101,22 @@ TEST(CliOutDir, ReuseWithoutResumeIsRefusedUnlessOverwrite) {
   EXPECT_EQ(saved_step(out), 3);
 }
 
+// A run that starts from its out_dir's own checkpoint with run.overwrite removed the weights it
+// started from once it was built: the previous run's checkpoint was lost.
+TEST(CliOutDir, OverwriteThatWouldRemoveTheRunsOwnModelPathIsRefused) {
+  const std::string out = test::temp_dir("outdir-overwrite-input");
+  auto r = run_keel(train(out, {"train.max_steps=2"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel(train(
+      out, {"train.max_steps=2", "run.overwrite=true", "model.path=" + out + "/checkpoints/last"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "run.overwrite = true would remove model.path = " + out +
+                             "/checkpoints/last (in " + out +
+                             "/checkpoints, the previous run's), which this run reads");
+  EXPECT_EQ(saved_step(out), 2);
+  EXPECT_EQ(step_records(out).size(), 2u);
+}
+
 // run.overwrite replaced the previous run's checkpoints, metrics and TensorBoard files but kept
 // its adapter/ and debug/: a full fine-tune's out_dir held the LoRA run's PEFT adapter it
 // replaced, as if it were its own.
