@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <optional>
 
@@ -34,7 +35,7 @@ struct TrainArgs {
   std::vector<std::string> sets;
 };
 
-int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg);
+int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg);
 
 std::string megabytes(double bytes) {
   char buf[64];
@@ -84,8 +85,8 @@ void check_run_memory(const Config& cfg) {
 // (keel train's own: a run's saved config.toml that holds them still loads in eval and replay.)
 void check_keys_take_effect(const Config& cfg) {
   // Without run.out_dir every run writes to a new out/<UTC time>/: such a resume found no
-  // checkpoint there and trained from scratch (a run's saved config.toml holds out_dir = "", so
-  // `keel train out/RUN/config.toml --set run.resume=true` did just that).
+  // checkpoint there and trained from scratch (`keel train CONFIG --set run.resume=true` with a
+  // CONFIG that names no out_dir did just that).
   if (cfg.run.resume && cfg.run.out_dir.empty())
     throw Error(
         "run.resume = true but run.out_dir is not set: a run without it writes to a new "
@@ -160,8 +161,21 @@ int run_train(const TrainArgs& a) {
   return 1;  // not reached: abort() ends every rank
 }
 
-int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
+int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   const int rank = pg->rank(), world = pg->world_size();
+  // No run.out_dir: a new out/<UTC time>[-N] (io::create_run_dir), made by rank 0 and named alike
+  // on every rank (each took its own clock's time, which could differ by a second).
+  if (cfg.run.out_dir.empty()) {
+    double made[2] = {0, 0};  // rank 0's time and N
+    if (rank == 0) {
+      const std::time_t now = std::time(nullptr);
+      made[0] = static_cast<double>(now);
+      made[1] = io::create_run_dir(now);
+    }
+    if (world > 1) pg->all_reduce_max(made, 2);
+    cfg.run.out_dir =
+        io::run_dir_name(static_cast<std::time_t>(made[0]), static_cast<int>(made[1]));
+  }
   std::unique_ptr<log::RunLoggers> loggers;
   Trainer* trainer_ptr = nullptr;
   // Instability toolkit (DESIGN §4), attached once the trainer has built the model.
@@ -245,13 +259,21 @@ int run_ranked(const Config& cfg, const std::shared_ptr<dist::ProcessGroup>& pg)
   // is read or written, and a previous run in it is never silently overwritten.
   std::optional<io::OutDirLock> lock;
   std::vector<std::string> previous_run;
-  if (rank == 0 && !cfg.run.out_dir.empty()) {
+  if (rank == 0) {
     lock.emplace(cfg.run.out_dir);
-    previous_run = io::claim_out_dir(cfg.run.out_dir, cfg.run.resume, cfg.run.overwrite);
+    previous_run = io::claim_out_dir(cfg.run.out_dir, cfg.run.resume, cfg.run.overwrite,
+                                     {{"model.path", cfg.model.path},
+                                      {"data.path", cfg.data.path},
+                                      {"data.eval_path", cfg.data.eval_path}});
   }
   Trainer trainer(cfg, hooks, pg);
-  io::remove_previous_run(previous_run);                    // run.overwrite, once this run is built
-  if (rank == 0 && !lock) lock.emplace(trainer.out_dir());  // out/<timestamp>: a fresh directory
+  io::remove_previous_run(previous_run);  // run.overwrite, once this run is built
+  // The other ranks write into debug/ (rank weights, tracer logs, captures) only once rank 0 has
+  // removed the previous run's.
+  if (world > 1) {
+    double none = 0;
+    pg->all_reduce_max(&none, 1);
+  }
   // A resumed run logs the steps after its checkpoint again: drop the interrupted run's records.
   if (rank == 0 && cfg.run.resume) log::drop_metrics_after(trainer.out_dir(), trainer.steps_done());
   trainer_ptr = &trainer;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -139,9 +140,10 @@ class MpiGroup final : public ProcessGroup {
         std::string others;
         for (int r = 0; r < mpi_.world; ++r)
           if (r != mpi_.rank) others += (others.empty() ? "" : ", ") + std::to_string(r);
-        throw Error(std::string(what) + " did not complete within dist.timeout_s = " +
-                    std::to_string(static_cast<int64_t>(timeout_s_)) + " s on rank " +
-                    std::to_string(mpi_.rank) + ": " +
+        char limit[32];  // as set: 0.5 s was said as "0 s"
+        std::snprintf(limit, sizeof limit, "%g", timeout_s_);
+        throw Error(std::string(what) + " did not complete within dist.timeout_s = " + limit +
+                    " s on rank " + std::to_string(mpi_.rank) + ": " +
                     (mpi_.world == 2 ? "rank " : "one or more of ranks ") + others +
                     " did not arrive (stopped, hung, or running a different config); check "
                     "that rank's output, or raise dist.timeout_s for slow steps");

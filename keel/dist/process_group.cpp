@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "keel/dist/bucket.h"
 #include "keel/dist/mpi_group.h"
@@ -31,6 +32,18 @@ void ProcessGroup::all_reduce_grads(std::vector<Tensor>& grads) {
     for (size_t i = 0; i < grads.size(); ++i)
       if (grads[i].defined() && !grads[i].device().is_cpu()) grads[i].copy_from(host[i]);
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void ProcessGroup::wait_for_rank_zero() {
+  const double deadline = timeout_s_;
+  timeout_s_ = std::numeric_limits<double>::infinity();
+  try {
+    Collective::wait_for_rank_zero();
+  } catch (...) {
+    timeout_s_ = deadline;
+    throw;
+  }
+  timeout_s_ = deadline;
 }
 
 void SingleGroup::all_gather(const double* in, size_t n, double* out) {

@@ -56,4 +56,14 @@ std::string visible(std::string_view s) {
   return out;
 }
 
+std::string shell_word(std::string_view s) {
+  const bool plain = !s.empty() && s.find_first_not_of(
+                                       "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                                       "0123456789_./:=@%+,-") == std::string_view::npos;
+  if (plain) return std::string(s);
+  std::string out = "'";
+  for (const char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 }  // namespace keel

@@ -23,4 +23,9 @@ std::string json_error_detail(std::string_view what);
 // the key "train.max_steps\0x" named a valid key).
 std::string visible(std::string_view s);
 
+// `s` as one word of a POSIX shell command that a message suggests ("replay with: keel replay
+// DIR"): as it is when it holds only characters no shell treats specially, else in single quotes
+// (a ' inside written '\''). An out_dir with a space made the command two words.
+std::string shell_word(std::string_view s);
+
 }  // namespace keel

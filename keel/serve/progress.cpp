@@ -128,7 +128,8 @@ void Progress::on_stdout(const std::string& line) {
 }
 
 void Progress::on_stderr(const std::string& line) {
-  static const std::regex kCapture(R"(capture written to (\S+?);? replay with: (keel replay \S+))");
+  // The path may hold spaces (the replay command quotes it then, numerics/text.h shell_word).
+  static const std::regex kCapture(R"(capture written to (.+?); replay with: (keel replay .+)$)");
   if (line.rfind("error", 0) == 0 || line.rfind("stopped", 0) == 0) error_ = line;
   std::smatch m;
   if (std::regex_search(line, m, kCapture)) {

@@ -49,11 +49,12 @@ Config run_config_of_request(const std::string& body, const PathPolicy& paths,
                              " is given more than once (JSON would keep the last without a "
                              "word); give each key once");
   if (j.is_object() && j.contains("run") && j["run"].is_object())
-    for (const char* key : {"out_dir", "resume"})
+    for (const char* key : {"out_dir", "resume", "overwrite"})
       if (j["run"].contains(key))
-        throw HttpError(400, std::string(kSource) + ": run." + key +
-                                 " is chosen by the server (each run gets ROOT/runs/ID; resume " +
-                                 "with POST /v1/runs/ID/resume); leave it out");
+        throw HttpError(400,
+                        std::string(kSource) + ": run." + key +
+                            " is chosen by the server (each run gets a new ROOT/runs/ID; resume " +
+                            "with POST /v1/runs/ID/resume); leave it out");
   Config cfg;
   try {
     cfg = load_config_json(j, kSource);

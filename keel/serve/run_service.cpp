@@ -5,6 +5,7 @@
 #include <random>
 
 #include "keel/io/atomic_file.h"
+#include "keel/numerics/text.h"
 #include "keel/serve/http_error.h"
 #include "keel/serve/run_request.h"
 
@@ -155,7 +156,7 @@ json RunService::to_json(const RunRecord& r) {
   j["resumable"] = r.state == "stopped" || r.state == "interrupted";
   j["artifacts"] = "/v1/runs/" + r.id + "/artifacts";
   if (!r.capture.empty())
-    j["capture"] = {{"path", r.capture}, {"replay", "keel replay " + r.capture}};
+    j["capture"] = {{"path", r.capture}, {"replay", "keel replay " + shell_word(r.capture)}};
   return j;
 }
 

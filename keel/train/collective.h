@@ -32,6 +32,14 @@ class Collective {
   virtual void all_reduce_max(double* v, size_t n) = 0;
   // Each rank contributes n doubles; out receives world_size * n, rank r's at out[r * n].
   virtual void all_gather(const double* in, size_t n, double* out) = 0;
+  // Every rank, after work rank 0 does alone (evaluation, checkpoints): returns once rank 0 has
+  // arrived. A process group waits here without dist.timeout_s's deadline: that work takes as
+  // long as it takes (a large checkpoint, a long evaluation), rank 0 waits on no one meanwhile,
+  // and a rank 0 that dies still ends the job (mpirun ends every rank).
+  virtual void wait_for_rank_zero() {
+    double none = 0;
+    all_reduce_max(&none, 1);
+  }
 };
 
 // One process: rank 0 of 1; every collective leaves its input as it is.

@@ -472,6 +472,14 @@ Run build_run(const Config& cfg, const RunOptions& o) {
                               "parameter, with no adapter; set model.adapter.kind (lora, dora or "
                               "lokr) to train one");
   }
+  // log.keep_checkpoints prunes the step-N directories of log.checkpoint_every: with none written,
+  // a run that set it to bound its disk use did nothing about it without a word. Said, as the
+  // adapter keys are: turning checkpoint_every off for a short run is fair.
+  if (cfg.log.keep_checkpoints > 0 && cfg.log.checkpoint_every == 0)
+    say_or_print(o.say, "note: log.keep_checkpoints = " + std::to_string(cfg.log.keep_checkpoints) +
+                            " keeps the newest checkpoints/step-N directories, but "
+                            "log.checkpoint_every = 0 writes none (only checkpoints/last, at the "
+                            "end); set log.checkpoint_every to save every N steps");
   // A warmup as long as the run never reaches optim.lr: said, with the rate the run peaks at.
   if (r.schedule.warmup_steps > 0 && r.total_steps > 0 &&
       r.schedule.warmup_steps >= r.total_steps) {

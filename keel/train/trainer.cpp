@@ -19,6 +19,7 @@
 #include "keel/nn/layers.h"
 #include "keel/numerics/format_info.h"
 #include "keel/numerics/tensor_stats.h"
+#include "keel/numerics/text.h"
 #include "keel/ops/cross_entropy.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/shape.h"
@@ -70,6 +71,12 @@ Trainer::Trainer(Run run, TrainerHooks hooks, std::shared_ptr<Collective> collec
     const std::string last = run_.out_dir + "/checkpoints/last";
     // A save that crashed may have left `last` moved aside: recover before deciding.
     if (coll_->rank() == 0) io::recover_checkpoints(run_.out_dir + "/checkpoints");
+    // The other ranks look only once rank 0 has put it back: they read from the directory it was
+    // renaming (a 2-rank resume after a crash mid-save failed in 3 of 5 tries, on rank 1).
+    if (coll_->world_size() > 1) {
+      double none = 0;
+      coll_->all_reduce_max(&none, 1);
+    }
     // A `last` that is there but incomplete (a file removed or lost) is loaded too, so that its
     // error names the missing file: it was taken as absent, the run started from scratch ("does
     // not exist") and its first save replaced the checkpoint's remaining files.
@@ -402,7 +409,8 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
         }
         stop_message_ = "step " + std::to_string(r.step) + ": " + what;
         if (!path.empty())
-          stop_message_ += "; capture written to " + path + "; replay with: keel replay " + path;
+          stop_message_ +=
+              "; capture written to " + path + "; replay with: keel replay " + shell_word(path);
         else
           stop_message_ += "; no capture written (" + why_none + ")";
       }
@@ -552,6 +560,12 @@ int Trainer::fit() {
   auto checkpoint = [&] {
     if (rank0) save_checkpoint(run_.out_dir + "/checkpoints/last");
   };
+  const int64_t every = run_.cfg.log.checkpoint_every;
+  auto save_step_n = [&] {  // log.checkpoint_every's step-N, on its steps
+    if (!rank0 || every <= 0 || step_ % every != 0) return;
+    save_checkpoint(run_.out_dir + "/checkpoints/step-" + std::to_string(step_));
+    io::prune_step_checkpoints(run_.out_dir + "/checkpoints", run_.cfg.log.keep_checkpoints);
+  };
   auto save_adapter = [&] {
     if (run_.cfg.model.adapter.kind == "none") return;
     // The PEFT adapter directory, loadable by PEFT on the base model.path.
@@ -588,15 +602,20 @@ int Trainer::fit() {
     // The epoch's record before this step's checkpoint: a resume from that checkpoint takes the
     // epoch as reported (end_epoch), so a run stopped or killed after it had lost the record.
     if (next_batch_ >= nb) end_epoch();
-    if (rank0 && run_.cfg.train.eval_every > 0 && step_ % run_.cfg.train.eval_every == 0) {
+    const bool evaluates = run_.cfg.train.eval_every > 0 && step_ % run_.cfg.train.eval_every == 0;
+    const bool saves = every > 0 && step_ % every == 0 && step_ < run_.total_steps;  // last: below
+    if (rank0 && evaluates) {
       evaluate();
       evaluated_at = step_;
     }
-    if (rank0 && run_.cfg.log.checkpoint_every > 0 && step_ % run_.cfg.log.checkpoint_every == 0) {
+    if (saves) {
       checkpoint();
-      save_checkpoint(run_.out_dir + "/checkpoints/step-" + std::to_string(step_));
-      io::prune_step_checkpoints(run_.out_dir + "/checkpoints", run_.cfg.log.keep_checkpoints);
+      save_step_n();
     }
+    // Rank 0 alone did them: the others wait for it here, not in the next step's collectives,
+    // whose deadline (dist.timeout_s) ended the job when they took longer, naming rank 0 as
+    // stopped or hung.
+    if (evaluates || saves) coll_->wait_for_rank_zero();
     // SIGTERM/SIGINT (train/stop_request.h): save and return, resumable. One process only: ranks
     // would have to agree on the step first.
     if (step_ < run_.total_steps && coll_->world_size() == 1 && stop_requested()) {
@@ -616,8 +635,12 @@ int Trainer::fit() {
   // Once a step: an eval_every that divides the last step has evaluated it already (its record
   // was written twice).
   if (evaluated_at != step_) evaluate();
-  checkpoint();
+  // checkpoints/last at the final step is written last: a resume that finds it has nothing left
+  // to do. Saved before the evaluation and the adapter, a kill between them (a long evaluation)
+  // left a run that no resume would finish: "nothing left to train", no adapter, no final eval.
   save_adapter();
+  save_step_n();
+  checkpoint();
   return 0;
 }
 

@@ -44,6 +44,24 @@ json fixed_by_checkpoint(const Config& c) {
 
 std::string text_of(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
+// The other keys that shape the run's numbers, with their values: a resume may change them, and
+// says which it changed (an edited optim.lr resumed without a word, and the run differed from an
+// uninterrupted one from there on). Not the run's bookkeeping (resume, out_dir), its logging,
+// instrumentation and rank checks, nor its length (the schedule's note says what that changes).
+json changeable_settings(const Config& c) {
+  const json fixed = fixed_by_checkpoint(c);
+  json out = json::object();
+  for (auto& [key, value] : config_values(c)) {
+    const bool skip = fixed.contains(key) || key.rfind("log.", 0) == 0 ||
+                      key.rfind("debug.", 0) == 0 || key.rfind("dist.", 0) == 0 ||
+                      key == "run.out_dir" || key == "run.resume" || key == "run.resume_force" ||
+                      key == "run.overwrite" || key == "train.max_steps" || key == "train.epochs" ||
+                      key == "train.eval_every";
+    if (!skip) out[key] = value;
+  }
+  return out;
+}
+
 // Keys whose value decides which tensors the model and the optimizer hold: a checkpoint of other
 // values cannot load, not even under run.resume_force. (It failed on the first tensor it lacked,
 // or as "the checkpoint is damaged" for another optimizer or a dropped adapter.)
@@ -163,6 +181,7 @@ void Trainer::write_checkpoint(const std::string& dir) {
   st["world_size"] = coll_->world_size();            // next_batch counts global micro-batches
   st["schedule_steps"] = run_.schedule.total_steps;  // what the LR schedule was laid over
   st["config"] = fixed_by_checkpoint(run_.cfg);      // checked on resume
+  st["settings"] = changeable_settings(run_.cfg);    // a resume says which it changed
   json files = json::object();                       // so are the data files' contents
   for (const auto& [key, f] : run_.data.files)
     if (f.known()) files[key] = {{"bytes", f.bytes}, {"fnv1a64", f.fnv1a64}};
@@ -322,6 +341,18 @@ void Trainer::load_checkpoint(const std::string& dir) {
                       "run.resume_force = true to continue on the new data (from the same batch "
                       "position, in another order)",
                   Error::kUsage);
+  }
+  if (st.contains("settings") && st["settings"].is_object()) {
+    std::string diff;
+    const json& then = st["settings"];
+    const json settings = changeable_settings(run_.cfg);
+    for (auto& [key, now] : settings.items())
+      if (then.contains(key) && then[key] != now)
+        diff += "\n  " + key + ": " + text_of(then[key]) + " in the checkpoint, " + text_of(now) +
+                " now";
+    if (!diff.empty())
+      message("this resume changes settings of the checkpoint's run (allowed; from step " +
+              std::to_string(step_ + 1) + " on the run differs from an uninterrupted one):" + diff);
   }
   if (world != coll_->world_size())
     message(dir + " was written by a run of " + std::to_string(world) + " rank(s), this one has " +

@@ -483,6 +483,27 @@ TEST(CliNan, InjectedNanInAttentionAtStep5IsBisectedToTheInjection) {
   EXPECT_EQ(j.value("cause", std::string()), "inject=off") << j.dump(2);
 }
 
+// The stop's replay command is one a shell runs: an out_dir with a space (or a quote) made it
+// several words, none of them the capture.
+TEST(CliNan, TheReplayCommandOfACaptureInAPathWithSpacesRuns) {
+  const std::string root = test::temp_dir("cli-nan-space");
+  const std::string dir = root + "/run 1's";
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(), {"train.max_steps=3", "debug.inject.module=transformer.h.0.attn",
+                           "debug.inject.step=2", "debug.inject.kind=nan"});
+  Ran r = run_keel(with_sets({"train"}, sets));
+  ASSERT_EQ(r.code, 3) << r.output;
+  const std::string said =
+      "replay with: keel replay '" + root + "/run 1'\\''s/debug/nan_capture/rank0'";
+  EXPECT_CONTAINS(r.err, said);
+  const size_t at = r.err.find("replay with: keel ");
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const std::string command = r.err.substr(at + 18, r.err.find('\n', at) - at - 18);
+  Ran rp = test::run_command({"/bin/sh", "-c", test::keel_binary() + " " + command + " --json"});
+  EXPECT_EQ(rp.code, 0) << command << "\n" << rp.output;
+  EXPECT_CONTAINS(rp.out, "\"reproduced\":true");
+}
+
 // Under 16-mixed the scaler owns overflowing gradients: a scale far too high overflows the f16
 // gradients of the first steps, the scaler skips them and backs off, and training finishes. No
 // capture is written, even with the tracer on.

@@ -13,12 +13,14 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "keel/io/checkpoint.h"
+#include "keel/numerics/utc_time.h"
 #include "tests/support/check.h"
 #include "tests/support/run_keel.h"
 #include "tests/support/tb_events.h"
@@ -97,6 +99,53 @@ TEST(CliOutDir, ReuseWithoutResumeIsRefusedUnlessOverwrite) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(step_records(out).size(), 3u);  // the new run alone
   EXPECT_EQ(saved_step(out), 3);
+}
+
+// A run that starts from its out_dir's own checkpoint with run.overwrite removed the weights it
+// started from once it was built: the previous run's checkpoint was lost.
+TEST(CliOutDir, OverwriteThatWouldRemoveTheRunsOwnModelPathIsRefused) {
+  const std::string out = test::temp_dir("outdir-overwrite-input");
+  auto r = run_keel(train(out, {"train.max_steps=2"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel(train(
+      out, {"train.max_steps=2", "run.overwrite=true", "model.path=" + out + "/checkpoints/last"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "run.overwrite = true would remove model.path = " + out +
+                             "/checkpoints/last (in " + out +
+                             "/checkpoints, the previous run's), which this run reads");
+  EXPECT_EQ(saved_step(out), 2);
+  EXPECT_EQ(step_records(out).size(), 2u);
+}
+
+// run.overwrite replaced the previous run's checkpoints, metrics and TensorBoard files but kept
+// its adapter/ and debug/: a full fine-tune's out_dir held the LoRA run's PEFT adapter it
+// replaced, as if it were its own.
+TEST(CliOutDir, OverwriteRemovesThePreviousRunsAdapterAndDebugFiles) {
+  const std::string out = test::temp_dir("outdir-overwrite-all");
+  auto r = run_keel(train(out, {"train.max_steps=1", "model.adapter.kind=lora",
+                                "model.adapter.target_modules=[\"c_attn\"]"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_TRUE(fs::exists(out + "/adapter/adapter_model.safetensors"));
+  fs::create_directories(out + "/debug/nan_capture/rank0");
+  r = run_keel(train(out, {"train.max_steps=1", "run.overwrite=true"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(out + "/adapter")) << "the replaced run's adapter is still there";
+  EXPECT_FALSE(fs::exists(out + "/debug")) << "the replaced run's debug files are still there";
+  EXPECT_EQ(step_records(out).size(), 1u);
+}
+
+// Continue the run or replace it: with both asked for, the resume went ahead and run.overwrite
+// was ignored without a word.
+TEST(CliOutDir, ResumeWithOverwriteIsRefusedNamingBothKeys) {
+  const std::string out = test::temp_dir("outdir-resume-overwrite");
+  auto r = run_keel(train(out, {"train.max_steps=2"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel(train(out, {"train.max_steps=3", "run.resume=true", "run.overwrite=true"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "run.resume = true and run.overwrite = true contradict each other");
+  EXPECT_CONTAINS(r.err, "set run.overwrite = false to resume, or run.resume = false");
+  EXPECT_EQ(step_records(out).size(), 2u);  // untouched
+  EXPECT_EQ(saved_step(out), 2);
 }
 
 TEST(CliOutDir, KeepCheckpointsKeepsTheNewestStepDirectories) {
@@ -214,6 +263,64 @@ TEST(CliOutDir, AKillAfterAnEpochsLastCheckpointKeepsTheEpochRecord) {
   r = run_keel(train(later, resumed));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(test::records_with(later, "epoch_loss"), want);
+}
+
+// The last step's checkpoints/last was written before the run's final evaluation and its PEFT
+// adapter: a run killed between them (in a long evaluation) resumed to "nothing left to train",
+// with no adapter and no final eval record, and no resume would ever write them.
+TEST(CliOutDir, AKillBetweenTheLastStepAndTheRunsEndFinishesOnResume) {
+  const std::string root = test::temp_dir("outdir-run-end");
+  const std::vector<std::string> sets = {"model.adapter.kind=lora",
+                                         "model.adapter.target_modules=[\"c_attn\"]",
+                                         "train.max_steps=2", "data.eval_examples=8"};
+  auto r = run_keel(train(root + "/straight", sets));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string adapter = "/adapter/adapter_model.safetensors";
+  const std::string want = slurp(root + "/straight" + adapter);
+  const auto evals = test::records_with(root + "/straight", "eval_loss");
+  ASSERT_EQ(evals.size(), 1u);
+  // Saves: step 1 writes last then step-1; done:4 is the 4th save, the last step's.
+  const std::string out = root + "/killed";
+  r = run_keel(train(out, sets), {"KEEL_TEST_CRASH_AT=done:4"});
+  ASSERT_EQ(r.code, 86) << r.output;
+  auto resumed = sets;
+  resumed.push_back("run.resume=true");
+  r = run_keel(train(out, resumed));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.err, "nothing left to train");
+  EXPECT_TRUE(fs::exists(out + adapter) && slurp(out + adapter) == want);
+  EXPECT_EQ(test::records_with(out, "eval_loss"), evals);
+  EXPECT_EQ(step_records(out).size(), 2u);
+  EXPECT_EQ(saved_step(out), 2);
+}
+
+// A run that names no run.out_dir gets a new out/<UTC time>: runs started in the same second
+// shared one, a later one appending its records to the earlier's metrics.jsonl and replacing its
+// checkpoints (a concurrent one was refused as "in use" by the run.out_dir it never set).
+TEST(CliOutDir, ARunWithoutAnOutDirNeverSharesOneStartedInTheSameSecond) {
+  const std::string cwd = test::temp_dir("outdir-default");
+  // An earlier run in each of the next 30 seconds: this run starts in one of them.
+  const std::string earlier = "{\"step\": 1, \"earlier\": true}\n";
+  const std::time_t now = std::time(nullptr);
+  for (int i = 0; i < 30; ++i) {
+    const std::string d = cwd + "/out/" + utc_time(kUtcDirName, now + i);
+    fs::create_directories(d);
+    std::ofstream(d + "/metrics.jsonl") << earlier;
+  }
+  std::vector<std::string> args = train("", {"train.max_steps=2"});
+  args.erase(args.begin() + 1, args.begin() + 3);  // --set run.out_dir=
+  std::string cmd = "cd '" + cwd + "' && exec " + test::keel_binary();
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  auto r = test::run_command({"/bin/sh", "-c", cmd});
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<std::string> runs;
+  for (auto& e : fs::directory_iterator(cwd + "/out"))
+    if (slurp(e.path().string() + "/metrics.jsonl") != earlier)
+      runs.push_back(e.path().filename().string());
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].substr(15), "-2") << runs[0];  // the second run of its second
+  EXPECT_EQ(step_records(cwd + "/out/" + runs[0]).size(), 2u);
+  EXPECT_CONTAINS(r.out, "out out/" + runs[0]);
 }
 
 // Without run.out_dir a run writes to a new out/<UTC time>/: a resume (a run's own config.toml
@@ -494,6 +601,27 @@ TEST(CliOutDir, ResumingACompleteRunTrainsNothingAndWritesNothing) {
     EXPECT_EQ(fs::last_write_time(out + "/checkpoints/last/trainer.json"), written) << steps;
   }
   EXPECT_CONTAINS(r.err, "past the run's 3 steps");
+}
+
+// A resume may change what the checkpoint does not fix (optim.lr, train.max_grad_norm, ...): it
+// did so without a word, and the run was no longer the one it continued. Each change is named;
+// a longer run and other logging are no change of its numbers.
+TEST(CliOutDir, AResumeThatChangesASettingNamesEachChange) {
+  const std::string out = test::temp_dir("outdir-settings");
+  test::KeelRun r = run_keel(train(out, {"train.max_steps=2"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel(train(
+      out, {"train.max_steps=3", "run.resume=true", "log.every=2", "log.checkpoint_every=0"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.err, "changes settings");
+  r = run_keel(train(
+      out, {"train.max_steps=4", "run.resume=true", "optim.lr=0.01", "train.max_grad_norm=0.5"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "this resume changes settings of the checkpoint's run (allowed; from step 4 on "
+                  "the run differs from an uninterrupted one):\n"
+                  "  optim.lr: 0.003 in the checkpoint, 0.01 now\n"
+                  "  train.max_grad_norm: 1.0 in the checkpoint, 0.5 now\n");
 }
 
 // A resume with another train.max_steps lays a decaying schedule over the new total, so the

@@ -34,5 +34,13 @@ TEST(Text, EditDistanceIsASymmetricMetric) {
     }
 }
 
+TEST(Text, ShellWordQuotesOnlyWhatAShellWouldSplitOrExpand) {
+  EXPECT_EQ(shell_word("out/run-1/debug/nan_capture/rank0"), "out/run-1/debug/nan_capture/rank0");
+  EXPECT_EQ(shell_word("out/run 1"), "'out/run 1'");
+  EXPECT_EQ(shell_word("it's"), "'it'\\''s'");
+  EXPECT_EQ(shell_word("$HOME;*"), "'$HOME;*'");
+  EXPECT_EQ(shell_word(""), "''");
+}
+
 }  // namespace
 }  // namespace keel

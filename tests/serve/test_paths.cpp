@@ -171,6 +171,10 @@ TEST(ServePaths, RequestBodiesAreReadByTheConfigLoader) {
   EXPECT_CONTAINS(msg, "run.out_dir is chosen by the server");
   std::tie(status, msg) = refusal(R"({"run": {"resume": true}})", p);
   EXPECT_CONTAINS(msg, "run.resume is chosen by the server");
+  // Each run has a new directory: nothing to overwrite, and a resume with it would be refused.
+  std::tie(status, msg) = refusal(R"({"run": {"overwrite": true}})", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "run.overwrite is chosen by the server");
   std::tie(status, msg) = refusal(R"({"dist": {"backend": "mpi"}})", p);
   EXPECT_EQ(status, 400);
   // Paths: refused outside the roots (403), rewritten to their real path inside.

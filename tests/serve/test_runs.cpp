@@ -345,6 +345,8 @@ TEST(ServeRuns, AChildKilledAfterACheckpointIsInterruptedAndResumable) {
 
 TEST(ServeRuns, ANonfiniteStopIsItsOwnStateWithTheCaptureAndReplayCommand) {
   Service s;
+  s.root = s.dir + "/serve root";  // a space: the capture's path was cut at it
+  s.args[1] = s.root;
   ServeProcess srv(s.args);
   ASSERT_TRUE(srv.started()) << srv.output();
   Api api{srv.port(), kTestKey};
@@ -358,7 +360,8 @@ TEST(ServeRuns, ANonfiniteStopIsItsOwnStateWithTheCaptureAndReplayCommand) {
   ASSERT_TRUE(run["capture"].is_object()) << run.dump();
   const std::string capture = run["capture"]["path"];
   EXPECT_TRUE(fs::exists(capture)) << capture;
-  EXPECT_EQ(run["capture"]["replay"], "keel replay " + capture);
+  EXPECT_EQ(capture, s.run_dir(id) + "/debug/nan_capture/rank0");
+  EXPECT_EQ(run["capture"]["replay"], "keel replay '" + capture + "'");  // one shell word
   EXPECT_CONTAINS(run["error"].get<std::string>(), "step 5");
   // The server is unharmed, and the capture is an artifact.
   EXPECT_EQ(api.get("/health")->status, 200);

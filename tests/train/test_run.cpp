@@ -229,6 +229,15 @@ TEST(RunFactory, AdapterKeysWithoutAnAdapterKindAreSaid) {
       "[model.adapter]");
 }
 
+TEST(RunFactory, KeepCheckpointsWithoutCheckpointEveryIsSaid) {
+  EXPECT_CONTAINS(said_by_build(tiny("keep-none", {"log.keep_checkpoints=3"})),
+                  "note: log.keep_checkpoints = 3 keeps the newest checkpoints/step-N "
+                  "directories, but log.checkpoint_every = 0 writes none");
+  EXPECT_NOT_CONTAINS(
+      said_by_build(tiny("keep-every", {"log.keep_checkpoints=3", "log.checkpoint_every=10"})),
+      "log.keep_checkpoints");
+}
+
 TEST(RunFactory, MissingTrainingDataIsNamedWhenOptionalAndAnErrorOtherwise) {
   const std::string dir = test::temp_dir("nodata");
   const std::string text = dir + "/corpus.txt";
