@@ -24,6 +24,7 @@
 #include <sstream>
 
 #include "keel/backend/cpu/isa.h"
+#include "tests/support/check.h"
 #include "tests/support/run_keel.h"
 
 namespace keel {
@@ -60,14 +61,6 @@ std::string hex_bits(double v) {
   return buf;
 }
 
-std::string temp_dir(const std::string& name) {
-  std::string d =
-      (fs::temp_directory_path() / ("keel-pins-" + std::to_string(getpid()) + "-" + name)).string();
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
 // The short default-task run every case starts from: 6 steps of 8 examples, one thread.
 std::vector<std::string> arith_sets(const std::string& out) {
   return {"run.out_dir=" + out,   "run.threads=1",        "data.num_examples=64",
@@ -90,7 +83,7 @@ json sequences_of(const std::string& out_dir) {
 
 json train_case(const std::string& name, std::vector<std::string> sets,
                 const std::vector<std::string>& prefix = {}) {
-  const std::string out = temp_dir(name);
+  const std::string out = test::temp_dir("pins-" + name);
   std::vector<std::string> all = arith_sets(out);
   all.insert(all.end(), sets.begin(), sets.end());
   std::vector<std::string> argv = prefix;
@@ -111,7 +104,7 @@ json train_case(const std::string& name, std::vector<std::string> sets,
 // A small bf16 Llama (GQA) written by init-model, the base of the adapter cases.
 const std::string& llama_base() {
   static const std::string dir = [] {
-    std::string d = temp_dir("llama-base");
+    std::string d = test::temp_dir("pins-llama-base");
     test::KeelRun r = test::run_keel({"init-model",
                                       "--family",
                                       "llama",
@@ -163,7 +156,7 @@ std::string find_mpirun() {
 // A NaN capture (an injected inf in the last block's MLP at step 3) and its replay: the replayed
 // loss and gradients must be the recorded ones, and both are pinned.
 json replay_case() {
-  const std::string out = temp_dir("capture");
+  const std::string out = test::temp_dir("pins-capture");
   std::vector<std::string> sets = arith_sets(out);
   for (const char* s :
        {"debug.inject.module=transformer.h.1.mlp", "debug.inject.step=3", "debug.inject.kind=inf"})

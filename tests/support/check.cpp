@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include "keel/autograd/node.h"
 
@@ -225,13 +227,39 @@ void expect_deterministic_across_threads_and_isas(const std::function<std::vecto
 
 std::string keel_binary() { return std::string(KEEL_BINARY_DIR) + "/keel"; }
 
+namespace {
+// The directories this process made, removed when it exits with every test passed (a failed
+// test's files are kept for reading; KEEL_KEEP_TEST_DIRS=1 keeps them all). Kept, one suite run
+// left ~2 GB in /tmp (models, checkpoints), and a day of runs filled the disk.
+struct TempDirs {
+  std::mutex mu;
+  std::vector<std::filesystem::path> dirs;
+  pid_t owner = ::getpid();  // a forked child (a death test) exits without removing them
+  ~TempDirs() {
+    const char* keep = std::getenv("KEEL_KEEP_TEST_DIRS");
+    if (::getpid() != owner || (keep && std::string(keep) == "1") ||
+        !::testing::UnitTest::GetInstance()->Passed())
+      return;
+    std::error_code ec;
+    for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+  }
+};
+TempDirs& temp_dirs() {
+  static TempDirs t;
+  return t;
+}
+}  // namespace
+
 std::string temp_dir(const std::string& tag) {
   static int counter = 0;
+  TempDirs& made = temp_dirs();
+  std::lock_guard<std::mutex> lock(made.mu);
   auto dir =
       std::filesystem::temp_directory_path() /
       ("keel-test-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
+  made.dirs.push_back(dir);
   return dir.string();
 }
 
