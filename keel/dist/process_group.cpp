@@ -2,9 +2,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 
 #include "keel/dist/bucket.h"
 #include "keel/dist/mpi_group.h"
@@ -34,16 +34,18 @@ void ProcessGroup::all_reduce_grads(std::vector<Tensor>& grads) {
   seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void ProcessGroup::wait_for_rank_zero() {
-  const double deadline = timeout_s_;
-  timeout_s_ = std::numeric_limits<double>::infinity();
+void ProcessGroup::wait_for_rank_zero(const std::string& work) {
   try {
-    Collective::wait_for_rank_zero();
-  } catch (...) {
-    timeout_s_ = deadline;
-    throw;
+    Collective::wait_for_rank_zero(work);
+  } catch (const Error& e) {
+    if (rank() == 0) throw;
+    char limit[32];
+    std::snprintf(limit, sizeof limit, "%g", timeout_s_);
+    throw Error("rank 0's " + work + " (done by rank 0 alone) did not finish within " +
+                    "dist.timeout_s = " + limit + " s; raise dist.timeout_s if it needs longer, " +
+                    "or check rank 0's output if it hung",
+                e.kind);
   }
-  timeout_s_ = deadline;
 }
 
 void SingleGroup::all_gather(const double* in, size_t n, double* out) {

@@ -18,7 +18,7 @@ class ProcessGroup : public Collective {
   explicit ProcessGroup(int64_t bucket_bytes) : bucket_bytes_(bucket_bytes) {}
   // Buckets over all_reduce_sum_f32.
   void all_reduce_grads(std::vector<Tensor>& grads) override;
-  void wait_for_rank_zero() override;  // without the deadline (train/collective.h)
+  void wait_for_rank_zero(const std::string& work) override;  // train/collective.h
   // In place: element-wise sum across ranks of n floats.
   virtual void all_reduce_sum_f32(float* v, size_t n) = 0;
   // Ends every rank of the job now with `code` (a rank that hit an error another rank did not

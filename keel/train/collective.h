@@ -32,11 +32,12 @@ class Collective {
   virtual void all_reduce_max(double* v, size_t n) = 0;
   // Each rank contributes n doubles; out receives world_size * n, rank r's at out[r * n].
   virtual void all_gather(const double* in, size_t n, double* out) = 0;
-  // Every rank, after work rank 0 does alone (evaluation, checkpoints): returns once rank 0 has
-  // arrived. A process group waits here without dist.timeout_s's deadline: that work takes as
-  // long as it takes (a large checkpoint, a long evaluation), rank 0 waits on no one meanwhile,
-  // and a rank 0 that dies still ends the job (mpirun ends every rank).
-  virtual void wait_for_rank_zero() {
+  // Every rank, after `work` rank 0 does alone ("evaluation at step 40"): returns once rank 0 has
+  // arrived. A process group keeps dist.timeout_s's deadline here (a rank 0 hung in its file
+  // system would otherwise hang the job), and its error names rank 0's work and the key to raise,
+  // not a rank that "did not arrive (stopped, hung, ...)".
+  virtual void wait_for_rank_zero(const std::string& work) {
+    (void)work;
     double none = 0;
     all_reduce_max(&none, 1);
   }

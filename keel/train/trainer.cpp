@@ -615,7 +615,11 @@ int Trainer::fit() {
     // Rank 0 alone did them: the others wait for it here, not in the next step's collectives,
     // whose deadline (dist.timeout_s) ended the job when they took longer, naming rank 0 as
     // stopped or hung.
-    if (evaluates || saves) coll_->wait_for_rank_zero();
+    if (evaluates || saves)
+      coll_->wait_for_rank_zero(std::string(evaluates && saves ? "evaluation and checkpoint"
+                                            : evaluates        ? "evaluation"
+                                                               : "checkpoint") +
+                                " at step " + std::to_string(step_));
     // SIGTERM/SIGINT (train/stop_request.h): save and return, resumable. One process only: ranks
     // would have to agree on the step first.
     if (step_ < run_.total_steps && coll_->world_size() == 1 && stop_requested()) {
