@@ -228,9 +228,10 @@ void expect_deterministic_across_threads_and_isas(const std::function<std::vecto
 std::string keel_binary() { return std::string(KEEL_BINARY_DIR) + "/keel"; }
 
 namespace {
-// The directories this process made, removed when it exits with every test passed (a failed
-// test's files are kept for reading; KEEL_KEEP_TEST_DIRS=1 keeps them all). Kept, one suite run
-// left ~2 GB in /tmp (models, checkpoints), and a day of runs filled the disk.
+// The directories this process made (and files and directories named after them), removed when it
+// exits with every test passed (a failed test's files are kept for reading; KEEL_KEEP_TEST_DIRS=1
+// keeps them all). Kept, one suite run left ~2 GB in /tmp (models, checkpoints), and a day of runs
+// filled the disk.
 struct TempDirs {
   std::mutex mu;
   std::vector<std::filesystem::path> dirs;
@@ -242,6 +243,15 @@ struct TempDirs {
       return;
     std::error_code ec;
     for (const auto& d : dirs) std::filesystem::remove_all(d, ec);
+    // Tests also write beside their directory (DIR-traced, DIR-corpus.txt): those go with it.
+    std::vector<std::filesystem::path> beside;
+    for (const auto& e :
+         std::filesystem::directory_iterator(std::filesystem::temp_directory_path(), ec)) {
+      const std::string name = e.path().filename().string();
+      for (const auto& d : dirs)
+        if (name.rfind(d.filename().string() + "-", 0) == 0) beside.push_back(e.path());
+    }
+    for (const auto& p : beside) std::filesystem::remove_all(p, ec);
   }
 };
 TempDirs& temp_dirs() {
