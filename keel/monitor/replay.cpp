@@ -109,6 +109,12 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
   fs::create_directories(out_dir);
   RunOptions ro;
   ro.data_optional = true;  // the step's micro-batches come from the capture
+  // The run factory's notices are about the config this step runs: the replay's report lists
+  // them; a bisect trial's config is the bisect's change (adapter=none said "this run trains
+  // every parameter" of a LoRA run), and its notes are dropped.
+  ro.say = [&o](const std::string& m) {
+    o.notes.push_back(m.rfind("note: ", 0) == 0 ? m.substr(6) : m);  // listed as notes already
+  };
   Run run = build_run(replay_config(c, out_dir, sets), ro);
   for (const std::string& what : run.not_rebuilt) o.notes.push_back("not rebuilt: " + what);
   load_state(run, c, o.notes);

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -29,7 +30,8 @@ using test::slurp;
 // the capture directory.
 std::string make_capture(const std::string& tag, const std::string& module,
                          const std::string& precision = "32-true",
-                         const std::string& text_file = "") {
+                         const std::string& text_file = "",
+                         const std::function<void(Config&)>& edit = {}) {
   Config c;
   c.run.out_dir = test::temp_dir(tag);
   c.run.seed = 9;
@@ -52,6 +54,7 @@ std::string make_capture(const std::string& tag, const std::string& module,
     c.data.task = "text";
     c.data.path = text_file;
   }
+  if (edit) edit(c);
   Trainer* tp = nullptr;
   std::string path;
   TrainerHooks h;
@@ -207,6 +210,30 @@ TEST(Replay, BisectOfAFiniteReplayHasNothingToBisect) {
   EXPECT_TRUE(r.first_module.empty());
   EXPECT_EQ(r.cause, "not-reproduced");
   EXPECT_TRUE(r.bisect.empty());
+}
+
+// A bisect trial changes the config (adapter=none, another precision); what the run factory says
+// of that changed config is not about the user's run. The adapter=none trial of a LoRA capture
+// printed "note: [model.adapter] target_modules set, but model.adapter.kind = "none": this run
+// trains every parameter" under the replay's report.
+TEST(Replay, BisectTrialsSayNothingAboutTheirChangedConfigs) {
+  const std::string dir =
+      make_capture("replay-bisect-quiet", "transformer.h.0.mlp.c_fc", "32-true", "", [](Config& c) {
+        c.model.adapter.kind = "lora";
+        c.model.adapter.target_modules = {"c_attn"};
+      });
+  ReplayOptions o;
+  o.bisect = true;
+  testing::internal::CaptureStderr();
+  const ReplayResult r = replay_capture(dir, o);
+  const std::string err = testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(r.bisected);
+  bool tried = false;
+  for (const BisectTrial& t : r.bisect) tried |= t.change == "adapter=none";
+  EXPECT_TRUE(tried) << format_replay(r);
+  EXPECT_EQ(err.find("model.adapter"), std::string::npos) << err;
+  EXPECT_EQ(format_replay(r).find("model.adapter.kind = \"none\""), std::string::npos)
+      << format_replay(r);
 }
 
 std::string error_of(const std::string& dir) {
