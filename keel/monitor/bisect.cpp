@@ -32,6 +32,12 @@ constexpr double kDivergedLoss = 1e4;
 // 5.56) and bisect named attention=math its cause. Not before any update: an untrained model with
 // a wide init (init_std 10: ~250) is no divergence, and there the precision change is the fix.
 constexpr double kDivergedUniform = 1.5;
+// Once updates were applied, a trainable weight above 10^4 is the updates' doing (init 0.02; no
+// sane training takes a weight past the tens): the model has diverged even when its loss has not
+// (a LoRA on c_attn at optim.lr 1e4, weights of 9e7 after 3 updates, saturates the attention and
+// keeps the loss at 5.8), and a change that leaves the step finite runs those weights, or, as
+// adapter=none, drops them. Bisect named attention=math and "check its rank/alpha".
+constexpr double kDivergedWeight = 1e4;
 
 // Updates the optimizer applied (its state's "step" count); -1: unknown.
 int64_t updates_in(const std::vector<std::pair<std::string, Tensor>>& optimizer_state) {
@@ -207,6 +213,7 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
   } else {
     const int64_t updates = updates_before(c);
     double uniform = 0;  // ln V once a trial has built the model
+    const bool grown = updates > 0 && r.largest_weight > kDivergedWeight;
     for (const Alternative& a : alternatives(base, r.precision, r.attention)) {
       BisectTrial t;
       t.change = a.change;
@@ -217,8 +224,9 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
         t.finite = o.finite;
         t.marginal = o.finite && o.grad_norm > kMarginalNorm;
         if (o.vocab_size > 1) uniform = std::log(static_cast<double>(o.vocab_size));
-        t.diverged = o.finite && (o.loss > kDivergedLoss || (updates > 0 && uniform > 0 &&
-                                                             o.loss > kDivergedUniform * uniform));
+        t.diverged =
+            o.finite && (grown || o.loss > kDivergedLoss ||
+                         (updates > 0 && uniform > 0 && o.loss > kDivergedUniform * uniform));
         t.loss = o.loss;
         t.grad_norm = o.grad_norm;
       } catch (const Error& e) {
@@ -279,12 +287,20 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
             r.explanation += "; " + t.change +
                              " leaves this step finite only at the edge (grad norm " + buf +
                              ", within 2^10 of the f32 overflow)";
+          } else if (t.diverged && grown && t.change == "adapter=none") {
+            r.explanation +=
+                "; adapter=none leaves this step finite by dropping the adapter, "
+                "whose weights diverged";
           } else if (t.diverged) {
             std::snprintf(buf, sizeof buf, "%.3g", t.loss);
             r.explanation += "; " + t.change + " leaves this step finite with a loss of " + buf;
             if (t.loss <= kDivergedLoss) {
-              std::snprintf(buf, sizeof buf, "%.3g", uniform);
-              r.explanation += std::string(", above 1.5 x the uniform guess ln V = ") + buf;
+              const bool by_loss =
+                  updates > 0 && uniform > 0 && t.loss > kDivergedUniform * uniform;
+              std::snprintf(buf, sizeof buf, "%.3g", by_loss ? uniform : r.largest_weight);
+              r.explanation += std::string(by_loss ? ", above 1.5 x the uniform guess ln V = "
+                                                   : ", but on weights of up to ") +
+                               buf;
             }
             r.explanation += ": the model it runs has diverged";
           }

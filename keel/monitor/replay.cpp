@@ -118,6 +118,13 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
   Run run = build_run(replay_config(c, out_dir, sets), ro);
   for (const std::string& what : run.not_rebuilt) o.notes.push_back("not rebuilt: " + what);
   load_state(run, c, o.notes);
+  for (auto& [name, p] : run.trainable)
+    if (const double m =
+            monitor_kernels(p.device()).stats(p.data(), p.dtype(), p.numel(), p.dtype()).abs_max;
+        m > o.largest_weight) {
+      o.largest_weight = m;
+      o.largest_weight_param = name;
+    }
   o.precision = run.policy.name();
   o.attention = ops::attention_backend_name(run.model->spec().attention);
   o.vocab_size = run.model->spec().vocab_size;
@@ -305,6 +312,8 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
   r.nonfinite_params = main.nonfinite_params;
   r.largest_grad_param = main.largest_grad_param;
   r.largest_grad = main.largest_grad;
+  r.largest_weight_param = main.largest_weight_param;
+  r.largest_weight = main.largest_weight;
   r.reproduced = !main.finite;
   r.grads_fingerprint = main.grads_fingerprint;
   r.recorded_grads_fingerprint = local ? capture_field_as<std::string>(c, "local_grads_fingerprint")
@@ -363,6 +372,8 @@ json replay_to_json(const ReplayResult& r) {
             {"nonfinite_param_values", r.nonfinite_param_values},
             {"largest_grad_param", r.largest_grad_param},
             {"largest_grad", io::json_float(r.largest_grad)},
+            {"largest_weight_param", r.largest_weight_param},
+            {"largest_weight", io::json_float(r.largest_weight)},
             {"nonfinite_rows", r.nonfinite_rows},
             {"nonfinite_token_examples", r.nonfinite_token_examples},
             {"first_module", r.first_module},
@@ -446,7 +457,7 @@ std::string format_replay(const ReplayResult& r) {
       std::snprintf(buf, sizeof buf, "  %-22s %s", t.change.c_str(),
                     !t.error.empty()         ? "error"
                     : t.finite && t.marginal ? "finite only at the edge"
-                    : t.finite && t.diverged ? "finite, but the loss has diverged"
+                    : t.finite && t.diverged ? "finite, but the model has diverged"
                     : t.finite               ? "finite"
                                              : "non-finite");
       o << buf;

@@ -49,7 +49,8 @@ struct BisectTrial {
   // applied, above 1.5 x the uniform guess ln V): the change ran a diverged model's step in
   // another format, it fixes nothing (a run at optim.lr 1e4 in 16-true was blamed on its
   // precision: 32-true gave a loss of 9e8; one at optim.lr 1 in 16-mixed on attention=math:
-  // 25 nats after 4 updates, ln V = 5.56).
+  // 25 nats after 4 updates, ln V = 5.56), or, once an update was applied, on trainable weights
+  // above 10^4 whatever the loss (a LoRA at optim.lr 1e4 saturates the attention at a loss of 5.8).
   bool diverged = false;
   double loss = 0;
   double grad_norm = 0;
@@ -80,6 +81,8 @@ struct ReplayResult {
   int world_size = 1, rank = 0;
   std::string largest_grad_param;  // where the largest |gradient| element is (finite ones)
   double largest_grad = 0;
+  std::string largest_weight_param;  // the largest |value| of a trainable parameter (before)
+  double largest_weight = 0;
   std::vector<std::string> nonfinite_param_values;  // non-finite values before the step
   // --bisect, non-finite values: the first such parameter's non-finite rows and, for an embedding,
   // the dataset examples of the step whose tokens hit them.

@@ -19,6 +19,10 @@ struct StepOutcome {
   int world_size = 1, rank = 0;       // the captured rank (a replay runs it alone)
   std::string largest_grad_param;     // the largest finite |gradient| element, and where
   double largest_grad = 0;
+  // The largest |value| of a trainable parameter as the step starts, and where: weights the
+  // updates blew up (bisect.cpp).
+  std::string largest_weight_param;
+  double largest_weight = 0;
   TracerFinding finding;
   std::string precision, attention;
   int64_t vocab_size = 0;  // the model's logits: ln V is the loss of a uniform guess

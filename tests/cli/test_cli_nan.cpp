@@ -277,6 +277,33 @@ TEST(CliNan, ALearningRateDivergenceIsNotBlamedOnTheAttentionBackend) {
   EXPECT_NOT_CONTAINS(why, "model.attention");
 }
 
+// A LoRA on c_attn at optim.lr 1e4 under bf16-mixed: decoupled decay (1 - lr*wd = -99) takes the
+// adapter's weights to ~1e8 in 3 updates, the attention saturates and the loss stays near 5.8
+// while the step's gradient norm overflows. attention=math, 32-true and adapter=none each leave
+// the step finite; bisect named attention=math the cause (a run with it diverges all the same),
+// and had it been alone, adapter=none ("the adapter's update produces it (check its rank/alpha)").
+TEST(CliNan, AnAdapterDivergedByTheLearningRateIsNotBlamedOnTheBackendOrTheAdapter) {
+  const std::string dir = test::temp_dir("cli-nan-lora-lr");
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(), {"model.adapter.kind=lora", "model.adapter.target_modules=[\"c_attn\"]",
+                           "optim.lr=1e4", "train.precision=bf16-mixed", "train.max_steps=20"});
+  Ran r = run_keel(with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, dir, &step);
+  EXPECT_GT(step, 1) << "updates were applied before the non-finite step";
+  const json j = replay_json(capture, {"--bisect"});
+  EXPECT_TRUE(j.value("reproduced", false)) << j.dump(2);
+  EXPECT_GT(j.value("largest_weight", 0.0), 1e4) << j.dump(2);
+  for (const json& t : j.at("bisect"))
+    EXPECT_TRUE(!t.at("finite").get<bool>() || t.at("diverged").get<bool>()) << t.dump();
+  EXPECT_EQ(j.value("cause", std::string()), "diverged-parameters") << j.dump(2);
+  const std::string why = j.value("explanation", std::string());
+  EXPECT_CONTAINS(why, "lora_B.weight); the run diverged before this step");
+  EXPECT_CONTAINS(why, "lower optim.lr");
+  EXPECT_NOT_CONTAINS(why, "model.attention");
+  EXPECT_NOT_CONTAINS(why, "rank/alpha");
+}
+
 // A checkpoint with one huge but finite weight: model.layers.1.mlp.up_proj.weight[0, 5] = 1e5, as
 // written by keel init-model and edited (a bad merge, a conversion that scaled one tensor). It
 // loads (the value is finite in f32), and under 16-mixed the first step is NaN: autocast rounds
