@@ -388,5 +388,29 @@ TEST(Replay, MalformedCapturesNameTheFileAndTheFix) {
   }
 }
 
+// A capture's safetensors file cut short (a full disk, a partial copy) or a micro-batch that
+// capture.json lists and microbatches.safetensors lacks: the error named the file but not the fix
+// (exit 1), and the missing micro-batch asked "was it written for another model?".
+TEST(Replay, ATruncatedCaptureFileNamesItAndTheFix) {
+  const std::string good = make_capture("replay-cut", "transformer.h.0.mlp.c_fc");
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "microbatches.safetensors"}) {
+    const std::string d = test::temp_dir(std::string("replay-cut-") + f) + "/rank0";
+    fs::copy(good, d, fs::copy_options::recursive);
+    fs::resize_file(d + "/" + f, fs::file_size(d + "/" + f) / 2);
+    const std::string m = error_of(d);
+    EXPECT_CONTAINS(m, d + "/" + f + ": not a valid safetensors file");
+    EXPECT_CONTAINS(m, "re-run the training to write a new one");
+  }
+  const std::string d = test::temp_dir("replay-cut-mbs") + "/rank0";
+  fs::copy(good, d, fs::copy_options::recursive);
+  json meta = json::parse(slurp(d + "/capture.json"));
+  meta["micro_batches"].push_back(meta["micro_batches"][0]);
+  std::ofstream(d + "/capture.json") << meta.dump();
+  const std::string m = error_of(d);
+  EXPECT_CONTAINS(m, d + "/microbatches.safetensors: mb2.input_ids is missing, but " + d +
+                         "/capture.json lists 3 micro-batches");
+  EXPECT_NOT_CONTAINS(m, "another model");
+}
+
 }  // namespace
 }  // namespace keel::monitor
