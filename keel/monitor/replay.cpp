@@ -94,8 +94,15 @@ void load_state(Run& run, const Capture& c, std::vector<std::string>& notes) {
         "parameters converted from the captured dtype; optimizer state not loaded "
         "(it does not act before the update)");
   }
-  if (run.scaler && c.meta.contains("scaler") && c.meta["scaler"].is_object())
-    run.scaler->load_state_dict(c.meta["scaler"].get<std::map<std::string, double>>());
+  if (run.scaler && c.meta.contains("scaler") && c.meta["scaler"].is_object()) {
+    try {
+      run.scaler->load_state_dict(c.meta["scaler"].get<std::map<std::string, double>>());
+    } catch (const Error& e) {  // it said "the loss scaler's state: missing key", of no file
+      throw Error(c.dir + "/capture.json: \"scaler\": " + e.what() +
+                      "; the capture is corrupt (re-run the training to write a new one)",
+                  Error::kUsage);
+    }
+  }
 }
 
 }  // namespace

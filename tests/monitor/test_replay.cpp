@@ -412,5 +412,17 @@ TEST(Replay, ATruncatedCaptureFileNamesItAndTheFix) {
   EXPECT_NOT_CONTAINS(m, "another model");
 }
 
+// A 16-mixed capture whose "scaler" lacks a key: the scaler's own message named no file.
+TEST(Replay, ABrokenScalerStateNamesTheCaptureFile) {
+  const std::string d = make_capture("replay-scaler", "transformer.h.0.mlp.c_fc", "16-mixed");
+  json meta = json::parse(slurp(d + "/capture.json"));
+  ASSERT_TRUE(meta.at("scaler").is_object()) << meta.dump(2);
+  meta["scaler"].erase("scale");
+  std::ofstream(d + "/capture.json") << meta.dump();
+  const std::string m = error_of(d);
+  EXPECT_CONTAINS(m, d + "/capture.json: \"scaler\": the loss scaler's state: missing key 'scale'");
+  EXPECT_CONTAINS(m, "re-run the training");
+}
+
 }  // namespace
 }  // namespace keel::monitor
