@@ -17,7 +17,11 @@ namespace {
 struct Alternative {
   std::string change;
   std::vector<std::string> sets;
+  double loss_scale = 0;  // > 0: the backward's loss scale instead of the captured one
 };
+
+// PyTorch's initial loss scale: f16 gradients of ordinary size times it stay in f16's range.
+constexpr double kDefaultLossScale = 65536.0;
 
 // The trainer's f32 sum of squares overflows at a gradient norm of ~1.8e19; within 2^10 of that a
 // step is finite only by luck.
@@ -50,8 +54,13 @@ int64_t updates_in(const std::vector<std::pair<std::string, Tensor>>& optimizer_
 int64_t updates_before(const Capture& c) { return updates_in(c.optimizer.tensors); }
 
 std::vector<Alternative> alternatives(const Config& cfg, const std::string& precision,
-                                      const std::string& attention) {
+                                      const std::string& attention, double loss_scale) {
   std::vector<Alternative> a;
+  // A scale far above the default (scaler.init_scale = 1e30, a scaler that could not settle) is
+  // the smallest change: it alone multiplies the f16 gradients past 65504 (bisect named
+  // bf16-mixed, whose lack of a scaler was what fixed it).
+  if (precision == "16-mixed" && loss_scale > kDefaultLossScale)
+    a.push_back({"loss_scale=65536", {}, kDefaultLossScale});
   if (attention != "math") a.push_back({"attention=math", {"model.attention=math"}});
   if (attention == "flash") a.push_back({"attention=eager", {"model.attention=eager"}});
   if (precision == "16-true") a.push_back({"precision=16-mixed", {"train.precision=16-mixed"}});
@@ -65,7 +74,22 @@ std::vector<Alternative> alternatives(const Config& cfg, const std::string& prec
   return a;
 }
 
-std::string explain_change(const std::string& change, const std::string& precision) {
+std::string explain_change(const std::string& change, const std::string& precision,
+                           const Config& cfg, double loss_scale) {
+  if (change == "loss_scale=65536") {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "the loss scale %.8g multiplies the f16 gradients past 65504",
+                  loss_scale);
+    std::string why = buf;
+    // What held the scale up: a floor above the default, or a start far above it.
+    const bool floor = cfg.scaler.min_scale > kDefaultLossScale;
+    std::snprintf(buf, sizeof buf, "%.8g", floor ? cfg.scaler.min_scale : cfg.scaler.init_scale);
+    return why + "; at 65536 the step is finite: " +
+           (floor ? "lower scaler.min_scale (now " + std::string(buf) + ")"
+            : cfg.scaler.init_scale > kDefaultLossScale
+                ? "lower scaler.init_scale (now " + std::string(buf) + "; PyTorch's default 65536)"
+                : std::string("set scaler.max_scale = 65536 (the scale grew to it)"));
+  }
   if (change == "attention=math")
     return "the attention scores overflow or lose their range in the compute dtype; "
            "model.attention = \"math\" keeps scores and softmax in f32";
@@ -214,13 +238,13 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
     const int64_t updates = updates_before(c);
     double uniform = 0;  // ln V once a trial has built the model
     const bool grown = updates > 0 && r.largest_weight > kDivergedWeight;
-    for (const Alternative& a : alternatives(base, r.precision, r.attention)) {
+    for (const Alternative& a : alternatives(base, r.precision, r.attention, r.loss_scale)) {
       BisectTrial t;
       t.change = a.change;
       std::vector<std::string> s = sets;
       s.insert(s.end(), a.sets.begin(), a.sets.end());
       try {
-        const StepOutcome o = replay_step(c, r.out_dir + "/bisect", s, false);
+        const StepOutcome o = replay_step(c, r.out_dir + "/bisect", s, false, a.loss_scale);
         t.finite = o.finite;
         t.marginal = o.finite && o.grad_norm > kMarginalNorm;
         if (o.vocab_size > 1) uniform = std::log(static_cast<double>(o.vocab_size));
@@ -237,7 +261,7 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
     for (const BisectTrial& t : r.bisect)
       if (t.finite && !t.marginal && !t.diverged) {
         r.cause = t.change;
-        r.explanation = explain_change(t.change, r.precision);
+        r.explanation = explain_change(t.change, r.precision, base, r.loss_scale);
         break;
       }
     if (r.cause.empty()) {

@@ -108,7 +108,7 @@ void load_state(Run& run, const Capture& c, std::vector<std::string>& notes) {
 }  // namespace
 
 StepOutcome replay_step(const Capture& c, const std::string& out_dir,
-                        const std::vector<std::string>& sets, bool with_tracer) {
+                        const std::vector<std::string>& sets, bool with_tracer, double loss_scale) {
   StepOutcome o;
   // One rank of a data-parallel run (format 2): its micro-batches are rank, rank + W, ... of the
   // global window, weighted by the global window's tokens.
@@ -141,8 +141,9 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
   // from its configured initial scale.
   const bool captured_scaler = c.meta.contains("scaler") && c.meta["scaler"].is_object();
   if (run.scaler)
-    o.loss_scale =
-        captured_scaler ? capture_field_as<double>(c, "loss_scale") : run.scaler->get_scale();
+    o.loss_scale = loss_scale > 0    ? loss_scale
+                   : captured_scaler ? capture_field_as<double>(c, "loss_scale")
+                                     : run.scaler->get_scale();
 
   // The configured fault injection is part of the step; its hook goes before the tracer's so
   // the tracer sees the corrupted output (inject.h).

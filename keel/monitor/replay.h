@@ -10,14 +10,14 @@
 // underflow_overflow_rank{R}.log after the captured rank R.
 //
 // Bisect re-runs the step under one numerics change at a time, ordered from the smallest change
-// to the largest — attention backend (math: f32 scores; eager), the -mixed variant of a -true
-// policy, bf16-mixed for an f16 policy, 32-true, no adapter, no fault injection — and names the
-// first change that makes the step finite with headroom (a step that a change leaves finite only
-// marginally, its gradient norm within 2^10 of the f32 overflow, or with a diverged loss, counts
-// as not fixed). A learning
-// rate does not act within a step, so when no change helps the cause is the state the step started
-// from: non-finite parameter values (a corrupt checkpoint, a broken update), or finite parameters
-// so large that every precision overflows (a run that diverged: lower optim.lr).
+// to the largest — under 16-mixed a loss scale above 65536 brought to it, attention backend (math:
+// f32 scores; eager), the -mixed variant of a -true policy, bf16-mixed for an f16 policy, 32-true,
+// no adapter, no fault injection — and names the first change that makes the step finite with
+// headroom (a step that a change leaves finite only marginally, its gradient norm within 2^10 of
+// the f32 overflow, or with a diverged loss, counts as not fixed). A learning rate does not act
+// within a step, so when no change helps the cause is the state the step started from: non-finite
+// parameter values (a corrupt checkpoint, a broken update), or finite parameters so large that
+// every precision overflows (a run that diverged: lower optim.lr).
 //
 // Nothing of the original run is touched: the rebuilt trainer's out_dir is `out_dir` (default
 // DIR/replay, or a fresh temporary directory when DIR is not writable), where the tracer's log

@@ -304,6 +304,27 @@ TEST(CliNan, AnAdapterDivergedByTheLearningRateIsNotBlamedOnTheBackendOrTheAdapt
   EXPECT_NOT_CONTAINS(why, "rank/alpha");
 }
 
+// scaler.init_scale = 1e30 under 16-mixed: every step's scaled f16 gradients overflow, the scale
+// backs off 32 times (still 2.3e20) and the run stops, the scaler unable to settle. Bisect named
+// precision=bf16-mixed ("a value exceeds f16's range"): it is finite only because bf16-mixed has
+// no scaler. The smallest change is the loss scale, and the fix the user's own key.
+TEST(CliNan, AHugeInitialLossScaleIsBisectedToTheScale) {
+  const std::string dir = test::temp_dir("cli-nan-init-scale");
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(),
+              {"train.precision=16-mixed", "scaler.init_scale=1e30", "train.max_steps=40"});
+  Ran r = run_keel(with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, dir, &step);
+  const json j = replay_json(capture, {"--bisect"});
+  EXPECT_TRUE(j.value("reproduced", false)) << j.dump(2);
+  EXPECT_TRUE(bisect_of(j).at("loss_scale=65536")) << j.dump(2);
+  EXPECT_EQ(j.value("cause", std::string()), "loss_scale=65536") << j.dump(2);
+  const std::string why = j.value("explanation", std::string());
+  EXPECT_CONTAINS(why, "lower scaler.init_scale (now 1e+30");
+  EXPECT_NOT_CONTAINS(why, "bf16");
+}
+
 // A checkpoint with one huge but finite weight: model.layers.1.mlp.up_proj.weight[0, 5] = 1e5, as
 // written by keel init-model and edited (a bad merge, a conversion that scaled one tensor). It
 // loads (the value is finite in f32), and under 16-mixed the first step is NaN: autocast rounds
