@@ -325,6 +325,28 @@ TEST(CliNan, AHugeInitialLossScaleIsBisectedToTheScale) {
   EXPECT_NOT_CONTAINS(why, "bf16");
 }
 
+// The same run's stop: its advice said "find the module ..., then switch train.precision to
+// bf16-mixed or 32-true" and the stop line "lower scaler.init_scale if the scale started far above
+// 65536", of a start both knew was 1e30 (the "loss scale" finding at step 4 had named it). Both now
+// lead with the key and its value.
+TEST(CliNan, AHugeInitialLossScaleIsNamedByTheStopAndItsAdvice) {
+  const std::string dir = test::temp_dir("cli-nan-init-scale-stop");
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(),
+              {"train.precision=16-mixed", "scaler.init_scale=1e30", "train.max_steps=40"});
+  Ran r = run_keel(with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  expect_captured_stop(r, dir, &step);
+  EXPECT_CONTAINS(r.out + r.err,
+                  "advice: exploding: non-finite gradients at step " + std::to_string(step) +
+                      "; lower scaler.init_scale (now 1e+30; PyTorch's default 65536)");
+  EXPECT_CONTAINS(r.err,
+                  "; lower scaler.init_scale (now 1e+30; PyTorch's default 65536): every step "
+                  "overflowed at a scale still above 65536");
+  EXPECT_NOT_CONTAINS(r.out + r.err, "if the scale started far above");
+  EXPECT_NOT_CONTAINS(r.out + r.err, "32-true");
+}
+
 // A checkpoint with one huge but finite weight: model.layers.1.mlp.up_proj.weight[0, 5] = 1e5, as
 // written by keel init-model and edited (a bad merge, a conversion that scaled one tensor). It
 // loads (the value is finite in f32), and under 16-mixed the first step is NaN: autocast rounds
