@@ -420,11 +420,13 @@ std::string format_replay(const ReplayResult& r) {
   if (r.precision != r.captured_precision || r.attention != r.captured_attention)
     o << " (captured: " << r.captured_precision << ", attention " << r.captured_attention << ")";
   o << "\n";
-  std::snprintf(buf, sizeof buf, "  loss         %.9g (bits %s, recorded %s)\n", r.loss,
+  // A cross-entropy and a norm are >= 0: |.| drops a NaN's sign bit, which printf shows as "-nan"
+  // (it says nothing to the user; the loss bits keep it).
+  std::snprintf(buf, sizeof buf, "  loss         %.9g (bits %s, recorded %s)\n", std::fabs(r.loss),
                 r.loss_bits.c_str(), r.recorded_loss_bits.c_str());
   o << buf;
-  std::snprintf(buf, sizeof buf, "  grad norm    %.6g (unscaled; loss scale %g)\n", r.grad_norm,
-                r.loss_scale);
+  std::snprintf(buf, sizeof buf, "  grad norm    %.6g (unscaled; loss scale %g)\n",
+                std::fabs(r.grad_norm), r.loss_scale);
   o << buf;
   o << "  reproduced   " << (r.reproduced ? "yes: the step is non-finite again" : "no: finite")
     << "\n";

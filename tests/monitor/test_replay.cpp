@@ -3,6 +3,7 @@
 // left untouched, bisect on a broken state, and a malformed capture's errors naming the file.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -422,6 +423,16 @@ TEST(Replay, ABrokenScalerStateNamesTheCaptureFile) {
   const std::string m = error_of(d);
   EXPECT_CONTAINS(m, d + "/capture.json: \"scaler\": the loss scaler's state: missing key 'scale'");
   EXPECT_CONTAINS(m, "re-run the training");
+}
+
+// A NaN's sign bit says nothing to the user: the report printed "grad norm    -nan".
+TEST(Replay, TheReportPrintsANanGradNormWithoutItsSign) {
+  const std::string dir = make_capture("replay-sign", "transformer.h.1.mlp.c_fc");
+  const ReplayResult r = replay_capture(dir);
+  ASSERT_TRUE(std::isnan(r.grad_norm));
+  const std::string text = format_replay(r);
+  EXPECT_CONTAINS(text, "grad norm    nan (unscaled");
+  EXPECT_NOT_CONTAINS(text, " -nan");
 }
 
 }  // namespace
