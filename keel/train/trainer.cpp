@@ -410,6 +410,12 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
             what += "; parameter values already non-finite in " + std::to_string(bad.size()) +
                     " (first: " + bad.front() + ")";
         }
+        // A fault debug.inject put in at this step is the cause (the advice said so, the stop
+        // line did not).
+        if (const InjectConfig& inj = run_.cfg.debug.inject;
+            !inj.module.empty() && inj.step == r.step &&
+            (inj.only_rank < 0 || inj.only_rank == coll_->rank()))
+          what += "; debug.inject put " + inj.what() + " at this step";
         stop_message_ = "step " + std::to_string(r.step) + ": " + what;
         if (!path.empty())
           stop_message_ += "; capture written to " + path + "; replay with: keel replay " + path;

@@ -553,6 +553,22 @@ TEST(CliNan, InjectedNanInAttentionAtStep5IsBisectedToTheInjection) {
   EXPECT_EQ(j.value("cause", std::string()), "inject=off") << j.dump(2);
 }
 
+// The stop line of a step debug.inject corrupted names the injection (only the advice line did:
+// "stopped: step 3: non-finite gradients in 27 of 28 parameters ..." read as the run's failure).
+TEST(CliNan, TheStopOfAnInjectedFaultNamesDebugInject) {
+  const std::string dir = test::temp_dir("cli-nan-inject-stop");
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(), {"train.max_steps=6", "debug.inject.module=transformer.h.1.attn",
+                           "debug.inject.step=3", "debug.inject.kind=inf"});
+  Ran r = run_keel(with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  expect_captured_stop(r, dir, &step);
+  EXPECT_EQ(step, 3);
+  EXPECT_CONTAINS(r.err,
+                  "; debug.inject put inf into transformer.h.1.attn's output at this step; "
+                  "capture written to");
+}
+
 // Under 16-mixed the scaler owns overflowing gradients: a scale far too high overflows the f16
 // gradients of the first steps, the scaler skips them and backs off, and training finishes. No
 // capture is written, even with the tracer on.
