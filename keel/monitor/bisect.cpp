@@ -215,7 +215,8 @@ std::string optimizer_state_underflow(const std::vector<std::pair<std::string, T
          "'s smallest subnormal is stored as 0, and those elements are updated by lr * m / eps "
          "(optim.eps = " +
          buf + "), so " + worst + " grew to a largest |value| of " + largest +
-         (updates > 0 ? " in " + std::to_string(updates) + " updates" : std::string()) +
+         (updates > 0 ? " in " + std::to_string(updates) + (updates == 1 ? " update" : " updates")
+                      : std::string()) +
          ": train in 16-mixed or bf16-mixed (f32 master weights and optimizer state), or raise "
          "optim.eps (to about 1e-4)";
 }
@@ -294,8 +295,9 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
                                      : "no numerics change makes this step finite: the parameters "
                                        "themselves overflow every precision (largest |value| ") +
                         std::string(buf) + " in " + where + "); the run diverged before this step" +
-                        (updates > 0 ? " (" + std::to_string(updates) + " updates were applied)"
-                                     : std::string()) +
+                        (updates == 1  ? " (1 update was applied)"
+                         : updates > 1 ? " (" + std::to_string(updates) + " updates were applied)"
+                                       : std::string()) +
                         ": lower optim.lr";
         const double decay = 1.0 - base.optim.lr * base.optim.weight_decay;
         if (base.optim.name == "adamw" && decay <= 0) {

@@ -416,7 +416,7 @@ std::string format_replay(const ReplayResult& r) {
   char buf[256];
   o << "replay of step " << r.step << " from " << r.dir << "\n";
   o << "  settings     " << r.precision << ", attention " << r.attention << ", " << r.threads
-    << " threads";
+    << (r.threads == 1 ? " thread" : " threads");
   if (r.precision != r.captured_precision || r.attention != r.captured_attention)
     o << " (captured: " << r.captured_precision << ", attention " << r.captured_attention << ")";
   o << "\n";

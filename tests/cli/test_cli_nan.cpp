@@ -569,6 +569,30 @@ TEST(CliNan, TheStopOfAnInjectedFaultNamesDebugInject) {
                   "capture written to");
 }
 
+// A Llama (grouped-query attention) with DoRA, dropout and two micro-batches a step, at optim.lr
+// 1e4 under 16-mixed: the magnitudes are ~1e4 after the first update and step 2 is NaN. Its
+// replay is bit-exact, and the report counts in the singular: "1 updates were applied" and
+// "1 threads" before.
+TEST(CliNan, ADoraLlamaCaptureReplaysBitExactlyAndItsReportCountsRight) {
+  const std::string dir = test::temp_dir("cli-nan-dora-llama");
+  Ran r = run_keel(
+      with_sets({"train"}, {"run.out_dir=" + dir, "run.threads=1", "model.family=llama",
+                            "model.n_layer=2", "model.n_embd=64", "model.n_head=4",
+                            "model.n_kv_head=2", "model.dropout=0.1", "model.adapter.kind=dora",
+                            "data.num_examples=256", "data.eval_examples=0", "train.batch_size=4",
+                            "train.grad_accum=2", "data.seq_len=32", "log.tensorboard=false",
+                            "optim.lr=1e4", "train.precision=16-mixed", "train.max_steps=10"}),
+      {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, dir, &step);
+  EXPECT_EQ(step, 2);
+  Ran rep = run_keel({"replay", capture, "--bisect"});
+  EXPECT_EQ(rep.code, 0) << rep.output;
+  EXPECT_CONTAINS(rep.out, "16-mixed, attention eager, 1 thread\n");
+  EXPECT_CONTAINS(rep.out, "bit-exact    yes");
+  EXPECT_CONTAINS(rep.out, "(1 update was applied): lower optim.lr");
+}
+
 // Under 16-mixed the scaler owns overflowing gradients: a scale far too high overflows the f16
 // gradients of the first steps, the scaler skips them and backs off, and training finishes. No
 // capture is written, even with the tracer on.
