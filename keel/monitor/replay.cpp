@@ -333,6 +333,15 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
   r.first_nonfinite_param = main.first_nonfinite_param;
   r.bit_exact = r.loss_bit_exact && r.grads_bit_exact;
   r.notes = main.notes;
+  // Another keel's kernels may round differently: a capture it wrote that replays under its own
+  // settings but not bit-exactly says why (the report said only "bit-exact no").
+  if (const std::string by = c.meta.value("keel_version", std::string());
+      !r.bit_exact && by != KEEL_VERSION && r.precision == r.captured_precision &&
+      r.attention == r.captured_attention)
+    r.notes.push_back("the capture was written by keel " + (by.empty() ? "(unknown)" : by) +
+                      ", this is keel " + KEEL_VERSION +
+                      ": its kernels may round differently (replay it with the keel that wrote it "
+                      "for bit-exactness)");
   if (!main.finite)
     if (std::string why = optimizer_state_underflow(c, replay_config(c, r.out_dir, sets));
         !why.empty())

@@ -425,6 +425,29 @@ TEST(Replay, ABrokenScalerStateNamesTheCaptureFile) {
   EXPECT_CONTAINS(m, "re-run the training");
 }
 
+// A capture another keel wrote that does not replay bit-exactly says so (the report said only
+// "bit-exact no"); one that does needs no word.
+TEST(Replay, AnotherKeelVersionsCaptureIsNamedWhenItIsNotBitExact) {
+  const std::string dir = make_capture("replay-version", "transformer.h.1.mlp.c_fc");
+  json meta = json::parse(slurp(dir + "/capture.json"));
+  meta["keel_version"] = "0.0.1";
+  std::ofstream(dir + "/capture.json") << meta.dump();
+  auto notes = [](const ReplayResult& r) {
+    std::string all;
+    for (const std::string& n : r.notes) all += n + "\n";
+    return all;
+  };
+  const ReplayResult same = replay_capture(dir);
+  EXPECT_TRUE(same.bit_exact);
+  EXPECT_NOT_CONTAINS(notes(same), "keel 0.0.1");
+  meta["loss_bits"] = "0x0000000000000001";  // what another build's kernels might have computed
+  std::ofstream(dir + "/capture.json") << meta.dump();
+  const ReplayResult other = replay_capture(dir);
+  EXPECT_FALSE(other.bit_exact);
+  EXPECT_CONTAINS(notes(other), "the capture was written by keel 0.0.1, this is keel ");
+  EXPECT_CONTAINS(format_replay(other), "replay it with the keel that wrote it");
+}
+
 // A NaN's sign bit says nothing to the user: the report printed "grad norm    -nan".
 TEST(Replay, TheReportPrintsANanGradNormWithoutItsSign) {
   const std::string dir = make_capture("replay-sign", "transformer.h.1.mlp.c_fc");
