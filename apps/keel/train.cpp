@@ -296,9 +296,7 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   if (trainer.scaler()) advisor_opt.init_scale = cfg.scaler.init_scale;
   if (const InjectConfig& inj = cfg.debug.inject; !inj.module.empty() && inj.step >= 1) {
     advisor_opt.inject_step = inj.step;
-    advisor_opt.inject_what =
-        (inj.kind == "scale" ? "a factor of " + log::format_number(inj.factor, 6) : inj.kind) +
-        " into " + inj.module + "'s output";
+    advisor_opt.inject_what = inj.what();
   }
   // The uniform guess is over the logits the model produces (model.vocab_size), which may be far
   // wider than the tokenizer's ids (a byte tokenizer over Llama-3's 128,256 rows): a random model

@@ -674,6 +674,15 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
                  "bf16-mixed or 32-true") +
              (updated_ ? " (or lower optim.lr)" : "");
     case Trend::kExploding:
+      // A scale still above PyTorch's start because scaler.init_scale began far above it: the
+      // scale is what overflows (the advice said "switch train.precision to bf16-mixed" where the
+      // "loss scale" finding had said "lower scaler.init_scale").
+      if (p == "16-mixed" && opt_.init_scale > kPyTorchInitScale &&
+          r.loss_scale > kPyTorchInitScale)
+        return "lower scaler.init_scale (now " + scale_num(opt_.init_scale) +
+               "; PyTorch's default 65536): the loss scale (" + scale_num(r.loss_scale) +
+               ") still multiplies the gradients past f16's max 65504; or switch train.precision "
+               "to bf16-mixed (no scaler needed)";
       if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
         return (opt_.tracer_on
                     ? "the tracer's log (" +

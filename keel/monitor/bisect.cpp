@@ -17,7 +17,11 @@ namespace {
 struct Alternative {
   std::string change;
   std::vector<std::string> sets;
+  double loss_scale = 0;  // > 0: the backward's loss scale instead of the captured one
 };
+
+// PyTorch's initial loss scale: f16 gradients of ordinary size times it stay in f16's range.
+constexpr double kDefaultLossScale = 65536.0;
 
 // The trainer's f32 sum of squares overflows at a gradient norm of ~1.8e19; within 2^10 of that a
 // step is finite only by luck.
@@ -32,6 +36,12 @@ constexpr double kDivergedLoss = 1e4;
 // 5.56) and bisect named attention=math its cause. Not before any update: an untrained model with
 // a wide init (init_std 10: ~250) is no divergence, and there the precision change is the fix.
 constexpr double kDivergedUniform = 1.5;
+// Once updates were applied, a trainable weight above 10^4 is the updates' doing (init 0.02; no
+// sane training takes a weight past the tens): the model has diverged even when its loss has not
+// (a LoRA on c_attn at optim.lr 1e4, weights of 9e7 after 3 updates, saturates the attention and
+// keeps the loss at 5.8), and a change that leaves the step finite runs those weights, or, as
+// adapter=none, drops them. Bisect named attention=math and "check its rank/alpha".
+constexpr double kDivergedWeight = 1e4;
 
 // Updates the optimizer applied (its state's "step" count); -1: unknown.
 int64_t updates_in(const std::vector<std::pair<std::string, Tensor>>& optimizer_state) {
@@ -44,8 +54,13 @@ int64_t updates_in(const std::vector<std::pair<std::string, Tensor>>& optimizer_
 int64_t updates_before(const Capture& c) { return updates_in(c.optimizer.tensors); }
 
 std::vector<Alternative> alternatives(const Config& cfg, const std::string& precision,
-                                      const std::string& attention) {
+                                      const std::string& attention, double loss_scale) {
   std::vector<Alternative> a;
+  // A scale far above the default (scaler.init_scale = 1e30, a scaler that could not settle) is
+  // the smallest change: it alone multiplies the f16 gradients past 65504 (bisect named
+  // bf16-mixed, whose lack of a scaler was what fixed it).
+  if (precision == "16-mixed" && loss_scale > kDefaultLossScale)
+    a.push_back({"loss_scale=65536", {}, kDefaultLossScale});
   if (attention != "math") a.push_back({"attention=math", {"model.attention=math"}});
   if (attention == "flash") a.push_back({"attention=eager", {"model.attention=eager"}});
   if (precision == "16-true") a.push_back({"precision=16-mixed", {"train.precision=16-mixed"}});
@@ -59,7 +74,22 @@ std::vector<Alternative> alternatives(const Config& cfg, const std::string& prec
   return a;
 }
 
-std::string explain_change(const std::string& change, const std::string& precision) {
+std::string explain_change(const std::string& change, const std::string& precision,
+                           const Config& cfg, double loss_scale) {
+  if (change == "loss_scale=65536") {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "the loss scale %.8g multiplies the f16 gradients past 65504",
+                  loss_scale);
+    std::string why = buf;
+    // What held the scale up: a floor above the default, or a start far above it.
+    const bool floor = cfg.scaler.min_scale > kDefaultLossScale;
+    std::snprintf(buf, sizeof buf, "%.8g", floor ? cfg.scaler.min_scale : cfg.scaler.init_scale);
+    return why + "; at 65536 the step is finite: " +
+           (floor ? "lower scaler.min_scale (now " + std::string(buf) + ")"
+            : cfg.scaler.init_scale > kDefaultLossScale
+                ? "lower scaler.init_scale (now " + std::string(buf) + "; PyTorch's default 65536)"
+                : std::string("set scaler.max_scale = 65536 (the scale grew to it)"));
+  }
   if (change == "attention=math")
     return "the attention scores overflow or lose their range in the compute dtype; "
            "model.attention = \"math\" keeps scores and softmax in f32";
@@ -185,7 +215,8 @@ std::string optimizer_state_underflow(const std::vector<std::pair<std::string, T
          "'s smallest subnormal is stored as 0, and those elements are updated by lr * m / eps "
          "(optim.eps = " +
          buf + "), so " + worst + " grew to a largest |value| of " + largest +
-         (updates > 0 ? " in " + std::to_string(updates) + " updates" : std::string()) +
+         (updates > 0 ? " in " + std::to_string(updates) + (updates == 1 ? " update" : " updates")
+                      : std::string()) +
          ": train in 16-mixed or bf16-mixed (f32 master weights and optimizer state), or raise "
          "optim.eps (to about 1e-4)";
 }
@@ -207,18 +238,20 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
   } else {
     const int64_t updates = updates_before(c);
     double uniform = 0;  // ln V once a trial has built the model
-    for (const Alternative& a : alternatives(base, r.precision, r.attention)) {
+    const bool grown = updates > 0 && r.largest_weight > kDivergedWeight;
+    for (const Alternative& a : alternatives(base, r.precision, r.attention, r.loss_scale)) {
       BisectTrial t;
       t.change = a.change;
       std::vector<std::string> s = sets;
       s.insert(s.end(), a.sets.begin(), a.sets.end());
       try {
-        const StepOutcome o = replay_step(c, r.out_dir + "/bisect", s, false);
+        const StepOutcome o = replay_step(c, r.out_dir + "/bisect", s, false, a.loss_scale);
         t.finite = o.finite;
         t.marginal = o.finite && o.grad_norm > kMarginalNorm;
         if (o.vocab_size > 1) uniform = std::log(static_cast<double>(o.vocab_size));
-        t.diverged = o.finite && (o.loss > kDivergedLoss || (updates > 0 && uniform > 0 &&
-                                                             o.loss > kDivergedUniform * uniform));
+        t.diverged =
+            o.finite && (grown || o.loss > kDivergedLoss ||
+                         (updates > 0 && uniform > 0 && o.loss > kDivergedUniform * uniform));
         t.loss = o.loss;
         t.grad_norm = o.grad_norm;
       } catch (const Error& e) {
@@ -229,7 +262,7 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
     for (const BisectTrial& t : r.bisect)
       if (t.finite && !t.marginal && !t.diverged) {
         r.cause = t.change;
-        r.explanation = explain_change(t.change, r.precision);
+        r.explanation = explain_change(t.change, r.precision, base, r.loss_scale);
         break;
       }
     if (r.cause.empty()) {
@@ -262,8 +295,9 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
                                      : "no numerics change makes this step finite: the parameters "
                                        "themselves overflow every precision (largest |value| ") +
                         std::string(buf) + " in " + where + "); the run diverged before this step" +
-                        (updates > 0 ? " (" + std::to_string(updates) + " updates were applied)"
-                                     : std::string()) +
+                        (updates == 1  ? " (1 update was applied)"
+                         : updates > 1 ? " (" + std::to_string(updates) + " updates were applied)"
+                                       : std::string()) +
                         ": lower optim.lr";
         const double decay = 1.0 - base.optim.lr * base.optim.weight_decay;
         if (base.optim.name == "adamw" && decay <= 0) {
@@ -279,12 +313,20 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
             r.explanation += "; " + t.change +
                              " leaves this step finite only at the edge (grad norm " + buf +
                              ", within 2^10 of the f32 overflow)";
+          } else if (t.diverged && grown && t.change == "adapter=none") {
+            r.explanation +=
+                "; adapter=none leaves this step finite by dropping the adapter, "
+                "whose weights diverged";
           } else if (t.diverged) {
             std::snprintf(buf, sizeof buf, "%.3g", t.loss);
             r.explanation += "; " + t.change + " leaves this step finite with a loss of " + buf;
             if (t.loss <= kDivergedLoss) {
-              std::snprintf(buf, sizeof buf, "%.3g", uniform);
-              r.explanation += std::string(", above 1.5 x the uniform guess ln V = ") + buf;
+              const bool by_loss =
+                  updates > 0 && uniform > 0 && t.loss > kDivergedUniform * uniform;
+              std::snprintf(buf, sizeof buf, "%.3g", by_loss ? uniform : r.largest_weight);
+              r.explanation += std::string(by_loss ? ", above 1.5 x the uniform guess ln V = "
+                                                   : ", but on weights of up to ") +
+                               buf;
             }
             r.explanation += ": the model it runs has diverged";
           }

@@ -191,9 +191,20 @@ Capture read_nan_capture(const std::string& dir) {
                       ": missing; the capture is incomplete (it is written atomically, "
                       "so the directory was changed afterwards): re-run the training",
                   Error::kUsage);
-  c.model = io::read_safetensors(dir + "/model.safetensors");
-  c.optimizer = io::read_safetensors(dir + "/optimizer.safetensors");
-  c.batches = io::read_safetensors(dir + "/microbatches.safetensors");
+  // A file cut short or overwritten: the reader names the file and the problem (it said nothing of
+  // the fix, and exited 1 where every other problem of a capture exits 2).
+  auto read_part = [&](const char* f) {
+    try {
+      return io::read_safetensors(dir + "/" + f);
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) +
+                      "; the capture is corrupt: re-run the training to write a new one",
+                  Error::kUsage);
+    }
+  };
+  c.model = read_part("model.safetensors");
+  c.optimizer = read_part("optimizer.safetensors");
+  c.batches = read_part("microbatches.safetensors");
   const json& mbs = capture_field(c, "micro_batches");
   if (!mbs.is_array() || mbs.empty())
     throw Error(meta_path + ": \"micro_batches\" must be a non-empty list; the capture is corrupt",
@@ -201,6 +212,14 @@ Capture read_nan_capture(const std::string& dir) {
   for (size_t i = 0; i < mbs.size(); ++i) {
     const std::string p = "mb" + std::to_string(i) + ".";
     data::Batch b;
+    // Safetensors::at's "was it written for another model?" is not this file's problem.
+    for (const char* t : {"input_ids", "labels"})
+      if (!c.batches.find(p + t))
+        throw Error(
+            dir + "/microbatches.safetensors: " + p + t + " is missing, but " + meta_path +
+                " lists " + std::to_string(mbs.size()) +
+                " micro-batches; the capture is corrupt: re-run the training to write a new one",
+            Error::kUsage);
     b.input_ids = c.batches.at(p + "input_ids");
     b.labels = c.batches.at(p + "labels");
     if (const Tensor* m = c.batches.find(p + "attention_mask")) b.attention_mask = *m;

@@ -94,14 +94,21 @@ void load_state(Run& run, const Capture& c, std::vector<std::string>& notes) {
         "parameters converted from the captured dtype; optimizer state not loaded "
         "(it does not act before the update)");
   }
-  if (run.scaler && c.meta.contains("scaler") && c.meta["scaler"].is_object())
-    run.scaler->load_state_dict(c.meta["scaler"].get<std::map<std::string, double>>());
+  if (run.scaler && c.meta.contains("scaler") && c.meta["scaler"].is_object()) {
+    try {
+      run.scaler->load_state_dict(c.meta["scaler"].get<std::map<std::string, double>>());
+    } catch (const Error& e) {  // it said "the loss scaler's state: missing key", of no file
+      throw Error(c.dir + "/capture.json: \"scaler\": " + e.what() +
+                      "; the capture is corrupt (re-run the training to write a new one)",
+                  Error::kUsage);
+    }
+  }
 }
 
 }  // namespace
 
 StepOutcome replay_step(const Capture& c, const std::string& out_dir,
-                        const std::vector<std::string>& sets, bool with_tracer) {
+                        const std::vector<std::string>& sets, bool with_tracer, double loss_scale) {
   StepOutcome o;
   // One rank of a data-parallel run (format 2): its micro-batches are rank, rank + W, ... of the
   // global window, weighted by the global window's tokens.
@@ -109,9 +116,22 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
   fs::create_directories(out_dir);
   RunOptions ro;
   ro.data_optional = true;  // the step's micro-batches come from the capture
+  // The run factory's notices are about the config this step runs: the replay's report lists
+  // them; a bisect trial's config is the bisect's change (adapter=none said "this run trains
+  // every parameter" of a LoRA run), and its notes are dropped.
+  ro.say = [&o](const std::string& m) {
+    o.notes.push_back(m.rfind("note: ", 0) == 0 ? m.substr(6) : m);  // listed as notes already
+  };
   Run run = build_run(replay_config(c, out_dir, sets), ro);
   for (const std::string& what : run.not_rebuilt) o.notes.push_back("not rebuilt: " + what);
   load_state(run, c, o.notes);
+  for (auto& [name, p] : run.trainable)
+    if (const double m =
+            monitor_kernels(p.device()).stats(p.data(), p.dtype(), p.numel(), p.dtype()).abs_max;
+        m > o.largest_weight) {
+      o.largest_weight = m;
+      o.largest_weight_param = name;
+    }
   o.precision = run.policy.name();
   o.attention = ops::attention_backend_name(run.model->spec().attention);
   o.vocab_size = run.model->spec().vocab_size;
@@ -121,8 +141,9 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
   // from its configured initial scale.
   const bool captured_scaler = c.meta.contains("scaler") && c.meta["scaler"].is_object();
   if (run.scaler)
-    o.loss_scale =
-        captured_scaler ? capture_field_as<double>(c, "loss_scale") : run.scaler->get_scale();
+    o.loss_scale = loss_scale > 0    ? loss_scale
+                   : captured_scaler ? capture_field_as<double>(c, "loss_scale")
+                                     : run.scaler->get_scale();
 
   // The configured fault injection is part of the step; its hook goes before the tracer's so
   // the tracer sees the corrupted output (inject.h).
@@ -299,6 +320,8 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
   r.nonfinite_params = main.nonfinite_params;
   r.largest_grad_param = main.largest_grad_param;
   r.largest_grad = main.largest_grad;
+  r.largest_weight_param = main.largest_weight_param;
+  r.largest_weight = main.largest_weight;
   r.reproduced = !main.finite;
   r.grads_fingerprint = main.grads_fingerprint;
   r.recorded_grads_fingerprint = local ? capture_field_as<std::string>(c, "local_grads_fingerprint")
@@ -310,6 +333,15 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
   r.first_nonfinite_param = main.first_nonfinite_param;
   r.bit_exact = r.loss_bit_exact && r.grads_bit_exact;
   r.notes = main.notes;
+  // Another keel's kernels may round differently: a capture it wrote that replays under its own
+  // settings but not bit-exactly says why (the report said only "bit-exact no").
+  if (const std::string by = c.meta.value("keel_version", std::string());
+      !r.bit_exact && by != KEEL_VERSION && r.precision == r.captured_precision &&
+      r.attention == r.captured_attention)
+    r.notes.push_back("the capture was written by keel " + (by.empty() ? "(unknown)" : by) +
+                      ", this is keel " + KEEL_VERSION +
+                      ": its kernels may round differently (replay it with the keel that wrote it "
+                      "for bit-exactness)");
   if (!main.finite)
     if (std::string why = optimizer_state_underflow(c, replay_config(c, r.out_dir, sets));
         !why.empty())
@@ -357,6 +389,8 @@ json replay_to_json(const ReplayResult& r) {
             {"nonfinite_param_values", r.nonfinite_param_values},
             {"largest_grad_param", r.largest_grad_param},
             {"largest_grad", io::json_float(r.largest_grad)},
+            {"largest_weight_param", r.largest_weight_param},
+            {"largest_weight", io::json_float(r.largest_weight)},
             {"nonfinite_rows", r.nonfinite_rows},
             {"nonfinite_token_examples", r.nonfinite_token_examples},
             {"first_module", r.first_module},
@@ -391,15 +425,17 @@ std::string format_replay(const ReplayResult& r) {
   char buf[256];
   o << "replay of step " << r.step << " from " << r.dir << "\n";
   o << "  settings     " << r.precision << ", attention " << r.attention << ", " << r.threads
-    << " threads";
+    << (r.threads == 1 ? " thread" : " threads");
   if (r.precision != r.captured_precision || r.attention != r.captured_attention)
     o << " (captured: " << r.captured_precision << ", attention " << r.captured_attention << ")";
   o << "\n";
-  std::snprintf(buf, sizeof buf, "  loss         %.9g (bits %s, recorded %s)\n", r.loss,
+  // A cross-entropy and a norm are >= 0: |.| drops a NaN's sign bit, which printf shows as "-nan"
+  // (it says nothing to the user; the loss bits keep it).
+  std::snprintf(buf, sizeof buf, "  loss         %.9g (bits %s, recorded %s)\n", std::fabs(r.loss),
                 r.loss_bits.c_str(), r.recorded_loss_bits.c_str());
   o << buf;
-  std::snprintf(buf, sizeof buf, "  grad norm    %.6g (unscaled; loss scale %g)\n", r.grad_norm,
-                r.loss_scale);
+  std::snprintf(buf, sizeof buf, "  grad norm    %.6g (unscaled; loss scale %g)\n",
+                std::fabs(r.grad_norm), r.loss_scale);
   o << buf;
   o << "  reproduced   " << (r.reproduced ? "yes: the step is non-finite again" : "no: finite")
     << "\n";
@@ -440,7 +476,7 @@ std::string format_replay(const ReplayResult& r) {
       std::snprintf(buf, sizeof buf, "  %-22s %s", t.change.c_str(),
                     !t.error.empty()         ? "error"
                     : t.finite && t.marginal ? "finite only at the edge"
-                    : t.finite && t.diverged ? "finite, but the loss has diverged"
+                    : t.finite && t.diverged ? "finite, but the model has diverged"
                     : t.finite               ? "finite"
                                              : "non-finite");
       o << buf;

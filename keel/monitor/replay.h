@@ -10,14 +10,14 @@
 // underflow_overflow_rank{R}.log after the captured rank R.
 //
 // Bisect re-runs the step under one numerics change at a time, ordered from the smallest change
-// to the largest — attention backend (math: f32 scores; eager), the -mixed variant of a -true
-// policy, bf16-mixed for an f16 policy, 32-true, no adapter, no fault injection — and names the
-// first change that makes the step finite with headroom (a step that a change leaves finite only
-// marginally, its gradient norm within 2^10 of the f32 overflow, or with a diverged loss, counts
-// as not fixed). A learning
-// rate does not act within a step, so when no change helps the cause is the state the step started
-// from: non-finite parameter values (a corrupt checkpoint, a broken update), or finite parameters
-// so large that every precision overflows (a run that diverged: lower optim.lr).
+// to the largest — under 16-mixed a loss scale above 65536 brought to it, attention backend (math:
+// f32 scores; eager), the -mixed variant of a -true policy, bf16-mixed for an f16 policy, 32-true,
+// no adapter, no fault injection — and names the first change that makes the step finite with
+// headroom (a step that a change leaves finite only marginally, its gradient norm within 2^10 of
+// the f32 overflow, or with a diverged loss, counts as not fixed). A learning rate does not act
+// within a step, so when no change helps the cause is the state the step started from: non-finite
+// parameter values (a corrupt checkpoint, a broken update), or finite parameters so large that
+// every precision overflows (a run that diverged: lower optim.lr).
 //
 // Nothing of the original run is touched: the rebuilt trainer's out_dir is `out_dir` (default
 // DIR/replay, or a fresh temporary directory when DIR is not writable), where the tracer's log
@@ -49,7 +49,8 @@ struct BisectTrial {
   // applied, above 1.5 x the uniform guess ln V): the change ran a diverged model's step in
   // another format, it fixes nothing (a run at optim.lr 1e4 in 16-true was blamed on its
   // precision: 32-true gave a loss of 9e8; one at optim.lr 1 in 16-mixed on attention=math:
-  // 25 nats after 4 updates, ln V = 5.56).
+  // 25 nats after 4 updates, ln V = 5.56), or, once an update was applied, on trainable weights
+  // above 10^4 whatever the loss (a LoRA at optim.lr 1e4 saturates the attention at a loss of 5.8).
   bool diverged = false;
   double loss = 0;
   double grad_norm = 0;
@@ -80,6 +81,8 @@ struct ReplayResult {
   int world_size = 1, rank = 0;
   std::string largest_grad_param;  // where the largest |gradient| element is (finite ones)
   double largest_grad = 0;
+  std::string largest_weight_param;  // the largest |value| of a trainable parameter (before)
+  double largest_weight = 0;
   std::vector<std::string> nonfinite_param_values;  // non-finite values before the step
   // --bisect, non-finite values: the first such parameter's non-finite rows and, for an embedding,
   // the dataset examples of the step whose tokens hit them.

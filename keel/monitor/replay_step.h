@@ -19,6 +19,10 @@ struct StepOutcome {
   int world_size = 1, rank = 0;       // the captured rank (a replay runs it alone)
   std::string largest_grad_param;     // the largest finite |gradient| element, and where
   double largest_grad = 0;
+  // The largest |value| of a trainable parameter as the step starts, and where: weights the
+  // updates blew up (bisect.cpp).
+  std::string largest_weight_param;
+  double largest_weight = 0;
   TracerFinding finding;
   std::string precision, attention;
   int64_t vocab_size = 0;  // the model's logits: ln V is the loss of a uniform guess
@@ -32,9 +36,11 @@ Config replay_config(const Capture& c, const std::string& out_dir,
 
 // Rebuilds the run from the capture's config (in memory; a training file that is gone is named
 // in the notes, the captured micro-batches feed the step), loads the captured state and runs the
-// step's forward and backward, stopping before the update.
+// step's forward and backward, stopping before the update. `loss_scale` > 0 runs the backward
+// under that scale instead of the captured one (bisect's loss-scale trial).
 StepOutcome replay_step(const Capture& c, const std::string& out_dir,
-                        const std::vector<std::string>& sets, bool with_tracer);
+                        const std::vector<std::string>& sets, bool with_tracer,
+                        double loss_scale = 0);
 
 // AdamW's second moment held in a 16-bit format (16-true's f16 state): elements whose exp_avg is
 // not 0 but whose exp_avg_sq is (a squared gradient flushed to 0) are updated by lr * m / eps,

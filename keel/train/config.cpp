@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -829,6 +830,13 @@ std::vector<ConfigKeyInfo> config_keys() {
     out.push_back({k.full(), field_type(f), field_toml(f)});
   }
   return out;
+}
+
+std::string InjectConfig::what() const {
+  char factor_text[32];
+  std::snprintf(factor_text, sizeof factor_text, "%.6g", factor);
+  return (kind == "scale" ? "a factor of " + std::string(factor_text) : kind) + " into " + module +
+         "'s output";
 }
 
 }  // namespace keel

@@ -125,6 +125,8 @@ struct InjectConfig {
   std::string kind = "nan";  // nan | inf | scale
   double factor = 1.0;       // kind = scale
   int64_t only_rank = -1;    // data-parallel: inject on this rank only; -1 = every rank
+  // What it puts where: "nan into transformer.h.0.attn's output", "a factor of 1e+06 into ...".
+  std::string what() const;
 };
 
 struct DebugConfig {

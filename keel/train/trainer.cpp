@@ -47,11 +47,19 @@ std::string log_number(double v) {
 
 // What to do about a scaler that cannot settle. The learning rate is a suspect only once an update
 // was applied: before that the weights are as initialized or loaded.
-std::string unsettled_action(bool ever_updated) {
+// `scale`: the one the last step overflowed at.
+std::string unsettled_action(bool ever_updated, double init_scale, double scale) {
+  // Backing off from a start far above PyTorch's 65536 and still above it: the start is the cause
+  // ("lower scaler.init_scale if the scale started far above 65536" was said to a run the stop
+  // knew began at 1e30, beside "switch train.precision to bf16-mixed").
+  if (init_scale > 65536 && scale > 65536)
+    return "lower scaler.init_scale (now " + log_number(init_scale) +
+           "; PyTorch's default 65536): every step overflowed at a scale still above 65536; or "
+           "switch train.precision to bf16-mixed (f32's range, no scaler needed)";
   std::string a =
       "find the module whose f16 gradients overflow with debug.underflow_overflow.enabled = true "
-      "(or keel replay on the capture), lower scaler.init_scale if the scale started far above "
-      "65536, or switch train.precision to bf16-mixed (f32's range, no scaler needed)";
+      "(or keel replay on the capture), or switch train.precision to bf16-mixed (f32's range, no "
+      "scaler needed)";
   if (ever_updated) a += "; the updates may have grown the weights: lower optim.lr";
   return a;
 }
@@ -389,7 +397,9 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
         std::string what = loss_finite ? std::string("non-finite gradients")
                                        : "non-finite loss (" + std::string(loss_text) + ")";
         if (!unsettled.empty())
-          what = unsettled + "; " + unsettled_action(sched_step_ > 0) + "; last step's " + what;
+          what = unsettled + "; " +
+                 unsettled_action(sched_step_ > 0, run_.cfg.scaler.init_scale, r.loss_scale) +
+                 "; last step's " + what;
         if (loss_finite && ev.nonfinite_params.empty())
           what = "non-finite gradient norm (" + std::to_string(r.grad_norm) +
                  ": its f32 sum of squares overflowed; every gradient element is finite but some "
@@ -407,6 +417,12 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
             what += "; parameter values already non-finite in " + std::to_string(bad.size()) +
                     " (first: " + bad.front() + ")";
         }
+        // A fault debug.inject put in at this step is the cause (the advice said so, the stop
+        // line did not).
+        if (const InjectConfig& inj = run_.cfg.debug.inject;
+            !inj.module.empty() && inj.step == r.step &&
+            (inj.only_rank < 0 || inj.only_rank == coll_->rank()))
+          what += "; debug.inject put " + inj.what() + " at this step";
         stop_message_ = "step " + std::to_string(r.step) + ": " + what;
         if (!path.empty())
           stop_message_ +=

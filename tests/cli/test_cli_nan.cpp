@@ -277,6 +277,76 @@ TEST(CliNan, ALearningRateDivergenceIsNotBlamedOnTheAttentionBackend) {
   EXPECT_NOT_CONTAINS(why, "model.attention");
 }
 
+// A LoRA on c_attn at optim.lr 1e4 under bf16-mixed: decoupled decay (1 - lr*wd = -99) takes the
+// adapter's weights to ~1e8 in 3 updates, the attention saturates and the loss stays near 5.8
+// while the step's gradient norm overflows. attention=math, 32-true and adapter=none each leave
+// the step finite; bisect named attention=math the cause (a run with it diverges all the same),
+// and had it been alone, adapter=none ("the adapter's update produces it (check its rank/alpha)").
+TEST(CliNan, AnAdapterDivergedByTheLearningRateIsNotBlamedOnTheBackendOrTheAdapter) {
+  const std::string dir = test::temp_dir("cli-nan-lora-lr");
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(), {"model.adapter.kind=lora", "model.adapter.target_modules=[\"c_attn\"]",
+                           "optim.lr=1e4", "train.precision=bf16-mixed", "train.max_steps=20"});
+  Ran r = run_keel(with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, dir, &step);
+  EXPECT_GT(step, 1) << "updates were applied before the non-finite step";
+  const json j = replay_json(capture, {"--bisect"});
+  EXPECT_TRUE(j.value("reproduced", false)) << j.dump(2);
+  EXPECT_GT(j.value("largest_weight", 0.0), 1e4) << j.dump(2);
+  for (const json& t : j.at("bisect"))
+    EXPECT_TRUE(!t.at("finite").get<bool>() || t.at("diverged").get<bool>()) << t.dump();
+  EXPECT_EQ(j.value("cause", std::string()), "diverged-parameters") << j.dump(2);
+  const std::string why = j.value("explanation", std::string());
+  EXPECT_CONTAINS(why, "lora_B.weight); the run diverged before this step");
+  EXPECT_CONTAINS(why, "lower optim.lr");
+  EXPECT_NOT_CONTAINS(why, "model.attention");
+  EXPECT_NOT_CONTAINS(why, "rank/alpha");
+}
+
+// scaler.init_scale = 1e30 under 16-mixed: every step's scaled f16 gradients overflow, the scale
+// backs off 32 times (still 2.3e20) and the run stops, the scaler unable to settle. Bisect named
+// precision=bf16-mixed ("a value exceeds f16's range"): it is finite only because bf16-mixed has
+// no scaler. The smallest change is the loss scale, and the fix the user's own key.
+TEST(CliNan, AHugeInitialLossScaleIsBisectedToTheScale) {
+  const std::string dir = test::temp_dir("cli-nan-init-scale");
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(),
+              {"train.precision=16-mixed", "scaler.init_scale=1e30", "train.max_steps=40"});
+  Ran r = run_keel(with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, dir, &step);
+  const json j = replay_json(capture, {"--bisect"});
+  EXPECT_TRUE(j.value("reproduced", false)) << j.dump(2);
+  EXPECT_TRUE(bisect_of(j).at("loss_scale=65536")) << j.dump(2);
+  EXPECT_EQ(j.value("cause", std::string()), "loss_scale=65536") << j.dump(2);
+  const std::string why = j.value("explanation", std::string());
+  EXPECT_CONTAINS(why, "lower scaler.init_scale (now 1e+30");
+  EXPECT_NOT_CONTAINS(why, "bf16");
+}
+
+// The same run's stop: its advice said "find the module ..., then switch train.precision to
+// bf16-mixed or 32-true" and the stop line "lower scaler.init_scale if the scale started far above
+// 65536", of a start both knew was 1e30 (the "loss scale" finding at step 4 had named it). Both now
+// lead with the key and its value.
+TEST(CliNan, AHugeInitialLossScaleIsNamedByTheStopAndItsAdvice) {
+  const std::string dir = test::temp_dir("cli-nan-init-scale-stop");
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(),
+              {"train.precision=16-mixed", "scaler.init_scale=1e30", "train.max_steps=40"});
+  Ran r = run_keel(with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  expect_captured_stop(r, dir, &step);
+  EXPECT_CONTAINS(r.out + r.err,
+                  "advice: exploding: non-finite gradients at step " + std::to_string(step) +
+                      "; lower scaler.init_scale (now 1e+30; PyTorch's default 65536)");
+  EXPECT_CONTAINS(r.err,
+                  "; lower scaler.init_scale (now 1e+30; PyTorch's default 65536): every step "
+                  "overflowed at a scale still above 65536");
+  EXPECT_NOT_CONTAINS(r.out + r.err, "if the scale started far above");
+  EXPECT_NOT_CONTAINS(r.out + r.err, "32-true");
+}
+
 // A checkpoint with one huge but finite weight: model.layers.1.mlp.up_proj.weight[0, 5] = 1e5, as
 // written by keel init-model and edited (a bad merge, a conversion that scaled one tensor). It
 // loads (the value is finite in f32), and under 16-mixed the first step is NaN: autocast rounds
@@ -502,6 +572,46 @@ TEST(CliNan, TheReplayCommandOfACaptureInAPathWithSpacesRuns) {
   Ran rp = test::run_command({"/bin/sh", "-c", test::keel_binary() + " " + command + " --json"});
   EXPECT_EQ(rp.code, 0) << command << "\n" << rp.output;
   EXPECT_CONTAINS(rp.out, "\"reproduced\":true");
+}
+
+// The stop line of a step debug.inject corrupted names the injection (only the advice line did:
+// "stopped: step 3: non-finite gradients in 27 of 28 parameters ..." read as the run's failure).
+TEST(CliNan, TheStopOfAnInjectedFaultNamesDebugInject) {
+  const std::string dir = test::temp_dir("cli-nan-inject-stop");
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(), {"train.max_steps=6", "debug.inject.module=transformer.h.1.attn",
+                           "debug.inject.step=3", "debug.inject.kind=inf"});
+  Ran r = run_keel(with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  expect_captured_stop(r, dir, &step);
+  EXPECT_EQ(step, 3);
+  EXPECT_CONTAINS(r.err,
+                  "; debug.inject put inf into transformer.h.1.attn's output at this step; "
+                  "capture written to");
+}
+
+// A Llama (grouped-query attention) with DoRA, dropout and two micro-batches a step, at optim.lr
+// 1e4 under 16-mixed: the magnitudes are ~1e4 after the first update and step 2 is NaN. Its
+// replay is bit-exact, and the report counts in the singular: "1 updates were applied" and
+// "1 threads" before.
+TEST(CliNan, ADoraLlamaCaptureReplaysBitExactlyAndItsReportCountsRight) {
+  const std::string dir = test::temp_dir("cli-nan-dora-llama");
+  Ran r = run_keel(
+      with_sets({"train"}, {"run.out_dir=" + dir, "run.threads=1", "model.family=llama",
+                            "model.n_layer=2", "model.n_embd=64", "model.n_head=4",
+                            "model.n_kv_head=2", "model.dropout=0.1", "model.adapter.kind=dora",
+                            "data.num_examples=256", "data.eval_examples=0", "train.batch_size=4",
+                            "train.grad_accum=2", "data.seq_len=32", "log.tensorboard=false",
+                            "optim.lr=1e4", "train.precision=16-mixed", "train.max_steps=10"}),
+      {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, dir, &step);
+  EXPECT_EQ(step, 2);
+  Ran rep = run_keel({"replay", capture, "--bisect"});
+  EXPECT_EQ(rep.code, 0) << rep.output;
+  EXPECT_CONTAINS(rep.out, "16-mixed, attention eager, 1 thread\n");
+  EXPECT_CONTAINS(rep.out, "bit-exact    yes");
+  EXPECT_CONTAINS(rep.out, "(1 update was applied): lower optim.lr");
 }
 
 // Under 16-mixed the scaler owns overflowing gradients: a scale far too high overflows the f16

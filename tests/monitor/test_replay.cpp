@@ -3,8 +3,10 @@
 // left untouched, bisect on a broken state, and a malformed capture's errors naming the file.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -29,7 +31,8 @@ using test::slurp;
 // the capture directory.
 std::string make_capture(const std::string& tag, const std::string& module,
                          const std::string& precision = "32-true",
-                         const std::string& text_file = "") {
+                         const std::string& text_file = "",
+                         const std::function<void(Config&)>& edit = {}) {
   Config c;
   c.run.out_dir = test::temp_dir(tag);
   c.run.seed = 9;
@@ -52,6 +55,7 @@ std::string make_capture(const std::string& tag, const std::string& module,
     c.data.task = "text";
     c.data.path = text_file;
   }
+  if (edit) edit(c);
   Trainer* tp = nullptr;
   std::string path;
   TrainerHooks h;
@@ -209,6 +213,30 @@ TEST(Replay, BisectOfAFiniteReplayHasNothingToBisect) {
   EXPECT_TRUE(r.bisect.empty());
 }
 
+// A bisect trial changes the config (adapter=none, another precision); what the run factory says
+// of that changed config is not about the user's run. The adapter=none trial of a LoRA capture
+// printed "note: [model.adapter] target_modules set, but model.adapter.kind = "none": this run
+// trains every parameter" under the replay's report.
+TEST(Replay, BisectTrialsSayNothingAboutTheirChangedConfigs) {
+  const std::string dir =
+      make_capture("replay-bisect-quiet", "transformer.h.0.mlp.c_fc", "32-true", "", [](Config& c) {
+        c.model.adapter.kind = "lora";
+        c.model.adapter.target_modules = {"c_attn"};
+      });
+  ReplayOptions o;
+  o.bisect = true;
+  testing::internal::CaptureStderr();
+  const ReplayResult r = replay_capture(dir, o);
+  const std::string err = testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(r.bisected);
+  bool tried = false;
+  for (const BisectTrial& t : r.bisect) tried |= t.change == "adapter=none";
+  EXPECT_TRUE(tried) << format_replay(r);
+  EXPECT_EQ(err.find("model.adapter"), std::string::npos) << err;
+  EXPECT_EQ(format_replay(r).find("model.adapter.kind = \"none\""), std::string::npos)
+      << format_replay(r);
+}
+
 std::string error_of(const std::string& dir) {
   try {
     replay_capture(dir);
@@ -359,6 +387,75 @@ TEST(Replay, MalformedCapturesNameTheFileAndTheFix) {
     const std::string m = error_of(d);
     EXPECT_NE(m.find(d + "/capture.json: not valid JSON (number overflow"), std::string::npos) << m;
   }
+}
+
+// A capture's safetensors file cut short (a full disk, a partial copy) or a micro-batch that
+// capture.json lists and microbatches.safetensors lacks: the error named the file but not the fix
+// (exit 1), and the missing micro-batch asked "was it written for another model?".
+TEST(Replay, ATruncatedCaptureFileNamesItAndTheFix) {
+  const std::string good = make_capture("replay-cut", "transformer.h.0.mlp.c_fc");
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "microbatches.safetensors"}) {
+    const std::string d = test::temp_dir(std::string("replay-cut-") + f) + "/rank0";
+    fs::copy(good, d, fs::copy_options::recursive);
+    fs::resize_file(d + "/" + f, fs::file_size(d + "/" + f) / 2);
+    const std::string m = error_of(d);
+    EXPECT_CONTAINS(m, d + "/" + f + ": not a valid safetensors file");
+    EXPECT_CONTAINS(m, "re-run the training to write a new one");
+  }
+  const std::string d = test::temp_dir("replay-cut-mbs") + "/rank0";
+  fs::copy(good, d, fs::copy_options::recursive);
+  json meta = json::parse(slurp(d + "/capture.json"));
+  meta["micro_batches"].push_back(meta["micro_batches"][0]);
+  std::ofstream(d + "/capture.json") << meta.dump();
+  const std::string m = error_of(d);
+  EXPECT_CONTAINS(m, d + "/microbatches.safetensors: mb2.input_ids is missing, but " + d +
+                         "/capture.json lists 3 micro-batches");
+  EXPECT_NOT_CONTAINS(m, "another model");
+}
+
+// A 16-mixed capture whose "scaler" lacks a key: the scaler's own message named no file.
+TEST(Replay, ABrokenScalerStateNamesTheCaptureFile) {
+  const std::string d = make_capture("replay-scaler", "transformer.h.0.mlp.c_fc", "16-mixed");
+  json meta = json::parse(slurp(d + "/capture.json"));
+  ASSERT_TRUE(meta.at("scaler").is_object()) << meta.dump(2);
+  meta["scaler"].erase("scale");
+  std::ofstream(d + "/capture.json") << meta.dump();
+  const std::string m = error_of(d);
+  EXPECT_CONTAINS(m, d + "/capture.json: \"scaler\": the loss scaler's state: missing key 'scale'");
+  EXPECT_CONTAINS(m, "re-run the training");
+}
+
+// A capture another keel wrote that does not replay bit-exactly says so (the report said only
+// "bit-exact no"); one that does needs no word.
+TEST(Replay, AnotherKeelVersionsCaptureIsNamedWhenItIsNotBitExact) {
+  const std::string dir = make_capture("replay-version", "transformer.h.1.mlp.c_fc");
+  json meta = json::parse(slurp(dir + "/capture.json"));
+  meta["keel_version"] = "0.0.1";
+  std::ofstream(dir + "/capture.json") << meta.dump();
+  auto notes = [](const ReplayResult& r) {
+    std::string all;
+    for (const std::string& n : r.notes) all += n + "\n";
+    return all;
+  };
+  const ReplayResult same = replay_capture(dir);
+  EXPECT_TRUE(same.bit_exact);
+  EXPECT_NOT_CONTAINS(notes(same), "keel 0.0.1");
+  meta["loss_bits"] = "0x0000000000000001";  // what another build's kernels might have computed
+  std::ofstream(dir + "/capture.json") << meta.dump();
+  const ReplayResult other = replay_capture(dir);
+  EXPECT_FALSE(other.bit_exact);
+  EXPECT_CONTAINS(notes(other), "the capture was written by keel 0.0.1, this is keel ");
+  EXPECT_CONTAINS(format_replay(other), "replay it with the keel that wrote it");
+}
+
+// A NaN's sign bit says nothing to the user: the report printed "grad norm    -nan".
+TEST(Replay, TheReportPrintsANanGradNormWithoutItsSign) {
+  const std::string dir = make_capture("replay-sign", "transformer.h.1.mlp.c_fc");
+  const ReplayResult r = replay_capture(dir);
+  ASSERT_TRUE(std::isnan(r.grad_norm));
+  const std::string text = format_replay(r);
+  EXPECT_CONTAINS(text, "grad norm    nan (unscaled");
+  EXPECT_NOT_CONTAINS(text, " -nan");
 }
 
 }  // namespace
