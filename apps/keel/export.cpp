@@ -96,7 +96,8 @@ int run_export(const ExportArgs& a) {
                 Error::kUsage);
   std::vector<std::pair<std::string, std::string>> inputs = {
       {"MODEL", a.model}, {"the --adapter directory", a.adapter}, {"the --base directory", a.base}};
-  check_output_dir("--out", a.out, inputs);  // before loading: a refusal costs nothing
+  const ModelDirKind writes = a.adapter_only ? ModelDirKind::kPeftAdapter : ModelDirKind::kModel;
+  check_output_dir("--out", a.out, inputs, writes);  // before loading: a refusal costs nothing
   io::TrainedModel t =
       io::load_trained_model(a.model, a.adapter, DType::F32, ops::AttentionBackend::kEager,
                              weight_check_of_flag(a.allow_nonfinite_weights), a.base);
@@ -105,7 +106,7 @@ int run_export(const ExportArgs& a) {
   inputs.insert(inputs.end(), {{"the model's weights", t.dir},
                                {"the model the run started from (its model.path)", t.base_model},
                                {"the tokenizer's files", tokenizer_dir(t.tokenizer)}});
-  check_output_dir("--out", a.out, inputs);
+  check_output_dir("--out", a.out, inputs, writes);
   // The base an adapter goes on: the run's model.path, or the HF directory it was applied to.
   const std::string base_model = t.checkpoint ? t.base_model : t.dir;
   if (a.adapter_only) {

@@ -47,7 +47,8 @@ bool is_model_dir_file(const std::string& name) {
 }  // namespace
 
 void check_output_dir(const std::string& flag, const std::string& dir,
-                      const std::vector<std::pair<std::string, std::string>>& inputs) {
+                      const std::vector<std::pair<std::string, std::string>>& inputs,
+                      ModelDirKind writes) {
   auto refuse = [&](const std::string& why) {
     throw Error(flag + " " + dir + ": " + why, Error::kUsage);
   };
@@ -76,6 +77,15 @@ void check_output_dir(const std::string& flag, const std::string& dir,
                                                             : "an out_dir's checkpoints/") +
            "): a model directory written there would lose its training state; give another "
            "directory");
+  const bool adapter = writes == ModelDirKind::kPeftAdapter;
+  const char* other = adapter ? "config.json" : "adapter_config.json";
+  if (fs::exists(out / other, ec))
+    refuse(std::string("holds ") +
+           (adapter ? "a model (config.json): a PEFT adapter written beside it"
+                    : "a PEFT adapter (adapter_config.json): a model written beside it") +
+           " would make transformers' from_pretrained apply the adapter to that model (or load "
+           "the adapter's base instead): give another directory, or remove its " +
+           (adapter ? "model files" : "adapter files") + " first");
 }
 
 std::vector<std::string> write_model_dir(const std::string& flag, const std::string& dir,

@@ -18,9 +18,15 @@ extern const std::vector<std::string> kTokenizerFiles;
 //   writing there replaces what the command reads (`keel export RUN --out RUN/checkpoints/last`
 //   overwrote the checkpoint it was exporting, and `--out BASE` the frozen base of an adapter run);
 // - holds a keel run (trainer.json: a checkpoint; checkpoints/: an out_dir), whose training state a
-//   model directory would not keep.
+//   model directory would not keep;
+// - holds the other kind of model directory than `writes`: a PEFT adapter (adapter_config.json)
+//   beside a model (config.json) makes transformers' from_pretrained apply that adapter to the
+//   model it loads (older versions load the adapter's base instead), whichever was written
+//   second.
+enum class ModelDirKind { kModel, kPeftAdapter };
 void check_output_dir(const std::string& flag, const std::string& dir,
-                      const std::vector<std::pair<std::string, std::string>>& inputs);
+                      const std::vector<std::pair<std::string, std::string>>& inputs,
+                      ModelDirKind writes = ModelDirKind::kModel);
 
 // Writes a model directory at DIR: `write` fills a new sibling staging directory (its argument);
 // only when it returns are its files moved into DIR (created if missing), and then, when it wrote a

@@ -275,19 +275,31 @@ TEST(CliExport, OutNeverReplacesWhatItReadsAndAFailedExportChangesNothing) {
   EXPECT_TRUE(fs::exists(dir + "/hf/model.safetensors.index.json"));
   EXPECT_EQ(test::slurp(dir + "/hf/NOTES.md"), "mine");
 
-  // --adapter-only replaced --out whole: the user's notes and folders, and the merged model
-  // exported there, were deleted without a word. Now the adapter's two files are added.
-  fs::create_directories(dir + "/hf/sub");
-  std::ofstream(dir + "/hf/sub/data.txt") << "kept";
-  keel_export({out, "--out", dir + "/hf", "--adapter-only"});
-  EXPECT_EQ(test::slurp(dir + "/hf/NOTES.md"), "mine");
-  EXPECT_EQ(test::slurp(dir + "/hf/sub/data.txt"), "kept");
+  // A PEFT adapter and a model in one directory: transformers' from_pretrained applies the
+  // adapter to the model it loads there (the merged model got its adapter twice), so each is
+  // refused over the other, and nothing there changes.
+  EXPECT_CONTAINS(err({"export", out, "--out", dir + "/hf", "--adapter-only"}),
+                  "holds a model (config.json): a PEFT adapter written beside it would make "
+                  "transformers' from_pretrained apply the adapter to that model");
+  EXPECT_FALSE(fs::exists(dir + "/hf/adapter_config.json"));
   EXPECT_TRUE(fs::exists(dir + "/hf/model.safetensors.index.json"));
-  EXPECT_TRUE(fs::exists(dir + "/hf/config.json"));
-  EXPECT_TRUE(fs::exists(dir + "/hf/adapter_config.json"));
-  EXPECT_TRUE(fs::exists(dir + "/hf/adapter_model.safetensors"));
+
+  // --adapter-only replaced --out whole: the user's notes and folders were deleted without a
+  // word. Now the adapter's two files are added.
+  fs::create_directories(dir + "/peft/sub");
+  std::ofstream(dir + "/peft/NOTES.md") << "mine";
+  std::ofstream(dir + "/peft/sub/data.txt") << "kept";
+  keel_export({out, "--out", dir + "/peft", "--adapter-only"});
+  EXPECT_EQ(test::slurp(dir + "/peft/NOTES.md"), "mine");
+  EXPECT_EQ(test::slurp(dir + "/peft/sub/data.txt"), "kept");
+  EXPECT_TRUE(fs::exists(dir + "/peft/adapter_config.json"));
+  EXPECT_TRUE(fs::exists(dir + "/peft/adapter_model.safetensors"));
   for (const auto& e : fs::directory_iterator(dir))
     EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  EXPECT_CONTAINS(err({"export", out, "--out", dir + "/peft"}),
+                  "holds a PEFT adapter (adapter_config.json): a model written beside it");
+  EXPECT_CONTAINS(err({"init-model", "--out", dir + "/peft"}), "holds a PEFT adapter");
+  EXPECT_FALSE(fs::exists(dir + "/peft/config.json"));
 }
 
 }  // namespace
