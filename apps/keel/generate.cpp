@@ -116,7 +116,7 @@ Command add_generate(CLI::App& app) {
   sub->add_option("--stop", a->stops, "stop before this string (repeatable)")
       ->allow_extra_args(false)
       ->check([](const std::string& v) {
-        return v.empty() ? std::string("--stop \"\": an empty string would never stop") : "";
+        return v.empty() ? std::string("\"\": an empty string would never stop") : "";
       });
   sub->add_flag("--bos", a->bos, "start the prompt with the tokenizer's bos token");
   sub->add_flag("--no-cache", a->no_cache, "re-run the whole sequence every step (reference)");

@@ -155,7 +155,8 @@ TEST(CliGenerate, StopStringsSamplingAndPrecisions) {
   const test::KeelRun empty =
       test::run_keel({"generate", base_dir(), "ab", "--tokenizer", "byte", "--stop", ""});
   EXPECT_EQ(empty.code, 2) << empty.output;
-  EXPECT_CONTAINS(empty.err, "would never stop");
+  EXPECT_CONTAINS(empty.err, "--stop: \"\": an empty string would never stop");
+  EXPECT_NOT_CONTAINS(empty.err, "--stop: --stop");
   // Seeded sampling is reproducible; the seed matters.
   auto sample = [&](const char* seed) {
     return generate_json({base_dir(), "ab", "--tokenizer", "byte", "--max-new-tokens", "16",
