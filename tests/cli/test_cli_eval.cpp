@@ -337,6 +337,8 @@ TEST(CliEval, ADataFileWithoutUsableExamplesIsBadInputNamingTheKey) {
       {"blank.txt", " \n\t\r\n\n", "text", "holds no text"},
       {"empty-packed.txt", "", "text", "holds 0 tokens; packing needs at least 2 tokens", true},
       {"one.txt", "a", "text", "holds 1 token; packing needs at least 2 tokens", true},
+      {"blank-packed.txt", " \n\t\r\n\n", "text", "holds no text (only spaces, tabs and newlines)",
+       true},
       {"empty.jsonl", "\n \n", "jsonl", "holds no examples (it is empty"},
       {"bad.jsonl", "{\"text\": \"a\"}\n{\"text\": 5}\n", "jsonl", ": line 2: \"text\" must be"},
       {"comma.jsonl", "{\"text\": \"a\"},\n", "jsonl", ": line 1: invalid JSON at column 14"},
