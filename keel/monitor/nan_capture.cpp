@@ -239,7 +239,8 @@ Capture read_nan_capture(const std::string& dir) {
   for (size_t i = 0; i < mbs.size(); ++i) {
     const std::string p = "mb" + std::to_string(i) + ".";
     data::Batch b;
-    // Safetensors::at's "was it written for another model?" is not this file's problem.
+    // Looked up first, so that the error says the capture is corrupt and how to get a new one
+    // (Safetensors::at's would name the tensor alone).
     for (const char* t : {"input_ids", "labels"})
       if (!c.batches.find(p + t))
         throw Error(
