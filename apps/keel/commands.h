@@ -2,7 +2,9 @@
 // subcommand and the action to run when it is selected.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
+#include <string>
 
 namespace keel::cli {
 
@@ -26,6 +28,12 @@ Command add_export(CLI::App& app);
 Command add_eval(CLI::App& app);
 
 void register_commands(CLI::App& app);
+
+// The check of a --seed flag (CLI::Option::check): a whole number from 0 to `max`, else "V: use a
+// whole number from 0 to MAX" + `note`. CLI11's conversion to uint64_t took -1 and 2^64 as
+// 2^64 - 1 without a word.
+std::function<std::string(const std::string&)> seed_check(uint64_t max,
+                                                          const std::string& note = "");
 
 // What the user reads when an allocation fails (std::bad_alloc never reaches them as such).
 inline constexpr const char* kOutOfMemory =

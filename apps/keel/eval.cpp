@@ -72,11 +72,13 @@ int run_eval(EvalArgs& a, bool pack_given) {
   const std::optional<Config> run = run_config(t);
   const DataConfig dc = run ? run->data : DataConfig();
   const fs::path extension = fs::path(a.data).extension();
-  if (a.task.empty())  // a file's extension says more than the task the run trained on
-    a.task = extension == ".bin"         ? "tokens"
-             : extension == ".jsonl"     ? "jsonl"
-             : run && dc.task != "arith" ? dc.task
-                                         : "text";
+  // A file's extension says more than the task the run trained on. A .json file is JSON Lines,
+  // as HF datasets' "json" loader reads it: it was scored as plain text without a word.
+  if (a.task.empty())
+    a.task = extension == ".bin"                             ? "tokens"
+             : extension == ".jsonl" || extension == ".json" ? "jsonl"
+             : run && dc.task != "arith"                     ? dc.task
+                                                             : "text";
   if (a.task != "text" && a.task != "jsonl" && a.task != "tokens")
     throw Error("--task " + a.task + ": use text, jsonl or tokens (an llm.c token file)",
                 Error::kUsage);
@@ -186,7 +188,8 @@ Command add_eval(CLI::App& app) {
   add_model_options(sub, a->m);
   sub->add_option("--data", a->data, "the text, JSONL or llm.c token (.bin) file")->required();
   sub->add_option("--task", a->task,
-                  "text | jsonl | tokens (default: by extension, .jsonl or .bin; else the run's)");
+                  "text | jsonl | tokens (default: by extension, .jsonl/.json or .bin; else the "
+                  "run's)");
   auto positive = [](const std::string& v) {
     try {
       size_t used = 0;

@@ -104,12 +104,7 @@ Command add_generate(CLI::App& app) {
   sub->add_option("--top-p", a->opt.sampling.top_p, "nucleus: the most likely tokens of mass p")
       ->capture_default_str();
   sub->add_option("--seed", a->opt.seed, "sampling seed")
-      ->check([](const std::string& v) {  // -1 and 2^64 were taken as 2^64 - 1
-        const bool digits = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
-        return digits && (v.size() < 20 || (v.size() == 20 && v <= "18446744073709551615"))
-                   ? std::string()
-                   : v + ": use a whole number from 0 to 18446744073709551615";
-      })
+      ->check(seed_check(UINT64_MAX))
       ->capture_default_str();
   // One string an occurrence: with CLI11's default a vector option also took the arguments after
   // it, so `--stop x "17+05="` made the prompt a second stop string and read stdin instead.

@@ -178,7 +178,10 @@ Command add_init_model(CLI::App& app) {
   sub->add_option("--rope-theta", a->rope_theta, "llama: RoPE base")->capture_default_str();
   sub->add_option("--norm-eps", a->norm_eps, "layer/RMS norm epsilon")->capture_default_str();
   sub->add_option("--init-std", a->init_std, "initializer_range")->capture_default_str();
-  sub->add_option("--seed", a->seed, "initialization seed")->capture_default_str();
+  // The seed run.seed would be, bounded as the config bounds it (TOML integers are signed).
+  sub->add_option("--seed", a->seed, "initialization seed")
+      ->check(seed_check(INT64_MAX, " (as run.seed)"))
+      ->capture_default_str();
   sub->add_option("--dtype", a->dtype, "stored dtype: f32 | bf16 | f16")->capture_default_str();
   sub->add_option("--shard-bytes", a->shard_bytes,
                   "> 0: shards of at most this many bytes with model.safetensors.index.json")

@@ -6,10 +6,14 @@
 // weights, gradients, optimizer state, low-precision copies and activations of a training step.
 // A model directory gives the sizes of its config.json (and its weight files); a config gives
 // everything `keel train` would run (the same estimate as its check before loading and as
-// `keel doctor`); the flags override either. keel/monitor/memory_estimate.h has the model.
+// `keel doctor`); the flags override either, except the model's sizes and family, which a model
+// directory gives (a flag that contradicts it is refused). keel/monitor/memory_estimate.h has the
+// model.
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <utility>
+#include <vector>
 
 #include "apps/keel/commands.h"
 #include "keel/monitor/memory_estimate.h"
@@ -120,17 +124,44 @@ Command add_memory(CLI::App& app) {
   sub->add_flag("--json", a->json, "print one JSON object (bytes)");
   return {sub, [a, sub] {
             monitor::MemoryQuery q;
+            std::string model_dir;  // --model, or the config's model.path
             if (!a->config.empty() || !a->model.empty() || !a->sets.empty()) {
               Config cfg = load_config(a->config, a->sets);
               if (!a->model.empty()) cfg.model.path = a->model;
+              model_dir = cfg.model.path;
               q = monitor::memory_query_from_config(cfg);
             }
+            const monitor::MemoryQuery dir_q = q;
             for (auto& [opt, apply] : a->fields)
               if (opt->count() > 0) apply(q);
             if (!a->params.empty()) q.params = parse_count(a->params);
+            auto given = [&](const char* flag) { return sub->get_option(flag)->count() > 0; };
+            // A model directory's sizes are its own: --family llama over a GPT-2 directory
+            // estimated a Llama of GPT-2's sizes, and named neither. A flag that says the same
+            // as the directory does no harm; --params overrides the count its sizes give.
+            if (!model_dir.empty()) {
+              const std::vector<std::pair<const char*, bool>> shape = {
+                  {"--family", q.family == dir_q.family},
+                  {"--layers", q.layers == dir_q.layers},
+                  {"--hidden", q.hidden == dir_q.hidden},
+                  {"--heads", q.heads == dir_q.heads},
+                  {"--kv-heads", q.kv_heads == dir_q.kv_heads},
+                  {"--ffn", q.ffn == dir_q.ffn},
+                  {"--vocab", q.vocab == dir_q.vocab},
+                  {"--tie-embeddings", q.tie_embeddings == dir_q.tie_embeddings},
+                  {"--params", a->params.empty()}};
+              for (const auto& [flag, same] : shape)
+                if (given(flag) && !same)
+                  throw Error(std::string("memory ") + flag + " " +
+                                  sub->get_option(flag)->as<std::string>() +
+                                  ": contradicts the model directory " + model_dir + " (" +
+                                  dir_q.source + " gives the model's sizes and family); drop " +
+                                  flag +
+                                  ", or drop the directory to estimate a model of other sizes",
+                              Error::kUsage);
+            }
             // The targets' fix is the flag unless a config set them (the default q_proj, v_proj
             // on a GPT-2 model was said to need model.adapter.target_modules, a key of no file).
-            auto given = [&](const char* flag) { return sub->get_option(flag)->count() > 0; };
             if (given("--targets") || (a->config.empty() && a->sets.empty()))
               q.targets_key = "--targets";
             // Flags that do not apply to the step estimated were taken and ignored (gpt2 with

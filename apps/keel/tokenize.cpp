@@ -59,6 +59,11 @@ std::string dump(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+// Where the text came from, for messages: "the argument", "stdin" or "--file F".
+std::string input_name(const TokenizeArgs& a, bool has_text) {
+  return has_text ? "the argument" : a.file.empty() ? "stdin" : "--file " + a.file;
+}
+
 // --output: the text read and encoded 1 MiB at a time (data::encode_in_pieces: the ids of
 // encoding it whole), written as it comes; a corpus larger than memory converts.
 int write_token_file(const TokenizeArgs& a, bool has_text) {
@@ -77,6 +82,15 @@ int write_token_file(const TokenizeArgs& a, bool has_text) {
   if (const char* p = std::getenv("KEEL_TEST_TOKENIZE_PIECE_BYTES"))  // tests: many pieces
     piece = std::max<size_t>(1, std::strtoull(p, nullptr, 10));
   data::encode_in_pieces(*tok, *in, piece, [&](std::span<const int32_t> ids) { out.append(ids); });
+  // An empty text made a 0-token file, exit 0, that keel train and keel eval then refused.
+  if (out.tokens() < data::kTokenFileMinTokens)
+    throw Error("tokenize --output: " + input_name(a, has_text) + " encodes to " +
+                    std::to_string(out.tokens()) + (out.tokens() == 1 ? " token" : " tokens") +
+                    "; a token file needs at least " + std::to_string(data::kTokenFileMinTokens) +
+                    " to train or evaluate on (one to predict the other): give a text with more "
+                    "content (nothing was written to " +
+                    a.output + ")",
+                Error::kUsage);
   out.commit();
   std::fprintf(stderr, "keel tokenize | wrote %lld tokens (%lld bytes) to %s\n",
                static_cast<long long>(out.tokens()), static_cast<long long>(out.bytes()),
@@ -91,13 +105,11 @@ int run_tokenize(const TokenizeArgs& a, bool has_text) {
   const std::vector<int32_t> ids = a.decode ? parse_ids(input) : tok->encode(input);
   // `--decode ""` printed nothing and exited 0, as if the ids had decoded to no text.
   if (a.decode && ids.empty())
-    throw Error("tokenize --decode: " +
-                    (has_text         ? std::string("the argument holds")
-                     : a.file.empty() ? std::string("stdin holds")
-                                      : "--file " + a.file + " holds") +
-                    " no token ids; --decode expects a list of token ids, separated by spaces or "
-                    "commas (e.g. --decode \"72 105\")",
-                Error::kUsage);
+    throw Error(
+        "tokenize --decode: " + input_name(a, has_text) +
+            " holds no token ids; --decode expects a list of token ids, separated by spaces or "
+            "commas (e.g. --decode \"72 105\")",
+        Error::kUsage);
   // The ids to decode are the user's: one the tokenizer has no token for is bad input, like 'x7'.
   // Decoded before the pieces are looked up, so that its error names the id's position.
   std::string text;

@@ -299,6 +299,24 @@ std::unique_ptr<Dataset> packed_dataset_of(std::istream& in, size_t size, const 
                       "; packing needs at least 2 tokens (one to predict the other); give a file "
                       "with more text",
                   Error::kUsage);
+    // Paragraph mode refuses a file of blank lines as no text; packed, its spaces, tabs and
+    // newlines trained with exit 0. A token is blank when its text is (one decode per distinct
+    // id); the first token of real text ends the look.
+    std::unordered_map<int32_t, bool> blank_of;
+    bool blank = true;
+    for (size_t i = 0; i < n && blank; ++i) {
+      const auto id = static_cast<int32_t>(ids[i]);
+      auto [it, fresh] = blank_of.try_emplace(id, false);
+      if (fresh) {
+        const std::string s = tok.decode({id});
+        it->second = s.find_first_not_of(" \t\r\n") == std::string::npos;
+      }
+      blank = it->second;
+    }
+    if (blank)
+      throw Error("dataset file " + path + " (" + key +
+                      "): holds no text (only spaces, tabs and newlines); give a file with text",
+                  Error::kUsage);
     return std::make_unique<PackedDataset<Id>>(std::move(ids), len, path, std::move(lines));
   };
   if (tok.vocab_size() <= 65536) return build(uint16_t{});

@@ -239,8 +239,16 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path, const s
     if (single == p->end() || !single->is_array() || single->empty()) continue;
     const json& first = (*single)[0];
     if (first.contains("SpecialToken") && first["SpecialToken"].contains("id") &&
-        first["SpecialToken"]["id"].is_string())
-      ld.spec.bos_id = ld.find_token(first["SpecialToken"]["id"].get<std::string>());
+        first["SpecialToken"]["id"].is_string()) {
+      // A token the vocabulary lacks left bos unset without a word (examples began without it).
+      const std::string content = first["SpecialToken"]["id"].get<std::string>();
+      ld.spec.bos_id = ld.find_token(content);
+      if (ld.spec.bos_id < 0)
+        ld.fail(field + ".single[0].SpecialToken.id",
+                "\"" + content +
+                    "\" is not a token of the file (neither in model.vocab nor in added_tokens); "
+                    "add it to added_tokens or name a token the file has");
+    }
   }
   const int64_t eot = ld.find_token("<|endoftext|>");
   if (eot >= 0) {

@@ -273,10 +273,11 @@ std::unique_ptr<Dataset> load_token_file(const std::string& path, const std::str
   struct stat st {};
   open_token_file(path, key, f, st);
   const TokenFileHeader h = header_of(f.fd, st, path, key);
-  if (h.tokens < 2)
+  if (h.tokens < kTokenFileMinTokens)
     throw file_error(path, key,
                      "holds " + std::to_string(h.tokens) + (h.tokens == 1 ? " token" : " tokens") +
-                         "; training needs at least 2 (one to predict the other)");
+                         "; training needs at least " + std::to_string(kTokenFileMinTokens) +
+                         " (one to predict the other)");
   const int64_t vocab = tok.vocab_size();
   int64_t at = -1, id = 0;
   if (h.width == 2) {

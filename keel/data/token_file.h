@@ -18,6 +18,9 @@
 namespace keel::data {
 
 constexpr int64_t kTokenFileHeaderBytes = 256 * 4;
+// The fewest ids a token file trains or evaluates on: one to predict the other. load_token_file
+// refuses fewer, so `keel tokenize --output` does not write such a file.
+constexpr int64_t kTokenFileMinTokens = 2;
 
 struct TokenFileHeader {
   int64_t tokens = 0;  // ids after the header

@@ -24,10 +24,26 @@ OutDirLock::OutDirLock(const std::string& out_dir, const std::string& key,
                        const std::string& owner) {
   std::error_code ec;
   fs::create_directories(out_dir, ec);
-  if (ec)
+  if (ec) {
+    // A file where the directory (or one above it) goes read "cannot create ...: Not a
+    // directory", naming no file: name the one in the way.
+    for (fs::path p = out_dir; !p.empty(); p = p.parent_path()) {
+      std::error_code sec;
+      const fs::file_status st = fs::status(p, sec);
+      if (fs::exists(st)) {
+        if (!fs::is_directory(st))
+          throw Error(key + " " + out_dir +
+                          (p == fs::path(out_dir) ? std::string() : ": " + p.string()) +
+                          " is a file, not a directory; give a directory path",
+                      Error::kUsage);
+        break;
+      }
+      if (p == p.parent_path()) break;
+    }
     throw Error("cannot create " + key + " " + out_dir + ": " + ec.message() +
                     " (choose a writable directory)",
                 Error::kUsage);
+  }
   const std::string path = out_dir + "/.keel.lock";
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)

@@ -160,7 +160,17 @@ nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string&
   Safetensors st = read_safetensors(st_path);
   std::set<std::string> used;
   for (auto& [name, p] : nn::peft_state_dict(model)) {
-    const Tensor& t = st.at(name);
+    // adapter_config.json says which tensors the file holds; one it lacks is a mismatch between
+    // the two files or with the base (Safetensors::at asked "written for another model?").
+    const Tensor* found = st.find(name);
+    if (!found)
+      throw Error(st_path + ": tensor '" + name + "' is missing (the file has " +
+                  std::to_string(st.tensors.size()) + " tensors), though " + dir +
+                  "/adapter_config.json adapts that module of this base model: the adapter was "
+                  "saved for another base model (other layers or modules) or with another "
+                  "adapter_config.json; load it on the base it was trained on, or give the "
+                  "adapter_config.json saved with these weights");
+    const Tensor& t = *found;
     if (t.shape() != p.shape())
       throw Error(st_path + ": tensor '" + name + "' has shape " + shape_str(t.shape()) +
                   ", the adapter expects " + shape_str(p.shape()) +

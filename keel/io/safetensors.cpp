@@ -54,8 +54,10 @@ const Tensor* Safetensors::find(const std::string& name) const {
 
 const Tensor& Safetensors::at(const std::string& name) const {
   if (const Tensor* t = find(name)) return *t;
+  // No guess at the cause here: a caller whose file can lack the tensor looks it up with find()
+  // and names its own fix ("was it written for another model?" misled a PEFT adapter's user).
   throw Error(path + ": tensor '" + name + "' is missing (the file has " +
-              std::to_string(tensors.size()) + " tensors; was it written for another model?)");
+              std::to_string(tensors.size()) + " tensors)");
 }
 
 namespace {
@@ -339,9 +341,11 @@ size_t read_safetensors_into(const std::string& path,
   for (const auto& [name, t] : into) {
     auto it = by_name.find(name);
     if (it == by_name.end())
+      // Callers list `into` from this very file (a checkpoint's names, read before): a tensor
+      // gone since means the file changed, not that it belongs to another model.
       throw Error(path + ": tensor '" + name + "' is missing (the file has " +
                   std::to_string(h.tensors.size()) +
-                  " tensors; was it written for another model?)");
+                  " tensors; was it replaced while it was read? read it again)");
     const TensorInfo& info = *it->second;
     if (info.dtype != t.dtype() || info.shape != t.shape())
       throw Error(path + ": tensor '" + name + "' is " + dtype_name(info.dtype) + " " +

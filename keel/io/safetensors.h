@@ -17,7 +17,8 @@ struct Safetensors {
   std::map<std::string, std::string> metadata;
 
   const Tensor* find(const std::string& name) const;
-  // The named tensor, or an Error naming the file and the missing tensor.
+  // The named tensor, or an Error naming the file and the missing tensor (no cause, no fix: a
+  // caller whose input can lack it uses find() and says what to do).
   const Tensor& at(const std::string& name) const;
   std::string path;  // where it was read from (for messages)
 };

@@ -2,7 +2,9 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -185,6 +187,31 @@ Capture read_nan_capture(const std::string& dir) {
                     ": \"rng\" lacks \"step_seed\"; the capture is incomplete (re-run the "
                     "training to write a new one)",
                 Error::kUsage);
+  // Edited values replayed as "bit-exact yes": a loss scale of -5, a step seed of -1 (read as
+  // 2^64 - 1). Each is held to what the writer writes: a scale is positive and finite, a seed a
+  // non-negative integer (run.seed at most 2^63 - 1, as the config bounds it; a step seed any 64
+  // bits), a count a non-negative integer.
+  auto corrupt = [&](const std::string& field, const json& v, const std::string& what) {
+    return Error(meta_path + ": \"" + field + "\" = " + v.dump() + " is not " + what +
+                     "; the capture is corrupt (re-run the training to write a new one)",
+                 Error::kUsage);
+  };
+  const json& scale = capture_field(c, "loss_scale");
+  if (!scale.is_number()) throw capture_field_type_error(c, "loss_scale");
+  if (!std::isfinite(scale.get<double>()) || !(scale.get<double>() > 0))
+    throw corrupt("loss_scale", scale, "a loss scale (a positive finite number)");
+  const json& rng = capture_field(c, "rng");
+  if (!rng["step_seed"].is_number_unsigned())
+    throw corrupt("rng.step_seed", rng["step_seed"], "a seed (an integer in [0, 2^64))");
+  if (rng.contains("seed") && !(rng["seed"].is_number_unsigned() &&
+                                rng["seed"].get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX)))
+    throw corrupt("rng.seed", rng["seed"], "a seed (an integer in [0, 2^63), as run.seed)");
+  auto is_count = [](const json& v) { return v.is_number_unsigned(); };
+  for (const char* key : {"epoch", "window_tokens", "local_tokens"}) {
+    if (!c.meta.contains(key)) continue;
+    if (!c.meta[key].is_number_integer()) throw capture_field_type_error(c, key);
+    if (!is_count(c.meta[key])) throw corrupt(key, c.meta[key], "a count (a non-negative integer)");
+  }
   for (const char* f : {"model.safetensors", "optimizer.safetensors", "microbatches.safetensors"})
     if (!fs::exists(dir + "/" + f))
       throw Error(dir + "/" + f +
@@ -212,7 +239,8 @@ Capture read_nan_capture(const std::string& dir) {
   for (size_t i = 0; i < mbs.size(); ++i) {
     const std::string p = "mb" + std::to_string(i) + ".";
     data::Batch b;
-    // Safetensors::at's "was it written for another model?" is not this file's problem.
+    // Looked up first, so that the error says the capture is corrupt and how to get a new one
+    // (Safetensors::at's would name the tensor alone).
     for (const char* t : {"input_ids", "labels"})
       if (!c.batches.find(p + t))
         throw Error(
@@ -231,8 +259,19 @@ Capture read_nan_capture(const std::string& dir) {
                   Error::kUsage);
     const int64_t* lab = b.labels.data_as<int64_t>();
     for (int64_t k = 0; k < b.labels.numel(); ++k) b.n_targets += lab[k] != data::kIgnoreLabel;
-    if (mbs[i].is_object() && mbs[i].contains("example_ids"))
-      b.example_ids = mbs[i]["example_ids"].get<std::vector<int64_t>>();
+    const std::string field = "micro_batches[" + std::to_string(i) + "]";
+    if (mbs[i].is_object()) {
+      for (const char* key : {"index", "global_index", "rows", "n_targets"})
+        if (mbs[i].contains(key) && !is_count(mbs[i][key]))
+          throw corrupt(field + "." + key, mbs[i][key], "a count (a non-negative integer)");
+      if (mbs[i].contains("example_ids")) {
+        const json& ids = mbs[i]["example_ids"];
+        if (!ids.is_array() || !std::all_of(ids.begin(), ids.end(), is_count))
+          throw corrupt(field + ".example_ids", ids,
+                        "a list of example indices (non-negative integers)");
+        b.example_ids = ids.get<std::vector<int64_t>>();
+      }
+    }
     c.window.push_back(std::move(b));
   }
   return c;

@@ -431,6 +431,17 @@ Run build_run(const Config& cfg, const RunOptions& o) {
     r.data.tokenizer = data::load_tokenizer(cfg.data.tokenizer);
     r.data.pad_id = pad_fill_id(*r.data.tokenizer, cfg.data.pad);
   }
+  // Validation on the training file itself (another spelling of its path too) measures how well
+  // the run memorized it, not how it generalizes: said, as HF Trainer users expect a warning, not
+  // refused (a smoke test may do it on purpose).
+  std::error_code same_ec;
+  if (r.data.train && r.data.eval && !cfg.data.eval_path.empty() &&
+      std::filesystem::equivalent(cfg.data.path, cfg.data.eval_path, same_ec))
+    say_or_print(o.say, "note: data.eval_path = " + cfg.data.eval_path +
+                            " is the training file data.path = " + cfg.data.path +
+                            ": the eval loss is measured on the data the run trains on and says "
+                            "nothing about generalization; give a held-out file, or "
+                            "data.eval_fraction to hold out part of data.path");
   if (r.data.train) {
     r.loader =
         std::make_unique<data::DataLoader>(*r.data.train, cfg.train.batch_size, cfg.data.seq_len,

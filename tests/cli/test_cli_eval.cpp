@@ -187,6 +187,22 @@ TEST(CliEval, DataFromAPipeIsRead) {
   EXPECT_EQ(json::parse(piped.out).at("loss"), json::parse(file.out).at("loss"));
 }
 
+// A JSONL file named .json was scored as plain text without a word (its braces and quotes the
+// tokens): it is read as JSONL, as HF datasets' "json" loader reads it, and --task text still
+// reads it as text.
+TEST(CliEval, ADotJsonFileIsReadAsJsonl) {
+  const Files& f = files();
+  const std::string named_json = test::temp_dir("eval-dot-json") + "/val.json";
+  std::ofstream(named_json) << test::slurp(f.val);
+  const json as_jsonl = eval_json({f.base, "--data", f.val, "--tokenizer", "byte"});
+  const json as_json = eval_json({f.base, "--data", named_json, "--tokenizer", "byte"});
+  const json as_text =
+      eval_json({f.base, "--data", named_json, "--tokenizer", "byte", "--task", "text"});
+  ASSERT_TRUE(as_jsonl.contains("loss")) << as_jsonl;
+  EXPECT_EQ(as_json.value("loss", json()), as_jsonl.at("loss"));
+  EXPECT_NE(as_text.value("loss", json()), as_jsonl.at("loss"));
+}
+
 // Examples longer than a row are cut to it; they were scored cut without a word. The count is on
 // stderr with the flag that changes it, and in --json.
 TEST(CliEval, TruncatedExamplesAreCountedAndTheFlagNamed) {
@@ -337,6 +353,8 @@ TEST(CliEval, ADataFileWithoutUsableExamplesIsBadInputNamingTheKey) {
       {"blank.txt", " \n\t\r\n\n", "text", "holds no text"},
       {"empty-packed.txt", "", "text", "holds 0 tokens; packing needs at least 2 tokens", true},
       {"one.txt", "a", "text", "holds 1 token; packing needs at least 2 tokens", true},
+      {"blank-packed.txt", " \n\t\r\n\n", "text", "holds no text (only spaces, tabs and newlines)",
+       true},
       {"empty.jsonl", "\n \n", "jsonl", "holds no examples (it is empty"},
       {"bad.jsonl", "{\"text\": \"a\"}\n{\"text\": 5}\n", "jsonl", ": line 2: \"text\" must be"},
       {"comma.jsonl", "{\"text\": \"a\"},\n", "jsonl", ": line 1: invalid JSON at column 14"},

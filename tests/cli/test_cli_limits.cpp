@@ -182,6 +182,11 @@ TEST(CliLimits, InitModelFlagsHaveTheConfigKeysBounds) {
       {{"--n-embd", "36", "--n-head", "4"},
        "init-model --n-embd 36 / --n-head 4 gives heads of 9 channels; llama's rotary embedding"},
       {{"--n-kv-head", "3"}, "init-model --n-head 4 is not a multiple of --n-kv-head 3"},
+      // Taken as 2^64 - 1 (and 2^64 as 0): bounded as run.seed is.
+      {{"--seed", "-1"},
+       "--seed: -1: use a whole number from 0 to 9223372036854775807 (as run.seed)"},
+      {{"--seed", "9223372036854775808"}, "--seed: 9223372036854775808: use a whole number"},
+      {{"--seed", "18446744073709551616"}, "--seed: 18446744073709551616: use a whole number"},
   };
   for (const auto& [flags, want] : cases) {
     const auto r = init(flags);

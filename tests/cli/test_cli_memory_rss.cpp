@@ -288,7 +288,8 @@ TEST(CliMemoryRss, ModelDirectoryEstimateWithin10PercentOfPeakRss) {
 
 // Llama-3.1-8B's config.json: `keel memory --model DIR` counts 8.03B parameters, and with the
 // seed's LoRA (r 32 on q, k, v, up, down) 56.6M trainable ones, their gradients and AdamW state
-// in f32 only; the flags override the directory, a --config file gives the same as --set.
+// in f32 only; the step's flags apply over the directory (its sizes and family are its own), a
+// --config file gives the same as --set.
 TEST(CliMemoryRss, KeelMemoryReadsAModelDirectory) {
   const std::string dir = test::temp_dir("cli-memory-8b");
   std::ofstream(dir + "/config.json")
@@ -344,6 +345,23 @@ TEST(CliMemoryRss, KeelMemoryReadsAModelDirectory) {
   r = run_keel({"memory", "--params", "1B", "--adapter", "lora"});
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err, "counted from the model's sizes");
+  // --family gpt2 over this Llama directory estimated a GPT-2 of its sizes, exit 0: a shape flag
+  // that contradicts the directory is refused, naming both (one that agrees does no harm).
+  for (const std::vector<std::string>& flag :
+       std::vector<std::vector<std::string>>{{"--family", "gpt2"},
+                                             {"--layers", "4"},
+                                             {"--tie-embeddings", "true"},
+                                             {"--params", "1B"}}) {
+    r = run_keel({"memory", "--model", dir, flag[0], flag[1]});
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, "memory " + flag[0] + " " + flag[1] +
+                               ": contradicts the model directory " + dir + " (" + dir +
+                               "/config.json gives the model's sizes and family); drop " + flag[0]);
+    r = run_keel({"memory", "--set", "model.path=" + dir, flag[0], flag[1]});
+    EXPECT_EQ(r.code, 2) << r.output;
+  }
+  r = run_keel({"memory", "--model", dir, "--family", "llama", "--layers", "32"});
+  EXPECT_EQ(r.code, 0) << r.output;
   r = run_keel({"memory", "--model", dir + "/missing"});  // keel train's error for model.path
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_CONTAINS(r.err, dir + "/missing: no config.json");

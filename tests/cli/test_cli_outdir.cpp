@@ -76,6 +76,21 @@ TEST(CliOutDir, ASecondRunOnALockedOutDirIsRefusedNamingTheHolder) {
   EXPECT_CONTAINS(slurp(out + "/.keel.lock"), "pid ");
 }
 
+// An out_dir that is a file (or lies under one) read "cannot create run.out_dir X: Not a
+// directory": the file is named as such, and left as it was.
+TEST(CliOutDir, AnOutDirThatIsAFileIsNamedAsAFile) {
+  const std::string file = test::temp_dir("outdir-file") + "/notes.txt";
+  std::ofstream(file) << "keep me\n";
+  auto r = run_keel(train(file, {"train.max_steps=1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "run.out_dir " + file + " is a file, not a directory; give a directory path");
+  r = run_keel(train(file + "/run", {"train.max_steps=1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "run.out_dir " + file + "/run: " + file + " is a file, not a directory");
+  EXPECT_EQ(slurp(file), "keep me\n");
+}
+
 TEST(CliOutDir, ReuseWithoutResumeIsRefusedUnlessOverwrite) {
   const std::string out = test::temp_dir("outdir-reuse");
   auto r = run_keel(train(out, {"train.max_steps=2", "log.checkpoint_every=0"}));

@@ -270,6 +270,29 @@ TEST(CliTokenize, OutputTrainsAsTheTextPacked) {
   EXPECT_EQ(both.code, 2) << both.output;
 }
 
+// An empty text made a 0-token file, exit 0, that keel train and keel eval then refused. Fewer
+// than 2 tokens is refused here (exit 2, naming the input and the fix), and nothing is written.
+TEST(CliTokenize, OutputOfTooFewTokensIsRefusedAndNothingWritten) {
+  const std::string dir = test::temp_dir("cli-tokenize-empty");
+  const std::string empty = dir + "/empty.txt";
+  std::ofstream(empty) << "";
+  const std::vector<std::pair<test::KeelRun, std::string>> runs = {
+      {test::run_keel_sh("tokenize --output " + dir + "/a.bin < /dev/null"),
+       "tokenize --output: stdin encodes to 0 tokens"},
+      {test::run_keel({"tokenize", "--file", empty, "--output", dir + "/b.bin"}),
+       "tokenize --output: --file " + empty + " encodes to 0 tokens"},
+      {test::run_keel({"tokenize", "a", "--output", dir + "/c.bin"}),
+       "tokenize --output: the argument encodes to 1 token;"},
+  };
+  for (const auto& [r, want] : runs) {
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, want);
+    EXPECT_CONTAINS(r.err, "a token file needs at least 2 to train or evaluate on");
+    EXPECT_CONTAINS(r.err, "give a text with more content (nothing was written to " + dir);
+  }
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), {}), 1);  // empty.txt alone
+}
+
 // --output reads and encodes the text a piece at a time (8 MiB; here 64 bytes): the file holds
 // the ids of encoding it whole, from --file and from stdin. A write that fails (a file-size limit
 // here, a full disk alike) is an error naming the file, and leaves no file and no partial one.

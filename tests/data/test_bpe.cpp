@@ -521,6 +521,12 @@ TEST(Tokenizer, LoaderErrorsNameTheFileAndPlace) {
   });
   EXPECT_CONTAINS(m, "tokenizer.json: post_processor.processors[1].type: expected a string");
   EXPECT_NOT_CONTAINS(m, "json.exception");
+  // A template naming a special token the file does not have left bos unset without a word.
+  m = hf_error(
+      [](json& j) { j["post_processor"]["single"][0]["SpecialToken"]["id"] = "<|no_such|>"; });
+  EXPECT_CONTAINS(m,
+                  "tokenizer.json: post_processor.single[0].SpecialToken.id: \"<|no_such|>\" "
+                  "is not a token of the file");
 }
 
 // Ids come from the file: one above int32 is an error (never truncated: 2^40 + 258 is not 258),

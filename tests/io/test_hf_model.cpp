@@ -626,6 +626,20 @@ TEST_P(PeftExport, AdapterDirectoryRoundTrips) {
   EXPECT_CONTAINS(family, dir + "/adapter_config.json: target module 'q_proj' matches no linear");
   EXPECT_CONTAINS(family, "(fix target_modules in " + dir + "/adapter_config.json)");
   EXPECT_NOT_CONTAINS(family, "model.adapter");
+  // A tensor adapter_config.json implies and the file lacks asked "was it written for another
+  // model?": it names both files and the fix.
+  held.tensors[1].second.data_as<float>()[2] = 0;  // the inf above, gone
+  const std::string gone = held.tensors.back().first;
+  held.tensors.pop_back();
+  write_safetensors(dir + "/adapter_model.safetensors", held.tensors, held.metadata);
+  auto lacking = models::make_causal_lm(llama_spec(false), 3);
+  const std::string missing = error_of([&] { load_peft_adapter(*lacking, dir); });
+  EXPECT_CONTAINS(missing, dir + "/adapter_model.safetensors: tensor '" + gone +
+                               "' is missing (the file has " + std::to_string(held.tensors.size()) +
+                               " tensors), though " + dir +
+                               "/adapter_config.json adapts that module of this base model");
+  EXPECT_CONTAINS(missing, "load it on the base it was trained on");
+  EXPECT_NOT_CONTAINS(missing, "another model?");
 }
 
 TEST_P(PeftExport, MergedModelSavesAsAPlainHfModel) {

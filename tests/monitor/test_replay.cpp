@@ -323,6 +323,27 @@ TEST(Replay, MalformedCapturesNameTheFileAndTheFix) {
     toml.replace(at, std::string("attention = \"eager\"").size(), "attention = \"math\"");
     EXPECT_CONTAINS(edited("config_toml", toml),
                     "is not the attention backend its config_toml names (math)");
+    // Edited numbers replayed as "bit-exact yes": a negative loss scale, a step seed of -1
+    // (read as 2^64 - 1), a negative count.
+    EXPECT_CONTAINS(edited("loss_scale", "x"), "\"loss_scale\" has the wrong type");
+    for (const json& bad : {json(-5), json(0)})
+      EXPECT_CONTAINS(edited("loss_scale", bad),
+                      d + "/capture.json: \"loss_scale\" = " + bad.dump() +
+                          " is not a loss scale (a positive finite number); the capture is "
+                          "corrupt (re-run the training to write a new one)");
+    json rng = base["rng"];
+    rng["step_seed"] = -1;
+    EXPECT_CONTAINS(edited("rng", rng), "\"rng.step_seed\" = -1 is not a seed");
+    rng = base["rng"];
+    rng["seed"] = 9223372036854775808ull;
+    EXPECT_CONTAINS(edited("rng", rng), "\"rng.seed\" = 9223372036854775808 is not a seed");
+    EXPECT_CONTAINS(edited("window_tokens", -1), "\"window_tokens\" = -1 is not a count");
+    json mbs = base["micro_batches"];
+    mbs[0]["n_targets"] = -3;
+    EXPECT_CONTAINS(edited("micro_batches", mbs), "\"micro_batches[0].n_targets\" = -3 is not");
+    mbs = base["micro_batches"];
+    mbs[1]["example_ids"] = json::array({0, -1});
+    EXPECT_CONTAINS(edited("micro_batches", mbs), "\"micro_batches[1].example_ids\" = [0,-1]");
     std::ofstream(d + "/capture.json") << base.dump();
   }
   {

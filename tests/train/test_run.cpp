@@ -229,6 +229,25 @@ TEST(RunFactory, AdapterKeysWithoutAnAdapterKindAreSaid) {
       "[model.adapter]");
 }
 
+// data.eval_path naming data.path's file (also by another spelling) validated on the training
+// data without a word: said, as HF Trainer users expect a warning.
+TEST(RunFactory, AnEvalPathThatIsTheTrainingFileIsSaid) {
+  const std::string dir = test::temp_dir("eval-is-train");
+  const std::string txt = dir + "/corpus.txt", other = dir + "/held-out.txt";
+  std::ofstream(txt) << "the quick brown fox jumps over the lazy dog\n\nanother paragraph\n";
+  std::ofstream(other) << "a held-out paragraph\n";
+  auto said = [&](const std::string& eval_path) {
+    return said_by_build(
+        tiny("eval-is-train-run", {"data.task=text", "data.tokenizer=byte", "data.path=" + txt,
+                                   "data.eval_path=" + eval_path}));
+  };
+  for (const std::string& same : {txt, dir + "/./corpus.txt"})
+    EXPECT_CONTAINS(said(same), "note: data.eval_path = " + same +
+                                    " is the training file data.path = " + txt +
+                                    ": the eval loss is measured on the data the run trains on");
+  EXPECT_NOT_CONTAINS(said(other), "data.eval_path");
+}
+
 TEST(RunFactory, KeepCheckpointsWithoutCheckpointEveryIsSaid) {
   EXPECT_CONTAINS(said_by_build(tiny("keep-none", {"log.keep_checkpoints=3"})),
                   "note: log.keep_checkpoints = 3 keeps the newest checkpoints/step-N "
