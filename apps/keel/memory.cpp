@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -136,6 +137,12 @@ Command add_memory(CLI::App& app) {
               if (opt->count() > 0) apply(q);
             if (!a->params.empty()) q.params = parse_count(a->params);
             auto given = [&](const char* flag) { return sub->get_option(flag)->count() > 0; };
+            // The query's 0 is "not given": --batch 0 or --seq 0 left the activations out and
+            // printed an estimate, where keel train refuses those values.
+            for (auto [flag, key, v] : {std::tuple{"--batch", "train.batch_size", q.batch},
+                                        std::tuple{"--seq", "data.seq_len", q.seq}})
+              if (given(flag) && v == 0)
+                check_config_number(key, 0, "0", std::string("memory: ") + flag + " 0");
             // A model directory's sizes are its own: --family llama over a GPT-2 directory
             // estimated a Llama of GPT-2's sizes, and named neither. A flag that says the same
             // as the directory does no harm; --params overrides the count its sizes give.

@@ -95,6 +95,18 @@ TEST(CliMemoryEstimate, FlagsThatDoNotApplyToTheStepAreUsageErrors) {
   EXPECT_EQ(r.code, 0) << r.output;
 }
 
+// The estimate's 0 means "not given": --batch 0 or --seq 0 printed an estimate without the
+// activations (exit 0) of a step keel train refuses.
+TEST(CliMemoryEstimate, ABatchOrSequenceOfZeroIsAUsageError) {
+  test::KeelRun r = test::run_keel_sh("memory --layers 2 --hidden 64 --batch 1 --seq 0");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "memory: --seq 0: data.seq_len must be in [2, 1048576], got 0");
+  r = test::run_keel_sh("memory --params 1e6 --batch 0");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "memory: --batch 0: train.batch_size must be in [1, 65536], got 0");
+  EXPECT_EQ(r.out, "");
+}
+
 // Targets that name no layer of the model are fixed with --targets, the flag that sets them: the
 // default q_proj, v_proj on GPT-2 (and --targets q_proj) said to fix
 // model.adapter.target_modules, a key of no file the user gave.
