@@ -330,6 +330,7 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
                         d.pad_id, trainer.policy(), trainer.device());
       return t.tokens > 0 ? t.loss() : std::nan("");
     };
+  advisor_opt.largest_weight = [&trainer] { return monitor::largest_weight(trainer.trainable()); };
   advisor_opt.tracer_log =
       trainer.out_dir() + "/debug/underflow_overflow_rank" + std::to_string(rank) + ".log";
   if (rank == 0) advisor = std::make_unique<monitor::TrendAdvisor>(advisor_opt);

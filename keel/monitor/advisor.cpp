@@ -451,6 +451,19 @@ bool TrendAdvisor::recovered(const StepResult& r) const {
   if (opt_.uniform_loss > 0 && r.loss > opt_.uniform_loss) return false;
   if (best_loss_ > 0 && r.loss > 1.5 * best_loss_) return false;
   if (best_norm_ > 0 && r.grad_norm > opt_.explode_ratio * best_norm_) return false;
+  // Saturated by blown-up weights, the loss and the grad norm may look calm: still diverged.
+  std::string why;
+  return !blown_up(why);
+}
+
+bool TrendAdvisor::blown_up(std::string& why) const {
+  if (!updated_ || !opt_.largest_weight) return false;
+  const LargestWeight w = opt_.largest_weight();
+  if (!(w.value > kDivergedWeight)) return false;
+  why = "diverged: " + why + " while the updates blew " + w.param + " up to |w| = " + num(w.value) +
+        " (above " + num(kDivergedWeight) +
+        ": no sane update takes a weight there); the activations it saturates pass no gradient: "
+        "not a vanishing gradient";
   return true;
 }
 
@@ -551,7 +564,7 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
                 ? "the grad norm was exactly 0 on the last " + std::to_string(zs) + " steps"
                 : "the grad norm stayed below " + num(opt_.vanish_abs) + " on the last " +
                       std::to_string(zs) + " steps";
-      return Trend::kVanishing;
+      return blown_up(why) ? Trend::kExploding : Trend::kVanishing;
     }
   }
 
@@ -583,7 +596,7 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
     if (mo > 0 && mn <= opt_.vanish_ratio * mo) {
       why = "the grad norm fell " + num(mo / std::max(mn, 1e-300)) + "x over the last " +
             std::to_string(n) + " steps (median " + num(mo) + " -> " + num(mn) + ")";
-      return Trend::kVanishing;
+      return blown_up(why) ? Trend::kExploding : Trend::kVanishing;
     }
   }
 

@@ -17,6 +17,9 @@
 //                          or, after min_steps, the newer-half median is <= vanish_ratio (1e-3) of
 //                          the older half. Exact zeros after a decay already classed vanishing
 //                          give a second line: their cause and fix (an underflow) differ.
+//                          Not while a trainable weight is above kDivergedWeight after updates:
+//                          the blown-up weights saturate the activations, and that run is
+//                          exploding ("diverged"), told to lower optim.lr, never to raise it.
 //   spiking                a step's grad norm >= spike_factor (10x) the median of the window
 //                          before it, or its loss >= loss_spike_factor (2x) the median loss
 //                          (after min_steps), while the step before it was still below half that
@@ -68,6 +71,12 @@
 
 namespace keel::monitor {
 
+// Once updates were applied, a trainable weight above 10^4 is the updates' doing (init 0.02; no
+// sane training takes a weight past the tens): the model has diverged even when its loss has not
+// (a LoRA on c_attn at optim.lr 1e4, weights of 9e7 after 3 updates, saturates the attention and
+// keeps the loss at 5.8). Bisect and the trend advisor judge by it.
+constexpr double kDivergedWeight = 1e4;
+
 enum class Trend { kStable, kExploding, kVanishing, kSpiking, kScaleCollapsing };
 const char* trend_name(Trend t);  // "stable", "exploding", "vanishing", "spiking",
                                   // "loss-scale collapsing"
@@ -114,6 +123,12 @@ struct AdvisorOptions {
   // weights and the optimizer is the suspect, not the data.
   std::function<double(const std::vector<int64_t>&)> batch_loss;
   double spike_batch_ratio = 1.5;
+  // The largest |value| of a trainable parameter now (monitor::largest_weight); null = not asked.
+  // Asked only where a falling grad norm would be called vanishing (and while a divergence holds):
+  // weights the updates blew up past kDivergedWeight saturate softmax, GELU and the
+  // normalizations, whose gradients then fall towards 0. Such a run (a LoRA at optim.lr 1000,
+  // adapter weights of 1e7) was told "vanishing: ... raise optim.lr".
+  std::function<LargestWeight()> largest_weight;
   // optim.lr, the schedule's peak (0 = unknown): steps of a warmup or of a decayed tail (their lr
   // below half of it) do not count towards "stalled", and a decayed tail (below a tenth) whose
   // updates round away is the schedule, not a learning rate to raise.
@@ -230,6 +245,10 @@ class TrendAdvisor {
   bool round_reported_ = false;
   // Whether an exploding verdict's condition has cleared at `r` (back near the best window).
   bool recovered(const StepResult& r) const;
+  // Whether the updates blew a trainable weight up past kDivergedWeight (asked through
+  // AdvisorOptions::largest_weight); if so, `why` (a vanishing trend's cause) becomes the
+  // divergence's.
+  bool blown_up(std::string& why) const;
   std::string examples_of(const StepResult& s, std::vector<std::string>* list) const;
 };
 

@@ -214,6 +214,27 @@ TEST(CliAdvisor, LearningRateDivergenceHoldsItsVerdict) {
   EXPECT_NOT_CONTAINS(r.out, "stable:");
 }
 
+// A LoRA on c_attn at optim.lr = 1000 in bf16-mixed (attention = math): the adapter weights blow
+// up to 1e9 within a few updates and saturate the attention, the loss stays near ln V and the grad
+// norm falls 1e6x. It was told "vanishing: ... raise optim.lr (now 872)"; the blown-up weight
+// makes it a divergence, told to lower optim.lr.
+TEST(CliAdvisor, ALoraWhoseWeightsBlewUpIsDivergedNotVanishing) {
+  const std::string dir = test::temp_dir("cli-advisor-lora-lr1000");
+  const test::KeelRun r =
+      train({"run.out_dir=" + dir, "model.adapter.kind=lora",
+             "model.adapter.target_modules=[\"c_attn\"]", "optim.lr=1000",
+             "train.precision=bf16-mixed", "model.attention=math", "data.num_examples=256",
+             "data.eval_examples=0", "train.batch_size=8", "data.seq_len=32", "train.max_steps=8"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto f = findings(dir);
+  ASSERT_EQ(f.size(), 1u) << r.output;
+  EXPECT_EQ(f[0].at("trend"), "exploding") << f[0].dump();
+  EXPECT_CONTAINS(f[0].at("cause").get<std::string>(), "diverged: the grad norm fell");
+  EXPECT_CONTAINS(f[0].at("cause").get<std::string>(), "lora_B.weight up to |w| = ");
+  EXPECT_CONTAINS(f[0].at("action").get<std::string>(), "lower optim.lr");
+  EXPECT_NOT_CONTAINS(r.out, "raise optim.lr");
+}
+
 // optim.lr = 1000 without clipping in f32: the loss leaps to 1e7 by step 3, and a few steps later
 // the gradients of the embedding's positions and both blocks are exactly zero while the final
 // norm's are 1e9. That is the divergence (softmax, GELU and LayerNorm saturated by blown-up

@@ -169,6 +169,35 @@ TEST(Advisor, DecayingGradNormIsVanishingAndSuggestsAHigherLrForTinyModels) {
   EXPECT_NE(line.find("tiny models"), std::string::npos) << line;
 }
 
+// The same decay in a run whose updates blew a weight up (a LoRA at optim.lr 1000 in bf16-mixed:
+// lora_B at 3e9 by step 8, the attention saturated, the grad norm falling 1e6x): it was told
+// "vanishing: ... raise optim.lr (now 872)". It has diverged: lower optim.lr, never raise it; and
+// the verdict holds while the weight stays up there, however calm the grad norm looks.
+TEST(Advisor, ADecayOfAModelWhoseWeightsBlewUpIsADivergence) {
+  AdvisorOptions o;
+  o.num_params = 100'000;
+  double largest = 0.05;
+  o.largest_weight = [&largest] { return monitor::LargestWeight{"h.1.lora_B.weight", largest}; };
+  Feed run(o);
+  for (int64_t i = 1; i <= 40; ++i) {
+    largest = i == 1 ? 0.05 : 3e9;
+    run.feed(step(i, 5.8, std::pow(0.1, i)));
+  }
+  ASSERT_EQ(run.advice.size(), 1u);
+  const std::string& line = run.advice.front().second;
+  EXPECT_EQ(line.rfind("exploding: diverged: the grad norm fell ", 0), 0u) << line;
+  EXPECT_CONTAINS(line, "h.1.lora_B.weight up to |w| = 3e+09");
+  EXPECT_CONTAINS(line, "lower optim.lr");
+  EXPECT_EQ(line.find("raise optim.lr"), std::string::npos) << line;
+  EXPECT_EQ(run.adv.trend(), Trend::kExploding);
+  // Weights that stay in a sane range (the same decay with |w| <= 1e4) remain vanishing.
+  largest = 1e4;
+  Feed sane(o);
+  for (int64_t i = 1; i <= 40; ++i) sane.feed(step(i, 5.8, std::pow(0.5, i)));
+  ASSERT_FALSE(sane.advice.empty());
+  EXPECT_EQ(sane.advice.front().second.rfind("vanishing: the grad norm fell ", 0), 0u);
+}
+
 // A run that learns its task: the loss and the grad norm fall together towards 0. It is
 // converging, not vanishing: a converged 32-true run (examples/f16-no-scaler's config) was told
 // to raise optim.lr.
