@@ -255,6 +255,7 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     return monitor::write_nan_capture(*trainer_ptr, ev, rank);
   };
   if (rank > 0) hooks.on_message = [](const std::string&) {};  // rank 0 says it once
+  hooks.advisor_state = [&advisor] { return advisor ? advisor->state() : nlohmann::json(); };
   // Rank 0 owns the out_dir for the run's life (the ranks share it): locked before anything in it
   // is read or written, and a previous run in it is never silently overwritten.
   std::optional<io::OutDirLock> lock;
@@ -334,6 +335,19 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   advisor_opt.tracer_log =
       trainer.out_dir() + "/debug/underflow_overflow_rank" + std::to_string(rank) + ".log";
   if (rank == 0) advisor = std::make_unique<monitor::TrendAdvisor>(advisor_opt);
+  // A resumed run carries on with the advisor's state at its checkpoint: its findings are then
+  // those of the run that was not interrupted.
+  if (advisor && !trainer.resumed_advisor_state().is_null())
+    advisor->restore(trainer.resumed_advisor_state(), trainer.resumed_trainer_json(),
+                     "the checkpoint is damaged: resume from another one (checkpoints/step-N) or "
+                     "start without run.resume");
+  else if (advisor && trainer.steps_done() > 0)
+    std::fprintf(stderr,
+                 "note: %s holds no advisor state (written by an older keel): the trend advisor "
+                 "starts over at step %lld, and its findings may differ from an uninterrupted "
+                 "run's\n",
+                 trainer.resumed_trainer_json().c_str(),
+                 static_cast<long long>(trainer.steps_done() + 1));
   // The injector's post hook goes first: the tracer must see the corrupted output to name the
   // module that produced it.
   if (!cfg.debug.inject.module.empty() &&

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "keel/amp/precision.h"
+#include "keel/io/json_fields.h"
 
 namespace keel::monitor {
 
@@ -91,6 +92,131 @@ std::string TrendAdvisor::observe(StepResult& r, const std::vector<BlockGradNorm
              advice;
   r.advice = advice;
   return advice;
+}
+
+nlohmann::json TrendAdvisor::state() const {
+  using nlohmann::json;
+  json window = json::array();
+  for (const StepResult& w : window_)
+    window.push_back({{"step", w.step},
+                      {"loss", io::json_float(w.loss)},
+                      {"grad_norm", io::json_float(w.grad_norm)},
+                      {"clipped", w.clipped},
+                      {"lr", w.lr},
+                      {"loss_scale", w.loss_scale},
+                      {"loss_scale_after", w.loss_scale_after},
+                      {"stepped", w.stepped},
+                      {"found_inf", w.found_inf},
+                      {"nan_steps", w.nan_steps},
+                      {"example_ids", w.example_ids}});
+  return {{"trend", static_cast<int>(trend_)},
+          {"window", window},
+          {"last_spike", last_spike_},
+          {"spike_norm", spike_norm_},
+          {"spike_loss", spike_loss_},
+          {"nan_steps", nan_steps_},
+          {"zeros", zeros_},
+          {"updated", updated_},
+          {"start_loss", start_loss_},
+          {"start_observed", start_observed_},
+          {"full_lr_steps", full_lr_steps_},
+          {"recent_losses", std::vector<double>(recent_losses_.begin(), recent_losses_.end())},
+          {"stall_reported", stall_reported_},
+          {"backoffs", backoffs_},
+          {"scale_reported", scale_reported_},
+          {"best_loss", best_loss_},
+          {"best_norm", best_norm_},
+          {"spikes", std::vector<int64_t>(spikes_.begin(), spikes_.end())},
+          {"probe",
+           {{"step", probe_.step},
+            {"spike", io::json_float(probe_.spike)},
+            {"before", io::json_float(probe_.before)}}},
+          {"finding_step", finding_.step},
+          {"vanished_run", vanished_run_},
+          {"reported", reported_},
+          {"underflow", underflow_},
+          {"round_run", round_run_},
+          {"round_reported", round_reported_},
+          // Measured before the first update: a resumed process cannot measure it again.
+          {"weight_rms", opt_.weight_rms}};
+}
+
+void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
+                           const std::string& fix) {
+  using io::json_field;
+  using io::json_float_of;
+  using nlohmann::json;
+  constexpr int64_t kCount = int64_t{1} << 53;
+  const std::string f = file + ": \"advisor\"";
+  if (!s.is_object()) throw Error(f + " is not a JSON object; " + fix);
+  const auto b = [&](const char* k) { return json_field<bool>(s, k, f, fix); };
+  const auto i = [&](const char* k) { return io::json_int(s, k, f, -1, kCount, fix); };
+  const auto x = [&](const char* k) { return io::json_number(s, k, f, fix); };
+  const int64_t t =
+      io::json_int(s, "trend", f, 0, static_cast<int64_t>(Trend::kScaleCollapsing), fix);
+  std::deque<StepResult> window;
+  for (const json& w : json_field<std::vector<json>>(s, "window", f, fix)) {
+    const std::string e = f + " window entry";
+    StepResult r;
+    r.step = io::json_int(w, "step", e, 0, kCount, fix);
+    r.loss = json_float_of(w, "loss", e, fix);
+    r.grad_norm = json_float_of(w, "grad_norm", e, fix);
+    r.clipped = json_field<bool>(w, "clipped", e, fix);
+    r.lr = io::json_number(w, "lr", e, fix);
+    r.loss_scale = io::json_number(w, "loss_scale", e, fix);
+    r.loss_scale_after = io::json_number(w, "loss_scale_after", e, fix);
+    r.stepped = json_field<bool>(w, "stepped", e, fix);
+    r.found_inf = json_field<bool>(w, "found_inf", e, fix);
+    r.nan_steps = io::json_int(w, "nan_steps", e, 0, kCount, fix);
+    r.example_ids = json_field<std::vector<int64_t>>(w, "example_ids", e, fix);
+    window.push_back(std::move(r));
+  }
+  const json& probe = s.contains("probe") ? s["probe"] : json();
+  // Read whole before any member changes: a damaged state leaves the advisor as it was.
+  const SpikeProbe p{io::json_int(probe, "step", f + " probe", -1, kCount, fix),
+                     json_float_of(probe, "spike", f + " probe", fix),
+                     json_float_of(probe, "before", f + " probe", fix)};
+  const auto recent = json_field<std::vector<double>>(s, "recent_losses", f, fix);
+  const auto spikes = json_field<std::vector<int64_t>>(s, "spikes", f, fix);
+  auto vanished =
+      json_field<std::vector<std::pair<std::string, int64_t>>>(s, "vanished_run", f, fix);
+  auto reported = json_field<std::vector<std::string>>(s, "reported", f, fix);
+  const bool spike_norm = b("spike_norm"), spike_loss = b("spike_loss"), zeros = b("zeros"),
+             updated = b("updated"), start_observed = b("start_observed"),
+             stall_reported = b("stall_reported"), scale_reported = b("scale_reported"),
+             underflow = b("underflow"), round_reported = b("round_reported");
+  const int64_t last_spike = i("last_spike"), nan_steps = i("nan_steps"),
+                full_lr_steps = i("full_lr_steps"), backoffs = i("backoffs"),
+                finding_step = i("finding_step"), round_run = i("round_run");
+  const double start_loss = x("start_loss"), best_loss = x("best_loss"), best_norm = x("best_norm"),
+               weight_rms = x("weight_rms");
+  trend_ = static_cast<Trend>(t);
+  window_ = std::move(window);
+  last_spike_ = last_spike;
+  spike_norm_ = spike_norm;
+  spike_loss_ = spike_loss;
+  nan_steps_ = nan_steps;
+  zeros_ = zeros;
+  updated_ = updated;
+  start_loss_ = start_loss;
+  start_observed_ = start_observed;
+  full_lr_steps_ = full_lr_steps;
+  recent_losses_.assign(recent.begin(), recent.end());
+  stall_reported_ = stall_reported;
+  backoffs_ = backoffs;
+  scale_reported_ = scale_reported;
+  best_loss_ = best_loss;
+  best_norm_ = best_norm;
+  spikes_.assign(spikes.begin(), spikes.end());
+  probe_ = p;
+  finding_ = Finding{};
+  finding_.step = finding_step;
+  vanished_run_ = std::move(vanished);
+  reported_ = std::move(reported);
+  underflow_ = underflow;
+  round_run_ = round_run;
+  round_reported_ = round_reported;
+  opt_.weight_rms = weight_rms;
 }
 
 bool TrendAdvisor::observe_start(const StepResult& r, Finding* f) {

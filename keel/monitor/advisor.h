@@ -63,6 +63,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -182,6 +183,15 @@ class TrendAdvisor {
   const std::vector<Finding>& findings() const { return findings_; }
   // The lowest loss of the best window so far (median of `best_steps` applied steps; 0 = none).
   double best_loss() const { return best_loss_; }
+  // Everything later findings depend on (the window, the verdict, what was said once), as JSON
+  // that holds finite numbers only: saved in each checkpoint's trainer.json ("advisor"), so that a
+  // resumed run's findings are those of the run that was not interrupted. Without it the resumed
+  // advisor started over: a 16-mixed run at scaler.init_scale 1e9 resumed at step 2 said its
+  // "loss scale" finding at step 6 (counting 4 back-offs of its 6), not at step 4.
+  nlohmann::json state() const;
+  // Restores state(); `file` and `fix` name the checkpoint and its remedy in the Error a damaged
+  // state gives.
+  void restore(const nlohmann::json& s, const std::string& file, const std::string& fix);
 
  private:
   Trend classify(const StepResult& r, std::string& why) const;

@@ -172,6 +172,39 @@ TEST(CliAdvisor, AResumedDivergedRunIsNoInitializationFinding) {
   EXPECT_CONTAINS(ex.back().at("action").get<std::string>(), "lower optim.lr");
 }
 
+// A run killed after its step-2 checkpoint and resumed gives the findings of the run that was not
+// interrupted: the advisor's state is saved with each checkpoint. It started over: under 16-mixed
+// at scaler.init_scale 1e9 the resumed run said its "loss scale" finding at step 6 ("backed off 4
+// times", of 6), not at step 4.
+TEST(CliAdvisor, AResumedRunGivesTheFindingsOfTheUninterruptedOne) {
+  const std::vector<std::string> sets = {"train.precision=16-mixed", "scaler.init_scale=1e9",
+                                         "train.max_steps=8", "log.checkpoint_every=1",
+                                         "data.eval_examples=0"};
+  auto run = [&](const std::string& dir, std::vector<std::string> more,
+                 const std::string& env = "") {
+    more.insert(more.end(), sets.begin(), sets.end());
+    more.insert(more.end(), {"run.threads=1", "log.tensorboard=false", "model.n_layer=2",
+                             "model.n_embd=64", "model.n_head=4", "run.out_dir=" + dir});
+    std::vector<std::string> envs = {"OMP_NUM_THREADS=1"};
+    if (!env.empty()) envs.push_back(env);
+    return test::run_keel(test::with_sets({"train"}, more), envs);
+  };
+  const std::string whole = test::temp_dir("cli-advisor-whole"),
+                    resumed = test::temp_dir("cli-advisor-resumed");
+  const test::KeelRun w = run(whole, {});
+  ASSERT_EQ(w.code, 0) << w.output;
+  // The third save is step 2's checkpoints/last (step 1 saved last and step-1): killed after it.
+  ASSERT_EQ(run(resumed, {}, "KEEL_TEST_CRASH_AT=done:3").code, 86);
+  const test::KeelRun r = run(resumed, {"run.resume=true"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "at step 2");
+  const std::vector<json> expected = findings(whole), got = findings(resumed);
+  ASSERT_FALSE(expected.empty()) << w.output;
+  EXPECT_EQ(expected[0].at("step"), 4) << expected[0].dump();
+  EXPECT_EQ(got, expected) << json(got).dump() << "\nvs\n" << json(expected).dump();
+  EXPECT_NOT_CONTAINS(r.output, "holds no advisor state");
+}
+
 // A run that learns its task to a loss of ~1e-7 (examples/f16-no-scaler's config in 32-true):
 // its grad norm falls with the loss. It was told "vanishing: ... raise optim.lr (now 0.01): tiny
 // models train well at 1e-3 to 1e-2".

@@ -827,3 +827,67 @@ TEST(Advisor, AFaultInjectedByDebugInjectIsNamedNotTheLearningRate) {
 
 }  // namespace
 }  // namespace keel
+
+namespace keel {
+namespace {
+
+// A run resumed from a checkpoint carries on with the advisor's state saved in it (state(), through
+// JSON as trainer.json holds it): wherever it is cut, the resumed advisor says what the
+// uninterrupted one says, at the same steps. It started over: its "loss scale" finding, its spike
+// recurrence and its "stalled" counts began again at the resumed step.
+TEST(Advisor, ARestoredStateGivesTheUninterruptedRunsFindings) {
+  AdvisorOptions o;
+  o.num_params = 100'000;
+  o.precision = "16-mixed";
+  o.uniform_loss = std::log(259.0);
+  o.peak_lr = 3e-3;
+  o.weight_rms = 0.02;
+  o.init_scale = 65536;
+  o.batch_loss = [](const std::vector<int64_t>& ids) { return ids[0] == 26 ? 9.0 : 3.0; };
+  auto at = [](int64_t i) {
+    StepResult r = step(i, i <= 45 ? healthy_loss(i) : 2.0, healthy_norm(i));
+    if (i == 26) r.grad_norm *= 20;                                        // a spike
+    if (i > 45) r.grad_norm = std::pow(0.3, static_cast<double>(i - 45));  // a decay
+    if (i == 3) r.grad_norm = HUGE_VAL;                                    // a scaler skip
+    r.stepped = std::isfinite(r.grad_norm);
+    r.found_inf = !r.stepped;
+    r.loss_scale = i <= 3 ? 65536 : 32768;
+    r.loss_scale_after = i < 3 ? 65536 : 32768;
+    r.example_ids = {i};
+    r.update_elements = r.stepped ? 100 : 0;
+    r.rounded_away = i >= 30 && i <= 33 ? 60 : 0;
+    return r;
+  };
+  constexpr int64_t kSteps = 70;
+  Feed whole(o);
+  for (int64_t i = 1; i <= kSteps; ++i) whole.feed(at(i));
+  ASSERT_GE(whole.advice.size(), 3u);
+  for (int64_t cut : {1, 2, 3, 10, 26, 27, 31, 33, 47, 55}) {
+    Feed before(o);
+    for (int64_t i = 1; i <= cut; ++i) before.feed(at(i));
+    AdvisorOptions fresh = o;
+    fresh.weight_rms = 0;  // a resumed process cannot measure it: the state carries it
+    Feed after(fresh);
+    after.adv.restore(nlohmann::json::parse(before.adv.state().dump()), "trainer.json", "fix");
+    for (int64_t i = cut + 1; i <= kSteps; ++i) after.feed(at(i));
+    std::vector<std::pair<int64_t, std::string>> resumed = before.advice;
+    resumed.insert(resumed.end(), after.advice.begin(), after.advice.end());
+    EXPECT_EQ(resumed, whole.advice) << "cut after step " << cut;
+    EXPECT_EQ(after.adv.trend(), whole.adv.trend()) << "cut after step " << cut;
+  }
+  // A damaged state is an Error naming the file and the key.
+  TrendAdvisor adv(o);
+  nlohmann::json damaged = whole.adv.state();
+  damaged.erase("backoffs");
+  try {
+    adv.restore(damaged, "out/checkpoints/last/trainer.json", "resume from another one");
+    ADD_FAILURE() << "a damaged state was restored";
+  } catch (const Error& e) {
+    EXPECT_CONTAINS(std::string(e.what()),
+                    "out/checkpoints/last/trainer.json: \"advisor\": \"backoffs\" is missing; "
+                    "resume from another one");
+  }
+}
+
+}  // namespace
+}  // namespace keel
