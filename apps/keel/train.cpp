@@ -331,6 +331,13 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
                         d.pad_id, trainer.policy(), trainer.device());
       return t.tokens > 0 ? t.loss() : std::nan("");
     };
+  // 16-true / bf16-true keep AdamW's moments in 16 bits: a squared gradient flushed to 0 makes an
+  // update of lr * m / eps that blows the weights up, at any learning rate.
+  if (cfg.optim.name == "adamw" && trainer.policy().param_dtype != DType::F32)
+    advisor_opt.state_underflow = [&trainer, &cfg] {
+      return monitor::optimizer_state_underflow(trainer.run().optimizer->state(),
+                                                trainer.model().named_parameters(), cfg);
+    };
   advisor_opt.largest_weight = [&trainer] { return monitor::largest_weight(trainer.trainable()); };
   advisor_opt.tracer_log =
       trainer.out_dir() + "/debug/underflow_overflow_rank" + std::to_string(rank) + ".log";
@@ -438,7 +445,9 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     // 16-true / bf16-true keep AdamW's moments in 16 bits: a squared gradient flushed to 0 makes
     // an update of lr * m / eps that blows the weights up. keel replay --bisect found it from the
     // capture; the run's own advice said only "lower optim.lr or switch precision".
-    if (cfg.optim.name == "adamw" && trainer.policy().param_dtype != DType::F32) {
+    // Said here unless the advisor's finding of the step said it already.
+    if (cfg.optim.name == "adamw" && trainer.policy().param_dtype != DType::F32 &&
+        !(advisor && advisor->state_underflow_said())) {
       const std::string why = monitor::optimizer_state_underflow(
           trainer.run().optimizer->state(), trainer.model().named_parameters(), cfg);
       if (!why.empty()) std::fprintf(stderr, "cause: %s\n", why.c_str());

@@ -7,6 +7,7 @@
 
 #include "keel/amp/precision.h"
 #include "keel/io/json_fields.h"
+#include "keel/monitor/replay_step.h"
 
 namespace keel::monitor {
 
@@ -116,6 +117,7 @@ nlohmann::json TrendAdvisor::state() const {
           {"spike_loss", spike_loss_},
           {"nan_steps", nan_steps_},
           {"zeros", zeros_},
+          {"state_underflow_said", state_underflow_said_},
           {"updated", updated_},
           {"start_loss", start_loss_},
           {"start_observed", start_observed_},
@@ -182,9 +184,10 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
       json_field<std::vector<std::pair<std::string, int64_t>>>(s, "vanished_run", f, fix);
   auto reported = json_field<std::vector<std::string>>(s, "reported", f, fix);
   const bool spike_norm = b("spike_norm"), spike_loss = b("spike_loss"), zeros = b("zeros"),
-             updated = b("updated"), start_observed = b("start_observed"),
-             stall_reported = b("stall_reported"), scale_reported = b("scale_reported"),
-             underflow = b("underflow"), round_reported = b("round_reported");
+             updated = b("updated"), state_underflow_said = b("state_underflow_said"),
+             start_observed = b("start_observed"), stall_reported = b("stall_reported"),
+             scale_reported = b("scale_reported"), underflow = b("underflow"),
+             round_reported = b("round_reported");
   const int64_t last_spike = i("last_spike"), nan_steps = i("nan_steps"),
                 full_lr_steps = i("full_lr_steps"), backoffs = i("backoffs"),
                 finding_step = i("finding_step"), round_run = i("round_run");
@@ -197,6 +200,7 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
   spike_loss_ = spike_loss;
   nan_steps_ = nan_steps;
   zeros_ = zeros;
+  state_underflow_said_ = state_underflow_said;
   updated_ = updated;
   start_loss_ = start_loss;
   start_observed_ = start_observed;
@@ -544,6 +548,25 @@ std::string TrendAdvisor::trend_line(StepResult& r) {
   if (nonfinite_event)
     why = std::string("non-finite ") + (std::isfinite(r.loss) ? "gradients" : "loss") +
           " at step " + std::to_string(r.step);
+  // The optimizer's flushed moments: the cause and its fix, said once, a divergence already
+  // advised or not (it is news: "lower optim.lr" does not fix it).
+  if (nonfinite_event && !state_underflow_said_ && opt_.state_underflow) {
+    const std::string cause = opt_.state_underflow(), fix = kStateUnderflowFix;
+    if (cause.size() > fix.size() + 2 &&
+        cause.compare(cause.size() - fix.size(), fix.size(), fix) == 0) {
+      state_underflow_said_ = true;
+      trend_ = Trend::kExploding;
+      zeros_ = false;
+      finding_ = Finding{r.step,
+                         trend_name(trend_),
+                         why + ": " + cause.substr(0, cause.size() - fix.size() - 2),
+                         fix,
+                         {},
+                         {},
+                         -1};
+      return finding_.trend + ": " + finding_.cause + "; " + finding_.action;
+    }
+  }
   // An exploding verdict holds until its condition clears: a diverged run that settles on a high
   // plateau is still diverged, never the new baseline of a "stable" run.
   if (trend_ == Trend::kExploding && t != Trend::kExploding && !recovered(r)) return "";

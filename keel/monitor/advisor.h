@@ -130,6 +130,12 @@ struct AdvisorOptions {
   // normalizations, whose gradients then fall towards 0. Such a run (a LoRA at optim.lr 1000,
   // adapter weights of 1e7) was told "vanishing: ... raise optim.lr".
   std::function<LargestWeight()> largest_weight;
+  // Why a non-finite step happened when the optimizer's state shows it (AdamW's moments in 16 bits
+  // flushed to 0: monitor::optimizer_state_underflow, whose text ends ": " kStateUnderflowFix);
+  // "" = not so; null = not asked. Asked at a non-finite step only. Such a run (16-true at
+  // optim.lr 3e-3) was told "lower optim.lr (try 0.000296)", which still ends in NaN (an update of
+  // lr * m / eps blows up at any lr), while the stop's own cause line said otherwise.
+  std::function<std::string()> state_underflow;
   // optim.lr, the schedule's peak (0 = unknown): steps of a warmup or of a decayed tail (their lr
   // below half of it) do not count towards "stalled", and a decayed tail (below a tenth) whose
   // updates round away is the schedule, not a learning rate to raise.
@@ -179,6 +185,8 @@ class TrendAdvisor {
   // r.advice): the trend's when its class changed, then underflow, then rounding; "" if none.
   std::string observe(StepResult& r, const std::vector<BlockGradNorm>* layers = nullptr);
   Trend trend() const { return trend_; }
+  // A finding named the optimizer state's underflow (AdvisorOptions::state_underflow).
+  bool state_underflow_said() const { return state_underflow_said_; }
   // The findings of the last observe(), in the order of its lines.
   const std::vector<Finding>& findings() const { return findings_; }
   // The lowest loss of the best window so far (median of `best_steps` applied steps; 0 = none).
@@ -213,7 +221,8 @@ class TrendAdvisor {
   bool spike_norm_ = false, spike_loss_ = false;
   int64_t nan_steps_ = 0;  // cumulative count seen on the previous step
   bool zeros_ = false;     // the current vanishing class is exact zeros (already advised)
-  bool updated_ = false;   // some step applied an update (before that lr cannot be the cause)
+  bool state_underflow_said_ = false;
+  bool updated_ = false;  // some step applied an update (before that lr cannot be the cause)
   // The first finite loss, taken before any update: where the weights as initialized or loaded
   // start (0 = none yet). Above 1.5 ln V the start itself is far off, and staying up there is no
   // divergence of the learning rate's.

@@ -216,8 +216,7 @@ std::string optimizer_state_underflow(const std::vector<std::pair<std::string, T
          buf + "), so " + worst + " grew to a largest |value| of " + largest +
          (updates > 0 ? " in " + std::to_string(updates) + (updates == 1 ? " update" : " updates")
                       : std::string()) +
-         ": train in 16-mixed or bf16-mixed (f32 master weights and optimizer state), or raise "
-         "optim.eps (to about 1e-4)";
+         ": " + kStateUnderflowFix;
 }
 
 std::string optimizer_state_underflow(const Capture& c, const Config& cfg) {

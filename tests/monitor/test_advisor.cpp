@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "keel/monitor/advisor.h"
+#include "keel/monitor/replay_step.h"
 #include "tests/support/check.h"
 
 namespace keel {
@@ -830,6 +831,44 @@ TEST(Advisor, AFaultInjectedByDebugInjectIsNamedNotTheLearningRate) {
 
 namespace keel {
 namespace {
+
+// 16-true keeps AdamW's moments in f16: squared gradients flushed to 0 make updates of lr * m / eps
+// that overflow the forward. The non-finite step was told "lower optim.lr (try 0.000296)", which
+// still ends in NaN; the optimizer state's own cause and fix are the finding, said once, even in a
+// run already exploding.
+TEST(Advisor, ANonFiniteStepOfFlushedAdamMomentsNamesThemNotTheLearningRate) {
+  AdvisorOptions o;
+  o.precision = "16-true";
+  std::string state;
+  o.state_underflow = [&state] { return state; };
+  Feed run(o);
+  for (int64_t i = 1; i <= 3; ++i) run.feed(step(i, 5.5, 1.0));
+  state = std::string("AdamW's second moment (exp_avg_sq, stored in f16) underflowed to 0: ") +
+          monitor::kStateUnderflowFix;
+  StepResult r = step(4, std::nan(""), std::nan(""));
+  r.nan_steps = 1;
+  run.feed(r);
+  ASSERT_EQ(run.advice.size(), 1u);
+  EXPECT_EQ(run.advice[0].second,
+            std::string("exploding: non-finite loss at step 4: AdamW's second moment (exp_avg_sq, "
+                        "stored in f16) underflowed to 0; ") +
+                monitor::kStateUnderflowFix);
+  EXPECT_TRUE(run.adv.state_underflow_said());
+  r.step = 5;
+  r.nan_steps = 2;
+  run.feed(r);
+  EXPECT_EQ(run.advice.size(), 1u);  // said once
+  // Not flushed: the usual advice.
+  state = "";
+  Feed other(o);
+  for (int64_t i = 1; i <= 3; ++i) other.feed(step(i, 5.5, 1.0));
+  r.step = 4;
+  r.nan_steps = 1;
+  other.feed(r);
+  ASSERT_EQ(other.advice.size(), 1u);
+  EXPECT_CONTAINS(other.advice[0].second, "lower optim.lr");
+  EXPECT_FALSE(other.adv.state_underflow_said());
+}
 
 // A run resumed from a checkpoint carries on with the advisor's state saved in it (state(), through
 // JSON as trainer.json holds it): wherever it is cut, the resumed advisor says what the
