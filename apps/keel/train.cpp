@@ -294,7 +294,10 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   advisor_opt.tracer_on = cfg.debug.underflow_overflow.enabled;
   advisor_opt.stochastic_rounding = cfg.optim.stochastic_rounding;
   advisor_opt.max_grad_norm = cfg.train.max_grad_norm;
-  if (trainer.scaler()) advisor_opt.init_scale = cfg.scaler.init_scale;
+  if (trainer.scaler()) {
+    advisor_opt.init_scale = cfg.scaler.init_scale;
+    advisor_opt.growth_interval = cfg.scaler.growth_interval;
+  }
   if (const InjectConfig& inj = cfg.debug.inject; !inj.module.empty() && inj.step >= 1) {
     advisor_opt.inject_step = inj.step;
     advisor_opt.inject_what = inj.what();

@@ -74,7 +74,7 @@ std::string TrendAdvisor::observe(StepResult& r, const std::vector<BlockGradNorm
   if (observe_start(r, &start)) findings_.push_back(start);
   // The layers first: while blocks have vanished in f16, a vanishing trend's fix is theirs.
   Finding scale, under, round;
-  const bool scale_due = observe_scale(r, &scale);
+  const bool scale_due = observe_scale(r, &scale) || observe_regrowth(r, &scale);
   const bool under_due = layers && observe_layers(r, *layers, &under);
   const bool round_due = observe_rounding(r, &round);
   std::string advice = trend_line(r);
@@ -126,6 +126,7 @@ nlohmann::json TrendAdvisor::state() const {
           {"stall_reported", stall_reported_},
           {"backoffs", backoffs_},
           {"scale_reported", scale_reported_},
+          {"regrowth_reported", regrowth_reported_},
           {"best_loss", best_loss_},
           {"best_norm", best_norm_},
           {"spikes", std::vector<int64_t>(spikes_.begin(), spikes_.end())},
@@ -186,8 +187,8 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
   const bool spike_norm = b("spike_norm"), spike_loss = b("spike_loss"), zeros = b("zeros"),
              updated = b("updated"), state_underflow_said = b("state_underflow_said"),
              start_observed = b("start_observed"), stall_reported = b("stall_reported"),
-             scale_reported = b("scale_reported"), underflow = b("underflow"),
-             round_reported = b("round_reported");
+             scale_reported = b("scale_reported"), regrowth_reported = b("regrowth_reported"),
+             underflow = b("underflow"), round_reported = b("round_reported");
   const int64_t last_spike = i("last_spike"), nan_steps = i("nan_steps"),
                 full_lr_steps = i("full_lr_steps"), backoffs = i("backoffs"),
                 finding_step = i("finding_step"), round_run = i("round_run");
@@ -209,6 +210,7 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
   stall_reported_ = stall_reported;
   backoffs_ = backoffs;
   scale_reported_ = scale_reported;
+  regrowth_reported_ = regrowth_reported;
   best_loss_ = best_loss;
   best_norm_ = best_norm;
   spikes_.assign(spikes.begin(), spikes.end());
@@ -282,6 +284,41 @@ bool TrendAdvisor::observe_scale(const StepResult& r, Finding* f) {
     return true;
   }
   return false;
+}
+
+bool TrendAdvisor::observe_regrowth(const StepResult& r, Finding* f) {
+  if (regrowth_reported_ || opt_.init_scale <= 0) return false;
+  // A full window: this step and the window's newer window - 1 (the window before this step).
+  if (static_cast<int64_t>(window_.size()) < opt_.window - 1) return false;
+  int64_t skips = 0, growths = 0;
+  double lo = r.loss_scale, hi = r.loss_scale;
+  auto count = [&](const StepResult& s) {
+    skips += s.found_inf && !s.stepped && s.loss_scale_after < s.loss_scale;
+    growths += s.loss_scale_after > s.loss_scale;
+    lo = std::min(lo, s.loss_scale);
+    hi = std::max(hi, s.loss_scale);
+  };
+  for (const StepResult& s : window_)
+    if (r.step - s.step < opt_.window) count(s);
+  count(r);
+  if (4 * skips < opt_.window || 2 * growths < skips || hi / lo >= opt_.collapse_ratio)
+    return false;
+  regrowth_reported_ = true;
+  const int64_t gi = opt_.growth_interval;
+  f->step = r.step;
+  f->trend = "loss scale";
+  f->cause = std::to_string(skips) + " of the last " + std::to_string(opt_.window) +
+             " steps were skipped by the scaler (no update), each an overflow of a scale it had "
+             "grown (" +
+             std::to_string(growths) + " growths; the scale moves between " + scale_num(lo) +
+             " and " + scale_num(hi) + ")" +
+             (gi > 0 ? ": it grows after every scaler.growth_interval = " + std::to_string(gi) +
+                           " clean update" + (gi == 1 ? "" : "s")
+                     : std::string());
+  f->action =
+      "raise scaler.growth_interval (PyTorch's default 2000): the scale then tries a larger value "
+      "once in that many updates, and the steps between are not skipped";
+  return true;
 }
 
 bool TrendAdvisor::observe_stall(const StepResult& r, Finding* f) {

@@ -41,7 +41,9 @@
 // train.max_grad_norm is then the cause named, not optim.lr.
 // A scaler.init_scale below 1 (step 1), or far above 65536 and still backing off after
 // collapse_skips overflows, gets one "loss scale" finding naming the key: the scale is where the
-// setting put it, and neither is loss-scale collapsing.
+// setting put it, and neither is loss-scale collapsing. So does a scale the scaler keeps growing
+// back into overflow: a quarter of a full window's steps skipped, at least one growth for every
+// two skips, and no collapse_ratio fall (scaler.growth_interval too small).
 // Grad norms of steps the scaler skipped (inf by design) are left out of the medians.
 //
 // The window holds the last `window` (20) steps. No advice is given while the class stays the
@@ -157,6 +159,10 @@ struct AdvisorOptions {
   // any usable scale" (init_scale 1e-3 was told "the loss scale fell to 0.001 ... switch to
   // bf16-mixed").
   double init_scale = 0;
+  // scaler.growth_interval when a loss scaler is on (0 = none or unknown): a scale grown back into
+  // overflow every few updates skips those steps (growth_interval 1 skipped 18 of 40 without a
+  // word): a "loss scale" finding names it.
+  int64_t growth_interval = 0;
   // [debug.inject]: the step it corrupts (-1 = none) and what it does there ("nan into
   // transformer.h.0.mlp.c_fc's output"). A spike or non-finite step there is the injector's: it
   // was told "lower optim.lr" (a fix that fixes nothing).
@@ -238,6 +244,9 @@ class TrendAdvisor {
   bool observe_scale(const StepResult& r, Finding* f);
   int64_t backoffs_ = 0;
   bool scale_reported_ = false;
+  // A scale that keeps growing back into overflow (AdvisorOptions::growth_interval): said once.
+  bool regrowth_reported_ = false;
+  bool observe_regrowth(const StepResult& r, Finding* f);
   // Whether the scale is where scaler.init_scale put it, no overflow having moved it.
   bool scale_as_set(const StepResult& r) const;
   // The best window so far: the lowest median loss of the last 3 applied steps, and the median

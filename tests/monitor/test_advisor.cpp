@@ -870,6 +870,34 @@ TEST(Advisor, ANonFiniteStepOfFlushedAdamMomentsNamesThemNotTheLearningRate) {
   EXPECT_FALSE(other.adv.state_underflow_said());
 }
 
+// A scale the scaler keeps growing back into overflow (scaler.growth_interval = 1): every other
+// step skipped, without a word. One "loss scale" finding names the key; a normal start (a few
+// back-offs, no regrowth) and a collapse (back-offs only) are not it.
+TEST(Advisor, AScaleGrownBackIntoOverflowNamesGrowthInterval) {
+  AdvisorOptions o;
+  o.init_scale = 65536;
+  o.growth_interval = 1;
+  Feed run(o);
+  double scale = 65536;
+  for (int64_t i = 1; i <= 40; ++i) {
+    const bool skip = i % 2 == 0;
+    StepResult r = scaled(i, scale, skip);
+    if (!skip) r.loss_scale_after = scale *= 2;  // grown after one clean update
+    run.feed(r);
+  }
+  ASSERT_EQ(run.advice.size(), 1u);
+  EXPECT_EQ(run.advice[0].first, 20);
+  EXPECT_EQ(run.advice[0].second.rfind("loss scale: 10 of the last 20 steps were skipped", 0), 0u)
+      << run.advice[0].second;
+  EXPECT_CONTAINS(run.advice[0].second,
+                  "(10 growths; the scale moves between 65536 and 131072): it grows after every "
+                  "scaler.growth_interval = 1 clean update; raise scaler.growth_interval");
+  Feed start(o);
+  scale = 65536;
+  for (int64_t i = 1; i <= 40; ++i) start.feed(scaled(i, scale, i <= 3));
+  EXPECT_TRUE(start.advice.empty()) << start.advice.front().second;
+}
+
 // A run resumed from a checkpoint carries on with the advisor's state saved in it (state(), through
 // JSON as trainer.json holds it): wherever it is cut, the resumed advisor says what the
 // uninterrupted one says, at the same steps. It started over: its "loss scale" finding, its spike
