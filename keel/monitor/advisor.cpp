@@ -512,8 +512,8 @@ bool TrendAdvisor::observe_rounding(const StepResult& r, Finding* f) {
     f->action =
         "switch train.precision to bf16-mixed or 16-mixed (f32 master weights keep every update)";
   else
-    f->action = "the updates are below f32's resolution for these weights: optim.lr (now " +
-                num(r.lr) + ") is too small to change them; raise optim.lr";
+    f->action = "the updates are below f32's resolution for these weights: optim.lr (" + lr_now(r) +
+                ") is too small to change them; raise optim.lr";
   return true;
 }
 
@@ -831,11 +831,23 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
   return Trend::kStable;
 }
 
-namespace {
-std::string lower_lr_of(const StepResult& r) {
-  return "lower optim.lr (now " + num(r.lr) + ", try " + num(r.lr / 10) + ")";
+// optim.lr's own value, and the step's rate beside it where the schedule has moved it: "now 0.1,
+// 0.012 at this step of the schedule". The advice named the step's rate as optim.lr's ("lower
+// optim.lr (now 0.012, try 0.0012)" to a run at optim.lr 0.1 in its cosine tail: a peak 83x lower,
+// not 10x).
+std::string TrendAdvisor::lr_now(const StepResult& r) const {
+  const double key = opt_.peak_lr > 0 ? opt_.peak_lr : r.lr;
+  return "now " + num(key) +
+         (num(r.lr) == num(key) ? std::string()
+                                : ", " + num(r.lr) + " at this step of the schedule");
 }
-}  // namespace
+
+std::string TrendAdvisor::lower_lr_of(const StepResult& r) const {
+  const double key = opt_.peak_lr > 0 ? opt_.peak_lr : r.lr;
+  const std::string now = lr_now(r);
+  return "lower optim.lr (" + now + (now.find(',') == std::string::npos ? ", try " : "; try ") +
+         num(key / 10) + ")";
+}
 
 int TrendAdvisor::probe_verdict(int64_t step) const {
   if (probe_.step != step || !std::isfinite(probe_.spike) || !std::isfinite(probe_.before) ||
@@ -922,9 +934,9 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
                "that the parameters are trainable, and in f16/bf16 switch to a -mixed policy or "
                "32-true";
       if (opt_.num_params > 0 && opt_.num_params < 10'000'000)
-        return "raise optim.lr (now " + num(r.lr) +
+        return "raise optim.lr (" + lr_now(r) +
                "): tiny models train well at 1e-3 to 1e-2; check model.init_std";
-      return "raise optim.lr (now " + num(r.lr) +
+      return "raise optim.lr (" + lr_now(r) +
              ") or check the initialization (model.init_std) and the schedule";
     }
     case Trend::kSpiking:

@@ -236,7 +236,9 @@ TEST(CliAdvisor, LearningRateDivergenceHoldsItsVerdict) {
   EXPECT_LE(f[0].at("step").get<int64_t>(), 4) << f[0].dump();
   EXPECT_CONTAINS(f[0].at("cause").get<std::string>(), "diverged");
   EXPECT_CONTAINS(f[0].at("cause").get<std::string>(), "uniform guess ln V = 5.56");
-  EXPECT_CONTAINS(f[0].at("action").get<std::string>(), "lower optim.lr (now 9.");  // cosine
+  // optim.lr's value, then the cosine's rate at the step (it said "(now 9.9x", not optim.lr's).
+  EXPECT_CONTAINS(f[0].at("action").get<std::string>(), "lower optim.lr (now 10, 9.");
+  EXPECT_CONTAINS(f[0].at("action").get<std::string>(), " at this step of the schedule; try 1)");
   // Three steps are no best window: the diverged losses must not become one.
   EXPECT_NOT_CONTAINS(f[0].at("cause").get<std::string>(), "best window so far");
   for (const json& j : f) {

@@ -73,6 +73,36 @@ TEST(Advisor, ExplodingGradNormWithRisingLoss) {
   EXPECT_EQ(run.advice.size(), 1u);
 }
 
+// In a schedule's tail the step's rate is not optim.lr: a llama at optim.lr 0.1, cosine, spiked at
+// step 32 (rate 0.012) and was told "lower optim.lr (now 0.012, try 0.0012)", a peak 83x lower. The
+// key's value comes first, the step's rate beside it, and the try is a tenth of the key's.
+TEST(Advisor, TheLearningRateToLowerIsOptimLrsValueNotTheSchedulesRate) {
+  AdvisorOptions o;
+  o.peak_lr = 0.1;
+  Feed run(o);
+  for (int64_t i = 1; i <= 15; ++i) run.feed(step(i, healthy_loss(i), healthy_norm(i)));
+  double g = 1.0;
+  for (int64_t i = 16; i <= 40; ++i) {
+    g *= 1.5;
+    StepResult r = step(i, 3.0 + 0.2 * (i - 15), g);
+    r.lr = 0.012;
+    run.feed(r);
+  }
+  ASSERT_FALSE(run.advice.empty());
+  EXPECT_CONTAINS(run.advice.front().second,
+                  "lower optim.lr (now 0.1, 0.012 at this step of the schedule; try 0.01)");
+  // Vanishing's "raise" names the key's value too.
+  Feed low(o);
+  for (int64_t i = 1; i <= 40; ++i) {
+    StepResult r = step(i, 5.5, std::pow(0.5, i));
+    r.lr = 0.05;
+    low.feed(r);
+  }
+  ASSERT_FALSE(low.advice.empty());
+  EXPECT_CONTAINS(low.advice.front().second,
+                  "raise optim.lr (now 0.1, 0.05 at this step of the schedule)");
+}
+
 TEST(Advisor, GrowingGradNormWhileTheLossFallsIsNotExploding) {
   // 3x growth with an improving loss (common early in training) stays stable.
   Feed run;
