@@ -134,7 +134,11 @@ nlohmann::json TrendAdvisor::state() const {
            {{"step", probe_.step},
             {"spike", io::json_float(probe_.spike)},
             {"before", io::json_float(probe_.before)}}},
-          {"finding_step", finding_.step},
+          {"finding",
+           {{"step", finding_.step},
+            {"trend", finding_.trend},
+            {"cause", finding_.cause},
+            {"action", finding_.action}}},
           {"vanished_run", vanished_run_},
           {"reported", reported_},
           {"underflow", underflow_},
@@ -179,6 +183,12 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
   const SpikeProbe p{io::json_int(probe, "step", f + " probe", -1, kCount, fix),
                      json_float_of(probe, "spike", f + " probe", fix),
                      json_float_of(probe, "before", f + " probe", fix)};
+  const json& fj = s.contains("finding") ? s["finding"] : json();
+  Finding finding;
+  finding.step = io::json_int(fj, "step", f + " finding", 0, kCount, fix);
+  finding.trend = json_field<std::string>(fj, "trend", f + " finding", fix);
+  finding.cause = json_field<std::string>(fj, "cause", f + " finding", fix);
+  finding.action = json_field<std::string>(fj, "action", f + " finding", fix);
   const auto recent = json_field<std::vector<double>>(s, "recent_losses", f, fix);
   const auto spikes = json_field<std::vector<int64_t>>(s, "spikes", f, fix);
   auto vanished =
@@ -191,7 +201,7 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
              underflow = b("underflow"), round_reported = b("round_reported");
   const int64_t last_spike = i("last_spike"), nan_steps = i("nan_steps"),
                 full_lr_steps = i("full_lr_steps"), backoffs = i("backoffs"),
-                finding_step = i("finding_step"), round_run = i("round_run");
+                round_run = i("round_run");
   const double start_loss = x("start_loss"), best_loss = x("best_loss"), best_norm = x("best_norm"),
                weight_rms = x("weight_rms");
   trend_ = static_cast<Trend>(t);
@@ -215,8 +225,7 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
   best_norm_ = best_norm;
   spikes_.assign(spikes.begin(), spikes.end());
   probe_ = p;
-  finding_ = Finding{};
-  finding_.step = finding_step;
+  finding_ = std::move(finding);
   vanished_run_ = std::move(vanished);
   reported_ = std::move(reported);
   underflow_ = underflow;

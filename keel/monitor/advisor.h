@@ -191,6 +191,8 @@ class TrendAdvisor {
   // r.advice): the trend's when its class changed, then underflow, then rounding; "" if none.
   std::string observe(StepResult& r, const std::vector<BlockGradNorm>* layers = nullptr);
   Trend trend() const { return trend_; }
+  // The trend's last finding (its class, when it changed to trend()); step 0: none yet.
+  const Finding& trend_finding() const { return finding_; }
   // A finding named the optimizer state's underflow (AdvisorOptions::state_underflow).
   bool state_underflow_said() const { return state_underflow_said_; }
   // The findings of the last observe(), in the order of its lines.

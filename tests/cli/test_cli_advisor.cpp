@@ -218,6 +218,7 @@ TEST(CliAdvisor, AConvergedRunIsNotToldToRaiseTheLearningRate) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NOT_CONTAINS(r.output, "raise optim.lr");
   EXPECT_TRUE(findings_of(dir, "vanishing").empty()) << findings_of(dir, "vanishing")[0].dump();
+  EXPECT_NOT_CONTAINS(r.out, "the run ends");
 }
 
 // optim.lr = 10 under bf16-mixed: the first update destroys the model (the loss leaps from ~ln V
@@ -247,6 +248,13 @@ TEST(CliAdvisor, LearningRateDivergenceHoldsItsVerdict) {
         << "a learning-rate divergence is no data spike: " << j.dump();
   }
   EXPECT_NOT_CONTAINS(r.out, "stable:");
+  // The verdict still holds at the end: said after "done:", where it is read (the run ended with
+  // only "done: 30 steps", its finding 30 lines up).
+  EXPECT_CONTAINS(r.out, "done: 30 steps, checkpoint in " + dir +
+                             "/checkpoints/last\n  advice: the run ends exploding, as found at "
+                             "step " +
+                             std::to_string(f[0].at("step").get<int64_t>()) +
+                             " and not resolved since: lower optim.lr (now 10, ");
 }
 
 // A LoRA on c_attn at optim.lr = 1000 in bf16-mixed (attention = math): the adapter weights blow
