@@ -143,5 +143,25 @@ TEST(CliScaler, AScaleGrownBackIntoOverflowNamesGrowthInterval) {
   EXPECT_TRUE(findings().empty()) << r.output;
 }
 
+// A NaN loss under 16-mixed with train.on_nonfinite = skip (here debug.inject's NaN at step 3; a
+// llama at optim.lr 0.3 gets one at step 5): the trainer skips it without the scaler (no
+// back-off), and the next step failed with "error: unscale_() has already been called on this
+// optimizer since the last update()" (exit 1). It trains on, the scale unchanged.
+TEST(CliScaler, ANonFiniteLossSkippedUnder16MixedTrainsOn) {
+  const std::string dir = test::temp_dir("cli-scaler-nan-loss-skip");
+  const test::KeelRun r = train_one_thread(
+      "", {"run.out_dir=" + dir, "model.n_layer=2", "model.n_embd=64", "model.n_head=4",
+           "data.eval_examples=0", "train.precision=16-mixed", "train.on_nonfinite=skip",
+           "train.max_steps=6", "debug.inject.module=transformer.h.0.attn", "debug.inject.kind=nan",
+           "debug.inject.step=3"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.output, "unscale_() has already been called");
+  const auto recs = step_records(dir);
+  ASSERT_EQ(recs.size(), 6u) << r.output;
+  EXPECT_EQ(recs[2].at("nan_steps").get<int64_t>(), 1) << recs[2].dump();
+  EXPECT_EQ(recs[2].at("loss_scale"), recs[3].at("loss_scale")) << "no back-off for a NaN loss";
+  EXPECT_TRUE(recs[5].at("grad_norm").is_number()) << recs[5].dump();
+}
+
 }  // namespace
 }  // namespace keel
