@@ -255,6 +255,7 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     return monitor::write_nan_capture(*trainer_ptr, ev, rank);
   };
   if (rank > 0) hooks.on_message = [](const std::string&) {};  // rank 0 says it once
+  hooks.advisor_state = [&advisor] { return advisor ? advisor->state() : nlohmann::json(); };
   // Rank 0 owns the out_dir for the run's life (the ranks share it): locked before anything in it
   // is read or written, and a previous run in it is never silently overwritten.
   std::optional<io::OutDirLock> lock;
@@ -293,7 +294,10 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   advisor_opt.tracer_on = cfg.debug.underflow_overflow.enabled;
   advisor_opt.stochastic_rounding = cfg.optim.stochastic_rounding;
   advisor_opt.max_grad_norm = cfg.train.max_grad_norm;
-  if (trainer.scaler()) advisor_opt.init_scale = cfg.scaler.init_scale;
+  if (trainer.scaler()) {
+    advisor_opt.init_scale = cfg.scaler.init_scale;
+    advisor_opt.growth_interval = cfg.scaler.growth_interval;
+  }
   if (const InjectConfig& inj = cfg.debug.inject; !inj.module.empty() && inj.step >= 1) {
     advisor_opt.inject_step = inj.step;
     advisor_opt.inject_what = inj.what();
@@ -330,9 +334,30 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
                         d.pad_id, trainer.policy(), trainer.device());
       return t.tokens > 0 ? t.loss() : std::nan("");
     };
+  // 16-true / bf16-true keep AdamW's moments in 16 bits: a squared gradient flushed to 0 makes an
+  // update of lr * m / eps that blows the weights up, at any learning rate.
+  if (cfg.optim.name == "adamw" && trainer.policy().param_dtype != DType::F32)
+    advisor_opt.state_underflow = [&trainer, &cfg] {
+      return monitor::optimizer_state_underflow(trainer.run().optimizer->state(),
+                                                trainer.model().named_parameters(), cfg);
+    };
+  advisor_opt.largest_weight = [&trainer] { return monitor::largest_weight(trainer.trainable()); };
   advisor_opt.tracer_log =
       trainer.out_dir() + "/debug/underflow_overflow_rank" + std::to_string(rank) + ".log";
   if (rank == 0) advisor = std::make_unique<monitor::TrendAdvisor>(advisor_opt);
+  // A resumed run carries on with the advisor's state at its checkpoint: its findings are then
+  // those of the run that was not interrupted.
+  if (advisor && !trainer.resumed_advisor_state().is_null())
+    advisor->restore(trainer.resumed_advisor_state(), trainer.resumed_trainer_json(),
+                     "the checkpoint is damaged: resume from another one (checkpoints/step-N) or "
+                     "start without run.resume");
+  else if (advisor && trainer.steps_done() > 0)
+    std::fprintf(stderr,
+                 "note: %s holds no advisor state (written by an older keel): the trend advisor "
+                 "starts over at step %lld, and its findings may differ from an uninterrupted "
+                 "run's\n",
+                 trainer.resumed_trainer_json().c_str(),
+                 static_cast<long long>(trainer.steps_done() + 1));
   // The injector's post hook goes first: the tracer must see the corrupted output to name the
   // module that produced it.
   if (!cfg.debug.inject.module.empty() &&
@@ -423,7 +448,9 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     // 16-true / bf16-true keep AdamW's moments in 16 bits: a squared gradient flushed to 0 makes
     // an update of lr * m / eps that blows the weights up. keel replay --bisect found it from the
     // capture; the run's own advice said only "lower optim.lr or switch precision".
-    if (cfg.optim.name == "adamw" && trainer.policy().param_dtype != DType::F32) {
+    // Said here unless the advisor's finding of the step said it already.
+    if (cfg.optim.name == "adamw" && trainer.policy().param_dtype != DType::F32 &&
+        !(advisor && advisor->state_underflow_said())) {
       const std::string why = monitor::optimizer_state_underflow(
           trainer.run().optimizer->state(), trainer.model().named_parameters(), cfg);
       if (!why.empty()) std::fprintf(stderr, "cause: %s\n", why.c_str());
@@ -451,6 +478,15 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   if (rank == 0)
     std::printf("done: %lld steps, checkpoint in %s/checkpoints/last\n",
                 static_cast<long long>(trainer.steps_done()), trainer.out_dir().c_str());
+  // A verdict that still holds at the end is the run's outcome: a run at optim.lr 1 diverged at
+  // step 3 ended at a loss of 24 (4x ln V) with only "done: 40 steps", its finding 40 lines up.
+  if (advisor && (advisor->trend() == monitor::Trend::kExploding ||
+                  advisor->trend() == monitor::Trend::kVanishing ||
+                  advisor->trend() == monitor::Trend::kScaleCollapsing)) {
+    const monitor::Finding& f = advisor->trend_finding();
+    std::printf("  advice: the run ends %s, as found at step %lld and not resolved since: %s\n",
+                f.trend.c_str(), static_cast<long long>(f.step), f.action.c_str());
+  }
   return 0;
 }
 }  // namespace

@@ -87,6 +87,11 @@ amp::GradPass GradScaler::unscale_pass(std::vector<Tensor>& grads, DType format)
   return pass;
 }
 
+void GradScaler::discard_step() {
+  unscaled_ = false;
+  growth_tracker_ = 0;
+}
+
 ScalerUpdate GradScaler::update(bool found_inf) {
   ScalerUpdate r;
   r.found_inf = found_inf;

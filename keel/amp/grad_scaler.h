@@ -88,6 +88,11 @@ class GradScaler {
   // Backs off on found_inf, grows after growth_interval consecutive clean updates (never to inf),
   // and resets the unscale state. Disabled: {1, 1, found_inf, !found_inf}.
   ScalerUpdate update(bool found_inf);
+  // Ends a step the trainer did not apply for a cause of its own, not an overflow of the scale (a
+  // non-finite loss, which train.on_nonfinite handles): no back-off, the scale stays; the clean
+  // updates in a row start over, and the next step may unscale. Without it a 16-mixed run with
+  // on_nonfinite = skip failed at the step after a NaN loss: "unscale_() has already been called".
+  void discard_step();
 
   // PyTorch's state_dict keys: scale, growth_factor, backoff_factor, growth_interval,
   // _growth_tracker (plus _hysteresis_tracker when hysteresis > 1). Empty when disabled; loading

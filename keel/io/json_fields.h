@@ -52,4 +52,30 @@ inline double json_number(const nlohmann::json& j, const char* key, const std::s
   return it->get<double>();
 }
 
+// `key` of object `j` as type T (bool, a string, a vector of them...): an Error naming the file,
+// the key and the type expected otherwise.
+template <class T>
+T json_field(const nlohmann::json& j, const char* key, const std::string& file,
+             const std::string& fix) {
+  const auto it = j.is_object() ? j.find(key) : j.end();
+  if (!j.is_object() || it == j.end()) throw Error(file + ": \"" + key + "\" is missing; " + fix);
+  try {
+    return it->get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(file + ": \"" + key + "\" = " + it->dump() + ": " + json_problem(e) + "; " + fix);
+  }
+}
+
+// The inverse of json_float: a number, or "nan", "inf", "-inf".
+inline double json_float_of(const nlohmann::json& j, const char* key, const std::string& file,
+                            const std::string& fix) {
+  const auto it = j.is_object() ? j.find(key) : j.end();
+  if (it != j.end() && it->is_string()) {
+    if (*it == "nan") return std::nan("");
+    if (*it == "inf") return HUGE_VAL;
+    if (*it == "-inf") return -HUGE_VAL;
+  }
+  return json_number(j, key, file, fix);
+}
+
 }  // namespace keel::io

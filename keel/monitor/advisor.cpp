@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "keel/amp/precision.h"
+#include "keel/io/json_fields.h"
+#include "keel/monitor/replay_step.h"
 
 namespace keel::monitor {
 
@@ -72,7 +74,7 @@ std::string TrendAdvisor::observe(StepResult& r, const std::vector<BlockGradNorm
   if (observe_start(r, &start)) findings_.push_back(start);
   // The layers first: while blocks have vanished in f16, a vanishing trend's fix is theirs.
   Finding scale, under, round;
-  const bool scale_due = observe_scale(r, &scale);
+  const bool scale_due = observe_scale(r, &scale) || observe_regrowth(r, &scale);
   const bool under_due = layers && observe_layers(r, *layers, &under);
   const bool round_due = observe_rounding(r, &round);
   std::string advice = trend_line(r);
@@ -91,6 +93,145 @@ std::string TrendAdvisor::observe(StepResult& r, const std::vector<BlockGradNorm
              advice;
   r.advice = advice;
   return advice;
+}
+
+nlohmann::json TrendAdvisor::state() const {
+  using nlohmann::json;
+  json window = json::array();
+  for (const StepResult& w : window_)
+    window.push_back({{"step", w.step},
+                      {"loss", io::json_float(w.loss)},
+                      {"grad_norm", io::json_float(w.grad_norm)},
+                      {"clipped", w.clipped},
+                      {"lr", w.lr},
+                      {"loss_scale", w.loss_scale},
+                      {"loss_scale_after", w.loss_scale_after},
+                      {"stepped", w.stepped},
+                      {"found_inf", w.found_inf},
+                      {"nan_steps", w.nan_steps},
+                      {"example_ids", w.example_ids}});
+  return {{"trend", static_cast<int>(trend_)},
+          {"window", window},
+          {"last_spike", last_spike_},
+          {"spike_norm", spike_norm_},
+          {"spike_loss", spike_loss_},
+          {"nan_steps", nan_steps_},
+          {"zeros", zeros_},
+          {"state_underflow_said", state_underflow_said_},
+          {"updated", updated_},
+          {"start_loss", start_loss_},
+          {"start_observed", start_observed_},
+          {"full_lr_steps", full_lr_steps_},
+          {"recent_losses", std::vector<double>(recent_losses_.begin(), recent_losses_.end())},
+          {"stall_reported", stall_reported_},
+          {"backoffs", backoffs_},
+          {"scale_reported", scale_reported_},
+          {"regrowth_reported", regrowth_reported_},
+          {"best_loss", best_loss_},
+          {"best_norm", best_norm_},
+          {"spikes", std::vector<int64_t>(spikes_.begin(), spikes_.end())},
+          {"probe",
+           {{"step", probe_.step},
+            {"spike", io::json_float(probe_.spike)},
+            {"before", io::json_float(probe_.before)}}},
+          {"finding",
+           {{"step", finding_.step},
+            {"trend", finding_.trend},
+            {"cause", finding_.cause},
+            {"action", finding_.action}}},
+          {"vanished_run", vanished_run_},
+          {"reported", reported_},
+          {"underflow", underflow_},
+          {"round_run", round_run_},
+          {"round_reported", round_reported_},
+          // Measured before the first update: a resumed process cannot measure it again.
+          {"weight_rms", opt_.weight_rms}};
+}
+
+void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
+                           const std::string& fix) {
+  using io::json_field;
+  using io::json_float_of;
+  using nlohmann::json;
+  constexpr int64_t kCount = int64_t{1} << 53;
+  const std::string f = file + ": \"advisor\"";
+  if (!s.is_object()) throw Error(f + " is not a JSON object; " + fix);
+  const auto b = [&](const char* k) { return json_field<bool>(s, k, f, fix); };
+  const auto i = [&](const char* k) { return io::json_int(s, k, f, -1, kCount, fix); };
+  const auto x = [&](const char* k) { return io::json_number(s, k, f, fix); };
+  const int64_t t =
+      io::json_int(s, "trend", f, 0, static_cast<int64_t>(Trend::kScaleCollapsing), fix);
+  std::deque<StepResult> window;
+  for (const json& w : json_field<std::vector<json>>(s, "window", f, fix)) {
+    const std::string e = f + " window entry";
+    StepResult r;
+    r.step = io::json_int(w, "step", e, 0, kCount, fix);
+    r.loss = json_float_of(w, "loss", e, fix);
+    r.grad_norm = json_float_of(w, "grad_norm", e, fix);
+    r.clipped = json_field<bool>(w, "clipped", e, fix);
+    r.lr = io::json_number(w, "lr", e, fix);
+    r.loss_scale = io::json_number(w, "loss_scale", e, fix);
+    r.loss_scale_after = io::json_number(w, "loss_scale_after", e, fix);
+    r.stepped = json_field<bool>(w, "stepped", e, fix);
+    r.found_inf = json_field<bool>(w, "found_inf", e, fix);
+    r.nan_steps = io::json_int(w, "nan_steps", e, 0, kCount, fix);
+    r.example_ids = json_field<std::vector<int64_t>>(w, "example_ids", e, fix);
+    window.push_back(std::move(r));
+  }
+  const json& probe = s.contains("probe") ? s["probe"] : json();
+  // Read whole before any member changes: a damaged state leaves the advisor as it was.
+  const SpikeProbe p{io::json_int(probe, "step", f + " probe", -1, kCount, fix),
+                     json_float_of(probe, "spike", f + " probe", fix),
+                     json_float_of(probe, "before", f + " probe", fix)};
+  const json& fj = s.contains("finding") ? s["finding"] : json();
+  Finding finding;
+  finding.step = io::json_int(fj, "step", f + " finding", 0, kCount, fix);
+  finding.trend = json_field<std::string>(fj, "trend", f + " finding", fix);
+  finding.cause = json_field<std::string>(fj, "cause", f + " finding", fix);
+  finding.action = json_field<std::string>(fj, "action", f + " finding", fix);
+  const auto recent = json_field<std::vector<double>>(s, "recent_losses", f, fix);
+  const auto spikes = json_field<std::vector<int64_t>>(s, "spikes", f, fix);
+  auto vanished =
+      json_field<std::vector<std::pair<std::string, int64_t>>>(s, "vanished_run", f, fix);
+  auto reported = json_field<std::vector<std::string>>(s, "reported", f, fix);
+  const bool spike_norm = b("spike_norm"), spike_loss = b("spike_loss"), zeros = b("zeros"),
+             updated = b("updated"), state_underflow_said = b("state_underflow_said"),
+             start_observed = b("start_observed"), stall_reported = b("stall_reported"),
+             scale_reported = b("scale_reported"), regrowth_reported = b("regrowth_reported"),
+             underflow = b("underflow"), round_reported = b("round_reported");
+  const int64_t last_spike = i("last_spike"), nan_steps = i("nan_steps"),
+                full_lr_steps = i("full_lr_steps"), backoffs = i("backoffs"),
+                round_run = i("round_run");
+  const double start_loss = x("start_loss"), best_loss = x("best_loss"), best_norm = x("best_norm"),
+               weight_rms = x("weight_rms");
+  trend_ = static_cast<Trend>(t);
+  window_ = std::move(window);
+  last_spike_ = last_spike;
+  spike_norm_ = spike_norm;
+  spike_loss_ = spike_loss;
+  nan_steps_ = nan_steps;
+  zeros_ = zeros;
+  state_underflow_said_ = state_underflow_said;
+  updated_ = updated;
+  start_loss_ = start_loss;
+  start_observed_ = start_observed;
+  full_lr_steps_ = full_lr_steps;
+  recent_losses_.assign(recent.begin(), recent.end());
+  stall_reported_ = stall_reported;
+  backoffs_ = backoffs;
+  scale_reported_ = scale_reported;
+  regrowth_reported_ = regrowth_reported;
+  best_loss_ = best_loss;
+  best_norm_ = best_norm;
+  spikes_.assign(spikes.begin(), spikes.end());
+  probe_ = p;
+  finding_ = std::move(finding);
+  vanished_run_ = std::move(vanished);
+  reported_ = std::move(reported);
+  underflow_ = underflow;
+  round_run_ = round_run;
+  round_reported_ = round_reported;
+  opt_.weight_rms = weight_rms;
 }
 
 bool TrendAdvisor::observe_start(const StepResult& r, Finding* f) {
@@ -152,6 +293,41 @@ bool TrendAdvisor::observe_scale(const StepResult& r, Finding* f) {
     return true;
   }
   return false;
+}
+
+bool TrendAdvisor::observe_regrowth(const StepResult& r, Finding* f) {
+  if (regrowth_reported_ || opt_.init_scale <= 0) return false;
+  // A full window: this step and the window's newer window - 1 (the window before this step).
+  if (static_cast<int64_t>(window_.size()) < opt_.window - 1) return false;
+  int64_t skips = 0, growths = 0;
+  double lo = r.loss_scale, hi = r.loss_scale;
+  auto count = [&](const StepResult& s) {
+    skips += s.found_inf && !s.stepped && s.loss_scale_after < s.loss_scale;
+    growths += s.loss_scale_after > s.loss_scale;
+    lo = std::min(lo, s.loss_scale);
+    hi = std::max(hi, s.loss_scale);
+  };
+  for (const StepResult& s : window_)
+    if (r.step - s.step < opt_.window) count(s);
+  count(r);
+  if (4 * skips < opt_.window || 2 * growths < skips || hi / lo >= opt_.collapse_ratio)
+    return false;
+  regrowth_reported_ = true;
+  const int64_t gi = opt_.growth_interval;
+  f->step = r.step;
+  f->trend = "loss scale";
+  f->cause = std::to_string(skips) + " of the last " + std::to_string(opt_.window) +
+             " steps were skipped by the scaler (no update), each an overflow of a scale it had "
+             "grown (" +
+             std::to_string(growths) + " growths; the scale moves between " + scale_num(lo) +
+             " and " + scale_num(hi) + ")" +
+             (gi > 0 ? ": it grows after every scaler.growth_interval = " + std::to_string(gi) +
+                           " clean update" + (gi == 1 ? "" : "s")
+                     : std::string());
+  f->action =
+      "raise scaler.growth_interval (PyTorch's default 2000): the scale then tries a larger value "
+      "once in that many updates, and the steps between are not skipped";
+  return true;
 }
 
 bool TrendAdvisor::observe_stall(const StepResult& r, Finding* f) {
@@ -345,8 +521,8 @@ bool TrendAdvisor::observe_rounding(const StepResult& r, Finding* f) {
     f->action =
         "switch train.precision to bf16-mixed or 16-mixed (f32 master weights keep every update)";
   else
-    f->action = "the updates are below f32's resolution for these weights: optim.lr (now " +
-                num(r.lr) + ") is too small to change them; raise optim.lr";
+    f->action = "the updates are below f32's resolution for these weights: optim.lr (" + lr_now(r) +
+                ") is too small to change them; raise optim.lr";
   return true;
 }
 
@@ -418,6 +594,25 @@ std::string TrendAdvisor::trend_line(StepResult& r) {
   if (nonfinite_event)
     why = std::string("non-finite ") + (std::isfinite(r.loss) ? "gradients" : "loss") +
           " at step " + std::to_string(r.step);
+  // The optimizer's flushed moments: the cause and its fix, said once, a divergence already
+  // advised or not (it is news: "lower optim.lr" does not fix it).
+  if (nonfinite_event && !state_underflow_said_ && opt_.state_underflow) {
+    const std::string cause = opt_.state_underflow(), fix = kStateUnderflowFix;
+    if (cause.size() > fix.size() + 2 &&
+        cause.compare(cause.size() - fix.size(), fix.size(), fix) == 0) {
+      state_underflow_said_ = true;
+      trend_ = Trend::kExploding;
+      zeros_ = false;
+      finding_ = Finding{r.step,
+                         trend_name(trend_),
+                         why + ": " + cause.substr(0, cause.size() - fix.size() - 2),
+                         fix,
+                         {},
+                         {},
+                         -1};
+      return finding_.trend + ": " + finding_.cause + "; " + finding_.action;
+    }
+  }
   // An exploding verdict holds until its condition clears: a diverged run that settles on a high
   // plateau is still diverged, never the new baseline of a "stable" run.
   if (trend_ == Trend::kExploding && t != Trend::kExploding && !recovered(r)) return "";
@@ -451,6 +646,19 @@ bool TrendAdvisor::recovered(const StepResult& r) const {
   if (opt_.uniform_loss > 0 && r.loss > opt_.uniform_loss) return false;
   if (best_loss_ > 0 && r.loss > 1.5 * best_loss_) return false;
   if (best_norm_ > 0 && r.grad_norm > opt_.explode_ratio * best_norm_) return false;
+  // Saturated by blown-up weights, the loss and the grad norm may look calm: still diverged.
+  std::string why;
+  return !blown_up(why);
+}
+
+bool TrendAdvisor::blown_up(std::string& why) const {
+  if (!updated_ || !opt_.largest_weight) return false;
+  const LargestWeight w = opt_.largest_weight();
+  if (!(w.value > kDivergedWeight)) return false;
+  why = "diverged: " + why + " while the updates blew " + w.param + " up to |w| = " + num(w.value) +
+        " (above " + num(kDivergedWeight) +
+        ": no sane update takes a weight there); the activations it saturates pass no gradient: "
+        "not a vanishing gradient";
   return true;
 }
 
@@ -551,7 +759,7 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
                 ? "the grad norm was exactly 0 on the last " + std::to_string(zs) + " steps"
                 : "the grad norm stayed below " + num(opt_.vanish_abs) + " on the last " +
                       std::to_string(zs) + " steps";
-      return Trend::kVanishing;
+      return blown_up(why) ? Trend::kExploding : Trend::kVanishing;
     }
   }
 
@@ -583,7 +791,7 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
     if (mo > 0 && mn <= opt_.vanish_ratio * mo) {
       why = "the grad norm fell " + num(mo / std::max(mn, 1e-300)) + "x over the last " +
             std::to_string(n) + " steps (median " + num(mo) + " -> " + num(mn) + ")";
-      return Trend::kVanishing;
+      return blown_up(why) ? Trend::kExploding : Trend::kVanishing;
     }
   }
 
@@ -632,11 +840,23 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
   return Trend::kStable;
 }
 
-namespace {
-std::string lower_lr_of(const StepResult& r) {
-  return "lower optim.lr (now " + num(r.lr) + ", try " + num(r.lr / 10) + ")";
+// optim.lr's own value, and the step's rate beside it where the schedule has moved it: "now 0.1,
+// 0.012 at this step of the schedule". The advice named the step's rate as optim.lr's ("lower
+// optim.lr (now 0.012, try 0.0012)" to a run at optim.lr 0.1 in its cosine tail: a peak 83x lower,
+// not 10x).
+std::string TrendAdvisor::lr_now(const StepResult& r) const {
+  const double key = opt_.peak_lr > 0 ? opt_.peak_lr : r.lr;
+  return "now " + num(key) +
+         (num(r.lr) == num(key) ? std::string()
+                                : ", " + num(r.lr) + " at this step of the schedule");
 }
-}  // namespace
+
+std::string TrendAdvisor::lower_lr_of(const StepResult& r) const {
+  const double key = opt_.peak_lr > 0 ? opt_.peak_lr : r.lr;
+  const std::string now = lr_now(r);
+  return "lower optim.lr (" + now + (now.find(',') == std::string::npos ? ", try " : "; try ") +
+         num(key / 10) + ")";
+}
 
 int TrendAdvisor::probe_verdict(int64_t step) const {
   if (probe_.step != step || !std::isfinite(probe_.spike) || !std::isfinite(probe_.before) ||
@@ -723,9 +943,9 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
                "that the parameters are trainable, and in f16/bf16 switch to a -mixed policy or "
                "32-true";
       if (opt_.num_params > 0 && opt_.num_params < 10'000'000)
-        return "raise optim.lr (now " + num(r.lr) +
+        return "raise optim.lr (" + lr_now(r) +
                "): tiny models train well at 1e-3 to 1e-2; check model.init_std";
-      return "raise optim.lr (now " + num(r.lr) +
+      return "raise optim.lr (" + lr_now(r) +
              ") or check the initialization (model.init_std) and the schedule";
     }
     case Trend::kSpiking:

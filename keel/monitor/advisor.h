@@ -17,6 +17,9 @@
 //                          or, after min_steps, the newer-half median is <= vanish_ratio (1e-3) of
 //                          the older half. Exact zeros after a decay already classed vanishing
 //                          give a second line: their cause and fix (an underflow) differ.
+//                          Not while a trainable weight is above kDivergedWeight after updates:
+//                          the blown-up weights saturate the activations, and that run is
+//                          exploding ("diverged"), told to lower optim.lr, never to raise it.
 //   spiking                a step's grad norm >= spike_factor (10x) the median of the window
 //                          before it, or its loss >= loss_spike_factor (2x) the median loss
 //                          (after min_steps), while the step before it was still below half that
@@ -38,7 +41,9 @@
 // train.max_grad_norm is then the cause named, not optim.lr.
 // A scaler.init_scale below 1 (step 1), or far above 65536 and still backing off after
 // collapse_skips overflows, gets one "loss scale" finding naming the key: the scale is where the
-// setting put it, and neither is loss-scale collapsing.
+// setting put it, and neither is loss-scale collapsing. So does a scale the scaler keeps growing
+// back into overflow: a quarter of a full window's steps skipped, at least one growth for every
+// two skips, and no collapse_ratio fall (scaler.growth_interval too small).
 // Grad norms of steps the scaler skipped (inf by design) are left out of the medians.
 //
 // The window holds the last `window` (20) steps. No advice is given while the class stays the
@@ -60,6 +65,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -67,6 +73,12 @@
 #include "keel/train/step_result.h"
 
 namespace keel::monitor {
+
+// Once updates were applied, a trainable weight above 10^4 is the updates' doing (init 0.02; no
+// sane training takes a weight past the tens): the model has diverged even when its loss has not
+// (a LoRA on c_attn at optim.lr 1e4, weights of 9e7 after 3 updates, saturates the attention and
+// keeps the loss at 5.8). Bisect and the trend advisor judge by it.
+constexpr double kDivergedWeight = 1e4;
 
 enum class Trend { kStable, kExploding, kVanishing, kSpiking, kScaleCollapsing };
 const char* trend_name(Trend t);  // "stable", "exploding", "vanishing", "spiking",
@@ -114,6 +126,18 @@ struct AdvisorOptions {
   // weights and the optimizer is the suspect, not the data.
   std::function<double(const std::vector<int64_t>&)> batch_loss;
   double spike_batch_ratio = 1.5;
+  // The largest |value| of a trainable parameter now (monitor::largest_weight); null = not asked.
+  // Asked only where a falling grad norm would be called vanishing (and while a divergence holds):
+  // weights the updates blew up past kDivergedWeight saturate softmax, GELU and the
+  // normalizations, whose gradients then fall towards 0. Such a run (a LoRA at optim.lr 1000,
+  // adapter weights of 1e7) was told "vanishing: ... raise optim.lr".
+  std::function<LargestWeight()> largest_weight;
+  // Why a non-finite step happened when the optimizer's state shows it (AdamW's moments in 16 bits
+  // flushed to 0: monitor::optimizer_state_underflow, whose text ends ": " kStateUnderflowFix);
+  // "" = not so; null = not asked. Asked at a non-finite step only. Such a run (16-true at
+  // optim.lr 3e-3) was told "lower optim.lr (try 0.000296)", which still ends in NaN (an update of
+  // lr * m / eps blows up at any lr), while the stop's own cause line said otherwise.
+  std::function<std::string()> state_underflow;
   // optim.lr, the schedule's peak (0 = unknown): steps of a warmup or of a decayed tail (their lr
   // below half of it) do not count towards "stalled", and a decayed tail (below a tenth) whose
   // updates round away is the schedule, not a learning rate to raise.
@@ -135,6 +159,10 @@ struct AdvisorOptions {
   // any usable scale" (init_scale 1e-3 was told "the loss scale fell to 0.001 ... switch to
   // bf16-mixed").
   double init_scale = 0;
+  // scaler.growth_interval when a loss scaler is on (0 = none or unknown): a scale grown back into
+  // overflow every few updates skips those steps (growth_interval 1 skipped 18 of 40 without a
+  // word): a "loss scale" finding names it.
+  int64_t growth_interval = 0;
   // [debug.inject]: the step it corrupts (-1 = none) and what it does there ("nan into
   // transformer.h.0.mlp.c_fc's output"). A spike or non-finite step there is the injector's: it
   // was told "lower optim.lr" (a fix that fixes nothing).
@@ -163,10 +191,23 @@ class TrendAdvisor {
   // r.advice): the trend's when its class changed, then underflow, then rounding; "" if none.
   std::string observe(StepResult& r, const std::vector<BlockGradNorm>* layers = nullptr);
   Trend trend() const { return trend_; }
+  // The trend's last finding (its class, when it changed to trend()); step 0: none yet.
+  const Finding& trend_finding() const { return finding_; }
+  // A finding named the optimizer state's underflow (AdvisorOptions::state_underflow).
+  bool state_underflow_said() const { return state_underflow_said_; }
   // The findings of the last observe(), in the order of its lines.
   const std::vector<Finding>& findings() const { return findings_; }
   // The lowest loss of the best window so far (median of `best_steps` applied steps; 0 = none).
   double best_loss() const { return best_loss_; }
+  // Everything later findings depend on (the window, the verdict, what was said once), as JSON
+  // that holds finite numbers only: saved in each checkpoint's trainer.json ("advisor"), so that a
+  // resumed run's findings are those of the run that was not interrupted. Without it the resumed
+  // advisor started over: a 16-mixed run at scaler.init_scale 1e9 resumed at step 2 said its
+  // "loss scale" finding at step 6 (counting 4 back-offs of its 6), not at step 4.
+  nlohmann::json state() const;
+  // Restores state(); `file` and `fix` name the checkpoint and its remedy in the Error a damaged
+  // state gives.
+  void restore(const nlohmann::json& s, const std::string& file, const std::string& fix);
 
  private:
   Trend classify(const StepResult& r, std::string& why) const;
@@ -188,7 +229,8 @@ class TrendAdvisor {
   bool spike_norm_ = false, spike_loss_ = false;
   int64_t nan_steps_ = 0;  // cumulative count seen on the previous step
   bool zeros_ = false;     // the current vanishing class is exact zeros (already advised)
-  bool updated_ = false;   // some step applied an update (before that lr cannot be the cause)
+  bool state_underflow_said_ = false;
+  bool updated_ = false;  // some step applied an update (before that lr cannot be the cause)
   // The first finite loss, taken before any update: where the weights as initialized or loaded
   // start (0 = none yet). Above 1.5 ln V the start itself is far off, and staying up there is no
   // divergence of the learning rate's.
@@ -204,6 +246,9 @@ class TrendAdvisor {
   bool observe_scale(const StepResult& r, Finding* f);
   int64_t backoffs_ = 0;
   bool scale_reported_ = false;
+  // A scale that keeps growing back into overflow (AdvisorOptions::growth_interval): said once.
+  bool regrowth_reported_ = false;
+  bool observe_regrowth(const StepResult& r, Finding* f);
   // Whether the scale is where scaler.init_scale put it, no overflow having moved it.
   bool scale_as_set(const StepResult& r) const;
   // The best window so far: the lowest median loss of the last 3 applied steps, and the median
@@ -221,6 +266,8 @@ class TrendAdvisor {
   // harder (the weights); 0 not measured.
   int probe_verdict(int64_t step) const;
   std::string optimizer_spike_fix(const StepResult& r) const;
+  std::string lr_now(const StepResult& r) const;       // "now 0.1, 0.012 at this step of ..."
+  std::string lower_lr_of(const StepResult& r) const;  // "lower optim.lr (now ...; try 0.01)"
   Finding finding_;
   std::vector<Finding> findings_;
   std::vector<std::pair<std::string, int64_t>> vanished_run_;  // block -> steps in a row
@@ -230,6 +277,10 @@ class TrendAdvisor {
   bool round_reported_ = false;
   // Whether an exploding verdict's condition has cleared at `r` (back near the best window).
   bool recovered(const StepResult& r) const;
+  // Whether the updates blew a trainable weight up past kDivergedWeight (asked through
+  // AdvisorOptions::largest_weight); if so, `why` (a vanishing trend's cause) becomes the
+  // divergence's.
+  bool blown_up(std::string& why) const;
   std::string examples_of(const StepResult& s, std::vector<std::string>* list) const;
 };
 

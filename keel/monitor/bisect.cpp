@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/monitor/advisor.h"
 #include "keel/monitor/replay_step.h"
 
 namespace keel::monitor {
@@ -36,12 +37,10 @@ constexpr double kDivergedLoss = 1e4;
 // 5.56) and bisect named attention=math its cause. Not before any update: an untrained model with
 // a wide init (init_std 10: ~250) is no divergence, and there the precision change is the fix.
 constexpr double kDivergedUniform = 1.5;
-// Once updates were applied, a trainable weight above 10^4 is the updates' doing (init 0.02; no
-// sane training takes a weight past the tens): the model has diverged even when its loss has not
-// (a LoRA on c_attn at optim.lr 1e4, weights of 9e7 after 3 updates, saturates the attention and
-// keeps the loss at 5.8), and a change that leaves the step finite runs those weights, or, as
-// adapter=none, drops them. Bisect named attention=math and "check its rank/alpha".
-constexpr double kDivergedWeight = 1e4;
+// A trainable weight above kDivergedWeight (monitor/advisor.h) after updates: the model has
+// diverged even when its loss has not, and a change that leaves the step finite runs those
+// weights, or, as adapter=none, drops them. Bisect named attention=math and "check its
+// rank/alpha".
 
 // Updates the optimizer applied (its state's "step" count); -1: unknown.
 int64_t updates_in(const std::vector<std::pair<std::string, Tensor>>& optimizer_state) {
@@ -217,8 +216,7 @@ std::string optimizer_state_underflow(const std::vector<std::pair<std::string, T
          buf + "), so " + worst + " grew to a largest |value| of " + largest +
          (updates > 0 ? " in " + std::to_string(updates) + (updates == 1 ? " update" : " updates")
                       : std::string()) +
-         ": train in 16-mixed or bf16-mixed (f32 master weights and optimizer state), or raise "
-         "optim.eps (to about 1e-4)";
+         ": " + kStateUnderflowFix;
 }
 
 std::string optimizer_state_underflow(const Capture& c, const Config& cfg) {

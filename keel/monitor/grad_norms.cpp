@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 
+#include "keel/backend/monitor.h"
 #include "keel/numerics/error.h"
 
 namespace keel::monitor {
@@ -54,6 +55,18 @@ std::vector<BlockGradNorm> per_layer_grad_norms(
     out[i].below_normal += pass->below_normal_of[k];
   }
   for (size_t i = 0; i < out.size(); ++i) out[i].norm = std::sqrt(sums[i]);
+  return out;
+}
+
+LargestWeight largest_weight(const std::vector<std::pair<std::string, Tensor>>& params) {
+  LargestWeight out;
+  for (const auto& [name, p] : params)
+    if (const double m =
+            monitor_kernels(p.device()).stats(p.data(), p.dtype(), p.numel(), p.dtype()).abs_max;
+        m > out.value) {
+      out.value = m;
+      out.param = name;
+    }
   return out;
 }
 

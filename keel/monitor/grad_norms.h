@@ -46,4 +46,13 @@ struct BlockGradNorm {
 std::vector<BlockGradNorm> per_layer_grad_norms(
     const std::vector<std::pair<std::string, Tensor>>& params, const amp::GradPass* pass = nullptr);
 
+// The largest finite |value| among the values of `params` and the parameter holding it (one pass
+// of the backend's statistics kernel per tensor, where it lives; value 0 and no name when empty).
+// Replay reports it; the trend advisor tells a diverged model (kDivergedWeight) by it.
+struct LargestWeight {
+  std::string param;
+  double value = 0;
+};
+LargestWeight largest_weight(const std::vector<std::pair<std::string, Tensor>>& params);
+
 }  // namespace keel::monitor

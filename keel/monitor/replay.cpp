@@ -14,6 +14,7 @@
 
 #include "keel/backend/monitor.h"
 #include "keel/io/json_fields.h"
+#include "keel/monitor/grad_norms.h"
 #include "keel/monitor/inject.h"
 #include "keel/monitor/nan_capture.h"
 #include "keel/monitor/tracer.h"
@@ -125,13 +126,9 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
   Run run = build_run(replay_config(c, out_dir, sets), ro);
   for (const std::string& what : run.not_rebuilt) o.notes.push_back("not rebuilt: " + what);
   load_state(run, c, o.notes);
-  for (auto& [name, p] : run.trainable)
-    if (const double m =
-            monitor_kernels(p.device()).stats(p.data(), p.dtype(), p.numel(), p.dtype()).abs_max;
-        m > o.largest_weight) {
-      o.largest_weight = m;
-      o.largest_weight_param = name;
-    }
+  const LargestWeight w = largest_weight(run.trainable);
+  o.largest_weight = w.value;
+  o.largest_weight_param = w.param;
   o.precision = run.policy.name();
   o.attention = ops::attention_backend_name(run.model->spec().attention);
   o.vocab_size = run.model->spec().vocab_size;

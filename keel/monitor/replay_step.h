@@ -47,6 +47,11 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
 // which blows the weights up in a few updates. What it did, naming the tensor and the fix; "" when
 // no element is so (bisect.cpp).
 std::string optimizer_state_underflow(const Capture& c, const Config& cfg);
+// What optimizer_state_underflow's text ends with, after ": ": its fix (the trend advisor gives it
+// as the action of its finding).
+inline constexpr const char* kStateUnderflowFix =
+    "train in 16-mixed or bf16-mixed (f32 master weights and optimizer state), or raise optim.eps "
+    "(to about 1e-4)";
 // The same from a live run (keel train, stopping at a non-finite step): the optimizer's state()
 // entries (its "step" counts the updates applied) and the model's named parameters.
 std::string optimizer_state_underflow(const std::vector<std::pair<std::string, Tensor>>& state,

@@ -432,6 +432,7 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
       }
     }
     r.stepped = false;
+    if (run_.scaler && !loss_finite) run_.scaler->discard_step();  // not the scaler's to handle
     if (!run_.scaler || !loss_finite) r.loss_scale_after = r.loss_scale;
   } else {
     // 7. Clip after unscale (the coefficient goes to the optimizer, which AdamW fuses into its one

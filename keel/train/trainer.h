@@ -6,6 +6,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,10 @@ struct TrainerHooks {
   // After unscale and the global norm (steps 4-5), before clipping and the update: gradients are
   // pre-clip and unscaled here (per-layer grad norms). `r` is filled up to found_inf.
   std::function<void(const StepResult& r)> on_grads;
+  // The trend advisor's state (monitor/advisor.h: TrendAdvisor::state), saved in each checkpoint's
+  // trainer.json as "advisor" so that a resumed run's findings are the uninterrupted run's; null
+  // (or a null result): none saved.
+  std::function<nlohmann::json()> advisor_state;
 };
 
 // Steps 1-2 of a step without the update (zero grads are the caller's business): forward and
@@ -143,6 +148,10 @@ class Trainer {
   const data::DataLoader& loader() const { return *run_.loader; }
   const data::Tokenizer& tokenizer() const { return *run_.data.tokenizer; }
   int64_t steps_done() const { return step_; }
+  // What the checkpoint this run resumed from saved of TrainerHooks::advisor_state (null: a fresh
+  // run, or a checkpoint without it), and its trainer.json (for the errors of a damaged state).
+  const nlohmann::json& resumed_advisor_state() const { return resumed_advisor_state_; }
+  const std::string& resumed_trainer_json() const { return resumed_trainer_json_; }
   int64_t total_steps() const { return run_.total_steps; }
   // Trainable parameters (what the optimizer updates), by name.
   const std::vector<std::pair<std::string, Tensor>>& trainable() const { return run_.trainable; }
@@ -189,6 +198,8 @@ class Trainer {
   TrainerHooks hooks_;
   std::shared_ptr<Collective> coll_;  // never null (SingleCollective without one)
 
+  nlohmann::json resumed_advisor_state_;
+  std::string resumed_trainer_json_;
   // Loop position (all of it goes into trainer.json).
   int64_t step_ = 0;        // steps attempted
   int64_t sched_step_ = 0;  // updates applied (the LR schedule's clock)

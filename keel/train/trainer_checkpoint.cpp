@@ -187,6 +187,8 @@ void Trainer::write_checkpoint(const std::string& dir) {
     if (f.known()) files[key] = {{"bytes", f.bytes}, {"fnv1a64", f.fnv1a64}};
   st["data_files"] = files;
   if (run_.scaler) st["scaler"] = run_.scaler->state_dict();
+  if (hooks_.advisor_state)
+    if (json a = hooks_.advisor_state(); !a.is_null()) st["advisor"] = std::move(a);
   std::optional<nn::AdapterOptions> adapter;
   if (run_.cfg.model.adapter.kind != "none") adapter = run_.cfg.model.adapter;
   const json& base = run_.base_ref;
@@ -290,6 +292,9 @@ void Trainer::load_checkpoint(const std::string& dir) {
   epoch_loss_sum_ = io::json_number(st, "epoch_loss_sum", tj, fix);
   epoch_tokens_ = io::json_int(st, "epoch_tokens", tj, 0, kCount, fix);
   epoch_updates_ = io::json_int(st, "epoch_updates", tj, 0, step_, fix);
+  // Read by the caller's advisor (TrainerHooks::advisor_state), which checks it.
+  resumed_advisor_state_ = st.contains("advisor") ? st["advisor"] : json();
+  resumed_trainer_json_ = tj;
   const int64_t world =
       st.contains("world_size") ? io::json_int(st, "world_size", tj, 1, 1 << 20, fix) : 1;
   // A resume that changes what the checkpoint fixes continues another run: refused, naming each

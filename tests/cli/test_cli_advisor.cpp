@@ -172,6 +172,39 @@ TEST(CliAdvisor, AResumedDivergedRunIsNoInitializationFinding) {
   EXPECT_CONTAINS(ex.back().at("action").get<std::string>(), "lower optim.lr");
 }
 
+// A run killed after its step-2 checkpoint and resumed gives the findings of the run that was not
+// interrupted: the advisor's state is saved with each checkpoint. It started over: under 16-mixed
+// at scaler.init_scale 1e9 the resumed run said its "loss scale" finding at step 6 ("backed off 4
+// times", of 6), not at step 4.
+TEST(CliAdvisor, AResumedRunGivesTheFindingsOfTheUninterruptedOne) {
+  const std::vector<std::string> sets = {"train.precision=16-mixed", "scaler.init_scale=1e9",
+                                         "train.max_steps=8", "log.checkpoint_every=1",
+                                         "data.eval_examples=0"};
+  auto run = [&](const std::string& dir, std::vector<std::string> more,
+                 const std::string& env = "") {
+    more.insert(more.end(), sets.begin(), sets.end());
+    more.insert(more.end(), {"run.threads=1", "log.tensorboard=false", "model.n_layer=2",
+                             "model.n_embd=64", "model.n_head=4", "run.out_dir=" + dir});
+    std::vector<std::string> envs = {"OMP_NUM_THREADS=1"};
+    if (!env.empty()) envs.push_back(env);
+    return test::run_keel(test::with_sets({"train"}, more), envs);
+  };
+  const std::string whole = test::temp_dir("cli-advisor-whole"),
+                    resumed = test::temp_dir("cli-advisor-resumed");
+  const test::KeelRun w = run(whole, {});
+  ASSERT_EQ(w.code, 0) << w.output;
+  // The third save is step 2's checkpoints/last (step 1 saved last and step-1): killed after it.
+  ASSERT_EQ(run(resumed, {}, "KEEL_TEST_CRASH_AT=done:3").code, 86);
+  const test::KeelRun r = run(resumed, {"run.resume=true"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "at step 2");
+  const std::vector<json> expected = findings(whole), got = findings(resumed);
+  ASSERT_FALSE(expected.empty()) << w.output;
+  EXPECT_EQ(expected[0].at("step"), 4) << expected[0].dump();
+  EXPECT_EQ(got, expected) << json(got).dump() << "\nvs\n" << json(expected).dump();
+  EXPECT_NOT_CONTAINS(r.output, "holds no advisor state");
+}
+
 // A run that learns its task to a loss of ~1e-7 (examples/f16-no-scaler's config in 32-true):
 // its grad norm falls with the loss. It was told "vanishing: ... raise optim.lr (now 0.01): tiny
 // models train well at 1e-3 to 1e-2".
@@ -185,6 +218,7 @@ TEST(CliAdvisor, AConvergedRunIsNotToldToRaiseTheLearningRate) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NOT_CONTAINS(r.output, "raise optim.lr");
   EXPECT_TRUE(findings_of(dir, "vanishing").empty()) << findings_of(dir, "vanishing")[0].dump();
+  EXPECT_NOT_CONTAINS(r.out, "the run ends");
 }
 
 // optim.lr = 10 under bf16-mixed: the first update destroys the model (the loss leaps from ~ln V
@@ -203,7 +237,9 @@ TEST(CliAdvisor, LearningRateDivergenceHoldsItsVerdict) {
   EXPECT_LE(f[0].at("step").get<int64_t>(), 4) << f[0].dump();
   EXPECT_CONTAINS(f[0].at("cause").get<std::string>(), "diverged");
   EXPECT_CONTAINS(f[0].at("cause").get<std::string>(), "uniform guess ln V = 5.56");
-  EXPECT_CONTAINS(f[0].at("action").get<std::string>(), "lower optim.lr (now 9.");  // cosine
+  // optim.lr's value, then the cosine's rate at the step (it said "(now 9.9x", not optim.lr's).
+  EXPECT_CONTAINS(f[0].at("action").get<std::string>(), "lower optim.lr (now 10, 9.");
+  EXPECT_CONTAINS(f[0].at("action").get<std::string>(), " at this step of the schedule; try 1)");
   // Three steps are no best window: the diverged losses must not become one.
   EXPECT_NOT_CONTAINS(f[0].at("cause").get<std::string>(), "best window so far");
   for (const json& j : f) {
@@ -212,6 +248,34 @@ TEST(CliAdvisor, LearningRateDivergenceHoldsItsVerdict) {
         << "a learning-rate divergence is no data spike: " << j.dump();
   }
   EXPECT_NOT_CONTAINS(r.out, "stable:");
+  // The verdict still holds at the end: said after "done:", where it is read (the run ended with
+  // only "done: 30 steps", its finding 30 lines up).
+  EXPECT_CONTAINS(r.out, "done: 30 steps, checkpoint in " + dir +
+                             "/checkpoints/last\n  advice: the run ends exploding, as found at "
+                             "step " +
+                             std::to_string(f[0].at("step").get<int64_t>()) +
+                             " and not resolved since: lower optim.lr (now 10, ");
+}
+
+// A LoRA on c_attn at optim.lr = 1000 in bf16-mixed (attention = math): the adapter weights blow
+// up to 1e9 within a few updates and saturate the attention, the loss stays near ln V and the grad
+// norm falls 1e6x. It was told "vanishing: ... raise optim.lr (now 872)"; the blown-up weight
+// makes it a divergence, told to lower optim.lr.
+TEST(CliAdvisor, ALoraWhoseWeightsBlewUpIsDivergedNotVanishing) {
+  const std::string dir = test::temp_dir("cli-advisor-lora-lr1000");
+  const test::KeelRun r =
+      train({"run.out_dir=" + dir, "model.adapter.kind=lora",
+             "model.adapter.target_modules=[\"c_attn\"]", "optim.lr=1000",
+             "train.precision=bf16-mixed", "model.attention=math", "data.num_examples=256",
+             "data.eval_examples=0", "train.batch_size=8", "data.seq_len=32", "train.max_steps=8"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto f = findings(dir);
+  ASSERT_EQ(f.size(), 1u) << r.output;
+  EXPECT_EQ(f[0].at("trend"), "exploding") << f[0].dump();
+  EXPECT_CONTAINS(f[0].at("cause").get<std::string>(), "diverged: the grad norm fell");
+  EXPECT_CONTAINS(f[0].at("cause").get<std::string>(), "lora_B.weight up to |w| = ");
+  EXPECT_CONTAINS(f[0].at("action").get<std::string>(), "lower optim.lr");
+  EXPECT_NOT_CONTAINS(r.out, "raise optim.lr");
 }
 
 // optim.lr = 1000 without clipping in f32: the loss leaps to 1e7 by step 3, and a few steps later

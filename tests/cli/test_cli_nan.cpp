@@ -405,9 +405,16 @@ TEST(CliNan, AdamWSecondMomentUnderflowIn16TrueIsNamedAsTheCause) {
   int64_t step = 0;
   const std::string capture = expect_captured_stop(r, dir, &step);
   EXPECT_GT(step, 1);
-  // The run's own stop names it (its advice said only "lower optim.lr or switch precision").
-  EXPECT_CONTAINS(r.err,
-                  "cause: AdamW's second moment (exp_avg_sq, stored in f16) underflowed to 0 for ");
+  // The run's own advice names it, once, with its fix: it said "lower optim.lr (now 0.00296, try
+  // 0.000296)", which still ends in NaN, and the stop's "cause:" line then contradicted it.
+  EXPECT_CONTAINS(r.out, "advice: exploding: non-finite ");
+  EXPECT_CONTAINS(r.out,
+                  ": AdamW's second moment (exp_avg_sq, stored in f16) underflowed to 0 for ");
+  EXPECT_CONTAINS(r.out,
+                  "; train in 16-mixed or bf16-mixed (f32 master weights and optimizer "
+                  "state), or raise optim.eps (to about 1e-4)");
+  EXPECT_NOT_CONTAINS(r.output, "lower optim.lr");
+  EXPECT_NOT_CONTAINS(r.err, "cause: AdamW's second moment");
   const json j = replay_json(capture, {"--bisect"});
   EXPECT_TRUE(j.value("reproduced", false)) << j.dump(2);
   const std::string why = j.value("explanation", std::string());

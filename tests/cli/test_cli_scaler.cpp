@@ -6,6 +6,7 @@
 // the gradients (scaler.init_scale), nothing injected.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -107,6 +108,59 @@ TEST(CliScaler, AnOverflowAtMinScaleStopsNamingMinScale) {
   EXPECT_EQ(recs[0].at("skipped_steps").get<int64_t>(), 1);  // 2^40 -> 2^39 (= min_scale)
   EXPECT_EQ(recs[1].at("skipped_steps").get<int64_t>(), 1) << "not skipped AND nan";
   EXPECT_EQ(recs[1].at("nan_steps").get<int64_t>(), 1);
+}
+
+// scaler.growth_interval = 1 doubles the scale after every clean update, straight back into f16's
+// overflow: 18 of 40 steps were skipped (no update) and the run said nothing. The "loss scale"
+// finding names the key; PyTorch's 2000 (the default) skips only the first calibration steps and
+// gets none.
+TEST(CliScaler, AScaleGrownBackIntoOverflowNamesGrowthInterval) {
+  const std::string dir = test::temp_dir("cli-scaler-regrowth");
+  auto run = [&](const std::string& interval) {
+    return train_one_thread(
+        "", {"run.out_dir=" + dir, "run.overwrite=true", "model.n_layer=2", "model.n_embd=64",
+             "model.n_head=4", "data.eval_examples=0", "train.precision=16-mixed",
+             "train.max_steps=40", "scaler.growth_interval=" + interval});
+  };
+  auto findings = [&] {
+    std::vector<json> v;
+    std::ifstream in(dir + "/metrics.jsonl");
+    for (std::string l; std::getline(in, l);)
+      if (json j = json::parse(l); j.value("trend", "") == "loss scale") v.push_back(j);
+    return v;
+  };
+  test::KeelRun r = run("1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<json> f = findings();
+  ASSERT_EQ(f.size(), 1u) << r.output;
+  EXPECT_CONTAINS(f[0].at("cause").get<std::string>(),
+                  "of the last 20 steps were skipped by the scaler (no update), each an overflow "
+                  "of a scale it had grown");
+  EXPECT_CONTAINS(f[0].at("cause").get<std::string>(), "scaler.growth_interval = 1 clean update");
+  EXPECT_CONTAINS(f[0].at("action").get<std::string>(), "raise scaler.growth_interval");
+  r = run("2000");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(findings().empty()) << r.output;
+}
+
+// A NaN loss under 16-mixed with train.on_nonfinite = skip (here debug.inject's NaN at step 3; a
+// llama at optim.lr 0.3 gets one at step 5): the trainer skips it without the scaler (no
+// back-off), and the next step failed with "error: unscale_() has already been called on this
+// optimizer since the last update()" (exit 1). It trains on, the scale unchanged.
+TEST(CliScaler, ANonFiniteLossSkippedUnder16MixedTrainsOn) {
+  const std::string dir = test::temp_dir("cli-scaler-nan-loss-skip");
+  const test::KeelRun r = train_one_thread(
+      "", {"run.out_dir=" + dir, "model.n_layer=2", "model.n_embd=64", "model.n_head=4",
+           "data.eval_examples=0", "train.precision=16-mixed", "train.on_nonfinite=skip",
+           "train.max_steps=6", "debug.inject.module=transformer.h.0.attn", "debug.inject.kind=nan",
+           "debug.inject.step=3"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.output, "unscale_() has already been called");
+  const auto recs = step_records(dir);
+  ASSERT_EQ(recs.size(), 6u) << r.output;
+  EXPECT_EQ(recs[2].at("nan_steps").get<int64_t>(), 1) << recs[2].dump();
+  EXPECT_EQ(recs[2].at("loss_scale"), recs[3].at("loss_scale")) << "no back-off for a NaN loss";
+  EXPECT_TRUE(recs[5].at("grad_norm").is_number()) << recs[5].dump();
 }
 
 }  // namespace

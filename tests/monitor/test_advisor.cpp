@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "keel/monitor/advisor.h"
+#include "keel/monitor/replay_step.h"
 #include "tests/support/check.h"
 
 namespace keel {
@@ -70,6 +71,36 @@ TEST(Advisor, ExplodingGradNormWithRisingLoss) {
   EXPECT_EQ(run.adv.trend(), Trend::kExploding);
   // Exactly one line while the class holds.
   EXPECT_EQ(run.advice.size(), 1u);
+}
+
+// In a schedule's tail the step's rate is not optim.lr: a llama at optim.lr 0.1, cosine, spiked at
+// step 32 (rate 0.012) and was told "lower optim.lr (now 0.012, try 0.0012)", a peak 83x lower. The
+// key's value comes first, the step's rate beside it, and the try is a tenth of the key's.
+TEST(Advisor, TheLearningRateToLowerIsOptimLrsValueNotTheSchedulesRate) {
+  AdvisorOptions o;
+  o.peak_lr = 0.1;
+  Feed run(o);
+  for (int64_t i = 1; i <= 15; ++i) run.feed(step(i, healthy_loss(i), healthy_norm(i)));
+  double g = 1.0;
+  for (int64_t i = 16; i <= 40; ++i) {
+    g *= 1.5;
+    StepResult r = step(i, 3.0 + 0.2 * (i - 15), g);
+    r.lr = 0.012;
+    run.feed(r);
+  }
+  ASSERT_FALSE(run.advice.empty());
+  EXPECT_CONTAINS(run.advice.front().second,
+                  "lower optim.lr (now 0.1, 0.012 at this step of the schedule; try 0.01)");
+  // Vanishing's "raise" names the key's value too.
+  Feed low(o);
+  for (int64_t i = 1; i <= 40; ++i) {
+    StepResult r = step(i, 5.5, std::pow(0.5, i));
+    r.lr = 0.05;
+    low.feed(r);
+  }
+  ASSERT_FALSE(low.advice.empty());
+  EXPECT_CONTAINS(low.advice.front().second,
+                  "raise optim.lr (now 0.1, 0.05 at this step of the schedule)");
 }
 
 TEST(Advisor, GrowingGradNormWhileTheLossFallsIsNotExploding) {
@@ -167,6 +198,35 @@ TEST(Advisor, DecayingGradNormIsVanishingAndSuggestsAHigherLrForTinyModels) {
   EXPECT_EQ(line.rfind("vanishing: the grad norm fell ", 0), 0u) << line;
   EXPECT_NE(line.find("raise optim.lr"), std::string::npos) << line;
   EXPECT_NE(line.find("tiny models"), std::string::npos) << line;
+}
+
+// The same decay in a run whose updates blew a weight up (a LoRA at optim.lr 1000 in bf16-mixed:
+// lora_B at 3e9 by step 8, the attention saturated, the grad norm falling 1e6x): it was told
+// "vanishing: ... raise optim.lr (now 872)". It has diverged: lower optim.lr, never raise it; and
+// the verdict holds while the weight stays up there, however calm the grad norm looks.
+TEST(Advisor, ADecayOfAModelWhoseWeightsBlewUpIsADivergence) {
+  AdvisorOptions o;
+  o.num_params = 100'000;
+  double largest = 0.05;
+  o.largest_weight = [&largest] { return monitor::LargestWeight{"h.1.lora_B.weight", largest}; };
+  Feed run(o);
+  for (int64_t i = 1; i <= 40; ++i) {
+    largest = i == 1 ? 0.05 : 3e9;
+    run.feed(step(i, 5.8, std::pow(0.1, i)));
+  }
+  ASSERT_EQ(run.advice.size(), 1u);
+  const std::string& line = run.advice.front().second;
+  EXPECT_EQ(line.rfind("exploding: diverged: the grad norm fell ", 0), 0u) << line;
+  EXPECT_CONTAINS(line, "h.1.lora_B.weight up to |w| = 3e+09");
+  EXPECT_CONTAINS(line, "lower optim.lr");
+  EXPECT_EQ(line.find("raise optim.lr"), std::string::npos) << line;
+  EXPECT_EQ(run.adv.trend(), Trend::kExploding);
+  // Weights that stay in a sane range (the same decay with |w| <= 1e4) remain vanishing.
+  largest = 1e4;
+  Feed sane(o);
+  for (int64_t i = 1; i <= 40; ++i) sane.feed(step(i, 5.8, std::pow(0.5, i)));
+  ASSERT_FALSE(sane.advice.empty());
+  EXPECT_EQ(sane.advice.front().second.rfind("vanishing: the grad norm fell ", 0), 0u);
 }
 
 // A run that learns its task: the loss and the grad norm fall together towards 0. It is
@@ -794,6 +854,136 @@ TEST(Advisor, AFaultInjectedByDebugInjectIsNamedNotTheLearningRate) {
   for (int64_t i = 1; i <= 5; ++i) other.feed(step(i, i == 5 ? NAN : 3.0, i == 5 ? NAN : 1.0));
   ASSERT_EQ(other.advice.size(), 1u);
   EXPECT_NOT_CONTAINS(other.advice[0].second, "debug.inject");
+}
+
+}  // namespace
+}  // namespace keel
+
+namespace keel {
+namespace {
+
+// 16-true keeps AdamW's moments in f16: squared gradients flushed to 0 make updates of lr * m / eps
+// that overflow the forward. The non-finite step was told "lower optim.lr (try 0.000296)", which
+// still ends in NaN; the optimizer state's own cause and fix are the finding, said once, even in a
+// run already exploding.
+TEST(Advisor, ANonFiniteStepOfFlushedAdamMomentsNamesThemNotTheLearningRate) {
+  AdvisorOptions o;
+  o.precision = "16-true";
+  std::string state;
+  o.state_underflow = [&state] { return state; };
+  Feed run(o);
+  for (int64_t i = 1; i <= 3; ++i) run.feed(step(i, 5.5, 1.0));
+  state = std::string("AdamW's second moment (exp_avg_sq, stored in f16) underflowed to 0: ") +
+          monitor::kStateUnderflowFix;
+  StepResult r = step(4, std::nan(""), std::nan(""));
+  r.nan_steps = 1;
+  run.feed(r);
+  ASSERT_EQ(run.advice.size(), 1u);
+  EXPECT_EQ(run.advice[0].second,
+            std::string("exploding: non-finite loss at step 4: AdamW's second moment (exp_avg_sq, "
+                        "stored in f16) underflowed to 0; ") +
+                monitor::kStateUnderflowFix);
+  EXPECT_TRUE(run.adv.state_underflow_said());
+  r.step = 5;
+  r.nan_steps = 2;
+  run.feed(r);
+  EXPECT_EQ(run.advice.size(), 1u);  // said once
+  // Not flushed: the usual advice.
+  state = "";
+  Feed other(o);
+  for (int64_t i = 1; i <= 3; ++i) other.feed(step(i, 5.5, 1.0));
+  r.step = 4;
+  r.nan_steps = 1;
+  other.feed(r);
+  ASSERT_EQ(other.advice.size(), 1u);
+  EXPECT_CONTAINS(other.advice[0].second, "lower optim.lr");
+  EXPECT_FALSE(other.adv.state_underflow_said());
+}
+
+// A scale the scaler keeps growing back into overflow (scaler.growth_interval = 1): every other
+// step skipped, without a word. One "loss scale" finding names the key; a normal start (a few
+// back-offs, no regrowth) and a collapse (back-offs only) are not it.
+TEST(Advisor, AScaleGrownBackIntoOverflowNamesGrowthInterval) {
+  AdvisorOptions o;
+  o.init_scale = 65536;
+  o.growth_interval = 1;
+  Feed run(o);
+  double scale = 65536;
+  for (int64_t i = 1; i <= 40; ++i) {
+    const bool skip = i % 2 == 0;
+    StepResult r = scaled(i, scale, skip);
+    if (!skip) r.loss_scale_after = scale *= 2;  // grown after one clean update
+    run.feed(r);
+  }
+  ASSERT_EQ(run.advice.size(), 1u);
+  EXPECT_EQ(run.advice[0].first, 20);
+  EXPECT_EQ(run.advice[0].second.rfind("loss scale: 10 of the last 20 steps were skipped", 0), 0u)
+      << run.advice[0].second;
+  EXPECT_CONTAINS(run.advice[0].second,
+                  "(10 growths; the scale moves between 65536 and 131072): it grows after every "
+                  "scaler.growth_interval = 1 clean update; raise scaler.growth_interval");
+  Feed start(o);
+  scale = 65536;
+  for (int64_t i = 1; i <= 40; ++i) start.feed(scaled(i, scale, i <= 3));
+  EXPECT_TRUE(start.advice.empty()) << start.advice.front().second;
+}
+
+// A run resumed from a checkpoint carries on with the advisor's state saved in it (state(), through
+// JSON as trainer.json holds it): wherever it is cut, the resumed advisor says what the
+// uninterrupted one says, at the same steps. It started over: its "loss scale" finding, its spike
+// recurrence and its "stalled" counts began again at the resumed step.
+TEST(Advisor, ARestoredStateGivesTheUninterruptedRunsFindings) {
+  AdvisorOptions o;
+  o.num_params = 100'000;
+  o.precision = "16-mixed";
+  o.uniform_loss = std::log(259.0);
+  o.peak_lr = 3e-3;
+  o.weight_rms = 0.02;
+  o.init_scale = 65536;
+  o.batch_loss = [](const std::vector<int64_t>& ids) { return ids[0] == 26 ? 9.0 : 3.0; };
+  auto at = [](int64_t i) {
+    StepResult r = step(i, i <= 45 ? healthy_loss(i) : 2.0, healthy_norm(i));
+    if (i == 26) r.grad_norm *= 20;                                        // a spike
+    if (i > 45) r.grad_norm = std::pow(0.3, static_cast<double>(i - 45));  // a decay
+    if (i == 3) r.grad_norm = HUGE_VAL;                                    // a scaler skip
+    r.stepped = std::isfinite(r.grad_norm);
+    r.found_inf = !r.stepped;
+    r.loss_scale = i <= 3 ? 65536 : 32768;
+    r.loss_scale_after = i < 3 ? 65536 : 32768;
+    r.example_ids = {i};
+    r.update_elements = r.stepped ? 100 : 0;
+    r.rounded_away = i >= 30 && i <= 33 ? 60 : 0;
+    return r;
+  };
+  constexpr int64_t kSteps = 70;
+  Feed whole(o);
+  for (int64_t i = 1; i <= kSteps; ++i) whole.feed(at(i));
+  ASSERT_GE(whole.advice.size(), 3u);
+  for (int64_t cut : {1, 2, 3, 10, 26, 27, 31, 33, 47, 55}) {
+    Feed before(o);
+    for (int64_t i = 1; i <= cut; ++i) before.feed(at(i));
+    AdvisorOptions fresh = o;
+    fresh.weight_rms = 0;  // a resumed process cannot measure it: the state carries it
+    Feed after(fresh);
+    after.adv.restore(nlohmann::json::parse(before.adv.state().dump()), "trainer.json", "fix");
+    for (int64_t i = cut + 1; i <= kSteps; ++i) after.feed(at(i));
+    std::vector<std::pair<int64_t, std::string>> resumed = before.advice;
+    resumed.insert(resumed.end(), after.advice.begin(), after.advice.end());
+    EXPECT_EQ(resumed, whole.advice) << "cut after step " << cut;
+    EXPECT_EQ(after.adv.trend(), whole.adv.trend()) << "cut after step " << cut;
+  }
+  // A damaged state is an Error naming the file and the key.
+  TrendAdvisor adv(o);
+  nlohmann::json damaged = whole.adv.state();
+  damaged.erase("backoffs");
+  try {
+    adv.restore(damaged, "out/checkpoints/last/trainer.json", "resume from another one");
+    ADD_FAILURE() << "a damaged state was restored";
+  } catch (const Error& e) {
+    EXPECT_CONTAINS(std::string(e.what()),
+                    "out/checkpoints/last/trainer.json: \"advisor\": \"backoffs\" is missing; "
+                    "resume from another one");
+  }
 }
 
 }  // namespace
