@@ -822,6 +822,49 @@ void check_config_number(const std::string& key, double value, const std::string
   check_number(*k, value, shown, origin + ": ");
 }
 
+void check_keys_take_effect(const Config& cfg) {
+  // Without run.out_dir every run writes to a new out/<UTC time>/: such a resume found no
+  // checkpoint there and trained from scratch (`keel train CONFIG --set run.resume=true` with a
+  // CONFIG that names no out_dir did just that).
+  if (cfg.run.resume && cfg.run.out_dir.empty())
+    throw Error(
+        "run.resume = true but run.out_dir is not set: a run without it writes to a new "
+        "out/<UTC time>/ directory, where there is nothing to resume; set run.out_dir to the "
+        "directory of the run to continue (e.g. --set run.out_dir=out/20260101-120000)",
+        Error::kUsage);
+  // train.eval_every with nothing to evaluate was accepted and no evaluation ever ran.
+  if (cfg.train.eval_every > 0) {
+    const bool arith = cfg.data.task == "arith";
+    if (arith ? cfg.data.eval_examples == 0
+              : cfg.data.eval_path.empty() && cfg.data.eval_fraction == 0)
+      throw Error("train.eval_every = " + std::to_string(cfg.train.eval_every) +
+                      " evaluates the run's validation split, but it has none (" +
+                      (arith ? std::string("data.eval_examples = 0")
+                             : "data.task = \"" + cfg.data.task +
+                                   "\" without data.eval_path or data.eval_fraction") +
+                      "); " +
+                      (arith ? "raise data.eval_examples"
+                             : "set data.eval_path to a validation file, or data.eval_fraction "
+                               "to hold out a share of data.path") +
+                      ", or remove train.eval_every",
+                  Error::kUsage);
+  }
+  // Two keys for one setting: the one documented to lose was ignored without a word.
+  const SchedConfig& sc = cfg.sched;
+  if (sc.warmup_steps > 0 && sc.warmup_ratio > 0)
+    throw Error("sched.warmup_steps = " + std::to_string(sc.warmup_steps) +
+                    " and sched.warmup_ratio = " + format_double(sc.warmup_ratio, false) +
+                    " both set the warmup, and warmup_ratio is ignored when warmup_steps is set; "
+                    "remove one of them",
+                Error::kUsage);
+  if (sc.min_lr_ratio > 0 && sc.name == "constant")
+    throw Error("sched.min_lr_ratio = " + format_double(sc.min_lr_ratio, false) +
+                    " floors the decay of a linear or cosine schedule, but sched.name = "
+                    "\"constant\" does not decay; remove sched.min_lr_ratio, or set sched.name "
+                    "to linear or cosine",
+                Error::kUsage);
+}
+
 std::vector<ConfigKeyInfo> config_keys() {
   Config c;
   std::vector<ConfigKeyInfo> out;

@@ -84,5 +84,25 @@ TEST(CliDoctor, BadConfigIsAUsageError) {
   EXPECT_EQ(doctor("--set train.precisoin=16-mixed").code, 2);
 }
 
+// Keys keel train refuses because they would never act: doctor said "nothing blocks training"
+// (exit 0) to each, and train then exited 2. Doctor refuses them alike, with train's message.
+TEST(CliDoctor, WhatTrainRefusesDoctorRefuses) {
+  struct Case {
+    const char* sets;
+    const char* message;
+  };
+  for (const Case& c :
+       {Case{"--set train.eval_every=1", "train.eval_every = 1 evaluates the run's validation"},
+        Case{"--set sched.warmup_steps=2 --set sched.warmup_ratio=0.1",
+             "both set the warmup, and warmup_ratio is ignored"},
+        Case{"--set sched.name=constant --set sched.min_lr_ratio=0.1",
+             "but sched.name = \"constant\" does not decay"},
+        Case{"--set run.resume=true", "run.resume = true but run.out_dir is not set"}}) {
+    test::KeelRun r = doctor(kSmall + " --no-sanity " + c.sets);
+    EXPECT_EQ(r.code, 2) << c.sets << "\n" << r.output;
+    EXPECT_CONTAINS(r.err, c.message);
+  }
+}
+
 }  // namespace
 }  // namespace keel
