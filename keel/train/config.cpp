@@ -863,6 +863,39 @@ void check_keys_take_effect(const Config& cfg) {
                     "\"constant\" does not decay; remove sched.min_lr_ratio, or set sched.name "
                     "to linear or cosine",
                 Error::kUsage);
+  // The options of the optimizer not chosen: optim.momentum = 0.9 under AdamW (whose momentum is
+  // beta1) and optim.beta2 = 0.95 under SGD trained without them, without a word.
+  const bool adamw = cfg.optim.name == "adamw";
+  const std::vector<std::string> other = keys_off_default(
+      cfg, adamw ? std::vector<std::string>{"optim.momentum", "optim.dampening", "optim.nesterov"}
+                 : std::vector<std::string>{"optim.beta1", "optim.beta2", "optim.eps"});
+  if (!other.empty())
+    throw Error(join(other, " and ") + (other.size() > 1 ? " are options" : " is an option") +
+                    " of " + (adamw ? "SGD" : "AdamW") + ", but optim.name = \"" + cfg.optim.name +
+                    "\" does not read " + (other.size() > 1 ? "them" : "it") +
+                    (adamw ? " (AdamW's momentum is optim.beta1)" : "") + "; remove " +
+                    (other.size() > 1 ? "them" : "it") + ", or set optim.name = \"" +
+                    (adamw ? "sgd" : "adamw") + "\"",
+                Error::kUsage);
+  // SGD's dampening scales what enters the momentum buffer; without momentum there is none.
+  if (!adamw && cfg.optim.sgd.dampening > 0 && cfg.optim.sgd.momentum == 0)
+    throw Error("optim.dampening = " + format_double(cfg.optim.sgd.dampening, false) +
+                    " damps SGD's momentum, but optim.momentum = 0 keeps none; set "
+                    "optim.momentum, or remove optim.dampening",
+                Error::kUsage);
+}
+
+std::vector<std::string> keys_off_default(const Config& config,
+                                          const std::vector<std::string>& keys) {
+  Config c = config, d;  // fields are reached through non-const pointers; only read here
+  std::vector<std::string> out;
+  for (const std::string& key : keys) {
+    const KeySpec* k = find_key(key);
+    KEEL_CHECK(k, "keys_off_default: no key " + key);
+    const std::string v = field_toml(k->field(c));
+    if (v != field_toml(k->field(d))) out.push_back(key + " = " + v);
+  }
+  return out;
 }
 
 std::vector<ConfigKeyInfo> config_keys() {

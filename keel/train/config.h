@@ -188,6 +188,10 @@ void check_config_number(const std::string& key, double value, const std::string
 // run's saved config.toml that holds them still loads in eval and replay.
 void check_keys_take_effect(const Config& c);
 
+// Of `keys` ("optim.momentum", ...), those whose value differs from the default, each as
+// "key = value" (TOML): the keys a user set, for messages about keys that would not act.
+std::vector<std::string> keys_off_default(const Config& c, const std::vector<std::string>& keys);
+
 // Every key the loader knows, in file order: "section.key", its type as docs/config.md spells it
 // (bool, int, float, string, string[], int[]) and its default as a TOML value. docs/config.md is
 // checked against this list by a test, so the docs cannot drift from the code.

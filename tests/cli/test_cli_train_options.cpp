@@ -67,5 +67,33 @@ TEST(CliTrainOptions, ScheduleKeysThatWouldNotActAreRefused) {
   EXPECT_EQ(r.code, 0) << r.output;
 }
 
+// The options of the optimizer not chosen trained without them, without a word: momentum = 0.9
+// under AdamW (whose momentum is beta1), beta2 under SGD, and dampening with no momentum.
+TEST(CliTrainOptions, OptionsOfTheOptimizerNotChosenAreRefused) {
+  const std::string dir = test::temp_dir("train-optim-keys");
+  auto r =
+      test::run_keel(tiny_train(dir + "/adamw", {"optim.momentum=0.9", "optim.nesterov=true"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "optim.momentum = 0.9 and optim.nesterov = true are options of SGD, but "
+                  "optim.name = \"adamw\" does not read them (AdamW's momentum is optim.beta1); "
+                  "remove them, or set optim.name = \"sgd\"");
+  r = test::run_keel(tiny_train(dir + "/sgd", {"optim.name=sgd", "optim.beta2=0.95"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "optim.beta2 = 0.95 is an option of AdamW, but optim.name = \"sgd\" does not "
+                  "read it; remove it, or set optim.name = \"adamw\"");
+  r = test::run_keel(tiny_train(dir + "/damp", {"optim.name=sgd", "optim.dampening=0.5"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "optim.dampening = 0.5 damps SGD's momentum, but optim.momentum = 0 keeps none");
+  for (const char* d : {"/adamw", "/sgd", "/damp"})
+    EXPECT_FALSE(std::filesystem::exists(dir + d)) << d;
+  // Each under its own optimizer trains.
+  r = test::run_keel(tiny_train(dir + "/ok", {"optim.name=sgd", "optim.momentum=0.9",
+                                              "optim.dampening=0.1", "optim.beta1=0.9"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
 }  // namespace
 }  // namespace keel
