@@ -582,6 +582,15 @@ void validate(Config& c, const Origins& origins) {
         throw usage("model.adapter.target_modules" + at("model.adapter.target_modules") +
                     " contains an empty module name");
   }
+  // (SGD's own check said "SGD: Nesterov momentum requires a momentum and zero dampening",
+  // naming no key)
+  const optim::SGDOptions& sgd = c.optim.sgd;
+  if (c.optim.name == "sgd" && sgd.nesterov && (sgd.momentum <= 0 || sgd.dampening != 0))
+    throw usage("optim.nesterov = true" + at("optim.nesterov") +
+                " needs optim.momentum > 0 and optim.dampening = 0 (as PyTorch's SGD); got "
+                "optim.momentum = " +
+                format_double(sgd.momentum, false) + at("optim.momentum") + ", optim.dampening = " +
+                format_double(sgd.dampening, false) + at("optim.dampening"));
   if (c.data.task != "arith" && c.data.path.empty())
     throw usage("data.task = \"" + c.data.task + "\"" + at("data.task") + " needs data.path (the " +
                 (c.data.task == "tokens" ? std::string("llm.c token") : c.data.task) +

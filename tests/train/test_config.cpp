@@ -525,6 +525,14 @@ TEST(Config, RulesAcrossKeysNameBothKeysAndWhereTheyCameFrom) {
   EXPECT_EQ(capped.scaler.init_scale, 4096.0);
   EXPECT_EQ(load_config_text(config_to_toml(capped), "saved").scaler.init_scale, 4096.0);
   EXPECT_EQ(load_config("", {"scaler.min_scale=1e6"}).scaler.init_scale, 1e6);
+  // SGD's own check named no key ("SGD: Nesterov momentum requires a momentum and zero
+  // dampening").
+  msg = usage_error([] { load_config("", {"optim.name=sgd", "optim.nesterov=true"}); });
+  EXPECT_CONTAINS(msg,
+                  "optim.nesterov = true (--set optim.nesterov=true) needs optim.momentum > 0 "
+                  "and optim.dampening = 0 (as PyTorch's SGD); got optim.momentum = 0 (default), "
+                  "optim.dampening = 0 (default)");
+  EXPECT_NO_THROW(load_config("", {"optim.name=sgd", "optim.nesterov=true", "optim.momentum=0.9"}));
 }
 
 TEST(Config, OverridesParseTomlValuesAndBareStrings) {
