@@ -892,6 +892,23 @@ void check_keys_take_effect(const Config& cfg) {
                     " damps SGD's momentum, but optim.momentum = 0 keeps none; set "
                     "optim.momentum, or remove optim.dampening",
                 Error::kUsage);
+  // Stochastic rounding acts on bf16 parameters only: under 32-true and the -mixed policies (f32
+  // masters), and for adapters (f32 under every policy), a run with it rounded as without it;
+  // under 16-true the optimizer refused it naming no key.
+  const std::string& prec = cfg.train.precision;
+  if (cfg.optim.stochastic_rounding && (prec != "bf16-true" || cfg.model.adapter.kind != "none"))
+    throw Error(
+        "optim.stochastic_rounding = true rounds the updates of bf16 parameters, but " +
+            (prec != "bf16-true"
+                 ? "train.precision = \"" + prec + "\" trains " +
+                       (prec == "16-true" ? std::string("f16 parameters, which it cannot round")
+                                          : std::string("f32 parameters (no rounding to do)")) +
+                       "; set train.precision = \"bf16-true\", or remove "
+                       "optim.stochastic_rounding"
+                 : "model.adapter.kind = \"" + cfg.model.adapter.kind +
+                       "\" trains f32 adapters (under every precision); remove "
+                       "optim.stochastic_rounding"),
+        Error::kUsage);
 }
 
 std::vector<std::string> keys_off_default(const Config& config,

@@ -95,5 +95,32 @@ TEST(CliTrainOptions, OptionsOfTheOptimizerNotChosenAreRefused) {
   EXPECT_EQ(r.code, 0) << r.output;
 }
 
+// optim.stochastic_rounding acts on bf16 parameters only (bf16-true): under 32-true it trained as
+// without it, without a word; under 16-true AdamW refused it naming no key; with an adapter
+// (always f32) it did nothing.
+TEST(CliTrainOptions, StochasticRoundingWithoutBf16ParametersIsRefused) {
+  const std::string dir = test::temp_dir("train-stochastic-rounding");
+  auto r = test::run_keel(tiny_train(dir + "/f32", {"optim.stochastic_rounding=true"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "optim.stochastic_rounding = true rounds the updates of bf16 parameters, but "
+                  "train.precision = \"32-true\" trains f32 parameters (no rounding to do); set "
+                  "train.precision = \"bf16-true\", or remove optim.stochastic_rounding");
+  r = test::run_keel(
+      tiny_train(dir + "/f16", {"optim.stochastic_rounding=true", "train.precision=16-true"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "train.precision = \"16-true\" trains f16 parameters");
+  r = test::run_keel(tiny_train(
+      dir + "/lora", {"optim.stochastic_rounding=true", "train.precision=bf16-true",
+                      "model.adapter.kind=lora", "model.adapter.target_modules=[\"c_attn\"]"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "model.adapter.kind = \"lora\" trains f32 adapters");
+  for (const char* d : {"/f32", "/f16", "/lora"})
+    EXPECT_FALSE(std::filesystem::exists(dir + d)) << d;
+  r = test::run_keel(
+      tiny_train(dir + "/ok", {"optim.stochastic_rounding=true", "train.precision=bf16-true"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
 }  // namespace
 }  // namespace keel
