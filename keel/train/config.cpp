@@ -18,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 #include <variant>
 
 #include "keel/numerics/error.h"
@@ -616,6 +617,17 @@ void validate(Config& c, const Origins& origins) {
     throw usage(prefix("data.tokenizer") +
                 "data.tokenizer must not be empty (\"byte\", \"gpt2:DIR\" or \"hf:PATH\")");
   GradScalerOptions& s = c.scaler;
+  // The scale is an f32 (docs/config.md): 1e39 loaded, then the GradScaler refused it at the
+  // first 16-mixed run naming no file or line (and doctor's static checks passed it).
+  for (const auto& [key, v, zero_ok] : {std::tuple{"scaler.init_scale", s.init_scale, false},
+                                        std::tuple{"scaler.min_scale", s.min_scale, true},
+                                        std::tuple{"scaler.max_scale", s.max_scale, true}})
+    if (!(zero_ok && v == 0) &&
+        (v < std::numeric_limits<float>::min() || v > std::numeric_limits<float>::max()))
+      throw usage(std::string(key) + " = " + format_double(v, false) + at(key) +
+                  " is outside f32's range: a loss scale is an f32 value from 1.2e-38 (f32's "
+                  "smallest normal) to 3.4e38" +
+                  (zero_ok ? std::string(", or 0 for no bound") : std::string()));
   if (s.max_scale > 0 && s.min_scale > s.max_scale)
     throw usage("scaler.min_scale = " + format_double(s.min_scale, false) + at("scaler.min_scale") +
                 " is above scaler.max_scale = " + format_double(s.max_scale, false) +
