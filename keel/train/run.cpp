@@ -117,6 +117,23 @@ models::ModelSpec model_spec(const Config& cfg, int64_t tokenizer_vocab, DType p
         "token embedding wte (HF's GPT2LMHeadModel ties them); remove the key, or use "
         "model.family = \"llama\" for an untied head",
         Error::kUsage);
+  // Llama's keys under GPT-2 (learned positions, one key/value head per query head) built the
+  // model without them, without a word; refused as tie_embeddings is above.
+  if (m.family == "gpt2") {
+    std::vector<std::string> llama_only = keys_off_default(cfg, {"model.rope_theta"});
+    if (m.n_kv_head > 0 && m.n_kv_head != m.n_head)
+      llama_only.push_back("model.n_kv_head = " + std::to_string(m.n_kv_head));
+    if (!llama_only.empty()) {
+      std::string keys;
+      for (const std::string& k : llama_only) keys += (keys.empty() ? "" : " and ") + k;
+      throw Error(keys +
+                      " with model.family = \"gpt2\": GPT-2 has learned position embeddings "
+                      "(no RoPE) and one key/value head per query head (no grouped-query "
+                      "attention); remove " +
+                      (llama_only.size() > 1 ? "them" : "it") + ", or use model.family = \"llama\"",
+                  Error::kUsage);
+    }
+  }
   models::ModelSpec s;
   s.family = m.family;
   s.n_layer = m.n_layer;

@@ -123,6 +123,27 @@ TEST(RunFactory, Gpt2WithAnUntiedHeadIsRefusedNotIgnored) {
   EXPECT_FALSE(llama.model->spec().tie_embeddings);
 }
 
+// Llama's keys under GPT-2 built GPT-2 without them, without a word: rope_theta (GPT-2 has learned
+// positions) and a grouped-query n_kv_head (GPT-2 has one key/value head per query head).
+TEST(RunFactory, Gpt2WithLlamasKeysIsRefusedNotIgnored) {
+  std::string msg = test::error_of([] {
+    build_run(tiny("gpt2-rope", {"model.rope_theta=500000", "model.n_kv_head=1"}));
+  });
+  EXPECT_CONTAINS(msg,
+                  "model.rope_theta = 5e+05 and model.n_kv_head = 1 with model.family = "
+                  "\"gpt2\": GPT-2 has learned position embeddings (no RoPE) and one key/value "
+                  "head per query head (no grouped-query attention); remove them, or use "
+                  "model.family = \"llama\"");
+  msg = test::error_of([] { build_run(tiny("gpt2-gqa", {"model.n_kv_head=1"})); });
+  EXPECT_CONTAINS(msg, "model.n_kv_head = 1 with model.family = \"gpt2\"");
+  EXPECT_CONTAINS(msg, "remove it, or use model.family = \"llama\"");
+  // n_kv_head = n_head is GPT-2's own attention; llama takes both keys.
+  EXPECT_NO_THROW(build_run(tiny("gpt2-mha", {"model.n_kv_head=2"})));
+  keel::Run llama = build_run(
+      tiny("llama-gqa", {"model.family=llama", "model.n_kv_head=1", "model.rope_theta=500000"}));
+  EXPECT_EQ(llama.model->spec().rope_theta, 500000);
+}
+
 // model.path's config.json fixes the shape: a shape key set to another value was not read, and the
 // run trained the file's model without a word (--set model.n_layer=7 on a 2-layer file).
 TEST(RunFactory, AShapeKeyThatDisagreesWithModelPathIsRefusedNotIgnored) {
