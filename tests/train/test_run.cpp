@@ -250,6 +250,58 @@ TEST(RunFactory, AdapterKeysWithoutAnAdapterKindAreSaid) {
       "[model.adapter]");
 }
 
+// Keys the run's other choices leave unread trained as without them, without a word: [scaler]
+// under a precision without a scaler (or with it disabled), the arith task's keys under another
+// task, a base dtype without an adapter, allow_cpu_bf16 beside an explicit precision, and fault
+// injection keys without a module (or a factor without kind = "scale").
+TEST(RunFactory, KeysTheRunsOtherChoicesLeaveUnreadAreSaid) {
+  EXPECT_CONTAINS(
+      said_by_build(tiny("scaler-bf16", {"train.precision=bf16-mixed", "scaler.init_scale=1024",
+                                         "scaler.hysteresis=2"})),
+      "note: scaler.init_scale = 1024.0, scaler.hysteresis = 2 set, but this run's "
+      "precision, bf16-mixed, has no loss scaler (16-mixed alone has one), so "
+      "[scaler] does nothing");
+  EXPECT_CONTAINS(
+      said_by_build(tiny("scaler-off", {"train.precision=16-mixed", "scaler.enabled=false",
+                                        "scaler.growth_interval=10"})),
+      "note: scaler.growth_interval = 10 set, but scaler.enabled = false turns the "
+      "loss scaler off, so the rest of [scaler] does nothing");
+  const std::string dir = test::temp_dir("unread-keys");
+  { std::ofstream(dir + "/t.txt") << "one paragraph\n\nanother paragraph\n"; }
+  EXPECT_CONTAINS(
+      said_by_build(
+          tiny("arith-keys", {"data.task=text", "data.path=" + dir + "/t.txt", "data.digits=4"})),
+      "note: data.num_examples = 32, data.eval_examples = 4, data.digits = 4 set, but data.task = "
+      "\"text\": these keys "
+      "shape the built-in arith task only (this task's validation split is data.eval_path or "
+      "data.eval_fraction)");
+  EXPECT_CONTAINS(said_by_build(tiny("base-dtype", {"model.base_dtype=bf16"})),
+                  "note: model.base_dtype = \"bf16\" set, but model.adapter.kind = \"none\": it "
+                  "stores a base frozen under an adapter; every parameter of this run trains in "
+                  "f32");
+  EXPECT_CONTAINS(said_by_build(tiny("cpu-bf16", {"train.allow_cpu_bf16=true"})),
+                  "note: train.allow_cpu_bf16 = true set, but train.precision = \"32-true\": it "
+                  "lets precision = \"auto\" alone pick bf16-mixed");
+  EXPECT_CONTAINS(said_by_build(tiny("inject-none", {"debug.inject.step=2"})),
+                  "note: debug.inject.step = 2 set, but debug.inject.module = \"\": nothing is "
+                  "injected");
+  EXPECT_CONTAINS(
+      said_by_build(tiny("inject-nan", {"debug.inject.module=transformer.h.0",
+                                        "debug.inject.step=2", "debug.inject.factor=3"})),
+      "note: debug.inject.factor = 3.0 set, but debug.inject.kind = \"nan\": the factor "
+      "multiplies the output under kind = \"scale\" only");
+  // Where they act, nothing is said.
+  EXPECT_NOT_CONTAINS(
+      said_by_build(
+          tiny("acting", {"train.precision=16-mixed", "scaler.init_scale=1024", "data.digits=3",
+                          "debug.inject.module=transformer.h.0", "debug.inject.step=2",
+                          "debug.inject.kind=scale", "debug.inject.factor=3"})),
+      "set, but");
+  EXPECT_NOT_CONTAINS(
+      said_by_build(tiny("acting-auto", {"train.precision=auto", "train.allow_cpu_bf16=true"})),
+      "set, but");
+}
+
 TEST(RunFactory, KeepCheckpointsWithoutCheckpointEveryIsSaid) {
   EXPECT_CONTAINS(said_by_build(tiny("keep-none", {"log.keep_checkpoints=3"})),
                   "note: log.keep_checkpoints = 3 keeps the newest checkpoints/step-N "
