@@ -216,10 +216,8 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   std::vector<std::string> previous_run;
   if (rank == 0) {
     lock.emplace(cfg.run.out_dir);
-    previous_run = io::claim_out_dir(cfg.run.out_dir, cfg.run.resume, cfg.run.overwrite,
-                                     {{"model.path", cfg.model.path},
-                                      {"data.path", cfg.data.path},
-                                      {"data.eval_path", cfg.data.eval_path}});
+    previous_run =
+        io::claim_out_dir(cfg.run.out_dir, cfg.run.resume, cfg.run.overwrite, input_paths(cfg));
   }
   Trainer trainer(cfg, hooks, pg);
   io::remove_previous_run(previous_run);  // run.overwrite, once this run is built

@@ -923,6 +923,12 @@ void check_keys_take_effect(const Config& cfg) {
         Error::kUsage);
 }
 
+std::vector<std::pair<std::string, std::string>> input_paths(const Config& c) {
+  return {{"model.path", c.model.path},
+          {"data.path", c.data.path},
+          {"data.eval_path", c.data.eval_path}};
+}
+
 std::vector<std::string> keys_off_default(const Config& config,
                                           const std::vector<std::string>& keys) {
   Config c = config, d;  // fields are reached through non-const pointers; only read here

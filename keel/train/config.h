@@ -188,6 +188,10 @@ void check_config_number(const std::string& key, double value, const std::string
 // run's saved config.toml that holds them still loads in eval and replay.
 void check_keys_take_effect(const Config& c);
 
+// The paths a run reads, by key (model.path, data.path, data.eval_path; "" when unset): what
+// run.overwrite must not remove (io::claim_out_dir), for keel train and keel doctor alike.
+std::vector<std::pair<std::string, std::string>> input_paths(const Config& c);
+
 // Of `keys` ("optim.momentum", ...), those whose value differs from the default, each as
 // "key = value" (TOML): the keys a user set, for messages about keys that would not act.
 std::vector<std::string> keys_off_default(const Config& c, const std::vector<std::string>& keys);
