@@ -695,6 +695,15 @@ void apply_override(Config& c, const std::string& ov, Origins& origins) {
       throw usage(where + ": " + key + " = " + text + " is not a number TOML can hold (" +
                   std::string(e.description()) + ")");
   }
+  // `--set model.adapter.target_modules=["q_proj"]` typed without single quotes reaches keel as
+  // [q_proj] (the shell removes the double quotes): it was "must be an array of strings, got
+  // string "[q_proj]"", which did not say what to type.
+  if (!is_value && std::holds_alternative<std::vector<std::string>*>(k->field(c)) &&
+      !text.empty() && text.front() == '[')
+    throw usage(where + ": " + key + " = " + text +
+                " is not a TOML array of strings: quote each entry, in single quotes that keep "
+                "the shell from removing the double ones (--set '" +
+                key + "=[\"q_proj\", \"v_proj\"]')");
   toml::value<std::string> bare(text);
   const toml::node* v = is_value ? parsed.get("v") : &bare;
   // Bare strings: `train.precision=bf16-mixed`, and `run.out_dir=out/2024-01-01`, which TOML would

@@ -597,6 +597,13 @@ TEST(Config, OverridesParseTomlValuesAndBareStrings) {
   EXPECT_EQ(set_error("log.console=yes"),
             "--set log.console=yes: log.console must be a boolean (true or false), got string "
             "\"yes\"");
+  // The shell removes the double quotes of an unquoted --set target_modules=["q_proj"]: keel sees
+  // [q_proj], and the message says how to type it.
+  EXPECT_EQ(set_error("model.adapter.target_modules=[q_proj, v_proj]"),
+            "--set model.adapter.target_modules=[q_proj, v_proj]: model.adapter.target_modules = "
+            "[q_proj, v_proj] is not a TOML array of strings: quote each entry, in single quotes "
+            "that keep the shell from removing the double ones (--set "
+            "'model.adapter.target_modules=[\"q_proj\", \"v_proj\"]')");
 }
 
 // `keel train <(sed s/8/16/ cfg.toml)`: a pipe is read like a file (devices are refused).
