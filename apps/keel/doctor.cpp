@@ -27,6 +27,9 @@ Command add_doctor(CLI::App& app) {
   sub->add_flag("--no-sanity", a->no_sanity, "static checks only (no one-batch pass)");
   return {sub, [a] {
             const Config cfg = load_config(a->config, a->sets);
+            // What keel train refuses, doctor refuses alike (it said "nothing blocks training"
+            // to train.eval_every without a validation split).
+            check_keys_take_effect(cfg);
             monitor::DoctorOptions opt;
             opt.sanity = !a->no_sanity;
             const monitor::DoctorReport r = monitor::run_doctor(cfg, opt);

@@ -81,51 +81,6 @@ void check_run_memory(const Config& cfg) {
   if (!advice.empty()) throw Error(advice, Error::kUsage);
 }
 
-// Keys a run would accept and then never act on: refused before anything is built or written.
-// (keel train's own: a run's saved config.toml that holds them still loads in eval and replay.)
-void check_keys_take_effect(const Config& cfg) {
-  // Without run.out_dir every run writes to a new out/<UTC time>/: such a resume found no
-  // checkpoint there and trained from scratch (`keel train CONFIG --set run.resume=true` with a
-  // CONFIG that names no out_dir did just that).
-  if (cfg.run.resume && cfg.run.out_dir.empty())
-    throw Error(
-        "run.resume = true but run.out_dir is not set: a run without it writes to a new "
-        "out/<UTC time>/ directory, where there is nothing to resume; set run.out_dir to the "
-        "directory of the run to continue (e.g. --set run.out_dir=out/20260101-120000)",
-        Error::kUsage);
-  // train.eval_every with nothing to evaluate was accepted and no evaluation ever ran.
-  if (cfg.train.eval_every > 0) {
-    const bool arith = cfg.data.task == "arith";
-    if (arith ? cfg.data.eval_examples == 0
-              : cfg.data.eval_path.empty() && cfg.data.eval_fraction == 0)
-      throw Error("train.eval_every = " + std::to_string(cfg.train.eval_every) +
-                      " evaluates the run's validation split, but it has none (" +
-                      (arith ? std::string("data.eval_examples = 0")
-                             : "data.task = \"" + cfg.data.task +
-                                   "\" without data.eval_path or data.eval_fraction") +
-                      "); " +
-                      (arith ? "raise data.eval_examples"
-                             : "set data.eval_path to a validation file, or data.eval_fraction "
-                               "to hold out a share of data.path") +
-                      ", or remove train.eval_every",
-                  Error::kUsage);
-  }
-  // Two keys for one setting: the one documented to lose was ignored without a word.
-  const SchedConfig& sc = cfg.sched;
-  if (sc.warmup_steps > 0 && sc.warmup_ratio > 0)
-    throw Error("sched.warmup_steps = " + std::to_string(sc.warmup_steps) +
-                    " and sched.warmup_ratio = " + log::format_number(sc.warmup_ratio, 6) +
-                    " both set the warmup, and warmup_ratio is ignored when warmup_steps is set; "
-                    "remove one of them",
-                Error::kUsage);
-  if (sc.min_lr_ratio > 0 && sc.name == "constant")
-    throw Error("sched.min_lr_ratio = " + log::format_number(sc.min_lr_ratio, 6) +
-                    " floors the decay of a linear or cosine schedule, but sched.name = "
-                    "\"constant\" does not decay; remove sched.min_lr_ratio, or set sched.name "
-                    "to linear or cosine",
-                Error::kUsage);
-}
-
 // Data-parallel runs (`mpirun -np N keel train CONFIG`, dist.backend = auto|mpi|nccl): an error on
 // one rank must end every rank (the others would wait in a collective forever), so with more than
 // one rank an error is printed with its rank and the whole job aborted with its exit code.
@@ -262,10 +217,8 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   std::vector<std::string> previous_run;
   if (rank == 0) {
     lock.emplace(cfg.run.out_dir);
-    previous_run = io::claim_out_dir(cfg.run.out_dir, cfg.run.resume, cfg.run.overwrite,
-                                     {{"model.path", cfg.model.path},
-                                      {"data.path", cfg.data.path},
-                                      {"data.eval_path", cfg.data.eval_path}});
+    previous_run =
+        io::claim_out_dir(cfg.run.out_dir, cfg.run.resume, cfg.run.overwrite, input_paths(cfg));
   }
   Trainer trainer(cfg, hooks, pg);
   io::remove_previous_run(previous_run);  // run.overwrite, once this run is built

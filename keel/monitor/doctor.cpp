@@ -15,6 +15,7 @@
 #include "keel/backend/cuda_api.h"
 #include "keel/data/tokenizer_base.h"
 #include "keel/io/json_fields.h"
+#include "keel/io/out_dir.h"
 #include "keel/ops/elementwise.h"
 #include "keel/train/trainer.h"
 
@@ -366,6 +367,15 @@ SanityRun sanity_run(const Config& base, const std::string& label,
 DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
   DoctorReport r;
   r.checks = check_config(cfg);
+  // The out_dir as keel train will claim it (read only: nothing is locked, created or removed):
+  // an out_dir holding a previous run got "nothing blocks training", and train refused it.
+  if (!cfg.run.out_dir.empty()) {
+    try {
+      io::claim_out_dir(cfg.run.out_dir, cfg.run.resume, cfg.run.overwrite, input_paths(cfg));
+    } catch (const Error& e) {
+      r.checks.push_back(make("error", "out_dir", e.what()));
+    }
+  }
   const bool config_ok = std::none_of(r.checks.begin(), r.checks.end(), [](const DoctorCheck& c) {
     return c.severity == "error" && c.check == "precision";
   });

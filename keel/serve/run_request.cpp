@@ -58,6 +58,9 @@ Config run_config_of_request(const std::string& body, const PathPolicy& paths,
   Config cfg;
   try {
     cfg = load_config_json(j, kSource);
+    // What keel train refuses is answered here: train.eval_every without a validation split was
+    // created (201), and its run failed as it started.
+    check_keys_take_effect(cfg);
   } catch (const Error& e) {
     throw HttpError(400, e.what());
   }

@@ -18,6 +18,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 #include <variant>
 
 #include "keel/numerics/error.h"
@@ -582,6 +583,15 @@ void validate(Config& c, const Origins& origins) {
         throw usage("model.adapter.target_modules" + at("model.adapter.target_modules") +
                     " contains an empty module name");
   }
+  // (SGD's own check said "SGD: Nesterov momentum requires a momentum and zero dampening",
+  // naming no key)
+  const optim::SGDOptions& sgd = c.optim.sgd;
+  if (c.optim.name == "sgd" && sgd.nesterov && (sgd.momentum <= 0 || sgd.dampening != 0))
+    throw usage("optim.nesterov = true" + at("optim.nesterov") +
+                " needs optim.momentum > 0 and optim.dampening = 0 (as PyTorch's SGD); got "
+                "optim.momentum = " +
+                format_double(sgd.momentum, false) + at("optim.momentum") + ", optim.dampening = " +
+                format_double(sgd.dampening, false) + at("optim.dampening"));
   if (c.data.task != "arith" && c.data.path.empty())
     throw usage("data.task = \"" + c.data.task + "\"" + at("data.task") + " needs data.path (the " +
                 (c.data.task == "tokens" ? std::string("llm.c token") : c.data.task) +
@@ -607,6 +617,17 @@ void validate(Config& c, const Origins& origins) {
     throw usage(prefix("data.tokenizer") +
                 "data.tokenizer must not be empty (\"byte\", \"gpt2:DIR\" or \"hf:PATH\")");
   GradScalerOptions& s = c.scaler;
+  // The scale is an f32 (docs/config.md): 1e39 loaded, then the GradScaler refused it at the
+  // first 16-mixed run naming no file or line (and doctor's static checks passed it).
+  for (const auto& [key, v, zero_ok] : {std::tuple{"scaler.init_scale", s.init_scale, false},
+                                        std::tuple{"scaler.min_scale", s.min_scale, true},
+                                        std::tuple{"scaler.max_scale", s.max_scale, true}})
+    if (!(zero_ok && v == 0) &&
+        (v < std::numeric_limits<float>::min() || v > std::numeric_limits<float>::max()))
+      throw usage(std::string(key) + " = " + format_double(v, false) + at(key) +
+                  " is outside f32's range: a loss scale is an f32 value from 1.2e-38 (f32's "
+                  "smallest normal) to 3.4e38" +
+                  (zero_ok ? std::string(", or 0 for no bound") : std::string()));
   if (s.max_scale > 0 && s.min_scale > s.max_scale)
     throw usage("scaler.min_scale = " + format_double(s.min_scale, false) + at("scaler.min_scale") +
                 " is above scaler.max_scale = " + format_double(s.max_scale, false) +
@@ -674,6 +695,15 @@ void apply_override(Config& c, const std::string& ov, Origins& origins) {
       throw usage(where + ": " + key + " = " + text + " is not a number TOML can hold (" +
                   std::string(e.description()) + ")");
   }
+  // `--set model.adapter.target_modules=["q_proj"]` typed without single quotes reaches keel as
+  // [q_proj] (the shell removes the double quotes): it was "must be an array of strings, got
+  // string "[q_proj]"", which did not say what to type.
+  if (!is_value && std::holds_alternative<std::vector<std::string>*>(k->field(c)) &&
+      !text.empty() && text.front() == '[')
+    throw usage(where + ": " + key + " = " + text +
+                " is not a TOML array of strings: quote each entry, in single quotes that keep "
+                "the shell from removing the double ones (--set '" +
+                key + "=[\"q_proj\", \"v_proj\"]')");
   toml::value<std::string> bare(text);
   const toml::node* v = is_value ? parsed.get("v") : &bare;
   // Bare strings: `train.precision=bf16-mixed`, and `run.out_dir=out/2024-01-01`, which TOML would
@@ -820,6 +850,105 @@ void check_config_number(const std::string& key, double value, const std::string
   const KeySpec* k = find_key(key);
   KEEL_CHECK(k, "check_config_number: no key " + key);
   check_number(*k, value, shown, origin + ": ");
+}
+
+void check_keys_take_effect(const Config& cfg) {
+  // Without run.out_dir every run writes to a new out/<UTC time>/: such a resume found no
+  // checkpoint there and trained from scratch (`keel train CONFIG --set run.resume=true` with a
+  // CONFIG that names no out_dir did just that).
+  if (cfg.run.resume && cfg.run.out_dir.empty())
+    throw Error(
+        "run.resume = true but run.out_dir is not set: a run without it writes to a new "
+        "out/<UTC time>/ directory, where there is nothing to resume; set run.out_dir to the "
+        "directory of the run to continue (e.g. --set run.out_dir=out/20260101-120000)",
+        Error::kUsage);
+  // train.eval_every with nothing to evaluate was accepted and no evaluation ever ran.
+  if (cfg.train.eval_every > 0) {
+    const bool arith = cfg.data.task == "arith";
+    if (arith ? cfg.data.eval_examples == 0
+              : cfg.data.eval_path.empty() && cfg.data.eval_fraction == 0)
+      throw Error("train.eval_every = " + std::to_string(cfg.train.eval_every) +
+                      " evaluates the run's validation split, but it has none (" +
+                      (arith ? std::string("data.eval_examples = 0")
+                             : "data.task = \"" + cfg.data.task +
+                                   "\" without data.eval_path or data.eval_fraction") +
+                      "); " +
+                      (arith ? "raise data.eval_examples"
+                             : "set data.eval_path to a validation file, or data.eval_fraction "
+                               "to hold out a share of data.path") +
+                      ", or remove train.eval_every",
+                  Error::kUsage);
+  }
+  // Two keys for one setting: the one documented to lose was ignored without a word.
+  const SchedConfig& sc = cfg.sched;
+  if (sc.warmup_steps > 0 && sc.warmup_ratio > 0)
+    throw Error("sched.warmup_steps = " + std::to_string(sc.warmup_steps) +
+                    " and sched.warmup_ratio = " + format_double(sc.warmup_ratio, false) +
+                    " both set the warmup, and warmup_ratio is ignored when warmup_steps is set; "
+                    "remove one of them",
+                Error::kUsage);
+  if (sc.min_lr_ratio > 0 && sc.name == "constant")
+    throw Error("sched.min_lr_ratio = " + format_double(sc.min_lr_ratio, false) +
+                    " floors the decay of a linear or cosine schedule, but sched.name = "
+                    "\"constant\" does not decay; remove sched.min_lr_ratio, or set sched.name "
+                    "to linear or cosine",
+                Error::kUsage);
+  // The options of the optimizer not chosen: optim.momentum = 0.9 under AdamW (whose momentum is
+  // beta1) and optim.beta2 = 0.95 under SGD trained without them, without a word.
+  const bool adamw = cfg.optim.name == "adamw";
+  const std::vector<std::string> other = keys_off_default(
+      cfg, adamw ? std::vector<std::string>{"optim.momentum", "optim.dampening", "optim.nesterov"}
+                 : std::vector<std::string>{"optim.beta1", "optim.beta2", "optim.eps"});
+  if (!other.empty())
+    throw Error(join(other, " and ") + (other.size() > 1 ? " are options" : " is an option") +
+                    " of " + (adamw ? "SGD" : "AdamW") + ", but optim.name = \"" + cfg.optim.name +
+                    "\" does not read " + (other.size() > 1 ? "them" : "it") +
+                    (adamw ? " (AdamW's momentum is optim.beta1)" : "") + "; remove " +
+                    (other.size() > 1 ? "them" : "it") + ", or set optim.name = \"" +
+                    (adamw ? "sgd" : "adamw") + "\"",
+                Error::kUsage);
+  // SGD's dampening scales what enters the momentum buffer; without momentum there is none.
+  if (!adamw && cfg.optim.sgd.dampening > 0 && cfg.optim.sgd.momentum == 0)
+    throw Error("optim.dampening = " + format_double(cfg.optim.sgd.dampening, false) +
+                    " damps SGD's momentum, but optim.momentum = 0 keeps none; set "
+                    "optim.momentum, or remove optim.dampening",
+                Error::kUsage);
+  // Stochastic rounding acts on bf16 parameters only: under 32-true and the -mixed policies (f32
+  // masters), and for adapters (f32 under every policy), a run with it rounded as without it;
+  // under 16-true the optimizer refused it naming no key.
+  const std::string& prec = cfg.train.precision;
+  if (cfg.optim.stochastic_rounding && (prec != "bf16-true" || cfg.model.adapter.kind != "none"))
+    throw Error(
+        "optim.stochastic_rounding = true rounds the updates of bf16 parameters, but " +
+            (prec != "bf16-true"
+                 ? "train.precision = \"" + prec + "\" trains " +
+                       (prec == "16-true" ? std::string("f16 parameters, which it cannot round")
+                                          : std::string("f32 parameters (no rounding to do)")) +
+                       "; set train.precision = \"bf16-true\", or remove "
+                       "optim.stochastic_rounding"
+                 : "model.adapter.kind = \"" + cfg.model.adapter.kind +
+                       "\" trains f32 adapters (under every precision); remove "
+                       "optim.stochastic_rounding"),
+        Error::kUsage);
+}
+
+std::vector<std::pair<std::string, std::string>> input_paths(const Config& c) {
+  return {{"model.path", c.model.path},
+          {"data.path", c.data.path},
+          {"data.eval_path", c.data.eval_path}};
+}
+
+std::vector<std::string> keys_off_default(const Config& config,
+                                          const std::vector<std::string>& keys) {
+  Config c = config, d;  // fields are reached through non-const pointers; only read here
+  std::vector<std::string> out;
+  for (const std::string& key : keys) {
+    const KeySpec* k = find_key(key);
+    KEEL_CHECK(k, "keys_off_default: no key " + key);
+    const std::string v = field_toml(k->field(c));
+    if (v != field_toml(k->field(d))) out.push_back(key + " = " + v);
+  }
+  return out;
 }
 
 std::vector<ConfigKeyInfo> config_keys() {

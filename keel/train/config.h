@@ -181,6 +181,21 @@ std::vector<std::pair<std::string, std::string>> config_values(const Config& c);
 void check_config_number(const std::string& key, double value, const std::string& shown,
                          const std::string& origin);
 
+// Keys a `keel train` run would accept and then never act on (train.eval_every without a
+// validation split, sched.min_lr_ratio under a constant schedule, ...): an Error (kUsage) naming
+// them and the fix. keel train calls it before anything is built or written, and keel doctor
+// before its checks, so that doctor never passes a config train refuses. Not part of loading: a
+// run's saved config.toml that holds them still loads in eval and replay.
+void check_keys_take_effect(const Config& c);
+
+// The paths a run reads, by key (model.path, data.path, data.eval_path; "" when unset): what
+// run.overwrite must not remove (io::claim_out_dir), for keel train and keel doctor alike.
+std::vector<std::pair<std::string, std::string>> input_paths(const Config& c);
+
+// Of `keys` ("optim.momentum", ...), those whose value differs from the default, each as
+// "key = value" (TOML): the keys a user set, for messages about keys that would not act.
+std::vector<std::string> keys_off_default(const Config& c, const std::vector<std::string>& keys);
+
 // Every key the loader knows, in file order: "section.key", its type as docs/config.md spells it
 // (bool, int, float, string, string[], int[]) and its default as a TOML value. docs/config.md is
 // checked against this list by a test, so the docs cannot drift from the code.

@@ -117,6 +117,23 @@ models::ModelSpec model_spec(const Config& cfg, int64_t tokenizer_vocab, DType p
         "token embedding wte (HF's GPT2LMHeadModel ties them); remove the key, or use "
         "model.family = \"llama\" for an untied head",
         Error::kUsage);
+  // Llama's keys under GPT-2 (learned positions, one key/value head per query head) built the
+  // model without them, without a word; refused as tie_embeddings is above.
+  if (m.family == "gpt2") {
+    std::vector<std::string> llama_only = keys_off_default(cfg, {"model.rope_theta"});
+    if (m.n_kv_head > 0 && m.n_kv_head != m.n_head)
+      llama_only.push_back("model.n_kv_head = " + std::to_string(m.n_kv_head));
+    if (!llama_only.empty()) {
+      std::string keys;
+      for (const std::string& k : llama_only) keys += (keys.empty() ? "" : " and ") + k;
+      throw Error(keys +
+                      " with model.family = \"gpt2\": GPT-2 has learned position embeddings "
+                      "(no RoPE) and one key/value head per query head (no grouped-query "
+                      "attention); remove " +
+                      (llama_only.size() > 1 ? "them" : "it") + ", or use model.family = \"llama\"",
+                  Error::kUsage);
+    }
+  }
   models::ModelSpec s;
   s.family = m.family;
   s.n_layer = m.n_layer;
@@ -482,6 +499,59 @@ Run build_run(const Config& cfg, const RunOptions& o) {
                               " set, but model.adapter.kind = \"none\": this run trains every "
                               "parameter, with no adapter; set model.adapter.kind (lora, dora or "
                               "lokr) to train one");
+  }
+  // Keys that the run's other choices leave unread: each trained as without it, without a word.
+  // Said, as the adapter keys are: a precision, task or adapter switched for a comparison with the
+  // sections left as they were is fair.
+  const std::vector<std::string> scaler_keys = {"scaler.init_scale",
+                                                "scaler.growth_factor",
+                                                "scaler.backoff_factor",
+                                                "scaler.growth_interval",
+                                                "scaler.min_scale",
+                                                "scaler.max_scale",
+                                                "scaler.hysteresis",
+                                                "scaler.consecutive_hysteresis",
+                                                "scaler.max_consecutive_skips"};
+  const std::string& inject_module = cfg.debug.inject.module;
+  const struct {
+    bool unread;
+    std::vector<std::string> keys;
+    std::string why;
+  } unread[] = {
+      {r.policy.kind != Precision::k16Mixed, scaler_keys,
+       "this run's precision, " + r.policy.name() +
+           ", has no loss scaler (16-mixed alone has one), so [scaler] does nothing"},
+      {r.policy.kind == Precision::k16Mixed && !cfg.scaler.enabled, scaler_keys,
+       "scaler.enabled = false turns the loss scaler off, so the rest of [scaler] does nothing"},
+      {cfg.data.task != "arith",
+       {"data.num_examples", "data.eval_examples", "data.digits", "data.arith_reverse"},
+       "data.task = \"" + cfg.data.task +
+           "\": these keys shape the built-in arith task only (this task's validation split is "
+           "data.eval_path or data.eval_fraction)"},
+      {cfg.model.adapter.kind == "none",
+       {"model.base_dtype"},
+       "model.adapter.kind = \"none\": it stores a base frozen under an adapter; every "
+       "parameter of this run trains in " +
+           std::string(dtype_name(r.policy.param_dtype))},
+      {cfg.train.precision != "auto",
+       {"train.allow_cpu_bf16"},
+       "train.precision = \"" + cfg.train.precision +
+           "\": it lets precision = \"auto\" alone pick bf16-mixed"},
+      {inject_module.empty(),
+       {"debug.inject.step", "debug.inject.kind", "debug.inject.factor", "debug.inject.only_rank"},
+       "debug.inject.module = \"\": nothing is injected; name the module whose output to "
+       "corrupt"},
+      {!inject_module.empty() && cfg.debug.inject.kind != "scale",
+       {"debug.inject.factor"},
+       "debug.inject.kind = \"" + cfg.debug.inject.kind +
+           "\": the factor multiplies the output under kind = \"scale\" only"},
+  };
+  for (const auto& u : unread) {
+    if (!u.unread) continue;
+    const std::vector<std::string> set = keys_off_default(cfg, u.keys);
+    std::string keys;
+    for (const std::string& k : set) keys += (keys.empty() ? "" : ", ") + k;
+    if (!set.empty()) say_or_print(o.say, "note: " + keys + " set, but " + u.why);
   }
   // log.keep_checkpoints prunes the step-N directories of log.checkpoint_every: with none written,
   // a run that set it to bound its disk use did nothing about it without a word. Said, as the

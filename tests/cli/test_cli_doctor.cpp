@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -82,6 +83,45 @@ TEST(CliDoctor, JsonSaysWhatBlocks) {
 
 TEST(CliDoctor, BadConfigIsAUsageError) {
   EXPECT_EQ(doctor("--set train.precisoin=16-mixed").code, 2);
+}
+
+// An out_dir holding a previous run got "nothing blocks training", and keel train refused it.
+// Doctor judges the out_dir as train will claim it, and changes nothing in it.
+TEST(CliDoctor, AnOutDirTrainWouldRefuseBlocks) {
+  const std::string dir = test::temp_dir("cli-doctor-outdir");
+  { std::ofstream(dir + "/metrics.jsonl") << "{\"step\": 1, \"loss\": 1.0}\n"; }
+  test::KeelRun r = doctor(kSmall + " --no-sanity --set run.out_dir=" + dir);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.out, "[error  ] out_dir: run.out_dir " + dir + " holds a previous run (" + dir +
+                             "/metrics.jsonl); set run.resume = true to continue it");
+  r = doctor(kSmall + " --no-sanity --set run.out_dir=" + dir +
+             " --set run.resume=true --set run.overwrite=true");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.out, "run.resume = true and run.overwrite = true contradict each other");
+  r = doctor(kSmall + " --no-sanity --set run.out_dir=" + dir + " --set run.overwrite=true");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.out, "out_dir:");
+  EXPECT_TRUE(std::filesystem::exists(dir + "/metrics.jsonl")) << "doctor removed the old run";
+}
+
+// Keys keel train refuses because they would never act: doctor said "nothing blocks training"
+// (exit 0) to each, and train then exited 2. Doctor refuses them alike, with train's message.
+TEST(CliDoctor, WhatTrainRefusesDoctorRefuses) {
+  struct Case {
+    const char* sets;
+    const char* message;
+  };
+  for (const Case& c :
+       {Case{"--set train.eval_every=1", "train.eval_every = 1 evaluates the run's validation"},
+        Case{"--set sched.warmup_steps=2 --set sched.warmup_ratio=0.1",
+             "both set the warmup, and warmup_ratio is ignored"},
+        Case{"--set sched.name=constant --set sched.min_lr_ratio=0.1",
+             "but sched.name = \"constant\" does not decay"},
+        Case{"--set run.resume=true", "run.resume = true but run.out_dir is not set"}}) {
+    test::KeelRun r = doctor(kSmall + " --no-sanity " + c.sets);
+    EXPECT_EQ(r.code, 2) << c.sets << "\n" << r.output;
+    EXPECT_CONTAINS(r.err, c.message);
+  }
 }
 
 }  // namespace

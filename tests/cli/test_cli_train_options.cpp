@@ -67,5 +67,60 @@ TEST(CliTrainOptions, ScheduleKeysThatWouldNotActAreRefused) {
   EXPECT_EQ(r.code, 0) << r.output;
 }
 
+// The options of the optimizer not chosen trained without them, without a word: momentum = 0.9
+// under AdamW (whose momentum is beta1), beta2 under SGD, and dampening with no momentum.
+TEST(CliTrainOptions, OptionsOfTheOptimizerNotChosenAreRefused) {
+  const std::string dir = test::temp_dir("train-optim-keys");
+  auto r =
+      test::run_keel(tiny_train(dir + "/adamw", {"optim.momentum=0.9", "optim.nesterov=true"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "optim.momentum = 0.9 and optim.nesterov = true are options of SGD, but "
+                  "optim.name = \"adamw\" does not read them (AdamW's momentum is optim.beta1); "
+                  "remove them, or set optim.name = \"sgd\"");
+  r = test::run_keel(tiny_train(dir + "/sgd", {"optim.name=sgd", "optim.beta2=0.95"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "optim.beta2 = 0.95 is an option of AdamW, but optim.name = \"sgd\" does not "
+                  "read it; remove it, or set optim.name = \"adamw\"");
+  r = test::run_keel(tiny_train(dir + "/damp", {"optim.name=sgd", "optim.dampening=0.5"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "optim.dampening = 0.5 damps SGD's momentum, but optim.momentum = 0 keeps none");
+  for (const char* d : {"/adamw", "/sgd", "/damp"})
+    EXPECT_FALSE(std::filesystem::exists(dir + d)) << d;
+  // Each under its own optimizer trains.
+  r = test::run_keel(tiny_train(dir + "/ok", {"optim.name=sgd", "optim.momentum=0.9",
+                                              "optim.dampening=0.1", "optim.beta1=0.9"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// optim.stochastic_rounding acts on bf16 parameters only (bf16-true): under 32-true it trained as
+// without it, without a word; under 16-true AdamW refused it naming no key; with an adapter
+// (always f32) it did nothing.
+TEST(CliTrainOptions, StochasticRoundingWithoutBf16ParametersIsRefused) {
+  const std::string dir = test::temp_dir("train-stochastic-rounding");
+  auto r = test::run_keel(tiny_train(dir + "/f32", {"optim.stochastic_rounding=true"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "optim.stochastic_rounding = true rounds the updates of bf16 parameters, but "
+                  "train.precision = \"32-true\" trains f32 parameters (no rounding to do); set "
+                  "train.precision = \"bf16-true\", or remove optim.stochastic_rounding");
+  r = test::run_keel(
+      tiny_train(dir + "/f16", {"optim.stochastic_rounding=true", "train.precision=16-true"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "train.precision = \"16-true\" trains f16 parameters");
+  r = test::run_keel(tiny_train(
+      dir + "/lora", {"optim.stochastic_rounding=true", "train.precision=bf16-true",
+                      "model.adapter.kind=lora", "model.adapter.target_modules=[\"c_attn\"]"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "model.adapter.kind = \"lora\" trains f32 adapters");
+  for (const char* d : {"/f32", "/f16", "/lora"})
+    EXPECT_FALSE(std::filesystem::exists(dir + d)) << d;
+  r = test::run_keel(
+      tiny_train(dir + "/ok", {"optim.stochastic_rounding=true", "train.precision=bf16-true"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+}
+
 }  // namespace
 }  // namespace keel

@@ -144,6 +144,15 @@ TEST(ServeBadRequests, MutatedAndHostileBodiesGet4xxAndTheServerCarriesOn) {
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 400);
   EXPECT_CONTAINS(r->body, "log.metrics = false");
+  // So is what keel train refuses as keys that would never act: a run with train.eval_every and
+  // no validation split was created (201) and failed as it started.
+  json no_split = tiny_config(5);
+  no_split["data"]["eval_examples"] = 0;
+  no_split["train"]["eval_every"] = 2;
+  r = api.post("/v1/runs", no_split.dump());
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  EXPECT_CONTAINS(r->body, "train.eval_every = 2 evaluates the run's validation split");
   const json runs = api.get_json("/v1/runs")["data"];
   if (!runs.empty()) {
     // The whole header is the id: "5abc" was read as 5, 2^63 - 1 wrapped to the stream's start.

@@ -188,7 +188,7 @@ TEST(Config, RoundTripsAwkwardValuesExactly) {
   c.run.seed = 9223372036854775807ull;
   c.optim.lr = 0.1 + 0.2;  // not representable in few digits
   c.optim.adamw.eps = 1e-300;
-  c.scaler.init_scale = 1e300;
+  c.scaler.init_scale = 1e38 / 3;  // (a scale is an f32: at most 3.4e38)
   c.model.init_std = 1.0 / 3.0;
   c.model.adapter.target_modules = {};
   c.debug.underflow_overflow.trace_batch_nums = {0, 7, 123456789012};
@@ -525,6 +525,25 @@ TEST(Config, RulesAcrossKeysNameBothKeysAndWhereTheyCameFrom) {
   EXPECT_EQ(capped.scaler.init_scale, 4096.0);
   EXPECT_EQ(load_config_text(config_to_toml(capped), "saved").scaler.init_scale, 4096.0);
   EXPECT_EQ(load_config("", {"scaler.min_scale=1e6"}).scaler.init_scale, 1e6);
+  // A scale is an f32 (docs/config.md): 1e39 and 1e-40 loaded, and the GradScaler refused them at
+  // the first 16-mixed run, naming no file or line.
+  msg = set_error("scaler.init_scale=1e39");
+  EXPECT_CONTAINS(msg,
+                  "scaler.init_scale = 1e+39 (--set scaler.init_scale=1e39) is outside f32's "
+                  "range: a loss scale is an f32 value from 1.2e-38 (f32's smallest normal) to "
+                  "3.4e38");
+  EXPECT_CONTAINS(set_error("scaler.init_scale=1e-40"), "scaler.init_scale = 1e-40 (");
+  EXPECT_CONTAINS(load_error("[scaler]\nmax_scale = 1e39\n"), "scaler.max_scale = 1e+39 (");
+  EXPECT_CONTAINS(set_error("scaler.min_scale=1e-39"), ", or 0 for no bound");
+  EXPECT_NO_THROW(load_config("", {"scaler.init_scale=3e38", "scaler.min_scale=1.2e-38"}));
+  // SGD's own check named no key ("SGD: Nesterov momentum requires a momentum and zero
+  // dampening").
+  msg = usage_error([] { load_config("", {"optim.name=sgd", "optim.nesterov=true"}); });
+  EXPECT_CONTAINS(msg,
+                  "optim.nesterov = true (--set optim.nesterov=true) needs optim.momentum > 0 "
+                  "and optim.dampening = 0 (as PyTorch's SGD); got optim.momentum = 0 (default), "
+                  "optim.dampening = 0 (default)");
+  EXPECT_NO_THROW(load_config("", {"optim.name=sgd", "optim.nesterov=true", "optim.momentum=0.9"}));
 }
 
 TEST(Config, OverridesParseTomlValuesAndBareStrings) {
@@ -578,6 +597,13 @@ TEST(Config, OverridesParseTomlValuesAndBareStrings) {
   EXPECT_EQ(set_error("log.console=yes"),
             "--set log.console=yes: log.console must be a boolean (true or false), got string "
             "\"yes\"");
+  // The shell removes the double quotes of an unquoted --set target_modules=["q_proj"]: keel sees
+  // [q_proj], and the message says how to type it.
+  EXPECT_EQ(set_error("model.adapter.target_modules=[q_proj, v_proj]"),
+            "--set model.adapter.target_modules=[q_proj, v_proj]: model.adapter.target_modules = "
+            "[q_proj, v_proj] is not a TOML array of strings: quote each entry, in single quotes "
+            "that keep the shell from removing the double ones (--set "
+            "'model.adapter.target_modules=[\"q_proj\", \"v_proj\"]')");
 }
 
 // `keel train <(sed s/8/16/ cfg.toml)`: a pipe is read like a file (devices are refused).

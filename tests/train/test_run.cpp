@@ -123,6 +123,27 @@ TEST(RunFactory, Gpt2WithAnUntiedHeadIsRefusedNotIgnored) {
   EXPECT_FALSE(llama.model->spec().tie_embeddings);
 }
 
+// Llama's keys under GPT-2 built GPT-2 without them, without a word: rope_theta (GPT-2 has learned
+// positions) and a grouped-query n_kv_head (GPT-2 has one key/value head per query head).
+TEST(RunFactory, Gpt2WithLlamasKeysIsRefusedNotIgnored) {
+  std::string msg = test::error_of([] {
+    build_run(tiny("gpt2-rope", {"model.rope_theta=500000", "model.n_kv_head=1"}));
+  });
+  EXPECT_CONTAINS(msg,
+                  "model.rope_theta = 5e+05 and model.n_kv_head = 1 with model.family = "
+                  "\"gpt2\": GPT-2 has learned position embeddings (no RoPE) and one key/value "
+                  "head per query head (no grouped-query attention); remove them, or use "
+                  "model.family = \"llama\"");
+  msg = test::error_of([] { build_run(tiny("gpt2-gqa", {"model.n_kv_head=1"})); });
+  EXPECT_CONTAINS(msg, "model.n_kv_head = 1 with model.family = \"gpt2\"");
+  EXPECT_CONTAINS(msg, "remove it, or use model.family = \"llama\"");
+  // n_kv_head = n_head is GPT-2's own attention; llama takes both keys.
+  EXPECT_NO_THROW(build_run(tiny("gpt2-mha", {"model.n_kv_head=2"})));
+  keel::Run llama = build_run(
+      tiny("llama-gqa", {"model.family=llama", "model.n_kv_head=1", "model.rope_theta=500000"}));
+  EXPECT_EQ(llama.model->spec().rope_theta, 500000);
+}
+
 // model.path's config.json fixes the shape: a shape key set to another value was not read, and the
 // run trained the file's model without a word (--set model.n_layer=7 on a 2-layer file).
 TEST(RunFactory, AShapeKeyThatDisagreesWithModelPathIsRefusedNotIgnored) {
@@ -246,6 +267,58 @@ TEST(RunFactory, AnEvalPathThatIsTheTrainingFileIsSaid) {
                                     " is the training file data.path = " + txt +
                                     ": the eval loss is measured on the data the run trains on");
   EXPECT_NOT_CONTAINS(said(other), "data.eval_path");
+}
+
+// Keys the run's other choices leave unread trained as without them, without a word: [scaler]
+// under a precision without a scaler (or with it disabled), the arith task's keys under another
+// task, a base dtype without an adapter, allow_cpu_bf16 beside an explicit precision, and fault
+// injection keys without a module (or a factor without kind = "scale").
+TEST(RunFactory, KeysTheRunsOtherChoicesLeaveUnreadAreSaid) {
+  EXPECT_CONTAINS(
+      said_by_build(tiny("scaler-bf16", {"train.precision=bf16-mixed", "scaler.init_scale=1024",
+                                         "scaler.hysteresis=2"})),
+      "note: scaler.init_scale = 1024.0, scaler.hysteresis = 2 set, but this run's "
+      "precision, bf16-mixed, has no loss scaler (16-mixed alone has one), so "
+      "[scaler] does nothing");
+  EXPECT_CONTAINS(
+      said_by_build(tiny("scaler-off", {"train.precision=16-mixed", "scaler.enabled=false",
+                                        "scaler.growth_interval=10"})),
+      "note: scaler.growth_interval = 10 set, but scaler.enabled = false turns the "
+      "loss scaler off, so the rest of [scaler] does nothing");
+  const std::string dir = test::temp_dir("unread-keys");
+  { std::ofstream(dir + "/t.txt") << "one paragraph\n\nanother paragraph\n"; }
+  EXPECT_CONTAINS(
+      said_by_build(
+          tiny("arith-keys", {"data.task=text", "data.path=" + dir + "/t.txt", "data.digits=4"})),
+      "note: data.num_examples = 32, data.eval_examples = 4, data.digits = 4 set, but data.task = "
+      "\"text\": these keys "
+      "shape the built-in arith task only (this task's validation split is data.eval_path or "
+      "data.eval_fraction)");
+  EXPECT_CONTAINS(said_by_build(tiny("base-dtype", {"model.base_dtype=bf16"})),
+                  "note: model.base_dtype = \"bf16\" set, but model.adapter.kind = \"none\": it "
+                  "stores a base frozen under an adapter; every parameter of this run trains in "
+                  "f32");
+  EXPECT_CONTAINS(said_by_build(tiny("cpu-bf16", {"train.allow_cpu_bf16=true"})),
+                  "note: train.allow_cpu_bf16 = true set, but train.precision = \"32-true\": it "
+                  "lets precision = \"auto\" alone pick bf16-mixed");
+  EXPECT_CONTAINS(said_by_build(tiny("inject-none", {"debug.inject.step=2"})),
+                  "note: debug.inject.step = 2 set, but debug.inject.module = \"\": nothing is "
+                  "injected");
+  EXPECT_CONTAINS(
+      said_by_build(tiny("inject-nan", {"debug.inject.module=transformer.h.0",
+                                        "debug.inject.step=2", "debug.inject.factor=3"})),
+      "note: debug.inject.factor = 3.0 set, but debug.inject.kind = \"nan\": the factor "
+      "multiplies the output under kind = \"scale\" only");
+  // Where they act, nothing is said.
+  EXPECT_NOT_CONTAINS(
+      said_by_build(
+          tiny("acting", {"train.precision=16-mixed", "scaler.init_scale=1024", "data.digits=3",
+                          "debug.inject.module=transformer.h.0", "debug.inject.step=2",
+                          "debug.inject.kind=scale", "debug.inject.factor=3"})),
+      "set, but");
+  EXPECT_NOT_CONTAINS(
+      said_by_build(tiny("acting-auto", {"train.precision=auto", "train.allow_cpu_bf16=true"})),
+      "set, but");
 }
 
 TEST(RunFactory, KeepCheckpointsWithoutCheckpointEveryIsSaid) {
