@@ -103,9 +103,9 @@ Command add_generate(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--top-p", a->opt.sampling.top_p, "nucleus: the most likely tokens of mass p")
       ->capture_default_str();
-  sub->add_option("--seed", a->opt.seed, "sampling seed")
-      ->check(seed_check(UINT64_MAX))
-      ->capture_default_str();
+  CLI::Option* seed = sub->add_option("--seed", a->opt.seed, "sampling seed")
+                          ->check(seed_check(UINT64_MAX))
+                          ->capture_default_str();
   // One string an occurrence: with CLI11's default a vector option also took the arguments after
   // it, so `--stop x "17+05="` made the prompt a second stop string and read stdin instead.
   sub->add_option("--stop", a->stops, "stop before this string (repeatable)")
@@ -116,7 +116,16 @@ Command add_generate(CLI::App& app) {
   sub->add_flag("--bos", a->bos, "start the prompt with the tokenizer's bos token");
   sub->add_flag("--no-cache", a->no_cache, "re-run the whole sequence every step (reference)");
   sub->add_flag("--json", a->json, "print one JSON object at the end instead of streaming");
-  return {sub, [a, prompt] { return run_generate(*a, prompt->count() > 0); }};
+  return {sub, [a, prompt, seed] {
+            // Greedy decoding draws nothing: a --seed was accepted and ignored, as --top-k was.
+            if (seed->count() > 0 && a->opt.sampling.temperature == 0)
+              throw Error("--seed " + std::to_string(a->opt.seed) +
+                              " seeds the sampling, but --temperature 0 decodes greedily (the "
+                              "most likely token each step) and draws nothing: give a "
+                              "--temperature above 0 (e.g. 0.7) to sample, or leave --seed out",
+                          Error::kUsage);
+            return run_generate(*a, prompt->count() > 0);
+          }};
 }
 
 }  // namespace keel::cli

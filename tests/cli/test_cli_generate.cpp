@@ -209,6 +209,9 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
   for (const char* seed : {"-1", "18446744073709551616", "99999999999999999999999"})
     EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--seed", seed}),
                     std::string("--seed: ") + seed + ": use a whole number from 0 to");
+  // A seed under greedy decoding was accepted and ignored.
+  EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--seed", "7"}),
+                  "--seed 7 seeds the sampling, but --temperature 0 decodes greedily");
   EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--adapter", "/no/adapter"}),
                   "--adapter /no/adapter");
   EXPECT_CONTAINS(err({lora_run(), "x", "--adapter", lora_run() + "/adapter"}),
