@@ -12,6 +12,7 @@
 #include "keel/dist/config_check.h"
 #include "keel/dist/process_group.h"
 #include "keel/io/atomic_file.h"
+#include "keel/io/checkpoint.h"
 #include "keel/io/out_dir.h"
 #include "keel/log/console.h"
 #include "keel/log/loggers.h"
@@ -302,8 +303,7 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   // those of the run that was not interrupted.
   if (advisor && !trainer.resumed_advisor_state().is_null())
     advisor->restore(trainer.resumed_advisor_state(), trainer.resumed_trainer_json(),
-                     "the checkpoint is damaged: resume from another one (checkpoints/step-N) or "
-                     "start without run.resume");
+                     io::kDamagedCheckpointResumeFix);
   else if (advisor && trainer.steps_done() > 0)
     std::fprintf(stderr,
                  "note: %s holds no advisor state (written by an older keel): the trend advisor "

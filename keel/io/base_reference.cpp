@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "keel/io/atomic_file.h"
+#include "keel/io/checkpoint.h"
 #include "keel/io/hf_weights.h"
 #include "keel/numerics/error.h"
 #include "keel/numerics/file_fingerprint.h"
@@ -117,7 +118,7 @@ json checkpoint_base_reference(const std::string& checkpoint_dir) {
     for (const char* key : {"path", "resolved", "dtype"})
       if (ref.contains(key) && !ref[key].is_string())
         throw Error(file + ": keel_checkpoint.base." + key + " must be a string, got " +
-                        ref[key].dump() + " (the checkpoint is damaged; use another one)",
+                        ref[key].dump() + " (" + kDamagedCheckpointUseFix + ")",
                     Error::kUsage);
   return ref;
 }
@@ -130,9 +131,8 @@ void check_base_reference(const json& ref, const std::string& checkpoint_dir,
                            ref.value("path", std::string("?")) + " (" +
                            ref.value("resolved", std::string("?")) + "), but ";
   if (!ref.contains("files") || !ref["files"].is_array())
-    throw Error(checkpoint_dir +
-                    "/config.json: keel_checkpoint.base has no \"files\" array (the "
-                    "checkpoint is damaged; use another one)",
+    throw Error(checkpoint_dir + "/config.json: keel_checkpoint.base has no \"files\" array (" +
+                    kDamagedCheckpointUseFix + ")",
                 Error::kUsage);
   if (!directory_exists(base_dir))
     throw Error(head + base_dir + " is not a directory; " + fix, Error::kUsage);

@@ -270,8 +270,8 @@ Checkpoint load_checkpoint(const std::string& dir) {
   try {
     c.trainer_state = json::parse(read_file(trainer_path));
   } catch (const json::exception& e) {
-    throw Error(trainer_path + ": invalid JSON (" + json_error_detail(e.what()) +
-                "); the checkpoint is damaged, resume from another one");
+    throw Error(trainer_path + ": invalid JSON (" + json_error_detail(e.what()) + "); " +
+                kDamagedCheckpointResumeFix);
   }
   return c;
 }

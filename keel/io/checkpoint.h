@@ -22,6 +22,14 @@ namespace keel::io {
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// The fix for a checkpoint whose files are damaged, said once: when resuming from it, and when
+// using it (generate, eval, export, model.path).
+inline constexpr const char* kDamagedCheckpointResumeFix =
+    "the checkpoint is damaged: resume from another one (checkpoints/step-N) or start without "
+    "run.resume";
+inline constexpr const char* kDamagedCheckpointUseFix =
+    "the checkpoint is damaged; use another one";
+
 struct Checkpoint {
   // In file order: the order they were saved in, except that views of one storage (the optimizer's
   // flat state) come in that storage's order (io/safetensors.h, write_safetensors).

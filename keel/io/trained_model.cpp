@@ -9,6 +9,7 @@
 
 #include "keel/io/atomic_file.h"
 #include "keel/io/base_reference.h"
+#include "keel/io/checkpoint.h"
 #include "keel/io/hf_model.h"
 #include "keel/io/safetensors.h"
 #include "keel/models/resize.h"
@@ -62,7 +63,7 @@ T keel_field(const json& keel, const char* key, T def, const std::string& dir) {
   if (!ok)
     throw Error(dir + "/config.json: keel_checkpoint." + key + " must be " +
                     (std::is_same_v<T, bool> ? "true or false" : "a string") + ", got " +
-                    it->dump() + " (the checkpoint is damaged; use another one)",
+                    it->dump() + " (" + kDamagedCheckpointUseFix + ")",
                 Error::kUsage);
   return it->get<T>();
 }
@@ -136,9 +137,8 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
       // The run held its base in `dtype` (model.base_dtype): the same rounding of the files.
       const std::optional<DType> held = dtype_from_name(ref.value("dtype", std::string("f32")));
       if (!held)
-        throw Error(dir +
-                    "/config.json: keel_checkpoint.base.dtype is not a dtype name (the "
-                    "checkpoint is damaged; use another one)");
+        throw Error(dir + "/config.json: keel_checkpoint.base.dtype is not a dtype name (" +
+                    kDamagedCheckpointUseFix + ")");
       for (auto& [name, p] : t.model->named_parameters()) {
         if (*held != p.dtype()) {
           Tensor dst = p;

@@ -264,9 +264,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   }
   for (auto& [name, t] : ck.optimizer)  // moments that overflowed poison every later update
     io::check_weights_finite(finite, t, name, opt_file);
-  const std::string fix =
-      "the checkpoint is damaged: resume from another one (checkpoints/step-N) or start without "
-      "run.resume";
+  const std::string fix = io::kDamagedCheckpointResumeFix;
   // The optimizer and the scaler check their state; the file it came from is named here.
   try {
     run_.optimizer->load_state(ck.optimizer);
