@@ -93,10 +93,7 @@ struct MemoryEstimate {
   std::string precision;  // canonical policy name
   int64_t params = 0;
   int64_t weights = 0;  // parameters as stored (f32 masters under -mixed; a bf16 frozen base)
-  // .grad buffers, in the parameters' dtype; under -mixed with grad_accum > 1 twice: the later
-  // micro-batches' weight gradients are made beside .grad and added in at the end of backward.
-  int64_t grads = 0;
-  std::string grads_detail;
+  int64_t grads = 0;    // .grad buffers, in the parameters' dtype (one set, whatever grad_accum)
   int64_t optimizer_state = 0;  // AdamW exp_avg + exp_avg_sq, SGD momentum
   int64_t lowp_copies = 0;      // autocast's per-step casts of the weights (-mixed only)
   int64_t matmul_scratch = 0;   // f32 operand copies where oneDNN has no kernel here, else 0

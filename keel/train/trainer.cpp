@@ -470,10 +470,14 @@ double forward_backward(Run& run, const std::vector<data::Batch>& window, uint64
   for (auto& b : window) tokens += b.n_targets;
   if (window_tokens >= 0) tokens = window_tokens;  // data-parallel: the global window's
   double loss_sum = 0;
-  amp::AutocastGuard autocast(run.policy.autocast, run.policy.compute_dtype);
   for (size_t i = 0; i < window.size() && tokens > 0; ++i) {
     const data::Batch b = window[i].to(run.device);
     if (b.n_targets == 0) continue;
+    // One autocast scope a micro-batch: its weight casts are graph nodes of this forward (the
+    // next micro-batch reuses their values under nodes of its own). Shared over the window, a
+    // later micro-batch's casts were nodes of the first forward, which its backward runs last:
+    // every weight's gradient waited at them until the end, a second set of gradients.
+    amp::AutocastGuard autocast(run.policy.autocast, run.policy.compute_dtype);
     nn::Dropout::set_step_seed(
         mix_seed(step_seed, static_cast<uint64_t>(mb_first + static_cast<int64_t>(i) * mb_stride)));
     // The loss's graph holds the only handle to the logits: their buffer takes the gradient.
