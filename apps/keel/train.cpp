@@ -428,9 +428,35 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
         pg->grad_reduce_seconds(), fit_s > 0 ? 100 * pg->grad_reduce_seconds() / fit_s : 0.0,
         fit_s);
   }
-  if (rank == 0)
-    std::printf("done: %lld steps, checkpoint in %s/checkpoints/last\n",
-                static_cast<long long>(trainer.steps_done()), trainer.out_dir().c_str());
+  if (rank == 0) {
+    // A step is not an update: a 16-mixed run started at scaler.init_scale = 1e30 skipped all of
+    // its 20 steps and ended with "done: 20 steps", its one finding 16 lines up.
+    const int64_t steps = trainer.steps_done(), applied = trainer.updates_applied();
+    std::string tally;
+    if (applied < steps) {
+      std::vector<std::string> why;
+      if (trainer.scaler_skipped_steps() > 0)
+        why.push_back(std::to_string(trainer.scaler_skipped_steps()) +
+                      " skipped by the loss scaler");
+      if (trainer.nonfinite_steps() > 0)
+        why.push_back(std::to_string(trainer.nonfinite_steps()) +
+                      " non-finite, passed over (train.on_nonfinite = \"skip\")");
+      tally = " (" + std::to_string(applied) + (applied == 1 ? " update" : " updates") + " applied";
+      for (size_t i = 0; i < why.size(); ++i) tally += (i ? ", " : ": ") + why[i];
+      tally += ")";
+    }
+    std::printf("done: %lld steps%s, checkpoint in %s/checkpoints/last\n",
+                static_cast<long long>(steps), tally.c_str(), trainer.out_dir().c_str());
+    // Every step skipped: the run's outcome is the model it started from, which the scaler's
+    // finding (if any) said many lines up.
+    if (steps > 0 && applied == 0 && trainer.scaler_skipped_steps() == steps)
+      std::printf(
+          "  advice: no update was applied, every step's gradients overflowed f16 at its "
+          "loss scale (now %.8g): %s\n",
+          trainer.scaler()->get_scale(),
+          scaler_unsettled_action(false, cfg.scaler.init_scale, trainer.scaler()->get_scale())
+              .c_str());
+  }
   // A verdict that still holds at the end is the run's outcome: a run at optim.lr 1 diverged at
   // step 3 ended at a loss of 24 (4x ln V) with only "done: 40 steps", its finding 40 lines up.
   if (advisor && (advisor->trend() == monitor::Trend::kExploding ||

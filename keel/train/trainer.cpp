@@ -45,10 +45,12 @@ std::string log_number(double v) {
   return buf;
 }
 
+}  // namespace
+
 // What to do about a scaler that cannot settle. The learning rate is a suspect only once an update
 // was applied: before that the weights are as initialized or loaded.
 // `scale`: the one the last step overflowed at.
-std::string unsettled_action(bool ever_updated, double init_scale, double scale) {
+std::string scaler_unsettled_action(bool ever_updated, double init_scale, double scale) {
   // Backing off from a start far above PyTorch's 65536 and still above it: the start is the cause
   // ("lower scaler.init_scale if the scale started far above 65536" was said to a run the stop
   // knew began at 1e30, beside "switch train.precision to bf16-mixed").
@@ -63,8 +65,6 @@ std::string unsettled_action(bool ever_updated, double init_scale, double scale)
   if (ever_updated) a += "; the updates may have grown the weights: lower optim.lr";
   return a;
 }
-
-}  // namespace
 
 Trainer::Trainer(const Config& cfg, TrainerHooks hooks, std::shared_ptr<Collective> collective)
     : Trainer(build_run(cfg, RunOptions{collective ? collective->world_size() : 1, false,
@@ -397,9 +397,10 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
         std::string what = loss_finite ? std::string("non-finite gradients")
                                        : "non-finite loss (" + std::string(loss_text) + ")";
         if (!unsettled.empty())
-          what = unsettled + "; " +
-                 unsettled_action(sched_step_ > 0, run_.cfg.scaler.init_scale, r.loss_scale) +
-                 "; last step's " + what;
+          what =
+              unsettled + "; " +
+              scaler_unsettled_action(sched_step_ > 0, run_.cfg.scaler.init_scale, r.loss_scale) +
+              "; last step's " + what;
         if (loss_finite && ev.nonfinite_params.empty())
           what = "non-finite gradient norm (" + std::to_string(r.grad_norm) +
                  ": its f32 sum of squares overflowed; every gradient element is finite but some "

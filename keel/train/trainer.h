@@ -98,6 +98,9 @@ uint64_t step_seed(const Config& cfg, int64_t step);
 // The summed cross-entropy of a batch's target tokens (f32 scalar, with its graph when grad mode
 // is on), under the autocast in force: what training and evaluation both weigh.
 Tensor batch_loss_sum(models::CausalLM& model, const data::Batch& batch);
+// What to do about a loss scaler whose steps keep overflowing f16: `scale` the one the last step
+// overflowed at, `ever_updated` whether any update was applied (only then is optim.lr a suspect).
+std::string scaler_unsettled_action(bool ever_updated, double init_scale, double scale);
 
 class Trainer {
  public:
@@ -148,6 +151,11 @@ class Trainer {
   const data::DataLoader& loader() const { return *run_.loader; }
   const data::Tokenizer& tokenizer() const { return *run_.data.tokenizer; }
   int64_t steps_done() const { return step_; }
+  // Of those, the updates applied, the loss scaler's skips and the non-finite steps passed over
+  // (train.on_nonfinite = "skip"), from the run's start (a resumed run's included).
+  int64_t updates_applied() const { return sched_step_; }
+  int64_t scaler_skipped_steps() const { return skipped_steps_; }
+  int64_t nonfinite_steps() const { return nan_steps_; }
   // What the checkpoint this run resumed from saved of TrainerHooks::advisor_state (null: a fresh
   // run, or a checkpoint without it), and its trainer.json (for the errors of a damaged state).
   const nlohmann::json& resumed_advisor_state() const { return resumed_advisor_state_; }

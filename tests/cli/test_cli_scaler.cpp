@@ -51,7 +51,27 @@ TEST(CliScaler, OneStepPerEpochUnder16MixedTrainsThroughTheFirstSkip) {
     applied += j.at("grad_norm").is_number();
   }
   EXPECT_GE(applied, 3) << "the settled scale must let the later epochs update: " << r.output;
-  EXPECT_CONTAINS(r.out, "done: 5 steps");
+  // The last line tells steps from updates.
+  EXPECT_CONTAINS(r.out, "done: 5 steps (4 updates applied: 1 skipped by the loss scaler), ");
+  EXPECT_NOT_CONTAINS(r.out, "no update was applied");
+}
+
+// Fewer steps than scaler.max_consecutive_skips, every one skipped: the run ended with "done: 20
+// steps" and exit 0, its one finding many lines up, while the checkpoint held the model it started
+// from. The last lines say so, and what to change.
+TEST(CliScaler, ARunWhoseEveryStepWasSkippedSaysSoAtTheEnd) {
+  const std::string dir = test::temp_dir("cli-scaler-all-skipped");
+  const test::KeelRun r = train_one_thread(
+      "", {"run.out_dir=" + dir, "train.precision=16-mixed", "scaler.init_scale=1e30",
+           "train.max_steps=12", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
+           "data.num_examples=64", "data.eval_examples=8", "train.batch_size=8"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.out, "done: 12 steps (0 updates applied: 12 skipped by the loss scaler), ");
+  EXPECT_CONTAINS(r.out,
+                  "advice: no update was applied, every step's gradients overflowed f16 at its "
+                  "loss scale (now ");
+  EXPECT_CONTAINS(r.out, "lower scaler.init_scale (now 1e+30; PyTorch's default 65536)");
+  EXPECT_NOT_CONTAINS(r.out, "optim.lr");
 }
 
 // The converse: the scale starts at 2^100, so far above what f16 gradients hold that 32 halvings
@@ -161,6 +181,12 @@ TEST(CliScaler, ANonFiniteLossSkippedUnder16MixedTrainsOn) {
   EXPECT_EQ(recs[2].at("nan_steps").get<int64_t>(), 1) << recs[2].dump();
   EXPECT_EQ(recs[2].at("loss_scale"), recs[3].at("loss_scale")) << "no back-off for a NaN loss";
   EXPECT_TRUE(recs[5].at("grad_norm").is_number()) << recs[5].dump();
+  // Both kinds of step without an update are told apart in the last line.
+  const int64_t skips = recs[5].at("skipped_steps").get<int64_t>();
+  EXPECT_CONTAINS(r.out, "done: 6 steps (" + std::to_string(5 - skips) + " updates applied: " +
+                             (skips > 0 ? std::to_string(skips) + " skipped by the loss scaler, "
+                                        : std::string()) +
+                             "1 non-finite, passed over (train.on_nonfinite = \"skip\")), ");
 }
 
 }  // namespace
