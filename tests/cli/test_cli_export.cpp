@@ -126,6 +126,42 @@ INSTANTIATE_TEST_SUITE_P(Adapters, CliExport,
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
                          });
 
+// An adapter run whose model.path is an adapter run's checkpoint trains on that checkpoint with
+// its adapters merged; its PEFT export names the checkpoint as base_model_name_or_path. Loading
+// that pair was refused ("already carries the lora adapters it was trained with"): the export
+// could not be used at all. It now gives the second run's logits bit for bit, as for an HF base.
+TEST(CliExport, AnAdapterTrainedOnAnAdapterCheckpointExportsAndLoadsOnIt) {
+  const std::string dir = trained_run("gpt2", "lora"), first = dir + "/out/checkpoints/last";
+  std::ofstream(dir + "/c2.toml") << "[run]\nout_dir = \"" << dir
+                                  << "/out2\"\nthreads = 1\n[model]\npath = \"" << first
+                                  << "\"\n[model.adapter]\nkind = \"dora\"\nr = 2\n"
+                                     "target_modules = [\"c_attn\", \"c_proj\"]\n[data]\n"
+                                     "num_examples = 32\neval_examples = 0\nseq_len = 24\n[train]\n"
+                                     "batch_size = 8\nmax_steps = 2\n[optim]\nlr = 5e-2\n[log]\n"
+                                     "tensorboard = false\n";
+  const test::KeelRun r = test::run_keel({"train", dir + "/c2.toml"}, {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  io::TrainedModel second = io::load_trained_model(dir + "/out2");
+  ASSERT_TRUE(second.adapter);
+  const std::vector<float> want = logits_of(*second.model);
+
+  keel_export({dir + "/out2", "--out", dir + "/peft2", "--adapter-only"});
+  EXPECT_EQ(json::parse(test::slurp(dir + "/peft2/adapter_config.json"))["base_model_name_or_path"],
+            first);
+  io::TrainedModel pair = io::load_trained_model(first, dir + "/peft2");
+  ASSERT_TRUE(pair.adapter);
+  EXPECT_EQ(pair.adapter->kind, "dora");
+  EXPECT_EQ(logits_of(*pair.model), want);
+  keel_export({first, "--adapter", dir + "/peft2", "--out", dir + "/pair"});
+  keel_export({dir + "/out2", "--out", dir + "/merged"});
+  EXPECT_EQ(logits_of(*io::load_hf_model(dir + "/pair")),
+            logits_of(*io::load_hf_model(dir + "/merged")));
+  // An adapter trained on another base is still refused on a checkpoint that has its own.
+  const std::string m =
+      test::error_of([&] { io::load_trained_model(dir + "/out2", dir + "/out/adapter"); });
+  EXPECT_CONTAINS(m, "already carries the dora adapters");
+}
+
 TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   std::string ids;
   for (int64_t id : kIds) ids += (ids.empty() ? "" : ",") + std::to_string(id);
