@@ -181,6 +181,16 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
     if (keel_field<bool>(keel, "adapter", false, dir)) {
       t.adapter = read_peft_config(dir);
       nn::apply_adapters(*t.model, *t.adapter, dir + "/adapter_config.json");
+      // model.base_dtype = bf16 under f32 parameters: config.json's torch_dtype is the base's.
+      if (hf.dtype != DType::F32) {
+        std::string precision;
+        try {
+          precision = json::parse(read_file(dir + "/trainer.json")).value("precision", "");
+        } catch (const std::exception&) {  // the resume's load names a damaged trainer.json
+        }
+        if (precision == "32-true" || precision == "bf16-mixed" || precision == "16-mixed")
+          t.base_dtype = hf.dtype;
+      }
     }
     const std::string file = dir + "/model.safetensors";
     if (!path_exists(file))
