@@ -162,6 +162,47 @@ TEST(CliExport, AnAdapterTrainedOnAnAdapterCheckpointExportsAndLoadsOnIt) {
   EXPECT_CONTAINS(m, "already carries the dora adapters");
 }
 
+// A tokenizer without a pad token (data.pad = "add") grows the adapter run's vocabulary by a pad
+// row the base lacks. The PEFT directory held only the adapters: on its base the model computed
+// logits one row short, and keel eval of the pair gave another loss than the run (5.5736 vs
+// 5.5770). It now carries the embedding as PEFT's save_embedding_layers does, and the pair is the
+// run's model bit for bit.
+TEST(CliExport, AnAdapterOfARunThatGrewTheVocabularyGivesItsLogitsOnItsBase) {
+  const std::string dir = test::temp_dir("export-pad-add");
+  fs::create_directories(dir + "/tok");
+  fs::copy_file(
+      std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny/llama_style/tokenizer.json",
+      dir + "/tok/tokenizer.json");
+  std::ofstream(dir + "/tok/tokenizer_config.json") << R"({"eos_token": "<|eot|>"})";
+  std::ofstream(dir + "/text.txt") << "the quick brown fox\n\njumps over the lazy dog\n";
+  for (const bool untied : {false, true}) {
+    SCOPED_TRACE(untied ? "untied" : "tied");
+    const std::string d = dir + (untied ? "/untied" : "/tied");
+    std::vector<std::string> init = {
+        "init-model", "--family", "llama",    "--out", d + "/base",    "--n-layer", "1",
+        "--n-embd",   "16",       "--n-head", "2",     "--vocab-size", "290"};
+    if (untied) init.push_back("--untied");
+    ASSERT_EQ(test::run_keel(init).code, 0);
+    const test::KeelRun r = test::run_keel(
+        test::with_sets({"train"},
+                        {"run.out_dir=" + d + "/out", "run.threads=1", "model.path=" + d + "/base",
+                         "data.tokenizer=hf:" + dir + "/tok", "model.adapter.kind=lora",
+                         "data.task=text", "data.path=" + dir + "/text.txt", "data.seq_len=8",
+                         "train.max_steps=2", "optim.lr=5e-2", "log.tensorboard=false"}),
+        {"OMP_NUM_THREADS=1"});
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_CONTAINS(r.output, "embeddings resized from 290 to 291 rows");
+    io::TrainedModel run = io::load_trained_model(d + "/out");
+    const std::vector<float> want = logits_of(*run.model);
+    keel_export({d + "/out", "--out", d + "/peft", "--adapter-only"});
+    for (const std::string& peft : {d + "/peft", d + "/out/adapter"}) {
+      io::TrainedModel pair = io::load_trained_model(d + "/base", peft);
+      EXPECT_EQ(pair.model->spec().vocab_size, 291) << peft;
+      EXPECT_EQ(logits_of(*pair.model), want) << peft;
+    }
+  }
+}
+
 TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   std::string ids;
   for (int64_t id : kIds) ids += (ids.empty() ? "" : ",") + std::to_string(id);
