@@ -1,6 +1,7 @@
 #include "apps/keel/model_args.h"
 
 #include "keel/backend/cuda_api.h"
+#include "keel/nn/adapters/adapter.h"
 #include "keel/nn/module.h"
 
 namespace keel::cli {
@@ -54,6 +55,10 @@ ModelForUse load_model_for_use(const ModelArgs& a) {
   m.trained = io::load_trained_model(a.model, a.adapter, m.policy.param_dtype,
                                      ops::attention_backend_from_name(a.attention),
                                      weight_check_of_flag(a.allow_nonfinite_weights), a.base);
+  // A base the run held in bf16 under f32 parameters computes its products in bf16 (PEFT's way):
+  // held so here, eval and generate run the model that trained (its eval_loss, bit for bit).
+  if (m.trained.base_dtype && m.policy.param_dtype == DType::F32)
+    nn::cast_frozen_parameters(*m.trained.model, *m.trained.base_dtype);
   m.tokenizer_spec = a.tokenizer.empty() ? m.trained.tokenizer : a.tokenizer;
   if (m.tokenizer_spec.empty())
     throw Error(a.model +

@@ -7,8 +7,10 @@
 
 #include "keel/io/atomic_file.h"
 #include "keel/io/checkpoint.h"
+#include "keel/io/hf_config.h"
 #include "keel/io/hf_json.h"
 #include "keel/io/safetensors.h"
+#include "keel/models/resize.h"
 #include "keel/numerics/input_file.h"
 
 namespace keel::io {
@@ -54,11 +56,32 @@ json peft_config_json(const models::CausalLM& model, const nn::AdapterOptions& o
   return c;
 }
 
+namespace {
+
+// The token embedding and an untied lm_head, under their HF names: the rows of the vocabulary.
+std::vector<std::pair<std::string, Tensor>> vocab_parameters(models::CausalLM& model) {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (auto& [name, p] : model.named_parameters())
+    if (name == "transformer.wte.weight" || name == "model.embed_tokens.weight" ||
+        name == "lm_head.weight")
+      out.emplace_back(name, p);
+  return out;
+}
+
+}  // namespace
+
 void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
                        const std::string& dir, const std::string& base_model_name_or_path) {
   auto tensors = nn::peft_state_dict(model);
   if (tensors.empty())
     throw Error("save_peft_adapter: the model has no adapter (set model.adapter.kind)");
+  // A vocabulary grown past the base's (data.pad = "add"'s pad row) travels as PEFT's
+  // save_embedding_layers does: the whole embedding (and an untied lm_head) in the adapter file,
+  // for a base resized to it. Without it the adapter on its base computed logits one row short.
+  if (!base_model_name_or_path.empty() && path_exists(base_model_name_or_path + "/config.json") &&
+      read_hf_config(base_model_name_or_path).spec.vocab_size < model.spec().vocab_size)
+    for (auto& [name, p] : vocab_parameters(model))
+      tensors.emplace_back("base_model.model." + name, p);
   const std::string text = peft_config_json(model, opt, base_model_name_or_path).dump(2) + "\n";
   write_dir_atomic(dir, [&](const std::string& tmp) {
     write_file_atomic(tmp + "/adapter_config.json", text);
@@ -156,9 +179,29 @@ nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string&
                                      const WeightCheck& check) {
   const std::string st_path = dir + "/adapter_model.safetensors";
   const nn::AdapterOptions opt = read_peft_config(dir);
-  nn::apply_adapters(model, opt, dir + "/adapter_config.json");
   Safetensors st = read_safetensors(st_path);
   std::set<std::string> used;
+  // Embeddings saved beside the adapter (a vocabulary grown past the base's): the base takes
+  // their rows first (PEFT's user resizes the base before loading), then their values.
+  for (auto& [name, p] : vocab_parameters(model)) {
+    const Tensor* t = st.find("base_model.model." + name);
+    if (!t) continue;
+    if (t->dim() != 2 || t->size(1) != p.size(1) || t->size(0) < 1)
+      throw Error(st_path + ": tensor 'base_model.model." + name + "' has shape " +
+                  shape_str(t->shape()) + ", the base's " + name + " is " + shape_str(p.shape()) +
+                  " (another base model's embeddings)");
+    if (t->size(0) != model.spec().vocab_size) models::resize_token_embeddings(model, t->size(0));
+  }
+  for (auto& [name, p] : vocab_parameters(model)) {
+    const Tensor* t = st.find("base_model.model." + name);
+    if (!t) continue;
+    check_weights_finite(check, *t, name, st_path);
+    Tensor dst = p;
+    dst.copy_from(*t);
+    dst.bump_version();
+    used.insert("base_model.model." + name);
+  }
+  nn::apply_adapters(model, opt, dir + "/adapter_config.json");
   for (auto& [name, p] : nn::peft_state_dict(model)) {
     // adapter_config.json says which tensors the file holds; one it lacks is a mismatch between
     // the two files or with the base (Safetensors::at asked "written for another model?").

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <type_traits>
+#include <vector>
 
 #include "keel/io/atomic_file.h"
 #include "keel/io/base_reference.h"
@@ -66,6 +67,26 @@ T keel_field(const json& keel, const char* key, T def, const std::string& dir) {
                     it->dump() + " (" + kDamagedCheckpointUseFix + ")",
                 Error::kUsage);
   return it->get<T>();
+}
+
+// Whether the PEFT directory's adapter_config.json names one of `dirs` as its base
+// (base_model_name_or_path, as the run's model.path was given). Unreadable: false (the adapter's
+// own load names the problem).
+bool peft_base_is(const std::string& adapter_dir, const std::vector<std::string>& dirs) {
+  json cfg;
+  try {
+    cfg = json::parse(read_file(adapter_dir + "/adapter_config.json"));
+  } catch (const std::exception&) {
+    return false;
+  }
+  const auto it = cfg.is_object() ? cfg.find("base_model_name_or_path") : cfg.end();
+  if (it == cfg.end() || !it->is_string()) return false;
+  std::error_code ec;
+  const fs::path base = fs::weakly_canonical(it->get<std::string>(), ec);
+  if (ec) return false;
+  for (const std::string& d : dirs)
+    if (fs::weakly_canonical(d, ec) == base && !ec) return true;
+  return false;
 }
 
 }  // namespace
@@ -160,6 +181,16 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
     if (keel_field<bool>(keel, "adapter", false, dir)) {
       t.adapter = read_peft_config(dir);
       nn::apply_adapters(*t.model, *t.adapter, dir + "/adapter_config.json");
+      // model.base_dtype = bf16 under f32 parameters: config.json's torch_dtype is the base's.
+      if (hf.dtype != DType::F32) {
+        std::string precision;
+        try {
+          precision = json::parse(read_file(dir + "/trainer.json")).value("precision", "");
+        } catch (const std::exception&) {  // the resume's load names a damaged trainer.json
+        }
+        if (precision == "32-true" || precision == "bf16-mixed" || precision == "16-mixed")
+          t.base_dtype = hf.dtype;
+      }
     }
     const std::string file = dir + "/model.safetensors";
     if (!path_exists(file))
@@ -200,6 +231,18 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
                     "trainer.json) nor a run's out_dir (no checkpoints/last); " +
                     std::string(kinds),
                 Error::kUsage);
+  }
+  if (!adapter_dir.empty() && t.adapter && peft_base_is(adapter_dir, {path, dir})) {
+    // An adapter trained with model.path = this checkpoint: its run loaded the checkpoint with
+    // its adapters merged (hf_weights.h) into a model of its own, then attached the new ones.
+    // The same here, so that the PEFT export of such a run gives its logits bit for bit.
+    t.model.reset();
+    HfConfig hf = read_hf_config(dir);
+    hf.spec.param_dtype = param_dtype;
+    hf.spec.attention = attention;
+    t.model = models::make_causal_lm(hf.spec, 0);
+    load_hf_weights(*t.model, dir, check);
+    t.adapter.reset();
   }
   if (!adapter_dir.empty()) {
     if (t.adapter)

@@ -44,6 +44,11 @@ struct TrainedModel {
   std::string tokenizer;
   std::optional<nn::AdapterOptions> adapter;  // the adapters the model carries (unmerged)
   std::string base_model;                     // the run's model.path ("" when trained from sizes)
+  // The dtype the run held its frozen base in when it was not its parameters' (model.base_dtype
+  // = bf16 under f32 parameters); the model is loaded with an f32 base holding those values.
+  // Code that computes with the model casts the base to it (nn::cast_frozen_parameters) to run
+  // the run's products; a merge (export, model.path) keeps the f32 base.
+  std::optional<DType> base_dtype;
 };
 
 // Loads `path` (an HF directory, a checkpoint directory or a run's out_dir), then the PEFT

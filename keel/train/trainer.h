@@ -218,7 +218,7 @@ class Trainer {
   // Non-finite steps of the epoch the scaler did not handle (scaler skips are calibration).
   int64_t epoch_unhandled_ = 0;
   // The current run of scaler skips with no update between them: the scale each ran with, and
-  // the scale after the last one (counted from the start or the resume point).
+  // the scale after the last one (kept in trainer.json: a resume continues the count).
   std::vector<double> skip_scales_;
   double skip_scale_after_ = 0;
   std::string unsettled_;  // why the scaler could not settle (the last such step), or ""

@@ -176,6 +176,12 @@ void Trainer::write_checkpoint(const std::string& dir) {
   st["epoch_loss_sum"] = epoch_loss_sum_;
   st["epoch_tokens"] = epoch_tokens_;
   st["epoch_updates"] = epoch_updates_;
+  st["epoch_steps"] = epoch_steps_;
+  st["epoch_unhandled"] = epoch_unhandled_;
+  // The scaler skips in a row before this step: scaler.max_consecutive_skips counts across the
+  // checkpoint (a resume after 2 of 4 allowed skips stopped 2 steps later than the straight run).
+  st["skip_scales"] = skip_scales_;
+  st["skip_scale_after"] = skip_scale_after_;
   st["seed"] = run_.cfg.run.seed;
   st["precision"] = run_.policy.name();
   st["world_size"] = coll_->world_size();            // next_batch counts global micro-batches
@@ -290,6 +296,22 @@ void Trainer::load_checkpoint(const std::string& dir) {
   epoch_loss_sum_ = io::json_number(st, "epoch_loss_sum", tj, fix);
   epoch_tokens_ = io::json_int(st, "epoch_tokens", tj, 0, kCount, fix);
   epoch_updates_ = io::json_int(st, "epoch_updates", tj, 0, step_, fix);
+  // Absent from checkpoints written before they were saved: counted from the resume then.
+  epoch_steps_ =
+      st.contains("epoch_steps") ? io::json_int(st, "epoch_steps", tj, 0, step_, fix) : 0;
+  epoch_unhandled_ =
+      st.contains("epoch_unhandled") ? io::json_int(st, "epoch_unhandled", tj, 0, step_, fix) : 0;
+  skip_scales_.clear();
+  skip_scale_after_ = 0;
+  if (st.contains("skip_scales")) {
+    const auto scales = io::json_field<std::vector<double>>(st, "skip_scales", tj, fix);
+    if (static_cast<int64_t>(scales.size()) > skipped_steps_ + nan_steps_)
+      throw Error(tj + ": \"skip_scales\" holds " + std::to_string(scales.size()) +
+                  " scales, more than its skipped_steps + nan_steps = " +
+                  std::to_string(skipped_steps_ + nan_steps_) + "; " + fix);
+    skip_scales_ = scales;
+    skip_scale_after_ = io::json_number(st, "skip_scale_after", tj, fix);
+  }
   // Read by the caller's advisor (TrainerHooks::advisor_state), which checks it.
   resumed_advisor_state_ = st.contains("advisor") ? st["advisor"] : json();
   resumed_trainer_json_ = tj;

@@ -128,6 +128,25 @@ TEST(CliEval, CheckpointEqualsBasePlusAdapterAndFractionSplitEvaluates) {
   }
 }
 
+// model.base_dtype = bf16: the run holds its frozen base in bf16 and computes the base products
+// from it; `keel eval` of its checkpoint loaded that base into f32 and computed them in f32, so
+// its loss was not the run's own eval_loss (5.4812229 vs 5.4812346 on a 4-step Llama LoRA run).
+TEST(CliEval, ARunWithABf16BaseIsEvaluatedAsItTrained) {
+  const Files& f = files();
+  for (const std::string precision : {"32-true", "bf16-mixed"}) {
+    SCOPED_TRACE(precision);
+    const std::string out = f.dir + "/bf16-base-" + precision;
+    const test::KeelRun r =
+        train(out, {"train.max_steps=2", "model.adapter.kind=lora", "model.base_dtype=bf16",
+                    "optim.lr=0.05", "train.precision=" + precision, "data.eval_path=" + f.val});
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto evals = eval_records(out);
+    ASSERT_EQ(evals.size(), 1u);
+    const json e = eval_json({out, "--data", f.val, "--precision", precision});
+    EXPECT_EQ(e["loss"].get<double>(), evals[0]["eval_loss"].get<double>());
+  }
+}
+
 // A NaN loss was printed with exit 0, and as null in --json (JSON has no NaN): now "nan", exit 1
 // and what to try. Weights initialized with std 20 overflow f16's activations.
 TEST(CliEval, ANonFiniteLossIsShownAndIsAnError) {

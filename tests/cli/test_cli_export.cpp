@@ -126,6 +126,83 @@ INSTANTIATE_TEST_SUITE_P(Adapters, CliExport,
                            return std::get<0>(info.param) + "_" + std::get<1>(info.param);
                          });
 
+// An adapter run whose model.path is an adapter run's checkpoint trains on that checkpoint with
+// its adapters merged; its PEFT export names the checkpoint as base_model_name_or_path. Loading
+// that pair was refused ("already carries the lora adapters it was trained with"): the export
+// could not be used at all. It now gives the second run's logits bit for bit, as for an HF base.
+TEST(CliExport, AnAdapterTrainedOnAnAdapterCheckpointExportsAndLoadsOnIt) {
+  const std::string dir = trained_run("gpt2", "lora"), first = dir + "/out/checkpoints/last";
+  std::ofstream(dir + "/c2.toml") << "[run]\nout_dir = \"" << dir
+                                  << "/out2\"\nthreads = 1\n[model]\npath = \"" << first
+                                  << "\"\n[model.adapter]\nkind = \"dora\"\nr = 2\n"
+                                     "target_modules = [\"c_attn\", \"c_proj\"]\n[data]\n"
+                                     "num_examples = 32\neval_examples = 0\nseq_len = 24\n[train]\n"
+                                     "batch_size = 8\nmax_steps = 2\n[optim]\nlr = 5e-2\n[log]\n"
+                                     "tensorboard = false\n";
+  const test::KeelRun r = test::run_keel({"train", dir + "/c2.toml"}, {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  io::TrainedModel second = io::load_trained_model(dir + "/out2");
+  ASSERT_TRUE(second.adapter);
+  const std::vector<float> want = logits_of(*second.model);
+
+  keel_export({dir + "/out2", "--out", dir + "/peft2", "--adapter-only"});
+  EXPECT_EQ(json::parse(test::slurp(dir + "/peft2/adapter_config.json"))["base_model_name_or_path"],
+            first);
+  io::TrainedModel pair = io::load_trained_model(first, dir + "/peft2");
+  ASSERT_TRUE(pair.adapter);
+  EXPECT_EQ(pair.adapter->kind, "dora");
+  EXPECT_EQ(logits_of(*pair.model), want);
+  keel_export({first, "--adapter", dir + "/peft2", "--out", dir + "/pair"});
+  keel_export({dir + "/out2", "--out", dir + "/merged"});
+  EXPECT_EQ(logits_of(*io::load_hf_model(dir + "/pair")),
+            logits_of(*io::load_hf_model(dir + "/merged")));
+  // An adapter trained on another base is still refused on a checkpoint that has its own.
+  const std::string m =
+      test::error_of([&] { io::load_trained_model(dir + "/out2", dir + "/out/adapter"); });
+  EXPECT_CONTAINS(m, "already carries the dora adapters");
+}
+
+// A tokenizer without a pad token (data.pad = "add") grows the adapter run's vocabulary by a pad
+// row the base lacks. The PEFT directory held only the adapters: on its base the model computed
+// logits one row short, and keel eval of the pair gave another loss than the run (5.5736 vs
+// 5.5770). It now carries the embedding as PEFT's save_embedding_layers does, and the pair is the
+// run's model bit for bit.
+TEST(CliExport, AnAdapterOfARunThatGrewTheVocabularyGivesItsLogitsOnItsBase) {
+  const std::string dir = test::temp_dir("export-pad-add");
+  fs::create_directories(dir + "/tok");
+  fs::copy_file(
+      std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny/llama_style/tokenizer.json",
+      dir + "/tok/tokenizer.json");
+  std::ofstream(dir + "/tok/tokenizer_config.json") << R"({"eos_token": "<|eot|>"})";
+  std::ofstream(dir + "/text.txt") << "the quick brown fox\n\njumps over the lazy dog\n";
+  for (const bool untied : {false, true}) {
+    SCOPED_TRACE(untied ? "untied" : "tied");
+    const std::string d = dir + (untied ? "/untied" : "/tied");
+    std::vector<std::string> init = {
+        "init-model", "--family", "llama",    "--out", d + "/base",    "--n-layer", "1",
+        "--n-embd",   "16",       "--n-head", "2",     "--vocab-size", "290"};
+    if (untied) init.push_back("--untied");
+    ASSERT_EQ(test::run_keel(init).code, 0);
+    const test::KeelRun r = test::run_keel(
+        test::with_sets({"train"},
+                        {"run.out_dir=" + d + "/out", "run.threads=1", "model.path=" + d + "/base",
+                         "data.tokenizer=hf:" + dir + "/tok", "model.adapter.kind=lora",
+                         "data.task=text", "data.path=" + dir + "/text.txt", "data.seq_len=8",
+                         "train.max_steps=2", "optim.lr=5e-2", "log.tensorboard=false"}),
+        {"OMP_NUM_THREADS=1"});
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_CONTAINS(r.output, "embeddings resized from 290 to 291 rows");
+    io::TrainedModel run = io::load_trained_model(d + "/out");
+    const std::vector<float> want = logits_of(*run.model);
+    keel_export({d + "/out", "--out", d + "/peft", "--adapter-only"});
+    for (const std::string& peft : {d + "/peft", d + "/out/adapter"}) {
+      io::TrainedModel pair = io::load_trained_model(d + "/base", peft);
+      EXPECT_EQ(pair.model->spec().vocab_size, 291) << peft;
+      EXPECT_EQ(logits_of(*pair.model), want) << peft;
+    }
+  }
+}
+
 TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   std::string ids;
   for (int64_t id : kIds) ids += (ids.empty() ? "" : ",") + std::to_string(id);

@@ -106,6 +106,76 @@ TEST(CliScaler, AScalerThatCannotSettleStopsWithItsOwnMessageAndTheTrace) {
   EXPECT_EQ(recs.back().at("nan_steps").get<int64_t>(), 1) << recs.back().dump();
 }
 
+// A resume right after scaler skips continues their count: the scale starts at 1e30, so every step
+// overflows and the 4th in a row (max_consecutive_skips = 4) stops the run. Interrupted after
+// step 2's checkpoint (2 skips), the resumed run counted from 0 again: it trained on to step 6
+// with a trace that began at the resume, where the uninterrupted run stopped at step 4.
+TEST(CliScaler, AResumeAfterSkipsStopsWhereTheUninterruptedRunStops) {
+  const std::string dir = test::temp_dir("cli-scaler-resume-skips");
+  const std::vector<std::string> sets = {
+      "train.precision=16-mixed", "scaler.init_scale=1e30", "scaler.max_consecutive_skips=4",
+      "train.max_steps=8",        "log.checkpoint_every=2", "model.n_layer=1",
+      "model.n_embd=32",          "model.n_head=2",         "data.num_examples=64",
+      "data.eval_examples=8",     "train.batch_size=8"};
+  auto with = [&](const std::string& out, std::vector<std::string> more) {
+    more.push_back("run.out_dir=" + out);
+    more.insert(more.begin(), sets.begin(), sets.end());
+    return more;
+  };
+  const test::KeelRun straight = train_one_thread("", with(dir + "/straight", {}));
+  ASSERT_EQ(straight.code, 3) << straight.output;
+  EXPECT_CONTAINS(straight.err, "step 4: the loss scaler could not settle: 4 steps in a row");
+  // Step 2 saves checkpoints/last, then step-2: the 2nd completed save ends the process.
+  std::vector<std::string> args = test::with_sets({"train"}, with(dir + "/resumed", {}));
+  args = test::with_sets(args, {"run.threads=1", "log.tensorboard=false"});
+  ASSERT_EQ(test::run_keel(args, {"OMP_NUM_THREADS=1", "KEEL_TEST_CRASH_AT=done:2"}).code, 86);
+  const test::KeelRun resumed = train_one_thread("", with(dir + "/resumed", {"run.resume=true"}));
+  ASSERT_EQ(resumed.code, 3) << resumed.output;
+  EXPECT_CONTAINS(resumed.output, "at step 2");
+  EXPECT_CONTAINS(resumed.err, "step 4: the loss scaler could not settle: 4 steps in a row");
+  EXPECT_CONTAINS(resumed.err,
+                  "scale 1e+30 -> 5.0000001e+29 -> 2.5e+29 -> 1.25e+29 -> 6.2500001e+28");
+  const auto a = step_records(dir + "/straight"), b = step_records(dir + "/resumed");
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].at("loss_scale"), b[i].at("loss_scale")) << i;
+    EXPECT_EQ(a[i].at("skipped_steps"), b[i].at("skipped_steps")) << i;
+    EXPECT_EQ(a[i].at("nan_steps"), b[i].at("nan_steps")) << i;
+    EXPECT_EQ(a[i].at("loss"), b[i].at("loss")) << i;
+  }
+}
+
+// The epoch's count of non-finite steps crosses a resume too: with max_consecutive_skips = 1 every
+// overflow is the run's (on_nonfinite = skip counts them), and the epoch of 4 such steps stops the
+// run. Resumed after step 2, the stop said "2 of 2 steps" and traced the scale from the resume.
+TEST(CliScaler, AResumeMidEpochCountsTheEpochsNonFiniteStepsFromItsStart) {
+  const std::string dir = test::temp_dir("cli-scaler-resume-epoch");
+  const std::vector<std::string> sets = {
+      "train.precision=16-mixed", "scaler.init_scale=1e30", "scaler.max_consecutive_skips=1",
+      "train.on_nonfinite=skip",  "train.epochs=2",         "log.checkpoint_every=2",
+      "model.n_layer=1",          "model.n_embd=32",        "model.n_head=2",
+      "data.num_examples=32",     "data.eval_examples=8",   "train.batch_size=8"};
+  auto with = [&](const std::string& out, std::vector<std::string> more) {
+    more.push_back("run.out_dir=" + out);
+    more.insert(more.begin(), sets.begin(), sets.end());
+    return more;
+  };
+  const std::string want =
+      "(no update was applied; 4 of 4 steps non-finite with no scaler able to handle them); the "
+      "loss scaler could not settle: 4 steps in a row overflowed f16 (scaler.max_consecutive_skips "
+      "= 1); scale 1e+30 -> 5.0000001e+29 -> 2.5e+29 -> 1.25e+29 -> 6.2500001e+28";
+  const test::KeelRun straight = train_one_thread("", with(dir + "/straight", {}));
+  ASSERT_EQ(straight.code, 1) << straight.output;
+  EXPECT_CONTAINS(straight.err, want);
+  std::vector<std::string> args = test::with_sets({"train"}, with(dir + "/resumed", {}));
+  args = test::with_sets(args, {"run.threads=1", "log.tensorboard=false"});
+  ASSERT_EQ(test::run_keel(args, {"OMP_NUM_THREADS=1", "KEEL_TEST_CRASH_AT=done:2"}).code, 86);
+  const test::KeelRun resumed = train_one_thread("", with(dir + "/resumed", {"run.resume=true"}));
+  ASSERT_EQ(resumed.code, 1) << resumed.output;
+  EXPECT_CONTAINS(resumed.output, "at step 2");
+  EXPECT_CONTAINS(resumed.err, want);
+}
+
 // min_scale: an overflow while the scale is already at its floor is no longer calibration. With
 // on_nonfinite = skip and one step per epoch the run counts it, and the epoch that applied no
 // update because of it stops with a line naming min_scale and the trace, not the learning rate.
