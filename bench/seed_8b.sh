@@ -44,6 +44,13 @@ PEAK=$BUILD/bench/matmul_peak
 for b in "$KEEL" "$PEAK"; do
   [ -x "$b" ] || { echo "seed_8b: $b is missing: ninja -C $BUILD keel_cli matmul_peak" >&2; exit 2; }
 done
+# write_random_hf.py needs numpy, which scripts/install-deps.sh adds only with KEEL_WITH_TORCH=1:
+# say so here rather than in a Python traceback.
+"$PY" -c 'import numpy' 2>/dev/null || {
+  echo "seed_8b: $PY has no numpy (bench/write_random_hf.py needs it): apt-get install" \
+    "python3-numpy, or KEEL_WITH_TORCH=1 bash scripts/install-deps.sh" >&2
+  exit 2
+}
 case $MODEL in 8b | 1b | tiny) ;; *) echo "seed_8b: MODEL=$MODEL: use 8b, 1b or tiny" >&2; exit 2 ;; esac
 for k in $KIND; do
   case $k in lora | dora) ;; *) echo "seed_8b: KIND=$k: use lora and/or dora" >&2; exit 2 ;; esac
