@@ -31,6 +31,44 @@
 namespace keel::cli {
 
 namespace {
+
+// What an evaluation with a non-finite loss says: the model after step e.step's update produces
+// NaN/inf on the held-out data. `what` the finding, `fix` the weights or the precision's range and
+// what to change.
+struct EvalNonfinite {
+  std::string what, fix;
+};
+EvalNonfinite eval_nonfinite_advice(const Trainer& trainer, const EvalResult& e, double step_loss) {
+  auto num = [](double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.4g", v);
+    return std::string(buf);
+  };
+  const std::string step = std::to_string(e.step);
+  EvalNonfinite r;
+  r.what = std::string(std::isnan(e.loss) ? "nan" : "inf") + " at step " + step;
+  const std::string lr = "lower optim.lr (now " + num(trainer.config().optim.lr) + ")";
+  const std::vector<std::string> bad = trainer.nonfinite_parameters(true);
+  const std::string wider = wider_precisions(trainer.policy().name());
+  if (!bad.empty())
+    r.fix = "the updates overflowed the weights (" + bad[0] +
+            (bad.size() > 1 ? " and " + std::to_string(bad.size() - 1) + " more" : "") +
+            " hold NaN/inf); " + lr;
+  else if (wider.empty())
+    r.fix =
+        "under 32-true the weights themselves produce it (values large enough to overflow f32 "
+        "in a product): the updates grew them; " +
+        lr;
+  else
+    r.fix = "the model as it stands overflows " +
+            std::string(dtype_name(trainer.policy().compute_dtype)) +
+            "'s range on the held-out data; try train.precision = " + wider + ", or " + lr +
+            " (the last updates may have grown the weights)";
+  if (std::isfinite(step_loss))
+    r.what += ", while the training loss was finite (" + num(step_loss) + " at step " + step +
+              ", before its update)";
+  return r;
+}
 struct TrainArgs {
   std::string config;
   std::vector<std::string> sets;
@@ -160,8 +198,13 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
       step_extra["grad_underflow/" + b.block] = b.underflow_share();
     }
   };
+  // The last step's loss, and the advice given for an evaluation whose loss was not finite
+  // (repeated at the end when no later evaluation was finite).
+  double last_step_loss = 0;
+  std::optional<EvalNonfinite> nonfinite_eval;
   hooks.on_step = [&](const StepResult& result) {
     StepResult r = result;
+    last_step_loss = r.loss;
     if (advisor) advisor->observe(r, &layers);
     loggers->log(r, step_extra);
     // Each finding as a record of its own: kind, step, trend, cause, action (+ examples, layers,
@@ -205,6 +248,14 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     nlohmann::json rec = {{"step", e.step}, {"eval_loss", e.loss}, {"eval_tokens", e.tokens}};
     if (e.accuracy >= 0) rec["eval_accuracy"] = e.accuracy;
     loggers->log_record(rec);  // metrics.jsonl and TensorBoard
+    // A 16-true run whose last update overflowed ended "eval step 3 | loss nan", then "done", with
+    // no word: its checkpoint is that model.
+    nonfinite_eval.reset();
+    if (std::isfinite(e.loss) || rank != 0) return;
+    nonfinite_eval = eval_nonfinite_advice(*trainer_ptr, e, last_step_loss);
+    std::printf("  advice: the eval loss is %s: %s\n", nonfinite_eval->what.c_str(),
+                nonfinite_eval->fix.c_str());
+    std::fflush(stdout);
   };
   hooks.on_epoch = [&](const EpochResult& e) { loggers->log_epoch(e); };
   hooks.on_capture = [&](const NonfiniteEvent& ev) {
@@ -459,6 +510,12 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   }
   // A verdict that still holds at the end is the run's outcome: a run at optim.lr 1 diverged at
   // step 3 ended at a loss of 24 (4x ln V) with only "done: 40 steps", its finding 40 lines up.
+  if (nonfinite_eval)
+    std::printf(
+        "  advice: the run ends with a non-finite eval loss (%s), so its checkpoint is not "
+        "a model to use as it is: %s\n",
+        nonfinite_eval->what.substr(0, nonfinite_eval->what.find(',')).c_str(),
+        nonfinite_eval->fix.c_str());
   if (advisor && (advisor->trend() == monitor::Trend::kExploding ||
                   advisor->trend() == monitor::Trend::kVanishing ||
                   advisor->trend() == monitor::Trend::kScaleCollapsing)) {

@@ -156,6 +156,9 @@ class Trainer {
   int64_t updates_applied() const { return sched_step_; }
   int64_t scaler_skipped_steps() const { return skipped_steps_; }
   int64_t nonfinite_steps() const { return nan_steps_; }
+  // The parameters whose values hold NaN or inf (an update overflowed them), in model order; of
+  // those the optimizer updates only (a frozen base was checked when it loaded, and is large).
+  std::vector<std::string> nonfinite_parameters(bool trainable_only = false) const;
   // What the checkpoint this run resumed from saved of TrainerHooks::advisor_state (null: a fresh
   // run, or a checkpoint without it), and its trainer.json (for the errors of a damaged state).
   const nlohmann::json& resumed_advisor_state() const { return resumed_advisor_state_; }
@@ -190,9 +193,6 @@ class Trainer {
   // non-finite steps were not the scaler's, and resets the epoch's sums.
   void end_epoch();
   void write_checkpoint(const std::string& dir);  // save_checkpoint without the weights' check
-  // The parameters whose values hold NaN or inf (an update overflowed them), in model order; of
-  // those the optimizer updates only (a frozen base was checked when it loaded, and is large).
-  std::vector<std::string> nonfinite_parameters(bool trainable_only = false) const;
   // "65536 -> 32768 -> ... -> 0.5": the scales of the current run of consecutive skips.
   std::string scale_trace() const;
   // Whether this rank writes the NaN capture of a step the ranks in `saw_nonfinite` saw.

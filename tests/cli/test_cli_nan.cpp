@@ -695,5 +695,38 @@ TEST(CliNan, ReplayOfAMalformedCaptureNamesTheFileAndTheFix) {
   EXPECT_NE(key.err.find(dir + "/capture.json: missing \"step\""), std::string::npos) << key.err;
 }
 
+// The last update of a 16-true run at optim.lr 0.01 overflows what the model computes: the
+// training losses were finite, the evaluation after step 3 is nan. The run ended "eval step 3 |
+// loss nan", then "done", exit 0, without a word: its checkpoint is that model. The evaluation and
+// the run's end say so, with the precision's range and the lr as what to change; in bf16-mixed
+// the same run evaluates finite (3.86), so the advice holds.
+TEST(CliNan, ANonFiniteEvalLossAfterFiniteStepsIsExplainedAndRepeatedAtTheEnd) {
+  const std::string dir = test::temp_dir("cli-nan-eval");
+  auto train = [&](const std::string& precision) {
+    return run_keel(with_sets({"train"}, {"run.out_dir=" + dir + "/" + precision,
+                                          "train.precision=" + precision, "optim.lr=0.01",
+                                          "train.max_steps=3", "data.eval_examples=16"}),
+                    {"OMP_NUM_THREADS=1"});
+  };
+  Ran r = train("16-true");
+  ASSERT_EQ(r.code, 0) << r.output;
+  for (const json& rec : step_records(dir + "/16-true"))
+    EXPECT_TRUE(rec.at("loss").is_number()) << rec.dump();
+  EXPECT_CONTAINS(r.out, "eval step 3 | loss nan");
+  EXPECT_CONTAINS(r.out,
+                  "advice: the eval loss is nan at step 3, while the training loss was "
+                  "finite (");
+  EXPECT_CONTAINS(r.out,
+                  "overflows f16's range on the held-out data; try train.precision = "
+                  "bf16-mixed or 32-true, or lower optim.lr (now 0.01)");
+  EXPECT_CONTAINS(r.out,
+                  "advice: the run ends with a non-finite eval loss (nan at step 3), so its "
+                  "checkpoint is not a model to use as it is");
+  Ran wide = train("bf16-mixed");
+  ASSERT_EQ(wide.code, 0) << wide.output;
+  EXPECT_NOT_CONTAINS(wide.out, "eval loss is");
+  EXPECT_NOT_CONTAINS(wide.out, "non-finite eval loss");
+}
+
 }  // namespace
 }  // namespace keel
