@@ -121,6 +121,7 @@ nlohmann::json TrendAdvisor::state() const {
           {"updated", updated_},
           {"start_loss", start_loss_},
           {"start_observed", start_observed_},
+          {"start_ids", start_ids_},
           {"full_lr_steps", full_lr_steps_},
           {"recent_losses", std::vector<double>(recent_losses_.begin(), recent_losses_.end())},
           {"stall_reported", stall_reported_},
@@ -190,6 +191,10 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
   finding.cause = json_field<std::string>(fj, "cause", f + " finding", fix);
   finding.action = json_field<std::string>(fj, "action", f + " finding", fix);
   const auto recent = json_field<std::vector<double>>(s, "recent_losses", f, fix);
+  // Written since the start-loss baseline: an older checkpoint's advisor lacks it (then unprobed).
+  const auto start_ids = s.contains("start_ids")
+                             ? json_field<std::vector<int64_t>>(s, "start_ids", f, fix)
+                             : std::vector<int64_t>();
   const auto spikes = json_field<std::vector<int64_t>>(s, "spikes", f, fix);
   auto vanished =
       json_field<std::vector<std::pair<std::string, int64_t>>>(s, "vanished_run", f, fix);
@@ -215,6 +220,7 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
   updated_ = updated;
   start_loss_ = start_loss;
   start_observed_ = start_observed;
+  start_ids_ = start_ids;
   full_lr_steps_ = full_lr_steps;
   recent_losses_.assign(recent.begin(), recent.end());
   stall_reported_ = stall_reported;
@@ -239,6 +245,7 @@ bool TrendAdvisor::observe_start(const StepResult& r, Finding* f) {
   if (start_observed_ || updated_ || r.step != 1 || !std::isfinite(r.loss)) return false;
   start_observed_ = true;
   start_loss_ = r.loss;
+  start_ids_ = r.example_ids;
   const double U = opt_.uniform_loss;
   if (U <= 0 || r.loss <= 1.5 * U) return false;
   f->step = r.step;
@@ -645,6 +652,11 @@ bool TrendAdvisor::recovered(const StepResult& r) const {
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm) || !r.stepped) return false;
   if (opt_.uniform_loss > 0 && r.loss > opt_.uniform_loss) return false;
   if (best_loss_ > 0 && r.loss > 1.5 * best_loss_) return false;
+  // A pretrained start (below ln V) is the level to come back to: 2.7 after starting at 1.25 is
+  // not recovered, whatever the best window (contaminated by the steps before the verdict).
+  if (start_loss_ > 0 && (opt_.uniform_loss <= 0 || start_loss_ < opt_.uniform_loss) &&
+      r.loss > 1.5 * start_loss_)
+    return false;
   if (best_norm_ > 0 && r.grad_norm > opt_.explode_ratio * best_norm_) return false;
   // Saturated by blown-up weights, the loss and the grad norm may look calm: still diverged.
   std::string why;
@@ -732,6 +744,26 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
             "the best window so far (" +
             num(best_loss_) + ")";
       return Trend::kExploding;
+    }
+    // The loss before any update is a baseline from step 2 on: a pretrained model (model.path)
+    // starts far below ln V, and a learning rate that wrecks it in one update (a LoRA at optim.lr
+    // 1: 1.25 -> 7.44, 8.12) stayed under 1.5 ln V with no best window yet, and the run said
+    // nothing. Step 1's batch, measured again under the weights now, tells the weights from a
+    // hard batch: a first batch easier than the rest is no baseline to diverge from, but the
+    // same batch half as bad again and 0.5 worse (1.25 -> 4.4) is the weights'.
+    const double s0 = start_loss_;
+    if (updated_ && s0 > 0 && a > 3 * s0 + 1 && b > 3 * s0 + 1) {
+      double again = NAN;
+      if (trend_ != Trend::kExploding && opt_.batch_loss && !start_ids_.empty())
+        again = opt_.batch_loss(start_ids_);
+      if (!(again <= 1.5 * s0 + 0.5)) {  // NaN (not measured, or wrecked to NaN): diverged
+        why = "diverged: the loss is " + num(a) + ", " + num(b) +
+              " on the last 2 steps, over 3x the loss before any update (" + num(s0) + ")" +
+              (std::isfinite(again) ? "; step 1's batch now has a loss of " + num(again) +
+                                          " under the weights the updates made: not harder data"
+                                    : std::string());
+        return Trend::kExploding;
+      }
     }
   }
 

@@ -8,7 +8,11 @@
 //                          scale fell >= collapse_ratio (256x, eight back-offs) across the window.
 //                          A normal 16-mixed start backs off a few times (65536 -> 8192): not this.
 //   exploding              a step with a non-finite loss, or non-finite gradients no scaler
-//                          handled (nan_steps grew); or, once min_steps (8) finite grad norms are
+//                          handled (nan_steps grew); or "diverged", from the first update on: the
+//                          last 2 losses above 1.5 ln V, or above 3x + 1 the best window or the
+//                          loss before any update (a pretrained start; step 1's batch is measured
+//                          again under the weights, so a first batch easier than the rest is
+//                          not the baseline's fault); or, once min_steps (8) finite grad norms are
 //                          in the window, the median of the newer half is >= explode_ratio (10x)
 //                          the median of the older half while the mean loss did not improve (or
 //                          the growth is >= 10 * explode_ratio whatever the loss does).
@@ -236,6 +240,7 @@ class TrendAdvisor {
   // divergence of the learning rate's.
   double start_loss_ = 0;
   bool start_observed_ = false;
+  std::vector<int64_t> start_ids_;  // step 1's batch: probed before a divergence from the start
   bool observe_start(const StepResult& r, Finding* f);
   // "stalled" (AdvisorOptions::stall_steps): said once, for a run that started at step 1.
   bool observe_stall(const StepResult& r, Finding* f);

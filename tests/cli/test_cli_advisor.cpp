@@ -145,6 +145,41 @@ TEST(CliAdvisor, AWideInitIsNamedAndItsFallingLossIsNoDivergence) {
   EXPECT_CONTAINS(ex[0].at("action").get<std::string>(), "lower optim.lr");
 }
 
+// A LoRA fine-tune of a pretrained model (the arithmetic task trained 50 steps, exported) at
+// optim.lr = 1: one update takes the loss from 1.3 to 7.4, then 8.1, and it stays above 4. Below
+// 1.5 ln V (8.34) and with no best window yet, the advisor said nothing for 8 steps; the loss
+// before any update is now a baseline, and step 1's batch measured again under the wrecked weights
+// shows it is no harder data. The same LoRA at 1e-3 stays silent.
+TEST(CliAdvisor, APretrainedModelWreckedAtOnceIsDivergedAtStep3) {
+  const std::string dir = test::temp_dir("cli-advisor-pretrained-lora");
+  ASSERT_EQ(train({"run.out_dir=" + dir + "/pre", "optim.lr=1e-2", "train.max_steps=50",
+                   "data.eval_examples=0"})
+                .code,
+            0);
+  const test::KeelRun e = test::run_keel({"export", dir + "/pre", "--out", dir + "/base"});
+  ASSERT_EQ(e.code, 0) << e.output;
+  auto lora = [&](const std::string& name, const std::string& lr) {
+    const test::KeelRun r = train(
+        {"run.out_dir=" + dir + "/" + name, "model.path=" + dir + "/base",
+         "model.adapter.kind=lora", "model.adapter.target_modules=[\"c_attn\"]", "optim.lr=" + lr,
+         "sched.name=constant", "train.max_steps=6", "data.eval_examples=0"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r;
+  };
+  const test::KeelRun r = lora("lr1", "1");
+  const std::vector<json> f = findings(dir + "/lr1");
+  ASSERT_FALSE(f.empty()) << r.output;
+  EXPECT_EQ(f[0].at("trend"), "exploding") << f[0].dump();
+  EXPECT_EQ(f[0].at("step").get<int64_t>(), 3) << f[0].dump();
+  const std::string cause = f[0].at("cause");
+  EXPECT_CONTAINS(cause, "over 3x the loss before any update (1.");
+  EXPECT_CONTAINS(cause, "step 1's batch now has a loss of ");
+  EXPECT_CONTAINS(f[0].at("action").get<std::string>(), "lower optim.lr (now 1, try 0.1)");
+  EXPECT_CONTAINS(r.out, "advice: the run ends exploding, as found at step 3");
+  const test::KeelRun h = lora("lr1e-3", "1e-3");
+  EXPECT_TRUE(findings(dir + "/lr1e-3").empty()) << h.output;
+}
+
 // A run diverged by optim.lr = 10 and resumed from its step-8 checkpoint: the resumed process's
 // first step has a loss of ~1e4, far above 1.5 ln V, but it comes after the checkpoint's 8 updates:
 // it is no "initialization" finding (the weights as initialized), and the divergence is still the
