@@ -899,15 +899,33 @@ int TrendAdvisor::probe_verdict(int64_t step) const {
 
 // Spikes the optimizer makes: a smaller step, a clipping threshold, a warmup.
 std::string TrendAdvisor::optimizer_spike_fix(const StepResult& r) const {
-  // It said "set train.max_grad_norm (now clipping)" to a run that clips already.
+  // Clipping that already cut the spike contains it: "lower train.max_grad_norm (now 1: it clipped
+  // this step)" told the user to do more of what was done (a norm of 2.77 cut to 1 at optim.lr
+  // 0.03); the cause left is the step size. It said "set train.max_grad_norm" to a run clipping
+  // already before that.
+  if (const std::string held = clip_contained(); !held.empty())
+    return held + ": " + lower_lr_of(r) +
+           ", and add warmup (sched.warmup_steps) if spikes come early";
   const double clip = opt_.max_grad_norm;
-  const std::string clipping = clip > 0 ? "lower train.max_grad_norm (now " + num(clip) +
-                                              (r.clipped ? ": it clipped this step)" : ")")
-                               : clip == 0
-                                   ? "set train.max_grad_norm = 1.0 (now 0: no clipping)"
-                                   : "set train.max_grad_norm (this step was " +
-                                         std::string(r.clipped ? "clipped)" : "not clipped)");
+  const std::string clipping =
+      clip > 0    ? "lower train.max_grad_norm (now " + num(clip) + ", above the spike's grad norm)"
+      : clip == 0 ? "set train.max_grad_norm = 1.0 (now 0: no clipping)"
+                  : "set train.max_grad_norm (this step was " +
+                        std::string(r.clipped ? "clipped)" : "not clipped)");
   return lower_lr_of(r) + " or " + clipping + ", and add warmup (sched.warmup_steps)";
+}
+
+// "train.max_grad_norm = 1 already clipped it (grad norm 2.77 cut to 1) ...": the last spike's
+// step was clipped; "" where it was not, or clipping is off or unknown.
+std::string TrendAdvisor::clip_contained() const {
+  const double clip = opt_.max_grad_norm;
+  const StepResult* s = nullptr;
+  for (const StepResult& w : window_)
+    if (w.step == last_spike_) s = &w;
+  if (!(clip > 0) || !s || !s->clipped || !std::isfinite(s->grad_norm)) return "";
+  return "train.max_grad_norm = " + num(clip) + " already clipped it (grad norm " +
+         num(s->grad_norm) + " cut to " + num(clip) +
+         "), which contains the spike, and a lower threshold would not remove its cause";
 }
 
 std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
@@ -985,7 +1003,13 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
       if (probe_verdict(last_spike_) > 0)
         return "check the data around step " + std::to_string(last_spike_) +
                " (a bad, garbage or mislabeled batch: a data spike does not recur when other "
-               "batches follow; if spikes recur, lower optim.lr or set train.max_grad_norm)";
+               "batches follow; if spikes recur, " +
+               (clip_contained().empty() ? opt_.max_grad_norm > 0
+                                               ? "lower optim.lr or train.max_grad_norm (now " +
+                                                     num(opt_.max_grad_norm) + ")"
+                                               : "lower optim.lr or set train.max_grad_norm = 1.0"
+                                         : "lower optim.lr: " + clip_contained()) +
+               ")";
       // Not probed (the tracer or the injector is on): neither cause is known.
       return "if its batch looks wrong, check the data around step " + std::to_string(last_spike_) +
              "; if spikes recur, it is the optimizer: " + optimizer_spike_fix(r);

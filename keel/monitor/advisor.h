@@ -271,6 +271,7 @@ class TrendAdvisor {
   // harder (the weights); 0 not measured.
   int probe_verdict(int64_t step) const;
   std::string optimizer_spike_fix(const StepResult& r) const;
+  std::string clip_contained() const;  // the last spike was clipped: that it is contained
   std::string lr_now(const StepResult& r) const;       // "now 0.1, 0.012 at this step of ..."
   std::string lower_lr_of(const StepResult& r) const;  // "lower optim.lr (now ...; try 0.01)"
   Finding finding_;

@@ -353,6 +353,10 @@ TEST(CliAdvisor, ASpikeOfTheOptimizerOnCleanDataIsNotBlamedOnTheData) {
   EXPECT_CONTAINS(cause, "the update before moved the weights (the optimizer, not the data)");
   EXPECT_CONTAINS(action, "lower optim.lr");
   EXPECT_NOT_CONTAINS(action, "check the data");
+  // The default train.max_grad_norm = 1 cut the spike's grad norm of 3.16: it was told "or lower
+  // train.max_grad_norm (now 1: it clipped this step)", more of what the run already does.
+  EXPECT_CONTAINS(action, "train.max_grad_norm = 1 already clipped it (grad norm ");
+  EXPECT_NOT_CONTAINS(action, "lower train.max_grad_norm");
   // The two probe forwards change nothing: the run without them (the tracer on turns them off)
   // has the same losses and gradient norms, bit for bit.
   const test::KeelRun t =
@@ -469,6 +473,9 @@ TEST(CliAdvisor, GarbageBatchIsADataSpikeNamedByFileAndLine) {
   EXPECT_CONTAINS(s.at("cause").get<std::string>(), "under the same weights its batch's loss is ");
   EXPECT_CONTAINS(s.at("cause").get<std::string>(), ": the batch is the harder, the data");
   EXPECT_CONTAINS(s.at("action").get<std::string>(), "check the data around step 41");
+  // Clipped at the default 1.0, it was told "if spikes recur, ... set train.max_grad_norm".
+  EXPECT_NOT_CONTAINS(s.at("action").get<std::string>(), "set train.max_grad_norm");
+  EXPECT_CONTAINS(s.at("action").get<std::string>(), "train.max_grad_norm = 1 already clipped it");
   EXPECT_CONTAINS(r.out, where);
   for (const json& j : f) EXPECT_NE(j.at("trend"), "exploding") << j.dump();
 }

@@ -270,9 +270,19 @@ TEST(Advisor, RecurringSpikesNameTheClippingThreshold) {
     EXPECT_FALSE(run.advice.empty());
     return run.advice.empty() ? std::string() : run.advice.back().second;
   };
+  // Clipped at 1, the spikes of 50 are contained: the advice then was "lower train.max_grad_norm
+  // (now 1: it clipped this step)", more of what the run did; the step size is what is left.
   const std::string clipping = advice_at_second_spike(1.0);
   EXPECT_CONTAINS(clipping, "spikes recur (steps 20 28)");
-  EXPECT_CONTAINS(clipping, "or lower train.max_grad_norm (now 1: it clipped this step)");
+  EXPECT_CONTAINS(clipping,
+                  "train.max_grad_norm = 1 already clipped it (grad norm 50 cut to 1), which "
+                  "contains the spike, and a lower threshold would not remove its cause: lower "
+                  "optim.lr");
+  EXPECT_NOT_CONTAINS(clipping, "lower train.max_grad_norm");
+  EXPECT_NOT_CONTAINS(clipping, "set train.max_grad_norm");
+  // A threshold above the spike did not touch it: lowering it is the advice.
+  EXPECT_CONTAINS(advice_at_second_spike(100.0),
+                  "or lower train.max_grad_norm (now 100, above the spike's grad norm)");
   EXPECT_CONTAINS(advice_at_second_spike(0.0),
                   "or set train.max_grad_norm = 1.0 (now 0: no clipping)");
 }
@@ -425,8 +435,9 @@ TEST(Advisor, ASpikeBatchIsComparedWithTheBatchBeforeUnderTheSameWeights) {
       EXPECT_CONTAINS(line, "check the data around step 12");
     } else {
       // 2.1 against 2.0 was called "no harder": it is harder, by too little to be the cause.
-      EXPECT_CONTAINS(line, "its batch is only 1.05x harder (under 1.5x), too little to make the "
-                            "spike: the update before moved the weights");
+      EXPECT_CONTAINS(line,
+                      "its batch is only 1.05x harder (under 1.5x), too little to make the "
+                      "spike: the update before moved the weights");
       EXPECT_CONTAINS(line, "lower optim.lr");
       EXPECT_NOT_CONTAINS(line, "check the data");
     }
