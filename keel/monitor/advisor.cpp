@@ -389,11 +389,24 @@ bool TrendAdvisor::observe_stall(const StepResult& r, Finding* f) {
                 " cuts every gradient to a norm far below its own (" + num(r.grad_norm) +
                 " now): raise it (1.0 is usual) or set it to 0 (no clipping)";
   else
-    f->action = untrained ? "optim.lr is far too low: raise it (AdamW usually trains a model from "
-                            "scratch at 1e-4 to 3e-3)"
-                          : "optim.lr is far too low: raise it (AdamW usually fine-tunes at 1e-5 "
-                            "to 2e-4, LoRA at 1e-4 to 1e-3)";
+    f->action = "optim.lr is far too low: raise it (" + usual_lr(untrained) + ")";
   return true;
+}
+
+// The range to raise optim.lr into, for what this run trains and how: an adapter was told
+// "AdamW usually trains a model from scratch at 1e-4 to 3e-3" (a LoRA on a random base) and an SGD
+// run the ranges of AdamW, whose update does not scale with the gradient.
+std::string TrendAdvisor::usual_lr(bool untrained) const {
+  if (!opt_.adaptive)
+    return "SGD moves by lr times the gradient, and usually trains at 1e-2 to 1e-1";
+  const std::string& a = opt_.adapter;
+  if (!a.empty() && a != "none") {
+    const std::string kind = a == "lora" ? "LoRA" : a == "dora" ? "DoRA" : a == "lokr" ? "LoKr" : a;
+    return "AdamW usually trains " + kind +
+           " adapters at 1e-4 to 1e-3, as HF PEFT's examples do; their base is frozen";
+  }
+  return untrained ? "AdamW usually trains a model from scratch at 1e-4 to 3e-3"
+                   : "AdamW usually fine-tunes a whole pretrained model at 1e-5 to 2e-4";
 }
 
 std::string TrendAdvisor::format_name() const {

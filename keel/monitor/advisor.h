@@ -151,6 +151,9 @@ struct AdvisorOptions {
   // it (SGD: false): the relative size of an update, which "stalled" needs.
   double weight_rms = 0;
   bool adaptive = true;
+  // model.adapter.kind ("lora", "dora", "lokr"; "" or "none": every weight trains): "stalled"
+  // names the range its learning rate usually takes (adapters 1e-4 to 1e-3, full fine-tunes lower).
+  std::string adapter;
   // stalled: after stall_steps (50) updates at >= half the peak lr, the loss fell less than
   // stall_fall (2%) from the loss before any update, and an update moves the weights by less than
   // stall_move (1e-4) of their RMS (a tenth of it for a model that starts well below ln V, which
@@ -244,8 +247,9 @@ class TrendAdvisor {
   bool observe_start(const StepResult& r, Finding* f);
   // "stalled" (AdvisorOptions::stall_steps): said once, for a run that started at step 1.
   bool observe_stall(const StepResult& r, Finding* f);
-  int64_t full_lr_steps_ = 0;         // applied steps at >= half the peak lr
-  std::deque<double> recent_losses_;  // finite losses of the last 10 applied steps
+  std::string usual_lr(bool untrained) const;  // "AdamW usually trains ... at 1e-4 to 3e-3"
+  int64_t full_lr_steps_ = 0;                  // applied steps at >= half the peak lr
+  std::deque<double> recent_losses_;           // finite losses of the last 10 applied steps
   bool stall_reported_ = false;
   // "loss scale" (AdvisorOptions::init_scale): said once; the scaler's back-offs seen so far.
   bool observe_scale(const StepResult& r, Finding* f);

@@ -64,6 +64,30 @@ TEST(CliAdvisor, ALearningRateFarTooLowIsStalled) {
   EXPECT_TRUE(findings_of(dir, "stalled").empty()) << r.output;
 }
 
+// A LoRA at optim.lr = 1e-7 (1e-3 meant) stalls like a full model, but the range it was given was
+// a full model's: "AdamW usually trains a model from scratch at 1e-4 to 3e-3". It now names the
+// adapter's (HF PEFT's examples), and a LoRA at the range's top learns without a finding.
+TEST(CliAdvisor, AStalledLoraIsGivenTheLoraLearningRateRange) {
+  const std::string dir = test::temp_dir("cli-advisor-lora-lr-low");
+  auto run = [&](const std::string& lr) {
+    const test::KeelRun r =
+        train({"run.out_dir=" + dir, "run.overwrite=true", "model.adapter.kind=lora",
+               "model.adapter.target_modules=[\"c_attn\"]", "optim.lr=" + lr, "train.max_steps=51",
+               "sched.name=constant", "data.eval_examples=0", "train.batch_size=8"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r;
+  };
+  test::KeelRun r = run("1e-7");
+  std::vector<json> f = findings_of(dir, "stalled");
+  ASSERT_EQ(f.size(), 1u) << r.output;
+  EXPECT_CONTAINS(f[0].at("action").get<std::string>(),
+                  "optim.lr is far too low: raise it (AdamW usually trains LoRA adapters at 1e-4 "
+                  "to 1e-3");
+  EXPECT_NOT_CONTAINS(f[0].at("action").get<std::string>(), "from scratch");
+  r = run("1e-3");
+  EXPECT_TRUE(findings(dir).empty()) << r.output;
+}
+
 // A random model whose vocabulary is far wider than the tokenizer's ids (the seed bench: keel's
 // byte tokenizer over Llama-3's 128,256 rows) starts near ln V of its own logits, ln 32000 = 10.4
 // here, which is above 1.5 x ln 259. That is where every untrained model starts, no divergence: the

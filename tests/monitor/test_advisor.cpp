@@ -681,7 +681,8 @@ TEST(Advisor, AFlatLossUnderUpdatesTinyAgainstTheWeightsIsStalled) {
       EXPECT_TRUE(ft.of("stalled").empty());
     } else {
       ASSERT_EQ(ft.of("stalled").size(), 1u);
-      EXPECT_CONTAINS(ft.of("stalled")[0].action, "AdamW usually fine-tunes at 1e-5 to 2e-4");
+      EXPECT_CONTAINS(ft.of("stalled")[0].action,
+                      "AdamW usually fine-tunes a whole pretrained model at 1e-5 to 2e-4");
     }
   }
 
@@ -707,6 +708,30 @@ TEST(Advisor, AFlatLossUnderUpdatesTinyAgainstTheWeightsIsStalled) {
   for (int64_t i = 1; i <= 60; ++i) sgd.feed(lr_step(i, 5.5, 1e-6), {});
   ASSERT_EQ(sgd.of("stalled").size(), 1u);
   EXPECT_CONTAINS(sgd.of("stalled")[0].cause, "SGD moves them by lr = 1e-06 times the gradient");
+  // SGD's range, not AdamW's (it was told "AdamW usually trains a model from scratch at 1e-4").
+  EXPECT_CONTAINS(sgd.of("stalled")[0].action, "usually trains at 1e-2 to 1e-1");
+  EXPECT_NOT_CONTAINS(sgd.of("stalled")[0].action, "AdamW");
+}
+
+// The range "stalled" suggests fits what is trained: an adapter on a random base was told "AdamW
+// usually trains a model from scratch at 1e-4 to 3e-3", one on a pretrained base the ranges of a
+// full fine-tune and LoRA side by side; a DoRA is no LoRA.
+TEST(Advisor, AStalledAdapterIsGivenTheAdaptersLearningRateRange) {
+  for (const bool pretrained : {false, true}) {
+    AdvisorOptions o;
+    o.peak_lr = 1e-8;
+    o.weight_rms = 0.02;
+    o.uniform_loss = std::log(259.0);
+    o.adapter = "dora";
+    LayerFeed run(o);
+    const double start = pretrained ? 1.0 : 5.5;
+    for (int64_t i = 1; i <= 60; ++i) run.feed(lr_step(i, start + 0.01 * std::cos(i), 1e-8), {});
+    ASSERT_EQ(run.of("stalled").size(), 1u) << pretrained;
+    const std::string action = run.of("stalled")[0].action;
+    EXPECT_CONTAINS(action, "AdamW usually trains DoRA adapters at 1e-4 to 1e-3");
+    EXPECT_NOT_CONTAINS(action, "from scratch");
+    EXPECT_NOT_CONTAINS(action, "fine-tunes");
+  }
 }
 
 // A cosine schedule decays to ~0: its last updates round away by design, and "raise optim.lr"
