@@ -767,8 +767,13 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
     const double s0 = start_loss_;
     if (updated_ && s0 > 0 && a > 3 * s0 + 1 && b > 3 * s0 + 1) {
       double again = NAN;
-      if (trend_ != Trend::kExploding && opt_.batch_loss && !start_ids_.empty())
-        again = opt_.batch_loss(start_ids_);
+      // Measured once a window: a first batch easier than all the rest would cost a forward at
+      // every step.
+      if (trend_ != Trend::kExploding && opt_.batch_loss && !start_ids_.empty()) {
+        if (start_probe_.first < 0 || r.step - start_probe_.first >= opt_.window)
+          start_probe_ = {r.step, opt_.batch_loss(start_ids_)};
+        again = start_probe_.second;
+      }
       if (!(again <= 1.5 * s0 + 0.5)) {  // NaN (not measured, or wrecked to NaN): diverged
         why = "diverged: the loss is " + num(a) + ", " + num(b) +
               " on the last 2 steps, over 3x the loss before any update (" + num(s0) + ")" +

@@ -71,6 +71,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "keel/monitor/grad_norms.h"
@@ -244,6 +245,7 @@ class TrendAdvisor {
   double start_loss_ = 0;
   bool start_observed_ = false;
   std::vector<int64_t> start_ids_;  // step 1's batch: probed before a divergence from the start
+  mutable std::pair<int64_t, double> start_probe_{-1, 0};  // (step, its loss then)
   bool observe_start(const StepResult& r, Finding* f);
   // "stalled" (AdvisorOptions::stall_steps): said once, for a run that started at step 1.
   bool observe_stall(const StepResult& r, Finding* f);

@@ -103,6 +103,37 @@ TEST(Advisor, TheLearningRateToLowerIsOptimLrsValueNotTheSchedulesRate) {
                   "raise optim.lr (now 0.1, 0.05 at this step of the schedule)");
 }
 
+// A pretrained start (loss 0.5, ln V = 5.56) and then losses of 3: a divergence when step 1's
+// batch is as bad under the new weights, harder data when that batch still scores 0.5.
+TEST(Advisor, ALossFarAboveAPretrainedStartIsDivergedOnlyIfStepOnesBatchIsToo) {
+  for (const double again : {0.55, 3.2}) {
+    AdvisorOptions o;
+    o.uniform_loss = std::log(259.0);
+    int64_t probes = 0;
+    o.batch_loss = [&](const std::vector<int64_t>& ids) {
+      ++probes;
+      EXPECT_EQ(ids, std::vector<int64_t>({7, 9}));
+      return again;
+    };
+    Feed run(o);
+    for (int64_t i = 1; i <= 6; ++i) {
+      StepResult r = step(i, i == 1 ? 0.5 : 3.0 + 0.01 * static_cast<double>(i), 0.5);
+      r.example_ids = i == 1 ? std::vector<int64_t>{7, 9} : std::vector<int64_t>{1, 2};
+      run.feed(r);
+    }
+    if (again > 1) {
+      ASSERT_EQ(run.advice.size(), 1u);
+      EXPECT_EQ(run.advice[0].first, 3);
+      EXPECT_CONTAINS(run.advice[0].second, "over 3x the loss before any update (0.5)");
+      EXPECT_CONTAINS(run.advice[0].second, "step 1's batch now has a loss of 3.2");
+      EXPECT_EQ(probes, 1);  // once: the verdict holds without measuring again
+    } else {
+      EXPECT_TRUE(run.advice.empty()) << run.advice.front().second;
+      EXPECT_EQ(probes, 1);  // once a window, not a forward at every step
+    }
+  }
+}
+
 TEST(Advisor, GrowingGradNormWhileTheLossFallsIsNotExploding) {
   // 3x growth with an improving loss (common early in training) stays stable.
   Feed run;
