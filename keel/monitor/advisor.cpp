@@ -961,7 +961,7 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
                  "f16 overflows at any usable scale: switch train.precision to "
                  "bf16-mixed or 32-true") +
              (updated_ ? " (or lower optim.lr)" : "");
-    case Trend::kExploding:
+    case Trend::kExploding: {
       // A scale still above PyTorch's start because scaler.init_scale began far above it: the
       // scale is what overflows (the advice said "switch train.precision to bf16-mixed" where the
       // "loss scale" finding had said "lower scaler.init_scale").
@@ -971,6 +971,21 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
                "; PyTorch's default 65536): the loss scale (" + scale_num(r.loss_scale) +
                ") still multiplies the gradients past f16's max 65504; or switch train.precision "
                "to bf16-mixed (no scaler needed)";
+      // AdamW moves every weight by about lr at each update: at 10x the weights' RMS or more the
+      // model is wrecked in any format, and a wider one only keeps the wreck finite (16-mixed at
+      // optim.lr 10, NaN at step 2, was offered "or switch train.precision to bf16-mixed", where
+      // the loss reaches 2e3). The learning rate alone is named, with why.
+      if (const double key = opt_.peak_lr > 0 ? opt_.peak_lr : r.lr;
+          updated_ && opt_.adaptive && opt_.weight_rms > 0 && key >= 10 * opt_.weight_rms &&
+          !switch_to.empty())
+        return lower_lr +
+               (std::isfinite(r.loss) && std::isfinite(r.grad_norm)
+                    ? ", add warmup (sched.warmup_steps)"
+                    : "") +
+               ": AdamW moves each weight by about lr, " + num(key / opt_.weight_rms) +
+               "x the RMS of the weights (" + num(opt_.weight_rms) +
+               "), at every update, and no train.precision survives that (a wider one only keeps "
+               "the wrecked model finite)";
       if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
         return (opt_.tracer_on
                     ? "the tracer's log (" +
@@ -989,6 +1004,7 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
              (opt_.max_grad_norm == 0 ? "set train.max_grad_norm = 1.0 (now 0: no clipping)"
                                       : "keep train.max_grad_norm > 0") +
              (switch_to.empty() ? "" : "; if it persists, " + switch_to);
+    }
     case Trend::kVanishing: {
       const bool zero = !window_.empty() && window_.back().grad_norm == 0.0;
       // Blocks whose f16 gradients vanished (observe_layers): the decay is their underflow, and a

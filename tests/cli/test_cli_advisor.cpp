@@ -204,6 +204,25 @@ TEST(CliAdvisor, APretrainedModelWreckedAtOnceIsDivergedAtStep3) {
   EXPECT_TRUE(findings(dir + "/lr1e-3").empty()) << h.output;
 }
 
+// 16-mixed at optim.lr = 10: one AdamW update moves every weight by ~10, 575x their RMS, and the
+// next forward overflows f16 (NaN at step 2). The advice offered "or switch train.precision to
+// bf16-mixed or 32-true", where the same run reaches a loss of 2e3: the precision only decides
+// whether the wreck is finite. It now names the learning rate alone, and why.
+TEST(CliAdvisor, ALearningRateThatWrecksAnyFormatIsNotBlamedOnThePrecision) {
+  const std::string dir = test::temp_dir("cli-advisor-16mixed-lr10");
+  const test::KeelRun r = train({"run.out_dir=" + dir, "train.precision=16-mixed", "optim.lr=10",
+                                 "train.max_steps=6", "data.eval_examples=0"});
+  ASSERT_EQ(r.code, 3) << r.output;
+  const std::vector<json> f = findings_of(dir, "exploding");
+  ASSERT_EQ(f.size(), 1u) << r.output;
+  const std::string action = f[0].at("action");
+  EXPECT_CONTAINS(action, "lower optim.lr (now 10, ");
+  EXPECT_CONTAINS(action,
+                  "x the RMS of the weights (0.0174), at every update, and no "
+                  "train.precision survives that");
+  EXPECT_NOT_CONTAINS(action, "switch train.precision");
+}
+
 // A run diverged by optim.lr = 10 and resumed from its step-8 checkpoint: the resumed process's
 // first step has a loss of ~1e4, far above 1.5 ln V, but it comes after the checkpoint's 8 updates:
 // it is no "initialization" finding (the weights as initialized), and the divergence is still the
