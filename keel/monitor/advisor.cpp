@@ -641,9 +641,19 @@ std::string TrendAdvisor::trend_line(StepResult& r) {
   const bool zeros = t == Trend::kVanishing && r.grad_norm == 0.0 &&
                      why.rfind("the grad norm was exactly 0", 0) == 0;
   if (t == trend_ && (zeros == zeros_ || !zeros)) return "";
+  // Back from a learning rate's divergence: "no action needed" told a run at optim.lr 0.3 that
+  // had diverged for 16 steps (loss 22) that its rate was fine. The cause is still set.
+  const Finding before = finding_;
+  const bool lr_recovered = trend_ == Trend::kExploding && t == Trend::kStable &&
+                            before.action.find("lower optim.lr") != std::string::npos;
   trend_ = t;
   zeros_ = zeros;
   finding_ = Finding{r.step, trend_name(t), why, action(t, r), {}, {}, -1};
+  if (lr_recovered) {
+    finding_.cause +=
+        "; recovered from the divergence found at step " + std::to_string(before.step);
+    finding_.action = "none now; if it diverges again, " + lower_lr_of(r);
+  }
   if (r.step == opt_.inject_step && (t == Trend::kExploding || t == Trend::kSpiking)) {
     const bool nonfinite = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
     finding_.cause += "; debug.inject put " + opt_.inject_what + " at this step";

@@ -435,6 +435,12 @@ TEST(Advisor, ExplodingVerdictHoldsUntilTheConditionClears) {
     for (int64_t i = 61; i <= 64; ++i) run.feed(step(i, healthy_loss(12), healthy_norm(12)));
     ASSERT_EQ(run.advice.size(), 3u);
     EXPECT_EQ(run.advice[2].second.rfind("stable: ", 0), 0u) << run.advice[2].second;
+    // Not "no action needed": the learning rate that made it diverge is still set.
+    EXPECT_CONTAINS(run.advice[2].second,
+                    "; recovered from the divergence found at step 14; "
+                    "none now; if it diverges again, lower optim.lr (now "
+                    "0.003, try 0.0003)");
+    EXPECT_NOT_CONTAINS(run.advice[2].second, "no action needed");
   }
 }
 
