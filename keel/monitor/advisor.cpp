@@ -17,6 +17,9 @@ namespace {
 constexpr double kPyTorchInitScale = 65536;
 
 std::string num(double v) {
+  // "nan", never printf's "-nan": a NaN's sign bit says nothing (a scaler-skipped spike's grad norm
+  // read "-nan").
+  if (std::isnan(v)) return "nan";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3g", v);
   return buf;
@@ -934,6 +937,15 @@ std::string TrendAdvisor::optimizer_spike_fix(const StepResult& r) const {
   if (const std::string held = clip_contained(); !held.empty())
     return held + ": " + lower_lr_of(r) +
            ", and add warmup (sched.warmup_steps) if spikes come early";
+  // A spike the loss scaler skipped (its f16 gradients overflowed) applied no update: no clipping
+  // threshold was reached or missed ("lower train.max_grad_norm (now 1, above the spike's grad
+  // norm)" was said of a grad norm of nan).
+  for (const StepResult& w : window_)
+    if (w.step == last_spike_ && w.found_inf && !w.stepped && w.loss_scale_after < w.loss_scale)
+      return lower_lr_of(r) +
+             " and add warmup (sched.warmup_steps); the scaler skipped the spike's step (its "
+             "gradients overflowed f16 at loss scale " +
+             scale_num(w.loss_scale) + "), so no update came of it";
   const double clip = opt_.max_grad_norm;
   const std::string clipping =
       clip > 0    ? "lower train.max_grad_norm (now " + num(clip) + ", above the spike's grad norm)"

@@ -223,6 +223,27 @@ TEST(CliAdvisor, ALearningRateThatWrecksAnyFormatIsNotBlamedOnThePrecision) {
   EXPECT_NOT_CONTAINS(action, "switch train.precision");
 }
 
+// 16-mixed, optim.lr = 0.03, 4 micro-batches of 2: at step 14 the loss jumps (2.1 -> 5.1) and
+// its f16 gradients overflow, so the scaler skips the step. The spike line read "its grad norm
+// -nan" and the advice "lower train.max_grad_norm (now 1, above the spike's grad norm)" of a step
+// that applied no update; it now says the scaler skipped it.
+TEST(CliAdvisor, ASpikeTheScalerSkippedIsToldSoNotToClip) {
+  const std::string dir = test::temp_dir("cli-advisor-skipped-spike");
+  const test::KeelRun r = train({"run.out_dir=" + dir, "train.precision=16-mixed", "optim.lr=3e-2",
+                                 "train.grad_accum=4", "train.batch_size=2", "train.max_steps=40",
+                                 "data.eval_examples=0"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<json> f = findings_of(dir, "spiking");
+  ASSERT_EQ(f.size(), 1u) << r.output;
+  const std::string cause = f[0].at("cause"), action = f[0].at("action");
+  EXPECT_CONTAINS(cause, "(its grad norm nan, median ");
+  EXPECT_NOT_CONTAINS(cause, "-nan");
+  EXPECT_CONTAINS(action,
+                  "the scaler skipped the spike's step (its gradients overflowed f16 at "
+                  "loss scale 65536), so no update came of it");
+  EXPECT_NOT_CONTAINS(action, "train.max_grad_norm");
+}
+
 // A run diverged by optim.lr = 10 and resumed from its step-8 checkpoint: the resumed process's
 // first step has a loss of ~1e4, far above 1.5 ln V, but it comes after the checkpoint's 8 updates:
 // it is no "initialization" finding (the weights as initialized), and the divergence is still the
