@@ -315,6 +315,7 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   // norm gains and biases, whose 1s and 0s say nothing of a weight's scale).
   advisor_opt.peak_lr = cfg.optim.lr;
   advisor_opt.adaptive = cfg.optim.name != "sgd";
+  advisor_opt.adapter = cfg.model.adapter.kind;
   if (rank == 0 && trainer.steps_done() == 0) {
     double sum_sq = 0;
     int64_t n = 0;

@@ -17,6 +17,9 @@ namespace {
 constexpr double kPyTorchInitScale = 65536;
 
 std::string num(double v) {
+  // "nan", never printf's "-nan": a NaN's sign bit says nothing (a scaler-skipped spike's grad norm
+  // read "-nan").
+  if (std::isnan(v)) return "nan";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3g", v);
   return buf;
@@ -121,6 +124,7 @@ nlohmann::json TrendAdvisor::state() const {
           {"updated", updated_},
           {"start_loss", start_loss_},
           {"start_observed", start_observed_},
+          {"start_ids", start_ids_},
           {"full_lr_steps", full_lr_steps_},
           {"recent_losses", std::vector<double>(recent_losses_.begin(), recent_losses_.end())},
           {"stall_reported", stall_reported_},
@@ -190,6 +194,10 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
   finding.cause = json_field<std::string>(fj, "cause", f + " finding", fix);
   finding.action = json_field<std::string>(fj, "action", f + " finding", fix);
   const auto recent = json_field<std::vector<double>>(s, "recent_losses", f, fix);
+  // Written since the start-loss baseline: an older checkpoint's advisor lacks it (then unprobed).
+  const auto start_ids = s.contains("start_ids")
+                             ? json_field<std::vector<int64_t>>(s, "start_ids", f, fix)
+                             : std::vector<int64_t>();
   const auto spikes = json_field<std::vector<int64_t>>(s, "spikes", f, fix);
   auto vanished =
       json_field<std::vector<std::pair<std::string, int64_t>>>(s, "vanished_run", f, fix);
@@ -215,6 +223,7 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
   updated_ = updated;
   start_loss_ = start_loss;
   start_observed_ = start_observed;
+  start_ids_ = start_ids;
   full_lr_steps_ = full_lr_steps;
   recent_losses_.assign(recent.begin(), recent.end());
   stall_reported_ = stall_reported;
@@ -239,6 +248,7 @@ bool TrendAdvisor::observe_start(const StepResult& r, Finding* f) {
   if (start_observed_ || updated_ || r.step != 1 || !std::isfinite(r.loss)) return false;
   start_observed_ = true;
   start_loss_ = r.loss;
+  start_ids_ = r.example_ids;
   const double U = opt_.uniform_loss;
   if (U <= 0 || r.loss <= 1.5 * U) return false;
   f->step = r.step;
@@ -382,11 +392,24 @@ bool TrendAdvisor::observe_stall(const StepResult& r, Finding* f) {
                 " cuts every gradient to a norm far below its own (" + num(r.grad_norm) +
                 " now): raise it (1.0 is usual) or set it to 0 (no clipping)";
   else
-    f->action = untrained ? "optim.lr is far too low: raise it (AdamW usually trains a model from "
-                            "scratch at 1e-4 to 3e-3)"
-                          : "optim.lr is far too low: raise it (AdamW usually fine-tunes at 1e-5 "
-                            "to 2e-4, LoRA at 1e-4 to 1e-3)";
+    f->action = "optim.lr is far too low: raise it (" + usual_lr(untrained) + ")";
   return true;
+}
+
+// The range to raise optim.lr into, for what this run trains and how: an adapter was told
+// "AdamW usually trains a model from scratch at 1e-4 to 3e-3" (a LoRA on a random base) and an SGD
+// run the ranges of AdamW, whose update does not scale with the gradient.
+std::string TrendAdvisor::usual_lr(bool untrained) const {
+  if (!opt_.adaptive)
+    return "SGD moves by lr times the gradient, and usually trains at 1e-2 to 1e-1";
+  const std::string& a = opt_.adapter;
+  if (!a.empty() && a != "none") {
+    const std::string kind = a == "lora" ? "LoRA" : a == "dora" ? "DoRA" : a == "lokr" ? "LoKr" : a;
+    return "AdamW usually trains " + kind +
+           " adapters at 1e-4 to 1e-3, as HF PEFT's examples do; their base is frozen";
+  }
+  return untrained ? "AdamW usually trains a model from scratch at 1e-4 to 3e-3"
+                   : "AdamW usually fine-tunes a whole pretrained model at 1e-5 to 2e-4";
 }
 
 std::string TrendAdvisor::format_name() const {
@@ -621,9 +644,19 @@ std::string TrendAdvisor::trend_line(StepResult& r) {
   const bool zeros = t == Trend::kVanishing && r.grad_norm == 0.0 &&
                      why.rfind("the grad norm was exactly 0", 0) == 0;
   if (t == trend_ && (zeros == zeros_ || !zeros)) return "";
+  // Back from a learning rate's divergence: "no action needed" told a run at optim.lr 0.3 that
+  // had diverged for 16 steps (loss 22) that its rate was fine. The cause is still set.
+  const Finding before = finding_;
+  const bool lr_recovered = trend_ == Trend::kExploding && t == Trend::kStable &&
+                            before.action.find("lower optim.lr") != std::string::npos;
   trend_ = t;
   zeros_ = zeros;
   finding_ = Finding{r.step, trend_name(t), why, action(t, r), {}, {}, -1};
+  if (lr_recovered) {
+    finding_.cause +=
+        "; recovered from the divergence found at step " + std::to_string(before.step);
+    finding_.action = "none now; if it diverges again, " + lower_lr_of(r);
+  }
   if (r.step == opt_.inject_step && (t == Trend::kExploding || t == Trend::kSpiking)) {
     const bool nonfinite = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
     finding_.cause += "; debug.inject put " + opt_.inject_what + " at this step";
@@ -645,6 +678,11 @@ bool TrendAdvisor::recovered(const StepResult& r) const {
   if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm) || !r.stepped) return false;
   if (opt_.uniform_loss > 0 && r.loss > opt_.uniform_loss) return false;
   if (best_loss_ > 0 && r.loss > 1.5 * best_loss_) return false;
+  // A pretrained start (below ln V) is the level to come back to: 2.7 after starting at 1.25 is
+  // not recovered, whatever the best window (contaminated by the steps before the verdict).
+  if (start_loss_ > 0 && (opt_.uniform_loss <= 0 || start_loss_ < opt_.uniform_loss) &&
+      r.loss > 1.5 * start_loss_)
+    return false;
   if (best_norm_ > 0 && r.grad_norm > opt_.explode_ratio * best_norm_) return false;
   // Saturated by blown-up weights, the loss and the grad norm may look calm: still diverged.
   std::string why;
@@ -732,6 +770,31 @@ Trend TrendAdvisor::classify(const StepResult& r, std::string& why) const {
             "the best window so far (" +
             num(best_loss_) + ")";
       return Trend::kExploding;
+    }
+    // The loss before any update is a baseline from step 2 on: a pretrained model (model.path)
+    // starts far below ln V, and a learning rate that wrecks it in one update (a LoRA at optim.lr
+    // 1: 1.25 -> 7.44, 8.12) stayed under 1.5 ln V with no best window yet, and the run said
+    // nothing. Step 1's batch, measured again under the weights now, tells the weights from a
+    // hard batch: a first batch easier than the rest is no baseline to diverge from, but the
+    // same batch half as bad again and 0.5 worse (1.25 -> 4.4) is the weights'.
+    const double s0 = start_loss_;
+    if (updated_ && s0 > 0 && a > 3 * s0 + 1 && b > 3 * s0 + 1) {
+      double again = NAN;
+      // Measured once a window: a first batch easier than all the rest would cost a forward at
+      // every step.
+      if (trend_ != Trend::kExploding && opt_.batch_loss && !start_ids_.empty()) {
+        if (start_probe_.first < 0 || r.step - start_probe_.first >= opt_.window)
+          start_probe_ = {r.step, opt_.batch_loss(start_ids_)};
+        again = start_probe_.second;
+      }
+      if (!(again <= 1.5 * s0 + 0.5)) {  // NaN (not measured, or wrecked to NaN): diverged
+        why = "diverged: the loss is " + num(a) + ", " + num(b) +
+              " on the last 2 steps, over 3x the loss before any update (" + num(s0) + ")" +
+              (std::isfinite(again) ? "; step 1's batch now has a loss of " + num(again) +
+                                          " under the weights the updates made: not harder data"
+                                    : std::string());
+        return Trend::kExploding;
+      }
     }
   }
 
@@ -867,15 +930,42 @@ int TrendAdvisor::probe_verdict(int64_t step) const {
 
 // Spikes the optimizer makes: a smaller step, a clipping threshold, a warmup.
 std::string TrendAdvisor::optimizer_spike_fix(const StepResult& r) const {
-  // It said "set train.max_grad_norm (now clipping)" to a run that clips already.
+  // Clipping that already cut the spike contains it: "lower train.max_grad_norm (now 1: it clipped
+  // this step)" told the user to do more of what was done (a norm of 2.77 cut to 1 at optim.lr
+  // 0.03); the cause left is the step size. It said "set train.max_grad_norm" to a run clipping
+  // already before that.
+  if (const std::string held = clip_contained(); !held.empty())
+    return held + ": " + lower_lr_of(r) +
+           ", and add warmup (sched.warmup_steps) if spikes come early";
+  // A spike the loss scaler skipped (its f16 gradients overflowed) applied no update: no clipping
+  // threshold was reached or missed ("lower train.max_grad_norm (now 1, above the spike's grad
+  // norm)" was said of a grad norm of nan).
+  for (const StepResult& w : window_)
+    if (w.step == last_spike_ && w.found_inf && !w.stepped && w.loss_scale_after < w.loss_scale)
+      return lower_lr_of(r) +
+             " and add warmup (sched.warmup_steps); the scaler skipped the spike's step (its "
+             "gradients overflowed f16 at loss scale " +
+             scale_num(w.loss_scale) + "), so no update came of it";
   const double clip = opt_.max_grad_norm;
-  const std::string clipping = clip > 0 ? "lower train.max_grad_norm (now " + num(clip) +
-                                              (r.clipped ? ": it clipped this step)" : ")")
-                               : clip == 0
-                                   ? "set train.max_grad_norm = 1.0 (now 0: no clipping)"
-                                   : "set train.max_grad_norm (this step was " +
-                                         std::string(r.clipped ? "clipped)" : "not clipped)");
+  const std::string clipping =
+      clip > 0    ? "lower train.max_grad_norm (now " + num(clip) + ", above the spike's grad norm)"
+      : clip == 0 ? "set train.max_grad_norm = 1.0 (now 0: no clipping)"
+                  : "set train.max_grad_norm (this step was " +
+                        std::string(r.clipped ? "clipped)" : "not clipped)");
   return lower_lr_of(r) + " or " + clipping + ", and add warmup (sched.warmup_steps)";
+}
+
+// "train.max_grad_norm = 1 already clipped it (grad norm 2.77 cut to 1) ...": the last spike's
+// step was clipped; "" where it was not, or clipping is off or unknown.
+std::string TrendAdvisor::clip_contained() const {
+  const double clip = opt_.max_grad_norm;
+  const StepResult* s = nullptr;
+  for (const StepResult& w : window_)
+    if (w.step == last_spike_) s = &w;
+  if (!(clip > 0) || !s || !s->clipped || !std::isfinite(s->grad_norm)) return "";
+  return "train.max_grad_norm = " + num(clip) + " already clipped it (grad norm " +
+         num(s->grad_norm) + " cut to " + num(clip) +
+         "), which contains the spike, and a lower threshold would not remove its cause";
 }
 
 std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
@@ -893,7 +983,7 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
                  "f16 overflows at any usable scale: switch train.precision to "
                  "bf16-mixed or 32-true") +
              (updated_ ? " (or lower optim.lr)" : "");
-    case Trend::kExploding:
+    case Trend::kExploding: {
       // A scale still above PyTorch's start because scaler.init_scale began far above it: the
       // scale is what overflows (the advice said "switch train.precision to bf16-mixed" where the
       // "loss scale" finding had said "lower scaler.init_scale").
@@ -903,6 +993,21 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
                "; PyTorch's default 65536): the loss scale (" + scale_num(r.loss_scale) +
                ") still multiplies the gradients past f16's max 65504; or switch train.precision "
                "to bf16-mixed (no scaler needed)";
+      // AdamW moves every weight by about lr at each update: at 10x the weights' RMS or more the
+      // model is wrecked in any format, and a wider one only keeps the wreck finite (16-mixed at
+      // optim.lr 10, NaN at step 2, was offered "or switch train.precision to bf16-mixed", where
+      // the loss reaches 2e3). The learning rate alone is named, with why.
+      if (const double key = opt_.peak_lr > 0 ? opt_.peak_lr : r.lr;
+          updated_ && opt_.adaptive && opt_.weight_rms > 0 && key >= 10 * opt_.weight_rms &&
+          !switch_to.empty())
+        return lower_lr +
+               (std::isfinite(r.loss) && std::isfinite(r.grad_norm)
+                    ? ", add warmup (sched.warmup_steps)"
+                    : "") +
+               ": AdamW moves each weight by about lr, " + num(key / opt_.weight_rms) +
+               "x the RMS of the weights (" + num(opt_.weight_rms) +
+               "), at every update, and no train.precision survives that (a wider one only keeps "
+               "the wrecked model finite)";
       if (!std::isfinite(r.loss) || !std::isfinite(r.grad_norm))
         return (opt_.tracer_on
                     ? "the tracer's log (" +
@@ -921,6 +1026,7 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
              (opt_.max_grad_norm == 0 ? "set train.max_grad_norm = 1.0 (now 0: no clipping)"
                                       : "keep train.max_grad_norm > 0") +
              (switch_to.empty() ? "" : "; if it persists, " + switch_to);
+    }
     case Trend::kVanishing: {
       const bool zero = !window_.empty() && window_.back().grad_norm == 0.0;
       // Blocks whose f16 gradients vanished (observe_layers): the decay is their underflow, and a
@@ -953,7 +1059,13 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
       if (probe_verdict(last_spike_) > 0)
         return "check the data around step " + std::to_string(last_spike_) +
                " (a bad, garbage or mislabeled batch: a data spike does not recur when other "
-               "batches follow; if spikes recur, lower optim.lr or set train.max_grad_norm)";
+               "batches follow; if spikes recur, " +
+               (clip_contained().empty() ? opt_.max_grad_norm > 0
+                                               ? "lower optim.lr or train.max_grad_norm (now " +
+                                                     num(opt_.max_grad_norm) + ")"
+                                               : "lower optim.lr or set train.max_grad_norm = 1.0"
+                                         : "lower optim.lr: " + clip_contained()) +
+               ")";
       // Not probed (the tracer or the injector is on): neither cause is known.
       return "if its batch looks wrong, check the data around step " + std::to_string(last_spike_) +
              "; if spikes recur, it is the optimizer: " + optimizer_spike_fix(r);

@@ -8,7 +8,11 @@
 //                          scale fell >= collapse_ratio (256x, eight back-offs) across the window.
 //                          A normal 16-mixed start backs off a few times (65536 -> 8192): not this.
 //   exploding              a step with a non-finite loss, or non-finite gradients no scaler
-//                          handled (nan_steps grew); or, once min_steps (8) finite grad norms are
+//                          handled (nan_steps grew); or "diverged", from the first update on: the
+//                          last 2 losses above 1.5 ln V, or above 3x + 1 the best window or the
+//                          loss before any update (a pretrained start; step 1's batch is measured
+//                          again under the weights, so a first batch easier than the rest is
+//                          not the baseline's fault); or, once min_steps (8) finite grad norms are
 //                          in the window, the median of the newer half is >= explode_ratio (10x)
 //                          the median of the older half while the mean loss did not improve (or
 //                          the growth is >= 10 * explode_ratio whatever the loss does).
@@ -67,6 +71,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "keel/monitor/grad_norms.h"
@@ -147,6 +152,9 @@ struct AdvisorOptions {
   // it (SGD: false): the relative size of an update, which "stalled" needs.
   double weight_rms = 0;
   bool adaptive = true;
+  // model.adapter.kind ("lora", "dora", "lokr"; "" or "none": every weight trains): "stalled"
+  // names the range its learning rate usually takes (adapters 1e-4 to 1e-3, full fine-tunes lower).
+  std::string adapter;
   // stalled: after stall_steps (50) updates at >= half the peak lr, the loss fell less than
   // stall_fall (2%) from the loss before any update, and an update moves the weights by less than
   // stall_move (1e-4) of their RMS (a tenth of it for a model that starts well below ln V, which
@@ -236,11 +244,14 @@ class TrendAdvisor {
   // divergence of the learning rate's.
   double start_loss_ = 0;
   bool start_observed_ = false;
+  std::vector<int64_t> start_ids_;  // step 1's batch: probed before a divergence from the start
+  mutable std::pair<int64_t, double> start_probe_{-1, 0};  // (step, its loss then)
   bool observe_start(const StepResult& r, Finding* f);
   // "stalled" (AdvisorOptions::stall_steps): said once, for a run that started at step 1.
   bool observe_stall(const StepResult& r, Finding* f);
-  int64_t full_lr_steps_ = 0;         // applied steps at >= half the peak lr
-  std::deque<double> recent_losses_;  // finite losses of the last 10 applied steps
+  std::string usual_lr(bool untrained) const;  // "AdamW usually trains ... at 1e-4 to 3e-3"
+  int64_t full_lr_steps_ = 0;                  // applied steps at >= half the peak lr
+  std::deque<double> recent_losses_;           // finite losses of the last 10 applied steps
   bool stall_reported_ = false;
   // "loss scale" (AdvisorOptions::init_scale): said once; the scaler's back-offs seen so far.
   bool observe_scale(const StepResult& r, Finding* f);
@@ -266,6 +277,7 @@ class TrendAdvisor {
   // harder (the weights); 0 not measured.
   int probe_verdict(int64_t step) const;
   std::string optimizer_spike_fix(const StepResult& r) const;
+  std::string clip_contained() const;  // the last spike was clipped: that it is contained
   std::string lr_now(const StepResult& r) const;       // "now 0.1, 0.012 at this step of ..."
   std::string lower_lr_of(const StepResult& r) const;  // "lower optim.lr (now ...; try 0.01)"
   Finding finding_;

@@ -448,10 +448,15 @@ std::string format_replay(const ReplayResult& r) {
         : r.recorded_grads_fingerprint.empty() ? "not recorded"
                                                : "differ")
     << ")\n";
-  if (!r.nonfinite_params.empty()) {
+  // From a non-finite loss, backward carries it into every gradient: the first of them is no
+  // producer (it named transformer.ln_f.weight beside a first module found in the forward).
+  if (!r.nonfinite_params.empty() && !std::isfinite(r.loss))
+    o << "  non-finite gradients in " << r.nonfinite_params.size()
+      << " parameters, carried back from the loss's own " << (std::isnan(r.loss) ? "nan" : "inf")
+      << ": the forward produced it, not backward\n";
+  else if (!r.nonfinite_params.empty())
     o << "  non-finite gradients in " << r.nonfinite_params.size()
       << " parameters, first produced by backward: " << r.first_nonfinite_param << "\n";
-  }
   if (!r.nonfinite_param_values.empty())
     o << "  non-finite VALUES before the step in " << r.nonfinite_param_values.size()
       << " parameters, first: " << r.nonfinite_param_values.front() << "\n";

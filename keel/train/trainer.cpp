@@ -405,11 +405,17 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
           what = "non-finite gradient norm (" + std::to_string(r.grad_norm) +
                  ": its f32 sum of squares overflowed; every gradient element is finite but some "
                  "exceed ~1.8e19)";
+        // Backward from a non-finite loss carries it into every gradient it reaches: the first
+        // of them is no producer. "non-finite loss (nan) and gradients in 28 of 28 parameters
+        // (first produced by backward: transformer.ln_f.weight)" sent the user to a LayerNorm
+        // for a forward that had made the NaN (optim.lr 1000, 16-true's flushed moments).
         if (!ev.nonfinite_params.empty())
           what += std::string(loss_finite ? "" : " and gradients") + " in " +
                   std::to_string(ev.nonfinite_params.size()) + " of " +
-                  std::to_string(run_.trainable.size()) +
-                  " parameters (first produced by backward: " + ev.first_nonfinite_param + ")";
+                  std::to_string(run_.trainable.size()) + " parameters " +
+                  (loss_finite ? "(first produced by backward: " + ev.first_nonfinite_param + ")"
+                               : std::string("(the loss's own ") + loss_text +
+                                     ", carried back: the forward produced it, not backward)");
         // Values that are already non-finite are the cause, whatever the gradients say: an
         // update overflowed them (a load refuses them, io/weight_check.h).
         if (!loss_finite || !ev.nonfinite_params.empty()) {

@@ -64,6 +64,30 @@ TEST(CliAdvisor, ALearningRateFarTooLowIsStalled) {
   EXPECT_TRUE(findings_of(dir, "stalled").empty()) << r.output;
 }
 
+// A LoRA at optim.lr = 1e-7 (1e-3 meant) stalls like a full model, but the range it was given was
+// a full model's: "AdamW usually trains a model from scratch at 1e-4 to 3e-3". It now names the
+// adapter's (HF PEFT's examples), and a LoRA at the range's top learns without a finding.
+TEST(CliAdvisor, AStalledLoraIsGivenTheLoraLearningRateRange) {
+  const std::string dir = test::temp_dir("cli-advisor-lora-lr-low");
+  auto run = [&](const std::string& lr) {
+    const test::KeelRun r =
+        train({"run.out_dir=" + dir, "run.overwrite=true", "model.adapter.kind=lora",
+               "model.adapter.target_modules=[\"c_attn\"]", "optim.lr=" + lr, "train.max_steps=51",
+               "sched.name=constant", "data.eval_examples=0", "train.batch_size=8"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r;
+  };
+  test::KeelRun r = run("1e-7");
+  std::vector<json> f = findings_of(dir, "stalled");
+  ASSERT_EQ(f.size(), 1u) << r.output;
+  EXPECT_CONTAINS(f[0].at("action").get<std::string>(),
+                  "optim.lr is far too low: raise it (AdamW usually trains LoRA adapters at 1e-4 "
+                  "to 1e-3");
+  EXPECT_NOT_CONTAINS(f[0].at("action").get<std::string>(), "from scratch");
+  r = run("1e-3");
+  EXPECT_TRUE(findings(dir).empty()) << r.output;
+}
+
 // A random model whose vocabulary is far wider than the tokenizer's ids (the seed bench: keel's
 // byte tokenizer over Llama-3's 128,256 rows) starts near ln V of its own logits, ln 32000 = 10.4
 // here, which is above 1.5 x ln 259. That is where every untrained model starts, no divergence: the
@@ -143,6 +167,81 @@ TEST(CliAdvisor, AWideInitIsNamedAndItsFallingLossIsNoDivergence) {
   ASSERT_FALSE(ex.empty()) << d.output;
   EXPECT_CONTAINS(ex[0].at("cause").get<std::string>(), "above 1.5x the loss before any update");
   EXPECT_CONTAINS(ex[0].at("action").get<std::string>(), "lower optim.lr");
+}
+
+// A LoRA fine-tune of a pretrained model (the arithmetic task trained 50 steps, exported) at
+// optim.lr = 1: one update takes the loss from 1.3 to 7.4, then 8.1, and it stays above 4. Below
+// 1.5 ln V (8.34) and with no best window yet, the advisor said nothing for 8 steps; the loss
+// before any update is now a baseline, and step 1's batch measured again under the wrecked weights
+// shows it is no harder data. The same LoRA at 1e-3 stays silent.
+TEST(CliAdvisor, APretrainedModelWreckedAtOnceIsDivergedAtStep3) {
+  const std::string dir = test::temp_dir("cli-advisor-pretrained-lora");
+  ASSERT_EQ(train({"run.out_dir=" + dir + "/pre", "optim.lr=1e-2", "train.max_steps=50",
+                   "data.eval_examples=0"})
+                .code,
+            0);
+  const test::KeelRun e = test::run_keel({"export", dir + "/pre", "--out", dir + "/base"});
+  ASSERT_EQ(e.code, 0) << e.output;
+  auto lora = [&](const std::string& name, const std::string& lr) {
+    const test::KeelRun r = train(
+        {"run.out_dir=" + dir + "/" + name, "model.path=" + dir + "/base",
+         "model.adapter.kind=lora", "model.adapter.target_modules=[\"c_attn\"]", "optim.lr=" + lr,
+         "sched.name=constant", "train.max_steps=6", "data.eval_examples=0"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r;
+  };
+  const test::KeelRun r = lora("lr1", "1");
+  const std::vector<json> f = findings(dir + "/lr1");
+  ASSERT_FALSE(f.empty()) << r.output;
+  EXPECT_EQ(f[0].at("trend"), "exploding") << f[0].dump();
+  EXPECT_EQ(f[0].at("step").get<int64_t>(), 3) << f[0].dump();
+  const std::string cause = f[0].at("cause");
+  EXPECT_CONTAINS(cause, "over 3x the loss before any update (1.");
+  EXPECT_CONTAINS(cause, "step 1's batch now has a loss of ");
+  EXPECT_CONTAINS(f[0].at("action").get<std::string>(), "lower optim.lr (now 1, try 0.1)");
+  EXPECT_CONTAINS(r.out, "advice: the run ends exploding, as found at step 3");
+  const test::KeelRun h = lora("lr1e-3", "1e-3");
+  EXPECT_TRUE(findings(dir + "/lr1e-3").empty()) << h.output;
+}
+
+// 16-mixed at optim.lr = 10: one AdamW update moves every weight by ~10, 575x their RMS, and the
+// next forward overflows f16 (NaN at step 2). The advice offered "or switch train.precision to
+// bf16-mixed or 32-true", where the same run reaches a loss of 2e3: the precision only decides
+// whether the wreck is finite. It now names the learning rate alone, and why.
+TEST(CliAdvisor, ALearningRateThatWrecksAnyFormatIsNotBlamedOnThePrecision) {
+  const std::string dir = test::temp_dir("cli-advisor-16mixed-lr10");
+  const test::KeelRun r = train({"run.out_dir=" + dir, "train.precision=16-mixed", "optim.lr=10",
+                                 "train.max_steps=6", "data.eval_examples=0"});
+  ASSERT_EQ(r.code, 3) << r.output;
+  const std::vector<json> f = findings_of(dir, "exploding");
+  ASSERT_EQ(f.size(), 1u) << r.output;
+  const std::string action = f[0].at("action");
+  EXPECT_CONTAINS(action, "lower optim.lr (now 10, ");
+  EXPECT_CONTAINS(action,
+                  "x the RMS of the weights (0.0174), at every update, and no "
+                  "train.precision survives that");
+  EXPECT_NOT_CONTAINS(action, "switch train.precision");
+}
+
+// 16-mixed, optim.lr = 0.03, 4 micro-batches of 2: at step 14 the loss jumps (2.1 -> 5.1) and
+// its f16 gradients overflow, so the scaler skips the step. The spike line read "its grad norm
+// -nan" and the advice "lower train.max_grad_norm (now 1, above the spike's grad norm)" of a step
+// that applied no update; it now says the scaler skipped it.
+TEST(CliAdvisor, ASpikeTheScalerSkippedIsToldSoNotToClip) {
+  const std::string dir = test::temp_dir("cli-advisor-skipped-spike");
+  const test::KeelRun r = train({"run.out_dir=" + dir, "train.precision=16-mixed", "optim.lr=3e-2",
+                                 "train.grad_accum=4", "train.batch_size=2", "train.max_steps=40",
+                                 "data.eval_examples=0"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<json> f = findings_of(dir, "spiking");
+  ASSERT_EQ(f.size(), 1u) << r.output;
+  const std::string cause = f[0].at("cause"), action = f[0].at("action");
+  EXPECT_CONTAINS(cause, "(its grad norm nan, median ");
+  EXPECT_NOT_CONTAINS(cause, "-nan");
+  EXPECT_CONTAINS(action,
+                  "the scaler skipped the spike's step (its gradients overflowed f16 at "
+                  "loss scale 65536), so no update came of it");
+  EXPECT_NOT_CONTAINS(action, "train.max_grad_norm");
 }
 
 // A run diverged by optim.lr = 10 and resumed from its step-8 checkpoint: the resumed process's
@@ -318,6 +417,10 @@ TEST(CliAdvisor, ASpikeOfTheOptimizerOnCleanDataIsNotBlamedOnTheData) {
   EXPECT_CONTAINS(cause, "the update before moved the weights (the optimizer, not the data)");
   EXPECT_CONTAINS(action, "lower optim.lr");
   EXPECT_NOT_CONTAINS(action, "check the data");
+  // The default train.max_grad_norm = 1 cut the spike's grad norm of 3.16: it was told "or lower
+  // train.max_grad_norm (now 1: it clipped this step)", more of what the run already does.
+  EXPECT_CONTAINS(action, "train.max_grad_norm = 1 already clipped it (grad norm ");
+  EXPECT_NOT_CONTAINS(action, "lower train.max_grad_norm");
   // The two probe forwards change nothing: the run without them (the tracer on turns them off)
   // has the same losses and gradient norms, bit for bit.
   const test::KeelRun t =
@@ -434,6 +537,9 @@ TEST(CliAdvisor, GarbageBatchIsADataSpikeNamedByFileAndLine) {
   EXPECT_CONTAINS(s.at("cause").get<std::string>(), "under the same weights its batch's loss is ");
   EXPECT_CONTAINS(s.at("cause").get<std::string>(), ": the batch is the harder, the data");
   EXPECT_CONTAINS(s.at("action").get<std::string>(), "check the data around step 41");
+  // Clipped at the default 1.0, it was told "if spikes recur, ... set train.max_grad_norm".
+  EXPECT_NOT_CONTAINS(s.at("action").get<std::string>(), "set train.max_grad_norm");
+  EXPECT_CONTAINS(s.at("action").get<std::string>(), "train.max_grad_norm = 1 already clipped it");
   EXPECT_CONTAINS(r.out, where);
   for (const json& j : f) EXPECT_NE(j.at("trend"), "exploding") << j.dump();
 }

@@ -415,6 +415,13 @@ TEST(CliNan, AdamWSecondMomentUnderflowIn16TrueIsNamedAsTheCause) {
                   "state), or raise optim.eps (to about 1e-4)");
   EXPECT_NOT_CONTAINS(r.output, "lower optim.lr");
   EXPECT_NOT_CONTAINS(r.err, "cause: AdamW's second moment");
+  // The forward's overflow made the loss NaN, and backward carried it into every gradient: the
+  // stop said "(first produced by backward: transformer.ln_f.weight)", sending the user to a
+  // LayerNorm that only passed it on.
+  EXPECT_CONTAINS(r.err,
+                  "(the loss's own nan, carried back: the forward produced it, not "
+                  "backward)");
+  EXPECT_NOT_CONTAINS(r.err, "first produced by backward");
   const json j = replay_json(capture, {"--bisect"});
   EXPECT_TRUE(j.value("reproduced", false)) << j.dump(2);
   const std::string why = j.value("explanation", std::string());

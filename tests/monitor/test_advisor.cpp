@@ -103,6 +103,37 @@ TEST(Advisor, TheLearningRateToLowerIsOptimLrsValueNotTheSchedulesRate) {
                   "raise optim.lr (now 0.1, 0.05 at this step of the schedule)");
 }
 
+// A pretrained start (loss 0.5, ln V = 5.56) and then losses of 3: a divergence when step 1's
+// batch is as bad under the new weights, harder data when that batch still scores 0.5.
+TEST(Advisor, ALossFarAboveAPretrainedStartIsDivergedOnlyIfStepOnesBatchIsToo) {
+  for (const double again : {0.55, 3.2}) {
+    AdvisorOptions o;
+    o.uniform_loss = std::log(259.0);
+    int64_t probes = 0;
+    o.batch_loss = [&](const std::vector<int64_t>& ids) {
+      ++probes;
+      EXPECT_EQ(ids, std::vector<int64_t>({7, 9}));
+      return again;
+    };
+    Feed run(o);
+    for (int64_t i = 1; i <= 6; ++i) {
+      StepResult r = step(i, i == 1 ? 0.5 : 3.0 + 0.01 * static_cast<double>(i), 0.5);
+      r.example_ids = i == 1 ? std::vector<int64_t>{7, 9} : std::vector<int64_t>{1, 2};
+      run.feed(r);
+    }
+    if (again > 1) {
+      ASSERT_EQ(run.advice.size(), 1u);
+      EXPECT_EQ(run.advice[0].first, 3);
+      EXPECT_CONTAINS(run.advice[0].second, "over 3x the loss before any update (0.5)");
+      EXPECT_CONTAINS(run.advice[0].second, "step 1's batch now has a loss of 3.2");
+      EXPECT_EQ(probes, 1);  // once: the verdict holds without measuring again
+    } else {
+      EXPECT_TRUE(run.advice.empty()) << run.advice.front().second;
+      EXPECT_EQ(probes, 1);  // once a window, not a forward at every step
+    }
+  }
+}
+
 TEST(Advisor, GrowingGradNormWhileTheLossFallsIsNotExploding) {
   // 3x growth with an improving loss (common early in training) stays stable.
   Feed run;
@@ -270,9 +301,19 @@ TEST(Advisor, RecurringSpikesNameTheClippingThreshold) {
     EXPECT_FALSE(run.advice.empty());
     return run.advice.empty() ? std::string() : run.advice.back().second;
   };
+  // Clipped at 1, the spikes of 50 are contained: the advice then was "lower train.max_grad_norm
+  // (now 1: it clipped this step)", more of what the run did; the step size is what is left.
   const std::string clipping = advice_at_second_spike(1.0);
   EXPECT_CONTAINS(clipping, "spikes recur (steps 20 28)");
-  EXPECT_CONTAINS(clipping, "or lower train.max_grad_norm (now 1: it clipped this step)");
+  EXPECT_CONTAINS(clipping,
+                  "train.max_grad_norm = 1 already clipped it (grad norm 50 cut to 1), which "
+                  "contains the spike, and a lower threshold would not remove its cause: lower "
+                  "optim.lr");
+  EXPECT_NOT_CONTAINS(clipping, "lower train.max_grad_norm");
+  EXPECT_NOT_CONTAINS(clipping, "set train.max_grad_norm");
+  // A threshold above the spike did not touch it: lowering it is the advice.
+  EXPECT_CONTAINS(advice_at_second_spike(100.0),
+                  "or lower train.max_grad_norm (now 100, above the spike's grad norm)");
   EXPECT_CONTAINS(advice_at_second_spike(0.0),
                   "or set train.max_grad_norm = 1.0 (now 0: no clipping)");
 }
@@ -394,6 +435,12 @@ TEST(Advisor, ExplodingVerdictHoldsUntilTheConditionClears) {
     for (int64_t i = 61; i <= 64; ++i) run.feed(step(i, healthy_loss(12), healthy_norm(12)));
     ASSERT_EQ(run.advice.size(), 3u);
     EXPECT_EQ(run.advice[2].second.rfind("stable: ", 0), 0u) << run.advice[2].second;
+    // Not "no action needed": the learning rate that made it diverge is still set.
+    EXPECT_CONTAINS(run.advice[2].second,
+                    "; recovered from the divergence found at step 14; "
+                    "none now; if it diverges again, lower optim.lr (now "
+                    "0.003, try 0.0003)");
+    EXPECT_NOT_CONTAINS(run.advice[2].second, "no action needed");
   }
 }
 
@@ -425,8 +472,9 @@ TEST(Advisor, ASpikeBatchIsComparedWithTheBatchBeforeUnderTheSameWeights) {
       EXPECT_CONTAINS(line, "check the data around step 12");
     } else {
       // 2.1 against 2.0 was called "no harder": it is harder, by too little to be the cause.
-      EXPECT_CONTAINS(line, "its batch is only 1.05x harder (under 1.5x), too little to make the "
-                            "spike: the update before moved the weights");
+      EXPECT_CONTAINS(line,
+                      "its batch is only 1.05x harder (under 1.5x), too little to make the "
+                      "spike: the update before moved the weights");
       EXPECT_CONTAINS(line, "lower optim.lr");
       EXPECT_NOT_CONTAINS(line, "check the data");
     }
@@ -670,7 +718,8 @@ TEST(Advisor, AFlatLossUnderUpdatesTinyAgainstTheWeightsIsStalled) {
       EXPECT_TRUE(ft.of("stalled").empty());
     } else {
       ASSERT_EQ(ft.of("stalled").size(), 1u);
-      EXPECT_CONTAINS(ft.of("stalled")[0].action, "AdamW usually fine-tunes at 1e-5 to 2e-4");
+      EXPECT_CONTAINS(ft.of("stalled")[0].action,
+                      "AdamW usually fine-tunes a whole pretrained model at 1e-5 to 2e-4");
     }
   }
 
@@ -696,6 +745,30 @@ TEST(Advisor, AFlatLossUnderUpdatesTinyAgainstTheWeightsIsStalled) {
   for (int64_t i = 1; i <= 60; ++i) sgd.feed(lr_step(i, 5.5, 1e-6), {});
   ASSERT_EQ(sgd.of("stalled").size(), 1u);
   EXPECT_CONTAINS(sgd.of("stalled")[0].cause, "SGD moves them by lr = 1e-06 times the gradient");
+  // SGD's range, not AdamW's (it was told "AdamW usually trains a model from scratch at 1e-4").
+  EXPECT_CONTAINS(sgd.of("stalled")[0].action, "usually trains at 1e-2 to 1e-1");
+  EXPECT_NOT_CONTAINS(sgd.of("stalled")[0].action, "AdamW");
+}
+
+// The range "stalled" suggests fits what is trained: an adapter on a random base was told "AdamW
+// usually trains a model from scratch at 1e-4 to 3e-3", one on a pretrained base the ranges of a
+// full fine-tune and LoRA side by side; a DoRA is no LoRA.
+TEST(Advisor, AStalledAdapterIsGivenTheAdaptersLearningRateRange) {
+  for (const bool pretrained : {false, true}) {
+    AdvisorOptions o;
+    o.peak_lr = 1e-8;
+    o.weight_rms = 0.02;
+    o.uniform_loss = std::log(259.0);
+    o.adapter = "dora";
+    LayerFeed run(o);
+    const double start = pretrained ? 1.0 : 5.5;
+    for (int64_t i = 1; i <= 60; ++i) run.feed(lr_step(i, start + 0.01 * std::cos(i), 1e-8), {});
+    ASSERT_EQ(run.of("stalled").size(), 1u) << pretrained;
+    const std::string action = run.of("stalled")[0].action;
+    EXPECT_CONTAINS(action, "AdamW usually trains DoRA adapters at 1e-4 to 1e-3");
+    EXPECT_NOT_CONTAINS(action, "from scratch");
+    EXPECT_NOT_CONTAINS(action, "fine-tunes");
+  }
 }
 
 // A cosine schedule decays to ~0: its last updates round away by design, and "raise optim.lr"

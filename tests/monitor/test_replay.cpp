@@ -479,5 +479,24 @@ TEST(Replay, TheReportPrintsANanGradNormWithoutItsSign) {
   EXPECT_NOT_CONTAINS(text, " -nan");
 }
 
+// A non-finite loss makes every gradient non-finite on the way back: the report named the first
+// of them "first produced by backward" (transformer.ln_f.weight, 16-true's flushed AdamW moments)
+// beside a first module the tracer found in the forward.
+TEST(Replay, TheGradientsOfANonFiniteLossAreNotNamedAsBackwardsProducer) {
+  ReplayResult r;
+  r.loss = std::nan("");
+  r.grad_norm = std::nan("");
+  r.nonfinite_params = {"transformer.wte.weight", "transformer.ln_f.weight"};
+  r.first_nonfinite_param = "transformer.ln_f.weight";
+  std::string text = format_replay(r);
+  EXPECT_CONTAINS(text,
+                  "non-finite gradients in 2 parameters, carried back from the loss's own "
+                  "nan: the forward produced it, not backward");
+  EXPECT_NOT_CONTAINS(text, "first produced by backward");
+  r.loss = 2.5;  // a finite loss: backward made them, and its first is named
+  text = format_replay(r);
+  EXPECT_CONTAINS(text, "first produced by backward: transformer.ln_f.weight");
+}
+
 }  // namespace
 }  // namespace keel::monitor
