@@ -431,6 +431,26 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
       r.checks.push_back(make("error", "setup", std::string("the run cannot start: ") + e.what()));
     }
   }
+  // The checkpoint a resume continues, as keel train judges it (read only): a resume train
+  // refuses (another seed, batch, precision, model or data than the checkpoint's, a lost `last`
+  // beside step-N checkpoints, a damaged one) got "nothing blocks training".
+  if (cfg.run.resume && !cfg.run.out_dir.empty()) {
+    try {
+      const std::vector<std::string> notes =
+          probe ? check_resume(*probe, cfg)
+                : std::vector<std::string>{resume_checkpoint_dir(cfg.run.out_dir).empty()
+                                               ? "no checkpoint: the run starts from scratch"
+                                               : ""};
+      for (const std::string& n : notes)
+        if (!n.empty()) r.checks.push_back(make("warning", "resume", n));
+      if (probe && notes.empty())
+        r.checks.push_back(
+            make("ok", "resume",
+                 "the checkpoint in " + cfg.run.out_dir + "/checkpoints/last fits this config"));
+    } catch (const Error& e) {
+      r.checks.push_back(make("error", "resume", e.what()));
+    }
+  }
   if (probe) {
     // Tokenizer and data, as the Trainer built them for training.
     const TokenizerFacts tok = tokenizer_facts(*probe->data.tokenizer, cfg.data.tokenizer);
