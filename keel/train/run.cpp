@@ -541,6 +541,16 @@ Run build_run(const Config& cfg, const RunOptions& o) {
        {"debug.inject.step", "debug.inject.kind", "debug.inject.factor", "debug.inject.only_rank"},
        "debug.inject.module = \"\": nothing is injected; name the module whose output to "
        "corrupt"},
+      // abort_after_batch_num = 3 without the tracer ran to the end, as HF's would have stopped.
+      {!cfg.debug.underflow_overflow.enabled,
+       {"debug.underflow_overflow.max_frames_to_save", "debug.underflow_overflow.trace_batch_nums",
+        "debug.underflow_overflow.abort_after_batch_num"},
+       "debug.underflow_overflow.enabled = false: the tracer is off, so it neither traces nor "
+       "stops the run; set debug.underflow_overflow.enabled = true"},
+      {cfg.train.max_steps > 0,
+       {"train.epochs"},
+       "train.max_steps = " + std::to_string(cfg.train.max_steps) +
+           " sets the run's length: train.epochs counts only when train.max_steps is 0"},
       {!inject_module.empty() && cfg.debug.inject.kind != "scale",
        {"debug.inject.factor"},
        "debug.inject.kind = \"" + cfg.debug.inject.kind +

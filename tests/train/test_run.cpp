@@ -309,6 +309,22 @@ TEST(RunFactory, KeysTheRunsOtherChoicesLeaveUnreadAreSaid) {
                                         "debug.inject.step=2", "debug.inject.factor=3"})),
       "note: debug.inject.factor = 3.0 set, but debug.inject.kind = \"nan\": the factor "
       "multiplies the output under kind = \"scale\" only");
+  // The tracer's keys without the tracer (abort_after_batch_num = 2 ran to the end), and
+  // train.epochs beside a train.max_steps that sets the length: both trained as without them.
+  EXPECT_CONTAINS(
+      said_by_build(tiny("tracer-off", {"debug.underflow_overflow.abort_after_batch_num=2",
+                                        "debug.underflow_overflow.trace_batch_nums=[1]"})),
+      "note: debug.underflow_overflow.trace_batch_nums = [1], "
+      "debug.underflow_overflow.abort_after_batch_num = 2 set, but "
+      "debug.underflow_overflow.enabled = false: the tracer is off, so it neither "
+      "traces nor stops the run");
+  EXPECT_CONTAINS(said_by_build(tiny("epochs-unread", {"train.max_steps=3", "train.epochs=5"})),
+                  "note: train.epochs = 5 set, but train.max_steps = 3 sets the run's length");
+  EXPECT_NOT_CONTAINS(
+      said_by_build(tiny("tracer-on", {"debug.underflow_overflow.enabled=true",
+                                       "debug.underflow_overflow.abort_after_batch_num=2",
+                                       "train.max_steps=0", "train.epochs=2"})),
+      "set, but");
   // Where they act, nothing is said.
   EXPECT_NOT_CONTAINS(
       said_by_build(
