@@ -631,6 +631,13 @@ void validate(Config& c, const Origins& origins) {
   if (c.data.tokenizer.empty())
     throw usage(prefix("data.tokenizer") +
                 "data.tokenizer must not be empty (\"byte\", \"gpt2:DIR\" or \"hf:PATH\")");
+  // "hf:" alone reached the loader as "HF tokenizer file  does not exist", naming no key.
+  if (c.data.tokenizer == "hf:" || c.data.tokenizer == "gpt2:")
+    throw usage(prefix("data.tokenizer") + "data.tokenizer = \"" + c.data.tokenizer +
+                "\" names no " + (c.data.tokenizer == "hf:" ? "file" : "directory") +
+                " after the prefix; write " +
+                (c.data.tokenizer == "hf:" ? "\"hf:PATH\" (a tokenizer.json or its directory)"
+                                           : "\"gpt2:DIR\" (GPT-2's vocabulary directory)"));
   GradScalerOptions& s = c.scaler;
   // The scale is an f32 (docs/config.md): 1e39 loaded, then the GradScaler refused it at the
   // first 16-mixed run naming no file or line (and doctor's static checks passed it).
@@ -719,6 +726,22 @@ void apply_override(Config& c, const std::string& ov, Origins& origins) {
                 " is not a TOML array of strings: quote each entry, in single quotes that keep "
                 "the shell from removing the double ones (--set '" +
                 key + "=[\"q_proj\", \"v_proj\"]')");
+  // A list key given one bare value (`--set model.adapter.target_modules=q_proj`, `...
+  // trace_batch_nums=3`) was "must be an array of strings, got string", without the way to write
+  // one: the message now shows it.
+  const bool strings = std::holds_alternative<std::vector<std::string>*>(k->field(c));
+  const bool ints = std::holds_alternative<std::vector<int64_t>*>(k->field(c));
+  if ((strings || ints) && !text.empty() && text.front() != '[' &&
+      !(is_value && parsed.get("v")->is_array()))
+    throw usage(where + ": " + key + " takes a list; write it in brackets" +
+                (strings ? ", each entry quoted, in single quotes that keep the shell from "
+                           "removing the double ones (--set '" +
+                               key + "=[\"" +
+                               (is_value && parsed.get("v")->is_string()
+                                    ? parsed.get("v")->as_string()->get()
+                                    : text) +
+                               "\"]')"
+                         : " (--set '" + key + "=[" + text + "]')"));
   toml::value<std::string> bare(text);
   const toml::node* v = is_value ? parsed.get("v") : &bare;
   // Bare strings: `train.precision=bf16-mixed`, and `run.out_dir=out/2024-01-01`, which TOML would

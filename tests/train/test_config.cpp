@@ -552,6 +552,32 @@ TEST(Config, RulesAcrossKeysNameBothKeysAndWhereTheyCameFrom) {
   EXPECT_NO_THROW(load_config("", {"optim.name=sgd", "optim.nesterov=true", "optim.momentum=0.9"}));
 }
 
+// A list key given one bare value said "must be an array of strings, got string", not how to write
+// one; "hf:" with no path reached the tokenizer loader as "HF tokenizer file  does not exist".
+TEST(Config, AListKeyGivenOneValueAndATokenizerPrefixAloneSayTheFix) {
+  EXPECT_EQ(set_error("model.adapter.target_modules=q_proj"),
+            "--set model.adapter.target_modules=q_proj: model.adapter.target_modules takes a list; "
+            "write it in brackets, each entry quoted, in single quotes that keep the shell from "
+            "removing the double ones (--set 'model.adapter.target_modules=[\"q_proj\"]')");
+  EXPECT_EQ(set_error("model.adapter.target_modules=\"q_proj\""),
+            "--set model.adapter.target_modules=\"q_proj\": model.adapter.target_modules takes a "
+            "list; write it in brackets, each entry quoted, in single quotes that keep the shell "
+            "from removing the double ones (--set 'model.adapter.target_modules=[\"q_proj\"]')");
+  EXPECT_EQ(set_error("debug.underflow_overflow.trace_batch_nums=3"),
+            "--set debug.underflow_overflow.trace_batch_nums=3: "
+            "debug.underflow_overflow.trace_batch_nums takes a list; write it in brackets (--set "
+            "'debug.underflow_overflow.trace_batch_nums=[3]')");
+  EXPECT_EQ(load_config("", {"debug.underflow_overflow.trace_batch_nums=[3]"})
+                .debug.underflow_overflow.trace_batch_nums,
+            (std::vector<int64_t>{3}));
+  EXPECT_EQ(set_error("data.tokenizer=hf:"),
+            "--set data.tokenizer=hf:: data.tokenizer = \"hf:\" names no file after the prefix; "
+            "write \"hf:PATH\" (a tokenizer.json or its directory)");
+  EXPECT_EQ(set_error("data.tokenizer=gpt2:"),
+            "--set data.tokenizer=gpt2:: data.tokenizer = \"gpt2:\" names no directory after the "
+            "prefix; write \"gpt2:DIR\" (GPT-2's vocabulary directory)");
+}
+
 TEST(Config, OverridesParseTomlValuesAndBareStrings) {
   const std::string dir = test::temp_dir("config");
   const std::string path =
@@ -597,8 +623,7 @@ TEST(Config, OverridesParseTomlValuesAndBareStrings) {
             "train.batch_size=8)");
   EXPECT_NE(set_error("train=3").find("--set train=3: train is a section, not a key"),
             std::string::npos);
-  EXPECT_NE(set_error("model.adapter.target_modules=q_proj")
-                .find("must be an array of strings, got string \"q_proj\""),
+  EXPECT_NE(set_error("model.adapter.target_modules=q_proj").find("takes a list"),
             std::string::npos);
   EXPECT_EQ(set_error("log.console=yes"),
             "--set log.console=yes: log.console must be a boolean (true or false), got string "
