@@ -547,6 +547,10 @@ Run build_run(const Config& cfg, const RunOptions& o) {
         "debug.underflow_overflow.abort_after_batch_num"},
        "debug.underflow_overflow.enabled = false: the tracer is off, so it neither traces nor "
        "stops the run; set debug.underflow_overflow.enabled = true"},
+      // model.init_std = 0.5 over model.path trained the file's weights as loaded.
+      {!cfg.model.path.empty(),
+       {"model.init_std"},
+       "model.path's weights are loaded, not drawn: it scales a random init only"},
       {cfg.train.max_steps > 0,
        {"train.epochs"},
        "train.max_steps = " + std::to_string(cfg.train.max_steps) +

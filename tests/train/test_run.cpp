@@ -337,6 +337,20 @@ TEST(RunFactory, KeysTheRunsOtherChoicesLeaveUnreadAreSaid) {
       "set, but");
 }
 
+// model.init_std beside model.path: the weights are the file's, and a run that set it to study a
+// wider init trained the file's weights without a word.
+TEST(RunFactory, InitStdBesideAModelPathIsSaid) {
+  const std::string dir = test::temp_dir("init-std-path") + "/base";
+  {
+    keel::Run base = build_run(tiny("init-std-base"));
+    io::save_hf_model(*base.model, dir);
+  }
+  EXPECT_CONTAINS(said_by_build(tiny("init-std-run", {"model.path=" + dir, "model.init_std=0.5"})),
+                  "note: model.init_std = 0.5 set, but model.path's weights are loaded, not "
+                  "drawn: it scales a random init only");
+  EXPECT_NOT_CONTAINS(said_by_build(tiny("init-std-random", {"model.init_std=0.5"})), "set, but");
+}
+
 TEST(RunFactory, KeepCheckpointsWithoutCheckpointEveryIsSaid) {
   EXPECT_CONTAINS(said_by_build(tiny("keep-none", {"log.keep_checkpoints=3"})),
                   "note: log.keep_checkpoints = 3 keeps the newest checkpoints/step-N "
