@@ -513,6 +513,8 @@ Run build_run(const Config& cfg, const RunOptions& o) {
                                                 "scaler.consecutive_hysteresis",
                                                 "scaler.max_consecutive_skips"};
   const std::string& inject_module = cfg.debug.inject.module;
+  const data::Tokenizer& tok = *r.data.tokenizer;
+  const bool own_pad = tok.pad_id() >= 0 && !data::pad_collides(tok, tok.pad_id());
   const struct {
     bool unread;
     std::vector<std::string> keys;
@@ -551,6 +553,11 @@ Run build_run(const Config& cfg, const RunOptions& o) {
       {!cfg.model.path.empty(),
        {"model.init_std"},
        "model.path's weights are loaded, not drawn: it scales a random init only"},
+      // data.pad = "eos" beside a tokenizer with a pad token of its own padded with that token.
+      {own_pad,
+       {"data.pad"},
+       "the tokenizer has a pad token of its own (id " + std::to_string(tok.pad_id()) +
+           "), which padding uses; data.pad decides only for one without"},
       {cfg.train.max_steps > 0,
        {"train.epochs"},
        "train.max_steps = " + std::to_string(cfg.train.max_steps) +

@@ -318,6 +318,10 @@ TEST(RunFactory, KeysTheRunsOtherChoicesLeaveUnreadAreSaid) {
       "debug.underflow_overflow.abort_after_batch_num = 2 set, but "
       "debug.underflow_overflow.enabled = false: the tracer is off, so it neither "
       "traces nor stops the run");
+  // The byte tokenizer has a pad token of its own (256): data.pad has nothing to decide.
+  EXPECT_CONTAINS(said_by_build(tiny("pad-unread", {"data.pad=eos"})),
+                  "note: data.pad = \"eos\" set, but the tokenizer has a pad token of its own "
+                  "(id 256), which padding uses");
   EXPECT_CONTAINS(said_by_build(tiny("epochs-unread", {"train.max_steps=3", "train.epochs=5"})),
                   "note: train.epochs = 5 set, but train.max_steps = 3 sets the run's length");
   EXPECT_NOT_CONTAINS(
