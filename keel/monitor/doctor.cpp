@@ -16,6 +16,7 @@
 #include "keel/data/tokenizer_base.h"
 #include "keel/io/json_fields.h"
 #include "keel/io/out_dir.h"
+#include "keel/monitor/inject.h"
 #include "keel/ops/elementwise.h"
 #include "keel/train/trainer.h"
 
@@ -449,6 +450,15 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
                  "the checkpoint in " + cfg.run.out_dir + "/checkpoints/last fits this config"));
     } catch (const Error& e) {
       r.checks.push_back(make("error", "resume", e.what()));
+    }
+  }
+  // The module fault injection corrupts, looked up as keel train does once the model is built:
+  // a name of no module got "nothing blocks training", and train refused it.
+  if (probe && !cfg.debug.inject.module.empty()) {
+    try {
+      FaultInjector check(*probe->model, cfg.debug.inject);  // hooks on, and off again at once
+    } catch (const Error& e) {
+      r.checks.push_back(make("error", "inject", e.what()));
     }
   }
   if (probe) {

@@ -124,6 +124,26 @@ TEST(CliDoctor, WhatTrainRefusesDoctorRefuses) {
   }
 }
 
+// A debug.inject.module that names no module: keel train refuses it once the model is built, and
+// doctor said "nothing blocks training". Doctor looks it up in the model it builds, as train does.
+TEST(CliDoctor, AnInjectModuleTrainWouldRefuseBlocks) {
+  const std::string bad = " --set debug.inject.module=transformer.h.9 --set debug.inject.step=1";
+  test::KeelRun r = doctor(kSmall + " --no-sanity" + bad);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.out,
+                  "[error  ] inject: debug.inject.module = \"transformer.h.9\": no module "
+                  "with this path in GPT2LMHeadModel; similar paths: transformer.h.0");
+  const std::string dir = test::temp_dir("cli-doctor-inject");
+  test::KeelRun t = test::run_keel_sh("train " + kSmall + bad + " --set run.out_dir=" + dir);
+  EXPECT_EQ(t.code, 2) << t.output;
+  EXPECT_CONTAINS(t.err, "debug.inject.module = \"transformer.h.9\": no module with this path");
+  r = doctor(kSmall +
+             " --no-sanity --set debug.inject.module=transformer.h.0 --set "
+             "debug.inject.step=1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.out, "inject:");
+}
+
 // Every file under `dir` with its size and modification time: what doctor must leave as it was
 // (but the lock, which a refused keel train takes and lets go).
 std::string tree_state(const std::string& dir) {
