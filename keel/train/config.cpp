@@ -631,13 +631,14 @@ void validate(Config& c, const Origins& origins) {
   if (c.data.tokenizer.empty())
     throw usage(prefix("data.tokenizer") +
                 "data.tokenizer must not be empty (\"byte\", \"gpt2:DIR\" or \"hf:PATH\")");
-  // "hf:" alone reached the loader as "HF tokenizer file  does not exist", naming no key.
+  // "hf:" alone reached the loader as "HF tokenizer file  does not exist", naming no key (keel
+  // serve's request check says the same).
   if (c.data.tokenizer == "hf:" || c.data.tokenizer == "gpt2:")
     throw usage(prefix("data.tokenizer") + "data.tokenizer = \"" + c.data.tokenizer +
-                "\" names no " + (c.data.tokenizer == "hf:" ? "file" : "directory") +
-                " after the prefix; write " +
-                (c.data.tokenizer == "hf:" ? "\"hf:PATH\" (a tokenizer.json or its directory)"
-                                           : "\"gpt2:DIR\" (GPT-2's vocabulary directory)"));
+                "\": give the path after " + c.data.tokenizer + " (e.g. " + c.data.tokenizer +
+                (c.data.tokenizer == "hf:" ? "tokenizer.json, or its directory"
+                                           : "gpt2-tokenizer-dir, GPT-2's vocabulary directory") +
+                ")");
   GradScalerOptions& s = c.scaler;
   // The scale is an f32 (docs/config.md): 1e39 loaded, then the GradScaler refused it at the
   // first 16-mixed run naming no file or line (and doctor's static checks passed it).

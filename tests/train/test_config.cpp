@@ -571,11 +571,11 @@ TEST(Config, AListKeyGivenOneValueAndATokenizerPrefixAloneSayTheFix) {
                 .debug.underflow_overflow.trace_batch_nums,
             (std::vector<int64_t>{3}));
   EXPECT_EQ(set_error("data.tokenizer=hf:"),
-            "--set data.tokenizer=hf:: data.tokenizer = \"hf:\" names no file after the prefix; "
-            "write \"hf:PATH\" (a tokenizer.json or its directory)");
+            "--set data.tokenizer=hf:: data.tokenizer = \"hf:\": give the path after hf: (e.g. "
+            "hf:tokenizer.json, or its directory)");
   EXPECT_EQ(set_error("data.tokenizer=gpt2:"),
-            "--set data.tokenizer=gpt2:: data.tokenizer = \"gpt2:\" names no directory after the "
-            "prefix; write \"gpt2:DIR\" (GPT-2's vocabulary directory)");
+            "--set data.tokenizer=gpt2:: data.tokenizer = \"gpt2:\": give the path after gpt2: "
+            "(e.g. gpt2:gpt2-tokenizer-dir, GPT-2's vocabulary directory)");
 }
 
 TEST(Config, OverridesParseTomlValuesAndBareStrings) {
