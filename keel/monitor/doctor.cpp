@@ -415,7 +415,8 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
     try {
       Config c = cfg;
       c.run.out_dir = out_dir + "/probe";
-      c.run.resume = false;
+      c.run.resume = false;  // (its checkpoint is judged below, in place)
+      c.run.resume_force = false;
       c.debug.underflow_overflow.enabled = false;
       // Its notices go to stderr as keel train's would, but for the weights a 16-bit format
       // cannot hold: those are an error check of their own below.

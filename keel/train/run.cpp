@@ -558,6 +558,11 @@ Run build_run(const Config& cfg, const RunOptions& o) {
        {"data.pad"},
        "the tokenizer has a pad token of its own (id " + std::to_string(tok.pad_id()) +
            "), which padding uses; data.pad decides only for one without"},
+      // run.resume_force = true alone started from scratch: it only loosens a resume's checks.
+      {!cfg.run.resume,
+       {"run.resume_force"},
+       "run.resume = false: nothing is resumed, so there is no checkpoint to force; set "
+       "run.resume = true to continue the run in run.out_dir"},
       {cfg.train.max_steps > 0,
        {"train.epochs"},
        "train.max_steps = " + std::to_string(cfg.train.max_steps) +

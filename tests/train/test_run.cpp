@@ -322,6 +322,8 @@ TEST(RunFactory, KeysTheRunsOtherChoicesLeaveUnreadAreSaid) {
   EXPECT_CONTAINS(said_by_build(tiny("pad-unread", {"data.pad=eos"})),
                   "note: data.pad = \"eos\" set, but the tokenizer has a pad token of its own "
                   "(id 256), which padding uses");
+  EXPECT_CONTAINS(said_by_build(tiny("force-alone", {"run.resume_force=true"})),
+                  "note: run.resume_force = true set, but run.resume = false: nothing is resumed");
   EXPECT_CONTAINS(said_by_build(tiny("epochs-unread", {"train.max_steps=3", "train.epochs=5"})),
                   "note: train.epochs = 5 set, but train.max_steps = 3 sets the run's length");
   EXPECT_NOT_CONTAINS(
