@@ -587,6 +587,13 @@ Run build_run(const Config& cfg, const RunOptions& o) {
                             " keeps the newest checkpoints/step-N directories, but "
                             "log.checkpoint_every = 0 writes none (only checkpoints/last, at the "
                             "end); set log.checkpoint_every to save every N steps");
+  // A fault injected past the run's last step never happened: debug.inject.step = 100 in a 2-step
+  // run trained clean, without a word, and the run looked like a failed reproduction.
+  if (!inject_module.empty() && r.total_steps > 0 && cfg.debug.inject.step > r.total_steps)
+    say_or_print(o.say, "note: debug.inject.step = " + std::to_string(cfg.debug.inject.step) +
+                            " is past the run's last step (" + std::to_string(r.total_steps) +
+                            "): nothing is injected; set it to a step from 1 to " +
+                            std::to_string(r.total_steps));
   // A warmup as long as the run never reaches optim.lr: said, with the rate the run peaks at.
   if (r.schedule.warmup_steps > 0 && r.total_steps > 0 &&
       r.schedule.warmup_steps >= r.total_steps) {

@@ -357,6 +357,17 @@ TEST(RunFactory, InitStdBesideAModelPathIsSaid) {
   EXPECT_NOT_CONTAINS(said_by_build(tiny("init-std-random", {"model.init_std=0.5"})), "set, but");
 }
 
+// debug.inject.step past the run's last step injected nothing, without a word.
+TEST(RunFactory, AnInjectionPastTheLastStepIsSaid) {
+  EXPECT_CONTAINS(said_by_build(tiny("inject-late", {"debug.inject.module=transformer.h.0",
+                                                     "debug.inject.step=100"})),
+                  "note: debug.inject.step = 100 is past the run's last step (3): nothing is "
+                  "injected; set it to a step from 1 to 3");
+  EXPECT_NOT_CONTAINS(said_by_build(tiny("inject-in-run", {"debug.inject.module=transformer.h.0",
+                                                           "debug.inject.step=3"})),
+                      "debug.inject.step");
+}
+
 TEST(RunFactory, KeepCheckpointsWithoutCheckpointEveryIsSaid) {
   EXPECT_CONTAINS(said_by_build(tiny("keep-none", {"log.keep_checkpoints=3"})),
                   "note: log.keep_checkpoints = 3 keeps the newest checkpoints/step-N "
