@@ -16,6 +16,7 @@
 #include "keel/data/tokenizer_base.h"
 #include "keel/io/json_fields.h"
 #include "keel/io/out_dir.h"
+#include "keel/monitor/inject.h"
 #include "keel/ops/elementwise.h"
 #include "keel/train/trainer.h"
 
@@ -414,7 +415,8 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
     try {
       Config c = cfg;
       c.run.out_dir = out_dir + "/probe";
-      c.run.resume = false;
+      c.run.resume = false;  // (its checkpoint is judged below, in place)
+      c.run.resume_force = false;
       c.debug.underflow_overflow.enabled = false;
       // Its notices go to stderr as keel train's would, but for the weights a 16-bit format
       // cannot hold: those are an error check of their own below.
@@ -429,6 +431,35 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
         r.checks.push_back(make("error", "weights", w));
     } catch (const std::exception& e) {
       r.checks.push_back(make("error", "setup", std::string("the run cannot start: ") + e.what()));
+    }
+  }
+  // The checkpoint a resume continues, as keel train judges it (read only): a resume train
+  // refuses (another seed, batch, precision, model or data than the checkpoint's, a lost `last`
+  // beside step-N checkpoints, a damaged one) got "nothing blocks training".
+  if (cfg.run.resume && !cfg.run.out_dir.empty()) {
+    try {
+      const std::vector<std::string> notes =
+          probe ? check_resume(*probe, cfg)
+                : std::vector<std::string>{resume_checkpoint_dir(cfg.run.out_dir).empty()
+                                               ? "no checkpoint: the run starts from scratch"
+                                               : ""};
+      for (const std::string& n : notes)
+        if (!n.empty()) r.checks.push_back(make("warning", "resume", n));
+      if (probe && notes.empty())
+        r.checks.push_back(
+            make("ok", "resume",
+                 "the checkpoint in " + cfg.run.out_dir + "/checkpoints/last fits this config"));
+    } catch (const Error& e) {
+      r.checks.push_back(make("error", "resume", e.what()));
+    }
+  }
+  // The module fault injection corrupts, looked up as keel train does once the model is built:
+  // a name of no module got "nothing blocks training", and train refused it.
+  if (probe && !cfg.debug.inject.module.empty()) {
+    try {
+      FaultInjector check(*probe->model, cfg.debug.inject);  // hooks on, and off again at once
+    } catch (const Error& e) {
+      r.checks.push_back(make("error", "inject", e.what()));
     }
   }
   if (probe) {

@@ -17,6 +17,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <tuple>
 #include <variant>
@@ -43,6 +44,7 @@ struct KeySpec {
   std::vector<std::string> choices;  // strings: the valid values (empty = any)
   double lo = -kInf, hi = kInf;      // numbers (and each element of int[]): the valid range
   bool lo_open = false, hi_open = false;
+  std::optional<double> also;  // a value outside the range with a meaning of its own (-1 = never)
 
   std::string full() const { return section + "." + name; }
   KeySpec& at_least(double v) { return lo = v, lo_open = false, *this; }
@@ -50,6 +52,7 @@ struct KeySpec {
   KeySpec& below(double v) { return hi = v, hi_open = true, *this; }
   KeySpec& at_most(double v) { return hi = v, hi_open = false, *this; }
   KeySpec& one_of(std::vector<std::string> c) { return choices = std::move(c), *this; }
+  KeySpec& or_value(double v) { return also = v, *this; }
 };
 
 #define KEEL_KEY(section, path, member)                                 \
@@ -166,14 +169,19 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("debug.underflow_overflow", debug.underflow_overflow, max_frames_to_save)
                     .at_least(1)
                     .at_most(100000));
+    // Batch numbers are steps, 1-based as the console counts them: a 0 (HF counts from 0) named
+    // no batch, and trace_batch_nums = [0] traced nothing while abort_after_batch_num = 0 stopped
+    // before the first step, both without a word.
     k.push_back(KEEL_KEY("debug.underflow_overflow", debug.underflow_overflow, trace_batch_nums)
-                    .at_least(0));
+                    .at_least(1));
     k.push_back(
         KEEL_KEY("debug.underflow_overflow", debug.underflow_overflow, abort_after_batch_num)
-            .at_least(-1));
+            .at_least(1)
+            .or_value(-1));
     // [debug.inject]
     k.push_back(KEEL_KEY("debug.inject", debug.inject, module));
-    k.push_back(KEEL_KEY("debug.inject", debug.inject, step).at_least(-1));
+    // Steps count from 1: step 0 injected nothing, without a word.
+    k.push_back(KEEL_KEY("debug.inject", debug.inject, step).at_least(1).or_value(-1));
     k.push_back(KEEL_KEY("debug.inject", debug.inject, kind).one_of({"nan", "inf", "scale"}));
     k.push_back(KEEL_KEY("debug.inject", debug.inject, factor));
     k.push_back(KEEL_KEY("debug.inject", debug.inject, only_rank).at_least(-1));
@@ -394,7 +402,7 @@ void assign(Config& c, const KeySpec& k, const toml::node& v, const std::string&
                   "an integer");
   } else if (auto p = std::get_if<uint64_t*>(&f)) {
     **p = static_cast<uint64_t>(
-        integer(0, std::numeric_limits<int64_t>::max(), "a non-negative integer"));
+        integer(0, std::numeric_limits<int64_t>::max(), "an integer from 0 to 2^63-1"));
   } else if (auto p = std::get_if<double*>(&f)) {
     // An integer is a fine number: `lr = 1` means 1.0.
     if (auto d = v.as_floating_point())
@@ -462,7 +470,11 @@ void walk(Config& c, const toml::table& t, const std::string& prefix, const std:
 }
 
 std::string describe_range(const KeySpec& k) {
-  auto num = [](double v) { return format_double(v, false); };
+  // Integral bounds as integers: "in [1, 100000000]", not "[1, 1e+08]", for an integer key.
+  auto num = [](double v) {
+    return std::abs(v) < 0x1p53 && v == std::floor(v) ? std::to_string(static_cast<int64_t>(v))
+                                                      : format_double(v, false);
+  };
   if (k.hi == kInf) return std::string(k.lo_open ? "> " : ">= ") + num(k.lo);
   if (k.lo == -kInf) return std::string(k.hi_open ? "< " : "<= ") + num(k.hi);
   return std::string("in ") + (k.lo_open ? "(" : "[") + num(k.lo) + ", " + num(k.hi) +
@@ -471,6 +483,7 @@ std::string describe_range(const KeySpec& k) {
 
 bool in_range(const KeySpec& k, double v) {
   if (std::isnan(v)) return false;
+  if (k.also && v == *k.also) return true;
   if (k.lo_open ? !(v > k.lo) : !(v >= k.lo)) return false;
   if (k.hi_open ? !(v < k.hi) : !(v <= k.hi)) return false;
   return true;
@@ -486,7 +499,9 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
 void check_number(const KeySpec& k, double v, const std::string& shown, const std::string& pre) {
   if (!std::isfinite(v)) throw usage(pre + k.full() + " must be a finite number, got " + shown);
   if (!in_range(k, v))
-    throw usage(pre + k.full() + " must be " + describe_range(k) + ", got " + shown);
+    throw usage(pre + k.full() + " must be " + describe_range(k) +
+                (k.also ? " (or " + format_double(*k.also, false) + ")" : std::string()) +
+                ", got " + shown);
 }
 
 // Checks every key's value (enumerations, ranges, finiteness) and the few rules that tie keys
@@ -616,6 +631,14 @@ void validate(Config& c, const Origins& origins) {
   if (c.data.tokenizer.empty())
     throw usage(prefix("data.tokenizer") +
                 "data.tokenizer must not be empty (\"byte\", \"gpt2:DIR\" or \"hf:PATH\")");
+  // "hf:" alone reached the loader as "HF tokenizer file  does not exist", naming no key (keel
+  // serve's request check says the same).
+  if (c.data.tokenizer == "hf:" || c.data.tokenizer == "gpt2:")
+    throw usage(prefix("data.tokenizer") + "data.tokenizer = \"" + c.data.tokenizer +
+                "\": give the path after " + c.data.tokenizer + " (e.g. " + c.data.tokenizer +
+                (c.data.tokenizer == "hf:" ? "tokenizer.json, or its directory"
+                                           : "gpt2-tokenizer-dir, GPT-2's vocabulary directory") +
+                ")");
   GradScalerOptions& s = c.scaler;
   // The scale is an f32 (docs/config.md): 1e39 loaded, then the GradScaler refused it at the
   // first 16-mixed run naming no file or line (and doctor's static checks passed it).
@@ -704,6 +727,22 @@ void apply_override(Config& c, const std::string& ov, Origins& origins) {
                 " is not a TOML array of strings: quote each entry, in single quotes that keep "
                 "the shell from removing the double ones (--set '" +
                 key + "=[\"q_proj\", \"v_proj\"]')");
+  // A list key given one bare value (`--set model.adapter.target_modules=q_proj`, `...
+  // trace_batch_nums=3`) was "must be an array of strings, got string", without the way to write
+  // one: the message now shows it.
+  const bool strings = std::holds_alternative<std::vector<std::string>*>(k->field(c));
+  const bool ints = std::holds_alternative<std::vector<int64_t>*>(k->field(c));
+  if ((strings || ints) && !text.empty() && text.front() != '[' &&
+      !(is_value && parsed.get("v")->is_array()))
+    throw usage(where + ": " + key + " takes a list; write it in brackets" +
+                (strings ? ", each entry quoted, in single quotes that keep the shell from "
+                           "removing the double ones (--set '" +
+                               key + "=[\"" +
+                               (is_value && parsed.get("v")->is_string()
+                                    ? parsed.get("v")->as_string()->get()
+                                    : text) +
+                               "\"]')"
+                         : " (--set '" + key + "=[" + text + "]')"));
   toml::value<std::string> bare(text);
   const toml::node* v = is_value ? parsed.get("v") : &bare;
   // Bare strings: `train.precision=bf16-mixed`, and `run.out_dir=out/2024-01-01`, which TOML would
@@ -956,7 +995,7 @@ std::vector<ConfigKeyInfo> config_keys() {
   std::vector<ConfigKeyInfo> out;
   for (const KeySpec& k : key_table()) {
     const Field f = k.field(c);
-    out.push_back({k.full(), field_type(f), field_toml(f)});
+    out.push_back({k.full(), field_type(f), field_toml(f), k.choices});
   }
   return out;
 }

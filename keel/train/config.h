@@ -203,6 +203,7 @@ struct ConfigKeyInfo {
   std::string key;
   std::string type;
   std::string default_toml;
+  std::vector<std::string> choices;  // a string key's valid values (empty = any)
 };
 std::vector<ConfigKeyInfo> config_keys();
 

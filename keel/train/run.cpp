@@ -513,6 +513,8 @@ Run build_run(const Config& cfg, const RunOptions& o) {
                                                 "scaler.consecutive_hysteresis",
                                                 "scaler.max_consecutive_skips"};
   const std::string& inject_module = cfg.debug.inject.module;
+  const data::Tokenizer& tok = *r.data.tokenizer;
+  const bool own_pad = tok.pad_id() >= 0 && !data::pad_collides(tok, tok.pad_id());
   const struct {
     bool unread;
     std::vector<std::string> keys;
@@ -541,6 +543,30 @@ Run build_run(const Config& cfg, const RunOptions& o) {
        {"debug.inject.step", "debug.inject.kind", "debug.inject.factor", "debug.inject.only_rank"},
        "debug.inject.module = \"\": nothing is injected; name the module whose output to "
        "corrupt"},
+      // abort_after_batch_num = 3 without the tracer ran to the end, as HF's would have stopped.
+      {!cfg.debug.underflow_overflow.enabled,
+       {"debug.underflow_overflow.max_frames_to_save", "debug.underflow_overflow.trace_batch_nums",
+        "debug.underflow_overflow.abort_after_batch_num"},
+       "debug.underflow_overflow.enabled = false: the tracer is off, so it neither traces nor "
+       "stops the run; set debug.underflow_overflow.enabled = true"},
+      // model.init_std = 0.5 over model.path trained the file's weights as loaded.
+      {!cfg.model.path.empty(),
+       {"model.init_std"},
+       "model.path's weights are loaded, not drawn: it scales a random init only"},
+      // data.pad = "eos" beside a tokenizer with a pad token of its own padded with that token.
+      {own_pad,
+       {"data.pad"},
+       "the tokenizer has a pad token of its own (id " + std::to_string(tok.pad_id()) +
+           "), which padding uses; data.pad decides only for one without"},
+      // run.resume_force = true alone started from scratch: it only loosens a resume's checks.
+      {!cfg.run.resume,
+       {"run.resume_force"},
+       "run.resume = false: nothing is resumed, so there is no checkpoint to force; set "
+       "run.resume = true to continue the run in run.out_dir"},
+      {cfg.train.max_steps > 0,
+       {"train.epochs"},
+       "train.max_steps = " + std::to_string(cfg.train.max_steps) +
+           " sets the run's length: train.epochs counts only when train.max_steps is 0"},
       {!inject_module.empty() && cfg.debug.inject.kind != "scale",
        {"debug.inject.factor"},
        "debug.inject.kind = \"" + cfg.debug.inject.kind +
@@ -561,6 +587,13 @@ Run build_run(const Config& cfg, const RunOptions& o) {
                             " keeps the newest checkpoints/step-N directories, but "
                             "log.checkpoint_every = 0 writes none (only checkpoints/last, at the "
                             "end); set log.checkpoint_every to save every N steps");
+  // A fault injected past the run's last step never happened: debug.inject.step = 100 in a 2-step
+  // run trained clean, without a word, and the run looked like a failed reproduction.
+  if (!inject_module.empty() && r.total_steps > 0 && cfg.debug.inject.step > r.total_steps)
+    say_or_print(o.say, "note: debug.inject.step = " + std::to_string(cfg.debug.inject.step) +
+                            " is past the run's last step (" + std::to_string(r.total_steps) +
+                            "): nothing is injected; set it to a step from 1 to " +
+                            std::to_string(r.total_steps));
   // A warmup as long as the run never reaches optim.lr: said, with the rate the run peaks at.
   if (r.schedule.warmup_steps > 0 && r.total_steps > 0 &&
       r.schedule.warmup_steps >= r.total_steps) {

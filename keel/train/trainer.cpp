@@ -85,36 +85,10 @@ Trainer::Trainer(Run run, TrainerHooks hooks, std::shared_ptr<Collective> collec
       double none = 0;
       coll_->all_reduce_max(&none, 1);
     }
-    // A `last` that is there but incomplete (a file removed or lost) is loaded too, so that its
-    // error names the missing file: it was taken as absent, the run started from scratch ("does
-    // not exist") and its first save replaced the checkpoint's remaining files.
-    std::error_code ec;
-    if (io::checkpoint_exists(last) ||
-        std::filesystem::exists(std::filesystem::symlink_status(last, ec))) {
-      load_checkpoint(last);
+    if (const std::string dir = resume_checkpoint_dir(run_.out_dir); !dir.empty()) {
+      load_checkpoint(dir);
       message("resumed from " + last + " at step " + std::to_string(step_));
     } else {
-      // The step-N checkpoints beside a lost `last` were replaced one by one by the run that
-      // started from scratch: refused, naming the newest, which holds the same state `last` did.
-      std::string newest;
-      int64_t newest_step = -1;
-      for (std::filesystem::directory_iterator it(run_.out_dir + "/checkpoints", ec), end;
-           !ec && it != end; it.increment(ec)) {
-        const std::string n = it->path().filename().string();
-        if (n.rfind("step-", 0) != 0 || n.size() == 5 || n.size() > 23 ||
-            n.find_first_not_of("0123456789", 5) != std::string::npos ||
-            !io::checkpoint_exists(it->path().string()))
-          continue;
-        if (const int64_t step = std::stoll(n.substr(5)); step > newest_step)
-          newest_step = step, newest = it->path().string();
-      }
-      if (!newest.empty())
-        throw Error("run.resume = true but " + last + " does not exist, while " + newest +
-                        " does: copy it to " + last + " to resume from step " +
-                        std::to_string(newest_step) +
-                        ", or remove the checkpoints to start from scratch (the run would "
-                        "replace them one by one)",
-                    Error::kUsage);
       message("run.resume = true but " + last + " does not exist: starting from scratch");
     }
   }

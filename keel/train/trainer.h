@@ -102,6 +102,19 @@ Tensor batch_loss_sum(models::CausalLM& model, const data::Batch& batch);
 // overflowed at, `ever_updated` whether any update was applied (only then is optim.lr a suspect).
 std::string scaler_unsettled_action(bool ever_updated, double init_scale, double scale);
 
+// The checkpoint a resume of the run in `out_dir` continues: checkpoints/last ("" when there is
+// none: the run starts from scratch). A lost `last` beside step-N checkpoints is refused (an Error
+// naming the newest), as starting over would replace them.
+std::string resume_checkpoint_dir(const std::string& out_dir);
+
+// What `keel train` with run.resume = true refuses of the checkpoint in cfg.run.out_dir, read only
+// (keel doctor: nothing is recovered, locked, read into memory or written): a lost or incomplete
+// checkpoint, another model, precision, seed, batch or data than the checkpoint's, a moved base.
+// `run` is the run built from `cfg` (its model, data files and length). Throws the Error the
+// resume throws; returns what it would say instead of continuing (starting from scratch, nothing
+// left to train).
+std::vector<std::string> check_resume(const Run& run, const Config& cfg);
+
 class Trainer {
  public:
   // `collective`: the process group of a data-parallel run (dist/); null = one process. With W

@@ -96,7 +96,151 @@ void refuse_other_tensor_sets(const Config& c, const json& st, const std::string
               Error::kUsage);
 }
 
+// The checkpoint's tensor for the model's parameter `p` (null: rebuilt from the referenced base),
+// refused unless it has the parameter's shape and dtype. Reads no tensor data: keel doctor asks
+// it of every parameter before a resume would read one.
+const Tensor* checkpoint_tensor(const io::Checkpoint& ck, const json& ref, models::CausalLM& model,
+                                const std::string& name, const Tensor& p, const std::string& policy,
+                                const std::string& dir) {
+  const Tensor* t = nullptr;
+  for (auto& [n, v] : ck.model)
+    if (n == name) t = &v;
+  if (!t && from_referenced_base(ref, model, p)) return nullptr;  // the frozen base
+  if (!t) throw Error(dir + "/model.safetensors: tensor '" + name + "' is missing");
+  // A precision whose parameters have another dtype (32-true <-> 16-true, bf16-true): the
+  // optimizer's state and the masters do not carry over, not even with run.resume_force.
+  if (t->shape() == p.shape() && t->dtype() != p.dtype())
+    throw Error(dir + "/model.safetensors holds '" + name + "' in " + dtype_name(t->dtype()) +
+                    ", and train.precision = \"" + policy + "\" keeps it in " +
+                    dtype_name(p.dtype()) +
+                    ": a resume cannot change the parameters' dtype, even with "
+                    "run.resume_force; resume under the checkpoint's train.precision, or start "
+                    "a new run from its weights (model.path = \"" +
+                    ck.dir + "\")",
+                Error::kUsage);
+  if (t->shape() != p.shape() || t->dtype() != p.dtype())
+    throw Error(dir + "/model.safetensors: tensor '" + name + "' is " + shape_str(t->shape()) +
+                " " + dtype_name(t->dtype()) + ", the model expects " + shape_str(p.shape()) + " " +
+                dtype_name(p.dtype()) + " (was it written by another config?)");
+  return t;
+}
+
+// A resume that changes what the checkpoint fixes continues another run: refused, naming each
+// difference (run.resume_force lets it through). A key the checkpoint does not record is a
+// difference too: a trainer.json without its "config" (or with one of another type) let every
+// change through.
+void refuse_changed_fixed_keys(const Config& cfg, const json& st, const std::string& tj) {
+  std::string diff;
+  const json fixed = fixed_by_checkpoint(cfg);
+  const json* saved = st.contains("config") && st["config"].is_object() ? &st["config"] : nullptr;
+  for (auto& [key, now] : fixed.items())
+    if (!saved || !saved->contains(key))
+      diff += "\n  " + key +
+              ": unrecorded in the checkpoint (damaged, or written by an older "
+              "keel), " +
+              text_of(now) + " now";
+    else if ((*saved)[key] != now)
+      diff += "\n  " + key + ": " + text_of((*saved)[key]) + " in the checkpoint, " + text_of(now) +
+              " now";
+  if (!diff.empty())
+    throw Error(tj + ": this resume changes what the checkpoint fixes:" + diff +
+                    "\nrestore these values to continue the interrupted run, or set "
+                    "run.resume_force = true to continue from the checkpoint anyway",
+                Error::kUsage);
+}
+
+// The saved batch position counts batches of the file trained on: another file under the same
+// name (regenerated, appended to, cut) would continue with other batches, or past its end.
+void refuse_changed_data(const Config& cfg, const RunData& data, const json& st,
+                         const std::string& tj) {
+  std::string diff;
+  const json none = json::object();
+  const json& files =
+      st.contains("data_files") && st["data_files"].is_object() ? st["data_files"] : none;
+  for (const auto& [key, now] : data.files) {
+    if (!now.known()) continue;
+    const json& then = files.contains(key) ? files[key] : none;  // unrecorded: refused too
+    FileFingerprint was;
+    if (then.is_object() && then.contains("bytes") && then["bytes"].is_number_integer() &&
+        then.contains("fnv1a64") && then["fnv1a64"].is_string())
+      was = {then["bytes"].get<int64_t>(), then["fnv1a64"].get<std::string>()};
+    if (!(was == now))
+      diff += "\n  " + key + " = " + (key == "data.path" ? cfg.data.path : cfg.data.eval_path) +
+              ": " + (was.known() ? was.text() : "unrecorded") + " in the checkpoint, " +
+              now.text() + " now";
+  }
+  if (!diff.empty())
+    throw Error(tj + ": the data changed since this checkpoint was written:" + diff +
+                    "\nrestore the file to continue the interrupted run, or set "
+                    "run.resume_force = true to continue on the new data (from the same batch "
+                    "position, in another order)",
+                Error::kUsage);
+}
+
 }  // namespace
+
+std::string resume_checkpoint_dir(const std::string& out_dir) {
+  const std::string last = out_dir + "/checkpoints/last";
+  // A `last` that is there but incomplete (a file removed or lost) is loaded too, so that its
+  // error names the missing file: it was taken as absent, the run started from scratch ("does
+  // not exist") and its first save replaced the checkpoint's remaining files.
+  std::error_code ec;
+  if (io::checkpoint_exists(last) ||
+      std::filesystem::exists(std::filesystem::symlink_status(last, ec)))
+    return last;
+  // The step-N checkpoints beside a lost `last` were replaced one by one by the run that
+  // started from scratch: refused, naming the newest, which holds the same state `last` did.
+  std::string newest;
+  int64_t newest_step = -1;
+  for (std::filesystem::directory_iterator it(out_dir + "/checkpoints", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.rfind("step-", 0) != 0 || n.size() == 5 || n.size() > 23 ||
+        n.find_first_not_of("0123456789", 5) != std::string::npos ||
+        !io::checkpoint_exists(it->path().string()))
+      continue;
+    if (const int64_t step = std::stoll(n.substr(5)); step > newest_step)
+      newest_step = step, newest = it->path().string();
+  }
+  if (!newest.empty())
+    throw Error("run.resume = true but " + last + " does not exist, while " + newest +
+                    " does: copy it to " + last + " to resume from step " +
+                    std::to_string(newest_step) +
+                    ", or remove the checkpoints to start from scratch (the run would "
+                    "replace them one by one)",
+                Error::kUsage);
+  return "";
+}
+
+std::vector<std::string> check_resume(const Run& run, const Config& cfg) {
+  const std::string dir = resume_checkpoint_dir(cfg.run.out_dir);
+  if (dir.empty())
+    return {"run.resume = true but " + cfg.run.out_dir +
+            "/checkpoints/last does not exist: starting from scratch"};
+  const io::Checkpoint ck = io::load_checkpoint(dir);  // maps the files; names a missing one
+  const json ref = io::checkpoint_base_reference(ck.dir);
+  check_saved_base(ref, ck.dir, cfg,
+                   "point model.path at the base model the run was trained on (set "
+                   "run.resume_force = true if its path changed)");
+  if (cfg.run.resume_force) refuse_other_tensor_sets(cfg, ck.trainer_state, ck.dir);
+  for (auto& [name, p] : run.model->named_parameters())
+    checkpoint_tensor(ck, ref, *run.model, name, p, run.policy.name(), dir);
+  const json& st = ck.trainer_state;
+  const std::string tj = ck.dir + "/trainer.json";
+  if (!st.is_object()) throw Error(tj + ": expected a JSON object; " + io::kDamagedCheckpointResumeFix);
+  constexpr int64_t kCount = int64_t{1} << 53;
+  const int64_t step = io::json_int(st, "step", tj, 0, kCount, io::kDamagedCheckpointResumeFix);
+  if (!cfg.run.resume_force) {
+    refuse_changed_fixed_keys(cfg, st, tj);
+    refuse_changed_data(cfg, run.data, st, tj);
+  }
+  if (step > 0 && step >= run.total_steps)
+    return {"nothing left to train: the checkpoint is at step " + std::to_string(step) + ", " +
+            (step == run.total_steps ? "the run's last" : "past the run's") + " (" +
+            std::to_string(run.total_steps) +
+            " steps); raise train.max_steps (or train.epochs) to train further"};
+  return {};
+}
 
 bool base_by_reference(const Config& c) {
   return c.model.adapter.kind != "none" && !c.model.path.empty() &&
@@ -224,27 +368,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
   io::NamedTensors read_in;  // parameters to read from model_file
   std::vector<Tensor> restored;
   for (auto& [name, p] : run_.model->named_parameters()) {
-    const Tensor* t = nullptr;
-    for (auto& [n, v] : ck.model)
-      if (n == name) t = &v;
-    if (!t && from_referenced_base(ref, *run_.model, p))
-      continue;  // the frozen base, rebuilt from model.path
-    if (!t) throw Error(dir + "/model.safetensors: tensor '" + name + "' is missing");
-    // A precision whose parameters have another dtype (32-true <-> 16-true, bf16-true): the
-    // optimizer's state and the masters do not carry over, not even with run.resume_force.
-    if (t->shape() == p.shape() && t->dtype() != p.dtype())
-      throw Error(dir + "/model.safetensors holds '" + name + "' in " + dtype_name(t->dtype()) +
-                      ", and train.precision = \"" + run_.policy.name() + "\" keeps it in " +
-                      dtype_name(p.dtype()) +
-                      ": a resume cannot change the parameters' dtype, even with "
-                      "run.resume_force; resume under the checkpoint's train.precision, or start "
-                      "a new run from its weights (model.path = \"" +
-                      ck.dir + "\")",
-                  Error::kUsage);
-    if (t->shape() != p.shape() || t->dtype() != p.dtype())
-      throw Error(dir + "/model.safetensors: tensor '" + name + "' is " + shape_str(t->shape()) +
-                  " " + dtype_name(t->dtype()) + ", the model expects " + shape_str(p.shape()) +
-                  " " + dtype_name(p.dtype()) + " (was it written by another config?)");
+    const Tensor* t = checkpoint_tensor(ck, ref, *run_.model, name, p, run_.policy.name(), dir);
+    if (!t) continue;  // the frozen base, rebuilt from model.path
     if (p.device().is_cpu()) {
       read_in.emplace_back(name, p);
       continue;
@@ -317,55 +442,9 @@ void Trainer::load_checkpoint(const std::string& dir) {
   resumed_trainer_json_ = tj;
   const int64_t world =
       st.contains("world_size") ? io::json_int(st, "world_size", tj, 1, 1 << 20, fix) : 1;
-  // A resume that changes what the checkpoint fixes continues another run: refused, naming each
-  // difference, unless run.resume_force.
-  // A key the checkpoint does not record is a difference too: a trainer.json without its
-  // "config" (or with one of another type) let every change through.
   if (!run_.cfg.run.resume_force) {
-    std::string diff;
-    const json fixed = fixed_by_checkpoint(run_.cfg);
-    const json* saved = st.contains("config") && st["config"].is_object() ? &st["config"] : nullptr;
-    for (auto& [key, now] : fixed.items())
-      if (!saved || !saved->contains(key))
-        diff += "\n  " + key +
-                ": unrecorded in the checkpoint (damaged, or written by an older "
-                "keel), " +
-                text_of(now) + " now";
-      else if ((*saved)[key] != now)
-        diff += "\n  " + key + ": " + text_of((*saved)[key]) + " in the checkpoint, " +
-                text_of(now) + " now";
-    if (!diff.empty())
-      throw Error(tj + ": this resume changes what the checkpoint fixes:" + diff +
-                      "\nrestore these values to continue the interrupted run, or set "
-                      "run.resume_force = true to continue from the checkpoint anyway",
-                  Error::kUsage);
-  }
-  // The saved batch position counts batches of the file trained on: another file under the same
-  // name (regenerated, appended to, cut) would continue with other batches, or past its end.
-  if (!run_.cfg.run.resume_force) {
-    std::string diff;
-    const json none = json::object();
-    const json& files =
-        st.contains("data_files") && st["data_files"].is_object() ? st["data_files"] : none;
-    for (const auto& [key, now] : run_.data.files) {
-      if (!now.known()) continue;
-      const json& then = files.contains(key) ? files[key] : none;  // unrecorded: refused too
-      FileFingerprint was;
-      if (then.is_object() && then.contains("bytes") && then["bytes"].is_number_integer() &&
-          then.contains("fnv1a64") && then["fnv1a64"].is_string())
-        was = {then["bytes"].get<int64_t>(), then["fnv1a64"].get<std::string>()};
-      if (!(was == now))
-        diff += "\n  " + key + " = " +
-                (key == "data.path" ? run_.cfg.data.path : run_.cfg.data.eval_path) + ": " +
-                (was.known() ? was.text() : "unrecorded") + " in the checkpoint, " + now.text() +
-                " now";
-    }
-    if (!diff.empty())
-      throw Error(tj + ": the data changed since this checkpoint was written:" + diff +
-                      "\nrestore the file to continue the interrupted run, or set "
-                      "run.resume_force = true to continue on the new data (from the same batch "
-                      "position, in another order)",
-                  Error::kUsage);
+    refuse_changed_fixed_keys(run_.cfg, st, tj);
+    refuse_changed_data(run_.cfg, run_.data, st, tj);
   }
   if (st.contains("settings") && st["settings"].is_object()) {
     std::string diff;

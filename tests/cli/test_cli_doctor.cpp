@@ -124,5 +124,124 @@ TEST(CliDoctor, WhatTrainRefusesDoctorRefuses) {
   }
 }
 
+// A debug.inject.module that names no module: keel train refuses it once the model is built, and
+// doctor said "nothing blocks training". Doctor looks it up in the model it builds, as train does.
+TEST(CliDoctor, AnInjectModuleTrainWouldRefuseBlocks) {
+  const std::string bad = " --set debug.inject.module=transformer.h.9 --set debug.inject.step=1";
+  test::KeelRun r = doctor(kSmall + " --no-sanity" + bad);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.out,
+                  "[error  ] inject: debug.inject.module = \"transformer.h.9\": no module "
+                  "with this path in GPT2LMHeadModel; similar paths: transformer.h.0");
+  const std::string dir = test::temp_dir("cli-doctor-inject");
+  test::KeelRun t = test::run_keel_sh("train " + kSmall + bad + " --set run.out_dir=" + dir);
+  EXPECT_EQ(t.code, 2) << t.output;
+  EXPECT_CONTAINS(t.err, "debug.inject.module = \"transformer.h.9\": no module with this path");
+  r = doctor(kSmall +
+             " --no-sanity --set debug.inject.module=transformer.h.0 --set "
+             "debug.inject.step=1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.out, "inject:");
+}
+
+// Every file under `dir` with its size and modification time: what doctor must leave as it was
+// (but the lock, which a refused keel train takes and lets go).
+std::string tree_state(const std::string& dir) {
+  std::string s;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
+    if (e.path().filename() != ".keel.lock")
+      s += e.path().string() + " " +
+           (e.is_regular_file() ? std::to_string(e.file_size()) : std::string("dir")) + " " +
+           std::to_string(e.last_write_time().time_since_epoch().count()) + "\n";
+  return s;
+}
+
+// A resume keel train refuses (the checkpoint fixes another seed, batch, precision, model or data;
+// a lost or damaged checkpoint) got "nothing blocks training" from doctor. Doctor now judges the
+// checkpoint as the resume does, reading it in place: each refusal is an error check with train's
+// own message (and train refuses the same config), and the out_dir is left as it was.
+TEST(CliDoctor, AResumeTrainWouldRefuseBlocks) {
+  const std::string dir = test::temp_dir("cli-doctor-resume");
+  { std::ofstream(dir + "/corpus.txt") << std::string(3000, 'x') << "\nabc def ghi\n"; }
+  const std::string base = kSmall + " --set log.tensorboard=false --set log.checkpoint_every=1";
+  const std::string text = " --set data.task=text --set data.path=" + dir + "/corpus.txt";
+  // Two runs: the arith task, and a text file (whose content a resume checks).
+  for (const std::string run : {"arith", "text"}) {
+    test::KeelRun t =
+        test::run_keel_sh("train " + base + " --set train.max_steps=2" +
+                          (run == "text" ? text : "") + " --set run.out_dir=" + dir + "/" + run);
+    ASSERT_EQ(t.code, 0) << t.output;
+  }
+  auto resume = [&](const std::string& run, const std::string& sets) {
+    return base + " --set run.out_dir=" + dir + "/" + run + " --set run.resume=true" +
+           (run == "text" ? text : "") + " " + sets;
+  };
+  const std::string before = tree_state(dir);
+  test::KeelRun ok = doctor(resume("arith", "--set train.max_steps=4 --no-sanity"));
+  EXPECT_EQ(ok.code, 0) << ok.output;
+  EXPECT_CONTAINS(ok.out, "[ok     ] resume: the checkpoint in " + dir + "/arith");
+  test::KeelRun done = doctor(resume("arith", "--set train.max_steps=2 --no-sanity"));
+  EXPECT_EQ(done.code, 0) << done.output;
+  EXPECT_CONTAINS(done.out, "[warning] resume: nothing left to train: the checkpoint is at step 2");
+  struct Case {
+    const char* run;
+    const char* sets;
+    const char* message;  // in doctor's error check and in keel train's error alike
+  };
+  for (const Case& c : {
+           Case{"arith", "--set run.seed=7", "run.seed: 1337 in the checkpoint, 7 now"},
+           Case{"arith", "--set train.batch_size=4",
+                "train.batch_size: 8 in the checkpoint, 4 now"},
+           Case{"arith", "--set train.precision=bf16-mixed",
+                "train.precision: \"32-true\" in the checkpoint, \"bf16-mixed\" now"},
+           Case{"arith", "--set train.precision=bf16-true --set run.resume_force=true",
+                "a resume cannot change the parameters' dtype, even with run.resume_force"},
+           Case{"arith", "--set model.n_embd=64", "the model expects [259, 64] f32"},
+           Case{"arith", "--set model.n_layer=2 --set run.resume_force=true",
+                "model.n_layer: 1 in the checkpoint, 2 now"},
+           Case{"text", "--set data.seq_len=24", "data.seq_len: 16 in the checkpoint, 24 now"},
+       }) {
+    test::KeelRun d =
+        doctor(resume(c.run, std::string(c.sets) + " --set train.max_steps=4 --json"));
+    EXPECT_EQ(d.code, 1) << c.sets << "\n" << d.output;
+    bool found = false;
+    const nlohmann::json report = nlohmann::json::parse(d.out);
+    for (const auto& check : report.at("checks"))
+      found |= check.at("check") == "resume" && check.at("severity") == "error" &&
+               check.at("message").get<std::string>().find(c.message) != std::string::npos;
+    EXPECT_TRUE(found) << c.sets << "\n" << d.out;
+    EXPECT_EQ(tree_state(dir), before) << c.sets << ": doctor changed the out_dir";
+    test::KeelRun t =
+        test::run_keel_sh("train " + resume(c.run, c.sets) + " --set train.max_steps=4");
+    EXPECT_NE(t.code, 0) << c.sets << "\n" << t.output;
+    EXPECT_CONTAINS(t.err, c.message);
+  }
+  EXPECT_EQ(tree_state(dir), before) << "a refused train changed the out_dir";
+  // The data file changed since the checkpoint.
+  { std::ofstream(dir + "/corpus.txt", std::ios::app) << "more text\n"; }
+  test::KeelRun data = doctor(resume("text", "--set train.max_steps=4 --no-sanity"));
+  EXPECT_EQ(data.code, 1) << data.output;
+  EXPECT_CONTAINS(data.out, "[error  ] resume: " + dir +
+                                "/text/checkpoints/last/trainer.json: the data changed since "
+                                "this checkpoint was written");
+  // A lost `last` beside step-N checkpoints, and a `last` missing a file.
+  std::filesystem::rename(dir + "/arith/checkpoints/last", dir + "/arith-last");
+  test::KeelRun lost = doctor(resume("arith", "--set train.max_steps=4 --no-sanity"));
+  EXPECT_EQ(lost.code, 1) << lost.output;
+  EXPECT_CONTAINS(lost.out, "[error  ] resume: run.resume = true but " + dir +
+                                "/arith/checkpoints/last does not exist, while " + dir +
+                                "/arith/checkpoints/step-2 does");
+  std::filesystem::rename(dir + "/arith-last", dir + "/arith/checkpoints/last");
+  std::filesystem::remove(dir + "/arith/checkpoints/last/optimizer.safetensors");
+  test::KeelRun damaged = doctor(resume("arith", "--set train.max_steps=4 --no-sanity"));
+  EXPECT_EQ(damaged.code, 1) << damaged.output;
+  EXPECT_CONTAINS(damaged.out, "optimizer.safetensors");
+  // No checkpoint at all: train starts from scratch, and says so; doctor warns.
+  std::filesystem::remove_all(dir + "/arith/checkpoints");
+  test::KeelRun none = doctor(resume("arith", "--set train.max_steps=4 --no-sanity"));
+  EXPECT_CONTAINS(none.out, "[warning] resume: run.resume = true but " + dir +
+                                "/arith/checkpoints/last does not exist: starting from scratch");
+}
+
 }  // namespace
 }  // namespace keel

@@ -1,9 +1,13 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -15,6 +19,8 @@
 
 namespace keel {
 namespace {
+
+constexpr double kInfinity = std::numeric_limits<double>::infinity();
 
 std::string write_file(const std::string& dir, const std::string& name, const std::string& text) {
   const std::string path = dir + "/" + name;
@@ -191,7 +197,7 @@ TEST(Config, RoundTripsAwkwardValuesExactly) {
   c.scaler.init_scale = 1e38 / 3;  // (a scale is an f32: at most 3.4e38)
   c.model.init_std = 1.0 / 3.0;
   c.model.adapter.target_modules = {};
-  c.debug.underflow_overflow.trace_batch_nums = {0, 7, 123456789012};
+  c.debug.underflow_overflow.trace_batch_nums = {1, 7, 123456789012};
   c.debug.inject.factor = -2.5;
   c.debug.inject.module = "";
   const std::string dir = test::temp_dir("config");
@@ -257,7 +263,7 @@ TEST(Config, TypeErrorsNameFileLineKeyAndExpectedType) {
        ":2: debug.underflow_overflow.trace_batch_nums must be an array of integers"},
       {"[run]\nthreads = 10000000000",
        ":2: run.threads = 10000000000 is out of range for an integer"},
-      {"[run]\nseed = -1", ":2: run.seed = -1 is out of range for a non-negative integer"},
+      {"[run]\nseed = -1", ":2: run.seed = -1 is out of range for an integer from 0 to 2^63-1"},
       {"[data]\nseq_len = 1979-05-27", ":2: data.seq_len must be an integer, got date 1979-05-27"},
       {"[train]\nprecision = 8", ":2: train.precision must be one of 32-true, bf16-mixed"},
       {"train = 3", ":1: [train] must be a table (a section), got integer 3"},
@@ -369,8 +375,8 @@ TEST(Config, RangesAreCheckedAndNameTheValidRange) {
   const std::vector<Case> cases = {
       {"train.batch_size=0", "train.batch_size must be in [1, 65536], got 0"},
       {"train.grad_accum=-2", "train.grad_accum must be in [1, 65536], got -2"},
-      {"train.epochs=0", "train.epochs must be in [1, 1e+06], got 0"},
-      {"train.max_steps=-1", "train.max_steps must be in [0, 1e+12], got -1"},
+      {"train.epochs=0", "train.epochs must be in [1, 1000000], got 0"},
+      {"train.max_steps=-1", "train.max_steps must be in [0, 1000000000000], got -1"},
       {"train.max_grad_norm=-1.0", "train.max_grad_norm must be >= 0, got -1"},
       {"optim.lr=0", "optim.lr must be > 0, got 0"},
       {"optim.lr=-1e-3", "optim.lr must be > 0, got -0.001"},
@@ -397,9 +403,9 @@ TEST(Config, RangesAreCheckedAndNameTheValidRange) {
       {"log.every=0", "log.every must be >= 1, got 0"},
       {"run.threads=-1", "run.threads must be in [0, 4096], got -1"},
       {"debug.underflow_overflow.trace_batch_nums=[2, -1]",
-       "debug.underflow_overflow.trace_batch_nums must be >= 0, got -1 in the list"},
+       "debug.underflow_overflow.trace_batch_nums must be >= 1, got -1 in the list"},
       {"debug.underflow_overflow.abort_after_batch_num=-2",
-       "debug.underflow_overflow.abort_after_batch_num must be >= -1, got -2"},
+       "debug.underflow_overflow.abort_after_batch_num must be >= 1 (or -1), got -2"},
       {"debug.inject.factor=inf", "debug.inject.factor must be a finite number, got inf"},
   };
   for (const Case& c : cases) EXPECT_EQ(set_error(c.set), "--set " + c.set + ": " + c.expected);
@@ -546,6 +552,32 @@ TEST(Config, RulesAcrossKeysNameBothKeysAndWhereTheyCameFrom) {
   EXPECT_NO_THROW(load_config("", {"optim.name=sgd", "optim.nesterov=true", "optim.momentum=0.9"}));
 }
 
+// A list key given one bare value said "must be an array of strings, got string", not how to write
+// one; "hf:" with no path reached the tokenizer loader as "HF tokenizer file  does not exist".
+TEST(Config, AListKeyGivenOneValueAndATokenizerPrefixAloneSayTheFix) {
+  EXPECT_EQ(set_error("model.adapter.target_modules=q_proj"),
+            "--set model.adapter.target_modules=q_proj: model.adapter.target_modules takes a list; "
+            "write it in brackets, each entry quoted, in single quotes that keep the shell from "
+            "removing the double ones (--set 'model.adapter.target_modules=[\"q_proj\"]')");
+  EXPECT_EQ(set_error("model.adapter.target_modules=\"q_proj\""),
+            "--set model.adapter.target_modules=\"q_proj\": model.adapter.target_modules takes a "
+            "list; write it in brackets, each entry quoted, in single quotes that keep the shell "
+            "from removing the double ones (--set 'model.adapter.target_modules=[\"q_proj\"]')");
+  EXPECT_EQ(set_error("debug.underflow_overflow.trace_batch_nums=3"),
+            "--set debug.underflow_overflow.trace_batch_nums=3: "
+            "debug.underflow_overflow.trace_batch_nums takes a list; write it in brackets (--set "
+            "'debug.underflow_overflow.trace_batch_nums=[3]')");
+  EXPECT_EQ(load_config("", {"debug.underflow_overflow.trace_batch_nums=[3]"})
+                .debug.underflow_overflow.trace_batch_nums,
+            (std::vector<int64_t>{3}));
+  EXPECT_EQ(set_error("data.tokenizer=hf:"),
+            "--set data.tokenizer=hf:: data.tokenizer = \"hf:\": give the path after hf: (e.g. "
+            "hf:tokenizer.json, or its directory)");
+  EXPECT_EQ(set_error("data.tokenizer=gpt2:"),
+            "--set data.tokenizer=gpt2:: data.tokenizer = \"gpt2:\": give the path after gpt2: "
+            "(e.g. gpt2:gpt2-tokenizer-dir, GPT-2's vocabulary directory)");
+}
+
 TEST(Config, OverridesParseTomlValuesAndBareStrings) {
   const std::string dir = test::temp_dir("config");
   const std::string path =
@@ -554,7 +586,7 @@ TEST(Config, OverridesParseTomlValuesAndBareStrings) {
       path, {"train.batch_size=8", "optim.lr=1e-3", "train.precision=bf16-mixed",
              "model.adapter.target_modules=[\"q_proj\",\"v_proj\",\"o_proj\"]",
              "run.out_dir=2024-01-01", "data.tokenizer = gpt2 ", "log.tensorboard=false",
-             "debug.inject.module=\"h.1.mlp\"", "debug.underflow_overflow.trace_batch_nums=[0, 2]",
+             "debug.inject.module=\"h.1.mlp\"", "debug.underflow_overflow.trace_batch_nums=[1, 2]",
              "scaler.init_scale=128", "run.seed=7", "train.max_grad_norm=0"});
   EXPECT_EQ(c.train.batch_size, 8);  // the override wins over the file
   EXPECT_EQ(c.optim.lr, 1e-3);
@@ -565,7 +597,7 @@ TEST(Config, OverridesParseTomlValuesAndBareStrings) {
   EXPECT_EQ(c.data.tokenizer, "gpt2");
   EXPECT_FALSE(c.log.tensorboard);
   EXPECT_EQ(c.debug.inject.module, "h.1.mlp");
-  EXPECT_EQ(c.debug.underflow_overflow.trace_batch_nums, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(c.debug.underflow_overflow.trace_batch_nums, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(c.scaler.init_scale, 128.0);
   EXPECT_EQ(c.run.seed, 7u);
   EXPECT_EQ(c.train.max_grad_norm, 0.0);
@@ -591,8 +623,7 @@ TEST(Config, OverridesParseTomlValuesAndBareStrings) {
             "train.batch_size=8)");
   EXPECT_NE(set_error("train=3").find("--set train=3: train is a section, not a key"),
             std::string::npos);
-  EXPECT_NE(set_error("model.adapter.target_modules=q_proj")
-                .find("must be an array of strings, got string \"q_proj\""),
+  EXPECT_NE(set_error("model.adapter.target_modules=q_proj").find("takes a list"),
             std::string::npos);
   EXPECT_EQ(set_error("log.console=yes"),
             "--set log.console=yes: log.console must be a boolean (true or false), got string "
@@ -695,6 +726,255 @@ std::string read_docs() {
 TEST(Config, DocsDocumentEveryKeyWithTheCodesTypeAndDefault) {
   const std::string docs = read_docs();
   for (const std::string& p : docs_problems(docs)) ADD_FAILURE() << "docs/config.md: " << p;
+}
+
+// ---- documented ranges and values against the loader
+
+// A bound as docs/config.md writes it: "4096", "-1", "10^8", "2^63-1", "1.2e-38". A float written
+// with an exponent is rounded to its digits: f32's smallest normal is 1.17549435e-38, written
+// 1.2e-38, so the edges are judged one unit of the last digit inside and outside it.
+struct DocBound {
+  std::string text;
+  double value = 0;
+  int64_t integer = 0;  // exact for the integer forms (2^63-1 does not fit a double)
+  double unit = 0;      // > 0: rounded to this unit
+};
+
+DocBound parse_bound(const std::string& t) {
+  DocBound b;
+  b.text = t;
+  std::smatch m;
+  if (std::regex_match(t, m, std::regex(R"((\d+)\^(\d+)(-1)?)"))) {
+    long double v = std::pow(std::stold(m[1]), std::stold(m[2]));
+    if (m[3].matched) v -= 1;
+    b.integer =
+        v >= 9.2233720368547758e18L ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v);
+    b.value = static_cast<double>(v);
+  } else if (std::regex_match(t, m, std::regex(R"(-?\d+(\.(\d+))?e(-?\d+))"))) {
+    b.value = std::stod(t);
+    b.unit = std::pow(10.0, std::stod(m[3]) - static_cast<double>(m[2].length()));
+  } else {
+    b.value = std::stod(t);
+    b.integer = static_cast<int64_t>(b.value);
+  }
+  return b;
+}
+
+struct DocRow {
+  std::string key, type, meaning;
+};
+
+std::vector<DocRow> doc_rows(const std::string& markdown) {
+  const std::regex heading(R"(^#+ \[([a-z_.]+)\]\s*$)");
+  const std::regex row(R"(^\| `([a-z_0-9]+)` \| ([a-z\[\]]+) \| `[^`]*` \| (.*) \|$)");
+  std::vector<DocRow> rows;
+  std::string section;
+  std::istringstream in(markdown);
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_match(line, m, heading))
+      section = m[1];
+    else if (std::regex_match(line, m, row))
+      rows.push_back({section + "." + std::string(m[1]), m[2], m[3]});
+  }
+  return rows;
+}
+
+// What the loader says to `key = value` ("" = accepted), `value` written as TOML.
+std::string loads(const std::string& key, const std::string& value,
+                  const std::vector<std::string>& with = {}) {
+  std::vector<std::string> sets = with;
+  sets.push_back(key + "=" + value);
+  try {
+    load_config("", sets);
+  } catch (const Error& e) {
+    return e.kind == Error::kUsage ? std::string(e.what())
+                                   : std::string("(not a usage error) ") + e.what();
+  }
+  return "";
+}
+
+std::string float_text(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  std::string s = buf;
+  return s.find_first_of(".en") == std::string::npos ? s + ".0" : s;
+}
+
+// Every range and set of values docs/config.md states, checked against the loader: a value just
+// outside the range is refused with an error naming the key and the bound, the edges are accepted,
+// an unbounded side takes a large value, and each listed value loads while one not listed is
+// refused. A numeric key must state its range ("finite" where any finite value goes).
+std::vector<std::string> range_problems(const std::string& markdown) {
+  std::vector<std::string> problems;
+  std::map<std::string, std::vector<std::string>> choices;
+  for (const ConfigKeyInfo& k : config_keys()) choices[k.key] = k.choices;
+  // The rules across keys that an edge must also meet (n_embd divisible by n_head, n_kv_head
+  // dividing n_head): set beside the key, so the edge itself is what is judged.
+  const std::map<std::string, std::vector<std::string>> with = {
+      {"model.n_embd", {"model.n_head=1"}},
+      {"model.n_head", {"model.n_embd=1024"}},
+      {"model.n_kv_head", {"model.n_head=1024", "model.n_embd=1024"}},
+      {"data.task", {"data.path=corpus.txt"}},
+      {"data.eval_fraction", {"data.task=text", "data.path=corpus.txt"}},
+  };
+  const std::string num = R"((-?\d+(?:\.\d+)?(?:e-?\d+)?(?:\^\d+(?:-1)?)?))";
+  const std::string lead = R"((?:^|[,;:] |each |from |are ))";
+  const std::regex span(lead + num + R"((?: \([^)]*\))? to )" + num);
+  const std::regex interval(lead + R"(in ([\[(]))" + num + ", " + num + R"(([\])]))");
+  const std::regex compare(lead + R"((>=|>|<=|<) )" + num);
+  const std::regex special("`" + num + "` = ");
+  for (const DocRow& row : doc_rows(markdown)) {
+    const std::string& key = row.key;
+    const auto it = with.find(key);
+    const std::vector<std::string> companions =
+        it == with.end() ? std::vector<std::string>{} : it->second;
+    auto wrap = [&](const std::string& v) { return row.type == "int[]" ? "[" + v + "]" : v; };
+    // ---- a range
+    std::smatch m, best;
+    int kind = -1;
+    for (int k = 0; k < 3; ++k) {
+      const std::regex& re = k == 0 ? span : k == 1 ? interval : compare;
+      if (std::regex_search(row.meaning, m, re) && (kind < 0 || m.position(0) < best.position(0)))
+        best = m, kind = k;
+    }
+    const bool numeric = row.type == "int" || row.type == "float" || row.type == "int[]";
+    const bool integer = row.type != "float";
+    if (kind < 0) {
+      if (numeric && !std::regex_search(row.meaning, std::regex(R"((^|[,;:] )finite\b)")))
+        problems.push_back(key + " states no range (write one, e.g. \">= 0\", or \"finite\")");
+    } else if (numeric || row.type == "string") {
+      std::optional<DocBound> lo, hi;
+      bool lo_open = false, hi_open = false;
+      if (kind == 0) {
+        lo = parse_bound(best[1]), hi = parse_bound(best[2]);
+      } else if (kind == 1) {
+        lo = parse_bound(best[2]), hi = parse_bound(best[3]);
+        lo_open = best[1] == "(", hi_open = best[4] == ")";
+      } else {
+        const std::string op = best[1];
+        (op[0] == '>' ? lo : hi) = parse_bound(best[2]);
+        (op[0] == '>' ? lo_open : hi_open) = op.size() == 1;
+      }
+      // Values the row gives a meaning of their own ("`0` = none") load whatever the range.
+      std::set<std::string> specials;
+      for (std::sregex_iterator s(row.meaning.begin(), row.meaning.end(), special), end; s != end;
+           ++s)
+        specials.insert((*s)[1]);
+      auto text = [&](double v, int64_t i) {
+        return wrap(integer ? std::to_string(i) : float_text(v));
+      };
+      auto expect_ok = [&](double v, int64_t i, const char* what) {
+        const std::string t = text(v, i);
+        const std::string e = loads(key, t, companions);
+        if (!e.empty())
+          problems.push_back(key + " = " + t + " (" + what + " of \"" + best.str() +
+                             "\") is refused: " + e);
+      };
+      auto expect_refused = [&](double v, int64_t i, const DocBound& b) {
+        const std::string t = text(v, i);
+        if (specials.count(integer ? std::to_string(i) : t)) return;
+        const std::string e = loads(key, t, companions);
+        if (e.empty())
+          problems.push_back(key + " = " + t + " (just outside \"" + best.str() + "\") loads");
+        else if (e.find(key) == std::string::npos ||
+                 (e.find(b.text) == std::string::npos &&
+                  e.find(std::to_string(b.integer)) == std::string::npos))
+          problems.push_back(key + " = " + t + " is refused without naming the key and " + b.text +
+                             ": " + e);
+      };
+      // One side: `b` the bound, `dir` -1 for the lower and +1 for the upper.
+      auto side = [&](const DocBound& b, bool open, int dir) {
+        if (integer) {
+          const int64_t edge = open ? b.integer - dir : b.integer;
+          expect_ok(static_cast<double>(edge), edge, "the edge");
+          if (!(dir > 0 && edge == std::numeric_limits<int64_t>::max()))
+            expect_refused(0, edge + dir, b);
+        } else if (b.unit > 0) {
+          expect_ok(b.value - dir * b.unit, 0, "inside the edge");
+          expect_refused(b.value + dir * b.unit, 0, b);
+        } else {
+          const double out = std::nextafter(b.value, dir * kInfinity);
+          const double in = std::nextafter(b.value, -dir * kInfinity);
+          expect_ok(open ? in : b.value, 0, "the edge");
+          expect_refused(open ? b.value : out, 0, b);
+        }
+      };
+      if (lo) side(*lo, lo_open, -1);
+      if (hi) side(*hi, hi_open, +1);
+      if (!hi && lo)  // unbounded above: a large value loads
+        expect_ok(1e30, int64_t{1000000000}, "a large value");
+      for (const std::string& s : specials) {
+        const std::string e = loads(key, wrap(s), companions);
+        if (!e.empty()) problems.push_back(key + " = " + s + " (documented) is refused: " + e);
+      }
+    }
+    // ---- a set of values: the first list of `values` ("`a`, `b` or `c`"), parentheses aside
+    if (row.type != "string") continue;
+    std::string flat = row.meaning;
+    for (std::string prev; prev != flat;)
+      prev = flat, flat = std::regex_replace(flat, std::regex(R"( ?\([^()]*\))"), "");
+    std::vector<std::string> listed;
+    // (at the start of the text, or of what follows a label: "Attention backend: `eager`, ...")
+    if (std::regex_search(flat, m,
+                          std::regex("^(?:[^`:]*: )?(`[^`]+`(?:(?:, |,? or )`[^`]+`)+)"))) {
+      const std::string list = m[1];
+      const std::regex item("`([^`]+)`");
+      for (std::sregex_iterator v(list.begin(), list.end(), item), end; v != end; ++v)
+        listed.push_back((*v)[1]);
+    }
+    for (const std::string& v : listed) {
+      if (std::any_of(v.begin(), v.end(), [](char ch) { return ch >= 'A' && ch <= 'Z'; }))
+        continue;  // a placeholder (cuda:N)
+      const std::string e = loads(key, v, companions);
+      if (!e.empty()) problems.push_back(key + " = " + v + " is documented but refused: " + e);
+    }
+    for (const std::string& c : choices[key])
+      if (row.meaning.find("`" + c + "`") == std::string::npos)
+        problems.push_back(key + " takes " + c + ", which its row does not list");
+    if (!listed.empty() || !choices[key].empty()) {
+      const std::string e = loads(key, "bogus", companions);
+      if (e.empty())
+        problems.push_back(key + " = bogus loads");
+      else if (e.find(key) == std::string::npos)
+        problems.push_back(key + " = bogus is refused without naming the key: " + e);
+      for (const std::string& c : choices[key])
+        if (!e.empty() && e.find(c) == std::string::npos)
+          problems.push_back(key + " = bogus is refused without listing " + c + ": " + e);
+    }
+  }
+  return problems;
+}
+
+TEST(Config, DocumentedRangesAndValuesAreTheEnforcedOnes) {
+  for (const std::string& p : range_problems(read_docs())) ADD_FAILURE() << "docs/config.md: " << p;
+}
+
+// The range check itself catches a bound that moved on either side, and a list that grew.
+TEST(Config, RangeCheckDetectsDrift) {
+  const std::string docs = read_docs();
+  auto mutated = [&](const std::string& from, const std::string& to) {
+    std::string d = docs;
+    const size_t at = d.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) d.replace(at, from.size(), to);
+    return range_problems(d);
+  };
+  auto has = [](const std::vector<std::string>& problems, const std::string& text) {
+    for (const std::string& p : problems)
+      if (p.find(text) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(has(mutated("Transformer blocks, 1 to 1024.", "Transformer blocks, 1 to 2048."),
+                  "model.n_layer = 2048 (the edge"));
+  EXPECT_TRUE(has(mutated("Transformer blocks, 1 to 1024.", "Transformer blocks, 1 to 512."),
+                  "model.n_layer = 513 (just outside"));
+  EXPECT_TRUE(has(mutated("Peak learning rate, > 0.", "Peak learning rate, >= 0."),
+                  "optim.lr = 0.0 (the edge"));
+  EXPECT_TRUE(has(mutated("`adamw` or `sgd`.", "`adamw`, `sgd` or `lion`."),
+                  "optim.name = lion is documented but refused"));
+  EXPECT_TRUE(has(mutated("Decoupled weight decay, >= 0;", "Decoupled weight decay;"),
+                  "optim.weight_decay states no range"));
 }
 
 // The docs check itself catches each kind of drift.

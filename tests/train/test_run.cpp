@@ -309,6 +309,28 @@ TEST(RunFactory, KeysTheRunsOtherChoicesLeaveUnreadAreSaid) {
                                         "debug.inject.step=2", "debug.inject.factor=3"})),
       "note: debug.inject.factor = 3.0 set, but debug.inject.kind = \"nan\": the factor "
       "multiplies the output under kind = \"scale\" only");
+  // The tracer's keys without the tracer (abort_after_batch_num = 2 ran to the end), and
+  // train.epochs beside a train.max_steps that sets the length: both trained as without them.
+  EXPECT_CONTAINS(
+      said_by_build(tiny("tracer-off", {"debug.underflow_overflow.abort_after_batch_num=2",
+                                        "debug.underflow_overflow.trace_batch_nums=[1]"})),
+      "note: debug.underflow_overflow.trace_batch_nums = [1], "
+      "debug.underflow_overflow.abort_after_batch_num = 2 set, but "
+      "debug.underflow_overflow.enabled = false: the tracer is off, so it neither "
+      "traces nor stops the run");
+  // The byte tokenizer has a pad token of its own (256): data.pad has nothing to decide.
+  EXPECT_CONTAINS(said_by_build(tiny("pad-unread", {"data.pad=eos"})),
+                  "note: data.pad = \"eos\" set, but the tokenizer has a pad token of its own "
+                  "(id 256), which padding uses");
+  EXPECT_CONTAINS(said_by_build(tiny("force-alone", {"run.resume_force=true"})),
+                  "note: run.resume_force = true set, but run.resume = false: nothing is resumed");
+  EXPECT_CONTAINS(said_by_build(tiny("epochs-unread", {"train.max_steps=3", "train.epochs=5"})),
+                  "note: train.epochs = 5 set, but train.max_steps = 3 sets the run's length");
+  EXPECT_NOT_CONTAINS(
+      said_by_build(tiny("tracer-on", {"debug.underflow_overflow.enabled=true",
+                                       "debug.underflow_overflow.abort_after_batch_num=2",
+                                       "train.max_steps=0", "train.epochs=2"})),
+      "set, but");
   // Where they act, nothing is said.
   EXPECT_NOT_CONTAINS(
       said_by_build(
@@ -319,6 +341,31 @@ TEST(RunFactory, KeysTheRunsOtherChoicesLeaveUnreadAreSaid) {
   EXPECT_NOT_CONTAINS(
       said_by_build(tiny("acting-auto", {"train.precision=auto", "train.allow_cpu_bf16=true"})),
       "set, but");
+}
+
+// model.init_std beside model.path: the weights are the file's, and a run that set it to study a
+// wider init trained the file's weights without a word.
+TEST(RunFactory, InitStdBesideAModelPathIsSaid) {
+  const std::string dir = test::temp_dir("init-std-path") + "/base";
+  {
+    keel::Run base = build_run(tiny("init-std-base"));
+    io::save_hf_model(*base.model, dir);
+  }
+  EXPECT_CONTAINS(said_by_build(tiny("init-std-run", {"model.path=" + dir, "model.init_std=0.5"})),
+                  "note: model.init_std = 0.5 set, but model.path's weights are loaded, not "
+                  "drawn: it scales a random init only");
+  EXPECT_NOT_CONTAINS(said_by_build(tiny("init-std-random", {"model.init_std=0.5"})), "set, but");
+}
+
+// debug.inject.step past the run's last step injected nothing, without a word.
+TEST(RunFactory, AnInjectionPastTheLastStepIsSaid) {
+  EXPECT_CONTAINS(said_by_build(tiny("inject-late", {"debug.inject.module=transformer.h.0",
+                                                     "debug.inject.step=100"})),
+                  "note: debug.inject.step = 100 is past the run's last step (3): nothing is "
+                  "injected; set it to a step from 1 to 3");
+  EXPECT_NOT_CONTAINS(said_by_build(tiny("inject-in-run", {"debug.inject.module=transformer.h.0",
+                                                           "debug.inject.step=3"})),
+                      "debug.inject.step");
 }
 
 TEST(RunFactory, KeepCheckpointsWithoutCheckpointEveryIsSaid) {
