@@ -227,7 +227,8 @@ std::vector<std::string> check_resume(const Run& run, const Config& cfg) {
     checkpoint_tensor(ck, ref, *run.model, name, p, run.policy.name(), dir);
   const json& st = ck.trainer_state;
   const std::string tj = ck.dir + "/trainer.json";
-  if (!st.is_object()) throw Error(tj + ": expected a JSON object; " + io::kDamagedCheckpointResumeFix);
+  if (!st.is_object())
+    throw Error(tj + ": expected a JSON object; " + io::kDamagedCheckpointResumeFix);
   constexpr int64_t kCount = int64_t{1} << 53;
   const int64_t step = io::json_int(st, "step", tj, 0, kCount, io::kDamagedCheckpointResumeFix);
   if (!cfg.run.resume_force) {
