@@ -76,57 +76,17 @@ struct TrainArgs {
 
 int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg);
 
-std::string megabytes(double bytes) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.1f MB", bytes / 1e6);
-  return buf;
-}
-
-// The run's memory, estimated from its sizes (model.path's config.json, or the model.* keys), its
-// adapter, precision, batch and checkpointing before anything large is allocated (the estimate
-// of `keel memory --config` and `keel doctor`): a run that cannot fit in MemAvailable stops here
-// with the estimate and the options that would make it fit, each with the estimate it would
-// bring, instead of being killed by the OOM killer minutes into loading the model.
-void check_run_memory(const Config& cfg) {
-  const int64_t available = monitor::available_memory_bytes();
-  if (available < 0) return;
-  const monitor::MemoryQuery q = monitor::memory_query_from_config(cfg);
-  // Absurd sizes first, in doubles: sizes near their upper bounds would overflow the int64
-  // arithmetic of the full estimate (a lower bound of 2 bytes a parameter and 16-bit logits
-  // beyond 100 times the available memory, which no option below would bring within reach, or
-  // products of sizes near int64's range).
-  const double B = static_cast<double>(q.batch), T = static_cast<double>(q.seq),
-               L = static_cast<double>(q.layers), E = static_cast<double>(q.hidden),
-               V = static_cast<double>(q.vocab > 0 ? q.vocab : 259);
-  const double floor_bytes = 2 * (V * E + L * 12 * E * E) + 2 * B * T * V;
-  const double products = B * T * T * std::max(1.0, E / 64) * 8 + B * T * (V + 16 * E) * 8;
-  if (floor_bytes > 100 * static_cast<double>(available) || products > 4e18)
-    throw Error("the run needs at least " + megabytes(floor_bytes) +
-                    " (parameters in 16 bits and one micro-batch's logits) but only " +
-                    megabytes(static_cast<double>(available)) +
-                    " are available (MemAvailable in /proc/meminfo); nothing was loaded. Lower "
-                    "train.batch_size or data.seq_len (activations), or model.n_layer, "
-                    "model.n_embd, model.vocab_size (weights); `keel memory --config FILE` breaks "
-                    "the estimate down",
-                Error::kUsage);
-  std::string advice;
-  try {
-    advice = monitor::memory_fit_advice(q, available);
-  } catch (const Error& e) {
-    // A combination the estimate does not model: the run's own checks follow (and name it).
-    std::fprintf(stderr, "note: no memory estimate before loading: %s\n", e.what());
-    return;
-  }
-  if (!advice.empty()) throw Error(advice, Error::kUsage);
-}
-
 // Data-parallel runs (`mpirun -np N keel train CONFIG`, dist.backend = auto|mpi|nccl): an error on
 // one rank must end every rank (the others would wait in a collective forever), so with more than
 // one rank an error is printed with its rank and the whole job aborted with its exit code.
 int run_train(const TrainArgs& a) {
   Config cfg = load_config(a.config, a.sets);
   check_keys_take_effect(cfg);
-  check_run_memory(cfg);
+  // The run's memory, estimated from its sizes before anything large is allocated: a run that
+  // cannot fit stops here with the options that would make it fit, instead of being killed by the
+  // OOM killer minutes into loading the model.
+  monitor::check_run_memory(cfg,
+                            [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
   std::shared_ptr<dist::ProcessGroup> pg =
       dist::make_process_group(cfg.dist.backend, cfg.dist.bucket_mb);
   pg->set_timeout(cfg.dist.timeout_s);

@@ -395,12 +395,20 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
   bool estimated = false, fits = true;
   try {
     const MemoryQuery q = memory_query_from_config(cfg);
-    r.memory = estimate_memory(q);
     r.available_bytes = available_memory_bytes();
-    estimated = true;
-    fits = r.available_bytes < 0 || r.memory.total <= r.available_bytes;
-    r.checks.push_back(check_memory(r.memory, r.available_bytes,
-                                    fits ? "" : memory_fit_advice(q, r.available_bytes)));
+    // Sizes out of all reach, refused as keel train refuses them: the full estimate's arithmetic
+    // would overflow on them ("no estimate"), and the probe was built until its allocation failed.
+    const std::string refusal = memory_floor_refusal(q, r.available_bytes);
+    if (!refusal.empty()) {
+      fits = false;
+      r.checks.push_back(make("error", "memory", refusal));
+    } else {
+      r.memory = estimate_memory(q);
+      estimated = true;
+      fits = r.available_bytes < 0 || r.memory.total <= r.available_bytes;
+      r.checks.push_back(check_memory(r.memory, r.available_bytes,
+                                      fits ? "" : memory_fit_advice(q, r.available_bytes)));
+    }
   } catch (const Error& e) {
     r.checks.push_back(
         make("warning", "memory",

@@ -903,3 +903,50 @@ int64_t available_memory_bytes() {
 }
 
 }  // namespace keel::monitor
+
+namespace keel::monitor {
+
+namespace {
+std::string megabytes(double bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MB", bytes / 1e6);
+  return buf;
+}
+}  // namespace
+
+std::string memory_floor_refusal(const MemoryQuery& q, int64_t available) {
+  if (available < 0) return "";
+  // In doubles: sizes near their upper bounds would overflow the int64 arithmetic of the full
+  // estimate (products of sizes near int64's range).
+  const double B = static_cast<double>(q.batch), T = static_cast<double>(q.seq),
+               L = static_cast<double>(q.layers), E = static_cast<double>(q.hidden),
+               V = static_cast<double>(q.vocab > 0 ? q.vocab : 259);
+  const double floor_bytes = 2 * (V * E + L * 12 * E * E) + 2 * B * T * V;
+  const double products = B * T * T * std::max(1.0, E / 64) * 8 + B * T * (V + 16 * E) * 8;
+  if (floor_bytes <= 100 * static_cast<double>(available) && products <= 4e18) return "";
+  return "the run needs at least " + megabytes(floor_bytes) +
+         " (parameters in 16 bits and one micro-batch's logits) but only " +
+         megabytes(static_cast<double>(available)) +
+         " are available (MemAvailable in /proc/meminfo); nothing was loaded. Lower "
+         "train.batch_size or data.seq_len (activations), or model.n_layer, model.n_embd, "
+         "model.vocab_size (weights); `keel memory --config FILE` breaks the estimate down";
+}
+
+void check_run_memory(const Config& cfg, const std::function<void(const std::string&)>& say) {
+  const int64_t available = available_memory_bytes();
+  if (available < 0) return;
+  const MemoryQuery q = memory_query_from_config(cfg);
+  const std::string refusal = memory_floor_refusal(q, available);
+  if (!refusal.empty()) throw Error(refusal, Error::kUsage);
+  std::string advice;
+  try {
+    advice = memory_fit_advice(q, available);
+  } catch (const Error& e) {
+    // A combination the estimate does not model: the run's own checks follow (and name it).
+    if (say) say(std::string("note: no memory estimate before loading: ") + e.what());
+    return;
+  }
+  if (!advice.empty()) throw Error(advice, Error::kUsage);
+}
+
+}  // namespace keel::monitor

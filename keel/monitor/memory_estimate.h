@@ -23,6 +23,7 @@
 // table).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -146,6 +147,18 @@ void set_sizes(MemoryQuery& q, const models::ModelSpec& spec);
 // would bring it down to ("train.activation_checkpointing = blocks: 12.3 GB"), those that fit
 // first. "" when the estimate fits in `available`.
 std::string memory_fit_advice(const MemoryQuery& q, int64_t available);
+
+// Sizes no option of memory_fit_advice would bring within reach (a lower bound of 2 bytes a
+// parameter and 16-bit logits beyond 100 times `available`), or whose products would overflow the
+// full estimate's int64 arithmetic: the refusal `keel train` and `keel doctor` give before anything
+// is built, naming the keys to lower. "" when the sizes are within reach or `available` < 0.
+std::string memory_floor_refusal(const MemoryQuery& q, int64_t available);
+
+// `keel train`'s check before anything large is allocated: throws (kUsage) memory_floor_refusal,
+// then memory_fit_advice, against MemAvailable. A combination the estimate does not model is
+// said through `say` ("note: no memory estimate before loading: ...") and left to the run's own
+// checks.
+void check_run_memory(const Config& cfg, const std::function<void(const std::string&)>& say);
 
 // Parameter count of a model given by sizes: models::parameter_count (models/param_shapes.h, the
 // models' own layout: GPT-2 with tied embeddings and a position table, Llama with grouped-query

@@ -124,6 +124,32 @@ TEST(CliDoctor, WhatTrainRefusesDoctorRefuses) {
   }
 }
 
+// Sizes out of all reach: keel train refuses them before anything is built, and doctor said "no
+// estimate" (its int64 estimate would overflow), built its probe and failed on a 4.4 TB tensor.
+// Doctor refuses them first, as an error check with train's own message, and builds nothing.
+TEST(CliDoctor, SizesTrainRefusesForMemoryAreRefusedAlike) {
+  const std::string sets =
+      "--set model.n_layer=1024 --set model.n_embd=65536 --set model.n_head=1024 "
+      "--set model.vocab_size=16777216 --set data.seq_len=1048576 --set model.max_seq_len=1048576 "
+      "--set train.batch_size=65536";
+  test::KeelRun r = doctor("--no-sanity " + sets);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.out, "[error  ] memory: the run needs at least ");
+  EXPECT_CONTAINS(r.out, "it would not fit in memory");
+  EXPECT_NOT_CONTAINS(r.out, "no estimate");
+  EXPECT_NOT_CONTAINS(r.out, "the run cannot start");
+  test::KeelRun train = test::run_keel_sh("train " + sets);
+  EXPECT_EQ(train.code, 2) << train.output;
+  const size_t at = train.err.find("the run needs at least ");
+  ASSERT_NE(at, std::string::npos) << train.err;
+  const std::string message = train.err.substr(at, train.err.find('\n', at) - at);
+  // The same message, but for MemAvailable, which moves between the two processes.
+  const size_t only = message.find(" but only "), avail = message.find(" are available");
+  ASSERT_NE(avail, std::string::npos) << message;
+  EXPECT_CONTAINS(r.out, "memory: " + message.substr(0, only + 10));
+  EXPECT_CONTAINS(r.out, message.substr(avail));
+}
+
 // A debug.inject.module that names no module: keel train refuses it once the model is built, and
 // doctor said "nothing blocks training". Doctor looks it up in the model it builds, as train does.
 TEST(CliDoctor, AnInjectModuleTrainWouldRefuseBlocks) {
