@@ -39,6 +39,21 @@ void say_or_print(const Say& say, const std::string& m) {
     std::fprintf(stderr, "%s\n", m.c_str());
 }
 
+// The note for a key whose step numbers (1-based, as the console counts) lie past the run's last
+// step `total`: `list` = the key holds a list (only its late entries are named); `what` says what
+// therefore never happens.
+void say_past_last_step(const Say& say, const std::string& key, const std::vector<int64_t>& steps,
+                        bool list, int64_t total, const std::string& what) {
+  std::string late;
+  for (int64_t s : steps)
+    if (s > total) late += (late.empty() ? "" : ", ") + std::to_string(s);
+  if (late.empty()) return;
+  const std::string last = std::to_string(total);
+  say_or_print(say, "note: " + key + (list ? " holds " + late + ", " : " = " + late + " is ") +
+                        "past the run's last step (" + last + "): " + what + "; set " +
+                        (list ? "steps" : "it to a step") + " from 1 to " + last);
+}
+
 }  // namespace
 
 Device run_device(const Config& cfg, const Say& say) {
@@ -587,13 +602,24 @@ Run build_run(const Config& cfg, const RunOptions& o) {
                             " keeps the newest checkpoints/step-N directories, but "
                             "log.checkpoint_every = 0 writes none (only checkpoints/last, at the "
                             "end); set log.checkpoint_every to save every N steps");
-  // A fault injected past the run's last step never happened: debug.inject.step = 100 in a 2-step
-  // run trained clean, without a word, and the run looked like a failed reproduction.
-  if (!inject_module.empty() && r.total_steps > 0 && cfg.debug.inject.step > r.total_steps)
-    say_or_print(o.say, "note: debug.inject.step = " + std::to_string(cfg.debug.inject.step) +
-                            " is past the run's last step (" + std::to_string(r.total_steps) +
-                            "): nothing is injected; set it to a step from 1 to " +
-                            std::to_string(r.total_steps));
+  // A step-numbered debug key past the run's last step never acts: debug.inject.step = 100 in a
+  // 2-step run trained clean, and a tracer's abort_after_batch_num or trace_batch_nums past the end
+  // neither stopped nor traced, each without a word, and the run looked like a failed
+  // reproduction. Said, with what did not happen.
+  if (r.total_steps > 0) {
+    if (!inject_module.empty())
+      say_past_last_step(o.say, "debug.inject.step", {cfg.debug.inject.step}, false, r.total_steps,
+                         "nothing is injected");
+    const auto& uo = cfg.debug.underflow_overflow;
+    if (uo.enabled) {
+      if (uo.abort_after_batch_num >= 0)
+        say_past_last_step(o.say, "debug.underflow_overflow.abort_after_batch_num",
+                           {uo.abort_after_batch_num}, false, r.total_steps,
+                           "the run ends at its last step without the tracer's stop");
+      say_past_last_step(o.say, "debug.underflow_overflow.trace_batch_nums", uo.trace_batch_nums,
+                         true, r.total_steps, "those batches are never traced");
+    }
+  }
   // A warmup as long as the run never reaches optim.lr: said, with the rate the run peaks at.
   if (r.schedule.warmup_steps > 0 && r.total_steps > 0 &&
       r.schedule.warmup_steps >= r.total_steps) {

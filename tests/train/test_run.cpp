@@ -368,6 +368,25 @@ TEST(RunFactory, AnInjectionPastTheLastStepIsSaid) {
                       "debug.inject.step");
 }
 
+// The tracer's batch numbers past the run's last step neither stopped nor traced, without a word
+// (said as the injection's step is, by the same code).
+TEST(RunFactory, TracerBatchNumbersPastTheLastStepAreSaid) {
+  const std::string on = "debug.underflow_overflow.enabled=true";
+  EXPECT_CONTAINS(
+      said_by_build(tiny("abort-late", {on, "debug.underflow_overflow.abort_after_batch_num=50"})),
+      "note: debug.underflow_overflow.abort_after_batch_num = 50 is past the run's last step (3): "
+      "the run ends at its last step without the tracer's stop; set it to a step from 1 to 3");
+  EXPECT_CONTAINS(
+      said_by_build(
+          tiny("trace-late", {on, "debug.underflow_overflow.trace_batch_nums=[2, 7, 9]"})),
+      "note: debug.underflow_overflow.trace_batch_nums holds 7, 9, past the run's last step (3): "
+      "those batches are never traced; set steps from 1 to 3");
+  EXPECT_NOT_CONTAINS(
+      said_by_build(tiny("tracer-in-run", {on, "debug.underflow_overflow.abort_after_batch_num=2",
+                                           "debug.underflow_overflow.trace_batch_nums=[1, 3]"})),
+      "past the run's last step");
+}
+
 TEST(RunFactory, KeepCheckpointsWithoutCheckpointEveryIsSaid) {
   EXPECT_CONTAINS(said_by_build(tiny("keep-none", {"log.keep_checkpoints=3"})),
                   "note: log.keep_checkpoints = 3 keeps the newest checkpoints/step-N "
