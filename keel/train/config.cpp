@@ -632,7 +632,7 @@ void validate(Config& c, const Origins& origins) {
     throw usage(prefix("data.tokenizer") +
                 "data.tokenizer must not be empty (\"byte\", \"gpt2:DIR\" or \"hf:PATH\")");
   // "hf:" alone reached the loader as "HF tokenizer file  does not exist", naming no key (keel
-  // serve's request check says the same).
+  // serve's requests are answered by this check too: it runs before serve's own path checks).
   if (c.data.tokenizer == "hf:" || c.data.tokenizer == "gpt2:")
     throw usage(prefix("data.tokenizer") + "data.tokenizer = \"" + c.data.tokenizer +
                 "\": give the path after " + c.data.tokenizer + " (e.g. " + c.data.tokenizer +

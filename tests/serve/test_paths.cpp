@@ -186,9 +186,17 @@ TEST(ServePaths, RequestBodiesAreReadByTheConfigLoader) {
   std::tie(status, msg) = refusal(json{{"data", {{"task", "text"}, {"path", "sub"}}}}.dump(), p);
   EXPECT_EQ(status, 400);
   EXPECT_CONTAINS(msg, "data.path = \"" + fs::canonical(t.data).string() + "/sub\" is a directory");
+  // Refused by the config loader, naming the key (serve's own check after it was unreachable).
   std::tie(status, msg) = refusal(json{{"data", {{"tokenizer", "hf:"}}}}.dump(), p);
   EXPECT_EQ(status, 400);
-  EXPECT_CONTAINS(msg, "give the path after hf:");
+  EXPECT_CONTAINS(msg,
+                  "data.tokenizer = \"hf:\": give the path after hf: (e.g. "
+                  "hf:tokenizer.json, or its directory)");
+  std::tie(status, msg) = refusal(json{{"data", {{"tokenizer", "gpt2:"}}}}.dump(), p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg,
+                  "data.tokenizer = \"gpt2:\": give the path after gpt2: (e.g. "
+                  "gpt2:gpt2-tokenizer-dir, GPT-2's vocabulary directory)");
   std::tie(status, msg) = refusal(json{{"model", {{"path", "../"}}}}.dump(), p);
   EXPECT_EQ(status, 403);
   EXPECT_CONTAINS(msg, "model.path");
