@@ -425,7 +425,9 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
       c.run.out_dir = out_dir + "/probe";
       c.run.resume = false;  // (its checkpoint is judged below, in place)
       c.run.resume_force = false;
-      c.debug.underflow_overflow.enabled = false;
+      // The tracer stays as configured: build_run attaches none, and turning it off here made the
+      // run factory tell a user who had enabled it "the tracer is off", hiding train's notes on
+      // its batch numbers.
       // Its notices go to stderr as keel train's would, but for the weights a 16-bit format
       // cannot hold: those are an error check of their own below.
       RunOptions o;

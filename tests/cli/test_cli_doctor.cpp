@@ -150,6 +150,20 @@ TEST(CliDoctor, SizesTrainRefusesForMemoryAreRefusedAlike) {
   EXPECT_CONTAINS(r.out, message.substr(avail));
 }
 
+// With the tracer enabled, doctor said "debug.underflow_overflow.enabled = false: the tracer is
+// off" (its probe turned the tracer off) instead of keel train's notes on the tracer's keys.
+TEST(CliDoctor, AnEnabledTracerIsNotCalledOff) {
+  test::KeelRun r =
+      doctor(kSmall +
+             " --no-sanity --set train.max_steps=3 --set debug.underflow_overflow.enabled=true "
+             "--set 'debug.underflow_overflow.trace_batch_nums=[1, 9]'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NOT_CONTAINS(r.err, "the tracer is off");
+  EXPECT_CONTAINS(r.err,
+                  "note: debug.underflow_overflow.trace_batch_nums holds 9, past the run's last "
+                  "step (3)");
+}
+
 // A debug.inject.module that names no module: keel train refuses it once the model is built, and
 // doctor said "nothing blocks training". Doctor looks it up in the model it builds, as train does.
 TEST(CliDoctor, AnInjectModuleTrainWouldRefuseBlocks) {
