@@ -16,6 +16,7 @@
 #include "keel/data/tokenizer_base.h"
 #include "keel/io/json_fields.h"
 #include "keel/io/out_dir.h"
+#include "keel/numerics/text.h"
 #include "keel/ops/elementwise.h"
 #include "keel/train/trainer.h"
 
@@ -161,10 +162,10 @@ std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int
     out.push_back(make(
         "warning", "windows",
         "train.grad_accum = " + std::to_string(grad_accum) + " is larger than the epoch (" +
-            std::to_string(examples) + " examples = " + std::to_string(nb) + " micro-batches of " +
-            std::to_string(batch_size) + "): every step is a remainder window of " +
-            std::to_string(nb) + " micro-batches, so the effective batch is " +
-            std::to_string(examples) + " examples, not " + std::to_string(grad_accum * batch_size) +
+            count_of(examples, "example") + " = " + count_of(nb, "micro-batch", "micro-batches") +
+            " of " + std::to_string(batch_size) + "): every step is a remainder window of " +
+            count_of(nb, "micro-batch", "micro-batches") + ", so the effective batch is " +
+            count_of(examples, "example") + ", not " + std::to_string(grad_accum * batch_size) +
             "; lower train.grad_accum to at most " + std::to_string(nb)));
     return out;
   }
@@ -172,9 +173,10 @@ std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int
   const int64_t rem = nb % grad_accum;
   if (rem != 0)
     out.push_back(make("info", "windows",
-                       "each epoch ends with a remainder window of " + std::to_string(rem) +
-                           " micro-batch(es) instead of " + std::to_string(grad_accum) + " (step " +
-                           std::to_string(steps) + " of " + std::to_string(steps) +
+                       "each epoch ends with a remainder window of " +
+                           count_of(rem, "micro-batch", "micro-batches") + " instead of " +
+                           std::to_string(grad_accum) + " (step " + std::to_string(steps) + " of " +
+                           std::to_string(steps) +
                            "); keel weights micro-batches by target tokens, so its loss is still "
                            "the token mean (no division by the full window)"));
   if (last_rows != batch_size)
@@ -184,7 +186,7 @@ std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int
                            " rows (drop_last = false; token weighting keeps its loss exact)"));
   if (out.empty())
     out.push_back(make("ok", "windows",
-                       std::to_string(steps) + " steps per epoch of " + std::to_string(grad_accum) +
+                       count_of(steps, "step") + " per epoch of " + std::to_string(grad_accum) +
                            " x " + std::to_string(batch_size) + " examples, no remainder"));
   return out;
 }
