@@ -59,7 +59,7 @@ TokenizerFacts tokenizer_facts(const data::Tokenizer& tok, const std::string& na
 }
 
 DoctorCheck check_pad_token(const TokenizerFacts& tok, const std::string& pad_mode,
-                            int64_t embedding_rows) {
+                            int64_t embedding_rows, bool packed) {
   const std::string who = "tokenizer " + tok.name + ": ";
   const int64_t pad = tok.pad_id;
   const bool in_vocab = pad >= 0 && pad < tok.vocab_size;
@@ -88,6 +88,13 @@ DoctorCheck check_pad_token(const TokenizerFacts& tok, const std::string& pad_mo
   else
     why = "declares pad id " + std::to_string(pad) + quoted_token(tok, pad) +
           ", an ordinary token that real text produces (as id 0 = '!' in Llama-3's vocabulary)";
+  if (packed)  // as pad_fill_id: no new row for padding that no rule reads
+    return make("ok", "pad-token",
+                who + why +
+                    "; data.task = \"tokens\" packs the stream into full rows: only the last "
+                    "row's tail is padded, masked by position and never a label, so keel fills it "
+                    "with an existing id and the embeddings keep their rows (data.pad does not "
+                    "apply)");
   if (pad_mode == "eos") {
     if (tok.eos_id < 0)
       return make("error", "pad-token",
@@ -437,7 +444,8 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
     // Tokenizer and data, as the Trainer built them for training.
     const TokenizerFacts tok = tokenizer_facts(*probe->data.tokenizer, cfg.data.tokenizer);
     const int64_t rows = probe->model->spec().vocab_size;
-    r.checks.push_back(check_pad_token(tok, cfg.data.pad, std::max(rows, tok.vocab_size)));
+    r.checks.push_back(check_pad_token(tok, cfg.data.pad, std::max(rows, tok.vocab_size),
+                                       cfg.data.task == "tokens"));
     // Adapter dtypes, as built: every trainable adapter parameter must be f32 (an f16 one would
     // meet PyTorch's "Attempting to unscale FP16 gradients" pain); the frozen base as configured.
     if (cfg.model.adapter.kind != "none") {
