@@ -91,7 +91,8 @@ std::string megabytes(double bytes) {
 void check_run_memory(const Config& cfg) {
   const int64_t available = monitor::available_memory_bytes();
   if (available < 0) return;
-  const monitor::MemoryQuery q = monitor::memory_query_from_config(cfg);
+  monitor::MemoryQuery q = monitor::memory_query_from_config(cfg);
+  q.flags = false;  // its messages name the config's keys, not keel memory's flags
   // Absurd sizes first, in doubles: sizes near their upper bounds would overflow the int64
   // arithmetic of the full estimate (a lower bound of 2 bytes a parameter and 16-bit logits
   // beyond 100 times the available memory, which no option below would bring within reach, or

@@ -402,7 +402,8 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
   // the adapters' own shapes), and a run that cannot fit is not built for the probe either.
   bool estimated = false, fits = true;
   try {
-    const MemoryQuery q = memory_query_from_config(cfg);
+    MemoryQuery q = memory_query_from_config(cfg);
+    q.flags = false;  // a config's run: its keys, not keel memory's flags
     r.memory = estimate_memory(q);
     r.available_bytes = available_memory_bytes();
     estimated = true;

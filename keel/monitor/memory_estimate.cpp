@@ -73,8 +73,9 @@ void check_query(const MemoryQuery& q) {
   auto check = [&](const char* key, const char* what, const char* flag, double v,
                    const std::string& shown) {
     check_config_number(key, v, shown,
-                        std::string("memory: ") + what + " = " + shown + " (" + flag +
-                            (q.source.empty() ? "" : " or " + q.source) + ")");
+                        std::string("memory: ") + what + " = " + shown + " (" +
+                            (q.flags ? flag : key) + (q.source.empty() ? "" : " or " + q.source) +
+                            ")");
   };
   auto bound = [&](const char* key, const char* what, const char* flag, int64_t v) {
     if (v != 0) check(key, what, flag, static_cast<double>(v), std::to_string(v));
@@ -98,8 +99,9 @@ void check_query(const MemoryQuery& q) {
     // keel train refuses it (nn::apply_adapters): the estimate was of a run that cannot start.
     if (q.adapter.kind == "lokr" && q.adapter.dropout > 0)
       throw Error("memory: adapter dropout = " + p.str() +
-                      " (--adapter-dropout or model.adapter.dropout) with lokr: LoKr has no "
-                      "input dropout; drop it or use lora / dora",
+                      (q.flags ? " (--adapter-dropout or model.adapter.dropout)"
+                               : " (model.adapter.dropout)") +
+                      " with lokr: LoKr has no input dropout; drop it or use lora / dora",
                   Error::kUsage);
   }
   // Within those bounds the activations can still exceed what an int64 byte count holds (65536
