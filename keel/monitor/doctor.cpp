@@ -91,7 +91,8 @@ DoctorCheck check_pad_token(const TokenizerFacts& tok, const std::string& pad_mo
   if (packed)  // as pad_fill_id: no new row for padding that no rule reads
     return make("ok", "pad-token",
                 who + why +
-                    "; data.task = \"tokens\" packs the stream into full rows: only the last "
+                    "; the rows are packed from one stream (data.task = \"tokens\", or \"text\" "
+                    "with data.pack): only the last "
                     "row's tail is padded, masked by position and never a label, so keel fills it "
                     "with an existing id and the embeddings keep their rows (data.pad does not "
                     "apply)");
@@ -446,7 +447,7 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
     const TokenizerFacts tok = tokenizer_facts(*probe->data.tokenizer, cfg.data.tokenizer);
     const int64_t rows = probe->model->spec().vocab_size;
     r.checks.push_back(check_pad_token(tok, cfg.data.pad, std::max(rows, tok.vocab_size),
-                                       cfg.data.task == "tokens"));
+                                       rows_are_packed(cfg.data)));
     // Adapter dtypes, as built: every trainable adapter parameter must be f32 (an f16 one would
     // meet PyTorch's "Attempting to unscale FP16 gradients" pain); the frozen base as configured.
     if (cfg.model.adapter.kind != "none") {

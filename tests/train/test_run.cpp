@@ -251,11 +251,10 @@ TEST(RunFactory, AdapterKeysWithoutAnAdapterKindAreSaid) {
       "[model.adapter]");
 }
 
-// data.eval_path naming data.path's file (also by another spelling) validated on the training
-// data without a word: said, as HF Trainer users expect a warning.
 // data.task = "tokens" with GPT-2's tokenizer (no pad token) grew the embeddings by a pad row
 // (data.pad = "add") that packed rows never use: their only padding, the last row's tail, is
-// masked by position. (A text run still adds it: CliExport's AnAdapterOfARunThatGrewTheVocabulary.)
+// masked by position; packed text is cut the same way (CliTokenize.OutputTrainsAsTheTextPacked).
+// Unpacked text still adds it (CliExport.AnAdapterOfARunThatGrewTheVocabulary...).
 TEST(RunFactory, PackedTokenRowsDoNotGrowTheVocabularyForAPad) {
   const std::string dir = test::temp_dir("tokens-pad");
   const std::string tokenizer =
@@ -281,6 +280,8 @@ TEST(RunFactory, PackedTokenRowsDoNotGrowTheVocabularyForAPad) {
   EXPECT_LT(tokens.data.pad_id, tok->vocab_size());
 }
 
+// data.eval_path naming data.path's file (also by another spelling) validated on the training
+// data without a word: said, as HF Trainer users expect a warning.
 TEST(RunFactory, AnEvalPathThatIsTheTrainingFileIsSaid) {
   const std::string dir = test::temp_dir("eval-is-train");
   const std::string txt = dir + "/corpus.txt", other = dir + "/held-out.txt";
