@@ -13,6 +13,7 @@
 #include "keel/io/json_fields.h"
 #include "keel/log/console.h"
 #include "keel/numerics/input_file.h"
+#include "keel/numerics/text.h"
 #include "keel/tensor/host_memory.h"
 #include "keel/train/config.h"
 #include "keel/train/eval_loss.h"
@@ -169,9 +170,9 @@ int run_eval(EvalArgs& a, bool pack_given) {
                         {"precision", m.policy.name()}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("loss %.4f | perplexity %.3f | %lld target tokens in %lld examples of %s\n",
-                r.loss(), r.perplexity(), static_cast<long long>(r.tokens),
-                static_cast<long long>(r.examples), a.data.c_str());
+    std::printf("loss %.4f | perplexity %.3f | %s in %s of %s\n", r.loss(), r.perplexity(),
+                count_of(r.tokens, "target token").c_str(), count_of(r.examples, "example").c_str(),
+                a.data.c_str());
   }
   if (!std::isfinite(r.loss_sum))  // printed as it is, and an error: scripts test the exit code
     throw Error("the loss on " + a.data + " is " + log::format_number(r.loss(), 4) + ": " +

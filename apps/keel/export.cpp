@@ -12,6 +12,7 @@
 #include "keel/data/tokenizer_base.h"
 #include "keel/io/hf_model.h"
 #include "keel/io/trained_model.h"
+#include "keel/numerics/text.h"
 
 namespace keel::cli {
 
@@ -146,10 +147,12 @@ int run_export(const ExportArgs& a) {
   if (t.tokenizer == "byte")
     tok_note = "keel's byte tokenizer (no HF tokenizer files; in keel: --tokenizer byte)";
   else if (!t.tokenizer.empty())
-    tok_note += " (" + std::to_string(files.size()) + " files copied)";
-  std::printf("wrote %s: %s, %lld adapted modules merged, %s, %s\n", a.out.c_str(),
-              t.model->spec().family.c_str(), static_cast<long long>(merged), a.dtype.c_str(),
-              tok_note.c_str());
+    tok_note += " (" + count_of(static_cast<long long>(files.size()), "file") + " copied)";
+  // A run without adapters said "0 adapted modules merged", as if a merge had failed.
+  const std::string merge_note =
+      t.adapter ? count_of(merged, "adapted module") + " merged" : "no adapters to merge";
+  std::printf("wrote %s: %s, %s, %s, %s\n", a.out.c_str(), t.model->spec().family.c_str(),
+              merge_note.c_str(), a.dtype.c_str(), tok_note.c_str());
   return 0;
 }
 }  // namespace

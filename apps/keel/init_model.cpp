@@ -12,6 +12,7 @@
 #include "keel/log/console.h"
 #include "keel/models/param_shapes.h"
 #include "keel/monitor/memory_estimate.h"
+#include "keel/numerics/text.h"
 #include "keel/train/config.h"
 
 namespace keel::cli {
@@ -142,12 +143,11 @@ int run_init_model(const InitModelArgs& a) {
   opt.max_shard_bytes = a.shard_bytes;
   write_model_dir("--out", a.out,
                   [&](const std::string& dir) { io::save_hf_model(*model, dir, opt); });
-  std::printf(
-      "wrote %s: %s, %lld layers, %lld wide, %lld heads (%lld kv), vocab %lld, %.2fM params, %s\n",
-      a.out.c_str(), a.family.c_str(), static_cast<long long>(s.n_layer),
-      static_cast<long long>(s.n_embd), static_cast<long long>(s.n_head),
-      static_cast<long long>(s.kv_heads()), static_cast<long long>(s.vocab_size),
-      model->num_parameters() / 1e6, dtype_name(*dt));
+  std::printf("wrote %s: %s, %s, %lld wide, %s (%lld kv), vocab %lld, %.2fM params, %s\n",
+              a.out.c_str(), a.family.c_str(), count_of(s.n_layer, "layer").c_str(),
+              static_cast<long long>(s.n_embd), count_of(s.n_head, "head").c_str(),
+              static_cast<long long>(s.kv_heads()), static_cast<long long>(s.vocab_size),
+              model->num_parameters() / 1e6, dtype_name(*dt));
   return 0;
 }
 }  // namespace

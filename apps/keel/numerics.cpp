@@ -1,5 +1,5 @@
-// `keel numerics`: format tables, what a value becomes in f16/bf16, and how a loss scaler backs off
-// for a given gradient (DESIGN §4, numerics explainer).
+// `keel numerics`: format tables, what a value becomes in f16/bf16/f32, and how a loss scaler backs
+// off for a given gradient (DESIGN §4, numerics explainer).
 #include <cmath>
 #include <cstdio>
 
@@ -24,7 +24,9 @@ Command add_numerics(CLI::App& app) {
   sub->require_subcommand(1);
   CLI::App* formats =
       sub->add_subcommand("formats", "Max, min normal, min subnormal, epsilon, bits");
-  CLI::App* cast = sub->add_subcommand("cast", "What a value becomes in f16 or bf16");
+  // --to f32 is taken (what a decimal value becomes as an f32 master weight): the help said only
+  // "f16 or bf16".
+  CLI::App* cast = sub->add_subcommand("cast", "What a value becomes in f16, bf16 or f32");
   cast->add_option("VALUE", args->value_text, "the value (e.g. 1e-8, 131072, 1.001)")->required();
   cast->add_option("--to", args->to, "target format: f16 | bf16 | f32")->capture_default_str();
   CLI::App* scaler = sub->add_subcommand(

@@ -23,6 +23,7 @@
 #include "keel/monitor/nan_capture.h"
 #include "keel/monitor/replay_step.h"
 #include "keel/monitor/tracer.h"
+#include "keel/numerics/text.h"
 #include "keel/ops/elementwise.h"
 #include "keel/train/eval_loss.h"
 #include "keel/train/stop_request.h"
@@ -361,13 +362,13 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     precision += " (precision = auto's choice on " + trainer.device().str() + ")";
   if (rank == 0)
     std::printf(
-        "keel train | %s %lldL %lld-wide %lld heads | %.2fM params | %s | attention %s | "
-        "%lld steps%s | out %s\n",
+        "keel train | %s %lldL %lld-wide %s | %.2fM params | %s | attention %s | "
+        "%s%s | out %s\n",
         spec.family.c_str(), static_cast<long long>(spec.n_layer),
-        static_cast<long long>(spec.n_embd), static_cast<long long>(spec.n_head),
+        static_cast<long long>(spec.n_embd), count_of(spec.n_head, "head").c_str(),
         trainer.model().num_parameters() / 1e6, precision.c_str(),
-        ops::attention_backend_name(spec.attention), static_cast<long long>(trainer.total_steps()),
-        ranks.c_str(), trainer.out_dir().c_str());
+        ops::attention_backend_name(spec.attention),
+        count_of(trainer.total_steps(), "step").c_str(), ranks.c_str(), trainer.out_dir().c_str());
   std::fflush(stdout);
   // Examples longer than a row are cut to it by the loader, their tokens past it never trained on:
   // a paragraph of 100 MB trained as its first data.seq_len tokens without a word.
@@ -434,10 +435,10 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     const double fit_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_fit).count();
     std::printf(
-        "dist: %lld gradient buckets (%.1f MB) summed over %d ranks in %.3f s, %.1f%% of %.1f s "
+        "dist: %s (%.1f MB) summed over %d ranks in %.3f s, %.1f%% of %.1f s "
         "of training (rank 0, waiting for other ranks included)\n",
-        static_cast<long long>(pg->buckets_reduced()), pg->bytes_reduced() / 1e6, world,
-        pg->grad_reduce_seconds(), fit_s > 0 ? 100 * pg->grad_reduce_seconds() / fit_s : 0.0,
+        count_of(pg->buckets_reduced(), "gradient bucket").c_str(), pg->bytes_reduced() / 1e6,
+        world, pg->grad_reduce_seconds(), fit_s > 0 ? 100 * pg->grad_reduce_seconds() / fit_s : 0.0,
         fit_s);
   }
   if (rank == 0) {
@@ -457,8 +458,8 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
       for (size_t i = 0; i < why.size(); ++i) tally += (i ? ", " : ": ") + why[i];
       tally += ")";
     }
-    std::printf("done: %lld steps%s, checkpoint in %s/checkpoints/last\n",
-                static_cast<long long>(steps), tally.c_str(), trainer.out_dir().c_str());
+    std::printf("done: %s%s, checkpoint in %s/checkpoints/last\n", count_of(steps, "step").c_str(),
+                tally.c_str(), trainer.out_dir().c_str());
     // Every step skipped: the run's outcome is the model it started from, which the scaler's
     // finding (if any) said many lines up.
     if (steps > 0 && applied == 0 && trainer.scaler_skipped_steps() == steps)

@@ -44,7 +44,7 @@ OutDirLock::OutDirLock(const std::string& out_dir, const std::string& key,
                     " (choose a writable directory)",
                 Error::kUsage);
   }
-  const std::string path = out_dir + "/.keel.lock";
+  const std::string path = out_dir + "/" + kOutDirLockFile;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
     throw Error(

@@ -10,6 +10,10 @@
 
 namespace keel::io {
 
+// The lock's file name in out_dir: keel's bookkeeping, not a file of the run (keel serve neither
+// lists nor serves it as an artifact).
+inline constexpr const char* kOutDirLockFile = ".keel.lock";
+
 class OutDirLock {
  public:
   // Creates out_dir if needed and takes the lock; an Error (kUsage) naming the holder when another

@@ -8,6 +8,7 @@
 #include "keel/amp/precision.h"
 #include "keel/io/json_fields.h"
 #include "keel/monitor/replay_step.h"
+#include "keel/numerics/text.h"
 
 namespace keel::monitor {
 
@@ -293,7 +294,7 @@ bool TrendAdvisor::observe_scale(const StepResult& r, Finding* f) {
     f->step = r.step;
     f->trend = "loss scale";
     f->cause = "the loss scale started at scaler.init_scale = " + scale_num(opt_.init_scale) +
-               " and has backed off " + std::to_string(backoffs_) + " times (now " +
+               " and has backed off " + count_of(backoffs_, "time") + " (now " +
                scale_num(r.loss_scale_after) +
                "), each a skipped step with no update: the gradients " +
                "times that scale overflow f16 (max 65504)";

@@ -17,6 +17,7 @@
 #include "keel/io/json_fields.h"
 #include "keel/io/out_dir.h"
 #include "keel/monitor/inject.h"
+#include "keel/numerics/text.h"
 #include "keel/ops/elementwise.h"
 #include "keel/train/trainer.h"
 
@@ -59,7 +60,7 @@ TokenizerFacts tokenizer_facts(const data::Tokenizer& tok, const std::string& na
 }
 
 DoctorCheck check_pad_token(const TokenizerFacts& tok, const std::string& pad_mode,
-                            int64_t embedding_rows) {
+                            int64_t embedding_rows, bool packed) {
   const std::string who = "tokenizer " + tok.name + ": ";
   const int64_t pad = tok.pad_id;
   const bool in_vocab = pad >= 0 && pad < tok.vocab_size;
@@ -88,6 +89,14 @@ DoctorCheck check_pad_token(const TokenizerFacts& tok, const std::string& pad_mo
   else
     why = "declares pad id " + std::to_string(pad) + quoted_token(tok, pad) +
           ", an ordinary token that real text produces (as id 0 = '!' in Llama-3's vocabulary)";
+  if (packed)  // as pad_fill_id: no new row for padding that no rule reads
+    return make("ok", "pad-token",
+                who + why +
+                    "; the rows are packed from one stream (data.task = \"tokens\", or \"text\" "
+                    "with data.pack): only the last "
+                    "row's tail is padded, masked by position and never a label, so keel fills it "
+                    "with an existing id and the embeddings keep their rows (data.pad does not "
+                    "apply)");
   if (pad_mode == "eos") {
     if (tok.eos_id < 0)
       return make("error", "pad-token",
@@ -162,10 +171,10 @@ std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int
     out.push_back(make(
         "warning", "windows",
         "train.grad_accum = " + std::to_string(grad_accum) + " is larger than the epoch (" +
-            std::to_string(examples) + " examples = " + std::to_string(nb) + " micro-batches of " +
-            std::to_string(batch_size) + "): every step is a remainder window of " +
-            std::to_string(nb) + " micro-batches, so the effective batch is " +
-            std::to_string(examples) + " examples, not " + std::to_string(grad_accum * batch_size) +
+            count_of(examples, "example") + " = " + count_of(nb, "micro-batch", "micro-batches") +
+            " of " + std::to_string(batch_size) + "): every step is a remainder window of " +
+            count_of(nb, "micro-batch", "micro-batches") + ", so the effective batch is " +
+            count_of(examples, "example") + ", not " + std::to_string(grad_accum * batch_size) +
             "; lower train.grad_accum to at most " + std::to_string(nb)));
     return out;
   }
@@ -173,9 +182,10 @@ std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int
   const int64_t rem = nb % grad_accum;
   if (rem != 0)
     out.push_back(make("info", "windows",
-                       "each epoch ends with a remainder window of " + std::to_string(rem) +
-                           " micro-batch(es) instead of " + std::to_string(grad_accum) + " (step " +
-                           std::to_string(steps) + " of " + std::to_string(steps) +
+                       "each epoch ends with a remainder window of " +
+                           count_of(rem, "micro-batch", "micro-batches") + " instead of " +
+                           std::to_string(grad_accum) + " (step " + std::to_string(steps) + " of " +
+                           std::to_string(steps) +
                            "); keel weights micro-batches by target tokens, so its loss is still "
                            "the token mean (no division by the full window)"));
   if (last_rows != batch_size)
@@ -185,7 +195,7 @@ std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int
                            " rows (drop_last = false; token weighting keeps its loss exact)"));
   if (out.empty())
     out.push_back(make("ok", "windows",
-                       std::to_string(steps) + " steps per epoch of " + std::to_string(grad_accum) +
+                       count_of(steps, "step") + " per epoch of " + std::to_string(grad_accum) +
                            " x " + std::to_string(batch_size) + " examples, no remainder"));
   return out;
 }
@@ -394,7 +404,8 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
   // the adapters' own shapes), and a run that cannot fit is not built for the probe either.
   bool estimated = false, fits = true;
   try {
-    const MemoryQuery q = memory_query_from_config(cfg);
+    MemoryQuery q = memory_query_from_config(cfg);
+    q.flags = false;  // a config's run: its keys, not keel memory's flags
     r.available_bytes = available_memory_bytes();
     // Sizes out of all reach, refused as keel train refuses them: the full estimate's arithmetic
     // would overflow on them ("no estimate"), and the probe was built until its allocation failed.
@@ -476,7 +487,8 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
     // Tokenizer and data, as the Trainer built them for training.
     const TokenizerFacts tok = tokenizer_facts(*probe->data.tokenizer, cfg.data.tokenizer);
     const int64_t rows = probe->model->spec().vocab_size;
-    r.checks.push_back(check_pad_token(tok, cfg.data.pad, std::max(rows, tok.vocab_size)));
+    r.checks.push_back(check_pad_token(tok, cfg.data.pad, std::max(rows, tok.vocab_size),
+                                       rows_are_packed(cfg.data)));
     // Adapter dtypes, as built: every trainable adapter parameter must be f32 (an f16 one would
     // meet PyTorch's "Attempting to unscale FP16 gradients" pain); the frozen base as configured.
     if (cfg.model.adapter.kind != "none") {

@@ -45,9 +45,10 @@ TokenizerFacts tokenizer_facts(const data::Tokenizer& tok, const std::string& na
 // outside the model's `embedding_rows`); no pad, a pad that is bos/eos, or a pad that is an
 // ordinary token (Llama-3's id 0 is '!') collides, and the result says what keel pads with instead
 // under data.pad = `pad_mode` ("add": a new id, info; "eos": a warning, as a mask built from ids
-// would hide the real eos; "eos" without an eos token: an error).
+// would hide the real eos; "eos" without an eos token: an error). `packed` (rows_are_packed,
+// train/run.h): no pad is needed, ok.
 DoctorCheck check_pad_token(const TokenizerFacts& tok, const std::string& pad_mode,
-                            int64_t embedding_rows);
+                            int64_t embedding_rows, bool packed = false);
 
 // Accumulation windows vs the dataset: `examples` rows, micro-batch `batch_size`, `grad_accum`
 // micro-batches per window.

@@ -73,8 +73,9 @@ void check_query(const MemoryQuery& q) {
   auto check = [&](const char* key, const char* what, const char* flag, double v,
                    const std::string& shown) {
     check_config_number(key, v, shown,
-                        std::string("memory: ") + what + " = " + shown + " (" + flag +
-                            (q.source.empty() ? "" : " or " + q.source) + ")");
+                        std::string("memory: ") + what + " = " + shown + " (" +
+                            (q.flags ? flag : key) + (q.source.empty() ? "" : " or " + q.source) +
+                            ")");
   };
   auto bound = [&](const char* key, const char* what, const char* flag, int64_t v) {
     if (v != 0) check(key, what, flag, static_cast<double>(v), std::to_string(v));
@@ -98,8 +99,9 @@ void check_query(const MemoryQuery& q) {
     // keel train refuses it (nn::apply_adapters): the estimate was of a run that cannot start.
     if (q.adapter.kind == "lokr" && q.adapter.dropout > 0)
       throw Error("memory: adapter dropout = " + p.str() +
-                      " (--adapter-dropout or model.adapter.dropout) with lokr: LoKr has no "
-                      "input dropout; drop it or use lora / dora",
+                      (q.flags ? " (--adapter-dropout or model.adapter.dropout)"
+                               : " (model.adapter.dropout)") +
+                      " with lokr: LoKr has no input dropout; drop it or use lora / dora",
                   Error::kUsage);
   }
   // Within those bounds the activations can still exceed what an int64 byte count holds (65536
@@ -935,7 +937,8 @@ std::string memory_floor_refusal(const MemoryQuery& q, int64_t available) {
 void check_run_memory(const Config& cfg, const std::function<void(const std::string&)>& say) {
   const int64_t available = available_memory_bytes();
   if (available < 0) return;
-  const MemoryQuery q = memory_query_from_config(cfg);
+  MemoryQuery q = memory_query_from_config(cfg);
+  q.flags = false;  // its messages name the config's keys, not keel memory's flags
   const std::string refusal = memory_floor_refusal(q, available);
   if (!refusal.empty()) throw Error(refusal, Error::kUsage);
   std::string advice;

@@ -64,6 +64,9 @@ struct MemoryQuery {
   // (models::adapter_parameter_shapes) and their saved activations are modelled per kind.
   nn::AdapterOptions adapter;
   std::string targets_key = "model.adapter.target_modules";  // what sets them, in messages
+  // Whether messages name `keel memory`'s flags beside the config keys; keel train and doctor
+  // read only a config, and a --adapter-dropout the user never passed was named to them.
+  bool flags = true;
   // train.activation_checkpointing: 0 = none; N = a checkpoint every N blocks ("blocks" = 1). What
   // is kept is each checkpointed segment's input; during backward one segment's activations are
   // recomputed and held on top.

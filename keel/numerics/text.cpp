@@ -66,4 +66,10 @@ std::string shell_word(std::string_view s) {
   return out + "'";
 }
 
+std::string count_of(long long n, std::string_view noun, std::string_view nouns) {
+  std::string out = std::to_string(n) + " ";
+  if (n == 1) return out.append(noun);
+  return nouns.empty() ? out.append(noun).append("s") : out.append(nouns);
+}
+
 }  // namespace keel

@@ -28,4 +28,8 @@ std::string visible(std::string_view s);
 // (a ' inside written '\''). An out_dir with a space made the command two words.
 std::string shell_word(std::string_view s);
 
+// "1 step", "3 steps": a count and its noun, the plural `nouns` (default: `noun` + "s") unless n
+// is 1. A one-step run said "1 steps" in its header and its done line.
+std::string count_of(long long n, std::string_view noun, std::string_view nouns = {});
+
 }  // namespace keel

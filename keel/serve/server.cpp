@@ -85,6 +85,9 @@ httplib::Server::Handler guarded(
   };
 }
 
+// keel's out_dir lock is bookkeeping, not an artifact; `real` is canonical, so a link to it is too.
+bool internal_file(const fs::path& real) { return real.filename() == io::kOutDirLockFile; }
+
 // The file P of a run's directory (artifacts): relative, no "..", resolving inside the run.
 fs::path artifact_path(const std::string& run_dir, const std::string& rel) {
   const fs::path p(rel);
@@ -96,7 +99,8 @@ fs::path artifact_path(const std::string& run_dir, const std::string& rel) {
     throw HttpError(403, "artifact path \"" + visible(rel) + "\" is outside the run",
                     permission_error());
   const fs::path real = fs::canonical(dir / p, ec);
-  if (ec) throw HttpError(404, "no artifact " + rel + " (GET .../artifacts lists them)");
+  if (ec || internal_file(real))
+    throw HttpError(404, "no artifact " + rel + " (GET .../artifacts lists them)");
   if (!path_within(real.string(), dir.string()))
     throw HttpError(403, "artifact path \"" + visible(rel) + "\" resolves outside the run",
                     permission_error());
@@ -113,6 +117,8 @@ json list_artifacts(const std::string& run_dir) {
     if (!it->is_regular_file(ec)) continue;
     const std::string rel = fs::relative(it->path(), run_dir, ec).string();
     if (rel.find(".tmp") != std::string::npos) continue;  // a checkpoint being written
+    std::error_code gone;  // a file removed meanwhile is not listed either way
+    if (internal_file(fs::canonical(it->path(), gone))) continue;
     files.push_back({{"path", rel}, {"bytes", it->file_size(ec)}});
   }
   return {{"object", "list"}, {"data", files}};

@@ -67,8 +67,16 @@ Device run_device(const Config& cfg, const Say& say) {
   return device;
 }
 
-int64_t pad_fill_id(const data::Tokenizer& tok, const std::string& mode) {
+bool rows_are_packed(const DataConfig& data) {
+  return data.task == "tokens" || (data.task == "text" && data.pack);
+}
+
+int64_t pad_fill_id(const data::Tokenizer& tok, const std::string& mode, bool packed) {
   if (tok.pad_id() >= 0 && !data::pad_collides(tok, tok.pad_id())) return tok.pad_id();
+  // Packed rows are cut from one stream: only the last row's tail is padded, and padding is
+  // masked by position, never a label, so no id rule ever reads it. "add" grew the embeddings of
+  // a token-file run (287 -> 288 rows for GPT-2's tokenizer) for an id no row held.
+  if (packed) return tok.eos_id() >= 0 ? tok.eos_id() : 0;
   if (mode == "add") return tok.vocab_size();
   if (tok.eos_id() >= 0) return tok.eos_id();
   throw Error(
@@ -81,7 +89,7 @@ int64_t pad_fill_id(const data::Tokenizer& tok, const std::string& mode) {
 RunData build_data(const Config& cfg) {
   RunData d;
   d.tokenizer = data::load_tokenizer(cfg.data.tokenizer);
-  d.pad_id = pad_fill_id(*d.tokenizer, cfg.data.pad);
+  d.pad_id = pad_fill_id(*d.tokenizer, cfg.data.pad, rows_are_packed(cfg.data));
   const DataConfig& dc = cfg.data;
   if (dc.task == "arith") {
     const auto* byte_tok = dynamic_cast<const data::ByteTokenizer*>(d.tokenizer.get());
@@ -461,7 +469,7 @@ Run build_run(const Config& cfg, const RunOptions& o) {
     r.not_rebuilt.push_back("the training data (data.path = " + cfg.data.path + "): " + e.what());
     r.data = RunData{};
     r.data.tokenizer = data::load_tokenizer(cfg.data.tokenizer);
-    r.data.pad_id = pad_fill_id(*r.data.tokenizer, cfg.data.pad);
+    r.data.pad_id = pad_fill_id(*r.data.tokenizer, cfg.data.pad, rows_are_packed(cfg.data));
   }
   // Validation on the training file itself (another spelling of its path too) measures how well
   // the run memorized it, not how it generalizes: said, as HF Trainer users expect a warning, not

@@ -84,8 +84,12 @@ Device run_device(const Config& cfg, const Say& say);
 // The tokenizer, datasets and evaluation problems of cfg.data.
 RunData build_data(const Config& cfg);
 // The id that fills padded positions: the tokenizer's own pad when it names no real token; else,
-// as data.pad says, a new id one past the vocabulary ("add") or its eos.
-int64_t pad_fill_id(const data::Tokenizer& tok, const std::string& mode);
+// as data.pad says, a new id one past the vocabulary ("add") or its eos. Packed rows never add
+// one (their padding is masked, read by no rule): see rows_are_packed.
+int64_t pad_fill_id(const data::Tokenizer& tok, const std::string& mode, bool packed = false);
+// Whether cfg's rows are cut from one stream (data.task = "tokens", or "text" with data.pack):
+// full rows, the last one's tail their only padding.
+bool rows_are_packed(const DataConfig& data);
 // The model spec of a config without model.path (sizes from [model], the vocabulary from the
 // tokenizer unless model.vocab_size is set). Errors name the key that cannot hold.
 models::ModelSpec model_spec(const Config& cfg, int64_t tokenizer_vocab, DType param_dtype);

@@ -308,8 +308,8 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
             "the gradients overflowed f16 at scaler.min_scale = " + log_number(so.min_scale) +
             ", the lowest scale allowed";
       else if (so.max_consecutive_skips > 0 && skips >= so.max_consecutive_skips)
-        unsettled = std::to_string(skips) +
-                    " steps in a row overflowed f16 (scaler.max_consecutive_skips = " +
+        unsettled = count_of(skips, "step") +
+                    " in a row overflowed f16 (scaler.max_consecutive_skips = " +
                     std::to_string(so.max_consecutive_skips) + ")";
       if (!unsettled.empty()) {
         unsettled = "the loss scaler could not settle: " + unsettled + "; scale " + scale_trace();
@@ -582,7 +582,7 @@ int Trainer::fit() {
   if (step_ > 0 && step_ >= run_.total_steps) {
     message("nothing left to train: the checkpoint is at step " + std::to_string(step_) +
             (step_ == run_.total_steps ? ", the run's last (" : ", past the run's ") +
-            std::to_string(run_.total_steps) + (step_ == run_.total_steps ? " steps)" : " steps") +
+            count_of(run_.total_steps, "step") + (step_ == run_.total_steps ? ")" : "") +
             "; raise train.max_steps (or train.epochs) to train further");
     return 0;
   }

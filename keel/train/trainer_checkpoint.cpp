@@ -18,6 +18,7 @@
 #include "keel/io/trained_model.h"
 #include "keel/io/weight_check.h"
 #include "keel/nn/adapters/adapter.h"
+#include "keel/numerics/text.h"
 #include "keel/train/checkpoint_contents.h"
 #include "keel/train/trainer.h"
 
@@ -300,7 +301,8 @@ void Trainer::save_checkpoint(const std::string& dir) {
   const std::string wider = wider_precisions(run_.policy.name());
   throw Error(
       "step " + std::to_string(step_) + ": the weights hold NaN or inf in " +
-      std::to_string(bad.size()) + " parameters (first: " + bad.front() + "), so " + dir +
+      count_of(static_cast<long long>(bad.size()), "parameter") + " (first: " + bad.front() +
+      "), so " + dir +
       (kept ? " was not replaced (the good one there is kept)" : " was not written") +
       "; they are in " + aside +
       " (model.allow_nonfinite_weights or --allow-nonfinite-weights load it). An applied update "
@@ -478,7 +480,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
       std::snprintf(now_lr, sizeof now_lr, "%.3g", run_.schedule.lr(sched_step_));
       std::snprintf(old_lr, sizeof old_lr, "%.3g", old.lr(std::min(sched_step_, then)));
       message("the learning-rate schedule (sched.name = " + run_.cfg.sched.name +
-              ") was laid over " + std::to_string(then) + " steps in the checkpoint's run and is " +
+              ") was laid over " + count_of(then, "step") + " in the checkpoint's run and is " +
               "over " + std::to_string(run_.schedule.total_steps) +
               " now (train.max_steps or train.epochs changed): step " + std::to_string(step_ + 1) +
               " runs at lr " + now_lr + " where the old schedule had " + old_lr);

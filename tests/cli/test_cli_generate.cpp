@@ -116,6 +116,56 @@ TEST(CliGenerate, HfDirectoryGreedyEqualsTheLibraryAndStreamsTheSameText) {
   }
 }
 
+// The status line gave "5 tokens ... in 0.142 s (2051.9 tokens/s)": the seconds held the prompt's
+// pass, the rate did not. Now each figure is over its own part.
+TEST(CliGenerate, TheStatusLineTimesThePromptPassAndTheDecodeApart) {
+  const test::KeelRun r = test::run_keel(
+      {"generate", base_dir(), "The cat", "--tokenizer", "byte", "--max-new-tokens", "5"},
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.err, "keel: 5 tokens after a 7-token prompt: prompt pass ");
+  EXPECT_CONTAINS(r.err, " s, the next 4 tokens in ");
+  EXPECT_CONTAINS(r.err, " tokens/s); stopped: max_new_tokens");
+  const json one =
+      generate_json({base_dir(), "The cat", "--tokenizer", "byte", "--max-new-tokens", "1"});
+  EXPECT_GT(one["prompt_seconds"].get<double>(), 0);
+  EXPECT_EQ(one["decode_tokens_per_s"], 0);
+  const test::KeelRun single = test::run_keel(
+      {"generate", base_dir(), "The cat", "--tokenizer", "byte", "--max-new-tokens", "1"});
+  EXPECT_CONTAINS(single.err, "keel: 1 token after a 7-token prompt: prompt pass ");
+  EXPECT_NOT_CONTAINS(single.err, "the next");
+}
+
+// `echo "ab" | keel generate` prompted "ab\n": the line's newline became the prompt's last token.
+// One trailing newline of stdin or --prompt-file is dropped; the argument is taken as it is.
+TEST(CliGenerate, OneTrailingNewlineOfStdinOrAPromptFileIsNotPartOfThePrompt) {
+  const std::string dir = test::temp_dir("generate-newline");
+  const std::vector<std::string> flags = {"--tokenizer", "byte", "--max-new-tokens", "4"};
+  auto tokens_of = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), base_dir());
+    args.insert(args.end(), flags.begin(), flags.end());
+    return generate_json(args);
+  };
+  const json plain = tokens_of({"ab"});
+  for (const char* text : {"ab\n", "ab\r\n", "ab"}) {
+    std::ofstream(dir + "/p.txt", std::ios::binary) << text;
+    const json file = tokens_of({"--prompt-file", dir + "/p.txt"});
+    EXPECT_EQ(file["prompt_tokens"], 2) << text;
+    EXPECT_EQ(file["tokens"], plain["tokens"]) << text;
+    const test::KeelRun piped =
+        test::run_keel_sh("generate " + base_dir() +
+                          " --tokenizer byte --max-new-tokens 4 --json < " + dir + "/p.txt");
+    ASSERT_EQ(piped.code, 0) << piped.output;
+    EXPECT_EQ(json::parse(piped.out)["prompt_tokens"], 2) << text;
+  }
+  // Only one: a blank line the file ends with is the user's.
+  std::ofstream(dir + "/p.txt", std::ios::binary) << "ab\n\n";
+  EXPECT_EQ(tokens_of({"--prompt-file", dir + "/p.txt"})["prompt_tokens"], 3);
+  EXPECT_EQ(tokens_of({"ab\n"})["prompt_tokens"], 3);  // the argument keeps its newline
+  const test::KeelRun help = test::run_keel({"generate", "--help"});
+  EXPECT_CONTAINS(help.out, "less one trailing newline");
+}
+
 TEST(CliGenerate, CheckpointOutDirAndAdapterDirectoryGiveTheSameTokens) {
   const std::string out = lora_run();
   const std::string prompt = "12+34=";

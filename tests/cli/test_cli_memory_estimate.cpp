@@ -95,6 +95,19 @@ TEST(CliMemoryEstimate, FlagsThatDoNotApplyToTheStepAreUsageErrors) {
   EXPECT_EQ(r.code, 0) << r.output;
 }
 
+// keel train with lokr and model.adapter.dropout noted "no memory estimate before loading: ...
+// (--adapter-dropout or model.adapter.dropout)", a keel memory flag the user never passed, before
+// the run's own refusal. A config's run names its keys only.
+TEST(CliMemoryEstimate, TrainsEstimateNamesTheConfigKeyNotKeelMemorysFlag) {
+  const std::string dir = test::temp_dir("train-lokr-dropout");
+  const auto r = test::run_keel(
+      test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "model.adapter.kind=lokr",
+                                  "model.adapter.dropout=0.1", "train.max_steps=1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "LoKr has no input dropout");
+  EXPECT_NOT_CONTAINS(r.err, "--adapter-dropout");
+}
+
 // The estimate's 0 means "not given": --batch 0 or --seq 0 printed an estimate without the
 // activations (exit 0) of a step keel train refuses.
 TEST(CliMemoryEstimate, ABatchOrSequenceOfZeroIsAUsageError) {

@@ -80,6 +80,16 @@ TEST(CliNumerics, AnInitScaleSetFarOffIsNamedNotTheFormat) {
   EXPECT_CONTAINS(beyond.out, "never finite");
 }
 
+// The help named "f16 or bf16" as the targets while --to f32 was accepted.
+TEST(CliNumerics, CastHelpNamesEveryTargetItAccepts) {
+  const auto help = run_keel({"numerics", "cast", "--help"});
+  EXPECT_EQ(help.code, 0) << help.output;
+  EXPECT_CONTAINS(help.out, "What a value becomes in f16, bf16 or f32");
+  const auto f32 = run_keel({"numerics", "cast", "0.1", "--to", "f32"});
+  EXPECT_EQ(f32.code, 0) << f32.output;
+  EXPECT_CONTAINS(f32.out, "0.1 -> f32: stored 0.100000001");
+}
+
 TEST(CliNumerics, BadFlagsAreUsageErrorsNamingTheFlag) {
   struct Case {
     std::vector<std::string> args;

@@ -20,6 +20,16 @@ std::vector<std::string> tiny_train(const std::string& out, std::vector<std::str
   return test::with_sets({"train"}, sets);
 }
 
+// A one-step run said "1 steps" in its header and in its done line.
+TEST(CliTrainOptions, AOneStepRunSaysOneStep) {
+  const std::string dir = test::temp_dir("train-one-step");
+  const auto r = test::run_keel(tiny_train(dir + "/out", {"train.max_steps=1"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.out, " | 1 step | out ");
+  EXPECT_CONTAINS(r.out, "done: 1 step, checkpoint in ");
+  EXPECT_EQ(r.output.find("1 steps"), std::string::npos) << r.output;
+}
+
 // train.eval_every with no validation split ran no evaluation, without a word.
 TEST(CliTrainOptions, EvalEveryWithoutAValidationSplitIsRefused) {
   const std::string dir = test::temp_dir("train-eval-every");

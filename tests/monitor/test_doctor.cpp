@@ -112,6 +112,17 @@ TEST(DoctorWindows, WindowLargerThanTheEpochRemainderAndLastBatch) {
   EXPECT_EQ(check_windows(0, 8, 1)[0].severity, "error");
 }
 
+// examples/remainder-window said "(1 examples = 1 micro-batches of 1)".
+TEST(DoctorWindows, OneExampleAndOneMicroBatchAreSingular) {
+  const auto w = check_windows(1, 1, 4);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_TRUE(has(w[0].message, "(1 example = 1 micro-batch of 1)")) << w[0].message;
+  EXPECT_TRUE(has(w[0].message, "remainder window of 1 micro-batch,")) << w[0].message;
+  EXPECT_TRUE(has(w[0].message, "effective batch is 1 example,")) << w[0].message;
+  EXPECT_TRUE(has(check_windows(8, 8, 1)[0].message, "1 step per epoch"))
+      << check_windows(8, 8, 1)[0].message;
+}
+
 std::string find(const std::vector<DoctorCheck>& cs, const std::string& check,
                  const std::string& severity) {
   for (const auto& c : cs)

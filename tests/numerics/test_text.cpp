@@ -42,5 +42,12 @@ TEST(Text, ShellWordQuotesOnlyWhatAShellWouldSplitOrExpand) {
   EXPECT_EQ(shell_word(""), "''");
 }
 
+TEST(Text, CountOfUsesTheSingularForOne) {
+  EXPECT_EQ(count_of(1, "step"), "1 step");
+  EXPECT_EQ(count_of(0, "step"), "0 steps");
+  EXPECT_EQ(count_of(2, "micro-batch", "micro-batches"), "2 micro-batches");
+  EXPECT_EQ(count_of(1, "micro-batch", "micro-batches"), "1 micro-batch");
+}
+
 }  // namespace
 }  // namespace keel

@@ -295,6 +295,19 @@ TEST(ServePaths, TraversalAttemptsOverHttpGet403AndArtifactsStayInTheRun) {
   bool has_metrics = false;
   for (const json& f : files["data"]) has_metrics |= f["path"] == "metrics.jsonl";
   EXPECT_TRUE(has_metrics) << files.dump();
+  // keel's out_dir lock is bookkeeping, not an artifact: it was listed and served.
+  ASSERT_TRUE(fs::exists(dir + "/root/runs/" + id + "/.keel.lock"));
+  EXPECT_EQ(files.dump().find(".keel.lock"), std::string::npos) << files.dump();
+  fs::create_symlink(".keel.lock", dir + "/root/runs/" + id + "/lock-link");
+  for (const char* internal : {".keel.lock", "./.keel.lock", "lock-link"}) {
+    r = api.get("/v1/runs/" + id + "/artifacts/" + std::string(internal));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 404) << internal << ": " << r->body;
+    EXPECT_CONTAINS(r->body, "no artifact");
+  }
+  EXPECT_EQ(api.get_json("/v1/runs/" + id + "/artifacts").dump().find("lock-link"),
+            std::string::npos);
+  fs::remove(dir + "/root/runs/" + id + "/lock-link");
   r = api.get("/v1/runs/" + id + "/artifacts/metrics.jsonl");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "keel/data/token_file.h"
 #include "keel/io/hf_weights.h"
 #include "keel/optim/adamw.h"
 #include "keel/optim/sgd.h"
@@ -248,6 +249,35 @@ TEST(RunFactory, AdapterKeysWithoutAnAdapterKindAreSaid) {
       said_by_build(tiny("adapter-lora",
                          {"model.family=llama", "model.adapter.kind=lora", "model.adapter.r=32"})),
       "[model.adapter]");
+}
+
+// data.task = "tokens" with GPT-2's tokenizer (no pad token) grew the embeddings by a pad row
+// (data.pad = "add") that packed rows never use: their only padding, the last row's tail, is
+// masked by position; packed text is cut the same way (CliTokenize.OutputTrainsAsTheTextPacked).
+// Unpacked text still adds it (CliExport.AnAdapterOfARunThatGrewTheVocabulary...).
+TEST(RunFactory, PackedTokenRowsDoNotGrowTheVocabularyForAPad) {
+  const std::string dir = test::temp_dir("tokens-pad");
+  const std::string tokenizer =
+      "gpt2:" + std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
+  const std::string text = "the quick brown fox jumps over the lazy dog, then it ran again\n";
+  const auto tok = data::load_tokenizer(tokenizer);
+  ASSERT_LT(tok->pad_id(), 0);
+  std::ofstream(dir + "/corpus.bin", std::ios::binary)
+      << data::token_file_bytes(tok->encode(text), tok->vocab_size());
+  auto build = [&](const std::string& task, const std::string& file, std::string* said) {
+    RunOptions opt;
+    opt.say = [&](const std::string& m) { *said += m + "\n"; };
+    return build_run(tiny("tokens-pad-" + task,
+                          {"data.task=" + task, "data.path=" + dir + file,
+                           "data.tokenizer=" + tokenizer, "data.seq_len=8", "train.batch_size=2"}),
+                     opt);
+  };
+  std::string said;
+  keel::Run tokens = build("tokens", "/corpus.bin", &said);
+  EXPECT_EQ(tokens.model->spec().vocab_size, tok->vocab_size()) << said;
+  EXPECT_NOT_CONTAINS(said, "embeddings resized");
+  EXPECT_GE(tokens.data.pad_id, 0);
+  EXPECT_LT(tokens.data.pad_id, tok->vocab_size());
 }
 
 // data.eval_path naming data.path's file (also by another spelling) validated on the training
