@@ -974,7 +974,7 @@ std::string TrendAdvisor::warmup_fix(int64_t step) const {
   if (w < 0) return "add warmup (sched.warmup_steps)";
   if (w > 0)
     return step <= 2 * w ? "lengthen the warmup (sched.warmup_steps, now " + std::to_string(w) +
-                               ": step " + std::to_string(step) + " came " +
+                               " steps: step " + std::to_string(step) + " came " +
                                (step <= w ? "during it" : "soon after it") + ")"
                          : "";
   if (t <= 0) return "add warmup (sched.warmup_steps)";

@@ -344,7 +344,8 @@ TEST(Advisor, WarmupIsAdvisedOnlyWhereItCanHelp) {
                   "none now)");
   // A warmup of 20 steps that step 28 follows closely: lengthen it, not "add" one.
   const std::string ramp = advice(20, 300);
-  EXPECT_CONTAINS(ramp, "lengthen the warmup (sched.warmup_steps, now 20: step 28 came soon after");
+  EXPECT_CONTAINS(ramp,
+                  "lengthen the warmup (sched.warmup_steps, now 20 steps: step 28 came soon after");
   EXPECT_NOT_CONTAINS(ramp, "add warmup");
   // A warmup of 5 steps, long over by step 28: warmup is not the fix.
   EXPECT_NOT_CONTAINS(advice(5, 300), "warmup");
