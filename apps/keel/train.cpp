@@ -275,6 +275,9 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   // What "stalled" measures an update against: the trainable matrices as they start (not their
   // norm gains and biases, whose 1s and 0s say nothing of a weight's scale).
   advisor_opt.peak_lr = cfg.optim.lr;
+  // The schedule as resolved (sched.warmup_ratio becomes steps): warmup advice needs both.
+  advisor_opt.warmup_steps = trainer.run().schedule.warmup_steps;
+  advisor_opt.total_steps = trainer.run().total_steps;
   advisor_opt.adaptive = cfg.optim.name != "sgd";
   advisor_opt.adapter = cfg.model.adapter.kind;
   if (rank == 0 && trainer.steps_done() == 0) {

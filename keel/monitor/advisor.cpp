@@ -128,6 +128,7 @@ nlohmann::json TrendAdvisor::state() const {
           {"start_ids", start_ids_},
           {"full_lr_steps", full_lr_steps_},
           {"recent_losses", std::vector<double>(recent_losses_.begin(), recent_losses_.end())},
+          {"first_losses", first_losses_},
           {"stall_reported", stall_reported_},
           {"backoffs", backoffs_},
           {"scale_reported", scale_reported_},
@@ -199,6 +200,10 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
   const auto start_ids = s.contains("start_ids")
                              ? json_field<std::vector<int64_t>>(s, "start_ids", f, fix)
                              : std::vector<int64_t>();
+  // Written since "stalled" compares medians: an older checkpoint's advisor lacks it (step 1's).
+  const auto first = s.contains("first_losses")
+                         ? json_field<std::vector<double>>(s, "first_losses", f, fix)
+                         : std::vector<double>();
   const auto spikes = json_field<std::vector<int64_t>>(s, "spikes", f, fix);
   auto vanished =
       json_field<std::vector<std::pair<std::string, int64_t>>>(s, "vanished_run", f, fix);
@@ -227,6 +232,7 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
   start_ids_ = start_ids;
   full_lr_steps_ = full_lr_steps;
   recent_losses_.assign(recent.begin(), recent.end());
+  first_losses_ = first;
   stall_reported_ = stall_reported;
   backoffs_ = backoffs;
   scale_reported_ = scale_reported;
@@ -345,6 +351,7 @@ bool TrendAdvisor::observe_stall(const StepResult& r, Finding* f) {
   if (!r.stepped || !std::isfinite(r.loss)) return false;
   recent_losses_.push_back(r.loss);
   if (recent_losses_.size() > 10) recent_losses_.pop_front();
+  if (start_observed_ && first_losses_.size() < 10) first_losses_.push_back(r.loss);
   if (opt_.peak_lr <= 0 || r.lr < 0.5 * opt_.peak_lr) return false;
   ++full_lr_steps_;
   if (stall_reported_ || full_lr_steps_ < opt_.stall_steps || !start_observed_ ||
@@ -352,7 +359,13 @@ bool TrendAdvisor::observe_stall(const StepResult& r, Finding* f) {
       !(r.grad_norm > opt_.vanish_abs) || !std::isfinite(r.grad_norm))
     return false;
   const double now = median({recent_losses_.begin(), recent_losses_.end()});
-  const double fall = (start_loss_ - now) / start_loss_;
+  // The first losses' median, not step 1's alone: one batch's loss is off the run's by its noise
+  // (~5% from batch to batch), more than stall_fall, and a LoRA at optim.lr 1e-7 on a pretrained
+  // base whose step 1 drew a hard batch "fell" 4% and was never called stalled. (Older checkpoints
+  // hold no first losses: step 1's then.)
+  const double before = first_losses_.empty() ? start_loss_ : median(first_losses_);
+  if (!(before > 0)) return false;
+  const double fall = (before - now) / before;
   // AdamW moves an element by about lr (m / sqrt(v) is at most ~1); SGD by lr times its gradient.
   // SGD moves by the clipped gradient: a tiny train.max_grad_norm stalls it whatever optim.lr is
   // (1e-6 held the loss at 5.5 for 120 steps without a finding; AdamW's update does not scale
@@ -369,15 +382,29 @@ bool TrendAdvisor::observe_stall(const StepResult& r, Finding* f) {
   // too low" there.
   const bool untrained = opt_.uniform_loss > 0 && start_loss_ >= 0.8 * opt_.uniform_loss;
   const double too_small = untrained ? opt_.stall_move : opt_.stall_move / 10;
-  if (fall >= opt_.stall_fall || move >= too_small) return false;
+  // A fall within the batches' own noise is no fall: a median of 10 losses is still off by
+  // ~1.25 sigma / sqrt(10) (sigma from the losses' median absolute deviation). A LoRA on a
+  // pretrained base at optim.lr 1e-7 "fell" 1.7% between two medians, a hair under stall_fall:
+  // two standard errors of the medians' difference are needed as well.
+  double noise = 0;
+  if (!first_losses_.empty()) {
+    std::vector<double> dev;
+    for (double x : first_losses_) dev.push_back(std::abs(x - before));
+    for (double x : recent_losses_) dev.push_back(std::abs(x - now));
+    const double sigma = 1.4826 * median(dev);
+    const double n = static_cast<double>(std::min(first_losses_.size(), recent_losses_.size()));
+    noise = 2 * 1.25 * sigma * std::sqrt(2 / n) / before;
+  }
+  if (fall >= std::max(opt_.stall_fall, noise) || move >= too_small) return false;
   stall_reported_ = true;
   f->step = r.step;
   f->trend = "stalled";
   f->cause =
       (fall > 0 ? "the loss fell " + num(100 * fall) + "% in " : "the loss did not fall in ") +
-      std::to_string(full_lr_steps_) + " updates at the full learning rate (" + num(start_loss_) +
-      " before the first, " + num(now) +
-      " now) while the gradients are finite and non-zero (grad norm " + num(r.grad_norm) +
+      std::to_string(full_lr_steps_) + " updates at the full learning rate (median of the first " +
+      std::to_string(first_losses_.empty() ? 1 : first_losses_.size()) + " losses " + num(before) +
+      ", of the last " + std::to_string(recent_losses_.size()) + " " + num(now) +
+      ") while the gradients are finite and non-zero (grad norm " + num(r.grad_norm) +
       "): an update moves the weights by " + (opt_.adaptive ? "at most " : "") + "~" + num(move) +
       " of their RMS (" + num(opt_.weight_rms) + "; " +
       (opt_.adaptive
@@ -915,11 +942,47 @@ std::string TrendAdvisor::lr_now(const StepResult& r) const {
                                 : ", " + num(r.lr) + " at this step of the schedule");
 }
 
+// The value to try: a tenth of optim.lr, unless AdamW would still move each weight by more than
+// a tenth of the weights' RMS at it (a hundredth for a model that starts well below ln V, a
+// pretrained one, or where the start is unknown); then the power of ten below that. optim.lr 10
+// on the built-in task (RMS 0.0174) was told "try 1", still 57x the RMS, which wrecks the model
+// as surely as 10 did. SGD's step scales with the gradient: a tenth is all that is known.
 std::string TrendAdvisor::lower_lr_of(const StepResult& r) const {
   const double key = opt_.peak_lr > 0 ? opt_.peak_lr : r.lr;
   const std::string now = lr_now(r);
+  double next = key / 10;
+  std::string why;
+  if (opt_.adaptive && opt_.weight_rms > 0) {
+    const bool untrained =
+        start_observed_ && opt_.uniform_loss > 0 && start_loss_ >= 0.8 * opt_.uniform_loss;
+    const double share = untrained ? 0.1 : 0.01;
+    if (const double cap = share * opt_.weight_rms; next > cap) {
+      next = std::pow(10.0, std::floor(std::log10(cap)));
+      why = ", below " + num(share) + "x the weights' RMS " + num(opt_.weight_rms);
+    }
+  }
   return "lower optim.lr (" + now + (now.find(',') == std::string::npos ? ", try " : "; try ") +
-         num(key / 10) + ")";
+         num(next) + why + ")";
+}
+
+// Warmup helps where the full learning rate from the first update is what spiked: no warmup yet
+// and a spike in the first tenth of the run, or a spike during the warmup or as long again after
+// it (the ramp is too steep). "add warmup (sched.warmup_steps)" was said at step 151 of 160 and to
+// runs that warm up already. "" where a warmup cannot help; the key alone where the schedule is
+// unknown.
+std::string TrendAdvisor::warmup_fix(int64_t step) const {
+  const int64_t w = opt_.warmup_steps, t = opt_.total_steps;
+  if (w < 0) return "add warmup (sched.warmup_steps)";
+  if (w > 0)
+    return step <= 2 * w ? "lengthen the warmup (sched.warmup_steps, now " + std::to_string(w) +
+                               " steps: step " + std::to_string(step) + " came " +
+                               (step <= w ? "during it" : "soon after it") + ")"
+                         : "";
+  if (t <= 0) return "add warmup (sched.warmup_steps)";
+  const int64_t early = std::max<int64_t>(1, (t + 9) / 10);
+  if (step > early) return "";
+  return "add warmup (sched.warmup_steps = " + std::to_string(early) + ", a tenth of the run's " +
+         std::to_string(t) + " steps; none now)";
 }
 
 int TrendAdvisor::probe_verdict(int64_t step) const {
@@ -935,16 +998,19 @@ std::string TrendAdvisor::optimizer_spike_fix(const StepResult& r) const {
   // this step)" told the user to do more of what was done (a norm of 2.77 cut to 1 at optim.lr
   // 0.03); the cause left is the step size. It said "set train.max_grad_norm" to a run clipping
   // already before that.
+  const std::string warmup = warmup_fix(last_spike_ >= 0 ? last_spike_ : r.step);
   if (const std::string held = clip_contained(); !held.empty())
     return held + ": " + lower_lr_of(r) +
-           ", and add warmup (sched.warmup_steps) if spikes come early";
+           (warmup.empty()
+                ? std::string()
+                : ", and " + warmup + (opt_.warmup_steps < 0 ? " if spikes come early" : ""));
   // A spike the loss scaler skipped (its f16 gradients overflowed) applied no update: no clipping
   // threshold was reached or missed ("lower train.max_grad_norm (now 1, above the spike's grad
   // norm)" was said of a grad norm of nan).
   for (const StepResult& w : window_)
     if (w.step == last_spike_ && w.found_inf && !w.stepped && w.loss_scale_after < w.loss_scale)
-      return lower_lr_of(r) +
-             " and add warmup (sched.warmup_steps); the scaler skipped the spike's step (its "
+      return lower_lr_of(r) + (warmup.empty() ? "" : " and " + warmup) +
+             "; the scaler skipped the spike's step (its "
              "gradients overflowed f16 at loss scale " +
              scale_num(w.loss_scale) + "), so no update came of it";
   const double clip = opt_.max_grad_norm;
@@ -953,7 +1019,7 @@ std::string TrendAdvisor::optimizer_spike_fix(const StepResult& r) const {
       : clip == 0 ? "set train.max_grad_norm = 1.0 (now 0: no clipping)"
                   : "set train.max_grad_norm (this step was " +
                         std::string(r.clipped ? "clipped)" : "not clipped)");
-  return lower_lr_of(r) + " or " + clipping + ", and add warmup (sched.warmup_steps)";
+  return lower_lr_of(r) + " or " + clipping + (warmup.empty() ? "" : ", and " + warmup);
 }
 
 // "train.max_grad_norm = 1 already clipped it (grad norm 2.77 cut to 1) ...": the last spike's
@@ -1001,11 +1067,8 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
       if (const double key = opt_.peak_lr > 0 ? opt_.peak_lr : r.lr;
           updated_ && opt_.adaptive && opt_.weight_rms > 0 && key >= 10 * opt_.weight_rms &&
           !switch_to.empty())
-        return lower_lr +
-               (std::isfinite(r.loss) && std::isfinite(r.grad_norm)
-                    ? ", add warmup (sched.warmup_steps)"
-                    : "") +
-               ": AdamW moves each weight by about lr, " + num(key / opt_.weight_rms) +
+        // No warmup: it only delays the learning rate that wrecks the model.
+        return lower_lr + ": AdamW moves each weight by about lr, " + num(key / opt_.weight_rms) +
                "x the RMS of the weights (" + num(opt_.weight_rms) +
                "), at every update, and no train.precision survives that (a wider one only keeps "
                "the wrecked model finite)";
@@ -1023,7 +1086,12 @@ std::string TrendAdvisor::action(Trend t, const StepResult& r) const {
                                                     " (no update was applied "
                                                     "yet: not the learning rate)"));
       // "keep train.max_grad_norm > 0" was said to a run with it at 0.
-      return lower_lr + ", add warmup (sched.warmup_steps) and " +
+      // At 10x the weights' RMS AdamW wrecks the model at the peak: a warmup only delays it.
+      const double key = opt_.peak_lr > 0 ? opt_.peak_lr : r.lr;
+      const std::string warmup = opt_.adaptive && opt_.weight_rms > 0 && key >= 10 * opt_.weight_rms
+                                     ? ""
+                                     : warmup_fix(r.step);
+      return lower_lr + (warmup.empty() ? "" : ", " + warmup) + " and " +
              (opt_.max_grad_norm == 0 ? "set train.max_grad_norm = 1.0 (now 0: no clipping)"
                                       : "keep train.max_grad_norm > 0") +
              (switch_to.empty() ? "" : "; if it persists, " + switch_to);

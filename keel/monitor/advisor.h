@@ -37,18 +37,18 @@
 // diverged rule then measures against that start instead of ln V: a loss that falls from 12.9
 // (model.init_std 0.5) was told "diverged ... lower optim.lr".
 // A run whose loss barely moves while its updates are tiny against its weights gets one "stalled"
-// finding: 50 updates at full learning rate, the loss down less than 2% from before the first,
-// and an update at most 1e-4 of the weights' RMS (AdamW: lr / RMS; 1e-5 for a model that starts
-// well below ln V, a pretrained one): optim.lr is far too low.
-// Both are needed: a flat loss alone may be data with little left to learn, and small updates
-// alone a model that learns anyway. SGD's update is measured with the clipped gradient: a tiny
-// train.max_grad_norm is then the cause named, not optim.lr.
-// A scaler.init_scale below 1 (step 1), or far above 65536 and still backing off after
-// collapse_skips overflows, gets one "loss scale" finding naming the key: the scale is where the
-// setting put it, and neither is loss-scale collapsing. So does a scale the scaler keeps growing
-// back into overflow: a quarter of a full window's steps skipped, at least one growth for every
-// two skips, and no collapse_ratio fall (scaler.growth_interval too small).
-// Grad norms of steps the scaler skipped (inf by design) are left out of the medians.
+// finding: 50 updates at full learning rate, the median of the last 10 losses less than 2% below
+// that of the first 10 (one batch's noise, ~5%, is more than 2%), and an update at most 1e-4 of the
+// weights' RMS (AdamW: lr / RMS; 1e-5 for a model that starts well below ln V, a pretrained one):
+// optim.lr is far too low. Both are needed: a flat loss alone may be data with little left to
+// learn, and small updates alone a model that learns anyway. SGD's update is measured with the
+// clipped gradient: a tiny train.max_grad_norm is then the cause named, not optim.lr. A
+// scaler.init_scale below 1 (step 1), or far above 65536 and still backing off after collapse_skips
+// overflows, gets one "loss scale" finding naming the key: the scale is where the setting put it,
+// and neither is loss-scale collapsing. So does a scale the scaler keeps growing back into
+// overflow: a quarter of a full window's steps skipped, at least one growth for every two skips,
+// and no collapse_ratio fall (scaler.growth_interval too small). Grad norms of steps the scaler
+// skipped (inf by design) are left out of the medians.
 //
 // The window holds the last `window` (20) steps. No advice is given while the class stays the
 // same; the first step is "stable" without a line, so a healthy run prints nothing.
@@ -147,6 +147,12 @@ struct AdvisorOptions {
   // below half of it) do not count towards "stalled", and a decayed tail (below a tenth) whose
   // updates round away is the schedule, not a learning rate to raise.
   double peak_lr = 0;
+  // The schedule's warmup in steps (sched.warmup_steps, or sched.warmup_ratio resolved; -1 =
+  // unknown) and the run's steps (0 = unknown): warmup is advised for a spike only where it can
+  // help (none yet and a spike in the first tenth of the run, or a spike during the warmup or as
+  // long again after it), not at step 151 of 160 nor to a run that warms up long enough.
+  int64_t warmup_steps = -1;
+  int64_t total_steps = 0;
   // RMS of the trainable matrices (>= 2-D) before the first update (0 = unknown), and whether the
   // optimizer moves each element by about lr whatever its gradient (AdamW: true) or by lr times
   // it (SGD: false): the relative size of an update, which "stalled" needs.
@@ -155,10 +161,11 @@ struct AdvisorOptions {
   // model.adapter.kind ("lora", "dora", "lokr"; "" or "none": every weight trains): "stalled"
   // names the range its learning rate usually takes (adapters 1e-4 to 1e-3, full fine-tunes lower).
   std::string adapter;
-  // stalled: after stall_steps (50) updates at >= half the peak lr, the loss fell less than
-  // stall_fall (2%) from the loss before any update, and an update moves the weights by less than
-  // stall_move (1e-4) of their RMS (a tenth of it for a model that starts well below ln V, which
-  // may learn slowly by design): the learning rate is far too low (optim.lr = 1e-7 for 1e-4).
+  // stalled: after stall_steps (50) updates at >= half the peak lr, the median of the last 10
+  // losses is less than stall_fall (2%) below the median of the first 10, and an update moves the
+  // weights by less than stall_move (1e-4) of their RMS (a tenth of it for a model that starts well
+  // below ln V, which may learn slowly by design): the learning rate is far too low (optim.lr =
+  // 1e-7 for 1e-4).
   int64_t stall_steps = 50;
   double stall_fall = 0.02;
   double stall_move = 1e-4;
@@ -252,6 +259,7 @@ class TrendAdvisor {
   std::string usual_lr(bool untrained) const;  // "AdamW usually trains ... at 1e-4 to 3e-3"
   int64_t full_lr_steps_ = 0;                  // applied steps at >= half the peak lr
   std::deque<double> recent_losses_;           // finite losses of the last 10 applied steps
+  std::vector<double> first_losses_;  // finite losses of the first 10 applied steps (from step 1)
   bool stall_reported_ = false;
   // "loss scale" (AdvisorOptions::init_scale): said once; the scaler's back-offs seen so far.
   bool observe_scale(const StepResult& r, Finding* f);
@@ -280,6 +288,7 @@ class TrendAdvisor {
   std::string clip_contained() const;  // the last spike was clipped: that it is contained
   std::string lr_now(const StepResult& r) const;       // "now 0.1, 0.012 at this step of ..."
   std::string lower_lr_of(const StepResult& r) const;  // "lower optim.lr (now ...; try 0.01)"
+  std::string warmup_fix(int64_t step) const;          // "add warmup (...)" where it helps, else ""
   Finding finding_;
   std::vector<Finding> findings_;
   std::vector<std::pair<std::string, int64_t>> vanished_run_;  // block -> steps in a row

@@ -318,6 +318,76 @@ TEST(Advisor, RecurringSpikesNameTheClippingThreshold) {
                   "or set train.max_grad_norm = 1.0 (now 0: no clipping)");
 }
 
+// Warmup is advised only where it can help: "add warmup (sched.warmup_steps)" was said to spikes
+// at the end of a run and to runs that warm up already. Recurring grad-norm spikes at steps 20 and
+// 28 (the optimizer's), under schedules that make them late or early.
+TEST(Advisor, WarmupIsAdvisedOnlyWhereItCanHelp) {
+  auto advice = [](int64_t warmup, int64_t total) {
+    AdvisorOptions o;
+    o.max_grad_norm = 0;
+    o.warmup_steps = warmup;
+    o.total_steps = total;
+    Feed run(o);
+    for (int64_t i = 1; i <= 28; ++i)
+      run.feed(step(i, healthy_loss(i), i == 20 || i == 28 ? 50.0 : healthy_norm(i)));
+    EXPECT_FALSE(run.advice.empty());
+    return run.advice.empty() ? std::string() : run.advice.back().second;
+  };
+  // No warmup, and the spike is late (step 28 of 30): a warmup would be long over.
+  const std::string late = advice(0, 30);
+  EXPECT_CONTAINS(late, "spikes recur (steps 20 28)");
+  EXPECT_CONTAINS(late, "lower optim.lr (now 0.003, try 0.0003) or set train.max_grad_norm = 1.0");
+  EXPECT_NOT_CONTAINS(late, "warmup");
+  // No warmup, and the spike falls in the first tenth of a 300-step run: add one that covers it.
+  EXPECT_CONTAINS(advice(0, 300),
+                  ", and add warmup (sched.warmup_steps = 30, a tenth of the run's 300 steps; "
+                  "none now)");
+  // A warmup of 20 steps that step 28 follows closely: lengthen it, not "add" one.
+  const std::string ramp = advice(20, 300);
+  EXPECT_CONTAINS(ramp,
+                  "lengthen the warmup (sched.warmup_steps, now 20 steps: step 28 came soon after");
+  EXPECT_NOT_CONTAINS(ramp, "add warmup");
+  // A warmup of 5 steps, long over by step 28: warmup is not the fix.
+  EXPECT_NOT_CONTAINS(advice(5, 300), "warmup");
+  // The schedule unknown: the key, as before.
+  EXPECT_CONTAINS(advice(-1, 0), ", and add warmup (sched.warmup_steps)");
+}
+
+// The learning rate to try is one the advisor's own rule calls safe: optim.lr 10 on a model whose
+// weights' RMS is 0.0174 was told "try 1", still 57x that RMS (AdamW moves each weight by ~lr),
+// which wrecks the model as 10 did. It is now the power of ten below a tenth of the RMS for an
+// untrained model (a hundredth for a pretrained one); a tenth of a sane optim.lr stays a tenth.
+TEST(Advisor, TheLearningRateToTryIsSafeAgainstTheWeights) {
+  auto advice = [](double lr, double start, double rms, bool adaptive) {
+    AdvisorOptions o;
+    o.peak_lr = lr;
+    o.weight_rms = rms;
+    o.adaptive = adaptive;
+    o.uniform_loss = std::log(259.0);
+    Feed run(o);
+    for (int64_t i = 1; i <= 15; ++i) {
+      StepResult r = step(i, i == 1 ? start : healthy_loss(i), healthy_norm(i));
+      r.lr = lr;
+      run.feed(r);
+    }
+    double g = 1.0;
+    for (int64_t i = 16; i <= 40; ++i) {
+      g *= 1.5;
+      StepResult r = step(i, 3.0 + 0.2 * static_cast<double>(i - 15), g);
+      r.lr = lr;
+      run.feed(r);
+    }
+    EXPECT_FALSE(run.advice.empty());
+    return run.advice.empty() ? std::string() : run.advice.front().second;
+  };
+  EXPECT_CONTAINS(advice(10, 5.5, 0.0174, true),
+                  "lower optim.lr (now 10, try 0.001, below 0.1x the weights' RMS 0.0174)");
+  EXPECT_CONTAINS(advice(10, 2.0, 0.0174, true),
+                  "lower optim.lr (now 10, try 0.0001, below 0.01x the weights' RMS 0.0174)");
+  EXPECT_CONTAINS(advice(3e-3, 5.5, 0.0174, true), "lower optim.lr (now 0.003, try 0.0003)");
+  EXPECT_CONTAINS(advice(10, 5.5, 0.0174, false), "lower optim.lr (now 10, try 1)");  // SGD
+}
+
 TEST(Advisor, LossSpikeIsSpiking) {
   Feed run;
   for (int64_t i = 1; i <= 20; ++i) run.feed(step(i, i == 15 ? 9.0 : 2.0, 1.0));
@@ -748,6 +818,28 @@ TEST(Advisor, AFlatLossUnderUpdatesTinyAgainstTheWeightsIsStalled) {
   // SGD's range, not AdamW's (it was told "AdamW usually trains a model from scratch at 1e-4").
   EXPECT_CONTAINS(sgd.of("stalled")[0].action, "usually trains at 1e-2 to 1e-1");
   EXPECT_NOT_CONTAINS(sgd.of("stalled")[0].action, "AdamW");
+}
+
+// Step 1's loss is one batch's: ~5% off the run's typical loss by batch noise alone, more than the
+// 2% "fell" threshold. A pretrained LoRA at optim.lr 1e-7 whose step 1 drew a batch 5% harder
+// "fell" 5% and was never called stalled; the first 10 losses' median is the baseline now. A run
+// that learns (its loss falls 10% over the same steps) stays silent.
+TEST(Advisor, StalledComparesTheMediansOfTheFirstAndLastLossesNotStepOnesBatch) {
+  AdvisorOptions o;
+  o.peak_lr = 1e-7;
+  o.weight_rms = 0.05;
+  o.uniform_loss = std::log(259.0);
+  o.adapter = "lora";
+  auto noise = [](int64_t i) { return 0.1 * std::sin(1.7 * static_cast<double>(i)); };
+  LayerFeed hard_first(o);
+  for (int64_t i = 1; i <= 60; ++i)
+    hard_first.feed(lr_step(i, i == 1 ? 2.1 : 2.0 + noise(i), 1e-7), {});
+  ASSERT_EQ(hard_first.of("stalled").size(), 1u);
+  EXPECT_CONTAINS(hard_first.of("stalled")[0].cause, "(median of the first 10 losses ");
+  LayerFeed learning(o);
+  for (int64_t i = 1; i <= 60; ++i)
+    learning.feed(lr_step(i, 2.0 * (1 - 0.002 * static_cast<double>(i)) + noise(i), 1e-7), {});
+  EXPECT_TRUE(learning.of("stalled").empty());
 }
 
 // The range "stalled" suggests fits what is trained: an adapter on a random base was told "AdamW
