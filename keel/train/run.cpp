@@ -15,6 +15,7 @@
 #include "keel/data/dataset.h"
 #include "keel/data/loader.h"
 #include "keel/data/tokenizer.h"
+#include "keel/io/atomic_file.h"
 #include "keel/io/hf_model.h"
 #include "keel/io/trained_model.h"
 #include "keel/models/resize.h"
@@ -71,6 +72,28 @@ bool rows_are_packed(const DataConfig& data) {
   return data.task == "tokens" || (data.task == "text" && data.pack);
 }
 
+namespace {
+// A packed run resumed from a checkpoint whose vocabulary holds data.pad = "add"'s row: keel
+// before 2026-12-05 gave packed rows one too (287 -> 288 for GPT-2's tokenizer), and its tensors
+// have it, so the resumed run keeps it (it failed: "'transformer.wte.weight' is [288, 64], the
+// model expects [287, 64]").
+bool resumes_with_a_pad_row(const Config& cfg, const data::Tokenizer& tok) {
+  if (!cfg.run.resume || cfg.data.pad != "add" || cfg.run.out_dir.empty()) return false;
+  const std::string last = cfg.run.out_dir + "/checkpoints/last";
+  if (!std::filesystem::exists(last + "/config.json")) return false;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(io::read_file(last + "/config.json"));
+    return j.is_object() && j.value("vocab_size", int64_t{-1}) == tok.vocab_size() + 1;
+  } catch (const std::exception&) {
+    return false;  // a damaged checkpoint: loading it says so
+  }
+}
+
+bool rows_get_no_pad_row(const Config& cfg, const data::Tokenizer& tok) {
+  return rows_are_packed(cfg.data) && !resumes_with_a_pad_row(cfg, tok);
+}
+}  // namespace
+
 int64_t pad_fill_id(const data::Tokenizer& tok, const std::string& mode, bool packed) {
   if (tok.pad_id() >= 0 && !data::pad_collides(tok, tok.pad_id())) return tok.pad_id();
   // Packed rows are cut from one stream: only the last row's tail is padded, and padding is
@@ -89,7 +112,7 @@ int64_t pad_fill_id(const data::Tokenizer& tok, const std::string& mode, bool pa
 RunData build_data(const Config& cfg) {
   RunData d;
   d.tokenizer = data::load_tokenizer(cfg.data.tokenizer);
-  d.pad_id = pad_fill_id(*d.tokenizer, cfg.data.pad, rows_are_packed(cfg.data));
+  d.pad_id = pad_fill_id(*d.tokenizer, cfg.data.pad, rows_get_no_pad_row(cfg, *d.tokenizer));
   const DataConfig& dc = cfg.data;
   if (dc.task == "arith") {
     const auto* byte_tok = dynamic_cast<const data::ByteTokenizer*>(d.tokenizer.get());
@@ -469,7 +492,8 @@ Run build_run(const Config& cfg, const RunOptions& o) {
     r.not_rebuilt.push_back("the training data (data.path = " + cfg.data.path + "): " + e.what());
     r.data = RunData{};
     r.data.tokenizer = data::load_tokenizer(cfg.data.tokenizer);
-    r.data.pad_id = pad_fill_id(*r.data.tokenizer, cfg.data.pad, rows_are_packed(cfg.data));
+    r.data.pad_id =
+        pad_fill_id(*r.data.tokenizer, cfg.data.pad, rows_get_no_pad_row(cfg, *r.data.tokenizer));
   }
   // Validation on the training file itself (another spelling of its path too) measures how well
   // the run memorized it, not how it generalizes: said, as HF Trainer users expect a warning, not

@@ -278,6 +278,21 @@ TEST(RunFactory, PackedTokenRowsDoNotGrowTheVocabularyForAPad) {
   EXPECT_NOT_CONTAINS(said, "embeddings resized");
   EXPECT_GE(tokens.data.pad_id, 0);
   EXPECT_LT(tokens.data.pad_id, tok->vocab_size());
+  // A checkpoint of a keel that gave packed rows data.pad = "add"'s row is resumed with it: its
+  // tensors have the row (the resume failed on [288, 64] against [287, 64]).
+  Config resumed =
+      tiny("tokens-pad-resume",
+           {"data.task=tokens", "data.path=" + dir + "/corpus.bin", "data.tokenizer=" + tokenizer,
+            "data.seq_len=8", "train.batch_size=2", "run.resume=true"});
+  fs::create_directories(resumed.run.out_dir + "/checkpoints/last");
+  std::ofstream(resumed.run.out_dir + "/checkpoints/last/config.json")
+      << R"({"model_type": "gpt2", "vocab_size": )" << tok->vocab_size() + 1 << "}";
+  said.clear();
+  RunOptions opt;
+  opt.say = [&](const std::string& m) { said += m + "\n"; };
+  keel::Run old = build_run(resumed, opt);
+  EXPECT_EQ(old.model->spec().vocab_size, tok->vocab_size() + 1) << said;
+  EXPECT_EQ(old.data.pad_id, tok->vocab_size());
 }
 
 // data.eval_path naming data.path's file (also by another spelling) validated on the training
