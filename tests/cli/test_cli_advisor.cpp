@@ -88,26 +88,42 @@ TEST(CliAdvisor, AStalledLoraIsGivenTheLoraLearningRateRange) {
   EXPECT_TRUE(findings(dir).empty()) << r.output;
 }
 
+// A pretrained base: the built-in task trained `steps` at `lr`, exported to DIR/base.
+bool pretrain_and_export(const std::string& dir, const std::string& lr, int steps) {
+  const test::KeelRun t =
+      train({"run.out_dir=" + dir + "/pre", "optim.lr=" + lr,
+             "train.max_steps=" + std::to_string(steps), "data.eval_examples=0"});
+  EXPECT_EQ(t.code, 0) << t.output;
+  const test::KeelRun e = test::run_keel({"export", dir + "/pre", "--out", dir + "/base"});
+  EXPECT_EQ(e.code, 0) << e.output;
+  return t.code == 0 && e.code == 0;
+}
+
+// A LoRA on c_attn of DIR/base at a constant `lr`, in DIR/NAME.
+test::KeelRun lora_on_pretrained(const std::string& dir, const std::string& name,
+                                 const std::string& lr, std::vector<std::string> more) {
+  std::vector<std::string> sets = {"run.out_dir=" + dir + "/" + name,
+                                   "model.path=" + dir + "/base",
+                                   "model.adapter.kind=lora",
+                                   "model.adapter.target_modules=[\"c_attn\"]",
+                                   "optim.lr=" + lr,
+                                   "sched.name=constant",
+                                   "data.eval_examples=0"};
+  sets.insert(sets.end(), more.begin(), more.end());
+  const test::KeelRun r = train(sets);
+  EXPECT_EQ(r.code, 0) << r.output;
+  return r;
+}
+
 // A LoRA on a pretrained base (the built-in task trained 30 steps at 2e-2, exported) at optim.lr
 // 1e-7 (1e-3 meant): its loss is flat, but step 1's batch alone was the baseline, and
 // batch-to-batch noise (~5%) beat the 2% "fell" threshold: no finding. The medians of the first and
 // last 10 losses are compared now; the same LoRA at 1e-3 learns and stays silent.
 TEST(CliAdvisor, AStalledLoraOnAPretrainedBaseIsFoundDespiteBatchNoise) {
   const std::string dir = test::temp_dir("cli-advisor-pretrained-lora-low");
-  ASSERT_EQ(train({"run.out_dir=" + dir + "/pre", "optim.lr=2e-2", "train.max_steps=30",
-                   "data.eval_examples=0"})
-                .code,
-            0);
-  const test::KeelRun e = test::run_keel({"export", dir + "/pre", "--out", dir + "/base"});
-  ASSERT_EQ(e.code, 0) << e.output;
+  ASSERT_TRUE(pretrain_and_export(dir, "2e-2", 30));
   auto lora = [&](const std::string& name, const std::string& lr) {
-    const test::KeelRun r =
-        train({"run.out_dir=" + dir + "/" + name, "model.path=" + dir + "/base",
-               "model.adapter.kind=lora", "model.adapter.target_modules=[\"c_attn\"]",
-               "optim.lr=" + lr, "sched.name=constant", "train.max_steps=51", "train.batch_size=8",
-               "data.eval_examples=0"});
-    EXPECT_EQ(r.code, 0) << r.output;
-    return r;
+    return lora_on_pretrained(dir, name, lr, {"train.max_steps=51", "train.batch_size=8"});
   };
   const test::KeelRun r = lora("low", "1e-7");
   const std::vector<json> f = findings_of(dir + "/low", "stalled");
@@ -208,19 +224,9 @@ TEST(CliAdvisor, AWideInitIsNamedAndItsFallingLossIsNoDivergence) {
 // shows it is no harder data. The same LoRA at 1e-3 stays silent.
 TEST(CliAdvisor, APretrainedModelWreckedAtOnceIsDivergedAtStep3) {
   const std::string dir = test::temp_dir("cli-advisor-pretrained-lora");
-  ASSERT_EQ(train({"run.out_dir=" + dir + "/pre", "optim.lr=1e-2", "train.max_steps=50",
-                   "data.eval_examples=0"})
-                .code,
-            0);
-  const test::KeelRun e = test::run_keel({"export", dir + "/pre", "--out", dir + "/base"});
-  ASSERT_EQ(e.code, 0) << e.output;
+  ASSERT_TRUE(pretrain_and_export(dir, "1e-2", 50));
   auto lora = [&](const std::string& name, const std::string& lr) {
-    const test::KeelRun r = train(
-        {"run.out_dir=" + dir + "/" + name, "model.path=" + dir + "/base",
-         "model.adapter.kind=lora", "model.adapter.target_modules=[\"c_attn\"]", "optim.lr=" + lr,
-         "sched.name=constant", "train.max_steps=6", "data.eval_examples=0"});
-    EXPECT_EQ(r.code, 0) << r.output;
-    return r;
+    return lora_on_pretrained(dir, name, lr, {"train.max_steps=6"});
   };
   const test::KeelRun r = lora("lr1", "1");
   const std::vector<json> f = findings(dir + "/lr1");

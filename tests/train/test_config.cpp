@@ -946,6 +946,20 @@ std::vector<std::string> range_problems(const std::string& markdown) {
   return problems;
 }
 
+// The drift tests: the docs with `from` replaced by `to` (which must be there), and whether a
+// problem says `text`.
+std::string replaced_once(std::string docs, const std::string& from, const std::string& to) {
+  const size_t at = docs.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) docs.replace(at, from.size(), to);
+  return docs;
+}
+bool has(const std::vector<std::string>& problems, const std::string& text) {
+  for (const std::string& p : problems)
+    if (p.find(text) != std::string::npos) return true;
+  return false;
+}
+
 TEST(Config, DocumentedRangesAndValuesAreTheEnforcedOnes) {
   for (const std::string& p : range_problems(read_docs())) ADD_FAILURE() << "docs/config.md: " << p;
 }
@@ -954,16 +968,7 @@ TEST(Config, DocumentedRangesAndValuesAreTheEnforcedOnes) {
 TEST(Config, RangeCheckDetectsDrift) {
   const std::string docs = read_docs();
   auto mutated = [&](const std::string& from, const std::string& to) {
-    std::string d = docs;
-    const size_t at = d.find(from);
-    EXPECT_NE(at, std::string::npos) << from;
-    if (at != std::string::npos) d.replace(at, from.size(), to);
-    return range_problems(d);
-  };
-  auto has = [](const std::vector<std::string>& problems, const std::string& text) {
-    for (const std::string& p : problems)
-      if (p.find(text) != std::string::npos) return true;
-    return false;
+    return range_problems(replaced_once(docs, from, to));
   };
   EXPECT_TRUE(has(mutated("Transformer blocks, 1 to 1024.", "Transformer blocks, 1 to 2048."),
                   "model.n_layer = 2048 (the edge"));
@@ -981,16 +986,7 @@ TEST(Config, RangeCheckDetectsDrift) {
 TEST(Config, DocsCheckDetectsDrift) {
   const std::string docs = read_docs();
   auto mutated = [&](const std::string& from, const std::string& to) {
-    std::string d = docs;
-    const size_t at = d.find(from);
-    EXPECT_NE(at, std::string::npos) << from;
-    if (at != std::string::npos) d.replace(at, from.size(), to);
-    return docs_problems(d);
-  };
-  auto has = [](const std::vector<std::string>& problems, const std::string& text) {
-    for (const std::string& p : problems)
-      if (p.find(text) != std::string::npos) return true;
-    return false;
+    return docs_problems(replaced_once(docs, from, to));
   };
   EXPECT_TRUE(has(mutated("| `lr` | float | `0.003` |", "| `lr` | float | `0.004` |"),
                   "optim.lr is documented with default 0.004 but the code's default is 0.003"));
