@@ -536,7 +536,7 @@ void Trainer::end_epoch() {
   if (e.updates > 0 || unhandled == 0) return;
   std::string m = "every step produced non-finite gradients in epoch " + std::to_string(epoch_) +
                   " (no update was applied; " + std::to_string(unhandled) + " of " +
-                  std::to_string(steps) + " steps non-finite with no scaler able to handle them)";
+                  count_of(steps, "step") + " non-finite with no scaler able to handle them)";
   if (!unsettled_.empty()) m += "; " + unsettled_;
   // A wider policy is worth naming only below 32-true: there, precision is not the cause.
   const std::string wider = wider_precisions(run_.policy.name());

@@ -186,7 +186,9 @@ TEST(CliScaler, AnOverflowAtMinScaleStopsNamingMinScale) {
       {"run.out_dir=" + dir, "train.precision=16-mixed", "scaler.init_scale=1099511627776",
        "scaler.min_scale=549755813888", "train.on_nonfinite=skip"});
   ASSERT_EQ(r.code, 1) << r.output;
-  EXPECT_CONTAINS(r.err, "every step produced non-finite gradients in epoch 1");
+  EXPECT_CONTAINS(r.err,
+                  "every step produced non-finite gradients in epoch 1 (no update was "
+                  "applied; 1 of 1 step non-finite");  // not "1 of 1 steps"
   EXPECT_CONTAINS(r.err,
                   "the loss scaler could not settle: the gradients overflowed f16 at "
                   "scaler.min_scale = 5.4975581e+11");
