@@ -34,21 +34,17 @@ namespace keel::cli {
 namespace {
 
 // What an evaluation with a non-finite loss says: the model after step e.step's update produces
-// NaN/inf on the held-out data. `what` the finding, `fix` the weights or the precision's range and
-// what to change.
+// NaN/inf on the held-out data. `value` ("nan at step 3"), `beside` the training loss when it was
+// finite, `fix` the weights or the precision's range and what to change.
 struct EvalNonfinite {
-  std::string what, fix;
+  std::string value, beside, fix;
 };
 EvalNonfinite eval_nonfinite_advice(const Trainer& trainer, const EvalResult& e, double step_loss) {
-  auto num = [](double v) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.4g", v);
-    return std::string(buf);
-  };
   const std::string step = std::to_string(e.step);
   EvalNonfinite r;
-  r.what = std::string(std::isnan(e.loss) ? "nan" : "inf") + " at step " + step;
-  const std::string lr = "lower optim.lr (now " + num(trainer.config().optim.lr) + ")";
+  r.value = log::format_number(e.loss, 4) + " at step " + step;
+  const std::string lr =
+      "lower optim.lr (now " + log::format_number(trainer.config().optim.lr, 4) + ")";
   const std::vector<std::string> bad = trainer.nonfinite_parameters(true);
   const std::string wider = wider_precisions(trainer.policy().name());
   if (!bad.empty())
@@ -66,8 +62,8 @@ EvalNonfinite eval_nonfinite_advice(const Trainer& trainer, const EvalResult& e,
             "'s range on the held-out data; try train.precision = " + wider + ", or " + lr +
             " (the last updates may have grown the weights)";
   if (std::isfinite(step_loss))
-    r.what += ", while the training loss was finite (" + num(step_loss) + " at step " + step +
-              ", before its update)";
+    r.beside = ", while the training loss was finite (" + log::format_number(step_loss, 4) +
+               " at step " + step + ", before its update)";
   return r;
 }
 struct TrainArgs {
@@ -214,8 +210,8 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     nonfinite_eval.reset();
     if (std::isfinite(e.loss) || rank != 0) return;
     nonfinite_eval = eval_nonfinite_advice(*trainer_ptr, e, last_step_loss);
-    std::printf("  advice: the eval loss is %s: %s\n", nonfinite_eval->what.c_str(),
-                nonfinite_eval->fix.c_str());
+    std::printf("  advice: the eval loss is %s%s: %s\n", nonfinite_eval->value.c_str(),
+                nonfinite_eval->beside.c_str(), nonfinite_eval->fix.c_str());
     std::fflush(stdout);
   };
   hooks.on_epoch = [&](const EpochResult& e) { loggers->log_epoch(e); };
@@ -457,7 +453,7 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
       if (trainer.nonfinite_steps() > 0)
         why.push_back(std::to_string(trainer.nonfinite_steps()) +
                       " non-finite, passed over (train.on_nonfinite = \"skip\")");
-      tally = " (" + std::to_string(applied) + (applied == 1 ? " update" : " updates") + " applied";
+      tally = " (" + count_of(applied, "update") + " applied";
       for (size_t i = 0; i < why.size(); ++i) tally += (i ? ", " : ": ") + why[i];
       tally += ")";
     }
@@ -479,8 +475,7 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     std::printf(
         "  advice: the run ends with a non-finite eval loss (%s), so its checkpoint is not "
         "a model to use as it is: %s\n",
-        nonfinite_eval->what.substr(0, nonfinite_eval->what.find(',')).c_str(),
-        nonfinite_eval->fix.c_str());
+        nonfinite_eval->value.c_str(), nonfinite_eval->fix.c_str());
   if (advisor && (advisor->trend() == monitor::Trend::kExploding ||
                   advisor->trend() == monitor::Trend::kVanishing ||
                   advisor->trend() == monitor::Trend::kScaleCollapsing)) {

@@ -89,7 +89,7 @@ Trainer::Trainer(Run run, TrainerHooks hooks, std::shared_ptr<Collective> collec
       load_checkpoint(dir);
       message("resumed from " + last + " at step " + std::to_string(step_));
     } else {
-      message("run.resume = true but " + last + " does not exist: starting from scratch");
+      message(resume_from_scratch_message(run_.out_dir));
     }
   }
 }
@@ -580,10 +580,7 @@ int Trainer::fit() {
   // evaluated again and appended the same eval and epoch records to metrics.jsonl, rewriting the
   // checkpoint it had just read, and its header announced steps it would not take.
   if (step_ > 0 && step_ >= run_.total_steps) {
-    message("nothing left to train: the checkpoint is at step " + std::to_string(step_) +
-            (step_ == run_.total_steps ? ", the run's last (" : ", past the run's ") +
-            count_of(run_.total_steps, "step") + (step_ == run_.total_steps ? ")" : "") +
-            "; raise train.max_steps (or train.epochs) to train further");
+    message(nothing_left_to_train_message(step_, run_.total_steps));
     return 0;
   }
   int64_t evaluated_at = -1;  // the step the loop last evaluated

@@ -114,6 +114,10 @@ std::string resume_checkpoint_dir(const std::string& out_dir);
 // resume throws; returns what it would say instead of continuing (starting from scratch, nothing
 // left to train).
 std::vector<std::string> check_resume(const Run& run, const Config& cfg);
+// What a resume says instead of continuing, keel train's and keel doctor's alike: no checkpoint
+// in out_dir (it starts from scratch); a checkpoint at `step` with nothing left of `total` steps.
+std::string resume_from_scratch_message(const std::string& out_dir);
+std::string nothing_left_to_train_message(int64_t step, int64_t total);
 
 class Trainer {
  public:

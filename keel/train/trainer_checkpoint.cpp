@@ -213,11 +213,22 @@ std::string resume_checkpoint_dir(const std::string& out_dir) {
   return "";
 }
 
+std::string resume_from_scratch_message(const std::string& out_dir) {
+  return "run.resume = true but " + out_dir +
+         "/checkpoints/last does not exist: starting from "
+         "scratch";
+}
+
+std::string nothing_left_to_train_message(int64_t step, int64_t total) {
+  return "nothing left to train: the checkpoint is at step " + std::to_string(step) +
+         (step == total ? ", the run's last (" + count_of(total, "step") + ")"
+                        : ", past the run's " + count_of(total, "step")) +
+         "; raise train.max_steps (or train.epochs) to train further";
+}
+
 std::vector<std::string> check_resume(const Run& run, const Config& cfg) {
   const std::string dir = resume_checkpoint_dir(cfg.run.out_dir);
-  if (dir.empty())
-    return {"run.resume = true but " + cfg.run.out_dir +
-            "/checkpoints/last does not exist: starting from scratch"};
+  if (dir.empty()) return {resume_from_scratch_message(cfg.run.out_dir)};
   const io::Checkpoint ck = io::load_checkpoint(dir);  // maps the files; names a missing one
   const json ref = io::checkpoint_base_reference(ck.dir);
   check_saved_base(ref, ck.dir, cfg,
@@ -237,10 +248,7 @@ std::vector<std::string> check_resume(const Run& run, const Config& cfg) {
     refuse_changed_data(cfg, run.data, st, tj);
   }
   if (step > 0 && step >= run.total_steps)
-    return {"nothing left to train: the checkpoint is at step " + std::to_string(step) + ", " +
-            (step == run.total_steps ? "the run's last" : "past the run's") + " (" +
-            std::to_string(run.total_steps) +
-            " steps); raise train.max_steps (or train.epochs) to train further"};
+    return {nothing_left_to_train_message(step, run.total_steps)};
   return {};
 }
 
