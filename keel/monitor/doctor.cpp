@@ -459,13 +459,12 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
   // beside step-N checkpoints, a damaged one) got "nothing blocks training".
   if (cfg.run.resume && !cfg.run.out_dir.empty()) {
     try {
-      const std::vector<std::string> notes =
-          probe ? check_resume(*probe, cfg)
-                : std::vector<std::string>{resume_checkpoint_dir(cfg.run.out_dir).empty()
-                                               ? "no checkpoint: the run starts from scratch"
-                                               : ""};
-      for (const std::string& n : notes)
-        if (!n.empty()) r.checks.push_back(make("warning", "resume", n));
+      std::vector<std::string> notes;
+      if (probe)
+        notes = check_resume(*probe, cfg);
+      else if (resume_checkpoint_dir(cfg.run.out_dir).empty())
+        notes = {resume_from_scratch_message(cfg.run.out_dir)};
+      for (const std::string& n : notes) r.checks.push_back(make("warning", "resume", n));
       if (probe && notes.empty())
         r.checks.push_back(
             make("ok", "resume",
