@@ -226,6 +226,41 @@ std::string nothing_left_to_train_message(int64_t step, int64_t total) {
          "; raise train.max_steps (or train.epochs) to train further";
 }
 
+namespace {
+// A step-numbered debug key at or before the step a resume continues from never acts there: the
+// tracer's abort_after_batch_num = 2 on a run resumed at step 6 stopped at once, "after batch 2",
+// without training a step, and trace_batch_nums = [1] or debug.inject.step = 1 did nothing without
+// a word. The stop is refused (the run would do nothing but say so); the others are notes.
+std::vector<std::string> debug_steps_before_resume(const Config& cfg, int64_t step) {
+  std::vector<std::string> notes;
+  if (step <= 0) return notes;
+  const std::string from = "the step this run resumes from (" + std::to_string(step) + ")";
+  const UnderflowOverflowConfig& uo = cfg.debug.underflow_overflow;
+  if (uo.enabled && uo.abort_after_batch_num >= 1 && uo.abort_after_batch_num <= step)
+    throw Error("debug.underflow_overflow.abort_after_batch_num = " +
+                    std::to_string(uo.abort_after_batch_num) + " is not past " + from +
+                    ": the tracer would stop before training a step; set it above " +
+                    std::to_string(step) + " (or to -1)",
+                Error::kUsage);
+  if (uo.enabled) {
+    std::string early;
+    for (int64_t b : uo.trace_batch_nums)
+      if (b <= step) early += (early.empty() ? "" : ", ") + std::to_string(b);
+    if (!early.empty())
+      notes.push_back("debug.underflow_overflow.trace_batch_nums holds " + early +
+                      ", at or before " + from +
+                      ": those batches were trained before the checkpoint and are not traced; "
+                      "list steps above " +
+                      std::to_string(step));
+  }
+  const InjectConfig& inj = cfg.debug.inject;
+  if (!inj.module.empty() && inj.step >= 1 && inj.step <= step)
+    notes.push_back("debug.inject.step = " + std::to_string(inj.step) + " is at or before " + from +
+                    ": nothing is injected; set it above " + std::to_string(step));
+  return notes;
+}
+}  // namespace
+
 std::vector<std::string> check_resume(const Run& run, const Config& cfg) {
   const std::string dir = resume_checkpoint_dir(cfg.run.out_dir);
   if (dir.empty()) return {resume_from_scratch_message(cfg.run.out_dir)};
@@ -249,7 +284,7 @@ std::vector<std::string> check_resume(const Run& run, const Config& cfg) {
   }
   if (step > 0 && step >= run.total_steps)
     return {nothing_left_to_train_message(step, run.total_steps)};
-  return {};
+  return debug_steps_before_resume(cfg, step);
 }
 
 bool base_by_reference(const Config& c) {
@@ -469,6 +504,8 @@ void Trainer::load_checkpoint(const std::string& dir) {
       message("this resume changes settings of the checkpoint's run (allowed; from step " +
               std::to_string(step_ + 1) + " on the run differs from an uninterrupted one):" + diff);
   }
+  if (step_ < run_.total_steps)
+    for (const std::string& note : debug_steps_before_resume(run_.cfg, step_)) message(note);
   if (world != coll_->world_size())
     message(dir + " was written by a run of " + std::to_string(world) + " rank(s), this one has " +
             std::to_string(coll_->world_size()) +

@@ -223,6 +223,13 @@ TEST(CliDoctor, AResumeTrainWouldRefuseBlocks) {
   test::KeelRun done = doctor(resume("arith", "--set train.max_steps=2 --no-sanity"));
   EXPECT_EQ(done.code, 0) << done.output;
   EXPECT_CONTAINS(done.out, "[warning] resume: nothing left to train: the checkpoint is at step 2");
+  test::KeelRun late =
+      doctor(resume("arith",
+                    "--set train.max_steps=4 --no-sanity --set debug.inject.step=2 "
+                    "--set debug.inject.module=transformer.h.0.mlp"));
+  EXPECT_CONTAINS(late.out,
+                  "[warning] resume: debug.inject.step = 2 is at or before the step "
+                  "this run resumes from (2): nothing is injected; set it above 2");
   struct Case {
     const char* run;
     const char* sets;
@@ -240,6 +247,10 @@ TEST(CliDoctor, AResumeTrainWouldRefuseBlocks) {
            Case{"arith", "--set model.n_layer=2 --set run.resume_force=true",
                 "model.n_layer: 1 in the checkpoint, 2 now"},
            Case{"text", "--set data.seq_len=24", "data.seq_len: 16 in the checkpoint, 24 now"},
+           Case{"arith",
+                "--set debug.underflow_overflow.enabled=true "
+                "--set debug.underflow_overflow.abort_after_batch_num=1",
+                "abort_after_batch_num = 1 is not past the step this run resumes from (2)"},
        }) {
     test::KeelRun d =
         doctor(resume(c.run, std::string(c.sets) + " --set train.max_steps=4 --json"));

@@ -84,6 +84,36 @@ TEST(CliTracer, AbortAfterBatchNum) {
   EXPECT_NE(text.find("transformer.h.1.mlp.c_fc Linear (backward: "), std::string::npos) << text;
 }
 
+// Batch numbers count the run's steps, a resumed run's included: abort_after_batch_num = 2 on a
+// run resumed at step 3 stopped at once "after batch 2" without training a step (exit 3, as if
+// the tracer had found something), and trace_batch_nums = [1] traced nothing without a word.
+TEST(CliTracer, BatchNumbersBeforeAResumeStepAreRefusedOrNoted) {
+  const std::string dir = test::temp_dir("cli-tracer-resume");
+  const std::string three = small_run(dir) + " --set train.max_steps=3";
+  Ran first = test::run_keel_sh(three);
+  ASSERT_EQ(first.code, 0) << first.output;
+  const std::string resume =
+      small_run(dir) + " --set run.resume=true" + " --set debug.underflow_overflow.enabled=true";
+  Ran early = test::run_keel_sh(resume + " --set debug.underflow_overflow.abort_after_batch_num=2");
+  EXPECT_EQ(early.code, 2) << early.output;
+  EXPECT_CONTAINS(early.err,
+                  "debug.underflow_overflow.abort_after_batch_num = 2 is not past the "
+                  "step this run resumes from (3): the tracer would stop before "
+                  "training a step; set it above 3 (or to -1)");
+  EXPECT_EQ(test::step_records(dir).size(), 3u) << "the refused resume ran no step";
+  Ran traced =
+      test::run_keel_sh(resume + " --set 'debug.underflow_overflow.trace_batch_nums=[1,5]'" +
+                        " --set debug.underflow_overflow.abort_after_batch_num=5");
+  EXPECT_EQ(traced.code, 3) << traced.output;
+  EXPECT_CONTAINS(traced.output,
+                  "debug.underflow_overflow.trace_batch_nums holds 1, at or before "
+                  "the step this run resumes from (3): those batches were trained "
+                  "before the checkpoint and are not traced; list steps above 3");
+  EXPECT_EQ(test::step_records(dir).size(), 5u);
+  const std::string log = slurp(dir + "/debug/underflow_overflow_rank0.log");
+  EXPECT_CONTAINS(log, "*** Starting batch number=5 (traced) ***");
+}
+
 TEST(CliTracer, UnknownInjectModuleIsAUsageError) {
   const std::string dir = test::temp_dir("cli-inject-bad");
   Ran r = test::run_keel_sh(small_run(dir) +
