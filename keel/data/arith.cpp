@@ -6,6 +6,7 @@
 
 #include "keel/data/rng.h"
 #include "keel/numerics/error.h"
+#include "keel/numerics/text.h"
 
 namespace keel::data {
 
@@ -33,11 +34,15 @@ Problem draw_problem(SplitMix64& rng, int64_t digits, bool reverse) {
   const bool sub = rng.below(2) == 1;
   if (sub && a < b) std::swap(a, b);
   const int64_t c = sub ? a - b : a + b;  // < 2e18: fits int64 for digits <= 18
-  if (!reverse) return {std::to_string(a) + (sub ? "-" : "+") + std::to_string(b) + "=", std::to_string(c)};
+  if (!reverse)
+    return {std::to_string(a) + (sub ? "-" : "+") + std::to_string(b) + "=", std::to_string(c)};
   // Aligned form: fixed-width operands, answer least-significant digit first.
   auto padded = [](int64_t v, int64_t width) {
     std::string t = std::to_string(v);
-    return std::string(static_cast<size_t>(std::max<int64_t>(0, width - static_cast<int64_t>(t.size()))), '0') + t;
+    return std::string(
+               static_cast<size_t>(std::max<int64_t>(0, width - static_cast<int64_t>(t.size()))),
+               '0') +
+           t;
   };
   std::string answer = padded(c, digits + 1);
   std::reverse(answer.begin(), answer.end());
@@ -72,8 +77,8 @@ ArithTask make_arith_task(const ByteTokenizer& tok, const ArithOptions& opt) {
   if (static_cast<double>(opt.num_eval) > space / 2)
     throw usage("data.eval_examples = " + std::to_string(opt.num_eval) +
                 " held-out problems, but " + std::to_string(static_cast<int64_t>(space)) +
-                " distinct problems exist with " + std::to_string(opt.digits) +
-                " digit(s); hold out at most half (lower data.eval_examples or raise data.digits)");
+                " distinct problems exist with " + count_of(opt.digits, "digit") +
+                "; hold out at most half (lower data.eval_examples or raise data.digits)");
 
   SplitMix64 rng(opt.seed);
   ArithTask task;

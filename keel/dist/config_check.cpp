@@ -44,12 +44,13 @@ void check_config_agrees(const Config& cfg, ProcessGroup& pg) {
   std::string diff;
   for (size_t i = 0; i < values.size(); ++i) {
     std::string ranks;
+    int differing = 0;
     for (int r = 0; r < world; ++r)
       if (all[static_cast<size_t>(r) * values.size() + i] != mine[i])
-        ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    if (!ranks.empty())
-      diff += "\n  " + values[i].first + " = " + values[i].second +
-              " here, another value on rank(s) " + ranks;
+        ranks += (differing++ == 0 ? "" : ", ") + std::to_string(r);
+    if (differing > 0)
+      diff += "\n  " + values[i].first + " = " + values[i].second + " here, another value on " +
+              (differing == 1 ? "rank " : "ranks ") + ranks;
   }
   if (!diff.empty())
     throw Error("rank " + std::to_string(rank) + " of " + std::to_string(world) +

@@ -296,14 +296,15 @@ std::vector<DoctorCheck> check_config(const Config& cfg) {
     else if (lrwd >= 0.01)
       // weight_decay 100 at lr 0.003 shrank every weight by 30% a step: the loss stuck at 4.05
       // (5.5 at the start) for 120 steps with doctor's "nothing blocks training".
-      out.push_back(make("warning", "optimizer",
-                         "optim.lr x optim.weight_decay = " + fmt("%g", lrwd) +
-                             ": AdamW's decoupled decay multiplies every decayed weight by " +
-                             fmt("%g", f) + " each step, halving it every " +
-                             fmt("%.0f", std::ceil(std::log(0.5) / std::log(f))) +
-                             " step(s) whatever the gradients (the usual product is 1e-3 or "
-                             "less); " +
-                             fix));
+      out.push_back(make(
+          "warning", "optimizer",
+          "optim.lr x optim.weight_decay = " + fmt("%g", lrwd) +
+              ": AdamW's decoupled decay multiplies every decayed weight by " + fmt("%g", f) +
+              " each step, halving it every " +
+              count_of(static_cast<long long>(std::ceil(std::log(0.5) / std::log(f))), "step") +
+              " whatever the gradients (the usual product is 1e-3 or "
+              "less); " +
+              fix));
     if (f > 0 && lr > 0.1)
       out.push_back(make("warning", "optimizer",
                          "optim.lr = " + fmt("%g", lr) +
@@ -573,7 +574,7 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
       if (scaler_only) {
         r.checks.push_back(make("warning", "sanity",
                                 m + " only in the scaled gradients: the scaler will skip the first "
-                                    "step(s) and back off from scaler.init_scale"));
+                                    "steps and back off from scaler.init_scale"));
       } else {
         if (ref && ref->ran && ref->finite)
           m += "; it is finite under 32-true: the precision is the cause (run keel train to "

@@ -5,6 +5,7 @@
 
 #include "keel/numerics/convert.h"
 #include "keel/numerics/format_info.h"
+#include "keel/numerics/text.h"
 
 namespace keel::monitor {
 
@@ -171,11 +172,12 @@ std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials) 
     // "never finite ...; use bf16-mixed").
     std::snprintf(buf, sizeof buf,
                   "not finite within %zu steps: the scale started at %.8g and is still %.6g after "
-                  "%zu back-offs, while |grad| = %.6g fits f16 at any scale up to %.6g (its max "
+                  "%s, while |grad| = %.6g fits f16 at any scale up to %.6g (its max "
                   "%.6g / |grad|); start the scale there or lower: a smaller --init-scale "
                   "(scaler.init_scale; PyTorch's default 65536 suits gradients below 1).",
-                  trials.size(), first_scale, last.scale, trials.size() - 1, std::fabs(grad),
-                  f16.max / std::fabs(grad), f16.max);
+                  trials.size(), first_scale, last.scale,
+                  count_of(static_cast<long long>(trials.size() - 1), "back-off").c_str(),
+                  std::fabs(grad), f16.max / std::fabs(grad), f16.max);
     return buf;
   }
   if (!last.finite) {
@@ -188,8 +190,8 @@ std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials) 
   // "applied after N skipped step(s)" leads whatever else is said of the applied step.
   std::string lead;
   if (const size_t skipped = trials.size() - 1; skipped > 0)
-    lead = "applied after " + std::to_string(skipped) +
-           " skipped step(s); the LR schedule does not advance on skips.";
+    lead = "applied after " + count_of(static_cast<long long>(skipped), "skipped step") +
+           "; the LR schedule does not advance on skips.";
   const char* sep = lead.empty() ? "" : " ";
   if (last.outcome == "underflow") {
     const double keep = scale_nonzero_f16(grad, last.scale);

@@ -515,7 +515,7 @@ int run_server(const ServeOptions& opt) {
   std::printf("keel serve | listening on http://%s:%d | root %s | %s | data roots: %zu\n",
               host.c_str(), bound, so.root.c_str(),
               keys.empty() ? "OPEN (no API key, loopback only)"
-                           : (std::to_string(keys.size()) + " API key(s)").c_str(),
+                           : count_of(static_cast<long long>(keys.size()), "API key").c_str(),
               opt.data_roots.size());
   std::fflush(stdout);
 

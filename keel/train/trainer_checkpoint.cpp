@@ -507,7 +507,7 @@ void Trainer::load_checkpoint(const std::string& dir) {
   if (step_ < run_.total_steps)
     for (const std::string& note : debug_steps_before_resume(run_.cfg, step_)) message(note);
   if (world != coll_->world_size())
-    message(dir + " was written by a run of " + std::to_string(world) + " rank(s), this one has " +
+    message(dir + " was written by a run of " + count_of(world, "rank") + ", this one has " +
             std::to_string(coll_->world_size()) +
             ": it continues from the same global micro-batch, but steps now group " +
             std::to_string(run_.cfg.train.grad_accum * coll_->world_size()) +

@@ -21,7 +21,8 @@ TEST(CliNumerics, TheReadmeExamplesExplainWhatTheyPromise) {
              "need a loss scale (16-mixed) or bf16"}},
            {{"numerics", "scaler", "--grad", "2.0"},
             {"step 1: scale 65536 ", "step 3: scale 16384 ", "= 32768 ",
-             "applied after 2 skipped step(s)"}},
+             "applied after 2 skipped steps"}},
+           {{"numerics", "scaler", "--grad", "1.5"}, {"applied after 1 skipped step;"}},
            {{"numerics", "scaler", "--grad", "1e-13"},
             {"underflows f16 to 0: the update is zero", "A scale of 524288 makes it nonzero"}},
            {{"numerics", "formats"}, {"65504"}},
@@ -44,7 +45,7 @@ TEST(CliNumerics, AGradientBeyondF16sMaxIsNoScalerSuccess) {
   const auto r = run_keel({"numerics", "scaler", "--grad", "70000"});
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_CONTAINS(r.out, "step 18: scale 0.5 ");
-  EXPECT_CONTAINS(r.out, "applied after 17 skipped step(s)");
+  EXPECT_CONTAINS(r.out, "applied after 17 skipped steps");
   EXPECT_CONTAINS(r.out,
                   "The scale fell below 1 (PyTorch warns there; keel train's advisor calls it "
                   "loss-scale collapsing): |grad| = 70000 is itself beyond f16's max 65504");

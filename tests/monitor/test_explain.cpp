@@ -96,7 +96,7 @@ TEST(Explain, ScalerBacksOffUntilTheScaledGradientFitsF16) {
   EXPECT_TRUE(t[2].finite);
   EXPECT_EQ(t[2].scaled_grad, 32768);
   EXPECT_EQ(scaler_verdict(2.0, t),
-            "applied after 2 skipped step(s); the LR schedule does not advance on skips.");
+            "applied after 2 skipped steps; the LR schedule does not advance on skips.");
   EXPECT_EQ(scaler_verdict(0.5, trace(0.5)),  // x 65536 = 32768
             "applied at the first try: grad x scale is a normal f16 value.");
 }

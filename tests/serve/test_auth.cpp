@@ -66,7 +66,7 @@ TEST(ServeAuth, RoutesNeedABearerKeyButHealthIsOpen) {
   ServeProcess srv({"--root", dir + "/root", "--api-key-file",
                     write_keys(dir, "key-one-0123456789\nkey-two-0123456789\n")});
   ASSERT_TRUE(srv.started()) << srv.output();
-  EXPECT_CONTAINS(srv.output(), "2 API key(s)");
+  EXPECT_CONTAINS(srv.output(), "2 API keys");
   Api none{srv.port(), ""}, wrong{srv.port(), "key-three-0123456789"},
       right{srv.port(), "key-two-0123456789"};
   auto health = none.get("/health");
