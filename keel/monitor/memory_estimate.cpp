@@ -15,6 +15,7 @@
 #include "keel/io/safetensors.h"
 #include "keel/models/causal_lm.h"
 #include "keel/models/param_shapes.h"
+#include "keel/nn/adapters/adapter.h"
 #include "keel/numerics/error.h"
 #include "keel/tensor/host_memory.h"
 
@@ -937,6 +938,7 @@ std::string memory_floor_refusal(const MemoryQuery& q, int64_t available) {
 void check_run_memory(const Config& cfg, const std::function<void(const std::string&)>& say) {
   const int64_t available = available_memory_bytes();
   if (available < 0) return;
+  nn::check_adapter_options(cfg.model.adapter);  // the run refuses these first, whatever it needs
   MemoryQuery q = memory_query_from_config(cfg);
   q.flags = false;  // its messages name the config's keys, not keel memory's flags
   const std::string refusal = memory_floor_refusal(q, available);

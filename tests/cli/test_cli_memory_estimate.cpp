@@ -106,6 +106,10 @@ TEST(CliMemoryEstimate, TrainsEstimateNamesTheConfigKeyNotKeelMemorysFlag) {
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err, "LoKr has no input dropout");
   EXPECT_NOT_CONTAINS(r.err, "--adapter-dropout");
+  // One refusal, the adapter's, with the value as the config wrote it: a note "no memory
+  // estimate before loading: ... LoKr has no input dropout" came first, and 0.1 read 0.100000.
+  EXPECT_NOT_CONTAINS(r.output, "no memory estimate");
+  EXPECT_CONTAINS(r.err, "dropout = 0.1 with kind = \"lokr\"");
 }
 
 // The estimate's 0 means "not given": --batch 0 or --seq 0 printed an estimate without the

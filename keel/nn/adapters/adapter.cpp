@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 #include "keel/nn/adapters/dora.h"
@@ -99,10 +100,9 @@ std::vector<Linear*> adapted_linears(Module& root) {
   return out;
 }
 
-std::vector<std::string> apply_adapters(Module& root, const AdapterOptions& opt,
-                                        const std::string& source) {
+void check_adapter_options(const AdapterOptions& opt, const std::string& source) {
   const SourceErrors usage{source};
-  if (opt.kind == "none") return {};
+  if (opt.kind == "none") return;
   if (opt.kind != "lora" && opt.kind != "dora" && opt.kind != "lokr")
     throw usage("unknown kind '" + opt.kind + "': use none, lora, dora or lokr");
   if (opt.r < 1 || opt.r > kMaxAdapterRank)
@@ -110,14 +110,24 @@ std::vector<std::string> apply_adapters(Module& root, const AdapterOptions& opt,
                 std::to_string(kMaxAdapterRank) + "]");
   if (!(opt.alpha > 0)) throw usage("alpha must be > 0");
   if (!(opt.dropout >= 0 && opt.dropout < 1)) throw usage("dropout must be in [0, 1)");
-  if (opt.kind == "lokr" && opt.dropout > 0)
-    throw usage("dropout = " + std::to_string(opt.dropout) +
+  if (opt.kind == "lokr" && opt.dropout > 0) {
+    char dropout[32];
+    std::snprintf(dropout, sizeof dropout, "%g", opt.dropout);  // 0.1, not 0.100000
+    throw usage(std::string("dropout = ") + dropout +
                 " with kind = \"lokr\": LoKr has no input dropout (PEFT's rank/module dropout are "
                 "not implemented); set " +
                 usage.field("dropout") + " = 0");
+  }
   if (opt.target_modules.empty())
     throw usage(
         "target_modules is empty; name the modules to adapt, e.g. [\"q_proj\", \"v_proj\"]");
+}
+
+std::vector<std::string> apply_adapters(Module& root, const AdapterOptions& opt,
+                                        const std::string& source) {
+  const SourceErrors usage{source};
+  if (opt.kind == "none") return {};
+  check_adapter_options(opt, source);
 
   // Candidate Linears: every Linear except those an adapter already owns (lora_A, lora_B).
   std::set<const Module*> internal;

@@ -63,6 +63,12 @@ std::vector<AdapterParamShape> adapter_parameter_shapes(const std::string& kind,
 // "." + target.
 bool adapter_targets(const std::string& module_path, const std::vector<std::string>& targets);
 
+// The options apply_adapters refuses before it looks at a model (kUsage, naming `source`'s keys):
+// an unknown kind, r outside [1, kMaxAdapterRank], alpha <= 0, dropout outside [0, 1) or above 0
+// for LoKr, no target modules. keel train's memory check runs it first: the estimate of a run that
+// cannot start was noted as "no memory estimate" just before the run's own refusal.
+void check_adapter_options(const AdapterOptions& opt, const std::string& source = "model.adapter");
+
 // Attaches an adapter of opt.kind to every Linear under `root` that a target names, freezes every
 // other parameter of the tree (requires_grad = false) and renames the tree (assign_paths). Returns
 // the adapted module paths, in tree order. Errors (kUsage) name the problem and the fix: an
