@@ -318,6 +318,19 @@ int run_server(const ServeOptions& opt) {
                      "takes " + allowed);
       return true;
     }
+    // A query parameter no route reads (?limt=5, ?state=running) was ignored without a word:
+    // only GET /v1/runs takes any (limit, after).
+    for (const auto& [name, value] : req.params) {
+      const bool listing = req.method != "POST" && req.path == "/v1/runs";
+      if (req.path.rfind("/v1/", 0) == 0 && !(listing && (name == "limit" || name == "after"))) {
+        send_error(res, 400,
+                   "unknown query parameter " + visible(name) + " for " + req.method + " " +
+                       visible(req.path) +
+                       (listing ? " (it takes limit and after)" : " (it takes none)"),
+                   {{"param", name}});
+        return true;
+      }
+    }
     // A Content-Length that is not a byte count: httplib read "abc" as 0, leaving the body to be
     // read as the connection's next request, and "-5" as 2^64 - 5, waited the read timeout (30 s)
     // for it and answered that the body was too large. One past --max-body-bytes is refused now,
@@ -441,8 +454,24 @@ int run_server(const ServeOptions& opt) {
          auto [status, run] = service.create(req.body, req.get_header_value("Idempotency-Key"));
          send_json(res, status, run);
        }));
-  get("/v1/runs", guarded([&](const httplib::Request&, httplib::Response& res) {
-        send_json(res, 200, service.list());
+  // Pages as OpenAI's lists: ?limit=N (1 to 100) and ?after=ID (the last run of the previous
+  // page); no limit lists every run (the dashboard's table). Both were ignored: limit=0, limit=-1
+  // and limit=5 each listed every run, after=ID started from the newest.
+  get("/v1/runs", guarded([&](const httplib::Request& req, httplib::Response& res) {
+        size_t limit = 0;
+        if (req.has_param("limit")) {
+          const std::string v = req.get_param_value("limit");
+          int n = 0;
+          const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+          if (ec != std::errc() || end != v.data() + v.size() || n < 1 || n > 100)
+            throw HttpError(400,
+                            "limit=" + visible(v) +
+                                " is not a page size: give a whole number from 1 to 100 (or no "
+                                "limit for every run)",
+                            {{"param", "limit"}});
+          limit = static_cast<size_t>(n);
+        }
+        send_json(res, 200, service.list(limit, req.get_param_value("after")));
       }));
   const std::string id = "/v1/runs/([A-Za-z0-9_-]{1,64})";
   get(id, guarded([&](const httplib::Request& req, httplib::Response& res) {
@@ -481,6 +510,20 @@ int run_server(const ServeOptions& opt) {
                                      "\" is not an event id: send the id of the last event "
                                      "received (a line number of the run's metrics, 0 or more)");
         }
+        // An id past the run's last event (another run's, or one from before the root was
+        // wiped): a stream of an active run waited, silent, until its metrics reached that line,
+        // and lost every event before it. The client learns it now, with the id to send; as an
+        // OpenAI error, it names the parameter. A run that is done has no event past any id: its
+        // stream ends at once with `state` and `end` (the run), which is also what an
+        // EventSource reconnecting by itself after the last event needs to stop.
+        if (const int64_t have = feed->last_event_id();
+            last > have && is_active_state(service.state(run)))
+          throw HttpError(400,
+                          "Last-Event-ID " + std::to_string(last) + " is past run " + run +
+                              "'s last event, id " + std::to_string(have) +
+                              ": send the id of the last event received from this run's stream "
+                              "(or no Last-Event-ID for all of them)",
+                          {{"param", "Last-Event-ID"}, {"last_event_id", have}});
         stream_run_events(
             res, std::move(feed),
             [&service, run] {

@@ -8,7 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <tuple>
 
+#include "keel/serve/registry.h"
 #include "tests/serve/serve_process.h"
 #include "tests/support/check.h"
 #include "tests/support/run_keel.h"
@@ -190,6 +192,100 @@ TEST(ServeRuns, EventsStreamFollowsARunToItsEndAndResumesWithLastEventId) {
   auto r = api.get("/v1/runs/run-000000000000/events");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 404);
+}
+
+// GET /v1/runs pages as OpenAI's lists (limit 1 to 100, after = the previous page's last id,
+// has_more). limit and after were ignored (limit=0, limit=-1 and limit=2 each listed every run),
+// and so was a misspelt parameter. The runs are written to the registry before the server starts:
+// no training needed.
+TEST(ServeRuns, ListPagesWithLimitAndAfterAndRefusesWhatItCannotRead) {
+  Service s;
+  fs::create_directories(s.root);
+  {
+    serve::Registry reg(s.root + "/keel-serve.db");
+    for (int i = 0; i < 5; ++i) {
+      serve::RunRecord r;
+      r.id = "run-00000000000" + std::to_string(i);
+      r.state = "succeeded";
+      r.created_at = r.updated_at = "2026-01-01T00:00:0" + std::to_string(i) + ".000Z";
+      r.request = "{}";
+      reg.insert(r);
+    }
+  }
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  auto ids = [](const json& page) {
+    std::string out;
+    for (const json& r : page["data"]) out += r["id"].get<std::string>().back();
+    return out;
+  };
+  json page = api.get_json("/v1/runs");  // every run, newest first
+  EXPECT_EQ(ids(page), "43210");
+  EXPECT_EQ(page["has_more"], false);
+  page = api.get_json("/v1/runs?limit=2");
+  EXPECT_EQ(ids(page), "43");
+  EXPECT_EQ(page["has_more"], true);
+  page = api.get_json("/v1/runs?limit=2&after=run-000000000003");
+  EXPECT_EQ(ids(page), "21");
+  EXPECT_EQ(page["has_more"], true);
+  page = api.get_json("/v1/runs?limit=2&after=run-000000000001");
+  EXPECT_EQ(ids(page), "0");
+  EXPECT_EQ(page["has_more"], false);
+  page = api.get_json("/v1/runs?after=run-000000000000");
+  EXPECT_EQ(ids(page), "");
+  for (const auto& [query, param, says] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"limit=0", "limit", "limit=0 is not a page size"},
+           {"limit=-1", "limit", "from 1 to 100"},
+           {"limit=101", "limit", "from 1 to 100"},
+           {"limit=2x", "limit", "limit=2x"},
+           {"after=run-999999999999", "after", "no run run-999999999999"},
+           {"limt=2", "limt", "unknown query parameter limt"}}) {
+    auto r = api.get("/v1/runs?" + query);
+    ASSERT_TRUE(r) << query;
+    EXPECT_EQ(r->status, 400) << query << ": " << r->body;
+    const json err = json::parse(r->body)["error"];
+    EXPECT_EQ(err["type"], "invalid_request_error") << query;
+    EXPECT_EQ(err["param"], param) << query;
+    EXPECT_CONTAINS(err["message"].get<std::string>(), says);
+  }
+  auto r = api.get("/v1/runs/run-000000000001?verbose=1");  // a route that takes none
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_CONTAINS(r->body, "unknown query parameter verbose");
+}
+
+// A Last-Event-ID past the run's last event: an active run's stream waited, silent, until its
+// metrics reached that line (a 10^6 never), losing every event before it. It is a 400 naming the
+// header and the last id; a run that is done ends the stream at once (state, then end).
+TEST(ServeRuns, ALastEventIdPastTheEndIs400WhileActiveAndTheEndOnceDone) {
+  Service s;
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  const std::string id = create(api, tiny_config(20000));
+  api.wait_run(id, [](const json& j) { return j["step"].get<int64_t>() >= 2; });
+  httplib::Client c("127.0.0.1", api.port);
+  c.set_read_timeout(std::chrono::seconds(5));  // the stream sent `state`, then nothing
+  auto r = c.Get(("/v1/runs/" + id + "/events").c_str(),
+                 {{"Authorization", "Bearer " + api.key}, {"Last-Event-ID", "1000000"}});
+  ASSERT_TRUE(r) << "no answer: " << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 400) << r->body;
+  const json err = json::parse(r->body)["error"];
+  EXPECT_EQ(err["param"], "Last-Event-ID");
+  EXPECT_CONTAINS(err["message"].get<std::string>(), "Last-Event-ID 1000000");
+  const int64_t have = err["last_event_id"];
+  EXPECT_GE(have, 2);
+  EXPECT_CONTAINS(err["message"].get<std::string>(), "id " + std::to_string(have));
+  auto stop = api.post("/v1/runs/" + id + "/stop", "");
+  ASSERT_TRUE(stop);
+  api.wait_run(id, [](const json& j) { return j["state"] == "stopped"; });
+  const Events done = read_events(api, id, 1000000);
+  ASSERT_EQ(done.list.size(), 2u);
+  EXPECT_EQ(done.list[0].first, "state");
+  EXPECT_EQ(done.list[1].first, "end");
+  EXPECT_EQ(done.list[1].second["state"], "stopped");
 }
 
 // The advisor's findings (metrics.jsonl records {kind: advisor, step, trend, cause, action}) reach
