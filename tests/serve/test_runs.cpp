@@ -7,6 +7,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 #include <tuple>
 
@@ -466,6 +467,30 @@ TEST(ServeRuns, ANonfiniteStopIsItsOwnStateWithTheCaptureAndReplayCommand) {
   bool listed = false;
   for (const json& f : files) listed |= f["path"].get<std::string>().rfind(rel, 0) == 0;
   EXPECT_TRUE(listed) << rel << " in " << files.dump();
+}
+
+// keel train explains a non-finite stop over several stderr lines: here the tracer's finding
+// (which module produced the first inf) before the "stopped:" line. The run's error kept only the
+// "stopped:" line; it is now what keel train printed, the notes aside.
+TEST(ServeRuns, ANonfiniteRunsErrorIsTheExplanationKeelTrainPrinted) {
+  Service s;
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  json cfg = tiny_config(40);  // 16-true's f16 AdamW state: the forward overflows at step 4
+  cfg["train"]["precision"] = "16-true";
+  cfg["data"] = {{"num_examples", 1280}, {"eval_examples", 0}};
+  cfg["debug"] = {{"underflow_overflow", {{"enabled", true}}}};
+  const std::string id = create(api, cfg);
+  const json run = api.wait_run(
+      id, [](const json& j) { return j["state"] != "running" && j["state"] != "queued"; });
+  ASSERT_EQ(run["state"], "nonfinite") << run.dump();
+  std::string printed;  // stderr.log without its notes
+  std::istringstream err(slurp(s.run_dir(id) + "/stderr.log"));
+  for (std::string line; std::getline(err, line);)
+    if (line.rfind("note: ", 0) != 0) printed += (printed.empty() ? "" : "\n") + line;
+  EXPECT_CONTAINS(printed, "underflow/overflow tracer: the first non-finite value was produced by");
+  EXPECT_EQ(run["error"], printed);
 }
 
 TEST(ServeRuns, AFailedRunSaysWhyAndTheServerCarriesOn) {
