@@ -187,7 +187,7 @@ std::pair<int, json> RunService::create(const std::string& body, const std::stri
         throw HttpError(422,
                         "Idempotency-Key " + idem_key + " was used by run " + r->id +
                             " with a different body; use a new key for a new run",
-                        {{"run_id", r->id}});
+                        {{"run_id", r->id}, {"param", "Idempotency-Key"}});
       return {200, to_json(*r)};
     }
   }

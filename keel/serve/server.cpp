@@ -36,8 +36,10 @@ bool is_loopback_host(const std::string& host) {
 
 namespace {
 
-// Errors in the shape of OpenAI-compatible servers: {"error": {"message", "type", "status"}};
-// `extra` may replace the type (a path refusal's 403 is a permission_error, see http_error.h).
+// Errors in the shape of OpenAI-compatible servers: {"error": {"message", "type", "param",
+// "code", "status"}}, every key in every error (param: the query parameter or header at fault,
+// else null; code: null), so a client reads one shape; `extra` sets param, may replace the type
+// (a path refusal's 403 is a permission_error, see http_error.h) and adds fields (active_run).
 void send_error(httplib::Response& res, int status, const std::string& message,
                 const json& extra = json::object()) {
   const char* type = status == 401 || status == 403 ? "authentication_error"
@@ -45,7 +47,11 @@ void send_error(httplib::Response& res, int status, const std::string& message,
                      : status == 409                ? "conflict"
                      : status >= 500                ? "server_error"
                                                     : "invalid_request_error";
-  json err = {{"message", message}, {"type", type}, {"status", status}};
+  json err = {{"message", message},
+              {"type", type},
+              {"param", nullptr},
+              {"code", nullptr},
+              {"status", status}};
   for (auto& [k, v] : extra.items()) err[k] = v;
   res.status = status;
   res.set_content(json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace),
@@ -506,9 +512,11 @@ int run_server(const ServeOptions& opt) {
           const auto [end, ec] = std::from_chars(h.data(), h.data() + h.size(), last);
           if (ec != std::errc() || end != h.data() + h.size() || last < 0 ||
               last > (int64_t{1} << 53))
-            throw HttpError(400, "Last-Event-ID \"" + visible(h) +
-                                     "\" is not an event id: send the id of the last event "
-                                     "received (a line number of the run's metrics, 0 or more)");
+            throw HttpError(400,
+                            "Last-Event-ID \"" + visible(h) +
+                                "\" is not an event id: send the id of the last event "
+                                "received (a line number of the run's metrics, 0 or more)",
+                            {{"param", "Last-Event-ID"}});
         }
         // An id past the run's last event (another run's, or one from before the root was
         // wiped): a stream of an active run waited, silent, until its metrics reached that line,
