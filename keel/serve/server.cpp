@@ -280,12 +280,15 @@ int run_server(const ServeOptions& opt) {
   service.recover();
 
   std::atomic<bool> closing{false};
+  std::atomic<int> streams{0};  // events streams open (before svr: their connections end first)
   HttpServer svr;  // httplib's, with idle keep-alive connections asleep (http_server.h)
   // A thread per connection: a keep-alive connection holds one while it waits for its next
   // request (asleep in poll), an events stream while it streams (asleep on its run's feed). The
   // pool's idle threads sleep on its queue. They run 10 nice levels below the server (about a
   // tenth of a core's share against the run, when both want one; http_server.h).
   const int threads = opt.threads;
+  // Events streams may hold at most this many of them: the rest serve every other request.
+  const int max_streams = threads - std::max(2, threads / 4);
   svr.new_task_queue = [threads] {
     return new RequestThreadPool(static_cast<size_t>(threads), /*nice_above_process=*/10);
   };
@@ -532,12 +535,27 @@ int run_server(const ServeOptions& opt) {
                               ": send the id of the last event received from this run's stream "
                               "(or no Last-Event-ID for all of them)",
                           {{"param", "Last-Event-ID"}, {"last_event_id", have}});
+        // A stream holds its thread for the run's life: once streams held every one, no request
+        // was served at all (not a status, not the stop of the run), until a stream ended.
+        if (streams.fetch_add(1) >= max_streams) {
+          --streams;
+          res.set_header("Retry-After", "10");
+          throw HttpError(503, std::to_string(max_streams) +
+                                   " events streams are open, as many as this server keeps (keel "
+                                   "serve --threads " +
+                                   std::to_string(threads) + " keeps " +
+                                   std::to_string(threads - max_streams) +
+                                   " threads for the other requests, so that a status or a stop "
+                                   "still gets through); close a stream, poll GET /v1/runs/" +
+                                   run + ", or restart the server with more --threads");
+        }
+        std::shared_ptr<void> slot(nullptr, [&streams](void*) { --streams; });
         stream_run_events(
             res, std::move(feed),
             [&service, run] {
               return service.get(run).dump(-1, ' ', false, json::error_handler_t::replace);
             },
-            last);
+            last, std::move(slot));
       }));
   get(id + "/artifacts", guarded([&](const httplib::Request& req, httplib::Response& res) {
         service.get(req.matches[1]);

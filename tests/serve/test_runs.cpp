@@ -257,6 +257,67 @@ TEST(ServeRuns, ListPagesWithLimitAndAfterAndRefusesWhatItCannotRead) {
   EXPECT_CONTAINS(r->body, "unknown query parameter verbose");
 }
 
+// Each events stream holds a request thread for its run's life. With as many streams as threads
+// (--threads 4, 4 dashboards), nothing else was answered, not /health, not the run's stop, until
+// a stream ended. Streams may hold threads - max(2, threads / 4) of them; one more is a 503 that
+// says why, and the stop still gets through.
+TEST(ServeRuns, EventsStreamsLeaveThreadsForAStatusAndAStop) {
+  Service s;
+  std::vector<std::string> args = s.args;
+  args.insert(args.end(), {"--threads", "4"});
+  ServeProcess srv(args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  const std::string id = create(api, tiny_config(20000));
+  std::atomic<int> open{0};
+  std::vector<std::thread> streams;
+  // A failed ASSERT returns with the streams open: stopping the server ends them (it ends every
+  // stream), and nothing waits for the run's 20000 steps.
+  struct EndStreams {
+    ServeProcess& srv;
+    std::vector<std::thread>& streams;
+    ~EndStreams() {
+      for (auto& t : streams)
+        if (t.joinable()) {
+          srv.stop();
+          t.join();
+        }
+    }
+  } end_streams{srv, streams};
+  for (int i = 0; i < 2; ++i)
+    streams.emplace_back([&] {
+      httplib::Client c("127.0.0.1", api.port);
+      c.set_read_timeout(std::chrono::seconds(30));
+      bool counted = false;
+      c.Get(("/v1/runs/" + id + "/events").c_str(), {{"Authorization", "Bearer " + api.key}},
+            [&](const char*, size_t) {
+              if (!std::exchange(counted, true)) ++open;
+              return true;
+            });
+    });
+  for (int i = 0; i < 500 && open < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(open.load(), 2);
+  httplib::Client c("127.0.0.1", api.port);
+  c.set_read_timeout(std::chrono::seconds(5));  // the requests below waited for a free thread
+  auto r = c.Get(("/v1/runs/" + id + "/events").c_str(), {{"Authorization", "Bearer " + api.key}});
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  ASSERT_EQ(r->status, 503) << r->body;
+  EXPECT_CONTAINS(r->body, "2 events streams are open");
+  EXPECT_CONTAINS(r->body, "--threads 4");
+  EXPECT_EQ(r->get_header_value("Retry-After"), "10");
+  r = c.Get("/health");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+  r = c.Post(("/v1/runs/" + id + "/stop").c_str(), {{"Authorization", "Bearer " + api.key}}, "",
+             "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 202) << r->body;
+  for (auto& t : streams) t.join();  // they end with the run
+  // Their threads are free again: a stream of the stopped run is served (its end).
+  EXPECT_EQ(read_events(api, id).list.back().first, "end");
+}
+
 // A Last-Event-ID past the run's last event: an active run's stream waited, silent, until its
 // metrics reached that line (a 10^6 never), losing every event before it. It is a 400 naming the
 // header and the last id; a run that is done ends the stream at once (state, then end).
