@@ -304,12 +304,17 @@ int run_server(const ServeOptions& opt) {
   auto refusal = [&](const httplib::Request& req, httplib::Response& res) {
     if (req.path.rfind("/v1/", 0) == 0 && !keys.empty()) {  // none: --insecure-open
       const int status = keys.check(req.get_header_value("Authorization"));
+      // A key that is none of ours is 401 too (invalid_api_key), as OpenAI and llama.cpp's
+      // server answer it and RFC 6750's invalid_token is: its 403 read to an OpenAI client as
+      // PermissionDeniedError, a right key without the right, not a wrong key.
       if (status != 200) {
-        if (status == 401) res.set_header("WWW-Authenticate", "Bearer");
-        send_error(res, status,
-                   status == 401
-                       ? "missing or malformed Authorization header (Authorization: Bearer KEY)"
-                       : "the API key is not valid");
+        const bool wrong = status == 403;
+        res.set_header("WWW-Authenticate", wrong ? "Bearer error=\"invalid_token\"" : "Bearer");
+        send_error(res, 401,
+                   wrong ? "the API key is not valid (none of the keys in keel serve's "
+                           "--api-key-file)"
+                         : "missing or malformed Authorization header (Authorization: Bearer KEY)",
+                   wrong ? json{{"code", "invalid_api_key"}} : json::object());
         return true;
       }
     }

@@ -193,7 +193,7 @@ TEST(ServeBadRequests, EveryErrorIsOneShapeNamingTheParameterAtFault) {
   };
   std::vector<Case> cases;
   cases.push_back({"no key", none.get("/v1/runs"), 401, nullptr});
-  cases.push_back({"wrong key", wrong.get("/v1/runs"), 403, nullptr});
+  cases.push_back({"wrong key", wrong.get("/v1/runs"), 401, nullptr});
   cases.push_back({"no route", api.get("/v1/nothing"), 404, nullptr});
   cases.push_back({"no run", api.get("/v1/runs/run-000000000000"), 404, nullptr});
   cases.push_back({"method", c.Delete("/v1/runs", key), 405, nullptr});
