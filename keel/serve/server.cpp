@@ -38,15 +38,16 @@ namespace {
 
 // Errors in the shape of OpenAI-compatible servers: {"error": {"message", "type", "param",
 // "code", "status"}}, every key in every error (param: the query parameter or header at fault,
-// else null; code: null), so a client reads one shape; `extra` sets param, may replace the type
-// (a path refusal's 403 is a permission_error, see http_error.h) and adds fields (active_run).
+// else null; code: invalid_api_key for a wrong key, else null), so a client reads one shape;
+// `extra` sets param or code and adds fields (active_run).
 void send_error(httplib::Response& res, int status, const std::string& message,
                 const json& extra = json::object()) {
-  const char* type = status == 401 || status == 403 ? "authentication_error"
-                     : status == 404                ? "not_found"
-                     : status == 409                ? "conflict"
-                     : status >= 500                ? "server_error"
-                                                    : "invalid_request_error";
+  const char* type = status == 401   ? "authentication_error"
+                     : status == 403 ? "permission_error"
+                     : status == 404 ? "not_found"
+                     : status == 409 ? "conflict"
+                     : status >= 500 ? "server_error"
+                                     : "invalid_request_error";
   json err = {{"message", message},
               {"type", type},
               {"param", nullptr},

@@ -218,7 +218,11 @@ TEST(ServeBadRequests, EveryErrorIsOneShapeNamingTheParameterAtFault) {
     ASSERT_TRUE(body.is_object() && body.contains("error")) << k.what << ": " << k.r->body;
     const json& e = body["error"];
     EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty()) << k.what;
-    EXPECT_TRUE(e["type"].is_string()) << k.what;
+    EXPECT_EQ(e["type"], k.status == 401   ? "authentication_error"
+                         : k.status == 403 ? "permission_error"
+                         : k.status == 404 ? "not_found"
+                                           : "invalid_request_error")
+        << k.what;
     EXPECT_TRUE(e.contains("param") && e.contains("code")) << k.what << ": " << k.r->body;
     EXPECT_EQ(e["param"], k.param) << k.what;
     EXPECT_EQ(e["status"], k.status) << k.what;
