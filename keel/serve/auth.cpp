@@ -1,5 +1,7 @@
 #include "keel/serve/auth.h"
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 
 #include "keel/numerics/error.h"
@@ -46,9 +48,14 @@ ApiKeys ApiKeys::load(const std::string& path) {
 }
 
 int ApiKeys::check(std::string_view authorization) const {
-  constexpr std::string_view kBearer = "Bearer ";
-  if (authorization.substr(0, kBearer.size()) != kBearer) return 401;
-  const std::string_view key = authorization.substr(kBearer.size());
+  // The scheme is case-insensitive and may be followed by several spaces (RFC 9110 11.1, 11.4):
+  // "bearer KEY", as some HTTP clients send it, was 401 "missing or malformed" with the right key.
+  constexpr std::string_view kBearer = "bearer";
+  if (authorization.size() <= kBearer.size() || authorization[kBearer.size()] != ' ') return 401;
+  for (size_t i = 0; i < kBearer.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(authorization[i])) != kBearer[i]) return 401;
+  std::string_view key = authorization.substr(kBearer.size());
+  key.remove_prefix(std::min(key.find_first_not_of(' '), key.size()));
   if (key.empty()) return 401;
   bool ok = false;
   for (const std::string& k : keys_) ok |= constant_time_equal(key, k);

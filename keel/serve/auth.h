@@ -26,7 +26,8 @@ class ApiKeys {
   bool empty() const { return keys_.empty(); }
   size_t size() const { return keys_.size(); }
   // The HTTP status of a request with this Authorization header value: 200 allowed, 401 missing
-  // or not "Bearer KEY", 403 a key that is none of ours. Every key is compared, always.
+  // or not "Bearer KEY", 403 a key that is none of ours (the server answers both 401, telling
+  // them apart by message and code). Every key is compared, always.
   int check(std::string_view authorization) const;
 
  private:

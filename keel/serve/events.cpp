@@ -11,8 +11,10 @@ struct EventStream {
   FeedSubscriber sub;
   std::function<std::string()> run_json;
   RunFeed::Clock::time_point last_write = RunFeed::Clock::now();
-  EventStream(std::shared_ptr<RunFeed> feed, std::function<std::string()> json, int64_t last_id)
-      : sub(std::move(feed), last_id), run_json(std::move(json)) {}
+  std::shared_ptr<void> hold;
+  EventStream(std::shared_ptr<RunFeed> feed, std::function<std::string()> json, int64_t last_id,
+              std::shared_ptr<void> h)
+      : sub(std::move(feed), last_id), run_json(std::move(json)), hold(std::move(h)) {}
 };
 
 // A fast run writes a few hundred lines a second: a stream gathers them for this long after a
@@ -22,8 +24,10 @@ constexpr auto kKeepAlive = std::chrono::seconds(15);
 }  // namespace
 
 void stream_run_events(httplib::Response& res, std::shared_ptr<RunFeed> feed,
-                       std::function<std::string()> run_json, int64_t last_event_id) {
-  auto st = std::make_shared<EventStream>(std::move(feed), std::move(run_json), last_event_id);
+                       std::function<std::string()> run_json, int64_t last_event_id,
+                       std::shared_ptr<void> hold) {
+  auto st = std::make_shared<EventStream>(std::move(feed), std::move(run_json), last_event_id,
+                                          std::move(hold));
   res.set_header("Cache-Control", "no-cache");
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider("text/event-stream", [st](size_t, httplib::DataSink& sink) {

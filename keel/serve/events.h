@@ -17,8 +17,9 @@
 namespace keel::serve {
 
 // Streams the events after line `last_event_id` of `feed` into `res`; `run_json` gives the run's
-// JSON for `end`.
+// JSON for `end`. `hold` is kept while the stream lives (released when its connection is done).
 void stream_run_events(httplib::Response& res, std::shared_ptr<RunFeed> feed,
-                       std::function<std::string()> run_json, int64_t last_event_id);
+                       std::function<std::string()> run_json, int64_t last_event_id,
+                       std::shared_ptr<void> hold = nullptr);
 
 }  // namespace keel::serve

@@ -6,8 +6,8 @@
 
 namespace keel::serve {
 
-// The error type of a refusal that is not about the API key (a path outside the data roots or the
-// run): 403 with OpenAI's "permission_error", where a wrong key's 403 is "authentication_error".
+// The error type of a 403, a refusal that is not about the API key (a path outside the data roots
+// or the run): OpenAI's "permission_error" (a wrong key is 401, "authentication_error").
 inline nlohmann::json permission_error() { return {{"type", "permission_error"}}; }
 
 struct HttpError : std::runtime_error {

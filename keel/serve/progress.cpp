@@ -130,7 +130,18 @@ void Progress::on_stdout(const std::string& line) {
 void Progress::on_stderr(const std::string& line) {
   // The path may hold spaces (the replay command quotes it then, numerics/text.h shell_word).
   static const std::regex kCapture(R"(capture written to (.+?); replay with: (keel replay .+)$)");
-  if (line.rfind("error", 0) == 0 || line.rfind("stopped", 0) == 0) error_ = line;
+  // keel train explains a non-finite stop over up to three lines: the tracer's finding (which
+  // module made the first non-finite value), the stop itself, and its cause (a 16-bit AdamW state
+  // that underflowed). The run's error kept only the stop, and the explanation was in stderr.log
+  // alone: it is the lines as keel train printed them.
+  if (line.rfind("underflow/overflow tracer: ", 0) == 0) {
+    finding_ = line;
+  } else if (line.rfind("error", 0) == 0 || line.rfind("stopped", 0) == 0) {
+    error_ = finding_.empty() ? line : finding_ + "\n" + line;
+    finding_.clear();
+  } else if (line.rfind("cause: ", 0) == 0 && !error_.empty()) {
+    error_ += "\n" + line;
+  }
   std::smatch m;
   if (std::regex_search(line, m, kCapture)) {
     capture_ = m[1];
@@ -141,6 +152,7 @@ void Progress::on_stderr(const std::string& line) {
 void Progress::new_start() {
   total_steps_ = 0;
   error_.clear();
+  finding_.clear();
   capture_.clear();
   replay_.clear();
   stopped_by_request_ = false;

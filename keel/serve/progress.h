@@ -63,7 +63,9 @@ class Progress {
   // learning_rate, skipped_steps, nan_steps, tokens_per_s, steps_per_s, eta_s, advice (latest
   // first), capture {path, replay}.
   nlohmann::json snapshot() const;
-  // The last "error: ..." or "stopped: ..." line of the child's stderr ("" when none).
+  // The last "error: ..." or "stopped: ..." line of the child's stderr, with the tracer's finding
+  // printed before it and the "cause: ..." after it, one a line, as keel train printed them (""
+  // when none).
   const std::string& last_error() const { return error_; }
   // The NaN capture directory named by the child's stderr ("" when none).
   const std::string& capture() const { return capture_; }
@@ -75,6 +77,7 @@ class Progress {
   int64_t total_steps_ = 0;
   std::deque<nlohmann::json> advice_;  // latest first
   std::string error_, capture_, replay_;
+  std::string finding_;  // the tracer's finding, until the stop line it explains
   bool stopped_by_request_ = false;
   // Steps per second over what this server saw of this start (the first step seen, the latest).
   std::chrono::steady_clock::time_point first_seen_;

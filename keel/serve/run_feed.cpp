@@ -120,6 +120,11 @@ RunFeed::View RunFeed::view(int64_t next) {
   return v;
 }
 
+int64_t RunFeed::last_event_id() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return end_ - 1;
+}
+
 void RunFeed::wait(int64_t next, const std::string& state, Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait_until(lock, deadline, [&] { return end_ > next || state_ != state || closed_; });

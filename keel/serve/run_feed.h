@@ -55,6 +55,8 @@ class RunFeed {
     bool closed = false;
   };
   View view(int64_t next);
+  // The id of the newest event given to the streams (0: none yet).
+  int64_t last_event_id();
   // Blocks until lines from `next` on exist, the state is no longer `state`, the feed is closed,
   // or `deadline` passes.
   void wait(int64_t next, const std::string& state, Clock::time_point deadline);

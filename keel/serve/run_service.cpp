@@ -1,5 +1,6 @@
 #include "keel/serve/run_service.h"
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <random>
@@ -186,7 +187,7 @@ std::pair<int, json> RunService::create(const std::string& body, const std::stri
         throw HttpError(422,
                         "Idempotency-Key " + idem_key + " was used by run " + r->id +
                             " with a different body; use a new key for a new run",
-                        {{"run_id", r->id}});
+                        {{"run_id", r->id}, {"param", "Idempotency-Key"}});
       return {200, to_json(*r)};
     }
   }
@@ -217,10 +218,25 @@ std::pair<int, json> RunService::create(const std::string& body, const std::stri
   return {201, to_json(r)};
 }
 
-json RunService::list() {
+json RunService::list(size_t limit, const std::string& after) {
+  const std::vector<RunRecord> all = registry_.list();
+  size_t begin = 0;
+  if (!after.empty()) {
+    // Runs are never deleted: an id that is no run is the client's mistake (a typo, another
+    // server's run), not the end of the list.
+    auto it =
+        std::find_if(all.begin(), all.end(), [&](const RunRecord& r) { return r.id == after; });
+    if (it == all.end())
+      throw HttpError(400,
+                      "after=" + visible(after) + ": no run " + visible(after) +
+                          " (give the id of the last run of the previous page)",
+                      {{"param", "after"}});
+    begin = static_cast<size_t>(it - all.begin()) + 1;
+  }
+  const size_t end = limit == 0 ? all.size() : std::min(all.size(), begin + limit);
   json runs = json::array();
-  for (const RunRecord& r : registry_.list()) runs.push_back(to_json(r));
-  return {{"object", "list"}, {"data", runs}};
+  for (size_t i = begin; i < end; ++i) runs.push_back(to_json(all[i]));
+  return {{"object", "list"}, {"data", runs}, {"has_more", end < all.size()}};
 }
 
 json RunService::get(const std::string& id) { return to_json(must_get(id)); }

@@ -43,7 +43,9 @@ class RunService {
   // create: 201 and the new run, or 200 and the run an earlier create with the same
   // idempotency key made; 409 while another run is active.
   std::pair<int, nlohmann::json> create(const std::string& body, const std::string& idem_key);
-  nlohmann::json list();
+  // A page of the runs, newest first: those after run `after` ("" = from the newest), at most
+  // `limit` of them (0 = all), with has_more; 400 naming `after` when it is no run.
+  nlohmann::json list(size_t limit = 0, const std::string& after = "");
   nlohmann::json get(const std::string& id);
   nlohmann::json stop(const std::string& id);
   nlohmann::json resume(const std::string& id);

@@ -36,16 +36,23 @@ bool is_loopback_host(const std::string& host) {
 
 namespace {
 
-// Errors in the shape of OpenAI-compatible servers: {"error": {"message", "type", "status"}};
-// `extra` may replace the type (a path refusal's 403 is a permission_error, see http_error.h).
+// Errors in the shape of OpenAI-compatible servers: {"error": {"message", "type", "param",
+// "code", "status"}}, every key in every error (param: the query parameter or header at fault,
+// else null; code: invalid_api_key for a wrong key, else null), so a client reads one shape;
+// `extra` sets param or code and adds fields (active_run).
 void send_error(httplib::Response& res, int status, const std::string& message,
                 const json& extra = json::object()) {
-  const char* type = status == 401 || status == 403 ? "authentication_error"
-                     : status == 404                ? "not_found"
-                     : status == 409                ? "conflict"
-                     : status >= 500                ? "server_error"
-                                                    : "invalid_request_error";
-  json err = {{"message", message}, {"type", type}, {"status", status}};
+  const char* type = status == 401   ? "authentication_error"
+                     : status == 403 ? "permission_error"
+                     : status == 404 ? "not_found"
+                     : status == 409 ? "conflict"
+                     : status >= 500 ? "server_error"
+                                     : "invalid_request_error";
+  json err = {{"message", message},
+              {"type", type},
+              {"param", nullptr},
+              {"code", nullptr},
+              {"status", status}};
   for (auto& [k, v] : extra.items()) err[k] = v;
   res.status = status;
   res.set_content(json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace),
@@ -274,12 +281,15 @@ int run_server(const ServeOptions& opt) {
   service.recover();
 
   std::atomic<bool> closing{false};
+  std::atomic<int> streams{0};  // events streams open (before svr: their connections end first)
   HttpServer svr;  // httplib's, with idle keep-alive connections asleep (http_server.h)
   // A thread per connection: a keep-alive connection holds one while it waits for its next
   // request (asleep in poll), an events stream while it streams (asleep on its run's feed). The
   // pool's idle threads sleep on its queue. They run 10 nice levels below the server (about a
   // tenth of a core's share against the run, when both want one; http_server.h).
   const int threads = opt.threads;
+  // Events streams may hold at most this many of them: the rest serve every other request.
+  const int max_streams = threads - std::max(2, threads / 4);
   svr.new_task_queue = [threads] {
     return new RequestThreadPool(static_cast<size_t>(threads), /*nice_above_process=*/10);
   };
@@ -295,12 +305,17 @@ int run_server(const ServeOptions& opt) {
   auto refusal = [&](const httplib::Request& req, httplib::Response& res) {
     if (req.path.rfind("/v1/", 0) == 0 && !keys.empty()) {  // none: --insecure-open
       const int status = keys.check(req.get_header_value("Authorization"));
+      // A key that is none of ours is 401 too (invalid_api_key), as OpenAI and llama.cpp's
+      // server answer it and RFC 6750's invalid_token is: its 403 read to an OpenAI client as
+      // PermissionDeniedError, a right key without the right, not a wrong key.
       if (status != 200) {
-        if (status == 401) res.set_header("WWW-Authenticate", "Bearer");
-        send_error(res, status,
-                   status == 401
-                       ? "missing or malformed Authorization header (Authorization: Bearer KEY)"
-                       : "the API key is not valid");
+        const bool wrong = status == 403;
+        res.set_header("WWW-Authenticate", wrong ? "Bearer error=\"invalid_token\"" : "Bearer");
+        send_error(res, 401,
+                   wrong ? "the API key is not valid (none of the keys in keel serve's "
+                           "--api-key-file)"
+                         : "missing or malformed Authorization header (Authorization: Bearer KEY)",
+                   wrong ? json{{"code", "invalid_api_key"}} : json::object());
         return true;
       }
     }
@@ -317,6 +332,19 @@ int run_server(const ServeOptions& opt) {
                  req.method + " " + visible(req.path) + " is not a method this path takes; it " +
                      "takes " + allowed);
       return true;
+    }
+    // A query parameter no route reads (?limt=5, ?state=running) was ignored without a word:
+    // only GET /v1/runs takes any (limit, after).
+    for (const auto& [name, value] : req.params) {
+      const bool listing = req.method != "POST" && req.path == "/v1/runs";
+      if (req.path.rfind("/v1/", 0) == 0 && !(listing && (name == "limit" || name == "after"))) {
+        send_error(res, 400,
+                   "unknown query parameter " + visible(name) + " for " + req.method + " " +
+                       visible(req.path) +
+                       (listing ? " (it takes limit and after)" : " (it takes none)"),
+                   {{"param", name}});
+        return true;
+      }
     }
     // A Content-Length that is not a byte count: httplib read "abc" as 0, leaving the body to be
     // read as the connection's next request, and "-5" as 2^64 - 5, waited the read timeout (30 s)
@@ -441,8 +469,24 @@ int run_server(const ServeOptions& opt) {
          auto [status, run] = service.create(req.body, req.get_header_value("Idempotency-Key"));
          send_json(res, status, run);
        }));
-  get("/v1/runs", guarded([&](const httplib::Request&, httplib::Response& res) {
-        send_json(res, 200, service.list());
+  // Pages as OpenAI's lists: ?limit=N (1 to 100) and ?after=ID (the last run of the previous
+  // page); no limit lists every run (the dashboard's table). Both were ignored: limit=0, limit=-1
+  // and limit=5 each listed every run, after=ID started from the newest.
+  get("/v1/runs", guarded([&](const httplib::Request& req, httplib::Response& res) {
+        size_t limit = 0;
+        if (req.has_param("limit")) {
+          const std::string v = req.get_param_value("limit");
+          int n = 0;
+          const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+          if (ec != std::errc() || end != v.data() + v.size() || n < 1 || n > 100)
+            throw HttpError(400,
+                            "limit=" + visible(v) +
+                                " is not a page size: give a whole number from 1 to 100 (or no "
+                                "limit for every run)",
+                            {{"param", "limit"}});
+          limit = static_cast<size_t>(n);
+        }
+        send_json(res, 200, service.list(limit, req.get_param_value("after")));
       }));
   const std::string id = "/v1/runs/([A-Za-z0-9_-]{1,64})";
   get(id, guarded([&](const httplib::Request& req, httplib::Response& res) {
@@ -477,16 +521,47 @@ int run_server(const ServeOptions& opt) {
           const auto [end, ec] = std::from_chars(h.data(), h.data() + h.size(), last);
           if (ec != std::errc() || end != h.data() + h.size() || last < 0 ||
               last > (int64_t{1} << 53))
-            throw HttpError(400, "Last-Event-ID \"" + visible(h) +
-                                     "\" is not an event id: send the id of the last event "
-                                     "received (a line number of the run's metrics, 0 or more)");
+            throw HttpError(400,
+                            "Last-Event-ID \"" + visible(h) +
+                                "\" is not an event id: send the id of the last event "
+                                "received (a line number of the run's metrics, 0 or more)",
+                            {{"param", "Last-Event-ID"}});
         }
+        // An id past the run's last event (another run's, or one from before the root was
+        // wiped): a stream of an active run waited, silent, until its metrics reached that line,
+        // and lost every event before it. The client learns it now, with the id to send; as an
+        // OpenAI error, it names the parameter. A run that is done has no event past any id: its
+        // stream ends at once with `state` and `end` (the run), which is also what an
+        // EventSource reconnecting by itself after the last event needs to stop.
+        if (const int64_t have = feed->last_event_id();
+            last > have && is_active_state(service.state(run)))
+          throw HttpError(400,
+                          "Last-Event-ID " + std::to_string(last) + " is past run " + run +
+                              "'s last event, id " + std::to_string(have) +
+                              ": send the id of the last event received from this run's stream "
+                              "(or no Last-Event-ID for all of them)",
+                          {{"param", "Last-Event-ID"}, {"last_event_id", have}});
+        // A stream holds its thread for the run's life: once streams held every one, no request
+        // was served at all (not a status, not the stop of the run), until a stream ended.
+        if (streams.fetch_add(1) >= max_streams) {
+          --streams;
+          res.set_header("Retry-After", "10");
+          throw HttpError(503, std::to_string(max_streams) +
+                                   " events streams are open, as many as this server keeps (keel "
+                                   "serve --threads " +
+                                   std::to_string(threads) + " keeps " +
+                                   std::to_string(threads - max_streams) +
+                                   " threads for the other requests, so that a status or a stop "
+                                   "still gets through); close a stream, poll GET /v1/runs/" +
+                                   run + ", or restart the server with more --threads");
+        }
+        std::shared_ptr<void> slot(nullptr, [&streams](void*) { --streams; });
         stream_run_events(
             res, std::move(feed),
             [&service, run] {
               return service.get(run).dump(-1, ' ', false, json::error_handler_t::replace);
             },
-            last);
+            last, std::move(slot));
       }));
   get(id + "/artifacts", guarded([&](const httplib::Request& req, httplib::Response& res) {
         service.get(req.matches[1]);

@@ -20,8 +20,8 @@ struct ServeOptions {
   bool insecure_open = false;             // no keys: allowed on a loopback address only
   std::vector<std::string> data_roots;    // request paths must resolve inside these
   size_t max_body_bytes = 1 << 20;        // larger request bodies get 413
-  int threads = 256;                      // connections served at once (an events stream holds one)
-  std::string keel_binary;                // "" = this executable
+  int threads = 256;  // connections served at once; events streams may hold 3/4 of them (each one)
+  std::string keel_binary;  // "" = this executable
 };
 
 // Whether HOST is a loopback address (127.0.0.0/8, ::1, localhost).

@@ -1,5 +1,5 @@
-// API keys: constant-time comparison, the key file, 401 vs 403, the open health route, and the
-// refusal to start without keys unless told to run open on loopback.
+// API keys: constant-time comparison, the key file, a missing vs a wrong key, the open health
+// route, and the refusal to start without keys unless told to run open on loopback.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -40,6 +40,14 @@ TEST(ServeAuth, KeyFileHoldsSeveralKeysCommentsAndBlankLines) {
   EXPECT_EQ(keys.check("alpha-key-0123456789"), 401);
   EXPECT_EQ(keys.check("Basic YWxwaGE6"), 401);
   EXPECT_EQ(keys.check("Bearer "), 401);
+  // The scheme is case-insensitive, and spaces may follow it (RFC 9110 11.1, 11.4): these were 401.
+  EXPECT_EQ(keys.check("bearer alpha-key-0123456789"), 200);
+  EXPECT_EQ(keys.check("BEARER alpha-key-0123456789"), 200);
+  EXPECT_EQ(keys.check("Bearer   alpha-key-0123456789"), 200);
+  EXPECT_EQ(keys.check("bearer gamma-key-0123456789"), 403);
+  EXPECT_EQ(keys.check("Bearer  "), 401);
+  EXPECT_EQ(keys.check("Bearerx alpha-key-0123456789"), 401);
+  EXPECT_EQ(keys.check("Bearer"), 401);
   EXPECT_CONTAINS(error_of([&] { serve::ApiKeys::load(dir + "/missing"); }), dir + "/missing");
   EXPECT_CONTAINS(error_of([&] { serve::ApiKeys::load(write_keys(dir, "# none\n\n")); }),
                   "holds no key");
@@ -80,14 +88,17 @@ TEST(ServeAuth, RoutesNeedABearerKeyButHealthIsOpen) {
   r = none.get("/v1/runs", {{"Authorization", "Token key-two-0123456789"}});
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 401);
+  // A wrong key is 401 invalid_api_key, as OpenAI answers it (403 read as permission denied).
   r = wrong.get("/v1/runs");
   ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 403);
+  EXPECT_EQ(r->status, 401);
+  EXPECT_EQ(r->get_header_value("WWW-Authenticate"), "Bearer error=\"invalid_token\"");
   EXPECT_CONTAINS(r->body, "not valid");
   EXPECT_CONTAINS(r->body, "\"type\":\"authentication_error\"");
+  EXPECT_CONTAINS(r->body, "\"code\":\"invalid_api_key\"");
   r = wrong.post("/v1/runs", tiny_config(5).dump());
   ASSERT_TRUE(r);
-  EXPECT_EQ(r->status, 403);
+  EXPECT_EQ(r->status, 401);
   r = right.get("/v1/runs");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 200);

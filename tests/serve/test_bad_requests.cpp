@@ -173,5 +173,61 @@ TEST(ServeBadRequests, MutatedAndHostileBodiesGet4xxAndTheServerCarriesOn) {
   std::cout << created << " of " << bodies.size() << " mutated bodies were valid configs\n";
 }
 
+// Every refusal is one JSON shape, OpenAI's error object {message, type, param, code} plus the
+// HTTP status, whoever made it (the key check, the route table, httplib, a route): "param" and
+// "code" were missing from all of them, and a client reading error.param found it only in some.
+TEST(ServeBadRequests, EveryErrorIsOneShapeNamingTheParameterAtFault) {
+  const std::string dir = temp_dir("serve-error-shape");
+  std::ofstream(dir + "/keys") << kTestKey << "\n";
+  ServeProcess srv({"--root", dir + "/root", "--api-key-file", dir + "/keys", "--data-root", dir});
+  ASSERT_TRUE(srv.started()) << srv.output();
+  const Api api{srv.port(), kTestKey}, none{srv.port(), ""},
+      wrong{srv.port(), "wrong-key-0123456789"};
+  httplib::Client c("127.0.0.1", srv.port());
+  const httplib::Headers key = {{"Authorization", std::string("Bearer ") + kTestKey}};
+  struct Case {
+    const char* what;
+    httplib::Result r;
+    int status;
+    json param;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"no key", none.get("/v1/runs"), 401, nullptr});
+  cases.push_back({"wrong key", wrong.get("/v1/runs"), 401, nullptr});
+  cases.push_back({"no route", api.get("/v1/nothing"), 404, nullptr});
+  cases.push_back({"no run", api.get("/v1/runs/run-000000000000"), 404, nullptr});
+  cases.push_back({"method", c.Delete("/v1/runs", key), 405, nullptr});
+  cases.push_back({"not JSON", api.post("/v1/runs", "{"), 400, nullptr});
+  cases.push_back({"outside the roots",
+                   api.post("/v1/runs", R"({"data": {"task": "text", "path": "/etc/passwd"}})"),
+                   403, nullptr});
+  cases.push_back(
+      {"too large", api.post("/v1/runs", std::string((1 << 20) + 1, ' ')), 413, nullptr});
+  cases.push_back(
+      {"multipart",
+       c.Post("/v1/runs", key, "--b\r\n\r\n{}\r\n--b--\r\n", "multipart/form-data; boundary=b"),
+       415, nullptr});
+  cases.push_back({"long URL", api.get("/v1/runs/" + std::string(9000, 'a')), 414, nullptr});
+  cases.push_back({"limit", api.get("/v1/runs?limit=0"), 400, "limit"});
+  cases.push_back({"unknown parameter", api.get("/v1/runs?sort=asc"), 400, "sort"});
+  for (Case& k : cases) {
+    ASSERT_TRUE(k.r) << k.what;
+    EXPECT_EQ(k.r->status, k.status) << k.what << ": " << k.r->body;
+    EXPECT_EQ(k.r->get_header_value("Content-Type"), "application/json") << k.what;
+    const json body = json::parse(k.r->body, nullptr, false);
+    ASSERT_TRUE(body.is_object() && body.contains("error")) << k.what << ": " << k.r->body;
+    const json& e = body["error"];
+    EXPECT_TRUE(e["message"].is_string() && !e["message"].get<std::string>().empty()) << k.what;
+    EXPECT_EQ(e["type"], k.status == 401   ? "authentication_error"
+                         : k.status == 403 ? "permission_error"
+                         : k.status == 404 ? "not_found"
+                                           : "invalid_request_error")
+        << k.what;
+    EXPECT_TRUE(e.contains("param") && e.contains("code")) << k.what << ": " << k.r->body;
+    EXPECT_EQ(e["param"], k.param) << k.what;
+    EXPECT_EQ(e["status"], k.status) << k.what;
+  }
+}
+
 }  // namespace
 }  // namespace keel::test

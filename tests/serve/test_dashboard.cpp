@@ -153,7 +153,8 @@ TEST(ServeDashboard, ShowsARunLiveInAHeadlessChromium) {
   b.type("#key", "wrong");
   b.click("#connect");
   b.wait_for("document.getElementById('status').textContent", [](const json& v) {
-    return v.is_string() && v.get<std::string>().find("403") != std::string::npos;
+    return v.is_string() && v.get<std::string>().find("401") != std::string::npos &&
+           v.get<std::string>().find("not valid") != std::string::npos;
   });
   b.script("document.getElementById('key').value = '';");
   b.type("#key", kTestKey);

@@ -212,6 +212,26 @@ TEST(ServeFeed, ANewStartReadsTheLogsFromTheirEndsAndKeepsTheMetrics) {
   EXPECT_EQ(feed.snapshot()["step"], 6);
 }
 
+// A non-finite stop as keel train prints it: the tracer's finding, the stop, its cause. The run's
+// error is those lines (it was the stop's alone); a note is not part of it.
+TEST(ServeFeed, TheErrorIsTheStopWithTheFindingBeforeItAndTheCauseAfterIt) {
+  RunFiles run;
+  std::ofstream(run.dir + "/stderr.log")
+      << "note: 3 of 8 examples are cut\n"
+      << "underflow/overflow tracer: the first non-finite value was produced by 'h.1' at batch 4\n"
+      << "stopped: step 4: non-finite loss (nan)\n"
+      << "cause: AdamW's second moment (exp_avg_sq, stored in f16) underflowed to 0\n";
+  RunFeed feed(run.dir, 4);
+  EXPECT_EQ(feed.last_error(),
+            "underflow/overflow tracer: the first non-finite value was produced by 'h.1' at batch "
+            "4\nstopped: step 4: non-finite loss (nan)\ncause: AdamW's second moment (exp_avg_sq, "
+            "stored in f16) underflowed to 0");
+  feed.new_start();
+  std::ofstream(run.dir + "/stderr.log", std::ios::app) << "error: data.path: line 2: not JSON\n";
+  feed.refresh();
+  EXPECT_EQ(feed.last_error(), "error: data.path: line 2: not JSON");
+}
+
 // A run killed after its checkpoint of step 20, at step 30, then resumed: the resume rewrites
 // metrics.jsonl without steps 21..30 and does them again. A stream that had lines 1..30 goes on
 // with line 31 (step 31), and an event's id stays its line in the file. The feed read the

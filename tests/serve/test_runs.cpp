@@ -7,8 +7,11 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
+#include <tuple>
 
+#include "keel/serve/registry.h"
 #include "tests/serve/serve_process.h"
 #include "tests/support/check.h"
 #include "tests/support/run_keel.h"
@@ -192,6 +195,161 @@ TEST(ServeRuns, EventsStreamFollowsARunToItsEndAndResumesWithLastEventId) {
   EXPECT_EQ(r->status, 404);
 }
 
+// GET /v1/runs pages as OpenAI's lists (limit 1 to 100, after = the previous page's last id,
+// has_more). limit and after were ignored (limit=0, limit=-1 and limit=2 each listed every run),
+// and so was a misspelt parameter. The runs are written to the registry before the server starts:
+// no training needed.
+TEST(ServeRuns, ListPagesWithLimitAndAfterAndRefusesWhatItCannotRead) {
+  Service s;
+  fs::create_directories(s.root);
+  {
+    serve::Registry reg(s.root + "/keel-serve.db");
+    for (int i = 0; i < 5; ++i) {
+      serve::RunRecord r;
+      r.id = "run-00000000000" + std::to_string(i);
+      r.state = "succeeded";
+      r.created_at = r.updated_at = "2026-01-01T00:00:0" + std::to_string(i) + ".000Z";
+      r.request = "{}";
+      reg.insert(r);
+    }
+  }
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  auto ids = [](const json& page) {
+    std::string out;
+    for (const json& r : page["data"]) out += r["id"].get<std::string>().back();
+    return out;
+  };
+  json page = api.get_json("/v1/runs");  // every run, newest first
+  EXPECT_EQ(ids(page), "43210");
+  EXPECT_EQ(page["has_more"], false);
+  page = api.get_json("/v1/runs?limit=2");
+  EXPECT_EQ(ids(page), "43");
+  EXPECT_EQ(page["has_more"], true);
+  page = api.get_json("/v1/runs?limit=2&after=run-000000000003");
+  EXPECT_EQ(ids(page), "21");
+  EXPECT_EQ(page["has_more"], true);
+  page = api.get_json("/v1/runs?limit=2&after=run-000000000001");
+  EXPECT_EQ(ids(page), "0");
+  EXPECT_EQ(page["has_more"], false);
+  page = api.get_json("/v1/runs?after=run-000000000000");
+  EXPECT_EQ(ids(page), "");
+  for (const auto& [query, param, says] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"limit=0", "limit", "limit=0 is not a page size"},
+           {"limit=-1", "limit", "from 1 to 100"},
+           {"limit=101", "limit", "from 1 to 100"},
+           {"limit=2x", "limit", "limit=2x"},
+           {"after=run-999999999999", "after", "no run run-999999999999"},
+           {"limt=2", "limt", "unknown query parameter limt"}}) {
+    auto r = api.get("/v1/runs?" + query);
+    ASSERT_TRUE(r) << query;
+    EXPECT_EQ(r->status, 400) << query << ": " << r->body;
+    const json err = json::parse(r->body)["error"];
+    EXPECT_EQ(err["type"], "invalid_request_error") << query;
+    EXPECT_EQ(err["param"], param) << query;
+    EXPECT_CONTAINS(err["message"].get<std::string>(), says);
+  }
+  auto r = api.get("/v1/runs/run-000000000001?verbose=1");  // a route that takes none
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_CONTAINS(r->body, "unknown query parameter verbose");
+}
+
+// Each events stream holds a request thread for its run's life. With as many streams as threads
+// (--threads 4, 4 dashboards), nothing else was answered, not /health, not the run's stop, until
+// a stream ended. Streams may hold threads - max(2, threads / 4) of them; one more is a 503 that
+// says why, and the stop still gets through.
+TEST(ServeRuns, EventsStreamsLeaveThreadsForAStatusAndAStop) {
+  Service s;
+  std::vector<std::string> args = s.args;
+  args.insert(args.end(), {"--threads", "4"});
+  ServeProcess srv(args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  const std::string id = create(api, tiny_config(20000));
+  std::atomic<int> open{0};
+  std::vector<std::thread> streams;
+  // A failed ASSERT returns with the streams open: stopping the server ends them (it ends every
+  // stream), and nothing waits for the run's 20000 steps.
+  struct EndStreams {
+    ServeProcess& srv;
+    std::vector<std::thread>& streams;
+    ~EndStreams() {
+      for (auto& t : streams)
+        if (t.joinable()) {
+          srv.stop();
+          t.join();
+        }
+    }
+  } end_streams{srv, streams};
+  for (int i = 0; i < 2; ++i)
+    streams.emplace_back([&] {
+      httplib::Client c("127.0.0.1", api.port);
+      c.set_read_timeout(std::chrono::seconds(30));
+      bool counted = false;
+      c.Get(("/v1/runs/" + id + "/events").c_str(), {{"Authorization", "Bearer " + api.key}},
+            [&](const char*, size_t) {
+              if (!std::exchange(counted, true)) ++open;
+              return true;
+            });
+    });
+  for (int i = 0; i < 500 && open < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(open.load(), 2);
+  httplib::Client c("127.0.0.1", api.port);
+  c.set_read_timeout(std::chrono::seconds(5));  // the requests below waited for a free thread
+  auto r = c.Get(("/v1/runs/" + id + "/events").c_str(), {{"Authorization", "Bearer " + api.key}});
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  ASSERT_EQ(r->status, 503) << r->body;
+  EXPECT_CONTAINS(r->body, "2 events streams are open");
+  EXPECT_CONTAINS(r->body, "--threads 4");
+  EXPECT_EQ(r->get_header_value("Retry-After"), "10");
+  r = c.Get("/health");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200);
+  r = c.Post(("/v1/runs/" + id + "/stop").c_str(), {{"Authorization", "Bearer " + api.key}}, "",
+             "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 202) << r->body;
+  for (auto& t : streams) t.join();  // they end with the run
+  // Their threads are free again: a stream of the stopped run is served (its end).
+  EXPECT_EQ(read_events(api, id).list.back().first, "end");
+}
+
+// A Last-Event-ID past the run's last event: an active run's stream waited, silent, until its
+// metrics reached that line (a 10^6 never), losing every event before it. It is a 400 naming the
+// header and the last id; a run that is done ends the stream at once (state, then end).
+TEST(ServeRuns, ALastEventIdPastTheEndIs400WhileActiveAndTheEndOnceDone) {
+  Service s;
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  const std::string id = create(api, tiny_config(20000));
+  api.wait_run(id, [](const json& j) { return j["step"].get<int64_t>() >= 2; });
+  httplib::Client c("127.0.0.1", api.port);
+  c.set_read_timeout(std::chrono::seconds(5));  // the stream sent `state`, then nothing
+  auto r = c.Get(("/v1/runs/" + id + "/events").c_str(),
+                 {{"Authorization", "Bearer " + api.key}, {"Last-Event-ID", "1000000"}});
+  ASSERT_TRUE(r) << "no answer: " << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 400) << r->body;
+  const json err = json::parse(r->body)["error"];
+  EXPECT_EQ(err["param"], "Last-Event-ID");
+  EXPECT_CONTAINS(err["message"].get<std::string>(), "Last-Event-ID 1000000");
+  const int64_t have = err["last_event_id"];
+  EXPECT_GE(have, 2);
+  EXPECT_CONTAINS(err["message"].get<std::string>(), "id " + std::to_string(have));
+  auto stop = api.post("/v1/runs/" + id + "/stop", "");
+  ASSERT_TRUE(stop);
+  api.wait_run(id, [](const json& j) { return j["state"] == "stopped"; });
+  const Events done = read_events(api, id, 1000000);
+  ASSERT_EQ(done.list.size(), 2u);
+  EXPECT_EQ(done.list[0].first, "state");
+  EXPECT_EQ(done.list[1].first, "end");
+  EXPECT_EQ(done.list[1].second["state"], "stopped");
+}
+
 // The advisor's findings (metrics.jsonl records {kind: advisor, step, trend, cause, action}) reach
 // the stream as `finding` events of their own, with the same id as their line: at optim.lr = 10
 // under bf16-mixed the first update destroys the model and the advisor says so within a few steps.
@@ -370,6 +528,30 @@ TEST(ServeRuns, ANonfiniteStopIsItsOwnStateWithTheCaptureAndReplayCommand) {
   bool listed = false;
   for (const json& f : files) listed |= f["path"].get<std::string>().rfind(rel, 0) == 0;
   EXPECT_TRUE(listed) << rel << " in " << files.dump();
+}
+
+// keel train explains a non-finite stop over several stderr lines: here the tracer's finding
+// (which module produced the first inf) before the "stopped:" line. The run's error kept only the
+// "stopped:" line; it is now what keel train printed, the notes aside.
+TEST(ServeRuns, ANonfiniteRunsErrorIsTheExplanationKeelTrainPrinted) {
+  Service s;
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  json cfg = tiny_config(40);  // 16-true's f16 AdamW state: the forward overflows at step 4
+  cfg["train"]["precision"] = "16-true";
+  cfg["data"] = {{"num_examples", 1280}, {"eval_examples", 0}};
+  cfg["debug"] = {{"underflow_overflow", {{"enabled", true}}}};
+  const std::string id = create(api, cfg);
+  const json run = api.wait_run(
+      id, [](const json& j) { return j["state"] != "running" && j["state"] != "queued"; });
+  ASSERT_EQ(run["state"], "nonfinite") << run.dump();
+  std::string printed;  // stderr.log without its notes
+  std::istringstream err(slurp(s.run_dir(id) + "/stderr.log"));
+  for (std::string line; std::getline(err, line);)
+    if (line.rfind("note: ", 0) != 0) printed += (printed.empty() ? "" : "\n") + line;
+  EXPECT_CONTAINS(printed, "underflow/overflow tracer: the first non-finite value was produced by");
+  EXPECT_EQ(run["error"], printed);
 }
 
 TEST(ServeRuns, AFailedRunSaysWhyAndTheServerCarriesOn) {
