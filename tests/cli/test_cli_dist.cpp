@@ -176,6 +176,66 @@ TEST(CliDist, TwoRanksWithAccumulationMatchOneRankWithinRounding) {
   expect_ranks_identical(dir + "/two");
 }
 
+// A garbage row that only rank 1 trains on (a data spike): rank 0's advisor knew only its own
+// half of the window, so it probed that half ("its batch is no harder ... the optimizer, not the
+// data") and listed rank 0's rows, never the bad one. The ranks now gather the window's rows, and
+// the finding is the 1-rank run's with the same global batch, record for record.
+TEST(CliDist, AdvisorNamesTheSpikingRowOfAnotherRank) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-spike");
+  // 880 rows, in file order: step s trains rows 16(s-1) .. 16s-1, rank 1 the last 8 of them.
+  // Row 808 (line 809: step 51, rank 1) is 30 CJK characters, after 50 steps on one sentence.
+  {
+    std::ofstream f(dir + "/spike.jsonl");
+    for (int i = 0; i < 880; ++i)
+      f << (i == 808 ? "{\"text\": \"\u4e01\u4e8c\u4e03\u4e09\u4e0a\u4e0b\u4e0d\u4e0e\u4e10"
+                       "\u4e11\u4e13\u4e14\u4e15\u4e16\u4e17\u4e18\u4e19\u4e1a\u4e1c\u4e1d"
+                       "\u4e1e\u4e1f\u4e20\u4e21\u4e22\u4e23\u4e24\u4e25\u4e26\u4e27\"}\n"
+                     : "{\"text\": \"the cat sat on the mat and the dog sat on the log.\"}\n");
+  }
+  auto sets = [&](const std::string& out, const std::string& accum) {
+    std::vector<std::string> s = {"run.out_dir=" + out,
+                                  "run.threads=1",
+                                  "model.n_layer=1",
+                                  "model.n_embd=32",
+                                  "model.n_head=2",
+                                  "data.task=jsonl",
+                                  "data.path=" + dir + "/spike.jsonl",
+                                  "data.seq_len=64",
+                                  "data.shuffle=false",
+                                  "train.batch_size=8",
+                                  "train.grad_accum=" + accum,
+                                  "train.max_steps=55",
+                                  "log.tensorboard=false",
+                                  "sched.name=constant",
+                                  "optim.lr=0.01"};
+    return s;
+  };
+  Ran one = run_train(1, sets(dir + "/one", "2"));
+  ASSERT_EQ(one.code, 0) << one.out << one.err;
+  Ran two = run_train(2, sets(dir + "/two", "1"));
+  ASSERT_EQ(two.code, 0) << two.out << two.err;
+  auto advice = [](const std::string& out) {
+    std::vector<json> recs;
+    std::ifstream f(out + "/metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      const json j = json::parse(line);
+      if (j.value("kind", "") == "advisor") recs.push_back(j);
+    }
+    return recs;
+  };
+  const std::vector<json> a = advice(dir + "/one"), b = advice(dir + "/two");
+  ASSERT_FALSE(b.empty()) << two.out;
+  const json& spike = b.back();
+  EXPECT_EQ(spike.at("step").get<int64_t>(), 51) << spike.dump();
+  EXPECT_CONTAINS(spike.at("cause").get<std::string>(), "the batch is the harder, the data");
+  const auto rows = spike.at("examples").get<std::vector<std::string>>();
+  EXPECT_EQ(rows.size(), 16u) << spike.dump();
+  EXPECT_NE(std::find(rows.begin(), rows.end(), dir + "/spike.jsonl:809"), rows.end())
+      << spike.dump();
+  EXPECT_EQ(a, b) << "1 rank x grad_accum 2 and 2 ranks x 1 found different things";
+}
+
 TEST(CliDist, OverflowOnOneRankMakesBothRanksSkip) {
   SKIP_WITHOUT_MPIRUN();
   const std::string dir = test::temp_dir("cli-dist-skip");
