@@ -292,6 +292,24 @@ TEST(CliDist, NanOnOneRankStopsBothWithTheCaptureOfThatRank) {
   EXPECT_EQ(step_records(dir).size(), 3u);  // rank 0 logged steps 1-3, nothing after
 }
 
+// 16-true at the default learning rate: AdamW's f16 second moment flushes and step 4 overflows
+// (CliNan.AdamWSecondMomentUnderflowIn16TrueIsNamedAsTheCause). Rank 0's advice names the cause;
+// rank 1, which has no advisor, printed it again as a "cause:" line.
+TEST(CliDist, SecondMomentUnderflowIsNamedOnce) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-16true-adam");
+  Ran r = run_train(
+      2, {"run.out_dir=" + dir, "run.threads=1", "log.tensorboard=false", "train.precision=16-true",
+          "train.max_steps=8", "data.num_examples=1280", "data.eval_examples=0"});
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_CONTAINS(r.out, "advice: exploding: non-finite ");
+  const std::string all = r.out + r.err, what = "AdamW's second moment (exp_avg_sq, stored in f16)";
+  size_t n = 0;
+  for (size_t at = all.find(what); at != std::string::npos; at = all.find(what, at + 1)) ++n;
+  EXPECT_EQ(n, 1u) << all;
+  EXPECT_NOT_CONTAINS(r.err, "cause: AdamW's second moment");
+}
+
 // Replay of one rank's capture (issue 21 item 6). At step 3 both ranks scale the MLP's input by
 // 1e21: the GELU's derivative overflows to NaN in backward while the loss stays finite (the final
 // LayerNorm's variance overflows and its output is the bias), so each rank's loss is its own
