@@ -91,13 +91,17 @@ class RankOneOfTwo final : public Collective {
   void all_gather(const double* in, size_t n, double* out) override {
     std::memcpy(out + n, in, n * sizeof(double));
     std::memcpy(out, in, n * sizeof(double));
-    if (n != 3 + trainable) return;      // not the step's gather: rank 0 agrees
-    out[0] = 1, out[1] = 0, out[2] = 1;  // loss sum, saw non-finite, norm
-    for (size_t i = 3; i < n; ++i) out[i] = 1;
+    if (n != 3 + trainable + rows) return;  // not the step's gather: rank 0 agrees
+    out[0] = 1, out[1] = 0, out[2] = 1;     // loss sum, saw non-finite, norm
+    for (size_t i = 3; i < 3 + trainable; ++i) out[i] = 1;
+    // Rank 0's micro-batch holds rows 100, 101, ... (its other slots unused: -1).
+    for (size_t i = 0; i < rows; ++i) out[3 + trainable + i] = i < 2 ? 100.0 + i : -1;
   }
   std::vector<std::vector<Tensor>> handed;
   std::vector<bool> all_zero;
-  size_t trainable = 0;  // parameters the trainer updates: its step's gather holds 3 + this
+  // The step's gather holds 3 + trainable (parameters the trainer updates) + rows (slots for
+  // the rows of this rank's micro-batches: grad_accum x batch_size).
+  size_t trainable = 0, rows = 0;
 };
 
 TEST(Trainer, ARankWithoutDataJoinsTheSumWithZerosInItsFlatHomes) {
@@ -111,10 +115,16 @@ TEST(Trainer, ARankWithoutDataJoinsTheSumWithZerosInItsFlatHomes) {
   auto group = std::make_shared<RankOneOfTwo>();
   Trainer t(c, {}, group);
   group->trainable = t.trainable().size();
+  group->rows = 4;
   const std::vector<Tensor> buffers = t.optimizer().flat_grad_buffers();
   ASSERT_FALSE(buffers.empty());
-  t.train_step({t.loader().batch(0, 1)}, 0);
-  t.train_step({}, 0);
+  const StepResult first = t.train_step({t.loader().batch(0, 1)}, 0);
+  const StepResult second = t.train_step({}, 0);
+  // Each step names the global window's rows, rank 0's micro-batch first (the 1-rank order).
+  std::vector<int64_t> want = {100, 101};
+  for (int64_t id : t.loader().batch(0, 1).example_ids) want.push_back(id);
+  EXPECT_EQ(first.example_ids, want);
+  EXPECT_EQ(second.example_ids, (std::vector<int64_t>{100, 101}));
   ASSERT_EQ(group->handed.size(), 2u);
   for (const std::vector<Tensor>& h : group->handed) {
     ASSERT_EQ(h.size(), buffers.size());
