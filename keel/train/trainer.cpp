@@ -363,19 +363,25 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
         // One message: the step, what went non-finite, the first such parameter, and where the
         // capture is with the command that replays it.
         std::string path, why_none;
+        // Which rank saw it, said by every rank: rank 0's stop under on_nonfinite = abort did not
+        // say, and rank 1's, when no rank's own gradients were non-finite, said "on this rank;
+        // saw the non-finite value" with no rank named.
+        std::string who;
+        for (int q : saw_nonfinite) who += (who.empty() ? "rank " : ", rank ") + std::to_string(q);
+        who = !who.empty() ? who + " saw the non-finite value"
+                           : "every rank's own gradients were finite, their sum across ranks "
+                             "overflowed";
+        const std::string where = W > 1 ? "; " + who : "";
         if (mode == "abort") {
-          why_none = "on_nonfinite = abort";
+          why_none = "on_nonfinite = abort" + where;
         } else if (!run_.cfg.debug.nan_capture) {
-          why_none = "[debug] nan_capture = false";
+          why_none = "[debug] nan_capture = false" + where;
         } else if (!hooks_.on_capture) {
-          why_none = "no capture handler is attached";
+          why_none = "no capture handler is attached" + where;
         } else if (W > 1 && !captures_here(saw_nonfinite)) {
           // The rank(s) that saw it write the capture (rank 0 when none did: the sum overflowed).
-          std::string who;
-          for (int q : saw_nonfinite)
-            who += (who.empty() ? "rank " : ", rank ") + std::to_string(q);
-          why_none = "on this rank; " + who + " saw the non-finite value and wrote it under " +
-                     run_.out_dir + "/debug/nan_capture/";
+          why_none = "on this rank; " + who + (saw_nonfinite.empty() ? ": rank 0" : " and") +
+                     " wrote it under " + run_.out_dir + "/debug/nan_capture/";
         } else {
           try {
             path = hooks_.on_capture(ev);

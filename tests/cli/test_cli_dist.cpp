@@ -310,6 +310,27 @@ TEST(CliDist, SecondMomentUnderflowIsNamedOnce) {
   EXPECT_NOT_CONTAINS(r.err, "cause: AdamW's second moment");
 }
 
+// on_nonfinite = abort writes no capture: rank 0's stop said only that, not that rank 1 was
+// where the non-finite value came from.
+TEST(CliDist, AbortOnOneRanksNanNamesThatRankOnEveryRank) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-abort");
+  Ran r =
+      run_train(2, tiny(dir, {"train.max_steps=4", "train.on_nonfinite=abort",
+                              "debug.inject.module=transformer.h.0.attn", "debug.inject.kind=nan",
+                              "debug.inject.step=2", "debug.inject.only_rank=1"}));
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  for (const char* rank : {"0", "1"})
+    EXPECT_CONTAINS(r.err, std::string("stopped (rank ") + rank + "): step 2: ");
+  EXPECT_EQ(r.err.find("no capture written (on_nonfinite = abort)"), std::string::npos) << r.err;
+  size_t n = 0;
+  const std::string said =
+      "no capture written (on_nonfinite = abort; rank 1 saw the non-finite value)";
+  for (size_t at = r.err.find(said); at != std::string::npos; at = r.err.find(said, at + 1)) ++n;
+  EXPECT_EQ(n, 2u) << r.err;
+  EXPECT_FALSE(fs::exists(dir + "/debug/nan_capture"));
+}
+
 // Replay of one rank's capture (issue 21 item 6). At step 3 both ranks scale the MLP's input by
 // 1e21: the GELU's derivative overflows to NaN in backward while the loss stays finite (the final
 // LayerNorm's variance overflows and its output is the bias), so each rank's loss is its own

@@ -140,6 +140,44 @@ TEST(Trainer, ARankWithoutDataJoinsTheSumWithZerosInItsFlatHomes) {
   }
 }
 
+// Rank 1 of 2 whose own gradients, and rank 0's, are finite while their sum overflows: rank 0
+// writes the capture (no rank saw it), and rank 1's stop said "on this rank;  saw the non-finite
+// value and wrote it under ...", naming no rank.
+class RankOneSumOverflows final : public Collective {
+ public:
+  int rank() const override { return 1; }
+  int world_size() const override { return 2; }
+  std::string backend() const override { return "fake"; }
+  void all_reduce_grads(std::vector<Tensor>& grads) override {
+    for (Tensor& g : grads) g.data_as<float>()[0] = INFINITY;  // the sum overflowed
+  }
+  void all_reduce_sum(double*, size_t) override {}
+  void all_reduce_max(double*, size_t) override {}
+  void all_gather(const double* in, size_t n, double* out) override {
+    std::memcpy(out, in, n * sizeof(double));  // rank 0 reports what rank 1 does: all finite
+    std::memcpy(out + n, in, n * sizeof(double));
+  }
+};
+
+TEST(Trainer, ASumThatOverflowsOnEveryRankSaysWhichRankCaptured) {
+  Config c = small_config("sum-overflows");
+  c.dist.check_every = 0;
+  c.train.batch_size = 4;
+  TrainerHooks h;
+  bool captured = false;
+  h.on_capture = [&](const NonfiniteEvent&) {
+    captured = true;
+    return std::string("unused");
+  };
+  Trainer t(c, h, std::make_shared<RankOneSumOverflows>());
+  const StepResult r = t.train_step({t.loader().batch(0, 1)}, 0);
+  EXPECT_TRUE(r.found_inf);
+  EXPECT_FALSE(captured) << "rank 0 writes it";
+  EXPECT_CONTAINS(t.stop_message(),
+                  "no capture written (on this rank; every rank's own gradients were finite, "
+                  "their sum across ranks overflowed: rank 0 wrote it under ");
+}
+
 TEST(Trainer, RemainderWindowStepsWithAFiniteLoss) {
   // One example, accumulation 4: the only window holds one micro-batch (r = 1 < K = 4). Its loss
   // is the token mean of that micro-batch, not a quarter of it, and is finite.
