@@ -536,6 +536,37 @@ TEST(CliDist, RankZerosEvaluationPastTheDeadlineIsNamedAsSuch) {
   EXPECT_NOT_CONTAINS(r.err, "did not arrive");
 }
 
+// `mpirun -np 2 keel doctor` (the line keel train runs with): each rank printed a whole report,
+// both of one rank's windows ("7 steps per epoch ..., no remainder"); rank 0 alone checks now,
+// for 2 ranks. Outside mpirun a config for several ranks says its windows are one rank's.
+TEST(CliDist, DoctorUnderMpirunReportsOnceForItsRanks) {
+  const std::string dir = test::temp_dir("cli-dist-doctor");
+  std::vector<std::string> args = {test::keel_binary(), "doctor", "--no-sanity"};
+  for (const std::string& s :
+       {std::string("model.n_layer=1"), std::string("model.n_embd=32"),
+        std::string("model.n_head=2"), std::string("data.num_examples=56"),
+        std::string("data.eval_examples=0"), std::string("train.batch_size=8"),
+        std::string("dist.backend=mpi")}) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  Ran one = test::run_command(args);
+  EXPECT_EQ(one.code, 0) << one.out << one.err;
+  EXPECT_CONTAINS(one.out, "windows: 7 steps per epoch of 1 x 8 examples, no remainder");
+  EXPECT_CONTAINS(one.out,
+                  "the windows above are one rank's: run keel doctor under the same "
+                  "mpirun -np N as keel train");
+  SKIP_WITHOUT_MPIRUN();
+  args.insert(args.begin(), {find_mpirun(), "--allow-run-as-root", "--oversubscribe", "-np", "2"});
+  Ran two = test::run_command(args);
+  EXPECT_EQ(two.code, 0) << two.out << two.err;
+  EXPECT_EQ(two.out.find("keel doctor"), two.out.rfind("keel doctor")) << two.out;
+  EXPECT_CONTAINS(two.out,
+                  "remainder window of 1 micro-batch instead of 2 (step 4 of 4; rank 1 has no "
+                  "micro-batch there");
+  EXPECT_NOT_CONTAINS(two.out, "the windows above are one rank's");
+}
+
 TEST(CliDist, NcclWithoutAGpuIsOneClearError) {
   const std::string dir = test::temp_dir("cli-dist-nccl");
   Ran r = run_train(1, tiny(dir, {"dist.backend=nccl", "train.max_steps=1"}));
