@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "apps/keel/commands.h"
+#include "keel/dist/process_group.h"
 #include "keel/monitor/doctor.h"
 
 namespace keel::cli {
@@ -32,6 +33,12 @@ Command add_doctor(CLI::App& app) {
             check_keys_take_effect(cfg);
             monitor::DoctorOptions opt;
             opt.sanity = !a->no_sanity;
+            // Under the mpirun line keel train runs with, rank 0 alone checks (each rank printed
+            // a whole report), and checks the windows of that many ranks.
+            if (dist::launched_by_mpirun() && cfg.dist.backend != "single") {
+              if (dist::launcher_rank() != 0) return 0;
+              opt.ranks = dist::launcher_world_size();
+            }
             const monitor::DoctorReport r = monitor::run_doctor(cfg, opt);
             if (a->json)
               std::printf("%s\n", monitor::doctor_to_json(r).dump().c_str());

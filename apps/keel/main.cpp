@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <new>
+#include <string>
 
 #include "apps/keel/commands.h"
 #include "keel/numerics/error.h"
@@ -15,6 +16,24 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("keel ") + KEEL_VERSION);
   keel::cli::register_commands(app);
+  // An unknown command got CLI11's "A subcommand is required", as if none had been given (`keel
+  // bisect DIR`, whose work is `keel replay DIR --bisect`): name it and the commands there are.
+  if (argc > 1 && argv[1][0] != '-') {
+    const std::string given = argv[1];
+    std::string names;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      known |= sub->get_name() == given;
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "error: `keel %s` is no command; the commands are %s%s\n", given.c_str(),
+                   names.c_str(),
+                   given == "bisect" ? " (bisect a capture with keel replay DIR --bisect)"
+                                     : " (keel --help says what each does)");
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

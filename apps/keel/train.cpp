@@ -413,8 +413,9 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     // 16-true / bf16-true keep AdamW's moments in 16 bits: a squared gradient flushed to 0 makes
     // an update of lr * m / eps that blows the weights up. keel replay --bisect found it from the
     // capture; the run's own advice said only "lower optim.lr or switch precision".
-    // Said here unless the advisor's finding of the step said it already.
-    if (cfg.optim.name == "adamw" && trainer.policy().param_dtype != DType::F32 &&
+    // Said here unless the advisor's finding of the step said it already; by rank 0 alone (the
+    // advisor's rank; the ranks hold the same optimizer state), rank 1 repeated it.
+    if (rank == 0 && cfg.optim.name == "adamw" && trainer.policy().param_dtype != DType::F32 &&
         !(advisor && advisor->state_underflow_said())) {
       const std::string why = monitor::optimizer_state_underflow(
           trainer.run().optimizer->state(), trainer.model().named_parameters(), cfg);

@@ -1,10 +1,12 @@
 #include "keel/dist/process_group.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 #include "keel/dist/bucket.h"
 #include "keel/dist/mpi_group.h"
@@ -57,6 +59,17 @@ void SingleGroup::abort(int code) { std::exit(code); }
 bool launched_by_mpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
 }
+
+namespace {
+int env_int(std::initializer_list<const char*> names, int fallback) {
+  for (const char* n : names)
+    if (const char* v = std::getenv(n); v && *v) return std::atoi(v);
+  return fallback;
+}
+}  // namespace
+
+int launcher_rank() { return env_int({"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"}, 0); }
+int launcher_world_size() { return std::max(1, env_int({"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}, 1)); }
 
 #ifndef KEEL_HAS_NCCL
 bool nccl_available() { return false; }

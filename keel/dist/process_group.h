@@ -50,6 +50,10 @@ std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, dou
 
 // True when this process was started by mpirun (or another PMI launcher).
 bool launched_by_mpirun();
+// The launcher's rank and rank count for this process, from its environment, without starting
+// MPI (for commands that run on one rank, such as keel doctor); 0 and 1 when not launched by it.
+int launcher_rank();
+int launcher_world_size();
 
 // Whether this build has the NCCL group.
 bool nccl_available();

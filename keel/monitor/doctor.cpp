@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -158,34 +159,54 @@ static std::optional<DoctorCheck> check_targets(const std::map<int64_t, int64_t>
   return std::nullopt;
 }
 
-std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int64_t grad_accum) {
+// "; ranks 1 to 2 have no micro-batch there ...": the ranks a remainder window of `rem`
+// micro-batches leaves idle (rank r runs micro-batches r, r + N, ...).
+static std::string idle_ranks(int64_t rem, int64_t ranks) {
+  if (ranks <= rem) return "";
+  const std::string who = ranks - rem == 1 ? "rank " + std::to_string(rem) + " has"
+                                           : "ranks " + std::to_string(rem) + " to " +
+                                                 std::to_string(ranks - 1) + " have";
+  return "; " + who + " no micro-batch there and join" + (ranks - rem == 1 ? "s" : "") +
+         " the step with zero gradients";
+}
+
+std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int64_t grad_accum,
+                                       int64_t ranks) {
   std::vector<DoctorCheck> out;
   if (examples <= 0) {
     out.push_back(
         make("error", "windows", "the training set is empty; check data.path / data.task"));
     return out;
   }
+  ranks = std::max<int64_t>(ranks, 1);
   const int64_t nb = (examples + batch_size - 1) / batch_size;  // micro-batches per epoch
   const int64_t last_rows = examples - (nb - 1) * batch_size;
-  if (grad_accum > nb) {
-    out.push_back(make(
-        "warning", "windows",
-        "train.grad_accum = " + std::to_string(grad_accum) + " is larger than the epoch (" +
-            count_of(examples, "example") + " = " + count_of(nb, "micro-batch", "micro-batches") +
-            " of " + std::to_string(batch_size) + "): every step is a remainder window of " +
-            count_of(nb, "micro-batch", "micro-batches") + ", so the effective batch is " +
-            count_of(examples, "example") + ", not " + std::to_string(grad_accum * batch_size) +
-            "; lower train.grad_accum to at most " + std::to_string(nb)));
+  const int64_t window = grad_accum * ranks;  // micro-batches per step, all ranks together
+  // "train.grad_accum = 2 x 2 ranks = 4": a step's window under mpirun is per rank times ranks.
+  const std::string accum =
+      "train.grad_accum = " + std::to_string(grad_accum) +
+      (ranks > 1 ? " x " + std::to_string(ranks) + " ranks = " + std::to_string(window) : "");
+  if (window > nb) {
+    out.push_back(make("warning", "windows",
+                       accum + " is larger than the epoch (" + count_of(examples, "example") +
+                           " = " + count_of(nb, "micro-batch", "micro-batches") + " of " +
+                           std::to_string(batch_size) + "): every step is a remainder window of " +
+                           count_of(nb, "micro-batch", "micro-batches") +
+                           ", so the effective batch is " + count_of(examples, "example") +
+                           ", not " + std::to_string(window * batch_size) +
+                           "; lower train.grad_accum" +
+                           (ranks > 1 ? " or the ranks so that their product is" : " to") +
+                           " at most " + std::to_string(nb)));
     return out;
   }
-  const int64_t steps = (nb + grad_accum - 1) / grad_accum;
-  const int64_t rem = nb % grad_accum;
+  const int64_t steps = (nb + window - 1) / window;
+  const int64_t rem = nb % window;
   if (rem != 0)
     out.push_back(make("info", "windows",
                        "each epoch ends with a remainder window of " +
                            count_of(rem, "micro-batch", "micro-batches") + " instead of " +
-                           std::to_string(grad_accum) + " (step " + std::to_string(steps) + " of " +
-                           std::to_string(steps) +
+                           std::to_string(window) + " (step " + std::to_string(steps) + " of " +
+                           std::to_string(steps) + idle_ranks(rem, ranks) +
                            "); keel weights micro-batches by target tokens, so its loss is still "
                            "the token mean (no division by the full window)"));
   if (last_rows != batch_size)
@@ -195,8 +216,10 @@ std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int
                            " rows (drop_last = false; token weighting keeps its loss exact)"));
   if (out.empty())
     out.push_back(make("ok", "windows",
-                       count_of(steps, "step") + " per epoch of " + std::to_string(grad_accum) +
-                           " x " + std::to_string(batch_size) + " examples, no remainder"));
+                       count_of(steps, "step") + " per epoch of " +
+                           (ranks > 1 ? std::to_string(ranks) + " ranks x " : "") +
+                           std::to_string(grad_accum) + " x " + std::to_string(batch_size) +
+                           " examples, no remainder"));
   return out;
 }
 
@@ -512,8 +535,17 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
                                     " parameters, all f32; frozen base stored in " +
                                     dtype_name(base_dt)));
     }
-    auto w = check_windows(probe->loader->size(), cfg.train.batch_size, cfg.train.grad_accum);
+    auto w =
+        check_windows(probe->loader->size(), cfg.train.batch_size, cfg.train.grad_accum, opt.ranks);
     r.checks.insert(r.checks.end(), w.begin(), w.end());
+    // A config for several ranks checked outside mpirun: the windows above are one rank's.
+    if (opt.ranks == 0 && (cfg.dist.backend == "mpi" || cfg.dist.backend == "nccl"))
+      r.checks.push_back(make(
+          "info", "dist",
+          "dist.backend = \"" + cfg.dist.backend +
+              "\": train.batch_size and train.grad_accum are per rank and a step takes N x "
+              "their micro-batches; the windows above are one rank's: run keel doctor under the "
+              "same mpirun -np N as keel train to check N ranks' windows"));
     if (probe->loader->size() > 0) {
       // What the first micro-batch asks the model to predict: padding written into the data
       // (a token file of pad ids) or one token repeated trains to a loss of ~0 and learns

@@ -51,8 +51,10 @@ DoctorCheck check_pad_token(const TokenizerFacts& tok, const std::string& pad_mo
                             int64_t embedding_rows, bool packed = false);
 
 // Accumulation windows vs the dataset: `examples` rows, micro-batch `batch_size`, `grad_accum`
-// micro-batches per window.
-std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int64_t grad_accum);
+// micro-batches per window and rank, `ranks` data-parallel ranks (a step's window is
+// grad_accum x ranks micro-batches).
+std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int64_t grad_accum,
+                                       int64_t ranks = 1);
 
 // Precision vs device, scaler, -true policies, adapters, learning rate (config only).
 std::vector<DoctorCheck> check_config(const Config& cfg);
@@ -73,6 +75,10 @@ struct SanityRun {
 struct DoctorOptions {
   bool sanity = true;
   std::string out_dir;  // where sanity runs may write ("" = a temporary directory, removed after)
+  // The ranks `keel train` will run (mpirun -np N's N; the CLI reads it from the launcher): the
+  // windows are checked for them. 0 = unknown (not launched by mpirun): one rank's, with a note
+  // when dist.backend asks for several.
+  int64_t ranks = 0;
 };
 
 struct DoctorReport {

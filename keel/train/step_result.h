@@ -30,7 +30,7 @@ struct StepResult {
   // The advisor's lines when it found something (or empty): the trend's line when its class
   // changed, then any per-layer underflow or rounded-away finding, one per line ('\n').
   std::string advice;
-  std::vector<int64_t> example_ids;  // dataset indices of the window's rows (this rank's)
+  std::vector<int64_t> example_ids;  // dataset indices of the global window's rows
 };
 
 // The end of an epoch (DESIGN §3): its loss is the token mean over the steps that applied an

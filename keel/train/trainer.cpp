@@ -212,8 +212,15 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   std::string
       local_fingerprint;  // this rank's gradients before the all-reduce, when it may capture
   if (W > 1) {
-    const size_t n = 3 + run_.trainable.size();
-    std::vector<double> mine(n), all(n * static_cast<size_t>(W));
+    // The rows of this rank's micro-batches ride along (batch_size slots per micro-batch, -1
+    // unused), so that every rank's StepResult names the global window's examples: rank 0's advisor
+    // probed and listed only its own half of a spiking window, and blamed the optimizer for a
+    // garbage row rank 1 trained on.
+    const size_t T = run_.trainable.size();
+    const auto rows = static_cast<size_t>(run_.cfg.train.batch_size);
+    const auto most = static_cast<size_t>(run_.cfg.train.grad_accum);
+    const size_t n = 3 + T + most * rows;
+    std::vector<double> mine(n, -1.0), all(n * static_cast<size_t>(W));
     std::vector<Tensor> local;
     std::vector<std::pair<std::string, Tensor>> with_local_grad;
     for (auto& [name, p] : run_.trainable)
@@ -222,9 +229,19 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
     mine[0] = loss_sum;
     mine[1] = std::isfinite(loss_sum) && local_pass.finite() ? 0 : 1;
     mine[2] = local_pass.norm();
-    for (size_t i = 0; i < run_.trainable.size(); ++i)
-      mine[3 + i] = run_.trainable[i].second.grad().defined();
+    for (size_t i = 0; i < T; ++i) mine[3 + i] = run_.trainable[i].second.grad().defined();
+    for (size_t k = 0; k < window.size() && k < most; ++k)
+      for (size_t j = 0; j < window[k].example_ids.size() && j < rows; ++j)
+        mine[3 + T + k * rows + j] = static_cast<double>(window[k].example_ids[j]);  // exact
     coll_->all_gather(mine.data(), n, all.data());
+    // Global micro-batch k * W + q is rank q's k-th: the 1-rank run's order.
+    r.example_ids.clear();
+    for (size_t k = 0; k < most; ++k)
+      for (int q = 0; q < W; ++q)
+        for (size_t j = 0; j < rows; ++j) {
+          const double id = all[static_cast<size_t>(q) * n + 3 + T + k * rows + j];
+          if (id >= 0) r.example_ids.push_back(static_cast<int64_t>(id));
+        }
     loss_sum = 0;
     double norms = 0;  // the sum of the ranks' norms bounds every element of the sum and its norm
     for (int q = 0; q < W; ++q) {
@@ -239,7 +256,7 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
       local_fingerprint = gradient_fingerprint(with_local_grad);
     for (int q = 0; q < W; ++q) {
       const double* o = &all[static_cast<size_t>(q) * n];
-      for (size_t i = 0; i < run_.trainable.size(); ++i) {
+      for (size_t i = 0; i < T; ++i) {
         Tensor& p = run_.trainable[i].second;
         if (o[3 + i] != 0 && !p.grad().defined()) run_.optimizer->zero_grad_of(p);
       }
@@ -346,19 +363,25 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
         // One message: the step, what went non-finite, the first such parameter, and where the
         // capture is with the command that replays it.
         std::string path, why_none;
+        // Which rank saw it, said by every rank: rank 0's stop under on_nonfinite = abort did not
+        // say, and rank 1's, when no rank's own gradients were non-finite, said "on this rank;
+        // saw the non-finite value" with no rank named.
+        std::string who;
+        for (int q : saw_nonfinite) who += (who.empty() ? "rank " : ", rank ") + std::to_string(q);
+        who = !who.empty() ? who + " saw the non-finite value"
+                           : "every rank's own gradients were finite, their sum across ranks "
+                             "overflowed";
+        const std::string where = W > 1 ? "; " + who : "";
         if (mode == "abort") {
-          why_none = "on_nonfinite = abort";
+          why_none = "on_nonfinite = abort" + where;
         } else if (!run_.cfg.debug.nan_capture) {
-          why_none = "[debug] nan_capture = false";
+          why_none = "[debug] nan_capture = false" + where;
         } else if (!hooks_.on_capture) {
-          why_none = "no capture handler is attached";
+          why_none = "no capture handler is attached" + where;
         } else if (W > 1 && !captures_here(saw_nonfinite)) {
           // The rank(s) that saw it write the capture (rank 0 when none did: the sum overflowed).
-          std::string who;
-          for (int q : saw_nonfinite)
-            who += (who.empty() ? "rank " : ", rank ") + std::to_string(q);
-          why_none = "on this rank; " + who + " saw the non-finite value and wrote it under " +
-                     run_.out_dir + "/debug/nan_capture/";
+          why_none = "on this rank; " + who + (saw_nonfinite.empty() ? ": rank 0" : " and") +
+                     " wrote it under " + run_.out_dir + "/debug/nan_capture/";
         } else {
           try {
             path = hooks_.on_capture(ev);

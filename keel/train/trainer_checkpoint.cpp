@@ -270,18 +270,18 @@ std::vector<std::string> check_resume(const Run& run, const Config& cfg) {
                    "point model.path at the base model the run was trained on (set "
                    "run.resume_force = true if its path changed)");
   if (cfg.run.resume_force) refuse_other_tensor_sets(cfg, ck.trainer_state, ck.dir);
-  for (auto& [name, p] : run.model->named_parameters())
-    checkpoint_tensor(ck, ref, *run.model, name, p, run.policy.name(), dir);
   const json& st = ck.trainer_state;
   const std::string tj = ck.dir + "/trainer.json";
+  // The keys first, as Trainer::load_checkpoint does: a changed key is named, not the tensor it
+  // reshapes.
+  if (!cfg.run.resume_force && st.is_object()) refuse_changed_fixed_keys(cfg, st, tj);
+  for (auto& [name, p] : run.model->named_parameters())
+    checkpoint_tensor(ck, ref, *run.model, name, p, run.policy.name(), dir);
   if (!st.is_object())
     throw Error(tj + ": expected a JSON object; " + io::kDamagedCheckpointResumeFix);
   constexpr int64_t kCount = int64_t{1} << 53;
   const int64_t step = io::json_int(st, "step", tj, 0, kCount, io::kDamagedCheckpointResumeFix);
-  if (!cfg.run.resume_force) {
-    refuse_changed_fixed_keys(cfg, st, tj);
-    refuse_changed_data(cfg, run.data, st, tj);
-  }
+  if (!cfg.run.resume_force) refuse_changed_data(cfg, run.data, st, tj);
   if (step > 0 && step >= run.total_steps)
     return {nothing_left_to_train_message(step, run.total_steps)};
   return debug_steps_before_resume(cfg, step);
@@ -405,6 +405,11 @@ void Trainer::load_checkpoint(const std::string& dir) {
                    "point model.path at the base model the run was trained on (set "
                    "run.resume_force = true if its path changed)");
   if (run_.cfg.run.resume_force) refuse_other_tensor_sets(run_.cfg, ck.trainer_state, ck.dir);
+  // The keys the checkpoint fixes, before its tensors are read: another optim.name was refused
+  // as "SGD state: unexpected entry ...; the checkpoint is damaged", a wider model.n_embd by a
+  // tensor's shape, when the cause is the key (and doctor named it).
+  if (!run_.cfg.run.resume_force && ck.trainer_state.is_object())
+    refuse_changed_fixed_keys(run_.cfg, ck.trainer_state, ck.dir + "/trainer.json");
   const io::WeightCheck finite{run_.cfg.model.allow_nonfinite_weights,
                                [&](const std::string& m) { message(m); }};
   // CPU tensors are read straight from the files into their memory (io::read_safetensors_into:

@@ -176,6 +176,66 @@ TEST(CliDist, TwoRanksWithAccumulationMatchOneRankWithinRounding) {
   expect_ranks_identical(dir + "/two");
 }
 
+// A garbage row that only rank 1 trains on (a data spike): rank 0's advisor knew only its own
+// half of the window, so it probed that half ("its batch is no harder ... the optimizer, not the
+// data") and listed rank 0's rows, never the bad one. The ranks now gather the window's rows, and
+// the finding is the 1-rank run's with the same global batch, record for record.
+TEST(CliDist, AdvisorNamesTheSpikingRowOfAnotherRank) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-spike");
+  // 880 rows, in file order: step s trains rows 16(s-1) .. 16s-1, rank 1 the last 8 of them.
+  // Row 808 (line 809: step 51, rank 1) is 30 CJK characters, after 50 steps on one sentence.
+  {
+    std::ofstream f(dir + "/spike.jsonl");
+    for (int i = 0; i < 880; ++i)
+      f << (i == 808 ? "{\"text\": \"\u4e01\u4e8c\u4e03\u4e09\u4e0a\u4e0b\u4e0d\u4e0e\u4e10"
+                       "\u4e11\u4e13\u4e14\u4e15\u4e16\u4e17\u4e18\u4e19\u4e1a\u4e1c\u4e1d"
+                       "\u4e1e\u4e1f\u4e20\u4e21\u4e22\u4e23\u4e24\u4e25\u4e26\u4e27\"}\n"
+                     : "{\"text\": \"the cat sat on the mat and the dog sat on the log.\"}\n");
+  }
+  auto sets = [&](const std::string& out, const std::string& accum) {
+    std::vector<std::string> s = {"run.out_dir=" + out,
+                                  "run.threads=1",
+                                  "model.n_layer=1",
+                                  "model.n_embd=32",
+                                  "model.n_head=2",
+                                  "data.task=jsonl",
+                                  "data.path=" + dir + "/spike.jsonl",
+                                  "data.seq_len=64",
+                                  "data.shuffle=false",
+                                  "train.batch_size=8",
+                                  "train.grad_accum=" + accum,
+                                  "train.max_steps=55",
+                                  "log.tensorboard=false",
+                                  "sched.name=constant",
+                                  "optim.lr=0.01"};
+    return s;
+  };
+  Ran one = run_train(1, sets(dir + "/one", "2"));
+  ASSERT_EQ(one.code, 0) << one.out << one.err;
+  Ran two = run_train(2, sets(dir + "/two", "1"));
+  ASSERT_EQ(two.code, 0) << two.out << two.err;
+  auto advice = [](const std::string& out) {
+    std::vector<json> recs;
+    std::ifstream f(out + "/metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      const json j = json::parse(line);
+      if (j.value("kind", "") == "advisor") recs.push_back(j);
+    }
+    return recs;
+  };
+  const std::vector<json> a = advice(dir + "/one"), b = advice(dir + "/two");
+  ASSERT_FALSE(b.empty()) << two.out;
+  const json& spike = b.back();
+  EXPECT_EQ(spike.at("step").get<int64_t>(), 51) << spike.dump();
+  EXPECT_CONTAINS(spike.at("cause").get<std::string>(), "the batch is the harder, the data");
+  const auto rows = spike.at("examples").get<std::vector<std::string>>();
+  EXPECT_EQ(rows.size(), 16u) << spike.dump();
+  EXPECT_NE(std::find(rows.begin(), rows.end(), dir + "/spike.jsonl:809"), rows.end())
+      << spike.dump();
+  EXPECT_EQ(a, b) << "1 rank x grad_accum 2 and 2 ranks x 1 found different things";
+}
+
 TEST(CliDist, OverflowOnOneRankMakesBothRanksSkip) {
   SKIP_WITHOUT_MPIRUN();
   const std::string dir = test::temp_dir("cli-dist-skip");
@@ -230,6 +290,45 @@ TEST(CliDist, NanOnOneRankStopsBothWithTheCaptureOfThatRank) {
   EXPECT_NE(r.err.find("stopped (rank 0): step 3:"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rank 1 saw the non-finite value"), std::string::npos) << r.err;
   EXPECT_EQ(step_records(dir).size(), 3u);  // rank 0 logged steps 1-3, nothing after
+}
+
+// 16-true at the default learning rate: AdamW's f16 second moment flushes and step 4 overflows
+// (CliNan.AdamWSecondMomentUnderflowIn16TrueIsNamedAsTheCause). Rank 0's advice names the cause;
+// rank 1, which has no advisor, printed it again as a "cause:" line.
+TEST(CliDist, SecondMomentUnderflowIsNamedOnce) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-16true-adam");
+  Ran r = run_train(
+      2, {"run.out_dir=" + dir, "run.threads=1", "log.tensorboard=false", "train.precision=16-true",
+          "train.max_steps=8", "data.num_examples=1280", "data.eval_examples=0"});
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  EXPECT_CONTAINS(r.out, "advice: exploding: non-finite ");
+  const std::string all = r.out + r.err, what = "AdamW's second moment (exp_avg_sq, stored in f16)";
+  size_t n = 0;
+  for (size_t at = all.find(what); at != std::string::npos; at = all.find(what, at + 1)) ++n;
+  EXPECT_EQ(n, 1u) << all;
+  EXPECT_NOT_CONTAINS(r.err, "cause: AdamW's second moment");
+}
+
+// on_nonfinite = abort writes no capture: rank 0's stop said only that, not that rank 1 was
+// where the non-finite value came from.
+TEST(CliDist, AbortOnOneRanksNanNamesThatRankOnEveryRank) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-abort");
+  Ran r =
+      run_train(2, tiny(dir, {"train.max_steps=4", "train.on_nonfinite=abort",
+                              "debug.inject.module=transformer.h.0.attn", "debug.inject.kind=nan",
+                              "debug.inject.step=2", "debug.inject.only_rank=1"}));
+  EXPECT_EQ(r.code, 3) << r.out << r.err;
+  for (const char* rank : {"0", "1"})
+    EXPECT_CONTAINS(r.err, std::string("stopped (rank ") + rank + "): step 2: ");
+  EXPECT_EQ(r.err.find("no capture written (on_nonfinite = abort)"), std::string::npos) << r.err;
+  size_t n = 0;
+  const std::string said =
+      "no capture written (on_nonfinite = abort; rank 1 saw the non-finite value)";
+  for (size_t at = r.err.find(said); at != std::string::npos; at = r.err.find(said, at + 1)) ++n;
+  EXPECT_EQ(n, 2u) << r.err;
+  EXPECT_FALSE(fs::exists(dir + "/debug/nan_capture"));
 }
 
 // Replay of one rank's capture (issue 21 item 6). At step 3 both ranks scale the MLP's input by
@@ -435,6 +534,37 @@ TEST(CliDist, RankZerosEvaluationPastTheDeadlineIsNamedAsSuch) {
                   "rank 0's evaluation at step 1 (done by rank 0 alone) did not finish within "
                   "dist.timeout_s = 0.5 s; raise dist.timeout_s if it needs longer");
   EXPECT_NOT_CONTAINS(r.err, "did not arrive");
+}
+
+// `mpirun -np 2 keel doctor` (the line keel train runs with): each rank printed a whole report,
+// both of one rank's windows ("7 steps per epoch ..., no remainder"); rank 0 alone checks now,
+// for 2 ranks. Outside mpirun a config for several ranks says its windows are one rank's.
+TEST(CliDist, DoctorUnderMpirunReportsOnceForItsRanks) {
+  const std::string dir = test::temp_dir("cli-dist-doctor");
+  std::vector<std::string> args = {test::keel_binary(), "doctor", "--no-sanity"};
+  for (const std::string& s :
+       {std::string("model.n_layer=1"), std::string("model.n_embd=32"),
+        std::string("model.n_head=2"), std::string("data.num_examples=56"),
+        std::string("data.eval_examples=0"), std::string("train.batch_size=8"),
+        std::string("dist.backend=mpi")}) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  Ran one = test::run_command(args);
+  EXPECT_EQ(one.code, 0) << one.out << one.err;
+  EXPECT_CONTAINS(one.out, "windows: 7 steps per epoch of 1 x 8 examples, no remainder");
+  EXPECT_CONTAINS(one.out,
+                  "the windows above are one rank's: run keel doctor under the same "
+                  "mpirun -np N as keel train");
+  SKIP_WITHOUT_MPIRUN();
+  args.insert(args.begin(), {find_mpirun(), "--allow-run-as-root", "--oversubscribe", "-np", "2"});
+  Ran two = test::run_command(args);
+  EXPECT_EQ(two.code, 0) << two.out << two.err;
+  EXPECT_EQ(two.out.find("keel doctor"), two.out.rfind("keel doctor")) << two.out;
+  EXPECT_CONTAINS(two.out,
+                  "remainder window of 1 micro-batch instead of 2 (step 4 of 4; rank 1 has no "
+                  "micro-batch there");
+  EXPECT_NOT_CONTAINS(two.out, "the windows above are one rank's");
 }
 
 TEST(CliDist, NcclWithoutAGpuIsOneClearError) {

@@ -134,6 +134,22 @@ std::set<std::string> config_key_names() {
   return keys;
 }
 
+// `keel bisect DIR` (bisect is `keel replay DIR --bisect`) and any other unknown command said
+// "A subcommand is required", as if none had been given.
+TEST(CliDocs, AnUnknownCommandIsNamedWithTheCommands) {
+  const test::KeelRun r = test::run_keel({"bisect", "out/RUN/debug/nan_capture/rank1"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "error: `keel bisect` is no command; the commands are train, ");
+  EXPECT_CONTAINS(r.err, "replay");
+  EXPECT_CONTAINS(r.err, "(bisect a capture with keel replay DIR --bisect)");
+  EXPECT_NOT_CONTAINS(r.err, "A subcommand is required");
+  const test::KeelRun typo = test::run_keel({"trian"});
+  EXPECT_EQ(typo.code, 2) << typo.output;
+  EXPECT_CONTAINS(typo.err, "error: `keel trian` is no command; the commands are train, ");
+  // A known command still parses as before.
+  EXPECT_EQ(test::run_keel({"numerics", "formats"}).code, 0);
+}
+
 TEST(CliDocs, DocumentedCommandsUseRealFlagsAndKeys) {
   std::vector<std::string> docs = {"README.md", "bench/README.md"};
   for (const char* dir : {"docs", "examples"})

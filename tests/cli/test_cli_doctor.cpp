@@ -243,7 +243,11 @@ TEST(CliDoctor, AResumeTrainWouldRefuseBlocks) {
                 "train.precision: \"32-true\" in the checkpoint, \"bf16-mixed\" now"},
            Case{"arith", "--set train.precision=bf16-true --set run.resume_force=true",
                 "a resume cannot change the parameters' dtype, even with run.resume_force"},
-           Case{"arith", "--set model.n_embd=64", "the model expects [259, 64] f32"},
+           // The key, not the tensor it reshapes (train said "the model expects [259, 64]").
+           Case{"arith", "--set model.n_embd=64", "model.n_embd: 32 in the checkpoint, 64 now"},
+           // Train said "SGD state: unexpected entry ...; the checkpoint is damaged".
+           Case{"arith", "--set optim.name=sgd",
+                "optim.name: \"adamw\" in the checkpoint, \"sgd\" now"},
            Case{"arith", "--set model.n_layer=2 --set run.resume_force=true",
                 "model.n_layer: 1 in the checkpoint, 2 now"},
            Case{"text", "--set data.seq_len=24", "data.seq_len: 16 in the checkpoint, 24 now"},

@@ -112,6 +112,32 @@ TEST(DoctorWindows, WindowLargerThanTheEpochRemainderAndLastBatch) {
   EXPECT_EQ(check_windows(0, 8, 1)[0].severity, "error");
 }
 
+// Under mpirun -np N a step's window is grad_accum x N micro-batches: doctor checked one rank's
+// ("7 steps per epoch ..., no remainder" for a 2-rank run of 4 steps whose last leaves rank 1
+// without data).
+TEST(DoctorWindows, RanksMultiplyTheWindow) {
+  auto w = check_windows(56, 8, 1, 2);  // 7 micro-batches in windows of 2: 2, 2, 2, 1
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].severity, "info");
+  EXPECT_TRUE(has(w[0].message,
+                  "remainder window of 1 micro-batch instead of 2 (step 4 of 4; "
+                  "rank 1 has no micro-batch there"))
+      << w[0].message;
+  w = check_windows(56, 8, 2, 3);  // windows of 6: 6, 1
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_TRUE(has(w[0].message, "ranks 1 to 2 have no micro-batch there")) << w[0].message;
+  w = check_windows(64, 8, 1, 2);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].severity, "ok");
+  EXPECT_TRUE(has(w[0].message, "4 steps per epoch of 2 ranks x 1 x 8 examples")) << w[0].message;
+  w = check_windows(20, 8, 2, 2);  // 3 micro-batches, a window of 4
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].severity, "warning");
+  EXPECT_TRUE(has(w[0].message, "train.grad_accum = 2 x 2 ranks = 4 is larger than the epoch"))
+      << w[0].message;
+  EXPECT_TRUE(has(w[0].message, "not 32;")) << w[0].message;
+}
+
 // examples/remainder-window said "(1 examples = 1 micro-batches of 1)".
 TEST(DoctorWindows, OneExampleAndOneMicroBatchAreSingular) {
   const auto w = check_windows(1, 1, 4);

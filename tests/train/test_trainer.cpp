@@ -91,13 +91,17 @@ class RankOneOfTwo final : public Collective {
   void all_gather(const double* in, size_t n, double* out) override {
     std::memcpy(out + n, in, n * sizeof(double));
     std::memcpy(out, in, n * sizeof(double));
-    if (n != 3 + trainable) return;      // not the step's gather: rank 0 agrees
-    out[0] = 1, out[1] = 0, out[2] = 1;  // loss sum, saw non-finite, norm
-    for (size_t i = 3; i < n; ++i) out[i] = 1;
+    if (n != 3 + trainable + rows) return;  // not the step's gather: rank 0 agrees
+    out[0] = 1, out[1] = 0, out[2] = 1;     // loss sum, saw non-finite, norm
+    for (size_t i = 3; i < 3 + trainable; ++i) out[i] = 1;
+    // Rank 0's micro-batch holds rows 100, 101, ... (its other slots unused: -1).
+    for (size_t i = 0; i < rows; ++i) out[3 + trainable + i] = i < 2 ? 100.0 + i : -1;
   }
   std::vector<std::vector<Tensor>> handed;
   std::vector<bool> all_zero;
-  size_t trainable = 0;  // parameters the trainer updates: its step's gather holds 3 + this
+  // The step's gather holds 3 + trainable (parameters the trainer updates) + rows (slots for
+  // the rows of this rank's micro-batches: grad_accum x batch_size).
+  size_t trainable = 0, rows = 0;
 };
 
 TEST(Trainer, ARankWithoutDataJoinsTheSumWithZerosInItsFlatHomes) {
@@ -111,10 +115,16 @@ TEST(Trainer, ARankWithoutDataJoinsTheSumWithZerosInItsFlatHomes) {
   auto group = std::make_shared<RankOneOfTwo>();
   Trainer t(c, {}, group);
   group->trainable = t.trainable().size();
+  group->rows = 4;
   const std::vector<Tensor> buffers = t.optimizer().flat_grad_buffers();
   ASSERT_FALSE(buffers.empty());
-  t.train_step({t.loader().batch(0, 1)}, 0);
-  t.train_step({}, 0);
+  const StepResult first = t.train_step({t.loader().batch(0, 1)}, 0);
+  const StepResult second = t.train_step({}, 0);
+  // Each step names the global window's rows, rank 0's micro-batch first (the 1-rank order).
+  std::vector<int64_t> want = {100, 101};
+  for (int64_t id : t.loader().batch(0, 1).example_ids) want.push_back(id);
+  EXPECT_EQ(first.example_ids, want);
+  EXPECT_EQ(second.example_ids, (std::vector<int64_t>{100, 101}));
   ASSERT_EQ(group->handed.size(), 2u);
   for (const std::vector<Tensor>& h : group->handed) {
     ASSERT_EQ(h.size(), buffers.size());
@@ -128,6 +138,44 @@ TEST(Trainer, ARankWithoutDataJoinsTheSumWithZerosInItsFlatHomes) {
     for (const Tensor& b : buffers) in_buffer |= p.grad().shares_storage(b);
     EXPECT_TRUE(in_buffer) << name << ": its zero gradient is not in its flat home";
   }
+}
+
+// Rank 1 of 2 whose own gradients, and rank 0's, are finite while their sum overflows: rank 0
+// writes the capture (no rank saw it), and rank 1's stop said "on this rank;  saw the non-finite
+// value and wrote it under ...", naming no rank.
+class RankOneSumOverflows final : public Collective {
+ public:
+  int rank() const override { return 1; }
+  int world_size() const override { return 2; }
+  std::string backend() const override { return "fake"; }
+  void all_reduce_grads(std::vector<Tensor>& grads) override {
+    for (Tensor& g : grads) g.data_as<float>()[0] = INFINITY;  // the sum overflowed
+  }
+  void all_reduce_sum(double*, size_t) override {}
+  void all_reduce_max(double*, size_t) override {}
+  void all_gather(const double* in, size_t n, double* out) override {
+    std::memcpy(out, in, n * sizeof(double));  // rank 0 reports what rank 1 does: all finite
+    std::memcpy(out + n, in, n * sizeof(double));
+  }
+};
+
+TEST(Trainer, ASumThatOverflowsOnEveryRankSaysWhichRankCaptured) {
+  Config c = small_config("sum-overflows");
+  c.dist.check_every = 0;
+  c.train.batch_size = 4;
+  TrainerHooks h;
+  bool captured = false;
+  h.on_capture = [&](const NonfiniteEvent&) {
+    captured = true;
+    return std::string("unused");
+  };
+  Trainer t(c, h, std::make_shared<RankOneSumOverflows>());
+  const StepResult r = t.train_step({t.loader().batch(0, 1)}, 0);
+  EXPECT_TRUE(r.found_inf);
+  EXPECT_FALSE(captured) << "rank 0 writes it";
+  EXPECT_CONTAINS(t.stop_message(),
+                  "no capture written (on this rank; every rank's own gradients were finite, "
+                  "their sum across ranks overflowed: rank 0 wrote it under ");
 }
 
 TEST(Trainer, RemainderWindowStepsWithAFiniteLoss) {
