@@ -87,10 +87,10 @@ int run_train(const TrainArgs& a) {
   std::shared_ptr<dist::ProcessGroup> pg =
       dist::make_process_group(cfg.dist.backend, cfg.dist.bucket_mb);
   pg->set_timeout(cfg.dist.timeout_s);
-  if (pg->world_size() == 1) {
-    install_stop_handlers();  // SIGTERM/SIGINT: checkpoint, then stop (keel serve's stop)
-    return run_ranked(cfg, pg);
-  }
+  // SIGTERM/SIGINT: checkpoint, then stop (keel serve's stop, a scheduler's preemption, Ctrl-C;
+  // under mpirun the ranks agree on the step first, see Trainer::fit).
+  install_stop_handlers();
+  if (pg->world_size() == 1) return run_ranked(cfg, pg);
   // Every rank sees the same comparison and fails alike: no rank is left waiting, so the error
   // ends each rank normally (exit 2) instead of aborting the job.
   dist::check_config_agrees(cfg, *pg);
@@ -424,10 +424,11 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     return code;
   }
   if (trainer.stopped_by_request()) {
-    std::printf(
-        "stopped by request at step %lld; checkpoint in %s/checkpoints/last (continue with "
-        "--set run.resume=true)\n",
-        static_cast<long long>(trainer.steps_done()), trainer.out_dir().c_str());
+    if (rank == 0)  // the ranks stopped after the same step; one line says so
+      std::printf(
+          "stopped by request at step %lld; checkpoint in %s/checkpoints/last (continue with "
+          "--set run.resume=true)\n",
+          static_cast<long long>(trainer.steps_done()), trainer.out_dir().c_str());
     return 0;
   }
   if (rank == 0 && world > 1) {

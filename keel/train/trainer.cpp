@@ -299,9 +299,12 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   }
   if (!loss_finite) found_inf = true;
   if (W > 1) {  // MAX over ranks: every rank takes the same branch below
-    double f = found_inf ? 1 : 0;
-    coll_->all_reduce_max(&f, 1);
-    found_inf = f != 0;
+    // A stop request (SIGTERM/SIGINT, signalled to one rank or to all at slightly different
+    // times) rides along: the ranks agree on the step after which they all save and stop.
+    double f[2] = {found_inf ? 1.0 : 0.0, stop_requested() ? 1.0 : 0.0};
+    coll_->all_reduce_max(f, 2);
+    found_inf = f[0] != 0;
+    stop_agreed_ = f[1] != 0;
   }
   r.found_inf = found_inf;
   if (hooks_.on_grads) hooks_.on_grads(r);
@@ -642,11 +645,16 @@ int Trainer::fit() {
                                             : evaluates        ? "evaluation"
                                                                : "checkpoint") +
                                 " at step " + std::to_string(step_));
-    // SIGTERM/SIGINT (train/stop_request.h): save and return, resumable. One process only: ranks
-    // would have to agree on the step first.
-    if (step_ < run_.total_steps && coll_->world_size() == 1 && stop_requested()) {
+    // SIGTERM/SIGINT (train/stop_request.h): save and return, resumable. Several ranks stop
+    // after the step they agreed on (train_step); a multi-rank run was killed by mpirun's
+    // SIGTERM without a checkpoint.
+    const bool stop = coll_->world_size() == 1 ? stop_requested() : stop_agreed_;
+    if (step_ < run_.total_steps && stop) {
       checkpoint();
-      save_adapter();  // what was trained so far, usable without resuming
+      if (rank0) save_adapter();  // what was trained so far, usable without resuming
+      if (coll_->world_size() > 1)
+        coll_->wait_for_rank_zero("checkpoint at the requested stop after step " +
+                                  std::to_string(step_));
       stopped_by_request_ = true;
       return 0;
     }

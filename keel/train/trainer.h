@@ -242,6 +242,10 @@ class Trainer {
   std::string stop_message_;
   bool grad_norm_check_ = true;
   bool stopped_by_request_ = false;
+  // Data-parallel: whether any rank had a stop requested (SIGTERM/SIGINT) by the last step's
+  // agreement (train_step's found-inf all-reduce carries it), so that every rank stops after the
+  // same step.
+  bool stop_agreed_ = false;
   bool ranks_checked_ = false;  // the rank-consistency check ran at least once
   amp::GradPass last_pass_;     // the last step's gradient pass (last_grad_pass())
 };

@@ -14,6 +14,7 @@
 // own allocations at MPI_Init/Finalize are reported as leaks by LeakSanitizer, aborting every
 // rank; scripts/test.sh runs the sanitizer build with detect_leaks=0, and there they pass).
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +27,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #include "keel/io/safetensors.h"
 #include "tests/support/check.h"
@@ -490,6 +492,88 @@ TEST(CliDist, TwoRanksResumeAfterACrashMidSave) {
     EXPECT_CONTAINS(r.err, "resumed from");
     EXPECT_EQ(step_records(out).size(), 4u);
   }
+}
+
+// The child processes of `parent` (mpirun's ranks), from /proc.
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');  // the command may hold spaces and parentheses
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state = 0;
+    long ppid = 0;
+    if (rest >> state >> ppid && ppid == parent) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// A scheduler's preemption or Ctrl-C on a multi-rank run: the stop handlers were installed for one
+// process only, and a SIGTERM ended every rank with no checkpoint and no word. The ranks now agree
+// on the step (the request rides on the step's found-inf all-reduce), rank 0 saves, and each
+// stops after that step. The signal goes to one rank only (a preempted node): both stop.
+TEST(CliDist, ASigtermToOneRankStopsEveryRankAfterTheSameStepWithACheckpoint) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-sigterm");
+  const std::string out = dir + "/run";
+  std::vector<std::string> words = {find_mpirun(), "--allow-run-as-root", "--oversubscribe", "-np",
+                                    "2"};
+  for (const std::string& w : train_words(tiny(out, {"train.max_steps=100000"})))
+    words.push_back(w);
+  std::vector<char*> argv;
+  for (std::string& w : words) argv.push_back(w.data());
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  const pid_t job = fork();
+  if (job == 0) {
+    if (!std::freopen((dir + "/out").c_str(), "w", stdout) ||
+        !std::freopen((dir + "/err").c_str(), "w", stderr))
+      _exit(127);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  ASSERT_GT(job, 0);
+  // Bounded waits: a hung job is killed, and the test fails instead of waiting for ctest.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  auto lines = [&] {
+    const std::string m = slurp(out + "/metrics.jsonl");
+    return std::count(m.begin(), m.end(), '\n');
+  };
+  while (lines() < 3 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const std::vector<pid_t> ranks = children_of(job);
+  ASSERT_EQ(ranks.size(), 2u) << slurp(dir + "/err");
+  ASSERT_EQ(kill(ranks[0], SIGTERM), 0);
+  int status = 0;
+  while (waitpid(job, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(job, SIGKILL);
+      waitpid(job, &status, 0);
+      FAIL() << "the job did not stop within 60 s of the SIGTERM: " << slurp(dir + "/err");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::string said = slurp(dir + "/out"), err = slurp(dir + "/err");
+  ASSERT_TRUE(WIFEXITED(status)) << said << err;
+  EXPECT_EQ(WEXITSTATUS(status), 0) << said << err;
+  const size_t at = said.find("stopped by request at step ");
+  ASSERT_NE(at, std::string::npos) << said << err;
+  EXPECT_EQ(said.find("stopped by request", at + 1), std::string::npos) << "said once: " << said;
+  const int64_t step = std::stoll(said.substr(at + 27));
+  const auto records = step_records(out);
+  ASSERT_FALSE(records.empty());
+  EXPECT_EQ(records.back().at("step").get<int64_t>(), step);
+  const json state = json::parse(slurp(out + "/checkpoints/last/trainer.json"));
+  EXPECT_EQ(state.at("step").get<int64_t>(), step);
+  // Resumable on two ranks.
+  Ran r =
+      run_train(2, tiny(out, {"train.max_steps=" + std::to_string(step + 2), "run.resume=true"}));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(step_records(out).back().at("step").get<int64_t>(), step + 2);
 }
 
 // A rank that stops answering (KEEL_TEST_STALL_RANK: rank 1 sleeps before its first gradient
