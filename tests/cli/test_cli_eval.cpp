@@ -128,6 +128,43 @@ TEST(CliEval, CheckpointEqualsBasePlusAdapterAndFractionSplitEvaluates) {
   }
 }
 
+// `keel eval BASE --adapter OUT_DIR/adapter` evaluated in rows of the base's max_seq_len (64),
+// unpacked, at batch 8, its base in f32, and asked for --tokenizer: 5.2523 against the run's
+// eval_loss 5.3105 on a packed text run. The PEFT directory of a run now evaluates as that run
+// did (its data options, tokenizer and base dtype), the run's own eval_loss bit for bit.
+TEST(CliEval, ARunsAdapterDirectoryIsEvaluatedWithTheRunsDataOptions) {
+  const Files& f = files();
+  const std::string text = f.dir + "/prose.txt";
+  {
+    std::ofstream o(text);
+    for (int i = 0; i < 12; ++i)
+      o << "paragraph " << i << " says the cat sat on the mat " << i * 3 << " times\n\n";
+  }
+  const std::string out = f.dir + "/text-lora";
+  const test::KeelRun r =
+      train(out, {"data.task=text", "data.path=" + text, "data.pack=true", "data.seq_len=16",
+                  "train.batch_size=4", "train.max_steps=3", "model.adapter.kind=lora",
+                  "model.base_dtype=bf16", "optim.lr=0.05", "data.eval_path=" + text});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto evals = eval_records(out);
+  ASSERT_EQ(evals.size(), 1u);
+  const json pair = eval_json({f.base, "--adapter", out + "/adapter/", "--data", text});
+  EXPECT_EQ(pair["loss"].get<double>(), evals[0]["eval_loss"].get<double>());
+  EXPECT_EQ(pair["tokens"], evals[0]["eval_tokens"]);
+  EXPECT_EQ(pair["seq_len"], 16);
+  EXPECT_EQ(pair["batch_size"], 4);
+  // A flag still wins.
+  EXPECT_EQ(eval_json({f.base, "--adapter", out + "/adapter", "--data", text, "--seq-len", "20"})
+                .at("seq_len"),
+            20);
+  // A PEFT directory of no run (an export) keeps the defaults: its run is unknown.
+  const std::string peft = f.dir + "/text-lora-peft";
+  ASSERT_EQ(test::run_keel({"export", out, "--out", peft, "--adapter-only"}).code, 0);
+  const test::KeelRun bare = test::run_keel({"eval", f.base, "--adapter", peft, "--data", text});
+  EXPECT_EQ(bare.code, 2) << bare.output;
+  EXPECT_CONTAINS(bare.err, "--tokenizer");
+}
+
 // model.base_dtype = bf16: the run holds its frozen base in bf16 and computes the base products
 // from it; `keel eval` of its checkpoint loaded that base into f32 and computed them in f32, so
 // its loss was not the run's own eval_loss (5.4812229 vs 5.4812346 on a 4-step Llama LoRA run).

@@ -160,6 +160,13 @@ TEST(CliExport, AnAdapterTrainedOnAnAdapterCheckpointExportsAndLoadsOnIt) {
   const std::string m =
       test::error_of([&] { io::load_trained_model(dir + "/out2", dir + "/out/adapter"); });
   EXPECT_CONTAINS(m, "already carries the dora adapters");
+  // The checkpoint is read once for the pair (it was loaded with its adapters, then again to
+  // merge them), so --base reaches that one read: the second ignored it and refused a base that
+  // had moved, though --base said where it is.
+  fs::rename(dir + "/base", dir + "/moved");
+  const io::TrainedModel moved = io::load_trained_model(
+      first, dir + "/peft2", DType::F32, ops::AttentionBackend::kEager, {}, dir + "/moved");
+  EXPECT_EQ(logits_of(*moved.model), want);
 }
 
 // A tokenizer without a pad token (data.pad = "add") grows the adapter run's vocabulary by a pad
