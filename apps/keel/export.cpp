@@ -108,8 +108,10 @@ int run_export(const ExportArgs& a) {
                                {"the model the run started from (its model.path)", t.base_model},
                                {"the tokenizer's files", tokenizer_dir(t.tokenizer)}});
   check_output_dir("--out", a.out, inputs, writes);
-  // The base an adapter goes on: the run's model.path, or the HF directory it was applied to.
-  const std::string base_model = t.checkpoint ? t.base_model : t.dir;
+  // The base an adapter goes on: the run's model.path, or the directory --adapter was applied to
+  // (a checkpoint it was trained on too: its PEFT export named the checkpoint's own base, on which
+  // it is another model, and the checkpoint refused it as carrying adapters already).
+  const std::string base_model = t.checkpoint && !t.merged_base ? t.base_model : t.dir;
   if (a.adapter_only) {
     if (!t.adapter)
       throw Error(a.model +

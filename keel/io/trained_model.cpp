@@ -252,6 +252,7 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
       // base twice.
       t.model = models::make_causal_lm(hf.spec, 0);
       load_hf_weights(*t.model, dir, check, base_dir);
+      t.merged_base = true;
     } else {
       load_checkpoint_weights(t, hf.spec, ref, adapters, check, base_dir);
     }

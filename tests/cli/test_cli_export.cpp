@@ -160,6 +160,12 @@ TEST(CliExport, AnAdapterTrainedOnAnAdapterCheckpointExportsAndLoadsOnIt) {
   const std::string m =
       test::error_of([&] { io::load_trained_model(dir + "/out2", dir + "/out/adapter"); });
   EXPECT_CONTAINS(m, "already carries the dora adapters");
+  // The pair's --adapter-only export is the same adapter on the same base: it named the first
+  // run's HF base, where it is another model (and the checkpoint refused it).
+  keel_export({first, "--adapter", dir + "/peft2", "--adapter-only", "--out", dir + "/peft3"});
+  EXPECT_EQ(json::parse(test::slurp(dir + "/peft3/adapter_config.json"))["base_model_name_or_path"],
+            first);
+  EXPECT_EQ(logits_of(*io::load_trained_model(first, dir + "/peft3").model), want);
   // The checkpoint is read once for the pair (it was loaded with its adapters, then again to
   // merge them), so --base reaches that one read: the second ignored it and refused a base that
   // had moved, though --base said where it is.
