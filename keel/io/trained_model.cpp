@@ -150,6 +150,13 @@ void load_checkpoint_weights(TrainedModel& t, const models::ModelSpec& spec, con
     t.model = models::make_causal_lm(spec, 0);
   }
   if (adapters) {
+    // Its adapters' shapes come from adapter_config.json: one missing was "no
+    // adapter_config.json (expected a PEFT adapter directory, e.g. a run's out_dir/adapter)",
+    // as if the checkpoint had been given as --adapter.
+    if (!path_exists(dir + "/adapter_config.json"))
+      throw Error(dir + "/adapter_config.json is missing, though " + dir +
+                  "/config.json says the checkpoint holds adapters (" + kDamagedCheckpointUseFix +
+                  ")");
     t.adapter = read_peft_config(dir);
     nn::apply_adapters(*t.model, *t.adapter, dir + "/adapter_config.json");
   }
@@ -165,9 +172,12 @@ void load_checkpoint_weights(TrainedModel& t, const models::ModelSpec& spec, con
     if (!src)
       throw Error(file + ": tensor '" + name + "' is missing (" + dir +
                   "/config.json describes a model that has it)");
+    // An adapter's shape is adapter_config.json's (r), not config.json's.
     if (src->shape() != p.shape())
-      throw Error(file + ": tensor '" + name + "' is " + shape_str(src->shape()) + ", " + dir +
-                  "/config.json implies " + shape_str(p.shape()));
+      throw Error(
+          file + ": tensor '" + name + "' is " + shape_str(src->shape()) + ", " + dir +
+          (nn::is_adapter_parameter(*t.model, p) ? "/adapter_config.json" : "/config.json") +
+          " implies " + shape_str(p.shape()) + " (" + kDamagedCheckpointUseFix + ")");
     check_weights_finite(check, *src, name, file);
     Tensor dst = p;
     dst.copy_from(*src);

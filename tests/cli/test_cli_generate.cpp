@@ -288,5 +288,26 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
   EXPECT_CONTAINS(err({old, "x"}), "has no config.json describing its model");
 }
 
+// A checkpoint whose adapter files are damaged names the file that is: a missing
+// adapter_config.json read as if the checkpoint were a --adapter directory ("expected a PEFT
+// adapter directory, e.g. a run's out_dir/adapter"), and an edited r blamed config.json.
+TEST(CliGenerate, ACheckpointWithDamagedAdapterFilesNamesTheFile) {
+  const std::string ck = test::temp_dir("gen-damaged") + "/last";
+  fs::copy(lora_run() + "/checkpoints/last", ck);
+  json cfg = json::parse(test::slurp(ck + "/adapter_config.json"));
+  cfg["r"] = 2;
+  std::ofstream(ck + "/adapter_config.json") << cfg.dump();
+  test::KeelRun r = test::run_keel({"generate", ck, "x"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "is [4, 32], " + ck + "/adapter_config.json implies [2, 32]");
+  EXPECT_CONTAINS(r.err, "the checkpoint is damaged");
+  fs::remove(ck + "/adapter_config.json");
+  r = test::run_keel({"generate", ck, "x"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, ck + "/adapter_config.json is missing, though " + ck +
+                             "/config.json says the checkpoint holds adapters");
+  EXPECT_NOT_CONTAINS(r.err, "PEFT adapter directory");
+}
+
 }  // namespace
 }  // namespace keel
