@@ -253,7 +253,6 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
                        ? keel_field<std::string>(keel, "base_model", "", dir)
                        : base_dir;
     const bool adapters = keel_field<bool>(keel, "adapter", false, dir);
-    if (adapters) t.base_dtype = run_base_dtype(dir, hf.dtype);
     if (adapters && !adapter_dir.empty() && peft_base_is(adapter_dir, {path, dir})) {
       // An adapter trained with model.path = this checkpoint: its run loaded the checkpoint with
       // its adapters merged (hf_weights.h) into a model of its own, then attached the new ones.
@@ -262,9 +261,10 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
       // base twice.
       t.model = models::make_causal_lm(hf.spec, 0);
       load_hf_weights(*t.model, dir, check, base_dir);
-      t.merged_base = true;
+      t.merged_base = true;  // the dtype its base was held in is the adapter run's, below
     } else {
       load_checkpoint_weights(t, hf.spec, ref, adapters, check, base_dir);
+      if (adapters) t.base_dtype = run_base_dtype(dir, hf.dtype);
     }
   } else if (path_exists(dir + "/config.json")) {
     if (!base_dir.empty())
@@ -299,7 +299,7 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
       const std::string ck = t.adapter_run + "/checkpoints/last";
       const std::string tok = keel_field<std::string>(keel_block(ck), "tokenizer", "", ck);
       if (!tok.empty()) t.tokenizer = tok;
-      if (!t.base_dtype) t.base_dtype = run_base_dtype(ck, read_hf_config(ck).dtype);
+      t.base_dtype = run_base_dtype(ck, read_hf_config(ck).dtype);
     }
   }
   return t;

@@ -165,6 +165,27 @@ TEST(CliEval, ARunsAdapterDirectoryIsEvaluatedWithTheRunsDataOptions) {
   EXPECT_CONTAINS(bare.err, "--tokenizer");
 }
 
+// An adapter trained with model.path = the checkpoint of a model.base_dtype = bf16 run: the pair
+// (the checkpoint, its adapters merged, under the second run's adapter) held its base in bf16 as
+// the first run did, while the second held it in f32: 5.0813941 against its eval_loss 5.0813833.
+TEST(CliEval, AnAdapterOnACheckpointIsEvaluatedWithItsOwnRunsBaseDtype) {
+  const Files& f = files();
+  const std::string first = f.dir + "/bf16-first", second = f.dir + "/f32-second";
+  ASSERT_EQ(train(first, {"train.max_steps=2", "model.adapter.kind=lora", "model.base_dtype=bf16",
+                          "optim.lr=0.05"})
+                .code,
+            0);
+  const test::KeelRun r =
+      train(second, {"model.path=" + first + "/checkpoints/last", "train.max_steps=2",
+                     "model.adapter.kind=lora", "optim.lr=0.05", "data.eval_path=" + f.val});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto evals = eval_records(second);
+  ASSERT_EQ(evals.size(), 1u);
+  const json pair =
+      eval_json({first + "/checkpoints/last", "--adapter", second + "/adapter", "--data", f.val});
+  EXPECT_EQ(pair["loss"].get<double>(), evals[0]["eval_loss"].get<double>());
+}
+
 // model.base_dtype = bf16: the run holds its frozen base in bf16 and computes the base products
 // from it; `keel eval` of its checkpoint loaded that base into f32 and computed them in f32, so
 // its loss was not the run's own eval_loss (5.4812229 vs 5.4812346 on a 4-step Llama LoRA run).
