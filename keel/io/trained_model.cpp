@@ -69,20 +69,26 @@ T keel_field(const json& keel, const char* key, T def, const std::string& dir) {
   return it->get<T>();
 }
 
-// Whether the PEFT directory's adapter_config.json names one of `dirs` as its base
-// (base_model_name_or_path, as the run's model.path was given). Unreadable: false (the adapter's
-// own load names the problem).
-bool peft_base_is(const std::string& adapter_dir, const std::vector<std::string>& dirs) {
+// The PEFT directory's adapter_config.json base_model_name_or_path ("" when unreadable or
+// absent: the adapter's own load names the problem).
+std::string peft_base_of(const std::string& adapter_dir) {
   json cfg;
   try {
     cfg = json::parse(read_file(adapter_dir + "/adapter_config.json"));
   } catch (const std::exception&) {
-    return false;
+    return "";
   }
   const auto it = cfg.is_object() ? cfg.find("base_model_name_or_path") : cfg.end();
-  if (it == cfg.end() || !it->is_string()) return false;
+  return it != cfg.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// Whether the PEFT directory's adapter_config.json names one of `dirs` as its base
+// (base_model_name_or_path, as the run's model.path was given).
+bool peft_base_is(const std::string& adapter_dir, const std::vector<std::string>& dirs) {
+  const std::string named = peft_base_of(adapter_dir);
+  if (named.empty()) return false;
   std::error_code ec;
-  const fs::path base = fs::weakly_canonical(it->get<std::string>(), ec);
+  const fs::path base = fs::weakly_canonical(named, ec);
   if (ec) return false;
   for (const std::string& d : dirs)
     if (fs::weakly_canonical(d, ec) == base && !ec) return true;
@@ -291,7 +297,19 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
       throw Error("--adapter " + adapter_dir +
                       ": no such directory (a PEFT adapter directory, e.g. OUT_DIR/adapter)",
                   Error::kUsage);
-    t.adapter = load_peft_adapter(*t.model, adapter_dir, check);
+    try {
+      t.adapter = load_peft_adapter(*t.model, adapter_dir, check);
+    } catch (const Error& e) {
+      // An adapter on another base than its own fails on a shape or a module name, and the
+      // message alone ("the adapter expects [12, 8] (r = 8)", "fix target_modules") pointed at
+      // the adapter's files rather than at MODEL.
+      const std::string named = peft_base_of(adapter_dir);
+      if (named.empty() || peft_base_is(adapter_dir, {path, dir})) throw;
+      throw Error(std::string(e.what()) + "; note: " + adapter_dir +
+                      "/adapter_config.json names base_model_name_or_path \"" + named + "\", not " +
+                      path + ": an adapter loads on the model it was trained on",
+                  e.kind);
+    }
     // A run's own PEFT directory: use the model as that run did (its tokenizer, its base's
     // dtype), not as the base directory alone suggests.
     t.adapter_run = adapter_run_dir(adapter_dir);

@@ -281,6 +281,11 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
       "gpt2:" + std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
   EXPECT_CONTAINS(err({wide, "x", "--tokenizer", gpt2, "--bos"}),
                   "--bos: the tokenizer (" + gpt2 + ") has no bos token");
+  // An adapter on another base than its own: the shape error blamed the adapter ("the adapter
+  // expects [4, 16]"); it now names the base the adapter was trained on.
+  EXPECT_CONTAINS(err({wide, "x", "--tokenizer", "byte", "--adapter", lora_run() + "/adapter"}, 1),
+                  "/adapter_config.json names base_model_name_or_path \"" + base_dir() +
+                      "\", not " + wide + ": an adapter loads on the model it was trained on");
   // A checkpoint of an older keel (no config.json) says how to get one.
   const std::string old = test::temp_dir("gen-old") + "/last";
   fs::copy(lora_run() + "/checkpoints/last", old);
