@@ -250,6 +250,33 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   }
 }
 
+// A run on OpenAI's GPT-2 files (encoder.json + vocab.bpe) exported them under those names, which
+// transformers' GPT-2 tokenizer does not read (vocab.json + merges.txt: the same bytes).
+TEST(CliExport, Gpt2TokenizerFilesGetTransformersNames) {
+  const std::string dir = test::temp_dir("export-gpt2-tok");
+  const std::string tiny = dir + "/tok";  // the parity test's files, with an eos token
+  const std::string src = std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
+  fs::create_directories(tiny);
+  fs::copy_file(src + "/vocab.bpe", tiny + "/vocab.bpe");
+  json enc = json::parse(test::slurp(src + "/encoder.json"));
+  enc["<|endoftext|>"] = enc.size();
+  std::ofstream(tiny + "/encoder.json") << enc.dump();
+  std::ofstream(dir + "/text.txt") << std::string(40, 'x') + " the quick brown fox jumps\n";
+  const test::KeelRun r = test::run_keel(
+      test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1", "data.task=text",
+                                  "data.path=" + dir + "/text.txt", "data.tokenizer=gpt2:" + tiny,
+                                  "data.seq_len=8", "train.max_steps=1", "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  keel_export({dir + "/out", "--out", dir + "/hf"});
+  EXPECT_EQ(test::slurp(dir + "/hf/vocab.json"), test::slurp(tiny + "/encoder.json"));
+  EXPECT_EQ(test::slurp(dir + "/hf/merges.txt"), test::slurp(tiny + "/vocab.bpe"));
+  EXPECT_FALSE(fs::exists(dir + "/hf/encoder.json"));
+  EXPECT_FALSE(fs::exists(dir + "/hf/vocab.bpe"));
+  const test::KeelRun g = test::run_keel({"generate", dir + "/hf", "the", "--max-new-tokens", "2"});
+  EXPECT_EQ(g.code, 0) << g.output;
+}
+
 TEST(CliExport, TokenizerFilesAreCopiedAndBadFlagsAreUsageErrors) {
   const std::string dir = test::temp_dir("export-tok");
   const std::string tiny = dir + "/tok";  // a tiny BPE tokenizer.json with an eos token
