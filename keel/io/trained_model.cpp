@@ -1,5 +1,6 @@
 #include "keel/io/trained_model.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -83,15 +84,30 @@ std::string peft_base_of(const std::string& adapter_dir) {
 }
 
 // Whether the PEFT directory's adapter_config.json names one of `dirs` as its base
-// (base_model_name_or_path, as the run's model.path was given).
+// (base_model_name_or_path, as the run's model.path was given). A relative name is relative to
+// where that run ran: from any other directory it named nothing, and the checkpoint it was
+// trained on was refused as "already carrying adapters". It names a directory whose path ends
+// with it.
 bool peft_base_is(const std::string& adapter_dir, const std::vector<std::string>& dirs) {
   const std::string named = peft_base_of(adapter_dir);
   if (named.empty()) return false;
   std::error_code ec;
   const fs::path base = fs::weakly_canonical(named, ec);
   if (ec) return false;
-  for (const std::string& d : dirs)
-    if (fs::weakly_canonical(d, ec) == base && !ec) return true;
+  fs::path tail = fs::path(named).lexically_normal();
+  if (tail.filename().empty()) tail = tail.parent_path();  // "A/checkpoints/last/"
+  const bool relative =
+      tail.is_relative() && std::none_of(tail.begin(), tail.end(),
+                                         [](const fs::path& c) { return c == "." || c == ".."; });
+  for (const std::string& d : dirs) {
+    const fs::path full = fs::weakly_canonical(d, ec);
+    if (ec) continue;
+    if (full == base) return true;
+    if (!relative) continue;
+    auto f = full.end(), t = tail.end();
+    while (t != tail.begin() && f != full.begin() && *std::prev(t) == *std::prev(f)) --t, --f;
+    if (t == tail.begin()) return true;
+  }
   return false;
 }
 

@@ -184,6 +184,15 @@ TEST(CliEval, AnAdapterOnACheckpointIsEvaluatedWithItsOwnRunsBaseDtype) {
   const json pair =
       eval_json({first + "/checkpoints/last", "--adapter", second + "/adapter", "--data", f.val});
   EXPECT_EQ(pair["loss"].get<double>(), evals[0]["eval_loss"].get<double>());
+  // A run started in f.dir with a relative model.path names its base relatively: from any other
+  // directory the pair was refused ("already carries the lora adapters it was trained with").
+  const std::string cfg = second + "/adapter/adapter_config.json";
+  json c = json::parse(test::slurp(cfg));
+  c["base_model_name_or_path"] = "bf16-first/checkpoints/last/";
+  std::ofstream(cfg) << c.dump();
+  const json relative =
+      eval_json({first + "/checkpoints/last", "--adapter", second + "/adapter", "--data", f.val});
+  EXPECT_EQ(relative["loss"], pair["loss"]);
 }
 
 // model.base_dtype = bf16: the run holds its frozen base in bf16 and computes the base products
