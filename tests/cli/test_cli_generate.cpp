@@ -250,6 +250,14 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
   const std::string empty = test::temp_dir("gen-empty");
   EXPECT_CONTAINS(err({empty, "x"}), "neither a model directory");
   EXPECT_CONTAINS(err({base_dir(), "x"}), "give --tokenizer");
+  // A directory with tokenizer files keel cannot use says which: Llama-2's SentencePiece
+  // tokenizer.model, or GPT-2's vocab.json without its merges, read as "no tokenizer.json".
+  const std::string partial = test::temp_dir("gen-partial-tok") + "/m";
+  fs::copy(base_dir(), partial);
+  std::ofstream(partial + "/vocab.json") << "{}";
+  EXPECT_CONTAINS(err({partial, "x"}), "it holds vocab.json but not the BPE merges");
+  std::ofstream(partial + "/tokenizer.model") << "sp";
+  EXPECT_CONTAINS(err({partial, "x"}), "its tokenizer.model is a SentencePiece model");
   EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "/no/tok"}), "/no/tok");
   EXPECT_CONTAINS(err({base_dir(), std::string(60, 'a'), "--tokenizer", "byte"}),
                   "the prompt has 60 tokens but the model's max_seq_len is 48");
