@@ -494,6 +494,20 @@ TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
   EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--pad", "left"}),
                   "--pad left: use add or eos");
   EXPECT_CONTAINS(eval_err({f.dir + "/none", "--data", f.val}), "no such directory");
+  // A token file of another tokenizer named training's key, data.tokenizer, as the fix.
+  const std::string gpt2 =
+      "gpt2:" + std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
+  const std::string bin = f.dir + "/other-tokenizer.bin";
+  std::ofstream(f.dir + "/other.txt") << "the quick brown fox jumps over the lazy dog\n";
+  ASSERT_EQ(test::run_keel(
+                {"tokenize", "--tokenizer", gpt2, "--file", f.dir + "/other.txt", "--output", bin})
+                .code,
+            0);
+  const std::string other = eval_err({f.base, "--data", bin, "--tokenizer", "byte"});
+  EXPECT_CONTAINS(other,
+                  "the file was written with another tokenizer; use that one (--tokenizer "
+                  "gpt2:DIR for llm.c's GPT-2 files, --tokenizer hf:PATH for Llama 3's)");
+  EXPECT_NOT_CONTAINS(other, "data.tokenizer");
   // Flags that mean nothing for the data were taken without a word.
   EXPECT_CONTAINS(
       eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--task", "jsonl", "--pack"}),
