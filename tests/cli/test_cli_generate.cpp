@@ -250,6 +250,10 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
   const std::string empty = test::temp_dir("gen-empty");
   EXPECT_CONTAINS(err({empty, "x"}), "neither a model directory");
   EXPECT_CONTAINS(err({base_dir(), "x"}), "give --tokenizer");
+  // An empty prompt says where it was read and that --bos starts without one.
+  EXPECT_CONTAINS(err({base_dir(), "", "--tokenizer", "byte"}),
+                  "the prompt is empty (the PROMPT argument held no text): give a prompt, or "
+                  "--bos to start from the tokenizer's bos token");
   // A directory with tokenizer files keel cannot use says which: Llama-2's SentencePiece
   // tokenizer.model, or GPT-2's vocab.json without its merges, read as "no tokenizer.json".
   const std::string partial = test::temp_dir("gen-partial-tok") + "/m";
