@@ -31,9 +31,13 @@ struct EvalArgs {
   bool pack = false, json = false;
 };
 
-// The config.toml of the run a checkpoint directory belongs to (OUT_DIR/checkpoints/NAME), or of
-// OUT_DIR itself; nullopt for an HF directory.
+// The config.toml of the run that trained what is evaluated: the run whose OUT_DIR/adapter is
+// --adapter (an HF base with it was evaluated in rows of the base's max_seq_len, up to 1024,
+// unpacked, not the run's data.seq_len: another loss than the run's eval_loss), else the run a
+// checkpoint directory belongs to (OUT_DIR/checkpoints/NAME); nullopt for an HF directory or a
+// PEFT directory of no run (--seq-len, --pack, --pad say what it trained with).
 std::optional<Config> run_config(const io::TrainedModel& t) {
+  if (!t.adapter_run.empty()) return load_config(t.adapter_run + "/config.toml");
   if (!t.checkpoint) return std::nullopt;
   const fs::path file = fs::path(t.dir).parent_path().parent_path() / "config.toml";
   if (!fs::exists(file)) return std::nullopt;
@@ -86,9 +90,11 @@ int run_eval(EvalArgs& a, bool pack_given) {
   // Rows are padded to the row length: a model's whole context (Llama-3's 131,072 positions)
   // as the default asked 256 GB for a 10-byte file. As HF's run_clm: at most 1024 by default.
   // Where the row length came from, for the note on truncated examples.
-  const std::string seq_len_from = a.seq_len != 0 ? "--seq-len"
-                                   : run          ? "the run's data.seq_len"
-                                         : "the default, the model's max_seq_len up to 1024";
+  const std::string seq_len_from =
+      a.seq_len != 0 ? "--seq-len"
+      : run
+          ? (t.adapter_run.empty() ? "the run's data.seq_len" : "the adapter's run's data.seq_len")
+          : "the default, the model's max_seq_len up to 1024";
   if (a.seq_len == 0)
     a.seq_len = run ? dc.seq_len : std::min<int64_t>(t.model->spec().max_seq_len, 1024);
   if (a.batch_size == 0) a.batch_size = run ? run->train.batch_size : 8;

@@ -66,16 +66,24 @@ std::string tokenizer_dir(const std::string& spec) {
 
 // The tokenizer files of a load_tokenizer spec, each with the name it gets in the export: an
 // hf: spec naming a file (data.tokenizer = "hf:DIR/my_tok.json") becomes tokenizer.json, the name
-// loaders look for (it was skipped: the export held tokenizer_config.json alone).
+// loaders look for (it was skipped: the export held tokenizer_config.json alone). OpenAI's GPT-2
+// files (encoder.json, vocab.bpe) are transformers' vocab.json and merges.txt byte for byte under
+// other names: copied as they were, the export's tokenizer did not load in transformers.
 std::vector<std::pair<fs::path, std::string>> tokenizer_files(const std::string& spec) {
   const std::string dir = tokenizer_dir(spec);
   if (dir.empty()) return {};
   std::vector<std::pair<fs::path, std::string>> out;
   const std::string path = spec.rfind("hf:", 0) == 0 ? spec.substr(3) : "";
   if (!path.empty() && fs::is_regular_file(path)) out.emplace_back(path, "tokenizer.json");
-  for (const std::string& f : kTokenizerFiles)
-    if (fs::is_regular_file(fs::path(dir) / f) && !(f == "tokenizer.json" && !out.empty()))
-      out.emplace_back(fs::path(dir) / f, f);
+  auto has = [&](const std::string& f) { return fs::is_regular_file(fs::path(dir) / f); };
+  for (const std::string& f : kTokenizerFiles) {
+    if (!has(f) || (f == "tokenizer.json" && !out.empty())) continue;
+    const std::string hf_name = f == "encoder.json" ? "vocab.json"
+                                : f == "vocab.bpe"  ? "merges.txt"
+                                                    : f;
+    if (hf_name != f && has(hf_name)) continue;  // the directory has transformers' own
+    out.emplace_back(fs::path(dir) / f, hf_name);
+  }
   return out;
 }
 
@@ -108,8 +116,10 @@ int run_export(const ExportArgs& a) {
                                {"the model the run started from (its model.path)", t.base_model},
                                {"the tokenizer's files", tokenizer_dir(t.tokenizer)}});
   check_output_dir("--out", a.out, inputs, writes);
-  // The base an adapter goes on: the run's model.path, or the HF directory it was applied to.
-  const std::string base_model = t.checkpoint ? t.base_model : t.dir;
+  // The base an adapter goes on: the run's model.path, or the directory --adapter was applied to
+  // (a checkpoint it was trained on too: its PEFT export named the checkpoint's own base, on which
+  // it is another model, and the checkpoint refused it as carrying adapters already).
+  const std::string base_model = t.checkpoint && !t.merged_base ? t.base_model : t.dir;
   if (a.adapter_only) {
     if (!t.adapter)
       throw Error(a.model +

@@ -39,6 +39,17 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
   const PrecisionPolicy& policy = m.policy;
 
   std::vector<int32_t> ids = tok->encode(prompt);
+  // The library's "the prompt is empty: give at least one token" named neither where the prompt
+  // was read (an empty stdin or file) nor --bos, which starts a prompt-less decode as HF does.
+  if (ids.empty() && !a.bos)
+    throw Error(
+        "the prompt is empty (" +
+            std::string(has_prompt              ? "the PROMPT argument"
+                        : a.prompt_file.empty() ? "stdin"
+                                                : "--prompt-file " + a.prompt_file) +
+            " held no text): give a prompt" +
+            (tok->bos_id() >= 0 ? ", or --bos to start from the tokenizer's bos token" : ""),
+        Error::kUsage);
   if (a.bos) {
     if (tok->bos_id() < 0)
       throw Error("--bos: the tokenizer (" + m.tokenizer_spec +

@@ -1,5 +1,7 @@
 #include "apps/keel/model_args.h"
 
+#include <filesystem>
+
 #include "keel/backend/cuda_api.h"
 #include "keel/nn/adapters/adapter.h"
 #include "keel/nn/module.h"
@@ -60,11 +62,24 @@ ModelForUse load_model_for_use(const ModelArgs& a) {
   if (m.trained.base_dtype && m.policy.param_dtype == DType::F32)
     nn::cast_frozen_parameters(*m.trained.model, *m.trained.base_dtype);
   m.tokenizer_spec = a.tokenizer.empty() ? m.trained.tokenizer : a.tokenizer;
-  if (m.tokenizer_spec.empty())
-    throw Error(a.model +
-                    " names no tokenizer (no tokenizer.json or vocab.bpe beside it); give "
-                    "--tokenizer byte | gpt2:DIR | hf:PATH",
-                Error::kUsage);
+  if (m.tokenizer_spec.empty()) {
+    // What the directory does hold: Llama-2's tokenizer.model alone, or half of GPT-2's pair,
+    // was met with the same "no tokenizer.json" as nothing at all.
+    const std::string& dir = m.trained.dir;
+    auto has = [&](const char* f) { return std::filesystem::exists(dir + "/" + f); };
+    std::string why =
+        "no tokenizer.json or vocab.bpe beside it); give --tokenizer byte | gpt2:DIR | hf:PATH";
+    if (has("tokenizer.model"))
+      why =
+          "its tokenizer.model is a SentencePiece model, which keel does not read); save the "
+          "tokenizer as tokenizer.json beside it (a transformers fast tokenizer's "
+          "save_pretrained writes one) or give --tokenizer hf:PATH";
+    else if (has("vocab.json") || has("encoder.json"))
+      why = std::string("it holds ") + (has("vocab.json") ? "vocab.json" : "encoder.json") +
+            " but not the BPE merges that go with it); add merges.txt (or vocab.bpe) beside it, "
+            "or give --tokenizer byte | gpt2:DIR | hf:PATH";
+    throw Error(a.model + " names no tokenizer (" + why, Error::kUsage);
+  }
   m.tokenizer =
       data::load_tokenizer(m.tokenizer_spec, a.tokenizer.empty() ? a.model + "'s tokenizer"
                                                                  : std::string("--tokenizer"));

@@ -289,13 +289,17 @@ std::unique_ptr<Dataset> load_token_file(const std::string& path, const std::str
     at = first_id_beyond<uint32_t>(f.fd, h.tokens, vocab, v, path, key);
     id = v;
   }
+  // `keel eval --data F` takes its tokenizer from --tokenizer: it was told to set data.tokenizer,
+  // a key of no file it reads.
+  const bool flag = key.rfind("--", 0) == 0;
   if (at >= 0)
     throw file_error(path, key,
                      "token " + std::to_string(at) + " is id " + std::to_string(id) +
                          ", beyond the tokenizer's vocabulary (" + std::to_string(vocab) +
-                         " ids): the file was written with another tokenizer; use that one "
-                         "(data.tokenizer = \"gpt2:DIR\" for llm.c's GPT-2 files, \"hf:PATH\" "
-                         "for Llama 3's)");
+                         " ids): the file was written with another tokenizer; use that one (" +
+                         (flag ? "--tokenizer gpt2:DIR" : "data.tokenizer = \"gpt2:DIR\"") +
+                         " for llm.c's GPT-2 files, " +
+                         (flag ? "--tokenizer hf:PATH" : "\"hf:PATH\"") + " for Llama 3's)");
   const auto bytes = static_cast<size_t>(st.st_size);
   void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, f.fd, 0);
   if (map == MAP_FAILED)

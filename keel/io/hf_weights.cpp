@@ -202,10 +202,11 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
                    "an MLP " + std::to_string((*mlp)[gpt2 ? 1 : 0]) + " wide");
 }
 
-void load_hf_weights(models::CausalLM& model, const std::string& dir, const WeightCheck& check) {
+void load_hf_weights(models::CausalLM& model, const std::string& dir, const WeightCheck& check,
+                     const std::string& base_dir) {
   const models::ModelSpec& spec = model.spec();
   if (is_keel_checkpoint(dir)) {  // a run's checkpoint: keel's layout, its adapters merged
-    TrainedModel t = load_trained_model(dir, "", DType::F32, spec.attention, check);
+    TrainedModel t = load_trained_model(dir, "", DType::F32, spec.attention, check, base_dir);
     nn::merge_adapters(*t.model);
     std::map<std::string, Tensor> merged;
     for (auto& [name, p] : base_parameters(*t.model)) merged[name] = p;

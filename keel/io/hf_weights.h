@@ -28,9 +28,10 @@ inline constexpr const char* kSafetensorsIndex = "model.safetensors.index.json";
 // parameter's dtype (exact for bf16/f16 -> f32). Bumps every parameter's version. DIR may be a
 // keel checkpoint (io/trained_model.h): its weights are read in keel's layout, adapters merged.
 // Non-finite weights are an Error naming the tensor and its index in the file (io/weight_check.h)
-// unless `check` allows them.
-void load_hf_weights(models::CausalLM& model, const std::string& dir,
-                     const WeightCheck& check = {});
+// unless `check` allows them. `base_dir` (--base): where a checkpoint DIR's referenced base is
+// now, when it moved after training.
+void load_hf_weights(models::CausalLM& model, const std::string& dir, const WeightCheck& check = {},
+                     const std::string& base_dir = "");
 
 // What attach_hf_weights did.
 struct LoadedWeights {

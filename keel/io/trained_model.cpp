@@ -1,5 +1,6 @@
 #include "keel/io/trained_model.h"
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -69,24 +70,146 @@ T keel_field(const json& keel, const char* key, T def, const std::string& dir) {
   return it->get<T>();
 }
 
-// Whether the PEFT directory's adapter_config.json names one of `dirs` as its base
-// (base_model_name_or_path, as the run's model.path was given). Unreadable: false (the adapter's
-// own load names the problem).
-bool peft_base_is(const std::string& adapter_dir, const std::vector<std::string>& dirs) {
+// The PEFT directory's adapter_config.json base_model_name_or_path ("" when unreadable or
+// absent: the adapter's own load names the problem).
+std::string peft_base_of(const std::string& adapter_dir) {
   json cfg;
   try {
     cfg = json::parse(read_file(adapter_dir + "/adapter_config.json"));
   } catch (const std::exception&) {
-    return false;
+    return "";
   }
   const auto it = cfg.is_object() ? cfg.find("base_model_name_or_path") : cfg.end();
-  if (it == cfg.end() || !it->is_string()) return false;
+  return it != cfg.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+// Whether the PEFT directory's adapter_config.json names one of `dirs` as its base
+// (base_model_name_or_path, as the run's model.path was given). A relative name is relative to
+// where that run ran: from any other directory it named nothing, and the checkpoint it was
+// trained on was refused as "already carrying adapters". It names a directory whose path ends
+// with it.
+bool peft_base_is(const std::string& adapter_dir, const std::vector<std::string>& dirs) {
+  const std::string named = peft_base_of(adapter_dir);
+  if (named.empty()) return false;
   std::error_code ec;
-  const fs::path base = fs::weakly_canonical(it->get<std::string>(), ec);
+  const fs::path base = fs::weakly_canonical(named, ec);
   if (ec) return false;
-  for (const std::string& d : dirs)
-    if (fs::weakly_canonical(d, ec) == base && !ec) return true;
+  fs::path tail = fs::path(named).lexically_normal();
+  if (tail.filename().empty()) tail = tail.parent_path();  // "A/checkpoints/last/"
+  const bool relative =
+      tail.is_relative() && std::none_of(tail.begin(), tail.end(),
+                                         [](const fs::path& c) { return c == "." || c == ".."; });
+  for (const std::string& d : dirs) {
+    const fs::path full = fs::weakly_canonical(d, ec);
+    if (ec) continue;
+    if (full == base) return true;
+    if (!relative) continue;
+    auto f = full.end(), t = tail.end();
+    while (t != tail.begin() && f != full.begin() && *std::prev(t) == *std::prev(f)) --t, --f;
+    if (t == tail.begin()) return true;
+  }
   return false;
+}
+
+// The OUT_DIR of the run whose OUT_DIR/adapter (Trainer::fit) `adapter_dir` is: beside its
+// config.toml and its checkpoint of the same adapters. "" for any other PEFT directory.
+std::string adapter_run_dir(const std::string& adapter_dir) {
+  std::error_code ec;
+  const fs::path a = fs::weakly_canonical(adapter_dir, ec);
+  if (ec || a.filename() != "adapter") return "";
+  fs::path given = fs::path(adapter_dir).lexically_normal();
+  if (given.filename().empty()) given = given.parent_path();  // "OUT_DIR/adapter/"
+  const std::string run = given.has_parent_path() ? given.parent_path().string() : ".";
+  const json keel = keel_block(run + "/checkpoints/last");
+  const auto adapters = keel.find("adapter");
+  if (!path_exists(run + "/config.toml") || adapters == keel.end() || *adapters != true) return "";
+  return run;
+}
+
+// The dtype an adapter run held its frozen base in when its parameters are f32
+// (model.base_dtype = bf16): config.json's torch_dtype, `stored` here, is the base's.
+std::optional<DType> run_base_dtype(const std::string& dir, DType stored) {
+  if (stored == DType::F32) return std::nullopt;
+  std::string precision;
+  try {
+    precision = json::parse(read_file(dir + "/trainer.json")).value("precision", "");
+  } catch (const std::exception&) {  // the resume's load names a damaged trainer.json
+  }
+  if (precision == "32-true" || precision == "bf16-mixed" || precision == "16-mixed") return stored;
+  return std::nullopt;
+}
+
+// t.model built from `spec` with the weights of the checkpoint t.dir: its referenced base's
+// (`ref`), then its own model.safetensors, adapters included (attached unmerged).
+void load_checkpoint_weights(TrainedModel& t, const models::ModelSpec& spec, const json& ref,
+                             bool adapters, const WeightCheck& check, const std::string& base_dir) {
+  const std::string& dir = t.dir;
+  // The names (and shapes) of the parameters the referenced base supplies: the checkpoint of
+  // an adapter run over an HF directory holds only the others.
+  std::map<std::string, Shape> from_base;
+  if (!ref.is_null()) {
+    const std::string base = find_referenced_base(ref, dir, base_dir);
+    models::ModelSpec base_spec = spec;
+    base_spec.vocab_size = read_hf_config(base).spec.vocab_size;  // before data.pad = "add"'s rows
+    t.model = models::make_causal_lm(base_spec, 0);
+    load_hf_weights(*t.model, base, check);
+    // The run held its base in `dtype` (model.base_dtype): the same rounding of the files.
+    const std::optional<DType> held = dtype_from_name(ref.value("dtype", std::string("f32")));
+    if (!held)
+      throw Error(dir + "/config.json: keel_checkpoint.base.dtype is not a dtype name (" +
+                  kDamagedCheckpointUseFix + ")");
+    for (auto& [name, p] : t.model->named_parameters()) {
+      if (*held != p.dtype()) {
+        Tensor dst = p;
+        dst.copy_from(p.to_dtype(*held));
+        dst.bump_version();
+      }
+      from_base[name] = p.shape();
+    }
+    if (base_spec.vocab_size != spec.vocab_size)
+      models::resize_token_embeddings(*t.model, spec.vocab_size);
+  } else {
+    t.model = models::make_causal_lm(spec, 0);
+  }
+  if (adapters) {
+    // Its adapters' shapes come from adapter_config.json: one missing was "no
+    // adapter_config.json (expected a PEFT adapter directory, e.g. a run's out_dir/adapter)",
+    // as if the checkpoint had been given as --adapter.
+    if (!path_exists(dir + "/adapter_config.json"))
+      throw Error(dir + "/adapter_config.json is missing, though " + dir +
+                  "/config.json says the checkpoint holds adapters (" + kDamagedCheckpointUseFix +
+                  ")");
+    t.adapter = read_peft_config(dir);
+    nn::apply_adapters(*t.model, *t.adapter, dir + "/adapter_config.json");
+  }
+  const std::string file = dir + "/model.safetensors";
+  if (!path_exists(file))
+    throw Error(dir + ": the checkpoint is incomplete: model.safetensors is missing");
+  Safetensors st = read_safetensors(file);
+  std::set<std::string> used;
+  for (auto& [name, p] : t.model->named_parameters()) {
+    const Tensor* src = st.find(name);
+    auto base_it = from_base.find(name);
+    if (!src && base_it != from_base.end() && base_it->second == p.shape()) continue;
+    if (!src)
+      throw Error(file + ": tensor '" + name + "' is missing (" + dir +
+                  "/config.json describes a model that has it)");
+    // An adapter's shape is adapter_config.json's (r), not config.json's.
+    if (src->shape() != p.shape())
+      throw Error(
+          file + ": tensor '" + name + "' is " + shape_str(src->shape()) + ", " + dir +
+          (nn::is_adapter_parameter(*t.model, p) ? "/adapter_config.json" : "/config.json") +
+          " implies " + shape_str(p.shape()) + " (" + kDamagedCheckpointUseFix + ")");
+    check_weights_finite(check, *src, name, file);
+    Tensor dst = p;
+    dst.copy_from(*src);
+    dst.bump_version();
+    used.insert(name);
+  }
+  for (auto& [name, x] : st.tensors)
+    if (!used.count(name))
+      throw Error(file + ": unexpected tensor '" + name + "' (" + dir +
+                  "/config.json describes a model without it)");
 }
 
 }  // namespace
@@ -145,78 +268,26 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
                   Error::kUsage);
     hf.spec.param_dtype = param_dtype;
     hf.spec.attention = attention;
-    // The names (and shapes) of the parameters the referenced base supplies: the checkpoint of
-    // an adapter run over an HF directory holds only the others.
-    std::map<std::string, Shape> from_base;
-    const json ref = checkpoint_base_reference(dir);
-    if (!ref.is_null()) {
-      const std::string base = find_referenced_base(ref, dir, base_dir);
-      models::ModelSpec spec = hf.spec;
-      spec.vocab_size = read_hf_config(base).spec.vocab_size;  // before data.pad = "add"'s rows
-      t.model = models::make_causal_lm(spec, 0);
-      load_hf_weights(*t.model, base, check);
-      // The run held its base in `dtype` (model.base_dtype): the same rounding of the files.
-      const std::optional<DType> held = dtype_from_name(ref.value("dtype", std::string("f32")));
-      if (!held)
-        throw Error(dir + "/config.json: keel_checkpoint.base.dtype is not a dtype name (" +
-                    kDamagedCheckpointUseFix + ")");
-      for (auto& [name, p] : t.model->named_parameters()) {
-        if (*held != p.dtype()) {
-          Tensor dst = p;
-          dst.copy_from(p.to_dtype(*held));
-          dst.bump_version();
-        }
-        from_base[name] = p.shape();
-      }
-      if (spec.vocab_size != hf.spec.vocab_size)
-        models::resize_token_embeddings(*t.model, hf.spec.vocab_size);
-    } else {
-      t.model = models::make_causal_lm(hf.spec, 0);
-    }
     t.checkpoint = true;
     t.tokenizer = keel_field<std::string>(keel, "tokenizer", "", dir);
+    const json ref = checkpoint_base_reference(dir);
     t.base_model = base_dir.empty() || ref.is_null()
                        ? keel_field<std::string>(keel, "base_model", "", dir)
                        : base_dir;
-    if (keel_field<bool>(keel, "adapter", false, dir)) {
-      t.adapter = read_peft_config(dir);
-      nn::apply_adapters(*t.model, *t.adapter, dir + "/adapter_config.json");
-      // model.base_dtype = bf16 under f32 parameters: config.json's torch_dtype is the base's.
-      if (hf.dtype != DType::F32) {
-        std::string precision;
-        try {
-          precision = json::parse(read_file(dir + "/trainer.json")).value("precision", "");
-        } catch (const std::exception&) {  // the resume's load names a damaged trainer.json
-        }
-        if (precision == "32-true" || precision == "bf16-mixed" || precision == "16-mixed")
-          t.base_dtype = hf.dtype;
-      }
+    const bool adapters = keel_field<bool>(keel, "adapter", false, dir);
+    if (adapters && !adapter_dir.empty() && peft_base_is(adapter_dir, {path, dir})) {
+      // An adapter trained with model.path = this checkpoint: its run loaded the checkpoint with
+      // its adapters merged (hf_weights.h) into a model of its own, then attached the new ones.
+      // The same here, so that the PEFT export of such a run gives its logits bit for bit. Read
+      // once: loading the checkpoint with its adapters first, then again to merge, read an 8B
+      // base twice.
+      t.model = models::make_causal_lm(hf.spec, 0);
+      load_hf_weights(*t.model, dir, check, base_dir);
+      t.merged_base = true;  // the dtype its base was held in is the adapter run's, below
+    } else {
+      load_checkpoint_weights(t, hf.spec, ref, adapters, check, base_dir);
+      if (adapters) t.base_dtype = run_base_dtype(dir, hf.dtype);
     }
-    const std::string file = dir + "/model.safetensors";
-    if (!path_exists(file))
-      throw Error(dir + ": the checkpoint is incomplete: model.safetensors is missing");
-    Safetensors st = read_safetensors(file);
-    std::set<std::string> used;
-    for (auto& [name, p] : t.model->named_parameters()) {
-      const Tensor* src = st.find(name);
-      auto base_it = from_base.find(name);
-      if (!src && base_it != from_base.end() && base_it->second == p.shape()) continue;
-      if (!src)
-        throw Error(file + ": tensor '" + name + "' is missing (" + dir +
-                    "/config.json describes a model that has it)");
-      if (src->shape() != p.shape())
-        throw Error(file + ": tensor '" + name + "' is " + shape_str(src->shape()) + ", " + dir +
-                    "/config.json implies " + shape_str(p.shape()));
-      check_weights_finite(check, *src, name, file);
-      Tensor dst = p;
-      dst.copy_from(*src);
-      dst.bump_version();
-      used.insert(name);
-    }
-    for (auto& [name, x] : st.tensors)
-      if (!used.count(name))
-        throw Error(file + ": unexpected tensor '" + name + "' (" + dir +
-                    "/config.json describes a model without it)");
   } else if (path_exists(dir + "/config.json")) {
     if (!base_dir.empty())
       throw Error("--base " + base_dir + ": " + dir +
@@ -232,18 +303,6 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
                     std::string(kinds),
                 Error::kUsage);
   }
-  if (!adapter_dir.empty() && t.adapter && peft_base_is(adapter_dir, {path, dir})) {
-    // An adapter trained with model.path = this checkpoint: its run loaded the checkpoint with
-    // its adapters merged (hf_weights.h) into a model of its own, then attached the new ones.
-    // The same here, so that the PEFT export of such a run gives its logits bit for bit.
-    t.model.reset();
-    HfConfig hf = read_hf_config(dir);
-    hf.spec.param_dtype = param_dtype;
-    hf.spec.attention = attention;
-    t.model = models::make_causal_lm(hf.spec, 0);
-    load_hf_weights(*t.model, dir, check);
-    t.adapter.reset();
-  }
   if (!adapter_dir.empty()) {
     if (t.adapter)
       throw Error("--adapter " + adapter_dir + ": " + dir + " already carries the " +
@@ -254,7 +313,28 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
       throw Error("--adapter " + adapter_dir +
                       ": no such directory (a PEFT adapter directory, e.g. OUT_DIR/adapter)",
                   Error::kUsage);
-    t.adapter = load_peft_adapter(*t.model, adapter_dir, check);
+    try {
+      t.adapter = load_peft_adapter(*t.model, adapter_dir, check);
+    } catch (const Error& e) {
+      // An adapter on another base than its own fails on a shape or a module name, and the
+      // message alone ("the adapter expects [12, 8] (r = 8)", "fix target_modules") pointed at
+      // the adapter's files rather than at MODEL.
+      const std::string named = peft_base_of(adapter_dir);
+      if (named.empty() || peft_base_is(adapter_dir, {path, dir})) throw;
+      throw Error(std::string(e.what()) + "; note: " + adapter_dir +
+                      "/adapter_config.json names base_model_name_or_path \"" + named + "\", not " +
+                      path + ": an adapter loads on the model it was trained on",
+                  e.kind);
+    }
+    // A run's own PEFT directory: use the model as that run did (its tokenizer, its base's
+    // dtype), not as the base directory alone suggests.
+    t.adapter_run = adapter_run_dir(adapter_dir);
+    if (!t.adapter_run.empty()) {
+      const std::string ck = t.adapter_run + "/checkpoints/last";
+      const std::string tok = keel_field<std::string>(keel_block(ck), "tokenizer", "", ck);
+      if (!tok.empty()) t.tokenizer = tok;
+      t.base_dtype = run_base_dtype(ck, read_hf_config(ck).dtype);
+    }
   }
   return t;
 }

@@ -49,6 +49,13 @@ struct TrainedModel {
   // Code that computes with the model casts the base to it (nn::cast_frozen_parameters) to run
   // the run's products; a merge (export, model.path) keeps the f32 base.
   std::optional<DType> base_dtype;
+  // The OUT_DIR of the keel run whose PEFT directory (OUT_DIR/adapter) `adapter_dir` is, "" when
+  // it is not one: its config.toml holds the data options the adapter trained with (eval's
+  // defaults), and `tokenizer` and `base_dtype` above are that run's.
+  std::string adapter_run;
+  // The checkpoint's own adapters were merged into its base because the --adapter directory was
+  // trained on it (model.path = the checkpoint): that directory's base is `dir`, not base_model.
+  bool merged_base = false;
 };
 
 // Loads `path` (an HF directory, a checkpoint directory or a run's out_dir), then the PEFT
@@ -56,6 +63,8 @@ struct TrainedModel {
 // Errors (kUsage) name the path and what it lacks, or a tensor with non-finite values (unless
 // `check` allows them). `base_dir` (`--base DIR`) is where the frozen base of an adapter run's
 // checkpoint is now, when it moved after training (checked against the checkpoint's reference).
+// The checkpoint of an adapter run under a PEFT adapter trained with model.path = that checkpoint
+// is read once (hf_weights.h's merge), not loaded with its adapters first.
 TrainedModel load_trained_model(const std::string& path, const std::string& adapter_dir = "",
                                 DType param_dtype = DType::F32,
                                 ops::AttentionBackend attention = ops::AttentionBackend::kEager,

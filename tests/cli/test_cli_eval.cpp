@@ -128,6 +128,73 @@ TEST(CliEval, CheckpointEqualsBasePlusAdapterAndFractionSplitEvaluates) {
   }
 }
 
+// `keel eval BASE --adapter OUT_DIR/adapter` evaluated in rows of the base's max_seq_len (64),
+// unpacked, at batch 8, its base in f32, and asked for --tokenizer: 5.2523 against the run's
+// eval_loss 5.3105 on a packed text run. The PEFT directory of a run now evaluates as that run
+// did (its data options, tokenizer and base dtype), the run's own eval_loss bit for bit.
+TEST(CliEval, ARunsAdapterDirectoryIsEvaluatedWithTheRunsDataOptions) {
+  const Files& f = files();
+  const std::string text = f.dir + "/prose.txt";
+  {
+    std::ofstream o(text);
+    for (int i = 0; i < 12; ++i)
+      o << "paragraph " << i << " says the cat sat on the mat " << i * 3 << " times\n\n";
+  }
+  const std::string out = f.dir + "/text-lora";
+  const test::KeelRun r =
+      train(out, {"data.task=text", "data.path=" + text, "data.pack=true", "data.seq_len=16",
+                  "train.batch_size=4", "train.max_steps=3", "model.adapter.kind=lora",
+                  "model.base_dtype=bf16", "optim.lr=0.05", "data.eval_path=" + text});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto evals = eval_records(out);
+  ASSERT_EQ(evals.size(), 1u);
+  const json pair = eval_json({f.base, "--adapter", out + "/adapter/", "--data", text});
+  EXPECT_EQ(pair["loss"].get<double>(), evals[0]["eval_loss"].get<double>());
+  EXPECT_EQ(pair["tokens"], evals[0]["eval_tokens"]);
+  EXPECT_EQ(pair["seq_len"], 16);
+  EXPECT_EQ(pair["batch_size"], 4);
+  // A flag still wins.
+  EXPECT_EQ(eval_json({f.base, "--adapter", out + "/adapter", "--data", text, "--seq-len", "20"})
+                .at("seq_len"),
+            20);
+  // A PEFT directory of no run (an export) keeps the defaults: its run is unknown.
+  const std::string peft = f.dir + "/text-lora-peft";
+  ASSERT_EQ(test::run_keel({"export", out, "--out", peft, "--adapter-only"}).code, 0);
+  const test::KeelRun bare = test::run_keel({"eval", f.base, "--adapter", peft, "--data", text});
+  EXPECT_EQ(bare.code, 2) << bare.output;
+  EXPECT_CONTAINS(bare.err, "--tokenizer");
+}
+
+// An adapter trained with model.path = the checkpoint of a model.base_dtype = bf16 run: the pair
+// (the checkpoint, its adapters merged, under the second run's adapter) held its base in bf16 as
+// the first run did, while the second held it in f32: 5.0813941 against its eval_loss 5.0813833.
+TEST(CliEval, AnAdapterOnACheckpointIsEvaluatedWithItsOwnRunsBaseDtype) {
+  const Files& f = files();
+  const std::string first = f.dir + "/bf16-first", second = f.dir + "/f32-second";
+  ASSERT_EQ(train(first, {"train.max_steps=2", "model.adapter.kind=lora", "model.base_dtype=bf16",
+                          "optim.lr=0.05"})
+                .code,
+            0);
+  const test::KeelRun r =
+      train(second, {"model.path=" + first + "/checkpoints/last", "train.max_steps=2",
+                     "model.adapter.kind=lora", "optim.lr=0.05", "data.eval_path=" + f.val});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto evals = eval_records(second);
+  ASSERT_EQ(evals.size(), 1u);
+  const json pair =
+      eval_json({first + "/checkpoints/last", "--adapter", second + "/adapter", "--data", f.val});
+  EXPECT_EQ(pair["loss"].get<double>(), evals[0]["eval_loss"].get<double>());
+  // A run started in f.dir with a relative model.path names its base relatively: from any other
+  // directory the pair was refused ("already carries the lora adapters it was trained with").
+  const std::string cfg = second + "/adapter/adapter_config.json";
+  json c = json::parse(test::slurp(cfg));
+  c["base_model_name_or_path"] = "bf16-first/checkpoints/last/";
+  std::ofstream(cfg) << c.dump();
+  const json relative =
+      eval_json({first + "/checkpoints/last", "--adapter", second + "/adapter", "--data", f.val});
+  EXPECT_EQ(relative["loss"], pair["loss"]);
+}
+
 // model.base_dtype = bf16: the run holds its frozen base in bf16 and computes the base products
 // from it; `keel eval` of its checkpoint loaded that base into f32 and computed them in f32, so
 // its loss was not the run's own eval_loss (5.4812229 vs 5.4812346 on a 4-step Llama LoRA run).
@@ -427,6 +494,20 @@ TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
   EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--pad", "left"}),
                   "--pad left: use add or eos");
   EXPECT_CONTAINS(eval_err({f.dir + "/none", "--data", f.val}), "no such directory");
+  // A token file of another tokenizer named training's key, data.tokenizer, as the fix.
+  const std::string gpt2 =
+      "gpt2:" + std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
+  const std::string bin = f.dir + "/other-tokenizer.bin";
+  std::ofstream(f.dir + "/other.txt") << "the quick brown fox jumps over the lazy dog\n";
+  ASSERT_EQ(test::run_keel(
+                {"tokenize", "--tokenizer", gpt2, "--file", f.dir + "/other.txt", "--output", bin})
+                .code,
+            0);
+  const std::string other = eval_err({f.base, "--data", bin, "--tokenizer", "byte"});
+  EXPECT_CONTAINS(other,
+                  "the file was written with another tokenizer; use that one (--tokenizer "
+                  "gpt2:DIR for llm.c's GPT-2 files, --tokenizer hf:PATH for Llama 3's)");
+  EXPECT_NOT_CONTAINS(other, "data.tokenizer");
   // Flags that mean nothing for the data were taken without a word.
   EXPECT_CONTAINS(
       eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--task", "jsonl", "--pack"}),

@@ -160,6 +160,19 @@ TEST(CliExport, AnAdapterTrainedOnAnAdapterCheckpointExportsAndLoadsOnIt) {
   const std::string m =
       test::error_of([&] { io::load_trained_model(dir + "/out2", dir + "/out/adapter"); });
   EXPECT_CONTAINS(m, "already carries the dora adapters");
+  // The pair's --adapter-only export is the same adapter on the same base: it named the first
+  // run's HF base, where it is another model (and the checkpoint refused it).
+  keel_export({first, "--adapter", dir + "/peft2", "--adapter-only", "--out", dir + "/peft3"});
+  EXPECT_EQ(json::parse(test::slurp(dir + "/peft3/adapter_config.json"))["base_model_name_or_path"],
+            first);
+  EXPECT_EQ(logits_of(*io::load_trained_model(first, dir + "/peft3").model), want);
+  // The checkpoint is read once for the pair (it was loaded with its adapters, then again to
+  // merge them), so --base reaches that one read: the second ignored it and refused a base that
+  // had moved, though --base said where it is.
+  fs::rename(dir + "/base", dir + "/moved");
+  const io::TrainedModel moved = io::load_trained_model(
+      first, dir + "/peft2", DType::F32, ops::AttentionBackend::kEager, {}, dir + "/moved");
+  EXPECT_EQ(logits_of(*moved.model), want);
 }
 
 // A tokenizer without a pad token (data.pad = "add") grows the adapter run's vocabulary by a pad
@@ -235,6 +248,33 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
     const bool bf16 = out.size() > 4 && out.substr(out.size() - 4) == "bf16";
     expect_close(torch_logits, want, bf16 ? 3e-2 : 1e-5, out + ": torch vs the checkpoint");
   }
+}
+
+// A run on OpenAI's GPT-2 files (encoder.json + vocab.bpe) exported them under those names, which
+// transformers' GPT-2 tokenizer does not read (vocab.json + merges.txt: the same bytes).
+TEST(CliExport, Gpt2TokenizerFilesGetTransformersNames) {
+  const std::string dir = test::temp_dir("export-gpt2-tok");
+  const std::string tiny = dir + "/tok";  // the parity test's files, with an eos token
+  const std::string src = std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
+  fs::create_directories(tiny);
+  fs::copy_file(src + "/vocab.bpe", tiny + "/vocab.bpe");
+  json enc = json::parse(test::slurp(src + "/encoder.json"));
+  enc["<|endoftext|>"] = enc.size();
+  std::ofstream(tiny + "/encoder.json") << enc.dump();
+  std::ofstream(dir + "/text.txt") << std::string(40, 'x') + " the quick brown fox jumps\n";
+  const test::KeelRun r = test::run_keel(
+      test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1", "data.task=text",
+                                  "data.path=" + dir + "/text.txt", "data.tokenizer=gpt2:" + tiny,
+                                  "data.seq_len=8", "train.max_steps=1", "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  keel_export({dir + "/out", "--out", dir + "/hf"});
+  EXPECT_EQ(test::slurp(dir + "/hf/vocab.json"), test::slurp(tiny + "/encoder.json"));
+  EXPECT_EQ(test::slurp(dir + "/hf/merges.txt"), test::slurp(tiny + "/vocab.bpe"));
+  EXPECT_FALSE(fs::exists(dir + "/hf/encoder.json"));
+  EXPECT_FALSE(fs::exists(dir + "/hf/vocab.bpe"));
+  const test::KeelRun g = test::run_keel({"generate", dir + "/hf", "the", "--max-new-tokens", "2"});
+  EXPECT_EQ(g.code, 0) << g.output;
 }
 
 TEST(CliExport, TokenizerFilesAreCopiedAndBadFlagsAreUsageErrors) {

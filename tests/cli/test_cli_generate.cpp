@@ -250,6 +250,18 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
   const std::string empty = test::temp_dir("gen-empty");
   EXPECT_CONTAINS(err({empty, "x"}), "neither a model directory");
   EXPECT_CONTAINS(err({base_dir(), "x"}), "give --tokenizer");
+  // An empty prompt says where it was read and that --bos starts without one.
+  EXPECT_CONTAINS(err({base_dir(), "", "--tokenizer", "byte"}),
+                  "the prompt is empty (the PROMPT argument held no text): give a prompt, or "
+                  "--bos to start from the tokenizer's bos token");
+  // A directory with tokenizer files keel cannot use says which: Llama-2's SentencePiece
+  // tokenizer.model, or GPT-2's vocab.json without its merges, read as "no tokenizer.json".
+  const std::string partial = test::temp_dir("gen-partial-tok") + "/m";
+  fs::copy(base_dir(), partial);
+  std::ofstream(partial + "/vocab.json") << "{}";
+  EXPECT_CONTAINS(err({partial, "x"}), "it holds vocab.json but not the BPE merges");
+  std::ofstream(partial + "/tokenizer.model") << "sp";
+  EXPECT_CONTAINS(err({partial, "x"}), "its tokenizer.model is a SentencePiece model");
   EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "/no/tok"}), "/no/tok");
   EXPECT_CONTAINS(err({base_dir(), std::string(60, 'a'), "--tokenizer", "byte"}),
                   "the prompt has 60 tokens but the model's max_seq_len is 48");
@@ -281,11 +293,37 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
       "gpt2:" + std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
   EXPECT_CONTAINS(err({wide, "x", "--tokenizer", gpt2, "--bos"}),
                   "--bos: the tokenizer (" + gpt2 + ") has no bos token");
+  // An adapter on another base than its own: the shape error blamed the adapter ("the adapter
+  // expects [4, 16]"); it now names the base the adapter was trained on.
+  EXPECT_CONTAINS(err({wide, "x", "--tokenizer", "byte", "--adapter", lora_run() + "/adapter"}, 1),
+                  "/adapter_config.json names base_model_name_or_path \"" + base_dir() +
+                      "\", not " + wide + ": an adapter loads on the model it was trained on");
   // A checkpoint of an older keel (no config.json) says how to get one.
   const std::string old = test::temp_dir("gen-old") + "/last";
   fs::copy(lora_run() + "/checkpoints/last", old);
   fs::remove(old + "/config.json");
   EXPECT_CONTAINS(err({old, "x"}), "has no config.json describing its model");
+}
+
+// A checkpoint whose adapter files are damaged names the file that is: a missing
+// adapter_config.json read as if the checkpoint were a --adapter directory ("expected a PEFT
+// adapter directory, e.g. a run's out_dir/adapter"), and an edited r blamed config.json.
+TEST(CliGenerate, ACheckpointWithDamagedAdapterFilesNamesTheFile) {
+  const std::string ck = test::temp_dir("gen-damaged") + "/last";
+  fs::copy(lora_run() + "/checkpoints/last", ck);
+  json cfg = json::parse(test::slurp(ck + "/adapter_config.json"));
+  cfg["r"] = 2;
+  std::ofstream(ck + "/adapter_config.json") << cfg.dump();
+  test::KeelRun r = test::run_keel({"generate", ck, "x"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "is [4, 32], " + ck + "/adapter_config.json implies [2, 32]");
+  EXPECT_CONTAINS(r.err, "the checkpoint is damaged");
+  fs::remove(ck + "/adapter_config.json");
+  r = test::run_keel({"generate", ck, "x"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, ck + "/adapter_config.json is missing, though " + ck +
+                             "/config.json says the checkpoint holds adapters");
+  EXPECT_NOT_CONTAINS(r.err, "PEFT adapter directory");
 }
 
 }  // namespace
