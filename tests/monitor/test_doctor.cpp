@@ -200,7 +200,7 @@ TEST(DoctorConfig, AWeightDecayOutOfRangeIsNamedNotTheLearningRate) {
   EXPECT_CONTAINS(shrink,
                   "optim.lr x optim.weight_decay = 0.3: AdamW's decoupled decay "
                   "multiplies every decayed weight by 0.7 each step, halving it every 2 "
-                  "step(s)");
+                  "steps");
   EXPECT_CONTAINS(shrink, "lower optim.weight_decay");
   c.optim.weight_decay = 0.1;  // a usual product (3e-4): nothing said
   EXPECT_EQ(find(check_config(c), "optimizer", "warning"), "");
