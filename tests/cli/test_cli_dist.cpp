@@ -294,6 +294,13 @@ TEST(CliDist, NanOnOneRankStopsBothWithTheCaptureOfThatRank) {
   EXPECT_EQ(step_records(dir).size(), 3u);  // rank 0 logged steps 1-3, nothing after
 }
 
+// How many times `what` stands in `text`.
+size_t times_in(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 // 16-true at the default learning rate: AdamW's f16 second moment flushes and step 4 overflows
 // (CliNan.AdamWSecondMomentUnderflowIn16TrueIsNamedAsTheCause). Rank 0's advice names the cause;
 // rank 1, which has no advisor, printed it again as a "cause:" line.
@@ -306,9 +313,7 @@ TEST(CliDist, SecondMomentUnderflowIsNamedOnce) {
   EXPECT_EQ(r.code, 3) << r.out << r.err;
   EXPECT_CONTAINS(r.out, "advice: exploding: non-finite ");
   const std::string all = r.out + r.err, what = "AdamW's second moment (exp_avg_sq, stored in f16)";
-  size_t n = 0;
-  for (size_t at = all.find(what); at != std::string::npos; at = all.find(what, at + 1)) ++n;
-  EXPECT_EQ(n, 1u) << all;
+  EXPECT_EQ(times_in(all, what), 1u) << all;
   EXPECT_NOT_CONTAINS(r.err, "cause: AdamW's second moment");
 }
 
@@ -325,11 +330,11 @@ TEST(CliDist, AbortOnOneRanksNanNamesThatRankOnEveryRank) {
   for (const char* rank : {"0", "1"})
     EXPECT_CONTAINS(r.err, std::string("stopped (rank ") + rank + "): step 2: ");
   EXPECT_EQ(r.err.find("no capture written (on_nonfinite = abort)"), std::string::npos) << r.err;
-  size_t n = 0;
-  const std::string said =
-      "no capture written (on_nonfinite = abort; rank 1 saw the non-finite value)";
-  for (size_t at = r.err.find(said); at != std::string::npos; at = r.err.find(said, at + 1)) ++n;
-  EXPECT_EQ(n, 2u) << r.err;
+  EXPECT_EQ(times_in(r.err,
+                     "no capture written (on_nonfinite = abort; rank 1 saw the "
+                     "non-finite value)"),
+            2u)
+      << r.err;
   EXPECT_FALSE(fs::exists(dir + "/debug/nan_capture"));
 }
 

@@ -252,6 +252,18 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
 
 // A run on OpenAI's GPT-2 files (encoder.json + vocab.bpe) exported them under those names, which
 // transformers' GPT-2 tokenizer does not read (vocab.json + merges.txt: the same bytes).
+// A short text run into DIR/out with data.tokenizer = `tokenizer` (keel's "gpt2:DIR" / "hf:DIR").
+void train_on_text(const std::string& dir, const std::string& tokenizer, int steps) {
+  std::ofstream(dir + "/text.txt") << std::string(40, 'x') + " the quick brown fox jumps\n";
+  const test::KeelRun r = test::run_keel(
+      test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1", "data.task=text",
+                                  "data.path=" + dir + "/text.txt", "data.tokenizer=" + tokenizer,
+                                  "data.seq_len=8", "train.max_steps=" + std::to_string(steps),
+                                  "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+}
+
 TEST(CliExport, Gpt2TokenizerFilesGetTransformersNames) {
   const std::string dir = test::temp_dir("export-gpt2-tok");
   const std::string tiny = dir + "/tok";  // the parity test's files, with an eos token
@@ -261,13 +273,7 @@ TEST(CliExport, Gpt2TokenizerFilesGetTransformersNames) {
   json enc = json::parse(test::slurp(src + "/encoder.json"));
   enc["<|endoftext|>"] = enc.size();
   std::ofstream(tiny + "/encoder.json") << enc.dump();
-  std::ofstream(dir + "/text.txt") << std::string(40, 'x') + " the quick brown fox jumps\n";
-  const test::KeelRun r = test::run_keel(
-      test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1", "data.task=text",
-                                  "data.path=" + dir + "/text.txt", "data.tokenizer=gpt2:" + tiny,
-                                  "data.seq_len=8", "train.max_steps=1", "log.tensorboard=false"}),
-      {"OMP_NUM_THREADS=1"});
-  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_NO_FATAL_FAILURE(train_on_text(dir, "gpt2:" + tiny, 1));
   keel_export({dir + "/out", "--out", dir + "/hf"});
   EXPECT_EQ(test::slurp(dir + "/hf/vocab.json"), test::slurp(tiny + "/encoder.json"));
   EXPECT_EQ(test::slurp(dir + "/hf/merges.txt"), test::slurp(tiny + "/vocab.bpe"));
@@ -285,13 +291,7 @@ TEST(CliExport, TokenizerFilesAreCopiedAndBadFlagsAreUsageErrors) {
       std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny/llama_style/tokenizer.json",
       tiny + "/tokenizer.json");
   std::ofstream(tiny + "/tokenizer_config.json") << R"({"eos_token": "<|eot|>"})";
-  std::ofstream(dir + "/text.txt") << std::string(40, 'x') + " the quick brown fox jumps\n";
-  const test::KeelRun r = test::run_keel(
-      test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1", "data.task=text",
-                                  "data.path=" + dir + "/text.txt", "data.tokenizer=hf:" + tiny,
-                                  "data.seq_len=8", "train.max_steps=2", "log.tensorboard=false"}),
-      {"OMP_NUM_THREADS=1"});
-  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_NO_FATAL_FAILURE(train_on_text(dir, "hf:" + tiny, 2));
   keel_export({dir + "/out", "--out", dir + "/hf"});
   for (const char* f : {"/tokenizer.json", "/tokenizer_config.json"})
     EXPECT_EQ(test::slurp(dir + "/hf" + f), test::slurp(tiny + f)) << f;
