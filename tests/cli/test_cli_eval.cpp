@@ -491,8 +491,14 @@ TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
                   "--seq-len 999");
   EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--task", "csv"}),
                   "--task csv");
-  EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--pad", "left"}),
-                  "--pad left: use add or eos");
+  // --pad add and --pad eos gave the same loss to the last bit (padding is masked and carries no
+  // label): a flag that changed nothing, now refused with the reason.
+  for (const char* pad : {"add", "eos", "left"}) {
+    const std::string err =
+        eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--pad", pad});
+    EXPECT_CONTAINS(err, "--pad: keel eval takes no padding choice: padded positions are masked");
+    EXPECT_CONTAINS(err, "leave --pad out");
+  }
   EXPECT_CONTAINS(eval_err({f.dir + "/none", "--data", f.val}), "no such directory");
   // A token file of another tokenizer named training's key, data.tokenizer, as the fix.
   const std::string gpt2 =
