@@ -35,7 +35,7 @@ struct EvalArgs {
 // --adapter (an HF base with it was evaluated in rows of the base's max_seq_len, up to 1024,
 // unpacked, not the run's data.seq_len: another loss than the run's eval_loss), else the run a
 // checkpoint directory belongs to (OUT_DIR/checkpoints/NAME); nullopt for an HF directory or a
-// PEFT directory of no run (--seq-len, --pack, --pad say what it trained with).
+// PEFT directory of no run (--seq-len and --pack say what it trained with).
 std::optional<Config> run_config(const io::TrainedModel& t) {
   if (!t.adapter_run.empty()) return load_config(t.adapter_run + "/config.toml");
   if (!t.checkpoint) return std::nullopt;
@@ -69,7 +69,19 @@ std::string where_nonfinite(const LossTotal& r, models::CausalLM& model, const d
          ") is finite example by example: only batched together (padding to the longest)";
 }
 
-int run_eval(EvalArgs& a, bool pack_given) {
+int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
+  // --pad add|eos was accepted and changed nothing (the same loss to the last bit either way).
+  // data.pad matters to training, where "add" grows the embeddings and the output layer by a row
+  // (one more logit in every softmax); the model evaluated here holds its rows already, and which
+  // id fills a padded position cannot move the loss: the position is masked from attention and
+  // carries no label. Refused, not ignored, for the scripts that pass it.
+  if (pad_given)
+    throw Error(
+        "--pad: keel eval takes no padding choice: padded positions are masked and carry no "
+        "label, so the id that fills them cannot change the loss (data.pad = \"add\" matters "
+        "when training, where it adds a row to the embeddings, and a checkpoint holds that row "
+        "already); leave --pad out",
+        Error::kUsage);
   // Before the model loads (minutes for a large one); the loader checks again (a pipe will do).
   check_input_file(a.data, "dataset file", "--data");
   ModelForUse m = load_model_for_use(a.m);
@@ -104,10 +116,6 @@ int run_eval(EvalArgs& a, bool pack_given) {
                     (a.task == "tokens" ? " (a token file's rows are packed already)"
                                         : " (each line is one example)"),
                 Error::kUsage);
-  if (!a.pad.empty() && a.task == "tokens")
-    throw Error("--pad: " + a.data + " is a token file, whose rows are full: nothing is padded",
-                Error::kUsage);
-  if (a.pad.empty()) a.pad = dc.pad;
   if (!pack_given) a.pack = run && dc.pack;
   // A length the run trained with (a Llama model.path trains past its max_position_embeddings)
   // was reported as "--seq-len 512: ..." to a user who gave no --seq-len.
@@ -119,13 +127,12 @@ int run_eval(EvalArgs& a, bool pack_given) {
             " 2 to the model's max_seq_len " + std::to_string(t.model->spec().max_seq_len),
         Error::kUsage);
   if (a.batch_size < 1) throw Error("--batch-size must be >= 1", Error::kUsage);
-  if (a.pad != "add" && a.pad != "eos")  // any other word was taken as "eos"
-    throw Error("--pad " + a.pad + ": use add or eos (as data.pad)", Error::kUsage);
   const data::Tokenizer& tok = *m.tokenizer;
   const int64_t vocab = t.model->spec().vocab_size;
   // Padded positions are masked and carry no label: any id the model can embed will do when the
-  // configured pad has no row (a model whose embeddings were not grown for it).
-  int64_t pad = pad_fill_id(tok, a.pad);
+  // configured pad has no row (a model whose embeddings were not grown for it). The run's own
+  // choice fills them, so that a batch is the one training built.
+  int64_t pad = pad_fill_id(tok, dc.pad);
   if (pad >= vocab) pad = tok.eos_id() >= 0 ? tok.eos_id() : 0;
   // A JSONL prompt longer than the rows: the fix is eval's flag (it said "raise data.seq_len", a
   // key of no file here, and "raise" even at the model's max_seq_len).
@@ -212,9 +219,10 @@ Command add_eval(CLI::App& app) {
   sub->add_option("--batch-size", a->batch_size, "rows per batch (default: the run's, else 8)")
       ->check(positive);
   CLI::Option* pack = sub->add_flag("--pack", a->pack, "text: pack into full rows (data.pack)");
-  sub->add_option("--pad", a->pad, "add | eos, as data.pad (default: the run's)");
+  // Hidden (group ""): taken only to say why it means nothing here (run_eval).
+  CLI::Option* pad = sub->add_option("--pad", a->pad)->group("");
   sub->add_flag("--json", a->json, "print one JSON object");
-  return {sub, [a, pack] { return run_eval(*a, pack->count() > 0); }};
+  return {sub, [a, pack, pad] { return run_eval(*a, pack->count() > 0, pad->count() > 0); }};
 }
 
 }  // namespace keel::cli

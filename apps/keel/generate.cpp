@@ -60,7 +60,9 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
   a.opt.eos_id = tok->eos_id();
   a.opt.choosable = tok->vocab_size();  // not the rows the model has beyond it
   a.opt.use_cache = !a.no_cache;
-  data::TextStream stream(*tok, a.stops);
+  // The prompt's end counts toward a stop string (text_stream.h): only the new text was searched,
+  // so "\n\n" never stopped a prompt ending in "\n" at the model's first "\n".
+  data::TextStream stream(*tok, a.stops, prompt);
   auto emit = [&](const std::string& s) {
     if (a.json || s.empty()) return;
     std::fwrite(s.data(), 1, s.size(), stdout);
@@ -141,7 +143,9 @@ Command add_generate(CLI::App& app) {
                           ->capture_default_str();
   // One string an occurrence: with CLI11's default a vector option also took the arguments after
   // it, so `--stop x "17+05="` made the prompt a second stop string and read stdin instead.
-  sub->add_option("--stop", a->stops, "stop before this string (repeatable)")
+  sub->add_option("--stop", a->stops,
+                  "stop before this string, which is not printed (repeatable); it may begin in "
+                  "the prompt and end in the new text, as HF's stop_strings")
       ->allow_extra_args(false)
       ->check([](const std::string& v) {
         return v.empty() ? std::string("\"\": an empty string would never stop") : "";

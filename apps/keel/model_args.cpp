@@ -80,9 +80,20 @@ ModelForUse load_model_for_use(const ModelArgs& a) {
             "or give --tokenizer byte | gpt2:DIR | hf:PATH";
     throw Error(a.model + " names no tokenizer (" + why, Error::kUsage);
   }
-  m.tokenizer =
-      data::load_tokenizer(m.tokenizer_spec, a.tokenizer.empty() ? a.model + "'s tokenizer"
-                                                                 : std::string("--tokenizer"));
+  // Where the spec came from, for its errors: a tokenizer file the adapter's run trained with
+  // and then lost was called "MODEL's tokenizer", as if the base directory lacked one.
+  const std::string source =
+      !a.tokenizer.empty() ? "--tokenizer"
+      : m.trained.tokenizer_of_adapter_run
+          ? "the data.tokenizer of the --adapter's run " + m.trained.adapter_run
+      : m.trained.checkpoint ? "the data.tokenizer of the run that wrote " + a.model
+                             : a.model + "'s tokenizer";
+  try {
+    m.tokenizer = data::load_tokenizer(m.tokenizer_spec, source);
+  } catch (const Error& e) {
+    if (!a.tokenizer.empty()) throw;
+    throw Error(std::string(e.what()) + "; or give --tokenizer to use another", e.kind);
+  }
   const int64_t vocab = m.trained.model->spec().vocab_size;
   if (m.tokenizer->vocab_size() > vocab)
     throw Error("the tokenizer (" + m.tokenizer_spec + ") has " +

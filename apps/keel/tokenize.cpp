@@ -26,31 +26,65 @@ struct TokenizeArgs {
   bool decode = false, pieces = false, json = false;
 };
 
-// Ids written as "1 2 3", "1,2,3" or a JSON array "[1, 2, 3]".
+// Ids written as "1 2 3", "1,2,3", "1, 2, 3" or a JSON array "[1, 2, 3]": whitespace and commas
+// separate them. Each mistake names its position (counted from 0, as decoding's "cannot decode
+// id N at position P" does): "1,,2" and a trailing comma were read as "1 2" without a word, so a
+// list with an id lost in editing decoded to other text. No ids at all returns an empty list
+// (the caller says where the input came from).
 std::vector<int32_t> parse_ids(std::string s) {
-  for (char& c : s)
-    if (c == ',' || c == '[' || c == ']') c = ' ';
-  std::istringstream in(s);
-  std::vector<int32_t> ids;
-  std::string word;
-  while (in >> word) {
-    const size_t sign = word[0] == '-' ? 1 : 0;
-    if (word.size() == sign || word.find_first_not_of("0123456789", sign) != std::string::npos)
-      throw Error("tokenize --decode: '" + word +
-                      "' is not a token id; give integers separated by spaces or commas",
-                  Error::kUsage);
-    long long v = 0;
-    try {
-      v = std::stoll(word);
-    } catch (const std::out_of_range&) {
-      v = LLONG_MAX;  // beyond int64: beyond every vocabulary too
-    }
-    if (v < INT32_MIN || v > INT32_MAX)
-      throw Error("tokenize --decode: '" + word +
-                      "' is outside every vocabulary (token ids are below 2^31)",
-                  Error::kUsage);
-    ids.push_back(static_cast<int32_t>(v));
+  const auto trim = [](std::string& t) {
+    const size_t b = t.find_first_not_of(" \t\r\n"), e = t.find_last_not_of(" \t\r\n");
+    t = b == std::string::npos ? "" : t.substr(b, e - b + 1);
+  };
+  trim(s);
+  if (s.starts_with('[') && s.ends_with(']')) s = s.substr(1, s.size() - 2);  // a JSON array
+  std::vector<std::string> fields;  // the text between the commas
+  for (size_t from = 0;;) {
+    const size_t comma = s.find(',', from);
+    fields.push_back(s.substr(from, comma - from));
+    if (comma == std::string::npos) break;
+    from = comma + 1;
   }
+  std::vector<int32_t> ids;
+  std::string empty_at;  // the first comma with no id before or after it
+  for (size_t f = 0; f < fields.size(); ++f) {
+    std::istringstream in(fields[f]);
+    std::string word;
+    bool any = false;
+    while (in >> word) {
+      any = true;
+      const std::string at = "at position " + std::to_string(ids.size());
+      const size_t sign = word[0] == '-' ? 1 : 0;
+      if (word.size() == sign || word.find_first_not_of("0123456789", sign) != std::string::npos)
+        throw Error("tokenize --decode: '" + word + "' is not a token id (" + at +
+                        "); give integers separated by spaces or commas "
+                        "(e.g. \"72 105\" or \"[72, 105]\")",
+                    Error::kUsage);
+      long long v = 0;
+      try {
+        v = std::stoll(word);
+      } catch (const std::out_of_range&) {
+        v = LLONG_MAX;  // beyond int64: beyond every vocabulary too
+      }
+      if (v < INT32_MIN || v > INT32_MAX)
+        throw Error("tokenize --decode: '" + word + "' is outside every vocabulary (" + at +
+                        "; token ids are below 2^31)",
+                    Error::kUsage);
+      ids.push_back(static_cast<int32_t>(v));
+    }
+    if (!any && fields.size() > 1 && empty_at.empty()) {
+      const std::string at = std::to_string(ids.size());
+      empty_at = f == 0 ? "a comma before the first id: drop it"
+                 : f + 1 == fields.size()
+                     ? "a comma after the last id (position " + std::to_string(ids.size() - 1) +
+                           ") with no id after it: drop it"
+                     : "no id between two commas at position " + at +
+                           ": give one id between each two commas (e.g. "
+                           "\"1,2\"), or drop one comma";
+    }
+  }
+  if (!ids.empty() && !empty_at.empty())
+    throw Error("tokenize --decode: " + empty_at, Error::kUsage);
   return ids;
 }
 
@@ -117,7 +151,7 @@ int run_tokenize(const TokenizeArgs& a, bool has_text) {
     try {
       text = tok->decode(ids);
     } catch (const Error& e) {
-      throw Error(e.what(), Error::kUsage);
+      throw Error("tokenize --decode: " + std::string(e.what()), Error::kUsage);
     }
   }
   std::vector<std::string> pieces;

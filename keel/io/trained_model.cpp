@@ -332,7 +332,10 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
     if (!t.adapter_run.empty()) {
       const std::string ck = t.adapter_run + "/checkpoints/last";
       const std::string tok = keel_field<std::string>(keel_block(ck), "tokenizer", "", ck);
-      if (!tok.empty()) t.tokenizer = tok;
+      if (!tok.empty()) {
+        t.tokenizer = tok;
+        t.tokenizer_of_adapter_run = true;
+      }
       t.base_dtype = run_base_dtype(ck, read_hf_config(ck).dtype);
     }
   }

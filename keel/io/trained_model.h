@@ -53,6 +53,7 @@ struct TrainedModel {
   // it is not one: its config.toml holds the data options the adapter trained with (eval's
   // defaults), and `tokenizer` and `base_dtype` above are that run's.
   std::string adapter_run;
+  bool tokenizer_of_adapter_run = false;  // `tokenizer` is adapter_run's data.tokenizer
   // The checkpoint's own adapters were merged into its base because the --adapter directory was
   // trained on it (model.path = the checkpoint): that directory's base is `dir`, not base_model.
   bool merged_base = false;

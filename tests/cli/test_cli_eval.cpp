@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -472,6 +473,48 @@ TEST(CliEval, ADataFileWithoutUsableExamplesIsBadInputNamingTheKey) {
   }
 }
 
+// A run's own OUT_DIR/adapter brings the run's tokenizer; when that tokenizer's files were gone,
+// the error called it "BASE's tokenizer", as if the base directory named one. It names the run's
+// data.tokenizer, and --tokenizer as the way out; generate says the same.
+TEST(CliEval, AnAdapterRunsLostTokenizerIsNamedAsTheRunsDataTokenizer) {
+  const Files& f = files();
+  const std::string dir = f.dir + "/lost-tokenizer";
+  const std::string base = dir + "/base", tok = dir + "/tok";
+  ASSERT_EQ(test::run_keel({"init-model", "--family", "llama", "--out", base, "--n-layer", "1",
+                            "--n-embd", "16", "--n-head", "2", "--vocab-size", "300",
+                            "--max-seq-len", "32"})
+                .code,
+            0);
+  std::filesystem::create_directories(tok);
+  const std::string tiny = std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
+  for (const char* file : {"encoder.json", "vocab.bpe"})
+    std::filesystem::copy_file(tiny + "/" + file, tok + "/" + file);
+  const std::string out = dir + "/run", text = dir + "/train.txt";
+  std::ofstream(text) << "the quick brown fox jumps over the lazy dog\n";
+  const test::KeelRun r = test::run_keel(
+      test::with_sets({"train"},
+                      {"run.out_dir=" + out, "run.threads=1", "model.path=" + base,
+                       "model.adapter.kind=lora", "data.task=text", "data.path=" + text,
+                       "data.pack=true", "data.seq_len=8", "data.tokenizer=gpt2:" + tok,
+                       "train.batch_size=1", "train.max_steps=1", "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::filesystem::remove_all(tok);
+  for (const char* cmd : {"eval", "generate"}) {
+    std::vector<std::string> args = {cmd, base, "--adapter", out + "/adapter"};
+    if (std::string(cmd) == "eval")
+      args.insert(args.end(), {"--data", f.val});
+    else
+      args.push_back("x");
+    const test::KeelRun e = test::run_keel(args);
+    EXPECT_EQ(e.code, 2) << e.output;
+    EXPECT_CONTAINS(e.err, tok);
+    EXPECT_CONTAINS(e.err, "the data.tokenizer of the --adapter's run " + out);
+    EXPECT_CONTAINS(e.err, "; or give --tokenizer to use another");
+    EXPECT_NOT_CONTAINS(e.err, base + "'s tokenizer");
+  }
+}
+
 TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
   const Files& f = files();
   auto eval_err = [](std::vector<std::string> args) {
@@ -491,8 +534,14 @@ TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
                   "--seq-len 999");
   EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--task", "csv"}),
                   "--task csv");
-  EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--pad", "left"}),
-                  "--pad left: use add or eos");
+  // --pad add and --pad eos gave the same loss to the last bit (padding is masked and carries no
+  // label): a flag that changed nothing, now refused with the reason.
+  for (const char* pad : {"add", "eos", "left"}) {
+    const std::string err =
+        eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--pad", pad});
+    EXPECT_CONTAINS(err, "--pad: keel eval takes no padding choice: padded positions are masked");
+    EXPECT_CONTAINS(err, "leave --pad out");
+  }
   EXPECT_CONTAINS(eval_err({f.dir + "/none", "--data", f.val}), "no such directory");
   // A token file of another tokenizer named training's key, data.tokenizer, as the fix.
   const std::string gpt2 =

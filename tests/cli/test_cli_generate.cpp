@@ -206,6 +206,15 @@ TEST(CliGenerate, StopStringsSamplingAndPrecisions) {
       test::run_keel({"generate", base_dir(), "ab", "--tokenizer", "byte", "--stop", ""});
   EXPECT_EQ(empty.code, 2) << empty.output;
   EXPECT_CONTAINS(empty.err, "--stop: \"\": an empty string would never stop");
+  // A stop string that begins in the prompt ("b") and ends in the first new byte stops there,
+  // before any text: only the new text was searched, and it never fired.
+  const std::string across = "b" + text.substr(0, 1);
+  ASSERT_NE(text.substr(0, 2), across);
+  const json a = generate_json(
+      {base_dir(), "ab", "--tokenizer", "byte", "--max-new-tokens", "16", "--stop", across});
+  EXPECT_EQ(a["stop"], "stop_string");
+  EXPECT_EQ(a["text"], "");
+  EXPECT_EQ(a["tokens"].size(), 1u);
   EXPECT_NOT_CONTAINS(empty.err, "--stop: --stop");
   // Seeded sampling is reproducible; the seed matters.
   auto sample = [&](const char* seed) {

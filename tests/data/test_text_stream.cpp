@@ -10,9 +10,9 @@ namespace keel::data {
 namespace {
 
 std::vector<std::string> stream(const std::string& text, std::vector<std::string> stops,
-                                bool* stopped = nullptr) {
+                                bool* stopped = nullptr, const std::string& prompt = "") {
   ByteTokenizer tok;
-  TextStream s(tok, std::move(stops));
+  TextStream s(tok, std::move(stops), prompt);
   std::vector<std::string> pieces;
   for (int32_t id : tok.encode(text)) pieces.push_back(s.push(id));
   pieces.push_back(s.finish());
@@ -52,6 +52,29 @@ TEST(TextStream, MultiByteCharactersAndPendingTailAtTheEnd) {
   EXPECT_EQ(join(stream("café!", {"!!"})), "café!");
   auto p = stream("abE", {"END"});
   EXPECT_EQ(p.back(), "E");  // held back to the end, then released by finish()
+}
+
+// Only the new text was searched: "\n\n" never stopped after a prompt ending in "\n" at the
+// model's first "\n", and the text ran on past a stop string visible in prompt + output. Now a
+// stop string may begin in the prompt (as HF's StopStringCriteria), but must end in the new text.
+TEST(TextStream, AStopStringMayBeginInThePrompt) {
+  bool stopped = false;
+  auto p = stream("\nQ: next", {"\n\n"}, &stopped, "Q: 1+1\nA: 2\n");
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(join(p), "");
+  // Its new part is held back while it may still complete one ...
+  p = stream("ENDx", {"xEND"}, &stopped, "say x");
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(join(p), "");
+  EXPECT_EQ(p[0], "");
+  p = stream("ENy", {"xEND"}, &stopped, "say x");
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(p[1], "");
+  EXPECT_EQ(p[2], "ENy");  // ... and released when it cannot
+  EXPECT_EQ(join(p), "ENy");
+  // One wholly in the prompt does not stop; the earliest occurrence wins across stops.
+  EXPECT_EQ(join(stream("ab##cd", {"Q:", "##"}, &stopped, "Q: x")), "ab");
+  EXPECT_EQ(join(stream("b then a", {"ab", " a"}, &stopped, "xa")), "");
 }
 
 }  // namespace
