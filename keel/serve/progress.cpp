@@ -114,7 +114,7 @@ void Progress::on_metrics(const json& rec, std::chrono::steady_clock::time_point
   }
   if (rec.contains("advice")) {
     advice_.push_front({{"step", step}, {"advice", rec["advice"]}});
-    if (advice_.size() > 10) advice_.pop_back();
+    if (advice_.size() > kMaxAdvice) advice_.pop_back();
   }
 }
 

@@ -212,6 +212,29 @@ TEST(ServeFeed, ANewStartReadsTheLogsFromTheirEndsAndKeepsTheMetrics) {
   EXPECT_EQ(feed.snapshot()["step"], 6);
 }
 
+// A feed built over a finished run's file parses only the lines its progress keeps (the newest
+// step record, the newest advice): its status is the one every line folded in gives.
+TEST(ServeFeed, AFeedBuiltOverAFileHasTheProgressOfEveryLine) {
+  RunFiles run;
+  Progress every;
+  const auto now = RunFeed::Clock::now();
+  std::ofstream f(run.dir + "/metrics.jsonl");
+  for (int i = 1; i <= 60; ++i) {
+    json rec = {{"step", i}, {"loss", 3.0 / i}, {"grad_norm", 1.0 + i}};
+    if (i % 4 == 0) rec["advice"] = "advice of step " + std::to_string(i);
+    const std::string line = i == 30 ? "{\"grad_norm\": not json" : i == 59 ? "[1, 2]" : rec.dump();
+    f << line << "\n";
+    every.on_metrics(json::parse(line, nullptr, false), now);
+    if (i == 60) f << json{{"eval_loss", 0.5}, {"step", 60}}.dump() << "\n";
+  }
+  f.close();
+  RunFeed feed(run.dir);
+  EXPECT_EQ(feed.snapshot(), every.snapshot());
+  EXPECT_EQ(feed.snapshot()["step"], 60);
+  EXPECT_EQ(feed.snapshot()["advice"].size(), Progress::kMaxAdvice);
+  EXPECT_EQ(feed.last_event_id(), 61);  // every line counted, the eval record's too
+}
+
 // A non-finite stop as keel train prints it: the tracer's finding, the stop, its cause. The run's
 // error is those lines (it was the stop's alone); a note is not part of it.
 TEST(ServeFeed, TheErrorIsTheStopWithTheFindingBeforeItAndTheCauseAfterIt) {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -473,6 +474,50 @@ pid_t child_of(const std::string& run_dir) {
     if (cmd.find(run_dir + "/run.toml") != std::string::npos) return std::stoi(name);
   }
   return -1;
+}
+
+// The first list after a restart builds every run's feed (each reads its run's metrics.jsonl:
+// 4 s for 50 runs of 20,000 steps); it did so holding the lock every status, events stream and
+// the active run's poller take, and they all waited. Here the first feed built waits on a gate
+// (the test hook KEEL_SERVE_TEST_FEED_GATE) while another run's status is asked for: it is
+// answered while the list still waits.
+TEST(ServeRuns, AFeedBeingBuiltHoldsNoLockOtherRequestsWaitOn) {
+  Service s;
+  std::vector<std::string> ids;
+  {
+    ServeProcess srv(s.args);
+    ASSERT_TRUE(srv.started()) << srv.output();
+    Api api{srv.port(), kTestKey};
+    for (int i = 0; i < 2; ++i) {
+      ids.push_back(create(api, tiny_config(3)));
+      api.wait_run(ids.back(), [](const json& j) { return j["state"] == "succeeded"; });
+    }
+  }
+  const std::string gate = s.dir + "/feed-gate";
+  ::setenv("KEEL_SERVE_TEST_FEED_GATE", gate.c_str(), 1);
+  ServeProcess srv(s.args);
+  ::unsetenv("KEEL_SERVE_TEST_FEED_GATE");
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  auto list = std::async(std::launch::async, [&] { return api.get("/v1/runs"); });
+  for (int i = 0; i < 1000 && !fs::exists(gate + ".entered"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const std::string building = slurp(gate + ".entered");
+  const std::string other = building == ids[0] ? ids[1] : ids[0];
+  httplib::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(std::chrono::seconds(10));  // the gate waits 60 s
+  auto status =
+      c.Get(("/v1/runs/" + other).c_str(), {{"Authorization", std::string("Bearer ") + kTestKey}});
+  const bool list_done = list.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  std::ofstream(gate) << "open\n";
+  ASSERT_TRUE(status) << "the status waited for the list's feed build";
+  EXPECT_EQ(status->status, 200);
+  EXPECT_EQ(json::parse(status->body)["state"], "succeeded");
+  EXPECT_FALSE(list_done);  // the gate held it
+  auto l = list.get();
+  ASSERT_TRUE(l);
+  ASSERT_EQ(l->status, 200);
+  EXPECT_EQ(json::parse(l->body)["data"].size(), 2u);
 }
 
 // A run's process killed outright (the OOM killer's SIGKILL) after a checkpoint: the run is
