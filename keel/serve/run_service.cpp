@@ -356,9 +356,18 @@ void RunService::recover() {
       if (process_alive(pid, r.pid_start)) ::kill(pid, SIGKILL);
     }
     const std::string was = r.state;
-    r.state = "interrupted";
-    r.error = "the server stopped while the run was " + was +
-              "; resume it from its last checkpoint with POST /v1/runs/" + r.id + "/resume";
+    // A stop asked for before the server died, which the child completed (checkpoint saved,
+    // "stopped by request" printed just before its exit 0) after the server could see it: the
+    // run is stopped, as the server would have recorded. It said `interrupted`.
+    if (was == "stopping" && feed_of(r)->stopped_by_request()) {
+      r.state = "stopped";
+      r.error.clear();
+      r.exit_code = 0;
+    } else {
+      r.state = "interrupted";
+      r.error = "the server stopped while the run was " + was +
+                "; resume it from its last checkpoint with POST /v1/runs/" + r.id + "/resume";
+    }
     r.pid = 0;
     r.pid_start.clear();
     save(r, /*insert=*/false);

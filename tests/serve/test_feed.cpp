@@ -235,6 +235,18 @@ TEST(ServeFeed, AFeedBuiltOverAFileHasTheProgressOfEveryLine) {
   EXPECT_EQ(feed.last_event_id(), 61);  // every line counted, the eval record's too
 }
 
+// A feed built after a restart reads the whole stdout.log, every start's lines: a "stopped by
+// request" of an earlier start is not the latest start's (its header line begins it).
+TEST(ServeFeed, StoppedByRequestIsTheLatestStartsOwn) {
+  RunFiles run;
+  const std::string header = "keel train | gpt2 2L 32-wide 2 heads | 10 steps | out x\n";
+  std::ofstream(run.dir + "/stdout.log") << header << "stopped by request at step 4; ...\n"
+                                         << header;
+  EXPECT_FALSE(RunFeed(run.dir).stopped_by_request());
+  std::ofstream(run.dir + "/stdout.log", std::ios::app) << "stopped by request at step 7; ...\n";
+  EXPECT_TRUE(RunFeed(run.dir).stopped_by_request());
+}
+
 // A non-finite stop as keel train prints it: the tracer's finding, the stop, its cause. The run's
 // error is those lines (it was the stop's alone); a note is not part of it.
 TEST(ServeFeed, TheErrorIsTheStopWithTheFindingBeforeItAndTheCauseAfterIt) {

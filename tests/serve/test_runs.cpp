@@ -476,6 +476,48 @@ pid_t child_of(const std::string& run_dir) {
   return -1;
 }
 
+// POST stop, then the server killed before the child finished the stop: the child completes it
+// (checkpoint, "stopped by request", exit 0) unseen, and the restarted server found the run
+// `stopping` and called it `interrupted`. It is `stopped`, as the server would have recorded.
+// The registry is left as such a server leaves it (a child held with SIGSTOP would not do: the
+// server's death orphans its process group, and the kernel ends a stopped one with SIGHUP).
+TEST(ServeRuns, ARunStoppingWhenTheServerDiedIsStoppedOnceItsChildFinishedTheStop) {
+  Service s;
+  std::string id;
+  pid_t child = -1;
+  {
+    ServeProcess srv(s.args);
+    ASSERT_TRUE(srv.started()) << srv.output();
+    Api api{srv.port(), kTestKey};
+    id = create(api, tiny_config(kLongSteps));
+    api.wait_run(id, [](const json& j) { return j["step"].get<int64_t>() >= 20; });
+    child = child_of(s.run_dir(id));
+    ASSERT_GT(child, 0);
+    auto r = api.post("/v1/runs/" + id + "/stop", "");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 202);
+    api.wait_run(id, [](const json& j) { return j["state"] == "stopped"; });
+  }
+  {
+    serve::Registry reg(s.root + "/keel-serve.db");
+    serve::RunRecord r = reg.get(id).value();
+    r.state = "stopping";  // the child's exit never recorded
+    r.pid = child;
+    r.exit_code = -1;
+    reg.update(r);
+  }
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  EXPECT_CONTAINS(slurp(s.run_dir(id) + "/stdout.log"), "stopped by request at step");
+  json run = api.get_json("/v1/runs/" + id);
+  EXPECT_EQ(run["state"], "stopped") << run.dump();
+  EXPECT_TRUE(run["error"].is_null()) << run.dump();
+  EXPECT_TRUE(run["resumable"].get<bool>());
+  EXPECT_EQ(resume_to_the_end(api, id)["state"], "succeeded");
+  EXPECT_EQ(step_records(s.run_dir(id)).size(), static_cast<size_t>(kLongSteps));
+}
+
 // The first list after a restart builds every run's feed (each reads its run's metrics.jsonl:
 // 4 s for 50 runs of 20,000 steps); it did so holding the lock every status, events stream and
 // the active run's poller take, and they all waited. Here the first feed built waits on a gate
