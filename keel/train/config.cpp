@@ -255,10 +255,13 @@ std::string nearest_section(const std::string& name) {
 }
 
 // Whether `guess` is worth offering for what the user typed: at most half of the longer name
-// edited. The nearest of ~100 keys to a one-letter name is always one edit away (`x` -> `r`,
-// model.adapter.r), and offering it says nothing.
+// edited, or a prefix (`rank` for `r`; an abbreviation of 3 letters or more, `[debug.underflow]`).
+// The nearest of ~100 keys to a one-letter name is always one edit or a prefix away (`x` -> `r`,
+// model.adapter.r; `a` -> data.arith_reverse), and offering it says nothing.
 bool close_enough(const std::string& typed, const std::string& guess) {
-  return 2 * name_distance(typed, guess) <= std::max(typed.size(), guess.size());
+  if (2 * edit_distance(typed, guess) <= std::max(typed.size(), guess.size())) return true;
+  return guess.size() < typed.size() ? typed.rfind(guess, 0) == 0
+                                     : typed.size() >= 3 && guess.rfind(typed, 0) == 0;
 }
 
 std::string joined(const std::vector<std::string>& v) {
@@ -275,6 +278,8 @@ std::string unknown_key_hint(const std::string& full) {
   const std::string sec = dot == std::string::npos ? "" : full.substr(0, dot);
   const std::string name = dot == std::string::npos ? full : full.substr(dot + 1);
   if (close_enough(name, guess.substr(guess.rfind('.') + 1))) return "did you mean " + guess + "?";
+  if (sec.empty() && close_enough(full, nearest_section(full)))
+    return "did you mean the section [" + nearest_section(full) + "]?";
   if (is_section(sec)) {
     std::vector<std::string> keys;
     for (const KeySpec& k : key_table())

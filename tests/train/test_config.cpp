@@ -306,7 +306,10 @@ TEST(Config, UnknownKeysAndSectionsNameTheNearestValidOne) {
       {"x = 1",
        "unknown key x (@:1); every key belongs to a section (e.g. train.max_steps); the sections "
        "are run, model, data, train, optim, sched, scaler, log, debug, dist"},
+      {"a = 1", "unknown key a (@:1); every key belongs to a section"},  // not arith_reverse
+      {"trian = 1", "unknown key trian (@:1); did you mean the section [train]?"},
       {"[train]\nq = 1", "unknown key train.q (@:2); the keys of [train] are "},
+      {"[data]\nt = 1", "unknown key data.t (@:2); the keys of [data] are "},
       {"[zz]\nr = 4", "unknown section [zz] (@:1); the sections are run, model, model.adapter, "},
   };
   for (const Case& c : cases) {
