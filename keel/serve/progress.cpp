@@ -114,7 +114,7 @@ void Progress::on_metrics(const json& rec, std::chrono::steady_clock::time_point
   }
   if (rec.contains("advice")) {
     advice_.push_front({{"step", step}, {"advice", rec["advice"]}});
-    if (advice_.size() > 10) advice_.pop_back();
+    if (advice_.size() > kMaxAdvice) advice_.pop_back();
   }
 }
 
@@ -122,8 +122,12 @@ void Progress::on_stdout(const std::string& line) {
   // The header line of `keel train`: "... | 400 steps | out DIR".
   static const std::regex kSteps(R"(\| (\d+) steps(?: \||$))");
   std::smatch m;
-  if (line.rfind("keel train |", 0) == 0 && std::regex_search(line, m, kSteps))
-    total_steps_ = std::stoll(m[1]);
+  if (line.rfind("keel train |", 0) == 0) {
+    // A start's first line: what an earlier start of the run printed to stdout.log is not this
+    // one's (a feed built from the whole file, after a restart, reads every start's lines).
+    stopped_by_request_ = false;
+    if (std::regex_search(line, m, kSteps)) total_steps_ = std::stoll(m[1]);
+  }
   if (line.rfind("stopped by request", 0) == 0) stopped_by_request_ = true;
 }
 

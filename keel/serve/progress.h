@@ -53,6 +53,7 @@ std::string sse_of_record(int64_t line_no, const nlohmann::json& rec);
 // RunFeed feeds it).
 class Progress {
  public:
+  static constexpr size_t kMaxAdvice = 10;  // the latest advice kept
   void on_metrics(const nlohmann::json& rec, std::chrono::steady_clock::time_point now);
   void on_stdout(const std::string& line);
   void on_stderr(const std::string& line);

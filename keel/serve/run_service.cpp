@@ -1,7 +1,9 @@
 #include "keel/serve/run_service.h"
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 
@@ -58,6 +60,16 @@ std::pair<std::string, std::string> exit_state(ChildExit e, bool stop_requested_
   }
   return {"failed", last_error.empty() ? "exit code " + std::to_string(e.code) : last_error};
 }
+// A test hook (tests/serve/test_runs.cpp): the first feed built waits, up to 60 s, for the file
+// GATE to exist, having written its run's id to GATE.entered; a feed built meanwhile by another
+// request shows that no lock is held while a feed is built.
+void test_feed_gate(const std::string& gate, const std::string& id) {
+  static std::atomic<bool> used{false};
+  if (used.exchange(true)) return;
+  io::write_file_atomic(gate + ".entered", id);
+  for (int i = 0; i < 6000 && !fs::exists(gate); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
 }  // namespace
 
 RunService::RunService(RunServiceOptions opt)
@@ -108,13 +120,20 @@ void RunService::poll_feeds() {
 }
 
 std::shared_ptr<RunFeed> RunService::feed_of(const RunRecord& r) {
-  std::lock_guard<std::mutex> lock(feeds_mu_);
-  auto& f = feeds_[r.id];
-  if (!f) {
-    f = std::make_shared<RunFeed>(run_dir(r.id));
-    f->set_state(r.state);
+  {
+    std::lock_guard<std::mutex> lock(feeds_mu_);
+    auto it = feeds_.find(r.id);
+    if (it != feeds_.end()) return it->second;
   }
-  return f;
+  // Built outside feeds_mu_: a feed reads its run's files (a long finished run's metrics.jsonl
+  // takes a while), and every status, events stream and the poller take feeds_mu_. The first
+  // list after a restart builds one per run and held it for seconds. Two threads that build the
+  // same feed at once keep the first one stored.
+  if (const char* gate = std::getenv("KEEL_SERVE_TEST_FEED_GATE")) test_feed_gate(gate, r.id);
+  auto built = std::make_shared<RunFeed>(run_dir(r.id));
+  built->set_state(r.state);
+  std::lock_guard<std::mutex> lock(feeds_mu_);
+  return feeds_.emplace(r.id, std::move(built)).first->second;
 }
 
 std::shared_ptr<RunFeed> RunService::feed(const std::string& id) { return feed_of(must_get(id)); }
@@ -263,6 +282,7 @@ json RunService::stop(const std::string& id) {
 }
 
 json RunService::resume(const std::string& id) {
+  feed(id);  // read its files before taking mu_ (the poller and every change of state wait on it)
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) throw HttpError(503, "the server is shutting down");
   RunRecord r = must_get(id);
@@ -336,9 +356,18 @@ void RunService::recover() {
       if (process_alive(pid, r.pid_start)) ::kill(pid, SIGKILL);
     }
     const std::string was = r.state;
-    r.state = "interrupted";
-    r.error = "the server stopped while the run was " + was +
-              "; resume it from its last checkpoint with POST /v1/runs/" + r.id + "/resume";
+    // A stop asked for before the server died, which the child completed (checkpoint saved,
+    // "stopped by request" printed just before its exit 0) after the server could see it: the
+    // run is stopped, as the server would have recorded. It said `interrupted`.
+    if (was == "stopping" && feed_of(r)->stopped_by_request()) {
+      r.state = "stopped";
+      r.error.clear();
+      r.exit_code = 0;
+    } else {
+      r.state = "interrupted";
+      r.error = "the server stopped while the run was " + was +
+                "; resume it from its last checkpoint with POST /v1/runs/" + r.id + "/resume";
+    }
     r.pid = 0;
     r.pid_start.clear();
     save(r, /*insert=*/false);

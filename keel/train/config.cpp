@@ -254,6 +254,51 @@ std::string nearest_section(const std::string& name) {
   return best;
 }
 
+// Whether `guess` is worth offering for what the user typed: at most half of the longer name
+// edited, or a prefix (`rank` for `r`; an abbreviation of 3 letters or more, `[debug.underflow]`).
+// The nearest of ~100 keys to a one-letter name is always one edit or a prefix away (`x` -> `r`,
+// model.adapter.r; `a` -> data.arith_reverse), and offering it says nothing.
+bool close_enough(const std::string& typed, const std::string& guess) {
+  if (2 * edit_distance(typed, guess) <= std::max(typed.size(), guess.size())) return true;
+  return guess.size() < typed.size() ? typed.rfind(guess, 0) == 0
+                                     : typed.size() >= 3 && guess.rfind(typed, 0) == 0;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// What follows "unknown key FULL (where); ": the nearest valid key when it is close, else what
+// the place it was put in holds.
+std::string unknown_key_hint(const std::string& full) {
+  const std::string guess = nearest_key(full);
+  const size_t dot = full.rfind('.');
+  const std::string sec = dot == std::string::npos ? "" : full.substr(0, dot);
+  const std::string name = dot == std::string::npos ? full : full.substr(dot + 1);
+  if (close_enough(name, guess.substr(guess.rfind('.') + 1))) return "did you mean " + guess + "?";
+  if (sec.empty() && close_enough(full, nearest_section(full)))
+    return "did you mean the section [" + nearest_section(full) + "]?";
+  if (is_section(sec)) {
+    std::vector<std::string> keys;
+    for (const KeySpec& k : key_table())
+      if (k.section == sec) keys.push_back(k.name);
+    return "the keys of [" + sec + "] are " + joined(keys);
+  }
+  std::vector<std::string> top;
+  for (const std::string& s : section_names())
+    if (s.find('.') == std::string::npos) top.push_back(s);
+  return "every key belongs to a section (e.g. train.max_steps); the sections are " + joined(top);
+}
+
+// The same for an unknown section.
+std::string unknown_section_hint(const std::string& full) {
+  const std::string guess = nearest_section(full);
+  if (close_enough(full, guess)) return "did you mean [" + guess + "]?";
+  return "the sections are " + joined(section_names());
+}
+
 // Shortest text that reads back as the same double; TOML floats need a '.' or an exponent.
 std::string format_double(double v, bool toml) {
   if (std::isnan(v)) return "nan";
@@ -460,11 +505,10 @@ void walk(Config& c, const toml::table& t, const std::string& prefix, const std:
         throw usage(where + ": [" + full + "] must be a table (a section), got " + describe(node));
       walk(c, *node.as_table(), full, path, origins);
     } else if (node.is_table()) {
-      throw usage("unknown section [" + visible(full) + "] (" + where + "); did you mean [" +
-                  nearest_section(full) + "]?");
+      throw usage("unknown section [" + visible(full) + "] (" + where + "); " +
+                  unknown_section_hint(full));
     } else {
-      throw usage("unknown key " + visible(full) + " (" + where + "); did you mean " +
-                  nearest_key(full) + "?");
+      throw usage("unknown key " + visible(full) + " (" + where + "); " + unknown_key_hint(full));
     }
   }
 }
@@ -702,7 +746,7 @@ void apply_override(Config& c, const std::string& ov, Origins& origins) {
     if (is_section(key))
       throw usage(where + ": " + key + " is a section, not a key; set one of its keys (" + key +
                   ".<key>=value)");
-    throw usage(where + ": unknown key " + key + "; did you mean " + nearest_key(key) + "?");
+    throw usage(where + ": unknown key " + key + "; " + unknown_key_hint(key));
   }
   toml::table parsed;
   bool is_value = false;

@@ -212,6 +212,41 @@ TEST(ServeFeed, ANewStartReadsTheLogsFromTheirEndsAndKeepsTheMetrics) {
   EXPECT_EQ(feed.snapshot()["step"], 6);
 }
 
+// A feed built over a finished run's file parses only the lines its progress keeps (the newest
+// step record, the newest advice): its status is the one every line folded in gives.
+TEST(ServeFeed, AFeedBuiltOverAFileHasTheProgressOfEveryLine) {
+  RunFiles run;
+  Progress every;
+  const auto now = RunFeed::Clock::now();
+  std::ofstream f(run.dir + "/metrics.jsonl");
+  for (int i = 1; i <= 60; ++i) {
+    json rec = {{"step", i}, {"loss", 3.0 / i}, {"grad_norm", 1.0 + i}};
+    if (i % 4 == 0) rec["advice"] = "advice of step " + std::to_string(i);
+    const std::string line = i == 30 ? "{\"grad_norm\": not json" : i == 59 ? "[1, 2]" : rec.dump();
+    f << line << "\n";
+    every.on_metrics(json::parse(line, nullptr, false), now);
+    if (i == 60) f << json{{"eval_loss", 0.5}, {"step", 60}}.dump() << "\n";
+  }
+  f.close();
+  RunFeed feed(run.dir);
+  EXPECT_EQ(feed.snapshot(), every.snapshot());
+  EXPECT_EQ(feed.snapshot()["step"], 60);
+  EXPECT_EQ(feed.snapshot()["advice"].size(), Progress::kMaxAdvice);
+  EXPECT_EQ(feed.last_event_id(), 61);  // every line counted, the eval record's too
+}
+
+// A feed built after a restart reads the whole stdout.log, every start's lines: a "stopped by
+// request" of an earlier start is not the latest start's (its header line begins it).
+TEST(ServeFeed, StoppedByRequestIsTheLatestStartsOwn) {
+  RunFiles run;
+  const std::string header = "keel train | gpt2 2L 32-wide 2 heads | 10 steps | out x\n";
+  std::ofstream(run.dir + "/stdout.log") << header << "stopped by request at step 4; ...\n"
+                                         << header;
+  EXPECT_FALSE(RunFeed(run.dir).stopped_by_request());
+  std::ofstream(run.dir + "/stdout.log", std::ios::app) << "stopped by request at step 7; ...\n";
+  EXPECT_TRUE(RunFeed(run.dir).stopped_by_request());
+}
+
 // A non-finite stop as keel train prints it: the tracer's finding, the stop, its cause. The run's
 // error is those lines (it was the stop's alone); a note is not part of it.
 TEST(ServeFeed, TheErrorIsTheStopWithTheFindingBeforeItAndTheCauseAfterIt) {

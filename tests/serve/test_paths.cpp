@@ -138,6 +138,13 @@ TEST(ServePaths, RequestBodiesAreReadByTheConfigLoader) {
   EXPECT_EQ(status, 400);
   EXPECT_CONTAINS(msg, "unknown key train.max_step");
   EXPECT_CONTAINS(msg, "did you mean train.max_steps?");
+  // A top-level name that is no section: the sections, not a distant key (it said "did you mean
+  // model.adapter.r?").
+  std::tie(status, msg) = refusal(R"({"x": 1})", p);
+  EXPECT_EQ(status, 400);
+  EXPECT_CONTAINS(msg, "unknown key x (request body); every key belongs to a section");
+  EXPECT_CONTAINS(msg, "the sections are run, model, data, train,");
+  EXPECT_EQ(msg.find("did you mean"), std::string::npos) << msg;
   std::tie(status, msg) = refusal(R"({"train": {"batch_size": 0}})", p);
   EXPECT_EQ(status, 400);
   EXPECT_CONTAINS(msg, "train.batch_size must be in [1, 65536], got 0");

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <thread>
 #include <tuple>
@@ -473,6 +474,92 @@ pid_t child_of(const std::string& run_dir) {
     if (cmd.find(run_dir + "/run.toml") != std::string::npos) return std::stoi(name);
   }
   return -1;
+}
+
+// POST stop, then the server killed before the child finished the stop: the child completes it
+// (checkpoint, "stopped by request", exit 0) unseen, and the restarted server found the run
+// `stopping` and called it `interrupted`. It is `stopped`, as the server would have recorded.
+// The registry is left as such a server leaves it (a child held with SIGSTOP would not do: the
+// server's death orphans its process group, and the kernel ends a stopped one with SIGHUP).
+TEST(ServeRuns, ARunStoppingWhenTheServerDiedIsStoppedOnceItsChildFinishedTheStop) {
+  Service s;
+  std::string id;
+  pid_t child = -1;
+  {
+    ServeProcess srv(s.args);
+    ASSERT_TRUE(srv.started()) << srv.output();
+    Api api{srv.port(), kTestKey};
+    id = create(api, tiny_config(kLongSteps));
+    api.wait_run(id, [](const json& j) { return j["step"].get<int64_t>() >= 20; });
+    child = child_of(s.run_dir(id));
+    ASSERT_GT(child, 0);
+    auto r = api.post("/v1/runs/" + id + "/stop", "");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 202);
+    api.wait_run(id, [](const json& j) { return j["state"] == "stopped"; });
+  }
+  {
+    serve::Registry reg(s.root + "/keel-serve.db");
+    serve::RunRecord r = reg.get(id).value();
+    r.state = "stopping";  // the child's exit never recorded
+    r.pid = child;
+    r.exit_code = -1;
+    reg.update(r);
+  }
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  EXPECT_CONTAINS(slurp(s.run_dir(id) + "/stdout.log"), "stopped by request at step");
+  json run = api.get_json("/v1/runs/" + id);
+  EXPECT_EQ(run["state"], "stopped") << run.dump();
+  EXPECT_TRUE(run["error"].is_null()) << run.dump();
+  EXPECT_TRUE(run["resumable"].get<bool>());
+  EXPECT_EQ(resume_to_the_end(api, id)["state"], "succeeded");
+  EXPECT_EQ(step_records(s.run_dir(id)).size(), static_cast<size_t>(kLongSteps));
+}
+
+// The first list after a restart builds every run's feed (each reads its run's metrics.jsonl:
+// 4 s for 50 runs of 20,000 steps); it did so holding the lock every status, events stream and
+// the active run's poller take, and they all waited. Here the first feed built waits on a gate
+// (the test hook KEEL_SERVE_TEST_FEED_GATE) while another run's status is asked for: it is
+// answered while the list still waits.
+TEST(ServeRuns, AFeedBeingBuiltHoldsNoLockOtherRequestsWaitOn) {
+  Service s;
+  std::vector<std::string> ids;
+  {
+    ServeProcess srv(s.args);
+    ASSERT_TRUE(srv.started()) << srv.output();
+    Api api{srv.port(), kTestKey};
+    for (int i = 0; i < 2; ++i) {
+      ids.push_back(create(api, tiny_config(3)));
+      api.wait_run(ids.back(), [](const json& j) { return j["state"] == "succeeded"; });
+    }
+  }
+  const std::string gate = s.dir + "/feed-gate";
+  ::setenv("KEEL_SERVE_TEST_FEED_GATE", gate.c_str(), 1);
+  ServeProcess srv(s.args);
+  ::unsetenv("KEEL_SERVE_TEST_FEED_GATE");
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  auto list = std::async(std::launch::async, [&] { return api.get("/v1/runs"); });
+  for (int i = 0; i < 1000 && !fs::exists(gate + ".entered"); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const std::string building = slurp(gate + ".entered");
+  const std::string other = building == ids[0] ? ids[1] : ids[0];
+  httplib::Client c("127.0.0.1", srv.port());
+  c.set_read_timeout(std::chrono::seconds(10));  // the gate waits 60 s
+  auto status =
+      c.Get(("/v1/runs/" + other).c_str(), {{"Authorization", std::string("Bearer ") + kTestKey}});
+  const bool list_done = list.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  std::ofstream(gate) << "open\n";
+  ASSERT_TRUE(status) << "the status waited for the list's feed build";
+  EXPECT_EQ(status->status, 200);
+  EXPECT_EQ(json::parse(status->body)["state"], "succeeded");
+  EXPECT_FALSE(list_done);  // the gate held it
+  auto l = list.get();
+  ASSERT_TRUE(l);
+  ASSERT_EQ(l->status, 200);
+  EXPECT_EQ(json::parse(l->body)["data"].size(), 2u);
 }
 
 // A run's process killed outright (the OOM killer's SIGKILL) after a checkpoint: the run is

@@ -301,6 +301,16 @@ TEST(Config, UnknownKeysAndSectionsNameTheNearestValidOne) {
        "unknown section [model.adaptor] (@:1); did you mean [model.adapter]?"},
       {"[debug.underflow]\nenabled = true",
        "unknown section [debug.underflow] (@:1); did you mean [debug.underflow_overflow]?"},
+      // Nothing close: no guess (`x` is one edit from model.adapter.r, which it named), but what
+      // the place holds.
+      {"x = 1",
+       "unknown key x (@:1); every key belongs to a section (e.g. train.max_steps); the sections "
+       "are run, model, data, train, optim, sched, scaler, log, debug, dist"},
+      {"a = 1", "unknown key a (@:1); every key belongs to a section"},  // not arith_reverse
+      {"trian = 1", "unknown key trian (@:1); did you mean the section [train]?"},
+      {"[train]\nq = 1", "unknown key train.q (@:2); the keys of [train] are "},
+      {"[data]\nt = 1", "unknown key data.t (@:2); the keys of [data] are "},
+      {"[zz]\nr = 4", "unknown section [zz] (@:1); the sections are run, model, model.adapter, "},
   };
   for (const Case& c : cases) {
     const std::string p = write_file(dir, "config.toml", c.toml);
@@ -611,6 +621,9 @@ TEST(Config, OverridesParseTomlValuesAndBareStrings) {
             "--set train.batch_size=big: train.batch_size must be an integer, got string \"big\"");
   EXPECT_EQ(set_error("train.lr=1e-3"),
             "--set train.lr=1e-3: unknown key train.lr; did you mean optim.lr?");
+  EXPECT_EQ(set_error("x=1"),
+            "--set x=1: unknown key x; every key belongs to a section (e.g. train.max_steps); the "
+            "sections are run, model, data, train, optim, sched, scaler, log, debug, dist");
   EXPECT_EQ(set_error("train.batch_size"),
             "--set train.batch_size: expected section.key=value (e.g. --set train.batch_size=8)");
   EXPECT_NE(set_error("optim.lr=1e400").find("optim.lr = 1e400 is not a number TOML can hold ("),
