@@ -106,6 +106,10 @@ class NcclGroup final : public ProcessGroup {
                "cudaMemcpyAsync (device to host)");
     cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
+  // NCCL has no deadline here: no collective is left pending by one.
+  ErrorHashes gather_error_hashes(double mine, double wait_s) override {
+    return mpi_ ? mpi_->gather_error_hashes(mine, false, wait_s) : ErrorHashes{{mine}, false};
+  }
   [[noreturn]] void abort(int code) override {
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;

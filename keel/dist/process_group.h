@@ -24,6 +24,19 @@ class ProcessGroup : public Collective {
   // Ends every rank of the job now with `code` (a rank that hit an error another rank did not
   // would otherwise leave it waiting in a collective forever). Does not return.
   [[noreturn]] virtual void abort(int code) = 0;
+  // After an error on this rank: each rank that failed gives a hash of its message (error_hash).
+  // `hashes` holds every rank's (rank r's at [r]) when every rank arrived within wait_s seconds,
+  // nothing when one did not (it did not fail, or not yet: this rank's error is its own); `stuck`
+  // whether a rank left a collective unfinished (a deadline), so that the job must be aborted
+  // rather than finalized. Never meets a collective of the training (a communicator of its own).
+  struct ErrorHashes {
+    std::vector<double> hashes;
+    bool stuck = false;
+  };
+  virtual ErrorHashes gather_error_hashes(double mine, double wait_s) {
+    (void)mine, (void)wait_s;
+    return {};
+  }
   int64_t bucket_bytes() const { return bucket_bytes_; }
   // dist.timeout_s: a collective that every rank has not joined within this many seconds is an
   // Error naming the collective and the ranks that may be missing (MPI), instead of a hang.
@@ -73,6 +86,10 @@ class SingleGroup final : public ProcessGroup {
   void all_reduce_max(double*, size_t) override {}
   void all_gather(const double* in, size_t n, double* out) override;
   [[noreturn]] void abort(int code) override;
+  ErrorHashes gather_error_hashes(double mine, double) override { return {{mine}, false}; }
 };
+
+// A 52-bit hash of an error message (exact in a double), for gather_error_hashes.
+double error_hash(const std::string& message);
 
 }  // namespace keel::dist
