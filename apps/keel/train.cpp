@@ -76,13 +76,18 @@ EvalNonfinite eval_nonfinite_advice(const Trainer& trainer, const EvalResult& e,
 // write error, a deadline) and must never be lost. A rank cannot tell which from its message
 // alone, and guessing from the launcher's rank (rank 0 speaks for a "config error") loses the
 // error of a node whose copy of the config file differs. So the ranks that failed compare: each
-// gives a hash of its message on a communicator of its own (ProcessGroup::gather_error_hashes).
-// When every rank arrives within a short wait, rank 0 says its message once, and any rank whose
-// message differs says its own; when one does not arrive (it did not fail), this rank's error is
-// its own: said with its rank, then the job is aborted. An error before the group exists (a config
-// that does not load) starts MPI only to compare, unless the config asked for no MPI.
+// gives a hash of its message and its time on a communicator of its own
+// (ProcessGroup::gather_errors). When every rank arrives within a short wait, the lowest rank of
+// each distinct message says it once, naming the ranks that share it; a deadline that expired
+// after another rank had failed stays quiet (that failure is why it waited in vain: rank 0 ran
+// into the final check's deadline after rank 1 gave up waiting for its evaluation). When a rank
+// does not arrive (it did not fail), this rank's error is its own: said with its rank, then the
+// job is aborted. An error before the group exists (a config that does not load) starts MPI only
+// to compare, unless the config asked for no MPI.
 int fail_ranked(std::shared_ptr<dist::ProcessGroup> pg, const std::string& backend,
                 double timeout_s, const std::string& msg, int code) {
+  const double failed_at =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   if (!pg && dist::launched_by_mpirun() && dist::launcher_world_size() > 1 && backend != "single") {
     try {
       pg = dist::make_mpi_group(25000000);  // only to compare: nothing is reduced
@@ -102,26 +107,39 @@ int fail_ranked(std::shared_ptr<dist::ProcessGroup> pg, const std::string& backe
   };
   // Ranks failing alike get there within moments of each other; a rank that did not fail never
   // does, and the job's end waits this long for it.
-  const dist::ProcessGroup::ErrorHashes all =
-      pg ? pg->gather_error_hashes(dist::error_hash(msg), std::min(timeout_s, 5.0))
-         : dist::ProcessGroup::ErrorHashes{};
-  if (all.hashes.size() != static_cast<size_t>(world)) {
+  const std::vector<dist::ProcessGroup::RankError> all =
+      pg ? pg->gather_errors(dist::error_hash(msg), failed_at, std::min(timeout_s, 5.0))
+         : std::vector<dist::ProcessGroup::RankError>{};
+  if (all.size() != static_cast<size_t>(world)) {
     say("rank " + std::to_string(rank));
     if (pg) pg->abort(code);
     return code;
   }
-  std::string alike;  // the ranks that failed with rank 0's message
-  for (int q = 0; q < world; ++q)
-    if (all.hashes[static_cast<size_t>(q)] == all.hashes[0])
-      alike += (alike.empty() ? "" : ", ") + std::to_string(q);
-  const bool everywhere = std::count(all.hashes.begin(), all.hashes.end(), all.hashes[0]) == world;
-  if (rank == 0)
-    say(everywhere ? "every rank"
-                   : (alike.find(',') != std::string::npos ? "ranks " : "rank ") + alike);
-  else if (all.hashes[static_cast<size_t>(rank)] != all.hashes[0])
-    say("rank " + std::to_string(rank));
-  // Every rank failed and none is inside a collective: each ends normally with the code.
-  if (all.stuck) pg->abort(code);
+  auto consequence = [&](size_t q) {
+    if (!all[q].stuck) return false;
+    for (const auto& e : all)
+      if (e.time < all[q].time && e.hash != all[q].hash) return true;
+    return false;
+  };
+  const auto me = static_cast<size_t>(rank);
+  std::vector<size_t> alike;  // the ranks said with this rank's message
+  bool first = true;
+  for (size_t q = 0; q < all.size(); ++q)
+    if (all[q].hash == all[me].hash && !consequence(q)) {
+      first = first && (q >= me);
+      alike.push_back(q);
+    }
+  if (!consequence(me) && first) {
+    std::string who = alike.size() == all.size() ? "every rank"
+                      : alike.size() > 1         ? "ranks "
+                                                 : "rank ";
+    if (alike.size() < all.size())
+      for (size_t i = 0; i < alike.size(); ++i) who += (i ? ", " : "") + std::to_string(alike[i]);
+    say(who);
+  }
+  // Every rank failed and none is left inside a collective: each ends normally with the code.
+  for (const auto& e : all)
+    if (e.stuck) pg->abort(code);
   return code;
 }
 

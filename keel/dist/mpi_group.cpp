@@ -18,7 +18,7 @@ namespace {
 
 int g_users = 0;                    // live MpiRuntime objects
 bool g_we_init = false;             // this process called MPI_Init (and so must finalize)
-MPI_Comm g_errors = MPI_COMM_NULL;  // ranks compare their errors here (gather_error_hashes)
+MPI_Comm g_errors = MPI_COMM_NULL;  // ranks compare their errors here (gather_errors)
 
 void check(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -60,10 +60,7 @@ MpiRuntime::~MpiRuntime() {
   if (--g_users == 0 && g_we_init) {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) {
-      if (g_errors != MPI_COMM_NULL) MPI_Comm_free(&g_errors);
-      MPI_Finalize();
-    }
+    if (!finalized) MPI_Finalize();  // frees g_errors (not freed before: a rank may still use it)
   }
 }
 
@@ -71,22 +68,21 @@ void MpiRuntime::broadcast(void* data, int bytes) {
   check(MPI_Bcast(data, bytes, MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast");
 }
 
-ProcessGroup::ErrorHashes MpiRuntime::gather_error_hashes(double mine, bool stuck, double wait_s) {
-  const double in[2] = {mine, stuck ? 1.0 : 0.0};
-  std::vector<double> all(2 * static_cast<size_t>(world));
+std::vector<ProcessGroup::RankError> MpiRuntime::gather_errors(ProcessGroup::RankError mine,
+                                                               double wait_s) {
+  const double in[3] = {mine.hash, mine.time, mine.stuck ? 1.0 : 0.0};
+  std::vector<double> all(3 * static_cast<size_t>(world));
   MPI_Request req;
-  if (MPI_Iallgather(in, 2, MPI_DOUBLE, all.data(), 2, MPI_DOUBLE, g_errors, &req) != MPI_SUCCESS)
+  if (MPI_Iallgather(in, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, g_errors, &req) != MPI_SUCCESS)
     return {};
   const auto start = std::chrono::steady_clock::now();
   for (;;) {
     int done = 0;
     if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return {};
     if (done) {
-      ProcessGroup::ErrorHashes r;
-      for (int q = 0; q < world; ++q) {
-        r.hashes.push_back(all[2 * static_cast<size_t>(q)]);
-        r.stuck |= all[2 * static_cast<size_t>(q) + 1] != 0;
-      }
+      std::vector<ProcessGroup::RankError> r;
+      for (size_t q = 0; q < static_cast<size_t>(world); ++q)
+        r.push_back({all[3 * q], all[3 * q + 1], all[3 * q + 2] != 0});
       return r;
     }
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > wait_s)
@@ -164,8 +160,8 @@ class MpiGroup final : public ProcessGroup {
     wait(req, "MPI_Allgather", purpose);
   }
   [[noreturn]] void abort(int code) override { mpi_.abort(code); }
-  ErrorHashes gather_error_hashes(double mine, double wait_s) override {
-    return mpi_.gather_error_hashes(mine, stuck_, wait_s);
+  std::vector<RankError> gather_errors(double hash, double time, double wait_s) override {
+    return mpi_.gather_errors({hash, time, stuck_}, wait_s);
   }
 
  private:

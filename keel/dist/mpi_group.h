@@ -24,9 +24,9 @@ struct MpiRuntime {
   // MPI_Bcast of `bytes` bytes from rank 0 over MPI_COMM_WORLD.
   void broadcast(void* data, int bytes);
   [[noreturn]] void abort(int code);
-  // ProcessGroup::gather_error_hashes over a duplicate of MPI_COMM_WORLD made at MPI_Init (so
-  // that it never meets a collective of the training, which may be pending on the failed rank).
-  ProcessGroup::ErrorHashes gather_error_hashes(double mine, bool stuck, double wait_s);
+  // ProcessGroup::gather_errors over a duplicate of MPI_COMM_WORLD made at MPI_Init (so that it
+  // never meets a collective of the training, which may be pending on the failed rank).
+  std::vector<ProcessGroup::RankError> gather_errors(ProcessGroup::RankError mine, double wait_s);
 };
 
 }  // namespace keel::dist

@@ -107,8 +107,9 @@ class NcclGroup final : public ProcessGroup {
     cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
   // NCCL has no deadline here: no collective is left pending by one.
-  ErrorHashes gather_error_hashes(double mine, double wait_s) override {
-    return mpi_ ? mpi_->gather_error_hashes(mine, false, wait_s) : ErrorHashes{{mine}, false};
+  std::vector<RankError> gather_errors(double hash, double time, double wait_s) override {
+    if (!mpi_) return {{hash, time, false}};
+    return mpi_->gather_errors({hash, time, false}, wait_s);
   }
   [[noreturn]] void abort(int code) override {
     if (comm_) ncclCommAbort(comm_);

@@ -24,17 +24,18 @@ class ProcessGroup : public Collective {
   // Ends every rank of the job now with `code` (a rank that hit an error another rank did not
   // would otherwise leave it waiting in a collective forever). Does not return.
   [[noreturn]] virtual void abort(int code) = 0;
-  // After an error on this rank: each rank that failed gives a hash of its message (error_hash).
-  // `hashes` holds every rank's (rank r's at [r]) when every rank arrived within wait_s seconds,
-  // nothing when one did not (it did not fail, or not yet: this rank's error is its own); `stuck`
-  // whether a rank left a collective unfinished (a deadline), so that the job must be aborted
-  // rather than finalized. Never meets a collective of the training (a communicator of its own).
-  struct ErrorHashes {
-    std::vector<double> hashes;
+  // After an error on this rank: each rank that failed gives a hash of its message (error_hash)
+  // and the time it failed (seconds since the epoch). Returns every rank's (rank r's at [r]) when
+  // every rank arrived within wait_s seconds, nothing when one did not (it did not fail, or not
+  // yet: this rank's error is its own). `stuck`: the rank's error was a deadline that left a
+  // collective unfinished (the job must then be aborted, not finalized). Never meets a collective
+  // of the training (a communicator of its own).
+  struct RankError {
+    double hash = 0, time = 0;
     bool stuck = false;
   };
-  virtual ErrorHashes gather_error_hashes(double mine, double wait_s) {
-    (void)mine, (void)wait_s;
+  virtual std::vector<RankError> gather_errors(double hash, double time, double wait_s) {
+    (void)hash, (void)time, (void)wait_s;
     return {};
   }
   int64_t bucket_bytes() const { return bucket_bytes_; }
@@ -86,10 +87,12 @@ class SingleGroup final : public ProcessGroup {
   void all_reduce_max(double*, size_t) override {}
   void all_gather(const double* in, size_t n, double* out) override;
   [[noreturn]] void abort(int code) override;
-  ErrorHashes gather_error_hashes(double mine, double) override { return {{mine}, false}; }
+  std::vector<RankError> gather_errors(double hash, double time, double) override {
+    return {{hash, time, false}};
+  }
 };
 
-// A 52-bit hash of an error message (exact in a double), for gather_error_hashes.
+// A 52-bit hash of an error message (exact in a double), for gather_errors.
 double error_hash(const std::string& message);
 
 }  // namespace keel::dist

@@ -648,8 +648,8 @@ TEST(CliDist, TheDeadlineNamesWhatTheCollectiveWasFor) {
 // collective: its deadline ended the job saying that rank 0 "did not arrive". They wait for it
 // now under a deadline that names it. The spike is a natural one: step 12's 16 rows (both ranks')
 // are long CJK lines after 11 steps of one short sentence. Rows are padded to data.seq_len = 2048,
-// so that steps are long enough to time: a first run measures the step time S on this machine,
-// then the deadline is 0.7 S, past the probe's 1.3 S but not a step's own jitter.
+// so that steps are long enough to time: a run measures the step time S on this machine, then
+// the deadline is 0.7 S, past the probe's 1.3 S but not a step's own jitter.
 TEST(CliDist, RankZerosSpikeProbePastTheDeadlineIsNamedAsSuch) {
   SKIP_WITHOUT_MPIRUN();
   const std::string dir = test::temp_dir("cli-dist-probe");
@@ -677,9 +677,7 @@ TEST(CliDist, RankZerosSpikeProbePastTheDeadlineIsNamedAsSuch) {
             "train.batch_size=8", "train.max_steps=13", "log.tensorboard=false",
             "sched.name=constant", "optim.lr=0.01", "dist.timeout_s=" + timeout});
   };
-  const auto t0 = std::chrono::steady_clock::now();
   Ran r = train("600");
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   bool spiked = false;
   std::ifstream metrics(dir + "/out/metrics.jsonl");
@@ -688,13 +686,19 @@ TEST(CliDist, RankZerosSpikeProbePastTheDeadlineIsNamedAsSuch) {
     spiked |= j.value("kind", "") == "advisor" && j.value("step", int64_t{0}) == 12;
   }
   ASSERT_TRUE(spiked) << "no spike found at step 12: " << slurp(dir + "/out/metrics.jsonl");
-  // 13 steps and the probe, and a second or so of start: S is at most secs / 14.
-  const std::string timeout = std::to_string(0.7 * secs / 14);
-  // A busy machine stretches a rank's step at random: a stretch past the deadline before step 12
-  // ends a try early, so up to three tries; without the wait no try names the probe.
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    r = train(timeout);
+  // A busy machine stretches steps at random, so the deadline follows the last try: a run that
+  // finished ("... of X s of training": 13 steps and the probe, about 14.3 S) sets it to 0.7 S;
+  // a step's own stretch past it before step 12 gives it more room. Without the wait no try names
+  // the probe.
+  double timeout = 600;
+  for (int attempt = 0; attempt < 5; ++attempt) {
     if (r.err.find("trend advisor's checks at step 12") != std::string::npos) break;
+    const size_t at = r.out.find("% of ");
+    if (r.code == 0 && at != std::string::npos)
+      timeout = 0.7 * std::strtod(r.out.c_str() + at + 5, nullptr) / 14.3;
+    else
+      timeout *= 1.4;
+    r = train(std::to_string(timeout));
   }
   EXPECT_NE(r.code, 0) << r.out << r.err;
   EXPECT_CONTAINS(r.err,
