@@ -10,6 +10,7 @@
 
 #include "apps/keel/commands.h"
 #include "keel/dist/config_check.h"
+#include "keel/dist/mpi_group.h"
 #include "keel/dist/process_group.h"
 #include "keel/io/atomic_file.h"
 #include "keel/io/checkpoint.h"
@@ -66,6 +67,82 @@ EvalNonfinite eval_nonfinite_advice(const Trainer& trainer, const EvalResult& e,
                " at step " + step + ", before its update)";
   return r;
 }
+// Data-parallel runs (`mpirun -np N keel train CONFIG`, dist.backend = auto|mpi|nccl): an error on
+// one rank must end every rank (the others would wait in a collective forever).
+//
+// Who says it. The ranks run one config on the same inputs, so most errors (a bad key, a resume
+// refusal, a data file missing from a shared file system) are hit by every rank alike, and each
+// printed it: N copies of one message. Others are one rank's own (a file missing on one node, a
+// write error, a deadline) and must never be lost. A rank cannot tell which from its message
+// alone, and guessing from the launcher's rank (rank 0 speaks for a "config error") loses the
+// error of a node whose copy of the config file differs. So the ranks that failed compare: each
+// gives a hash of its message and its time on a communicator of its own
+// (ProcessGroup::gather_errors). When every rank arrives within a short wait, the lowest rank of
+// each distinct message says it once, naming the ranks that share it; a deadline that expired
+// after another rank had failed stays quiet (that failure is why it waited in vain: rank 0 ran
+// into the final check's deadline after rank 1 gave up waiting for its evaluation). When a rank
+// does not arrive (it did not fail), this rank's error is its own: said with its rank, then the
+// job is aborted. An error before the group exists (a config that does not load) starts MPI only
+// to compare, unless the config asked for no MPI.
+int fail_ranked(std::shared_ptr<dist::ProcessGroup> pg, const std::string& backend,
+                double timeout_s, const std::string& msg, int code) {
+  const double failed_at =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  if (!pg && dist::launched_by_mpirun() && dist::launcher_world_size() > 1 && backend != "single") {
+    try {
+      pg = dist::make_mpi_group(25000000);  // only to compare: nothing is reduced
+    } catch (const std::exception&) {
+      pg.reset();
+    }
+  }
+  const int rank = pg ? pg->rank() : dist::launcher_rank();
+  const int world = pg ? pg->world_size() : dist::launcher_world_size();
+  if (world <= 1 || (!pg && !dist::launched_by_mpirun())) {
+    std::fprintf(stderr, "error: %s\n", msg.c_str());
+    return code;
+  }
+  auto say = [&](const std::string& who) {
+    std::fprintf(stderr, "error (%s of %d): %s\n", who.c_str(), world, msg.c_str());
+    std::fflush(stderr);
+  };
+  // Ranks failing alike get there within moments of each other; a rank that did not fail never
+  // does, and the job's end waits this long for it.
+  const std::vector<dist::ProcessGroup::RankError> all =
+      pg ? pg->gather_errors(dist::error_hash(msg), failed_at, std::min(timeout_s, 5.0))
+         : std::vector<dist::ProcessGroup::RankError>{};
+  if (all.size() != static_cast<size_t>(world)) {
+    say("rank " + std::to_string(rank));
+    if (pg) pg->abort(code);
+    return code;
+  }
+  auto consequence = [&](size_t q) {
+    if (!all[q].stuck) return false;
+    for (const auto& e : all)
+      if (e.time < all[q].time && e.hash != all[q].hash) return true;
+    return false;
+  };
+  const auto me = static_cast<size_t>(rank);
+  std::vector<size_t> alike;  // the ranks said with this rank's message
+  bool first = true;
+  for (size_t q = 0; q < all.size(); ++q)
+    if (all[q].hash == all[me].hash && !consequence(q)) {
+      first = first && (q >= me);
+      alike.push_back(q);
+    }
+  if (!consequence(me) && first) {
+    std::string who = alike.size() == all.size() ? "every rank"
+                      : alike.size() > 1         ? "ranks "
+                                                 : "rank ";
+    if (alike.size() < all.size())
+      for (size_t i = 0; i < alike.size(); ++i) who += (i ? ", " : "") + std::to_string(alike[i]);
+    say(who);
+  }
+  // Every rank failed and none is left inside a collective: each ends normally with the code.
+  for (const auto& e : all)
+    if (e.stuck) pg->abort(code);
+  return code;
+}
+
 struct TrainArgs {
   std::string config;
   std::vector<std::string> sets;
@@ -73,43 +150,37 @@ struct TrainArgs {
 
 int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg);
 
-// Data-parallel runs (`mpirun -np N keel train CONFIG`, dist.backend = auto|mpi|nccl): an error on
-// one rank must end every rank (the others would wait in a collective forever), so with more than
-// one rank an error is printed with its rank and the whole job aborted with its exit code.
 int run_train(const TrainArgs& a) {
-  Config cfg = load_config(a.config, a.sets);
-  check_keys_take_effect(cfg);
-  // The run's memory, estimated from its sizes before anything large is allocated: a run that
-  // cannot fit stops here with the options that would make it fit, instead of being killed by the
-  // OOM killer minutes into loading the model.
-  monitor::check_run_memory(cfg,
-                            [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
-  std::shared_ptr<dist::ProcessGroup> pg =
-      dist::make_process_group(cfg.dist.backend, cfg.dist.bucket_mb);
-  pg->set_timeout(cfg.dist.timeout_s);
-  // SIGTERM/SIGINT: checkpoint, then stop (keel serve's stop, a scheduler's preemption, Ctrl-C;
-  // under mpirun the ranks agree on the step first, see Trainer::fit).
-  install_stop_handlers();
-  if (pg->world_size() == 1) return run_ranked(cfg, pg);
-  // Every rank sees the same comparison and fails alike: no rank is left waiting, so the error
-  // ends each rank normally (exit 2) instead of aborting the job.
-  dist::check_config_agrees(cfg, *pg);
+  std::shared_ptr<dist::ProcessGroup> pg;
+  std::string backend = "auto";  // until the config says
+  double timeout_s = 5;
+  auto fail = [&](const std::string& msg, int code) {
+    return fail_ranked(pg, backend, timeout_s, msg, code);
+  };
   try {
+    Config cfg = load_config(a.config, a.sets);
+    backend = cfg.dist.backend;
+    timeout_s = cfg.dist.timeout_s;
+    check_keys_take_effect(cfg);
+    // The run's memory, estimated from its sizes before anything large is allocated: a run that
+    // cannot fit stops here with the options that would make it fit, instead of being killed by
+    // the OOM killer minutes into loading the model.
+    monitor::check_run_memory(
+        cfg, [](const std::string& m) { std::fprintf(stderr, "%s\n", m.c_str()); });
+    pg = dist::make_process_group(cfg.dist.backend, cfg.dist.bucket_mb);
+    pg->set_timeout(cfg.dist.timeout_s);
+    // SIGTERM/SIGINT: checkpoint, then stop (keel serve's stop, a scheduler's preemption, Ctrl-C;
+    // under mpirun the ranks agree on the step first, see Trainer::fit).
+    install_stop_handlers();
+    if (pg->world_size() > 1) dist::check_config_agrees(cfg, *pg);
     return run_ranked(cfg, pg);
   } catch (const Error& e) {
-    std::fprintf(stderr, "error (rank %d of %d): %s\n", pg->rank(), pg->world_size(), e.what());
-    std::fflush(stderr);
-    pg->abort(e.kind == Error::kUsage ? 2 : 1);
+    return fail(e.what(), e.kind == Error::kUsage ? 2 : 1);
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "error (rank %d of %d): %s\n", pg->rank(), pg->world_size(), kOutOfMemory);
-    std::fflush(stderr);
-    pg->abort(1);
+    return fail(kOutOfMemory, 1);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error (rank %d of %d): %s\n", pg->rank(), pg->world_size(), e.what());
-    std::fflush(stderr);
-    pg->abort(1);
+    return fail(e.what(), 1);
   }
-  return 1;  // not reached: abort() ends every rank
 }
 
 int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
@@ -123,7 +194,10 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
       made[0] = static_cast<double>(now);
       made[1] = io::create_run_dir(now);
     }
-    if (world > 1) pg->all_reduce_max(made, 2);
+    if (world > 1) {
+      pg->set_purpose("agreeing on the name of the new run directory");
+      pg->all_reduce_max(made, 2);
+    }
     cfg.run.out_dir =
         io::run_dir_name(static_cast<std::time_t>(made[0]), static_cast<int>(made[1]));
   }
@@ -136,6 +210,10 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   nlohmann::json step_extra = nlohmann::json::object();  // per-layer grad norms of this step
   std::vector<monitor::BlockGradNorm> layers;  // this step's per-layer statistics (the advisor's)
   static const std::vector<monitor::Finding> kNoFindings;
+  // Whether rank 0's advisor may run forward passes in on_step (AdvisorOptions::batch_loss below;
+  // the config is the same on every rank, so every rank knows).
+  const bool advisor_probes =
+      !cfg.debug.underflow_overflow.enabled && cfg.debug.inject.module.empty();
   TrainerHooks hooks;
   hooks.on_step_begin = [&](int64_t step) {
     if (injector) injector->begin_step(step);
@@ -184,6 +262,7 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     bool stop = tracer && tracer->finding().found && trainer_ptr->stop_message().empty();
     if (tracer && world > 1) {
       double any = stop ? 1 : 0;
+      pg->set_purpose("agreeing on the tracers' findings at step " + std::to_string(r.step));
       pg->all_reduce_max(&any, 1);
       if (any != 0 && !stop) {
         monitor::TracerFinding f;
@@ -194,6 +273,15 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
       }
     }
     if (stop) throw monitor::TracerStop(tracer->finding());
+    // Rank 0's advisor may probe a loss spike with forward passes over the step's whole global
+    // window (about 2W/3 step-times): the other ranks wait for it here, under a deadline that
+    // names it, not in the next step's first collective, whose deadline ended the job saying that
+    // rank 0 "did not arrive". One 8-byte all-reduce a step (the probe is off with the tracer,
+    // whose all-reduce above then meets rank 0 after its logging).
+    if (world > 1 && advisor_probes)
+      pg->wait_for_rank_zero("trend advisor's checks at step " + std::to_string(r.step) +
+                             " (a loss spike's first sighting runs forward passes over the "
+                             "step's whole window)");
   };
   hooks.on_eval = [&](const EvalResult& e) {
     std::printf("eval step %lld | loss %.4f", static_cast<long long>(e.step), e.loss);
@@ -233,10 +321,11 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   io::remove_previous_run(previous_run);  // run.overwrite, once this run is built
   // The other ranks write into debug/ (rank weights, tracer logs, captures) only once rank 0 has
   // removed the previous run's.
-  if (world > 1) {
-    double none = 0;
-    pg->all_reduce_max(&none, 1);
-  }
+  // (rank 0's removal of a large previous run can take long: a wait that names it).
+  if (world > 1)
+    pg->wait_for_rank_zero(
+        "setup of the run directory (with run.overwrite, removing the previous "
+        "run's files)");
   // A resumed run logs the steps after its checkpoint again: drop the interrupted run's records.
   if (rank == 0 && cfg.run.resume) log::drop_metrics_after(trainer.out_dir(), trainer.steps_done());
   trainer_ptr = &trainer;
@@ -292,7 +381,7 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   // Two forwards without gradients, on a loss spike's first sighting only; the next step sets
   // train mode again, and no random draw is taken (dropout is off), so the run is unchanged. Not
   // with the tracer or the injector: their hooks would take the probe for the step's forward.
-  if (!cfg.debug.underflow_overflow.enabled && cfg.debug.inject.module.empty())
+  if (advisor_probes)
     advisor_opt.batch_loss = [&trainer, &cfg](const std::vector<int64_t>& ids) {
       const RunData& d = trainer.run().data;
       const LossTotal t =
@@ -398,6 +487,13 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   // "stopped:" on one rank, "stopped (rank R):" when there are several.
   const std::string stopped =
       world > 1 ? "stopped (rank " + std::to_string(rank) + "): " : std::string("stopped: ");
+  // Rank 0's setup above (config.toml, the logs, the scan of every example for the note on
+  // truncation, which reads the whole data set) is its alone: the others wait for it here, not in
+  // step 1's first collective, whose deadline said that rank 0 "did not arrive".
+  if (world > 1)
+    pg->wait_for_rank_zero(
+        "setup before step 1 (writing config.toml and the logs, scanning the "
+        "data for examples longer than data.seq_len)");
   int code = 0;
   const auto t_fit = std::chrono::steady_clock::now();
   try {

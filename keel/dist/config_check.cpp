@@ -30,6 +30,7 @@ void check_config_agrees(const Config& cfg, ProcessGroup& pg) {
     if (!may_differ_per_rank(kv.first)) values.push_back(kv);
   const double count = static_cast<double>(values.size());
   std::vector<double> counts(static_cast<size_t>(world));
+  pg.set_purpose("comparing the ranks' configs");
   pg.all_gather(&count, 1, counts.data());
   for (int r = 0; r < world; ++r)
     if (counts[static_cast<size_t>(r)] != count)
@@ -40,6 +41,7 @@ void check_config_agrees(const Config& cfg, ProcessGroup& pg) {
                   Error::kUsage);
   std::vector<double> mine, all(values.size() * static_cast<size_t>(world));
   for (auto& [k, v] : values) mine.push_back(hash52(k, v));
+  pg.set_purpose("comparing the ranks' configs");
   pg.all_gather(mine.data(), mine.size(), all.data());
   std::string diff;
   for (size_t i = 0; i < values.size(); ++i) {
@@ -53,8 +55,8 @@ void check_config_agrees(const Config& cfg, ProcessGroup& pg) {
               (differing == 1 ? "rank " : "ranks ") + ranks;
   }
   if (!diff.empty())
-    throw Error("rank " + std::to_string(rank) + " of " + std::to_string(world) +
-                    ": the ranks' configs differ before the first collective:" + diff +
+    // The caller's "error (rank R of N): " says whose values these are.
+    throw Error("the ranks' configs differ before the first collective:" + diff +
                     "\nevery rank must run the same config (only run.device, run.threads and "
                     "log.console may differ); check the --set overrides and config files of each "
                     "rank",

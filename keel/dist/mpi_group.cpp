@@ -16,8 +16,9 @@ namespace keel::dist {
 
 namespace {
 
-int g_users = 0;         // live MpiRuntime objects
-bool g_we_init = false;  // this process called MPI_Init (and so must finalize)
+int g_users = 0;                    // live MpiRuntime objects
+bool g_we_init = false;             // this process called MPI_Init (and so must finalize)
+MPI_Comm g_errors = MPI_COMM_NULL;  // ranks compare their errors here (gather_errors)
 
 void check(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
@@ -48,6 +49,9 @@ MpiRuntime::MpiRuntime() {
   ++g_users;
   // Errors come back as codes (turned into keel::Error), not as an abort deep inside MPI.
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  // Collective: every rank's first MpiRuntime (a group's, or a failed rank's that only compares
+  // its error) makes it, first thing, so that the duplicates match.
+  if (g_errors == MPI_COMM_NULL) check(MPI_Comm_dup(MPI_COMM_WORLD, &g_errors), "MPI_Comm_dup");
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
 }
@@ -56,12 +60,35 @@ MpiRuntime::~MpiRuntime() {
   if (--g_users == 0 && g_we_init) {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
+    if (!finalized) MPI_Finalize();  // frees g_errors (not freed before: a rank may still use it)
   }
 }
 
 void MpiRuntime::broadcast(void* data, int bytes) {
   check(MPI_Bcast(data, bytes, MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast");
+}
+
+std::vector<ProcessGroup::RankError> MpiRuntime::gather_errors(ProcessGroup::RankError mine,
+                                                               double wait_s) {
+  const double in[3] = {mine.hash, mine.time, mine.stuck ? 1.0 : 0.0};
+  std::vector<double> all(3 * static_cast<size_t>(world));
+  MPI_Request req;
+  if (MPI_Iallgather(in, 3, MPI_DOUBLE, all.data(), 3, MPI_DOUBLE, g_errors, &req) != MPI_SUCCESS)
+    return {};
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    int done = 0;
+    if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return {};
+    if (done) {
+      std::vector<ProcessGroup::RankError> r;
+      for (size_t q = 0; q < static_cast<size_t>(world); ++q)
+        r.push_back({all[3 * q], all[3 * q + 1], all[3 * q + 2] != 0});
+      return r;
+    }
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > wait_s)
+      return {};  // left pending: the caller ends the job
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void MpiRuntime::abort(int code) {
@@ -72,13 +99,17 @@ void MpiRuntime::abort(int code) {
 namespace {
 
 // Testing only: KEEL_TEST_STALL_RANK=R makes rank R stop answering (sleep) before its first
-// gradient all-reduce, as a hung or stopped rank would, so that tests see the others' deadline.
-void stall_if_asked(int rank) {
+// gradient all-reduce, as a hung or stopped rank would, so that tests see the others' deadline;
+// with KEEL_TEST_STALL_AT=TEXT, before its first collective whose purpose contains TEXT instead.
+void stall_if_asked(int rank, const std::string& purpose, bool gradients) {
   static const int stalled = [] {
     const char* v = std::getenv("KEEL_TEST_STALL_RANK");
     return v && *v ? std::atoi(v) : -1;
   }();
-  if (stalled == rank) std::this_thread::sleep_for(std::chrono::hours(1));
+  if (stalled != rank) return;
+  const char* at = std::getenv("KEEL_TEST_STALL_AT");
+  if (at && *at ? purpose.find(at) != std::string::npos : gradients)
+    std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 class MpiGroup final : public ProcessGroup {
@@ -89,45 +120,55 @@ class MpiGroup final : public ProcessGroup {
   std::string backend() const override { return "mpi"; }
 
   void all_reduce_sum_f32(float* v, size_t n) override {
-    stall_if_asked(mpi_.rank);
+    const std::string purpose = take_purpose();
+    stall_if_asked(mpi_.rank, purpose, true);
     // MPI counts are ints: reduce in pieces below INT_MAX elements.
     for (size_t off = 0; off < n;) {
       const int c = static_cast<int>(std::min<size_t>(n - off, INT_MAX / 2));
       MPI_Request req;
       check(MPI_Iallreduce(MPI_IN_PLACE, v + off, c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req),
             "MPI_Allreduce(sum of gradients)");
-      wait(req, "MPI_Allreduce(sum of gradients)");
+      wait(req, "MPI_Allreduce(sum of gradients)", purpose);
       off += static_cast<size_t>(c);
     }
   }
   void all_reduce_sum(double* v, size_t n) override {
+    const std::string purpose = take_purpose();
+    stall_if_asked(mpi_.rank, purpose, false);
     MPI_Request req;
     check(MPI_Iallreduce(MPI_IN_PLACE, v, static_cast<int>(n), MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD,
                          &req),
           "MPI_Allreduce(sum)");
-    wait(req, "MPI_Allreduce(sum)");
+    wait(req, "MPI_Allreduce(sum)", purpose);
   }
   void all_reduce_max(double* v, size_t n) override {
+    const std::string purpose = take_purpose();
+    stall_if_asked(mpi_.rank, purpose, false);
     MPI_Request req;
     check(MPI_Iallreduce(MPI_IN_PLACE, v, static_cast<int>(n), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD,
                          &req),
           "MPI_Allreduce(max)");
-    wait(req, "MPI_Allreduce(max)");
+    wait(req, "MPI_Allreduce(max)", purpose);
   }
   void all_gather(const double* in, size_t n, double* out) override {
+    const std::string purpose = take_purpose();
+    stall_if_asked(mpi_.rank, purpose, false);
     MPI_Request req;
     check(MPI_Iallgather(in, static_cast<int>(n), MPI_DOUBLE, out, static_cast<int>(n), MPI_DOUBLE,
                          MPI_COMM_WORLD, &req),
           "MPI_Allgather");
-    wait(req, "MPI_Allgather");
+    wait(req, "MPI_Allgather", purpose);
   }
   [[noreturn]] void abort(int code) override { mpi_.abort(code); }
+  std::vector<RankError> gather_errors(double hash, double time, double wait_s) override {
+    return mpi_.gather_errors({hash, time, stuck_}, wait_s);
+  }
 
  private:
   // Polls `req` until it completes or dist.timeout_s passes. A waiting rank spins briefly (a
   // collective of ranks in step finishes within microseconds), then sleeps with a doubling
   // backoff up to 5 ms, so that a rank left waiting does not burn a core.
-  void wait(MPI_Request& req, const char* what) {
+  void wait(MPI_Request& req, const char* what, const std::string& purpose) {
     using clock = std::chrono::steady_clock;
     const auto start = clock::now();
     auto nap = std::chrono::microseconds(20);
@@ -137,13 +178,15 @@ class MpiGroup final : public ProcessGroup {
       if (done) return;
       const double waited = std::chrono::duration<double>(clock::now() - start).count();
       if (waited > timeout_s_) {
+        stuck_ = true;  // `req` stays pending: this job can only be aborted
         std::string others;
         for (int r = 0; r < mpi_.world; ++r)
           if (r != mpi_.rank) others += (others.empty() ? "" : ", ") + std::to_string(r);
         char limit[32];  // as set: 0.5 s was said as "0 s"
         std::snprintf(limit, sizeof limit, "%g", timeout_s_);
-        throw Error(std::string(what) + " did not complete within dist.timeout_s = " + limit +
-                    " s on rank " + std::to_string(mpi_.rank) + ": " +
+        throw Error(std::string(what) + (purpose.empty() ? "" : " while " + purpose) +
+                    " did not complete within dist.timeout_s = " + limit + " s on rank " +
+                    std::to_string(mpi_.rank) + ": " +
                     (mpi_.world == 2 ? "rank " : "one or more of ranks ") + others +
                     " did not arrive (stopped, hung, or running a different config); check "
                     "that rank's output, or raise dist.timeout_s for slow steps");
@@ -156,6 +199,7 @@ class MpiGroup final : public ProcessGroup {
   }
 
   MpiRuntime mpi_;
+  bool stuck_ = false;
 };
 
 }  // namespace

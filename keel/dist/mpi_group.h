@@ -4,6 +4,7 @@
 // OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1). Started without mpirun it is a 1-rank group (MPI singleton).
 #pragma once
 #include <memory>
+#include <vector>
 
 #include "keel/dist/process_group.h"
 
@@ -23,6 +24,9 @@ struct MpiRuntime {
   // MPI_Bcast of `bytes` bytes from rank 0 over MPI_COMM_WORLD.
   void broadcast(void* data, int bytes);
   [[noreturn]] void abort(int code);
+  // ProcessGroup::gather_errors over a duplicate of MPI_COMM_WORLD made at MPI_Init (so that it
+  // never meets a collective of the training, which may be pending on the failed rank).
+  std::vector<ProcessGroup::RankError> gather_errors(ProcessGroup::RankError mine, double wait_s);
 };
 
 }  // namespace keel::dist

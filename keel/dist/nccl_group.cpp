@@ -106,6 +106,11 @@ class NcclGroup final : public ProcessGroup {
                "cudaMemcpyAsync (device to host)");
     cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
+  // NCCL has no deadline here: no collective is left pending by one.
+  std::vector<RankError> gather_errors(double hash, double time, double wait_s) override {
+    if (!mpi_) return {{hash, time, false}};
+    return mpi_->gather_errors({hash, time, false}, wait_s);
+  }
   [[noreturn]] void abort(int code) override {
     if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;

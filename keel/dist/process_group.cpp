@@ -22,9 +22,21 @@ void ProcessGroup::all_reduce_grads(std::vector<Tensor>& grads) {
   bool on_device = false;
   for (Tensor& g : host)
     if (g.defined() && !g.device().is_cpu()) g = g.to(Device::cpu()), on_device = true;
+  // Each bucket's call names its place ("summing gradient bucket 2 of 5 at step 3"): the count
+  // is the plan all_reduce_in_buckets follows.
+  const std::string what = take_purpose();
+  std::vector<int64_t> numels;
+  for (const Tensor& g : host) numels.push_back(g.defined() ? g.numel() : 0);
+  const size_t buckets =
+      plan_buckets(numels,
+                   std::max<int64_t>(1, bucket_bytes_ / static_cast<int64_t>(sizeof(float))))
+          .size();
+  size_t bucket = 0;
   all_reduce_in_buckets(
       host, bucket_bytes_,
-      [this](float* v, size_t n) {
+      [&](float* v, size_t n) {
+        set_purpose("summing gradient bucket " + std::to_string(++bucket) + " of " +
+                    std::to_string(buckets) + (what.empty() ? "" : " " + what));
         all_reduce_sum_f32(v, n);
         ++buckets_;
         bytes_ += static_cast<int64_t>(n * sizeof(float));
@@ -38,6 +50,8 @@ void ProcessGroup::all_reduce_grads(std::vector<Tensor>& grads) {
 
 void ProcessGroup::wait_for_rank_zero(const std::string& work) {
   try {
+    set_purpose(rank() == 0 ? "meeting the other ranks after rank 0's " + work
+                            : "waiting for rank 0's " + work);
     Collective::wait_for_rank_zero(work);
   } catch (const Error& e) {
     if (rank() == 0) throw;
@@ -55,6 +69,12 @@ void SingleGroup::all_gather(const double* in, size_t n, double* out) {
 }
 
 void SingleGroup::abort(int code) { std::exit(code); }
+
+double error_hash(const std::string& message) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : message) h = (h ^ c) * 1099511628211ull;
+  return static_cast<double>(h & ((uint64_t{1} << 52) - 1));
+}
 
 bool launched_by_mpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");

@@ -24,6 +24,20 @@ class ProcessGroup : public Collective {
   // Ends every rank of the job now with `code` (a rank that hit an error another rank did not
   // would otherwise leave it waiting in a collective forever). Does not return.
   [[noreturn]] virtual void abort(int code) = 0;
+  // After an error on this rank: each rank that failed gives a hash of its message (error_hash)
+  // and the time it failed (seconds since the epoch). Returns every rank's (rank r's at [r]) when
+  // every rank arrived within wait_s seconds, nothing when one did not (it did not fail, or not
+  // yet: this rank's error is its own). `stuck`: the rank's error was a deadline that left a
+  // collective unfinished (the job must then be aborted, not finalized). Never meets a collective
+  // of the training (a communicator of its own).
+  struct RankError {
+    double hash = 0, time = 0;
+    bool stuck = false;
+  };
+  virtual std::vector<RankError> gather_errors(double hash, double time, double wait_s) {
+    (void)hash, (void)time, (void)wait_s;
+    return {};
+  }
   int64_t bucket_bytes() const { return bucket_bytes_; }
   // dist.timeout_s: a collective that every rank has not joined within this many seconds is an
   // Error naming the collective and the ranks that may be missing (MPI), instead of a hang.
@@ -73,6 +87,12 @@ class SingleGroup final : public ProcessGroup {
   void all_reduce_max(double*, size_t) override {}
   void all_gather(const double* in, size_t n, double* out) override;
   [[noreturn]] void abort(int code) override;
+  std::vector<RankError> gather_errors(double hash, double time, double) override {
+    return {{hash, time, false}};
+  }
 };
+
+// A 52-bit hash of an error message (exact in a double), for gather_errors.
+double error_hash(const std::string& message);
 
 }  // namespace keel::dist

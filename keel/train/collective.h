@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "keel/tensor/tensor.h"
@@ -41,6 +42,17 @@ class Collective {
     double none = 0;
     all_reduce_max(&none, 1);
   }
+  // What the next call is for, as its deadline error says it ("MPI_Allreduce(max) while agreeing
+  // on non-finite gradients and stop requests at step 3"): the operation alone did not tell a
+  // user which of a step's five collectives a rank never reached. Set by the call site just
+  // before the call; the call consumes it, so a later call never inherits a stale purpose.
+  void set_purpose(std::string purpose) { purpose_ = std::move(purpose); }
+
+ protected:
+  std::string take_purpose() { return std::exchange(purpose_, std::string()); }
+
+ private:
+  std::string purpose_;
 };
 
 // One process: rank 0 of 1; every collective leaves its input as it is.

@@ -81,10 +81,7 @@ Trainer::Trainer(Run run, TrainerHooks hooks, std::shared_ptr<Collective> collec
     if (coll_->rank() == 0) io::recover_checkpoints(run_.out_dir + "/checkpoints");
     // The other ranks look only once rank 0 has put it back: they read from the directory it was
     // renaming (a 2-rank resume after a crash mid-save failed in 3 of 5 tries, on rank 1).
-    if (coll_->world_size() > 1) {
-      double none = 0;
-      coll_->all_reduce_max(&none, 1);
-    }
+    if (coll_->world_size() > 1) coll_->wait_for_rank_zero("recovery of checkpoints/last");
     if (const std::string dir = resume_checkpoint_dir(run_.out_dir); !dir.empty()) {
       load_checkpoint(dir);
       message("resumed from " + last + " at step " + std::to_string(step_));
@@ -119,6 +116,10 @@ void Trainer::check_ranks(int64_t step) {
   std::vector<Tensor> params, opt;
   for (auto& [name, p] : run_.model->named_parameters()) params.push_back(p);
   for (auto& [name, t] : run_.optimizer->state()) opt.push_back(t);
+  // The check before step 1 (or every dist.check_every steps) and the final one after the last.
+  coll_->set_purpose(step > step_
+                         ? "checking that the ranks agree before step " + std::to_string(step)
+                         : "running the final rank check after step " + std::to_string(step));
   check_rank_consistency(*coll_, step,
                          {{"step", static_cast<double>(step_)},
                           {"lr_schedule_step", static_cast<double>(sched_step_)},
@@ -193,6 +194,7 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   const int64_t local_tokens = tokens;
   if (W > 1) {  // the loss weights divide by the GLOBAL window's tokens (exact in a double)
     double t = static_cast<double>(tokens);
+    coll_->set_purpose("summing the step's token count at step " + std::to_string(r.step));
     coll_->all_reduce_sum(&t, 1);
     tokens = static_cast<int64_t>(t);
   }
@@ -233,6 +235,8 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
     for (size_t k = 0; k < window.size() && k < most; ++k)
       for (size_t j = 0; j < window[k].example_ids.size() && j < rows; ++j)
         mine[3 + T + k * rows + j] = static_cast<double>(window[k].example_ids[j]);  // exact
+    coll_->set_purpose("gathering the ranks' losses and example rows at step " +
+                       std::to_string(r.step));
     coll_->all_gather(mine.data(), n, all.data());
     // Global micro-batch k * W + q is rank q's k-th: the 1-rank run's order.
     r.example_ids.clear();
@@ -277,6 +281,7 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
       for (auto& [name, p] : run_.trainable)
         if (p.grad().defined()) reduced.push_back(p.grad());
     }
+    coll_->set_purpose("at step " + std::to_string(r.step));  // after "gradient bucket k of n"
     coll_->all_reduce_grads(reduced);
   }
 
@@ -302,6 +307,8 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
     // A stop request (SIGTERM/SIGINT, signalled to one rank or to all at slightly different
     // times) rides along: the ranks agree on the step after which they all save and stop.
     double f[2] = {found_inf ? 1.0 : 0.0, stop_requested() ? 1.0 : 0.0};
+    coll_->set_purpose("agreeing on non-finite gradients and stop requests at step " +
+                       std::to_string(r.step));
     coll_->all_reduce_max(f, 2);
     found_inf = f[0] != 0;
     stop_agreed_ = f[1] != 0;

@@ -601,10 +601,153 @@ TEST(CliDist, ARankThatStopsAnsweringEndsTheJobAfterTheDeadline) {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(r.code, 0) << r.out << r.err;
   EXPECT_LT(secs, 60) << "the job did not end soon after the deadline";
-  EXPECT_NE(r.err.find("MPI_Allreduce(sum of gradients) did not complete within dist.timeout_s = "
-                       "1.5 s on rank 0: rank 1 did not arrive"),
+  EXPECT_NE(r.err.find("MPI_Allreduce(sum of gradients) while summing gradient bucket 1 of 1 at "
+                       "step 1 did not complete within dist.timeout_s = 1.5 s on rank 0: rank 1 "
+                       "did not arrive"),
             std::string::npos)
       << r.err;
+}
+
+// The deadline's error named only the operation ("MPI_Allreduce(max) did not complete ... rank 1
+// did not arrive"): a step makes five collectives, and it did not say which one rank 1 never
+// reached. Each says what it is for (KEEL_TEST_STALL_AT stalls rank 1 before the first collective
+// whose purpose contains the text).
+TEST(CliDist, TheDeadlineNamesWhatTheCollectiveWasFor) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-stall-at");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"non-finite",
+       "MPI_Allreduce(max) while agreeing on non-finite gradients and stop requests "
+       "at step 1 did not complete"},
+      {"token count",
+       "MPI_Allreduce(sum) while summing the step's token count at step 1 did not "
+       "complete"},
+      {"final rank check",
+       "MPI_Allgather while running the final rank check after step 2 did not "
+       "complete"}};
+  for (const auto& [at, said] : cases) {
+    std::vector<std::string> args = {find_mpirun(),
+                                     "--allow-run-as-root",
+                                     "--oversubscribe",
+                                     "-x",
+                                     "KEEL_TEST_STALL_RANK",
+                                     "-x",
+                                     "KEEL_TEST_STALL_AT",
+                                     "-np",
+                                     "2"};
+    for (const std::string& w :
+         train_words(tiny(dir, {"train.max_steps=2", "dist.timeout_s=1", "run.overwrite=true"})))
+      args.push_back(w);
+    const auto t0 = std::chrono::steady_clock::now();
+    Ran r = test::run_command(args, {"KEEL_TEST_STALL_RANK=1", "KEEL_TEST_STALL_AT=" + at});
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(r.code, 0) << r.out << r.err;
+    EXPECT_LT(secs, 60) << at;
+    EXPECT_CONTAINS(r.err, said + " within dist.timeout_s = 1 s on rank 0: rank 1 did not arrive");
+  }
+}
+
+// Rank 0's advisor probes a loss spike's first sighting with forward passes over the step's whole
+// window (about 2W/3 step-times), while the other ranks waited in the next step's first
+// collective: its deadline ended the job saying that rank 0 "did not arrive". They wait for it
+// now under a deadline that names it. The spike is a natural one: step 12's 16 rows (both ranks')
+// are long CJK lines after 11 steps of one short sentence. Rows are padded to data.seq_len = 2048,
+// so that steps are long enough to time: a run measures the step time S on this machine, then
+// the deadline is 0.7 S, past the probe's 1.3 S but not a step's own jitter.
+TEST(CliDist, RankZerosSpikeProbePastTheDeadlineIsNamedAsSuch) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-probe");
+  {
+    std::ofstream f(dir + "/spike.jsonl");
+    for (int i = 0; i < 400; ++i) {
+      std::string text = "the cat sat on the mat and the dog sat on the log.";
+      if (i >= 176 && i < 192) {
+        text.clear();
+        for (int k = 0; k < 700; ++k) {
+          const int c = 0x4e01 + (k * 13 + 7 * i) % 5000;  // 3 UTF-8 bytes
+          text += static_cast<char>(0xe0 | (c >> 12));
+          text += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
+          text += static_cast<char>(0x80 | (c & 0x3f));
+        }
+      }
+      f << "{\"text\": \"" << text << "\"}\n";
+    }
+  }
+  auto train = [&](const std::string& timeout) {
+    return run_train(
+        2, {"run.out_dir=" + dir + "/out", "run.overwrite=true", "run.threads=1", "model.n_layer=1",
+            "model.n_embd=64", "model.n_head=2", "data.task=jsonl",
+            "data.path=" + dir + "/spike.jsonl", "data.seq_len=2048", "data.shuffle=false",
+            "train.batch_size=8", "train.max_steps=13", "log.tensorboard=false",
+            "sched.name=constant", "optim.lr=0.01", "dist.timeout_s=" + timeout});
+  };
+  Ran r = train("600");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  bool spiked = false;
+  std::ifstream metrics(dir + "/out/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const json j = json::parse(line);
+    spiked |= j.value("kind", "") == "advisor" && j.value("step", int64_t{0}) == 12;
+  }
+  ASSERT_TRUE(spiked) << "no spike found at step 12: " << slurp(dir + "/out/metrics.jsonl");
+  // A busy machine stretches steps at random, so the deadline follows the last try: a run that
+  // finished ("... of X s of training": 13 steps and the probe, about 14.3 S) sets it to 0.7 S;
+  // a step's own stretch past it before step 12 gives it more room. Without the wait no try names
+  // the probe.
+  double timeout = 600;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    if (r.err.find("trend advisor's checks at step 12") != std::string::npos) break;
+    const size_t at = r.out.find("% of ");
+    if (r.code == 0 && at != std::string::npos)
+      timeout = 0.7 * std::strtod(r.out.c_str() + at + 5, nullptr) / 14.3;
+    else
+      timeout *= 1.4;
+    r = train(std::to_string(timeout));
+  }
+  EXPECT_NE(r.code, 0) << r.out << r.err;
+  EXPECT_CONTAINS(r.err,
+                  "rank 0's trend advisor's checks at step 12 (a loss spike's first sighting runs "
+                  "forward passes over the step's whole window) (done by rank 0 alone) did not "
+                  "finish within dist.timeout_s = ");
+  EXPECT_NOT_CONTAINS(r.err, "rank 0 did not arrive");
+}
+
+// An error every rank hits alike (the config is the same everywhere) was printed once per rank,
+// before MPI started ("error: --set data.num_examples=0: ..." twice) and after ("error (rank R
+// of 2): ..." from each rank for a refused resume). Rank 0 says it once now; an error that only
+// one rank hits is still said by that rank, and ranks failing differently each say their own.
+TEST(CliDist, AnErrorOfEveryRankIsSaidOnceAndOneRanksOwnIsNeverLost) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-said-once");
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  Ran r = run_train(2, tiny(dir + "/a", {"data.num_examples=0"}));
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(count(r.err, "data.num_examples must be in"), 1u) << r.err;
+  EXPECT_CONTAINS(r.err, "error (every rank of 2): --set data.num_examples=0");
+  // Rank 1's own (its config does not load; rank 0's does and waits for it in the config check).
+  const auto t0 = std::chrono::steady_clock::now();
+  r = run_mpmd(tiny(dir + "/b", {"train.max_steps=1"}),
+               tiny(dir + "/b", {"train.max_steps=1", "data.num_examples=0"}));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60);
+  EXPECT_NE(r.code, 0) << r.out << r.err;
+  EXPECT_CONTAINS(r.err, "error (rank 1 of 2): --set data.num_examples=0");
+  // Two ranks, two errors: each says its own.
+  r = run_mpmd(tiny(dir + "/c", {"data.num_examples=0"}), tiny(dir + "/c", {"data.seq_len=1"}));
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_CONTAINS(r.err, "error (rank 0 of 2): --set data.num_examples=0");
+  EXPECT_CONTAINS(r.err, "error (rank 1 of 2): --set data.seq_len=1");
+  // A refused resume, found by every rank as it builds the run.
+  r = run_train(2, tiny(dir + "/d", {"train.max_steps=1"}));
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  r = run_train(2, tiny(dir + "/d", {"train.max_steps=2", "run.resume=true", "model.n_embd=64"}));
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_EQ(count(r.err, "this resume changes what the checkpoint fixes"), 1u) << r.err;
+  EXPECT_CONTAINS(r.err, "error (every rank of 2): ");
 }
 
 // Rank 0 alone evaluates and writes checkpoints: the other ranks waited for it in their next
