@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "apps/keel/commands.h"
 #include "keel/dist/config_check.h"
@@ -383,6 +385,10 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   // with the tracer or the injector: their hooks would take the probe for the step's forward.
   if (advisor_probes)
     advisor_opt.batch_loss = [&trainer, &cfg](const std::vector<int64_t>& ids) {
+      // Testing only: KEEL_TEST_SLOW_PROBE_S=S makes each probe forward S seconds longer, so that
+      // a test sees rank 0's probe outlast dist.timeout_s without depending on the machine's speed.
+      if (const char* slow = std::getenv("KEEL_TEST_SLOW_PROBE_S"))
+        std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(slow)));
       const RunData& d = trainer.run().data;
       const LossTotal t =
           examples_loss(trainer.model(), *d.train, ids, cfg.train.batch_size, cfg.data.seq_len,

@@ -662,7 +662,7 @@ TEST(CliDist, RankZerosSpikeProbePastTheDeadlineIsNamedAsSuch) {
     std::ofstream f(dir + "/spike.jsonl");
     for (int i = 0; i < 400; ++i) {
       std::string text = "the cat sat on the mat and the dog sat on the log.";
-      if (i >= 176 && i < 192) {
+      if (i >= 176 && i < 192) {  // step 12's window (8 rows x 2 ranks a step): garbage
         text.clear();
         for (int k = 0; k < 700; ++k) {
           const int c = 0x4e01 + (k * 13 + 7 * i) % 5000;  // 3 UTF-8 bytes
@@ -674,37 +674,30 @@ TEST(CliDist, RankZerosSpikeProbePastTheDeadlineIsNamedAsSuch) {
       f << "{\"text\": \"" << text << "\"}\n";
     }
   }
-  auto train = [&](const std::string& timeout) {
-    return run_train(
-        2, {"run.out_dir=" + dir + "/out", "run.overwrite=true", "run.threads=1", "model.n_layer=1",
-            "model.n_embd=64", "model.n_head=2", "data.task=jsonl",
-            "data.path=" + dir + "/spike.jsonl", "data.seq_len=2048", "data.shuffle=false",
-            "train.batch_size=8", "train.max_steps=13", "log.tensorboard=false",
-            "sched.name=constant", "optim.lr=0.01", "dist.timeout_s=" + timeout});
+  auto train = [&](const std::string& out, const std::vector<std::string>& env) {
+    std::vector<std::string> args = {find_mpirun(), "--allow-run-as-root", "--oversubscribe"};
+    for (const std::string& e : env) args.insert(args.end(), {"-x", e.substr(0, e.find('='))});
+    args.insert(args.end(), {"-np", "2"});
+    for (const std::string& w :
+         train_words({"run.out_dir=" + dir + "/" + out, "run.threads=1", "model.n_layer=1",
+                      "model.n_embd=32", "model.n_head=2", "data.task=jsonl",
+                      "data.path=" + dir + "/spike.jsonl", "data.seq_len=64", "data.shuffle=false",
+                      "train.batch_size=8", "train.max_steps=13", "log.tensorboard=false",
+                      "sched.name=constant", "optim.lr=0.01", "dist.timeout_s=2"}))
+      args.push_back(w);
+    return test::run_command(args, env);
   };
-  Ran r = train("600");
+  // The spike at step 12 is probed (its record names the probe's comparison) ...
+  Ran r = train("plain", {});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  bool spiked = false;
-  std::ifstream metrics(dir + "/out/metrics.jsonl");
-  for (std::string line; std::getline(metrics, line);) {
-    const json j = json::parse(line);
-    spiked |= j.value("kind", "") == "advisor" && j.value("step", int64_t{0}) == 12;
-  }
-  ASSERT_TRUE(spiked) << "no spike found at step 12: " << slurp(dir + "/out/metrics.jsonl");
-  // A busy machine stretches steps at random, so the deadline follows the last try: a run that
-  // finished ("... of X s of training": 13 steps and the probe, about 14.3 S) sets it to 0.7 S;
-  // a step's own stretch past it before step 12 gives it more room. Without the wait no try names
-  // the probe.
-  double timeout = 600;
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    if (r.err.find("trend advisor's checks at step 12") != std::string::npos) break;
-    const size_t at = r.out.find("% of ");
-    if (r.code == 0 && at != std::string::npos)
-      timeout = 0.7 * std::strtod(r.out.c_str() + at + 5, nullptr) / 14.3;
-    else
-      timeout *= 1.4;
-    r = train(std::to_string(timeout));
-  }
+  bool probed = false;
+  for (const json& j : test::records_with(dir + "/plain", "trend"))
+    probed |= j.value("step", int64_t{0}) == 12 &&
+              j.value("cause", "").find("under the same weights") != std::string::npos;
+  ASSERT_TRUE(probed) << "no probed spike at step 12: " << slurp(dir + "/plain/metrics.jsonl");
+  // ... and a probe that outlasts dist.timeout_s (each forward made 3 s longer) is named as rank
+  // 0's work: without the wait, rank 1's next collective said "rank 0 did not arrive".
+  r = train("slow", {"KEEL_TEST_SLOW_PROBE_S=3"});
   EXPECT_NE(r.code, 0) << r.out << r.err;
   EXPECT_CONTAINS(r.err,
                   "rank 0's trend advisor's checks at step 12 (a loss spike's first sighting runs "
