@@ -345,7 +345,8 @@ DoctorCheck check_memory(const MemoryEstimate& e, int64_t available, const std::
   const std::string est = fmt("%.1f MB", static_cast<double>(e.total) / 1e6);
   if (available < 0)
     return make("info", "memory", "estimated peak " + est + " (/proc/meminfo unreadable)");
-  const std::string av = fmt("%.1f MB", static_cast<double>(available) / 1e6);
+  std::string av = fmt("%.1f MB", static_cast<double>(available) / 1e6);
+  if (ranks_on_this_machine() > 1) av += " (" + available_memory_source() + ")";
   if (e.total > available && !advice.empty()) return make("error", "memory", advice);
   if (e.total > available)
     return make("error", "memory",

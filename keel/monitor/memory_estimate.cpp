@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -784,8 +785,8 @@ std::string memory_fit_advice(const MemoryQuery& q, int64_t available) {
   std::stable_sort(options.begin(), options.end(),
                    [&](const Option& a, const Option& b) { return a.total < b.total; });
   std::string m = "the run needs an estimated " + format_bytes(e.total) + " but only " +
-                  format_bytes(available) +
-                  " are available (MemAvailable in /proc/meminfo); nothing was loaded";
+                  format_bytes(available) + " are available (" + available_memory_source() +
+                  "); nothing was loaded";
   // A loading peak no option of the step lowers: say so rather than list nothing.
   if (e.init_peak >= e.live_peak)
     m += std::string(". The peak is while loading (") +
@@ -893,6 +894,17 @@ nlohmann::json memory_to_json(const MemoryEstimate& e) {
   return j;
 }
 
+int ranks_on_this_machine() {
+  // Open MPI's mpirun and MPICH's hydra say how many of the job's ranks run on this machine.
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"})
+    if (const char* v = std::getenv(var)) {
+      char* end = nullptr;
+      const long n = std::strtol(v, &end, 10);
+      if (end != v && *end == '\0' && n >= 1 && n <= 1 << 20) return static_cast<int>(n);
+    }
+  return 1;
+}
+
 int64_t available_memory_bytes() {
   std::ifstream f("/proc/meminfo");
   std::string key;
@@ -900,9 +912,18 @@ int64_t available_memory_bytes() {
   std::string unit;
   while (f >> key >> value) {
     std::getline(f, unit);
-    if (key == "MemAvailable:") return value * 1024;
+    // Each rank on this machine estimates its own step: against all of MemAvailable, N ranks
+    // that each fitted alone were killed together by the OOM killer.
+    if (key == "MemAvailable:") return value * 1024 / ranks_on_this_machine();
   }
   return -1;
+}
+
+std::string available_memory_source() {
+  const int ranks = ranks_on_this_machine();
+  return ranks == 1 ? "MemAvailable in /proc/meminfo"
+                    : "a rank's share of MemAvailable in /proc/meminfo: " + std::to_string(ranks) +
+                          " ranks run on this machine";
 }
 
 }  // namespace keel::monitor
@@ -929,8 +950,9 @@ std::string memory_floor_refusal(const MemoryQuery& q, int64_t available) {
   if (floor_bytes <= 100 * static_cast<double>(available) && products <= 4e18) return "";
   return "the run needs at least " + megabytes(floor_bytes) +
          " (parameters in 16 bits and one micro-batch's logits) but only " +
-         megabytes(static_cast<double>(available)) +
-         " are available (MemAvailable in /proc/meminfo); nothing was loaded. Lower "
+         megabytes(static_cast<double>(available)) + " are available (" +
+         available_memory_source() +
+         "); nothing was loaded. Lower "
          "train.batch_size or data.seq_len (activations), or model.n_layer, model.n_embd, "
          "model.vocab_size (weights); `keel memory --config FILE` breaks the estimate down";
 }

@@ -175,7 +175,12 @@ nlohmann::json memory_to_json(const MemoryEstimate& e);
 // "12.3 MB" below 10 GB, "37.83 GB" above (decimal units).
 std::string format_bytes(int64_t bytes);
 
-// MemAvailable from /proc/meminfo in bytes, or -1 when unreadable.
+// The ranks of an MPI job on this machine (OMPI_COMM_WORLD_LOCAL_SIZE, MPI_LOCALNRANKS); 1 outside
+// mpirun.
+int ranks_on_this_machine();
+// MemAvailable from /proc/meminfo in bytes, shared out among ranks_on_this_machine(), or -1 when
+// unreadable; available_memory_source() says which of the two it is, for messages.
 int64_t available_memory_bytes();
+std::string available_memory_source();
 
 }  // namespace keel::monitor

@@ -143,5 +143,25 @@ TEST(CliMemoryEstimate, TargetsThatNameNoLayerNameTheTargetsFlag) {
   EXPECT_CONTAINS(r.err, "(fix model.adapter.target_modules)");
 }
 
+// Under mpirun every rank on a machine checked its own estimate against all of MemAvailable: N
+// ranks that each fitted alone were killed together by the OOM killer. Each rank has its share
+// (OMPI_COMM_WORLD_LOCAL_SIZE, set by Open MPI's mpirun; here without one, so the run stays one
+// process): a share too small for the built-in task refuses it, naming why.
+TEST(CliMemoryEstimate, RanksOnOneMachineShareItsAvailableMemory) {
+  const std::string dir = test::temp_dir("train-local-ranks");
+  const auto r = test::run_keel(
+      test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "train.max_steps=1"}),
+      {"OMPI_COMM_WORLD_LOCAL_SIZE=100000"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "are available (a rank's share of MemAvailable in /proc/meminfo: 100000 "
+                  "ranks run on this machine); nothing was loaded");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/out/checkpoints"));
+  const auto alone = test::run_keel(
+      test::with_sets({"train"}, {"run.out_dir=" + dir + "/alone", "train.max_steps=1"}),
+      {"OMPI_COMM_WORLD_LOCAL_SIZE=1"});
+  EXPECT_EQ(alone.code, 0) << alone.output;
+}
+
 }  // namespace
 }  // namespace keel
