@@ -544,7 +544,7 @@ void check_number(const KeySpec& k, double v, const std::string& shown, const st
   // With the range: "must be a finite number" alone left the valid values to a guess.
   if (!std::isfinite(v))
     throw usage(pre + k.full() + " must be a finite number, got " + shown +
-                " (valid: " + describe_range(k) + ")");
+                (k.lo == -kInf && k.hi == kInf ? "" : " (valid: " + describe_range(k) + ")"));
   if (!in_range(k, v))
     throw usage(pre + k.full() + " must be " + describe_range(k) +
                 (k.also ? " (or " + format_double(*k.also, false) + ")" : std::string()) +
