@@ -106,7 +106,11 @@ Command add_memory(CLI::App& app) {
   field(r, sub, "--kv-heads", &monitor::MemoryQuery::kv_heads,
         "llama: key/value heads (GQA; default: --heads)", config_check("model.n_kv_head", true));
   field(r, sub, "--tie-embeddings", &monitor::MemoryQuery::tie_embeddings,
-        "llama: lm_head shares the embedding (true | false; gpt2 always ties; default true)");
+        "llama: lm_head shares the embedding (true | false; gpt2 always ties; default true)",
+        [](const std::string& v) {  // CLI11 took 5 as true, -1, "" and 0x1 as false
+          return v == "true" || v == "false" ? std::string()
+                                             : (v.empty() ? "\"\"" : v) + ": use true or false";
+        });
   field(r, sub, "--ffn", &monitor::MemoryQuery::ffn, "MLP width (default: the family's rule)",
         config_check("model.intermediate_size", true));
   field(r, sub, "--vocab", &monitor::MemoryQuery::vocab,

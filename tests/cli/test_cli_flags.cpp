@@ -81,6 +81,7 @@ std::vector<FlagCase> cases() {
       {mem, "--ffn", "in [0, 1048576]", kBadWhole},
       {mem, "--vocab", "in [0, 16777216]", kBadWhole},
       {mem, "--r", "in [1, ", with(kBadWhole, {"0"})},
+      {mem, "--tie-embeddings", "use true or false", {"5", "-1", "", "0x1", "yes"}},
       {mem, "--adapter-dropout", "in [0, 1)", with(kBadReal, {"-0.1", "1"})},
       {mem_sizes, "--params", "a positive count", {"nan", "inf", "0x10", "", "12abc", "-1", "0"}},
       {mem_sizes, "--params", "at most 1e15", {"99999999999999999999", "1e30"}},
