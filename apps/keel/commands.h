@@ -6,6 +6,8 @@
 #include <functional>
 #include <string>
 
+#include "apps/keel/flags.h"
+
 namespace keel::cli {
 
 using Action = std::function<int()>;
@@ -28,12 +30,6 @@ Command add_export(CLI::App& app);
 Command add_eval(CLI::App& app);
 
 void register_commands(CLI::App& app);
-
-// The check of a --seed flag (CLI::Option::check): a whole number from 0 to `max`, else "V: use a
-// whole number from 0 to MAX" + `note`. CLI11's conversion to uint64_t took -1 and 2^64 as
-// 2^64 - 1 without a word.
-std::function<std::string(const std::string&)> seed_check(uint64_t max,
-                                                          const std::string& note = "");
 
 // What the user reads when an allocation fails (std::bad_alloc never reaches them as such).
 inline constexpr const char* kOutOfMemory =

@@ -204,14 +204,7 @@ Command add_eval(CLI::App& app) {
   sub->add_option("--task", a->task,
                   "text | jsonl | tokens (default: by extension, .jsonl/.json or .bin; else the "
                   "run's)");
-  auto positive = [](const std::string& v) {
-    try {
-      size_t used = 0;
-      if (std::stoll(v, &used) >= 1 && used == v.size()) return std::string();
-    } catch (const std::exception&) {
-    }
-    return v + ": use a whole number of 1 or more (leave the flag out for the default)";
-  };
+  const FlagCheck positive = whole_check(1, INT64_MAX, " (leave the flag out for the default)");
   sub->add_option("--seq-len", a->seq_len,
                   "tokens per row (default: the run's data.seq_len, else the model's "
                   "max_seq_len up to 1024)")

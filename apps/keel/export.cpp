@@ -32,6 +32,8 @@ int64_t parse_size(const std::string& s) {
     v = std::stod(s, &used);
   } catch (const std::exception&) {
   }
+  // Decimal only: stod also read "0x10" as 16 bytes and " 5" as 5.
+  if (s.substr(0, used).find_first_not_of("0123456789.eE+-") != std::string::npos) v = -1;
   std::string unit = s.substr(used);
   for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   const std::pair<const char*, double> units[] = {

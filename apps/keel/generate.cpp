@@ -4,6 +4,7 @@
 // a --stop string or --max-new-tokens. The prompt comes from the argument, --prompt-file or
 // stdin. A summary (tokens, tokens/s, why it stopped) goes to stderr, or all of it as --json.
 #include <cstdio>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "apps/keel/commands.h"
@@ -128,18 +129,19 @@ Command add_generate(CLI::App& app) {
   sub->add_option("--prompt-file", a->prompt_file,
                   "read the prompt from this file, less one trailing newline");
   sub->add_option("--max-new-tokens", a->opt.max_new_tokens, "at most this many new tokens")
-      ->check([](const std::string& v) {  // -1 used to generate nothing and exit 0
-        return v.rfind('-', 0) == 0 ? v + ": use 0 (the prompt alone) or more" : std::string();
-      })
+      ->check(whole_check(0, INT64_MAX, " (0: the prompt alone)"))  // -1 generated nothing
       ->capture_default_str();
   sub->add_option("--temperature", a->opt.sampling.temperature, "0 = greedy")
+      ->check(real_check(0, std::numeric_limits<double>::max(), false, false, " (0: greedy)"))
       ->capture_default_str();
   sub->add_option("--top-k", a->opt.sampling.top_k, "sample among the k most likely (0 = all)")
+      ->check(whole_check(0, INT64_MAX, " (0: all)"))
       ->capture_default_str();
   sub->add_option("--top-p", a->opt.sampling.top_p, "nucleus: the most likely tokens of mass p")
+      ->check(real_check(0, 1, true))
       ->capture_default_str();
   CLI::Option* seed = sub->add_option("--seed", a->opt.seed, "sampling seed")
-                          ->check(seed_check(UINT64_MAX))
+                          ->check(whole_check(0, UINT64_MAX))
                           ->capture_default_str();
   // One string an occurrence: with CLI11's default a vector option also took the arguments after
   // it, so `--stop x "17+05="` made the prompt a second stop string and read stdin instead.

@@ -162,29 +162,46 @@ Command add_init_model(CLI::App& app) {
   sub->add_option("--family", a->family, "gpt2 | llama")
       ->check(CLI::IsMember({"gpt2", "llama"}))
       ->capture_default_str();
-  sub->add_option("--n-layer", a->n_layer, "decoder layers")->capture_default_str();
-  sub->add_option("--n-embd", a->n_embd, "hidden size")->capture_default_str();
-  sub->add_option("--n-head", a->n_head, "attention heads")->capture_default_str();
+  sub->add_option("--n-layer", a->n_layer, "decoder layers")
+      ->check(config_check("model.n_layer", true))
+      ->capture_default_str();
+  sub->add_option("--n-embd", a->n_embd, "hidden size")
+      ->check(config_check("model.n_embd", true))
+      ->capture_default_str();
+  sub->add_option("--n-head", a->n_head, "attention heads")
+      ->check(config_check("model.n_head", true))
+      ->capture_default_str();
   sub->add_option("--n-kv-head", a->n_kv_head, "llama: key/value heads (0 = n-head)")
+      ->check(config_check("model.n_kv_head", true))
       ->capture_default_str();
   sub->add_option("--intermediate-size", a->intermediate_size,
                   "MLP width (0: 4 x n-embd for gpt2, Llama's 8/3 rule)")
+      ->check(config_check("model.intermediate_size", true))
       ->capture_default_str();
   sub->add_option("--vocab-size", a->vocab_size, "vocabulary (259 = keel's byte tokenizer)")
+      ->check(config_check("model.vocab_size", true))
       ->capture_default_str();
   sub->add_option("--max-seq-len", a->max_seq_len, "n_positions / max_position_embeddings")
+      ->check(config_check("model.max_seq_len", true))
       ->capture_default_str();
   sub->add_flag("--untied", a->untied, "llama: a separate lm_head (default: tied to embed_tokens)");
-  sub->add_option("--rope-theta", a->rope_theta, "llama: RoPE base")->capture_default_str();
-  sub->add_option("--norm-eps", a->norm_eps, "layer/RMS norm epsilon")->capture_default_str();
-  sub->add_option("--init-std", a->init_std, "initializer_range")->capture_default_str();
+  sub->add_option("--rope-theta", a->rope_theta, "llama: RoPE base")
+      ->check(config_check("model.rope_theta", false))
+      ->capture_default_str();
+  sub->add_option("--norm-eps", a->norm_eps, "layer/RMS norm epsilon")
+      ->check(config_check("model.norm_eps", false))
+      ->capture_default_str();
+  sub->add_option("--init-std", a->init_std, "initializer_range")
+      ->check(config_check("model.init_std", false))
+      ->capture_default_str();
   // The seed run.seed would be, bounded as the config bounds it (TOML integers are signed).
   sub->add_option("--seed", a->seed, "initialization seed")
-      ->check(seed_check(INT64_MAX, " (as run.seed)"))
+      ->check(whole_check(0, INT64_MAX, " (as run.seed)"))
       ->capture_default_str();
   sub->add_option("--dtype", a->dtype, "stored dtype: f32 | bf16 | f16")->capture_default_str();
   sub->add_option("--shard-bytes", a->shard_bytes,
                   "> 0: shards of at most this many bytes with model.safetensors.index.json")
+      ->check(spelled_check(true, "0 (one file) or a positive number of bytes"))
       ->capture_default_str();
   return {sub, [a] { return run_init_model(*a); }};
 }

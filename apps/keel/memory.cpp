@@ -50,6 +50,8 @@ int64_t parse_count(const std::string& s) {
   } catch (const std::exception&) {
     used = 0;
   }
+  // Decimal only: stod also read "0x10" as 16.
+  if (num.find_first_not_of("0123456789.eE+-") != std::string::npos) used = 0;
   if (used == 0 || used != num.size() || !(v * mult >= 1) || !std::isfinite(v))
     throw Error("memory --params " + s + ": give a positive count such as 124000000, 100M or 1.5B",
                 Error::kUsage);
@@ -60,15 +62,17 @@ int64_t parse_count(const std::string& s) {
 
 template <class T>
 void field(MemoryArgs& a, CLI::App* sub, const std::string& flag, T monitor::MemoryQuery::*m,
-           const std::string& help) {
+           const std::string& help, FlagCheck check = nullptr) {
   CLI::Option* o = sub->add_option(flag, a.q.*m, help);
+  if (check) o->check(check);
   a.fields.push_back({o, [&a, m](monitor::MemoryQuery& q) { q.*m = a.q.*m; }});
 }
 
 template <class T>
 void adapter_field(MemoryArgs& a, CLI::App* sub, const std::string& flag, T nn::AdapterOptions::*m,
-                   const std::string& help) {
+                   const std::string& help, FlagCheck check = nullptr) {
   CLI::Option* o = sub->add_option(flag, a.q.adapter.*m, help);
+  if (check) o->check(check);
   a.fields.push_back({o, [&a, m](monitor::MemoryQuery& q) { q.adapter.*m = a.q.adapter.*m; }});
 }
 }  // namespace
@@ -81,34 +85,48 @@ Command add_memory(CLI::App& app) {
   sub->add_option("--config", a->config, "run config (TOML): the run keel train would start");
   sub->add_option("--set", a->sets, "override a config key: section.key=value (repeatable)")
       ->allow_extra_args(false);
-  sub->add_option("--params", a->params, "parameter count (100M, 1.5B, ...); default: from sizes");
+  CLI::Option* params = sub->add_option("--params", a->params,
+                                        "parameter count (100M, 1.5B, ...); default: from sizes");
   MemoryArgs& r = *a;
   field(r, sub, "--precision", &monitor::MemoryQuery::precision,
         "32-true | bf16-mixed | 16-mixed | bf16-true | 16-true (default 32-true)");
   field(r, sub, "--optimizer", &monitor::MemoryQuery::optimizer, "adamw | sgd (default adamw)");
-  field(r, sub, "--batch", &monitor::MemoryQuery::batch, "micro-batch size B");
-  field(r, sub, "--seq", &monitor::MemoryQuery::seq, "sequence length T");
+  field(r, sub, "--batch", &monitor::MemoryQuery::batch, "micro-batch size B",
+        config_check("train.batch_size", true));
+  field(r, sub, "--seq", &monitor::MemoryQuery::seq, "sequence length T",
+        config_check("data.seq_len", true));
   field(r, sub, "--grad-accum", &monitor::MemoryQuery::grad_accum,
-        "micro-batches per optimizer step (default 1)");
-  field(r, sub, "--layers", &monitor::MemoryQuery::layers, "transformer layers L");
-  field(r, sub, "--hidden", &monitor::MemoryQuery::hidden, "hidden size H");
-  field(r, sub, "--heads", &monitor::MemoryQuery::heads, "attention heads (default hidden/64)");
+        "micro-batches per optimizer step (default 1)", config_check("train.grad_accum", true));
+  field(r, sub, "--layers", &monitor::MemoryQuery::layers, "transformer layers L",
+        config_check("model.n_layer", true));
+  field(r, sub, "--hidden", &monitor::MemoryQuery::hidden, "hidden size H",
+        config_check("model.n_embd", true));
+  field(r, sub, "--heads", &monitor::MemoryQuery::heads, "attention heads (default hidden/64)",
+        config_check("model.n_head", true));
   field(r, sub, "--kv-heads", &monitor::MemoryQuery::kv_heads,
-        "llama: key/value heads (GQA; default: --heads)");
+        "llama: key/value heads (GQA; default: --heads)", config_check("model.n_kv_head", true));
   field(r, sub, "--tie-embeddings", &monitor::MemoryQuery::tie_embeddings,
-        "llama: lm_head shares the embedding (true | false; gpt2 always ties; default true)");
-  field(r, sub, "--ffn", &monitor::MemoryQuery::ffn, "MLP width (default: the family's rule)");
+        "llama: lm_head shares the embedding (true | false; gpt2 always ties; default true)",
+        [](const std::string& v) {  // CLI11 took 5 as true, -1, "" and 0x1 as false
+          return v == "true" || v == "false" ? std::string()
+                                             : (v.empty() ? "\"\"" : v) + ": use true or false";
+        });
+  field(r, sub, "--ffn", &monitor::MemoryQuery::ffn, "MLP width (default: the family's rule)",
+        config_check("model.intermediate_size", true));
   field(r, sub, "--vocab", &monitor::MemoryQuery::vocab,
-        "vocabulary size (default 259, the byte tokenizer)");
+        "vocabulary size (default 259, the byte tokenizer)",
+        config_check("model.vocab_size", true));
   field(r, sub, "--family", &monitor::MemoryQuery::family, "gpt2 | llama (default gpt2)");
   field(r, sub, "--attention", &monitor::MemoryQuery::attention,
         "eager | math | flash (default eager)");
   field(r, sub, "--base-dtype", &monitor::MemoryQuery::base_dtype,
         "storage of the frozen base under an adapter: f32 | bf16");
   adapter_field(r, sub, "--adapter", &nn::AdapterOptions::kind, "none | lora | dora | lokr");
-  adapter_field(r, sub, "--r", &nn::AdapterOptions::r, "adapter rank (default 8)");
+  adapter_field(r, sub, "--r", &nn::AdapterOptions::r, "adapter rank (default 8)",
+                config_check("model.adapter.r", true));
   adapter_field(r, sub, "--adapter-dropout", &nn::AdapterOptions::dropout,
-                "LoRA/DoRA input dropout (default 0)");
+                "LoRA/DoRA input dropout (default 0)",
+                config_check("model.adapter.dropout", false));
   CLI::Option* targets = sub->add_option("--targets", a->q.adapter.target_modules,
                                          "adapted modules, e.g. q_proj,v_proj (default)")
                              ->delimiter(',');
@@ -123,7 +141,7 @@ Command add_memory(CLI::App& app) {
                              r.checkpointing, "memory --checkpointing");
                        }});
   sub->add_flag("--json", a->json, "print one JSON object (bytes)");
-  return {sub, [a, sub] {
+  return {sub, [a, sub, params] {
             monitor::MemoryQuery q;
             std::string model_dir;  // --model, or the config's model.path
             if (!a->config.empty() || !a->model.empty() || !a->sets.empty()) {
@@ -135,7 +153,8 @@ Command add_memory(CLI::App& app) {
             const monitor::MemoryQuery dir_q = q;
             for (auto& [opt, apply] : a->fields)
               if (opt->count() > 0) apply(q);
-            if (!a->params.empty()) q.params = parse_count(a->params);
+            // By its count: `--params ""` was taken as "not given".
+            if (params->count() > 0) q.params = parse_count(a->params);
             auto given = [&](const char* flag) { return sub->get_option(flag)->count() > 0; };
             // The query's 0 is "not given": --batch 0 or --seq 0 left the activations out and
             // printed an estimate, where keel train refuses those values.
@@ -156,7 +175,7 @@ Command add_memory(CLI::App& app) {
                   {"--ffn", q.ffn == dir_q.ffn},
                   {"--vocab", q.vocab == dir_q.vocab},
                   {"--tie-embeddings", q.tie_embeddings == dir_q.tie_embeddings},
-                  {"--params", a->params.empty()}};
+                  {"--params", params->count() == 0}};
               for (const auto& [flag, same] : shape)
                 if (given(flag) && !same)
                   throw Error(std::string("memory ") + flag + " " +

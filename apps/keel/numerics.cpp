@@ -31,9 +31,15 @@ Command add_numerics(CLI::App& app) {
   cast->add_option("--to", args->to, "target format: f16 | bf16 | f32")->capture_default_str();
   CLI::App* scaler = sub->add_subcommand(
       "scaler", "Trace a GradScaler's back-off for a true gradient stored in f16");
-  scaler->add_option("--grad", args->grad, "the true (unscaled) gradient value")->required();
-  scaler->add_option("--init-scale", args->init_scale, "initial loss scale")->capture_default_str();
-  scaler->add_option("--backoff", args->backoff, "backoff factor")->capture_default_str();
+  scaler->add_option("--grad", args->grad, "the true (unscaled) gradient value")
+      ->required()
+      ->check(real_check());
+  scaler->add_option("--init-scale", args->init_scale, "initial loss scale")
+      ->check(spelled_check(false, "a positive finite f32 value, from 1.2e-38 to 3.4e38"))
+      ->capture_default_str();
+  scaler->add_option("--backoff", args->backoff, "backoff factor")
+      ->check(spelled_check(false, "a number in (0, 1)"))
+      ->capture_default_str();
   auto run = [=]() -> int {
     if (formats->parsed()) {
       std::fputs(monitor::format_table().c_str(), stdout);

@@ -20,11 +20,12 @@ Command add_serve(CLI::App& app) {
   sub->add_option("--data-root", opt->data_roots,
                   "directory that paths in run configs may point into (repeatable)");
   sub->add_option("--max-body-bytes", opt->max_body_bytes, "largest request body (413 above)")
+      ->check(whole_check(1024, INT64_MAX))  // -1 wrapped to SIZE_MAX
       ->capture_default_str();
   sub->add_option("--threads", opt->threads,
                   "connections served at once (each events stream holds one)")
       ->capture_default_str()
-      ->check(CLI::Range(4, 4096));
+      ->check(whole_check(4, 4096));
   return {sub, [opt] { return serve::run_server(*opt); }};
 }
 

@@ -37,7 +37,13 @@ std::vector<int32_t> parse_ids(std::string s) {
     t = b == std::string::npos ? "" : t.substr(b, e - b + 1);
   };
   trim(s);
-  if (s.starts_with('[') && s.ends_with(']')) s = s.substr(1, s.size() - 2);  // a JSON array
+  // A JSON array. Text after its ']' ("[72, 105],") was blamed on '[72', the array's first word.
+  if (const size_t close = s.rfind(']');
+      s.starts_with('[') && close != std::string::npos && close + 1 < s.size())
+    throw Error("tokenize --decode: '" + s.substr(close + 1) +
+                    "' after the list's closing ']': drop it (e.g. \"[72, 105]\")",
+                Error::kUsage);
+  if (s.starts_with('[') && s.ends_with(']')) s = s.substr(1, s.size() - 2);
   std::vector<std::string> fields;  // the text between the commas
   for (size_t from = 0;;) {
     const size_t comma = s.find(',', from);
@@ -64,9 +70,14 @@ std::vector<int32_t> parse_ids(std::string s) {
       try {
         v = std::stoll(word);
       } catch (const std::out_of_range&) {
-        v = LLONG_MAX;  // beyond int64: beyond every vocabulary too
+        v = word[0] == '-' ? LLONG_MIN : LLONG_MAX;  // beyond int64: beyond every vocabulary too
       }
-      if (v < INT32_MIN || v > INT32_MAX)
+      // A typed negative id got the tokenizer's "produced by a model with another vocab_size?".
+      if (v < 0)
+        throw Error("tokenize --decode: '" + word + "' is not a token id (" + at +
+                        "): token ids are whole numbers >= 0",
+                    Error::kUsage);
+      if (v > INT32_MAX)
         throw Error("tokenize --decode: '" + word + "' is outside every vocabulary (" + at +
                         "; token ids are below 2^31)",
                     Error::kUsage);

@@ -58,9 +58,6 @@ void check_query(const MemoryQuery& q) {
     throw Error(
         "memory: adapter \"" + q.adapter.kind + "\" is unknown; use none, lora, dora or lokr",
         Error::kUsage);
-  if (q.adapter.kind != "none" && q.adapter.r < 1)
-    throw Error("memory: adapter r = " + std::to_string(q.adapter.r) + " must be >= 1",
-                Error::kUsage);
   if (q.checkpoint_every < 0)
     throw Error("memory: activation checkpointing every " + std::to_string(q.checkpoint_every) +
                     " blocks; use none (0), blocks (1) or a positive N",
@@ -93,7 +90,9 @@ void check_query(const MemoryQuery& q) {
   bound("model.intermediate_size", "ffn", "--ffn", q.ffn);
   bound("model.vocab_size", "vocab", "--vocab", q.vocab);
   if (q.adapter.kind != "none") {
-    bound("model.adapter.r", "adapter r", "--r", q.adapter.r);
+    // Not bound(): r = 0 is no "not given" (it said "adapter r = 0 must be >= 1", not --r's range).
+    check("model.adapter.r", "adapter r", "--r", static_cast<double>(q.adapter.r),
+          std::to_string(q.adapter.r));
     std::ostringstream p;
     p << q.adapter.dropout;
     check("model.adapter.dropout", "adapter dropout", "--adapter-dropout", q.adapter.dropout,

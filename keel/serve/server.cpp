@@ -218,15 +218,16 @@ bool may_have_body(const httplib::Request& req) {
 
 int run_server(const ServeOptions& opt) {
   const size_t colon = opt.listen.rfind(':');
-  int port = -1;
-  if (colon != std::string::npos) {
-    try {
-      port = std::stoi(opt.listen.substr(colon + 1));
-    } catch (const std::exception&) {
-    }
-  }
+  // Digits only: stoi read "80abc" as 80 (keel bound port 80) and "0x50" as 0 (any port).
+  const std::string digits = colon == std::string::npos ? "" : opt.listen.substr(colon + 1);
+  const int port = !digits.empty() && digits.size() <= 5 &&
+                           digits.find_first_not_of("0123456789") == std::string::npos
+                       ? std::stoi(digits)
+                       : -1;
   if (port < 0 || port > 65535)
-    throw Error("--listen " + opt.listen + ": expected HOST:PORT (e.g. 127.0.0.1:8080)",
+    throw Error("--listen " + opt.listen +
+                    ": expected HOST:PORT, PORT a whole number from 0 to 65535 (0: any free "
+                    "port; e.g. 127.0.0.1:8080)",
                 Error::kUsage);
   std::string host = opt.listen.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']')

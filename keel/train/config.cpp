@@ -541,7 +541,10 @@ std::string join(const std::vector<std::string>& v, const char* sep) {
 
 // A number of key `k` is finite and in its range; `pre` names where it came from ("FILE:3:7: ").
 void check_number(const KeySpec& k, double v, const std::string& shown, const std::string& pre) {
-  if (!std::isfinite(v)) throw usage(pre + k.full() + " must be a finite number, got " + shown);
+  // With the range: "must be a finite number" alone left the valid values to a guess.
+  if (!std::isfinite(v))
+    throw usage(pre + k.full() + " must be a finite number, got " + shown +
+                (k.lo == -kInf && k.hi == kInf ? "" : " (valid: " + describe_range(k) + ")"));
   if (!in_range(k, v))
     throw usage(pre + k.full() + " must be " + describe_range(k) +
                 (k.also ? " (or " + format_double(*k.also, false) + ")" : std::string()) +

@@ -564,7 +564,7 @@ TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
   // 0 was taken as "the default" without a word.
   for (const char* flag : {"--seq-len", "--batch-size"})
     EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", flag, "0"}),
-                    std::string(flag) + ": 0: use a whole number of 1 or more");
+                    std::string(flag) + ": 0: use a whole number from 1 to 9223372036854775807");
   // A model with Llama-3's context: rows were its 131,072 positions by default (256 GB asked
   // for a 10-byte file, the error naming train.batch_size and data.seq_len); now at most 1024,
   // and a row length that does not fit names eval's own flags.

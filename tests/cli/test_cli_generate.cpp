@@ -276,7 +276,8 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
                   "the prompt has 60 tokens but the model's max_seq_len is 48");
   EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--top-p", "1.5"}), "--top-p");
   EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--max-new-tokens", "-1"}),
-                  "--max-new-tokens: -1: use 0 (the prompt alone) or more");
+                  "--max-new-tokens: -1: use a whole number from 0 to 9223372036854775807 (0: the "
+                  "prompt alone)");
   for (const char* seed : {"-1", "18446744073709551616", "99999999999999999999999"})
     EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--seed", seed}),
                     std::string("--seed: ") + seed + ": use a whole number from 0 to");

@@ -44,7 +44,9 @@ std::vector<double> losses(const std::string& out_dir) {
 }
 
 // A tiny "pretrained" Llama (vocab 259: keel's byte tokenizer), written once per test binary.
-const std::string& base_dir() {
+// (Named for this file: the unity build puts it in one translation unit with
+// test_cli_generate.cpp.)
+const std::string& lora_base_dir() {
   static const std::string dir = [] {
     const std::string d = test::temp_dir("lora-base") + "/tiny-llama";
     Ran r = test::run_keel_sh("init-model --family llama --out " + d +
@@ -57,7 +59,7 @@ const std::string& base_dir() {
 
 std::string lora_config(const std::string& out_dir, const std::string& extra = "") {
   return "[run]\nout_dir = \"" + out_dir + "\"\nseed = 5\nthreads = 1\n" + "[model]\npath = \"" +
-         base_dir() + "\"\nattention = \"eager\"\n" +
+         lora_base_dir() + "\"\nattention = \"eager\"\n" +
          "[model.adapter]\nkind = \"lora\"\nr = 8\nalpha = 16.0\n" +
          "target_modules = [\"q_proj\", \"k_proj\", \"v_proj\", \"up_proj\", \"down_proj\"]\n" +
          "[data]\ntask = \"arith\"\nnum_examples = 256\neval_examples = 8\nseq_len = 24\n" +
@@ -85,7 +87,7 @@ TEST(CliLora, FineTuneLowersTheLossKeepsTheBaseAndExportsPeft) {
 
   // The checkpoint holds the adapters only (the base is referenced, issue 25); loaded with its
   // base, the base is bit-identical to the HF checkpoint it was loaded from.
-  io::Safetensors base = io::read_safetensors(base_dir() + "/model.safetensors");
+  io::Safetensors base = io::read_safetensors(lora_base_dir() + "/model.safetensors");
   io::Safetensors ck = io::read_safetensors(out + "/checkpoints/last/model.safetensors");
   for (auto& [name, t] : base.tensors) EXPECT_EQ(ck.find(name), nullptr) << name;
   EXPECT_EQ(ck.tensors.size(), 2u * 5 * 2);
@@ -100,7 +102,7 @@ TEST(CliLora, FineTuneLowersTheLossKeepsTheBaseAndExportsPeft) {
   EXPECT_EQ(c["task_type"], "CAUSAL_LM");
   EXPECT_EQ(c["r"], 8);
   EXPECT_EQ(c["lora_alpha"], 16.0);
-  EXPECT_EQ(c["base_model_name_or_path"], base_dir());
+  EXPECT_EQ(c["base_model_name_or_path"], lora_base_dir());
   EXPECT_EQ(c["target_modules"], json({"q_proj", "k_proj", "v_proj", "up_proj", "down_proj"}));
   io::Safetensors ad = io::read_safetensors(out + "/adapter/adapter_model.safetensors");
   EXPECT_EQ(ad.tensors.size(), 2u * 5 * 2);
@@ -121,7 +123,7 @@ TEST(CliLora, FineTuneLowersTheLossKeepsTheBaseAndExportsPeft) {
   EXPECT_GT(b_norm, 0) << "lora_B starts at zero; training must move it";
 
   // The exported adapter on the base reproduces the trained model.
-  auto model = io::load_hf_model(base_dir());
+  auto model = io::load_hf_model(lora_base_dir());
   io::load_peft_adapter(*model, out + "/adapter");
   for (auto& [name, p] : model->named_parameters())
     test::expect_bitwise_equal(p, loaded.at(name), "base + adapter: " + name);
@@ -169,7 +171,7 @@ TEST(CliLora, NanCaptureReferencesTheBaseAndReplays) {
   EXPECT_NE(m.find("model.layers.0.self_attn.q_proj.lora_A.weight"), nullptr);
   EXPECT_EQ(m.tensors.size(), 2u * 5 * 2);
   const json meta = json::parse(slurp(capture + "/capture.json"));
-  EXPECT_EQ(meta["base"]["path"], base_dir());
+  EXPECT_EQ(meta["base"]["path"], lora_base_dir());
   Ran rp = test::run_keel_sh("replay " + capture + " --json");
   ASSERT_EQ(rp.code, 0) << rp.output;
   EXPECT_CONTAINS(rp.output, "\"reproduced\":true");
@@ -279,7 +281,7 @@ TEST(TrainerPadding, ExtraPaddingLeavesTheLossUnchanged) {
 TEST(CliLora, AMovedBaseIsFoundWithTheBaseOption) {
   const std::string dir = test::temp_dir("lora-moved");
   const std::string out = dir + "/out", base = dir + "/base", moved = dir + "/moved";
-  fs::copy(base_dir(), base);
+  fs::copy(lora_base_dir(), base);
   std::ofstream(dir + "/lora.toml") << lora_config(out);
   Ran r = test::run_keel_sh("train " + dir +
                             "/lora.toml --set train.max_steps=3 --set model.path=" + base);
@@ -299,7 +301,7 @@ TEST(CliLora, AMovedBaseIsFoundWithTheBaseOption) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(json::parse(slurp(dir + "/peft/adapter_config.json"))["base_model_name_or_path"],
             moved);
-  r = test::run_keel_sh("export " + out + " --out " + dir + "/hf --base " + base_dir());
+  r = test::run_keel_sh("export " + out + " --out " + dir + "/hf --base " + lora_base_dir());
   EXPECT_EQ(r.code, 0) << r.output;  // another copy of the same base passes the check
 }
 

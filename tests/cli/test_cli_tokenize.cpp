@@ -167,7 +167,7 @@ TEST(CliTokenize, DecodeListsNameTheBadItemsPosition) {
       {"72 1.5", "'1.5' is not a token id (at position 1)"},
       {"72 [105]", "'[105]' is not a token id (at position 1)"},
       {"72 1099511627776", "'1099511627776' is outside every vocabulary (at position 1;"},
-      {"72 -1", "cannot decode id -1 at position 1: it is outside the vocabulary [0, 259)"},
+      {"72 -1", "'-1' is not a token id (at position 1): token ids are whole numbers >= 0"},
       {"72 259", "cannot decode id 259 at position 1: it is outside the vocabulary [0, 259)"}};
   for (const auto& [in, want] : bad) {
     const test::KeelRun r = test::run_keel({"tokenize", "--decode", in});

@@ -129,7 +129,7 @@ TEST(ServeAuth, RefusesToStartWithoutKeysUnlessOpenOnLoopback) {
   std::tie(code, out) =
       serve_refusal({"--root", dir + "/root", "--insecure-open", "--max-body-bytes", "0"});
   EXPECT_EQ(code, 2);
-  EXPECT_CONTAINS(out, "--max-body-bytes 0: use at least 1024");
+  EXPECT_CONTAINS(out, "--max-body-bytes: 0: use a whole number from 1024 to");
   // --insecure-open on an address that is not loopback: refused before listening.
   {
     ServeProcess p({"--root", dir + "/root", "--insecure-open", "--listen", "0.0.0.0:0"});
