@@ -42,18 +42,24 @@ test::KeelRun train(const std::vector<std::string>& sets) {
   return test::run_keel(test::with_sets({"train"}, all), {"OMP_NUM_THREADS=1"});
 }
 
+// A stall probe: 51 steps of 8 rows at a constant optim.lr into `dir` (overwritten each time),
+// with `sets` on top; the run itself must succeed.
+test::KeelRun constant_lr_run(const std::string& dir, const std::string& lr,
+                              std::vector<std::string> sets = {}) {
+  sets.insert(sets.end(),
+              {"run.out_dir=" + dir, "run.overwrite=true", "optim.lr=" + lr, "train.max_steps=51",
+               "sched.name=constant", "data.eval_examples=0", "train.batch_size=8"});
+  const test::KeelRun r = train(sets);
+  EXPECT_EQ(r.code, 0) << r.output;
+  return r;
+}
+
 // optim.lr = 1e-6 on the built-in task (1e-3 meant): 51 steps of 8 rows, every one finite, the loss
 // flat within its noise. Without "stalled" the run said nothing at all. The same run at 1e-5 learns
 // slowly: it is not told its lr is too low.
 TEST(CliAdvisor, ALearningRateFarTooLowIsStalled) {
   const std::string dir = test::temp_dir("cli-advisor-lr-low");
-  auto run = [&](const std::string& lr) {
-    const test::KeelRun r =
-        train({"run.out_dir=" + dir, "run.overwrite=true", "optim.lr=" + lr, "train.max_steps=51",
-               "sched.name=constant", "data.eval_examples=0", "train.batch_size=8"});
-    EXPECT_EQ(r.code, 0) << r.output;
-    return r;
-  };
+  auto run = [&](const std::string& lr) { return constant_lr_run(dir, lr); };
   test::KeelRun r = run("1e-6");
   std::vector<json> f = findings_of(dir, "stalled");
   ASSERT_EQ(f.size(), 1u) << r.output;
@@ -71,12 +77,8 @@ TEST(CliAdvisor, ALearningRateFarTooLowIsStalled) {
 TEST(CliAdvisor, AStalledLoraIsGivenTheLoraLearningRateRange) {
   const std::string dir = test::temp_dir("cli-advisor-lora-lr-low");
   auto run = [&](const std::string& lr) {
-    const test::KeelRun r =
-        train({"run.out_dir=" + dir, "run.overwrite=true", "model.adapter.kind=lora",
-               "model.adapter.target_modules=[\"c_attn\"]", "optim.lr=" + lr, "train.max_steps=51",
-               "sched.name=constant", "data.eval_examples=0", "train.batch_size=8"});
-    EXPECT_EQ(r.code, 0) << r.output;
-    return r;
+    return constant_lr_run(
+        dir, lr, {"model.adapter.kind=lora", "model.adapter.target_modules=[\"c_attn\"]"});
   };
   test::KeelRun r = run("1e-7");
   std::vector<json> f = findings_of(dir, "stalled");
