@@ -259,6 +259,23 @@ void attn_softmax_backward(void* ds, DType ds_dt, const float* p32, const void* 
   KEEL_CUDA_LAUNCHED();
 }
 
+// acc[dd] += coef(c) * tile[c][dd] over the tile's 32 keys c in order, where lane c holds coef(c)
+// (P or dS of its key) and each lane accumulates the head dims lane, lane + 32, ... (the P·V of
+// the forward, the dS·K of dQ).
+template <int NDV>
+__device__ __forceinline__ void accumulate_keys(float (&acc)[NDV], float coef, const float* tile,
+                                                int64_t p, int64_t d, int lane) {
+#pragma unroll 4
+  for (int c = 0; c < kTile; ++c) {
+    const float cc = __shfl_sync(0xffffffffu, coef, c);
+#pragma unroll
+    for (int x = 0; x < NDV; ++x) {
+      const int64_t dd = lane + 32 * x;
+      if (dd < d) acc[x] += cc * tile[c * p + dd];
+    }
+  }
+}
+
 // ---- flash forward --------------------------------------------------------------------------
 
 template <class T, int NDV>
@@ -310,15 +327,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       pj = round_to<T>(pj);  // the P tile in the compute dtype before P·V
 #pragma unroll
       for (int x = 0; x < NDV; ++x) acc[rr][x] *= alpha;
-#pragma unroll 4
-      for (int c = 0; c < kTile; ++c) {
-        const float pc = __shfl_sync(0xffffffffu, pj, c);
-#pragma unroll
-        for (int x = 0; x < NDV; ++x) {
-          const int64_t dd = lane + 32 * x;
-          if (dd < d) acc[rr][x] += pc * vs[c * p + dd];
-        }
-      }
+      accumulate_keys<NDV>(acc[rr], pj, vs, p, d, lane);
     }
   }
 #pragma unroll
@@ -517,15 +526,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         dsj = pj * (dot_rows(dos + r * p, vs + lane * p, d) - drow[hoff + i]);
       }
       dsj = round_to<T>(dsj);
-#pragma unroll 4
-      for (int c = 0; c < kTile; ++c) {
-        const float dc = __shfl_sync(0xffffffffu, dsj, c);
-#pragma unroll
-        for (int x = 0; x < NDV; ++x) {
-          const int64_t dd = lane + 32 * x;
-          if (dd < d) acc[rr][x] += dc * ks[c * p + dd];
-        }
-      }
+      accumulate_keys<NDV>(acc[rr], dsj, ks, p, d, lane);
     }
   }
 #pragma unroll
