@@ -109,9 +109,11 @@ int run_export(const ExportArgs& a) {
       {"MODEL", a.model}, {"the --adapter directory", a.adapter}, {"the --base directory", a.base}};
   const ModelDirKind writes = a.adapter_only ? ModelDirKind::kPeftAdapter : ModelDirKind::kModel;
   check_output_dir("--out", a.out, inputs, writes);  // before loading: a refusal costs nothing
-  io::TrainedModel t =
-      io::load_trained_model(a.model, a.adapter, DType::F32, ops::AttentionBackend::kEager,
-                             weight_check_of_flag(a.allow_nonfinite_weights), a.base);
+  // A bf16 export of a run that held its base in bf16 merges into that base as held (each merged
+  // weight rounded once, as the f32 merge's save would round it): an 8B base is not built in f32.
+  io::TrainedModel t = io::load_trained_model(
+      a.model, a.adapter, DType::F32, ops::AttentionBackend::kEager,
+      weight_check_of_flag(a.allow_nonfinite_weights), a.base, /*hold_base=*/a.dtype == "bf16");
   // What MODEL turned out to hold: the weights' directory, a checkpoint's frozen base, the
   // tokenizer's files.
   inputs.insert(inputs.end(), {{"the model's weights", t.dir},

@@ -54,13 +54,13 @@ ModelForUse load_model_for_use(const ModelArgs& a) {
                     "); use --device cpu",
                 Error::kUsage);
   m.policy = resolve_precision(a.precision, m.device, /*allow_cpu_bf16=*/true);
+  // A base the run held in bf16 under f32 parameters computes its products in bf16 (PEFT's way):
+  // held so here (hold_base), eval and generate run the model that trained (its eval_loss, bit
+  // for bit), in the memory it trained in.
   m.trained = io::load_trained_model(a.model, a.adapter, m.policy.param_dtype,
                                      ops::attention_backend_from_name(a.attention),
-                                     weight_check_of_flag(a.allow_nonfinite_weights), a.base);
-  // A base the run held in bf16 under f32 parameters computes its products in bf16 (PEFT's way):
-  // held so here, eval and generate run the model that trained (its eval_loss, bit for bit).
-  if (m.trained.base_dtype && m.policy.param_dtype == DType::F32)
-    nn::cast_frozen_parameters(*m.trained.model, *m.trained.base_dtype);
+                                     weight_check_of_flag(a.allow_nonfinite_weights), a.base,
+                                     /*hold_base=*/true);
   m.tokenizer_spec = a.tokenizer.empty() ? m.trained.tokenizer : a.tokenizer;
   if (m.tokenizer_spec.empty()) {
     // What the directory does hold: Llama-2's tokenizer.model alone, or half of GPT-2's pair,

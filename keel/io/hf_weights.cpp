@@ -307,8 +307,22 @@ std::unique_ptr<models::CausalLM> load_hf_model(const std::string& dir, DType pa
   HfConfig cfg = read_hf_config(dir);
   cfg.spec.param_dtype = param_dtype;
   cfg.spec.attention = attention;
-  auto model = models::make_causal_lm(cfg.spec, 0);
-  load_hf_weights(*model, dir, check);
+  if (is_keel_checkpoint(dir)) {  // its adapters merged: load_hf_weights
+    auto model = models::make_causal_lm(cfg.spec, 0);
+    load_hf_weights(*model, dir, check);
+    return model;
+  }
+  auto model = attach_hf_model(cfg.spec, dir, check);
+  for (auto& [name, p] : model->named_parameters())
+    if (p.dtype() != param_dtype) Tensor(p).attach_storage(convert_mapped(p, param_dtype));
+  return model;
+}
+
+std::unique_ptr<models::CausalLM> attach_hf_model(const models::ModelSpec& spec,
+                                                  const std::string& dir,
+                                                  const WeightCheck& check) {
+  auto model = models::make_causal_lm_for_loading(spec);
+  attach_hf_weights(*model, dir, check);
   return model;
 }
 

@@ -17,6 +17,7 @@
 #include "keel/models/resize.h"
 #include "keel/numerics/error.h"
 #include "keel/numerics/input_file.h"
+#include "keel/tensor/convert_mapped.h"
 
 namespace keel::io {
 
@@ -151,23 +152,31 @@ void load_checkpoint_weights(TrainedModel& t, const models::ModelSpec& spec, con
     const std::string base = find_referenced_base(ref, dir, base_dir);
     models::ModelSpec base_spec = spec;
     base_spec.vocab_size = read_hf_config(base).spec.vocab_size;  // before data.pad = "add"'s rows
-    t.model = models::make_causal_lm(base_spec, 0);
-    load_hf_weights(*t.model, base, check);
-    // The run held its base in `dtype` (model.base_dtype): the same rounding of the files.
+    t.model = attach_hf_model(base_spec, base, check);
+    // The run held its base in `dtype` (model.base_dtype): the same rounding of the files, into
+    // it and back into the parameters' dtype. Steps exact in f32 are skipped, so that a bf16
+    // file held in bf16 stays a view of its mapping.
     const std::optional<DType> held = dtype_from_name(ref.value("dtype", std::string("f32")));
     if (!held)
       throw Error(dir + "/config.json: keel_checkpoint.base.dtype is not a dtype name (" +
                   kDamagedCheckpointUseFix + ")");
+    const DType param = spec.param_dtype;
     for (auto& [name, p] : t.model->named_parameters()) {
-      if (*held != p.dtype()) {
-        Tensor dst = p;
-        dst.copy_from(p.to_dtype(*held));
-        dst.bump_version();
+      if (*held != DType::F32 && *held != param && p.dtype() != *held) {
+        Tensor(p).attach_storage(convert_mapped(p, *held));
+        if (param != DType::F32) Tensor(p).attach_storage(convert_mapped(p, param));
       }
       from_base[name] = p.shape();
     }
-    if (base_spec.vocab_size != spec.vocab_size)
+    if (base_spec.vocab_size != spec.vocab_size) {
+      // Resized in the parameters' dtype; the checkpoint holds the grown tensors' values.
+      for (auto& [name, p] : t.model->named_parameters())
+        if ((name == "transformer.wte.weight" || name == "model.embed_tokens.weight" ||
+             name == "lm_head.weight") &&
+            p.dtype() != param)
+          Tensor(p).attach_storage(convert_mapped(p, param));
       models::resize_token_embeddings(*t.model, spec.vocab_size);
+    }
   } else {
     t.model = models::make_causal_lm(spec, 0);
   }
@@ -241,7 +250,8 @@ bool is_keel_checkpoint(const std::string& dir) { return !keel_block(dir).is_nul
 
 TrainedModel load_trained_model(const std::string& path, const std::string& adapter_dir,
                                 DType param_dtype, ops::AttentionBackend attention,
-                                const WeightCheck& check, const std::string& base_dir) {
+                                const WeightCheck& check, const std::string& base_dir,
+                                bool hold_base) {
   const char* kinds =
       "give a Hugging Face model directory (config.json + model.safetensors), a run's checkpoint "
       "(OUT_DIR/checkpoints/last) or the run's OUT_DIR";
@@ -294,7 +304,10 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
                       " is a model directory, not a checkpoint of an adapter run; drop --base "
                       "(a PEFT adapter goes on a base with --adapter)",
                   Error::kUsage);
-    t.model = load_hf_model(dir, param_dtype, attention, check);
+    HfConfig hf = read_hf_config(dir);
+    hf.spec.param_dtype = param_dtype;
+    hf.spec.attention = attention;
+    t.model = attach_hf_model(hf.spec, dir, check);
     t.tokenizer = tokenizer_of(dir);
   } else {
     throw Error(path +
@@ -338,6 +351,16 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
       }
       t.base_dtype = run_base_dtype(ck, read_hf_config(ck).dtype);
     }
+  }
+  // Each parameter in the dtype it is used in, converted one tensor at a time: the parameters'
+  // dtype, or a frozen base held as its run held it (a bf16 file stays a view of its mapping). An
+  // 8B base was built whole in f32 and cast afterwards: 32 GB, more than the 24 GB machine its
+  // adapter trained on.
+  const bool held = hold_base && t.base_dtype && param_dtype == DType::F32;
+  for (auto& [name, p] : t.model->named_parameters()) {
+    if (nn::is_adapter_parameter(*t.model, p)) continue;
+    const DType want = held && !p.requires_grad() ? *t.base_dtype : param_dtype;
+    if (p.dtype() != want) Tensor(p).attach_storage(convert_mapped(p, want));
   }
   return t;
 }

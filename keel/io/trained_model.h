@@ -45,9 +45,9 @@ struct TrainedModel {
   std::optional<nn::AdapterOptions> adapter;  // the adapters the model carries (unmerged)
   std::string base_model;                     // the run's model.path ("" when trained from sizes)
   // The dtype the run held its frozen base in when it was not its parameters' (model.base_dtype
-  // = bf16 under f32 parameters); the model is loaded with an f32 base holding those values.
-  // Code that computes with the model casts the base to it (nn::cast_frozen_parameters) to run
-  // the run's products; a merge (export, model.path) keeps the f32 base.
+  // = bf16 under f32 parameters). Loaded with `hold_base`, the frozen base is held in it (to run
+  // the run's products; a bf16 file stays a view of its mapping); else in f32 holding its values
+  // (a merge into f32: export --dtype f32, model.path).
   std::optional<DType> base_dtype;
   // The OUT_DIR of the keel run whose PEFT directory (OUT_DIR/adapter) `adapter_dir` is, "" when
   // it is not one: its config.toml holds the data options the adapter trained with (eval's
@@ -65,10 +65,12 @@ struct TrainedModel {
 // `check` allows them). `base_dir` (`--base DIR`) is where the frozen base of an adapter run's
 // checkpoint is now, when it moved after training (checked against the checkpoint's reference).
 // The checkpoint of an adapter run under a PEFT adapter trained with model.path = that checkpoint
-// is read once (hf_weights.h's merge), not loaded with its adapters first.
+// is read once (hf_weights.h's merge), not loaded with its adapters first. Base weights are
+// attached from the files (hf_weights.h), never built whole in f32 first.
 TrainedModel load_trained_model(const std::string& path, const std::string& adapter_dir = "",
                                 DType param_dtype = DType::F32,
                                 ops::AttentionBackend attention = ops::AttentionBackend::kEager,
-                                const WeightCheck& check = {}, const std::string& base_dir = "");
+                                const WeightCheck& check = {}, const std::string& base_dir = "",
+                                bool hold_base = false);
 
 }  // namespace keel::io

@@ -25,9 +25,12 @@ using json = nlohmann::json;
 
 const std::vector<int64_t> kIds = {49, 50, 43, 51, 52, 61, 10, 7, 200};
 
-// A tiny HF base of `family` (vocab 259) and a 6-step fine-tune of it with `kind` adapters.
-std::string trained_run(const std::string& family, const std::string& kind) {
-  const std::string dir = test::temp_dir("export-" + family + "-" + kind);
+// A tiny HF base of `family` (vocab 259) and a 6-step fine-tune of it with `kind` adapters;
+// `bf16_base`: its base held in bf16 (model.base_dtype) under bf16-mixed.
+std::string trained_run(const std::string& family, const std::string& kind,
+                        bool bf16_base = false) {
+  const std::string dir =
+      test::temp_dir("export-" + family + "-" + kind + (bf16_base ? "-bf16" : ""));
   std::vector<std::string> init = {
       "init-model", "--family", family,     "--out", dir + "/base",   "--n-layer", "2",
       "--n-embd",   "32",       "--n-head", "4",     "--max-seq-len", "32"};
@@ -37,12 +40,14 @@ std::string trained_run(const std::string& family, const std::string& kind) {
   const std::string targets =
       family == "gpt2" ? "[\"c_attn\", \"c_fc\"]" : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
   std::ofstream(dir + "/c.toml") << "[run]\nout_dir = \"" << dir
-                                 << "/out\"\nthreads = 1\n[model]\npath = \"" << dir
-                                 << "/base\"\n[model.adapter]\nkind = \"" << kind
+                                 << "/out\"\nthreads = 1\n[model]\npath = \"" << dir << "/base\"\n"
+                                 << (bf16_base ? "base_dtype = \"bf16\"\n" : "")
+                                 << "[model.adapter]\nkind = \"" << kind
                                  << "\"\nr = 4\ntarget_modules = " << targets
                                  << "\n[data]\nnum_examples = 64\neval_examples = 4\nseq_len = "
-                                    "24\n[train]\nbatch_size = 8\nmax_steps = 6\n[optim]\nlr = "
-                                    "5e-2\n[log]\ntensorboard = false\n";
+                                    "24\n[train]\nbatch_size = 8\nmax_steps = 6\n"
+                                 << (bf16_base ? "precision = \"bf16-mixed\"\n" : "")
+                                 << "[optim]\nlr = 5e-2\n[log]\ntensorboard = false\n";
   const test::KeelRun r = test::run_keel({"train", dir + "/c.toml"}, {"OMP_NUM_THREADS=1"});
   EXPECT_EQ(r.code, 0) << r.output;
   return dir;
@@ -117,6 +122,27 @@ TEST_P(CliExport, MergedAndAdapterOnlyExportsGiveTheCheckpointsLogits) {
   // ... and exporting that pair merged equals exporting the checkpoint.
   keel_export({dir + "/base", "--adapter", dir + "/peft", "--out", dir + "/pair"});
   EXPECT_EQ(logits_of(*io::load_hf_model(dir + "/pair")), f32);
+}
+
+// A run that held its base in bf16: a bf16 export merges into that base as held (an 8B base is
+// never built in f32 for it), and each weight is the f32 export's rounded once, bit for bit.
+TEST_P(CliExport, ABf16BaseMergedInBf16IsTheF32MergeRoundedOnce) {
+  const auto& [family, kind] = GetParam();
+  const std::string dir = trained_run(family, kind, /*bf16_base=*/true);
+  keel_export({dir + "/out", "--out", dir + "/f32"});
+  keel_export({dir + "/out", "--out", dir + "/bf16", "--dtype", "bf16"});
+  const io::Safetensors f32 = io::read_safetensors(dir + "/f32/model.safetensors");
+  const io::Safetensors bf16 = io::read_safetensors(dir + "/bf16/model.safetensors");
+  ASSERT_EQ(f32.tensors.size(), bf16.tensors.size());
+  for (const auto& [name, want] : f32.tensors) {
+    const Tensor* got = bf16.find(name);
+    ASSERT_TRUE(got) << name;
+    ASSERT_EQ(got->dtype(), DType::BF16) << name;
+    const Tensor rounded = want.to_dtype(DType::BF16);
+    ASSERT_EQ(got->nbytes(), rounded.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(got->data(), rounded.data(), rounded.nbytes()), 0)
+        << family << " " << kind << ": " << name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Adapters, CliExport,

@@ -193,7 +193,14 @@ int64_t merge_adapters(Module& root) {
     if (lin->adapter->merged) continue;
     Tensor merged = lin->adapter->merged_weight(*lin);  // [out, in] f32
     Tensor w = lin->weight;
-    w.copy_from(merged);  // rounds into the base dtype
+    if (w.is_external()) {
+      // A view of a read-only file mapping (a base held as stored): the merged weight becomes
+      // its own tensor, and the file's pages it no longer needs leave memory.
+      drop_mapped_pages(w);
+      w.attach_storage(merged.dtype() == w.dtype() ? merged : merged.to_dtype(w.dtype()));
+    } else {
+      w.copy_from(merged);  // rounds into the base dtype
+    }
     w.bump_version();
     lin->adapter->merged = true;
     ++n;
