@@ -12,6 +12,7 @@
 #include "keel/data/tokenizer_base.h"
 #include "keel/io/hf_model.h"
 #include "keel/io/trained_model.h"
+#include "keel/monitor/memory_estimate.h"
 #include "keel/numerics/text.h"
 
 namespace keel::cli {
@@ -111,9 +112,21 @@ int run_export(const ExportArgs& a) {
   check_output_dir("--out", a.out, inputs, writes);  // before loading: a refusal costs nothing
   // A bf16 export of a run that held its base in bf16 merges into that base as held (each merged
   // weight rounded once, as the f32 merge's save would round it): an 8B base is not built in f32.
-  io::TrainedModel t = io::load_trained_model(
-      a.model, a.adapter, DType::F32, ops::AttentionBackend::kEager,
-      weight_check_of_flag(a.allow_nonfinite_weights), a.base, /*hold_base=*/a.dtype == "bf16");
+  const bool hold_base = a.dtype == "bf16";
+  io::TrainedModel t;
+  std::string fix = "use a machine with more memory";
+  hold_weights_checked(
+      a.model + " exported in " + a.dtype, fix,
+      [&] {
+        t = io::attach_trained_model(a.model, a.adapter, DType::F32, ops::AttentionBackend::kEager,
+                                     weight_check_of_flag(a.allow_nonfinite_weights), a.base);
+        if (!hold_base && t.base_dtype == DType::BF16)
+          fix =
+              "--dtype bf16 merges into the base in bf16, as the run held it, without an f32 "
+              "copy of it";
+        return io::bytes_to_hold(t, DType::F32, hold_base);
+      },
+      [&] { io::hold_parameters(t, DType::F32, hold_base); });
   // What MODEL turned out to hold: the weights' directory, a checkpoint's frozen base, the
   // tokenizer's files.
   inputs.insert(inputs.end(), {{"the model's weights", t.dir},

@@ -3,8 +3,10 @@
 #include <filesystem>
 
 #include "keel/backend/cuda_api.h"
+#include "keel/monitor/memory_estimate.h"
 #include "keel/nn/adapters/adapter.h"
 #include "keel/nn/module.h"
+#include "keel/tensor/host_memory.h"
 
 namespace keel::cli {
 
@@ -39,6 +41,26 @@ std::string nonfinite_advice(const ModelArgs& a, const PrecisionPolicy& policy) 
          "keel replay find where such weights come from";
 }
 
+void hold_weights_checked(const std::string& what, const std::string& fix,
+                          const std::function<size_t()>& attach,
+                          const std::function<void()>& hold) {
+  try {
+    const size_t need = attach();
+    const int64_t available = monitor::available_memory_bytes();
+    if (available >= 0 && need > static_cast<size_t>(available))
+      throw Error(what + " needs " + monitor::format_bytes(static_cast<int64_t>(need)) +
+                      " more memory to hold its weights, but only " +
+                      monitor::format_bytes(available) + " are available (" +
+                      monitor::available_memory_source() + "); " + fix,
+                  Error::kUsage);
+    hold();
+  } catch (const host_memory::OutOfMemory& e) {  // its message names training's keys
+    throw Error(what + ": out of memory allocating " +
+                monitor::format_bytes(static_cast<int64_t>(e.bytes)) +
+                " while loading its weights; " + fix);
+  }
+}
+
 io::WeightCheck weight_check_of_flag(bool allow) {
   io::WeightCheck c;
   c.allow_nonfinite = allow;
@@ -57,10 +79,24 @@ ModelForUse load_model_for_use(const ModelArgs& a) {
   // A base the run held in bf16 under f32 parameters computes its products in bf16 (PEFT's way):
   // held so here (hold_base), eval and generate run the model that trained (its eval_loss, bit
   // for bit), in the memory it trained in.
-  m.trained = io::load_trained_model(a.model, a.adapter, m.policy.param_dtype,
-                                     ops::attention_backend_from_name(a.attention),
-                                     weight_check_of_flag(a.allow_nonfinite_weights), a.base,
-                                     /*hold_base=*/true);
+  const std::string what = a.model + " under --precision " + a.precision;
+  std::string fix = "use a machine with more memory";
+  hold_weights_checked(
+      what, fix,
+      [&] {
+        m.trained = io::attach_trained_model(
+            a.model, a.adapter, m.policy.param_dtype, ops::attention_backend_from_name(a.attention),
+            weight_check_of_flag(a.allow_nonfinite_weights), a.base);
+        if (m.policy.param_dtype == DType::F32) {
+          const size_t bf16 = io::bytes_to_hold(m.trained, DType::BF16, /*hold_base=*/true);
+          fix = bf16 == 0 ? "--precision bf16-true uses its bf16 weights from the files as they "
+                            "are, without a copy"
+                          : "--precision bf16-true holds them in bf16 (" +
+                                monitor::format_bytes(static_cast<int64_t>(bf16)) + ")";
+        }
+        return io::bytes_to_hold(m.trained, m.policy.param_dtype, /*hold_base=*/true);
+      },
+      [&] { io::hold_parameters(m.trained, m.policy.param_dtype, /*hold_base=*/true); });
   m.tokenizer_spec = a.tokenizer.empty() ? m.trained.tokenizer : a.tokenizer;
   if (m.tokenizer_spec.empty()) {
     // What the directory does hold: Llama-2's tokenizer.model alone, or half of GPT-2's pair,

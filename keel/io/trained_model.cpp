@@ -221,6 +221,20 @@ void load_checkpoint_weights(TrainedModel& t, const models::ModelSpec& spec, con
                   "/config.json describes a model without it)");
 }
 
+// Each parameter not yet in the dtype it is used in, with that dtype: the parameters' dtype, or a
+// frozen base held as its run held it (hold_base; a bf16 file then stays a view of its mapping).
+// An 8B base was built whole in f32 and cast afterwards: 32 GB, more than the 24 GB machine its
+// adapter trained on.
+template <class F>
+void for_each_parameter_to_hold(TrainedModel& t, DType param_dtype, bool hold_base, F&& use) {
+  const bool held = hold_base && t.base_dtype && param_dtype == DType::F32;
+  for (auto& [name, p] : t.model->named_parameters()) {
+    if (nn::is_adapter_parameter(*t.model, p)) continue;
+    const DType want = held && !p.requires_grad() ? *t.base_dtype : param_dtype;
+    if (p.dtype() != want) use(p, want);
+  }
+}
+
 }  // namespace
 
 void write_checkpoint_model_files(const models::CausalLM& model,
@@ -248,10 +262,9 @@ DType stored_base_dtype(const models::CausalLM& model) {
 
 bool is_keel_checkpoint(const std::string& dir) { return !keel_block(dir).is_null(); }
 
-TrainedModel load_trained_model(const std::string& path, const std::string& adapter_dir,
-                                DType param_dtype, ops::AttentionBackend attention,
-                                const WeightCheck& check, const std::string& base_dir,
-                                bool hold_base) {
+TrainedModel attach_trained_model(const std::string& path, const std::string& adapter_dir,
+                                  DType param_dtype, ops::AttentionBackend attention,
+                                  const WeightCheck& check, const std::string& base_dir) {
   const char* kinds =
       "give a Hugging Face model directory (config.json + model.safetensors), a run's checkpoint "
       "(OUT_DIR/checkpoints/last) or the run's OUT_DIR";
@@ -352,16 +365,29 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
       t.base_dtype = run_base_dtype(ck, read_hf_config(ck).dtype);
     }
   }
-  // Each parameter in the dtype it is used in, converted one tensor at a time: the parameters'
-  // dtype, or a frozen base held as its run held it (a bf16 file stays a view of its mapping). An
-  // 8B base was built whole in f32 and cast afterwards: 32 GB, more than the 24 GB machine its
-  // adapter trained on.
-  const bool held = hold_base && t.base_dtype && param_dtype == DType::F32;
-  for (auto& [name, p] : t.model->named_parameters()) {
-    if (nn::is_adapter_parameter(*t.model, p)) continue;
-    const DType want = held && !p.requires_grad() ? *t.base_dtype : param_dtype;
-    if (p.dtype() != want) Tensor(p).attach_storage(convert_mapped(p, want));
-  }
+  return t;
+}
+
+size_t bytes_to_hold(TrainedModel& t, DType param_dtype, bool hold_base) {
+  size_t bytes = 0;
+  for_each_parameter_to_hold(t, param_dtype, hold_base, [&](Tensor& p, DType want) {
+    bytes += static_cast<size_t>(p.numel()) * dtype_size(want);
+  });
+  return bytes;
+}
+
+void hold_parameters(TrainedModel& t, DType param_dtype, bool hold_base) {
+  for_each_parameter_to_hold(t, param_dtype, hold_base, [](Tensor& p, DType want) {
+    Tensor(p).attach_storage(convert_mapped(p, want));
+  });
+}
+
+TrainedModel load_trained_model(const std::string& path, const std::string& adapter_dir,
+                                DType param_dtype, ops::AttentionBackend attention,
+                                const WeightCheck& check, const std::string& base_dir,
+                                bool hold_base) {
+  TrainedModel t = attach_trained_model(path, adapter_dir, param_dtype, attention, check, base_dir);
+  hold_parameters(t, param_dtype, hold_base);
   return t;
 }
 

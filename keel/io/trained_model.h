@@ -66,11 +66,22 @@ struct TrainedModel {
 // checkpoint is now, when it moved after training (checked against the checkpoint's reference).
 // The checkpoint of an adapter run under a PEFT adapter trained with model.path = that checkpoint
 // is read once (hf_weights.h's merge), not loaded with its adapters first. Base weights are
-// attached from the files (hf_weights.h), never built whole in f32 first.
+// attached from the files (hf_weights.h), never built whole in f32 first. `hold_base`: see
+// TrainedModel::base_dtype.
 TrainedModel load_trained_model(const std::string& path, const std::string& adapter_dir = "",
                                 DType param_dtype = DType::F32,
                                 ops::AttentionBackend attention = ops::AttentionBackend::kEager,
                                 const WeightCheck& check = {}, const std::string& base_dir = "",
                                 bool hold_base = false);
+
+// load_trained_model in two halves, for a caller that checks memory between them: the model with
+// its weights attached from the files (views of the mappings in the files' dtypes where exact;
+// adapters and a checkpoint's own tensors loaded), then each parameter held in the dtype it is
+// used in, one tensor converted at a time. bytes_to_hold is what hold_parameters allocates.
+TrainedModel attach_trained_model(const std::string& path, const std::string& adapter_dir,
+                                  DType param_dtype, ops::AttentionBackend attention,
+                                  const WeightCheck& check, const std::string& base_dir);
+size_t bytes_to_hold(TrainedModel& t, DType param_dtype, bool hold_base);
+void hold_parameters(TrainedModel& t, DType param_dtype, bool hold_base);
 
 }  // namespace keel::io

@@ -175,5 +175,42 @@ TEST(CliLoadMemory, ARunsBf16BaseIsUsedFromTheMappingByGenerateEvalAndExport) {
   fs::remove_all(dir);
 }
 
+// Weights that do not fit are refused before they are allocated, with the option that makes them
+// fit (past MemAvailable the OOM killer ended generate, eval or export minutes into loading, with
+// no word). KEEL_TEST_MEM_AVAILABLE stands in for a machine smaller than the weights.
+TEST(CliLoadMemory, WeightsThatDoNotFitAreRefusedNamingTheOptionThatFits) {
+  const std::string dir = test::temp_dir("use-fit");
+  const std::string base = dir + "/base", out = dir + "/out";
+  ASSERT_EQ(test::run_keel({"init-model", "--out", base, "--n-embd", "64", "--dtype", "bf16"}).code,
+            0);
+  ASSERT_EQ(train_on(base, out, "lora").code, 0);
+  const std::vector<std::string> small = {"KEEL_TEST_MEM_AVAILABLE=100000", "OMP_NUM_THREADS=1"};
+  auto run = [&](std::vector<std::string> args) { return test::run_keel(args, small); };
+
+  // generate under 32-true holds the bf16 base in f32; bf16-true uses the files as they are.
+  test::KeelRun r = run({"generate", base, "1+2=", "--max-new-tokens", "1"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, base + " under --precision 32-true needs ");
+  EXPECT_CONTAINS(r.err, "more memory to hold its weights, but only 0.1 MB are available");
+  EXPECT_CONTAINS(r.err, "--precision bf16-true uses its bf16 weights from the files as they are");
+  r = run({"generate", base, "1+2=", "--max-new-tokens", "1", "--precision", "bf16-true",
+           "--tokenizer", "byte"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  // The run's adapter on its base: the base held in bf16 as the run held it (nothing to copy).
+  std::ofstream(dir + "/text.txt") << "12+34=46\n";
+  r = run({"eval", base, "--adapter", out + "/adapter", "--data", dir + "/text.txt"});
+  EXPECT_EQ(r.code, 0) << r.output;
+
+  // export in f32 builds the merged model in f32; --dtype bf16 merges into the held base.
+  r = run({"export", out, "--out", dir + "/f32"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, out + " exported in f32 needs ");
+  EXPECT_CONTAINS(r.err, "--dtype bf16 merges into the base in bf16, as the run held it");
+  EXPECT_FALSE(fs::exists(dir + "/f32"));
+  r = run({"export", out, "--out", dir + "/bf16", "--dtype", "bf16"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace keel
