@@ -2,6 +2,7 @@
 // off for a given gradient (DESIGN §4, numerics explainer).
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "apps/keel/commands.h"
 #include "keel/log/console.h"
@@ -64,7 +65,14 @@ Command add_numerics(CLI::App& app) {
       if (!dt || !dtype_is_floating(*dt))
         throw Error("numerics cast --to " + args->to + ": use f16, bf16 or f32", Error::kUsage);
       monitor::CastReport r = monitor::cast_value(v, *dt);
-      std::printf("%.9g -> %s: stored %.9g (bits 0x%0*x): %s\n", v, dtype_name(*dt), r.stored,
+      // The value as read, in the fewest digits that give it back: %.9g showed 65519.99999 as
+      // "65520", the very value that rounds to inf, beside an answer for the one below it.
+      char in[32];
+      for (int digits = 9; digits <= 17; ++digits) {
+        std::snprintf(in, sizeof in, "%.*g", digits, v);
+        if (std::strtod(in, nullptr) == v) break;
+      }
+      std::printf("%s -> %s: stored %.9g (bits 0x%0*x): %s\n", in, dtype_name(*dt), r.stored,
                   *dt == DType::F32 ? 8 : 4, r.bits, r.outcome.c_str());
       std::printf("%s\n", r.explanation.c_str());
       return 0;

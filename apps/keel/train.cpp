@@ -288,7 +288,10 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   hooks.on_eval = [&](const EvalResult& e) {
     std::printf("eval step %lld | loss %.4f", static_cast<long long>(e.step), e.loss);
     if (e.accuracy >= 0)
-      std::printf(" | exact-match %.1f%% of %lld held-out problems", 100 * e.accuracy,
+      std::printf(" | exact-match %s of %lld held-out problems",
+                  log::format_percent(std::llround(e.accuracy * static_cast<double>(e.examples)),
+                                      e.examples)
+                      .c_str(),
                   static_cast<long long>(e.examples));
     std::printf("\n");
     std::fflush(stdout);

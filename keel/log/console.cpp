@@ -19,6 +19,12 @@ std::string format_scale(double scale) {
   return format_number(scale, 3);
 }
 
+std::string format_percent(int64_t part, int64_t whole) {
+  if (part > 0 && 2000 * part < whole) return "<0.1%";  // below 0.05%
+  if (part < whole && 2000 * (whole - part) < whole) return ">99.9%";
+  return fmt::format("{:.1f}%", whole > 0 ? 100.0 * static_cast<double>(part) / whole : 0.0);
+}
+
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   const int64_t s = std::llround(seconds);

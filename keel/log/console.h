@@ -16,6 +16,9 @@ std::string format_duration(double seconds);      // 72 -> "1m12s", 5 -> "5s", 7
 std::string format_tokens_per_s(double tps);      // 41234 -> "41.2k tok/s", 812 -> "812 tok/s"
 std::string format_number(double v, int digits);  // %.<digits>g, but nan/inf/-inf spelled out
 std::string format_scale(double scale);           // 65536 -> "65536" (integral), else 3 digits
+// `part` of `whole` in percent with one decimal, never rounded into a claim the counts deny:
+// 1 of 5000 -> "<0.1%" (not "0.0%"), 4999 of 5000 -> ">99.9%" (not "100.0%"), 0 -> "0.0%".
+std::string format_percent(int64_t part, int64_t whole);
 
 // The whole line for one step. `total_steps` <= 0: unknown (no "/N", no eta); `eta_seconds` < 0
 // or non-finite: no eta.

@@ -1,13 +1,32 @@
 #include "keel/monitor/explain.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "keel/numerics/convert.h"
 #include "keel/numerics/format_info.h"
 #include "keel/numerics/text.h"
 
 namespace keel::monitor {
+
+namespace {
+// `v` rounded once, to nearest even, into `to`: the IEEE answer for a decimal value. Going through
+// f32 first rounds twice: 65519.99999 became f32's 65520 and then f16's inf (its answer is 65504),
+// and 1 + 2^-11 + 2^-40 became the f32 tie 1 + 2^-11 and then 1 (its answer is 1 + 2^-10).
+double round_once(double v, DType to) {
+  if (to == DType::F32) return static_cast<float>(v);  // the hardware rounds f64 -> f32 once
+  if (!std::isfinite(v) || v == 0) return v;
+  const FormatInfo& fi = format_info(to);
+  // The spacing of `to` around v (that of its subnormals below the smallest normal): both
+  // divisions by it and the product back are exact in f64, and nearbyint ties to even.
+  const int e = std::max(std::ilogb(v), std::ilogb(fi.min_normal));
+  const double ulp = std::ldexp(1.0, e - fi.mantissa_bits);
+  const double r = std::nearbyint(v / ulp) * ulp;
+  return std::fabs(r) > fi.max ? std::copysign(std::numeric_limits<double>::infinity(), v) : r;
+}
+}  // namespace
 
 std::string format_table() {
   std::string out;
@@ -29,8 +48,10 @@ std::string format_table() {
 CastReport cast_value(double v, DType to) {
   CastReport r;
   r.input = v;
-  const float f = static_cast<float>(v);
   const FormatInfo& fi = format_info(to);
+  r.stored = round_once(v, to);
+  // Every bf16/f16 value (and inf, NaN) is an f32 value: its bits come from f32 exactly.
+  const float f = static_cast<float>(r.stored);
   switch (to) {
     case DType::BF16:
       r.bits = f32_to_bf16_bits(f);
@@ -42,7 +63,6 @@ CastReport cast_value(double v, DType to) {
       r.bits = f32_bits(f);
       break;
   }
-  r.stored = round_to(to, f);
   char buf[256];
   const char* name = dtype_name(to);
   if (std::isnan(v)) {
@@ -91,7 +111,7 @@ CastReport cast_value(double v, DType to) {
                           : "no training format keeps it (f32's range is the widest): it is 0 "
                             "unless scaled up first";
     std::snprintf(buf, sizeof buf,
-                  "%.6g is below half of %s's smallest subnormal %.6g and flushes to 0; %s.", v,
+                  "%.6g is at most half of %s's smallest subnormal %.6g and flushes to 0; %s.", v,
                   name, fi.min_subnormal, fix);
     r.explanation = buf;
   } else if (static_cast<double>(r.stored) == v) {
@@ -121,7 +141,7 @@ std::vector<ScalerTrial> scaler_trace(double grad, const GradScalerOptions& opt,
     ScalerTrial t;
     t.step = i + 1;
     t.scale = scaler.get_scale();
-    t.scaled_grad = round_to(DType::F16, static_cast<float>(grad * t.scale));
+    t.scaled_grad = round_once(grad * t.scale, DType::F16);
     t.finite = std::isfinite(t.scaled_grad);
     t.outcome = cast_value(grad * t.scale, DType::F16).outcome;
     out.push_back(t);
@@ -144,7 +164,7 @@ double scale_reaching(double grad, double from, double least) {
 // scale that reaches the subnormal itself (0 when none below f32's largest scale).
 double scale_nonzero_f16(double grad, double from) {
   for (double s = from; s < 1e38; s *= 2)
-    if (round_to(DType::F16, static_cast<float>(grad * s)) != 0) return s;
+    if (round_once(grad * s, DType::F16) != 0) return s;
   return 0;
 }
 }  // namespace
@@ -164,7 +184,7 @@ std::string scaler_verdict(double grad, const std::vector<ScalerTrial>& trials) 
   const ScalerTrial& last = trials.back();
   const FormatInfo& f16 = format_info(DType::F16);
   // Whether f16 holds the gradient itself (at a scale of 1): a scale small enough then carries it.
-  const bool fits_f16 = std::isfinite(round_to(DType::F16, static_cast<float>(grad)));
+  const bool fits_f16 = std::isfinite(round_once(grad, DType::F16));
   const double first_scale = trials.front().scale;
   if (!last.finite && fits_f16) {
     // The trace gave up while backing off from a scale far too large: a scale does fit, and the

@@ -40,6 +40,16 @@ struct Entry {
   bool finite() const { return kind != kFloat || s.all_finite(); }
 };
 
+// `part` of `whole` as a percentage with two decimals, never rounded to a claim the counts deny:
+// 3 subnormals of a 2.4M-element weight printed "0.00" (none), 1 zero short of all "100.00".
+std::string percent(int64_t part, int64_t whole) {
+  if (part > 0 && 20000 * part < whole) return "<0.01";  // below 0.005%
+  if (part < whole && 20000 * (whole - part) < whole) return ">99.99";
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%.2f", whole > 0 ? 100.0 * part / whole : 0.0);
+  return buf;
+}
+
 std::string format_entry(const Entry& e) {
   char buf[256];
   switch (e.kind) {
@@ -64,10 +74,9 @@ std::string format_entry(const Entry& e) {
     amax = inf;
     if (finite == 0) amin = inf;
   }
-  const double n = s.count > 0 ? static_cast<double>(s.count) : 1.0;
-  std::snprintf(buf, sizeof buf, "%8.2e %8.2e %-*s %7.2f %8.2f %8.2f", amin, amax, kLabelWidth,
-                e.label.c_str(), 100.0 * s.zero / n, 100.0 * s.subnormal / n,
-                100.0 * s.near_max / n);
+  std::snprintf(buf, sizeof buf, "%8.2e %8.2e %-*s %7s %8s %8s", amin, amax, kLabelWidth,
+                e.label.c_str(), percent(s.zero, s.count).c_str(),
+                percent(s.subnormal, s.count).c_str(), percent(s.near_max, s.count).c_str());
   return buf;
 }
 

@@ -37,6 +37,19 @@ TEST(CliNumerics, TheReadmeExamplesExplainWhatTheyPromise) {
   }
 }
 
+// A value just below f16's round-to-inf point (65520) rounds to 65504, as IEEE (and numpy's
+// float16) rounds it: once. keel rounded it to f32 first (65520, a tie) and then to inf, and
+// echoed it as "65520" (9 digits).
+TEST(CliNumerics, CastRoundsOnceAndEchoesTheValueRead) {
+  const auto r = run_keel({"numerics", "cast", "65519.99999", "--to", "f16"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.out, "65519.99999 -> f16: stored 65504 (bits 0x7bff): rounded");
+  // The scaler's trace too: 0.99975585936 x 65536 = 65519.99999... fits at the first try.
+  const auto s = run_keel({"numerics", "scaler", "--grad", "0.99975585936"});
+  ASSERT_EQ(s.code, 0) << s.output;
+  EXPECT_CONTAINS(s.out, "applied at the first try");
+}
+
 // A gradient beyond f16's max (70000): the scaler backs off 17 times to a scale of 0.5 and the
 // step is applied there. The trace ended "applied after 17 skipped step(s)", read as a success,
 // while keel train's advisor calls a scale below 1 a collapsing scaler whose fix is bf16-mixed.

@@ -31,6 +31,17 @@ TEST(Console, TheDesignLine) {
             "step 7 | loss 2.314 | grad_norm 0.84 | lr 2.9e-05 | 41.2k tok/s");
 }
 
+// A share printed with one decimal: 1 exact match of 5000 held-out problems printed "0.0%".
+TEST(Console, PercentsNeverRoundToNoneOrAll) {
+  EXPECT_EQ(format_percent(0, 5000), "0.0%");
+  EXPECT_EQ(format_percent(1, 5000), "<0.1%");      // 0.02%
+  EXPECT_EQ(format_percent(3, 5000), "0.1%");       // 0.06%: one decimal holds it
+  EXPECT_EQ(format_percent(4999, 5000), ">99.9%");  // 99.98%
+  EXPECT_EQ(format_percent(5000, 5000), "100.0%");
+  EXPECT_EQ(format_percent(1, 500), "0.2%");
+  EXPECT_EQ(format_percent(0, 0), "0.0%");
+}
+
 TEST(Console, Durations) {
   EXPECT_EQ(format_duration(0), "0s");
   EXPECT_EQ(format_duration(5.4), "5s");

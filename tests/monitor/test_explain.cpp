@@ -54,6 +54,48 @@ TEST(Explain, CastNamesEachOutcome) {
   EXPECT_EQ(cast_value(std::nan(""), DType::F16).outcome, "nan");
 }
 
+// A decimal value rounds ONCE into the target format, as IEEE 754 (and numpy's f64 -> f16) does.
+// Through f32 first it rounded twice: a value just off an f16/bf16 midpoint landed on the f32 tie
+// and then went the other way. Each expectation is derived from the format's spacing below.
+TEST(Explain, CastRoundsOnceAsIeeeDoes) {
+  const double inf = std::numeric_limits<double>::infinity();
+  struct Case {
+    double v;
+    DType to;
+    double stored;
+    const char* outcome;
+  };
+  for (const Case& c : std::vector<Case>{
+           // f16 spacing at 2^15 is 32: 65504 + 16 = 65520 is the midpoint to inf; 1e-5 below
+           // it is nearer 65504 (f32 rounded it up to 65520, and then to inf).
+           {65519.99999, DType::F16, 65504, "rounded"},
+           {65520, DType::F16, inf, "overflow"},  // the midpoint itself: ties to inf (even)
+           // f16 spacing at 1 is 2^-10: 1 + 2^-11 is the midpoint; 2^-40 above it is nearer
+           // 1 + 2^-10 (f32, 24 bits, dropped the 2^-40 and the tie went to the even 1).
+           {1 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40), DType::F16, 1 + std::ldexp(1.0, -10),
+            "rounded"},
+           // bf16 spacing at 1 is 2^-7: the same above its midpoint 1 + 2^-8.
+           {1 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30), DType::BF16, 1 + std::ldexp(1.0, -7),
+            "rounded"},
+           // Half of f16's smallest subnormal 2^-24 ties to 0; anything above it is nearer 2^-24.
+           {std::ldexp(1.0, -25), DType::F16, 0, "underflow"},
+           {std::ldexp(1.0, -25) + std::ldexp(1.0, -50), DType::F16, std::ldexp(1.0, -24),
+            "subnormal"},
+       }) {
+    const CastReport r = cast_value(c.v, c.to);
+    EXPECT_EQ(r.stored, c.stored) << std::hexfloat << c.v << " -> " << dtype_name(c.to);
+    EXPECT_EQ(r.outcome, c.outcome) << std::hexfloat << c.v << " -> " << dtype_name(c.to);
+  }
+  // The bits are those of the value stored: 1 + 2^-10 in f16 is 0x3c01, 1 + 2^-7 in bf16 0x3f81.
+  EXPECT_EQ(cast_value(1 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40), DType::F16).bits, 0x3c01u);
+  EXPECT_EQ(cast_value(1 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30), DType::BF16).bits, 0x3f81u);
+  // The scaler's trace stores grad x scale the same way: 65519.99999 fits f16 at the first try.
+  const auto t = scaler_trace(65519.99999 / 65536, GradScalerOptions{});
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_TRUE(t[0].finite);
+  EXPECT_EQ(t[0].scaled_grad, 65504);
+}
+
 // The advice fits the format asked about: bf16 was told to "use bf16", f32 too, and bf16's
 // round-to- inf point was printed as its largest finite value.
 TEST(Explain, CastAdviceFitsTheTargetFormat) {

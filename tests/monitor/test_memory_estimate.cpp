@@ -49,6 +49,29 @@ TEST(MemoryEstimate, HundredMillionAdamWUnder16Mixed) {
   EXPECT_NE(text.find("800.0 MB"), std::string::npos) << text;
 }
 
+// A row that holds bytes never reads "0.0 MB": the doctor's table printed the LayerNorm
+// statistics of a small run (5 LayerNorms x mean and rstd x B*T f32 = 10 kB here) as 0.0 MB.
+TEST(MemoryEstimate, ASmallNonzeroRowIsNotPrintedAsZero) {
+  MemoryQuery q = gpt2_query(1, 32, 4, 8, 32);
+  q.precision = "32-true";
+  q.optimizer = "adamw";
+  const MemoryEstimate e = estimate_memory(q);
+  const std::string text = format_memory(e);
+  int small = 0;
+  for (const MemoryItem& it : e.activation_items) {
+    const size_t at = text.find("    " + it.name + " ");
+    ASSERT_NE(at, std::string::npos) << it.name << "\n" << text;
+    const std::string line = text.substr(at, text.find('\n', at) - at);
+    // What one decimal of 10^6 bytes shows: 0.0 only for a row under 0.05 MB.
+    if (it.bytes > 0 && it.bytes < 50'000) {
+      ++small;
+      EXPECT_NOT_CONTAINS(line, " 0.0 MB");
+      EXPECT_CONTAINS(line, "<0.1 MB");
+    }
+  }
+  EXPECT_GT(small, 0) << "no row under 0.05 MB: the case tests nothing\n" << text;
+}
+
 TEST(MemoryEstimate, BytesPerPolicyAndOptimizer) {
   MemoryQuery q;
   q.params = 1'000'000;

@@ -393,6 +393,40 @@ TEST(Tracer, TraceBatchNumsDumpsThoseBatchesInFull) {
   EXPECT_EQ(text.find("Detected"), std::string::npos);
 }
 
+// A share is printed with two decimals, but never rounded into a claim the counts deny: one zero
+// among 40000 values (0.0025%) printed "0.00" (none), 39999 of them "100.00" (all).
+TEST(Tracer, SharesNeverRoundToNoneOrAll) {
+  Chain net(DType::F32);
+  TracerOptions opt;
+  opt.trace_batch_nums = {1, 2};
+  const std::string log = test::temp_dir("tracer-shares") + "/t.log";
+  UnderflowOverflowTracer tracer(net, opt, log);
+  const int64_t rows = 5000, n = rows * 8;  // 40000 elements
+  std::vector<float> one_zero(n, 1.f), one_nonzero(n, 0.f);
+  one_zero[123] = 0.f;
+  one_nonzero[123] = 1.f;
+  tracer.begin_batch(1);
+  net.forward(Tensor::from_floats(one_zero, {rows, 8}, DType::F32));
+  tracer.begin_batch(2);
+  net.forward(Tensor::from_floats(one_nonzero, {rows, 8}, DType::F32));
+  tracer.begin_batch(3);  // flushes
+  const auto lines = lines_of(read_file(log));
+  // pre's input line of each batch: zeros% is 1/40000 of 100, then 39999/40000 of 100.
+  std::vector<std::string> zeros;
+  for (const std::string& l : lines) {
+    std::smatch m;
+    if (l.find(" input[0] ") != std::string::npos &&
+        std::regex_search(l, m, std::regex(R"(input\[0\] +(\S+) +(\S+) +(\S+)$)")))
+      zeros.push_back(m[1]);
+  }
+  ASSERT_GE(zeros.size(), 2u) << read_file(log);
+  EXPECT_EQ(zeros.front(), "<0.01");  // 100 * 1 / 40000 = 0.0025
+  EXPECT_EQ(zeros.back(), ">99.99");  // 100 * 39999 / 40000 = 99.9975
+  // A share that two decimals hold stays a number: the identity weights' 56 zeros of 64.
+  EXPECT_TRUE(std::regex_search(read_file(log), std::regex(R"( weight +87\.50 )")))
+      << read_file(log);
+}
+
 TEST(Tracer, AbortAfterBatchNum) {
   Chain net(DType::F32);
   TracerOptions opt;
