@@ -108,6 +108,12 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
   // An adapter run over an HF directory captures its trained tensors only, with the reference to
   // the base that its checkpoints carry (train/checkpoint_contents.h); replay rebuilds the base.
   meta["base"] = trainer.run().base_ref;
+  // The data files as the run read them: a replay names a file changed since (the step replays
+  // from the captured micro-batches, but their example ids index the file as it was).
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& [key, f] : trainer.run().data.files)
+    if (f.known()) files[key] = {{"bytes", f.bytes}, {"fnv1a64", f.fnv1a64}};
+  meta["data_files"] = files;
   io::write_dir_atomic(dir, [&](const std::string& tmp) {
     io::write_safetensors(tmp + "/model.safetensors",
                           saved_parameters(trainer.model(), trainer.config()));

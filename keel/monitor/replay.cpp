@@ -56,24 +56,79 @@ std::pair<int, int> captured_rank(const Capture& c) {
   return {world, rank};
 }
 
+const char* const kModelPathFix =
+    "point model.path at the base model the run was trained on (--set model.path=DIR)";
+
+nlohmann::json captured_base(const Capture& c) {
+  return c.meta.contains("base") ? c.meta["base"] : nlohmann::json(nullptr);
+}
+
+// The model directory the captured run was built from must still be what it was, checked before
+// the run is rebuilt: an adapter run's base against the capture's fingerprint of it, a full
+// fine-tune's model.path (its config.json gives the model's shapes) for being there. A moved
+// directory failed inside the loader with "no config.json", naming neither the capture nor the fix.
+void check_model_path(const Capture& c, const Config& cfg) {
+  const nlohmann::json ref = captured_base(c);
+  if (!ref.is_null()) return check_saved_base(ref, c.dir, cfg, kModelPathFix);
+  if (cfg.model.path.empty() || fs::is_directory(cfg.model.path)) return;
+  throw Error(c.dir +
+                  "/capture.json: the captured run was built from model.path = " + cfg.model.path +
+                  ", which is not a directory any more (moved or removed since the capture); " +
+                  kModelPathFix,
+              Error::kUsage);
+}
+
+// A data file that is there but not what the captured run read: the step still replays from the
+// captured micro-batches, but the example ids the capture and the report name index the old file
+// (the replay said nothing, as if the file were the one trained on).
+void note_changed_data(const Capture& c, const Run& run, std::vector<std::string>& notes) {
+  const nlohmann::json& files = c.meta.contains("data_files") ? c.meta["data_files"] : nullptr;
+  if (!files.is_object()) return;  // written before keel recorded them
+  for (const auto& [key, now] : run.data.files) {
+    if (!now.known() || !files.contains(key)) continue;
+    const nlohmann::json& then = files[key];
+    FileFingerprint was;
+    if (then.is_object() && then.contains("bytes") && then["bytes"].is_number_integer() &&
+        then.contains("fnv1a64") && then["fnv1a64"].is_string())
+      was = {then["bytes"].get<int64_t>(), then["fnv1a64"].get<std::string>()};
+    if (was == now) continue;
+    notes.push_back(key + " = " +
+                    (key == "data.path" ? run.cfg.data.path : run.cfg.data.eval_path) +
+                    " changed since the capture (" + (was.known() ? was.text() : "unrecorded") +
+                    " then, " + now.text() +
+                    " now): the step replays from the captured micro-batches, and the dataset "
+                    "example ids name the file as it was");
+  }
+}
+
 // Loads the captured parameters (converted when the replay's policy stores them in another
 // dtype) and, when the parameters match exactly, the optimizer and scaler state.
 void load_state(Run& run, const Capture& c, std::vector<std::string>& notes) {
   bool same_dtypes = true;
-  const nlohmann::json ref = c.meta.contains("base") ? c.meta["base"] : nlohmann::json(nullptr);
-  check_saved_base(ref, c.dir, run.cfg,
-                   "point model.path at the base model the run was trained on (--set "
-                   "model.path=DIR)");
+  const nlohmann::json ref = captured_base(c);
+  // bisect's adapter=none trains the referenced base whole: its tensors are model.path's (checked
+  // by check_model_path), as the captured run's were (the trial said the capture was "written by
+  // another model config").
+  const bool base_trains = !ref.is_null() && run.cfg.model.adapter.kind == "none";
+  // A full fine-tune over model.path: a tensor that does not fit may be the directory's doing.
+  const std::string changed = run.cfg.model.path.empty() || !ref.is_null()
+                                  ? std::string()
+                                  : " (or model.path = " + run.cfg.model.path +
+                                        " now holds another model than the "
+                                        "captured run's: " +
+                                        kModelPathFix + ")";
   for (auto& [name, p] : run.model->named_parameters()) {
     const Tensor* t = c.model.find(name);
-    if (!t && from_referenced_base(ref, *run.model, p)) continue;  // rebuilt from model.path
+    if (!t && (base_trains || from_referenced_base(ref, *run.model, p)))
+      continue;  // rebuilt from model.path
     if (!t)
       throw Error(c.dir + "/model.safetensors: tensor '" + name +
-                      "' is missing (the capture was written by another model config?)",
+                      "' is missing (the capture was written by another model config?)" + changed,
                   Error::kUsage);
     if (t->shape() != p.shape())
       throw Error(c.dir + "/model.safetensors: tensor '" + name + "' is " + shape_str(t->shape()) +
-                      ", the model expects " + shape_str(p.shape()) + "; the capture is corrupt",
+                      ", the model expects " + shape_str(p.shape()) + "; the capture is corrupt" +
+                      changed,
                   Error::kUsage);
     Tensor dst = p;
     if (t->dtype() == p.dtype()) {
@@ -123,8 +178,11 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
   ro.say = [&o](const std::string& m) {
     o.notes.push_back(m.rfind("note: ", 0) == 0 ? m.substr(6) : m);  // listed as notes already
   };
-  Run run = build_run(replay_config(c, out_dir, sets), ro);
+  const Config cfg = replay_config(c, out_dir, sets);
+  check_model_path(c, cfg);
+  Run run = build_run(cfg, ro);
   for (const std::string& what : run.not_rebuilt) o.notes.push_back("not rebuilt: " + what);
+  note_changed_data(c, run, o.notes);
   load_state(run, c, o.notes);
   const LargestWeight w = largest_weight(run.trainable);
   o.largest_weight = w.value;

@@ -735,5 +735,38 @@ TEST(CliNan, ANonFiniteEvalLossAfterFiniteStepsIsExplainedAndRepeatedAtTheEnd) {
   EXPECT_NOT_CONTAINS(wide.out, "non-finite eval loss");
 }
 
+// A full fine-tune over an HF model.path captures every parameter, but the model's shapes come
+// from the directory's config.json: moved after the capture, replay named "no config.json" of the
+// old path (exit 1), not the capture or the fix; replaced by another model, it called the capture
+// corrupt.
+TEST(CliNan, AFullFineTuneCaptureNamesAModelPathThatMovedOrChanged) {
+  const std::string dir = test::temp_dir("cli-nan-moved");
+  const std::string model = dir + "/model", out = dir + "/out";
+  Ran r = run_keel({"init-model", "--family", "llama", "--out", model, "--init-std", "10",
+                    "--intermediate-size", "4096"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel(with_sets(
+      {"train"},
+      {"run.out_dir=" + out, "run.threads=1", "model.path=" + model, "train.precision=16-true",
+       "data.num_examples=64", "data.eval_examples=0", "train.batch_size=4", "data.seq_len=16",
+       "log.tensorboard=false", "train.max_steps=3"}));
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, out, &step);
+  fs::rename(model, dir + "/moved");
+  r = run_keel({"replay", capture});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, capture + "/capture.json: the captured run was built from model.path = " +
+                             model + ", which is not a directory any more");
+  EXPECT_CONTAINS(r.err, "--set model.path=DIR");
+  const json j = replay_json(capture, {"--set", "model.path=" + dir + "/moved"});
+  EXPECT_TRUE(j.value("bit_exact", false)) << j.dump(2);
+
+  r = run_keel({"init-model", "--family", "llama", "--out", model, "--n-embd", "32"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel({"replay", capture});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "model.path = " + model + " now holds another model");
+}
+
 }  // namespace
 }  // namespace keel

@@ -130,6 +130,36 @@ TEST(Replay, ATrainingFileThatIsGoneIsNamedAndTheStepStillReplaysBitExactly) {
   EXPECT_CONTAINS(format_replay(r), corpus);
 }
 
+// A training file rewritten after the capture: the step still replays bit for bit from the
+// captured micro-batches, but the example ids it names index the file as it was, and the replay
+// said nothing of the change. A validation file that is gone is named as such (the note said "the
+// training data (data.path = FILE)" of a training file that was there).
+TEST(Replay, ADataFileChangedOrGoneSinceTheCaptureIsNamed) {
+  const std::string data_dir = test::temp_dir("replay-changed-data");
+  const std::string corpus = data_dir + "/corpus.txt", held_out = data_dir + "/eval.txt";
+  for (const std::string& f : {corpus, held_out}) {
+    std::ofstream o(f);
+    for (int i = 0; i < 64; ++i) o << "line " << i << ": twelve plus " << i % 7 << "\n";
+  }
+  const std::string dir = make_capture("replay-changed", "transformer.h.0.mlp.c_fc", "32-true",
+                                       corpus, [&](Config& c) { c.data.eval_path = held_out; });
+  std::ofstream(corpus, std::ios::app) << "a line added after the capture\n";
+  ReplayResult r = replay_capture(dir);
+  EXPECT_TRUE(r.bit_exact) << r.loss_bits << " vs " << r.recorded_loss_bits;
+  std::string notes;
+  for (const std::string& n : r.notes) notes += n + "\n";
+  EXPECT_CONTAINS(notes, "data.path = " + corpus + " changed since the capture");
+  EXPECT_CONTAINS(notes, "the step replays from the captured micro-batches");
+
+  fs::remove(held_out);
+  r = replay_capture(dir);
+  EXPECT_TRUE(r.bit_exact);
+  notes.clear();
+  for (const std::string& n : r.notes) notes += n + "\n";
+  EXPECT_CONTAINS(notes, "data.eval_path = " + held_out + "): ");
+  EXPECT_CONTAINS(notes, held_out + " does not exist");
+}
+
 TEST(Replay, TwiceGivesTheSameBitsAndLeavesTheRunUntouched) {
   const std::string dir = make_capture("replay-untouched", "transformer.h.0.attn.c_attn");
   const std::string run = fs::path(dir).parent_path().parent_path().parent_path().string();
