@@ -257,6 +257,17 @@ Capture read_nan_capture(const std::string& dir) {
     b.input_ids = c.batches.at(p + "input_ids");
     b.labels = c.batches.at(p + "labels");
     if (const Tensor* m = c.batches.find(p + "attention_mask")) b.attention_mask = *m;
+    // The mask reached attention unchecked: its error named no file ("key_padding_mask must be
+    // u8 [B, T]", exit 1).
+    if (b.attention_mask.defined() &&
+        (b.attention_mask.dtype() != DType::U8 || b.attention_mask.shape() != b.input_ids.shape()))
+      throw Error(dir + "/microbatches.safetensors: " + p + "attention_mask is " +
+                      dtype_name(b.attention_mask.dtype()) + " " +
+                      shape_str(b.attention_mask.shape()) + ", not u8 " +
+                      shape_str(b.input_ids.shape()) +
+                      " as its input_ids; the capture is corrupt: re-run the training to write a "
+                      "new one",
+                  Error::kUsage);
     if (b.input_ids.dtype() != DType::I64 || b.labels.dtype() != DType::I64 ||
         b.input_ids.dim() != 2 || b.labels.shape() != b.input_ids.shape())
       throw Error(dir + "/microbatches.safetensors: " + p +

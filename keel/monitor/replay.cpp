@@ -101,6 +101,28 @@ void note_changed_data(const Capture& c, const Run& run, std::vector<std::string
   }
 }
 
+// The captured ids against the rebuilt model's vocabulary: an id or label beyond it reached the
+// embedding or the loss, whose errors named no file (exit 1).
+void check_window_ids(const Capture& c, int64_t vocab) {
+  for (size_t m = 0; m < c.window.size(); ++m) {
+    const data::Batch& b = c.window[m];
+    for (const auto& [what, t] : {std::pair<const char*, const Tensor*>{"input_ids", &b.input_ids},
+                                  {"labels", &b.labels}}) {
+      const int64_t* v = t->data_as<int64_t>();
+      const bool labels = std::string(what) == "labels";
+      for (int64_t k = 0; k < t->numel(); ++k)
+        if ((v[k] < 0 || v[k] >= vocab) && !(labels && v[k] == data::kIgnoreLabel))
+          throw Error(c.dir + "/microbatches.safetensors: mb" + std::to_string(m) + "." + what +
+                          " holds " + std::to_string(v[k]) + " at " +
+                          shape_str(shape_index(t->shape(), k)) +
+                          ", outside the model's vocabulary [0, " + std::to_string(vocab) + ")" +
+                          (labels ? " (nor the ignored label -100)" : "") +
+                          "; the capture is corrupt: re-run the training to write a new one",
+                      Error::kUsage);
+    }
+  }
+}
+
 // Loads the captured parameters (converted when the replay's policy stores them in another
 // dtype) and, when the parameters match exactly, the optimizer and scaler state.
 void load_state(Run& run, const Capture& c, std::vector<std::string>& notes) {
@@ -183,6 +205,7 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
   Run run = build_run(cfg, ro);
   for (const std::string& what : run.not_rebuilt) o.notes.push_back("not rebuilt: " + what);
   note_changed_data(c, run, o.notes);
+  check_window_ids(c, run.model->spec().vocab_size);
   load_state(run, c, o.notes);
   const LargestWeight w = largest_weight(run.trainable);
   o.largest_weight = w.value;

@@ -464,6 +464,40 @@ TEST(Replay, ATruncatedCaptureFileNamesItAndTheFix) {
   EXPECT_NOT_CONTAINS(m, "another model");
 }
 
+// A micro-batch whose mask or ids were damaged (or taken from another model's capture): they
+// reached attention, the embedding and the loss, whose errors named no file (exit 1).
+TEST(Replay, DamagedMicroBatchTensorsNameTheCaptureFile) {
+  const std::string good = make_capture("replay-mbs", "transformer.h.0.mlp.c_fc");
+  auto damaged = [&](const std::string& tag, const std::string& name, const Tensor& value) {
+    const std::string d = test::temp_dir("replay-mbs-" + tag) + "/rank0";
+    fs::copy(good, d, fs::copy_options::recursive);
+    io::Safetensors st = io::read_safetensors(d + "/microbatches.safetensors");
+    std::vector<std::pair<std::string, Tensor>> ts;
+    for (auto& [n, t] : st.tensors)
+      if (n != name) ts.emplace_back(n, t.clone());
+    ts.emplace_back(name, value);
+    io::write_safetensors(d + "/microbatches.safetensors", ts);
+    return d;
+  };
+  const Shape shape =
+      io::read_safetensors(good + "/microbatches.safetensors").at("mb0.input_ids").shape();
+  auto ints = [&](int64_t v) {
+    return Tensor::from_ints(std::vector<int64_t>(static_cast<size_t>(shape[0] * shape[1]), v),
+                             shape);
+  };
+  std::string d = damaged("mask", "mb0.attention_mask", Tensor::zeros(shape, DType::F32));
+  std::string m = error_of(d);
+  EXPECT_CONTAINS(m, d + "/microbatches.safetensors: mb0.attention_mask is f32");
+  EXPECT_CONTAINS(m, "re-run the training to write a new one");
+  d = damaged("ids", "mb0.input_ids", ints(1000000));
+  m = error_of(d);
+  EXPECT_CONTAINS(m, d + "/microbatches.safetensors: mb0.input_ids holds 1000000 at [0, 0]");
+  EXPECT_CONTAINS(m, "re-run the training to write a new one");
+  d = damaged("labels", "mb0.labels", ints(-7));
+  m = error_of(d);
+  EXPECT_CONTAINS(m, d + "/microbatches.safetensors: mb0.labels holds -7 at [0, 0]");
+}
+
 // A 16-mixed capture whose "scaler" lacks a key: the scaler's own message named no file.
 TEST(Replay, ABrokenScalerStateNamesTheCaptureFile) {
   const std::string d = make_capture("replay-scaler", "transformer.h.0.mlp.c_fc", "16-mixed");
