@@ -236,7 +236,15 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
   } else {
     const int64_t updates = updates_before(c);
     double uniform = 0;  // ln V once a trial has built the model
-    const bool grown = updates > 0 && r.largest_weight > kDivergedWeight;
+    // AdamW moves every weight by about lr per update: at an optim.lr of 10x the initial weights'
+    // RMS the updates wreck the model in any format (the trend advisor's rule), and a wider one
+    // only keeps the wreck finite. A LoRA at optim.lr 300 in 16-mixed (weights of 300 after one
+    // update) was bisected to precision=bf16-mixed while the run's advice said "lower optim.lr".
+    // Judged only once the weights did move that far (a warmup may not have got there).
+    const double wreck = 10 * r.init_weight_rms;
+    const bool lr_wrecks = base.optim.name != "sgd" && wreck > 0 && base.optim.lr >= wreck &&
+                           r.largest_weight >= wreck;
+    const bool grown = updates > 0 && (r.largest_weight > kDivergedWeight || lr_wrecks);
     for (const Alternative& a : alternatives(base, r.precision, r.attention, r.loss_scale)) {
       BisectTrial t;
       t.change = a.change;

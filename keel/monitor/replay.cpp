@@ -19,6 +19,7 @@
 #include "keel/monitor/nan_capture.h"
 #include "keel/monitor/tracer.h"
 #include "keel/numerics/tensor_stats.h"
+#include "keel/ops/elementwise.h"
 #include "keel/train/checkpoint_contents.h"
 #include "keel/train/trainer.h"
 
@@ -206,6 +207,11 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
   for (const std::string& what : run.not_rebuilt) o.notes.push_back("not rebuilt: " + what);
   note_changed_data(c, run, o.notes);
   check_window_ids(c, run.model->spec().vocab_size);
+  double sum_sq = 0;
+  int64_t n = 0;
+  for (const auto& [name, p] : run.trainable)
+    if (p.dim() >= 2) sum_sq += ops::sum_squares(p), n += p.numel();
+  if (n > 0) o.init_weight_rms = std::sqrt(sum_sq / static_cast<double>(n));
   load_state(run, c, o.notes);
   const LargestWeight w = largest_weight(run.trainable);
   o.largest_weight = w.value;
@@ -400,6 +406,7 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
   r.largest_grad = main.largest_grad;
   r.largest_weight_param = main.largest_weight_param;
   r.largest_weight = main.largest_weight;
+  r.init_weight_rms = main.init_weight_rms;
   r.reproduced = !main.finite;
   r.grads_fingerprint = main.grads_fingerprint;
   r.recorded_grads_fingerprint = local ? capture_field_as<std::string>(c, "local_grads_fingerprint")

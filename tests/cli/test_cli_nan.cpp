@@ -308,6 +308,30 @@ TEST(CliNan, AnAdapterDivergedByTheLearningRateIsNotBlamedOnTheBackendOrTheAdapt
 // backs off 32 times (still 2.3e20) and the run stops, the scaler unable to settle. Bisect named
 // precision=bf16-mixed ("a value exceeds f16's range"): it is finite only because bf16-mixed has
 // no scaler. The smallest change is the loss scale, and the fix the user's own key.
+// A LoRA at optim.lr 300 under 16-mixed: AdamW's first update sets the adapters' weights to about
+// +-300 (8000x their initial RMS), and step 2 overflows f16. The run's advice says "lower
+// optim.lr ... no train.precision survives that"; bisect named precision=bf16-mixed, which only
+// keeps the wrecked model finite (its loss stays near ln V: the loss alone does not show it).
+TEST(CliNan, ALoraWreckedByOneUpdateIsNotBlamedOnThePrecision) {
+  const std::string dir = test::temp_dir("cli-nan-lora-lr");
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(), {"model.adapter.kind=lora",
+                           "model.adapter.target_modules=[\"c_attn\", "
+                           "\"c_proj\"]",
+                           "train.precision=16-mixed", "optim.lr=300", "train.max_steps=20"});
+  Ran r = run_keel(with_sets({"train"}, sets));
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, dir, &step);
+  EXPECT_EQ(step, 2);
+  EXPECT_CONTAINS(r.output, "lower optim.lr");
+  const json j = replay_json(capture, {"--bisect"});
+  EXPECT_TRUE(j.value("bit_exact", false)) << j.dump(2);
+  EXPECT_EQ(j.value("cause", std::string()), "diverged-parameters") << j.dump(2);
+  EXPECT_CONTAINS(j.value("explanation", std::string()), "lower optim.lr");
+  EXPECT_CONTAINS(j.value("explanation", std::string()),
+                  "precision=bf16-mixed leaves this step finite with a loss of");
+}
+
 TEST(CliNan, AHugeInitialLossScaleIsBisectedToTheScale) {
   const std::string dir = test::temp_dir("cli-nan-init-scale");
   auto sets = small_gpt2(dir);
