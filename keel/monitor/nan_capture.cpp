@@ -51,6 +51,7 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
   meta["masters"] = pol.autocast;  // model.safetensors holds f32 masters of low-precision compute
   meta["attention"] = ops::attention_backend_name(trainer.model().spec().attention);
   meta["threads"] = omp_get_max_threads();
+  meta["device"] = trainer.run().device.str();  // where it ran (run.device = "cuda" may fall back)
   meta["config_toml"] = config_to_toml(trainer.config());
   meta["loss"] = io::json_float(ev.loss);
   meta["loss_bits"] = double_bits_hex(ev.loss);

@@ -3,6 +3,7 @@
 //   capture.json            step, epoch, rank, UTC time, keel version, precision (and the
 //                           parameter / compute dtypes), attention backend, OpenMP thread count
 //                           (part of bit-exactness: reductions are chunked per thread), the
+//                           device it ran on ("cpu", "cuda:0": replay names another one), the
 //                           effective config as TOML, the scaler state after the step's decision
 //                           and the loss scale its backward ran with, the RNG state (run seed and
 //                           step seed; dropout masks of micro-batch i derive from

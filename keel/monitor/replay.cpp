@@ -217,6 +217,7 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
   o.largest_weight = w.value;
   o.largest_weight_param = w.param;
   o.precision = run.policy.name();
+  o.device = run.device.str();
   o.attention = ops::attention_backend_name(run.model->spec().attention);
   o.vocab_size = run.model->spec().vocab_size;
   const int64_t step = capture_field_as<int64_t>(c, "step");
@@ -427,6 +428,15 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
                       ", this is keel " + KEEL_VERSION +
                       ": its kernels may round differently (replay it with the keel that wrote it "
                       "for bit-exactness)");
+  // A capture of a GPU run replayed on the CPU (or the reverse) runs other kernels: its bits
+  // differ, and the report said only "bit-exact no".
+  if (const std::string dev = c.meta.value("device", std::string());
+      !r.bit_exact && !dev.empty() && (dev == "cpu") != (main.device == "cpu"))
+    r.notes.push_back(
+        "the capture was written on " + dev + ", this replay ran on " + main.device +
+        ": the other device's kernels round differently (replay it on " +
+        (dev == "cpu" ? std::string("the CPU, run.device = \"cpu\"") : std::string("a GPU")) +
+        ", for bit-exactness)");
   if (!main.finite)
     if (std::string why = optimizer_state_underflow(c, replay_config(c, r.out_dir, sets));
         !why.empty())

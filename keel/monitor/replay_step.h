@@ -28,6 +28,7 @@ struct StepOutcome {
   double init_weight_rms = 0;
   TracerFinding finding;
   std::string precision, attention;
+  std::string device;      // where the replay ran ("cpu", "cuda:0")
   int64_t vocab_size = 0;  // the model's logits: ln V is the loss of a uniform guess
   std::vector<std::string> notes;
 };

@@ -498,6 +498,26 @@ TEST(Replay, DamagedMicroBatchTensorsNameTheCaptureFile) {
   EXPECT_CONTAINS(m, d + "/microbatches.safetensors: mb0.labels holds -7 at [0, 0]");
 }
 
+// A capture written on a GPU and replayed on the CPU runs other kernels: not bit-exact, and the
+// report said only "bit-exact no" (the capture did not record where it ran). Simulated: a CPU
+// capture relabelled as a GPU's, with the GPU's other loss bits.
+TEST(Replay, AnotherDevicesCaptureIsNamedWhenItIsNotBitExact) {
+  const std::string d = make_capture("replay-device", "transformer.h.0.mlp.c_fc");
+  json meta = json::parse(slurp(d + "/capture.json"));
+  EXPECT_EQ(meta.at("device"), "cpu");
+  const ReplayResult same = replay_capture(d);
+  EXPECT_TRUE(same.bit_exact);
+  for (const std::string& n : same.notes) EXPECT_NOT_CONTAINS(n, "round differently");
+  meta["device"] = "cuda:0";
+  meta["loss_bits"] = "0x7ff8000000000001";
+  std::ofstream(d + "/capture.json") << meta.dump();
+  const ReplayResult r = replay_capture(d);
+  EXPECT_FALSE(r.bit_exact);
+  std::string notes;
+  for (const std::string& n : r.notes) notes += n + "\n";
+  EXPECT_CONTAINS(notes, "the capture was written on cuda:0, this replay ran on cpu");
+}
+
 // A 16-mixed capture whose "scaler" lacks a key: the scaler's own message named no file.
 TEST(Replay, ABrokenScalerStateNamesTheCaptureFile) {
   const std::string d = make_capture("replay-scaler", "transformer.h.0.mlp.c_fc", "16-mixed");
