@@ -36,9 +36,24 @@ Config replay_config(const Capture& c, const std::string& out_dir,
       "run.out_dir=" + out_dir, "run.resume=false",
       "run.threads=" + std::to_string(capture_field_as<int>(c, "threads")),
       "debug.underflow_overflow.enabled=false"};
+  const std::string text = capture_field_as<std::string>(c, "config_toml");
+  const std::string name = c.dir + "/capture.json's config_toml";
+  // The captured config alone first: its errors are the capture's (edited, or written by another
+  // keel whose keys differ), and said so with the fix; they named the line and not what to do.
+  // The --set overrides' own errors come after, as keel train's.
+  try {
+    load_config_text(text, name, {});
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + "; the capture's config does not load in this keel (" +
+                    KEEL_VERSION +
+                    "): it was changed after it was written, or written by another keel (" +
+                    c.meta.value("keel_version", json("?")).dump() +
+                    "): replay it with the keel that wrote it, or re-run the training to write "
+                    "a new capture",
+                Error::kUsage);
+  }
   ov.insert(ov.end(), sets.begin(), sets.end());
-  return load_config_text(capture_field_as<std::string>(c, "config_toml"),
-                          c.dir + "/capture.json's config_toml", ov);
+  return load_config_text(text, name, ov);
 }
 
 namespace {

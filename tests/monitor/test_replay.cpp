@@ -518,6 +518,32 @@ TEST(Replay, AnotherDevicesCaptureIsNamedWhenItIsNotBitExact) {
   EXPECT_CONTAINS(notes, "the capture was written on cuda:0, this replay ran on cpu");
 }
 
+// A capture whose config does not load (edited, or written by a keel with other keys): the error
+// named the line of config_toml and not what to do; an error of the replay's own --set is not the
+// capture's.
+TEST(Replay, ACaptureConfigThatDoesNotLoadSaysWhyAndWhatToDo) {
+  const std::string d = make_capture("replay-config", "transformer.h.0.mlp.c_fc");
+  json meta = json::parse(slurp(d + "/capture.json"));
+  std::string toml = meta.at("config_toml").get<std::string>();
+  toml.insert(toml.find("[model]\n") + 8, "some_future_key = 3\n");
+  meta["config_toml"] = toml;
+  std::ofstream(d + "/capture.json") << meta.dump();
+  const std::string m = error_of(d);
+  EXPECT_CONTAINS(m, "unknown key model.some_future_key (" + d + "/capture.json's config_toml:");
+  EXPECT_CONTAINS(m, "replay it with the keel that wrote it, or re-run the training");
+
+  const std::string good = make_capture("replay-config-set", "transformer.h.0.mlp.c_fc");
+  ReplayOptions o;
+  o.sets = {"train.bogus=1"};
+  try {
+    replay_capture(good, o);
+    ADD_FAILURE() << "an unknown --set key replayed";
+  } catch (const Error& e) {
+    EXPECT_CONTAINS(e.what(), "train.bogus");
+    EXPECT_NOT_CONTAINS(e.what(), "re-run the training");
+  }
+}
+
 // A 16-mixed capture whose "scaler" lacks a key: the scaler's own message named no file.
 TEST(Replay, ABrokenScalerStateNamesTheCaptureFile) {
   const std::string d = make_capture("replay-scaler", "transformer.h.0.mlp.c_fc", "16-mixed");
