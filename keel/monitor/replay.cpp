@@ -404,6 +404,15 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
   if (c.meta.contains("nonfinite_param_values"))
     r.nonfinite_param_values = c.meta["nonfinite_param_values"].get<std::vector<std::string>>();
   r.out_dir = opt.out_dir;
+  // The replay writes debug/underflow_overflow_rank{R}.log (and bisect/) below --out: a keel
+  // run's out_dir (the captured run's own, typically) had its tracer log replaced without a word.
+  for (const char* f : {"config.toml", "metrics.jsonl", ".keel.lock", "checkpoints"})
+    if (!r.out_dir.empty() && fs::exists(fs::path(r.out_dir) / f))
+      throw Error("replay --out " + r.out_dir + ": a keel run's out_dir (it holds " + f +
+                      "); the replay writes its tracer log below it, over the run's own: pass "
+                      "another directory (by default the replay writes to " +
+                      dir + "/replay)",
+                  Error::kUsage);
   if (r.out_dir.empty())
     r.out_dir = writable_dir(dir + "/replay") ? dir + "/replay" : temp_out_dir();
 

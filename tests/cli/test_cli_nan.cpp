@@ -332,6 +332,26 @@ TEST(CliNan, ALoraWreckedByOneUpdateIsNotBlamedOnThePrecision) {
                   "precision=bf16-mixed leaves this step finite with a loss of");
 }
 
+// `keel replay CAPTURE --out RUN` wrote the replay's tracer log over the run's own
+// (RUN/debug/underflow_overflow_rank0.log) without a word: a keel run's out_dir is refused.
+TEST(CliNan, ReplayRefusesToWriteIntoARunsOutDir) {
+  const std::string dir = test::temp_dir("cli-nan-out");
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(),
+              {"train.precision=16-true", "model.init_std=10", "model.intermediate_size=16384",
+               "train.max_steps=3", "debug.underflow_overflow.enabled=true"});
+  Ran r = run_keel(with_sets({"train"}, sets));
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, dir, &step);
+  const std::string log = slurp(dir + "/debug/underflow_overflow_rank0.log");
+  Ran rp = run_keel({"replay", capture, "--out", dir});
+  EXPECT_EQ(rp.code, 2) << rp.output;
+  EXPECT_CONTAINS(rp.err, "replay --out " + dir + ": a keel run's out_dir");
+  EXPECT_EQ(slurp(dir + "/debug/underflow_overflow_rank0.log"), log);
+  const json j = replay_json(capture, {"--out", dir + "/elsewhere"});
+  EXPECT_TRUE(j.value("bit_exact", false)) << j.dump(2);
+}
+
 TEST(CliNan, AHugeInitialLossScaleIsBisectedToTheScale) {
   const std::string dir = test::temp_dir("cli-nan-init-scale");
   auto sets = small_gpt2(dir);
