@@ -129,7 +129,18 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
 
 namespace {
 
-std::string capture_hint() {
+// Names the captures below `dir` when it is a run's out_dir or its debug/nan_capture (the
+// error said only where keel writes them, to a user who had passed the run).
+std::string capture_hint(const std::string& dir = "") {
+  std::string found;
+  std::error_code ec;
+  for (const std::string& d : {dir + "/debug/nan_capture", dir})
+    if (!dir.empty() && fs::is_directory(d, ec))
+      for (const auto& e : fs::directory_iterator(d, ec))
+        if (e.path().filename().string().rfind("rank", 0) == 0 &&
+            fs::exists(e.path() / "capture.json", ec))
+          found += (found.empty() ? "" : ", ") + e.path().string();
+  if (!found.empty()) return "it holds the capture " + found + ": pass that directory";
   return "keel train writes a capture to out_dir/debug/nan_capture/rank0 when a step is "
          "non-finite; pass that directory";
 }
@@ -159,8 +170,9 @@ Capture read_nan_capture(const std::string& dir) {
     throw Error("replay: " + dir + " is not a directory; " + capture_hint(), Error::kUsage);
   const std::string meta_path = dir + "/capture.json";
   if (!fs::exists(meta_path))
-    throw Error(meta_path + ": missing; " + dir + " is not a NaN capture (" + capture_hint() + ")",
-                Error::kUsage);
+    throw Error(
+        meta_path + ": missing; " + dir + " is not a NaN capture (" + capture_hint(dir) + ")",
+        Error::kUsage);
   try {
     c.meta = json::parse(io::read_file(meta_path));
   } catch (const json::exception& e) {

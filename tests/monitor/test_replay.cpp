@@ -544,6 +544,15 @@ TEST(Replay, ACaptureConfigThatDoesNotLoadSaysWhyAndWhatToDo) {
   }
 }
 
+// The run's out_dir or its debug/nan_capture passed instead of the capture: the error said where
+// keel writes captures, not that this one holds one.
+TEST(Replay, ARunDirectoryPassedForItsCaptureNamesTheCapture) {
+  const std::string d = make_capture("replay-parent", "transformer.h.0.mlp.c_fc");
+  const fs::path captures = fs::path(d).parent_path();
+  for (const fs::path& p : {captures, captures.parent_path().parent_path()})
+    EXPECT_CONTAINS(error_of(p.string()), "it holds the capture " + d + ": pass that directory");
+}
+
 // A 16-mixed capture whose "scaler" lacks a key: the scaler's own message named no file.
 TEST(Replay, ABrokenScalerStateNamesTheCaptureFile) {
   const std::string d = make_capture("replay-scaler", "transformer.h.0.mlp.c_fc", "16-mixed");
