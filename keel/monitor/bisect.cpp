@@ -236,7 +236,15 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
   } else {
     const int64_t updates = updates_before(c);
     double uniform = 0;  // ln V once a trial has built the model
-    const bool grown = updates > 0 && r.largest_weight > kDivergedWeight;
+    // AdamW moves every weight by about lr per update: at an optim.lr of 10x the initial weights'
+    // RMS the updates wreck the model in any format (the trend advisor's rule), and a wider one
+    // only keeps the wreck finite. A LoRA at optim.lr 300 in 16-mixed (weights of 300 after one
+    // update) was bisected to precision=bf16-mixed while the run's advice said "lower optim.lr".
+    // Judged only once the weights did move that far (a warmup may not have got there).
+    const double wreck = 10 * r.init_weight_rms;
+    const bool lr_wrecks = base.optim.name != "sgd" && wreck > 0 && base.optim.lr >= wreck &&
+                           r.largest_weight >= wreck;
+    const bool grown = updates > 0 && (r.largest_weight > kDivergedWeight || lr_wrecks);
     for (const Alternative& a : alternatives(base, r.precision, r.attention, r.loss_scale)) {
       BisectTrial t;
       t.change = a.change;
@@ -266,10 +274,24 @@ void bisect_step(const Capture& c, const std::vector<std::string>& sets, ReplayR
     if (r.cause.empty()) {
       if (!r.nonfinite_param_values.empty()) {
         r.cause = "nonfinite-parameters";
-        r.explanation = "the parameters were already non-finite before the step (first: " +
-                        r.nonfinite_param_values.front() + describe_rows(c, r) +
-                        "): no numerics change helps; the model state came in broken (a corrupt "
-                        "checkpoint or initialization, or an earlier update)";
+        // Where it came from, when the capture knows: a frozen base tensor is not in the capture
+        // (the run referenced model.path), and before any update a non-finite value was loaded
+        // (the explanation blamed "an earlier update" of a run that had applied none).
+        const std::string& first = r.nonfinite_param_values.front();
+        const bool in_base = !c.model.find(first) && c.meta.contains("base") &&
+                             !c.meta["base"].is_null() && !base.model.path.empty();
+        std::string origin =
+            "the model state came in broken (a corrupt checkpoint or initialization, or an "
+            "earlier update)";
+        if (in_base)
+          origin = first + " is a frozen tensor of the base model.path = " + base.model.path +
+                   ", whose file holds it (loaded under model.allow_nonfinite_weights = true): "
+                   "correct the base's weights";
+        else if (updates == 0 && !base.model.path.empty())
+          origin = "no update was applied yet, so it came with model.path = " + base.model.path +
+                   " (loaded under model.allow_nonfinite_weights = true): correct its weights";
+        r.explanation = "the parameters were already non-finite before the step (first: " + first +
+                        describe_rows(c, r) + "): no numerics change helps; " + origin;
       } else {
         // Finite parameters that overflow under every precision: the largest one names where.
         double max_abs = 0;

@@ -51,6 +51,7 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
   meta["masters"] = pol.autocast;  // model.safetensors holds f32 masters of low-precision compute
   meta["attention"] = ops::attention_backend_name(trainer.model().spec().attention);
   meta["threads"] = omp_get_max_threads();
+  meta["device"] = trainer.run().device.str();  // where it ran (run.device = "cuda" may fall back)
   meta["config_toml"] = config_to_toml(trainer.config());
   meta["loss"] = io::json_float(ev.loss);
   meta["loss_bits"] = double_bits_hex(ev.loss);
@@ -108,6 +109,12 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
   // An adapter run over an HF directory captures its trained tensors only, with the reference to
   // the base that its checkpoints carry (train/checkpoint_contents.h); replay rebuilds the base.
   meta["base"] = trainer.run().base_ref;
+  // The data files as the run read them: a replay names a file changed since (the step replays
+  // from the captured micro-batches, but their example ids index the file as it was).
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& [key, f] : trainer.run().data.files)
+    if (f.known()) files[key] = {{"bytes", f.bytes}, {"fnv1a64", f.fnv1a64}};
+  meta["data_files"] = files;
   io::write_dir_atomic(dir, [&](const std::string& tmp) {
     io::write_safetensors(tmp + "/model.safetensors",
                           saved_parameters(trainer.model(), trainer.config()));
@@ -122,7 +129,18 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
 
 namespace {
 
-std::string capture_hint() {
+// Names the captures below `dir` when it is a run's out_dir or its debug/nan_capture (the
+// error said only where keel writes them, to a user who had passed the run).
+std::string capture_hint(const std::string& dir = "") {
+  std::string found;
+  std::error_code ec;
+  for (const std::string& d : {dir + "/debug/nan_capture", dir})
+    if (!dir.empty() && fs::is_directory(d, ec))
+      for (const auto& e : fs::directory_iterator(d, ec))
+        if (e.path().filename().string().rfind("rank", 0) == 0 &&
+            fs::exists(e.path() / "capture.json", ec))
+          found += (found.empty() ? "" : ", ") + e.path().string();
+  if (!found.empty()) return "it holds the capture " + found + ": pass that directory";
   return "keel train writes a capture to out_dir/debug/nan_capture/rank0 when a step is "
          "non-finite; pass that directory";
 }
@@ -152,8 +170,9 @@ Capture read_nan_capture(const std::string& dir) {
     throw Error("replay: " + dir + " is not a directory; " + capture_hint(), Error::kUsage);
   const std::string meta_path = dir + "/capture.json";
   if (!fs::exists(meta_path))
-    throw Error(meta_path + ": missing; " + dir + " is not a NaN capture (" + capture_hint() + ")",
-                Error::kUsage);
+    throw Error(
+        meta_path + ": missing; " + dir + " is not a NaN capture (" + capture_hint(dir) + ")",
+        Error::kUsage);
   try {
     c.meta = json::parse(io::read_file(meta_path));
   } catch (const json::exception& e) {
@@ -251,6 +270,17 @@ Capture read_nan_capture(const std::string& dir) {
     b.input_ids = c.batches.at(p + "input_ids");
     b.labels = c.batches.at(p + "labels");
     if (const Tensor* m = c.batches.find(p + "attention_mask")) b.attention_mask = *m;
+    // The mask reached attention unchecked: its error named no file ("key_padding_mask must be
+    // u8 [B, T]", exit 1).
+    if (b.attention_mask.defined() &&
+        (b.attention_mask.dtype() != DType::U8 || b.attention_mask.shape() != b.input_ids.shape()))
+      throw Error(dir + "/microbatches.safetensors: " + p + "attention_mask is " +
+                      dtype_name(b.attention_mask.dtype()) + " " +
+                      shape_str(b.attention_mask.shape()) + ", not u8 " +
+                      shape_str(b.input_ids.shape()) +
+                      " as its input_ids; the capture is corrupt: re-run the training to write a "
+                      "new one",
+                  Error::kUsage);
     if (b.input_ids.dtype() != DType::I64 || b.labels.dtype() != DType::I64 ||
         b.input_ids.dim() != 2 || b.labels.shape() != b.input_ids.shape())
       throw Error(dir + "/microbatches.safetensors: " + p +

@@ -3,6 +3,7 @@
 //   capture.json            step, epoch, rank, UTC time, keel version, precision (and the
 //                           parameter / compute dtypes), attention backend, OpenMP thread count
 //                           (part of bit-exactness: reductions are chunked per thread), the
+//                           device it ran on ("cpu", "cuda:0": replay names another one), the
 //                           effective config as TOML, the scaler state after the step's decision
 //                           and the loss scale its backward ran with, the RNG state (run seed and
 //                           step seed; dropout masks of micro-batch i derive from
@@ -16,7 +17,9 @@
 //                           window's "window_tokens" (every rank's loss weights divide by it), and
 //                           what replaying this rank alone reproduces: "local_loss(_bits)" (its
 //                           loss sum over its own tokens) and "local_grads_fingerprint" (its
-//                           gradients before the all-reduce, still scaled)
+//                           gradients before the all-reduce, still scaled); "base" (an adapter
+//                           run's reference to its model.path) and "data_files" (size and hash
+//                           of data.path / data.eval_path as read: replay names a changed file)
 //   model.safetensors       the parameters as they were before the step, in their stored dtype:
 //                           the f32 masters under the -mixed policies (the low-precision copies
 //                           autocast uses are a deterministic rounding of them, recomputed on

@@ -19,6 +19,7 @@
 #include "keel/monitor/nan_capture.h"
 #include "keel/monitor/tracer.h"
 #include "keel/numerics/tensor_stats.h"
+#include "keel/ops/elementwise.h"
 #include "keel/train/checkpoint_contents.h"
 #include "keel/train/trainer.h"
 
@@ -35,9 +36,24 @@ Config replay_config(const Capture& c, const std::string& out_dir,
       "run.out_dir=" + out_dir, "run.resume=false",
       "run.threads=" + std::to_string(capture_field_as<int>(c, "threads")),
       "debug.underflow_overflow.enabled=false"};
+  const std::string text = capture_field_as<std::string>(c, "config_toml");
+  const std::string name = c.dir + "/capture.json's config_toml";
+  // The captured config alone first: its errors are the capture's (edited, or written by another
+  // keel whose keys differ), and said so with the fix; they named the line and not what to do.
+  // The --set overrides' own errors come after, as keel train's.
+  try {
+    load_config_text(text, name, {});
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + "; the capture's config does not load in this keel (" +
+                    KEEL_VERSION +
+                    "): it was changed after it was written, or written by another keel (" +
+                    c.meta.value("keel_version", json("?")).dump() +
+                    "): replay it with the keel that wrote it, or re-run the training to write "
+                    "a new capture",
+                Error::kUsage);
+  }
   ov.insert(ov.end(), sets.begin(), sets.end());
-  return load_config_text(capture_field_as<std::string>(c, "config_toml"),
-                          c.dir + "/capture.json's config_toml", ov);
+  return load_config_text(text, name, ov);
 }
 
 namespace {
@@ -56,24 +72,101 @@ std::pair<int, int> captured_rank(const Capture& c) {
   return {world, rank};
 }
 
+const char* const kModelPathFix =
+    "point model.path at the base model the run was trained on (--set model.path=DIR)";
+
+nlohmann::json captured_base(const Capture& c) {
+  return c.meta.contains("base") ? c.meta["base"] : nlohmann::json(nullptr);
+}
+
+// The model directory the captured run was built from must still be what it was, checked before
+// the run is rebuilt: an adapter run's base against the capture's fingerprint of it, a full
+// fine-tune's model.path (its config.json gives the model's shapes) for being there. A moved
+// directory failed inside the loader with "no config.json", naming neither the capture nor the fix.
+void check_model_path(const Capture& c, const Config& cfg) {
+  const nlohmann::json ref = captured_base(c);
+  if (!ref.is_null()) return check_saved_base(ref, c.dir, cfg, kModelPathFix);
+  if (cfg.model.path.empty() || fs::is_directory(cfg.model.path)) return;
+  throw Error(c.dir +
+                  "/capture.json: the captured run was built from model.path = " + cfg.model.path +
+                  ", which is not a directory any more (moved or removed since the capture); " +
+                  kModelPathFix,
+              Error::kUsage);
+}
+
+// A data file that is there but not what the captured run read: the step still replays from the
+// captured micro-batches, but the example ids the capture and the report name index the old file
+// (the replay said nothing, as if the file were the one trained on).
+void note_changed_data(const Capture& c, const Run& run, std::vector<std::string>& notes) {
+  const nlohmann::json& files = c.meta.contains("data_files") ? c.meta["data_files"] : nullptr;
+  if (!files.is_object()) return;  // written before keel recorded them
+  for (const auto& [key, now] : run.data.files) {
+    if (!now.known() || !files.contains(key)) continue;
+    const nlohmann::json& then = files[key];
+    FileFingerprint was;
+    if (then.is_object() && then.contains("bytes") && then["bytes"].is_number_integer() &&
+        then.contains("fnv1a64") && then["fnv1a64"].is_string())
+      was = {then["bytes"].get<int64_t>(), then["fnv1a64"].get<std::string>()};
+    if (was == now) continue;
+    notes.push_back(key + " = " +
+                    (key == "data.path" ? run.cfg.data.path : run.cfg.data.eval_path) +
+                    " changed since the capture (" + (was.known() ? was.text() : "unrecorded") +
+                    " then, " + now.text() +
+                    " now): the step replays from the captured micro-batches, and the dataset "
+                    "example ids name the file as it was");
+  }
+}
+
+// The captured ids against the rebuilt model's vocabulary: an id or label beyond it reached the
+// embedding or the loss, whose errors named no file (exit 1).
+void check_window_ids(const Capture& c, int64_t vocab) {
+  for (size_t m = 0; m < c.window.size(); ++m) {
+    const data::Batch& b = c.window[m];
+    for (const auto& [what, t] : {std::pair<const char*, const Tensor*>{"input_ids", &b.input_ids},
+                                  {"labels", &b.labels}}) {
+      const int64_t* v = t->data_as<int64_t>();
+      const bool labels = std::string(what) == "labels";
+      for (int64_t k = 0; k < t->numel(); ++k)
+        if ((v[k] < 0 || v[k] >= vocab) && !(labels && v[k] == data::kIgnoreLabel))
+          throw Error(c.dir + "/microbatches.safetensors: mb" + std::to_string(m) + "." + what +
+                          " holds " + std::to_string(v[k]) + " at " +
+                          shape_str(shape_index(t->shape(), k)) +
+                          ", outside the model's vocabulary [0, " + std::to_string(vocab) + ")" +
+                          (labels ? " (nor the ignored label -100)" : "") +
+                          "; the capture is corrupt: re-run the training to write a new one",
+                      Error::kUsage);
+    }
+  }
+}
+
 // Loads the captured parameters (converted when the replay's policy stores them in another
 // dtype) and, when the parameters match exactly, the optimizer and scaler state.
 void load_state(Run& run, const Capture& c, std::vector<std::string>& notes) {
   bool same_dtypes = true;
-  const nlohmann::json ref = c.meta.contains("base") ? c.meta["base"] : nlohmann::json(nullptr);
-  check_saved_base(ref, c.dir, run.cfg,
-                   "point model.path at the base model the run was trained on (--set "
-                   "model.path=DIR)");
+  const nlohmann::json ref = captured_base(c);
+  // bisect's adapter=none trains the referenced base whole: its tensors are model.path's (checked
+  // by check_model_path), as the captured run's were (the trial said the capture was "written by
+  // another model config").
+  const bool base_trains = !ref.is_null() && run.cfg.model.adapter.kind == "none";
+  // A full fine-tune over model.path: a tensor that does not fit may be the directory's doing.
+  const std::string changed = run.cfg.model.path.empty() || !ref.is_null()
+                                  ? std::string()
+                                  : " (or model.path = " + run.cfg.model.path +
+                                        " now holds another model than the "
+                                        "captured run's: " +
+                                        kModelPathFix + ")";
   for (auto& [name, p] : run.model->named_parameters()) {
     const Tensor* t = c.model.find(name);
-    if (!t && from_referenced_base(ref, *run.model, p)) continue;  // rebuilt from model.path
+    if (!t && (base_trains || from_referenced_base(ref, *run.model, p)))
+      continue;  // rebuilt from model.path
     if (!t)
       throw Error(c.dir + "/model.safetensors: tensor '" + name +
-                      "' is missing (the capture was written by another model config?)",
+                      "' is missing (the capture was written by another model config?)" + changed,
                   Error::kUsage);
     if (t->shape() != p.shape())
       throw Error(c.dir + "/model.safetensors: tensor '" + name + "' is " + shape_str(t->shape()) +
-                      ", the model expects " + shape_str(p.shape()) + "; the capture is corrupt",
+                      ", the model expects " + shape_str(p.shape()) + "; the capture is corrupt" +
+                      changed,
                   Error::kUsage);
     Tensor dst = p;
     if (t->dtype() == p.dtype()) {
@@ -123,13 +216,23 @@ StepOutcome replay_step(const Capture& c, const std::string& out_dir,
   ro.say = [&o](const std::string& m) {
     o.notes.push_back(m.rfind("note: ", 0) == 0 ? m.substr(6) : m);  // listed as notes already
   };
-  Run run = build_run(replay_config(c, out_dir, sets), ro);
+  const Config cfg = replay_config(c, out_dir, sets);
+  check_model_path(c, cfg);
+  Run run = build_run(cfg, ro);
   for (const std::string& what : run.not_rebuilt) o.notes.push_back("not rebuilt: " + what);
+  note_changed_data(c, run, o.notes);
+  check_window_ids(c, run.model->spec().vocab_size);
+  double sum_sq = 0;
+  int64_t n = 0;
+  for (const auto& [name, p] : run.trainable)
+    if (p.dim() >= 2) sum_sq += ops::sum_squares(p), n += p.numel();
+  if (n > 0) o.init_weight_rms = std::sqrt(sum_sq / static_cast<double>(n));
   load_state(run, c, o.notes);
   const LargestWeight w = largest_weight(run.trainable);
   o.largest_weight = w.value;
   o.largest_weight_param = w.param;
   o.precision = run.policy.name();
+  o.device = run.device.str();
   o.attention = ops::attention_backend_name(run.model->spec().attention);
   o.vocab_size = run.model->spec().vocab_size;
   const int64_t step = capture_field_as<int64_t>(c, "step");
@@ -301,6 +404,15 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
   if (c.meta.contains("nonfinite_param_values"))
     r.nonfinite_param_values = c.meta["nonfinite_param_values"].get<std::vector<std::string>>();
   r.out_dir = opt.out_dir;
+  // The replay writes debug/underflow_overflow_rank{R}.log (and bisect/) below --out: a keel
+  // run's out_dir (the captured run's own, typically) had its tracer log replaced without a word.
+  for (const char* f : {"config.toml", "metrics.jsonl", ".keel.lock", "checkpoints"})
+    if (!r.out_dir.empty() && fs::exists(fs::path(r.out_dir) / f))
+      throw Error("replay --out " + r.out_dir + ": a keel run's out_dir (it holds " + f +
+                      "); the replay writes its tracer log below it, over the run's own: pass "
+                      "another directory (by default the replay writes to " +
+                      dir + "/replay)",
+                  Error::kUsage);
   if (r.out_dir.empty())
     r.out_dir = writable_dir(dir + "/replay") ? dir + "/replay" : temp_out_dir();
 
@@ -319,6 +431,7 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
   r.largest_grad = main.largest_grad;
   r.largest_weight_param = main.largest_weight_param;
   r.largest_weight = main.largest_weight;
+  r.init_weight_rms = main.init_weight_rms;
   r.reproduced = !main.finite;
   r.grads_fingerprint = main.grads_fingerprint;
   r.recorded_grads_fingerprint = local ? capture_field_as<std::string>(c, "local_grads_fingerprint")
@@ -339,6 +452,15 @@ ReplayResult replay_unchecked(const std::string& dir, const ReplayOptions& opt) 
                       ", this is keel " + KEEL_VERSION +
                       ": its kernels may round differently (replay it with the keel that wrote it "
                       "for bit-exactness)");
+  // A capture of a GPU run replayed on the CPU (or the reverse) runs other kernels: its bits
+  // differ, and the report said only "bit-exact no".
+  if (const std::string dev = c.meta.value("device", std::string());
+      !r.bit_exact && !dev.empty() && (dev == "cpu") != (main.device == "cpu"))
+    r.notes.push_back(
+        "the capture was written on " + dev + ", this replay ran on " + main.device +
+        ": the other device's kernels round differently (replay it on " +
+        (dev == "cpu" ? std::string("the CPU, run.device = \"cpu\"") : std::string("a GPU")) +
+        ", for bit-exactness)");
   if (!main.finite)
     if (std::string why = optimizer_state_underflow(c, replay_config(c, r.out_dir, sets));
         !why.empty())

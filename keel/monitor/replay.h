@@ -83,6 +83,7 @@ struct ReplayResult {
   double largest_grad = 0;
   std::string largest_weight_param;  // the largest |value| of a trainable parameter (before)
   double largest_weight = 0;
+  double init_weight_rms = 0;  // the trainable matrices' RMS as initialized (StepOutcome's)
   std::vector<std::string> nonfinite_param_values;  // non-finite values before the step
   // --bisect, non-finite values: the first such parameter's non-finite rows and, for an embedding,
   // the dataset examples of the step whose tokens hit them.

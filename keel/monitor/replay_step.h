@@ -23,8 +23,12 @@ struct StepOutcome {
   // updates blew up (bisect.cpp).
   std::string largest_weight_param;
   double largest_weight = 0;
+  // RMS of the trainable matrices (>= 2-D) as the run factory initializes them, before the
+  // captured state is loaded: what the trend advisor measures AdamW's lr against (advisor.h).
+  double init_weight_rms = 0;
   TracerFinding finding;
   std::string precision, attention;
+  std::string device;      // where the replay ran ("cpu", "cuda:0")
   int64_t vocab_size = 0;  // the model's logits: ln V is the loss of a uniform guess
   std::vector<std::string> notes;
 };

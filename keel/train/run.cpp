@@ -489,7 +489,11 @@ Run build_run(const Config& cfg, const RunOptions& o) {
   } catch (const Error& e) {
     if (!o.data_optional || cfg.data.task == "arith") throw;
     // The model needs the tokenizer (its vocabulary and pad id), not the training file.
-    r.not_rebuilt.push_back("the training data (data.path = " + cfg.data.path + "): " + e.what());
+    // Either file may be the missing one: the note names both (e.what() says which).
+    r.not_rebuilt.push_back(
+        "the training data (data.path = " + cfg.data.path +
+        (cfg.data.eval_path.empty() ? "" : ", data.eval_path = " + cfg.data.eval_path) +
+        "): " + e.what());
     r.data = RunData{};
     r.data.tokenizer = data::load_tokenizer(cfg.data.tokenizer);
     r.data.pad_id =

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -303,6 +304,83 @@ TEST(CliLora, AMovedBaseIsFoundWithTheBaseOption) {
             moved);
   r = test::run_keel_sh("export " + out + " --out " + dir + "/hf --base " + lora_base_dir());
   EXPECT_EQ(r.code, 0) << r.output;  // another copy of the same base passes the check
+}
+
+// A LoRA run over a base whose activations outgrow f16 (init_std 10, a wide MLP) in 16-true stops
+// at step 1. Bisect's adapter=none trial trains the referenced base whole, as model.path holds it
+// (it failed with "tensor ... is missing (the capture was written by another model config?)");
+// a base moved since the capture is named with the capture and the fix before the run is rebuilt
+// (the loader said "no config.json" of the old path alone, exit 1); with --set model.path at its
+// new place the step replays bit for bit.
+TEST(CliLora, ACaptureWithAMovedBaseNamesItAndBisectsWithoutTheAdapter) {
+  const std::string dir = test::temp_dir("lora-nan-moved");
+  const std::string base = dir + "/base", moved = dir + "/moved", out = dir + "/out";
+  Ran r = test::run_keel_sh("init-model --family llama --out " + base +
+                            " --init-std 10 --intermediate-size 4096 --seed 3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ofstream(dir + "/lora.toml") << lora_config(out);
+  r = test::run_keel_sh("train " + dir + "/lora.toml --set model.path=" + base +
+                        " --set train.precision=16-true --set train.max_steps=3");
+  ASSERT_EQ(r.code, 3) << r.output;
+  const std::string capture = out + "/debug/nan_capture/rank0";
+  Ran b = test::run_keel_sh("replay " + capture + " --bisect --json");
+  ASSERT_EQ(b.code, 0) << b.output;
+  const json j = json::parse(b.out);
+  EXPECT_TRUE(j["reproduced"].get<bool>());
+  EXPECT_TRUE(j["bit_exact"].get<bool>());
+  bool tried = false;
+  for (const json& t : j["bisect"])
+    if (t["change"] == "adapter=none") {
+      tried = true;
+      EXPECT_FALSE(t.contains("error")) << t.dump();
+      EXPECT_FALSE(t["finite"].get<bool>()) << "the base overflows f16 with or without an adapter";
+    }
+  EXPECT_TRUE(tried) << j.dump(2);
+  EXPECT_EQ(j["cause"], "precision=bf16-mixed") << j.dump(2);
+
+  fs::rename(base, moved);
+  r = test::run_keel_sh("replay " + capture);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, capture);
+  EXPECT_CONTAINS(r.err, base + " is not a directory");
+  EXPECT_CONTAINS(r.err, "--set model.path=DIR");
+  r = test::run_keel_sh("replay " + capture + " --json --set model.path=" + moved);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.out, "\"bit_exact\":true");
+}
+
+// A bad weight in the base's file: a NaN in the embedding of a tiny Llama, loaded under
+// model.allow_nonfinite_weights into a bf16 base under LoRA. The capture holds the adapters only;
+// bisect names the parameters as the cause and says the base's file holds the value (it blamed
+// "a corrupt checkpoint or initialization, or an earlier update" of a run that had applied none),
+// and its adapter=none trial runs (it failed: "tensor ... is missing").
+TEST(CliLora, ANanInTheBasesFileIsBisectedToTheBase) {
+  const std::string dir = test::temp_dir("lora-nan-base");
+  const std::string base = dir + "/base", out = dir + "/out";
+  fs::copy(lora_base_dir(), base);
+  {
+    io::Safetensors st = io::read_safetensors(base + "/model.safetensors");
+    for (auto& [name, t] : st.tensors)
+      if (name == "model.embed_tokens.weight") {
+        Tensor c = t.clone();
+        c.data_as<float>()[7] = std::numeric_limits<float>::quiet_NaN();
+        t = c;
+      }
+    io::write_safetensors(base + "/model.safetensors", st.tensors, st.metadata);
+  }
+  std::ofstream(dir + "/lora.toml") << lora_config(out);
+  Ran r = test::run_keel_sh("train " + dir + "/lora.toml --set model.path=" + base +
+                            " --set model.allow_nonfinite_weights=true --set "
+                            "model.base_dtype=bf16 --set train.precision=bf16-mixed");
+  ASSERT_EQ(r.code, 3) << r.output;
+  Ran b = test::run_keel_sh("replay " + out + "/debug/nan_capture/rank0 --bisect --json");
+  ASSERT_EQ(b.code, 0) << b.output;
+  const json j = json::parse(b.out);
+  EXPECT_TRUE(j["bit_exact"].get<bool>()) << j.dump(2);
+  EXPECT_EQ(j["cause"], "nonfinite-parameters") << j.dump(2);
+  EXPECT_CONTAINS(j["explanation"].get<std::string>(),
+                  "model.embed_tokens.weight is a frozen tensor of the base model.path = " + base);
+  for (const json& t : j["bisect"]) EXPECT_FALSE(t.contains("error")) << t.dump();
 }
 
 }  // namespace

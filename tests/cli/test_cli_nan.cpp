@@ -308,6 +308,50 @@ TEST(CliNan, AnAdapterDivergedByTheLearningRateIsNotBlamedOnTheBackendOrTheAdapt
 // backs off 32 times (still 2.3e20) and the run stops, the scaler unable to settle. Bisect named
 // precision=bf16-mixed ("a value exceeds f16's range"): it is finite only because bf16-mixed has
 // no scaler. The smallest change is the loss scale, and the fix the user's own key.
+// A LoRA at optim.lr 300 under 16-mixed: AdamW's first update sets the adapters' weights to about
+// +-300 (8000x their initial RMS), and step 2 overflows f16. The run's advice says "lower
+// optim.lr ... no train.precision survives that"; bisect named precision=bf16-mixed, which only
+// keeps the wrecked model finite (its loss stays near ln V: the loss alone does not show it).
+TEST(CliNan, ALoraWreckedByOneUpdateIsNotBlamedOnThePrecision) {
+  const std::string dir = test::temp_dir("cli-nan-lora-lr");
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(), {"model.adapter.kind=lora",
+                           "model.adapter.target_modules=[\"c_attn\", "
+                           "\"c_proj\"]",
+                           "train.precision=16-mixed", "optim.lr=300", "train.max_steps=20"});
+  Ran r = run_keel(with_sets({"train"}, sets));
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, dir, &step);
+  EXPECT_EQ(step, 2);
+  EXPECT_CONTAINS(r.output, "lower optim.lr");
+  const json j = replay_json(capture, {"--bisect"});
+  EXPECT_TRUE(j.value("bit_exact", false)) << j.dump(2);
+  EXPECT_EQ(j.value("cause", std::string()), "diverged-parameters") << j.dump(2);
+  EXPECT_CONTAINS(j.value("explanation", std::string()), "lower optim.lr");
+  EXPECT_CONTAINS(j.value("explanation", std::string()),
+                  "precision=bf16-mixed leaves this step finite with a loss of");
+}
+
+// `keel replay CAPTURE --out RUN` wrote the replay's tracer log over the run's own
+// (RUN/debug/underflow_overflow_rank0.log) without a word: a keel run's out_dir is refused.
+TEST(CliNan, ReplayRefusesToWriteIntoARunsOutDir) {
+  const std::string dir = test::temp_dir("cli-nan-out");
+  auto sets = small_gpt2(dir);
+  sets.insert(sets.end(),
+              {"train.precision=16-true", "model.init_std=10", "model.intermediate_size=16384",
+               "train.max_steps=3", "debug.underflow_overflow.enabled=true"});
+  Ran r = run_keel(with_sets({"train"}, sets));
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, dir, &step);
+  const std::string log = slurp(dir + "/debug/underflow_overflow_rank0.log");
+  Ran rp = run_keel({"replay", capture, "--out", dir});
+  EXPECT_EQ(rp.code, 2) << rp.output;
+  EXPECT_CONTAINS(rp.err, "replay --out " + dir + ": a keel run's out_dir");
+  EXPECT_EQ(slurp(dir + "/debug/underflow_overflow_rank0.log"), log);
+  const json j = replay_json(capture, {"--out", dir + "/elsewhere"});
+  EXPECT_TRUE(j.value("bit_exact", false)) << j.dump(2);
+}
+
 TEST(CliNan, AHugeInitialLossScaleIsBisectedToTheScale) {
   const std::string dir = test::temp_dir("cli-nan-init-scale");
   auto sets = small_gpt2(dir);
@@ -733,6 +777,39 @@ TEST(CliNan, ANonFiniteEvalLossAfterFiniteStepsIsExplainedAndRepeatedAtTheEnd) {
   ASSERT_EQ(wide.code, 0) << wide.output;
   EXPECT_NOT_CONTAINS(wide.out, "eval loss is");
   EXPECT_NOT_CONTAINS(wide.out, "non-finite eval loss");
+}
+
+// A full fine-tune over an HF model.path captures every parameter, but the model's shapes come
+// from the directory's config.json: moved after the capture, replay named "no config.json" of the
+// old path (exit 1), not the capture or the fix; replaced by another model, it called the capture
+// corrupt.
+TEST(CliNan, AFullFineTuneCaptureNamesAModelPathThatMovedOrChanged) {
+  const std::string dir = test::temp_dir("cli-nan-moved");
+  const std::string model = dir + "/model", out = dir + "/out";
+  Ran r = run_keel({"init-model", "--family", "llama", "--out", model, "--init-std", "10",
+                    "--intermediate-size", "4096"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel(with_sets(
+      {"train"},
+      {"run.out_dir=" + out, "run.threads=1", "model.path=" + model, "train.precision=16-true",
+       "data.num_examples=64", "data.eval_examples=0", "train.batch_size=4", "data.seq_len=16",
+       "log.tensorboard=false", "train.max_steps=3"}));
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, out, &step);
+  fs::rename(model, dir + "/moved");
+  r = run_keel({"replay", capture});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, capture + "/capture.json: the captured run was built from model.path = " +
+                             model + ", which is not a directory any more");
+  EXPECT_CONTAINS(r.err, "--set model.path=DIR");
+  const json j = replay_json(capture, {"--set", "model.path=" + dir + "/moved"});
+  EXPECT_TRUE(j.value("bit_exact", false)) << j.dump(2);
+
+  r = run_keel({"init-model", "--family", "llama", "--out", model, "--n-embd", "32"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel({"replay", capture});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "model.path = " + model + " now holds another model");
 }
 
 }  // namespace

@@ -130,6 +130,36 @@ TEST(Replay, ATrainingFileThatIsGoneIsNamedAndTheStepStillReplaysBitExactly) {
   EXPECT_CONTAINS(format_replay(r), corpus);
 }
 
+// A training file rewritten after the capture: the step still replays bit for bit from the
+// captured micro-batches, but the example ids it names index the file as it was, and the replay
+// said nothing of the change. A validation file that is gone is named as such (the note said "the
+// training data (data.path = FILE)" of a training file that was there).
+TEST(Replay, ADataFileChangedOrGoneSinceTheCaptureIsNamed) {
+  const std::string data_dir = test::temp_dir("replay-changed-data");
+  const std::string corpus = data_dir + "/corpus.txt", held_out = data_dir + "/eval.txt";
+  for (const std::string& f : {corpus, held_out}) {
+    std::ofstream o(f);
+    for (int i = 0; i < 64; ++i) o << "line " << i << ": twelve plus " << i % 7 << "\n";
+  }
+  const std::string dir = make_capture("replay-changed", "transformer.h.0.mlp.c_fc", "32-true",
+                                       corpus, [&](Config& c) { c.data.eval_path = held_out; });
+  std::ofstream(corpus, std::ios::app) << "a line added after the capture\n";
+  ReplayResult r = replay_capture(dir);
+  EXPECT_TRUE(r.bit_exact) << r.loss_bits << " vs " << r.recorded_loss_bits;
+  std::string notes;
+  for (const std::string& n : r.notes) notes += n + "\n";
+  EXPECT_CONTAINS(notes, "data.path = " + corpus + " changed since the capture");
+  EXPECT_CONTAINS(notes, "the step replays from the captured micro-batches");
+
+  fs::remove(held_out);
+  r = replay_capture(dir);
+  EXPECT_TRUE(r.bit_exact);
+  notes.clear();
+  for (const std::string& n : r.notes) notes += n + "\n";
+  EXPECT_CONTAINS(notes, "data.eval_path = " + held_out + "): ");
+  EXPECT_CONTAINS(notes, held_out + " does not exist");
+}
+
 TEST(Replay, TwiceGivesTheSameBitsAndLeavesTheRunUntouched) {
   const std::string dir = make_capture("replay-untouched", "transformer.h.0.attn.c_attn");
   const std::string run = fs::path(dir).parent_path().parent_path().parent_path().string();
@@ -432,6 +462,95 @@ TEST(Replay, ATruncatedCaptureFileNamesItAndTheFix) {
   EXPECT_CONTAINS(m, d + "/microbatches.safetensors: mb2.input_ids is missing, but " + d +
                          "/capture.json lists 3 micro-batches");
   EXPECT_NOT_CONTAINS(m, "another model");
+}
+
+// A micro-batch whose mask or ids were damaged (or taken from another model's capture): they
+// reached attention, the embedding and the loss, whose errors named no file (exit 1).
+TEST(Replay, DamagedMicroBatchTensorsNameTheCaptureFile) {
+  const std::string good = make_capture("replay-mbs", "transformer.h.0.mlp.c_fc");
+  auto damaged = [&](const std::string& tag, const std::string& name, const Tensor& value) {
+    const std::string d = test::temp_dir("replay-mbs-" + tag) + "/rank0";
+    fs::copy(good, d, fs::copy_options::recursive);
+    io::Safetensors st = io::read_safetensors(d + "/microbatches.safetensors");
+    std::vector<std::pair<std::string, Tensor>> ts;
+    for (auto& [n, t] : st.tensors)
+      if (n != name) ts.emplace_back(n, t.clone());
+    ts.emplace_back(name, value);
+    io::write_safetensors(d + "/microbatches.safetensors", ts);
+    return d;
+  };
+  const Shape shape =
+      io::read_safetensors(good + "/microbatches.safetensors").at("mb0.input_ids").shape();
+  auto ints = [&](int64_t v) {
+    return Tensor::from_ints(std::vector<int64_t>(static_cast<size_t>(shape[0] * shape[1]), v),
+                             shape);
+  };
+  std::string d = damaged("mask", "mb0.attention_mask", Tensor::zeros(shape, DType::F32));
+  std::string m = error_of(d);
+  EXPECT_CONTAINS(m, d + "/microbatches.safetensors: mb0.attention_mask is f32");
+  EXPECT_CONTAINS(m, "re-run the training to write a new one");
+  d = damaged("ids", "mb0.input_ids", ints(1000000));
+  m = error_of(d);
+  EXPECT_CONTAINS(m, d + "/microbatches.safetensors: mb0.input_ids holds 1000000 at [0, 0]");
+  EXPECT_CONTAINS(m, "re-run the training to write a new one");
+  d = damaged("labels", "mb0.labels", ints(-7));
+  m = error_of(d);
+  EXPECT_CONTAINS(m, d + "/microbatches.safetensors: mb0.labels holds -7 at [0, 0]");
+}
+
+// A capture written on a GPU and replayed on the CPU runs other kernels: not bit-exact, and the
+// report said only "bit-exact no" (the capture did not record where it ran). Simulated: a CPU
+// capture relabelled as a GPU's, with the GPU's other loss bits.
+TEST(Replay, AnotherDevicesCaptureIsNamedWhenItIsNotBitExact) {
+  const std::string d = make_capture("replay-device", "transformer.h.0.mlp.c_fc");
+  json meta = json::parse(slurp(d + "/capture.json"));
+  EXPECT_EQ(meta.at("device"), "cpu");
+  const ReplayResult same = replay_capture(d);
+  EXPECT_TRUE(same.bit_exact);
+  for (const std::string& n : same.notes) EXPECT_NOT_CONTAINS(n, "round differently");
+  meta["device"] = "cuda:0";
+  meta["loss_bits"] = "0x7ff8000000000001";
+  std::ofstream(d + "/capture.json") << meta.dump();
+  const ReplayResult r = replay_capture(d);
+  EXPECT_FALSE(r.bit_exact);
+  std::string notes;
+  for (const std::string& n : r.notes) notes += n + "\n";
+  EXPECT_CONTAINS(notes, "the capture was written on cuda:0, this replay ran on cpu");
+}
+
+// A capture whose config does not load (edited, or written by a keel with other keys): the error
+// named the line of config_toml and not what to do; an error of the replay's own --set is not the
+// capture's.
+TEST(Replay, ACaptureConfigThatDoesNotLoadSaysWhyAndWhatToDo) {
+  const std::string d = make_capture("replay-config", "transformer.h.0.mlp.c_fc");
+  json meta = json::parse(slurp(d + "/capture.json"));
+  std::string toml = meta.at("config_toml").get<std::string>();
+  toml.insert(toml.find("[model]\n") + 8, "some_future_key = 3\n");
+  meta["config_toml"] = toml;
+  std::ofstream(d + "/capture.json") << meta.dump();
+  const std::string m = error_of(d);
+  EXPECT_CONTAINS(m, "unknown key model.some_future_key (" + d + "/capture.json's config_toml:");
+  EXPECT_CONTAINS(m, "replay it with the keel that wrote it, or re-run the training");
+
+  const std::string good = make_capture("replay-config-set", "transformer.h.0.mlp.c_fc");
+  ReplayOptions o;
+  o.sets = {"train.bogus=1"};
+  try {
+    replay_capture(good, o);
+    ADD_FAILURE() << "an unknown --set key replayed";
+  } catch (const Error& e) {
+    EXPECT_CONTAINS(e.what(), "train.bogus");
+    EXPECT_NOT_CONTAINS(e.what(), "re-run the training");
+  }
+}
+
+// The run's out_dir or its debug/nan_capture passed instead of the capture: the error said where
+// keel writes captures, not that this one holds one.
+TEST(Replay, ARunDirectoryPassedForItsCaptureNamesTheCapture) {
+  const std::string d = make_capture("replay-parent", "transformer.h.0.mlp.c_fc");
+  const fs::path captures = fs::path(d).parent_path();
+  for (const fs::path& p : {captures, captures.parent_path().parent_path()})
+    EXPECT_CONTAINS(error_of(p.string()), "it holds the capture " + d + ": pass that directory");
 }
 
 // A 16-mixed capture whose "scaler" lacks a key: the scaler's own message named no file.
