@@ -1,5 +1,7 @@
 #include "apps/keel/commands.h"
 
+#include <cerrno>
+#include <cstring>
 #include <vector>
 
 namespace keel::cli {
@@ -28,6 +30,16 @@ int run_selected(CLI::App&) {
   for (auto& c : commands())
     if (c.app->parsed()) return c.run();
   return 2;
+}
+
+std::string stdout_lost(int err, const std::string& fix) {
+  const std::string why = err == EPIPE ? "the pipe was closed (its reader, e.g. head, exited)"
+                          : err != 0   ? std::strerror(err)
+                                       : "a write failed (a closed pipe or a full disk)";
+  return "cannot write standard output: " + why + "; " +
+         (fix.empty() ? "what keel printed there is incomplete: send it to a file with space "
+                        "(> out.txt) or to a reader that reads it all"
+                      : fix);
 }
 
 }  // namespace keel::cli

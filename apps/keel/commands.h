@@ -38,4 +38,8 @@ inline constexpr const char* kOutOfMemory =
     "model.vocab_size); `keel memory` estimates a configuration's memory";
 int run_selected(CLI::App& app);
 
+// "cannot write standard output: ..." with the cause (`err`, an errno of the failed write, or 0
+// when unknown) and `fix` (by default: where to send the output instead).
+std::string stdout_lost(int err, const std::string& fix = "");
+
 }  // namespace keel::cli
