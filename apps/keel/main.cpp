@@ -10,6 +10,7 @@
 
 #include "apps/keel/commands.h"
 #include "keel/numerics/error.h"
+#include "keel/tensor/host_memory.h"
 
 int main(int argc, char** argv) {
   // A file past the size limit (ulimit -f) is a write error keel reports, not a silent SIGXFSZ.
@@ -55,6 +56,9 @@ int main(int argc, char** argv) {
       return code == 0 ? 1 : code;
     }
     return code;
+  } catch (const keel::host_memory::OutOfMemory& e) {
+    std::fprintf(stderr, "error: %s\n", keel::cli::out_of_memory(app, e).c_str());
+    return 1;
   } catch (const keel::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return e.kind == keel::Error::kUsage ? 2 : 1;
