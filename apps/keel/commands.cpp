@@ -1,5 +1,7 @@
 #include "apps/keel/commands.h"
 
+#include <cerrno>
+#include <cstring>
 #include <vector>
 
 namespace keel::cli {
@@ -28,6 +30,36 @@ int run_selected(CLI::App&) {
   for (auto& c : commands())
     if (c.app->parsed()) return c.run();
   return 2;
+}
+
+std::string out_of_memory(const CLI::App& app, const Error& e) {
+  std::string name;
+  for (const CLI::App* sub : app.get_subcommands()) name = sub->get_name();
+  if (name == "train" || name == "memory") return e.what();
+  const std::string what = e.what();
+  const std::string head = what.substr(0, what.find(';'));  // "out of memory allocating ... bytes"
+  if (name == "generate")
+    return head +
+           " while generating: the model and its key/value cache (the prompt's tokens and "
+           "--max-new-tokens) need more memory than is available; lower --max-new-tokens, or "
+           "free memory (a limit such as ulimit -v counts too)";
+  if (name == "init-model")
+    return head +
+           ": the model's sizes need more memory than is available; lower --n-layer, --n-embd "
+           "or --vocab-size (`keel memory` estimates a configuration's memory)";
+  return head + " while loading or converting the model (keel " + name +
+         "): it needs more memory than is available; free memory or use a machine with more "
+         "(a limit such as ulimit -v counts too)";
+}
+
+std::string stdout_lost(int err, const std::string& fix) {
+  const std::string why = err == EPIPE ? "the pipe was closed (its reader, e.g. head, exited)"
+                          : err != 0   ? std::strerror(err)
+                                       : "a write failed (a closed pipe or a full disk)";
+  return "cannot write standard output: " + why + "; " +
+         (fix.empty() ? "what keel printed there is incomplete: send it to a file with space "
+                        "(> out.txt) or to a reader that reads it all"
+                      : fix);
 }
 
 }  // namespace keel::cli

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "apps/keel/flags.h"
+#include "keel/numerics/error.h"
 
 namespace keel::cli {
 
@@ -37,5 +38,13 @@ inline constexpr const char* kOutOfMemory =
     "lower train.batch_size, data.seq_len or the model sizes (model.n_layer, model.n_embd, "
     "model.vocab_size); `keel memory` estimates a configuration's memory";
 int run_selected(CLI::App& app);
+
+// A failed tensor allocation as the selected command's user reads it: the allocator's message
+// names training's keys (train.batch_size, model.*), a false fix for generate or export.
+std::string out_of_memory(const CLI::App& app, const Error& e);
+
+// "cannot write standard output: ..." with the cause (`err`, an errno of the failed write, or 0
+// when unknown) and `fix` (by default: where to send the output instead).
+std::string stdout_lost(int err, const std::string& fix = "");
 
 }  // namespace keel::cli

@@ -3,6 +3,7 @@
 // top-p, seed), with the key/value cache, streamed to stdout as it is produced, stopping at eos,
 // a --stop string or --max-new-tokens. The prompt comes from the argument, --prompt-file or
 // stdin. A summary (tokens, tokens/s, why it stopped) goes to stderr, or all of it as --json.
+#include <cerrno>
 #include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -64,13 +65,23 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
   // The prompt's end counts toward a stop string (text_stream.h): only the new text was searched,
   // so "\n\n" never stopped a prompt ending in "\n" at the model's first "\n".
   data::TextStream stream(*tok, a.stops, prompt);
+  // A closed pipe or full disk stops the decode at once: it went on to --max-new-tokens for no
+  // reader and ended in exit 0.
+  size_t emitted = 0;
   auto emit = [&](const std::string& s) {
     if (a.json || s.empty()) return;
-    std::fwrite(s.data(), 1, s.size(), stdout);
-    std::fflush(stdout);
+    if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0) {
+      const int err = errno;
+      std::clearerr(stdout);  // said here; main's check of stdout would say it again
+      throw Error(stdout_lost(err, "generation stopped after " +
+                                       count_of(static_cast<long long>(emitted), "new token") +
+                                       "; send the text to a file with space (> out.txt) or to "
+                                       "a reader that reads it all"));
+    }
   };
   amp::AutocastGuard autocast(policy.autocast, policy.compute_dtype);
   models::GenerateResult r = models::generate(*m.trained.model, ids, a.opt, [&](int32_t id) {
+    ++emitted;
     emit(stream.push(id));
     return !stream.stopped();
   });

@@ -1,7 +1,10 @@
 #include "apps/keel/output_dir.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <regex>
 #include <system_error>
@@ -42,6 +45,25 @@ bool is_model_dir_file(const std::string& name) {
   for (const std::string& t : kTokenizerFiles)
     if (name == t) return true;
   return std::regex_match(name, shard);
+}
+
+// The staging directories of earlier writes of `out` whose process is gone (an export killed
+// while writing left .OUT.tmp-PID, a whole model's weights, which no later write removed). A live
+// one is another write in progress: left alone.
+void remove_dead_stages(const fs::path& out) {
+  const std::string prefix = "." + out.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (fs::directory_iterator it(out.parent_path(), ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.rfind(prefix, 0) != 0) continue;
+    const std::string pid = n.substr(prefix.size());
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    const long p = std::strtol(pid.c_str(), nullptr, 10);
+    if (p > 0 && ::kill(static_cast<pid_t>(p), 0) != 0 && errno == ESRCH) {
+      std::error_code rm;
+      fs::remove_all(it->path(), rm);
+    }
+  }
 }
 
 }  // namespace
@@ -95,6 +117,7 @@ std::vector<std::string> write_model_dir(const std::string& flag, const std::str
       out.parent_path() / ("." + out.filename().string() + ".tmp-" + std::to_string(::getpid()));
   std::vector<std::string> names;
   try {
+    remove_dead_stages(out);
     fs::remove_all(stage);
     fs::create_directories(stage);
     write(stage.string());

@@ -238,12 +238,21 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   // The last step's loss, and the advice given for an evaluation whose loss was not finite
   // (repeated at the end when no later evaluation was finite).
   double last_step_loss = 0;
+  int64_t stdout_failed_at = 0;  // the step after which standard output was found failed
+  int stdout_errno = 0;
   std::optional<EvalNonfinite> nonfinite_eval;
   hooks.on_step = [&](const StepResult& result) {
     StepResult r = result;
     last_step_loss = r.loss;
     if (advisor) advisor->observe(r, &layers);
     loggers->log(r, step_extra);
+    // Standard output gone (a closed pipe: `keel train | head`, a full disk under > train.log):
+    // stop as on SIGTERM, with the checkpoint saved, rather than train on unseen or be killed.
+    if (std::ferror(stdout) && !stdout_failed_at) {
+      stdout_errno = errno;
+      stdout_failed_at = r.step;
+      request_stop();
+    }
     // Each finding as a record of its own: kind, step, trend, cause, action (+ examples, layers,
     // share).
     for (const monitor::Finding& f : advisor ? advisor->findings() : kNoFindings) {
@@ -529,6 +538,15 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     return code;
   }
   if (trainer.stopped_by_request()) {
+    if (stdout_failed_at > 0) {
+      std::clearerr(stdout);  // said here, with what the run kept
+      throw Error(stdout_lost(stdout_errno, "the run stopped after step " +
+                                                std::to_string(trainer.steps_done()) +
+                                                " with its checkpoint in " + trainer.out_dir() +
+                                                "/checkpoints/last: continue it with --set "
+                                                "run.resume=true, its output sent to a file (> "
+                                                "train.log) or a reader that stays"));
+    }
     if (rank == 0)  // the ranks stopped after the same step; one line says so
       std::printf(
           "stopped by request at step %lld; checkpoint in %s/checkpoints/last (continue with "

@@ -369,9 +369,7 @@ TokenFileWriter::TokenFileWriter(const std::string& path, int64_t vocab_size)
                 Error::kUsage);
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0)
-    throw Error("cannot write the token file " + path + ": " + std::strerror(errno) +
-                    " (check that its directory exists and is writable)",
-                Error::kUsage);
+    throw Error("cannot write the token file " + path + ": " + write_failure(errno), Error::kUsage);
   const std::string header = token_file_header(0, vocab_size);
   write_all(header.data(), header.size(), 0);
 }
@@ -392,8 +390,7 @@ void TokenFileWriter::write_all(const void* data, size_t n, int64_t offset) {
     if (put < 0 && errno == EINTR) continue;
     if (put <= 0)
       throw Error("cannot write the token file " + path_ + ": " +
-                  std::strerror(put < 0 ? errno : ENOSPC) + " (nothing was written over " + path_ +
-                  ")");
+                  write_failure(put < 0 ? errno : ENOSPC) + "; nothing was written over " + path_);
     p += put;
     n -= static_cast<size_t>(put);
     offset += put;
@@ -413,7 +410,8 @@ void TokenFileWriter::commit() {
   const std::string header = token_file_header(tokens_, vocab_size_);
   write_all(header.data(), header.size(), 0);
   if (::fsync(fd_) != 0)
-    throw Error("cannot write the token file " + path_ + ": " + std::strerror(errno));
+    throw Error("cannot write the token file " + path_ + ": fsync failed: " + write_failure(errno) +
+                "; nothing was written over " + path_);
   ::close(fd_);
   fd_ = -1;
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) {

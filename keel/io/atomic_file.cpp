@@ -56,9 +56,7 @@ size_t write_file_atomic(const std::string& path, const void* const* chunks, con
                 Error::kUsage);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0)
-    throw Error("cannot write " + path + ": " + std::strerror(errno) +
-                " (check that the directory exists and is writable)");
+  if (fd < 0) throw Error("cannot write " + path + ": " + write_failure(errno));
   size_t calls = 0;
   for (size_t c = 0; c < count; ++c) {
     const char* p = static_cast<const char*>(chunks[c]);
@@ -71,9 +69,7 @@ size_t write_file_atomic(const std::string& path, const void* const* chunks, con
         const int err = errno;
         ::close(fd);
         ::unlink(tmp.c_str());
-        throw Error("cannot write " + path + ": " + std::strerror(err) +
-                    (err == EFBIG ? " (the process's file-size limit, ulimit -f, is reached)"
-                                  : " (is the disk full?)"));
+        throw Error("cannot write " + path + ": " + write_failure(err));
       }
       p += w;
       left -= static_cast<size_t>(w);

@@ -47,9 +47,8 @@ OutDirLock::OutDirLock(const std::string& out_dir, const std::string& key,
   const std::string path = out_dir + "/" + kOutDirLockFile;
   fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0)
-    throw Error(
-        "cannot open " + path + ": " + std::strerror(errno) + " (" + key + " must be writable)",
-        Error::kUsage);
+    throw Error("cannot open " + path + ", the lock of " + key + ": " + write_failure(errno),
+                Error::kUsage);
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     char holder[512] = {};

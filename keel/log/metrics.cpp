@@ -1,5 +1,7 @@
 #include "keel/log/metrics.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -83,9 +85,12 @@ MetricsWriter::MetricsWriter(const std::string& out_dir) {
   std::filesystem::create_directories(out_dir, ec);
   path_ = (std::filesystem::path(out_dir) / "metrics.jsonl").string();
   f_ = std::fopen(path_.c_str(), "a");
-  if (!f_)
-    throw Error("cannot open " + path_ + " for appending: " + std::strerror(errno) +
-                " (check that the output directory is writable)");
+  if (!f_) throw Error("cannot open " + path_ + " for appending: " + write_failure(errno));
+  // Unbuffered: each line is one write(2), and what a failed one left is cut off below (a full
+  // disk left half a record as the file's last line, and the rest waited in stdio's buffer).
+  std::setvbuf(f_, nullptr, _IONBF, 0);
+  std::fseek(f_, 0, SEEK_END);
+  whole_ = std::ftell(f_);
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -100,8 +105,13 @@ void MetricsWriter::write_record(const json& record) { write_line(json_finite(re
 
 void MetricsWriter::write_line(const std::string& text) {
   const std::string line = text + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0)
-    throw Error("cannot write " + path_ + ": " + std::strerror(errno) + " (is the disk full?)");
+  if (std::fwrite(line.data(), 1, line.size(), f_) != line.size() || std::fflush(f_) != 0) {
+    const int err = errno;
+    if (::ftruncate(::fileno(f_), whole_) == 0) std::clearerr(f_);
+    throw Error("cannot write " + path_ + ": " + write_failure(err) +
+                "; the records before this one are kept");
+  }
+  whole_ += static_cast<long>(line.size());
 }
 
 }  // namespace keel::log

@@ -48,6 +48,7 @@ class MetricsWriter {
   void write_line(const std::string& text);
   std::string path_;
   std::FILE* f_ = nullptr;
+  long whole_ = 0;  // the file's bytes up to its last whole line
 };
 
 }  // namespace keel::log

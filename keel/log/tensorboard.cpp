@@ -149,9 +149,7 @@ TensorBoardWriter::TensorBoardWriter(const std::string& out_dir, int64_t purge_s
   path_ = base;
   for (int i = 1; fs::exists(path_); ++i) path_ = base + "." + std::to_string(i);
   f_ = std::fopen(path_.c_str(), "wb");
-  if (!f_)
-    throw Error("cannot create " + path_ + ": " + std::strerror(errno) +
-                " (check that the output directory is writable)");
+  if (!f_) throw Error("cannot create " + path_ + ": " + write_failure(errno));
   append(encode_file_version_event(t, "brain.Event:2"));
   if (purge_step >= 0) append(encode_session_start_event(t, purge_step));
 }
@@ -163,7 +161,7 @@ TensorBoardWriter::~TensorBoardWriter() {
 void TensorBoardWriter::append(const std::string& event) {
   const std::string rec = encode_record(event);
   if (std::fwrite(rec.data(), 1, rec.size(), f_) != rec.size() || std::fflush(f_) != 0)
-    throw Error("cannot write " + path_ + ": " + std::strerror(errno) + " (is the disk full?)");
+    throw Error("cannot write " + path_ + ": " + write_failure(errno));
 }
 
 void TensorBoardWriter::write(const StepResult& r) {

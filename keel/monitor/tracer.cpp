@@ -291,15 +291,15 @@ struct UnderflowOverflowTracer::Impl {
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
     log = std::fopen(log_path.c_str(), "a");
     if (!log)
-      throw Error("underflow/overflow tracer: cannot open " + log_path + " for appending: " +
-                  std::strerror(errno) + " (check that run.out_dir is writable)");
+      throw Error("underflow/overflow tracer: cannot open " + log_path +
+                  " for appending: " + write_failure(errno));
   }
 
   void write(const std::string& text) {
     open_log();
     if (std::fwrite(text.data(), 1, text.size(), log) != text.size())
       throw Error("underflow/overflow tracer: cannot write " + log_path + ": " +
-                  std::strerror(errno) + " (is the disk full?)");
+                  write_failure(errno));
   }
 
   void flush() {

@@ -1,7 +1,9 @@
 // keel::Error: every user-facing failure. The message names the file or object, the place and the
 // fix; the CLI maps `kind` to the exit codes of DESIGN §6 (usage/config errors exit 2, others 1).
 #pragma once
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -20,6 +22,43 @@ inline Error check_failure(const char* file, int line, const std::string& msg) {
   if (debug && std::string(debug) == "1")
     return Error(std::string(file) + ":" + std::to_string(line) + ": " + msg);
   return Error(msg);
+}
+
+// Why a file could not be created or written (errno `err`), with the fix for that cause: every
+// failure said "check that the directory is writable" or "is the disk full?", also the open-file
+// limit (ulimit -n) and a read-only file system.
+inline std::string write_failure(int err) {
+  const char* fix = nullptr;
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT:
+      fix = "the disk or quota is full: free space, or write elsewhere";
+      break;
+    case EFBIG:
+      fix = "the process's file-size limit, ulimit -f, is reached";
+      break;
+    case EMFILE:
+    case ENFILE:
+      fix = "too many files open at once: raise the limit (ulimit -n)";
+      break;
+    case EROFS:
+      fix = "the file system is read-only: give a writable directory";
+      break;
+    case EACCES:
+    case EPERM:
+      fix = "check that the directory is writable";
+      break;
+    case ENOENT:
+    case ENOTDIR:
+      fix = "check that the directory exists";
+      break;
+    case EIO:
+      fix = "the disk may be failing";
+      break;
+    default:
+      fix = "check that the directory exists, is writable and has space";
+  }
+  return std::string(std::strerror(err)) + " (" + fix + ")";
 }
 
 // KEEL_CHECK(cond, msg): an invariant (programming errors, not user input: inputs are checked

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -150,6 +151,19 @@ RunRecord RunService::must_get(const std::string& id) {
   return records_.emplace(id, *r).first->second;  // a save in between wins
 }
 
+void RunService::save_unsaved() {
+  std::map<std::string, RunRecord> pending;
+  {
+    std::lock_guard<std::mutex> lock(records_mu_);
+    pending = unsaved_;
+  }
+  for (const auto& [id, r] : pending) {
+    registry_.update(r);  // its Error names the registry and why (a 500 for the request)
+    std::lock_guard<std::mutex> lock(records_mu_);
+    unsaved_.erase(id);
+  }
+}
+
 void RunService::save(const RunRecord& r, bool insert) {
   if (insert)
     registry_.insert(r);
@@ -159,6 +173,7 @@ void RunService::save(const RunRecord& r, bool insert) {
   {
     std::lock_guard<std::mutex> lock(records_mu_);
     records_[r.id] = stored;
+    unsaved_.erase(r.id);  // written now, newer than what waited
   }
   feed_of(stored)->set_state(stored.state);
 }
@@ -200,6 +215,7 @@ void RunService::start_child(RunRecord& r, bool resume) {
 std::pair<int, json> RunService::create(const std::string& body, const std::string& idem_key) {
   std::lock_guard<std::mutex> lock(mu_);
   if (shutting_down_) throw HttpError(503, "the server is shutting down");
+  save_unsaved();  // else the registry holds a run that ended as active: "one run at a time"
   if (!idem_key.empty()) {
     if (auto r = registry_.by_idempotency_key(idem_key)) {
       if (r->request != body)
@@ -238,7 +254,12 @@ std::pair<int, json> RunService::create(const std::string& body, const std::stri
 }
 
 json RunService::list(size_t limit, const std::string& after) {
-  const std::vector<RunRecord> all = registry_.list();
+  std::vector<RunRecord> all = registry_.list();
+  {
+    std::lock_guard<std::mutex> lock(records_mu_);
+    for (RunRecord& r : all)
+      if (auto it = unsaved_.find(r.id); it != unsaved_.end()) r = it->second;
+  }
   size_t begin = 0;
   if (!after.empty()) {
     // Runs are never deleted: an id that is no run is the client's mistake (a typo, another
@@ -290,6 +311,7 @@ json RunService::resume(const std::string& id) {
     throw HttpError(
         409, "run " + id + " is " + r.state + "; only a stopped or interrupted run can be resumed",
         {{"state", r.state}});
+  save_unsaved();
   for (const RunRecord& o : registry_.list())
     if (is_active_state(o.state))
       throw HttpError(409, "run " + o.id + " is " + o.state + "; one run at a time",
@@ -337,7 +359,22 @@ void RunService::on_child_exit(pid_t pid, ChildExit e) {
     r.exit_code = e.signal ? 128 + e.signal : e.code;
     r.pid = 0;
     r.pid_start.clear();
-    save(r, /*insert=*/false);
+    try {
+      save(r, /*insert=*/false);
+    } catch (const Error& e) {
+      // A full or failing disk under --root (which also ends the run): thrown in this waiter
+      // thread it was std::terminate, the server gone. The end is kept for the answers and
+      // written before the next change of state.
+      std::fprintf(stderr,
+                   "keel serve | run %s ended (%s) but the registry could not record it: %s; "
+                   "it is recorded once the registry can be written (free space on --root)\n",
+                   r.id.c_str(), r.state.c_str(), e.what());
+      {
+        std::lock_guard<std::mutex> l(records_mu_);
+        records_[r.id] = unsaved_[r.id] = r;
+      }
+      p->set_state(r.state);
+    }
   }
   exited_.notify_all();
 }

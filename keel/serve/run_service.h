@@ -59,6 +59,7 @@ class RunService {
   nlohmann::json to_json(const RunRecord& r);
   RunRecord must_get(const std::string& id);    // 404 otherwise
   void save(const RunRecord& r, bool insert);   // to the registry, the cache and the feed
+  void save_unsaved();                          // mu_ held; Error while the registry refuses
   void start_child(RunRecord& r, bool resume);  // mu_ held
   void on_child_exit(pid_t pid, ChildExit e);
   std::shared_ptr<RunFeed> feed_of(const RunRecord& r);
@@ -73,6 +74,9 @@ class RunService {
   bool shutting_down_ = false;
   std::mutex records_mu_;
   std::map<std::string, RunRecord> records_;  // as last written to (or read from) the registry
+  // Runs' ends the registry could not record (a full disk under --root): the answers say them,
+  // and they are written before the next change of state (records_mu_).
+  std::map<std::string, RunRecord> unsaved_;
   std::mutex feeds_mu_;
   std::map<std::string, std::shared_ptr<RunFeed>> feeds_;
   std::condition_variable poll_;  // with mu_: a child started, or the service ends

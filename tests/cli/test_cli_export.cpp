@@ -4,6 +4,8 @@
 // bit for bit; PyTorch's reference forward of the export (tests/fixtures/hf_forward.py, when
 // python3-torch is installed) agrees; tokenizer files and ids travel; bad flags are usage errors.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -375,6 +377,28 @@ TEST(CliExport, TokenizerFilesAreCopiedAndBadFlagsAreUsageErrors) {
 // checkpoint it read (resume and generate failed after it), `--out BASE` an adapter run's frozen
 // base, a file as --out gave std::filesystem's raw text, and a failed sharded export left its
 // first shards beside the previous export. Now refused, or staged beside --out and moved in whole.
+// An export or init-model killed while writing left its staging directory, .OUT.tmp-PID with a
+// whole model's weights, beside --out for good: a later write removed only its own. Now a write
+// removes those whose process is gone, and leaves a live one (another write in progress).
+TEST(CliExport, AStagingDirectoryOfAKilledWriteIsRemovedByTheNext) {
+  const std::string dir = test::temp_dir("export-stale-stage");
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string stale = dir + "/.m.tmp-" + std::to_string(dead);
+  const std::string live = dir + "/.m.tmp-" + std::to_string(::getpid());
+  fs::create_directories(stale);
+  std::ofstream(stale + "/model.safetensors") << "half a model";
+  fs::create_directories(live);
+  const test::KeelRun r = test::run_keel(
+      {"init-model", "--out", dir + "/m", "--n-layer", "1", "--n-embd", "32", "--n-head", "2"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(dir + "/m/model.safetensors"));
+}
+
 TEST(CliExport, OutNeverReplacesWhatItReadsAndAFailedExportChangesNothing) {
   const std::string dir = trained_run("llama", "lora");
   const std::string out = dir + "/out", last = out + "/checkpoints/last";

@@ -116,6 +116,24 @@ TEST(CliGenerate, HfDirectoryGreedyEqualsTheLibraryAndStreamsTheSameText) {
   }
 }
 
+// Standard output that cannot be written: > /dev/full, or a pipe whose reader is gone (`| head`,
+// here `| true`, which has exited before keel starts). Generation went on to --max-new-tokens for
+// no reader and exited 0 (or keel died of SIGPIPE); now it stops at the first failed write with
+// exit 1 and says why.
+TEST(CliGenerate, AFullDiskOrAClosedPipeOnStdoutStopsWithAnError) {
+  const std::string gen = test::keel_binary() + " generate '" + base_dir() +
+                          "' 'The cat' --tokenizer byte --max-new-tokens 40";
+  test::KeelRun r = test::run_command({"/bin/sh", "-c", gen + " > /dev/full"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "cannot write standard output: No space left on device");
+  EXPECT_CONTAINS(r.err, "generation stopped after 1 new token");
+  r = test::run_command(
+      {"/bin/sh", "-c", "{ sleep 0.3; " + gen + "; echo \"exit $?\" >&2; } | true"});
+  EXPECT_CONTAINS(r.err, "exit 1");
+  EXPECT_CONTAINS(r.err, "the pipe was closed");
+  EXPECT_EQ(r.err.find("tokens after a"), std::string::npos) << r.err;  // no summary of success
+}
+
 // The status line gave "5 tokens ... in 0.142 s (2051.9 tokens/s)": the seconds held the prompt's
 // pass, the rate did not. Now each figure is over its own part.
 TEST(CliGenerate, TheStatusLineTimesThePromptPassAndTheDecodeApart) {

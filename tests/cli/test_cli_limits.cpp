@@ -110,6 +110,29 @@ TEST(CliLimits, AnAllocationThatFailsIsAnOutOfMemoryErrorNamingTheKeys) {
 #endif
 }
 
+// The allocator's message names training's keys: `keel init-model` (or generate, export) out of
+// memory was told to "lower train.batch_size or data.seq_len", which it has not. Now each
+// command's own: here its size flags.
+TEST(CliLimits, OutOfMemoryOutsideTrainingNamesTheCommandsOwnFix) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "an address-space limit cannot apply under AddressSanitizer";
+#else
+  if (std::getenv("KEEL_TEST_SANITIZED"))
+    GTEST_SKIP() << "an address-space limit cannot apply under AddressSanitizer";
+  const std::string out = test::temp_dir("cli-limits-oom-init") + "/m";
+  // 8 layers 2048 wide: 1.6 GB of f32 weights under a 700 MB address space.
+  auto r = test::run_command({"/bin/sh", "-c",
+                              "ulimit -v 700000 && exec " + std::string(KEEL_BINARY_DIR) +
+                                  "/keel init-model --out " + out +
+                                  " --n-layer 8 --n-embd 2048 --n-head 16"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "out of memory allocating a tensor of");
+  EXPECT_CONTAINS(r.err, "lower --n-layer, --n-embd or --vocab-size");
+  EXPECT_EQ(r.err.find("train.batch_size"), std::string::npos) << r.err;
+  EXPECT_EQ(r.output.find("bad_alloc"), std::string::npos) << r.output;
+#endif
+}
+
 TEST(CliLimits, ThreadsBeyondTheCoresAreCappedWithAWarning) {
   const std::string out = test::temp_dir("cli-limits-threads");
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());

@@ -199,6 +199,28 @@ TEST(CliOutDir, AFileSizeLimitIsAWriteErrorNotASignal) {
   EXPECT_CONTAINS(r.err, "cannot write");
 }
 
+// `keel train | head`: the closed pipe's SIGPIPE killed the run at its next progress line, every
+// step since the last checkpoint lost (here all: none was due). Now the run stops as on SIGTERM,
+// with checkpoints/last saved, says so with exit 1, and resumes to the end.
+TEST(CliOutDir, AClosedPipeOnStdoutStopsTheRunWithItsCheckpoint) {
+  const std::string out = test::temp_dir("outdir-pipe");
+  std::string cmd = test::keel_binary();
+  for (const std::string& a : train(out, {"train.max_steps=40", "log.checkpoint_every=1000"}))
+    cmd += " '" + a + "'";
+  // `true` has exited before keel writes its first line.
+  auto r = test::run_command(
+      {"/bin/sh", "-c", "{ sleep 0.3; " + cmd + "; echo \"exit $?\" >&2; } | true"});
+  EXPECT_CONTAINS(r.err, "exit 1");
+  EXPECT_CONTAINS(r.err, "cannot write standard output: the pipe was closed");
+  EXPECT_CONTAINS(r.err, "the run stopped after step 1");
+  EXPECT_CONTAINS(r.err, "run.resume=true");
+  EXPECT_EQ(saved_step(out), 1);
+  r = run_keel(train(out, {"train.max_steps=40", "log.checkpoint_every=1000", "run.resume=true"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(saved_step(out), 40);
+  EXPECT_EQ(step_records(out).size(), 40u);
+}
+
 // A crash at each stage of the 2nd save of checkpoints/last (step 2), then a resume: the run
 // continues from step 1 or 2 (never from scratch), cleans the leftovers, logs every step once and
 // ends with the uninterrupted run's weights.

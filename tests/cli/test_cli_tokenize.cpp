@@ -356,5 +356,13 @@ TEST(CliTokenize, OutputIsWrittenInPiecesAndNothingOnAFailedWrite) {
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(bad), {}), 0);
 }
 
+// Printed ids are the command's output: lost to a full disk they ended in exit 0.
+TEST(CliTokenize, IdsThatCannotBePrintedAreAnError) {
+  const test::KeelRun r =
+      test::run_command({"/bin/sh", "-c", test::keel_binary() + " tokenize hello > /dev/full"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "cannot write standard output: No space left on device");
+}
+
 }  // namespace
 }  // namespace keel

@@ -3,9 +3,11 @@
 // header can be read alone, so that sizes are checked before anything is allocated.
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -288,6 +290,28 @@ TEST(Safetensors, AWriteFailingInsideABlockKeepsThePreviousFile) {
   // With the limit back, the same write goes through.
   write_safetensors(p, views);
   test::expect_bitwise_equal(read_safetensors(p).at("b.m"), flat.slice_rows(4096, 8192), "b.m");
+}
+
+// The open-file limit reached (EMFILE) was reported as "check that the directory exists and is
+// writable", the one thing that was fine. Now the cause's own fix: raise ulimit -n.
+TEST(Safetensors, AFailedCreateSaysTheFixOfItsCause) {
+  const std::string p = test::temp_dir("safetensors-nofile") + "/state.safetensors";
+  const int lowest_free = ::open("/dev/null", O_RDONLY);  // every descriptor below it is open
+  ASSERT_GE(lowest_free, 0);
+  ::close(lowest_free);
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit small = saved;
+  small.rlim_cur = static_cast<rlim_t>(lowest_free);  // no descriptor can be opened
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &small), 0);
+  const std::string m = error_of([&] { write_safetensors(p, {{"m", test::randn({8}, 1)}}); });
+  setrlimit(RLIMIT_NOFILE, &saved);
+  EXPECT_CONTAINS(m, "cannot write " + p);
+  EXPECT_CONTAINS(m, "Too many open files");
+  EXPECT_CONTAINS(m, "ulimit -n");
+  EXPECT_EQ(m.find("writable"), std::string::npos) << m;
+  EXPECT_CONTAINS(write_failure(EROFS), "read-only");
+  EXPECT_CONTAINS(write_failure(ENOSPC), "free space");
 }
 
 // A pipe (or device) at the path is refused, not replaced by the file renamed over it: as root,

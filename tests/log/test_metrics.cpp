@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -158,6 +160,35 @@ TEST(Metrics, RunLoggersFollowTheLogConfig) {
   }
   std::fclose(devnull);
   EXPECT_EQ(read_jsonl(out + "/metrics.jsonl").size(), 2u);
+}
+
+// A disk that fills (a 16 KB tmpfs): the failed write left half a record as the file's last
+// line (and the rest in stdio's buffer, written at close). Now the error names the file and the
+// cause, and the file holds exactly the records written before it. Needs root (mount).
+TEST(Metrics, AFullDiskLeavesNoHalfRecord) {
+  const std::string dir = test::temp_dir("metrics-enospc");
+  if (::geteuid() != 0 ||
+      std::system(("mount -t tmpfs -o size=16k tmpfs '" + dir + "' 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "needs root and mount (a small tmpfs)";
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { std::system(("umount -l '" + dir + "'").c_str()); }
+  } unmount{dir};
+  size_t written = 0;
+  std::string error;
+  {
+    MetricsWriter w(dir);
+    try {
+      for (; written < 100000; ++written) w.write(step(static_cast<int64_t>(written) + 1, 2.5, 1));
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  EXPECT_CONTAINS(error, dir + "/metrics.jsonl");
+  EXPECT_CONTAINS(error, "No space left on device");
+  const std::vector<json> recs = read_jsonl(dir + "/metrics.jsonl");  // every line whole
+  ASSERT_EQ(recs.size(), written);
+  EXPECT_EQ(recs.back()["step"], static_cast<int64_t>(written));
 }
 
 }  // namespace

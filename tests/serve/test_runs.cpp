@@ -3,8 +3,10 @@
 // and restarted (interrupted, resumable), a non-finite stop with its capture.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -662,6 +664,43 @@ TEST(ServeRuns, AFailedRunSaysWhyAndTheServerCarriesOn) {
   EXPECT_CONTAINS(run["error"].get<std::string>(), "bad.jsonl");
   EXPECT_FALSE(run["resumable"].get<bool>());
   create(api, tiny_config(2));  // not active any more
+}
+
+// --root on a disk that fills while a run trains (an 8 MB tmpfs): the run fails on its writes,
+// and the registry cannot record its end either. That Error, thrown in the thread that waits for
+// the child, was std::terminate: the server aborted. Now the server carries on, answers with the
+// run's end, and records it once the disk has space again. Needs root (mount); skipped otherwise.
+TEST(ServeRuns, ARootOnAFullDiskKeepsTheServerUpAndRecordsTheRunsEndLater) {
+  Service s;
+  fs::create_directories(s.root);
+  if (::geteuid() != 0 ||
+      std::system(("mount -t tmpfs -o size=8M tmpfs '" + s.root + "' 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "needs root and mount (a tmpfs to fill)";
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { std::system(("umount -l '" + dir + "'").c_str()); }
+  } unmount{s.root};
+  ServeProcess srv(s.args);
+  ASSERT_TRUE(srv.started()) << srv.output();
+  Api api{srv.port(), kTestKey};
+  json cfg = tiny_config(100000);
+  cfg["log"]["every"] = 1;  // a page of metrics.jsonl every ~20 steps: a write soon fails
+  const std::string id = create(api, cfg);
+  api.wait_run(id, [](const json& j) { return j["step"].is_number(); });
+  const std::string fill = s.root + "/fill";
+  ASSERT_NE(std::system(("dd if=/dev/zero of='" + fill + "' bs=64k 2>/dev/null").c_str()), -1);
+  const json run = api.wait_run(
+      id, [](const json& j) { return j["state"] != "running" && j["state"] != "queued"; });
+  EXPECT_EQ(run["state"], "failed") << run.dump();
+  EXPECT_EQ(::kill(srv.pid(), 0), 0) << "keel serve died: " << srv.output();
+  EXPECT_CONTAINS(srv.output(), "the registry could not record it");
+  fs::remove(fill);
+  const std::string next = create(api, tiny_config(2));  // not active, and written now
+  EXPECT_FALSE(next.empty());
+  srv.stop();
+  serve::Registry reg(s.root + "/keel-serve.db");
+  ASSERT_TRUE(reg.get(id).has_value());
+  EXPECT_EQ(reg.get(id)->state, "failed");
 }
 
 // A stopped LoRA run has its adapter so far (not only a finished one): download it.
