@@ -227,8 +227,8 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     if (!advisor && !cfg.log.per_layer_grad_norm) return;
     if (trainer_ptr->last_grad_pass().sum_squares_of.size() != trainer_ptr->trainable().size())
       return;  // no pass this step (the bench's switch)
-    layers =
-        monitor::per_layer_grad_norms(trainer_ptr->trainable(), &trainer_ptr->last_grad_pass());
+    layers = monitor::per_layer_grad_norms(trainer_ptr->trainable(), &trainer_ptr->last_grad_pass(),
+                                           &trainer_ptr->last_unselected());
     if (!cfg.log.per_layer_grad_norm) return;
     for (const auto& b : layers) {
       step_extra["grad_norm/" + b.block] = b.norm;

@@ -124,15 +124,20 @@ json checkpoint_base_reference(const std::string& checkpoint_dir) {
 }
 
 void check_base_reference(const json& ref, const std::string& checkpoint_dir,
-                          const std::string& base_dir, const std::string& fix) {
-  const std::string head = "checkpoint " + checkpoint_dir +
+                          const std::string& base_dir, const std::string& fix,
+                          const std::string& what) {
+  const bool capture = what == "capture";
+  const std::string head = what + " " + checkpoint_dir +
                            " holds only the trained tensors of an adapter run; its frozen base is "
                            "the model directory " +
                            ref.value("path", std::string("?")) + " (" +
                            ref.value("resolved", std::string("?")) + "), but ";
   if (!ref.contains("files") || !ref["files"].is_array())
-    throw Error(checkpoint_dir + "/config.json: keel_checkpoint.base has no \"files\" array (" +
-                    kDamagedCheckpointUseFix + ")",
+    throw Error(checkpoint_dir +
+                    (capture ? "/capture.json: \"base\" has no \"files\" array (the capture is "
+                               "corrupt: re-run the training to write a new one)"
+                             : "/config.json: keel_checkpoint.base has no \"files\" array (" +
+                                   std::string(kDamagedCheckpointUseFix) + ")"),
                 Error::kUsage);
   if (!directory_exists(base_dir))
     throw Error(head + base_dir + " is not a directory; " + fix, Error::kUsage);
@@ -145,8 +150,8 @@ void check_base_reference(const json& ref, const std::string& checkpoint_dir,
       if (e["file"] == name) have = e;
     if (have.is_null()) have = entry(base_dir, name, name.find(".json") != std::string::npos);
     if (have["bytes"] != field(want, "bytes") || have["fnv1a64"] != field(want, "fnv1a64"))
-      throw Error(head + base_dir + "/" + name + " differs (now " + describe(have) +
-                      ", when the checkpoint was written " + describe(want) + "); " + fix,
+      throw Error(head + base_dir + "/" + name + " differs (now " + describe(have) + ", when the " +
+                      what + " was written " + describe(want) + "); " + fix,
                   Error::kUsage);
   }
   for (const json& e : now) {

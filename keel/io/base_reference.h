@@ -22,9 +22,11 @@ nlohmann::json checkpoint_base_reference(const std::string& checkpoint_dir);
 
 // Checks `base_dir` against the reference of the checkpoint at `checkpoint_dir`: an Error (kUsage)
 // naming the checkpoint, the base directory and the first file that is missing or differs, with
-// the fix in `fix`.
+// the fix in `fix`. `what`: "checkpoint", or "capture" for a NaN capture's reference (a replay
+// said "checkpoint CAPTURE_DIR" and "when the checkpoint was written").
 void check_base_reference(const nlohmann::json& ref, const std::string& checkpoint_dir,
-                          const std::string& base_dir, const std::string& fix);
+                          const std::string& base_dir, const std::string& fix,
+                          const std::string& what = "checkpoint");
 
 // Where the referenced base is: `moved_to` when given (the base's new place, from `--base DIR`),
 // else `resolved` when it exists, else `path` as given (relative to the current directory);

@@ -301,6 +301,25 @@ void for_each_weight(models::CausalLM& model, const std::string& dir,
                   " that has no such parameter; was the file written for another model?)");
 }
 
+std::optional<FileElement> file_element(const models::ModelSpec& spec, const std::string& dir,
+                                        const std::string& name, const Shape& index) {
+  if (is_keel_checkpoint(dir) || index.size() != 2) return std::nullopt;
+  const WeightSource src = map_weights(dir);
+  std::string key = name;  // GPT-2's own files name tensors without the `transformer.` prefix
+  if (!src.tensors.count(key) && spec.family == "gpt2" && name.rfind("transformer.", 0) == 0)
+    key = name.substr(12);
+  const auto it = src.tensors.find(key);
+  if (it == src.tensors.end() || it->second.info->shape.size() != 2) return std::nullopt;
+  const TensorInfo& info = *it->second.info;
+  FileElement e{it->second.file->path(), key, index, 0};
+  if (is_conv1d(spec.family, name)) std::swap(e.index[0], e.index[1]);
+  if (e.index[0] >= info.shape[0] || e.index[1] >= info.shape[1]) return std::nullopt;
+  const int64_t flat = e.index[0] * info.shape[1] + e.index[1];
+  const Tensor t = it->second.file->tensor(info);
+  e.value = t.view({-1}).slice_rows(flat, flat + 1).to_dtype(DType::F32).item();
+  return e;
+}
+
 std::unique_ptr<models::CausalLM> load_hf_model(const std::string& dir, DType param_dtype,
                                                 ops::AttentionBackend attention,
                                                 const WeightCheck& check) {

@@ -77,6 +77,19 @@ std::unique_ptr<models::CausalLM> load_hf_model(
     const std::string& dir, DType param_dtype = DType::F32,
     ops::AttentionBackend attention = ops::AttentionBackend::kEager, const WeightCheck& check = {});
 
+// Where element `index` (keel's layout) of base parameter `name` of a `spec` model lies in DIR's
+// weight files, and the value stored there: GPT-2's Conv1D weights are [in, out] in the file, and
+// a value rounded into a narrower parameter dtype (model.base_dtype = "bf16") is the file's before
+// rounding. nullopt when DIR is a keel checkpoint or holds no such tensor. Reads one tensor.
+struct FileElement {
+  std::string file;  // the weight file holding the tensor
+  std::string tensor;
+  Shape index;  // in the file's shape
+  double value = 0;
+};
+std::optional<FileElement> file_element(const models::ModelSpec& spec, const std::string& dir,
+                                        const std::string& name, const Shape& index);
+
 // config.json's sizes (`spec`, read from DIR/config.json) against the weights' headers, before any
 // parameter is allocated: a layer count, width, vocabulary or context that the files do not hold
 // is an Error (kUsage) naming the field. No-op when DIR holds no weights.

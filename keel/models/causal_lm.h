@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "keel/models/kv_cache.h"
 #include "keel/nn/module.h"
@@ -56,8 +57,8 @@ class CausalLM : public nn::Module {
   // values are allocated whole at the first step: Llama-3.1-8B's 131,072 positions would take
   // 16 GB in bf16, so a decode asks for the prompt plus the tokens it may add.
   KVCache make_kv_cache(int64_t positions = 0) const {
-    return KVCache(spec_.n_layer, positions > 0 ? std::min(positions, spec_.max_seq_len)
-                                                : spec_.max_seq_len);
+    return KVCache(spec_.n_layer,
+                   positions > 0 ? std::min(positions, spec_.max_seq_len) : spec_.max_seq_len);
   }
   const ModelSpec& spec() const { return spec_; }
   void set_attention_backend(ops::AttentionBackend b) { spec_.attention = b; }
@@ -69,6 +70,15 @@ class CausalLM : public nn::Module {
     blocks_per_segment_ = blocks_per_segment;
   }
   int64_t activation_checkpointing() const { return blocks_per_segment_; }
+  // The untied lookup tables: parameters whose gradient comes only from an embedding lookup, and
+  // whether positions (0..T-1) or token ids select their rows. A row no input of a step selected
+  // keeps a gradient of exactly 0 in any precision: the per-layer underflow statistics leave such
+  // rows out (Trainer::last_unselected).
+  struct LookupTable {
+    std::string param;
+    bool by_position = false;
+  };
+  virtual std::vector<LookupTable> lookup_tables() const { return {}; }
 
  protected:
   // The forward of the family; with a cache, positions start at cache->length (batch 1, no mask)

@@ -51,6 +51,11 @@ class GPT2LMHeadModel : public CausalLM {
   GPT2LMHeadModel(const ModelSpec& s, uint64_t seed);
   GPT2Model* transformer;
 
+  // wte is tied to the head (every row gets the head's gradient); wpe is a pure lookup.
+  std::vector<LookupTable> lookup_tables() const override {
+    return {{"transformer.wpe.weight", true}};
+  }
+
  protected:
   Tensor run(const Tensor& input_ids, const Tensor& attention_mask, KVCache* cache) override;
 };

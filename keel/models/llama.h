@@ -51,6 +51,11 @@ class LlamaForCausalLM : public CausalLM {
   LlamaModel* model;
   nn::Linear* lm_head = nullptr;  // null when tied to embed_tokens
 
+  std::vector<LookupTable> lookup_tables() const override {
+    if (spec_.tie_embeddings) return {};  // the tied head gives every row a gradient
+    return {{"model.embed_tokens.weight", false}};
+  }
+
  protected:
   Tensor run(const Tensor& input_ids, const Tensor& attention_mask, KVCache* cache) override;
 };

@@ -473,7 +473,8 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
           std::fprintf(stderr, "%s\n", m.c_str());
       };
       probe = build_run(c, o);
-      for (const std::string& w : weights_beyond_compute_format(*probe->model, probe->policy))
+      for (const std::string& w :
+           weights_beyond_compute_format(*probe->model, probe->policy, c.model.path))
         r.checks.push_back(make("error", "weights", w));
     } catch (const std::exception& e) {
       r.checks.push_back(make("error", "setup", std::string("the run cannot start: ") + e.what()));

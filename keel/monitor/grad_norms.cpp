@@ -30,7 +30,8 @@ std::string grad_norm_block(const std::string& name) {
 }
 
 std::vector<BlockGradNorm> per_layer_grad_norms(
-    const std::vector<std::pair<std::string, Tensor>>& params, const amp::GradPass* pass) {
+    const std::vector<std::pair<std::string, Tensor>>& params, const amp::GradPass* pass,
+    const std::vector<int64_t>* unselected) {
   std::vector<Tensor> grads;
   for (const auto& [name, p] : params) grads.push_back(p.grad());
   const amp::GradPass own = pass ? amp::GradPass{} : amp::grad_pass(grads);
@@ -50,8 +51,11 @@ std::vector<BlockGradNorm> per_layer_grad_norms(
       sums.push_back(0);
     }
     sums[i] += pass->sum_squares_of[k];
-    out[i].count += g.numel();
-    out[i].zero += pass->zero_of[k];
+    // Unselected rows are among the zeros the pass counted (a gradient never touched them).
+    const int64_t skip =
+        unselected && k < unselected->size() ? std::min((*unselected)[k], pass->zero_of[k]) : 0;
+    out[i].count += g.numel() - skip;
+    out[i].zero += pass->zero_of[k] - skip;
     out[i].below_normal += pass->below_normal_of[k];
   }
   for (size_t i = 0; i < out.size(); ++i) out[i].norm = std::sqrt(sums[i]);

@@ -30,7 +30,8 @@ struct BlockGradNorm {
   std::string block;
   double norm = 0;  // inf/nan when a gradient of the block is non-finite
   // Gradient elements of the block, and how many were exactly 0 or (non-zero) below the compute
-  // format's smallest normal, as the pass counted them (amp::GradPass::zero_of).
+  // format's smallest normal, as the pass counted them (amp::GradPass::zero_of); without the rows
+  // of a lookup table that no input selected (exactly 0 in any precision, not underflow).
   int64_t count = 0, zero = 0, below_normal = 0;
   // No element of the block's gradient is a normal number of the compute format: it vanished.
   bool vanished() const { return count > 0 && zero + below_normal == count; }
@@ -42,9 +43,13 @@ struct BlockGradNorm {
 // embeddings, layers 0..L-1, final norm, head). Parameters without a gradient are skipped; a block
 // none of whose parameters has a gradient is absent. `pass`: the step's pass over exactly these
 // parameters' gradients, in this order, whose per-gradient sums and counts are reused (null: one
-// pass here, counts judged against f32).
+// pass here, counts judged against f32). `unselected` (aligned with params, or null): per
+// gradient, elements known to be exactly 0 because no input selected their row of a lookup table
+// (Trainer::last_unselected); they are left out of count and zero, so an embedding's underflow
+// share is over the rows the step used (259 rows, 13 of them used, read 95% "underflow").
 std::vector<BlockGradNorm> per_layer_grad_norms(
-    const std::vector<std::pair<std::string, Tensor>>& params, const amp::GradPass* pass = nullptr);
+    const std::vector<std::pair<std::string, Tensor>>& params, const amp::GradPass* pass = nullptr,
+    const std::vector<int64_t>* unselected = nullptr);
 
 // The largest finite |value| among the values of `params` and the parameter holding it (one pass
 // of the backend's statistics kernel per tensor, where it lives; value 0 and no name when empty).

@@ -19,6 +19,7 @@
 #include "keel/monitor/nan_capture.h"
 #include "keel/monitor/tracer.h"
 #include "keel/numerics/tensor_stats.h"
+#include "keel/numerics/text.h"
 #include "keel/ops/elementwise.h"
 #include "keel/train/checkpoint_contents.h"
 #include "keel/train/trainer.h"
@@ -85,7 +86,7 @@ nlohmann::json captured_base(const Capture& c) {
 // directory failed inside the loader with "no config.json", naming neither the capture nor the fix.
 void check_model_path(const Capture& c, const Config& cfg) {
   const nlohmann::json ref = captured_base(c);
-  if (!ref.is_null()) return check_saved_base(ref, c.dir, cfg, kModelPathFix);
+  if (!ref.is_null()) return check_saved_base(ref, c.dir, cfg, kModelPathFix, "capture");
   if (cfg.model.path.empty() || fs::is_directory(cfg.model.path)) return;
   throw Error(c.dir +
                   "/capture.json: the captured run was built from model.path = " + cfg.model.path +
@@ -573,15 +574,18 @@ std::string format_replay(const ReplayResult& r) {
   // From a non-finite loss, backward carries it into every gradient: the first of them is no
   // producer (it named transformer.ln_f.weight beside a first module found in the forward).
   if (!r.nonfinite_params.empty() && !std::isfinite(r.loss))
-    o << "  non-finite gradients in " << r.nonfinite_params.size()
-      << " parameters, carried back from the loss's own " << (std::isnan(r.loss) ? "nan" : "inf")
+    o << "  non-finite gradients in "
+      << count_of(static_cast<long long>(r.nonfinite_params.size()), "parameter")
+      << ", carried back from the loss's own " << (std::isnan(r.loss) ? "nan" : "inf")
       << ": the forward produced it, not backward\n";
   else if (!r.nonfinite_params.empty())
-    o << "  non-finite gradients in " << r.nonfinite_params.size()
-      << " parameters, first produced by backward: " << r.first_nonfinite_param << "\n";
+    o << "  non-finite gradients in "
+      << count_of(static_cast<long long>(r.nonfinite_params.size()), "parameter")
+      << ", first produced by backward: " << r.first_nonfinite_param << "\n";
   if (!r.nonfinite_param_values.empty())
-    o << "  non-finite VALUES before the step in " << r.nonfinite_param_values.size()
-      << " parameters, first: " << r.nonfinite_param_values.front() << "\n";
+    o << "  non-finite VALUES before the step in "
+      << count_of(static_cast<long long>(r.nonfinite_param_values.size()), "parameter")
+      << ", first: " << r.nonfinite_param_values.front() << "\n";
   if (!r.first_module.empty() || !r.first_phase.empty())
     o << "  first module " << (r.first_module.empty() ? "(root)" : r.first_module) << " ("
       << r.first_module_type << ", " << r.first_phase << ", " << r.first_tensor << ")\n"

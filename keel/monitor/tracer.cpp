@@ -11,6 +11,7 @@
 
 #include "keel/autograd/node.h"
 #include "keel/backend/monitor.h"
+#include "keel/nn/adapters/adapter.h"
 #include "keel/numerics/format_info.h"
 
 namespace keel::monitor {
@@ -94,6 +95,29 @@ std::string frame_path(const Frame& f) {
 }
 std::string frame_type(const Frame& f) {
   return f.module ? f.module->type() : std::string("(outside the model)");
+}
+// The finding's type. A Linear with an unmerged adapter runs the adapter's forward too (DoRA's
+// weight norm, LoRA's product), and an adapter's own lora_A/lora_B are Linears as well: plain
+// "Linear" (the log keeps PEFT's class names) hid that the adapter may be what produced the value.
+std::string finding_type(const Frame& f, nn::Module& root) {
+  const std::string type = frame_type(f);
+  if (!f.module) return type;
+  auto adapter_name = [](const nn::Linear* lin) -> std::string {
+    if (!lin || !lin->adapter || lin->adapter->merged) return "";
+    const std::string kind = lin->adapter->kind();
+    return kind == "lora" ? "LoRA" : kind == "dora" ? "DoRA" : kind == "lokr" ? "LoKr" : kind;
+  };
+  if (const std::string a = adapter_name(dynamic_cast<const nn::Linear*>(f.module)); !a.empty())
+    return a + "-adapted " + type;
+  const std::string& path = f.module->path();
+  const size_t dot = path.rfind('.');
+  if (dot == std::string::npos) return type;
+  for (nn::Module* m : root.modules())
+    if (m->path() == path.substr(0, dot)) {
+      const std::string a = adapter_name(dynamic_cast<const nn::Linear*>(m));
+      return a.empty() ? type : a + " adapter's " + type;  // the path names its layer
+    }
+  return type;
 }
 
 // `batch_header`: HF's "Starting batch" lines before the first frame of a batch (a traced batch
@@ -312,14 +336,14 @@ struct UnderflowOverflowTracer::Impl {
               const std::string& why) {
     finding.found = true;
     finding.module = frame_path(f);
-    finding.module_type = f.module ? f.module->type() : std::string();
+    finding.module_type = f.module ? finding_type(f, root) : std::string();
     finding.phase = phase;
     finding.tensor = tensor;
     finding.batch = batch;
     finding.log_path = log_path;
     const std::string who =
         f.module || f.scope
-            ? "'" + finding.module + "' (" + frame_type(f) + ")"
+            ? "'" + finding.module + "' (" + finding_type(f, root) + ")"
             : std::string("code outside any module (the loss or the training loop)");
     finding.message = "underflow/overflow tracer: the first non-finite value was produced by " +
                       who + " in " + phase + ", " + tensor + " (" + why + ") at batch " +

@@ -25,8 +25,9 @@ nlohmann::json saved_base_reference(models::CausalLM& model, const Config& c);
 
 // Checks a saved reference (`ref`, from the checkpoint or capture at `dir`) against the run's
 // model.path; no-op when `ref` is null. The fix names model.path (and `resume_force` when set).
+// `what` names `dir`: "checkpoint" or "capture".
 void check_saved_base(const nlohmann::json& ref, const std::string& dir, const Config& c,
-                      const std::string& fix);
+                      const std::string& fix, const std::string& what = "checkpoint");
 
 // Whether a parameter absent from a checkpoint holding `ref` comes from the rebuilt base.
 bool from_referenced_base(const nlohmann::json& ref, models::CausalLM& model, const Tensor& p);

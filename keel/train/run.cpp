@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "keel/backend/cuda_api.h"
 #include "keel/backend/monitor.h"
@@ -17,6 +18,7 @@
 #include "keel/data/tokenizer.h"
 #include "keel/io/atomic_file.h"
 #include "keel/io/hf_model.h"
+#include "keel/io/hf_weights.h"
 #include "keel/io/trained_model.h"
 #include "keel/models/resize.h"
 #include "keel/nn/adapters/adapter.h"
@@ -434,7 +436,8 @@ std::unique_ptr<GradScaler> build_scaler(const Config& cfg, const PrecisionPolic
 }
 
 std::vector<std::string> weights_beyond_compute_format(models::CausalLM& model,
-                                                       const PrecisionPolicy& policy) {
+                                                       const PrecisionPolicy& policy,
+                                                       const std::string& weights_dir) {
   if (policy.compute_dtype != DType::F16 || policy.kind == Precision::k32True) return {};
   constexpr double kOverflow = 65520;  // halfway to 2^16: rounds to inf, ties to even
   std::vector<Tensor> cast;            // handles: named_parameters() returns a temporary list
@@ -457,15 +460,30 @@ std::vector<std::string> weights_beyond_compute_format(models::CausalLM& model,
     for (int64_t i = 0; i < host.numel(); ++i)
       if (!(std::fabs(v[i]) < kOverflow) && !std::isnan(v[i]) && count++ == 0) first = i;
     if (count == 0) continue;  // NaN only: loaded under model.allow_nonfinite_weights, said there
+    // The user knows the weight as the file holds it: its layout (GPT-2's Conv1D weights are
+    // [in, out] in an HF file, [out, in] here) and its value (a bf16 base holds 1e5 as 99840).
+    const Shape index = shape_index(w.shape(), first);
+    std::optional<io::FileElement> in_file;
+    if (!weights_dir.empty())
+      in_file = io::file_element(model.spec(), weights_dir, w.name(), index);
     char value[32];
-    std::snprintf(value, sizeof value, "%.6g", static_cast<double>(v[first]));
+    std::snprintf(value, sizeof value, "%.6g", in_file ? in_file->value : double{v[first]});
     const bool stored_f16 = w.dtype() == DType::F16;
+    const std::string where =
+        !in_file ? shape_str(index)
+                 : shape_str(in_file->index) +
+                       (in_file->tensor == w.name() ? "" : " of " + in_file->tensor) + " in " +
+                       in_file->file;
     out.push_back(
         w.name() + " holds " + std::to_string(count) + " value" + (count == 1 ? "" : "s") +
-        " beyond f16's largest finite 65504 (the first " +
-        (stored_f16 ? std::string("already inf in its f16 copy") : std::string(value)) + " at " +
-        shape_str(shape_index(w.shape(), first)) + "): train.precision = " + policy.name() +
-        " computes its " + "matmuls in f16, where " + (stored_f16 ? "it is" : "it becomes") +
+        " beyond f16's largest finite 65504 (" +
+        // keel's first of several transposed values need not be the file's first
+        (in_file && in_file->index != index && count > 1 ? "one of them " : "the first ") +
+        (stored_f16 && !in_file                 ? std::string("already inf in its f16 copy")
+         : !in_file && w.dtype() == DType::BF16 ? std::string(value) + " as its bf16 copy holds it"
+                                                : std::string(value)) +
+        " at " + where + "): train.precision = " + policy.name() + " computes its " +
+        "matmuls in f16, where " + (stored_f16 ? "it is" : "it becomes") +
         " inf, so the first step is non-finite; switch train.precision to bf16-mixed (f32's " +
         "range) or 32-true, or correct the weight");
   }
@@ -524,7 +542,7 @@ Run build_run(const Config& cfg, const RunOptions& o) {
   // Parameters in the policy's dtype (f32 masters in the mixed policies), then padding and
   // adapters (only they train: the frozen base is excluded here).
   r.model = build_model(cfg, *r.data.tokenizer, r.data.pad_id, r.policy.param_dtype, o.say);
-  for (const std::string& w : weights_beyond_compute_format(*r.model, r.policy))
+  for (const std::string& w : weights_beyond_compute_format(*r.model, r.policy, cfg.model.path))
     say_or_print(o.say, "warning: " + w);
   r.base_ref = saved_base_reference(*r.model, cfg);
   if (r.device.is_cuda()) nn::move_to_device(*r.model, r.device);

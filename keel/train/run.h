@@ -73,9 +73,12 @@ Run build_run(const Config& cfg, const RunOptions& options = {});
 // rounds to inf; a 16-true parameter already holds that inf), one line each naming the tensor,
 // the value, its index and the fix. A weight of 1e5 in model.path made the first step non-finite
 // with nothing named. Empty for other policies. build_run says them as warnings; keel doctor
-// lists them.
+// lists them. `weights_dir` (model.path): for a model loaded from an HF directory, the first
+// value's index and value are the file's (GPT-2's Conv1D weights are [in, out] there, and a bf16
+// base holds the value rounded), naming the file.
 std::vector<std::string> weights_beyond_compute_format(models::CausalLM& model,
-                                                       const PrecisionPolicy& policy);
+                                                       const PrecisionPolicy& policy,
+                                                       const std::string& weights_dir = "");
 
 // The pieces build_run is made of, for the tools that need one of them alone.
 

@@ -112,6 +112,38 @@ std::vector<data::Batch> Trainer::window_at(int64_t epoch, int64_t first,
   return w;
 }
 
+void Trainer::count_unselected(const std::vector<data::Batch>& window) {
+  unselected_.assign(run_.trainable.size(), 0);
+  for (const models::CausalLM::LookupTable& t : run_.model->lookup_tables()) {
+    size_t k = 0;
+    while (k < run_.trainable.size() && run_.trainable[k].first != t.param) ++k;
+    if (k == run_.trainable.size()) continue;  // frozen (an adapter run): no gradient
+    const Tensor& w = run_.trainable[k].second;
+    const int64_t V = w.size(0);
+    // A position reaches the loss only through itself and later positions (causal attention):
+    // an input after its sequence's last target (padding, the last token) passes no gradient.
+    std::vector<double> selected(static_cast<size_t>(V), 0.0);  // doubles: one all-reduce max
+    for (const data::Batch& b : window) {
+      const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
+      const std::vector<int64_t> ids = b.input_ids.to_ints(), labels = b.labels.to_ints();
+      for (int64_t i = 0; i < B; ++i) {
+        int64_t last = T - 1;
+        while (last >= 0 && labels[i * T + last] == -100) --last;
+        for (int64_t j = 0; j <= last; ++j)
+          if (const int64_t row = t.by_position ? j : ids[i * T + j]; row >= 0 && row < V)
+            selected[static_cast<size_t>(row)] = 1;
+      }
+    }
+    if (coll_->world_size() > 1) {  // the gradients are summed over the ranks: so are the rows
+      coll_->set_purpose("agreeing on the embedding rows the step selected");
+      coll_->all_reduce_max(selected.data(), selected.size());
+    }
+    int64_t unused = V;
+    for (double s : selected) unused -= s != 0;
+    unselected_[k] = unused * (w.numel() / std::max<int64_t>(V, 1));
+  }
+}
+
 void Trainer::check_ranks(int64_t step) {
   std::vector<Tensor> params, opt;
   for (auto& [name, p] : run_.model->named_parameters()) params.push_back(p);
@@ -203,6 +235,7 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   // 2. Forward and backward per micro-batch.
   run_.model->train(true);
   double loss_sum = forward_backward(window, seed, r.loss_scale, tokens, coll_->rank(), W);
+  count_unselected(window);
   // 3. Distributed: every rank checks its own loss and gradients BEFORE the all-reduce (so the
   // rank that produced a non-finite value knows it and writes the capture), then one all-gather
   // of [loss, saw non-finite, which parameters hold a gradient]: every rank sums the losses in

@@ -194,6 +194,11 @@ class Trainer {
   // The last step's pass over the gradients (amp/grad_pass.h), aligned with trainable(): the
   // on_grads hook reads the per-layer sums of squares from it.
   const amp::GradPass& last_grad_pass() const { return last_pass_; }
+  // Aligned with trainable(): per gradient, the elements in rows of an untied lookup table
+  // (CausalLM::lookup_tables) that no input of the last step's window (on any rank) selected at or
+  // before the last target of its sequence. Their gradient is exactly 0 because nothing reached
+  // them, not because it underflowed; the per-layer underflow statistics leave them out.
+  const std::vector<int64_t>& last_unselected() const { return unselected_; }
   Collective& collective() { return *coll_; }
   int rank() const { return coll_->rank(); }
   int world_size() const { return coll_->world_size(); }
@@ -246,8 +251,10 @@ class Trainer {
   // agreement (train_step's found-inf all-reduce carries it), so that every rank stops after the
   // same step.
   bool stop_agreed_ = false;
-  bool ranks_checked_ = false;  // the rank-consistency check ran at least once
-  amp::GradPass last_pass_;     // the last step's gradient pass (last_grad_pass())
+  bool ranks_checked_ = false;       // the rank-consistency check ran at least once
+  amp::GradPass last_pass_;          // the last step's gradient pass (last_grad_pass())
+  std::vector<int64_t> unselected_;  // last_unselected()
+  void count_unselected(const std::vector<data::Batch>& window);
 };
 
 }  // namespace keel

@@ -316,15 +316,16 @@ json saved_base_reference(models::CausalLM& model, const Config& c) {
 }
 
 void check_saved_base(const json& ref, const std::string& dir, const Config& c,
-                      const std::string& fix) {
+                      const std::string& fix, const std::string& what) {
   if (ref.is_null()) return;
   if (c.model.path.empty())
-    throw Error(dir + " references its frozen base " + ref.value("path", std::string("?")) +
+    throw Error(what + " " + dir + " references its frozen base " +
+                    ref.value("path", std::string("?")) +
                     " (it holds only the trained tensors of an adapter run), but model.path is "
                     "empty; " +
                     fix,
                 Error::kUsage);
-  io::check_base_reference(ref, dir, c.model.path, fix);
+  io::check_base_reference(ref, dir, c.model.path, fix, what);
 }
 
 bool from_referenced_base(const json& ref, models::CausalLM& model, const Tensor& p) {

@@ -564,6 +564,10 @@ TEST(CliNan, NanEmbeddingRowHitByOneExampleIsCapturedAtItsBatch) {
   const json j = replay_json(capture, {"--bisect"});
   expect_reproduced(j, "model.embed_tokens", "Embedding", "weight");
   EXPECT_EQ(j.value("cause", std::string()), "nonfinite-parameters") << j.dump(2);
+  // One parameter in the singular (the report said "in 1 parameters").
+  EXPECT_CONTAINS(run_keel({"replay", capture}).out,
+                  "non-finite VALUES before the step in 1 parameter, first: "
+                  "model.embed_tokens.weight\n");
   EXPECT_EQ(j.at("nonfinite_rows"), json::array({126}));
   EXPECT_EQ(j.at("nonfinite_token_examples"), json::array({29}));
 
@@ -670,6 +674,10 @@ TEST(CliNan, ADoraLlamaCaptureReplaysBitExactlyAndItsReportCountsRight) {
   EXPECT_CONTAINS(rep.out, "16-mixed, attention eager, 1 thread\n");
   EXPECT_CONTAINS(rep.out, "bit-exact    yes");
   EXPECT_CONTAINS(rep.out, "(1 update was applied): lower optim.lr");
+  // The first module is the DoRA adapter's own lora_B, which the line called a plain "Linear".
+  EXPECT_CONTAINS(rep.out,
+                  "first module model.layers.0.self_attn.q_proj.lora_B (DoRA adapter's Linear, "
+                  "forward, output)");
 }
 
 // Under 16-mixed the scaler owns overflowing gradients: a scale far too high overflows the f16
@@ -783,6 +791,32 @@ TEST(CliNan, ANonFiniteEvalLossAfterFiniteStepsIsExplainedAndRepeatedAtTheEnd) {
 // from the directory's config.json: moved after the capture, replay named "no config.json" of the
 // old path (exit 1), not the capture or the fix; replaced by another model, it called the capture
 // corrupt.
+// An adapter run over an HF directory captures only its trained tensors and a reference to the
+// base; a replay against a changed base is refused. The refusal called the capture a checkpoint
+// ("checkpoint DIR holds only the trained tensors ... when the checkpoint was written").
+TEST(CliNan, AnAdapterCaptureOverAChangedBaseIsCalledACapture) {
+  const std::string dir = test::temp_dir("cli-nan-base-changed");
+  const std::string model = dir + "/model", out = dir + "/out";
+  Ran r = run_keel({"init-model", "--family", "gpt2", "--out", model});
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto sets = small_gpt2(out);
+  sets.insert(sets.end(), {"model.path=" + model, "model.adapter.kind=lora",
+                           "model.adapter.target_modules=[\"c_attn\"]", "train.max_steps=4",
+                           "debug.inject.module=transformer.h.1.attn", "debug.inject.step=2",
+                           "debug.inject.kind=inf"});
+  r = run_keel(with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+  int64_t step = 0;
+  const std::string capture = expect_captured_stop(r, out, &step);
+  r = run_keel({"init-model", "--family", "gpt2", "--out", model, "--seed", "7"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run_keel({"replay", capture});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "capture " + capture + " holds only the trained tensors of an adapter run");
+  EXPECT_CONTAINS(r.err, ", when the capture was written ");
+  EXPECT_NOT_CONTAINS(r.err, "checkpoint");
+}
+
 TEST(CliNan, AFullFineTuneCaptureNamesAModelPathThatMovedOrChanged) {
   const std::string dir = test::temp_dir("cli-nan-moved");
   const std::string model = dir + "/model", out = dir + "/out";

@@ -306,7 +306,8 @@ TEST(Doctor, AWeightBeyondF16IsAnErrorNamingIt) {
   const std::string m = find(r.checks, "weights", "error");
   EXPECT_TRUE(has(m,
                   "model.layers.1.self_attn.o_proj.weight holds 1 value beyond f16's largest "
-                  "finite 65504 (the first -200000 at [0, 3])"))
+                  "finite 65504 (the first -200000 at [0, 3] in " +
+                      dir + "/model.safetensors)"))
       << format_doctor(r);
   c.train.precision = "32-true";
   EXPECT_EQ(find(run_doctor(c).checks, "weights", "error"), "");

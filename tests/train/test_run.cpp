@@ -222,11 +222,39 @@ TEST(RunFactory, AWeightBeyondF16IsNamedUnderTheF16Policies) {
   const std::string mixed = said("16-mixed");
   EXPECT_CONTAINS(mixed,
                   "warning: model.layers.0.mlp.down_proj.weight holds 1 value beyond f16's "
-                  "largest finite 65504 (the first 100000 at [0, 17]): train.precision = 16-mixed");
+                  "largest finite 65504 (the first 100000 at [0, 17] in " +
+                      dir + "/model.safetensors): train.precision = 16-mixed");
   EXPECT_CONTAINS(mixed, "switch train.precision to bf16-mixed");
-  EXPECT_CONTAINS(said("16-true"), "(the first already inf in its f16 copy at [0, 17])");
+  // The file's value, not the f16 parameter's inf.
+  EXPECT_CONTAINS(said("16-true"), "(the first 100000 at [0, 17] in " + dir +
+                                       "/model.safetensors): train.precision = 16-true");
   EXPECT_NOT_CONTAINS(said("bf16-mixed"), "beyond f16");
   EXPECT_NOT_CONTAINS(said("32-true"), "beyond f16");
+}
+
+// The same for GPT-2, whose HF files store the Conv1D weights [in, out] (transposed on load), under
+// a bf16 base: 1e5 at [0, 77] of the file's transformer.h.0.mlp.c_fc.weight was named as "the first
+// 99840 at [77, 0]", keel's transposed index and the bf16 base's rounding, a value and a place the
+// user's file does not hold. A keel checkpoint keeps keel's layout: its index stays.
+TEST(RunFactory, AGpt2WeightBeyondF16IsNamedAtTheFilesIndexAndValue) {
+  const std::string dir = test::temp_dir("huge-weight-gpt2") + "/gpt2";
+  {
+    keel::Run base = build_run(tiny("huge-weight-gpt2-base", {"model.n_embd=64"}));
+    for (auto& [name, p] : base.model->named_parameters())
+      if (name == "transformer.h.0.mlp.c_fc.weight") {
+        ASSERT_EQ(p.shape(), (Shape{256, 64}));
+        p.data_as<float>()[77 * 64 + 0] = 1e5f;  // keel's [77, 0]: the file's [0, 77]
+      }
+    io::save_hf_model(*base.model, dir);
+  }
+  const std::string said = said_by_build(
+      of_model_dir(dir, {"model.adapter.kind=lora", "model.adapter.target_modules=[\"c_attn\"]",
+                         "model.base_dtype=bf16", "train.precision=16-mixed", "data.seq_len=16"}));
+  EXPECT_CONTAINS(said,
+                  "warning: transformer.h.0.mlp.c_fc.weight holds 1 value beyond f16's largest "
+                  "finite 65504 (the first 100000 at [0, 77] in " +
+                      dir + "/model.safetensors): train.precision = 16-mixed");
+  EXPECT_NOT_CONTAINS(said, "99840");
 }
 
 // A warmup as long as the run never reaches optim.lr nor decays: said (it ran without a word).
