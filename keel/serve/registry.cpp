@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 
 #include "keel/numerics/error.h"
 #include "keel/numerics/utc_time.h"
@@ -51,6 +52,13 @@ std::string failure(sqlite3* db, const std::string& path) {
   }
 }
 
+// SQLite's multi-line reports ("*** in database main ***\nPage 3: ...") as one line.
+std::string one_line(std::string s) {
+  for (char& c : s)
+    if (c == '\n') c = ' ';
+  return s;
+}
+
 constexpr const char* kColumns =
     "id, state, created_at, updated_at, idempotency_key, request, error, capture, pid, pid_start, "
     "exit_code, starts";
@@ -94,6 +102,11 @@ void bind_record(Stmt& st, const RunRecord& r) {
 }  // namespace
 
 Registry::Registry(const std::string& db_path) : path_(db_path) {
+  // A directory there was "unable to open database file (check that --root is writable)".
+  std::error_code ec;
+  if (std::filesystem::is_directory(db_path, ec))
+    throw Error("cannot open the run registry " + db_path +
+                ": it is a directory; move it away (keel serve creates the file)");
   if (sqlite3_open_v2(db_path.c_str(), &db_,
                       SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                       nullptr) != SQLITE_OK) {
@@ -133,8 +146,8 @@ Registry::Registry(const std::string& db_path) : path_(db_path) {
     Stmt st(db_, "PRAGMA quick_check", path_);
     const int rc = sqlite3_step(st.s);
     if (rc != SQLITE_ROW) throw Error("run registry " + path_ + ": " + failure(db_, path_));
-    if (const std::string ok = st.column_text(0); ok != "ok")
-      throw Error("run registry " + path_ + ": " + ok + " (" + path_ +
+    if (std::string ok = st.column_text(0); ok != "ok")
+      throw Error("run registry " + path_ + ": " + one_line(ok) + " (" + path_ +
                   " is damaged: restore it from a backup, or recover its rows with `sqlite3 " +
                   path_ + " .recover | sqlite3 NEW.db` and put NEW.db in its place)");
   }
@@ -147,8 +160,8 @@ void Registry::check_in_place(const std::string& what) const {
   int moved = 0;
   if (sqlite3_file_control(db_, "main", SQLITE_FCNTL_HAS_MOVED, &moved) == SQLITE_OK && moved)
     throw Error("run registry " + path_ + ": " + what + ": the file was deleted or replaced " +
-                "while keel serve ran, and what is written now would be lost; put it back, or " +
-                "restart keel serve");
+                "while keel serve ran, so what is written now would be lost: stop keel serve, " +
+                "restore the file (from a backup), then start it again");
 }
 
 Registry::~Registry() { sqlite3_close(db_); }

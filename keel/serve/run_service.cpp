@@ -395,7 +395,7 @@ void RunService::on_child_exit(pid_t pid, ChildExit e) {
       // written before the next change of state.
       std::fprintf(stderr,
                    "keel serve | run %s ended (%s) but the registry could not record it: %s; "
-                   "it is recorded once the registry can be written (free space on --root)\n",
+                   "it is recorded once the registry can be written\n",
                    r.id.c_str(), r.state.c_str(), e.what());
       {
         std::lock_guard<std::mutex> l(records_mu_);

@@ -79,7 +79,11 @@ TEST(ServeRegistry, ADamagedFileIsRefusedAtOpenNamingItAndTheFix) {
     const std::string what = open_error(db);
     EXPECT_CONTAINS(what, "run registry " + db);
     EXPECT_CONTAINS(what, db + " is damaged: restore it from a backup");
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;  // quick_check's report, one line
   }
+  fs::remove(db);
+  fs::create_directory(db);  // was "unable to open database file (check that --root is writable)"
+  EXPECT_CONTAINS(open_error(db), "cannot open the run registry " + db + ": it is a directory");
 }
 
 // A registry file this user cannot write (here immutable, as root): SQLite opened it read-only
