@@ -453,6 +453,19 @@ void RunService::shutdown() {
     for (const auto& [pid, id] : children_) ::kill(pid, SIGKILL);
     exited_.wait(lock, [&] { return children_.empty(); });
   }
+  // Ends the registry could not record (a lock held elsewhere, a full disk) were written only
+  // before the next create or resume: a server stopped first lost them, and its restart took a
+  // run that had succeeded for one it left running ("interrupted"). This is their last chance.
+  try {
+    save_unsaved();
+  } catch (const Error& e) {
+    std::lock_guard<std::mutex> l(records_mu_);
+    for (const auto& [id, r] : unsaved_)
+      std::fprintf(stderr,
+                   "keel serve | the end of run %s (%s) is not in the registry: %s; the next "
+                   "start records it as interrupted\n",
+                   id.c_str(), r.state.c_str(), e.what());
+  }
 }
 
 }  // namespace keel::serve

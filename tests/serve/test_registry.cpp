@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "keel/numerics/error.h"
 #include "keel/serve/registry.h"
@@ -151,6 +152,37 @@ TEST(ServeRegistry, AServerRefusesARegistryThatForgotTheRunsOfItsRoot) {
   }
   test::ServeProcess srv(args);
   EXPECT_TRUE(srv.started()) << srv.output();
+}
+
+// A run's end that the registry could not record (here: a lock held by another process) was
+// written only before the next create or resume: a server stopped first lost it, and the next
+// start marked the run, which had succeeded, interrupted. Now the shutdown writes it.
+TEST(ServeRegistry, ARunsEndNotRecordedIsWrittenAtShutdown) {
+  const std::string dir = test::temp_dir("registry-unsaved-end");
+  const std::string root = dir + "/root", db = root + "/keel-serve.db";
+  std::ofstream(dir + "/keys") << test::kTestKey << "\n";
+  ::setenv("KEEL_TEST_REGISTRY_BUSY_MS", "100", 1);  // inherited by the server
+  test::ServeProcess srv({"--root", root, "--api-key-file", dir + "/keys"});
+  ::unsetenv("KEEL_TEST_REGISTRY_BUSY_MS");
+  ASSERT_TRUE(srv.started()) << srv.output();
+  const test::Api api{srv.port(), test::kTestKey};
+  auto r = api.post("/v1/runs", test::tiny_config(100).dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 201) << r->body;
+  const std::string id = nlohmann::json::parse(r->body)["id"];
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open(db.c_str(), &other), SQLITE_OK);
+  sqlite3_busy_timeout(other, 5000);
+  // The write lock (WAL: the server still reads), as a sqlite3 shell's open transaction holds it.
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE;", nullptr, nullptr, nullptr), SQLITE_OK);
+  for (int i = 0; i < 300 && srv.output().find("could not record it") == std::string::npos; ++i)
+    ::usleep(100000);
+  sqlite3_close(other);
+  ASSERT_NE(srv.output().find("could not record it"), std::string::npos) << srv.output();
+  EXPECT_EQ(srv.stop(), 0) << srv.output();
+  serve::Registry reg(db);
+  ASSERT_TRUE(reg.get(id).has_value());
+  EXPECT_EQ(reg.get(id)->state, "succeeded");
 }
 
 }  // namespace
