@@ -10,6 +10,7 @@
 #include "apps/keel/model_args.h"
 #include "apps/keel/output_dir.h"
 #include "keel/data/tokenizer_base.h"
+#include "keel/io/atomic_file.h"
 #include "keel/io/hf_model.h"
 #include "keel/io/trained_model.h"
 #include "keel/monitor/memory_estimate.h"
@@ -169,7 +170,10 @@ int run_export(const ExportArgs& a) {
   const auto files = tokenizer_files(t.tokenizer);
   write_model_dir("--out", a.out, [&](const std::string& dir) {
     io::save_hf_model(*t.model, dir, opt);
-    for (const auto& [from, name] : files) fs::copy_file(from, fs::path(dir) / name);
+    // Written as the weights are (fsynced before the directory is renamed into place): a copy
+    // left to the page cache could be empty after a crash, beside complete weights.
+    for (const auto& [from, name] : files)
+      io::write_file_atomic((fs::path(dir) / name).string(), io::read_file(from.string()));
   });
   if (t.tokenizer == "byte")
     tok_note = "keel's byte tokenizer (no HF tokenizer files; in keel: --tokenizer byte)";

@@ -1,6 +1,5 @@
 #include "apps/keel/output_dir.h"
 
-#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -47,23 +46,12 @@ bool is_model_dir_file(const std::string& name) {
   return std::regex_match(name, shard);
 }
 
-// The staging directories of earlier writes of `out` whose process is gone (an export killed
-// while writing left .OUT.tmp-PID, a whole model's weights, which no later write removed). A live
-// one is another write in progress: left alone.
-void remove_dead_stages(const fs::path& out) {
-  const std::string prefix = "." + out.filename().string() + ".tmp-";
-  std::error_code ec;
-  for (fs::directory_iterator it(out.parent_path(), ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string n = it->path().filename().string();
-    if (n.rfind(prefix, 0) != 0) continue;
-    const std::string pid = n.substr(prefix.size());
-    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    const long p = std::strtol(pid.c_str(), nullptr, 10);
-    if (p > 0 && ::kill(static_cast<pid_t>(p), 0) != 0 && errno == ESRCH) {
-      std::error_code rm;
-      fs::remove_all(it->path(), rm);
-    }
-  }
+// `what` with the staging directory's name replaced by --out's: the user's path in messages.
+std::string named_as_out(std::string what, const fs::path& stage, const fs::path& out) {
+  const std::string from = stage.string(), to = out.string();
+  for (size_t at = what.find(from); at != std::string::npos; at = what.find(from, at + to.size()))
+    what.replace(at, from.size(), to);
+  return what;
 }
 
 }  // namespace
@@ -117,7 +105,8 @@ std::vector<std::string> write_model_dir(const std::string& flag, const std::str
       out.parent_path() / ("." + out.filename().string() + ".tmp-" + std::to_string(::getpid()));
   std::vector<std::string> names;
   try {
-    remove_dead_stages(out);
+    // An export killed while writing left .OUT.tmp-PID, a whole model's weights, for good.
+    io::remove_dead_temps(out.parent_path().string(), "." + out.filename().string() + ".tmp-");
     fs::remove_all(stage);
     fs::create_directories(stage);
     write(stage.string());
@@ -137,12 +126,15 @@ std::vector<std::string> write_model_dir(const std::string& flag, const std::str
   } catch (const fs::filesystem_error& e) {
     std::error_code ec;
     fs::remove_all(stage, ec);
-    throw Error(flag + " " + dir + ": cannot write " + e.path1().string() + ": " +
-                e.code().message());
+    // The file written: path2 where there are two (copy, rename: path1 is the source, so a full
+    // disk was reported as "cannot write" the tokenizer file copied from).
+    const fs::path& written = e.path2().empty() ? e.path1() : e.path2();
+    throw Error(flag + " " + dir + ": cannot write " + named_as_out(written.string(), stage, out) +
+                ": " + write_failure(e.code().value()));
   } catch (const Error& e) {  // named in the staging directory: say which --out it was for
     std::error_code ec;
     fs::remove_all(stage, ec);
-    throw Error(flag + " " + dir + ": " + e.what(), e.kind);
+    throw Error(flag + " " + dir + ": " + named_as_out(e.what(), stage, out), e.kind);
   } catch (...) {
     std::error_code ec;
     fs::remove_all(stage, ec);

@@ -12,9 +12,11 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <vector>
 
+#include "keel/io/atomic_file.h"
 #include "keel/numerics/error.h"
 #include "keel/numerics/input_file.h"
 
@@ -367,6 +369,10 @@ TokenFileWriter::TokenFileWriter(const std::string& path, int64_t vocab_size)
                     "; give the path of a file (a token file is written whole, then renamed "
                     "into place)",
                 Error::kUsage);
+  // A tokenize killed while writing (SIGKILL, the OOM killer) left its FILE.tmp-PID, as large as
+  // the corpus's ids, for good.
+  const std::filesystem::path target(path);
+  io::remove_dead_temps(target.parent_path().string(), target.filename().string() + ".tmp-");
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd_ < 0)
     throw Error("cannot write the token file " + path + ": " + write_failure(errno), Error::kUsage);
@@ -419,6 +425,8 @@ void TokenFileWriter::commit() {
     ::unlink(tmp_.c_str());
     throw Error("cannot write the token file " + path_ + ": " + std::strerror(e));
   }
+  // The rename is durable once the directory is: without this a crash could leave no file.
+  io::fsync_dir(std::filesystem::path(path_).parent_path().string());
 }
 
 }  // namespace keel::data

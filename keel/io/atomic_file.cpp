@@ -1,6 +1,7 @@
 #include "keel/io/atomic_file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -38,8 +39,12 @@ int fsync_checked(int fd) {
 
 void fsync_dir(const std::string& dir) {
   const std::string d = dir.empty() ? "." : dir;
-  int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return;  // nothing to make durable (the directory is gone or unreadable)
+  int fd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  // A directory that cannot be opened (the open-file limit reached, EMFILE) cannot be fsynced:
+  // the rename just made into it is not durable, and returning quietly hid that.
+  if (fd < 0)
+    throw Error("cannot fsync directory " + d + ": " + write_failure(errno) +
+                "; the file renamed into it may not survive a crash");
   const int rc = fsync_checked(fd), err = errno;
   ::close(fd);
   // Some file systems cannot fsync a directory (EINVAL): that is not a lost write.
@@ -48,12 +53,30 @@ void fsync_dir(const std::string& dir) {
                 " (the disk may be failing; the previous checkpoint, if any, is kept)");
 }
 
+void remove_dead_temps(const std::string& dir, const std::string& stem) {
+  std::error_code ec;
+  for (fs::directory_iterator it(dir.empty() ? "." : dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string n = it->path().filename().string();
+    if (n.size() <= stem.size() || n.compare(0, stem.size(), stem) != 0) continue;
+    const std::string pid = n.substr(stem.size());
+    if (pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
+    const long p = std::strtol(pid.c_str(), nullptr, 10);
+    if (p > 0 && ::kill(static_cast<pid_t>(p), 0) != 0 && errno == ESRCH) {
+      std::error_code rm;
+      fs::remove_all(it->path(), rm);
+    }
+  }
+}
+
 size_t write_file_atomic(const std::string& path, const void* const* chunks, const size_t* sizes,
                          size_t count) {
   const fs::path target(path);
   if (const std::string why = replaced_file_problem(path); !why.empty())
     throw Error("cannot write " + path + ": it " + why + "; give the path of a file",
                 Error::kUsage);
+  const std::string stem = target.filename().string() + ".tmp.";
+  remove_dead_temps(target.parent_path().string(), stem);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) throw Error("cannot write " + path + ": " + write_failure(errno));

@@ -46,6 +46,7 @@ class Registry {
  private:
   std::vector<RunRecord> query(const std::string& where, const std::string& arg) const;
   void exec(const std::string& sql) const;
+  void check_in_place(const std::string& what) const;  // Error when the file was deleted
   sqlite3* db_ = nullptr;
   std::string path_;
 };

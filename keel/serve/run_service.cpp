@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <set>
 
 #include "keel/io/atomic_file.h"
 #include "keel/numerics/text.h"
@@ -79,7 +80,34 @@ RunService::RunService(RunServiceOptions opt)
       registry_((fs::create_directories(opt_.root + "/runs"), opt_.root + "/keel-serve.db")),
       supervisor_([this](pid_t pid, ChildExit e) { on_child_exit(pid, e); }) {
   if (opt_.keel_binary.empty()) opt_.keel_binary = fs::read_symlink("/proc/self/exe").string();
+  check_registry_knows_runs();
   poller_ = std::thread([this] { poll_feeds(); });
+}
+
+void RunService::check_registry_knows_runs() {
+  // A run that was started (its stdout.log) is in the registry: one that is not means the
+  // registry was deleted, emptied or replaced, and the server came up with those runs forgotten.
+  std::set<std::string> known;
+  for (const RunRecord& r : registry_.list()) known.insert(r.id);
+  std::vector<std::string> lost;
+  std::error_code ec;
+  for (fs::directory_iterator it(opt_.root + "/runs", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string id = it->path().filename().string();
+    std::error_code e;
+    if (!known.count(id) && fs::exists(it->path() / "stdout.log", e)) lost.push_back(id);
+  }
+  if (lost.empty()) return;
+  std::sort(lost.begin(), lost.end());
+  std::string names;
+  for (size_t i = 0; i < lost.size() && i < 5; ++i) names += (i ? ", " : "") + lost[i];
+  if (lost.size() > 5) names += ", ...";
+  const std::string db = opt_.root + "/keel-serve.db", runs = opt_.root + "/runs";
+  throw Error("the run registry " + db + " does not know " + std::to_string(lost.size()) +
+              (lost.size() == 1 ? " run" : " runs") + " that " + runs + " holds (" + names +
+              "): it was deleted, emptied or replaced; put back the registry that lists them "
+              "(a backup), or move those run directories out of " +
+              runs + " to serve without them");
 }
 
 RunService::~RunService() {
@@ -367,7 +395,7 @@ void RunService::on_child_exit(pid_t pid, ChildExit e) {
       // written before the next change of state.
       std::fprintf(stderr,
                    "keel serve | run %s ended (%s) but the registry could not record it: %s; "
-                   "it is recorded once the registry can be written (free space on --root)\n",
+                   "it is recorded once the registry can be written\n",
                    r.id.c_str(), r.state.c_str(), e.what());
       {
         std::lock_guard<std::mutex> l(records_mu_);
@@ -424,6 +452,19 @@ void RunService::shutdown() {
   if (!exited_.wait_until(lock, deadline, [&] { return children_.empty(); })) {
     for (const auto& [pid, id] : children_) ::kill(pid, SIGKILL);
     exited_.wait(lock, [&] { return children_.empty(); });
+  }
+  // Ends the registry could not record (a lock held elsewhere, a full disk) were written only
+  // before the next create or resume: a server stopped first lost them, and its restart took a
+  // run that had succeeded for one it left running ("interrupted"). This is their last chance.
+  try {
+    save_unsaved();
+  } catch (const Error& e) {
+    std::lock_guard<std::mutex> l(records_mu_);
+    for (const auto& [id, r] : unsaved_)
+      std::fprintf(stderr,
+                   "keel serve | the end of run %s (%s) is not in the registry: %s; the next "
+                   "start records it as interrupted\n",
+                   id.c_str(), r.state.c_str(), e.what());
   }
 }
 

@@ -56,6 +56,7 @@ class RunService {
   std::string run_dir(const std::string& id) const { return opt_.root + "/runs/" + id; }
 
  private:
+  void check_registry_knows_runs();  // Error naming the runs of --root/runs it forgot
   nlohmann::json to_json(const RunRecord& r);
   RunRecord must_get(const std::string& id);    // 404 otherwise
   void save(const RunRecord& r, bool insert);   // to the registry, the cache and the feed

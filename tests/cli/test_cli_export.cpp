@@ -373,6 +373,66 @@ TEST(CliExport, TokenizerFilesAreCopiedAndBadFlagsAreUsageErrors) {
   EXPECT_FALSE(fs::exists(dir + "/hf/tokenizer_config.json"));
 }
 
+// A run on hf:DIR whose tokenizer_config.json is `pad` bytes longer (whitespace), trained into
+// DIR/out; returns DIR.
+std::string run_with_tokenizer(const std::string& tag, size_t pad) {
+  const std::string dir = test::temp_dir(tag), tok = dir + "/tok";
+  fs::create_directories(tok);
+  fs::copy_file(
+      std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny/llama_style/tokenizer.json",
+      tok + "/tokenizer.json");
+  std::ofstream(tok + "/tokenizer_config.json")
+      << R"({"eos_token": "<|eot|>"})" << std::string(pad, ' ');
+  train_on_text(dir, "hf:" + tok, 1);
+  return dir;
+}
+
+// The tokenizer files were copied into the export (fs::copy_file) and never fsynced before it was
+// renamed into place: a crash could leave complete weights beside an empty tokenizer.json. Now
+// each is written as the weights are; an fsync that fails on it (KEEL_TEST_FAIL_FSYNC=N: the
+// Nth and later) is an error naming it in --out.
+TEST(CliExport, TokenizerFilesAreFsyncedLikeTheWeights) {
+  std::string dir;
+  ASSERT_NO_FATAL_FAILURE(dir = run_with_tokenizer("export-tok-fsync", 0));
+  const std::string out = fs::canonical(dir).string() + "/hf";
+  std::string failures;
+  for (int n = 1; n < 64; ++n) {
+    const test::KeelRun r = test::run_keel({"export", dir + "/out", "--out", dir + "/hf"},
+                                           {"KEEL_TEST_FAIL_FSYNC=" + std::to_string(n)});
+    if (r.code == 0) break;
+    failures += r.err;
+  }
+  EXPECT_CONTAINS(failures, "cannot write " + out + "/tokenizer.json: fsync failed");
+  EXPECT_CONTAINS(failures, "cannot write " + out + "/tokenizer_config.json: fsync failed");
+}
+
+// A full disk under --out while the tokenizer files were copied was reported as "cannot write
+// TOK/tokenizer_config.json", the source (filesystem_error's path1). Now the file of --out. Needs
+// root (mount: a tmpfs with room for the weights, not the 4 MB tokenizer_config.json).
+TEST(CliExport, AFullDiskWhileCopyingTheTokenizerNamesTheExportsFile) {
+  std::string dir;
+  ASSERT_NO_FATAL_FAILURE(dir = run_with_tokenizer("export-tok-enospc", 4 << 20));
+  keel_export({dir + "/out", "--out", dir + "/probe"});
+  uintmax_t weights = 0;
+  for (const auto& e : fs::directory_iterator(dir + "/probe"))
+    if (e.path().filename().string().rfind("tokenizer", 0) != 0) weights += e.file_size();
+  const std::string mnt = fs::canonical(dir).string() + "/mnt";
+  fs::create_directories(mnt);
+  const std::string size = std::to_string(weights / 1024 + 1024) + "k";
+  if (::geteuid() != 0 ||
+      std::system(("mount -t tmpfs -o size=" + size + " tmpfs '" + mnt + "' 2>/dev/null").c_str()))
+    GTEST_SKIP() << "needs root and mount (a small tmpfs)";
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { std::system(("umount -l '" + dir + "'").c_str()); }
+  } unmount{mnt};
+  const test::KeelRun r = test::run_keel({"export", dir + "/out", "--out", mnt + "/hf"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "cannot write " + mnt + "/hf/tokenizer_config.json: No space left");
+  EXPECT_EQ(r.err.find(dir + "/tok/"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(mnt + "/hf"));
+}
+
 // --out was written without a look: `keel export RUN --out RUN/checkpoints/last` replaced the
 // checkpoint it read (resume and generate failed after it), `--out BASE` an adapter run's frozen
 // base, a file as --out gave std::filesystem's raw text, and a failed sharded export left its

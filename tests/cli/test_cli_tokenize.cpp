@@ -2,6 +2,8 @@
 // a bare directory), the CLI's ids, pieces and decoded text are the library's; bad input is a
 // usage error naming the flag or the token.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -354,6 +356,29 @@ TEST(CliTokenize, OutputIsWrittenInPiecesAndNothingOnAFailedWrite) {
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_CONTAINS(r.err, "cannot write the token file " + bad + "/c.bin: File too large");
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(bad), {}), 0);
+}
+
+// A tokenize killed while writing (SIGKILL, the OOM killer) left FILE.tmp-PID, as large as the
+// corpus's ids, for good: now the next --output FILE removes those of processes gone. And the
+// rename into place was never made durable (no fsync of the directory): a failing one is an error.
+TEST(CliTokenize, OutputRemovesTheTemporaryOfAKilledWriteAndFsyncsItsDirectory) {
+  const std::string dir = test::temp_dir("cli-tokenize-stale");
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string stale = dir + "/a.bin.tmp-" + std::to_string(dead);
+  const std::string live = dir + "/a.bin.tmp-" + std::to_string(::getpid());
+  std::ofstream(stale) << "half a corpus";
+  std::ofstream(live) << "a write in progress";
+  test::KeelRun r = test::run_keel({"tokenize", "--output", dir + "/a.bin", kText});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(live));
+
+  r = test::run_keel({"tokenize", "--output", dir + "/b.bin", kText}, {"KEEL_TEST_FAIL_FSYNC=1"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_CONTAINS(r.err, "cannot fsync directory " + dir);
 }
 
 // Printed ids are the command's output: lost to a full disk they ended in exit 0.
