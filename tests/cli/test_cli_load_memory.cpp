@@ -108,7 +108,8 @@ TEST(CliLoadMemory, ABf16BaseIsUsedFromTheFileMappingWithoutACopy) {
     const int64_t mapped = std::stoll(m[1]), tensors = std::stoll(m[2]);
     const double mapped_mb = std::stod(m[3]), copied_mb = std::stod(m[4]),
                  peak_mb = std::stod(m[5]);
-    const double base_mb = static_cast<double>(file_bytes) / (1 << 20);
+    const double base_mb =
+        static_cast<double>(file_bytes) / 1e6;  // MB = 10^6 bytes, as keel memory's
     EXPECT_EQ(tensors, 3 * 9 + 2);  // 9 per block, the embedding and the final norm (tied head)
     EXPECT_EQ(mapped, tensors) << kind << ": every bf16 base tensor shares the mapping";
     EXPECT_EQ(copied_mb, 0);
@@ -128,7 +129,7 @@ TEST(CliLoadMemory, AnF32FileIntoABf16BaseIsConvertedWithoutHoldingItsF32Pages) 
   const std::string base = dir + "/llama";
   const uintmax_t file_bytes = write_llama(wide_llama(), base, 200000000, DType::F32);
   ASSERT_GT(file_bytes, 500u << 20);
-  const double base_mb = static_cast<double>(file_bytes) / 2 / (1 << 20);  // in bf16
+  const double base_mb = static_cast<double>(file_bytes) / 2 / 1e6;  // in bf16, MB = 10^6 bytes
   for (const std::string kind : {"lora", "dora"}) {
     test::KeelRun r = train_on(base, dir + "/out-" + kind, kind);
     ASSERT_EQ(r.code, 0) << kind << ": " << r.output;
