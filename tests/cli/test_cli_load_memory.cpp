@@ -207,7 +207,8 @@ TEST(CliLoadMemory, WeightsThatDoNotFitAreRefusedNamingTheOptionThatFits) {
   auto run = [&](std::vector<std::string> args) { return test::run_keel(args, small); };
 
   // generate under 32-true holds the bf16 base in f32; bf16-true uses the files as they are.
-  test::KeelRun r = run({"generate", base, "1+2=", "--max-new-tokens", "1"});
+  // (--tokenizer: a base that names none is refused for that first, before any weight is held.)
+  test::KeelRun r = run({"generate", base, "1+2=", "--max-new-tokens", "1", "--tokenizer", "byte"});
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err, base + " under --precision 32-true needs ");
   EXPECT_CONTAINS(r.err, "more memory to hold its weights, but only 0.1 MB are available");
