@@ -37,6 +37,10 @@ std::string format_duration(double seconds) {
 std::string format_tokens_per_s(double tps) {
   if (!std::isfinite(tps) || tps < 0) return format_number(tps, 3) + " tok/s";
   // Thresholds on the rounded value, so 999.7 prints "1.0k", not "1000".
+  // Below 10 a whole number hides the figure: a 1B model on a busy CPU at 0.22 tok/s printed
+  // "0 tok/s", as if nothing trained. Two significant digits there.
+  if (tps > 0 && tps < 0.995) return fmt::format("{:.2f} tok/s", tps);
+  if (tps > 0 && tps < 9.95) return fmt::format("{:.1f} tok/s", tps);
   if (tps < 999.5) return fmt::format("{:.0f} tok/s", tps);
   if (tps < 999.95e3) return fmt::format("{:.1f}k tok/s", tps / 1e3);
   return fmt::format("{:.2f}M tok/s", tps / 1e6);

@@ -517,10 +517,11 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
     // Adapter dtypes, as built: every trainable adapter parameter must be f32 (an f16 one would
     // meet PyTorch's "Attempting to unscale FP16 gradients" pain); the frozen base as configured.
     if (cfg.model.adapter.kind != "none") {
-      int64_t n = 0, not_f32 = 0;
+      int64_t n = 0, not_f32 = 0, numel = 0;
       std::string bad;
       for (auto& [name, p] : probe->trainable) {
         ++n;
+        numel += p.numel();
         if (p.dtype() != DType::F32 && !not_f32++) bad = name + " (" + dtype_name(p.dtype()) + ")";
       }
       DType base_dt = DType::F32;
@@ -533,8 +534,11 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
                                     "); adapters must train in f32"));
       else
         r.checks.push_back(make("ok", "adapter",
+                                // Tensors and their values: "160 trainable lora parameters"
+                                // beside keel memory's "15.204M adapter parameters".
                                 std::to_string(n) + " trainable " + cfg.model.adapter.kind +
-                                    " parameters, all f32; frozen base stored in " +
+                                    " tensors (" + std::to_string(numel) +
+                                    " parameters), all f32; frozen base stored in " +
                                     dtype_name(base_dt)));
     }
     auto w =

@@ -834,7 +834,11 @@ std::string format_memory(const MemoryEstimate& e) {
   row("optimizer state", e.optimizer_state, "");
   if (mixed) row("low-precision copies", e.lowp_copies, "autocast's per-step weight casts");
   if (e.has_activations) {
-    row("matmul scratch", e.matmul_scratch, "f32 operand copies: no kernel for the dtype here");
+    // The "no kernel" note only where there is scratch: under 0 MB it contradicted doctor's
+    // "the CPU has native bf16 dot products" one line above it.
+    row("matmul scratch", e.matmul_scratch,
+        e.matmul_scratch > 0 ? "f32 operand copies: no kernel for the dtype here"
+                             : "none: the matmuls take their operands as they are");
     row("activations", e.activations,
         "saved for backward, one micro-batch" +
             (e.checkpoint.empty() ? "" : " (" + e.checkpoint + ")") + ":");

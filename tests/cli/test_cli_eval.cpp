@@ -212,6 +212,22 @@ TEST(CliEval, ARunWithABf16BaseIsEvaluatedAsItTrained) {
     ASSERT_EQ(evals.size(), 1u);
     const json e = eval_json({out, "--data", f.val, "--precision", precision});
     EXPECT_EQ(e["loss"].get<double>(), evals[0]["eval_loss"].get<double>());
+    // Without --precision eval runs 32-true: a bf16-mixed run's eval_loss is not reproduced,
+    // and eval says so and names the flag that does (it said nothing).
+    const test::KeelRun d =
+        test::run_keel({"eval", out, "--data", f.val, "--json"}, {"OMP_NUM_THREADS=1"});
+    ASSERT_EQ(d.code, 0) << d.output;
+    if (precision == "32-true") {
+      EXPECT_EQ(d.err.find("note: the run trained"), std::string::npos) << d.err;
+    } else {
+      EXPECT_CONTAINS(d.err,
+                      "note: the run trained and computed its eval_loss under bf16-mixed; "
+                      "this evaluation is under --precision 32-true");
+      EXPECT_CONTAINS(d.err, "--precision bf16-mixed evaluates as the run did");
+    }
+    const test::KeelRun same = test::run_keel(
+        {"eval", out, "--data", f.val, "--precision", precision}, {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(same.err.find("note: the run trained"), std::string::npos) << same.err;
   }
 }
 

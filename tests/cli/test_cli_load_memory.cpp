@@ -109,7 +109,8 @@ TEST(CliLoadMemory, ABf16BaseIsUsedFromTheFileMappingWithoutACopy) {
     const int64_t mapped = std::stoll(m[1]), tensors = std::stoll(m[2]);
     const double mapped_mb = std::stod(m[3]), copied_mb = std::stod(m[4]),
                  peak_mb = std::stod(m[5]);
-    const double base_mb = static_cast<double>(file_bytes) / (1 << 20);
+    const double base_mb =
+        static_cast<double>(file_bytes) / 1e6;  // MB = 10^6 bytes, as keel memory's
     EXPECT_EQ(tensors, 3 * 9 + 2);  // 9 per block, the embedding and the final norm (tied head)
     EXPECT_EQ(mapped, tensors) << kind << ": every bf16 base tensor shares the mapping";
     EXPECT_EQ(copied_mb, 0);
@@ -129,7 +130,7 @@ TEST(CliLoadMemory, AnF32FileIntoABf16BaseIsConvertedWithoutHoldingItsF32Pages) 
   const std::string base = dir + "/llama";
   const uintmax_t file_bytes = write_llama(wide_llama(), base, 200000000, DType::F32);
   ASSERT_GT(file_bytes, 500u << 20);
-  const double base_mb = static_cast<double>(file_bytes) / 2 / (1 << 20);  // in bf16
+  const double base_mb = static_cast<double>(file_bytes) / 2 / 1e6;  // in bf16, MB = 10^6 bytes
   for (const std::string kind : {"lora", "dora"}) {
     test::KeelRun r = train_on(base, dir + "/out-" + kind, kind);
     ASSERT_EQ(r.code, 0) << kind << ": " << r.output;
@@ -165,7 +166,9 @@ TEST(CliLoadMemory, ARunsBf16BaseIsUsedFromTheMappingByGenerateEvalAndExport) {
       {"generate", base, "1+2=", "--adapter", out + "/adapter", "--max-new-tokens", "2"},
       {"generate", out, "1+2=", "--max-new-tokens", "2"},
       {"eval", base, "--adapter", out + "/adapter", "--data", dir + "/text.txt"},
-      {"export", out, "--out", dir + "/export", "--dtype", "bf16"}};
+      {"export", out, "--out", dir + "/export", "--dtype", "bf16"},
+      // The adapter alone held the base in f32 for nothing (2x the base).
+      {"export", out, "--out", dir + "/peft", "--adapter-only"}};
   for (const auto& use : uses) {
     std::string what;
     for (const std::string& w : use) what += w + " ";
@@ -174,9 +177,25 @@ TEST(CliLoadMemory, ARunsBf16BaseIsUsedFromTheMappingByGenerateEvalAndExport) {
     const double peak_mb = static_cast<double>(u.max_rss_kb) / 1024;
     // Export merges each adapted weight in f32 (W, B·A and their sum: 3 x 46 MB for down_proj
     // here, 3 x 235 MB of Llama-3.1-8B's 16 GB) before rounding it into its own bf16 tensor.
-    const double allowed = use[0] == "export" ? 1.6 * base_mb : 1.15 * base_mb + 40;
+    const bool merge = use[0] == "export" && use.back() != "--adapter-only";
+    const double allowed = merge ? 1.6 * base_mb : 1.15 * base_mb + 40;
     EXPECT_LE(peak_mb, allowed) << what << "(base " << base_mb << " MB)";
   }
+  // The exported adapter is the run's own, byte for byte.
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const char* f : {"adapter_config.json", "adapter_model.safetensors"})
+    EXPECT_EQ(bytes(dir + "/peft/" + f), bytes(out + "/adapter/" + f)) << f;
+  // A model with no tokenizer is refused before its weights are held: the base under 32-true
+  // was converted to f32 whole (2x the bf16 base) to be told it names no tokenizer.
+  const test::KeelRun u = test::run_keel(
+      {"generate", base, "1+2=", "--adapter", dir + "/peft", "--max-new-tokens", "1"},
+      {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(u.code, 2) << u.output;
+  EXPECT_CONTAINS(u.err, base + " names no tokenizer");
+  EXPECT_LE(static_cast<double>(u.max_rss_kb) / 1024, 0.5 * base_mb) << u.output;
   fs::remove_all(dir);
 }
 
@@ -193,7 +212,8 @@ TEST(CliLoadMemory, WeightsThatDoNotFitAreRefusedNamingTheOptionThatFits) {
   auto run = [&](std::vector<std::string> args) { return test::run_keel(args, small); };
 
   // generate under 32-true holds the bf16 base in f32; bf16-true uses the files as they are.
-  test::KeelRun r = run({"generate", base, "1+2=", "--max-new-tokens", "1"});
+  // (--tokenizer: a base that names none is refused for that first, before any weight is held.)
+  test::KeelRun r = run({"generate", base, "1+2=", "--max-new-tokens", "1", "--tokenizer", "byte"});
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err, base + " under --precision 32-true needs ");
   EXPECT_CONTAINS(r.err, "more memory to hold its weights, but only 0.1 MB are available");

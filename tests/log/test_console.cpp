@@ -58,6 +58,11 @@ TEST(Console, Durations) {
 
 TEST(Console, TokensPerSecond) {
   EXPECT_EQ(format_tokens_per_s(0), "0 tok/s");
+  EXPECT_EQ(format_tokens_per_s(0.2166), "0.22 tok/s");  // a 1B step on a busy CPU: not "0"
+  EXPECT_EQ(format_tokens_per_s(0.004), "0.00 tok/s");
+  EXPECT_EQ(format_tokens_per_s(0.996), "1.0 tok/s");
+  EXPECT_EQ(format_tokens_per_s(9.94), "9.9 tok/s");
+  EXPECT_EQ(format_tokens_per_s(9.96), "10 tok/s");
   EXPECT_EQ(format_tokens_per_s(812.4), "812 tok/s");
   EXPECT_EQ(format_tokens_per_s(999.4), "999 tok/s");
   EXPECT_EQ(format_tokens_per_s(999.7), "1.0k tok/s");

@@ -251,6 +251,22 @@ TEST(Doctor, HealthyConfigPassesWithTheSanityTable) {
   EXPECT_EQ(j.at("sanity").size(), 3u);
 }
 
+// The adapter check counted tensors and called them parameters ("4 trainable lora parameters"
+// for 4 tensors of 64 to 512 values each), beside keel memory's count of values.
+TEST(Doctor, TheAdapterCheckCountsTensorsAndParameters) {
+  Config c = small("doctor-adapter");
+  c.model.adapter.kind = "lora";
+  c.model.adapter.r = 4;
+  c.model.adapter.target_modules = {"c_attn", "c_fc"};
+  DoctorOptions opt;
+  opt.sanity = false;
+  const DoctorReport r = run_doctor(c, opt);
+  // c_attn 32 -> 96 and c_fc 32 -> 128 at r = 4: A is [4, 32] twice, B [96, 4] and [128, 4].
+  EXPECT_EQ(find(r.checks, "adapter", "ok"),
+            "4 trainable lora tensors (1152 parameters), all f32; frozen base stored in f32")
+      << format_doctor(r);
+}
+
 TEST(Doctor, MixedPrecisionIsComparedWith32True) {
   Config c = small("doctor-mixed");
   c.train.precision = "bf16-mixed";

@@ -366,6 +366,10 @@ TEST(MemoryEstimate, SizedStateIsCountedInHostMemoryBlocks) {
   EXPECT_EQ(e.grads, e.weights);
   EXPECT_EQ(e.optimizer_state, 2 * e.weights);
   EXPECT_EQ(e.matmul_scratch, 0);
+  // 0 MB of scratch does not say "no kernel for the dtype here" (doctor printed it under its
+  // own "the CPU has native bf16 dot products").
+  EXPECT_CONTAINS(format_memory(e), "none: the matmuls take their operands as they are");
+  EXPECT_EQ(format_memory(e).find("no kernel"), std::string::npos);
   EXPECT_EQ(e.cache_slack, e.live_peak / 16);
   EXPECT_GT(e.runtime, 0);  // the process without the model
   EXPECT_EQ(e.total, e.runtime + e.live_peak + e.cache_slack);
@@ -373,6 +377,7 @@ TEST(MemoryEstimate, SizedStateIsCountedInHostMemoryBlocks) {
   EXPECT_EQ(estimate_memory(q).matmul_scratch > 0, !cpu_matmul_native(DType::BF16));
   q.precision = "16-mixed";
   EXPECT_GT(estimate_memory(q).matmul_scratch, 0);
+  EXPECT_CONTAINS(format_memory(estimate_memory(q)), "f32 operand copies: no kernel");
   // A bare parameter count stays bytes (no blocks, no slack).
   MemoryQuery p;
   p.params = N;
