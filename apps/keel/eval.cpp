@@ -162,9 +162,8 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
                  a.data.c_str(), static_cast<long long>(a.seq_len), seq_len_from.c_str(),
                  static_cast<long long>(a.seq_len), fix.c_str());
   }
-  // The run's eval_loss was computed under its train.precision; eval defaults to 32-true. On the
-  // seed's bf16-mixed 1B run `keel eval OUT --data` printed 11.889515 against the run's
-  // 11.888892 without a word, as if the checkpoint or the data were not the run's.
+  // The run's eval_loss was computed under its train.precision (eval's default); another
+  // --precision moves the loss by rounding, which must not read as another checkpoint or data.
   if (run && run->train.precision != m.policy.name())
     std::fprintf(stderr,
                  "note: the run trained and computed its eval_loss under %s; this evaluation is "

@@ -13,8 +13,9 @@
 namespace keel::cli {
 
 struct ModelArgs {
-  std::string model, adapter, base, tokenizer, precision = "32-true", attention = "eager",
-                                               device = "cpu";
+  // precision "": the run's train.precision when MODEL (or --adapter) is a keel run's, else
+  // 32-true.
+  std::string model, adapter, base, tokenizer, precision, attention = "eager", device = "cpu";
   bool allow_nonfinite_weights = false;  // load weights holding nan/inf (io/weight_check.h)
 };
 

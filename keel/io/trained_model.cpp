@@ -368,6 +368,24 @@ TrainedModel attach_trained_model(const std::string& path, const std::string& ad
   return t;
 }
 
+std::string run_precision(const std::string& path, const std::string& adapter_dir) {
+  std::string ck;
+  if (path_exists(path + "/trainer.json"))
+    ck = path;
+  else if (!path_exists(path + "/config.json") &&
+           path_exists(path + "/checkpoints/last/trainer.json"))
+    ck = path + "/checkpoints/last";
+  else if (!adapter_dir.empty())
+    if (const std::string run = adapter_run_dir(adapter_dir); !run.empty())
+      ck = run + "/checkpoints/last";
+  if (ck.empty()) return "";
+  try {
+    return json::parse(read_file(ck + "/trainer.json")).value("precision", "");
+  } catch (const std::exception&) {  // loading names a damaged trainer.json
+    return "";
+  }
+}
+
 size_t bytes_to_hold(TrainedModel& t, DType param_dtype, bool hold_base) {
   size_t bytes = 0;
   for_each_parameter_to_hold(t, param_dtype, hold_base, [&](Tensor& p, DType want) {

@@ -74,6 +74,10 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
                                 const WeightCheck& check = {}, const std::string& base_dir = "",
                                 bool hold_base = false);
 
+// The train.precision of the keel run `path` (its out_dir or a checkpoint) or, for an HF directory,
+// of the run whose OUT_DIR/adapter `adapter_dir` is; "" when neither is a keel run's.
+std::string run_precision(const std::string& path, const std::string& adapter_dir = "");
+
 // load_trained_model in two halves, for a caller that checks memory between them: the model with
 // its weights attached from the files (views of the mappings in the files' dtypes where exact;
 // adapters and a checkpoint's own tensors loaded), then each parameter held in the dtype it is

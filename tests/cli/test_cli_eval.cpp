@@ -212,19 +212,32 @@ TEST(CliEval, ARunWithABf16BaseIsEvaluatedAsItTrained) {
     ASSERT_EQ(evals.size(), 1u);
     const json e = eval_json({out, "--data", f.val, "--precision", precision});
     EXPECT_EQ(e["loss"].get<double>(), evals[0]["eval_loss"].get<double>());
-    // Without --precision eval runs 32-true: a bf16-mixed run's eval_loss is not reproduced,
-    // and eval says so and names the flag that does (it said nothing).
+    // Without --precision eval runs under the run's train.precision (32-true gave a bf16-mixed
+    // run's eval 11.889515 against its eval_loss 11.888892), and says so.
     const test::KeelRun d =
         test::run_keel({"eval", out, "--data", f.val, "--json"}, {"OMP_NUM_THREADS=1"});
     ASSERT_EQ(d.code, 0) << d.output;
-    if (precision == "32-true") {
-      EXPECT_EQ(d.err.find("note: the run trained"), std::string::npos) << d.err;
-    } else {
-      EXPECT_CONTAINS(d.err,
-                      "note: the run trained and computed its eval_loss under bf16-mixed; "
-                      "this evaluation is under --precision 32-true");
-      EXPECT_CONTAINS(d.err, "--precision bf16-mixed evaluates as the run did");
-    }
+    EXPECT_CONTAINS(d.err, "note: --precision " + precision + ", the run's train.precision");
+    EXPECT_EQ(json::parse(d.out)["loss"].get<double>(), evals[0]["eval_loss"].get<double>());
+    // Another precision than the run's is said to move the loss by rounding.
+    const std::string other = precision == "32-true" ? "bf16-mixed" : "32-true";
+    const test::KeelRun o =
+        test::run_keel({"eval", out, "--data", f.val, "--precision", other}, {"OMP_NUM_THREADS=1"});
+    ASSERT_EQ(o.code, 0) << o.output;
+    EXPECT_CONTAINS(o.err, "note: the run trained and computed its eval_loss under " + precision +
+                               "; this evaluation is under --precision " + other);
+    EXPECT_CONTAINS(o.err, "--precision " + precision + " evaluates as the run did");
+    // generate too: a run's model decodes under the run's precision unless told otherwise.
+    auto decode = [&](std::vector<std::string> more) {
+      std::vector<std::string> args = {"generate", out, "12+", "--max-new-tokens", "6", "--json"};
+      args.insert(args.end(), more.begin(), more.end());
+      const test::KeelRun g = test::run_keel(args, {"OMP_NUM_THREADS=1"});
+      EXPECT_EQ(g.code, 0) << g.output;
+      return g.code == 0 ? json::parse(g.out) : json::object();
+    };
+    const json by_default = decode({}), as_run = decode({"--precision", precision});
+    EXPECT_EQ(by_default["precision"], precision);
+    EXPECT_EQ(by_default["tokens"], as_run["tokens"]);
     const test::KeelRun same = test::run_keel(
         {"eval", out, "--data", f.val, "--precision", precision}, {"OMP_NUM_THREADS=1"});
     EXPECT_EQ(same.err.find("note: the run trained"), std::string::npos) << same.err;
