@@ -442,10 +442,8 @@ TEST(CliExport, AFullDiskWhileCopyingTheTokenizerNamesTheExportsFile) {
 // removes those whose process is gone, and leaves a live one (another write in progress).
 TEST(CliExport, AStagingDirectoryOfAKilledWriteIsRemovedByTheNext) {
   const std::string dir = test::temp_dir("export-stale-stage");
-  const pid_t dead = ::fork();
-  if (dead == 0) ::_exit(0);
+  const int dead = test::dead_pid();
   ASSERT_GT(dead, 0);
-  ::waitpid(dead, nullptr, 0);
   const std::string stale = dir + "/.m.tmp-" + std::to_string(dead);
   const std::string live = dir + "/.m.tmp-" + std::to_string(::getpid());
   fs::create_directories(stale);

@@ -363,10 +363,8 @@ TEST(CliTokenize, OutputIsWrittenInPiecesAndNothingOnAFailedWrite) {
 // rename into place was never made durable (no fsync of the directory): a failing one is an error.
 TEST(CliTokenize, OutputRemovesTheTemporaryOfAKilledWriteAndFsyncsItsDirectory) {
   const std::string dir = test::temp_dir("cli-tokenize-stale");
-  const pid_t dead = ::fork();
-  if (dead == 0) ::_exit(0);
+  const int dead = test::dead_pid();
   ASSERT_GT(dead, 0);
-  ::waitpid(dead, nullptr, 0);
   const std::string stale = dir + "/a.bin.tmp-" + std::to_string(dead);
   const std::string live = dir + "/a.bin.tmp-" + std::to_string(::getpid());
   std::ofstream(stale) << "half a corpus";

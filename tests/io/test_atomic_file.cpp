@@ -18,14 +18,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A pid that no process has now (a child that exited and was reaped).
-pid_t dead_pid() {
-  const pid_t p = ::fork();
-  if (p == 0) ::_exit(0);
-  ::waitpid(p, nullptr, 0);
-  return p;
-}
-
 // fsync_dir returned quietly when the directory could not be opened (EMFILE under `ulimit -n`),
 // so the rename before it was not durable and nothing said so.
 TEST(AtomicFile, ADirectoryThatCannotBeOpenedIsAnErrorNamingItAndTheFix) {
@@ -52,9 +44,9 @@ TEST(AtomicFile, ADirectoryThatCannotBeOpenedIsAnErrorNamingItAndTheFix) {
 // A write killed between creating FILE.tmp.PID and renaming it left that file for good.
 TEST(AtomicFile, TheTemporaryOfAKilledWriteIsRemovedByTheNext) {
   const std::string dir = test::temp_dir("atomic-stale");
-  const std::string stale = dir + "/f.json.tmp." + std::to_string(dead_pid());
+  const std::string stale = dir + "/f.json.tmp." + std::to_string(test::dead_pid());
   const std::string live = dir + "/f.json.tmp." + std::to_string(::getppid());
-  const std::string other = dir + "/g.json.tmp." + std::to_string(dead_pid());
+  const std::string other = dir + "/g.json.tmp." + std::to_string(test::dead_pid());
   for (const std::string& f : {stale, live, other}) std::ofstream(f) << "half";
   io::write_file_atomic(dir + "/f.json", "{}");
   EXPECT_FALSE(fs::exists(stale));

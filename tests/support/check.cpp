@@ -1,6 +1,7 @@
 #include "tests/support/check.h"
 
 #include <omp.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -259,6 +260,13 @@ TempDirs& temp_dirs() {
   return t;
 }
 }  // namespace
+
+int dead_pid() {
+  const pid_t p = ::fork();
+  if (p == 0) ::_exit(0);
+  ::waitpid(p, nullptr, 0);
+  return p;
+}
 
 std::string temp_dir(const std::string& tag) {
   static int counter = 0;

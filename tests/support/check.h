@@ -99,4 +99,8 @@ struct IsaRestore {
 std::string keel_binary();
 std::string temp_dir(const std::string& tag);
 
+// A pid that no process has now (a child that exited and was reaped): the owner of a temporary
+// file left by a killed write.
+int dead_pid();
+
 }  // namespace keel::test
