@@ -1,9 +1,11 @@
 // io::write_file_atomic and fsync_dir: a directory that cannot be fsynced is an error, never a
 // silent loss of the rename's durability; temporaries of killed writers are removed by the next.
 #include <gtest/gtest.h>
+
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <cstdlib>
 
 #include <filesystem>
 #include <fstream>
@@ -21,6 +23,10 @@ namespace fs = std::filesystem;
 // fsync_dir returned quietly when the directory could not be opened (EMFILE under `ulimit -n`),
 // so the rename before it was not durable and nothing said so.
 TEST(AtomicFile, ADirectoryThatCannotBeOpenedIsAnErrorNamingItAndTheFix) {
+  // UBSan's vptr check probes memory through a pipe, which needs two of the descriptors this test
+  // takes away: the Error thrown then reads as "object has invalid vptr" (a false report).
+  if (std::getenv("KEEL_TEST_SANITIZED"))
+    GTEST_SKIP() << "UBSan needs descriptors to check the thrown Error";
   const std::string dir = test::temp_dir("atomic-emfile");
   rlimit old{};
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);

@@ -3,6 +3,8 @@
 // header can be read alone, so that sizes are checked before anything is allocated.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -295,6 +297,13 @@ TEST(Safetensors, AWriteFailingInsideABlockKeepsThePreviousFile) {
 // The open-file limit reached (EMFILE) was reported as "check that the directory exists and is
 // writable", the one thing that was fine. Now the cause's own fix: raise ulimit -n.
 TEST(Safetensors, AFailedCreateSaysTheFixOfItsCause) {
+  EXPECT_CONTAINS(write_failure(EROFS), "read-only");
+  EXPECT_CONTAINS(write_failure(ENOSPC), "free space");
+  EXPECT_CONTAINS(write_failure(EMFILE), "ulimit -n");
+  // UBSan's vptr check probes memory through a pipe, which needs two of the descriptors this test
+  // takes away: the Error thrown then reads as "object has invalid vptr" (a false report).
+  if (std::getenv("KEEL_TEST_SANITIZED"))
+    GTEST_SKIP() << "UBSan needs descriptors to check the thrown Error";
   const std::string p = test::temp_dir("safetensors-nofile") + "/state.safetensors";
   const int lowest_free = ::open("/dev/null", O_RDONLY);  // every descriptor below it is open
   ASSERT_GE(lowest_free, 0);
@@ -310,8 +319,6 @@ TEST(Safetensors, AFailedCreateSaysTheFixOfItsCause) {
   EXPECT_CONTAINS(m, "Too many open files");
   EXPECT_CONTAINS(m, "ulimit -n");
   EXPECT_EQ(m.find("writable"), std::string::npos) << m;
-  EXPECT_CONTAINS(write_failure(EROFS), "read-only");
-  EXPECT_CONTAINS(write_failure(ENOSPC), "free space");
 }
 
 // A pipe (or device) at the path is refused, not replaced by the file renamed over it: as root,
