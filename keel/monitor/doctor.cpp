@@ -625,8 +625,16 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
       const char* sev = "ok";
       if (ref && ref->ran && ref->finite) {
         const double rel = std::fabs(conf.loss - ref->loss) / std::max(1e-12, std::fabs(ref->loss));
-        m += " (32-true: loss " + fmt("%.6g", ref->loss) + ", relative difference " +
-             fmt("%.2g", rel) + ")";
+        // A bf16 frozen base stays bf16 in the reference (an f32 copy would double the base, 32 GB
+        // for 8B): its products are bf16 in both runs, and the difference measures only the rest
+        // (0 at the first batch of a LoRA, whose B starts at 0), which "relative difference 0"
+        // alone read as bf16 costing this model nothing.
+        const bool bf16_base = cfg.model.adapter.kind != "none" && cfg.model.base_dtype == "bf16";
+        m += std::string(" (32-true") +
+             (bf16_base ? " with the base still bf16 (model.base_dtype), so its products are "
+                          "rounded alike in both"
+                        : "") +
+             ": loss " + fmt("%.6g", ref->loss) + ", relative difference " + fmt("%.2g", rel) + ")";
         if (rel > 0.02) {
           sev = "warning";
           m += "; more than 2% off 32-true: low precision changes this model's loss visibly";

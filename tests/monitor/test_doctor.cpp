@@ -280,6 +280,26 @@ TEST(Doctor, MixedPrecisionIsComparedWith32True) {
   EXPECT_TRUE(has(find(r.checks, "sanity", "ok"), "relative difference"));
 }
 
+// With a bf16 frozen base the 32-true reference keeps the base in bf16 (an f32 copy would double
+// it): the comparison says so, as "relative difference 0" alone read as bf16 costing nothing.
+TEST(Doctor, TheReferenceOfABf16BaseSaysItsProductsAreBf16Too) {
+  Config c = small("doctor-bf16-base");
+  c.train.precision = "bf16-mixed";
+  c.model.adapter.kind = "lora";
+  c.model.adapter.r = 4;
+  c.model.adapter.target_modules = {"c_attn", "c_fc"};
+  c.model.base_dtype = "bf16";
+  const DoctorReport r = run_doctor(c);
+  EXPECT_FALSE(r.blocking) << format_doctor(r);
+  EXPECT_TRUE(has(find(r.checks, "sanity", "ok"),
+                  "(32-true with the base still bf16 (model.base_dtype), so its products are "
+                  "rounded alike in both: loss "))
+      << format_doctor(r);
+  c.model.base_dtype = "f32";
+  const DoctorReport f = run_doctor(c);
+  EXPECT_TRUE(has(find(f.checks, "sanity", "ok"), "(32-true: loss ")) << format_doctor(f);
+}
+
 // The f16 MLP overflow of tests/cli (a): the first batch is non-finite under 16-true and finite
 // under 32-true, which blocks training and says where to look.
 TEST(Doctor, FirstBatchOverflowBlocks) {
