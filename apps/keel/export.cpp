@@ -118,17 +118,18 @@ int run_export(const ExportArgs& a) {
   // write the seed's 61 MB 1B adapter over its 2.47 GB bf16 base.
   const bool hold_base = a.dtype == "bf16" || a.adapter_only;
   io::TrainedModel t;
-  std::string fix = "use a machine with more memory";
   hold_weights_checked(
-      a.model + " exported in " + a.dtype, fix,
+      a.model + " exported in " + a.dtype,
       [&] {
         t = io::attach_trained_model(a.model, a.adapter, DType::F32, ops::AttentionBackend::kEager,
                                      weight_check_of_flag(a.allow_nonfinite_weights), a.base);
-        if (!hold_base && t.base_dtype == DType::BF16)
-          fix =
-              "--dtype bf16 merges into the base in bf16, as the run held it, without an f32 "
-              "copy of it";
         return io::bytes_to_hold(t, DType::F32, hold_base);
+      },
+      [&]() -> std::string {
+        if (!hold_base && t.base_dtype == DType::BF16)
+          return "--dtype bf16 merges into the base in bf16, as the run held it, without an f32 "
+                 "copy of it";
+        return "use a machine with more memory";
       },
       [&] { io::hold_parameters(t, DType::F32, hold_base); });
   // What MODEL turned out to hold: the weights' directory, a checkpoint's frozen base, the

@@ -162,38 +162,27 @@ Command add_init_model(CLI::App& app) {
   sub->add_option("--family", a->family, "gpt2 | llama")
       ->check(CLI::IsMember({"gpt2", "llama"}))
       ->capture_default_str();
-  sub->add_option("--n-layer", a->n_layer, "decoder layers")
-      ->check(config_check("model.n_layer", true))
-      ->capture_default_str();
-  sub->add_option("--n-embd", a->n_embd, "hidden size")
-      ->check(config_check("model.n_embd", true))
-      ->capture_default_str();
-  sub->add_option("--n-head", a->n_head, "attention heads")
-      ->check(config_check("model.n_head", true))
-      ->capture_default_str();
-  sub->add_option("--n-kv-head", a->n_kv_head, "llama: key/value heads (0 = n-head)")
-      ->check(config_check("model.n_kv_head", true))
-      ->capture_default_str();
-  sub->add_option("--intermediate-size", a->intermediate_size,
-                  "MLP width (0: 4 x n-embd for gpt2, Llama's 8/3 rule)")
-      ->check(config_check("model.intermediate_size", true))
-      ->capture_default_str();
-  sub->add_option("--vocab-size", a->vocab_size, "vocabulary (259 = keel's byte tokenizer)")
-      ->check(config_check("model.vocab_size", true))
-      ->capture_default_str();
-  sub->add_option("--max-seq-len", a->max_seq_len, "n_positions / max_position_embeddings")
-      ->check(config_check("model.max_seq_len", true))
-      ->capture_default_str();
+  // A size or value flag checked as its config key is (range and message from the key table).
+  auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,
+                             bool whole) {
+    sub->add_option(flag, value, help)->check(config_check(key, whole))->capture_default_str();
+  };
+  config_option("--n-layer", a->n_layer, "decoder layers", "model.n_layer", true);
+  config_option("--n-embd", a->n_embd, "hidden size", "model.n_embd", true);
+  config_option("--n-head", a->n_head, "attention heads", "model.n_head", true);
+  config_option("--n-kv-head", a->n_kv_head, "llama: key/value heads (0 = n-head)",
+                "model.n_kv_head", true);
+  config_option("--intermediate-size", a->intermediate_size,
+                "MLP width (0: 4 x n-embd for gpt2, Llama's 8/3 rule)", "model.intermediate_size",
+                true);
+  config_option("--vocab-size", a->vocab_size, "vocabulary (259 = keel's byte tokenizer)",
+                "model.vocab_size", true);
+  config_option("--max-seq-len", a->max_seq_len, "n_positions / max_position_embeddings",
+                "model.max_seq_len", true);
   sub->add_flag("--untied", a->untied, "llama: a separate lm_head (default: tied to embed_tokens)");
-  sub->add_option("--rope-theta", a->rope_theta, "llama: RoPE base")
-      ->check(config_check("model.rope_theta", false))
-      ->capture_default_str();
-  sub->add_option("--norm-eps", a->norm_eps, "layer/RMS norm epsilon")
-      ->check(config_check("model.norm_eps", false))
-      ->capture_default_str();
-  sub->add_option("--init-std", a->init_std, "initializer_range")
-      ->check(config_check("model.init_std", false))
-      ->capture_default_str();
+  config_option("--rope-theta", a->rope_theta, "llama: RoPE base", "model.rope_theta", false);
+  config_option("--norm-eps", a->norm_eps, "layer/RMS norm epsilon", "model.norm_eps", false);
+  config_option("--init-std", a->init_std, "initializer_range", "model.init_std", false);
   // The seed run.seed would be, bounded as the config bounds it (TOML integers are signed).
   sub->add_option("--seed", a->seed, "initialization seed")
       ->check(whole_check(0, INT64_MAX, " (as run.seed)"))

@@ -41,8 +41,8 @@ std::string nonfinite_advice(const ModelArgs& a, const PrecisionPolicy& policy) 
          "keel replay find where such weights come from";
 }
 
-void hold_weights_checked(const std::string& what, const std::string& fix,
-                          const std::function<size_t()>& attach,
+void hold_weights_checked(const std::string& what, const std::function<size_t()>& attach,
+                          const std::function<std::string()>& fix,
                           const std::function<void()>& hold) {
   try {
     const size_t need = attach();
@@ -51,13 +51,13 @@ void hold_weights_checked(const std::string& what, const std::string& fix,
       throw Error(what + " needs " + monitor::format_bytes(static_cast<int64_t>(need)) +
                       " more memory to hold its weights, but only " +
                       monitor::format_bytes(available) + " are available (" +
-                      monitor::available_memory_source() + "); " + fix,
+                      monitor::available_memory_source() + "); " + fix(),
                   Error::kUsage);
     hold();
   } catch (const host_memory::OutOfMemory& e) {  // its message names training's keys
     throw Error(what + ": out of memory allocating " +
                 monitor::format_bytes(static_cast<int64_t>(e.bytes)) +
-                " while loading its weights; " + fix);
+                " while loading its weights; " + fix());
   }
 }
 
@@ -66,6 +66,28 @@ io::WeightCheck weight_check_of_flag(bool allow) {
   c.allow_nonfinite = allow;
   c.override_hint = "--allow-nonfinite-weights";
   return c;
+}
+
+// --tokenizer, else the run's or the model directory's own; an Error (kUsage) saying what the
+// directory holds instead when there is none.
+std::string tokenizer_spec_of(const ModelArgs& a, const io::TrainedModel& t) {
+  if (!a.tokenizer.empty()) return a.tokenizer;
+  if (!t.tokenizer.empty()) return t.tokenizer;
+  // What the directory does hold: Llama-2's tokenizer.model alone, or half of GPT-2's pair, was
+  // met with the same "no tokenizer.json" as nothing at all.
+  auto has = [&](const char* f) { return std::filesystem::exists(t.dir + "/" + f); };
+  std::string why =
+      "no tokenizer.json or vocab.bpe beside it); give --tokenizer byte | gpt2:DIR | hf:PATH";
+  if (has("tokenizer.model"))
+    why =
+        "its tokenizer.model is a SentencePiece model, which keel does not read); save the "
+        "tokenizer as tokenizer.json beside it (a transformers fast tokenizer's save_pretrained "
+        "writes one) or give --tokenizer hf:PATH";
+  else if (has("vocab.json") || has("encoder.json"))
+    why = std::string("it holds ") + (has("vocab.json") ? "vocab.json" : "encoder.json") +
+          " but not the BPE merges that go with it); add merges.txt (or vocab.bpe) beside it, or "
+          "give --tokenizer byte | gpt2:DIR | hf:PATH";
+  throw Error(a.model + " names no tokenizer (" + why, Error::kUsage);
 }
 
 ModelForUse load_model_for_use(const ModelArgs& args) {
@@ -92,43 +114,25 @@ ModelForUse load_model_for_use(const ModelArgs& args) {
   // held so here (hold_base), eval and generate run the model that trained (its eval_loss, bit
   // for bit), in the memory it trained in.
   const std::string what = a.model + " under --precision " + a.precision;
-  std::string fix = "use a machine with more memory";
   hold_weights_checked(
-      what, fix,
+      what,
       [&] {
         m.trained = io::attach_trained_model(
             a.model, a.adapter, m.policy.param_dtype, ops::attention_backend_from_name(a.attention),
             weight_check_of_flag(a.allow_nonfinite_weights), a.base);
         // Before the weights are held: a model with no tokenizer was converted whole first (4.9 GB
         // and seconds for a 1B bf16 base under 32-true, minutes for an 8B) to be refused.
-        m.tokenizer_spec = a.tokenizer.empty() ? m.trained.tokenizer : a.tokenizer;
-        if (m.tokenizer_spec.empty()) {
-          // What the directory does hold: Llama-2's tokenizer.model alone, or half of GPT-2's pair,
-          // was met with the same "no tokenizer.json" as nothing at all.
-          const std::string& dir = m.trained.dir;
-          auto has = [&](const char* f) { return std::filesystem::exists(dir + "/" + f); };
-          std::string why =
-              "no tokenizer.json or vocab.bpe beside it); give --tokenizer byte | gpt2:DIR | "
-              "hf:PATH";
-          if (has("tokenizer.model"))
-            why =
-                "its tokenizer.model is a SentencePiece model, which keel does not read); save the "
-                "tokenizer as tokenizer.json beside it (a transformers fast tokenizer's "
-                "save_pretrained writes one) or give --tokenizer hf:PATH";
-          else if (has("vocab.json") || has("encoder.json"))
-            why = std::string("it holds ") + (has("vocab.json") ? "vocab.json" : "encoder.json") +
-                  " but not the BPE merges that go with it); add merges.txt (or vocab.bpe) beside "
-                  "it, or give --tokenizer byte | gpt2:DIR | hf:PATH";
-          throw Error(a.model + " names no tokenizer (" + why, Error::kUsage);
-        }
-        if (m.policy.param_dtype == DType::F32) {
-          const size_t bf16 = io::bytes_to_hold(m.trained, DType::BF16, /*hold_base=*/true);
-          fix = bf16 == 0 ? "--precision bf16-true uses its bf16 weights from the files as they "
-                            "are, without a copy"
-                          : "--precision bf16-true holds them in bf16 (" +
-                                monitor::format_bytes(static_cast<int64_t>(bf16)) + ")";
-        }
+        m.tokenizer_spec = tokenizer_spec_of(a, m.trained);
         return io::bytes_to_hold(m.trained, m.policy.param_dtype, /*hold_base=*/true);
+      },
+      [&]() -> std::string {
+        if (m.policy.param_dtype != DType::F32) return "use a machine with more memory";
+        const size_t bf16 = io::bytes_to_hold(m.trained, DType::BF16, /*hold_base=*/true);
+        if (bf16 == 0)
+          return "--precision bf16-true uses its bf16 weights from the files as they are, without "
+                 "a copy";
+        return "--precision bf16-true holds them in bf16 (" +
+               monitor::format_bytes(static_cast<int64_t>(bf16)) + ")";
       },
       [&] { io::hold_parameters(m.trained, m.policy.param_dtype, /*hold_base=*/true); });
   // Where the spec came from, for its errors: a tokenizer file the adapter's run trained with

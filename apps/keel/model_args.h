@@ -39,11 +39,13 @@ ModelForUse load_model_for_use(const ModelArgs& a);
 std::string nonfinite_advice(const ModelArgs& a, const PrecisionPolicy& policy);
 
 // Loads a model in two halves (io::attach_trained_model, then io::hold_parameters): `attach`
-// returns the bytes holding its weights will allocate (io::bytes_to_hold), refused (kUsage) before
-// `hold` runs when they exceed MemAvailable: past it the OOM killer ended the process with no word,
-// minutes into loading. An allocation that fails anyway is an error naming `what` and `fix`.
-void hold_weights_checked(const std::string& what, const std::string& fix,
-                          const std::function<size_t()>& attach, const std::function<void()>& hold);
+// returns the bytes holding its weights will allocate (io::bytes_to_hold), refused (kUsage) with
+// `fix()` before `hold` runs when they exceed MemAvailable (past it the OOM killer ended the
+// process with no word, minutes into loading). An allocation that fails anyway is an error naming
+// `what` and `fix()`.
+void hold_weights_checked(const std::string& what, const std::function<size_t()>& attach,
+                          const std::function<std::string()>& fix,
+                          const std::function<void()>& hold);
 
 // --allow-nonfinite-weights as the loaders' check (warnings to stderr).
 io::WeightCheck weight_check_of_flag(bool allow);

@@ -62,9 +62,7 @@ namespace {
 std::vector<std::pair<std::string, Tensor>> vocab_parameters(models::CausalLM& model) {
   std::vector<std::pair<std::string, Tensor>> out;
   for (auto& [name, p] : model.named_parameters())
-    if (name == "transformer.wte.weight" || name == "model.embed_tokens.weight" ||
-        name == "lm_head.weight")
-      out.emplace_back(name, p);
+    if (models::is_vocabulary_parameter(name)) out.emplace_back(name, p);
   return out;
 }
 

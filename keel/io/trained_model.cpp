@@ -131,11 +131,7 @@ std::string adapter_run_dir(const std::string& adapter_dir) {
 // (model.base_dtype = bf16): config.json's torch_dtype, `stored` here, is the base's.
 std::optional<DType> run_base_dtype(const std::string& dir, DType stored) {
   if (stored == DType::F32) return std::nullopt;
-  std::string precision;
-  try {
-    precision = json::parse(read_file(dir + "/trainer.json")).value("precision", "");
-  } catch (const std::exception&) {  // the resume's load names a damaged trainer.json
-  }
+  const std::string precision = run_precision(dir);
   if (precision == "32-true" || precision == "bf16-mixed" || precision == "16-mixed") return stored;
   return std::nullopt;
 }
@@ -171,9 +167,7 @@ void load_checkpoint_weights(TrainedModel& t, const models::ModelSpec& spec, con
     if (base_spec.vocab_size != spec.vocab_size) {
       // Resized in the parameters' dtype; the checkpoint holds the grown tensors' values.
       for (auto& [name, p] : t.model->named_parameters())
-        if ((name == "transformer.wte.weight" || name == "model.embed_tokens.weight" ||
-             name == "lm_head.weight") &&
-            p.dtype() != param)
+        if (models::is_vocabulary_parameter(name) && p.dtype() != param)
           Tensor(p).attach_storage(convert_mapped(p, param));
       models::resize_token_embeddings(*t.model, spec.vocab_size);
     }

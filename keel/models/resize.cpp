@@ -56,4 +56,9 @@ void resize_token_embeddings(CausalLM& model, int64_t new_vocab) {
   model.spec_.vocab_size = new_vocab;
 }
 
+bool is_vocabulary_parameter(const std::string& name) {
+  return name == "transformer.wte.weight" || name == "model.embed_tokens.weight" ||
+         name == "lm_head.weight";
+}
+
 }  // namespace keel::models

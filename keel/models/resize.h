@@ -1,6 +1,7 @@
 // Resizing a model's vocabulary, for a tokenizer that gained tokens (a dedicated pad token).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "keel/models/causal_lm.h"
 
@@ -15,5 +16,9 @@ namespace keel::models {
 // are cleared and versions bumped; spec().vocab_size follows. Call it before building an optimizer.
 // Errors: new_vocab < 1.
 void resize_token_embeddings(CausalLM& model, int64_t new_vocab);
+
+// Whether parameter `name` is one resize_token_embeddings grows: the token embedding (GPT-2 wte,
+// Llama embed_tokens) or lm_head.
+bool is_vocabulary_parameter(const std::string& name);
 
 }  // namespace keel::models

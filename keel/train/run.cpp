@@ -222,13 +222,10 @@ std::unique_ptr<models::CausalLM> random_base(const models::ModelSpec& spec, uin
   s.param_dtype = base_dt;
   auto m = models::make_causal_lm(s, seed);
   if (grow_embeddings) {
-    auto embedding = [](const std::string& n) {
-      return n == "transformer.wte.weight" || n == "model.embed_tokens.weight" ||
-             n == "lm_head.weight";
-    };
-    models::replay_init(spec, seed, embedding, [&](const std::string& name, const Tensor& f32) {
-      m->find_parameter(name).attach_storage(f32);
-    });
+    models::replay_init(spec, seed, models::is_vocabulary_parameter,
+                        [&](const std::string& name, const Tensor& f32) {
+                          m->find_parameter(name).attach_storage(f32);
+                        });
   }
   return m;
 }
@@ -367,9 +364,7 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
     // The new rows are rounded into the embedding's dtype: f32, or the base dtype itself, as they
     // would be by the f32 model's cast. A mapped f16 embedding is widened first.
     for (auto& [name, p] : m->named_parameters())
-      if ((name == "transformer.wte.weight" || name == "model.embed_tokens.weight" ||
-           name == "lm_head.weight") &&
-          p.dtype() != param_dtype && p.dtype() != base_dt)
+      if (models::is_vocabulary_parameter(name) && p.dtype() != param_dtype && p.dtype() != base_dt)
         Tensor(p).attach_storage(p.to_dtype(param_dtype));
     models::resize_token_embeddings(*m, pad_id + 1);
     say_or_print(say,
