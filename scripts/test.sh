@@ -3,7 +3,11 @@
 # whole test suite in both. Used by the README's Quick start and by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase prints its wall time, so a CI log shows where the minutes go.
+phase_start=$SECONDS
+phase_done() { echo "test.sh: $1 took $((SECONDS - phase_start)) s (total $SECONDS s)"; phase_start=$SECONDS; }
 bash scripts/install-deps.sh
+phase_done "installing dependencies"
 jobs=$(nproc)
 # ctest runs test binaries in parallel, one per core: each runs its OpenMP code on one thread so
 # they never oversubscribe the machine. Tests that check thread-count independence set their own
@@ -15,19 +19,23 @@ export OMP_NUM_THREADS=1
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DKEEL_UNITY_BUILD=ON >/dev/null  # files compiled in batches: see CMakeLists.txt
 cmake --build build -j "$jobs"
+phase_done "the release build"
 ctest --test-dir build --output-on-failure -j "$jobs" --timeout 900
+phase_done "the release tests"
 
 # Sanitizers: the same tests, with ASan + UBSan (leak checks off: OpenMP's and oneDNN's
 # thread-local caches live until exit and are reported as leaks).
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Release -DKEEL_SANITIZE=ON -DKEEL_UNITY_BUILD=ON \
   -DKEEL_BUILD_BENCH=OFF -DKEEL_CUDA=OFF >/dev/null  # nvcc objects take no sanitizers: CUDA is built above
 cmake --build build-asan -j "$jobs"
+phase_done "the sanitized build"
 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   KEEL_TEST_SANITIZED=1 ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 1800
+phase_done "the sanitized tests"
 
 # Fuzzing: a short libFuzzer campaign per input format (safetensors, config.json, tokenizers,
 # JSONL, TOML, NaN captures, trainer.json), clang + ASan + UBSan, KEEL_FUZZ_SECONDS each (6 here;
 # 0 skips it). A finding fails the script. Its clang build (-O1, only the layers up to monitor/)
 # takes ~3.3 minutes on 2 cores from cold, the campaigns ~31 s.
 export KEEL_FUZZ_SECONDS=${KEEL_FUZZ_SECONDS:-6}
-if [ "$KEEL_FUZZ_SECONDS" != 0 ]; then bash scripts/fuzz.sh; fi
+if [ "$KEEL_FUZZ_SECONDS" != 0 ]; then bash scripts/fuzz.sh; phase_done "fuzzing"; fi
