@@ -9,7 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${KEEL_FUZZ_SECONDS:-8}
 source scripts/fuzz-build.sh
-cmake --build build-fuzz -j "$(nproc)" --target fuzz_targets
+# The cores (GNU nproc prints OMP_NUM_THREADS when it is set: test.sh's 1 built this on one core).
+cmake --build build-fuzz -j "${KEEL_BUILD_JOBS:-$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)}" \
+  --target fuzz_targets
 export OMP_NUM_THREADS=1 ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 campaign() {  # campaign TARGET: one libFuzzer run; prints its log's tail when it finds something
