@@ -99,8 +99,8 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
   if (a.task != "text" && a.task != "jsonl" && a.task != "tokens")
     throw Error("--task " + a.task + ": use text, jsonl or tokens (an llm.c token file)",
                 Error::kUsage);
-  // Rows are padded to the row length: a model's whole context (Llama-3's 131,072 positions)
-  // as the default asked 256 GB for a 10-byte file. As HF's run_clm: at most 1024 by default.
+  // The row length: examples longer are cut to it (a batch is padded to its longest row only).
+  // As HF's run_clm: at most 1024 by default, not a model's whole context (Llama-3's 131,072).
   // Where the row length came from, for the note on truncated examples.
   const std::string seq_len_from =
       a.seq_len != 0 ? "--seq-len"
@@ -175,10 +175,12 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
   try {
     r = dataset_loss(*t.model, *set, a.batch_size, a.seq_len, pad, m.policy, m.device);
   } catch (const host_memory::OutOfMemory& e) {  // its message names training's keys
-    throw Error("out of memory allocating a tensor of " + std::to_string(e.bytes) +
-                " bytes while evaluating " + std::to_string(a.batch_size) + " rows of " +
-                std::to_string(a.seq_len) +
-                " tokens a batch (rows are padded to --seq-len): lower --batch-size or --seq-len");
+    throw Error(
+        "out of memory allocating a tensor of " + std::to_string(e.bytes) +
+        " bytes while evaluating " + std::to_string(a.batch_size) + " rows of " +
+        std::to_string(a.seq_len) +
+        " tokens a batch (an example is cut to --seq-len, a batch padded to its longest): lower "
+        "--batch-size or --seq-len");
   }
   if (a.json) {
     nlohmann::json j = {{"loss", io::json_float(r.loss())},

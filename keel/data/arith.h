@@ -47,6 +47,10 @@ struct ArithTask {
 // of the distinct problems with that many digits (the held-out set would starve training).
 ArithTask make_arith_task(const ByteTokenizer& tok, const ArithOptions& opt);
 
+// The tokens of the task's longest example: "a+b=" with two `digits`-digit operands, an answer of
+// digits + 1 (a carry; aligned: always that long) and its newline.
+inline int64_t arith_longest_example(int64_t digits) { return 3 * digits + 4; }
+
 // Number of distinct problems with operands of at most `digits` digits (a+b for every ordered
 // pair, a-b for a >= b), as a double since it overflows int64 beyond 9 digits.
 double arith_problem_count(int64_t digits);

@@ -553,6 +553,7 @@ DatasetFootprint dataset_footprint(const std::string& path, const std::string& t
     f.tokens = h.tokens;
     f.examples = packed_rows(static_cast<size_t>(h.tokens), static_cast<size_t>(seq_len));
     f.held = f.load_peak = seq_len;
+    f.longest = seq_len, f.whole = true;
     return f;
   }
   if (task == "jsonl" || !pack) check_eos(tok, path);
@@ -579,6 +580,11 @@ DatasetFootprint dataset_footprint(const std::string& path, const std::string& t
   f.tokens = std::llround(tokens * scale);
   f.examples = std::llround(static_cast<double>(ds->size()) * scale);
   f.held = std::llround(static_cast<double>(ds->held_bytes()) * scale);
+  for (int64_t i = 0; i < ds->size(); ++i)
+    f.longest =
+        std::max(f.longest, std::min<int64_t>(static_cast<int64_t>(ds->get(i).size()), seq_len));
+  f.whole = f.file_bytes <= kSample;
+  if (task == "text" && pack && !f.whole) f.longest = seq_len, f.whole = true;  // rows of seq_len
   // Packed text is read and encoded a piece at a time into the stream it keeps (packed_dataset_of):
   // beside it, the read buffer and the piece's text (about 3 pieces) and the piece's ids in 32
   // bits. Paragraphs and JSONL are read whole first.

@@ -161,6 +161,10 @@ std::unique_ptr<Dataset> load_dataset(const std::string& task, const std::string
 struct DatasetFootprint {
   bool estimated = false;
   int64_t file_bytes = 0, tokens = 0, examples = 0, held = 0, load_peak = 0;
+  // The tokens of the longest row counted (at most seq_len), and whether that was every row: the
+  // file was counted whole (a packed file's rows are all seq_len long).
+  int64_t longest = 0;
+  bool whole = false;
 };
 DatasetFootprint dataset_footprint(const std::string& path, const std::string& task,
                                    const Tokenizer& tok, int64_t seq_len, bool pack);

@@ -1,6 +1,7 @@
 #include "keel/data/loader.h"
 
 #include <algorithm>
+#include <bit>
 #include <numeric>
 
 #include "keel/data/rng.h"
@@ -8,9 +9,20 @@
 
 namespace keel::data {
 
+int64_t padded_length(int64_t longest, int64_t seq_len) {
+  const int64_t n = std::clamp<int64_t>(longest, 1, seq_len);
+  const int64_t step =
+      std::max<int64_t>(1, static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(n)) / 8));
+  return std::min(seq_len, (n + step - 1) / step * step);
+}
+
 Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_len, int64_t pad_id) {
   KEEL_CHECK(seq_len >= 2 && !ids.empty(), "collate needs seq_len >= 2 and at least one example");
-  const int64_t B = static_cast<int64_t>(ids.size()), T = seq_len;
+  const int64_t B = static_cast<int64_t>(ids.size());
+  int64_t longest = 0;
+  for (int64_t id : ids)
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(ds.get(id).size()));
+  const int64_t T = padded_length(longest, seq_len);
   Batch b;
   b.input_ids = Tensor::empty({B, T}, DType::I64);      // [B, T]
   b.labels = Tensor::empty({B, T}, DType::I64);         // [B, T]

@@ -10,7 +10,9 @@
 
 #include "keel/amp/precision.h"
 #include "keel/backend/matmul.h"
+#include "keel/data/arith.h"
 #include "keel/data/dataset.h"
+#include "keel/data/loader.h"
 #include "keel/data/tokenizer.h"
 #include "keel/io/hf_model.h"
 #include "keel/io/safetensors.h"
@@ -284,7 +286,13 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   int64_t layer_transient = 0, head_transient = 0;
   if (acts) {
     e.has_activations = true;
-    const int64_t B = q.batch, T = q.seq, C = sp.n_embd, F = sp.ffn_dim(), V = sp.vocab_size;
+    const int64_t T = q.longest_row > 0 ? data::padded_length(q.longest_row, q.seq) : q.seq;
+    e.batch_detail = std::to_string(q.batch) + " x " + std::to_string(T) + " tokens";
+    if (T < q.seq)
+      e.batch_detail +=
+          " (a batch is padded to its longest row, not to data.seq_len = " + std::to_string(q.seq) +
+          "; the data's longest holds " + std::to_string(q.longest_row) + ")";
+    const int64_t B = q.batch, C = sp.n_embd, F = sp.ffn_dim(), V = sp.vocab_size;
     const int64_t H = sp.n_head, L = sp.n_layer, BT = B * T;
     const int64_t kvC = sp.kv_heads() * sp.head_dim();
     const bool flash = q.attention == "flash";
@@ -617,7 +625,10 @@ std::string count_text(int64_t n) {
 // counts them.
 void add_datasets(MemoryQuery& q, const Config& cfg) {
   const DataConfig& dc = cfg.data;
-  if (dc.task == "arith") return;
+  if (dc.task == "arith") {
+    q.longest_row = data::arith_longest_example(dc.digits);
+    return;
+  }
   try {
     if (dc.task == "text" && dc.pack)
       q.dataset_advice =
@@ -633,6 +644,8 @@ void add_datasets(MemoryQuery& q, const Config& cfg) {
       const data::DatasetFootprint f =
           data::dataset_footprint(path, dc.task, *tok, dc.seq_len, dc.pack);
       if (!f.estimated) continue;
+      // The training file's longest row sizes the activations when every row of it was seen.
+      if (path == dc.path && f.whole) q.longest_row = f.longest;
       q.dataset_load_bytes = std::max(q.dataset_load_bytes, q.dataset_bytes + f.load_peak);
       q.dataset_bytes += f.held;
       q.dataset_detail += (q.dataset_detail.empty() ? "" : "; ") + path + ": " +
@@ -840,7 +853,7 @@ std::string format_memory(const MemoryEstimate& e) {
         e.matmul_scratch > 0 ? "f32 operand copies: no kernel for the dtype here"
                              : "none: the matmuls take their operands as they are");
     row("activations", e.activations,
-        "saved for backward, one micro-batch" +
+        "saved for backward, one micro-batch of " + e.batch_detail +
             (e.checkpoint.empty() ? "" : " (" + e.checkpoint + ")") + ":");
     for (const auto& it : e.activation_items) {
       std::snprintf(buf, sizeof buf, "    %-20s %12s  %s\n", it.name.c_str(), mb(it.bytes).c_str(),

@@ -52,6 +52,10 @@ struct MemoryQuery {
   // no activations are estimated).
   std::string family = "gpt2";  // gpt2 | llama
   int64_t batch = 0, seq = 0, layers = 0, hidden = 0;
+  // The longest example the data holds, in tokens (arith's from its digits, a text or JSONL file's
+  // when it was counted whole): a batch's rows are padded to its longest (data::padded_length),
+  // so the activations are of rows that long. 0 = not known: rows of `seq` tokens.
+  int64_t longest_row = 0;
   int64_t heads = 0;        // 0 = hidden / 64 (at least 1)
   int64_t kv_heads = 0;     // llama GQA; 0 = heads
   int64_t ffn = 0;          // 0 = the family's rule (gpt2 4*hidden, Llama 8/3*hidden rounded)
@@ -121,6 +125,9 @@ struct MemoryEstimate {
   std::string checkpoint;      // "" or how activation checkpointing changes the activations
   std::string weights_detail;  // what `weights` holds ("f32 masters", "frozen base in bf16", ...)
   bool has_activations = false;
+  // The micro-batch the activations are of: "32 x 10 tokens (rows padded to the longest, 10 of
+  // at most 32)".
+  std::string batch_detail;
   std::string transient_detail;
   std::vector<MemoryItem> activation_items;  // what `activations` is made of
 };

@@ -603,14 +603,20 @@ TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
                 .code,
             0);
   std::ofstream(f.dir + "/ten.txt") << "abcdefghij";
+  std::ofstream(f.dir + "/long.txt") << std::string(131072, 'a');
   test::KeelRun r =
       test::run_keel({"eval", wide, "--tokenizer", "byte", "--data", f.dir + "/ten.txt", "--json"});
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(nlohmann::json::parse(r.out)["seq_len"], 1024);
+  // A batch is padded to its longest row, not to --seq-len: ten bytes are scored at 131,072.
   r = test::run_keel({"eval", wide, "--tokenizer", "byte", "--data", f.dir + "/ten.txt",
+                      "--seq-len", "131072", "--batch-size", "1", "--json"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["tokens"], 10);
+  r = test::run_keel({"eval", wide, "--tokenizer", "byte", "--data", f.dir + "/long.txt",
                       "--seq-len", "131072", "--batch-size", "1"});
   EXPECT_EQ(r.code, 1) << r.output;
-  EXPECT_CONTAINS(r.err, "(rows are padded to --seq-len): lower --batch-size or --seq-len");
+  EXPECT_CONTAINS(r.err, "a batch padded to its longest): lower --batch-size or --seq-len");
   EXPECT_NOT_CONTAINS(r.err, "train.batch_size");
   auto train_err = [&](std::vector<std::string> sets) {
     const test::KeelRun r = train(f.dir + "/bad", sets);

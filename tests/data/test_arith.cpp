@@ -3,6 +3,7 @@
 // deterministic from the seed.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "keel/data/arith.h"
@@ -169,15 +170,37 @@ TEST(Arith, LoaderLabelsAreTheAnswers) {
   DataLoader loader(*task.eval, 8, 16, tok.pad_id(), false, 0);
   Batch b = loader.batch(0, 0);
   const std::vector<int64_t> labels = b.labels.to_ints();
+  const int64_t T = b.labels.size(1);  // padded to the batch's longest row
+  EXPECT_LE(T, arith_longest_example(opt.digits));
   int64_t expected_targets = 0;
   for (int64_t r = 0; r < 8; ++r) {
     std::vector<int32_t> predicted;
-    for (int64_t t = 0; t < 16; ++t)
-      if (labels[r * 16 + t] != kIgnoreLabel) predicted.push_back(labels[r * 16 + t]);
+    for (int64_t t = 0; t < T; ++t)
+      if (labels[r * T + t] != kIgnoreLabel) predicted.push_back(labels[r * T + t]);
     EXPECT_EQ(tok.decode(predicted), task.eval_answers[r] + "\n") << "row " << r;
     expected_targets += static_cast<int64_t>(task.eval_answers[r].size()) + 1;
   }
   EXPECT_EQ(b.n_targets, expected_targets);
+}
+
+// The memory estimate sizes a run's activations by the longest example (batches are padded to
+// their longest row): the formula must be the task's true maximum, in both forms.
+TEST(Arith, LongestExampleIsTheFormulasLength) {
+  ByteTokenizer tok;
+  for (bool aligned : {false, true})
+    for (int64_t digits : {1, 2, 3, 5}) {
+      ArithOptions opt;
+      opt.digits = digits;
+      opt.num_train = 2000;
+      opt.num_eval = 4;
+      opt.reverse_answer = aligned;
+      const ArithTask task = make_arith_task(tok, opt);
+      size_t longest = 0;
+      for (int64_t i = 0; i < task.train->size(); ++i)
+        longest = std::max(longest, task.train->get(i).size());
+      EXPECT_EQ(static_cast<int64_t>(longest), arith_longest_example(digits))
+          << digits << " digits, aligned " << aligned;
+    }
 }
 
 TEST(Arith, BadOptionsAreUsageErrors) {

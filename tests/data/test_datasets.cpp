@@ -179,8 +179,9 @@ TEST(JsonlDataset, TextAndPromptCompletion) {
   DataLoader loader(*ds, 3, 16, kTok.pad_id(), false, 0);
   const Batch b = loader.batch(0, 0);
   const std::vector<int64_t> labels = b.labels.to_ints();
-  std::vector<int64_t> row1(labels.begin() + 16, labels.begin() + 32);
-  std::vector<int64_t> want_row1(16, kIgnoreLabel);
+  ASSERT_EQ(b.labels.size(1), 13);  // padded to the longest row ("Q: 2+2?\nA: 4" and eos)
+  std::vector<int64_t> row1(labels.begin() + 13, labels.begin() + 26);
+  std::vector<int64_t> want_row1(13, kIgnoreLabel);
   want_row1[9] = ' ';
   want_row1[10] = '4';
   want_row1[11] = 258;

@@ -140,12 +140,15 @@ json Api::wait_run(const std::string& id, const std::function<bool(const json&)>
 
 json tiny_config(int steps) {
   json cfg = {{"run", {{"threads", 1}}},
-              {"data", {{"num_examples", 2000}, {"eval_examples", 8}}},
-              {"train", {{"max_steps", steps}, {"batch_size", 8}}},
+              {"data", {{"num_examples", 8000}, {"eval_examples", 8}}},
+              {"train", {{"max_steps", steps}, {"batch_size", 32}}},
               {"log", {{"tensorboard", false}, {"every", 50}}}};
-  // Under the sanitizers a step of the default model takes 30 ms (release: 6): a 1-layer, 32-wide
-  // model takes 10, still slower than release's, so a stop or kill still lands mid-run, and the
-  // restart tests, which train 800 steps, take 10 s instead of 32.
+  // Batches of 32 rows (8000 examples: 250 a epoch, as 2000 at 8 were): a batch is padded to its
+  // longest row (arith's 10 tokens), and 8 rows a step took 1.2 ms, too quick for a stop, a kill or
+  // a browser to land mid-run; 32 take about the 6 ms that 8 rows padded to data.seq_len took.
+  // Under the sanitizers a step of the default model is 5x slower: a 1-layer, 32-wide model is
+  // still slower than release's, so a stop or kill still lands mid-run, and the restart tests,
+  // which train 800 steps, take 10 s instead of 32.
   if (std::getenv("KEEL_TEST_SANITIZED"))
     cfg["model"] = {{"n_layer", 1}, {"n_embd", 32}, {"n_head", 2}};
   return cfg;
