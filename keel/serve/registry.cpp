@@ -1,6 +1,7 @@
 #include "keel/serve/registry.h"
 
 #include <sqlite3.h>
+#include <atomic>
 
 #include <chrono>
 #include <cstdlib>
@@ -182,6 +183,13 @@ void Registry::insert(const RunRecord& r) {
 
 void Registry::update(const RunRecord& r) {
   check_in_place("update " + r.id);
+  // Testing only: KEEL_TEST_REGISTRY_FAIL_STATE=S fails the first update to state S as a full
+  // disk would, so that a write refused between two others can be tested.
+  static std::atomic<bool> failed_once{false};
+  if (const char* s = std::getenv("KEEL_TEST_REGISTRY_FAIL_STATE");
+      s && r.state == s && !failed_once.exchange(true))
+    throw Error("run registry " + path_ + ": update " + r.id +
+                ": database or disk is full (KEEL_TEST_REGISTRY_FAIL_STATE)");
   Stmt st(db_,
           "UPDATE runs SET id=?1, state=?2, created_at=?3, updated_at=?4, idempotency_key=?5, "
           "request=?6, error=?7, capture=?8, pid=?9, pid_start=?10, exit_code=?11, starts=?12 "

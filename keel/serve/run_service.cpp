@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -237,7 +238,26 @@ void RunService::start_child(RunRecord& r, bool resume) {
   r.error.clear();
   r.exit_code = -1;
   ++r.starts;
-  save(r, /*insert=*/false);
+  // The child runs from here on: a registry that refuses the write must not make it a run that
+  // never started (create() then recorded it failed while it trained, or left it queued, which
+  // refused every later run as "one run at a time").
+  save_or_keep(r, "started");
+}
+
+void RunService::save_or_keep(const RunRecord& r, const std::string& what) {
+  try {
+    save(r, /*insert=*/false);
+  } catch (const Error& e) {
+    std::fprintf(stderr,
+                 "keel serve | run %s %s but the registry could not record it: %s; it is "
+                 "recorded once the registry can be written\n",
+                 r.id.c_str(), what.c_str(), e.what());
+    {
+      std::lock_guard<std::mutex> lock(records_mu_);
+      records_[r.id] = unsaved_[r.id] = r;
+    }
+    feed_of(r)->set_state(r.state);
+  }
 }
 
 std::pair<int, json> RunService::create(const std::string& body, const std::string& idem_key) {
@@ -367,7 +387,13 @@ void RunService::on_child_exit(pid_t pid, ChildExit e) {
   if (it == children_.end()) return;
   const std::string id = it->second;
   children_.erase(it);
-  if (auto rec = registry_.get(id)) {
+  std::optional<RunRecord> rec;
+  {  // the answers' record: newer than the registry's while a write of it waits (save_or_keep)
+    std::lock_guard<std::mutex> l(records_mu_);
+    if (auto u = records_.find(id); u != records_.end()) rec = u->second;
+  }
+  if (!rec) rec = registry_.get(id);
+  if (rec) {
     RunRecord r = *rec;
     auto p = feed_of(r);
     p->refresh();  // all the child wrote, before its run leaves the active states
@@ -387,22 +413,9 @@ void RunService::on_child_exit(pid_t pid, ChildExit e) {
     r.exit_code = e.signal ? 128 + e.signal : e.code;
     r.pid = 0;
     r.pid_start.clear();
-    try {
-      save(r, /*insert=*/false);
-    } catch (const Error& e) {
-      // A full or failing disk under --root (which also ends the run): thrown in this waiter
-      // thread it was std::terminate, the server gone. The end is kept for the answers and
-      // written before the next change of state.
-      std::fprintf(stderr,
-                   "keel serve | run %s ended (%s) but the registry could not record it: %s; "
-                   "it is recorded once the registry can be written\n",
-                   r.id.c_str(), r.state.c_str(), e.what());
-      {
-        std::lock_guard<std::mutex> l(records_mu_);
-        records_[r.id] = unsaved_[r.id] = r;
-      }
-      p->set_state(r.state);
-    }
+    // A full or failing disk under --root (which also ends the run): thrown in this waiter
+    // thread it was std::terminate, the server gone.
+    save_or_keep(r, "ended (" + r.state + ")");
   }
   exited_.notify_all();
 }

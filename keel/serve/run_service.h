@@ -58,9 +58,13 @@ class RunService {
  private:
   void check_registry_knows_runs();  // Error naming the runs of --root/runs it forgot
   nlohmann::json to_json(const RunRecord& r);
-  RunRecord must_get(const std::string& id);    // 404 otherwise
-  void save(const RunRecord& r, bool insert);   // to the registry, the cache and the feed
-  void save_unsaved();                          // mu_ held; Error while the registry refuses
+  RunRecord must_get(const std::string& id);   // 404 otherwise
+  void save(const RunRecord& r, bool insert);  // to the registry, the cache and the feed
+  void save_unsaved();                         // mu_ held; Error while the registry refuses
+  // save(r), or where the registry cannot be written (a full or failing disk under --root, a lock
+  // held elsewhere) r kept as the answers' and written before the next change of state; `what`
+  // happened, for the server's log ("ended (failed)", "started").
+  void save_or_keep(const RunRecord& r, const std::string& what);
   void start_child(RunRecord& r, bool resume);  // mu_ held
   void on_child_exit(pid_t pid, ChildExit e);
   std::shared_ptr<RunFeed> feed_of(const RunRecord& r);

@@ -185,5 +185,38 @@ TEST(ServeRegistry, ARunsEndNotRecordedIsWrittenAtShutdown) {
   EXPECT_EQ(reg.get(id)->state, "succeeded");
 }
 
+// The registry refusing the write of a run's start (the child forked): create() recorded the run
+// failed while it trained (and a second failure left it queued, refusing every later run as "one
+// run at a time"). The start is kept for the answers and written with the run's end.
+TEST(ServeRegistry, ARunWhoseStartTheRegistryRefusesRunsAndIsRecordedLater) {
+  const std::string dir = test::temp_dir("registry-unsaved-start");
+  const std::string root = dir + "/root", db = root + "/keel-serve.db";
+  std::ofstream(dir + "/keys") << test::kTestKey << "\n";
+  ::setenv("KEEL_TEST_REGISTRY_FAIL_STATE", "running", 1);  // inherited by the server
+  test::ServeProcess srv({"--root", root, "--api-key-file", dir + "/keys"});
+  ::unsetenv("KEEL_TEST_REGISTRY_FAIL_STATE");
+  ASSERT_TRUE(srv.started()) << srv.output();
+  const test::Api api{srv.port(), test::kTestKey};
+  auto r = api.post("/v1/runs", test::tiny_config(50).dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 201) << r->body;
+  const nlohmann::json created = nlohmann::json::parse(r->body);
+  EXPECT_EQ(created["state"], "running") << r->body;
+  const std::string id = created["id"];
+  EXPECT_CONTAINS(srv.output(), "run " + id + " started but the registry could not record it");
+  const nlohmann::json run =
+      api.wait_run(id, [](const nlohmann::json& j) { return j["state"] == "succeeded"; });
+  EXPECT_EQ(run["state"], "succeeded") << run.dump();
+  EXPECT_EQ(run["starts"], 1) << run.dump();
+  auto next = api.post("/v1/runs", test::tiny_config(2).dump());  // not active any more
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->status, 201) << next->body;
+  EXPECT_EQ(srv.stop(), 0) << srv.output();
+  serve::Registry reg(db);
+  ASSERT_TRUE(reg.get(id).has_value());
+  EXPECT_EQ(reg.get(id)->state, "succeeded");
+  EXPECT_EQ(reg.get(id)->starts, 1);
+}
+
 }  // namespace
 }  // namespace keel
