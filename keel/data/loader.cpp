@@ -16,10 +16,11 @@ int64_t padded_length(int64_t longest, int64_t seq_len) {
   return std::min(seq_len, (n + step - 1) / step * step);
 }
 
-Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_len, int64_t pad_id) {
+Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_len, int64_t pad_id,
+              bool to_longest) {
   KEEL_CHECK(seq_len >= 2 && !ids.empty(), "collate needs seq_len >= 2 and at least one example");
   const int64_t B = static_cast<int64_t>(ids.size());
-  int64_t longest = 0;
+  int64_t longest = to_longest ? 0 : seq_len;
   for (int64_t id : ids)
     longest = std::max<int64_t>(longest, static_cast<int64_t>(ds.get(id).size()));
   const int64_t T = padded_length(longest, seq_len);
@@ -52,12 +53,13 @@ Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_le
 }
 
 DataLoader::DataLoader(const Dataset& ds, int64_t batch_size, int64_t seq_len, int64_t pad_id,
-                       bool shuffle, uint64_t seed)
+                       bool shuffle, uint64_t seed, bool to_longest)
     : ds_(ds),
       batch_size_(batch_size),
       seq_len_(seq_len),
       pad_id_(pad_id),
       shuffle_(shuffle),
+      to_longest_(to_longest),
       seed_(seed) {
   if (ds.size() <= 0)
     throw Error("DataLoader: the dataset is empty; check data.path (or data.num_examples)",
@@ -103,7 +105,7 @@ Batch DataLoader::batch(int64_t epoch, int64_t index) const {
     const int64_t begin = index * batch_size_, end = std::min(begin + batch_size_, ds_.size());
     ids.assign(cached_order_.begin() + begin, cached_order_.begin() + end);
   }
-  return collate(ds_, ids, seq_len_, pad_id_);
+  return collate(ds_, ids, seq_len_, pad_id_, to_longest_);
 }
 
 }  // namespace keel::data

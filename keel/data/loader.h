@@ -42,8 +42,10 @@ int64_t padded_length(int64_t longest, int64_t seq_len);
 
 // Collates the listed examples: each row keeps the first seq_len tokens (longer examples are
 // truncated at the end) and is right-padded with pad_id to padded_length(the longest row,
-// seq_len). seq_len >= 2, ids non-empty.
-Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_len, int64_t pad_id);
+// seq_len), or to seq_len itself when `to_longest` is false (data.padding = "max_length").
+// seq_len >= 2, ids non-empty.
+Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_len, int64_t pad_id,
+              bool to_longest = true);
 
 // Deterministic loader: epoch e visits the dataset in the order of a permutation drawn from
 // (seed, e) by Fisher-Yates with SplitMix64 (rng.h), or in index order when shuffle is false.
@@ -54,7 +56,7 @@ class DataLoader {
  public:
   // Errors (kind kUsage): an empty dataset, batch_size < 1, seq_len < 2.
   DataLoader(const Dataset& ds, int64_t batch_size, int64_t seq_len, int64_t pad_id, bool shuffle,
-             uint64_t seed);
+             uint64_t seed, bool to_longest = true);
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   int64_t size() const { return ds_.size(); }
   int64_t batch_size() const { return batch_size_; }
@@ -67,7 +69,7 @@ class DataLoader {
  private:
   const Dataset& ds_;
   int64_t batch_size_, seq_len_, pad_id_;
-  bool shuffle_;
+  bool shuffle_, to_longest_;
   uint64_t seed_;
   int64_t batches_per_epoch_;
   // The last epoch's order, so that a run of batch(e, 0..n-1) draws the permutation once.

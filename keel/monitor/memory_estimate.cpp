@@ -290,8 +290,9 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     e.batch_detail = std::to_string(q.batch) + " x " + std::to_string(T) + " tokens";
     if (T < q.seq)
       e.batch_detail +=
-          " (a batch is padded to its longest row, not to data.seq_len = " + std::to_string(q.seq) +
-          "; the data's longest holds " + std::to_string(q.longest_row) + ")";
+          " (data.padding = longest: a batch is padded to its longest row, not to data.seq_len = " +
+          std::to_string(q.seq) + "; the data's longest holds " + std::to_string(q.longest_row) +
+          ")";
     const int64_t B = q.batch, C = sp.n_embd, F = sp.ffn_dim(), V = sp.vocab_size;
     const int64_t H = sp.n_head, L = sp.n_layer, BT = B * T;
     const int64_t kvC = sp.kv_heads() * sp.head_dim();
@@ -625,8 +626,9 @@ std::string count_text(int64_t n) {
 // counts them.
 void add_datasets(MemoryQuery& q, const Config& cfg) {
   const DataConfig& dc = cfg.data;
+  const bool longest = dc.padding == "longest";  // else every row is data.seq_len long
   if (dc.task == "arith") {
-    q.longest_row = data::arith_longest_example(dc.digits);
+    if (longest) q.longest_row = data::arith_longest_example(dc.digits);
     return;
   }
   try {
@@ -645,7 +647,7 @@ void add_datasets(MemoryQuery& q, const Config& cfg) {
           data::dataset_footprint(path, dc.task, *tok, dc.seq_len, dc.pack);
       if (!f.estimated) continue;
       // The training file's longest row sizes the activations when every row of it was seen.
-      if (path == dc.path && f.whole) q.longest_row = f.longest;
+      if (longest && path == dc.path && f.whole) q.longest_row = f.longest;
       q.dataset_load_bytes = std::max(q.dataset_load_bytes, q.dataset_bytes + f.load_peak);
       q.dataset_bytes += f.held;
       q.dataset_detail += (q.dataset_detail.empty() ? "" : "; ") + path + ": " +

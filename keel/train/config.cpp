@@ -106,6 +106,7 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("data", data, pad).one_of({"add", "eos"}));
     k.push_back(KEEL_KEY("data", data, seq_len).at_least(2).at_most(1048576));
     k.push_back(KEEL_KEY("data", data, pack));
+    k.push_back(KEEL_KEY("data", data, padding).one_of({"longest", "max_length"}));
     k.push_back(KEEL_KEY("data", data, shuffle));
     k.push_back(KEEL_KEY("data", data, num_examples).at_least(1).at_most(100000000));
     k.push_back(KEEL_KEY("data", data, eval_examples).at_least(0).at_most(100000000));

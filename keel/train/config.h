@@ -54,6 +54,9 @@ struct DataConfig {
   std::string pad = "add";  // add | eos: padding when the tokenizer has no usable pad token
   int64_t seq_len = 32;
   bool pack = false;  // pack text into full seq_len rows instead of one example per row
+  // longest: a batch is padded to its longest row (data::padded_length); max_length: to seq_len
+  // (every batch one shape, as before keel padded to the longest).
+  std::string padding = "longest";
   bool shuffle = true;
   int64_t num_examples = 20000;  // arith: training examples generated
   int64_t eval_examples = 500;   // arith: held-out examples

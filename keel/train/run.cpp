@@ -526,9 +526,9 @@ Run build_run(const Config& cfg, const RunOptions& o) {
                             "nothing about generalization; give a held-out file, or "
                             "data.eval_fraction to hold out part of data.path");
   if (r.data.train) {
-    r.loader =
-        std::make_unique<data::DataLoader>(*r.data.train, cfg.train.batch_size, cfg.data.seq_len,
-                                           r.data.pad_id, cfg.data.shuffle, cfg.run.seed);
+    r.loader = std::make_unique<data::DataLoader>(*r.data.train, cfg.train.batch_size,
+                                                  cfg.data.seq_len, r.data.pad_id, cfg.data.shuffle,
+                                                  cfg.run.seed, cfg.data.padding == "longest");
     // A step's global window: grad_accum micro-batches per rank (rank_micro_batches).
     const int64_t global_window = cfg.train.grad_accum * o.world_size;
     r.steps_per_epoch = (r.loader->batches_per_epoch() + global_window - 1) / global_window;

@@ -115,6 +115,12 @@ TEST(Collate, RowsArePaddedToTheLongestRoundedToAnEighthOfItsPowerOfTwo) {
   EXPECT_EQ(collate(ds, {0}, 32, kPad).input_ids.shape(), (Shape{1, 3}));
   EXPECT_EQ(collate(ds, {0, 1}, 32, kPad).input_ids.shape(), (Shape{2, 5}));
   EXPECT_EQ(collate(ds, {0, 1}, 4, kPad).input_ids.shape(), (Shape{2, 4}));
+  // data.padding = max_length: every row seq_len long, the same tokens and labels in front.
+  const Batch full = collate(ds, {0, 1}, 32, kPad, /*to_longest=*/false);
+  EXPECT_EQ(full.input_ids.shape(), (Shape{2, 32}));
+  EXPECT_EQ(full.n_targets, collate(ds, {0, 1}, 32, kPad).n_targets);
+  DataLoader fixed(ds, 2, 32, kPad, false, 0, /*to_longest=*/false);
+  EXPECT_EQ(fixed.batch(0, 0).input_ids.shape(), (Shape{2, 32}));
 }
 
 TEST(Collate, MatchesReferenceOnRandomExamples) {
