@@ -33,6 +33,9 @@ Command add_doctor(CLI::App& app) {
             check_keys_take_effect(cfg);
             monitor::DoctorOptions opt;
             opt.sanity = !a->no_sanity;
+            opt.progress = [](const std::string& m) {
+              std::fprintf(stderr, "keel doctor | %s\n", m.c_str());
+            };
             // Under the mpirun line keel train runs with, rank 0 alone checks (each rank printed
             // a whole report), and checks the windows of that many ranks.
             if (dist::launched_by_mpirun() && cfg.dist.backend != "single") {

@@ -361,6 +361,16 @@ DoctorCheck check_memory(const MemoryEstimate& e, int64_t available, const std::
 
 // ---- the sanity pass
 
+// 97.2M, 1.24B
+std::string params_text(int64_t n) {
+  char buf[32];
+  if (n >= 1'000'000'000)
+    std::snprintf(buf, sizeof buf, "%.2fB", static_cast<double>(n) / 1e9);
+  else
+    std::snprintf(buf, sizeof buf, "%.1fM", static_cast<double>(n) / 1e6);
+  return buf;
+}
+
 namespace {
 
 SanityRun sanity_run(const Config& base, const std::string& label,
@@ -592,15 +602,22 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
     const PrecisionPolicy pol =
         resolve_precision(cfg.train.precision, Device::cpu(), cfg.train.allow_cpu_bf16);
     const std::string att = cfg.model.attention;
-    int idx = 0;
-    auto run = [&](const std::string& label, const std::vector<std::string>& sets) {
-      r.sanity.push_back(
-          sanity_run(cfg, label, sets, out_dir + "/sanity-" + std::to_string(idx++)));
-    };
-    run("configured", {});
-    if (pol.name() != "32-true") run("32-true", {"train.precision=32-true"});
+    std::vector<std::pair<std::string, std::vector<std::string>>> passes = {{"configured", {}}};
+    if (pol.name() != "32-true") passes.push_back({"32-true", {"train.precision=32-true"}});
     for (const char* b : {"eager", "math", "flash"})
-      if (att != b) run(std::string("attention=") + b, {std::string("model.attention=") + b});
+      if (att != b)
+        passes.push_back({std::string("attention=") + b, {std::string("model.attention=") + b}});
+    const bool tell = opt.progress && r.memory.params >= opt.progress_params;
+    for (size_t i = 0; i < passes.size(); ++i) {
+      if (tell)
+        opt.progress("sanity pass " + std::to_string(i + 1) + " of " +
+                     std::to_string(passes.size()) + " (" + passes[i].first + "): builds the " +
+                     params_text(r.memory.params) +
+                     "-parameter run and runs one batch forward and backward; --no-sanity "
+                     "skips these passes");
+      r.sanity.push_back(sanity_run(cfg, passes[i].first, passes[i].second,
+                                    out_dir + "/sanity-" + std::to_string(i)));
+    }
     const SanityRun& conf = r.sanity.front();
     const SanityRun* ref = pol.name() != "32-true" ? &r.sanity[1] : nullptr;
     if (!conf.ran) {

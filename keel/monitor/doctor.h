@@ -79,6 +79,11 @@ struct DoctorOptions {
   // windows are checked for them. 0 = unknown (not launched by mpirun): one rank's, with a note
   // when dist.backend asks for several.
   int64_t ranks = 0;
+  // Told before each one-batch sanity pass of a model of at least `progress_params` parameters
+  // ("sanity pass 2 of 5 (32-true): ..."): at 1B each pass builds the run and takes minutes, and
+  // the doctor said nothing until the end. The CLI prints it to stderr.
+  std::function<void(const std::string&)> progress;
+  int64_t progress_params = 100'000'000;
 };
 
 struct DoctorReport {

@@ -251,6 +251,27 @@ TEST(Doctor, HealthyConfigPassesWithTheSanityTable) {
   EXPECT_EQ(j.at("sanity").size(), 3u);
 }
 
+// At 1B each sanity pass builds the run and runs a batch for minutes, and the doctor said nothing
+// until its report. A model from progress_params parameters up is told of each pass first; a
+// smaller one is not (here the threshold is lowered to this model's size, then raised past it).
+TEST(Doctor, EachSanityPassOfALargeModelIsAnnouncedFirst) {
+  std::vector<std::string> said;
+  DoctorOptions opt;
+  opt.progress = [&](const std::string& m) { said.push_back(m); };
+  opt.progress_params = 1;
+  const DoctorReport r = run_doctor(small("doctor-progress"), opt);
+  ASSERT_EQ(r.sanity.size(), 3u);
+  ASSERT_EQ(said.size(), 3u);
+  EXPECT_TRUE(has(said[0], "sanity pass 1 of 3 (configured): builds the ")) << said[0];
+  EXPECT_TRUE(has(said[0], "-parameter run and runs one batch forward and backward")) << said[0];
+  EXPECT_TRUE(has(said[0], "--no-sanity skips these passes")) << said[0];
+  EXPECT_TRUE(has(said[2], "sanity pass 3 of 3 (attention=flash)")) << said[2];
+  said.clear();
+  opt.progress_params = r.memory.params + 1;
+  run_doctor(small("doctor-progress-small"), opt);
+  EXPECT_TRUE(said.empty()) << said[0];
+}
+
 // The adapter check counted tensors and called them parameters ("4 trainable lora parameters"
 // for 4 tensors of 64 to 512 values each), beside keel memory's count of values.
 TEST(Doctor, TheAdapterCheckCountsTensorsAndParameters) {
