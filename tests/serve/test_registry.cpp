@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "keel/numerics/error.h"
@@ -154,16 +155,28 @@ TEST(ServeRegistry, AServerRefusesARegistryThatForgotTheRunsOfItsRoot) {
   EXPECT_TRUE(srv.started()) << srv.output();
 }
 
+// A server started with one registry test hook in its environment (NAME=VALUE, unset here once
+// the server has it), its root in a fresh directory.
+struct HookedServer {
+  std::string dir, root, db;
+  std::unique_ptr<test::ServeProcess> srv;
+  HookedServer(const std::string& tag, const char* name, const char* value)
+      : dir(test::temp_dir(tag)), root(dir + "/root"), db(root + "/keel-serve.db") {
+    std::ofstream(dir + "/keys") << test::kTestKey << "\n";
+    ::setenv(name, value, 1);  // inherited by the server
+    srv = std::make_unique<test::ServeProcess>(
+        std::vector<std::string>{"--root", root, "--api-key-file", dir + "/keys"});
+    ::unsetenv(name);
+  }
+};
+
 // A run's end that the registry could not record (here: a lock held by another process) was
 // written only before the next create or resume: a server stopped first lost it, and the next
 // start marked the run, which had succeeded, interrupted. Now the shutdown writes it.
 TEST(ServeRegistry, ARunsEndNotRecordedIsWrittenAtShutdown) {
-  const std::string dir = test::temp_dir("registry-unsaved-end");
-  const std::string root = dir + "/root", db = root + "/keel-serve.db";
-  std::ofstream(dir + "/keys") << test::kTestKey << "\n";
-  ::setenv("KEEL_TEST_REGISTRY_BUSY_MS", "100", 1);  // inherited by the server
-  test::ServeProcess srv({"--root", root, "--api-key-file", dir + "/keys"});
-  ::unsetenv("KEEL_TEST_REGISTRY_BUSY_MS");
+  const HookedServer h("registry-unsaved-end", "KEEL_TEST_REGISTRY_BUSY_MS", "100");
+  test::ServeProcess& srv = *h.srv;
+  const std::string& db = h.db;
   ASSERT_TRUE(srv.started()) << srv.output();
   const test::Api api{srv.port(), test::kTestKey};
   auto r = api.post("/v1/runs", test::tiny_config(100).dump());
@@ -189,12 +202,8 @@ TEST(ServeRegistry, ARunsEndNotRecordedIsWrittenAtShutdown) {
 // failed while it trained (and a second failure left it queued, refusing every later run as "one
 // run at a time"). The start is kept for the answers and written with the run's end.
 TEST(ServeRegistry, ARunWhoseStartTheRegistryRefusesRunsAndIsRecordedLater) {
-  const std::string dir = test::temp_dir("registry-unsaved-start");
-  const std::string root = dir + "/root", db = root + "/keel-serve.db";
-  std::ofstream(dir + "/keys") << test::kTestKey << "\n";
-  ::setenv("KEEL_TEST_REGISTRY_FAIL_STATE", "running", 1);  // inherited by the server
-  test::ServeProcess srv({"--root", root, "--api-key-file", dir + "/keys"});
-  ::unsetenv("KEEL_TEST_REGISTRY_FAIL_STATE");
+  const HookedServer h("registry-unsaved-start", "KEEL_TEST_REGISTRY_FAIL_STATE", "running");
+  test::ServeProcess& srv = *h.srv;
   ASSERT_TRUE(srv.started()) << srv.output();
   const test::Api api{srv.port(), test::kTestKey};
   auto r = api.post("/v1/runs", test::tiny_config(50).dump());
@@ -212,7 +221,7 @@ TEST(ServeRegistry, ARunWhoseStartTheRegistryRefusesRunsAndIsRecordedLater) {
   ASSERT_TRUE(next);
   EXPECT_EQ(next->status, 201) << next->body;
   EXPECT_EQ(srv.stop(), 0) << srv.output();
-  serve::Registry reg(db);
+  serve::Registry reg(h.db);
   ASSERT_TRUE(reg.get(id).has_value());
   EXPECT_EQ(reg.get(id)->state, "succeeded");
   EXPECT_EQ(reg.get(id)->starts, 1);
