@@ -361,6 +361,8 @@ DoctorCheck check_memory(const MemoryEstimate& e, int64_t available, const std::
 
 // ---- the sanity pass
 
+namespace {
+
 // 97.2M, 1.24B
 std::string params_text(int64_t n) {
   char buf[32];
@@ -370,8 +372,6 @@ std::string params_text(int64_t n) {
     std::snprintf(buf, sizeof buf, "%.1fM", static_cast<double>(n) / 1e6);
   return buf;
 }
-
-namespace {
 
 SanityRun sanity_run(const Config& base, const std::string& label,
                      const std::vector<std::string>& sets, const std::string& out_dir) {

@@ -125,8 +125,8 @@ struct MemoryEstimate {
   std::string checkpoint;      // "" or how activation checkpointing changes the activations
   std::string weights_detail;  // what `weights` holds ("f32 masters", "frozen base in bf16", ...)
   bool has_activations = false;
-  // The micro-batch the activations are of: "32 x 10 tokens (rows padded to the longest, 10 of
-  // at most 32)".
+  // The micro-batch the activations are of: "32 x 10 tokens", and why T is below data.seq_len
+  // when it is (data.padding = longest and the data's longest row).
   std::string batch_detail;
   std::string transient_detail;
   std::vector<MemoryItem> activation_items;  // what `activations` is made of

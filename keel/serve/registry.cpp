@@ -1,8 +1,8 @@
 #include "keel/serve/registry.h"
 
 #include <sqlite3.h>
-#include <atomic>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
