@@ -202,22 +202,41 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
                    "an MLP " + std::to_string((*mlp)[gpt2 ? 1 : 0]) + " wide");
 }
 
+namespace {
+
+// The base parameters of the keel checkpoint DIR's model, its adapters merged, by name, each
+// checked against `model`'s (present, same shape). `hold_base`: its frozen base held as its run
+// held it (load_trained_model: bf16 under model.base_dtype = bf16), else every tensor in f32.
+std::map<std::string, Tensor> merged_checkpoint_weights(models::CausalLM& model,
+                                                        const std::string& dir,
+                                                        const WeightCheck& check,
+                                                        const std::string& base_dir,
+                                                        bool hold_base) {
+  TrainedModel t =
+      load_trained_model(dir, "", DType::F32, model.spec().attention, check, base_dir, hold_base);
+  nn::merge_adapters(*t.model);
+  std::map<std::string, Tensor> merged;
+  for (auto& [name, p] : base_parameters(*t.model)) merged[name] = p;
+  for (auto& [name, p] : base_parameters(model)) {
+    auto it = merged.find(name);
+    if (it == merged.end() || it->second.shape() != p.shape())
+      throw Error(dir + "/model.safetensors: tensor '" + name + "' is " +
+                  (it == merged.end() ? std::string("missing") : shape_str(it->second.shape())) +
+                  " for a model built from " + dir + "/config.json");
+  }
+  return merged;
+}
+
+}  // namespace
+
 void load_hf_weights(models::CausalLM& model, const std::string& dir, const WeightCheck& check,
                      const std::string& base_dir) {
-  const models::ModelSpec& spec = model.spec();
   if (is_keel_checkpoint(dir)) {  // a run's checkpoint: keel's layout, its adapters merged
-    TrainedModel t = load_trained_model(dir, "", DType::F32, spec.attention, check, base_dir);
-    nn::merge_adapters(*t.model);
-    std::map<std::string, Tensor> merged;
-    for (auto& [name, p] : base_parameters(*t.model)) merged[name] = p;
+    const std::map<std::string, Tensor> merged =
+        merged_checkpoint_weights(model, dir, check, base_dir, /*hold_base=*/false);
     for (auto& [name, p] : base_parameters(model)) {
-      auto it = merged.find(name);
-      if (it == merged.end() || it->second.shape() != p.shape())
-        throw Error(dir + "/model.safetensors: tensor '" + name + "' is " +
-                    (it == merged.end() ? std::string("missing") : shape_str(it->second.shape())) +
-                    " for a model built from " + dir + "/config.json");
       Tensor dst = p;
-      dst.copy_from(it->second);
+      dst.copy_from(merged.at(name));
       dst.bump_version();
     }
     return;
@@ -229,6 +248,17 @@ void load_hf_weights(models::CausalLM& model, const std::string& dir, const Weig
         p.bump_version();
       },
       check);
+}
+
+void attach_checkpoint_weights(models::CausalLM& model, const std::string& dir,
+                               const WeightCheck& check, bool hold_base) {
+  std::map<std::string, Tensor> merged =
+      merged_checkpoint_weights(model, dir, check, "", hold_base);
+  for (auto& [name, p] : base_parameters(model)) {
+    auto it = merged.find(name);
+    p.attach_storage(it->second);  // shared: the checkpoint's model is gone after this loop
+    merged.erase(it);
+  }
 }
 
 LoadedWeights attach_hf_weights(models::CausalLM& model, const std::string& dir,

@@ -33,6 +33,15 @@ inline constexpr const char* kSafetensorsIndex = "model.safetensors.index.json";
 void load_hf_weights(models::CausalLM& model, const std::string& dir, const WeightCheck& check = {},
                      const std::string& base_dir = "");
 
+// For a model built under DeferStorage (tensor.h) whose base will be frozen: every base parameter
+// takes the tensor of the keel checkpoint DIR's model (its adapters merged) itself, not a copy of
+// it in a model initialized only to be overwritten (two f32 models at once: 64 GB for an 8B second
+// LoRA stage). `hold_base`: that model's frozen base is held as its run held it (bf16 under
+// model.base_dtype = bf16; its merged weights rounded once, as the f32 merge's cast rounds them),
+// else in f32. The caller casts the frozen base into its dtype (nn::cast_frozen_parameters).
+void attach_checkpoint_weights(models::CausalLM& model, const std::string& dir,
+                               const WeightCheck& check, bool hold_base);
+
 // What attach_hf_weights did.
 struct LoadedWeights {
   int64_t tensors = 0;      // base parameters attached

@@ -515,11 +515,18 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     largest_stored = std::max(largest_stored, t.numel() * q.file_dtype_bytes);
   }
   const int64_t built = shaped ? blocks_of(tensors, pb) : (N - Nt) * pb;
-  if (q.file_dtype_bytes > 0 && adapter && !q.checkpoint_dir) {
+  // A keel checkpoint under a new adapter gives its own model's tensors, merged, held as its run
+  // held its base (io::attach_checkpoint_weights): in this run's base dtype, that base is used from
+  // the files as an HF directory's is; else its f32 model is cast a tensor at a time.
+  const bool from_files_as_stored =
+      q.checkpoint_dir ? q.checkpoint_base_bytes == fb : q.file_dtype_bytes == fb;
+  if (q.file_dtype_bytes > 0 && adapter && (!q.checkpoint_dir || from_files_as_stored)) {
     // Converted from the mapping a chunk at a time (tensor/convert_mapped.h), the chunk's pages
     // dropped as it goes: one chunk as stored, not one whole tensor.
     e.init_peak =
-        e.weights + (q.file_dtype_bytes == fb ? 0 : std::min<int64_t>(largest_stored, 8 << 20));
+        e.weights + (from_files_as_stored ? 0 : std::min<int64_t>(largest_stored, 8 << 20));
+  } else if (q.file_dtype_bytes > 0 && adapter) {
+    e.init_peak = (shaped ? blocks_of(tensors, 4) : (N - Nt) * 4) + (fb < 4 ? largest : 0);
   } else if (q.file_dtype_bytes > 0) {
     e.init_peak = built + largest_stored;
     if (q.checkpoint_dir) e.init_peak += shaped ? blocks_of(tensors, 4) : (N - Nt) * 4;
@@ -546,9 +553,7 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
   // host_memory blocks: no cache slack over it (the 1B seed bench's 2.47 GB bf16 base would add
   // 154 MB of slack that no block cache holds).
   const int64_t mapped_base =
-      q.file_dtype_bytes > 0 && adapter && !q.checkpoint_dir && q.file_dtype_bytes == fb
-          ? e.weights - trainable_blocks
-          : 0;
+      q.file_dtype_bytes > 0 && adapter && from_files_as_stored ? e.weights - trainable_blocks : 0;
   const int64_t slack_divisor = static_cast<int64_t>(
       q.checkpoint_every > 0 ? host_memory::kMaxSlackDivisor : host_memory::kSlackDivisor);
   e.cache_slack = e.has_activations ? (peak - std::min(peak, mapped_base)) / slack_divisor : 0;
@@ -698,6 +703,7 @@ MemoryQuery memory_query_from_config(const Config& cfg) {
     q.file_dtype_bytes =
         w.dtype_bytes > 0 ? w.dtype_bytes : static_cast<int64_t>(dtype_size(hf.dtype));
     q.checkpoint_dir = w.checkpoint;
+    if (w.checkpoint) q.checkpoint_base_bytes = static_cast<int64_t>(dtype_size(hf.dtype));
   }
   return q;
 }

@@ -81,7 +81,10 @@ struct MemoryQuery {
   // no files: the model is initialized from its sizes). See init_peak.
   int64_t file_dtype_bytes = 0;
   bool checkpoint_dir =
-      false;           // model.path is a keel checkpoint (loaded through a model of its own)
+      false;  // model.path is a keel checkpoint (loaded through a model of its own)
+  // Such a checkpoint's frozen base as its run held it (its config.json's torch_dtype): a new
+  // adapter over it takes that model's tensors (io::attach_checkpoint_weights).
+  int64_t checkpoint_base_bytes = 0;
   std::string source;  // where the sizes came from ("DIR/config.json"), shown by format_memory
   // A text or JSONL run's data (data.path and data.eval_path, data::dataset_footprint): what the
   // datasets hold for the run, and the most at once while they load (before the model, beside

@@ -320,9 +320,15 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
       m = models::make_causal_lm_for_loading(hf.spec);
       const io::LoadedWeights w = io::attach_hf_weights(*m, cfg.model.path, check);
       attached = w.tensors;
+    } else if (adapted) {
+      // A keel checkpoint under a new adapter (a second stage): its model's merged tensors
+      // themselves, its base held in bf16 when this run's is.
+      m = models::make_causal_lm_for_loading(hf.spec);
+      io::attach_checkpoint_weights(*m, cfg.model.path, check,
+                                    base_dt == DType::BF16 && param_dtype == DType::F32);
     } else {
-      // Full fine-tuning (or a keel checkpoint): parameters of their own, copied from the mapped
-      // files one tensor at a time.
+      // Full fine-tuning (an HF directory or a keel checkpoint): parameters of their own, copied
+      // from the mapped files one tensor at a time.
       m = models::make_causal_lm(hf.spec, cfg.run.seed);
       io::load_hf_weights(*m, cfg.model.path, check);
     }
