@@ -251,9 +251,10 @@ void load_hf_weights(models::CausalLM& model, const std::string& dir, const Weig
 }
 
 void attach_checkpoint_weights(models::CausalLM& model, const std::string& dir,
-                               const WeightCheck& check, bool hold_base) {
+                               const WeightCheck& check, bool hold_base,
+                               const std::string& base_dir) {
   std::map<std::string, Tensor> merged =
-      merged_checkpoint_weights(model, dir, check, "", hold_base);
+      merged_checkpoint_weights(model, dir, check, base_dir, hold_base);
   for (auto& [name, p] : base_parameters(model)) {
     auto it = merged.find(name);
     p.attach_storage(it->second);  // shared: the checkpoint's model is gone after this loop

@@ -39,8 +39,10 @@ void load_hf_weights(models::CausalLM& model, const std::string& dir, const Weig
 // LoRA stage). `hold_base`: that model's frozen base is held as its run held it (bf16 under
 // model.base_dtype = bf16; its merged weights rounded once, as the f32 merge's cast rounds them),
 // else in f32. The caller casts the frozen base into its dtype (nn::cast_frozen_parameters).
+// `base_dir`: as load_hf_weights'.
 void attach_checkpoint_weights(models::CausalLM& model, const std::string& dir,
-                               const WeightCheck& check, bool hold_base);
+                               const WeightCheck& check, bool hold_base,
+                               const std::string& base_dir = "");
 
 // What attach_hf_weights did.
 struct LoadedWeights {

@@ -298,8 +298,8 @@ TrainedModel attach_trained_model(const std::string& path, const std::string& ad
       // The same here, so that the PEFT export of such a run gives its logits bit for bit. Read
       // once: loading the checkpoint with its adapters first, then again to merge, read an 8B
       // base twice.
-      t.model = models::make_causal_lm(hf.spec, 0);
-      load_hf_weights(*t.model, dir, check, base_dir);
+      t.model = models::make_causal_lm_for_loading(hf.spec);
+      attach_checkpoint_weights(*t.model, dir, check, /*hold_base=*/false, base_dir);
       t.merged_base = true;  // the dtype its base was held in is the adapter run's, below
     } else {
       load_checkpoint_weights(t, hf.spec, ref, adapters, check, base_dir);
