@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "keel/backend/cuda_api.h"
+#include "keel/io/hf_config.h"
 #include "keel/monitor/memory_estimate.h"
 #include "keel/nn/adapters/adapter.h"
 #include "keel/nn/module.h"
@@ -19,9 +20,11 @@ void add_model_options(CLI::App* sub, ModelArgs& a) {
                   "where the frozen base of an adapter run's checkpoint is now, if it moved");
   sub->add_option("--tokenizer", a.tokenizer,
                   "byte | gpt2:DIR | hf:PATH (default: the run's or MODEL's own)");
-  sub->add_option("--precision", a.precision,
-                  "32-true | bf16-mixed | 16-mixed | bf16-true | 16-true (default: the run's "
-                  "train.precision for a run's checkpoint or adapter, else 32-true)");
+  sub->add_option(
+      "--precision", a.precision,
+      "32-true | bf16-mixed | 16-mixed | bf16-true | 16-true (default: the run's "
+      "train.precision for a run's checkpoint or adapter; bf16-mixed with the weights held in "
+      "bf16 for an HF directory stored in bf16; else 32-true)");
   sub->add_option("--attention", a.attention, "eager | math | flash")->capture_default_str();
   sub->add_option("--device", a.device, "cpu | cuda")->capture_default_str();
   sub->add_flag("--allow-nonfinite-weights", a.allow_nonfinite_weights,
@@ -90,19 +93,49 @@ std::string tokenizer_spec_of(const ModelArgs& a, const io::TrainedModel& t) {
   throw Error(a.model + " names no tokenizer (" + why, Error::kUsage);
 }
 
+namespace {
+
+// Whether MODEL is a Hugging Face directory (not a keel checkpoint) whose config.json says its
+// weights are bf16. A directory that cannot be read is left to the loader's errors.
+bool hf_directory_in_bf16(const std::string& model) {
+  if (!std::filesystem::exists(model + "/config.json") || io::is_keel_checkpoint(model))
+    return false;
+  try {
+    return io::read_hf_config(model).dtype == DType::BF16;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
 ModelForUse load_model_for_use(const ModelArgs& args) {
   ModelForUse m;
   // A run's model computes as it trained unless asked otherwise: `keel eval OUT` under 32-true
   // gave the seed's bf16-mixed run 11.889515 against its eval_loss 11.888892, and generate's
   // greedy tokens parted from the run's own at the 8th.
   ModelArgs a = args;
+  // An HF directory stored in bf16 computes as a keel bf16-mixed run with model.base_dtype = bf16
+  // holds its base (PEFT's way): its weights as stored, f32 activations. Under 32-true an 8B
+  // model was held in f32, 32 GB, and refused on the 24 GB machine its adapter trained on;
+  // transformers (dtype "auto") also loads it in bf16. Its loss is then the step-0 loss of that
+  // fine-tune: before and after compare under one precision.
+  bool hold_as_stored = false;
   if (a.precision.empty()) {
     a.precision = io::run_precision(a.model, a.adapter);
-    if (a.precision.empty())
-      a.precision = "32-true";
-    else
+    if (!a.precision.empty()) {
       std::fprintf(stderr, "note: --precision %s, the run's train.precision\n",
                    a.precision.c_str());
+    } else if (hf_directory_in_bf16(a.model)) {
+      a.precision = "bf16-mixed";
+      hold_as_stored = true;
+      std::fprintf(stderr,
+                   "note: --precision bf16-mixed with %s's weights held in bf16 as stored "
+                   "(config.json torch_dtype; --precision 32-true computes with f32 weights)\n",
+                   a.model.c_str());
+    } else {
+      a.precision = "32-true";
+    }
   }
   m.device = device_from_string(a.device);
   if (m.device.is_cuda() && !cuda::status().usable)
@@ -120,6 +153,11 @@ ModelForUse load_model_for_use(const ModelArgs& args) {
         m.trained = io::attach_trained_model(
             a.model, a.adapter, m.policy.param_dtype, ops::attention_backend_from_name(a.attention),
             weight_check_of_flag(a.allow_nonfinite_weights), a.base);
+        if (hold_as_stored) {
+          m.trained.base_dtype = DType::BF16;  // held below: every weight but an adapter's
+          for (auto& [name, p] : m.trained.model->named_parameters())
+            if (!nn::is_adapter_parameter(*m.trained.model, p)) Tensor(p).set_requires_grad(false);
+        }
         // Before the weights are held: a model with no tokenizer was converted whole first (4.9 GB
         // and seconds for a 1B bf16 base under 32-true, minutes for an 8B) to be refused.
         m.tokenizer_spec = tokenizer_spec_of(a, m.trained);

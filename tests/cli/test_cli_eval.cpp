@@ -59,10 +59,11 @@ json eval_json(std::vector<std::string> args) {
   return r.code == 0 ? json::parse(r.out) : json::object();
 }
 
-test::KeelRun train(const std::string& out, std::vector<std::string> sets) {
+test::KeelRun train(const std::string& out, std::vector<std::string> sets,
+                    const std::string& base = files().base) {
   const Files& f = files();
   std::vector<std::string> all = {
-      "run.out_dir=" + out, "run.threads=1",        "model.path=" + f.base,
+      "run.out_dir=" + out, "run.threads=1",        "model.path=" + base,
       "data.task=jsonl",    "data.path=" + f.train, "data.seq_len=40",
       "data.shuffle=false", "train.batch_size=8",   "log.tensorboard=false"};
   all.insert(all.end(), sets.begin(), sets.end());
@@ -242,6 +243,63 @@ TEST(CliEval, ARunWithABf16BaseIsEvaluatedAsItTrained) {
         {"eval", out, "--data", f.val, "--precision", precision}, {"OMP_NUM_THREADS=1"});
     EXPECT_EQ(same.err.find("note: the run trained"), std::string::npos) << same.err;
   }
+}
+
+// An HF directory stored in bf16 (Llama-3.1-8B's torch_dtype) computes by default as a keel
+// bf16-mixed fine-tune with model.base_dtype = bf16 holds its base: its loss is that run's before
+// the adapter moves, and a PEFT adapter copied away from its run evaluates as the run did. Under
+// 32-true by default, an 8B base was held in f32 (32 GB) and refused on the 24 GB machine its
+// adapter trained on, and a copied adapter's loss was not its run's.
+TEST(CliEval, AModelStoredInBf16ComputesAsABf16FineTuneOfItDoes) {
+  const Files& f = files();
+  const std::string base = f.dir + "/bf16-stored";
+  test::KeelRun r = test::run_keel({"init-model", "--family", "llama", "--out", base, "--n-layer",
+                                    "2", "--n-embd", "32", "--n-head", "4", "--n-kv-head", "2",
+                                    "--max-seq-len", "64", "--init-std", "0.1", "--dtype", "bf16"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<std::string> lora = {"model.adapter.kind=lora", "model.base_dtype=bf16",
+                                         "train.precision=bf16-mixed", "data.eval_path=" + f.val};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), lora.begin(), lora.end());
+    return more;
+  };
+  // lr 1e-30: the adapter moves by ~1e-30 (B starts at 0), below any ulp of the base products,
+  // so the run's eval_loss is its base's.
+  const std::string still = f.dir + "/bf16-stored-lr0";
+  r = train(still, with({"train.max_steps=1", "optim.lr=1e-30"}), base);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const double at_start = eval_records(still).at(0)["eval_loss"].get<double>();
+  r = test::run_keel({"eval", base, "--data", f.val, "--tokenizer", "byte", "--json"},
+                     {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(
+      r.err, "note: --precision bf16-mixed with " + base + "'s weights held in bf16 as stored");
+  EXPECT_EQ(json::parse(r.out)["loss"].get<double>(), at_start);
+  // 32-true is still one flag away, and says nothing about the default.
+  r = test::run_keel(
+      {"eval", base, "--data", f.val, "--tokenizer", "byte", "--precision", "32-true"},
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.err.find("note: --precision"), std::string::npos) << r.err;
+
+  // A trained adapter copied out of its run (shared, or --adapter-only exported).
+  const std::string trained = f.dir + "/bf16-stored-lora", copied = f.dir + "/bf16-copied";
+  r = train(trained, with({"train.max_steps=2", "optim.lr=0.05"}), base);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const double after = eval_records(trained).back()["eval_loss"].get<double>();
+  EXPECT_NE(after, at_start);
+  std::filesystem::copy(trained + "/adapter", copied);
+  r = test::run_keel(
+      {"eval", base, "--adapter", copied, "--data", f.val, "--tokenizer", "byte", "--json"},
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(json::parse(r.out)["loss"].get<double>(), after);
+  // generate decodes under the same default.
+  r = test::run_keel(
+      {"generate", base, "12+", "--tokenizer", "byte", "--max-new-tokens", "3", "--json"},
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(json::parse(r.out)["precision"], "bf16-mixed");
 }
 
 // A NaN loss was printed with exit 0, and as null in --json (JSON has no NaN): now "nan", exit 1

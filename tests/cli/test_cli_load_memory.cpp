@@ -211,15 +211,19 @@ TEST(CliLoadMemory, WeightsThatDoNotFitAreRefusedNamingTheOptionThatFits) {
   const std::vector<std::string> small = {"KEEL_TEST_MEM_AVAILABLE=100000", "OMP_NUM_THREADS=1"};
   auto run = [&](std::vector<std::string> args) { return test::run_keel(args, small); };
 
-  // generate under 32-true holds the bf16 base in f32; bf16-true uses the files as they are.
+  // generate under 32-true holds the bf16 base in f32; bf16-true uses the files as they are, and
+  // so does the default for a bf16 directory (bf16-mixed with its weights held as stored).
   // (--tokenizer: a base that names none is refused for that first, before any weight is held.)
-  test::KeelRun r = run({"generate", base, "1+2=", "--max-new-tokens", "1", "--tokenizer", "byte"});
+  test::KeelRun r = run({"generate", base, "1+2=", "--max-new-tokens", "1", "--tokenizer", "byte",
+                         "--precision", "32-true"});
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err, base + " under --precision 32-true needs ");
   EXPECT_CONTAINS(r.err, "more memory to hold its weights, but only 0.1 MB are available");
   EXPECT_CONTAINS(r.err, "--precision bf16-true uses its bf16 weights from the files as they are");
   r = run({"generate", base, "1+2=", "--max-new-tokens", "1", "--precision", "bf16-true",
            "--tokenizer", "byte"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  r = run({"generate", base, "1+2=", "--max-new-tokens", "1", "--tokenizer", "byte"});
   EXPECT_EQ(r.code, 0) << r.output;
   // The run's adapter on its base: the base held in bf16 as the run held it (nothing to copy).
   std::ofstream(dir + "/text.txt") << "12+34=46\n";
