@@ -20,9 +20,13 @@ Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_le
               bool to_longest) {
   KEEL_CHECK(seq_len >= 2 && !ids.empty(), "collate needs seq_len >= 2 and at least one example");
   const int64_t B = static_cast<int64_t>(ids.size());
+  std::vector<ExampleView> rows;
+  rows.reserve(ids.size());
   int64_t longest = to_longest ? 0 : seq_len;
-  for (int64_t id : ids)
-    longest = std::max<int64_t>(longest, static_cast<int64_t>(ds.get(id).size()));
+  for (int64_t id : ids) {
+    rows.push_back(ds.get(id));
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(rows.back().size()));
+  }
   const int64_t T = padded_length(longest, seq_len);
   Batch b;
   b.input_ids = Tensor::empty({B, T}, DType::I64);      // [B, T]
@@ -32,7 +36,7 @@ Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_le
   int64_t* lab = b.labels.data_as<int64_t>();
   uint8_t* mask = b.attention_mask.data_as<uint8_t>();
   for (int64_t r = 0; r < B; ++r) {
-    const ExampleView e = ds.get(ids[static_cast<size_t>(r)]);
+    const ExampleView& e = rows[static_cast<size_t>(r)];
     KEEL_CHECK(e.consistent(), "example tokens and target differ in length");
     const int64_t len = std::min<int64_t>(static_cast<int64_t>(e.size()), T);
     int64_t* in_r = in + r * T;

@@ -357,12 +357,13 @@ std::unique_ptr<models::CausalLM> load_hf_model(const std::string& dir, DType pa
   HfConfig cfg = read_hf_config(dir);
   cfg.spec.param_dtype = param_dtype;
   cfg.spec.attention = attention;
-  if (is_keel_checkpoint(dir)) {  // its adapters merged: load_hf_weights
-    auto model = models::make_causal_lm(cfg.spec, 0);
-    load_hf_weights(*model, dir, check);
-    return model;
+  std::unique_ptr<models::CausalLM> model;
+  if (is_keel_checkpoint(dir)) {  // its merged tensors themselves, not copied into a random model
+    model = models::make_causal_lm_for_loading(cfg.spec);
+    attach_checkpoint_weights(*model, dir, check, /*hold_base=*/false);
+  } else {
+    model = attach_hf_model(cfg.spec, dir, check);
   }
-  auto model = attach_hf_model(cfg.spec, dir, check);
   for (auto& [name, p] : model->named_parameters())
     if (p.dtype() != param_dtype) Tensor(p).attach_storage(convert_mapped(p, param_dtype));
   return model;

@@ -83,7 +83,8 @@ std::unique_ptr<models::CausalLM> attach_hf_model(const models::ModelSpec& spec,
                                                   const WeightCheck& check = {});
 
 // attach_hf_model, then every parameter in `param_dtype` (one tensor converted at a time); a keel
-// checkpoint's model with its adapters merged (load_hf_weights).
+// checkpoint's model with its adapters merged (attach_checkpoint_weights: its merged tensors, not
+// a copy of them in a randomly initialized model).
 std::unique_ptr<models::CausalLM> load_hf_model(
     const std::string& dir, DType param_dtype = DType::F32,
     ops::AttentionBackend attention = ops::AttentionBackend::kEager, const WeightCheck& check = {});
