@@ -66,10 +66,14 @@ std::vector<std::pair<std::string, Tensor>> vocab_parameters(models::CausalLM& m
   return out;
 }
 
+constexpr const char* kPrecisionKey = "keel.precision";
+constexpr const char* kBaseDtypeKey = "keel.base_dtype";
+
 }  // namespace
 
 void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
-                       const std::string& dir, const std::string& base_model_name_or_path) {
+                       const std::string& dir, const std::string& base_model_name_or_path,
+                       const AdapterRunNumerics& numerics) {
   auto tensors = nn::peft_state_dict(model);
   if (tensors.empty())
     throw Error("save_peft_adapter: the model has no adapter (set model.adapter.kind)");
@@ -81,10 +85,29 @@ void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
     for (auto& [name, p] : vocab_parameters(model))
       tensors.emplace_back("base_model.model." + name, p);
   const std::string text = peft_config_json(model, opt, base_model_name_or_path).dump(2) + "\n";
+  std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  if (!numerics.precision.empty()) metadata[kPrecisionKey] = numerics.precision;
+  if (numerics.base_dtype) metadata[kBaseDtypeKey] = dtype_name(*numerics.base_dtype);
   write_dir_atomic(dir, [&](const std::string& tmp) {
     write_file_atomic(tmp + "/adapter_config.json", text);
-    write_safetensors(tmp + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+    write_safetensors(tmp + "/adapter_model.safetensors", tensors, metadata);
   });
+}
+
+AdapterRunNumerics read_adapter_run_numerics(const std::string& dir) {
+  AdapterRunNumerics n;
+  const std::string file = dir + "/adapter_model.safetensors";
+  if (!path_exists(file)) return n;
+  std::map<std::string, std::string> metadata;
+  try {
+    metadata = read_safetensors_header(file).metadata;
+  } catch (const Error&) {
+    return n;
+  }
+  if (auto it = metadata.find(kPrecisionKey); it != metadata.end()) n.precision = it->second;
+  if (auto it = metadata.find(kBaseDtypeKey); it != metadata.end())
+    n.base_dtype = dtype_from_name(it->second);
+  return n;
 }
 
 nn::AdapterOptions read_peft_config(const std::string& dir) {

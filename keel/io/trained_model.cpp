@@ -357,6 +357,9 @@ TrainedModel attach_trained_model(const std::string& path, const std::string& ad
         t.tokenizer_of_adapter_run = true;
       }
       t.base_dtype = run_base_dtype(ck, read_hf_config(ck).dtype);
+    } else if (const AdapterRunNumerics n = read_adapter_run_numerics(adapter_dir);
+               n.base_dtype && *n.base_dtype != DType::F32) {
+      t.base_dtype = n.base_dtype;  // copied out of its run: as the run recorded it
     }
   }
   return t;
@@ -369,9 +372,11 @@ std::string run_precision(const std::string& path, const std::string& adapter_di
   else if (!path_exists(path + "/config.json") &&
            path_exists(path + "/checkpoints/last/trainer.json"))
     ck = path + "/checkpoints/last";
-  else if (!adapter_dir.empty())
-    if (const std::string run = adapter_run_dir(adapter_dir); !run.empty())
-      ck = run + "/checkpoints/last";
+  else if (!adapter_dir.empty()) {
+    const std::string run = adapter_run_dir(adapter_dir);
+    if (run.empty()) return read_adapter_run_numerics(adapter_dir).precision;
+    ck = run + "/checkpoints/last";
+  }
   if (ck.empty()) return "";
   try {
     return json::parse(read_file(ck + "/trainer.json")).value("precision", "");

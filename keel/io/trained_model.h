@@ -75,7 +75,8 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
                                 bool hold_base = false);
 
 // The train.precision of the keel run `path` (its out_dir or a checkpoint) or, for an HF directory,
-// of the run whose OUT_DIR/adapter `adapter_dir` is; "" when neither is a keel run's.
+// of the run whose OUT_DIR/adapter `adapter_dir` is (or that recorded it in the adapter's files,
+// peft_dir.h); "" when neither is a keel run's.
 std::string run_precision(const std::string& path, const std::string& adapter_dir = "");
 
 // load_trained_model in two halves, for a caller that checks memory between them: the model with

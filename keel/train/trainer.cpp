@@ -16,6 +16,7 @@
 #include "keel/backend/monitor.h"
 #include "keel/io/checkpoint.h"
 #include "keel/io/hf_model.h"
+#include "keel/io/trained_model.h"
 #include "keel/nn/layers.h"
 #include "keel/numerics/format_info.h"
 #include "keel/numerics/tensor_stats.h"
@@ -637,8 +638,10 @@ int Trainer::fit() {
   auto save_adapter = [&] {
     if (run_.cfg.model.adapter.kind == "none") return;
     // The PEFT adapter directory, loadable by PEFT on the base model.path.
-    io::save_peft_adapter(*run_.model, run_.cfg.model.adapter, run_.out_dir + "/adapter",
-                          run_.cfg.model.path);
+    io::save_peft_adapter(
+        *run_.model, run_.cfg.model.adapter, run_.out_dir + "/adapter", run_.cfg.model.path,
+        {run_.policy.name(),
+         run_.policy.param_dtype == DType::F32 ? io::stored_base_dtype(*run_.model) : DType::F32});
     message("adapter (PEFT " + run_.cfg.model.adapter.kind + ") written to " + run_.out_dir +
             "/adapter");
   };

@@ -250,13 +250,24 @@ TEST(CliEval, ARunWithABf16BaseIsEvaluatedAsItTrained) {
 // the adapter moves, and a PEFT adapter copied away from its run evaluates as the run did. Under
 // 32-true by default, an 8B base was held in f32 (32 GB) and refused on the 24 GB machine its
 // adapter trained on, and a copied adapter's loss was not its run's.
+// files().base stored in bf16 (as Llama-3.1's torch_dtype says), once per binary.
+const std::string& bf16_base() {
+  static const std::string base = [] {
+    const std::string b = files().dir + "/bf16-stored";
+    const test::KeelRun r =
+        test::run_keel({"init-model", "--family", "llama", "--out", b, "--n-layer", "2", "--n-embd",
+                        "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "64",
+                        "--init-std", "0.1", "--dtype", "bf16"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return b;
+  }();
+  return base;
+}
+
 TEST(CliEval, AModelStoredInBf16ComputesAsABf16FineTuneOfItDoes) {
   const Files& f = files();
-  const std::string base = f.dir + "/bf16-stored";
-  test::KeelRun r = test::run_keel({"init-model", "--family", "llama", "--out", base, "--n-layer",
-                                    "2", "--n-embd", "32", "--n-head", "4", "--n-kv-head", "2",
-                                    "--max-seq-len", "64", "--init-std", "0.1", "--dtype", "bf16"});
-  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string& base = bf16_base();
+  test::KeelRun r;
   const std::vector<std::string> lora = {"model.adapter.kind=lora", "model.base_dtype=bf16",
                                          "train.precision=bf16-mixed", "data.eval_path=" + f.val};
   auto with = [&](std::vector<std::string> more) {
@@ -300,6 +311,40 @@ TEST(CliEval, AModelStoredInBf16ComputesAsABf16FineTuneOfItDoes) {
       {"OMP_NUM_THREADS=1"});
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(json::parse(r.out)["precision"], "bf16-mixed");
+}
+
+// A run's adapter used away from its run (copied, or exported with --adapter-only) computes as the
+// run did: adapter_model.safetensors records the run's precision and base dtype. Without them a
+// copy computed under the default for its base (32-true, or bf16-mixed over a bf16 base): another
+// loss than the run's eval_loss for each of these runs.
+TEST(CliEval, AnAdapterUsedAwayFromItsRunComputesAsTheRunDid) {
+  const Files& f = files();
+  const std::string& base = bf16_base();
+  for (const auto& [precision, base_dtype] : std::vector<std::pair<std::string, std::string>>{
+           {"32-true", "bf16"}, {"bf16-mixed", "f32"}, {"bf16-true", "f32"}}) {
+    SCOPED_TRACE(precision + ", base " + base_dtype);
+    const std::string out = f.dir + "/away-" + precision + "-" + base_dtype;
+    test::KeelRun r = train(out,
+                            {"train.max_steps=2", "optim.lr=0.05", "model.adapter.kind=lora",
+                             "model.base_dtype=" + base_dtype, "train.precision=" + precision,
+                             "data.eval_path=" + f.val},
+                            base);
+    ASSERT_EQ(r.code, 0) << r.output;
+    const double run_loss = eval_records(out).back()["eval_loss"].get<double>();
+    const std::string copied = out + "-copied", exported = out + "-exported";
+    std::filesystem::copy(out + "/adapter", copied);
+    r = test::run_keel({"export", out, "--out", exported, "--adapter-only"});
+    ASSERT_EQ(r.code, 0) << r.output;
+    for (const std::string& adapter : {copied, exported}) {
+      SCOPED_TRACE(adapter);
+      r = test::run_keel(
+          {"eval", base, "--adapter", adapter, "--data", f.val, "--tokenizer", "byte", "--json"},
+          {"OMP_NUM_THREADS=1"});
+      ASSERT_EQ(r.code, 0) << r.output;
+      EXPECT_CONTAINS(r.err, "note: --precision " + precision + ", the run's train.precision");
+      EXPECT_EQ(json::parse(r.out)["loss"].get<double>(), run_loss);
+    }
+  }
 }
 
 // A NaN loss was printed with exit 0, and as null in --json (JSON has no NaN): now "nan", exit 1
