@@ -271,13 +271,16 @@ std::string joined(const std::vector<std::string>& v) {
   return s;
 }
 
-// What follows "unknown key FULL (where); ": the nearest valid key when it is close, else what
-// the place it was put in holds.
+// What follows "unknown key FULL (where); ": the key another system's name means, the nearest
+// valid key when it is close, else what the place it was put in holds.
 std::string unknown_key_hint(const std::string& full) {
-  const std::string guess = nearest_key(full);
   const size_t dot = full.rfind('.');
   const std::string sec = dot == std::string::npos ? "" : full.substr(0, dot);
   const std::string name = dot == std::string::npos ? full : full.substr(dot + 1);
+  const auto& peers = peer_key_names();
+  for (const std::string& typed : {full, name})
+    if (auto it = peers.find(typed); it != peers.end()) return "did you mean " + it->second + "?";
+  const std::string guess = nearest_key(full);
   if (close_enough(name, guess.substr(guess.rfind('.') + 1))) return "did you mean " + guess + "?";
   if (sec.empty() && close_enough(full, nearest_section(full)))
     return "did you mean the section [" + nearest_section(full) + "]?";
@@ -1053,6 +1056,80 @@ std::string InjectConfig::what() const {
   std::snprintf(factor_text, sizeof factor_text, "%.6g", factor);
   return (kind == "scale" ? "a factor of " + std::string(factor_text) : kind) + " into " + module +
          "'s output";
+}
+
+// By spelling alone `steps` was nearest to debug.inject.step and `data.kind` to
+// model.adapter.kind. Looked up by the whole name typed, then by its last part in any section.
+const std::map<std::string, std::string>& peer_key_names() {
+  static const std::map<std::string, std::string> names = {
+      {"steps", "train.max_steps"},
+      {"num_steps", "train.max_steps"},
+      {"total_steps", "train.max_steps"},
+      {"max_iters", "train.max_steps"},
+      {"num_iterations", "train.max_steps"},
+      {"num_train_epochs", "train.epochs"},
+      {"max_epochs", "train.epochs"},
+      {"num_epochs", "train.epochs"},
+      {"learning_rate", "optim.lr"},
+      {"per_device_train_batch_size", "train.batch_size"},
+      {"train_batch_size", "train.batch_size"},
+      {"micro_batch_size", "train.batch_size"},
+      {"gradient_accumulation_steps", "train.grad_accum"},
+      {"accumulate_grad_batches", "train.grad_accum"},
+      {"gradient_clip_val", "train.max_grad_norm"},
+      {"grad_clip", "train.max_grad_norm"},
+      {"gradient_checkpointing", "train.activation_checkpointing"},
+      {"bf16", "train.precision = \"bf16-mixed\""},
+      {"fp16", "train.precision = \"16-mixed\""},
+      {"mixed_precision", "train.precision"},
+      {"eval_steps", "train.eval_every"},
+      {"eval_interval", "train.eval_every"},
+      {"val_check_interval", "train.eval_every"},
+      {"lr_scheduler_type", "sched.name"},
+      {"lr_scheduler", "sched.name"},
+      {"scheduler", "sched.name"},
+      {"warmup_iters", "sched.warmup_steps"},
+      {"adam_beta1", "optim.beta1"},
+      {"adam_beta2", "optim.beta2"},
+      {"adam_epsilon", "optim.eps"},
+      {"optimizer", "optim.name"},
+      {"output_dir", "run.out_dir"},
+      {"default_root_dir", "run.out_dir"},
+      {"overwrite_output_dir", "run.overwrite"},
+      {"resume_from_checkpoint", "run.resume"},
+      {"ckpt_path", "run.resume"},
+      {"accelerator", "run.device"},
+      {"num_threads", "run.threads"},
+      {"model_name_or_path", "model.path"},
+      {"pretrained_model_name_or_path", "model.path"},
+      {"torch_dtype", "model.base_dtype"},
+      {"lora_r", "model.adapter.r"},
+      {"lora_alpha", "model.adapter.alpha"},
+      {"lora_dropout", "model.adapter.dropout"},
+      {"use_dora", "model.adapter.kind = \"dora\""},
+      {"peft_type", "model.adapter.kind"},
+      {"dataset", "data.path"},
+      {"dataset_path", "data.path"},
+      {"train_file", "data.path"},
+      {"data_path", "data.path"},
+      {"input_bin", "data.path"},
+      {"validation_file", "data.eval_path"},
+      {"eval_file", "data.eval_path"},
+      {"input_val_bin", "data.eval_path"},
+      {"max_seq_length", "data.seq_len"},
+      {"max_length", "data.seq_len"},
+      {"block_size", "data.seq_len"},
+      {"seq_length", "data.seq_len"},
+      {"data.kind", "data.task"},
+      {"data.type", "data.task"},
+      {"data.format", "data.task"},
+      {"logging_steps", "log.every"},
+      {"log_every_n_steps", "log.every"},
+      {"save_steps", "log.checkpoint_every"},
+      {"every_n_train_steps", "log.checkpoint_every"},
+      {"save_total_limit", "log.keep_checkpoints"},
+  };
+  return names;
 }
 
 }  // namespace keel

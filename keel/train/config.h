@@ -3,6 +3,7 @@
 // section.key=value overrides a key after the file is read.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
@@ -209,5 +210,10 @@ struct ConfigKeyInfo {
   std::vector<std::string> choices;  // a string key's valid values (empty = any)
 };
 std::vector<ConfigKeyInfo> config_keys();
+
+// Names of other systems (HF TrainingArguments, PEFT, Lightning, llm.c: "learning_rate", "steps",
+// "data.kind") -> the keel key each means ("optim.lr", or with the value: `train.precision =
+// "bf16-mixed"` for "bf16"), offered for an unknown key before the nearest spelling.
+const std::map<std::string, std::string>& peer_key_names();
 
 }  // namespace keel

@@ -308,6 +308,15 @@ TEST(Config, UnknownKeysAndSectionsNameTheNearestValidOne) {
        "are run, model, data, train, optim, sched, scaler, log, debug, dist"},
       {"a = 1", "unknown key a (@:1); every key belongs to a section"},  // not arith_reverse
       {"trian = 1", "unknown key trian (@:1); did you mean the section [train]?"},
+      // Another system's name for a key: by spelling `steps` was nearest to debug.inject.step.
+      {"steps = 1", "unknown key steps (@:1); did you mean train.max_steps?"},
+      {"[train]\nlearning_rate = 1e-3",
+       "unknown key train.learning_rate (@:2); did you mean optim.lr?"},
+      {"[data]\nkind = \"text\"", "unknown key data.kind (@:2); did you mean data.task?"},
+      {"[train]\nbf16 = true",
+       "unknown key train.bf16 (@:2); did you mean train.precision = \"bf16-mixed\"?"},
+      {"gradient_accumulation_steps = 4",
+       "unknown key gradient_accumulation_steps (@:1); did you mean train.grad_accum?"},
       {"[train]\nq = 1", "unknown key train.q (@:2); the keys of [train] are "},
       {"[data]\nt = 1", "unknown key data.t (@:2); the keys of [data] are "},
       {"[zz]\nr = 4", "unknown section [zz] (@:1); the sections are run, model, model.adapter, "},
@@ -319,6 +328,18 @@ TEST(Config, UnknownKeysAndSectionsNameTheNearestValidOne) {
     const std::string msg = usage_error([&] { load_config(p); });
     EXPECT_NE(msg.find(expected), std::string::npos)
         << "message: " << msg << "\nexpected: " << expected;
+  }
+}
+
+// Every name of another system leads to a key that exists, and none is a key of keel's own (it
+// would never be looked up).
+TEST(Config, OtherSystemsNamesLeadToKeysThatExist) {
+  std::set<std::string> known;
+  for (const ConfigKeyInfo& k : config_keys()) known.insert(k.key);
+  ASSERT_FALSE(peer_key_names().empty());
+  for (const auto& [name, key] : peer_key_names()) {
+    EXPECT_EQ(known.count(key.substr(0, key.find(' '))), 1u) << name << " -> " << key;
+    EXPECT_EQ(known.count(name), 0u) << name;
   }
 }
 
