@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "keel/amp/precision.h"
 #include "keel/io/atomic_file.h"
 #include "keel/io/checkpoint.h"
 #include "keel/io/hf_config.h"
@@ -104,9 +105,29 @@ AdapterRunNumerics read_adapter_run_numerics(const std::string& dir) {
   } catch (const Error&) {
     return n;
   }
-  if (auto it = metadata.find(kPrecisionKey); it != metadata.end()) n.precision = it->second;
-  if (auto it = metadata.find(kBaseDtypeKey); it != metadata.end())
+  // A value keel cannot use is named with its file: it surfaced as "unknown precision 'x'", as
+  // if --precision had been given.
+  auto damaged = [&](const char* key, const std::string& value, const char* valid,
+                     const char* fix) {
+    return Error(file + ": its __metadata__ " + key + " is \"" + value + "\", not " + valid +
+                     " (the file was changed after keel wrote it); " + fix,
+                 Error::kUsage);
+  };
+  if (auto it = metadata.find(kPrecisionKey); it != metadata.end()) {
+    try {
+      n.precision = resolve_precision(it->second, Device::cpu(), /*allow_cpu_bf16=*/true).name();
+    } catch (const Error&) {
+      throw damaged(kPrecisionKey, it->second,
+                    "a precision (32-true, bf16-mixed, 16-mixed, bf16-true, 16-true)",
+                    "give --precision");
+    }
+  }
+  if (auto it = metadata.find(kBaseDtypeKey); it != metadata.end()) {
     n.base_dtype = dtype_from_name(it->second);
+    if (!n.base_dtype || !dtype_is_floating(*n.base_dtype))
+      throw damaged(kBaseDtypeKey, it->second, "a dtype (f32, bf16, f16)",
+                    "copy the adapter again from its run's OUT_DIR/adapter");
+  }
   return n;
 }
 

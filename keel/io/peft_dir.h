@@ -32,7 +32,8 @@ void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
                        const AdapterRunNumerics& numerics = {});
 
 // What DIR/adapter_model.safetensors records (its header alone is read); empty when the file is
-// missing, unreadable (loading names it) or records nothing.
+// missing, unreadable (loading names it) or records nothing. A recorded value that is not a
+// precision or a floating dtype is an Error (kUsage) naming the file and the key.
 AdapterRunNumerics read_adapter_run_numerics(const std::string& dir);
 
 // The adapter_config.json save_peft_adapter writes.

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "keel/io/safetensors.h"
 #include "tests/support/check.h"
 #include "tests/support/run_keel.h"
 
@@ -344,6 +346,23 @@ TEST(CliEval, AnAdapterUsedAwayFromItsRunComputesAsTheRunDid) {
       EXPECT_CONTAINS(r.err, "note: --precision " + precision + ", the run's train.precision");
       EXPECT_EQ(json::parse(r.out)["loss"].get<double>(), run_loss);
     }
+  }
+  // A record changed by hand is named with its file, not taken for a --precision given.
+  const std::string changed = f.dir + "/away-32-true-bf16-copied";
+  const std::string file = changed + "/adapter_model.safetensors";
+  const io::Safetensors written = io::read_safetensors(file);
+  for (const auto& [key, value, fix] : std::vector<std::array<std::string, 3>>{
+           {"keel.precision", "bf17-mixed", "give --precision"},
+           {"keel.base_dtype", "i64", "copy the adapter again from its run's OUT_DIR/adapter"}}) {
+    io::Safetensors st = written;
+    st.metadata[key] = value;
+    io::write_safetensors(file + ".tmp", st.tensors, st.metadata);
+    std::filesystem::rename(file + ".tmp", file);
+    const test::KeelRun r = test::run_keel(
+        {"eval", base, "--adapter", changed, "--data", f.val, "--tokenizer", "byte"});
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, file + ": its __metadata__ " + key + " is \"" + value + "\", not a");
+    EXPECT_CONTAINS(r.err, "(the file was changed after keel wrote it); " + fix);
   }
 }
 
