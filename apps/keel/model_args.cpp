@@ -23,8 +23,8 @@ void add_model_options(CLI::App* sub, ModelArgs& a) {
   sub->add_option(
       "--precision", a.precision,
       "32-true | bf16-mixed | 16-mixed | bf16-true | 16-true (default: the run's "
-      "train.precision for a run's checkpoint or adapter; bf16-mixed with the weights held in "
-      "bf16 for an HF directory stored in bf16; else 32-true)");
+      "train.precision for a run's checkpoint or adapter; bf16-true for an HF directory "
+      "stored in bf16; else 32-true)");
   sub->add_option("--attention", a.attention, "eager | math | flash")->capture_default_str();
   sub->add_option("--device", a.device, "cpu | cuda")->capture_default_str();
   sub->add_flag("--allow-nonfinite-weights", a.allow_nonfinite_weights,
@@ -115,23 +115,21 @@ ModelForUse load_model_for_use(const ModelArgs& args) {
   // gave the seed's bf16-mixed run 11.889515 against its eval_loss 11.888892, and generate's
   // greedy tokens parted from the run's own at the 8th.
   ModelArgs a = args;
-  // An HF directory stored in bf16 computes as a keel bf16-mixed run with model.base_dtype = bf16
-  // holds its base (PEFT's way): its weights as stored, f32 activations. Under 32-true an 8B
-  // model was held in f32, 32 GB, and refused on the 24 GB machine its adapter trained on;
-  // transformers (dtype "auto") also loads it in bf16. Its loss is then the step-0 loss of that
-  // fine-tune: before and after compare under one precision.
-  bool hold_as_stored = false;
+  // An HF directory stored in bf16 computes in bf16 from its files as they are (bf16-true), as
+  // transformers' dtype="auto" loads it. Under 32-true by default an 8B model was held in f32,
+  // 32 GB, and refused on the 24 GB machine its adapter trained on. Its loss is the step-0 loss of
+  // a bf16-mixed fine-tune with model.base_dtype = bf16 (whose frozen base computes in bf16, as
+  // PEFT's does): before and after compare under one rounding.
   if (a.precision.empty()) {
     a.precision = io::run_precision(a.model, a.adapter);
     if (!a.precision.empty()) {
       std::fprintf(stderr, "note: --precision %s, the run's train.precision\n",
                    a.precision.c_str());
     } else if (hf_directory_in_bf16(a.model)) {
-      a.precision = "bf16-mixed";
-      hold_as_stored = true;
+      a.precision = "bf16-true";
       std::fprintf(stderr,
-                   "note: --precision bf16-mixed with %s's weights held in bf16 as stored "
-                   "(config.json torch_dtype; --precision 32-true computes with f32 weights)\n",
+                   "note: --precision bf16-true, %s's weights as stored (config.json torch_dtype "
+                   "bfloat16); --precision 32-true computes in f32\n",
                    a.model.c_str());
     } else {
       a.precision = "32-true";
@@ -153,11 +151,6 @@ ModelForUse load_model_for_use(const ModelArgs& args) {
         m.trained = io::attach_trained_model(
             a.model, a.adapter, m.policy.param_dtype, ops::attention_backend_from_name(a.attention),
             weight_check_of_flag(a.allow_nonfinite_weights), a.base);
-        if (hold_as_stored) {
-          m.trained.base_dtype = DType::BF16;  // held below: every weight but an adapter's
-          for (auto& [name, p] : m.trained.model->named_parameters())
-            if (!nn::is_adapter_parameter(*m.trained.model, p)) Tensor(p).set_requires_grad(false);
-        }
         // Before the weights are held: a model with no tokenizer was converted whole first (4.9 GB
         // and seconds for a 1B bf16 base under 32-true, minutes for an 8B) to be refused.
         m.tokenizer_spec = tokenizer_spec_of(a, m.trained);

@@ -14,7 +14,7 @@ namespace keel::cli {
 
 struct ModelArgs {
   // precision "": the run's train.precision when MODEL (or --adapter) is a keel run's;
-  // bf16-mixed with the weights held in bf16 when MODEL is an HF directory stored in bf16; else
+  // bf16-true when MODEL is an HF directory stored in bf16 (its files used as they are); else
   // 32-true.
   std::string model, adapter, base, tokenizer, precision, attention = "eager", device = "cpu";
   bool allow_nonfinite_weights = false;  // load weights holding nan/inf (io/weight_check.h)

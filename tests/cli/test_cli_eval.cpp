@@ -247,11 +247,6 @@ TEST(CliEval, ARunWithABf16BaseIsEvaluatedAsItTrained) {
   }
 }
 
-// An HF directory stored in bf16 (Llama-3.1-8B's torch_dtype) computes by default as a keel
-// bf16-mixed fine-tune with model.base_dtype = bf16 holds its base: its loss is that run's before
-// the adapter moves, and a PEFT adapter copied away from its run evaluates as the run did. Under
-// 32-true by default, an 8B base was held in f32 (32 GB) and refused on the 24 GB machine its
-// adapter trained on, and a copied adapter's loss was not its run's.
 // files().base stored in bf16 (as Llama-3.1's torch_dtype says), once per binary.
 const std::string& bf16_base() {
   static const std::string base = [] {
@@ -266,6 +261,12 @@ const std::string& bf16_base() {
   return base;
 }
 
+// An HF directory stored in bf16 (Llama-3.1-8B's torch_dtype) computes by default under bf16-true
+// from its files as they are (transformers' dtype="auto"), which is how a bf16-mixed fine-tune with
+// model.base_dtype = bf16 computes its frozen base (PEFT's way): its loss is that run's before the
+// adapter moves. An adapter that records no keel run (PEFT's own) goes on it under the same
+// default. Under 32-true by default an 8B base was held in f32 (32 GB) and refused on the 24 GB
+// machine its adapter trained on.
 TEST(CliEval, AModelStoredInBf16ComputesAsABf16FineTuneOfItDoes) {
   const Files& f = files();
   const std::string& base = bf16_base();
@@ -285,8 +286,7 @@ TEST(CliEval, AModelStoredInBf16ComputesAsABf16FineTuneOfItDoes) {
   r = test::run_keel({"eval", base, "--data", f.val, "--tokenizer", "byte", "--json"},
                      {"OMP_NUM_THREADS=1"});
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_CONTAINS(
-      r.err, "note: --precision bf16-mixed with " + base + "'s weights held in bf16 as stored");
+  EXPECT_CONTAINS(r.err, "note: --precision bf16-true, " + base + "'s weights as stored");
   EXPECT_EQ(json::parse(r.out)["loss"].get<double>(), at_start);
   // 32-true is still one flag away, and says nothing about the default.
   r = test::run_keel(
@@ -295,24 +295,32 @@ TEST(CliEval, AModelStoredInBf16ComputesAsABf16FineTuneOfItDoes) {
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.err.find("note: --precision"), std::string::npos) << r.err;
 
-  // A trained adapter copied out of its run (shared, or --adapter-only exported).
+  // The trained adapter as PEFT would write it: no record of keel's run.
   const std::string trained = f.dir + "/bf16-stored-lora", copied = f.dir + "/bf16-copied";
   r = train(trained, with({"train.max_steps=2", "optim.lr=0.05"}), base);
   ASSERT_EQ(r.code, 0) << r.output;
   const double after = eval_records(trained).back()["eval_loss"].get<double>();
   EXPECT_NE(after, at_start);
   std::filesystem::copy(trained + "/adapter", copied);
+  const std::string file = copied + "/adapter_model.safetensors";
+  io::Safetensors st = io::read_safetensors(file);
+  ASSERT_EQ(st.metadata.count("keel.precision"), 1u);
+  io::write_safetensors(file + ".tmp", st.tensors, {{"format", "pt"}});
+  std::filesystem::rename(file + ".tmp", file);
   r = test::run_keel(
       {"eval", base, "--adapter", copied, "--data", f.val, "--tokenizer", "byte", "--json"},
       {"OMP_NUM_THREADS=1"});
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_EQ(json::parse(r.out)["loss"].get<double>(), after);
+  EXPECT_CONTAINS(r.err, "note: --precision bf16-true, " + base + "'s weights as stored");
+  const json peft = json::parse(r.out);
+  EXPECT_EQ(peft["precision"], "bf16-true");
+  EXPECT_NEAR(peft["loss"].get<double>(), after, 1e-2 * after);  // bf16's rounding, not the run's
   // generate decodes under the same default.
   r = test::run_keel(
       {"generate", base, "12+", "--tokenizer", "byte", "--max-new-tokens", "3", "--json"},
       {"OMP_NUM_THREADS=1"});
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_EQ(json::parse(r.out)["precision"], "bf16-mixed");
+  EXPECT_EQ(json::parse(r.out)["precision"], "bf16-true");
 }
 
 // A run's adapter used away from its run (copied, or exported with --adapter-only) computes as the
