@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -60,9 +61,16 @@ bool directory_exists(const std::string& path) {
 }
 
 void check_input_file(const std::string& path, const std::string& what, const std::string& key) {
-  if (const std::string problem = input_file_problem(path); !problem.empty())
-    throw Error(what + " " + path + " " + problem + "; " + key + " must name a file",
-                Error::kUsage);
+  std::string problem = input_file_problem(path);
+  if (problem.empty()) return;
+  // A config run from another directory than the one its relative paths were written for: the
+  // message named the path as written, and nothing said where it had been looked for.
+  if (problem == "does not exist" && !path.empty() && path[0] != '/') {
+    std::error_code ec;
+    const std::string cwd = std::filesystem::current_path(ec).string();
+    if (!ec) problem += " (a relative path is read from the current directory, " + cwd + ")";
+  }
+  throw Error(what + " " + path + " " + problem + "; " + key + " must name a file", Error::kUsage);
 }
 
 std::string read_input_file(const std::string& path, const std::string& what,

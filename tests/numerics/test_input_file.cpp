@@ -3,9 +3,11 @@
 #include "keel/numerics/input_file.h"
 
 #include <gtest/gtest.h>
+
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -54,6 +56,11 @@ TEST(InputFile, MissingDirectoriesAndDevicesAreRefusedNamingTheKey) {
             "tokenizer file " + dir + " is a directory; data.tokenizer must name a file");
   EXPECT_CONTAINS(test::error_of([&] { read_input_file(dir + "/x", "dataset file", "data.path"); }),
                   "dataset file " + dir + "/x does not exist; data.path must name a file");
+  // A relative path says where it was looked for (a config run from another directory).
+  EXPECT_EQ(test::error_of([&] { read_input_file("no/such.txt", "dataset file", "data.path"); }),
+            "dataset file no/such.txt does not exist (a relative path is read from the current "
+            "directory, " +
+                std::filesystem::current_path().string() + "); data.path must name a file");
 }
 
 }  // namespace
