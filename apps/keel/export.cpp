@@ -150,13 +150,16 @@ int run_export(const ExportArgs& a) {
                   Error::kUsage);
     // Staged and moved in like the merged model: save_peft_adapter alone replaces its directory
     // whole (a run's out_dir/adapter), which took every file of --out with it.
-    // The run's precision and base dtype travel with it (a run's adapter used away from its run
-    // computed under 32-true with an f32 base, whatever the run had).
-    io::AdapterRunNumerics numerics;
-    numerics.precision = io::run_precision(a.model, a.adapter);
-    if (!numerics.precision.empty()) numerics.base_dtype = t.base_dtype.value_or(DType::F32);
+    // The run's precision, base dtype and tokenizer travel with it (a run's adapter used away from
+    // its run computed under 32-true with an f32 base, whatever the run had).
+    io::AdapterRunRecord record;
+    record.precision = io::run_precision(a.model, a.adapter);
+    if (!record.precision.empty()) {
+      record.base_dtype = t.base_dtype.value_or(DType::F32);
+      record.tokenizer = t.tokenizer;
+    }
     write_model_dir("--out", a.out, [&](const std::string& dir) {
-      io::save_peft_adapter(*t.model, *t.adapter, dir, base_model, numerics);
+      io::save_peft_adapter(*t.model, *t.adapter, dir, base_model, record);
     });
     std::printf("wrote %s: PEFT %s adapter (r = %lld) for %s\n", a.out.c_str(),
                 t.adapter->kind.c_str(), static_cast<long long>(t.adapter->r),

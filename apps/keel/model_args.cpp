@@ -172,6 +172,8 @@ ModelForUse load_model_for_use(const ModelArgs& args) {
       !a.tokenizer.empty() ? "--tokenizer"
       : m.trained.tokenizer_of_adapter_run
           ? "the data.tokenizer of the --adapter's run " + m.trained.adapter_run
+      : !m.trained.tokenizer_recorded_in.empty()
+          ? "the data.tokenizer recorded in " + m.trained.tokenizer_recorded_in
       : m.trained.checkpoint ? "the data.tokenizer of the run that wrote " + a.model
                              : a.model + "'s tokenizer";
   try {

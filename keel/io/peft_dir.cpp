@@ -69,12 +69,13 @@ std::vector<std::pair<std::string, Tensor>> vocab_parameters(models::CausalLM& m
 
 constexpr const char* kPrecisionKey = "keel.precision";
 constexpr const char* kBaseDtypeKey = "keel.base_dtype";
+constexpr const char* kTokenizerKey = "keel.tokenizer";
 
 }  // namespace
 
 void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
                        const std::string& dir, const std::string& base_model_name_or_path,
-                       const AdapterRunNumerics& numerics) {
+                       const AdapterRunRecord& record) {
   auto tensors = nn::peft_state_dict(model);
   if (tensors.empty())
     throw Error("save_peft_adapter: the model has no adapter (set model.adapter.kind)");
@@ -87,16 +88,17 @@ void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
       tensors.emplace_back("base_model.model." + name, p);
   const std::string text = peft_config_json(model, opt, base_model_name_or_path).dump(2) + "\n";
   std::map<std::string, std::string> metadata = {{"format", "pt"}};
-  if (!numerics.precision.empty()) metadata[kPrecisionKey] = numerics.precision;
-  if (numerics.base_dtype) metadata[kBaseDtypeKey] = dtype_name(*numerics.base_dtype);
+  if (!record.precision.empty()) metadata[kPrecisionKey] = record.precision;
+  if (record.base_dtype) metadata[kBaseDtypeKey] = dtype_name(*record.base_dtype);
+  if (!record.tokenizer.empty()) metadata[kTokenizerKey] = record.tokenizer;
   write_dir_atomic(dir, [&](const std::string& tmp) {
     write_file_atomic(tmp + "/adapter_config.json", text);
     write_safetensors(tmp + "/adapter_model.safetensors", tensors, metadata);
   });
 }
 
-AdapterRunNumerics read_adapter_run_numerics(const std::string& dir) {
-  AdapterRunNumerics n;
+AdapterRunRecord read_adapter_run_record(const std::string& dir) {
+  AdapterRunRecord n;
   const std::string file = dir + "/adapter_model.safetensors";
   if (!path_exists(file)) return n;
   std::map<std::string, std::string> metadata;
@@ -122,6 +124,7 @@ AdapterRunNumerics read_adapter_run_numerics(const std::string& dir) {
                     "give --precision");
     }
   }
+  if (auto it = metadata.find(kTokenizerKey); it != metadata.end()) n.tokenizer = it->second;
   if (auto it = metadata.find(kBaseDtypeKey); it != metadata.end()) {
     n.base_dtype = dtype_from_name(it->second);
     if (!n.base_dtype || !dtype_is_floating(*n.base_dtype))

@@ -16,25 +16,27 @@ namespace keel::io {
 // base_model_name_or_path, fan_in_fan_out = true for GPT-2's Conv1D layout) and
 // adapter_model.safetensors with PEFT's tensor names (nn::peft_state_dict), f32. The directory is
 // replaced atomically (io::write_dir_atomic).
-// How the keel run that trained an adapter computed with it: its train.precision and the dtype it
-// held its frozen base in under f32 parameters (model.base_dtype; f32 under bf16-true/16-true,
-// whose parameters are all in one dtype). Recorded in adapter_model.safetensors' __metadata__
-// ("keel.precision", "keel.base_dtype"; PEFT reads only "format") so that the directory, copied out
-// of its run or exported with --adapter-only, is used as the run used it: eval gives the run's
-// eval_loss, not another precision's. Empty fields: not recorded (PEFT's own directories).
-struct AdapterRunNumerics {
+// How the keel run that trained an adapter used it: its train.precision, the dtype it held its
+// frozen base in under f32 parameters (model.base_dtype; f32 under bf16-true/16-true, whose
+// parameters are all in one dtype) and its data.tokenizer (paths absolute). Recorded in
+// adapter_model.safetensors' __metadata__ ("keel.precision", "keel.base_dtype", "keel.tokenizer";
+// PEFT reads only "format") so that the directory, copied out of its run or exported with
+// --adapter-only, is used as the run used it: eval gives the run's eval_loss, not another
+// precision's. Empty fields: not recorded (PEFT's own directories).
+struct AdapterRunRecord {
   std::string precision;
   std::optional<DType> base_dtype;
+  std::string tokenizer;
 };
 
 void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
                        const std::string& dir, const std::string& base_model_name_or_path = "",
-                       const AdapterRunNumerics& numerics = {});
+                       const AdapterRunRecord& record = {});
 
 // What DIR/adapter_model.safetensors records (its header alone is read); empty when the file is
 // missing, unreadable (loading names it) or records nothing. A recorded value that is not a
 // precision or a floating dtype is an Error (kUsage) naming the file and the key.
-AdapterRunNumerics read_adapter_run_numerics(const std::string& dir);
+AdapterRunRecord read_adapter_run_record(const std::string& dir);
 
 // The adapter_config.json save_peft_adapter writes.
 nlohmann::json peft_config_json(const models::CausalLM& model, const nn::AdapterOptions& opt,

@@ -26,16 +26,6 @@ using json = nlohmann::json;
 
 namespace {
 
-// data.tokenizer with its path made absolute, so that a checkpoint read from another directory
-// still finds the tokenizer files.
-std::string absolute_spec(const std::string& spec) {
-  if (spec.empty() || spec == "byte") return spec;
-  for (const char* prefix : {"gpt2:", "hf:"})
-    if (spec.rfind(prefix, 0) == 0)
-      return prefix + fs::absolute(spec.substr(std::strlen(prefix))).lexically_normal().string();
-  return fs::absolute(spec).lexically_normal().string();
-}
-
 // The tokenizer files an HF directory holds, as a load_tokenizer spec ("" when none).
 std::string tokenizer_of(const std::string& dir) {
   if (path_exists(dir + "/tokenizer.json")) return "hf:" + dir;
@@ -237,7 +227,7 @@ void write_checkpoint_model_files(const models::CausalLM& model,
                                   const std::string& dir, const json& base) {
   json j = hf_config_json(model.spec(), stored_base_dtype(model));
   j["keel_checkpoint"] = {{"layout", "keel"},
-                          {"tokenizer", absolute_spec(tokenizer)},
+                          {"tokenizer", absolute_tokenizer_spec(tokenizer)},
                           {"adapter", adapter.has_value()},
                           {"base_model", base_model}};
   if (!base.is_null()) j["keel_checkpoint"]["base"] = base;
@@ -255,6 +245,14 @@ DType stored_base_dtype(const models::CausalLM& model) {
 }
 
 bool is_keel_checkpoint(const std::string& dir) { return !keel_block(dir).is_null(); }
+
+std::string absolute_tokenizer_spec(const std::string& spec) {
+  if (spec.empty() || spec == "byte") return spec;
+  for (const char* prefix : {"gpt2:", "hf:"})
+    if (spec.rfind(prefix, 0) == 0)
+      return prefix + fs::absolute(spec.substr(std::strlen(prefix))).lexically_normal().string();
+  return fs::absolute(spec).lexically_normal().string();
+}
 
 TrainedModel attach_trained_model(const std::string& path, const std::string& adapter_dir,
                                   DType param_dtype, ops::AttentionBackend attention,
@@ -357,9 +355,15 @@ TrainedModel attach_trained_model(const std::string& path, const std::string& ad
         t.tokenizer_of_adapter_run = true;
       }
       t.base_dtype = run_base_dtype(ck, read_hf_config(ck).dtype);
-    } else if (const AdapterRunNumerics n = read_adapter_run_numerics(adapter_dir);
-               n.base_dtype && *n.base_dtype != DType::F32) {
-      t.base_dtype = n.base_dtype;  // copied out of its run: as the run recorded it
+    } else {  // copied out of its run: as the run recorded it
+      const AdapterRunRecord rec = read_adapter_run_record(adapter_dir);
+      if (rec.base_dtype && *rec.base_dtype != DType::F32) t.base_dtype = rec.base_dtype;
+      // The base's own tokenizer files, where it has them, are what PEFT's users take; else the
+      // run's (keel's byte tokenizer needs none: a copied adapter then named none at all).
+      if (t.tokenizer.empty() && !rec.tokenizer.empty()) {
+        t.tokenizer = rec.tokenizer;
+        t.tokenizer_recorded_in = adapter_dir + "/adapter_model.safetensors";
+      }
     }
   }
   return t;
@@ -374,7 +378,7 @@ std::string run_precision(const std::string& path, const std::string& adapter_di
     ck = path + "/checkpoints/last";
   else if (!adapter_dir.empty()) {
     const std::string run = adapter_run_dir(adapter_dir);
-    if (run.empty()) return read_adapter_run_numerics(adapter_dir).precision;
+    if (run.empty()) return read_adapter_run_record(adapter_dir).precision;
     ck = run + "/checkpoints/last";
   }
   if (ck.empty()) return "";

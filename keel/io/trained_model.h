@@ -35,6 +35,10 @@ DType stored_base_dtype(const models::CausalLM& model);
 // Whether DIR is a checkpoint directory with the files above (config.json's keel_checkpoint).
 bool is_keel_checkpoint(const std::string& dir);
 
+// A data.tokenizer spec with its path made absolute ("byte" and "" as they are), as checkpoints
+// and adapter directories record it, so that it is found from another directory.
+std::string absolute_tokenizer_spec(const std::string& spec);
+
 struct TrainedModel {
   std::unique_ptr<models::CausalLM> model;
   std::string dir;          // the directory the weights came from
@@ -54,6 +58,9 @@ struct TrainedModel {
   // defaults), and `tokenizer` and `base_dtype` above are that run's.
   std::string adapter_run;
   bool tokenizer_of_adapter_run = false;  // `tokenizer` is adapter_run's data.tokenizer
+  // The adapter file whose keel.tokenizer record `tokenizer` is (io/peft_dir.h), when the adapter
+  // was copied out of its run and the base has no tokenizer files of its own; else "".
+  std::string tokenizer_recorded_in;
   // The checkpoint's own adapters were merged into its base because the --adapter directory was
   // trained on it (model.path = the checkpoint): that directory's base is `dir`, not base_model.
   bool merged_base = false;

@@ -641,7 +641,8 @@ int Trainer::fit() {
     io::save_peft_adapter(
         *run_.model, run_.cfg.model.adapter, run_.out_dir + "/adapter", run_.cfg.model.path,
         {run_.policy.name(),
-         run_.policy.param_dtype == DType::F32 ? io::stored_base_dtype(*run_.model) : DType::F32});
+         run_.policy.param_dtype == DType::F32 ? io::stored_base_dtype(*run_.model) : DType::F32,
+         io::absolute_tokenizer_spec(run_.cfg.data.tokenizer)});
     message("adapter (PEFT " + run_.cfg.model.adapter.kind + ") written to " + run_.out_dir +
             "/adapter");
   };

@@ -161,12 +161,12 @@ TEST(CliEval, ARunsAdapterDirectoryIsEvaluatedWithTheRunsDataOptions) {
   EXPECT_EQ(eval_json({f.base, "--adapter", out + "/adapter", "--data", text, "--seq-len", "20"})
                 .at("seq_len"),
             20);
-  // A PEFT directory of no run (an export) keeps the defaults: its run is unknown.
+  // A PEFT directory of no run (an export) keeps the data defaults: its run's config is unknown
+  // (its tokenizer and precision are recorded in its files).
   const std::string peft = f.dir + "/text-lora-peft";
   ASSERT_EQ(test::run_keel({"export", out, "--out", peft, "--adapter-only"}).code, 0);
-  const test::KeelRun bare = test::run_keel({"eval", f.base, "--adapter", peft, "--data", text});
-  EXPECT_EQ(bare.code, 2) << bare.output;
-  EXPECT_CONTAINS(bare.err, "--tokenizer");
+  const json bare = eval_json({f.base, "--adapter", peft, "--data", text});
+  EXPECT_NE(bare.at("seq_len"), 16);
 }
 
 // An adapter trained with model.path = the checkpoint of a model.base_dtype = bf16 run: the pair
@@ -347,9 +347,9 @@ TEST(CliEval, AnAdapterUsedAwayFromItsRunComputesAsTheRunDid) {
     ASSERT_EQ(r.code, 0) << r.output;
     for (const std::string& adapter : {copied, exported}) {
       SCOPED_TRACE(adapter);
-      r = test::run_keel(
-          {"eval", base, "--adapter", adapter, "--data", f.val, "--tokenizer", "byte", "--json"},
-          {"OMP_NUM_THREADS=1"});
+      // No --tokenizer: the base has no tokenizer files, the adapter records its run's.
+      r = test::run_keel({"eval", base, "--adapter", adapter, "--data", f.val, "--json"},
+                         {"OMP_NUM_THREADS=1"});
       ASSERT_EQ(r.code, 0) << r.output;
       EXPECT_CONTAINS(r.err, "note: --precision " + precision + ", the run's train.precision");
       EXPECT_EQ(json::parse(r.out)["loss"].get<double>(), run_loss);
@@ -361,16 +361,23 @@ TEST(CliEval, AnAdapterUsedAwayFromItsRunComputesAsTheRunDid) {
   const io::Safetensors written = io::read_safetensors(file);
   for (const auto& [key, value, fix] : std::vector<std::array<std::string, 3>>{
            {"keel.precision", "bf17-mixed", "give --precision"},
-           {"keel.base_dtype", "i64", "copy the adapter again from its run's OUT_DIR/adapter"}}) {
+           {"keel.base_dtype", "i64", "copy the adapter again from its run's OUT_DIR/adapter"},
+           {"keel.tokenizer", "hf:/no/such/tokenizer.json",
+            "or give --tokenizer to use another"}}) {
     io::Safetensors st = written;
     st.metadata[key] = value;
     io::write_safetensors(file + ".tmp", st.tensors, st.metadata);
     std::filesystem::rename(file + ".tmp", file);
-    const test::KeelRun r = test::run_keel(
-        {"eval", base, "--adapter", changed, "--data", f.val, "--tokenizer", "byte"});
+    const test::KeelRun r = test::run_keel({"eval", base, "--adapter", changed, "--data", f.val});
     EXPECT_EQ(r.code, 2) << r.output;
-    EXPECT_CONTAINS(r.err, file + ": its __metadata__ " + key + " is \"" + value + "\", not a");
-    EXPECT_CONTAINS(r.err, "(the file was changed after keel wrote it); " + fix);
+    if (key == "keel.tokenizer") {  // a tokenizer that is not here is named as the run's
+      EXPECT_CONTAINS(r.err, "/no/such/tokenizer.json");
+      EXPECT_CONTAINS(r.err, "the data.tokenizer recorded in " + file);
+    } else {
+      EXPECT_CONTAINS(r.err, file + ": its __metadata__ " + key + " is \"" + value + "\", not a");
+      EXPECT_CONTAINS(r.err, "(the file was changed after keel wrote it); ");
+    }
+    EXPECT_CONTAINS(r.err, fix);
   }
 }
 

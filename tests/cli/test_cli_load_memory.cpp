@@ -189,10 +189,16 @@ TEST(CliLoadMemory, ARunsBf16BaseIsUsedFromTheMappingByGenerateEvalAndExport) {
   for (const char* f : {"adapter_config.json", "adapter_model.safetensors"})
     EXPECT_EQ(bytes(dir + "/peft/" + f), bytes(out + "/adapter/" + f)) << f;
   // A model with no tokenizer is refused before its weights are held: the base under 32-true
-  // was converted to f32 whole (2x the bf16 base) to be told it names no tokenizer.
-  const test::KeelRun u = test::run_keel(
-      {"generate", base, "1+2=", "--adapter", dir + "/peft", "--max-new-tokens", "1"},
-      {"OMP_NUM_THREADS=1"});
+  // was converted to f32 whole (2x the bf16 base) to be told it names no tokenizer. (The adapter
+  // as PEFT writes it: keel's copy records its run's tokenizer.)
+  const std::string foreign = dir + "/peft-foreign";
+  fs::create_directories(foreign);
+  fs::copy(dir + "/peft/adapter_config.json", foreign);
+  const io::Safetensors st = io::read_safetensors(dir + "/peft/adapter_model.safetensors");
+  io::write_safetensors(foreign + "/adapter_model.safetensors", st.tensors, {{"format", "pt"}});
+  const test::KeelRun u = test::run_keel({"generate", base, "1+2=", "--adapter", foreign,
+                                          "--max-new-tokens", "1", "--precision", "32-true"},
+                                         {"OMP_NUM_THREADS=1"});
   EXPECT_EQ(u.code, 2) << u.output;
   EXPECT_CONTAINS(u.err, base + " names no tokenizer");
   EXPECT_LE(static_cast<double>(u.max_rss_kb) / 1024, 0.5 * base_mb) << u.output;
