@@ -24,7 +24,7 @@ struct GenerateArgs {
   std::string prompt, prompt_file;
   std::vector<std::string> stops;
   models::GenerateOptions opt;
-  bool bos = false, no_cache = false, json = false;
+  bool bos = false, no_bos = false, no_cache = false, json = false;
 };
 
 int run_generate(GenerateArgs& a, bool has_prompt) {
@@ -52,12 +52,20 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
             " held no text): give a prompt" +
             (tok->bos_id() >= 0 ? ", or --bos to start from the tokenizer's bos token" : ""),
         Error::kUsage);
+  if (a.bos && a.no_bos)
+    throw Error("--bos and --no-bos contradict each other: give one", Error::kUsage);
   if (a.bos) {
     if (tok->bos_id() < 0)
       throw Error("--bos: the tokenizer (" + m.tokenizer_spec +
                       ") has no bos token to start the prompt with: leave --bos out",
                   Error::kUsage);
-    ids.insert(ids.begin(), static_cast<int32_t>(tok->bos_id()));
+    if (ids.empty() || ids[0] != tok->bos_id())
+      ids.insert(ids.begin(), static_cast<int32_t>(tok->bos_id()));
+  } else if (!a.no_bos && tok->prefix_id() >= 0 && ids[0] != tok->prefix_id()) {
+    // As the model trained (keel's datasets start each text so) and as transformers' tokenizer
+    // and llama.cpp start a Llama-3 prompt: without <|begin_of_text|> its first tokens are
+    // predicted from no attention sink. A prompt written with it already gets no second one.
+    ids.insert(ids.begin(), static_cast<int32_t>(tok->prefix_id()));
   }
   a.opt.eos_id = tok->eos_id();
   a.opt.choosable = tok->vocab_size();  // not the rows the model has beyond it
@@ -164,6 +172,9 @@ Command add_generate(CLI::App& app) {
         return v.empty() ? std::string("\"\": an empty string would never stop") : "";
       });
   sub->add_flag("--bos", a->bos, "start the prompt with the tokenizer's bos token");
+  sub->add_flag("--no-bos", a->no_bos,
+                "do not start the prompt with the token the tokenizer puts before every text "
+                "(Llama-3's <|begin_of_text|>), as keel's datasets and transformers do");
   sub->add_flag("--no-cache", a->no_cache, "re-run the whole sequence every step (reference)");
   sub->add_flag("--json", a->json, "print one JSON object at the end instead of streaming");
   return {sub, [a, prompt, seed] {

@@ -215,6 +215,7 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
       bos_id_(spec.bos_id),
       eos_id_(spec.eos_id),
       pad_id_(spec.pad_id),
+      prefix_id_(spec.prefix_id),
       ignore_merges_(spec.ignore_merges),
       pre_tokenizer_(std::move(spec.pre_tokenizer)),
       added_(std::move(spec.added_tokens)) {
@@ -336,8 +337,10 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
              added_[static_cast<size_t>(y)].content.size();
     });
 
-  for (const auto& [name, id] :
-       {std::pair<const char*, int64_t>{"bos", bos_id_}, {"eos", eos_id_}, {"pad", pad_id_}})
+  for (const auto& [name, id] : {std::pair<const char*, int64_t>{"bos", bos_id_},
+                                 {"eos", eos_id_},
+                                 {"pad", pad_id_},
+                                 {"prefix", prefix_id_}})
     if (id >= vocab_size_ || (id >= 0 && id_kind_[static_cast<size_t>(id)] == 0))
       throw Error(source_ + ": the " + name + " id " + std::to_string(id) +
                   " names no token of the vocabulary [0, " + std::to_string(vocab_size_) + ")");

@@ -90,6 +90,7 @@ struct BpeSpec {
   std::vector<PreTokenizerStep> pre_tokenizer;
   std::vector<AddedToken> added_tokens;
   int64_t bos_id = -1, eos_id = -1, pad_id = -1;
+  int64_t prefix_id = -1;  // Tokenizer::prefix_id
 };
 
 // A token id read from a JSON file: an integer in [0, 2^31 - 1] (ids are int32 in batches); a
@@ -116,6 +117,7 @@ class BpeTokenizer : public Tokenizer {
   int64_t bos_id() const override { return bos_id_; }
   int64_t eos_id() const override { return eos_id_; }
   bool is_special(int64_t id) const override;
+  int64_t prefix_id() const override { return prefix_id_; }
   int64_t token_to_id(std::string_view token) const override;
   std::string id_to_token(int64_t id) const override;
 
@@ -129,7 +131,7 @@ class BpeTokenizer : public Tokenizer {
   void bpe_into(std::string_view bytes, std::vector<int32_t>* out) const;
 
   std::string source_;
-  int64_t vocab_size_ = 0, bos_id_ = -1, eos_id_ = -1, pad_id_ = -1;
+  int64_t vocab_size_ = 0, bos_id_ = -1, eos_id_ = -1, pad_id_ = -1, prefix_id_ = -1;
   bool ignore_merges_ = false;
   std::vector<PreTokenizerStep> pre_tokenizer_;
   std::vector<AddedToken> added_;

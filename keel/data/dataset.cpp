@@ -263,6 +263,8 @@ std::unique_ptr<Dataset> packed_dataset_of(std::istream& in, size_t size, const 
       ids.reserve(token_reserve(size, head, size + 16,
                                 [&](const std::string& t) { return tok.encode(t).size(); }));
     }
+    // The stream starts as the tokenizer's convention starts a text (Llama-3's <|begin_of_text|>).
+    if (tok.prefix_id() >= 0) ids.push_back(static_cast<Id>(tok.prefix_id()));
     // A small file needs no whole piece of read buffer.
     const size_t piece = size > 0 ? std::min(kTextPieceBytes, size + 1) : kTextPieceBytes;
     try {
@@ -344,7 +346,7 @@ std::unique_ptr<Dataset> text_dataset_of(const std::string& text, const std::str
   int64_t first_line = 0;
   auto flush = [&] {
     if (!open) return;
-    std::vector<int32_t> ids = tok.encode(lines == 1 ? first : std::string_view(para));
+    std::vector<int32_t> ids = encode_with_prefix(tok, lines == 1 ? first : std::string_view(para));
     // Its eos only where it is kept: on 420 MB of ids, a push_back would copy them into 840.
     if (static_cast<int64_t>(ids.size()) < seq_len + 1)
       ids.push_back(static_cast<int32_t>(tok.eos_id()));
@@ -422,13 +424,13 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
       throw bad("has both \"text\" and \"prompt\"/\"completion\" (which one is the data?); " +
                 std::string(kExpected));
     } else if (has_text) {
-      e = all_targets(tok.encode(get_string("text")));
+      e = all_targets(encode_with_prefix(tok, get_string("text")));
       e.tokens.push_back(static_cast<int32_t>(tok.eos_id()));
       e.target.push_back(1);
     } else if (has_prompt || has_completion) {
       if (!has_completion) throw bad(std::string("missing \"completion\"; ") + kExpected);
       if (!has_prompt) throw bad(std::string("missing \"prompt\"; ") + kExpected);
-      e.tokens = tok.encode(get_string("prompt"));
+      e.tokens = encode_with_prefix(tok, get_string("prompt"));
       e.target.assign(e.tokens.size(), 0);  // context: no loss on the prompt
       const std::vector<int32_t> completion = tok.encode(get_string("completion"));
       e.tokens.insert(e.tokens.end(), completion.begin(), completion.end());

@@ -243,6 +243,7 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path, const s
       // A token the vocabulary lacks left bos unset without a word (examples began without it).
       const std::string content = first["SpecialToken"]["id"].get<std::string>();
       ld.spec.bos_id = ld.find_token(content);
+      ld.spec.prefix_id = ld.spec.bos_id;  // what tokenizer(text) puts first
       if (ld.spec.bos_id < 0)
         ld.fail(field + ".single[0].SpecialToken.id",
                 "\"" + content +
@@ -273,6 +274,11 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path, const s
           std::pair{"pad_token", &ld.spec.pad_id}}) {
       if (cfg.contains(name)) *id = config_token(ld, cfg, name, cfg_path.string());
     }
+    // transformers' add_bos_token (Llama's tokenizers rebuild their post-processor from it).
+    if (const auto add = cfg.find("add_bos_token"); add != cfg.end() && add->is_boolean())
+      ld.spec.prefix_id = !add->get<bool>()        ? -1
+                          : ld.spec.prefix_id >= 0 ? ld.spec.prefix_id
+                                                   : ld.spec.bos_id;
   }
   if (root.contains("padding") && root["padding"].is_object() && ld.spec.pad_id < 0) {
     const json& p = root["padding"];

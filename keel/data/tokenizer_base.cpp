@@ -52,4 +52,15 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec, const std::st
   }
 }
 
+std::vector<int32_t> encode_with_prefix(const Tokenizer& tok, std::string_view text) {
+  std::vector<int32_t> ids;
+  const int64_t prefix = tok.prefix_id();
+  if (prefix < 0) return tok.encode(text);
+  std::vector<int32_t> body = tok.encode(text);
+  ids.reserve(body.size() + 1);
+  ids.push_back(static_cast<int32_t>(prefix));
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
 }  // namespace keel::data

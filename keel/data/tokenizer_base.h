@@ -29,6 +29,11 @@ class Tokenizer {
   virtual int64_t eos_id() const = 0;
   // Whether `id` is a special token (skipped by decode; never produced from ordinary text).
   virtual bool is_special(int64_t id) const = 0;
+  // The special token the tokenizer's own convention puts before every text, -1 for none: an HF
+  // tokenizer.json whose post-processor template starts with one (Llama-3's <|begin_of_text|>,
+  // which transformers' tokenizer(text) adds and Llama-3 was pretrained behind). GPT-2's and
+  // keel's byte tokenizer add none.
+  virtual int64_t prefix_id() const { return -1; }
 
   // The id of a token given in the vocabulary's spelling (byte-level BPE: "Ġthe" for " the";
   // added tokens: their content, "<|endoftext|>"); -1 when it is not a token.
@@ -46,6 +51,10 @@ class Tokenizer {
 // any other special token — a dedicated pad such as ByteTokenizer's, or one of Llama-3's
 // <|reserved_special_token_N|> — which ordinary text never produces.
 bool pad_collides(const Tokenizer& tok, int64_t pad_id);
+
+// encode(text) behind tok.prefix_id() when it has one: a text as the tokenizer's convention
+// starts it (datasets, eval and generate's prompt).
+std::vector<int32_t> encode_with_prefix(const Tokenizer& tok, std::string_view text);
 
 // Builds the tokenizer named by `spec` (the config's data.tokenizer):
 //   "byte"                 ByteTokenizer;

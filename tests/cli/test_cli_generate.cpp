@@ -333,6 +333,47 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
   EXPECT_CONTAINS(err({old, "x"}), "has no config.json describing its model");
 }
 
+// A prompt starts as the tokenizer's convention starts every text (Llama-3's <|begin_of_text|>,
+// here the tiny Llama-style tokenizer's template token), as keel's datasets trained the model and
+// as transformers and llama.cpp start it; a prompt written with it gets no second one, --no-bos
+// leaves it out.
+TEST(CliGenerate, APromptStartsWithTheTokenTheTokenizerPutsBeforeEveryText) {
+  const std::string model = test::temp_dir("gen-prefix") + "/llama";
+  ASSERT_EQ(test::run_keel({"init-model", "--family", "llama", "--out", model, "--n-layer", "1",
+                            "--n-embd", "16", "--n-head", "2", "--vocab-size", "290"})
+                .code,
+            0);
+  const std::string hf =
+      "hf:" + std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny/llama_style";
+  const auto tok = data::load_tokenizer(hf);
+  ASSERT_GE(tok->prefix_id(), 0);
+  const auto plain = static_cast<int64_t>(tok->encode("the there").size());
+  auto prompt_tokens = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = {model, "the there",        "--tokenizer",
+                                     hf,    "--max-new-tokens", "1"};
+    args.insert(args.end(), more.begin(), more.end());
+    return generate_json(args).at("prompt_tokens").get<int64_t>();
+  };
+  EXPECT_EQ(prompt_tokens({}), plain + 1);
+  EXPECT_EQ(prompt_tokens({"--no-bos"}), plain);
+  const std::string tagged = tok->id_to_token(tok->prefix_id()) + "the there";
+  EXPECT_EQ(generate_json({model, tagged, "--tokenizer", hf, "--max-new-tokens", "1"})
+                .at("prompt_tokens")
+                .get<int64_t>(),
+            plain + 1);
+  const test::KeelRun both = test::run_keel(
+      {"generate", model, "x", "--tokenizer", hf, "--bos", "--no-bos"}, {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(both.code, 2) << both.output;
+  EXPECT_CONTAINS(both.err, "--bos and --no-bos contradict each other");
+  // GPT-2's tokenizer puts nothing first.
+  const std::string gpt2 =
+      "gpt2:" + std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
+  EXPECT_EQ(generate_json({model, "the there", "--tokenizer", gpt2, "--max-new-tokens", "1"})
+                .at("prompt_tokens")
+                .get<int64_t>(),
+            static_cast<int64_t>(data::load_tokenizer(gpt2)->encode("the there").size()));
+}
+
 // A checkpoint whose adapter files are damaged names the file that is: a missing
 // adapter_config.json read as if the checkpoint were a --adapter directory ("expected a PEFT
 // adapter directory, e.g. a run's out_dir/adapter"), and an edited r blamed config.json.

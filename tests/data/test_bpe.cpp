@@ -435,18 +435,35 @@ TEST(Tokenizer, DatasetsWithBpe) {
   const auto tok = load_hf_tokenizer(dir);
   const auto ds = load_jsonl_dataset(data, *tok, 16);
   ASSERT_EQ(ds->size(), 2);
-  std::vector<int32_t> want = tok->encode("the");
+  // Each text starts with the token the post-processor's template puts first (here <|eot|>, 287;
+  // Llama-3's <|begin_of_text|>), as transformers' tokenizer(text) does.
+  const auto prefix = static_cast<int32_t>(tok->prefix_id());
+  ASSERT_EQ(prefix, 287);
+  std::vector<int32_t> want = {prefix};
+  for (int32_t id : tok->encode("the")) want.push_back(id);
   for (int32_t id : tok->encode(" there")) want.push_back(id);
   want.push_back(static_cast<int32_t>(tok->eos_id()));
   EXPECT_EQ(ds->get(0).copy().tokens, want);
-  EXPECT_EQ(ds->get(0).copy().target, (std::vector<uint8_t>{0, 1, 1}));  // "the" | " there" | eos
-  std::vector<int32_t> text = tok->encode("aaaaa!!");
+  // prefix | "the" | " there" | eos
+  EXPECT_EQ(ds->get(0).copy().target, (std::vector<uint8_t>{0, 0, 1, 1}));
+  std::vector<int32_t> text = {prefix};
+  for (int32_t id : tok->encode("aaaaa!!")) text.push_back(id);
   text.push_back(static_cast<int32_t>(tok->eos_id()));
   EXPECT_EQ(ds->get(1).copy().tokens, text);
-  // Packed text needs no eos.
+  // Packed text needs no eos; the stream starts with the prefix.
   const std::string txt = write_file(dir, "data.txt", "the there the there");
   EXPECT_EQ(load_text_dataset(txt, *tok, 4, true)->get(0).copy().tokens,
-            (std::vector<int32_t>{284, 286, 258, 286}));  // the, " there", " the", " there"
+            (std::vector<int32_t>{prefix, 284, 286, 258}));  // prefix, the, " there", " the"
+  // A paragraph too.
+  EXPECT_EQ(load_text_dataset(txt, *tok, 16, false)->get(0).copy().tokens,
+            (std::vector<int32_t>{prefix, 284, 286, 258, 286, prefix}));  // ..., eos (287 too)
+  // transformers' add_bos_token = false drops it; GPT-2's tokenizer adds none.
+  write_file(dir, "tokenizer_config.json", R"({"eos_token": "<|eot|>", "add_bos_token": false})");
+  const auto plain = load_hf_tokenizer(dir);
+  EXPECT_EQ(plain->prefix_id(), -1);
+  EXPECT_EQ(load_jsonl_dataset(data, *plain, 16)->get(1).copy().tokens.front(),
+            tok->encode("aaaaa!!").front());
+  EXPECT_EQ(load_hf_tokenizer(kTiny + "/gpt2_style")->prefix_id(), -1);
 }
 
 TEST(Tokenizer, LoaderErrorsNameTheFileAndPlace) {
