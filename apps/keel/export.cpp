@@ -179,7 +179,15 @@ int run_export(const ExportArgs& a) {
       if (id >= 0) opt.base_config[key] = id;
     tok_note = "tokenizer " + t.tokenizer;
   }
-  const auto files = tokenizer_files(t.tokenizer);
+  auto files = tokenizer_files(t.tokenizer);
+  const size_t tokenizer_file_count = files.size();
+  // The base's generation_config.json (the ids that end a reply, sampling defaults), as
+  // transformers' save_pretrained writes one beside the weights.
+  for (const std::string& from : {t.dir, t.base_model})
+    if (!from.empty() && fs::is_regular_file(fs::path(from) / "generation_config.json")) {
+      files.emplace_back(fs::path(from) / "generation_config.json", "generation_config.json");
+      break;
+    }
   write_model_dir("--out", a.out, [&](const std::string& dir) {
     io::save_hf_model(*t.model, dir, opt);
     // Written as the weights are (fsynced before the directory is renamed into place): a copy
@@ -190,7 +198,7 @@ int run_export(const ExportArgs& a) {
   if (t.tokenizer == "byte")
     tok_note = "keel's byte tokenizer (no HF tokenizer files; in keel: --tokenizer byte)";
   else if (!t.tokenizer.empty())
-    tok_note += " (" + count_of(static_cast<long long>(files.size()), "file") + " copied)";
+    tok_note += " (" + count_of(static_cast<long long>(tokenizer_file_count), "file") + " copied)";
   // A run without adapters said "0 adapted modules merged", as if a merge had failed.
   const std::string merge_note =
       t.adapter ? count_of(merged, "adapted module") + " merged" : "no adapters to merge";

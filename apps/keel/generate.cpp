@@ -13,6 +13,7 @@
 #include "apps/keel/model_args.h"
 #include "keel/amp/autocast.h"
 #include "keel/data/text_stream.h"
+#include "keel/io/hf_config.h"
 #include "keel/models/generate.h"
 #include "keel/numerics/text.h"
 
@@ -67,7 +68,14 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
     // predicted from no attention sink. A prompt written with it already gets no second one.
     ids.insert(ids.begin(), static_cast<int32_t>(tok->prefix_id()));
   }
-  a.opt.eos_id = tok->eos_id();
+  // The tokenizer's eos, and every id the model's generation_config.json ends a reply with (a
+  // run's checkpoint: its base's file), as transformers' generate stops.
+  a.opt.eos_ids = {tok->eos_id()};
+  std::vector<std::string> dirs = {m.trained.dir};
+  if (m.trained.checkpoint && !m.trained.base_model.empty()) dirs.push_back(m.trained.base_model);
+  for (const std::string& dir : dirs)
+    for (int64_t id : io::generation_eos_ids(dir))
+      if (id < tok->vocab_size()) a.opt.eos_ids.push_back(id);
   a.opt.choosable = tok->vocab_size();  // not the rows the model has beyond it
   a.opt.use_cache = !a.no_cache;
   // The prompt's end counts toward a stop string (text_stream.h): only the new text was searched,

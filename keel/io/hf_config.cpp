@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "keel/data/bpe.h"
 #include "keel/io/hf_json.h"
 #include "keel/io/hf_weights.h"
 #include "keel/io/trained_model.h"
@@ -237,6 +238,30 @@ HfConfig read_hf_config(const std::string& dir) {
   // checks every tensor.
   if (!is_keel_checkpoint(dir)) check_sizes_against_weights(dir, s);
   return out;
+}
+
+std::vector<int64_t> generation_eos_ids(const std::string& dir) {
+  const std::string file = dir + "/generation_config.json";
+  if (dir.empty() || !path_exists(file)) return {};
+  nlohmann::json j;
+  try {
+    j = read_json(file);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (fix or remove it: it names the ids that end a reply)",
+                Error::kUsage);
+  }
+  const auto eos = j.is_object() ? j.find("eos_token_id") : j.end();
+  if (!j.is_object() || eos == j.end() || eos->is_null()) return {};
+  std::vector<int64_t> ids;
+  const nlohmann::json list = eos->is_array() ? *eos : nlohmann::json::array({*eos});
+  for (const auto& v : list) {
+    try {
+      ids.push_back(data::token_id_from_json(v, file + ": eos_token_id"));
+    } catch (const Error& e) {
+      throw Error(std::string(e.what()) + "; fix or remove it", Error::kUsage);
+    }
+  }
+  return ids;
 }
 
 }  // namespace keel::io

@@ -11,6 +11,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "keel/models/causal_lm.h"
 
@@ -26,6 +27,12 @@ struct HfConfig {
 // them is read). The spec's runtime fields (attention, dropout, param_dtype) keep their defaults;
 // the caller sets them.
 HfConfig read_hf_config(const std::string& dir);
+
+// The ids that end a generation by DIR/generation_config.json's eos_token_id (an id or a list:
+// Llama-3.1-Instruct's [128001, 128008, 128009]); empty when the file is absent or names none.
+// A file that is not JSON, or an id that is not a non-negative integer, is an Error (kUsage)
+// naming the file and the field.
+std::vector<int64_t> generation_eos_ids(const std::string& dir);
 
 // The config.json of `spec` with weights stored in `stored` (torch_dtype); `base`'s fields that
 // keel does not set (token ids, ...) are kept.

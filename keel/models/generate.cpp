@@ -129,7 +129,7 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
     if (opt.choosable > 0 && opt.choosable < V) row.resize(static_cast<size_t>(opt.choosable));
     const int32_t next = sample_token(row, opt.sampling, rng);
     if (opt.keep_logits) r.logits.push_back(std::move(row));
-    if (next == opt.eos_id) {
+    if (std::find(opt.eos_ids.begin(), opt.eos_ids.end(), next) != opt.eos_ids.end()) {
       r.stop = "eos";
       break;
     }

@@ -26,7 +26,10 @@ struct GenerateOptions {
   SamplingOptions sampling;
   uint64_t seed = 0;  // sampling's Rng
   int64_t max_new_tokens = 64;
-  int64_t eos_id = -1;  // stop after producing it (not counted in `tokens`); -1: never
+  // Stop after producing any of these (not counted in `tokens`; negative ids are ignored): the
+  // tokenizer's eos and the model's generation_config.json eos_token_id list (Llama-3.1-Instruct
+  // ends a turn with <|eot_id|> and a tool call with <|eom_id|>). Empty: never.
+  std::vector<int64_t> eos_ids;
   // > 0: choose only among ids [0, choosable), the tokenizer's vocabulary, when the model has more
   // rows (the padding row data.pad = "add" appends, a vocabulary rounded up): those ids name no
   // text, and a sampled one would end the decode in a tokenizer error. 0: every id.

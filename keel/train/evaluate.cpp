@@ -24,7 +24,7 @@ EvalResult Trainer::evaluate() {
   if (!run_.data.eval_prompts.empty()) {
     models::GenerateOptions greedy;  // temperature 0: argmax, the lowest id wins a tie
     greedy.max_new_tokens = run_.data.max_answer_tokens;
-    greedy.eos_id = run_.data.stop_token;
+    greedy.eos_ids = {run_.data.stop_token};
     int64_t correct = 0;
     const int64_t n = static_cast<int64_t>(run_.data.eval_prompts.size());
     for (int64_t i = 0; i < n; ++i) {

@@ -5,6 +5,7 @@
 // is a usage error naming the path or flag.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -65,7 +66,7 @@ std::vector<int32_t> library_tokens(const std::string& model, const std::string&
   const auto tok = data::load_tokenizer("byte");
   models::GenerateOptions o;
   o.max_new_tokens = n;
-  o.eos_id = tok->eos_id();
+  o.eos_ids = {tok->eos_id()};
   return models::generate(*t.model, tok->encode(prompt), o).tokens;
 }
 
@@ -372,6 +373,41 @@ TEST(CliGenerate, APromptStartsWithTheTokenTheTokenizerPutsBeforeEveryText) {
                 .at("prompt_tokens")
                 .get<int64_t>(),
             static_cast<int64_t>(data::load_tokenizer(gpt2)->encode("the there").size()));
+}
+
+// generation_config.json's eos_token_id ends a reply as the tokenizer's eos does
+// (Llama-3.1-Instruct ends a turn with <|eot_id|>, not its tokenizer's <|end_of_text|>), and export
+// copies the file.
+TEST(CliGenerate, GenerationConfigEosIdsStopTheReplyAndTravelWithAnExport) {
+  const std::string model = test::temp_dir("gen-config") + "/llama";
+  fs::copy(base_dir(), model);
+  const json free = generate_json({model, "12+", "--tokenizer", "byte", "--max-new-tokens", "6"});
+  const auto tokens = free.at("tokens").get<std::vector<int32_t>>();
+  ASSERT_EQ(tokens.size(), 6u);
+  // The first token that does not occur before it ends the reply there.
+  size_t at = 1;
+  while (at < tokens.size() &&
+         std::find(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(at), tokens[at]) !=
+             tokens.begin() + static_cast<std::ptrdiff_t>(at))
+    ++at;
+  ASSERT_LT(at, tokens.size()) << "greedy decoding repeated one token";
+  std::ofstream(model + "/generation_config.json")
+      << json({{"eos_token_id", json::array({100000, tokens[at]})}}).dump();
+  const json stopped =
+      generate_json({model, "12+", "--tokenizer", "byte", "--max-new-tokens", "6"});
+  EXPECT_EQ(stopped.at("stop"), "eos");
+  EXPECT_EQ(stopped.at("tokens").get<std::vector<int32_t>>(),
+            std::vector<int32_t>(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(at)));
+  const test::KeelRun e =
+      test::run_keel({"export", model, "--out", model + "-hf"}, {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_EQ(test::slurp(model + "-hf/generation_config.json"),
+            test::slurp(model + "/generation_config.json"));
+  std::ofstream(model + "/generation_config.json") << R"({"eos_token_id": "</s>"})";
+  const test::KeelRun bad =
+      test::run_keel({"generate", model, "12+", "--tokenizer", "byte"}, {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_CONTAINS(bad.err, model + "/generation_config.json: eos_token_id");
 }
 
 // A checkpoint whose adapter files are damaged names the file that is: a missing

@@ -16,6 +16,7 @@
 
 #include "keel/autograd/node.h"
 #include "keel/io/atomic_file.h"
+#include "keel/io/hf_config.h"
 #include "keel/io/hf_model.h"
 #include "keel/io/safetensors.h"
 #include "keel/io/trained_model.h"
@@ -717,6 +718,30 @@ TEST(PeftConfig, FieldsOutOfRangeNameTheFileAndTheField) {
   auto fresh = models::make_causal_lm(llama_spec(false), 3);
   EXPECT_CONTAINS(error_of([&] { load_peft_adapter(*fresh, dir); }),
                   "(r = " + std::to_string(nn::kMaxAdapterRank) + ")");
+}
+
+// generation_config.json's eos_token_id, an id or a list (Llama-3.1-Instruct's three), ends a
+// reply; a bad file is named, never read as "no eos".
+TEST(HfModel, GenerationConfigEosIdsAreReadAndBadOnesNamed) {
+  const std::string dir = test::temp_dir("hf-gen-config");
+  const std::string file = dir + "/generation_config.json";
+  EXPECT_TRUE(io::generation_eos_ids(dir).empty());  // no file
+  auto with = [&](const std::string& text) {
+    std::ofstream(file) << text;
+    return io::generation_eos_ids(dir);
+  };
+  EXPECT_EQ(with(R"({"eos_token_id": [128001, 128008, 128009], "temperature": 0.6})"),
+            (std::vector<int64_t>{128001, 128008, 128009}));
+  EXPECT_EQ(with(R"({"eos_token_id": 50256})"), (std::vector<int64_t>{50256}));
+  EXPECT_TRUE(with(R"({"eos_token_id": null})").empty());
+  EXPECT_TRUE(with(R"({"do_sample": true})").empty());
+  for (const char* bad : {R"({"eos_token_id": [1, "x"]})", R"({"eos_token_id": -3})",
+                          R"({"eos_token_id": 1e30})", "{not json"}) {
+    SCOPED_TRACE(bad);
+    const std::string e = test::error_of([&] { with(bad); });
+    EXPECT_CONTAINS(e, file);
+    EXPECT_CONTAINS(e, "fix or remove it");
+  }
 }
 
 }  // namespace

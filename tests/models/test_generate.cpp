@@ -160,7 +160,7 @@ TEST(Generate, SeededSamplingIsDeterministicAndEosStops) {
   o.seed = 10;
   EXPECT_NE(models::generate(*m, {5, 6}, o).tokens, a.tokens);
   o.seed = 9;
-  o.eos_id = a.tokens[2];
+  o.eos_ids = {a.tokens[2]};
   const GenerateResult e = models::generate(*m, {5, 6}, o);
   EXPECT_EQ(e.stop, "eos");
   EXPECT_EQ(e.tokens, std::vector<int32_t>(a.tokens.begin(), a.tokens.begin() + 2));
