@@ -126,6 +126,10 @@ int write_token_file(const TokenizeArgs& a, bool has_text) {
   size_t piece = data::kTextPieceBytes;
   if (const char* p = std::getenv("KEEL_TEST_TOKENIZE_PIECE_BYTES"))  // tests: many pieces
     piece = std::max<size_t>(1, std::strtoull(p, nullptr, 10));
+  // The stream starts as a packed text file's does (Llama-3's <|begin_of_text|>): data.task =
+  // "tokens" on this file trains on the rows data.task = "text" gives the text.
+  if (const auto prefix = static_cast<int32_t>(tok->prefix_id()); prefix >= 0)
+    out.append(std::span<const int32_t>(&prefix, 1));
   data::encode_in_pieces(*tok, *in, piece, [&](std::span<const int32_t> ids) { out.append(ids); });
   // An empty text made a 0-token file, exit 0, that keel train and keel eval then refused.
   if (out.tokens() < data::kTokenFileMinTokens)

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "keel/data/dataset.h"
 #include "keel/data/token_file.h"
 #include "keel/data/tokenizer_base.h"
 #include "tests/support/check.h"
@@ -229,6 +230,26 @@ TEST(CliTokenize, OutputThatIsTheInputFileIsRefusedAndTheTextKept) {
     EXPECT_CONTAINS(r.err, "--output " + out + " is the --file it reads");
     EXPECT_EQ(test::slurp(txt), "hello world\n");
   }
+}
+
+// A tokenizer that starts every text with a token (Llama-3's <|begin_of_text|>; here the tiny
+// Llama-style one's) starts the token file with it, as the packed text's stream starts: the rows
+// of the two are the same.
+TEST(CliTokenize, OutputStartsAsThePackedTextDoes) {
+  const std::string dir = test::temp_dir("cli-tokenize-prefix");
+  const std::string txt = dir + "/corpus.txt", spec = "hf:" + kTiny + "/llama_style";
+  std::ofstream(txt) << "the there the there\n\nthe quick brown fox, again and again\n";
+  const test::KeelRun r =
+      test::run_keel({"tokenize", "--tokenizer", spec, "--file", txt, "--output", txt + ".bin"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto tok = data::load_tokenizer(spec);
+  ASSERT_GE(tok->prefix_id(), 0);
+  const auto packed = data::load_text_dataset(txt, *tok, 8, /*pack=*/true);
+  const auto mapped = data::load_token_file(txt + ".bin", "data.path", *tok, 8);
+  ASSERT_EQ(mapped->size(), packed->size());
+  EXPECT_EQ(mapped->get(0).copy().tokens.front(), tok->prefix_id());
+  for (int64_t i = 0; i < packed->size(); ++i)
+    EXPECT_EQ(mapped->get(i).copy().tokens, packed->get(i).copy().tokens) << i;
 }
 
 // `--output` writes an llm.c token file; a run on it (data.task = "tokens") is the run on the text

@@ -88,11 +88,14 @@ void expect_same_rows(const Dataset& a, const Dataset& b) {
 }
 
 TEST(TokenFile, RowsAreThoseOfThePackedTextForEveryTokenizerAndSeqLen) {
-  for (const std::string& spec : {std::string("byte"), "gpt2:" + kTokenizerDir}) {
+  // The Llama-style tokenizer starts a text with its template's token: the token file too, as
+  // `keel tokenize --output` writes it.
+  for (const std::string& spec :
+       {std::string("byte"), "gpt2:" + kTokenizerDir, "hf:" + kTokenizerDir + "/llama_style"}) {
     const auto tok = load_tokenizer(spec);
     const std::string txt = write("corpus.txt", kText);
     const std::string bin =
-        write("corpus.bin", token_file_bytes(tok->encode(kText), tok->vocab_size()));
+        write("corpus.bin", token_file_bytes(encode_with_prefix(*tok, kText), tok->vocab_size()));
     EXPECT_EQ(read_token_file_header(bin, "data.path").width, 2) << spec;  // GPT-2's layout
     for (int64_t T : {2, 3, 8, 33, 4096}) {
       const auto packed = load_text_dataset(txt, *tok, T, /*pack=*/true);
