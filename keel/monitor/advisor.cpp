@@ -674,16 +674,27 @@ std::string TrendAdvisor::trend_line(StepResult& r) {
   if (t == trend_ && (zeros == zeros_ || !zeros)) return "";
   // Back from a learning rate's divergence: "no action needed" told a run at optim.lr 0.3 that
   // had diverged for 16 steps (loss 22) that its rate was fine. The cause is still set.
+  // The same after spikes the optimizer made (they recurred on other batches): "no action needed"
+  // came 5 steps after the third spike of a run at optim.lr 0.5, which spiked again 2 steps later.
   const Finding before = finding_;
-  const bool lr_recovered = trend_ == Trend::kExploding && t == Trend::kStable &&
-                            before.action.find("lower optim.lr") != std::string::npos;
+  const Trend was = trend_;
+  // (A spike's other actions name the data first, the rate only "if spikes recur".)
+  const bool data_first = before.action.rfind("check the data", 0) == 0 ||
+                          before.action.rfind("if its batch looks wrong", 0) == 0;
+  const bool lr_settled = (was == Trend::kExploding || (was == Trend::kSpiking && !data_first)) &&
+                          t == Trend::kStable &&
+                          before.action.find("lower optim.lr") != std::string::npos;
   trend_ = t;
   zeros_ = zeros;
   finding_ = Finding{r.step, trend_name(t), why, action(t, r), {}, {}, -1};
-  if (lr_recovered) {
+  if (lr_settled && was == Trend::kExploding) {
     finding_.cause +=
         "; recovered from the divergence found at step " + std::to_string(before.step);
     finding_.action = "none now; if it diverges again, " + lower_lr_of(r);
+  } else if (lr_settled) {
+    finding_.cause += "; no spike since step " + std::to_string(last_spike_) +
+                      ", which the optimizer made (not its batch)";
+    finding_.action = "none now; if spikes recur, " + lower_lr_of(r);
   }
   if (r.step == opt_.inject_step && (t == Trend::kExploding || t == Trend::kSpiking)) {
     const bool nonfinite = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);

@@ -286,6 +286,22 @@ TEST(Advisor, SpikeThenStableAgain) {
   EXPECT_NE(run.advice[1].second.find("no action needed"), std::string::npos);
 }
 
+// Spikes the optimizer made (they recur on other batches), then calm steps: "stable ... no action
+// needed" came 5 steps after the third spike of a run at optim.lr 0.5 that spiked again 2 steps
+// later. The rate that made them is still set, and the verdict says so.
+TEST(Advisor, StableAfterTheOptimizersSpikesKeepsTheLearningRateInView) {
+  Feed run;
+  for (int64_t i = 1; i <= 40; ++i)
+    run.feed(step(i, healthy_loss(i), i == 20 || i == 28 ? 50.0 : healthy_norm(i)));
+  ASSERT_GE(run.advice.size(), 2u);
+  const std::string& last = run.advice.back().second;
+  EXPECT_EQ(last.rfind("stable: ", 0), 0u) << last;
+  EXPECT_CONTAINS(last,
+                  "; no spike since step 28, which the optimizer made (not its batch); "
+                  "none now; if spikes recur, lower optim.lr (now 0.003, try 0.0003)");
+  EXPECT_NOT_CONTAINS(last, "no action needed");
+}
+
 // Recurring spikes name the clipping the run has: it said "set train.max_grad_norm (now
 // clipping)" to a run clipping at 1.0 already.
 TEST(Advisor, RecurringSpikesNameTheClippingThreshold) {
