@@ -98,14 +98,14 @@ void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
 }
 
 AdapterRunRecord read_adapter_run_record(const std::string& dir) {
-  AdapterRunRecord n;
+  AdapterRunRecord rec;
   const std::string file = dir + "/adapter_model.safetensors";
-  if (!path_exists(file)) return n;
+  if (!path_exists(file)) return rec;
   std::map<std::string, std::string> metadata;
   try {
     metadata = read_safetensors_header(file).metadata;
   } catch (const Error&) {
-    return n;
+    return rec;
   }
   // A value keel cannot use is named with its file: it surfaced as "unknown precision 'x'", as
   // if --precision had been given.
@@ -117,21 +117,21 @@ AdapterRunRecord read_adapter_run_record(const std::string& dir) {
   };
   if (auto it = metadata.find(kPrecisionKey); it != metadata.end()) {
     try {
-      n.precision = resolve_precision(it->second, Device::cpu(), /*allow_cpu_bf16=*/true).name();
+      rec.precision = resolve_precision(it->second, Device::cpu(), /*allow_cpu_bf16=*/true).name();
     } catch (const Error&) {
       throw damaged(kPrecisionKey, it->second,
                     "a precision (32-true, bf16-mixed, 16-mixed, bf16-true, 16-true)",
                     "give --precision");
     }
   }
-  if (auto it = metadata.find(kTokenizerKey); it != metadata.end()) n.tokenizer = it->second;
+  if (auto it = metadata.find(kTokenizerKey); it != metadata.end()) rec.tokenizer = it->second;
   if (auto it = metadata.find(kBaseDtypeKey); it != metadata.end()) {
-    n.base_dtype = dtype_from_name(it->second);
-    if (!n.base_dtype || !dtype_is_floating(*n.base_dtype))
+    rec.base_dtype = dtype_from_name(it->second);
+    if (!rec.base_dtype || !dtype_is_floating(*rec.base_dtype))
       throw damaged(kBaseDtypeKey, it->second, "a dtype (f32, bf16, f16)",
                     "copy the adapter again from its run's OUT_DIR/adapter");
   }
-  return n;
+  return rec;
 }
 
 nn::AdapterOptions read_peft_config(const std::string& dir) {

@@ -11,11 +11,6 @@
 
 namespace keel::io {
 
-// The PEFT adapter directory of an adapted model: adapter_config.json (peft_type LORA or LOKR,
-// task_type CAUSAL_LM, r, lora_alpha/alpha, dropout, target_modules, use_dora,
-// base_model_name_or_path, fan_in_fan_out = true for GPT-2's Conv1D layout) and
-// adapter_model.safetensors with PEFT's tensor names (nn::peft_state_dict), f32. The directory is
-// replaced atomically (io::write_dir_atomic).
 // How the keel run that trained an adapter used it: its train.precision, the dtype it held its
 // frozen base in under f32 parameters (model.base_dtype; f32 under bf16-true/16-true, whose
 // parameters are all in one dtype) and its data.tokenizer (paths absolute). Recorded in
@@ -29,6 +24,11 @@ struct AdapterRunRecord {
   std::string tokenizer;
 };
 
+// The PEFT adapter directory of an adapted model: adapter_config.json (peft_type LORA or LOKR,
+// task_type CAUSAL_LM, r, lora_alpha/alpha, dropout, target_modules, use_dora,
+// base_model_name_or_path, fan_in_fan_out = true for GPT-2's Conv1D layout) and
+// adapter_model.safetensors with PEFT's tensor names (nn::peft_state_dict), f32, and `record` in
+// its metadata. The directory is replaced atomically (io::write_dir_atomic).
 void save_peft_adapter(models::CausalLM& model, const nn::AdapterOptions& opt,
                        const std::string& dir, const std::string& base_model_name_or_path = "",
                        const AdapterRunRecord& record = {});
