@@ -52,6 +52,20 @@ const std::string& lora_run() {
   return out;
 }
 
+// The tiny GPT-2 and Llama-style tokenizers (290 ids) of the tokenizer parity tests.
+const std::string kTinyTokenizers =
+    std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
+
+// A one-layer Llama with their 290 ids, in a temp directory named after `name`; "" on failure.
+std::string wide_model(const std::string& name) {
+  const std::string d = test::temp_dir(name) + "/llama";
+  const test::KeelRun r =
+      test::run_keel({"init-model", "--family", "llama", "--out", d, "--n-layer", "1", "--n-embd",
+                      "16", "--n-head", "2", "--vocab-size", "290"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  return r.code == 0 ? d : "";
+}
+
 json generate_json(std::vector<std::string> args) {
   args.insert(args.begin(), "generate");
   args.push_back("--json");
@@ -313,13 +327,9 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
   EXPECT_CONTAINS(err({base_dir(), "--tokenizer", "byte", "--prompt-file", dir_prompt}),
                   "--prompt-file " + dir_prompt + ": is a directory; give a text file");
   // --bos with a tokenizer that has none was dropped without a word (GPT-2's files name no bos).
-  const std::string wide = test::temp_dir("gen-wide") + "/llama";
-  ASSERT_EQ(test::run_keel({"init-model", "--family", "llama", "--out", wide, "--n-layer", "1",
-                            "--n-embd", "16", "--n-head", "2", "--vocab-size", "290"})
-                .code,
-            0);
-  const std::string gpt2 =
-      "gpt2:" + std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
+  const std::string wide = wide_model("gen-wide");
+  ASSERT_FALSE(wide.empty());
+  const std::string gpt2 = "gpt2:" + kTinyTokenizers;
   EXPECT_CONTAINS(err({wide, "x", "--tokenizer", gpt2, "--bos"}),
                   "--bos: the tokenizer (" + gpt2 + ") has no bos token");
   // An adapter on another base than its own: the shape error blamed the adapter ("the adapter
@@ -339,13 +349,9 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
 // as transformers and llama.cpp start it; a prompt written with it gets no second one, --no-bos
 // leaves it out.
 TEST(CliGenerate, APromptStartsWithTheTokenTheTokenizerPutsBeforeEveryText) {
-  const std::string model = test::temp_dir("gen-prefix") + "/llama";
-  ASSERT_EQ(test::run_keel({"init-model", "--family", "llama", "--out", model, "--n-layer", "1",
-                            "--n-embd", "16", "--n-head", "2", "--vocab-size", "290"})
-                .code,
-            0);
-  const std::string hf =
-      "hf:" + std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny/llama_style";
+  const std::string model = wide_model("gen-prefix");
+  ASSERT_FALSE(model.empty());
+  const std::string hf = "hf:" + kTinyTokenizers + "/llama_style";
   const auto tok = data::load_tokenizer(hf);
   ASSERT_GE(tok->prefix_id(), 0);
   const auto plain = static_cast<int64_t>(tok->encode("the there").size());
@@ -367,8 +373,7 @@ TEST(CliGenerate, APromptStartsWithTheTokenTheTokenizerPutsBeforeEveryText) {
   EXPECT_EQ(both.code, 2) << both.output;
   EXPECT_CONTAINS(both.err, "--bos and --no-bos contradict each other");
   // GPT-2's tokenizer puts nothing first.
-  const std::string gpt2 =
-      "gpt2:" + std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny";
+  const std::string gpt2 = "gpt2:" + kTinyTokenizers;
   EXPECT_EQ(generate_json({model, "the there", "--tokenizer", gpt2, "--max-new-tokens", "1"})
                 .at("prompt_tokens")
                 .get<int64_t>(),
