@@ -1,4 +1,5 @@
-// HF config.json (keel/io/hf_model): the sizes and fields of a model directory without weights.
+// HF config.json (keel/io/hf_model): the sizes and fields of a model directory without weights;
+// the same bytes as its generation_config.json.
 #include <filesystem>
 
 #include "keel/io/hf_model.h"
@@ -8,5 +9,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   keel::fuzz::write("config.json", data, size);
   std::filesystem::remove(keel::fuzz::work_dir() + "/model.safetensors");
   keel::fuzz::expect_keel_errors_only([&] { keel::io::read_hf_config(keel::fuzz::work_dir()); });
+  // The same bytes as the directory's generation_config.json (eos_token_id: an id or a list).
+  keel::fuzz::write("generation_config.json", data, size);
+  keel::fuzz::expect_keel_errors_only(
+      [&] { keel::io::generation_eos_ids(keel::fuzz::work_dir()); });
+  std::filesystem::remove(keel::fuzz::work_dir() + "/generation_config.json");
   return 0;
 }
