@@ -121,10 +121,14 @@ ModelForUse load_model_for_use(const ModelArgs& args) {
   // a bf16-mixed fine-tune with model.base_dtype = bf16 (whose frozen base computes in bf16, as
   // PEFT's does): before and after compare under one rounding.
   if (a.precision.empty()) {
-    a.precision = io::run_precision(a.model, a.adapter);
+    std::string recorded_in;
+    a.precision = io::run_precision(a.model, a.adapter, &recorded_in);
     if (!a.precision.empty()) {
-      std::fprintf(stderr, "note: --precision %s, the run's train.precision\n",
-                   a.precision.c_str());
+      // A copied adapter's run is not at hand: its record is what said so.
+      const std::string from = recorded_in.empty()
+                                   ? "the run's train.precision"
+                                   : "the train.precision recorded in " + recorded_in;
+      std::fprintf(stderr, "note: --precision %s, %s\n", a.precision.c_str(), from.c_str());
     } else if (hf_directory_in_bf16(a.model)) {
       a.precision = "bf16-true";
       std::fprintf(stderr,

@@ -369,7 +369,8 @@ TrainedModel attach_trained_model(const std::string& path, const std::string& ad
   return t;
 }
 
-std::string run_precision(const std::string& path, const std::string& adapter_dir) {
+std::string run_precision(const std::string& path, const std::string& adapter_dir,
+                          std::string* recorded_in) {
   std::string ck;
   if (path_exists(path + "/trainer.json"))
     ck = path;
@@ -378,7 +379,12 @@ std::string run_precision(const std::string& path, const std::string& adapter_di
     ck = path + "/checkpoints/last";
   else if (!adapter_dir.empty()) {
     const std::string run = adapter_run_dir(adapter_dir);
-    if (run.empty()) return read_adapter_run_record(adapter_dir).precision;
+    if (run.empty()) {
+      std::string precision = read_adapter_run_record(adapter_dir).precision;
+      if (recorded_in && !precision.empty())
+        *recorded_in = adapter_dir + "/adapter_model.safetensors";
+      return precision;
+    }
     ck = run + "/checkpoints/last";
   }
   if (ck.empty()) return "";

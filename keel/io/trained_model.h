@@ -83,8 +83,10 @@ TrainedModel load_trained_model(const std::string& path, const std::string& adap
 
 // The train.precision of the keel run `path` (its out_dir or a checkpoint) or, for an HF directory,
 // of the run whose OUT_DIR/adapter `adapter_dir` is (or that recorded it in the adapter's files,
-// peft_dir.h); "" when neither is a keel run's.
-std::string run_precision(const std::string& path, const std::string& adapter_dir = "");
+// peft_dir.h: then `recorded_in`, when given, is set to that file); "" when neither is a keel
+// run's.
+std::string run_precision(const std::string& path, const std::string& adapter_dir = "",
+                          std::string* recorded_in = nullptr);
 
 // load_trained_model in two halves, for a caller that checks memory between them: the model with
 // its weights attached from the files (views of the mappings in the files' dtypes where exact;

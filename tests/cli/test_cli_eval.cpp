@@ -351,7 +351,9 @@ TEST(CliEval, AnAdapterUsedAwayFromItsRunComputesAsTheRunDid) {
       r = test::run_keel({"eval", base, "--adapter", adapter, "--data", f.val, "--json"},
                          {"OMP_NUM_THREADS=1"});
       ASSERT_EQ(r.code, 0) << r.output;
-      EXPECT_CONTAINS(r.err, "note: --precision " + precision + ", the run's train.precision");
+      EXPECT_CONTAINS(r.err, "note: --precision " + precision +
+                                 ", the train.precision recorded in " + adapter +
+                                 "/adapter_model.safetensors");
       EXPECT_EQ(json::parse(r.out)["loss"].get<double>(), run_loss);
     }
   }
