@@ -53,13 +53,9 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec, const std::st
 }
 
 std::vector<int32_t> encode_with_prefix(const Tokenizer& tok, std::string_view text) {
-  std::vector<int32_t> ids;
-  const int64_t prefix = tok.prefix_id();
-  if (prefix < 0) return tok.encode(text);
-  std::vector<int32_t> body = tok.encode(text);
-  ids.reserve(body.size() + 1);
-  ids.push_back(static_cast<int32_t>(prefix));
-  ids.insert(ids.end(), body.begin(), body.end());
+  std::vector<int32_t> ids = tok.encode(text);
+  // In place where the encoding left room (it grew by doubling): no second copy of a long text.
+  if (tok.prefix_id() >= 0) ids.insert(ids.begin(), static_cast<int32_t>(tok.prefix_id()));
   return ids;
 }
 
