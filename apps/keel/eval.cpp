@@ -164,13 +164,20 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
   }
   // The run's eval_loss was computed under its train.precision (eval's default); another
   // --precision moves the loss by rounding, which must not read as another checkpoint or data.
-  if (run && run->train.precision != m.policy.name())
+  // A copied adapter's run is not at hand, but its file records the precision.
+  std::string recorded_in;
+  const std::string trained_under = run ? run->train.precision
+                                    : !a.m.adapter.empty()
+                                        ? io::run_precision(a.m.model, a.m.adapter, &recorded_in)
+                                        : "";
+  if (!trained_under.empty() && trained_under != m.policy.name())
     std::fprintf(stderr,
-                 "note: the run trained and computed its eval_loss under %s; this evaluation is "
-                 "under --precision %s, so its loss differs from the run's by rounding: "
+                 "note: the run trained and computed its eval_loss under %s%s; this evaluation "
+                 "is under --precision %s, so its loss differs from the run's by rounding: "
                  "--precision %s evaluates as the run did\n",
-                 run->train.precision.c_str(), m.policy.name().c_str(),
-                 run->train.precision.c_str());
+                 trained_under.c_str(),
+                 recorded_in.empty() ? "" : (" (recorded in " + recorded_in + ")").c_str(),
+                 m.policy.name().c_str(), trained_under.c_str());
   LossTotal r;
   try {
     r = dataset_loss(*t.model, *set, a.batch_size, a.seq_len, pad, m.policy, m.device);

@@ -356,6 +356,13 @@ TEST(CliEval, AnAdapterUsedAwayFromItsRunComputesAsTheRunDid) {
                                  "/adapter_model.safetensors");
       EXPECT_EQ(json::parse(r.out)["loss"].get<double>(), run_loss);
     }
+    // Another --precision is said to move the loss, as for the run's own adapter.
+    const std::string other = precision == "32-true" ? "bf16-mixed" : "32-true";
+    r = test::run_keel({"eval", base, "--adapter", copied, "--data", f.val, "--precision", other},
+                       {"OMP_NUM_THREADS=1"});
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_CONTAINS(r.err, "note: the run trained and computed its eval_loss under " + precision +
+                               " (recorded in " + copied + "/adapter_model.safetensors)");
   }
   // A record changed by hand is named with its file, not taken for a --precision given.
   const std::string changed = f.dir + "/away-32-true-bf16-copied";
