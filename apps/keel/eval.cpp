@@ -165,11 +165,8 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
   // The run's eval_loss was computed under its train.precision (eval's default); another
   // --precision moves the loss by rounding, which must not read as another checkpoint or data.
   // A copied adapter's run is not at hand, but its file records the precision.
-  std::string recorded_in;
-  const std::string trained_under = run ? run->train.precision
-                                    : !a.m.adapter.empty()
-                                        ? io::run_precision(a.m.model, a.m.adapter, &recorded_in)
-                                        : "";
+  const std::string trained_under = run ? run->train.precision : m.run_precision;
+  const std::string& recorded_in = m.run_precision_recorded_in;
   if (!trained_under.empty() && trained_under != m.policy.name())
     std::fprintf(stderr,
                  "note: the run trained and computed its eval_loss under %s%s; this evaluation "

@@ -7,6 +7,7 @@
 #include "keel/monitor/memory_estimate.h"
 #include "keel/nn/adapters/adapter.h"
 #include "keel/nn/module.h"
+#include "keel/numerics/input_file.h"
 #include "keel/tensor/host_memory.h"
 
 namespace keel::cli {
@@ -98,8 +99,7 @@ namespace {
 // Whether MODEL is a Hugging Face directory (not a keel checkpoint) whose config.json says its
 // weights are bf16. A directory that cannot be read is left to the loader's errors.
 bool hf_directory_in_bf16(const std::string& model) {
-  if (!std::filesystem::exists(model + "/config.json") || io::is_keel_checkpoint(model))
-    return false;
+  if (!path_exists(model + "/config.json") || io::is_keel_checkpoint(model)) return false;
   try {
     return io::read_hf_config(model).dtype == DType::BF16;
   } catch (const Error&) {
@@ -120,14 +120,16 @@ ModelForUse load_model_for_use(const ModelArgs& args) {
   // 32 GB, and refused on the 24 GB machine its adapter trained on. Its loss is the step-0 loss of
   // a bf16-mixed fine-tune with model.base_dtype = bf16 (whose frozen base computes in bf16, as
   // PEFT's does): before and after compare under one rounding.
+  // Read once: eval compares it with the precision it runs under.
+  m.run_precision = io::run_precision(a.model, a.adapter, &m.run_precision_recorded_in);
   if (a.precision.empty()) {
-    std::string recorded_in;
-    a.precision = io::run_precision(a.model, a.adapter, &recorded_in);
+    a.precision = m.run_precision;
     if (!a.precision.empty()) {
       // A copied adapter's run is not at hand: its record is what said so.
-      const std::string from = recorded_in.empty()
-                                   ? "the run's train.precision"
-                                   : "the train.precision recorded in " + recorded_in;
+      const std::string from =
+          m.run_precision_recorded_in.empty()
+              ? "the run's train.precision"
+              : "the train.precision recorded in " + m.run_precision_recorded_in;
       std::fprintf(stderr, "note: --precision %s, %s\n", a.precision.c_str(), from.c_str());
     } else if (hf_directory_in_bf16(a.model)) {
       a.precision = "bf16-true";

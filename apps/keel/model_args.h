@@ -27,6 +27,9 @@ struct ModelForUse {
   PrecisionPolicy policy;
   Device device;
   std::string tokenizer_spec;  // --tokenizer, else the run's or the directory's own
+  // io::run_precision of MODEL and --adapter ("" for no keel run), and the adapter file that
+  // recorded it when its run is not at hand.
+  std::string run_precision, run_precision_recorded_in;
   std::unique_ptr<data::Tokenizer> tokenizer;
 };
 
