@@ -12,7 +12,7 @@ pkgs=(cmake ninja-build g++ pkg-config git
       # libdnnl-dev's CMake config (dnnl-config.cmake) calls find_package(OpenCL REQUIRED), but
       # Debian only recommends the package that provides it, and recommends are not installed here.
       ocl-icd-opencl-dev)
-if [ "${KEEL_WITH_TORCH:-0}" = 1 ]; then pkgs+=(python3-torch python3-numpy libopenblas0-openmp); fi
+if [ "${KEEL_WITH_TORCH:-0}" = 1 ]; then pkgs+=(python3-torch python3-numpy libopenblas0-openmp python3-jinja2); fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,9 +2,11 @@
 // out_dir, optionally with a PEFT adapter directory — greedy or sampled (temperature, top-k,
 // top-p, seed), with the key/value cache, streamed to stdout as it is produced, stopping at eos,
 // a --stop string or --max-new-tokens. The prompt comes from the argument, --prompt-file or
-// stdin. A summary (tokens, tokens/s, why it stopped) goes to stderr, or all of it as --json.
+// stdin; with --chat it is a user's message in the model's chat template. A summary (tokens,
+// tokens/s, why it stopped) goes to stderr, or all of it as --json.
 #include <cerrno>
 #include <cstdio>
+#include <ctime>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +14,7 @@
 #include "apps/keel/input_text.h"
 #include "apps/keel/model_args.h"
 #include "keel/amp/autocast.h"
+#include "keel/data/chat.h"
 #include "keel/data/text_stream.h"
 #include "keel/io/hf_config.h"
 #include "keel/models/generate.h"
@@ -25,8 +28,40 @@ struct GenerateArgs {
   std::string prompt, prompt_file;
   std::vector<std::string> stops;
   models::GenerateOptions opt;
-  bool bos = false, no_bos = false, no_cache = false, json = false;
+  std::string system;
+  bool chat = false, bos = false, no_bos = false, no_cache = false, json = false;
 };
+
+// Today's date as "YYYY-MM-DD", local time: what transformers' strftime_now formats (Llama-3.2's
+// template writes it into the system turn).
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &local);
+  return buf;
+}
+
+// --chat: the prompt as the user's turn (after --system's), in the model's chat template with the
+// assistant's header opened, as apply_chat_template(add_generation_prompt=True) writes it.
+std::string chat_prompt(const GenerateArgs& a, const data::Tokenizer& tok,
+                        const std::string& tokenizer_spec, const std::string& prompt) {
+  if (a.bos || a.no_bos)
+    throw Error(std::string(a.bos ? "--bos" : "--no-bos") +
+                    " with --chat: the chat template writes how the conversation starts; leave " +
+                    (a.bos ? "--bos" : "--no-bos") + " out",
+                Error::kUsage);
+  const data::ChatFormat* chat = tok.chat_format();
+  if (!chat)
+    throw Error("--chat: " + data::no_chat_template("the tokenizer " + tokenizer_spec) +
+                    "; or leave --chat out to continue the prompt as text",
+                Error::kUsage);
+  nlohmann::json messages = nlohmann::json::array();
+  if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
+  messages.push_back({{"role", "user"}, {"content", prompt}});
+  return data::render_chat(*chat, messages, /*add_generation_prompt=*/true, today());
+}
 
 int run_generate(GenerateArgs& a, bool has_prompt) {
   std::string prompt = read_input_text(has_prompt, a.prompt, a.prompt_file, "--prompt-file");
@@ -41,6 +76,12 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
   const data::Tokenizer* tok = m.tokenizer.get();
   const PrecisionPolicy& policy = m.policy;
 
+  if (!a.system.empty() && !a.chat)
+    throw Error(
+        "--system is the system turn of a --chat prompt: give --chat too, or leave --system "
+        "out",
+        Error::kUsage);
+  if (a.chat) prompt = chat_prompt(a, *tok, m.tokenizer_spec, prompt);
   std::vector<int32_t> ids = tok->encode(prompt);
   // The library's "the prompt is empty: give at least one token" named neither where the prompt
   // was read (an empty stdin or file) nor --bos, which starts a prompt-less decode as HF does.
@@ -62,7 +103,7 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
                   Error::kUsage);
     if (ids.empty() || ids[0] != tok->bos_id())
       ids.insert(ids.begin(), static_cast<int32_t>(tok->bos_id()));
-  } else if (!a.no_bos && tok->prefix_id() >= 0 && ids[0] != tok->prefix_id()) {
+  } else if (!a.chat && !a.no_bos && tok->prefix_id() >= 0 && ids[0] != tok->prefix_id()) {
     // As the model trained (keel's datasets start each text so) and as transformers' tokenizer
     // and llama.cpp start a Llama-3 prompt: without <|begin_of_text|> its first tokens are
     // predicted from no attention sink. A prompt written with it already gets no second one.
@@ -179,6 +220,11 @@ Command add_generate(CLI::App& app) {
       ->check([](const std::string& v) {
         return v.empty() ? std::string("\"\": an empty string would never stop") : "";
       });
+  sub->add_flag("--chat", a->chat,
+                "the prompt is a user's message: written in the model's chat template "
+                "(tokenizer_config.json's chat_template) with the assistant's turn opened, as "
+                "transformers' apply_chat_template and llama.cpp's chat do");
+  sub->add_option("--system", a->system, "with --chat: the system message before the prompt");
   sub->add_flag("--bos", a->bos, "start the prompt with the tokenizer's bos token");
   sub->add_flag("--no-bos", a->no_bos,
                 "do not start the prompt with the token the tokenizer puts before every text "

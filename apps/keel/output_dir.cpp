@@ -18,6 +18,7 @@ namespace fs = std::filesystem;
 const std::vector<std::string> kTokenizerFiles = {"tokenizer.json",
                                                   "tokenizer_config.json",
                                                   "special_tokens_map.json",
+                                                  "chat_template.jinja",
                                                   "vocab.json",
                                                   "merges.txt",
                                                   "encoder.json",

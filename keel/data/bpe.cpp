@@ -217,6 +217,7 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
       pad_id_(spec.pad_id),
       prefix_id_(spec.prefix_id),
       ignore_merges_(spec.ignore_merges),
+      chat_(std::move(spec.chat)),
       pre_tokenizer_(std::move(spec.pre_tokenizer)),
       added_(std::move(spec.added_tokens)) {
   int64_t max_id = -1;

@@ -90,7 +90,8 @@ struct BpeSpec {
   std::vector<PreTokenizerStep> pre_tokenizer;
   std::vector<AddedToken> added_tokens;
   int64_t bos_id = -1, eos_id = -1, pad_id = -1;
-  int64_t prefix_id = -1;  // Tokenizer::prefix_id
+  int64_t prefix_id = -1;                  // Tokenizer::prefix_id
+  std::shared_ptr<const ChatFormat> chat;  // Tokenizer::chat_format; null for none
 };
 
 // A token id read from a JSON file: an integer in [0, 2^31 - 1] (ids are int32 in batches); a
@@ -118,6 +119,7 @@ class BpeTokenizer : public Tokenizer {
   int64_t eos_id() const override { return eos_id_; }
   bool is_special(int64_t id) const override;
   int64_t prefix_id() const override { return prefix_id_; }
+  const ChatFormat* chat_format() const override { return chat_.get(); }
   int64_t token_to_id(std::string_view token) const override;
   std::string id_to_token(int64_t id) const override;
 
@@ -133,6 +135,7 @@ class BpeTokenizer : public Tokenizer {
   std::string source_;
   int64_t vocab_size_ = 0, bos_id_ = -1, eos_id_ = -1, pad_id_ = -1, prefix_id_ = -1;
   bool ignore_merges_ = false;
+  std::shared_ptr<const ChatFormat> chat_;
   std::vector<PreTokenizerStep> pre_tokenizer_;
   std::vector<AddedToken> added_;
   std::vector<std::vector<int32_t>>

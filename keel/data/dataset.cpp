@@ -11,6 +11,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "keel/data/chat.h"
 #include "keel/data/text_pieces.h"
 #include "keel/data/token_file.h"
 #include "keel/numerics/error.h"
@@ -379,7 +380,7 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
                                           const std::string& long_prompt_fix = kLongPromptFix) {
   using json = nlohmann::json;
   static const char* kExpected =
-      "expected {\"prompt\": ..., \"completion\": ...} or {\"text\": ...}";
+      "expected {\"prompt\": ..., \"completion\": ...}, {\"messages\": [...]} or {\"text\": ...}";
   auto ds = std::make_unique<ExampleDataset>(path);
   ds->reserve(token_reserve(text, [&](const std::string& t) {
     return jsonl_dataset_of(t, path, key, tok, seq_len, long_prompt_fix);
@@ -418,11 +419,30 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
       return v.get<std::string>();
     };
     const bool has_text = obj.contains("text"), has_prompt = obj.contains("prompt"),
-               has_completion = obj.contains("completion");
+               has_completion = obj.contains("completion"), has_messages = obj.contains("messages");
     Example e;
-    if (has_text && (has_prompt || has_completion)) {
-      throw bad("has both \"text\" and \"prompt\"/\"completion\" (which one is the data?); " +
-                std::string(kExpected));
+    if (int(has_text) + int(has_prompt || has_completion) + int(has_messages) > 1) {
+      throw bad(
+          "has more than one of \"text\", \"prompt\"/\"completion\" and \"messages\" "
+          "(which one is the data?); " +
+          std::string(kExpected));
+    } else if (has_messages) {
+      // TRL's conversational format, in the model's chat template; the targets are the
+      // assistant's replies (chat.h).
+      if (!tok.chat_format()) throw bad(no_chat_template("the run's tokenizer"));
+      try {
+        // Read again keeping each object's key order (the parse above sorts them): a tool
+        // call's arguments go through the template's tojson as the data wrote them.
+        e = conversation_example(tok, nlohmann::ordered_json::parse(line).at("messages"));
+      } catch (const Error& err) {
+        throw bad(err.what());
+      }
+      if (trainable_tokens(e, seq_len) == 0) {
+        const auto first = std::find(e.target.begin(), e.target.end(), 1) - e.target.begin();
+        throw bad("the first assistant reply starts at token " + std::to_string(first) +
+                  ", so with seq_len " + std::to_string(seq_len) +
+                  " no token of it is left to train on; " + long_prompt_fix);
+      }
     } else if (has_text) {
       e = all_targets(encode_with_prefix(tok, get_string("text")));
       e.tokens.push_back(static_cast<int32_t>(tok.eos_id()));

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "keel/data/chat.h"
 #include "keel/numerics/error.h"
 #include "keel/numerics/text.h"
 
@@ -181,6 +182,86 @@ int64_t config_token(const Loader& ld, const json& cfg, const char* key,
   return id;
 }
 
+// The text of a special token given in tokenizer_config.json: a string or {"content": ...};
+// empty for null.
+std::string config_token_text(const json& v, const std::string& where) {
+  if (v.is_null()) return "";
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
+  throw Error(where + ": expected a string or {\"content\": ...}");
+}
+
+// The model's chat template (chat_template.jinja beside the tokenizer, which transformers writes
+// since 4.43 and reads before the config's; else tokenizer_config.json's "chat_template": a
+// string, or a list of {"name", "template"} of which apply_chat_template takes "default") and the
+// variables it is rendered with: transformers' special_tokens_map, the special tokens' text.
+std::shared_ptr<const ChatFormat> chat_format_of(const json* cfg, const std::string& cfg_file,
+                                                 const std::filesystem::path& dir, const Loader& ld,
+                                                 const std::string& key) {
+  std::string source, origin;
+  std::error_code ec;
+  const std::filesystem::path jinja = dir / "chat_template.jinja";
+  if (std::filesystem::exists(jinja, ec)) {
+    source = read_tokenizer_file(jinja.string(), "chat template", key);
+    origin = jinja.string();
+  } else if (cfg && cfg->contains("chat_template") && !(*cfg)["chat_template"].is_null()) {
+    const json& t = (*cfg)["chat_template"];
+    origin = cfg_file + "'s chat_template";
+    if (t.is_string()) {
+      source = t.get<std::string>();
+    } else if (t.is_array()) {
+      for (const json& named : t)
+        if (named.is_object() && named.value("name", json()) == "default" &&
+            named.contains("template") && named["template"].is_string())
+          source = named["template"].get<std::string>();
+      if (source.empty())
+        throw Error(cfg_file + ": chat_template: a list without a {\"name\": \"default\", " +
+                        "\"template\": ...} entry (the one apply_chat_template uses); name one " +
+                        "\"default\"",
+                    Error::kUsage);
+      origin += "[default]";
+    } else {
+      throw Error(cfg_file + ": chat_template: expected a string (the Jinja template), got " +
+                      t.type_name(),
+                  Error::kUsage);
+    }
+  } else {
+    return nullptr;
+  }
+  auto chat = std::make_shared<ChatFormat>();
+  chat->source = std::move(source);
+  chat->origin = std::move(origin);
+  // A token tokenizer_config.json does not name keeps the tokenizer.json's (its post-processor's
+  // bos, <|endoftext|>), as the ids above.
+  auto text_of = [&](int64_t id) -> std::string {
+    for (const AddedToken& a : ld.spec.added_tokens)
+      if (a.id == id) return a.content;
+    for (const auto& [tok, tid] : ld.spec.vocab)
+      if (tid == id) return tok;
+    return "";
+  };
+  for (const char* name : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                           "cls_token", "mask_token"}) {
+    std::string text;
+    if (cfg && cfg->contains(name))
+      text = config_token_text((*cfg)[name], cfg_file + ": " + name);
+    else if (std::string(name) == "bos_token" && ld.spec.bos_id >= 0)
+      text = text_of(ld.spec.bos_id);
+    else if (std::string(name) == "eos_token" && ld.spec.eos_id >= 0)
+      text = text_of(ld.spec.eos_id);
+    if (!text.empty()) chat->special_tokens[name] = text;
+  }
+  if (cfg && cfg->contains("additional_special_tokens") &&
+      (*cfg)["additional_special_tokens"].is_array()) {
+    json list = json::array();
+    for (const json& t : (*cfg)["additional_special_tokens"])
+      list.push_back(config_token_text(t, cfg_file + ": additional_special_tokens"));
+    chat->special_tokens["additional_special_tokens"] = std::move(list);
+  }
+  return chat;
+}
+
 }  // namespace
 
 std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path, const std::string& key) {
@@ -261,8 +342,9 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path, const s
   // {"model_max_length": 1024}, and its <|endoftext|> was dropped, leaving no eos to end an
   // example with.
   const std::filesystem::path cfg_path = file.parent_path() / "tokenizer_config.json";
-  if (std::filesystem::exists(cfg_path, ec)) {
-    json cfg;
+  json cfg;
+  const bool has_cfg = std::filesystem::exists(cfg_path, ec);
+  if (has_cfg) {
     try {
       cfg = json::parse(read_tokenizer_file(cfg_path.string(), "tokenizer config", key));
     } catch (const json::exception& e) {
@@ -280,6 +362,8 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path, const s
                           : ld.spec.prefix_id >= 0 ? ld.spec.prefix_id
                                                    : ld.spec.bos_id;
   }
+  ld.spec.chat =
+      chat_format_of(has_cfg ? &cfg : nullptr, cfg_path.string(), file.parent_path(), ld, key);
   if (root.contains("padding") && root["padding"].is_object() && ld.spec.pad_id < 0) {
     const json& p = root["padding"];
     if (p.contains("pad_id") && p["pad_id"].is_number_integer())

@@ -10,6 +10,8 @@
 
 namespace keel::data {
 
+struct ChatFormat;  // chat.h
+
 class Tokenizer {
  public:
   virtual ~Tokenizer();
@@ -34,6 +36,9 @@ class Tokenizer {
   // which transformers' tokenizer(text) adds and Llama-3 was pretrained behind). GPT-2's and
   // keel's byte tokenizer add none.
   virtual int64_t prefix_id() const { return -1; }
+  // The model's chat template and its variables (an HF tokenizer's tokenizer_config.json
+  // "chat_template", or chat_template.jinja beside it); nullptr when it has none.
+  virtual const ChatFormat* chat_format() const { return nullptr; }
 
   // The id of a token given in the vocabulary's spelling (byte-level BPE: "Ġthe" for " the";
   // added tokens: their content, "<|endoftext|>"); -1 when it is not a token.

@@ -131,11 +131,14 @@ void confine_run_paths(Config& cfg, const PathPolicy& paths) {
                                  "\": " + visible(tok) + " " + why +
                                  "; name a tokenizer file or directory (keel serve reads no "
                                  "pipes)");
-    // An HF tokenizer named by its file: the loader also reads tokenizer_config.json beside it.
+    // An HF tokenizer named by its file: the loader also reads tokenizer_config.json and
+    // chat_template.jinja beside it.
     namespace fs = std::filesystem;
-    std::string beside = (fs::path(tok).parent_path() / "tokenizer_config.json").string();
-    if (!fs::is_directory(tok) && fs::exists(fs::symlink_status(beside)))
-      confine("data.tokenizer", beside);
+    for (const char* name : {"tokenizer_config.json", "chat_template.jinja"}) {
+      std::string beside = (fs::path(tok).parent_path() / name).string();
+      if (!fs::is_directory(tok) && fs::exists(fs::symlink_status(beside)))
+        confine("data.tokenizer", beside);
+    }
   }
 }
 

@@ -199,7 +199,7 @@ TEST(JsonlDataset, MalformedLinesNameFileLineAndFix) {
   EXPECT_CONTAINS(msg, path);
   EXPECT_CONTAINS(msg,
                   "line 17: missing \"completion\"; expected {\"prompt\": ..., \"completion\": "
-                  "...} or {\"text\": ...}");
+                  "...}, {\"messages\": [...]} or {\"text\": ...}");
 
   struct Case {
     std::string content, needle;
@@ -217,7 +217,8 @@ TEST(JsonlDataset, MalformedLinesNameFileLineAndFix) {
       {"{\"text\": \"a\"}\n{\"text\": \"a\", \"text\": \"b\"}\n",
        "line 2: the key \"text\" is given more than once"},
       {"{\"text\": \"a\", \"text\": 5}\n", "line 1: the key \"text\" is given more than once"},
-      {"{\"text\": \"a\", \"prompt\": \"p\", \"completion\": \"c\"}\n", "line 1: has both"},
+      {"{\"text\": \"a\", \"prompt\": \"p\", \"completion\": \"c\"}\n",
+       "line 1: has more than one"},
       {"{\"text\": \"\"}\n", "line 1: nothing to train on"},
       {"{\"text\": \"ok\"}\n{\"prompt\": \"0123456789\", \"completion\": \"c\"}\n",
        "line 2: the prompt is 10 tokens"},

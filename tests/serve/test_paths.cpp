@@ -91,6 +91,14 @@ TEST(ServePaths, FilesInsideAConfinedDirectoryAreConfinedToo) {
       refusal(json{{"data", {{"tokenizer", "hf:hf/tokenizer.json"}}}}.dump(), p);
   EXPECT_EQ(status, 403);
   EXPECT_CONTAINS(msg, "/hf/tokenizer_config.json\" resolves to");
+  // ... and chat_template.jinja, whose text becomes the conversations' tokens.
+  fs::remove(t.data + "/hf/tokenizer_config.json");
+  fs::create_symlink(t.top + "/secret.txt", t.data + "/hf/chat_template.jinja");
+  std::tie(status, msg) =
+      refusal(json{{"data", {{"tokenizer", "hf:hf/tokenizer.json"}}}}.dump(), p);
+  EXPECT_EQ(status, 403);
+  EXPECT_CONTAINS(msg, "/hf/chat_template.jinja\" resolves to");
+  fs::remove(t.data + "/hf/chat_template.jinja");
   // A model directory with a link out; one whose link stays inside is accepted.
   fs::create_directories(t.data + "/model");
   fs::create_symlink(t.top + "/secret.txt", t.data + "/model/config.json");

@@ -1,0 +1,143 @@
+// Conversations end to end: a run trains on {"messages": [...]} lines in the model's chat template
+// (its loss falls; eval counts only the assistant's tokens), `generate --chat` prompts as the
+// template asks for a reply, and a tokenizer without a template is a usage error naming the fix.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "keel/data/chat.h"
+#include "keel/data/dataset.h"
+#include "keel/data/tokenizer_base.h"
+#include "tests/support/check.h"
+#include "tests/support/run_keel.h"
+
+namespace keel {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct ChatFiles {
+  std::string dir, model, tokenizer, data;
+};
+
+// A tiny Llama whose vocabulary covers the tiny Llama-style tokenizer, that tokenizer with a
+// chat template of Llama-3's shape, and 8 conversations (system, user, assistant).
+const ChatFiles& chat_files() {
+  static const ChatFiles f = [] {
+    ChatFiles f;
+    f.dir = test::temp_dir("cli-chat");
+    f.model = f.dir + "/llama";
+    const test::KeelRun r = test::run_keel({"init-model", "--family", "llama", "--out", f.model,
+                                            "--n-layer", "1", "--n-embd", "32", "--n-head", "2",
+                                            "--vocab-size", "290", "--max-seq-len", "96"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    f.tokenizer = f.dir + "/tok";
+    fs::create_directories(f.tokenizer);
+    fs::copy_file(std::string(KEEL_SOURCE_DIR) +
+                      "/tests/data/tokenizer_parity/tiny/llama_style/tokenizer.json",
+                  f.tokenizer + "/tokenizer.json");
+    std::ofstream(f.tokenizer + "/tokenizer_config.json")
+        << json({{"bos_token", "<|eot|>"},
+                 {"eos_token", "<|eot|>"},
+                 {"chat_template",
+                  "{{ bos_token }}{% for m in messages %}<sep>{{ m.role }}\n{{ m.content | trim }}"
+                  "<|eot|>{% endfor %}{% if add_generation_prompt %}<sep>assistant\n{% endif %}"}})
+               .dump();
+    f.data = f.dir + "/chat.jsonl";
+    std::ofstream d(f.data);
+    for (int i = 0; i < 8; ++i)
+      d << json({{"messages",
+                  {{{"role", "system"}, {"content", "be brief"}},
+                   {{"role", "user"}, {"content", "the " + std::to_string(i)}},
+                   {{"role", "assistant"}, {"content", i % 2 ? "there the" : "the there"}}}}})
+               .dump()
+        << "\n";
+    return f;
+  }();
+  return f;
+}
+
+TEST(CliChat, ARunTrainsOnTheAssistantsRepliesAndItsLossFalls) {
+  const ChatFiles& f = chat_files();
+  const std::string out = f.dir + "/run";
+  const test::KeelRun r = test::run_keel(
+      test::with_sets(
+          {"train"},
+          {"run.out_dir=" + out, "run.threads=1", "model.path=" + f.model, "data.task=jsonl",
+           "data.path=" + f.data, "data.tokenizer=hf:" + f.tokenizer, "data.seq_len=96",
+           "train.batch_size=8", "train.max_steps=30", "optim.lr=0.01", "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto steps = test::step_records(out);
+  ASSERT_EQ(steps.size(), 30u);
+  EXPECT_LT(steps.back()["loss"].get<double>(), 0.5 * steps.front()["loss"].get<double>());
+  // eval counts the replies' tokens and their end-of-turn token, nothing of the rest.
+  const auto tok = data::load_tokenizer("hf:" + f.tokenizer);
+  const auto ds = data::load_jsonl_dataset(f.data, *tok, 96);
+  int64_t targets = 0;
+  for (int64_t i = 0; i < ds->size(); ++i)
+    for (size_t t = 1; t < ds->get(i).size(); ++t) targets += ds->get(i).target[t];
+  int64_t replies = 0;
+  for (int i = 0; i < 8; ++i) replies += tok->encode(i % 2 ? "there the" : "the there").size() + 1;
+  EXPECT_EQ(targets, replies);
+  const test::KeelRun e = test::run_keel({"eval", out, "--data", f.data, "--json"});
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_EQ(json::parse(e.out).at("tokens").get<int64_t>(), targets);
+}
+
+TEST(CliChat, GenerateChatPromptsAsTheTemplateAsksForAReply) {
+  const ChatFiles& f = chat_files();
+  const std::string hf = "hf:" + f.tokenizer;
+  const auto tok = data::load_tokenizer(hf);
+  auto prompt_tokens = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = {"generate",         f.model, "the there", "--tokenizer", hf,
+                                     "--max-new-tokens", "2",     "--json"};
+    args.insert(args.end(), more.begin(), more.end());
+    const test::KeelRun r = test::run_keel(args, {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r.code == 0 ? json::parse(r.out).at("prompt_tokens").get<int64_t>() : -1;
+  };
+  const json user = {{"role", "user"}, {"content", "the there"}};
+  const json system = {{"role", "system"}, {"content", "be brief"}};
+  auto rendered = [&](const json& messages) {
+    return static_cast<int64_t>(
+        tok->encode(data::render_chat(*tok->chat_format(), messages, true)).size());
+  };
+  EXPECT_EQ(prompt_tokens({"--chat"}), rendered(json::array({user})));
+  EXPECT_EQ(prompt_tokens({"--chat", "--system", "be brief"}),
+            rendered(json::array({system, user})));
+  // Without --chat the prompt is text, behind the tokenizer's prefix token.
+  EXPECT_EQ(prompt_tokens({}), static_cast<int64_t>(tok->encode("the there").size() + 1));
+
+  auto refused = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"generate", f.model, "x"});
+    const test::KeelRun r = test::run_keel(args, {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 2) << r.output;
+    return r.err;
+  };
+  EXPECT_CONTAINS(refused({"--tokenizer", "byte", "--chat"}),
+                  "--chat: a conversation ({\"messages\": [...]}) is written in the model's chat "
+                  "template, and the tokenizer byte has none");
+  EXPECT_CONTAINS(refused({"--tokenizer", hf, "--system", "x"}),
+                  "--system is the system turn of a --chat prompt");
+  EXPECT_CONTAINS(refused({"--tokenizer", hf, "--chat", "--no-bos"}),
+                  "--no-bos with --chat: the chat template writes how the conversation starts");
+}
+
+TEST(CliChat, ConversationsWithoutAChatTemplateAreAUsageErrorNamingTheLine) {
+  const ChatFiles& f = chat_files();
+  const test::KeelRun r = test::run_keel(
+      test::with_sets({"train"},
+                      {"run.out_dir=" + f.dir + "/byte", "model.path=" + f.model, "data.task=jsonl",
+                       "data.path=" + f.data, "data.tokenizer=byte", "train.max_steps=1"}),
+      {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, f.data + ": line 1: a conversation");
+  EXPECT_CONTAINS(r.err, "give the lines as {\"prompt\": ..., \"completion\": ...}");
+}
+
+}  // namespace
+}  // namespace keel
