@@ -170,6 +170,12 @@ Error not_a_regular_file(const std::string& path) {
                "; a safetensors file was expected");
 }
 
+// Closes a descriptor when its reader leaves, by return or by an Error.
+struct FdCloser {
+  int fd;
+  ~FdCloser() { ::close(fd); }
+};
+
 }  // namespace
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {
@@ -200,24 +206,21 @@ MappedSafetensors::MappedSafetensors(const std::string& path) : path_(path) {
   // O_NONBLOCK: opening a FIFO would wait for a writer; it is refused by the check below instead.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error("cannot read " + path + ": " + std::strerror(errno));
+  // Closed on every way out: a bad header length threw with the descriptor still open, and a
+  // loop over damaged files (the fuzzer's) ran out of descriptors.
+  const FdCloser closer{fd};
   struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw not_a_regular_file(path);
-  }
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw not_a_regular_file(path);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   char prefix[8] = {};
-  if (size >= 8 && ::pread(fd, prefix, 8, 0) != 8) {
-    ::close(fd);
+  if (size >= 8 && ::pread(fd, prefix, 8, 0) != 8)
     throw Error("cannot read " + path + ": the header could not be read");
-  }
   const uint64_t hlen = header_length(path, prefix, size);
   map_ = std::make_shared<Mapping>();
   // Writable and private: pages written by keel (an adapter merged into a mapped base) are
   // copied on write; the file is opened read-only and never changes.
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
   const int err = errno;
-  ::close(fd);
   if (base == MAP_FAILED) throw Error("cannot map " + path + ": " + std::strerror(err));
   map_->base = base;
   map_->size = size;
@@ -300,10 +303,7 @@ size_t read_safetensors_into(const std::string& path,
   // O_NONBLOCK: opening a FIFO would wait for a writer; it is refused by the check below instead.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error("cannot read " + path + ": " + std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  const FdCloser closer{fd};
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw not_a_regular_file(path);
   const uint64_t size = static_cast<uint64_t>(st.st_size);

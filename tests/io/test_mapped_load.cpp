@@ -62,6 +62,20 @@ TEST(MappedSafetensors, ViewsShareTheMappingAndMisalignedTensorsAreCopied) {
   fs::remove_all(dir);
 }
 
+// A damaged file is an Error and leaves no descriptor open: a bad header length threw with the
+// file still open, and the fuzzer's loop over damaged files ran out of descriptors.
+TEST(MappedSafetensors, ADamagedFileLeavesNoDescriptorOpen) {
+  const std::string path = test::temp_dir("mapped-fd") + "/bad.safetensors";
+  std::ofstream(path, std::ios::binary) << std::string("\xff\xff\xff\xff\xff\xff\xff\x7f{}", 10);
+  auto open_fds = [] {
+    return std::distance(fs::directory_iterator("/proc/self/fd"), fs::directory_iterator{});
+  };
+  const auto before = open_fds();
+  for (int k = 0; k < 20; ++k)
+    EXPECT_CONTAINS(test::error_of([&] { MappedSafetensors m(path); }), path);
+  EXPECT_EQ(open_fds(), before);
+}
+
 TEST(MappedSafetensors, WritesToAViewNeverReachTheFile) {
   const std::string dir = test::temp_dir("mapped-private");
   const Tensor w = Tensor::from_floats(std::vector<float>(2048, 1.0f), {2048});
