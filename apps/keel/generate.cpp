@@ -47,11 +47,6 @@ std::string today() {
 // assistant's header opened, as apply_chat_template(add_generation_prompt=True) writes it.
 std::string chat_prompt(const GenerateArgs& a, const data::Tokenizer& tok,
                         const std::string& tokenizer_spec, const std::string& prompt) {
-  if (a.bos || a.no_bos)
-    throw Error(std::string(a.bos ? "--bos" : "--no-bos") +
-                    " with --chat: the chat template writes how the conversation starts; leave " +
-                    (a.bos ? "--bos" : "--no-bos") + " out",
-                Error::kUsage);
   const data::ChatFormat* chat = tok.chat_format();
   if (!chat)
     throw Error("--chat: " + data::no_chat_template("the tokenizer " + tokenizer_spec) +
@@ -72,15 +67,21 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
     prompt.pop_back();
     if (prompt.ends_with('\r')) prompt.pop_back();
   }
-  ModelForUse m = load_model_for_use(a.m);
-  const data::Tokenizer* tok = m.tokenizer.get();
-  const PrecisionPolicy& policy = m.policy;
-
+  // The flags that contradict each other, before a model of gigabytes is loaded.
   if (!a.system.empty() && !a.chat)
     throw Error(
         "--system is the system turn of a --chat prompt: give --chat too, or leave --system "
         "out",
         Error::kUsage);
+  if (a.chat && (a.bos || a.no_bos))
+    throw Error(std::string(a.bos ? "--bos" : "--no-bos") +
+                    " with --chat: the chat template writes how the conversation starts; leave " +
+                    (a.bos ? "--bos" : "--no-bos") + " out",
+                Error::kUsage);
+  ModelForUse m = load_model_for_use(a.m);
+  const data::Tokenizer* tok = m.tokenizer.get();
+  const PrecisionPolicy& policy = m.policy;
+
   if (a.chat) prompt = chat_prompt(a, *tok, m.tokenizer_spec, prompt);
   std::vector<int32_t> ids = tok->encode(prompt);
   // The library's "the prompt is empty: give at least one token" named neither where the prompt

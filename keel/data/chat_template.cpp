@@ -364,9 +364,11 @@ void check_depth(int depth, size_t pos) {
 }
 
 // Runaway work: loops nested in loops that write nothing (`range(100000)` inside another) grow no
-// output and would run for hours. Every loop iteration, macro call and item a filter walks costs a
-// unit of one render's budget; a chat template spends a few per message.
-constexpr int64_t kMaxWork = int64_t{1} << 22;
+// output and would run for hours, and a list built of itself twice over 40 times prints, compares
+// or serializes 2^40 items. Every loop iteration, macro call, item a filter walks and value
+// printed, compared or serialized costs a unit of one render's budget; a chat template spends a
+// few per message.
+constexpr int64_t kMaxWork = int64_t{1} << 20;
 thread_local int64_t t_work_left = kMaxWork;
 void charge_work(int64_t units, size_t pos) {
   t_work_left -= units;
@@ -394,6 +396,7 @@ std::string to_str(const Value& v, size_t pos = 0) {
 
 std::string repr(const Value& v, int depth) {
   check_depth(depth, 0);
+  charge_work(1, 0);  // a list built of itself twice over, 40 times, prints 2^40 items
   switch (v.kind) {
     case Value::Kind::kUndefined:
       return "";
@@ -471,6 +474,7 @@ void json_string(const std::string& s, std::string& out) {
 // with.
 void to_json(const Value& v, int indent, int level, std::string& out, size_t pos) {
   check_depth(level, pos);
+  charge_work(1, pos);
   const auto newline = [&](int lvl) {
     if (indent >= 0) out += "\n" + std::string(static_cast<size_t>(indent) * lvl, ' ');
   };
@@ -571,6 +575,7 @@ Value from_json(const nlohmann::ordered_json& j, int depth) {
 
 bool equals(const Value& a, const Value& b, int depth = 0) {
   check_depth(depth, 0);
+  charge_work(1, 0);
   if (a.numeric() && b.numeric()) {
     if (a.is(Value::Kind::kFloat) || b.is(Value::Kind::kFloat))
       return a.as_double() == b.as_double();
@@ -609,6 +614,7 @@ bool equals(const Value& a, const Value& b, int depth = 0) {
 // Python's ordering (<): numbers, strings by code point (= UTF-8 byte order), lists element-wise.
 int compare(const Value& a, const Value& b, size_t pos, int depth = 0) {
   check_depth(depth, pos);
+  charge_work(1, pos);
   if (a.is(Value::Kind::kUndefined)) fail_undefined(a, pos);
   if (b.is(Value::Kind::kUndefined)) fail_undefined(b, pos);
   if (a.numeric() && b.numeric()) {

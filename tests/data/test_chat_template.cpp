@@ -217,6 +217,16 @@ TEST(ChatTemplateErrors, RunawayInputIsAnErrorNotACrash) {
                   "{% endfor %}");
             }).find("loop iterations and filter items"),
             std::string::npos);
+  // ... and a list that holds itself twice, 40 levels deep, printed, serialized or compared.
+  const std::string doubled =
+      "{% set ns = namespace(a=[1]) %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}"
+      "{% endfor %}";
+  for (const char* use : {"{{ ns.a }}", "{{ ns.a | tojson }}", "{{ ns.a == ns.a }}"})
+    EXPECT_NE(usage_error_of([&] {
+                render_template(doubled + use);
+              }).find("loop iterations and filter items"),
+              std::string::npos)
+        << use;
   // Depth limit: deeply nested expressions and blocks, and unbounded macro recursion.
   EXPECT_NE(
       usage_error_of([] {
