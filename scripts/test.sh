@@ -37,8 +37,8 @@ ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 phase_done "the sanitized tests"
 
 # Fuzzing: a short libFuzzer campaign per input format (safetensors, config.json, tokenizers,
-# JSONL, TOML, NaN captures, trainer.json), clang + ASan + UBSan, KEEL_FUZZ_SECONDS each (6 here;
-# 0 skips it). A finding fails the script. Its clang build (-O1, only the layers up to monitor/)
-# takes ~3.3 minutes on 2 cores from cold, the campaigns ~31 s.
+# chat templates, JSONL, TOML, NaN captures, trainer.json), clang + ASan + UBSan,
+# KEEL_FUZZ_SECONDS each (6 here; 0 skips it). A finding fails the script. Its clang build (only
+# the layers up to monitor/) takes ~2 minutes on 2 cores from cold, the campaigns ~40 s.
 export KEEL_FUZZ_SECONDS=${KEEL_FUZZ_SECONDS:-6}
 if [ "$KEEL_FUZZ_SECONDS" != 0 ]; then bash scripts/fuzz.sh; phase_done "fuzzing"; fi
