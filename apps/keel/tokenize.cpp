@@ -2,7 +2,8 @@
 // of a text under any tokenizer `data.tokenizer` accepts (byte, gpt2:DIR, hf:PATH, PATH);
 // `--decode` turns ids back into text. The text comes from the argument, --file or stdin.
 // `--output FILE` writes the ids as an llm.c token file instead (data.task = "tokens" trains on
-// it as on the text packed: the same rows, mapped instead of held).
+// it as on the text packed: the same rows, mapped instead of held). `--chat` reads a conversation
+// and shows it as the model trains on it: its chat template's text, tokens and targets.
 #include <algorithm>
 #include <climits>
 #include <cstdio>
@@ -13,17 +14,19 @@
 
 #include "apps/keel/commands.h"
 #include "apps/keel/input_text.h"
+#include "keel/data/chat.h"
 #include "keel/data/text_pieces.h"
 #include "keel/data/token_file.h"
 #include "keel/data/tokenizer_base.h"
 #include "keel/numerics/error.h"
+#include "keel/numerics/text.h"
 
 namespace keel::cli {
 
 namespace {
 struct TokenizeArgs {
   std::string tokenizer = "byte", text, file, output;
-  bool decode = false, pieces = false, json = false;
+  bool decode = false, pieces = false, json = false, chat = false;
 };
 
 // Ids written as "1 2 3", "1,2,3", "1, 2, 3" or a JSON array "[1, 2, 3]": whitespace and commas
@@ -147,8 +150,70 @@ int write_token_file(const TokenizeArgs& a, bool has_text) {
   return 0;
 }
 
+// --chat: a conversation (a JSON array of messages, or a JSONL line's {"messages": [...]}) as the
+// model sees it: the chat template's text and its tokens, each marked as training marks it (a
+// target: the assistant's reply and the end of its turn). One without an assistant message is a
+// prompt, rendered with the assistant's turn opened as `generate --chat` prompts.
+int run_tokenize_chat(const TokenizeArgs& a, bool has_text) {
+  const std::string input = read_input_text(has_text, a.text, a.file, "--file");
+  const auto tok = data::load_tokenizer(a.tokenizer, "--tokenizer");
+  const data::ChatFormat* chat = tok->chat_format();
+  if (!chat)
+    throw Error("tokenize --chat: " + data::no_chat_template("the tokenizer " + a.tokenizer),
+                Error::kUsage);
+  nlohmann::ordered_json messages;
+  try {
+    messages = nlohmann::ordered_json::parse(input);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("tokenize --chat: " + input_name(a, has_text) + " is not JSON (" +
+                    json_error_detail(e.what()) +
+                    "); give a conversation: [{\"role\": \"user\", \"content\": ...}, ...] or "
+                    "a JSONL line {\"messages\": [...]}",
+                Error::kUsage);
+  }
+  if (messages.is_object() && messages.contains("messages")) messages = messages["messages"];
+  auto refused = [&](const Error& e) {
+    return Error("tokenize --chat: " + input_name(a, has_text) + ": " + e.what(), Error::kUsage);
+  };
+  std::string text;
+  data::Example e;
+  try {
+    data::check_messages(messages);
+    const bool has_reply = std::any_of(messages.begin(), messages.end(),
+                                       [](const auto& m) { return m["role"] == "assistant"; });
+    text = data::render_chat(*chat, messages, /*add_generation_prompt=*/!has_reply);
+    if (has_reply) {
+      e = data::conversation_example(*tok, messages);
+    } else {
+      e.tokens = tok->encode(text);
+      e.target.assign(e.tokens.size(), 0);
+    }
+  } catch (const Error& err) {
+    throw refused(err);
+  }
+  std::vector<std::string> pieces;
+  for (int32_t id : e.tokens) pieces.push_back(tok->id_to_token(id));
+  if (a.json) {
+    std::printf("%s\n", dump({{"text", text},
+                              {"ids", e.tokens},
+                              {"pieces", pieces},
+                              {"targets", e.target},
+                              {"count", e.tokens.size()}})
+                            .c_str());
+  } else if (a.pieces) {
+    // "+" marks a target, as the loss sees it.
+    for (size_t t = 0; t < pieces.size(); ++t)
+      std::printf("%c %s\n", e.target[t] ? '+' : ' ', pieces[t].c_str());
+  } else {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    if (!text.ends_with('\n')) std::fputc('\n', stdout);
+  }
+  return 0;
+}
+
 int run_tokenize(const TokenizeArgs& a, bool has_text) {
   if (!a.output.empty()) return write_token_file(a, has_text);
+  if (a.chat) return run_tokenize_chat(a, has_text);
   const std::string input = read_input_text(has_text, a.text, a.file, "--file");
   const auto tok = data::load_tokenizer(a.tokenizer, "--tokenizer");
   const std::vector<int32_t> ids = a.decode ? parse_ids(input) : tok->encode(input);
@@ -210,11 +275,17 @@ Command add_tokenize(CLI::App& app) {
   sub->add_flag("--pieces", a->pieces, "print the vocabulary's spelling of each token, one a line")
       ->excludes(decode);
   sub->add_flag("--json", a->json, "print one JSON object (ids, pieces, count / text)");
+  sub->add_flag("--chat", a->chat,
+                "the input is a conversation (JSON messages, or a JSONL line's {\"messages\"}): "
+                "print the chat template's text (--json: its ids and which are targets; --pieces: "
+                "\"+\" before each target)")
+      ->excludes(decode);
   sub->add_option("--output", a->output,
                   "write the ids as an llm.c token file (for data.task = \"tokens\")")
       ->excludes("--decode")
       ->excludes("--pieces")
-      ->excludes("--json");
+      ->excludes("--json")
+      ->excludes("--chat");
   return {sub, [a, text] { return run_tokenize(*a, text->count() > 0); }};
 }
 

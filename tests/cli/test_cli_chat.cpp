@@ -127,6 +127,49 @@ TEST(CliChat, GenerateChatPromptsAsTheTemplateAsksForAReply) {
                   "--no-bos with --chat: the chat template writes how the conversation starts");
 }
 
+// tokenize --chat shows a conversation as training sees it (the library's tokens and targets), and
+// one without a reply as generate --chat prompts with it.
+TEST(CliChat, TokenizeChatShowsWhatTrainingSees) {
+  const ChatFiles& f = chat_files();
+  const std::string hf = "hf:" + f.tokenizer;
+  const auto tok = data::load_tokenizer(hf);
+  const nlohmann::ordered_json messages = nlohmann::ordered_json::parse(
+      R"([{"role": "user", "content": "the 1"}, {"role": "assistant", "content": "there the"}])");
+  auto tokenize = [&](const std::string& input) {
+    const test::KeelRun r =
+        test::run_keel({"tokenize", "--tokenizer", hf, "--chat", "--json", input});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r.code == 0 ? json::parse(r.out) : json::object();
+  };
+  const data::Example e = data::conversation_example(*tok, messages);
+  const json shown = tokenize(json({{"messages", json::parse(messages.dump())}}).dump());
+  EXPECT_EQ(shown.at("ids").get<std::vector<int32_t>>(), e.tokens);
+  EXPECT_EQ(shown.at("targets").get<std::vector<uint8_t>>(), e.target);
+  EXPECT_EQ(shown.at("text"), data::render_chat(*tok->chat_format(), messages, false));
+  const nlohmann::ordered_json prompt(messages.begin(), messages.begin() + 1);
+  const json asked = tokenize(prompt.dump());
+  EXPECT_EQ(asked.at("ids").get<std::vector<int32_t>>(),
+            tok->encode(data::render_chat(*tok->chat_format(), prompt, true)));
+  EXPECT_EQ(asked.at("targets").get<std::vector<uint8_t>>(),
+            std::vector<uint8_t>(asked.at("ids").size(), 0));
+  // --pieces marks the targets.
+  const test::KeelRun pieces =
+      test::run_keel({"tokenize", "--tokenizer", hf, "--chat", "--pieces", messages.dump()});
+  ASSERT_EQ(pieces.code, 0) << pieces.output;
+  EXPECT_CONTAINS(pieces.out, "+ <|eot|>\n");
+  auto refused = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"tokenize", "--chat"});
+    const test::KeelRun r = test::run_keel(args);
+    EXPECT_EQ(r.code, 2) << r.output;
+    return r.err;
+  };
+  EXPECT_CONTAINS(refused({"--tokenizer", hf, "nope"}),
+                  "tokenize --chat: the argument is not JSON");
+  EXPECT_CONTAINS(refused({"--tokenizer", hf, R"([{"role": "user"}])"}),
+                  "tokenize --chat: the argument: \"messages\"[0] has no \"content\"");
+  EXPECT_CONTAINS(refused({"--tokenizer", "byte", "[]"}), "the tokenizer byte has none");
+}
+
 TEST(CliChat, ConversationsWithoutAChatTemplateAreAUsageErrorNamingTheLine) {
   const ChatFiles& f = chat_files();
   const test::KeelRun r = test::run_keel(
