@@ -150,9 +150,10 @@ int write_token_file(const TokenizeArgs& a, bool has_text) {
   return 0;
 }
 
-// --chat: a conversation (a JSON array of messages, or a JSONL line's {"messages": [...]}) as the
-// model sees it: the chat template's text and its tokens, each marked as training marks it (a
-// target: the assistant's reply and the end of its turn). One without an assistant message is a
+// --chat: a conversation (a JSON array of messages, or a JSONL line in any of the conversational
+// formats data.task = "jsonl" reads: chat.h) as the model sees it: the chat template's text and
+// its tokens, each marked as training marks it (a target: the assistant's reply and the end of its
+// turn, or a prompt-completion line's completion). Messages without an assistant message are a
 // prompt, rendered with the assistant's turn opened as `generate --chat` prompts.
 int run_tokenize_chat(const TokenizeArgs& a, bool has_text) {
   const std::string input = read_input_text(has_text, a.text, a.file, "--file");
@@ -171,19 +172,25 @@ int run_tokenize_chat(const TokenizeArgs& a, bool has_text) {
                     "a JSONL line {\"messages\": [...]}",
                 Error::kUsage);
   }
-  if (messages.is_object() && messages.contains("messages")) messages = messages["messages"];
   auto refused = [&](const Error& e) {
     return Error("tokenize --chat: " + input_name(a, has_text) + ": " + e.what(), Error::kUsage);
   };
   std::string text;
   data::Example e;
   try {
-    data::check_messages(messages);
-    const bool has_reply = std::any_of(messages.begin(), messages.end(),
-                                       [](const auto& m) { return m["role"] == "assistant"; });
-    text = data::render_chat(*chat, messages, /*add_generation_prompt=*/!has_reply);
+    data::Conversation c;
+    if (messages.is_object() && data::is_conversation(messages))
+      c = data::conversation_of(messages);
+    else
+      c.messages = messages;
+    data::check_messages(c.messages);
+    const bool has_reply =
+        c.prompt_size > 0 || std::any_of(c.messages.begin(), c.messages.end(),
+                                         [](const auto& m) { return m["role"] == "assistant"; });
+    text =
+        data::render_chat(*chat, c.messages, /*add_generation_prompt=*/!has_reply, "", c.variables);
     if (has_reply) {
-      e = data::conversation_example(*tok, messages);
+      e = data::conversation_example(*tok, c);
     } else {
       e.tokens = tok->encode(text);
       e.target.assign(e.tokens.size(), 0);

@@ -16,23 +16,27 @@ const ChatTemplate& ChatFormat::parsed() const {
 }
 
 std::string render_chat(const ChatFormat& chat, const ojson& messages, bool add_generation_prompt,
-                        const std::string& today) {
+                        const std::string& today, const ojson& variables) {
+  // apply_chat_template's order: the special tokens, then its keyword arguments over them.
   ojson context = chat.special_tokens;  // (sorted: their order is no text's)
+  context["tools"] = nullptr;
+  context["documents"] = nullptr;
+  for (const auto& [name, value] : variables.items()) context[name] = value;
   context["messages"] = messages;
   context["add_generation_prompt"] = add_generation_prompt;
   return chat.parsed().render(context, today);
 }
 
-void check_messages(const ojson& messages) {
+void check_messages(const ojson& messages, const std::string& field) {
   auto bad = [](const std::string& what) { return Error(what, Error::kUsage); };
+  const std::string name = "\"" + field + "\"";
   if (!messages.is_array())
-    throw bad(std::string("\"messages\" must be an array of {\"role\": ..., \"content\": ...}, "
-                          "got ") +
+    throw bad(name + " must be an array of {\"role\": ..., \"content\": ...}, got " +
               messages.type_name());
-  if (messages.empty()) throw bad("\"messages\" is empty: a conversation needs its messages");
+  if (messages.empty()) throw bad(name + " is empty: a conversation needs its messages");
   for (size_t i = 0; i < messages.size(); ++i) {
     const ojson& m = messages[i];
-    const std::string at = "\"messages\"[" + std::to_string(i) + "]";
+    const std::string at = name + "[" + std::to_string(i) + "]";
     if (!m.is_object())
       throw bad(at + " is a JSON " + m.type_name() +
                 "; expected {\"role\": ..., \"content\": ...}");
@@ -51,6 +55,110 @@ void check_messages(const ojson& messages) {
   }
 }
 
+namespace {
+
+Error line_error(const std::string& what) { return Error(what, Error::kUsage); }
+
+// ShareGPT's messages ({"from": "human", "value": ...}) as "messages" (role and content).
+ojson sharegpt_messages(const ojson& conversations) {
+  if (!conversations.is_array())
+    throw line_error(std::string("\"conversations\" must be an array of {\"from\": ..., "
+                                 "\"value\": ...}, got ") +
+                     conversations.type_name());
+  ojson messages = ojson::array();
+  for (size_t i = 0; i < conversations.size(); ++i) {
+    const ojson& m = conversations[i];
+    const std::string at = "\"conversations\"[" + std::to_string(i) + "]";
+    if (!m.is_object() || !m.contains("from") || !m.contains("value"))
+      throw line_error(at + " is not {\"from\": ..., \"value\": ...} (ShareGPT's message)");
+    if (!m["from"].is_string())
+      throw line_error(at + ": \"from\" must be a string, got " + m["from"].type_name());
+    std::string role = m["from"].get<std::string>();
+    if (role == "human") role = "user";
+    if (role == "gpt") role = "assistant";
+    messages.push_back({{"role", role}, {"content", m["value"]}});
+  }
+  return messages;
+}
+
+// The template variables a line adds: "tools" and the keys of "chat_template_kwargs".
+ojson line_variables(const ojson& line) {
+  ojson variables = ojson::object();
+  if (const auto tools = line.find("tools"); tools != line.end() && !tools->is_null()) {
+    ojson list = *tools;
+    if (list.is_string()) {  // datasets stores a list of differing schemas as JSON text
+      try {
+        list = ojson::parse(tools->get<std::string>());
+      } catch (const nlohmann::json::exception&) {
+        throw line_error(
+            "\"tools\" is a string that is not JSON; give the list of function "
+            "schemas, or that list as a JSON string");
+      }
+    }
+    if (!list.is_array())
+      throw line_error(std::string("\"tools\" must be a list of function schemas, got ") +
+                       list.type_name());
+    for (size_t i = 0; i < list.size(); ++i)
+      if (!list[i].is_object())
+        throw line_error("\"tools\"[" + std::to_string(i) + "] is a JSON " + list[i].type_name() +
+                         "; a tool is a function schema (an object)");
+    variables["tools"] = std::move(list);
+  }
+  if (const auto kwargs = line.find("chat_template_kwargs"); kwargs != line.end()) {
+    if (!kwargs->is_object())
+      throw line_error(std::string("\"chat_template_kwargs\" must be an object (the template's "
+                                   "variables, as {\"enable_thinking\": false}), got ") +
+                       kwargs->type_name());
+    for (const auto& [name, value] : kwargs->items()) {
+      // apply_chat_template refuses these twice-given arguments (a TypeError).
+      if (name == "messages" || name == "add_generation_prompt" || name == "tools" ||
+          name == "documents")
+        throw line_error("\"chat_template_kwargs\" gives \"" + name + "\", which keel sets itself" +
+                         (name == "tools" ? " (give the line's own \"tools\")" : ""));
+      variables[name] = value;
+    }
+  }
+  return variables;
+}
+
+}  // namespace
+
+Conversation conversation_of(const ojson& line) {
+  const bool prompt_completion = line.contains("prompt") || line.contains("completion");
+  if (int(line.contains("messages")) + int(line.contains("conversations")) +
+          int(prompt_completion) >
+      1)
+    throw line_error(
+        "has more than one of \"messages\", \"conversations\" and \"prompt\"/\"completion\" "
+        "(which one is the conversation?)");
+  Conversation c;
+  c.variables = line_variables(line);
+  if (line.contains("messages")) {
+    c.messages = line["messages"];
+    check_messages(c.messages);
+  } else if (line.contains("conversations")) {
+    c.messages = sharegpt_messages(line["conversations"]);
+    check_messages(c.messages, "conversations");
+  } else if (prompt_completion) {
+    for (const char* key : {"prompt", "completion"}) {
+      if (!line.contains(key)) throw line_error(std::string("missing \"") + key + "\"");
+      if (!line[key].is_array())
+        throw line_error(
+            std::string("\"") + key + "\" is a " + line[key].type_name() +
+            " while the other is a list of messages; give both as messages, or both as strings");
+      check_messages(line[key], key);
+    }
+    c.messages = line["prompt"];
+    c.prompt_size = c.messages.size();
+    for (const ojson& m : line["completion"]) c.messages.push_back(m);
+  } else {
+    throw line_error(
+        "holds no conversation (\"messages\", \"conversations\" or a "
+        "\"prompt\" and \"completion\" of messages)");
+  }
+  return c;
+}
+
 std::string no_chat_template(const std::string& tokenizer) {
   return "a conversation ({\"messages\": [...]}) is written in the model's chat template, and " +
          tokenizer +
@@ -61,17 +169,38 @@ std::string no_chat_template(const std::string& tokenizer) {
 
 namespace {
 
-// Where the assistant's text lies in the rendered conversation: [begin, end) byte ranges, in order.
-std::vector<std::pair<size_t, size_t>> assistant_spans(const ChatFormat& chat,
-                                                       const ojson& messages,
-                                                       const std::string& whole) {
+// The template's text of the first `n` messages of `c`.
+std::string render_first(const ChatFormat& chat, const Conversation& c, size_t n,
+                         bool add_generation_prompt) {
+  const ojson first(c.messages.begin(), c.messages.begin() + static_cast<ptrdiff_t>(n));
+  return render_chat(chat, first, add_generation_prompt, "", c.variables);
+}
+
+// Where the targets lie in `whole`, the rendered conversation: [begin, end) byte ranges, in order.
+// Messages: each assistant message, from where the prompt that asks for it ends to where the
+// message ends. Prompt-completion: from where the prompt and its generation header end to the end.
+std::vector<std::pair<size_t, size_t>> target_spans(const ChatFormat& chat, const Conversation& c,
+                                                    const std::string& whole) {
+  if (c.prompt_size > 0) {
+    const std::string prompt = render_first(chat, c, c.prompt_size, true);
+    if (!whole.starts_with(prompt))
+      throw Error(
+          "the chat template renders the prompt otherwise than as the start of the "
+          "prompt and completion, so keel cannot tell which tokens are the completion's; "
+          "give the line as {\"prompt\": ..., \"completion\": ...} rendered by hand",
+          Error::kUsage);
+    if (whole.size() == prompt.size())
+      throw Error(
+          "the completion adds no text to the prompt's (nothing to train on); give the "
+          "completion's messages content, or remove the line",
+          Error::kUsage);
+    return {{prompt.size(), whole.size()}};
+  }
   std::vector<std::pair<size_t, size_t>> spans;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    if (messages[i]["role"] != "assistant") continue;
-    const ojson before_turn(messages.begin(), messages.begin() + static_cast<ptrdiff_t>(i));
-    const ojson through_turn(messages.begin(), messages.begin() + static_cast<ptrdiff_t>(i) + 1);
-    const std::string before = render_chat(chat, before_turn, /*add_generation_prompt=*/true);
-    const std::string through = render_chat(chat, through_turn, false);
+  for (size_t i = 0; i < c.messages.size(); ++i) {
+    if (c.messages[i]["role"] != "assistant") continue;
+    const std::string before = render_first(chat, c, i, /*add_generation_prompt=*/true);
+    const std::string through = render_first(chat, c, i + 1, false);
     // Templates that rewrite earlier turns (Qwen3's drops the reasoning of all but the last
     // reply) have no such spans: which tokens the assistant said would be a guess.
     if (!through.starts_with(before) || !whole.starts_with(through))
@@ -88,18 +217,18 @@ std::vector<std::pair<size_t, size_t>> assistant_spans(const ChatFormat& chat,
 
 }  // namespace
 
-Example conversation_example(const Tokenizer& tok, const ojson& messages) {
+Example conversation_example(const Tokenizer& tok, const Conversation& c) {
   const ChatFormat* chat = tok.chat_format();
   if (!chat) throw Error(no_chat_template("the run's tokenizer"), Error::kUsage);
-  check_messages(messages);
-  const bool has_reply = std::any_of(messages.begin(), messages.end(),
+  check_messages(c.messages);
+  const bool has_reply = std::any_of(c.messages.begin(), c.messages.end(),
                                      [](const ojson& m) { return m["role"] == "assistant"; });
-  if (!has_reply)
+  if (c.prompt_size == 0 && !has_reply)
     throw Error(
         "the conversation has no \"assistant\" message: nothing to train on (keel trains on what "
         "the assistant says); add the reply, or remove the line",
         Error::kUsage);
-  const std::string whole = render_chat(*chat, messages, false);
+  const std::string whole = render_chat(*chat, c.messages, false, "", c.variables);
   Example e;
   size_t at = 0;
   auto add = [&](size_t end, uint8_t target) {
@@ -109,12 +238,18 @@ Example conversation_example(const Tokenizer& tok, const ojson& messages) {
     e.target.resize(e.tokens.size(), target);
     at = end;
   };
-  for (const auto& [begin, end] : assistant_spans(*chat, messages, whole)) {
+  for (const auto& [begin, end] : target_spans(*chat, c, whole)) {
     add(begin, 0);
     add(end, 1);
   }
   add(whole.size(), 0);
   return e;
+}
+
+Example conversation_example(const Tokenizer& tok, const ojson& messages) {
+  Conversation c;
+  c.messages = messages;
+  return conversation_example(tok, c);
 }
 
 }  // namespace keel::data

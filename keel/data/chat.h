@@ -1,7 +1,8 @@
-// Conversations: TRL's conversational format ({"messages": [{"role": ..., "content": ...}, ...]})
-// as the model's own chat template renders it, and as an example whose targets are what the
-// assistant says. An Instruct model was fine-tuned on its template's text; a conversation written
-// any other way trains it on a format it has never seen.
+// Conversations: TRL's conversational formats ({"messages": [{"role": ..., "content": ...}, ...]},
+// a prompt and completion of messages, ShareGPT's) as the model's own chat template renders them,
+// and as an example whose targets are what the assistant says. An Instruct model was fine-tuned on
+// its template's text; a conversation written any other way trains it on a format it has never
+// seen.
 #pragma once
 #include <memory>
 #include <mutex>
@@ -29,15 +30,50 @@ struct ChatFormat {
   mutable std::unique_ptr<ChatTemplate> parsed_;
 };
 
-// The template's text of `messages`: render(messages, add_generation_prompt, the special tokens).
+// The template's text of `messages`: render(messages, add_generation_prompt, the special tokens),
+// with `tools` and `documents` none, as apply_chat_template passes them when not given, and
+// `variables` (an object: "tools", a line's chat_template_kwargs) over those.
 // `today` as ChatTemplate::render (empty: no strftime_now, the template's fixed date).
 std::string render_chat(const ChatFormat& chat, const nlohmann::ordered_json& messages,
-                        bool add_generation_prompt, const std::string& today = "");
+                        bool add_generation_prompt, const std::string& today = "",
+                        const nlohmann::ordered_json& variables = nlohmann::ordered_json::object());
 
 // Checks `messages` is what a conversation is: a non-empty array of objects, each with a string
 // "role" and a string "content" (an assistant message that calls tools may have a null one).
-// Errors (kUsage) say what is wrong, as "\"messages\"[2] has no \"role\"".
-void check_messages(const nlohmann::ordered_json& messages);
+// Errors (kUsage) say what is wrong, as "\"messages\"[2] has no \"role\"" (`field`: the line's
+// key that holds them).
+void check_messages(const nlohmann::ordered_json& messages, const std::string& field = "messages");
+
+// A conversation as one JSONL line holds it, in each of TRL's conversational formats:
+//   {"messages": [...]}: the targets are each assistant message (TRL's assistant_only_loss);
+//   {"prompt": [...], "completion": [...]}: the targets are all the completion adds to the prompt
+//     and its generation header (TRL's completion_only_loss);
+//   {"conversations": [{"from": "human", "value": ...}, ...]}: ShareGPT's, read as "messages"
+//     with from/value as role/content and the roles human -> user, gpt -> assistant (TRL's
+//     maybe_convert_to_chatml);
+// each with optional "tools" (a list of function schemas, or that list as a JSON string) and
+// "chat_template_kwargs" (more variables for the template: enable_thinking, date_string, ...), as
+// TRL passes them to apply_chat_template.
+struct Conversation {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();  // the whole conversation
+  size_t prompt_size = 0;  // prompt-completion: how many of `messages` are the prompt; else 0
+  nlohmann::ordered_json variables = nlohmann::ordered_json::object();  // render_chat's
+};
+
+// Whether `line` (a JSONL object, its keys sorted or not) is a conversation: it holds "messages"
+// or "conversations", or a "prompt" or "completion" that is a list.
+template <class Json>
+bool is_conversation(const Json& line) {
+  auto is_list = [&](const char* key) {
+    const auto it = line.find(key);
+    return it != line.end() && it->is_array();
+  };
+  return line.contains("messages") || line.contains("conversations") || is_list("prompt") ||
+         is_list("completion");
+}
+
+// The conversation `line` holds. Errors (kUsage) name the key and what is wrong.
+Conversation conversation_of(const nlohmann::ordered_json& line);
 
 // One conversation as a training example, as TRL's assistant_only_loss makes it: the tokens of its
 // rendered text, with each assistant message's tokens as targets — the reply and what the template
@@ -53,6 +89,9 @@ void check_messages(const nlohmann::ordered_json& messages);
 // a template that renders a conversation's beginning differently inside the whole (the spans
 // would not be the assistant's).
 // `messages` keeps its objects' key order (ordered_json), as transformers renders Python dicts.
+// A prompt-completion conversation's targets are one span, from where render(prompt,
+// add_generation_prompt) ends to the end; its errors as above, and "the completion adds no text".
+Example conversation_example(const Tokenizer& tok, const Conversation& conversation);
 Example conversation_example(const Tokenizer& tok, const nlohmann::ordered_json& messages);
 
 // The error of a conversation given to a tokenizer without a chat template, naming `tokenizer`

@@ -418,30 +418,38 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
                   kExpected);
       return v.get<std::string>();
     };
-    const bool has_text = obj.contains("text"), has_prompt = obj.contains("prompt"),
-               has_completion = obj.contains("completion"), has_messages = obj.contains("messages");
+    // Which key holds the data: "text", a "prompt" and "completion" of text, or a conversation
+    // in one of TRL's formats (chat.h).
+    const bool has_text = obj.contains("text"), is_chat = is_conversation(obj),
+               has_prompt = !is_chat && obj.contains("prompt"),
+               has_completion = !is_chat && obj.contains("completion");
     Example e;
-    if (int(has_text) + int(has_prompt || has_completion) + int(has_messages) > 1) {
+    if (int(has_text) + int(is_chat || has_prompt || has_completion) > 1) {
       throw bad(
           "has more than one of \"text\", \"prompt\"/\"completion\" and \"messages\" "
           "(which one is the data?); " +
           std::string(kExpected));
-    } else if (has_messages) {
-      // TRL's conversational format, in the model's chat template; the targets are the
-      // assistant's replies (chat.h).
+    } else if (!is_chat && (obj.contains("tools") || obj.contains("chat_template_kwargs"))) {
+      throw bad(std::string("\"") + (obj.contains("tools") ? "tools" : "chat_template_kwargs") +
+                "\" goes with a conversation (the chat template renders it), and this line "
+                "holds text; give the conversation as {\"messages\": [...]}, or remove the key");
+    } else if (is_chat) {
+      // A conversation in the model's chat template; the targets are the assistant's replies or
+      // the completion (chat.h).
       if (!tok.chat_format()) throw bad(no_chat_template("the run's tokenizer"));
       try {
         // Read again keeping each object's key order (the parse above sorts them): a tool
         // call's arguments go through the template's tojson as the data wrote them.
-        e = conversation_example(tok, nlohmann::ordered_json::parse(line).at("messages"));
+        e = conversation_example(tok, conversation_of(nlohmann::ordered_json::parse(line)));
       } catch (const Error& err) {
         throw bad(err.what());
       }
       if (trainable_tokens(e, seq_len) == 0) {
         const auto first = std::find(e.target.begin(), e.target.end(), 1) - e.target.begin();
-        throw bad("the first assistant reply starts at token " + std::to_string(first) +
-                  ", so with seq_len " + std::to_string(seq_len) +
-                  " no token of it is left to train on; " + long_prompt_fix);
+        throw bad(
+            std::string(obj.contains("prompt") ? "the completion" : "the first assistant reply") +
+            " starts at token " + std::to_string(first) + ", so with seq_len " +
+            std::to_string(seq_len) + " no token of it is left to train on; " + long_prompt_fix);
       }
     } else if (has_text) {
       e = all_targets(encode_with_prefix(tok, get_string("text")));

@@ -152,6 +152,14 @@ TEST(CliChat, TokenizeChatShowsWhatTrainingSees) {
             tok->encode(data::render_chat(*tok->chat_format(), prompt, true)));
   EXPECT_EQ(asked.at("targets").get<std::vector<uint8_t>>(),
             std::vector<uint8_t>(asked.at("ids").size(), 0));
+  // A prompt-completion line of messages, as data.task = "jsonl" reads it.
+  const nlohmann::ordered_json line = {
+      {"prompt", prompt}, {"completion", nlohmann::ordered_json::array({messages[1]})}};
+  const data::Example completed = data::conversation_example(*tok, data::conversation_of(line));
+  const json split = tokenize(line.dump());
+  EXPECT_EQ(split.at("ids").get<std::vector<int32_t>>(), completed.tokens);
+  EXPECT_EQ(split.at("targets").get<std::vector<uint8_t>>(), completed.target);
+  EXPECT_EQ(completed.tokens, e.tokens);  // one reply: as the messages it joins
   // --pieces marks the targets.
   const test::KeelRun pieces =
       test::run_keel({"tokenize", "--tokenizer", hf, "--chat", "--pieces", messages.dump()});

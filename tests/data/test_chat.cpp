@@ -236,5 +236,162 @@ TEST(Chat, ATemplateSeesTheDatasKeyOrder) {
   EXPECT_EQ(tok->decode(ds->get(0).copy().tokens), "goNone{\"zeta\": 1, \"alpha\": \"é\"}");
 }
 
+// TRL's other conversational formats: a prompt-completion of messages trains on all the completion
+// adds to the prompt and its generation header; ShareGPT's from/value lines are messages.
+TEST(Chat, PromptCompletionAndShareGptConversations) {
+  const auto tok = load_tokenizer("hf:" + chat_tokenizer_dir("chat-formats", kConfig));
+  const json messages = conversation();
+  auto example_of = [&](const json& line) {
+    return conversation_example(*tok, conversation_of(nlohmann::ordered_json(line)));
+  };
+  // One reply: the same example as the messages it joins.
+  const json first_turn(messages.begin(), messages.begin() + 3);
+  const Example as_messages = conversation_example(*tok, first_turn);
+  const Example as_completion =
+      example_of({{"prompt", json(messages.begin(), messages.begin() + 2)},
+                  {"completion", json::array({messages[2]})}});
+  EXPECT_EQ(as_completion.tokens, as_messages.tokens);
+  EXPECT_EQ(as_completion.target, as_messages.target);
+  EXPECT_TRUE(is_conversation(json{{"prompt", json::array()}}));
+  EXPECT_FALSE(is_conversation(json{{"prompt", "text"}, {"completion", "text"}}));
+  // A completion of several turns is a target whole, the user's turn inside it included (TRL's
+  // completion_only_loss), where "messages" trains on the replies alone.
+  const Example whole = example_of({{"prompt", json(messages.begin(), messages.begin() + 2)},
+                                    {"completion", json(messages.begin() + 2, messages.end())}});
+  const std::string prompt_text =
+      render_chat(*tok->chat_format(), json(messages.begin(), messages.begin() + 2), true);
+  const std::vector<int32_t> prompt = tok->encode(prompt_text);
+  ASSERT_GT(whole.tokens.size(), prompt.size());
+  EXPECT_EQ(std::vector<int32_t>(whole.tokens.begin(), whole.tokens.begin() + prompt.size()),
+            prompt);
+  EXPECT_EQ(std::count(whole.target.begin(), whole.target.end(), 0), prompt.size());
+  EXPECT_EQ(target_ids(whole),
+            tok->encode("hello there<|eot|>user: then?<|eot|>assistant: the end<|eot|>"));
+  // ShareGPT's roles: human -> user, gpt -> assistant; others as they are.
+  json sharegpt = json::array();
+  for (const json& m : messages) {
+    const std::string role = m["role"] == "user"        ? "human"
+                             : m["role"] == "assistant" ? "gpt"
+                                                        : "system";
+    sharegpt.push_back({{"from", role}, {"value", m["content"]}});
+  }
+  const Example shared = example_of({{"conversations", sharegpt}});
+  const Example direct = conversation_example(*tok, messages);
+  EXPECT_EQ(shared.tokens, direct.tokens);
+  EXPECT_EQ(shared.target, direct.target);
+}
+
+// A line's "tools" and "chat_template_kwargs" reach the template as apply_chat_template's keyword
+// arguments do; without them "tools" and "documents" are defined and none, as transformers passes
+// them.
+TEST(Chat, ToolsAndTemplateArgumentsReachTheTemplate) {
+  const json config = {
+      {"eos_token", "<|eot|>"},
+      {"chat_template",
+       "{% if tools is none %}none{% else %}{% for t in tools %}[{{ t.function.name }}]"
+       "{% endfor %}{% endif %}{% if documents is defined and documents is none %}.{% endif %}"
+       "{% if think is defined %}think={{ think }}{% endif %}"
+       "{% for m in messages %}{{ m.role }}: {{ m.content }}<|eot|>{% endfor %}"}};
+  const auto tok = load_tokenizer("hf:" + chat_tokenizer_dir("chat-tools", config));
+  const json tools = json::array(
+      {{{"type", "function"}, {"function", {{"name", "there"}, {"parameters", json::object()}}}}});
+  const json reply = json::array(
+      {{{"role", "user"}, {"content", "the"}}, {{"role", "assistant"}, {"content", "then"}}});
+  auto text_of = [&](const json& line) {
+    const Conversation c = conversation_of(nlohmann::ordered_json(line));
+    return render_chat(*tok->chat_format(), c.messages, false, "", c.variables);
+  };
+  EXPECT_EQ(text_of({{"messages", reply}}), "none.user: the<|eot|>assistant: then<|eot|>");
+  EXPECT_EQ(text_of({{"messages", reply}, {"tools", tools}}),
+            "[there].user: the<|eot|>assistant: then<|eot|>");
+  // datasets stores a column of differing schemas as JSON text; TRL parses it.
+  EXPECT_EQ(text_of({{"messages", reply}, {"tools", tools.dump()}}),
+            text_of({{"messages", reply}, {"tools", tools}}));
+  EXPECT_EQ(text_of({{"messages", reply}, {"chat_template_kwargs", {{"think", false}}}}),
+            "none.think=Falseuser: the<|eot|>assistant: then<|eot|>");
+  // The targets are still the reply (this template has no generation header: its turn whole), the
+  // tools context. (decode drops the special <|eot|>.)
+  const Example e = conversation_example(
+      *tok, conversation_of(nlohmann::ordered_json({{"messages", reply}, {"tools", tools}})));
+  EXPECT_EQ(target_ids(e), tok->encode("assistant: then<|eot|>"));
+}
+
+TEST(Chat, BadConversationLinesSayWhatIsWrong) {
+  auto error = [](const json& line) {
+    return test::error_of([&] { conversation_of(nlohmann::ordered_json(line)); });
+  };
+  const json user = json::array({{{"role", "user"}, {"content", "hi"}}});
+  const json reply = json::array({{{"role", "assistant"}, {"content", "yo"}}});
+  EXPECT_CONTAINS(error({{"messages", user}, {"prompt", user}}),
+                  "more than one of \"messages\", \"conversations\" and \"prompt\"/\"completion\"");
+  EXPECT_CONTAINS(error({{"prompt", user}}), "missing \"completion\"");
+  EXPECT_CONTAINS(error({{"completion", reply}}), "missing \"prompt\"");
+  EXPECT_CONTAINS(error({{"prompt", "hi"}, {"completion", reply}}),
+                  "\"prompt\" is a string while the other is a list of messages");
+  EXPECT_CONTAINS(error({{"prompt", user}, {"completion", json::array()}}),
+                  "\"completion\" is empty");
+  EXPECT_CONTAINS(error({{"prompt", json::array({{{"role", "user"}}})}, {"completion", reply}}),
+                  "\"prompt\"[0] has no \"content\"");
+  EXPECT_CONTAINS(error({{"conversations", "hi"}}), "\"conversations\" must be an array");
+  EXPECT_CONTAINS(error({{"conversations", json::array({{{"from", "human"}}})}}),
+                  "\"conversations\"[0] is not {\"from\": ..., \"value\": ...}");
+  EXPECT_CONTAINS(error({{"messages", user}, {"tools", 5}}),
+                  "\"tools\" must be a list of function schemas, got number");
+  EXPECT_CONTAINS(error({{"messages", user}, {"tools", "[{"}}),
+                  "\"tools\" is a string that is not JSON");
+  EXPECT_CONTAINS(error({{"messages", user}, {"tools", json::array({"f"})}}),
+                  "\"tools\"[0] is a JSON string; a tool is a function schema");
+  EXPECT_CONTAINS(error({{"messages", user}, {"chat_template_kwargs", json::array()}}),
+                  "\"chat_template_kwargs\" must be an object");
+  EXPECT_CONTAINS(error({{"messages", user}, {"chat_template_kwargs", {{"messages", user}}}}),
+                  "\"chat_template_kwargs\" gives \"messages\", which keel sets itself");
+  // A completion the template renders as nothing is nothing to train on.
+  const auto tok = load_tokenizer(
+      "hf:" + chat_tokenizer_dir("chat-silent", {{"chat_template",
+                                                  "{% for m in messages %}{% if m.role == 'user' %}"
+                                                  "{{ m.content }}{% endif %}{% endfor %}"}}));
+  EXPECT_CONTAINS(test::error_of([&] {
+                    conversation_example(*tok, conversation_of(nlohmann::ordered_json(
+                                                   {{"prompt", user}, {"completion", reply}})));
+                  }),
+                  "the completion adds no text to the prompt's");
+}
+
+// A JSONL file may mix the formats line by line; tools on a line of text are an error naming it.
+TEST(Chat, JsonlReadsEveryConversationalFormat) {
+  const auto tok = load_tokenizer("hf:" + chat_tokenizer_dir("chat-jsonl-formats", kConfig));
+  const std::string path = test::temp_dir("chat-jsonl-formats-data") + "/mixed.jsonl";
+  const json messages = conversation();
+  std::ofstream(path) << json({{"prompt", json(messages.begin(), messages.begin() + 2)},
+                               {"completion", json::array({messages[2]})}})
+                             .dump()
+                      << "\n"
+                      << json({{"conversations",
+                                json::array({{{"from", "human"}, {"value", "the"}},
+                                             {{"from", "gpt"}, {"value", "there"}}})}})
+                             .dump()
+                      << "\n";
+  const auto ds = load_jsonl_dataset(path, *tok, 256);
+  ASSERT_EQ(ds->size(), 2);
+  EXPECT_EQ(ds->get(0).copy().tokens,
+            conversation_example(*tok, json(messages.begin(), messages.begin() + 3)).tokens);
+  EXPECT_EQ(target_ids(ds->get(1).copy()), tok->encode("there<|eot|>"));
+  std::ofstream(path) << R"({"text": "the", "tools": []})"
+                      << "\n";
+  EXPECT_CONTAINS(test::error_of([&] { load_jsonl_dataset(path, *tok, 256); }),
+                  path + ": line 1: \"tools\" goes with a conversation");
+  std::ofstream(path)
+      << json({{"prompt", "the"}, {"completion", json::array({messages[2]})}}).dump() << "\n";
+  EXPECT_CONTAINS(test::error_of([&] { load_jsonl_dataset(path, *tok, 256); }),
+                  path + ": line 1: \"prompt\" is a string while the other is a list");
+  // A prompt past seq_len names the completion.
+  std::ofstream(path) << json({{"prompt", json(messages.begin(), messages.begin() + 2)},
+                               {"completion", json::array({messages[2]})}})
+                             .dump()
+                      << "\n";
+  EXPECT_CONTAINS(test::error_of([&] { load_jsonl_dataset(path, *tok, 4); }),
+                  "line 1: the completion starts at token");
+}
+
 }  // namespace
 }  // namespace keel::data
