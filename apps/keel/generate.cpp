@@ -2,7 +2,8 @@
 // out_dir, optionally with a PEFT adapter directory — greedy or sampled (temperature, top-k,
 // top-p, seed), with the key/value cache, streamed to stdout as it is produced, stopping at eos,
 // a --stop string or --max-new-tokens. The prompt comes from the argument, --prompt-file or
-// stdin; with --chat it is a user's message in the model's chat template. A summary (tokens,
+// stdin; with --chat it is a user's message in the model's chat template, with --messages a
+// conversation (JSON) to answer. A summary (tokens,
 // tokens/s, why it stopped) goes to stderr, or all of it as --json.
 #include <cerrno>
 #include <cstdio>
@@ -29,8 +30,53 @@ struct GenerateArgs {
   std::vector<std::string> stops;
   models::GenerateOptions opt;
   std::string system;
-  bool chat = false, bos = false, no_bos = false, no_cache = false, json = false;
+  bool chat = false, messages = false, bos = false, no_bos = false, no_cache = false, json = false;
 };
+
+// Where the prompt was read, for errors.
+std::string prompt_source(const GenerateArgs& a, bool has_prompt) {
+  return has_prompt              ? "the PROMPT argument"
+         : a.prompt_file.empty() ? "stdin"
+                                 : "--prompt-file " + a.prompt_file;
+}
+
+// --messages: the prompt is a conversation to answer, as JSON: an array of messages, or a JSONL
+// line in any of the conversational formats a dataset reads (data/chat.h), its "tools" and
+// "chat_template_kwargs" included. A prompt-completion line gives its prompt: the completion is
+// what the model is asked to write, so a line of a run's eval data can be tried as it is. Read and
+// checked before the model is loaded.
+data::Conversation conversation_prompt(const std::string& text, const std::string& source) {
+  auto refused = [&](const std::string& what) {
+    return Error("--messages: " + source + " " + what, Error::kUsage);
+  };
+  nlohmann::ordered_json parsed;
+  try {
+    parsed = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw refused("is not JSON (" + json_error_detail(e.what()) +
+                  "); give a conversation: [{\"role\": \"user\", \"content\": ...}, ...] or a "
+                  "JSONL line {\"messages\": [...]}");
+  }
+  data::Conversation c;
+  try {
+    if (parsed.is_object() && data::is_conversation(parsed)) {
+      c = data::conversation_of(parsed);
+      if (c.prompt_size > 0)
+        c.messages.erase(c.messages.begin() + static_cast<ptrdiff_t>(c.prompt_size),
+                         c.messages.end());
+    } else {
+      c.messages = std::move(parsed);
+    }
+    data::check_messages(c.messages);
+  } catch (const Error& e) {
+    throw refused(std::string("holds no conversation to answer: ") + e.what());
+  }
+  if (c.messages.back()["role"] == "assistant")
+    throw refused(
+        "ends with the assistant's message, which is what the model is to write: remove it (or "
+        "give the line as {\"prompt\": [...], \"completion\": [...]}, whose prompt is used)");
+  return c;
+}
 
 // Today's date as "YYYY-MM-DD", local time: what transformers' strftime_now formats (Llama-3.2's
 // template writes it into the system turn).
@@ -43,19 +89,17 @@ std::string today() {
   return buf;
 }
 
-// --chat: the prompt as the user's turn (after --system's), in the model's chat template with the
-// assistant's header opened, as apply_chat_template(add_generation_prompt=True) writes it.
-std::string chat_prompt(const GenerateArgs& a, const data::Tokenizer& tok,
-                        const std::string& tokenizer_spec, const std::string& prompt) {
+// --chat: the conversation (the prompt as the user's turn after --system's, or --messages') in the
+// model's chat template with the assistant's header opened, as
+// apply_chat_template(add_generation_prompt=True) writes it.
+std::string chat_prompt(const data::Conversation& c, const data::Tokenizer& tok,
+                        const std::string& tokenizer_spec) {
   const data::ChatFormat* chat = tok.chat_format();
   if (!chat)
     throw Error("--chat: " + data::no_chat_template("the tokenizer " + tokenizer_spec) +
                     "; or leave --chat out to continue the prompt as text",
                 Error::kUsage);
-  nlohmann::json messages = nlohmann::json::array();
-  if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
-  messages.push_back({{"role", "user"}, {"content", prompt}});
-  return data::render_chat(*chat, messages, /*add_generation_prompt=*/true, today());
+  return data::render_chat(*chat, c.messages, /*add_generation_prompt=*/true, today(), c.variables);
 }
 
 int run_generate(GenerateArgs& a, bool has_prompt) {
@@ -67,7 +111,22 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
     prompt.pop_back();
     if (prompt.ends_with('\r')) prompt.pop_back();
   }
-  // The flags that contradict each other, before a model of gigabytes is loaded.
+  // The flags that contradict each other, and a conversation keel cannot read, before a model of
+  // gigabytes is loaded.
+  if (a.messages) a.chat = true;
+  if (a.messages && !a.system.empty())
+    throw Error(
+        "--system with --messages: the conversation gives its own system message; put it there "
+        "as {\"role\": \"system\", ...}, or leave --system out",
+        Error::kUsage);
+  data::Conversation conversation;
+  if (a.messages) {
+    conversation = conversation_prompt(prompt, prompt_source(a, has_prompt));
+  } else if (a.chat) {
+    if (!a.system.empty())
+      conversation.messages.push_back({{"role", "system"}, {"content", a.system}});
+    conversation.messages.push_back({{"role", "user"}, {"content", prompt}});
+  }
   if (!a.system.empty() && !a.chat)
     throw Error(
         "--system is the system turn of a --chat prompt: give --chat too, or leave --system "
@@ -82,17 +141,13 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
   const data::Tokenizer* tok = m.tokenizer.get();
   const PrecisionPolicy& policy = m.policy;
 
-  if (a.chat) prompt = chat_prompt(a, *tok, m.tokenizer_spec, prompt);
+  if (a.chat) prompt = chat_prompt(conversation, *tok, m.tokenizer_spec);
   std::vector<int32_t> ids = tok->encode(prompt);
   // The library's "the prompt is empty: give at least one token" named neither where the prompt
   // was read (an empty stdin or file) nor --bos, which starts a prompt-less decode as HF does.
   if (ids.empty() && !a.bos)
     throw Error(
-        "the prompt is empty (" +
-            std::string(has_prompt              ? "the PROMPT argument"
-                        : a.prompt_file.empty() ? "stdin"
-                                                : "--prompt-file " + a.prompt_file) +
-            " held no text): give a prompt" +
+        "the prompt is empty (" + prompt_source(a, has_prompt) + " held no text): give a prompt" +
             (tok->bos_id() >= 0 ? ", or --bos to start from the tokenizer's bos token" : ""),
         Error::kUsage);
   if (a.bos && a.no_bos)
@@ -226,6 +281,10 @@ Command add_generate(CLI::App& app) {
                 "(tokenizer_config.json's chat_template) with the assistant's turn opened, as "
                 "transformers' apply_chat_template and llama.cpp's chat do");
   sub->add_option("--system", a->system, "with --chat: the system message before the prompt");
+  sub->add_flag("--messages", a->messages,
+                "the prompt is a conversation to answer, in JSON: [{\"role\", \"content\"}, ...] "
+                "or a JSONL line of a conversational dataset (its tools and chat_template_kwargs "
+                "apply; a prompt-completion line gives its prompt); implies --chat");
   sub->add_flag("--bos", a->bos, "start the prompt with the tokenizer's bos token");
   sub->add_flag("--no-bos", a->no_bos,
                 "do not start the prompt with the token the tokenizer puts before every text "

@@ -127,6 +127,51 @@ TEST(CliChat, GenerateChatPromptsAsTheTemplateAsksForAReply) {
                   "--no-bos with --chat: the chat template writes how the conversation starts");
 }
 
+// --messages answers a conversation given as JSON: the same prompt --chat --system writes, a
+// prompt-completion line's prompt (its completion is what the model is to write), several turns;
+// a conversation keel cannot answer is refused before the model is loaded.
+TEST(CliChat, GenerateMessagesAnswersAConversation) {
+  const ChatFiles& f = chat_files();
+  const std::string hf = "hf:" + f.tokenizer;
+  const auto tok = data::load_tokenizer(hf);
+  auto generated = [&](const std::string& prompt, std::vector<std::string> more) {
+    std::vector<std::string> args = {"generate",         f.model, prompt,  "--tokenizer", hf,
+                                     "--max-new-tokens", "3",     "--json"};
+    args.insert(args.end(), more.begin(), more.end());
+    const test::KeelRun r = test::run_keel(args, {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r.code == 0 ? json::parse(r.out) : json::object();
+  };
+  const json system = {{"role", "system"}, {"content", "be brief"}};
+  const json user = {{"role", "user"}, {"content", "the there"}};
+  const json reply = {{"role", "assistant"}, {"content", "there the"}};
+  const json chat = generated("the there", {"--chat", "--system", "be brief"});
+  const json messages = generated(json::array({system, user}).dump(), {"--messages"});
+  EXPECT_EQ(messages.at("prompt_tokens"), chat.at("prompt_tokens"));
+  EXPECT_EQ(messages.at("tokens"), chat.at("tokens"));
+  const json line = {{"prompt", json::array({system, user})}, {"completion", json::array({reply})}};
+  EXPECT_EQ(generated(line.dump(), {"--messages"}).at("tokens"), chat.at("tokens"));
+  const json turns = json::array({system, user, reply, user});
+  EXPECT_EQ(generated(turns.dump(), {"--messages"}).at("prompt_tokens").get<int64_t>(),
+            static_cast<int64_t>(
+                tok->encode(data::render_chat(*tok->chat_format(), turns, true)).size()));
+
+  auto refused = [&](const std::string& prompt, std::vector<std::string> more) {
+    std::vector<std::string> args = {"generate", f.dir + "/no-model", prompt, "--messages"};
+    args.insert(args.end(), more.begin(), more.end());
+    const test::KeelRun r = test::run_keel(args);
+    EXPECT_EQ(r.code, 2) << r.output;
+    return r.err;
+  };
+  EXPECT_CONTAINS(refused("hi", {}), "--messages: the PROMPT argument is not JSON");
+  EXPECT_CONTAINS(refused(json::array({user, reply}).dump(), {}),
+                  "ends with the assistant's message, which is what the model is to write");
+  EXPECT_CONTAINS(refused(json::array({{{"role", "user"}}}).dump(), {}),
+                  "holds no conversation to answer: \"messages\"[0] has no \"content\"");
+  EXPECT_CONTAINS(refused(json::array({user}).dump(), {"--system", "x"}),
+                  "--system with --messages");
+}
+
 // tokenize --chat shows a conversation as training sees it (the library's tokens and targets), and
 // one without a reply as generate --chat prompts with it.
 TEST(CliChat, TokenizeChatShowsWhatTrainingSees) {
