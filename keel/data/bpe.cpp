@@ -78,6 +78,25 @@ size_t char_start_before(std::string_view s, size_t end) {
   return i;
 }
 
+constexpr std::string_view kMetaspace = "\xE2\x96\x81";  // "▁" (U+2581)
+
+// The byte-fallback token of byte b: "<0x0A>" (HF's format!("<{b:#04X}>")).
+std::string byte_fallback_token(uint8_t b) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "<0x%02X>", b);
+  return buf;
+}
+
+// `s` with every "▁" replaced by `with`.
+std::string replace_metaspace(std::string_view s, std::string_view with) {
+  std::string out;
+  size_t at = 0;
+  for (size_t hit; (hit = s.find(kMetaspace, at)) != std::string_view::npos;
+       at = hit + kMetaspace.size())
+    out.append(s.substr(at, hit - at)).append(with);
+  return out.append(s.substr(at));
+}
+
 struct ByteAlphabet {
   std::array<uint32_t, 256> to_cp{};
   std::array<int16_t, 512> to_byte{};  // code point -> byte, -1 when not in the alphabet
@@ -219,7 +238,8 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
       ignore_merges_(spec.ignore_merges),
       chat_(std::move(spec.chat)),
       pre_tokenizer_(std::move(spec.pre_tokenizer)),
-      added_(std::move(spec.added_tokens)) {
+      added_(std::move(spec.added_tokens)),
+      metaspace_(spec.metaspace) {
   int64_t max_id = -1;
   for (const auto& [tok, id] : spec.vocab) {
     if (id < 0)
@@ -261,6 +281,17 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
     token_to_id_[tok] = id;
     id_token_[i] = tok;
     id_kind_[i] = 1;
+    if (metaspace_.on) {
+      // The decoder's view: <0x0A> is its byte (ByteFallback), "▁" a space (Replace, Metaspace).
+      unsigned byte = 0;
+      char close = 0;
+      if (metaspace_.decode_bytes && tok.size() == 6 &&
+          std::sscanf(tok.c_str(), "<0x%2X%c", &byte, &close) == 2 && close == '>')
+        id_bytes_[i] = std::string(1, static_cast<char>(byte));
+      else
+        id_bytes_[i] = metaspace_.decode_metaspace ? replace_metaspace(tok, " ") : tok;
+      continue;
+    }
     // A spelling outside the byte-level alphabet decodes to its own UTF-8, as HF's ByteLevel
     // decoder does.
     if (byte_level_to_bytes(tok, &bytes)) {
@@ -270,7 +301,14 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
       id_bytes_[i] = tok;
     }
   }
-  for (int b = 0; b < 256; ++b) {
+  // SentencePiece-style: characters are the symbols; a byte is a symbol only as the fallback
+  // token of a character the vocabulary lacks (HF falls back to the unknown token when one of
+  // its bytes has none).
+  for (int b = 0; metaspace_.on && b < 256; ++b) {
+    const auto it = token_to_id_.find(byte_fallback_token(static_cast<uint8_t>(b)));
+    byte_id_[b] = it == token_to_id_.end() ? -1 : it->second;
+  }
+  for (int b = 0; !metaspace_.on && b < 256; ++b) {
     const auto it = bytes_to_id_.find(std::string(1, static_cast<char>(b)));
     if (it == bytes_to_id_.end()) {
       char hex[8];
@@ -341,7 +379,8 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
   for (const auto& [name, id] : {std::pair<const char*, int64_t>{"bos", bos_id_},
                                  {"eos", eos_id_},
                                  {"pad", pad_id_},
-                                 {"prefix", prefix_id_}})
+                                 {"prefix", prefix_id_},
+                                 {"unk", metaspace_.unk_id}})
     if (id >= vocab_size_ || (id >= 0 && id_kind_[static_cast<size_t>(id)] == 0))
       throw Error(source_ + ": the " + name + " id " + std::to_string(id) +
                   " names no token of the vocabulary [0, " + std::to_string(vocab_size_) + ")");
@@ -365,7 +404,8 @@ std::string BpeTokenizer::id_to_token(int64_t id) const {
   return id_token_[static_cast<size_t>(id)];
 }
 
-void BpeTokenizer::pre_tokenize_into(std::string_view text, std::vector<std::string>* out) const {
+void BpeTokenizer::pre_tokenize_into(std::string_view text, bool prefix_space,
+                                     std::vector<std::string>* out) const {
   std::vector<std::string> cur{std::string(text)}, next;
   for (const PreTokenizerStep& step : pre_tokenizer_) {
     next.clear();
@@ -374,7 +414,7 @@ void BpeTokenizer::pre_tokenize_into(std::string_view text, std::vector<std::str
     const bool keep_match = !step.removed || step.invert;
     for (std::string& piece : cur) {
       if (step.kind == PreTokenizerStep::Kind::kByteLevel && step.add_prefix_space &&
-          (piece.empty() || piece[0] != ' '))
+          prefix_space && (piece.empty() || piece[0] != ' '))
         piece.insert(piece.begin(), ' ');
       if (!step.regex) {
         next.push_back(std::move(piece));
@@ -396,7 +436,7 @@ void BpeTokenizer::pre_tokenize_into(std::string_view text, std::vector<std::str
 
 std::vector<std::string> BpeTokenizer::pre_tokenize(std::string_view text) const {
   std::vector<std::string> pieces;
-  if (!text.empty()) pre_tokenize_into(text, &pieces);
+  if (!text.empty()) pre_tokenize_into(text, /*prefix_space=*/true, &pieces);
   return pieces;
 }
 
@@ -404,6 +444,30 @@ std::vector<int32_t> BpeTokenizer::bpe(std::string_view bytes) const {
   std::vector<int32_t> ids;
   bpe_into(bytes, &ids);
   return ids;
+}
+
+// Merge results of recent pre-tokens, as HF and GPT-2 keep them: bounded, shared by threads.
+template <class Compute>
+void BpeTokenizer::cached(std::string_view key, std::vector<int32_t>* out,
+                          Compute&& compute) const {
+  constexpr size_t kMaxCached = 256, kCacheEntries = 1 << 16;
+  const bool cacheable = key.size() < kMaxCached;
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    const auto it = cache_.find(std::string(key));
+    if (it != cache_.end()) {
+      out->insert(out->end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  std::vector<int32_t> ids;
+  compute(&ids);
+  out->insert(out->end(), ids.begin(), ids.end());
+  if (cacheable) {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (cache_.size() >= kCacheEntries) cache_.clear();
+    cache_.emplace(std::string(key), std::move(ids));
+  }
 }
 
 void BpeTokenizer::bpe_into(std::string_view bytes, std::vector<int32_t>* out) const {
@@ -419,20 +483,63 @@ void BpeTokenizer::bpe_into(std::string_view bytes, std::vector<int32_t>* out) c
     out->push_back(byte_id_[static_cast<unsigned char>(bytes[0])]);
     return;
   }
-  constexpr size_t kMaxCached = 256, kCacheEntries = 1 << 16;
-  const bool cacheable = bytes.size() < kMaxCached;
-  std::string key;
-  if (cacheable) {
-    key.assign(bytes);
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    const auto it = cache_.find(key);
-    if (it != cache_.end()) {
-      out->insert(out->end(), it->second.begin(), it->second.end());
+  cached(bytes, out, [&](std::vector<int32_t>* ids) {
+    for (char c : bytes) ids->push_back(byte_id_[static_cast<unsigned char>(c)]);
+    merge(ids);
+  });
+}
+
+void BpeTokenizer::metaspace_bpe_into(std::string_view normalized,
+                                      std::vector<int32_t>* out) const {
+  if (normalized.empty()) return;
+  if (ignore_merges_) {
+    const auto it = token_to_id_.find(std::string(normalized));
+    if (it != token_to_id_.end() && id_kind_[static_cast<size_t>(it->second)] == 1) {
+      out->push_back(it->second);
       return;
     }
   }
+  cached(normalized, out, [&](std::vector<int32_t>* ids) {
+    // HF's BPE merge_word: each character is its vocabulary token, else its bytes' fallback
+    // tokens, else the unknown token (consecutive ones fused with fuse_unk).
+    bool unk_pending = false;
+    for (size_t i = 0; i < normalized.size();) {
+      uint32_t cp;
+      size_t len = decode_utf8(normalized, i, &cp);
+      if (len == 0) len = 1;  // a stray byte: a character of its own, never in the vocabulary
+      const std::string_view ch = normalized.substr(i, len);
+      i += len;
+      if (const auto it = token_to_id_.find(std::string(ch));
+          it != token_to_id_.end() && id_kind_[static_cast<size_t>(it->second)] == 1) {
+        unk_pending = false;
+        ids->push_back(it->second);
+        continue;
+      }
+      if (metaspace_.byte_fallback && std::all_of(ch.begin(), ch.end(), [&](char c) {
+            return byte_id_[static_cast<unsigned char>(c)] >= 0;
+          })) {
+        unk_pending = false;
+        for (char c : ch) ids->push_back(byte_id_[static_cast<unsigned char>(c)]);
+        continue;
+      }
+      if (metaspace_.unk_id < 0) {
+        char hex[16];
+        std::snprintf(hex, sizeof hex, "U+%04X", len == 1 && cp >= 0x80 ? 0xFFFD : cp);
+        throw Error(source_ + ": the character " + dq(std::string(ch)) + " (" + hex +
+                        ") is not in the vocabulary, and the tokenizer has neither byte_fallback "
+                        "nor an unk_token to stand for it; remove it from the text",
+                    Error::kUsage);
+      }
+      if (!(unk_pending && metaspace_.fuse_unk))
+        ids->push_back(static_cast<int32_t>(metaspace_.unk_id));
+      unk_pending = true;
+    }
+    merge(ids);
+  });
+}
 
-  // Symbols in a linked list over the byte positions; candidate merges in a min-heap ordered by
+void BpeTokenizer::merge(std::vector<int32_t>* symbols) const {
+  // Symbols in a linked list over the positions; candidate merges in a min-heap ordered by
   // (rank, position). A candidate is stale when its left symbol was merged away or its pair has
   // changed since it was pushed (HF tokenizers' word.rs, the same order as transformers.js).
   struct Sym {
@@ -445,12 +552,12 @@ void BpeTokenizer::bpe_into(std::string_view bytes, std::vector<int32_t>* out) c
   const auto later = [](const Cand& x, const Cand& y) {
     return x.rank != y.rank ? x.rank > y.rank : x.pos > y.pos;
   };
-  const auto n = static_cast<int32_t>(bytes.size());
+  const auto n = static_cast<int32_t>(symbols->size());
+  if (n < 2) return;
   std::vector<Sym> sym(static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i)
-    sym[static_cast<size_t>(i)] = {
-        byte_id_[static_cast<unsigned char>(bytes[static_cast<size_t>(i)])], i - 1,
-        i + 1 < n ? i + 1 : -1, true};
+    sym[static_cast<size_t>(i)] = {(*symbols)[static_cast<size_t>(i)], i - 1,
+                                   i + 1 < n ? i + 1 : -1, true};
   std::priority_queue<Cand, std::vector<Cand>, decltype(later)> heap(later);
   const auto push_pair = [&](int32_t left) {
     const int32_t right = sym[static_cast<size_t>(left)].next;
@@ -475,25 +582,63 @@ void BpeTokenizer::bpe_into(std::string_view bytes, std::vector<int32_t>* out) c
     if (l.prev >= 0) push_pair(l.prev);
     push_pair(c.pos);
   }
-  std::vector<int32_t> ids;
+  symbols->clear();
   for (int32_t i = 0; i >= 0; i = sym[static_cast<size_t>(i)].next)
-    ids.push_back(sym[static_cast<size_t>(i)].id);
-  out->insert(out->end(), ids.begin(), ids.end());
-  if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_mu_);
-    if (cache_.size() >= kCacheEntries) cache_.clear();
-    cache_.emplace(std::move(key), std::move(ids));
+    symbols->push_back(sym[static_cast<size_t>(i)].id);
+}
+
+void BpeTokenizer::encode_section(std::string_view section, SectionAt at,
+                                  std::vector<int32_t>* out) const {
+  if (section.empty()) return;
+  if (!metaspace_.on) {
+    std::vector<std::string> pieces;
+    pre_tokenize_into(section, /*prefix_space=*/at != SectionAt::kContinuing, &pieces);
+    for (const std::string& p : pieces) bpe_into(p, out);
+    return;
   }
+  std::string normalized;
+  normalized.reserve(section.size() + 2 * kMetaspace.size());
+  for (char c : section)
+    if (c == ' ')
+      normalized.append(kMetaspace);
+    else
+      normalized.push_back(c);
+  using P = Metaspace::Prepend;
+  const bool space_first = normalized.starts_with(kMetaspace);
+  bool prepend = false;
+  switch (metaspace_.prepend) {
+    case P::kEvery:
+      prepend = at != SectionAt::kContinuing;
+      break;
+    case P::kAlways:
+      prepend = at != SectionAt::kContinuing && !space_first;
+      break;
+    case P::kFirst:
+      prepend = at == SectionAt::kTextStart && !space_first;
+      break;
+    case P::kNever:
+      break;
+  }
+  if (prepend) normalized.insert(0, kMetaspace);
+  metaspace_bpe_into(normalized, out);
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
+  return encode_text(text, /*continuation=*/false);
+}
+
+std::vector<int32_t> BpeTokenizer::encode_continuation(std::string_view text) const {
+  return encode_text(text, /*continuation=*/true);
+}
+
+std::vector<int32_t> BpeTokenizer::encode_text(std::string_view text, bool continuation) const {
   std::vector<int32_t> ids;
-  std::vector<std::string> pieces;
   const auto encode_text = [&](size_t b, size_t e) {
     if (e <= b) return;
-    pieces.clear();
-    pre_tokenize_into(text.substr(b, e - b), &pieces);
-    for (const std::string& p : pieces) bpe_into(p, &ids);
+    encode_section(text.substr(b, e - b),
+                   b == 0 ? (continuation ? SectionAt::kContinuing : SectionAt::kTextStart)
+                          : SectionAt::kAfterAddedToken,
+                   &ids);
   };
   // Added tokens first, leftmost-longest, on the raw text (HF: before normalization and
   // pre-tokenization, so that the pre-tokenizer never splits "<|endoftext|>").
@@ -551,6 +696,7 @@ std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
 
 std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
   std::string out;
+  bool first = true;
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
     if (id < 0 || id >= vocab_size_ || id_kind_[static_cast<size_t>(id)] == 0)
@@ -560,8 +706,19 @@ std::string BpeTokenizer::decode(const std::vector<int32_t>& ids) const {
                   " the vocabulary [0, " + std::to_string(vocab_size_) +
                   "); was it produced by a model with another vocab_size?");
     if (id_kind_[static_cast<size_t>(id)] == 2) continue;
-    out += id_bytes_[static_cast<size_t>(id)];
+    // Metaspace's decoder drops the "▁" of the first token it is given (after the specials).
+    if (metaspace_.drop_first_metaspace && first)
+      out += replace_metaspace(id_token_[static_cast<size_t>(id)], "");
+    else
+      out += id_bytes_[static_cast<size_t>(id)];
+    first = false;
   }
+  // Strip (after Fuse): the text's first spaces, at most strip_leading of them.
+  size_t spaces = 0;
+  while (spaces < out.size() && spaces < static_cast<size_t>(metaspace_.strip_leading) &&
+         out[spaces] == ' ')
+    ++spaces;
+  out.erase(0, spaces);
   return out;
 }
 

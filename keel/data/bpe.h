@@ -1,5 +1,5 @@
-// Byte-level BPE, the machinery shared by GPT-2's tokenizer (gpt2_tokenizer.h) and HF
-// tokenizer.json BPE (hf_tokenizer.h):
+// BPE, the machinery shared by GPT-2's tokenizer (gpt2_tokenizer.h) and HF tokenizer.json BPE
+// (hf_tokenizer.h). Byte-level BPE (GPT-2, Llama-3, Qwen2):
 //   1. added tokens (specials such as <|endoftext|>) are cut out of the text first;
 //   2. the rest is split into pre-tokens by regexes (PCRE2 in UTF + UCP mode, so \p{L}, \p{N},
 //      (?i:...) and look-ahead behave as in the Python `regex` / Oniguruma engines the patterns
@@ -7,6 +7,9 @@
 //   3. each pre-token's bytes become symbols of GPT-2's byte-to-unicode alphabet and are merged by
 //      rank (lowest rank first, leftmost first among equal ranks), as HF tokenizers does.
 // Decoding maps each token back to its bytes, so decode(encode(s)) == s for any bytes.
+// SentencePiece-style BPE (Llama-2, Mistral, TinyLlama: Metaspace below) instead merges the
+// characters of each section of text with its spaces spelled "▁" and a "▁" put before it, and
+// spells a character outside the vocabulary as its UTF-8 bytes (<0x0A>) or the unknown token.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -80,7 +83,27 @@ struct AddedToken {
   bool single_word = false;             // only when not inside a word
 };
 
-// Everything a byte-level BPE tokenizer is made of; the loaders fill it from their files.
+// SentencePiece-style BPE as an HF tokenizer.json writes it (Llama-2's normalizer Prepend("▁") +
+// Replace(" ", "▁"), or transformers' legacy=false Metaspace pre-tokenizer), and its decoder.
+// A section is the text between two added tokens.
+struct Metaspace {
+  bool on = false;  // off: byte-level BPE
+  // Where a "▁" goes before a section: kEvery before every one (the Prepend normalizer), kAlways
+  // before every one that does not start with "▁" already (Metaspace "always"), kFirst so before
+  // the text's first section only (Metaspace "first"), kNever nowhere. A continuation
+  // (encode_continuation) puts none before its first section.
+  enum class Prepend { kNever, kFirst, kAlways, kEvery } prepend = Prepend::kNever;
+  bool byte_fallback = false;  // an unknown character is its UTF-8 bytes as <0xNN> tokens...
+  int64_t unk_id = -1;         // ...else the unknown token (-1: none, an encode error)
+  bool fuse_unk = false;       // consecutive unknown characters are one unknown token
+  // The decoder: "▁" decodes as a space and <0xNN> as its byte (decode_bytes: ByteFallback);
+  // the first token's "▁" are dropped (Metaspace's decoder) or the text's first strip_leading
+  // spaces (Strip, after Fuse: Llama-2's 1).
+  bool decode_metaspace = false, decode_bytes = false, drop_first_metaspace = false;
+  int strip_leading = 0;
+};
+
+// Everything a BPE tokenizer is made of; the loaders fill it from their files.
 struct BpeSpec {
   std::string source;                                       // names the files in error messages
   std::vector<std::pair<std::string, int32_t>> vocab;       // byte-level spellings -> ids
@@ -88,6 +111,7 @@ struct BpeSpec {
   std::vector<std::string> merge_places;  // where merge i was read ("vocab.bpe:12"), for errors
   bool ignore_merges = false;  // a pre-token that is itself a vocabulary token is not merged
   std::vector<PreTokenizerStep> pre_tokenizer;
+  Metaspace metaspace;
   std::vector<AddedToken> added_tokens;
   int64_t bos_id = -1, eos_id = -1, pad_id = -1;
   int64_t prefix_id = -1;                  // Tokenizer::prefix_id
@@ -112,6 +136,7 @@ class BpeTokenizer : public Tokenizer {
   ~BpeTokenizer() override;
 
   std::vector<int32_t> encode(std::string_view text) const override;
+  std::vector<int32_t> encode_continuation(std::string_view text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocab_size() const override { return vocab_size_; }
   int64_t pad_id() const override { return pad_id_; }
@@ -129,8 +154,20 @@ class BpeTokenizer : public Tokenizer {
   std::vector<int32_t> bpe(std::string_view bytes) const;
 
  private:
-  void pre_tokenize_into(std::string_view text, std::vector<std::string>* pieces) const;
+  std::vector<int32_t> encode_text(std::string_view text, bool continuation) const;
+  // Where a section of text (no added token in it) stands: what goes before it depends on it.
+  enum class SectionAt { kTextStart, kAfterAddedToken, kContinuing };
+  void encode_section(std::string_view section, SectionAt at, std::vector<int32_t>* out) const;
+  void pre_tokenize_into(std::string_view text, bool prefix_space,
+                         std::vector<std::string>* pieces) const;
   void bpe_into(std::string_view bytes, std::vector<int32_t>* out) const;
+  // Metaspace: the ids of a normalized section ("▁the▁there"): its characters, merged.
+  void metaspace_bpe_into(std::string_view normalized, std::vector<int32_t>* out) const;
+  // Merges `symbols` (ids) by rank, in place.
+  void merge(std::vector<int32_t>* symbols) const;
+  // The merged ids of `key` from the cache, or compute(ids) stored under it.
+  template <class Compute>
+  void cached(std::string_view key, std::vector<int32_t>* out, Compute&& compute) const;
 
   std::string source_;
   int64_t vocab_size_ = 0, bos_id_ = -1, eos_id_ = -1, pad_id_ = -1, prefix_id_ = -1;
@@ -142,7 +179,8 @@ class BpeTokenizer : public Tokenizer {
       added_by_first_byte_;                // [256] indices into added_, longest first
   std::unique_ptr<SplitRegex> word_char_;  // \w on one character (single_word checks)
 
-  int32_t byte_id_[256] = {};  // id of each single-byte symbol
+  Metaspace metaspace_;
+  int32_t byte_id_[256] = {};  // id of each single-byte symbol (Metaspace: of <0xNN>, or -1)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (left, right) -> (rank, id)
   std::unordered_map<std::string, int32_t> bytes_to_id_;  // raw bytes of vocab tokens -> id
   std::unordered_map<std::string, int32_t> token_to_id_;  // spellings (and added contents) -> id

@@ -233,7 +233,9 @@ Example conversation_example(const Tokenizer& tok, const Conversation& c) {
   size_t at = 0;
   auto add = [&](size_t end, uint8_t target) {
     if (end <= at) return;
-    const std::vector<int32_t> ids = tok.encode(std::string_view(whole).substr(at, end - at));
+    // Each span after the first continues the text (no SentencePiece "▁" of its own).
+    const std::string_view span = std::string_view(whole).substr(at, end - at);
+    const std::vector<int32_t> ids = at == 0 ? tok.encode(span) : tok.encode_continuation(span);
     e.tokens.insert(e.tokens.end(), ids.begin(), ids.end());
     e.target.resize(e.tokens.size(), target);
     at = end;

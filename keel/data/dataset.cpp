@@ -460,7 +460,9 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
       if (!has_prompt) throw bad(std::string("missing \"prompt\"; ") + kExpected);
       e.tokens = encode_with_prefix(tok, get_string("prompt"));
       e.target.assign(e.tokens.size(), 0);  // context: no loss on the prompt
-      const std::vector<int32_t> completion = tok.encode(get_string("completion"));
+      // The completion continues the prompt: tokenized as in the two joined (no SentencePiece
+      // "▁" of its own), as TRL tokenizes prompt + completion.
+      const std::vector<int32_t> completion = tok.encode_continuation(get_string("completion"));
       e.tokens.insert(e.tokens.end(), completion.begin(), completion.end());
       e.tokens.push_back(static_cast<int32_t>(tok.eos_id()));
       e.target.resize(e.tokens.size(), 1);

@@ -17,6 +17,7 @@ struct Loader {
   std::string file;
   BpeSpec spec;
   bool byte_level_seen = false;
+  std::string unk_token;  // model.unk_token; "" for none
 
   [[noreturn]] void fail(const std::string& field, const std::string& problem) const {
     throw Error(file + ": " + field + ": " + problem);
@@ -46,9 +47,10 @@ struct Loader {
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
       if (m.contains(key) && !m[key].is_null() && m[key] != "")
         fail(std::string("model.") + key, "not supported by byte-level BPE (expected null)");
-    if (get_bool(m, "byte_fallback", false, "model"))
-      fail("model.byte_fallback",
-           "SentencePiece-style byte fallback is not supported; keel reads byte-level BPE");
+    spec.metaspace.byte_fallback = get_bool(m, "byte_fallback", false, "model");
+    spec.metaspace.fuse_unk = get_bool(m, "fuse_unk", false, "model");
+    if (m.contains("unk_token") && !m["unk_token"].is_null())
+      unk_token = get_string(m, "unk_token", "model");
     spec.ignore_merges = get_bool(m, "ignore_merges", false, "model");
 
     const auto vit = m.find("vocab");
@@ -94,6 +96,26 @@ struct Loader {
         pre_tokenizer((*it)[i], field + ".pretokenizers[" + std::to_string(i) + "]");
       return;
     }
+    if (type == "Metaspace") {  // transformers' legacy=false Llama/Mistral files
+      metaspace_replacement(p, field);
+      if (get_bool(p, "split", true, field))
+        fail(field + ".split",
+             "true is not supported (transformers writes false for Llama and Mistral)");
+      // Files before prepend_scheme hold add_prefix_space (true: "always").
+      std::string scheme = get_bool(p, "add_prefix_space", true, field) ? "always" : "never";
+      if (p.contains("prepend_scheme")) scheme = get_string(p, "prepend_scheme", field);
+      using P = Metaspace::Prepend;
+      if (scheme == "first")
+        spec.metaspace.prepend = P::kFirst;
+      else if (scheme == "always")
+        spec.metaspace.prepend = P::kAlways;
+      else if (scheme == "never")
+        spec.metaspace.prepend = P::kNever;
+      else
+        fail(field + ".prepend_scheme", "\"" + scheme + "\" is not first, always or never");
+      spec.metaspace.on = true;
+      return;
+    }
     PreTokenizerStep step;
     if (type == "ByteLevel") {
       // HF's defaults: add_prefix_space = true, use_regex = true.
@@ -127,10 +149,109 @@ struct Loader {
       step.invert = get_bool(p, "invert", false, field);
     } else {
       fail(field + ".type", "\"" + type +
-                                "\" is not supported (ByteLevel, Split or a Sequence of them; "
-                                "keel reads byte-level BPE tokenizers)");
+                                "\" is not supported (ByteLevel, Split or a Sequence of them, "
+                                "or Metaspace; keel reads BPE tokenizers)");
     }
     spec.pre_tokenizer.push_back(std::move(step));
+  }
+
+  // Metaspace's replacement must be "▁" (U+2581), as every SentencePiece model writes it.
+  void metaspace_replacement(const json& p, const std::string& field) const {
+    if (p.contains("replacement") && get_string(p, "replacement", field) != "\u2581")
+      fail(field + ".replacement", "only \"\u2581\" (U+2581) is supported");
+  }
+
+  // Whether `p` is {"pattern": {"String": from}, "content": to} (a Replace step).
+  bool replaces(const json& p, const std::string& field, const char* from, const char* to) const {
+    const auto pat = p.find("pattern");
+    return pat != p.end() && pat->is_object() && pat->contains("String") &&
+           get_string(*pat, "String", field + ".pattern") == from &&
+           get_string(p, "content", field) == to;
+  }
+
+  // The normalizer: null (byte-level files), or Llama-2's SentencePiece spelling, Prepend("▁")
+  // and Replace(" ", "▁") (in either order, or the Replace alone).
+  void normalizer(const json& n) {
+    if (n.is_null()) return;
+    std::vector<std::pair<const json*, std::string>> steps;
+    if (n.is_object() && n.value("type", json()) == "Sequence" && n.contains("normalizers") &&
+        n["normalizers"].is_array()) {
+      for (size_t i = 0; i < n["normalizers"].size(); ++i)
+        steps.emplace_back(&n["normalizers"][i],
+                           "normalizer.normalizers[" + std::to_string(i) + "]");
+    } else {
+      steps.emplace_back(&n, "normalizer");
+    }
+    bool replaced = false;
+    for (const auto& [step, field] : steps) {
+      if (!step->is_object()) fail(field, "expected an object");
+      const std::string type = get_string(*step, "type", field);
+      if (type == "Prepend" && get_string(*step, "prepend", field) == "\u2581") {
+        spec.metaspace.prepend = Metaspace::Prepend::kEvery;
+      } else if (type == "Replace" && replaces(*step, field, " ", "\u2581")) {
+        replaced = true;
+      } else {
+        fail(field, "the " + type +
+                        " normalizer is not supported (keel reads null, or Llama-2's "
+                        "Prepend(\"\u2581\") and Replace(\" \", \"\u2581\"))");
+      }
+    }
+    if (!replaced)
+      fail("normalizer",
+           "a \"\u2581\" prepended without Replace(\" \", \"\u2581\") is not "
+           "supported");
+    spec.metaspace.on = true;
+  }
+
+  // The decoder: ByteLevel for byte-level files; for SentencePiece-style ones Llama-2's Sequence
+  // of Replace("▁", " "), ByteFallback, Fuse and Strip(" ", n, 0), or Metaspace's.
+  void decoder(const json& d) {
+    if (d.is_null()) return;
+    if (!d.is_object()) fail("decoder", "expected an object");
+    if (!spec.metaspace.on) {
+      if (get_string(d, "type", "decoder") != "ByteLevel")
+        fail("decoder.type", "only the ByteLevel decoder is supported for byte-level BPE");
+      return;
+    }
+    std::vector<std::pair<const json*, std::string>> steps;
+    if (get_string(d, "type", "decoder") == "Sequence") {
+      const auto list = d.find("decoders");
+      if (list == d.end() || !list->is_array()) fail("decoder.decoders", "expected an array");
+      for (size_t i = 0; i < list->size(); ++i)
+        steps.emplace_back(&(*list)[i], "decoder.decoders[" + std::to_string(i) + "]");
+    } else {
+      steps.emplace_back(&d, "decoder");
+    }
+    Metaspace& m = spec.metaspace;
+    bool fused = false;
+    for (const auto& [step, field] : steps) {
+      if (!step->is_object()) fail(field, "expected an object");
+      const std::string type = get_string(*step, "type", field);
+      if (type == "Replace" && replaces(*step, field, "\u2581", " ")) {
+        m.decode_metaspace = true;
+      } else if (type == "ByteFallback") {
+        m.decode_bytes = true;
+      } else if (type == "Fuse") {
+        fused = true;
+      } else if (type == "Strip") {
+        const auto start = step->find("start"), stop = step->find("stop");
+        if (get_string(*step, "content", field) != " " || !fused || start == step->end() ||
+            !start->is_number_unsigned() || start->get<uint64_t>() > 8 ||
+            (stop != step->end() && !(stop->is_number_integer() && stop->get<int64_t>() == 0)))
+          fail(field, "only Strip(\" \", start, 0) after Fuse is supported (Llama-2's)");
+        m.strip_leading = static_cast<int>(start->get<uint64_t>());
+      } else if (type == "Metaspace") {
+        metaspace_replacement(*step, field);
+        m.decode_metaspace = true;
+        std::string scheme = get_bool(*step, "add_prefix_space", true, field) ? "always" : "never";
+        if (step->contains("prepend_scheme")) scheme = get_string(*step, "prepend_scheme", field);
+        m.drop_first_metaspace = scheme != "never";
+      } else {
+        fail(field, "the " + type +
+                        " decoder is not supported for SentencePiece-style BPE (keel reads "
+                        "Replace, ByteFallback, Fuse, Strip and Metaspace)");
+      }
+    }
   }
 
   void added_tokens(const json& a) {
@@ -280,19 +401,27 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path, const s
   if (!root.is_object()) ld.fail("(top level)", "expected a JSON object");
   if (!root.contains("model")) ld.fail("model", "missing");
   ld.model(root["model"]);
-  if (root.contains("normalizer") && !root["normalizer"].is_null())
-    ld.fail("normalizer", "normalizers are not supported (byte-level BPE files have null)");
+  if (root.contains("normalizer")) ld.normalizer(root["normalizer"]);
   if (root.contains("pre_tokenizer")) ld.pre_tokenizer(root["pre_tokenizer"], "pre_tokenizer");
-  if (!ld.byte_level_seen)
+  // Byte-level BPE (GPT-2, Llama-3, Qwen2) or SentencePiece-style (Llama-2, Mistral, TinyLlama).
+  if (ld.byte_level_seen && ld.spec.metaspace.on)
     ld.fail("pre_tokenizer",
-            "no ByteLevel step: keel reads byte-level BPE (GPT-2, Llama-3 and Qwen2 style), not "
-            "SentencePiece-style BPE such as Llama-2's");
-  if (root.contains("decoder") && !root["decoder"].is_null()) {
-    const json& d = root["decoder"];
-    if (!d.is_object() || ld.get_string(d, "type", "decoder") != "ByteLevel")
-      ld.fail("decoder.type", "only the ByteLevel decoder is supported");
-  }
+            "a ByteLevel step in a SentencePiece-style file (\"\u2581\" for spaces): keel reads "
+            "one or the other");
+  if (!ld.byte_level_seen && !ld.spec.metaspace.on)
+    ld.fail("pre_tokenizer",
+            "no ByteLevel step and no \"\u2581\" for spaces: keel reads byte-level BPE (GPT-2, "
+            "Llama-3 and Qwen2 style) and SentencePiece-style BPE (Llama-2, Mistral)");
+  if (ld.spec.metaspace.byte_fallback && !ld.spec.metaspace.on)
+    ld.fail("model.byte_fallback",
+            "true in a byte-level file, whose 256 byte symbols leave nothing to fall back to");
+  if (root.contains("decoder")) ld.decoder(root["decoder"]);
   if (root.contains("added_tokens")) ld.added_tokens(root["added_tokens"]);
+  if (ld.spec.metaspace.on && !ld.unk_token.empty()) {  // (byte-level BPE never needs one)
+    ld.spec.metaspace.unk_id = ld.find_token(ld.unk_token);
+    if (ld.spec.metaspace.unk_id < 0)
+      ld.fail("model.unk_token", "\"" + ld.unk_token + "\" is not a token of the file");
+  }
 
   // Special ids: first the tokenizer.json's own conventions. The post-processor's template names
   // the token it puts before the text (Llama-3's <|begin_of_text|>).

@@ -14,6 +14,12 @@ void encode_in_pieces(const Tokenizer& tok, std::istream& in, size_t piece_bytes
   auto blank = [](char c) {
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
   };
+  // A piece after the first continues the text: nothing of a text's start (SentencePiece's "▁")
+  // goes before it.
+  bool first_piece = true;
+  auto encode = [&](std::string_view text, bool at_start) {
+    return at_start ? tok.encode(text) : tok.encode_continuation(text);
+  };
   // Where `text` may be cut (after text[cut - 1] == '\n'): a newline between two non-blank bytes
   // whose lines encode the same together and apart; 0 when none of the last few candidates is.
   auto find_cut = [&](std::string_view text) -> size_t {
@@ -28,11 +34,12 @@ void encode_in_pieces(const Tokenizer& tok, std::istream& in, size_t piece_bytes
       const size_t line_end = after == std::string::npos ? text.size() : after;
       const std::string_view left(text.data() + line_start, nl + 1 - line_start),
           right(text.data() + nl + 1, line_end - nl - 1);
-      std::vector<int32_t> apart = tok.encode(left);
-      const std::vector<int32_t> r = tok.encode(right);
+      const bool at_start = first_piece && line_start == 0;
+      std::vector<int32_t> apart = encode(left, at_start);
+      const std::vector<int32_t> r = tok.encode_continuation(right);
       apart.insert(apart.end(), r.begin(), r.end());
       const std::string joined = std::string(left) + std::string(right);
-      if (tok.encode(joined) == apart) return nl + 1;
+      if (encode(joined, at_start) == apart) return nl + 1;
     }
     return 0;
   };
@@ -50,12 +57,13 @@ void encode_in_pieces(const Tokenizer& tok, std::istream& in, size_t piece_bytes
     if (last_nl == std::string::npos) continue;
     const size_t cut = find_cut(std::string_view(text).substr(0, last_nl));
     if (cut == 0) continue;  // no cut yet: read on, the piece grows
-    const std::vector<int32_t> ids = tok.encode(std::string_view(text).substr(0, cut));
+    const std::vector<int32_t> ids = encode(std::string_view(text).substr(0, cut), first_piece);
     emit(ids);
     text.erase(0, cut);
+    first_piece = false;
   }
   if (!text.empty()) {
-    const std::vector<int32_t> ids = tok.encode(text);
+    const std::vector<int32_t> ids = encode(text, first_piece);
     emit(ids);
   }
 }

@@ -18,6 +18,13 @@ class Tokenizer {
 
   // Token ids of `text` (any bytes). No bos/eos is added: callers add the specials they want.
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // Token ids of `text` as it is encoded where it continues an earlier text (a completion after
+  // its prompt, a reply after the conversation's header): what the tokenizer puts before a text
+  // of its own is left out (SentencePiece's "▁", a ByteLevel add_prefix_space), as a text
+  // encoded whole gives its middle. Equal to encode() for the tokenizers that put nothing there.
+  virtual std::vector<int32_t> encode_continuation(std::string_view text) const {
+    return encode(text);
+  }
   // The text of `ids`; special tokens are skipped (HF's skip_special_tokens=True), so that
   // decode(encode(s)) == s for text without special tokens. An id that names no token is an Error
   // naming the id and its position.

@@ -521,9 +521,11 @@ TEST(Tokenizer, LoaderErrorsNameTheFileAndPlace) {
                     j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "MergedWithNext";
                   }),
                   "behavior: \"MergedWithNext\"");
-  EXPECT_CONTAINS(
-      hf_error([](json& j) { j["pre_tokenizer"]["pretokenizers"][1]["type"] = "Metaspace"; }),
-      "pretokenizers[1].type: \"Metaspace\"");
+  EXPECT_CONTAINS(hf_error([](json& j) {
+                    j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Metaspace"},
+                                                              {"split", false}};
+                  }),
+                  "a ByteLevel step in a SentencePiece-style file");
   EXPECT_CONTAINS(hf_error([](json& j) { j["decoder"] = {{"type", "Metaspace"}}; }), "decoder");
   EXPECT_CONTAINS(hf_error([](json& j) { j["added_tokens"][0]["id"] = "x"; }),
                   "added_tokens[0].id");

