@@ -301,6 +301,22 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
       id_bytes_[i] = tok;
     }
   }
+  // SentencePiece-style files whose tokens never hold a "▁" after another character (Llama-2's,
+  // Mistral's: SentencePiece's split_by_whitespace) are merged a word at a time (encode_section).
+  if (metaspace_.on && token_to_id_.contains(std::string(kMetaspace))) {
+    metaspace_words_ = true;
+    for (size_t i = 0; i < id_token_.size() && metaspace_words_; ++i) {
+      if (id_kind_[i] != 1) continue;
+      const std::string& t = id_token_[i];
+      for (size_t at = t.find(kMetaspace, 1); at != std::string::npos;
+           at = t.find(kMetaspace, at + 1))
+        if (at < kMetaspace.size() ||
+            t.compare(at - kMetaspace.size(), kMetaspace.size(), kMetaspace) != 0) {
+          metaspace_words_ = false;
+          break;
+        }
+    }
+  }
   // SentencePiece-style: characters are the symbols; a byte is a symbol only as the fallback
   // token of a character the vocabulary lacks (HF falls back to the unknown token when one of
   // its bytes has none).
@@ -620,7 +636,23 @@ void BpeTokenizer::encode_section(std::string_view section, SectionAt at,
       break;
   }
   if (prepend) normalized.insert(0, kMetaspace);
-  metaspace_bpe_into(normalized, out);
+  if (!metaspace_words_) {
+    metaspace_bpe_into(normalized, out);
+    return;
+  }
+  // Merged a word at a time, each word from a "▁" after another character to the next such: no
+  // token spans that boundary, so no merge does, and the words' merges are independent.
+  size_t begin = 0;
+  for (size_t at = normalized.find(kMetaspace, 1); at != std::string::npos;
+       at = normalized.find(kMetaspace, at + kMetaspace.size())) {
+    const bool after_metaspace =
+        at >= kMetaspace.size() &&
+        normalized.compare(at - kMetaspace.size(), kMetaspace.size(), kMetaspace) == 0;
+    if (after_metaspace) continue;  // a run of "▁" stays together ("▁▁" is a token)
+    metaspace_bpe_into(std::string_view(normalized).substr(begin, at - begin), out);
+    begin = at;
+  }
+  metaspace_bpe_into(std::string_view(normalized).substr(begin), out);
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {

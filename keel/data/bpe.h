@@ -180,7 +180,8 @@ class BpeTokenizer : public Tokenizer {
   std::unique_ptr<SplitRegex> word_char_;  // \w on one character (single_word checks)
 
   Metaspace metaspace_;
-  int32_t byte_id_[256] = {};  // id of each single-byte symbol (Metaspace: of <0xNN>, or -1)
+  bool metaspace_words_ = false;  // no token holds "▁" after another character (encode_section)
+  int32_t byte_id_[256] = {};     // id of each single-byte symbol (Metaspace: of <0xNN>, or -1)
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> merges_;  // (left, right) -> (rank, id)
   std::unordered_map<std::string, int32_t> bytes_to_id_;  // raw bytes of vocab tokens -> id
   std::unordered_map<std::string, int32_t> token_to_id_;  // spellings (and added contents) -> id
