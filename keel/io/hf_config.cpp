@@ -94,8 +94,18 @@ std::string family_of(const json& j, const std::string& file) {
     arch = j["architectures"][0].get<std::string>();
   if (mt == "gpt2" || arch == "GPT2LMHeadModel" || arch == "GPT2Model") return "gpt2";
   if (mt == "llama" || arch == "LlamaForCausalLM" || arch == "LlamaModel") return "llama";
+  if (mt == "mistral" || arch == "MistralForCausalLM") return "llama";  // Llama's layers
   throw Error(file + ": unsupported model (model_type '" + mt + "', architecture '" + arch +
-              "'); keel reads GPT2LMHeadModel (gpt2) and LlamaForCausalLM (llama)");
+              "'); keel reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama) and "
+              "MistralForCausalLM (mistral)");
+}
+
+bool is_mistral(const json& j) {
+  const auto mt = j.find("model_type");
+  if (mt != j.end() && mt->is_string()) return *mt == "mistral";
+  const auto arch = j.find("architectures");
+  return arch != j.end() && arch->is_array() && !arch->empty() &&
+         (*arch)[0] == "MistralForCausalLM";
 }
 
 }  // namespace
@@ -125,8 +135,10 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop"})
       if (!j.contains(k)) j[k] = 0.0;
   } else {
-    j["architectures"] = {"LlamaForCausalLM"};
-    j["model_type"] = "llama";
+    const bool mistral = s.hf_model_type == "mistral";
+    j["architectures"] = {mistral ? "MistralForCausalLM" : "LlamaForCausalLM"};
+    j["model_type"] = mistral ? "mistral" : "llama";
+    if (mistral) j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
     j["hidden_act"] = "silu";
     j["num_hidden_layers"] = s.n_layer;
     j["hidden_size"] = s.n_embd;
@@ -135,7 +147,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     j["head_dim"] = s.head_dim();
     j["intermediate_size"] = s.ffn_dim();
     j["vocab_size"] = s.vocab_size;
-    j["max_position_embeddings"] = s.max_seq_len;
+    j["max_position_embeddings"] = s.hf_max_positions > 0 ? s.hf_max_positions : s.max_seq_len;
     j["rms_norm_eps"] = s.norm_eps;
     j["rope_theta"] = s.rope_theta;
     j["rope_scaling"] = rope_scaling_json(s.rope_scaling);
@@ -203,6 +215,13 @@ HfConfig read_hf_config(const std::string& dir) {
     if (c.boolean("attention_bias", false)) throw unsupported("attention_bias = true");
     if (c.boolean("mlp_bias", false)) throw unsupported("mlp_bias = true");
     if (const json* rs = c.find({"rope_scaling"})) s.rope_scaling = read_rope_scaling(*rs, file);
+    if (is_mistral(j)) {
+      // Mistral-7B-v0.1 slides over 4096 of its 32768 positions; v0.2 and later have none.
+      s.hf_model_type = "mistral";
+      s.hf_max_positions = s.max_seq_len;
+      s.sliding_window = c.integer({"sliding_window"}, 0);  // null: none
+      if (s.sliding_window > 0) s.max_seq_len = std::min(s.max_seq_len, s.sliding_window);
+    }
     if (s.n_head > 0 && s.n_embd % s.n_head == 0) {
       const int64_t hd = c.integer({"head_dim"}, s.n_embd / s.n_head);
       if (hd != s.n_embd / s.n_head)

@@ -5,6 +5,8 @@
 //     num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings, rope_theta,
 //     rope_scaling (default, linear, llama3), rms_norm_eps, tie_word_embeddings (tied: no
 //     lm_head.weight).
+//   MistralForCausalLM (model_type "mistral"): Llama's fields and layers, and sliding_window
+//     (null: none), which bounds max_seq_len (ModelSpec::sliding_window); written back as Mistral.
 // Every problem is an Error naming the file and the field: a missing or mistyped field, sizes that
 // disagree with each other or with the weights' headers, an unsupported architecture variant
 // (e.g. attention biases).

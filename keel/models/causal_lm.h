@@ -32,6 +32,13 @@ struct ModelSpec {
   double dropout = 0.0;
   ops::AttentionBackend attention = ops::AttentionBackend::kEager;
   DType param_dtype = DType::F32;
+  // An HF Mistral (model_type "mistral", MistralForCausalLM): Llama's layers under another name,
+  // whose attention slides over the last sliding_window positions. keel's attention is full causal
+  // attention, Mistral's own while a sequence fits the window, so max_seq_len is at most the
+  // window; hf_max_positions keeps the file's max_position_embeddings for the config.json keel
+  // writes back. Empty and 0 for every other model.
+  std::string hf_model_type;
+  int64_t sliding_window = 0, hf_max_positions = 0;
 
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t ffn_dim() const;

@@ -406,12 +406,19 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
   m = error_of([&] { load_hf_model(dir); });
   EXPECT_CONTAINS(m, "rope_scaling must be an object or null");
   cfg = config_of(spec);
-  cfg["model_type"] = "mistral";
-  cfg["architectures"] = {"MistralForCausalLM"};
+  cfg["model_type"] = "qwen2";
+  cfg["architectures"] = {"Qwen2ForCausalLM"};
   write_hf_dir(dir, cfg, tensors);
   m = error_of([&] { load_hf_model(dir); });
-  EXPECT_CONTAINS(m, "MistralForCausalLM");
+  EXPECT_CONTAINS(m, "Qwen2ForCausalLM");
   EXPECT_CONTAINS(m, "unsupported model");
+  EXPECT_CONTAINS(m, "MistralForCausalLM (mistral)");  // what keel reads
+  cfg["model_type"] = "mistral";
+  cfg["architectures"] = {"MistralForCausalLM"};
+  cfg["sliding_window"] = -1;
+  write_hf_dir(dir, cfg, tensors);
+  m = error_of([&] { load_hf_model(dir); });
+  EXPECT_CONTAINS(m, "field 'sliding_window' must be a non-negative integer, got -1");
   const std::string empty = test::temp_dir("hf-empty");
   m = error_of([&] { load_hf_model(empty); });
   EXPECT_CONTAINS(m, "no config.json");

@@ -1,0 +1,113 @@
+// An HF Mistral directory (MistralForCausalLM: Llama's layers, a sliding window): evaluated as the
+// same weights under Llama's name are, trained within its window and refused beyond it, generated
+// up to the window, and written back as a Mistral by checkpoints and export.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/check.h"
+#include "tests/support/run_keel.h"
+
+namespace keel {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+struct MistralFiles {
+  std::string dir, llama, mistral, text;
+};
+
+json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+// A tiny Llama, the same weights as a Mistral with a 32-position window over 64 positions, and a
+// text.
+const MistralFiles& mistral_files() {
+  static const MistralFiles f = [] {
+    MistralFiles f;
+    f.dir = test::temp_dir("cli-mistral");
+    f.llama = f.dir + "/llama";
+    f.mistral = f.dir + "/mistral";
+    const test::KeelRun r = test::run_keel(
+        {"init-model", "--family", "llama", "--out", f.llama, "--n-layer", "1", "--n-embd", "32",
+         "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "64", "--init-std", "0.1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    fs::copy(f.llama, f.mistral);
+    json cfg = read_json_file(f.llama + "/config.json");
+    cfg["model_type"] = "mistral";
+    cfg["architectures"] = {"MistralForCausalLM"};
+    cfg["sliding_window"] = 32;
+    std::ofstream(f.mistral + "/config.json") << cfg.dump(2);
+    f.text = f.dir + "/t.txt";
+    std::ofstream t(f.text);
+    for (int i = 0; i < 12; ++i) t << "the quick brown fox " << i << " jumps over the dog\n\n";
+    return f;
+  }();
+  return f;
+}
+
+TEST(CliMistral, EvaluatesAsTheSameWeightsUnderLlamasName) {
+  const MistralFiles& f = mistral_files();
+  auto loss = [&](const std::string& model) {
+    const test::KeelRun r = test::run_keel(
+        {"eval", model, "--data", f.text, "--tokenizer", "byte", "--seq-len", "32", "--json"},
+        {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r.code == 0 ? json::parse(r.out).at("loss").get<double>() : -1.0;
+  };
+  EXPECT_EQ(loss(f.mistral), loss(f.llama));
+  const test::KeelRun wide = test::run_keel(
+      {"eval", f.mistral, "--data", f.text, "--tokenizer", "byte", "--seq-len", "48"});
+  EXPECT_EQ(wide.code, 2) << wide.output;
+  EXPECT_CONTAINS(wide.err,
+                  "--seq-len 48: use 2 to the model's max_seq_len 32 (a Mistral's "
+                  "sliding_window: keel's attention does not slide)");
+}
+
+TEST(CliMistral, TrainsWithinItsWindowAndIsWrittenBackAsAMistral) {
+  const MistralFiles& f = mistral_files();
+  auto train = [&](const std::string& out, int64_t seq_len) {
+    return test::run_keel(
+        test::with_sets({"train"},
+                        {"run.out_dir=" + out, "run.threads=1", "model.path=" + f.mistral,
+                         "data.task=text", "data.path=" + f.text, "data.tokenizer=byte",
+                         "data.seq_len=" + std::to_string(seq_len), "train.batch_size=4",
+                         "train.max_steps=3", "log.tensorboard=false"}),
+        {"OMP_NUM_THREADS=1"});
+  };
+  // Past the window keel's full attention would train another model than Mistral's.
+  const test::KeelRun wide = train(f.dir + "/wide", 48);
+  EXPECT_EQ(wide.code, 2) << wide.output;
+  EXPECT_CONTAINS(wide.err,
+                  "data.seq_len = 48 exceeds " + f.mistral + "/config.json's sliding_window = 32");
+  const std::string out = f.dir + "/run";
+  const test::KeelRun run = train(out, 32);
+  ASSERT_EQ(run.code, 0) << run.output;
+  // The checkpoint and the export are Mistrals with the file's window and positions.
+  const test::KeelRun ex = test::run_keel({"export", out, "--out", f.dir + "/exported"});
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  for (const std::string& dir : {out + "/checkpoints/last", f.dir + "/exported"}) {
+    const json cfg = read_json_file(dir + "/config.json");
+    EXPECT_EQ(cfg.at("model_type"), "mistral") << dir;
+    EXPECT_EQ(cfg.at("architectures"), json::array({"MistralForCausalLM"})) << dir;
+    EXPECT_EQ(cfg.at("sliding_window"), 32) << dir;
+    EXPECT_EQ(cfg.at("max_position_embeddings"), 64) << dir;
+  }
+  // A decode stops at the window, where Mistral's attention would start to slide.
+  const test::KeelRun g =
+      test::run_keel({"generate", f.dir + "/exported", "the quick", "--tokenizer", "byte",
+                      "--max-new-tokens", "100", "--json"},
+                     {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(g.code, 0) << g.output;
+  const json r = json::parse(g.out);
+  EXPECT_EQ(r.at("stop"), "max_seq_len");
+  EXPECT_EQ(r.at("prompt_tokens").get<size_t>() + r.at("tokens").size(), 32u);
+}
+
+}  // namespace
+}  // namespace keel
