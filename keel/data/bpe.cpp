@@ -520,7 +520,7 @@ void BpeTokenizer::metaspace_bpe_into(std::string_view normalized,
     // tokens, else the unknown token (consecutive ones fused with fuse_unk).
     bool unk_pending = false;
     for (size_t i = 0; i < normalized.size();) {
-      uint32_t cp;
+      uint32_t cp = 0xFFFD;
       size_t len = decode_utf8(normalized, i, &cp);
       if (len == 0) len = 1;  // a stray byte: a character of its own, never in the vocabulary
       const std::string_view ch = normalized.substr(i, len);
@@ -540,7 +540,7 @@ void BpeTokenizer::metaspace_bpe_into(std::string_view normalized,
       }
       if (metaspace_.unk_id < 0) {
         char hex[16];
-        std::snprintf(hex, sizeof hex, "U+%04X", len == 1 && cp >= 0x80 ? 0xFFFD : cp);
+        std::snprintf(hex, sizeof hex, "U+%04X", static_cast<unsigned>(cp));
         throw Error(source_ + ": the character " + dq(std::string(ch)) + " (" + hex +
                         ") is not in the vocabulary, and the tokenizer has neither byte_fallback "
                         "nor an unk_token to stand for it; remove it from the text",
@@ -643,14 +643,14 @@ void BpeTokenizer::encode_section(std::string_view section, SectionAt at,
   // Merged a word at a time, each word from a "▁" after another character to the next such: no
   // token spans that boundary, so no merge does, and the words' merges are independent.
   size_t begin = 0;
-  for (size_t at = normalized.find(kMetaspace, 1); at != std::string::npos;
-       at = normalized.find(kMetaspace, at + kMetaspace.size())) {
+  for (size_t pos = normalized.find(kMetaspace, 1); pos != std::string::npos;
+       pos = normalized.find(kMetaspace, pos + kMetaspace.size())) {
     const bool after_metaspace =
-        at >= kMetaspace.size() &&
-        normalized.compare(at - kMetaspace.size(), kMetaspace.size(), kMetaspace) == 0;
+        pos >= kMetaspace.size() &&
+        normalized.compare(pos - kMetaspace.size(), kMetaspace.size(), kMetaspace) == 0;
     if (after_metaspace) continue;  // a run of "▁" stays together ("▁▁" is a token)
-    metaspace_bpe_into(std::string_view(normalized).substr(begin, at - begin), out);
-    begin = at;
+    metaspace_bpe_into(std::string_view(normalized).substr(begin, pos - begin), out);
+    begin = pos;
   }
   metaspace_bpe_into(std::string_view(normalized).substr(begin), out);
 }
