@@ -68,7 +68,11 @@ void check_flags(const InitModelArgs& a) {
 int run_init_model(const InitModelArgs& a) {
   check_flags(a);
   models::ModelSpec s;
-  s.family = a.family;
+  // Qwen2 is Llama's layers with q/k/v biases, written back as a Qwen2ForCausalLM.
+  const bool qwen2 = a.family == "qwen2";
+  s.family = qwen2 ? "llama" : a.family;
+  s.hf_model_type = qwen2 ? "qwen2" : "";
+  s.qkv_bias = qwen2;
   s.n_layer = a.n_layer;
   s.n_embd = a.n_embd;
   s.n_head = a.n_head;
@@ -103,11 +107,11 @@ int run_init_model(const InitModelArgs& a) {
                     " is not divisible by --n-head " + std::to_string(a.n_head) +
                     "; each head gets n-embd / n-head channels",
                 Error::kUsage);
-  if (a.family == "llama" && (a.n_embd / a.n_head) % 2 != 0)
+  if (s.family == "llama" && (a.n_embd / a.n_head) % 2 != 0)
     throw Error("init-model --n-embd " + std::to_string(a.n_embd) + " / --n-head " +
                     std::to_string(a.n_head) + " gives heads of " +
-                    std::to_string(a.n_embd / a.n_head) +
-                    " channels; llama's rotary embedding (RoPE) turns pairs of channels, so a "
+                    std::to_string(a.n_embd / a.n_head) + " channels; " + a.family +
+                    "'s rotary embedding (RoPE) turns pairs of channels, so a "
                     "head needs an even number: change --n-embd or --n-head",
                 Error::kUsage);
   if (a.n_kv_head > 0 && a.n_head % a.n_kv_head != 0)
@@ -156,11 +160,11 @@ Command add_init_model(CLI::App& app) {
   auto a = std::make_shared<InitModelArgs>();
   CLI::App* sub = app.add_subcommand(
       "init-model",
-      "Write a randomly initialized GPT-2 or Llama model as a Hugging Face directory");
+      "Write a randomly initialized GPT-2, Llama or Qwen2 model as a Hugging Face directory");
   sub->add_option("--out", a->out, "output directory (config.json + model.safetensors)")
       ->required();
-  sub->add_option("--family", a->family, "gpt2 | llama")
-      ->check(CLI::IsMember({"gpt2", "llama"}))
+  sub->add_option("--family", a->family, "gpt2 | llama | qwen2 (Llama with q/k/v biases)")
+      ->check(CLI::IsMember({"gpt2", "llama", "qwen2"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

@@ -95,17 +95,23 @@ std::string family_of(const json& j, const std::string& file) {
   if (mt == "gpt2" || arch == "GPT2LMHeadModel" || arch == "GPT2Model") return "gpt2";
   if (mt == "llama" || arch == "LlamaForCausalLM" || arch == "LlamaModel") return "llama";
   if (mt == "mistral" || arch == "MistralForCausalLM") return "llama";  // Llama's layers
+  if (mt == "qwen2" || arch == "Qwen2ForCausalLM") return "llama";      // and q/k/v biases
   throw Error(file + ": unsupported model (model_type '" + mt + "', architecture '" + arch +
-              "'); keel reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama) and "
-              "MistralForCausalLM (mistral)");
+              "'); keel reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama), "
+              "MistralForCausalLM (mistral) and Qwen2ForCausalLM (qwen2)");
 }
 
-bool is_mistral(const json& j) {
+// The HF architecture of a "llama" family config: "llama", "mistral" or "qwen2".
+std::string llama_variant(const json& j) {
   const auto mt = j.find("model_type");
-  if (mt != j.end() && mt->is_string()) return *mt == "mistral";
+  if (mt != j.end() && mt->is_string() && (*mt == "mistral" || *mt == "qwen2"))
+    return mt->get<std::string>();
   const auto arch = j.find("architectures");
-  return arch != j.end() && arch->is_array() && !arch->empty() &&
-         (*arch)[0] == "MistralForCausalLM";
+  if (arch != j.end() && arch->is_array() && !arch->empty()) {
+    if ((*arch)[0] == "MistralForCausalLM") return "mistral";
+    if ((*arch)[0] == "Qwen2ForCausalLM") return "qwen2";
+  }
+  return "llama";
 }
 
 }  // namespace
@@ -135,10 +141,14 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop"})
       if (!j.contains(k)) j[k] = 0.0;
   } else {
-    const bool mistral = s.hf_model_type == "mistral";
-    j["architectures"] = {mistral ? "MistralForCausalLM" : "LlamaForCausalLM"};
-    j["model_type"] = mistral ? "mistral" : "llama";
-    if (mistral) j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
+    const std::string& variant = s.hf_model_type;
+    j["architectures"] = {variant == "mistral" ? "MistralForCausalLM"
+                          : variant == "qwen2" ? "Qwen2ForCausalLM"
+                                               : "LlamaForCausalLM"};
+    j["model_type"] = variant.empty() ? "llama" : variant;
+    if (variant == "mistral")
+      j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
+    if (variant == "qwen2") j["use_sliding_window"] = false;
     j["hidden_act"] = "silu";
     j["num_hidden_layers"] = s.n_layer;
     j["hidden_size"] = s.n_embd;
@@ -152,8 +162,10 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     j["rope_theta"] = s.rope_theta;
     j["rope_scaling"] = rope_scaling_json(s.rope_scaling);
     j["tie_word_embeddings"] = s.tie_embeddings;
-    j["attention_bias"] = false;
-    j["mlp_bias"] = false;
+    if (variant != "qwen2") {  // (Qwen2's q/k/v biases are its architecture's, no key)
+      j["attention_bias"] = false;
+      j["mlp_bias"] = false;
+    }
     j["initializer_range"] = s.init_std;
   }
   j["torch_dtype"] = torch_dtype;
@@ -177,8 +189,9 @@ HfConfig read_hf_config(const std::string& dir) {
   ConfigReader c{j, file};
   models::ModelSpec& s = out.spec;
   s.family = family_of(j, file);
-  auto unsupported = [&](const std::string& what) {
-    return Error(file + ": " + what + " is not supported by keel's " + s.family + " model");
+  auto unsupported = [&](const std::string& what) {  // the user's file: a usage error (exit 2)
+    return Error(file + ": " + what + " is not supported by keel's " + s.family + " model",
+                 Error::kUsage);
   };
   if (s.family == "gpt2") {
     s.n_layer = c.integer({"n_layer", "num_hidden_layers"});
@@ -215,7 +228,16 @@ HfConfig read_hf_config(const std::string& dir) {
     if (c.boolean("attention_bias", false)) throw unsupported("attention_bias = true");
     if (c.boolean("mlp_bias", false)) throw unsupported("mlp_bias = true");
     if (const json* rs = c.find({"rope_scaling"})) s.rope_scaling = read_rope_scaling(*rs, file);
-    if (is_mistral(j)) {
+    const std::string variant = llama_variant(j);
+    if (variant == "qwen2") {
+      s.hf_model_type = "qwen2";
+      s.qkv_bias = true;
+      // Qwen2's sliding window is off unless use_sliding_window says so (then for the layers
+      // past max_window_layers): keel's attention does not slide.
+      if (c.boolean("use_sliding_window", false))
+        throw unsupported("use_sliding_window = true (keel's attention does not slide)");
+    }
+    if (variant == "mistral") {
       // Mistral-7B-v0.1 slides over 4096 of its 32768 positions; v0.2 and later have none.
       s.hf_model_type = "mistral";
       s.hf_max_positions = s.max_seq_len;

@@ -7,6 +7,8 @@
 //     lm_head.weight).
 //   MistralForCausalLM (model_type "mistral"): Llama's fields and layers, and sliding_window
 //     (null: none), which bounds max_seq_len (ModelSpec::sliding_window); written back as Mistral.
+//   Qwen2ForCausalLM (model_type "qwen2"): Llama's fields and layers with q/k/v biases
+//     (ModelSpec::qkv_bias); use_sliding_window = true is refused; written back as Qwen2.
 // Every problem is an Error naming the file and the field: a missing or mistyped field, sizes that
 // disagree with each other or with the weights' headers, an unsupported architecture variant
 // (e.g. attention biases).

@@ -300,7 +300,7 @@ void for_each_weight(models::CausalLM& model, const std::string& dir,
     auto it = src.tensors.find(key);
     if (it == src.tensors.end())
       throw Error(src.describe + ": tensor '" + name + "' is missing (config.json describes a " +
-                  spec.family + " with " + std::to_string(spec.n_layer) + " layers, " +
+                  spec.architecture() + " with " + std::to_string(spec.n_layer) + " layers, " +
                   std::to_string(spec.n_embd) + " wide, vocab " + std::to_string(spec.vocab_size) +
                   ")");
     const MappedSafetensors& file = *it->second.file;
@@ -328,7 +328,7 @@ void for_each_weight(models::CausalLM& model, const std::string& dir,
   for (auto& [name, entry] : src.tensors)
     if (!used.count(name) && !ignorable(spec, name))
       throw Error(entry.file->path() + ": unexpected tensor '" + name + "' (" + dir +
-                  "/config.json describes a " + spec.family +
+                  "/config.json describes a " + spec.architecture() +
                   " that has no such parameter; was the file written for another model?)");
 }
 

@@ -15,13 +15,13 @@ LlamaAttention::LlamaAttention(const ModelSpec& s)
       rope_theta(s.rope_theta),
       rope_scaling(s.rope_scaling) {
   const int64_t d = s.head_dim();
-  auto lin = [&](int64_t in, int64_t out) {
-    return std::make_unique<nn::Linear>(in, out, false, s.param_dtype);
+  auto lin = [&](int64_t in, int64_t out, bool bias) {
+    return std::make_unique<nn::Linear>(in, out, bias, s.param_dtype);
   };
-  q_proj = register_module("q_proj", lin(s.n_embd, n_head * d));
-  k_proj = register_module("k_proj", lin(s.n_embd, n_kv_head * d));
-  v_proj = register_module("v_proj", lin(s.n_embd, n_kv_head * d));
-  o_proj = register_module("o_proj", lin(n_head * d, s.n_embd));
+  q_proj = register_module("q_proj", lin(s.n_embd, n_head * d, s.qkv_bias));
+  k_proj = register_module("k_proj", lin(s.n_embd, n_kv_head * d, s.qkv_bias));
+  v_proj = register_module("v_proj", lin(s.n_embd, n_kv_head * d, s.qkv_bias));
+  o_proj = register_module("o_proj", lin(n_head * d, s.n_embd, false));
 }
 
 Tensor LlamaAttention::forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,

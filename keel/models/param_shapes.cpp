@@ -50,9 +50,9 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
   for (int64_t l = 0; l < s.n_layer; ++l) {
     const std::string h = "model.layers." + std::to_string(l);
     p.push_back({h + ".input_layernorm.weight", {C}, false});
-    linear(p, h + ".self_attn.q_proj", C, q_dim, false);
-    linear(p, h + ".self_attn.k_proj", C, kv_dim, false);
-    linear(p, h + ".self_attn.v_proj", C, kv_dim, false);
+    linear(p, h + ".self_attn.q_proj", C, q_dim, s.qkv_bias);
+    linear(p, h + ".self_attn.k_proj", C, kv_dim, s.qkv_bias);
+    linear(p, h + ".self_attn.v_proj", C, kv_dim, s.qkv_bias);
     linear(p, h + ".self_attn.o_proj", q_dim, C, false);
     p.push_back({h + ".post_attention_layernorm.weight", {C}, false});
     linear(p, h + ".mlp.gate_proj", C, F, false);

@@ -1,6 +1,9 @@
-// An HF Mistral directory (MistralForCausalLM: Llama's layers, a sliding window): evaluated as the
-// same weights under Llama's name are, trained within its window and refused beyond it, generated
-// up to the window, and written back as a Mistral by checkpoints and export.
+// The HF architectures keel reads as Llama's layers. A Mistral (MistralForCausalLM, a sliding
+// window): evaluated as the same weights under Llama's name are, trained within its window and
+// refused beyond it, generated up to the window, and written back as a Mistral by checkpoints and
+// export. A Qwen2 (Qwen2ForCausalLM, q/k/v biases): `init-model --family qwen2` writes one, a LoRA
+// run on its biased projections merges into an export that computes as the run did, and a sliding
+// window it would use is refused. (PyTorch's forward of a Qwen2 export: CliExport.PyTorch*.)
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -107,6 +110,49 @@ TEST(CliMistral, TrainsWithinItsWindowAndIsWrittenBackAsAMistral) {
   const json r = json::parse(g.out);
   EXPECT_EQ(r.at("stop"), "max_seq_len");
   EXPECT_EQ(r.at("prompt_tokens").get<size_t>() + r.at("tokens").size(), 32u);
+}
+
+TEST(CliQwen2, InitModelWritesOneAndALoraOnItsBiasedProjectionsExports) {
+  const std::string dir = test::temp_dir("cli-qwen2");
+  const test::KeelRun init = test::run_keel(
+      {"init-model", "--family", "qwen2", "--out", dir + "/base", "--n-layer", "1", "--n-embd",
+       "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  const json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("model_type"), "qwen2");
+  EXPECT_EQ(cfg.at("architectures"), json::array({"Qwen2ForCausalLM"}));
+  EXPECT_EQ(cfg.at("use_sliding_window"), false);
+  EXPECT_FALSE(cfg.contains("attention_bias"));
+  const test::KeelRun run = test::run_keel(
+      test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1",
+                                  "model.path=" + dir + "/base", "model.adapter.kind=lora",
+                                  "model.adapter.target_modules=[\"q_proj\", "
+                                  "\"k_proj\", \"v_proj\"]",
+                                  "data.seq_len=24", "train.max_steps=4", "optim.lr=5e-2",
+                                  "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(run.code, 0) << run.output;
+  const test::KeelRun ex = test::run_keel({"export", dir + "/out", "--out", dir + "/merged"});
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  EXPECT_EQ(read_json_file(dir + "/merged/config.json").at("model_type"), "qwen2");
+  // The merged export evaluates as the run's checkpoint does.
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  auto loss = [&](const std::string& model) {
+    const test::KeelRun r =
+        test::run_keel({"eval", model, "--data", dir + "/t.txt", "--tokenizer", "byte", "--json"},
+                       {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r.code == 0 ? json::parse(r.out).at("loss").get<double>() : -1.0;
+  };
+  EXPECT_NEAR(loss(dir + "/merged"), loss(dir + "/out"), 1e-5);
+  // A Qwen2 that would slide (use_sliding_window) is refused, naming the field.
+  json sliding = cfg;
+  sliding["use_sliding_window"] = true;
+  std::ofstream(dir + "/base/config.json") << sliding.dump(2);
+  const test::KeelRun refused =
+      test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
+  EXPECT_EQ(refused.code, 2) << refused.output;
+  EXPECT_CONTAINS(refused.err, "use_sliding_window = true (keel's attention does not slide)");
 }
 
 }  // namespace
