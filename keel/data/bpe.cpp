@@ -303,7 +303,8 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
   }
   // SentencePiece-style files whose tokens never hold a "▁" after another character (Llama-2's,
   // Mistral's: SentencePiece's split_by_whitespace) are merged a word at a time (encode_section).
-  if (metaspace_.on && token_to_id_.contains(std::string(kMetaspace))) {
+  // (Not with ignore_merges, which looks the whole section up in the vocabulary.)
+  if (metaspace_.on && !ignore_merges_ && token_to_id_.contains(std::string(kMetaspace))) {
     metaspace_words_ = true;
     for (size_t i = 0; i < id_token_.size() && metaspace_words_; ++i) {
       if (id_kind_[i] != 1) continue;
