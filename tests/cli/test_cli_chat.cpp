@@ -29,23 +29,15 @@ const ChatFiles& chat_files() {
   static const ChatFiles f = [] {
     ChatFiles f;
     f.dir = test::temp_dir("cli-chat");
-    f.model = f.dir + "/llama";
-    const test::KeelRun r = test::run_keel({"init-model", "--family", "llama", "--out", f.model,
-                                            "--n-layer", "1", "--n-embd", "32", "--n-head", "2",
-                                            "--vocab-size", "290", "--max-seq-len", "96"});
-    EXPECT_EQ(r.code, 0) << r.output;
-    f.tokenizer = f.dir + "/tok";
-    fs::create_directories(f.tokenizer);
-    fs::copy_file(std::string(KEEL_SOURCE_DIR) +
-                      "/tests/data/tokenizer_parity/tiny/llama_style/tokenizer.json",
-                  f.tokenizer + "/tokenizer.json");
-    std::ofstream(f.tokenizer + "/tokenizer_config.json")
-        << json({{"bos_token", "<|eot|>"},
-                 {"eos_token", "<|eot|>"},
-                 {"chat_template",
-                  "{{ bos_token }}{% for m in messages %}<sep>{{ m.role }}\n{{ m.content | trim }}"
-                  "<|eot|>{% endfor %}{% if add_generation_prompt %}<sep>assistant\n{% endif %}"}})
-               .dump();
+    const test::TinyChatModel m = test::tiny_chat_model(
+        f.dir, 290, 96, "llama_style/tokenizer.json",
+        {{"bos_token", "<|eot|>"},
+         {"eos_token", "<|eot|>"},
+         {"chat_template",
+          "{{ bos_token }}{% for m in messages %}<sep>{{ m.role }}\n{{ m.content | trim }}"
+          "<|eot|>{% endfor %}{% if add_generation_prompt %}<sep>assistant\n{% endif %}"}});
+    f.model = m.model;
+    f.tokenizer = m.tokenizer;
     f.data = f.dir + "/chat.jsonl";
     std::ofstream d(f.data);
     for (int i = 0; i < 8; ++i)

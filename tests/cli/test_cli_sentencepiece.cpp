@@ -29,24 +29,16 @@ const SpFiles& sp_files() {
   static const SpFiles f = [] {
     SpFiles f;
     f.dir = test::temp_dir("cli-sp");
-    f.model = f.dir + "/llama";
-    const test::KeelRun r = test::run_keel({"init-model", "--family", "llama", "--out", f.model,
-                                            "--n-layer", "1", "--n-embd", "32", "--n-head", "2",
-                                            "--vocab-size", "302", "--max-seq-len", "64"});
-    EXPECT_EQ(r.code, 0) << r.output;
-    f.tokenizer = f.dir + "/tok";
-    fs::create_directories(f.tokenizer);
-    fs::copy_file(
-        std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny/sp_legacy/tokenizer.json",
-        f.tokenizer + "/tokenizer.json");
-    std::ofstream(f.tokenizer + "/tokenizer_config.json")
-        << json({{"bos_token", "<s>"},
-                 {"eos_token", "</s>"},
-                 {"chat_template",
-                  "{% for m in messages %}{% if m.role == 'user' %}{{ bos_token }}[INST] "
-                  "{{ m.content }} [/INST]{% else %} {{ m.content }} {{ eos_token }}{% endif %}"
-                  "{% endfor %}"}})
-               .dump();
+    const test::TinyChatModel m = test::tiny_chat_model(
+        f.dir, 302, 64, "sp_legacy/tokenizer.json",
+        {{"bos_token", "<s>"},
+         {"eos_token", "</s>"},
+         {"chat_template",
+          "{% for m in messages %}{% if m.role == 'user' %}{{ bos_token }}[INST] "
+          "{{ m.content }} [/INST]{% else %} {{ m.content }} {{ eos_token }}{% endif %}"
+          "{% endfor %}"}});
+    f.model = m.model;
+    f.tokenizer = m.tokenizer;
     f.data = f.dir + "/train.jsonl";
     std::ofstream d(f.data);
     for (int i = 0; i < 8; ++i) {

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -86,6 +87,22 @@ std::vector<nlohmann::json> records_with(const std::string& out_dir, const std::
 
 std::vector<nlohmann::json> step_records(const std::string& out_dir) {
   return records_with(out_dir, "loss");
+}
+
+TinyChatModel tiny_chat_model(const std::string& dir, int64_t vocab_size, int64_t max_seq_len,
+                              const std::string& tokenizer_json, const nlohmann::json& config) {
+  TinyChatModel m{dir + "/llama", dir + "/tok"};
+  const KeelRun r =
+      run_keel({"init-model", "--family", "llama", "--out", m.model, "--n-layer", "1", "--n-embd",
+                "32", "--n-head", "2", "--vocab-size", std::to_string(vocab_size), "--max-seq-len",
+                std::to_string(max_seq_len)});
+  EXPECT_EQ(r.code, 0) << r.output;
+  std::filesystem::create_directories(m.tokenizer);
+  std::filesystem::copy_file(
+      std::string(KEEL_SOURCE_DIR) + "/tests/data/tokenizer_parity/tiny/" + tokenizer_json,
+      m.tokenizer + "/tokenizer.json");
+  std::ofstream(m.tokenizer + "/tokenizer_config.json") << config.dump();
+  return m;
 }
 
 }  // namespace keel::test

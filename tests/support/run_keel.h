@@ -38,4 +38,13 @@ std::vector<nlohmann::json> records_with(const std::string& out_dir, const std::
 // The whole file as a string ("" when it cannot be read).
 std::string slurp(const std::string& path);
 
+// A tiny Llama written by init-model (1 layer, 32 wide, 2 heads) as DIR/llama, and an HF
+// tokenizer directory DIR/tok: tests/data/tokenizer_parity/tiny/`tokenizer_json` with `config` as
+// its tokenizer_config.json (bos/eos, a chat template).
+struct TinyChatModel {
+  std::string model, tokenizer;
+};
+TinyChatModel tiny_chat_model(const std::string& dir, int64_t vocab_size, int64_t max_seq_len,
+                              const std::string& tokenizer_json, const nlohmann::json& config);
+
 }  // namespace keel::test
