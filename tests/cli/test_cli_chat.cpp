@@ -3,7 +3,6 @@
 // template asks for a reply, and a tokenizer without a template is a usage error naming the fix.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -16,7 +15,6 @@
 namespace keel {
 namespace {
 
-namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 struct ChatFiles {

@@ -3,7 +3,6 @@
 // falls), and tokenize, generate and eval read it as the library does.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -15,7 +14,6 @@
 namespace keel {
 namespace {
 
-namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 struct SpFiles {
