@@ -96,20 +96,23 @@ std::string family_of(const json& j, const std::string& file) {
   if (mt == "llama" || arch == "LlamaForCausalLM" || arch == "LlamaModel") return "llama";
   if (mt == "mistral" || arch == "MistralForCausalLM") return "llama";  // Llama's layers
   if (mt == "qwen2" || arch == "Qwen2ForCausalLM") return "llama";      // and q/k/v biases
+  if (mt == "qwen3" || arch == "Qwen3ForCausalLM") return "llama";      // and q/k norms
   throw Error(file + ": unsupported model (model_type '" + mt + "', architecture '" + arch +
               "'); keel reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama), "
-              "MistralForCausalLM (mistral) and Qwen2ForCausalLM (qwen2)");
+              "MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2) and Qwen3ForCausalLM "
+              "(qwen3)");
 }
 
-// The HF architecture of a "llama" family config: "llama", "mistral" or "qwen2".
+// The HF architecture of a "llama" family config: "llama", "mistral", "qwen2" or "qwen3".
 std::string llama_variant(const json& j) {
   const auto mt = j.find("model_type");
-  if (mt != j.end() && mt->is_string() && (*mt == "mistral" || *mt == "qwen2"))
+  if (mt != j.end() && mt->is_string() && (*mt == "mistral" || *mt == "qwen2" || *mt == "qwen3"))
     return mt->get<std::string>();
   const auto arch = j.find("architectures");
   if (arch != j.end() && arch->is_array() && !arch->empty()) {
     if ((*arch)[0] == "MistralForCausalLM") return "mistral";
     if ((*arch)[0] == "Qwen2ForCausalLM") return "qwen2";
+    if ((*arch)[0] == "Qwen3ForCausalLM") return "qwen3";
   }
   return "llama";
 }
@@ -144,11 +147,12 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     const std::string& variant = s.hf_model_type;
     j["architectures"] = {variant == "mistral" ? "MistralForCausalLM"
                           : variant == "qwen2" ? "Qwen2ForCausalLM"
+                          : variant == "qwen3" ? "Qwen3ForCausalLM"
                                                : "LlamaForCausalLM"};
     j["model_type"] = variant.empty() ? "llama" : variant;
     if (variant == "mistral")
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
-    if (variant == "qwen2") j["use_sliding_window"] = false;
+    if (variant == "qwen2" || variant == "qwen3") j["use_sliding_window"] = false;
     j["hidden_act"] = "silu";
     j["num_hidden_layers"] = s.n_layer;
     j["hidden_size"] = s.n_embd;
@@ -229,11 +233,12 @@ HfConfig read_hf_config(const std::string& dir) {
     if (c.boolean("mlp_bias", false)) throw unsupported("mlp_bias = true");
     if (const json* rs = c.find({"rope_scaling"})) s.rope_scaling = read_rope_scaling(*rs, file);
     const std::string variant = llama_variant(j);
-    if (variant == "qwen2") {
-      s.hf_model_type = "qwen2";
-      s.qkv_bias = true;
-      // Qwen2's sliding window is off unless use_sliding_window says so (then for the layers
-      // past max_window_layers): keel's attention does not slide.
+    if (variant == "qwen2" || variant == "qwen3") {
+      s.hf_model_type = variant;
+      s.qkv_bias = variant == "qwen2";
+      s.qk_norm = variant == "qwen3";
+      // Qwen2's (and Qwen3's) sliding window is off unless use_sliding_window says so (then for the
+      // layers past max_window_layers): keel's attention does not slide.
       if (c.boolean("use_sliding_window", false))
         throw unsupported("use_sliding_window = true (keel's attention does not slide)");
     }
@@ -246,9 +251,9 @@ HfConfig read_hf_config(const std::string& dir) {
     }
     if (s.n_head > 0 && s.n_embd % s.n_head == 0) {
       const int64_t hd = c.integer({"head_dim"}, s.n_embd / s.n_head);
-      if (hd != s.n_embd / s.n_head)
+      if (hd != s.n_embd / s.n_head)  // (Qwen3-0.6B's and -4B's)
         throw unsupported("head_dim = " + std::to_string(hd) +
-                          " != hidden_size / num_attention_heads");
+                          " != hidden_size / num_attention_heads (a head width of its own)");
     }
   }
   s.init_std = c.number({"initializer_range"}, 0.02);

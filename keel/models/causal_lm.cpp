@@ -97,8 +97,9 @@ std::optional<double> init_std(const ModelSpec& spec, const std::string& name) {
       return spec.init_std / std::sqrt(2.0 * spec.n_layer);
     return spec.init_std;
   }
-  // LlamaPreTrainedModel._init_weights: N(0, initializer_range) for linears and embeddings.
-  if (name.find("norm") != std::string::npos) return std::nullopt;
+  // LlamaPreTrainedModel._init_weights: N(0, initializer_range) for linears and embeddings;
+  // norms 1 and biases 0 (Qwen2's q/k/v), as built.
+  if (name.find("norm") != std::string::npos || ends_with(".bias")) return std::nullopt;
   return spec.init_std;
 }
 

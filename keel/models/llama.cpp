@@ -22,6 +22,10 @@ LlamaAttention::LlamaAttention(const ModelSpec& s)
   k_proj = register_module("k_proj", lin(s.n_embd, n_kv_head * d, s.qkv_bias));
   v_proj = register_module("v_proj", lin(s.n_embd, n_kv_head * d, s.qkv_bias));
   o_proj = register_module("o_proj", lin(n_head * d, s.n_embd, false));
+  if (s.qk_norm) {
+    q_norm = register_module("q_norm", std::make_unique<nn::RMSNorm>(d, s.norm_eps, s.param_dtype));
+    k_norm = register_module("k_norm", std::make_unique<nn::RMSNorm>(d, s.norm_eps, s.param_dtype));
+  }
 }
 
 Tensor LlamaAttention::forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
@@ -29,11 +33,15 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& mask, ops::Attenti
   return call({x}, [&] {
     using amp::AmpOp;
     const float theta = static_cast<float>(rope_theta);
-    const int64_t past = cache ? cache->length : 0;  // the first new token's position
-    Tensor q = ops::rope(ops::split_heads(q_proj->forward(x), n_head), theta, past,
-                         rope_scaling);  // [B,H,T,D]
-    Tensor k = ops::rope(ops::split_heads(k_proj->forward(x), n_kv_head), theta, past,
-                         rope_scaling);                          // [B,Hkv,T,D]
+    const int64_t past = cache ? cache->length : 0;              // the first new token's position
+    Tensor q = ops::split_heads(q_proj->forward(x), n_head);     // [B,H,T,D]
+    Tensor k = ops::split_heads(k_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
+    if (q_norm) {  // Qwen3: each head's query and key normalized over its D channels
+      q = q_norm->forward(q);
+      k = k_norm->forward(k);
+    }
+    q = ops::rope(q, theta, past, rope_scaling);
+    k = ops::rope(k, theta, past, rope_scaling);
     Tensor v = ops::split_heads(v_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
     q = amp::autocast(AmpOp::kAttention, q);
     k = amp::autocast(AmpOp::kAttention, k);

@@ -54,6 +54,10 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
     linear(p, h + ".self_attn.k_proj", C, kv_dim, s.qkv_bias);
     linear(p, h + ".self_attn.v_proj", C, kv_dim, s.qkv_bias);
     linear(p, h + ".self_attn.o_proj", q_dim, C, false);
+    if (s.qk_norm) {
+      p.push_back({h + ".self_attn.q_norm.weight", {D}, false});
+      p.push_back({h + ".self_attn.k_norm.weight", {D}, false});
+    }
     p.push_back({h + ".post_attention_layernorm.weight", {C}, false});
     linear(p, h + ".mlp.gate_proj", C, F, false);
     linear(p, h + ".mlp.up_proj", C, F, false);

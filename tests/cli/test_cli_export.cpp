@@ -250,9 +250,10 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   std::vector<std::string> argv = {
       "/usr/bin/python3", std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/hf_forward.py", ids};
   std::vector<std::pair<std::string, std::vector<float>>> cases;  // (export, checkpoint logits)
-  // Qwen2 fine-tuned whole, so that its q/k/v biases are trained away from their zero init.
+  // Qwen2 and Qwen3 fine-tuned whole, so that Qwen2's q/k/v biases and Qwen3's q/k norms are
+  // trained away from their init (0, 1).
   for (const auto& [family, kind] : std::vector<std::pair<std::string, std::string>>{
-           {"gpt2", "lora"}, {"llama", "lora"}, {"qwen2", "none"}}) {
+           {"gpt2", "lora"}, {"llama", "lora"}, {"qwen2", "none"}, {"qwen3", "none"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

@@ -3,7 +3,9 @@
 // refused beyond it, generated up to the window, and written back as a Mistral by checkpoints and
 // export. A Qwen2 (Qwen2ForCausalLM, q/k/v biases): `init-model --family qwen2` writes one, a LoRA
 // run on its biased projections merges into an export that computes as the run did, and a sliding
-// window it would use is refused. (PyTorch's forward of a Qwen2 export: CliExport.PyTorch*.)
+// window it would use is refused. A Qwen3 (Qwen3ForCausalLM, q/k norms): the same, and a head
+// width of its own (Qwen3-0.6B's head_dim 128 over 1024 / 16) is refused. (PyTorch's forward of
+// Qwen2 and Qwen3 exports: CliExport.PyTorch*.)
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -153,6 +155,37 @@ TEST(CliQwen2, InitModelWritesOneAndALoraOnItsBiasedProjectionsExports) {
       test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
   EXPECT_EQ(refused.code, 2) << refused.output;
   EXPECT_CONTAINS(refused.err, "use_sliding_window = true (keel's attention does not slide)");
+}
+
+TEST(CliQwen3, InitModelWritesOneItsNormsTrainAndAnOwnHeadWidthIsRefused) {
+  const std::string dir = test::temp_dir("cli-qwen3");
+  const test::KeelRun init = test::run_keel(
+      {"init-model", "--family", "qwen3", "--out", dir + "/base", "--n-layer", "1", "--n-embd",
+       "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("model_type"), "qwen3");
+  EXPECT_EQ(cfg.at("architectures"), json::array({"Qwen3ForCausalLM"}));
+  const test::KeelRun run =
+      test::run_keel(test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1",
+                                                 "model.path=" + dir + "/base", "data.seq_len=24",
+                                                 "train.max_steps=3", "log.tensorboard=false"}),
+                     {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(run.code, 0) << run.output;
+  EXPECT_EQ(read_json_file(dir + "/out/checkpoints/last/config.json").at("model_type"), "qwen3");
+  const test::KeelRun ex = test::run_keel({"export", dir + "/out", "--out", dir + "/hf"});
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  EXPECT_EQ(read_json_file(dir + "/hf/config.json").at("architectures"),
+            json::array({"Qwen3ForCausalLM"}));
+  cfg["head_dim"] = 16;  // 32 / 4 = 8
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  std::ofstream(dir + "/t.txt") << "12+34=46\n";
+  const test::KeelRun refused =
+      test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
+  EXPECT_EQ(refused.code, 2) << refused.output;
+  EXPECT_CONTAINS(refused.err,
+                  "head_dim = 16 != hidden_size / num_attention_heads (a head width "
+                  "of its own) is not supported by keel's llama model");
 }
 
 }  // namespace

@@ -412,7 +412,7 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
   m = error_of([&] { load_hf_model(dir); });
   EXPECT_CONTAINS(m, "GemmaForCausalLM");
   EXPECT_CONTAINS(m, "unsupported model");
-  EXPECT_CONTAINS(m, "MistralForCausalLM (mistral) and Qwen2ForCausalLM (qwen2)");  // keel's
+  EXPECT_CONTAINS(m, "Qwen2ForCausalLM (qwen2) and Qwen3ForCausalLM (qwen3)");  // keel's
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};
