@@ -1,4 +1,4 @@
-// One full training step of a tiny GPT-2 and a tiny Llama against PyTorch (tests/fixtures/
+// One full training step of a tiny GPT-2, Llama, Qwen2 and Qwen3 against PyTorch (tests/fixtures/
 // gen_models.py): the loss, every parameter's gradient, and the parameters after one AdamW step,
 // in 32-true and bf16-mixed.
 #include <gtest/gtest.h>
@@ -71,7 +71,7 @@ TEST_P(ModelParity, LossAndEveryGradientMatchPyTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ModelParity,
-                         ::testing::Combine(::testing::Values("gpt2", "llama"),
+                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3"),
                                             ::testing::Values("32-true", "bf16-mixed")),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);

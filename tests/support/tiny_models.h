@@ -1,5 +1,6 @@
-// The tiny GPT-2 and Llama of tests/fixtures/gen_models.py (header-only: tests of any layer from
-// models/ on include it).
+// The tiny GPT-2, Llama, Qwen2 and Qwen3 of tests/fixtures/gen_models.py (header-only: tests of
+// any layer from models/ on include it). Qwen2 and Qwen3 are the Llama family with q/k/v biases and
+// with per-head q/k norms.
 #pragma once
 #include <string>
 
@@ -9,7 +10,11 @@ namespace keel::test {
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
-  s.family = family;
+  const bool qwen = family == "qwen2" || family == "qwen3";
+  s.family = qwen ? "llama" : family;
+  s.hf_model_type = qwen ? family : "";
+  s.qkv_bias = family == "qwen2";
+  s.qk_norm = family == "qwen3";
   s.n_layer = 2;
   s.n_embd = 16;
   s.vocab_size = 37;
