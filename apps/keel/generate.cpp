@@ -3,8 +3,8 @@
 // top-p, seed), with the key/value cache, streamed to stdout as it is produced, stopping at eos,
 // a --stop string or --max-new-tokens. The prompt comes from the argument, --prompt-file or
 // stdin; with --chat it is a user's message in the model's chat template, with --messages a
-// conversation (JSON) to answer. A summary (tokens,
-// tokens/s, why it stopped) goes to stderr, or all of it as --json.
+// conversation (JSON) to answer. A summary (tokens, tokens/s, why it stopped) goes to stderr, or
+// all of it as --json.
 #include <cerrno>
 #include <cstdio>
 #include <ctime>
@@ -46,35 +46,21 @@ std::string prompt_source(const GenerateArgs& a, bool has_prompt) {
 // what the model is asked to write, so a line of a run's eval data can be tried as it is. Read and
 // checked before the model is loaded.
 data::Conversation conversation_prompt(const std::string& text, const std::string& source) {
-  auto refused = [&](const std::string& what) {
-    return Error("--messages: " + source + " " + what, Error::kUsage);
-  };
-  nlohmann::ordered_json parsed;
-  try {
-    parsed = nlohmann::ordered_json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw refused("is not JSON (" + json_error_detail(e.what()) +
-                  "); give a conversation: [{\"role\": \"user\", \"content\": ...}, ...] or a "
-                  "JSONL line {\"messages\": [...]}");
-  }
   data::Conversation c;
   try {
-    if (parsed.is_object() && data::is_conversation(parsed)) {
-      c = data::conversation_of(parsed);
-      if (c.prompt_size > 0)
-        c.messages.erase(c.messages.begin() + static_cast<ptrdiff_t>(c.prompt_size),
-                         c.messages.end());
-    } else {
-      c.messages = std::move(parsed);
-    }
-    data::check_messages(c.messages);
+    c = data::parse_conversation(text, source);
   } catch (const Error& e) {
-    throw refused(std::string("holds no conversation to answer: ") + e.what());
+    throw Error(std::string("--messages: ") + e.what(), Error::kUsage);
   }
+  if (c.prompt_size > 0)  // a prompt-completion line: its prompt
+    c.messages.erase(c.messages.begin() + static_cast<ptrdiff_t>(c.prompt_size), c.messages.end());
   if (c.messages.back()["role"] == "assistant")
-    throw refused(
-        "ends with the assistant's message, which is what the model is to write: remove it (or "
-        "give the line as {\"prompt\": [...], \"completion\": [...]}, whose prompt is used)");
+    throw Error(
+        "--messages: " + source +
+            " ends with the assistant's message, which is what the model is to write: remove it "
+            "(or "
+            "give the line as {\"prompt\": [...], \"completion\": [...]}, whose prompt is used)",
+        Error::kUsage);
   return c;
 }
 
@@ -132,6 +118,8 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
         "--system is the system turn of a --chat prompt: give --chat too, or leave --system "
         "out",
         Error::kUsage);
+  if (a.bos && a.no_bos)
+    throw Error("--bos and --no-bos contradict each other: give one", Error::kUsage);
   if (a.chat && (a.bos || a.no_bos))
     throw Error(std::string(a.bos ? "--bos" : "--no-bos") +
                     " with --chat: the chat template writes how the conversation starts; leave " +
@@ -150,8 +138,6 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
         "the prompt is empty (" + prompt_source(a, has_prompt) + " held no text): give a prompt" +
             (tok->bos_id() >= 0 ? ", or --bos to start from the tokenizer's bos token" : ""),
         Error::kUsage);
-  if (a.bos && a.no_bos)
-    throw Error("--bos and --no-bos contradict each other: give one", Error::kUsage);
   if (a.bos) {
     if (tok->bos_id() < 0)
       throw Error("--bos: the tokenizer (" + m.tokenizer_spec +

@@ -73,8 +73,6 @@ int run_init_model(const InitModelArgs& a) {
   const bool qwen = a.family == "qwen2" || a.family == "qwen3";
   s.family = qwen ? "llama" : a.family;
   s.hf_model_type = qwen ? a.family : "";
-  s.qkv_bias = a.family == "qwen2";
-  s.qk_norm = a.family == "qwen3";
   s.n_layer = a.n_layer;
   s.n_embd = a.n_embd;
   s.n_head = a.n_head;

@@ -162,28 +162,16 @@ int run_tokenize_chat(const TokenizeArgs& a, bool has_text) {
   if (!chat)
     throw Error("tokenize --chat: " + data::no_chat_template("the tokenizer " + a.tokenizer),
                 Error::kUsage);
-  nlohmann::ordered_json messages;
+  const std::string source = input_name(a, has_text);
+  data::Conversation c;
   try {
-    messages = nlohmann::ordered_json::parse(input);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error("tokenize --chat: " + input_name(a, has_text) + " is not JSON (" +
-                    json_error_detail(e.what()) +
-                    "); give a conversation: [{\"role\": \"user\", \"content\": ...}, ...] or "
-                    "a JSONL line {\"messages\": [...]}",
-                Error::kUsage);
+    c = data::parse_conversation(input, source);
+  } catch (const Error& err) {
+    throw Error(std::string("tokenize --chat: ") + err.what(), Error::kUsage);
   }
-  auto refused = [&](const Error& e) {
-    return Error("tokenize --chat: " + input_name(a, has_text) + ": " + e.what(), Error::kUsage);
-  };
   std::string text;
   data::Example e;
   try {
-    data::Conversation c;
-    if (messages.is_object() && data::is_conversation(messages))
-      c = data::conversation_of(messages);
-    else
-      c.messages = messages;
-    data::check_messages(c.messages);
     const bool has_reply =
         c.prompt_size > 0 || std::any_of(c.messages.begin(), c.messages.end(),
                                          [](const auto& m) { return m["role"] == "assistant"; });
@@ -195,8 +183,8 @@ int run_tokenize_chat(const TokenizeArgs& a, bool has_text) {
       e.tokens = tok->encode(text);
       e.target.assign(e.tokens.size(), 0);
     }
-  } catch (const Error& err) {
-    throw refused(err);
+  } catch (const Error& err) {  // the template's refusal
+    throw Error("tokenize --chat: " + source + ": " + err.what(), Error::kUsage);
   }
   std::vector<std::string> pieces;
   for (int32_t id : e.tokens) pieces.push_back(tok->id_to_token(id));

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "keel/numerics/error.h"
+#include "keel/numerics/text.h"
 
 namespace keel::data {
 
@@ -124,6 +125,12 @@ ojson line_variables(const ojson& line) {
 }  // namespace
 
 Conversation conversation_of(const ojson& line) {
+  if (!line.is_object()) {  // the messages alone
+    Conversation c;
+    c.messages = line;
+    check_messages(c.messages);
+    return c;
+  }
   const bool prompt_completion = line.contains("prompt") || line.contains("completion");
   if (int(line.contains("messages")) + int(line.contains("conversations")) +
           int(prompt_completion) >
@@ -157,6 +164,22 @@ Conversation conversation_of(const ojson& line) {
         "\"prompt\" and \"completion\" of messages)");
   }
   return c;
+}
+
+Conversation parse_conversation(const std::string& text, const std::string& source) {
+  ojson parsed;
+  try {
+    parsed = ojson::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw line_error(source + " is not JSON (" + json_error_detail(e.what()) +
+                     "); give a conversation: [{\"role\": \"user\", \"content\": ...}, ...] "
+                     "or a JSONL line {\"messages\": [...]}");
+  }
+  try {
+    return conversation_of(parsed);
+  } catch (const Error& e) {
+    throw line_error(source + ": " + e.what());
+  }
 }
 
 std::string no_chat_template(const std::string& tokenizer) {
@@ -220,7 +243,6 @@ std::vector<std::pair<size_t, size_t>> target_spans(const ChatFormat& chat, cons
 Example conversation_example(const Tokenizer& tok, const Conversation& c) {
   const ChatFormat* chat = tok.chat_format();
   if (!chat) throw Error(no_chat_template("the run's tokenizer"), Error::kUsage);
-  check_messages(c.messages);
   const bool has_reply = std::any_of(c.messages.begin(), c.messages.end(),
                                      [](const ojson& m) { return m["role"] == "assistant"; });
   if (c.prompt_size == 0 && !has_reply)
@@ -251,6 +273,7 @@ Example conversation_example(const Tokenizer& tok, const Conversation& c) {
 Example conversation_example(const Tokenizer& tok, const ojson& messages) {
   Conversation c;
   c.messages = messages;
+  check_messages(c.messages);  // (conversation_of checks its own)
   return conversation_example(tok, c);
 }
 

@@ -72,8 +72,15 @@ bool is_conversation(const Json& line) {
          is_list("completion");
 }
 
-// The conversation `line` holds. Errors (kUsage) name the key and what is wrong.
+// The conversation `line` holds (an array is "messages" given bare). Errors (kUsage) name the key
+// and what is wrong.
 Conversation conversation_of(const nlohmann::ordered_json& line);
+
+// The conversation of a command's input (tokenize --chat, generate --messages): JSON text holding
+// an array of messages or a line in any of the formats above, read from `source` ("the PROMPT
+// argument"). Errors (kUsage) start with `source`: "SOURCE is not JSON (...)", "SOURCE: what
+// conversation_of says".
+Conversation parse_conversation(const std::string& text, const std::string& source);
 
 // One conversation as a training example, as TRL's assistant_only_loss makes it: the tokens of its
 // rendered text, with each assistant message's tokens as targets — the reply and what the template

@@ -79,7 +79,24 @@ json rope_scaling_json(const ops::RopeScaling& s) {
   return nullptr;
 }
 
-std::string family_of(const json& j, const std::string& file) {
+// The HF architectures keel reads: config.json's model_type, its architectures[0] class (and the
+// headless class some files name), and keel's family. Mistral, Qwen2 and Qwen3 are Llama's layers
+// (ModelSpec::hf_model_type tells them apart).
+struct HfArchitecture {
+  const char* model_type;
+  const char* hf_class;
+  const char* headless_class;  // nullptr: none
+  const char* family;
+};
+constexpr HfArchitecture kArchitectures[] = {
+    {"gpt2", "GPT2LMHeadModel", "GPT2Model", "gpt2"},
+    {"llama", "LlamaForCausalLM", "LlamaModel", "llama"},
+    {"mistral", "MistralForCausalLM", nullptr, "llama"},  // and a sliding window
+    {"qwen2", "Qwen2ForCausalLM", nullptr, "llama"},      // and q/k/v biases
+    {"qwen3", "Qwen3ForCausalLM", nullptr, "llama"},      // and q/k norms
+};
+
+const HfArchitecture& architecture_of(const json& j, const std::string& file) {
   std::string mt;
   if (j.contains("model_type") && !j["model_type"].is_null()) {
     if (!j["model_type"].is_string())
@@ -92,29 +109,21 @@ std::string family_of(const json& j, const std::string& file) {
   if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
       j["architectures"][0].is_string())
     arch = j["architectures"][0].get<std::string>();
-  if (mt == "gpt2" || arch == "GPT2LMHeadModel" || arch == "GPT2Model") return "gpt2";
-  if (mt == "llama" || arch == "LlamaForCausalLM" || arch == "LlamaModel") return "llama";
-  if (mt == "mistral" || arch == "MistralForCausalLM") return "llama";  // Llama's layers
-  if (mt == "qwen2" || arch == "Qwen2ForCausalLM") return "llama";      // and q/k/v biases
-  if (mt == "qwen3" || arch == "Qwen3ForCausalLM") return "llama";      // and q/k norms
+  std::string known;
+  for (const HfArchitecture& a : kArchitectures) {
+    if (mt == a.model_type || arch == a.hf_class || (a.headless_class && arch == a.headless_class))
+      return a;
+    known += std::string(known.empty() ? "" : ", ") + a.hf_class + " (" + a.model_type + ")";
+  }
   throw Error(file + ": unsupported model (model_type '" + mt + "', architecture '" + arch +
-              "'); keel reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama), "
-              "MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2) and Qwen3ForCausalLM "
-              "(qwen3)");
+              "'); keel reads " + known);
 }
 
-// The HF architecture of a "llama" family config: "llama", "mistral", "qwen2" or "qwen3".
-std::string llama_variant(const json& j) {
-  const auto mt = j.find("model_type");
-  if (mt != j.end() && mt->is_string() && (*mt == "mistral" || *mt == "qwen2" || *mt == "qwen3"))
-    return mt->get<std::string>();
-  const auto arch = j.find("architectures");
-  if (arch != j.end() && arch->is_array() && !arch->empty()) {
-    if ((*arch)[0] == "MistralForCausalLM") return "mistral";
-    if ((*arch)[0] == "Qwen2ForCausalLM") return "qwen2";
-    if ((*arch)[0] == "Qwen3ForCausalLM") return "qwen3";
-  }
-  return "llama";
+// The entry of a spec's architecture (Llama's for "llama" and a spec from sizes).
+const HfArchitecture& architecture_of(const models::ModelSpec& s) {
+  for (const HfArchitecture& a : kArchitectures)
+    if (s.architecture() == a.model_type) return a;
+  return kArchitectures[1];
 }
 
 }  // namespace
@@ -145,11 +154,8 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
       if (!j.contains(k)) j[k] = 0.0;
   } else {
     const std::string& variant = s.hf_model_type;
-    j["architectures"] = {variant == "mistral" ? "MistralForCausalLM"
-                          : variant == "qwen2" ? "Qwen2ForCausalLM"
-                          : variant == "qwen3" ? "Qwen3ForCausalLM"
-                                               : "LlamaForCausalLM"};
-    j["model_type"] = variant.empty() ? "llama" : variant;
+    j["architectures"] = {architecture_of(s).hf_class};
+    j["model_type"] = architecture_of(s).model_type;
     if (variant == "mistral")
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
     if (variant == "qwen2" || variant == "qwen3") j["use_sliding_window"] = false;
@@ -192,9 +198,12 @@ HfConfig read_hf_config(const std::string& dir) {
   if (!j.is_object()) throw Error(file + ": expected a JSON object");
   ConfigReader c{j, file};
   models::ModelSpec& s = out.spec;
-  s.family = family_of(j, file);
+  const HfArchitecture& arch = architecture_of(j, file);
+  s.family = arch.family;
+  if (s.family == "llama" && std::string(arch.model_type) != "llama")
+    s.hf_model_type = arch.model_type;
   auto unsupported = [&](const std::string& what) {  // the user's file: a usage error (exit 2)
-    return Error(file + ": " + what + " is not supported by keel's " + s.family + " model",
+    return Error(file + ": " + what + " is not supported by keel's " + s.architecture() + " model",
                  Error::kUsage);
   };
   if (s.family == "gpt2") {
@@ -232,11 +241,8 @@ HfConfig read_hf_config(const std::string& dir) {
     if (c.boolean("attention_bias", false)) throw unsupported("attention_bias = true");
     if (c.boolean("mlp_bias", false)) throw unsupported("mlp_bias = true");
     if (const json* rs = c.find({"rope_scaling"})) s.rope_scaling = read_rope_scaling(*rs, file);
-    const std::string variant = llama_variant(j);
+    const std::string& variant = s.hf_model_type;
     if (variant == "qwen2" || variant == "qwen3") {
-      s.hf_model_type = variant;
-      s.qkv_bias = variant == "qwen2";
-      s.qk_norm = variant == "qwen3";
       // Qwen2's (and Qwen3's) sliding window is off unless use_sliding_window says so (then for the
       // layers past max_window_layers): keel's attention does not slide.
       if (c.boolean("use_sliding_window", false))
@@ -244,7 +250,6 @@ HfConfig read_hf_config(const std::string& dir) {
     }
     if (variant == "mistral") {
       // Mistral-7B-v0.1 slides over 4096 of its 32768 positions; v0.2 and later have none.
-      s.hf_model_type = "mistral";
       s.hf_max_positions = s.max_seq_len;
       s.sliding_window = c.integer({"sliding_window"}, 0);  // null: none
       if (s.sliding_window > 0) s.max_seq_len = std::min(s.max_seq_len, s.sliding_window);

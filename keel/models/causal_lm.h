@@ -40,15 +40,15 @@ struct ModelSpec {
   // for the config.json keel writes back. Empty and 0 for every other model.
   std::string hf_model_type;
   int64_t sliding_window = 0, hf_max_positions = 0;
-  // An HF Qwen2 (model_type "qwen2", Qwen2ForCausalLM): Llama's layers with biases on the q, k
-  // and v projections (not o_proj).
-  bool qkv_bias = false;
-  // An HF Qwen3 (model_type "qwen3", Qwen3ForCausalLM): Llama's layers with an RMSNorm over each
-  // head's query and key (q_norm, k_norm: weights [head_dim]) before RoPE.
-  bool qk_norm = false;
 
   // The name a message gives the model: "gpt2", "llama", "mistral", "qwen2" or "qwen3".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
+  // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
+  // o_proj).
+  bool qkv_bias() const { return hf_model_type == "qwen2"; }
+  // An HF Qwen3 (Qwen3ForCausalLM): Llama's layers with an RMSNorm over each head's query and key
+  // (q_norm, k_norm: weights [head_dim]) before RoPE.
+  bool qk_norm() const { return hf_model_type == "qwen3"; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t ffn_dim() const;
   int64_t head_dim() const { return n_embd / n_head; }

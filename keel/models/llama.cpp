@@ -18,11 +18,11 @@ LlamaAttention::LlamaAttention(const ModelSpec& s)
   auto lin = [&](int64_t in, int64_t out, bool bias) {
     return std::make_unique<nn::Linear>(in, out, bias, s.param_dtype);
   };
-  q_proj = register_module("q_proj", lin(s.n_embd, n_head * d, s.qkv_bias));
-  k_proj = register_module("k_proj", lin(s.n_embd, n_kv_head * d, s.qkv_bias));
-  v_proj = register_module("v_proj", lin(s.n_embd, n_kv_head * d, s.qkv_bias));
+  q_proj = register_module("q_proj", lin(s.n_embd, n_head * d, s.qkv_bias()));
+  k_proj = register_module("k_proj", lin(s.n_embd, n_kv_head * d, s.qkv_bias()));
+  v_proj = register_module("v_proj", lin(s.n_embd, n_kv_head * d, s.qkv_bias()));
   o_proj = register_module("o_proj", lin(n_head * d, s.n_embd, false));
-  if (s.qk_norm) {
+  if (s.qk_norm()) {
     q_norm = register_module("q_norm", std::make_unique<nn::RMSNorm>(d, s.norm_eps, s.param_dtype));
     k_norm = register_module("k_norm", std::make_unique<nn::RMSNorm>(d, s.norm_eps, s.param_dtype));
   }

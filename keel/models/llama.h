@@ -15,7 +15,7 @@ class LlamaAttention : public nn::Module {
   Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
                  KVCache* cache = nullptr, size_t layer = 0);  // [B,T,C]
   nn::Linear *q_proj, *k_proj, *v_proj, *o_proj;
-  nn::RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // Qwen3's (ModelSpec::qk_norm); else null
+  nn::RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // Qwen3's (ModelSpec::qk_norm()); else null
   int64_t n_head, n_kv_head;
   double rope_theta;
   ops::RopeScaling rope_scaling;

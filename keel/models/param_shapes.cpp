@@ -50,11 +50,11 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
   for (int64_t l = 0; l < s.n_layer; ++l) {
     const std::string h = "model.layers." + std::to_string(l);
     p.push_back({h + ".input_layernorm.weight", {C}, false});
-    linear(p, h + ".self_attn.q_proj", C, q_dim, s.qkv_bias);
-    linear(p, h + ".self_attn.k_proj", C, kv_dim, s.qkv_bias);
-    linear(p, h + ".self_attn.v_proj", C, kv_dim, s.qkv_bias);
+    linear(p, h + ".self_attn.q_proj", C, q_dim, s.qkv_bias());
+    linear(p, h + ".self_attn.k_proj", C, kv_dim, s.qkv_bias());
+    linear(p, h + ".self_attn.v_proj", C, kv_dim, s.qkv_bias());
     linear(p, h + ".self_attn.o_proj", q_dim, C, false);
-    if (s.qk_norm) {
+    if (s.qk_norm()) {
       p.push_back({h + ".self_attn.q_norm.weight", {D}, false});
       p.push_back({h + ".self_attn.k_norm.weight", {D}, false});
     }

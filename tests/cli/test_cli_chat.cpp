@@ -157,7 +157,7 @@ TEST(CliChat, GenerateMessagesAnswersAConversation) {
   EXPECT_CONTAINS(refused(json::array({user, reply}).dump(), {}),
                   "ends with the assistant's message, which is what the model is to write");
   EXPECT_CONTAINS(refused(json::array({{{"role", "user"}}}).dump(), {}),
-                  "holds no conversation to answer: \"messages\"[0] has no \"content\"");
+                  "--messages: the PROMPT argument: \"messages\"[0] has no \"content\"");
   EXPECT_CONTAINS(refused(json::array({user}).dump(), {"--system", "x"}),
                   "--system with --messages");
 }

@@ -114,12 +114,17 @@ TEST(CliMistral, TrainsWithinItsWindowAndIsWrittenBackAsAMistral) {
   EXPECT_EQ(r.at("prompt_tokens").get<size_t>() + r.at("tokens").size(), 32u);
 }
 
+// init-model's tiny `family` model (1 layer, 32 wide, 4 heads, 2 kv heads, 32 positions) at `out`.
+void init_tiny(const std::string& family, const std::string& out) {
+  const test::KeelRun init =
+      test::run_keel({"init-model", "--family", family, "--out", out, "--n-layer", "1", "--n-embd",
+                      "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32"});
+  ASSERT_EQ(init.code, 0) << init.output;
+}
+
 TEST(CliQwen2, InitModelWritesOneAndALoraOnItsBiasedProjectionsExports) {
   const std::string dir = test::temp_dir("cli-qwen2");
-  const test::KeelRun init = test::run_keel(
-      {"init-model", "--family", "qwen2", "--out", dir + "/base", "--n-layer", "1", "--n-embd",
-       "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32"});
-  ASSERT_EQ(init.code, 0) << init.output;
+  init_tiny("qwen2", dir + "/base");
   const json cfg = read_json_file(dir + "/base/config.json");
   EXPECT_EQ(cfg.at("model_type"), "qwen2");
   EXPECT_EQ(cfg.at("architectures"), json::array({"Qwen2ForCausalLM"}));
@@ -159,10 +164,7 @@ TEST(CliQwen2, InitModelWritesOneAndALoraOnItsBiasedProjectionsExports) {
 
 TEST(CliQwen3, InitModelWritesOneItsNormsTrainAndAnOwnHeadWidthIsRefused) {
   const std::string dir = test::temp_dir("cli-qwen3");
-  const test::KeelRun init = test::run_keel(
-      {"init-model", "--family", "qwen3", "--out", dir + "/base", "--n-layer", "1", "--n-embd",
-       "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32"});
-  ASSERT_EQ(init.code, 0) << init.output;
+  init_tiny("qwen3", dir + "/base");
   json cfg = read_json_file(dir + "/base/config.json");
   EXPECT_EQ(cfg.at("model_type"), "qwen3");
   EXPECT_EQ(cfg.at("architectures"), json::array({"Qwen3ForCausalLM"}));
@@ -185,7 +187,7 @@ TEST(CliQwen3, InitModelWritesOneItsNormsTrainAndAnOwnHeadWidthIsRefused) {
   EXPECT_EQ(refused.code, 2) << refused.output;
   EXPECT_CONTAINS(refused.err,
                   "head_dim = 16 != hidden_size / num_attention_heads (a head width "
-                  "of its own) is not supported by keel's llama model");
+                  "of its own) is not supported by keel's qwen3 model");
 }
 
 }  // namespace

@@ -412,14 +412,18 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
   m = error_of([&] { load_hf_model(dir); });
   EXPECT_CONTAINS(m, "GemmaForCausalLM");
   EXPECT_CONTAINS(m, "unsupported model");
-  EXPECT_CONTAINS(m, "Qwen2ForCausalLM (qwen2) and Qwen3ForCausalLM (qwen3)");  // keel's
+  EXPECT_CONTAINS(m,
+                  "keel reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama), "
+                  "MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM "
+                  "(qwen3)");
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};
   write_hf_dir(dir, cfg, tensors);
   m = error_of([&] { load_hf_model(dir); });
-  EXPECT_CONTAINS(m, "tensor 'model.layers.0.self_attn.q_proj.bias' is missing (config.json "
-                     "describes a qwen2 with 2 layers");
+  EXPECT_CONTAINS(m,
+                  "tensor 'model.layers.0.self_attn.q_proj.bias' is missing (config.json "
+                  "describes a qwen2 with 2 layers");
   cfg["model_type"] = "mistral";
   cfg["architectures"] = {"MistralForCausalLM"};
   cfg["sliding_window"] = -1;

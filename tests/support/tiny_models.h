@@ -13,8 +13,6 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool qwen = family == "qwen2" || family == "qwen3";
   s.family = qwen ? "llama" : family;
   s.hf_model_type = qwen ? family : "";
-  s.qkv_bias = family == "qwen2";
-  s.qk_norm = family == "qwen3";
   s.n_layer = 2;
   s.n_embd = 16;
   s.vocab_size = 37;

@@ -259,41 +259,11 @@ std::string string_repr(const std::string& s) {
 }
 
 void json_string(const std::string& s, std::string& out) {
-  out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          char hex[8];
-          std::snprintf(hex, sizeof hex, "\\u%04x", c);
-          out += hex;
-        } else {
-          out += static_cast<char>(c);  // ensure_ascii=False: UTF-8 passes through
-        }
-    }
-  }
-  out += '"';
+  // Python's json.dumps(s, ensure_ascii=False) is nlohmann's serializer: the same short escapes
+  // for quote, backslash, newline, return, tab, backspace and form feed, \u00xx for the other
+  // control characters, UTF-8 as it is. (Bytes that are not UTF-8, which a Python str cannot
+  // hold, become U+FFFD.)
+  out += nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace
