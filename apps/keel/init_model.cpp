@@ -20,7 +20,7 @@ namespace keel::cli {
 namespace {
 struct InitModelArgs {
   std::string out, family = "llama", dtype = "f32";
-  int64_t n_layer = 2, n_embd = 64, n_head = 4, n_kv_head = 0, intermediate_size = 0;
+  int64_t n_layer = 2, n_embd = 64, n_head = 4, n_kv_head = 0, head_dim = 0, intermediate_size = 0;
   int64_t vocab_size = 259, max_seq_len = 128, shard_bytes = 0;
   bool untied = false;
   double rope_theta = 10000.0, norm_eps = 1e-5, init_std = 0.02;
@@ -46,6 +46,7 @@ void check_flags(const InitModelArgs& a) {
   sized("model.n_embd", "--n-embd", a.n_embd);
   sized("model.n_head", "--n-head", a.n_head);
   sized("model.n_kv_head", "--n-kv-head", a.n_kv_head);
+  sized("model.head_dim", "--head-dim", a.head_dim);
   sized("model.intermediate_size", "--intermediate-size", a.intermediate_size);
   sized("model.vocab_size", "--vocab-size", a.vocab_size);
   sized("model.max_seq_len", "--max-seq-len", a.max_seq_len);
@@ -77,6 +78,7 @@ int run_init_model(const InitModelArgs& a) {
   s.n_embd = a.n_embd;
   s.n_head = a.n_head;
   s.n_kv_head = a.n_kv_head;
+  if (a.head_dim * a.n_head != a.n_embd) s.head_width = a.head_dim;
   s.intermediate_size = a.intermediate_size;
   s.vocab_size = a.vocab_size;
   s.max_seq_len = a.max_seq_len;
@@ -91,6 +93,9 @@ int run_init_model(const InitModelArgs& a) {
   if (a.family == "gpt2" && a.n_kv_head != 0 && a.n_kv_head != a.n_head)
     throw Error("init-model: GPT-2 has no grouped key/value heads; drop --n-kv-head",
                 Error::kUsage);
+  if (a.family == "gpt2" && s.head_width > 0)
+    throw Error("init-model: GPT-2's heads are --n-embd / --n-head wide; drop --head-dim",
+                Error::kUsage);
   if (a.family == "gpt2" && a.rope_theta != InitModelArgs{}.rope_theta)
     throw Error("init-model: GPT-2 has learned positions, no RoPE; drop --rope-theta",
                 Error::kUsage);
@@ -102,12 +107,17 @@ int run_init_model(const InitModelArgs& a) {
   s.param_dtype = *dt;
   // Sizes that do not fit together, named by their flags (the model's own check names its fields:
   // "model: llama needs an even head dim for RoPE, got 9").
-  if (a.n_embd % a.n_head != 0)
+  if (a.head_dim == 0 && a.n_embd % a.n_head != 0)
     throw Error("init-model --n-embd " + std::to_string(a.n_embd) +
                     " is not divisible by --n-head " + std::to_string(a.n_head) +
-                    "; each head gets n-embd / n-head channels",
+                    "; each head gets n-embd / n-head channels (or give --head-dim)",
                 Error::kUsage);
-  if (s.family == "llama" && (a.n_embd / a.n_head) % 2 != 0)
+  if (s.family == "llama" && a.head_dim > 0 && a.head_dim % 2 != 0)
+    throw Error("init-model --head-dim " + std::to_string(a.head_dim) + " is odd; " + a.family +
+                    "'s rotary embedding (RoPE) turns pairs of channels, so a head needs an "
+                    "even number",
+                Error::kUsage);
+  if (s.family == "llama" && a.head_dim == 0 && (a.n_embd / a.n_head) % 2 != 0)
     throw Error("init-model --n-embd " + std::to_string(a.n_embd) + " / --n-head " +
                     std::to_string(a.n_head) + " gives heads of " +
                     std::to_string(a.n_embd / a.n_head) + " channels; " + a.family +
@@ -178,6 +188,9 @@ Command add_init_model(CLI::App& app) {
   config_option("--n-head", a->n_head, "attention heads", "model.n_head", true);
   config_option("--n-kv-head", a->n_kv_head, "llama: key/value heads (0 = n-head)",
                 "model.n_kv_head", true);
+  config_option("--head-dim", a->head_dim,
+                "llama: a head's channels, Qwen3-0.6B's 128 beside 1024 / 16 (0 = n-embd / n-head)",
+                "model.head_dim", true);
   config_option("--intermediate-size", a->intermediate_size,
                 "MLP width (0: 4 x n-embd for gpt2, Llama's 8/3 rule)", "model.intermediate_size",
                 true);

@@ -1,8 +1,8 @@
 // `keel memory [--model DIR | --config FILE] [--set section.key=value ...] [--params N]
 // [--precision P --optimizer O --batch B --seq T --grad-accum K --layers L --hidden H --heads N
-// --kv-heads N
-// --ffn F --vocab V --tie-embeddings B --family F --attention A --adapter KIND --r R
-// --targets a,b --adapter-dropout P --base-dtype D --checkpointing none|blocks|N] [--json]`:
+// --kv-heads N --head-dim D --ffn F --vocab V --tie-embeddings B --family F --attention A
+// --adapter KIND --r R --targets a,b --adapter-dropout P --base-dtype D
+// --checkpointing none|blocks|N] [--json]`:
 // weights, gradients, optimizer state, low-precision copies and activations of a training step.
 // A model directory gives the sizes of its config.json (and its weight files); a config gives
 // everything `keel train` would run (the same estimate as its check before loading and as
@@ -105,6 +105,9 @@ Command add_memory(CLI::App& app) {
         config_check("model.n_head", true));
   field(r, sub, "--kv-heads", &monitor::MemoryQuery::kv_heads,
         "llama: key/value heads (GQA; default: --heads)", config_check("model.n_kv_head", true));
+  field(r, sub, "--head-dim", &monitor::MemoryQuery::head_dim,
+        "llama: a head's channels (default: --hidden / --heads)",
+        config_check("model.head_dim", true));
   field(r, sub, "--tie-embeddings", &monitor::MemoryQuery::tie_embeddings,
         "llama: lm_head shares the embedding (true | false; gpt2 always ties; default true)",
         [](const std::string& v) {  // CLI11 took 5 as true, -1, "" and 0x1 as false
@@ -172,6 +175,8 @@ Command add_memory(CLI::App& app) {
                   {"--hidden", q.hidden == dir_q.hidden},
                   {"--heads", q.heads == dir_q.heads},
                   {"--kv-heads", q.kv_heads == dir_q.kv_heads},
+                  {"--head-dim", q.head_dim == dir_q.head_dim ||
+                                     (dir_q.head_dim == 0 && q.head_dim * q.heads == q.hidden)},
                   {"--ffn", q.ffn == dir_q.ffn},
                   {"--vocab", q.vocab == dir_q.vocab},
                   {"--tie-embeddings", q.tie_embeddings == dir_q.tie_embeddings},
@@ -193,11 +198,11 @@ Command add_memory(CLI::App& app) {
             // Flags that do not apply to the step estimated were taken and ignored (gpt2 with
             // --tie-embeddings false, --r 64 without an adapter: the same estimate, exit 0).
             if (q.family == "gpt2")
-              for (const char* flag : {"--tie-embeddings", "--kv-heads"})
+              for (const char* flag : {"--tie-embeddings", "--kv-heads", "--head-dim"})
                 if (given(flag))
                   throw Error(std::string("memory ") + flag +
                                   ": applies to llama; GPT-2 ties lm_head to wte and has no "
-                                  "grouped key/value heads: drop " +
+                                  "grouped key/value heads, each hidden / heads wide: drop " +
                                   flag + " (or give --family llama)",
                               Error::kUsage);
             if (q.adapter.kind == "none")

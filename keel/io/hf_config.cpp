@@ -254,11 +254,16 @@ HfConfig read_hf_config(const std::string& dir) {
       s.sliding_window = c.integer({"sliding_window"}, 0);  // null: none
       if (s.sliding_window > 0) s.max_seq_len = std::min(s.max_seq_len, s.sliding_window);
     }
-    if (s.n_head > 0 && s.n_embd % s.n_head == 0) {
-      const int64_t hd = c.integer({"head_dim"}, s.n_embd / s.n_head);
-      if (hd != s.n_embd / s.n_head)  // (Qwen3-0.6B's and -4B's)
-        throw unsupported("head_dim = " + std::to_string(hd) +
-                          " != hidden_size / num_attention_heads (a head width of its own)");
+    // A head width of its own (Qwen3-0.6B's and -4B's, Mistral-Nemo's), as HF's attention reads
+    // it: getattr(config, "head_dim", hidden_size // num_attention_heads).
+    if (const int64_t hd = c.integer({"head_dim"}, 0);
+        hd > 0 && (s.n_head < 1 || s.n_embd % s.n_head != 0 || hd != s.n_embd / s.n_head)) {
+      if (hd > models::ModelSpec::kMaxHeadWidth)
+        throw Error(file + ": head_dim = " + std::to_string(hd) + " is wider than keel's heads (" +
+                        std::to_string(models::ModelSpec::kMaxHeadWidth) +
+                        " at most); fix head_dim",
+                    Error::kUsage);
+      s.head_width = hd;
     }
   }
   s.init_std = c.number({"initializer_range"}, 0.02);

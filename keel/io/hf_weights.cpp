@@ -195,6 +195,13 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
         wpe && wpe->size() == 2 && (*wpe)[0] != s.max_seq_len)
       throw disagree("n_positions", s.max_seq_len,
                      "a position embedding of " + std::to_string((*wpe)[0]) + " rows");
+  // A query projection of another width: head_dim (or its absence) is wrong for these weights.
+  if (const Shape* q = shape_of({"model.layers.0.self_attn.q_proj.weight"});
+      !gpt2 && q && q->size() == 2 && (*q)[0] != s.n_head * s.head_dim())
+    throw disagree(s.head_width > 0 ? "head_dim" : "num_attention_heads",
+                   s.head_width > 0 ? s.head_width : s.n_head,
+                   "a q_proj of " + std::to_string((*q)[0]) + " rows, not num_attention_heads " +
+                       std::to_string(s.n_head) + " x head_dim " + std::to_string(s.head_dim()));
   const Shape* mlp = gpt2 ? shape_of({"h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.weight"})
                           : shape_of({"model.layers.0.mlp.up_proj.weight"});
   if (mlp && mlp->size() == 2 && (*mlp)[gpt2 ? 1 : 0] != s.ffn_dim())

@@ -24,7 +24,11 @@ void ModelSpec::validate() const {
   if (family != "gpt2" && family != "llama")
     throw bad("unknown family '" + family + "': use gpt2 or llama");
   if (n_layer < 1 || n_embd < 1 || n_head < 1) throw bad("n_layer, n_embd and n_head must be >= 1");
-  if (n_embd % n_head)
+  if (head_width < 0) throw bad("head_width must be >= 0 (0: n_embd / n_head)");
+  if (head_width > 0 && family == "gpt2" && head_width * n_head != n_embd)
+    throw bad("gpt2's heads are n_embd / n_head wide; head_width " + std::to_string(head_width) +
+              " is llama's");
+  if (head_width == 0 && n_embd % n_head)
     throw bad("n_embd " + std::to_string(n_embd) + " is not divisible by n_head " +
               std::to_string(n_head));
   if (family == "llama" && head_dim() % 2)

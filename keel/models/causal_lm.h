@@ -20,7 +20,12 @@ namespace keel::models {
 struct ModelSpec {
   std::string family = "gpt2";  // gpt2 | llama
   int64_t n_layer = 2, n_embd = 64, n_head = 4;
-  int64_t n_kv_head = 0;          // llama: grouped-query heads; 0 = n_head
+  int64_t n_kv_head = 0;  // llama: grouped-query heads; 0 = n_head
+  // llama: a head's channels where they are not n_embd / n_head (HF's head_dim: Qwen3-0.6B's 128
+  // with hidden_size 1024 and 16 heads, Mistral-Nemo's 128 with 5120 and 32); 0 = n_embd / n_head.
+  // q_proj then maps n_embd to n_head * head_dim and o_proj back.
+  int64_t head_width = 0;
+  static constexpr int64_t kMaxHeadWidth = 1024;  // (published models: 64 to 256)
   int64_t intermediate_size = 0;  // 0: 4*n_embd (gpt2); Llama's rule (8/3 n_embd, multiple of 32)
   int64_t vocab_size = 0;
   int64_t max_seq_len = 128;
@@ -51,7 +56,7 @@ struct ModelSpec {
   bool qk_norm() const { return hf_model_type == "qwen3"; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t ffn_dim() const;
-  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t head_dim() const { return head_width > 0 ? head_width : n_embd / n_head; }
   void validate() const;  // Error (kUsage) naming the inconsistent sizes
 };
 

@@ -35,6 +35,8 @@ models::ModelSpec spec_of(const MemoryQuery& q) {
   s.n_embd = q.hidden;
   s.n_head = q.heads > 0 ? q.heads : default_heads(q.hidden);
   s.n_kv_head = q.kv_heads;
+  if (q.head_dim * s.n_head != q.hidden) s.head_width = q.head_dim;
+  s.hf_model_type = q.hf_model_type;
   s.intermediate_size = q.ffn;
   s.vocab_size = q.vocab > 0 ? q.vocab : data::ByteTokenizer::kVocab;
   s.max_seq_len = std::max(q.max_seq_len, q.seq);
@@ -89,6 +91,7 @@ void check_query(const MemoryQuery& q) {
   bound("model.n_embd", "hidden", "--hidden", q.hidden);
   bound("model.n_head", "heads", "--heads", q.heads);
   bound("model.n_kv_head", "kv heads", "--kv-heads", q.kv_heads);
+  bound("model.head_dim", "head dim", "--head-dim", q.head_dim);
   bound("model.intermediate_size", "ffn", "--ffn", q.ffn);
   bound("model.vocab_size", "vocab", "--vocab", q.vocab);
   if (q.adapter.kind != "none") {
@@ -124,9 +127,9 @@ void check_query(const MemoryQuery& q) {
                 Error::kUsage);
   if (q.hidden > 0) {
     const int64_t h = q.heads > 0 ? q.heads : default_heads(q.hidden);
-    if (q.hidden % h != 0)
+    if (q.head_dim == 0 && q.hidden % h != 0)
       throw Error("memory: hidden " + std::to_string(q.hidden) + " is not divisible by heads " +
-                      std::to_string(h) + "; pick --heads dividing --hidden",
+                      std::to_string(h) + "; pick --heads dividing --hidden (or give --head-dim)",
                   Error::kUsage);
     if (q.kv_heads < 0 || (q.kv_heads > 0 && h % q.kv_heads != 0))
       throw Error("memory: heads " + std::to_string(h) + " is not a multiple of kv heads " +
@@ -295,7 +298,9 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
           ")";
     const int64_t B = q.batch, C = sp.n_embd, F = sp.ffn_dim(), V = sp.vocab_size;
     const int64_t H = sp.n_head, L = sp.n_layer, BT = B * T;
-    const int64_t kvC = sp.kv_heads() * sp.head_dim();
+    // Attention's widths: the query heads' H * D (C unless the model has a head width of its
+    // own) and the key/value heads'.
+    const int64_t qC = H * sp.head_dim(), kvC = sp.kv_heads() * sp.head_dim();
     const bool flash = q.attention == "flash";
     const bool llama = q.family == "llama";
     // Items of one block (counted per block) and of the model outside its blocks.
@@ -316,7 +321,7 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     const std::string attn_detail = flash ? "flash: output [B,T,C] " + cd + " + lse [B,H,T] f32"
                                           : "probabilities [B,H,T,T] f32 (" + q.attention + ")";
     if (flash) {
-      add("attention", 1, c * BT * C, attn_detail, true);
+      add("attention", 1, c * BT * qC, attn_detail, true);
       add("attention", 1, 4 * B * H * T, attn_detail, true);
     } else {
       add("attention", 1, 4 * B * H * T * T, attn_detail, true);
@@ -341,9 +346,10 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
           "normed inputs (one autocast copy shared by q, k, v and one by gate, up under -mixed), "
           "o_proj and down_proj inputs, " +
           cd;
-      add("linear inputs", 3, c * BT * C, li, true);  // normed (q, k, v), o_proj, normed (gate, up)
+      add("linear inputs", 2, c * BT * C, li, true);   // normed (q, k, v), normed (gate, up)
+      add("linear inputs", 1, c * BT * qC, li, true);  // o_proj's [B,T,H*D]
       add("linear inputs", 1, c * BT * F, li, true);
-      add("q, k, v", 1, c * BT * C, "after rope / split-heads, " + cd, true);
+      add("q, k, v", 1, c * BT * qC, "after rope / split-heads, " + cd, true);
       add("q, k, v", 2, c * BT * kvC, "after rope / split-heads, " + cd, true);
       add("swiglu inputs", 2, c * BT * F, "gate and up outputs [B,T,F] " + cd, true);
       add("residual stream", 1, s * BT * C, "", false);
@@ -462,10 +468,12 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     const int64_t gb = pol.autocast ? 4 : c;
     head_transient = block_bytes(gb * BT * C);
     const int64_t cdt = q.attention == "math" ? 4 : c;
-    int64_t layer = 3 * block_bytes(c * BT * C) + 2 * block_bytes(s * BT * C);  // dq, dk, dv + dx
+    // dq, dk, dv (each [B,H,T,D]: a grouped key/value head's gradient is summed from its
+    // queries' afterwards) + dx
+    int64_t layer = 3 * block_bytes(c * BT * qC) + 2 * block_bytes(s * BT * C);
     if (!flash)
       layer += block_bytes(cdt * B * H * T * T) +
-               (q.attention == "math" ? 4 * block_bytes(4 * BT * C) : 0);
+               (q.attention == "math" ? 4 * block_bytes(4 * BT * qC) : 0);
     if (q.attention == "eager" && c != 4) layer += block_bytes(c * B * H * T * T);  // rounded P
     const int64_t mlp = (llama ? 3 : 2) * block_bytes(c * BT * F) + 2 * block_bytes(s * BT * C);
     layer_transient = std::max({layer, mlp, adapter_transient});
@@ -687,6 +695,7 @@ MemoryQuery memory_query_from_config(const Config& cfg) {
     q.hidden = cfg.model.n_embd;
     q.heads = cfg.model.n_head;
     q.kv_heads = cfg.model.n_kv_head;
+    q.head_dim = cfg.model.head_dim;
     q.ffn = cfg.model.intermediate_size;
     q.vocab = cfg.model.vocab_size;
     q.max_seq_len = cfg.model.max_seq_len;
@@ -732,6 +741,8 @@ void set_sizes(MemoryQuery& q, const models::ModelSpec& s) {
   q.hidden = s.n_embd;
   q.heads = s.n_head;
   q.kv_heads = s.kv_heads();
+  q.head_dim = s.head_width;
+  q.hf_model_type = s.hf_model_type;
   q.ffn = s.ffn_dim();
   q.vocab = s.vocab_size;
   q.max_seq_len = s.max_seq_len;

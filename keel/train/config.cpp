@@ -22,6 +22,7 @@
 #include <tuple>
 #include <variant>
 
+#include "keel/models/causal_lm.h"
 #include "keel/numerics/error.h"
 #include "keel/numerics/input_file.h"
 #include "keel/numerics/text.h"
@@ -80,6 +81,8 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("model", model, n_embd).at_least(1).at_most(65536));
     k.push_back(KEEL_KEY("model", model, n_head).at_least(1).at_most(1024));
     k.push_back(KEEL_KEY("model", model, n_kv_head).at_least(0).at_most(1024));
+    k.push_back(
+        KEEL_KEY("model", model, head_dim).at_least(0).at_most(models::ModelSpec::kMaxHeadWidth));
     k.push_back(KEEL_KEY("model", model, intermediate_size).at_least(0).at_most(1048576));
     k.push_back(KEEL_KEY("model", model, vocab_size).at_least(0).at_most(16777216));
     k.push_back(KEEL_KEY("model", model, max_seq_len).at_least(2).at_most(1048576));
@@ -622,13 +625,18 @@ void validate(Config& c, const Origins& origins) {
   // Rules across keys.
   auto at = [&](const std::string& key) { return " (" + from(key) + ")"; };
   const ModelConfig& m = c.model;
-  if (m.path.empty() && m.n_embd % m.n_head != 0)
+  if (m.path.empty() && m.head_dim == 0 && m.n_embd % m.n_head != 0)
     throw usage("model.n_embd = " + std::to_string(m.n_embd) + at("model.n_embd") +
                 " must be divisible by model.n_head = " + std::to_string(m.n_head) +
-                at("model.n_head") + "; each head gets n_embd / n_head channels");
+                at("model.n_head") +
+                "; each head gets n_embd / n_head channels (or llama's model.head_dim)");
   // (the model's own check said "model: llama needs an even head dim for RoPE, got 9", naming
   // no key)
-  if (m.path.empty() && m.family == "llama" && m.n_embd % m.n_head == 0 &&
+  if (m.path.empty() && m.family == "llama" && m.head_dim > 0 && m.head_dim % 2 != 0)
+    throw usage("model.head_dim = " + std::to_string(m.head_dim) + at("model.head_dim") +
+                " is odd; llama's rotary embedding (RoPE) turns pairs of channels, so a head "
+                "needs an even number");
+  if (m.path.empty() && m.family == "llama" && m.head_dim == 0 && m.n_embd % m.n_head == 0 &&
       (m.n_embd / m.n_head) % 2 != 0)
     throw usage("model.n_embd = " + std::to_string(m.n_embd) + at("model.n_embd") +
                 " / model.n_head = " + std::to_string(m.n_head) + at("model.n_head") +

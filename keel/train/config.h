@@ -32,6 +32,7 @@ struct ModelConfig {
   int64_t n_embd = 64;
   int64_t n_head = 4;
   int64_t n_kv_head = 0;          // llama GQA; 0 = n_head
+  int64_t head_dim = 0;           // llama: a head's channels; 0 = n_embd / n_head
   int64_t intermediate_size = 0;  // 0 = 4*n_embd (gpt2) or the Llama rule
   int64_t vocab_size = 0;         // 0 = the tokenizer's
   int64_t max_seq_len = 128;

@@ -171,13 +171,15 @@ models::ModelSpec model_spec(const Config& cfg, int64_t tokenizer_vocab, DType p
     std::vector<std::string> llama_only = keys_off_default(cfg, {"model.rope_theta"});
     if (m.n_kv_head > 0 && m.n_kv_head != m.n_head)
       llama_only.push_back("model.n_kv_head = " + std::to_string(m.n_kv_head));
+    if (m.head_dim > 0 && m.head_dim * m.n_head != m.n_embd)
+      llama_only.push_back("model.head_dim = " + std::to_string(m.head_dim));
     if (!llama_only.empty()) {
       std::string keys;
       for (const std::string& k : llama_only) keys += (keys.empty() ? "" : " and ") + k;
       throw Error(keys +
                       " with model.family = \"gpt2\": GPT-2 has learned position embeddings "
                       "(no RoPE) and one key/value head per query head (no grouped-query "
-                      "attention); remove " +
+                      "attention), each n_embd / n_head wide; remove " +
                       (llama_only.size() > 1 ? "them" : "it") + ", or use model.family = \"llama\"",
                   Error::kUsage);
     }
@@ -188,6 +190,7 @@ models::ModelSpec model_spec(const Config& cfg, int64_t tokenizer_vocab, DType p
   s.n_embd = m.n_embd;
   s.n_head = m.n_head;
   s.n_kv_head = m.n_kv_head;
+  if (m.head_dim * m.n_head != m.n_embd) s.head_width = m.head_dim;
   s.intermediate_size = m.intermediate_size;
   s.vocab_size = m.vocab_size > 0 ? m.vocab_size : tokenizer_vocab;
   // Left at its default, model.max_seq_len follows a longer data.seq_len; set shorter, it was
@@ -273,6 +276,7 @@ void check_shape_keys_match(const ModelConfig& m, const models::ModelSpec& file_
   integer("n_embd", m.n_embd, d.n_embd, file_spec.n_embd);
   integer("n_head", m.n_head, d.n_head, file_spec.n_head);
   integer("n_kv_head", m.n_kv_head, d.n_kv_head, file_spec.kv_heads());
+  integer("head_dim", m.head_dim, d.head_dim, file_spec.head_dim());
   integer("intermediate_size", m.intermediate_size, d.intermediate_size, file_spec.ffn_dim());
   integer("vocab_size", m.vocab_size, d.vocab_size, file_spec.vocab_size);
   integer("max_seq_len", m.max_seq_len, d.max_seq_len, file_spec.max_seq_len);

@@ -67,9 +67,9 @@ json changeable_settings(const Config& c) {
 // values cannot load, not even under run.resume_force. (It failed on the first tensor it lacked,
 // or as "the checkpoint is damaged" for another optimizer or a dropped adapter.)
 constexpr const char* kTensorSetKeys[] = {
-    "optim.name",          "model.adapter.kind", "model.adapter.r", "model.adapter.target_modules",
-    "model.family",        "model.n_layer",      "model.n_embd",    "model.intermediate_size",
-    "model.tie_embeddings"};
+    "optim.name",           "model.adapter.kind", "model.adapter.r", "model.adapter.target_modules",
+    "model.family",         "model.n_layer",      "model.n_embd",    "model.intermediate_size",
+    "model.tie_embeddings", "model.head_dim"};
 
 void refuse_other_tensor_sets(const Config& c, const json& st, const std::string& dir) {
   if (!st.is_object() || !st.contains("config") || !st["config"].is_object()) return;

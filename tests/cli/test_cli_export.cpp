@@ -28,15 +28,19 @@ using json = nlohmann::json;
 const std::vector<int64_t> kIds = {49, 50, 43, 51, 52, 61, 10, 7, 200};
 
 // A tiny HF base of `family` (vocab 259) and a 6-step fine-tune of it with `kind` adapters;
-// `bf16_base`: its base held in bf16 (model.base_dtype) under bf16-mixed.
+// `bf16_base`: its base held in bf16 (model.base_dtype) under bf16-mixed. "qwen3-wide": a Qwen3
+// whose heads are 16 wide over 32 / 4 (Qwen3-0.6B's head_dim).
 std::string trained_run(const std::string& family, const std::string& kind,
                         bool bf16_base = false) {
   const std::string dir =
       test::temp_dir("export-" + family + "-" + kind + (bf16_base ? "-bf16" : ""));
-  std::vector<std::string> init = {
-      "init-model", "--family", family,     "--out", dir + "/base",   "--n-layer", "2",
-      "--n-embd",   "32",       "--n-head", "4",     "--max-seq-len", "32"};
+  const bool wide = family == "qwen3-wide";
+  std::vector<std::string> init = {"init-model", "--family", wide ? "qwen3" : family, "--out",
+                                   dir + "/base"};
+  init.insert(init.end(),
+              {"--n-layer", "2", "--n-embd", "32", "--n-head", "4", "--max-seq-len", "32"});
   if (family != "gpt2") init.insert(init.end(), {"--n-kv-head", "2", "--untied"});
+  if (wide) init.insert(init.end(), {"--head-dim", "16"});
   const test::KeelRun b = test::run_keel(init);
   EXPECT_EQ(b.code, 0) << b.output;
   const std::string targets =
@@ -252,8 +256,12 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   std::vector<std::pair<std::string, std::vector<float>>> cases;  // (export, checkpoint logits)
   // Qwen2 and Qwen3 fine-tuned whole, so that Qwen2's q/k/v biases and Qwen3's q/k norms are
   // trained away from their init (0, 1).
-  for (const auto& [family, kind] : std::vector<std::pair<std::string, std::string>>{
-           {"gpt2", "lora"}, {"llama", "lora"}, {"qwen2", "none"}, {"qwen3", "none"}}) {
+  for (const auto& [family, kind] :
+       std::vector<std::pair<std::string, std::string>>{{"gpt2", "lora"},
+                                                        {"llama", "lora"},
+                                                        {"qwen2", "none"},
+                                                        {"qwen3", "none"},
+                                                        {"qwen3-wide", "none"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

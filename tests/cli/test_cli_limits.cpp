@@ -205,6 +205,9 @@ TEST(CliLimits, InitModelFlagsHaveTheConfigKeysBounds) {
       {{"--n-embd", "36", "--n-head", "4"},
        "init-model --n-embd 36 / --n-head 4 gives heads of 9 channels; llama's rotary embedding"},
       {{"--n-kv-head", "3"}, "init-model --n-head 4 is not a multiple of --n-kv-head 3"},
+      {{"--head-dim", "9"}, "init-model --head-dim 9 is odd; llama's rotary embedding"},
+      {{"--family", "gpt2", "--head-dim", "32"}, "GPT-2's heads are --n-embd / --n-head wide"},
+      {{"--head-dim", "2048"}, "init-model --head-dim 2048: model.head_dim must be in [0, 1024]"},
       // Taken as 2^64 - 1 (and 2^64 as 0): bounded as run.seed is.
       {{"--seed", "-1"},
        "--seed: -1: use a whole number from 0 to 9223372036854775807 (as run.seed)"},

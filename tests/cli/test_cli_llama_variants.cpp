@@ -3,9 +3,10 @@
 // refused beyond it, generated up to the window, and written back as a Mistral by checkpoints and
 // export. A Qwen2 (Qwen2ForCausalLM, q/k/v biases): `init-model --family qwen2` writes one, a LoRA
 // run on its biased projections merges into an export that computes as the run did, and a sliding
-// window it would use is refused. A Qwen3 (Qwen3ForCausalLM, q/k norms): the same, and a head
-// width of its own (Qwen3-0.6B's head_dim 128 over 1024 / 16) is refused. (PyTorch's forward of
-// Qwen2 and Qwen3 exports: CliExport.PyTorch*.)
+// window it would use is refused. A Qwen3 (Qwen3ForCausalLM, q/k norms): the same, with heads of
+// n_embd / n_head channels or of a width of their own (Qwen3-0.6B's head_dim 128 over 1024 / 16),
+// and a head_dim its weights do not have is refused. (PyTorch's forward of Qwen2 and Qwen3
+// exports: CliExport.PyTorch*.)
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -162,12 +163,13 @@ TEST(CliQwen2, InitModelWritesOneAndALoraOnItsBiasedProjectionsExports) {
   EXPECT_CONTAINS(refused.err, "use_sliding_window = true (keel's attention does not slide)");
 }
 
-TEST(CliQwen3, InitModelWritesOneItsNormsTrainAndAnOwnHeadWidthIsRefused) {
+TEST(CliQwen3, InitModelWritesOneItsNormsTrainAndAWrongHeadDimIsRefused) {
   const std::string dir = test::temp_dir("cli-qwen3");
   init_tiny("qwen3", dir + "/base");
   json cfg = read_json_file(dir + "/base/config.json");
   EXPECT_EQ(cfg.at("model_type"), "qwen3");
   EXPECT_EQ(cfg.at("architectures"), json::array({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(cfg.at("head_dim"), 8);
   const test::KeelRun run =
       test::run_keel(test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1",
                                                  "model.path=" + dir + "/base", "data.seq_len=24",
@@ -179,15 +181,66 @@ TEST(CliQwen3, InitModelWritesOneItsNormsTrainAndAnOwnHeadWidthIsRefused) {
   ASSERT_EQ(ex.code, 0) << ex.output;
   EXPECT_EQ(read_json_file(dir + "/hf/config.json").at("architectures"),
             json::array({"Qwen3ForCausalLM"}));
-  cfg["head_dim"] = 16;  // 32 / 4 = 8
+  // A config.json whose head_dim its weights do not have (32 / 4 = 8 wide).
+  cfg["head_dim"] = 16;
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
   std::ofstream(dir + "/t.txt") << "12+34=46\n";
   const test::KeelRun refused =
       test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
   EXPECT_EQ(refused.code, 2) << refused.output;
-  EXPECT_CONTAINS(refused.err,
-                  "head_dim = 16 != hidden_size / num_attention_heads (a head width "
-                  "of its own) is not supported by keel's qwen3 model");
+  EXPECT_CONTAINS(refused.err, dir + "/base/config.json: head_dim = 16 but the weights in " + dir +
+                                   "/base hold a q_proj of 32 rows, not num_attention_heads 4 x "
+                                   "head_dim 16; config.json does not describe these weights");
+}
+
+// Qwen3-0.6B's and -4B's heads are wider than hidden_size / num_attention_heads (128 beside
+// 1024 / 16): q_proj maps the hidden size to heads x head_dim and o_proj back. Fine-tuned, the
+// loss falls; a LoRA on both projections merges into an export that evaluates as the run did; keel
+// memory counts the model's parameters from its config.json as init-model built them.
+TEST(CliQwen3, HeadsWiderThanTheHiddenSizeOverTheHeadsTrainAndExport) {
+  const std::string dir = test::temp_dir("cli-qwen3-wide");
+  const test::KeelRun init = test::run_keel(
+      {"init-model", "--family", "qwen3", "--out", dir + "/base", "--n-layer", "2", "--n-embd",
+       "32", "--n-head", "4", "--n-kv-head", "2", "--head-dim", "16", "--max-seq-len", "32"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  const json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("head_dim"), 16);
+  EXPECT_EQ(cfg.at("hidden_size"), 32);
+  const test::KeelRun mem = test::run_keel({"memory", "--model", dir + "/base", "--json"});
+  ASSERT_EQ(mem.code, 0) << mem.output;
+  // Embedding 259 x 32 (tied) and the final norm, and per layer: q_proj 32 -> 64, k_proj and
+  // v_proj 32 -> 32, o_proj 64 -> 32, q/k norms of 16, two norms of 32 and the MLP (3 x 32 x 96).
+  const int64_t per_layer = 32 * 64 + 2 * 32 * 32 + 64 * 32 + 2 * 16 + 2 * 32 + 3 * 32 * 96;
+  EXPECT_EQ(json::parse(mem.out).at("params").get<int64_t>(), 259 * 32 + 32 + 2 * per_layer);
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  auto train = [&](const std::string& out, std::vector<std::string> sets) {
+    sets.insert(sets.end(), {"run.out_dir=" + out, "run.threads=1", "model.path=" + dir + "/base",
+                             "data.seq_len=24", "log.every=1", "log.tensorboard=false"});
+    const test::KeelRun r = test::run_keel(test::with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r;
+  };
+  // Fine-tuned whole, the loss falls.
+  const test::KeelRun full = train(dir + "/full", {"train.max_steps=12", "optim.lr=1e-2"});
+  const std::vector<json> steps = test::step_records(dir + "/full");
+  ASSERT_EQ(steps.size(), 12u) << full.output;
+  EXPECT_LT(steps.back().at("loss").get<double>(), 0.8 * steps.front().at("loss").get<double>())
+      << full.output;
+  // A LoRA on the projections into and out of the wide heads.
+  train(dir + "/out",
+        {"model.adapter.kind=lora", "model.adapter.target_modules=[\"q_proj\", \"o_proj\"]",
+         "train.max_steps=3", "optim.lr=5e-2"});
+  const test::KeelRun ex = test::run_keel({"export", dir + "/out", "--out", dir + "/merged"});
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  EXPECT_EQ(read_json_file(dir + "/merged/config.json").at("head_dim"), 16);
+  auto loss = [&](const std::string& model) {
+    const test::KeelRun r =
+        test::run_keel({"eval", model, "--data", dir + "/t.txt", "--tokenizer", "byte", "--json"},
+                       {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r.code == 0 ? json::parse(r.out).at("loss").get<double>() : -1.0;
+  };
+  EXPECT_NEAR(loss(dir + "/merged"), loss(dir + "/out"), 1e-5);
 }
 
 }  // namespace

@@ -37,6 +37,30 @@ TEST(CliMemoryEstimate, Llama31_8bCountsItsPublishedParameters) {
             8'030'261'248 + 32 * 2 * 4096 * (4096 - 1024) - 128256 * 4096);
 }
 
+// Qwen3-0.6B's config.json as published: heads of head_dim 128 over hidden_size 1024 / 16 heads
+// (q_proj 1024 -> 2048, o_proj back), q/k norms of 128, a tied head. Its weights are not needed
+// for the count.
+TEST(CliMemoryEstimate, Qwen3_0_6bCountsItsPublishedParameters) {
+  const std::string dir = test::temp_dir("cli-memory-qwen3");
+  std::ofstream(dir + "/config.json") << R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+  "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+  "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})";
+  const test::KeelRun r = test::run_keel({"memory", "--model", dir, "--json"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("params").get<int64_t>(), 596'049'920);
+  // --head-dim says the same as the file, or is refused as contradicting it.
+  EXPECT_EQ(test::run_keel({"memory", "--model", dir, "--head-dim", "128"}).code, 0);
+  const test::KeelRun other = test::run_keel({"memory", "--model", dir, "--head-dim", "64"});
+  EXPECT_EQ(other.code, 2) << other.output;
+  EXPECT_CONTAINS(other.err, "memory --head-dim 64: contradicts the model directory " + dir);
+}
+
 TEST(CliMemoryEstimate, KvHeadsThatDoNotDivideTheHeadsAreAUsageError) {
   const test::KeelRun r = test::run_keel_sh(
       "memory --family llama --layers 2 --hidden 256 --heads 8 --kv-heads 3 --batch 1 --seq 8");
@@ -77,6 +101,9 @@ TEST(CliMemoryEstimate, FlagsThatDoNotApplyToTheStepAreUsageErrors) {
   r = test::run_keel_sh("memory --kv-heads 1" + sizes);  // gpt2 by default
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err, "drop --kv-heads (or give --family llama)");
+  r = test::run_keel_sh("memory --head-dim 128" + sizes);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "drop --head-dim (or give --family llama)");
   for (const std::string flag :
        {"--r 64", "--targets c_attn", "--adapter-dropout 0.1", "--base-dtype bf16"}) {
     r = test::run_keel_sh("memory " + flag + sizes);

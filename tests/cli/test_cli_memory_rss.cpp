@@ -131,6 +131,12 @@ TEST(CliMemoryRss, FullFineTuneEstimateWithin10PercentOfPeakRss) {
          memtest_plus(memtest_sizes("llama", 4, 256, 4, 8, 256, p), {"model.n_kv_head=2"})},
         dir);
   }
+  // Heads twice n_embd / n_head wide (Qwen3-0.6B's head_dim): q, the attention output and o_proj's
+  // input are [B,T,H*D], not [B,T,C].
+  memtest_measure({"llama-wide-heads-32-true",
+                   memtest_plus(memtest_sizes("llama", 4, 256, 4, 8, 256, "32-true"),
+                                {"model.n_kv_head=2", "model.head_dim=128"})},
+                  dir);
   // Accumulating under -mixed, a later micro-batch's weight gradients were made beside .grad (a
   // second set: this case measured 308.5 MB against 259.7 with grad_accum = 1); one set now, and
   // the estimate counts one.

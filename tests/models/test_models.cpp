@@ -1,6 +1,6 @@
-// One full training step of a tiny GPT-2, Llama, Qwen2 and Qwen3 against PyTorch (tests/fixtures/
-// gen_models.py): the loss, every parameter's gradient, and the parameters after one AdamW step,
-// in 32-true and bf16-mixed.
+// One full training step of a tiny GPT-2, Llama, Qwen2 and Qwen3 (and a Qwen3 with heads wider
+// than n_embd / n_head) against PyTorch (tests/fixtures/gen_models.py): the loss, every
+// parameter's gradient, and the parameters after one AdamW step, in 32-true and bf16-mixed.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -71,7 +71,8 @@ TEST_P(ModelParity, LossAndEveryGradientMatchPyTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ModelParity,
-                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3"),
+                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3",
+                                                              "qwen3_d8"),
                                             ::testing::Values("32-true", "bf16-mixed")),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);

@@ -1,6 +1,7 @@
-// One full optimizer step of a tiny GPT-2, Llama, Qwen2 and Qwen3 against PyTorch (tests/fixtures/
-// gen_models.py): forward, backward and torch.optim.AdamW (lr 1e-2, weight decay 0.1 on matrices
-// only) — the parameters after the step, in 32-true and bf16-mixed.
+// One full optimizer step of a tiny GPT-2, Llama, Qwen2 and Qwen3 (and a Qwen3 with wide heads)
+// against PyTorch (tests/fixtures/gen_models.py): forward, backward and torch.optim.AdamW (lr
+// 1e-2, weight decay 0.1 on matrices only) — the parameters after the step, in 32-true and
+// bf16-mixed.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -60,7 +61,8 @@ TEST_P(ModelStep, ParametersAfterOneAdamWStepMatchPyTorch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ModelStep,
-                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3"),
+                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3",
+                                                              "qwen3_d8"),
                                             ::testing::Values("32-true", "bf16-mixed")),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);

@@ -8,11 +8,15 @@
 
 namespace keel::test {
 
+// "qwen3_d8": the Qwen3 with heads 8 wide over n_embd 16 / 4 heads (Qwen3-0.6B's head_dim 128
+// over 1024 / 16).
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
-  const bool qwen = family == "qwen2" || family == "qwen3";
+  const bool wide_heads = family == "qwen3_d8";
+  const bool qwen = family == "qwen2" || family == "qwen3" || wide_heads;
   s.family = qwen ? "llama" : family;
-  s.hf_model_type = qwen ? family : "";
+  s.hf_model_type = qwen ? family.substr(0, 5) : "";
+  if (wide_heads) s.head_width = 8;
   s.n_layer = 2;
   s.n_embd = 16;
   s.vocab_size = 37;

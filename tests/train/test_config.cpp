@@ -235,7 +235,7 @@ TEST(Config, WritesEveryKeyUnderItsSection) {
   for (const ConfigKeyInfo& k : config_keys()) known.insert(k.key);
   EXPECT_EQ(written, known);
   EXPECT_EQ(known.size(), config_keys().size());  // no key listed twice
-  EXPECT_EQ(known.size(), 99u);  // every field of config.h (update with config.h and the docs)
+  EXPECT_EQ(known.size(), 100u);  // every field of config.h (update with config.h and the docs)
 }
 
 TEST(Config, TypeErrorsNameFileLineKeyAndExpectedType) {
@@ -513,6 +513,10 @@ TEST(Config, RulesAcrossKeysNameBothKeysAndWhereTheyCameFrom) {
       << msg;
   EXPECT_NE(msg.find("change model.n_embd or model.n_head"), std::string::npos) << msg;
   EXPECT_NO_THROW(load_config("", {"model.family=gpt2", "model.n_embd=36"}));  // no RoPE
+  // A head width of its own need not divide n_embd, and must be even under RoPE.
+  EXPECT_NO_THROW(load_config("", {"model.family=llama", "model.n_embd=36", "model.head_dim=8"}));
+  msg = usage_error([] { load_config("", {"model.family=llama", "model.head_dim=7"}); });
+  EXPECT_CONTAINS(msg, "model.head_dim = 7 (--set model.head_dim=7) is odd");
   msg = set_error("model.n_kv_head=3");
   EXPECT_NE(msg.find("model.n_head = 4 (default) must be divisible by model.n_kv_head = 3"),
             std::string::npos)

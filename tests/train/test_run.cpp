@@ -133,7 +133,8 @@ TEST(RunFactory, Gpt2WithLlamasKeysIsRefusedNotIgnored) {
   EXPECT_CONTAINS(msg,
                   "model.rope_theta = 5e+05 and model.n_kv_head = 1 with model.family = "
                   "\"gpt2\": GPT-2 has learned position embeddings (no RoPE) and one key/value "
-                  "head per query head (no grouped-query attention); remove them, or use "
+                  "head per query head (no grouped-query attention), each n_embd / n_head wide; "
+                  "remove them, or use "
                   "model.family = \"llama\"");
   msg = test::error_of([] { build_run(tiny("gpt2-gqa", {"model.n_kv_head=1"})); });
   EXPECT_CONTAINS(msg, "model.n_kv_head = 1 with model.family = \"gpt2\"");
@@ -143,6 +144,16 @@ TEST(RunFactory, Gpt2WithLlamasKeysIsRefusedNotIgnored) {
   keel::Run llama = build_run(
       tiny("llama-gqa", {"model.family=llama", "model.n_kv_head=1", "model.rope_theta=500000"}));
   EXPECT_EQ(llama.model->spec().rope_theta, 500000);
+  // A head width of its own is llama's (Qwen3-0.6B's); GPT-2's heads are n_embd / n_head wide.
+  msg = test::error_of([] { build_run(tiny("gpt2-hd", {"model.head_dim=16"})); });
+  EXPECT_CONTAINS(msg, "model.head_dim = 16 with model.family = \"gpt2\"");
+  EXPECT_NO_THROW(build_run(tiny("gpt2-hd-same", {"model.head_dim=8"})));  // 16 / 2: its own
+  keel::Run wide = build_run(tiny("llama-hd", {"model.family=llama", "model.head_dim=6"}));
+  EXPECT_EQ(wide.model->spec().head_dim(), 6);
+  EXPECT_EQ(wide.model->find_parameter("model.layers.0.self_attn.q_proj.weight").shape(),
+            (Shape{2 * 6, 16}));
+  EXPECT_EQ(wide.model->find_parameter("model.layers.0.self_attn.o_proj.weight").shape(),
+            (Shape{16, 2 * 6}));
 }
 
 // model.path's config.json fixes the shape: a shape key set to another value was not read, and the
@@ -160,7 +171,9 @@ TEST(RunFactory, AShapeKeyThatDisagreesWithModelPathIsRefusedNotIgnored) {
       {"model.max_seq_len=64", "model.max_seq_len = 64 but model.path"},
       {"model.rope_theta=500000", "model.rope_theta = 500000 but model.path"},
       {"model.norm_eps=1e-6", "model.norm_eps = 1e-06 but model.path"},
-      {"model.n_layer=3", ""},  // the file's own value
+      {"model.head_dim=4", "model.head_dim = 4 but model.path (" + dir + "/config.json) gives 8"},
+      {"model.n_layer=3", ""},   // the file's own value
+      {"model.head_dim=8", ""},  // the file's 16 / 2
   };
   for (const auto& [set, expected] : cases) {
     SCOPED_TRACE(set);
