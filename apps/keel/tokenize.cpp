@@ -169,39 +169,60 @@ int run_tokenize_chat(const TokenizeArgs& a, bool has_text) {
   } catch (const Error& err) {
     throw Error(std::string("tokenize --chat: ") + err.what(), Error::kUsage);
   }
-  std::string text;
-  data::Example e;
+  // What training sees: one example, or one per reply where the template rewrites earlier turns
+  // (data::conversation_examples). A conversation without a reply is the prompt generate gives.
+  std::vector<data::ConversationExample> examples;
   try {
     const bool has_reply =
         c.prompt_size > 0 || std::any_of(c.messages.begin(), c.messages.end(),
                                          [](const auto& m) { return m["role"] == "assistant"; });
-    text =
-        data::render_chat(*chat, c.messages, /*add_generation_prompt=*/!has_reply, "", c.variables);
     if (has_reply) {
-      e = data::conversation_example(*tok, c);
+      examples = data::conversation_examples(*tok, c);
     } else {
-      e.tokens = tok->encode(text);
-      e.target.assign(e.tokens.size(), 0);
+      data::ConversationExample& p = examples.emplace_back();
+      p.text =
+          data::render_chat(*chat, c.messages, /*add_generation_prompt=*/true, "", c.variables);
+      p.example.tokens = tok->encode(p.text);
+      p.example.target.assign(p.example.tokens.size(), 0);
     }
   } catch (const Error& err) {  // the template's refusal
     throw Error("tokenize --chat: " + source + ": " + err.what(), Error::kUsage);
   }
-  std::vector<std::string> pieces;
-  for (int32_t id : e.tokens) pieces.push_back(tok->id_to_token(id));
+  auto pieces_of = [&](const data::Example& e) {
+    std::vector<std::string> pieces;
+    for (int32_t id : e.tokens) pieces.push_back(tok->id_to_token(id));
+    return pieces;
+  };
+  auto to_json = [&](const data::ConversationExample& x) {
+    return nlohmann::json{{"text", x.text},
+                          {"ids", x.example.tokens},
+                          {"pieces", pieces_of(x.example)},
+                          {"targets", x.example.target},
+                          {"count", x.example.tokens.size()}};
+  };
   if (a.json) {
-    std::printf("%s\n", dump({{"text", text},
-                              {"ids", e.tokens},
-                              {"pieces", pieces},
-                              {"targets", e.target},
-                              {"count", e.tokens.size()}})
-                            .c_str());
-  } else if (a.pieces) {
-    // "+" marks a target, as the loss sees it.
-    for (size_t t = 0; t < pieces.size(); ++t)
-      std::printf("%c %s\n", e.target[t] ? '+' : ' ', pieces[t].c_str());
-  } else {
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    if (!text.ends_with('\n')) std::fputc('\n', stdout);
+    // One example as an object; several as {"examples": [...]}.
+    nlohmann::json all = nlohmann::json::array();
+    for (const data::ConversationExample& x : examples) all.push_back(to_json(x));
+    std::printf("%s\n", dump(all.size() == 1 ? all[0] : nlohmann::json{{"examples", all}}).c_str());
+    return 0;
+  }
+  for (size_t k = 0; k < examples.size(); ++k) {
+    const data::ConversationExample& x = examples[k];
+    if (examples.size() > 1)
+      std::printf(
+          "%s--- example %zu of %zu (the chat template renders earlier turns otherwise "
+          "once later ones follow: each reply is trained in the text that prompts it)\n",
+          k > 0 && !a.pieces ? "\n" : "", k + 1, examples.size());
+    if (a.pieces) {
+      // "+" marks a target, as the loss sees it.
+      const std::vector<std::string> pieces = pieces_of(x.example);
+      for (size_t t = 0; t < pieces.size(); ++t)
+        std::printf("%c %s\n", x.example.target[t] ? '+' : ' ', pieces[t].c_str());
+    } else {
+      std::fwrite(x.text.data(), 1, x.text.size(), stdout);
+      if (!x.text.ends_with('\n')) std::fputc('\n', stdout);
+    }
   }
   return 0;
 }

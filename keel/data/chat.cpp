@@ -199,48 +199,55 @@ std::string render_first(const ChatFormat& chat, const Conversation& c, size_t n
   return render_chat(chat, first, add_generation_prompt, "", c.variables);
 }
 
-// Where the targets lie in `whole`, the rendered conversation: [begin, end) byte ranges, in order.
-// Messages: each assistant message, from where the prompt that asks for it ends to where the
-// message ends. Prompt-completion: from where the prompt and its generation header end to the end.
-std::vector<std::pair<size_t, size_t>> target_spans(const ChatFormat& chat, const Conversation& c,
-                                                    const std::string& whole) {
-  if (c.prompt_size > 0) {
-    const std::string prompt = render_first(chat, c, c.prompt_size, true);
-    if (!whole.starts_with(prompt))
-      throw Error(
-          "the chat template renders the prompt otherwise than as the start of the "
-          "prompt and completion, so keel cannot tell which tokens are the completion's; "
-          "give the line as {\"prompt\": ..., \"completion\": ...} rendered by hand",
-          Error::kUsage);
-    if (whole.size() == prompt.size())
-      throw Error(
-          "the completion adds no text to the prompt's (nothing to train on); give the "
-          "completion's messages content, or remove the line",
-          Error::kUsage);
-    return {{prompt.size(), whole.size()}};
+using Spans = std::vector<std::pair<size_t, size_t>>;  // [begin, end) byte ranges, in order
+
+// `text` tokenized span by span, the spans' tokens targets. Each span after the first continues
+// the text (no SentencePiece "▁" of its own), so a reply's tokens follow exactly the tokens of the
+// prompt that asks for it.
+ConversationExample example_of(const Tokenizer& tok, std::string text, const Spans& spans) {
+  ConversationExample out;
+  out.text = std::move(text);
+  Example& e = out.example;
+  size_t at = 0;
+  auto add = [&](size_t end, uint8_t target) {
+    if (end <= at) return;
+    const std::string_view span = std::string_view(out.text).substr(at, end - at);
+    const std::vector<int32_t> ids = at == 0 ? tok.encode(span) : tok.encode_continuation(span);
+    e.tokens.insert(e.tokens.end(), ids.begin(), ids.end());
+    e.target.resize(e.tokens.size(), target);
+    at = end;
+  };
+  for (const auto& [begin, end] : spans) {
+    add(begin, 0);
+    add(end, 1);
   }
-  std::vector<std::pair<size_t, size_t>> spans;
-  for (size_t i = 0; i < c.messages.size(); ++i) {
-    if (c.messages[i]["role"] != "assistant") continue;
-    const std::string before = render_first(chat, c, i, /*add_generation_prompt=*/true);
-    const std::string through = render_first(chat, c, i + 1, false);
-    // Templates that rewrite earlier turns (Qwen3's drops the reasoning of all but the last
-    // reply) have no such spans: which tokens the assistant said would be a guess.
-    if (!through.starts_with(before) || !whole.starts_with(through))
-      throw Error("the chat template renders the conversation up to \"messages\"[" +
-                      std::to_string(i) +
-                      "] otherwise than as the start of the whole conversation, so keel cannot "
-                      "tell which tokens the assistant says; give the conversation as "
-                      "{\"prompt\": ..., \"completion\": ...} rendered by hand",
-                  Error::kUsage);
-    if (through.size() > before.size()) spans.emplace_back(before.size(), through.size());
-  }
-  return spans;
+  add(out.text.size(), 0);
+  return out;
+}
+
+// A prompt and completion: from where the prompt and its generation header end to the end.
+ConversationExample completion_example(const Tokenizer& tok, const ChatFormat& chat,
+                                       const Conversation& c, std::string whole) {
+  const std::string prompt = render_first(chat, c, c.prompt_size, true);
+  if (!whole.starts_with(prompt))
+    throw Error(
+        "the chat template renders the prompt otherwise than as the start of the "
+        "prompt and completion, so keel cannot tell which tokens are the completion's; "
+        "give the line as {\"prompt\": ..., \"completion\": ...} rendered by hand",
+        Error::kUsage);
+  if (whole.size() == prompt.size())
+    throw Error(
+        "the completion adds no text to the prompt's (nothing to train on); give the "
+        "completion's messages content, or remove the line",
+        Error::kUsage);
+  const size_t begin = prompt.size(), end = whole.size();
+  return example_of(tok, std::move(whole), {{begin, end}});
 }
 
 }  // namespace
 
-Example conversation_example(const Tokenizer& tok, const Conversation& c) {
+std::vector<ConversationExample> conversation_examples(const Tokenizer& tok,
+                                                       const Conversation& c) {
   const ChatFormat* chat = tok.chat_format();
   if (!chat) throw Error(no_chat_template("the run's tokenizer"), Error::kUsage);
   const bool has_reply = std::any_of(c.messages.begin(), c.messages.end(),
@@ -250,31 +257,46 @@ Example conversation_example(const Tokenizer& tok, const Conversation& c) {
         "the conversation has no \"assistant\" message: nothing to train on (keel trains on what "
         "the assistant says); add the reply, or remove the line",
         Error::kUsage);
-  const std::string whole = render_chat(*chat, c.messages, false, "", c.variables);
-  Example e;
-  size_t at = 0;
-  auto add = [&](size_t end, uint8_t target) {
-    if (end <= at) return;
-    // Each span after the first continues the text (no SentencePiece "▁" of its own).
-    const std::string_view span = std::string_view(whole).substr(at, end - at);
-    const std::vector<int32_t> ids = at == 0 ? tok.encode(span) : tok.encode_continuation(span);
-    e.tokens.insert(e.tokens.end(), ids.begin(), ids.end());
-    e.target.resize(e.tokens.size(), target);
-    at = end;
+  std::string whole = render_chat(*chat, c.messages, false, "", c.variables);
+  if (c.prompt_size > 0) return {completion_example(tok, *chat, c, std::move(whole))};
+  // Each reply's span: where the prompt that asks for it ends, render(messages[:i],
+  // add_generation_prompt), to where render(messages[:i + 1]) ends.
+  struct Reply {
+    std::string through;  // the conversation up to and including the reply
+    size_t begin = 0;
   };
-  for (const auto& [begin, end] : target_spans(*chat, c, whole)) {
-    add(begin, 0);
-    add(end, 1);
+  std::vector<Reply> replies;
+  bool prefixes = true;  // every reply's text is the start of the whole conversation's
+  for (size_t i = 0; i < c.messages.size(); ++i) {
+    if (c.messages[i]["role"] != "assistant") continue;
+    const std::string before = render_first(*chat, c, i, /*add_generation_prompt=*/true);
+    std::string through = render_first(*chat, c, i + 1, false);
+    if (!through.starts_with(before))
+      throw Error("the chat template renders the conversation up to \"messages\"[" +
+                      std::to_string(i) +
+                      "] otherwise than as the prompt that asks for it followed by the reply, so "
+                      "keel cannot tell which tokens the assistant says; give the conversation as "
+                      "{\"prompt\": ..., \"completion\": ...} rendered by hand",
+                  Error::kUsage);
+    prefixes = prefixes && whole.starts_with(through);
+    if (through.size() > before.size()) replies.push_back({std::move(through), before.size()});
   }
-  add(whole.size(), 0);
-  return e;
-}
-
-Example conversation_example(const Tokenizer& tok, const ojson& messages) {
-  Conversation c;
-  c.messages = messages;
-  check_messages(c.messages);  // (conversation_of checks its own)
-  return conversation_example(tok, c);
+  if (prefixes) {
+    Spans spans;
+    for (const Reply& r : replies) spans.emplace_back(r.begin, r.through.size());
+    return {example_of(tok, std::move(whole), spans)};
+  }
+  // The template renders an earlier turn otherwise once later ones follow (Qwen3's drops the
+  // reasoning of the replies before the last user message): no text holds every reply as it was
+  // said. Each reply is an example of its own, in the text the model is prompted with when it
+  // says it (generate --messages's), as inference renders the earlier turns.
+  if (replies.empty()) return {example_of(tok, std::move(whole), {})};  // (nothing said)
+  std::vector<ConversationExample> out;
+  for (Reply& r : replies) {
+    const size_t end = r.through.size();
+    out.push_back(example_of(tok, std::move(r.through), {{r.begin, end}}));
+  }
+  return out;
 }
 
 }  // namespace keel::data

@@ -82,24 +82,40 @@ Conversation conversation_of(const nlohmann::ordered_json& line);
 // conversation_of says".
 Conversation parse_conversation(const std::string& text, const std::string& source);
 
-// One conversation as a training example, as TRL's assistant_only_loss makes it: the tokens of its
+// One training example of a conversation: the text it renders and its tokens and targets.
+struct ConversationExample {
+  std::string text;
+  Example example;
+};
+
+// A conversation as training examples, as TRL's assistant_only_loss makes them: the tokens of its
 // rendered text, with each assistant message's tokens as targets — the reply and what the template
 // closes it with (Llama-3's <|eot_id|>: the model learns to stop), not the header that opens it —
 // and everything else (system, user, tool text, the headers) context. An assistant message's span
 // is where render(messages[:i], add_generation_prompt) ends and render(messages[:i + 1]) ends. The
 // spans are tokenized one after another, so a reply's tokens follow exactly the tokens of the
 // prompt that asks for it (generate --chat's), even where the header ends in a space that
-// encoding the whole text would join to the reply's first word. No
-// prefix token is added: the template writes its own (<|begin_of_text|>), as apply_chat_template
-// tokenizes without special tokens. Errors (kUsage): no chat template (`tok` names none), a bad
-// `messages`, no assistant message, the template refusing the conversation (raise_exception), and
-// a template that renders a conversation's beginning differently inside the whole (the spans
-// would not be the assistant's).
-// `messages` keeps its objects' key order (ordered_json), as transformers renders Python dicts.
-// A prompt-completion conversation's targets are one span, from where render(prompt,
-// add_generation_prompt) ends to the end; its errors as above, and "the completion adds no text".
-Example conversation_example(const Tokenizer& tok, const Conversation& conversation);
-Example conversation_example(const Tokenizer& tok, const nlohmann::ordered_json& messages);
+// encoding the whole text would join to the reply's first word. No prefix token is added: the
+// template writes its own (<|begin_of_text|>), as apply_chat_template tokenizes without special
+// tokens. `messages` keeps its objects' key order (ordered_json), as transformers renders Python
+// dicts.
+//
+// One example holds every reply, unless the template renders an earlier turn otherwise once later
+// turns follow (Qwen3's drops the reasoning of the replies before the last user message, and
+// writes an empty <think></think> into the last): then each reply is an example of its own,
+// render(messages[:i + 1]), the text the model is prompted with when it says it followed by the
+// reply, earlier turns rendered as inference renders them. (TRL instead swaps in a patched
+// template that keeps every reasoning block.)
+//
+// A prompt-completion conversation is one example whose targets are one span, from where
+// render(prompt, add_generation_prompt) ends to the end.
+//
+// Errors (kUsage): no chat template (`tok` names none), no assistant message, the template
+// refusing the conversation (raise_exception), a template that renders the prompt of a reply
+// otherwise than as the start of the reply's turn (the span would not be the assistant's), and a
+// completion that adds no text.
+std::vector<ConversationExample> conversation_examples(const Tokenizer& tok,
+                                                       const Conversation& conversation);
 
 // The error of a conversation given to a tokenizer without a chat template, naming `tokenizer`
 // ("the tokenizer gpt2:DIR") and the fixes.

@@ -437,20 +437,32 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
       // A conversation in the model's chat template; the targets are the assistant's replies or
       // the completion (chat.h).
       if (!tok.chat_format()) throw bad(no_chat_template("the run's tokenizer"));
+      std::vector<ConversationExample> examples;
       try {
         // Read again keeping each object's key order (the parse above sorts them): a tool
         // call's arguments go through the template's tojson as the data wrote them.
-        e = conversation_example(tok, conversation_of(nlohmann::ordered_json::parse(line)));
+        examples = conversation_examples(tok, conversation_of(nlohmann::ordered_json::parse(line)));
       } catch (const Error& err) {
         throw bad(err.what());
       }
-      if (trainable_tokens(e, seq_len) == 0) {
-        const auto first = std::find(e.target.begin(), e.target.end(), 1) - e.target.begin();
+      // A reply of its own example (chat.h) that starts past seq_len is left out, as the replies
+      // past seq_len of a conversation in one example are cut off.
+      int64_t kept = 0;
+      for (const ConversationExample& c : examples)
+        if (trainable_tokens(c.example, seq_len) > 0) {
+          ds->add(kept_of(c.example.tokens, seq_len), kept_of(c.example.target, seq_len), number);
+          ++kept;
+        }
+      if (kept == 0) {
+        const Example& first_example = examples.front().example;
+        const auto first = std::find(first_example.target.begin(), first_example.target.end(), 1) -
+                           first_example.target.begin();
         throw bad(
             std::string(obj.contains("prompt") ? "the completion" : "the first assistant reply") +
             " starts at token " + std::to_string(first) + ", so with seq_len " +
             std::to_string(seq_len) + " no token of it is left to train on; " + long_prompt_fix);
       }
+      return;
     } else if (has_text) {
       e = all_targets(encode_with_prefix(tok, get_string("text")));
       e.tokens.push_back(static_cast<int32_t>(tok.eos_id()));

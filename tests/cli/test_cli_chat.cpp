@@ -176,7 +176,8 @@ TEST(CliChat, TokenizeChatShowsWhatTrainingSees) {
     EXPECT_EQ(r.code, 0) << r.output;
     return r.code == 0 ? json::parse(r.out) : json::object();
   };
-  const data::Example e = data::conversation_example(*tok, messages);
+  const data::Example e =
+      data::conversation_examples(*tok, data::conversation_of(messages)).at(0).example;
   const json shown = tokenize(json({{"messages", json::parse(messages.dump())}}).dump());
   EXPECT_EQ(shown.at("ids").get<std::vector<int32_t>>(), e.tokens);
   EXPECT_EQ(shown.at("targets").get<std::vector<uint8_t>>(), e.target);
@@ -190,7 +191,8 @@ TEST(CliChat, TokenizeChatShowsWhatTrainingSees) {
   // A prompt-completion line of messages, as data.task = "jsonl" reads it.
   const nlohmann::ordered_json line = {
       {"prompt", prompt}, {"completion", nlohmann::ordered_json::array({messages[1]})}};
-  const data::Example completed = data::conversation_example(*tok, data::conversation_of(line));
+  const data::Example completed =
+      data::conversation_examples(*tok, data::conversation_of(line)).at(0).example;
   const json split = tokenize(line.dump());
   EXPECT_EQ(split.at("ids").get<std::vector<int32_t>>(), completed.tokens);
   EXPECT_EQ(split.at("targets").get<std::vector<uint8_t>>(), completed.target);
@@ -211,6 +213,68 @@ TEST(CliChat, TokenizeChatShowsWhatTrainingSees) {
   EXPECT_CONTAINS(refused({"--tokenizer", hf, R"([{"role": "user"}])"}),
                   "tokenize --chat: the argument: \"messages\"[0] has no \"content\"");
   EXPECT_CONTAINS(refused({"--tokenizer", "byte", "[]"}), "the tokenizer byte has none");
+}
+
+// Qwen3's published template renders a reply otherwise once a later user turn follows, so each
+// reply of a two-turn conversation is trained in the text that prompts it (data::
+// conversation_examples): tokenize --chat shows the two examples, the run reads a row per reply
+// and its loss falls, and generate --messages answers in the text the second reply was trained in.
+TEST(CliChat, Qwen3MultiTurnConversationsTrainEachReplyInTheTextThatPromptsIt) {
+  const std::string dir = test::temp_dir("cli-chat-qwen3");
+  const test::TinyChatModel m = test::tiny_chat_model(
+      dir, 290, 160, "llama_style/tokenizer.json",
+      {{"eos_token", "<|eot|>"},
+       {"chat_template", test::published_chat_template("qwen3/alternating/gen=False")}});
+  const std::string data = dir + "/chat.jsonl";
+  {
+    std::ofstream d(data);
+    for (int i = 0; i < 8; ++i)
+      d << json({{"messages",
+                  {{{"role", "user"}, {"content", "the " + std::to_string(i)}},
+                   {{"role", "assistant"}, {"content", i % 2 ? "there the" : "the there"}},
+                   {{"role", "user"}, {"content", "then?"}},
+                   {{"role", "assistant"}, {"content", "the end"}}}}})
+               .dump()
+        << "\n";
+  }
+  std::ifstream in(data);
+  std::string first_line;
+  std::getline(in, first_line);
+  const test::KeelRun shown = test::run_keel(
+      {"tokenize", "--tokenizer", "hf:" + m.tokenizer, "--chat", "--json", first_line});
+  ASSERT_EQ(shown.code, 0) << shown.output;
+  const json examples = json::parse(shown.out).at("examples");
+  ASSERT_EQ(examples.size(), 2u);
+  EXPECT_TRUE(examples[0].at("text").get<std::string>().ends_with(
+      "<|im_start|>assistant\n<think>\n\n</think>\n\nthe there<|im_end|>\n"));
+  EXPECT_TRUE(examples[1].at("text").get<std::string>().ends_with(
+      "<|im_start|>assistant\n<think>\n\n</think>\n\nthe end<|im_end|>\n"));
+  const test::KeelRun text =
+      test::run_keel({"tokenize", "--tokenizer", "hf:" + m.tokenizer, "--chat", first_line});
+  EXPECT_CONTAINS(text.out, "--- example 2 of 2");
+
+  const auto tok = data::load_tokenizer("hf:" + m.tokenizer);
+  EXPECT_EQ(data::load_jsonl_dataset(data, *tok, 160)->size(), 16);
+  const std::string out = dir + "/run";
+  const test::KeelRun r = test::run_keel(
+      test::with_sets(
+          {"train"},
+          {"run.out_dir=" + out, "run.threads=1", "model.path=" + m.model, "data.task=jsonl",
+           "data.path=" + data, "data.tokenizer=hf:" + m.tokenizer, "data.seq_len=160",
+           "train.batch_size=8", "train.max_steps=150", "optim.lr=0.02", "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto steps = test::step_records(out);
+  ASSERT_EQ(steps.size(), 150u);
+  EXPECT_LT(steps.back()["loss"].get<double>(), 0.5 * steps.front()["loss"].get<double>());
+  // Asked the first line's second question, the model answers as it was trained to.
+  json asking = json::parse(first_line).at("messages");
+  asking.erase(3);
+  const test::KeelRun g = test::run_keel(
+      {"generate", out, "--messages", asking.dump(), "--max-new-tokens", "24", "--json"},
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(g.code, 0) << g.output;
+  EXPECT_CONTAINS(json::parse(g.out).at("text").get<std::string>(), "the end");
 }
 
 TEST(CliChat, ConversationsWithoutAChatTemplateAreAUsageErrorNamingTheLine) {

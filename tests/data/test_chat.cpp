@@ -12,6 +12,7 @@
 #include "keel/data/dataset.h"
 #include "keel/data/tokenizer_base.h"
 #include "tests/support/check.h"
+#include "tests/support/run_keel.h"
 
 namespace keel::data {
 namespace {
@@ -47,6 +48,20 @@ json conversation() {
                       {{"role", "assistant"}, {"content", "the end"}}});
 }
 
+// The example of a conversation that is one (conversation_examples splits only a conversation
+// whose template rewrites earlier turns), or of the messages given bare.
+Example one_example(const Tokenizer& tok, const Conversation& c) {
+  const std::vector<ConversationExample> all = conversation_examples(tok, c);
+  EXPECT_EQ(all.size(), 1u);
+  return all.at(0).example;
+}
+Example one_example(const Tokenizer& tok, const nlohmann::ordered_json& messages) {
+  Conversation c;
+  c.messages = messages;
+  check_messages(c.messages);
+  return one_example(tok, c);
+}
+
 // The ids of `e`'s targets, in order.
 std::vector<int32_t> target_ids(const Example& e) {
   std::vector<int32_t> ids;
@@ -72,7 +87,7 @@ TEST(Chat, TheTemplateRendersWithTheTokenizersSpecialTokens) {
 
 TEST(Chat, TheTargetsAreTheAssistantsRepliesAndTheirEndOfTurn) {
   const auto tok = load_tokenizer("hf:" + chat_tokenizer_dir("chat-targets", kConfig));
-  const Example e = conversation_example(*tok, conversation());
+  const Example e = one_example(*tok, conversation());
   // The tokens before a reply are those of the prompt that asks for it (as generate --chat
   // writes it, the header's trailing space a token of its own), with no second prefix token; the
   // text is the whole conversation's.
@@ -128,7 +143,7 @@ TEST(Chat, ABrokenTemplateFailsOnlyWhatUsesIt) {
   const auto tok = load_tokenizer(
       "hf:" + chat_tokenizer_dir("chat-broken", {{"chat_template", "{% for m in %}"}}));
   EXPECT_FALSE(tok->encode("the there").empty());
-  const std::string msg = test::error_of([&] { conversation_example(*tok, conversation()); });
+  const std::string msg = test::error_of([&] { one_example(*tok, conversation()); });
   EXPECT_CONTAINS(msg, "tokenizer_config.json's chat_template");
   EXPECT_CONTAINS(msg, "line 1");
 }
@@ -136,7 +151,7 @@ TEST(Chat, ABrokenTemplateFailsOnlyWhatUsesIt) {
 TEST(Chat, BadConversationsSayWhatIsWrong) {
   const auto tok = load_tokenizer("hf:" + chat_tokenizer_dir("chat-bad", kConfig));
   auto error = [&](const json& messages) {
-    return test::error_of([&] { conversation_example(*tok, messages); });
+    return test::error_of([&] { one_example(*tok, messages); });
   };
   EXPECT_CONTAINS(error(json::object()), "\"messages\" must be an array");
   EXPECT_CONTAINS(error(json::array()), "\"messages\" is empty");
@@ -156,23 +171,76 @@ TEST(Chat, BadConversationsSayWhatIsWrong) {
        "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant') }}"
        "{% endif %}{{ m.content }}{% endfor %}"}};
   const auto alternating = load_tokenizer("hf:" + chat_tokenizer_dir("chat-strict", strict));
-  EXPECT_CONTAINS(
-      test::error_of([&] {
-        conversation_example(*alternating, json::array({conversation()[2], conversation()[1]}));
-      }),
-      "Conversation roles must alternate");
-  // A template that rewrites earlier turns (here: only the last reply keeps its text) leaves no
-  // span that is the assistant's.
-  const json rewriting = {{"chat_template",
-                           "{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}"
-                           "[reply]{% else %}{{ m.content }}{% endif %}{% endfor %}"}};
-  const auto rewriter = load_tokenizer("hf:" + chat_tokenizer_dir("chat-rewrite", rewriting));
-  EXPECT_CONTAINS(test::error_of([&] { conversation_example(*rewriter, conversation()); }),
-                  "cannot tell which tokens the assistant says");
+  EXPECT_CONTAINS(test::error_of([&] {
+                    one_example(*alternating, json::array({conversation()[2], conversation()[1]}));
+                  }),
+                  "Conversation roles must alternate");
+  // A reply's turn that does not start with the prompt that asks for it (the generation header
+  // is "A:", the turn "assistant=") leaves no span that is the assistant's.
+  const json unprompted = {{"chat_template",
+                            "{% for m in messages %}{{ m.role }}={{ m.content }};{% endfor %}"
+                            "{% if add_generation_prompt %}A:{% endif %}"}};
+  const auto mismatched = load_tokenizer("hf:" + chat_tokenizer_dir("chat-unprompted", unprompted));
+  EXPECT_CONTAINS(test::error_of([&] { one_example(*mismatched, conversation()); }),
+                  "renders the conversation up to \"messages\"[2] otherwise than as the prompt "
+                  "that asks for it followed by the reply, so keel cannot tell which tokens the "
+                  "assistant says");
   // No template at all.
-  EXPECT_CONTAINS(
-      test::error_of([&] { conversation_example(*load_tokenizer("byte"), conversation()); }),
-      "the run's tokenizer has none");
+  EXPECT_CONTAINS(test::error_of([&] { one_example(*load_tokenizer("byte"), conversation()); }),
+                  "the run's tokenizer has none");
+}
+
+// Qwen3's published template renders a reply otherwise once a later user turn follows: the last
+// reply (after the last user query) gets an empty <think></think>, earlier ones lose theirs. No
+// text holds every reply as it was said, so each reply is an example of its own: the text that
+// prompts it (generate --messages's) followed by the reply, earlier turns as inference renders
+// them. A single turn stays one example; a JSONL line of two turns is two rows of that line.
+TEST(Chat, ATemplateThatRewritesEarlierTurnsTrainsEachReplyInTheTextThatPromptsIt) {
+  const auto tok = load_tokenizer(
+      "hf:" + chat_tokenizer_dir("chat-qwen3",
+                                 {{"eos_token", "<|eot|>"},
+                                  {"chat_template",
+                                   test::published_chat_template("qwen3/alternating/gen=False")}}));
+  const ChatFormat& chat = *tok->chat_format();
+  const json messages = conversation();  // system, user, reply, user, reply
+  const std::vector<ConversationExample> all =
+      conversation_examples(*tok, conversation_of(messages));
+  ASSERT_EQ(all.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    SCOPED_TRACE(k);
+    const size_t reply = k == 0 ? 2 : 4;
+    const json through(messages.begin(), messages.begin() + reply + 1);
+    const json asking(messages.begin(), messages.begin() + reply);
+    EXPECT_EQ(all[k].text, render_chat(chat, through, false));
+    const Example& e = all[k].example;
+    // Context: exactly the prompt generate gives; targets: the reply as the template closes it.
+    const std::vector<int32_t> prompt = tok->encode(render_chat(chat, asking, true));
+    const auto first = std::find(e.target.begin(), e.target.end(), 1) - e.target.begin();
+    ASSERT_EQ(static_cast<size_t>(first), prompt.size());
+    EXPECT_EQ(std::vector<int32_t>(e.tokens.begin(), e.tokens.begin() + first), prompt);
+    EXPECT_EQ(
+        tok->decode(target_ids(e)),
+        "<think>\n\n</think>\n\n" + messages[reply]["content"].get<std::string>() + "<|im_end|>\n");
+  }
+  // In the second, the first reply is context, without the <think></think> it was said with.
+  EXPECT_CONTAINS(all[1].text, "<|im_start|>assistant\n hello there<|im_end|>");
+  EXPECT_EQ(
+      conversation_examples(*tok, conversation_of(json(messages.begin(), messages.begin() + 3)))
+          .size(),
+      1u);
+  const std::string path = test::temp_dir("chat-qwen3-data") + "/chat.jsonl";
+  std::ofstream(path) << json({{"messages", messages}}).dump() << "\n";
+  const auto ds = load_jsonl_dataset(path, *tok, 256);
+  ASSERT_EQ(ds->size(), 2);
+  for (int64_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(ds->get(i).copy().tokens, all[static_cast<size_t>(i)].example.tokens);
+    EXPECT_EQ(ds->where(i), path + ":1");
+  }
+  // A row too short for the second reply keeps the first: that reply is left out, as a reply
+  // past seq_len in one example is cut off.
+  const size_t second_starts = all[1].example.tokens.size() - target_ids(all[1].example).size();
+  const auto short_rows = load_jsonl_dataset(path, *tok, static_cast<int64_t>(second_starts) - 1);
+  EXPECT_EQ(short_rows->size(), 1);
 }
 
 TEST(Chat, JsonlConversationsAreExamplesAndTheirErrorsNameTheLine) {
@@ -183,7 +251,7 @@ TEST(Chat, JsonlConversationsAreExamplesAndTheirErrorsNameTheLine) {
                       << json({{"prompt", "the"}, {"completion", " there"}}).dump() << "\n";
   const auto ds = load_jsonl_dataset(path, *tok, 256);
   ASSERT_EQ(ds->size(), 2);
-  const Example direct = conversation_example(*tok, conversation());
+  const Example direct = one_example(*tok, conversation());
   const Example read = ds->get(0).copy();
   EXPECT_EQ(read.tokens, direct.tokens);
   EXPECT_EQ(read.target, direct.target);
@@ -242,11 +310,11 @@ TEST(Chat, PromptCompletionAndShareGptConversations) {
   const auto tok = load_tokenizer("hf:" + chat_tokenizer_dir("chat-formats", kConfig));
   const json messages = conversation();
   auto example_of = [&](const json& line) {
-    return conversation_example(*tok, conversation_of(nlohmann::ordered_json(line)));
+    return one_example(*tok, conversation_of(nlohmann::ordered_json(line)));
   };
   // One reply: the same example as the messages it joins.
   const json first_turn(messages.begin(), messages.begin() + 3);
-  const Example as_messages = conversation_example(*tok, first_turn);
+  const Example as_messages = one_example(*tok, first_turn);
   const Example as_completion =
       example_of({{"prompt", json(messages.begin(), messages.begin() + 2)},
                   {"completion", json::array({messages[2]})}});
@@ -276,7 +344,7 @@ TEST(Chat, PromptCompletionAndShareGptConversations) {
     sharegpt.push_back({{"from", role}, {"value", m["content"]}});
   }
   const Example shared = example_of({{"conversations", sharegpt}});
-  const Example direct = conversation_example(*tok, messages);
+  const Example direct = one_example(*tok, messages);
   EXPECT_EQ(shared.tokens, direct.tokens);
   EXPECT_EQ(shared.target, direct.target);
 }
@@ -311,7 +379,7 @@ TEST(Chat, ToolsAndTemplateArgumentsReachTheTemplate) {
             "none.think=Falseuser: the<|eot|>assistant: then<|eot|>");
   // The targets are still the reply (this template has no generation header: its turn whole), the
   // tools context. (decode drops the special <|eot|>.)
-  const Example e = conversation_example(
+  const Example e = one_example(
       *tok, conversation_of(nlohmann::ordered_json({{"messages", reply}, {"tools", tools}})));
   EXPECT_EQ(target_ids(e), tok->encode("assistant: then<|eot|>"));
 }
@@ -351,8 +419,8 @@ TEST(Chat, BadConversationLinesSayWhatIsWrong) {
                                                   "{% for m in messages %}{% if m.role == 'user' %}"
                                                   "{{ m.content }}{% endif %}{% endfor %}"}}));
   EXPECT_CONTAINS(test::error_of([&] {
-                    conversation_example(*tok, conversation_of(nlohmann::ordered_json(
-                                                   {{"prompt", user}, {"completion", reply}})));
+                    one_example(*tok, conversation_of(nlohmann::ordered_json(
+                                          {{"prompt", user}, {"completion", reply}})));
                   }),
                   "the completion adds no text to the prompt's");
 }
@@ -374,7 +442,7 @@ TEST(Chat, JsonlReadsEveryConversationalFormat) {
   const auto ds = load_jsonl_dataset(path, *tok, 256);
   ASSERT_EQ(ds->size(), 2);
   EXPECT_EQ(ds->get(0).copy().tokens,
-            conversation_example(*tok, json(messages.begin(), messages.begin() + 3)).tokens);
+            one_example(*tok, json(messages.begin(), messages.begin() + 3)).tokens);
   EXPECT_EQ(target_ids(ds->get(1).copy()), tok->encode("there<|eot|>"));
   std::ofstream(path) << R"({"text": "the", "tools": []})"
                       << "\n";

@@ -105,4 +105,12 @@ TinyChatModel tiny_chat_model(const std::string& dir, int64_t vocab_size, int64_
   return m;
 }
 
+std::string published_chat_template(const std::string& case_name) {
+  std::ifstream in(std::string(KEEL_FIXTURES_DIR) + "/chat_templates.json");
+  for (const nlohmann::json& c : nlohmann::json::parse(in))
+    if (c.at("name") == case_name) return c.at("template").get<std::string>();
+  ADD_FAILURE() << "chat_templates.json has no case " << case_name;
+  return "";
+}
+
 }  // namespace keel::test

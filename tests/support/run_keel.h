@@ -47,4 +47,8 @@ struct TinyChatModel {
 TinyChatModel tiny_chat_model(const std::string& dir, int64_t vocab_size, int64_t max_seq_len,
                               const std::string& tokenizer_json, const nlohmann::json& config);
 
+// A published chat template as tests/fixtures/chat_templates.json holds it (gen_chat_templates.py),
+// by the name of one of its cases ("qwen3/alternating/gen=False").
+std::string published_chat_template(const std::string& case_name);
+
 }  // namespace keel::test
