@@ -48,7 +48,13 @@ void stream_run_events(httplib::Response& res, std::shared_ptr<RunFeed> feed,
     if (c.done) c.text += sse_event("end", st->run_json());
     if (!sink.is_writable() || !sink.write(c.text.data(), c.text.size())) return false;
     st->last_write = RunFeed::Clock::now();
-    if (c.done) sink.done();
+    if (c.done) {
+      // The stream's slot is free before its last chunk goes out: a client that saw the end and
+      // opened the next stream was refused (503, "2 events streams are open") while this
+      // response was still being torn down.
+      st->hold.reset();
+      sink.done();
+    }
     return true;
   });
 }

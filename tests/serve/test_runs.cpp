@@ -175,6 +175,7 @@ TEST(ServeRuns, EventsStreamFollowsARunToItsEndAndResumesWithLastEventId) {
   EXPECT_EQ(ev.count("step"), steps);
   EXPECT_EQ(ev.count("eval"), 1);
   ASSERT_FALSE(ev.list.empty());
+  ASSERT_FALSE(ev.list.empty());
   EXPECT_EQ(ev.list.back().first, "end");
   EXPECT_EQ(ev.list.back().second["state"], "succeeded");
   EXPECT_EQ(ev.list.back().second["step"], steps);
@@ -318,7 +319,9 @@ TEST(ServeRuns, EventsStreamsLeaveThreadsForAStatusAndAStop) {
   EXPECT_EQ(r->status, 202) << r->body;
   for (auto& t : streams) t.join();  // they end with the run
   // Their threads are free again: a stream of the stopped run is served (its end).
-  EXPECT_EQ(read_events(api, id).list.back().first, "end");
+  const Events after = read_events(api, id);
+  ASSERT_FALSE(after.list.empty());
+  EXPECT_EQ(after.list.back().first, "end");
 }
 
 // A Last-Event-ID past the run's last event: an active run's stream waited, silent, until its
