@@ -351,6 +351,17 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       add("linear inputs", 1, c * BT * F, li, true);
       add("q, k, v", 1, c * BT * qC, "after rope / split-heads, " + cd, true);
       add("q, k, v", 2, c * BT * kvC, "after rope / split-heads, " + cd, true);
+      // Qwen3's q_norm and k_norm keep their inputs, in f32 (RMSNorm runs in f32: under -mixed
+      // its own cast of the split heads), and a statistic per head and token.
+      if (sp.qk_norm()) {
+        const int64_t nb = pol.autocast ? 4 : c;
+        const std::string qk = "q_norm and k_norm inputs [B,H,T,D] and rstd, " +
+                               std::string(nb == 4 ? "f32" : "16-bit");
+        add("q, k norms", 1, nb * BT * qC, qk, true);
+        add("q, k norms", 1, nb * BT * kvC, qk, true);
+        add("q, k norms", 1, 4 * BT * H, qk, true);
+        add("q, k norms", 1, 4 * BT * sp.kv_heads(), qk, true);
+      }
       add("swiglu inputs", 2, c * BT * F, "gate and up outputs [B,T,F] " + cd, true);
       add("residual stream", 1, s * BT * C, "", false);
       add("norm statistics", 1, 4 * BT, "", false);

@@ -158,6 +158,23 @@ TEST(CliMemoryRss, FullFineTuneEstimateWithin10PercentOfPeakRss) {
                       .get<double>());
 }
 
+// A Qwen3 from its config.json: heads of head_dim 128 over 256 / 4 and an RMSNorm over each head's
+// query and key, whose inputs (f32: the norm's own cast under -mixed) and statistics the step
+// keeps beside what Llama's attention keeps.
+TEST(CliMemoryRss, Qwen3EstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  const std::string dir = test::temp_dir("cli-memory-qwen3");
+  const test::KeelRun init = run_keel(
+      {"init-model", "--family", "qwen3", "--out", dir + "/base", "--n-layer", "4", "--n-embd",
+       "256", "--n-head", "4", "--n-kv-head", "2", "--head-dim", "128", "--max-seq-len", "256"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  for (const char* p : {"32-true", "bf16-mixed"})
+    memtest_measure({std::string("qwen3-full-") + p,
+                     {"model.path=" + dir + "/base", "train.batch_size=8", "data.seq_len=256",
+                      std::string("train.precision=") + p}},
+                    dir);
+}
+
 // Adapters: LoRA on every projection in both policies, DoRA, LoKr, LoRA on gpt2, each with the
 // activations its forward keeps; and a wide model with few tokens where the frozen base
 // dominates, stored in f32 (its bf16 copies per use) and in bf16 (the process peaks while the
