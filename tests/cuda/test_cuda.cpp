@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "keel/amp/autocast.h"
 #include "keel/autograd/node.h"
 #include "keel/backend/cuda_api.h"
 #include "keel/backend/matmul.h"
@@ -40,6 +41,7 @@
 #include "keel/optim/clip.h"
 #include "keel/train/trainer.h"
 #include "tests/support/check.h"
+#include "tests/support/tiny_models.h"
 
 namespace keel {
 namespace {
@@ -577,6 +579,52 @@ TEST(CudaTraining, OneStepOfGpt2AndLlamaBehavesAsOnTheCpu) {
         EXPECT_EQ(p.dtype(), cpu.policy().param_dtype) << name;
       }
     }
+}
+
+// The Llama family's own tensors on the device: Qwen2's q/k/v biases, Qwen3's per-head q/k norms,
+// and heads wider than n_embd / n_head (Qwen3-0.6B's head_dim), with every attention backend: the
+// loss and every gradient of one forward and backward as on the CPU (the same weights), in f32 and
+// under bf16 autocast.
+TEST(CudaTraining, QwenModelsComputeAsOnTheCpu) {
+  REQUIRE_GPU();
+  const Tensor ids = Tensor::from_ints({1, 5, 9, 2, 7, 3, 3, 8, 4, 4, 6, 1, 0, 2, 0, 0}, {2, 8});
+  const Tensor labels =
+      Tensor::from_ints({5, 9, 2, 7, 3, 3, 8, -100, 4, 6, 1, 0, 2, -100, -100, -100}, {16});
+  Tensor mask = Tensor::zeros({2, 8}, DType::U8);
+  for (int64_t i = 0; i < 14; ++i) mask.data_as<uint8_t>()[i] = 1;
+  for (const char* family : {"qwen2", "qwen3", "qwen3_d8"})
+    for (const char* backend : {"eager", "math", "flash"})
+      for (const bool mixed : {false, true}) {
+        const std::string what =
+            std::string(family) + " " + backend + (mixed ? " bf16-mixed" : " f32");
+        models::ModelSpec spec = test::tiny_model_spec(family);
+        spec.init_std = 0.3;
+        spec.attention = ops::attention_backend_from_name(backend);
+        double loss[2] = {0, 0};
+        std::map<std::string, Tensor> grads[2];
+        for (int side = 0; side < 2; ++side) {
+          const Device dev = side == 0 ? Device::cpu() : kGpu;
+          auto m = models::make_causal_lm(spec, 1);
+          if (side == 1) nn::move_to_device(*m, dev);
+          amp::AutocastGuard autocast(mixed, DType::BF16);
+          Tensor logits = m->forward(on(ids, dev), on(mask, dev));
+          Tensor flat =
+              amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, logits.size(-1)}));
+          Tensor l = ops::cross_entropy(flat, on(labels, dev));
+          backward(l);
+          loss[side] = l.item();
+          for (auto& [name, p] : m->named_parameters())
+            grads[side][name] = p.grad().to(Device::cpu());
+        }
+        const double rt = mixed ? 2e-2 : 1e-5;
+        EXPECT_NEAR(loss[1], loss[0], rt * std::fabs(loss[0])) << what;
+        for (auto& [name, g] : grads[0]) {
+          double amax = 0;
+          for (float v : g.to_floats()) amax = std::max(amax, double(std::fabs(v)));
+          test::expect_close(grads[1].at(name), g, mixed ? 0.06 * amax + 1e-4 : 1e-5 * amax + 1e-7,
+                             mixed ? 0.06 : 1e-4, what + " grad " + name);
+        }
+      }
 }
 
 TEST(CudaTraining, ActivationCheckpointingIsBitIdenticalOnTheGpu) {
