@@ -2,14 +2,17 @@
 // checkpoint or out_dir, optionally with --adapter) on a text, JSONL or llm.c token file, weighted
 // over the target tokens exactly as training weighs them (keel/train/eval_loss.h). For a run, the
 // data options (seq_len, pack, pad, batch_size, tokenizer) default to those of its config.toml.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "apps/keel/commands.h"
 #include "apps/keel/model_args.h"
 #include "keel/data/dataset.h"
+#include "keel/io/atomic_file.h"
 #include "keel/io/json_fields.h"
 #include "keel/log/console.h"
 #include "keel/numerics/input_file.h"
@@ -26,7 +29,7 @@ namespace fs = std::filesystem;
 namespace {
 struct EvalArgs {
   ModelArgs m;
-  std::string data, task, pad;
+  std::string data, task, pad, per_example;
   int64_t seq_len = 0, batch_size = 0;
   bool pack = false, json = false;
 };
@@ -69,6 +72,64 @@ std::string where_nonfinite(const LossTotal& r, models::CausalLM& model, const d
          ") is finite example by example: only batched together (padding to the longest)";
 }
 
+// --per-example's file is written when the loss is known, after the model has loaded and the data
+// has run (minutes): what would refuse it then is refused now. It is written whole (a temporary
+// file renamed over it), and never over what eval reads.
+void check_per_example_path(const std::string& path, const std::string& data) {
+  std::error_code ec;
+  if (fs::equivalent(path, data, ec))
+    throw Error("--per-example " + path +
+                    " is the --data file: writing it would replace the data with its losses; "
+                    "give another path (e.g. " +
+                    path + ".losses.jsonl)",
+                Error::kUsage);
+  if (const std::string why = replaced_file_problem(path); !why.empty())
+    throw Error("--per-example " + path + ": " + why, Error::kUsage);
+  const fs::path parent = fs::absolute(fs::path(path)).parent_path();
+  if (!fs::is_directory(parent, ec))
+    throw Error("--per-example " + path + ": the directory " + parent.string() +
+                    " does not exist; create it or give a path in an existing one",
+                Error::kUsage);
+}
+
+// Each example's loss as one JSON line, in the data's order, and the highest named: the examples
+// the model finds hardest (a mislabeled line, text of another kind) first.
+void write_per_example(const std::string& path, const LossTotal& r, const data::Dataset& set,
+                       bool quiet) {
+  std::string out;
+  for (const ExampleLoss& e : r.per_example) {
+    const nlohmann::ordered_json line = {
+        {"example", e.id},
+        {"where", set.where(e.id)},
+        {"tokens", e.tokens},
+        {"loss", e.tokens > 0 ? nlohmann::ordered_json(
+                                    io::json_float(e.loss_sum / static_cast<double>(e.tokens)))
+                              : nlohmann::ordered_json()},
+        {"loss_sum", nlohmann::ordered_json(io::json_float(e.loss_sum))}};
+    out += line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+  }
+  io::write_file_atomic(path, out);
+  if (quiet) return;
+  std::vector<const ExampleLoss*> scored;
+  for (const ExampleLoss& e : r.per_example)
+    if (e.tokens > 0) scored.push_back(&e);
+  // Highest first; a non-finite loss above every number.
+  auto mean = [](const ExampleLoss* e) {
+    const double v = e->loss_sum / static_cast<double>(e->tokens);
+    return std::isfinite(v) ? v : std::numeric_limits<double>::infinity();
+  };
+  std::stable_sort(scored.begin(), scored.end(),
+                   [&](const ExampleLoss* x, const ExampleLoss* y) { return mean(x) > mean(y); });
+  std::string worst;
+  for (size_t i = 0; i < scored.size() && i < 3; ++i)
+    worst += std::string(i ? ", " : "") + set.where(scored[i]->id) + " (" +
+             log::format_number(scored[i]->loss_sum / static_cast<double>(scored[i]->tokens), 4) +
+             ")";
+  std::fprintf(stderr, "per-example losses of %s written to %s%s\n",
+               count_of(static_cast<int64_t>(r.per_example.size()), "example").c_str(),
+               path.c_str(), worst.empty() ? "" : ("; the highest: " + worst).c_str());
+}
+
 int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
   // --pad add|eos was accepted and changed nothing (the same loss to the last bit either way).
   // data.pad matters to training, where "add" grows the embeddings and the output layer by a row
@@ -84,6 +145,7 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
         Error::kUsage);
   // Before the model loads (minutes for a large one); the loader checks again (a pipe will do).
   check_input_file(a.data, "dataset file", "--data");
+  if (!a.per_example.empty()) check_per_example_path(a.per_example, a.data);
   ModelForUse m = load_model_for_use(a.m);
   const io::TrainedModel& t = m.trained;
   const std::optional<Config> run = run_config(t);
@@ -180,7 +242,8 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
                  m.policy.name().c_str(), trained_under.c_str());
   LossTotal r;
   try {
-    r = dataset_loss(*t.model, *set, a.batch_size, a.seq_len, pad, m.policy, m.device);
+    r = dataset_loss(*t.model, *set, a.batch_size, a.seq_len, pad, m.policy, m.device,
+                     !a.per_example.empty());
   } catch (const host_memory::OutOfMemory& e) {  // its message names training's keys
     throw Error(
         "out of memory allocating a tensor of " + std::to_string(e.bytes) +
@@ -189,6 +252,7 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
         " tokens a batch (an example is cut to --seq-len, a batch padded to its longest): lower "
         "--batch-size or --seq-len");
   }
+  if (!a.per_example.empty()) write_per_example(a.per_example, r, *set, a.json);
   if (a.json) {
     nlohmann::json j = {{"loss", io::json_float(r.loss())},
                         {"perplexity", io::json_float(r.perplexity())},
@@ -232,6 +296,9 @@ Command add_eval(CLI::App& app) {
   CLI::Option* pack = sub->add_flag("--pack", a->pack, "text: pack into full rows (data.pack)");
   // Hidden (group ""): taken only to say why it means nothing here (run_eval).
   CLI::Option* pad = sub->add_option("--pad", a->pad)->group("");
+  sub->add_option("--per-example", a->per_example,
+                  "also write each example's loss to this JSONL file (example, where, tokens, "
+                  "loss), and name the highest");
   sub->add_flag("--json", a->json, "print one JSON object");
   return {sub, [a, pack, pad] { return run_eval(*a, pack->count() > 0, pad->count() > 0); }};
 }

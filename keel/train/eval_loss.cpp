@@ -14,15 +14,16 @@ namespace keel {
 
 LossTotal dataset_loss(models::CausalLM& model, const data::Dataset& set, int64_t batch_size,
                        int64_t seq_len, int64_t pad_id, const PrecisionPolicy& policy,
-                       Device device) {
+                       Device device, bool per_example) {
   std::vector<int64_t> all(static_cast<size_t>(set.size()));
   std::iota(all.begin(), all.end(), int64_t{0});
-  return examples_loss(model, set, all, batch_size, seq_len, pad_id, policy, device);
+  return examples_loss(model, set, all, batch_size, seq_len, pad_id, policy, device, per_example);
 }
 
 LossTotal examples_loss(models::CausalLM& model, const data::Dataset& set,
                         const std::vector<int64_t>& ids, int64_t batch_size, int64_t seq_len,
-                        int64_t pad_id, const PrecisionPolicy& policy, Device device) {
+                        int64_t pad_id, const PrecisionPolicy& policy, Device device,
+                        bool per_example) {
   LossTotal t;
   t.examples = static_cast<int64_t>(ids.size());
   if (ids.empty()) return t;
@@ -35,8 +36,23 @@ LossTotal examples_loss(models::CausalLM& model, const data::Dataset& set,
     const std::vector<int64_t> chunk(ids.begin() + static_cast<std::ptrdiff_t>(begin),
                                      ids.begin() + static_cast<std::ptrdiff_t>(end));
     data::Batch b = data::collate(set, chunk, seq_len, pad_id).to(device);
-    if (b.n_targets == 0) continue;
-    const double sum = batch_loss_sum(model, b).item();
+    if (b.n_targets == 0) {
+      if (per_example)
+        for (int64_t id : chunk) t.per_example.push_back({id, 0.0, 0});
+      continue;
+    }
+    std::vector<double> rows;
+    const double sum = batch_loss_sum(model, b, per_example ? &rows : nullptr).item();
+    if (per_example) {
+      const Tensor labels = b.labels.device().is_cpu() ? b.labels : b.labels.to(Device::cpu());
+      const int64_t T = labels.size(1);
+      for (size_t r = 0; r < chunk.size(); ++r) {
+        int64_t n = 0;
+        for (int64_t i = 0; i < T; ++i)
+          n += labels.data_as<int64_t>()[static_cast<int64_t>(r) * T + i] != data::kIgnoreLabel;
+        t.per_example.push_back({chunk[r], rows[r], n});
+      }
+    }
     if (!std::isfinite(sum) && t.nonfinite_batches++ == 0) t.first_nonfinite_batch = b.example_ids;
     t.loss_sum += sum;
     t.tokens += b.n_targets;

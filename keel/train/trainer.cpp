@@ -536,12 +536,22 @@ double forward_backward(Run& run, const std::vector<data::Batch>& window, uint64
   return loss_sum;
 }
 
-Tensor batch_loss_sum(models::CausalLM& model, const data::Batch& b) {
+Tensor batch_loss_sum(models::CausalLM& model, const data::Batch& b,
+                      std::vector<double>* row_sums) {
   Tensor logits = model.forward(b.input_ids, b.attention_mask);  // [B, T, V]
-  const int64_t V = logits.size(-1);
-  Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, V}));
-  return ops::cross_entropy(flat, ops::reshape(b.labels, {-1}), data::kIgnoreLabel,
-                            ops::Reduction::kSum);
+  const int64_t T = logits.size(1), V = logits.size(-1);
+  auto loss_sum = [&](const Tensor& l, const Tensor& labels) {
+    Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(l, {-1, V}));
+    return ops::cross_entropy(flat, ops::reshape(labels, {-1}), data::kIgnoreLabel,
+                              ops::Reduction::kSum);
+  };
+  if (row_sums) {
+    row_sums->clear();
+    for (int64_t r = 0; r < logits.size(0); ++r)
+      row_sums->push_back(
+          loss_sum(logits.slice_rows(r, r + 1).view({T, V}), b.labels.slice_rows(r, r + 1)).item());
+  }
+  return loss_sum(logits, b.labels);
 }
 
 std::vector<std::string> in_backward_order(

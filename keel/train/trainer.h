@@ -96,8 +96,10 @@ std::vector<std::string> in_backward_order(
 // The seed every random choice of step `step` derives from (dropout masks).
 uint64_t step_seed(const Config& cfg, int64_t step);
 // The summed cross-entropy of a batch's target tokens (f32 scalar, with its graph when grad mode
-// is on), under the autocast in force: what training and evaluation both weigh.
-Tensor batch_loss_sum(models::CausalLM& model, const data::Batch& batch);
+// is on), under the autocast in force: what training and evaluation both weigh. `row_sums`: also
+// each row's own sum, the cross-entropy of its slice of the same logits (keel eval --per-example).
+Tensor batch_loss_sum(models::CausalLM& model, const data::Batch& batch,
+                      std::vector<double>* row_sums = nullptr);
 // What to do about a loss scaler whose steps keep overflowing f16: `scale` the one the last step
 // overflowed at, `ever_updated` whether any update was applied (only then is optim.lr a suspect).
 std::string scaler_unsettled_action(bool ever_updated, double init_scale, double scale);

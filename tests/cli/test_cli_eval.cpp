@@ -108,6 +108,75 @@ TEST(CliEval, EqualsTheTrainingLossOfTheSameBatchesAndTheRunsEvalRecords) {
   EXPECT_CONTAINS(plain.out, "perplexity");
 }
 
+// --per-example: each example's loss (a JSONL line naming its file and line), the parts adding
+// up to the whole, the same whatever the batch (padding changes no example's loss), and the
+// highest named: a line of another kind than the ones trained on stands out.
+TEST(CliEval, PerExampleLossesAddUpAndNameTheHardestLine) {
+  const Files& f = files();
+  const std::string out = f.dir + "/per-example-run";
+  const test::KeelRun r = train(out, {"train.max_steps=40", "optim.lr=1e-2"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string data = f.dir + "/mixed.jsonl";
+  {
+    std::ifstream in(f.train);
+    std::ofstream d(data);
+    std::string line;
+    for (int i = 0; std::getline(in, line); ++i) {
+      d << line << "\n";
+      if (i == 4)  // line 6: nothing like the others
+        d << json({{"prompt", "Q4: what is 28?"}, {"completion", " ~}{|`^%$#@!&*"}}).dump() << "\n";
+    }
+  }
+  auto per_example = [&](const std::string& batch, const std::string& file) {
+    const test::KeelRun e = test::run_keel(
+        {"eval", out, "--data", data, "--batch-size", batch, "--per-example", file, "--json"},
+        {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(e.code, 0) << e.output;
+    std::vector<json> lines;
+    std::ifstream in(file);
+    for (std::string l; std::getline(in, l);) lines.push_back(json::parse(l));
+    return std::pair{e.code == 0 ? json::parse(e.out) : json::object(), lines};
+  };
+  const auto [total, rows] = per_example("4", f.dir + "/losses.jsonl");
+  ASSERT_EQ(rows.size(), 9u);
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].at("example"), i);
+    EXPECT_EQ(rows[i].at("where"), data + ":" + std::to_string(i + 1));
+    loss_sum += rows[i].at("loss_sum").get<double>();
+    tokens += rows[i].at("tokens").get<int64_t>();
+    EXPECT_NEAR(rows[i].at("loss").get<double>(),
+                rows[i].at("loss_sum").get<double>() / rows[i].at("tokens").get<double>(), 1e-12);
+  }
+  EXPECT_EQ(tokens, total.at("tokens").get<int64_t>());
+  EXPECT_NEAR(loss_sum, total.at("loss_sum").get<double>(), 1e-5 * loss_sum);
+  const auto [total1, rows1] = per_example("1", f.dir + "/losses1.jsonl");
+  ASSERT_EQ(rows1.size(), rows.size());
+  for (size_t i = 0; i < rows.size(); ++i)
+    EXPECT_NEAR(rows1[i].at("loss").get<double>(), rows[i].at("loss").get<double>(),
+                1e-5 * rows[i].at("loss").get<double>())
+        << i;
+  size_t hardest = 0;
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].at("loss").get<double>() > rows[hardest].at("loss").get<double>()) hardest = i;
+  EXPECT_EQ(hardest, 5u);
+  const test::KeelRun plain =
+      test::run_keel({"eval", out, "--data", data, "--per-example", f.dir + "/losses2.jsonl"},
+                     {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  EXPECT_CONTAINS(plain.err, "per-example losses of 9 examples written to " + f.dir +
+                                 "/losses2.jsonl; the highest: " + data + ":6 (");
+  // Refused before the model loads: over the data it reads, in a directory that is not there.
+  const test::KeelRun over = test::run_keel({"eval", out, "--data", data, "--per-example", data});
+  EXPECT_EQ(over.code, 2) << over.output;
+  EXPECT_CONTAINS(over.err, "--per-example " + data + " is the --data file");
+  const test::KeelRun nowhere =
+      test::run_keel({"eval", out, "--data", data, "--per-example", f.dir + "/no/such/l.jsonl"});
+  EXPECT_EQ(nowhere.code, 2) << nowhere.output;
+  EXPECT_CONTAINS(nowhere.err, "the directory " + f.dir + "/no/such does not exist");
+}
+
 TEST(CliEval, CheckpointEqualsBasePlusAdapterAndFractionSplitEvaluates) {
   const Files& f = files();
   const std::string out = f.dir + "/lora";
