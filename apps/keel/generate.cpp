@@ -4,11 +4,15 @@
 // a --stop string or --max-new-tokens. The prompt comes from the argument, --prompt-file or
 // stdin; with --chat it is a user's message in the model's chat template, with --messages a
 // conversation (JSON) to answer. A summary (tokens, tokens/s, why it stopped) goes to stderr, or
-// all of it as --json.
+// all of it as --json. With --input FILE --output OUT, a reply to every prompt of a JSONL file.
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "apps/keel/commands.h"
@@ -19,6 +23,7 @@
 #include "keel/data/text_stream.h"
 #include "keel/io/hf_config.h"
 #include "keel/models/generate.h"
+#include "keel/numerics/input_file.h"
 #include "keel/numerics/text.h"
 
 namespace keel::cli {
@@ -26,7 +31,7 @@ namespace keel::cli {
 namespace {
 struct GenerateArgs {
   ModelArgs m;
-  std::string prompt, prompt_file;
+  std::string prompt, prompt_file, input, output;
   std::vector<std::string> stops;
   models::GenerateOptions opt;
   std::string system;
@@ -88,7 +93,229 @@ std::string chat_prompt(const data::Conversation& c, const data::Tokenizer& tok,
   return data::render_chat(*chat, c.messages, /*add_generation_prompt=*/true, today(), c.variables);
 }
 
+// The prompt's ids as the decode starts from them: --bos's token, or (plain text, not --no-bos)
+// the token the tokenizer puts before every text, as the model trained. `empty_why` says where an
+// empty prompt came from.
+std::vector<int32_t> prompt_ids(const GenerateArgs& a, const data::Tokenizer& tok,
+                                const std::string& tokenizer_spec, const std::string& prompt,
+                                bool chat, const std::string& empty_why) {
+  std::vector<int32_t> ids = tok.encode(prompt);
+  // The library's "the prompt is empty: give at least one token" named neither where the prompt
+  // was read (an empty stdin or file) nor --bos, which starts a prompt-less decode as HF does.
+  if (ids.empty() && !a.bos)
+    throw Error("the prompt is empty " + empty_why + ": give a prompt" +
+                    (tok.bos_id() >= 0 ? ", or --bos to start from the tokenizer's bos token" : ""),
+                Error::kUsage);
+  if (a.bos) {
+    if (tok.bos_id() < 0)
+      throw Error("--bos: the tokenizer (" + tokenizer_spec +
+                      ") has no bos token to start the prompt with: leave --bos out",
+                  Error::kUsage);
+    if (ids.empty() || ids[0] != tok.bos_id())
+      ids.insert(ids.begin(), static_cast<int32_t>(tok.bos_id()));
+  } else if (!chat && !a.no_bos && tok.prefix_id() >= 0 && ids[0] != tok.prefix_id()) {
+    // As the model trained (keel's datasets start each text so) and as transformers' tokenizer
+    // and llama.cpp start a Llama-3 prompt: without <|begin_of_text|> its first tokens are
+    // predicted from no attention sink. A prompt written with it already gets no second one.
+    ids.insert(ids.begin(), static_cast<int32_t>(tok.prefix_id()));
+  }
+  return ids;
+}
+
+// The tokenizer's eos, and every id the model's generation_config.json ends a reply with (a run's
+// checkpoint: its base's file), as transformers' generate stops; the ids a decode may choose.
+void set_stop_ids(GenerateArgs& a, const ModelForUse& m) {
+  const data::Tokenizer& tok = *m.tokenizer;
+  a.opt.eos_ids = {tok.eos_id()};
+  std::vector<std::string> dirs = {m.trained.dir};
+  if (m.trained.checkpoint && !m.trained.base_model.empty()) dirs.push_back(m.trained.base_model);
+  for (const std::string& dir : dirs)
+    for (int64_t id : io::generation_eos_ids(dir))
+      if (id < tok.vocab_size()) a.opt.eos_ids.push_back(id);
+  a.opt.choosable = tok.vocab_size();  // not the rows the model has beyond it
+  a.opt.use_cache = !a.no_cache;
+}
+
+// --input: one prompt a line of a JSONL file, as a dataset holds them, and what the line says the
+// answer is (the reference written beside the model's).
+struct BatchPrompt {
+  int64_t line = 0;
+  bool conversational = false;
+  data::Conversation conversation;   // a conversational line's messages to answer
+  std::string text;                  // a {"prompt": "..."} line's prompt
+  nlohmann::ordered_json reference;  // its completion, or the reply that ends its conversation
+};
+
+// Every line of --input read and checked before the model loads (minutes for a large one), each
+// error naming the file and line: a {"prompt": ..., "completion": ...} line is its prompt (the
+// completion the reference), a conversation in any of the formats a dataset reads is answered as
+// --messages answers it (the reply that ends it, or its completion, the reference).
+std::vector<BatchPrompt> read_batch_prompts(const std::string& path) {
+  const std::string text = read_input_file(path, "prompt file", "--input");
+  std::vector<BatchPrompt> out;
+  int64_t number = 0;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + at, end - at);
+    at = end + 1;
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    auto bad = [&](const std::string& what) {
+      return Error("--input " + path + ": line " + std::to_string(number) + ": " + what,
+                   Error::kUsage);
+    };
+    nlohmann::ordered_json obj;
+    try {
+      obj = nlohmann::ordered_json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw bad("invalid JSON (" + json_error_detail(e.what()) +
+                "); give one object a line: {\"prompt\": ...} or a conversation");
+    }
+    if (!obj.is_object())
+      throw bad(std::string("a JSON ") + obj.type_name() +
+                " instead of an object: {\"prompt\": ...} or a conversation");
+    BatchPrompt p;
+    p.line = number;
+    if (data::is_conversation(obj)) {
+      p.conversational = true;
+      try {
+        p.conversation = data::conversation_of(obj);
+      } catch (const Error& e) {
+        throw bad(e.what());
+      }
+      data::Conversation& c = p.conversation;
+      if (c.prompt_size > 0) {
+        p.reference = nlohmann::ordered_json(
+            c.messages.begin() + static_cast<ptrdiff_t>(c.prompt_size), c.messages.end());
+        c.messages.erase(c.messages.begin() + static_cast<ptrdiff_t>(c.prompt_size),
+                         c.messages.end());
+      } else if (c.messages.back()["role"] == "assistant") {
+        p.reference = c.messages.back()["content"];
+        c.messages.erase(c.messages.end() - 1);
+      }
+      if (c.messages.empty())
+        throw bad("the conversation is the assistant's reply alone: give the messages it answers");
+    } else if (obj.contains("prompt") && obj["prompt"].is_string()) {
+      p.text = obj["prompt"].get<std::string>();
+      if (obj.contains("completion")) p.reference = obj["completion"];
+    } else {
+      throw bad(obj.contains("text")
+                    ? "a {\"text\": ...} line has no prompt to answer; give "
+                      "{\"prompt\": ..., \"completion\": ...} lines or conversations"
+                    : "holds no prompt: give {\"prompt\": ...} or a conversation "
+                      "({\"messages\": [...]})");
+    }
+    out.push_back(std::move(p));
+  }
+  if (out.empty())
+    throw Error("--input " + path + " holds no prompt (it is empty or holds only blank lines)",
+                Error::kUsage);
+  return out;
+}
+
+// --input FILE --output OUT: a reply to every prompt of FILE, one JSON line each in OUT (its line,
+// the prompt as the model read it, the reply, the reference, the tokens and why it stopped). They
+// are written and flushed as each is made to OUT.partial, renamed over OUT when all are: a run
+// stopped midway keeps the replies made there, and an OUT of an earlier run stays whole. The
+// sampling, stop and length flags apply to each prompt alike (a --seed gives each prompt the same
+// draws, so a line's reply does not depend on the lines before it); --chat (and --system) writes
+// the text prompts as a user's message in the chat template.
+int run_generate_batch(GenerateArgs& a, bool has_prompt) {
+  auto refuse = [](const std::string& what) { return Error(what, Error::kUsage); };
+  if (has_prompt || !a.prompt_file.empty())
+    throw refuse(
+        "--input reads the prompts from its file: leave out the PROMPT argument and "
+        "--prompt-file");
+  if (a.messages)
+    throw refuse(
+        "--messages with --input: the conversations of --input are answered as "
+        "--messages answers one; leave --messages out");
+  if (a.json) throw refuse("--json with --input: --output is JSON lines already; leave --json out");
+  if (a.output.empty()) throw refuse("--input needs --output: the file the replies are written to");
+  if (!a.system.empty() && !a.chat)
+    throw refuse(
+        "--system is the system turn of a --chat prompt: give --chat too, or leave "
+        "--system out");
+  if (a.bos && a.no_bos) throw refuse("--bos and --no-bos contradict each other: give one");
+  std::error_code ec;
+  if (std::filesystem::equivalent(a.input, a.output, ec))
+    throw refuse("--output " + a.output + " is the --input file: writing it would replace the " +
+                 "prompts with the replies; give another path");
+  for (const std::string& path : {a.output, a.output + ".partial"})
+    if (const std::string why = replaced_file_problem(path); !why.empty())
+      throw refuse("--output " + a.output + ": " + why);
+  const std::vector<BatchPrompt> prompts = read_batch_prompts(a.input);
+  ModelForUse m = load_model_for_use(a.m);
+  const data::Tokenizer& tok = *m.tokenizer;
+  const bool any_chat =
+      a.chat || std::any_of(prompts.begin(), prompts.end(),
+                            [](const BatchPrompt& p) { return p.conversational; });
+  if (any_chat && !tok.chat_format())
+    throw refuse("--input: " + data::no_chat_template("the tokenizer " + m.tokenizer_spec));
+  const std::string partial = a.output + ".partial";
+  std::FILE* out = std::fopen(partial.c_str(), "w");
+  if (!out)
+    throw Error("cannot write " + partial + " (--output " + a.output +
+                    "): " + std::strerror(errno) + "; check the directory exists and is writable",
+                Error::kUsage);
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(out, std::fclose);
+  set_stop_ids(a, m);
+  amp::AutocastGuard autocast(m.policy.autocast, m.policy.compute_dtype);
+  int64_t written = 0;
+  for (const BatchPrompt& p : prompts) {
+    data::Conversation c = p.conversation;
+    const bool chat = p.conversational || a.chat;
+    if (!p.conversational && a.chat) {
+      if (!a.system.empty()) c.messages.push_back({{"role", "system"}, {"content", a.system}});
+      c.messages.push_back({{"role", "user"}, {"content", p.text}});
+    }
+    const std::string prompt = chat ? chat_prompt(c, tok, m.tokenizer_spec) : p.text;
+    const std::vector<int32_t> ids = prompt_ids(a, tok, m.tokenizer_spec, prompt, chat,
+                                                "(--input line " + std::to_string(p.line) + ")");
+    data::TextStream stream(tok, a.stops, prompt);
+    models::GenerateResult r = models::generate(*m.trained.model, ids, a.opt, [&](int32_t id) {
+      stream.push(id);
+      return !stream.stopped();
+    });
+    stream.finish();
+    if (stream.stopped()) r.stop = "stop_string";
+    const nlohmann::ordered_json line = {
+        {"line", p.line},           {"prompt", prompt},          {"completion", stream.text()},
+        {"reference", p.reference}, {"tokens", r.tokens.size()}, {"stop", r.stop}};
+    const std::string text =
+        line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+    if (std::fwrite(text.data(), 1, text.size(), out) != text.size() || std::fflush(out) != 0)
+      throw Error("cannot write " + partial + " (--output " + a.output +
+                  "): " + std::strerror(errno) + "; the " + std::to_string(written) + " of " +
+                  std::to_string(prompts.size()) + " replies made before it are there");
+    ++written;
+    std::fprintf(stderr, "keel: line %lld: %s, stopped: %s (%lld of %zu)\n",
+                 static_cast<long long>(p.line),
+                 count_of(static_cast<long long>(r.tokens.size()), "token").c_str(), r.stop.c_str(),
+                 static_cast<long long>(written), prompts.size());
+    if (r.stop == "nonfinite")
+      throw Error("generation of --input line " + std::to_string(p.line) + " stopped: " +
+                  std::to_string(r.nonfinite_logits) + " logits are NaN or inf (the replies " +
+                  "before it are in " + partial + "); " + nonfinite_advice(a.m, m.policy));
+  }
+  if (std::fclose(closer.release()) != 0)
+    throw Error("cannot write " + partial + " (--output " + a.output +
+                "): " + std::strerror(errno));
+  std::filesystem::rename(partial, a.output, ec);
+  if (ec)
+    throw Error("cannot rename " + partial + " to --output " + a.output + ": " + ec.message() +
+                " (the replies are in " + partial + ")");
+  return 0;
+}
+
 int run_generate(GenerateArgs& a, bool has_prompt) {
+  if (!a.input.empty()) return run_generate_batch(a, has_prompt);
+  if (!a.output.empty())
+    throw Error(
+        "--output is where --input's replies go: give --input FILE too, or leave "
+        "--output out (the reply streams to stdout)",
+        Error::kUsage);
   std::string prompt = read_input_text(has_prompt, a.prompt, a.prompt_file, "--prompt-file");
   // A line read from stdin or a file ends with its newline, which became the prompt's last token
   // (`echo "17+05=" | keel generate` prompted "17+05=\n"). One line ending is dropped, as the
@@ -130,37 +357,10 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
   const PrecisionPolicy& policy = m.policy;
 
   if (a.chat) prompt = chat_prompt(conversation, *tok, m.tokenizer_spec);
-  std::vector<int32_t> ids = tok->encode(prompt);
-  // The library's "the prompt is empty: give at least one token" named neither where the prompt
-  // was read (an empty stdin or file) nor --bos, which starts a prompt-less decode as HF does.
-  if (ids.empty() && !a.bos)
-    throw Error(
-        "the prompt is empty (" + prompt_source(a, has_prompt) + " held no text): give a prompt" +
-            (tok->bos_id() >= 0 ? ", or --bos to start from the tokenizer's bos token" : ""),
-        Error::kUsage);
-  if (a.bos) {
-    if (tok->bos_id() < 0)
-      throw Error("--bos: the tokenizer (" + m.tokenizer_spec +
-                      ") has no bos token to start the prompt with: leave --bos out",
-                  Error::kUsage);
-    if (ids.empty() || ids[0] != tok->bos_id())
-      ids.insert(ids.begin(), static_cast<int32_t>(tok->bos_id()));
-  } else if (!a.chat && !a.no_bos && tok->prefix_id() >= 0 && ids[0] != tok->prefix_id()) {
-    // As the model trained (keel's datasets start each text so) and as transformers' tokenizer
-    // and llama.cpp start a Llama-3 prompt: without <|begin_of_text|> its first tokens are
-    // predicted from no attention sink. A prompt written with it already gets no second one.
-    ids.insert(ids.begin(), static_cast<int32_t>(tok->prefix_id()));
-  }
-  // The tokenizer's eos, and every id the model's generation_config.json ends a reply with (a
-  // run's checkpoint: its base's file), as transformers' generate stops.
-  a.opt.eos_ids = {tok->eos_id()};
-  std::vector<std::string> dirs = {m.trained.dir};
-  if (m.trained.checkpoint && !m.trained.base_model.empty()) dirs.push_back(m.trained.base_model);
-  for (const std::string& dir : dirs)
-    for (int64_t id : io::generation_eos_ids(dir))
-      if (id < tok->vocab_size()) a.opt.eos_ids.push_back(id);
-  a.opt.choosable = tok->vocab_size();  // not the rows the model has beyond it
-  a.opt.use_cache = !a.no_cache;
+  const std::vector<int32_t> ids =
+      prompt_ids(a, *tok, m.tokenizer_spec, prompt, a.chat,
+                 "(" + prompt_source(a, has_prompt) + " held no text)");
+  set_stop_ids(a, m);
   // The prompt's end counts toward a stop string (text_stream.h): only the new text was searched,
   // so "\n\n" never stopped a prompt ending in "\n" at the model's first "\n".
   data::TextStream stream(*tok, a.stops, prompt);
@@ -277,6 +477,12 @@ Command add_generate(CLI::App& app) {
                 "(Llama-3's <|begin_of_text|>), as keel's datasets and transformers do");
   sub->add_flag("--no-cache", a->no_cache, "re-run the whole sequence every step (reference)");
   sub->add_flag("--json", a->json, "print one JSON object at the end instead of streaming");
+  sub->add_option("--input", a->input,
+                  "a JSONL file of prompts ({\"prompt\": ...} lines or conversations, as a "
+                  "dataset holds them): a reply to each, written to --output");
+  sub->add_option("--output", a->output,
+                  "with --input: the JSON lines written, one a prompt (line, prompt, completion, "
+                  "reference, tokens, stop)");
   return {sub, [a, prompt, seed] {
             // Greedy decoding draws nothing: a --seed was accepted and ignored, as --top-k was.
             if (seed->count() > 0 && a->opt.sampling.temperature == 0)

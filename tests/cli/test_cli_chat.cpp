@@ -3,6 +3,7 @@
 // template asks for a reply, and a tokenizer without a template is a usage error naming the fix.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -275,6 +276,82 @@ TEST(CliChat, Qwen3MultiTurnConversationsTrainEachReplyInTheTextThatPromptsIt) {
       {"OMP_NUM_THREADS=1"});
   ASSERT_EQ(g.code, 0) << g.output;
   EXPECT_CONTAINS(json::parse(g.out).at("text").get<std::string>(), "the end");
+}
+
+// generate --input FILE --output OUT: a reply to every prompt of a JSONL file, each the reply
+// generate gives that line alone (--messages for a conversation, the argument for a text prompt),
+// with the line's own answer beside it as the reference; bad lines and flags are refused before
+// the model loads.
+TEST(CliChat, GenerateInputRepliesToEveryLineAsGenerateDoesOne) {
+  const ChatFiles& f = chat_files();
+  const std::string out = f.dir + "/batch-run";
+  const test::KeelRun r = test::run_keel(
+      test::with_sets(
+          {"train"},
+          {"run.out_dir=" + out, "run.threads=1", "model.path=" + f.model, "data.task=jsonl",
+           "data.path=" + f.data, "data.tokenizer=hf:" + f.tokenizer, "data.seq_len=96",
+           "train.batch_size=8", "train.max_steps=30", "optim.lr=0.01", "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::vector<std::string> lines;
+  {
+    std::ifstream in(f.data);
+    for (std::string l; std::getline(in, l) && lines.size() < 2;) lines.push_back(l);
+  }
+  lines.push_back(json({{"prompt", "the there"}, {"completion", " the"}}).dump());
+  const std::string input = f.dir + "/prompts.jsonl", output = f.dir + "/replies.jsonl";
+  std::ofstream(input) << lines[0] << "\n\n" << lines[1] << "\n" << lines[2] << "\n";
+  const test::KeelRun g = test::run_keel(
+      {"generate", out, "--input", input, "--output", output, "--max-new-tokens", "12"},
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(g.code, 0) << g.output;
+  EXPECT_CONTAINS(g.err, "keel: line 4: ");
+  std::vector<json> replies;
+  std::ifstream in(output);
+  for (std::string l; std::getline(in, l);) replies.push_back(json::parse(l));
+  ASSERT_EQ(replies.size(), 3u);
+  EXPECT_FALSE(std::filesystem::exists(output + ".partial"));  // renamed over --output when whole
+  const int expected_line[] = {1, 3, 4};
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(replies[i].at("line"), expected_line[i]);
+    // The reply generate gives the line alone.
+    std::vector<std::string> one = {"generate", out, "--max-new-tokens", "12", "--json"};
+    if (i < 2) {  // the conversation less the reply that ends it (the reference)
+      json asked = json::parse(lines[i]).at("messages");
+      asked.erase(asked.size() - 1);
+      one.insert(one.end(), {"--messages", asked.dump()});
+      EXPECT_EQ(replies[i].at("reference"),
+                json::parse(lines[i]).at("messages").back().at("content"));
+    } else {
+      one.push_back("the there");
+      EXPECT_EQ(replies[i].at("reference"), " the");
+      EXPECT_EQ(replies[i].at("prompt"), "the there");
+    }
+    const test::KeelRun alone = test::run_keel(one, {"OMP_NUM_THREADS=1"});
+    ASSERT_EQ(alone.code, 0) << alone.output;
+    const json a = json::parse(alone.out);
+    EXPECT_EQ(replies[i].at("completion"), a.at("text"));
+    EXPECT_EQ(replies[i].at("stop"), a.at("stop"));
+    EXPECT_EQ(replies[i].at("tokens"), a.at("tokens").size());
+  }
+  auto refused = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"generate", f.dir + "/no-such-model"});
+    const test::KeelRun e = test::run_keel(args);
+    EXPECT_EQ(e.code, 2) << e.output;
+    return e.err;
+  };
+  EXPECT_CONTAINS(refused({"--input", input, "--output", input}),
+                  "--output " + input + " is the --input file");
+  EXPECT_CONTAINS(refused({"--input", input}), "--input needs --output");
+  EXPECT_CONTAINS(refused({"--output", output, "x"}), "--output is where --input's replies go");
+  std::ofstream(f.dir + "/text.jsonl") << R"({"text": "the"})"
+                                       << "\n";
+  EXPECT_CONTAINS(refused({"--input", f.dir + "/text.jsonl", "--output", output}),
+                  "--input " + f.dir + "/text.jsonl: line 1: a {\"text\": ...} line has no prompt");
+  std::ofstream(f.dir + "/broken.jsonl") << lines[0] << "\n{\"messages\": 3}\n";
+  EXPECT_CONTAINS(refused({"--input", f.dir + "/broken.jsonl", "--output", output}),
+                  "--input " + f.dir + "/broken.jsonl: line 2: ");
 }
 
 TEST(CliChat, ConversationsWithoutAChatTemplateAreAUsageErrorNamingTheLine) {
