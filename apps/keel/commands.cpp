@@ -22,6 +22,7 @@ void register_commands(CLI::App& app) {
   commands().push_back(add_serve(app));
   commands().push_back(add_tokenize(app));
   commands().push_back(add_generate(app));
+  commands().push_back(add_chat(app));
   commands().push_back(add_export(app));
   commands().push_back(add_eval(app));
 }

@@ -27,6 +27,7 @@ Command add_memory(CLI::App& app);
 Command add_serve(CLI::App& app);
 Command add_tokenize(CLI::App& app);
 Command add_generate(CLI::App& app);
+Command add_chat(CLI::App& app);
 Command add_export(CLI::App& app);
 Command add_eval(CLI::App& app);
 

@@ -9,19 +9,18 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "apps/keel/commands.h"
+#include "apps/keel/decode_prompt.h"
 #include "apps/keel/input_text.h"
 #include "apps/keel/model_args.h"
 #include "keel/amp/autocast.h"
 #include "keel/data/chat.h"
 #include "keel/data/text_stream.h"
-#include "keel/io/hf_config.h"
 #include "keel/models/generate.h"
 #include "keel/numerics/input_file.h"
 #include "keel/numerics/text.h"
@@ -67,73 +66,6 @@ data::Conversation conversation_prompt(const std::string& text, const std::strin
             "give the line as {\"prompt\": [...], \"completion\": [...]}, whose prompt is used)",
         Error::kUsage);
   return c;
-}
-
-// Today's date as "YYYY-MM-DD", local time: what transformers' strftime_now formats (Llama-3.2's
-// template writes it into the system turn).
-std::string today() {
-  const std::time_t now = std::time(nullptr);
-  std::tm local{};
-  localtime_r(&now, &local);
-  char buf[16];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", &local);
-  return buf;
-}
-
-// --chat: the conversation (the prompt as the user's turn after --system's, or --messages') in the
-// model's chat template with the assistant's header opened, as
-// apply_chat_template(add_generation_prompt=True) writes it.
-std::string chat_prompt(const data::Conversation& c, const data::Tokenizer& tok,
-                        const std::string& tokenizer_spec) {
-  const data::ChatFormat* chat = tok.chat_format();
-  if (!chat)
-    throw Error("--chat: " + data::no_chat_template("the tokenizer " + tokenizer_spec) +
-                    "; or leave --chat out to continue the prompt as text",
-                Error::kUsage);
-  return data::render_chat(*chat, c.messages, /*add_generation_prompt=*/true, today(), c.variables);
-}
-
-// The prompt's ids as the decode starts from them: --bos's token, or (plain text, not --no-bos)
-// the token the tokenizer puts before every text, as the model trained. `empty_why` says where an
-// empty prompt came from.
-std::vector<int32_t> prompt_ids(const GenerateArgs& a, const data::Tokenizer& tok,
-                                const std::string& tokenizer_spec, const std::string& prompt,
-                                bool chat, const std::string& empty_why) {
-  std::vector<int32_t> ids = tok.encode(prompt);
-  // The library's "the prompt is empty: give at least one token" named neither where the prompt
-  // was read (an empty stdin or file) nor --bos, which starts a prompt-less decode as HF does.
-  if (ids.empty() && !a.bos)
-    throw Error("the prompt is empty " + empty_why + ": give a prompt" +
-                    (tok.bos_id() >= 0 ? ", or --bos to start from the tokenizer's bos token" : ""),
-                Error::kUsage);
-  if (a.bos) {
-    if (tok.bos_id() < 0)
-      throw Error("--bos: the tokenizer (" + tokenizer_spec +
-                      ") has no bos token to start the prompt with: leave --bos out",
-                  Error::kUsage);
-    if (ids.empty() || ids[0] != tok.bos_id())
-      ids.insert(ids.begin(), static_cast<int32_t>(tok.bos_id()));
-  } else if (!chat && !a.no_bos && tok.prefix_id() >= 0 && ids[0] != tok.prefix_id()) {
-    // As the model trained (keel's datasets start each text so) and as transformers' tokenizer
-    // and llama.cpp start a Llama-3 prompt: without <|begin_of_text|> its first tokens are
-    // predicted from no attention sink. A prompt written with it already gets no second one.
-    ids.insert(ids.begin(), static_cast<int32_t>(tok.prefix_id()));
-  }
-  return ids;
-}
-
-// The tokenizer's eos, and every id the model's generation_config.json ends a reply with (a run's
-// checkpoint: its base's file), as transformers' generate stops; the ids a decode may choose.
-void set_stop_ids(GenerateArgs& a, const ModelForUse& m) {
-  const data::Tokenizer& tok = *m.tokenizer;
-  a.opt.eos_ids = {tok.eos_id()};
-  std::vector<std::string> dirs = {m.trained.dir};
-  if (m.trained.checkpoint && !m.trained.base_model.empty()) dirs.push_back(m.trained.base_model);
-  for (const std::string& dir : dirs)
-    for (int64_t id : io::generation_eos_ids(dir))
-      if (id < tok.vocab_size()) a.opt.eos_ids.push_back(id);
-  a.opt.choosable = tok.vocab_size();  // not the rows the model has beyond it
-  a.opt.use_cache = !a.no_cache;
 }
 
 // --input: one prompt a line of a JSONL file, as a dataset holds them, and what the line says the
@@ -260,7 +192,7 @@ int run_generate_batch(GenerateArgs& a, bool has_prompt) {
                     "): " + std::strerror(errno) + "; check the directory exists and is writable",
                 Error::kUsage);
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(out, std::fclose);
-  set_stop_ids(a, m);
+  set_stop_ids(a.opt, m, a.no_cache);
   amp::AutocastGuard autocast(m.policy.autocast, m.policy.compute_dtype);
   int64_t written = 0;
   for (const BatchPrompt& p : prompts) {
@@ -271,8 +203,9 @@ int run_generate_batch(GenerateArgs& a, bool has_prompt) {
       c.messages.push_back({{"role", "user"}, {"content", p.text}});
     }
     const std::string prompt = chat ? chat_prompt(c, tok, m.tokenizer_spec) : p.text;
-    const std::vector<int32_t> ids = prompt_ids(a, tok, m.tokenizer_spec, prompt, chat,
-                                                "(--input line " + std::to_string(p.line) + ")");
+    const std::vector<int32_t> ids =
+        prompt_ids(tok, m.tokenizer_spec, prompt, chat, a.bos, a.no_bos,
+                   "(--input line " + std::to_string(p.line) + ")");
     data::TextStream stream(tok, a.stops, prompt);
     models::GenerateResult r = models::generate(*m.trained.model, ids, a.opt, [&](int32_t id) {
       stream.push(id);
@@ -358,9 +291,9 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
 
   if (a.chat) prompt = chat_prompt(conversation, *tok, m.tokenizer_spec);
   const std::vector<int32_t> ids =
-      prompt_ids(a, *tok, m.tokenizer_spec, prompt, a.chat,
+      prompt_ids(*tok, m.tokenizer_spec, prompt, a.chat, a.bos, a.no_bos,
                  "(" + prompt_source(a, has_prompt) + " held no text)");
-  set_stop_ids(a, m);
+  set_stop_ids(a.opt, m, a.no_cache);
   // The prompt's end counts toward a stop string (text_stream.h): only the new text was searched,
   // so "\n\n" never stopped a prompt ending in "\n" at the model's first "\n".
   data::TextStream stream(*tok, a.stops, prompt);

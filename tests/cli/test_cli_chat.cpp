@@ -3,9 +3,11 @@
 // template asks for a reply, and a tokenizer without a template is a usage error naming the fix.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "keel/data/chat.h"
 #include "keel/data/dataset.h"
@@ -352,6 +354,68 @@ TEST(CliChat, GenerateInputRepliesToEveryLineAsGenerateDoesOne) {
   std::ofstream(f.dir + "/broken.jsonl") << lines[0] << "\n{\"messages\": 3}\n";
   EXPECT_CONTAINS(refused({"--input", f.dir + "/broken.jsonl", "--output", output}),
                   "--input " + f.dir + "/broken.jsonl: line 2: ");
+}
+
+// keel chat: each line of stdin a user's message, each reply the one generate --messages gives
+// the conversation so far (its earlier replies included); /reset starts over, keeping --system.
+TEST(CliChat, ChatAnswersEachMessageWithTheConversationSoFar) {
+  const ChatFiles& f = chat_files();
+  const std::string out = f.dir + "/chat-run";
+  const test::KeelRun r = test::run_keel(
+      test::with_sets(
+          {"train"},
+          {"run.out_dir=" + out, "run.threads=1", "model.path=" + f.model, "data.task=jsonl",
+           "data.path=" + f.data, "data.tokenizer=hf:" + f.tokenizer, "data.seq_len=96",
+           "train.batch_size=8", "train.max_steps=30", "optim.lr=0.01", "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string said = f.dir + "/said.txt";
+  std::ofstream(said) << "the 1\n\nthen?\n/reset\nthe 1\n/exit\nnever read\n";
+  const test::KeelRun c =
+      test::run_keel_sh("chat " + out + " --system 'be brief' --max-new-tokens 8 --json < " + said);
+  ASSERT_EQ(c.code, 0) << c.output;
+  std::vector<json> turns;
+  std::istringstream lines(c.out);
+  for (std::string l; std::getline(lines, l);) turns.push_back(json::parse(l));
+  ASSERT_EQ(turns.size(), 3u) << c.out;
+  json conversation = json::array({{{"role", "system"}, {"content", "be brief"}}});
+  auto answer = [&](const std::string& message) {
+    conversation.push_back({{"role", "user"}, {"content", message}});
+    const test::KeelRun g = test::run_keel(
+        {"generate", out, "--messages", conversation.dump(), "--max-new-tokens", "8", "--json"},
+        {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(g.code, 0) << g.output;
+    const json j = json::parse(g.out);
+    conversation.push_back({{"role", "assistant"}, {"content", j.at("text")}});
+    return j;
+  };
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    if (i == 2) conversation = json::array({{{"role", "system"}, {"content", "be brief"}}});
+    const json want = answer(i == 1 ? "then?" : "the 1");
+    EXPECT_EQ(turns[i].at("turn"), i + 1);
+    EXPECT_EQ(turns[i].at("reply"), want.at("text"));
+    EXPECT_EQ(turns[i].at("stop"), want.at("stop"));
+  }
+  // Streamed, each reply ends with a line of its own.
+  const test::KeelRun plain = test::run_keel_sh("chat " + out + " --max-new-tokens 4 < " + said);
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  EXPECT_GE(std::count(plain.out.begin(), plain.out.end(), '\n'), 3) << plain.out;
+  // Past the model's context (96 tokens) the oldest exchange leaves, with a note; a message that
+  // cannot fit alone is said to be too long and skipped.
+  std::string longer;
+  for (int i = 0; i < 6; ++i) longer += "the there ";
+  std::ofstream(said) << longer << "\n"
+                      << longer << "\n"
+                      << longer << "\n"
+                      << std::string(400, 'x') << "\n"
+                      << longer << "\n";
+  const test::KeelRun shifted =
+      test::run_keel_sh("chat " + out + " --max-new-tokens 4 --json < " + said);
+  ASSERT_EQ(shifted.code, 0) << shifted.output;
+  EXPECT_CONTAINS(shifted.err, "the conversation outgrew the model's context (96 tokens)");
+  EXPECT_CONTAINS(shifted.err, "more than the model's context (96): say it shorter");
+  EXPECT_EQ(std::count(shifted.out.begin(), shifted.out.end(), '\n'), 4) << shifted.out;
 }
 
 TEST(CliChat, ConversationsWithoutAChatTemplateAreAUsageErrorNamingTheLine) {

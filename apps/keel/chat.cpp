@@ -1,0 +1,172 @@
+// `keel chat MODEL`: a conversation with a model in its chat template. Each line of stdin is the
+// user's message; the reply streams to stdout as it is made and joins the conversation, so the next
+// message is answered with every turn before it (as `generate --messages` answers the whole).
+// "/reset" starts over (the --system message stays), "/exit" or the end of stdin ends. A
+// conversation longer than the model's context drops its oldest exchange, with a note. --json
+// prints one JSON line a turn instead (turn, reply, tokens, stop) for scripts.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <iostream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "apps/keel/commands.h"
+#include "apps/keel/decode_prompt.h"
+#include "apps/keel/model_args.h"
+#include "keel/amp/autocast.h"
+#include "keel/data/text_stream.h"
+#include "keel/numerics/text.h"
+
+namespace keel::cli {
+
+namespace {
+struct ChatArgs {
+  ModelArgs m;
+  std::string system;
+  std::vector<std::string> stops;
+  models::GenerateOptions opt;
+  bool json = false, no_cache = false;
+};
+
+void write_out(const std::string& s) {
+  if (s.empty()) return;
+  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0) {
+    const int err = errno;
+    std::clearerr(stdout);
+    throw Error(stdout_lost(err,
+                            "the conversation stopped; send the replies to a reader that "
+                            "reads them all"));
+  }
+}
+
+int run_chat(ChatArgs& a) {
+  ModelForUse m = load_model_for_use(a.m);
+  const data::Tokenizer& tok = *m.tokenizer;
+  if (!tok.chat_format())
+    throw Error("keel chat: " + data::no_chat_template("the tokenizer " + m.tokenizer_spec) +
+                    "; keel generate continues a text prompt without one",
+                Error::kUsage);
+  set_stop_ids(a.opt, m, a.no_cache);
+  const int64_t context = m.trained.model->spec().max_seq_len;
+  const bool terminal = isatty(STDIN_FILENO) && !a.json;
+  data::Conversation c;
+  auto start = [&] {
+    c.messages = nlohmann::ordered_json::array();
+    if (!a.system.empty()) c.messages.push_back({{"role", "system"}, {"content", a.system}});
+  };
+  start();
+  const size_t first_turn = c.messages.size();  // after the system message
+  amp::AutocastGuard autocast(m.policy.autocast, m.policy.compute_dtype);
+  const uint64_t seed = a.opt.seed;
+  int64_t turn = 0;
+  for (std::string line;;) {
+    if (terminal) std::fputs("> ", stderr);
+    if (!std::getline(std::cin, line)) break;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line == "/exit") break;
+    if (line == "/reset") {
+      start();
+      if (terminal) std::fputs("keel: the conversation starts over\n", stderr);
+      continue;
+    }
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    c.messages.push_back({{"role", "user"}, {"content", line}});
+    // The oldest exchanges leave while the prompt and a reply's first token do not fit.
+    std::string prompt = chat_prompt(c, tok, m.tokenizer_spec);
+    std::vector<int32_t> ids = prompt_ids(tok, m.tokenizer_spec, prompt, true, false, false, "");
+    while (static_cast<int64_t>(ids.size()) >= context && c.messages.size() > first_turn + 1) {
+      size_t drop = 1;  // the oldest message and the replies after it, up to the next user's
+      while (first_turn + drop < c.messages.size() - 1 &&
+             c.messages[first_turn + drop]["role"] != "user")
+        ++drop;
+      c.messages.erase(c.messages.begin() + static_cast<ptrdiff_t>(first_turn),
+                       c.messages.begin() + static_cast<ptrdiff_t>(first_turn + drop));
+      std::fprintf(stderr,
+                   "keel: the conversation outgrew the model's context (%lld tokens): its oldest "
+                   "exchange is dropped\n",
+                   static_cast<long long>(context));
+      prompt = chat_prompt(c, tok, m.tokenizer_spec);
+      ids = prompt_ids(tok, m.tokenizer_spec, prompt, true, false, false, "");
+    }
+    if (static_cast<int64_t>(ids.size()) >= context) {
+      std::fprintf(stderr,
+                   "keel: this message alone is %zu tokens in the chat template, more than the "
+                   "model's context (%lld): say it shorter\n",
+                   ids.size(), static_cast<long long>(context));
+      c.messages.erase(c.messages.end() - 1);
+      continue;
+    }
+    // Each turn its own draws (the same for the same turn of the same conversation and --seed).
+    a.opt.seed = seed + static_cast<uint64_t>(turn);
+    data::TextStream stream(tok, a.stops, prompt);
+    models::GenerateResult r = models::generate(*m.trained.model, ids, a.opt, [&](int32_t id) {
+      const std::string s = stream.push(id);
+      if (!a.json) write_out(s);
+      return !stream.stopped();
+    });
+    const std::string rest = stream.finish();
+    if (stream.stopped()) r.stop = "stop_string";
+    ++turn;
+    if (a.json) {
+      const nlohmann::ordered_json j = {
+          {"turn", turn}, {"reply", stream.text()}, {"tokens", r.tokens.size()}, {"stop", r.stop}};
+      write_out(j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
+    } else {
+      write_out(rest + "\n");
+    }
+    if (r.stop == "nonfinite")
+      throw Error("the reply of turn " + std::to_string(turn) +
+                  " stopped: " + std::to_string(r.nonfinite_logits) +
+                  " logits are NaN or inf, so any token chosen from them would be arbitrary; " +
+                  nonfinite_advice(a.m, m.policy));
+    c.messages.push_back({{"role", "assistant"}, {"content", stream.text()}});
+  }
+  return 0;
+}
+}  // namespace
+
+Command add_chat(CLI::App& app) {
+  auto a = std::make_shared<ChatArgs>();
+  a->opt.max_new_tokens = 256;
+  CLI::App* sub = app.add_subcommand(
+      "chat",
+      "Talk with a model in its chat template: each line of stdin a message, each reply streamed "
+      "(/reset starts over, /exit ends)");
+  add_model_options(sub, a->m);
+  sub->add_option("--system", a->system, "the system message the conversation starts with");
+  sub->add_option("--max-new-tokens", a->opt.max_new_tokens, "at most this many tokens a reply")
+      ->check(whole_check(1, INT64_MAX))
+      ->capture_default_str();
+  sub->add_option("--temperature", a->opt.sampling.temperature, "0 = greedy")
+      ->check(real_check(0, std::numeric_limits<double>::max(), false, false, " (0: greedy)"))
+      ->capture_default_str();
+  sub->add_option("--top-k", a->opt.sampling.top_k, "sample among the k most likely (0 = all)")
+      ->check(whole_check(0, INT64_MAX, " (0: all)"))
+      ->capture_default_str();
+  sub->add_option("--top-p", a->opt.sampling.top_p, "nucleus: the most likely tokens of mass p")
+      ->check(real_check(0, 1, true))
+      ->capture_default_str();
+  CLI::Option* seed =
+      sub->add_option("--seed", a->opt.seed, "sampling seed (turn n draws with seed + n - 1)")
+          ->check(whole_check(0, UINT64_MAX))
+          ->capture_default_str();
+  sub->add_option("--stop", a->stops, "end a reply before this string (repeatable)")
+      ->allow_extra_args(false)
+      ->check([](const std::string& v) {
+        return v.empty() ? std::string("\"\": an empty string would never stop") : "";
+      });
+  sub->add_flag("--no-cache", a->no_cache, "re-run the whole sequence every step (reference)");
+  sub->add_flag("--json", a->json, "one JSON line a turn (turn, reply, tokens, stop)");
+  return {sub, [a, seed] {
+            if (seed->count() > 0 && a->opt.sampling.temperature == 0)  // as keel generate says
+              throw Error("--seed " + std::to_string(a->opt.seed) +
+                              " seeds the sampling, but --temperature 0 decodes greedily and "
+                              "draws nothing: give a --temperature above 0, or leave --seed out",
+                          Error::kUsage);
+            return run_chat(*a);
+          }};
+}
+
+}  // namespace keel::cli

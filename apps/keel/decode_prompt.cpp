@@ -1,0 +1,66 @@
+#include "apps/keel/decode_prompt.h"
+
+#include <ctime>
+
+#include "keel/io/hf_config.h"
+
+namespace keel::cli {
+
+std::string today() {
+  const std::time_t now = std::time(nullptr);
+  std::tm local{};
+  localtime_r(&now, &local);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", &local);
+  return buf;
+}
+
+std::string chat_prompt(const data::Conversation& c, const data::Tokenizer& tok,
+                        const std::string& tokenizer_spec) {
+  const data::ChatFormat* chat = tok.chat_format();
+  if (!chat)
+    throw Error("--chat: " + data::no_chat_template("the tokenizer " + tokenizer_spec) +
+                    "; or leave --chat out to continue the prompt as text",
+                Error::kUsage);
+  return data::render_chat(*chat, c.messages, /*add_generation_prompt=*/true, today(), c.variables);
+}
+
+std::vector<int32_t> prompt_ids(const data::Tokenizer& tok, const std::string& tokenizer_spec,
+                                const std::string& prompt, bool chat, bool bos, bool no_bos,
+                                const std::string& empty_why) {
+  std::vector<int32_t> ids = tok.encode(prompt);
+  // The library's "the prompt is empty: give at least one token" named neither where the prompt
+  // was read (an empty stdin or file) nor --bos, which starts a prompt-less decode as HF does.
+  if (ids.empty() && !bos)
+    throw Error("the prompt is empty " + empty_why + ": give a prompt" +
+                    (tok.bos_id() >= 0 ? ", or --bos to start from the tokenizer's bos token" : ""),
+                Error::kUsage);
+  if (bos) {
+    if (tok.bos_id() < 0)
+      throw Error("--bos: the tokenizer (" + tokenizer_spec +
+                      ") has no bos token to start the prompt with: leave --bos out",
+                  Error::kUsage);
+    if (ids.empty() || ids[0] != tok.bos_id())
+      ids.insert(ids.begin(), static_cast<int32_t>(tok.bos_id()));
+  } else if (!chat && !no_bos && tok.prefix_id() >= 0 && ids[0] != tok.prefix_id()) {
+    // As the model trained (keel's datasets start each text so) and as transformers' tokenizer
+    // and llama.cpp start a Llama-3 prompt: without <|begin_of_text|> its first tokens are
+    // predicted from no attention sink. A prompt written with it already gets no second one.
+    ids.insert(ids.begin(), static_cast<int32_t>(tok.prefix_id()));
+  }
+  return ids;
+}
+
+void set_stop_ids(models::GenerateOptions& opt, const ModelForUse& m, bool no_cache) {
+  const data::Tokenizer& tok = *m.tokenizer;
+  opt.eos_ids = {tok.eos_id()};
+  std::vector<std::string> dirs = {m.trained.dir};
+  if (m.trained.checkpoint && !m.trained.base_model.empty()) dirs.push_back(m.trained.base_model);
+  for (const std::string& dir : dirs)
+    for (int64_t id : io::generation_eos_ids(dir))
+      if (id < tok.vocab_size()) opt.eos_ids.push_back(id);
+  opt.choosable = tok.vocab_size();  // not the rows the model has beyond it
+  opt.use_cache = !no_cache;
+}
+
+}  // namespace keel::cli

@@ -1,0 +1,36 @@
+// What `keel generate` and `keel chat` share around a decode: a conversation as the model's chat
+// template asks for a reply, the prompt's first ids, and the ids that end a reply.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "apps/keel/model_args.h"
+#include "keel/data/chat.h"
+#include "keel/models/generate.h"
+
+namespace keel::cli {
+
+// Today's date as "YYYY-MM-DD", local time: what transformers' strftime_now formats (Llama-3.2's
+// template writes it into the system turn).
+std::string today();
+
+// The conversation in the model's chat template with the assistant's header opened, as
+// apply_chat_template(add_generation_prompt=True) writes it. A tokenizer without a template is a
+// usage error naming `tokenizer_spec` and the fixes.
+std::string chat_prompt(const data::Conversation& c, const data::Tokenizer& tok,
+                        const std::string& tokenizer_spec);
+
+// The prompt's ids as the decode starts from them: `bos`'s token (--bos), or (plain text, not
+// `no_bos`) the token the tokenizer puts before every text, as the model trained. `empty_why`
+// says where an empty prompt came from.
+std::vector<int32_t> prompt_ids(const data::Tokenizer& tok, const std::string& tokenizer_spec,
+                                const std::string& prompt, bool chat, bool bos, bool no_bos,
+                                const std::string& empty_why);
+
+// The tokenizer's eos, and every id the model's generation_config.json ends a reply with (a run's
+// checkpoint: its base's file), as transformers' generate stops; the ids a decode may choose; the
+// cache unless `no_cache`.
+void set_stop_ids(models::GenerateOptions& opt, const ModelForUse& m, bool no_cache);
+
+}  // namespace keel::cli
