@@ -416,6 +416,11 @@ TEST(CliChat, ChatAnswersEachMessageWithTheConversationSoFar) {
   EXPECT_CONTAINS(shifted.err, "the conversation outgrew the model's context (96 tokens)");
   EXPECT_CONTAINS(shifted.err, "more than the model's context (96): say it shorter");
   EXPECT_EQ(std::count(shifted.out.begin(), shifted.out.end(), '\n'), 4) << shifted.out;
+  // A tokenizer without a chat template has no conversation to hold.
+  const test::KeelRun none = test::run_keel_sh("chat " + out + " --tokenizer byte < " + said);
+  EXPECT_EQ(none.code, 2) << none.output;
+  EXPECT_CONTAINS(none.err, "keel chat: a conversation");
+  EXPECT_CONTAINS(none.err, "the tokenizer byte has none");
 }
 
 TEST(CliChat, ConversationsWithoutAChatTemplateAreAUsageErrorNamingTheLine) {
