@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <iostream>
-#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "apps/keel/commands.h"
@@ -139,32 +138,12 @@ Command add_chat(CLI::App& app) {
   sub->add_option("--max-new-tokens", a->opt.max_new_tokens, "at most this many tokens a reply")
       ->check(whole_check(1, INT64_MAX))
       ->capture_default_str();
-  sub->add_option("--temperature", a->opt.sampling.temperature, "0 = greedy")
-      ->check(real_check(0, std::numeric_limits<double>::max(), false, false, " (0: greedy)"))
-      ->capture_default_str();
-  sub->add_option("--top-k", a->opt.sampling.top_k, "sample among the k most likely (0 = all)")
-      ->check(whole_check(0, INT64_MAX, " (0: all)"))
-      ->capture_default_str();
-  sub->add_option("--top-p", a->opt.sampling.top_p, "nucleus: the most likely tokens of mass p")
-      ->check(real_check(0, 1, true))
-      ->capture_default_str();
-  CLI::Option* seed =
-      sub->add_option("--seed", a->opt.seed, "sampling seed (turn n draws with seed + n - 1)")
-          ->check(whole_check(0, UINT64_MAX))
-          ->capture_default_str();
-  sub->add_option("--stop", a->stops, "end a reply before this string (repeatable)")
-      ->allow_extra_args(false)
-      ->check([](const std::string& v) {
-        return v.empty() ? std::string("\"\": an empty string would never stop") : "";
-      });
+  // (turn n of a conversation draws with --seed + n - 1)
+  const std::function<void()> check_sampling = add_sampling_options(sub, a->opt, a->stops);
   sub->add_flag("--no-cache", a->no_cache, "re-run the whole sequence every step (reference)");
   sub->add_flag("--json", a->json, "one JSON line a turn (turn, reply, tokens, stop)");
-  return {sub, [a, seed] {
-            if (seed->count() > 0 && a->opt.sampling.temperature == 0)  // as keel generate says
-              throw Error("--seed " + std::to_string(a->opt.seed) +
-                              " seeds the sampling, but --temperature 0 decodes greedily and "
-                              "draws nothing: give a --temperature above 0, or leave --seed out",
-                          Error::kUsage);
+  return {sub, [a, check_sampling] {
+            check_sampling();
             return run_chat(*a);
           }};
 }

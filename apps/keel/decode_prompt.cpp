@@ -1,7 +1,9 @@
 #include "apps/keel/decode_prompt.h"
 
 #include <ctime>
+#include <limits>
 
+#include "apps/keel/flags.h"
 #include "keel/io/hf_config.h"
 
 namespace keel::cli {
@@ -61,6 +63,40 @@ void set_stop_ids(models::GenerateOptions& opt, const ModelForUse& m, bool no_ca
       if (id < tok.vocab_size()) opt.eos_ids.push_back(id);
   opt.choosable = tok.vocab_size();  // not the rows the model has beyond it
   opt.use_cache = !no_cache;
+}
+
+std::function<void()> add_sampling_options(CLI::App* sub, models::GenerateOptions& opt,
+                                           std::vector<std::string>& stops) {
+  sub->add_option("--temperature", opt.sampling.temperature, "0 = greedy")
+      ->check(real_check(0, std::numeric_limits<double>::max(), false, false, " (0: greedy)"))
+      ->capture_default_str();
+  sub->add_option("--top-k", opt.sampling.top_k, "sample among the k most likely (0 = all)")
+      ->check(whole_check(0, INT64_MAX, " (0: all)"))
+      ->capture_default_str();
+  sub->add_option("--top-p", opt.sampling.top_p, "nucleus: the most likely tokens of mass p")
+      ->check(real_check(0, 1, true))
+      ->capture_default_str();
+  CLI::Option* seed = sub->add_option("--seed", opt.seed, "sampling seed")
+                          ->check(whole_check(0, UINT64_MAX))
+                          ->capture_default_str();
+  // One string an occurrence: with CLI11's default a vector option also took the arguments after
+  // it, so `--stop x "17+05="` made the prompt a second stop string and read stdin instead.
+  sub->add_option("--stop", stops,
+                  "stop before this string, which is not printed (repeatable); it may begin in "
+                  "the prompt and end in the new text, as HF's stop_strings")
+      ->allow_extra_args(false)
+      ->check([](const std::string& v) {
+        return v.empty() ? std::string("\"\": an empty string would never stop") : "";
+      });
+  return [seed, &opt] {
+    // Greedy decoding draws nothing: a --seed was accepted and ignored, as --top-k was.
+    if (seed->count() > 0 && opt.sampling.temperature == 0)
+      throw Error("--seed " + std::to_string(opt.seed) +
+                      " seeds the sampling, but --temperature 0 decodes greedily (the most "
+                      "likely token each step) and draws nothing: give a --temperature above 0 "
+                      "(e.g. 0.7) to sample, or leave --seed out",
+                  Error::kUsage);
+  };
 }
 
 }  // namespace keel::cli

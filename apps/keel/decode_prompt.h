@@ -1,7 +1,9 @@
 // What `keel generate` and `keel chat` share around a decode: a conversation as the model's chat
 // template asks for a reply, the prompt's first ids, and the ids that end a reply.
 #pragma once
+#include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,5 +34,11 @@ std::vector<int32_t> prompt_ids(const data::Tokenizer& tok, const std::string& t
 // checkpoint: its base's file), as transformers' generate stops; the ids a decode may choose; the
 // cache unless `no_cache`.
 void set_stop_ids(models::GenerateOptions& opt, const ModelForUse& m, bool no_cache);
+
+// --temperature, --top-k, --top-p, --seed and --stop (repeatable) of `sub` into `opt` and `stops`.
+// The returned check refuses a --seed given with greedy decoding (it draws nothing): call it when
+// the command runs.
+std::function<void()> add_sampling_options(CLI::App* sub, models::GenerateOptions& opt,
+                                           std::vector<std::string>& stops);
 
 }  // namespace keel::cli

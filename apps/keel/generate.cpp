@@ -10,7 +10,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -374,27 +373,7 @@ Command add_generate(CLI::App& app) {
   sub->add_option("--max-new-tokens", a->opt.max_new_tokens, "at most this many new tokens")
       ->check(whole_check(0, INT64_MAX, " (0: the prompt alone)"))  // -1 generated nothing
       ->capture_default_str();
-  sub->add_option("--temperature", a->opt.sampling.temperature, "0 = greedy")
-      ->check(real_check(0, std::numeric_limits<double>::max(), false, false, " (0: greedy)"))
-      ->capture_default_str();
-  sub->add_option("--top-k", a->opt.sampling.top_k, "sample among the k most likely (0 = all)")
-      ->check(whole_check(0, INT64_MAX, " (0: all)"))
-      ->capture_default_str();
-  sub->add_option("--top-p", a->opt.sampling.top_p, "nucleus: the most likely tokens of mass p")
-      ->check(real_check(0, 1, true))
-      ->capture_default_str();
-  CLI::Option* seed = sub->add_option("--seed", a->opt.seed, "sampling seed")
-                          ->check(whole_check(0, UINT64_MAX))
-                          ->capture_default_str();
-  // One string an occurrence: with CLI11's default a vector option also took the arguments after
-  // it, so `--stop x "17+05="` made the prompt a second stop string and read stdin instead.
-  sub->add_option("--stop", a->stops,
-                  "stop before this string, which is not printed (repeatable); it may begin in "
-                  "the prompt and end in the new text, as HF's stop_strings")
-      ->allow_extra_args(false)
-      ->check([](const std::string& v) {
-        return v.empty() ? std::string("\"\": an empty string would never stop") : "";
-      });
+  const std::function<void()> check_sampling = add_sampling_options(sub, a->opt, a->stops);
   sub->add_flag("--chat", a->chat,
                 "the prompt is a user's message: written in the model's chat template "
                 "(tokenizer_config.json's chat_template) with the assistant's turn opened, as "
@@ -416,14 +395,8 @@ Command add_generate(CLI::App& app) {
   sub->add_option("--output", a->output,
                   "with --input: the JSON lines written, one a prompt (line, prompt, completion, "
                   "reference, tokens, stop)");
-  return {sub, [a, prompt, seed] {
-            // Greedy decoding draws nothing: a --seed was accepted and ignored, as --top-k was.
-            if (seed->count() > 0 && a->opt.sampling.temperature == 0)
-              throw Error("--seed " + std::to_string(a->opt.seed) +
-                              " seeds the sampling, but --temperature 0 decodes greedily (the "
-                              "most likely token each step) and draws nothing: give a "
-                              "--temperature above 0 (e.g. 0.7) to sample, or leave --seed out",
-                          Error::kUsage);
+  return {sub, [a, prompt, check_sampling] {
+            check_sampling();
             return run_generate(*a, prompt->count() > 0);
           }};
 }

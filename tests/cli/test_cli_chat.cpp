@@ -53,16 +53,36 @@ const ChatFiles& chat_files() {
   return f;
 }
 
+// A full fine-tune of `model` on the conversations of `data` (JSONL, `tokenizer`) into `out`.
+test::KeelRun train_on_chats(const std::string& out, const std::string& model,
+                             const std::string& tokenizer, const std::string& data,
+                             int64_t seq_len = 96, int64_t steps = 30,
+                             const std::string& lr = "0.01") {
+  return test::run_keel(
+      test::with_sets(
+          {"train"},
+          {"run.out_dir=" + out, "run.threads=1", "model.path=" + model, "data.task=jsonl",
+           "data.path=" + data, "data.tokenizer=hf:" + tokenizer,
+           "data.seq_len=" + std::to_string(seq_len), "train.batch_size=8",
+           "train.max_steps=" + std::to_string(steps), "optim.lr=" + lr, "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+}
+
+// chat_files()'s 30-step fine-tune, once per binary (generate and chat read it).
+const std::string& chat_run() {
+  static const std::string out = [] {
+    const ChatFiles& f = chat_files();
+    const test::KeelRun r = train_on_chats(f.dir + "/trained", f.model, f.tokenizer, f.data);
+    EXPECT_EQ(r.code, 0) << r.output;
+    return f.dir + "/trained";
+  }();
+  return out;
+}
+
 TEST(CliChat, ARunTrainsOnTheAssistantsRepliesAndItsLossFalls) {
   const ChatFiles& f = chat_files();
   const std::string out = f.dir + "/run";
-  const test::KeelRun r = test::run_keel(
-      test::with_sets(
-          {"train"},
-          {"run.out_dir=" + out, "run.threads=1", "model.path=" + f.model, "data.task=jsonl",
-           "data.path=" + f.data, "data.tokenizer=hf:" + f.tokenizer, "data.seq_len=96",
-           "train.batch_size=8", "train.max_steps=30", "optim.lr=0.01", "log.tensorboard=false"}),
-      {"OMP_NUM_THREADS=1"});
+  const test::KeelRun r = train_on_chats(out, f.model, f.tokenizer, f.data);
   ASSERT_EQ(r.code, 0) << r.output;
   const auto steps = test::step_records(out);
   ASSERT_EQ(steps.size(), 30u);
@@ -259,13 +279,7 @@ TEST(CliChat, Qwen3MultiTurnConversationsTrainEachReplyInTheTextThatPromptsIt) {
   const auto tok = data::load_tokenizer("hf:" + m.tokenizer);
   EXPECT_EQ(data::load_jsonl_dataset(data, *tok, 160)->size(), 16);
   const std::string out = dir + "/run";
-  const test::KeelRun r = test::run_keel(
-      test::with_sets(
-          {"train"},
-          {"run.out_dir=" + out, "run.threads=1", "model.path=" + m.model, "data.task=jsonl",
-           "data.path=" + data, "data.tokenizer=hf:" + m.tokenizer, "data.seq_len=160",
-           "train.batch_size=8", "train.max_steps=150", "optim.lr=0.02", "log.tensorboard=false"}),
-      {"OMP_NUM_THREADS=1"});
+  const test::KeelRun r = train_on_chats(out, m.model, m.tokenizer, data, 160, 150, "0.02");
   ASSERT_EQ(r.code, 0) << r.output;
   const auto steps = test::step_records(out);
   ASSERT_EQ(steps.size(), 150u);
@@ -286,15 +300,7 @@ TEST(CliChat, Qwen3MultiTurnConversationsTrainEachReplyInTheTextThatPromptsIt) {
 // the model loads.
 TEST(CliChat, GenerateInputRepliesToEveryLineAsGenerateDoesOne) {
   const ChatFiles& f = chat_files();
-  const std::string out = f.dir + "/batch-run";
-  const test::KeelRun r = test::run_keel(
-      test::with_sets(
-          {"train"},
-          {"run.out_dir=" + out, "run.threads=1", "model.path=" + f.model, "data.task=jsonl",
-           "data.path=" + f.data, "data.tokenizer=hf:" + f.tokenizer, "data.seq_len=96",
-           "train.batch_size=8", "train.max_steps=30", "optim.lr=0.01", "log.tensorboard=false"}),
-      {"OMP_NUM_THREADS=1"});
-  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string& out = chat_run();
   std::vector<std::string> lines;
   {
     std::ifstream in(f.data);
@@ -360,15 +366,7 @@ TEST(CliChat, GenerateInputRepliesToEveryLineAsGenerateDoesOne) {
 // the conversation so far (its earlier replies included); /reset starts over, keeping --system.
 TEST(CliChat, ChatAnswersEachMessageWithTheConversationSoFar) {
   const ChatFiles& f = chat_files();
-  const std::string out = f.dir + "/chat-run";
-  const test::KeelRun r = test::run_keel(
-      test::with_sets(
-          {"train"},
-          {"run.out_dir=" + out, "run.threads=1", "model.path=" + f.model, "data.task=jsonl",
-           "data.path=" + f.data, "data.tokenizer=hf:" + f.tokenizer, "data.seq_len=96",
-           "train.batch_size=8", "train.max_steps=30", "optim.lr=0.01", "log.tensorboard=false"}),
-      {"OMP_NUM_THREADS=1"});
-  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string& out = chat_run();
   const std::string said = f.dir + "/said.txt";
   std::ofstream(said) << "the 1\n\nthen?\n/reset\nthe 1\n/exit\nnever read\n";
   const test::KeelRun c =

@@ -31,6 +31,16 @@ json read_json_file(const std::string& path) {
   return json::parse(in);
 }
 
+// keel eval's loss of `model` on the byte-tokenized text file `data` (-1 when eval failed).
+double eval_loss(const std::string& model, const std::string& data,
+                 const std::vector<std::string>& more = {}) {
+  std::vector<std::string> args = {"eval", model, "--data", data, "--tokenizer", "byte", "--json"};
+  args.insert(args.end(), more.begin(), more.end());
+  const test::KeelRun r = test::run_keel(args, {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  return r.code == 0 ? json::parse(r.out).at("loss").get<double>() : -1.0;
+}
+
 // A tiny Llama, the same weights as a Mistral with a 32-position window over 64 positions, and a
 // text.
 const MistralFiles& mistral_files() {
@@ -59,14 +69,8 @@ const MistralFiles& mistral_files() {
 
 TEST(CliMistral, EvaluatesAsTheSameWeightsUnderLlamasName) {
   const MistralFiles& f = mistral_files();
-  auto loss = [&](const std::string& model) {
-    const test::KeelRun r = test::run_keel(
-        {"eval", model, "--data", f.text, "--tokenizer", "byte", "--seq-len", "32", "--json"},
-        {"OMP_NUM_THREADS=1"});
-    EXPECT_EQ(r.code, 0) << r.output;
-    return r.code == 0 ? json::parse(r.out).at("loss").get<double>() : -1.0;
-  };
-  EXPECT_EQ(loss(f.mistral), loss(f.llama));
+  EXPECT_EQ(eval_loss(f.mistral, f.text, {"--seq-len", "32"}),
+            eval_loss(f.llama, f.text, {"--seq-len", "32"}));
   const test::KeelRun wide = test::run_keel(
       {"eval", f.mistral, "--data", f.text, "--tokenizer", "byte", "--seq-len", "48"});
   EXPECT_EQ(wide.code, 2) << wide.output;
@@ -145,14 +149,8 @@ TEST(CliQwen2, InitModelWritesOneAndALoraOnItsBiasedProjectionsExports) {
   EXPECT_EQ(read_json_file(dir + "/merged/config.json").at("model_type"), "qwen2");
   // The merged export evaluates as the run's checkpoint does.
   std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
-  auto loss = [&](const std::string& model) {
-    const test::KeelRun r =
-        test::run_keel({"eval", model, "--data", dir + "/t.txt", "--tokenizer", "byte", "--json"},
-                       {"OMP_NUM_THREADS=1"});
-    EXPECT_EQ(r.code, 0) << r.output;
-    return r.code == 0 ? json::parse(r.out).at("loss").get<double>() : -1.0;
-  };
-  EXPECT_NEAR(loss(dir + "/merged"), loss(dir + "/out"), 1e-5);
+  EXPECT_NEAR(eval_loss(dir + "/merged", dir + "/t.txt"), eval_loss(dir + "/out", dir + "/t.txt"),
+              1e-5);
   // A Qwen2 that would slide (use_sliding_window) is refused, naming the field.
   json sliding = cfg;
   sliding["use_sliding_window"] = true;
@@ -233,14 +231,8 @@ TEST(CliQwen3, HeadsWiderThanTheHiddenSizeOverTheHeadsTrainAndExport) {
   const test::KeelRun ex = test::run_keel({"export", dir + "/out", "--out", dir + "/merged"});
   ASSERT_EQ(ex.code, 0) << ex.output;
   EXPECT_EQ(read_json_file(dir + "/merged/config.json").at("head_dim"), 16);
-  auto loss = [&](const std::string& model) {
-    const test::KeelRun r =
-        test::run_keel({"eval", model, "--data", dir + "/t.txt", "--tokenizer", "byte", "--json"},
-                       {"OMP_NUM_THREADS=1"});
-    EXPECT_EQ(r.code, 0) << r.output;
-    return r.code == 0 ? json::parse(r.out).at("loss").get<double>() : -1.0;
-  };
-  EXPECT_NEAR(loss(dir + "/merged"), loss(dir + "/out"), 1e-5);
+  EXPECT_NEAR(eval_loss(dir + "/merged", dir + "/t.txt"), eval_loss(dir + "/out", dir + "/t.txt"),
+              1e-5);
 }
 
 }  // namespace
