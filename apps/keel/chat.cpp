@@ -23,7 +23,7 @@ namespace keel::cli {
 namespace {
 struct ChatArgs {
   ModelArgs m;
-  std::string system;
+  std::string system, template_kwargs;
   std::vector<std::string> stops;
   models::GenerateOptions opt;
   bool json = false, no_cache = false;
@@ -41,6 +41,7 @@ void write_out(const std::string& s) {
 }
 
 int run_chat(ChatArgs& a) {
+  const nlohmann::ordered_json kwargs = parse_template_kwargs(a.template_kwargs);
   ModelForUse m = load_model_for_use(a.m);
   const data::Tokenizer& tok = *m.tokenizer;
   if (!tok.chat_format())
@@ -51,6 +52,7 @@ int run_chat(ChatArgs& a) {
   const int64_t context = m.trained.model->spec().max_seq_len;
   const bool terminal = isatty(STDIN_FILENO) && !a.json;
   data::Conversation c;
+  c.variables = kwargs;
   auto start = [&] {
     c.messages = nlohmann::ordered_json::array();
     if (!a.system.empty()) c.messages.push_back({{"role", "system"}, {"content", a.system}});
@@ -135,6 +137,9 @@ Command add_chat(CLI::App& app) {
       "(/reset starts over, /exit ends)");
   add_model_options(sub, a->m);
   sub->add_option("--system", a->system, "the system message the conversation starts with");
+  sub->add_option("--chat-template-kwargs", a->template_kwargs,
+                  "the chat template's variables as a JSON object, e.g. '{\"enable_thinking\": "
+                  "false}'");
   sub->add_option("--max-new-tokens", a->opt.max_new_tokens, "at most this many tokens a reply")
       ->check(whole_check(1, INT64_MAX))
       ->capture_default_str();

@@ -5,6 +5,7 @@
 
 #include "apps/keel/flags.h"
 #include "keel/io/hf_config.h"
+#include "keel/numerics/text.h"
 
 namespace keel::cli {
 
@@ -63,6 +64,25 @@ void set_stop_ids(models::GenerateOptions& opt, const ModelForUse& m, bool no_ca
       if (id < tok.vocab_size()) opt.eos_ids.push_back(id);
   opt.choosable = tok.vocab_size();  // not the rows the model has beyond it
   opt.use_cache = !no_cache;
+}
+
+nlohmann::ordered_json parse_template_kwargs(const std::string& text) {
+  if (text.empty()) return nlohmann::ordered_json::object();
+  nlohmann::ordered_json kwargs;
+  try {
+    kwargs = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("--chat-template-kwargs is not JSON (" + json_error_detail(e.what()) +
+                    "); give an object, as '{\"enable_thinking\": false}'",
+                Error::kUsage);
+  }
+  return data::template_kwargs(kwargs, "--chat-template-kwargs");
+}
+
+void with_template_kwargs(data::Conversation& c, const nlohmann::ordered_json& kwargs) {
+  nlohmann::ordered_json variables = kwargs;
+  for (const auto& [name, value] : c.variables.items()) variables[name] = value;
+  c.variables = std::move(variables);
 }
 
 std::function<void()> add_sampling_options(CLI::App* sub, models::GenerateOptions& opt,

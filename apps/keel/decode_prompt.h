@@ -35,6 +35,13 @@ std::vector<int32_t> prompt_ids(const data::Tokenizer& tok, const std::string& t
 // cache unless `no_cache`.
 void set_stop_ids(models::GenerateOptions& opt, const ModelForUse& m, bool no_cache);
 
+// --chat-template-kwargs's JSON object: variables for the chat template (Qwen3's
+// {"enable_thinking": false}), as llama.cpp's flag and apply_chat_template's keyword arguments
+// give them; "" gives none. A conversation's own chat_template_kwargs go over them
+// (with_template_kwargs). Errors (kUsage) name the flag.
+nlohmann::ordered_json parse_template_kwargs(const std::string& text);
+void with_template_kwargs(data::Conversation& c, const nlohmann::ordered_json& kwargs);
+
 // --temperature, --top-k, --top-p, --seed and --stop (repeatable) of `sub` into `opt` and `stops`.
 // The returned check refuses a --seed given with greedy decoding (it draws nothing): call it when
 // the command runs.

@@ -32,7 +32,7 @@ struct GenerateArgs {
   std::string prompt, prompt_file, input, output;
   std::vector<std::string> stops;
   models::GenerateOptions opt;
-  std::string system;
+  std::string system, template_kwargs;
   bool chat = false, messages = false, bos = false, no_bos = false, no_cache = false, json = false;
 };
 
@@ -177,6 +177,13 @@ int run_generate_batch(GenerateArgs& a, bool has_prompt) {
     if (const std::string why = replaced_file_problem(path); !why.empty())
       throw refuse("--output " + a.output + ": " + why);
   const std::vector<BatchPrompt> prompts = read_batch_prompts(a.input);
+  const nlohmann::ordered_json kwargs = parse_template_kwargs(a.template_kwargs);
+  if (!a.template_kwargs.empty() && !a.chat &&
+      std::none_of(prompts.begin(), prompts.end(),
+                   [](const BatchPrompt& p) { return p.conversational; }))
+    throw refuse("--chat-template-kwargs: --input " + a.input +
+                 " holds no conversation and --chat is not given, so no chat template is "
+                 "rendered; give --chat, or leave the flag out");
   ModelForUse m = load_model_for_use(a.m);
   const data::Tokenizer& tok = *m.tokenizer;
   const bool any_chat =
@@ -196,6 +203,7 @@ int run_generate_batch(GenerateArgs& a, bool has_prompt) {
   int64_t written = 0;
   for (const BatchPrompt& p : prompts) {
     data::Conversation c = p.conversation;
+    with_template_kwargs(c, kwargs);
     const bool chat = p.conversational || a.chat;
     if (!p.conversational && a.chat) {
       if (!a.system.empty()) c.messages.push_back({{"role", "system"}, {"content", a.system}});
@@ -277,6 +285,12 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
         "--system is the system turn of a --chat prompt: give --chat too, or leave --system "
         "out",
         Error::kUsage);
+  if (!a.template_kwargs.empty() && !a.chat)
+    throw Error(
+        "--chat-template-kwargs are the chat template's variables: give --chat or --messages "
+        "too, or leave the flag out",
+        Error::kUsage);
+  with_template_kwargs(conversation, parse_template_kwargs(a.template_kwargs));
   if (a.bos && a.no_bos)
     throw Error("--bos and --no-bos contradict each other: give one", Error::kUsage);
   if (a.chat && (a.bos || a.no_bos))
@@ -379,6 +393,9 @@ Command add_generate(CLI::App& app) {
                 "(tokenizer_config.json's chat_template) with the assistant's turn opened, as "
                 "transformers' apply_chat_template and llama.cpp's chat do");
   sub->add_option("--system", a->system, "with --chat: the system message before the prompt");
+  sub->add_option("--chat-template-kwargs", a->template_kwargs,
+                  "the chat template's variables as a JSON object, e.g. '{\"enable_thinking\": "
+                  "false}' (a conversation's own chat_template_kwargs go over them)");
   sub->add_flag("--messages", a->messages,
                 "the prompt is a conversation to answer, in JSON: [{\"role\", \"content\"}, ...] "
                 "or a JSONL line of a conversational dataset (its tools and chat_template_kwargs "

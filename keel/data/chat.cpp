@@ -106,23 +106,28 @@ ojson line_variables(const ojson& line) {
     variables["tools"] = std::move(list);
   }
   if (const auto kwargs = line.find("chat_template_kwargs"); kwargs != line.end()) {
-    if (!kwargs->is_object())
-      throw line_error(std::string("\"chat_template_kwargs\" must be an object (the template's "
-                                   "variables, as {\"enable_thinking\": false}), got ") +
-                       kwargs->type_name());
-    for (const auto& [name, value] : kwargs->items()) {
-      // apply_chat_template refuses these twice-given arguments (a TypeError).
-      if (name == "messages" || name == "add_generation_prompt" || name == "tools" ||
-          name == "documents")
-        throw line_error("\"chat_template_kwargs\" gives \"" + name + "\", which keel sets itself" +
-                         (name == "tools" ? " (give the line's own \"tools\")" : ""));
-      variables[name] = value;
-    }
+    const ojson checked = template_kwargs(*kwargs, "\"chat_template_kwargs\"");
+    for (const auto& [name, value] : checked.items()) variables[name] = value;
   }
   return variables;
 }
 
 }  // namespace
+
+ojson template_kwargs(const ojson& kwargs, const std::string& what) {
+  if (!kwargs.is_object())
+    throw line_error(what +
+                     " must be an object (the template's variables, as "
+                     "{\"enable_thinking\": false}), got " +
+                     kwargs.type_name());
+  for (const auto& [name, value] : kwargs.items())
+    // apply_chat_template refuses these twice-given arguments (a TypeError).
+    if (name == "messages" || name == "add_generation_prompt" || name == "tools" ||
+        name == "documents")
+      throw line_error(what + " gives \"" + name + "\", which keel sets itself" +
+                       (name == "tools" ? " (give the line's own \"tools\")" : ""));
+  return kwargs;
+}
 
 Conversation conversation_of(const ojson& line) {
   if (!line.is_object()) {  // the messages alone

@@ -72,6 +72,12 @@ bool is_conversation(const Json& line) {
          is_list("completion");
 }
 
+// Checks `kwargs` are variables a template may be given (an object without messages,
+// add_generation_prompt, tools or documents, which apply_chat_template refuses twice) and returns
+// them. Errors (kUsage) start with `what` ("\"chat_template_kwargs\"", a flag).
+nlohmann::ordered_json template_kwargs(const nlohmann::ordered_json& kwargs,
+                                       const std::string& what);
+
 // The conversation `line` holds (an array is "messages" given bare). Errors (kUsage) name the key
 // and what is wrong.
 Conversation conversation_of(const nlohmann::ordered_json& line);

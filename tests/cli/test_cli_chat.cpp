@@ -292,6 +292,36 @@ TEST(CliChat, Qwen3MultiTurnConversationsTrainEachReplyInTheTextThatPromptsIt) {
       {"OMP_NUM_THREADS=1"});
   ASSERT_EQ(g.code, 0) << g.output;
   EXPECT_CONTAINS(json::parse(g.out).at("text").get<std::string>(), "the end");
+  // --chat-template-kwargs reach the template: Qwen3's enable_thinking = false opens the reply
+  // with an empty <think></think> (more prompt tokens); bad ones are named.
+  auto prompt_tokens = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = {"generate",         out, "--chat", "the 1", "--json",
+                                     "--max-new-tokens", "0"};
+    args.insert(args.end(), more.begin(), more.end());
+    const test::KeelRun p = test::run_keel(args, {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(p.code, 0) << p.output;
+    return p.code == 0 ? json::parse(p.out).at("prompt_tokens").get<int64_t>() : -1;
+  };
+  EXPECT_GT(prompt_tokens({"--chat-template-kwargs", R"({"enable_thinking": false})"}),
+            prompt_tokens({}));
+  auto refused = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"generate", out});
+    const test::KeelRun e = test::run_keel(args);
+    EXPECT_EQ(e.code, 2) << e.output;
+    return e.err;
+  };
+  EXPECT_CONTAINS(refused({"--chat", "x", "--chat-template-kwargs", "nope"}),
+                  "--chat-template-kwargs is not JSON");
+  EXPECT_CONTAINS(refused({"--chat", "x", "--chat-template-kwargs", R"({"tools": []})"}),
+                  "--chat-template-kwargs gives \"tools\", which keel sets itself");
+  EXPECT_CONTAINS(refused({"x", "--chat-template-kwargs", "{}"}),
+                  "--chat-template-kwargs are the chat template's variables: give --chat");
+  std::ofstream(dir + "/said.txt") << "the 1\n";
+  const test::KeelRun c = test::run_keel_sh("chat " + out +
+                                            " --json --max-new-tokens 4 --chat-template-kwargs "
+                                            "'{\"enable_thinking\": false}' < " +
+                                            dir + "/said.txt");
+  EXPECT_EQ(c.code, 0) << c.output;
 }
 
 // generate --input FILE --output OUT: a reply to every prompt of a JSONL file, each the reply
