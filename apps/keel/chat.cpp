@@ -2,8 +2,9 @@
 // user's message; the reply streams to stdout as it is made and joins the conversation, so the next
 // message is answered with every turn before it (as `generate --messages` answers the whole).
 // "/reset" starts over (the --system message stays), "/exit" or the end of stdin ends. A
-// conversation longer than the model's context drops its oldest exchange, with a note. --json
-// prints one JSON line a turn instead (turn, reply, tokens, stop) for scripts.
+// conversation longer than the model's context drops its oldest exchange, with a note. The turns
+// so far stay in the key/value cache, so a turn computes its own tokens only. --json prints one
+// JSON line a turn instead (turn, reply, tokens, stop, prompt and reused tokens) for scripts.
 #include <unistd.h>
 
 #include <cerrno>
@@ -62,6 +63,8 @@ int run_chat(ChatArgs& a) {
   amp::AutocastGuard autocast(m.policy.autocast, m.policy.compute_dtype);
   const uint64_t seed = a.opt.seed;
   int64_t turn = 0;
+  // The turns so far stay in the key/value cache: a turn computes only its own tokens.
+  models::GenerateSession session;
   for (std::string line;;) {
     if (terminal) std::fputs("> ", stderr);
     if (!std::getline(std::cin, line)) break;
@@ -102,17 +105,21 @@ int run_chat(ChatArgs& a) {
     // Each turn its own draws (the same for the same turn of the same conversation and --seed).
     a.opt.seed = seed + static_cast<uint64_t>(turn);
     data::TextStream stream(tok, a.stops, prompt);
-    models::GenerateResult r = models::generate(*m.trained.model, ids, a.opt, [&](int32_t id) {
-      const std::string s = stream.push(id);
-      if (!a.json) write_out(s);
-      return !stream.stopped();
-    });
+    models::GenerateResult r = models::generate(
+        *m.trained.model, ids, a.opt,
+        [&](int32_t id) {
+          const std::string s = stream.push(id);
+          if (!a.json) write_out(s);
+          return !stream.stopped();
+        },
+        &session);
     const std::string rest = stream.finish();
     if (stream.stopped()) r.stop = "stop_string";
     ++turn;
     if (a.json) {
       const nlohmann::ordered_json j = {
-          {"turn", turn}, {"reply", stream.text()}, {"tokens", r.tokens.size()}, {"stop", r.stop}};
+          {"turn", turn},   {"reply", stream.text()},      {"tokens", r.tokens.size()},
+          {"stop", r.stop}, {"prompt_tokens", ids.size()}, {"reused_tokens", session.reused}};
       write_out(j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
     } else {
       write_out(rest + "\n");

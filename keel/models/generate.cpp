@@ -78,7 +78,8 @@ int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& op
 }
 
 GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
-                        const GenerateOptions& opt, const std::function<bool(int32_t)>& on_token) {
+                        const GenerateOptions& opt, const std::function<bool(int32_t)>& on_token,
+                        GenerateSession* session) {
   using clock = std::chrono::steady_clock;
   opt.sampling.validate();
   const ModelSpec& spec = model.spec();
@@ -101,13 +102,43 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
   Device dev = Device::cpu();
   for (auto& [name, p] : model.named_parameters()) dev = p.device();
   // Room for the prompt and every token this decode may add (max_seq_len at most).
-  KVCache cache =
-      model.make_kv_cache(n + std::clamp<int64_t>(opt.max_new_tokens, 0, spec.max_seq_len - n));
+  const int64_t room = n + std::clamp<int64_t>(opt.max_new_tokens, 0, spec.max_seq_len - n);
+  KVCache own(0, 0);
+  KVCache* cache = &own;
+  int64_t reused = 0;  // prompt tokens whose keys and values the session's cache holds already
+  if (session && opt.use_cache) {
+    if (!session->cache || session->cache->capacity < room) {
+      // Twice as large, with the rows the old one held (each conversation turn is longer).
+      const int64_t twice = session->cache ? 2 * session->cache->capacity : room;
+      auto grown = std::make_unique<KVCache>(model.make_kv_cache(std::max(room, twice)));
+      const int64_t kept = std::min<int64_t>(static_cast<int64_t>(session->tokens.size()),
+                                             session->cache ? session->cache->length : 0);
+      for (size_t l = 0; session->cache && kept > 0 && l < grown->layers.size(); ++l) {
+        auto keep = [&](Tensor& to, const Tensor& from) {
+          to = Tensor::empty({grown->capacity, from.size(1)}, from.dtype(), from.device());
+          Tensor rows = to.slice_rows(0, kept);
+          rows.copy_from(from.slice_rows(0, kept));
+        };
+        keep(grown->layers[l].k, session->cache->layers[l].k);
+        keep(grown->layers[l].v, session->cache->layers[l].v);
+      }
+      session->tokens.resize(static_cast<size_t>(kept));
+      session->cache = std::move(grown);
+    }
+    const size_t held = std::min(session->tokens.size(), prompt.size() - 1);
+    while (reused < static_cast<int64_t>(held) && session->tokens[reused] == prompt[reused])
+      ++reused;
+    cache = session->cache.get();
+    cache->length = reused;  // later rows are written over
+  } else {
+    own = model.make_kv_cache(room);
+  }
   std::vector<int32_t> seq = prompt;
   GenerateResult r;
   r.stop = "max_new_tokens";
   auto t0 = clock::now();
-  std::vector<int32_t> feed = prompt;  // what the next forward reads
+  // What the next forward reads: past what the cache holds.
+  std::vector<int32_t> feed(prompt.begin() + reused, prompt.end());
   for (int64_t step = 0; step < opt.max_new_tokens; ++step) {
     if (static_cast<int64_t>(seq.size()) >= spec.max_seq_len) {
       r.stop = "max_seq_len";
@@ -116,7 +147,8 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
     const std::vector<int32_t>& in = opt.use_cache ? feed : seq;
     const int64_t t = static_cast<int64_t>(in.size());
     Tensor ids = Tensor::from_ints(std::vector<int64_t>(in.begin(), in.end()), {1, t}).to(dev);
-    Tensor logits = opt.use_cache ? model.forward_cached(ids, cache) : model.forward(ids, Tensor());
+    Tensor logits =
+        opt.use_cache ? model.forward_cached(ids, *cache) : model.forward(ids, Tensor());
     const int64_t V = logits.size(-1);
     std::vector<float> row = logits.view({t, V}).slice_rows(t - 1, t).to_floats();
     if (step == 0) r.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
@@ -142,6 +174,10 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
     }
   }
   r.decode_seconds = std::chrono::duration<double>(clock::now() - t0).count() - r.prompt_seconds;
+  if (session && opt.use_cache) {  // the tokens fed: the last one chosen never was
+    session->tokens.assign(seq.begin(), seq.begin() + cache->length);
+    session->reused = reused;
+  }
   return r;
 }
 

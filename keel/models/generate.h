@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,13 +50,26 @@ struct GenerateResult {
   double prompt_seconds = 0, decode_seconds = 0;  // the prompt's pass; the steps after it
 };
 
+// The key/value cache a conversation keeps between its decodes (keel chat's turns): a turn's
+// prompt begins with the tokens the turns before read and wrote, so only what follows them is
+// computed. `tokens` are those whose keys and values `cache` holds, in order.
+struct GenerateSession {
+  std::unique_ptr<KVCache> cache;
+  std::vector<int32_t> tokens;
+  int64_t reused = 0;  // the last decode: prompt tokens read from the cache, not computed again
+};
+
 // Decodes from `prompt` (non-empty ids < vocab_size) with gradients off, in the model's current
 // autocast state and device. `on_token` (may be empty) sees every new token as it is chosen and
 // returns false to stop ("caller"). Generation stops at max_seq_len ("max_seq_len") and at logits
 // that are not all finite ("nonfinite") with the tokens so far; a prompt that leaves no room for
 // one new token is an Error naming both lengths.
+// With `session` (and the cache on), the decode starts from the session's cache where its tokens
+// begin the prompt (at least the prompt's last token is computed), and leaves the cache and its
+// tokens there for the next; a cache too small for this decode is replaced by one twice as large.
 GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
                         const GenerateOptions& opt,
-                        const std::function<bool(int32_t)>& on_token = {});
+                        const std::function<bool(int32_t)>& on_token = {},
+                        GenerateSession* session = nullptr);
 
 }  // namespace keel::models

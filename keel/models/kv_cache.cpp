@@ -1,6 +1,7 @@
 #include "keel/models/kv_cache.h"
 
 #include <cmath>
+#include <limits>
 
 #include "keel/numerics/error.h"
 #include "keel/ops/elementwise.h"
@@ -35,25 +36,37 @@ std::pair<Tensor, Tensor> kv_append(KVCache::Layer& layer, int64_t capacity, int
 
 Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                         ops::AttentionBackend backend) {
-  const int64_t tn = q.size(2), tk = k.size(2);
+  const int64_t tn = q.size(2), tk = k.size(2), past = tk - tn;
   if (tn == tk) return ops::attention(q, k, v, Tensor(), backend);
-  KEEL_CHECK(tn == 1, "cached_attention: after the prompt's pass a step feeds one token, got " +
-                          std::to_string(tn));
-  const int64_t hq = q.size(1), hkv = k.size(1), d = q.size(3);
+  KEEL_CHECK(tn >= 1 && past > 0,
+             "cached_attention: " + std::to_string(tn) + " queries over " + std::to_string(tk) +
+                 " keys");
+  const int64_t hq = q.size(1), hkv = k.size(1), d = q.size(3), g = hq / hkv;
   const DType dt = q.dtype();
   // The backend's roundings of one row: eager rounds the scores and the probabilities to the
   // compute dtype, flash the probabilities, math neither; products accumulate in f32.
   auto round = [&](const Tensor& x, bool on) {
     return on && dt != DType::F32 ? ops::cast(ops::cast(x, dt), DType::F32) : x;
   };
-  // Query head h reads key/value head h / G: the group's G queries are one [G, D] matrix.
-  Tensor q32 = ops::cast(q, DType::F32).view({1, hkv, hq / hkv, d});
+  // Query head h reads key/value head h / G: the group's G heads of Tn queries are one [G*Tn, D]
+  // matrix (head-major, as q holds them).
+  Tensor q32 = ops::cast(q, DType::F32).view({1, hkv, g * tn, d});
   Tensor s = ops::scale(ops::matmul(q32, ops::cast(k, DType::F32), false, true),
                         static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))));
-  Tensor p = ops::softmax(round(s, backend == ops::AttentionBackend::kEager));  // [1, Hkv, G, Tk]
-  p = round(p, backend != ops::AttentionBackend::kMath);
-  Tensor o = ops::matmul(p, ops::cast(v, DType::F32));  // [1, Hkv, G, D]
-  return ops::cast(o.view({1, hq, 1, d}), dt);
+  s = round(s, backend == ops::AttentionBackend::kEager);
+  if (tn > 1) {
+    // Several new tokens after the cached ones (a chat's next turn): query i, at position
+    // past + i, sees keys up to it. -inf elsewhere makes their probabilities exactly 0.
+    Tensor mask = Tensor::zeros({1, hkv, g * tn, tk});
+    float* m = mask.data_as<float>();
+    for (int64_t r = 0; r < hkv * g * tn; ++r)
+      for (int64_t j = past + r % tn + 1; j < tk; ++j)
+        m[r * tk + j] = -std::numeric_limits<float>::infinity();
+    s = ops::add(s, mask.to(s.device()));
+  }
+  Tensor p = round(ops::softmax(s), backend != ops::AttentionBackend::kMath);  // [1,Hkv,G*Tn,Tk]
+  Tensor o = ops::matmul(p, ops::cast(v, DType::F32));                         // [1,Hkv,G*Tn,D]
+  return ops::cast(o.view({1, hq, tn, d}), dt);
 }
 
 }  // namespace keel::models

@@ -34,9 +34,10 @@ std::pair<Tensor, Tensor> kv_append(KVCache::Layer& layer, int64_t capacity, int
 
 // Causal attention of the queries q [1, Hq, Tn, D] at positions [Tk - Tn, Tk) over every cached
 // key k, v [1, Hkv, Tk, D]. The prompt's pass (Tn == Tk) is ops::attention itself, with
-// `backend`; a decoding step (Tn == 1) sees every key and computes its one row per head with
-// f32 products, rounding as the backend does (eager: scores and probabilities to q's dtype;
-// flash: the probabilities; math: neither), the output rounded to q's dtype.
+// `backend`; after it (a decoding step, Tn == 1, or a chat's next turn fed after the turns the
+// cache holds) each query row sees the keys up to its position, computed with f32 products,
+// rounding as the backend does (eager: scores and probabilities to q's dtype; flash: the
+// probabilities; math: neither), the output rounded to q's dtype.
 Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                         ops::AttentionBackend backend);
 

@@ -425,6 +425,10 @@ TEST(CliChat, ChatAnswersEachMessageWithTheConversationSoFar) {
     EXPECT_EQ(turns[i].at("reply"), want.at("text"));
     EXPECT_EQ(turns[i].at("stop"), want.at("stop"));
   }
+  // The second turn computed only what the first left out of the cache.
+  EXPECT_EQ(turns[0].at("reused_tokens"), 0);
+  EXPECT_GT(turns[1].at("reused_tokens").get<int64_t>(),
+            turns[0].at("prompt_tokens").get<int64_t>());
   // Streamed, each reply ends with a line of its own.
   const test::KeelRun plain = test::run_keel_sh("chat " + out + " --max-new-tokens 4 < " + said);
   ASSERT_EQ(plain.code, 0) << plain.output;

@@ -116,6 +116,40 @@ INSTANTIATE_TEST_SUITE_P(Backends, KvCache,
                                   (std::get<2>(info.param) ? "_bf16_mixed" : "_f32");
                          });
 
+// A session's cache across decodes (keel chat's turns): a second decode whose prompt extends the
+// first's tokens computes only the new ones (several at once after the cached ones), and chooses
+// the tokens a fresh decode of the whole prompt chooses, its logits equal within rounding.
+TEST_P(KvCache, ASessionsNextDecodeComputesOnlyItsNewTokens) {
+  const auto& [family, backend, mixed] = GetParam();
+  auto m = models::make_causal_lm(spec16(family), family == "qwen3_d8" ? 11 : 7);
+  m->set_attention_backend(ops::attention_backend_from_name(backend));
+  amp::AutocastGuard autocast(mixed, DType::BF16);
+  GenerateOptions o;
+  o.max_new_tokens = 3;
+  o.keep_logits = true;
+  models::GenerateSession session;
+  const GenerateResult first = models::generate(*m, {1, 2, 3, 4}, o, {}, &session);
+  ASSERT_EQ(first.tokens.size(), 3u);
+  EXPECT_EQ(session.reused, 0);
+  EXPECT_EQ(session.tokens.size(), 6u);  // the prompt and the replies but the last one chosen
+  std::vector<int32_t> next = {1, 2, 3, 4};
+  next.insert(next.end(), first.tokens.begin(), first.tokens.end());
+  next.insert(next.end(), {5, 6});
+  const GenerateResult cont = models::generate(*m, next, o, {}, &session);
+  EXPECT_EQ(session.reused, 6);
+  const GenerateResult fresh = models::generate(*m, next, o);
+  EXPECT_EQ(cont.tokens, fresh.tokens) << family << " " << backend;
+  const double tol = mixed ? 0.1 : 2e-5;
+  for (size_t s = 0; s < cont.logits.size() && s < fresh.logits.size(); ++s)
+    for (size_t j = 0; j < cont.logits[s].size(); ++j)
+      EXPECT_NEAR(cont.logits[s][j], fresh.logits[s][j], tol * (1 + std::fabs(fresh.logits[s][j])))
+          << family << " " << backend << " step " << s;
+  // A prompt that parts from the cached tokens early reuses only the common start.
+  const GenerateResult other = models::generate(*m, {1, 2, 9, 9, 9}, o, {}, &session);
+  EXPECT_EQ(session.reused, 2);
+  EXPECT_EQ(other.tokens, models::generate(*m, {1, 2, 9, 9, 9}, o).tokens);
+}
+
 TEST(Sampling, GreedyTopKTopPAndTheirDistribution) {
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
   Rng rng(1);
