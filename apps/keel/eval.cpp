@@ -227,6 +227,13 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
                  a.data.c_str(), static_cast<long long>(a.seq_len), seq_len_from.c_str(),
                  static_cast<long long>(a.seq_len), fix.c_str());
   }
+  if (set->left_out() > 0)
+    std::fprintf(stderr,
+                 "note: %lld conversation replies of %s start past %lld tokens (%s) in the text "
+                 "that prompts them (each is a row of its own: the chat template renders earlier "
+                 "turns otherwise once later ones follow) and are not scored\n",
+                 static_cast<long long>(set->left_out()), a.data.c_str(),
+                 static_cast<long long>(a.seq_len), seq_len_from.c_str());
   // The run's eval_loss was computed under its train.precision (eval's default); another
   // --precision moves the loss by rounding, which must not read as another checkpoint or data.
   // A copied adapter's run is not at hand, but its file records the precision.

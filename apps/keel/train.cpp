@@ -501,6 +501,21 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
                                        "rows of data.seq_len"
                                      : " or split the long lines");
     }
+    // Replies that are rows of their own (a template that rewrites earlier turns) and would start
+    // past data.seq_len: left out whole, not cut.
+    for (const auto& [set, key] :
+         {std::pair{d.train.get(), "data.path"}, std::pair{d.eval.get(), "data.eval_path"}}) {
+      const bool training = std::string(key) == "data.path";
+      if (!set || set->left_out() == 0 || (!training && dc.eval_path.empty())) continue;
+      std::fprintf(stderr,
+                   "note: %lld conversation replies of %s (%s) start past data.seq_len = %lld "
+                   "tokens in the text that prompts them (the chat template renders earlier turns "
+                   "otherwise once later ones follow, so each reply is a row of its own) and are "
+                   "left out; raise data.seq_len or shorten the conversations\n",
+                   static_cast<long long>(set->left_out()),
+                   training ? dc.path.c_str() : dc.eval_path.c_str(), key,
+                   static_cast<long long>(dc.seq_len));
+    }
   }
   // "stopped:" on one rank, "stopped (rank R):" when there are several.
   const std::string stopped =

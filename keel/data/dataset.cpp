@@ -453,6 +453,7 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
           ds->add(kept_of(c.example.tokens, seq_len), kept_of(c.example.target, seq_len), number);
           ++kept;
         }
+      ds->add_left_out(static_cast<int64_t>(examples.size()) - kept);
       if (kept == 0) {
         const Example& first_example = examples.front().example;
         const auto first = std::find(first_example.target.begin(), first_example.target.end(), 1) -
@@ -554,6 +555,7 @@ class RangeDataset : public Dataset {
     return all_->get(begin_ + i);
   }
   std::string where(int64_t i) const override { return all_->where(begin_ + i); }
+  int64_t left_out() const override { return all_->left_out(); }
 
  private:
   std::shared_ptr<const Dataset> all_;

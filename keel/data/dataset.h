@@ -54,6 +54,10 @@ class Dataset {
   virtual int64_t held_bytes() const { return 0; }
   // The tokens its storage holds (a packed file's stream once, not its overlapping rows).
   virtual int64_t held_tokens() const { return 0; }
+  // Examples of its source left out whole: replies of conversations that are rows of their own
+  // (chat.h: a template that rewrites earlier turns) and would start past seq_len. A split's parts
+  // give their file's.
+  virtual int64_t left_out() const { return 0; }
 };
 
 // A dataset held in memory: every example's tokens and target flags one after another in two
@@ -80,6 +84,8 @@ class ExampleDataset : public Dataset {
   int64_t held_bytes() const override;
   int64_t held_tokens() const override;
   size_t token_capacity() const { return tokens_.capacity(); }  // what reserve() asked for
+  int64_t left_out() const override { return left_out_; }
+  void add_left_out(int64_t n) { left_out_ += n; }
 
  private:
   std::vector<int32_t> tokens_;    // [all tokens]
@@ -87,6 +93,7 @@ class ExampleDataset : public Dataset {
   std::vector<size_t> starts_{0};  // [size() + 1] where each example starts; then the end
   std::string source_;
   std::vector<int64_t> lines_;
+  int64_t left_out_ = 0;
 };
 
 // Rows of a packed token stream of `n` tokens, `len` tokens a row starting every len - 1 (rows

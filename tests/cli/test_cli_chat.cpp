@@ -292,6 +292,16 @@ TEST(CliChat, Qwen3MultiTurnConversationsTrainEachReplyInTheTextThatPromptsIt) {
       {"OMP_NUM_THREADS=1"});
   ASSERT_EQ(g.code, 0) << g.output;
   EXPECT_CONTAINS(json::parse(g.out).at("text").get<std::string>(), "the end");
+  // A seq_len too short for the second replies' rows leaves them out, and says so.
+  const test::KeelRun short_rows = test::run_keel(
+      test::with_sets({"train"},
+                      {"run.out_dir=" + dir + "/short", "run.threads=1", "model.path=" + m.model,
+                       "data.task=jsonl", "data.path=" + data, "data.tokenizer=hf:" + m.tokenizer,
+                       "data.seq_len=72", "train.max_steps=1", "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(short_rows.code, 0) << short_rows.output;
+  EXPECT_CONTAINS(short_rows.err, "note: 8 conversation replies of " + data +
+                                      " (data.path) start past data.seq_len = 72 tokens");
   // --chat-template-kwargs reach the template: Qwen3's enable_thinking = false opens the reply
   // with an empty <think></think> (more prompt tokens); bad ones are named.
   auto prompt_tokens = [&](std::vector<std::string> more) {

@@ -241,6 +241,8 @@ TEST(Chat, ATemplateThatRewritesEarlierTurnsTrainsEachReplyInTheTextThatPromptsI
   const size_t second_starts = all[1].example.tokens.size() - target_ids(all[1].example).size();
   const auto short_rows = load_jsonl_dataset(path, *tok, static_cast<int64_t>(second_starts) - 1);
   EXPECT_EQ(short_rows->size(), 1);
+  EXPECT_EQ(short_rows->left_out(), 1);  // said by train and eval
+  EXPECT_EQ(ds->left_out(), 0);
 }
 
 TEST(Chat, JsonlConversationsAreExamplesAndTheirErrorsNameTheLine) {
