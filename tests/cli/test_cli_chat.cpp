@@ -383,6 +383,23 @@ TEST(CliChat, GenerateInputRepliesToEveryLineAsGenerateDoesOne) {
     EXPECT_EQ(replies[i].at("stop"), a.at("stop"));
     EXPECT_EQ(replies[i].at("tokens"), a.at("tokens").size());
   }
+  // With --chat (and --system) a text prompt is a user's message in the chat template.
+  const test::KeelRun as_chat =
+      test::run_keel({"generate", out, "--input", input, "--output", output, "--chat", "--system",
+                      "be brief", "--max-new-tokens", "4"},
+                     {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(as_chat.code, 0) << as_chat.output;
+  std::vector<json> chatted;
+  std::ifstream again(output);
+  for (std::string l; std::getline(again, l);) chatted.push_back(json::parse(l));
+  ASSERT_EQ(chatted.size(), 3u);
+  const auto tok = data::load_tokenizer("hf:" + f.tokenizer);
+  EXPECT_EQ(chatted[2].at("prompt"),
+            data::render_chat(
+                *tok->chat_format(),
+                nlohmann::ordered_json::array({{{"role", "system"}, {"content", "be brief"}},
+                                               {{"role", "user"}, {"content", "the there"}}}),
+                true));
   auto refused = [&](std::vector<std::string> args) {
     args.insert(args.begin(), {"generate", f.dir + "/no-such-model"});
     const test::KeelRun e = test::run_keel(args);
