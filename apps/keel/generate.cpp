@@ -130,6 +130,9 @@ std::vector<BatchPrompt> read_batch_prompts(const std::string& path) {
     } else if (obj.contains("prompt") && obj["prompt"].is_string()) {
       p.text = obj["prompt"].get<std::string>();
       if (obj.contains("completion")) p.reference = obj["completion"];
+    } else if (obj.contains("prompt")) {
+      throw bad(std::string("\"prompt\" is a JSON ") + obj["prompt"].type_name() +
+                "; give the prompt's text, or its messages as a list");
     } else {
       throw bad(obj.contains("text")
                     ? "a {\"text\": ...} line has no prompt to answer; give "

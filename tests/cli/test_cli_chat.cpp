@@ -414,6 +414,10 @@ TEST(CliChat, GenerateInputRepliesToEveryLineAsGenerateDoesOne) {
                                        << "\n";
   EXPECT_CONTAINS(refused({"--input", f.dir + "/text.jsonl", "--output", output}),
                   "--input " + f.dir + "/text.jsonl: line 1: a {\"text\": ...} line has no prompt");
+  std::ofstream(f.dir + "/number.jsonl") << R"({"prompt": 5})"
+                                         << "\n";
+  EXPECT_CONTAINS(refused({"--input", f.dir + "/number.jsonl", "--output", output}),
+                  "line 1: \"prompt\" is a JSON number; give the prompt's text");
   std::ofstream(f.dir + "/broken.jsonl") << lines[0] << "\n{\"messages\": 3}\n";
   EXPECT_CONTAINS(refused({"--input", f.dir + "/broken.jsonl", "--output", output}),
                   "--input " + f.dir + "/broken.jsonl: line 2: ");
