@@ -6,12 +6,15 @@
 // conversation (JSON) to answer. A summary (tokens, tokens/s, why it stopped) goes to stderr, or
 // all of it as --json. With --input FILE --output OUT, a reply to every prompt of a JSONL file.
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string_view>
 
 #include "apps/keel/commands.h"
 #include "apps/keel/decode_prompt.h"
@@ -148,6 +151,25 @@ std::vector<BatchPrompt> read_batch_prompts(const std::string& path) {
   return out;
 }
 
+// A line's reference as text: its completion, or a completion of one assistant message (nullopt:
+// none, or one that is no text to compare a reply with).
+std::optional<std::string> reference_text(const nlohmann::ordered_json& ref) {
+  if (ref.is_string()) return ref.get<std::string>();
+  if (ref.is_array() && ref.size() == 1 && ref[0].is_object() &&
+      ref[0].value("role", "") == "assistant" && ref[0].contains("content") &&
+      ref[0]["content"].is_string())
+    return ref[0]["content"].get<std::string>();
+  return std::nullopt;
+}
+
+// `s` without the whitespace at either end (a completion's leading space, a reply's last newline).
+std::string_view trimmed(std::string_view s) {
+  const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  while (!s.empty() && space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
 // --input FILE --output OUT: a reply to every prompt of FILE, one JSON line each in OUT (its line,
 // the prompt as the model read it, the reply, the reference, the tokens and why it stopped). They
 // are written and flushed as each is made to OUT.partial, renamed over OUT when all are: a run
@@ -203,7 +225,7 @@ int run_generate_batch(GenerateArgs& a, bool has_prompt) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(out, std::fclose);
   set_stop_ids(a.opt, m, a.no_cache);
   amp::AutocastGuard autocast(m.policy.autocast, m.policy.compute_dtype);
-  int64_t written = 0;
+  int64_t written = 0, compared = 0, matched = 0;
   for (const BatchPrompt& p : prompts) {
     data::Conversation c = p.conversation;
     with_template_kwargs(c, kwargs);
@@ -223,9 +245,20 @@ int run_generate_batch(GenerateArgs& a, bool has_prompt) {
     });
     stream.finish();
     if (stream.stopped()) r.stop = "stop_string";
-    const nlohmann::ordered_json line = {
-        {"line", p.line},           {"prompt", prompt},          {"completion", stream.text()},
-        {"reference", p.reference}, {"tokens", r.tokens.size()}, {"stop", r.stop}};
+    // Whether the reply is its reference, whitespace at either end aside (null: no reference).
+    nlohmann::ordered_json exact;
+    if (const std::optional<std::string> want = reference_text(p.reference)) {
+      exact = trimmed(stream.text()) == trimmed(*want);
+      ++compared;
+      matched += exact.get<bool>();
+    }
+    const nlohmann::ordered_json line = {{"line", p.line},
+                                         {"prompt", prompt},
+                                         {"completion", stream.text()},
+                                         {"reference", p.reference},
+                                         {"exact_match", exact},
+                                         {"tokens", r.tokens.size()},
+                                         {"stop", r.stop}};
     const std::string text =
         line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
     if (std::fwrite(text.data(), 1, text.size(), out) != text.size() || std::fflush(out) != 0)
@@ -249,6 +282,12 @@ int run_generate_batch(GenerateArgs& a, bool has_prompt) {
   if (ec)
     throw Error("cannot rename " + partial + " to --output " + a.output + ": " + ec.message() +
                 " (the replies are in " + partial + ")");
+  if (compared > 0)
+    std::fprintf(stderr,
+                 "keel: %lld of %lld replies equal their reference (whitespace at either end "
+                 "aside); the replies are in %s\n",
+                 static_cast<long long>(matched), static_cast<long long>(compared),
+                 a.output.c_str());
   return 0;
 }
 
@@ -414,7 +453,7 @@ Command add_generate(CLI::App& app) {
                   "dataset holds them): a reply to each, written to --output");
   sub->add_option("--output", a->output,
                   "with --input: the JSON lines written, one a prompt (line, prompt, completion, "
-                  "reference, tokens, stop)");
+                  "reference, exact_match, tokens, stop)");
   return {sub, [a, prompt, check_sampling] {
             check_sampling();
             return run_generate(*a, prompt->count() > 0);

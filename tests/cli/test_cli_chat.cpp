@@ -359,6 +359,34 @@ TEST(CliChat, GenerateInputRepliesToEveryLineAsGenerateDoesOne) {
   for (std::string l; std::getline(in, l);) replies.push_back(json::parse(l));
   ASSERT_EQ(replies.size(), 3u);
   EXPECT_FALSE(std::filesystem::exists(output + ".partial"));  // renamed over --output when whole
+  // Each reply is compared with its reference, whitespace at either end aside, and counted.
+  auto trim = [](std::string t) {
+    t.erase(0, t.find_first_not_of(" \t\n"));
+    t.erase(t.find_last_not_of(" \t\n") + 1);
+    return t;
+  };
+  int matched = 0;
+  for (const json& reply : replies) {
+    const bool same = trim(reply.at("completion").get<std::string>()) ==
+                      trim(reply.at("reference").get<std::string>());
+    EXPECT_EQ(reply.at("exact_match"), same) << reply.dump();
+    matched += same;
+  }
+  EXPECT_CONTAINS(g.err,
+                  "keel: " + std::to_string(matched) +
+                      " of 3 replies equal their reference (whitespace at either end aside)");
+  // A reference that is the reply but for the whitespace around it matches.
+  const std::string said = f.dir + "/said.jsonl";
+  std::ofstream(said) << json({{"prompt", "the there"},
+                               {"completion",
+                                " " + replies[2].at("completion").get<std::string>() + "\n"}})
+                             .dump()
+                      << "\n";
+  const test::KeelRun same = test::run_keel({"generate", out, "--input", said, "--output",
+                                             f.dir + "/same.jsonl", "--max-new-tokens", "12"},
+                                            {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(same.code, 0) << same.output;
+  EXPECT_CONTAINS(same.err, "keel: 1 of 1 replies equal their reference");
   const int expected_line[] = {1, 3, 4};
   for (size_t i = 0; i < 3; ++i) {
     SCOPED_TRACE(i);
