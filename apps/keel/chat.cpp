@@ -1,7 +1,8 @@
 // `keel chat MODEL`: a conversation with a model in its chat template. Each line of stdin is the
 // user's message; the reply streams to stdout as it is made and joins the conversation, so the next
 // message is answered with every turn before it (as `generate --messages` answers the whole).
-// "/reset" starts over (the --system message stays), "/exit" or the end of stdin ends. A
+// "/reset" starts over (the --system message stays), "/save FILE" appends the conversation to a
+// JSONL dataset, "/exit" or the end of stdin ends. A
 // conversation longer than the model's context drops its oldest exchange, with a note. The turns
 // so far stay in the key/value cache, so a turn computes its own tokens only. --json prints one
 // JSON line a turn instead (turn, reply, tokens, stop, prompt and reused tokens) for scripts.
@@ -9,6 +10,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -39,6 +41,38 @@ void write_out(const std::string& s) {
                             "the conversation stopped; send the replies to a reader that "
                             "reads them all"));
   }
+}
+
+std::string trimmed_path(std::string s) {
+  s.erase(0, s.find_first_not_of(" \t"));
+  s.erase(s.find_last_not_of(" \t") + 1);
+  return s;
+}
+
+// "/save FILE": the conversation as the model holds it (the system message, each message and
+// reply; --chat-template-kwargs as its chat_template_kwargs) appended to FILE as one JSONL line
+// of a dataset (data.task = "jsonl"). A failure is said and the conversation goes on.
+void save_conversation(const data::Conversation& c, const std::string& path) {
+  if (path.empty()) {
+    std::fputs("keel: /save FILE appends the conversation to FILE as a JSONL line; give FILE\n",
+               stderr);
+    return;
+  }
+  nlohmann::ordered_json line = {{"messages", c.messages}};
+  if (!c.variables.empty()) line["chat_template_kwargs"] = c.variables;
+  const std::string text =
+      line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  int err = errno;
+  if (f && std::fclose(f) != 0 && ok) ok = false, err = errno;
+  if (!ok) {
+    std::fprintf(stderr, "keel: cannot write %s: %s; the conversation goes on, unsaved\n",
+                 path.c_str(), std::strerror(err));
+    return;
+  }
+  std::fprintf(stderr, "keel: the conversation (%zu messages) appended to %s\n", c.messages.size(),
+               path.c_str());
 }
 
 int run_chat(ChatArgs& a) {
@@ -73,6 +107,10 @@ int run_chat(ChatArgs& a) {
     if (line == "/reset") {
       start();
       if (terminal) std::fputs("keel: the conversation starts over\n", stderr);
+      continue;
+    }
+    if (line.rfind("/save", 0) == 0 && (line.size() == 5 || line[5] == ' ')) {
+      save_conversation(c, trimmed_path(line.substr(5)));
       continue;
     }
     if (line.find_first_not_of(" \t") == std::string::npos) continue;

@@ -488,6 +488,27 @@ TEST(CliChat, ChatAnswersEachMessageWithTheConversationSoFar) {
   EXPECT_EQ(turns[0].at("reused_tokens"), 0);
   EXPECT_GT(turns[1].at("reused_tokens").get<int64_t>(),
             turns[0].at("prompt_tokens").get<int64_t>());
+  // /save appends the conversation so far as a JSONL line a dataset reads.
+  const std::string saved = f.dir + "/saved.jsonl";
+  const std::string saving = f.dir + "/saving.txt";
+  std::ofstream(saving) << "the 1\n/save " << saved << "\n/save\nthen?\n/save " << saved
+                        << "\n/save " << f.dir << "/no/such/dir.jsonl\n";
+  const test::KeelRun s = test::run_keel_sh(
+      "chat " + out + " --system 'be brief' --max-new-tokens 8 --json < " + saving);
+  ASSERT_EQ(s.code, 0) << s.output;
+  EXPECT_CONTAINS(s.err, "keel: the conversation (3 messages) appended to " + saved);
+  EXPECT_CONTAINS(s.err, "/save FILE appends the conversation");
+  EXPECT_CONTAINS(s.err, "keel: cannot write " + f.dir + "/no/such/dir.jsonl: ");
+  std::vector<json> lines_saved;
+  {
+    std::ifstream in(saved);
+    for (std::string l; std::getline(in, l);) lines_saved.push_back(json::parse(l));
+  }
+  ASSERT_EQ(lines_saved.size(), 2u);
+  EXPECT_EQ(lines_saved[1].at("messages").size(), 5u);
+  EXPECT_EQ(lines_saved[1].at("messages")[3], json({{"role", "user"}, {"content", "then?"}}));
+  const auto tok = data::load_tokenizer("hf:" + f.tokenizer);
+  EXPECT_EQ(data::load_jsonl_dataset(saved, *tok, 96)->size(), 2);
   // Streamed, each reply ends with a line of its own.
   const test::KeelRun plain = test::run_keel_sh("chat " + out + " --max-new-tokens 4 < " + said);
   ASSERT_EQ(plain.code, 0) << plain.output;
