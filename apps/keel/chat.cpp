@@ -33,14 +33,9 @@ struct ChatArgs {
 };
 
 void write_out(const std::string& s) {
-  if (s.empty()) return;
-  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0) {
-    const int err = errno;
-    std::clearerr(stdout);
-    throw Error(stdout_lost(err,
-                            "the conversation stopped; send the replies to a reader that "
-                            "reads them all"));
-  }
+  write_stdout(s, [] {
+    return "the conversation stopped; send the replies to a reader that reads them all";
+  });
 }
 
 std::string trimmed_path(std::string s) {

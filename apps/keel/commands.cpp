@@ -63,4 +63,13 @@ std::string stdout_lost(int err, const std::string& fix) {
                       : fix);
 }
 
+void write_stdout(std::string_view s, const std::function<std::string()>& fix) {
+  if (s.empty()) return;
+  if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0) {
+    const int err = errno;
+    std::clearerr(stdout);
+    throw Error(stdout_lost(err, fix()));
+  }
+}
+
 }  // namespace keel::cli

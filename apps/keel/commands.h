@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 
 #include "apps/keel/flags.h"
 #include "keel/numerics/error.h"
@@ -47,5 +48,10 @@ std::string out_of_memory(const CLI::App& app, const Error& e);
 // "cannot write standard output: ..." with the cause (`err`, an errno of the failed write, or 0
 // when unknown) and `fix` (by default: where to send the output instead).
 std::string stdout_lost(int err, const std::string& fix = "");
+
+// Writes `s` to standard output and flushes it (a streamed reply is read as it comes); a failed
+// write is an Error of stdout_lost's with `fix()` (the stream's state is cleared: said here, main's
+// check of stdout would say it again).
+void write_stdout(std::string_view s, const std::function<std::string()>& fix);
 
 }  // namespace keel::cli

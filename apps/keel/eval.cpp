@@ -11,6 +11,7 @@
 
 #include "apps/keel/commands.h"
 #include "apps/keel/model_args.h"
+#include "apps/keel/output_dir.h"
 #include "keel/data/dataset.h"
 #include "keel/io/atomic_file.h"
 #include "keel/io/json_fields.h"
@@ -72,26 +73,6 @@ std::string where_nonfinite(const LossTotal& r, models::CausalLM& model, const d
          ") is finite example by example: only batched together (padding to the longest)";
 }
 
-// --per-example's file is written when the loss is known, after the model has loaded and the data
-// has run (minutes): what would refuse it then is refused now. It is written whole (a temporary
-// file renamed over it), and never over what eval reads.
-void check_per_example_path(const std::string& path, const std::string& data) {
-  std::error_code ec;
-  if (fs::equivalent(path, data, ec))
-    throw Error("--per-example " + path +
-                    " is the --data file: writing it would replace the data with its losses; "
-                    "give another path (e.g. " +
-                    path + ".losses.jsonl)",
-                Error::kUsage);
-  if (const std::string why = replaced_file_problem(path); !why.empty())
-    throw Error("--per-example " + path + ": " + why, Error::kUsage);
-  const fs::path parent = fs::absolute(fs::path(path)).parent_path();
-  if (!fs::is_directory(parent, ec))
-    throw Error("--per-example " + path + ": the directory " + parent.string() +
-                    " does not exist; create it or give a path in an existing one",
-                Error::kUsage);
-}
-
 // Each example's loss as one JSON line, in the data's order, and the highest named: the examples
 // the model finds hardest (a mislabeled line, text of another kind) first.
 void write_per_example(const std::string& path, const LossTotal& r, const data::Dataset& set,
@@ -145,7 +126,9 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
         Error::kUsage);
   // Before the model loads (minutes for a large one); the loader checks again (a pipe will do).
   check_input_file(a.data, "dataset file", "--data");
-  if (!a.per_example.empty()) check_per_example_path(a.per_example, a.data);
+  // --per-example's file is written when the loss is known (minutes on): checked now.
+  if (!a.per_example.empty())
+    check_output_file("--per-example", a.per_example, "--data", a.data, "the data with its losses");
   ModelForUse m = load_model_for_use(a.m);
   const io::TrainedModel& t = m.trained;
   const std::optional<Config> run = run_config(t);

@@ -20,6 +20,7 @@
 #include "apps/keel/decode_prompt.h"
 #include "apps/keel/input_text.h"
 #include "apps/keel/model_args.h"
+#include "apps/keel/output_dir.h"
 #include "keel/amp/autocast.h"
 #include "keel/data/chat.h"
 #include "keel/data/text_stream.h"
@@ -194,13 +195,9 @@ int run_generate_batch(GenerateArgs& a, bool has_prompt) {
         "--system is the system turn of a --chat prompt: give --chat too, or leave "
         "--system out");
   if (a.bos && a.no_bos) throw refuse("--bos and --no-bos contradict each other: give one");
-  std::error_code ec;
-  if (std::filesystem::equivalent(a.input, a.output, ec))
-    throw refuse("--output " + a.output + " is the --input file: writing it would replace the " +
-                 "prompts with the replies; give another path");
-  for (const std::string& path : {a.output, a.output + ".partial"})
-    if (const std::string why = replaced_file_problem(path); !why.empty())
-      throw refuse("--output " + a.output + ": " + why);
+  check_output_file("--output", a.output, "--input", a.input, "the prompts with the replies");
+  if (const std::string why = replaced_file_problem(a.output + ".partial"); !why.empty())
+    throw refuse("--output " + a.output + ": " + why);
   const std::vector<BatchPrompt> prompts = read_batch_prompts(a.input);
   const nlohmann::ordered_json kwargs = parse_template_kwargs(a.template_kwargs);
   if (!a.template_kwargs.empty() && !a.chat &&
@@ -278,6 +275,7 @@ int run_generate_batch(GenerateArgs& a, bool has_prompt) {
   if (std::fclose(closer.release()) != 0)
     throw Error("cannot write " + partial + " (--output " + a.output +
                 "): " + std::strerror(errno));
+  std::error_code ec;
   std::filesystem::rename(partial, a.output, ec);
   if (ec)
     throw Error("cannot rename " + partial + " to --output " + a.output + ": " + ec.message() +
@@ -356,15 +354,11 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
   // reader and ended in exit 0.
   size_t emitted = 0;
   auto emit = [&](const std::string& s) {
-    if (a.json || s.empty()) return;
-    if (std::fwrite(s.data(), 1, s.size(), stdout) != s.size() || std::fflush(stdout) != 0) {
-      const int err = errno;
-      std::clearerr(stdout);  // said here; main's check of stdout would say it again
-      throw Error(stdout_lost(err, "generation stopped after " +
-                                       count_of(static_cast<long long>(emitted), "new token") +
-                                       "; send the text to a file with space (> out.txt) or to "
-                                       "a reader that reads it all"));
-    }
+    if (a.json) return;
+    write_stdout(s, [&] {
+      return "generation stopped after " + count_of(static_cast<long long>(emitted), "new token") +
+             "; send the text to a file with space (> out.txt) or to a reader that reads it all";
+    });
   };
   amp::AutocastGuard autocast(policy.autocast, policy.compute_dtype);
   models::GenerateResult r = models::generate(*m.trained.model, ids, a.opt, [&](int32_t id) {

@@ -78,7 +78,7 @@ int run_init_model(const InitModelArgs& a) {
   s.n_embd = a.n_embd;
   s.n_head = a.n_head;
   s.n_kv_head = a.n_kv_head;
-  if (a.head_dim * a.n_head != a.n_embd) s.head_width = a.head_dim;
+  s.set_head_dim(a.head_dim);
   s.intermediate_size = a.intermediate_size;
   s.vocab_size = a.vocab_size;
   s.max_seq_len = a.max_seq_len;

@@ -10,6 +10,7 @@
 
 #include "keel/io/atomic_file.h"
 #include "keel/numerics/error.h"
+#include "keel/numerics/input_file.h"
 
 namespace keel::cli {
 
@@ -56,6 +57,23 @@ std::string named_as_out(std::string what, const fs::path& stage, const fs::path
 }
 
 }  // namespace
+
+void check_output_file(const std::string& flag, const std::string& file,
+                       const std::string& input_flag, const std::string& input,
+                       const std::string& replaced) {
+  std::error_code ec;
+  if (fs::equivalent(file, input, ec))
+    throw Error(flag + " " + file + " is the " + input_flag + " file: writing it would replace " +
+                    replaced + "; give another path",
+                Error::kUsage);
+  if (const std::string why = replaced_file_problem(file); !why.empty())
+    throw Error(flag + " " + file + ": " + why, Error::kUsage);
+  const fs::path parent = fs::absolute(fs::path(file)).parent_path();
+  if (!fs::is_directory(parent, ec))
+    throw Error(flag + " " + file + ": the directory " + parent.string() +
+                    " does not exist; create it or give a path in an existing one",
+                Error::kUsage);
+}
 
 void check_output_dir(const std::string& flag, const std::string& dir,
                       const std::vector<std::pair<std::string, std::string>>& inputs,

@@ -28,6 +28,14 @@ void check_output_dir(const std::string& flag, const std::string& dir,
                       const std::vector<std::pair<std::string, std::string>>& inputs,
                       ModelDirKind writes = ModelDirKind::kModel);
 
+// Refuses (a usage Error naming `flag`) an output FILE that a command writes after loading a model
+// (minutes), before it loads: FILE is `input` (the file `input_flag` names: writing it would
+// replace `replaced`, as "the data with its losses"), or it cannot be replaced by a renamed file
+// (a device, a pipe, a directory: replaced_file_problem), or its directory does not exist.
+void check_output_file(const std::string& flag, const std::string& file,
+                       const std::string& input_flag, const std::string& input,
+                       const std::string& replaced);
+
 // Writes a model directory at DIR: `write` fills a new sibling staging directory (its argument);
 // only when it returns are its files moved into DIR (created if missing), and then, when it wrote a
 // model (config.json), the files of the kinds a model directory holds (weights, their index,

@@ -57,6 +57,9 @@ struct ModelSpec {
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t ffn_dim() const;
   int64_t head_dim() const { return head_width > 0 ? head_width : n_embd / n_head; }
+  // A head width given as a size key is (model.head_dim, --head-dim; 0 = none): a width of its own
+  // only where it is not n_embd / n_head (n_embd and n_head set first).
+  void set_head_dim(int64_t d) { head_width = d * n_head == n_embd ? 0 : d; }
   void validate() const;  // Error (kUsage) naming the inconsistent sizes
 };
 

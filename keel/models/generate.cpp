@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <numeric>
+#include <optional>
 
 #include "keel/autograd/node.h"
 #include "keel/numerics/error.h"
@@ -103,17 +104,17 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
   for (auto& [name, p] : model.named_parameters()) dev = p.device();
   // Room for the prompt and every token this decode may add (max_seq_len at most).
   const int64_t room = n + std::clamp<int64_t>(opt.max_new_tokens, 0, spec.max_seq_len - n);
-  KVCache own(0, 0);
-  KVCache* cache = &own;
+  std::optional<KVCache> own;  // the decode's cache, when no session keeps one
+  KVCache* cache = nullptr;
   int64_t reused = 0;  // prompt tokens whose keys and values the session's cache holds already
   if (session && opt.use_cache) {
     if (!session->cache || session->cache->capacity < room) {
       // Twice as large, with the rows the old one held (each conversation turn is longer).
       const int64_t twice = session->cache ? 2 * session->cache->capacity : room;
       auto grown = std::make_unique<KVCache>(model.make_kv_cache(std::max(room, twice)));
-      const int64_t kept = std::min<int64_t>(static_cast<int64_t>(session->tokens.size()),
-                                             session->cache ? session->cache->length : 0);
-      for (size_t l = 0; session->cache && kept > 0 && l < grown->layers.size(); ++l) {
+      // (session->tokens are the rows the cache holds: set below after each decode)
+      const int64_t kept = static_cast<int64_t>(session->tokens.size());
+      for (size_t l = 0; kept > 0 && l < grown->layers.size(); ++l) {
         auto keep = [&](Tensor& to, const Tensor& from) {
           to = Tensor::empty({grown->capacity, from.size(1)}, from.dtype(), from.device());
           Tensor rows = to.slice_rows(0, kept);
@@ -122,16 +123,16 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
         keep(grown->layers[l].k, session->cache->layers[l].k);
         keep(grown->layers[l].v, session->cache->layers[l].v);
       }
-      session->tokens.resize(static_cast<size_t>(kept));
       session->cache = std::move(grown);
     }
     const size_t held = std::min(session->tokens.size(), prompt.size() - 1);
     while (reused < static_cast<int64_t>(held) && session->tokens[reused] == prompt[reused])
       ++reused;
     cache = session->cache.get();
-    cache->length = reused;  // later rows are written over
+    cache->length = reused;  // later rows are written over (a decode that throws leaves these)
+    session->tokens.resize(static_cast<size_t>(reused));
   } else {
-    own = model.make_kv_cache(room);
+    cache = &own.emplace(model.make_kv_cache(room));
   }
   std::vector<int32_t> seq = prompt;
   GenerateResult r;

@@ -35,7 +35,7 @@ models::ModelSpec spec_of(const MemoryQuery& q) {
   s.n_embd = q.hidden;
   s.n_head = q.heads > 0 ? q.heads : default_heads(q.hidden);
   s.n_kv_head = q.kv_heads;
-  if (q.head_dim * s.n_head != q.hidden) s.head_width = q.head_dim;
+  s.set_head_dim(q.head_dim);
   s.hf_model_type = q.hf_model_type;
   s.intermediate_size = q.ffn;
   s.vocab_size = q.vocab > 0 ? q.vocab : data::ByteTokenizer::kVocab;

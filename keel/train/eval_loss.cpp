@@ -8,6 +8,7 @@
 #include "keel/autograd/node.h"
 #include "keel/data/loader.h"
 #include "keel/numerics/error.h"
+#include "keel/ops/cross_entropy.h"
 #include "keel/train/trainer.h"
 
 namespace keel {
@@ -43,16 +44,13 @@ LossTotal examples_loss(models::CausalLM& model, const data::Dataset& set,
     }
     std::vector<double> rows;
     const double sum = batch_loss_sum(model, b, per_example ? &rows : nullptr).item();
-    if (per_example) {
-      const Tensor labels = b.labels.device().is_cpu() ? b.labels : b.labels.to(Device::cpu());
-      const int64_t T = labels.size(1);
+    if (per_example)
       for (size_t r = 0; r < chunk.size(); ++r) {
-        int64_t n = 0;
-        for (int64_t i = 0; i < T; ++i)
-          n += labels.data_as<int64_t>()[static_cast<int64_t>(r) * T + i] != data::kIgnoreLabel;
-        t.per_example.push_back({chunk[r], rows[r], n});
+        const int64_t row = static_cast<int64_t>(r);
+        t.per_example.push_back(
+            {chunk[r], rows[r],
+             ops::count_targets(b.labels.slice_rows(row, row + 1).view({-1}), data::kIgnoreLabel)});
       }
-    }
     if (!std::isfinite(sum) && t.nonfinite_batches++ == 0) t.first_nonfinite_batch = b.example_ids;
     t.loss_sum += sum;
     t.tokens += b.n_targets;

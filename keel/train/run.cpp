@@ -190,7 +190,7 @@ models::ModelSpec model_spec(const Config& cfg, int64_t tokenizer_vocab, DType p
   s.n_embd = m.n_embd;
   s.n_head = m.n_head;
   s.n_kv_head = m.n_kv_head;
-  if (m.head_dim * m.n_head != m.n_embd) s.head_width = m.head_dim;
+  s.set_head_dim(m.head_dim);
   s.intermediate_size = m.intermediate_size;
   s.vocab_size = m.vocab_size > 0 ? m.vocab_size : tokenizer_vocab;
   // Left at its default, model.max_seq_len follows a longer data.seq_len; set shorter, it was
