@@ -156,12 +156,23 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
     a.seq_len = run ? dc.seq_len : std::min<int64_t>(t.model->spec().max_seq_len, 1024);
   if (a.batch_size == 0) a.batch_size = run ? run->train.batch_size : 8;
   // Flags that mean nothing for this data were taken without a word.
-  if (pack_given && a.task != "text")
-    throw Error("--pack applies to text files; " + a.data + " is read as " + a.task +
-                    (a.task == "tokens" ? " (a token file's rows are packed already)"
-                                        : " (each line is one example)"),
+  if (pack_given && a.task == "tokens")
+    throw Error("--pack applies to text and JSONL files; " + a.data +
+                    " is read as tokens (a token file's rows are packed already)",
                 Error::kUsage);
-  if (!pack_given) a.pack = run && dc.pack;
+  // Packed JSONL rows score each example as it scores alone (its own positions and attention):
+  // packing only batches them. A run's packing is kept where nothing needs one example a row.
+  const bool one_a_row = !a.per_example.empty() || m.device.is_cuda();
+  if (!pack_given)
+    a.pack = run && dc.pack && dc.task == a.task && !(a.task == "jsonl" && one_a_row);
+  if (pack_given && a.task == "jsonl" && one_a_row)
+    throw Error(!a.per_example.empty()
+                    ? "--pack with --per-example: one loss a line needs one example a row; leave "
+                      "--pack out (packing changes the batches, not an example's loss)"
+                    : "--pack with a JSONL file: packed examples attend only to themselves "
+                      "through their positions, which keel's CUDA attention does not read yet; "
+                      "evaluate with --device cpu, or without --pack",
+                Error::kUsage);
   // A length the run trained with (a Llama model.path trains past its max_position_embeddings)
   // was reported as "--seq-len 512: ..." to a user who gave no --seq-len.
   if (a.seq_len < 2 || a.seq_len > t.model->spec().max_seq_len)
@@ -247,7 +258,8 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
     nlohmann::json j = {{"loss", io::json_float(r.loss())},
                         {"perplexity", io::json_float(r.perplexity())},
                         {"tokens", r.tokens},
-                        {"examples", r.examples},
+                        {"examples", set->examples()},
+                        {"rows", r.examples},
                         {"loss_sum", io::json_float(r.loss_sum)},
                         {"seq_len", a.seq_len},
                         {"truncated_examples", truncated},
@@ -255,9 +267,11 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
                         {"precision", m.policy.name()}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("loss %.4f | perplexity %.3f | %s in %s of %s\n", r.loss(), r.perplexity(),
-                count_of(r.tokens, "target token").c_str(), count_of(r.examples, "example").c_str(),
-                a.data.c_str());
+    const std::string rows =
+        set->examples() == r.examples ? "" : " (packed into " + count_of(r.examples, "row") + ")";
+    std::printf("loss %.4f | perplexity %.3f | %s in %s%s of %s\n", r.loss(), r.perplexity(),
+                count_of(r.tokens, "target token").c_str(),
+                count_of(set->examples(), "example").c_str(), rows.c_str(), a.data.c_str());
   }
   if (!std::isfinite(r.loss_sum))  // printed as it is, and an error: scripts test the exit code
     throw Error("the loss on " + a.data + " is " + log::format_number(r.loss(), 4) + ": " +
@@ -283,7 +297,9 @@ Command add_eval(CLI::App& app) {
       ->check(positive);  // 0 was taken as "the default" without a word
   sub->add_option("--batch-size", a->batch_size, "rows per batch (default: the run's, else 8)")
       ->check(positive);
-  CLI::Option* pack = sub->add_flag("--pack", a->pack, "text: pack into full rows (data.pack)");
+  CLI::Option* pack = sub->add_flag("--pack", a->pack,
+                                    "pack into full rows (data.pack): text as one stream, JSONL "
+                                    "examples side by side, each attending to itself");
   // Hidden (group ""): taken only to say why it means nothing here (run_eval).
   CLI::Option* pad = sub->add_option("--pad", a->pad)->group("");
   sub->add_option("--per-example", a->per_example,

@@ -493,13 +493,26 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
                    "note: %lld of %lld %sexamples of %s (%s) are longer than data.seq_len = %lld "
                    "tokens and are cut to it: their tokens past it are not %s; raise "
                    "data.seq_len%s\n",
-                   static_cast<long long>(cut), static_cast<long long>(set->size()),
+                   static_cast<long long>(cut), static_cast<long long>(set->examples()),
                    training ? "" : "validation ", own_file ? dc.path.c_str() : dc.eval_path.c_str(),
                    own_file ? "data.path" : "data.eval_path", static_cast<long long>(dc.seq_len),
                    training ? "trained on" : "evaluated",
                    dc.task == "text" ? ", or set data.pack = true to train on the whole text in "
                                        "rows of data.seq_len"
                                      : " or split the long lines");
+    }
+    // Packed JSONL: how full the rows are (what packing bought: the padding it saved).
+    for (const auto& [set, what] :
+         {std::pair{d.train.get(), "training"}, std::pair{d.eval.get(), "validation"}}) {
+      if (!set || set->examples() == set->size()) continue;
+      int64_t tokens = 0;
+      for (int64_t i = 0; i < set->size(); ++i)
+        tokens += std::min<int64_t>(static_cast<int64_t>(set->get(i).size()), dc.seq_len);
+      std::fprintf(stderr,
+                   "data: %s packed into %s of at most data.seq_len = %lld tokens (%s full)\n",
+                   count_of(set->examples(), std::string(what) + " example").c_str(),
+                   count_of(set->size(), "row").c_str(), static_cast<long long>(dc.seq_len),
+                   log::format_percent(tokens, set->size() * dc.seq_len).c_str());
     }
     // Replies that are rows of their own (a template that rewrites earlier turns) and would start
     // past data.seq_len: left out whole, not cut.

@@ -3,8 +3,8 @@
 // Layouts: q, o, dq [B, Hq, T, D]; k, v, dk, dv [B, Hkv, T, D]; query head h reads key/value head
 // h / (Hq / Hkv) (grouped-query attention, HF's repeat_kv order, without copies). Scores and
 // probabilities [B, Hq, T, T] f32; lse [B, Hq, T] f32. key_padding_mask U8 [B, T] (1 = real key)
-// or null. Query i sees key j when j <= i and the key is real; a row that sees no key is "fully
-// masked": its output, probabilities and gradients are 0 (never NaN).
+// or null. Query i sees key j when first_key(b, i) <= j <= i and the key is real; a row that sees
+// no key is "fully masked": its output, probabilities and gradients are 0 (never NaN).
 //
 // The eager and math backends compute Q·Kᵀ, P·V and their gradients with the matmul kernels; the
 // two softmax kernels below do the masking and the softmax between them. The flash kernels are
@@ -21,6 +21,14 @@ struct AttentionDims {
   int64_t batch = 0, heads_q = 0, heads_kv = 0, seq = 0, head_dim = 0;
   float scale = 1.f;                          // applied to q·k (1/sqrt(D))
   const uint8_t* key_padding_mask = nullptr;  // [B, T] or null (every key real)
+  // A packed row's positions, [B, T], restarting at 0 on each example's first token and counting
+  // up by one (ops/attention.h), or null. CPU kernels only.
+  const int64_t* positions = nullptr;
+  // The first key query i of batch b sees: its example's first token (0 when not packed). Never
+  // decreases along a row.
+  int64_t first_key(int64_t b, int64_t i) const {
+    return positions ? i - positions[b * seq + i] : 0;
+  }
 };
 
 struct AttentionKernels {

@@ -8,7 +8,9 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 
 #include "keel/data/chat.h"
@@ -125,21 +127,104 @@ class PackedDataset : public Dataset {
 
 }  // namespace
 
-std::string ExampleDataset::where(int64_t i) const { return where_in(source_, lines_, i); }
+std::string ExampleDataset::where(int64_t i) const {
+  if (!packed()) return where_in(source_, lines_, i);
+  check_example_index(i, size(), source_);
+  const size_t first = rows_[static_cast<size_t>(i)], n = rows_[static_cast<size_t>(i) + 1] - first;
+  return where_in(source_, lines_, static_cast<int64_t>(first)) +
+         (n > 1 ? " (packed with " + count_of(static_cast<int64_t>(n) - 1, "more example") + ")"
+                : "");
+}
+
+void ExampleDataset::pack_rows(int64_t seq_len) {
+  KEEL_CHECK(!packed() && seq_len >= 2, source_ + ": packing needs seq_len >= 2, once");
+  const size_t n = starts_.size() - 1;
+  auto length = [&](size_t e) {
+    return std::min<size_t>(starts_[e + 1] - starts_[e], static_cast<size_t>(seq_len));
+  };
+  std::vector<size_t> order(n);
+  for (size_t e = 0; e < n; ++e) order[e] = e;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return length(a) > length(b); });
+  // Best fit: the open row with the least room that still holds the example ((room, row) ordered,
+  // so a tie goes to the row opened first).
+  std::set<std::pair<size_t, size_t>> room;
+  std::vector<std::vector<size_t>> rows;
+  for (size_t e : order) {
+    const size_t len = length(e);
+    size_t r = rows.size(), left = static_cast<size_t>(seq_len);  // a new row, unless one fits
+    if (auto it = room.lower_bound({len, 0}); it != room.end()) {
+      std::tie(left, r) = *it;
+      room.erase(it);
+    } else {
+      rows.emplace_back();
+    }
+    rows[r].push_back(e);
+    if (left > len) room.insert({left - len, r});
+  }
+  // The storage in row order: each row's examples one after another.
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> target;
+  std::vector<size_t> starts{0};
+  std::vector<int64_t> lines;
+  tokens.reserve(tokens_.size());
+  target.reserve(target_.size());
+  starts.reserve(starts_.size());
+  rows_.assign(1, 0);
+  for (const std::vector<size_t>& row : rows) {
+    for (size_t e : row) {
+      tokens.insert(tokens.end(), tokens_.begin() + static_cast<std::ptrdiff_t>(starts_[e]),
+                    tokens_.begin() + static_cast<std::ptrdiff_t>(starts_[e + 1]));
+      target.insert(target.end(), target_.begin() + static_cast<std::ptrdiff_t>(starts_[e]),
+                    target_.begin() + static_cast<std::ptrdiff_t>(starts_[e + 1]));
+      starts.push_back(tokens.size());
+      if (e < lines_.size()) lines.push_back(lines_[e]);
+    }
+    rows_.push_back(starts.size() - 1);
+  }
+  tokens_ = std::move(tokens);
+  target_ = std::move(target);
+  starts_ = std::move(starts);
+  if (lines.size() == n) lines_ = std::move(lines);
+}
+
+std::unique_ptr<ExampleDataset> ExampleDataset::split_off(int64_t n, std::string source) {
+  KEEL_CHECK(!packed() && n >= 0 && n <= size(),
+             source_ + ": cannot split off " + std::to_string(n) + " examples");
+  auto tail = std::make_unique<ExampleDataset>(std::move(source));
+  const size_t first = static_cast<size_t>(size() - n), begin = starts_[first];
+  tail->tokens_.assign(tokens_.begin() + static_cast<std::ptrdiff_t>(begin), tokens_.end());
+  tail->target_.assign(target_.begin() + static_cast<std::ptrdiff_t>(begin), target_.end());
+  for (size_t e = first + 1; e < starts_.size(); ++e) tail->starts_.push_back(starts_[e] - begin);
+  if (lines_.size() == starts_.size() - 1) {
+    tail->lines_.assign(lines_.begin() + static_cast<std::ptrdiff_t>(first), lines_.end());
+    lines_.resize(first);
+  }
+  tokens_.resize(begin);
+  target_.resize(begin);
+  starts_.resize(first + 1);
+  tail->left_out_ = left_out_;
+  return tail;
+}
 
 int64_t ExampleDataset::held_tokens() const { return static_cast<int64_t>(tokens_.size()); }
 
 int64_t ExampleDataset::held_bytes() const {
   return static_cast<int64_t>(tokens_.size() * sizeof(int32_t) + target_.size() +
-                              (starts_.size() + lines_.size()) * sizeof(int64_t));
+                              (starts_.size() + lines_.size() + rows_.size()) * sizeof(int64_t));
 }
 
 ExampleView ExampleDataset::get(int64_t i) const {
   check_example_index(i, size(), source_);
-  const size_t begin = starts_[static_cast<size_t>(i)],
-               n = starts_[static_cast<size_t>(i) + 1] - begin;
-  return {std::span<const int32_t>(tokens_).subspan(begin, n),
-          std::span<const uint8_t>(target_).subspan(begin, n)};
+  // A packed row: examples [rows_[i], rows_[i + 1]) one after another.
+  const size_t first = packed() ? rows_[static_cast<size_t>(i)] : static_cast<size_t>(i);
+  const size_t last = packed() ? rows_[static_cast<size_t>(i) + 1] : first + 1;
+  const size_t begin = starts_[first], n = starts_[last] - begin;
+  ExampleView v(std::span<const int32_t>(tokens_).subspan(begin, n),
+                std::span<const uint8_t>(target_).subspan(begin, n));
+  if (packed())
+    v.example_starts = std::span<const size_t>(starts_).subspan(first, last - first + 1);
+  return v;
 }
 
 namespace {
@@ -534,7 +619,10 @@ std::unique_ptr<Dataset> load_dataset(const std::string& task, const std::string
                                       const std::string& key, const Tokenizer& tok, int64_t seq_len,
                                       bool pack, const std::string& long_prompt_fix) {
   if (task == "text") return load_text_dataset(path, tok, seq_len, pack, key);
-  if (task == "jsonl") return load_jsonl_dataset(path, tok, seq_len, key, long_prompt_fix);
+  if (task == "jsonl") {
+    auto examples = load_jsonl_dataset(path, tok, seq_len, key, long_prompt_fix);
+    return pack ? pack_dataset(std::move(examples), seq_len) : std::move(examples);
+  }
   if (task == "tokens") return load_token_file(path, key, tok, seq_len);
   throw Error(key + " " + path + ": no dataset of task \"" + task +
                   "\" (text, jsonl and tokens are read from files)",
@@ -574,16 +662,29 @@ int64_t truncated_examples(const Dataset& set, const std::string& task, bool pac
 }
 
 std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>> split_dataset(
-    std::unique_ptr<Dataset> all, int64_t n_eval, const std::string& what) {
+    std::unique_ptr<Dataset> all, int64_t n_eval, const std::string& what, bool to_pack) {
   const int64_t n = all->size();
   if (n_eval < 1 || n_eval >= n)
     throw Error(what + ": holding out " + std::to_string(n_eval) + " of " + std::to_string(n) +
                     " examples leaves " + (n_eval < 1 ? "no validation" : "no training") +
                     " example; give a file with more examples or another data.eval_fraction",
                 Error::kUsage);
+  // Parts to pack: two datasets of their own (the validation part moved out of the file's).
+  if (auto* examples = dynamic_cast<ExampleDataset*>(all.get());
+      to_pack && examples && !examples->packed()) {
+    std::unique_ptr<Dataset> eval = examples->split_off(n_eval, what);
+    return {std::move(all), std::move(eval)};
+  }
   std::shared_ptr<const Dataset> shared = std::move(all);
   return {std::make_unique<RangeDataset>(shared, 0, n - n_eval, what + " (training part)"),
           std::make_unique<RangeDataset>(shared, n - n_eval, n_eval, what + " (validation part)")};
+}
+
+std::unique_ptr<Dataset> pack_dataset(std::unique_ptr<Dataset> examples, int64_t seq_len) {
+  auto* held = dynamic_cast<ExampleDataset*>(examples.get());
+  KEEL_CHECK(held && !held->packed(), "pack_dataset: the dataset must be unpacked examples");
+  held->pack_rows(seq_len);
+  return examples;
 }
 
 DatasetFootprint dataset_footprint(const std::string& path, const std::string& task,

@@ -27,6 +27,10 @@ struct ExampleView {
   std::span<const int32_t> tokens;
   std::span<const uint16_t> tokens16;
   std::span<const uint8_t> target;
+  // A packed row (ExampleDataset::pack_rows): where each of its examples starts in the dataset's
+  // storage, then where the last ends (the row is tokens[0, back() - front())); empty when the
+  // view is one example.
+  std::span<const size_t> example_starts;
   ExampleView() = default;
   ExampleView(std::span<const int32_t> t, std::span<const uint8_t> f) : tokens(t), target(f) {}
   ExampleView(std::span<const uint16_t> t, std::span<const uint8_t> f) : tokens16(t), target(f) {}
@@ -46,6 +50,8 @@ class Dataset {
   virtual ~Dataset();
   virtual int64_t size() const = 0;
   virtual ExampleView get(int64_t i) const = 0;  // 0 <= i < size()
+  // The examples its rows hold: size(), or more where rows are packed (ExampleDataset::pack_rows).
+  virtual int64_t examples() const { return size(); }
   // Where example i comes from, for findings that name a batch's examples: "data.jsonl:17" (the
   // file and the 1-based line it starts on) when the dataset knows, else "example 17".
   virtual std::string where(int64_t i) const;
@@ -77,7 +83,21 @@ class ExampleDataset : public Dataset {
   void add(std::span<const int32_t> tokens, std::span<const uint8_t> target, int64_t line = 0);
   void add_all_targets(std::span<const int32_t> tokens, int64_t line = 0);
 
-  int64_t size() const override { return static_cast<int64_t>(starts_.size()) - 1; }
+  // Packs the examples into rows of at most seq_len tokens (data.pack with JSONL), best fit
+  // decreasing as TRL's packing_strategy="bfd": longest first, each into the row it fills most
+  // (the first such row on a tie), or a new row; an example longer than seq_len has a row of its
+  // own (cut by the loader as ever). The storage is reordered row by row, so that a row is one
+  // view of its examples one after another, and from then on size(), get() and where() are the
+  // rows'. Deterministic: the order of the file and the lengths decide.
+  void pack_rows(int64_t seq_len);
+  bool packed() const { return !rows_.empty(); }
+  int64_t examples() const override { return static_cast<int64_t>(starts_.size()) - 1; }
+  // The last n examples, moved into a dataset of their own (a validation split; not packed).
+  std::unique_ptr<ExampleDataset> split_off(int64_t n, std::string source);
+
+  int64_t size() const override {
+    return static_cast<int64_t>(packed() ? rows_.size() : starts_.size()) - 1;
+  }
   ExampleView get(int64_t i) const override;
   const std::string& source() const { return source_; }
   std::string where(int64_t i) const override;
@@ -90,7 +110,8 @@ class ExampleDataset : public Dataset {
  private:
   std::vector<int32_t> tokens_;    // [all tokens]
   std::vector<uint8_t> target_;    // [all tokens]
-  std::vector<size_t> starts_{0};  // [size() + 1] where each example starts; then the end
+  std::vector<size_t> starts_{0};  // [examples + 1] where each example starts; then the end
+  std::vector<size_t> rows_;       // packed: [rows + 1] each row's first example; then the count
   std::string source_;
   std::vector<int64_t> lines_;
   int64_t left_out_ = 0;
@@ -111,10 +132,12 @@ void check_example_index(int64_t i, int64_t size, const std::string& source);
 int64_t truncated_examples(const Dataset& set, const std::string& task, bool pack, int64_t seq_len);
 
 // The last `n_eval` examples of `all` (in order) and the others: a validation split of one file.
-// Both parts are views of `all`, which they share (examples keep their file and line). Errors
-// (kUsage, naming `what`) when either part would be empty.
+// Both parts are views of `all`, which they share (examples keep their file and line); with
+// `to_pack` (a JSONL file's examples, to be packed by pack_dataset), datasets of their own, the
+// validation part moved out of `all`. Errors (kUsage, naming `what`) when either part would be
+// empty.
 std::pair<std::unique_ptr<Dataset>, std::unique_ptr<Dataset>> split_dataset(
-    std::unique_ptr<Dataset> all, int64_t n_eval, const std::string& what);
+    std::unique_ptr<Dataset> all, int64_t n_eval, const std::string& what, bool to_pack = false);
 
 // Plain text file; every token is a target.
 //  pack = false: one example per paragraph (paragraphs are separated by blank lines, i.e. lines
@@ -149,13 +172,18 @@ std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Token
                                             const std::string& long_prompt_fix = kLongPromptFix);
 
 // The dataset of a run's data.task from `path`: "text" (load_text_dataset, `pack` as data.pack),
-// "jsonl" (load_jsonl_dataset) or "tokens" (an llm.c token file, load_token_file in
+// "jsonl" (load_jsonl_dataset; packed into rows by pack_dataset when `pack`) or "tokens" (an
+// llm.c token file, load_token_file in
 // token_file.h). `key` names where the path came from ("data.path", "data.eval_path", "--data")
 // in the errors about the file.
 std::unique_ptr<Dataset> load_dataset(const std::string& task, const std::string& path,
                                       const std::string& key, const Tokenizer& tok, int64_t seq_len,
                                       bool pack,
                                       const std::string& long_prompt_fix = kLongPromptFix);
+
+// A JSONL dataset packed into rows (ExampleDataset::pack_rows): `examples` must be one that
+// load_jsonl_dataset or split_dataset returned.
+std::unique_ptr<Dataset> pack_dataset(std::unique_ptr<Dataset> examples, int64_t seq_len);
 
 // What loading a text or JSONL file will hold, before it is loaded (a token file: its header's
 // count; the ids stay in the file's mapping, not counted): the examples of its first MiB

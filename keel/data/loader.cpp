@@ -28,10 +28,12 @@ Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_le
     longest = std::max<int64_t>(longest, static_cast<int64_t>(rows.back().size()));
   }
   const int64_t T = padded_length(longest, seq_len);
+  const bool packed = !rows.front().example_starts.empty();
   Batch b;
-  b.input_ids = Tensor::empty({B, T}, DType::I64);      // [B, T]
-  b.labels = Tensor::empty({B, T}, DType::I64);         // [B, T]
-  b.attention_mask = Tensor::empty({B, T}, DType::U8);  // [B, T]
+  if (packed) b.position_ids = Tensor::empty({B, T}, DType::I64);  // [B, T]
+  b.input_ids = Tensor::empty({B, T}, DType::I64);                 // [B, T]
+  b.labels = Tensor::empty({B, T}, DType::I64);                    // [B, T]
+  b.attention_mask = Tensor::empty({B, T}, DType::U8);             // [B, T]
   int64_t* in = b.input_ids.data_as<int64_t>();
   int64_t* lab = b.labels.data_as<int64_t>();
   uint8_t* mask = b.attention_mask.data_as<uint8_t>();
@@ -42,12 +44,22 @@ Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_le
     int64_t* in_r = in + r * T;
     int64_t* lab_r = lab + r * T;
     uint8_t* mask_r = mask + r * T;
+    // A packed row's examples start at these offsets (the first at 0).
+    std::vector<int64_t> example_start(1, 0);
+    for (size_t k = 1; k + 1 < e.example_starts.size(); ++k)
+      example_start.push_back(static_cast<int64_t>(e.example_starts[k] - e.example_starts[0]));
+    size_t next = 1;  // the next example's index in example_start
+    int64_t pos = 0;
     for (int64_t t = 0; t < T; ++t) {
       const bool real = t < len;
       in_r[t] = real ? e.id(static_cast<size_t>(t)) : pad_id;
       mask_r[t] = real ? 1 : 0;
-      // Position t predicts token t+1, which must exist within the kept row and be a target.
-      const bool labeled = t + 1 < len && e.target[static_cast<size_t>(t + 1)] != 0;
+      while (next < example_start.size() && t == example_start[next]) ++next, pos = 0;
+      if (packed) b.position_ids.data_as<int64_t>()[r * T + t] = pos++;
+      // Position t predicts token t+1, which must exist within the kept row, be a target and
+      // belong to the same example.
+      const bool same_example = next >= example_start.size() || t + 1 != example_start[next];
+      const bool labeled = t + 1 < len && same_example && e.target[static_cast<size_t>(t + 1)] != 0;
       lab_r[t] = labeled ? e.id(static_cast<size_t>(t + 1)) : kIgnoreLabel;
       b.n_targets += labeled;
     }

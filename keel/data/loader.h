@@ -18,10 +18,15 @@ struct Batch {
   Tensor labels;          // [B, T] I64: tokens[t + 1] when that token is a target, else -100
                           //   (context tokens, padding, and the last real and last row position)
   Tensor attention_mask;  // [B, T] U8: 1 on real tokens, 0 on padding
-  int64_t n_targets = 0;  // labels != -100 (the token count a loss mean divides by)
+  // [B, T] I64, packed rows only (data.pack with JSONL; else undefined): each token's position in
+  // its example, restarting at 0 on an example's first token; padding goes on counting. The
+  // model's RoPE angles or wpe rows, and which keys a query sees (its own example's).
+  Tensor position_ids;
+  int64_t n_targets = 0;             // labels != -100 (the token count a loss mean divides by)
   std::vector<int64_t> example_ids;  // dataset index of each row
 
-  // The same batch with its tensors on `dev` (itself on the cpu).
+  // The same batch with its tensors on `dev` (itself on the cpu). position_ids stay on the cpu:
+  // the host builds RoPE's tables and attention's bounds from them.
   Batch to(Device dev) const {
     if (dev.is_cpu()) return *this;
     Batch d = *this;
@@ -42,7 +47,9 @@ int64_t padded_length(int64_t longest, int64_t seq_len);
 
 // Collates the listed examples: each row keeps the first seq_len tokens (longer examples are
 // truncated at the end) and is right-padded with pad_id to padded_length(the longest row,
-// seq_len), or to seq_len itself when `to_longest` is false (data.padding = "max_length").
+// seq_len), or to seq_len itself when `to_longest` is false (data.padding = "max_length"). Rows of
+// a packed dataset (ExampleView::example_starts) get position_ids, and the last token of each of
+// their examples no label: an example never predicts the next one's first token.
 // seq_len >= 2, ids non-empty.
 Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_len, int64_t pad_id,
               bool to_longest = true);

@@ -45,7 +45,7 @@ void ModelSpec::validate() const {
 Tensor CausalLM::forward_cached(const Tensor& ids, KVCache& cache) {
   KEEL_CHECK(ids.dim() == 2 && ids.size(0) == 1,
              "forward_cached: input_ids must be [1, T], got " + shape_str(ids.shape()));
-  Tensor logits = run(ids, Tensor(), &cache);
+  Tensor logits = run(ids, ops::AttentionMask(), &cache);
   cache.length += ids.size(1);
   return logits;
 }

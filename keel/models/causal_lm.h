@@ -67,10 +67,14 @@ class CausalLM : public nn::Module {
  public:
   CausalLM(std::string type, ModelSpec spec)
       : nn::Module(std::move(type)), spec_(std::move(spec)) {}
-  // input_ids: I64 [B, T]; attention_mask: U8 [B, T] (1 real, 0 pad) or undefined.
+  // input_ids: I64 [B, T]; attention_mask: U8 [B, T] (1 real, 0 pad) or undefined;
+  // position_ids: I64 [B, T] on the CPU, or undefined (0..T-1): a packed row's positions, which
+  // restart at 0 on each example's first token; each example then attends only to itself
+  // (ops/attention.h) and takes the positions (RoPE's angles, GPT-2's wpe rows) it takes alone.
   // Returns logits [B, T, V] in the dtype of the last projection (compute dtype under autocast).
-  Tensor forward(const Tensor& input_ids, const Tensor& attention_mask) {
-    return run(input_ids, attention_mask, nullptr);
+  Tensor forward(const Tensor& input_ids, const Tensor& attention_mask,
+                 const Tensor& position_ids = Tensor()) {
+    return run(input_ids, ops::AttentionMask(attention_mask, position_ids), nullptr);
   }
   // Incremental decoding (batch 1, no padding): the logits [1, Tn, V] of input_ids [1, Tn] at
   // positions [cache.length, cache.length + Tn), attending to every position the cache holds,
@@ -107,7 +111,7 @@ class CausalLM : public nn::Module {
  protected:
   // The forward of the family; with a cache, positions start at cache->length (batch 1, no mask)
   // and every layer appends its keys and values.
-  virtual Tensor run(const Tensor& input_ids, const Tensor& attention_mask, KVCache* cache) = 0;
+  virtual Tensor run(const Tensor& input_ids, const ops::AttentionMask& mask, KVCache* cache) = 0;
   // x through `blocks` in order, block i's forward being block_forward(i, x) (which must own what
   // it captures: a checkpointed segment calls it again inside backward); checkpointed as
   // set_activation_checkpointing() says when `may_checkpoint` (no KV cache) and training.

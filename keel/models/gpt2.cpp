@@ -18,8 +18,8 @@ GPT2Attention::GPT2Attention(const ModelSpec& s)
   resid_dropout = register_module("resid_dropout", std::make_unique<nn::Dropout>(s.dropout));
 }
 
-Tensor GPT2Attention::forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
-                              KVCache* cache, size_t layer) {
+Tensor GPT2Attention::forward(const Tensor& x, const ops::AttentionMask& mask,
+                              ops::AttentionBackend backend, KVCache* cache, size_t layer) {
   return call({x}, [&] {
     Tensor qkv = c_attn->forward(x);                              // [B, T, 3C]
     auto parts = ops::split_last(qkv, {n_embd, n_embd, n_embd});  // 3 x [B, T, C]
@@ -62,8 +62,8 @@ GPT2Block::GPT2Block(const ModelSpec& s) : nn::Module("GPT2Block") {
   mlp = register_module("mlp", std::make_unique<GPT2MLP>(s));
 }
 
-Tensor GPT2Block::forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
-                          KVCache* cache, size_t layer) {
+Tensor GPT2Block::forward(const Tensor& x, const ops::AttentionMask& mask,
+                          ops::AttentionBackend backend, KVCache* cache, size_t layer) {
   return call({x}, [&] {
     Tensor h = nn::residual_add(x, attn->forward(ln_1->forward(x), mask, backend, cache, layer));
     return nn::residual_add(h, mlp->forward(ln_2->forward(h)));
@@ -88,7 +88,7 @@ GPT2LMHeadModel::GPT2LMHeadModel(const ModelSpec& s, uint64_t seed)
   init_parameters(*this, seed);  // HF's GPT2PreTrainedModel._init_weights (init_std)
 }
 
-Tensor GPT2LMHeadModel::run(const Tensor& ids, const Tensor& mask, KVCache* cache) {
+Tensor GPT2LMHeadModel::run(const Tensor& ids, const ops::AttentionMask& mask, KVCache* cache) {
   return call({ids}, [&] {
     KEEL_CHECK(ids.dim() == 2, "GPT-2 input_ids must be [B, T], got " + shape_str(ids.shape()));
     const int64_t B = ids.size(0), T = ids.size(1), past = cache ? cache->length : 0;
@@ -96,12 +96,15 @@ Tensor GPT2LMHeadModel::run(const Tensor& ids, const Tensor& mask, KVCache* cach
       throw Error("sequence length " + std::to_string(past + T) +
                   " exceeds the model's max_seq_len " + std::to_string(spec_.max_seq_len) +
                   " (raise model.max_seq_len or lower data.seq_len)");
-    std::vector<int64_t> pos(B * T);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < T; ++t) pos[b * T + t] = past + t;
-    Tensor x = nn::residual_add(
-        transformer->wte->forward(ids),
-        transformer->wpe->forward(Tensor::from_ints(pos, {B, T}).to(ids.device())));
+    Tensor pos = mask.positions;  // a packed row's own, each example from 0
+    if (!pos.defined()) {
+      std::vector<int64_t> p(B * T);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < T; ++t) p[b * T + t] = past + t;
+      pos = Tensor::from_ints(p, {B, T});
+    }
+    Tensor x = nn::residual_add(transformer->wte->forward(ids),
+                                transformer->wpe->forward(pos.to(ids.device())));
     x = transformer->drop->forward(x);
     const ops::AttentionBackend backend = spec_.attention;
     x = run_blocks(

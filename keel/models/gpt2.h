@@ -12,7 +12,7 @@ namespace keel::models {
 class GPT2Attention : public nn::Module {
  public:
   explicit GPT2Attention(const ModelSpec& s);
-  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
+  Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
                  KVCache* cache = nullptr, size_t layer = 0);  // [B,T,C]
   nn::Linear *c_attn, *c_proj;
   nn::Dropout* resid_dropout;
@@ -30,7 +30,7 @@ class GPT2MLP : public nn::Module {
 class GPT2Block : public nn::Module {
  public:
   explicit GPT2Block(const ModelSpec& s);
-  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
+  Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
                  KVCache* cache = nullptr, size_t layer = 0);
   nn::LayerNorm *ln_1, *ln_2;
   GPT2Attention* attn;
@@ -57,7 +57,7 @@ class GPT2LMHeadModel : public CausalLM {
   }
 
  protected:
-  Tensor run(const Tensor& input_ids, const Tensor& attention_mask, KVCache* cache) override;
+  Tensor run(const Tensor& input_ids, const ops::AttentionMask& mask, KVCache* cache) override;
 };
 
 }  // namespace keel::models

@@ -28,8 +28,8 @@ LlamaAttention::LlamaAttention(const ModelSpec& s)
   }
 }
 
-Tensor LlamaAttention::forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
-                               KVCache* cache, size_t layer) {
+Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
+                               ops::AttentionBackend backend, KVCache* cache, size_t layer) {
   return call({x}, [&] {
     using amp::AmpOp;
     const float theta = static_cast<float>(rope_theta);
@@ -40,8 +40,13 @@ Tensor LlamaAttention::forward(const Tensor& x, const Tensor& mask, ops::Attenti
       q = q_norm->forward(q);
       k = k_norm->forward(k);
     }
-    q = ops::rope(q, theta, past, rope_scaling);
-    k = ops::rope(k, theta, past, rope_scaling);
+    if (mask.positions.defined()) {  // a packed row: each example from position 0
+      q = ops::rope(q, theta, mask.positions, rope_scaling);
+      k = ops::rope(k, theta, mask.positions, rope_scaling);
+    } else {
+      q = ops::rope(q, theta, past, rope_scaling);
+      k = ops::rope(k, theta, past, rope_scaling);
+    }
     Tensor v = ops::split_heads(v_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
     q = amp::autocast(AmpOp::kAttention, q);
     k = amp::autocast(AmpOp::kAttention, k);
@@ -86,7 +91,7 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s) : nn::Module("LlamaDeco
   mlp = register_module("mlp", std::make_unique<LlamaMLP>(s));
 }
 
-Tensor LlamaDecoderLayer::forward(const Tensor& x, const Tensor& mask,
+Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mask,
                                   ops::AttentionBackend backend, KVCache* cache, size_t layer) {
   return call({x}, [&] {
     Tensor h = nn::residual_add(
@@ -115,7 +120,7 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelSpec& s, uint64_t seed)
   init_parameters(*this, seed);  // HF's LlamaPreTrainedModel._init_weights (init_std)
 }
 
-Tensor LlamaForCausalLM::run(const Tensor& ids, const Tensor& mask, KVCache* cache) {
+Tensor LlamaForCausalLM::run(const Tensor& ids, const ops::AttentionMask& mask, KVCache* cache) {
   return call({ids}, [&] {
     KEEL_CHECK(ids.dim() == 2, "Llama input_ids must be [B, T], got " + shape_str(ids.shape()));
     Tensor x = model->embed_tokens->forward(ids);

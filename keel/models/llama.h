@@ -12,7 +12,7 @@ namespace keel::models {
 class LlamaAttention : public nn::Module {
  public:
   explicit LlamaAttention(const ModelSpec& s);
-  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
+  Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
                  KVCache* cache = nullptr, size_t layer = 0);  // [B,T,C]
   nn::Linear *q_proj, *k_proj, *v_proj, *o_proj;
   nn::RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // Qwen3's (ModelSpec::qk_norm()); else null
@@ -31,7 +31,7 @@ class LlamaMLP : public nn::Module {
 class LlamaDecoderLayer : public nn::Module {
  public:
   explicit LlamaDecoderLayer(const ModelSpec& s);
-  Tensor forward(const Tensor& x, const Tensor& mask, ops::AttentionBackend backend,
+  Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
                  KVCache* cache = nullptr, size_t layer = 0);
   nn::RMSNorm *input_layernorm, *post_attention_layernorm;
   LlamaAttention* self_attn;
@@ -58,7 +58,7 @@ class LlamaForCausalLM : public CausalLM {
   }
 
  protected:
-  Tensor run(const Tensor& input_ids, const Tensor& attention_mask, KVCache* cache) override;
+  Tensor run(const Tensor& input_ids, const ops::AttentionMask& mask, KVCache* cache) override;
 };
 
 }  // namespace keel::models

@@ -95,6 +95,7 @@ std::string write_nan_capture(Trainer& trainer, const NonfiniteEvent& ev, int ra
       batches.emplace_back(p + "input_ids", b.input_ids);
       batches.emplace_back(p + "labels", b.labels);
       batches.emplace_back(p + "attention_mask", b.attention_mask);
+      if (b.position_ids.defined()) batches.emplace_back(p + "position_ids", b.position_ids);
       // Micro-batch i of rank r is micro-batch r + i * W of the global window (its dropout seed).
       const uint64_t global =
           static_cast<uint64_t>(ev.rank) + i * static_cast<uint64_t>(ev.world_size);
@@ -281,6 +282,27 @@ Capture read_nan_capture(const std::string& dir) {
                       " as its input_ids; the capture is corrupt: re-run the training to write a "
                       "new one",
                   Error::kUsage);
+    // A packed run's rows: which tokens start an example (ops::attention checks the rest).
+    if (const Tensor* pos = c.batches.find(p + "position_ids")) {
+      if (pos->dtype() != DType::I64 || pos->shape() != b.input_ids.shape())
+        throw Error(dir + "/microbatches.safetensors: " + p + "position_ids is " +
+                        dtype_name(pos->dtype()) + " " + shape_str(pos->shape()) + ", not i64 " +
+                        shape_str(b.input_ids.shape()) +
+                        " as its input_ids; the capture is corrupt: re-run the training to write "
+                        "a new one",
+                    Error::kUsage);
+      const int64_t* v = pos->data_as<int64_t>();
+      const int64_t T = pos->dim() == 2 ? pos->size(1) : 1;
+      for (int64_t k = 0; k < pos->numel(); ++k)
+        if (v[k] != 0 && (k % T == 0 || v[k] != v[k - 1] + 1))
+          throw Error(dir + "/microbatches.safetensors: " + p + "position_ids holds " +
+                          std::to_string(v[k]) + " at " + shape_str(shape_index(pos->shape(), k)) +
+                          ", where a packed row's position is 0 (an example's first token) or "
+                          "the one before it plus 1; the capture is corrupt: re-run the training "
+                          "to write a new one",
+                      Error::kUsage);
+      b.position_ids = *pos;
+    }
     if (b.input_ids.dtype() != DType::I64 || b.labels.dtype() != DType::I64 ||
         b.input_ids.dim() != 2 || b.labels.shape() != b.input_ids.shape())
       throw Error(dir + "/microbatches.safetensors: " + p +

@@ -25,7 +25,8 @@
 //                           autocast uses are a deterministic rounding of them, recomputed on
 //                           replay), the bf16/f16 parameters themselves under the -true policies
 //   optimizer.safetensors   optimizer state (moments and step counts)
-//   microbatches.safetensors  mb{i}.input_ids / mb{i}.labels / mb{i}.attention_mask
+//   microbatches.safetensors  mb{i}.input_ids / mb{i}.labels / mb{i}.attention_mask, and
+//                           mb{i}.position_ids where the rows are packed (data.pack with JSONL)
 // The capture runs after unscale and before any update, so it reads state that is still intact:
 // nothing is cloned per step, and a step the scaler handles (a finite loss whose scaled gradients
 // overflowed) never reaches it.

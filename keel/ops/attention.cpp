@@ -81,9 +81,33 @@ void mm_into(Tensor& out, float alpha, const Tensor& a, const Tensor& b, DType i
     ew(dev).convert(out.data(), out.dtype(), acc.data(), DType::F32, acc.numel());
 }
 
-// Validates the operands and describes them for the kernels (mask pointer set by the caller).
+// A packed row's positions: I64 [B, T] on the CPU, each row restarting at 0 and counting up by one
+// (the kernels' first_key(b, i) = i - position is then an example's first token, never after i).
+void check_positions(const Tensor& pos, const AttentionDims& d, Device dev) {
+  if (pos.dtype() != DType::I64 || pos.shape() != Shape{d.batch, d.seq})
+    throw Error(std::string("attention: positions must be i64 [B, T] = ") +
+                shape_str({d.batch, d.seq}) + ", got " + dtype_name(pos.dtype()) + " " +
+                shape_str(pos.shape()));
+  if (!dev.is_cpu() || !pos.device().is_cpu())
+    throw Error("attention: packed rows (positions) attend on the CPU only; the " + dev.str() +
+                    " kernels take no positions yet: set data.pack = false, or run.device = cpu",
+                Error::kUsage);
+  const int64_t* p = pos.data_as<int64_t>();
+  for (int64_t b = 0; b < d.batch; ++b)
+    for (int64_t i = 0; i < d.seq; ++i) {
+      const int64_t v = p[b * d.seq + i];
+      if (v != 0 && (i == 0 || v != p[b * d.seq + i - 1] + 1))
+        throw Error("attention: positions[" + std::to_string(b) + ", " + std::to_string(i) +
+                    "] = " + std::to_string(v) +
+                    " neither starts an example (0) nor follows the position before it by one; "
+                    "packed positions restart at 0 on each example's first token");
+    }
+}
+
+// Validates the operands and describes them for the kernels (mask pointers set by the caller).
 AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& mask) {
+                             const AttentionMask& am) {
+  const Tensor& mask = am.key_padding;
   check_floating("attention", q);
   check_same_dtype("attention", q, k);
   check_same_dtype("attention", q, v);
@@ -119,11 +143,15 @@ AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v,
                     std::to_string(i / d.seq) + ", " + std::to_string(i % d.seq) +
                     "]; use 1 for real tokens and 0 for padding");
   }
+  if (am.positions.defined()) check_positions(am.positions, d, q.device());
   return d;
 }
 
 const uint8_t* mask_ptr(const Tensor& mask) {
   return mask.defined() ? mask.data_as<uint8_t>() : nullptr;
+}
+const int64_t* positions_ptr(const Tensor& pos) {
+  return pos.defined() ? pos.data_as<int64_t>() : nullptr;
 }
 
 // Eager and math. The compute dtype cdt is the input dtype (eager) or f32 (math): scores and
@@ -198,7 +226,7 @@ struct MaterializedAttention {
 struct AttentionNode final : Node {
   AttentionBackend backend;
   AttentionDims dims;
-  Tensor q, k, v, mask;
+  Tensor q, k, v, mask, positions;
   Tensor p32;       // eager, math: probabilities [B, Hq, T, T] f32
   Tensor out, lse;  // flash: output (a handle without grad_fn) and logsumexp [B, Hq, T] f32
 
@@ -206,6 +234,7 @@ struct AttentionNode final : Node {
     const DType dt = q.dtype();
     AttentionDims d = dims;
     d.key_padding_mask = mask_ptr(mask);
+    d.positions = positions_ptr(positions);
     Tensor dq, dk, dv;
     if (needs_grad(0)) dq = Tensor::empty_like(q);
     if (needs_grad(1)) dk = Tensor::empty_like(k);
@@ -236,10 +265,11 @@ struct AttentionNode final : Node {
   }
 };
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
                  AttentionBackend backend) {
-  AttentionDims d = attention_dims(q, k, v, key_padding_mask);
-  d.key_padding_mask = mask_ptr(key_padding_mask);
+  AttentionDims d = attention_dims(q, k, v, mask);
+  d.key_padding_mask = mask_ptr(mask.key_padding);
+  d.positions = positions_ptr(mask.positions);
   const DType dt = q.dtype();
   Tensor out = Tensor::empty(q.shape(), dt, q.device());
   Tensor p32, lse;
@@ -258,7 +288,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor
     n->q = q;
     n->k = k;
     n->v = v;
-    n->mask = key_padding_mask;
+    n->mask = mask.key_padding;
+    n->positions = mask.positions;
     n->p32 = p32;
     if (backend == AttentionBackend::kFlash) {
       n->out = out.view(out.shape());  // shares the data, not the grad_fn: no reference cycle

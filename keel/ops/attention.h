@@ -9,9 +9,15 @@
 // q: [B, Hq, T, D]; k, v: [B, Hkv, T, D] with Hq % Hkv == 0 (grouped-query attention without
 // copying k/v). key_padding_mask: U8 [B, T], 1 = real token, 0 = padding; undefined = none.
 // scale = 1/sqrt(D). A query row with no visible key (fully masked) outputs 0, not NaN.
+//
+// Packed rows (data.pack with JSONL: several examples one after another in a row) give
+// positions: I64 [B, T] that restart at 0 on each example's first token and count up by one (HF's
+// position_ids of a flattened batch). Query i then sees only keys of its own example, from
+// i - positions[b, i] on: an example's outputs are what it computes alone in a row of its own.
 // Masked scores are -inf by intent and are never reported as non-finite findings.
 #pragma once
 #include <string_view>
+#include <utility>
 
 #include "keel/tensor/tensor.h"
 
@@ -21,7 +27,18 @@ enum class AttentionBackend { kEager, kMath, kFlash };
 AttentionBackend attention_backend_from_name(std::string_view name);  // Error on unknown names
 const char* attention_backend_name(AttentionBackend b);
 
-Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& key_padding_mask,
+// What each query sees beyond causality: keys that are padding (key_padding, U8 [B, T], 1 = real)
+// and, in a packed row, keys of other examples (positions, I64 [B, T]). Either may be undefined.
+struct AttentionMask {
+  Tensor key_padding;
+  Tensor positions;
+  AttentionMask() = default;
+  AttentionMask(Tensor key_padding, Tensor positions = Tensor())  // NOLINT: a mask is a mask
+      : key_padding(std::move(key_padding)), positions(std::move(positions)) {}
+};
+
+// Positions on the CPU: the CUDA kernels read no positions yet (an Error names data.pack).
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
                  AttentionBackend backend = AttentionBackend::kEager);
 
 }  // namespace keel::ops

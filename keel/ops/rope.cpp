@@ -9,19 +9,19 @@ namespace keel::ops {
 
 namespace {
 
-// cos and sin of pos * inv_freq[i] for pos = t + offset, t < T, i < D/2, computed in f64 and
-// rounded to f32: an f32 angle loses ~pos * 2^-24 rad, visible at long positions.
+// cos and sin of pos * inv_freq[i] for each position pos, i < D/2, computed in f64 and rounded to
+// f32: an f32 angle loses ~pos * 2^-24 rad, visible at long positions.
 struct RopeTable {
-  Tensor cos, sin;  // [T, D/2] f32
+  Tensor cos, sin;  // [positions, D/2] f32
 };
-RopeTable rope_table(const std::vector<double>& inv_freq, int64_t offset, int64_t t) {
-  const int64_t h = static_cast<int64_t>(inv_freq.size());
-  RopeTable tab{Tensor::empty({t, h}), Tensor::empty({t, h})};
+RopeTable rope_table(const std::vector<double>& inv_freq, const std::vector<int64_t>& positions) {
+  const int64_t h = static_cast<int64_t>(inv_freq.size()), n = std::ssize(positions);
+  RopeTable tab{Tensor::empty({n, h}), Tensor::empty({n, h})};
   float* c = tab.cos.data_as<float>();
   float* s = tab.sin.data_as<float>();
   for (int64_t i = 0; i < h; ++i)
-    for (int64_t p = 0; p < t; ++p) {
-      const double angle = static_cast<double>(p + offset) * inv_freq[i];
+    for (int64_t p = 0; p < n; ++p) {
+      const double angle = static_cast<double>(positions[p]) * inv_freq[i];
       c[p * h + i] = static_cast<float>(std::cos(angle));
       s[p * h + i] = static_cast<float>(std::sin(angle));
     }
@@ -66,46 +66,81 @@ std::vector<double> rope_inv_freq(double theta, int64_t head_dim, const RopeScal
   return inv;
 }
 
+namespace {
+
+// x [B, H, T, D] rotated into out by the table's angles: one table [T, D/2] for every batch row
+// (`per_row` false), or one for each ([B * T, D/2], a packed batch's own positions).
+void rotate(Tensor& out, const Tensor& x, const RopeTable& tab, bool per_row, bool inverse) {
+  const int64_t t = x.size(2), d = x.size(3);
+  const float* c = tab.cos.data_as<float>();
+  const float* s = tab.sin.data_as<float>();
+  const RopeKernels& k = rope_kernels(x.device());
+  if (!per_row)
+    return k.rotate(out.data(), x.data(), c, s, x.dtype(), x.size(0) * x.size(1), t, d, inverse);
+  const int64_t row_elems = x.size(1) * t * d, h = d / 2;
+  const size_t bytes = dtype_size(x.dtype());
+  for (int64_t b = 0; b < x.size(0); ++b)
+    k.rotate(static_cast<char*>(out.data()) + b * row_elems * bytes,
+             static_cast<const char*>(x.data()) + b * row_elems * bytes, c + b * t * h,
+             s + b * t * h, x.dtype(), x.size(1), t, d, inverse);
+}
+
 struct RopeNode final : Node {
   RopeTable tab;
-  int64_t rows = 0, t = 0, d = 0;
+  bool per_row = false;
   std::vector<Tensor> backward(const Tensor& g) override {  // g [B, H, T, D]
     // The rotation is orthogonal: its gradient is the inverse rotation of g.
     Tensor gx = Tensor::empty_like(g);
-    rope_kernels(g.device())
-        .rotate(gx.data(), g.data(), tab.cos.data_as<float>(), tab.sin.data_as<float>(), g.dtype(),
-                rows, t, d, /*inverse=*/true);
+    rotate(gx, g, tab, per_row, /*inverse=*/true);
     return {gx};
   }
   const char* name() const override { return "rope"; }
 };
 
-Tensor rope(const Tensor& x, float theta, int64_t pos_offset, const RopeScaling& scaling) {
-  check_floating("rope", x);
-  KEEL_CHECK(x.dim() == 4,
-             "rope: x must be [B, H, T, D] (split-heads layout), got " + shape_str(x.shape()));
-  const int64_t t = x.size(2), d = x.size(3);
-  KEEL_CHECK(d % 2 == 0, "rope: head dim D = " + std::to_string(d) +
-                             " must be even (pairs (i, i + D/2) rotate together)");
-  KEEL_CHECK(theta > 0.f && std::isfinite(theta),
-             "rope: theta = " + std::to_string(theta) + " must be positive and finite");
-  KEEL_CHECK(pos_offset >= 0, "rope: pos_offset = " + std::to_string(pos_offset) + " must be >= 0");
-  const int64_t rows = x.size(0) * x.size(1);
-  RopeTable tab = rope_table(rope_inv_freq(theta, d, scaling), pos_offset, t);
-  if (!x.device().is_cpu()) tab = {tab.cos.to(x.device()), tab.sin.to(x.device())};  // [T, D/2]
-  Tensor out = Tensor::empty_like(x);                                                // [B, H, T, D]
-  rope_kernels(x.device())
-      .rotate(out.data(), x.data(), tab.cos.data_as<float>(), tab.sin.data_as<float>(), x.dtype(),
-              rows, t, d, /*inverse=*/false);
+Tensor rope_with_table(const Tensor& x, RopeTable tab, bool per_row) {
+  if (!x.device().is_cpu()) tab = {tab.cos.to(x.device()), tab.sin.to(x.device())};
+  Tensor out = Tensor::empty_like(x);  // [B, H, T, D]
+  rotate(out, x, tab, per_row, /*inverse=*/false);
   if (any_requires_grad({&x})) {
     auto node = std::make_shared<RopeNode>();
     node->tab = std::move(tab);
-    node->rows = rows;
-    node->t = t;
-    node->d = d;
+    node->per_row = per_row;
     record_node(out, node, {&x});
   }
   return out;
+}
+
+void check_rope_input(const Tensor& x, float theta) {
+  check_floating("rope", x);
+  KEEL_CHECK(x.dim() == 4,
+             "rope: x must be [B, H, T, D] (split-heads layout), got " + shape_str(x.shape()));
+  KEEL_CHECK(x.size(3) % 2 == 0, "rope: head dim D = " + std::to_string(x.size(3)) +
+                                     " must be even (pairs (i, i + D/2) rotate together)");
+  KEEL_CHECK(theta > 0.f && std::isfinite(theta),
+             "rope: theta = " + std::to_string(theta) + " must be positive and finite");
+}
+
+}  // namespace
+
+Tensor rope(const Tensor& x, float theta, int64_t pos_offset, const RopeScaling& scaling) {
+  check_rope_input(x, theta);
+  KEEL_CHECK(pos_offset >= 0, "rope: pos_offset = " + std::to_string(pos_offset) + " must be >= 0");
+  std::vector<int64_t> pos(static_cast<size_t>(x.size(2)));
+  for (size_t p = 0; p < pos.size(); ++p) pos[p] = pos_offset + static_cast<int64_t>(p);
+  return rope_with_table(x, rope_table(rope_inv_freq(theta, x.size(3), scaling), pos), false);
+}
+
+Tensor rope(const Tensor& x, float theta, const Tensor& positions, const RopeScaling& scaling) {
+  check_rope_input(x, theta);
+  const Shape bt{x.size(0), x.size(2)};
+  KEEL_CHECK(
+      positions.dtype() == DType::I64 && positions.device().is_cpu() && positions.shape() == bt,
+      "rope: positions must be cpu i64 [B, T] = " + shape_str(bt) + ", got " +
+          positions.device().str() + " " + dtype_name(positions.dtype()) + " " +
+          shape_str(positions.shape()));
+  const std::vector<int64_t> pos = positions.to_ints();
+  for (int64_t p : pos) KEEL_CHECK(p >= 0, "rope: position " + std::to_string(p) + " is negative");
+  return rope_with_table(x, rope_table(rope_inv_freq(theta, x.size(3), scaling), pos), true);
 }
 
 }  // namespace keel::ops

@@ -31,4 +31,8 @@ std::vector<double> rope_inv_freq(double theta, int64_t head_dim, const RopeScal
 Tensor rope(const Tensor& x, float theta = 10000.f, int64_t pos_offset = 0,
             const RopeScaling& scaling = {});
 
+// The same rotation at given positions: I64 [B, T] on the CPU, batch row b's tokens at
+// positions[b, :] (a packed row's positions restart at each example's first token).
+Tensor rope(const Tensor& x, float theta, const Tensor& positions, const RopeScaling& scaling = {});
+
 }  // namespace keel::ops

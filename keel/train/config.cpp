@@ -671,14 +671,22 @@ void validate(Config& c, const Origins& origins) {
                 (c.data.task == "tokens" ? std::string("llm.c token") : c.data.task) +
                 " file to train on)");
   // data.pack = true with another task was ignored without a word (keel eval --pack refuses it).
-  if (c.data.pack && c.data.task != "text")
+  if (c.data.pack && c.data.task != "text" && c.data.task != "jsonl")
     throw usage("data.pack = true" + at("data.pack") +
-                " packs a text file into rows; data.task = \"" + c.data.task + "\"" +
+                " packs a text or JSONL file into rows; data.task = \"" + c.data.task + "\"" +
                 at("data.task") +
-                (c.data.task == "tokens"  ? std::string(" is trained packed already")
-                 : c.data.task == "jsonl" ? std::string(" keeps each example in a row of its own")
-                                          : std::string(" makes one problem a row")) +
+                (c.data.task == "tokens" ? std::string(" is trained packed already")
+                                         : std::string(" makes one problem a row")) +
                 "; remove data.pack (or set it to false)");
+  // Packed JSONL rows keep their examples apart in attention by position, which only the CPU
+  // kernels read yet: the run would stop at its first step.
+  if (c.data.pack && c.data.task == "jsonl" && c.run.device.rfind("cuda", 0) == 0)
+    throw usage("data.pack = true" + at("data.pack") +
+                " with data.task = \"jsonl\" and run.device = \"" + c.run.device + "\"" +
+                at("run.device") +
+                ": packed examples attend only to themselves through their positions, which keel's "
+                "CUDA attention does not read yet; set run.device = \"cpu\", or data.pack = false "
+                "(one example a row)");
   if (!c.data.eval_path.empty() && c.data.eval_fraction > 0)
     throw usage(prefix("data.eval_path") +
                 "data.eval_path and data.eval_fraction both give a validation split; set one");

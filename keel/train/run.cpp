@@ -138,7 +138,12 @@ RunData build_data(const Config& cfg) {
     d.stop_token = task.stop_token;
     d.max_answer_tokens = task.max_answer_tokens;
   } else if (dc.task == "text" || dc.task == "jsonl" || dc.task == "tokens") {
-    d.train = data::load_dataset(dc.task, dc.path, "data.path", *d.tokenizer, dc.seq_len, dc.pack);
+    // JSONL examples are packed after the split: the validation part is the file's last examples,
+    // not the rows best-fit packing fills last (its shortest examples).
+    const bool pack_split =
+        dc.task == "jsonl" && dc.pack && dc.eval_path.empty() && dc.eval_fraction > 0;
+    d.train = data::load_dataset(dc.task, dc.path, "data.path", *d.tokenizer, dc.seq_len,
+                                 dc.pack && !pack_split);
     d.files.emplace_back("data.path", file_fingerprint(dc.path));
     if (!dc.eval_path.empty()) {
       d.eval = data::load_dataset(dc.task, dc.eval_path, "data.eval_path", *d.tokenizer, dc.seq_len,
@@ -147,9 +152,9 @@ RunData build_data(const Config& cfg) {
     } else if (dc.eval_fraction > 0) {
       const auto n_eval = std::max<int64_t>(
           1, std::llround(dc.eval_fraction * static_cast<double>(d.train->size())));
-      auto [train, eval] = data::split_dataset(std::move(d.train), n_eval, dc.path);
-      d.train = std::move(train);
-      d.eval = std::move(eval);
+      auto [train, eval] = data::split_dataset(std::move(d.train), n_eval, dc.path, pack_split);
+      d.train = pack_split ? data::pack_dataset(std::move(train), dc.seq_len) : std::move(train);
+      d.eval = pack_split ? data::pack_dataset(std::move(eval), dc.seq_len) : std::move(eval);
     }
   } else {
     throw Error("data.task = \"" + dc.task + "\": use arith, text or jsonl", Error::kUsage);

@@ -121,18 +121,25 @@ void Trainer::count_unselected(const std::vector<data::Batch>& window) {
     if (k == run_.trainable.size()) continue;  // frozen (an adapter run): no gradient
     const Tensor& w = run_.trainable[k].second;
     const int64_t V = w.size(0);
-    // A position reaches the loss only through itself and later positions (causal attention):
-    // an input after its sequence's last target (padding, the last token) passes no gradient.
+    // A position reaches the loss only through itself and later positions of its example
+    // (causal attention, within the example in a packed row): an input after its example's last
+    // target (padding, the last token) passes no gradient.
     std::vector<double> selected(static_cast<size_t>(V), 0.0);  // doubles: one all-reduce max
     for (const data::Batch& b : window) {
       const int64_t B = b.input_ids.size(0), T = b.input_ids.size(1);
       const std::vector<int64_t> ids = b.input_ids.to_ints(), labels = b.labels.to_ints();
+      const std::vector<int64_t> pos =
+          b.position_ids.defined() ? b.position_ids.to_ints() : std::vector<int64_t>();
       for (int64_t i = 0; i < B; ++i) {
-        int64_t last = T - 1;
-        while (last >= 0 && labels[i * T + last] == -100) --last;
-        for (int64_t j = 0; j <= last; ++j)
-          if (const int64_t row = t.by_position ? j : ids[i * T + j]; row >= 0 && row < V)
+        bool reaches = false;  // a target at or after j in j's example
+        for (int64_t j = T - 1; j >= 0; --j) {
+          const int64_t at = pos.empty() ? j : pos[i * T + j];
+          reaches = reaches || labels[i * T + j] != -100;
+          if (const int64_t row = t.by_position ? at : ids[i * T + j];
+              reaches && row >= 0 && row < V)
             selected[static_cast<size_t>(row)] = 1;
+          if (at == 0) reaches = false;  // the example before j's is another
+        }
       }
     }
     if (coll_->world_size() > 1) {  // the gradients are summed over the ranks: so are the rows
@@ -538,7 +545,7 @@ double forward_backward(Run& run, const std::vector<data::Batch>& window, uint64
 
 Tensor batch_loss_sum(models::CausalLM& model, const data::Batch& b,
                       std::vector<double>* row_sums) {
-  Tensor logits = model.forward(b.input_ids, b.attention_mask);  // [B, T, V]
+  Tensor logits = model.forward(b.input_ids, b.attention_mask, b.position_ids);  // [B, T, V]
   const int64_t T = logits.size(1), V = logits.size(-1);
   auto loss_sum = [&](const Tensor& l, const Tensor& labels) {
     Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(l, {-1, V}));

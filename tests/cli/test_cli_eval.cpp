@@ -802,9 +802,14 @@ TEST(CliEval, BadInputNamesTheFlagKeyOrFile) {
                   "gpt2:DIR for llm.c's GPT-2 files, --tokenizer hf:PATH for Llama 3's)");
   EXPECT_NOT_CONTAINS(other, "data.tokenizer");
   // Flags that mean nothing for the data were taken without a word.
-  EXPECT_CONTAINS(
-      eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--task", "jsonl", "--pack"}),
-      "--pack applies to text files");
+  EXPECT_CONTAINS(eval_err({f.base, "--data", bin, "--tokenizer", "byte", "--pack"}),
+                  "--pack applies to text and JSONL files; " + bin +
+                      " is read as tokens (a token file's rows are packed already)");
+  // A packed row's loss is its examples': one loss a line needs one example a row.
+  EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", "--task", "jsonl",
+                            "--pack", "--per-example", f.dir + "/per.jsonl"}),
+                  "--pack with --per-example: one loss a line needs one example a row; leave "
+                  "--pack out");
   // 0 was taken as "the default" without a word.
   for (const char* flag : {"--seq-len", "--batch-size"})
     EXPECT_CONTAINS(eval_err({f.base, "--data", f.val, "--tokenizer", "byte", flag, "0"}),

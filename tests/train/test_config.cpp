@@ -535,15 +535,26 @@ TEST(Config, RulesAcrossKeysNameBothKeysAndWhereTheyCameFrom) {
       << msg;
   // data.pack with a task it does not apply to was ignored without a word.
   msg = usage_error([] {
-    load_config("", {"data.task=jsonl", "data.path=a.jsonl", "data.pack=true"});
+    load_config("", {"data.task=tokens", "data.path=a.bin", "data.pack=true"});
   });
-  EXPECT_NE(msg.find("data.pack = true (--set data.pack=true) packs a text file into rows; "
-                     "data.task = \"jsonl\" (--set data.task=jsonl) keeps each example in a row "
-                     "of its own; remove data.pack"),
+  EXPECT_NE(msg.find("data.pack = true (--set data.pack=true) packs a text or JSONL file into "
+                     "rows; data.task = \"tokens\" (--set data.task=tokens) is trained packed "
+                     "already; remove data.pack"),
             std::string::npos)
       << msg;
   EXPECT_NE(set_error("data.pack=true").find("makes one problem a row"), std::string::npos);
   EXPECT_NO_THROW(load_config("", {"data.task=text", "data.path=a.txt", "data.pack=true"}));
+  EXPECT_NO_THROW(load_config("", {"data.task=jsonl", "data.path=a.jsonl", "data.pack=true"}));
+  // Packed JSONL examples keep apart by their positions, which CUDA's attention does not read:
+  // refused before the model loads, not at the first step.
+  msg = usage_error([] {
+    load_config("", {"data.task=jsonl", "data.path=a.jsonl", "data.pack=true", "run.device=cuda"});
+  });
+  EXPECT_NE(msg.find("data.pack = true (--set data.pack=true) with data.task = \"jsonl\" and "
+                     "run.device = \"cuda\" (--set run.device=cuda): packed examples attend only "
+                     "to themselves"),
+            std::string::npos)
+      << msg;
   msg = usage_error([] { load_config("", {"scaler.min_scale=4", "scaler.max_scale=2"}); });
   EXPECT_NE(
       msg.find("scaler.min_scale = 4 (--set scaler.min_scale=4) is above scaler.max_scale = 2"),
