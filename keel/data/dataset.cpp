@@ -718,9 +718,11 @@ DatasetFootprint dataset_footprint(const std::string& path, const std::string& t
     sample.resize(whole_lines(sample));
     if (sample.empty()) return f;
   }
-  const std::unique_ptr<Dataset> ds =
+  std::unique_ptr<Dataset> ds =
       task == "jsonl" ? jsonl_dataset_of(sample, path, "data.path", tok, seq_len)
                       : text_dataset_of(sample, path, "data.path", tok, seq_len, pack);
+  const bool packed_jsonl = task == "jsonl" && pack;
+  if (packed_jsonl) ds = pack_dataset(std::move(ds), seq_len);
   const auto tokens = static_cast<double>(ds->held_tokens());
   const double scale = static_cast<double>(f.file_bytes) / static_cast<double>(sample.size());
   f.estimated = true;
@@ -731,15 +733,18 @@ DatasetFootprint dataset_footprint(const std::string& path, const std::string& t
     f.longest =
         std::max(f.longest, std::min<int64_t>(static_cast<int64_t>(ds->get(i).size()), seq_len));
   f.whole = f.file_bytes <= kSample;
-  if (task == "text" && pack && !f.whole) f.longest = seq_len, f.whole = true;  // rows of seq_len
+  // Rows of seq_len (packed text), or filled up to it (packed JSONL: a sample's rows are fewer).
+  if (pack && !f.whole) f.longest = seq_len, f.whole = true;
   // Packed text is read and encoded a piece at a time into the stream it keeps (packed_dataset_of):
   // beside it, the read buffer and the piece's text (about 3 pieces) and the piece's ids in 32
-  // bits. Paragraphs and JSONL are read whole first.
+  // bits. Paragraphs and JSONL are read whole first; packed JSONL is then copied row by row
+  // (ExampleDataset::pack_rows), the file's text freed.
   const double piece = static_cast<double>(std::min<int64_t>(f.file_bytes, kTextPieceBytes));
   f.load_peak =
       task == "text" && pack
           ? f.held + std::llround(piece * (3 + 4 * tokens / static_cast<double>(sample.size())))
           : f.file_bytes + f.held;
+  if (packed_jsonl) f.load_peak = std::max(f.load_peak, 2 * f.held);
   return f;
 }
 

@@ -677,8 +677,8 @@ void add_datasets(MemoryQuery& q, const Config& cfg) {
       q.dataset_detail += (q.dataset_detail.empty() ? "" : "; ") + path + ": " +
                           count_text(f.tokens) + " tokens in " + count_text(f.examples) +
                           (dc.task == "tokens" ? " rows, mapped (page cache, not counted)"
-                           : dc.task == "text" && dc.pack ? " rows"
-                                                          : " examples");
+                           : dc.pack           ? " rows"
+                                               : " examples");
     }
   } catch (const Error&) {
     // The run's own loading names a bad file or tokenizer; the estimate goes on without it.

@@ -3,6 +3,7 @@
 // validation split taken before packing, and the file's lines named for a row.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "keel/data/dataset.h"
@@ -111,6 +112,17 @@ TEST(Packing, JsonlFilesPackAfterTheirValidationSplit) {
     EXPECT_LE(packed->get(i).size(), 16u) << packed->where(i);
   }
   EXPECT_EQ(packed_tokens, tokens);
+  // What the memory estimate reads: a file counted whole, its rows and their longest.
+  const DatasetFootprint f = dataset_footprint(path, "jsonl", tok, 16, /*pack=*/true);
+  ASSERT_TRUE(f.estimated && f.whole);
+  EXPECT_EQ(f.examples, packed->size());
+  EXPECT_EQ(f.tokens, tokens);
+  int64_t longest = 0;
+  for (int64_t i = 0; i < packed->size(); ++i)
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(packed->get(i).size()));
+  EXPECT_EQ(f.longest, longest);
+  EXPECT_EQ(f.held, packed->held_bytes());
+  EXPECT_GE(f.load_peak, 2 * f.held);  // the rows are copied out of the examples
   // The split holds out the file's last examples, then packs each part.
   auto [train, eval] = split_dataset(load_dataset("jsonl", path, "data.path", tok, 16, false), 3,
                                      path, /*to_pack=*/true);

@@ -3,11 +3,13 @@
 // arguments). Each input is read with the byte tokenizer and with the tiny Llama-style one given a
 // chat template of Llama-3's shape that prints the tools and a template argument, and that
 // rewrites every reply but the last (as Qwen3's drops their reasoning): a conversation of several
-// replies is an example a reply.
+// replies is an example a reply. Read with the byte tokenizer, the examples are also packed into
+// rows (data.pack) and collated.
 #include <filesystem>
 #include <fstream>
 
 #include "keel/data/dataset.h"
+#include "keel/data/loader.h"
 #include "keel/data/tokenizer.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -32,5 +34,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const auto chat = chat_tokenizer();
   keel::fuzz::expect_keel_errors_only([&] { keel::data::load_jsonl_dataset(path, tok, 32); });
   keel::fuzz::expect_keel_errors_only([&] { keel::data::load_jsonl_dataset(path, *chat, 32); });
+  // Packed (data.pack): every row fits seq_len unless it is one example, holds every example once,
+  // and collates (position_ids restarting at each example, no label across an end).
+  keel::fuzz::expect_keel_errors_only([&] {
+    auto packed = keel::data::load_dataset("jsonl", path, "data.path", tok, 12, /*pack=*/true);
+    int64_t examples = 0;
+    std::vector<int64_t> all;
+    for (int64_t i = 0; i < packed->size(); ++i) {
+      const keel::data::ExampleView row = packed->get(i);
+      const size_t held = row.example_starts.size() - 1;
+      if (held == 0 || (held > 1 && row.size() > 12)) __builtin_trap();
+      examples += static_cast<int64_t>(held);
+      all.push_back(i);
+    }
+    if (examples != packed->examples()) __builtin_trap();
+    if (!all.empty()) keel::data::collate(*packed, all, 12, 0);
+  });
   return 0;
 }
