@@ -136,14 +136,11 @@ std::string ExampleDataset::where(int64_t i) const {
                 : "");
 }
 
-void ExampleDataset::pack_rows(int64_t seq_len) {
-  KEEL_CHECK(!packed() && seq_len >= 2, source_ + ": packing needs seq_len >= 2, once");
-  const size_t n = starts_.size() - 1;
-  auto length = [&](size_t e) {
-    return std::min<size_t>(starts_[e + 1] - starts_[e], static_cast<size_t>(seq_len));
-  };
-  std::vector<size_t> order(n);
-  for (size_t e = 0; e < n; ++e) order[e] = e;
+std::vector<std::vector<size_t>> best_fit_decreasing(const std::vector<size_t>& lengths,
+                                                     size_t capacity) {
+  auto length = [&](size_t e) { return std::min(lengths[e], capacity); };
+  std::vector<size_t> order(lengths.size());
+  for (size_t e = 0; e < order.size(); ++e) order[e] = e;
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return length(a) > length(b); });
   // Best fit: the open row with the least room that still holds the example ((room, row) ordered,
@@ -152,7 +149,7 @@ void ExampleDataset::pack_rows(int64_t seq_len) {
   std::vector<std::vector<size_t>> rows;
   for (size_t e : order) {
     const size_t len = length(e);
-    size_t r = rows.size(), left = static_cast<size_t>(seq_len);  // a new row, unless one fits
+    size_t r = rows.size(), left = capacity;  // a new row, unless one fits
     if (auto it = room.lower_bound({len, 0}); it != room.end()) {
       std::tie(left, r) = *it;
       room.erase(it);
@@ -162,6 +159,16 @@ void ExampleDataset::pack_rows(int64_t seq_len) {
     rows[r].push_back(e);
     if (left > len) room.insert({left - len, r});
   }
+  return rows;
+}
+
+void ExampleDataset::pack_rows(int64_t seq_len) {
+  KEEL_CHECK(!packed() && seq_len >= 2, source_ + ": packing needs seq_len >= 2, once");
+  const size_t n = starts_.size() - 1;
+  std::vector<size_t> lengths(n);
+  for (size_t e = 0; e < n; ++e) lengths[e] = starts_[e + 1] - starts_[e];
+  const std::vector<std::vector<size_t>> rows =
+      best_fit_decreasing(lengths, static_cast<size_t>(seq_len));
   // The storage in row order: each row's examples one after another.
   std::vector<int32_t> tokens;
   std::vector<uint8_t> target;

@@ -181,6 +181,11 @@ std::unique_ptr<Dataset> load_dataset(const std::string& task, const std::string
                                       bool pack,
                                       const std::string& long_prompt_fix = kLongPromptFix);
 
+// Best fit decreasing (ExampleDataset::pack_rows): the rows that examples of these lengths
+// (each at most `capacity` counted) fill, as lists of example indices.
+std::vector<std::vector<size_t>> best_fit_decreasing(const std::vector<size_t>& lengths,
+                                                     size_t capacity);
+
 // A JSONL dataset packed into rows (ExampleDataset::pack_rows): `examples` must be one that
 // load_jsonl_dataset or split_dataset returned.
 std::unique_ptr<Dataset> pack_dataset(std::unique_ptr<Dataset> examples, int64_t seq_len);

@@ -121,6 +121,48 @@ DoctorCheck check_pad_token(const TokenizerFacts& tok, const std::string& pad_mo
                   "never collides with a real token");
 }
 
+// JSONL examples of mixed lengths, one a row: an epoch's rows as data.padding pads them (each
+// batch to its longest, or to data.seq_len), and the rows the same examples fill packed
+// (data.pack: best fit decreasing, each example attending only to itself).
+static std::optional<DoctorCheck> check_padding(const Config& cfg, const data::Dataset& set,
+                                                const data::DataLoader& loader) {
+  const DataConfig& dc = cfg.data;
+  if (dc.task != "jsonl" || dc.pack || set.size() < 2 || cfg.run.device.rfind("cuda", 0) == 0)
+    return std::nullopt;
+  const std::vector<int64_t> order = loader.epoch_order(0);
+  std::vector<size_t> lengths(order.size());
+  int64_t tokens = 0, positions = 0;
+  for (size_t begin = 0; begin < order.size(); begin += static_cast<size_t>(loader.batch_size())) {
+    const size_t end = std::min(order.size(), begin + static_cast<size_t>(loader.batch_size()));
+    int64_t longest = 0;
+    for (size_t k = begin; k < end; ++k) {
+      const int64_t len =
+          std::min<int64_t>(static_cast<int64_t>(set.get(order[k]).size()), dc.seq_len);
+      lengths[k] = static_cast<size_t>(len);
+      tokens += len;
+      longest = std::max(longest, len);
+    }
+    const int64_t row =
+        dc.padding == "longest" ? data::padded_length(longest, dc.seq_len) : dc.seq_len;
+    positions += static_cast<int64_t>(end - begin) * row;
+  }
+  if (positions == 0 || 4 * tokens > 3 * positions) return std::nullopt;  // under a quarter
+  const auto rows = static_cast<int64_t>(
+      data::best_fit_decreasing(lengths, static_cast<size_t>(dc.seq_len)).size());
+  auto percent = [](int64_t part, int64_t whole) {
+    return fmt("%.0f%%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+  };
+  return make("info", "padding",
+              "an epoch's rows of one example each are " + percent(positions - tokens, positions) +
+                  " padding (" + std::to_string(tokens) + " tokens in " +
+                  std::to_string(positions) + " positions): data.pack = true packs the " +
+                  count_of(set.size(), "example") + " side by side into " + count_of(rows, "row") +
+                  " of at most data.seq_len = " + std::to_string(dc.seq_len) + " tokens (at most " +
+                  percent(rows * dc.seq_len - tokens, rows * dc.seq_len) +
+                  " padding), each attending only to itself: the same loss in fewer rows "
+                  "(CPU only)");
+}
+
 static std::optional<DoctorCheck> check_targets(const std::map<int64_t, int64_t>& count,
                                                 int64_t targets, const TokenizerFacts& tok) {
   if (targets <= 0) return std::nullopt;
@@ -554,6 +596,8 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
     auto w =
         check_windows(probe->loader->size(), cfg.train.batch_size, cfg.train.grad_accum, opt.ranks);
     r.checks.insert(r.checks.end(), w.begin(), w.end());
+    if (const std::optional<DoctorCheck> p = check_padding(cfg, *probe->data.train, *probe->loader))
+      r.checks.push_back(*p);
     // A config for several ranks checked outside mpirun: the windows above are one rank's.
     if (opt.ranks == 0 && (cfg.dist.backend == "mpi" || cfg.dist.backend == "nccl"))
       r.checks.push_back(make(

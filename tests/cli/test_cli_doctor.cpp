@@ -62,6 +62,38 @@ TEST(CliDoctor, PaddingOrOneRepeatedTokenAsTheDataIsFlagged) {
   EXPECT_NOT_CONTAINS(healthy.out, "] data:");
 }
 
+// JSONL examples of mixed lengths, one a row, are mostly padding: doctor names the share and what
+// data.pack would make of it (the rows best fit decreasing fills); a packed run, and examples that
+// fill their rows, get no such line.
+TEST(CliDoctor, RowsOfMostlyPaddingSuggestPacking) {
+  const std::string dir = test::temp_dir("cli-doctor-padding");
+  {
+    std::ofstream f(dir + "/mixed.jsonl");
+    for (int i = 0; i < 32; ++i)  // 10 or 40 bytes and eos, in batches of 8 at seq_len 64
+      f << "{\"text\": \"" << std::string(i % 4 == 0 ? 40 : 10, 'a' + i % 26) << "\"}\n";
+    std::ofstream g(dir + "/full.jsonl");
+    for (int i = 0; i < 32; ++i) g << "{\"text\": \"" << std::string(60, 'a' + i % 26) << "\"}\n";
+  }
+  const std::string jsonl =
+      kSmall + " --set data.task=jsonl --set data.seq_len=64 --set data.path=";
+  test::KeelRun mixed = doctor(jsonl + dir + "/mixed.jsonl --no-sanity");
+  EXPECT_EQ(mixed.code, 0) << mixed.output;
+  // 8 examples of 41 tokens and 24 of 11: 592 tokens; each batch of 8 (this seed's order) holds
+  // a long one, and is padded to 44 (41 rounded to an eighth of 32): 32 x 44 positions. Packed:
+  // each long example with two short ones (63 tokens), the other 8 short ones five to a row.
+  EXPECT_CONTAINS(mixed.out,
+                  "[info   ] padding: an epoch's rows of one example each are 58% padding (592 "
+                  "tokens in 1408 positions): data.pack = true packs the 32 examples side by side "
+                  "into 10 rows of at most data.seq_len = 64 tokens (at most 8% padding), each "
+                  "attending only to itself");
+  test::KeelRun packed = doctor(jsonl + dir + "/mixed.jsonl --set data.pack=true --no-sanity");
+  EXPECT_EQ(packed.code, 0) << packed.output;
+  EXPECT_NOT_CONTAINS(packed.out, "] padding:");
+  test::KeelRun full = doctor(jsonl + dir + "/full.jsonl --no-sanity");
+  EXPECT_EQ(full.code, 0) << full.output;
+  EXPECT_NOT_CONTAINS(full.out, "] padding:");
+}
+
 TEST(CliDoctor, JsonSaysWhatBlocks) {
   // lr 1000 with AdamW's default weight decay flips and grows the weights every step; a window
   // of 4 micro-batches is larger than this 3-micro-batch epoch.
