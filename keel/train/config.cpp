@@ -1136,6 +1136,8 @@ const std::map<std::string, std::string>& peer_key_names() {
       {"max_length", "data.seq_len"},
       {"block_size", "data.seq_len"},
       {"seq_length", "data.seq_len"},
+      {"packing", "data.pack"},
+      {"padding_free", "data.pack"},
       {"data.kind", "data.task"},
       {"data.type", "data.task"},
       {"data.format", "data.task"},

@@ -317,6 +317,8 @@ TEST(Config, UnknownKeysAndSectionsNameTheNearestValidOne) {
        "unknown key train.bf16 (@:2); did you mean train.precision = \"bf16-mixed\"?"},
       {"gradient_accumulation_steps = 4",
        "unknown key gradient_accumulation_steps (@:1); did you mean train.grad_accum?"},
+      {"[data]\npacking = true", "unknown key data.packing (@:2); did you mean data.pack?"},
+      {"padding_free = true", "unknown key padding_free (@:1); did you mean data.pack?"},
       {"[train]\nq = 1", "unknown key train.q (@:2); the keys of [train] are "},
       {"[data]\nt = 1", "unknown key data.t (@:2); the keys of [data] are "},
       {"[zz]\nr = 4", "unknown section [zz] (@:1); the sections are run, model, model.adapter, "},
