@@ -180,10 +180,7 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
         (seq_len_from == "--seq-len" ? "--seq-len " + std::to_string(a.seq_len) + ": use"
                                      : seq_len_from + " is " + std::to_string(a.seq_len) +
                                            ", longer than the model takes: give --seq-len from") +
-            " 2 to the model's max_seq_len " + std::to_string(t.model->spec().max_seq_len) +
-            (t.model->spec().sliding_window > 0
-                 ? " (a Mistral's sliding_window: keel's attention does not slide)"
-                 : ""),
+            " 2 to the model's max_seq_len " + std::to_string(t.model->spec().max_seq_len),
         Error::kUsage);
   if (a.batch_size < 1) throw Error("--batch-size must be >= 1", Error::kUsage);
   const data::Tokenizer& tok = *m.tokenizer;

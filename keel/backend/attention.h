@@ -24,11 +24,17 @@ struct AttentionDims {
   // A packed row's positions, [B, T], restarting at 0 on each example's first token and counting
   // up by one (ops/attention.h), or null. CPU kernels only.
   const int64_t* positions = nullptr;
-  // The first key query i of batch b sees: its example's first token (0 when not packed). Never
-  // decreases along a row.
+  // A sliding window (Mistral's sliding_window): query i sees the last `window` keys, i - window
+  // + 1 .. i; 0: every earlier key.
+  int64_t window = 0;
+  // The first key query i of batch b sees: its example's first token (0 when not packed), or its
+  // window's, whichever is later. Never decreases along a row.
   int64_t first_key(int64_t b, int64_t i) const {
-    return positions ? i - positions[b * seq + i] : 0;
+    const int64_t example = positions ? i - positions[b * seq + i] : 0;
+    return window > 0 && i - window + 1 > example ? i - window + 1 : example;
   }
+  // Whether some query's first key is past 0 (packed rows, or a window shorter than the row).
+  bool bounded() const { return positions || (window > 0 && window < seq); }
 };
 
 struct AttentionKernels {

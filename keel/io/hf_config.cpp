@@ -167,7 +167,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     j["head_dim"] = s.head_dim();
     j["intermediate_size"] = s.ffn_dim();
     j["vocab_size"] = s.vocab_size;
-    j["max_position_embeddings"] = s.hf_max_positions > 0 ? s.hf_max_positions : s.max_seq_len;
+    j["max_position_embeddings"] = s.max_seq_len;
     j["rms_norm_eps"] = s.norm_eps;
     j["rope_theta"] = s.rope_theta;
     j["rope_scaling"] = rope_scaling_json(s.rope_scaling);
@@ -246,13 +246,13 @@ HfConfig read_hf_config(const std::string& dir) {
       // Qwen2's (and Qwen3's) sliding window is off unless use_sliding_window says so (then for the
       // layers past max_window_layers): keel's attention does not slide.
       if (c.boolean("use_sliding_window", false))
-        throw unsupported("use_sliding_window = true (keel's attention does not slide)");
+        throw unsupported(
+            "use_sliding_window = true (keel slides Mistral's attention; Qwen2's windows over the "
+            "layers past max_window_layers are not built)");
     }
     if (variant == "mistral") {
       // Mistral-7B-v0.1 slides over 4096 of its 32768 positions; v0.2 and later have none.
-      s.hf_max_positions = s.max_seq_len;
       s.sliding_window = c.integer({"sliding_window"}, 0);  // null: none
-      if (s.sliding_window > 0) s.max_seq_len = std::min(s.max_seq_len, s.sliding_window);
     }
     // A head width of its own (Qwen3-0.6B's and -4B's, Mistral-Nemo's), as HF's attention reads
     // it: getattr(config, "head_dim", hidden_size // num_attention_heads).

@@ -6,7 +6,7 @@
 //     rope_scaling (default, linear, llama3), rms_norm_eps, tie_word_embeddings (tied: no
 //     lm_head.weight).
 //   MistralForCausalLM (model_type "mistral"): Llama's fields and layers, and sliding_window
-//     (null: none), which bounds max_seq_len (ModelSpec::sliding_window); written back as Mistral.
+//     (null: none), the keys a query sees (ModelSpec::sliding_window); written back as Mistral.
 //   Qwen2ForCausalLM (model_type "qwen2"): Llama's fields and layers with q/k/v biases
 //     (ModelSpec::qkv_bias()); use_sliding_window = true is refused; written back as Qwen2.
 //   Qwen3ForCausalLM (model_type "qwen3"): Llama's with q_norm/k_norm (ModelSpec::qk_norm()), its

@@ -39,12 +39,11 @@ struct ModelSpec {
   DType param_dtype = DType::F32;
   // The HF architecture a "llama" family model is written back as: "" (Llama), "mistral",
   // "qwen2" or "qwen3". An HF Mistral (model_type "mistral", MistralForCausalLM): Llama's layers
-  // under another name, whose attention slides over the last sliding_window positions. keel's
-  // attention is full causal attention, Mistral's own while a sequence fits the window, so
-  // max_seq_len is at most the window; hf_max_positions keeps the file's max_position_embeddings
-  // for the config.json keel writes back. Empty and 0 for every other model.
+  // under another name, whose attention slides over the last sliding_window positions (a query
+  // sees itself and the sliding_window - 1 before it; 0: every earlier position, Mistral v0.2
+  // on). Empty and 0 for every other model.
   std::string hf_model_type;
-  int64_t sliding_window = 0, hf_max_positions = 0;
+  int64_t sliding_window = 0;
 
   // The name a message gives the model: "gpt2", "llama", "mistral", "qwen2" or "qwen3".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }

@@ -35,12 +35,15 @@ std::pair<Tensor, Tensor> kv_append(KVCache::Layer& layer, int64_t capacity, int
 }
 
 Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                        ops::AttentionBackend backend) {
+                        ops::AttentionBackend backend, int64_t window) {
   const int64_t tn = q.size(2), tk = k.size(2), past = tk - tn;
-  if (tn == tk) return ops::attention(q, k, v, Tensor(), backend);
-  KEEL_CHECK(tn >= 1 && past > 0,
-             "cached_attention: " + std::to_string(tn) + " queries over " + std::to_string(tk) +
-                 " keys");
+  if (tn == tk) {
+    ops::AttentionMask all_keys;
+    all_keys.window = window;
+    return ops::attention(q, k, v, all_keys, backend);
+  }
+  KEEL_CHECK(tn >= 1 && past > 0, "cached_attention: " + std::to_string(tn) + " queries over " +
+                                      std::to_string(tk) + " keys");
   const int64_t hq = q.size(1), hkv = k.size(1), d = q.size(3), g = hq / hkv;
   const DType dt = q.dtype();
   // The backend's roundings of one row: eager rounds the scores and the probabilities to the
@@ -54,14 +57,18 @@ Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   Tensor s = ops::scale(ops::matmul(q32, ops::cast(k, DType::F32), false, true),
                         static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))));
   s = round(s, backend == ops::AttentionBackend::kEager);
-  if (tn > 1) {
+  if (tn > 1 || (window > 0 && tk > window)) {
     // Several new tokens after the cached ones (a chat's next turn): query i, at position
-    // past + i, sees keys up to it. -inf elsewhere makes their probabilities exactly 0.
+    // past + i, sees keys up to it, and with a window the last `window` of them. -inf elsewhere
+    // makes their probabilities exactly 0.
     Tensor mask = Tensor::zeros({1, hkv, g * tn, tk});
     float* m = mask.data_as<float>();
-    for (int64_t r = 0; r < hkv * g * tn; ++r)
-      for (int64_t j = past + r % tn + 1; j < tk; ++j)
-        m[r * tk + j] = -std::numeric_limits<float>::infinity();
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (int64_t r = 0; r < hkv * g * tn; ++r) {
+      const int64_t at = past + r % tn;
+      for (int64_t j = at + 1; j < tk; ++j) m[r * tk + j] = ninf;
+      for (int64_t j = 0; window > 0 && j <= at - window; ++j) m[r * tk + j] = ninf;
+    }
     s = ops::add(s, mask.to(s.device()));
   }
   Tensor p = round(ops::softmax(s), backend != ops::AttentionBackend::kMath);  // [1,Hkv,G*Tn,Tk]

@@ -39,6 +39,6 @@ std::pair<Tensor, Tensor> kv_append(KVCache::Layer& layer, int64_t capacity, int
 // rounding as the backend does (eager: scores and probabilities to q's dtype; flash: the
 // probabilities; math: neither), the output rounded to q's dtype.
 Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                        ops::AttentionBackend backend);
+                        ops::AttentionBackend backend, int64_t window = 0);
 
 }  // namespace keel::models

@@ -13,7 +13,8 @@ LlamaAttention::LlamaAttention(const ModelSpec& s)
       n_head(s.n_head),
       n_kv_head(s.kv_heads()),
       rope_theta(s.rope_theta),
-      rope_scaling(s.rope_scaling) {
+      rope_scaling(s.rope_scaling),
+      sliding_window(s.sliding_window) {
   const int64_t d = s.head_dim();
   auto lin = [&](int64_t in, int64_t out, bool bias) {
     return std::make_unique<nn::Linear>(in, out, bias, s.param_dtype);
@@ -54,9 +55,11 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
     Tensor y;
     if (cache) {
       auto [k_all, v_all] = kv_append(cache->layers[layer], cache->capacity, past, k, v);
-      y = cached_attention(q, k_all, v_all, backend);
+      y = cached_attention(q, k_all, v_all, backend, sliding_window);
     } else {
-      y = ops::attention(q, k, v, mask, backend);
+      ops::AttentionMask seen = mask;
+      seen.window = sliding_window;
+      y = ops::attention(q, k, v, seen, backend);
     }
     return o_proj->forward(ops::merge_heads(y));  // [B, T, C]
   });

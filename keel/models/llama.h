@@ -19,6 +19,7 @@ class LlamaAttention : public nn::Module {
   int64_t n_head, n_kv_head;
   double rope_theta;
   ops::RopeScaling rope_scaling;
+  int64_t sliding_window;  // Mistral's: a query sees the last sliding_window keys; 0: every key
 };
 
 class LlamaMLP : public nn::Module {

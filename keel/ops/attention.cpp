@@ -144,6 +144,14 @@ AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v,
                     "]; use 1 for real tokens and 0 for padding");
   }
   if (am.positions.defined()) check_positions(am.positions, d, q.device());
+  KEEL_CHECK(am.window >= 0, "attention: window = " + std::to_string(am.window) + " must be >= 0");
+  d.window = am.window;
+  if (d.window > 0 && d.window < d.seq && !q.device().is_cpu())
+    throw Error("attention: a sliding window of " + std::to_string(d.window) + " over rows of " +
+                    std::to_string(d.seq) + " tokens attends on the CPU only; the " +
+                    q.device().str() +
+                    " kernels do not slide yet: keep rows within the window, or run on the cpu",
+                Error::kUsage);
   return d;
 }
 

@@ -32,12 +32,16 @@ const char* attention_backend_name(AttentionBackend b);
 struct AttentionMask {
   Tensor key_padding;
   Tensor positions;
+  // A sliding window (Mistral's sliding_window, HF's kv_idx > q_idx - sliding_window): a query
+  // sees the last `window` keys, itself included; 0: every earlier key.
+  int64_t window = 0;
   AttentionMask() = default;
   AttentionMask(Tensor key_padding, Tensor positions = Tensor())  // NOLINT: a mask is a mask
       : key_padding(std::move(key_padding)), positions(std::move(positions)) {}
 };
 
-// Positions on the CPU: the CUDA kernels read no positions yet (an Error names data.pack).
+// Positions, and a window shorter than the row, on the CPU only: the CUDA kernels read neither yet
+// (an Error says so).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
                  AttentionBackend backend = AttentionBackend::kEager);
 

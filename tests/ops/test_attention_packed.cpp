@@ -1,9 +1,13 @@
 // Packed rows (data.pack with JSONL): several examples one after another in a row, told apart by
 // positions that restart at 0 on each example's first token. Each example must compute what it
 // computes alone — attention in every backend and dtype, forward and gradients, and RoPE at its
-// own positions — and positions that do not describe examples are refused.
+// own positions — and positions that do not describe examples are refused. And Mistral's sliding
+// window, the other bound on the keys a query sees, alone and within packed examples.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -155,6 +159,86 @@ TEST(PackedAttention, PositionsThatDescribeNoExamplesAreRefused) {
   EXPECT_CONTAINS(error_of(Tensor::from_ints({0, 1, 2, 3}, {1, 4}, DType::I32)), "got i32 [1, 4]");
   // Every token an example of its own is a valid packing: each query sees only itself.
   EXPECT_EQ(error_of(Tensor::from_ints({0, 0, 0, 0}, {1, 4})), "no error");
+}
+
+// f64 reference of a row's outputs where query i sees keys [first(i), i]: softmax-weighted values.
+std::vector<double> bounded_ref(const Tensor& q, const Tensor& k, const Tensor& v,
+                                const std::function<int64_t(int64_t b, int64_t i)>& first) {
+  const int64_t nb = q.size(0), hq = q.size(1), hkv = k.size(1), t = q.size(2), dd = q.size(3);
+  const auto qv = q.to_floats(), kv = k.to_floats(), vv = v.to_floats();
+  std::vector<double> o(q.numel());
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t h = 0; h < hq; ++h)
+      for (int64_t i = 0; i < t; ++i) {
+        const int64_t kh = h / (hq / hkv), lo = first(b, i);
+        std::vector<double> s;
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = lo; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < dd; ++d)
+            dot +=
+                double(qv[((b * hq + h) * t + i) * dd + d]) * kv[((b * hkv + kh) * t + j) * dd + d];
+          s.push_back(dot / std::sqrt(double(dd)));
+          mx = std::max(mx, s.back());
+        }
+        for (double& x : s) sum += (x = std::exp(x - mx));
+        for (int64_t d = 0; d < dd; ++d) {
+          double acc = 0;
+          for (int64_t j = lo; j <= i; ++j)
+            acc += s[j - lo] / sum * vv[((b * hkv + kh) * t + j) * dd + d];
+          o[((b * hq + h) * t + i) * dd + d] = acc;
+        }
+      }
+  return o;
+}
+
+// Mistral's sliding window (HF: kv_idx > q_idx - sliding_window): query i sees keys i - W + 1 .. i,
+// alone and inside a packed row's examples, in every backend, forward and gradients.
+TEST(SlidingWindow, AQuerySeesTheLastWindowKeys) {
+  const int64_t t = 100, dd = 16;  // windows across flash's 32-row and 64-key tiles
+  const Tensor q = randn({2, 4, t, dd}, 61), k = randn({2, 2, t, dd}, 62),
+               v = randn({2, 2, t, dd}, 63);
+  const Tensor pos = positions_of({{70, 30}, {100}}, t);
+  const std::vector<int64_t> pv = pos.to_ints();
+  for (int64_t window : {1, 5, 40, 64, 99})
+    for (bool packed : {false, true})
+      for (AttentionBackend be : kBackends) {
+        ops::AttentionMask mask(Tensor(), packed ? pos : Tensor());
+        mask.window = window;
+        const std::vector<double> ref = bounded_ref(q, k, v, [&](int64_t b, int64_t i) {
+          const int64_t example = packed ? i - pv[b * t + i] : 0;
+          return std::max(example, i - window + 1);
+        });
+        const std::vector<float> got = ops::attention(q, k, v, mask, be).to_floats();
+        double worst = 0;
+        for (size_t x = 0; x < got.size(); ++x) worst = std::max(worst, std::fabs(got[x] - ref[x]));
+        EXPECT_LT(worst, 2e-5) << ops::attention_backend_name(be) << " window " << window
+                               << (packed ? " packed" : "");
+      }
+  // A window as long as the row is no window: the bits of plain causal attention.
+  const Tensor gout = randn(q.shape(), 64);
+  for (AttentionBackend be : kBackends) {
+    ops::AttentionMask whole;
+    whole.window = t;
+    const Grads w = run(q, k, v, whole, be, gout),
+                plain = run(q, k, v, ops::AttentionMask(), be, gout);
+    test::expect_bitwise_equal(w.out, plain.out, ops::attention_backend_name(be));
+    test::expect_bitwise_equal(w.dk, plain.dk, ops::attention_backend_name(be));
+  }
+}
+
+TEST(SlidingWindow, GradientsMatchFiniteDifferences) {
+  const Tensor pos = positions_of({{6, 5}}, 11);
+  for (bool packed : {false, true})
+    for (AttentionBackend be : kBackends)
+      test::expect_gradcheck(
+          [&](const std::vector<Tensor>& in) {
+            ops::AttentionMask mask(Tensor(), packed ? pos : Tensor());
+            mask.window = 3;
+            return ops::attention(in[0], in[1], in[2], mask, be);
+          },
+          {randn({1, 2, 11, 4}, 71), randn({1, 1, 11, 4}, 72), randn({1, 1, 11, 4}, 73)}, {},
+          std::string("window 3 ") + ops::attention_backend_name(be) + (packed ? " packed" : ""));
 }
 
 TEST(PackedRope, EachExampleRotatesFromPositionZero) {
