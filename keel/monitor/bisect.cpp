@@ -154,7 +154,9 @@ std::string describe_rows(const Capture& c, ReplayResult& r) {
           r.nonfinite_token_examples.push_back(ex);
           out += "; token " + std::to_string(id) + " occurs in micro-batch " + std::to_string(m) +
                  " row " + std::to_string(row) + " position " + std::to_string(pos) +
-                 (ex >= 0 ? " (dataset example " + std::to_string(ex) + ")" : "");
+                 (ex < 0                     ? std::string()
+                  : b.position_ids.defined() ? " (dataset row " + std::to_string(ex) + ", packed)"
+                                             : " (dataset example " + std::to_string(ex) + ")");
           pos = T;  // one mention per row
         }
       }

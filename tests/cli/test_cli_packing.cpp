@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "keel/io/safetensors.h"
@@ -144,6 +145,41 @@ TEST(CliPacking, ANanInAPackedRunReplaysWithItsRowsPositions) {
   EXPECT_CONTAINS(broken.err, capture +
                                   "/microbatches.safetensors: mb0.position_ids holds 5 at "
                                   "[0, 1], where a packed row's position is 0");
+}
+
+// A NaN embedding row that one example's token reads: in a packed run the replay names the row
+// that holds it as a packed row, not as an example of the file.
+TEST(CliPacking, ATokensNanRowIsTracedToItsPackedRow) {
+  const std::string dir = test::temp_dir("cli-packing-row");
+  const std::string data = dir + "/data.jsonl";
+  {
+    std::ofstream f(data);
+    for (int i = 0; i < 24; ++i)
+      f << json{{"text", i == 17 ? "price ~ 42" : "line " + std::to_string(i) + " of text"}}.dump()
+        << "\n";
+  }
+  const std::string out = dir + "/run";
+  auto sets = packed_run(out, data);
+  sets.insert(sets.end(), {"train.max_steps=1", "data.shuffle=false"});
+  ASSERT_EQ(run_keel(with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"}).code, 0);
+  const std::string model = out + "/checkpoints/last/model.safetensors";
+  io::Safetensors st = io::read_safetensors(model);
+  for (auto& [name, t] : st.tensors)
+    if (name == "model.embed_tokens.weight") {
+      Tensor c = t.clone();
+      for (int64_t k = 0; k < c.size(1); ++k)
+        c.data_as<float>()[126 * c.size(1) + k] = std::numeric_limits<float>::quiet_NaN();  // '~'
+      t = c;
+    }
+  io::write_safetensors(model, st.tensors, st.metadata);
+  sets.insert(sets.end(),
+              {"train.max_steps=20", "run.resume=true", "model.allow_nonfinite_weights=true"});
+  const test::KeelRun r = run_keel(with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(r.code, 3) << r.output;
+  const test::KeelRun rp = run_keel({"replay", out + "/debug/nan_capture/rank0", "--bisect"});
+  EXPECT_CONTAINS(rp.out, "; token 126 occurs in micro-batch 0 row ");
+  EXPECT_CONTAINS(rp.out, ", packed)");
+  EXPECT_NOT_CONTAINS(rp.out, "(dataset example");
 }
 
 }  // namespace keel::cli_packing_test
