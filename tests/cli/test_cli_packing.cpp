@@ -81,6 +81,32 @@ TEST(CliPacking, PackedJsonlTrainsAndEvaluatesAsOneExampleARow) {
   EXPECT_CONTAINS(text.out, " target tokens in 96 examples (packed into ");
 }
 
+// Packing is deterministic (the file and the lengths decide the rows; the loader's seed their
+// order): a packed run stopped and resumed takes the steps of one that was not, to the bit.
+TEST(CliPacking, AResumedPackedRunIsTheUninterruptedOne) {
+  const std::string dir = test::temp_dir("cli-packing-resume");
+  const std::string data = write_data(dir);
+  auto train = [&](const std::string& out, int64_t steps, bool resume) {
+    auto sets = packed_run(out, data);
+    // (a constant learning rate: a schedule's would follow max_steps, 6 then 14)
+    sets.insert(sets.end(), {"train.max_steps=" + std::to_string(steps), "train.epochs=2",
+                             "log.checkpoint_every=3", "sched.name=constant"});
+    if (resume) sets.push_back("run.resume=true");
+    const test::KeelRun r = run_keel(with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+  };
+  train(dir + "/straight", 14, false);
+  train(dir + "/resumed", 6, false);
+  train(dir + "/resumed", 14, true);
+  const auto a = test::step_records(dir + "/straight"), b = test::step_records(dir + "/resumed");
+  ASSERT_EQ(a.size(), 14u);
+  ASSERT_EQ(b.size(), 14u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].at("loss").get<double>(), b[i].at("loss").get<double>()) << "step " << i + 1;
+    EXPECT_EQ(a[i].at("grad_norm").get<double>(), b[i].at("grad_norm").get<double>());
+  }
+}
+
 TEST(CliPacking, TheValidationSplitIsTheFilesLastExamplesPacked) {
   const std::string dir = test::temp_dir("cli-packing-split");
   const std::string data = write_data(dir);

@@ -19,6 +19,21 @@ Tensor slice_ids(const std::vector<int64_t>& ids, int64_t t0, int64_t n) {
   return Tensor::from_ints(std::vector<int64_t>(ids.begin() + t0, ids.begin() + t0 + n), {1, n});
 }
 
+// One row of examples of these lengths: token ids (a multiplier's walk over the vocabulary of 37)
+// and each token's position in its example.
+struct PackedRow {
+  std::vector<int64_t> ids, pos;
+};
+PackedRow packed_row(const std::vector<int64_t>& lengths, int64_t step, int64_t offset) {
+  PackedRow r;
+  for (int64_t n : lengths)
+    for (int64_t p = 0; p < n; ++p) {
+      r.ids.push_back((step * static_cast<int64_t>(r.ids.size()) + offset) % 37);
+      r.pos.push_back(p);
+    }
+  return r;
+}
+
 // logits[0, t0 : t0 + n, :] of [1, T, V].
 Tensor slice_logits(const Tensor& logits, int64_t t0, int64_t n) {
   return logits.view({logits.size(1), logits.size(2)}).slice_rows(t0, t0 + n).clone();
@@ -27,12 +42,7 @@ Tensor slice_logits(const Tensor& logits, int64_t t0, int64_t n) {
 TEST(PackedRows, EachExampleComputesWhatItComputesAlone) {
   const std::vector<int64_t> lengths = {5, 9, 2, 8};  // 24 tokens: one row
   const int64_t t = 24;
-  std::vector<int64_t> ids, pos;
-  for (int64_t n : lengths)
-    for (int64_t p = 0; p < n; ++p) {
-      ids.push_back((7 * static_cast<int64_t>(ids.size()) + 3) % 37);
-      pos.push_back(p);
-    }
+  const auto [ids, pos] = packed_row(lengths, 7, 3);
   const Tensor input = Tensor::from_ints(ids, {1, t}), positions = Tensor::from_ints(pos, {1, t});
   for (const char* family : {"gpt2", "llama", "qwen2", "qwen3_d8"})
     for (ops::AttentionBackend be : {ops::AttentionBackend::kEager, ops::AttentionBackend::kFlash})
@@ -63,12 +73,7 @@ TEST(PackedRows, EachExampleComputesWhatItComputesAlone) {
 TEST(PackedRows, GradientsOfAPackedRowAreTheExamplesGradientsSummed) {
   const std::vector<int64_t> lengths = {6, 3, 7};
   const int64_t t = 16;
-  std::vector<int64_t> ids, pos;
-  for (int64_t n : lengths)
-    for (int64_t p = 0; p < n; ++p) {
-      ids.push_back((5 * static_cast<int64_t>(ids.size()) + 1) % 37);
-      pos.push_back(p);
-    }
+  const auto [ids, pos] = packed_row(lengths, 5, 1);
   for (const char* family : {"gpt2", "llama"}) {
     models::ModelSpec spec = test::tiny_model_spec(family);
     spec.max_seq_len = t;
