@@ -2,15 +2,18 @@
 // 50,257) and Llama-3.2-1B (16 layers, 2048 wide, 32 heads / 8 kv heads, MLP 8192, vocab 128,256,
 // tied, RoPE llama3 scaling) through models::generate: greedy, batch 1, with the key/value cache,
 // and the peer measured in the same run — the same tokens without the cache (every step re-runs
-// the whole sequence) — so the ratio shows what the cache buys.
+// the whole sequence) — so the ratio shows what the cache buys. Then `rows` prompts decoded side
+// by side (models::generate_rows, keel generate --input --batch-size) against the same prompts
+// one after another: the decode's tokens/s over all rows, and the ratio.
 //
 //   ./build/bench/bench_generate [gpt2|llama|all] [new_tokens=32] [prompt=64] [cpu|cuda]
-//                                [precision=32-true] [attention=eager]
+//                                [precision=32-true] [attention=eager] [rows=8]
 #include <omp.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "keel/amp/autocast.h"
 #include "keel/amp/precision.h"
@@ -47,6 +50,7 @@ int main(int argc, char** argv) {
   Device dev = device_from_string(argc > 4 ? argv[4] : "cpu");
   const std::string precision = argc > 5 ? argv[5] : "32-true";
   const std::string attention = argc > 6 ? argv[6] : "eager";
+  const int64_t rows = argc > 7 ? std::atoll(argv[7]) : 8;
   if (dev.is_cuda() && !cuda::status().usable) {
     std::printf("no usable CUDA device (%s)\n", cuda::status().reason.c_str());
     return 1;
@@ -78,6 +82,34 @@ int main(int argc, char** argv) {
         "tokens/s | cache x%.1f | same tokens: %s\n",
         name.c_str(), model->num_parameters() / 1e6, 1e3 * cached.prompt_seconds, tps, tps_full,
         tps / tps_full, cached.tokens == full.tokens ? "yes" : "NO");
+    if (rows < 2) continue;
+    // Rows of different prompts (their own lengths), each decoding new_tokens.
+    std::vector<std::vector<int32_t>> prompts;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<int32_t> p(prompt.begin(), prompt.end() - r % 4);
+      p[0] = static_cast<int32_t>(r);
+      prompts.push_back(p);
+    }
+    o.use_cache = true;
+    double one_by_one = 0;
+    int64_t tokens = 0;
+    std::vector<std::vector<int32_t>> alone;
+    for (const auto& p : prompts) {
+      const models::GenerateResult r = models::generate(*model, p, o);
+      one_by_one += r.decode_seconds;
+      tokens += static_cast<int64_t>(r.tokens.size()) - 1;  // the first comes from the prompt
+      alone.push_back(r.tokens);
+    }
+    const std::vector<models::GenerateResult> side = models::generate_rows(*model, prompts, o);
+    bool same = true;
+    for (size_t r = 0; r < side.size(); ++r) same = same && side[r].tokens == alone[r];
+    const double tps_alone = static_cast<double>(tokens) / one_by_one;
+    const double tps_rows = static_cast<double>(tokens) / side[0].decode_seconds;
+    std::printf(
+        "%-5s %lld rows | decode one after another %8.1f tokens/s | side by side %8.1f tokens/s "
+        "| x%.2f | same tokens: %s\n",
+        name.c_str(), static_cast<long long>(rows), tps_alone, tps_rows, tps_rows / tps_alone,
+        same ? "yes" : "NO (rounding over rows parted a near-tie)");
   }
   return 0;
 }

@@ -38,6 +38,7 @@ struct GenerateArgs {
   models::GenerateOptions opt;
   std::string system, template_kwargs;
   bool chat = false, messages = false, bos = false, no_bos = false, no_cache = false, json = false;
+  int64_t batch_size = 0;  // --input: prompts decoded side by side (0: not given, 1)
 };
 
 // Where the prompt was read, for errors.
@@ -195,6 +196,10 @@ int run_generate_batch(GenerateArgs& a, bool has_prompt) {
         "--system is the system turn of a --chat prompt: give --chat too, or leave "
         "--system out");
   if (a.bos && a.no_bos) throw refuse("--bos and --no-bos contradict each other: give one");
+  if (a.batch_size > 1 && a.no_cache)
+    throw refuse("--batch-size " + std::to_string(a.batch_size) +
+                 " decodes prompts side by side over their key/value caches, and --no-cache "
+                 "has none: leave one out");
   check_output_file("--output", a.output, "--input", a.input, "the prompts with the replies");
   if (const std::string why = replaced_file_problem(a.output + ".partial"); !why.empty())
     throw refuse("--output " + a.output + ": " + why);
@@ -223,54 +228,68 @@ int run_generate_batch(GenerateArgs& a, bool has_prompt) {
   set_stop_ids(a.opt, m, a.no_cache);
   amp::AutocastGuard autocast(m.policy.autocast, m.policy.compute_dtype);
   int64_t written = 0, compared = 0, matched = 0;
-  for (const BatchPrompt& p : prompts) {
-    data::Conversation c = p.conversation;
-    with_template_kwargs(c, kwargs);
-    const bool chat = p.conversational || a.chat;
-    if (!p.conversational && a.chat) {
-      if (!a.system.empty()) c.messages.push_back({{"role", "system"}, {"content", a.system}});
-      c.messages.push_back({{"role", "user"}, {"content", p.text}});
+  const size_t batch = static_cast<size_t>(std::max<int64_t>(a.batch_size, 1));
+  for (size_t first = 0; first < prompts.size(); first += batch) {
+    // --batch-size prompts decoded side by side; their lines written in the file's order.
+    const size_t end = std::min(prompts.size(), first + batch);
+    std::vector<std::string> texts;
+    std::vector<std::vector<int32_t>> ids;
+    std::vector<data::TextStream> streams;
+    for (size_t i = first; i < end; ++i) {
+      const BatchPrompt& p = prompts[i];
+      data::Conversation c = p.conversation;
+      with_template_kwargs(c, kwargs);
+      const bool chat = p.conversational || a.chat;
+      if (!p.conversational && a.chat) {
+        if (!a.system.empty()) c.messages.push_back({{"role", "system"}, {"content", a.system}});
+        c.messages.push_back({{"role", "user"}, {"content", p.text}});
+      }
+      texts.push_back(chat ? chat_prompt(c, tok, m.tokenizer_spec) : p.text);
+      ids.push_back(prompt_ids(tok, m.tokenizer_spec, texts.back(), chat, a.bos, a.no_bos,
+                               "(--input line " + std::to_string(p.line) + ")"));
+      streams.emplace_back(tok, a.stops, texts.back());
     }
-    const std::string prompt = chat ? chat_prompt(c, tok, m.tokenizer_spec) : p.text;
-    const std::vector<int32_t> ids =
-        prompt_ids(tok, m.tokenizer_spec, prompt, chat, a.bos, a.no_bos,
-                   "(--input line " + std::to_string(p.line) + ")");
-    data::TextStream stream(tok, a.stops, prompt);
-    models::GenerateResult r = models::generate(*m.trained.model, ids, a.opt, [&](int32_t id) {
-      stream.push(id);
-      return !stream.stopped();
-    });
-    stream.finish();
-    if (stream.stopped()) r.stop = "stop_string";
-    // Whether the reply is its reference, whitespace at either end aside (null: no reference).
-    nlohmann::ordered_json exact;
-    if (const std::optional<std::string> want = reference_text(p.reference)) {
-      exact = trimmed(stream.text()) == trimmed(*want);
-      ++compared;
-      matched += exact.get<bool>();
+    std::vector<models::GenerateResult> results =
+        models::generate_rows(*m.trained.model, ids, a.opt, [&](size_t b, int32_t id) {
+          streams[b].push(id);
+          return !streams[b].stopped();
+        });
+    for (size_t i = first; i < end; ++i) {
+      const BatchPrompt& p = prompts[i];
+      data::TextStream& stream = streams[i - first];
+      models::GenerateResult& r = results[i - first];
+      stream.finish();
+      if (stream.stopped()) r.stop = "stop_string";
+      // Whether the reply is its reference, whitespace at either end aside (null: no reference).
+      nlohmann::ordered_json exact;
+      if (const std::optional<std::string> want = reference_text(p.reference)) {
+        exact = trimmed(stream.text()) == trimmed(*want);
+        ++compared;
+        matched += exact.get<bool>();
+      }
+      const nlohmann::ordered_json line = {{"line", p.line},
+                                           {"prompt", texts[i - first]},
+                                           {"completion", stream.text()},
+                                           {"reference", p.reference},
+                                           {"exact_match", exact},
+                                           {"tokens", r.tokens.size()},
+                                           {"stop", r.stop}};
+      const std::string text =
+          line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+      if (std::fwrite(text.data(), 1, text.size(), out) != text.size() || std::fflush(out) != 0)
+        throw Error("cannot write " + partial + " (--output " + a.output +
+                    "): " + std::strerror(errno) + "; the " + std::to_string(written) + " of " +
+                    std::to_string(prompts.size()) + " replies made before it are there");
+      ++written;
+      std::fprintf(stderr, "keel: line %lld: %s, stopped: %s (%lld of %zu)\n",
+                   static_cast<long long>(p.line),
+                   count_of(static_cast<long long>(r.tokens.size()), "token").c_str(),
+                   r.stop.c_str(), static_cast<long long>(written), prompts.size());
+      if (r.stop == "nonfinite")
+        throw Error("generation of --input line " + std::to_string(p.line) + " stopped: " +
+                    std::to_string(r.nonfinite_logits) + " logits are NaN or inf (the replies " +
+                    "before it are in " + partial + "); " + nonfinite_advice(a.m, m.policy));
     }
-    const nlohmann::ordered_json line = {{"line", p.line},
-                                         {"prompt", prompt},
-                                         {"completion", stream.text()},
-                                         {"reference", p.reference},
-                                         {"exact_match", exact},
-                                         {"tokens", r.tokens.size()},
-                                         {"stop", r.stop}};
-    const std::string text =
-        line.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
-    if (std::fwrite(text.data(), 1, text.size(), out) != text.size() || std::fflush(out) != 0)
-      throw Error("cannot write " + partial + " (--output " + a.output +
-                  "): " + std::strerror(errno) + "; the " + std::to_string(written) + " of " +
-                  std::to_string(prompts.size()) + " replies made before it are there");
-    ++written;
-    std::fprintf(stderr, "keel: line %lld: %s, stopped: %s (%lld of %zu)\n",
-                 static_cast<long long>(p.line),
-                 count_of(static_cast<long long>(r.tokens.size()), "token").c_str(), r.stop.c_str(),
-                 static_cast<long long>(written), prompts.size());
-    if (r.stop == "nonfinite")
-      throw Error("generation of --input line " + std::to_string(p.line) + " stopped: " +
-                  std::to_string(r.nonfinite_logits) + " logits are NaN or inf (the replies " +
-                  "before it are in " + partial + "); " + nonfinite_advice(a.m, m.policy));
   }
   if (std::fclose(closer.release()) != 0)
     throw Error("cannot write " + partial + " (--output " + a.output +
@@ -295,6 +314,11 @@ int run_generate(GenerateArgs& a, bool has_prompt) {
     throw Error(
         "--output is where --input's replies go: give --input FILE too, or leave "
         "--output out (the reply streams to stdout)",
+        Error::kUsage);
+  if (a.batch_size > 0)
+    throw Error(
+        "--batch-size decodes --input's prompts side by side: give --input FILE and "
+        "--output OUT too, or leave --batch-size out (one prompt decodes alone)",
         Error::kUsage);
   std::string prompt = read_input_text(has_prompt, a.prompt, a.prompt_file, "--prompt-file");
   // A line read from stdin or a file ends with its newline, which became the prompt's last token
@@ -448,6 +472,11 @@ Command add_generate(CLI::App& app) {
   sub->add_option("--output", a->output,
                   "with --input: the JSON lines written, one a prompt (line, prompt, completion, "
                   "reference, exact_match, tokens, stop)");
+  sub->add_option("--batch-size", a->batch_size,
+                  "with --input: decode this many prompts side by side, each step reading the "
+                  "weights once for all of them (default 1; each reply is its prompt's alone, up "
+                  "to rounding)")
+      ->check(whole_check(1, 4096));
   return {sub, [a, prompt, check_sampling] {
             check_sampling();
             return run_generate(*a, prompt->count() > 0);

@@ -45,8 +45,19 @@ void ModelSpec::validate() const {
 Tensor CausalLM::forward_cached(const Tensor& ids, KVCache& cache) {
   KEEL_CHECK(ids.dim() == 2 && ids.size(0) == 1,
              "forward_cached: input_ids must be [1, T], got " + shape_str(ids.shape()));
-  Tensor logits = run(ids, ops::AttentionMask(), &cache);
+  const KVCaches one{{&cache}};
+  Tensor logits = run(ids, ops::AttentionMask(), &one);
   cache.length += ids.size(1);
+  return logits;
+}
+
+Tensor CausalLM::forward_cached_rows(const Tensor& ids, const std::vector<KVCache*>& caches) {
+  KEEL_CHECK(ids.dim() == 2 && ids.size(1) == 1 && ids.size(0) == std::ssize(caches),
+             "forward_cached_rows: input_ids must be [" + std::to_string(caches.size()) +
+                 ", 1], got " + shape_str(ids.shape()));
+  const KVCaches rows{caches};
+  Tensor logits = run(ids, ops::AttentionMask(), &rows);
+  for (KVCache* c : caches) c->length += 1;
   return logits;
 }
 

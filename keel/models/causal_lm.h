@@ -79,6 +79,10 @@ class CausalLM : public nn::Module {
   // positions [cache.length, cache.length + Tn), attending to every position the cache holds,
   // which it then holds too. The prompt's pass (cache.length == 0) computes what forward() does.
   Tensor forward_cached(const Tensor& input_ids, KVCache& cache);
+  // One decoding step of rows side by side (generate_rows): input_ids [B, 1], row b the next
+  // token of the sequence caches[b] holds (each of its own length). The logits [B, 1, V]; each
+  // cache then holds one position more. Without gradients.
+  Tensor forward_cached_rows(const Tensor& input_ids, const std::vector<KVCache*>& caches);
   // A cache with room for max_seq_len positions of every layer.
   // A cache for at most `positions` tokens (0: the model's max_seq_len). Each layer's keys and
   // values are allocated whole at the first step: Llama-3.1-8B's 131,072 positions would take
@@ -110,7 +114,8 @@ class CausalLM : public nn::Module {
  protected:
   // The forward of the family; with a cache, positions start at cache->length (batch 1, no mask)
   // and every layer appends its keys and values.
-  virtual Tensor run(const Tensor& input_ids, const ops::AttentionMask& mask, KVCache* cache) = 0;
+  virtual Tensor run(const Tensor& input_ids, const ops::AttentionMask& mask,
+                     const KVCaches* caches) = 0;
   // x through `blocks` in order, block i's forward being block_forward(i, x) (which must own what
   // it captures: a checkpointed segment calls it again inside backward); checkpointed as
   // set_activation_checkpointing() says when `may_checkpoint` (no KV cache) and training.

@@ -78,12 +78,10 @@ int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& op
   return ids[keep - 1];
 }
 
-GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
-                        const GenerateOptions& opt, const std::function<bool(int32_t)>& on_token,
-                        GenerateSession* session) {
-  using clock = std::chrono::steady_clock;
-  opt.sampling.validate();
-  const ModelSpec& spec = model.spec();
+namespace {
+
+// A prompt the model can continue: ids in its vocabulary, room for one new token.
+void check_prompt(const std::vector<int32_t>& prompt, const ModelSpec& spec) {
   const int64_t n = static_cast<int64_t>(prompt.size());
   if (n == 0) throw Error("the prompt is empty: give at least one token", Error::kUsage);
   if (n >= spec.max_seq_len)
@@ -97,6 +95,40 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
                       std::to_string(i) + " is outside the model's vocabulary [0, " +
                       std::to_string(spec.vocab_size) + "); is this the model's tokenizer?",
                   Error::kUsage);
+}
+
+// The token a decode takes from the logits of its last position, or none when it stops there
+// (r.stop says why: "nonfinite" or "eos"); a token taken is in r.tokens.
+std::optional<int32_t> take_token(std::vector<float> row, const GenerateOptions& opt, Rng& rng,
+                                  GenerateResult& r) {
+  const int64_t V = static_cast<int64_t>(row.size());
+  r.nonfinite_logits =
+      std::count_if(row.begin(), row.end(), [](float v) { return !std::isfinite(v); });
+  if (r.nonfinite_logits > 0) {
+    r.stop = "nonfinite";
+    return std::nullopt;
+  }
+  if (opt.choosable > 0 && opt.choosable < V) row.resize(static_cast<size_t>(opt.choosable));
+  const int32_t next = sample_token(row, opt.sampling, rng);
+  if (opt.keep_logits) r.logits.push_back(std::move(row));
+  if (std::find(opt.eos_ids.begin(), opt.eos_ids.end(), next) != opt.eos_ids.end()) {
+    r.stop = "eos";
+    return std::nullopt;
+  }
+  r.tokens.push_back(next);
+  return next;
+}
+
+}  // namespace
+
+GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
+                        const GenerateOptions& opt, const std::function<bool(int32_t)>& on_token,
+                        GenerateSession* session) {
+  using clock = std::chrono::steady_clock;
+  opt.sampling.validate();
+  const ModelSpec& spec = model.spec();
+  check_prompt(prompt, spec);
+  const int64_t n = static_cast<int64_t>(prompt.size());
   NoGradGuard no_grad;
   model.train(false);
   Rng rng(opt.seed);
@@ -153,23 +185,11 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
     const int64_t V = logits.size(-1);
     std::vector<float> row = logits.view({t, V}).slice_rows(t - 1, t).to_floats();
     if (step == 0) r.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
-    r.nonfinite_logits =
-        std::count_if(row.begin(), row.end(), [](float v) { return !std::isfinite(v); });
-    if (r.nonfinite_logits > 0) {
-      r.stop = "nonfinite";
-      break;
-    }
-    if (opt.choosable > 0 && opt.choosable < V) row.resize(static_cast<size_t>(opt.choosable));
-    const int32_t next = sample_token(row, opt.sampling, rng);
-    if (opt.keep_logits) r.logits.push_back(std::move(row));
-    if (std::find(opt.eos_ids.begin(), opt.eos_ids.end(), next) != opt.eos_ids.end()) {
-      r.stop = "eos";
-      break;
-    }
-    r.tokens.push_back(next);
-    seq.push_back(next);
-    feed.assign(1, next);
-    if (on_token && !on_token(next)) {
+    const std::optional<int32_t> next = take_token(std::move(row), opt, rng, r);
+    if (!next) break;
+    seq.push_back(*next);
+    feed.assign(1, *next);
+    if (on_token && !on_token(*next)) {
       r.stop = "caller";
       break;
     }
@@ -180,6 +200,99 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
     session->reused = reused;
   }
   return r;
+}
+
+std::vector<GenerateResult> generate_rows(
+    CausalLM& model, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opt,
+    const std::function<bool(size_t row, int32_t)>& on_token) {
+  using clock = std::chrono::steady_clock;
+  opt.sampling.validate();
+  const ModelSpec& spec = model.spec();
+  for (const std::vector<int32_t>& p : prompts) check_prompt(p, spec);
+  std::vector<GenerateResult> results;
+  // Without the cache (the reference) or alone, a row is generate()'s decode.
+  if (!opt.use_cache || prompts.size() <= 1) {
+    for (size_t b = 0; b < prompts.size(); ++b)
+      results.push_back(generate(model, prompts[b], opt,
+                                 [&](int32_t id) { return !on_token || on_token(b, id); }));
+    return results;
+  }
+  NoGradGuard no_grad;
+  model.train(false);
+  Device dev = Device::cpu();
+  for (auto& [name, p] : model.named_parameters()) dev = p.device();
+  struct Row {
+    KVCache cache;
+    Rng rng;
+    int64_t length;     // tokens of the sequence so far: the prompt, then those taken
+    int32_t next = -1;  // the token to feed next
+  };
+  std::vector<Row> rows;
+  results.resize(prompts.size());
+  // Each prompt's pass alone (as generate's first step), then its first token.
+  std::vector<size_t> decoding;  // the rows still decoding
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const int64_t n = static_cast<int64_t>(prompts[b].size());
+    const int64_t room = n + std::clamp<int64_t>(opt.max_new_tokens, 0, spec.max_seq_len - n);
+    rows.push_back({model.make_kv_cache(room), Rng(opt.seed), n});
+    GenerateResult& r = results[b];
+    r.stop = "max_new_tokens";
+    if (opt.max_new_tokens <= 0) continue;
+    const auto p0 = clock::now();
+    const Tensor ids =
+        Tensor::from_ints(std::vector<int64_t>(prompts[b].begin(), prompts[b].end()), {1, n})
+            .to(dev);
+    const Tensor logits = model.forward_cached(ids, rows[b].cache);
+    const int64_t V = logits.size(-1);
+    std::vector<float> last = logits.view({n, V}).slice_rows(n - 1, n).to_floats();
+    r.prompt_seconds = std::chrono::duration<double>(clock::now() - p0).count();
+    const std::optional<int32_t> next = take_token(std::move(last), opt, rows[b].rng, r);
+    if (!next) continue;
+    rows[b].next = *next;
+    ++rows[b].length;
+    if (on_token && !on_token(b, *next)) {
+      r.stop = "caller";
+      continue;
+    }
+    decoding.push_back(b);
+  }
+  const auto prompts_done = clock::now();
+  // Then one step a token for every row still decoding: one forward over the rows.
+  for (int64_t step = 1; step < opt.max_new_tokens && !decoding.empty(); ++step) {
+    std::erase_if(decoding, [&](size_t b) {
+      if (rows[b].length < spec.max_seq_len) return false;
+      results[b].stop = "max_seq_len";
+      return true;
+    });
+    if (decoding.empty()) break;
+    std::vector<size_t> still;
+    std::vector<int64_t> feed;
+    std::vector<KVCache*> caches;
+    for (size_t b : decoding) feed.push_back(rows[b].next), caches.push_back(&rows[b].cache);
+    const int64_t a = static_cast<int64_t>(decoding.size());
+    const Tensor logits =
+        model.forward_cached_rows(Tensor::from_ints(feed, {a, 1}).to(dev), caches);
+    const int64_t V = logits.size(-1);
+    const Tensor all = logits.view({a, V});
+    for (int64_t i = 0; i < a; ++i) {
+      const size_t b = decoding[static_cast<size_t>(i)];
+      const std::optional<int32_t> next =
+          take_token(all.slice_rows(i, i + 1).to_floats(), opt, rows[b].rng, results[b]);
+      if (!next) continue;
+      rows[b].next = *next;
+      ++rows[b].length;
+      if (on_token && !on_token(b, *next)) {
+        results[b].stop = "caller";
+        continue;
+      }
+      still.push_back(b);
+    }
+    decoding = std::move(still);
+  }
+  // (a row that took max_new_tokens keeps that stop: its last token was chosen, never fed)
+  const double decode = std::chrono::duration<double>(clock::now() - prompts_done).count();
+  for (GenerateResult& r : results) r.decode_seconds = decode;
+  return results;
 }
 
 }  // namespace keel::models

@@ -1,5 +1,7 @@
 #include "keel/models/gpt2.h"
 
+#include <algorithm>
+
 #include <cmath>
 
 #include "keel/amp/autocast.h"
@@ -19,7 +21,7 @@ GPT2Attention::GPT2Attention(const ModelSpec& s)
 }
 
 Tensor GPT2Attention::forward(const Tensor& x, const ops::AttentionMask& mask,
-                              ops::AttentionBackend backend, KVCache* cache, size_t layer) {
+                              ops::AttentionBackend backend, const KVCaches* caches, size_t layer) {
   return call({x}, [&] {
     Tensor qkv = c_attn->forward(x);                              // [B, T, 3C]
     auto parts = ops::split_last(qkv, {n_embd, n_embd, n_embd});  // 3 x [B, T, C]
@@ -28,9 +30,8 @@ Tensor GPT2Attention::forward(const Tensor& x, const ops::AttentionMask& mask,
     Tensor k = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[1], n_head));
     Tensor v = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[2], n_head));
     Tensor y;  // [B, T, C]
-    if (cache) {
-      auto [k_all, v_all] = kv_append(cache->layers[layer], cache->capacity, cache->length, k, v);
-      y = ops::merge_heads(cached_attention(q, k_all, v_all, backend));
+    if (caches) {
+      y = ops::merge_heads(cached_step_attention(q, k, v, *caches, layer, backend));
     } else {
       y = ops::merge_heads(ops::attention(q, k, v, mask, backend));
     }
@@ -63,9 +64,9 @@ GPT2Block::GPT2Block(const ModelSpec& s) : nn::Module("GPT2Block") {
 }
 
 Tensor GPT2Block::forward(const Tensor& x, const ops::AttentionMask& mask,
-                          ops::AttentionBackend backend, KVCache* cache, size_t layer) {
+                          ops::AttentionBackend backend, const KVCaches* caches, size_t layer) {
   return call({x}, [&] {
-    Tensor h = nn::residual_add(x, attn->forward(ln_1->forward(x), mask, backend, cache, layer));
+    Tensor h = nn::residual_add(x, attn->forward(ln_1->forward(x), mask, backend, caches, layer));
     return nn::residual_add(h, mlp->forward(ln_2->forward(h)));
   });
 }
@@ -88,31 +89,36 @@ GPT2LMHeadModel::GPT2LMHeadModel(const ModelSpec& s, uint64_t seed)
   init_parameters(*this, seed);  // HF's GPT2PreTrainedModel._init_weights (init_std)
 }
 
-Tensor GPT2LMHeadModel::run(const Tensor& ids, const ops::AttentionMask& mask, KVCache* cache) {
+Tensor GPT2LMHeadModel::run(const Tensor& ids, const ops::AttentionMask& mask,
+                            const KVCaches* caches) {
   return call({ids}, [&] {
     KEEL_CHECK(ids.dim() == 2, "GPT-2 input_ids must be [B, T], got " + shape_str(ids.shape()));
-    const int64_t B = ids.size(0), T = ids.size(1), past = cache ? cache->length : 0;
-    if (past + T > spec_.max_seq_len)
-      throw Error("sequence length " + std::to_string(past + T) +
-                  " exceeds the model's max_seq_len " + std::to_string(spec_.max_seq_len) +
-                  " (raise model.max_seq_len or lower data.seq_len)");
-    Tensor pos = mask.positions;  // a packed row's own, each example from 0
+    const int64_t B = ids.size(0), T = ids.size(1);
+    // Each row's positions: a packed row's own (each example from 0), a decode's from what its
+    // cache holds, else 0..T-1.
+    Tensor pos = mask.positions;
+    if (!pos.defined() && caches) pos = caches->positions(T);
     if (!pos.defined()) {
       std::vector<int64_t> p(B * T);
       for (int64_t b = 0; b < B; ++b)
-        for (int64_t t = 0; t < T; ++t) p[b * T + t] = past + t;
+        for (int64_t t = 0; t < T; ++t) p[b * T + t] = t;
       pos = Tensor::from_ints(p, {B, T});
     }
+    const std::vector<int64_t> at = pos.to_ints();
+    if (const int64_t last = *std::max_element(at.begin(), at.end()); last >= spec_.max_seq_len)
+      throw Error("sequence length " + std::to_string(last + 1) +
+                  " exceeds the model's max_seq_len " + std::to_string(spec_.max_seq_len) +
+                  " (raise model.max_seq_len or lower data.seq_len)");
     Tensor x = nn::residual_add(transformer->wte->forward(ids),
                                 transformer->wpe->forward(pos.to(ids.device())));
     x = transformer->drop->forward(x);
     const ops::AttentionBackend backend = spec_.attention;
     x = run_blocks(
         {transformer->h.begin(), transformer->h.end()}, x,
-        [this, mask, backend, cache](size_t i, const Tensor& h) {
-          return transformer->h[i]->forward(h, mask, backend, cache, i);
+        [this, mask, backend, caches](size_t i, const Tensor& h) {
+          return transformer->h[i]->forward(h, mask, backend, caches, i);
         },
-        cache == nullptr);
+        caches == nullptr);
     x = transformer->ln_f->forward(x);
     // lm_head is tied to wte: logits = x·wteᵀ, under the linear autocast rule.
     using amp::AmpOp;

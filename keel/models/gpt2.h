@@ -13,7 +13,7 @@ class GPT2Attention : public nn::Module {
  public:
   explicit GPT2Attention(const ModelSpec& s);
   Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
-                 KVCache* cache = nullptr, size_t layer = 0);  // [B,T,C]
+                 const KVCaches* caches = nullptr, size_t layer = 0);  // [B,T,C]
   nn::Linear *c_attn, *c_proj;
   nn::Dropout* resid_dropout;
   int64_t n_head, n_embd;
@@ -31,7 +31,7 @@ class GPT2Block : public nn::Module {
  public:
   explicit GPT2Block(const ModelSpec& s);
   Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
-                 KVCache* cache = nullptr, size_t layer = 0);
+                 const KVCaches* caches = nullptr, size_t layer = 0);
   nn::LayerNorm *ln_1, *ln_2;
   GPT2Attention* attn;
   GPT2MLP* mlp;
@@ -57,7 +57,8 @@ class GPT2LMHeadModel : public CausalLM {
   }
 
  protected:
-  Tensor run(const Tensor& input_ids, const ops::AttentionMask& mask, KVCache* cache) override;
+  Tensor run(const Tensor& input_ids, const ops::AttentionMask& mask,
+             const KVCaches* caches) override;
 };
 
 }  // namespace keel::models

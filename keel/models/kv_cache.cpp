@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "keel/autograd/node.h"
 #include "keel/numerics/error.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/linear.h"
@@ -74,6 +75,38 @@ Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   Tensor p = round(ops::softmax(s), backend != ops::AttentionBackend::kMath);  // [1,Hkv,G*Tn,Tk]
   Tensor o = ops::matmul(p, ops::cast(v, DType::F32));                         // [1,Hkv,G*Tn,D]
   return ops::cast(o.view({1, hq, tn, d}), dt);
+}
+
+Tensor KVCaches::positions(int64_t tn) const {
+  std::vector<int64_t> pos;
+  for (const KVCache* c : rows)
+    for (int64_t t = 0; t < tn; ++t) pos.push_back(c->length + t);
+  return Tensor::from_ints(pos, {static_cast<int64_t>(rows.size()), tn});
+}
+
+Tensor cached_step_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const KVCaches& caches, size_t layer, ops::AttentionBackend backend,
+                             int64_t window) {
+  const int64_t rows = static_cast<int64_t>(caches.rows.size());
+  KEEL_CHECK(rows >= 1 && q.size(0) == rows, "cached_step_attention: " + std::to_string(q.size(0)) +
+                                                 " batch rows for " + std::to_string(rows) +
+                                                 " caches");
+  auto one = [&](int64_t b, const Tensor& qb, const Tensor& kb, const Tensor& vb) {
+    KVCache& c = *caches.rows[static_cast<size_t>(b)];
+    auto [k_all, v_all] = kv_append(c.layers[layer], c.capacity, c.length, kb, vb);
+    return cached_attention(qb, k_all, v_all, backend, window);
+  };
+  if (rows == 1) return one(0, q, k, v);
+  // Rows of their own lengths: each attends over its own cache. Only the projections around this
+  // (the weights, read once for every row) are shared; no graph is kept.
+  KEEL_CHECK(q.size(2) == 1 && !grad_mode_enabled(),
+             "cached_step_attention: rows decode one position a step, without gradients");
+  Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
+  for (int64_t b = 0; b < rows; ++b) {
+    Tensor at = out.slice_rows(b, b + 1);
+    at.copy_from(one(b, q.slice_rows(b, b + 1), k.slice_rows(b, b + 1), v.slice_rows(b, b + 1)));
+  }
+  return out;
 }
 
 }  // namespace keel::models

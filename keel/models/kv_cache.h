@@ -27,6 +27,23 @@ struct KVCache {
   int64_t capacity;    // the model's max_seq_len
 };
 
+// The caches one forward appends to: batch row b's keys and values go to rows[b]. A decode of
+// one prompt has one; rows decoding side by side (generate_rows) one each, each at its own length.
+struct KVCaches {
+  std::vector<KVCache*> rows;
+  // The first new position of each row (what its cache holds), [B, Tn] positions from it:
+  // RoPE's angles and GPT-2's wpe rows. I64 on the cpu.
+  Tensor positions(int64_t tn) const;
+};
+
+// The step's keys and values appended to each row's cache of `layer`, and each row's attention
+// over its cache (cached_attention): q [B, Hq, Tn, D], k, v [B, Hkv, Tn, D] with B the rows.
+// Returns [B, Hq, Tn, D]. Several rows take one new position each (Tn == 1: a decode step), and
+// no gradient.
+Tensor cached_step_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                             const KVCaches& caches, size_t layer, ops::AttentionBackend backend,
+                             int64_t window = 0);
+
 // Stores k, v [1, Hkv, Tn, D] (positions [past, past + Tn)) in `layer` and returns the keys and
 // values of every position so far, [1, Hkv, past + Tn, D].
 std::pair<Tensor, Tensor> kv_append(KVCache::Layer& layer, int64_t capacity, int64_t past,

@@ -30,20 +30,25 @@ LlamaAttention::LlamaAttention(const ModelSpec& s)
 }
 
 Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
-                               ops::AttentionBackend backend, KVCache* cache, size_t layer) {
+                               ops::AttentionBackend backend, const KVCaches* caches,
+                               size_t layer) {
   return call({x}, [&] {
     using amp::AmpOp;
     const float theta = static_cast<float>(rope_theta);
-    const int64_t past = cache ? cache->length : 0;              // the first new token's position
+    // A decode of one prompt: positions from what its cache holds; rows side by side: each row's.
+    const int64_t past = caches && caches->rows.size() == 1 ? caches->rows[0]->length : 0;
     Tensor q = ops::split_heads(q_proj->forward(x), n_head);     // [B,H,T,D]
     Tensor k = ops::split_heads(k_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
     if (q_norm) {  // Qwen3: each head's query and key normalized over its D channels
       q = q_norm->forward(q);
       k = k_norm->forward(k);
     }
-    if (mask.positions.defined()) {  // a packed row: each example from position 0
-      q = ops::rope(q, theta, mask.positions, rope_scaling);
-      k = ops::rope(k, theta, mask.positions, rope_scaling);
+    const Tensor positions = mask.positions.defined()            ? mask.positions
+                             : caches && caches->rows.size() > 1 ? caches->positions(x.size(1))
+                                                                 : Tensor();
+    if (positions.defined()) {  // a packed row's (each example from 0), or decoding rows'
+      q = ops::rope(q, theta, positions, rope_scaling);
+      k = ops::rope(k, theta, positions, rope_scaling);
     } else {
       q = ops::rope(q, theta, past, rope_scaling);
       k = ops::rope(k, theta, past, rope_scaling);
@@ -53,9 +58,8 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
     k = amp::autocast(AmpOp::kAttention, k);
     v = amp::autocast(AmpOp::kAttention, v);
     Tensor y;
-    if (cache) {
-      auto [k_all, v_all] = kv_append(cache->layers[layer], cache->capacity, past, k, v);
-      y = cached_attention(q, k_all, v_all, backend, sliding_window);
+    if (caches) {
+      y = cached_step_attention(q, k, v, *caches, layer, backend, sliding_window);
     } else {
       ops::AttentionMask seen = mask;
       seen.window = sliding_window;
@@ -95,10 +99,11 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s) : nn::Module("LlamaDeco
 }
 
 Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mask,
-                                  ops::AttentionBackend backend, KVCache* cache, size_t layer) {
+                                  ops::AttentionBackend backend, const KVCaches* caches,
+                                  size_t layer) {
   return call({x}, [&] {
     Tensor h = nn::residual_add(
-        x, self_attn->forward(input_layernorm->forward(x), mask, backend, cache, layer));
+        x, self_attn->forward(input_layernorm->forward(x), mask, backend, caches, layer));
     return nn::residual_add(h, mlp->forward(post_attention_layernorm->forward(h)));
   });
 }
@@ -123,17 +128,18 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelSpec& s, uint64_t seed)
   init_parameters(*this, seed);  // HF's LlamaPreTrainedModel._init_weights (init_std)
 }
 
-Tensor LlamaForCausalLM::run(const Tensor& ids, const ops::AttentionMask& mask, KVCache* cache) {
+Tensor LlamaForCausalLM::run(const Tensor& ids, const ops::AttentionMask& mask,
+                             const KVCaches* caches) {
   return call({ids}, [&] {
     KEEL_CHECK(ids.dim() == 2, "Llama input_ids must be [B, T], got " + shape_str(ids.shape()));
     Tensor x = model->embed_tokens->forward(ids);
     const ops::AttentionBackend backend = spec_.attention;
     x = run_blocks(
         {model->layers.begin(), model->layers.end()}, x,
-        [this, mask, backend, cache](size_t i, const Tensor& h) {
-          return model->layers[i]->forward(h, mask, backend, cache, i);
+        [this, mask, backend, caches](size_t i, const Tensor& h) {
+          return model->layers[i]->forward(h, mask, backend, caches, i);
         },
-        cache == nullptr);
+        caches == nullptr);
     x = model->norm->forward(x);
     if (lm_head) return lm_head->forward(x);
     using amp::AmpOp;

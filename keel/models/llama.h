@@ -13,7 +13,7 @@ class LlamaAttention : public nn::Module {
  public:
   explicit LlamaAttention(const ModelSpec& s);
   Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
-                 KVCache* cache = nullptr, size_t layer = 0);  // [B,T,C]
+                 const KVCaches* caches = nullptr, size_t layer = 0);  // [B,T,C]
   nn::Linear *q_proj, *k_proj, *v_proj, *o_proj;
   nn::RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // Qwen3's (ModelSpec::qk_norm()); else null
   int64_t n_head, n_kv_head;
@@ -33,7 +33,7 @@ class LlamaDecoderLayer : public nn::Module {
  public:
   explicit LlamaDecoderLayer(const ModelSpec& s);
   Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
-                 KVCache* cache = nullptr, size_t layer = 0);
+                 const KVCaches* caches = nullptr, size_t layer = 0);
   nn::RMSNorm *input_layernorm, *post_attention_layernorm;
   LlamaAttention* self_attn;
   LlamaMLP* mlp;
@@ -59,7 +59,8 @@ class LlamaForCausalLM : public CausalLM {
   }
 
  protected:
-  Tensor run(const Tensor& input_ids, const ops::AttentionMask& mask, KVCache* cache) override;
+  Tensor run(const Tensor& input_ids, const ops::AttentionMask& mask,
+             const KVCaches* caches) override;
 };
 
 }  // namespace keel::models

@@ -411,6 +411,22 @@ TEST(CliChat, GenerateInputRepliesToEveryLineAsGenerateDoesOne) {
     EXPECT_EQ(replies[i].at("stop"), a.at("stop"));
     EXPECT_EQ(replies[i].at("tokens"), a.at("tokens").size());
   }
+  // --batch-size decodes the lines side by side: each reply is the one decoded alone (greedy, f32:
+  // the same tokens, the logits within rounding), the lines in the file's order.
+  const test::KeelRun batched =
+      test::run_keel({"generate", out, "--input", input, "--output", f.dir + "/batched.jsonl",
+                      "--max-new-tokens", "12", "--batch-size", "2"},
+                     {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(batched.code, 0) << batched.output;
+  {
+    std::ifstream b(f.dir + "/batched.jsonl");
+    size_t i = 0;
+    for (std::string l; std::getline(b, l); ++i) {
+      ASSERT_LT(i, replies.size());
+      EXPECT_EQ(json::parse(l), replies[i]) << "line " << i;
+    }
+    EXPECT_EQ(i, replies.size());
+  }
   // With --chat (and --system) a text prompt is a user's message in the chat template.
   const test::KeelRun as_chat =
       test::run_keel({"generate", out, "--input", input, "--output", output, "--chat", "--system",
@@ -438,6 +454,14 @@ TEST(CliChat, GenerateInputRepliesToEveryLineAsGenerateDoesOne) {
                   "--output " + input + " is the --input file");
   EXPECT_CONTAINS(refused({"--input", input}), "--input needs --output");
   EXPECT_CONTAINS(refused({"--output", output, "x"}), "--output is where --input's replies go");
+  EXPECT_CONTAINS(refused({"--batch-size", "4", "x"}),
+                  "--batch-size decodes --input's prompts side by side: give --input FILE");
+  EXPECT_CONTAINS(
+      refused({"--input", input, "--output", output, "--batch-size", "2", "--no-cache"}),
+      "--batch-size 2 decodes prompts side by side over their key/value caches, and "
+      "--no-cache has none");
+  EXPECT_CONTAINS(refused({"--input", input, "--output", output, "--batch-size", "0"}),
+                  "--batch-size");
   std::ofstream(f.dir + "/text.jsonl") << R"({"text": "the"})"
                                        << "\n";
   EXPECT_CONTAINS(refused({"--input", f.dir + "/text.jsonl", "--output", output}),

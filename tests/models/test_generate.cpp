@@ -156,6 +156,61 @@ TEST_P(KvCache, ASessionsNextDecodeComputesOnlyItsNewTokens) {
   EXPECT_EQ(other.tokens, models::generate(*m, {1, 2, 9, 9, 9}, o).tokens);
 }
 
+// Prompts decoded side by side (generate_rows): each row is the decode of its prompt alone —
+// the same tokens, greedy and seeded sampling, its logits within rounding — whatever the others
+// do: rows of other lengths, rows that stop early (eos, the caller, max_seq_len).
+TEST_P(KvCache, RowsSideBySideAreEachPromptsOwnDecode) {
+  const auto& [family, backend, mixed] = GetParam();
+  auto m = models::make_causal_lm(spec16(family), family == "qwen3_d8" ? 11 : 7);
+  m->set_attention_backend(ops::attention_backend_from_name(backend));
+  amp::AutocastGuard autocast(mixed, DType::BF16);
+  const std::vector<std::vector<int32_t>> prompts = {
+      {1, 2, 3, 4}, {5}, {7, 8, 9, 10, 11, 2, 3, 9, 9, 1, 2}, {4, 4}};
+  // bf16-mixed: a step over several rows rounds its products as one row's does not, which moves
+  // a sampled draw near a token boundary; the greedy tokens and the logits are checked there.
+  for (double temperature : mixed ? std::vector<double>{0.0} : std::vector<double>{0.0, 0.9}) {
+    GenerateOptions o;
+    o.max_new_tokens = 9;  // the 11-token prompt stops at max_seq_len 16 first
+    o.keep_logits = true;
+    o.sampling.temperature = temperature;
+    o.seed = 5;
+    std::vector<std::vector<int32_t>> seen(prompts.size());
+    const std::vector<GenerateResult> rows =
+        models::generate_rows(*m, prompts, o, [&](size_t b, int32_t id) {
+          seen[b].push_back(id);
+          return !(b == 3 && seen[b].size() == 2);  // the caller stops row 3 after 2 tokens
+        });
+    ASSERT_EQ(rows.size(), prompts.size());
+    for (size_t b = 0; b < prompts.size(); ++b) {
+      const std::string what = family + " " + backend + " row " + std::to_string(b) +
+                               " T=" + std::to_string(temperature);
+      size_t calls = 0;
+      const GenerateResult alone =
+          models::generate(*m, prompts[b], o, [&](int32_t) { return !(b == 3 && ++calls == 2); });
+      EXPECT_EQ(rows[b].tokens, alone.tokens) << what;
+      EXPECT_EQ(rows[b].stop, alone.stop) << what;
+      EXPECT_EQ(seen[b], rows[b].tokens) << what;
+      ASSERT_EQ(rows[b].logits.size(), alone.logits.size()) << what;
+      EXPECT_EQ(rows[b].logits[0], alone.logits[0]) << what << ": the prompt's pass is its own";
+      const double tol = mixed ? 0.1 : 2e-5;
+      for (size_t st = 0; st < alone.logits.size(); ++st)
+        for (size_t j = 0; j < alone.logits[st].size(); ++j)
+          EXPECT_NEAR(rows[b].logits[st][j], alone.logits[st][j],
+                      tol * (1 + std::fabs(alone.logits[st][j])))
+              << what << " step " << st;
+    }
+    EXPECT_EQ(rows[2].stop, "max_seq_len");
+    EXPECT_EQ(rows[3].stop, "caller");
+    EXPECT_EQ(rows[0].stop, "max_new_tokens");
+    // An eos every row may meet: rows stop on their own, the others go on.
+    o.eos_ids = {rows[0].tokens[2]};
+    const std::vector<GenerateResult> eos = models::generate_rows(*m, prompts, o);
+    for (size_t b = 0; b < prompts.size(); ++b)
+      EXPECT_EQ(eos[b].tokens, models::generate(*m, prompts[b], o).tokens) << family << " eos";
+    EXPECT_EQ(eos[0].stop, "eos");
+  }
+}
+
 TEST(Sampling, GreedyTopKTopPAndTheirDistribution) {
   const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
   Rng rng(1);
