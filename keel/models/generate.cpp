@@ -228,6 +228,11 @@ std::vector<GenerateResult> generate_rows(
     int32_t next = -1;  // the token to feed next
   };
   std::vector<Row> rows;
+  // A row that stops gives its cache back at once (the others may decode for long).
+  auto stop = [&](size_t b, const char* why) {
+    if (why) results[b].stop = why;
+    rows[b].cache.layers = {};
+  };
   results.resize(prompts.size());
   // Each prompt's pass alone (as generate's first step), then its first token.
   std::vector<size_t> decoding;  // the rows still decoding
@@ -237,7 +242,10 @@ std::vector<GenerateResult> generate_rows(
     rows.push_back({model.make_kv_cache(room), Rng(opt.seed), n});
     GenerateResult& r = results[b];
     r.stop = "max_new_tokens";
-    if (opt.max_new_tokens <= 0) continue;
+    if (opt.max_new_tokens <= 0) {
+      stop(b, nullptr);
+      continue;
+    }
     const auto p0 = clock::now();
     const Tensor ids =
         Tensor::from_ints(std::vector<int64_t>(prompts[b].begin(), prompts[b].end()), {1, n})
@@ -247,11 +255,14 @@ std::vector<GenerateResult> generate_rows(
     std::vector<float> last = logits.view({n, V}).slice_rows(n - 1, n).to_floats();
     r.prompt_seconds = std::chrono::duration<double>(clock::now() - p0).count();
     const std::optional<int32_t> next = take_token(std::move(last), opt, rows[b].rng, r);
-    if (!next) continue;
+    if (!next) {
+      stop(b, nullptr);
+      continue;
+    }
     rows[b].next = *next;
     ++rows[b].length;
     if (on_token && !on_token(b, *next)) {
-      r.stop = "caller";
+      stop(b, "caller");
       continue;
     }
     decoding.push_back(b);
@@ -261,7 +272,7 @@ std::vector<GenerateResult> generate_rows(
   for (int64_t step = 1; step < opt.max_new_tokens && !decoding.empty(); ++step) {
     std::erase_if(decoding, [&](size_t b) {
       if (rows[b].length < spec.max_seq_len) return false;
-      results[b].stop = "max_seq_len";
+      stop(b, "max_seq_len");
       return true;
     });
     if (decoding.empty()) break;
@@ -278,11 +289,14 @@ std::vector<GenerateResult> generate_rows(
       const size_t b = decoding[static_cast<size_t>(i)];
       const std::optional<int32_t> next =
           take_token(all.slice_rows(i, i + 1).to_floats(), opt, rows[b].rng, results[b]);
-      if (!next) continue;
+      if (!next) {
+        stop(b, nullptr);
+        continue;
+      }
       rows[b].next = *next;
       ++rows[b].length;
       if (on_token && !on_token(b, *next)) {
-        results[b].stop = "caller";
+        stop(b, "caller");
         continue;
       }
       still.push_back(b);
