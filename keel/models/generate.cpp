@@ -233,6 +233,15 @@ std::vector<GenerateResult> generate_rows(
     if (why) results[b].stop = why;
     rows[b].cache.layers = {};
   };
+  // Row b takes its next token from its logits; false when it stops there.
+  auto take = [&](size_t b, std::vector<float> logits) {
+    const std::optional<int32_t> next = take_token(std::move(logits), opt, rows[b].rng, results[b]);
+    if (!next) return stop(b, nullptr), false;
+    rows[b].next = *next;
+    ++rows[b].length;
+    if (on_token && !on_token(b, *next)) return stop(b, "caller"), false;
+    return true;
+  };
   results.resize(prompts.size());
   // Each prompt's pass alone (as generate's first step), then its first token.
   std::vector<size_t> decoding;  // the rows still decoding
@@ -254,18 +263,7 @@ std::vector<GenerateResult> generate_rows(
     const int64_t V = logits.size(-1);
     std::vector<float> last = logits.view({n, V}).slice_rows(n - 1, n).to_floats();
     r.prompt_seconds = std::chrono::duration<double>(clock::now() - p0).count();
-    const std::optional<int32_t> next = take_token(std::move(last), opt, rows[b].rng, r);
-    if (!next) {
-      stop(b, nullptr);
-      continue;
-    }
-    rows[b].next = *next;
-    ++rows[b].length;
-    if (on_token && !on_token(b, *next)) {
-      stop(b, "caller");
-      continue;
-    }
-    decoding.push_back(b);
+    if (take(b, std::move(last))) decoding.push_back(b);
   }
   const auto prompts_done = clock::now();
   // Then one step a token for every row still decoding: one forward over the rows.
@@ -287,19 +285,7 @@ std::vector<GenerateResult> generate_rows(
     const Tensor all = logits.view({a, V});
     for (int64_t i = 0; i < a; ++i) {
       const size_t b = decoding[static_cast<size_t>(i)];
-      const std::optional<int32_t> next =
-          take_token(all.slice_rows(i, i + 1).to_floats(), opt, rows[b].rng, results[b]);
-      if (!next) {
-        stop(b, nullptr);
-        continue;
-      }
-      rows[b].next = *next;
-      ++rows[b].length;
-      if (on_token && !on_token(b, *next)) {
-        stop(b, "caller");
-        continue;
-      }
-      still.push_back(b);
+      if (take(b, all.slice_rows(i, i + 1).to_floats())) still.push_back(b);
     }
     decoding = std::move(still);
   }
