@@ -158,7 +158,13 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     j["model_type"] = architecture_of(s).model_type;
     if (variant == "mistral")
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
-    if (variant == "qwen2" || variant == "qwen3") j["use_sliding_window"] = false;
+    if (variant == "qwen2" || variant == "qwen3") {
+      j["use_sliding_window"] = s.sliding_window > 0;
+      if (s.sliding_window > 0) {
+        j["sliding_window"] = s.sliding_window;
+        j["max_window_layers"] = s.sliding_from_layer;
+      }
+    }
     j["hidden_act"] = "silu";
     j["num_hidden_layers"] = s.n_layer;
     j["hidden_size"] = s.n_embd;
@@ -242,13 +248,35 @@ HfConfig read_hf_config(const std::string& dir) {
     if (c.boolean("mlp_bias", false)) throw unsupported("mlp_bias = true");
     if (const json* rs = c.find({"rope_scaling"})) s.rope_scaling = read_rope_scaling(*rs, file);
     const std::string& variant = s.hf_model_type;
-    if (variant == "qwen2" || variant == "qwen3") {
-      // Qwen2's (and Qwen3's) sliding window is off unless use_sliding_window says so (then for the
-      // layers past max_window_layers): keel's attention does not slide.
-      if (c.boolean("use_sliding_window", false))
-        throw unsupported(
-            "use_sliding_window = true (keel slides Mistral's attention; Qwen2's windows over the "
-            "layers past max_window_layers are not built)");
+    if ((variant == "qwen2" || variant == "qwen3") && c.boolean("use_sliding_window", false)) {
+      // Qwen2's (and Qwen3's) sliding window is off unless use_sliding_window says so, then for
+      // the layers from max_window_layers on (HF's Qwen2Config: its default 28), or those
+      // layer_types names "sliding_attention".
+      s.sliding_window = c.integer({"sliding_window"});
+      if (s.sliding_window < 1)
+        throw Error(file + ": use_sliding_window = true needs a sliding_window >= 1, got " +
+                        std::to_string(s.sliding_window),
+                    Error::kUsage);
+      s.sliding_from_layer = c.integer({"max_window_layers"}, 28);
+      if (const json* types = c.find({"layer_types"})) {
+        // Every layer from the first sliding one on slides (the layout max_window_layers makes).
+        const int64_t n = types->is_array() ? static_cast<int64_t>(types->size()) : -1;
+        int64_t first = n;
+        bool contiguous = n == s.n_layer;
+        for (int64_t i = 0; contiguous && i < n; ++i) {
+          const json& t = (*types)[static_cast<size_t>(i)];
+          const bool sliding = t == "sliding_attention";
+          if (!sliding && t != "full_attention") contiguous = false;
+          if (sliding && first == n) first = i;
+          if (!sliding && first < i) contiguous = false;
+        }
+        if (!contiguous)
+          throw unsupported(
+              "layer_types " + types->dump() +
+              " (keel slides the layers from max_window_layers on: \"full_attention\" layers, "
+              "then \"sliding_attention\" ones, one per num_hidden_layers)");
+        s.sliding_from_layer = first;
+      }
     }
     if (variant == "mistral") {
       // Mistral-7B-v0.1 slides over 4096 of its 32768 positions; v0.2 and later have none.

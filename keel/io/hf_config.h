@@ -8,7 +8,8 @@
 //   MistralForCausalLM (model_type "mistral"): Llama's fields and layers, and sliding_window
 //     (null: none), the keys a query sees (ModelSpec::sliding_window); written back as Mistral.
 //   Qwen2ForCausalLM (model_type "qwen2"): Llama's fields and layers with q/k/v biases
-//     (ModelSpec::qkv_bias()); use_sliding_window = true is refused; written back as Qwen2.
+//     (ModelSpec::qkv_bias()); use_sliding_window = true slides the layers from
+//     max_window_layers on (layer_types, when given, must say the same); written back as Qwen2.
 //   Qwen3ForCausalLM (model_type "qwen3"): Llama's with q_norm/k_norm (ModelSpec::qk_norm()), its
 //     head_dim hidden_size / num_attention_heads (Qwen3-1.7B, -8B, -14B); written back as Qwen3.
 // Every problem is an Error naming the file and the field: a missing or mistyped field, sizes that

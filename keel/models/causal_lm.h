@@ -41,9 +41,14 @@ struct ModelSpec {
   // "qwen2" or "qwen3". An HF Mistral (model_type "mistral", MistralForCausalLM): Llama's layers
   // under another name, whose attention slides over the last sliding_window positions (a query
   // sees itself and the sliding_window - 1 before it; 0: every earlier position, Mistral v0.2
-  // on). Empty and 0 for every other model.
+  // on). Qwen2 and Qwen3 with use_sliding_window slide the layers from sliding_from_layer on
+  // (their max_window_layers), Mistral all of them. Empty and 0 for every other model.
   std::string hf_model_type;
-  int64_t sliding_window = 0;
+  int64_t sliding_window = 0, sliding_from_layer = 0;
+  // The window of decoder layer `layer` (0: full attention).
+  int64_t layer_window(int64_t layer) const {
+    return sliding_window > 0 && layer >= sliding_from_layer ? sliding_window : 0;
+  }
 
   // The name a message gives the model: "gpt2", "llama", "mistral", "qwen2" or "qwen3".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }

@@ -8,13 +8,13 @@
 
 namespace keel::models {
 
-LlamaAttention::LlamaAttention(const ModelSpec& s)
+LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
     : nn::Module("LlamaAttention"),
       n_head(s.n_head),
       n_kv_head(s.kv_heads()),
       rope_theta(s.rope_theta),
       rope_scaling(s.rope_scaling),
-      sliding_window(s.sliding_window) {
+      sliding_window(s.layer_window(layer)) {
   const int64_t d = s.head_dim();
   auto lin = [&](int64_t in, int64_t out, bool bias) {
     return std::make_unique<nn::Linear>(in, out, bias, s.param_dtype);
@@ -88,10 +88,11 @@ Tensor LlamaMLP::forward(const Tensor& x) {
   });
 }
 
-LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s) : nn::Module("LlamaDecoderLayer") {
+LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s, int64_t layer)
+    : nn::Module("LlamaDecoderLayer") {
   input_layernorm = register_module(
       "input_layernorm", std::make_unique<nn::RMSNorm>(s.n_embd, s.norm_eps, s.param_dtype));
-  self_attn = register_module("self_attn", std::make_unique<LlamaAttention>(s));
+  self_attn = register_module("self_attn", std::make_unique<LlamaAttention>(s, layer));
   post_attention_layernorm =
       register_module("post_attention_layernorm",
                       std::make_unique<nn::RMSNorm>(s.n_embd, s.norm_eps, s.param_dtype));
@@ -113,7 +114,7 @@ LlamaModel::LlamaModel(const ModelSpec& s) : nn::Module("LlamaModel") {
       "embed_tokens", std::make_unique<nn::Embedding>(s.vocab_size, s.n_embd, s.param_dtype));
   for (int64_t i = 0; i < s.n_layer; ++i)
     layers.push_back(
-        register_module("layers." + std::to_string(i), std::make_unique<LlamaDecoderLayer>(s)));
+        register_module("layers." + std::to_string(i), std::make_unique<LlamaDecoderLayer>(s, i)));
   norm =
       register_module("norm", std::make_unique<nn::RMSNorm>(s.n_embd, s.norm_eps, s.param_dtype));
 }

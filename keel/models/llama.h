@@ -11,7 +11,7 @@ namespace keel::models {
 
 class LlamaAttention : public nn::Module {
  public:
-  explicit LlamaAttention(const ModelSpec& s);
+  LlamaAttention(const ModelSpec& s, int64_t layer);
   Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
                  const KVCaches* caches = nullptr, size_t layer = 0);  // [B,T,C]
   nn::Linear *q_proj, *k_proj, *v_proj, *o_proj;
@@ -19,7 +19,7 @@ class LlamaAttention : public nn::Module {
   int64_t n_head, n_kv_head;
   double rope_theta;
   ops::RopeScaling rope_scaling;
-  int64_t sliding_window;  // Mistral's: a query sees the last sliding_window keys; 0: every key
+  int64_t sliding_window;  // this layer's window (ModelSpec::layer_window); 0: every key
 };
 
 class LlamaMLP : public nn::Module {
@@ -31,7 +31,7 @@ class LlamaMLP : public nn::Module {
 
 class LlamaDecoderLayer : public nn::Module {
  public:
-  explicit LlamaDecoderLayer(const ModelSpec& s);
+  LlamaDecoderLayer(const ModelSpec& s, int64_t layer);
   Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
                  const KVCaches* caches = nullptr, size_t layer = 0);
   nn::RMSNorm *input_layernorm, *post_attention_layernorm;

@@ -148,17 +148,32 @@ TEST(CliQwen2, InitModelWritesOneAndALoraOnItsBiasedProjectionsExports) {
   std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
   EXPECT_NEAR(eval_loss(dir + "/merged", dir + "/t.txt"), eval_loss(dir + "/out", dir + "/t.txt"),
               1e-5);
-  // A Qwen2 that would slide (use_sliding_window) is refused, naming the field.
+  // A Qwen2 that slides (use_sliding_window): its layers from max_window_layers on see the last
+  // sliding_window positions (ModelParity's qwen2_w3 checks how against PyTorch), another loss
+  // on rows past the window; an export writes the three fields back.
+  const double full = eval_loss(dir + "/base", dir + "/t.txt");
   json sliding = cfg;
   sliding["use_sliding_window"] = true;
+  sliding["sliding_window"] = 3;
+  sliding["max_window_layers"] = 0;
+  std::ofstream(dir + "/base/config.json") << sliding.dump(2);
+  EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), full);
+  const test::KeelRun slid = test::run_keel({"export", dir + "/base", "--out", dir + "/slid"});
+  ASSERT_EQ(slid.code, 0) << slid.output;
+  const json back = read_json_file(dir + "/slid/config.json");
+  EXPECT_EQ(back.at("use_sliding_window"), true);
+  EXPECT_EQ(back.at("sliding_window"), 3);
+  EXPECT_EQ(back.at("max_window_layers"), 0);
+  // layer_types other than full layers then sliding ones (max_window_layers' layout) are refused.
+  sliding["layer_types"] = {"sliding_attention", "full_attention"};
   std::ofstream(dir + "/base/config.json") << sliding.dump(2);
   const test::KeelRun refused =
       test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
   EXPECT_EQ(refused.code, 2) << refused.output;
   EXPECT_CONTAINS(refused.err,
-                  "use_sliding_window = true (keel slides Mistral's attention; "
-                  "Qwen2's windows over the layers past max_window_layers are not "
-                  "built)");
+                  "layer_types [\"sliding_attention\",\"full_attention\"] (keel "
+                  "slides the layers from max_window_layers on");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
 TEST(CliQwen3, InitModelWritesOneItsNormsTrainAndAWrongHeadDimIsRefused) {

@@ -10,16 +10,19 @@ namespace keel::test {
 
 // "qwen3_d8": the Qwen3 with heads 8 wide over n_embd 16 / 4 heads (Qwen3-0.6B's head_dim 128
 // over 1024 / 16). "mistral_w3": the Llama as a Mistral whose attention slides over the last 3
-// positions (Mistral-7B-v0.1's sliding_window 4096).
+// positions (Mistral-7B-v0.1's sliding_window 4096). "qwen2_w3": the Qwen2 with use_sliding_window,
+// a window of 3 on layer 1 only (max_window_layers 1).
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
   const bool wide_heads = family == "qwen3_d8";
-  const bool qwen = family == "qwen2" || family == "qwen3" || wide_heads;
+  const bool qwen_window = family == "qwen2_w3";
+  const bool qwen = family == "qwen2" || family == "qwen3" || wide_heads || qwen_window;
   const bool mistral = family == "mistral_w3";
   s.family = qwen || mistral ? "llama" : family;
   s.hf_model_type = qwen ? family.substr(0, 5) : mistral ? "mistral" : "";
   if (wide_heads) s.head_width = 8;
-  if (mistral) s.sliding_window = 3;
+  if (mistral || qwen_window) s.sliding_window = 3;
+  if (qwen_window) s.sliding_from_layer = 1;
   s.n_layer = 2;
   s.n_embd = 16;
   s.vocab_size = 37;
