@@ -213,7 +213,7 @@ static std::string idle_ranks(int64_t rem, int64_t ranks) {
 }
 
 std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int64_t grad_accum,
-                                       int64_t ranks) {
+                                       int64_t ranks, const std::string& row) {
   std::vector<DoctorCheck> out;
   if (examples <= 0) {
     out.push_back(
@@ -230,13 +230,12 @@ std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int
       (ranks > 1 ? " x " + std::to_string(ranks) + " ranks = " + std::to_string(window) : "");
   if (window > nb) {
     out.push_back(make("warning", "windows",
-                       accum + " is larger than the epoch (" + count_of(examples, "example") +
-                           " = " + count_of(nb, "micro-batch", "micro-batches") + " of " +
+                       accum + " is larger than the epoch (" + count_of(examples, row) + " = " +
+                           count_of(nb, "micro-batch", "micro-batches") + " of " +
                            std::to_string(batch_size) + "): every step is a remainder window of " +
                            count_of(nb, "micro-batch", "micro-batches") +
-                           ", so the effective batch is " + count_of(examples, "example") +
-                           ", not " + std::to_string(window * batch_size) +
-                           "; lower train.grad_accum" +
+                           ", so the effective batch is " + count_of(examples, row) + ", not " +
+                           std::to_string(window * batch_size) + "; lower train.grad_accum" +
                            (ranks > 1 ? " or the ranks so that their product is" : " to") +
                            " at most " + std::to_string(nb)));
     return out;
@@ -260,8 +259,8 @@ std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int
     out.push_back(make("ok", "windows",
                        count_of(steps, "step") + " per epoch of " +
                            (ranks > 1 ? std::to_string(ranks) + " ranks x " : "") +
-                           std::to_string(grad_accum) + " x " + std::to_string(batch_size) +
-                           " examples, no remainder"));
+                           std::to_string(grad_accum) + " x " + count_of(batch_size, row) +
+                           ", no remainder"));
   return out;
 }
 
@@ -593,8 +592,9 @@ DoctorReport run_doctor(const Config& cfg, const DoctorOptions& opt) {
                                     " parameters), all f32; frozen base stored in " +
                                     dtype_name(base_dt)));
     }
-    auto w =
-        check_windows(probe->loader->size(), cfg.train.batch_size, cfg.train.grad_accum, opt.ranks);
+    auto w = check_windows(
+        probe->loader->size(), cfg.train.batch_size, cfg.train.grad_accum, opt.ranks,
+        probe->data.train->examples() != probe->loader->size() ? "packed row" : "example");
     r.checks.insert(r.checks.end(), w.begin(), w.end());
     if (const std::optional<DoctorCheck> p = check_padding(cfg, *probe->data.train, *probe->loader))
       r.checks.push_back(*p);

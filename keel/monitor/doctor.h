@@ -52,9 +52,10 @@ DoctorCheck check_pad_token(const TokenizerFacts& tok, const std::string& pad_mo
 
 // Accumulation windows vs the dataset: `examples` rows, micro-batch `batch_size`, `grad_accum`
 // micro-batches per window and rank, `ranks` data-parallel ranks (a step's window is
-// grad_accum x ranks micro-batches).
+// grad_accum x ranks micro-batches). `row` names a row: "example", or "packed row" (data.pack
+// with JSONL, whose rows hold several examples).
 std::vector<DoctorCheck> check_windows(int64_t examples, int64_t batch_size, int64_t grad_accum,
-                                       int64_t ranks = 1);
+                                       int64_t ranks = 1, const std::string& row = "example");
 
 // Precision vs device, scaler, -true policies, adapters, learning rate (config only).
 std::vector<DoctorCheck> check_config(const Config& cfg);

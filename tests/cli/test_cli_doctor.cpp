@@ -86,9 +86,12 @@ TEST(CliDoctor, RowsOfMostlyPaddingSuggestPacking) {
                   "tokens in 1408 positions): data.pack = true packs the 32 examples side by side "
                   "into 10 rows of at most data.seq_len = 64 tokens (at most 8% padding), each "
                   "attending only to itself");
-  test::KeelRun packed = doctor(jsonl + dir + "/mixed.jsonl --set data.pack=true --no-sanity");
+  test::KeelRun packed = doctor(jsonl + dir + "/mixed.jsonl --set data.pack=true --no-sanity " +
+                                "--set train.batch_size=5");
   EXPECT_EQ(packed.code, 0) << packed.output;
   EXPECT_NOT_CONTAINS(packed.out, "] padding:");
+  // Its windows count rows, which hold several examples each.
+  EXPECT_CONTAINS(packed.out, "windows: 2 steps per epoch of 1 x 5 packed rows, no remainder");
   test::KeelRun full = doctor(jsonl + dir + "/full.jsonl --no-sanity");
   EXPECT_EQ(full.code, 0) << full.output;
   EXPECT_NOT_CONTAINS(full.out, "] padding:");
