@@ -94,6 +94,15 @@ Tensor GPT2LMHeadModel::run(const Tensor& ids, const ops::AttentionMask& mask,
   return call({ids}, [&] {
     KEEL_CHECK(ids.dim() == 2, "GPT-2 input_ids must be [B, T], got " + shape_str(ids.shape()));
     const int64_t B = ids.size(0), T = ids.size(1);
+    // The longest sequence: a decode's rows go on from what their caches hold; a packed row's
+    // positions stay below T.
+    int64_t longest = T;
+    if (caches)
+      for (const KVCache* c : caches->rows) longest = std::max(longest, c->length + T);
+    if (longest > spec_.max_seq_len)
+      throw Error("sequence length " + std::to_string(longest) +
+                  " exceeds the model's max_seq_len " + std::to_string(spec_.max_seq_len) +
+                  " (raise model.max_seq_len or lower data.seq_len)");
     // Each row's positions: a packed row's own (each example from 0), a decode's from what its
     // cache holds, else 0..T-1.
     Tensor pos = mask.positions;
@@ -104,11 +113,6 @@ Tensor GPT2LMHeadModel::run(const Tensor& ids, const ops::AttentionMask& mask,
         for (int64_t t = 0; t < T; ++t) p[b * T + t] = t;
       pos = Tensor::from_ints(p, {B, T});
     }
-    const std::vector<int64_t> at = pos.to_ints();
-    if (const int64_t last = *std::max_element(at.begin(), at.end()); last >= spec_.max_seq_len)
-      throw Error("sequence length " + std::to_string(last + 1) +
-                  " exceeds the model's max_seq_len " + std::to_string(spec_.max_seq_len) +
-                  " (raise model.max_seq_len or lower data.seq_len)");
     Tensor x = nn::residual_add(transformer->wte->forward(ids),
                                 transformer->wpe->forward(pos.to(ids.device())));
     x = transformer->drop->forward(x);

@@ -18,6 +18,7 @@
 #include "keel/numerics/tensor_stats.h"
 #include "keel/numerics/text.h"
 #include "keel/numerics/utc_time.h"
+#include "keel/ops/attention.h"
 #include "keel/tensor/random.h"
 #include "keel/train/checkpoint_contents.h"
 
@@ -291,16 +292,14 @@ Capture read_nan_capture(const std::string& dir) {
                         " as its input_ids; the capture is corrupt: re-run the training to write "
                         "a new one",
                     Error::kUsage);
-      const int64_t* v = pos->data_as<int64_t>();
-      const int64_t T = pos->dim() == 2 ? pos->size(1) : 1;
-      for (int64_t k = 0; k < pos->numel(); ++k)
-        if (v[k] != 0 && (k % T == 0 || v[k] != v[k - 1] + 1))
-          throw Error(dir + "/microbatches.safetensors: " + p + "position_ids holds " +
-                          std::to_string(v[k]) + " at " + shape_str(shape_index(pos->shape(), k)) +
-                          ", where a packed row's position is 0 (an example's first token) or "
-                          "the one before it plus 1; the capture is corrupt: re-run the training "
-                          "to write a new one",
-                      Error::kUsage);
+      if (const int64_t k = ops::first_bad_position(*pos); k >= 0)
+        throw Error(dir + "/microbatches.safetensors: " + p + "position_ids holds " +
+                        std::to_string(pos->data_as<int64_t>()[k]) + " at " +
+                        shape_str(shape_index(pos->shape(), k)) +
+                        ", where a packed row's position is 0 (an example's first token) or "
+                        "the one before it plus 1; the capture is corrupt: re-run the training "
+                        "to write a new one",
+                    Error::kUsage);
       b.position_ids = *pos;
     }
     if (b.input_ids.dtype() != DType::I64 || b.labels.dtype() != DType::I64 ||

@@ -81,6 +81,20 @@ void mm_into(Tensor& out, float alpha, const Tensor& a, const Tensor& b, DType i
     ew(dev).convert(out.data(), out.dtype(), acc.data(), DType::F32, acc.numel());
 }
 
+}  // namespace
+
+int64_t first_bad_position(const Tensor& positions) {
+  KEEL_CHECK(positions.dtype() == DType::I64 && positions.dim() == 2 && positions.device().is_cpu(),
+             "first_bad_position: positions must be cpu i64 [B, T]");
+  const int64_t* p = positions.data_as<int64_t>();
+  const int64_t t = positions.size(1);
+  for (int64_t k = 0; k < positions.numel(); ++k)
+    if (p[k] != 0 && (k % t == 0 || p[k] != p[k - 1] + 1)) return k;
+  return -1;
+}
+
+namespace {
+
 // A packed row's positions: I64 [B, T] on the CPU, each row restarting at 0 and counting up by one
 // (the kernels' first_key(b, i) = i - position is then an example's first token, never after i).
 void check_positions(const Tensor& pos, const AttentionDims& d, Device dev) {
@@ -92,16 +106,11 @@ void check_positions(const Tensor& pos, const AttentionDims& d, Device dev) {
     throw Error("attention: packed rows (positions) attend on the CPU only; the " + dev.str() +
                     " kernels take no positions yet: set data.pack = false, or run.device = cpu",
                 Error::kUsage);
-  const int64_t* p = pos.data_as<int64_t>();
-  for (int64_t b = 0; b < d.batch; ++b)
-    for (int64_t i = 0; i < d.seq; ++i) {
-      const int64_t v = p[b * d.seq + i];
-      if (v != 0 && (i == 0 || v != p[b * d.seq + i - 1] + 1))
-        throw Error("attention: positions[" + std::to_string(b) + ", " + std::to_string(i) +
-                    "] = " + std::to_string(v) +
-                    " neither starts an example (0) nor follows the position before it by one; "
-                    "packed positions restart at 0 on each example's first token");
-    }
+  if (const int64_t k = first_bad_position(pos); k >= 0)
+    throw Error("attention: positions[" + std::to_string(k / d.seq) + ", " +
+                std::to_string(k % d.seq) + "] = " + std::to_string(pos.data_as<int64_t>()[k]) +
+                " neither starts an example (0) nor follows the position before it by one; "
+                "packed positions restart at 0 on each example's first token");
 }
 
 // Validates the operands and describes them for the kernels (mask pointers set by the caller).

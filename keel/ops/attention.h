@@ -40,6 +40,11 @@ struct AttentionMask {
       : key_padding(std::move(key_padding)), positions(std::move(positions)) {}
 };
 
+// The flat index of the first of `positions` (I64 [B, T] on the CPU) that neither starts an
+// example (0) nor follows the position before it in its row by one; -1 when every one does. What
+// attention checks, and what a NaN capture's stored positions must pass.
+int64_t first_bad_position(const Tensor& positions);
+
 // Positions, and a window shorter than the row, on the CPU only: the CUDA kernels read neither yet
 // (an Error says so).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
