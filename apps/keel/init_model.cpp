@@ -69,11 +69,12 @@ void check_flags(const InitModelArgs& a) {
 int run_init_model(const InitModelArgs& a) {
   check_flags(a);
   models::ModelSpec s;
-  // Qwen2 and Qwen3 are Llama's layers (with q/k/v biases; with q/k norms), written back as
-  // Qwen2ForCausalLM and Qwen3ForCausalLM.
-  const bool qwen = a.family == "qwen2" || a.family == "qwen3";
-  s.family = qwen ? "llama" : a.family;
-  s.hf_model_type = qwen ? a.family : "";
+  // Phi-3, Qwen2 and Qwen3 are Llama's layers (with fused qkv and gate_up projections; with q/k/v
+  // biases; with q/k norms), written back as Phi3ForCausalLM, Qwen2ForCausalLM and
+  // Qwen3ForCausalLM.
+  const bool llama_layers = a.family == "phi3" || a.family == "qwen2" || a.family == "qwen3";
+  s.family = llama_layers ? "llama" : a.family;
+  s.hf_model_type = llama_layers ? a.family : "";
   s.n_layer = a.n_layer;
   s.n_embd = a.n_embd;
   s.n_head = a.n_head;
@@ -170,13 +171,14 @@ Command add_init_model(CLI::App& app) {
   auto a = std::make_shared<InitModelArgs>();
   CLI::App* sub = app.add_subcommand(
       "init-model",
-      "Write a randomly initialized GPT-2, Llama, Qwen2 or Qwen3 model as a Hugging Face "
+      "Write a randomly initialized GPT-2, Llama, Phi-3, Qwen2 or Qwen3 model as a Hugging Face "
       "directory");
   sub->add_option("--out", a->out, "output directory (config.json + model.safetensors)")
       ->required();
   sub->add_option("--family", a->family,
-                  "gpt2 | llama | qwen2 (Llama with q/k/v biases) | qwen3 (with q/k norms)")
-      ->check(CLI::IsMember({"gpt2", "llama", "qwen2", "qwen3"}))
+                  "gpt2 | llama | phi3 (Llama with fused qkv and gate_up) | qwen2 (with q/k/v "
+                  "biases) | qwen3 (with q/k norms)")
+      ->check(CLI::IsMember({"gpt2", "llama", "phi3", "qwen2", "qwen3"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

@@ -55,12 +55,45 @@ ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file) {
     if (!(s.high_freq_factor > s.low_freq_factor))
       throw Error(where + " (llama3): high_freq_factor (" + std::to_string(s.high_freq_factor) +
                   ") must exceed low_freq_factor (" + std::to_string(s.low_freq_factor) + ")");
+  } else if (t == "longrope" || t == "su") {  // ("su": Phi-3's first files, HF's alias)
+    // The factors per frequency; original_max_position and attention_factor come from the
+    // model's fields (read_hf_config: Phi-3 keeps original_max_position_embeddings beside
+    // max_position_embeddings).
+    s.kind = Kind::kLongRope;
+    for (const char* name : {"short_factor", "long_factor"}) {
+      const json* v = c.find({name});
+      std::vector<double>& out = name[0] == 's' ? s.short_factor : s.long_factor;
+      if (v && v->is_array())
+        for (const json& f : *v)
+          if (f.is_number() && f.get<double>() > 0 && std::isfinite(f.get<double>()))
+            out.push_back(f.get<double>());
+      if (!v || !v->is_array() || out.size() != v->size() || out.empty())
+        throw Error(where + " (longrope) needs '" + name +
+                    "', a list of positive numbers (one per pair of a head's channels), got " +
+                    (v ? v->dump() : std::string("nothing")));
+    }
+    if (const json* af = c.find({"attention_factor"})) {
+      if (!af->is_number() || !(af->get<double>() > 0))
+        throw Error(where + " (longrope): attention_factor must be a positive number, got " +
+                    af->dump());
+      s.attention_factor = af->get<double>();
+    } else {
+      s.attention_factor = 0;  // derived from the context lengths (read_hf_config)
+    }
   } else {
     throw Error(where + " type '" + t +
-                "' is not supported by keel's llama model (it runs 'default', 'linear' and "
-                "'llama3'; Llama 3.1/3.2 checkpoints use 'llama3')");
+                "' is not supported by keel's RoPE (it runs 'default', 'linear', 'llama3' and "
+                "Phi-3's 'longrope'; Llama 3.1/3.2 checkpoints use 'llama3')");
   }
   return s;
+}
+
+// HF's longrope attention factor where rope_scaling gives none: sqrt(1 + ln(s) / ln(original))
+// for s = max_position_embeddings / original_max_position_embeddings above 1, else 1.
+double longrope_attention_factor(int64_t max_positions, int64_t original) {
+  const double scale = static_cast<double>(max_positions) / static_cast<double>(original);
+  return scale <= 1.0 ? 1.0
+                      : std::sqrt(1.0 + std::log(scale) / std::log(static_cast<double>(original)));
 }
 
 json rope_scaling_json(const ops::RopeScaling& s) {
@@ -75,12 +108,18 @@ json rope_scaling_json(const ops::RopeScaling& s) {
               {"low_freq_factor", s.low_freq_factor},
               {"high_freq_factor", s.high_freq_factor},
               {"original_max_position_embeddings", s.original_max_position}};
+    case ops::RopeScaling::Kind::kLongRope:
+      // The three fields older Phi3Configs accept (they refuse any other); the attention factor
+      // only when it is not the one the context lengths give (hf_config_json).
+      return {
+          {"type", "longrope"}, {"short_factor", s.short_factor}, {"long_factor", s.long_factor}};
   }
   return nullptr;
 }
 
 // The HF architectures keel reads: config.json's model_type, its architectures[0] class (and the
-// headless class some files name), and keel's family. Mistral, Qwen2 and Qwen3 are Llama's layers
+// headless class some files name), and keel's family. Mistral, Phi-3, Qwen2 and Qwen3 are Llama's
+// layers
 // (ModelSpec::hf_model_type tells them apart).
 struct HfArchitecture {
   const char* model_type;
@@ -92,6 +131,7 @@ constexpr HfArchitecture kArchitectures[] = {
     {"gpt2", "GPT2LMHeadModel", "GPT2Model", "gpt2"},
     {"llama", "LlamaForCausalLM", "LlamaModel", "llama"},
     {"mistral", "MistralForCausalLM", nullptr, "llama"},  // and a sliding window
+    {"phi3", "Phi3ForCausalLM", nullptr, "llama"},        // fused qkv and gate_up, a window
     {"qwen2", "Qwen2ForCausalLM", nullptr, "llama"},      // and q/k/v biases
     {"qwen3", "Qwen3ForCausalLM", nullptr, "llama"},      // and q/k norms
 };
@@ -156,7 +196,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     const std::string& variant = s.hf_model_type;
     j["architectures"] = {architecture_of(s).hf_class};
     j["model_type"] = architecture_of(s).model_type;
-    if (variant == "mistral")
+    if (variant == "mistral" || variant == "phi3")
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
     if (variant == "qwen2" || variant == "qwen3") {
       j["use_sliding_window"] = s.sliding_window > 0;
@@ -177,8 +217,15 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     j["rms_norm_eps"] = s.norm_eps;
     j["rope_theta"] = s.rope_theta;
     j["rope_scaling"] = rope_scaling_json(s.rope_scaling);
+    if (s.rope_scaling.kind == ops::RopeScaling::Kind::kLongRope) {
+      j["original_max_position_embeddings"] = s.rope_scaling.original_max_position;
+      if (s.rope_scaling.attention_factor !=
+          longrope_attention_factor(s.max_seq_len, s.rope_scaling.original_max_position))
+        j["rope_scaling"]["attention_factor"] = s.rope_scaling.attention_factor;
+    }
     j["tie_word_embeddings"] = s.tie_embeddings;
-    if (variant != "qwen2") {  // (Qwen2's q/k/v biases are its architecture's, no key)
+    // (Qwen2's q/k/v biases are its architecture's, and Phi3Config has neither key.)
+    if (variant != "qwen2" && variant != "phi3") {
       j["attention_bias"] = false;
       j["mlp_bias"] = false;
     }
@@ -278,9 +325,33 @@ HfConfig read_hf_config(const std::string& dir) {
         s.sliding_from_layer = first;
       }
     }
-    if (variant == "mistral") {
-      // Mistral-7B-v0.1 slides over 4096 of its 32768 positions; v0.2 and later have none.
+    if (variant == "mistral" || variant == "phi3") {
+      // Mistral-7B-v0.1 slides over 4096 of its 32768 positions, v0.2 and later over none;
+      // Phi-3-mini-4k over 2047 of 4096 (HF's sliding-window mask, as Mistral's), Phi-4 none.
       s.sliding_window = c.integer({"sliding_window"}, 0);  // null: none
+    }
+    if (s.rope_scaling.kind == ops::RopeScaling::Kind::kLongRope) {
+      // Phi-3-*-128k and Phi-3.5-mini: the factors switch past original_max_position_embeddings
+      // (Phi3Config's field, 4096 when absent), whose ratio to max_position_embeddings gives the
+      // attention factor where rope_scaling has none.
+      if (variant != "phi3")
+        throw unsupported("rope_scaling type 'longrope' (keel runs it for Phi-3)");
+      ops::RopeScaling& r = s.rope_scaling;
+      r.original_max_position = c.integer({"original_max_position_embeddings"}, 4096);
+      if (r.original_max_position < 2)
+        throw Error(file + ": original_max_position_embeddings must be at least 2, got " +
+                        std::to_string(r.original_max_position),
+                    Error::kUsage);
+      if (r.attention_factor == 0)
+        r.attention_factor = longrope_attention_factor(s.max_seq_len, r.original_max_position);
+    }
+    if (variant == "phi3") {
+      // Phi-4-mini turns 3/4 of each head's channels (HF's partial_rotary_factor); keel's RoPE
+      // turns every channel.
+      if (const double f = c.number({"partial_rotary_factor"}, 1.0); f != 1.0)
+        throw unsupported("partial_rotary_factor = " + c.find({"partial_rotary_factor"})->dump() +
+                          " (keel's RoPE turns every channel of a head: 1.0, Phi-3's and "
+                          "Phi-4's)");
     }
     // A head width of its own (Qwen3-0.6B's and -4B's, Mistral-Nemo's), as HF's attention reads
     // it: getattr(config, "head_dim", hidden_size // num_attention_heads).
@@ -293,6 +364,16 @@ HfConfig read_hf_config(const std::string& dir) {
                     Error::kUsage);
       s.head_width = hd;
     }
+    if (const ops::RopeScaling& r = s.rope_scaling;
+        r.kind == ops::RopeScaling::Kind::kLongRope && s.n_head > 0 &&
+        (std::ssize(r.short_factor) != s.head_dim() / 2 ||
+         std::ssize(r.long_factor) != s.head_dim() / 2))
+      throw Error(file + ": rope_scaling's short_factor and long_factor hold " +
+                      std::to_string(r.short_factor.size()) + " and " +
+                      std::to_string(r.long_factor.size()) + " values; a head of " +
+                      std::to_string(s.head_dim()) + " channels needs " +
+                      std::to_string(s.head_dim() / 2) + " each (one per rotated pair)",
+                  Error::kUsage);
   }
   s.init_std = c.number({"initializer_range"}, 0.02);
   if (!(s.norm_eps > 0) || !std::isfinite(s.norm_eps))

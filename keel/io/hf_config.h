@@ -1,4 +1,4 @@
-// Hugging Face config.json in and out (DESIGN §6). Two architectures are read:
+// Hugging Face config.json in and out (DESIGN §6). These architectures are read:
 //   GPT2LMHeadModel  (model_type "gpt2"): n_layer, n_embd, n_head, n_inner, vocab_size,
 //     n_positions, layer_norm_epsilon; lm_head tied to wte.
 //   LlamaForCausalLM (model_type "llama"): num_hidden_layers, hidden_size, num_attention_heads,
@@ -7,6 +7,9 @@
 //     lm_head.weight).
 //   MistralForCausalLM (model_type "mistral"): Llama's fields and layers, and sliding_window
 //     (null: none), the keys a query sees (ModelSpec::sliding_window); written back as Mistral.
+//   Phi3ForCausalLM (model_type "phi3"): Llama's fields and layers with q/k/v as one qkv_proj and
+//     gate/up as one gate_up_proj (ModelSpec::fused_projections()), sliding_window as Mistral's;
+//     partial_rotary_factor other than 1 (Phi-4-mini) refused; written back as Phi-3.
 //   Qwen2ForCausalLM (model_type "qwen2"): Llama's fields and layers with q/k/v biases
 //     (ModelSpec::qkv_bias()); use_sliding_window = true slides the layers from
 //     max_window_layers on (layer_types, when given, must say the same); written back as Qwen2.

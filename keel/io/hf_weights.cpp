@@ -196,17 +196,29 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
       throw disagree("n_positions", s.max_seq_len,
                      "a position embedding of " + std::to_string((*wpe)[0]) + " rows");
   // A query projection of another width: head_dim (or its absence) is wrong for these weights.
-  if (const Shape* q = shape_of({"model.layers.0.self_attn.q_proj.weight"});
-      !gpt2 && q && q->size() == 2 && (*q)[0] != s.n_head * s.head_dim())
-    throw disagree(s.head_width > 0 ? "head_dim" : "num_attention_heads",
-                   s.head_width > 0 ? s.head_width : s.n_head,
-                   "a q_proj of " + std::to_string((*q)[0]) + " rows, not num_attention_heads " +
-                       std::to_string(s.n_head) + " x head_dim " + std::to_string(s.head_dim()));
-  const Shape* mlp = gpt2 ? shape_of({"h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.weight"})
-                          : shape_of({"model.layers.0.mlp.up_proj.weight"});
-  if (mlp && mlp->size() == 2 && (*mlp)[gpt2 ? 1 : 0] != s.ffn_dim())
+  // Phi-3's qkv_proj holds the query's rows and then the keys' and values'.
+  const bool fused = s.fused_projections();
+  const int64_t kv_rows = fused ? 2 * s.kv_heads() * s.head_dim() : 0;
+  if (const Shape* q = shape_of({fused ? "model.layers.0.self_attn.qkv_proj.weight"
+                                       : "model.layers.0.self_attn.q_proj.weight"});
+      !gpt2 && q && q->size() == 2 && (*q)[0] != s.n_head * s.head_dim() + kv_rows)
+    throw disagree(
+        s.head_width > 0 ? "head_dim" : "num_attention_heads",
+        s.head_width > 0 ? s.head_width : s.n_head,
+        std::string(fused ? "a qkv_proj of " : "a q_proj of ") + std::to_string((*q)[0]) +
+            " rows, not " +
+            (fused ? "(num_attention_heads " + std::to_string(s.n_head) +
+                         " + 2 x num_key_value_heads " + std::to_string(s.kv_heads()) + ")"
+                   : "num_attention_heads " + std::to_string(s.n_head)) +
+            " x head_dim " + std::to_string(s.head_dim()));
+  // Phi-3's gate_up_proj holds gate's rows, then up's.
+  const Shape* mlp = gpt2    ? shape_of({"h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.weight"})
+                     : fused ? shape_of({"model.layers.0.mlp.gate_up_proj.weight"})
+                             : shape_of({"model.layers.0.mlp.up_proj.weight"});
+  const int64_t mlp_rows = fused ? 2 * s.ffn_dim() : s.ffn_dim();
+  if (mlp && mlp->size() == 2 && (*mlp)[gpt2 ? 1 : 0] != mlp_rows)
     throw disagree(gpt2 ? "n_inner" : "intermediate_size", s.ffn_dim(),
-                   "an MLP " + std::to_string((*mlp)[gpt2 ? 1 : 0]) + " wide");
+                   "an MLP " + std::to_string((*mlp)[gpt2 ? 1 : 0] / (fused ? 2 : 1)) + " wide");
 }
 
 namespace {

@@ -38,11 +38,11 @@ struct ModelSpec {
   ops::AttentionBackend attention = ops::AttentionBackend::kEager;
   DType param_dtype = DType::F32;
   // The HF architecture a "llama" family model is written back as: "" (Llama), "mistral",
-  // "qwen2" or "qwen3". An HF Mistral (model_type "mistral", MistralForCausalLM): Llama's layers
-  // under another name, whose attention slides over the last sliding_window positions (a query
-  // sees itself and the sliding_window - 1 before it; 0: every earlier position, Mistral v0.2
+  // "phi3", "qwen2" or "qwen3". An HF Mistral (model_type "mistral", MistralForCausalLM): Llama's
+  // layers under another name, whose attention slides over the last sliding_window positions (a
+  // query sees itself and the sliding_window - 1 before it; 0: every earlier position, Mistral v0.2
   // on). Qwen2 and Qwen3 with use_sliding_window slide the layers from sliding_from_layer on
-  // (their max_window_layers), Mistral all of them. Empty and 0 for every other model.
+  // (their max_window_layers), Mistral and Phi-3 all of them. Empty and 0 for every other model.
   std::string hf_model_type;
   int64_t sliding_window = 0, sliding_from_layer = 0;
   // The window of decoder layer `layer` (0: full attention).
@@ -50,7 +50,7 @@ struct ModelSpec {
     return sliding_window > 0 && layer >= sliding_from_layer ? sliding_window : 0;
   }
 
-  // The name a message gives the model: "gpt2", "llama", "mistral", "qwen2" or "qwen3".
+  // The name a message gives the model: "gpt2", "llama", "mistral", "phi3", "qwen2" or "qwen3".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).
@@ -58,6 +58,11 @@ struct ModelSpec {
   // An HF Qwen3 (Qwen3ForCausalLM): Llama's layers with an RMSNorm over each head's query and key
   // (q_norm, k_norm: weights [head_dim]) before RoPE.
   bool qk_norm() const { return hf_model_type == "qwen3"; }
+  // An HF Phi-3 (Phi3ForCausalLM: Phi-3-mini/medium, Phi-3.5-mini, Phi-4): Llama's layers with the
+  // query, key and value projections as one Linear (self_attn.qkv_proj: q's rows, then k's, then
+  // v's) and gate and up as one (mlp.gate_up_proj: gate's rows, then up's), so that an adapter on
+  // qkv_proj or gate_up_proj is PEFT's on those modules.
+  bool fused_projections() const { return hf_model_type == "phi3"; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t ffn_dim() const;
   int64_t head_dim() const { return head_width > 0 ? head_width : n_embd / n_head; }

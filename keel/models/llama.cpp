@@ -19,9 +19,13 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
   auto lin = [&](int64_t in, int64_t out, bool bias) {
     return std::make_unique<nn::Linear>(in, out, bias, s.param_dtype);
   };
-  q_proj = register_module("q_proj", lin(s.n_embd, n_head * d, s.qkv_bias()));
-  k_proj = register_module("k_proj", lin(s.n_embd, n_kv_head * d, s.qkv_bias()));
-  v_proj = register_module("v_proj", lin(s.n_embd, n_kv_head * d, s.qkv_bias()));
+  if (s.fused_projections()) {
+    qkv_proj = register_module("qkv_proj", lin(s.n_embd, (n_head + 2 * n_kv_head) * d, false));
+  } else {
+    q_proj = register_module("q_proj", lin(s.n_embd, n_head * d, s.qkv_bias()));
+    k_proj = register_module("k_proj", lin(s.n_embd, n_kv_head * d, s.qkv_bias()));
+    v_proj = register_module("v_proj", lin(s.n_embd, n_kv_head * d, s.qkv_bias()));
+  }
   o_proj = register_module("o_proj", lin(n_head * d, s.n_embd, false));
   if (s.qk_norm()) {
     q_norm = register_module("q_norm", std::make_unique<nn::RMSNorm>(d, s.norm_eps, s.param_dtype));
@@ -37,8 +41,18 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
     const float theta = static_cast<float>(rope_theta);
     // A decode of one prompt: positions from what its cache holds; rows side by side: each row's.
     const int64_t past = caches && caches->rows.size() == 1 ? caches->rows[0]->length : 0;
-    Tensor q = ops::split_heads(q_proj->forward(x), n_head);     // [B,H,T,D]
-    Tensor k = ops::split_heads(k_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
+    Tensor q, k, v;
+    if (qkv_proj) {  // Phi-3: one product, its columns q's, k's, then v's (HF's Phi3Attention)
+      const int64_t d = o_proj->in_features / n_head;
+      const std::vector<Tensor> qkv =
+          ops::split_last(qkv_proj->forward(x), {n_head * d, n_kv_head * d, n_kv_head * d});
+      q = ops::split_heads(qkv[0], n_head);
+      k = ops::split_heads(qkv[1], n_kv_head);
+      v = ops::split_heads(qkv[2], n_kv_head);
+    } else {
+      q = ops::split_heads(q_proj->forward(x), n_head);     // [B,H,T,D]
+      k = ops::split_heads(k_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
+    }
     if (q_norm) {  // Qwen3: each head's query and key normalized over its D channels
       q = q_norm->forward(q);
       k = k_norm->forward(k);
@@ -53,7 +67,7 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
       q = ops::rope(q, theta, past, rope_scaling);
       k = ops::rope(k, theta, past, rope_scaling);
     }
-    Tensor v = ops::split_heads(v_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
+    if (!qkv_proj) v = ops::split_heads(v_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
     q = amp::autocast(AmpOp::kAttention, q);
     k = amp::autocast(AmpOp::kAttention, k);
     v = amp::autocast(AmpOp::kAttention, v);
@@ -73,13 +87,22 @@ LlamaMLP::LlamaMLP(const ModelSpec& s) : nn::Module("LlamaMLP") {
   auto lin = [&](int64_t in, int64_t out) {
     return std::make_unique<nn::Linear>(in, out, false, s.param_dtype);
   };
-  gate_proj = register_module("gate_proj", lin(s.n_embd, s.ffn_dim()));
-  up_proj = register_module("up_proj", lin(s.n_embd, s.ffn_dim()));
+  if (s.fused_projections()) {
+    gate_up_proj = register_module("gate_up_proj", lin(s.n_embd, 2 * s.ffn_dim()));
+  } else {
+    gate_proj = register_module("gate_proj", lin(s.n_embd, s.ffn_dim()));
+    up_proj = register_module("up_proj", lin(s.n_embd, s.ffn_dim()));
+  }
   down_proj = register_module("down_proj", lin(s.ffn_dim(), s.n_embd));
 }
 
 Tensor LlamaMLP::forward(const Tensor& x) {
   return call({x}, [&] {
+    if (gate_up_proj) {  // Phi-3: gate's columns, then up's (HF's Phi3MLP chunks in two)
+      const int64_t f = down_proj->in_features;
+      const std::vector<Tensor> gate_up = ops::split_last(gate_up_proj->forward(x), {f, f});
+      return down_proj->forward(ops::swiglu(gate_up[0], gate_up[1]));
+    }
     // The two projections can differ in dtype when only one carries an adapter (PEFT's LoKr
     // returns its input's dtype, f32, while a plain projection under autocast returns bf16):
     // promote to the wider, as PyTorch's mixed-dtype multiply does.

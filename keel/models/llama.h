@@ -1,5 +1,6 @@
 // Llama family (HF LlamaForCausalLM names): RMSNorm, RoPE, SwiGLU MLP, grouped-query attention,
-// no biases, tied or untied lm_head.
+// no biases, tied or untied lm_head; and the architectures built of its layers (ModelSpec's
+// hf_model_type: Mistral, Phi-3, Qwen2, Qwen3).
 #pragma once
 #include <vector>
 
@@ -14,7 +15,8 @@ class LlamaAttention : public nn::Module {
   LlamaAttention(const ModelSpec& s, int64_t layer);
   Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
                  const KVCaches* caches = nullptr, size_t layer = 0);  // [B,T,C]
-  nn::Linear *q_proj, *k_proj, *v_proj, *o_proj;
+  // Phi-3 (ModelSpec::fused_projections()): qkv_proj alone, q_proj, k_proj and v_proj null.
+  nn::Linear *q_proj = nullptr, *k_proj = nullptr, *v_proj = nullptr, *qkv_proj = nullptr, *o_proj;
   nn::RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // Qwen3's (ModelSpec::qk_norm()); else null
   int64_t n_head, n_kv_head;
   double rope_theta;
@@ -26,7 +28,8 @@ class LlamaMLP : public nn::Module {
  public:
   explicit LlamaMLP(const ModelSpec& s);
   Tensor forward(const Tensor& x);
-  nn::Linear *gate_proj, *up_proj, *down_proj;
+  // Phi-3 (ModelSpec::fused_projections()): gate_up_proj alone, gate_proj and up_proj null.
+  nn::Linear *gate_proj = nullptr, *up_proj = nullptr, *gate_up_proj = nullptr, *down_proj;
 };
 
 class LlamaDecoderLayer : public nn::Module {

@@ -50,17 +50,25 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
   for (int64_t l = 0; l < s.n_layer; ++l) {
     const std::string h = "model.layers." + std::to_string(l);
     p.push_back({h + ".input_layernorm.weight", {C}, false});
-    linear(p, h + ".self_attn.q_proj", C, q_dim, s.qkv_bias());
-    linear(p, h + ".self_attn.k_proj", C, kv_dim, s.qkv_bias());
-    linear(p, h + ".self_attn.v_proj", C, kv_dim, s.qkv_bias());
+    if (s.fused_projections()) {
+      linear(p, h + ".self_attn.qkv_proj", C, q_dim + 2 * kv_dim, false);
+    } else {
+      linear(p, h + ".self_attn.q_proj", C, q_dim, s.qkv_bias());
+      linear(p, h + ".self_attn.k_proj", C, kv_dim, s.qkv_bias());
+      linear(p, h + ".self_attn.v_proj", C, kv_dim, s.qkv_bias());
+    }
     linear(p, h + ".self_attn.o_proj", q_dim, C, false);
     if (s.qk_norm()) {
       p.push_back({h + ".self_attn.q_norm.weight", {D}, false});
       p.push_back({h + ".self_attn.k_norm.weight", {D}, false});
     }
     p.push_back({h + ".post_attention_layernorm.weight", {C}, false});
-    linear(p, h + ".mlp.gate_proj", C, F, false);
-    linear(p, h + ".mlp.up_proj", C, F, false);
+    if (s.fused_projections()) {
+      linear(p, h + ".mlp.gate_up_proj", C, 2 * F, false);
+    } else {
+      linear(p, h + ".mlp.gate_proj", C, F, false);
+      linear(p, h + ".mlp.up_proj", C, F, false);
+    }
     linear(p, h + ".mlp.down_proj", F, C, false);
   }
   p.push_back({"model.norm.weight", {C}, false});

@@ -402,8 +402,8 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
           // normed input is f32, so the op after c_fc (gelu) or gate/up (swiglu) keeps an f32
           // output where the plain Linear's was 16-bit (gpt2 LoKr on c_fc measured 0.88).
           const std::string m = t.name.substr(0, t.name.size() - 7);
-          const bool mlp_in =
-              m.ends_with(".c_fc") || m.ends_with(".gate_proj") || m.ends_with(".up_proj");
+          const bool mlp_in = m.ends_with(".c_fc") || m.ends_with(".gate_proj") ||
+                              m.ends_with(".up_proj") || m.ends_with(".gate_up_proj");
           if (pol.autocast && c < 4 && mlp_in) {
             add(k + " adapters", 1, 4 * BT * out, detail + ", f32 MLP outputs", !head);
             add(k + " adapters", -1, c * BT * out, detail + ", f32 MLP outputs", !head);
@@ -486,7 +486,13 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       layer += block_bytes(cdt * B * H * T * T) +
                (q.attention == "math" ? 4 * block_bytes(4 * BT * qC) : 0);
     if (q.attention == "eager" && c != 4) layer += block_bytes(c * B * H * T * T);  // rounded P
-    const int64_t mlp = (llama ? 3 : 2) * block_bytes(c * BT * F) + 2 * block_bytes(s * BT * C);
+    int64_t mlp = (llama ? 3 : 2) * block_bytes(c * BT * F) + 2 * block_bytes(s * BT * C);
+    // A Phi-3's fused qkv_proj and gate_up_proj take their pieces' gradients in one buffer of the
+    // fused output's shape (ops::split_last), beside the pieces' own.
+    if (q.hf_model_type == "phi3") {
+      layer += block_bytes(c * BT * (qC + 2 * kvC));
+      mlp += block_bytes(c * BT * 2 * F);
+    }
     layer_transient = std::max({layer, mlp, adapter_transient});
     // A block's backward runs after the lm_head's has dropped the logits (cross_entropy's node
     // hands them over as dlogits), yet the measured peaks of small configurations are not lower
@@ -790,11 +796,15 @@ std::string memory_fit_advice(const MemoryQuery& q, int64_t available) {
     MemoryQuery a = q;
     a.adapter.kind = "lora";
     a.adapter.r = 16;
-    a.adapter.target_modules = {q.family == "llama" ? "q_proj" : "c_attn",
-                                q.family == "llama" ? "v_proj" : "c_proj"};
+    // PEFT's usual targets: a Phi-3's attention is one qkv_proj.
+    a.adapter.target_modules = q.hf_model_type == "phi3" ? std::vector<std::string>{"qkv_proj"}
+                               : q.family == "llama" ? std::vector<std::string>{"q_proj", "v_proj"}
+                                                     : std::vector<std::string>{"c_attn", "c_proj"};
     a.base_dtype = "bf16";
-    consider(std::string("an adapter: model.adapter.kind = lora (r = 16 on ") +
-                 (q.family == "llama" ? "q_proj, v_proj" : "c_attn, c_proj") +
+    std::string targets;
+    for (const std::string& t : a.adapter.target_modules)
+      targets += (targets.empty() ? "" : ", ") + t;
+    consider("an adapter: model.adapter.kind = lora (r = 16 on " + targets +
                  ") with model.base_dtype = bf16",
              a);
   }

@@ -1,5 +1,6 @@
 #include "keel/ops/rope.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "keel/backend/rope.h"
@@ -11,10 +12,17 @@ namespace {
 
 // cos and sin of pos * inv_freq[i] for each position pos, i < D/2, computed in f64 and rounded to
 // f32: an f32 angle loses ~pos * 2^-24 rad, visible at long positions.
+// longrope's attention_factor scales both (HF multiplies its cos and sin by attention_scaling):
+// the rotation stays a rotation times that factor, whose transpose the backward applies.
 struct RopeTable {
   Tensor cos, sin;  // [positions, D/2] f32
 };
-RopeTable rope_table(const std::vector<double>& inv_freq, const std::vector<int64_t>& positions) {
+RopeTable rope_table(double theta, int64_t head_dim, const RopeScaling& scaling,
+                     const std::vector<int64_t>& positions) {
+  int64_t longest = 0;
+  for (int64_t p : positions) longest = std::max(longest, p + 1);
+  const std::vector<double> inv_freq = rope_inv_freq(theta, head_dim, scaling, longest);
+  const double scale = scaling.kind == RopeScaling::Kind::kLongRope ? scaling.attention_factor : 1;
   const int64_t h = static_cast<int64_t>(inv_freq.size()), n = std::ssize(positions);
   RopeTable tab{Tensor::empty({n, h}), Tensor::empty({n, h})};
   float* c = tab.cos.data_as<float>();
@@ -22,15 +30,16 @@ RopeTable rope_table(const std::vector<double>& inv_freq, const std::vector<int6
   for (int64_t i = 0; i < h; ++i)
     for (int64_t p = 0; p < n; ++p) {
       const double angle = static_cast<double>(positions[p]) * inv_freq[i];
-      c[p * h + i] = static_cast<float>(std::cos(angle));
-      s[p * h + i] = static_cast<float>(std::sin(angle));
+      c[p * h + i] = static_cast<float>(scale * std::cos(angle));
+      s[p * h + i] = static_cast<float>(scale * std::sin(angle));
     }
   return tab;
 }
 
 }  // namespace
 
-std::vector<double> rope_inv_freq(double theta, int64_t head_dim, const RopeScaling& sc) {
+std::vector<double> rope_inv_freq(double theta, int64_t head_dim, const RopeScaling& sc,
+                                  int64_t seq_len) {
   using Kind = RopeScaling::Kind;
   KEEL_CHECK(sc.kind == Kind::kNone || (sc.factor > 0 && std::isfinite(sc.factor)),
              "rope: rope_scaling factor = " + std::to_string(sc.factor) + " must be positive");
@@ -39,12 +48,26 @@ std::vector<double> rope_inv_freq(double theta, int64_t head_dim, const RopeScal
                    sc.original_max_position > 0,
                "rope: llama3 rope_scaling needs high_freq_factor > low_freq_factor > 0 and "
                "original_max_position_embeddings > 0");
+  const bool long_rope = sc.kind == Kind::kLongRope;
+  if (long_rope)
+    KEEL_CHECK(std::ssize(sc.short_factor) == head_dim / 2 &&
+                   std::ssize(sc.long_factor) == head_dim / 2 && sc.attention_factor > 0 &&
+                   sc.original_max_position > 0,
+               "rope: longrope rope_scaling needs short_factor and long_factor of head_dim / 2 = " +
+                   std::to_string(head_dim / 2) +
+                   " values, a positive attention_factor and original_max_position_embeddings");
+  // HF's _longrope_frequency_update: the long factors once the positions pass the original
+  // context.
+  const std::vector<double>& ext =
+      seq_len > sc.original_max_position ? sc.long_factor : sc.short_factor;
   const double pi = 3.14159265358979323846;
   std::vector<double> inv(head_dim / 2);
   for (int64_t i = 0; i < head_dim / 2; ++i) {
     // HF: inv_freq = 1 / theta^(arange(0, D, 2) / D)
     double f = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
-    if (sc.kind == Kind::kLinear) {
+    if (long_rope) {
+      f /= ext[i];  // HF's _compute_longrope_parameters: 1 / (ext_factors * base^(2i / D))
+    } else if (sc.kind == Kind::kLinear) {
       f /= sc.factor;
     } else if (sc.kind == Kind::kLlama3) {
       // HF's _compute_llama3_parameters: long wavelengths (low frequencies) are stretched by
@@ -127,7 +150,7 @@ Tensor rope(const Tensor& x, float theta, int64_t pos_offset, const RopeScaling&
   KEEL_CHECK(pos_offset >= 0, "rope: pos_offset = " + std::to_string(pos_offset) + " must be >= 0");
   std::vector<int64_t> pos(static_cast<size_t>(x.size(2)));
   for (size_t p = 0; p < pos.size(); ++p) pos[p] = pos_offset + static_cast<int64_t>(p);
-  return rope_with_table(x, rope_table(rope_inv_freq(theta, x.size(3), scaling), pos), false);
+  return rope_with_table(x, rope_table(theta, x.size(3), scaling, pos), false);
 }
 
 Tensor rope(const Tensor& x, float theta, const Tensor& positions, const RopeScaling& scaling) {
@@ -140,7 +163,7 @@ Tensor rope(const Tensor& x, float theta, const Tensor& positions, const RopeSca
           shape_str(positions.shape()));
   const std::vector<int64_t> pos = positions.to_ints();
   for (int64_t p : pos) KEEL_CHECK(p >= 0, "rope: position " + std::to_string(p) + " is negative");
-  return rope_with_table(x, rope_table(rope_inv_freq(theta, x.size(3), scaling), pos), true);
+  return rope_with_table(x, rope_table(theta, x.size(3), scaling, pos), true);
 }
 
 }  // namespace keel::ops

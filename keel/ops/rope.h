@@ -13,7 +13,7 @@ namespace keel::ops {
 // stretches, and by how much. The angles of a position change, so a checkpoint must be run with
 // the scaling it was trained with (Llama 3.1/3.2 ship "llama3").
 struct RopeScaling {
-  enum class Kind { kNone, kLinear, kLlama3 };
+  enum class Kind { kNone, kLinear, kLlama3, kLongRope };
   Kind kind = Kind::kNone;
   double factor = 1.0;  // linear: every inv_freq / factor; llama3: the low frequencies / factor
   // llama3 only: wavelengths above original_max_position / low_freq_factor are divided by
@@ -22,11 +22,19 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position = 8192;
+  // longrope (Phi-3-*-128k, Phi-3.5-mini): inv_freq[i] / short_factor[i] while a forward's
+  // positions stay within original_max_position (the longest + 1 at most that), / long_factor[i]
+  // past it (HF's dynamic update: a decode that crosses it rotates its later tokens by the long
+  // factors, its cached keys keep theirs); cos and sin scaled by attention_factor.
+  std::vector<double> short_factor, long_factor;
+  double attention_factor = 1.0;
   bool operator==(const RopeScaling&) const = default;
 };
 
-// inv_freq[i], i < D/2, in f64 (what the angle of position p multiplies: p * inv_freq[i]).
-std::vector<double> rope_inv_freq(double theta, int64_t head_dim, const RopeScaling& scaling = {});
+// inv_freq[i], i < D/2, in f64 (what the angle of position p multiplies: p * inv_freq[i]), of a
+// forward whose positions reach `seq_len` - 1 (longrope's choice of factors; the others ignore it).
+std::vector<double> rope_inv_freq(double theta, int64_t head_dim, const RopeScaling& scaling = {},
+                                  int64_t seq_len = 0);
 
 Tensor rope(const Tensor& x, float theta = 10000.f, int64_t pos_offset = 0,
             const RopeScaling& scaling = {});

@@ -43,8 +43,9 @@ std::string trained_run(const std::string& family, const std::string& kind,
   if (wide) init.insert(init.end(), {"--head-dim", "16"});
   const test::KeelRun b = test::run_keel(init);
   EXPECT_EQ(b.code, 0) << b.output;
-  const std::string targets =
-      family == "gpt2" ? "[\"c_attn\", \"c_fc\"]" : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
+  const std::string targets = family == "gpt2"   ? "[\"c_attn\", \"c_fc\"]"
+                              : family == "phi3" ? "[\"qkv_proj\", \"gate_up_proj\", \"down_proj\"]"
+                                                 : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
   std::ofstream(dir + "/c.toml") << "[run]\nout_dir = \"" << dir
                                  << "/out\"\nthreads = 1\n[model]\npath = \"" << dir << "/base\"\n"
                                  << (bf16_base ? "base_dtype = \"bf16\"\n" : "")
@@ -255,10 +256,12 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
       "/usr/bin/python3", std::string(KEEL_SOURCE_DIR) + "/tests/fixtures/hf_forward.py", ids};
   std::vector<std::pair<std::string, std::vector<float>>> cases;  // (export, checkpoint logits)
   // Qwen2 and Qwen3 fine-tuned whole, so that Qwen2's q/k/v biases and Qwen3's q/k norms are
-  // trained away from their init (0, 1).
+  // trained away from their init (0, 1); a Phi-3's LoRA on its fused qkv_proj and gate_up_proj
+  // merged into them.
   for (const auto& [family, kind] :
        std::vector<std::pair<std::string, std::string>>{{"gpt2", "lora"},
                                                         {"llama", "lora"},
+                                                        {"phi3", "lora"},
                                                         {"qwen2", "none"},
                                                         {"qwen3", "none"},
                                                         {"qwen3-wide", "none"}}) {

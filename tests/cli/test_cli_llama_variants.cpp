@@ -5,10 +5,11 @@
 // run on its biased projections merges into an export that computes as the run did, and a sliding
 // window it would use is refused. A Qwen3 (Qwen3ForCausalLM, q/k norms): the same, with heads of
 // n_embd / n_head channels or of a width of their own (Qwen3-0.6B's head_dim 128 over 1024 / 16),
-// and a head_dim its weights do not have is refused. (PyTorch's forward of Qwen2 and Qwen3
-// exports: CliExport.PyTorch*.)
+// and a head_dim its weights do not have is refused. A Phi-3 (Phi3ForCausalLM, fused qkv_proj and
+// gate_up_proj): below. (PyTorch's forward of Phi-3, Qwen2 and Qwen3 exports: CliExport.PyTorch*.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -248,6 +249,77 @@ TEST(CliQwen3, HeadsWiderThanTheHiddenSizeOverTheHeadsTrainAndExport) {
   EXPECT_EQ(read_json_file(dir + "/merged/config.json").at("head_dim"), 16);
   EXPECT_NEAR(eval_loss(dir + "/merged", dir + "/t.txt"), eval_loss(dir + "/out", dir + "/t.txt"),
               1e-5);
+}
+
+// A Phi-3 (Phi3ForCausalLM: Phi-3-mini/medium, Phi-3.5-mini, Phi-4) holds Llama's q/k/v as one
+// qkv_proj and gate/up as one gate_up_proj, so a LoRA on those is PEFT's LoRA on them: init-model
+// writes one, keel memory counts the fused tensors, a LoRA on both trains and its PEFT adapter
+// directory names them and applies to the base as the run's checkpoint computes (ModelParity's
+// phi3_w3 and CliExport.PyTorchForwardOfTheExportAgrees check the forward against PyTorch), its
+// sliding window slides, and what keel's model cannot compute is refused naming the field.
+TEST(CliPhi3, InitModelWritesOneAndALoraOnItsFusedProjectionsIsPefts) {
+  const std::string dir = test::temp_dir("cli-phi3");
+  init_tiny("phi3", dir + "/base");
+  const json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("model_type"), "phi3");
+  EXPECT_EQ(cfg.at("architectures"), json::array({"Phi3ForCausalLM"}));
+  EXPECT_TRUE(cfg.at("sliding_window").is_null());
+  EXPECT_FALSE(cfg.contains("attention_bias"));
+  const test::KeelRun mem = test::run_keel({"memory", "--model", dir + "/base", "--json"});
+  ASSERT_EQ(mem.code, 0) << mem.output;
+  // Embedding 259 x 32 (tied) and the final norm, and per layer: qkv_proj 32 -> (4 + 2 x 2) x 8,
+  // o_proj 32 -> 32, gate_up_proj 32 -> 2 x 96, down_proj 96 -> 32, two norms of 32.
+  const int64_t per_layer = 32 * 64 + 32 * 32 + 32 * 192 + 96 * 32 + 2 * 32;
+  EXPECT_EQ(json::parse(mem.out).at("params").get<int64_t>(), 259 * 32 + 32 + per_layer);
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  const test::KeelRun run = test::run_keel(
+      test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1",
+                                  "model.path=" + dir + "/base", "model.adapter.kind=lora",
+                                  "model.adapter.target_modules=[\"qkv_proj\", \"gate_up_proj\"]",
+                                  "data.seq_len=24", "train.max_steps=8", "optim.lr=5e-2",
+                                  "log.every=1", "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::vector<json> steps = test::step_records(dir + "/out");
+  ASSERT_EQ(steps.size(), 8u) << run.output;
+  EXPECT_LT(steps.back().at("loss").get<double>(), steps.front().at("loss").get<double>());
+  EXPECT_EQ(read_json_file(dir + "/out/checkpoints/last/config.json").at("model_type"), "phi3");
+  // The adapter alone, as PEFT writes one for a Phi-3: its targets are the fused modules, and it
+  // applies to the base as the run's checkpoint computes.
+  const test::KeelRun ex =
+      test::run_keel({"export", dir + "/out", "--out", dir + "/peft", "--adapter-only"});
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  std::vector<std::string> targets =
+      read_json_file(dir + "/peft/adapter_config.json").at("target_modules");
+  std::sort(targets.begin(), targets.end());
+  EXPECT_EQ(targets, (std::vector<std::string>{"gate_up_proj", "qkv_proj"}));
+  EXPECT_NEAR(eval_loss(dir + "/base", dir + "/t.txt", {"--adapter", dir + "/peft"}),
+              eval_loss(dir + "/out", dir + "/t.txt"), 1e-5);
+  // Its sliding window (Phi-3-mini-4k's 2047 of 4096) slides: rows past it score otherwise.
+  const double full = eval_loss(dir + "/base", dir + "/t.txt");
+  json sliding = cfg;
+  sliding["sliding_window"] = 3;
+  std::ofstream(dir + "/base/config.json") << sliding.dump(2);
+  EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), full);
+  // Phi-4-mini's partial rotary embedding, and key/value heads the fused weights do not hold.
+  auto refused = [&](const json& bad, const std::string& message) {
+    std::ofstream(dir + "/base/config.json") << bad.dump(2);
+    const test::KeelRun r =
+        test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, message);
+  };
+  json partial = cfg;
+  partial["partial_rotary_factor"] = 0.75;
+  refused(partial, dir +
+                       "/base/config.json: partial_rotary_factor = 0.75 (keel's RoPE turns every "
+                       "channel of a head");
+  json heads = cfg;
+  heads["num_key_value_heads"] = 4;
+  refused(heads, dir + "/base/config.json: num_attention_heads = 4 but the weights in " + dir +
+                     "/base hold a qkv_proj of 64 rows, not (num_attention_heads 4 + 2 x "
+                     "num_key_value_heads 4) x head_dim 8");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
 }  // namespace

@@ -300,6 +300,78 @@ TEST(HfModel, Llama31RopeScalingLoadsAndSavesBack) {
   EXPECT_EQ(read_hf_config(out).spec.rope_scaling, rs);
 }
 
+// Phi-3-mini-128k-instruct's config.json, as published, at tiny sizes: its fused projections, a
+// longrope rope_scaling in the three fields older Phi3Configs accept,
+// original_max_position_embeddings beside max_position_embeddings (whose ratio gives the attention
+// factor), a window past the context.
+TEST(HfModel, Phi3LongRopeLoadsAndSavesBack) {
+  models::ModelSpec spec = llama_spec(false);
+  spec.hf_model_type = "phi3";
+  auto src = models::make_causal_lm(spec, 4);
+  json cfg = config_of(spec);
+  cfg["architectures"] = {"Phi3ForCausalLM"};
+  cfg["model_type"] = "phi3";
+  cfg["max_position_embeddings"] = 131072;
+  cfg["original_max_position_embeddings"] = 4096;
+  cfg["sliding_window"] = 262144;
+  cfg["rope_scaling"] = {{"type", "longrope"},
+                         {"short_factor", {1.0, 1.1, 1.3, 2.0}},
+                         {"long_factor", {1.1, 2.5, 9.0, 40.0}}};
+  const std::string dir = test::temp_dir("hf-phi3-128k");
+  write_hf_dir(dir, cfg, hf_tensors(*src, DType::BF16));
+  const HfConfig hc = read_hf_config(dir);
+  const ops::RopeScaling& rs = hc.spec.rope_scaling;
+  EXPECT_EQ(hc.spec.architecture(), "phi3");
+  EXPECT_EQ(rs.kind, ops::RopeScaling::Kind::kLongRope);
+  EXPECT_EQ(rs.original_max_position, 4096);
+  EXPECT_EQ(rs.short_factor, (std::vector<double>{1.0, 1.1, 1.3, 2.0}));
+  EXPECT_EQ(rs.long_factor, (std::vector<double>{1.1, 2.5, 9.0, 40.0}));
+  // HF's sqrt(1 + ln(131072 / 4096) / ln(4096)).
+  EXPECT_NEAR(rs.attention_factor, 1.1902380714238083, 1e-15);
+  EXPECT_EQ(hc.spec.sliding_window, 262144);
+  auto model = load_hf_model(dir);
+  auto* attn =
+      dynamic_cast<models::LlamaAttention*>(model->find_module("model.layers.1.self_attn"));
+  ASSERT_NE(attn, nullptr);
+  EXPECT_EQ(attn->rope_scaling, rs);
+  EXPECT_NE(attn->qkv_proj, nullptr);
+  // Saved back as Phi-3 reads it: three fields, the original context beside.
+  const std::string out = test::temp_dir("hf-phi3-128k-save");
+  save_hf_model(*model, out);
+  const json back = json::parse(read_file(out + "/config.json"));
+  EXPECT_EQ(back.at("rope_scaling").size(), 3u) << back.at("rope_scaling").dump();
+  EXPECT_EQ(back.at("original_max_position_embeddings"), 4096);
+  EXPECT_EQ(read_hf_config(out).spec.rope_scaling, rs);
+  // An attention factor of its own is kept, and written back.
+  cfg["rope_scaling"]["attention_factor"] = 1.0;
+  write_hf_dir(dir, cfg, hf_tensors(*src, DType::BF16));
+  EXPECT_EQ(read_hf_config(dir).spec.rope_scaling.attention_factor, 1.0);
+  save_hf_model(*load_hf_model(dir), out);
+  EXPECT_EQ(json::parse(read_file(out + "/config.json")).at("rope_scaling").at("attention_factor"),
+            1.0);
+  // Factors that do not cover a head's 4 pairs, and longrope outside Phi-3, are refused.
+  cfg["rope_scaling"]["short_factor"] = {1.0, 1.1, 1.3};
+  write_hf_dir(dir, cfg, hf_tensors(*src, DType::BF16));
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  dir +
+                      "/config.json: rope_scaling's short_factor and long_factor hold 3 and 4 "
+                      "values; a head of 8 channels needs 4 each");
+  cfg["rope_scaling"]["short_factor"] = {1.0, 1.1, 1.3, -2.0};
+  write_hf_dir(dir, cfg, hf_tensors(*src, DType::BF16));
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  dir +
+                      "/config.json: rope_scaling (longrope) needs 'short_factor', a list of "
+                      "positive numbers");
+  cfg["rope_scaling"]["short_factor"] = {1.0, 1.1, 1.3, 2.0};
+  cfg["architectures"] = {"LlamaForCausalLM"};
+  cfg["model_type"] = "llama";
+  const models::ModelSpec plain = llama_spec(false);
+  write_hf_dir(dir, cfg, hf_tensors(*models::make_causal_lm(plain, 4), DType::BF16));
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  "rope_scaling type 'longrope' (keel runs it for Phi-3) is not supported by "
+                  "keel's llama model");
+}
+
 // ---- errors name the file and the tensor or field -----------------------------------------------
 
 class HfErrors : public ::testing::Test {
@@ -414,8 +486,8 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
   EXPECT_CONTAINS(m, "unsupported model");
   EXPECT_CONTAINS(m,
                   "keel reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama), "
-                  "MistralForCausalLM (mistral), Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM "
-                  "(qwen3)");
+                  "MistralForCausalLM (mistral), Phi3ForCausalLM (phi3), Qwen2ForCausalLM "
+                  "(qwen2), Qwen3ForCausalLM (qwen3)");
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};

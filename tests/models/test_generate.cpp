@@ -78,10 +78,11 @@ TEST_P(KvCache, SameTokensWithAndWithoutTheCache) {
   const auto& [family, backend, mixed] = GetParam();
   // (qwen3_d8 drawn with 7, and mistral_w3: flash's bf16-mixed sample at T = 0.8 lands within
   // rounding of a token boundary (steps 9 and 4), where the two decodes part; the logits agree
-  // there)
-  auto m = models::make_causal_lm(spec16(family), family == "qwen3_d8"     ? 11
-                                                  : family == "mistral_w3" ? 13
-                                                                           : 7);
+  // there. phi3_w3 draws mistral_w3's weights: its fused projections take the same draws.)
+  auto m =
+      models::make_causal_lm(spec16(family), family == "qwen3_d8"                            ? 11
+                                             : family == "mistral_w3" || family == "phi3_w3" ? 13
+                                                                                             : 7);
   m->set_attention_backend(ops::attention_backend_from_name(backend));
   amp::AutocastGuard autocast(mixed, DType::BF16);
   for (double temperature : {0.0, 0.8}) {
@@ -110,10 +111,11 @@ TEST_P(KvCache, SameTokensWithAndWithoutTheCache) {
 }
 
 // qwen3_d8: heads wider than n_embd / n_head, whose cache rows are head_dim wide. mistral_w3:
-// a window of 3 that a decode of 16 positions slides past, cached and not.
+// a window of 3 that a decode of 16 positions slides past, cached and not. phi3_w3: the same
+// window, its keys and values cut from one fused qkv_proj product.
 INSTANTIATE_TEST_SUITE_P(
     Backends, KvCache,
-    ::testing::Combine(::testing::Values("gpt2", "llama", "qwen3_d8", "mistral_w3"),
+    ::testing::Combine(::testing::Values("gpt2", "llama", "qwen3_d8", "mistral_w3", "phi3_w3"),
                        ::testing::Values("eager", "math", "flash"), ::testing::Bool()),
     [](const auto& info) {
       return std::get<0>(info.param) + "_" + std::get<1>(info.param) +
@@ -125,9 +127,10 @@ INSTANTIATE_TEST_SUITE_P(
 // the tokens a fresh decode of the whole prompt chooses, its logits equal within rounding.
 TEST_P(KvCache, ASessionsNextDecodeComputesOnlyItsNewTokens) {
   const auto& [family, backend, mixed] = GetParam();
-  auto m = models::make_causal_lm(spec16(family), family == "qwen3_d8"     ? 11
-                                                  : family == "mistral_w3" ? 13
-                                                                           : 7);
+  auto m =
+      models::make_causal_lm(spec16(family), family == "qwen3_d8"                            ? 11
+                                             : family == "mistral_w3" || family == "phi3_w3" ? 13
+                                                                                             : 7);
   m->set_attention_backend(ops::attention_backend_from_name(backend));
   amp::AutocastGuard autocast(mixed, DType::BF16);
   GenerateOptions o;

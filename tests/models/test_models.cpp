@@ -1,6 +1,7 @@
-// One full training step of a tiny GPT-2, Llama, Qwen2 and Qwen3 (and a Qwen3 with heads wider
-// than n_embd / n_head) against PyTorch (tests/fixtures/gen_models.py): the loss, every
-// parameter's gradient, and the parameters after one AdamW step, in 32-true and bf16-mixed.
+// One full training step of a tiny GPT-2, Llama, Qwen2, Qwen3 (and a Qwen3 with heads wider than
+// n_embd / n_head), Mistral, Qwen2 and Phi-3 with sliding windows against PyTorch
+// (tests/fixtures/gen_models.py): the loss, every parameter's gradient, and the parameters after
+// one AdamW step, in 32-true and bf16-mixed.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -72,7 +73,8 @@ TEST_P(ModelParity, LossAndEveryGradientMatchPyTorch) {
 
 INSTANTIATE_TEST_SUITE_P(Models, ModelParity,
                          ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3",
-                                                              "qwen3_d8", "mistral_w3", "qwen2_w3"),
+                                                              "qwen3_d8", "mistral_w3", "qwen2_w3",
+                                                              "phi3_w3", "phi3_lr", "phi3_sr"),
                                             ::testing::Values("32-true", "bf16-mixed")),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
@@ -115,6 +117,51 @@ TEST(Models, SpecErrorsNameTheProblem) {
   s = test::tiny_model_spec("gpt3");
   s.family = "gpt3";
   EXPECT_THROW(models::make_causal_lm(s, 1), Error);
+}
+
+// A Phi-3's qkv_proj is q_proj's, k_proj's and v_proj's rows one after another, its gate_up_proj
+// gate_proj's then up_proj's (HF's Phi3Attention and Phi3MLP split them so): drawn from one seed
+// (the fused tensors take the split ones' draws in order), it computes the Mistral's logits, and
+// its fused gradients are the split ones' side by side.
+TEST(Models, FusedProjectionsComputeTheSplitOnes) {
+  const io::Safetensors& fx = test::fixture("models");
+  for (const bool mixed : {false, true}) {
+    auto fused = models::make_causal_lm(test::tiny_model_spec("phi3_w3"), 7);
+    auto split = models::make_causal_lm(test::tiny_model_spec("mistral_w3"), 7);
+    amp::AutocastGuard autocast(mixed, DType::BF16);
+    auto loss_of = [&](models::CausalLM& m, Tensor& logits) {
+      logits = m.forward(fx.at("llama.32-true.input_ids"), fx.at("llama.32-true.attention_mask"));
+      Tensor flat =
+          amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, logits.size(-1)}));
+      Tensor loss = ops::cross_entropy(flat, ops::reshape(fx.at("llama.32-true.labels"), {-1}));
+      backward(loss);
+      return loss.item();
+    };
+    Tensor lf, ls;
+    const double tol = mixed ? 2e-2 : 1e-6;
+    EXPECT_NEAR(loss_of(*fused, lf), loss_of(*split, ls), tol);
+    test::expect_close(lf, ls, tol, tol, mixed ? "bf16-mixed logits" : "f32 logits");
+    for (const std::string layer : {"model.layers.0.", "model.layers.1."}) {
+      auto grads_of = [&](const std::vector<std::string>& names) {
+        std::vector<float> all;
+        for (const std::string& n : names) {
+          const std::vector<float> g =
+              split->find_parameter(layer + n + ".weight").grad().to_floats();
+          all.insert(all.end(), g.begin(), g.end());
+        }
+        return Tensor::from_floats(all, {static_cast<int64_t>(all.size())});
+      };
+      const Tensor qkv = fused->find_parameter(layer + "self_attn.qkv_proj.weight").grad();
+      const Tensor gate_up = fused->find_parameter(layer + "mlp.gate_up_proj.weight").grad();
+      EXPECT_EQ(qkv.shape(), (Shape{32, 16}));      // (4 + 2 x 2 heads) x 4 channels, 16 wide
+      EXPECT_EQ(gate_up.shape(), (Shape{96, 16}));  // 2 x 48
+      test::expect_close(ops::reshape(qkv, {-1}),
+                         grads_of({"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}),
+                         tol, tol, layer + "qkv_proj");
+      test::expect_close(ops::reshape(gate_up, {-1}), grads_of({"mlp.gate_proj", "mlp.up_proj"}),
+                         tol, tol, layer + "gate_up_proj");
+    }
+  }
 }
 
 TEST(Models, BitIdenticalAcrossRuns) {

@@ -163,6 +163,46 @@ TEST(Rope, Llama3ScalingMatchesItsDefinition) {
   EXPECT_THROW(ops::rope_inv_freq(500000.0, 32, bad), Error);
 }
 
+// Phi-3-128k's longrope, restated: inv_freq[i] = 1 / (ext[i] * theta^(2i/D)), ext the short
+// factors while a forward's positions stay within the original context (its longest + 1 at most
+// that), the long ones past it; the rotation scaled by attention_factor. Its backward is the
+// scaled inverse rotation (the transpose), checked numerically.
+TEST(Rope, LongRopeSwitchesFactorsPastTheOriginalContext) {
+  ops::RopeScaling lr;
+  lr.kind = ops::RopeScaling::Kind::kLongRope;
+  lr.short_factor = {1.0, 1.25, 2.0, 3.0};
+  lr.long_factor = {1.5, 4.0, 9.0, 40.0};
+  lr.original_max_position = 6;
+  lr.attention_factor = 1.19;
+  auto ref = [&](const Tensor& x, int64_t offset, const std::vector<double>& ext) {
+    std::vector<double> inv;
+    for (int64_t i = 0; i < 4; ++i) inv.push_back(1.0 / (ext[i] * std::pow(10000.0, i / 4.0)));
+    std::vector<float> out = rope_ref(x, 10000.0, offset, false, inv);
+    for (float& v : out) v = static_cast<float>(v * lr.attention_factor);
+    return out;
+  };
+  Tensor x = randn({2, 3, 3, 8}, 6);
+  // Positions 0..2 and 3..5: within 6, the short factors; 4..6 reach 7, the long ones.
+  expect_close(ops::rope(x, 10000.f, 0, lr).to_floats(), ref(x, 0, lr.short_factor), 1e-6, 1e-6,
+               "longrope at 0..2");
+  expect_close(ops::rope(x, 10000.f, 3, lr).to_floats(), ref(x, 3, lr.short_factor), 1e-6, 1e-6,
+               "longrope at 3..5");
+  expect_close(ops::rope(x, 10000.f, 4, lr).to_floats(), ref(x, 4, lr.long_factor), 1e-6, 1e-6,
+               "longrope at 4..6");
+  // Given positions (a packed row's): the batch's longest decides, as HF's max(position_ids) + 1.
+  Tensor pos = Tensor::from_ints({0, 1, 2, 0, 1, 2}, {2, 3});
+  expect_close(ops::rope(x, 10000.f, pos, lr).to_floats(), ref(x, 0, lr.short_factor), 1e-6, 1e-6,
+               "longrope at given positions");
+  EXPECT_EQ(ops::rope_inv_freq(10000.0, 8, lr, 6)[3], 1.0 / (3.0 * std::pow(10000.0, 0.75)));
+  EXPECT_EQ(ops::rope_inv_freq(10000.0, 8, lr, 7)[3], 1.0 / (40.0 * std::pow(10000.0, 0.75)));
+  test::expect_gradcheck(
+      [&](const std::vector<Tensor>& in) { return ops::rope(in[0], 1e4f, 4, lr); },
+      {randn({1, 2, 3, 8}, 7)}, {}, "rope longrope");
+  // Factors that do not cover the head's pairs are refused.
+  lr.long_factor.pop_back();
+  EXPECT_THROW(ops::rope(x, 10000.f, 4, lr), Error);
+}
+
 TEST(Rope, RejectsBadShapes) {
   EXPECT_THROW(ops::rope(randn({2, 3, 4, 5}, 1)), Error);  // odd head dim
   EXPECT_THROW(ops::rope(randn({3, 4, 8}, 1)), Error);     // not [B, H, T, D]

@@ -1,7 +1,8 @@
-// The tiny GPT-2, Llama, Qwen2 and Qwen3 of tests/fixtures/gen_models.py (header-only: tests of
-// any layer from models/ on include it). Qwen2 and Qwen3 are the Llama family with q/k/v biases and
-// with per-head q/k norms.
+// The tiny GPT-2, Llama, Qwen2, Qwen3 and Phi-3 of tests/fixtures/gen_models.py (header-only: tests
+// of any layer from models/ on include it). Qwen2 and Qwen3 are the Llama family with q/k/v biases
+// and with per-head q/k norms.
 #pragma once
+#include <cmath>
 #include <string>
 
 #include "keel/models/causal_lm.h"
@@ -11,17 +12,32 @@ namespace keel::test {
 // "qwen3_d8": the Qwen3 with heads 8 wide over n_embd 16 / 4 heads (Qwen3-0.6B's head_dim 128
 // over 1024 / 16). "mistral_w3": the Llama as a Mistral whose attention slides over the last 3
 // positions (Mistral-7B-v0.1's sliding_window 4096). "qwen2_w3": the Qwen2 with use_sliding_window,
-// a window of 3 on layer 1 only (max_window_layers 1).
+// a window of 3 on layer 1 only (max_window_layers 1). "phi3_w3": the Llama as a Phi-3, its q/k/v
+// one qkv_proj and gate/up one gate_up_proj, sliding over the last 3 positions on every layer
+// (Phi-3-mini-4k's sliding_window 2047). "phi3_lr" and "phi3_sr": the Phi-3 without a window,
+// its RoPE Phi-3-128k's longrope (max_position_embeddings 32) past an original context of 4 (the
+// long factors at T = 8) and within one of 16 (the short ones).
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
   const bool wide_heads = family == "qwen3_d8";
   const bool qwen_window = family == "qwen2_w3";
   const bool qwen = family == "qwen2" || family == "qwen3" || wide_heads || qwen_window;
   const bool mistral = family == "mistral_w3";
-  s.family = qwen || mistral ? "llama" : family;
-  s.hf_model_type = qwen ? family.substr(0, 5) : mistral ? "mistral" : "";
+  const bool phi3_long = family == "phi3_lr" || family == "phi3_sr";
+  const bool phi3 = family == "phi3_w3" || phi3_long;
+  s.family = qwen || mistral || phi3 ? "llama" : family;
+  s.hf_model_type = qwen ? family.substr(0, 5) : mistral ? "mistral" : phi3 ? "phi3" : "";
   if (wide_heads) s.head_width = 8;
-  if (mistral || qwen_window) s.sliding_window = 3;
+  if (mistral || qwen_window || family == "phi3_w3") s.sliding_window = 3;
+  if (phi3_long) {  // gen_models.py's longrope: rows of 8 past an original context of 4, or within
+                    // 16
+    const double original = family == "phi3_lr" ? 4 : 16;
+    s.rope_scaling.kind = ops::RopeScaling::Kind::kLongRope;
+    s.rope_scaling.short_factor = {1.0, 1.5};
+    s.rope_scaling.long_factor = {2.0, 7.0};
+    s.rope_scaling.original_max_position = static_cast<int64_t>(original);
+    s.rope_scaling.attention_factor = std::sqrt(1 + std::log(32 / original) / std::log(original));
+  }
   if (qwen_window) s.sliding_from_layer = 1;
   s.n_layer = 2;
   s.n_embd = 16;
