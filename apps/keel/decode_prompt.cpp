@@ -96,6 +96,16 @@ std::function<void()> add_sampling_options(CLI::App* sub, models::GenerateOption
   sub->add_option("--top-p", opt.sampling.top_p, "nucleus: the most likely tokens of mass p")
       ->check(real_check(0, 1, true))
       ->capture_default_str();
+  sub->add_option("--min-p", opt.sampling.min_p,
+                  "sample only tokens at least this fraction of the most likely one's "
+                  "probability (0 = off)")
+      ->check(real_check(0, 1, false, true, " (0: off)"))
+      ->capture_default_str();
+  sub->add_option("--repetition-penalty", opt.sampling.repetition_penalty,
+                  "divide the logits of tokens already in the text (prompt included) by this "
+                  "(multiply where negative), as HF's repetition_penalty; 1 = off")
+      ->check(real_check(0, std::numeric_limits<double>::max(), true, false, " (1: off)"))
+      ->capture_default_str();
   CLI::Option* seed = sub->add_option("--seed", opt.seed, "sampling seed")
                           ->check(whole_check(0, UINT64_MAX))
                           ->capture_default_str();

@@ -27,19 +27,42 @@ void SamplingOptions::validate() const {
     throw Error("--top-k " + std::to_string(top_k) + ": use 0 (off) or >= 1", Error::kUsage);
   if (!(top_p > 0 && top_p <= 1))
     throw Error("--top-p " + shown(top_p) + ": use a value in (0, 1]", Error::kUsage);
+  if (!(min_p >= 0 && min_p < 1))
+    throw Error("--min-p " + shown(min_p) + ": use 0 (off) or a value in (0, 1)", Error::kUsage);
+  if (!(repetition_penalty > 0) || !std::isfinite(repetition_penalty))
+    throw Error("--repetition-penalty " + shown(repetition_penalty) +
+                    ": use a positive number (1: off; above 1 discourages repeats, e.g. 1.1)",
+                Error::kUsage);
   // Greedy decoding takes the most likely token whatever the cut: --top-k 5 alone was accepted
   // and ignored (HF's generate warns that top_k "is only used in sample-based generation modes").
-  if (temperature == 0 && (top_k != 0 || top_p != 1))
-    throw Error((top_k != 0 ? "--top-k " + std::to_string(top_k) : "--top-p " + shown(top_p)) +
+  if (temperature == 0 && (top_k != 0 || top_p != 1 || min_p != 0))
+    throw Error((top_k != 0   ? "--top-k " + std::to_string(top_k)
+                 : top_p != 1 ? "--top-p " + shown(top_p)
+                              : "--min-p " + shown(min_p)) +
                     " cuts the tokens sampled from, but --temperature 0 decodes greedily (the "
                     "most likely token each step) and would ignore it: give a --temperature "
                     "above 0 (e.g. 0.7) to sample, or leave it out",
                 Error::kUsage);
 }
 
-int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& opt, Rng& rng) {
-  KEEL_CHECK(!logits.empty(), "sample_token: no logits");
-  const int64_t V = static_cast<int64_t>(logits.size());
+int32_t sample_token(const std::vector<float>& row, const SamplingOptions& opt, Rng& rng,
+                     const std::vector<int32_t>& sequence) {
+  KEEL_CHECK(!row.empty(), "sample_token: no logits");
+  const int64_t V = static_cast<int64_t>(row.size());
+  // The repetition penalty, once per token the sequence holds (in f32, as HF's scores).
+  std::vector<float> penalized;
+  if (opt.repetition_penalty != 1 && !sequence.empty()) {
+    penalized = row;
+    const float p = static_cast<float>(opt.repetition_penalty);
+    std::vector<bool> seen(static_cast<size_t>(V));
+    for (int32_t id : sequence)
+      if (id >= 0 && id < V && !seen[id]) {
+        seen[id] = true;
+        float& l = penalized[id];
+        l = l < 0 ? l * p : l / p;
+      }
+  }
+  const std::vector<float>& logits = penalized.empty() ? row : penalized;
   if (opt.temperature == 0)
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   // Candidates by descending logit (ties: lower id first), cut to top_k.
@@ -68,6 +91,14 @@ int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& op
       }
     }
   }
+  // min-p: below min_p times the top token's probability (p[0] = 1 here: a ratio of the
+  // candidates' probabilities, the same before and after top-p renormalizes them).
+  if (opt.min_p > 0)
+    for (size_t i = 1; i < keep; ++i)
+      if (p[i] < opt.min_p) {
+        keep = i;
+        break;
+      }
   double kept = 0;
   for (size_t i = 0; i < keep; ++i) kept += p[i];
   double u = rng.uniform() * kept;
@@ -100,7 +131,7 @@ void check_prompt(const std::vector<int32_t>& prompt, const ModelSpec& spec) {
 // The token a decode takes from the logits of its last position, or none when it stops there
 // (r.stop says why: "nonfinite" or "eos"); a token taken is in r.tokens.
 std::optional<int32_t> take_token(std::vector<float> row, const GenerateOptions& opt, Rng& rng,
-                                  GenerateResult& r) {
+                                  const std::vector<int32_t>& sequence, GenerateResult& r) {
   const int64_t V = static_cast<int64_t>(row.size());
   r.nonfinite_logits =
       std::count_if(row.begin(), row.end(), [](float v) { return !std::isfinite(v); });
@@ -109,7 +140,7 @@ std::optional<int32_t> take_token(std::vector<float> row, const GenerateOptions&
     return std::nullopt;
   }
   if (opt.choosable > 0 && opt.choosable < V) row.resize(static_cast<size_t>(opt.choosable));
-  const int32_t next = sample_token(row, opt.sampling, rng);
+  const int32_t next = sample_token(row, opt.sampling, rng, sequence);
   if (opt.keep_logits) r.logits.push_back(std::move(row));
   if (std::find(opt.eos_ids.begin(), opt.eos_ids.end(), next) != opt.eos_ids.end()) {
     r.stop = "eos";
@@ -185,7 +216,7 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
     const int64_t V = logits.size(-1);
     std::vector<float> row = logits.view({t, V}).slice_rows(t - 1, t).to_floats();
     if (step == 0) r.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
-    const std::optional<int32_t> next = take_token(std::move(row), opt, rng, r);
+    const std::optional<int32_t> next = take_token(std::move(row), opt, rng, seq, r);
     if (!next) break;
     seq.push_back(*next);
     feed.assign(1, *next);
@@ -224,8 +255,8 @@ std::vector<GenerateResult> generate_rows(
   struct Row {
     KVCache cache;
     Rng rng;
-    int64_t length;     // tokens of the sequence so far: the prompt, then those taken
-    int32_t next = -1;  // the token to feed next
+    std::vector<int32_t> sequence;  // the prompt, then the tokens taken
+    int32_t next = -1;              // the token to feed next
   };
   std::vector<Row> rows;
   // A row that stops gives its cache back at once (the others may decode for long).
@@ -235,10 +266,11 @@ std::vector<GenerateResult> generate_rows(
   };
   // Row b takes its next token from its logits; false when it stops there.
   auto take = [&](size_t b, std::vector<float> logits) {
-    const std::optional<int32_t> next = take_token(std::move(logits), opt, rows[b].rng, results[b]);
+    const std::optional<int32_t> next =
+        take_token(std::move(logits), opt, rows[b].rng, rows[b].sequence, results[b]);
     if (!next) return stop(b, nullptr), false;
     rows[b].next = *next;
-    ++rows[b].length;
+    rows[b].sequence.push_back(*next);
     if (on_token && !on_token(b, *next)) return stop(b, "caller"), false;
     return true;
   };
@@ -248,7 +280,7 @@ std::vector<GenerateResult> generate_rows(
   for (size_t b = 0; b < prompts.size(); ++b) {
     const int64_t n = static_cast<int64_t>(prompts[b].size());
     const int64_t room = n + std::clamp<int64_t>(opt.max_new_tokens, 0, spec.max_seq_len - n);
-    rows.push_back({model.make_kv_cache(room), Rng(opt.seed), n});
+    rows.push_back({model.make_kv_cache(room), Rng(opt.seed), prompts[b]});
     GenerateResult& r = results[b];
     r.stop = "max_new_tokens";
     if (opt.max_new_tokens <= 0) {
@@ -269,7 +301,7 @@ std::vector<GenerateResult> generate_rows(
   // Then one step a token for every row still decoding: one forward over the rows.
   for (int64_t step = 1; step < opt.max_new_tokens && !decoding.empty(); ++step) {
     std::erase_if(decoding, [&](size_t b) {
-      if (rows[b].length < spec.max_seq_len) return false;
+      if (std::ssize(rows[b].sequence) < spec.max_seq_len) return false;
       stop(b, "max_seq_len");
       return true;
     });

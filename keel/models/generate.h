@@ -13,15 +13,26 @@
 
 namespace keel::models {
 
+// HF generate's choices, applied in its order: the repetition penalty to the logits (greedy or
+// sampled), then temperature, top-k, top-p and min-p to the tokens sampled from.
 struct SamplingOptions {
   double temperature = 0;  // 0: greedy (argmax; the lowest id wins a tie)
   int64_t top_k = 0;       // > 0: sample among the k most likely tokens only
   double top_p = 1;        // < 1: the smallest set of most likely tokens whose mass reaches top_p
-  void validate() const;   // Error (kUsage) naming the flag and its range
+  // > 0: tokens whose probability is below min_p times the most likely one's are not sampled
+  // (HF's MinPLogitsWarper, after top-p).
+  double min_p = 0;
+  // != 1: each token already in the sequence (the prompt's and the new ones) has its logit
+  // divided by this where positive and multiplied where negative (HF's
+  // RepetitionPenaltyLogitsProcessor: > 1 discourages repeats). 1: off.
+  double repetition_penalty = 1;
+  void validate() const;  // Error (kUsage) naming the flag and its range
 };
 
-// The next token from one row of logits (f32, length V). Sampling draws one uniform from `rng`.
-int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& opt, Rng& rng);
+// The next token from one row of logits (f32, length V) after the tokens of `sequence` (the
+// repetition penalty's). Sampling draws one uniform from `rng`.
+int32_t sample_token(const std::vector<float>& logits, const SamplingOptions& opt, Rng& rng,
+                     const std::vector<int32_t>& sequence = {});
 
 struct GenerateOptions {
   SamplingOptions sampling;

@@ -75,10 +75,10 @@ json generate_json(std::vector<std::string> args) {
 }
 
 std::vector<int32_t> library_tokens(const std::string& model, const std::string& adapter,
-                                    const std::string& prompt, int64_t n) {
+                                    const std::string& prompt, int64_t n,
+                                    models::GenerateOptions o = {}) {
   io::TrainedModel t = io::load_trained_model(model, adapter);
   const auto tok = data::load_tokenizer("byte");
-  models::GenerateOptions o;
   o.max_new_tokens = n;
   o.eos_ids = {tok->eos_id()};
   return models::generate(*t.model, tok->encode(prompt), o).tokens;
@@ -257,6 +257,18 @@ TEST(CliGenerate, StopStringsSamplingAndPrecisions) {
   };
   EXPECT_EQ(sample("1"), sample("1"));
   EXPECT_NE(sample("1"), sample("2"));
+  // HF's repetition_penalty and min_p: the library's decode with the same options.
+  models::GenerateOptions penalized;
+  penalized.max_new_tokens = 16;
+  penalized.sampling.repetition_penalty = 1.8;
+  penalized.sampling.temperature = 0.9;
+  penalized.sampling.min_p = 0.05;
+  penalized.seed = 3;
+  const json p = generate_json({base_dir(), "ab", "--tokenizer", "byte", "--max-new-tokens", "16",
+                                "--repetition-penalty", "1.8", "--temperature", "0.9", "--min-p",
+                                "0.05", "--seed", "3"});
+  EXPECT_EQ(p["tokens"].get<std::vector<int32_t>>(),
+            library_tokens(base_dir(), "", "ab", 16, penalized));
   // Other policies and backends run and decode as many tokens.
   const json b = generate_json({base_dir(), "ab", "--tokenizer", "byte", "--max-new-tokens", "16",
                                 "--precision", "bf16-mixed", "--attention", "flash"});
@@ -308,6 +320,11 @@ TEST(CliGenerate, BadInputIsAUsageErrorNamingThePathOrFlag) {
   EXPECT_CONTAINS(err({base_dir(), std::string(60, 'a'), "--tokenizer", "byte"}),
                   "the prompt has 60 tokens but the model's max_seq_len is 48");
   EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--top-p", "1.5"}), "--top-p");
+  EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--min-p", "1"}), "--min-p");
+  EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--repetition-penalty", "0"}),
+                  "--repetition-penalty");
+  EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--min-p", "0.1"}),
+                  "--min-p 0.1 cuts the tokens sampled from, but --temperature 0 decodes greedily");
   EXPECT_CONTAINS(err({base_dir(), "x", "--tokenizer", "byte", "--max-new-tokens", "-1"}),
                   "--max-new-tokens: -1: use a whole number from 0 to 9223372036854775807 (0: the "
                   "prompt alone)");

@@ -250,6 +250,83 @@ TEST(Sampling, GreedyTopKTopPAndTheirDistribution) {
   }
 }
 
+// HF's RepetitionPenaltyLogitsProcessor, restated: each id the sequence holds (once, however
+// often) has its logit divided by the penalty where positive, multiplied where negative, before
+// the choice, greedy or sampled. MinPLogitsWarper: after top-p, the tokens whose probability is
+// below min_p times the most likely one's are not sampled.
+TEST(Sampling, RepetitionPenaltyAndMinPAsHfDefinesThem) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 3.0f, -1.0f};
+  Rng rng(1);
+  models::SamplingOptions o;
+  o.repetition_penalty = 2;
+  EXPECT_EQ(models::sample_token(logits, o, rng), 1);             // no sequence: nothing penalized
+  EXPECT_EQ(models::sample_token(logits, o, rng, {1, 1, 1}), 3);  // 3 / 2 = 1.5 < 3
+  EXPECT_EQ(models::sample_token(logits, o, rng, {1, 3}), 2);     // 1.5, 1.5 < 2
+  // A negative logit is multiplied: -1 x 0.5 = -0.5 (a penalty below 1 encourages repeats).
+  o.repetition_penalty = 0.5;
+  EXPECT_EQ(models::sample_token({-1.0f, -0.6f}, o, rng, {0}), 0);
+  EXPECT_EQ(models::sample_token({-1.0f, -0.6f}, o, rng, {1}), 1);
+  // Sampled: the penalized distribution, softmax over {1, 1.5, 2, 1.5, -1}'s top 3.
+  o.repetition_penalty = 2;
+  o.temperature = 1;
+  o.top_k = 3;
+  std::vector<int> count(5);
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++count[models::sample_token(logits, o, rng, {1, 3})];
+  const double z = std::exp(2.0) + 2 * std::exp(1.5);
+  EXPECT_EQ(count[0] + count[4], 0);
+  EXPECT_NEAR(count[2] / double(n), std::exp(2.0) / z, 0.015);
+  EXPECT_NEAR(count[1] / double(n), std::exp(1.5) / z, 0.015);
+  // min_p 0.5: id 2's probability is e^-1 = 0.37 of the top's, cut; 0.3 keeps it and cuts id 0's
+  // e^-2 = 0.14.
+  models::SamplingOptions m;
+  m.temperature = 1;
+  m.min_p = 0.5;
+  std::fill(count.begin(), count.end(), 0);
+  for (int i = 0; i < 2000; ++i) ++count[models::sample_token(logits, m, rng)];
+  EXPECT_EQ(count[0] + count[2] + count[4], 0);
+  EXPECT_GT(count[1], 800);
+  EXPECT_GT(count[3], 800);
+  m.min_p = 0.3;
+  std::fill(count.begin(), count.end(), 0);
+  for (int i = 0; i < n; ++i) ++count[models::sample_token(logits, m, rng)];
+  EXPECT_EQ(count[0] + count[4], 0);
+  EXPECT_NEAR(count[2] / double(n), std::exp(2.0) / (std::exp(2.0) + 2 * std::exp(3.0)), 0.015);
+  // At a temperature the ratio is of the tempered probabilities: T = 2 puts id 2 at e^-0.5 = 0.61.
+  m.temperature = 2;
+  m.min_p = 0.5;
+  std::fill(count.begin(), count.end(), 0);
+  for (int i = 0; i < 2000; ++i) ++count[models::sample_token(logits, m, rng)];
+  EXPECT_GT(count[2], 0);
+  EXPECT_EQ(count[0] + count[4], 0);
+}
+
+// The penalty reads the whole sequence, the prompt's tokens and the new ones, in every decode:
+// cached and not, alone and side by side.
+TEST(Generate, TheRepetitionPenaltyReadsThePromptAndTheNewTokens) {
+  auto m = models::make_causal_lm(spec16("llama"), 7);
+  GenerateOptions o;
+  o.max_new_tokens = 10;
+  const std::vector<int32_t> prompt = {1, 2, 3, 4};
+  const GenerateResult plain = models::generate(*m, prompt, o);
+  o.sampling.repetition_penalty = 3;
+  const GenerateResult penalized = models::generate(*m, prompt, o);
+  EXPECT_NE(penalized.tokens, plain.tokens);
+  // With a strong penalty no token repeats (37 ids, 14 in the sequence), none of the prompt's.
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), penalized.tokens.begin(), penalized.tokens.end());
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end())
+      << "a token repeated under repetition_penalty 3";
+  o.use_cache = false;
+  EXPECT_EQ(models::generate(*m, prompt, o).tokens, penalized.tokens);
+  o.use_cache = true;
+  const std::vector<GenerateResult> rows = models::generate_rows(*m, {prompt, {5, 6}, prompt}, o);
+  EXPECT_EQ(rows[0].tokens, penalized.tokens);
+  EXPECT_EQ(rows[2].tokens, penalized.tokens);
+  EXPECT_EQ(rows[1].tokens, models::generate(*m, {5, 6}, o).tokens);
+}
+
 TEST(Generate, SeededSamplingIsDeterministicAndEosStops) {
   auto m = models::make_causal_lm(spec16("llama"), 3);
   GenerateOptions o;
@@ -376,6 +453,19 @@ TEST(Generate, BadInputNamesTheProblemAndTheFix) {
   EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, {1}, o); }),
                   "--top-p 0.9 cuts the tokens sampled from");
   o.sampling.top_p = 1;
+  o.sampling.min_p = 0.1;
+  EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, {1}, o); }),
+                  "--min-p 0.1 cuts the tokens sampled from");
+  o.sampling.temperature = 1;
+  o.sampling.min_p = 1;
+  EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, {1}, o); }),
+                  "--min-p 1: use 0 (off) or a value in (0, 1)");
+  o.sampling.min_p = 0;
+  o.sampling.repetition_penalty = 0;
+  EXPECT_CONTAINS(test::error_of([&] { models::generate(*m, {1}, o); }),
+                  "--repetition-penalty 0: use a positive number (1: off");
+  o.sampling.repetition_penalty = 1;
+  o.sampling.temperature = 0;
   // The cache refuses a position past its capacity.
   models::KVCache cache = m->make_kv_cache();
   cache.length = 16;
