@@ -69,12 +69,17 @@ void check_flags(const InitModelArgs& a) {
 int run_init_model(const InitModelArgs& a) {
   check_flags(a);
   models::ModelSpec s;
-  // Phi-3, Qwen2 and Qwen3 are Llama's layers (with fused qkv and gate_up projections; with q/k/v
-  // biases; with q/k norms), written back as Phi3ForCausalLM, Qwen2ForCausalLM and
-  // Qwen3ForCausalLM.
-  const bool llama_layers = a.family == "phi3" || a.family == "qwen2" || a.family == "qwen3";
+  // Gemma, Gemma-2, Phi-3, Qwen2 and Qwen3 are Llama's layers (models/causal_lm.h), written back
+  // as their own architectures.
+  const bool llama_layers = a.family != "gpt2" && a.family != "llama";
   s.family = llama_layers ? "llama" : a.family;
   s.hf_model_type = llama_layers ? a.family : "";
+  if (a.family == "gemma2") {  // Gemma2Config's defaults; the scale of head_dim
+    s.sliding_window = 4096;
+    s.sliding_period = 2;
+    s.attn_softcap = 50;
+    s.final_softcap = 30;
+  }
   s.n_layer = a.n_layer;
   s.n_embd = a.n_embd;
   s.n_head = a.n_head;
@@ -84,6 +89,7 @@ int run_init_model(const InitModelArgs& a) {
   s.vocab_size = a.vocab_size;
   s.max_seq_len = a.max_seq_len;
   s.tie_embeddings = a.family == "gpt2" || !a.untied;
+  if (a.family == "gemma2") s.query_pre_attn_scalar = static_cast<double>(s.head_dim());
   s.rope_theta = a.rope_theta;
   s.norm_eps = a.norm_eps;
   s.init_std = a.init_std;
@@ -171,14 +177,15 @@ Command add_init_model(CLI::App& app) {
   auto a = std::make_shared<InitModelArgs>();
   CLI::App* sub = app.add_subcommand(
       "init-model",
-      "Write a randomly initialized GPT-2, Llama, Phi-3, Qwen2 or Qwen3 model as a Hugging Face "
-      "directory");
+      "Write a randomly initialized GPT-2, Llama, Gemma, Gemma-2, Phi-3, Qwen2 or Qwen3 model as "
+      "a Hugging Face directory");
   sub->add_option("--out", a->out, "output directory (config.json + model.safetensors)")
       ->required();
   sub->add_option("--family", a->family,
-                  "gpt2 | llama | phi3 (Llama with fused qkv and gate_up) | qwen2 (with q/k/v "
-                  "biases) | qwen3 (with q/k norms)")
-      ->check(CLI::IsMember({"gpt2", "llama", "phi3", "qwen2", "qwen3"}))
+                  "gpt2 | llama | gemma (Llama with 1 + w norms, GeGLU, a scaled embedding) | "
+                  "gemma2 (and sandwich norms, soft caps, every other layer sliding) | phi3 (with "
+                  "fused qkv and gate_up) | qwen2 (with q/k/v biases) | qwen3 (with q/k norms)")
+      ->check(CLI::IsMember({"gpt2", "llama", "gemma", "gemma2", "phi3", "qwen2", "qwen3"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

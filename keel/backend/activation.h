@@ -1,5 +1,5 @@
-// Kernel interface: activations (GELU, SiLU, SwiGLU) and the element-wise transcendental maps
-// they are built from.
+// Kernel interface: activations (GELU, SiLU, SwiGLU, soft cap) and the element-wise transcendental
+// maps they are built from.
 //
 // Buffers hold n elements of one floating dtype `dt` (f32, bf16 or f16); values are computed in
 // f32 and rounded once on store (opmath). Backward kernels write (not accumulate) their gradients,
@@ -28,6 +28,11 @@ struct ActivationKernels {
   // dgate = dout * up * silu'(gate), dup = dout * silu(gate); either output may be null.
   void (*swiglu_backward)(void* dgate, void* dup, const void* dout, const void* gate,
                           const void* up, DType dt, int64_t n);
+  // out = cap * tanh(x / cap), cap > 0 (Gemma-2's soft caps on attention scores and logits)
+  void (*softcap)(void* out, const void* x, DType dt, int64_t n, float cap);
+  // dx = dout * (1 - tanh(x / cap)^2)
+  void (*softcap_backward)(void* dx, const void* dout, const void* x, DType dt, int64_t n,
+                           float cap);
   // out = exp(x), tanh(x), erf(x) with the vectorized f32 functions of backend/cpu/vec_math.inc
   // (<= 2 ulp in f32), for ops that need them and for the accuracy tests.
   void (*exp)(void* out, const void* x, DType dt, int64_t n);

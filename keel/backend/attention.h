@@ -27,6 +27,13 @@ struct AttentionDims {
   // A sliding window (Mistral's sliding_window): query i sees the last `window` keys, i - window
   // + 1 .. i; 0: every earlier key.
   int64_t window = 0;
+  // Gemma-2's attn_logit_softcapping: each scaled score s becomes softcap * tanh(s / softcap)
+  // before the softmax (eager: rounded to the compute dtype again); 0: none. CPU kernels only.
+  float softcap = 0;
+  // With a soft cap, the eager and math softmax writes each row's logsumexp here ([B, Hq, T]) and
+  // its backward reads it back: the capped score is log p + lse, whose tanh the cap's derivative
+  // 1 - tanh² needs (no [B, Hq, T, T] copy of the scores is kept).
+  float* softmax_lse = nullptr;
   // The first key query i of batch b sees: its example's first token (0 when not packed), or its
   // window's, whichever is later. Never decreases along a row.
   int64_t first_key(int64_t b, int64_t i) const {

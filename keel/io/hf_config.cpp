@@ -118,8 +118,8 @@ json rope_scaling_json(const ops::RopeScaling& s) {
 }
 
 // The HF architectures keel reads: config.json's model_type, its architectures[0] class (and the
-// headless class some files name), and keel's family. Mistral, Phi-3, Qwen2 and Qwen3 are Llama's
-// layers
+// headless class some files name), and keel's family. Gemma, Gemma-2, Mistral, Phi-3, Qwen2 and
+// Qwen3 are Llama's layers
 // (ModelSpec::hf_model_type tells them apart).
 struct HfArchitecture {
   const char* model_type;
@@ -130,6 +130,8 @@ struct HfArchitecture {
 constexpr HfArchitecture kArchitectures[] = {
     {"gpt2", "GPT2LMHeadModel", "GPT2Model", "gpt2"},
     {"llama", "LlamaForCausalLM", "LlamaModel", "llama"},
+    {"gemma", "GemmaForCausalLM", nullptr, "llama"},      // 1 + w norms, GeGLU, scaled embedding
+    {"gemma2", "Gemma2ForCausalLM", nullptr, "llama"},    // and sandwich norms, soft caps
     {"mistral", "MistralForCausalLM", nullptr, "llama"},  // and a sliding window
     {"phi3", "Phi3ForCausalLM", nullptr, "llama"},        // fused qkv and gate_up, a window
     {"qwen2", "Qwen2ForCausalLM", nullptr, "llama"},      // and q/k/v biases
@@ -198,6 +200,18 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     j["model_type"] = architecture_of(s).model_type;
     if (variant == "mistral" || variant == "phi3")
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
+    if (s.gemma()) {
+      j["hidden_activation"] = "gelu_pytorch_tanh";
+      if (variant == "gemma2") {
+        j["sliding_window"] = s.sliding_window;
+        j["query_pre_attn_scalar"] = s.query_pre_attn_scalar > 0
+                                         ? s.query_pre_attn_scalar
+                                         : static_cast<double>(s.head_dim());
+        j["attn_logit_softcapping"] = s.attn_softcap > 0 ? json(s.attn_softcap) : json();
+        j["final_logit_softcapping"] = s.final_softcap > 0 ? json(s.final_softcap) : json();
+        j.erase("layer_types");  // (HF's default: every other layer from the first slides)
+      }
+    }
     if (variant == "qwen2" || variant == "qwen3") {
       j["use_sliding_window"] = s.sliding_window > 0;
       if (s.sliding_window > 0) {
@@ -205,7 +219,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
         j["max_window_layers"] = s.sliding_from_layer;
       }
     }
-    j["hidden_act"] = "silu";
+    j["hidden_act"] = s.gemma() ? "gelu_pytorch_tanh" : "silu";
     j["num_hidden_layers"] = s.n_layer;
     j["hidden_size"] = s.n_embd;
     j["num_attention_heads"] = s.n_head;
@@ -288,9 +302,18 @@ HfConfig read_hf_config(const std::string& dir) {
     s.max_seq_len = c.integer({"max_position_embeddings"}, 2048);
     s.rope_theta = c.number({"rope_theta"}, 10000.0);
     s.norm_eps = c.number({"rms_norm_eps"}, 1e-6);
-    s.tie_embeddings = c.boolean("tie_word_embeddings", false);
-    const std::string act = c.string("hidden_act", "silu");
-    if (act != "silu") throw unsupported("hidden_act '" + act + "' (keel's Llama MLP is SwiGLU)");
+    // (Gemma ties its head to the embedding unless the file says otherwise, as GemmaConfig.)
+    s.tie_embeddings = c.boolean("tie_word_embeddings", s.gemma());
+    if (s.gemma()) {
+      // HF's Gemma MLP: ACT2FN[hidden_activation], gelu_pytorch_tanh when absent (Gemma-1's
+      // files that name only hidden_act "gelu" run it so too, with a warning).
+      const std::string act = c.string("hidden_activation", "gelu_pytorch_tanh");
+      if (act != "gelu_pytorch_tanh" && act != "gelu_new")
+        throw unsupported("hidden_activation '" + act +
+                          "' (keel's Gemma MLP is GeGLU with the tanh gelu, gelu_pytorch_tanh)");
+    } else if (const std::string act = c.string("hidden_act", "silu"); act != "silu") {
+      throw unsupported("hidden_act '" + act + "' (keel's Llama MLP is SwiGLU)");
+    }
     if (c.boolean("attention_bias", false)) throw unsupported("attention_bias = true");
     if (c.boolean("mlp_bias", false)) throw unsupported("mlp_bias = true");
     if (const json* rs = c.find({"rope_scaling"})) s.rope_scaling = read_rope_scaling(*rs, file);
@@ -344,6 +367,32 @@ HfConfig read_hf_config(const std::string& dir) {
                     Error::kUsage);
       if (r.attention_factor == 0)
         r.attention_factor = longrope_attention_factor(s.max_seq_len, r.original_max_position);
+    }
+    if (variant == "gemma2") {
+      // Every other layer slides, from the first (HF's Gemma2: layer_types' default, or
+      // is_sliding = not layer_idx % 2); scores and logits soft-capped; the attention scaled by
+      // query_pre_attn_scalar^-1/2.
+      s.sliding_window = c.integer({"sliding_window"}, 4096);
+      s.sliding_period = 2;
+      if (const json* types = c.find({"layer_types"})) {
+        bool alternating = types->is_array() && std::ssize(*types) == s.n_layer;
+        for (int64_t i = 0; alternating && i < s.n_layer; ++i)
+          alternating = (*types)[static_cast<size_t>(i)] ==
+                        (i % 2 == 0 ? "sliding_attention" : "full_attention");
+        if (!alternating)
+          throw unsupported("layer_types " + types->dump() +
+                            " (keel's Gemma-2 slides every other layer from the first: "
+                            "\"sliding_attention\", \"full_attention\", ...)");
+      }
+      s.attn_softcap = c.number({"attn_logit_softcapping"}, 0);
+      s.final_softcap = c.number({"final_logit_softcapping"}, 0);
+      s.query_pre_attn_scalar = c.number({"query_pre_attn_scalar"}, 256);
+      for (const char* field :
+           {"attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"})
+        if (const json* v = c.find({field}); v && !(v->get<double>() > 0))
+          throw Error(
+              file + ": " + field + " must be a positive number (or null: none), got " + v->dump(),
+              Error::kUsage);
     }
     if (variant == "phi3") {
       // Phi-4-mini turns 3/4 of each head's channels (HF's partial_rotary_factor); keel's RoPE

@@ -19,6 +19,12 @@ int64_t ModelSpec::ffn_dim() const {
   return (h + 31) / 32 * 32;
 }
 
+double ModelSpec::attention_scale() const {
+  const double d =
+      query_pre_attn_scalar > 0 ? query_pre_attn_scalar : static_cast<double>(head_dim());
+  return 1.0 / std::sqrt(d);
+}
+
 void ModelSpec::validate() const {
   auto bad = [](const std::string& m) { return Error("model: " + m, Error::kUsage); };
   if (family != "gpt2" && family != "llama")
@@ -40,6 +46,10 @@ void ModelSpec::validate() const {
   if (vocab_size < 2)
     throw bad("vocab_size = " + std::to_string(vocab_size) + ": a model needs at least 2 tokens");
   if (max_seq_len < 1) throw bad("max_seq_len must be >= 1");
+  if (!(attn_softcap >= 0) || !(final_softcap >= 0) || !(query_pre_attn_scalar >= 0) ||
+      !std::isfinite(attn_softcap + final_softcap + query_pre_attn_scalar))
+    throw bad("attn_softcap, final_softcap and query_pre_attn_scalar must be finite and >= 0");
+  if (sliding_period < 0) throw bad("sliding_period must be >= 0");
 }
 
 Tensor CausalLM::forward_cached(const Tensor& ids, KVCache& cache) {

@@ -37,20 +37,28 @@ struct ModelSpec {
   double dropout = 0.0;
   ops::AttentionBackend attention = ops::AttentionBackend::kEager;
   DType param_dtype = DType::F32;
-  // The HF architecture a "llama" family model is written back as: "" (Llama), "mistral",
-  // "phi3", "qwen2" or "qwen3". An HF Mistral (model_type "mistral", MistralForCausalLM): Llama's
-  // layers under another name, whose attention slides over the last sliding_window positions (a
-  // query sees itself and the sliding_window - 1 before it; 0: every earlier position, Mistral v0.2
-  // on). Qwen2 and Qwen3 with use_sliding_window slide the layers from sliding_from_layer on
-  // (their max_window_layers), Mistral and Phi-3 all of them. Empty and 0 for every other model.
+  // The HF architecture a "llama" family model is written back as: "" (Llama), "gemma", "gemma2",
+  // "mistral", "phi3", "qwen2" or "qwen3". An HF Mistral (model_type "mistral",
+  // MistralForCausalLM): Llama's layers under another name, whose attention slides over the last
+  // sliding_window positions (a query sees itself and the sliding_window - 1 before it; 0: every
+  // earlier position, Mistral v0.2 on). Qwen2 and Qwen3 with use_sliding_window slide the layers
+  // from sliding_from_layer on (their max_window_layers), Mistral and Phi-3 all of them, Gemma-2
+  // every other one from the first (sliding_period 2: a layer slides unless layer % period ==
+  // period - 1). Empty and 0 for every other model.
   std::string hf_model_type;
-  int64_t sliding_window = 0, sliding_from_layer = 0;
+  int64_t sliding_window = 0, sliding_from_layer = 0, sliding_period = 0;
   // The window of decoder layer `layer` (0: full attention).
   int64_t layer_window(int64_t layer) const {
-    return sliding_window > 0 && layer >= sliding_from_layer ? sliding_window : 0;
+    if (sliding_window <= 0 || layer < sliding_from_layer) return 0;
+    return sliding_period > 0 && layer % sliding_period == sliding_period - 1 ? 0 : sliding_window;
   }
+  // Gemma-2's soft caps (HF's attn_logit_softcapping, final_logit_softcapping): a score s becomes
+  // cap * tanh(s / cap) before the softmax, a logit the same before the loss; 0: none. Its
+  // query_pre_attn_scalar: the attention scale is its inverse square root; 0: the head width's.
+  double attn_softcap = 0, final_softcap = 0, query_pre_attn_scalar = 0;
 
-  // The name a message gives the model: "gpt2", "llama", "mistral", "phi3", "qwen2" or "qwen3".
+  // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "mistral", "phi3",
+  // "qwen2" or "qwen3".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).
@@ -63,6 +71,16 @@ struct ModelSpec {
   // v's) and gate and up as one (mlp.gate_up_proj: gate's rows, then up's), so that an adapter on
   // qkv_proj or gate_up_proj is PEFT's on those modules.
   bool fused_projections() const { return hf_model_type == "phi3"; }
+  // An HF Gemma (GemmaForCausalLM) or Gemma-2 (Gemma2ForCausalLM): Llama's layers with RMSNorms
+  // that scale by 1 + weight (weights stored as the offset, 0 at init), the embedding's output
+  // times sqrt(hidden_size) rounded to its dtype, and a GeGLU MLP (gelu-tanh(gate) * up). Gemma-2
+  // adds a norm after the attention and one on each side of the MLP (pre_ and
+  // post_feedforward_layernorm; post_attention_layernorm then normalizes the attention's output),
+  // the soft caps and its query_pre_attn_scalar.
+  bool gemma() const { return hf_model_type == "gemma" || hf_model_type == "gemma2"; }
+  bool sandwich_norms() const { return hf_model_type == "gemma2"; }
+  // The scale of q·kᵀ: 1 / sqrt(query_pre_attn_scalar), else 1 / sqrt(head_dim()).
+  double attention_scale() const;
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t ffn_dim() const;
   int64_t head_dim() const { return head_width > 0 ? head_width : n_embd / n_head; }

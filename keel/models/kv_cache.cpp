@@ -5,6 +5,7 @@
 
 #include "keel/autograd/node.h"
 #include "keel/numerics/error.h"
+#include "keel/ops/activation.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/linear.h"
 #include "keel/ops/shape.h"
@@ -36,12 +37,13 @@ std::pair<Tensor, Tensor> kv_append(KVCache::Layer& layer, int64_t capacity, int
 }
 
 Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                        ops::AttentionBackend backend, int64_t window) {
+                        ops::AttentionBackend backend, int64_t window,
+                        const ops::AttentionScores& scores) {
   const int64_t tn = q.size(2), tk = k.size(2), past = tk - tn;
   if (tn == tk) {
     ops::AttentionMask all_keys;
     all_keys.window = window;
-    return ops::attention(q, k, v, all_keys, backend);
+    return ops::attention(q, k, v, all_keys, backend, scores);
   }
   KEEL_CHECK(tn >= 1 && past > 0, "cached_attention: " + std::to_string(tn) + " queries over " +
                                       std::to_string(tk) + " keys");
@@ -55,9 +57,12 @@ Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   // Query head h reads key/value head h / G: the group's G heads of Tn queries are one [G*Tn, D]
   // matrix (head-major, as q holds them).
   Tensor q32 = ops::cast(q, DType::F32).view({1, hkv, g * tn, d});
-  Tensor s = ops::scale(ops::matmul(q32, ops::cast(k, DType::F32), false, true),
-                        static_cast<float>(1.0 / std::sqrt(static_cast<double>(d))));
+  const float scale =
+      scores.scale > 0 ? scores.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  Tensor s = ops::scale(ops::matmul(q32, ops::cast(k, DType::F32), false, true), scale);
   s = round(s, backend == ops::AttentionBackend::kEager);
+  if (scores.softcap > 0)  // Gemma-2's cap, rounded again by eager as its kernel does
+    s = round(ops::softcap(s, scores.softcap), backend == ops::AttentionBackend::kEager);
   if (tn > 1 || (window > 0 && tk > window)) {
     // Several new tokens after the cached ones (a chat's next turn): query i, at position
     // past + i, sees keys up to it, and with a window the last `window` of them. -inf elsewhere
@@ -86,7 +91,7 @@ Tensor KVCaches::positions(int64_t tn) const {
 
 Tensor cached_step_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                              const KVCaches& caches, size_t layer, ops::AttentionBackend backend,
-                             int64_t window) {
+                             int64_t window, const ops::AttentionScores& scores) {
   const int64_t rows = static_cast<int64_t>(caches.rows.size());
   KEEL_CHECK(rows >= 1 && q.size(0) == rows, "cached_step_attention: " + std::to_string(q.size(0)) +
                                                  " batch rows for " + std::to_string(rows) +
@@ -94,7 +99,7 @@ Tensor cached_step_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   auto one = [&](int64_t b, const Tensor& qb, const Tensor& kb, const Tensor& vb) {
     KVCache& c = *caches.rows[static_cast<size_t>(b)];
     auto [k_all, v_all] = kv_append(c.layers[layer], c.capacity, c.length, kb, vb);
-    return cached_attention(qb, k_all, v_all, backend, window);
+    return cached_attention(qb, k_all, v_all, backend, window, scores);
   };
   if (rows == 1) return one(0, q, k, v);
   // Rows of their own lengths: each attends over its own cache. Only the projections around this

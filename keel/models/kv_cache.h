@@ -42,7 +42,7 @@ struct KVCaches {
 // no gradient.
 Tensor cached_step_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                              const KVCaches& caches, size_t layer, ops::AttentionBackend backend,
-                             int64_t window = 0);
+                             int64_t window = 0, const ops::AttentionScores& scores = {});
 
 // Stores k, v [1, Hkv, Tn, D] (positions [past, past + Tn)) in `layer` and returns the keys and
 // values of every position so far, [1, Hkv, past + Tn, D].
@@ -54,8 +54,10 @@ std::pair<Tensor, Tensor> kv_append(KVCache::Layer& layer, int64_t capacity, int
 // `backend`; after it (a decoding step, Tn == 1, or a chat's next turn fed after the turns the
 // cache holds) each query row sees the keys up to its position, computed with f32 products,
 // rounding as the backend does (eager: scores and probabilities to q's dtype; flash: the
-// probabilities; math: neither), the output rounded to q's dtype.
+// probabilities; math: neither), the output rounded to q's dtype; scored as `scores` says (scale,
+// Gemma-2's soft cap).
 Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                        ops::AttentionBackend backend, int64_t window = 0);
+                        ops::AttentionBackend backend, int64_t window = 0,
+                        const ops::AttentionScores& scores = {});
 
 }  // namespace keel::models

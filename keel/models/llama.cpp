@@ -1,6 +1,8 @@
 #include "keel/models/llama.h"
 
 #include "keel/amp/autocast.h"
+#include "keel/ops/activation.h"
+#include "keel/ops/elementwise.h"
 #include "keel/ops/linear.h"
 #include "keel/ops/rope.h"
 #include "keel/ops/shape.h"
@@ -14,7 +16,8 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
       n_kv_head(s.kv_heads()),
       rope_theta(s.rope_theta),
       rope_scaling(s.rope_scaling),
-      sliding_window(s.layer_window(layer)) {
+      sliding_window(s.layer_window(layer)),
+      scores{static_cast<float>(s.attention_scale()), static_cast<float>(s.attn_softcap)} {
   const int64_t d = s.head_dim();
   auto lin = [&](int64_t in, int64_t out, bool bias) {
     return std::make_unique<nn::Linear>(in, out, bias, s.param_dtype);
@@ -73,11 +76,11 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
     v = amp::autocast(AmpOp::kAttention, v);
     Tensor y;
     if (caches) {
-      y = cached_step_attention(q, k, v, *caches, layer, backend, sliding_window);
+      y = cached_step_attention(q, k, v, *caches, layer, backend, sliding_window, scores);
     } else {
       ops::AttentionMask seen = mask;
       seen.window = sliding_window;
-      y = ops::attention(q, k, v, seen, backend);
+      y = ops::attention(q, k, v, seen, backend, scores);
     }
     return o_proj->forward(ops::merge_heads(y));  // [B, T, C]
   });
@@ -87,6 +90,7 @@ LlamaMLP::LlamaMLP(const ModelSpec& s) : nn::Module("LlamaMLP") {
   auto lin = [&](int64_t in, int64_t out) {
     return std::make_unique<nn::Linear>(in, out, false, s.param_dtype);
   };
+  gelu_gate = s.gemma();
   if (s.fused_projections()) {
     gate_up_proj = register_module("gate_up_proj", lin(s.n_embd, 2 * s.ffn_dim()));
   } else {
@@ -107,28 +111,44 @@ Tensor LlamaMLP::forward(const Tensor& x) {
     // returns its input's dtype, f32, while a plain projection under autocast returns bf16):
     // promote to the wider, as PyTorch's mixed-dtype multiply does.
     auto [gate, up] = amp::promote(gate_proj->forward(x), up_proj->forward(x));
+    if (gelu_gate)  // Gemma: HF's act_fn(gate_proj(x)) * up_proj(x), gelu_pytorch_tanh
+      return down_proj->forward(ops::mul(ops::gelu(gate, ops::GeluApprox::Tanh), up));
     return down_proj->forward(ops::swiglu(gate, up));
   });
 }
 
+namespace {
+// A norm over the hidden size: Gemma's scale by 1 + weight.
+std::unique_ptr<nn::RMSNorm> hidden_norm(const ModelSpec& s) {
+  return std::make_unique<nn::RMSNorm>(s.n_embd, s.norm_eps, s.param_dtype, s.gemma());
+}
+}  // namespace
+
 LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s, int64_t layer)
     : nn::Module("LlamaDecoderLayer") {
-  input_layernorm = register_module(
-      "input_layernorm", std::make_unique<nn::RMSNorm>(s.n_embd, s.norm_eps, s.param_dtype));
+  input_layernorm = register_module("input_layernorm", hidden_norm(s));
   self_attn = register_module("self_attn", std::make_unique<LlamaAttention>(s, layer));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm",
-                      std::make_unique<nn::RMSNorm>(s.n_embd, s.norm_eps, s.param_dtype));
+  post_attention_layernorm = register_module("post_attention_layernorm", hidden_norm(s));
+  if (s.sandwich_norms())
+    pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", hidden_norm(s));
   mlp = register_module("mlp", std::make_unique<LlamaMLP>(s));
+  if (s.sandwich_norms())
+    post_feedforward_layernorm = register_module("post_feedforward_layernorm", hidden_norm(s));
 }
 
 Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mask,
                                   ops::AttentionBackend backend, const KVCaches* caches,
                                   size_t layer) {
   return call({x}, [&] {
-    Tensor h = nn::residual_add(
-        x, self_attn->forward(input_layernorm->forward(x), mask, backend, caches, layer));
-    return nn::residual_add(h, mlp->forward(post_attention_layernorm->forward(h)));
+    Tensor a = self_attn->forward(input_layernorm->forward(x), mask, backend, caches, layer);
+    if (!pre_feedforward_layernorm) {
+      Tensor h = nn::residual_add(x, a);
+      return nn::residual_add(h, mlp->forward(post_attention_layernorm->forward(h)));
+    }
+    // Gemma-2 (HF's Gemma2DecoderLayer): each sublayer's output normalized before its residual.
+    Tensor h = nn::residual_add(x, post_attention_layernorm->forward(a));
+    return nn::residual_add(h, post_feedforward_layernorm->forward(
+                                   mlp->forward(pre_feedforward_layernorm->forward(h))));
   });
 }
 
@@ -138,8 +158,7 @@ LlamaModel::LlamaModel(const ModelSpec& s) : nn::Module("LlamaModel") {
   for (int64_t i = 0; i < s.n_layer; ++i)
     layers.push_back(
         register_module("layers." + std::to_string(i), std::make_unique<LlamaDecoderLayer>(s, i)));
-  norm =
-      register_module("norm", std::make_unique<nn::RMSNorm>(s.n_embd, s.norm_eps, s.param_dtype));
+  norm = register_module("norm", hidden_norm(s));
 }
 
 LlamaForCausalLM::LlamaForCausalLM(const ModelSpec& s, uint64_t seed)
@@ -157,6 +176,13 @@ Tensor LlamaForCausalLM::run(const Tensor& ids, const ops::AttentionMask& mask,
   return call({ids}, [&] {
     KEEL_CHECK(ids.dim() == 2, "Llama input_ids must be [B, T], got " + shape_str(ids.shape()));
     Tensor x = model->embed_tokens->forward(ids);
+    if (spec_.gemma()) {
+      // HF's GemmaModel: the embeddings times sqrt(hidden_size), that factor rounded to their
+      // dtype first (torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)).
+      const Tensor f =
+          Tensor::full({}, static_cast<float>(std::sqrt(double(spec_.n_embd))), x.dtype());
+      x = ops::scale(x, f.item());
+    }
     const ops::AttentionBackend backend = spec_.attention;
     x = run_blocks(
         {model->layers.begin(), model->layers.end()}, x,
@@ -165,10 +191,15 @@ Tensor LlamaForCausalLM::run(const Tensor& ids, const ops::AttentionMask& mask,
         },
         caches == nullptr);
     x = model->norm->forward(x);
-    if (lm_head) return lm_head->forward(x);
     using amp::AmpOp;
-    return ops::linear(amp::autocast(AmpOp::kLinear, x),
-                       amp::autocast(AmpOp::kLinear, model->embed_tokens->weight));
+    Tensor logits = lm_head
+                        ? lm_head->forward(x)
+                        : ops::linear(amp::autocast(AmpOp::kLinear, x),
+                                      amp::autocast(AmpOp::kLinear, model->embed_tokens->weight));
+    // Gemma-2's final_logit_softcapping.
+    if (spec_.final_softcap > 0)
+      logits = ops::softcap(logits, static_cast<float>(spec_.final_softcap));
+    return logits;
   });
 }
 

@@ -1,6 +1,6 @@
 // Llama family (HF LlamaForCausalLM names): RMSNorm, RoPE, SwiGLU MLP, grouped-query attention,
 // no biases, tied or untied lm_head; and the architectures built of its layers (ModelSpec's
-// hf_model_type: Mistral, Phi-3, Qwen2, Qwen3).
+// hf_model_type: Gemma, Gemma-2, Mistral, Phi-3, Qwen2, Qwen3).
 #pragma once
 #include <vector>
 
@@ -21,7 +21,8 @@ class LlamaAttention : public nn::Module {
   int64_t n_head, n_kv_head;
   double rope_theta;
   ops::RopeScaling rope_scaling;
-  int64_t sliding_window;  // this layer's window (ModelSpec::layer_window); 0: every key
+  int64_t sliding_window;       // this layer's window (ModelSpec::layer_window); 0: every key
+  ops::AttentionScores scores;  // q·kᵀ's scale and soft cap (Gemma-2's)
 };
 
 class LlamaMLP : public nn::Module {
@@ -30,6 +31,7 @@ class LlamaMLP : public nn::Module {
   Tensor forward(const Tensor& x);
   // Phi-3 (ModelSpec::fused_projections()): gate_up_proj alone, gate_proj and up_proj null.
   nn::Linear *gate_proj = nullptr, *up_proj = nullptr, *gate_up_proj = nullptr, *down_proj;
+  bool gelu_gate = false;  // Gemma's GeGLU: gelu-tanh(gate) * up; else SwiGLU
 };
 
 class LlamaDecoderLayer : public nn::Module {
@@ -38,6 +40,9 @@ class LlamaDecoderLayer : public nn::Module {
   Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
                  const KVCaches* caches = nullptr, size_t layer = 0);
   nn::RMSNorm *input_layernorm, *post_attention_layernorm;
+  // Gemma-2's (ModelSpec::sandwich_norms()): the MLP's input and output norms, and
+  // post_attention_layernorm then normalizes the attention's output; else null.
+  nn::RMSNorm *pre_feedforward_layernorm = nullptr, *post_feedforward_layernorm = nullptr;
   LlamaAttention* self_attn;
   LlamaMLP* mlp;
 };

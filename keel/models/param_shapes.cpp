@@ -63,6 +63,7 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
       p.push_back({h + ".self_attn.k_norm.weight", {D}, false});
     }
     p.push_back({h + ".post_attention_layernorm.weight", {C}, false});
+    if (s.sandwich_norms()) p.push_back({h + ".pre_feedforward_layernorm.weight", {C}, false});
     if (s.fused_projections()) {
       linear(p, h + ".mlp.gate_up_proj", C, 2 * F, false);
     } else {
@@ -70,6 +71,7 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
       linear(p, h + ".mlp.up_proj", C, F, false);
     }
     linear(p, h + ".mlp.down_proj", F, C, false);
+    if (s.sandwich_norms()) p.push_back({h + ".post_feedforward_layernorm.weight", {C}, false});
   }
   p.push_back({"model.norm.weight", {C}, false});
   if (!s.tie_embeddings) linear(p, "lm_head", C, s.vocab_size, false);

@@ -59,10 +59,11 @@ struct MemoryQuery {
   int64_t heads = 0;          // 0 = hidden / 64 (at least 1)
   int64_t kv_heads = 0;       // llama GQA; 0 = heads
   int64_t head_dim = 0;       // llama: a head's channels; 0 = hidden / heads
-  std::string hf_model_type;  // a llama-family architecture's own tensors: "qwen2", "qwen3", "phi3"
-  int64_t ffn = 0;            // 0 = the family's rule (gpt2 4*hidden, Llama 8/3*hidden rounded)
-  int64_t vocab = 0;          // 0 = the byte tokenizer's 259
-  int64_t max_seq_len = 0;    // gpt2 position table; 0 = seq
+  std::string hf_model_type;  // a llama-family architecture's own tensors: "qwen2", "qwen3",
+                              // "phi3", "gemma", "gemma2"
+  int64_t ffn = 0;          // 0 = the family's rule (gpt2 4*hidden, Llama 8/3*hidden rounded)
+  int64_t vocab = 0;        // 0 = the byte tokenizer's 259
+  int64_t max_seq_len = 0;  // gpt2 position table; 0 = seq
   bool tie_embeddings = true;
   std::string attention = "eager";  // eager | math | flash
   // model.adapter: kind (none | lora | dora | lokr), r, dropout and target_modules. With the

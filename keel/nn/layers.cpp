@@ -44,14 +44,17 @@ Tensor LayerNorm::forward(const Tensor& x) {
   });
 }
 
-RMSNorm::RMSNorm(int64_t dim, double e, DType dt) : Module("RMSNorm"), eps(e) {
-  weight = register_parameter("weight", Tensor::full({dim}, 1.0f, dt));
+RMSNorm::RMSNorm(int64_t dim, double e, DType dt, bool offset)
+    : Module("RMSNorm"), eps(e), unit_offset(offset) {
+  weight = register_parameter("weight", Tensor::full({dim}, offset ? 0.0f : 1.0f, dt));
 }
 
 Tensor RMSNorm::forward(const Tensor& x) {
   return call({x}, [&] {
-    return ops::rms_norm(autocast(AmpOp::kRmsNorm, x), autocast(AmpOp::kRmsNorm, weight),
-                         static_cast<float>(eps));
+    Tensor w = autocast(AmpOp::kRmsNorm, weight);
+    if (unit_offset)  // HF's GemmaRMSNorm: (1 + weight), in the norm's dtype
+      w = ops::add(w, Tensor::full(w.shape(), 1.0f, w.dtype()).to(w.device()));
+    return ops::rms_norm(autocast(AmpOp::kRmsNorm, x), w, static_cast<float>(eps));
   });
 }
 

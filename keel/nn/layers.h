@@ -44,10 +44,13 @@ class LayerNorm : public Module {
 
 class RMSNorm : public Module {
  public:
-  RMSNorm(int64_t dim, double eps, DType dt = DType::F32);
+  // `unit_offset`: Gemma's norm, which scales by 1 + weight (the weight stored as that offset,
+  // 0 at construction); else by weight (1 at construction).
+  RMSNorm(int64_t dim, double eps, DType dt = DType::F32, bool unit_offset = false);
   Tensor forward(const Tensor& x);
   Tensor weight;  // [dim]
   double eps;
+  bool unit_offset;
 };
 
 class Embedding : public Module {

@@ -1,5 +1,7 @@
 #include "keel/ops/activation.h"
 
+#include <cmath>
+
 #include "keel/backend/activation.h"
 #include "keel/ops/op_util.h"
 
@@ -37,6 +39,33 @@ Tensor gelu(const Tensor& x, GeluApprox approx) {
     auto n = std::make_shared<GeluNode>();
     n->x = x;
     n->tanh_approx = tanh_approx;
+    record_node(out, n, {&x});
+  }
+  return out;
+}
+
+struct SoftcapNode final : Node {
+  Tensor x;
+  float cap = 1;
+  std::vector<Tensor> backward(const Tensor& grad) override {
+    const Tensor g = grad_as(grad, x);
+    Tensor dx = Tensor::empty_like(x);
+    act(x).softcap_backward(dx.data(), g.data(), x.data(), x.dtype(), x.numel(), cap);
+    return {dx};
+  }
+  const char* name() const override { return "softcap"; }
+};
+
+Tensor softcap(const Tensor& x, float cap) {
+  check_floating("softcap", x);
+  KEEL_CHECK(cap > 0 && std::isfinite(cap),
+             "softcap: cap = " + std::to_string(cap) + " must be positive and finite");
+  Tensor out = Tensor::empty_like(x);
+  act(x).softcap(out.data(), x.data(), x.dtype(), x.numel(), cap);
+  if (any_requires_grad({&x})) {
+    auto n = std::make_shared<SoftcapNode>();
+    n->x = x;
+    n->cap = cap;
     record_node(out, n, {&x});
   }
   return out;

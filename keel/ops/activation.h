@@ -10,5 +10,8 @@ enum class GeluApprox { None, Tanh };  // None = exact erf form; Tanh = GPT-2's 
 Tensor gelu(const Tensor& x, GeluApprox approx = GeluApprox::Tanh);
 Tensor silu(const Tensor& x);                         // x * sigmoid(x)
 Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up (Llama MLP), same shapes
+// cap * tanh(x / cap), cap > 0: Gemma-2's final_logit_softcapping (and its attention's, inside the
+// attention kernels), smooth below cap and bounded by it.
+Tensor softcap(const Tensor& x, float cap);
 
 }  // namespace keel::ops

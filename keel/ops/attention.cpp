@@ -115,7 +115,7 @@ void check_positions(const Tensor& pos, const AttentionDims& d, Device dev) {
 
 // Validates the operands and describes them for the kernels (mask pointers set by the caller).
 AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v,
-                             const AttentionMask& am) {
+                             const AttentionMask& am, const AttentionScores& sc) {
   const Tensor& mask = am.key_padding;
   check_floating("attention", q);
   check_same_dtype("attention", q, k);
@@ -135,7 +135,18 @@ AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v,
   d.heads_kv = k.size(1);
   d.seq = q.size(2);
   d.head_dim = q.size(3);
-  d.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+  KEEL_CHECK(
+      sc.scale >= 0 && std::isfinite(sc.scale) && sc.softcap >= 0 && std::isfinite(sc.softcap),
+      "attention: scale and softcap must be finite and >= 0");
+  d.scale = sc.scale > 0 ? sc.scale
+                         : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+  d.softcap = sc.softcap;
+  if (d.softcap > 0 && !q.device().is_cpu())
+    throw Error(
+        "attention: a soft cap on the scores (Gemma-2's attn_logit_softcapping) attends on "
+        "the CPU only; the " +
+            q.device().str() + " kernels do not cap yet: run on the cpu",
+        Error::kUsage);
   if (mask.defined()) {
     if (mask.dtype() != DType::U8 || mask.shape() != Shape{d.batch, d.seq})
       throw Error(std::string("attention: key_padding_mask must be u8 [B, T] = ") +
@@ -244,14 +255,17 @@ struct AttentionNode final : Node {
   AttentionBackend backend;
   AttentionDims dims;
   Tensor q, k, v, mask, positions;
-  Tensor p32;       // eager, math: probabilities [B, Hq, T, T] f32
-  Tensor out, lse;  // flash: output (a handle without grad_fn) and logsumexp [B, Hq, T] f32
+  Tensor p32;  // eager, math: probabilities [B, Hq, T, T] f32
+  // flash: output (a handle without grad_fn); flash, and eager/math with a soft cap: logsumexp
+  // [B, Hq, T] f32
+  Tensor out, lse;
 
   std::vector<Tensor> backward(const Tensor& grad) override {
     const DType dt = q.dtype();
     AttentionDims d = dims;
     d.key_padding_mask = mask_ptr(mask);
     d.positions = positions_ptr(positions);
+    if (backend != AttentionBackend::kFlash && lse.defined()) d.softmax_lse = lse.data_as<float>();
     Tensor dq, dk, dv;
     if (needs_grad(0)) dq = Tensor::empty_like(q);
     if (needs_grad(1)) dk = Tensor::empty_like(k);
@@ -283,8 +297,8 @@ struct AttentionNode final : Node {
 };
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
-                 AttentionBackend backend) {
-  AttentionDims d = attention_dims(q, k, v, mask);
+                 AttentionBackend backend, const AttentionScores& scores) {
+  AttentionDims d = attention_dims(q, k, v, mask, scores);
   d.key_padding_mask = mask_ptr(mask.key_padding);
   d.positions = positions_ptr(mask.positions);
   const DType dt = q.dtype();
@@ -295,8 +309,13 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
     attention_kernels(q.device())
         .flash_forward(out.data(), lse.data_as<float>(), q.data(), k.data(), v.data(), dt, d);
   } else {
+    if (d.softcap > 0) {  // the softmax's row logsumexps, for the cap's derivative
+      lse = Tensor::empty({d.batch, d.heads_q, d.seq}, DType::F32, q.device());
+      d.softmax_lse = lse.data_as<float>();
+    }
     MaterializedAttention ma{d, backend == AttentionBackend::kEager ? dt : DType::F32};
     p32 = ma.forward(out, as_dtype(q, ma.cdt), as_dtype(k, ma.cdt), as_dtype(v, ma.cdt));
+    d.softmax_lse = nullptr;  // the node's copy of d points at its own lse
   }
   if (any_requires_grad({&q, &k, &v})) {
     auto n = std::make_shared<AttentionNode>();
@@ -308,10 +327,9 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
     n->mask = mask.key_padding;
     n->positions = mask.positions;
     n->p32 = p32;
-    if (backend == AttentionBackend::kFlash) {
+    n->lse = lse;
+    if (backend == AttentionBackend::kFlash)
       n->out = out.view(out.shape());  // shares the data, not the grad_fn: no reference cycle
-      n->lse = lse;
-    }
     record_node(out, n, {&q, &k, &v});
   }
   return out;

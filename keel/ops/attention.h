@@ -45,9 +45,19 @@ struct AttentionMask {
 // attention checks, and what a NaN capture's stored positions must pass.
 int64_t first_bad_position(const Tensor& positions);
 
-// Positions, and a window shorter than the row, on the CPU only: the CUDA kernels read neither yet
-// (an Error says so).
+// How scores are formed from q·kᵀ: its scale (0: 1/sqrt(D); Gemma-2's query_pre_attn_scalar^-1/2
+// otherwise) and a soft cap (Gemma-2's attn_logit_softcapping: each scaled score s becomes
+// softcap * tanh(s / softcap) before the softmax, the eager backend rounding it to the compute
+// dtype again; 0: none).
+struct AttentionScores {
+  float scale = 0;
+  float softcap = 0;
+};
+
+// Positions, a window shorter than the row, and a soft cap on the CPU only: the CUDA kernels read
+// none of them yet (an Error says so).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
-                 AttentionBackend backend = AttentionBackend::kEager);
+                 AttentionBackend backend = AttentionBackend::kEager,
+                 const AttentionScores& scores = {});
 
 }  // namespace keel::ops

@@ -357,6 +357,18 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
               "data.seq_len to " +
               std::to_string(hf.spec.sliding_window) + " or less, or set run.device = \"cpu\"",
           Error::kUsage);
+    // Gemma-2's capped attention scores: the CPU kernels cap them, CUDA's do not yet.
+    if (hf.spec.attn_softcap > 0 && cfg.run.device.rfind("cuda", 0) == 0)
+      throw Error(
+          cfg.model.path + "/config.json's attn_logit_softcapping = " +
+              [&] {
+                char v[32];
+                std::snprintf(v, sizeof v, "%g", hf.spec.attn_softcap);
+                return std::string(v);
+              }() +
+              " caps the attention's scores, which keel's CUDA attention does not do yet "
+              "(the CPU's does): set run.device = \"cpu\"",
+          Error::kUsage);
     // RoPE has no table to run off, so a Llama trains past max_position_embeddings; its positions
     // beyond it were never trained (nor, without rope_scaling, meant to be used), and keel eval
     // and generate keep to it. Said once, so that a long data.seq_len is a choice.

@@ -39,7 +39,8 @@ std::string trained_run(const std::string& family, const std::string& kind,
                                    dir + "/base"};
   init.insert(init.end(),
               {"--n-layer", "2", "--n-embd", "32", "--n-head", "4", "--max-seq-len", "32"});
-  if (family != "gpt2") init.insert(init.end(), {"--n-kv-head", "2", "--untied"});
+  if (family != "gpt2") init.insert(init.end(), {"--n-kv-head", "2"});
+  if (family != "gpt2" && !family.starts_with("gemma")) init.push_back("--untied");  // (tied)
   if (wide) init.insert(init.end(), {"--head-dim", "16"});
   const test::KeelRun b = test::run_keel(init);
   EXPECT_EQ(b.code, 0) << b.output;
@@ -257,11 +258,14 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   std::vector<std::pair<std::string, std::vector<float>>> cases;  // (export, checkpoint logits)
   // Qwen2 and Qwen3 fine-tuned whole, so that Qwen2's q/k/v biases and Qwen3's q/k norms are
   // trained away from their init (0, 1); a Phi-3's LoRA on its fused qkv_proj and gate_up_proj
-  // merged into them.
+  // merged into them; a Gemma whole (its 1 + w norms, the tied head of its scaled embedding) and a
+  // Gemma-2's LoRA (its sandwich norms and soft caps).
   for (const auto& [family, kind] :
        std::vector<std::pair<std::string, std::string>>{{"gpt2", "lora"},
                                                         {"llama", "lora"},
                                                         {"phi3", "lora"},
+                                                        {"gemma", "none"},
+                                                        {"gemma2", "lora"},
                                                         {"qwen2", "none"},
                                                         {"qwen3", "none"},
                                                         {"qwen3-wide", "none"}}) {

@@ -322,5 +322,96 @@ TEST(CliPhi3, InitModelWritesOneAndALoraOnItsFusedProjectionsIsPefts) {
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
+// A Gemma (GemmaForCausalLM) and a Gemma-2 (Gemma2ForCausalLM): init-model writes them, keel
+// memory counts a Gemma-2's four norms a layer, a Gemma trains whole (its tied head on the scaled
+// embedding), a Gemma-2's LoRA trains and its PEFT adapter applies to the base as the run's
+// checkpoint computes, its window and soft caps change what rows past them score (ModelParity's
+// gemma and gemma2 check how against PyTorch), and what keel's model cannot compute is refused
+// naming the field.
+TEST(CliGemma, InitModelWritesBothAndTheyTrainAndExport) {
+  const std::string dir = test::temp_dir("cli-gemma");
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n\n1+1=2\n";
+  auto train = [&](const std::string& base, const std::string& out, std::vector<std::string> sets) {
+    sets.insert(sets.end(), {"run.out_dir=" + out, "run.threads=1", "model.path=" + base,
+                             "data.seq_len=24", "log.every=1", "log.tensorboard=false"});
+    const test::KeelRun r = test::run_keel(test::with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    const std::vector<json> steps = test::step_records(out);
+    EXPECT_FALSE(steps.empty()) << r.output;
+    if (!steps.empty()) {
+      EXPECT_LT(steps.back().at("loss").get<double>(), steps.front().at("loss").get<double>())
+          << r.output;
+    }
+  };
+  init_tiny("gemma", dir + "/gemma");
+  const json g1 = read_json_file(dir + "/gemma/config.json");
+  EXPECT_EQ(g1.at("architectures"), json::array({"GemmaForCausalLM"}));
+  EXPECT_EQ(g1.at("hidden_activation"), "gelu_pytorch_tanh");
+  EXPECT_EQ(g1.at("tie_word_embeddings"), true);
+  train(dir + "/gemma", dir + "/gemma-run", {"train.max_steps=8", "optim.lr=1e-2"});
+  EXPECT_EQ(read_json_file(dir + "/gemma-run/checkpoints/last/config.json").at("model_type"),
+            "gemma");
+
+  init_tiny("gemma2", dir + "/base");
+  const json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("architectures"), json::array({"Gemma2ForCausalLM"}));
+  EXPECT_EQ(cfg.at("attn_logit_softcapping"), 50.0);
+  EXPECT_EQ(cfg.at("final_logit_softcapping"), 30.0);
+  EXPECT_EQ(cfg.at("query_pre_attn_scalar"), 8.0);  // the head width: 32 / 4
+  EXPECT_EQ(cfg.at("sliding_window"), 4096);
+  const test::KeelRun mem = test::run_keel({"memory", "--model", dir + "/base", "--json"});
+  ASSERT_EQ(mem.code, 0) << mem.output;
+  // Embedding 259 x 32 (tied), the final norm; per layer q 32 -> 32, k and v 32 -> 16, o 32 -> 32,
+  // gate, up and down 32 x 96, four norms of 32.
+  const int64_t per_layer = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 96 + 4 * 32;
+  EXPECT_EQ(json::parse(mem.out).at("params").get<int64_t>(), 259 * 32 + 32 + per_layer);
+  train(dir + "/base", dir + "/out",
+        {"model.adapter.kind=lora",
+         "model.adapter.target_modules=[\"q_proj\", \"v_proj\", \"down_proj\"]",
+         "train.max_steps=8", "optim.lr=5e-2"});
+  const test::KeelRun ex =
+      test::run_keel({"export", dir + "/out", "--out", dir + "/peft", "--adapter-only"});
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  EXPECT_NEAR(eval_loss(dir + "/base", dir + "/t.txt", {"--adapter", dir + "/peft"}),
+              eval_loss(dir + "/out", dir + "/t.txt"), 1e-5);
+  // Its window (every other layer from the first) and its caps change what rows score.
+  const double plain = eval_loss(dir + "/base", dir + "/t.txt");
+  auto with = [&](const char* key, const json& value) {
+    json c = cfg;
+    c[key] = value;
+    std::ofstream(dir + "/base/config.json") << c.dump(2);
+    const double loss = eval_loss(dir + "/base", dir + "/t.txt");
+    std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+    return loss;
+  };
+  EXPECT_NE(with("sliding_window", 3), plain);
+  EXPECT_NE(with("attn_logit_softcapping", 0.05), plain);
+  EXPECT_NE(with("final_logit_softcapping", 0.5), plain);
+  EXPECT_EQ(with("final_logit_softcapping", nullptr), with("final_logit_softcapping", 1e9));
+  // What keel's Gemma cannot compute, named with its field.
+  auto refused = [&](const char* key, const json& value, const std::string& message) {
+    json c = cfg;
+    c[key] = value;
+    std::ofstream(dir + "/base/config.json") << c.dump(2);
+    const test::KeelRun r =
+        test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, dir + "/base/config.json: " + message);
+    std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  };
+  refused("hidden_activation", "gelu",
+          "hidden_activation 'gelu' (keel's Gemma MLP is GeGLU with the tanh gelu");
+  refused("layer_types", json::array({"full_attention"}),
+          "layer_types [\"full_attention\"] (keel's Gemma-2 slides every other layer");
+  refused("query_pre_attn_scalar", -1.0,
+          "query_pre_attn_scalar must be a positive number (or null: none), got -1.0");
+  // Its capped attention runs on the CPU: CUDA is refused before the first step.
+  const test::KeelRun cuda = test::run_keel(test::with_sets(
+      {"train"}, {"run.out_dir=" + dir + "/cuda", "run.device=cuda", "model.path=" + dir + "/base",
+                  "data.seq_len=24", "train.max_steps=1", "log.tensorboard=false"}));
+  EXPECT_NE(cuda.code, 0) << cuda.output;
+  EXPECT_NE(cuda.code, 139) << cuda.output;
+}
+
 }  // namespace
 }  // namespace keel

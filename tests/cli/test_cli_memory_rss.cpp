@@ -198,6 +198,27 @@ TEST(CliMemoryRss, Phi3EstimateWithin10PercentOfPeakRss) {
       dir);
 }
 
+// A Gemma-2 from its config.json: Gemma's GeGLU (the gelu output kept beside gate and up), its
+// 1 + w norms, and Gemma-2's two more norms a layer and soft-capped logits.
+TEST(CliMemoryRss, Gemma2EstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  const std::string dir = test::temp_dir("cli-memory-gemma2");
+  const test::KeelRun init =
+      run_keel({"init-model", "--family", "gemma2", "--out", dir + "/base", "--n-layer", "4",
+                "--n-embd", "256", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "256"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  const std::vector<std::string> base = {"model.path=" + dir + "/base", "train.batch_size=8",
+                                         "data.seq_len=256"};
+  for (const char* p : {"32-true", "bf16-mixed"})
+    memtest_measure({std::string("gemma2-full-") + p,
+                     memtest_plus(base, {std::string("train.precision=") + p})},
+                    dir);
+  memtest_measure({"gemma2-lora-bf16-mixed",
+                   memtest_plus(base, {"train.precision=bf16-mixed", "model.adapter.kind=lora",
+                                       R"(model.adapter.target_modules=["q_proj", "v_proj"])"})},
+                  dir);
+}
+
 // Adapters: LoRA on every projection in both policies, DoRA, LoKr, LoRA on gpt2, each with the
 // activations its forward keeps; and a wide model with few tokens where the frozen base
 // dominates, stored in f32 (its bf16 copies per use) and in bf16 (the process peaks while the

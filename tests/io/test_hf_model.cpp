@@ -478,16 +478,17 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
   m = error_of([&] { load_hf_model(dir); });
   EXPECT_CONTAINS(m, "rope_scaling must be an object or null");
   cfg = config_of(spec);
-  cfg["model_type"] = "gemma";
-  cfg["architectures"] = {"GemmaForCausalLM"};
+  cfg["model_type"] = "olmo";
+  cfg["architectures"] = {"OlmoForCausalLM"};
   write_hf_dir(dir, cfg, tensors);
   m = error_of([&] { load_hf_model(dir); });
-  EXPECT_CONTAINS(m, "GemmaForCausalLM");
+  EXPECT_CONTAINS(m, "OlmoForCausalLM");
   EXPECT_CONTAINS(m, "unsupported model");
   EXPECT_CONTAINS(m,
                   "keel reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama), "
-                  "MistralForCausalLM (mistral), Phi3ForCausalLM (phi3), Qwen2ForCausalLM "
-                  "(qwen2), Qwen3ForCausalLM (qwen3)");
+                  "GemmaForCausalLM (gemma), Gemma2ForCausalLM (gemma2), MistralForCausalLM "
+                  "(mistral), Phi3ForCausalLM (phi3), Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM "
+                  "(qwen3)");
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};

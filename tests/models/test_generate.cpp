@@ -113,14 +113,15 @@ TEST_P(KvCache, SameTokensWithAndWithoutTheCache) {
 // qwen3_d8: heads wider than n_embd / n_head, whose cache rows are head_dim wide. mistral_w3:
 // a window of 3 that a decode of 16 positions slides past, cached and not. phi3_w3: the same
 // window, its keys and values cut from one fused qkv_proj product.
-INSTANTIATE_TEST_SUITE_P(
-    Backends, KvCache,
-    ::testing::Combine(::testing::Values("gpt2", "llama", "qwen3_d8", "mistral_w3", "phi3_w3"),
-                       ::testing::Values("eager", "math", "flash"), ::testing::Bool()),
-    [](const auto& info) {
-      return std::get<0>(info.param) + "_" + std::get<1>(info.param) +
-             (std::get<2>(info.param) ? "_bf16_mixed" : "_f32");
-    });
+INSTANTIATE_TEST_SUITE_P(Backends, KvCache,
+                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen3_d8",
+                                                              "mistral_w3", "phi3_w3", "gemma2"),
+                                            ::testing::Values("eager", "math", "flash"),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param) +
+                                  (std::get<2>(info.param) ? "_bf16_mixed" : "_f32");
+                         });
 
 // A session's cache across decodes (keel chat's turns): a second decode whose prompt extends the
 // first's tokens computes only the new ones (several at once after the cached ones), and chooses

@@ -73,7 +73,7 @@ NormRef norm_ref(const Tensor& x, const Tensor& w, const Tensor& b, const Tensor
 
 // f32 statistics and arithmetic, rounded once into dt. The f32 part is ~1e-6 relative to the
 // terms (x - mean, g - mean(g) cancel), hence the absolute floor.
-double rtol_of(DType dt) { return std::max(eps_of(dt), 1e-5); }
+double norm_rtol(DType dt) { return std::max(eps_of(dt), 1e-5); }
 constexpr double kNormAtol = 2e-5;
 
 void check_against_ref(DType dt, bool center, bool affine, const Shape& shape, float mean_shift) {
@@ -101,15 +101,15 @@ void check_against_ref(DType dt, bool center, bool affine, const Shape& shape, f
   EXPECT_EQ(y.shape(), x.shape());
   Tensor gout = randn(shape, 4, 1.0f, dt);
   const NormRef ref = norm_ref(x0, w, b, gout, eps, center);
-  expect_close(y.to_floats(), ref.y, kNormAtol, rtol_of(dt), what);
+  expect_close(y.to_floats(), ref.y, kNormAtol, norm_rtol(dt), what);
   backward(y, gout);
   EXPECT_EQ(x.grad().dtype(), dt);
-  expect_close(x.grad().to_floats(), ref.dx, kNormAtol, rtol_of(dt), what + " dx");
+  expect_close(x.grad().to_floats(), ref.dx, kNormAtol, norm_rtol(dt), what + " dx");
   if (affine) {
     // Row sums in f32 over up to 35 rows: ~1e-6 relative to the sum of magnitudes.
-    expect_close(w.grad().to_floats(), ref.dw, 1e-4, rtol_of(dt), what + " dw");
+    expect_close(w.grad().to_floats(), ref.dw, 1e-4, norm_rtol(dt), what + " dw");
     EXPECT_EQ(w.grad().dtype(), dt);
-    if (center) expect_close(b.grad().to_floats(), ref.db, 1e-4, rtol_of(dt), what + " db");
+    if (center) expect_close(b.grad().to_floats(), ref.db, 1e-4, norm_rtol(dt), what + " db");
   }
 }
 

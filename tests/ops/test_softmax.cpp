@@ -65,7 +65,7 @@ std::vector<float> softmax_backward_ref(const Tensor& y, const Tensor& dy, bool 
 
 // f32 work rounded once into dt. The f32 part: exp within 2 ulp, x - max rounded (relative error
 // |x - max| * 2^-24, up to ~2e-6 for the spreads used here), sums over rows in f32.
-double rtol_of(DType dt) { return std::max(eps_of(dt), 4e-6); }
+double softmax_rtol(DType dt) { return std::max(eps_of(dt), 4e-6); }
 
 TEST(Softmax, ForwardAndBackwardMatchF64ReferenceInEveryDtype) {
   for (DType dt : kDtypes) {
@@ -76,12 +76,12 @@ TEST(Softmax, ForwardAndBackwardMatchF64ReferenceInEveryDtype) {
       Tensor y = log ? ops::log_softmax(x) : ops::softmax(x);
       EXPECT_EQ(y.dtype(), dt);
       EXPECT_EQ(y.shape(), x.shape());
-      expect_close(y.to_floats(), softmax_ref(x, log), 1e-7, rtol_of(dt), what);
+      expect_close(y.to_floats(), softmax_ref(x, log), 1e-7, softmax_rtol(dt), what);
       Tensor gout = randn(y.shape(), 2, 1.0f, dt);
       backward(y, gout);
       EXPECT_EQ(x.grad().dtype(), dt);
       // |sum dy| reaches ~40 here: the f32 cancellation in dy - exp(y) * sum dy is ~1e-5.
-      expect_close(x.grad().to_floats(), softmax_backward_ref(y, gout, log), 2e-5, rtol_of(dt),
+      expect_close(x.grad().to_floats(), softmax_backward_ref(y, gout, log), 2e-5, softmax_rtol(dt),
                    what + " grad");
     }
   }
@@ -105,7 +105,7 @@ TEST(Softmax, MaskedAndFullyMaskedRows) {
     Tensor x = Tensor::from_floats(v, {2, 5}, dt).set_requires_grad(true);
     Tensor p = ops::softmax(x);
     const auto pv = p.to_floats();
-    expect_close(pv, softmax_ref(x, false), 1e-7, rtol_of(dt), "masked softmax " + dn);
+    expect_close(pv, softmax_ref(x, false), 1e-7, softmax_rtol(dt), "masked softmax " + dn);
     for (int c : {1, 3}) EXPECT_EQ(pv[c], 0.f) << dn;
     for (int c = 5; c < 10; ++c) EXPECT_EQ(pv[c], 0.f) << "fully masked row gives zeros, " << dn;
     Tensor g = Tensor::from_floats({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {2, 5}, dt);
@@ -117,7 +117,7 @@ TEST(Softmax, MaskedAndFullyMaskedRows) {
     Tensor xl = Tensor::from_floats(v, {2, 5}, dt).set_requires_grad(true);
     Tensor lp = ops::log_softmax(xl);
     const auto lv = lp.to_floats();
-    expect_close(lv, softmax_ref(xl, true), 1e-7, rtol_of(dt), "masked log_softmax " + dn);
+    expect_close(lv, softmax_ref(xl, true), 1e-7, softmax_rtol(dt), "masked log_softmax " + dn);
     for (int c = 5; c < 10; ++c) EXPECT_EQ(lv[c], -kInf) << "fully masked row gives -inf, " << dn;
     backward(lp, g);
     const auto dl = xl.grad().to_floats();
@@ -135,9 +135,9 @@ TEST(Softmax, HugeLogitsStayFinite) {
     const auto lv = ops::log_softmax(x).to_floats(), pv = ops::softmax(x).to_floats();
     for (float y : lv) EXPECT_TRUE(std::isfinite(y)) << dtype_name(dt);
     for (float y : pv) EXPECT_TRUE(std::isfinite(y)) << dtype_name(dt);
-    expect_close(lv, softmax_ref(x, true), 1e-6, rtol_of(dt),
+    expect_close(lv, softmax_ref(x, true), 1e-6, softmax_rtol(dt),
                  std::string("log_softmax huge ") + dtype_name(dt));
-    expect_close(pv, softmax_ref(x, false), 1e-7, rtol_of(dt),
+    expect_close(pv, softmax_ref(x, false), 1e-7, softmax_rtol(dt),
                  std::string("softmax huge ") + dtype_name(dt));
   }
 }

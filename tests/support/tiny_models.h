@@ -16,7 +16,10 @@ namespace keel::test {
 // one qkv_proj and gate/up one gate_up_proj, sliding over the last 3 positions on every layer
 // (Phi-3-mini-4k's sliding_window 2047). "phi3_lr" and "phi3_sr": the Phi-3 without a window,
 // its RoPE Phi-3-128k's longrope (max_position_embeddings 32) past an original context of 4 (the
-// long factors at T = 8) and within one of 16 (the short ones).
+// long factors at T = 8) and within one of 16 (the short ones). "gemma": the Llama as a Gemma (1 +
+// weight norms, GeGLU, the embedding times sqrt(16), the head tied to it). "gemma2": a Gemma-2
+// (and its sandwich norms, a window of 3 on layer 0 only, query_pre_attn_scalar 6 beside head_dim
+// 4, attention and final soft caps of 2 and 3).
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
   const bool wide_heads = family == "qwen3_d8";
@@ -25,8 +28,13 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool mistral = family == "mistral_w3";
   const bool phi3_long = family == "phi3_lr" || family == "phi3_sr";
   const bool phi3 = family == "phi3_w3" || phi3_long;
-  s.family = qwen || mistral || phi3 ? "llama" : family;
-  s.hf_model_type = qwen ? family.substr(0, 5) : mistral ? "mistral" : phi3 ? "phi3" : "";
+  const bool gemma = family == "gemma" || family == "gemma2";
+  s.family = qwen || mistral || phi3 || gemma ? "llama" : family;
+  s.hf_model_type = qwen      ? family.substr(0, 5)
+                    : mistral ? "mistral"
+                    : phi3    ? "phi3"
+                    : gemma   ? family
+                              : "";
   if (wide_heads) s.head_width = 8;
   if (mistral || qwen_window || family == "phi3_w3") s.sliding_window = 3;
   if (phi3_long) {  // gen_models.py's longrope: rows of 8 past an original context of 4, or within
@@ -50,7 +58,14 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.n_head = 4;
     s.n_kv_head = 2;
     s.intermediate_size = 48;
-    s.tie_embeddings = false;
+    s.tie_embeddings = gemma;  // Gemma ties its head to the embedding
+  }
+  if (family == "gemma2") {  // a window of 3 on layer 0, scale 6^-1/2, caps that bend
+    s.sliding_window = 3;
+    s.sliding_period = 2;
+    s.query_pre_attn_scalar = 6;
+    s.attn_softcap = 2;
+    s.final_softcap = 3;
   }
   return s;
 }

@@ -57,6 +57,17 @@ struct SiluGrad {
 struct Swiglu {
   __device__ float operator()(float g, float u) const { return silu(g) * u; }
 };
+struct SoftCap {
+  float cap, inv;
+  __device__ float operator()(float x) const { return cap * tanhf(x * inv); }
+};
+struct SoftCapGrad {
+  float inv;
+  __device__ float operator()(float g, float x) const {  // sech², not 1 - tanh² (cancellation)
+    const float e = expf(-2.f * fabsf(x * inv)), d = 1.f + e;
+    return g * (4.f * e / (d * d));
+  }
+};
 struct Exp {
   __device__ float operator()(float x) const { return expf(x); }
 };
@@ -104,13 +115,20 @@ void act_swiglu_backward(void* dgate, void* dup, const void* dout, const void* g
                             (T*)dgate, (T*)dup, (const T*)dout, (const T*)gate, (const T*)up, n));
   KEEL_CUDA_LAUNCHED();
 }
+void act_softcap(void* out, const void* x, DType dt, int64_t n, float cap) {
+  map1(out, x, dt, n, SoftCap{cap, 1.f / cap});
+}
+void act_softcap_backward(void* dx, const void* dout, const void* x, DType dt, int64_t n,
+                          float cap) {
+  map2(dx, dout, x, dt, n, SoftCapGrad{1.f / cap});
+}
 void act_exp(void* out, const void* x, DType dt, int64_t n) { map1(out, x, dt, n, Exp{}); }
 void act_tanh(void* out, const void* x, DType dt, int64_t n) { map1(out, x, dt, n, Tanh{}); }
 void act_erf(void* out, const void* x, DType dt, int64_t n) { map1(out, x, dt, n, Erf{}); }
 
 const ActivationKernels kActivation = {
-    act_gelu, act_gelu_backward, act_silu, act_silu_backward, act_swiglu, act_swiglu_backward,
-    act_exp,  act_tanh,          act_erf,
+    act_gelu,    act_gelu_backward,    act_silu, act_silu_backward, act_swiglu, act_swiglu_backward,
+    act_softcap, act_softcap_backward, act_exp,  act_tanh,          act_erf,
 };
 
 }  // namespace
