@@ -56,11 +56,12 @@ struct MemoryQuery {
   // when it was counted whole): a batch's rows are padded to its longest (data::padded_length),
   // so the activations are of rows that long. 0 = not known: rows of `seq` tokens.
   int64_t longest_row = 0;
-  int64_t heads = 0;          // 0 = hidden / 64 (at least 1)
-  int64_t kv_heads = 0;       // llama GQA; 0 = heads
-  int64_t head_dim = 0;       // llama: a head's channels; 0 = hidden / heads
-  std::string hf_model_type;  // a llama-family architecture's own tensors: "qwen2", "qwen3",
-                              // "phi3", "gemma", "gemma2"
+  int64_t heads = 0;     // 0 = hidden / 64 (at least 1)
+  int64_t kv_heads = 0;  // llama GQA; 0 = heads
+  int64_t head_dim = 0;  // llama: a head's channels; 0 = hidden / heads
+  // A llama-family architecture's own tensors and activations: "qwen2", "qwen3", "phi3",
+  // "gemma", "gemma2".
+  std::string hf_model_type;
   int64_t ffn = 0;          // 0 = the family's rule (gpt2 4*hidden, Llama 8/3*hidden rounded)
   int64_t vocab = 0;        // 0 = the byte tokenizer's 259
   int64_t max_seq_len = 0;  // gpt2 position table; 0 = seq
