@@ -14,6 +14,7 @@
 #include "keel/autograd/node.h"
 #include "keel/ops/attention.h"
 #include "keel/ops/rope.h"
+#include "tests/support/attention_ref.h"
 #include "tests/support/check.h"
 
 namespace keel::packed_attention_test {
@@ -161,37 +162,6 @@ TEST(PackedAttention, PositionsThatDescribeNoExamplesAreRefused) {
   EXPECT_EQ(error_of(Tensor::from_ints({0, 0, 0, 0}, {1, 4})), "no error");
 }
 
-// f64 reference of a row's outputs where query i sees keys [first(i), i]: softmax-weighted values.
-std::vector<double> bounded_ref(const Tensor& q, const Tensor& k, const Tensor& v,
-                                const std::function<int64_t(int64_t b, int64_t i)>& first) {
-  const int64_t nb = q.size(0), hq = q.size(1), hkv = k.size(1), t = q.size(2), dd = q.size(3);
-  const auto qv = q.to_floats(), kv = k.to_floats(), vv = v.to_floats();
-  std::vector<double> o(q.numel());
-  for (int64_t b = 0; b < nb; ++b)
-    for (int64_t h = 0; h < hq; ++h)
-      for (int64_t i = 0; i < t; ++i) {
-        const int64_t kh = h / (hq / hkv), lo = first(b, i);
-        std::vector<double> s;
-        double mx = -INFINITY, sum = 0;
-        for (int64_t j = lo; j <= i; ++j) {
-          double dot = 0;
-          for (int64_t d = 0; d < dd; ++d)
-            dot +=
-                double(qv[((b * hq + h) * t + i) * dd + d]) * kv[((b * hkv + kh) * t + j) * dd + d];
-          s.push_back(dot / std::sqrt(double(dd)));
-          mx = std::max(mx, s.back());
-        }
-        for (double& x : s) sum += (x = std::exp(x - mx));
-        for (int64_t d = 0; d < dd; ++d) {
-          double acc = 0;
-          for (int64_t j = lo; j <= i; ++j)
-            acc += s[j - lo] / sum * vv[((b * hkv + kh) * t + j) * dd + d];
-          o[((b * hq + h) * t + i) * dd + d] = acc;
-        }
-      }
-  return o;
-}
-
 // Mistral's sliding window (HF: kv_idx > q_idx - sliding_window): query i sees keys i - W + 1 .. i,
 // alone and inside a packed row's examples, in every backend, forward and gradients.
 TEST(SlidingWindow, AQuerySeesTheLastWindowKeys) {
@@ -205,7 +175,7 @@ TEST(SlidingWindow, AQuerySeesTheLastWindowKeys) {
       for (AttentionBackend be : kBackends) {
         ops::AttentionMask mask(Tensor(), packed ? pos : Tensor());
         mask.window = window;
-        const std::vector<double> ref = bounded_ref(q, k, v, [&](int64_t b, int64_t i) {
+        const std::vector<double> ref = test::attention_ref(q, k, v, [&](int64_t b, int64_t i) {
           const int64_t example = packed ? i - pv[b * t + i] : 0;
           return std::max(example, i - window + 1);
         });

@@ -10,6 +10,7 @@
 #include "keel/autograd/node.h"
 #include "keel/ops/activation.h"
 #include "keel/ops/attention.h"
+#include "tests/support/attention_ref.h"
 #include "tests/support/check.h"
 
 namespace keel::softcap_test {
@@ -47,45 +48,14 @@ TEST(Softcap, CapTimesTanhOfXOverCapInEveryDtype) {
   EXPECT_THROW(ops::softcap(randn({2}, 1), 0.f), Error);
 }
 
-// f64 reference: s = scale q·k, capped to cap tanh(s / cap), causal softmax, weighted values.
-std::vector<double> capped_ref(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                               double cap) {
-  const int64_t nb = q.size(0), hq = q.size(1), hkv = k.size(1), t = q.size(2), dd = q.size(3);
-  const auto qv = q.to_floats(), kv = k.to_floats(), vv = v.to_floats();
-  std::vector<double> o(q.numel());
-  for (int64_t b = 0; b < nb; ++b)
-    for (int64_t h = 0; h < hq; ++h)
-      for (int64_t i = 0; i < t; ++i) {
-        const int64_t kh = h / (hq / hkv);
-        std::vector<double> s;
-        double mx = -INFINITY, sum = 0;
-        for (int64_t j = 0; j <= i; ++j) {
-          double dot = 0;
-          for (int64_t d = 0; d < dd; ++d)
-            dot +=
-                double(qv[((b * hq + h) * t + i) * dd + d]) * kv[((b * hkv + kh) * t + j) * dd + d];
-          s.push_back(cap * std::tanh(scale * dot / cap));
-          mx = std::max(mx, s.back());
-        }
-        for (double& x : s) sum += (x = std::exp(x - mx));
-        for (int64_t d = 0; d < dd; ++d) {
-          double acc = 0;
-          for (int64_t j = 0; j <= i; ++j)
-            acc += s[j] / sum * vv[((b * hkv + kh) * t + j) * dd + d];
-          o[((b * hq + h) * t + i) * dd + d] = acc;
-        }
-      }
-  return o;
-}
-
 TEST(SoftcapAttention, ScoresAreCappedBeforeTheSoftmaxInEveryBackend) {
   const int64_t t = 70, dd = 8;  // across flash's 32-row and 64-key tiles
   // Scores of several units: a cap of 2 bends most of them.
   const Tensor q = randn({2, 4, t, dd}, 81, 1.5f), k = randn({2, 2, t, dd}, 82, 1.5f),
                v = randn({2, 2, t, dd}, 83);
   const ops::AttentionScores scores{0.4f, 2.f};
-  const std::vector<double> ref = capped_ref(q, k, v, 0.4, 2.0);
-  const std::vector<double> uncapped = capped_ref(q, k, v, 0.4, 1e9);
+  const std::vector<double> ref = test::attention_ref(q, k, v, {}, 0.4, 2.0);
+  const std::vector<double> uncapped = test::attention_ref(q, k, v, {}, 0.4);
   double moved = 0;
   for (size_t x = 0; x < ref.size(); ++x) moved = std::max(moved, std::fabs(ref[x] - uncapped[x]));
   ASSERT_GT(moved, 0.1) << "the cap must bend these scores";
