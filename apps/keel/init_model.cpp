@@ -73,12 +73,17 @@ int run_init_model(const InitModelArgs& a) {
   // as their own architectures.
   const bool llama_layers = a.family != "gpt2" && a.family != "llama";
   s.family = llama_layers ? "llama" : a.family;
-  s.hf_model_type = llama_layers ? a.family : "";
+  s.hf_model_type = !llama_layers ? "" : a.family == "gemma3" ? "gemma3_text" : a.family;
   if (a.family == "gemma2") {  // Gemma2Config's defaults; the scale of head_dim
     s.sliding_window = 4096;
     s.sliding_period = 2;
     s.attn_softcap = 50;
     s.final_softcap = 30;
+  }
+  if (a.family == "gemma3") {  // Gemma3TextConfig's defaults; the scale of head_dim
+    s.sliding_window = 4096;
+    s.sliding_period = 6;
+    s.rope_local_theta = 10000;
   }
   s.n_layer = a.n_layer;
   s.n_embd = a.n_embd;
@@ -89,7 +94,8 @@ int run_init_model(const InitModelArgs& a) {
   s.vocab_size = a.vocab_size;
   s.max_seq_len = a.max_seq_len;
   s.tie_embeddings = a.family == "gpt2" || !a.untied;
-  if (a.family == "gemma2") s.query_pre_attn_scalar = static_cast<double>(s.head_dim());
+  if (a.family == "gemma2" || a.family == "gemma3")
+    s.query_pre_attn_scalar = static_cast<double>(s.head_dim());
   s.rope_theta = a.rope_theta;
   s.norm_eps = a.norm_eps;
   s.init_std = a.init_std;
@@ -177,15 +183,18 @@ Command add_init_model(CLI::App& app) {
   auto a = std::make_shared<InitModelArgs>();
   CLI::App* sub = app.add_subcommand(
       "init-model",
-      "Write a randomly initialized GPT-2, Llama, Gemma, Gemma-2, Phi-3, Qwen2 or Qwen3 model as "
-      "a Hugging Face directory");
+      "Write a randomly initialized GPT-2, Llama, Gemma, Gemma-2, Gemma-3, Phi-3, Qwen2 or Qwen3 "
+      "model as a Hugging Face directory");
   sub->add_option("--out", a->out, "output directory (config.json + model.safetensors)")
       ->required();
   sub->add_option("--family", a->family,
                   "gpt2 | llama | gemma (Llama with 1 + w norms, GeGLU, a scaled embedding) | "
-                  "gemma2 (and sandwich norms, soft caps, every other layer sliding) | phi3 (with "
-                  "fused qkv and gate_up) | qwen2 (with q/k/v biases) | qwen3 (with q/k norms)")
-      ->check(CLI::IsMember({"gpt2", "llama", "gemma", "gemma2", "phi3", "qwen2", "qwen3"}))
+                  "gemma2 (and sandwich norms, soft caps, every other layer sliding) | gemma3 "
+                  "(Gemma-2's layers with q/k norms, 5 of 6 sliding with their own RoPE base) | "
+                  "phi3 (with fused qkv and gate_up) | qwen2 (with q/k/v biases) | qwen3 (with q/k "
+                  "norms)")
+      ->check(
+          CLI::IsMember({"gpt2", "llama", "gemma", "gemma2", "gemma3", "phi3", "qwen2", "qwen3"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

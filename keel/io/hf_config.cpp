@@ -130,12 +130,13 @@ struct HfArchitecture {
 constexpr HfArchitecture kArchitectures[] = {
     {"gpt2", "GPT2LMHeadModel", "GPT2Model", "gpt2"},
     {"llama", "LlamaForCausalLM", "LlamaModel", "llama"},
-    {"gemma", "GemmaForCausalLM", nullptr, "llama"},      // 1 + w norms, GeGLU, scaled embedding
-    {"gemma2", "Gemma2ForCausalLM", nullptr, "llama"},    // and sandwich norms, soft caps
-    {"mistral", "MistralForCausalLM", nullptr, "llama"},  // and a sliding window
-    {"phi3", "Phi3ForCausalLM", nullptr, "llama"},        // fused qkv and gate_up, a window
-    {"qwen2", "Qwen2ForCausalLM", nullptr, "llama"},      // and q/k/v biases
-    {"qwen3", "Qwen3ForCausalLM", nullptr, "llama"},      // and q/k norms
+    {"gemma", "GemmaForCausalLM", nullptr, "llama"},         // 1 + w norms, GeGLU, scaled embedding
+    {"gemma2", "Gemma2ForCausalLM", nullptr, "llama"},       // and sandwich norms, soft caps
+    {"gemma3_text", "Gemma3ForCausalLM", nullptr, "llama"},  // and q/k norms, local RoPE
+    {"mistral", "MistralForCausalLM", nullptr, "llama"},     // and a sliding window
+    {"phi3", "Phi3ForCausalLM", nullptr, "llama"},           // fused qkv and gate_up, a window
+    {"qwen2", "Qwen2ForCausalLM", nullptr, "llama"},         // and q/k/v biases
+    {"qwen3", "Qwen3ForCausalLM", nullptr, "llama"},         // and q/k norms
 };
 
 const HfArchitecture& architecture_of(const json& j, const std::string& file) {
@@ -202,14 +203,24 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
     if (s.gemma()) {
       j["hidden_activation"] = "gelu_pytorch_tanh";
-      if (variant == "gemma2") {
+      if (s.sandwich_norms()) {  // Gemma-2 and Gemma-3
         j["sliding_window"] = s.sliding_window;
         j["query_pre_attn_scalar"] = s.query_pre_attn_scalar > 0
                                          ? s.query_pre_attn_scalar
                                          : static_cast<double>(s.head_dim());
         j["attn_logit_softcapping"] = s.attn_softcap > 0 ? json(s.attn_softcap) : json();
         j["final_logit_softcapping"] = s.final_softcap > 0 ? json(s.final_softcap) : json();
-        j.erase("layer_types");  // (HF's default: every other layer from the first slides)
+        // Gemma-2's is HF's default (every other layer from the first); Gemma-3's written out,
+        // and as sliding_window_pattern for the transformers that read only that.
+        j.erase("layer_types");
+        if (variant == "gemma3_text") {
+          json types = json::array();
+          for (int64_t i = 0; i < s.n_layer; ++i)
+            types.push_back(s.layer_window(i) > 0 ? "sliding_attention" : "full_attention");
+          j["layer_types"] = types;
+          j["sliding_window_pattern"] = s.sliding_period;
+          j["rope_local_base_freq"] = s.rope_local_theta;
+        }
       }
     }
     if (variant == "qwen2" || variant == "qwen3") {
@@ -368,22 +379,39 @@ HfConfig read_hf_config(const std::string& dir) {
       if (r.attention_factor == 0)
         r.attention_factor = longrope_attention_factor(s.max_seq_len, r.original_max_position);
     }
-    if (variant == "gemma2") {
-      // Every other layer slides, from the first (HF's Gemma2: layer_types' default, or
-      // is_sliding = not layer_idx % 2); scores and logits soft-capped; the attention scaled by
-      // query_pre_attn_scalar^-1/2.
+    if (s.sandwich_norms()) {
+      // Gemma-2: every other layer slides, from the first (HF's Gemma2: layer_types' default, or
+      // is_sliding = not layer_idx % 2). Gemma-3: five of every six (sliding_window_pattern 6),
+      // the sliding ones rotating by rope_local_base_freq. Scores and logits soft-capped where
+      // the file says; the attention scaled by query_pre_attn_scalar^-1/2.
+      const bool gemma3 = variant == "gemma3_text";
       s.sliding_window = c.integer({"sliding_window"}, 4096);
-      s.sliding_period = 2;
+      s.sliding_period = gemma3 ? c.integer({"sliding_window_pattern"}, 6) : 2;
+      if (gemma3) s.rope_local_theta = c.number({"rope_local_base_freq"}, 10000.0);
       if (const json* types = c.find({"layer_types"})) {
-        bool alternating = types->is_array() && std::ssize(*types) == s.n_layer;
-        for (int64_t i = 0; alternating && i < s.n_layer; ++i)
-          alternating = (*types)[static_cast<size_t>(i)] ==
-                        (i % 2 == 0 ? "sliding_attention" : "full_attention");
-        if (!alternating)
-          throw unsupported("layer_types " + types->dump() +
-                            " (keel's Gemma-2 slides every other layer from the first: "
-                            "\"sliding_attention\", \"full_attention\", ...)");
+        // The period of the file's pattern: its first full layer's index + 1 (none: all slide).
+        int64_t period = 0;
+        if (types->is_array())
+          for (size_t i = 0; i < types->size() && period == 0; ++i)
+            if ((*types)[i] == "full_attention") period = static_cast<int64_t>(i) + 1;
+        bool periodic = types->is_array() && std::ssize(*types) == s.n_layer;
+        for (int64_t i = 0; periodic && i < s.n_layer; ++i)
+          periodic =
+              (*types)[static_cast<size_t>(i)] ==
+              (period > 0 && i % period == period - 1 ? "full_attention" : "sliding_attention");
+        if (!periodic || (!gemma3 && period != 2))
+          throw unsupported("layer_types " + types->dump() + " (keel's " + variant + " slides " +
+                            (gemma3 ? "all layers but every Nth, \"sliding_attention\" N - 1 "
+                                      "times, then \"full_attention\""
+                                    : "every other layer from the first: "
+                                      "\"sliding_attention\", \"full_attention\", ...") +
+                            ")");
+        s.sliding_period = period;
       }
+      if (!(s.rope_local_theta >= 0) || !std::isfinite(s.rope_local_theta))
+        throw Error(file + ": rope_local_base_freq must be a positive number, got " +
+                        std::to_string(s.rope_local_theta),
+                    Error::kUsage);
       s.attn_softcap = c.number({"attn_logit_softcapping"}, 0);
       s.final_softcap = c.number({"final_logit_softcapping"}, 0);
       s.query_pre_attn_scalar = c.number({"query_pre_attn_scalar"}, 256);

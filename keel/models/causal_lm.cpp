@@ -50,6 +50,8 @@ void ModelSpec::validate() const {
       !std::isfinite(attn_softcap + final_softcap + query_pre_attn_scalar))
     throw bad("attn_softcap, final_softcap and query_pre_attn_scalar must be finite and >= 0");
   if (sliding_period < 0) throw bad("sliding_period must be >= 0");
+  if (!(rope_local_theta >= 0) || !std::isfinite(rope_local_theta))
+    throw bad("rope_local_theta must be finite and >= 0 (0: rope_theta)");
 }
 
 Tensor CausalLM::forward_cached(const Tensor& ids, KVCache& cache) {

@@ -38,7 +38,7 @@ struct ModelSpec {
   ops::AttentionBackend attention = ops::AttentionBackend::kEager;
   DType param_dtype = DType::F32;
   // The HF architecture a "llama" family model is written back as: "" (Llama), "gemma", "gemma2",
-  // "mistral", "phi3", "qwen2" or "qwen3". An HF Mistral (model_type "mistral",
+  // "gemma3_text", "mistral", "phi3", "qwen2" or "qwen3". An HF Mistral (model_type "mistral",
   // MistralForCausalLM): Llama's layers under another name, whose attention slides over the last
   // sliding_window positions (a query sees itself and the sliding_window - 1 before it; 0: every
   // earlier position, Mistral v0.2 on). Qwen2 and Qwen3 with use_sliding_window slide the layers
@@ -56,16 +56,19 @@ struct ModelSpec {
   // cap * tanh(s / cap) before the softmax, a logit the same before the loss; 0: none. Its
   // query_pre_attn_scalar: the attention scale is its inverse square root; 0: the head width's.
   double attn_softcap = 0, final_softcap = 0, query_pre_attn_scalar = 0;
+  // Gemma-3's rope_local_base_freq: the RoPE base of its sliding layers, which take no
+  // rope_scaling; 0: every layer rotates by rope_theta and rope_scaling.
+  double rope_local_theta = 0;
 
-  // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "mistral", "phi3",
-  // "qwen2" or "qwen3".
+  // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
+  // "mistral", "phi3", "qwen2" or "qwen3".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).
   bool qkv_bias() const { return hf_model_type == "qwen2"; }
   // An HF Qwen3 (Qwen3ForCausalLM): Llama's layers with an RMSNorm over each head's query and key
   // (q_norm, k_norm: weights [head_dim]) before RoPE.
-  bool qk_norm() const { return hf_model_type == "qwen3"; }
+  bool qk_norm() const { return hf_model_type == "qwen3" || hf_model_type == "gemma3_text"; }
   // An HF Phi-3 (Phi3ForCausalLM: Phi-3-mini/medium, Phi-3.5-mini, Phi-4): Llama's layers with the
   // query, key and value projections as one Linear (self_attn.qkv_proj: q's rows, then k's, then
   // v's) and gate and up as one (mlp.gate_up_proj: gate's rows, then up's), so that an adapter on
@@ -77,8 +80,16 @@ struct ModelSpec {
   // adds a norm after the attention and one on each side of the MLP (pre_ and
   // post_feedforward_layernorm; post_attention_layernorm then normalizes the attention's output),
   // the soft caps and its query_pre_attn_scalar.
-  bool gemma() const { return hf_model_type == "gemma" || hf_model_type == "gemma2"; }
-  bool sandwich_norms() const { return hf_model_type == "gemma2"; }
+  // A Gemma-3 (Gemma3ForCausalLM, model_type "gemma3_text": Gemma-3-1B, 270M): Gemma-2's layers
+  // with Qwen3's q/k norms (scaling by 1 + weight), five sliding layers to one full one
+  // (sliding_period 6), the sliding ones rotating by rope_local_theta (its rope_local_base_freq)
+  // without rope_scaling, and no soft caps.
+  bool gemma() const {
+    return hf_model_type == "gemma" || hf_model_type == "gemma2" || hf_model_type == "gemma3_text";
+  }
+  bool sandwich_norms() const {
+    return hf_model_type == "gemma2" || hf_model_type == "gemma3_text";
+  }
   // The scale of q·kᵀ: 1 / sqrt(query_pre_attn_scalar), else 1 / sqrt(head_dim()).
   double attention_scale() const;
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }

@@ -14,8 +14,11 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
     : nn::Module("LlamaAttention"),
       n_head(s.n_head),
       n_kv_head(s.kv_heads()),
-      rope_theta(s.rope_theta),
-      rope_scaling(s.rope_scaling),
+      // Gemma-3's sliding layers rotate by their own base, unscaled.
+      rope_theta(s.rope_local_theta > 0 && s.layer_window(layer) > 0 ? s.rope_local_theta
+                                                                     : s.rope_theta),
+      rope_scaling(s.rope_local_theta > 0 && s.layer_window(layer) > 0 ? ops::RopeScaling{}
+                                                                       : s.rope_scaling),
       sliding_window(s.layer_window(layer)),
       scores{static_cast<float>(s.attention_scale()), static_cast<float>(s.attn_softcap)} {
   const int64_t d = s.head_dim();
@@ -31,8 +34,11 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
   }
   o_proj = register_module("o_proj", lin(n_head * d, s.n_embd, false));
   if (s.qk_norm()) {
-    q_norm = register_module("q_norm", std::make_unique<nn::RMSNorm>(d, s.norm_eps, s.param_dtype));
-    k_norm = register_module("k_norm", std::make_unique<nn::RMSNorm>(d, s.norm_eps, s.param_dtype));
+    // (Gemma-3's scale by 1 + weight, as its other norms)
+    q_norm = register_module(
+        "q_norm", std::make_unique<nn::RMSNorm>(d, s.norm_eps, s.param_dtype, s.gemma()));
+    k_norm = register_module(
+        "k_norm", std::make_unique<nn::RMSNorm>(d, s.norm_eps, s.param_dtype, s.gemma()));
   }
 }
 

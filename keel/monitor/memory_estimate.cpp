@@ -364,11 +364,10 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       }
       add("swiglu inputs", 2, c * BT * F, "gate and up outputs [B,T,F] " + cd, true);
       // Gemma's GeGLU is gelu(gate) * up: the product keeps the gelu's output too.
-      const bool gemma = q.hf_model_type == "gemma" || q.hf_model_type == "gemma2";
-      if (gemma) add("geglu", 1, c * BT * F, "gelu(gate) [B,T,F] " + cd, true);
-      // Gemma-2's norms of the attention's and the MLP's outputs keep their f32 inputs (the norm's
-      // own cast under -mixed) and a statistic per token.
-      if (q.hf_model_type == "gemma2") {
+      if (sp.gemma()) add("geglu", 1, c * BT * F, "gelu(gate) [B,T,F] " + cd, true);
+      // Gemma-2's and -3's norms of the attention's and the MLP's outputs keep their f32 inputs
+      // (the norm's own cast under -mixed) and a statistic per token.
+      if (sp.sandwich_norms()) {
         const std::string sn = "post-attention and post-feedforward norm inputs [B,T,C] f32";
         add("sandwich norms", 2, 4 * BT * C, sn, true);
         add("sandwich norms", 2, 4 * BT, sn, true);
@@ -443,7 +442,8 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     // as they are (amp's kFp32Inside): no f32 copy.
     add("lm_head input", 1, c * BT * C, "[B,T,C] " + cd, false);
     add("logits", 1, c * BT * V, "[B*T,V] " + cd, false);
-    // Gemma-2's final soft cap keeps the logits before it as well.
+    // Gemma-2's final soft cap (final_logit_softcapping, 30 in its files; Gemma-3 has none)
+    // keeps the logits before it as well.
     if (q.hf_model_type == "gemma2")
       add("logits", 1, c * BT * V, "[B*T,V] " + cd + ", and those before the soft cap", false);
     add("ids and labels", 3, 8 * BT, "i64 [B,T]", false);
@@ -500,7 +500,7 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
                (q.attention == "math" ? 4 * block_bytes(4 * BT * qC) : 0);
     if (q.attention == "eager" && c != 4) layer += block_bytes(c * B * H * T * T);  // rounded P
     // (GeGLU's backward holds the gelu's gradient beside gate's and up's)
-    const int64_t mlp_rows = !llama ? 2 : q.hf_model_type.starts_with("gemma") ? 4 : 3;
+    const int64_t mlp_rows = !llama ? 2 : sp.gemma() ? 4 : 3;
     int64_t mlp = mlp_rows * block_bytes(c * BT * F) + 2 * block_bytes(s * BT * C);
     // A Phi-3's fused qkv_proj and gate_up_proj take their pieces' gradients in one buffer of the
     // fused output's shape (ops::split_last), beside the pieces' own.

@@ -259,13 +259,14 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // Qwen2 and Qwen3 fine-tuned whole, so that Qwen2's q/k/v biases and Qwen3's q/k norms are
   // trained away from their init (0, 1); a Phi-3's LoRA on its fused qkv_proj and gate_up_proj
   // merged into them; a Gemma whole (its 1 + w norms, the tied head of its scaled embedding) and a
-  // Gemma-2's LoRA (its sandwich norms and soft caps).
+  // Gemma-2's LoRA (its sandwich norms and soft caps), a Gemma-3 whole (its q/k norms).
   for (const auto& [family, kind] :
        std::vector<std::pair<std::string, std::string>>{{"gpt2", "lora"},
                                                         {"llama", "lora"},
                                                         {"phi3", "lora"},
                                                         {"gemma", "none"},
                                                         {"gemma2", "lora"},
+                                                        {"gemma3", "none"},
                                                         {"qwen2", "none"},
                                                         {"qwen3", "none"},
                                                         {"qwen3-wide", "none"}}) {

@@ -402,9 +402,34 @@ TEST(CliGemma, InitModelWritesBothAndTheyTrainAndExport) {
   refused("hidden_activation", "gelu",
           "hidden_activation 'gelu' (keel's Gemma MLP is GeGLU with the tanh gelu");
   refused("layer_types", json::array({"full_attention"}),
-          "layer_types [\"full_attention\"] (keel's Gemma-2 slides every other layer");
+          "layer_types [\"full_attention\"] (keel's gemma2 slides every other layer");
   refused("query_pre_attn_scalar", -1.0,
           "query_pre_attn_scalar must be a positive number (or null: none), got -1.0");
+  // A Gemma-3 (one layer: a sliding one, five of every six): its sliding layers rotate by
+  // rope_local_base_freq, not rope_theta; its layer pattern is read from layer_types.
+  init_tiny("gemma3", dir + "/g3");
+  const json g3 = read_json_file(dir + "/g3/config.json");
+  EXPECT_EQ(g3.at("architectures"), json::array({"Gemma3ForCausalLM"}));
+  EXPECT_EQ(g3.at("model_type"), "gemma3_text");
+  EXPECT_EQ(g3.at("layer_types"), json::array({"sliding_attention"}));
+  EXPECT_EQ(g3.at("sliding_window_pattern"), 6);
+  EXPECT_EQ(g3.at("rope_local_base_freq"), 10000.0);
+  train(dir + "/g3", dir + "/g3-run", {"train.max_steps=8", "optim.lr=1e-2"});
+  auto g3_loss = [&](const json& fields) {
+    json c = g3;
+    c.update(fields);
+    std::ofstream(dir + "/g3/config.json") << c.dump(2);
+    const double loss = eval_loss(dir + "/g3", dir + "/t.txt");
+    std::ofstream(dir + "/g3/config.json") << g3.dump(2);
+    return loss;
+  };
+  const double g3_plain = eval_loss(dir + "/g3", dir + "/t.txt");
+  EXPECT_NE(g3_loss({{"rope_local_base_freq", 100.0}}), g3_plain);
+  EXPECT_EQ(g3_loss({{"rope_theta", 1e6}}), g3_plain);  // no full layer reads it
+  // As a full layer it reads rope_theta, not the local base.
+  const json full = {{"layer_types", {"full_attention"}}, {"rope_local_base_freq", 100.0}};
+  EXPECT_EQ(g3_loss(full), g3_plain);
+  EXPECT_NE(g3_loss({{"layer_types", {"full_attention"}}, {"rope_theta", 100.0}}), g3_plain);
   // Its capped attention runs on the CPU: CUDA is refused before the first step.
   const test::KeelRun cuda = test::run_keel(test::with_sets(
       {"train"}, {"run.out_dir=" + dir + "/cuda", "run.device=cuda", "model.path=" + dir + "/base",

@@ -486,9 +486,9 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
   EXPECT_CONTAINS(m, "unsupported model");
   EXPECT_CONTAINS(m,
                   "keel reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama), "
-                  "GemmaForCausalLM (gemma), Gemma2ForCausalLM (gemma2), MistralForCausalLM "
-                  "(mistral), Phi3ForCausalLM (phi3), Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM "
-                  "(qwen3)");
+                  "GemmaForCausalLM (gemma), Gemma2ForCausalLM (gemma2), Gemma3ForCausalLM "
+                  "(gemma3_text), MistralForCausalLM (mistral), Phi3ForCausalLM (phi3), "
+                  "Qwen2ForCausalLM (qwen2), Qwen3ForCausalLM (qwen3)");
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};

@@ -19,7 +19,8 @@ namespace keel::test {
 // long factors at T = 8) and within one of 16 (the short ones). "gemma": the Llama as a Gemma (1 +
 // weight norms, GeGLU, the embedding times sqrt(16), the head tied to it). "gemma2": a Gemma-2
 // (and its sandwich norms, a window of 3 on layer 0 only, query_pre_attn_scalar 6 beside head_dim
-// 4, attention and final soft caps of 2 and 3).
+// 4, attention and final soft caps of 2 and 3). "gemma3": a Gemma-3 (Gemma-2's layers with 1 + w
+// q/k norms and no caps; its sliding layer 0 rotating by a RoPE base of 100, layer 1 by 1e4).
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
   const bool wide_heads = family == "qwen3_d8";
@@ -28,12 +29,12 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool mistral = family == "mistral_w3";
   const bool phi3_long = family == "phi3_lr" || family == "phi3_sr";
   const bool phi3 = family == "phi3_w3" || phi3_long;
-  const bool gemma = family == "gemma" || family == "gemma2";
+  const bool gemma = family == "gemma" || family == "gemma2" || family == "gemma3";
   s.family = qwen || mistral || phi3 || gemma ? "llama" : family;
   s.hf_model_type = qwen      ? family.substr(0, 5)
                     : mistral ? "mistral"
                     : phi3    ? "phi3"
-                    : gemma   ? family
+                    : gemma   ? (family == "gemma3" ? "gemma3_text" : family)
                               : "";
   if (wide_heads) s.head_width = 8;
   if (mistral || qwen_window || family == "phi3_w3") s.sliding_window = 3;
@@ -60,13 +61,16 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.intermediate_size = 48;
     s.tie_embeddings = gemma;  // Gemma ties its head to the embedding
   }
-  if (family == "gemma2") {  // a window of 3 on layer 0, scale 6^-1/2, caps that bend
+  if (family == "gemma2" || family == "gemma3") {  // a window of 3 on layer 0, scale 6^-1/2
     s.sliding_window = 3;
     s.sliding_period = 2;
     s.query_pre_attn_scalar = 6;
+  }
+  if (family == "gemma2") {  // caps that bend
     s.attn_softcap = 2;
     s.final_softcap = 3;
   }
+  if (family == "gemma3") s.rope_local_theta = 100;  // layer 0's RoPE base, layer 1's 1e4
   return s;
 }
 
