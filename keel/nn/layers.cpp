@@ -51,10 +51,16 @@ RMSNorm::RMSNorm(int64_t dim, double e, DType dt, bool offset)
 
 Tensor RMSNorm::forward(const Tensor& x) {
   return call({x}, [&] {
-    Tensor w = autocast(AmpOp::kRmsNorm, weight);
-    if (unit_offset)  // HF's GemmaRMSNorm: (1 + weight), in the norm's dtype
-      w = ops::add(w, Tensor::full(w.shape(), 1.0f, w.dtype()).to(w.device()));
-    return ops::rms_norm(autocast(AmpOp::kRmsNorm, x), w, static_cast<float>(eps));
+    Tensor xn = autocast(AmpOp::kRmsNorm, x), w = autocast(AmpOp::kRmsNorm, weight);
+    if (!unit_offset) return ops::rms_norm(xn, w, static_cast<float>(eps));
+    // HF's GemmaRMSNorm: x.float() normalized, times (1 + weight.float()), cast back to x's
+    // dtype: in f32 whatever the dtypes (under -mixed autocast has made both f32 already).
+    const DType out = xn.dtype();
+    if (out != DType::F32) xn = ops::cast(xn, DType::F32);
+    if (w.dtype() != DType::F32) w = ops::cast(w, DType::F32);
+    w = ops::add(w, Tensor::full(w.shape(), 1.0f, DType::F32).to(w.device()));
+    const Tensor y = ops::rms_norm(xn, w, static_cast<float>(eps));
+    return out == DType::F32 ? y : ops::cast(y, out);
   });
 }
 
