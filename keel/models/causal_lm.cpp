@@ -73,6 +73,24 @@ Tensor CausalLM::forward_cached_rows(const Tensor& ids, const std::vector<KVCach
   return logits;
 }
 
+Tensor CausalLM::prefill_rows(const Tensor& ids, const std::vector<int64_t>& lengths,
+                              const std::vector<KVCache*>& caches) {
+  const int64_t rows = std::ssize(caches);
+  KEEL_CHECK(ids.dim() == 2 && ids.size(0) == rows && std::ssize(lengths) == rows,
+             "prefill_rows: input_ids must be [" + std::to_string(rows) +
+                 ", T] with a length a row, got " + shape_str(ids.shape()) + " and " +
+                 std::to_string(lengths.size()) + " lengths");
+  for (int64_t b = 0; b < rows; ++b)
+    KEEL_CHECK(caches[b]->length == 0 && lengths[b] >= 1 && lengths[b] <= ids.size(1),
+               "prefill_rows: row " + std::to_string(b) + " needs an empty cache and 1 to " +
+                   std::to_string(ids.size(1)) + " real tokens");
+  const KVCaches all{caches};
+  Tensor logits = run(ids, ops::AttentionMask(), &all);
+  // The padding's keys and values stay past each row's length, where its decode writes over them.
+  for (int64_t b = 0; b < rows; ++b) caches[b]->length = lengths[b];
+  return logits;
+}
+
 Tensor CausalLM::run_blocks(const std::vector<nn::Module*>& blocks, Tensor x,
                             BlockForward block_forward, bool may_checkpoint) {
   const size_t every = static_cast<size_t>(std::max<int64_t>(blocks_per_segment_, 0));

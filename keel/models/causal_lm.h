@@ -122,6 +122,13 @@ class CausalLM : public nn::Module {
   // token of the sequence caches[b] holds (each of its own length). The logits [B, 1, V]; each
   // cache then holds one position more. Without gradients.
   Tensor forward_cached_rows(const Tensor& input_ids, const std::vector<KVCache*>& caches);
+  // The prompts' passes of rows side by side (generate_rows): input_ids [B, T], row b's prompt in
+  // its first lengths[b] positions and anything after (right padding: causal queries never see
+  // it), caches[b] empty with room for T positions. The logits [B, T, V], row b's last real one
+  // at lengths[b] - 1; each cache then holds its prompt's lengths[b] positions. Without
+  // gradients.
+  Tensor prefill_rows(const Tensor& input_ids, const std::vector<int64_t>& lengths,
+                      const std::vector<KVCache*>& caches);
   // A cache with room for max_seq_len positions of every layer.
   // A cache for at most `positions` tokens (0: the model's max_seq_len). Each layer's keys and
   // values are allocated whole at the first step: Llama-3.1-8B's 131,072 positions would take

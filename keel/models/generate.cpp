@@ -275,27 +275,49 @@ std::vector<GenerateResult> generate_rows(
     return true;
   };
   results.resize(prompts.size());
-  // Each prompt's pass alone (as generate's first step), then its first token.
-  std::vector<size_t> decoding;  // the rows still decoding
+  for (GenerateResult& r : results) r.stop = "max_new_tokens";
+  if (opt.max_new_tokens <= 0) return results;
+  // The prompts' passes side by side, right-padded to the longest of their group (causal queries
+  // never see the padding, whose keys each row's decode then writes over), then each row's first
+  // token. A group's logits are [rows, longest, V] whole: groups of consecutive prompts keep them
+  // within 2^26 values (256 MB in f32; Llama-3's 128,256-token vocabulary: 523 positions).
+  constexpr int64_t kLogitsBudget = int64_t{1} << 26;
   for (size_t b = 0; b < prompts.size(); ++b) {
-    const int64_t n = static_cast<int64_t>(prompts[b].size());
+    const int64_t n = std::ssize(prompts[b]);
     const int64_t room = n + std::clamp<int64_t>(opt.max_new_tokens, 0, spec.max_seq_len - n);
     rows.push_back({model.make_kv_cache(room), Rng(opt.seed), prompts[b]});
-    GenerateResult& r = results[b];
-    r.stop = "max_new_tokens";
-    if (opt.max_new_tokens <= 0) {
-      stop(b, nullptr);
-      continue;
+  }
+  std::vector<size_t> decoding;  // the rows still decoding
+  for (size_t first = 0; first < prompts.size();) {
+    size_t end = first + 1;
+    int64_t longest = std::ssize(prompts[first]);
+    while (end < prompts.size() && static_cast<int64_t>(end + 1 - first) *
+                                           std::max(longest, std::ssize(prompts[end])) *
+                                           spec.vocab_size <=
+                                       kLogitsBudget)
+      longest = std::max(longest, std::ssize(prompts[end++]));
+    std::vector<int64_t> padded, lengths;
+    std::vector<KVCache*> caches;
+    for (size_t b = first; b < end; ++b) {
+      const int64_t n = std::ssize(prompts[b]);
+      padded.insert(padded.end(), prompts[b].begin(), prompts[b].end());
+      padded.insert(padded.end(), static_cast<size_t>(longest - n), prompts[b].back());
+      lengths.push_back(n);
+      if (rows[b].cache.capacity < longest) rows[b].cache = model.make_kv_cache(longest);
+      caches.push_back(&rows[b].cache);
     }
     const auto p0 = clock::now();
-    const Tensor ids =
-        Tensor::from_ints(std::vector<int64_t>(prompts[b].begin(), prompts[b].end()), {1, n})
-            .to(dev);
-    const Tensor logits = model.forward_cached(ids, rows[b].cache);
-    const int64_t V = logits.size(-1);
-    std::vector<float> last = logits.view({n, V}).slice_rows(n - 1, n).to_floats();
-    r.prompt_seconds = std::chrono::duration<double>(clock::now() - p0).count();
-    if (take(b, std::move(last))) decoding.push_back(b);
+    const int64_t group = static_cast<int64_t>(end - first);
+    const Tensor logits =
+        model.prefill_rows(Tensor::from_ints(padded, {group, longest}).to(dev), lengths, caches);
+    const Tensor all = logits.view({group * longest, logits.size(-1)});
+    const double prompt = std::chrono::duration<double>(clock::now() - p0).count();
+    for (size_t b = first; b < end; ++b) {
+      results[b].prompt_seconds = prompt;  // (one pass for the group's rows)
+      const int64_t last = static_cast<int64_t>(b - first) * longest + lengths[b - first] - 1;
+      if (take(b, all.slice_rows(last, last + 1).to_floats())) decoding.push_back(b);
+    }
+    first = end;
   }
   const auto prompts_done = clock::now();
   // Then one step a token for every row still decoding: one forward over the rows.

@@ -83,13 +83,14 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
                         const std::function<bool(int32_t)>& on_token = {},
                         GenerateSession* session = nullptr);
 
-// Several prompts decoded side by side (keel generate --input --batch-size): each prompt's pass
-// alone, then one forward a step over every row still decoding, whose projections read the
-// weights once for all the rows (a step of B rows costs about what one row's does while the
-// weights, not the arithmetic, bound it), each row attending over its own cache. Row b is what
-// generate(prompts[b]) gives, with its own Rng(opt.seed) and stops, up to the rounding of
-// products over several rows: greedy tokens agree but where two logits are within rounding.
-// on_token(b, id) as generate's. Without the cache, or for one prompt, each row is generate()'s.
+// Several prompts decoded side by side (keel generate --input --batch-size): the prompts' passes
+// together (right-padded, in groups whose logits stay within 256 MB), then one forward a step
+// over every row still decoding, whose projections read the weights once for all the rows (a step
+// of B rows costs about what one row's does while the weights, not the arithmetic, bound it), each
+// row attending over its own cache. Row b is what generate(prompts[b]) gives, with its own
+// Rng(opt.seed) and stops, up to the rounding of products over several rows: greedy tokens agree
+// but where two logits are within rounding. on_token(b, id) as generate's. Without the cache, or
+// for one prompt, each row is generate()'s.
 std::vector<GenerateResult> generate_rows(
     CausalLM& model, const std::vector<std::vector<int32_t>>& prompts, const GenerateOptions& opt,
     const std::function<bool(size_t row, int32_t)>& on_token = {});

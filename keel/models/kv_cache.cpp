@@ -104,8 +104,7 @@ Tensor cached_step_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   if (rows == 1) return one(0, q, k, v);
   // Rows of their own lengths: each attends over its own cache. Only the projections around this
   // (the weights, read once for every row) are shared; no graph is kept.
-  KEEL_CHECK(q.size(2) == 1 && !grad_mode_enabled(),
-             "cached_step_attention: rows decode one position a step, without gradients");
+  KEEL_CHECK(!grad_mode_enabled(), "cached_step_attention: rows decode without gradients");
   Tensor out = Tensor::empty(q.shape(), q.dtype(), q.device());
   for (int64_t b = 0; b < rows; ++b) {
     Tensor at = out.slice_rows(b, b + 1);

@@ -38,8 +38,8 @@ struct KVCaches {
 
 // The step's keys and values appended to each row's cache of `layer`, and each row's attention
 // over its cache (cached_attention): q [B, Hq, Tn, D], k, v [B, Hkv, Tn, D] with B the rows.
-// Returns [B, Hq, Tn, D]. Several rows take one new position each (Tn == 1: a decode step), and
-// no gradient.
+// Returns [B, Hq, Tn, D]. Several rows take Tn new positions each (a decode step's one; their
+// prompts' passes side by side, CausalLM::prefill_rows), and no gradient.
 Tensor cached_step_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                              const KVCaches& caches, size_t layer, ops::AttentionBackend backend,
                              int64_t window = 0, const ops::AttentionScores& scores = {});
