@@ -54,13 +54,31 @@ void ModelSpec::validate() const {
     throw bad("rope_local_theta must be finite and >= 0 (0: rope_theta)");
 }
 
-Tensor CausalLM::forward_cached(const Tensor& ids, KVCache& cache) {
+Tensor CausalLM::forward_cached(const Tensor& ids, KVCache& cache, bool last_only) {
   KEEL_CHECK(ids.dim() == 2 && ids.size(0) == 1,
              "forward_cached: input_ids must be [1, T], got " + shape_str(ids.shape()));
   const KVCaches one{{&cache}};
-  Tensor logits = run(ids, ops::AttentionMask(), &one);
+  Tensor logits = run(ids, ops::AttentionMask(), &one,
+                      last_only ? std::vector<int64_t>{ids.size(1) - 1} : std::vector<int64_t>{});
   cache.length += ids.size(1);
   return logits;
+}
+
+Tensor CausalLM::keep_positions(const Tensor& x, const std::vector<int64_t>& keep) {
+  if (keep.empty()) return x;
+  KEEL_CHECK(!grad_mode_enabled(), "keep_positions: for decoding, without gradients");
+  const int64_t c = x.size(-1), n = x.numel() / c, kept = std::ssize(keep);
+  const Tensor flat = x.view({n, c});
+  Tensor out = Tensor::empty({kept, 1, c}, x.dtype(), x.device());
+  const Tensor rows = out.view({kept, c});
+  for (int64_t k = 0; k < kept; ++k) {
+    const int64_t at = keep[static_cast<size_t>(k)];
+    KEEL_CHECK(at >= 0 && at < n,
+               "keep_positions: position " + std::to_string(at) + " of " + std::to_string(n));
+    Tensor row = rows.slice_rows(k, k + 1);
+    row.copy_from(flat.slice_rows(at, at + 1));
+  }
+  return out;
 }
 
 Tensor CausalLM::forward_cached_rows(const Tensor& ids, const std::vector<KVCache*>& caches) {
@@ -68,7 +86,7 @@ Tensor CausalLM::forward_cached_rows(const Tensor& ids, const std::vector<KVCach
              "forward_cached_rows: input_ids must be [" + std::to_string(caches.size()) +
                  ", 1], got " + shape_str(ids.shape()));
   const KVCaches rows{caches};
-  Tensor logits = run(ids, ops::AttentionMask(), &rows);
+  Tensor logits = run(ids, ops::AttentionMask(), &rows, {});
   for (KVCache* c : caches) c->length += 1;
   return logits;
 }
@@ -85,7 +103,9 @@ Tensor CausalLM::prefill_rows(const Tensor& ids, const std::vector<int64_t>& len
                "prefill_rows: row " + std::to_string(b) + " needs an empty cache and 1 to " +
                    std::to_string(ids.size(1)) + " real tokens");
   const KVCaches all{caches};
-  Tensor logits = run(ids, ops::AttentionMask(), &all);
+  std::vector<int64_t> last;  // each row's last real position
+  for (int64_t b = 0; b < rows; ++b) last.push_back(b * ids.size(1) + lengths[b] - 1);
+  Tensor logits = run(ids, ops::AttentionMask(), &all, last);
   // The padding's keys and values stay past each row's length, where its decode writes over them.
   for (int64_t b = 0; b < rows; ++b) caches[b]->length = lengths[b];
   return logits;

@@ -112,20 +112,22 @@ class CausalLM : public nn::Module {
   // Returns logits [B, T, V] in the dtype of the last projection (compute dtype under autocast).
   Tensor forward(const Tensor& input_ids, const Tensor& attention_mask,
                  const Tensor& position_ids = Tensor()) {
-    return run(input_ids, ops::AttentionMask(attention_mask, position_ids), nullptr);
+    return run(input_ids, ops::AttentionMask(attention_mask, position_ids), nullptr, {});
   }
   // Incremental decoding (batch 1, no padding): the logits [1, Tn, V] of input_ids [1, Tn] at
   // positions [cache.length, cache.length + Tn), attending to every position the cache holds,
   // which it then holds too. The prompt's pass (cache.length == 0) computes what forward() does.
-  Tensor forward_cached(const Tensor& input_ids, KVCache& cache);
+  // `last_only`: the logits [1, 1, V] of the last position alone (what a decode chooses from; a
+  // 4,096-token prompt's whole logits over Llama-3's vocabulary are 2 GB in f32).
+  Tensor forward_cached(const Tensor& input_ids, KVCache& cache, bool last_only = false);
   // One decoding step of rows side by side (generate_rows): input_ids [B, 1], row b the next
   // token of the sequence caches[b] holds (each of its own length). The logits [B, 1, V]; each
   // cache then holds one position more. Without gradients.
   Tensor forward_cached_rows(const Tensor& input_ids, const std::vector<KVCache*>& caches);
   // The prompts' passes of rows side by side (generate_rows): input_ids [B, T], row b's prompt in
   // its first lengths[b] positions and anything after (right padding: causal queries never see
-  // it), caches[b] empty with room for T positions. The logits [B, T, V], row b's last real one
-  // at lengths[b] - 1; each cache then holds its prompt's lengths[b] positions. Without
+  // it), caches[b] empty with room for T positions. The logits [B, 1, V] of each row's last real
+  // position, lengths[b] - 1; each cache then holds its prompt's lengths[b] positions. Without
   // gradients.
   Tensor prefill_rows(const Tensor& input_ids, const std::vector<int64_t>& lengths,
                       const std::vector<KVCache*>& caches);
@@ -159,9 +161,14 @@ class CausalLM : public nn::Module {
 
  protected:
   // The forward of the family; with a cache, positions start at cache->length (batch 1, no mask)
-  // and every layer appends its keys and values.
+  // and every layer appends its keys and values. `keep` empty: the logits [B, T, V] of every
+  // position; else [K, 1, V] of the K positions keep names (flat indices b * T + t), the final
+  // norm and the head computed for those alone (keep_positions).
   virtual Tensor run(const Tensor& input_ids, const ops::AttentionMask& mask,
-                     const KVCaches* caches) = 0;
+                     const KVCaches* caches, const std::vector<int64_t>& keep) = 0;
+  // x [B, T, C] at the positions `keep` names, [K, 1, C]; x itself when keep is empty. Without
+  // gradients (decoding).
+  static Tensor keep_positions(const Tensor& x, const std::vector<int64_t>& keep);
   // x through `blocks` in order, block i's forward being block_forward(i, x) (which must own what
   // it captures: a checkpointed segment calls it again inside backward); checkpointed as
   // set_activation_checkpointing() says when `may_checkpoint` (no KV cache) and training.

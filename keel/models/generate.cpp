@@ -211,10 +211,11 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
     const std::vector<int32_t>& in = opt.use_cache ? feed : seq;
     const int64_t t = static_cast<int64_t>(in.size());
     Tensor ids = Tensor::from_ints(std::vector<int64_t>(in.begin(), in.end()), {1, t}).to(dev);
-    Tensor logits =
-        opt.use_cache ? model.forward_cached(ids, *cache) : model.forward(ids, Tensor());
-    const int64_t V = logits.size(-1);
-    std::vector<float> row = logits.view({t, V}).slice_rows(t - 1, t).to_floats();
+    // (the cache's pass computes the head for the last position alone)
+    Tensor logits = opt.use_cache ? model.forward_cached(ids, *cache, /*last_only=*/true)
+                                  : model.forward(ids, Tensor());
+    const int64_t V = logits.size(-1), rows = logits.numel() / V;
+    std::vector<float> row = logits.view({rows, V}).slice_rows(rows - 1, rows).to_floats();
     if (step == 0) r.prompt_seconds = std::chrono::duration<double>(clock::now() - t0).count();
     const std::optional<int32_t> next = take_token(std::move(row), opt, rng, seq, r);
     if (!next) break;
@@ -279,9 +280,9 @@ std::vector<GenerateResult> generate_rows(
   if (opt.max_new_tokens <= 0) return results;
   // The prompts' passes side by side, right-padded to the longest of their group (causal queries
   // never see the padding, whose keys each row's decode then writes over), then each row's first
-  // token. A group's logits are [rows, longest, V] whole: groups of consecutive prompts keep them
-  // within 2^26 values (256 MB in f32; Llama-3's 128,256-token vocabulary: 523 positions).
-  constexpr int64_t kLogitsBudget = int64_t{1} << 26;
+  // token from its last position's logits. A group's activations are of rows x longest tokens:
+  // groups of consecutive prompts keep them to 4,096 tokens (a longer prompt alone).
+  constexpr int64_t kPrefillTokens = 4096;
   for (size_t b = 0; b < prompts.size(); ++b) {
     const int64_t n = std::ssize(prompts[b]);
     const int64_t room = n + std::clamp<int64_t>(opt.max_new_tokens, 0, spec.max_seq_len - n);
@@ -291,10 +292,9 @@ std::vector<GenerateResult> generate_rows(
   for (size_t first = 0; first < prompts.size();) {
     size_t end = first + 1;
     int64_t longest = std::ssize(prompts[first]);
-    while (end < prompts.size() && static_cast<int64_t>(end + 1 - first) *
-                                           std::max(longest, std::ssize(prompts[end])) *
-                                           spec.vocab_size <=
-                                       kLogitsBudget)
+    while (end < prompts.size() &&
+           static_cast<int64_t>(end + 1 - first) * std::max(longest, std::ssize(prompts[end])) <=
+               kPrefillTokens)
       longest = std::max(longest, std::ssize(prompts[end++]));
     std::vector<int64_t> padded, lengths;
     std::vector<KVCache*> caches;
@@ -310,12 +310,12 @@ std::vector<GenerateResult> generate_rows(
     const int64_t group = static_cast<int64_t>(end - first);
     const Tensor logits =
         model.prefill_rows(Tensor::from_ints(padded, {group, longest}).to(dev), lengths, caches);
-    const Tensor all = logits.view({group * longest, logits.size(-1)});
+    const Tensor all = logits.view({group, logits.size(-1)});  // each row's last position's
     const double prompt = std::chrono::duration<double>(clock::now() - p0).count();
     for (size_t b = first; b < end; ++b) {
       results[b].prompt_seconds = prompt;  // (one pass for the group's rows)
-      const int64_t last = static_cast<int64_t>(b - first) * longest + lengths[b - first] - 1;
-      if (take(b, all.slice_rows(last, last + 1).to_floats())) decoding.push_back(b);
+      const int64_t i = static_cast<int64_t>(b - first);
+      if (take(b, all.slice_rows(i, i + 1).to_floats())) decoding.push_back(b);
     }
     first = end;
   }

@@ -84,7 +84,7 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
                         GenerateSession* session = nullptr);
 
 // Several prompts decoded side by side (keel generate --input --batch-size): the prompts' passes
-// together (right-padded, in groups whose logits stay within 256 MB), then one forward a step
+// together (right-padded, in groups of at most 4,096 tokens), then one forward a step
 // over every row still decoding, whose projections read the weights once for all the rows (a step
 // of B rows costs about what one row's does while the weights, not the arithmetic, bound it), each
 // row attending over its own cache. Row b is what generate(prompts[b]) gives, with its own

@@ -90,7 +90,7 @@ GPT2LMHeadModel::GPT2LMHeadModel(const ModelSpec& s, uint64_t seed)
 }
 
 Tensor GPT2LMHeadModel::run(const Tensor& ids, const ops::AttentionMask& mask,
-                            const KVCaches* caches) {
+                            const KVCaches* caches, const std::vector<int64_t>& keep) {
   return call({ids}, [&] {
     KEEL_CHECK(ids.dim() == 2, "GPT-2 input_ids must be [B, T], got " + shape_str(ids.shape()));
     const int64_t B = ids.size(0), T = ids.size(1);
@@ -123,7 +123,7 @@ Tensor GPT2LMHeadModel::run(const Tensor& ids, const ops::AttentionMask& mask,
           return transformer->h[i]->forward(h, mask, backend, caches, i);
         },
         caches == nullptr);
-    x = transformer->ln_f->forward(x);
+    x = transformer->ln_f->forward(keep_positions(x, keep));
     // lm_head is tied to wte: logits = x·wteᵀ, under the linear autocast rule.
     using amp::AmpOp;
     return ops::linear(amp::autocast(AmpOp::kLinear, x),

@@ -57,8 +57,8 @@ class GPT2LMHeadModel : public CausalLM {
   }
 
  protected:
-  Tensor run(const Tensor& input_ids, const ops::AttentionMask& mask,
-             const KVCaches* caches) override;
+  Tensor run(const Tensor& input_ids, const ops::AttentionMask& mask, const KVCaches* caches,
+             const std::vector<int64_t>& keep) override;
 };
 
 }  // namespace keel::models

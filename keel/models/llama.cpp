@@ -178,7 +178,7 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelSpec& s, uint64_t seed)
 }
 
 Tensor LlamaForCausalLM::run(const Tensor& ids, const ops::AttentionMask& mask,
-                             const KVCaches* caches) {
+                             const KVCaches* caches, const std::vector<int64_t>& keep) {
   return call({ids}, [&] {
     KEEL_CHECK(ids.dim() == 2, "Llama input_ids must be [B, T], got " + shape_str(ids.shape()));
     Tensor x = model->embed_tokens->forward(ids);
@@ -196,7 +196,7 @@ Tensor LlamaForCausalLM::run(const Tensor& ids, const ops::AttentionMask& mask,
           return model->layers[i]->forward(h, mask, backend, caches, i);
         },
         caches == nullptr);
-    x = model->norm->forward(x);
+    x = model->norm->forward(keep_positions(x, keep));
     using amp::AmpOp;
     Tensor logits = lm_head
                         ? lm_head->forward(x)

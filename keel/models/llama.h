@@ -67,8 +67,8 @@ class LlamaForCausalLM : public CausalLM {
   }
 
  protected:
-  Tensor run(const Tensor& input_ids, const ops::AttentionMask& mask,
-             const KVCaches* caches) override;
+  Tensor run(const Tensor& input_ids, const ops::AttentionMask& mask, const KVCaches* caches,
+             const std::vector<int64_t>& keep) override;
 };
 
 }  // namespace keel::models

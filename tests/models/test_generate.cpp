@@ -331,6 +331,33 @@ TEST(Generate, TheRepetitionPenaltyReadsThePromptAndTheNewTokens) {
   EXPECT_EQ(rows[1].tokens, models::generate(*m, {5, 6}, o).tokens);
 }
 
+// A decode's passes compute the final norm and the head for the positions it chooses from alone:
+// the last of a prompt (forward_cached's last_only), each row's last real one side by side
+// (prefill_rows, right-padded): the logits of those positions in the whole forward.
+TEST(Generate, APassComputesTheHeadOnlyForThePositionsItChoosesFrom) {
+  NoGradGuard no_grad;
+  for (const char* family : {"gpt2", "gemma2"}) {
+    auto m = models::make_causal_lm(spec16(family), 5);
+    const int64_t V = m->spec().vocab_size;
+    const Tensor ids = Tensor::from_ints({3, 1, 4, 1, 5, 9, 2, 6}, {2, 4});
+    const Tensor whole = m->forward(ids, Tensor()).view({8, V});
+    models::KVCache cache = m->make_kv_cache();
+    const Tensor last = m->forward_cached(ids.slice_rows(0, 1), cache, /*last_only=*/true);
+    EXPECT_EQ(last.shape(), (Shape{1, 1, V}));
+    EXPECT_EQ(cache.length, 4);
+    test::expect_close(last.view({1, V}), whole.slice_rows(3, 4), 1e-6, 1e-5, family);
+    models::KVCache a = m->make_kv_cache(), b = m->make_kv_cache();
+    const Tensor rows = m->prefill_rows(ids, {4, 2}, {&a, &b});  // row 1's last real: position 1
+    EXPECT_EQ(rows.shape(), (Shape{2, 1, V}));
+    EXPECT_EQ(a.length, 4);
+    EXPECT_EQ(b.length, 2);
+    test::expect_close(rows.view({2, V}).slice_rows(0, 1), whole.slice_rows(3, 4), 1e-6, 1e-5,
+                       family);
+    test::expect_close(rows.view({2, V}).slice_rows(1, 2), whole.slice_rows(5, 6), 1e-6, 1e-5,
+                       family);
+  }
+}
+
 TEST(Generate, SeededSamplingIsDeterministicAndEosStops) {
   auto m = models::make_causal_lm(spec16("llama"), 3);
   GenerateOptions o;
