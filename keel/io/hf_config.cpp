@@ -311,7 +311,8 @@ HfConfig read_hf_config(const std::string& dir) {
     s.intermediate_size = c.integer({"intermediate_size"});
     s.vocab_size = c.integer({"vocab_size"});
     s.max_seq_len = c.integer({"max_position_embeddings"}, 2048);
-    s.rope_theta = c.number({"rope_theta"}, 10000.0);
+    // (Gemma3TextConfig's default base is 1e6; its files give it)
+    s.rope_theta = c.number({"rope_theta"}, s.hf_model_type == "gemma3_text" ? 1e6 : 10000.0);
     s.norm_eps = c.number({"rms_norm_eps"}, 1e-6);
     // (Gemma ties its head to the embedding unless the file says otherwise, as GemmaConfig.)
     s.tie_embeddings = c.boolean("tie_word_embeddings", s.gemma());
@@ -408,12 +409,17 @@ HfConfig read_hf_config(const std::string& dir) {
                             ")");
         s.sliding_period = period;
       }
-      if (!(s.rope_local_theta >= 0) || !std::isfinite(s.rope_local_theta))
+      if (gemma3 && (!(s.rope_local_theta > 0) || !std::isfinite(s.rope_local_theta)))
         throw Error(file + ": rope_local_base_freq must be a positive number, got " +
-                        std::to_string(s.rope_local_theta),
+                        c.find({"rope_local_base_freq"})->dump(),
                     Error::kUsage);
-      s.attn_softcap = c.number({"attn_logit_softcapping"}, 0);
-      s.final_softcap = c.number({"final_logit_softcapping"}, 0);
+      // Absent, Gemma2Config's caps (50 and 30); null, none (Gemma-3's).
+      auto cap = [&](const char* field, double gemma2_default) {
+        if (!j.contains(field)) return gemma3 ? 0.0 : gemma2_default;
+        return c.number({field}, 0);
+      };
+      s.attn_softcap = cap("attn_logit_softcapping", 50);
+      s.final_softcap = cap("final_logit_softcapping", 30);
       s.query_pre_attn_scalar = c.number({"query_pre_attn_scalar"}, 256);
       for (const char* field :
            {"attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar"})
@@ -432,7 +438,8 @@ HfConfig read_hf_config(const std::string& dir) {
     }
     // A head width of its own (Qwen3-0.6B's and -4B's, Mistral-Nemo's), as HF's attention reads
     // it: getattr(config, "head_dim", hidden_size // num_attention_heads).
-    if (const int64_t hd = c.integer({"head_dim"}, 0);
+    // (GemmaConfig's default head_dim is 256, not hidden_size / heads)
+    if (const int64_t hd = c.integer({"head_dim"}, s.gemma() ? 256 : 0);
         hd > 0 && (s.n_head < 1 || s.n_embd % s.n_head != 0 || hd != s.n_embd / s.n_head)) {
       if (hd > models::ModelSpec::kMaxHeadWidth)
         throw Error(file + ": head_dim = " + std::to_string(hd) + " is wider than keel's heads (" +

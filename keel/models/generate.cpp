@@ -208,6 +208,16 @@ GenerateResult generate(CausalLM& model, const std::vector<int32_t>& prompt,
       r.stop = "max_seq_len";
       break;
     }
+    // Phi-3's longrope rotates a pass by its long factors once the sequence passes
+    // original_max_position_embeddings; the keys the cache holds were rotated by the short ones.
+    // There HF's Phi3ForCausalLM.prepare_inputs_for_generation drops the cache and runs the
+    // whole sequence again: so does this decode, once.
+    if (opt.use_cache && spec.rope_scaling.kind == ops::RopeScaling::Kind::kLongRope &&
+        cache->length > 0 && cache->length <= spec.rope_scaling.original_max_position &&
+        std::ssize(seq) > spec.rope_scaling.original_max_position) {
+      cache->length = 0;
+      feed = seq;
+    }
     const std::vector<int32_t>& in = opt.use_cache ? feed : seq;
     const int64_t t = static_cast<int64_t>(in.size());
     Tensor ids = Tensor::from_ints(std::vector<int64_t>(in.begin(), in.end()), {1, t}).to(dev);
@@ -242,8 +252,15 @@ std::vector<GenerateResult> generate_rows(
   const ModelSpec& spec = model.spec();
   for (const std::vector<int32_t>& p : prompts) check_prompt(p, spec);
   std::vector<GenerateResult> results;
-  // Without the cache (the reference) or alone, a row is generate()'s decode.
-  if (!opt.use_cache || prompts.size() <= 1) {
+  // Without the cache (the reference) or alone, a row is generate()'s decode; so is a longrope
+  // row that may pass original_max_position_embeddings (one RoPE table a pass serves every row,
+  // and generate() re-runs a crossing row's sequence with the long factors as HF does).
+  bool crosses = false;
+  if (spec.rope_scaling.kind == ops::RopeScaling::Kind::kLongRope)
+    for (const std::vector<int32_t>& p : prompts)
+      crosses =
+          crosses || opt.max_new_tokens > spec.rope_scaling.original_max_position - std::ssize(p);
+  if (!opt.use_cache || prompts.size() <= 1 || crosses) {
     for (size_t b = 0; b < prompts.size(); ++b)
       results.push_back(generate(model, prompts[b], opt,
                                  [&](int32_t id) { return !on_token || on_token(b, id); }));

@@ -62,7 +62,7 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
       q = ops::split_heads(q_proj->forward(x), n_head);     // [B,H,T,D]
       k = ops::split_heads(k_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
     }
-    if (q_norm) {  // Qwen3: each head's query and key normalized over its D channels
+    if (q_norm) {  // Qwen3, Gemma-3: each head's query and key normalized over its D channels
       q = q_norm->forward(q);
       k = k_norm->forward(k);
     }

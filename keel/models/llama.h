@@ -17,7 +17,7 @@ class LlamaAttention : public nn::Module {
                  const KVCaches* caches = nullptr, size_t layer = 0);  // [B,T,C]
   // Phi-3 (ModelSpec::fused_projections()): qkv_proj alone, q_proj, k_proj and v_proj null.
   nn::Linear *q_proj = nullptr, *k_proj = nullptr, *v_proj = nullptr, *qkv_proj = nullptr, *o_proj;
-  nn::RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // Qwen3's (ModelSpec::qk_norm()); else null
+  nn::RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // ModelSpec::qk_norm() (Qwen3, Gemma-3)
   int64_t n_head, n_kv_head;
   double rope_theta;
   ops::RopeScaling rope_scaling;

@@ -24,8 +24,8 @@ struct RopeScaling {
   int64_t original_max_position = 8192;
   // longrope (Phi-3-*-128k, Phi-3.5-mini): inv_freq[i] / short_factor[i] while a forward's
   // positions stay within original_max_position (the longest + 1 at most that), / long_factor[i]
-  // past it (HF's dynamic update: a decode that crosses it rotates its later tokens by the long
-  // factors, its cached keys keep theirs); cos and sin scaled by attention_factor.
+  // past it (HF's dynamic update; a decode that crosses it runs its whole sequence again, as HF's
+  // Phi-3 generate does: models::generate); cos and sin scaled by attention_factor.
   std::vector<double> short_factor, long_factor;
   double attention_factor = 1.0;
   bool operator==(const RopeScaling&) const = default;

@@ -372,6 +372,49 @@ TEST(HfModel, Phi3LongRopeLoadsAndSavesBack) {
                   "keel's llama model");
 }
 
+// A Gemma config.json that leaves fields out gets HF's config classes' defaults: head_dim 256,
+// Gemma-2's caps 50 and 30 (null: none), Gemma-3's RoPE base 1e6 and none of its caps.
+TEST(HfModel, GemmaFieldsLeftOutTakeHfsDefaults) {
+  const std::string dir = test::temp_dir("hf-gemma-defaults");
+  auto read = [&](const json& cfg) {
+    std::ofstream(dir + "/config.json") << cfg.dump();
+    return read_hf_config(dir).spec;
+  };
+  json g2 = {{"architectures", {"Gemma2ForCausalLM"}},
+             {"model_type", "gemma2"},
+             {"num_hidden_layers", 2},
+             {"hidden_size", 32},
+             {"num_attention_heads", 2},
+             {"num_key_value_heads", 1},
+             {"intermediate_size", 64},
+             {"vocab_size", 40}};
+  models::ModelSpec s = read(g2);
+  EXPECT_EQ(s.head_dim(), 256);
+  EXPECT_EQ(s.attn_softcap, 50);
+  EXPECT_EQ(s.final_softcap, 30);
+  EXPECT_EQ(s.rope_theta, 10000);
+  g2["attn_logit_softcapping"] = nullptr;
+  g2["final_logit_softcapping"] = nullptr;
+  s = read(g2);
+  EXPECT_EQ(s.attn_softcap, 0);
+  EXPECT_EQ(s.final_softcap, 0);
+  json g3 = g2;
+  g3.erase("attn_logit_softcapping");
+  g3.erase("final_logit_softcapping");
+  g3["architectures"] = {"Gemma3ForCausalLM"};
+  g3["model_type"] = "gemma3_text";
+  s = read(g3);
+  EXPECT_EQ(s.attn_softcap, 0);
+  EXPECT_EQ(s.final_softcap, 0);
+  EXPECT_EQ(s.rope_theta, 1e6);
+  EXPECT_EQ(s.rope_local_theta, 10000);
+  EXPECT_EQ(s.sliding_period, 6);
+  g3["rope_local_base_freq"] = 0;
+  std::ofstream(dir + "/config.json") << g3.dump();
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  dir + "/config.json: rope_local_base_freq must be a positive number, got 0");
+}
+
 // ---- errors name the file and the tensor or field -----------------------------------------------
 
 class HfErrors : public ::testing::Test {

@@ -358,6 +358,30 @@ TEST(Generate, APassComputesTheHeadOnlyForThePositionsItChoosesFrom) {
   }
 }
 
+// Phi-3's longrope past original_max_position_embeddings (4 here): the cached decode runs its
+// whole sequence again with the long factors once, as HF's generate does, and so chooses what
+// the decode without a cache (every step the whole sequence) chooses; rows side by side too.
+TEST(Generate, ALongRopeDecodeRunsItsSequenceAgainPastTheOriginalContext) {
+  auto m = models::make_causal_lm(spec16("phi3_lr"), 7);
+  GenerateOptions o;
+  o.max_new_tokens = 9;
+  o.keep_logits = true;
+  const GenerateResult cached = models::generate(*m, {1, 2, 3}, o);
+  o.use_cache = false;
+  const GenerateResult full = models::generate(*m, {1, 2, 3}, o);
+  EXPECT_EQ(cached.tokens, full.tokens);
+  ASSERT_EQ(cached.logits.size(), full.logits.size());
+  for (size_t st = 0; st < full.logits.size(); ++st)
+    for (size_t j = 0; j < full.logits[st].size(); ++j)
+      EXPECT_NEAR(cached.logits[st][j], full.logits[st][j],
+                  2e-5 * (1 + std::fabs(full.logits[st][j])))
+          << "step " << st;
+  o.use_cache = true;
+  const std::vector<GenerateResult> rows = models::generate_rows(*m, {{1, 2, 3}, {4, 5}}, o);
+  EXPECT_EQ(rows[0].tokens, cached.tokens);
+  EXPECT_EQ(rows[1].tokens, models::generate(*m, {4, 5}, o).tokens);
+}
+
 TEST(Generate, SeededSamplingIsDeterministicAndEosStops) {
   auto m = models::make_causal_lm(spec16("llama"), 3);
   GenerateOptions o;

@@ -78,6 +78,25 @@ TEST(SoftcapAttention, ScoresAreCappedBeforeTheSoftmaxInEveryBackend) {
     const Tensor none = ops::attention(q, k, v, {}, be, {0.4f, 0.f});
     test::expect_close(far, none, 1e-5, 1e-5, ops::attention_backend_name(be));
   }
+  // Within a packed row's examples and a sliding window (Gemma-2's sliding layers): the cap
+  // applies to the scores each query sees.
+  std::vector<int64_t> pos;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t i = 0; i < t; ++i) pos.push_back(b == 0 && i >= 40 ? i - 40 : i);
+  ops::AttentionMask packed(Tensor(), Tensor::from_ints(pos, {2, t}));
+  packed.window = 25;
+  const std::vector<double> bounded = test::attention_ref(
+      q, k, v,
+      [&](int64_t b, int64_t i) {
+        return std::max(i - pos[static_cast<size_t>(b * t + i)], i - 24);
+      },
+      0.4, 2.0);
+  for (AttentionBackend be : kBackends) {
+    const std::vector<float> got = ops::attention(q, k, v, packed, be, scores).to_floats();
+    double worst = 0;
+    for (size_t x = 0; x < got.size(); ++x) worst = std::max(worst, std::fabs(got[x] - bounded[x]));
+    EXPECT_LT(worst, 2e-5) << ops::attention_backend_name(be) << " packed, window 25";
+  }
   const Tensor by_default = ops::attention(q, k, v, {}, AttentionBackend::kMath);
   const Tensor by_scale = ops::attention(q, k, v, {}, AttentionBackend::kMath,
                                          {static_cast<float>(1 / std::sqrt(8.0)), 0.f});
@@ -86,17 +105,19 @@ TEST(SoftcapAttention, ScoresAreCappedBeforeTheSoftmaxInEveryBackend) {
 
 TEST(SoftcapAttention, GradientsMatchFiniteDifferences) {
   for (AttentionBackend be : kBackends)
-    for (bool padded : {false, true}) {
-      // A padded row's first key hidden: the capped softmax's backward skips it too.
-      const Tensor mask =
-          padded ? Tensor::from_ints({0, 1, 1, 1, 1, 1, 1, 1, 1}, {1, 9}, DType::U8) : Tensor();
+    for (const char* bound : {"", " padded", " window 3"}) {
+      // A padded row's first key hidden, or a window: the capped softmax's backward keeps to the
+      // keys each query sees.
+      ops::AttentionMask mask;
+      if (std::string(bound) == " padded")
+        mask.key_padding = Tensor::from_ints({0, 1, 1, 1, 1, 1, 1, 1, 1}, {1, 9}, DType::U8);
+      if (std::string(bound) == " window 3") mask.window = 3;
       test::expect_gradcheck(
           [&](const std::vector<Tensor>& in) {
             return ops::attention(in[0], in[1], in[2], mask, be, {0.6f, 1.5f});
           },
           {randn({1, 2, 9, 4}, 91, 1.5f), randn({1, 1, 9, 4}, 92, 1.5f), randn({1, 1, 9, 4}, 93)},
-          {},
-          std::string("softcap ") + ops::attention_backend_name(be) + (padded ? " padded" : ""));
+          {}, std::string("softcap ") + ops::attention_backend_name(be) + bound);
     }
 }
 
