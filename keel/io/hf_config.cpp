@@ -55,7 +55,8 @@ ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file) {
     if (!(s.high_freq_factor > s.low_freq_factor))
       throw Error(where + " (llama3): high_freq_factor (" + std::to_string(s.high_freq_factor) +
                   ") must exceed low_freq_factor (" + std::to_string(s.low_freq_factor) + ")");
-  } else if (t == "longrope" || t == "su") {  // ("su": Phi-3's first files, HF's alias)
+  } else if (t == "longrope" || t == "su" || (t == "yarn" && c.find({"short_factor"}))) {
+    // ("su" and "yarn" with factor lists: Phi3Config's aliases, which it rewrites to longrope)
     // The factors per frequency; original_max_position and attention_factor come from the
     // model's fields (read_hf_config: Phi-3 keeps original_max_position_embeddings beside
     // max_position_embeddings).

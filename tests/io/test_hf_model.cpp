@@ -342,6 +342,13 @@ TEST(HfModel, Phi3LongRopeLoadsAndSavesBack) {
   EXPECT_EQ(back.at("rope_scaling").size(), 3u) << back.at("rope_scaling").dump();
   EXPECT_EQ(back.at("original_max_position_embeddings"), 4096);
   EXPECT_EQ(read_hf_config(out).spec.rope_scaling, rs);
+  // Phi3Config's aliases of longrope: "su" (its first files) and "yarn" with factor lists.
+  for (const char* alias : {"su", "yarn"}) {
+    json aliased = cfg;
+    aliased["rope_scaling"]["type"] = alias;
+    write_hf_dir(dir, aliased, hf_tensors(*src, DType::BF16));
+    EXPECT_EQ(read_hf_config(dir).spec.rope_scaling, rs) << alias;
+  }
   // An attention factor of its own is kept, and written back.
   cfg["rope_scaling"]["attention_factor"] = 1.0;
   write_hf_dir(dir, cfg, hf_tensors(*src, DType::BF16));
