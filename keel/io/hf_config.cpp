@@ -163,6 +163,42 @@ const HfArchitecture& architecture_of(const json& j, const std::string& file) {
               "'); keel reads " + known);
 }
 
+// A Gemma3ForConditionalGeneration's config.json (Gemma-3 4B, 12B, 27B: vision and text): its
+// language model's, a Gemma3ForCausalLM's — text_config over Gemma3TextConfig's defaults (the
+// published files list only the fields that differ), the file's dtype. Its weights are the
+// language model's under "language_model." (or "model.language_model."): io/hf_weights.cpp.
+json gemma3_language_model(const json& j, const std::string& file) {
+  const auto text = j.find("text_config");
+  if (text == j.end() || !text->is_object())
+    throw Error(file +
+                    ": a Gemma3ForConditionalGeneration needs a text_config object (its "
+                    "language model's fields), got " +
+                    (text == j.end() ? std::string("none") : text->dump()),
+                Error::kUsage);
+  json t = {{"vocab_size", 262208},
+            {"hidden_size", 2304},
+            {"intermediate_size", 9216},
+            {"num_hidden_layers", 26},
+            {"num_attention_heads", 8},
+            {"num_key_value_heads", 4},
+            {"head_dim", 256},
+            {"hidden_activation", "gelu_pytorch_tanh"},
+            {"max_position_embeddings", 131072},
+            {"rms_norm_eps", 1e-6},
+            {"rope_theta", 1e6},
+            {"rope_local_base_freq", 10000.0},
+            {"query_pre_attn_scalar", 256},
+            {"sliding_window", 4096},
+            {"sliding_window_pattern", 6},
+            {"tie_word_embeddings", true}};
+  t.update(*text);
+  t["model_type"] = "gemma3_text";
+  t["architectures"] = {"Gemma3ForCausalLM"};
+  for (const char* key : {"torch_dtype", "dtype", "initializer_range"})
+    if (j.contains(key) && !t.contains(key)) t[key] = j[key];
+  return t;
+}
+
 // The entry of a spec's architecture (Llama's for "llama" and a spec from sizes).
 const HfArchitecture& architecture_of(const models::ModelSpec& s) {
   for (const HfArchitecture& a : kArchitectures)
@@ -273,8 +309,12 @@ HfConfig read_hf_config(const std::string& dir) {
   }
   HfConfig out;
   out.json = read_json(file);
+  if (!out.json.is_object()) throw Error(file + ": expected a JSON object");
+  if (out.json.value("model_type", json()) == "gemma3" ||
+      out.json.value("architectures", json::array()) ==
+          json::array({"Gemma3ForConditionalGeneration"}))
+    out.json = gemma3_language_model(out.json, file);
   const json& j = out.json;
-  if (!j.is_object()) throw Error(file + ": expected a JSON object");
   ConfigReader c{j, file};
   models::ModelSpec& s = out.spec;
   const HfArchitecture& arch = architecture_of(j, file);

@@ -11,7 +11,8 @@
 //     "gemma3_text"): Llama's fields and layers with Gemma's norms, GeGLU and scaled embedding
 //     (ModelSpec::gemma()); Gemma-2's and -3's sandwich norms, query_pre_attn_scalar, soft caps
 //     and sliding layers (sliding_window_pattern / layer_types); Gemma-3's q/k norms and
-//     rope_local_base_freq; written back as each.
+//     rope_local_base_freq; written back as each. A Gemma3ForConditionalGeneration (4B+, vision)
+//     is read as its language model (text_config), written back as a Gemma3ForCausalLM.
 //   Phi3ForCausalLM (model_type "phi3"): Llama's fields and layers with q/k/v as one qkv_proj and
 //     gate/up as one gate_up_proj (ModelSpec::fused_projections()), sliding_window as Mistral's;
 //     partial_rotary_factor other than 1 (Phi-4-mini) refused; written back as Phi-3.

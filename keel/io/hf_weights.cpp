@@ -40,8 +40,30 @@ bool ignorable(const models::ModelSpec& spec, const std::string& name) {
   if (spec.family == "gpt2")
     return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
            name == "lm_head.weight";
+  // A Gemma3ForConditionalGeneration's vision tower and projector: keel reads its language model.
+  if (spec.hf_model_type == "gemma3_text" &&
+      (name.rfind("vision_tower.", 0) == 0 || name.rfind("multi_modal_projector.", 0) == 0 ||
+       name.rfind("model.vision_tower.", 0) == 0 ||
+       name.rfind("model.multi_modal_projector.", 0) == 0))
+    return true;
   return ends_with(name, ".rotary_emb.inv_freq") ||
          (spec.tie_embeddings && name == "lm_head.weight");
+}
+
+// The name parameter `name` has in a model directory's files: its own, or GPT-2's without the
+// `transformer.` prefix (OpenAI's files), or a Gemma3ForConditionalGeneration's language model's
+// ("language_model.model.X" as Google's files name it, "model.language_model.X" as transformers
+// >= 4.52 saves it, for keel's "model.X"). `has` says whether the files hold a name.
+std::string file_name_of(const models::ModelSpec& spec, const std::string& name,
+                         const std::function<bool(const std::string&)>& has) {
+  if (has(name)) return name;
+  if (spec.family == "gpt2" && name.rfind("transformer.", 0) == 0 && has(name.substr(12)))
+    return name.substr(12);
+  if (spec.hf_model_type == "gemma3_text" && name.rfind("model.", 0) == 0)
+    for (const std::string& k :
+         {"language_model." + name, "model.language_model." + name.substr(6)})
+      if (has(k)) return k;
+  return name;
 }
 
 // [R, C] -> [C, R], any element size.
@@ -151,8 +173,16 @@ void remove_if_exists(const std::string& path) {
 
 // (the full per-tensor check follows in load_hf_weights).
 void check_sizes_against_weights(const std::string& dir, const models::ModelSpec& s) {
-  const std::map<std::string, Shape> shapes = weight_shapes(dir);
+  std::map<std::string, Shape> shapes = weight_shapes(dir);
   if (shapes.empty()) return;
+  if (s.hf_model_type == "gemma3_text") {  // a multimodal file's language model, by keel's names
+    std::map<std::string, Shape> text;
+    for (auto& [name, shape] : shapes) {
+      if (name.rfind("language_model.", 0) == 0) text[name.substr(15)] = shape;
+      if (name.rfind("model.language_model.", 0) == 0) text["model." + name.substr(21)] = shape;
+    }
+    if (!text.empty()) shapes = std::move(text);
+  }
   const std::string file = dir + "/config.json";
   const bool gpt2 = s.family == "gpt2";
   auto shape_of = [&](std::initializer_list<const char*> names) -> const Shape* {
@@ -311,11 +341,8 @@ void for_each_weight(models::CausalLM& model, const std::string& dir,
   WeightSource src = map_weights(dir);
   std::set<std::string> used;
   for (auto& [name, p] : base_parameters(model)) {
-    // GPT-2's own files name tensors without the `transformer.` prefix.
-    std::string key = name;
-    if (!src.tensors.count(key) && spec.family == "gpt2" && name.rfind("transformer.", 0) == 0 &&
-        src.tensors.count(name.substr(12)))
-      key = name.substr(12);
+    const std::string key =
+        file_name_of(spec, name, [&](const std::string& k) { return src.tensors.count(k) > 0; });
     auto it = src.tensors.find(key);
     if (it == src.tensors.end())
       throw Error(src.describe + ": tensor '" + name + "' is missing (config.json describes a " +
@@ -355,9 +382,8 @@ std::optional<FileElement> file_element(const models::ModelSpec& spec, const std
                                         const std::string& name, const Shape& index) {
   if (is_keel_checkpoint(dir) || index.size() != 2) return std::nullopt;
   const WeightSource src = map_weights(dir);
-  std::string key = name;  // GPT-2's own files name tensors without the `transformer.` prefix
-  if (!src.tensors.count(key) && spec.family == "gpt2" && name.rfind("transformer.", 0) == 0)
-    key = name.substr(12);
+  const std::string key =
+      file_name_of(spec, name, [&](const std::string& k) { return src.tensors.count(k) > 0; });
   const auto it = src.tensors.find(key);
   if (it == src.tensors.end() || it->second.info->shape.size() != 2) return std::nullopt;
   const TensorInfo& info = *it->second.info;

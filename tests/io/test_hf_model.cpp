@@ -422,6 +422,76 @@ TEST(HfModel, GemmaFieldsLeftOutTakeHfsDefaults) {
                   dir + "/config.json: rope_local_base_freq must be a positive number, got 0");
 }
 
+// A Gemma3ForConditionalGeneration (Gemma-3 4B, 12B, 27B): its config.json's text_config lists
+// only the fields that differ from Gemma3TextConfig's, and its language model's tensors are under
+// "language_model." (Google's files) or "model.language_model." (transformers >= 4.52), beside a
+// vision tower and a projector. keel reads the language model: the logits of the same weights
+// written as a Gemma3ForCausalLM, and it is written back as one.
+TEST(HfModel, Gemma3MultimodalFilesLoadTheirLanguageModel) {
+  models::ModelSpec spec = llama_spec(true);
+  spec.hf_model_type = "gemma3_text";
+  spec.head_width = 256;  // Gemma3TextConfig's head_dim, which text_config leaves out
+  spec.sliding_window = 4096;
+  spec.sliding_period = 6;
+  spec.rope_local_theta = 10000;
+  spec.rope_theta = 1e6;
+  spec.query_pre_attn_scalar = 256;
+  spec.norm_eps = 1e-6;
+  auto src = models::make_causal_lm(spec, 6);
+  const std::string text_dir = test::temp_dir("hf-gemma3-text");
+  save_hf_model(*src, text_dir);
+  const Tensor ids = Tensor::from_ints({1, 7, 3, 9, 2}, {1, 5});
+  NoGradGuard no_grad;
+  const Tensor want = load_hf_model(text_dir)->forward(ids, Tensor());
+  const json cfg = {{"architectures", {"Gemma3ForConditionalGeneration"}},
+                    {"model_type", "gemma3"},
+                    {"torch_dtype", "float32"},
+                    {"text_config",
+                     {{"hidden_size", 32},
+                      {"intermediate_size", 48},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"vocab_size", 40},
+                      {"max_position_embeddings", 16},
+                      {"model_type", "gemma3_text"}}},
+                    {"vision_config", {{"hidden_size", 8}}}};
+  for (const std::string prefix : {"language_model.", "model.language_model."}) {
+    Named tensors;
+    for (auto& [name, t] : hf_tensors(*src, DType::F32))
+      tensors.emplace_back(prefix == "language_model." ? prefix + name : prefix + name.substr(6),
+                           t);
+    tensors.emplace_back(prefix.substr(0, prefix.size() - 15) + "vision_tower.patch.weight",
+                         Tensor::zeros({4, 4}));
+    tensors.emplace_back(
+        prefix.substr(0, prefix.size() - 15) + "multi_modal_projector.mm_input_projection_weight",
+        Tensor::zeros({8, 32}));
+    const std::string dir = test::temp_dir("hf-gemma3-mm");
+    write_hf_dir(dir, cfg, tensors);
+    const HfConfig hc = read_hf_config(dir);
+    EXPECT_EQ(hc.spec.architecture(), "gemma3_text") << prefix;
+    EXPECT_EQ(hc.spec.head_dim(), 256) << prefix;
+    EXPECT_EQ(hc.spec.sliding_period, 6) << prefix;
+    EXPECT_EQ(hc.spec.rope_theta, 1e6) << prefix;
+    auto model = load_hf_model(dir);
+    test::expect_bitwise_equal(model->forward(ids, Tensor()), want, prefix);
+    // Written back as the language model alone.
+    const std::string out = test::temp_dir("hf-gemma3-back");
+    save_hf_model(*model, out);
+    const json back = json::parse(read_file(out + "/config.json"));
+    EXPECT_EQ(back.at("architectures"), json::array({"Gemma3ForCausalLM"}));
+    EXPECT_FALSE(back.contains("vision_config"));
+  }
+  // A multimodal file without its text_config says so.
+  const std::string bad = test::temp_dir("hf-gemma3-bad");
+  json no_text = cfg;
+  no_text.erase("text_config");
+  write_hf_dir(bad, no_text, hf_tensors(*src, DType::F32));
+  EXPECT_CONTAINS(
+      error_of([&] { read_hf_config(bad); }),
+      bad + "/config.json: a Gemma3ForConditionalGeneration needs a text_config object");
+}
+
 // ---- errors name the file and the tensor or field -----------------------------------------------
 
 class HfErrors : public ::testing::Test {
