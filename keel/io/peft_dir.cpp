@@ -247,10 +247,25 @@ nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string&
     used.insert("base_model.model." + name);
   }
   nn::apply_adapters(model, opt, dir + "/adapter_config.json");
+  // An adapter PEFT saved on a Gemma3ForConditionalGeneration names the language model's modules
+  // under language_model. (or model.language_model.), and may adapt its vision tower too, which
+  // text alone never runs: read the former, leave the latter (io/hf_weights.cpp reads such a
+  // base the same way).
+  const bool multimodal = model.spec().hf_model_type == "gemma3_text";
+  auto find = [&](const std::string& name) {
+    const Tensor* t = st.find(name);
+    const std::string pre = "base_model.model.model.";
+    if (t || !multimodal || name.rfind(pre, 0) != 0) return std::pair{t, name};
+    for (const std::string& k :
+         {"base_model.model.language_model.model." + name.substr(pre.size()),
+          "base_model.model.model.language_model." + name.substr(pre.size())})
+      if ((t = st.find(k))) return std::pair{t, k};
+    return std::pair{t, name};
+  };
   for (auto& [name, p] : nn::peft_state_dict(model)) {
     // adapter_config.json says which tensors the file holds; one it lacks is a mismatch between
     // the two files or with the base (Safetensors::at asked "written for another model?").
-    const Tensor* found = st.find(name);
+    const auto [found, key] = find(name);
     if (!found)
       throw Error(st_path + ": tensor '" + name + "' is missing (the file has " +
                   std::to_string(st.tensors.size()) + " tensors), though " + dir +
@@ -270,10 +285,12 @@ nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string&
     Tensor dst = p;
     dst.copy_from(t);
     dst.bump_version();
-    used.insert(name);
+    used.insert(key);
   }
   for (auto& [name, t] : st.tensors)
-    if (!used.count(name))
+    if (!used.count(name) &&
+        !(multimodal && (name.find(".vision_tower.") != std::string::npos ||
+                         name.find(".multi_modal_projector.") != std::string::npos)))
       throw Error(st_path + ": unexpected tensor '" + name + "' (no adapted module has it)");
   return opt;
 }

@@ -482,6 +482,35 @@ TEST(HfModel, Gemma3MultimodalFilesLoadTheirLanguageModel) {
     EXPECT_EQ(back.at("architectures"), json::array({"Gemma3ForCausalLM"}));
     EXPECT_FALSE(back.contains("vision_config"));
   }
+  // An adapter PEFT saved on the multimodal class: the language model's modules under
+  // language_model., a vision tower's LoRA beside (text never runs it): it applies as saved on
+  // the language model alone.
+  nn::AdapterOptions lora;
+  lora.kind = "lora";
+  lora.r = 2;
+  lora.alpha = 4;
+  lora.dropout = 0;
+  lora.target_modules = {"q_proj", "v_proj"};
+  auto adapted = load_hf_model(text_dir);
+  nn::apply_adapters(*adapted, lora);
+  uint64_t seed = 40;
+  for (auto& [n, t] : nn::peft_state_dict(*adapted)) {
+    Tensor p = t;
+    p.copy_from(test::randn(p.shape(), seed++, 0.05f));
+  }
+  const std::string peft = test::temp_dir("hf-gemma3-peft") + "/adapter";
+  save_peft_adapter(*adapted, lora, peft, text_dir);
+  Named renamed;
+  for (auto& [n, t] : read_safetensors(peft + "/adapter_model.safetensors").tensors)
+    renamed.emplace_back("base_model.model.language_model.model." + n.substr(23), t);
+  renamed.emplace_back(
+      "base_model.model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.lora_A.weight",
+      Tensor::zeros({2, 8}));
+  write_safetensors(peft + "/adapter_model.safetensors", renamed, {{"format", "pt"}});
+  auto fresh = load_hf_model(text_dir);
+  load_peft_adapter(*fresh, peft);
+  test::expect_bitwise_equal(fresh->forward(ids, Tensor()), adapted->forward(ids, Tensor()),
+                             "a multimodal PEFT adapter on the language model");
   // A multimodal file without its text_config says so.
   const std::string bad = test::temp_dir("hf-gemma3-bad");
   json no_text = cfg;
