@@ -1,7 +1,9 @@
 #include "keel/io/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "keel/data/bpe.h"
 #include "keel/io/hf_json.h"
@@ -371,6 +373,26 @@ HfConfig read_hf_config(const std::string& dir) {
     if (c.boolean("mlp_bias", false)) throw unsupported("mlp_bias = true");
     if (const json* rs = c.find({"rope_scaling"})) s.rope_scaling = read_rope_scaling(*rs, file);
     const std::string& variant = s.hf_model_type;
+    // HF's layer_types, one "full_attention" or "sliding_attention" a layer: which layers slide
+    // (none when the file has no list); then whether the spec's layout (`layout`, for the
+    // message) slides those. Either mismatch is refused naming the field.
+    auto sliding_layers = [&](const std::string& layout) -> std::optional<std::vector<bool>> {
+      const json* types = c.find({"layer_types"});
+      if (!types) return std::nullopt;
+      std::vector<bool> slides;
+      if (types->is_array())
+        for (const json& t : *types)
+          if (t == "sliding_attention" || t == "full_attention")
+            slides.push_back(t == "sliding_attention");
+      if (!types->is_array() || slides.size() != types->size() || std::ssize(slides) != s.n_layer)
+        throw unsupported("layer_types " + types->dump() + " (" + layout + ")");
+      return slides;
+    };
+    auto expect_layout = [&](const std::vector<bool>& slides, const std::string& layout) {
+      for (int64_t i = 0; i < s.n_layer; ++i)
+        if (slides[static_cast<size_t>(i)] != (s.layer_window(i) > 0))
+          throw unsupported("layer_types " + c.find({"layer_types"})->dump() + " (" + layout + ")");
+    };
     if ((variant == "qwen2" || variant == "qwen3") && c.boolean("use_sliding_window", false)) {
       // Qwen2's (and Qwen3's) sliding window is off unless use_sliding_window says so, then for
       // the layers from max_window_layers on (HF's Qwen2Config: its default 28), or those
@@ -381,24 +403,12 @@ HfConfig read_hf_config(const std::string& dir) {
                         std::to_string(s.sliding_window),
                     Error::kUsage);
       s.sliding_from_layer = c.integer({"max_window_layers"}, 28);
-      if (const json* types = c.find({"layer_types"})) {
-        // Every layer from the first sliding one on slides (the layout max_window_layers makes).
-        const int64_t n = types->is_array() ? static_cast<int64_t>(types->size()) : -1;
-        int64_t first = n;
-        bool contiguous = n == s.n_layer;
-        for (int64_t i = 0; contiguous && i < n; ++i) {
-          const json& t = (*types)[static_cast<size_t>(i)];
-          const bool sliding = t == "sliding_attention";
-          if (!sliding && t != "full_attention") contiguous = false;
-          if (sliding && first == n) first = i;
-          if (!sliding && first < i) contiguous = false;
-        }
-        if (!contiguous)
-          throw unsupported(
-              "layer_types " + types->dump() +
-              " (keel slides the layers from max_window_layers on: \"full_attention\" layers, "
-              "then \"sliding_attention\" ones, one per num_hidden_layers)");
-        s.sliding_from_layer = first;
+      const std::string layout =
+          "keel slides the layers from max_window_layers on: \"full_attention\" layers, then "
+          "\"sliding_attention\" ones, one per num_hidden_layers";
+      if (const auto slides = sliding_layers(layout)) {  // from the first sliding one on
+        s.sliding_from_layer = std::find(slides->begin(), slides->end(), true) - slides->begin();
+        expect_layout(*slides, layout);
       }
     }
     if (variant == "mistral" || variant == "phi3") {
@@ -430,25 +440,19 @@ HfConfig read_hf_config(const std::string& dir) {
       s.sliding_window = c.integer({"sliding_window"}, 4096);
       s.sliding_period = gemma3 ? c.integer({"sliding_window_pattern"}, 6) : 2;
       if (gemma3) s.rope_local_theta = c.number({"rope_local_base_freq"}, 10000.0);
-      if (const json* types = c.find({"layer_types"})) {
+      const std::string layout =
+          "keel's " + variant + " slides " +
+          (gemma3 ? "all layers but every Nth, \"sliding_attention\" N - 1 times, then "
+                    "\"full_attention\""
+                  : "every other layer from the first: \"sliding_attention\", "
+                    "\"full_attention\", ...");
+      if (const auto slides = sliding_layers(layout)) {
         // The period of the file's pattern: its first full layer's index + 1 (none: all slide).
-        int64_t period = 0;
-        if (types->is_array())
-          for (size_t i = 0; i < types->size() && period == 0; ++i)
-            if ((*types)[i] == "full_attention") period = static_cast<int64_t>(i) + 1;
-        bool periodic = types->is_array() && std::ssize(*types) == s.n_layer;
-        for (int64_t i = 0; periodic && i < s.n_layer; ++i)
-          periodic =
-              (*types)[static_cast<size_t>(i)] ==
-              (period > 0 && i % period == period - 1 ? "full_attention" : "sliding_attention");
-        if (!periodic || (!gemma3 && period != 2))
-          throw unsupported("layer_types " + types->dump() + " (keel's " + variant + " slides " +
-                            (gemma3 ? "all layers but every Nth, \"sliding_attention\" N - 1 "
-                                      "times, then \"full_attention\""
-                                    : "every other layer from the first: "
-                                      "\"sliding_attention\", \"full_attention\", ...") +
-                            ")");
-        s.sliding_period = period;
+        const auto full = std::find(slides->begin(), slides->end(), false);
+        s.sliding_period = full == slides->end() ? 0 : full - slides->begin() + 1;
+        if (!gemma3 && s.sliding_period != 2)
+          throw unsupported("layer_types " + c.find({"layer_types"})->dump() + " (" + layout + ")");
+        expect_layout(*slides, layout);
       }
       if (gemma3 && (!(s.rope_local_theta > 0) || !std::isfinite(s.rope_local_theta)))
         throw Error(file + ": rope_local_base_freq must be a positive number, got " +

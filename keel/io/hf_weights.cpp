@@ -41,14 +41,14 @@ bool ignorable(const models::ModelSpec& spec, const std::string& name) {
     return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
            name == "lm_head.weight";
   // A Gemma3ForConditionalGeneration's vision tower and projector: keel reads its language model.
-  if (spec.hf_model_type == "gemma3_text" &&
-      (name.rfind("vision_tower.", 0) == 0 || name.rfind("multi_modal_projector.", 0) == 0 ||
-       name.rfind("model.vision_tower.", 0) == 0 ||
-       name.rfind("model.multi_modal_projector.", 0) == 0))
-    return true;
+  if (spec.hf_model_type == "gemma3_text" && multimodal_vision_tensor(name)) return true;
   return ends_with(name, ".rotary_emb.inv_freq") ||
          (spec.tie_embeddings && name == "lm_head.weight");
 }
+
+// (file prefix, keel prefix) of a multimodal Gemma-3's language model.
+constexpr std::pair<const char*, const char*> kMultimodalPrefixes[] = {
+    {"language_model.model.", "model."}, {"model.language_model.", "model."}};
 
 // The name parameter `name` has in a model directory's files: its own, or GPT-2's without the
 // `transformer.` prefix (OpenAI's files), or a Gemma3ForConditionalGeneration's language model's
@@ -59,9 +59,8 @@ std::string file_name_of(const models::ModelSpec& spec, const std::string& name,
   if (has(name)) return name;
   if (spec.family == "gpt2" && name.rfind("transformer.", 0) == 0 && has(name.substr(12)))
     return name.substr(12);
-  if (spec.hf_model_type == "gemma3_text" && name.rfind("model.", 0) == 0)
-    for (const std::string& k :
-         {"language_model." + name, "model.language_model." + name.substr(6)})
+  if (spec.hf_model_type == "gemma3_text")
+    for (const std::string& k : multimodal_file_names(name))
       if (has(k)) return k;
   return name;
 }
@@ -171,16 +170,32 @@ void remove_if_exists(const std::string& path) {
 
 }  // namespace
 
+std::vector<std::string> multimodal_file_names(const std::string& name) {
+  std::vector<std::string> out;
+  for (const auto& [file, keel] : kMultimodalPrefixes)
+    if (name.rfind(keel, 0) == 0) out.push_back(file + name.substr(std::strlen(keel)));
+  return out;
+}
+
+bool multimodal_vision_tensor(const std::string& name) {
+  return name.find("vision_tower.") != std::string::npos ||
+         name.find("multi_modal_projector.") != std::string::npos;
+}
+
+std::string multimodal_keel_name(const std::string& file_name) {
+  for (const auto& [file, keel] : kMultimodalPrefixes)
+    if (file_name.rfind(file, 0) == 0) return keel + file_name.substr(std::strlen(file));
+  return "";
+}
+
 // (the full per-tensor check follows in load_hf_weights).
 void check_sizes_against_weights(const std::string& dir, const models::ModelSpec& s) {
   std::map<std::string, Shape> shapes = weight_shapes(dir);
   if (shapes.empty()) return;
   if (s.hf_model_type == "gemma3_text") {  // a multimodal file's language model, by keel's names
     std::map<std::string, Shape> text;
-    for (auto& [name, shape] : shapes) {
-      if (name.rfind("language_model.", 0) == 0) text[name.substr(15)] = shape;
-      if (name.rfind("model.language_model.", 0) == 0) text["model." + name.substr(21)] = shape;
-    }
+    for (auto& [name, shape] : shapes)
+      if (const std::string keel = multimodal_keel_name(name); !keel.empty()) text[keel] = shape;
     if (!text.empty()) shapes = std::move(text);
   }
   const std::string file = dir + "/config.json";

@@ -107,6 +107,17 @@ std::optional<FileElement> file_element(const models::ModelSpec& spec, const std
 // is an Error (kUsage) naming the field. No-op when DIR holds no weights.
 void check_sizes_against_weights(const std::string& dir, const models::ModelSpec& spec);
 
+// A Gemma3ForConditionalGeneration's files (Gemma-3 4B-27B) hold its language model, keel's
+// "model.X", as "language_model.model.X" (Google's files) or "model.language_model.X"
+// (transformers >= 4.52), beside its vision tower and projector. The names keel's `name` may have
+// there (none unless it starts with "model."), and the name of keel's a file's name is (empty for
+// one outside the language model).
+std::vector<std::string> multimodal_file_names(const std::string& name);
+std::string multimodal_keel_name(const std::string& file_name);
+// Whether a tensor (or an adapter's) of such files belongs to the vision tower or the projector,
+// which keel leaves aside.
+bool multimodal_vision_tensor(const std::string& name);
+
 struct HfSaveOptions {
   // Stored dtype; F32, BF16 or F16. Unset: each parameter's own dtype.
   std::optional<DType> dtype;

@@ -10,6 +10,7 @@
 #include "keel/io/checkpoint.h"
 #include "keel/io/hf_config.h"
 #include "keel/io/hf_json.h"
+#include "keel/io/hf_weights.h"
 #include "keel/io/safetensors.h"
 #include "keel/models/resize.h"
 #include "keel/numerics/input_file.h"
@@ -252,14 +253,12 @@ nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string&
   // text alone never runs: read the former, leave the latter (io/hf_weights.cpp reads such a
   // base the same way).
   const bool multimodal = model.spec().hf_model_type == "gemma3_text";
+  const std::string peft = "base_model.model.";  // before every module's name
   auto find = [&](const std::string& name) {
     const Tensor* t = st.find(name);
-    const std::string pre = "base_model.model.model.";
-    if (t || !multimodal || name.rfind(pre, 0) != 0) return std::pair{t, name};
-    for (const std::string& k :
-         {"base_model.model.language_model.model." + name.substr(pre.size()),
-          "base_model.model.model.language_model." + name.substr(pre.size())})
-      if ((t = st.find(k))) return std::pair{t, k};
+    if (t || !multimodal) return std::pair{t, name};
+    for (const std::string& k : multimodal_file_names(name.substr(peft.size())))
+      if ((t = st.find(peft + k))) return std::pair{t, peft + k};
     return std::pair{t, name};
   };
   for (auto& [name, p] : nn::peft_state_dict(model)) {
@@ -288,9 +287,7 @@ nn::AdapterOptions load_peft_adapter(models::CausalLM& model, const std::string&
     used.insert(key);
   }
   for (auto& [name, t] : st.tensors)
-    if (!used.count(name) &&
-        !(multimodal && (name.find(".vision_tower.") != std::string::npos ||
-                         name.find(".multi_modal_projector.") != std::string::npos)))
+    if (!used.count(name) && !(multimodal && multimodal_vision_tensor(name)))
       throw Error(st_path + ": unexpected tensor '" + name + "' (no adapted module has it)");
   return opt;
 }

@@ -57,9 +57,8 @@ Tensor cached_attention(const Tensor& q, const Tensor& k, const Tensor& v,
   // Query head h reads key/value head h / G: the group's G heads of Tn queries are one [G*Tn, D]
   // matrix (head-major, as q holds them).
   Tensor q32 = ops::cast(q, DType::F32).view({1, hkv, g * tn, d});
-  const float scale =
-      scores.scale > 0 ? scores.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  Tensor s = ops::scale(ops::matmul(q32, ops::cast(k, DType::F32), false, true), scale);
+  Tensor s =
+      ops::scale(ops::matmul(q32, ops::cast(k, DType::F32), false, true), scores.scale_for(d));
   s = round(s, backend == ops::AttentionBackend::kEager);
   if (scores.softcap > 0)  // Gemma-2's cap, rounded again by eager as its kernel does
     s = round(ops::softcap(s, scores.softcap), backend == ops::AttentionBackend::kEager);

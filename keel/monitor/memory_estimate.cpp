@@ -504,7 +504,7 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     int64_t mlp = mlp_rows * block_bytes(c * BT * F) + 2 * block_bytes(s * BT * C);
     // A Phi-3's fused qkv_proj and gate_up_proj take their pieces' gradients in one buffer of the
     // fused output's shape (ops::split_last), beside the pieces' own.
-    if (q.hf_model_type == "phi3") {
+    if (sp.fused_projections()) {
       layer += block_bytes(c * BT * (qC + 2 * kvC));
       mlp += block_bytes(c * BT * 2 * F);
     }

@@ -138,8 +138,7 @@ AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v,
   KEEL_CHECK(
       sc.scale >= 0 && std::isfinite(sc.scale) && sc.softcap >= 0 && std::isfinite(sc.softcap),
       "attention: scale and softcap must be finite and >= 0");
-  d.scale = sc.scale > 0 ? sc.scale
-                         : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+  d.scale = sc.scale_for(d.head_dim);
   d.softcap = sc.softcap;
   if (d.softcap > 0 && !q.device().is_cpu())
     throw Error(

@@ -16,6 +16,8 @@
 // i - positions[b, i] on: an example's outputs are what it computes alone in a row of its own.
 // Masked scores are -inf by intent and are never reported as non-finite findings.
 #pragma once
+#include <cmath>
+#include <cstdint>
 #include <string_view>
 #include <utility>
 
@@ -52,6 +54,10 @@ int64_t first_bad_position(const Tensor& positions);
 struct AttentionScores {
   float scale = 0;
   float softcap = 0;
+  // The scale of heads of `head_dim` channels: `scale`, or 1/sqrt(head_dim).
+  float scale_for(int64_t head_dim) const {
+    return scale > 0 ? scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  }
 };
 
 // Positions, a window shorter than the row, and a soft cap on the CPU only: the CUDA kernels read

@@ -434,8 +434,10 @@ TEST(CliGemma, InitModelWritesBothAndTheyTrainAndExport) {
   const test::KeelRun cuda = test::run_keel(test::with_sets(
       {"train"}, {"run.out_dir=" + dir + "/cuda", "run.device=cuda", "model.path=" + dir + "/base",
                   "data.seq_len=24", "train.max_steps=1", "log.tensorboard=false"}));
-  EXPECT_NE(cuda.code, 0) << cuda.output;
-  EXPECT_NE(cuda.code, 139) << cuda.output;
+  EXPECT_EQ(cuda.code, 2) << cuda.output;
+  EXPECT_CONTAINS(cuda.err, dir +
+                                "/base/config.json's attn_logit_softcapping = 50 caps the "
+                                "attention's scores, which keel's CUDA attention does not do yet");
 }
 
 }  // namespace
