@@ -287,6 +287,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
           longrope_attention_factor(s.max_seq_len, s.rope_scaling.original_max_position))
         j["rope_scaling"]["attention_factor"] = s.rope_scaling.attention_factor;
     }
+    if (s.partial_rotary_factor != 1) j["partial_rotary_factor"] = s.partial_rotary_factor;
     j["tie_word_embeddings"] = s.tie_embeddings;
     // (Qwen2's q/k/v biases are its architecture's, and Phi3Config has neither key.)
     if (variant != "qwen2" && variant != "phi3") {
@@ -474,12 +475,15 @@ HfConfig read_hf_config(const std::string& dir) {
               Error::kUsage);
     }
     if (variant == "phi3") {
-      // Phi-4-mini turns 3/4 of each head's channels (HF's partial_rotary_factor); keel's RoPE
-      // turns every channel.
-      if (const double f = c.number({"partial_rotary_factor"}, 1.0); f != 1.0)
-        throw unsupported("partial_rotary_factor = " + c.find({"partial_rotary_factor"})->dump() +
-                          " (keel's RoPE turns every channel of a head: 1.0, Phi-3's and "
-                          "Phi-4's)");
+      // Phi-4-mini turns 3/4 of each head's channels (HF's partial_rotary_factor, Phi3Config's
+      // only reader of it among keel's architectures; checked against the head once it is known).
+      s.partial_rotary_factor = c.number({"partial_rotary_factor"}, 1.0);
+      if (!(s.partial_rotary_factor > 0 && s.partial_rotary_factor <= 1))
+        throw Error(file +
+                        ": partial_rotary_factor must be a number in (0, 1] (the share of a "
+                        "head's channels RoPE turns), got " +
+                        c.find({"partial_rotary_factor"})->dump(),
+                    Error::kUsage);
     }
     // A head width of its own (Qwen3-0.6B's and -4B's, Mistral-Nemo's), as HF's attention reads
     // it: getattr(config, "head_dim", hidden_size // num_attention_heads).
@@ -493,15 +497,22 @@ HfConfig read_hf_config(const std::string& dir) {
                     Error::kUsage);
       s.head_width = hd;
     }
+    if (s.n_head > 0 && s.partial_rotary_factor != 1 && (s.rotary_dim() < 2 || s.rotary_dim() % 2))
+      throw Error(file + ": partial_rotary_factor = " + c.find({"partial_rotary_factor"})->dump() +
+                      " of a head of " + std::to_string(s.head_dim()) + " channels turns " +
+                      std::to_string(s.rotary_dim()) +
+                      "; RoPE turns pairs: fix partial_rotary_factor so that head_dim times it is "
+                      "an even number of 2 or more",
+                  Error::kUsage);
     if (const ops::RopeScaling& r = s.rope_scaling;
         r.kind == ops::RopeScaling::Kind::kLongRope && s.n_head > 0 &&
-        (std::ssize(r.short_factor) != s.head_dim() / 2 ||
-         std::ssize(r.long_factor) != s.head_dim() / 2))
+        (std::ssize(r.short_factor) != s.rotary_dim() / 2 ||
+         std::ssize(r.long_factor) != s.rotary_dim() / 2))
       throw Error(file + ": rope_scaling's short_factor and long_factor hold " +
                       std::to_string(r.short_factor.size()) + " and " +
-                      std::to_string(r.long_factor.size()) + " values; a head of " +
-                      std::to_string(s.head_dim()) + " channels needs " +
-                      std::to_string(s.head_dim() / 2) + " each (one per rotated pair)",
+                      std::to_string(r.long_factor.size()) + " values; a head that turns " +
+                      std::to_string(s.rotary_dim()) + " channels needs " +
+                      std::to_string(s.rotary_dim() / 2) + " each (one per rotated pair)",
                   Error::kUsage);
   }
   s.init_std = c.number({"initializer_range"}, 0.02);

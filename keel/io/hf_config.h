@@ -14,8 +14,9 @@
 //     rope_local_base_freq; written back as each. A Gemma3ForConditionalGeneration (4B+, vision)
 //     is read as its language model (text_config), written back as a Gemma3ForCausalLM.
 //   Phi3ForCausalLM (model_type "phi3"): Llama's fields and layers with q/k/v as one qkv_proj and
-//     gate/up as one gate_up_proj (ModelSpec::fused_projections()), sliding_window as Mistral's;
-//     partial_rotary_factor other than 1 (Phi-4-mini) refused; written back as Phi-3.
+//     gate/up as one gate_up_proj (ModelSpec::fused_projections()), sliding_window as Mistral's,
+//     rope_scaling longrope and partial_rotary_factor (Phi-4-mini's 0.75: RoPE turns the first
+//     int(head_dim * factor) channels of a head); written back as Phi-3.
 //   Qwen2ForCausalLM (model_type "qwen2"): Llama's fields and layers with q/k/v biases
 //     (ModelSpec::qkv_bias()); use_sliding_window = true slides the layers from
 //     max_window_layers on (layer_types, when given, must say the same); written back as Qwen2.

@@ -39,6 +39,16 @@ void ModelSpec::validate() const {
               std::to_string(n_head));
   if (family == "llama" && head_dim() % 2)
     throw bad("llama needs an even head dim for RoPE, got " + std::to_string(head_dim()));
+  if (!(partial_rotary_factor > 0 && partial_rotary_factor <= 1))
+    throw bad(
+        "partial_rotary_factor must be in (0, 1] (the share of a head's channels RoPE "
+        "turns), got " +
+        std::to_string(partial_rotary_factor));
+  if (family == "llama" && (rotary_dim() < 2 || rotary_dim() % 2))
+    throw bad("RoPE turns pairs of channels: partial_rotary_factor " +
+              std::to_string(partial_rotary_factor) + " of a head of " +
+              std::to_string(head_dim()) + " gives " + std::to_string(rotary_dim()) +
+              ", which is not an even number of 2 or more");
   if (n_head % kv_heads())
     throw bad("n_head " + std::to_string(n_head) + " is not a multiple of n_kv_head " +
               std::to_string(kv_heads()));

@@ -31,7 +31,10 @@ struct ModelSpec {
   int64_t max_seq_len = 128;
   bool tie_embeddings = true;  // gpt2 always ties
   double rope_theta = 10000.0;
-  ops::RopeScaling rope_scaling;  // llama: HF `rope_scaling` (none, linear, llama3)
+  ops::RopeScaling rope_scaling;  // llama: HF `rope_scaling` (none, linear, llama3, longrope)
+  // HF's partial_rotary_factor (Phi-4-mini's 0.75): RoPE turns the first rotary_dim() channels of
+  // each query and key head and passes the rest (ops::rope's rotary_dim).
+  double partial_rotary_factor = 1.0;
   double norm_eps = 1e-5;
   double init_std = 0.02;
   double dropout = 0.0;
@@ -95,6 +98,10 @@ struct ModelSpec {
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t ffn_dim() const;
   int64_t head_dim() const { return head_width > 0 ? head_width : n_embd / n_head; }
+  // The channels of a head RoPE turns: HF's int(head_dim * partial_rotary_factor).
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(head_dim()) * partial_rotary_factor);
+  }
   // A head width given as a size key is (model.head_dim, --head-dim; 0 = none): a width of its own
   // only where it is not n_embd / n_head (n_embd and n_head set first).
   void set_head_dim(int64_t d) { head_width = d * n_head == n_embd ? 0 : d; }

@@ -19,6 +19,7 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
                                                                      : s.rope_theta),
       rope_scaling(s.rope_local_theta > 0 && s.layer_window(layer) > 0 ? ops::RopeScaling{}
                                                                        : s.rope_scaling),
+      rotary_dim(s.rotary_dim()),
       sliding_window(s.layer_window(layer)),
       scores{static_cast<float>(s.attention_scale()), static_cast<float>(s.attn_softcap)} {
   const int64_t d = s.head_dim();
@@ -70,11 +71,11 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
                              : caches && caches->rows.size() > 1 ? caches->positions(x.size(1))
                                                                  : Tensor();
     if (positions.defined()) {  // a packed row's (each example from 0), or decoding rows'
-      q = ops::rope(q, theta, positions, rope_scaling);
-      k = ops::rope(k, theta, positions, rope_scaling);
+      q = ops::rope(q, theta, positions, rope_scaling, rotary_dim);
+      k = ops::rope(k, theta, positions, rope_scaling, rotary_dim);
     } else {
-      q = ops::rope(q, theta, past, rope_scaling);
-      k = ops::rope(k, theta, past, rope_scaling);
+      q = ops::rope(q, theta, past, rope_scaling, rotary_dim);
+      k = ops::rope(k, theta, past, rope_scaling, rotary_dim);
     }
     if (!qkv_proj) v = ops::split_heads(v_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
     q = amp::autocast(AmpOp::kAttention, q);

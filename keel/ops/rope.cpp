@@ -93,68 +93,80 @@ namespace {
 
 // x [B, H, T, D] rotated into out by the table's angles: one table [T, D/2] for every batch row
 // (`per_row` false), or one for each ([B * T, D/2], a packed batch's own positions).
-void rotate(Tensor& out, const Tensor& x, const RopeTable& tab, bool per_row, bool inverse) {
+// Channels rot..D-1 pass unchanged (a partial rotary).
+void rotate(Tensor& out, const Tensor& x, const RopeTable& tab, bool per_row, int64_t rot,
+            bool inverse) {
   const int64_t t = x.size(2), d = x.size(3);
   const float* c = tab.cos.data_as<float>();
   const float* s = tab.sin.data_as<float>();
   const RopeKernels& k = rope_kernels(x.device());
   if (!per_row)
-    return k.rotate(out.data(), x.data(), c, s, x.dtype(), x.size(0) * x.size(1), t, d, inverse);
-  const int64_t row_elems = x.size(1) * t * d, h = d / 2;
+    return k.rotate(out.data(), x.data(), c, s, x.dtype(), x.size(0) * x.size(1), t, d, rot,
+                    inverse);
+  const int64_t row_elems = x.size(1) * t * d, h = rot / 2;
   const size_t bytes = dtype_size(x.dtype());
   for (int64_t b = 0; b < x.size(0); ++b)
     k.rotate(static_cast<char*>(out.data()) + b * row_elems * bytes,
              static_cast<const char*>(x.data()) + b * row_elems * bytes, c + b * t * h,
-             s + b * t * h, x.dtype(), x.size(1), t, d, inverse);
+             s + b * t * h, x.dtype(), x.size(1), t, d, rot, inverse);
 }
 
 struct RopeNode final : Node {
   RopeTable tab;
   bool per_row = false;
+  int64_t rot = 0;
   std::vector<Tensor> backward(const Tensor& g) override {  // g [B, H, T, D]
     // The rotation is orthogonal: its gradient is the inverse rotation of g.
     Tensor gx = Tensor::empty_like(g);
-    rotate(gx, g, tab, per_row, /*inverse=*/true);
+    rotate(gx, g, tab, per_row, rot, /*inverse=*/true);
     return {gx};
   }
   const char* name() const override { return "rope"; }
 };
 
-Tensor rope_with_table(const Tensor& x, RopeTable tab, bool per_row) {
+Tensor rope_with_table(const Tensor& x, RopeTable tab, bool per_row, int64_t rot) {
   if (!x.device().is_cpu()) tab = {tab.cos.to(x.device()), tab.sin.to(x.device())};
   Tensor out = Tensor::empty_like(x);  // [B, H, T, D]
-  rotate(out, x, tab, per_row, /*inverse=*/false);
+  rotate(out, x, tab, per_row, rot, /*inverse=*/false);
   if (any_requires_grad({&x})) {
     auto node = std::make_shared<RopeNode>();
     node->tab = std::move(tab);
     node->per_row = per_row;
+    node->rot = rot;
     record_node(out, node, {&x});
   }
   return out;
 }
 
-void check_rope_input(const Tensor& x, float theta) {
+// The channels that turn (rotary_dim, 0: all of them), checked.
+int64_t check_rope_input(const Tensor& x, float theta, int64_t rotary_dim) {
   check_floating("rope", x);
   KEEL_CHECK(x.dim() == 4,
              "rope: x must be [B, H, T, D] (split-heads layout), got " + shape_str(x.shape()));
-  KEEL_CHECK(x.size(3) % 2 == 0, "rope: head dim D = " + std::to_string(x.size(3)) +
-                                     " must be even (pairs (i, i + D/2) rotate together)");
+  const int64_t rot = rotary_dim > 0 ? rotary_dim : x.size(3);
+  KEEL_CHECK(rot % 2 == 0 && rot <= x.size(3),
+             "rope: the rotated channels R = " + std::to_string(rot) + " of a head of " +
+                 std::to_string(x.size(3)) +
+                 " must be even and at most the head (pairs (i, i + R/2) rotate together)");
   KEEL_CHECK(theta > 0.f && std::isfinite(theta),
              "rope: theta = " + std::to_string(theta) + " must be positive and finite");
+  return rot;
 }
 
 }  // namespace
 
-Tensor rope(const Tensor& x, float theta, int64_t pos_offset, const RopeScaling& scaling) {
-  check_rope_input(x, theta);
+Tensor rope(const Tensor& x, float theta, int64_t pos_offset, const RopeScaling& scaling,
+            int64_t rotary_dim) {
+  const int64_t rot = check_rope_input(x, theta, rotary_dim);
   KEEL_CHECK(pos_offset >= 0, "rope: pos_offset = " + std::to_string(pos_offset) + " must be >= 0");
   std::vector<int64_t> pos(static_cast<size_t>(x.size(2)));
   for (size_t p = 0; p < pos.size(); ++p) pos[p] = pos_offset + static_cast<int64_t>(p);
-  return rope_with_table(x, rope_table(theta, x.size(3), scaling, pos), false);
+  return rope_with_table(x, rope_table(theta, rot, scaling, pos), false, rot);
 }
 
-Tensor rope(const Tensor& x, float theta, const Tensor& positions, const RopeScaling& scaling) {
-  check_rope_input(x, theta);
+Tensor rope(const Tensor& x, float theta, const Tensor& positions, const RopeScaling& scaling,
+            int64_t rotary_dim) {
+  const int64_t rot = check_rope_input(x, theta, rotary_dim);
   const Shape bt{x.size(0), x.size(2)};
   KEEL_CHECK(
       positions.dtype() == DType::I64 && positions.device().is_cpu() && positions.shape() == bt,
@@ -163,7 +175,7 @@ Tensor rope(const Tensor& x, float theta, const Tensor& positions, const RopeSca
           shape_str(positions.shape()));
   const std::vector<int64_t> pos = positions.to_ints();
   for (int64_t p : pos) KEEL_CHECK(p >= 0, "rope: position " + std::to_string(p) + " is negative");
-  return rope_with_table(x, rope_table(theta, x.size(3), scaling, pos), true);
+  return rope_with_table(x, rope_table(theta, rot, scaling, pos), true, rot);
 }
 
 }  // namespace keel::ops

@@ -2,6 +2,10 @@
 // i < D/2, (x[i], x[i + D/2]) rotates by angle pos * inv_freq[i], inv_freq[i] = theta^(-2i/D)
 // (optionally rescaled, see RopeScaling). Angles in f64, rotation in f32, output in x's dtype.
 // x: [B, H, T, D] (split-heads layout); pos = t + pos_offset.
+// A partial rotary (`rotary_dim` R < D, HF's int(D * partial_rotary_factor): Phi-4-mini's 96 of
+// 128) turns the first R channels as a head of R would, inv_freq[i] = theta^(-2i/R), pairs
+// (x[i], x[i + R/2]), and passes the other D - R as they are (HF's Phi3 apply_rotary_pos_emb).
+// 0: R = D.
 #pragma once
 #include <vector>
 
@@ -37,10 +41,11 @@ std::vector<double> rope_inv_freq(double theta, int64_t head_dim, const RopeScal
                                   int64_t seq_len = 0);
 
 Tensor rope(const Tensor& x, float theta = 10000.f, int64_t pos_offset = 0,
-            const RopeScaling& scaling = {});
+            const RopeScaling& scaling = {}, int64_t rotary_dim = 0);
 
 // The same rotation at given positions: I64 [B, T] on the CPU, batch row b's tokens at
 // positions[b, :] (a packed row's positions restart at each example's first token).
-Tensor rope(const Tensor& x, float theta, const Tensor& positions, const RopeScaling& scaling = {});
+Tensor rope(const Tensor& x, float theta, const Tensor& positions, const RopeScaling& scaling = {},
+            int64_t rotary_dim = 0);
 
 }  // namespace keel::ops

@@ -34,19 +34,30 @@ std::string trained_run(const std::string& family, const std::string& kind,
                         bool bf16_base = false) {
   const std::string dir =
       test::temp_dir("export-" + family + "-" + kind + (bf16_base ? "-bf16" : ""));
-  const bool wide = family == "qwen3-wide";
-  std::vector<std::string> init = {"init-model", "--family", wide ? "qwen3" : family, "--out",
+  const bool wide = family == "qwen3-wide", phi4_mini = family == "phi4m";
+  std::vector<std::string> init = {"init-model", "--family",
+                                   wide ? "qwen3" : (phi4_mini ? "phi3" : family), "--out",
                                    dir + "/base"};
   init.insert(init.end(),
               {"--n-layer", "2", "--n-embd", "32", "--n-head", "4", "--max-seq-len", "32"});
   if (family != "gpt2") init.insert(init.end(), {"--n-kv-head", "2"});
-  if (family != "gpt2" && !family.starts_with("gemma")) init.push_back("--untied");  // (tied)
+  // (Gemma and Phi-4-mini tie their head)
+  if (family != "gpt2" && !family.starts_with("gemma") && !phi4_mini) init.push_back("--untied");
   if (wide) init.insert(init.end(), {"--head-dim", "16"});
   const test::KeelRun b = test::run_keel(init);
   EXPECT_EQ(b.code, 0) << b.output;
-  const std::string targets = family == "gpt2"   ? "[\"c_attn\", \"c_fc\"]"
-                              : family == "phi3" ? "[\"qkv_proj\", \"gate_up_proj\", \"down_proj\"]"
-                                                 : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
+  if (phi4_mini) {  // its RoPE turns 6 of each head's 8 channels, longrope past 4 positions
+    json cfg = json::parse(test::slurp(dir + "/base/config.json"));
+    cfg["partial_rotary_factor"] = 0.75;
+    cfg["rope_scaling"] = {
+        {"type", "longrope"}, {"short_factor", {1.0, 1.25, 1.5}}, {"long_factor", {2.0, 3.0, 7.0}}};
+    cfg["original_max_position_embeddings"] = 4;
+    std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  }
+  const std::string targets = family == "gpt2" ? "[\"c_attn\", \"c_fc\"]"
+                              : family.starts_with("phi")
+                                  ? "[\"qkv_proj\", \"gate_up_proj\", \"down_proj\"]"
+                                  : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
   std::ofstream(dir + "/c.toml") << "[run]\nout_dir = \"" << dir
                                  << "/out\"\nthreads = 1\n[model]\npath = \"" << dir << "/base\"\n"
                                  << (bf16_base ? "base_dtype = \"bf16\"\n" : "")
@@ -258,12 +269,14 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   std::vector<std::pair<std::string, std::vector<float>>> cases;  // (export, checkpoint logits)
   // Qwen2 and Qwen3 fine-tuned whole, so that Qwen2's q/k/v biases and Qwen3's q/k norms are
   // trained away from their init (0, 1); a Phi-3's LoRA on its fused qkv_proj and gate_up_proj
-  // merged into them; a Gemma whole (its 1 + w norms, the tied head of its scaled embedding) and a
-  // Gemma-2's LoRA (its sandwich norms and soft caps), a Gemma-3 whole (its q/k norms).
+  // merged into them, a Phi-4-mini's (its partial rotary and longrope, its tied head); a Gemma
+  // whole (its 1 + w norms, the tied head of its scaled embedding) and a Gemma-2's LoRA (its
+  // sandwich norms and soft caps), a Gemma-3 whole (its q/k norms).
   for (const auto& [family, kind] :
        std::vector<std::pair<std::string, std::string>>{{"gpt2", "lora"},
                                                         {"llama", "lora"},
                                                         {"phi3", "lora"},
+                                                        {"phi4m", "lora"},
                                                         {"gemma", "none"},
                                                         {"gemma2", "lora"},
                                                         {"gemma3", "none"},

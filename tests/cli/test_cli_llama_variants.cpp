@@ -301,7 +301,12 @@ TEST(CliPhi3, InitModelWritesOneAndALoraOnItsFusedProjectionsIsPefts) {
   sliding["sliding_window"] = 3;
   std::ofstream(dir + "/base/config.json") << sliding.dump(2);
   EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), full);
-  // Phi-4-mini's partial rotary embedding, and key/value heads the fused weights do not hold.
+  // Phi-4-mini's partial rotary embedding turns 6 of the 8 channels: rows score otherwise.
+  json partial = cfg;
+  partial["partial_rotary_factor"] = 0.75;
+  std::ofstream(dir + "/base/config.json") << partial.dump(2);
+  EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), full);
+  // A share of channels that is not pairs, and key/value heads the fused weights do not hold.
   auto refused = [&](const json& bad, const std::string& message) {
     std::ofstream(dir + "/base/config.json") << bad.dump(2);
     const test::KeelRun r =
@@ -309,11 +314,12 @@ TEST(CliPhi3, InitModelWritesOneAndALoraOnItsFusedProjectionsIsPefts) {
     EXPECT_EQ(r.code, 2) << r.output;
     EXPECT_CONTAINS(r.err, message);
   };
-  json partial = cfg;
-  partial["partial_rotary_factor"] = 0.75;
+  partial["partial_rotary_factor"] = 0.4;
   refused(partial, dir +
-                       "/base/config.json: partial_rotary_factor = 0.75 (keel's RoPE turns every "
-                       "channel of a head");
+                       "/base/config.json: partial_rotary_factor = 0.4 of a head of 8 channels "
+                       "turns 3; RoPE turns pairs");
+  partial["partial_rotary_factor"] = 1.5;
+  refused(partial, dir + "/base/config.json: partial_rotary_factor must be a number in (0, 1]");
   json heads = cfg;
   heads["num_key_value_heads"] = 4;
   refused(heads, dir + "/base/config.json: num_attention_heads = 4 but the weights in " + dir +

@@ -61,6 +61,22 @@ TEST(CliMemoryEstimate, Qwen3_0_6bCountsItsPublishedParameters) {
   EXPECT_CONTAINS(other.err, "memory --head-dim 64: contradicts the model directory " + dir);
 }
 
+// Phi-4-mini's config.json (tests/fuzz/corpus/hf_config/phi4_mini.json, its sizes as published;
+// longrope factors of 48 values for the 96 of 128 channels its partial_rotary_factor turns): 3.84B
+// parameters with its tied head, the fused qkv_proj (24 + 2 x 8 heads of 128) and gate_up_proj.
+TEST(CliMemoryEstimate, Phi4MiniCountsItsPublishedParameters) {
+  const std::string dir = test::temp_dir("cli-memory-phi4-mini");
+  std::filesystem::copy_file(
+      std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/phi4_mini.json",
+      dir + "/config.json");
+  const test::KeelRun r = test::run_keel({"memory", "--model", dir, "--json"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const int64_t per_layer =
+      3072 * 40 * 128 + 3072 * 3072 + 3072 * 2 * 8192 + 8192 * 3072 + 2 * 3072;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("params").get<int64_t>(),
+            200064 * 3072 + 32 * per_layer + 3072);
+}
+
 TEST(CliMemoryEstimate, KvHeadsThatDoNotDivideTheHeadsAreAUsageError) {
   const test::KeelRun r = test::run_keel_sh(
       "memory --family llama --layers 2 --hidden 256 --heads 8 --kv-heads 3 --batch 1 --seq 8");

@@ -356,13 +356,35 @@ TEST(HfModel, Phi3LongRopeLoadsAndSavesBack) {
   save_hf_model(*load_hf_model(dir), out);
   EXPECT_EQ(json::parse(read_file(out + "/config.json")).at("rope_scaling").at("attention_factor"),
             1.0);
-  // Factors that do not cover a head's 4 pairs, and longrope outside Phi-3, are refused.
+  // Phi-4-mini's partial rotary: 3/4 of the head's 8 channels turn, 3 pairs, one factor each;
+  // read, given to every layer's attention, written back.
+  json partial = cfg;
+  partial["partial_rotary_factor"] = 0.75;
+  partial["rope_scaling"]["short_factor"] = {1.0, 1.1, 1.3};
+  partial["rope_scaling"]["long_factor"] = {1.1, 2.5, 9.0};
+  write_hf_dir(dir, partial, hf_tensors(*src, DType::BF16));
+  EXPECT_EQ(read_hf_config(dir).spec.rotary_dim(), 6);
+  auto* partial_attn = dynamic_cast<models::LlamaAttention*>(
+      load_hf_model(dir)->find_module("model.layers.1.self_attn"));
+  ASSERT_NE(partial_attn, nullptr);
+  EXPECT_EQ(partial_attn->rotary_dim, 6);
+  save_hf_model(*load_hf_model(dir), out);
+  EXPECT_EQ(json::parse(read_file(out + "/config.json")).at("partial_rotary_factor"), 0.75);
+  EXPECT_EQ(read_hf_config(out).spec.rotary_dim(), 6);
+  // Factors that do not cover a head's 4 pairs (or 3 where 6 channels turn), and longrope
+  // outside Phi-3, are refused.
+  partial["rope_scaling"]["long_factor"] = {1.1, 2.5, 9.0, 40.0};
+  write_hf_dir(dir, partial, hf_tensors(*src, DType::BF16));
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  dir +
+                      "/config.json: rope_scaling's short_factor and long_factor hold 3 and 4 "
+                      "values; a head that turns 6 channels needs 3 each");
   cfg["rope_scaling"]["short_factor"] = {1.0, 1.1, 1.3};
   write_hf_dir(dir, cfg, hf_tensors(*src, DType::BF16));
   EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
                   dir +
                       "/config.json: rope_scaling's short_factor and long_factor hold 3 and 4 "
-                      "values; a head of 8 channels needs 4 each");
+                      "values; a head that turns 8 channels needs 4 each");
   cfg["rope_scaling"]["short_factor"] = {1.0, 1.1, 1.3, -2.0};
   write_hf_dir(dir, cfg, hf_tensors(*src, DType::BF16));
   EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),

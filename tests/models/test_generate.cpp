@@ -361,8 +361,10 @@ TEST(Generate, APassComputesTheHeadOnlyForThePositionsItChoosesFrom) {
 // Phi-3's longrope past original_max_position_embeddings (4 here): the cached decode runs its
 // whole sequence again with the long factors once, as HF's generate does, and so chooses what
 // the decode without a cache (every step the whole sequence) chooses; rows side by side too.
-TEST(Generate, ALongRopeDecodeRunsItsSequenceAgainPastTheOriginalContext) {
-  auto m = models::make_causal_lm(spec16("phi3_lr"), 7);
+// Phi-4-mini's too, whose RoPE turns 6 of each head's 8 channels.
+class LongRopeDecode : public ::testing::TestWithParam<const char*> {};
+TEST_P(LongRopeDecode, RunsItsSequenceAgainPastTheOriginalContext) {
+  auto m = models::make_causal_lm(spec16(GetParam()), 7);
   GenerateOptions o;
   o.max_new_tokens = 9;
   o.keep_logits = true;
@@ -381,6 +383,7 @@ TEST(Generate, ALongRopeDecodeRunsItsSequenceAgainPastTheOriginalContext) {
   EXPECT_EQ(rows[0].tokens, cached.tokens);
   EXPECT_EQ(rows[1].tokens, models::generate(*m, {4, 5}, o).tokens);
 }
+INSTANTIATE_TEST_SUITE_P(Generate, LongRopeDecode, ::testing::Values("phi3_lr", "phi4m"));
 
 TEST(Generate, SeededSamplingIsDeterministicAndEosStops) {
   auto m = models::make_causal_lm(spec16("llama"), 3);

@@ -203,6 +203,60 @@ TEST(Rope, LongRopeSwitchesFactorsPastTheOriginalContext) {
   EXPECT_THROW(ops::rope(x, 10000.f, 4, lr), Error);
 }
 
+// Phi-4-mini's partial rotary (HF's partial_rotary_factor 0.75: 96 of 128 channels): the first R
+// channels turn as a head of R would (pairs (i, i + R/2), inv_freq theta^(-2i/R)), the other D - R
+// pass bit for bit, forward and backward, at an offset, at given positions and with longrope
+// factors of R/2 values.
+TEST(Rope, APartialRotaryTurnsTheFirstChannelsAndPassesTheRest) {
+  const int64_t D = 10, R = 6;
+  // x's first R channels as a head of their own, and its last D - R.
+  auto channels = [&](const std::vector<float>& v, int64_t from, int64_t to) {
+    std::vector<float> out;
+    for (size_t at = 0; at < v.size(); at += D)
+      out.insert(out.end(), v.begin() + at + from, v.begin() + at + to);
+    return out;
+  };
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    const std::string what = dtype_name(dt);
+    Tensor x = randn({2, 3, 5, D}, 11, 1.f, dt).set_requires_grad(true);
+    const Tensor y = ops::rope(x, 10000.f, 3, {}, R);
+    const Tensor turned = Tensor::from_floats(channels(x.to_floats(), 0, R), {2, 3, 5, R});
+    const double tol = dt == DType::F32 ? 1e-6 : test::eps_of(dt);
+    expect_close(channels(y.to_floats(), 0, R), rope_ref(turned, 10000.0, 3), 1e-6, tol,
+                 "partial forward " + what);
+    EXPECT_EQ(channels(y.to_floats(), R, D), channels(x.to_floats(), R, D)) << what;
+    const Tensor g = randn(y.shape(), 12, 1.f, dt);
+    backward(y, g);
+    const Tensor g_turned = Tensor::from_floats(channels(g.to_floats(), 0, R), {2, 3, 5, R});
+    expect_close(channels(x.grad().to_floats(), 0, R),
+                 rope_ref(g_turned, 10000.0, 3, /*inverse=*/true), 1e-6, tol,
+                 "partial backward " + what);
+    EXPECT_EQ(channels(x.grad().to_floats(), R, D), channels(g.to_floats(), R, D)) << what;
+  }
+  // Given positions (a packed row's, a decode's rows) and longrope's R/2 factors.
+  ops::RopeScaling lr;
+  lr.kind = ops::RopeScaling::Kind::kLongRope;
+  lr.short_factor = {1.0, 1.5, 2.0};
+  lr.long_factor = {2.0, 5.0, 9.0};
+  lr.original_max_position = 4;
+  lr.attention_factor = 1.3;
+  const Tensor x = randn({2, 2, 3, D}, 13);
+  const Tensor pos = Tensor::from_ints({0, 1, 2, 3, 4, 5}, {2, 3});  // row 1 reaches 6: long
+  const Tensor y = ops::rope(x, 10000.f, pos, lr, R);
+  const Tensor turned = Tensor::from_floats(channels(x.to_floats(), 0, R), {2, 2, 3, R});
+  EXPECT_EQ(channels(y.to_floats(), 0, R), ops::rope(turned, 10000.f, pos, lr).to_floats());
+  EXPECT_EQ(channels(y.to_floats(), R, D), channels(x.to_floats(), R, D));
+  test::expect_gradcheck(
+      [&](const std::vector<Tensor>& in) { return ops::rope(in[0], 1e4f, 2, lr, R); },
+      {randn({1, 2, 3, D}, 14)}, {}, "rope partial longrope");
+  // Odd, or wider than the head; factors of D/2 values where R/2 turn.
+  EXPECT_THROW(ops::rope(x, 10000.f, 0, {}, 5), Error);
+  EXPECT_THROW(ops::rope(x, 10000.f, 0, {}, 12), Error);
+  lr.short_factor.push_back(1);
+  lr.long_factor.push_back(1);
+  EXPECT_THROW(ops::rope(x, 10000.f, 0, lr, R), Error);
+}
+
 TEST(Rope, RejectsBadShapes) {
   EXPECT_THROW(ops::rope(randn({2, 3, 4, 5}, 1)), Error);  // odd head dim
   EXPECT_THROW(ops::rope(randn({3, 4, 8}, 1)), Error);     // not [B, H, T, D]
@@ -216,7 +270,11 @@ TEST(Rope, DeterministicAndSameOnEveryIsa) {
       Tensor x = randn({2, 4, 33, 64}, 6, 1.f, dt).set_requires_grad(true);
       Tensor y = ops::rope(x, 10000.f, 5);
       backward(y, randn(y.shape(), 7, 1.f, dt));
-      return std::vector<Tensor>{y, x.grad()};
+      // A partial rotary's (Phi-4-mini's 3/4), out of place and as a backward.
+      Tensor xp = randn({2, 4, 33, 64}, 8, 1.f, dt).set_requires_grad(true);
+      Tensor yp = ops::rope(xp, 10000.f, 5, {}, 48);
+      backward(yp, randn(yp.shape(), 9, 1.f, dt));
+      return std::vector<Tensor>{y, x.grad(), yp, xp.grad()};
     };
     auto ref = run();
     const auto again = run();

@@ -1,9 +1,10 @@
-// The tiny GPT-2, Llama, Qwen2, Qwen3 and Phi-3 of tests/fixtures/gen_models.py (header-only: tests
-// of any layer from models/ on include it). Qwen2 and Qwen3 are the Llama family with q/k/v biases
-// and with per-head q/k norms.
+// The tiny GPT-2, Llama, Qwen2, Qwen3, Phi-3 and Gemma of tests/fixtures/gen_models.py
+// (header-only: tests of any layer from models/ on include it). Qwen2 and Qwen3 are the Llama
+// family with q/k/v biases and with per-head q/k norms.
 #pragma once
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "keel/models/causal_lm.h"
 
@@ -16,7 +17,9 @@ namespace keel::test {
 // one qkv_proj and gate/up one gate_up_proj, sliding over the last 3 positions on every layer
 // (Phi-3-mini-4k's sliding_window 2047). "phi3_lr" and "phi3_sr": the Phi-3 without a window,
 // its RoPE Phi-3-128k's longrope (max_position_embeddings 32) past an original context of 4 (the
-// long factors at T = 8) and within one of 16 (the short ones). "gemma": the Llama as a Gemma (1 +
+// long factors at T = 8) and within one of 16 (the short ones). "phi4m": a Phi-4-mini (heads 8
+// wide whose RoPE turns 6 channels, partial_rotary_factor 0.75, with longrope past an original
+// context of 4; the head tied to the embedding). "gemma": the Llama as a Gemma (1 +
 // weight norms, GeGLU, the embedding times sqrt(16), the head tied to it). "gemma2": a Gemma-2
 // (and its sandwich norms, a window of 3 on layer 0 only, query_pre_attn_scalar 6 beside head_dim
 // 4, attention and final soft caps of 2 and 3). "gemma3": a Gemma-3 (Gemma-2's layers with 1 + w
@@ -27,7 +30,8 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool qwen_window = family == "qwen2_w3";
   const bool qwen = family == "qwen2" || family == "qwen3" || wide_heads || qwen_window;
   const bool mistral = family == "mistral_w3";
-  const bool phi3_long = family == "phi3_lr" || family == "phi3_sr";
+  const bool phi4_mini = family == "phi4m";
+  const bool phi3_long = family == "phi3_lr" || family == "phi3_sr" || phi4_mini;
   const bool phi3 = family == "phi3_w3" || phi3_long;
   const bool gemma = family == "gemma" || family == "gemma2" || family == "gemma3";
   s.family = qwen || mistral || phi3 || gemma ? "llama" : family;
@@ -36,14 +40,15 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
                     : phi3    ? "phi3"
                     : gemma   ? (family == "gemma3" ? "gemma3_text" : family)
                               : "";
-  if (wide_heads) s.head_width = 8;
+  if (wide_heads || phi4_mini) s.head_width = 8;
+  if (phi4_mini) s.partial_rotary_factor = 0.75;
   if (mistral || qwen_window || family == "phi3_w3") s.sliding_window = 3;
   if (phi3_long) {  // gen_models.py's longrope: rows of 8 past an original context of 4, or within
                     // 16
-    const double original = family == "phi3_lr" ? 4 : 16;
+    const double original = family == "phi3_sr" ? 16 : 4;
     s.rope_scaling.kind = ops::RopeScaling::Kind::kLongRope;
-    s.rope_scaling.short_factor = {1.0, 1.5};
-    s.rope_scaling.long_factor = {2.0, 7.0};
+    s.rope_scaling.short_factor = phi4_mini ? std::vector{1.0, 1.25, 1.5} : std::vector{1.0, 1.5};
+    s.rope_scaling.long_factor = phi4_mini ? std::vector{2.0, 3.0, 7.0} : std::vector{2.0, 7.0};
     s.rope_scaling.original_max_position = static_cast<int64_t>(original);
     s.rope_scaling.attention_factor = std::sqrt(1 + std::log(32 / original) / std::log(original));
   }
@@ -59,7 +64,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.n_head = 4;
     s.n_kv_head = 2;
     s.intermediate_size = 48;
-    s.tie_embeddings = gemma;  // Gemma ties its head to the embedding
+    s.tie_embeddings = gemma || phi4_mini;  // Gemma and Phi-4-mini tie their head to the embedding
   }
   if (family == "gemma2" || family == "gemma3") {  // a window of 3 on layer 0, scale 6^-1/2
     s.sliding_window = 3;
