@@ -69,8 +69,8 @@ void check_flags(const InitModelArgs& a) {
 int run_init_model(const InitModelArgs& a) {
   check_flags(a);
   models::ModelSpec s;
-  // Gemma, Gemma-2, Phi-3, Qwen2 and Qwen3 are Llama's layers (models/causal_lm.h), written back
-  // as their own architectures.
+  // Gemma, Gemma-2, Gemma-3, Phi-3, Qwen2, Qwen3 and SmolLM3 are Llama's layers
+  // (models/causal_lm.h), written back as their own architectures.
   const bool llama_layers = a.family != "gpt2" && a.family != "llama";
   s.family = llama_layers ? "llama" : a.family;
   s.hf_model_type = !llama_layers ? "" : a.family == "gemma3" ? "gemma3_text" : a.family;
@@ -80,6 +80,7 @@ int run_init_model(const InitModelArgs& a) {
     s.attn_softcap = 50;
     s.final_softcap = 30;
   }
+  if (a.family == "smollm3") s.nope_period = 4;  // SmolLM3Config's no_rope_layer_interval
   if (a.family == "gemma3") {  // Gemma3TextConfig's defaults; the scale of head_dim
     s.sliding_window = 4096;
     s.sliding_period = 6;
@@ -183,8 +184,8 @@ Command add_init_model(CLI::App& app) {
   auto a = std::make_shared<InitModelArgs>();
   CLI::App* sub = app.add_subcommand(
       "init-model",
-      "Write a randomly initialized GPT-2, Llama, Gemma, Gemma-2, Gemma-3, Phi-3, Qwen2 or Qwen3 "
-      "model as a Hugging Face directory");
+      "Write a randomly initialized GPT-2, Llama, Gemma, Gemma-2, Gemma-3, Phi-3, Qwen2, Qwen3 or "
+      "SmolLM3 model as a Hugging Face directory");
   sub->add_option("--out", a->out, "output directory (config.json + model.safetensors)")
       ->required();
   sub->add_option("--family", a->family,
@@ -192,9 +193,9 @@ Command add_init_model(CLI::App& app) {
                   "gemma2 (and sandwich norms, soft caps, every other layer sliding) | gemma3 "
                   "(Gemma-2's layers with q/k norms, 5 of 6 sliding with their own RoPE base) | "
                   "phi3 (with fused qkv and gate_up) | qwen2 (with q/k/v biases) | qwen3 (with q/k "
-                  "norms)")
-      ->check(
-          CLI::IsMember({"gpt2", "llama", "gemma", "gemma2", "gemma3", "phi3", "qwen2", "qwen3"}))
+                  "norms) | smollm3 (every 4th layer without RoPE)")
+      ->check(CLI::IsMember(
+          {"gpt2", "llama", "gemma", "gemma2", "gemma3", "phi3", "qwen2", "qwen3", "smollm3"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

@@ -121,8 +121,8 @@ json rope_scaling_json(const ops::RopeScaling& s) {
 }
 
 // The HF architectures keel reads: config.json's model_type, its architectures[0] class (and the
-// headless class some files name), and keel's family. Gemma, Gemma-2, Mistral, Phi-3, Qwen2 and
-// Qwen3 are Llama's layers
+// headless class some files name), and keel's family. Gemma, Gemma-2, Gemma-3, Mistral, Phi-3,
+// Qwen2, Qwen3 and SmolLM3 are Llama's layers
 // (ModelSpec::hf_model_type tells them apart).
 struct HfArchitecture {
   const char* model_type;
@@ -140,6 +140,7 @@ constexpr HfArchitecture kArchitectures[] = {
     {"phi3", "Phi3ForCausalLM", nullptr, "llama"},           // fused qkv and gate_up, a window
     {"qwen2", "Qwen2ForCausalLM", nullptr, "llama"},         // and q/k/v biases
     {"qwen3", "Qwen3ForCausalLM", nullptr, "llama"},         // and q/k norms
+    {"smollm3", "SmolLM3ForCausalLM", nullptr, "llama"},     // and NoPE layers
 };
 
 const HfArchitecture& architecture_of(const json& j, const std::string& file) {
@@ -262,6 +263,14 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
         }
       }
     }
+    if (variant == "smollm3") {  // which layers rotate, listed as SmolLM3Config reads them
+      json rotates = json::array();
+      for (int64_t i = 0; i < s.n_layer; ++i) rotates.push_back(s.layer_rotates(i) ? 1 : 0);
+      j["no_rope_layers"] = rotates;
+      j["no_rope_layer_interval"] = s.nope_period > 0 ? s.nope_period : 4;
+      j["use_sliding_window"] = false;
+      j["sliding_window"] = nullptr;
+    }
     if (variant == "qwen2" || variant == "qwen3") {
       j["use_sliding_window"] = s.sliding_window > 0;
       if (s.sliding_window > 0) {
@@ -355,11 +364,14 @@ HfConfig read_hf_config(const std::string& dir) {
     s.intermediate_size = c.integer({"intermediate_size"});
     s.vocab_size = c.integer({"vocab_size"});
     s.max_seq_len = c.integer({"max_position_embeddings"}, 2048);
-    // (Gemma3TextConfig's default base is 1e6; its files give it)
-    s.rope_theta = c.number({"rope_theta"}, s.hf_model_type == "gemma3_text" ? 1e6 : 10000.0);
+    // (Gemma3TextConfig's default base is 1e6, SmolLM3Config's 2e6; their files give it)
+    s.rope_theta = c.number({"rope_theta"}, s.hf_model_type == "gemma3_text" ? 1e6
+                                            : s.hf_model_type == "smollm3"   ? 2e6
+                                                                             : 10000.0);
     s.norm_eps = c.number({"rms_norm_eps"}, 1e-6);
-    // (Gemma ties its head to the embedding unless the file says otherwise, as GemmaConfig.)
-    s.tie_embeddings = c.boolean("tie_word_embeddings", s.gemma());
+    // (Gemma and SmolLM3 tie their head to the embedding unless the file says otherwise, as
+    // their configs do.)
+    s.tie_embeddings = c.boolean("tie_word_embeddings", s.gemma() || s.hf_model_type == "smollm3");
     if (s.gemma()) {
       // HF's Gemma MLP: ACT2FN[hidden_activation], gelu_pytorch_tanh when absent (Gemma-1's
       // files that name only hidden_act "gelu" run it so too, with a warning).
@@ -473,6 +485,37 @@ HfConfig read_hf_config(const std::string& dir) {
           throw Error(
               file + ": " + field + " must be a positive number (or null: none), got " + v->dump(),
               Error::kUsage);
+    }
+    if (variant == "smollm3") {
+      // SmolLM3: every no_rope_layer_interval-th layer without RoPE (4: layers 3, 7, ... of 36),
+      // as its no_rope_layers lists them (1: rotates, 0: NoPE; at least one entry a layer). Its
+      // use_sliding_window (a window on the NoPE layers) is not read.
+      s.nope_period = c.integer({"no_rope_layer_interval"}, 4);
+      if (s.nope_period < 1)
+        throw Error(file + ": no_rope_layer_interval must be at least 1, got " +
+                        std::to_string(s.nope_period),
+                    Error::kUsage);
+      const std::string layout =
+          "keel's SmolLM3 leaves RoPE out of every Nth layer: N - 1 ones, then a 0, repeated, "
+          "one entry a layer";
+      if (const json* list = c.find({"no_rope_layers"})) {
+        std::vector<bool> rotates;
+        if (list->is_array())
+          for (const json& v : *list)
+            if (v.is_number_integer() && (v == 0 || v == 1)) rotates.push_back(v == 1);
+        if (!list->is_array() || rotates.size() != list->size() || std::ssize(rotates) < s.n_layer)
+          throw unsupported("no_rope_layers " + list->dump() + " (" + layout + ")");
+        // The period of the list: its first NoPE layer's index + 1 (none: every layer rotates).
+        const auto first = std::find(rotates.begin(), rotates.begin() + s.n_layer, false);
+        s.nope_period = first == rotates.begin() + s.n_layer ? 0 : first - rotates.begin() + 1;
+        for (int64_t i = 0; i < s.n_layer; ++i)
+          if (rotates[static_cast<size_t>(i)] != s.layer_rotates(i))
+            throw unsupported("no_rope_layers " + list->dump() + " (" + layout + ")");
+      }
+      if (c.boolean("use_sliding_window", false))
+        throw unsupported("use_sliding_window = true (SmolLM3's window on its NoPE layers)");
+      if (const auto slides = sliding_layers("keel's SmolLM3 slides no layer"))
+        expect_layout(*slides, "keel's SmolLM3 slides no layer");
     }
     if (variant == "phi3") {
       // Phi-4-mini turns 3/4 of each head's channels (HF's partial_rotary_factor, Phi3Config's

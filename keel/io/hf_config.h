@@ -20,6 +20,9 @@
 //   Qwen2ForCausalLM (model_type "qwen2"): Llama's fields and layers with q/k/v biases
 //     (ModelSpec::qkv_bias()); use_sliding_window = true slides the layers from
 //     max_window_layers on (layer_types, when given, must say the same); written back as Qwen2.
+//   SmolLM3ForCausalLM (model_type "smollm3"): Llama's fields and layers, every
+//     no_rope_layer_interval-th without RoPE as no_rope_layers lists them (ModelSpec::nope_period);
+//     use_sliding_window refused; written back as SmolLM3.
 //   Qwen3ForCausalLM (model_type "qwen3"): Llama's with q_norm/k_norm (ModelSpec::qk_norm()), its
 //     head_dim hidden_size / num_attention_heads (Qwen3-1.7B, -8B, -14B); written back as Qwen3.
 // Every problem is an Error naming the file and the field: a missing or mistyped field, sizes that

@@ -60,6 +60,7 @@ void ModelSpec::validate() const {
       !std::isfinite(attn_softcap + final_softcap + query_pre_attn_scalar))
     throw bad("attn_softcap, final_softcap and query_pre_attn_scalar must be finite and >= 0");
   if (sliding_period < 0) throw bad("sliding_period must be >= 0");
+  if (nope_period < 0) throw bad("nope_period must be >= 0 (0: every layer rotates)");
   if (!(rope_local_theta >= 0) || !std::isfinite(rope_local_theta))
     throw bad("rope_local_theta must be finite and >= 0 (0: rope_theta)");
 }

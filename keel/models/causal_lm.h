@@ -41,7 +41,8 @@ struct ModelSpec {
   ops::AttentionBackend attention = ops::AttentionBackend::kEager;
   DType param_dtype = DType::F32;
   // The HF architecture a "llama" family model is written back as: "" (Llama), "gemma", "gemma2",
-  // "gemma3_text", "mistral", "phi3", "qwen2" or "qwen3". An HF Mistral (model_type "mistral",
+  // "gemma3_text", "mistral", "phi3", "qwen2", "qwen3" or "smollm3" (SmolLM3ForCausalLM: Llama's
+  // layers, some without RoPE: nope_period). An HF Mistral (model_type "mistral",
   // MistralForCausalLM): Llama's layers under another name, whose attention slides over the last
   // sliding_window positions (a query sees itself and the sliding_window - 1 before it; 0: every
   // earlier position, Mistral v0.2 on). Qwen2 and Qwen3 with use_sliding_window slide the layers
@@ -62,9 +63,16 @@ struct ModelSpec {
   // Gemma-3's rope_local_base_freq: the RoPE base of its sliding layers, which take no
   // rope_scaling; 0: every layer rotates by rope_theta and rope_scaling.
   double rope_local_theta = 0;
+  // SmolLM3's NoPE layers (HF's no_rope_layers, every no_rope_layer_interval-th from the first
+  // one: layer 3, 7, ... of its 36 with interval 4): their queries and keys are not rotated; 0:
+  // every layer rotates.
+  int64_t nope_period = 0;
+  bool layer_rotates(int64_t layer) const {
+    return nope_period <= 0 || (layer + 1) % nope_period != 0;
+  }
 
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
-  // "mistral", "phi3", "qwen2" or "qwen3".
+  // "mistral", "phi3", "qwen2", "qwen3" or "smollm3".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).

@@ -20,6 +20,7 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
       rope_scaling(s.rope_local_theta > 0 && s.layer_window(layer) > 0 ? ops::RopeScaling{}
                                                                        : s.rope_scaling),
       rotary_dim(s.rotary_dim()),
+      rotates(s.layer_rotates(layer)),
       sliding_window(s.layer_window(layer)),
       scores{static_cast<float>(s.attention_scale()), static_cast<float>(s.attn_softcap)} {
   const int64_t d = s.head_dim();
@@ -70,10 +71,11 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
     const Tensor positions = mask.positions.defined()            ? mask.positions
                              : caches && caches->rows.size() > 1 ? caches->positions(x.size(1))
                                                                  : Tensor();
-    if (positions.defined()) {  // a packed row's (each example from 0), or decoding rows'
+    // (SmolLM3's NoPE layers see positions only through the causal mask.)
+    if (rotates && positions.defined()) {  // a packed row's (each from 0), or decoding rows'
       q = ops::rope(q, theta, positions, rope_scaling, rotary_dim);
       k = ops::rope(k, theta, positions, rope_scaling, rotary_dim);
-    } else {
+    } else if (rotates) {
       q = ops::rope(q, theta, past, rope_scaling, rotary_dim);
       k = ops::rope(k, theta, past, rope_scaling, rotary_dim);
     }

@@ -22,6 +22,7 @@ class LlamaAttention : public nn::Module {
   double rope_theta;
   ops::RopeScaling rope_scaling;
   int64_t rotary_dim;           // the channels of a head RoPE turns (Phi-4-mini: 3/4 of them)
+  bool rotates;                 // false: a NoPE layer (SmolLM3's every 4th), q and k as projected
   int64_t sliding_window;       // this layer's window (ModelSpec::layer_window); 0: every key
   ops::AttentionScores scores;  // q·kᵀ's scale and soft cap (Gemma-2's)
 };

@@ -42,7 +42,8 @@ std::string trained_run(const std::string& family, const std::string& kind,
               {"--n-layer", "2", "--n-embd", "32", "--n-head", "4", "--max-seq-len", "32"});
   if (family != "gpt2") init.insert(init.end(), {"--n-kv-head", "2"});
   // (Gemma and Phi-4-mini tie their head)
-  if (family != "gpt2" && !family.starts_with("gemma") && !phi4_mini) init.push_back("--untied");
+  if (family != "gpt2" && !family.starts_with("gemma") && !phi4_mini && family != "smollm3")
+    init.push_back("--untied");
   if (wide) init.insert(init.end(), {"--head-dim", "16"});
   const test::KeelRun b = test::run_keel(init);
   EXPECT_EQ(b.code, 0) << b.output;
@@ -52,6 +53,12 @@ std::string trained_run(const std::string& family, const std::string& kind,
     cfg["rope_scaling"] = {
         {"type", "longrope"}, {"short_factor", {1.0, 1.25, 1.5}}, {"long_factor", {2.0, 3.0, 7.0}}};
     cfg["original_max_position_embeddings"] = 4;
+    std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  }
+  if (family == "smollm3") {  // its second layer without RoPE (its every 4th of 36)
+    json cfg = json::parse(test::slurp(dir + "/base/config.json"));
+    cfg["no_rope_layers"] = {1, 0};
+    cfg["no_rope_layer_interval"] = 2;
     std::ofstream(dir + "/base/config.json") << cfg.dump(2);
   }
   const std::string targets = family == "gpt2" ? "[\"c_attn\", \"c_fc\"]"
@@ -271,7 +278,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // trained away from their init (0, 1); a Phi-3's LoRA on its fused qkv_proj and gate_up_proj
   // merged into them, a Phi-4-mini's (its partial rotary and longrope, its tied head); a Gemma
   // whole (its 1 + w norms, the tied head of its scaled embedding) and a Gemma-2's LoRA (its
-  // sandwich norms and soft caps), a Gemma-3 whole (its q/k norms).
+  // sandwich norms and soft caps), a Gemma-3 whole (its q/k norms), a SmolLM3's LoRA (a NoPE
+  // layer of its 2).
   for (const auto& [family, kind] :
        std::vector<std::pair<std::string, std::string>>{{"gpt2", "lora"},
                                                         {"llama", "lora"},
@@ -282,7 +290,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
                                                         {"gemma3", "none"},
                                                         {"qwen2", "none"},
                                                         {"qwen3", "none"},
-                                                        {"qwen3-wide", "none"}}) {
+                                                        {"qwen3-wide", "none"},
+                                                        {"smollm3", "lora"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

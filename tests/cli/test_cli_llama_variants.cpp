@@ -6,7 +6,8 @@
 // window it would use is refused. A Qwen3 (Qwen3ForCausalLM, q/k norms): the same, with heads of
 // n_embd / n_head channels or of a width of their own (Qwen3-0.6B's head_dim 128 over 1024 / 16),
 // and a head_dim its weights do not have is refused. A Phi-3 (Phi3ForCausalLM, fused qkv_proj and
-// gate_up_proj): below. (PyTorch's forward of Phi-3, Qwen2 and Qwen3 exports: CliExport.PyTorch*.)
+// gate_up_proj), a SmolLM3 (NoPE layers): below. (PyTorch's forward of their exports:
+// CliExport.PyTorch*.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -325,6 +326,68 @@ TEST(CliPhi3, InitModelWritesOneAndALoraOnItsFusedProjectionsIsPefts) {
   refused(heads, dir + "/base/config.json: num_attention_heads = 4 but the weights in " + dir +
                      "/base hold a qkv_proj of 64 rows, not (num_attention_heads 4 + 2 x "
                      "num_key_value_heads 4) x head_dim 8");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+}
+
+// A SmolLM3 (SmolLM3ForCausalLM): init-model writes one whose every 4th layer has no RoPE, a LoRA
+// on it trains and its adapter applies to the base as the run's checkpoint computes, the NoPE
+// layers compute without rotation (a list with none scores otherwise; ModelParity's smollm3 checks
+// how against PyTorch), and a list keel's model cannot follow, or its sliding window, is refused
+// naming the field.
+TEST(CliSmolLM3, InitModelWritesOneItsNoPeLayersComputeAndALoraTrains) {
+  const std::string dir = test::temp_dir("cli-smollm3");
+  const test::KeelRun init = test::run_keel(
+      {"init-model", "--family", "smollm3", "--out", dir + "/base", "--n-layer", "4", "--n-embd",
+       "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32", "--init-std", "0.1"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  const json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("model_type"), "smollm3");
+  EXPECT_EQ(cfg.at("architectures"), json::array({"SmolLM3ForCausalLM"}));
+  EXPECT_EQ(cfg.at("no_rope_layers"), json::array({1, 1, 1, 0}));
+  EXPECT_EQ(cfg.at("no_rope_layer_interval"), 4);
+  EXPECT_EQ(cfg.at("tie_word_embeddings"), true);
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  const test::KeelRun run = test::run_keel(
+      test::with_sets(
+          {"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1", "model.path=" + dir + "/base",
+                      "model.adapter.kind=lora", "data.seq_len=24", "train.max_steps=8",
+                      "optim.lr=5e-2", "log.every=1", "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::vector<json> steps = test::step_records(dir + "/out");
+  ASSERT_EQ(steps.size(), 8u) << run.output;
+  EXPECT_LT(steps.back().at("loss").get<double>(), steps.front().at("loss").get<double>());
+  EXPECT_EQ(read_json_file(dir + "/out/checkpoints/last/config.json").at("no_rope_layers"),
+            json::array({1, 1, 1, 0}));
+  const test::KeelRun ex =
+      test::run_keel({"export", dir + "/out", "--out", dir + "/peft", "--adapter-only"});
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  EXPECT_NEAR(eval_loss(dir + "/base", dir + "/t.txt", {"--adapter", dir + "/peft"}),
+              eval_loss(dir + "/out", dir + "/t.txt"), 1e-5);
+  // Layer 3 rotates when the list says so: another loss.
+  const double nope = eval_loss(dir + "/base", dir + "/t.txt");
+  json rotating = cfg;
+  rotating["no_rope_layers"] = {1, 1, 1, 1};
+  std::ofstream(dir + "/base/config.json") << rotating.dump(2);
+  EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), nope);
+  auto refused = [&](const json& bad, const std::string& message) {
+    std::ofstream(dir + "/base/config.json") << bad.dump(2);
+    const test::KeelRun r =
+        test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, message);
+  };
+  json irregular = cfg;
+  irregular["no_rope_layers"] = {1, 0, 1, 1};
+  refused(irregular, dir +
+                         "/base/config.json: no_rope_layers [1,0,1,1] (keel's SmolLM3 leaves "
+                         "RoPE out of every Nth layer");
+  json sliding = cfg;
+  sliding["use_sliding_window"] = true;
+  sliding["sliding_window"] = 8;
+  refused(sliding, dir +
+                       "/base/config.json: use_sliding_window = true (SmolLM3's window on its "
+                       "NoPE layers) is not supported");
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 

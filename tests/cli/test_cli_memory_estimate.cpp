@@ -77,6 +77,20 @@ TEST(CliMemoryEstimate, Phi4MiniCountsItsPublishedParameters) {
             200064 * 3072 + 32 * per_layer + 3072);
 }
 
+// SmolLM3-3B's config.json (tests/fuzz/corpus/hf_config/smollm3_3b.json): 3.08B parameters, its
+// head tied to the embedding (SmolLM3Config's default: the file does not say).
+TEST(CliMemoryEstimate, SmolLM3CountsItsPublishedParameters) {
+  const std::string dir = test::temp_dir("cli-memory-smollm3");
+  std::filesystem::copy_file(
+      std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/smollm3_3b.json",
+      dir + "/config.json");
+  const test::KeelRun r = test::run_keel({"memory", "--model", dir, "--json"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const int64_t per_layer = 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 11008 + 2 * 2048;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("params").get<int64_t>(),
+            128256 * 2048 + 36 * per_layer + 2048);
+}
+
 TEST(CliMemoryEstimate, KvHeadsThatDoNotDivideTheHeadsAreAUsageError) {
   const test::KeelRun r = test::run_keel_sh(
       "memory --family llama --layers 2 --hidden 256 --heads 8 --kv-heads 3 --batch 1 --seq 8");
