@@ -81,6 +81,11 @@ int run_init_model(const InitModelArgs& a) {
     s.final_softcap = 30;
   }
   if (a.family == "smollm3") s.nope_period = 4;  // SmolLM3Config's no_rope_layer_interval
+  if (a.family == "granite") {  // Granite-3's multipliers, its attention's scale 1 / head_dim
+    s.embedding_multiplier = 12;
+    s.residual_multiplier = 0.22;
+    s.logits_scaling = 8;
+  }
   if (a.family == "gemma3") {  // Gemma3TextConfig's defaults; the scale of head_dim
     s.sliding_window = 4096;
     s.sliding_period = 6;
@@ -97,6 +102,7 @@ int run_init_model(const InitModelArgs& a) {
   s.tie_embeddings = a.family == "gpt2" || !a.untied;
   if (a.family == "gemma2" || a.family == "gemma3")
     s.query_pre_attn_scalar = static_cast<double>(s.head_dim());
+  if (a.family == "granite") s.attention_multiplier = 1.0 / static_cast<double>(s.head_dim());
   s.rope_theta = a.rope_theta;
   s.norm_eps = a.norm_eps;
   s.init_std = a.init_std;
@@ -184,8 +190,8 @@ Command add_init_model(CLI::App& app) {
   auto a = std::make_shared<InitModelArgs>();
   CLI::App* sub = app.add_subcommand(
       "init-model",
-      "Write a randomly initialized GPT-2, Llama, Gemma, Gemma-2, Gemma-3, Phi-3, Qwen2, Qwen3 or "
-      "SmolLM3 model as a Hugging Face directory");
+      "Write a randomly initialized GPT-2, Llama, Gemma, Gemma-2, Gemma-3, Granite, Phi-3, Qwen2, "
+      "Qwen3 or SmolLM3 model as a Hugging Face directory");
   sub->add_option("--out", a->out, "output directory (config.json + model.safetensors)")
       ->required();
   sub->add_option("--family", a->family,
@@ -193,9 +199,10 @@ Command add_init_model(CLI::App& app) {
                   "gemma2 (and sandwich norms, soft caps, every other layer sliding) | gemma3 "
                   "(Gemma-2's layers with q/k norms, 5 of 6 sliding with their own RoPE base) | "
                   "phi3 (with fused qkv and gate_up) | qwen2 (with q/k/v biases) | qwen3 (with q/k "
-                  "norms) | smollm3 (every 4th layer without RoPE)")
-      ->check(CLI::IsMember(
-          {"gpt2", "llama", "gemma", "gemma2", "gemma3", "phi3", "qwen2", "qwen3", "smollm3"}))
+                  "norms) | smollm3 (every 4th layer without RoPE) | granite (with Granite-3's "
+                  "multipliers)")
+      ->check(CLI::IsMember({"gpt2", "llama", "gemma", "gemma2", "gemma3", "granite", "phi3",
+                             "qwen2", "qwen3", "smollm3"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

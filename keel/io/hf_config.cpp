@@ -121,8 +121,8 @@ json rope_scaling_json(const ops::RopeScaling& s) {
 }
 
 // The HF architectures keel reads: config.json's model_type, its architectures[0] class (and the
-// headless class some files name), and keel's family. Gemma, Gemma-2, Gemma-3, Mistral, Phi-3,
-// Qwen2, Qwen3 and SmolLM3 are Llama's layers
+// headless class some files name), and keel's family. Gemma, Gemma-2, Gemma-3, Granite, Mistral,
+// Phi-3, Qwen2, Qwen3 and SmolLM3 are Llama's layers
 // (ModelSpec::hf_model_type tells them apart).
 struct HfArchitecture {
   const char* model_type;
@@ -136,6 +136,7 @@ constexpr HfArchitecture kArchitectures[] = {
     {"gemma", "GemmaForCausalLM", nullptr, "llama"},         // 1 + w norms, GeGLU, scaled embedding
     {"gemma2", "Gemma2ForCausalLM", nullptr, "llama"},       // and sandwich norms, soft caps
     {"gemma3_text", "Gemma3ForCausalLM", nullptr, "llama"},  // and q/k norms, local RoPE
+    {"granite", "GraniteForCausalLM", nullptr, "llama"},     // and four multipliers
     {"mistral", "MistralForCausalLM", nullptr, "llama"},     // and a sliding window
     {"phi3", "Phi3ForCausalLM", nullptr, "llama"},           // fused qkv and gate_up, a window
     {"qwen2", "Qwen2ForCausalLM", nullptr, "llama"},         // and q/k/v biases
@@ -262,6 +263,13 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
           j["rope_local_base_freq"] = s.rope_local_theta;
         }
       }
+    }
+    if (variant == "granite") {
+      j["embedding_multiplier"] = s.embedding_multiplier;
+      j["residual_multiplier"] = s.residual_multiplier;
+      j["attention_multiplier"] =
+          s.attention_multiplier > 0 ? s.attention_multiplier : s.attention_scale();
+      j["logits_scaling"] = s.logits_scaling;
     }
     if (variant == "smollm3") {  // which layers rotate, listed as SmolLM3Config reads them
       json rotates = json::array();
@@ -485,6 +493,21 @@ HfConfig read_hf_config(const std::string& dir) {
           throw Error(
               file + ": " + field + " must be a positive number (or null: none), got " + v->dump(),
               Error::kUsage);
+    }
+    if (variant == "granite") {
+      // Granite (GraniteConfig's defaults: 1 each; its files give all four).
+      auto multiplier = [&](const char* field) {
+        const double m = c.number({field}, 1.0);
+        if (!(m > 0) || !std::isfinite(m))
+          throw Error(
+              file + ": " + field + " must be a positive number, got " + c.find({field})->dump(),
+              Error::kUsage);
+        return m;
+      };
+      s.embedding_multiplier = multiplier("embedding_multiplier");
+      s.residual_multiplier = multiplier("residual_multiplier");
+      s.attention_multiplier = multiplier("attention_multiplier");
+      s.logits_scaling = multiplier("logits_scaling");
     }
     if (variant == "smollm3") {
       // SmolLM3: every no_rope_layer_interval-th layer without RoPE (4: layers 3, 7, ... of 36),

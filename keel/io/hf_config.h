@@ -20,6 +20,9 @@
 //   Qwen2ForCausalLM (model_type "qwen2"): Llama's fields and layers with q/k/v biases
 //     (ModelSpec::qkv_bias()); use_sliding_window = true slides the layers from
 //     max_window_layers on (layer_types, when given, must say the same); written back as Qwen2.
+//   GraniteForCausalLM (model_type "granite"): Llama's fields and layers, and
+//     embedding_multiplier, residual_multiplier, attention_multiplier (the scale of q·kᵀ) and
+//     logits_scaling (GraniteConfig's defaults: 1); written back as Granite.
 //   SmolLM3ForCausalLM (model_type "smollm3"): Llama's fields and layers, every
 //     no_rope_layer_interval-th without RoPE as no_rope_layers lists them (ModelSpec::nope_period);
 //     use_sliding_window refused; written back as SmolLM3.

@@ -20,6 +20,7 @@ int64_t ModelSpec::ffn_dim() const {
 }
 
 double ModelSpec::attention_scale() const {
+  if (attention_multiplier > 0) return attention_multiplier;
   const double d =
       query_pre_attn_scalar > 0 ? query_pre_attn_scalar : static_cast<double>(head_dim());
   return 1.0 / std::sqrt(d);
@@ -61,6 +62,13 @@ void ModelSpec::validate() const {
     throw bad("attn_softcap, final_softcap and query_pre_attn_scalar must be finite and >= 0");
   if (sliding_period < 0) throw bad("sliding_period must be >= 0");
   if (nope_period < 0) throw bad("nope_period must be >= 0 (0: every layer rotates)");
+  for (const double m : {embedding_multiplier, residual_multiplier, logits_scaling})
+    if (!(m > 0) || !std::isfinite(m))
+      throw bad(
+          "embedding_multiplier, residual_multiplier and logits_scaling must be positive "
+          "and finite");
+  if (!(attention_multiplier >= 0) || !std::isfinite(attention_multiplier))
+    throw bad("attention_multiplier must be finite and >= 0 (0: 1 / sqrt(head_dim))");
   if (!(rope_local_theta >= 0) || !std::isfinite(rope_local_theta))
     throw bad("rope_local_theta must be finite and >= 0 (0: rope_theta)");
 }

@@ -41,8 +41,9 @@ struct ModelSpec {
   ops::AttentionBackend attention = ops::AttentionBackend::kEager;
   DType param_dtype = DType::F32;
   // The HF architecture a "llama" family model is written back as: "" (Llama), "gemma", "gemma2",
-  // "gemma3_text", "mistral", "phi3", "qwen2", "qwen3" or "smollm3" (SmolLM3ForCausalLM: Llama's
-  // layers, some without RoPE: nope_period). An HF Mistral (model_type "mistral",
+  // "gemma3_text", "granite", "mistral", "phi3", "qwen2", "qwen3" or "smollm3" (SmolLM3ForCausalLM:
+  // Llama's layers, some without RoPE: nope_period; GraniteForCausalLM: Llama's layers with the
+  // multipliers below). An HF Mistral (model_type "mistral",
   // MistralForCausalLM): Llama's layers under another name, whose attention slides over the last
   // sliding_window positions (a query sees itself and the sliding_window - 1 before it; 0: every
   // earlier position, Mistral v0.2 on). Qwen2 and Qwen3 with use_sliding_window slide the layers
@@ -70,9 +71,15 @@ struct ModelSpec {
   bool layer_rotates(int64_t layer) const {
     return nope_period <= 0 || (layer + 1) % nope_period != 0;
   }
+  // Granite's multipliers (GraniteForCausalLM): the embedding's output times
+  // embedding_multiplier, each sublayer's output times residual_multiplier before its residual
+  // add, q·kᵀ times attention_multiplier (in place of 1 / sqrt(head_dim); 0: none), the logits
+  // divided by logits_scaling. 1 (0 for attention_multiplier) for every other model.
+  double embedding_multiplier = 1, residual_multiplier = 1, attention_multiplier = 0,
+         logits_scaling = 1;
 
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
-  // "mistral", "phi3", "qwen2", "qwen3" or "smollm3".
+  // "granite", "mistral", "phi3", "qwen2", "qwen3" or "smollm3".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).
@@ -101,7 +108,8 @@ struct ModelSpec {
   bool sandwich_norms() const {
     return hf_model_type == "gemma2" || hf_model_type == "gemma3_text";
   }
-  // The scale of q·kᵀ: 1 / sqrt(query_pre_attn_scalar), else 1 / sqrt(head_dim()).
+  // The scale of q·kᵀ: Granite's attention_multiplier, else 1 / sqrt(query_pre_attn_scalar),
+  // else 1 / sqrt(head_dim()).
   double attention_scale() const;
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int64_t ffn_dim() const;

@@ -135,6 +135,7 @@ std::unique_ptr<nn::RMSNorm> hidden_norm(const ModelSpec& s) {
 
 LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s, int64_t layer)
     : nn::Module("LlamaDecoderLayer") {
+  residual_multiplier = s.residual_multiplier;
   input_layernorm = register_module("input_layernorm", hidden_norm(s));
   self_attn = register_module("self_attn", std::make_unique<LlamaAttention>(s, layer));
   post_attention_layernorm = register_module("post_attention_layernorm", hidden_norm(s));
@@ -150,6 +151,11 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mas
                                   size_t layer) {
   return call({x}, [&] {
     Tensor a = self_attn->forward(input_layernorm->forward(x), mask, backend, caches, layer);
+    if (residual_multiplier != 1) {  // Granite: residual + sublayer(x) * residual_multiplier
+      const float m = static_cast<float>(residual_multiplier);
+      Tensor h = nn::residual_add(x, ops::scale(a, m));
+      return nn::residual_add(h, ops::scale(mlp->forward(post_attention_layernorm->forward(h)), m));
+    }
     if (!pre_feedforward_layernorm) {
       Tensor h = nn::residual_add(x, a);
       return nn::residual_add(h, mlp->forward(post_attention_layernorm->forward(h)));
@@ -192,6 +198,9 @@ Tensor LlamaForCausalLM::run(const Tensor& ids, const ops::AttentionMask& mask,
           Tensor::full({}, static_cast<float>(std::sqrt(double(spec_.n_embd))), x.dtype());
       x = ops::scale(x, f.item());
     }
+    // Granite: times embedding_multiplier (a Python float: not rounded to the dtype first).
+    if (spec_.embedding_multiplier != 1)
+      x = ops::scale(x, static_cast<float>(spec_.embedding_multiplier));
     const ops::AttentionBackend backend = spec_.attention;
     x = run_blocks(
         {model->layers.begin(), model->layers.end()}, x,
@@ -208,6 +217,10 @@ Tensor LlamaForCausalLM::run(const Tensor& ids, const ops::AttentionMask& mask,
     // Gemma-2's final_logit_softcapping.
     if (spec_.final_softcap > 0)
       logits = ops::softcap(logits, static_cast<float>(spec_.final_softcap));
+    // Granite's logits / logits_scaling, as a product with its inverse: the same bits for the
+    // powers of two its files give (8, 16), and what HF's CUDA division computes.
+    if (spec_.logits_scaling != 1)
+      logits = ops::scale(logits, static_cast<float>(1.0 / spec_.logits_scaling));
     return logits;
   });
 }

@@ -45,6 +45,7 @@ class LlamaDecoderLayer : public nn::Module {
   // Gemma-2's (ModelSpec::sandwich_norms()): the MLP's input and output norms, and
   // post_attention_layernorm then normalizes the attention's output; else null.
   nn::RMSNorm *pre_feedforward_layernorm = nullptr, *post_feedforward_layernorm = nullptr;
+  double residual_multiplier = 1;  // Granite's: each sublayer's output scaled before its add
   LlamaAttention* self_attn;
   LlamaMLP* mlp;
 };

@@ -279,7 +279,7 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // merged into them, a Phi-4-mini's (its partial rotary and longrope, its tied head); a Gemma
   // whole (its 1 + w norms, the tied head of its scaled embedding) and a Gemma-2's LoRA (its
   // sandwich norms and soft caps), a Gemma-3 whole (its q/k norms), a SmolLM3's LoRA (a NoPE
-  // layer of its 2).
+  // layer of its 2), a Granite whole (its multipliers).
   for (const auto& [family, kind] :
        std::vector<std::pair<std::string, std::string>>{{"gpt2", "lora"},
                                                         {"llama", "lora"},
@@ -291,7 +291,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
                                                         {"qwen2", "none"},
                                                         {"qwen3", "none"},
                                                         {"qwen3-wide", "none"},
-                                                        {"smollm3", "lora"}}) {
+                                                        {"smollm3", "lora"},
+                                                        {"granite", "none"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

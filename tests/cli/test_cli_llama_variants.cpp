@@ -6,8 +6,8 @@
 // window it would use is refused. A Qwen3 (Qwen3ForCausalLM, q/k norms): the same, with heads of
 // n_embd / n_head channels or of a width of their own (Qwen3-0.6B's head_dim 128 over 1024 / 16),
 // and a head_dim its weights do not have is refused. A Phi-3 (Phi3ForCausalLM, fused qkv_proj and
-// gate_up_proj), a SmolLM3 (NoPE layers): below. (PyTorch's forward of their exports:
-// CliExport.PyTorch*.)
+// gate_up_proj), a SmolLM3 (NoPE layers), a Granite (multipliers): below. (PyTorch's forward of
+// their exports: CliExport.PyTorch*.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -388,6 +388,55 @@ TEST(CliSmolLM3, InitModelWritesOneItsNoPeLayersComputeAndALoraTrains) {
   refused(sliding, dir +
                        "/base/config.json: use_sliding_window = true (SmolLM3's window on its "
                        "NoPE layers) is not supported");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+}
+
+// A Granite (GraniteForCausalLM): init-model writes one with Granite-3's multipliers, it trains
+// whole and its checkpoint and export are Granites, the multipliers change what it computes
+// (ModelParity's granite checks how against PyTorch), and one that is not a positive number is
+// refused naming the field.
+TEST(CliGranite, InitModelWritesOneItsMultipliersComputeAndItTrains) {
+  const std::string dir = test::temp_dir("cli-granite");
+  init_tiny("granite", dir + "/base");
+  const json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("model_type"), "granite");
+  EXPECT_EQ(cfg.at("architectures"), json::array({"GraniteForCausalLM"}));
+  EXPECT_EQ(cfg.at("embedding_multiplier"), 12.0);
+  EXPECT_EQ(cfg.at("residual_multiplier"), 0.22);
+  EXPECT_EQ(cfg.at("attention_multiplier"), 0.125);  // 1 / head_dim 8
+  EXPECT_EQ(cfg.at("logits_scaling"), 8.0);
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  const test::KeelRun run =
+      test::run_keel(test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1",
+                                                 "model.path=" + dir + "/base", "data.seq_len=24",
+                                                 "train.max_steps=8", "optim.lr=1e-2",
+                                                 "log.every=1", "log.tensorboard=false"}),
+                     {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::vector<json> steps = test::step_records(dir + "/out");
+  ASSERT_EQ(steps.size(), 8u) << run.output;
+  EXPECT_LT(steps.back().at("loss").get<double>(), steps.front().at("loss").get<double>());
+  const json saved = read_json_file(dir + "/out/checkpoints/last/config.json");
+  EXPECT_EQ(saved.at("model_type"), "granite");
+  EXPECT_EQ(saved.at("logits_scaling"), 8.0);
+  // Each multiplier at 1 (GraniteConfig's default) scores otherwise.
+  const double granite = eval_loss(dir + "/base", dir + "/t.txt");
+  for (const char* field :
+       {"embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"}) {
+    json plain = cfg;
+    plain[field] = 1.0;
+    std::ofstream(dir + "/base/config.json") << plain.dump(2);
+    EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), granite) << field;
+  }
+  json bad = cfg;
+  bad["residual_multiplier"] = -0.5;
+  std::ofstream(dir + "/base/config.json") << bad.dump(2);
+  const test::KeelRun r =
+      test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, dir +
+                             "/base/config.json: residual_multiplier must be a positive number, "
+                             "got -0.5");
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 

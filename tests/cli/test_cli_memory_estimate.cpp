@@ -91,6 +91,20 @@ TEST(CliMemoryEstimate, SmolLM3CountsItsPublishedParameters) {
             128256 * 2048 + 36 * per_layer + 2048);
 }
 
+// Granite-3.1-8B's config.json (tests/fuzz/corpus/hf_config/granite_3_1_8b.json): 8.17B
+// parameters, its head tied; its multipliers change no count.
+TEST(CliMemoryEstimate, GraniteCountsItsPublishedParameters) {
+  const std::string dir = test::temp_dir("cli-memory-granite");
+  std::filesystem::copy_file(
+      std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/granite_3_1_8b.json",
+      dir + "/config.json");
+  const test::KeelRun r = test::run_keel({"memory", "--model", dir, "--json"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const int64_t per_layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12800 + 2 * 4096;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("params").get<int64_t>(),
+            49155 * 4096 + 40 * per_layer + 4096);
+}
+
 TEST(CliMemoryEstimate, KvHeadsThatDoNotDivideTheHeadsAreAUsageError) {
   const test::KeelRun r = test::run_keel_sh(
       "memory --family llama --layers 2 --hidden 256 --heads 8 --kv-heads 3 --batch 1 --seq 8");

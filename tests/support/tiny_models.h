@@ -24,7 +24,8 @@ namespace keel::test {
 // (and its sandwich norms, a window of 3 on layer 0 only, query_pre_attn_scalar 6 beside head_dim
 // 4, attention and final soft caps of 2 and 3). "gemma3": a Gemma-3 (Gemma-2's layers with 1 + w
 // q/k norms and no caps; its sliding layer 0 rotating by a RoPE base of 100, layer 1 by 1e4).
-// "smollm3": a SmolLM3 (layer 1 without RoPE, its every 4th of 36; the head tied).
+// "smollm3": a SmolLM3 (layer 1 without RoPE, its every 4th of 36; the head tied). "granite": a
+// Granite (embedding times 3, sublayer outputs times 0.22, q·kᵀ times 0.3, logits / 4).
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
   const bool wide_heads = family == "qwen3_d8";
@@ -35,14 +36,21 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool phi3_long = family == "phi3_lr" || family == "phi3_sr" || phi4_mini;
   const bool phi3 = family == "phi3_w3" || phi3_long;
   const bool gemma = family == "gemma" || family == "gemma2" || family == "gemma3";
-  const bool smollm3 = family == "smollm3";
-  s.family = qwen || mistral || phi3 || gemma || smollm3 ? "llama" : family;
+  const bool smollm3 = family == "smollm3", granite = family == "granite";
+  s.family = qwen || mistral || phi3 || gemma || smollm3 || granite ? "llama" : family;
   s.hf_model_type = qwen      ? family.substr(0, 5)
                     : mistral ? "mistral"
                     : phi3    ? "phi3"
                     : gemma   ? (family == "gemma3" ? "gemma3_text" : family)
                     : smollm3 ? "smollm3"
+                    : granite ? "granite"
                               : "";
+  if (granite) {
+    s.embedding_multiplier = 3;
+    s.residual_multiplier = 0.22;
+    s.attention_multiplier = 0.3;
+    s.logits_scaling = 4;
+  }
   if (smollm3) s.nope_period = 2;
   if (wide_heads || phi4_mini) s.head_width = 8;
   if (phi4_mini) s.partial_rotary_factor = 0.75;
