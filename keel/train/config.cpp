@@ -22,6 +22,7 @@
 #include <tuple>
 #include <variant>
 
+#include "keel/io/hf_config.h"
 #include "keel/models/causal_lm.h"
 #include "keel/numerics/error.h"
 #include "keel/numerics/input_file.h"
@@ -1019,6 +1020,24 @@ void check_keys_take_effect(const Config& cfg) {
                     " damps SGD's momentum, but optim.momentum = 0 keeps none; set "
                     "optim.momentum, or remove optim.dampening",
                 Error::kUsage);
+  // model.dropout drops GPT-2's residual streams and embedding (HF's resid_pdrop, embd_pdrop). A
+  // Llama-family model has no such layers (HF's has none: its only dropout is attention_dropout,
+  // on the attention probabilities, which keel does not run), and trained as without the key.
+  if (cfg.model.dropout > 0) {
+    const bool from_dir = !cfg.model.path.empty();
+    const models::ModelSpec file_spec =
+        from_dir ? io::read_hf_config(cfg.model.path).spec : models::ModelSpec{};
+    if (from_dir ? file_spec.family == "llama" : cfg.model.family == "llama")
+      throw Error(
+          "model.dropout = " + format_double(cfg.model.dropout, false) + " with " +
+              (from_dir ? "model.path = " + cfg.model.path + " (" + file_spec.architecture() + ")"
+                        : std::string("model.family = \"llama\"")) +
+              ": keel's Llama-family models have no dropout layers (HF's "
+              "LlamaForCausalLM drops nothing but, where config.json's attention_dropout "
+              "says so, attention probabilities, which keel does not); remove "
+              "model.dropout (model.adapter.dropout is an adapter's input dropout)",
+          Error::kUsage);
+  }
   // Stochastic rounding acts on bf16 parameters only: under 32-true and the -mixed policies (f32
   // masters), and for adapters (f32 under every policy), a run with it rounded as without it;
   // under 16-true the optimizer refused it naming no key.

@@ -321,6 +321,14 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
     hf.spec.param_dtype = param_dtype;
     hf.spec.attention = ops::attention_backend_from_name(cfg.model.attention);
     hf.spec.dropout = cfg.model.dropout;
+    // HF trains a Granite-3 with attention_dropout 0.1 (dropout on its attention probabilities);
+    // keel's attention drops nothing: said, not hidden.
+    if (const auto p = hf.json.find("attention_dropout");
+        p != hf.json.end() && p->is_number() && p->get<double>() > 0)
+      say_or_print(say, "note: " + cfg.model.path +
+                            "/config.json's attention_dropout = " + p->dump() +
+                            " is not applied: keel's attention drops no probabilities (HF's "
+                            "does while training), so this run trains without that dropout");
     const io::WeightCheck check{cfg.model.allow_nonfinite_weights,
                                 [&](const std::string& w) { say_or_print(say, w); }};
     if (adapted && !io::is_keel_checkpoint(cfg.model.path)) {

@@ -652,7 +652,7 @@ TEST(CliNan, TheStopOfAnInjectedFaultNamesDebugInject) {
                   "capture written to");
 }
 
-// A Llama (grouped-query attention) with DoRA, dropout and two micro-batches a step, at optim.lr
+// A Llama (grouped-query attention) with DoRA and two micro-batches a step, at optim.lr
 // 1e4 under 16-mixed: the magnitudes are ~1e4 after the first update and step 2 is NaN. Its
 // replay is bit-exact, and the report counts in the singular: "1 updates were applied" and
 // "1 threads" before.
@@ -661,10 +661,10 @@ TEST(CliNan, ADoraLlamaCaptureReplaysBitExactlyAndItsReportCountsRight) {
   Ran r = run_keel(
       with_sets({"train"}, {"run.out_dir=" + dir, "run.threads=1", "model.family=llama",
                             "model.n_layer=2", "model.n_embd=64", "model.n_head=4",
-                            "model.n_kv_head=2", "model.dropout=0.1", "model.adapter.kind=dora",
-                            "data.num_examples=256", "data.eval_examples=0", "train.batch_size=4",
-                            "train.grad_accum=2", "data.seq_len=32", "log.tensorboard=false",
-                            "optim.lr=1e4", "train.precision=16-mixed", "train.max_steps=10"}),
+                            "model.n_kv_head=2", "model.adapter.kind=dora", "data.num_examples=256",
+                            "data.eval_examples=0", "train.batch_size=4", "train.grad_accum=2",
+                            "data.seq_len=32", "log.tensorboard=false", "optim.lr=1e4",
+                            "train.precision=16-mixed", "train.max_steps=10"}),
       {"OMP_NUM_THREADS=1"});
   int64_t step = 0;
   const std::string capture = expect_captured_stop(r, dir, &step);

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "tests/support/check.h"
 #include "tests/support/run_keel.h"
@@ -130,6 +131,42 @@ TEST(CliTrainOptions, StochasticRoundingWithoutBf16ParametersIsRefused) {
   r = test::run_keel(
       tiny_train(dir + "/ok", {"optim.stochastic_rounding=true", "train.precision=bf16-true"}));
   EXPECT_EQ(r.code, 0) << r.output;
+}
+
+// model.dropout drops GPT-2's residual streams and embedding; a Llama has no such layers and
+// trained as without it, without a word. An HF directory's attention_dropout (Granite-3's 0.1),
+// which keel's attention does not apply, is said.
+TEST(CliTrainOptions, ModelDropoutOnALlamaIsRefusedAndAttentionDropoutIsSaid) {
+  const std::string dir = test::temp_dir("train-llama-dropout");
+  auto r = test::run_keel(tiny_train(dir + "/llama", {"model.family=llama", "model.dropout=0.1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err,
+                  "model.dropout = 0.1 with model.family = \"llama\": keel's Llama-family "
+                  "models have no dropout layers");
+  EXPECT_CONTAINS(r.err,
+                  "remove model.dropout (model.adapter.dropout is an adapter's input "
+                  "dropout)");
+  const test::KeelRun init =
+      test::run_keel({"init-model", "--family", "granite", "--out", dir + "/granite", "--n-layer",
+                      "1", "--n-embd", "32", "--n-head", "2", "--max-seq-len", "16"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  r = test::run_keel(
+      tiny_train(dir + "/from-dir", {"model.path=" + dir + "/granite", "model.dropout=0.1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "model.dropout = 0.1 with model.path = " + dir + "/granite (granite)");
+  for (const char* d : {"/llama", "/from-dir"})
+    EXPECT_FALSE(std::filesystem::exists(dir + d)) << "the refused run wrote its out_dir " << d;
+  {
+    std::ifstream in(dir + "/granite/config.json");
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    cfg["attention_dropout"] = 0.1;
+    std::ofstream(dir + "/granite/config.json") << cfg.dump(2);
+  }
+  r = test::run_keel(tiny_train(dir + "/granite-run", {"model.path=" + dir + "/granite"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "note: " + dir +
+                                "/granite/config.json's attention_dropout = 0.1 is not applied: "
+                                "keel's attention drops no probabilities");
 }
 
 }  // namespace

@@ -652,7 +652,7 @@ TEST(CudaTraining, ActivationCheckpointingIsBitIdenticalOnTheGpu) {
         const std::string what = std::string(family) + " " + precision + " " + adapter;
         auto config = [&](const char* ckpt) {
           Config c = step_config(family, precision, "cuda", what + "-ckpt-" + ckpt);
-          c.model.dropout = 0.1;
+          if (std::string(family) == "gpt2") c.model.dropout = 0.1;  // (a Llama has none)
           c.model.adapter.kind = adapter;
           if (std::string(adapter) != "none") {
             c.model.adapter.dropout = std::string(adapter) == "lokr" ? 0.0 : 0.1;

@@ -49,7 +49,7 @@ Config ckpt_config(const CkptCase& k, const std::string& checkpointing, const st
     c.model.n_kv_head = 1;
     c.model.tie_embeddings = false;
   }
-  c.model.dropout = 0.1;
+  if (k.family == "gpt2") c.model.dropout = 0.1;  // (a Llama has no model dropout)
   c.model.adapter.kind = k.adapter;
   if (k.adapter != "none") {
     c.model.adapter.r = 4;
