@@ -190,8 +190,8 @@ Command add_init_model(CLI::App& app) {
   auto a = std::make_shared<InitModelArgs>();
   CLI::App* sub = app.add_subcommand(
       "init-model",
-      "Write a randomly initialized GPT-2, Llama, Gemma, Gemma-2, Gemma-3, Granite, Phi-3, Qwen2, "
-      "Qwen3 or SmolLM3 model as a Hugging Face directory");
+      "Write a randomly initialized GPT-2, Llama, Gemma, Gemma-2, Gemma-3, Granite, OLMo-2, Phi-3, "
+      "Qwen2, Qwen3 or SmolLM3 model as a Hugging Face directory");
   sub->add_option("--out", a->out, "output directory (config.json + model.safetensors)")
       ->required();
   sub->add_option("--family", a->family,
@@ -200,9 +200,9 @@ Command add_init_model(CLI::App& app) {
                   "(Gemma-2's layers with q/k norms, 5 of 6 sliding with their own RoPE base) | "
                   "phi3 (with fused qkv and gate_up) | qwen2 (with q/k/v biases) | qwen3 (with q/k "
                   "norms) | smollm3 (every 4th layer without RoPE) | granite (with Granite-3's "
-                  "multipliers)")
-      ->check(CLI::IsMember({"gpt2", "llama", "gemma", "gemma2", "gemma3", "granite", "phi3",
-                             "qwen2", "qwen3", "smollm3"}))
+                  "multipliers) | olmo2 (norms after the attention and the MLP, q/k norms)")
+      ->check(CLI::IsMember({"gpt2", "llama", "gemma", "gemma2", "gemma3", "granite", "olmo2",
+                             "phi3", "qwen2", "qwen3", "smollm3"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

@@ -122,7 +122,7 @@ json rope_scaling_json(const ops::RopeScaling& s) {
 
 // The HF architectures keel reads: config.json's model_type, its architectures[0] class (and the
 // headless class some files name), and keel's family. Gemma, Gemma-2, Gemma-3, Granite, Mistral,
-// Phi-3, Qwen2, Qwen3 and SmolLM3 are Llama's layers
+// OLMo-2, Phi-3, Qwen2, Qwen3 and SmolLM3 are Llama's layers
 // (ModelSpec::hf_model_type tells them apart).
 struct HfArchitecture {
   const char* model_type;
@@ -138,6 +138,7 @@ constexpr HfArchitecture kArchitectures[] = {
     {"gemma3_text", "Gemma3ForCausalLM", nullptr, "llama"},  // and q/k norms, local RoPE
     {"granite", "GraniteForCausalLM", nullptr, "llama"},     // and four multipliers
     {"mistral", "MistralForCausalLM", nullptr, "llama"},     // and a sliding window
+    {"olmo2", "Olmo2ForCausalLM", nullptr, "llama"},         // post-norms, whole q/k norms
     {"phi3", "Phi3ForCausalLM", nullptr, "llama"},           // fused qkv and gate_up, a window
     {"qwen2", "Qwen2ForCausalLM", nullptr, "llama"},         // and q/k/v biases
     {"qwen3", "Qwen3ForCausalLM", nullptr, "llama"},         // and q/k norms
@@ -376,7 +377,8 @@ HfConfig read_hf_config(const std::string& dir) {
     s.rope_theta = c.number({"rope_theta"}, s.hf_model_type == "gemma3_text" ? 1e6
                                             : s.hf_model_type == "smollm3"   ? 2e6
                                                                              : 10000.0);
-    s.norm_eps = c.number({"rms_norm_eps"}, 1e-6);
+    // (Olmo2Config's default eps is 1e-5; its files give it)
+    s.norm_eps = c.number({"rms_norm_eps"}, s.hf_model_type == "olmo2" ? 1e-5 : 1e-6);
     // (Gemma and SmolLM3 tie their head to the embedding unless the file says otherwise, as
     // their configs do.)
     s.tie_embeddings = c.boolean("tie_word_embeddings", s.gemma() || s.hf_model_type == "smollm3");
@@ -494,6 +496,8 @@ HfConfig read_hf_config(const std::string& dir) {
               file + ": " + field + " must be a positive number (or null: none), got " + v->dump(),
               Error::kUsage);
     }
+    if (variant == "olmo2" && c.boolean("use_sinks", false))
+      throw unsupported("use_sinks = true (attention sinks)");
     if (variant == "granite") {
       // Granite (GraniteConfig's defaults: 1 each; its files give all four).
       auto multiplier = [&](const char* field) {

@@ -23,6 +23,9 @@
 //   GraniteForCausalLM (model_type "granite"): Llama's fields and layers, and
 //     embedding_multiplier, residual_multiplier, attention_multiplier (the scale of q·kᵀ) and
 //     logits_scaling (GraniteConfig's defaults: 1); written back as Granite.
+//   Olmo2ForCausalLM (model_type "olmo2"): Llama's fields and layers, normalized after the
+//     attention and the MLP instead of before (ModelSpec::post_norms()), its q_norm and k_norm
+//     over the whole projections; use_sinks refused; written back as OLMo-2.
 //   SmolLM3ForCausalLM (model_type "smollm3"): Llama's fields and layers, every
 //     no_rope_layer_interval-th without RoPE as no_rope_layers lists them (ModelSpec::nope_period);
 //     use_sliding_window refused; written back as SmolLM3.

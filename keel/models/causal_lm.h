@@ -41,7 +41,8 @@ struct ModelSpec {
   ops::AttentionBackend attention = ops::AttentionBackend::kEager;
   DType param_dtype = DType::F32;
   // The HF architecture a "llama" family model is written back as: "" (Llama), "gemma", "gemma2",
-  // "gemma3_text", "granite", "mistral", "phi3", "qwen2", "qwen3" or "smollm3" (SmolLM3ForCausalLM:
+  // "gemma3_text", "granite", "mistral", "olmo2", "phi3", "qwen2", "qwen3" or "smollm3"
+  // (SmolLM3ForCausalLM:
   // Llama's layers, some without RoPE: nope_period; GraniteForCausalLM: Llama's layers with the
   // multipliers below). An HF Mistral (model_type "mistral",
   // MistralForCausalLM): Llama's layers under another name, whose attention slides over the last
@@ -79,14 +80,22 @@ struct ModelSpec {
          logits_scaling = 1;
 
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
-  // "granite", "mistral", "phi3", "qwen2", "qwen3" or "smollm3".
+  // "granite", "mistral", "olmo2", "phi3", "qwen2", "qwen3" or "smollm3".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).
   bool qkv_bias() const { return hf_model_type == "qwen2"; }
   // An HF Qwen3 (Qwen3ForCausalLM): Llama's layers with an RMSNorm over each head's query and key
   // (q_norm, k_norm: weights [head_dim]) before RoPE.
-  bool qk_norm() const { return hf_model_type == "qwen3" || hf_model_type == "gemma3_text"; }
+  bool qk_norm() const {
+    return hf_model_type == "qwen3" || hf_model_type == "gemma3_text" || post_norms();
+  }
+  // An HF OLMo-2 (Olmo2ForCausalLM): Llama's layers with no norm before the attention or the MLP
+  // but one after each (post_attention_layernorm on the attention's output,
+  // post_feedforward_layernorm on the MLP's, before their residual adds), and its q_norm and
+  // k_norm over the whole query and key projections (n_head x head_dim and kv_heads x head_dim
+  // wide) before the heads are split.
+  bool post_norms() const { return hf_model_type == "olmo2"; }
   // An HF Phi-3 (Phi3ForCausalLM: Phi-3-mini/medium, Phi-3.5-mini, Phi-4): Llama's layers with the
   // query, key and value projections as one Linear (self_attn.qkv_proj: q's rows, then k's, then
   // v's) and gate and up as one (mlp.gate_up_proj: gate's rows, then up's), so that an adapter on

@@ -36,11 +36,14 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
   }
   o_proj = register_module("o_proj", lin(n_head * d, s.n_embd, false));
   if (s.qk_norm()) {
-    // (Gemma-3's scale by 1 + weight, as its other norms)
+    // (Gemma-3's scale by 1 + weight, as its other norms; OLMo-2's span the whole projection)
+    const int64_t q_width = s.post_norms() ? n_head * d : d;
+    const int64_t k_width = s.post_norms() ? n_kv_head * d : d;
     q_norm = register_module(
-        "q_norm", std::make_unique<nn::RMSNorm>(d, s.norm_eps, s.param_dtype, s.gemma()));
+        "q_norm", std::make_unique<nn::RMSNorm>(q_width, s.norm_eps, s.param_dtype, s.gemma()));
     k_norm = register_module(
-        "k_norm", std::make_unique<nn::RMSNorm>(d, s.norm_eps, s.param_dtype, s.gemma()));
+        "k_norm", std::make_unique<nn::RMSNorm>(k_width, s.norm_eps, s.param_dtype, s.gemma()));
+    norm_whole_projection = s.post_norms();
   }
 }
 
@@ -60,11 +63,14 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
       q = ops::split_heads(qkv[0], n_head);
       k = ops::split_heads(qkv[1], n_kv_head);
       v = ops::split_heads(qkv[2], n_kv_head);
+    } else if (norm_whole_projection) {  // OLMo-2: q and k normalized over all their heads
+      q = ops::split_heads(q_norm->forward(q_proj->forward(x)), n_head);
+      k = ops::split_heads(k_norm->forward(k_proj->forward(x)), n_kv_head);
     } else {
       q = ops::split_heads(q_proj->forward(x), n_head);     // [B,H,T,D]
       k = ops::split_heads(k_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
     }
-    if (q_norm) {  // Qwen3, Gemma-3: each head's query and key normalized over its D channels
+    if (q_norm && !norm_whole_projection) {  // Qwen3, Gemma-3: each head's over its D channels
       q = q_norm->forward(q);
       k = k_norm->forward(k);
     }
@@ -136,13 +142,13 @@ std::unique_ptr<nn::RMSNorm> hidden_norm(const ModelSpec& s) {
 LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s, int64_t layer)
     : nn::Module("LlamaDecoderLayer") {
   residual_multiplier = s.residual_multiplier;
-  input_layernorm = register_module("input_layernorm", hidden_norm(s));
+  if (!s.post_norms()) input_layernorm = register_module("input_layernorm", hidden_norm(s));
   self_attn = register_module("self_attn", std::make_unique<LlamaAttention>(s, layer));
   post_attention_layernorm = register_module("post_attention_layernorm", hidden_norm(s));
   if (s.sandwich_norms())
     pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", hidden_norm(s));
   mlp = register_module("mlp", std::make_unique<LlamaMLP>(s));
-  if (s.sandwich_norms())
+  if (s.sandwich_norms() || s.post_norms())
     post_feedforward_layernorm = register_module("post_feedforward_layernorm", hidden_norm(s));
 }
 
@@ -150,6 +156,11 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mas
                                   ops::AttentionBackend backend, const KVCaches* caches,
                                   size_t layer) {
   return call({x}, [&] {
+    if (!input_layernorm) {  // OLMo-2 (HF's Olmo2DecoderLayer): each sublayer's output normalized
+      Tensor h = nn::residual_add(x, post_attention_layernorm->forward(
+                                         self_attn->forward(x, mask, backend, caches, layer)));
+      return nn::residual_add(h, post_feedforward_layernorm->forward(mlp->forward(h)));
+    }
     Tensor a = self_attn->forward(input_layernorm->forward(x), mask, backend, caches, layer);
     if (residual_multiplier != 1) {  // Granite: residual + sublayer(x) * residual_multiplier
       const float m = static_cast<float>(residual_multiplier);

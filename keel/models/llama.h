@@ -18,6 +18,7 @@ class LlamaAttention : public nn::Module {
   // Phi-3 (ModelSpec::fused_projections()): qkv_proj alone, q_proj, k_proj and v_proj null.
   nn::Linear *q_proj = nullptr, *k_proj = nullptr, *v_proj = nullptr, *qkv_proj = nullptr, *o_proj;
   nn::RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // ModelSpec::qk_norm() (Qwen3, Gemma-3)
+  bool norm_whole_projection = false;  // OLMo-2's: q_norm and k_norm before the heads split
   int64_t n_head, n_kv_head;
   double rope_theta;
   ops::RopeScaling rope_scaling;
@@ -41,7 +42,8 @@ class LlamaDecoderLayer : public nn::Module {
   LlamaDecoderLayer(const ModelSpec& s, int64_t layer);
   Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
                  const KVCaches* caches = nullptr, size_t layer = 0);
-  nn::RMSNorm *input_layernorm, *post_attention_layernorm;
+  nn::RMSNorm* input_layernorm = nullptr;  // null for OLMo-2 (ModelSpec::post_norms())
+  nn::RMSNorm* post_attention_layernorm;
   // Gemma-2's (ModelSpec::sandwich_norms()): the MLP's input and output norms, and
   // post_attention_layernorm then normalizes the attention's output; else null.
   nn::RMSNorm *pre_feedforward_layernorm = nullptr, *post_feedforward_layernorm = nullptr;

@@ -49,7 +49,7 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
   p.push_back({"model.embed_tokens.weight", {s.vocab_size, C}, s.tie_embeddings});
   for (int64_t l = 0; l < s.n_layer; ++l) {
     const std::string h = "model.layers." + std::to_string(l);
-    p.push_back({h + ".input_layernorm.weight", {C}, false});
+    if (!s.post_norms()) p.push_back({h + ".input_layernorm.weight", {C}, false});
     if (s.fused_projections()) {
       linear(p, h + ".self_attn.qkv_proj", C, q_dim + 2 * kv_dim, false);
     } else {
@@ -58,9 +58,9 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
       linear(p, h + ".self_attn.v_proj", C, kv_dim, s.qkv_bias());
     }
     linear(p, h + ".self_attn.o_proj", q_dim, C, false);
-    if (s.qk_norm()) {
-      p.push_back({h + ".self_attn.q_norm.weight", {D}, false});
-      p.push_back({h + ".self_attn.k_norm.weight", {D}, false});
+    if (s.qk_norm()) {  // per head, or (OLMo-2) over the whole projection
+      p.push_back({h + ".self_attn.q_norm.weight", {s.post_norms() ? q_dim : D}, false});
+      p.push_back({h + ".self_attn.k_norm.weight", {s.post_norms() ? kv_dim : D}, false});
     }
     p.push_back({h + ".post_attention_layernorm.weight", {C}, false});
     if (s.sandwich_norms()) p.push_back({h + ".pre_feedforward_layernorm.weight", {C}, false});
@@ -71,7 +71,8 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
       linear(p, h + ".mlp.up_proj", C, F, false);
     }
     linear(p, h + ".mlp.down_proj", F, C, false);
-    if (s.sandwich_norms()) p.push_back({h + ".post_feedforward_layernorm.weight", {C}, false});
+    if (s.sandwich_norms() || s.post_norms())
+      p.push_back({h + ".post_feedforward_layernorm.weight", {C}, false});
   }
   p.push_back({"model.norm.weight", {C}, false});
   if (!s.tie_embeddings) linear(p, "lm_head", C, s.vocab_size, false);

@@ -346,7 +346,9 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
           "normed inputs (one autocast copy shared by q, k, v and one by gate, up under -mixed), "
           "o_proj and down_proj inputs, " +
           cd;
-      add("linear inputs", 2, c * BT * C, li, true);   // normed (q, k, v), normed (gate, up)
+      // normed (q, k, v), normed (gate, up); OLMo-2's read the residual stream itself (its
+      // autocast copy under -mixed)
+      add("linear inputs", sp.post_norms() && !pol.autocast ? 0 : 2, c * BT * C, li, true);
       add("linear inputs", 1, c * BT * qC, li, true);  // o_proj's [B,T,H*D]
       add("linear inputs", 1, c * BT * F, li, true);
       add("q, k, v", 1, c * BT * qC, "after rope / split-heads, " + cd, true);
@@ -367,7 +369,7 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       if (sp.gemma()) add("geglu", 1, c * BT * F, "gelu(gate) [B,T,F] " + cd, true);
       // Gemma-2's and -3's norms of the attention's and the MLP's outputs keep their f32 inputs
       // (the norm's own cast under -mixed) and a statistic per token.
-      if (sp.sandwich_norms()) {
+      if (sp.sandwich_norms() || sp.post_norms()) {  // (and OLMo-2's, its only norms)
         const std::string sn = "post-attention and post-feedforward norm inputs [B,T,C] f32";
         add("sandwich norms", 2, 4 * BT * C, sn, true);
         add("sandwich norms", 2, 4 * BT, sn, true);

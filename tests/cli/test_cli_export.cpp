@@ -279,7 +279,7 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // merged into them, a Phi-4-mini's (its partial rotary and longrope, its tied head); a Gemma
   // whole (its 1 + w norms, the tied head of its scaled embedding) and a Gemma-2's LoRA (its
   // sandwich norms and soft caps), a Gemma-3 whole (its q/k norms), a SmolLM3's LoRA (a NoPE
-  // layer of its 2), a Granite whole (its multipliers).
+  // layer of its 2), a Granite whole (its multipliers), an OLMo-2's LoRA (its norms).
   for (const auto& [family, kind] :
        std::vector<std::pair<std::string, std::string>>{{"gpt2", "lora"},
                                                         {"llama", "lora"},
@@ -292,7 +292,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
                                                         {"qwen3", "none"},
                                                         {"qwen3-wide", "none"},
                                                         {"smollm3", "lora"},
-                                                        {"granite", "none"}}) {
+                                                        {"granite", "none"},
+                                                        {"olmo2", "lora"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);
@@ -316,7 +317,12 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
     // checkpoint within the export's rounding (none for f32).
     expect_close(torch_logits, logits_of(*io::load_hf_model(out)), 1e-5, out + ": torch vs keel");
     const bool bf16 = out.size() > 4 && out.substr(out.size() - 4) == "bf16";
-    expect_close(torch_logits, want, bf16 ? 3e-2 : 1e-5, out + ": torch vs the checkpoint");
+    // (OLMo-2's norms after each sublayer scale a sublayer's small outputs, bf16's weight
+    // rounding with them: up to 4% of the largest logit in this tiny model, against 3% for the
+    // pre-norm models.)
+    const bool post_norms = out.find("export-olmo2") != std::string::npos;
+    expect_close(torch_logits, want, bf16 ? (post_norms ? 6e-2 : 3e-2) : 1e-5,
+                 out + ": torch vs the checkpoint");
   }
 }
 

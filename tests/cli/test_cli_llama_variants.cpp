@@ -6,7 +6,8 @@
 // window it would use is refused. A Qwen3 (Qwen3ForCausalLM, q/k norms): the same, with heads of
 // n_embd / n_head channels or of a width of their own (Qwen3-0.6B's head_dim 128 over 1024 / 16),
 // and a head_dim its weights do not have is refused. A Phi-3 (Phi3ForCausalLM, fused qkv_proj and
-// gate_up_proj), a SmolLM3 (NoPE layers), a Granite (multipliers): below. (PyTorch's forward of
+// gate_up_proj), a SmolLM3 (NoPE layers), a Granite (multipliers), an OLMo-2 (norms after each
+// sublayer): below. (PyTorch's forward of
 // their exports: CliExport.PyTorch*.)
 #include <gtest/gtest.h>
 
@@ -388,6 +389,51 @@ TEST(CliSmolLM3, InitModelWritesOneItsNoPeLayersComputeAndALoraTrains) {
   refused(sliding, dir +
                        "/base/config.json: use_sliding_window = true (SmolLM3's window on its "
                        "NoPE layers) is not supported");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+}
+
+// An OLMo-2 (Olmo2ForCausalLM): init-model writes one without input norms and with q/k norms over
+// the whole projections, a LoRA on it trains and its PEFT adapter applies to the base as the run's
+// checkpoint computes (ModelParity's olmo2 checks the layers against PyTorch), and attention
+// sinks are refused naming the field.
+TEST(CliOlmo2, InitModelWritesOneAndALoraTrains) {
+  const std::string dir = test::temp_dir("cli-olmo2");
+  init_tiny("olmo2", dir + "/base");
+  const json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("model_type"), "olmo2");
+  EXPECT_EQ(cfg.at("architectures"), json::array({"Olmo2ForCausalLM"}));
+  const test::KeelRun mem = test::run_keel({"memory", "--model", dir + "/base", "--json"});
+  ASSERT_EQ(mem.code, 0) << mem.output;
+  // Embedding 259 x 32 (tied), the final norm, and per layer: q_proj 32 -> 32, k_proj and v_proj
+  // 32 -> 16, o_proj, gate/up 32 -> 96, down 96 -> 32, q_norm 32, k_norm 16, two norms of 32.
+  const int64_t per_layer = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 96 + 32 + 16 + 2 * 32;
+  EXPECT_EQ(json::parse(mem.out).at("params").get<int64_t>(), 259 * 32 + 32 + per_layer);
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  const test::KeelRun run = test::run_keel(
+      test::with_sets(
+          {"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1", "model.path=" + dir + "/base",
+                      "model.adapter.kind=lora", "data.seq_len=24", "train.max_steps=8",
+                      "optim.lr=5e-2", "log.every=1", "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(run.code, 0) << run.output;
+  const std::vector<json> steps = test::step_records(dir + "/out");
+  ASSERT_EQ(steps.size(), 8u) << run.output;
+  EXPECT_LT(steps.back().at("loss").get<double>(), steps.front().at("loss").get<double>());
+  EXPECT_EQ(read_json_file(dir + "/out/checkpoints/last/config.json").at("model_type"), "olmo2");
+  const test::KeelRun ex =
+      test::run_keel({"export", dir + "/out", "--out", dir + "/peft", "--adapter-only"});
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  EXPECT_NEAR(eval_loss(dir + "/base", dir + "/t.txt", {"--adapter", dir + "/peft"}),
+              eval_loss(dir + "/out", dir + "/t.txt"), 1e-5);
+  json sinks = cfg;
+  sinks["use_sinks"] = true;
+  std::ofstream(dir + "/base/config.json") << sinks.dump(2);
+  const test::KeelRun r =
+      test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, dir +
+                             "/base/config.json: use_sinks = true (attention sinks) is not "
+                             "supported by keel's olmo2 model");
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 

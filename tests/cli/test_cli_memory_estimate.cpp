@@ -105,6 +105,21 @@ TEST(CliMemoryEstimate, GraniteCountsItsPublishedParameters) {
             49155 * 4096 + 40 * per_layer + 4096);
 }
 
+// OLMo-2-1124-7B's config.json (tests/fuzz/corpus/hf_config/olmo2_7b.json): 7.30B parameters,
+// its head untied, two norms a layer (after the attention and the MLP) and q/k norms over the
+// whole projections.
+TEST(CliMemoryEstimate, Olmo2CountsItsPublishedParameters) {
+  const std::string dir = test::temp_dir("cli-memory-olmo2");
+  std::filesystem::copy_file(
+      std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/olmo2_7b.json",
+      dir + "/config.json");
+  const test::KeelRun r = test::run_keel({"memory", "--model", dir, "--json"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  const int64_t per_layer = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 4 * 4096;
+  EXPECT_EQ(nlohmann::json::parse(r.out).at("params").get<int64_t>(),
+            2 * 100352 * 4096 + 32 * per_layer + 4096);
+}
+
 TEST(CliMemoryEstimate, KvHeadsThatDoNotDivideTheHeadsAreAUsageError) {
   const test::KeelRun r = test::run_keel_sh(
       "memory --family llama --layers 2 --hidden 256 --heads 8 --kv-heads 3 --batch 1 --seq 8");

@@ -219,6 +219,28 @@ TEST(CliMemoryRss, Gemma2EstimateWithin10PercentOfPeakRss) {
                   dir);
 }
 
+// An OLMo-2 from its config.json: no norms before the attention and the MLP (their projections
+// read the residual stream itself), one after each (whose inputs the step keeps), and q/k norms
+// over the whole projections.
+TEST(CliMemoryRss, Olmo2EstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  const std::string dir = test::temp_dir("cli-memory-olmo2");
+  const test::KeelRun init =
+      run_keel({"init-model", "--family", "olmo2", "--out", dir + "/base", "--n-layer", "4",
+                "--n-embd", "256", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "256"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  const std::vector<std::string> base = {"model.path=" + dir + "/base", "train.batch_size=8",
+                                         "data.seq_len=256"};
+  for (const char* p : {"32-true", "bf16-mixed"})
+    memtest_measure(
+        {std::string("olmo2-full-") + p, memtest_plus(base, {std::string("train.precision=") + p})},
+        dir);
+  memtest_measure({"olmo2-lora-bf16-mixed",
+                   memtest_plus(base, {"train.precision=bf16-mixed", "model.adapter.kind=lora",
+                                       R"(model.adapter.target_modules=["q_proj", "v_proj"])"})},
+                  dir);
+}
+
 // Adapters: LoRA on every projection in both policies, DoRA, LoKr, LoRA on gpt2, each with the
 // activations its forward keeps; and a wide model with few tokens where the frozen base
 // dominates, stored in f32 (its bf16 copies per use) and in bf16 (the process peaks while the

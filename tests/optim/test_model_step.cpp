@@ -65,7 +65,7 @@ INSTANTIATE_TEST_SUITE_P(Models, ModelStep,
                                                               "qwen3_d8", "mistral_w3", "qwen2_w3",
                                                               "phi3_w3", "phi3_lr", "phi3_sr",
                                                               "phi4m", "gemma", "gemma2", "gemma3",
-                                                              "smollm3", "granite"),
+                                                              "smollm3", "granite", "olmo2"),
                                             ::testing::Values("32-true", "bf16-mixed")),
                          [](const auto& info) {
                            std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);

@@ -25,7 +25,8 @@ namespace keel::test {
 // 4, attention and final soft caps of 2 and 3). "gemma3": a Gemma-3 (Gemma-2's layers with 1 + w
 // q/k norms and no caps; its sliding layer 0 rotating by a RoPE base of 100, layer 1 by 1e4).
 // "smollm3": a SmolLM3 (layer 1 without RoPE, its every 4th of 36; the head tied). "granite": a
-// Granite (embedding times 3, sublayer outputs times 0.22, q·kᵀ times 0.3, logits / 4).
+// Granite (embedding times 3, sublayer outputs times 0.22, q·kᵀ times 0.3, logits / 4). "olmo2":
+// an OLMo-2 (norms after the attention and the MLP only, q/k norms over the whole projections).
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
   const bool wide_heads = family == "qwen3_d8";
@@ -36,14 +37,16 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool phi3_long = family == "phi3_lr" || family == "phi3_sr" || phi4_mini;
   const bool phi3 = family == "phi3_w3" || phi3_long;
   const bool gemma = family == "gemma" || family == "gemma2" || family == "gemma3";
-  const bool smollm3 = family == "smollm3", granite = family == "granite";
-  s.family = qwen || mistral || phi3 || gemma || smollm3 || granite ? "llama" : family;
+  const bool smollm3 = family == "smollm3", granite = family == "granite",
+             olmo2 = family == "olmo2";
+  s.family = qwen || mistral || phi3 || gemma || smollm3 || granite || olmo2 ? "llama" : family;
   s.hf_model_type = qwen      ? family.substr(0, 5)
                     : mistral ? "mistral"
                     : phi3    ? "phi3"
                     : gemma   ? (family == "gemma3" ? "gemma3_text" : family)
                     : smollm3 ? "smollm3"
                     : granite ? "granite"
+                    : olmo2   ? "olmo2"
                               : "";
   if (granite) {
     s.embedding_multiplier = 3;
