@@ -127,6 +127,43 @@ void init_tiny(const std::string& family, const std::string& out) {
   ASSERT_EQ(init.code, 0) << init.output;
 }
 
+// A short run of DIR/base on DIR/t.txt into DIR/out with `sets` (a LoRA's keys, a learning
+// rate): 8 steps whose loss falls. Returns the checkpoint's config.json.
+json train_falls(const std::string& dir, const std::vector<std::string>& sets) {
+  std::vector<std::string> all = {"run.out_dir=" + dir + "/out", "run.threads=1",
+                                  "model.path=" + dir + "/base", "data.seq_len=24",
+                                  "train.max_steps=8",           "log.every=1",
+                                  "log.tensorboard=false"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  const test::KeelRun run = test::run_keel(test::with_sets({"train"}, all), {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(run.code, 0) << run.output;
+  const std::vector<json> steps = test::step_records(dir + "/out");
+  EXPECT_EQ(steps.size(), 8u) << run.output;
+  if (steps.size() == 8u) {
+    EXPECT_LT(steps.back().at("loss").get<double>(), steps.front().at("loss").get<double>());
+  }
+  return read_json_file(dir + "/out/checkpoints/last/config.json");
+}
+
+// The run's adapter alone (DIR/peft, as PEFT writes one) applies to the base as the run's
+// checkpoint computes.
+void expect_adapter_applies(const std::string& dir) {
+  const test::KeelRun ex =
+      test::run_keel({"export", dir + "/out", "--out", dir + "/peft", "--adapter-only"});
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  EXPECT_NEAR(eval_loss(dir + "/base", dir + "/t.txt", {"--adapter", dir + "/peft"}),
+              eval_loss(dir + "/out", dir + "/t.txt"), 1e-5);
+}
+
+// DIR/base with config.json `bad` is refused by keel eval (exit 2) with `message`.
+void expect_config_refused(const std::string& dir, const json& bad, const std::string& message) {
+  std::ofstream(dir + "/base/config.json") << bad.dump(2);
+  const test::KeelRun r =
+      test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, message);
+}
+
 TEST(CliQwen2, InitModelWritesOneAndALoraOnItsBiasedProjectionsExports) {
   const std::string dir = test::temp_dir("cli-qwen2");
   init_tiny("qwen2", dir + "/base");
@@ -274,29 +311,17 @@ TEST(CliPhi3, InitModelWritesOneAndALoraOnItsFusedProjectionsIsPefts) {
   const int64_t per_layer = 32 * 64 + 32 * 32 + 32 * 192 + 96 * 32 + 2 * 32;
   EXPECT_EQ(json::parse(mem.out).at("params").get<int64_t>(), 259 * 32 + 32 + per_layer);
   std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
-  const test::KeelRun run = test::run_keel(
-      test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1",
-                                  "model.path=" + dir + "/base", "model.adapter.kind=lora",
-                                  "model.adapter.target_modules=[\"qkv_proj\", \"gate_up_proj\"]",
-                                  "data.seq_len=24", "train.max_steps=8", "optim.lr=5e-2",
-                                  "log.every=1", "log.tensorboard=false"}),
-      {"OMP_NUM_THREADS=1"});
-  ASSERT_EQ(run.code, 0) << run.output;
-  const std::vector<json> steps = test::step_records(dir + "/out");
-  ASSERT_EQ(steps.size(), 8u) << run.output;
-  EXPECT_LT(steps.back().at("loss").get<double>(), steps.front().at("loss").get<double>());
-  EXPECT_EQ(read_json_file(dir + "/out/checkpoints/last/config.json").at("model_type"), "phi3");
+  const json saved = train_falls(
+      dir, {"model.adapter.kind=lora",
+            "model.adapter.target_modules=[\"qkv_proj\", \"gate_up_proj\"]", "optim.lr=5e-2"});
+  EXPECT_EQ(saved.at("model_type"), "phi3");
   // The adapter alone, as PEFT writes one for a Phi-3: its targets are the fused modules, and it
   // applies to the base as the run's checkpoint computes.
-  const test::KeelRun ex =
-      test::run_keel({"export", dir + "/out", "--out", dir + "/peft", "--adapter-only"});
-  ASSERT_EQ(ex.code, 0) << ex.output;
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
   std::vector<std::string> targets =
       read_json_file(dir + "/peft/adapter_config.json").at("target_modules");
   std::sort(targets.begin(), targets.end());
   EXPECT_EQ(targets, (std::vector<std::string>{"gate_up_proj", "qkv_proj"}));
-  EXPECT_NEAR(eval_loss(dir + "/base", dir + "/t.txt", {"--adapter", dir + "/peft"}),
-              eval_loss(dir + "/out", dir + "/t.txt"), 1e-5);
   // Its sliding window (Phi-3-mini-4k's 2047 of 4096) slides: rows past it score otherwise.
   const double full = eval_loss(dir + "/base", dir + "/t.txt");
   json sliding = cfg;
@@ -309,24 +334,22 @@ TEST(CliPhi3, InitModelWritesOneAndALoraOnItsFusedProjectionsIsPefts) {
   std::ofstream(dir + "/base/config.json") << partial.dump(2);
   EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), full);
   // A share of channels that is not pairs, and key/value heads the fused weights do not hold.
-  auto refused = [&](const json& bad, const std::string& message) {
-    std::ofstream(dir + "/base/config.json") << bad.dump(2);
-    const test::KeelRun r =
-        test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
-    EXPECT_EQ(r.code, 2) << r.output;
-    EXPECT_CONTAINS(r.err, message);
-  };
   partial["partial_rotary_factor"] = 0.4;
-  refused(partial, dir +
-                       "/base/config.json: partial_rotary_factor = 0.4 of a head of 8 channels "
-                       "turns 3; RoPE turns pairs");
+  expect_config_refused(
+      dir, partial,
+      dir +
+          "/base/config.json: partial_rotary_factor = 0.4 of a head of 8 channels "
+          "turns 3; RoPE turns pairs");
   partial["partial_rotary_factor"] = 1.5;
-  refused(partial, dir + "/base/config.json: partial_rotary_factor must be a number in (0, 1]");
+  expect_config_refused(
+      dir, partial, dir + "/base/config.json: partial_rotary_factor must be a number in (0, 1]");
   json heads = cfg;
   heads["num_key_value_heads"] = 4;
-  refused(heads, dir + "/base/config.json: num_attention_heads = 4 but the weights in " + dir +
-                     "/base hold a qkv_proj of 64 rows, not (num_attention_heads 4 + 2 x "
-                     "num_key_value_heads 4) x head_dim 8");
+  expect_config_refused(dir, heads,
+                        dir + "/base/config.json: num_attention_heads = 4 but the weights in " +
+                            dir +
+                            "/base hold a qkv_proj of 64 rows, not (num_attention_heads 4 + 2 x "
+                            "num_key_value_heads 4) x head_dim 8");
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
@@ -348,47 +371,28 @@ TEST(CliSmolLM3, InitModelWritesOneItsNoPeLayersComputeAndALoraTrains) {
   EXPECT_EQ(cfg.at("no_rope_layer_interval"), 4);
   EXPECT_EQ(cfg.at("tie_word_embeddings"), true);
   std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
-  const test::KeelRun run = test::run_keel(
-      test::with_sets(
-          {"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1", "model.path=" + dir + "/base",
-                      "model.adapter.kind=lora", "data.seq_len=24", "train.max_steps=8",
-                      "optim.lr=5e-2", "log.every=1", "log.tensorboard=false"}),
-      {"OMP_NUM_THREADS=1"});
-  ASSERT_EQ(run.code, 0) << run.output;
-  const std::vector<json> steps = test::step_records(dir + "/out");
-  ASSERT_EQ(steps.size(), 8u) << run.output;
-  EXPECT_LT(steps.back().at("loss").get<double>(), steps.front().at("loss").get<double>());
-  EXPECT_EQ(read_json_file(dir + "/out/checkpoints/last/config.json").at("no_rope_layers"),
-            json::array({1, 1, 1, 0}));
-  const test::KeelRun ex =
-      test::run_keel({"export", dir + "/out", "--out", dir + "/peft", "--adapter-only"});
-  ASSERT_EQ(ex.code, 0) << ex.output;
-  EXPECT_NEAR(eval_loss(dir + "/base", dir + "/t.txt", {"--adapter", dir + "/peft"}),
-              eval_loss(dir + "/out", dir + "/t.txt"), 1e-5);
+  const json saved = train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2"});
+  EXPECT_EQ(saved.at("no_rope_layers"), json::array({1, 1, 1, 0}));
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
   // Layer 3 rotates when the list says so: another loss.
   const double nope = eval_loss(dir + "/base", dir + "/t.txt");
   json rotating = cfg;
   rotating["no_rope_layers"] = {1, 1, 1, 1};
   std::ofstream(dir + "/base/config.json") << rotating.dump(2);
   EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), nope);
-  auto refused = [&](const json& bad, const std::string& message) {
-    std::ofstream(dir + "/base/config.json") << bad.dump(2);
-    const test::KeelRun r =
-        test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
-    EXPECT_EQ(r.code, 2) << r.output;
-    EXPECT_CONTAINS(r.err, message);
-  };
   json irregular = cfg;
   irregular["no_rope_layers"] = {1, 0, 1, 1};
-  refused(irregular, dir +
-                         "/base/config.json: no_rope_layers [1,0,1,1] (keel's SmolLM3 leaves "
-                         "RoPE out of every Nth layer");
+  expect_config_refused(dir, irregular,
+                        dir +
+                            "/base/config.json: no_rope_layers [1,0,1,1] (keel's SmolLM3 leaves "
+                            "RoPE out of every Nth layer");
   json sliding = cfg;
   sliding["use_sliding_window"] = true;
   sliding["sliding_window"] = 8;
-  refused(sliding, dir +
-                       "/base/config.json: use_sliding_window = true (SmolLM3's window on its "
-                       "NoPE layers) is not supported");
+  expect_config_refused(dir, sliding,
+                        dir +
+                            "/base/config.json: use_sliding_window = true (SmolLM3's window on its "
+                            "NoPE layers) is not supported");
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
@@ -409,31 +413,15 @@ TEST(CliOlmo2, InitModelWritesOneAndALoraTrains) {
   const int64_t per_layer = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 96 + 32 + 16 + 2 * 32;
   EXPECT_EQ(json::parse(mem.out).at("params").get<int64_t>(), 259 * 32 + 32 + per_layer);
   std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
-  const test::KeelRun run = test::run_keel(
-      test::with_sets(
-          {"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1", "model.path=" + dir + "/base",
-                      "model.adapter.kind=lora", "data.seq_len=24", "train.max_steps=8",
-                      "optim.lr=5e-2", "log.every=1", "log.tensorboard=false"}),
-      {"OMP_NUM_THREADS=1"});
-  ASSERT_EQ(run.code, 0) << run.output;
-  const std::vector<json> steps = test::step_records(dir + "/out");
-  ASSERT_EQ(steps.size(), 8u) << run.output;
-  EXPECT_LT(steps.back().at("loss").get<double>(), steps.front().at("loss").get<double>());
-  EXPECT_EQ(read_json_file(dir + "/out/checkpoints/last/config.json").at("model_type"), "olmo2");
-  const test::KeelRun ex =
-      test::run_keel({"export", dir + "/out", "--out", dir + "/peft", "--adapter-only"});
-  ASSERT_EQ(ex.code, 0) << ex.output;
-  EXPECT_NEAR(eval_loss(dir + "/base", dir + "/t.txt", {"--adapter", dir + "/peft"}),
-              eval_loss(dir + "/out", dir + "/t.txt"), 1e-5);
+  EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2"}).at("model_type"),
+            "olmo2");
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
   json sinks = cfg;
   sinks["use_sinks"] = true;
-  std::ofstream(dir + "/base/config.json") << sinks.dump(2);
-  const test::KeelRun r =
-      test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
-  EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_CONTAINS(r.err, dir +
-                             "/base/config.json: use_sinks = true (attention sinks) is not "
-                             "supported by keel's olmo2 model");
+  expect_config_refused(dir, sinks,
+                        dir +
+                            "/base/config.json: use_sinks = true (attention sinks) is not "
+                            "supported by keel's olmo2 model");
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
@@ -452,17 +440,7 @@ TEST(CliGranite, InitModelWritesOneItsMultipliersComputeAndItTrains) {
   EXPECT_EQ(cfg.at("attention_multiplier"), 0.125);  // 1 / head_dim 8
   EXPECT_EQ(cfg.at("logits_scaling"), 8.0);
   std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
-  const test::KeelRun run =
-      test::run_keel(test::with_sets({"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1",
-                                                 "model.path=" + dir + "/base", "data.seq_len=24",
-                                                 "train.max_steps=8", "optim.lr=1e-2",
-                                                 "log.every=1", "log.tensorboard=false"}),
-                     {"OMP_NUM_THREADS=1"});
-  ASSERT_EQ(run.code, 0) << run.output;
-  const std::vector<json> steps = test::step_records(dir + "/out");
-  ASSERT_EQ(steps.size(), 8u) << run.output;
-  EXPECT_LT(steps.back().at("loss").get<double>(), steps.front().at("loss").get<double>());
-  const json saved = read_json_file(dir + "/out/checkpoints/last/config.json");
+  const json saved = train_falls(dir, {"optim.lr=1e-2"});
   EXPECT_EQ(saved.at("model_type"), "granite");
   EXPECT_EQ(saved.at("logits_scaling"), 8.0);
   // Each multiplier at 1 (GraniteConfig's default) scores otherwise.
@@ -476,13 +454,10 @@ TEST(CliGranite, InitModelWritesOneItsMultipliersComputeAndItTrains) {
   }
   json bad = cfg;
   bad["residual_multiplier"] = -0.5;
-  std::ofstream(dir + "/base/config.json") << bad.dump(2);
-  const test::KeelRun r =
-      test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
-  EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_CONTAINS(r.err, dir +
-                             "/base/config.json: residual_multiplier must be a positive number, "
-                             "got -0.5");
+  expect_config_refused(dir, bad,
+                        dir +
+                            "/base/config.json: residual_multiplier must be a positive number, "
+                            "got -0.5");
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 

@@ -61,63 +61,46 @@ TEST(CliMemoryEstimate, Qwen3_0_6bCountsItsPublishedParameters) {
   EXPECT_CONTAINS(other.err, "memory --head-dim 64: contradicts the model directory " + dir);
 }
 
+// The parameters `keel memory --model` counts for a published config.json kept in the fuzz corpus
+// (tests/fuzz/corpus/hf_config/FILE): its weights are not needed for the count.
+int64_t published_parameters(const std::string& file) {
+  const std::string dir = test::temp_dir("cli-memory-published");
+  std::filesystem::copy_file(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/" + file,
+                             dir + "/config.json");
+  const test::KeelRun r = test::run_keel({"memory", "--model", dir, "--json"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  return r.code == 0 ? nlohmann::json::parse(r.out).at("params").get<int64_t>() : -1;
+}
+
 // Phi-4-mini's config.json (tests/fuzz/corpus/hf_config/phi4_mini.json, its sizes as published;
 // longrope factors of 48 values for the 96 of 128 channels its partial_rotary_factor turns): 3.84B
 // parameters with its tied head, the fused qkv_proj (24 + 2 x 8 heads of 128) and gate_up_proj.
 TEST(CliMemoryEstimate, Phi4MiniCountsItsPublishedParameters) {
-  const std::string dir = test::temp_dir("cli-memory-phi4-mini");
-  std::filesystem::copy_file(
-      std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/phi4_mini.json",
-      dir + "/config.json");
-  const test::KeelRun r = test::run_keel({"memory", "--model", dir, "--json"});
-  ASSERT_EQ(r.code, 0) << r.output;
   const int64_t per_layer =
       3072 * 40 * 128 + 3072 * 3072 + 3072 * 2 * 8192 + 8192 * 3072 + 2 * 3072;
-  EXPECT_EQ(nlohmann::json::parse(r.out).at("params").get<int64_t>(),
-            200064 * 3072 + 32 * per_layer + 3072);
+  EXPECT_EQ(published_parameters("phi4_mini.json"), 200064 * 3072 + 32 * per_layer + 3072);
 }
 
 // SmolLM3-3B's config.json (tests/fuzz/corpus/hf_config/smollm3_3b.json): 3.08B parameters, its
 // head tied to the embedding (SmolLM3Config's default: the file does not say).
 TEST(CliMemoryEstimate, SmolLM3CountsItsPublishedParameters) {
-  const std::string dir = test::temp_dir("cli-memory-smollm3");
-  std::filesystem::copy_file(
-      std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/smollm3_3b.json",
-      dir + "/config.json");
-  const test::KeelRun r = test::run_keel({"memory", "--model", dir, "--json"});
-  ASSERT_EQ(r.code, 0) << r.output;
   const int64_t per_layer = 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 11008 + 2 * 2048;
-  EXPECT_EQ(nlohmann::json::parse(r.out).at("params").get<int64_t>(),
-            128256 * 2048 + 36 * per_layer + 2048);
+  EXPECT_EQ(published_parameters("smollm3_3b.json"), 128256 * 2048 + 36 * per_layer + 2048);
 }
 
 // Granite-3.1-8B's config.json (tests/fuzz/corpus/hf_config/granite_3_1_8b.json): 8.17B
 // parameters, its head tied; its multipliers change no count.
 TEST(CliMemoryEstimate, GraniteCountsItsPublishedParameters) {
-  const std::string dir = test::temp_dir("cli-memory-granite");
-  std::filesystem::copy_file(
-      std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/granite_3_1_8b.json",
-      dir + "/config.json");
-  const test::KeelRun r = test::run_keel({"memory", "--model", dir, "--json"});
-  ASSERT_EQ(r.code, 0) << r.output;
   const int64_t per_layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12800 + 2 * 4096;
-  EXPECT_EQ(nlohmann::json::parse(r.out).at("params").get<int64_t>(),
-            49155 * 4096 + 40 * per_layer + 4096);
+  EXPECT_EQ(published_parameters("granite_3_1_8b.json"), 49155 * 4096 + 40 * per_layer + 4096);
 }
 
 // OLMo-2-1124-7B's config.json (tests/fuzz/corpus/hf_config/olmo2_7b.json): 7.30B parameters,
 // its head untied, two norms a layer (after the attention and the MLP) and q/k norms over the
 // whole projections.
 TEST(CliMemoryEstimate, Olmo2CountsItsPublishedParameters) {
-  const std::string dir = test::temp_dir("cli-memory-olmo2");
-  std::filesystem::copy_file(
-      std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/olmo2_7b.json",
-      dir + "/config.json");
-  const test::KeelRun r = test::run_keel({"memory", "--model", dir, "--json"});
-  ASSERT_EQ(r.code, 0) << r.output;
   const int64_t per_layer = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 4 * 4096;
-  EXPECT_EQ(nlohmann::json::parse(r.out).at("params").get<int64_t>(),
-            2 * 100352 * 4096 + 32 * per_layer + 4096);
+  EXPECT_EQ(published_parameters("olmo2_7b.json"), 2 * 100352 * 4096 + 32 * per_layer + 4096);
 }
 
 TEST(CliMemoryEstimate, KvHeadsThatDoNotDivideTheHeadsAreAUsageError) {

@@ -175,48 +175,38 @@ TEST(CliMemoryRss, Qwen3EstimateWithin10PercentOfPeakRss) {
                     dir);
 }
 
-// A Phi-3 from its config.json: one qkv_proj and one gate_up_proj, whose outputs are cut into the
-// pieces Llama's separate projections give (the estimate counts what those keep), whole and with a
-// LoRA on the fused projections.
-TEST(CliMemoryRss, Phi3EstimateWithin10PercentOfPeakRss) {
-  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
-  const std::string dir = test::temp_dir("cli-memory-phi3");
+// An init-model `family` (4 layers of 256, grouped-query heads) from its config.json, trained
+// whole in 32-true and bf16-mixed and with a LoRA on `targets` in bf16-mixed.
+void memtest_family(const std::string& family, const std::string& targets) {
+  const std::string dir = test::temp_dir("cli-memory-" + family);
   const test::KeelRun init =
-      run_keel({"init-model", "--family", "phi3", "--out", dir + "/base", "--n-layer", "4",
+      run_keel({"init-model", "--family", family, "--out", dir + "/base", "--n-layer", "4",
                 "--n-embd", "256", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "256"});
   ASSERT_EQ(init.code, 0) << init.output;
   const std::vector<std::string> base = {"model.path=" + dir + "/base", "train.batch_size=8",
                                          "data.seq_len=256"};
   for (const char* p : {"32-true", "bf16-mixed"})
     memtest_measure(
-        {std::string("phi3-full-") + p, memtest_plus(base, {std::string("train.precision=") + p})},
-        dir);
-  memtest_measure(
-      {"phi3-lora-bf16-mixed",
-       memtest_plus(base, {"train.precision=bf16-mixed", "model.adapter.kind=lora",
-                           R"(model.adapter.target_modules=["qkv_proj", "gate_up_proj"])"})},
-      dir);
+        {family + "-full-" + p, memtest_plus(base, {std::string("train.precision=") + p})}, dir);
+  memtest_measure({family + "-lora-bf16-mixed",
+                   memtest_plus(base, {"train.precision=bf16-mixed", "model.adapter.kind=lora",
+                                       "model.adapter.target_modules=" + targets})},
+                  dir);
+}
+
+// A Phi-3 from its config.json: one qkv_proj and one gate_up_proj, whose outputs are cut into the
+// pieces Llama's separate projections give (the estimate counts what those keep), whole and with a
+// LoRA on the fused projections.
+TEST(CliMemoryRss, Phi3EstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  memtest_family("phi3", R"(["qkv_proj", "gate_up_proj"])");
 }
 
 // A Gemma-2 from its config.json: Gemma's GeGLU (the gelu output kept beside gate and up), its
 // 1 + w norms, and Gemma-2's two more norms a layer and soft-capped logits.
 TEST(CliMemoryRss, Gemma2EstimateWithin10PercentOfPeakRss) {
   if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
-  const std::string dir = test::temp_dir("cli-memory-gemma2");
-  const test::KeelRun init =
-      run_keel({"init-model", "--family", "gemma2", "--out", dir + "/base", "--n-layer", "4",
-                "--n-embd", "256", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "256"});
-  ASSERT_EQ(init.code, 0) << init.output;
-  const std::vector<std::string> base = {"model.path=" + dir + "/base", "train.batch_size=8",
-                                         "data.seq_len=256"};
-  for (const char* p : {"32-true", "bf16-mixed"})
-    memtest_measure({std::string("gemma2-full-") + p,
-                     memtest_plus(base, {std::string("train.precision=") + p})},
-                    dir);
-  memtest_measure({"gemma2-lora-bf16-mixed",
-                   memtest_plus(base, {"train.precision=bf16-mixed", "model.adapter.kind=lora",
-                                       R"(model.adapter.target_modules=["q_proj", "v_proj"])"})},
-                  dir);
+  memtest_family("gemma2", R"(["q_proj", "v_proj"])");
 }
 
 // An OLMo-2 from its config.json: no norms before the attention and the MLP (their projections
@@ -224,21 +214,7 @@ TEST(CliMemoryRss, Gemma2EstimateWithin10PercentOfPeakRss) {
 // over the whole projections.
 TEST(CliMemoryRss, Olmo2EstimateWithin10PercentOfPeakRss) {
   if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
-  const std::string dir = test::temp_dir("cli-memory-olmo2");
-  const test::KeelRun init =
-      run_keel({"init-model", "--family", "olmo2", "--out", dir + "/base", "--n-layer", "4",
-                "--n-embd", "256", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "256"});
-  ASSERT_EQ(init.code, 0) << init.output;
-  const std::vector<std::string> base = {"model.path=" + dir + "/base", "train.batch_size=8",
-                                         "data.seq_len=256"};
-  for (const char* p : {"32-true", "bf16-mixed"})
-    memtest_measure(
-        {std::string("olmo2-full-") + p, memtest_plus(base, {std::string("train.precision=") + p})},
-        dir);
-  memtest_measure({"olmo2-lora-bf16-mixed",
-                   memtest_plus(base, {"train.precision=bf16-mixed", "model.adapter.kind=lora",
-                                       R"(model.adapter.target_modules=["q_proj", "v_proj"])"})},
-                  dir);
+  memtest_family("olmo2", R"(["q_proj", "v_proj"])");
 }
 
 // Adapters: LoRA on every projection in both policies, DoRA, LoKr, LoRA on gpt2, each with the
