@@ -343,9 +343,11 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       add("residual stream", 2, s * BT * C, "2 per block + final norm: [B,T,C] " + sd, true);
       add("norm statistics", 2, 4 * BT, "rstd [B*T] f32 per RMSNorm", true);
       const std::string li =
-          "normed inputs (one autocast copy shared by q, k, v and one by gate, up under -mixed), "
-          "o_proj and down_proj inputs, " +
-          cd;
+          std::string(sp.post_norms() ? "the residual stream's copies under -mixed (OLMo-2's "
+                                        "projections read it unnormed)"
+                                      : "normed inputs (one autocast copy shared by q, k, v "
+                                        "and one by gate, up under -mixed)") +
+          ", o_proj and down_proj inputs, " + cd;
       // normed (q, k, v), normed (gate, up); OLMo-2's read the residual stream itself (its
       // autocast copy under -mixed)
       add("linear inputs", sp.post_norms() && !pol.autocast ? 0 : 2, c * BT * C, li, true);
@@ -371,8 +373,8 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       // (the norm's own cast under -mixed) and a statistic per token.
       if (sp.sandwich_norms() || sp.post_norms()) {  // (and OLMo-2's, its only norms)
         const std::string sn = "post-attention and post-feedforward norm inputs [B,T,C] f32";
-        add("sandwich norms", 2, 4 * BT * C, sn, true);
-        add("sandwich norms", 2, 4 * BT, sn, true);
+        add("output norms", 2, 4 * BT * C, sn, true);
+        add("output norms", 2, 4 * BT, sn, true);
       }
       add("residual stream", 1, s * BT * C, "", false);
       add("norm statistics", 1, 4 * BT, "", false);
