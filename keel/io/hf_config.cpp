@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <optional>
+#include <tuple>
 
 #include "keel/data/bpe.h"
 #include "keel/io/hf_json.h"
@@ -18,8 +19,14 @@ using json = nlohmann::json;
 
 namespace {
 
+// YaRN's attention factor from its scale and mscale (HF's get_mscale): 1 up to a scale of 1.
+double yarn_mscale(double scale, double mscale = 1) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
+
 // HF's `rope_scaling` object. "rope_type" (transformers >= 4.45) or "type" (older) names it.
-ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file) {
+// `max_positions`: the file's max_position_embeddings (yarn's factor and original context).
+ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file, int64_t max_positions) {
   using Kind = ops::RopeScaling::Kind;
   const std::string where = file + ": rope_scaling";
   if (!rs.is_object()) throw Error(where + " must be an object or null, got " + rs.dump());
@@ -83,10 +90,52 @@ ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file) {
     } else {
       s.attention_factor = 0;  // derived from the context lengths (read_hf_config)
     }
+  } else if (t == "yarn") {
+    // As transformers' _compute_yarn_parameters (4.50 on): an original_max_position_embeddings
+    // in rope_scaling makes the factor max_position_embeddings / it (DeepSeek-V3's convention;
+    // Qwen2.5-Coder's 32768 beside 32768 computes plain RoPE), else the factor is the file's and
+    // the original context max_position_embeddings.
+    s.kind = Kind::kYarn;
+    s.factor = required("factor");
+    s.original_max_position = max_positions;
+    if (c.find({"original_max_position_embeddings"})) {
+      const double orig = required("original_max_position_embeddings");
+      if (orig != std::floor(orig) || orig > 1073741824.0)
+        throw Error(where +
+                    " (yarn): original_max_position_embeddings must be a whole number of "
+                    "positions from 1 to 2^30, got " +
+                    c.find({"original_max_position_embeddings"})->dump());
+      s.original_max_position = static_cast<int64_t>(orig);
+      s.original_in_file = true;
+      s.factor = static_cast<double>(max_positions) / orig;
+    }
+    // (HF reads `get("beta_fast") or 32`: absent, null or 0 take the default)
+    for (const auto& [name, out, dflt] : {std::tuple{"beta_fast", &s.beta_fast, 32.0},
+                                          std::tuple{"beta_slow", &s.beta_slow, 1.0}}) {
+      const json* v = c.find({name});
+      if (v && !v->is_null() && !(v->is_number() && v->get<double>() >= 0))
+        throw Error(where + " (yarn): " + name + " must be a positive number, got " + v->dump());
+      *out = v && v->is_number() && v->get<double>() > 0 ? v->get<double>() : dflt;
+    }
+    s.truncate = c.boolean("truncate", true);
+    auto optional = [&](const char* name) {
+      const json* v = c.find({name});
+      if (v && !v->is_null() &&
+          !(v->is_number() && v->get<double>() > 0 && std::isfinite(v->get<double>())))
+        throw Error(where + " (yarn): " + name + " must be a positive number, got " + v->dump());
+      return v && v->is_number() ? v->get<double>() : 0.0;
+    };
+    s.attention_factor = optional("attention_factor");
+    const double mscale = optional("mscale"), mscale_all_dim = optional("mscale_all_dim");
+    if (s.attention_factor == 0)  // HF: from mscale and mscale_all_dim when both are given
+      s.attention_factor =
+          mscale > 0 && mscale_all_dim > 0
+              ? yarn_mscale(s.factor, mscale) / yarn_mscale(s.factor, mscale_all_dim)
+              : yarn_mscale(s.factor);
   } else {
     throw Error(where + " type '" + t +
-                "' is not supported by keel's RoPE (it runs 'default', 'linear', 'llama3' and "
-                "Phi-3's 'longrope'; Llama 3.1/3.2 checkpoints use 'llama3')");
+                "' is not supported by keel's RoPE (it runs 'default', 'linear', 'llama3', "
+                "'yarn' and Phi-3's 'longrope'; Llama 3.1/3.2 checkpoints use 'llama3')");
   }
   return s;
 }
@@ -111,6 +160,18 @@ json rope_scaling_json(const ops::RopeScaling& s) {
               {"low_freq_factor", s.low_freq_factor},
               {"high_freq_factor", s.high_freq_factor},
               {"original_max_position_embeddings", s.original_max_position}};
+    case ops::RopeScaling::Kind::kYarn: {
+      // The factor and attention factor in effect; the original context only where the file
+      // gave it (it then sets the factor again from max_position_embeddings, to the same value).
+      json j = {{"rope_type", "yarn"},
+                {"factor", s.factor},
+                {"attention_factor", s.attention_factor},
+                {"beta_fast", s.beta_fast},
+                {"beta_slow", s.beta_slow}};
+      if (s.original_in_file) j["original_max_position_embeddings"] = s.original_max_position;
+      if (!s.truncate) j["truncate"] = false;
+      return j;
+    }
     case ops::RopeScaling::Kind::kLongRope:
       // The three fields older Phi3Configs accept (they refuse any other); the attention factor
       // only when it is not the one the context lengths give (hf_config_json).
@@ -394,7 +455,8 @@ HfConfig read_hf_config(const std::string& dir) {
     }
     if (c.boolean("attention_bias", false)) throw unsupported("attention_bias = true");
     if (c.boolean("mlp_bias", false)) throw unsupported("mlp_bias = true");
-    if (const json* rs = c.find({"rope_scaling"})) s.rope_scaling = read_rope_scaling(*rs, file);
+    if (const json* rs = c.find({"rope_scaling"}))
+      s.rope_scaling = read_rope_scaling(*rs, file, s.max_seq_len);
     const std::string& variant = s.hf_model_type;
     // HF's layer_types, one "full_attention" or "sliding_attention" a layer: which layers slide
     // (none when the file has no list); then whether the spec's layout (`layout`, for the

@@ -3,7 +3,7 @@
 //     n_positions, layer_norm_epsilon; lm_head tied to wte.
 //   LlamaForCausalLM (model_type "llama"): num_hidden_layers, hidden_size, num_attention_heads,
 //     num_key_value_heads, intermediate_size, vocab_size, max_position_embeddings, rope_theta,
-//     rope_scaling (default, linear, llama3), rms_norm_eps, tie_word_embeddings (tied: no
+//     rope_scaling (default, linear, llama3, yarn), rms_norm_eps, tie_word_embeddings (tied: no
 //     lm_head.weight).
 //   MistralForCausalLM (model_type "mistral"): Llama's fields and layers, and sliding_window
 //     (null: none), the keys a query sees (ModelSpec::sliding_window); written back as Mistral.

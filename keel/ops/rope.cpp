@@ -22,7 +22,9 @@ RopeTable rope_table(double theta, int64_t head_dim, const RopeScaling& scaling,
   int64_t longest = 0;
   for (int64_t p : positions) longest = std::max(longest, p + 1);
   const std::vector<double> inv_freq = rope_inv_freq(theta, head_dim, scaling, longest);
-  const double scale = scaling.kind == RopeScaling::Kind::kLongRope ? scaling.attention_factor : 1;
+  const bool scaled =
+      scaling.kind == RopeScaling::Kind::kLongRope || scaling.kind == RopeScaling::Kind::kYarn;
+  const double scale = scaled ? scaling.attention_factor : 1;
   const int64_t h = static_cast<int64_t>(inv_freq.size()), n = std::ssize(positions);
   RopeTable tab{Tensor::empty({n, h}), Tensor::empty({n, h})};
   float* c = tab.cos.data_as<float>();
@@ -56,11 +58,39 @@ std::vector<double> rope_inv_freq(double theta, int64_t head_dim, const RopeScal
                "rope: longrope rope_scaling needs short_factor and long_factor of head_dim / 2 = " +
                    std::to_string(head_dim / 2) +
                    " values, a positive attention_factor and original_max_position_embeddings");
+  if (sc.kind == Kind::kYarn)
+    KEEL_CHECK(sc.original_max_position > 0 && sc.attention_factor > 0 && sc.beta_fast > 0 &&
+                   sc.beta_slow > 0 && std::isfinite(sc.beta_fast + sc.beta_slow),
+               "rope: yarn rope_scaling needs original_max_position_embeddings, a positive "
+               "attention_factor and positive beta_fast and beta_slow");
+  const double pi = 3.14159265358979323846;
+  if (sc.kind == Kind::kYarn) {
+    // HF's _compute_yarn_parameters: the pairs turning more than beta_fast times within the
+    // original context keep their frequency, those turning fewer than beta_slow times are
+    // interpolated (/ factor), a linear ramp between.
+    const double dim = static_cast<double>(head_dim), base = theta;
+    auto correction_dim = [&](double turns) {
+      return dim * std::log(static_cast<double>(sc.original_max_position) / (turns * 2 * pi)) /
+             (2 * std::log(base));
+    };
+    double low = correction_dim(sc.beta_fast), high = correction_dim(sc.beta_slow);
+    if (sc.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;  // (HF's guard against a zero-width ramp)
+    std::vector<double> inv(head_dim / 2);
+    for (int64_t i = 0; i < head_dim / 2; ++i) {
+      const double pos_freq = std::pow(base, static_cast<double>(2 * i) / dim);
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+      const double extrapolate = 1 - ramp;  // the share kept at its trained frequency
+      inv[i] = (1 / (sc.factor * pos_freq)) * (1 - extrapolate) + (1 / pos_freq) * extrapolate;
+    }
+    return inv;
+  }
   // HF's _longrope_frequency_update: the long factors once the positions pass the original
   // context.
   const std::vector<double>& ext =
       seq_len > sc.original_max_position ? sc.long_factor : sc.short_factor;
-  const double pi = 3.14159265358979323846;
   std::vector<double> inv(head_dim / 2);
   for (int64_t i = 0; i < head_dim / 2; ++i) {
     // HF: inv_freq = 1 / theta^(arange(0, D, 2) / D)

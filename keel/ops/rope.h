@@ -17,7 +17,7 @@ namespace keel::ops {
 // stretches, and by how much. The angles of a position change, so a checkpoint must be run with
 // the scaling it was trained with (Llama 3.1/3.2 ship "llama3").
 struct RopeScaling {
-  enum class Kind { kNone, kLinear, kLlama3, kLongRope };
+  enum class Kind { kNone, kLinear, kLlama3, kLongRope, kYarn };
   Kind kind = Kind::kNone;
   double factor = 1.0;  // linear: every inv_freq / factor; llama3: the low frequencies / factor
   // llama3 only: wavelengths above original_max_position / low_freq_factor are divided by
@@ -31,7 +31,16 @@ struct RopeScaling {
   // past it (HF's dynamic update; a decode that crosses it runs its whole sequence again, as HF's
   // Phi-3 generate does: models::generate); cos and sin scaled by attention_factor.
   std::vector<double> short_factor, long_factor;
-  double attention_factor = 1.0;
+  // yarn (YaRN: Qwen2.5-Coder's config.json, Qwen3's and SmolLM3's long-context setting): each
+  // frequency a blend of inv_freq / factor and inv_freq, by a ramp over the pairs whose
+  // wavelengths fit between beta_fast and beta_slow turns within original_max_position
+  // (floored / ceiled when `truncate`); cos and sin scaled by attention_factor, as longrope's.
+  double beta_fast = 32, beta_slow = 1;
+  bool truncate = true;
+  // yarn: whether config.json's rope_scaling named original_max_position_embeddings (then HF
+  // derives factor from max_position_embeddings / it, and keel writes it back).
+  bool original_in_file = false;
+  double attention_factor = 1.0;  // longrope, yarn
   bool operator==(const RopeScaling&) const = default;
 };
 

@@ -35,9 +35,10 @@ std::string trained_run(const std::string& family, const std::string& kind,
   const std::string dir =
       test::temp_dir("export-" + family + "-" + kind + (bf16_base ? "-bf16" : ""));
   const bool wide = family == "qwen3-wide", phi4_mini = family == "phi4m";
-  std::vector<std::string> init = {"init-model", "--family",
-                                   wide ? "qwen3" : (phi4_mini ? "phi3" : family), "--out",
-                                   dir + "/base"};
+  const bool yarn = family == "llama-yarn";
+  std::vector<std::string> init = {
+      "init-model", "--family", wide ? "qwen3" : (phi4_mini ? "phi3" : (yarn ? "llama" : family)),
+      "--out", dir + "/base"};
   init.insert(init.end(),
               {"--n-layer", "2", "--n-embd", "32", "--n-head", "4", "--max-seq-len", "32"});
   if (family != "gpt2") init.insert(init.end(), {"--n-kv-head", "2"});
@@ -53,6 +54,11 @@ std::string trained_run(const std::string& family, const std::string& kind,
     cfg["rope_scaling"] = {
         {"type", "longrope"}, {"short_factor", {1.0, 1.25, 1.5}}, {"long_factor", {2.0, 3.0, 7.0}}};
     cfg["original_max_position_embeddings"] = 4;
+    std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  }
+  if (yarn) {  // factor 4 over max_position_embeddings 32: pair 0 kept, 1 to 3 interpolated
+    json cfg = json::parse(test::slurp(dir + "/base/config.json"));
+    cfg["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
     std::ofstream(dir + "/base/config.json") << cfg.dump(2);
   }
   if (family == "smollm3") {  // its second layer without RoPE (its every 4th of 36)
@@ -279,7 +285,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // merged into them, a Phi-4-mini's (its partial rotary and longrope, its tied head); a Gemma
   // whole (its 1 + w norms, the tied head of its scaled embedding) and a Gemma-2's LoRA (its
   // sandwich norms and soft caps), a Gemma-3 whole (its q/k norms), a SmolLM3's LoRA (a NoPE
-  // layer of its 2), a Granite whole (its multipliers), an OLMo-2's LoRA (its norms).
+  // layer of its 2), a Granite whole (its multipliers), an OLMo-2's LoRA (its norms), a Llama's
+  // LoRA under YaRN rope_scaling.
   for (const auto& [family, kind] :
        std::vector<std::pair<std::string, std::string>>{{"gpt2", "lora"},
                                                         {"llama", "lora"},
@@ -293,7 +300,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
                                                         {"qwen3-wide", "none"},
                                                         {"smollm3", "lora"},
                                                         {"granite", "none"},
-                                                        {"olmo2", "lora"}}) {
+                                                        {"olmo2", "lora"},
+                                                        {"llama-yarn", "lora"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

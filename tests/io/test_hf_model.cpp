@@ -300,6 +300,70 @@ TEST(HfModel, Llama31RopeScalingLoadsAndSavesBack) {
   EXPECT_EQ(read_hf_config(out).spec.rope_scaling, rs);
 }
 
+// YaRN rope_scaling as transformers 4.50 on reads it: Qwen2.5-Coder's (factor 4 beside an
+// original_max_position_embeddings equal to max_position_embeddings: the factor becomes their
+// ratio, 1, plain RoPE), a factor over max_position_embeddings as the original context, an
+// attention factor from mscale and mscale_all_dim; written back so that it reads the same; bad
+// fields refused naming them.
+TEST(HfModel, YarnRopeScalingReadsAsTransformersDoes) {
+  const models::ModelSpec spec = llama_spec(false);
+  auto src = models::make_causal_lm(spec, 4);
+  json cfg = config_of(spec);
+  cfg["max_position_embeddings"] = 32768;
+  const std::string dir = test::temp_dir("hf-yarn");
+  auto read = [&](const json& rs) {
+    json c = cfg;
+    c["rope_scaling"] = rs;
+    write_hf_dir(dir, c, hf_tensors(*src, DType::F32));
+    return read_hf_config(dir).spec.rope_scaling;
+  };
+  ops::RopeScaling r =
+      read({{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}});
+  EXPECT_EQ(r.kind, ops::RopeScaling::Kind::kYarn);
+  EXPECT_EQ(r.factor, 1.0);
+  EXPECT_EQ(r.attention_factor, 1.0);
+  EXPECT_EQ(r.original_max_position, 32768);
+  const std::vector<double> plain = ops::rope_inv_freq(10000.0, spec.head_dim());
+  EXPECT_EQ(ops::rope_inv_freq(10000.0, spec.head_dim(), r), plain);
+  r = read({{"rope_type", "yarn"}, {"factor", 4.0}});
+  EXPECT_EQ(r.factor, 4.0);
+  EXPECT_EQ(r.original_max_position, 32768);
+  EXPECT_NEAR(r.attention_factor, 0.1 * std::log(4.0) + 1, 1e-15);
+  EXPECT_EQ(r.beta_fast, 32.0);
+  EXPECT_EQ(r.beta_slow, 1.0);
+  EXPECT_NE(ops::rope_inv_freq(10000.0, spec.head_dim(), r), plain);
+  // DeepSeek-style: 4096 original positions grown to 32768, mscale 0.707 over mscale_all_dim 1.
+  r = read({{"rope_type", "yarn"},
+            {"factor", 40.0},
+            {"original_max_position_embeddings", 4096},
+            {"mscale", 0.707},
+            {"mscale_all_dim", 1.0},
+            {"beta_fast", 16},
+            {"truncate", false}});
+  EXPECT_EQ(r.factor, 8.0);
+  EXPECT_NEAR(r.attention_factor, (0.1 * 0.707 * std::log(8.0) + 1) / (0.1 * std::log(8.0) + 1),
+              1e-15);
+  EXPECT_EQ(r.beta_fast, 16.0);
+  EXPECT_FALSE(r.truncate);
+  // Saved back: the same scaling when read again.
+  models::ModelSpec scaled = spec;
+  scaled.max_seq_len = 32768;
+  scaled.rope_scaling = r;
+  const std::string out = test::temp_dir("hf-yarn-save");
+  save_hf_model(*models::make_causal_lm(scaled, 4), out);
+  EXPECT_EQ(read_hf_config(out).spec.rope_scaling, r);
+  cfg["rope_scaling"] = {{"rope_type", "yarn"}};
+  write_hf_dir(dir, cfg, hf_tensors(*src, DType::F32));
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  dir + "/config.json: rope_scaling (yarn) needs a positive number 'factor'");
+  cfg["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_slow", "one"}};
+  write_hf_dir(dir, cfg, hf_tensors(*src, DType::F32));
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  dir +
+                      "/config.json: rope_scaling (yarn): beta_slow must be a positive number, "
+                      "got \"one\"");
+}
+
 // Phi-3-mini-128k-instruct's config.json, as published, at tiny sizes: its fused projections, a
 // longrope rope_scaling in the three fields older Phi3Configs accept,
 // original_max_position_embeddings beside max_position_embeddings (whose ratio gives the attention
@@ -364,8 +428,9 @@ TEST(HfModel, Phi3LongRopeLoadsAndSavesBack) {
   partial["rope_scaling"]["long_factor"] = {1.1, 2.5, 9.0};
   write_hf_dir(dir, partial, hf_tensors(*src, DType::BF16));
   EXPECT_EQ(read_hf_config(dir).spec.rotary_dim(), 6);
-  auto* partial_attn = dynamic_cast<models::LlamaAttention*>(
-      load_hf_model(dir)->find_module("model.layers.1.self_attn"));
+  const auto partial_model = load_hf_model(dir);
+  auto* partial_attn =
+      dynamic_cast<models::LlamaAttention*>(partial_model->find_module("model.layers.1.self_attn"));
   ASSERT_NE(partial_attn, nullptr);
   EXPECT_EQ(partial_attn->rotary_dim, 6);
   save_hf_model(*load_hf_model(dir), out);
@@ -640,10 +705,12 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
   cfg["rope_scaling"]["original_max_position_embeddings"] = 8192.0;  // integral: as 8192
   write_hf_dir(dir, cfg, tensors);
   EXPECT_EQ(read_hf_config(dir).spec.rope_scaling.original_max_position, 8192);
-  cfg["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  cfg["rope_scaling"] = {{"type", "dynamic"}, {"factor", 4.0}};
   write_hf_dir(dir, cfg, tensors);
   m = error_of([&] { load_hf_model(dir); });
-  EXPECT_CONTAINS(m, "rope_scaling type 'yarn' is not supported");
+  EXPECT_CONTAINS(m,
+                  "rope_scaling type 'dynamic' is not supported by keel's RoPE (it runs "
+                  "'default', 'linear', 'llama3', 'yarn' and Phi-3's 'longrope'");
   cfg["rope_scaling"] = 8;
   write_hf_dir(dir, cfg, tensors);
   m = error_of([&] { load_hf_model(dir); });

@@ -2,6 +2,7 @@
 // HF's apply_rotary_pos_emb, determinism and the per-ISA kernels against each other.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "keel/autograd/node.h"
@@ -255,6 +256,63 @@ TEST(Rope, APartialRotaryTurnsTheFirstChannelsAndPassesTheRest) {
   lr.short_factor.push_back(1);
   lr.long_factor.push_back(1);
   EXPECT_THROW(ops::rope(x, 10000.f, 0, lr, R), Error);
+}
+
+// YaRN, restated from its definition (transformers' _compute_yarn_parameters): with d = D and
+// c(t) = d ln(orig / (2 pi t)) / (2 ln theta), the ramp runs from floor(c(beta_fast)) to
+// ceil(c(beta_slow)) (within [0, d - 1]); pair i keeps its frequency where the ramp is 0 and takes
+// frequency / factor where it is 1, blended between; the rotation scaled by attention_factor.
+TEST(Rope, YarnBlendsEachFrequencyBetweenKeptAndInterpolated) {
+  ops::RopeScaling y;
+  y.kind = ops::RopeScaling::Kind::kYarn;
+  y.factor = 8;
+  y.original_max_position = 4096;
+  y.attention_factor = 0.1 * std::log(8.0) + 1;
+  const int64_t D = 64;
+  auto ref = [&](bool truncate) {
+    auto c = [&](double t) { return D * std::log(4096 / (t * 2 * M_PI)) / (2 * std::log(1e4)); };
+    double low = c(32), high = c(1);
+    if (truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0), high = std::min(high, D - 1.0);
+    std::vector<double> out;
+    for (int64_t i = 0; i < D / 2; ++i) {
+      const double f = 1 / std::pow(1e4, 2.0 * i / D);
+      const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+      out.push_back(f / 8 * ramp + f * (1 - ramp));
+    }
+    return out;
+  };
+  for (const bool truncate : {true, false}) {
+    y.truncate = truncate;
+    const auto got = ops::rope_inv_freq(1e4, D, y), want = ref(truncate);
+    ASSERT_EQ(got.size(), want.size());
+    int kept = 0, interpolated = 0, blended = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i], want[i], 1e-15 * want[i]) << "inv_freq[" << i << "]";
+      const double f = 1 / std::pow(1e4, 2.0 * i / D);
+      if (std::abs(got[i] - f) <= 1e-15 * f)
+        ++kept;
+      else if (std::abs(got[i] - f / 8) <= 1e-15 * f)
+        ++interpolated;
+      else
+        ++blended;
+    }
+    EXPECT_GT(kept, 0);
+    EXPECT_GT(interpolated, 0);
+    EXPECT_GT(blended, 0);
+  }
+  // The rotation is by those frequencies, scaled by the attention factor, forward and backward.
+  y.truncate = true;
+  Tensor x = randn({1, 2, 5, D}, 15).set_requires_grad(true);
+  std::vector<float> want = rope_ref(x, 1e4, 300, false, ref(true));
+  for (float& v : want) v = static_cast<float>(v * y.attention_factor);
+  expect_close(ops::rope(x, 1e4f, 300, y).to_floats(), want, 1e-6, 1e-6, "yarn forward");
+  test::expect_gradcheck(
+      [&](const std::vector<Tensor>& in) { return ops::rope(in[0], 1e4f, 40, y); },
+      {randn({1, 2, 3, 8}, 16)}, {}, "rope yarn");
+  // An original context of none is refused.
+  y.original_max_position = 0;
+  EXPECT_THROW(ops::rope(x, 1e4f, 0, y), Error);
 }
 
 TEST(Rope, RejectsBadShapes) {

@@ -27,6 +27,8 @@ namespace keel::test {
 // "smollm3": a SmolLM3 (layer 1 without RoPE, its every 4th of 36; the head tied). "granite": a
 // Granite (embedding times 3, sublayer outputs times 0.22, q·kᵀ times 0.3, logits / 4). "olmo2":
 // an OLMo-2 (norms after the attention and the MLP only, q/k norms over the whole projections).
+// "yarn": the Llama with heads 8 wide and YaRN rope_scaling (factor 4 over an original context of
+// 1000: pair 0 kept, 1 and 2 blended, 3 interpolated; attention factor 0.1 ln 4 + 1).
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
   const bool wide_heads = family == "qwen3_d8";
@@ -39,7 +41,9 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool gemma = family == "gemma" || family == "gemma2" || family == "gemma3";
   const bool smollm3 = family == "smollm3", granite = family == "granite",
              olmo2 = family == "olmo2";
-  s.family = qwen || mistral || phi3 || gemma || smollm3 || granite || olmo2 ? "llama" : family;
+  s.family = qwen || mistral || phi3 || gemma || smollm3 || granite || olmo2 || family == "yarn"
+                 ? "llama"
+                 : family;
   s.hf_model_type = qwen      ? family.substr(0, 5)
                     : mistral ? "mistral"
                     : phi3    ? "phi3"
@@ -55,7 +59,14 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.logits_scaling = 4;
   }
   if (smollm3) s.nope_period = 2;
-  if (wide_heads || phi4_mini) s.head_width = 8;
+  const bool yarn = family == "yarn";
+  if (wide_heads || phi4_mini || yarn) s.head_width = 8;
+  if (yarn) {
+    s.rope_scaling.kind = ops::RopeScaling::Kind::kYarn;
+    s.rope_scaling.factor = 4;
+    s.rope_scaling.original_max_position = 1000;
+    s.rope_scaling.attention_factor = 0.1 * std::log(4.0) + 1.0;
+  }
   if (phi4_mini) s.partial_rotary_factor = 0.75;
   if (mistral || qwen_window || family == "phi3_w3") s.sliding_window = 3;
   if (phi3_long) {  // gen_models.py's longrope: rows of 8 past an original context of 4, or within
