@@ -91,10 +91,10 @@ ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file, int6
       s.attention_factor = 0;  // derived from the context lengths (read_hf_config)
     }
   } else if (t == "yarn") {
-    // As transformers' _compute_yarn_parameters (4.50 on): an original_max_position_embeddings
-    // in rope_scaling makes the factor max_position_embeddings / it (DeepSeek-V3's convention;
-    // Qwen2.5-Coder's 32768 beside 32768 computes plain RoPE), else the factor is the file's and
-    // the original context max_position_embeddings.
+    // As transformers' _compute_yarn_parameters (since DeepSeek-V3): an
+    // original_max_position_embeddings in rope_scaling makes the factor max_position_embeddings /
+    // it (DeepSeek-V3's convention; Qwen2.5-Coder's 32768 beside 32768 computes plain RoPE), else
+    // the factor is the file's and the original context max_position_embeddings.
     s.kind = Kind::kYarn;
     s.factor = required("factor");
     s.original_max_position = max_positions;

@@ -300,7 +300,7 @@ TEST(HfModel, Llama31RopeScalingLoadsAndSavesBack) {
   EXPECT_EQ(read_hf_config(out).spec.rope_scaling, rs);
 }
 
-// YaRN rope_scaling as transformers 4.50 on reads it: Qwen2.5-Coder's (factor 4 beside an
+// YaRN rope_scaling as transformers reads it since DeepSeek-V3: Qwen2.5-Coder's (factor 4 beside an
 // original_max_position_embeddings equal to max_position_embeddings: the factor becomes their
 // ratio, 1, plain RoPE), a factor over max_position_embeddings as the original context, an
 // attention factor from mscale and mscale_all_dim; written back so that it reads the same; bad
