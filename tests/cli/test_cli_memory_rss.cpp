@@ -217,6 +217,13 @@ TEST(CliMemoryRss, Olmo2EstimateWithin10PercentOfPeakRss) {
   memtest_family("olmo2", R"(["q_proj", "v_proj"])");
 }
 
+// A Granite from its config.json: its multiplied embedding, sublayer outputs and logits (each
+// product a transient copy beside what Llama's layers keep).
+TEST(CliMemoryRss, GraniteEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  memtest_family("granite", R"(["q_proj", "v_proj"])");
+}
+
 // Adapters: LoRA on every projection in both policies, DoRA, LoKr, LoRA on gpt2, each with the
 // activations its forward keeps; and a wide model with few tokens where the frozen base
 // dominates, stored in f32 (its bf16 copies per use) and in bf16 (the process peaks while the
