@@ -91,10 +91,10 @@ ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file, int6
       s.attention_factor = 0;  // derived from the context lengths (read_hf_config)
     }
   } else if (t == "yarn") {
-    // As transformers' _compute_yarn_parameters (since DeepSeek-V3): an
-    // original_max_position_embeddings in rope_scaling makes the factor max_position_embeddings /
-    // it (DeepSeek-V3's convention; Qwen2.5-Coder's 32768 beside 32768 computes plain RoPE), else
-    // the factor is the file's and the original context max_position_embeddings.
+    // As transformers' _compute_yarn_parameters: the file's factor; the original context
+    // rope_scaling's original_max_position_embeddings (a top-level one wins: read_hf_config),
+    // else max_position_embeddings. (transformers 4.50-4.55 made the factor
+    // max_position_embeddings / original_max_position_embeddings when both were given; reverted.)
     s.kind = Kind::kYarn;
     s.factor = required("factor");
     s.original_max_position = max_positions;
@@ -106,8 +106,6 @@ ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file, int6
                     "positions from 1 to 2^30, got " +
                     c.find({"original_max_position_embeddings"})->dump());
       s.original_max_position = static_cast<int64_t>(orig);
-      s.original_in_file = true;
-      s.factor = static_cast<double>(max_positions) / orig;
     }
     // (HF reads `get("beta_fast") or 32`: absent, null or 0 take the default)
     for (const auto& [name, out, dflt] : {std::tuple{"beta_fast", &s.beta_fast, 32.0},
@@ -161,14 +159,13 @@ json rope_scaling_json(const ops::RopeScaling& s) {
               {"high_freq_factor", s.high_freq_factor},
               {"original_max_position_embeddings", s.original_max_position}};
     case ops::RopeScaling::Kind::kYarn: {
-      // The factor and attention factor in effect; the original context only where the file
-      // gave it (it then sets the factor again from max_position_embeddings, to the same value).
+      // The factor, original context and attention factor in effect.
       json j = {{"rope_type", "yarn"},
                 {"factor", s.factor},
+                {"original_max_position_embeddings", s.original_max_position},
                 {"attention_factor", s.attention_factor},
                 {"beta_fast", s.beta_fast},
                 {"beta_slow", s.beta_slow}};
-      if (s.original_in_file) j["original_max_position_embeddings"] = s.original_max_position;
       if (!s.truncate) j["truncate"] = false;
       return j;
     }
@@ -515,6 +512,16 @@ HfConfig read_hf_config(const std::string& dir) {
                     Error::kUsage);
       if (r.attention_factor == 0)
         r.attention_factor = longrope_attention_factor(s.max_seq_len, r.original_max_position);
+    }
+    // YaRN's original context: a top-level original_max_position_embeddings wins over
+    // rope_scaling's, as transformers' standardize_rope_params gives it priority.
+    if (s.rope_scaling.kind == ops::RopeScaling::Kind::kYarn &&
+        c.find({"original_max_position_embeddings"})) {
+      s.rope_scaling.original_max_position = c.integer({"original_max_position_embeddings"});
+      if (s.rope_scaling.original_max_position < 1)
+        throw Error(file + ": original_max_position_embeddings must be at least 1, got " +
+                        std::to_string(s.rope_scaling.original_max_position),
+                    Error::kUsage);
     }
     if (s.sandwich_norms()) {
       // Gemma-2: every other layer slides, from the first (HF's Gemma2: layer_types' default, or

@@ -37,9 +37,6 @@ struct RopeScaling {
   // (floored / ceiled when `truncate`); cos and sin scaled by attention_factor, as longrope's.
   double beta_fast = 32, beta_slow = 1;
   bool truncate = true;
-  // yarn: whether config.json's rope_scaling named original_max_position_embeddings (then HF
-  // derives factor from max_position_embeddings / it, and keel writes it back).
-  bool original_in_file = false;
   double attention_factor = 1.0;  // longrope, yarn
   bool operator==(const RopeScaling&) const = default;
 };

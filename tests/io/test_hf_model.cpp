@@ -300,9 +300,10 @@ TEST(HfModel, Llama31RopeScalingLoadsAndSavesBack) {
   EXPECT_EQ(read_hf_config(out).spec.rope_scaling, rs);
 }
 
-// YaRN rope_scaling as transformers reads it since DeepSeek-V3: Qwen2.5-Coder's (factor 4 beside an
-// original_max_position_embeddings equal to max_position_embeddings: the factor becomes their
-// ratio, 1, plain RoPE), a factor over max_position_embeddings as the original context, an
+// YaRN rope_scaling as transformers reads it: the file's factor over rope_scaling's original
+// context (Qwen2.5-Coder's factor 4 over 32768 beside max_position_embeddings 32768: YaRN all the
+// same; transformers 4.50-4.55 made the factor their ratio, reverted), the original context
+// max_position_embeddings when rope_scaling has none and a top-level one when the file has it, an
 // attention factor from mscale and mscale_all_dim; written back so that it reads the same; bad
 // fields refused naming them.
 TEST(HfModel, YarnRopeScalingReadsAsTransformersDoes) {
@@ -317,22 +318,30 @@ TEST(HfModel, YarnRopeScalingReadsAsTransformersDoes) {
     write_hf_dir(dir, c, hf_tensors(*src, DType::F32));
     return read_hf_config(dir).spec.rope_scaling;
   };
+  const std::vector<double> plain = ops::rope_inv_freq(10000.0, spec.head_dim());
   ops::RopeScaling r =
       read({{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}});
   EXPECT_EQ(r.kind, ops::RopeScaling::Kind::kYarn);
-  EXPECT_EQ(r.factor, 1.0);
-  EXPECT_EQ(r.attention_factor, 1.0);
-  EXPECT_EQ(r.original_max_position, 32768);
-  const std::vector<double> plain = ops::rope_inv_freq(10000.0, spec.head_dim());
-  EXPECT_EQ(ops::rope_inv_freq(10000.0, spec.head_dim(), r), plain);
-  r = read({{"rope_type", "yarn"}, {"factor", 4.0}});
   EXPECT_EQ(r.factor, 4.0);
   EXPECT_EQ(r.original_max_position, 32768);
   EXPECT_NEAR(r.attention_factor, 0.1 * std::log(4.0) + 1, 1e-15);
   EXPECT_EQ(r.beta_fast, 32.0);
   EXPECT_EQ(r.beta_slow, 1.0);
   EXPECT_NE(ops::rope_inv_freq(10000.0, spec.head_dim(), r), plain);
-  // DeepSeek-style: 4096 original positions grown to 32768, mscale 0.707 over mscale_all_dim 1.
+  // Qwen3's recipe: 32768 original positions beside max_position_embeddings 40960, factor 4.
+  cfg["max_position_embeddings"] = 40960;
+  r = read({{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}});
+  EXPECT_EQ(r.factor, 4.0);
+  EXPECT_EQ(r.original_max_position, 32768);
+  // No original context: max_position_embeddings; a top-level one wins over rope_scaling's.
+  r = read({{"rope_type", "yarn"}, {"factor", 4.0}});
+  EXPECT_EQ(r.original_max_position, 40960);
+  cfg["original_max_position_embeddings"] = 8192;
+  r = read({{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}});
+  EXPECT_EQ(r.original_max_position, 8192);
+  cfg.erase("original_max_position_embeddings");
+  cfg["max_position_embeddings"] = 32768;
+  // DeepSeek-style: mscale 0.707 over mscale_all_dim 1 for the attention factor.
   r = read({{"rope_type", "yarn"},
             {"factor", 40.0},
             {"original_max_position_embeddings", 4096},
@@ -340,8 +349,9 @@ TEST(HfModel, YarnRopeScalingReadsAsTransformersDoes) {
             {"mscale_all_dim", 1.0},
             {"beta_fast", 16},
             {"truncate", false}});
-  EXPECT_EQ(r.factor, 8.0);
-  EXPECT_NEAR(r.attention_factor, (0.1 * 0.707 * std::log(8.0) + 1) / (0.1 * std::log(8.0) + 1),
+  EXPECT_EQ(r.factor, 40.0);
+  EXPECT_EQ(r.original_max_position, 4096);
+  EXPECT_NEAR(r.attention_factor, (0.1 * 0.707 * std::log(40.0) + 1) / (0.1 * std::log(40.0) + 1),
               1e-15);
   EXPECT_EQ(r.beta_fast, 16.0);
   EXPECT_FALSE(r.truncate);
