@@ -135,8 +135,10 @@ struct Loader {
       if (spec.metaspace.on) {
         // Gemma's Split(" ", MergedWithPrevious) (transformers' GemmaConverter) runs after its
         // normalizer has spelled every space "▁": it finds nothing to split at. Any other split
-        // of a SentencePiece-style file would change the words keel merges.
-        if (pit->contains("String") && get_string(*pit, "String", field + ".pattern") == " ")
+        // of a SentencePiece-style file would change the words keel merges. (Inverted, a
+        // pattern that never matches makes the whole text the delimiter: not a no-op.)
+        if (pit->contains("String") && get_string(*pit, "String", field + ".pattern") == " " &&
+            !get_bool(p, "invert", false, field))
           return;
         fail(field,
              "a Split in a SentencePiece-style file (\"\u2581\" for spaces) is not "

@@ -114,6 +114,15 @@ TEST(SentencePiece, UnsupportedFormsAreNamedAtLoad) {
                     j["pre_tokenizer"] = split_digits;
                   }),
                   "pre_tokenizer: a Split in a SentencePiece-style file");
+  EXPECT_CONTAINS(error([&](json& j) {  // Gemma's Split, inverted: not the no-op it is otherwise
+                    j["normalizer"] = {
+                        {"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}};
+                    j["pre_tokenizer"] = {{"type", "Split"},
+                                          {"pattern", {{"String", " "}}},
+                                          {"behavior", "MergedWithPrevious"},
+                                          {"invert", true}};
+                  }),
+                  "pre_tokenizer: a Split in a SentencePiece-style file");
   EXPECT_CONTAINS(error([&](json& j) {
                     j["pre_tokenizer"] = {{"type", "Sequence"},
                                           {"pretokenizers", {split_digits, j["pre_tokenizer"]}}};
