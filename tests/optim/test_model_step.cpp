@@ -60,19 +60,15 @@ TEST_P(ModelStep, ParametersAfterOneAdamWStepMatchPyTorch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, ModelStep,
-    ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3", "qwen3_d8",
-                                         "mistral_w3", "qwen2_w3", "phi3_w3", "phi3_lr", "phi3_sr",
-                                         "phi4m", "gemma", "gemma2", "gemma3", "smollm3", "granite",
-                                         "olmo2", "yarn"),
-                       ::testing::Values("32-true", "bf16-mixed")),
-    [](const auto& info) {
-      std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
-      for (auto& c : n)
-        if (c == '-') c = '_';
-      return n;
-    });
+INSTANTIATE_TEST_SUITE_P(Models, ModelStep,
+                         ::testing::Combine(::testing::ValuesIn(test::kFixtureFamilies),
+                                            ::testing::Values("32-true", "bf16-mixed")),
+                         [](const auto& info) {
+                           std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                           for (auto& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace keel

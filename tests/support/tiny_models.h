@@ -29,6 +29,13 @@ namespace keel::test {
 // an OLMo-2 (norms after the attention and the MLP only, q/k norms over the whole projections).
 // "yarn": the Llama with heads 8 wide and YaRN rope_scaling (factor 4 over an original context of
 // 1000: pair 0 kept, 1 and 2 blended, 3 interpolated; attention factor 0.1 ln 4 + 1).
+// Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
+// parity and optimizer-step tests run over all of them).
+inline const std::vector<std::string> kFixtureFamilies = {
+    "gpt2",     "llama",   "qwen2",   "qwen3",   "qwen3_d8", "mistral_w3",
+    "qwen2_w3", "phi3_w3", "phi3_lr", "phi3_sr", "phi4m",    "gemma",
+    "gemma2",   "gemma3",  "smollm3", "granite", "olmo2",    "yarn"};
+
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
   const bool wide_heads = family == "qwen3_d8";
