@@ -81,11 +81,6 @@ int run_init_model(const InitModelArgs& a) {
     s.final_softcap = 30;
   }
   if (a.family == "smollm3") s.nope_period = 4;  // SmolLM3Config's no_rope_layer_interval
-  if (a.family == "granite") {  // Granite-3's multipliers, its attention's scale 1 / head_dim
-    s.embedding_multiplier = 12;
-    s.residual_multiplier = 0.22;
-    s.logits_scaling = 8;
-  }
   if (a.family == "gemma3") {  // Gemma3TextConfig's defaults; the scale of head_dim
     s.sliding_window = 4096;
     s.sliding_period = 6;
@@ -102,7 +97,12 @@ int run_init_model(const InitModelArgs& a) {
   s.tie_embeddings = a.family == "gpt2" || !a.untied;
   if (a.family == "gemma2" || a.family == "gemma3")
     s.query_pre_attn_scalar = static_cast<double>(s.head_dim());
-  if (a.family == "granite") s.attention_multiplier = 1.0 / static_cast<double>(s.head_dim());
+  if (a.family == "granite") {  // Granite-3's multipliers, its attention's scale 1 / head_dim
+    s.embedding_multiplier = 12;
+    s.residual_multiplier = 0.22;
+    s.attention_multiplier = 1.0 / static_cast<double>(s.head_dim());
+    s.logits_scaling = 8;
+  }
   s.rope_theta = a.rope_theta;
   s.norm_eps = a.norm_eps;
   s.init_std = a.init_std;

@@ -43,6 +43,17 @@ ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file, int6
                   (v ? v->dump() : std::string("nothing")));
     return v->get<double>();
   };
+  // original_max_position_embeddings, a position count: 0.5 was cut to 0 (refused later by the
+  // rope op, without the file's name), and 1e300 converted to int64 is undefined.
+  auto original_positions = [&](const std::string& hint) {
+    const double orig = required("original_max_position_embeddings");
+    if (orig != std::floor(orig) || orig > 1073741824.0)
+      throw Error(where + " (" + t +
+                  "): original_max_position_embeddings must be a whole number of positions from 1 "
+                  "to 2^30, got " +
+                  c.find({"original_max_position_embeddings"})->dump() + hint);
+    return static_cast<int64_t>(orig);
+  };
   if (t == "default") return s;
   if (t == "linear") {
     s.kind = Kind::kLinear;
@@ -52,15 +63,7 @@ ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file, int6
     s.factor = required("factor");
     s.low_freq_factor = required("low_freq_factor");
     s.high_freq_factor = required("high_freq_factor");
-    // A position count: 0.5 was cut to 0 (refused later by the rope op, without the file's name),
-    // and 1e300 converted to int64 is undefined.
-    const double orig = required("original_max_position_embeddings");
-    if (orig != std::floor(orig) || orig > 1073741824.0)
-      throw Error(where +
-                  " (llama3): original_max_position_embeddings must be a whole number of "
-                  "positions from 1 to 2^30, got " +
-                  c.find({"original_max_position_embeddings"})->dump() + " (Llama 3.1's is 8192)");
-    s.original_max_position = static_cast<int64_t>(orig);
+    s.original_max_position = original_positions(" (Llama 3.1's is 8192)");
     if (!(s.high_freq_factor > s.low_freq_factor))
       throw Error(where + " (llama3): high_freq_factor (" + std::to_string(s.high_freq_factor) +
                   ") must exceed low_freq_factor (" + std::to_string(s.low_freq_factor) + ")");
@@ -98,15 +101,8 @@ ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file, int6
     s.kind = Kind::kYarn;
     s.factor = required("factor");
     s.original_max_position = max_positions;
-    if (c.find({"original_max_position_embeddings"})) {
-      const double orig = required("original_max_position_embeddings");
-      if (orig != std::floor(orig) || orig > 1073741824.0)
-        throw Error(where +
-                    " (yarn): original_max_position_embeddings must be a whole number of "
-                    "positions from 1 to 2^30, got " +
-                    c.find({"original_max_position_embeddings"})->dump());
-      s.original_max_position = static_cast<int64_t>(orig);
-    }
+    if (c.find({"original_max_position_embeddings"}))
+      s.original_max_position = original_positions("");
     // (HF reads `get("beta_fast") or 32`: absent, null or 0 take the default)
     for (const auto& [name, out, dflt] : {std::tuple{"beta_fast", &s.beta_fast, 32.0},
                                           std::tuple{"beta_slow", &s.beta_slow, 1.0}}) {
@@ -326,8 +322,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     if (variant == "granite") {
       j["embedding_multiplier"] = s.embedding_multiplier;
       j["residual_multiplier"] = s.residual_multiplier;
-      j["attention_multiplier"] =
-          s.attention_multiplier > 0 ? s.attention_multiplier : s.attention_scale();
+      j["attention_multiplier"] = s.attention_scale();
       j["logits_scaling"] = s.logits_scaling;
     }
     if (variant == "smollm3") {  // which layers rotate, listed as SmolLM3Config reads them

@@ -366,6 +366,13 @@ TEST(HfModel, YarnRopeScalingReadsAsTransformersDoes) {
   write_hf_dir(dir, cfg, hf_tensors(*src, DType::F32));
   EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
                   dir + "/config.json: rope_scaling (yarn) needs a positive number 'factor'");
+  cfg["rope_scaling"] = {
+      {"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 4096.5}};
+  write_hf_dir(dir, cfg, hf_tensors(*src, DType::F32));
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  dir +
+                      "/config.json: rope_scaling (yarn): original_max_position_embeddings "
+                      "must be a whole number of positions from 1 to 2^30, got 4096.5");
   cfg["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_slow", "one"}};
   write_hf_dir(dir, cfg, hf_tensors(*src, DType::F32));
   EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
