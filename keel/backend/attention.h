@@ -34,6 +34,15 @@ struct AttentionDims {
   // its backward reads it back: the capped score is log p + lse, whose tanh the cap's derivative
   // 1 - tanh² needs (no [B, Hq, T, T] copy of the scores is kept).
   float* softmax_lse = nullptr;
+  // Dropout on the probabilities (ops::AttentionDropout): probability (b, h, i, j) survives when
+  // the top 32 bits of splitmix64_at(drop_key, ((b·Hq + h)·T + i)·T + j) are >= drop_threshold
+  // (backend/dropout.h's mask, drop_key = splitmix64_at(seed, 0)); survivors are times drop_scale.
+  // Read by the flash kernels only (the eager and math backends drop between their products with
+  // the dropout kernels). CPU kernels only.
+  bool dropout = false;
+  uint32_t drop_threshold = 0;
+  float drop_scale = 1.f;
+  uint64_t drop_key = 0;
   // The first key query i of batch b sees: its example's first token (0 when not packed), or its
   // window's, whichever is later. Never decreases along a row.
   int64_t first_key(int64_t b, int64_t i) const {
@@ -59,11 +68,13 @@ struct AttentionKernels {
   void (*softmax_backward)(void* ds, DType ds_dt, const float* p32, const void* dp, DType dp_dt,
                            void* p_lp, const AttentionDims& dims);
   // o = attention(q, k, v) with an online softmax over key tiles; lse = m + log(l) per row (-inf on
-  // fully masked rows). Tensors of dtype dt; the P tile is rounded to dt before P·V.
+  // fully masked rows). Tensors of dtype dt; the P tile is rounded to dt before P·V (and, with
+  // dims.dropout, times its keep mask; the normalized output then times drop_scale).
   void (*flash_forward)(void* o, float* lse, const void* q, const void* k, const void* v, DType dt,
                         const AttentionDims& dims);
   // FlashAttention-2 backward: P recomputed tile by tile from lse; P and dS rounded to dt before
-  // their products. Any of dq, dk, dv may be null (not needed). Deterministic: dK/dV are reduced
+  // their products (with dims.dropout: dO·Vᵀ times keep·drop_scale, and dV's P the dropped
+  // one). Any of dq, dk, dv may be null (not needed). Deterministic: dK/dV are reduced
   // per key tile, dQ per query tile, each in a fixed order (no atomics).
   void (*flash_backward)(void* dq, void* dk, void* dv, const void* q, const void* k, const void* v,
                          const void* o, const void* dout, const float* lse, DType dt,

@@ -37,7 +37,10 @@ struct ModelSpec {
   double partial_rotary_factor = 1.0;
   double norm_eps = 1e-5;
   double init_std = 0.02;
-  double dropout = 0.0;
+  double dropout = 0.0;  // gpt2: residual, MLP and embedding dropout
+  // Dropout on the attention probabilities while training (HF's attn_pdrop for GPT-2,
+  // attention_dropout for the Llama family; ops::AttentionDropout).
+  double attention_dropout = 0.0;
   ops::AttentionBackend attention = ops::AttentionBackend::kEager;
   DType param_dtype = DType::F32;
   // The HF architecture a "llama" family model is written back as: "" (Llama), "gemma", "gemma2",

@@ -45,6 +45,9 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
         "k_norm", std::make_unique<nn::RMSNorm>(k_width, s.norm_eps, s.param_dtype, s.gemma()));
     norm_whole_projection = s.post_norms();
   }
+  if (s.attention_dropout > 0)
+    attn_dropout =
+        register_module("attn_dropout", std::make_unique<nn::Dropout>(s.attention_dropout));
 }
 
 Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
@@ -95,7 +98,10 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
     } else {
       ops::AttentionMask seen = mask;
       seen.window = sliding_window;
-      y = ops::attention(q, k, v, seen, backend, scores);
+      const ops::AttentionDropout drop =
+          attn_dropout ? ops::AttentionDropout{attn_dropout->active_p(), attn_dropout->mask_seed()}
+                       : ops::AttentionDropout{};
+      y = ops::attention(q, k, v, seen, backend, scores, drop);
     }
     return o_proj->forward(ops::merge_heads(y));  // [B, T, C]
   });

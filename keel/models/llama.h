@@ -26,6 +26,8 @@ class LlamaAttention : public nn::Module {
   bool rotates;                 // false: a NoPE layer (SmolLM3's every 4th), q and k as projected
   int64_t sliding_window;       // this layer's window (ModelSpec::layer_window); 0: every key
   ops::AttentionScores scores;  // q·kᵀ's scale and soft cap (Gemma-2's)
+  // On the probabilities (HF's attention_dropout); registered when it is above 0.
+  nn::Dropout* attn_dropout = nullptr;
 };
 
 class LlamaMLP : public nn::Module {

@@ -69,6 +69,9 @@ class Dropout : public Module {
   // The seed of this call's mask: the step's seed mixed with the module's path (so the mask does
   // not depend on how many models were built). LoRA's fused input path draws the same mask.
   uint64_t mask_seed() const;
+  // The probability this call drops with: p while training, 0 in eval mode. For a dropout an op
+  // applies inside itself (the attention's probabilities), with mask_seed().
+  float active_p() const { return is_training() ? static_cast<float>(p) : 0.f; }
   double p;
   static void set_step_seed(uint64_t seed);  // the trainer sets it per micro-batch
   static uint64_t step_seed();               // a checkpointed segment's recompute reuses it

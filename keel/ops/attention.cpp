@@ -6,8 +6,11 @@
 #include <string>
 
 #include "keel/backend/attention.h"
+#include "keel/backend/dropout.h"
 #include "keel/backend/elementwise.h"
 #include "keel/backend/matmul.h"
+#include "keel/numerics/hash.h"
+#include "keel/ops/dropout.h"
 #include "keel/ops/op_util.h"
 
 namespace keel::ops {
@@ -115,7 +118,8 @@ void check_positions(const Tensor& pos, const AttentionDims& d, Device dev) {
 
 // Validates the operands and describes them for the kernels (mask pointers set by the caller).
 AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v,
-                             const AttentionMask& am, const AttentionScores& sc) {
+                             const AttentionMask& am, const AttentionScores& sc,
+                             const AttentionDropout& drop) {
   const Tensor& mask = am.key_padding;
   check_floating("attention", q);
   check_same_dtype("attention", q, k);
@@ -171,6 +175,21 @@ AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v,
                     q.device().str() +
                     " kernels do not slide yet: keep rows within the window, or run on the cpu",
                 Error::kUsage);
+  if (drop.p != 0.f) {
+    const DropoutMask m = dropout_mask(drop.p);  // an Error outside [0, 1)
+    if (!q.device().is_cpu())
+      throw Error(
+          "attention: dropout on the attention probabilities (model.attention_dropout) "
+          "runs on the CPU only; the " +
+              q.device().str() +
+              " kernels do not drop yet: set model.attention_dropout = 0, or run on "
+              "the cpu",
+          Error::kUsage);
+    d.dropout = true;
+    d.drop_threshold = m.threshold;
+    d.drop_scale = m.scale;
+    d.drop_key = splitmix64_at(drop.seed, 0);
+  }
   return d;
 }
 
@@ -188,8 +207,17 @@ const int64_t* positions_ptr(const Tensor& pos) {
 struct MaterializedAttention {
   AttentionDims d;
   DType cdt;
+  uint64_t drop_seed = 0;  // the dropout mask's seed, when d.dropout
   int64_t batch() const { return d.batch * d.heads_kv; }
   int64_t rows() const { return d.heads_q / d.heads_kv * d.seq; }  // G*T
+
+  // out = x · keep · scale with the probability dropout's mask over [B, Hq, T, T] (the layout of
+  // P, dP and the [B*Hkv, G*T, T] products alike), rounded once into x's dtype; out may be x.
+  void drop(Tensor& out, const Tensor& x) const {
+    dropout_kernels(x.device())
+        .apply(out.data(), x.data(), x.dtype(), x.numel(), drop_seed, d.drop_threshold,
+               d.drop_scale);
+  }
 
   // Returns P in f32 [B, Hq, T, T] (0 where masked) and writes out [B, Hq, T, D].
   Tensor forward(Tensor& out, const Tensor& qc, const Tensor& kc, const Tensor& vc) const {
@@ -211,6 +239,13 @@ struct MaterializedAttention {
          true);
       attention_kernels(dev).softmax_forward(p32.data_as<float>(), p_lp, cdt, p32.data(),
                                              DType::F32, cdt, d);
+    }
+    // Dropout (HF's eager attention: the probabilities in the compute dtype, then F.dropout). In
+    // f32 pc is p32, which the backward keeps: the dropped copy is a tensor of its own.
+    if (d.dropout) {
+      Tensor pd = pc.data() == p32.data() ? Tensor::empty(p32.shape(), cdt, dev) : pc;
+      drop(pd, pc);
+      pc = pd;
     }
     // O[B*Hkv, G*T, D] = P·V
     mm_into(out, 1.f, pc, vc, cdt, batch(), rows(), dd, t, false, false);
@@ -234,10 +269,16 @@ struct MaterializedAttention {
       // dP[B*Hkv, G*T, T] = dO·Vᵀ, rounded to cdt; dS overwrites it (the kernel reads a row first).
       ds = Tensor::empty({d.batch, d.heads_q, t, t}, cdt, dev);
       mm(dev, ds.data(), cdt, gc.data(), vc.data(), cdt, batch(), rows(), t, dd, false, true);
+      if (d.dropout) drop(ds, ds);  // back through the dropout: the gradient of the undropped P
       attention_kernels(dev).softmax_backward(ds.data(), cdt, p32.data_as<float>(), ds.data(), cdt,
                                               p_from_backward ? pc.data() : nullptr, d);
     }
     if (dv.defined()) {  // dV[B*Hkv, T, D] = Pᵀ·dO, summed over the group's heads
+      if (d.dropout) {   // the dropped P, as the forward's product took it
+        Tensor pd = pc.data() == p32.data() ? Tensor::empty(p32.shape(), cdt, dev) : pc;
+        drop(pd, pc);
+        pc = pd;
+      }
       mm_into(dv, 1.f, pc, gc, cdt, batch(), t, dd, rows(), true, false);
       pc = Tensor();
     }
@@ -253,6 +294,7 @@ struct MaterializedAttention {
 struct AttentionNode final : Node {
   AttentionBackend backend;
   AttentionDims dims;
+  uint64_t drop_seed = 0;
   Tensor q, k, v, mask, positions;
   Tensor p32;  // eager, math: probabilities [B, Hq, T, T] f32
   // flash: output (a handle without grad_fn); flash, and eager/math with a soft cap: logsumexp
@@ -276,7 +318,7 @@ struct AttentionNode final : Node {
                           dv.defined() ? dv.data() : nullptr, q.data(), k.data(), v.data(),
                           out.data(), g.data(), lse.data_as<float>(), dt, d);
     } else {
-      MaterializedAttention ma{d, backend == AttentionBackend::kEager ? dt : DType::F32};
+      MaterializedAttention ma{d, backend == AttentionBackend::kEager ? dt : DType::F32, drop_seed};
       ma.backward(dq, dk, dv, as_dtype(grad, ma.cdt), as_dtype(q, ma.cdt), as_dtype(k, ma.cdt),
                   as_dtype(v, ma.cdt), p32);
     }
@@ -296,8 +338,9 @@ struct AttentionNode final : Node {
 };
 
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
-                 AttentionBackend backend, const AttentionScores& scores) {
-  AttentionDims d = attention_dims(q, k, v, mask, scores);
+                 AttentionBackend backend, const AttentionScores& scores,
+                 const AttentionDropout& dropout) {
+  AttentionDims d = attention_dims(q, k, v, mask, scores, dropout);
   d.key_padding_mask = mask_ptr(mask.key_padding);
   d.positions = positions_ptr(mask.positions);
   const DType dt = q.dtype();
@@ -312,7 +355,8 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
       lse = Tensor::empty({d.batch, d.heads_q, d.seq}, DType::F32, q.device());
       d.softmax_lse = lse.data_as<float>();
     }
-    MaterializedAttention ma{d, backend == AttentionBackend::kEager ? dt : DType::F32};
+    MaterializedAttention ma{d, backend == AttentionBackend::kEager ? dt : DType::F32,
+                             dropout.seed};
     p32 = ma.forward(out, as_dtype(q, ma.cdt), as_dtype(k, ma.cdt), as_dtype(v, ma.cdt));
     d.softmax_lse = nullptr;  // the node's copy of d points at its own lse
   }
@@ -320,6 +364,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
     auto n = std::make_shared<AttentionNode>();
     n->backend = backend;
     n->dims = d;
+    n->drop_seed = dropout.seed;
     n->q = q;
     n->k = k;
     n->v = v;

@@ -60,10 +60,26 @@ struct AttentionScores {
   }
 };
 
-// Positions, a window shorter than the row, and a soft cap on the CPU only: the CUDA kernels read
-// none of them yet (an Error says so).
+// Dropout on the probabilities (HF's attn_pdrop for GPT-2, attention_dropout for the Llama
+// family; a model applies it while training): probability (b, h, i, j) survives by the mask
+// ops::dropout(·, p, seed) draws for a [B, Hq, T, T] tensor, at flat index ((b·Hq + h)·T + i)·T +
+// j, and survivors are scaled by 1/(1-p). Each backend drops where it holds P:
+//   eager: P rounded to the compute dtype, then round(P · keep · scale) (HF's eager attention:
+//          softmax(...).to(dtype), then F.dropout); the backward drops dP the same way.
+//   math:  in f32.
+//   flash: each tile's P, rounded to the compute dtype, times keep (0 or 1) before P·V; the row's
+//          sum stays the undropped one, and the normalized output is times scale. Its backward
+//          drops dP (times keep·scale) and uses round(P · keep · scale) for dV.
+// p == 0 computes exactly what no dropout does.
+struct AttentionDropout {
+  float p = 0;
+  uint64_t seed = 0;
+};
+
+// Positions, a window shorter than the row, a soft cap and dropout on the CPU only: the CUDA
+// kernels read none of them yet (an Error says so).
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
                  AttentionBackend backend = AttentionBackend::kEager,
-                 const AttentionScores& scores = {});
+                 const AttentionScores& scores = {}, const AttentionDropout& dropout = {});
 
 }  // namespace keel::ops

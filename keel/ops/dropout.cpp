@@ -48,13 +48,16 @@ void check_dropout_p(float p) {
                 " is outside [0, 1); set the dropout probability (e.g. model.dropout) to a value "
                 "in [0, 1)");
 }
-// An element survives when its 32 hash bits are >= p * 2^32 (exact: p has 24 significant bits;
-// p < 1 keeps it below 2^32).
-uint32_t dropout_threshold(float p) {
-  return static_cast<uint32_t>(static_cast<double>(p) * 4294967296.0);
-}
-float dropout_scale(float p) { return static_cast<float>(1.0 / (1.0 - static_cast<double>(p))); }
 }  // namespace
+
+// An element survives when its 32 hash bits are >= p * 2^32 (exact: p has 24 significant bits;
+// p < 1 keeps it below 2^32). p == 0: every element kept and scaled by 1, which is exact.
+DropoutMask dropout_mask(float p) {
+  check_dropout_p(p);
+  if (p == 0.f) return {};
+  return {static_cast<uint32_t>(static_cast<double>(p) * 4294967296.0),
+          static_cast<float>(1.0 / (1.0 - static_cast<double>(p)))};
+}
 
 std::vector<Tensor> DropoutCastNode::backward(const Tensor& g) {
   // g is in f32 when the consumer wrote it there (a matmul from its f32 accumulator), else in the
@@ -68,13 +71,12 @@ std::vector<Tensor> DropoutCastNode::backward(const Tensor& g) {
 
 Tensor dropout_cast(const Tensor& x, float p, uint64_t seed, DType out) {
   check_floating("dropout_cast", x);
-  check_dropout_p(p);
+  const DropoutMask mask = dropout_mask(p);
   KEEL_CHECK(dtype_is_floating(out) && dtype_size(out) < 4 && dtype_size(x.dtype()) <= 4,
              std::string("dropout_cast: rounds f32 math into a 16-bit dtype, got x ") +
                  dtype_name(x.dtype()) + " and out " + dtype_name(out));
-  // p == 0: every element kept and scaled by 1, which is exact.
-  const uint32_t threshold = p == 0.f ? 0u : dropout_threshold(p);
-  const float scale = p == 0.f ? 1.f : dropout_scale(p);
+  const uint32_t threshold = mask.threshold;
+  const float scale = mask.scale;
   Tensor y = Tensor::empty(x.shape(), out, x.device());
   const bool grad = any_requires_grad({&x});
   Tensor keep =
@@ -96,10 +98,10 @@ Tensor dropout_cast(const Tensor& x, float p, uint64_t seed, DType out) {
 
 Tensor dropout(const Tensor& x, float p, uint64_t seed) {
   check_floating("dropout", x);
-  check_dropout_p(p);
+  const DropoutMask mask = dropout_mask(p);
   if (p == 0.f) return x;
-  const uint32_t threshold = dropout_threshold(p);
-  const float scale = dropout_scale(p);
+  const uint32_t threshold = mask.threshold;
+  const float scale = mask.scale;
   Tensor out = apply_mask(x, seed, threshold, scale);
   if (any_requires_grad({&x})) {
     auto node = std::make_shared<DropoutNode>();

@@ -8,6 +8,15 @@
 
 namespace keel::ops {
 
+// The mask's parameters for a probability p in [0, 1) (an Error outside it): an element survives
+// when its 32 hash bits are >= threshold (backend/dropout.h), survivors are multiplied by scale.
+// What dropout applies, and what the attention's probability dropout (ops/attention.h) applies.
+struct DropoutMask {
+  uint32_t threshold = 0;
+  float scale = 1.f;
+};
+DropoutMask dropout_mask(float p);
+
 Tensor dropout(const Tensor& x, float p, uint64_t seed);
 
 // cast(dropout(cast(x, f32), p, seed), out) in one pass, bit for bit, for x in f32 or 16 bits

@@ -92,6 +92,7 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("model", model, norm_eps).above(0));
     k.push_back(KEEL_KEY("model", model, init_std).at_least(0));
     k.push_back(KEEL_KEY("model", model, dropout).at_least(0).below(1));
+    k.push_back(KEEL_KEY("model", model, attention_dropout).at_least(0).below(1));
     k.push_back(KEEL_KEY("model", model, attention).one_of({"eager", "math", "flash"}));
     k.push_back(KEEL_KEY("model", model, base_dtype).one_of({"f32", "bf16"}));
     k.push_back(KEEL_KEY("model", model, allow_nonfinite_weights));
@@ -688,6 +689,13 @@ void validate(Config& c, const Origins& origins) {
                 ": packed examples attend only to themselves through their positions, which keel's "
                 "CUDA attention does not read yet; set run.device = \"cpu\", or data.pack = false "
                 "(one example a row)");
+  // The same for dropout on the attention probabilities.
+  if (c.model.attention_dropout > 0 && c.run.device.rfind("cuda", 0) == 0)
+    throw usage("model.attention_dropout = " + format_double(c.model.attention_dropout, false) +
+                at("model.attention_dropout") + " with run.device = \"" + c.run.device + "\"" +
+                at("run.device") +
+                ": keel's CUDA attention does not drop probabilities yet; set run.device = "
+                "\"cpu\", or remove model.attention_dropout");
   if (!c.data.eval_path.empty() && c.data.eval_fraction > 0)
     throw usage(prefix("data.eval_path") +
                 "data.eval_path and data.eval_fraction both give a validation split; set one");
@@ -1022,7 +1030,7 @@ void check_keys_take_effect(const Config& cfg) {
                 Error::kUsage);
   // model.dropout drops GPT-2's residual streams and embedding (HF's resid_pdrop, embd_pdrop). A
   // Llama-family model has no such layers (HF's has none: its only dropout is attention_dropout,
-  // on the attention probabilities, which keel does not run), and trained as without the key.
+  // on the attention probabilities: model.attention_dropout), and trained as without the key.
   if (cfg.model.dropout > 0) {
     const bool from_dir = !cfg.model.path.empty();
     const models::ModelSpec file_spec =
@@ -1032,9 +1040,9 @@ void check_keys_take_effect(const Config& cfg) {
           "model.dropout = " + format_double(cfg.model.dropout, false) + " with " +
               (from_dir ? "model.path = " + cfg.model.path + " (" + file_spec.architecture() + ")"
                         : std::string("model.family = \"llama\"")) +
-              ": keel's Llama-family models have no dropout layers (HF's "
+              ": keel's Llama-family models have no such dropout layers (HF's "
               "LlamaForCausalLM drops nothing but, where config.json's attention_dropout "
-              "says so, attention probabilities, which keel does not); remove "
+              "says so, attention probabilities: model.attention_dropout); remove "
               "model.dropout (model.adapter.dropout is an adapter's input dropout)",
           Error::kUsage);
   }

@@ -41,6 +41,7 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   double init_std = 0.02;
   double dropout = 0.0;
+  double attention_dropout = 0.0;   // on the attention probabilities (ModelSpec's)
   std::string attention = "eager";  // eager | math | flash
   std::string base_dtype = "f32";   // storage of a frozen base under adapters: f32 | bf16
   nn::AdapterOptions adapter;       // [model.adapter]; its seed is run.seed

@@ -212,6 +212,7 @@ models::ModelSpec model_spec(const Config& cfg, int64_t tokenizer_vocab, DType p
   s.norm_eps = m.norm_eps;
   s.init_std = m.init_std;
   s.dropout = m.dropout;
+  s.attention_dropout = m.attention_dropout;
   s.attention = ops::attention_backend_from_name(m.attention);
   s.param_dtype = param_dtype;
   return s;
@@ -321,14 +322,19 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
     hf.spec.param_dtype = param_dtype;
     hf.spec.attention = ops::attention_backend_from_name(cfg.model.attention);
     hf.spec.dropout = cfg.model.dropout;
-    // HF trains a Granite-3 with attention_dropout 0.1 (dropout on its attention probabilities);
-    // keel's attention drops nothing: said, not hidden.
-    if (const auto p = hf.json.find("attention_dropout");
-        p != hf.json.end() && p->is_number() && p->get<double>() > 0)
-      say_or_print(say, "note: " + cfg.model.path +
-                            "/config.json's attention_dropout = " + p->dump() +
-                            " is not applied: keel's attention drops no probabilities (HF's "
-                            "does while training), so this run trains without that dropout");
+    hf.spec.attention_dropout = cfg.model.attention_dropout;
+    // HF trains with config.json's dropout on the attention probabilities (Granite-3's
+    // attention_dropout 0.1, GPT-2's attn_pdrop 0.1); keel with model.attention_dropout, which
+    // the config decides: a difference is said, not hidden.
+    for (const char* key : {"attention_dropout", "attn_pdrop"})
+      if (const auto p = hf.json.find(key);
+          p != hf.json.end() && p->is_number() && p->get<double>() != cfg.model.attention_dropout)
+        say_or_print(say, "note: " + cfg.model.path + "/config.json's " + key + " = " + p->dump() +
+                              " (HF trains with it) is not this run's: "
+                              "model.attention_dropout = " +
+                              nlohmann::json(cfg.model.attention_dropout).dump() +
+                              " drops the attention probabilities; set it to " + p->dump() +
+                              " to train as HF does");
     const io::WeightCheck check{cfg.model.allow_nonfinite_weights,
                                 [&](const std::string& w) { say_or_print(say, w); }};
     if (adapted && !io::is_keel_checkpoint(cfg.model.path)) {

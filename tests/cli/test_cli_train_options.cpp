@@ -134,18 +134,19 @@ TEST(CliTrainOptions, StochasticRoundingWithoutBf16ParametersIsRefused) {
 }
 
 // model.dropout drops GPT-2's residual streams and embedding; a Llama has no such layers and
-// trained as without it, without a word. An HF directory's attention_dropout (Granite-3's 0.1),
-// which keel's attention does not apply, is said.
+// trained as without it, without a word. An HF directory's attention_dropout (Granite-3's 0.1) is
+// what HF trains with: a run whose model.attention_dropout differs says so, one that sets it does
+// not; on CUDA (whose attention drops nothing yet) it is refused before anything is written.
 TEST(CliTrainOptions, ModelDropoutOnALlamaIsRefusedAndAttentionDropoutIsSaid) {
   const std::string dir = test::temp_dir("train-llama-dropout");
   auto r = test::run_keel(tiny_train(dir + "/llama", {"model.family=llama", "model.dropout=0.1"}));
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err,
                   "model.dropout = 0.1 with model.family = \"llama\": keel's Llama-family "
-                  "models have no dropout layers");
+                  "models have no such dropout layers");
   EXPECT_CONTAINS(r.err,
-                  "remove model.dropout (model.adapter.dropout is an adapter's input "
-                  "dropout)");
+                  "attention probabilities: model.attention_dropout); remove model.dropout "
+                  "(model.adapter.dropout is an adapter's input dropout)");
   const test::KeelRun init =
       test::run_keel({"init-model", "--family", "granite", "--out", dir + "/granite", "--n-layer",
                       "1", "--n-embd", "32", "--n-head", "2", "--max-seq-len", "16"});
@@ -154,7 +155,14 @@ TEST(CliTrainOptions, ModelDropoutOnALlamaIsRefusedAndAttentionDropoutIsSaid) {
       tiny_train(dir + "/from-dir", {"model.path=" + dir + "/granite", "model.dropout=0.1"}));
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_CONTAINS(r.err, "model.dropout = 0.1 with model.path = " + dir + "/granite (granite)");
-  for (const char* d : {"/llama", "/from-dir"})
+  r = test::run_keel(tiny_train(
+      dir + "/cuda", {"model.family=llama", "run.device=cuda", "model.attention_dropout=0.1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "model.attention_dropout = 0.1");
+  EXPECT_CONTAINS(r.err,
+                  "keel's CUDA attention does not drop probabilities yet; set "
+                  "run.device = \"cpu\", or remove model.attention_dropout");
+  for (const char* d : {"/llama", "/from-dir", "/cuda"})
     EXPECT_FALSE(std::filesystem::exists(dir + d)) << "the refused run wrote its out_dir " << d;
   {
     std::ifstream in(dir + "/granite/config.json");
@@ -165,8 +173,13 @@ TEST(CliTrainOptions, ModelDropoutOnALlamaIsRefusedAndAttentionDropoutIsSaid) {
   r = test::run_keel(tiny_train(dir + "/granite-run", {"model.path=" + dir + "/granite"}));
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_CONTAINS(r.output, "note: " + dir +
-                                "/granite/config.json's attention_dropout = 0.1 is not applied: "
-                                "keel's attention drops no probabilities");
+                                "/granite/config.json's attention_dropout = 0.1 (HF trains with "
+                                "it) is not this run's: model.attention_dropout = 0.0 drops the "
+                                "attention probabilities; set it to 0.1 to train as HF does");
+  r = test::run_keel(tiny_train(dir + "/granite-dropped",
+                                {"model.path=" + dir + "/granite", "model.attention_dropout=0.1"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("attention_dropout"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // An f64 reference of causal attention (header-only, for the ops tests): query i of batch row b
 // sees keys [first(b, i), i] (0 when `first` is empty); a score is scale·q·k (scale 0:
 // 1/sqrt(D)), capped to cap·tanh(s / cap) when cap > 0 (Gemma-2's soft cap); the output is the
-// softmax-weighted values. q [B, Hq, T, D]; k, v [B, Hkv, T, D].
+// softmax-weighted values. q [B, Hq, T, D]; k, v [B, Hkv, T, D]. `drop`, when not empty, holds
+// [B, Hq, T, T] factors the probabilities are multiplied by (a dropout's keep · 1/(1-p)).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -16,7 +17,7 @@ namespace keel::test {
 inline std::vector<double> attention_ref(
     const Tensor& q, const Tensor& k, const Tensor& v,
     const std::function<int64_t(int64_t b, int64_t i)>& first = {}, double scale = 0,
-    double cap = 0) {
+    double cap = 0, const std::vector<float>& drop = {}) {
   const int64_t nb = q.size(0), hq = q.size(1), hkv = k.size(1), t = q.size(2), dd = q.size(3);
   const auto qv = q.to_floats(), kv = k.to_floats(), vv = v.to_floats();
   if (scale == 0) scale = 1 / std::sqrt(double(dd));
@@ -39,7 +40,8 @@ inline std::vector<double> attention_ref(
         for (int64_t d = 0; d < dd; ++d) {
           double acc = 0;
           for (int64_t j = lo; j <= i; ++j)
-            acc += s[j - lo] / sum * vv[((b * hkv + kh) * t + j) * dd + d];
+            acc += s[j - lo] / sum * (drop.empty() ? 1.0 : drop[((b * hq + h) * t + i) * t + j]) *
+                   vv[((b * hkv + kh) * t + j) * dd + d];
           o[((b * hq + h) * t + i) * dd + d] = acc;
         }
       }

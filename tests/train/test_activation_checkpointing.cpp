@@ -35,8 +35,9 @@ std::string ckpt_case_name(const CkptCase& c) {
   return s;
 }
 
-// Three blocks (so segments of 2 leave a shorter last one), dropout in the model (GPT-2) and in
-// the adapters, two micro-batches a step, an evaluation at the end (generation: not checkpointed).
+// Three blocks (so segments of 2 leave a shorter last one), dropout in the model (GPT-2), on the
+// attention probabilities and in the adapters, two micro-batches a step, an evaluation at the end
+// (generation: not checkpointed).
 Config ckpt_config(const CkptCase& k, const std::string& checkpointing, const std::string& tag) {
   Config c;
   c.run.out_dir = test::temp_dir("ckpt_" + tag);
@@ -50,6 +51,7 @@ Config ckpt_config(const CkptCase& k, const std::string& checkpointing, const st
     c.model.tie_embeddings = false;
   }
   if (k.family == "gpt2") c.model.dropout = 0.1;  // (a Llama has no model dropout)
+  c.model.attention_dropout = 0.1;                // the probabilities' (HF's attn_pdrop)
   c.model.adapter.kind = k.adapter;
   if (k.adapter != "none") {
     c.model.adapter.r = 4;

@@ -386,7 +386,8 @@ TEST(Trainer, ResumeContinuesBitIdentically) {
   Config c = small_config("resume");
   c.train.max_steps = 8;
   c.log.checkpoint_every = 3;
-  c.model.dropout = 0.1;  // dropout masks must replay too
+  c.model.dropout = 0.1;            // dropout masks must replay too
+  c.model.attention_dropout = 0.1;  // the attention probabilities' as well
   Config straight = c;
   straight.run.out_dir = test::temp_dir("resume-straight");
   const auto full = losses_of(straight, 0, false);
@@ -476,6 +477,38 @@ TEST(Trainer, DeterministicAcrossRuns) {
     return losses;
   };
   EXPECT_EQ(run(), run());
+}
+
+// model.attention_dropout drops attention probabilities while training, in both families and
+// every attention backend: the first step's loss moves (the initial weights are the same), the
+// loss still falls, a second run draws the same masks, and evaluation drops nothing (the same
+// weights evaluate alike with and without it).
+TEST(Trainer, AttentionDropoutDropsWhileTrainingOnly) {
+  for (const char* family : {"gpt2", "llama"})
+    for (const char* backend : {"eager", "math", "flash"}) {
+      const std::string what = std::string(family) + " " + backend;
+      auto run = [&](double p, std::vector<double>& losses) {
+        Config c = small_config(std::string("attn-drop-") + family + backend);
+        c.model.family = family;
+        c.model.attention = backend;
+        c.model.attention_dropout = p;
+        c.train.max_steps = 12;
+        TrainerHooks h;
+        h.on_step = [&](const StepResult& r) { losses.push_back(r.loss); };
+        Trainer t(c, h);
+        const double before = t.evaluate().loss;
+        EXPECT_EQ(t.fit(), 0) << what;
+        return before;
+      };
+      std::vector<double> plain, dropped, again;
+      const double eval_plain = run(0, plain), eval_dropped = run(0.2, dropped);
+      run(0.2, again);
+      EXPECT_EQ(eval_plain, eval_dropped) << what << ": evaluation must not drop";
+      ASSERT_EQ(dropped.size(), 12u) << what;
+      EXPECT_NE(plain[0], dropped[0]) << what << ": the first step's loss must see the dropout";
+      EXPECT_EQ(dropped, again) << what << ": one seed, one set of masks";
+      EXPECT_LT(dropped.back(), 0.9 * dropped.front()) << what << ": the loss must fall";
+    }
 }
 
 // Each precision policy trains the built-in task; the mixed policies end within 5% of 32-true.
