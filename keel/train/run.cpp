@@ -323,18 +323,29 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
     hf.spec.attention = ops::attention_backend_from_name(cfg.model.attention);
     hf.spec.dropout = cfg.model.dropout;
     hf.spec.attention_dropout = cfg.model.attention_dropout;
-    // HF trains with config.json's dropout on the attention probabilities (Granite-3's
-    // attention_dropout 0.1, GPT-2's attn_pdrop 0.1); keel with model.attention_dropout, which
-    // the config decides: a difference is said, not hidden.
-    for (const char* key : {"attention_dropout", "attn_pdrop"})
-      if (const auto p = hf.json.find(key);
-          p != hf.json.end() && p->is_number() && p->get<double>() != cfg.model.attention_dropout)
-        say_or_print(say, "note: " + cfg.model.path + "/config.json's " + key + " = " + p->dump() +
-                              " (HF trains with it) is not this run's: "
-                              "model.attention_dropout = " +
-                              nlohmann::json(cfg.model.attention_dropout).dump() +
-                              " drops the attention probabilities; set it to " + p->dump() +
-                              " to train as HF does");
+    // HF trains with config.json's dropout probabilities (GPT-2's resid_pdrop, embd_pdrop and
+    // attn_pdrop, 0.1 each; Granite-3's attention_dropout 0.1); keel with its own keys, which the
+    // config decides: a difference is said, not hidden.
+    struct FileDropout {
+      const char* file_key;
+      const char* key;
+      double value;
+      const char* drops;
+    };
+    const FileDropout dropouts[] = {
+        {"resid_pdrop", "model.dropout", cfg.model.dropout, "the residual and MLP outputs"},
+        {"embd_pdrop", "model.dropout", cfg.model.dropout, "the embeddings"},
+        {"attn_pdrop", "model.attention_dropout", cfg.model.attention_dropout,
+         "the attention probabilities"},
+        {"attention_dropout", "model.attention_dropout", cfg.model.attention_dropout,
+         "the attention probabilities"}};
+    for (const FileDropout& d : dropouts)
+      if (const auto p = hf.json.find(d.file_key);
+          p != hf.json.end() && p->is_number() && p->get<double>() != d.value)
+        say_or_print(say, "note: " + cfg.model.path + "/config.json's " + d.file_key + " = " +
+                              p->dump() + " (HF trains with it) is not this run's: " + d.key +
+                              " = " + nlohmann::json(d.value).dump() + " drops " + d.drops +
+                              "; set it to " + p->dump() + " to train as HF does");
     const io::WeightCheck check{cfg.model.allow_nonfinite_weights,
                                 [&](const std::string& w) { say_or_print(say, w); }};
     if (adapted && !io::is_keel_checkpoint(cfg.model.path)) {

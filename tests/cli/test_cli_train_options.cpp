@@ -180,6 +180,31 @@ TEST(CliTrainOptions, ModelDropoutOnALlamaIsRefusedAndAttentionDropoutIsSaid) {
                                 {"model.path=" + dir + "/granite", "model.attention_dropout=0.1"}));
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.find("attention_dropout"), std::string::npos) << r.output;
+  // GPT-2's three (HF's gpt2 config.json: 0.1 each; keel's init-model writes 0).
+  ASSERT_EQ(test::run_keel({"init-model", "--family", "gpt2", "--out", dir + "/gpt2", "--n-layer",
+                            "1", "--n-embd", "32", "--n-head", "2", "--max-seq-len", "16"})
+                .code,
+            0);
+  r = test::run_keel(tiny_train(dir + "/gpt2-run", {"model.path=" + dir + "/gpt2"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("pdrop"), std::string::npos) << r.output;
+  {
+    std::ifstream in(dir + "/gpt2/config.json");
+    nlohmann::json cfg = nlohmann::json::parse(in);
+    for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) cfg[k] = 0.1;
+    std::ofstream(dir + "/gpt2/config.json") << cfg.dump(2);
+  }
+  r = test::run_keel(
+      tiny_train(dir + "/gpt2-hf", {"model.path=" + dir + "/gpt2", "model.attention_dropout=0.1"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.output,
+                  "/gpt2/config.json's resid_pdrop = 0.1 (HF trains with it) is not "
+                  "this run's: model.dropout = 0.0 drops the residual and MLP outputs; "
+                  "set it to 0.1 to train as HF does");
+  EXPECT_CONTAINS(r.output,
+                  "/gpt2/config.json's embd_pdrop = 0.1 (HF trains with it) is not "
+                  "this run's: model.dropout = 0.0 drops the embeddings");
+  EXPECT_EQ(r.output.find("attn_pdrop"), std::string::npos) << r.output;
 }
 
 }  // namespace
