@@ -503,6 +503,9 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       layer += block_bytes(cdt * B * H * T * T) +
                (q.attention == "math" ? 4 * block_bytes(4 * BT * qC) : 0);
     if (q.attention == "eager" && c != 4) layer += block_bytes(c * B * H * T * T);  // rounded P
+    // Dropout on the probabilities: dV's dropped P where it cannot overwrite a rounded copy (math,
+    // and eager in f32, whose P is the f32 one the softmax's backward reads).
+    if (!flash && q.attention_dropout > 0 && cdt == 4) layer += block_bytes(4 * B * H * T * T);
     // (GeGLU's backward holds the gelu's gradient beside gate's and up's)
     const int64_t mlp_rows = !llama ? 2 : sp.gemma() ? 4 : 3;
     int64_t mlp = mlp_rows * block_bytes(c * BT * F) + 2 * block_bytes(s * BT * C);
@@ -721,6 +724,7 @@ MemoryQuery memory_query_from_config(const Config& cfg) {
   q.batch = cfg.train.batch_size;
   q.seq = cfg.data.seq_len;
   q.attention = cfg.model.attention;
+  q.attention_dropout = cfg.model.attention_dropout;
   q.adapter = cfg.model.adapter;
   q.checkpoint_every = activation_checkpointing_blocks(cfg.train);
   q.grad_accum = cfg.train.grad_accum;

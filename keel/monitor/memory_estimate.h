@@ -67,6 +67,7 @@ struct MemoryQuery {
   int64_t max_seq_len = 0;  // gpt2 position table; 0 = seq
   bool tie_embeddings = true;
   std::string attention = "eager";  // eager | math | flash
+  double attention_dropout = 0;     // model.attention_dropout (a dropped copy of P, eager/math)
   // model.adapter: kind (none | lora | dora | lokr), r, dropout and target_modules. With the
   // model's sizes the adapters' parameters are counted from their own shapes
   // (models::adapter_parameter_shapes) and their saved activations are modelled per kind.

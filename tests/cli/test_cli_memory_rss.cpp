@@ -158,6 +158,29 @@ TEST(CliMemoryRss, FullFineTuneEstimateWithin10PercentOfPeakRss) {
                       .get<double>());
 }
 
+// Dropout on the attention probabilities: the math backend (and eager in f32) holds a dropped copy
+// of P [B,H,T,T] f32 in a block's backward beside the kept one (B4 H8 T512: 34 MB a copy, a
+// third of the run); a 16-bit eager drops its rounded copy in place.
+TEST(CliMemoryRss, AttentionDropoutEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  const std::string dir = test::temp_dir("cli-memory-attention-dropout");
+  for (const std::string attention : {"math", "eager"}) {
+    const std::vector<std::string> sizes = memtest_plus(
+        memtest_sizes("gpt2", 2, 128, 8, 4, 512, "32-true"), {"model.attention=" + attention});
+    const MemResult dropped =
+        memtest_measure({"gpt2-attention-dropout-" + attention,
+                         memtest_plus(sizes, {"model.attention_dropout=0.1"})},
+                        dir);
+    const double plain =
+        memtest_estimate(memtest_sets(sizes, dir + "/plain")).at("total").get<double>();
+    EXPECT_GT(dropped.estimated - plain, 30e6) << attention << ": the dropped copy of P";
+  }
+  memtest_measure({"gpt2-attention-dropout-eager-bf16-mixed",
+                   memtest_plus(memtest_sizes("gpt2", 2, 128, 8, 4, 512, "bf16-mixed"),
+                                {"model.attention_dropout=0.1"})},
+                  dir);
+}
+
 // A Qwen3 from its config.json: heads of head_dim 128 over 256 / 4 and an RMSNorm over each head's
 // query and key, whose inputs (f32: the norm's own cast under -mixed) and statistics the step
 // keeps beside what Llama's attention keeps.
