@@ -81,6 +81,10 @@ int run_init_model(const InitModelArgs& a) {
     s.final_softcap = 30;
   }
   if (a.family == "smollm3") s.nope_period = 4;  // SmolLM3Config's no_rope_layer_interval
+  if (a.family == "olmo3") {                     // Olmo3Config's defaults
+    s.sliding_window = 4096;
+    s.sliding_period = 4;
+  }
   if (a.family == "gemma3") {  // Gemma3TextConfig's defaults; the scale of head_dim
     s.sliding_window = 4096;
     s.sliding_period = 6;
@@ -200,9 +204,10 @@ Command add_init_model(CLI::App& app) {
                   "(Gemma-2's layers with q/k norms, 5 of 6 sliding with their own RoPE base) | "
                   "phi3 (with fused qkv and gate_up) | qwen2 (with q/k/v biases) | qwen3 (with q/k "
                   "norms) | smollm3 (every 4th layer without RoPE) | granite (with Granite-3's "
-                  "multipliers) | olmo2 (norms after the attention and the MLP, q/k norms)")
+                  "multipliers) | olmo2 (norms after the attention and the MLP, q/k norms) | "
+                  "olmo3 (OLMo-2's layers, 3 of 4 sliding)")
       ->check(CLI::IsMember({"gpt2", "llama", "gemma", "gemma2", "gemma3", "granite", "olmo2",
-                             "phi3", "qwen2", "qwen3", "smollm3"}))
+                             "olmo3", "phi3", "qwen2", "qwen3", "smollm3"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

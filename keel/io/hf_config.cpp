@@ -193,6 +193,7 @@ constexpr HfArchitecture kArchitectures[] = {
     {"granite", "GraniteForCausalLM", nullptr, "llama"},     // and four multipliers
     {"mistral", "MistralForCausalLM", nullptr, "llama"},     // and a sliding window
     {"olmo2", "Olmo2ForCausalLM", nullptr, "llama"},         // post-norms, whole q/k norms
+    {"olmo3", "Olmo3ForCausalLM", nullptr, "llama"},         // and 3 of 4 layers sliding
     {"phi3", "Phi3ForCausalLM", nullptr, "llama"},           // fused qkv and gate_up, a window
     {"qwen2", "Qwen2ForCausalLM", nullptr, "llama"},         // and q/k/v biases
     {"qwen3", "Qwen3ForCausalLM", nullptr, "llama"},         // and q/k norms
@@ -319,6 +320,13 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
         }
       }
     }
+    if (variant == "olmo3") {  // its window, and which layers slide (Olmo3Config's layer_types)
+      j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
+      json types = json::array();
+      for (int64_t i = 0; i < s.n_layer; ++i)
+        types.push_back(s.layer_window(i) > 0 ? "sliding_attention" : "full_attention");
+      j["layer_types"] = types;
+    }
     if (variant == "granite") {
       j["embedding_multiplier"] = s.embedding_multiplier;
       j["residual_multiplier"] = s.residual_multiplier;
@@ -430,8 +438,8 @@ HfConfig read_hf_config(const std::string& dir) {
     s.rope_theta = c.number({"rope_theta"}, s.hf_model_type == "gemma3_text" ? 1e6
                                             : s.hf_model_type == "smollm3"   ? 2e6
                                                                              : 10000.0);
-    // (Olmo2Config's default eps is 1e-5; its files give it)
-    s.norm_eps = c.number({"rms_norm_eps"}, s.hf_model_type == "olmo2" ? 1e-5 : 1e-6);
+    // (Olmo2Config's and Olmo3Config's default eps is 1e-5; their files give it)
+    s.norm_eps = c.number({"rms_norm_eps"}, s.post_norms() ? 1e-5 : 1e-6);
     // (Gemma and SmolLM3 tie their head to the embedding unless the file says otherwise, as
     // their configs do.)
     s.tie_embeddings = c.boolean("tie_word_embeddings", s.gemma() || s.hf_model_type == "smollm3");
@@ -560,8 +568,25 @@ HfConfig read_hf_config(const std::string& dir) {
               file + ": " + field + " must be a positive number (or null: none), got " + v->dump(),
               Error::kUsage);
     }
-    if (variant == "olmo2" && c.boolean("use_sinks", false))
+    if (s.post_norms() && c.boolean("use_sinks", false))
       throw unsupported("use_sinks = true (attention sinks)");
+    if (variant == "olmo3") {
+      // OLMo-3: three of every four layers slide (Olmo3Config's layer_types default) over the
+      // last sliding_window positions (4096; null: none), rotating without rope_scaling
+      // (ModelSpec::unscaled_local_rope: as OLMo-core trained them).
+      const json* window = j.contains("sliding_window") ? &j["sliding_window"] : nullptr;
+      s.sliding_window = window && window->is_null() ? 0 : c.integer({"sliding_window"}, 4096);
+      s.sliding_period = 4;
+      const std::string layout =
+          "keel's olmo3 slides all layers but every Nth: \"sliding_attention\" N - 1 times, then "
+          "\"full_attention\", repeated, one entry a layer";
+      if (const auto slides = sliding_layers(layout); slides && s.sliding_window > 0) {
+        // The period of the file's pattern: its first full layer's index + 1 (none: all slide).
+        const auto full = std::find(slides->begin(), slides->end(), false);
+        s.sliding_period = full == slides->end() ? 0 : full - slides->begin() + 1;
+        expect_layout(*slides, layout);
+      }
+    }
     if (variant == "granite") {
       // Granite (GraniteConfig's defaults: 1 each; its files give all four).
       auto multiplier = [&](const char* field) {

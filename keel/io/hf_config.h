@@ -26,6 +26,10 @@
 //   Olmo2ForCausalLM (model_type "olmo2"): Llama's fields and layers, normalized after the
 //     attention and the MLP instead of before (ModelSpec::post_norms()), its q_norm and k_norm
 //     over the whole projections; use_sinks refused; written back as OLMo-2.
+//   Olmo3ForCausalLM (model_type "olmo3"): OLMo-2's, and sliding_window over the layers
+//     layer_types names "sliding_attention" (three of every four), which rotate without
+//     rope_scaling (OLMo-core's and vLLM's RoPE; transformers since its October 2025 RoPE refactor
+//     scales those layers too); written back as OLMo-3.
 //   SmolLM3ForCausalLM (model_type "smollm3"): Llama's fields and layers, every
 //     no_rope_layer_interval-th without RoPE as no_rope_layers lists them (ModelSpec::nope_period);
 //     use_sliding_window refused; written back as SmolLM3.

@@ -44,7 +44,7 @@ struct ModelSpec {
   ops::AttentionBackend attention = ops::AttentionBackend::kEager;
   DType param_dtype = DType::F32;
   // The HF architecture a "llama" family model is written back as: "" (Llama), "gemma", "gemma2",
-  // "gemma3_text", "granite", "mistral", "olmo2", "phi3", "qwen2", "qwen3" or "smollm3"
+  // "gemma3_text", "granite", "mistral", "olmo2", "olmo3", "phi3", "qwen2", "qwen3" or "smollm3"
   // (SmolLM3ForCausalLM:
   // Llama's layers, some without RoPE: nope_period; GraniteForCausalLM: Llama's layers with the
   // multipliers below). An HF Mistral (model_type "mistral",
@@ -53,7 +53,7 @@ struct ModelSpec {
   // earlier position, Mistral v0.2 on). Qwen2 and Qwen3 with use_sliding_window slide the layers
   // from sliding_from_layer on (their max_window_layers), Mistral and Phi-3 all of them, Gemma-2
   // every other one from the first (sliding_period 2: a layer slides unless layer % period ==
-  // period - 1). Empty and 0 for every other model.
+  // period - 1), Gemma-3 five of six, OLMo-3 three of four. Empty and 0 for every other model.
   std::string hf_model_type;
   int64_t sliding_window = 0, sliding_from_layer = 0, sliding_period = 0;
   // The window of decoder layer `layer` (0: full attention).
@@ -66,8 +66,19 @@ struct ModelSpec {
   // query_pre_attn_scalar: the attention scale is its inverse square root; 0: the head width's.
   double attn_softcap = 0, final_softcap = 0, query_pre_attn_scalar = 0;
   // Gemma-3's rope_local_base_freq: the RoPE base of its sliding layers, which take no
-  // rope_scaling; 0: every layer rotates by rope_theta and rope_scaling.
+  // rope_scaling; 0: rope_theta (and OLMo-3's sliding layers take no rope_scaling either).
   double rope_local_theta = 0;
+  // The RoPE base and scaling of decoder layer `layer`: a sliding layer of a Gemma-3 or an OLMo-3
+  // rotates by rope_local_theta (or rope_theta) without rope_scaling; every other by rope_theta
+  // and rope_scaling.
+  double layer_rope_theta(int64_t layer) const {
+    return unscaled_local_rope() && layer_window(layer) > 0 && rope_local_theta > 0
+               ? rope_local_theta
+               : rope_theta;
+  }
+  ops::RopeScaling layer_rope_scaling(int64_t layer) const {
+    return unscaled_local_rope() && layer_window(layer) > 0 ? ops::RopeScaling{} : rope_scaling;
+  }
   // SmolLM3's NoPE layers (HF's no_rope_layers, every no_rope_layer_interval-th from the first
   // one: layer 3, 7, ... of its 36 with interval 4): their queries and keys are not rotated; 0:
   // every layer rotates.
@@ -83,7 +94,7 @@ struct ModelSpec {
          logits_scaling = 1;
 
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
-  // "granite", "mistral", "olmo2", "phi3", "qwen2", "qwen3" or "smollm3".
+  // "granite", "mistral", "olmo2", "olmo3", "phi3", "qwen2", "qwen3" or "smollm3".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).
@@ -97,8 +108,16 @@ struct ModelSpec {
   // but one after each (post_attention_layernorm on the attention's output,
   // post_feedforward_layernorm on the MLP's, before their residual adds), and its q_norm and
   // k_norm over the whole query and key projections (n_head x head_dim and kv_heads x head_dim
-  // wide) before the heads are split.
-  bool post_norms() const { return hf_model_type == "olmo2"; }
+  // wide) before the heads are split. An OLMo-3 (Olmo3ForCausalLM): OLMo-2's layers, three of
+  // every four sliding (sliding_period 4), its sliding layers rotating without rope_scaling as
+  // OLMo-core trained them (unscaled_local_rope()).
+  bool post_norms() const { return hf_model_type == "olmo2" || hf_model_type == "olmo3"; }
+  // Whether sliding layers rotate without rope_scaling: Gemma-3's (by rope_local_theta) and
+  // OLMo-3's (by rope_theta: OLMo-core's and vLLM's RoPE, transformers' until its October 2025
+  // refactor scaled every layer).
+  bool unscaled_local_rope() const {
+    return hf_model_type == "gemma3_text" || hf_model_type == "olmo3";
+  }
   // An HF Phi-3 (Phi3ForCausalLM: Phi-3-mini/medium, Phi-3.5-mini, Phi-4): Llama's layers with the
   // query, key and value projections as one Linear (self_attn.qkv_proj: q's rows, then k's, then
   // v's) and gate and up as one (mlp.gate_up_proj: gate's rows, then up's), so that an adapter on

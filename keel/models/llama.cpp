@@ -14,11 +14,9 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
     : nn::Module("LlamaAttention"),
       n_head(s.n_head),
       n_kv_head(s.kv_heads()),
-      // Gemma-3's sliding layers rotate by their own base, unscaled.
-      rope_theta(s.rope_local_theta > 0 && s.layer_window(layer) > 0 ? s.rope_local_theta
-                                                                     : s.rope_theta),
-      rope_scaling(s.rope_local_theta > 0 && s.layer_window(layer) > 0 ? ops::RopeScaling{}
-                                                                       : s.rope_scaling),
+      // Gemma-3's and OLMo-3's sliding layers rotate unscaled (Gemma-3's by a base of their own).
+      rope_theta(s.layer_rope_theta(layer)),
+      rope_scaling(s.layer_rope_scaling(layer)),
       rotary_dim(s.rotary_dim()),
       rotates(s.layer_rotates(layer)),
       sliding_window(s.layer_window(layer)),

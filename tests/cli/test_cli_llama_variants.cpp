@@ -425,6 +425,72 @@ TEST(CliOlmo2, InitModelWritesOneAndALoraTrains) {
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
+// An OLMo-3 (Olmo3ForCausalLM): init-model writes one whose layers slide three of every four
+// (Olmo3Config's layer_types), a LoRA on it trains and its adapter applies to the base as the
+// run's checkpoint computes; its sliding layers rotate without the file's YaRN and its full ones
+// with it (ModelParity's olmo3 checks how against PyTorch, the export test that PyTorch reads
+// the export so), and a pattern keel's model cannot follow is refused naming the field.
+TEST(CliOlmo3, InitModelWritesOneItsSlidingLayersRotateUnscaledAndALoraTrains) {
+  const std::string dir = test::temp_dir("cli-olmo3");
+  const test::KeelRun init = test::run_keel(
+      {"init-model", "--family", "olmo3", "--out", dir + "/base", "--n-layer", "4", "--n-embd",
+       "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32", "--init-std", "0.1"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("model_type"), "olmo3");
+  EXPECT_EQ(cfg.at("architectures"), json::array({"Olmo3ForCausalLM"}));
+  const json types = json::array(
+      {"sliding_attention", "sliding_attention", "sliding_attention", "full_attention"});
+  EXPECT_EQ(cfg.at("layer_types"), types);
+  EXPECT_EQ(cfg.at("sliding_window"), 4096);
+  // A window the rows outgrow (24 tokens), and OLMo-3's YaRN (its factor 8 over 8192).
+  cfg["sliding_window"] = 6;
+  cfg["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  std::ofstream(dir + "/t.txt") << "12+34=46 and 5+7=12\n\n90+9=99 and 1+2=3\n";  // > 6
+  const json saved = train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2"});
+  EXPECT_EQ(saved.at("layer_types"), types);
+  EXPECT_EQ(saved.at("sliding_window"), 6);
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+  // What the window and the scaling change: the layers that slide see fewer keys, and only the
+  // full layer rotates by YaRN (scaling every layer, as transformers' Olmo3Model since its
+  // October 2025 RoPE refactor does, scores otherwise; so does no scaling at all).
+  const double olmo3 = eval_loss(dir + "/base", dir + "/t.txt");
+  json full = cfg;
+  full["sliding_window"] = nullptr;
+  std::ofstream(dir + "/base/config.json") << full.dump(2);
+  EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), olmo3) << "the window";
+  json unscaled = cfg;
+  unscaled.erase("rope_scaling");
+  std::ofstream(dir + "/base/config.json") << unscaled.dump(2);
+  EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), olmo3) << "the full layer's YaRN";
+  json as_olmo2 = cfg;  // the same weights as an OLMo-2 under YaRN: every layer scaled, none slide
+  as_olmo2["model_type"] = "olmo2";
+  as_olmo2["architectures"] = {"Olmo2ForCausalLM"};
+  as_olmo2["sliding_window"] = nullptr;
+  std::ofstream(dir + "/base/config.json") << as_olmo2.dump(2);
+  const double all_scaled = eval_loss(dir + "/base", dir + "/t.txt");
+  json olmo3_no_window = full;
+  std::ofstream(dir + "/base/config.json") << olmo3_no_window.dump(2);
+  EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), all_scaled)
+      << "without a window no layer slides, and every one rotates by YaRN";
+  json irregular = cfg;
+  irregular["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention",
+                              "sliding_attention"};
+  expect_config_refused(dir, irregular,
+                        dir +
+                            "/base/config.json: layer_types [\"full_attention\","
+                            "\"sliding_attention\",\"sliding_attention\",\"sliding_attention\"] "
+                            "(keel's olmo3 slides all layers but every Nth");
+  json sinks = cfg;
+  sinks["use_sinks"] = true;
+  expect_config_refused(dir, sinks,
+                        dir +
+                            "/base/config.json: use_sinks = true (attention sinks) is not "
+                            "supported by keel's olmo3 model");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+}
+
 // A Granite (GraniteForCausalLM): init-model writes one with Granite-3's multipliers, it trains
 // whole and its checkpoint and export are Granites, the multipliers change what it computes
 // (ModelParity's granite checks how against PyTorch), and one that is not a positive number is

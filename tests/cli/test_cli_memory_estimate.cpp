@@ -103,6 +103,14 @@ TEST(CliMemoryEstimate, Olmo2CountsItsPublishedParameters) {
   EXPECT_EQ(published_parameters("olmo2_7b.json"), 2 * 100352 * 4096 + 32 * per_layer + 4096);
 }
 
+// OLMo-3-7B's config.json shape (tests/fuzz/corpus/hf_config/olmo3_7b.json: written from the
+// published file's fields, not downloaded here): OLMo-2-7B's layers over a vocabulary of 100278,
+// three of every four sliding, YaRN on the full ones; neither changes a count.
+TEST(CliMemoryEstimate, Olmo3CountsItsPublishedParameters) {
+  const int64_t per_layer = 4 * 4096 * 4096 + 3 * 4096 * 11008 + 4 * 4096;
+  EXPECT_EQ(published_parameters("olmo3_7b.json"), 2 * 100278 * 4096 + 32 * per_layer + 4096);
+}
+
 TEST(CliMemoryEstimate, KvHeadsThatDoNotDivideTheHeadsAreAUsageError) {
   const test::KeelRun r = test::run_keel_sh(
       "memory --family llama --layers 2 --hidden 256 --heads 8 --kv-heads 3 --batch 1 --seq 8");

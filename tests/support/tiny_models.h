@@ -28,13 +28,15 @@ namespace keel::test {
 // Granite (embedding times 3, sublayer outputs times 0.22, q·kᵀ times 0.3, logits / 4). "olmo2":
 // an OLMo-2 (norms after the attention and the MLP only, q/k norms over the whole projections).
 // "yarn": the Llama with heads 8 wide and YaRN rope_scaling (factor 4 over an original context of
-// 1000: pair 0 kept, 1 and 2 blended, 3 interpolated; attention factor 0.1 ln 4 + 1).
+// 1000: pair 0 kept, 1 and 2 blended, 3 interpolated; attention factor 0.1 ln 4 + 1). "olmo3": an
+// OLMo-3 (OLMo-2's layers with the yarn family's heads and rope_scaling; layer 0 sliding over 3
+// positions and rotating without the scaling, layer 1 full with it).
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
-    "gpt2",     "llama",   "qwen2",   "qwen3",   "qwen3_d8", "mistral_w3",
-    "qwen2_w3", "phi3_w3", "phi3_lr", "phi3_sr", "phi4m",    "gemma",
-    "gemma2",   "gemma3",  "smollm3", "granite", "olmo2",    "yarn"};
+    "gpt2",    "llama",   "qwen2",   "qwen3", "qwen3_d8", "mistral_w3", "qwen2_w3",
+    "phi3_w3", "phi3_lr", "phi3_sr", "phi4m", "gemma",    "gemma2",     "gemma3",
+    "smollm3", "granite", "olmo2",   "yarn",  "olmo3"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
@@ -47,10 +49,8 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool phi3 = family == "phi3_w3" || phi3_long;
   const bool gemma = family == "gemma" || family == "gemma2" || family == "gemma3";
   const bool smollm3 = family == "smollm3", granite = family == "granite",
-             olmo2 = family == "olmo2";
-  s.family = qwen || mistral || phi3 || gemma || smollm3 || granite || olmo2 || family == "yarn"
-                 ? "llama"
-                 : family;
+             olmo2 = family == "olmo2", olmo3 = family == "olmo3";
+  s.family = family != "gpt2" ? "llama" : family;
   s.hf_model_type = qwen      ? family.substr(0, 5)
                     : mistral ? "mistral"
                     : phi3    ? "phi3"
@@ -58,6 +58,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
                     : smollm3 ? "smollm3"
                     : granite ? "granite"
                     : olmo2   ? "olmo2"
+                    : olmo3   ? "olmo3"
                               : "";
   if (granite) {
     s.embedding_multiplier = 3;
@@ -66,7 +67,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.logits_scaling = 4;
   }
   if (smollm3) s.nope_period = 2;
-  const bool yarn = family == "yarn";
+  const bool yarn = family == "yarn" || olmo3;
   if (wide_heads || phi4_mini || yarn) s.head_width = 8;
   if (yarn) {
     s.rope_scaling.kind = ops::RopeScaling::Kind::kYarn;
@@ -109,6 +110,10 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.final_softcap = 3;
   }
   if (family == "gemma3") s.rope_local_theta = 100;  // layer 0's RoPE base, layer 1's 1e4
+  if (olmo3) {  // layer 0 slides, unscaled; layer 1 full, under YaRN
+    s.sliding_window = 3;
+    s.sliding_period = 2;
+  }
   return s;
 }
 
