@@ -5,6 +5,7 @@
 #include "keel/models/gpt2.h"
 #include "keel/models/llama.h"
 #include "keel/nn/checkpoint.h"
+#include "keel/nn/layers.h"
 #include "keel/numerics/error.h"
 #include "keel/tensor/random.h"
 
@@ -151,6 +152,11 @@ Tensor CausalLM::run_blocks(const std::vector<nn::Module*>& blocks, Tensor x,
         x, trainable);
   }
   return x;
+}
+
+ops::AttentionDropout attention_probability_dropout(const nn::Module& m, double p) {
+  if (!m.is_training() || p == 0) return {};
+  return {static_cast<float>(p), nn::dropout_mask_seed(m.path() + ".attn_dropout")};
 }
 
 std::unique_ptr<CausalLM> make_causal_lm(const ModelSpec& spec, uint64_t seed) {

@@ -238,6 +238,11 @@ class CausalLM : public nn::Module {
 // projections scaled by 1/sqrt(2 n_layer), biases 0, norms 1; Llama: N(0, init_std), norms 1).
 std::unique_ptr<CausalLM> make_causal_lm(const ModelSpec& spec, uint64_t seed);
 
+// The dropout attention module `m` applies to its probabilities (ModelSpec::attention_dropout
+// p): p while it trains, none in eval mode, its mask seeded by the step's seed and m's path +
+// ".attn_dropout" (nn::dropout_mask_seed), so a replay or a checkpointed recompute draws it again.
+ops::AttentionDropout attention_probability_dropout(const nn::Module& m, double p);
+
 // The model of `spec` with every parameter deferred (tensor.h's DeferStorage): shapes, dtypes and
 // names, no memory and no initialization. For a model whose weights come from files
 // (io::attach_hf_weights).

@@ -12,14 +12,14 @@
 namespace keel::models {
 
 GPT2Attention::GPT2Attention(const ModelSpec& s)
-    : nn::Module("GPT2Attention"), n_head(s.n_head), n_embd(s.n_embd) {
+    : nn::Module("GPT2Attention"),
+      n_head(s.n_head),
+      n_embd(s.n_embd),
+      attention_dropout(s.attention_dropout) {
   c_attn = register_module(
       "c_attn", std::make_unique<nn::Linear>(s.n_embd, 3 * s.n_embd, true, s.param_dtype));
   c_proj = register_module("c_proj",
                            std::make_unique<nn::Linear>(s.n_embd, s.n_embd, true, s.param_dtype));
-  if (s.attention_dropout > 0)
-    attn_dropout =
-        register_module("attn_dropout", std::make_unique<nn::Dropout>(s.attention_dropout));
   resid_dropout = register_module("resid_dropout", std::make_unique<nn::Dropout>(s.dropout));
 }
 
@@ -36,10 +36,8 @@ Tensor GPT2Attention::forward(const Tensor& x, const ops::AttentionMask& mask,
     if (caches) {
       y = ops::merge_heads(cached_step_attention(q, k, v, *caches, layer, backend));
     } else {
-      const ops::AttentionDropout drop =
-          attn_dropout ? ops::AttentionDropout{attn_dropout->active_p(), attn_dropout->mask_seed()}
-                       : ops::AttentionDropout{};
-      y = ops::merge_heads(ops::attention(q, k, v, mask, backend, {}, drop));
+      y = ops::merge_heads(ops::attention(q, k, v, mask, backend, {},
+                                          attention_probability_dropout(*this, attention_dropout)));
     }
     return resid_dropout->forward(c_proj->forward(y));
   });

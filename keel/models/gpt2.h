@@ -15,9 +15,9 @@ class GPT2Attention : public nn::Module {
   Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
                  const KVCaches* caches = nullptr, size_t layer = 0);  // [B,T,C]
   nn::Linear *c_attn, *c_proj;
-  nn::Dropout* attn_dropout = nullptr;  // on the probabilities; registered when attn_pdrop > 0
   nn::Dropout* resid_dropout;
   int64_t n_head, n_embd;
+  double attention_dropout;  // on the probabilities (ModelSpec::attention_dropout)
 };
 
 class GPT2MLP : public nn::Module {

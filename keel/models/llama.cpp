@@ -20,7 +20,8 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
       rotary_dim(s.rotary_dim()),
       rotates(s.layer_rotates(layer)),
       sliding_window(s.layer_window(layer)),
-      scores{static_cast<float>(s.attention_scale()), static_cast<float>(s.attn_softcap)} {
+      scores{static_cast<float>(s.attention_scale()), static_cast<float>(s.attn_softcap)},
+      attention_dropout(s.attention_dropout) {
   const int64_t d = s.head_dim();
   auto lin = [&](int64_t in, int64_t out, bool bias) {
     return std::make_unique<nn::Linear>(in, out, bias, s.param_dtype);
@@ -43,9 +44,6 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
         "k_norm", std::make_unique<nn::RMSNorm>(k_width, s.norm_eps, s.param_dtype, s.gemma()));
     norm_whole_projection = s.post_norms();
   }
-  if (s.attention_dropout > 0)
-    attn_dropout =
-        register_module("attn_dropout", std::make_unique<nn::Dropout>(s.attention_dropout));
 }
 
 Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
@@ -96,10 +94,8 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
     } else {
       ops::AttentionMask seen = mask;
       seen.window = sliding_window;
-      const ops::AttentionDropout drop =
-          attn_dropout ? ops::AttentionDropout{attn_dropout->active_p(), attn_dropout->mask_seed()}
-                       : ops::AttentionDropout{};
-      y = ops::attention(q, k, v, seen, backend, scores, drop);
+      y = ops::attention(q, k, v, seen, backend, scores,
+                         attention_probability_dropout(*this, attention_dropout));
     }
     return o_proj->forward(ops::merge_heads(y));  // [B, T, C]
   });

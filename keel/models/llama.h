@@ -26,8 +26,7 @@ class LlamaAttention : public nn::Module {
   bool rotates;                 // false: a NoPE layer (SmolLM3's every 4th), q and k as projected
   int64_t sliding_window;       // this layer's window (ModelSpec::layer_window); 0: every key
   ops::AttentionScores scores;  // q·kᵀ's scale and soft cap (Gemma-2's)
-  // On the probabilities (HF's attention_dropout); registered when it is above 0.
-  nn::Dropout* attn_dropout = nullptr;
+  double attention_dropout;     // on the probabilities (ModelSpec::attention_dropout)
 };
 
 class LlamaMLP : public nn::Module {

@@ -81,7 +81,11 @@ Dropout::Dropout(double prob) : Module("Dropout"), p(prob) {}
 void Dropout::set_step_seed(uint64_t seed) { t_step_seed = seed; }
 uint64_t Dropout::step_seed() { return t_step_seed; }
 
-uint64_t Dropout::mask_seed() const { return mix_seed(t_step_seed, name_seed(path())); }
+uint64_t dropout_mask_seed(const std::string& path) {
+  return mix_seed(t_step_seed, name_seed(path));
+}
+
+uint64_t Dropout::mask_seed() const { return dropout_mask_seed(path()); }
 
 Tensor Dropout::forward(const Tensor& x) {
   if (!is_training() || p == 0) return x;

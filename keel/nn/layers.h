@@ -69,13 +69,15 @@ class Dropout : public Module {
   // The seed of this call's mask: the step's seed mixed with the module's path (so the mask does
   // not depend on how many models were built). LoRA's fused input path draws the same mask.
   uint64_t mask_seed() const;
-  // The probability this call drops with: p while training, 0 in eval mode. For a dropout an op
-  // applies inside itself (the attention's probabilities), with mask_seed().
-  float active_p() const { return is_training() ? static_cast<float>(p) : 0.f; }
   double p;
   static void set_step_seed(uint64_t seed);  // the trainer sets it per micro-batch
   static uint64_t step_seed();               // a checkpointed segment's recompute reuses it
 };
+
+// The mask seed of a dropout at module path `path` in this micro-batch: the step's seed mixed with
+// a hash of the path (Dropout::mask_seed's). An op that drops inside itself (the attention's
+// probabilities, ops::AttentionDropout) draws it for a path of its own.
+uint64_t dropout_mask_seed(const std::string& path);
 
 // x + y with type promotion (a residual add of an f32 stream and a bf16 branch stays f32).
 Tensor residual_add(const Tensor& x, const Tensor& y);

@@ -128,14 +128,17 @@ const Tensor* checkpoint_tensor(const io::Checkpoint& ck, const json& ref, model
 
 // A resume that changes what the checkpoint fixes continues another run: refused, naming each
 // difference (run.resume_force lets it through). A key the checkpoint does not record is a
-// difference too: a trainer.json without its "config" (or with one of another type) let every
-// change through.
+// difference too (a trainer.json without its "config", or with one of another type, let every
+// change through), unless it holds its default: a key newer than the keel that wrote the
+// checkpoint (model.attention_dropout) ran as its default does.
 void refuse_changed_fixed_keys(const Config& cfg, const json& st, const std::string& tj) {
   std::string diff;
-  const json fixed = fixed_by_checkpoint(cfg);
+  const json fixed = fixed_by_checkpoint(cfg), defaults = fixed_by_checkpoint(Config{});
   const json* saved = st.contains("config") && st["config"].is_object() ? &st["config"] : nullptr;
   for (auto& [key, now] : fixed.items())
-    if (!saved || !saved->contains(key))
+    if (saved && !saved->contains(key) && defaults.contains(key) && defaults[key] == now)
+      continue;
+    else if (!saved || !saved->contains(key))
       diff += "\n  " + key +
               ": unrecorded in the checkpoint (damaged, or written by an older "
               "keel), " +

@@ -527,6 +527,18 @@ TEST(CliOutDir, ADamagedTrainerJsonNamesTheFileAndTheKey) {
     EXPECT_CONTAINS(r.err, "run.seed: unrecorded in the checkpoint");
     EXPECT_CONTAINS(r.err, "run.resume_force = true");
   }
+  // A key newer than the keel that wrote the checkpoint (model.attention_dropout) resumes at its
+  // default, as that keel ran; set to another value, it is a change.
+  j = good;
+  ASSERT_TRUE(j["config"].contains("model.attention_dropout"));
+  j["config"].erase("model.attention_dropout");
+  std::ofstream(path) << j.dump();
+  r = run_keel(train(out, {"train.max_steps=3", "log.checkpoint_every=0", "run.resume=true",
+                           "model.attention_dropout=0.1"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "model.attention_dropout: unrecorded in the checkpoint");
+  r = run_keel(train(out, {"train.max_steps=3", "log.checkpoint_every=0", "run.resume=true"}));
+  EXPECT_EQ(r.code, 0) << r.output;
 }
 
 // A resume whose checkpoints/last lacks a file (optimizer.safetensors removed) took the checkpoint

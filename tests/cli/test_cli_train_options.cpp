@@ -174,12 +174,25 @@ TEST(CliTrainOptions, ModelDropoutOnALlamaIsRefusedAndAttentionDropoutIsSaid) {
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_CONTAINS(r.output, "note: " + dir +
                                 "/granite/config.json's attention_dropout = 0.1 (HF trains with "
-                                "it) is not this run's: model.attention_dropout = 0.0 drops the "
-                                "attention probabilities; set it to 0.1 to train as HF does");
+                                "it) differs from model.attention_dropout = 0.0 (no dropout); set "
+                                "model.attention_dropout = 0.1 to train as HF does");
   r = test::run_keel(tiny_train(dir + "/granite-dropped",
                                 {"model.path=" + dir + "/granite", "model.attention_dropout=0.1"}));
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(r.output.find("attention_dropout"), std::string::npos) << r.output;
+  // A Llama-family file's residual dropout (a Phi-3's resid_pdrop) has no keel key to set.
+  {
+    nlohmann::json cfg = nlohmann::json::parse(std::ifstream(dir + "/granite/config.json"));
+    cfg["resid_pdrop"] = 0.1;
+    std::ofstream(dir + "/granite/config.json") << cfg.dump(2);
+  }
+  r = test::run_keel(tiny_train(dir + "/granite-resid",
+                                {"model.path=" + dir + "/granite", "model.attention_dropout=0.1"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.output,
+                  "/granite/config.json's resid_pdrop = 0.1 is not applied: keel's "
+                  "granite has no residual or embedding dropout");
+  EXPECT_EQ(r.output.find("set model.dropout"), std::string::npos) << r.output;
   // GPT-2's three (HF's gpt2 config.json: 0.1 each; keel's init-model writes 0).
   ASSERT_EQ(test::run_keel({"init-model", "--family", "gpt2", "--out", dir + "/gpt2", "--n-layer",
                             "1", "--n-embd", "32", "--n-head", "2", "--max-seq-len", "16"})
@@ -198,12 +211,12 @@ TEST(CliTrainOptions, ModelDropoutOnALlamaIsRefusedAndAttentionDropoutIsSaid) {
       tiny_train(dir + "/gpt2-hf", {"model.path=" + dir + "/gpt2", "model.attention_dropout=0.1"}));
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_CONTAINS(r.output,
-                  "/gpt2/config.json's resid_pdrop = 0.1 (HF trains with it) is not "
-                  "this run's: model.dropout = 0.0 drops the residual and MLP outputs; "
-                  "set it to 0.1 to train as HF does");
+                  "/gpt2/config.json's resid_pdrop = 0.1 (HF trains with it) differs "
+                  "from model.dropout = 0.0 (no dropout); set model.dropout = 0.1 to "
+                  "train as HF does");
   EXPECT_CONTAINS(r.output,
-                  "/gpt2/config.json's embd_pdrop = 0.1 (HF trains with it) is not "
-                  "this run's: model.dropout = 0.0 drops the embeddings");
+                  "/gpt2/config.json's embd_pdrop = 0.1 (HF trains with it) differs "
+                  "from model.dropout = 0.0");
   EXPECT_EQ(r.output.find("attn_pdrop"), std::string::npos) << r.output;
 }
 

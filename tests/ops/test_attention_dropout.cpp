@@ -36,10 +36,11 @@ std::vector<float> drop_factors(int64_t b, int64_t hq, int64_t t, const ops::Att
 // Output and the three input gradients of attention under `drop` for upstream gradient g.
 std::vector<Tensor> run(const Tensor& q0, const Tensor& k0, const Tensor& v0,
                         const ops::AttentionMask& mask, AttentionBackend be,
-                        const ops::AttentionDropout& drop, const Tensor& g, DType dt) {
+                        const ops::AttentionDropout& drop, const Tensor& g, DType dt,
+                        const ops::AttentionScores& scores = {}) {
   Tensor q = q0.to_dtype(dt).set_requires_grad(true), k = k0.to_dtype(dt).set_requires_grad(true),
          v = v0.to_dtype(dt).set_requires_grad(true);
-  Tensor o = ops::attention(q, k, v, mask, be, {}, drop);
+  Tensor o = ops::attention(q, k, v, mask, be, scores, drop);
   backward(o, g.to_dtype(dt));
   return {o, q.grad(), k.grad(), v.grad()};
 }
@@ -93,7 +94,8 @@ TEST(AttentionDropout, EveryBackendDropsTheMaskOfADropoutOverTheProbabilities) {
 TEST(AttentionDropout, FlashGradientsAgreeWithTheMaterializedBackends) {
   // Flash recomputes each mask element from its index in both backward passes; math holds the
   // whole [B, Hq, T, T] mask: in f32 they agree to summation order. A padded batch row, GQA, and
-  // packed rows in a window.
+  // packed rows in a window; and under Gemma-2's soft cap, whose flash backward drops dP before
+  // the cap's derivative.
   const int64_t nb = 2, t = 100, dd = 16;
   const Tensor q = randn({nb, 4, t, dd}, 21), k = randn({nb, 2, t, dd}, 22),
                v = randn({nb, 2, t, dd}, 23), g = randn({nb, 4, t, dd}, 24);
@@ -105,25 +107,28 @@ TEST(AttentionDropout, FlashGradientsAgreeWithTheMaterializedBackends) {
   ops::AttentionMask packed(Tensor(), Tensor::from_ints(pos, {nb, t}));
   packed.window = 50;
   const ops::AttentionDropout drop{0.2f, 99};
-  for (const ops::AttentionMask* mask : {&padded, &packed}) {
-    const auto math = run(q, k, v, *mask, AttentionBackend::kMath, drop, g, DType::F32);
-    const auto undropped = run(q, k, v, *mask, AttentionBackend::kMath, {}, g, DType::F32);
-    for (AttentionBackend be : {AttentionBackend::kEager, AttentionBackend::kFlash}) {
-      const auto got = run(q, k, v, *mask, be, drop, g, DType::F32);
-      for (int i = 0; i < 4; ++i) {
-        const std::string what = std::string(bname(be)) +
-                                 (mask == &packed ? " packed" : " padded") + " #" +
-                                 std::to_string(i);
-        test::expect_close(got[i], math[i], 2e-5, 2e-5, what);
-        // ... and the dropout is seen by every gradient (else a pass ignored the mask).
-        const auto a = math[i].to_floats(), b = undropped[i].to_floats();
-        double moved = 0;
-        for (size_t x = 0; x < a.size(); ++x)
-          moved = std::max(moved, double(std::fabs(a[x] - b[x])));
-        EXPECT_GT(moved, 1e-2) << what;
+  for (const ops::AttentionScores scores :
+       {ops::AttentionScores{}, ops::AttentionScores{0.4f, 2.f}})
+    for (const ops::AttentionMask* mask : {&padded, &packed}) {
+      const auto math = run(q, k, v, *mask, AttentionBackend::kMath, drop, g, DType::F32, scores);
+      const auto undropped =
+          run(q, k, v, *mask, AttentionBackend::kMath, {}, g, DType::F32, scores);
+      for (AttentionBackend be : {AttentionBackend::kEager, AttentionBackend::kFlash}) {
+        const auto got = run(q, k, v, *mask, be, drop, g, DType::F32, scores);
+        for (int i = 0; i < 4; ++i) {
+          const std::string what = std::string(bname(be)) +
+                                   (mask == &packed ? " packed" : " padded") +
+                                   (scores.softcap > 0 ? " capped" : "") + " #" + std::to_string(i);
+          test::expect_close(got[i], math[i], 2e-5, 2e-5, what);
+          // ... and the dropout is seen by every gradient (else a pass ignored the mask).
+          const auto a = math[i].to_floats(), b = undropped[i].to_floats();
+          double moved = 0;
+          for (size_t x = 0; x < a.size(); ++x)
+            moved = std::max(moved, double(std::fabs(a[x] - b[x])));
+          EXPECT_GT(moved, 1e-2) << what;
+        }
       }
     }
-  }
 }
 
 TEST(AttentionDropout, GradientsMatchFiniteDifferences) {
@@ -224,14 +229,32 @@ TEST(AttentionDropout, FullyMaskedRowsStayZero) {
   const ops::AttentionMask mask(Tensor::from_ints(pad, {2, t}, DType::U8));
   for (AttentionBackend be : kBackends) {
     const auto r = run(q, k, v, mask, be, {0.5f, 3}, randn({2, 2, t, 8}, 64, 100.f), DType::F32);
-    const auto o = r[0].to_floats(), dq = r[1].to_floats();
-    for (const auto* x : {&o, &dq})
+    const auto o = r[0].to_floats(), dq = r[1].to_floats(), dk = r[2].to_floats(),
+               dv = r[3].to_floats();
+    for (const auto* x : {&o, &dq, &dk, &dv})
       for (float f : *x) ASSERT_TRUE(std::isfinite(f)) << bname(be);
     for (int64_t h = 0; h < 2; ++h)
       for (int64_t d = 0; d < 8; ++d) {
-        for (int64_t i = 0; i < 2; ++i) EXPECT_EQ(o[(h * t + i) * 8 + d], 0.f) << bname(be);
-        for (int64_t i = 0; i < t; ++i) EXPECT_EQ(o[((2 + h) * t + i) * 8 + d], 0.f) << bname(be);
+        for (int64_t i = 0; i < 2; ++i) {
+          EXPECT_EQ(o[(h * t + i) * 8 + d], 0.f) << bname(be);
+          EXPECT_EQ(dq[(h * t + i) * 8 + d], 0.f) << bname(be);
+        }
+        for (int64_t i = 0; i < t; ++i) {
+          EXPECT_EQ(o[((2 + h) * t + i) * 8 + d], 0.f) << bname(be);
+          EXPECT_EQ(dq[((2 + h) * t + i) * 8 + d], 0.f) << bname(be);
+        }
       }
+    // Padding keys (batch row 0's first two, all of batch row 1's) get no gradient.
+    for (int64_t d = 0; d < 8; ++d) {
+      for (int64_t j = 0; j < 2; ++j) {
+        EXPECT_EQ(dk[j * 8 + d], 0.f) << bname(be);
+        EXPECT_EQ(dv[j * 8 + d], 0.f) << bname(be);
+      }
+      for (int64_t j = 0; j < t; ++j) {
+        EXPECT_EQ(dk[(t + j) * 8 + d], 0.f) << bname(be);
+        EXPECT_EQ(dv[(t + j) * 8 + d], 0.f) << bname(be);
+      }
+    }
   }
 }
 
