@@ -223,6 +223,105 @@ const HfArchitecture& architecture_of(const json& j, const std::string& file) {
               "'); keel reads " + known);
 }
 
+// transformers 5 writes RoPE's fields as one object, rope_parameters ({rope_theta, rope_type and
+// its scaling's fields, partial_rotary_factor}), or as one per layer type ({"full_attention": ...,
+// "sliding_attention": ...}), where earlier files give rope_theta, rope_scaling,
+// partial_rotary_factor and Gemma-3's rope_local_base_freq. Returns `j` with those fields set
+// from it, so that both forms read alike (a reader that skips rope_parameters trains at
+// rope_theta's default: a Llama-3 at 10000 instead of 500000, without a word). Where a file gives
+// both forms they must agree, and a RoPE per layer type that keel's layers do not run is refused;
+// each Error names the field.
+json legacy_rope_fields(const json& j, const std::string& file) {
+  const auto found = j.find("rope_parameters");
+  if (found == j.end() || found->is_null()) return j;
+  const json& rp = *found;
+  const std::string where = "rope_parameters";
+  auto usage = [&](const std::string& m) { return Error(file + ": " + m, Error::kUsage); };
+  if (!rp.is_object() || rp.empty())
+    throw usage(where + " must be an object (rope_theta, rope_type, ...), got " + rp.dump());
+  bool nested = true;
+  for (const auto& [key, value] : rp.items())
+    nested = nested && (key == "full_attention" || key == "sliding_attention") && value.is_object();
+  const char* full_key = !nested                         ? ""
+                         : rp.contains("full_attention") ? "full_attention"
+                                                         : "sliding_attention";
+  const json& full = nested ? rp[full_key] : rp;
+  const json* sliding =
+      nested && rp.contains("sliding_attention") ? &rp["sliding_attention"] : nullptr;
+  const std::string full_where = nested ? where + "." + full_key : where;
+
+  auto type_of = [](const json& o) {
+    for (const char* k : {"rope_type", "type"})
+      if (o.contains(k) && o[k].is_string()) return o[k].get<std::string>();
+    return std::string("default");
+  };
+  // rope_scaling's form of an entry: its scaling's fields alone, the type as rope_type.
+  auto scaling_of = [&](const json& o) {
+    json sc = o;
+    for (const char* k : {"rope_theta", "partial_rotary_factor", "type"}) sc.erase(k);
+    sc["rope_type"] = type_of(o);
+    return sc;
+  };
+  auto field = [](const json& o, const char* k) { return o.contains(k) ? o[k] : json(); };
+  json out = j;
+  // `key` of the older form takes `value` (given at `from`); one the file gives must agree.
+  auto take = [&](const char* key, const json& value, const std::string& from) {
+    if (j.contains(key) && !j[key].is_null() && j[key] != value)
+      throw usage(std::string(key) + " = " + j[key].dump() + " and " + from + " = " +
+                  value.dump() +
+                  " disagree; keep one (transformers 5 writes rope_parameters alone)");
+    out[key] = value;
+  };
+  if (!field(full, "rope_theta").is_null())
+    take("rope_theta", full["rope_theta"], full_where + ".rope_theta");
+  const bool scaled = type_of(full) != "default";
+  // (a rope_scaling that is no object is the older reader's to refuse)
+  if (const json given = field(j, "rope_scaling");
+      given.is_object() &&
+      (scaled ? scaling_of(given) != scaling_of(full) : type_of(given) != "default"))
+    throw usage("rope_scaling = " + given.dump() + " and " + full_where + " = " +
+                full.dump() + " disagree; keep one (transformers 5 writes rope_parameters alone)");
+  if (scaled) out["rope_scaling"] = scaling_of(full);
+  if (!field(full, "partial_rotary_factor").is_null())
+    take("partial_rotary_factor", full["partial_rotary_factor"],
+         full_where + ".partial_rotary_factor");
+  if (!sliding) return out;
+
+  // The sliding layers' entry: the full layers' (every layer rotates alike), or for a Gemma-3 a
+  // default RoPE by a base of its own (rope_local_base_freq), for an OLMo-3 by rope_theta.
+  const std::string mt = j.value("model_type", std::string());
+  const std::string sw = where + ".sliding_attention";
+  if (field(*sliding, "partial_rotary_factor") != field(full, "partial_rotary_factor"))
+    throw usage(sw + " turns another share of a head's channels (partial_rotary_factor) than " +
+                full_where + "; keel turns one in every layer");
+  const bool unscaled_local = mt == "gemma3_text" || mt == "olmo3";
+  if (scaling_of(*sliding) == scaling_of(full) &&
+      field(*sliding, "rope_theta") == field(full, "rope_theta")) {
+    if (unscaled_local && scaled)
+      throw usage(sw + " scales the sliding layers (" + type_of(full) + "), which keel's " + mt +
+                  " rotates without scaling (as its full layers' rope_scaling does not reach "
+                  "them); give them {\"rope_type\": \"default\"}");
+    if (mt == "gemma3_text" && !field(full, "rope_theta").is_null())
+      take("rope_local_base_freq", full["rope_theta"], sw + ".rope_theta");
+    return out;
+  }
+  if (!unscaled_local || type_of(*sliding) != "default")
+    throw usage(sw + " = " + sliding->dump() + " differs from " + full_where + " = " + full.dump() +
+                "; keel's " + (mt.empty() ? std::string("model") : mt) +
+                (unscaled_local ? " rotates its sliding layers by a default RoPE"
+                                : " rotates every layer alike"));
+  const json theta = field(*sliding, "rope_theta");
+  if (mt == "gemma3_text") {
+    if (!theta.is_null()) take("rope_local_base_freq", theta, sw + ".rope_theta");
+  } else if (!theta.is_null() && theta != field(out, "rope_theta")) {
+    throw usage(sw + ".rope_theta = " + theta.dump() + " differs from the full layers' " +
+                field(out, "rope_theta").dump() +
+                "; keel's olmo3 rotates its sliding layers by "
+                "rope_theta");
+  }
+  return out;
+}
+
 // A Gemma3ForConditionalGeneration's config.json (Gemma-3 4B, 12B, 27B: vision and text): its
 // language model's, a Gemma3ForCausalLM's — text_config over Gemma3TextConfig's defaults (the
 // published files list only the fields that differ), the file's dtype. Its weights are the
@@ -251,6 +350,8 @@ json gemma3_language_model(const json& j, const std::string& file) {
             {"sliding_window", 4096},
             {"sliding_window_pattern", 6},
             {"tie_word_embeddings", true}};
+  if (text->contains("rope_parameters"))  // transformers 5's form gives the bases itself
+    for (const char* k : {"rope_theta", "rope_local_base_freq"}) t.erase(k);
   t.update(*text);
   t["model_type"] = "gemma3_text";
   t["architectures"] = {"Gemma3ForCausalLM"};
@@ -270,6 +371,9 @@ const HfArchitecture& architecture_of(const models::ModelSpec& s) {
 
 json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
   json j = base.is_object() ? base : json::object();
+  // RoPE is written as rope_theta and rope_scaling (every transformers reads them; 5 converts
+  // them): a base's transformers-5 rope_parameters would say it twice.
+  j.erase("rope_parameters");
   const char* torch_dtype = dt == DType::BF16  ? "bfloat16"
                             : dt == DType::F16 ? "float16"
                                                : "float32";
@@ -396,6 +500,7 @@ HfConfig read_hf_config(const std::string& dir) {
       out.json.value("architectures", json::array()) ==
           json::array({"Gemma3ForConditionalGeneration"}))
     out.json = gemma3_language_model(out.json, file);
+  out.json = legacy_rope_fields(out.json, file);
   const json& j = out.json;
   ConfigReader c{j, file};
   models::ModelSpec& s = out.spec;
@@ -633,6 +738,9 @@ HfConfig read_hf_config(const std::string& dir) {
       if (const auto slides = sliding_layers("keel's SmolLM3 slides no layer"))
         expect_layout(*slides, "keel's SmolLM3 slides no layer");
     }
+    if (variant != "phi3" && c.number({"partial_rotary_factor"}, 1.0) != 1.0)
+      throw unsupported("partial_rotary_factor = " + c.find({"partial_rotary_factor"})->dump() +
+                        " (keel's " + s.architecture() + " turns every channel of a head)");
     if (variant == "phi3") {
       // Phi-4-mini turns 3/4 of each head's channels (HF's partial_rotary_factor, Phi3Config's
       // only reader of it among keel's architectures; checked against the head once it is known).

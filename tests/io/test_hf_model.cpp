@@ -24,6 +24,7 @@
 #include "keel/models/llama.h"
 #include "tests/io/tiny_specs.h"
 #include "tests/support/check.h"
+#include "tests/support/tiny_models.h"
 
 namespace keel::io {
 namespace {
@@ -1091,6 +1092,145 @@ TEST(HfModel, GenerationConfigEosIdsAreReadAndBadOnesNamed) {
     EXPECT_CONTAINS(e, file);
     EXPECT_CONTAINS(e, "fix or remove it");
   }
+}
+
+// transformers 5 writes RoPE as rope_parameters (rope_theta inside it, a scaling's fields beside
+// its rope_type; one such object per layer type for models with sliding layers) and no rope_theta
+// or rope_scaling: keel read such a Llama-3.1 at rope_theta's default 10000 without scaling, and
+// trained it so without a word. Both forms now read alike; where a file gives both they must
+// agree; a RoPE per layer type keel's layers do not run is refused naming the field; keel writes
+// the older form, which every transformers reads.
+TEST(HfModel, Transformers5RopeParametersReadAsTheOlderFields) {
+  const models::ModelSpec spec = llama_spec(false);
+  auto src = models::make_causal_lm(spec, 4);
+  const std::string dir = test::temp_dir("hf-rope-parameters");
+  const json llama31 = {{"rope_type", "llama3"},
+                        {"factor", 8.0},
+                        {"low_freq_factor", 1.0},
+                        {"high_freq_factor", 4.0},
+                        {"original_max_position_embeddings", 8192}};
+  json legacy = config_of(spec);
+  legacy["rope_theta"] = 500000.0;
+  legacy["max_position_embeddings"] = 131072;
+  legacy["rope_scaling"] = llama31;
+  json v5 = legacy;
+  v5.erase("rope_theta");
+  v5.erase("rope_scaling");
+  v5["rope_parameters"] = llama31;
+  v5["rope_parameters"]["rope_theta"] = 500000.0;
+  auto write = [&](const json& cfg) { write_hf_dir(dir, cfg, hf_tensors(*src, DType::F32)); };
+  auto spec_of = [&](const json& cfg) {
+    write(cfg);
+    return read_hf_config(dir).spec;
+  };
+  auto refusal = [&](const json& cfg) {
+    write(cfg);
+    return error_of([&] { read_hf_config(dir); });
+  };
+  const models::ModelSpec old_form = spec_of(legacy), new_form = spec_of(v5);
+  EXPECT_EQ(new_form.rope_theta, 500000.0);
+  EXPECT_EQ(new_form.rope_scaling.kind, ops::RopeScaling::Kind::kLlama3);
+  EXPECT_EQ(new_form.rope_scaling.original_max_position, 8192);
+  EXPECT_EQ(ops::rope_inv_freq(new_form.rope_theta, new_form.head_dim(), new_form.rope_scaling),
+            ops::rope_inv_freq(old_form.rope_theta, old_form.head_dim(), old_form.rope_scaling));
+  const Tensor ids = Tensor::from_ints({3, 1, 4, 1, 5, 9, 2, 6}, {1, 8});
+  auto logits = [&] {
+    NoGradGuard g;
+    return load_hf_model(dir)->forward(ids, Tensor());
+  };
+  const Tensor from_new = logits();
+  write(legacy);
+  test::expect_bitwise_equal(from_new, logits(), "the two forms' logits");
+  // Qwen3's form: a default RoPE by a base of its own.
+  json qwen = v5;
+  qwen["rope_parameters"] = {{"rope_theta", 1000000.0}, {"rope_type", "default"}};
+  EXPECT_EQ(spec_of(qwen).rope_theta, 1000000.0);
+  EXPECT_EQ(spec_of(qwen).rope_scaling.kind, ops::RopeScaling::Kind::kNone);
+  // Both forms: read when they agree, refused naming both when they do not.
+  json both = v5;
+  both["rope_theta"] = 500000;
+  both["rope_scaling"] = llama31;
+  EXPECT_EQ(spec_of(both).rope_theta, 500000.0);
+  both["rope_theta"] = 10000.0;
+  EXPECT_CONTAINS(refusal(both), dir +
+                                     "/config.json: rope_theta = 10000.0 and "
+                                     "rope_parameters.rope_theta = 500000.0 disagree; keep one");
+  both = v5;
+  both["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}};
+  EXPECT_CONTAINS(refusal(both), dir + "/config.json: rope_scaling = ");
+  EXPECT_CONTAINS(refusal(both), "and rope_parameters = ");
+  json bad = v5;
+  bad["rope_parameters"] = 5;
+  EXPECT_CONTAINS(refusal(bad),
+                  dir +
+                      "/config.json: rope_parameters must be an object (rope_theta, rope_type, "
+                      "...), got 5");
+  bad["rope_parameters"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
+  EXPECT_CONTAINS(refusal(bad), "type 'dynamic' is not supported");
+  // A share of a head's channels where keel's Llama turns them all: refused, not ignored.
+  bad["rope_parameters"] = {{"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};
+  EXPECT_CONTAINS(refusal(bad),
+                  "partial_rotary_factor = 0.5 (keel's llama turns every channel of "
+                  "a head) is not supported");
+  // keel writes the older form, without the base's rope_parameters.
+  const json written = hf_config_json(new_form, DType::F32, v5);
+  EXPECT_FALSE(written.contains("rope_parameters"));
+  EXPECT_EQ(written.at("rope_theta"), 500000.0);
+  EXPECT_EQ(written.at("rope_scaling").at("rope_type"), "llama3");
+}
+
+// The per-layer-type form: a Gemma-3's sliding layers by their own base, an OLMo-3's without its
+// full layers' YaRN, a Mistral's every layer alike; other pairs keel's layers would not run as
+// the file says are refused naming the entry.
+TEST(HfModel, Transformers5RopeParametersPerLayerType) {
+  const std::string dir = test::temp_dir("hf-rope-parameters-layers");
+  // `family`'s tiny model written by keel, its RoPE fields replaced by `rope_parameters`.
+  auto write = [&](const std::string& family, const json& rope_parameters) {
+    const models::ModelSpec spec = test::tiny_model_spec(family);
+    auto m = models::make_causal_lm(spec, 5);
+    json cfg = hf_config_json(spec, DType::F32, json::object());
+    for (const char* k : {"rope_theta", "rope_scaling", "rope_local_base_freq"}) cfg.erase(k);
+    cfg["rope_parameters"] = rope_parameters;
+    write_hf_dir(dir, cfg, hf_tensors(*m, DType::F32));
+  };
+  const json plain = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  write("gemma3", {{"full_attention", plain},
+                   {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 100.0}}}});
+  models::ModelSpec s = read_hf_config(dir).spec;
+  EXPECT_EQ(s.rope_theta, 10000.0);
+  EXPECT_EQ(s.rope_local_theta, 100.0);
+  EXPECT_EQ(s.layer_rope_theta(0), 100.0);
+  const json yarn = {{"rope_type", "yarn"},
+                     {"factor", 4.0},
+                     {"original_max_position_embeddings", 1000},
+                     {"rope_theta", 10000.0}};
+  write("olmo3", {{"full_attention", yarn}, {"sliding_attention", plain}});
+  s = read_hf_config(dir).spec;
+  EXPECT_EQ(s.rope_scaling.kind, ops::RopeScaling::Kind::kYarn);
+  EXPECT_EQ(s.layer_rope_scaling(0).kind, ops::RopeScaling::Kind::kNone);  // sliding
+  EXPECT_EQ(s.layer_rope_scaling(1).kind, ops::RopeScaling::Kind::kYarn);  // full
+  // transformers' standardize_rope_params copies one RoPE into each layer type: a Mistral's.
+  write("mistral_w3", {{"full_attention", plain}, {"sliding_attention", plain}});
+  EXPECT_EQ(read_hf_config(dir).spec.rope_theta, 10000.0);
+  // What keel's layers would not run as the file says.
+  write("olmo3", {{"full_attention", yarn}, {"sliding_attention", yarn}});
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  dir +
+                      "/config.json: rope_parameters.sliding_attention scales the sliding "
+                      "layers (yarn), which keel's olmo3 rotates without scaling");
+  write("mistral_w3", {{"full_attention", plain},
+                       {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 100.0}}}});
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  "rope_parameters.sliding_attention = {\"rope_theta\":100.0,\"rope_type\":"
+                  "\"default\"} differs from rope_parameters.full_attention");
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  "keel's mistral rotates every layer alike");
+  write("gemma3",
+        {{"full_attention", plain},
+         {"sliding_attention",
+          {{"rope_type", "default"}, {"rope_theta", 100.0}, {"partial_rotary_factor", 0.5}}}});
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  "rope_parameters.sliding_attention turns another share of a head's channels");
 }
 
 }  // namespace
