@@ -267,8 +267,7 @@ json legacy_rope_fields(const json& j, const std::string& file) {
   // `key` of the older form takes `value` (given at `from`); one the file gives must agree.
   auto take = [&](const char* key, const json& value, const std::string& from) {
     if (j.contains(key) && !j[key].is_null() && j[key] != value)
-      throw usage(std::string(key) + " = " + j[key].dump() + " and " + from + " = " +
-                  value.dump() +
+      throw usage(std::string(key) + " = " + j[key].dump() + " and " + from + " = " + value.dump() +
                   " disagree; keep one (transformers 5 writes rope_parameters alone)");
     out[key] = value;
   };
@@ -279,9 +278,15 @@ json legacy_rope_fields(const json& j, const std::string& file) {
   if (const json given = field(j, "rope_scaling");
       given.is_object() &&
       (scaled ? scaling_of(given) != scaling_of(full) : type_of(given) != "default"))
-    throw usage("rope_scaling = " + given.dump() + " and " + full_where + " = " +
-                full.dump() + " disagree; keep one (transformers 5 writes rope_parameters alone)");
+    throw usage("rope_scaling = " + given.dump() + " and " + full_where + " = " + full.dump() +
+                " disagree; keep one (transformers 5 writes rope_parameters alone)");
   if (scaled) out["rope_scaling"] = scaling_of(full);
+  // Phi-3's longrope reads its original context beside max_position_embeddings, where
+  // transformers 5 moves it into rope_parameters.
+  if (const std::string t = type_of(full);
+      (t == "longrope" || t == "su") && !field(full, "original_max_position_embeddings").is_null())
+    take("original_max_position_embeddings", full["original_max_position_embeddings"],
+         full_where + ".original_max_position_embeddings");
   if (!field(full, "partial_rotary_factor").is_null())
     take("partial_rotary_factor", full["partial_rotary_factor"],
          full_where + ".partial_rotary_factor");

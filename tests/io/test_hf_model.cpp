@@ -1189,7 +1189,9 @@ TEST(HfModel, Transformers5RopeParametersPerLayerType) {
     const models::ModelSpec spec = test::tiny_model_spec(family);
     auto m = models::make_causal_lm(spec, 5);
     json cfg = hf_config_json(spec, DType::F32, json::object());
-    for (const char* k : {"rope_theta", "rope_scaling", "rope_local_base_freq"}) cfg.erase(k);
+    for (const char* k :
+         {"rope_theta", "rope_scaling", "rope_local_base_freq", "original_max_position_embeddings"})
+      cfg.erase(k);
     cfg["rope_parameters"] = rope_parameters;
     write_hf_dir(dir, cfg, hf_tensors(*m, DType::F32));
   };
@@ -1212,6 +1214,16 @@ TEST(HfModel, Transformers5RopeParametersPerLayerType) {
   // transformers' standardize_rope_params copies one RoPE into each layer type: a Mistral's.
   write("mistral_w3", {{"full_attention", plain}, {"sliding_attention", plain}});
   EXPECT_EQ(read_hf_config(dir).spec.rope_theta, 10000.0);
+  // Phi-3's longrope with its original context inside (Phi3Config's default 4096 otherwise).
+  write("phi3_lr", {{"rope_type", "longrope"},
+                    {"short_factor", {1.0, 1.5}},
+                    {"long_factor", {2.0, 7.0}},
+                    {"original_max_position_embeddings", 4},
+                    {"rope_theta", 10000.0}});
+  s = read_hf_config(dir).spec;
+  EXPECT_EQ(s.rope_scaling.kind, ops::RopeScaling::Kind::kLongRope);
+  EXPECT_EQ(s.rope_scaling.original_max_position, 4);
+  EXPECT_EQ(s.rope_scaling.long_factor, (std::vector<double>{2.0, 7.0}));
   // What keel's layers would not run as the file says.
   write("olmo3", {{"full_attention", yarn}, {"sliding_attention", yarn}});
   EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
