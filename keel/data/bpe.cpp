@@ -637,6 +637,16 @@ void BpeTokenizer::encode_section(std::string_view section, SectionAt at,
       break;
   }
   if (prepend) normalized.insert(0, kMetaspace);
+  if (metaspace_.split) {  // a piece from each "▁" to the next (HF: MergedWithNext)
+    size_t begin = 0;
+    for (size_t pos = normalized.find(kMetaspace, 1); pos != std::string::npos;
+         pos = normalized.find(kMetaspace, pos + kMetaspace.size())) {
+      metaspace_bpe_into(std::string_view(normalized).substr(begin, pos - begin), out);
+      begin = pos;
+    }
+    metaspace_bpe_into(std::string_view(normalized).substr(begin), out);
+    return;
+  }
   if (!metaspace_words_) {
     metaspace_bpe_into(normalized, out);
     return;

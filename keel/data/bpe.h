@@ -93,6 +93,10 @@ struct Metaspace {
   // the text's first section only (Metaspace "first"), kNever nowhere. A continuation
   // (encode_continuation) puts none before its first section.
   enum class Prepend { kNever, kFirst, kAlways, kEvery } prepend = Prepend::kNever;
+  // Metaspace's split (tokenizers' default; transformers writes false for Llama and Mistral):
+  // the section is cut before every "▁" and each piece merged alone, so that no token spans one
+  // ("▁▁" then never forms: "  x" is "▁", "▁x").
+  bool split = false;
   bool byte_fallback = false;  // an unknown character is its UTF-8 bytes as <0xNN> tokens...
   int64_t unk_id = -1;         // ...else the unknown token (-1: none, an encode error)
   bool fuse_unk = false;       // consecutive unknown characters are one unknown token

@@ -98,9 +98,7 @@ struct Loader {
     }
     if (type == "Metaspace") {  // transformers' legacy=false Llama/Mistral files
       metaspace_replacement(p, field);
-      if (get_bool(p, "split", true, field))
-        fail(field + ".split",
-             "true is not supported (transformers writes false for Llama and Mistral)");
+      spec.metaspace.split = get_bool(p, "split", true, field);
       // Files before prepend_scheme hold add_prefix_space (true: "always").
       std::string scheme = get_bool(p, "add_prefix_space", true, field) ? "always" : "never";
       if (p.contains("prepend_scheme")) scheme = get_string(p, "prepend_scheme", field);

@@ -6,6 +6,11 @@
 //                      pre-tokenizer, byte_fallback, decoder Replace/ByteFallback/Fuse/Strip;
 //   tiny/sp_metaspace: transformers' legacy=false form: no normalizer, a Metaspace pre-tokenizer
 //                      (prepend_scheme "first", split false), the same decoder;
+//   tiny/sp_metaspace_split: the same with split true (each piece from a "▁" to the next merged
+//                      alone: no "▁▁");
+//   tiny/sp_metaspace_old: a Metaspace of files written before prepend_scheme and split
+//                      (add_prefix_space true; tokenizers reads split as true, the scheme
+//                      "always");
 //   tiny/sp_unk:       the legacy form without byte_fallback: an unknown character is <unk>,
 //                      consecutive ones fused (fuse_unk);
 //   tiny/sp_gemma:     Gemma's form (transformers' GemmaConverter): normalizer Replace(" ", "▁")
@@ -60,13 +65,17 @@ const legacy = { version: "1.0", truncation: null, padding: null, added_tokens,
   pre_tokenizer: null, post_processor, decoder, model };
 const metaspace = { ...legacy, normalizer: null,
   pre_tokenizer: { type: "Metaspace", replacement: "▁", prepend_scheme: "first", split: false } };
+const metaspace_split = { ...metaspace, pre_tokenizer: { ...metaspace.pre_tokenizer, split: true } };
+const metaspace_old = { ...legacy, normalizer: null,
+  pre_tokenizer: { type: "Metaspace", replacement: "▁", add_prefix_space: true } };
 const unk = { ...legacy, model: { ...model, byte_fallback: false } };
 const gemma = { ...legacy,
   normalizer: { type: "Replace", pattern: { String: " " }, content: "▁" },
   pre_tokenizer: { type: "Split", pattern: { String: " " }, behavior: "MergedWithPrevious",
     invert: false },
   decoder: { type: "Sequence", decoders: decoder.decoders.slice(0, 3) } };
-const files = { sp_legacy: legacy, sp_metaspace: metaspace, sp_unk: unk, sp_gemma: gemma };
+const files = { sp_legacy: legacy, sp_metaspace: metaspace, sp_unk: unk, sp_gemma: gemma,
+  sp_metaspace_split: metaspace_split, sp_metaspace_old: metaspace_old };
 for (const [name, json] of Object.entries(files)) {
   fs.mkdirSync(path.join(outDir, name), { recursive: true });
   fs.writeFileSync(path.join(outDir, name, "tokenizer.json"), JSON.stringify(json));
@@ -74,18 +83,62 @@ for (const [name, json] of Object.entries(files)) {
 
 const strings = [
   "the", " the", "the there", "  there  is", "there\nis the\n", "What is it?", "café ☕ 世世世",
+  "the   there", "    the",
   "<s>the</s> there<s> is", "a<unk>b", "zzz the xyz", "", " ", "   ", "T12 12 1",
   "\u00e9\u00e8 \t\tthe",
 ];
 const hf = require(path.join(nodeModules, "@huggingface/tokenizers"));
 const { TokenizerLoader } = require(path.join(nodeModules, "@lenml/tokenizers"));
+// tokenizers' Metaspace with split (its default): each section (the text between added tokens),
+// spaces spelled "▁" and the prefix added, cut before every "▁" (MergedWithNext: "Hey   friend!"
+// is "▁Hey", "▁", "▁", "▁friend!", as tokenizers' metaspace.rs tests it), each piece merged
+// alone. @huggingface/tokenizers 0.2.0 ignores split, so the pieces go through its BPE one by one
+// (a tokenizer of the same model with no normalizer or pre-tokenizer). With split false the same
+// emulation must give its own ids (checked below), which vouches for the sections and prefixes.
+const raw = new hf.Tokenizer({ ...legacy, normalizer: null, pre_tokenizer: null },
+                             { tokenizer_class: "LlamaTokenizerFast" });
+function metaspaceIds(text, scheme, split) {
+  const ids = [];
+  // ("first": the section the text starts with, as tokenizers' offset-0 rule)
+  const encodeSection = (t, at) => {
+    if (!t.length) return;
+    let n = t.replaceAll(" ", "▁");
+    if (!n.startsWith("▁") && (scheme === "always" || (scheme === "first" && at === 0)))
+      n = "▁" + n;
+    const pieces = split ? n.split(/(?=▁)/u) : [n];
+    for (const p of pieces) ids.push(...raw.encode(p, { add_special_tokens: false }).ids);
+  };
+  let start = 0;
+  for (let i = 0; i < text.length;) {
+    const special = ["<unk>", "</s>", "<s>"].find((sp) => text.startsWith(sp, i));
+    if (!special) { ++i; continue; }
+    encodeSection(text.slice(start, i), start);
+    ids.push(vocab[special]);
+    i += special.length;
+    start = i;
+  }
+  encodeSection(text.slice(start), start);
+  return ids;
+}
+const emulated = { sp_metaspace: ["first", false], sp_metaspace_split: ["first", true],
+                   sp_metaspace_old: ["always", true] };
 const expected = {};
 for (const [name, json] of Object.entries(files)) {
   const a = new hf.Tokenizer(json, { tokenizer_class: "LlamaTokenizerFast" });
   const b = TokenizerLoader.fromPreTrained({ tokenizerJSON: json,
     tokenizerConfig: { tokenizer_class: "PreTrainedTokenizerFast" } });
-  const ids = strings.map((s) => a.encode(s, { add_special_tokens: false }).ids);
-  if (name !== "sp_metaspace") strings.forEach((s, i) => {
+  let ids = strings.map((s) => a.encode(s, { add_special_tokens: false }).ids);
+  if (name in emulated) {
+    const [scheme, split] = emulated[name];
+    strings.forEach((s, i) => {
+      const unsplit = metaspaceIds(s, scheme, false);
+      if (JSON.stringify(unsplit) !== JSON.stringify(ids[i]))
+        throw new Error(`${name}: the emulation disagrees on ${JSON.stringify(s)}: ` +
+                        `${JSON.stringify(unsplit)} vs ${JSON.stringify(ids[i])}`);
+    });
+    if (split) ids = strings.map((s) => metaspaceIds(s, scheme, true));
+  }
+  if (!name.startsWith("sp_metaspace")) strings.forEach((s, i) => {
     const other = b.encode(s, { add_special_tokens: false });
     if (JSON.stringify(other) !== JSON.stringify(ids[i]))
       throw new Error(`${name}: the references disagree on ${JSON.stringify(s)}: ` +
