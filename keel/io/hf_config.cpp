@@ -26,9 +26,11 @@ double yarn_mscale(double scale, double mscale = 1) {
 
 // HF's `rope_scaling` object. "rope_type" (transformers >= 4.45) or "type" (older) names it.
 // `max_positions`: the file's max_position_embeddings (yarn's factor and original context).
-ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file, int64_t max_positions) {
+// `field`: what the file calls it (transformers 5's rope_parameters entries are read as it).
+ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file, int64_t max_positions,
+                                   const std::string& field = "rope_scaling") {
   using Kind = ops::RopeScaling::Kind;
-  const std::string where = file + ": rope_scaling";
+  const std::string where = file + ": " + field;
   if (!rs.is_object()) throw Error(where + " must be an object or null, got " + rs.dump());
   ConfigReader c{rs, file};
   const json* type = c.find({"rope_type", "type"});
@@ -231,7 +233,7 @@ const HfArchitecture& architecture_of(const json& j, const std::string& file) {
 // rope_theta's default: a Llama-3 at 10000 instead of 500000, without a word). Where a file gives
 // both forms they must agree, and a RoPE per layer type that keel's layers do not run is refused;
 // each Error names the field.
-json legacy_rope_fields(const json& j, const std::string& file) {
+json legacy_rope_fields(const json& j, const std::string& file, const std::string& mt) {
   const auto found = j.find("rope_parameters");
   if (found == j.end() || found->is_null()) return j;
   const json& rp = *found;
@@ -239,9 +241,16 @@ json legacy_rope_fields(const json& j, const std::string& file) {
   auto usage = [&](const std::string& m) { return Error(file + ": " + m, Error::kUsage); };
   if (!rp.is_object() || rp.empty())
     throw usage(where + " must be an object (rope_theta, rope_type, ...), got " + rp.dump());
-  bool nested = true;
+  // Per layer type when any key names one; then every key must, with an object (a flat dict
+  // with layer-type entries beside it says two things at once).
+  bool nested = false;
   for (const auto& [key, value] : rp.items())
-    nested = nested && (key == "full_attention" || key == "sliding_attention") && value.is_object();
+    nested = nested || key == "full_attention" || key == "sliding_attention";
+  for (const auto& [key, value] : rp.items())
+    if (nested && ((key != "full_attention" && key != "sliding_attention") || !value.is_object()))
+      throw usage(where + " mixes entries per layer type with " + key + " = " + value.dump() +
+                  "; give either {\"full_attention\": {...}, \"sliding_attention\": {...}} "
+                  "or one RoPE for every layer");
   const char* full_key = !nested                         ? ""
                          : rp.contains("full_attention") ? "full_attention"
                                                          : "sliding_attention";
@@ -283,6 +292,14 @@ json legacy_rope_fields(const json& j, const std::string& file) {
   if (scaled) out["rope_scaling"] = scaling_of(full);
   // Phi-3's longrope reads its original context beside max_position_embeddings, where
   // transformers 5 moves it into rope_parameters.
+  // The scaling read here, so that a fault names rope_parameters (the reader names rope_scaling).
+  if (scaled) {
+    const json* positions =
+        j.contains("max_position_embeddings") ? &j["max_position_embeddings"] : nullptr;
+    read_rope_scaling(
+        scaling_of(full), file,
+        positions && positions->is_number_integer() ? positions->get<int64_t>() : 2048, full_where);
+  }
   if (const std::string t = type_of(full);
       (t == "longrope" || t == "su") && !field(full, "original_max_position_embeddings").is_null())
     take("original_max_position_embeddings", full["original_max_position_embeddings"],
@@ -294,8 +311,10 @@ json legacy_rope_fields(const json& j, const std::string& file) {
 
   // The sliding layers' entry: the full layers' (every layer rotates alike), or for a Gemma-3 a
   // default RoPE by a base of its own (rope_local_base_freq), for an OLMo-3 by rope_theta.
-  const std::string mt = j.value("model_type", std::string());
   const std::string sw = where + ".sliding_attention";
+  if (const json t = field(*sliding, "rope_theta");
+      !t.is_null() && !(t.is_number() && t.get<double>() > 0 && std::isfinite(t.get<double>())))
+    throw usage(sw + ".rope_theta must be a positive number, got " + t.dump());
   if (field(*sliding, "partial_rotary_factor") != field(full, "partial_rotary_factor"))
     throw usage(sw + " turns another share of a head's channels (partial_rotary_factor) than " +
                 full_where + "; keel turns one in every layer");
@@ -476,6 +495,17 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
         j["rope_scaling"]["attention_factor"] = s.rope_scaling.attention_factor;
     }
     if (s.partial_rotary_factor != 1) j["partial_rotary_factor"] = s.partial_rotary_factor;
+    if (variant == "olmo3") {
+      // And per layer type, as transformers 5's Olmo3Config reads it: from the older fields alone
+      // it rotates the sliding layers by its default base 500000, whatever rope_theta says.
+      json full = s.rope_scaling.kind == ops::RopeScaling::Kind::kNone
+                      ? json{{"rope_type", "default"}}
+                      : rope_scaling_json(s.rope_scaling);
+      full["rope_theta"] = s.rope_theta;
+      j["rope_parameters"] = {
+          {"full_attention", full},
+          {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", s.rope_theta}}}};
+    }
     j["tie_word_embeddings"] = s.tie_embeddings;
     // (Qwen2's q/k/v biases are its architecture's, and Phi3Config has neither key.)
     if (variant != "qwen2" && variant != "phi3") {
@@ -505,11 +535,11 @@ HfConfig read_hf_config(const std::string& dir) {
       out.json.value("architectures", json::array()) ==
           json::array({"Gemma3ForConditionalGeneration"}))
     out.json = gemma3_language_model(out.json, file);
-  out.json = legacy_rope_fields(out.json, file);
+  const HfArchitecture& arch = architecture_of(out.json, file);
+  out.json = legacy_rope_fields(out.json, file, arch.model_type);
   const json& j = out.json;
   ConfigReader c{j, file};
   models::ModelSpec& s = out.spec;
-  const HfArchitecture& arch = architecture_of(j, file);
   s.family = arch.family;
   if (s.family == "llama" && std::string(arch.model_type) != "llama")
     s.hf_model_type = arch.model_type;
@@ -682,15 +712,21 @@ HfConfig read_hf_config(const std::string& dir) {
       throw unsupported("use_sinks = true (attention sinks)");
     if (variant == "olmo3") {
       // OLMo-3: three of every four layers slide (Olmo3Config's layer_types default) over the
-      // last sliding_window positions (4096; null: none), rotating without rope_scaling
-      // (ModelSpec::unscaled_local_rope: as OLMo-core trained them).
-      const json* window = j.contains("sliding_window") ? &j["sliding_window"] : nullptr;
-      s.sliding_window = window && window->is_null() ? 0 : c.integer({"sliding_window"}, 4096);
+      // last sliding_window positions (4096), rotating without rope_scaling
+      // (ModelSpec::unscaled_local_rope: as OLMo-core trained them). A null window is refused:
+      // transformers' Olmo3 cannot run one (its sliding mask needs the size).
+      if (j.contains("sliding_window") && j["sliding_window"].is_null())
+        throw unsupported(
+            "sliding_window = null (transformers' Olmo3 needs a window; an OLMo-3 whose layers "
+            "all see every key is an OLMo-2: model_type \"olmo2\")");
+      s.sliding_window = c.integer({"sliding_window"}, 4096);
+      if (s.sliding_window < 1)
+        throw Error(file + ": sliding_window must be at least 1, got 0", Error::kUsage);
       s.sliding_period = 4;
       const std::string layout =
           "keel's olmo3 slides all layers but every Nth: \"sliding_attention\" N - 1 times, then "
           "\"full_attention\", repeated, one entry a layer";
-      if (const auto slides = sliding_layers(layout); slides && s.sliding_window > 0) {
+      if (const auto slides = sliding_layers(layout)) {
         // The period of the file's pattern: its first full layer's index + 1 (none: all slide).
         const auto full = std::find(slides->begin(), slides->end(), false);
         s.sliding_period = full == slides->end() ? 0 : full - slides->begin() + 1;

@@ -28,8 +28,9 @@
 //     over the whole projections; use_sinks refused; written back as OLMo-2.
 //   Olmo3ForCausalLM (model_type "olmo3"): OLMo-2's, and sliding_window over the layers
 //     layer_types names "sliding_attention" (three of every four), which rotate without
-//     rope_scaling (OLMo-core's and vLLM's RoPE; transformers since its October 2025 RoPE refactor
-//     scales those layers too); written back as OLMo-3.
+//     rope_scaling (OLMo-core's, vLLM's and transformers 4.57's and current RoPE; some 5.x releases
+//     scaled every layer); a null sliding_window refused (transformers' Olmo3 cannot run one);
+//     written back as OLMo-3, its RoPE also per layer type (rope_parameters).
 //   SmolLM3ForCausalLM (model_type "smollm3"): Llama's fields and layers, every
 //     no_rope_layer_interval-th without RoPE as no_rope_layers lists them (ModelSpec::nope_period);
 //     use_sliding_window refused; written back as SmolLM3.

@@ -113,8 +113,8 @@ struct ModelSpec {
   // OLMo-core trained them (unscaled_local_rope()).
   bool post_norms() const { return hf_model_type == "olmo2" || hf_model_type == "olmo3"; }
   // Whether sliding layers rotate without rope_scaling: Gemma-3's (by rope_local_theta) and
-  // OLMo-3's (by rope_theta: OLMo-core's and vLLM's RoPE, transformers' until its October 2025
-  // refactor scaled every layer).
+  // OLMo-3's (by rope_theta: OLMo-core's, vLLM's and transformers' RoPE; some transformers 5.x
+  // releases scaled every layer).
   bool unscaled_local_rope() const {
     return hf_model_type == "gemma3_text" || hf_model_type == "olmo3";
   }

@@ -63,6 +63,7 @@ std::string trained_run(const std::string& family, const std::string& kind,
   }
   if (family == "olmo3") {  // layer 0 sliding over 5 positions, unscaled; layer 1 full, YaRN's
     json cfg = json::parse(test::slurp(dir + "/base/config.json"));
+    cfg.erase("rope_parameters");  // (keel's own: the older form alone is edited here)
     cfg["sliding_window"] = 5;
     cfg["layer_types"] = {"sliding_attention", "full_attention"};
     cfg["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};

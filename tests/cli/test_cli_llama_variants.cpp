@@ -443,7 +443,11 @@ TEST(CliOlmo3, InitModelWritesOneItsSlidingLayersRotateUnscaledAndALoraTrains) {
       {"sliding_attention", "sliding_attention", "sliding_attention", "full_attention"});
   EXPECT_EQ(cfg.at("layer_types"), types);
   EXPECT_EQ(cfg.at("sliding_window"), 4096);
-  // A window the rows outgrow (24 tokens), and OLMo-3's YaRN (its factor 8 over 8192).
+  // keel writes its RoPE in both forms (rope_theta per layer type for transformers 5): the older
+  // alone is edited here. A window the rows outgrow (24 tokens), and OLMo-3's YaRN (its factor 8
+  // over 8192).
+  EXPECT_EQ(cfg.at("rope_parameters").at("sliding_attention").at("rope_type"), "default");
+  cfg.erase("rope_parameters");
   cfg["sliding_window"] = 6;
   cfg["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
@@ -451,29 +455,36 @@ TEST(CliOlmo3, InitModelWritesOneItsSlidingLayersRotateUnscaledAndALoraTrains) {
   const json saved = train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2"});
   EXPECT_EQ(saved.at("layer_types"), types);
   EXPECT_EQ(saved.at("sliding_window"), 6);
+  EXPECT_EQ(saved.at("rope_parameters").at("full_attention").at("rope_type"), "yarn");
+  EXPECT_EQ(saved.at("rope_parameters").at("sliding_attention").at("rope_type"), "default");
   ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
   // What the window and the scaling change: the layers that slide see fewer keys, and only the
-  // full layer rotates by YaRN (scaling every layer, as transformers' Olmo3Model since its
-  // October 2025 RoPE refactor does, scores otherwise; so does no scaling at all).
+  // full layer rotates by YaRN (no scaling scores otherwise).
   const double olmo3 = eval_loss(dir + "/base", dir + "/t.txt");
-  json full = cfg;
-  full["sliding_window"] = nullptr;
-  std::ofstream(dir + "/base/config.json") << full.dump(2);
+  json wide = cfg;
+  wide["sliding_window"] = 4096;
+  std::ofstream(dir + "/base/config.json") << wide.dump(2);
   EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), olmo3) << "the window";
   json unscaled = cfg;
   unscaled.erase("rope_scaling");
   std::ofstream(dir + "/base/config.json") << unscaled.dump(2);
   EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), olmo3) << "the full layer's YaRN";
-  json as_olmo2 = cfg;  // the same weights as an OLMo-2 under YaRN: every layer scaled, none slide
+  // With a window wider than the rows and no scaling, the same weights score as an OLMo-2.
+  wide.erase("rope_scaling");
+  std::ofstream(dir + "/base/config.json") << wide.dump(2);
+  const double wide_unscaled = eval_loss(dir + "/base", dir + "/t.txt");
+  json as_olmo2 = wide;
   as_olmo2["model_type"] = "olmo2";
   as_olmo2["architectures"] = {"Olmo2ForCausalLM"};
-  as_olmo2["sliding_window"] = nullptr;
+  for (const char* k : {"sliding_window", "layer_types"}) as_olmo2.erase(k);
   std::ofstream(dir + "/base/config.json") << as_olmo2.dump(2);
-  const double all_scaled = eval_loss(dir + "/base", dir + "/t.txt");
-  json olmo3_no_window = full;
-  std::ofstream(dir + "/base/config.json") << olmo3_no_window.dump(2);
-  EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), all_scaled)
-      << "without a window no layer slides, and every one rotates by YaRN";
+  EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), wide_unscaled);
+  json no_window = cfg;
+  no_window["sliding_window"] = nullptr;
+  expect_config_refused(dir, no_window,
+                        dir +
+                            "/base/config.json: sliding_window = null (transformers' Olmo3 needs "
+                            "a window; an OLMo-3 whose layers all see every key is an OLMo-2");
   json irregular = cfg;
   irregular["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention",
                               "sliding_attention"};

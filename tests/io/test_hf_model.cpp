@@ -1211,7 +1211,7 @@ TEST(HfModel, Transformers5RopeParametersPerLayerType) {
   EXPECT_EQ(s.rope_scaling.kind, ops::RopeScaling::Kind::kYarn);
   EXPECT_EQ(s.layer_rope_scaling(0).kind, ops::RopeScaling::Kind::kNone);  // sliding
   EXPECT_EQ(s.layer_rope_scaling(1).kind, ops::RopeScaling::Kind::kYarn);  // full
-  // transformers' standardize_rope_params copies one RoPE into each layer type: a Mistral's.
+  // One RoPE given for each layer type alike: a Mistral's.
   write("mistral_w3", {{"full_attention", plain}, {"sliding_attention", plain}});
   EXPECT_EQ(read_hf_config(dir).spec.rope_theta, 10000.0);
   // Phi-3's longrope with its original context inside (Phi3Config's default 4096 otherwise).
@@ -1243,6 +1243,56 @@ TEST(HfModel, Transformers5RopeParametersPerLayerType) {
           {{"rope_type", "default"}, {"rope_theta", 100.0}, {"partial_rotary_factor", 0.5}}}});
   EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
                   "rope_parameters.sliding_attention turns another share of a head's channels");
+  write("olmo3", {{"full_attention", yarn},
+                  {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 500.0}}}});
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  "rope_parameters.sliding_attention.rope_theta = 500.0 differs from the full "
+                  "layers' 10000.0; keel's olmo3 rotates its sliding layers by rope_theta");
+  // Entries per layer type beside a flat RoPE say two things at once.
+  json mixed = yarn;
+  mixed["sliding_attention"] = plain;
+  write("olmo3", mixed);
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  "rope_parameters mixes entries per layer type with ");
+  // transformers 5.0's flat form of an OLMo-3: its YaRN reaches the full layers only.
+  write("olmo3", yarn);
+  s = read_hf_config(dir).spec;
+  EXPECT_EQ(s.layer_rope_scaling(0).kind, ops::RopeScaling::Kind::kNone);
+  EXPECT_EQ(s.layer_rope_scaling(1).kind, ops::RopeScaling::Kind::kYarn);
+  // A fault in a scaling read from rope_parameters names that field.
+  write("olmo3", {{"full_attention", {{"rope_type", "yarn"}, {"rope_theta", 10000.0}}},
+                  {"sliding_attention", plain}});
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  dir +
+                      "/config.json: rope_parameters.full_attention (yarn) needs a positive "
+                      "number 'factor'");
+}
+
+// OLMo-3-7B's config.json (tests/fuzz/corpus/hf_config/olmo3_7b.json), and the same in transformers
+// 5's per-layer-type form: read alike, as the file says.
+TEST(HfModel, Olmo3SevenBReadsItsWindowLayersAndYarn) {
+  for (const char* name : {"olmo3_7b.json", "olmo3_7b_transformers5.json"}) {
+    const std::string dir = test::temp_dir("hf-olmo3-7b");
+    fs::copy_file(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/" + name,
+                  dir + "/config.json", fs::copy_options::overwrite_existing);
+    const models::ModelSpec s = read_hf_config(dir).spec;
+    EXPECT_EQ(s.architecture(), "olmo3") << name;
+    EXPECT_EQ(s.sliding_window, 4096) << name;
+    EXPECT_EQ(s.sliding_period, 4) << name;
+    EXPECT_EQ(s.rope_theta, 500000.0) << name;
+    EXPECT_EQ(s.norm_eps, 1e-6) << name;
+    EXPECT_TRUE(s.post_norms()) << name;
+    for (int64_t layer : {0, 1, 2, 4}) {
+      EXPECT_EQ(s.layer_window(layer), 4096) << name << " layer " << layer;
+      EXPECT_EQ(s.layer_rope_scaling(layer).kind, ops::RopeScaling::Kind::kNone) << name;
+    }
+    EXPECT_EQ(s.layer_window(3), 0) << name;
+    const ops::RopeScaling r = s.layer_rope_scaling(3);
+    EXPECT_EQ(r.kind, ops::RopeScaling::Kind::kYarn) << name;
+    EXPECT_EQ(r.factor, 8.0) << name;
+    EXPECT_EQ(r.original_max_position, 8192) << name;
+    EXPECT_EQ(r.attention_factor, 1.2079441541679836) << name;
+  }
 }
 
 }  // namespace
