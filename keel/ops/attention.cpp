@@ -218,6 +218,13 @@ struct MaterializedAttention {
         .apply(out.data(), x.data(), x.dtype(), x.numel(), drop_seed, d.drop_threshold,
                d.drop_scale);
   }
+  // P·V's and dV's operand P (pc, in cdt) dropped: in place, unless pc is p32 itself (in f32),
+  // which the backward keeps undropped.
+  Tensor dropped(const Tensor& pc, const Tensor& p32) const {
+    Tensor pd = pc.data() == p32.data() ? Tensor::empty(p32.shape(), cdt, p32.device()) : pc;
+    drop(pd, pc);
+    return pd;
+  }
 
   // Returns P in f32 [B, Hq, T, T] (0 where masked) and writes out [B, Hq, T, D].
   Tensor forward(Tensor& out, const Tensor& qc, const Tensor& kc, const Tensor& vc) const {
@@ -240,13 +247,8 @@ struct MaterializedAttention {
       attention_kernels(dev).softmax_forward(p32.data_as<float>(), p_lp, cdt, p32.data(),
                                              DType::F32, cdt, d);
     }
-    // Dropout (HF's eager attention: the probabilities in the compute dtype, then F.dropout). In
-    // f32 pc is p32, which the backward keeps: the dropped copy is a tensor of its own.
-    if (d.dropout) {
-      Tensor pd = pc.data() == p32.data() ? Tensor::empty(p32.shape(), cdt, dev) : pc;
-      drop(pd, pc);
-      pc = pd;
-    }
+    // Dropout (HF's eager attention: the probabilities in the compute dtype, then F.dropout).
+    if (d.dropout) pc = dropped(pc, p32);
     // O[B*Hkv, G*T, D] = P·V
     mm_into(out, 1.f, pc, vc, cdt, batch(), rows(), dd, t, false, false);
     return p32;
@@ -274,11 +276,7 @@ struct MaterializedAttention {
                                               p_from_backward ? pc.data() : nullptr, d);
     }
     if (dv.defined()) {  // dV[B*Hkv, T, D] = Pᵀ·dO, summed over the group's heads
-      if (d.dropout) {   // the dropped P, as the forward's product took it
-        Tensor pd = pc.data() == p32.data() ? Tensor::empty(p32.shape(), cdt, dev) : pc;
-        drop(pd, pc);
-        pc = pd;
-      }
+      if (d.dropout) pc = dropped(pc, p32);  // the dropped P, as the forward's product took it
       mm_into(dv, 1.f, pc, gc, cdt, batch(), t, dd, rows(), true, false);
       pc = Tensor();
     }

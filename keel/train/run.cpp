@@ -301,6 +301,41 @@ void check_shape_keys_match(const ModelConfig& m, const models::ModelSpec& file_
   real("norm_eps", m.norm_eps, d.norm_eps, file_spec.norm_eps);
 }
 
+// HF trains with config.json's dropout probabilities (GPT-2's resid_pdrop, embd_pdrop and
+// attn_pdrop, 0.1 each; Granite-3's attention_dropout 0.1); keel with its own keys, which the
+// config decides: a difference is said, not hidden. A Llama-family model has no residual or
+// embedding dropout to set (a Phi-3's file may name them): said as not applied.
+void say_file_dropouts(const io::HfConfig& hf, const Config& cfg, const Say& say) {
+  struct FileDropout {
+    const char* file_key;
+    const char* key;
+    double value;
+  };
+  const FileDropout dropouts[] = {
+      {"resid_pdrop", "model.dropout", cfg.model.dropout},
+      {"embd_pdrop", "model.dropout", cfg.model.dropout},
+      {"attn_pdrop", "model.attention_dropout", cfg.model.attention_dropout},
+      {"attention_dropout", "model.attention_dropout", cfg.model.attention_dropout}};
+  const std::string file = cfg.model.path + "/config.json";
+  for (const FileDropout& d : dropouts) {
+    const auto p = hf.json.find(d.file_key);
+    if (p == hf.json.end() || !p->is_number() || p->get<double>() == d.value) continue;
+    const std::string given = std::string(d.file_key) + " = " + p->dump();
+    if (hf.spec.family != "gpt2" && std::string(d.key) == "model.dropout") {
+      if (p->get<double>() > 0)
+        say_or_print(say, "note: " + file + "'s " + given + " is not applied: keel's " +
+                              hf.spec.architecture() +
+                              " has no residual or embedding dropout (HF's applies it while "
+                              "training)");
+      continue;
+    }
+    say_or_print(say, "note: " + file + "'s " + given + " (HF trains with it) differs from " +
+                          d.key + " = " + nlohmann::json(d.value).dump() +
+                          (d.value == 0 ? " (no dropout)" : "") + "; set " + d.key + " = " +
+                          p->dump() + " to train as HF does");
+  }
+}
+
 // MB = 10^6 bytes, as keel memory and keel doctor print theirs: the load note stands beside their
 // figures (doctor prints both), and in MiB a 2.47 GB base read "2357 MB" against "2533.5 MB".
 std::string mb(size_t bytes) { return std::to_string((bytes + 500000) / 1000000) + " MB"; }
@@ -323,38 +358,7 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
     hf.spec.attention = ops::attention_backend_from_name(cfg.model.attention);
     hf.spec.dropout = cfg.model.dropout;
     hf.spec.attention_dropout = cfg.model.attention_dropout;
-    // HF trains with config.json's dropout probabilities (GPT-2's resid_pdrop, embd_pdrop and
-    // attn_pdrop, 0.1 each; Granite-3's attention_dropout 0.1); keel with its own keys, which the
-    // config decides: a difference is said, not hidden. A Llama-family model has no residual or
-    // embedding dropout to set (a Phi-3's file may name them): said as not applied.
-    struct FileDropout {
-      const char* file_key;
-      const char* key;
-      double value;
-    };
-    const FileDropout dropouts[] = {
-        {"resid_pdrop", "model.dropout", cfg.model.dropout},
-        {"embd_pdrop", "model.dropout", cfg.model.dropout},
-        {"attn_pdrop", "model.attention_dropout", cfg.model.attention_dropout},
-        {"attention_dropout", "model.attention_dropout", cfg.model.attention_dropout}};
-    const std::string file = cfg.model.path + "/config.json";
-    for (const FileDropout& d : dropouts) {
-      const auto p = hf.json.find(d.file_key);
-      if (p == hf.json.end() || !p->is_number() || p->get<double>() == d.value) continue;
-      const std::string given = std::string(d.file_key) + " = " + p->dump();
-      if (hf.spec.family != "gpt2" && std::string(d.key) == "model.dropout") {
-        if (p->get<double>() > 0)
-          say_or_print(say, "note: " + file + "'s " + given + " is not applied: keel's " +
-                                hf.spec.architecture() +
-                                " has no residual or embedding dropout (HF's applies it while "
-                                "training)");
-        continue;
-      }
-      say_or_print(say, "note: " + file + "'s " + given + " (HF trains with it) differs from " +
-                            d.key + " = " + nlohmann::json(d.value).dump() +
-                            (d.value == 0 ? " (no dropout)" : "") + "; set " + d.key + " = " +
-                            p->dump() + " to train as HF does");
-    }
+    say_file_dropouts(hf, cfg, say);
     const io::WeightCheck check{cfg.model.allow_nonfinite_weights,
                                 [&](const std::string& w) { say_or_print(say, w); }};
     if (adapted && !io::is_keel_checkpoint(cfg.model.path)) {
