@@ -642,6 +642,25 @@ TEST(CudaTraining, Gemma2sSoftCappedAttentionIsRefused) {
                   "attends on the CPU only");
 }
 
+// Dropout on the attention probabilities runs on the CPU only: a training forward on the GPU says
+// so (keel train refuses the key with run.device = cuda before it starts).
+TEST(CudaTraining, AttentionDropoutIsRefused) {
+  REQUIRE_GPU();
+  models::ModelSpec spec = test::tiny_model_spec("llama");
+  spec.attention_dropout = 0.1;
+  auto m = models::make_causal_lm(spec, 1);
+  nn::move_to_device(*m, kGpu);
+  m->train(true);
+  EXPECT_CONTAINS(test::error_of([&] {
+                    m->forward(on(Tensor::from_ints({1, 2, 3}, {1, 3}), kGpu), Tensor());
+                  }),
+                  "dropout on the attention probabilities (model.attention_dropout) runs on the "
+                  "CPU only");
+  m->train(false);  // evaluation drops nothing: it runs
+  NoGradGuard no_grad;
+  EXPECT_EQ(m->forward(on(Tensor::from_ints({1, 2, 3}, {1, 3}), kGpu), Tensor()).size(1), 3);
+}
+
 TEST(CudaTraining, ActivationCheckpointingIsBitIdenticalOnTheGpu) {
   // train.activation_checkpointing takes the same code path on every device: on the GPU too the
   // losses and every gradient of a checkpointed run equal the plain run's bit for bit.
