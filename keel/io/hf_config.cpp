@@ -228,14 +228,14 @@ const HfArchitecture& architecture_of(const json& j, const std::string& file) {
 // transformers 5 writes RoPE's fields as one object, rope_parameters ({rope_theta, rope_type and
 // its scaling's fields, partial_rotary_factor}), or as one per layer type ({"full_attention": ...,
 // "sliding_attention": ...}), where earlier files give rope_theta, rope_scaling,
-// partial_rotary_factor and Gemma-3's rope_local_base_freq. Returns `j` with those fields set
-// from it, so that both forms read alike (a reader that skips rope_parameters trains at
+// partial_rotary_factor and Gemma-3's rope_local_base_freq. Sets those fields of `j` from it, so
+// that both forms read alike (a reader that skips rope_parameters trains at
 // rope_theta's default: a Llama-3 at 10000 instead of 500000, without a word). Where a file gives
 // both forms they must agree, and a RoPE per layer type that keel's layers do not run is refused;
 // each Error names the field.
-json legacy_rope_fields(const json& j, const std::string& file, const std::string& mt) {
+void legacy_rope_fields(json& j, const std::string& file, const std::string& mt) {
   const auto found = j.find("rope_parameters");
-  if (found == j.end() || found->is_null()) return j;
+  if (found == j.end() || found->is_null()) return;
   const json& rp = *found;
   const std::string where = "rope_parameters";
   auto usage = [&](const std::string& m) { return Error(file + ": " + m, Error::kUsage); };
@@ -272,13 +272,12 @@ json legacy_rope_fields(const json& j, const std::string& file, const std::strin
     return sc;
   };
   auto field = [](const json& o, const char* k) { return o.contains(k) ? o[k] : json(); };
-  json out = j;
   // `key` of the older form takes `value` (given at `from`); one the file gives must agree.
   auto take = [&](const char* key, const json& value, const std::string& from) {
     if (j.contains(key) && !j[key].is_null() && j[key] != value)
       throw usage(std::string(key) + " = " + j[key].dump() + " and " + from + " = " + value.dump() +
                   " disagree; keep one (transformers 5 writes rope_parameters alone)");
-    out[key] = value;
+    j[key] = value;
   };
   if (!field(full, "rope_theta").is_null())
     take("rope_theta", full["rope_theta"], full_where + ".rope_theta");
@@ -289,17 +288,17 @@ json legacy_rope_fields(const json& j, const std::string& file, const std::strin
       (scaled ? scaling_of(given) != scaling_of(full) : type_of(given) != "default"))
     throw usage("rope_scaling = " + given.dump() + " and " + full_where + " = " + full.dump() +
                 " disagree; keep one (transformers 5 writes rope_parameters alone)");
-  if (scaled) out["rope_scaling"] = scaling_of(full);
-  // Phi-3's longrope reads its original context beside max_position_embeddings, where
-  // transformers 5 moves it into rope_parameters.
-  // The scaling read here, so that a fault names rope_parameters (the reader names rope_scaling).
   if (scaled) {
+    // Read here first, so that a fault names rope_parameters (the reader names rope_scaling).
     const json* positions =
         j.contains("max_position_embeddings") ? &j["max_position_embeddings"] : nullptr;
     read_rope_scaling(
         scaling_of(full), file,
         positions && positions->is_number_integer() ? positions->get<int64_t>() : 2048, full_where);
+    j["rope_scaling"] = scaling_of(full);
   }
+  // Phi-3's longrope reads its original context beside max_position_embeddings, where
+  // transformers 5 moves it into rope_parameters.
   if (const std::string t = type_of(full);
       (t == "longrope" || t == "su") && !field(full, "original_max_position_embeddings").is_null())
     take("original_max_position_embeddings", full["original_max_position_embeddings"],
@@ -307,7 +306,7 @@ json legacy_rope_fields(const json& j, const std::string& file, const std::strin
   if (!field(full, "partial_rotary_factor").is_null())
     take("partial_rotary_factor", full["partial_rotary_factor"],
          full_where + ".partial_rotary_factor");
-  if (!sliding) return out;
+  if (!sliding) return;
 
   // The sliding layers' entry: the full layers' (every layer rotates alike), or for a Gemma-3 a
   // default RoPE by a base of its own (rope_local_base_freq), for an OLMo-3 by rope_theta.
@@ -318,7 +317,7 @@ json legacy_rope_fields(const json& j, const std::string& file, const std::strin
   if (field(*sliding, "partial_rotary_factor") != field(full, "partial_rotary_factor"))
     throw usage(sw + " turns another share of a head's channels (partial_rotary_factor) than " +
                 full_where + "; keel turns one in every layer");
-  const bool unscaled_local = mt == "gemma3_text" || mt == "olmo3";
+  const bool unscaled_local = models::ModelSpec::unscaled_local_rope(mt);
   if (scaling_of(*sliding) == scaling_of(full) &&
       field(*sliding, "rope_theta") == field(full, "rope_theta")) {
     if (unscaled_local && scaled)
@@ -327,7 +326,7 @@ json legacy_rope_fields(const json& j, const std::string& file, const std::strin
                   "them); give them {\"rope_type\": \"default\"}");
     if (mt == "gemma3_text" && !field(full, "rope_theta").is_null())
       take("rope_local_base_freq", full["rope_theta"], sw + ".rope_theta");
-    return out;
+    return;
   }
   if (!unscaled_local || type_of(*sliding) != "default")
     throw usage(sw + " = " + sliding->dump() + " differs from " + full_where + " = " + full.dump() +
@@ -337,13 +336,12 @@ json legacy_rope_fields(const json& j, const std::string& file, const std::strin
   const json theta = field(*sliding, "rope_theta");
   if (mt == "gemma3_text") {
     if (!theta.is_null()) take("rope_local_base_freq", theta, sw + ".rope_theta");
-  } else if (!theta.is_null() && theta != field(out, "rope_theta")) {
+  } else if (!theta.is_null() && theta != field(j, "rope_theta")) {
     throw usage(sw + ".rope_theta = " + theta.dump() + " differs from the full layers' " +
-                field(out, "rope_theta").dump() +
+                field(j, "rope_theta").dump() +
                 "; keel's olmo3 rotates its sliding layers by "
                 "rope_theta");
   }
-  return out;
 }
 
 // A Gemma3ForConditionalGeneration's config.json (Gemma-3 4B, 12B, 27B: vision and text): its
@@ -536,7 +534,7 @@ HfConfig read_hf_config(const std::string& dir) {
           json::array({"Gemma3ForConditionalGeneration"}))
     out.json = gemma3_language_model(out.json, file);
   const HfArchitecture& arch = architecture_of(out.json, file);
-  out.json = legacy_rope_fields(out.json, file, arch.model_type);
+  legacy_rope_fields(out.json, file, arch.model_type);
   const json& j = out.json;
   ConfigReader c{j, file};
   models::ModelSpec& s = out.spec;

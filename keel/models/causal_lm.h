@@ -115,9 +115,10 @@ struct ModelSpec {
   // Whether sliding layers rotate without rope_scaling: Gemma-3's (by rope_local_theta) and
   // OLMo-3's (by rope_theta: OLMo-core's, vLLM's and transformers' RoPE; some transformers 5.x
   // releases scaled every layer).
-  bool unscaled_local_rope() const {
-    return hf_model_type == "gemma3_text" || hf_model_type == "olmo3";
+  static bool unscaled_local_rope(const std::string& model_type) {
+    return model_type == "gemma3_text" || model_type == "olmo3";
   }
+  bool unscaled_local_rope() const { return unscaled_local_rope(hf_model_type); }
   // An HF Phi-3 (Phi3ForCausalLM: Phi-3-mini/medium, Phi-3.5-mini, Phi-4): Llama's layers with the
   // query, key and value projections as one Linear (self_attn.qkv_proj: q's rows, then k's, then
   // v's) and gate and up as one (mlp.gate_up_proj: gate's rows, then up's), so that an adapter on

@@ -133,18 +133,13 @@ TEST(AttentionDropout, FlashGradientsAgreeWithTheMaterializedBackends) {
 
 TEST(AttentionDropout, GradientsMatchFiniteDifferences) {
   for (AttentionBackend be : kBackends)
-    for (const char* bound : {"", " padded", " window 3"}) {
-      ops::AttentionMask mask;
-      if (std::string(bound) == " padded")
-        mask.key_padding = Tensor::from_ints({0, 1, 1, 1, 1, 1, 1, 1, 1}, {1, 9}, DType::U8);
-      if (std::string(bound) == " window 3") mask.window = 3;
+    for (const auto& [bound, mask] : test::attention_bounds_of_9())
       test::expect_gradcheck(
           [&](const std::vector<Tensor>& in) {
             return ops::attention(in[0], in[1], in[2], mask, be, {}, {0.4f, 17});
           },
           {randn({1, 2, 9, 4}, 31), randn({1, 1, 9, 4}, 32), randn({1, 1, 9, 4}, 33)}, {},
           std::string("attention dropout ") + bname(be) + bound);
-    }
 }
 
 TEST(AttentionDropout, ParityWithPyTorchApplyingTheSameMask) {

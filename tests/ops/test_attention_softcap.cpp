@@ -104,21 +104,16 @@ TEST(SoftcapAttention, ScoresAreCappedBeforeTheSoftmaxInEveryBackend) {
 }
 
 TEST(SoftcapAttention, GradientsMatchFiniteDifferences) {
+  // A padded row's first key hidden, or a window: the capped softmax's backward keeps to the keys
+  // each query sees.
   for (AttentionBackend be : kBackends)
-    for (const char* bound : {"", " padded", " window 3"}) {
-      // A padded row's first key hidden, or a window: the capped softmax's backward keeps to the
-      // keys each query sees.
-      ops::AttentionMask mask;
-      if (std::string(bound) == " padded")
-        mask.key_padding = Tensor::from_ints({0, 1, 1, 1, 1, 1, 1, 1, 1}, {1, 9}, DType::U8);
-      if (std::string(bound) == " window 3") mask.window = 3;
+    for (const auto& [bound, mask] : test::attention_bounds_of_9())
       test::expect_gradcheck(
           [&](const std::vector<Tensor>& in) {
             return ops::attention(in[0], in[1], in[2], mask, be, {0.6f, 1.5f});
           },
           {randn({1, 2, 9, 4}, 91, 1.5f), randn({1, 1, 9, 4}, 92, 1.5f), randn({1, 1, 9, 4}, 93)},
           {}, std::string("softcap ") + ops::attention_backend_name(be) + bound);
-    }
 }
 
 }  // namespace keel::softcap_test

@@ -8,8 +8,11 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "keel/ops/attention.h"
 #include "keel/tensor/tensor.h"
 
 namespace keel::test {
@@ -46,6 +49,15 @@ inline std::vector<double> attention_ref(
         }
       }
   return o;
+}
+
+// What bounds a query's keys besides causality, for the gradient checks of attention over rows of
+// 9 tokens: nothing, a padded first key, a window of 3 (each named for the failure message).
+inline std::vector<std::pair<std::string, ops::AttentionMask>> attention_bounds_of_9() {
+  ops::AttentionMask padded(Tensor::from_ints({0, 1, 1, 1, 1, 1, 1, 1, 1}, {1, 9}, DType::U8));
+  ops::AttentionMask window;
+  window.window = 3;
+  return {{"", ops::AttentionMask()}, {" padded", padded}, {" window 3", window}};
 }
 
 }  // namespace keel::test
