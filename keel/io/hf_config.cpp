@@ -416,8 +416,11 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     j["scale_attn_weights"] = true;
     j["scale_attn_by_inverse_layer_idx"] = false;
     j["reorder_and_upcast_attn"] = false;
-    for (const char* k : {"resid_pdrop", "embd_pdrop", "attn_pdrop"})
-      if (!j.contains(k)) j[k] = 0.0;
+    // The dropouts the run trained with (not a base's: HF's gpt2 says 0.1 each, which a run at
+    // keel's 0 did not apply), so that HF, or keel from this directory, goes on as it trained.
+    j["resid_pdrop"] = s.dropout;
+    j["embd_pdrop"] = s.dropout;
+    j["attn_pdrop"] = s.attention_dropout;
   } else {
     const std::string& variant = s.hf_model_type;
     j["architectures"] = {architecture_of(s).hf_class};
@@ -511,6 +514,9 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
       j["mlp_bias"] = false;
     }
     j["initializer_range"] = s.init_std;
+    // (As GPT-2's. A Phi-3's resid_pdrop and embd_pdrop, which keel does not apply, stay the
+    // base's.)
+    j["attention_dropout"] = s.attention_dropout;
   }
   j["torch_dtype"] = torch_dtype;
   return j;
@@ -545,7 +551,23 @@ HfConfig read_hf_config(const std::string& dir) {
     return Error(file + ": " + what + " is not supported by keel's " + s.architecture() + " model",
                  Error::kUsage);
   };
+  // A dropout probability the file trains with (HF's); keel's runs take model.dropout and
+  // model.attention_dropout instead, saying where they differ (train/run.cpp), and write theirs
+  // back (hf_config_json).
+  auto probability = [&](const char* key, double def) {
+    const double p = c.number({key}, def);
+    if (!(p >= 0 && p < 1))
+      throw Error(file + ": field '" + key + "' must be a dropout probability in [0, 1), got " +
+                      c.find({key})->dump(),
+                  Error::kUsage);
+    return p;
+  };
   if (s.family == "gpt2") {
+    // (GPT2Config's defaults: 0.1 each. keel has one key for the residual and embedding
+    // dropouts: resid_pdrop's.)
+    s.dropout = probability("resid_pdrop", 0.1);
+    probability("embd_pdrop", 0.1);
+    s.attention_dropout = probability("attn_pdrop", 0.1);
     s.n_layer = c.integer({"n_layer", "num_hidden_layers"});
     s.n_embd = c.integer({"n_embd", "hidden_size"});
     s.n_head = c.integer({"n_head", "num_attention_heads"});
@@ -565,6 +587,7 @@ HfConfig read_hf_config(const std::string& dir) {
     if (c.boolean("reorder_and_upcast_attn", false))
       throw unsupported("reorder_and_upcast_attn = true");
   } else {
+    s.attention_dropout = probability("attention_dropout", 0.0);
     s.n_layer = c.integer({"num_hidden_layers", "n_layer"});
     s.n_embd = c.integer({"hidden_size", "n_embd"});
     s.n_head = c.integer({"num_attention_heads", "n_head"});

@@ -66,7 +66,8 @@ HfConfig read_hf_config(const std::string& dir);
 std::vector<int64_t> generation_eos_ids(const std::string& dir);
 
 // The config.json of `spec` with weights stored in `stored` (torch_dtype); `base`'s fields that
-// keel does not set (token ids, ...) are kept.
+// keel does not set (token ids, ...) are kept. Its dropout probabilities are the spec's (a run's
+// model.dropout and model.attention_dropout: what it trained with), not the base's.
 nlohmann::json hf_config_json(const models::ModelSpec& spec, DType stored,
                               const nlohmann::json& base = nlohmann::json::object());
 

@@ -24,7 +24,8 @@ inline nlohmann::json read_json(const std::string& path) {
 }
 
 // Fields of an object read from `file`; the first of several names present wins (config.json's
-// aliases such as n_layer / num_hidden_layers), errors name the first.
+// aliases such as n_layer / num_hidden_layers), errors name the first. The file is the user's:
+// each error is a usage error (exit 2), as the readers' own refusals are.
 struct ConfigReader {
   using json = nlohmann::json;
   const json& j;
@@ -39,32 +40,36 @@ struct ConfigReader {
     const json* v = find(names);
     if (!v) {
       if (def) return *def;
-      throw Error(file + ": missing field '" + *names.begin() + "'");
+      throw Error(file + ": missing field '" + *names.begin() + "'", Error::kUsage);
     }
     if (!v->is_number_integer() || v->get<int64_t>() < 0)
       throw Error(file + ": field '" + *names.begin() + "' must be a non-negative integer, got " +
-                  v->dump());
+                      v->dump(),
+                  Error::kUsage);
     return v->get<int64_t>();
   }
   double number(std::initializer_list<const char*> names, double def) const {
     const json* v = find(names);
     if (!v) return def;
     if (!v->is_number())
-      throw Error(file + ": field '" + *names.begin() + "' must be a number, got " + v->dump());
+      throw Error(file + ": field '" + *names.begin() + "' must be a number, got " + v->dump(),
+                  Error::kUsage);
     return v->get<double>();
   }
   std::string string(const char* name, const std::string& def) const {
     const json* v = find({name});
     if (!v) return def;
     if (!v->is_string())
-      throw Error(file + ": field '" + name + "' must be a string, got " + v->dump());
+      throw Error(file + ": field '" + name + "' must be a string, got " + v->dump(),
+                  Error::kUsage);
     return v->get<std::string>();
   }
   bool boolean(const char* name, bool def) const {
     const json* v = find({name});
     if (!v) return def;
     if (!v->is_boolean())
-      throw Error(file + ": field '" + name + "' must be true or false, got " + v->dump());
+      throw Error(file + ": field '" + name + "' must be true or false, got " + v->dump(),
+                  Error::kUsage);
     return v->get<bool>();
   }
 };

@@ -77,14 +77,15 @@ void for_each_weight(models::CausalLM& model, const std::string& dir,
 // parameters attached from the files (attach_hf_weights): in the files' dtypes where exact in
 // param_dtype, views of the mapping where aligned. The caller holds each parameter in the dtype it
 // computes in (load_hf_model: all in param_dtype; keel generate and eval: a frozen bf16 base as
-// the run held it, never whole in f32 first).
+// the run held it, never whole in f32 first). In eval mode, as transformers' from_pretrained
+// returns a model.
 std::unique_ptr<models::CausalLM> attach_hf_model(const models::ModelSpec& spec,
                                                   const std::string& dir,
                                                   const WeightCheck& check = {});
 
 // attach_hf_model, then every parameter in `param_dtype` (one tensor converted at a time); a keel
 // checkpoint's model with its adapters merged (attach_checkpoint_weights: its merged tensors, not
-// a copy of them in a randomly initialized model).
+// a copy of them in a randomly initialized model). In eval mode.
 std::unique_ptr<models::CausalLM> load_hf_model(
     const std::string& dir, DType param_dtype = DType::F32,
     ops::AttentionBackend attention = ops::AttentionBackend::kEager, const WeightCheck& check = {});

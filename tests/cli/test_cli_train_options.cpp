@@ -220,5 +220,70 @@ TEST(CliTrainOptions, ModelDropoutOnALlamaIsRefusedAndAttentionDropoutIsSaid) {
   EXPECT_EQ(r.output.find("attn_pdrop"), std::string::npos) << r.output;
 }
 
+// A run's checkpoint and its export said the base's dropouts (or none), not those it trained with:
+// HF, or keel from the export, went on with other ones. Now they say the run's, and a file's
+// dropout that is no probability is refused naming the field.
+TEST(CliTrainOptions, TheDropoutsARunTrainedWithAreWhatItsCheckpointAndExportSay) {
+  const std::string dir = test::temp_dir("train-dropouts-written");
+  auto config_of = [](const std::string& d) {
+    return nlohmann::json::parse(std::ifstream(d + "/config.json"));
+  };
+  auto init = [&](const std::string& family) {
+    const test::KeelRun r =
+        test::run_keel({"init-model", "--family", family, "--out", dir + "/" + family, "--n-layer",
+                        "1", "--n-embd", "32", "--n-head", "2", "--max-seq-len", "16"});
+    ASSERT_EQ(r.code, 0) << r.output;
+  };
+  init("gpt2");
+  auto r = test::run_keel(tiny_train(
+      dir + "/gpt2-run",
+      {"model.path=" + dir + "/gpt2", "model.dropout=0.05", "model.attention_dropout=0.1"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_EQ(test::run_keel({"export", dir + "/gpt2-run", "--out", dir + "/gpt2-export"}).code, 0);
+  for (const std::string& d : {dir + "/gpt2-run/checkpoints/last", dir + "/gpt2-export"}) {
+    const nlohmann::json c = config_of(d);
+    EXPECT_EQ(c.at("resid_pdrop"), 0.05) << d;
+    EXPECT_EQ(c.at("embd_pdrop"), 0.05) << d;
+    EXPECT_EQ(c.at("attn_pdrop"), 0.1) << d;
+  }
+  // Trained on from its export with the same keys: nothing to say.
+  r = test::run_keel(tiny_train(
+      dir + "/gpt2-again",
+      {"model.path=" + dir + "/gpt2-export", "model.dropout=0.05", "model.attention_dropout=0.1"}));
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find("pdrop"), std::string::npos) << r.output;
+  // A Granite whose file says 0.1, trained at keel's default: the export says 0.
+  init("granite");
+  nlohmann::json granite = config_of(dir + "/granite");
+  granite["attention_dropout"] = 0.1;
+  std::ofstream(dir + "/granite/config.json") << granite.dump(2);
+  r = test::run_keel(tiny_train(dir + "/granite-run", {"model.path=" + dir + "/granite"}));
+  ASSERT_EQ(r.code, 0) << r.output;
+  ASSERT_EQ(test::run_keel({"export", dir + "/granite-run", "--out", dir + "/granite-export"}).code,
+            0);
+  EXPECT_EQ(config_of(dir + "/granite-export").at("attention_dropout"), 0.0);
+  EXPECT_EQ(config_of(dir + "/granite-run/checkpoints/last").at("attention_dropout"), 0.0);
+  // No probability: refused, naming the file and the field.
+  for (const auto& [field, value, said] :
+       std::vector<std::tuple<std::string, nlohmann::json, std::string>>{
+           {"attention_dropout", 1.5, "must be a dropout probability in [0, 1), got 1.5"},
+           {"attention_dropout", "0.1", "must be a number, got \"0.1\""},
+           {"attention_dropout", -0.1, "must be a dropout probability in [0, 1), got -0.1"}}) {
+    nlohmann::json bad = granite;
+    bad[field] = value;
+    std::ofstream(dir + "/granite/config.json") << bad.dump(2);
+    r = test::run_keel(tiny_train(dir + "/granite-bad", {"model.path=" + dir + "/granite"}));
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, dir + "/granite/config.json: field '" + field + "' " + said);
+  }
+  nlohmann::json gpt2 = config_of(dir + "/gpt2");
+  gpt2["attn_pdrop"] = 1;
+  std::ofstream(dir + "/gpt2/config.json") << gpt2.dump(2);
+  r = test::run_keel(tiny_train(dir + "/gpt2-bad", {"model.path=" + dir + "/gpt2"}));
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_CONTAINS(r.err, "field 'attn_pdrop' must be a dropout probability in [0, 1), got 1");
+  EXPECT_FALSE(std::filesystem::exists(dir + "/gpt2-bad"));
+}
+
 }  // namespace
 }  // namespace keel
