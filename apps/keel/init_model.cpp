@@ -80,8 +80,8 @@ int run_init_model(const InitModelArgs& a) {
     s.attn_softcap = 50;
     s.final_softcap = 30;
   }
-  if (a.family == "smollm3") s.nope_period = 4;  // SmolLM3Config's no_rope_layer_interval
-  if (a.family == "olmo3") {                     // Olmo3Config's defaults
+  if (a.family == "smollm3") s.nope_period = 4;        // SmolLM3Config's no_rope_layer_interval
+  if (a.family == "olmo3" || a.family == "exaone4") {  // Olmo3Config's, Exaone4Config's defaults
     s.sliding_window = 4096;
     s.sliding_period = 4;
   }
@@ -194,20 +194,23 @@ Command add_init_model(CLI::App& app) {
   auto a = std::make_shared<InitModelArgs>();
   CLI::App* sub = app.add_subcommand(
       "init-model",
-      "Write a randomly initialized GPT-2, Llama, Gemma, Gemma-2, Gemma-3, Granite, OLMo-2, Phi-3, "
-      "Qwen2, Qwen3 or SmolLM3 model as a Hugging Face directory");
+      "Write a randomly initialized GPT-2, Llama, Gemma, Gemma-2, Gemma-3, Granite, OLMo-2, "
+      "OLMo-3, "
+      "EXAONE-4, Phi-3, Qwen2, Qwen3 or SmolLM3 model as a Hugging Face directory");
   sub->add_option("--out", a->out, "output directory (config.json + model.safetensors)")
       ->required();
-  sub->add_option("--family", a->family,
-                  "gpt2 | llama | gemma (Llama with 1 + w norms, GeGLU, a scaled embedding) | "
-                  "gemma2 (and sandwich norms, soft caps, every other layer sliding) | gemma3 "
-                  "(Gemma-2's layers with q/k norms, 5 of 6 sliding with their own RoPE base) | "
-                  "phi3 (with fused qkv and gate_up) | qwen2 (with q/k/v biases) | qwen3 (with q/k "
-                  "norms) | smollm3 (every 4th layer without RoPE) | granite (with Granite-3's "
-                  "multipliers) | olmo2 (norms after the attention and the MLP, q/k norms) | "
-                  "olmo3 (OLMo-2's layers, 3 of 4 sliding)")
+  sub->add_option(
+         "--family", a->family,
+         "gpt2 | llama | gemma (Llama with 1 + w norms, GeGLU, a scaled embedding) | "
+         "gemma2 (and sandwich norms, soft caps, every other layer sliding) | gemma3 "
+         "(Gemma-2's layers with q/k norms, 5 of 6 sliding with their own RoPE base) | "
+         "phi3 (with fused qkv and gate_up) | qwen2 (with q/k/v biases) | qwen3 (with q/k "
+         "norms) | smollm3 (every 4th layer without RoPE) | granite (with Granite-3's "
+         "multipliers) | olmo2 (norms after the attention and the MLP, q/k norms) | "
+         "olmo3 (OLMo-2's layers, 3 of 4 sliding) | exaone4 (OLMo-2's norms, q/k norms per "
+         "head, 3 of 4 layers sliding, the 4th without RoPE)")
       ->check(CLI::IsMember({"gpt2", "llama", "gemma", "gemma2", "gemma3", "granite", "olmo2",
-                             "olmo3", "phi3", "qwen2", "qwen3", "smollm3"}))
+                             "olmo3", "exaone4", "phi3", "qwen2", "qwen3", "smollm3"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

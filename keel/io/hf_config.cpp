@@ -196,6 +196,7 @@ constexpr HfArchitecture kArchitectures[] = {
     {"mistral", "MistralForCausalLM", nullptr, "llama"},     // and a sliding window
     {"olmo2", "Olmo2ForCausalLM", nullptr, "llama"},         // post-norms, whole q/k norms
     {"olmo3", "Olmo3ForCausalLM", nullptr, "llama"},         // and 3 of 4 layers sliding
+    {"exaone4", "Exaone4ForCausalLM", nullptr, "llama"},     // OLMo-2's norms, NoPE full layers
     {"phi3", "Phi3ForCausalLM", nullptr, "llama"},           // fused qkv and gate_up, a window
     {"qwen2", "Qwen2ForCausalLM", nullptr, "llama"},         // and q/k/v biases
     {"qwen3", "Qwen3ForCausalLM", nullptr, "llama"},         // and q/k norms
@@ -451,6 +452,14 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     }
     if (variant == "olmo3") {  // its window, and which layers slide (Olmo3Config's layer_types)
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
+      json types = json::array();
+      for (int64_t i = 0; i < s.n_layer; ++i)
+        types.push_back(s.layer_window(i) > 0 ? "sliding_attention" : "full_attention");
+      j["layer_types"] = types;
+    }
+    if (variant == "exaone4") {  // its window, and which layers slide (as Exaone4Config reads)
+      j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
+      j["sliding_window_pattern"] = s.sliding_window > 0 ? json(s.sliding_period) : json();
       json types = json::array();
       for (int64_t i = 0; i < s.n_layer; ++i)
         types.push_back(s.layer_window(i) > 0 ? "sliding_attention" : "full_attention");
@@ -752,6 +761,38 @@ HfConfig read_hf_config(const std::string& dir) {
         const auto full = std::find(slides->begin(), slides->end(), false);
         s.sliding_period = full == slides->end() ? 0 : full - slides->begin() + 1;
         expect_layout(*slides, layout);
+      }
+    }
+    if (variant == "exaone4") {
+      // EXAONE-4: the layers layer_types names "sliding_attention" slide over the last
+      // sliding_window positions (Exaone4Config's 4096; null: none, every layer full and
+      // rotating), the others see every key without RoPE (ModelSpec::layer_rotates). Without
+      // layer_types every sliding_window_pattern-th layer is full: a number (4), or "L"s then a
+      // "G" ("LLLG", the 32B's).
+      const json* window = j.contains("sliding_window") ? &j["sliding_window"] : nullptr;
+      s.sliding_window = window && window->is_null() ? 0 : c.integer({"sliding_window"}, 4096);
+      if (s.sliding_window > 0) {
+        const std::string layout =
+            "keel's exaone4 slides all layers but every Nth: \"sliding_attention\" N - 1 times, "
+            "then \"full_attention\", repeated, one entry a layer";
+        s.sliding_period = 4;
+        if (const json* pattern = c.find({"sliding_window_pattern"})) {
+          const std::string text = pattern->is_string() ? pattern->get<std::string>() : "";
+          const bool letters =
+              !text.empty() && text.back() == 'G' && text.find_first_not_of('L') == text.size() - 1;
+          if (pattern->is_number_integer() && pattern->get<int64_t>() >= 1)
+            s.sliding_period = pattern->get<int64_t>();
+          else if (letters && s.n_layer % std::ssize(text) == 0)  // its last layer full too
+            s.sliding_period = std::ssize(text);
+          else
+            throw unsupported("sliding_window_pattern " + pattern->dump() + " (" + layout +
+                              ": a number N, or N - 1 \"L\"s then \"G\" dividing the layers)");
+        }
+        if (const auto slides = sliding_layers(layout)) {
+          const auto full = std::find(slides->begin(), slides->end(), false);
+          s.sliding_period = full == slides->end() ? 0 : full - slides->begin() + 1;
+          expect_layout(*slides, layout);
+        }
       }
     }
     if (variant == "granite") {

@@ -31,6 +31,10 @@
 //     rope_scaling (OLMo-core's, vLLM's and transformers 4.57's and current RoPE; some 5.x releases
 //     scaled every layer); a null sliding_window refused (transformers' Olmo3 cannot run one);
 //     written back as OLMo-3, its RoPE also per layer type (rope_parameters).
+//   Exaone4ForCausalLM (model_type "exaone4"): OLMo-2's norms with a q_norm and k_norm per head,
+//     sliding_window (4096; null: none) over the layers layer_types names "sliding_attention"
+//     (else every sliding_window_pattern-th layer full: 4, or "LLLG"), the full ones without RoPE
+//     where there is a window (HF's global NoPE); written back as EXAONE-4.
 //   SmolLM3ForCausalLM (model_type "smollm3"): Llama's fields and layers, every
 //     no_rope_layer_interval-th without RoPE as no_rope_layers lists them (ModelSpec::nope_period);
 //     use_sliding_window refused; written back as SmolLM3.

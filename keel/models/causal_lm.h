@@ -44,8 +44,8 @@ struct ModelSpec {
   ops::AttentionBackend attention = ops::AttentionBackend::kEager;
   DType param_dtype = DType::F32;
   // The HF architecture a "llama" family model is written back as: "" (Llama), "gemma", "gemma2",
-  // "gemma3_text", "granite", "mistral", "olmo2", "olmo3", "phi3", "qwen2", "qwen3" or "smollm3"
-  // (SmolLM3ForCausalLM:
+  // "gemma3_text", "granite", "mistral", "olmo2", "olmo3", "exaone4", "phi3", "qwen2", "qwen3" or
+  // "smollm3" (SmolLM3ForCausalLM:
   // Llama's layers, some without RoPE: nope_period; GraniteForCausalLM: Llama's layers with the
   // multipliers below). An HF Mistral (model_type "mistral",
   // MistralForCausalLM): Llama's layers under another name, whose attention slides over the last
@@ -53,7 +53,8 @@ struct ModelSpec {
   // earlier position, Mistral v0.2 on). Qwen2 and Qwen3 with use_sliding_window slide the layers
   // from sliding_from_layer on (their max_window_layers), Mistral and Phi-3 all of them, Gemma-2
   // every other one from the first (sliding_period 2: a layer slides unless layer % period ==
-  // period - 1), Gemma-3 five of six, OLMo-3 three of four. Empty and 0 for every other model.
+  // period - 1), Gemma-3 five of six, OLMo-3 and EXAONE-4-32B three of four. Empty and 0 for every
+  // other model.
   std::string hf_model_type;
   int64_t sliding_window = 0, sliding_from_layer = 0, sliding_period = 0;
   // The window of decoder layer `layer` (0: full attention).
@@ -83,7 +84,10 @@ struct ModelSpec {
   // one: layer 3, 7, ... of its 36 with interval 4): their queries and keys are not rotated; 0:
   // every layer rotates.
   int64_t nope_period = 0;
+  // An EXAONE-4 with a window rotates its sliding layers only: its full ones see positions only
+  // through the causal mask (HF's "global NoPE"); without a window every layer rotates.
   bool layer_rotates(int64_t layer) const {
+    if (hf_model_type == "exaone4" && sliding_window > 0 && layer_window(layer) == 0) return false;
     return nope_period <= 0 || (layer + 1) % nope_period != 0;
   }
   // Granite's multipliers (GraniteForCausalLM): the embedding's output times
@@ -94,7 +98,7 @@ struct ModelSpec {
          logits_scaling = 1;
 
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
-  // "granite", "mistral", "olmo2", "olmo3", "phi3", "qwen2", "qwen3" or "smollm3".
+  // "granite", "mistral", "olmo2", "olmo3", "exaone4", "phi3", "qwen2", "qwen3" or "smollm3".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).
@@ -110,8 +114,17 @@ struct ModelSpec {
   // k_norm over the whole query and key projections (n_head x head_dim and kv_heads x head_dim
   // wide) before the heads are split. An OLMo-3 (Olmo3ForCausalLM): OLMo-2's layers, three of
   // every four sliding (sliding_period 4), its sliding layers rotating without rope_scaling as
-  // OLMo-core trained them (unscaled_local_rope()).
-  bool post_norms() const { return hf_model_type == "olmo2" || hf_model_type == "olmo3"; }
+  // OLMo-core trained them (unscaled_local_rope()). An EXAONE-4 (Exaone4ForCausalLM): OLMo-2's
+  // norms with Qwen3's q/k norms, one per head (qk_norm_over_projection() false), its layers
+  // sliding as layer_types lists them (three of every four in the 32B; none in the 1.2B), the
+  // full ones without RoPE where it slides (layer_rotates).
+  bool post_norms() const {
+    return hf_model_type == "olmo2" || hf_model_type == "olmo3" || hf_model_type == "exaone4";
+  }
+  // OLMo-2's and OLMo-3's q_norm and k_norm: over the whole projections, before the heads split.
+  bool qk_norm_over_projection() const {
+    return hf_model_type == "olmo2" || hf_model_type == "olmo3";
+  }
   // Whether sliding layers rotate without rope_scaling: Gemma-3's (by rope_local_theta) and
   // OLMo-3's (by rope_theta: OLMo-core's, vLLM's and transformers' RoPE; some transformers 5.x
   // releases scaled every layer).

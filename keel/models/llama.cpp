@@ -36,13 +36,13 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
   o_proj = register_module("o_proj", lin(n_head * d, s.n_embd, false));
   if (s.qk_norm()) {
     // (Gemma-3's scale by 1 + weight, as its other norms; OLMo-2's span the whole projection)
-    const int64_t q_width = s.post_norms() ? n_head * d : d;
-    const int64_t k_width = s.post_norms() ? n_kv_head * d : d;
+    const int64_t q_width = s.qk_norm_over_projection() ? n_head * d : d;
+    const int64_t k_width = s.qk_norm_over_projection() ? n_kv_head * d : d;
     q_norm = register_module(
         "q_norm", std::make_unique<nn::RMSNorm>(q_width, s.norm_eps, s.param_dtype, s.gemma()));
     k_norm = register_module(
         "k_norm", std::make_unique<nn::RMSNorm>(k_width, s.norm_eps, s.param_dtype, s.gemma()));
-    norm_whole_projection = s.post_norms();
+    norm_whole_projection = s.qk_norm_over_projection();
   }
 }
 
@@ -69,14 +69,15 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
       q = ops::split_heads(q_proj->forward(x), n_head);     // [B,H,T,D]
       k = ops::split_heads(k_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
     }
-    if (q_norm && !norm_whole_projection) {  // Qwen3, Gemma-3: each head's over its D channels
+    if (q_norm && !norm_whole_projection) {  // Qwen3, Gemma-3, EXAONE-4: each head's D channels
       q = q_norm->forward(q);
       k = k_norm->forward(k);
     }
     const Tensor positions = mask.positions.defined()            ? mask.positions
                              : caches && caches->rows.size() > 1 ? caches->positions(x.size(1))
                                                                  : Tensor();
-    // (SmolLM3's NoPE layers see positions only through the causal mask.)
+    // (SmolLM3's NoPE layers, and EXAONE-4's full ones, see positions only through the causal
+    // mask.)
     if (rotates && positions.defined()) {  // a packed row's (each from 0), or decoding rows'
       q = ops::rope(q, theta, positions, rope_scaling, rotary_dim);
       k = ops::rope(k, theta, positions, rope_scaling, rotary_dim);

@@ -59,8 +59,10 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
     }
     linear(p, h + ".self_attn.o_proj", q_dim, C, false);
     if (s.qk_norm()) {  // per head, or (OLMo-2) over the whole projection
-      p.push_back({h + ".self_attn.q_norm.weight", {s.post_norms() ? q_dim : D}, false});
-      p.push_back({h + ".self_attn.k_norm.weight", {s.post_norms() ? kv_dim : D}, false});
+      p.push_back(
+          {h + ".self_attn.q_norm.weight", {s.qk_norm_over_projection() ? q_dim : D}, false});
+      p.push_back(
+          {h + ".self_attn.k_norm.weight", {s.qk_norm_over_projection() ? kv_dim : D}, false});
     }
     p.push_back({h + ".post_attention_layernorm.weight", {C}, false});
     if (s.sandwich_norms()) p.push_back({h + ".pre_feedforward_layernorm.weight", {C}, false});

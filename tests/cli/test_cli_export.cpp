@@ -69,6 +69,12 @@ std::string trained_run(const std::string& family, const std::string& kind,
     cfg["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
     std::ofstream(dir + "/base/config.json") << cfg.dump(2);
   }
+  if (family == "exaone4") {  // layer 0 sliding over 5 positions and rotating; layer 1 full, NoPE
+    json cfg = json::parse(test::slurp(dir + "/base/config.json"));
+    cfg["sliding_window"] = 5;
+    cfg["layer_types"] = {"sliding_attention", "full_attention"};
+    std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  }
   if (family == "smollm3") {  // its second layer without RoPE (its every 4th of 36)
     json cfg = json::parse(test::slurp(dir + "/base/config.json"));
     cfg["no_rope_layers"] = {1, 0};
@@ -295,7 +301,7 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // sandwich norms and soft caps), a Gemma-3 whole (its q/k norms), a SmolLM3's LoRA (a NoPE
   // layer of its 2), a Granite whole (its multipliers), an OLMo-2's LoRA (its norms), a Llama's
   // LoRA under YaRN rope_scaling, an OLMo-3's (a sliding layer rotating unscaled, a full one by
-  // YaRN).
+  // YaRN), an EXAONE-4's (its per-head q/k norms after OLMo-2's, a full layer without RoPE).
   for (const auto& [family, kind] :
        std::vector<std::pair<std::string, std::string>>{{"gpt2", "lora"},
                                                         {"llama", "lora"},
@@ -311,7 +317,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
                                                         {"granite", "none"},
                                                         {"olmo2", "lora"},
                                                         {"llama-yarn", "lora"},
-                                                        {"olmo3", "lora"}}) {
+                                                        {"olmo3", "lora"},
+                                                        {"exaone4", "lora"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);
@@ -338,7 +345,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
     // (OLMo-2's norms after each sublayer scale a sublayer's small outputs, bf16's weight
     // rounding with them: up to 4% of the largest logit in this tiny model, against 3% for the
     // pre-norm models.)
-    const bool post_norms = out.find("export-olmo") != std::string::npos;
+    const bool post_norms = out.find("export-olmo") != std::string::npos ||
+                            out.find("export-exaone4") != std::string::npos;
     expect_close(torch_logits, want, bf16 ? (post_norms ? 6e-2 : 3e-2) : 1e-5,
                  out + ": torch vs the checkpoint");
   }

@@ -430,6 +430,65 @@ TEST(CliOlmo2, InitModelWritesOneAndALoraTrains) {
 // run's checkpoint computes; its sliding layers rotate without the file's YaRN and its full ones
 // with it (ModelParity's olmo3 checks how against PyTorch, the export test that PyTorch reads
 // the export so), and a pattern keel's model cannot follow is refused naming the field.
+// EXAONE-4 (Exaone4ForCausalLM): OLMo-2's norms after each sublayer with a q/k norm per head;
+// three of every four layers slide, and where the model slides its full layers take no RoPE (HF's
+// global NoPE).
+TEST(CliExaone4, InitModelWritesOneItsFullLayersTakeNoRopeAndALoraTrains) {
+  const std::string dir = test::temp_dir("cli-exaone4");
+  const test::KeelRun init = test::run_keel(
+      {"init-model", "--family", "exaone4", "--out", dir + "/base", "--n-layer", "4", "--n-embd",
+       "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32", "--init-std", "0.1"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("model_type"), "exaone4");
+  EXPECT_EQ(cfg.at("architectures"), json::array({"Exaone4ForCausalLM"}));
+  const json types = json::array(
+      {"sliding_attention", "sliding_attention", "sliding_attention", "full_attention"});
+  EXPECT_EQ(cfg.at("layer_types"), types);
+  EXPECT_EQ(cfg.at("sliding_window"), 4096);
+  EXPECT_EQ(cfg.at("sliding_window_pattern"), 4);
+  cfg["sliding_window"] = 6;  // a window the rows (24 tokens) outgrow
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  std::ofstream(dir + "/t.txt") << "12+34=46 and 5+7=12\n\n90+9=99 and 1+2=3\n";
+  const json saved = train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2"});
+  EXPECT_EQ(saved.at("layer_types"), types);
+  EXPECT_EQ(saved.at("sliding_window"), 6);
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+  // What the window and the NoPE change: a window wider than the rows still leaves the full layer
+  // without RoPE, and without a window (null) every layer rotates and sees every key.
+  const double exaone4 = eval_loss(dir + "/base", dir + "/t.txt");
+  json wide = cfg;
+  wide["sliding_window"] = 4096;
+  std::ofstream(dir + "/base/config.json") << wide.dump(2);
+  const double wide_loss = eval_loss(dir + "/base", dir + "/t.txt");
+  EXPECT_NE(wide_loss, exaone4) << "the window";
+  json no_window = cfg;
+  no_window["sliding_window"] = nullptr;
+  std::ofstream(dir + "/base/config.json") << no_window.dump(2);
+  EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), wide_loss) << "the full layer's NoPE";
+  // The pattern without layer_types (Exaone4Config's "LLLG" form) reads as the list does.
+  json letters = cfg;
+  letters.erase("layer_types");
+  letters["sliding_window_pattern"] = "LLLG";
+  std::ofstream(dir + "/base/config.json") << letters.dump(2);
+  EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), exaone4);
+  json odd = letters;
+  odd["sliding_window_pattern"] = "LLG";  // 4 layers: its last one would slide
+  expect_config_refused(dir, odd,
+                        dir +
+                            "/base/config.json: sliding_window_pattern \"LLG\" (keel's exaone4 "
+                            "slides all layers but every Nth");
+  json irregular = cfg;
+  irregular["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention",
+                              "sliding_attention"};
+  expect_config_refused(dir, irregular,
+                        dir +
+                            "/base/config.json: layer_types [\"full_attention\","
+                            "\"sliding_attention\",\"sliding_attention\",\"sliding_attention\"] "
+                            "(keel's exaone4 slides all layers but every Nth");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+}
+
 TEST(CliOlmo3, InitModelWritesOneItsSlidingLayersRotateUnscaledAndALoraTrains) {
   const std::string dir = test::temp_dir("cli-olmo3");
   const test::KeelRun init = test::run_keel(

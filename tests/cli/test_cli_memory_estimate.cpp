@@ -111,6 +111,15 @@ TEST(CliMemoryEstimate, Olmo3CountsItsPublishedParameters) {
   EXPECT_EQ(published_parameters("olmo3_7b.json"), 2 * 100278 * 4096 + 32 * per_layer + 4096);
 }
 
+// EXAONE-4.0-32B's config.json shape (tests/fuzz/corpus/hf_config/exaone4_32b.json, written from
+// the published file's fields): 30.95B parameters besides its untied embedding and head, as
+// published; its q/k norms are one head wide.
+TEST(CliMemoryEstimate, Exaone4CountsItsPublishedParameters) {
+  const int64_t per_layer =
+      2 * 5120 * 5120 + 2 * 5120 * 1024 + 3 * 5120 * 27392 + 2 * 5120 + 2 * 128;
+  EXPECT_EQ(published_parameters("exaone4_32b.json"), 2 * 102400 * 5120 + 64 * per_layer + 5120);
+}
+
 TEST(CliMemoryEstimate, KvHeadsThatDoNotDivideTheHeadsAreAUsageError) {
   const test::KeelRun r = test::run_keel_sh(
       "memory --family llama --layers 2 --hidden 256 --heads 8 --kv-heads 3 --batch 1 --seq 8");

@@ -240,6 +240,13 @@ TEST(CliMemoryRss, Olmo2EstimateWithin10PercentOfPeakRss) {
   memtest_family("olmo2", R"(["q_proj", "v_proj"])");
 }
 
+// An EXAONE-4 from its config.json: OLMo-2's norms with q/k norms per head (Qwen3's statistics),
+// three of four layers sliding, the fourth without RoPE.
+TEST(CliMemoryRss, Exaone4EstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  memtest_family("exaone4", R"(["q_proj", "v_proj"])");
+}
+
 // A Granite from its config.json: its multiplied embedding, sublayer outputs and logits (each
 // product a transient copy beside what Llama's layers keep).
 TEST(CliMemoryRss, GraniteEstimateWithin10PercentOfPeakRss) {

@@ -740,14 +740,16 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
   m = error_of([&] { load_hf_model(dir); });
   EXPECT_CONTAINS(m, "OlmoForCausalLM");
   EXPECT_CONTAINS(m, "unsupported model");
-  EXPECT_CONTAINS(m,
-                  "keel reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama), "
-                  "GemmaForCausalLM (gemma), Gemma2ForCausalLM (gemma2), Gemma3ForCausalLM "
-                  "(gemma3_text), GraniteForCausalLM (granite), MistralForCausalLM (mistral), "
-                  "Olmo2ForCausalLM (olmo2), Olmo3ForCausalLM (olmo3), Phi3ForCausalLM (phi3), "
-                  "Qwen2ForCausalLM (qwen2), "
-                  "Qwen3ForCausalLM (qwen3), "
-                  "SmolLM3ForCausalLM (smollm3)");
+  EXPECT_CONTAINS(
+      m,
+      "keel reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama), "
+      "GemmaForCausalLM (gemma), Gemma2ForCausalLM (gemma2), Gemma3ForCausalLM "
+      "(gemma3_text), GraniteForCausalLM (granite), MistralForCausalLM (mistral), "
+      "Olmo2ForCausalLM (olmo2), Olmo3ForCausalLM (olmo3), Exaone4ForCausalLM (exaone4), "
+      "Phi3ForCausalLM (phi3), "
+      "Qwen2ForCausalLM (qwen2), "
+      "Qwen3ForCausalLM (qwen3), "
+      "SmolLM3ForCausalLM (smollm3)");
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};
@@ -1292,6 +1294,44 @@ TEST(HfModel, Olmo3SevenBReadsItsWindowLayersAndYarn) {
     EXPECT_EQ(r.factor, 8.0) << name;
     EXPECT_EQ(r.original_max_position, 8192) << name;
     EXPECT_EQ(r.attention_factor, 1.2079441541679836) << name;
+  }
+}
+
+// EXAONE-4.0-32B's config.json (tests/fuzz/corpus/hf_config/exaone4_32b.json, written from the
+// published file's fields, not downloaded here): 64 layers, three of every four sliding over 4096
+// positions and rotating by Llama-3's scaling, every fourth full and without RoPE; a q/k norm per
+// head after OLMo-2's post-norms.
+TEST(HfModel, Exaone4ThirtyTwoBReadsItsWindowLayersAndNope) {
+  const std::string dir = test::temp_dir("hf-exaone4-32b");
+  fs::copy_file(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/exaone4_32b.json",
+                dir + "/config.json", fs::copy_options::overwrite_existing);
+  const models::ModelSpec s = read_hf_config(dir).spec;
+  EXPECT_EQ(s.architecture(), "exaone4");
+  EXPECT_EQ(s.n_layer, 64);
+  EXPECT_EQ(s.head_dim(), 128);
+  EXPECT_EQ(s.sliding_window, 4096);
+  EXPECT_EQ(s.sliding_period, 4);
+  EXPECT_TRUE(s.post_norms());
+  EXPECT_TRUE(s.qk_norm());
+  EXPECT_FALSE(s.qk_norm_over_projection());
+  EXPECT_FALSE(s.tie_embeddings);
+  EXPECT_EQ(s.rope_scaling.kind, ops::RopeScaling::Kind::kLlama3);
+  for (int64_t layer : {0, 1, 2, 60, 62}) {
+    EXPECT_EQ(s.layer_window(layer), 4096) << layer;
+    EXPECT_TRUE(s.layer_rotates(layer)) << layer;
+  }
+  for (int64_t layer : {3, 7, 63}) {
+    EXPECT_EQ(s.layer_window(layer), 0) << layer;
+    EXPECT_FALSE(s.layer_rotates(layer)) << layer;
+  }
+  // Without a window (null) every layer sees every key and rotates (HF's Exaone4Attention).
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+  j["sliding_window"] = nullptr;
+  std::ofstream(dir + "/config.json") << j.dump();
+  const models::ModelSpec full = read_hf_config(dir).spec;
+  for (int64_t layer : {0, 3, 63}) {
+    EXPECT_EQ(full.layer_window(layer), 0) << layer;
+    EXPECT_TRUE(full.layer_rotates(layer)) << layer;
   }
 }
 

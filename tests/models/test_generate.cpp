@@ -119,11 +119,12 @@ TEST_P(KvCache, SameTokensWithAndWithoutTheCache) {
 // qwen3_d8: heads wider than n_embd / n_head, whose cache rows are head_dim wide. mistral_w3:
 // a window of 3 that a decode of 16 positions slides past, cached and not. phi3_w3: the same
 // window, its keys and values cut from one fused qkv_proj product. olmo3: a sliding layer
-// rotating unscaled beside a full one under YaRN.
+// rotating unscaled beside a full one under YaRN. exaone4: a sliding layer rotating beside a
+// full one without RoPE.
 INSTANTIATE_TEST_SUITE_P(Backends, KvCache,
                          ::testing::Combine(::testing::Values("gpt2", "llama", "qwen3_d8",
                                                               "mistral_w3", "phi3_w3", "gemma2",
-                                                              "gemma3", "olmo3"),
+                                                              "gemma3", "olmo3", "exaone4"),
                                             ::testing::Values("eager", "math", "flash"),
                                             ::testing::Bool()),
                          [](const auto& info) {

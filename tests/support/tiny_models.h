@@ -30,13 +30,15 @@ namespace keel::test {
 // "yarn": the Llama with heads 8 wide and YaRN rope_scaling (factor 4 over an original context of
 // 1000: pair 0 kept, 1 and 2 blended, 3 interpolated; attention factor 0.1 ln 4 + 1). "olmo3": an
 // OLMo-3 (OLMo-2's layers with the yarn family's heads and rope_scaling; layer 0 sliding over 3
-// positions and rotating without the scaling, layer 1 full with it).
+// positions and rotating without the scaling, layer 1 full with it). "exaone4": an EXAONE-4
+// (OLMo-2's norms with per-head q/k norms, the yarn family's heads and rope_scaling; layer 0
+// sliding over 3 positions and rotating, layer 1 full and without RoPE).
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
     "gpt2",    "llama",   "qwen2",   "qwen3", "qwen3_d8", "mistral_w3", "qwen2_w3",
     "phi3_w3", "phi3_lr", "phi3_sr", "phi4m", "gemma",    "gemma2",     "gemma3",
-    "smollm3", "granite", "olmo2",   "yarn",  "olmo3"};
+    "smollm3", "granite", "olmo2",   "yarn",  "olmo3",    "exaone4"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
@@ -49,7 +51,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool phi3 = family == "phi3_w3" || phi3_long;
   const bool gemma = family == "gemma" || family == "gemma2" || family == "gemma3";
   const bool smollm3 = family == "smollm3", granite = family == "granite",
-             olmo2 = family == "olmo2", olmo3 = family == "olmo3";
+             olmo2 = family == "olmo2", olmo3 = family == "olmo3", exaone4 = family == "exaone4";
   s.family = family != "gpt2" ? "llama" : family;
   s.hf_model_type = qwen      ? family.substr(0, 5)
                     : mistral ? "mistral"
@@ -59,6 +61,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
                     : granite ? "granite"
                     : olmo2   ? "olmo2"
                     : olmo3   ? "olmo3"
+                    : exaone4 ? "exaone4"
                               : "";
   if (granite) {
     s.embedding_multiplier = 3;
@@ -67,7 +70,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.logits_scaling = 4;
   }
   if (smollm3) s.nope_period = 2;
-  const bool yarn = family == "yarn" || olmo3;
+  const bool yarn = family == "yarn" || olmo3 || exaone4;
   if (wide_heads || phi4_mini || yarn) s.head_width = 8;
   if (yarn) {
     s.rope_scaling.kind = ops::RopeScaling::Kind::kYarn;
@@ -110,7 +113,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.final_softcap = 3;
   }
   if (family == "gemma3") s.rope_local_theta = 100;  // layer 0's RoPE base, layer 1's 1e4
-  if (olmo3) {  // layer 0 slides, unscaled; layer 1 full, under YaRN
+  if (olmo3 || exaone4) {  // layer 0 slides (OLMo-3's unscaled); layer 1 full (EXAONE-4's NoPE)
     s.sliding_window = 3;
     s.sliding_period = 2;
   }
