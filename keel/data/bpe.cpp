@@ -10,59 +10,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "keel/data/unicode_nfc.h"
+#include "keel/data/utf8.h"
 #include "keel/numerics/error.h"
 #include "keel/numerics/input_file.h"
 
 namespace keel::data {
 
 namespace {
-
-void append_utf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
-// Decodes the UTF-8 character at s[i]; returns its length (0 when the bytes are not valid
-// UTF-8: stray continuation byte, truncated or overlong sequence, surrogate, > U+10FFFF).
-size_t decode_utf8(std::string_view s, size_t i, uint32_t* cp) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
-  const unsigned char c = b(0);
-  size_t len;
-  uint32_t v, min;
-  if (c < 0x80) {
-    *cp = c;
-    return 1;
-  } else if ((c & 0xE0) == 0xC0) {
-    len = 2, v = c & 0x1F, min = 0x80;
-  } else if ((c & 0xF0) == 0xE0) {
-    len = 3, v = c & 0x0F, min = 0x800;
-  } else if ((c & 0xF8) == 0xF0) {
-    len = 4, v = c & 0x07, min = 0x10000;
-  } else {
-    return 0;
-  }
-  if (i + len > s.size()) return 0;
-  for (size_t k = 1; k < len; ++k) {
-    if ((b(k) & 0xC0) != 0x80) return 0;
-    v = (v << 6) | (b(k) & 0x3F);
-  }
-  if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-  *cp = v;
-  return len;
-}
 
 // Unicode White_Space (Rust's char::is_whitespace, which HF uses for lstrip/rstrip).
 bool is_unicode_space(uint32_t cp) {
@@ -142,7 +97,7 @@ std::string bytes_to_byte_level(std::string_view bytes) {
 bool byte_level_to_bytes(std::string_view token, std::string* bytes) {
   bytes->clear();
   for (size_t i = 0; i < token.size();) {
-    uint32_t cp;
+    uint32_t cp = 0;
     const size_t len = decode_utf8(token, i, &cp);
     if (len == 0 || cp >= 512 || alphabet().to_byte[cp] < 0) return false;
     bytes->push_back(static_cast<char>(alphabet().to_byte[cp]));
@@ -236,6 +191,7 @@ BpeTokenizer::BpeTokenizer(BpeSpec spec)
       pad_id_(spec.pad_id),
       prefix_id_(spec.prefix_id),
       ignore_merges_(spec.ignore_merges),
+      nfc_(spec.nfc),
       chat_(std::move(spec.chat)),
       pre_tokenizer_(std::move(spec.pre_tokenizer)),
       added_(std::move(spec.added_tokens)),
@@ -453,7 +409,7 @@ void BpeTokenizer::pre_tokenize_into(std::string_view text, bool prefix_space,
 
 std::vector<std::string> BpeTokenizer::pre_tokenize(std::string_view text) const {
   std::vector<std::string> pieces;
-  if (!text.empty()) pre_tokenize_into(text, /*prefix_space=*/true, &pieces);
+  if (!text.empty()) pre_tokenize_into(nfc_ ? nfc(text) : std::string(text), true, &pieces);
   return pieces;
 }
 
@@ -607,6 +563,13 @@ void BpeTokenizer::merge(std::vector<int32_t>* symbols) const {
 void BpeTokenizer::encode_section(std::string_view section, SectionAt at,
                                   std::vector<int32_t>* out) const {
   if (section.empty()) return;
+  // HF normalizes each section between added tokens (so a mark after an added token composes
+  // with nothing), then pre-tokenizes it.
+  std::string composed;
+  if (nfc_) {
+    composed = nfc(section);
+    section = composed;
+  }
   if (!metaspace_.on) {
     std::vector<std::string> pieces;
     pre_tokenize_into(section, /*prefix_space=*/at != SectionAt::kContinuing, &pieces);
@@ -707,7 +670,7 @@ std::vector<int32_t> BpeTokenizer::encode_text(std::string_view text, bool conti
       const bool word_before =
           b > 0 && word_char_->search(
                        text.substr(char_start_before(text, b), b - char_start_before(text, b)));
-      uint32_t cp;
+      uint32_t cp = 0;
       const size_t len = e < n ? decode_utf8(text, e, &cp) : 0;
       const bool word_after = len > 0 && word_char_->search(text.substr(e, len));
       if (word_before || word_after) {
@@ -718,13 +681,13 @@ std::vector<int32_t> BpeTokenizer::encode_text(std::string_view text, bool conti
     if (hit->lstrip)
       while (b > section) {
         const size_t s = char_start_before(text, b);
-        uint32_t cp;
+        uint32_t cp = 0;
         if (decode_utf8(text, s, &cp) != b - s || !is_unicode_space(cp)) break;
         b = s;
       }
     if (hit->rstrip)
       while (e < n) {
-        uint32_t cp;
+        uint32_t cp = 0;
         const size_t len = decode_utf8(text, e, &cp);
         if (len == 0 || !is_unicode_space(cp)) break;
         e += len;

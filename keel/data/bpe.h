@@ -114,6 +114,9 @@ struct BpeSpec {
   std::vector<std::pair<std::string, std::string>> merges;  // in rank order (rank = index)
   std::vector<std::string> merge_places;  // where merge i was read ("vocab.bpe:12"), for errors
   bool ignore_merges = false;  // a pre-token that is itself a vocabulary token is not merged
+  // The NFC normalizer (Qwen2's tokenizer.json): each section in Unicode's composed form before
+  // it is pre-tokenized (unicode_nfc.h).
+  bool nfc = false;
   std::vector<PreTokenizerStep> pre_tokenizer;
   Metaspace metaspace;
   std::vector<AddedToken> added_tokens;
@@ -176,6 +179,7 @@ class BpeTokenizer : public Tokenizer {
   std::string source_;
   int64_t vocab_size_ = 0, bos_id_ = -1, eos_id_ = -1, pad_id_ = -1, prefix_id_ = -1;
   bool ignore_merges_ = false;
+  bool nfc_ = false;
   std::shared_ptr<const ChatFormat> chat_;
   std::vector<PreTokenizerStep> pre_tokenizer_;
   std::vector<AddedToken> added_;

@@ -179,8 +179,9 @@ struct Loader {
            get_string(p, "content", field) == to;
   }
 
-  // The normalizer: null (byte-level files), or Llama-2's SentencePiece spelling, Prepend("▁")
-  // and Replace(" ", "▁") (in either order, or the Replace alone).
+  // The normalizer: null (byte-level files), NFC (Qwen2's, Qwen3's: Unicode's composed form,
+  // before the pre-tokenizer), or Llama-2's SentencePiece spelling, Prepend("▁") and
+  // Replace(" ", "▁") (in either order, or the Replace alone), in a Sequence with NFC or not.
   void normalizer(const json& n) {
     if (n.is_null()) return;
     std::vector<std::pair<const json*, std::string>> steps;
@@ -192,20 +193,24 @@ struct Loader {
     } else {
       steps.emplace_back(&n, "normalizer");
     }
-    bool replaced = false;
+    bool replaced = false, prepended = false;
     for (const auto& [step, field] : steps) {
       if (!step->is_object()) fail(field, "expected an object");
       const std::string type = get_string(*step, "type", field);
-      if (type == "Prepend" && get_string(*step, "prepend", field) == "\u2581") {
+      if (type == "NFC") {
+        spec.nfc = true;
+      } else if (type == "Prepend" && get_string(*step, "prepend", field) == "\u2581") {
         spec.metaspace.prepend = Metaspace::Prepend::kEvery;
+        prepended = true;
       } else if (type == "Replace" && replaces(*step, field, " ", "\u2581")) {
         replaced = true;
       } else {
         fail(field, "the " + type +
-                        " normalizer is not supported (keel reads null, or Llama-2's "
+                        " normalizer is not supported (keel reads null, NFC, or Llama-2's "
                         "Prepend(\"\u2581\") and Replace(\" \", \"\u2581\"))");
       }
     }
+    if (!prepended && !replaced) return;  // NFC alone: a byte-level file's
     if (!replaced)
       fail("normalizer",
            "a \"\u2581\" prepended without Replace(\" \", \"\u2581\") is not "

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "keel/data/utf8.h"
+
 namespace keel::data::jinja {
 
 [[noreturn]] void fail(std::string message, size_t pos) { throw Failure{std::move(message), pos}; }
@@ -56,23 +58,7 @@ std::vector<std::string_view> code_points(std::string_view s) {
   return out;
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xc0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xe0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  } else {
-    out += static_cast<char>(0xf0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (cp & 0x3f));
-  }
-}
+void append_utf8(std::string& out, uint32_t cp) { data::append_utf8(cp, &out); }
 std::string to_lower(std::string s) {
   for (char& c : s) c = ascii_lower(c);
   return s;

