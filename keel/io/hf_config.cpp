@@ -459,7 +459,8 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     }
     if (variant == "exaone4") {  // its window, and which layers slide (as Exaone4Config reads)
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
-      j["sliding_window_pattern"] = s.sliding_window > 0 ? json(s.sliding_period) : json();
+      j["sliding_window_pattern"] =
+          s.sliding_window > 0 && s.sliding_period > 0 ? json(s.sliding_period) : json();
       json types = json::array();
       for (int64_t i = 0; i < s.n_layer; ++i)
         types.push_back(s.layer_window(i) > 0 ? "sliding_attention" : "full_attention");
@@ -776,7 +777,8 @@ HfConfig read_hf_config(const std::string& dir) {
             "keel's exaone4 slides all layers but every Nth: \"sliding_attention\" N - 1 times, "
             "then \"full_attention\", repeated, one entry a layer";
         s.sliding_period = 4;
-        if (const json* pattern = c.find({"sliding_window_pattern"})) {
+        const json* pattern = c.find({"sliding_window_pattern"});
+        if (pattern && !c.find({"layer_types"})) {  // (layer_types, when given, is what HF reads)
           const std::string text = pattern->is_string() ? pattern->get<std::string>() : "";
           const bool letters =
               !text.empty() && text.back() == 'G' && text.find_first_not_of('L') == text.size() - 1;

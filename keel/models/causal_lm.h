@@ -116,8 +116,8 @@ struct ModelSpec {
   // every four sliding (sliding_period 4), its sliding layers rotating without rope_scaling as
   // OLMo-core trained them (unscaled_local_rope()). An EXAONE-4 (Exaone4ForCausalLM): OLMo-2's
   // norms with Qwen3's q/k norms, one per head (qk_norm_over_projection() false), its layers
-  // sliding as layer_types lists them (three of every four in the 32B; none in the 1.2B), the
-  // full ones without RoPE where it slides (layer_rotates).
+  // sliding as layer_types lists them (three of every four in the 32B; none with a null window),
+  // the full ones without RoPE where it slides (layer_rotates).
   bool post_norms() const {
     return hf_model_type == "olmo2" || hf_model_type == "olmo3" || hf_model_type == "exaone4";
   }

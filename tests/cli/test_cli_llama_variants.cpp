@@ -425,27 +425,30 @@ TEST(CliOlmo2, InitModelWritesOneAndALoraTrains) {
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
-// An OLMo-3 (Olmo3ForCausalLM): init-model writes one whose layers slide three of every four
-// (Olmo3Config's layer_types), a LoRA on it trains and its adapter applies to the base as the
-// run's checkpoint computes; its sliding layers rotate without the file's YaRN and its full ones
-// with it (ModelParity's olmo3 checks how against PyTorch, the export test that PyTorch reads
-// the export so), and a pattern keel's model cannot follow is refused naming the field.
+// A 4-layer `family` base in DIR/base from init-model: three sliding layers and a full one over
+// its config's default window (4096) under HF architecture `arch`. Returns its config.json.
+json init_three_of_four_sliding(const std::string& family, const std::string& arch,
+                                const std::string& dir) {
+  const test::KeelRun init = test::run_keel(
+      {"init-model", "--family", family, "--out", dir + "/base", "--n-layer", "4", "--n-embd", "32",
+       "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32", "--init-std", "0.1"});
+  EXPECT_EQ(init.code, 0) << init.output;
+  json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("model_type"), family);
+  EXPECT_EQ(cfg.at("architectures"), json::array({arch}));
+  EXPECT_EQ(cfg.at("layer_types"), json::array({"sliding_attention", "sliding_attention",
+                                                "sliding_attention", "full_attention"}));
+  EXPECT_EQ(cfg.at("sliding_window"), 4096);
+  return cfg;
+}
+
 // EXAONE-4 (Exaone4ForCausalLM): OLMo-2's norms after each sublayer with a q/k norm per head;
 // three of every four layers slide, and where the model slides its full layers take no RoPE (HF's
 // global NoPE).
 TEST(CliExaone4, InitModelWritesOneItsFullLayersTakeNoRopeAndALoraTrains) {
   const std::string dir = test::temp_dir("cli-exaone4");
-  const test::KeelRun init = test::run_keel(
-      {"init-model", "--family", "exaone4", "--out", dir + "/base", "--n-layer", "4", "--n-embd",
-       "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32", "--init-std", "0.1"});
-  ASSERT_EQ(init.code, 0) << init.output;
-  json cfg = read_json_file(dir + "/base/config.json");
-  EXPECT_EQ(cfg.at("model_type"), "exaone4");
-  EXPECT_EQ(cfg.at("architectures"), json::array({"Exaone4ForCausalLM"}));
-  const json types = json::array(
-      {"sliding_attention", "sliding_attention", "sliding_attention", "full_attention"});
-  EXPECT_EQ(cfg.at("layer_types"), types);
-  EXPECT_EQ(cfg.at("sliding_window"), 4096);
+  json cfg = init_three_of_four_sliding("exaone4", "Exaone4ForCausalLM", dir);
+  const json types = cfg.at("layer_types");
   EXPECT_EQ(cfg.at("sliding_window_pattern"), 4);
   cfg["sliding_window"] = 6;  // a window the rows (24 tokens) outgrow
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
@@ -472,6 +475,10 @@ TEST(CliExaone4, InitModelWritesOneItsFullLayersTakeNoRopeAndALoraTrains) {
   letters["sliding_window_pattern"] = "LLLG";
   std::ofstream(dir + "/base/config.json") << letters.dump(2);
   EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), exaone4);
+  json listed = cfg;  // beside layer_types a pattern is not read (HF's Exaone4Config)
+  listed["sliding_window_pattern"] = "LLG";
+  std::ofstream(dir + "/base/config.json") << listed.dump(2);
+  EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), exaone4);
   json odd = letters;
   odd["sliding_window_pattern"] = "LLG";  // 4 layers: its last one would slide
   expect_config_refused(dir, odd,
@@ -489,19 +496,15 @@ TEST(CliExaone4, InitModelWritesOneItsFullLayersTakeNoRopeAndALoraTrains) {
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
+// An OLMo-3 (Olmo3ForCausalLM): init-model writes one whose layers slide three of every four
+// (Olmo3Config's layer_types), a LoRA on it trains and its adapter applies to the base as the
+// run's checkpoint computes; its sliding layers rotate without the file's YaRN and its full ones
+// with it (ModelParity's olmo3 checks how against PyTorch, the export test that PyTorch reads
+// the export so), and a pattern keel's model cannot follow is refused naming the field.
 TEST(CliOlmo3, InitModelWritesOneItsSlidingLayersRotateUnscaledAndALoraTrains) {
   const std::string dir = test::temp_dir("cli-olmo3");
-  const test::KeelRun init = test::run_keel(
-      {"init-model", "--family", "olmo3", "--out", dir + "/base", "--n-layer", "4", "--n-embd",
-       "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32", "--init-std", "0.1"});
-  ASSERT_EQ(init.code, 0) << init.output;
-  json cfg = read_json_file(dir + "/base/config.json");
-  EXPECT_EQ(cfg.at("model_type"), "olmo3");
-  EXPECT_EQ(cfg.at("architectures"), json::array({"Olmo3ForCausalLM"}));
-  const json types = json::array(
-      {"sliding_attention", "sliding_attention", "sliding_attention", "full_attention"});
-  EXPECT_EQ(cfg.at("layer_types"), types);
-  EXPECT_EQ(cfg.at("sliding_window"), 4096);
+  json cfg = init_three_of_four_sliding("olmo3", "Olmo3ForCausalLM", dir);
+  const json types = cfg.at("layer_types");
   // keel writes its RoPE in both forms (rope_theta per layer type for transformers 5): the older
   // alone is edited here. A window the rows outgrow (24 tokens), and OLMo-3's YaRN (its factor 8
   // over 8192).
