@@ -442,6 +442,19 @@ json init_three_of_four_sliding(const std::string& family, const std::string& ar
   return cfg;
 }
 
+// DIR/base's config `cfg` with its full layer first (a layout no period gives) is refused naming
+// layer_types and `family`'s layout.
+void expect_full_layer_first_refused(const std::string& dir, json cfg, const std::string& family) {
+  cfg["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention",
+                        "sliding_attention"};
+  expect_config_refused(dir, cfg,
+                        dir +
+                            "/base/config.json: layer_types [\"full_attention\","
+                            "\"sliding_attention\",\"sliding_attention\",\"sliding_attention\"] "
+                            "(keel's " +
+                            family + " slides all layers but every Nth");
+}
+
 // EXAONE-4 (Exaone4ForCausalLM): OLMo-2's norms after each sublayer with a q/k norm per head;
 // three of every four layers slide, and where the model slides its full layers take no RoPE (HF's
 // global NoPE).
@@ -485,14 +498,7 @@ TEST(CliExaone4, InitModelWritesOneItsFullLayersTakeNoRopeAndALoraTrains) {
                         dir +
                             "/base/config.json: sliding_window_pattern \"LLG\" (keel's exaone4 "
                             "slides all layers but every Nth");
-  json irregular = cfg;
-  irregular["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention",
-                              "sliding_attention"};
-  expect_config_refused(dir, irregular,
-                        dir +
-                            "/base/config.json: layer_types [\"full_attention\","
-                            "\"sliding_attention\",\"sliding_attention\",\"sliding_attention\"] "
-                            "(keel's exaone4 slides all layers but every Nth");
+  expect_full_layer_first_refused(dir, cfg, "exaone4");
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
@@ -547,14 +553,7 @@ TEST(CliOlmo3, InitModelWritesOneItsSlidingLayersRotateUnscaledAndALoraTrains) {
                         dir +
                             "/base/config.json: sliding_window = null (transformers' Olmo3 needs "
                             "a window; an OLMo-3 whose layers all see every key is an OLMo-2");
-  json irregular = cfg;
-  irregular["layer_types"] = {"full_attention", "sliding_attention", "sliding_attention",
-                              "sliding_attention"};
-  expect_config_refused(dir, irregular,
-                        dir +
-                            "/base/config.json: layer_types [\"full_attention\","
-                            "\"sliding_attention\",\"sliding_attention\",\"sliding_attention\"] "
-                            "(keel's olmo3 slides all layers but every Nth");
+  expect_full_layer_first_refused(dir, cfg, "olmo3");
   json sinks = cfg;
   sinks["use_sinks"] = true;
   expect_config_refused(dir, sinks,
