@@ -35,14 +35,15 @@ struct AttentionDims {
   // 1 - tanh² needs (no [B, Hq, T, T] copy of the scores is kept).
   float* softmax_lse = nullptr;
   // Dropout on the probabilities (ops::AttentionDropout): probability (b, h, i, j) survives when
-  // the top 32 bits of splitmix64_at(drop_key, ((b·Hq + h)·T + i)·T + j) are >= drop_threshold
-  // (backend/dropout.h's mask, drop_key = splitmix64_at(seed, 0)); survivors are times drop_scale.
+  // the top 32 bits of splitmix64_at(splitmix64_at(drop_seed, 0), ((b·Hq + h)·T + i)·T + j) are
+  // >= drop_threshold (backend/dropout.h's mask of seed drop_seed); survivors are times
+  // drop_scale.
   // Read by the flash kernels only (the eager and math backends drop between their products with
   // the dropout kernels). CPU kernels only.
   bool dropout = false;
   uint32_t drop_threshold = 0;
   float drop_scale = 1.f;
-  uint64_t drop_key = 0;
+  uint64_t drop_seed = 0;
   // The first key query i of batch b sees: its example's first token (0 when not packed), or its
   // window's, whichever is later. Never decreases along a row.
   int64_t first_key(int64_t b, int64_t i) const {

@@ -409,7 +409,8 @@ void BpeTokenizer::pre_tokenize_into(std::string_view text, bool prefix_space,
 
 std::vector<std::string> BpeTokenizer::pre_tokenize(std::string_view text) const {
   std::vector<std::string> pieces;
-  if (!text.empty()) pre_tokenize_into(nfc_ ? nfc(text) : std::string(text), true, &pieces);
+  if (!text.empty())
+    pre_tokenize_into(nfc_ ? nfc(text) : std::string(text), /*prefix_space=*/true, &pieces);
   return pieces;
 }
 
@@ -566,7 +567,7 @@ void BpeTokenizer::encode_section(std::string_view section, SectionAt at,
   // HF normalizes each section between added tokens (so a mark after an added token composes
   // with nothing), then pre-tokenizes it.
   std::string composed;
-  if (nfc_) {
+  if (nfc_ && nfc_may_change(section)) {  // (most sections are NFC already: no copy)
     composed = nfc(section);
     section = composed;
   }

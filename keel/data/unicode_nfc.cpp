@@ -89,20 +89,23 @@ uint8_t unit_class(uint32_t unit) { return unit & kRawByte ? 0 : combining_class
 
 const char* nfc_unicode_version() { return kNfcUnicodeVersion; }
 
-std::string nfc(std::string_view text) {
-  // Most text (ASCII, CJK ideographs, precomposed Latin) holds no code point NFC can change.
-  bool changes = false;
-  for (size_t i = 0; i < text.size() && !changes;) {
+bool nfc_may_change(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
     if (static_cast<unsigned char>(text[i]) < 0xCC) {  // below U+0300: never affected
       ++i;
       continue;
     }
     uint32_t cp = 0;
     const size_t n = decode_utf8(text, i, &cp);
-    changes = n > 0 && affected(cp);
+    if (n > 0 && affected(cp)) return true;
     i += n > 0 ? n : 1;
   }
-  if (!changes) return std::string(text);
+  return false;
+}
+
+std::string nfc(std::string_view text) {
+  // Most text (ASCII, CJK ideographs, precomposed Latin) holds no code point NFC can change.
+  if (!nfc_may_change(text)) return std::string(text);
   // 1. Canonical decomposition.
   std::vector<uint32_t> units;
   units.reserve(text.size());

@@ -8,9 +8,12 @@
 
 namespace keel::data {
 
+// Whether `text` holds a code point NFC can change (a mark, a decomposable or composable
+// character): false for ASCII and most text, after one scan that decodes only bytes >= 0xCC.
+bool nfc_may_change(std::string_view text);
+
 // `text` in NFC. Bytes that are not UTF-8 pass through unchanged (each stands alone: nothing
-// composes with it). A text with no code point NFC can change (ASCII, most text) is returned as
-// it is after one scan.
+// composes with it).
 std::string nfc(std::string_view text);
 
 // The Unicode version of the tables ("14.0.0"): code points assigned later are left as they are.

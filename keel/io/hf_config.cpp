@@ -394,6 +394,13 @@ const HfArchitecture& architecture_of(const models::ModelSpec& s) {
 
 json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
   json j = base.is_object() ? base : json::object();
+  // Which layers slide, one entry a layer (HF's layer_types).
+  auto write_layer_types = [&] {
+    json types = json::array();
+    for (int64_t i = 0; i < s.n_layer; ++i)
+      types.push_back(s.layer_window(i) > 0 ? "sliding_attention" : "full_attention");
+    j["layer_types"] = types;
+  };
   // RoPE is written as rope_theta and rope_scaling (every transformers reads them; 5 converts
   // them): a base's transformers-5 rope_parameters would say it twice.
   j.erase("rope_parameters");
@@ -441,10 +448,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
         // and as sliding_window_pattern for the transformers that read only that.
         j.erase("layer_types");
         if (variant == "gemma3_text") {
-          json types = json::array();
-          for (int64_t i = 0; i < s.n_layer; ++i)
-            types.push_back(s.layer_window(i) > 0 ? "sliding_attention" : "full_attention");
-          j["layer_types"] = types;
+          write_layer_types();
           j["sliding_window_pattern"] = s.sliding_period;
           j["rope_local_base_freq"] = s.rope_local_theta;
         }
@@ -452,19 +456,13 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     }
     if (variant == "olmo3") {  // its window, and which layers slide (Olmo3Config's layer_types)
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
-      json types = json::array();
-      for (int64_t i = 0; i < s.n_layer; ++i)
-        types.push_back(s.layer_window(i) > 0 ? "sliding_attention" : "full_attention");
-      j["layer_types"] = types;
+      write_layer_types();
     }
     if (variant == "exaone4") {  // its window, and which layers slide (as Exaone4Config reads)
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
       j["sliding_window_pattern"] =
           s.sliding_window > 0 && s.sliding_period > 0 ? json(s.sliding_period) : json();
-      json types = json::array();
-      for (int64_t i = 0; i < s.n_layer; ++i)
-        types.push_back(s.layer_window(i) > 0 ? "sliding_attention" : "full_attention");
-      j["layer_types"] = types;
+      write_layer_types();
     }
     if (variant == "granite") {
       j["embedding_multiplier"] = s.embedding_multiplier;
@@ -649,6 +647,17 @@ HfConfig read_hf_config(const std::string& dir) {
         if (slides[static_cast<size_t>(i)] != (s.layer_window(i) > 0))
           throw unsupported("layer_types " + c.find({"layer_types"})->dump() + " (" + layout + ")");
     };
+    // All but every Nth layer sliding: N from layer_types, when the file lists them (its first
+    // full layer's index + 1; 0: all slide), which must then follow that period. Returns whether
+    // it lists them.
+    auto listed_sliding_period = [&](const std::string& layout) {
+      const auto slides = sliding_layers(layout);
+      if (!slides) return false;
+      const auto full = std::find(slides->begin(), slides->end(), false);
+      s.sliding_period = full == slides->end() ? 0 : full - slides->begin() + 1;
+      expect_layout(*slides, layout);
+      return true;
+    };
     if ((variant == "qwen2" || variant == "qwen3") && c.boolean("use_sliding_window", false)) {
       // Qwen2's (and Qwen3's) sliding window is off unless use_sliding_window says so, then for
       // the layers from max_window_layers on (HF's Qwen2Config: its default 28), or those
@@ -712,14 +721,8 @@ HfConfig read_hf_config(const std::string& dir) {
                     "\"full_attention\""
                   : "every other layer from the first: \"sliding_attention\", "
                     "\"full_attention\", ...");
-      if (const auto slides = sliding_layers(layout)) {
-        // The period of the file's pattern: its first full layer's index + 1 (none: all slide).
-        const auto full = std::find(slides->begin(), slides->end(), false);
-        s.sliding_period = full == slides->end() ? 0 : full - slides->begin() + 1;
-        if (!gemma3 && s.sliding_period != 2)
-          throw unsupported("layer_types " + c.find({"layer_types"})->dump() + " (" + layout + ")");
-        expect_layout(*slides, layout);
-      }
+      if (listed_sliding_period(layout) && !gemma3 && s.sliding_period != 2)
+        throw unsupported("layer_types " + c.find({"layer_types"})->dump() + " (" + layout + ")");
       if (gemma3 && (!(s.rope_local_theta > 0) || !std::isfinite(s.rope_local_theta)))
         throw Error(file + ": rope_local_base_freq must be a positive number, got " +
                         c.find({"rope_local_base_freq"})->dump(),
@@ -757,12 +760,7 @@ HfConfig read_hf_config(const std::string& dir) {
       const std::string layout =
           "keel's olmo3 slides all layers but every Nth: \"sliding_attention\" N - 1 times, then "
           "\"full_attention\", repeated, one entry a layer";
-      if (const auto slides = sliding_layers(layout)) {
-        // The period of the file's pattern: its first full layer's index + 1 (none: all slide).
-        const auto full = std::find(slides->begin(), slides->end(), false);
-        s.sliding_period = full == slides->end() ? 0 : full - slides->begin() + 1;
-        expect_layout(*slides, layout);
-      }
+      listed_sliding_period(layout);
     }
     if (variant == "exaone4") {
       // EXAONE-4: the layers layer_types names "sliding_attention" slide over the last
@@ -790,11 +788,7 @@ HfConfig read_hf_config(const std::string& dir) {
             throw unsupported("sliding_window_pattern " + pattern->dump() + " (" + layout +
                               ": a number N, or N - 1 \"L\"s then \"G\" dividing the layers)");
         }
-        if (const auto slides = sliding_layers(layout)) {
-          const auto full = std::find(slides->begin(), slides->end(), false);
-          s.sliding_period = full == slides->end() ? 0 : full - slides->begin() + 1;
-          expect_layout(*slides, layout);
-        }
+        listed_sliding_period(layout);
       }
     }
     if (variant == "granite") {

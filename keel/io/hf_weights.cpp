@@ -426,7 +426,6 @@ std::unique_ptr<models::CausalLM> load_hf_model(const std::string& dir, DType pa
   }
   for (auto& [name, p] : model->named_parameters())
     if (p.dtype() != param_dtype) Tensor(p).attach_storage(convert_mapped(p, param_dtype));
-  model->train(false);  // as attach_hf_model's
   return model;
 }
 
@@ -435,10 +434,6 @@ std::unique_ptr<models::CausalLM> attach_hf_model(const models::ModelSpec& spec,
                                                   const WeightCheck& check) {
   auto model = models::make_causal_lm_for_loading(spec);
   attach_hf_weights(*model, dir, check);
-  // In eval mode, as transformers' from_pretrained returns one: the file's dropouts (GPT-2's 0.1
-  // each) apply only where a run trains it (the Trainer switches it to training mode, under the
-  // run's model.dropout and model.attention_dropout).
-  model->train(false);
   return model;
 }
 

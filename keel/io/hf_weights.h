@@ -77,8 +77,7 @@ void for_each_weight(models::CausalLM& model, const std::string& dir,
 // parameters attached from the files (attach_hf_weights): in the files' dtypes where exact in
 // param_dtype, views of the mapping where aligned. The caller holds each parameter in the dtype it
 // computes in (load_hf_model: all in param_dtype; keel generate and eval: a frozen bf16 base as
-// the run held it, never whole in f32 first). In eval mode, as transformers' from_pretrained
-// returns a model.
+// the run held it, never whole in f32 first). In eval mode (make_causal_lm_for_loading).
 std::unique_ptr<models::CausalLM> attach_hf_model(const models::ModelSpec& spec,
                                                   const std::string& dir,
                                                   const WeightCheck& check = {});

@@ -172,7 +172,9 @@ std::unique_ptr<CausalLM> make_causal_lm(const ModelSpec& spec, uint64_t seed) {
 
 std::unique_ptr<CausalLM> make_causal_lm_for_loading(const ModelSpec& spec) {
   DeferStorage deferred;
-  return make_causal_lm(spec, 0);
+  std::unique_ptr<CausalLM> m = make_causal_lm(spec, 0);
+  m->train(false);
+  return m;
 }
 
 std::optional<double> init_std(const ModelSpec& spec, const std::string& name) {

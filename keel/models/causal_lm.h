@@ -259,7 +259,9 @@ ops::AttentionDropout attention_probability_dropout(const nn::Module& m, double 
 
 // The model of `spec` with every parameter deferred (tensor.h's DeferStorage): shapes, dtypes and
 // names, no memory and no initialization. For a model whose weights come from files
-// (io::attach_hf_weights).
+// (io::attach_hf_weights). In eval mode, as transformers' from_pretrained returns one: a file's
+// dropouts (GPT-2's 0.1 each) apply only where a run trains it (the Trainer switches it to
+// training mode each step, under the run's model.dropout and model.attention_dropout).
 std::unique_ptr<CausalLM> make_causal_lm_for_loading(const ModelSpec& spec);
 
 // make_causal_lm's random initialization of parameter `name` (HF's _init_weights): the standard

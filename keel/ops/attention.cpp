@@ -9,7 +9,6 @@
 #include "keel/backend/dropout.h"
 #include "keel/backend/elementwise.h"
 #include "keel/backend/matmul.h"
-#include "keel/numerics/hash.h"
 #include "keel/ops/dropout.h"
 #include "keel/ops/op_util.h"
 
@@ -188,7 +187,7 @@ AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v,
     d.dropout = true;
     d.drop_threshold = m.threshold;
     d.drop_scale = m.scale;
-    d.drop_key = splitmix64_at(drop.seed, 0);
+    d.drop_seed = drop.seed;
   }
   return d;
 }
@@ -207,7 +206,6 @@ const int64_t* positions_ptr(const Tensor& pos) {
 struct MaterializedAttention {
   AttentionDims d;
   DType cdt;
-  uint64_t drop_seed = 0;  // the dropout mask's seed, when d.dropout
   int64_t batch() const { return d.batch * d.heads_kv; }
   int64_t rows() const { return d.heads_q / d.heads_kv * d.seq; }  // G*T
 
@@ -215,7 +213,7 @@ struct MaterializedAttention {
   // P, dP and the [B*Hkv, G*T, T] products alike), rounded once into x's dtype; out may be x.
   void drop(Tensor& out, const Tensor& x) const {
     dropout_kernels(x.device())
-        .apply(out.data(), x.data(), x.dtype(), x.numel(), drop_seed, d.drop_threshold,
+        .apply(out.data(), x.data(), x.dtype(), x.numel(), d.drop_seed, d.drop_threshold,
                d.drop_scale);
   }
   // P·V's and dV's operand P (pc, in cdt) dropped: in place, unless pc is p32 itself (in f32),
@@ -292,7 +290,6 @@ struct MaterializedAttention {
 struct AttentionNode final : Node {
   AttentionBackend backend;
   AttentionDims dims;
-  uint64_t drop_seed = 0;
   Tensor q, k, v, mask, positions;
   Tensor p32;  // eager, math: probabilities [B, Hq, T, T] f32
   // flash: output (a handle without grad_fn); flash, and eager/math with a soft cap: logsumexp
@@ -316,7 +313,7 @@ struct AttentionNode final : Node {
                           dv.defined() ? dv.data() : nullptr, q.data(), k.data(), v.data(),
                           out.data(), g.data(), lse.data_as<float>(), dt, d);
     } else {
-      MaterializedAttention ma{d, backend == AttentionBackend::kEager ? dt : DType::F32, drop_seed};
+      MaterializedAttention ma{d, backend == AttentionBackend::kEager ? dt : DType::F32};
       ma.backward(dq, dk, dv, as_dtype(grad, ma.cdt), as_dtype(q, ma.cdt), as_dtype(k, ma.cdt),
                   as_dtype(v, ma.cdt), p32);
     }
@@ -353,8 +350,7 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
       lse = Tensor::empty({d.batch, d.heads_q, d.seq}, DType::F32, q.device());
       d.softmax_lse = lse.data_as<float>();
     }
-    MaterializedAttention ma{d, backend == AttentionBackend::kEager ? dt : DType::F32,
-                             dropout.seed};
+    MaterializedAttention ma{d, backend == AttentionBackend::kEager ? dt : DType::F32};
     p32 = ma.forward(out, as_dtype(q, ma.cdt), as_dtype(k, ma.cdt), as_dtype(v, ma.cdt));
     d.softmax_lse = nullptr;  // the node's copy of d points at its own lse
   }
@@ -362,7 +358,6 @@ Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, const Attent
     auto n = std::make_shared<AttentionNode>();
     n->backend = backend;
     n->dims = d;
-    n->drop_seed = dropout.seed;
     n->q = q;
     n->k = k;
     n->v = v;

@@ -164,6 +164,16 @@ void expect_config_refused(const std::string& dir, const json& bad, const std::s
   EXPECT_CONTAINS(r.err, message);
 }
 
+// DIR/base's config `cfg` with attention sinks (use_sinks) is refused naming the field.
+void expect_sinks_refused(const std::string& dir, json cfg, const std::string& family) {
+  cfg["use_sinks"] = true;
+  expect_config_refused(dir, cfg,
+                        dir +
+                            "/base/config.json: use_sinks = true (attention sinks) is not "
+                            "supported by keel's " +
+                            family + " model");
+}
+
 TEST(CliQwen2, InitModelWritesOneAndALoraOnItsBiasedProjectionsExports) {
   const std::string dir = test::temp_dir("cli-qwen2");
   init_tiny("qwen2", dir + "/base");
@@ -416,12 +426,7 @@ TEST(CliOlmo2, InitModelWritesOneAndALoraTrains) {
   EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2"}).at("model_type"),
             "olmo2");
   ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
-  json sinks = cfg;
-  sinks["use_sinks"] = true;
-  expect_config_refused(dir, sinks,
-                        dir +
-                            "/base/config.json: use_sinks = true (attention sinks) is not "
-                            "supported by keel's olmo2 model");
+  expect_sinks_refused(dir, cfg, "olmo2");
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
@@ -554,12 +559,7 @@ TEST(CliOlmo3, InitModelWritesOneItsSlidingLayersRotateUnscaledAndALoraTrains) {
                             "/base/config.json: sliding_window = null (transformers' Olmo3 needs "
                             "a window; an OLMo-3 whose layers all see every key is an OLMo-2");
   expect_full_layer_first_refused(dir, cfg, "olmo3");
-  json sinks = cfg;
-  sinks["use_sinks"] = true;
-  expect_config_refused(dir, sinks,
-                        dir +
-                            "/base/config.json: use_sinks = true (attention sinks) is not "
-                            "supported by keel's olmo3 model");
+  expect_sinks_refused(dir, cfg, "olmo3");
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 

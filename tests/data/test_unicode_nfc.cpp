@@ -48,6 +48,10 @@ TEST(UnicodeNfc, ComposesReordersAndLeavesTheRest) {
   EXPECT_EQ(nfc("\u0301e"), "\u0301e");             // a leading mark composes with nothing
   const std::string plain = "plain ASCII, \u4e16\u754c, \u00e9t\u00e9";
   EXPECT_EQ(nfc(plain), plain);
+  EXPECT_FALSE(nfc_may_change(plain));  // the tokenizer then copies nothing
+  EXPECT_TRUE(nfc_may_change("cafe\u0301"));
+  EXPECT_TRUE(nfc_may_change("\u212b"));
+  EXPECT_TRUE(nfc_may_change("\u1100\u1161"));  // a vowel jamo composes with its consonant
   // Bytes that are not UTF-8 stay where they were, and nothing composes across them.
   const std::string invalid = std::string("e\xff") + "\u0301" + "\xc3";
   EXPECT_EQ(nfc(invalid), invalid);
