@@ -157,10 +157,19 @@ struct Loader {
       else if (behavior != "Isolated")
         fail(field + ".behavior", "\"" + behavior + "\" is not supported (Isolated or Removed)");
       step.invert = get_bool(p, "invert", false, field);
+    } else if (type == "Digits") {
+      // StarCoder2's, Granite's and SmolLM2's files: Digits(individual_digits) before ByteLevel.
+      // HF splits at char::is_numeric (categories Nd, Nl, No: PCRE2's \p{N}), each numeric
+      // character its own piece, or a run of them one piece when individual_digits is false.
+      if (byte_level_seen)
+        fail(field, "a Digits step after the ByteLevel pre-tokenizer is not supported");
+      const bool individual = get_bool(p, "individual_digits", false, field);
+      step.regex = std::make_shared<SplitRegex>(individual ? "\\p{N}" : "\\p{N}+", false,
+                                                file + ": " + field);
     } else {
       fail(field + ".type", "\"" + type +
-                                "\" is not supported (ByteLevel, Split or a Sequence of them, "
-                                "or Metaspace; keel reads BPE tokenizers)");
+                                "\" is not supported (ByteLevel, Split, Digits or a Sequence of "
+                                "them, or Metaspace; keel reads BPE tokenizers)");
     }
     spec.pre_tokenizer.push_back(std::move(step));
   }
@@ -425,8 +434,8 @@ std::unique_ptr<BpeTokenizer> load_hf_tokenizer(const std::string& path, const s
             "one or the other");
   if (ld.spec.metaspace.on && !ld.spec.pre_tokenizer.empty())  // a Split before the Metaspace
     ld.fail("pre_tokenizer",
-            "a Split in a SentencePiece-style file (\"\u2581\" for spaces) is not supported, "
-            "other than Gemma's Split(\" \") after its Replace normalizer");
+            "a Split or Digits step in a SentencePiece-style file (\"\u2581\" for spaces) is not "
+            "supported, other than Gemma's Split(\" \") after its Replace normalizer");
   if (!ld.byte_level_seen && !ld.spec.metaspace.on)
     ld.fail("pre_tokenizer",
             "no ByteLevel step and no \"\u2581\" for spaces: keel reads byte-level BPE (GPT-2, "

@@ -153,6 +153,34 @@ TEST(Bpe, TinyFixtureMatchesReferenceIds) {
   check(*load_hf_tokenizer(kTiny + "/gpt2_style/tokenizer.json"), "gpt2_style", false);
   // (decode gives the composed text: no round trip)
   check(*load_hf_tokenizer(kTiny + "/qwen_style"), "qwen_style", false);
+  check(*load_hf_tokenizer(kTiny + "/starcoder_style"), "starcoder_style", true);
+  check(*load_hf_tokenizer(kTiny + "/digit_runs_style"), "digit_runs_style", true);
+}
+
+TEST(Bpe, DigitsPreTokenizerSplitsAtEveryNumericCharacter) {
+  // HF's Digits splits at char::is_numeric: Unicode's Nd, Nl and No, not only ASCII (the
+  // JavaScript reference above splits at \d, so its fixture holds ASCII digits only). Here
+  // Arabic-Indic three and four (Nd), a Roman twelve (Nl), one half (No); a letter and CJK are not.
+  const std::string three = "\xD9\xA3", four = "\xD9\xA4", twelve = "\xE2\x85\xAB",
+                    half = "\xC2\xBD", world = "\xE4\xB8\x96";
+  const auto each = load_hf_tokenizer(kTiny + "/starcoder_style");
+  EXPECT_EQ(each->pre_tokenize("a" + three + four + twelve + half + "b" + world + "7"),
+            (std::vector<std::string>{"a", three, four, twelve, half, "b" + world, "7"}));
+  const auto runs = load_hf_tokenizer(kTiny + "/digit_runs_style");
+  EXPECT_EQ(runs->pre_tokenize("a" + three + four + twelve + half + "b 12"),
+            (std::vector<std::string>{"a", three + four + twelve + half, "b", " ", "12"}));
+  // Before the ByteLevel step, GPT-2's pattern would have kept " 12" one piece; and "12" is a
+  // merge that individual digits never reach.
+  EXPECT_EQ(each->encode("12"),
+            (std::vector<int32_t>{static_cast<int32_t>(each->token_to_id("1")),
+                                  static_cast<int32_t>(each->token_to_id("2"))}));
+  EXPECT_EQ(runs->encode("12"),
+            (std::vector<int32_t>{static_cast<int32_t>(runs->token_to_id("12"))}));
+  // Bytes that are not UTF-8 pass through as themselves.
+  EXPECT_EQ(each->decode(each->encode("1\xFF"
+                                      "2\xC3")),
+            "1\xFF"
+            "2\xC3");
 }
 
 TEST(Bpe, MergesMatchTheReferenceAlgorithm) {
@@ -531,6 +559,23 @@ TEST(Tokenizer, LoaderErrorsNameTheFileAndPlace) {
         j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Metaspace"}, {"split", false}};
       }),
       "a ByteLevel step in a SentencePiece-style file");
+  EXPECT_CONTAINS(hf_error([](json& j) {
+                    j["pre_tokenizer"]["pretokenizers"].push_back(
+                        {{"type", "Digits"}, {"individual_digits", true}});
+                  }),
+                  "pre_tokenizer.pretokenizers[2]: a Digits step after the ByteLevel "
+                  "pre-tokenizer is not supported");
+  EXPECT_CONTAINS(
+      hf_error([](json& j) {
+        j["pre_tokenizer"]["pretokenizers"][0] = {{"type", "Digits"}, {"individual_digits", "yes"}};
+      }),
+      "pre_tokenizer.pretokenizers[0].individual_digits: expected true or false");
+  EXPECT_CONTAINS(hf_error([](json& j) {
+                    j["normalizer"] = {
+                        {"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "\u2581"}};
+                    j["pre_tokenizer"] = {{"type", "Digits"}, {"individual_digits", true}};
+                  }),
+                  "pre_tokenizer: a Split or Digits step in a SentencePiece-style file");
   EXPECT_CONTAINS(hf_error([](json& j) { j["decoder"] = {{"type", "Metaspace"}}; }), "decoder");
   EXPECT_CONTAINS(hf_error([](json& j) { j["added_tokens"][0]["id"] = "x"; }),
                   "added_tokens[0].id");

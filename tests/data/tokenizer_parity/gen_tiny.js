@@ -87,8 +87,18 @@ const gpt2Style = {
 };
 // Qwen2 style: Llama-3's, under the NFC normalizer (Qwen2's, Qwen2.5's and Qwen3's files).
 const qwenStyle = { ...llamaStyle, normalizer: { type: "NFC" } };
-fs.mkdirSync(path.join(outDir, "qwen_style"), { recursive: true });
-fs.writeFileSync(path.join(outDir, "qwen_style", "tokenizer.json"), JSON.stringify(qwenStyle));
+// StarCoder2 style (Granite's and SmolLM2's files too): Digits(individual_digits) before GPT-2's
+// ByteLevel, "a b" merges; and the same with a run of digits kept whole.
+const digitsPre = (individual) => ({ type: "Sequence", pretokenizers: [
+  { type: "Digits", individual_digits: individual },
+  { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true }] });
+const starcoderStyle = { ...gpt2Style, pre_tokenizer: digitsPre(true) };
+const digitRunsStyle = { ...gpt2Style, pre_tokenizer: digitsPre(false) };
+for (const [name, file] of [["qwen_style", qwenStyle], ["starcoder_style", starcoderStyle],
+  ["digit_runs_style", digitRunsStyle]]) {
+  fs.mkdirSync(path.join(outDir, name), { recursive: true });
+  fs.writeFileSync(path.join(outDir, name, "tokenizer.json"), JSON.stringify(file));
+}
 fs.mkdirSync(path.join(outDir, "llama_style"), { recursive: true });
 fs.mkdirSync(path.join(outDir, "gpt2_style"), { recursive: true });
 fs.writeFileSync(path.join(outDir, "llama_style", "tokenizer.json"), JSON.stringify(llamaStyle));
@@ -110,6 +120,7 @@ const { TokenizerLoader } = require(path.join(nodeModules, "@lenml/tokenizers"))
 const load = (json) => TokenizerLoader.fromPreTrained({
   tokenizerJSON: json, tokenizerConfig: { tokenizer_class: "PreTrainedTokenizerFast" } });
 const llamaTok = load(llamaStyle), gpt2Tok = load(gpt2Style), qwenTok = load(qwenStyle);
+const starcoderTok = load(starcoderStyle), digitRunsTok = load(digitRunsStyle);
 const enc = (t, list = strings) => list.map((s) => t.encode(s, { add_special_tokens: false }));
 // Decomposed and precomposed text: NFC composes "e" + U+0301 into U+00E9 (bytes c3 a9), reorders
 // marks (U+0328 before U+0301), maps U+212B to U+00C5, joins Hangul jamo; a mark right after an
@@ -119,6 +130,13 @@ const nfcStrings = strings.concat([
   "a\u0301\u0328 a\u0328\u0301", "\u1100\u1161\u11a8 \uac01", "x<|eot|>\u0301e<sep>\u0301",
   "\u00e9\u00e8 the\u0300re",
 ]);
+// Numbers among words, spaces, punctuation and added tokens ("1 2" and "12 3" are merges). ASCII
+// digits only: transformers.js splits at JavaScript's \\d, HF at every numeric character
+// (test_bpe.cpp checks the others).
+const digitStrings = strings.concat([
+  "x1 12 123 a12b", "2024-12-07: 3.14", " 12", "12 ", "123<|eot|>123", "the 1234567 there",
+  "9\n\n 10", "''12's",
+]);
 // gpt-3-encoder knows no added tokens: its strings are those without them.
 const plain = strings.filter((s) => !s.includes("<"));
 const expected = {
@@ -126,6 +144,8 @@ const expected = {
   llama_style: { strings, ids: enc(llamaTok) },
   gpt2_style: { strings, ids: enc(gpt2Tok) },
   qwen_style: { strings: nfcStrings, ids: enc(qwenTok, nfcStrings) },
+  starcoder_style: { strings: digitStrings, ids: enc(starcoderTok, digitStrings) },
+  digit_runs_style: { strings: digitStrings, ids: enc(digitRunsTok, digitStrings) },
 };
 // One line per case: strings, then their ids.
 const lines = Object.entries(expected).map(([name, c]) =>
