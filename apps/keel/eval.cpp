@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/keel/commands.h"
+#include "apps/keel/flags.h"
 #include "apps/keel/model_args.h"
 #include "apps/keel/output_dir.h"
 #include "keel/data/dataset.h"
@@ -30,7 +31,7 @@ namespace fs = std::filesystem;
 namespace {
 struct EvalArgs {
   ModelArgs m;
-  std::string data, task, pad, per_example;
+  std::string data, task, pad, per_example, chat_date;
   int64_t seq_len = 0, batch_size = 0;
   bool pack = false, json = false;
 };
@@ -155,6 +156,7 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
   if (a.seq_len == 0)
     a.seq_len = run ? dc.seq_len : std::min<int64_t>(t.model->spec().max_seq_len, 1024);
   if (a.batch_size == 0) a.batch_size = run ? run->train.batch_size : 8;
+  if (a.chat_date.empty() && run) a.chat_date = dc.chat_date;  // conversations as trained
   // Flags that mean nothing for this data were taken without a word.
   if (pack_given && a.task == "tokens")
     throw Error("--pack applies to text and JSONL files; " + a.data +
@@ -199,8 +201,10 @@ int run_eval(EvalArgs& a, bool pack_given, bool pad_given) {
                 ", at most the model's max_seq_len " + std::to_string(max_seq_len) +
                 ") or shorten the prompt"
           : "shorten the prompt (the model's max_seq_len is " + std::to_string(max_seq_len) + ")";
-  const auto set =
-      data::load_dataset(a.task, a.data, "--data", tok, a.seq_len, a.pack, long_prompt_fix);
+  data::JsonlOptions jsonl;
+  jsonl.long_prompt_fix = long_prompt_fix;
+  jsonl.chat_date = a.chat_date;
+  const auto set = data::load_dataset(a.task, a.data, "--data", tok, a.seq_len, a.pack, jsonl);
   // Examples longer than a row are cut to it (the tokens past it are not scored): they were
   // evaluated cut without a word, and the loss read as the whole file's.
   const int64_t truncated = data::truncated_examples(*set, a.task, a.pack, a.seq_len);
@@ -302,6 +306,10 @@ Command add_eval(CLI::App& app) {
   sub->add_option("--per-example", a->per_example,
                   "also write each example's loss to this JSONL file (example, where, tokens, "
                   "loss), and name the highest");
+  sub->add_option("--chat-date", a->chat_date,
+                  "the day a chat template's strftime_now writes into conversations, YYYY-MM-DD "
+                  "(data.chat_date; default: the run's, else none)")
+      ->check(chat_date_check());
   sub->add_flag("--json", a->json, "print one JSON object");
   return {sub, [a, pack, pad] { return run_eval(*a, pack->count() > 0, pad->count() > 0); }};
 }

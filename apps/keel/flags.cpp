@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <limits>
 
+#include "keel/data/chat_template.h"
 #include "keel/numerics/error.h"
 #include "keel/train/config.h"
 
@@ -94,6 +95,14 @@ bool spelled(const std::string& v, bool whole) {
 FlagCheck spelled_check(bool whole, const std::string& range) {
   return [whole, range](const std::string& v) {
     return spelled(v, whole) ? std::string() : typed(v) + ": use " + range;
+  };
+}
+
+FlagCheck chat_date_check() {
+  return [](const std::string& v) {
+    return data::is_calendar_date(v)
+               ? std::string()
+               : typed(v) + ": use a day written YYYY-MM-DD, such as 2024-12-04";
   };
 }
 

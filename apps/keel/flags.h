@@ -32,4 +32,7 @@ FlagCheck config_check(const std::string& key, bool whole);
 // typed is refused as "VALUE: use " + range.
 FlagCheck spelled_check(bool whole, const std::string& range);
 
+// A day written YYYY-MM-DD (--chat-date, as data.chat_date).
+FlagCheck chat_date_check();
+
 }  // namespace keel::cli

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "apps/keel/commands.h"
+#include "apps/keel/flags.h"
 #include "apps/keel/input_text.h"
 #include "keel/data/chat.h"
 #include "keel/data/text_pieces.h"
@@ -25,7 +26,7 @@ namespace keel::cli {
 
 namespace {
 struct TokenizeArgs {
-  std::string tokenizer = "byte", text, file, output;
+  std::string tokenizer = "byte", text, file, output, chat_date;
   bool decode = false, pieces = false, json = false, chat = false;
 };
 
@@ -177,11 +178,11 @@ int run_tokenize_chat(const TokenizeArgs& a, bool has_text) {
         c.prompt_size > 0 || std::any_of(c.messages.begin(), c.messages.end(),
                                          [](const auto& m) { return m["role"] == "assistant"; });
     if (has_reply) {
-      examples = data::conversation_examples(*tok, c);
+      examples = data::conversation_examples(*tok, c, a.chat_date);
     } else {
       data::ConversationExample& p = examples.emplace_back();
-      p.text =
-          data::render_chat(*chat, c.messages, /*add_generation_prompt=*/true, "", c.variables);
+      p.text = data::render_chat(*chat, c.messages, /*add_generation_prompt=*/true, a.chat_date,
+                                 c.variables);
       p.example.tokens = tok->encode(p.text);
       p.example.target.assign(p.example.tokens.size(), 0);
     }
@@ -291,11 +292,18 @@ Command add_tokenize(CLI::App& app) {
   sub->add_flag("--pieces", a->pieces, "print the vocabulary's spelling of each token, one a line")
       ->excludes(decode);
   sub->add_flag("--json", a->json, "print one JSON object (ids, pieces, count / text)");
-  sub->add_flag("--chat", a->chat,
-                "the input is a conversation (JSON messages, or a JSONL line's {\"messages\"}): "
-                "print the chat template's text (--json: its ids and which are targets; --pieces: "
-                "\"+\" before each target)")
-      ->excludes(decode);
+  CLI::Option* chat =
+      sub->add_flag(
+             "--chat", a->chat,
+             "the input is a conversation (JSON messages, or a JSONL line's {\"messages\"}): "
+             "print the chat template's text (--json: its ids and which are targets; "
+             "--pieces: \"+\" before each target)")
+          ->excludes(decode);
+  sub->add_option("--chat-date", a->chat_date,
+                  "with --chat: the day the chat template's strftime_now writes, YYYY-MM-DD "
+                  "(data.chat_date; default: none, as training without it)")
+      ->check(chat_date_check())
+      ->needs(chat);
   sub->add_option("--output", a->output,
                   "write the ids as an llm.c token file (for data.task = \"tokens\")")
       ->excludes("--decode")

@@ -199,9 +199,9 @@ namespace {
 
 // The template's text of the first `n` messages of `c`.
 std::string render_first(const ChatFormat& chat, const Conversation& c, size_t n,
-                         bool add_generation_prompt) {
+                         bool add_generation_prompt, const std::string& today) {
   const ojson first(c.messages.begin(), c.messages.begin() + static_cast<ptrdiff_t>(n));
-  return render_chat(chat, first, add_generation_prompt, "", c.variables);
+  return render_chat(chat, first, add_generation_prompt, today, c.variables);
 }
 
 using Spans = std::vector<std::pair<size_t, size_t>>;  // [begin, end) byte ranges, in order
@@ -232,8 +232,9 @@ ConversationExample example_of(const Tokenizer& tok, std::string text, const Spa
 
 // A prompt and completion: from where the prompt and its generation header end to the end.
 ConversationExample completion_example(const Tokenizer& tok, const ChatFormat& chat,
-                                       const Conversation& c, std::string whole) {
-  const std::string prompt = render_first(chat, c, c.prompt_size, true);
+                                       const Conversation& c, std::string whole,
+                                       const std::string& today) {
+  const std::string prompt = render_first(chat, c, c.prompt_size, true, today);
   if (!whole.starts_with(prompt))
     throw Error(
         "the chat template renders the prompt otherwise than as the start of the "
@@ -251,8 +252,8 @@ ConversationExample completion_example(const Tokenizer& tok, const ChatFormat& c
 
 }  // namespace
 
-std::vector<ConversationExample> conversation_examples(const Tokenizer& tok,
-                                                       const Conversation& c) {
+std::vector<ConversationExample> conversation_examples(const Tokenizer& tok, const Conversation& c,
+                                                       const std::string& today) {
   const ChatFormat* chat = tok.chat_format();
   if (!chat) throw Error(no_chat_template("the run's tokenizer"), Error::kUsage);
   const bool has_reply = std::any_of(c.messages.begin(), c.messages.end(),
@@ -262,8 +263,8 @@ std::vector<ConversationExample> conversation_examples(const Tokenizer& tok,
         "the conversation has no \"assistant\" message: nothing to train on (keel trains on what "
         "the assistant says); add the reply, or remove the line",
         Error::kUsage);
-  std::string whole = render_chat(*chat, c.messages, false, "", c.variables);
-  if (c.prompt_size > 0) return {completion_example(tok, *chat, c, std::move(whole))};
+  std::string whole = render_chat(*chat, c.messages, false, today, c.variables);
+  if (c.prompt_size > 0) return {completion_example(tok, *chat, c, std::move(whole), today)};
   // Each reply's span: where the prompt that asks for it ends, render(messages[:i],
   // add_generation_prompt), to where render(messages[:i + 1]) ends.
   struct Reply {
@@ -274,8 +275,8 @@ std::vector<ConversationExample> conversation_examples(const Tokenizer& tok,
   bool prefixes = true;  // every reply's text is the start of the whole conversation's
   for (size_t i = 0; i < c.messages.size(); ++i) {
     if (c.messages[i]["role"] != "assistant") continue;
-    const std::string before = render_first(*chat, c, i, /*add_generation_prompt=*/true);
-    std::string through = render_first(*chat, c, i + 1, false);
+    const std::string before = render_first(*chat, c, i, /*add_generation_prompt=*/true, today);
+    std::string through = render_first(*chat, c, i + 1, false, today);
     if (!through.starts_with(before))
       throw Error("the chat template renders the conversation up to \"messages\"[" +
                       std::to_string(i) +

@@ -119,9 +119,11 @@ struct ConversationExample {
 // Errors (kUsage): no chat template (`tok` names none), no assistant message, the template
 // refusing the conversation (raise_exception), a template that renders the prompt of a reply
 // otherwise than as the start of the reply's turn (the span would not be the assistant's), and a
-// completion that adds no text.
+// completion that adds no text. `today`: the day strftime_now writes (render_chat's; empty for
+// none, as a dataset renders: data.chat_date).
 std::vector<ConversationExample> conversation_examples(const Tokenizer& tok,
-                                                       const Conversation& conversation);
+                                                       const Conversation& conversation,
+                                                       const std::string& today = "");
 
 // The error of a conversation given to a tokenizer without a chat template, naming `tokenizer`
 // ("the tokenizer gpt2:DIR") and the fixes.

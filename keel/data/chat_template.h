@@ -7,6 +7,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -38,5 +39,9 @@ class ChatTemplate {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// Whether `date` is a day of the calendar written "YYYY-MM-DD" (what render's `today` and
+// data.chat_date take).
+bool is_calendar_date(std::string_view date);
 
 }  // namespace keel::data

@@ -468,14 +468,13 @@ std::unique_ptr<Dataset> text_dataset_of(const std::string& text, const std::str
 // A line keel cannot use is bad input (exit 2), as a token file's bad header is.
 std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::string& path,
                                           const std::string& key, const Tokenizer& tok,
-                                          int64_t seq_len,
-                                          const std::string& long_prompt_fix = kLongPromptFix) {
+                                          int64_t seq_len, const JsonlOptions& jsonl) {
   using json = nlohmann::json;
   static const char* kExpected =
       "expected {\"prompt\": ..., \"completion\": ...}, {\"messages\": [...]} or {\"text\": ...}";
   auto ds = std::make_unique<ExampleDataset>(path);
   ds->reserve(token_reserve(text, [&](const std::string& t) {
-    return jsonl_dataset_of(t, path, key, tok, seq_len, long_prompt_fix);
+    return jsonl_dataset_of(t, path, key, tok, seq_len, jsonl);
   }));
   for_each_line(text, [&](std::string_view line, int64_t number) {
     if (is_blank(line)) return;
@@ -533,7 +532,8 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
       try {
         // Read again keeping each object's key order (the parse above sorts them): a tool
         // call's arguments go through the template's tojson as the data wrote them.
-        examples = conversation_examples(tok, conversation_of(nlohmann::ordered_json::parse(line)));
+        examples = conversation_examples(tok, conversation_of(nlohmann::ordered_json::parse(line)),
+                                         jsonl.chat_date);
       } catch (const Error& err) {
         throw bad(err.what());
       }
@@ -553,7 +553,8 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
         throw bad(
             std::string(obj.contains("prompt") ? "the completion" : "the first assistant reply") +
             " starts at token " + std::to_string(first) + ", so with seq_len " +
-            std::to_string(seq_len) + " no token of it is left to train on; " + long_prompt_fix);
+            std::to_string(seq_len) + " no token of it is left to train on; " +
+            jsonl.long_prompt_fix);
       }
       return;
     } else if (has_text) {
@@ -577,7 +578,7 @@ std::unique_ptr<Dataset> jsonl_dataset_of(const std::string& text, const std::st
       if (prompt_len > seq_len - 1)
         throw bad("the prompt is " + std::to_string(prompt_len) + " tokens, so with seq_len " +
                   std::to_string(seq_len) + " no completion token is left to train on; " +
-                  long_prompt_fix);
+                  jsonl.long_prompt_fix);
     } else {
       throw bad(std::string("missing \"text\" (or \"prompt\" and \"completion\"); ") + kExpected);
     }
@@ -616,18 +617,18 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
 
 std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
                                             int64_t seq_len, const std::string& key,
-                                            const std::string& long_prompt_fix) {
+                                            const JsonlOptions& jsonl) {
   check_seq_len(seq_len, path);
   check_eos(tok, path);
-  return jsonl_dataset_of(read_whole_file(path, key), path, key, tok, seq_len, long_prompt_fix);
+  return jsonl_dataset_of(read_whole_file(path, key), path, key, tok, seq_len, jsonl);
 }
 
 std::unique_ptr<Dataset> load_dataset(const std::string& task, const std::string& path,
                                       const std::string& key, const Tokenizer& tok, int64_t seq_len,
-                                      bool pack, const std::string& long_prompt_fix) {
+                                      bool pack, const JsonlOptions& jsonl) {
   if (task == "text") return load_text_dataset(path, tok, seq_len, pack, key);
   if (task == "jsonl") {
-    auto examples = load_jsonl_dataset(path, tok, seq_len, key, long_prompt_fix);
+    auto examples = load_jsonl_dataset(path, tok, seq_len, key, jsonl);
     return pack ? pack_dataset(std::move(examples), seq_len) : std::move(examples);
   }
   if (task == "tokens") return load_token_file(path, key, tok, seq_len);
@@ -695,7 +696,8 @@ std::unique_ptr<Dataset> pack_dataset(std::unique_ptr<Dataset> examples, int64_t
 }
 
 DatasetFootprint dataset_footprint(const std::string& path, const std::string& task,
-                                   const Tokenizer& tok, int64_t seq_len, bool pack) {
+                                   const Tokenizer& tok, int64_t seq_len, bool pack,
+                                   const JsonlOptions& jsonl) {
   DatasetFootprint f;
   check_seq_len(seq_len, path);  // the loader's checks first: a stride of 0 would never end
   if (task == "tokens") {
@@ -726,7 +728,7 @@ DatasetFootprint dataset_footprint(const std::string& path, const std::string& t
     if (sample.empty()) return f;
   }
   std::unique_ptr<Dataset> ds =
-      task == "jsonl" ? jsonl_dataset_of(sample, path, "data.path", tok, seq_len)
+      task == "jsonl" ? jsonl_dataset_of(sample, path, "data.path", tok, seq_len, jsonl)
                       : text_dataset_of(sample, path, "data.path", tok, seq_len, pack);
   const bool packed_jsonl = task == "jsonl" && pack;
   if (packed_jsonl) ds = pack_dataset(std::move(ds), seq_len);

@@ -163,13 +163,19 @@ std::unique_ptr<Dataset> load_text_dataset(const std::string& path, const Tokeni
 // problem ("data.jsonl: line 17: missing \"completion\"; expected {\"prompt\": ..., \"completion\":
 // ...} or {\"text\": ...}"), kUsage (bad input) as every error here; so is a prompt so long that no
 // completion token fits in seq_len (such an example would train on nothing), seq_len < 2, and a
-// file without examples. `long_prompt_fix` ends the error of a prompt that leaves no completion
-// token: the fix in the words of the command that read the file (keel eval has --seq-len, and none
-// past the model's).
+// file without examples.
 inline constexpr const char* kLongPromptFix = "raise data.seq_len or shorten the prompt";
+struct JsonlOptions {
+  // Ends the error of a prompt that leaves no completion token: the fix in the words of the command
+  // that read the file (keel eval has --seq-len, and none past the model's).
+  std::string long_prompt_fix = kLongPromptFix;
+  // The day a chat template's strftime_now writes ("YYYY-MM-DD", data.chat_date); empty leaves it
+  // undefined, so that a conversation renders the same on every day (chat_template.h).
+  std::string chat_date;
+};
 std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Tokenizer& tok,
                                             int64_t seq_len, const std::string& key = "data.path",
-                                            const std::string& long_prompt_fix = kLongPromptFix);
+                                            const JsonlOptions& jsonl = {});
 
 // The dataset of a run's data.task from `path`: "text" (load_text_dataset, `pack` as data.pack),
 // "jsonl" (load_jsonl_dataset; packed into rows by pack_dataset when `pack`) or "tokens" (an
@@ -178,8 +184,7 @@ std::unique_ptr<Dataset> load_jsonl_dataset(const std::string& path, const Token
 // in the errors about the file.
 std::unique_ptr<Dataset> load_dataset(const std::string& task, const std::string& path,
                                       const std::string& key, const Tokenizer& tok, int64_t seq_len,
-                                      bool pack,
-                                      const std::string& long_prompt_fix = kLongPromptFix);
+                                      bool pack, const JsonlOptions& jsonl = {});
 
 // Best fit decreasing (ExampleDataset::pack_rows): the rows that examples of these lengths
 // (each at most `capacity` counted) fill, as lists of example indices.
@@ -207,6 +212,7 @@ struct DatasetFootprint {
   bool whole = false;
 };
 DatasetFootprint dataset_footprint(const std::string& path, const std::string& task,
-                                   const Tokenizer& tok, int64_t seq_len, bool pack);
+                                   const Tokenizer& tok, int64_t seq_len, bool pack,
+                                   const JsonlOptions& jsonl = {});
 
 }  // namespace keel::data

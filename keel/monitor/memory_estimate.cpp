@@ -695,8 +695,10 @@ void add_datasets(MemoryQuery& q, const Config& cfg) {
     const std::unique_ptr<data::Tokenizer> tok = data::load_tokenizer(dc.tokenizer);
     for (const std::string& path : {dc.path, dc.eval_path}) {
       if (path.empty()) continue;
+      data::JsonlOptions jsonl;
+      jsonl.chat_date = dc.chat_date;
       const data::DatasetFootprint f =
-          data::dataset_footprint(path, dc.task, *tok, dc.seq_len, dc.pack);
+          data::dataset_footprint(path, dc.task, *tok, dc.seq_len, dc.pack, jsonl);
       if (!f.estimated) continue;
       // The training file's longest row sizes the activations when every row of it was seen.
       if (longest && path == dc.path && f.whole) q.longest_row = f.longest;

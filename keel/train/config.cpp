@@ -22,6 +22,7 @@
 #include <tuple>
 #include <variant>
 
+#include "keel/data/chat_template.h"
 #include "keel/io/hf_config.h"
 #include "keel/models/causal_lm.h"
 #include "keel/numerics/error.h"
@@ -117,6 +118,7 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("data", data, eval_examples).at_least(0).at_most(100000000));
     k.push_back(KEEL_KEY("data", data, eval_path));
     k.push_back(KEEL_KEY("data", data, eval_fraction).at_least(0).below(1));
+    k.push_back(KEEL_KEY("data", data, chat_date));  // checked in validate()
     // 18 digits keep operands and their sums within int64.
     k.push_back(KEEL_KEY("data", data, digits).at_least(1).at_most(18));
     k.push_back(KEEL_KEY("data", data, arith_reverse));
@@ -699,6 +701,10 @@ void validate(Config& c, const Origins& origins) {
   if (!c.data.eval_path.empty() && c.data.eval_fraction > 0)
     throw usage(prefix("data.eval_path") +
                 "data.eval_path and data.eval_fraction both give a validation split; set one");
+  if (!c.data.chat_date.empty() && !data::is_calendar_date(c.data.chat_date))
+    throw usage(prefix("data.chat_date") + "data.chat_date = \"" + c.data.chat_date +
+                "\" is not a day written YYYY-MM-DD (such as \"2024-12-04\"); give one, or leave "
+                "it out");
   if (c.data.task == "arith" && (!c.data.eval_path.empty() || c.data.eval_fraction > 0))
     throw usage(
         prefix("data.task") +

@@ -142,12 +142,14 @@ RunData build_data(const Config& cfg) {
     // not the rows best-fit packing fills last (its shortest examples).
     const bool pack_split =
         dc.task == "jsonl" && dc.pack && dc.eval_path.empty() && dc.eval_fraction > 0;
+    data::JsonlOptions jsonl;
+    jsonl.chat_date = dc.chat_date;
     d.train = data::load_dataset(dc.task, dc.path, "data.path", *d.tokenizer, dc.seq_len,
-                                 dc.pack && !pack_split);
+                                 dc.pack && !pack_split, jsonl);
     d.files.emplace_back("data.path", file_fingerprint(dc.path));
     if (!dc.eval_path.empty()) {
       d.eval = data::load_dataset(dc.task, dc.eval_path, "data.eval_path", *d.tokenizer, dc.seq_len,
-                                  dc.pack);
+                                  dc.pack, jsonl);
       d.files.emplace_back("data.eval_path", file_fingerprint(dc.eval_path));
     } else if (dc.eval_fraction > 0) {
       const auto n_eval = std::max<int64_t>(

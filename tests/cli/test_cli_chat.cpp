@@ -626,5 +626,64 @@ TEST(CliChat, ConversationsWithoutAChatTemplateAreAUsageErrorNamingTheLine) {
   EXPECT_CONTAINS(r.err, "give the lines as {\"prompt\": ..., \"completion\": ...}");
 }
 
+// Granite-3.1's published template writes today's date into its default system message
+// (strftime_now, unguarded), over a StarCoder-style tokenizer (Digits before ByteLevel). A run on
+// conversations without a system message is refused naming data.chat_date, and trains with it;
+// keel eval reads the run's date, a base model's needs --chat-date, and tokenize --chat shows it.
+TEST(CliChat, GranitesDatedTemplateTrainsWithDataChatDate) {
+  const std::string dir = test::temp_dir("cli-chat-granite");
+  const test::TinyChatModel m = test::tiny_chat_model(
+      dir, 290, 512, "starcoder_style/tokenizer.json",
+      {{"eos_token", "<|eot|>"},
+       {"chat_template", test::published_chat_template("granite-3.1/alternating/gen=False")}});
+  const std::string data = dir + "/chat.jsonl";
+  {
+    std::ofstream d(data);
+    for (int i = 0; i < 8; ++i)
+      d << json({{"messages",
+                  {{{"role", "user"}, {"content", "add " + std::to_string(i) + " and 12"}},
+                   {{"role", "assistant"}, {"content", std::to_string(i + 12)}}}}})
+               .dump()
+        << "\n";
+  }
+  auto train = [&](const std::string& out, std::vector<std::string> sets) {
+    for (const std::string& s : std::vector<std::string>{
+             "run.out_dir=" + out, "run.threads=1", "model.path=" + m.model, "data.task=jsonl",
+             "data.path=" + data, "data.tokenizer=hf:" + m.tokenizer, "data.seq_len=512",
+             "train.batch_size=4", "train.max_steps=2", "log.tensorboard=false"})
+      sets.push_back(s);
+    return test::run_keel(test::with_sets({"train"}, sets), {"OMP_NUM_THREADS=1"});
+  };
+  const test::KeelRun undated = train(dir + "/undated", {});
+  EXPECT_EQ(undated.code, 2) << undated.output;
+  EXPECT_CONTAINS(undated.err, data + ": line 1: ");
+  EXPECT_CONTAINS(undated.err, "'strftime_now' is undefined: the template writes today's date");
+  EXPECT_CONTAINS(undated.err, "data.chat_date = \"YYYY-MM-DD\"");
+  const std::string out = dir + "/dated";
+  const test::KeelRun dated = train(out, {"data.chat_date=2024-12-04"});
+  ASSERT_EQ(dated.code, 0) << dated.output;
+  EXPECT_EQ(test::step_records(out).size(), 2u);
+  const test::KeelRun eval = test::run_keel({"eval", out, "--data", data}, {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(eval.code, 0) << eval.output;
+  const test::KeelRun base = test::run_keel(
+      {"eval", m.model, "--data", data, "--tokenizer", "hf:" + m.tokenizer}, {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(base.code, 2) << base.output;
+  EXPECT_CONTAINS(base.err, "--chat-date");
+  const test::KeelRun base_dated =
+      test::run_keel({"eval", m.model, "--data", data, "--tokenizer", "hf:" + m.tokenizer,
+                      "--chat-date", "2024-12-04"},
+                     {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(base_dated.code, 0) << base_dated.output;
+  const std::string conversation = R"([{"role": "user", "content": "add 3 and 12"}])";
+  const test::KeelRun shown = test::run_keel({"tokenize", "--tokenizer", "hf:" + m.tokenizer,
+                                              "--chat", "--chat-date", "2024-12-04", conversation});
+  ASSERT_EQ(shown.code, 0) << shown.output;
+  EXPECT_CONTAINS(shown.out, "Today's Date: December 04, 2024.\nYou are Granite");
+  const test::KeelRun bad = test::run_keel({"tokenize", "--tokenizer", "hf:" + m.tokenizer,
+                                            "--chat", "--chat-date", "2024-02-30", conversation});
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_CONTAINS(bad.err, "--chat-date: 2024-02-30: use a day written YYYY-MM-DD");
+}
+
 }  // namespace
 }  // namespace keel

@@ -287,6 +287,56 @@ TEST(Chat, JsonlConversationsAreExamplesAndTheirErrorsNameTheLine) {
   EXPECT_EQ(load_jsonl_dataset(path, *tok, first + 1)->size(), 1);
 }
 
+// Granite's template writes strftime_now's date into its default system message, unguarded. A
+// dataset renders without a date (the same text on every day), so such a line is an error naming
+// data.chat_date, and with the key every reply's prompt and the whole text carry that day.
+TEST(Chat, ATemplateThatWritesTodaysDateTakesDataChatDate) {
+  const json config = {
+      {"eos_token", "<|eot|>"},
+      {"chat_template",
+       "{% if messages[0].role != 'system' %}Today: {{ strftime_now('%B %d, %Y') }}<|eot|>"
+       "{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}<|eot|>{% endfor %}"
+       "{% if add_generation_prompt %}assistant: {% endif %}"}};
+  const auto tok = load_tokenizer("hf:" + chat_tokenizer_dir("chat-date", config));
+  const std::string path = test::temp_dir("chat-date-data") + "/chat.jsonl";
+  const auto messages = json::array({{{"role", "user"}, {"content", "the"}},
+                                     {{"role", "assistant"}, {"content", " there"}},
+                                     {{"role", "user"}, {"content", "then?"}},
+                                     {{"role", "assistant"}, {"content", "the end"}}});
+  std::ofstream(path) << json({{"messages", messages}}).dump() << "\n";
+  const std::string m = test::error_of([&] { load_jsonl_dataset(path, *tok, 256); });
+  EXPECT_CONTAINS(m, path + ": line 1: ");
+  EXPECT_CONTAINS(m, "'strftime_now' is undefined: the template writes today's date");
+  EXPECT_CONTAINS(m, "data.chat_date = \"YYYY-MM-DD\"");
+  JsonlOptions dated;
+  dated.chat_date = "2024-12-04";
+  const auto ds = load_jsonl_dataset(path, *tok, 256, "data.path", dated);
+  ASSERT_EQ(ds->size(), 1);
+  const std::vector<ConversationExample> direct =
+      conversation_examples(*tok, conversation_of(json({{"messages", messages}})), "2024-12-04");
+  ASSERT_EQ(direct.size(), 1u);
+  EXPECT_EQ(direct[0].text.rfind("Today: December 04, 2024<|eot|>user: the<|eot|>", 0), 0u)
+      << direct[0].text;
+  EXPECT_EQ(ds->get(0).copy().tokens, direct[0].example.tokens);
+  EXPECT_EQ(target_ids(ds->get(0).copy()), target_ids(direct[0].example));
+  // The targets: each reply and its end of turn (decode leaves the special <|eot|> out).
+  const std::vector<int32_t> targets = target_ids(direct[0].example);
+  EXPECT_EQ(tok->decode(targets), " therethe end");
+  EXPECT_EQ(std::count(targets.begin(), targets.end(), tok->token_to_id("<|eot|>")), 2);
+  // Another day is another text; the estimate of the file reads it as the loader does.
+  dated.chat_date = "2025-01-01";
+  EXPECT_NE(load_jsonl_dataset(path, *tok, 256, "data.path", dated)->get(0).copy().tokens,
+            direct[0].example.tokens);
+  EXPECT_TRUE(dataset_footprint(path, "jsonl", *tok, 256, false, dated).estimated);
+  EXPECT_CONTAINS(test::error_of([&] { dataset_footprint(path, "jsonl", *tok, 256, false); }),
+                  "data.chat_date");
+  // A conversation with its own system message never asks for the date.
+  auto with_system = messages;
+  with_system.insert(with_system.begin(), json{{"role", "system"}, {"content", "be brief"}});
+  std::ofstream(path) << json({{"messages", with_system}}).dump() << "\n";
+  EXPECT_EQ(load_jsonl_dataset(path, *tok, 256)->size(), 1);
+}
+
 // A tool call's arguments print through the template's tojson in the order the data wrote them,
 // as transformers' Python dicts do (a sorted JSON object would train on another text).
 TEST(Chat, ATemplateSeesTheDatasKeyOrder) {

@@ -262,14 +262,22 @@ TEST(ChatTemplateGlobals, StrftimeNowIsUndefinedWithoutADate) {
       render_template("{{ strftime_now('%A %B %-d') if false else strftime_now('%a %j %y') }}", {},
                       "2000-03-01"),
       "Wed 061 00");
-  EXPECT_NE(usage_error_of([] {
-              render_template("{{ strftime_now('%d') }}");
-            }).find("'strftime_now' is undefined"),
-            std::string::npos);
-  EXPECT_NE(usage_error_of([] {
-              render_template("{{ strftime_now('%d') }}", {}, "2025-02-30");
-            }).find("not a valid date"),
-            std::string::npos);
+  // Called without a date (Granite's default system message writes it): the error names the fix.
+  const std::string undated = usage_error_of([] { render_template("{{ strftime_now('%d') }}"); });
+  EXPECT_NE(undated.find("'strftime_now' is undefined: the template writes today's date"),
+            std::string::npos)
+      << undated;
+  EXPECT_NE(undated.find("data.chat_date = \"YYYY-MM-DD\""), std::string::npos) << undated;
+  for (const char* bad : {"2025-02-30", "2025-2-3", "2025-02-03x", "20250203", " 2025-02-03"})
+    EXPECT_NE(usage_error_of([&] {
+                render_template("{{ strftime_now('%d') }}", {}, bad);
+              }).find("must be a date written YYYY-MM-DD"),
+              std::string::npos)
+        << bad;
+  EXPECT_TRUE(is_calendar_date("2024-02-29"));
+  EXPECT_FALSE(is_calendar_date("2023-02-29"));
+  EXPECT_FALSE(is_calendar_date("2024-13-01"));
+  EXPECT_FALSE(is_calendar_date(""));
   // A context variable shadows a global, as render_template(**context) does in jinja2.
   EXPECT_EQ(render_template("{{ range }}", {{"range", "mine"}}), "mine");
 }

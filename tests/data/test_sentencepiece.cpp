@@ -131,7 +131,7 @@ TEST(SentencePiece, UnsupportedFormsAreNamedAtLoad) {
                     j["pre_tokenizer"] = {{"type", "Sequence"},
                                           {"pretokenizers", {split_digits, j["pre_tokenizer"]}}};
                   }),
-                  "pre_tokenizer: a Split in a SentencePiece-style file");
+                  "pre_tokenizer: a Split or Digits step in a SentencePiece-style file");
   EXPECT_CONTAINS(error([](json& j) { j["pre_tokenizer"]["prepend_scheme"] = "sometimes"; }),
                   "pre_tokenizer.prepend_scheme: \"sometimes\" is not first, always or never");
   EXPECT_CONTAINS(error([](json& j) { j["pre_tokenizer"]["replacement"] = "_"; }),

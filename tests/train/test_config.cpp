@@ -235,7 +235,7 @@ TEST(Config, WritesEveryKeyUnderItsSection) {
   for (const ConfigKeyInfo& k : config_keys()) known.insert(k.key);
   EXPECT_EQ(written, known);
   EXPECT_EQ(known.size(), config_keys().size());  // no key listed twice
-  EXPECT_EQ(known.size(), 101u);  // every field of config.h (update with config.h and the docs)
+  EXPECT_EQ(known.size(), 102u);  // every field of config.h (update with config.h and the docs)
 }
 
 TEST(Config, TypeErrorsNameFileLineKeyAndExpectedType) {
@@ -448,6 +448,15 @@ TEST(Config, RangesAreCheckedAndNameTheValidRange) {
                                "debug.underflow_overflow.abort_after_batch_num=-1"});
   EXPECT_EQ(ok.train.batch_size, 1);
   EXPECT_EQ(ok.model.dropout, 0.999);
+  // A day: written YYYY-MM-DD, and on the calendar.
+  for (const char* bad : {"2024-02-30", "2024-2-3", "04.12.2024", "today"}) {
+    const std::string m = set_error(std::string("data.chat_date=") + bad);
+    EXPECT_NE(m.find("--set data.chat_date=" + std::string(bad) + ": data.chat_date = \"" + bad +
+                     "\" is not a day written YYYY-MM-DD"),
+              std::string::npos)
+        << m;
+  }
+  EXPECT_EQ(load_config("", {"data.chat_date=2024-02-29"}).data.chat_date, "2024-02-29");
   // A range error from a file names the file and the line.
   const std::string msg = load_error("[train]\nbatch_size = 0\n");
   EXPECT_NE(msg.find("config.toml:2: train.batch_size must be in [1, 65536], got 0"),

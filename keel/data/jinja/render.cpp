@@ -2,6 +2,8 @@
 // and the HF globals (raise_exception, namespace, dict, range, strftime_now).
 #include "keel/data/jinja/render.h"
 
+#include "keel/data/chat_template.h"
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -234,6 +236,13 @@ Value Renderer::lookup(const std::string& name, const ScopePtr& scope, size_t po
           format_date(r.today_, str_arg(arg(a, 0, "format"), "strftime_now's format", p), p));
     });
   (void)pos;
+  // A dataset renders without a date, so that it reads the same on every day (chat_template.h).
+  if (name == "strftime_now")
+    return make_undefined(
+        "'strftime_now' is undefined: the template writes today's date, and keel renders training "
+        "data without one so that it reads the same on every day; give the date it should write "
+        "as data.chat_date = \"YYYY-MM-DD\" (keel eval and keel tokenize: --chat-date), or a "
+        "system message if the template writes the date only in its default one");
   return make_undefined("'" + name + "' is undefined");
 }
 
@@ -264,10 +273,9 @@ std::string Renderer::format_date(const std::string& today, const std::string& f
   using namespace std::chrono;
   int y = 0;
   unsigned m = 0, d = 0;
-  if (std::sscanf(today.c_str(), "%4d-%2u-%2u", &y, &m, &d) != 3)
-    fail("today must be YYYY-MM-DD, got '" + today + "'", pos);
+  if (!is_calendar_date(today) || std::sscanf(today.c_str(), "%4d-%2u-%2u", &y, &m, &d) != 3)
+    fail("today must be a date written YYYY-MM-DD, got '" + today + "'", pos);
   const year_month_day ymd{year{y}, month{m}, day{d}};
-  if (!ymd.ok()) fail("today is not a valid date: '" + today + "'", pos);
   static const char* const kMonths[] = {"January",   "February", "March",    "April",
                                         "May",       "June",     "July",     "August",
                                         "September", "October",  "November", "December"};
