@@ -66,8 +66,9 @@ struct DataConfig {
   std::string eval_path;         // text / jsonl: a validation file (same format as path)
   double eval_fraction = 0;      // text / jsonl: hold out this share of path's examples
   // jsonl conversations: the day a chat template's strftime_now writes, "YYYY-MM-DD" (Granite's
-  // default system message and SmolLM3's header hold it); empty leaves strftime_now undefined, so that the data renders
-  // the same on every day (Llama-3.1's template then writes its own fixed date).
+  // default system message and SmolLM3's header hold it); empty leaves strftime_now undefined, so
+  // that the data renders the same on every day (Llama-3.1's template then writes its own fixed
+  // date).
   std::string chat_date;
   int64_t digits = 2;         // arith: max digits per operand
   bool arith_reverse = true;  // arith: aligned operands, answer least-significant digit first
