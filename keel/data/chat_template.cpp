@@ -80,20 +80,6 @@ ChatTemplate::ChatTemplate(std::string source, std::string origin)
 
 ChatTemplate::~ChatTemplate() = default;
 
-bool is_calendar_date(std::string_view date) {
-  if (date.size() != 10 || date[4] != '-' || date[7] != '-') return false;
-  for (size_t k : {0, 1, 2, 3, 5, 6, 8, 9})
-    if (date[k] < '0' || date[k] > '9') return false;
-  const auto number = [&](size_t at, size_t n) {
-    unsigned v = 0;
-    for (size_t k = at; k < at + n; ++k) v = v * 10 + static_cast<unsigned>(date[k] - '0');
-    return v;
-  };
-  using namespace std::chrono;
-  return year_month_day{year{static_cast<int>(number(0, 4))}, month{number(5, 2)},
-                        day{number(8, 2)}}
-      .ok();
-}
 ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 
@@ -118,6 +104,21 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& context,
   } catch (const nlohmann::json::exception& e) {
     throw Error(impl_->origin + ": " + e.what(), Error::kUsage);
   }
+}
+
+bool is_calendar_date(std::string_view date) {
+  if (date.size() != 10 || date[4] != '-' || date[7] != '-') return false;
+  for (size_t k : {0, 1, 2, 3, 5, 6, 8, 9})
+    if (date[k] < '0' || date[k] > '9') return false;
+  const auto number = [&](size_t at, size_t n) {
+    unsigned v = 0;
+    for (size_t k = at; k < at + n; ++k) v = v * 10 + static_cast<unsigned>(date[k] - '0');
+    return v;
+  };
+  using namespace std::chrono;
+  return year_month_day{year{static_cast<int>(number(0, 4))}, month{number(5, 2)},
+                        day{number(8, 2)}}
+      .ok();
 }
 
 }  // namespace keel::data
