@@ -98,20 +98,6 @@ void MpiRuntime::abort(int code) {
 
 namespace {
 
-// Testing only: KEEL_TEST_STALL_RANK=R makes rank R stop answering (sleep) before its first
-// gradient all-reduce, as a hung or stopped rank would, so that tests see the others' deadline;
-// with KEEL_TEST_STALL_AT=TEXT, before its first collective whose purpose contains TEXT instead.
-void stall_if_asked(int rank, const std::string& purpose, bool gradients) {
-  static const int stalled = [] {
-    const char* v = std::getenv("KEEL_TEST_STALL_RANK");
-    return v && *v ? std::atoi(v) : -1;
-  }();
-  if (stalled != rank) return;
-  const char* at = std::getenv("KEEL_TEST_STALL_AT");
-  if (at && *at ? purpose.find(at) != std::string::npos : gradients)
-    std::this_thread::sleep_for(std::chrono::hours(1));
-}
-
 class MpiGroup final : public ProcessGroup {
  public:
   explicit MpiGroup(int64_t bucket_bytes) : ProcessGroup(bucket_bytes) {}
@@ -165,41 +151,18 @@ class MpiGroup final : public ProcessGroup {
   }
 
  private:
-  // Polls `req` until it completes or dist.timeout_s passes. A waiting rank spins briefly (a
-  // collective of ranks in step finishes within microseconds), then sleeps with a doubling
-  // backoff up to 5 ms, so that a rank left waiting does not burn a core.
+  // Waits for `req` (ProcessGroup::wait_until_done: dist.timeout_s).
   void wait(MPI_Request& req, const char* what, const std::string& purpose) {
-    using clock = std::chrono::steady_clock;
-    const auto start = clock::now();
-    auto nap = std::chrono::microseconds(20);
-    for (int polls = 0;; ++polls) {
-      int done = 0;
-      check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
-      if (done) return;
-      const double waited = std::chrono::duration<double>(clock::now() - start).count();
-      if (waited > timeout_s_) {
-        stuck_ = true;  // `req` stays pending: this job can only be aborted
-        std::string others;
-        for (int r = 0; r < mpi_.world; ++r)
-          if (r != mpi_.rank) others += (others.empty() ? "" : ", ") + std::to_string(r);
-        char limit[32];  // as set: 0.5 s was said as "0 s"
-        std::snprintf(limit, sizeof limit, "%g", timeout_s_);
-        throw Error(std::string(what) + (purpose.empty() ? "" : " while " + purpose) +
-                    " did not complete within dist.timeout_s = " + limit + " s on rank " +
-                    std::to_string(mpi_.rank) + ": " +
-                    (mpi_.world == 2 ? "rank " : "one or more of ranks ") + others +
-                    " did not arrive (stopped, hung, or running a different config); check "
-                    "that rank's output, or raise dist.timeout_s for slow steps");
-      }
-      if (polls > 200) {
-        std::this_thread::sleep_for(nap);
-        nap = std::min(nap * 2, std::chrono::microseconds(5000));
-      }
-    }
+    wait_until_done(
+        [&] {
+          int done = 0;
+          check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
+          return done != 0;
+        },
+        what, purpose);
   }
 
   MpiRuntime mpi_;
-  bool stuck_ = false;
 };
 
 }  // namespace

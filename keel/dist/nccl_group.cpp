@@ -3,7 +3,10 @@
 // until the CUDA backend lands, so each collective stages its host buffer through one device
 // buffer: copy in, NCCL collective on a private stream, copy out, synchronize. The unique id is
 // broadcast over MPI when there is more than one rank; a 1-rank group still runs every
-// collective through NCCL (that is how it is tested on a single GPU).
+// collective through NCCL (that is how it is tested on a single GPU). A collective that a rank
+// never joins leaves the others' NCCL kernels spinning on their GPUs: each rank waits for its
+// stream by polling, to dist.timeout_s (ProcessGroup::wait_until_done, as MPI's requests), and a
+// fault NCCL reports meanwhile (ncclCommGetAsyncError: a peer's process gone) ends the wait too.
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -11,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <string>
 
 #include "keel/dist/mpi_group.h"
 #include "keel/numerics/error.h"
@@ -63,6 +67,9 @@ class NcclGroup final : public ProcessGroup {
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
   }
   ~NcclGroup() override {
+    // A collective left pending by a deadline keeps its kernel spinning, and cudaFree would wait
+    // for it: abort the communicator's work first.
+    if (stuck_ && comm_) ncclCommAbort(comm_), comm_ = nullptr;
     if (buf_) cudaFree(buf_);
     if (stream_) cudaStreamDestroy(stream_);
     if (comm_) ncclCommDestroy(comm_);
@@ -73,26 +80,37 @@ class NcclGroup final : public ProcessGroup {
   std::string backend() const override { return "nccl"; }
 
   void all_reduce_sum_f32(float* v, size_t n) override {
+    const std::string purpose = take_purpose();
+    stall_if_asked(rank_, purpose, true);
     // Pieces of at most one bucket: the device buffer never grows past it.
     const size_t cap = std::max<size_t>(1, static_cast<size_t>(bucket_bytes_) / sizeof(float));
     for (size_t off = 0; off < n; off += cap) {
       const size_t c = std::min(cap, n - off);
-      collective(v + off, c * sizeof(float), [&](void* d) {
-        return ncclAllReduce(d, d, c, ncclFloat32, ncclSum, comm_, stream_);
-      });
+      collective(
+          v + off, c * sizeof(float),
+          [&](void* d) { return ncclAllReduce(d, d, c, ncclFloat32, ncclSum, comm_, stream_); },
+          "ncclAllReduce(sum of gradients)", purpose);
     }
   }
   void all_reduce_sum(double* v, size_t n) override {
-    collective(v, n * sizeof(double), [&](void* d) {
-      return ncclAllReduce(d, d, n, ncclFloat64, ncclSum, comm_, stream_);
-    });
+    const std::string purpose = take_purpose();
+    stall_if_asked(rank_, purpose, false);
+    collective(
+        v, n * sizeof(double),
+        [&](void* d) { return ncclAllReduce(d, d, n, ncclFloat64, ncclSum, comm_, stream_); },
+        "ncclAllReduce(sum)", purpose);
   }
   void all_reduce_max(double* v, size_t n) override {
-    collective(v, n * sizeof(double), [&](void* d) {
-      return ncclAllReduce(d, d, n, ncclFloat64, ncclMax, comm_, stream_);
-    });
+    const std::string purpose = take_purpose();
+    stall_if_asked(rank_, purpose, false);
+    collective(
+        v, n * sizeof(double),
+        [&](void* d) { return ncclAllReduce(d, d, n, ncclFloat64, ncclMax, comm_, stream_); },
+        "ncclAllReduce(max)", purpose);
   }
   void all_gather(const double* in, size_t n, double* out) override {
+    const std::string purpose = take_purpose();
+    stall_if_asked(rank_, purpose, false);
     const size_t bytes = n * sizeof(double), total = bytes * static_cast<size_t>(world_);
     reserve(total);
     auto* d = static_cast<char*>(buf_);
@@ -104,12 +122,11 @@ class NcclGroup final : public ProcessGroup {
         "ncclAllGather");
     cuda_check(cudaMemcpyAsync(out, d, total, cudaMemcpyDeviceToHost, stream_),
                "cudaMemcpyAsync (device to host)");
-    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    wait(std::string("ncclAllGather"), purpose);
   }
-  // NCCL has no deadline here: no collective is left pending by one.
   std::vector<RankError> gather_errors(double hash, double time, double wait_s) override {
-    if (!mpi_) return {{hash, time, false}};
-    return mpi_->gather_errors({hash, time, false}, wait_s);
+    if (!mpi_) return {{hash, time, stuck_}};
+    return mpi_->gather_errors({hash, time, stuck_}, wait_s);
   }
   [[noreturn]] void abort(int code) override {
     if (comm_) ncclCommAbort(comm_);
@@ -127,7 +144,8 @@ class NcclGroup final : public ProcessGroup {
     buf_bytes_ = bytes;
   }
   template <class F>
-  void collective(void* host, size_t bytes, F&& op) {
+  void collective(void* host, size_t bytes, F&& op, const std::string& what,
+                  const std::string& purpose) {
     if (bytes == 0) return;
     reserve(bytes);
     cuda_check(cudaMemcpyAsync(buf_, host, bytes, cudaMemcpyHostToDevice, stream_),
@@ -135,7 +153,21 @@ class NcclGroup final : public ProcessGroup {
     nccl_check(op(buf_), "ncclAllReduce");
     cuda_check(cudaMemcpyAsync(host, buf_, bytes, cudaMemcpyDeviceToHost, stream_),
                "cudaMemcpyAsync (device to host)");
-    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    wait(what, purpose);
+  }
+  // The stream's work done (the copy out of the collective's result), to dist.timeout_s.
+  void wait(const std::string& what, const std::string& purpose) {
+    wait_until_done(
+        [&] {
+          const cudaError_t e = cudaStreamQuery(stream_);
+          if (e == cudaSuccess) return true;
+          if (e != cudaErrorNotReady) cuda_check(e, "cudaStreamQuery");
+          ncclResult_t async = ncclSuccess;
+          nccl_check(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+          nccl_check(async, what.c_str());
+          return false;
+        },
+        what, purpose);
   }
 
   std::optional<MpiRuntime> mpi_;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <thread>
 
 #include "keel/dist/bucket.h"
 #include "keel/dist/mpi_group.h"
@@ -62,6 +63,46 @@ void ProcessGroup::wait_for_rank_zero(const std::string& work) {
                     "or check rank 0's output if it hung",
                 e.kind);
   }
+}
+
+void ProcessGroup::wait_until_done(const std::function<bool()>& done, const std::string& what,
+                                   const std::string& purpose) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  auto nap = std::chrono::microseconds(20);
+  for (int polls = 0;; ++polls) {
+    if (done()) return;
+    const double waited = std::chrono::duration<double>(clock::now() - start).count();
+    if (waited > timeout_s_) {
+      stuck_ = true;
+      std::string others;
+      for (int r = 0; r < world_size(); ++r)
+        if (r != rank()) others += (others.empty() ? "" : ", ") + std::to_string(r);
+      char limit[32];  // as set: 0.5 s was said as "0 s"
+      std::snprintf(limit, sizeof limit, "%g", timeout_s_);
+      throw Error(what + (purpose.empty() ? "" : " while " + purpose) +
+                  " did not complete within dist.timeout_s = " + limit + " s on rank " +
+                  std::to_string(rank()) + ": " +
+                  (world_size() == 2 ? "rank " : "one or more of ranks ") + others +
+                  " did not arrive (stopped, hung, or running a different config); check "
+                  "that rank's output, or raise dist.timeout_s for slow steps");
+    }
+    if (polls > 200) {
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(5000));
+    }
+  }
+}
+
+void stall_if_asked(int rank, const std::string& purpose, bool gradients) {
+  static const int stalled = [] {
+    const char* v = std::getenv("KEEL_TEST_STALL_RANK");
+    return v && *v ? std::atoi(v) : -1;
+  }();
+  if (stalled != rank) return;
+  const char* at = std::getenv("KEEL_TEST_STALL_AT");
+  if (at && *at ? purpose.find(at) != std::string::npos : gradients)
+    std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 void SingleGroup::all_gather(const double* in, size_t n, double* out) {

@@ -5,6 +5,7 @@
 //           until the tensors live on the GPU. Built only with KEEL_NCCL (CUDA toolkit + NCCL).
 // Gradients are summed in buckets of at most bucket_bytes (dist/bucket.h).
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,8 +51,18 @@ class ProcessGroup : public Collective {
   double grad_reduce_seconds() const { return seconds_; }
 
  protected:
+  // Polls `done` until it says the collective `what` (issued for `purpose`) completed, or
+  // dist.timeout_s passes: then the group is stuck (the collective stays pending: the job can only
+  // be aborted) and this is an Error naming the collective, this rank and the ranks that may not
+  // have arrived. A waiting rank spins briefly (a collective of ranks in step finishes within
+  // microseconds), then sleeps with a doubling backoff up to 5 ms, so that a rank left waiting
+  // does not burn a core. Every group's collectives wait here (MPI's requests, NCCL's streams).
+  void wait_until_done(const std::function<bool()>& done, const std::string& what,
+                       const std::string& purpose);
+
   int64_t bucket_bytes_;
   double timeout_s_ = 600;
+  bool stuck_ = false;  // a deadline left a collective pending (gather_errors' `stuck`)
   int64_t buckets_ = 0, bytes_ = 0;
   double seconds_ = 0;
   std::vector<float> staging_;
@@ -61,6 +72,12 @@ class ProcessGroup : public Collective {
 // set; else single), "single", "mpi" or "nccl". Errors (Error) name the backend and the fix: nccl
 // in a build without NCCL or without a usable GPU, mpi when MPI cannot start.
 std::unique_ptr<ProcessGroup> make_process_group(const std::string& backend, double bucket_mb);
+
+// Testing only: KEEL_TEST_STALL_RANK=R makes rank R stop answering (sleep) before its first
+// gradient all-reduce (`gradients`), as a hung or stopped rank would, so that tests see the others'
+// deadline; with KEEL_TEST_STALL_AT=TEXT, before its first collective whose purpose contains TEXT
+// instead. Every group calls it before each collective.
+void stall_if_asked(int rank, const std::string& purpose, bool gradients);
 
 // True when this process was started by mpirun (or another PMI launcher).
 bool launched_by_mpirun();

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <set>
@@ -14,6 +16,7 @@
 #include "keel/numerics/convert.h"
 #include "keel/numerics/error.h"
 #include "keel/train/collective.h"
+#include "tests/support/check.h"
 
 namespace keel {
 namespace {
@@ -232,12 +235,58 @@ TEST(NcclGroup, WithoutAGpuOrNcclTheErrorSaysSo) {
   }
 }
 
+// Every group's collectives wait in ProcessGroup::wait_until_done (MPI's requests, NCCL's
+// streams): it returns once the collective is done, and past dist.timeout_s it marks the group
+// stuck and names the collective, its purpose, this rank and the others. (MPI's deadline end to
+// end: CliDist's stalled-rank tests; NCCL's with two ranks needs two GPUs.)
+class PollingGroup final : public dist::ProcessGroup {
+ public:
+  PollingGroup() : ProcessGroup(1024) {}
+  int rank() const override { return 1; }
+  int world_size() const override { return 3; }
+  std::string backend() const override { return "polling"; }
+  void all_reduce_grads(std::vector<Tensor>&) override {}
+  void all_reduce_sum_f32(float*, size_t) override {}
+  void all_reduce_sum(double*, size_t) override {}
+  void all_reduce_max(double*, size_t) override {}
+  void all_gather(const double*, size_t, double*) override {}
+  [[noreturn]] void abort(int code) override { std::exit(code); }
+  using ProcessGroup::wait_until_done;
+  bool stuck() const { return stuck_; }
+};
+
+TEST(ProcessGroup, ACollectiveWaitsUntilDoneOrItsDeadline) {
+  PollingGroup g;
+  g.set_timeout(5);
+  int polls = 0;
+  g.wait_until_done([&] { return ++polls == 300; }, "ncclAllReduce(sum)", "");
+  EXPECT_EQ(polls, 300);  // past the spinning polls, into the naps
+  EXPECT_FALSE(g.stuck());
+  g.set_timeout(0.05);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string m = test::error_of([&] {
+    g.wait_until_done([] { return false; }, "ncclAllReduce(sum of gradients)",
+                      "summing gradient bucket 1 of 2 at step 3");
+  });
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GE(waited, 0.05);
+  EXPECT_LT(waited, 2.0);
+  EXPECT_TRUE(g.stuck());
+  EXPECT_EQ(m,
+            "ncclAllReduce(sum of gradients) while summing gradient bucket 1 of 2 at step 3 did "
+            "not complete within dist.timeout_s = 0.05 s on rank 1: one or more of ranks 0, 2 did "
+            "not arrive (stopped, hung, or running a different config); check that rank's "
+            "output, or raise dist.timeout_s for slow steps");
+}
+
 TEST(NcclGroup, OneRankNcclCollectives) {
   if (!dist::nccl_available()) GTEST_SKIP() << "this build has no NCCL (KEEL_NCCL=OFF)";
   if (!gpu_present()) GTEST_SKIP() << "no usable CUDA GPU on this machine";
   // A 1-rank group still runs every collective through NCCL (host -> device -> NCCL -> host).
   auto g = dist::make_process_group("nccl", 0.001);  // 1000-byte buckets: several calls
   ASSERT_EQ(g->backend(), "nccl");
+  g->set_timeout(30);  // each collective's stream polled to its deadline, done well before
   EXPECT_EQ(g->world_size(), 1);
   std::vector<float> big(1000);
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.5f;
