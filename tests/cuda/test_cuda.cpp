@@ -26,6 +26,7 @@
 #include "keel/backend/matmul.h"
 #include "keel/backend/monitor.h"
 #include "keel/backend/optim.h"
+#include "keel/models/generate.h"
 #include "keel/numerics/tensor_stats.h"
 #include "keel/ops/activation.h"
 #include "keel/ops/attention.h"
@@ -727,6 +728,58 @@ TEST(CudaTraining, NanCaptureAndReplayOnTheGpu) {
   EXPECT_TRUE(j.value("reproduced", false)) << j.dump(2);
   EXPECT_TRUE(j.value("bit_exact", false)) << j.dump(2);
   EXPECT_EQ(j.value("first_module", std::string()), "transformer.h.1.attn") << j.dump(2);
+}
+
+// keel generate --device cuda (issue 23): greedy decoding with the key/value cache on the GPU
+// chooses the CPU's tokens from logits within rounding of the CPU's, and the same tokens without
+// the cache; in f32 and under bf16 autocast, for GPT-2 and Llama-family layouts. Then the CLI: an
+// init-model directory's continuation on the GPU is the CPU's.
+TEST(CudaGenerate, GreedyDecodingWithTheCacheAsOnTheCpu) {
+  REQUIRE_GPU();
+  const std::vector<int32_t> prompt = {1, 5, 9, 2, 7};
+  for (const char* family : {"gpt2", "llama", "qwen3", "gemma", "smollm3", "olmo2"})
+    for (const bool mixed : {false, true}) {
+      const std::string what = std::string(family) + (mixed ? " bf16-mixed" : " f32");
+      models::ModelSpec spec = test::tiny_model_spec(family);
+      spec.init_std = 0.3;  // logits far apart: greedy choices are not near-ties
+      models::GenerateOptions opt;
+      opt.max_new_tokens = 12;
+      opt.keep_logits = true;
+      models::GenerateResult out[2];
+      for (int side = 0; side < 2; ++side) {
+        auto m = models::make_causal_lm(spec, 1);
+        if (side == 1) nn::move_to_device(*m, kGpu);
+        amp::AutocastGuard autocast(mixed, DType::BF16);
+        out[side] = models::generate(*m, prompt, opt);
+        if (side == 1) {
+          models::GenerateOptions plain = opt;
+          plain.use_cache = false;
+          EXPECT_EQ(models::generate(*m, prompt, plain).tokens, out[1].tokens) << what;
+        }
+      }
+      ASSERT_EQ(out[1].stop, out[0].stop) << what;
+      EXPECT_EQ(out[1].tokens, out[0].tokens) << what;
+      const double rt = mixed ? 3e-2 : 1e-4;
+      for (size_t i = 0; i < out[0].logits.size() && i < out[1].logits.size(); ++i) {
+        double amax = 0, diff = 0;
+        for (size_t v = 0; v < out[0].logits[i].size(); ++v) {
+          amax = std::max(amax, double(std::fabs(out[0].logits[i][v])));
+          diff = std::max(diff, double(std::fabs(out[1].logits[i][v] - out[0].logits[i][v])));
+        }
+        EXPECT_LE(diff, rt * amax + 1e-5) << what << " step " << i;
+      }
+    }
+  const std::string dir = test::temp_dir("cuda-generate");
+  const Ran init =
+      run_keel({"init-model", "--out", dir + "/m", "--family", "llama", "--init-std", "0.3"});
+  ASSERT_EQ(init.code, 0) << init.err;
+  auto continuation = [&](const char* device) {
+    const Ran r = run_keel({"generate", dir + "/m", "the 12 and", "--tokenizer", "byte",
+                            "--max-new-tokens", "16", "--device", device});
+    EXPECT_EQ(r.code, 0) << device << ": " << r.err;
+    return r.out;
+  };
+  EXPECT_EQ(continuation("cuda"), continuation("cpu"));
 }
 
 }  // namespace
