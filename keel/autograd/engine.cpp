@@ -66,11 +66,14 @@ const std::string* current_scope() { return t_scope; }
 ScopeGuard::ScopeGuard(const std::string* s) : prev_(t_scope) { t_scope = s; }
 ScopeGuard::~ScopeGuard() { t_scope = prev_; }
 
-bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
+bool any_requires_grad(std::span<const Tensor* const> inputs) {
   if (!t_grad_enabled) return false;
   for (const Tensor* t : inputs)
     if (t && t->defined() && t->requires_grad()) return true;
   return false;
+}
+bool any_requires_grad(std::initializer_list<const Tensor*> inputs) {
+  return any_requires_grad(std::span<const Tensor* const>(inputs.begin(), inputs.size()));
 }
 
 static std::shared_ptr<Node> edge_for(const Tensor& t) {
@@ -89,6 +92,9 @@ static std::shared_ptr<Node> edge_for(const Tensor& t) {
 
 void record_node(Tensor& out, std::shared_ptr<Node> node,
                  std::initializer_list<const Tensor*> inputs) {
+  record_node(out, std::move(node), std::span<const Tensor* const>(inputs.begin(), inputs.size()));
+}
+void record_node(Tensor& out, std::shared_ptr<Node> node, std::span<const Tensor* const> inputs) {
   node->next.clear();
   for (const Tensor* t : inputs) node->next.push_back(t ? edge_for(*t) : nullptr);
   node->sequence_nr = ++t_sequence;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -110,6 +111,7 @@ struct ScopeGuard {
 
 // True when grad mode is on and any input requires grad: the op must record a node.
 bool any_requires_grad(std::initializer_list<const Tensor*> inputs);
+bool any_requires_grad(std::span<const Tensor* const> inputs);  // (a count known at run time)
 
 // True when `t` is the only handle to its data (one reference to a tensor with its own storage):
 // writing into it in place changes nothing anyone else can see.
@@ -118,6 +120,7 @@ bool sole_owner(const Tensor& t);
 // Wires `node` to `inputs` and makes it `out`'s grad_fn. Call only when any_requires_grad().
 void record_node(Tensor& out, std::shared_ptr<Node> node,
                  std::initializer_list<const Tensor*> inputs);
+void record_node(Tensor& out, std::shared_ptr<Node> node, std::span<const Tensor* const> inputs);
 
 // Post-hooks run after a node's backward with its output gradient and the input gradients it
 // produced. Hooks are per thread; the engine pays one branch when none is attached.

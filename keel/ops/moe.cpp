@@ -1,0 +1,162 @@
+#include "keel/ops/moe.h"
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "keel/backend/moe.h"
+#include "keel/ops/embedding.h"
+#include "keel/ops/op_util.h"
+
+namespace keel::ops {
+
+namespace {
+
+// The routing's plan as the kernels read it (pointers into `r`'s lists).
+std::vector<MoeExpertRows> expert_rows(const MoeRouting& r) {
+  std::vector<MoeExpertRows> rows(r.rows_of.size());
+  for (size_t x = 0; x < rows.size(); ++x)
+    rows[x] = {r.rows_of[x].data(), r.slots_of[x].data(), std::ssize(r.rows_of[x])};
+  return rows;
+}
+
+}  // namespace
+
+// The weights' backward, through the renormalization and the softmax (backend/moe.h).
+struct MoeRouteNode final : Node {
+  Tensor probs;  // [tokens, experts] f32
+  Tensor weights;
+  std::vector<int32_t> experts;
+  int64_t k = 0;
+  bool normalize = false;
+  DType logits_dt = DType::F32;
+  std::vector<Tensor> backward(const Tensor& g) override {  // g [tokens, k]
+    const Tensor gw = g.dtype() == DType::F32 ? g : g.to_dtype(DType::F32);
+    const int64_t n = probs.size(0), e = probs.size(1);
+    Tensor dlogits = Tensor::empty({n, e}, logits_dt, probs.device());
+    moe_kernels(probs.device())
+        .route_backward(dlogits.data(), logits_dt, gw.data_as<float>(), probs.data_as<float>(),
+                        weights.data_as<float>(), experts.data(), n, e, k, normalize);
+    return {dlogits};
+  }
+  const char* name() const override { return "moe_route"; }
+};
+
+MoeRouting moe_route(const Tensor& router_logits, int64_t top_k, bool normalize) {
+  check_floating("moe_route", router_logits);
+  KEEL_CHECK(router_logits.dim() == 2, "moe_route: router logits must be [tokens, experts], got " +
+                                           shape_str(router_logits.shape()));
+  const int64_t n = router_logits.size(0), e = router_logits.size(1);
+  KEEL_CHECK(top_k >= 1 && top_k <= e, "moe_route: top_k = " + std::to_string(top_k) + " of " +
+                                           std::to_string(e) + " experts");
+  const Device dev = router_logits.device();
+  const MoeKernels& kern = moe_kernels(dev);
+  MoeRouting r;
+  r.tokens = n;
+  r.top_k = top_k;
+  Tensor probs = Tensor::empty({n, e}, DType::F32, dev);
+  r.weights = Tensor::empty({n, top_k}, DType::F32, dev);
+  r.experts.resize(static_cast<size_t>(n * top_k));
+  kern.route(router_logits.data(), router_logits.dtype(), n, e, top_k, normalize,
+             probs.data_as<float>(), r.weights.data_as<float>(), r.experts.data());
+  r.rows_of.resize(static_cast<size_t>(e));
+  r.slots_of.resize(static_cast<size_t>(e));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < top_k; ++j) {
+      const auto x = static_cast<size_t>(r.experts[static_cast<size_t>(t * top_k + j)]);
+      r.rows_of[x].push_back(t);
+      r.slots_of[x].push_back(static_cast<int32_t>(j));
+    }
+  if (any_requires_grad({&router_logits})) {
+    auto node = std::make_shared<MoeRouteNode>();
+    node->probs = probs;
+    node->weights = r.weights.view(r.weights.shape());  // no weights -> node -> weights cycle
+    node->experts = r.experts;
+    node->k = top_k;
+    node->normalize = normalize;
+    node->logits_dt = router_logits.dtype();
+    record_node(r.weights, node, {&router_logits});
+  }
+  return r;
+}
+
+Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& rows) {
+  KEEL_CHECK(x.dim() == 2, "gather_rows: x must be [tokens, d], got " + shape_str(x.shape()));
+  Tensor ids = Tensor::from_ints(rows, {std::ssize(rows)});
+  if (!x.device().is_cpu()) ids = ids.to(x.device());
+  return embedding(ids, x);  // a lookup of x's rows: its scatter-add is the backward
+}
+
+// The combine's backward: each expert output's gradient and the weights' (backend/moe.h).
+struct MoeCombineNode final : Node {
+  std::vector<Tensor> ys;  // the experts' outputs (undefined: no rows)
+  MoeRouting plan;         // its weights [tokens, k] f32 an input of this node
+  int64_t d = 0;
+  std::vector<Tensor> backward(const Tensor& g) override {  // g [tokens, d]
+    std::vector<Tensor> grads(1 + ys.size());
+    std::vector<const void*> y_ptrs(ys.size(), nullptr);
+    std::vector<void*> dy_ptrs(ys.size(), nullptr);
+    std::vector<DType> y_dts(ys.size(), DType::F32);
+    for (size_t x = 0; x < ys.size(); ++x) {
+      if (!ys[x].defined()) continue;
+      y_ptrs[x] = ys[x].data();
+      y_dts[x] = ys[x].dtype();
+      if (!needs_grad(1 + x)) continue;
+      grads[1 + x] = Tensor::empty(ys[x].shape(), ys[x].dtype(), ys[x].device());
+      dy_ptrs[x] = grads[1 + x].data();
+    }
+    const Tensor& weights = plan.weights;
+    if (needs_grad(0)) grads[0] = Tensor::zeros(weights.shape(), DType::F32, weights.device());
+    const std::vector<MoeExpertRows> rows = expert_rows(plan);
+    moe_kernels(g.device())
+        .combine_backward(g.data(), g.dtype(), y_ptrs.data(), y_dts.data(), dy_ptrs.data(),
+                          rows.data(), std::ssize(rows), weights.data_as<float>(),
+                          grads[0].defined() ? grads[0].data_as<float>() : nullptr, plan.top_k, d);
+    return grads;
+  }
+  const char* name() const override { return "moe_combine"; }
+};
+
+Tensor moe_combine(const std::vector<Tensor>& expert_outputs, const MoeRouting& routing,
+                   DType dtype) {
+  const size_t e = routing.rows_of.size();
+  KEEL_CHECK(expert_outputs.size() == e, "moe_combine: " + std::to_string(expert_outputs.size()) +
+                                             " expert outputs for " + std::to_string(e) +
+                                             " experts");
+  int64_t d = -1;
+  Device dev = routing.weights.device();
+  std::vector<const void*> y_ptrs(e, nullptr);
+  std::vector<DType> y_dts(e, DType::F32);
+  for (size_t x = 0; x < e; ++x) {
+    const Tensor& y = expert_outputs[x];
+    const int64_t rows = std::ssize(routing.rows_of[x]);
+    if (rows == 0) continue;
+    KEEL_CHECK(y.defined() && y.dim() == 2 && y.size(0) == rows && (d < 0 || y.size(1) == d),
+               "moe_combine: expert " + std::to_string(x) + "'s output must be [" +
+                   std::to_string(rows) + ", d], got " +
+                   (y.defined() ? shape_str(y.shape()) : std::string("none")));
+    check_floating("moe_combine", y);
+    d = y.size(1);
+    y_ptrs[x] = y.data();
+    y_dts[x] = y.dtype();
+  }
+  KEEL_CHECK(d >= 0, "moe_combine: no expert has rows (a routing of no tokens)");
+  const std::vector<MoeExpertRows> rows = expert_rows(routing);
+  Tensor out = Tensor::empty({routing.tokens, d}, dtype, dev);
+  moe_kernels(dev).combine(out.data(), dtype, y_ptrs.data(), y_dts.data(), rows.data(),
+                           std::ssize(rows), routing.weights.data_as<float>(), routing.top_k,
+                           routing.tokens, d);
+  std::vector<const Tensor*> inputs = {&routing.weights};
+  for (const Tensor& y : expert_outputs) inputs.push_back(y.defined() ? &y : nullptr);
+  if (any_requires_grad(std::span<const Tensor* const>(inputs))) {
+    auto node = std::make_shared<MoeCombineNode>();
+    for (size_t x = 0; x < e; ++x)
+      node->ys.push_back(routing.rows_of[x].empty() ? Tensor() : expert_outputs[x]);
+    node->plan = routing;
+    node->d = d;
+    record_node(out, node, std::span<const Tensor* const>(inputs));
+  }
+  return out;
+}
+
+}  // namespace keel::ops

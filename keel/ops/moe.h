@@ -1,0 +1,42 @@
+// A mixture-of-experts layer's differentiable pieces (HF's Qwen3MoeSparseMoeBlock,
+// OlmoeSparseMoeBlock, MixtralSparseMoeBlock): route each token to its k experts, gather each
+// expert's tokens, and sum the experts' outputs weighted by the routing. The experts themselves
+// are the caller's modules (each an MLP of its own, with its own adapters).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "keel/tensor/tensor.h"
+
+namespace keel::ops {
+
+struct MoeRouting {
+  int64_t tokens = 0, top_k = 0;
+  // [tokens, top_k] f32: each token's k weights, largest first (the softmax of the router's
+  // logits over every expert, its k largest, divided by their sum when normalized); differentiable
+  // with respect to the logits.
+  Tensor weights;
+  std::vector<int32_t> experts;  // [tokens * top_k]: the expert of each weight
+  // Per expert: the tokens routed to it, ascending, and which of their k choices it was. An
+  // expert no token chose has none (its MLP does not run: HF's loop skips it too).
+  std::vector<std::vector<int64_t>> rows_of;
+  std::vector<std::vector<int32_t>> slots_of;
+};
+
+// Routes each row of `router_logits` [tokens, experts] (any floating dtype: under autocast the
+// router's bf16 product) to its `top_k` most probable experts: the softmax in f32, ties to the
+// lower expert, `normalize` as Qwen3-MoE's norm_topk_prob (Mixtral: always; OLMoE: never).
+MoeRouting moe_route(const Tensor& router_logits, int64_t top_k, bool normalize);
+
+// x [tokens, d]'s rows `rows` [m, d] (an expert's input); the backward adds each row's gradient
+// back to its token's.
+Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& rows);
+
+// [tokens, d] in `dtype` (the layer input's): token t's sum over the experts it chose, in
+// ascending expert order, of expert_outputs[e]'s row for t times t's weight for e, rounded as
+// HF's index_add_ of `output * weight` into zeros (backend/moe.h). expert_outputs[e] is
+// [rows_of[e].size(), d] (undefined for an expert with no rows).
+Tensor moe_combine(const std::vector<Tensor>& expert_outputs, const MoeRouting& routing,
+                   DType dtype);
+
+}  // namespace keel::ops

@@ -1,0 +1,190 @@
+// Mixture-of-experts routing and combine (ops/moe.h): f64 references of the routing (softmax, top
+// k, renormalization) and of the combine with HF's roundings, gradient checks of the whole
+// route -> gather -> experts -> combine path, ties, NaN, determinism over thread counts, errors.
+// The layer's parity with PyTorch is the models' (ModelParity on the qwen3_moe fixture).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "keel/autograd/node.h"
+#include "keel/backend/moe.h"
+#include "keel/ops/elementwise.h"
+#include "keel/ops/linear.h"
+#include "keel/ops/moe.h"
+#include "tests/support/check.h"
+
+namespace keel {
+namespace {
+
+using test::expect_close;
+using test::expect_gradcheck;
+using test::randn;
+
+struct RouteRef {
+  std::vector<float> weights;
+  std::vector<int32_t> experts;
+};
+
+// f64 softmax, the k largest (lower index first on a tie), renormalized when asked.
+RouteRef route_ref(const Tensor& logits, int64_t k, bool normalize) {
+  const auto v = logits.to_floats();
+  const int64_t n = logits.size(0), e = logits.size(1);
+  RouteRef r;
+  for (int64_t t = 0; t < n; ++t) {
+    double m = -INFINITY, s = 0;
+    for (int64_t x = 0; x < e; ++x) m = std::max(m, double(v[t * e + x]));
+    std::vector<double> p(e);
+    for (int64_t x = 0; x < e; ++x) s += p[x] = std::exp(double(v[t * e + x]) - m);
+    std::vector<int32_t> order(e);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return p[a] > p[b]; });
+    double chosen = 0;
+    for (int64_t j = 0; j < k; ++j) chosen += p[order[j]] / s;
+    for (int64_t j = 0; j < k; ++j) {
+      r.experts.push_back(order[j]);
+      r.weights.push_back(static_cast<float>(p[order[j]] / s / (normalize ? chosen : 1.0)));
+    }
+  }
+  return r;
+}
+
+TEST(MoeRoute, WeightsAndExpertsMatchTheReference) {
+  for (DType dt : {DType::F32, DType::BF16})
+    for (const bool normalize : {false, true})
+      for (int64_t k : {1, 2, 4}) {
+        const std::string what = std::string(dtype_name(dt)) + (normalize ? " normalized" : "") +
+                                 " k=" + std::to_string(k);
+        const Tensor logits = randn({13, 8}, 3, 2.f, dt);
+        const ops::MoeRouting r = ops::moe_route(logits, k, normalize);
+        const RouteRef ref = route_ref(logits, k, normalize);
+        EXPECT_EQ(r.experts, ref.experts) << what;
+        EXPECT_EQ(r.weights.shape(), (Shape{13, k})) << what;
+        EXPECT_EQ(r.weights.dtype(), DType::F32) << what;
+        expect_close(r.weights.to_floats(), ref.weights, 1e-7, 1e-6, what);
+        // Each expert's tokens ascending, with the slot that chose it.
+        for (size_t x = 0; x < r.rows_of.size(); ++x) {
+          for (size_t i = 0; i < r.rows_of[x].size(); ++i) {
+            const int64_t t = r.rows_of[x][i];
+            if (i) {
+              EXPECT_LT(r.rows_of[x][i - 1], t) << what;
+            }
+            EXPECT_EQ(r.experts[t * k + r.slots_of[x][i]], static_cast<int32_t>(x)) << what;
+          }
+        }
+      }
+}
+
+TEST(MoeRoute, TiesGoToTheLowerExpertAndNanIsNeverHidden) {
+  // Equal logits: experts 0 and 1 first (torch.topk's order).
+  const ops::MoeRouting tie = ops::moe_route(Tensor::from_floats({1, 1, 1, 1}, {1, 4}), 2, true);
+  EXPECT_EQ(tie.experts, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(tie.weights.to_floats(), (std::vector<float>{0.5f, 0.5f}));
+  // A NaN logit makes the token's every weight NaN, as the softmax it comes from.
+  const ops::MoeRouting nan = ops::moe_route(
+      Tensor::from_floats({0, std::numeric_limits<float>::quiet_NaN(), 1, 2}, {1, 4}), 2, false);
+  for (float w : nan.weights.to_floats()) EXPECT_TRUE(std::isnan(w));
+}
+
+// The combine with HF's roundings, in f64 then rounded as each step of
+// final.index_add_(0, tokens, (y * w.to(out)).to(out)) rounds.
+std::vector<float> combine_ref(const std::vector<Tensor>& ys, const ops::MoeRouting& r, DType out,
+                               int64_t d) {
+  const auto w = r.weights.to_floats();
+  std::vector<float> acc(r.tokens * d, 0.f);
+  for (size_t x = 0; x < ys.size(); ++x) {
+    if (r.rows_of[x].empty()) continue;
+    const auto y = ys[x].to_floats();
+    const DType prod = ys[x].dtype() == out ? out : DType::F32;
+    for (size_t i = 0; i < r.rows_of[x].size(); ++i) {
+      const int64_t t = r.rows_of[x][i];
+      const float wt = round_to(out, w[t * r.top_k + r.slots_of[x][i]]);
+      for (int64_t j = 0; j < d; ++j) {
+        const float v = round_to(out, round_to(prod, y[i * d + j] * wt));
+        acc[t * d + j] = round_to(out, acc[t * d + j] + v);
+      }
+    }
+  }
+  return acc;
+}
+
+TEST(MoeCombine, SumsTheChosenExpertsInExpertOrderWithHfsRoundings) {
+  const int64_t n = 9, e = 6, d = 5, k = 2;
+  for (DType y_dt : {DType::F32, DType::BF16})
+    for (DType out : {DType::F32, DType::BF16}) {
+      const std::string what = std::string("y ") + dtype_name(y_dt) + ", out " + dtype_name(out);
+      const ops::MoeRouting r = ops::moe_route(randn({n, e}, 5), k, true);
+      std::vector<Tensor> ys(e);
+      for (int64_t x = 0; x < e; ++x)
+        if (!r.rows_of[x].empty()) ys[x] = randn({std::ssize(r.rows_of[x]), d}, 100 + x, 1.f, y_dt);
+      const Tensor y = ops::moe_combine(ys, r, out);
+      EXPECT_EQ(y.shape(), (Shape{n, d})) << what;
+      EXPECT_EQ(y.dtype(), out) << what;
+      EXPECT_EQ(y.to_floats(), combine_ref(ys, r, out, d)) << what;  // bit for bit
+    }
+}
+
+// The whole layer's path, differentiated numerically: logits = x W_r, each expert a linear map of
+// its gathered tokens, the combine of their outputs. Logits far apart keep the choices fixed
+// under the finite differences.
+TEST(MoeCombine, GradientsOfTheWholeRoutedPathMatchFiniteDifferences) {
+  const int64_t n = 7, c = 4, e = 5, k = 2;
+  for (const bool normalize : {false, true}) {
+    auto f = [&](const std::vector<Tensor>& in) {
+      const Tensor& x = in[0];  // [n, c]
+      const ops::MoeRouting r = ops::moe_route(ops::linear(x, in[1]), k, normalize);
+      std::vector<Tensor> ys(e);
+      for (int64_t xe = 0; xe < e; ++xe)
+        if (!r.rows_of[xe].empty())
+          ys[xe] = ops::linear(ops::gather_rows(x, r.rows_of[xe]), in[2 + xe]);
+      return ops::moe_combine(ys, r, DType::F32);
+    };
+    std::vector<Tensor> inputs = {randn({n, c}, 11), randn({e, c}, 12, 3.f)};
+    for (int64_t xe = 0; xe < e; ++xe) inputs.push_back(randn({c, c}, 20 + xe));
+    for (Tensor& t : inputs) t.set_requires_grad(true);
+    test::GradcheckOptions opt;
+    opt.step = 1e-3;
+    expect_gradcheck(f, inputs, opt, normalize ? "normalized" : "plain");
+  }
+}
+
+TEST(MoeCombine, BitsDoNotDependOnTheThreadCount) {
+  const ops::MoeRouting r = ops::moe_route(randn({300, 16}, 7), 4, true);
+  std::vector<Tensor> ys(16);
+  for (int64_t x = 0; x < 16; ++x)
+    if (!r.rows_of[x].empty()) ys[x] = randn({std::ssize(r.rows_of[x]), 64}, 30 + x);
+  std::vector<float> first;
+  for (int threads : {1, 3}) {
+    test::ThreadsGuard guard(threads);
+    const auto got = ops::moe_combine(ys, r, DType::BF16).to_floats();
+    if (first.empty())
+      first = got;
+    else
+      EXPECT_EQ(got, first);
+  }
+}
+
+TEST(MoeErrors, ShapesTopKAndTheGpuAreNamed) {
+  EXPECT_NE(test::error_of([] {
+              ops::moe_route(randn({3, 4}, 1), 5, true);
+            }).find("top_k = 5 of 4"),
+            std::string::npos);
+  EXPECT_NE(test::error_of([] {
+              ops::moe_route(randn({3}, 1), 1, true);
+            }).find("router logits must be [tokens, experts]"),
+            std::string::npos);
+  const ops::MoeRouting r = ops::moe_route(randn({3, 2}, 1), 1, true);
+  std::vector<Tensor> wrong(2);
+  for (int x = 0; x < 2; ++x)
+    if (!r.rows_of[x].empty()) wrong[x] = randn({std::ssize(r.rows_of[x]) + 1, 4}, 2);
+  EXPECT_NE(test::error_of([&] { ops::moe_combine(wrong, r, DType::F32); }).find("output must be"),
+            std::string::npos);
+  // A GPU has no MoE kernels yet: the message says where the layer runs.
+  const std::string m = test::error_of([] { moe_kernels(Device::cuda(0)); });
+  EXPECT_NE(m.find("runs on the CPU only"), std::string::npos) << m;
+  EXPECT_NE(m.find("run.device = \"cpu\""), std::string::npos) << m;
+}
+
+}  // namespace
+}  // namespace keel
