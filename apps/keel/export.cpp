@@ -202,7 +202,7 @@ int run_export(const ExportArgs& a) {
   // A run without adapters said "0 adapted modules merged", as if a merge had failed.
   const std::string merge_note =
       t.adapter ? count_of(merged, "adapted module") + " merged" : "no adapters to merge";
-  std::printf("wrote %s: %s, %s, %s, %s\n", a.out.c_str(), t.model->spec().family.c_str(),
+  std::printf("wrote %s: %s, %s, %s, %s\n", a.out.c_str(), t.model->spec().architecture().c_str(),
               merge_note.c_str(), a.dtype.c_str(), tok_note.c_str());
   return 0;
 }

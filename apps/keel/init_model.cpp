@@ -22,6 +22,7 @@ struct InitModelArgs {
   std::string out, family = "llama", dtype = "f32";
   int64_t n_layer = 2, n_embd = 64, n_head = 4, n_kv_head = 0, head_dim = 0, intermediate_size = 0;
   int64_t vocab_size = 259, max_seq_len = 128, shard_bytes = 0;
+  int64_t num_experts = 4, experts_per_token = 2, expert_size = 0;  // qwen3_moe, olmoe, mixtral
   bool untied = false;
   double rope_theta = 10000.0, norm_eps = 1e-5, init_std = 0.02;
   uint64_t seed = 0;
@@ -85,6 +86,23 @@ int run_init_model(const InitModelArgs& a) {
     s.sliding_window = 4096;
     s.sliding_period = 4;
   }
+  if (models::ModelSpec::moe(a.family)) {  // every layer sparse
+    if (a.experts_per_token > a.num_experts)
+      throw Error("init-model --experts-per-token " + std::to_string(a.experts_per_token) +
+                      " exceeds --num-experts " + std::to_string(a.num_experts) +
+                      ": a token is routed to some of its layer's experts",
+                  Error::kUsage);
+    s.num_experts = a.num_experts;
+    s.experts_per_token = a.experts_per_token;
+    s.norm_topk_prob = a.family != "olmoe";  // Qwen3-MoE's published files, Mixtral's always
+  } else if (a.num_experts != InitModelArgs{}.num_experts ||
+             a.experts_per_token != InitModelArgs{}.experts_per_token || a.expert_size != 0) {
+    throw Error(
+        "init-model: --num-experts, --experts-per-token and --expert-size are for the "
+        "mixtures of experts (--family qwen3_moe, olmoe or mixtral); drop them for " +
+            a.family,
+        Error::kUsage);
+  }
   if (a.family == "gemma3") {  // Gemma3TextConfig's defaults; the scale of head_dim
     s.sliding_window = 4096;
     s.sliding_period = 6;
@@ -96,6 +114,10 @@ int run_init_model(const InitModelArgs& a) {
   s.n_kv_head = a.n_kv_head;
   s.set_head_dim(a.head_dim);
   s.intermediate_size = a.intermediate_size;
+  if (s.num_experts > 0) {  // an expert's width: --expert-size, else the dense MLP's
+    s.expert_ffn = a.expert_size > 0 ? a.expert_size : s.ffn_dim();
+    if (a.family != "qwen3_moe") s.intermediate_size = s.expert_ffn;  // (their one width)
+  }
   s.vocab_size = a.vocab_size;
   s.max_seq_len = a.max_seq_len;
   s.tie_embeddings = a.family == "gpt2" || !a.untied;
@@ -195,8 +217,8 @@ Command add_init_model(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
       "init-model",
       "Write a randomly initialized GPT-2, Llama, Gemma, Gemma-2, Gemma-3, Granite, OLMo-2, "
-      "OLMo-3, "
-      "EXAONE-4, Phi-3, Qwen2, Qwen3 or SmolLM3 model as a Hugging Face directory");
+      "OLMo-3, EXAONE-4, Phi-3, Qwen2, Qwen3, SmolLM3, or a Qwen3-MoE, OLMoE or Mixtral mixture "
+      "of experts as a Hugging Face directory");
   sub->add_option("--out", a->out, "output directory (config.json + model.safetensors)")
       ->required();
   sub->add_option(
@@ -208,9 +230,12 @@ Command add_init_model(CLI::App& app) {
          "norms) | smollm3 (every 4th layer without RoPE) | granite (with Granite-3's "
          "multipliers) | olmo2 (norms after the attention and the MLP, q/k norms) | "
          "olmo3 (OLMo-2's layers, 3 of 4 sliding) | exaone4 (OLMo-2's norms, q/k norms per "
-         "head, 3 of 4 layers sliding, the 4th without RoPE)")
+         "head, 3 of 4 layers sliding, the 4th without RoPE) | qwen3_moe (Qwen3's layers, each "
+         "MLP a mixture of experts, weights renormalized) | olmoe (OLMo-2's q/k norms, Llama's "
+         "norms, experts, weights not renormalized) | mixtral (Mistral's layers with experts)")
       ->check(CLI::IsMember({"gpt2", "llama", "gemma", "gemma2", "gemma3", "granite", "olmo2",
-                             "olmo3", "exaone4", "phi3", "qwen2", "qwen3", "smollm3"}))
+                             "olmo3", "exaone4", "phi3", "qwen2", "qwen3", "smollm3", "qwen3_moe",
+                             "olmoe", "mixtral"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,
@@ -232,6 +257,19 @@ Command add_init_model(CLI::App& app) {
                 "model.vocab_size", true);
   config_option("--max-seq-len", a->max_seq_len, "n_positions / max_position_embeddings",
                 "model.max_seq_len", true);
+  sub->add_option("--num-experts", a->num_experts,
+                  "qwen3_moe, olmoe, mixtral: experts in each layer's mixture")
+      ->check(whole_check(1, models::ModelSpec::kMaxExperts))
+      ->capture_default_str();
+  sub->add_option("--experts-per-token", a->experts_per_token,
+                  "qwen3_moe, olmoe, mixtral: experts each token is routed to (at most "
+                  "--num-experts)")
+      ->check(whole_check(1, models::ModelSpec::kMaxExperts))
+      ->capture_default_str();
+  sub->add_option("--expert-size", a->expert_size,
+                  "qwen3_moe, olmoe, mixtral: an expert's MLP width (0: --intermediate-size's)")
+      ->check(config_check("model.intermediate_size", true))
+      ->capture_default_str();
   sub->add_flag("--untied", a->untied, "llama: a separate lm_head (default: tied to embed_tokens)");
   config_option("--rope-theta", a->rope_theta, "llama: RoPE base", "model.rope_theta", false);
   config_option("--norm-eps", a->norm_eps, "layer/RMS norm epsilon", "model.norm_eps", false);

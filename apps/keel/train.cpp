@@ -470,7 +470,7 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     std::printf(
         "keel train | %s %lldL %lld-wide %s | %.2fM params | %s | attention %s | "
         "%s%s | out %s\n",
-        spec.family.c_str(), static_cast<long long>(spec.n_layer),
+        spec.architecture().c_str(), static_cast<long long>(spec.n_layer),
         static_cast<long long>(spec.n_embd), count_of(spec.n_head, "head").c_str(),
         trainer.model().num_parameters() / 1e6, precision.c_str(),
         ops::attention_backend_name(spec.attention),

@@ -194,12 +194,15 @@ constexpr HfArchitecture kArchitectures[] = {
     {"gemma3_text", "Gemma3ForCausalLM", nullptr, "llama"},  // and q/k norms, local RoPE
     {"granite", "GraniteForCausalLM", nullptr, "llama"},     // and four multipliers
     {"mistral", "MistralForCausalLM", nullptr, "llama"},     // and a sliding window
+    {"mixtral", "MixtralForCausalLM", nullptr, "llama"},     // Mistral's with 8 experts, 2 a token
     {"olmo2", "Olmo2ForCausalLM", nullptr, "llama"},         // post-norms, whole q/k norms
     {"olmo3", "Olmo3ForCausalLM", nullptr, "llama"},         // and 3 of 4 layers sliding
+    {"olmoe", "OlmoeForCausalLM", nullptr, "llama"},         // whole q/k norms, 64 experts
     {"exaone4", "Exaone4ForCausalLM", nullptr, "llama"},     // OLMo-2's norms, NoPE full layers
     {"phi3", "Phi3ForCausalLM", nullptr, "llama"},           // fused qkv and gate_up, a window
     {"qwen2", "Qwen2ForCausalLM", nullptr, "llama"},         // and q/k/v biases
     {"qwen3", "Qwen3ForCausalLM", nullptr, "llama"},         // and q/k norms
+    {"qwen3_moe", "Qwen3MoeForCausalLM", nullptr, "llama"},  // Qwen3's with 128 experts, 8 a token
     {"smollm3", "SmolLM3ForCausalLM", nullptr, "llama"},     // and NoPE layers
 };
 
@@ -433,8 +436,19 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     const std::string& variant = s.hf_model_type;
     j["architectures"] = {architecture_of(s).hf_class};
     j["model_type"] = architecture_of(s).model_type;
-    if (variant == "mistral" || variant == "phi3")
+    if (variant == "mistral" || variant == "mixtral" || variant == "phi3")
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
+    if (models::ModelSpec::moe(variant)) {  // as the configs read them (hf_config reading)
+      j[variant == "mixtral" ? "num_local_experts" : "num_experts"] = s.num_experts;
+      j["num_experts_per_tok"] = s.experts_per_token;
+      if (variant != "mixtral") j["norm_topk_prob"] = s.norm_topk_prob;
+      if (variant == "qwen3_moe") {
+        j["moe_intermediate_size"] = s.expert_ffn;
+        j["decoder_sparse_step"] = s.sparse_step;
+        j["mlp_only_layers"] = s.dense_layers;
+      }
+      j["output_router_logits"] = false;
+    }
     if (s.gemma()) {
       j["hidden_activation"] = "gelu_pytorch_tanh";
       if (s.sandwich_norms()) {  // Gemma-2 and Gemma-3
@@ -478,7 +492,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
       j["use_sliding_window"] = false;
       j["sliding_window"] = nullptr;
     }
-    if (variant == "qwen2" || variant == "qwen3") {
+    if (variant == "qwen2" || variant == "qwen3" || variant == "qwen3_moe") {
       j["use_sliding_window"] = s.sliding_window > 0;
       if (s.sliding_window > 0) {
         j["sliding_window"] = s.sliding_window;
@@ -491,7 +505,9 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     j["num_attention_heads"] = s.n_head;
     j["num_key_value_heads"] = s.kv_heads();
     j["head_dim"] = s.head_dim();
-    j["intermediate_size"] = s.ffn_dim();
+    // (OLMoE's and Mixtral's is their experts' width; Qwen3-MoE's its dense layers')
+    j["intermediate_size"] =
+        s.num_experts > 0 && s.hf_model_type != "qwen3_moe" ? s.expert_ffn : s.ffn_dim();
     j["vocab_size"] = s.vocab_size;
     j["max_position_embeddings"] = s.max_seq_len;
     j["rms_norm_eps"] = s.norm_eps;
@@ -658,7 +674,8 @@ HfConfig read_hf_config(const std::string& dir) {
       expect_layout(*slides, layout);
       return true;
     };
-    if ((variant == "qwen2" || variant == "qwen3") && c.boolean("use_sliding_window", false)) {
+    if ((variant == "qwen2" || variant == "qwen3" || variant == "qwen3_moe") &&
+        c.boolean("use_sliding_window", false)) {
       // Qwen2's (and Qwen3's) sliding window is off unless use_sliding_window says so, then for
       // the layers from max_window_layers on (HF's Qwen2Config: its default 28), or those
       // layer_types names "sliding_attention".
@@ -676,7 +693,7 @@ HfConfig read_hf_config(const std::string& dir) {
         expect_layout(*slides, layout);
       }
     }
-    if (variant == "mistral" || variant == "phi3") {
+    if (variant == "mistral" || variant == "mixtral" || variant == "phi3") {
       // Mistral-7B-v0.1 slides over 4096 of its 32768 positions, v0.2 and later over none;
       // Phi-3-mini-4k over 2047 of 4096 (HF's sliding-window mask, as Mistral's), Phi-4 none.
       s.sliding_window = c.integer({"sliding_window"}, 0);  // null: none
@@ -790,6 +807,65 @@ HfConfig read_hf_config(const std::string& dir) {
         }
         listed_sliding_period(layout);
       }
+    }
+    if (models::ModelSpec::moe(variant)) {
+      // A mixture of experts (ModelSpec::num_experts): Qwen3-MoE's and OLMoE's num_experts,
+      // Mixtral's num_local_experts, num_experts_per_tok a token (their configs' defaults where
+      // absent). An expert's width: Qwen3-MoE's moe_intermediate_size (intermediate_size is its
+      // dense layers'), OLMoE's and Mixtral's intermediate_size. Renormalized weights: Qwen3-MoE
+      // and OLMoE as norm_topk_prob says, Mixtral always.
+      const bool qwen = variant == "qwen3_moe", mixtral = variant == "mixtral";
+      const char* count = mixtral ? "num_local_experts" : "num_experts";
+      s.num_experts = c.integer({count}, qwen ? 128 : mixtral ? 8 : 64);
+      s.experts_per_token = c.integer({"num_experts_per_tok"}, mixtral ? 2 : 8);
+      s.expert_ffn = qwen ? c.integer({"moe_intermediate_size"}, 768) : s.intermediate_size;
+      s.norm_topk_prob = mixtral || c.boolean("norm_topk_prob", false);
+      auto out_of = [&](const std::string& field, int64_t v, const std::string& range) {
+        return Error(file + ": " + field + " = " + std::to_string(v) + " must be " + range,
+                     Error::kUsage);
+      };
+      if (s.num_experts < 1 || s.num_experts > models::ModelSpec::kMaxExperts)
+        throw out_of(count, s.num_experts,
+                     "from 1 to " + std::to_string(models::ModelSpec::kMaxExperts));
+      if (s.experts_per_token < 1 || s.experts_per_token > s.num_experts)
+        throw out_of(
+            "num_experts_per_tok", s.experts_per_token,
+            std::string("from 1 to ") + count + " (" + std::to_string(s.num_experts) + ")");
+      if (s.expert_ffn < 1)
+        throw out_of(qwen ? "moe_intermediate_size" : "intermediate_size", s.expert_ffn, ">= 1");
+      if (qwen) {  // every decoder_sparse_step-th layer sparse, but mlp_only_layers
+        s.sparse_step = c.integer({"decoder_sparse_step"}, 1);
+        if (s.sparse_step < 1) throw out_of("decoder_sparse_step", s.sparse_step, ">= 1");
+        if (const json* dense = c.find({"mlp_only_layers"})) {
+          if (!dense->is_array()) throw unsupported("mlp_only_layers " + dense->dump());
+          for (const json& l : *dense) {
+            if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= s.n_layer)
+              throw Error(file + ": mlp_only_layers " + dense->dump() +
+                              " must list layers from 0 to num_hidden_layers - 1 (" +
+                              std::to_string(s.n_layer - 1) + ")",
+                          Error::kUsage);
+            s.dense_layers.push_back(l.get<int64_t>());
+          }
+        }
+      }
+      // What keel's training does not add or apply: refused, not left out without a word.
+      if (c.boolean("output_router_logits", false))
+        throw unsupported(
+            "output_router_logits = true (the router's load-balancing loss, router_aux_loss_coef "
+            "times it, added to the loss while training); set it to false, as the published "
+            "checkpoints have it");
+      if (mixtral && c.number({"router_jitter_noise"}, 0.0) != 0)
+        throw unsupported("router_jitter_noise = " + c.find({"router_jitter_noise"})->dump() +
+                          " (noise on the router's input while training); set it to 0");
+      if (variant == "olmoe" && c.find({"clip_qkv"}))
+        throw unsupported("clip_qkv = " + c.find({"clip_qkv"})->dump() +
+                          " (OLMoE's clamp of the q/k/v projections); set it to null");
+    } else if (const json* experts = c.find({"num_experts", "num_local_experts"});
+               experts && !(experts->is_number_integer() && experts->get<int64_t>() == 0)) {
+      throw unsupported(std::string(c.find({"num_experts"}) ? "num_experts" : "num_local_experts") +
+                        " = " + experts->dump() +
+                        " (experts in a model_type keel reads as dense; keel's mixtures of "
+                        "experts are qwen3_moe, olmoe and mixtral)");
     }
     if (variant == "granite") {
       // Granite (GraniteConfig's defaults: 1 each; its files give all four).

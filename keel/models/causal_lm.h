@@ -96,9 +96,32 @@ struct ModelSpec {
   // divided by logits_scaling. 1 (0 for attention_multiplier) for every other model.
   double embedding_multiplier = 1, residual_multiplier = 1, attention_multiplier = 0,
          logits_scaling = 1;
+  // A mixture-of-experts model (HF's Qwen3-MoE "qwen3_moe", OLMoE "olmoe", Mixtral "mixtral"):
+  // the MLP of each sparse layer (moe_layer) is `num_experts` SwiGLU MLPs expert_ffn wide and a
+  // router (mlp.gate, Mixtral's block_sparse_moe.gate: [num_experts, n_embd], no bias) that sends
+  // each token to its experts_per_token most probable experts and sums their outputs weighted by
+  // the router's softmax, renormalized over the chosen ones when norm_topk_prob (ops/moe.h).
+  // Qwen3-MoE's layers are sparse every sparse_step-th (its decoder_sparse_step: layer + 1 a
+  // multiple of it) but those dense_layers lists (its mlp_only_layers), whose MLP is the dense
+  // intermediate_size one. 0 experts: every layer dense.
+  int64_t num_experts = 0, experts_per_token = 0, expert_ffn = 0, sparse_step = 1;
+  static constexpr int64_t kMaxExperts = 1024;  // (published models: 8 to 256)
+  bool norm_topk_prob = false;
+  std::vector<int64_t> dense_layers;
+  bool moe_layer(int64_t layer) const {
+    return num_experts > 0 && (layer + 1) % std::max<int64_t>(sparse_step, 1) == 0 &&
+           std::find(dense_layers.begin(), dense_layers.end(), layer) == dense_layers.end();
+  }
+  static bool moe(const std::string& model_type) {
+    return model_type == "qwen3_moe" || model_type == "olmoe" || model_type == "mixtral";
+  }
+  // Mixtral's names: block_sparse_moe for the layer's MoE, w1, w3 and w2 for an expert's gate,
+  // up and down projections.
+  bool mixtral_names() const { return hf_model_type == "mixtral"; }
 
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
-  // "granite", "mistral", "olmo2", "olmo3", "exaone4", "phi3", "qwen2", "qwen3" or "smollm3".
+  // "granite", "mistral", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4", "phi3", "qwen2",
+  // "qwen3", "qwen3_moe" or "smollm3".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).
@@ -106,7 +129,8 @@ struct ModelSpec {
   // An HF Qwen3 (Qwen3ForCausalLM): Llama's layers with an RMSNorm over each head's query and key
   // (q_norm, k_norm: weights [head_dim]) before RoPE.
   bool qk_norm() const {
-    return hf_model_type == "qwen3" || hf_model_type == "gemma3_text" || post_norms();
+    return hf_model_type == "qwen3" || hf_model_type == "qwen3_moe" || hf_model_type == "olmoe" ||
+           hf_model_type == "gemma3_text" || post_norms();
   }
   // An HF OLMo-2 (Olmo2ForCausalLM): Llama's layers with no norm before the attention or the MLP
   // but one after each (post_attention_layernorm on the attention's output,
@@ -121,9 +145,10 @@ struct ModelSpec {
   bool post_norms() const {
     return hf_model_type == "olmo2" || hf_model_type == "olmo3" || hf_model_type == "exaone4";
   }
-  // OLMo-2's and OLMo-3's q_norm and k_norm: over the whole projections, before the heads split.
+  // OLMo-2's, OLMo-3's and OLMoE's q_norm and k_norm: over the whole projections, before the
+  // heads split (OLMoE's layers otherwise Llama's, a norm before each sublayer).
   bool qk_norm_over_projection() const {
-    return hf_model_type == "olmo2" || hf_model_type == "olmo3";
+    return hf_model_type == "olmo2" || hf_model_type == "olmo3" || hf_model_type == "olmoe";
   }
   // Whether sliding layers rotate without rope_scaling: Gemma-3's (by rope_local_theta) and
   // OLMo-3's (by rope_theta: OLMo-core's, vLLM's and transformers' RoPE; some transformers 5.x

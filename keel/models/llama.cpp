@@ -4,6 +4,7 @@
 #include "keel/ops/activation.h"
 #include "keel/ops/elementwise.h"
 #include "keel/ops/linear.h"
+#include "keel/ops/moe.h"
 #include "keel/ops/rope.h"
 #include "keel/ops/shape.h"
 #include "keel/tensor/random.h"
@@ -102,18 +103,20 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
   });
 }
 
-LlamaMLP::LlamaMLP(const ModelSpec& s) : nn::Module("LlamaMLP") {
+LlamaMLP::LlamaMLP(const ModelSpec& s, int64_t width, bool expert) : nn::Module("LlamaMLP") {
   auto lin = [&](int64_t in, int64_t out) {
     return std::make_unique<nn::Linear>(in, out, false, s.param_dtype);
   };
+  const int64_t f = width > 0 ? width : s.ffn_dim();
+  const bool w123 = expert && s.mixtral_names();  // Mixtral's experts: w1 gate, w3 up, w2 down
   gelu_gate = s.gemma();
   if (s.fused_projections()) {
-    gate_up_proj = register_module("gate_up_proj", lin(s.n_embd, 2 * s.ffn_dim()));
+    gate_up_proj = register_module("gate_up_proj", lin(s.n_embd, 2 * f));
   } else {
-    gate_proj = register_module("gate_proj", lin(s.n_embd, s.ffn_dim()));
-    up_proj = register_module("up_proj", lin(s.n_embd, s.ffn_dim()));
+    gate_proj = register_module(w123 ? "w1" : "gate_proj", lin(s.n_embd, f));
+    up_proj = register_module(w123 ? "w3" : "up_proj", lin(s.n_embd, f));
   }
-  down_proj = register_module("down_proj", lin(s.ffn_dim(), s.n_embd));
+  down_proj = register_module(w123 ? "w2" : "down_proj", lin(f, s.n_embd));
 }
 
 Tensor LlamaMLP::forward(const Tensor& x) {
@@ -133,6 +136,31 @@ Tensor LlamaMLP::forward(const Tensor& x) {
   });
 }
 
+LlamaSparseMoe::LlamaSparseMoe(const ModelSpec& s)
+    : nn::Module("LlamaSparseMoe"), top_k(s.experts_per_token), normalize(s.norm_topk_prob) {
+  gate = register_module(
+      "gate", std::make_unique<nn::Linear>(s.n_embd, s.num_experts, false, s.param_dtype));
+  for (int64_t e = 0; e < s.num_experts; ++e)
+    experts.push_back(register_module("experts." + std::to_string(e),
+                                      std::make_unique<LlamaMLP>(s, s.expert_ffn, true)));
+}
+
+Tensor LlamaSparseMoe::forward(const Tensor& x) {
+  return call({x}, [&] {
+    // HF: hidden_states.view(-1, C); the router's logits under autocast in its compute dtype,
+    // the routing in f32; each expert's tokens gathered from the layer's input (f32 in the
+    // residual stream) and its output summed into zeros of the input's dtype.
+    const Shape shape = x.shape();
+    const Tensor flat = ops::reshape(x, {-1, shape.back()});
+    const ops::MoeRouting r = ops::moe_route(gate->forward(flat), top_k, normalize);
+    std::vector<Tensor> outputs(experts.size());
+    for (size_t e = 0; e < experts.size(); ++e)
+      if (!r.rows_of[e].empty())
+        outputs[e] = experts[e]->forward(ops::gather_rows(flat, r.rows_of[e]));
+    return ops::reshape(ops::moe_combine(outputs, r, x.dtype()), shape);
+  });
+}
+
 namespace {
 // A norm over the hidden size: Gemma's scale by 1 + weight.
 std::unique_ptr<nn::RMSNorm> hidden_norm(const ModelSpec& s) {
@@ -148,7 +176,11 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s, int64_t layer)
   post_attention_layernorm = register_module("post_attention_layernorm", hidden_norm(s));
   if (s.sandwich_norms())
     pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", hidden_norm(s));
-  mlp = register_module("mlp", std::make_unique<LlamaMLP>(s));
+  if (s.moe_layer(layer))
+    moe = register_module(s.mixtral_names() ? "block_sparse_moe" : "mlp",
+                          std::make_unique<LlamaSparseMoe>(s));
+  else
+    mlp = register_module("mlp", std::make_unique<LlamaMLP>(s));
   if (s.sandwich_norms() || s.post_norms())
     post_feedforward_layernorm = register_module("post_feedforward_layernorm", hidden_norm(s));
 }
@@ -160,22 +192,22 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mas
     if (!input_layernorm) {  // OLMo-2 (HF's Olmo2DecoderLayer): each sublayer's output normalized
       Tensor h = nn::residual_add(x, post_attention_layernorm->forward(
                                          self_attn->forward(x, mask, backend, caches, layer)));
-      return nn::residual_add(h, post_feedforward_layernorm->forward(mlp->forward(h)));
+      return nn::residual_add(h, post_feedforward_layernorm->forward(feed_forward(h)));
     }
     Tensor a = self_attn->forward(input_layernorm->forward(x), mask, backend, caches, layer);
     if (residual_multiplier != 1) {  // Granite: residual + sublayer(x) * residual_multiplier
       const float m = static_cast<float>(residual_multiplier);
       Tensor h = nn::residual_add(x, ops::scale(a, m));
-      return nn::residual_add(h, ops::scale(mlp->forward(post_attention_layernorm->forward(h)), m));
+      return nn::residual_add(h, ops::scale(feed_forward(post_attention_layernorm->forward(h)), m));
     }
     if (!pre_feedforward_layernorm) {
       Tensor h = nn::residual_add(x, a);
-      return nn::residual_add(h, mlp->forward(post_attention_layernorm->forward(h)));
+      return nn::residual_add(h, feed_forward(post_attention_layernorm->forward(h)));
     }
     // Gemma-2 (HF's Gemma2DecoderLayer): each sublayer's output normalized before its residual.
     Tensor h = nn::residual_add(x, post_attention_layernorm->forward(a));
     return nn::residual_add(h, post_feedforward_layernorm->forward(
-                                   mlp->forward(pre_feedforward_layernorm->forward(h))));
+                                   feed_forward(pre_feedforward_layernorm->forward(h))));
   });
 }
 

@@ -31,11 +31,27 @@ class LlamaAttention : public nn::Module {
 
 class LlamaMLP : public nn::Module {
  public:
-  explicit LlamaMLP(const ModelSpec& s);
+  // `width`: the hidden width (0: s.ffn_dim(); an expert's: s.expert_ffn); `expert`: one of a
+  // mixture's experts (Mixtral's name their projections w1, w3 and w2).
+  explicit LlamaMLP(const ModelSpec& s, int64_t width = 0, bool expert = false);
   Tensor forward(const Tensor& x);
   // Phi-3 (ModelSpec::fused_projections()): gate_up_proj alone, gate_proj and up_proj null.
   nn::Linear *gate_proj = nullptr, *up_proj = nullptr, *gate_up_proj = nullptr, *down_proj;
   bool gelu_gate = false;  // Gemma's GeGLU: gelu-tanh(gate) * up; else SwiGLU
+};
+
+// A sparse layer's MLP (ModelSpec::moe_layer; HF's Qwen3MoeSparseMoeBlock, OlmoeSparseMoeBlock,
+// MixtralSparseMoeBlock): the router sends each token to its experts_per_token experts, each
+// expert's MLP runs on its tokens, and their outputs are summed weighted by the routing
+// (ops/moe.h). An expert no token chose does not run, and its parameters get no gradient.
+class LlamaSparseMoe : public nn::Module {
+ public:
+  explicit LlamaSparseMoe(const ModelSpec& s);
+  Tensor forward(const Tensor& x);  // [..., C]
+  nn::Linear* gate;                 // the router: [num_experts, C]
+  std::vector<LlamaMLP*> experts;
+  int64_t top_k;
+  bool normalize;  // norm_topk_prob
 };
 
 class LlamaDecoderLayer : public nn::Module {
@@ -50,7 +66,9 @@ class LlamaDecoderLayer : public nn::Module {
   nn::RMSNorm *pre_feedforward_layernorm = nullptr, *post_feedforward_layernorm = nullptr;
   double residual_multiplier = 1;  // Granite's: each sublayer's output scaled before its add
   LlamaAttention* self_attn;
-  LlamaMLP* mlp;
+  LlamaMLP* mlp = nullptr;        // a dense layer's
+  LlamaSparseMoe* moe = nullptr;  // a sparse layer's (ModelSpec::moe_layer)
+  Tensor feed_forward(const Tensor& h) { return moe ? moe->forward(h) : mlp->forward(h); }
 };
 
 class LlamaModel : public nn::Module {

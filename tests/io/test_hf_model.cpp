@@ -745,10 +745,10 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
       "keel reads GPT2LMHeadModel (gpt2), LlamaForCausalLM (llama), "
       "GemmaForCausalLM (gemma), Gemma2ForCausalLM (gemma2), Gemma3ForCausalLM "
       "(gemma3_text), GraniteForCausalLM (granite), MistralForCausalLM (mistral), "
-      "Olmo2ForCausalLM (olmo2), Olmo3ForCausalLM (olmo3), Exaone4ForCausalLM (exaone4), "
-      "Phi3ForCausalLM (phi3), "
+      "MixtralForCausalLM (mixtral), Olmo2ForCausalLM (olmo2), Olmo3ForCausalLM (olmo3), "
+      "OlmoeForCausalLM (olmoe), Exaone4ForCausalLM (exaone4), Phi3ForCausalLM (phi3), "
       "Qwen2ForCausalLM (qwen2), "
-      "Qwen3ForCausalLM (qwen3), "
+      "Qwen3ForCausalLM (qwen3), Qwen3MoeForCausalLM (qwen3_moe), "
       "SmolLM3ForCausalLM (smollm3)");
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";

@@ -32,13 +32,16 @@ namespace keel::test {
 // OLMo-3 (OLMo-2's layers with the yarn family's heads and rope_scaling; layer 0 sliding over 3
 // positions and rotating without the scaling, layer 1 full with it). "exaone4": an EXAONE-4
 // (OLMo-2's norms with per-head q/k norms, the yarn family's heads and rope_scaling; layer 0
-// sliding over 3 positions and rotating, layer 1 full and without RoPE).
+// sliding over 3 positions and rotating, layer 1 full and without RoPE). "qwen3_moe", "olmoe",
+// "mixtral": mixtures of 4 experts 24 wide, 2 a token: a Qwen3-MoE (Qwen3's q/k norms, weights
+// renormalized, layer 0 dense: its mlp_only_layers), an OLMoE (q/k norms over the projections,
+// weights not renormalized), a Mixtral (w1/w3/w2, renormalized).
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
-    "gpt2",    "llama",   "qwen2",   "qwen3", "qwen3_d8", "mistral_w3", "qwen2_w3",
-    "phi3_w3", "phi3_lr", "phi3_sr", "phi4m", "gemma",    "gemma2",     "gemma3",
-    "smollm3", "granite", "olmo2",   "yarn",  "olmo3",    "exaone4"};
+    "gpt2",    "llama",   "qwen2", "qwen3",   "qwen3_d8",  "mistral_w3", "qwen2_w3", "phi3_w3",
+    "phi3_lr", "phi3_sr", "phi4m", "gemma",   "gemma2",    "gemma3",     "smollm3",  "granite",
+    "olmo2",   "yarn",    "olmo3", "exaone4", "qwen3_moe", "olmoe",      "mixtral"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
@@ -52,6 +55,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool gemma = family == "gemma" || family == "gemma2" || family == "gemma3";
   const bool smollm3 = family == "smollm3", granite = family == "granite",
              olmo2 = family == "olmo2", olmo3 = family == "olmo3", exaone4 = family == "exaone4";
+  const bool moe = models::ModelSpec::moe(family);
   s.family = family != "gpt2" ? "llama" : family;
   s.hf_model_type = qwen      ? family.substr(0, 5)
                     : mistral ? "mistral"
@@ -62,7 +66,15 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
                     : olmo2   ? "olmo2"
                     : olmo3   ? "olmo3"
                     : exaone4 ? "exaone4"
+                    : moe     ? family
                               : "";
+  if (moe) {
+    s.num_experts = 4;
+    s.experts_per_token = 2;
+    s.expert_ffn = 24;
+    s.norm_topk_prob = family != "olmoe";
+    if (family == "qwen3_moe") s.dense_layers = {0};
+  }
   if (granite) {
     s.embedding_multiplier = 3;
     s.residual_multiplier = 0.22;
