@@ -86,15 +86,15 @@ int run_init_model(const InitModelArgs& a) {
     s.sliding_window = 4096;
     s.sliding_period = 4;
   }
-  if (models::ModelSpec::moe(a.family)) {  // every layer sparse
+  if (models::ModelSpec::is_moe_type(a.family)) {  // every layer sparse
     if (a.experts_per_token > a.num_experts)
       throw Error("init-model --experts-per-token " + std::to_string(a.experts_per_token) +
                       " exceeds --num-experts " + std::to_string(a.num_experts) +
                       ": a token is routed to some of its layer's experts",
                   Error::kUsage);
-    s.num_experts = a.num_experts;
-    s.experts_per_token = a.experts_per_token;
-    s.norm_topk_prob = a.family != "olmoe";  // Qwen3-MoE's published files, Mixtral's always
+    s.moe.experts = a.num_experts;
+    s.moe.per_token = a.experts_per_token;
+    s.moe.normalize = a.family != "olmoe";  // Qwen3-MoE's published files, Mixtral's always
   } else if (a.num_experts != InitModelArgs{}.num_experts ||
              a.experts_per_token != InitModelArgs{}.experts_per_token || a.expert_size != 0) {
     throw Error(
@@ -114,9 +114,9 @@ int run_init_model(const InitModelArgs& a) {
   s.n_kv_head = a.n_kv_head;
   s.set_head_dim(a.head_dim);
   s.intermediate_size = a.intermediate_size;
-  if (s.num_experts > 0) {  // an expert's width: --expert-size, else the dense MLP's
-    s.expert_ffn = a.expert_size > 0 ? a.expert_size : s.ffn_dim();
-    if (a.family != "qwen3_moe") s.intermediate_size = s.expert_ffn;  // (their one width)
+  if (s.moe.experts > 0) {  // an expert's width: --expert-size, else the dense MLP's
+    s.moe.ffn = a.expert_size > 0 ? a.expert_size : s.ffn_dim();
+    if (a.family != "qwen3_moe") s.intermediate_size = s.moe.ffn;  // (their one width)
   }
   s.vocab_size = a.vocab_size;
   s.max_seq_len = a.max_seq_len;

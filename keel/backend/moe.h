@@ -34,7 +34,13 @@ struct MoeKernels {
   void (*route_backward)(void* dlogits, DType dt, const float* dweights, const float* probs,
                          const float* weights, const int32_t* experts, int64_t n, int64_t e,
                          int64_t k, bool normalize);
-  // out [n, d] (out_dt) = the combine above. ys[x] [rows_x, d] in y_dts[x]; weights [n, k] f32.
+  // An expert's input: out [padded, d] = x's rows `rows` [m] (x [n, d]), then zeros to `padded`.
+  void (*gather)(void* out, const void* x, DType dt, const int64_t* rows, int64_t m, int64_t padded,
+                 int64_t d);
+  // Its backward: dx[rows[r]] += g[r] for r < m (each row named once: no sums within a call).
+  void (*scatter_add)(void* dx, const void* g, DType dt, const int64_t* rows, int64_t m, int64_t d);
+  // out [n, d] (out_dt) = the combine above. ys[x] [rows_x, d] in y_dts[x] (the first rows_x
+  // rows of an expert output padded beyond them); weights [n, k] f32.
   void (*combine)(void* out, DType out_dt, const void* const* ys, const DType* y_dts,
                   const MoeExpertRows* experts, int64_t n_experts, const float* weights, int64_t k,
                   int64_t n, int64_t d);

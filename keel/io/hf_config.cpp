@@ -438,14 +438,14 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     j["model_type"] = architecture_of(s).model_type;
     if (variant == "mistral" || variant == "mixtral" || variant == "phi3")
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
-    if (models::ModelSpec::moe(variant)) {  // as the configs read them (hf_config reading)
-      j[variant == "mixtral" ? "num_local_experts" : "num_experts"] = s.num_experts;
-      j["num_experts_per_tok"] = s.experts_per_token;
-      if (variant != "mixtral") j["norm_topk_prob"] = s.norm_topk_prob;
+    if (models::ModelSpec::is_moe_type(variant)) {  // as the configs read them (hf_config reading)
+      j[variant == "mixtral" ? "num_local_experts" : "num_experts"] = s.moe.experts;
+      j["num_experts_per_tok"] = s.moe.per_token;
+      if (variant != "mixtral") j["norm_topk_prob"] = s.moe.normalize;
       if (variant == "qwen3_moe") {
-        j["moe_intermediate_size"] = s.expert_ffn;
-        j["decoder_sparse_step"] = s.sparse_step;
-        j["mlp_only_layers"] = s.dense_layers;
+        j["moe_intermediate_size"] = s.moe.ffn;
+        j["decoder_sparse_step"] = s.moe.sparse_step;
+        j["mlp_only_layers"] = s.moe.dense_layers;
       }
       j["output_router_logits"] = false;
     }
@@ -507,7 +507,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     j["head_dim"] = s.head_dim();
     // (OLMoE's and Mixtral's is their experts' width; Qwen3-MoE's its dense layers')
     j["intermediate_size"] =
-        s.num_experts > 0 && s.hf_model_type != "qwen3_moe" ? s.expert_ffn : s.ffn_dim();
+        s.moe.experts > 0 && s.hf_model_type != "qwen3_moe" ? s.moe.ffn : s.ffn_dim();
     j["vocab_size"] = s.vocab_size;
     j["max_position_embeddings"] = s.max_seq_len;
     j["rms_norm_eps"] = s.norm_eps;
@@ -808,34 +808,34 @@ HfConfig read_hf_config(const std::string& dir) {
         listed_sliding_period(layout);
       }
     }
-    if (models::ModelSpec::moe(variant)) {
-      // A mixture of experts (ModelSpec::num_experts): Qwen3-MoE's and OLMoE's num_experts,
+    if (models::ModelSpec::is_moe_type(variant)) {
+      // A mixture of experts (ModelSpec::moe): Qwen3-MoE's and OLMoE's num_experts,
       // Mixtral's num_local_experts, num_experts_per_tok a token (their configs' defaults where
       // absent). An expert's width: Qwen3-MoE's moe_intermediate_size (intermediate_size is its
       // dense layers'), OLMoE's and Mixtral's intermediate_size. Renormalized weights: Qwen3-MoE
       // and OLMoE as norm_topk_prob says, Mixtral always.
       const bool qwen = variant == "qwen3_moe", mixtral = variant == "mixtral";
       const char* count = mixtral ? "num_local_experts" : "num_experts";
-      s.num_experts = c.integer({count}, qwen ? 128 : mixtral ? 8 : 64);
-      s.experts_per_token = c.integer({"num_experts_per_tok"}, mixtral ? 2 : 8);
-      s.expert_ffn = qwen ? c.integer({"moe_intermediate_size"}, 768) : s.intermediate_size;
-      s.norm_topk_prob = mixtral || c.boolean("norm_topk_prob", false);
+      s.moe.experts = c.integer({count}, qwen ? 128 : mixtral ? 8 : 64);
+      s.moe.per_token = c.integer({"num_experts_per_tok"}, mixtral ? 2 : 8);
+      s.moe.ffn = qwen ? c.integer({"moe_intermediate_size"}, 768) : s.intermediate_size;
+      s.moe.normalize = mixtral || c.boolean("norm_topk_prob", false);
       auto out_of = [&](const std::string& field, int64_t v, const std::string& range) {
         return Error(file + ": " + field + " = " + std::to_string(v) + " must be " + range,
                      Error::kUsage);
       };
-      if (s.num_experts < 1 || s.num_experts > models::ModelSpec::kMaxExperts)
-        throw out_of(count, s.num_experts,
+      if (s.moe.experts < 1 || s.moe.experts > models::ModelSpec::kMaxExperts)
+        throw out_of(count, s.moe.experts,
                      "from 1 to " + std::to_string(models::ModelSpec::kMaxExperts));
-      if (s.experts_per_token < 1 || s.experts_per_token > s.num_experts)
+      if (s.moe.per_token < 1 || s.moe.per_token > s.moe.experts)
         throw out_of(
-            "num_experts_per_tok", s.experts_per_token,
-            std::string("from 1 to ") + count + " (" + std::to_string(s.num_experts) + ")");
-      if (s.expert_ffn < 1)
-        throw out_of(qwen ? "moe_intermediate_size" : "intermediate_size", s.expert_ffn, ">= 1");
+            "num_experts_per_tok", s.moe.per_token,
+            std::string("from 1 to ") + count + " (" + std::to_string(s.moe.experts) + ")");
+      if (s.moe.ffn < 1)
+        throw out_of(qwen ? "moe_intermediate_size" : "intermediate_size", s.moe.ffn, ">= 1");
       if (qwen) {  // every decoder_sparse_step-th layer sparse, but mlp_only_layers
-        s.sparse_step = c.integer({"decoder_sparse_step"}, 1);
-        if (s.sparse_step < 1) throw out_of("decoder_sparse_step", s.sparse_step, ">= 1");
+        s.moe.sparse_step = c.integer({"decoder_sparse_step"}, 1);
+        if (s.moe.sparse_step < 1) throw out_of("decoder_sparse_step", s.moe.sparse_step, ">= 1");
         if (const json* dense = c.find({"mlp_only_layers"})) {
           if (!dense->is_array()) throw unsupported("mlp_only_layers " + dense->dump());
           for (const json& l : *dense) {
@@ -844,7 +844,7 @@ HfConfig read_hf_config(const std::string& dir) {
                               " must list layers from 0 to num_hidden_layers - 1 (" +
                               std::to_string(s.n_layer - 1) + ")",
                           Error::kUsage);
-            s.dense_layers.push_back(l.get<int64_t>());
+            s.moe.dense_layers.push_back(l.get<int64_t>());
           }
         }
       }

@@ -267,18 +267,18 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
   // A mixture of experts: the first sparse layer's router [experts, n_embd], an expert's width.
   int64_t sparse = 0;
   while (sparse < s.n_layer && !s.moe_layer(sparse)) ++sparse;
-  if (s.num_experts > 0 && sparse < s.n_layer) {
+  if (s.moe.experts > 0 && sparse < s.n_layer) {
     const bool mixtral = s.mixtral_names(), qwen = s.hf_model_type == "qwen3_moe";
     const std::string moe =
         "model.layers." + std::to_string(sparse) + (mixtral ? ".block_sparse_moe" : ".mlp");
     const std::string router = moe + ".gate.weight",
                       up = moe + ".experts.0." + (mixtral ? "w3" : "up_proj") + ".weight";
     if (const Shape* g = shape_of({router.c_str()});
-        g && g->size() == 2 && (*g)[0] != s.num_experts)
-      throw disagree(mixtral ? "num_local_experts" : "num_experts", s.num_experts,
+        g && g->size() == 2 && (*g)[0] != s.moe.experts)
+      throw disagree(mixtral ? "num_local_experts" : "num_experts", s.moe.experts,
                      "a router (" + router + ") of " + std::to_string((*g)[0]) + " experts");
-    if (const Shape* u = shape_of({up.c_str()}); u && u->size() == 2 && (*u)[0] != s.expert_ffn)
-      throw disagree(qwen ? "moe_intermediate_size" : "intermediate_size", s.expert_ffn,
+    if (const Shape* u = shape_of({up.c_str()}); u && u->size() == 2 && (*u)[0] != s.moe.ffn)
+      throw disagree(qwen ? "moe_intermediate_size" : "intermediate_size", s.moe.ffn,
                      "experts " + std::to_string((*u)[0]) + " wide");
   }
 }

@@ -72,17 +72,17 @@ void ModelSpec::validate() const {
     throw bad("attention_multiplier must be finite and >= 0 (0: 1 / sqrt(head_dim))");
   if (!(rope_local_theta >= 0) || !std::isfinite(rope_local_theta))
     throw bad("rope_local_theta must be finite and >= 0 (0: rope_theta)");
-  if (num_experts < 0) throw bad("num_experts must be >= 0 (0: a dense model)");
-  if (num_experts > 0) {
+  if (moe.experts < 0) throw bad("moe.experts must be >= 0 (0: a dense model)");
+  if (moe.experts > 0) {
     if (family != "llama") throw bad("only the llama family has mixture-of-experts layers");
-    if (experts_per_token < 1 || experts_per_token > num_experts)
-      throw bad("experts_per_token (num_experts_per_tok) = " + std::to_string(experts_per_token) +
-                " must be from 1 to num_experts = " + std::to_string(num_experts));
-    if (expert_ffn < 1) throw bad("an expert's width (moe_intermediate_size) must be >= 1");
-    if (sparse_step < 1) throw bad("sparse_step (decoder_sparse_step) must be >= 1");
-    for (int64_t l : dense_layers)
+    if (moe.per_token < 1 || moe.per_token > moe.experts)
+      throw bad("experts a token (num_experts_per_tok) = " + std::to_string(moe.per_token) +
+                " must be from 1 to the experts, " + std::to_string(moe.experts));
+    if (moe.ffn < 1) throw bad("an expert's width (moe_intermediate_size) must be >= 1");
+    if (moe.sparse_step < 1) throw bad("moe.sparse_step (decoder_sparse_step) must be >= 1");
+    for (int64_t l : moe.dense_layers)
       if (l < 0 || l >= n_layer)
-        throw bad("dense_layers (mlp_only_layers) names layer " + std::to_string(l) + " of " +
+        throw bad("moe.dense_layers (mlp_only_layers) names layer " + std::to_string(l) + " of " +
                   std::to_string(n_layer));
   }
 }

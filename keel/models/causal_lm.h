@@ -17,6 +17,19 @@
 
 namespace keel::models {
 
+// A sparse layer's mixture of experts (ModelSpec::moe): `experts` SwiGLU MLPs `ffn` wide and a
+// router (mlp.gate, Mixtral's block_sparse_moe.gate: [experts, n_embd], no bias) that sends each
+// token to its `per_token` most probable experts and sums their outputs weighted by the router's
+// softmax, renormalized over the chosen ones when `normalize` (HF's norm_topk_prob; ops/moe.h).
+// Qwen3-MoE's layers are sparse every `sparse_step`-th (its decoder_sparse_step: layer + 1 a
+// multiple of it) but those `dense_layers` lists (its mlp_only_layers), whose MLP is the dense
+// intermediate_size one.
+struct MoeSpec {
+  int64_t experts = 0, per_token = 0, ffn = 0, sparse_step = 1;
+  bool normalize = false;
+  std::vector<int64_t> dense_layers;
+};
+
 struct ModelSpec {
   std::string family = "gpt2";  // gpt2 | llama
   int64_t n_layer = 2, n_embd = 64, n_head = 4;
@@ -97,24 +110,17 @@ struct ModelSpec {
   double embedding_multiplier = 1, residual_multiplier = 1, attention_multiplier = 0,
          logits_scaling = 1;
   // A mixture-of-experts model (HF's Qwen3-MoE "qwen3_moe", OLMoE "olmoe", Mixtral "mixtral"):
-  // the MLP of each sparse layer (moe_layer) is `num_experts` SwiGLU MLPs expert_ffn wide and a
-  // router (mlp.gate, Mixtral's block_sparse_moe.gate: [num_experts, n_embd], no bias) that sends
-  // each token to its experts_per_token most probable experts and sums their outputs weighted by
-  // the router's softmax, renormalized over the chosen ones when norm_topk_prob (ops/moe.h).
-  // Qwen3-MoE's layers are sparse every sparse_step-th (its decoder_sparse_step: layer + 1 a
-  // multiple of it) but those dense_layers lists (its mlp_only_layers), whose MLP is the dense
-  // intermediate_size one. 0 experts: every layer dense.
-  int64_t num_experts = 0, experts_per_token = 0, expert_ffn = 0, sparse_step = 1;
-  static constexpr int64_t kMaxExperts = 1024;  // (published models: 8 to 256)
-  bool norm_topk_prob = false;
-  std::vector<int64_t> dense_layers;
+  // the MLP of each sparse layer (moe_layer) is a MoeSpec; `moe.experts` 0: every layer dense.
+  MoeSpec moe;
   bool moe_layer(int64_t layer) const {
-    return num_experts > 0 && (layer + 1) % std::max<int64_t>(sparse_step, 1) == 0 &&
-           std::find(dense_layers.begin(), dense_layers.end(), layer) == dense_layers.end();
+    return moe.experts > 0 && (layer + 1) % std::max<int64_t>(moe.sparse_step, 1) == 0 &&
+           std::find(moe.dense_layers.begin(), moe.dense_layers.end(), layer) ==
+               moe.dense_layers.end();
   }
-  static bool moe(const std::string& model_type) {
+  static bool is_moe_type(const std::string& model_type) {
     return model_type == "qwen3_moe" || model_type == "olmoe" || model_type == "mixtral";
   }
+  static constexpr int64_t kMaxExperts = 1024;  // (published models: 8 to 256)
   // Mixtral's names: block_sparse_moe for the layer's MoE, w1, w3 and w2 for an expert's gate,
   // up and down projections.
   bool mixtral_names() const { return hf_model_type == "mixtral"; }

@@ -137,12 +137,12 @@ Tensor LlamaMLP::forward(const Tensor& x) {
 }
 
 LlamaSparseMoe::LlamaSparseMoe(const ModelSpec& s)
-    : nn::Module("LlamaSparseMoe"), top_k(s.experts_per_token), normalize(s.norm_topk_prob) {
+    : nn::Module("LlamaSparseMoe"), top_k(s.moe.per_token), normalize(s.moe.normalize) {
   gate = register_module(
-      "gate", std::make_unique<nn::Linear>(s.n_embd, s.num_experts, false, s.param_dtype));
-  for (int64_t e = 0; e < s.num_experts; ++e)
+      "gate", std::make_unique<nn::Linear>(s.n_embd, s.moe.experts, false, s.param_dtype));
+  for (int64_t e = 0; e < s.moe.experts; ++e)
     experts.push_back(register_module("experts." + std::to_string(e),
-                                      std::make_unique<LlamaMLP>(s, s.expert_ffn, true)));
+                                      std::make_unique<LlamaMLP>(s, s.moe.ffn, true)));
 }
 
 Tensor LlamaSparseMoe::forward(const Tensor& x) {
@@ -154,9 +154,12 @@ Tensor LlamaSparseMoe::forward(const Tensor& x) {
     const Tensor flat = ops::reshape(x, {-1, shape.back()});
     const ops::MoeRouting r = ops::moe_route(gate->forward(flat), top_k, normalize);
     std::vector<Tensor> outputs(experts.size());
-    for (size_t e = 0; e < experts.size(); ++e)
-      if (!r.rows_of[e].empty())
-        outputs[e] = experts[e]->forward(ops::gather_rows(flat, r.rows_of[e]));
+    for (size_t e = 0; e < experts.size(); ++e) {
+      const std::vector<int64_t>& rows = r.rows_of[e];
+      if (!rows.empty())
+        outputs[e] = experts[e]->forward(
+            ops::gather_rows(flat, rows, ops::moe_padded_rows(std::ssize(rows))));
+    }
     return ops::reshape(ops::moe_combine(outputs, r, x.dtype()), shape);
   });
 }

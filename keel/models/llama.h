@@ -31,7 +31,7 @@ class LlamaAttention : public nn::Module {
 
 class LlamaMLP : public nn::Module {
  public:
-  // `width`: the hidden width (0: s.ffn_dim(); an expert's: s.expert_ffn); `expert`: one of a
+  // `width`: the hidden width (0: s.ffn_dim(); an expert's: s.moe.ffn); `expert`: one of a
   // mixture's experts (Mixtral's name their projections w1, w3 and w2).
   explicit LlamaMLP(const ModelSpec& s, int64_t width = 0, bool expert = false);
   Tensor forward(const Tensor& x);
@@ -41,14 +41,14 @@ class LlamaMLP : public nn::Module {
 };
 
 // A sparse layer's MLP (ModelSpec::moe_layer; HF's Qwen3MoeSparseMoeBlock, OlmoeSparseMoeBlock,
-// MixtralSparseMoeBlock): the router sends each token to its experts_per_token experts, each
+// MixtralSparseMoeBlock): the router sends each token to its moe.per_token experts, each
 // expert's MLP runs on its tokens, and their outputs are summed weighted by the routing
 // (ops/moe.h). An expert no token chose does not run, and its parameters get no gradient.
 class LlamaSparseMoe : public nn::Module {
  public:
   explicit LlamaSparseMoe(const ModelSpec& s);
   Tensor forward(const Tensor& x);  // [..., C]
-  nn::Linear* gate;                 // the router: [num_experts, C]
+  nn::Linear* gate;                 // the router: [moe.experts, C]
   std::vector<LlamaMLP*> experts;
   int64_t top_k;
   bool normalize;  // norm_topk_prob

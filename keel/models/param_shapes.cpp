@@ -69,12 +69,12 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
     if (s.moe_layer(l)) {  // the router, then each expert's MLP (Mixtral's w1, w3, w2)
       const std::string moe = h + (s.mixtral_names() ? ".block_sparse_moe" : ".mlp");
       const bool w123 = s.mixtral_names();
-      linear(p, moe + ".gate", C, s.num_experts, false);
-      for (int64_t e = 0; e < s.num_experts; ++e) {
+      linear(p, moe + ".gate", C, s.moe.experts, false);
+      for (int64_t e = 0; e < s.moe.experts; ++e) {
         const std::string x = moe + ".experts." + std::to_string(e);
-        linear(p, x + (w123 ? ".w1" : ".gate_proj"), C, s.expert_ffn, false);
-        linear(p, x + (w123 ? ".w3" : ".up_proj"), C, s.expert_ffn, false);
-        linear(p, x + (w123 ? ".w2" : ".down_proj"), s.expert_ffn, C, false);
+        linear(p, x + (w123 ? ".w1" : ".gate_proj"), C, s.moe.ffn, false);
+        linear(p, x + (w123 ? ".w3" : ".up_proj"), C, s.moe.ffn, false);
+        linear(p, x + (w123 ? ".w2" : ".down_proj"), s.moe.ffn, C, false);
       }
     } else if (s.fused_projections()) {
       linear(p, h + ".mlp.gate_up_proj", C, 2 * F, false);

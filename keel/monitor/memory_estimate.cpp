@@ -38,6 +38,7 @@ models::ModelSpec spec_of(const MemoryQuery& q) {
   s.set_head_dim(q.head_dim);
   s.hf_model_type = q.hf_model_type;
   s.intermediate_size = q.ffn;
+  s.moe = q.moe;
   s.vocab_size = q.vocab > 0 ? q.vocab : data::ByteTokenizer::kVocab;
   s.max_seq_len = std::max(q.max_seq_len, q.seq);
   s.tie_embeddings = q.family == "gpt2" ? true : q.tie_embeddings;
@@ -298,6 +299,9 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
           ")";
     const int64_t B = q.batch, C = sp.n_embd, F = sp.ffn_dim(), V = sp.vocab_size;
     const int64_t H = sp.n_head, L = sp.n_layer, BT = B * T;
+    // A sparse MLP's widths: each token's k experts, each expert_ffn wide (ModelSpec::moe).
+    const bool sparse = sp.moe.experts > 0;
+    const int64_t topk = sparse ? sp.moe.per_token : 1, Fk = sparse ? topk * sp.moe.ffn : F;
     // Attention's widths: the query heads' H * D (C unless the model has a head width of its
     // own) and the key/value heads'.
     const int64_t qC = H * sp.head_dim(), kvC = sp.kv_heads() * sp.head_dim();
@@ -352,7 +356,7 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       // autocast copy under -mixed)
       add("linear inputs", sp.post_norms() && !pol.autocast ? 0 : 2, c * BT * C, li, true);
       add("linear inputs", 1, c * BT * qC, li, true);  // o_proj's [B,T,H*D]
-      add("linear inputs", 1, c * BT * F, li, true);
+      add("linear inputs", 1, c * BT * Fk, li, true);  // down_proj's (each expert's rows)
       add("q, k, v", 1, c * BT * qC, "after rope / split-heads, " + cd, true);
       add("q, k, v", 2, c * BT * kvC, "after rope / split-heads, " + cd, true);
       // Qwen3's q_norm and k_norm keep their inputs, in f32 (RMSNorm runs in f32: under -mixed
@@ -366,7 +370,17 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
         add("q, k norms", 1, 4 * BT * H, qk, true);
         add("q, k norms", 1, 4 * BT * sp.kv_heads(), qk, true);
       }
-      add("swiglu inputs", 2, c * BT * F, "gate and up outputs [B,T,F] " + cd, true);
+      add("swiglu inputs", 2, c * BT * Fk, "gate and up outputs [B,T,F] " + cd, true);
+      // A mixture of experts (counted for every block: Qwen3-MoE's dense mlp_only_layers are
+      // few): each expert's gathered tokens (B*T*k rows of the normed input) and their autocast
+      // copy, its output rows the combine keeps, the routing's probabilities and weights.
+      if (sparse) {
+        const std::string mo = "experts' rows (B*T*k of [C]), routing [B*T,E] f32";
+        add("mixture of experts", 1, 4 * BT * topk * C, mo, true);
+        if (pol.autocast) add("mixture of experts", 1, c * BT * topk * C, mo, true);
+        add("mixture of experts", 1, c * BT * topk * C, mo, true);
+        add("mixture of experts", 1, 4 * BT * (sp.moe.experts + topk), mo, true);
+      }
       // Gemma's GeGLU is gelu(gate) * up: the product keeps the gelu's output too.
       if (sp.gemma()) add("geglu", 1, c * BT * F, "gelu(gate) [B,T,F] " + cd, true);
       // Gemma-2's and -3's norms of the attention's and the MLP's outputs keep their f32 inputs
@@ -400,15 +414,18 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       for (const models::ParamShape& t : tensors) {
         if (!t.linear || !modules.count(t.name.substr(0, t.name.size() - 7))) continue;
         const int64_t out = t.shape[0], in = t.shape[1];
+        // An expert's module sees its tokens only: B*T*k rows among the experts, on average.
+        const int64_t rows =
+            t.name.find(".experts.") != std::string::npos ? BT * topk / sp.moe.experts : BT;
         // Blocks repeat: count layer 0's modules per block, the head's (lm_head) outside.
         const bool l0 = t.name.find(".0.") != std::string::npos;
         const bool head = t.name.rfind("lm_head", 0) == 0;
         if (!l0 && !head) continue;
-        add(k + " adapters", 1, in_copy * BT * in, detail, !head);
+        add(k + " adapters", 1, in_copy * rows * in, detail, !head);
         // LoRA's fused dropout keeps its mask, a bit per input element, for its backward
         // (ops::dropout_cast).
         if (k == "lora" && dropout && pol.autocast && c < 4)
-          add(k + " adapters", 1, (BT * in + 7) / 8, detail + ", dropout mask bits", !head);
+          add(k + " adapters", 1, (rows * in + 7) / 8, detail + ", dropout mask bits", !head);
         if (k == "lokr") {
           add(k + " adapters", 1, (pol.autocast ? c : 4) * out * in, detail, !head);
           // LoKr returns its input's dtype (PEFT's result.to(previous_dtype)): under -mixed a
@@ -418,18 +435,18 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
           const bool mlp_in = m.ends_with(".c_fc") || m.ends_with(".gate_proj") ||
                               m.ends_with(".up_proj") || m.ends_with(".gate_up_proj");
           if (pol.autocast && c < 4 && mlp_in) {
-            add(k + " adapters", 1, 4 * BT * out, detail + ", f32 MLP outputs", !head);
-            add(k + " adapters", -1, c * BT * out, detail + ", f32 MLP outputs", !head);
+            add(k + " adapters", 1, 4 * rows * out, detail + ", f32 MLP outputs", !head);
+            add(k + " adapters", -1, c * rows * out, detail + ", f32 MLP outputs", !head);
           }
           adapter_transient = std::max(adapter_transient, 3 * block_bytes(4 * out * in));
         } else {
-          add(k + " adapters", 1, mid * BT * q.adapter.r, detail, !head);
+          add(k + " adapters", 1, mid * rows * q.adapter.r, detail, !head);
           if (k == "dora") {
-            add(k + " adapters", 2, 4 * BT * out, detail, !head);
+            add(k + " adapters", 2, 4 * rows * out, detail, !head);
             // Its backward holds f32 [rows, out] gradients at once: the output's (cast to f32),
             // the scaled LoRA product's, base_result's and lora_result's, and the result's sum
             // (gpt2 DoRA on c_attn measured 0.93 of its peak without them, at 2 to 6 layers).
-            adapter_transient = std::max(adapter_transient, 5 * block_bytes(4 * BT * out));
+            adapter_transient = std::max(adapter_transient, 5 * block_bytes(4 * rows * out));
           }
           // Under dropout DoRA's base product of the dropped input keeps that input's copy in
           // the compute dtype, and a 16-bit base in another compute dtype (bf16 base, 16-mixed)
@@ -437,7 +454,7 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
           // autocast's cached cast (lowp_copies).
           if (k == "dora" && dropout && pol.autocast)
             add(k + " adapters", 1,
-                c * BT * in + (fb == 2 && pol.compute_dtype != DType::BF16 ? c * out * in : 0),
+                c * rows * in + (fb == 2 && pol.compute_dtype != DType::BF16 ? c * out * in : 0),
                 detail, !head);
         }
       }
@@ -508,7 +525,8 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     if (!flash && q.attention_dropout > 0 && cdt == 4) layer += block_bytes(4 * B * H * T * T);
     // (GeGLU's backward holds the gelu's gradient beside gate's and up's)
     const int64_t mlp_rows = !llama ? 2 : sp.gemma() ? 4 : 3;
-    int64_t mlp = mlp_rows * block_bytes(c * BT * F) + 2 * block_bytes(s * BT * C);
+    int64_t mlp = mlp_rows * block_bytes(c * BT * Fk) + 2 * block_bytes(s * BT * C);
+    if (sparse) mlp += block_bytes(c * BT * topk * C);  // the experts' output gradients
     // A Phi-3's fused qkv_proj and gate_up_proj take their pieces' gradients in one buffer of the
     // fused output's shape (ops::split_last), beside the pieces' own.
     if (sp.fused_projections()) {
@@ -786,6 +804,7 @@ void set_sizes(MemoryQuery& q, const models::ModelSpec& s) {
   q.head_dim = s.head_width;
   q.hf_model_type = s.hf_model_type;
   q.ffn = s.ffn_dim();
+  q.moe = s.moe;
   q.vocab = s.vocab_size;
   q.max_seq_len = s.max_seq_len;
   q.tie_embeddings = s.tie_embeddings;

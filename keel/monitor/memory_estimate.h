@@ -63,6 +63,7 @@ struct MemoryQuery {
   // "gemma", "gemma2".
   std::string hf_model_type;
   int64_t ffn = 0;          // 0 = the family's rule (gpt2 4*hidden, Llama 8/3*hidden rounded)
+  models::MoeSpec moe;      // a mixture of experts' (llama family: Qwen3-MoE, OLMoE, Mixtral)
   int64_t vocab = 0;        // 0 = the byte tokenizer's 259
   int64_t max_seq_len = 0;  // gpt2 position table; 0 = seq
   bool tie_embeddings = true;

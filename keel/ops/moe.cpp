@@ -5,7 +5,6 @@
 #include <string>
 
 #include "keel/backend/moe.h"
-#include "keel/ops/embedding.h"
 #include "keel/ops/op_util.h"
 
 namespace keel::ops {
@@ -80,11 +79,57 @@ MoeRouting moe_route(const Tensor& router_logits, int64_t top_k, bool normalize)
   return r;
 }
 
-Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& rows) {
+int64_t moe_padded_rows(int64_t m) {
+  const int64_t step = m <= 64 ? 8 : m <= 512 ? 32 : m <= 4096 ? 128 : 512;
+  return (m + step - 1) / step * step;
+}
+
+// The gather's backward: each real row's gradient added to its token's row of dx.
+struct MoeGatherNode final : Node {
+  std::vector<int64_t> rows;
+  int64_t n = 0, d = 0;
+  DType dt = DType::F32;
+  void scatter_into(Tensor& dx, const Tensor& g) const {
+    const Tensor gx = g.dtype() == dt ? g : g.to_dtype(dt);
+    moe_kernels(g.device()).scatter_add(dx.data(), gx.data(), dt, rows.data(), std::ssize(rows), d);
+  }
+  std::vector<Tensor> backward(const Tensor& g) override {
+    if (!needs_grad(0)) return {Tensor()};
+    Tensor dx = grad_buffer(0, {n, d}, dt, g.device());
+    dx.zero();
+    scatter_into(dx, g);
+    return {dx};
+  }
+  // The rows go straight into x's other gradients (the router's, the other experts'): no [n, d]
+  // zeros per expert.
+  bool backward_into(const Tensor& g, const PendingSum& pending_sum) override {
+    Tensor* sum = needs_grad(0) ? pending_sum(0) : nullptr;
+    if (!sum || sum->dtype() != dt || sum->numel() != n * d || sum->device() != g.device())
+      return false;
+    scatter_into(*sum, g);
+    return true;
+  }
+  const char* name() const override { return "gather_rows"; }
+};
+
+Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& rows, int64_t padded) {
+  check_floating("gather_rows", x);
   KEEL_CHECK(x.dim() == 2, "gather_rows: x must be [tokens, d], got " + shape_str(x.shape()));
-  Tensor ids = Tensor::from_ints(rows, {std::ssize(rows)});
-  if (!x.device().is_cpu()) ids = ids.to(x.device());
-  return embedding(ids, x);  // a lookup of x's rows: its scatter-add is the backward
+  const int64_t n = x.size(0), d = x.size(1), m = std::ssize(rows);
+  for (int64_t r : rows)
+    KEEL_CHECK(r >= 0 && r < n,
+               "gather_rows: row " + std::to_string(r) + " of " + std::to_string(n));
+  Tensor out = Tensor::empty({std::max(m, padded), d}, x.dtype(), x.device());
+  moe_kernels(x.device()).gather(out.data(), x.data(), x.dtype(), rows.data(), m, out.size(0), d);
+  if (any_requires_grad({&x})) {
+    auto node = std::make_shared<MoeGatherNode>();
+    node->rows = rows;
+    node->n = n;
+    node->d = d;
+    node->dt = x.dtype();
+    record_node(out, node, {&x});
+  }
+  return out;
 }
 
 // The combine's backward: each expert output's gradient and the weights' (backend/moe.h).
@@ -102,7 +147,8 @@ struct MoeCombineNode final : Node {
       y_ptrs[x] = ys[x].data();
       y_dts[x] = ys[x].dtype();
       if (!needs_grad(1 + x)) continue;
-      grads[1 + x] = Tensor::empty(ys[x].shape(), ys[x].dtype(), ys[x].device());
+      // (zeros: the rows past the tokens', an expert output's padding, get none)
+      grads[1 + x] = Tensor::zeros(ys[x].shape(), ys[x].dtype(), ys[x].device());
       dy_ptrs[x] = grads[1 + x].data();
     }
     const Tensor& weights = plan.weights;
@@ -131,9 +177,9 @@ Tensor moe_combine(const std::vector<Tensor>& expert_outputs, const MoeRouting& 
     const Tensor& y = expert_outputs[x];
     const int64_t rows = std::ssize(routing.rows_of[x]);
     if (rows == 0) continue;
-    KEEL_CHECK(y.defined() && y.dim() == 2 && y.size(0) == rows && (d < 0 || y.size(1) == d),
+    KEEL_CHECK(y.defined() && y.dim() == 2 && y.size(0) >= rows && (d < 0 || y.size(1) == d),
                "moe_combine: expert " + std::to_string(x) + "'s output must be [" +
-                   std::to_string(rows) + ", d], got " +
+                   std::to_string(rows) + " or more, d], got " +
                    (y.defined() ? shape_str(y.shape()) : std::string("none")));
     check_floating("moe_combine", y);
     d = y.size(1);

@@ -28,14 +28,24 @@ struct MoeRouting {
 // lower expert, `normalize` as Qwen3-MoE's norm_topk_prob (Mixtral: always; OLMoE: never).
 MoeRouting moe_route(const Tensor& router_logits, int64_t top_k, bool normalize);
 
-// x [tokens, d]'s rows `rows` [m, d] (an expert's input); the backward adds each row's gradient
-// back to its token's.
-Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& rows);
+// x [tokens, d]'s rows `rows` (an expert's input, each token once), then zero rows up to
+// `padded` (0: none): [max(m, padded), d]. The backward adds each row's gradient back to its
+// token's (straight into x's pending gradient when there is one).
+Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& rows, int64_t padded = 0);
+
+// The rows an expert's batch of m tokens is padded to: m rounded up to a multiple of 8 (to 64
+// rows), 32 (to 512), 128 (to 4096), then 512. Each expert sees another count of tokens every
+// step, and oneDNN builds (JITs, ~8 ms) and keeps a kernel per distinct shape: unpadded, a tiny
+// Qwen3-MoE's eval held 107 MB of kernels after 160 batches, and a real one would build tens of
+// thousands a step. A padded row is zero and its output unused; it changes no real row's value
+// (each output row is its own dot products), only the weight gradients' summation blocking.
+int64_t moe_padded_rows(int64_t m);
 
 // [tokens, d] in `dtype` (the layer input's): token t's sum over the experts it chose, in
 // ascending expert order, of expert_outputs[e]'s row for t times t's weight for e, rounded as
 // HF's index_add_ of `output * weight` into zeros (backend/moe.h). expert_outputs[e] is
-// [rows_of[e].size(), d] (undefined for an expert with no rows).
+// [at least rows_of[e].size(), d]: its first rows are the tokens' (padding after them is not
+// read, and gets a zero gradient); undefined for an expert with no rows.
 Tensor moe_combine(const std::vector<Tensor>& expert_outputs, const MoeRouting& routing,
                    DType dtype);
 

@@ -136,8 +136,8 @@ TEST(MoeCombine, GradientsOfTheWholeRoutedPathMatchFiniteDifferences) {
       const ops::MoeRouting r = ops::moe_route(ops::linear(x, in[1]), k, normalize);
       std::vector<Tensor> ys(e);
       for (int64_t xe = 0; xe < e; ++xe)
-        if (!r.rows_of[xe].empty())
-          ys[xe] = ops::linear(ops::gather_rows(x, r.rows_of[xe]), in[2 + xe]);
+        if (!r.rows_of[xe].empty())  // padded to 8 rows, as the layer pads
+          ys[xe] = ops::linear(ops::gather_rows(x, r.rows_of[xe], 8), in[2 + xe]);
       return ops::moe_combine(ys, r, DType::F32);
     };
     std::vector<Tensor> inputs = {randn({n, c}, 11), randn({e, c}, 12, 3.f)};
@@ -147,6 +147,32 @@ TEST(MoeCombine, GradientsOfTheWholeRoutedPathMatchFiniteDifferences) {
     opt.step = 1e-3;
     expect_gradcheck(f, inputs, opt, normalize ? "normalized" : "plain");
   }
+}
+
+// An expert's batch padded with zero rows: the gather's padding is zero, the combine reads only
+// the tokens' rows, and a padded expert output gives the same sum, bit for bit.
+TEST(MoeCombine, PaddedExpertBatchesGiveTheSameSum) {
+  EXPECT_EQ(ops::moe_padded_rows(1), 8);
+  EXPECT_EQ(ops::moe_padded_rows(64), 64);
+  EXPECT_EQ(ops::moe_padded_rows(65), 96);
+  EXPECT_EQ(ops::moe_padded_rows(513), 640);
+  EXPECT_EQ(ops::moe_padded_rows(5000), 5120);
+  const Tensor x = randn({11, 6}, 4);
+  const ops::MoeRouting r = ops::moe_route(randn({11, 5}, 6), 2, true);
+  const Tensor w = randn({6, 6}, 8);
+  std::vector<Tensor> plain(5), padded(5);
+  for (int64_t e = 0; e < 5; ++e) {
+    if (r.rows_of[e].empty()) continue;
+    const int64_t m = std::ssize(r.rows_of[e]), p = ops::moe_padded_rows(m);
+    const Tensor g = ops::gather_rows(x, r.rows_of[e], p);
+    ASSERT_EQ(g.size(0), p);
+    const auto gv = g.to_floats();
+    for (int64_t i = m * 6; i < p * 6; ++i) EXPECT_EQ(gv[i], 0.f);
+    padded[e] = ops::linear(g, w);
+    plain[e] = ops::linear(ops::gather_rows(x, r.rows_of[e]), w);
+  }
+  EXPECT_EQ(ops::moe_combine(padded, r, DType::F32).to_floats(),
+            ops::moe_combine(plain, r, DType::F32).to_floats());
 }
 
 TEST(MoeCombine, BitsDoNotDependOnTheThreadCount) {
@@ -177,7 +203,7 @@ TEST(MoeErrors, ShapesTopKAndTheGpuAreNamed) {
   const ops::MoeRouting r = ops::moe_route(randn({3, 2}, 1), 1, true);
   std::vector<Tensor> wrong(2);
   for (int x = 0; x < 2; ++x)
-    if (!r.rows_of[x].empty()) wrong[x] = randn({std::ssize(r.rows_of[x]) + 1, 4}, 2);
+    if (!r.rows_of[x].empty()) wrong[x] = randn({std::ssize(r.rows_of[x]) - 1, 4}, 2);
   EXPECT_NE(test::error_of([&] { ops::moe_combine(wrong, r, DType::F32); }).find("output must be"),
             std::string::npos);
   // A GPU has no MoE kernels yet: the message says where the layer runs.

@@ -55,7 +55,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool gemma = family == "gemma" || family == "gemma2" || family == "gemma3";
   const bool smollm3 = family == "smollm3", granite = family == "granite",
              olmo2 = family == "olmo2", olmo3 = family == "olmo3", exaone4 = family == "exaone4";
-  const bool moe = models::ModelSpec::moe(family);
+  const bool moe = models::ModelSpec::is_moe_type(family);
   s.family = family != "gpt2" ? "llama" : family;
   s.hf_model_type = qwen      ? family.substr(0, 5)
                     : mistral ? "mistral"
@@ -69,11 +69,11 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
                     : moe     ? family
                               : "";
   if (moe) {
-    s.num_experts = 4;
-    s.experts_per_token = 2;
-    s.expert_ffn = 24;
-    s.norm_topk_prob = family != "olmoe";
-    if (family == "qwen3_moe") s.dense_layers = {0};
+    s.moe.experts = 4;
+    s.moe.per_token = 2;
+    s.moe.ffn = 24;
+    s.moe.normalize = family != "olmoe";
+    if (family == "qwen3_moe") s.moe.dense_layers = {0};
   }
   if (granite) {
     s.embedding_multiplier = 3;

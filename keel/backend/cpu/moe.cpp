@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -183,7 +184,29 @@ void combine_backward(const void* g, DType g_dt, const void* const* ys, const DT
   }
 }
 
-const MoeKernels kCpuMoe = {route, route_backward, combine, combine_backward};
+void gather(void* out, const void* x, DType dt, const int64_t* rows, int64_t m, int64_t padded,
+            int64_t d) {
+  const size_t row = static_cast<size_t>(d) * dtype_size(dt);
+  char* o = static_cast<char*>(out);
+  const char* src = static_cast<const char*>(x);
+  parallel_for(m, std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)),
+               [&](int64_t r0, int64_t r1) {
+                 for (int64_t r = r0; r < r1; ++r)
+                   std::memcpy(o + r * row, src + rows[r] * row, row);
+               });
+  if (padded > m) std::memset(o + m * row, 0, static_cast<size_t>(padded - m) * row);
+}
+
+void scatter_add(void* dx, const void* g, DType dt, const int64_t* rows, int64_t m, int64_t d) {
+  parallel_for(
+      m, std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)), [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r)
+          for (int64_t j = 0; j < d; ++j)
+            store(dx, dt, rows[r] * d + j, load(dx, dt, rows[r] * d + j) + load(g, dt, r * d + j));
+      });
+}
+
+const MoeKernels kCpuMoe = {route, route_backward, gather, scatter_add, combine, combine_backward};
 
 }  // namespace
 
