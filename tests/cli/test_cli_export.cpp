@@ -81,10 +81,12 @@ std::string trained_run(const std::string& family, const std::string& kind,
     cfg["no_rope_layer_interval"] = 2;
     std::ofstream(dir + "/base/config.json") << cfg.dump(2);
   }
+  // (Mixtral's experts name their down projection w2; a mixture's down_proj are its experts')
   const std::string targets = family == "gpt2" ? "[\"c_attn\", \"c_fc\"]"
                               : family.starts_with("phi")
                                   ? "[\"qkv_proj\", \"gate_up_proj\", \"down_proj\"]"
-                                  : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
+                              : family == "mixtral" ? "[\"q_proj\", \"v_proj\", \"w2\", \"gate\"]"
+                                                    : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
   std::ofstream(dir + "/c.toml") << "[run]\nout_dir = \"" << dir
                                  << "/out\"\nthreads = 1\n[model]\npath = \"" << dir << "/base\"\n"
                                  << (bf16_base ? "base_dtype = \"bf16\"\n" : "")
@@ -301,7 +303,9 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // sandwich norms and soft caps), a Gemma-3 whole (its q/k norms), a SmolLM3's LoRA (a NoPE
   // layer of its 2), a Granite whole (its multipliers), an OLMo-2's LoRA (its norms), a Llama's
   // LoRA under YaRN rope_scaling, an OLMo-3's (a sliding layer rotating unscaled, a full one by
-  // YaRN), an EXAONE-4's (its per-head q/k norms after OLMo-2's, a full layer without RoPE).
+  // YaRN), an EXAONE-4's (its per-head q/k norms after OLMo-2's, a full layer without RoPE), the
+  // mixtures of experts: a Qwen3-MoE's LoRA (its experts' down_proj), an OLMoE whole (its router
+  // and experts trained), a Mixtral's LoRA (its experts' w2 and its router).
   for (const auto& [family, kind] :
        std::vector<std::pair<std::string, std::string>>{{"gpt2", "lora"},
                                                         {"llama", "lora"},
@@ -318,7 +322,10 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
                                                         {"olmo2", "lora"},
                                                         {"llama-yarn", "lora"},
                                                         {"olmo3", "lora"},
-                                                        {"exaone4", "lora"}}) {
+                                                        {"exaone4", "lora"},
+                                                        {"qwen3_moe", "lora"},
+                                                        {"olmoe", "none"},
+                                                        {"mixtral", "lora"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

@@ -717,5 +717,120 @@ TEST(CliGemma, InitModelWritesBothAndTheyTrainAndExport) {
                                 "attention's scores, which keel's CUDA attention does not do yet");
 }
 
+// The mixtures of experts (Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM): init-model
+// writes one of each with its configs' names, a LoRA on the experts' projections (and Mixtral's
+// router) trains and its PEFT adapter applies as the checkpoint computes, a generation runs, keel
+// memory counts the experts' parameters, and what keel's layer does not do is refused naming
+// the field: the load-balancing loss, Mixtral's router noise, OLMoE's q/k/v clamp, experts in a
+// dense model_type, more experts a token than the layer has, and a config whose router or
+// experts disagree with the weights.
+TEST(CliMoe, InitModelWritesEachAndALoraOnItsExpertsTrains) {
+  for (const std::string family : {"qwen3_moe", "olmoe", "mixtral"}) {
+    SCOPED_TRACE(family);
+    const std::string dir = test::temp_dir("cli-moe-" + family);
+    const test::KeelRun init = test::run_keel({"init-model",  "--family",
+                                               family,        "--out",
+                                               dir + "/base", "--n-layer",
+                                               "2",           "--n-embd",
+                                               "32",          "--n-head",
+                                               "4",           "--n-kv-head",
+                                               "2",           "--max-seq-len",
+                                               "32",          "--num-experts",
+                                               "6",           "--experts-per-token",
+                                               "2",           "--expert-size",
+                                               "16"});
+    ASSERT_EQ(init.code, 0) << init.output;
+    const bool mixtral = family == "mixtral", qwen = family == "qwen3_moe";
+    const json cfg = read_json_file(dir + "/base/config.json");
+    EXPECT_EQ(cfg.at("model_type"), family);
+    EXPECT_EQ(cfg.at(mixtral ? "num_local_experts" : "num_experts"), 6);
+    EXPECT_EQ(cfg.at("num_experts_per_tok"), 2);
+    EXPECT_EQ(cfg.at(qwen ? "moe_intermediate_size" : "intermediate_size"), 16);
+    if (!mixtral) {
+      EXPECT_EQ(cfg.at("norm_topk_prob"), qwen);
+    }
+    EXPECT_EQ(cfg.at("output_router_logits"), false);
+    std::ofstream(dir + "/t.txt") << "12+34=46 and 5+7=12\n\n90+9=99 and 1+2=3\n";
+    const std::string targets = mixtral ? "[\"q_proj\", \"w1\", \"w3\", \"w2\", \"gate\"]"
+                                        : "[\"q_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"]";
+    const json saved = train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2",
+                                         "model.adapter.target_modules=" + targets});
+    EXPECT_EQ(saved.at("model_type"), family);
+    ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+    const json adapter = read_json_file(dir + "/peft/adapter_config.json");
+    EXPECT_EQ(adapter.at("target_modules").size(), mixtral ? 5u : 4u);
+    const test::KeelRun g =
+        test::run_keel({"generate", dir + "/out", "12+3", "--max-new-tokens", "6", "--json"},
+                       {"OMP_NUM_THREADS=1"});
+    ASSERT_EQ(g.code, 0) << g.output;
+    EXPECT_EQ(json::parse(g.out).at("tokens").size(), 6u);
+    // Per layer: q and o 32 x 32, k and v 16 x 32, the q/k norms (Qwen3-MoE's per head, 8 each;
+    // OLMoE's over the projections, 32 and 16), 2 norms, 6 experts of 3 x 32 x 16 and a router of
+    // 6 x 32; the head tied to the embedding (259 x 32), the final norm. keel memory's count is
+    // the model's.
+    const test::KeelRun mem = test::run_keel({"memory", "--model", dir + "/base", "--json"});
+    ASSERT_EQ(mem.code, 0) << mem.output;
+    const int64_t qk_norms = qwen ? 2 * 8 : family == "olmoe" ? 32 + 16 : 0;
+    const int64_t layer = 2 * 32 * 32 + 2 * 16 * 32 + qk_norms + 2 * 32 + 6 * 3 * 32 * 16 + 6 * 32;
+    EXPECT_EQ(json::parse(mem.out).at("params").get<int64_t>(), 2 * layer + 259 * 32 + 32)
+        << mem.out;
+    // Refused, naming the field.
+    const std::string file = dir + "/base/config.json: ";
+    json bad = cfg;
+    bad["output_router_logits"] = true;
+    expect_config_refused(dir, bad,
+                          file +
+                              "output_router_logits = true (the router's "
+                              "load-balancing loss");
+    bad = cfg;
+    bad["num_experts_per_tok"] = 7;
+    expect_config_refused(dir, bad,
+                          file + "num_experts_per_tok = 7 must be from 1 to " +
+                              (mixtral ? "num_local_experts" : "num_experts") + " (6)");
+    bad = cfg;
+    bad[mixtral ? "num_local_experts" : "num_experts"] = 5;
+    expect_config_refused(
+        dir, bad,
+        std::string(mixtral ? "num_local_experts" : "num_experts") + " = 5 but the weights in " +
+            dir + "/base hold a router (model.layers.0." + (mixtral ? "block_sparse_moe" : "mlp") +
+            ".gate.weight) of 6 experts");
+    bad = cfg;
+    bad[qwen ? "moe_intermediate_size" : "intermediate_size"] = 24;
+    expect_config_refused(dir, bad, "experts 16 wide");
+    if (mixtral) {
+      bad = cfg;
+      bad["router_jitter_noise"] = 0.1;
+      expect_config_refused(dir, bad, file + "router_jitter_noise = 0.1");
+    }
+    if (family == "olmoe") {
+      bad = cfg;
+      bad["clip_qkv"] = 8;
+      expect_config_refused(dir, bad, file + "clip_qkv = 8 (OLMoE's clamp");
+    }
+    std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  }
+  // Experts in a model_type keel reads as dense, and init-model's flags that do not fit.
+  const std::string dir = test::temp_dir("cli-moe-dense");
+  init_tiny("qwen3", dir + "/base");
+  std::ofstream(dir + "/t.txt") << "12+34=46\n";
+  json dense = read_json_file(dir + "/base/config.json");
+  dense["num_experts"] = 8;
+  expect_config_refused(dir, dense,
+                        "num_experts = 8 (experts in a model_type keel reads as dense; keel's "
+                        "mixtures of experts are qwen3_moe, olmoe and mixtral)");
+  for (const auto& [args, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--family", "olmoe", "--num-experts", "2", "--experts-per-token", "3"},
+            "init-model --experts-per-token 3 exceeds --num-experts 2"},
+           {{"--family", "llama", "--num-experts", "8"},
+            "--num-experts, --experts-per-token and --expert-size are for the mixtures of experts "
+            "(--family qwen3_moe, olmoe or mixtral); drop them for llama"}}) {
+    std::vector<std::string> argv = {"init-model", "--out", dir + "/x"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const test::KeelRun r = test::run_keel(argv);
+    EXPECT_EQ(r.code, 2) << r.output;
+    EXPECT_CONTAINS(r.err, message);
+  }
+}
+
 }  // namespace
 }  // namespace keel

@@ -22,6 +22,7 @@
 #include "keel/io/trained_model.h"
 #include "keel/models/gpt2.h"
 #include "keel/models/llama.h"
+#include "keel/models/param_shapes.h"
 #include "tests/io/tiny_specs.h"
 #include "tests/support/check.h"
 #include "tests/support/tiny_models.h"
@@ -1333,6 +1334,69 @@ TEST(HfModel, Exaone4ThirtyTwoBReadsItsWindowLayersAndNope) {
     EXPECT_EQ(full.layer_window(layer), 0) << layer;
     EXPECT_TRUE(full.layer_rotates(layer)) << layer;
   }
+}
+
+// The published mixtures of experts (tests/fuzz/corpus/hf_config, written from their config.json
+// fields, not downloaded here): Qwen3-30B-A3B (48 layers of 128 experts 768 wide, 8 a token,
+// renormalized; 30.53B parameters, 3.3B of them a token's), OLMoE-1B-7B (16 layers of 64 experts
+// 1024 wide, 8 a token, not renormalized, q/k norms over the projections; 6.92B) and
+// Mixtral-8x7B (32 layers of 8 experts 14336 wide, 2 a token; 46.70B): each read with its sizes
+// and counted as the models are published.
+TEST(HfModel, MixturesOfExpertsReadTheirPublishedConfigs) {
+  struct Case {
+    const char* file;
+    const char* type;
+    int64_t layers, experts, per_token, ffn, params;
+    bool normalize;
+  };
+  // The counts, per layer: attention, norms, the router and the experts; then the embedding and
+  // the untied head.
+  const int64_t qwen_layer =
+      2048 * 4096 * 2 + 2048 * 512 * 2 + 2 * 128 + 2 * 2048 + 128 * 2048 + 128 * 3 * 2048 * 768;
+  const int64_t olmoe_layer =
+      4 * 2048 * 2048 + 2 * 2048 + 2 * 2048 + 64 * 2048 + 64 * 3 * 2048 * 1024;
+  const int64_t mixtral_layer =
+      2 * 4096 * 4096 + 2 * 4096 * 1024 + 2 * 4096 + 8 * 4096 + 8 * 3 * 4096 * int64_t{14336};
+  for (const Case& c : {Case{"qwen3_moe_30b_a3b.json", "qwen3_moe", 48, 128, 8, 768,
+                             48 * qwen_layer + 2 * 151936 * int64_t{2048} + 2048, true},
+                        Case{"olmoe_1b_7b.json", "olmoe", 16, 64, 8, 1024,
+                             16 * olmoe_layer + 2 * 50304 * int64_t{2048} + 2048, false},
+                        Case{"mixtral_8x7b.json", "mixtral", 32, 8, 2, 14336,
+                             32 * mixtral_layer + 2 * 32000 * int64_t{4096} + 4096, true}}) {
+    SCOPED_TRACE(c.file);
+    const std::string dir = test::temp_dir("hf-moe");
+    fs::copy_file(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/" + c.file,
+                  dir + "/config.json", fs::copy_options::overwrite_existing);
+    const models::ModelSpec s = read_hf_config(dir).spec;
+    EXPECT_EQ(s.architecture(), c.type);
+    EXPECT_EQ(s.n_layer, c.layers);
+    EXPECT_EQ(s.moe.experts, c.experts);
+    EXPECT_EQ(s.moe.per_token, c.per_token);
+    EXPECT_EQ(s.moe.ffn, c.ffn);
+    EXPECT_EQ(s.moe.normalize, c.normalize);
+    for (int64_t layer = 0; layer < s.n_layer; ++layer) EXPECT_TRUE(s.moe_layer(layer)) << layer;
+    EXPECT_EQ(models::parameter_count(s), c.params);
+    EXPECT_EQ(s.qk_norm_over_projection(), std::string(c.type) == "olmoe");
+  }
+  EXPECT_NEAR(double(48 * qwen_layer + 2 * 151936 * int64_t{2048} + 2048) / 1e9, 30.53, 0.01);
+  // Qwen3-MoE's decoder_sparse_step and mlp_only_layers: its dense layers' MLP is
+  // intermediate_size wide, and their count is the file's.
+  const std::string dir = test::temp_dir("hf-moe-dense");
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(
+      std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/qwen3_moe_30b_a3b.json"));
+  j["decoder_sparse_step"] = 2;
+  j["mlp_only_layers"] = {5};
+  std::ofstream(dir + "/config.json") << j.dump();
+  const models::ModelSpec s = read_hf_config(dir).spec;
+  EXPECT_FALSE(s.moe_layer(0));
+  EXPECT_TRUE(s.moe_layer(1));
+  EXPECT_FALSE(s.moe_layer(5));
+  EXPECT_TRUE(s.moe_layer(7));
+  EXPECT_EQ(s.ffn_dim(), 6144);
+  j["mlp_only_layers"] = {48};
+  std::ofstream(dir + "/config.json") << j.dump();
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  "mlp_only_layers [48] must list layers from 0 to num_hidden_layers - 1 (47)");
 }
 
 }  // namespace
