@@ -114,8 +114,11 @@ struct MemoryEstimate {
   int64_t optimizer_state = 0;  // AdamW exp_avg + exp_avg_sq, SGD momentum
   int64_t lowp_copies = 0;      // autocast's per-step casts of the weights (-mixed only)
   int64_t matmul_scratch = 0;   // f32 operand copies where oneDNN has no kernel here, else 0
-  int64_t activations = 0;      // saved for backward (one micro-batch)
-  int64_t transient = 0;        // the largest short-lived buffer set on top of them
+  // A mixture of experts: oneDNN's kernels for the experts' padded batch shapes (the .cpp).
+  int64_t expert_kernels = 0;
+  std::string expert_kernels_detail;
+  int64_t activations = 0;  // saved for backward (one micro-batch)
+  int64_t transient = 0;    // the largest short-lived buffer set on top of them
   int64_t live_peak = 0;    // weights .. transient (not matmul_scratch): tensor blocks at the peak
   int64_t cache_slack = 0;  // released blocks host_memory keeps mapped (see the .cpp)
   // Loading the model: the weights as built (a frozen base attached from the mapped files, or drawn
@@ -128,7 +131,7 @@ struct MemoryEstimate {
   int64_t dataset = 0, dataset_load = 0;  // the query's: held for the run; while loading
   std::string dataset_detail, dataset_advice;
   // runtime + max(dataset + max(live_peak, init_peak), dataset_load) + matmul_scratch +
-  // cache_slack: the expected peak RSS
+  // expert_kernels + cache_slack: the expected peak RSS
   int64_t total = 0;
   std::string source;          // the query's source
   std::string checkpoint;      // "" or how activation checkpointing changes the activations

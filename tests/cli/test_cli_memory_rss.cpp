@@ -200,12 +200,17 @@ TEST(CliMemoryRss, Qwen3EstimateWithin10PercentOfPeakRss) {
 
 // An init-model `family` (4 layers of 256, grouped-query heads) from its config.json, trained
 // whole in 32-true and bf16-mixed and with a LoRA on `targets` in bf16-mixed.
-void memtest_family(const std::string& family, const std::string& targets) {
+void memtest_family(const std::string& family, const std::string& targets,
+                    const std::vector<std::string>& init_flags = {}) {
   const std::string dir = test::temp_dir("cli-memory-" + family);
-  const test::KeelRun init =
-      run_keel({"init-model", "--family", family, "--out", dir + "/base", "--n-layer", "4",
-                "--n-embd", "256", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "256"});
-  ASSERT_EQ(init.code, 0) << init.output;
+  std::vector<std::string> init = {"init-model",  "--family",      family, "--out",
+                                   dir + "/base", "--n-layer",     "4",    "--n-embd",
+                                   "256",         "--n-head",      "4",    "--n-kv-head",
+                                   "2",           "--max-seq-len", "256"};
+  init.insert(init.end(), init_flags.begin(), init_flags.end());
+  const test::KeelRun init_run = run_keel(init);
+  const test::KeelRun& init_ = init_run;
+  ASSERT_EQ(init_.code, 0) << init_.output;
   const std::vector<std::string> base = {"model.path=" + dir + "/base", "train.batch_size=8",
                                          "data.seq_len=256"};
   for (const char* p : {"32-true", "bf16-mixed"})
@@ -245,6 +250,15 @@ TEST(CliMemoryRss, Olmo2EstimateWithin10PercentOfPeakRss) {
 TEST(CliMemoryRss, Exaone4EstimateWithin10PercentOfPeakRss) {
   if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
   memtest_family("exaone4", R"(["q_proj", "v_proj"])");
+}
+
+// A Qwen3-MoE from its config.json (8 experts 256 wide, 2 a token): the experts' gathered rows,
+// their outputs and routing, an expert adapter's share of the tokens, and oneDNN's kernels for
+// the experts' padded batch shapes.
+TEST(CliMemoryRss, MoeEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  memtest_family("qwen3_moe", R"(["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"])",
+                 {"--num-experts", "8", "--experts-per-token", "2", "--expert-size", "256"});
 }
 
 // A Granite from its config.json: its multiplied embedding, sublayer outputs and logits (each
