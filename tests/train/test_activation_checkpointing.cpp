@@ -13,9 +13,11 @@
 #include <fstream>
 #include <sstream>
 
+#include "keel/io/hf_model.h"
 #include "keel/tensor/host_memory.h"
 #include "keel/train/trainer.h"
 #include "tests/support/check.h"
+#include "tests/support/tiny_models.h"
 
 namespace keel {
 namespace {
@@ -170,6 +172,41 @@ TEST(Checkpoint, SegmentsOfSeveralBlocksMatchTooAndRecomputeEveryBlock) {
     const CkptTrace seg = ckpt_trace(ckpt_config(k, "2", tag + "_2"));
     ckpt_expect_same_run(plain, seg);
     EXPECT_EQ(seg.block_recomputes, 3 * 2 * 3) << tag;
+  }
+}
+
+// A mixture of experts (a Qwen3-MoE from its HF directory, 6 experts 2 a token): the recomputed
+// forward routes every token as the first did, and the losses and gradients keep their bits, whole
+// in f32 and with LoRA on the experts in bf16-mixed.
+TEST(Checkpoint, MixturesOfExpertsMatchToo) {
+  models::ModelSpec s = test::tiny_model_spec("qwen3_moe");
+  s.n_layer = 3;
+  s.vocab_size = 259;
+  s.max_seq_len = 32;
+  s.moe.experts = 6;
+  s.moe.dense_layers = {};
+  const std::string base = test::temp_dir("ckpt-moe-base");
+  io::save_hf_model(*models::make_causal_lm(s, 5), base);
+  for (const CkptCase& k :
+       {CkptCase{"llama", "32-true", "none"}, CkptCase{"llama", "bf16-mixed", "lora"}}) {
+    const std::string tag = ckpt_case_name(k) + "_moe";
+    auto config = [&](const std::string& checkpointing) {
+      Config c = ckpt_config(k, checkpointing, tag + "_" + checkpointing);
+      c.model = ModelConfig{};
+      c.model.path = base;
+      c.model.attention_dropout = 0.1;
+      if (k.adapter != "none") {
+        c.model.adapter.kind = k.adapter;
+        c.model.adapter.r = 4;
+        c.model.adapter.dropout = 0.1;
+        c.model.adapter.target_modules = {"q_proj", "gate_proj", "up_proj", "down_proj"};
+      }
+      return c;
+    };
+    const CkptTrace plain = ckpt_trace(config("none"));
+    const CkptTrace ckpt = ckpt_trace(config("blocks"));
+    ckpt_expect_same_run(plain, ckpt);
+    EXPECT_EQ(ckpt.block_recomputes, 3 * 2 * 3) << tag;
   }
 }
 
