@@ -95,6 +95,13 @@ void check_query(const MemoryQuery& q) {
   bound("model.n_kv_head", "kv heads", "--kv-heads", q.kv_heads);
   bound("model.head_dim", "head dim", "--head-dim", q.head_dim);
   bound("model.intermediate_size", "ffn", "--ffn", q.ffn);
+  // A mixture's experts: their width within intermediate_size's bounds, their count keel's.
+  bound("model.intermediate_size", "expert width", "--ffn", q.moe.ffn);
+  if (q.moe.experts < 0 || q.moe.experts > models::ModelSpec::kMaxExperts)
+    throw Error("memory: experts = " + std::to_string(q.moe.experts) + " (" +
+                    (q.source.empty() ? "the model" : q.source) + ") must be from 0 to " +
+                    std::to_string(models::ModelSpec::kMaxExperts),
+                Error::kUsage);
   bound("model.vocab_size", "vocab", "--vocab", q.vocab);
   if (q.adapter.kind != "none") {
     // Not bound(): r = 0 is no "not given" (it said "adapter r = 0 must be >= 1", not --r's range).
@@ -1082,7 +1089,10 @@ std::string memory_floor_refusal(const MemoryQuery& q, int64_t available) {
   const double B = static_cast<double>(q.batch), T = static_cast<double>(q.seq),
                L = static_cast<double>(q.layers), E = static_cast<double>(q.hidden),
                V = static_cast<double>(q.vocab > 0 ? q.vocab : 259);
-  const double floor_bytes = 2 * (V * E + L * 12 * E * E) + 2 * B * T * V;
+  // (a mixture of experts: its experts' three matrices each)
+  const double experts =
+      static_cast<double>(q.moe.experts) * 3 * E * static_cast<double>(q.moe.ffn);
+  const double floor_bytes = 2 * (V * E + L * (12 * E * E + experts)) + 2 * B * T * V;
   const double products = B * T * T * std::max(1.0, E / 64) * 8 + B * T * (V + 16 * E) * 8;
   if (floor_bytes <= 100 * static_cast<double>(available) && products <= 4e18) return "";
   return "the run needs at least " + megabytes(floor_bytes) +

@@ -797,6 +797,16 @@ TEST(CliMoe, InitModelWritesEachAndALoraOnItsExpertsTrains) {
     bad = cfg;
     bad[qwen ? "moe_intermediate_size" : "intermediate_size"] = 24;
     expect_config_refused(dir, bad, "experts 16 wide");
+    if (qwen) {  // an expert width past intermediate_size's bounds, in a config without weights
+      bad = cfg;
+      bad["moe_intermediate_size"] = int64_t{1} << 40;
+      fs::create_directories(dir + "/sizes");
+      std::ofstream(dir + "/sizes/config.json") << bad.dump(2);
+      const test::KeelRun m = test::run_keel({"memory", "--model", dir + "/sizes"});
+      EXPECT_EQ(m.code, 2) << m.output;
+      EXPECT_CONTAINS(m.err, "expert width = 1099511627776");
+      EXPECT_CONTAINS(m.err, "must be in [0, 1048576]");
+    }
     if (mixtral) {
       bad = cfg;
       bad["router_jitter_noise"] = 0.1;
