@@ -9,6 +9,7 @@
 
 #include "keel/models/causal_lm.h"
 #include "keel/numerics/error.h"
+#include "tests/support/tiny_models.h"
 
 namespace keel::models {
 namespace {
@@ -59,6 +60,23 @@ TEST(ParamShapes, MatchTheBuiltModelsNameForName) {
           << what << " " << shapes[i].name;
     }
     EXPECT_EQ(parameter_count(s), model->num_parameters()) << what;
+  }
+}
+
+// The mixtures of experts (a Qwen3-MoE with a dense layer, an OLMoE, a Mixtral with its w1/w3/w2
+// and block_sparse_moe names), and every other fixture family: the shapes listed without building
+// are the built model's, name for name.
+TEST(ParamShapes, EveryFixtureFamilyMatchesItsBuiltModel) {
+  for (const std::string& family : test::kFixtureFamilies) {
+    const ModelSpec s = test::tiny_model_spec(family);
+    auto model = make_causal_lm(s, 1);
+    const std::vector<ParamShape> shapes = parameter_shapes(s);
+    const auto& params = model->named_parameters();
+    ASSERT_EQ(shapes.size(), params.size()) << family;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      EXPECT_EQ(shapes[i].name, params[i].first) << family << " #" << i;
+      EXPECT_EQ(shapes[i].shape, params[i].second.shape()) << family << " " << shapes[i].name;
+    }
   }
 }
 
