@@ -244,6 +244,14 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   hooks.on_step = [&](const StepResult& result) {
     StepResult r = result;
     last_step_loss = r.loss;
+    // A module that did not run at the injection's step corrupted nothing: a mixture's expert no
+    // token was routed to (the run went on as if no fault had been asked for, without a word).
+    if (injector && r.step == cfg.debug.inject.step && injector->injections() == 0)
+      std::fprintf(stderr,
+                   "note: debug.inject: %s did not run at step %lld (an expert no token was routed "
+                   "to runs nothing), so nothing was injected; name the layer that holds it, or "
+                   "another step\n",
+                   cfg.debug.inject.module.c_str(), static_cast<long long>(r.step));
     if (advisor) advisor->observe(r, &layers);
     loggers->log(r, step_extra);
     // Standard output gone (a closed pipe: `keel train | head`, a full disk under > train.log):

@@ -16,8 +16,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "keel/io/hf_weights.h"
 #include "tests/support/check.h"
 #include "tests/support/run_keel.h"
+#include "tests/support/tiny_models.h"
 
 namespace keel {
 namespace {
@@ -840,6 +842,40 @@ TEST(CliMoe, InitModelWritesEachAndALoraOnItsExpertsTrains) {
     EXPECT_EQ(r.code, 2) << r.output;
     EXPECT_CONTAINS(r.err, message);
   }
+}
+
+// An expert no token is routed to runs nothing: debug.inject into it corrupts nothing, and the run
+// says so instead of finishing as if the fault had been tried. A router of zeros gives every
+// expert the same probability, and the ties go to the lowest: experts 0 and 1 take every token
+// (the router frozen under a LoRA on q_proj).
+TEST(CliMoe, AnInjectionIntoAnExpertThatDidNotRunIsSaid) {
+  const std::string dir = test::temp_dir("cli-moe-inject");
+  models::ModelSpec s = test::tiny_model_spec("olmoe");
+  s.vocab_size = 259;
+  s.max_seq_len = 32;
+  auto m = models::make_causal_lm(s, 3);
+  for (auto& [name, p] : m->named_parameters())
+    if (name.ends_with("mlp.gate.weight")) p.zero();
+  io::save_hf_model(*m, dir + "/base");
+  auto train = [&](const std::string& module) {
+    return test::run_keel(
+        test::with_sets(
+            {"train"},
+            {"run.out_dir=" + dir + "/out", "run.overwrite=true", "run.threads=1",
+             "model.path=" + dir + "/base", "data.seq_len=16", "train.max_steps=3",
+             "model.adapter.kind=lora", "model.adapter.target_modules=[\"q_proj\"]",
+             "debug.inject.module=" + module, "debug.inject.step=2", "log.tensorboard=false"}),
+        {"OMP_NUM_THREADS=1"});
+  };
+  const test::KeelRun unrouted = train("model.layers.1.mlp.experts.3");
+  EXPECT_EQ(unrouted.code, 0) << unrouted.output;
+  EXPECT_CONTAINS(unrouted.err,
+                  "note: debug.inject: model.layers.1.mlp.experts.3 did not run at step 2 (an "
+                  "expert no token was routed to runs nothing), so nothing was injected");
+  const test::KeelRun routed = train("model.layers.1.mlp.experts.1");
+  EXPECT_EQ(routed.code, 3) << routed.output;  // the NaN stopped the run, captured
+  EXPECT_NOT_CONTAINS(routed.err, "nothing was injected");
+  EXPECT_CONTAINS(routed.err, "debug.inject put nan into model.layers.1.mlp.experts.1's output");
 }
 
 }  // namespace
