@@ -409,6 +409,15 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
               " caps the attention's scores, which keel's CUDA attention does not do yet "
               "(the CPU's does): set run.device = \"cpu\"",
           Error::kUsage);
+    // A mixture of experts routes and combines on the CPU only (backend/moe.h): refused before
+    // loading, not at the first step's forward (without a usable GPU the run falls back to the
+    // CPU, where it runs).
+    if (hf.spec.moe.experts > 0 && cfg.run.device.rfind("cuda", 0) == 0 && cuda::status().usable)
+      throw Error(cfg.model.path + "/config.json is a mixture of experts (" +
+                      hf.spec.architecture() + ", " + std::to_string(hf.spec.moe.experts) +
+                      " experts a layer), whose routing keel runs on the CPU only (no CUDA "
+                      "kernels for it yet): set run.device = \"cpu\"",
+                  Error::kUsage);
     // RoPE has no table to run off, so a Llama trains past max_position_embeddings; its positions
     // beyond it were never trained (nor, without rope_scaling, meant to be used), and keel eval
     // and generate keep to it. Said once, so that a long data.seq_len is a choice.

@@ -730,6 +730,29 @@ TEST(CudaTraining, NanCaptureAndReplayOnTheGpu) {
   EXPECT_EQ(j.value("first_module", std::string()), "transformer.h.1.attn") << j.dump(2);
 }
 
+// A mixture of experts routes on the CPU only: keel train with run.device = cuda refuses it before
+// loading, and a model moved to the GPU says so at its first forward.
+TEST(CudaTraining, MixtureOfExpertsIsRefusedNamingTheFix) {
+  REQUIRE_GPU();
+  const std::string dir = test::temp_dir("cuda-moe");
+  const Ran init = run_keel({"init-model", "--out", dir + "/m", "--family", "qwen3_moe"});
+  ASSERT_EQ(init.code, 0) << init.err;
+  const Ran r =
+      run_keel(train_args(dir + "/out", {"run.device=cuda", "model.path=" + dir + "/m",
+                                         "model.n_layer=2", "model.n_embd=64", "model.n_head=4"}));
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  EXPECT_CONTAINS(r.err,
+                  "is a mixture of experts (qwen3_moe, 4 experts a layer), whose routing "
+                  "keel runs on the CPU only");
+  auto m = models::make_causal_lm(test::tiny_model_spec("qwen3_moe"), 1);
+  nn::move_to_device(*m, kGpu);
+  NoGradGuard no_grad;
+  EXPECT_CONTAINS(test::error_of([&] {
+                    m->forward(on(Tensor::from_ints({1, 2, 3}, {1, 3}), kGpu), Tensor());
+                  }),
+                  "routing runs on the CPU only");
+}
+
 // keel generate --device cuda (issue 23): greedy decoding with the key/value cache on the GPU
 // chooses the CPU's tokens from logits within rounding of the CPU's, and the same tokens without
 // the cache; in f32 and under bf16 autocast, for GPT-2 and Llama-family layouts. Then the CLI: an
