@@ -92,22 +92,8 @@ class NcclGroup final : public ProcessGroup {
           "ncclAllReduce(sum of gradients)", purpose);
     }
   }
-  void all_reduce_sum(double* v, size_t n) override {
-    const std::string purpose = take_purpose();
-    stall_if_asked(rank_, purpose, false);
-    collective(
-        v, n * sizeof(double),
-        [&](void* d) { return ncclAllReduce(d, d, n, ncclFloat64, ncclSum, comm_, stream_); },
-        "ncclAllReduce(sum)", purpose);
-  }
-  void all_reduce_max(double* v, size_t n) override {
-    const std::string purpose = take_purpose();
-    stall_if_asked(rank_, purpose, false);
-    collective(
-        v, n * sizeof(double),
-        [&](void* d) { return ncclAllReduce(d, d, n, ncclFloat64, ncclMax, comm_, stream_); },
-        "ncclAllReduce(max)", purpose);
-  }
+  void all_reduce_sum(double* v, size_t n) override { reduce(v, n, ncclSum, "ncclAllReduce(sum)"); }
+  void all_reduce_max(double* v, size_t n) override { reduce(v, n, ncclMax, "ncclAllReduce(max)"); }
   void all_gather(const double* in, size_t n, double* out) override {
     const std::string purpose = take_purpose();
     stall_if_asked(rank_, purpose, false);
@@ -142,6 +128,15 @@ class NcclGroup final : public ProcessGroup {
     buf_ = nullptr;
     cuda_check(cudaMalloc(&buf_, bytes), "cudaMalloc (staging buffer)");
     buf_bytes_ = bytes;
+  }
+  // In place: the element-wise `op` of n doubles across the ranks.
+  void reduce(double* v, size_t n, ncclRedOp_t op, const char* what) {
+    const std::string purpose = take_purpose();
+    stall_if_asked(rank_, purpose, false);
+    collective(
+        v, n * sizeof(double),
+        [&](void* d) { return ncclAllReduce(d, d, n, ncclFloat64, op, comm_, stream_); }, what,
+        purpose);
   }
   template <class F>
   void collective(void* host, size_t bytes, F&& op, const std::string& what,
