@@ -19,6 +19,7 @@
 #include "keel/io/out_dir.h"
 #include "keel/log/console.h"
 #include "keel/log/loggers.h"
+#include "keel/models/llama.h"
 #include "keel/monitor/advisor.h"
 #include "keel/monitor/grad_norms.h"
 #include "keel/monitor/inject.h"
@@ -218,6 +219,7 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
       !cfg.debug.underflow_overflow.enabled && cfg.debug.inject.module.empty();
   TrainerHooks hooks;
   hooks.on_step_begin = [&](int64_t step) {
+    models::reset_expert_load(trainer_ptr->model());  // (a mixture's routing, counted per step)
     if (injector) injector->begin_step(step);
     if (tracer) tracer->begin_batch(step);
   };
@@ -253,6 +255,12 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
                    "another step\n",
                    cfg.debug.inject.module.c_str(), static_cast<long long>(r.step));
     if (advisor) advisor->observe(r, &layers);
+    // A mixture of experts' routing this step (this rank's tokens): experts no token reached, and
+    // the busiest over a layer's mean.
+    if (const models::ExpertLoad load = models::expert_load(trainer_ptr->model()); load.layers) {
+      step_extra["moe/unused_experts"] = load.unused;
+      step_extra["moe/max_load"] = load.max_load;
+    }
     loggers->log(r, step_extra);
     // Standard output gone (a closed pipe: `keel train | head`, a full disk under > train.log):
     // stop as on SIGTERM, with the checkpoint saved, rather than train on unseen or be killed.

@@ -137,7 +137,10 @@ Tensor LlamaMLP::forward(const Tensor& x) {
 }
 
 LlamaSparseMoe::LlamaSparseMoe(const ModelSpec& s)
-    : nn::Module("LlamaSparseMoe"), top_k(s.moe.per_token), normalize(s.moe.normalize) {
+    : nn::Module("LlamaSparseMoe"),
+      top_k(s.moe.per_token),
+      normalize(s.moe.normalize),
+      routed(static_cast<size_t>(s.moe.experts), 0) {
   gate = register_module(
       "gate", std::make_unique<nn::Linear>(s.n_embd, s.moe.experts, false, s.param_dtype));
   for (int64_t e = 0; e < s.moe.experts; ++e)
@@ -156,12 +159,37 @@ Tensor LlamaSparseMoe::forward(const Tensor& x) {
     std::vector<Tensor> outputs(experts.size());
     for (size_t e = 0; e < experts.size(); ++e) {
       const std::vector<int64_t>& rows = r.rows_of[e];
+      if (!nn::Module::recomputing()) routed[e] += std::ssize(rows);
       if (!rows.empty())
         outputs[e] = experts[e]->forward(
             ops::gather_rows(flat, rows, ops::moe_padded_rows(std::ssize(rows))));
     }
     return ops::reshape(ops::moe_combine(outputs, r, x.dtype()), shape);
   });
+}
+
+ExpertLoad expert_load(nn::Module& model) {
+  ExpertLoad out;
+  for (nn::Module* m : model.modules()) {
+    auto* moe = dynamic_cast<LlamaSparseMoe*>(m);
+    if (!moe) continue;
+    ++out.layers;
+    int64_t total = 0, most = 0;
+    for (int64_t n : moe->routed) {
+      total += n;
+      most = std::max(most, n);
+      if (n == 0) ++out.unused;
+    }
+    if (total > 0)
+      out.max_load = std::max(out.max_load, static_cast<double>(most) * std::ssize(moe->routed) /
+                                                static_cast<double>(total));
+  }
+  return out;
+}
+
+void reset_expert_load(nn::Module& model) {
+  for (nn::Module* m : model.modules())
+    if (auto* moe = dynamic_cast<LlamaSparseMoe*>(m)) moe->reset_routed();
 }
 
 namespace {

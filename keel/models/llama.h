@@ -52,7 +52,22 @@ class LlamaSparseMoe : public nn::Module {
   std::vector<LlamaMLP*> experts;
   int64_t top_k;
   bool normalize;  // norm_topk_prob
+  // The tokens routed to each expert by the forwards since the last reset_routed() (a
+  // checkpointed block's recompute is not counted again): what expert_load reports.
+  std::vector<int64_t> routed;
+  void reset_routed() { std::fill(routed.begin(), routed.end(), 0); }
 };
+
+// The experts' load since the last reset_expert_load(), over every sparse layer of `model`: how
+// many (layer, expert) pairs no token was routed to, and the busiest expert's tokens over a layer's
+// mean (1: even; experts / top_k: one expert took every token's choices it could). A router that
+// sends everything to a few experts (collapse) or never to some (dead experts) shows here.
+struct ExpertLoad {
+  int64_t layers = 0, unused = 0;  // layers: 0 for a dense model
+  double max_load = 0;
+};
+ExpertLoad expert_load(nn::Module& model);
+void reset_expert_load(nn::Module& model);
 
 class LlamaDecoderLayer : public nn::Module {
  public:

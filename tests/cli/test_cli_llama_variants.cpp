@@ -869,6 +869,12 @@ TEST(CliMoe, AnInjectionIntoAnExpertThatDidNotRunIsSaid) {
   };
   const test::KeelRun unrouted = train("model.layers.1.mlp.experts.3");
   EXPECT_EQ(unrouted.code, 0) << unrouted.output;
+  // metrics.jsonl says so of every step: 2 of each layer's 4 experts took no token, and the busiest
+  // took twice a layer's mean (its experts / top_k: all a token's choices it could).
+  for (const json& step : test::step_records(dir + "/out")) {
+    EXPECT_EQ(step.at("moe/unused_experts"), 4) << step;
+    EXPECT_EQ(step.at("moe/max_load"), 2.0) << step;
+  }
   EXPECT_CONTAINS(unrouted.err,
                   "note: debug.inject: model.layers.1.mlp.experts.3 did not run at step 2 (an "
                   "expert no token was routed to runs nothing), so nothing was injected");
