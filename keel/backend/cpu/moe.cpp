@@ -135,27 +135,57 @@ TokenRows token_rows(const MoeExpertRows* experts, int64_t n_experts, int64_t n)
   return tr;
 }
 
+// A row of d values of dtype dt at p + offset, as f32 (dispatched once a row, not per element).
+void load_row(const void* p, DType dt, int64_t offset, int64_t d, float* dst) {
+  switch (dt) {
+    case DType::BF16:
+      for (int64_t j = 0; j < d; ++j) dst[j] = load_f32(static_cast<const bf16_t*>(p) + offset + j);
+      break;
+    case DType::F16:
+      for (int64_t j = 0; j < d; ++j) dst[j] = load_f32(static_cast<const f16_t*>(p) + offset + j);
+      break;
+    default:
+      std::memcpy(dst, static_cast<const float*>(p) + offset, d * sizeof(float));
+  }
+}
+void store_row(void* p, DType dt, int64_t offset, int64_t d, const float* src) {
+  switch (dt) {
+    case DType::BF16:
+      for (int64_t j = 0; j < d; ++j) store_f32(static_cast<bf16_t*>(p) + offset + j, src[j]);
+      break;
+    case DType::F16:
+      for (int64_t j = 0; j < d; ++j) store_f32(static_cast<f16_t*>(p) + offset + j, src[j]);
+      break;
+    default:
+      std::memcpy(static_cast<float*>(p) + offset, src, d * sizeof(float));
+  }
+}
+// v rounded to dt, in place (f32: as it is).
+void round_row(DType dt, int64_t d, float* v) {
+  if (dt == DType::F32) return;
+  for (int64_t j = 0; j < d; ++j) v[j] = round_to(dt, v[j]);
+}
+
 void combine(void* out, DType out_dt, const void* const* ys, const DType* y_dts,
              const MoeExpertRows* experts, int64_t n_experts, const float* weights, int64_t k,
              int64_t n, int64_t d) {
   const TokenRows tr = token_rows(experts, n_experts, n);
   parallel_for(
       n, std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)), [&](int64_t t0, int64_t t1) {
-        std::vector<float> acc(static_cast<size_t>(d));
+        std::vector<float> acc(static_cast<size_t>(d)), v(static_cast<size_t>(d));
         for (int64_t t = t0; t < t1; ++t) {
           std::fill(acc.begin(), acc.end(), 0.f);  // HF's torch.zeros, then index_add_ per expert
           for (int64_t q = tr.start[t]; q < tr.start[t + 1]; ++q) {
             const auto [x, r] = tr.pairs[static_cast<size_t>(q)];
-            const DType prod_dt = wider(y_dts[x], out_dt);
             const float w = round_to(out_dt, weights[t * k + experts[x].slots[r]]);
-            for (int64_t j = 0; j < d; ++j) {
-              const float v =
-                  round_to(out_dt, round_to(prod_dt, load(ys[x], y_dts[x], r * d + j) * w));
-              acc[static_cast<size_t>(j)] = round_to(out_dt, acc[static_cast<size_t>(j)] + v);
-            }
+            load_row(ys[x], y_dts[x], r * d, d, v.data());
+            for (int64_t j = 0; j < d; ++j) v[j] *= w;
+            round_row(wider(y_dts[x], out_dt), d, v.data());  // the product's dtype
+            round_row(out_dt, d, v.data());                   // .to(out)
+            for (int64_t j = 0; j < d; ++j) acc[j] += v[j];
+            round_row(out_dt, d, acc.data());  // index_add_ in out's dtype
           }
-          for (int64_t j = 0; j < d; ++j)
-            store(out, out_dt, t * d + j, acc[static_cast<size_t>(j)]);
+          store_row(out, out_dt, t * d, d, acc.data());
         }
       });
 }
@@ -163,25 +193,35 @@ void combine(void* out, DType out_dt, const void* const* ys, const DType* y_dts,
 void combine_backward(const void* g, DType g_dt, const void* const* ys, const DType* y_dts,
                       void* const* dys, const MoeExpertRows* experts, int64_t n_experts,
                       const float* weights, float* dweights, int64_t k, int64_t d) {
-  for (int64_t x = 0; x < n_experts; ++x) {
-    const MoeExpertRows& ex = experts[x];
-    const DType prod_dt = wider(y_dts[x], g_dt);
-    parallel_for(ex.rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)),
-                 [&](int64_t r0, int64_t r1) {
-                   for (int64_t r = r0; r < r1; ++r) {
-                     const int64_t t = ex.tokens[r], at = t * k + ex.slots[r];
+  // Every (expert, row) in one parallel loop: each writes its own row of dys and its own weight.
+  std::vector<int64_t> first(static_cast<size_t>(n_experts + 1), 0);
+  for (int64_t x = 0; x < n_experts; ++x) first[x + 1] = first[x] + experts[x].rows;
+  parallel_for(first[n_experts], std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)),
+               [&](int64_t i0, int64_t i1) {
+                 std::vector<float> gt(static_cast<size_t>(d)), v(static_cast<size_t>(d));
+                 int64_t x = std::upper_bound(first.begin(), first.end(), i0) - first.begin() - 1;
+                 for (int64_t i = i0; i < i1; ++i) {
+                   while (i >= first[x + 1]) ++x;
+                   const MoeExpertRows& ex = experts[x];
+                   const int64_t r = i - first[x], t = ex.tokens[r], at = t * k + ex.slots[r];
+                   const DType prod_dt = wider(y_dts[x], g_dt);
+                   load_row(g, g_dt, t * d, d, gt.data());  // the index_add_'s and the cast's
+                   if (dys[x]) {
                      const float w = round_to(g_dt, weights[at]);
-                     float dw = 0;
-                     for (int64_t j = 0; j < d; ++j) {
-                       const float gj =
-                           load(g, g_dt, t * d + j);  // the index_add_'s and the cast's: as is
-                       if (dys[x]) store(dys[x], y_dts[x], r * d + j, round_to(prod_dt, gj * w));
-                       if (dweights) dw += round_to(prod_dt, gj * load(ys[x], y_dts[x], r * d + j));
-                     }
-                     if (dweights) dweights[at] = dw;
+                     for (int64_t j = 0; j < d; ++j) v[j] = gt[j] * w;
+                     round_row(prod_dt, d, v.data());
+                     store_row(dys[x], y_dts[x], r * d, d, v.data());
                    }
-                 });
-  }
+                   if (dweights) {
+                     load_row(ys[x], y_dts[x], r * d, d, v.data());
+                     for (int64_t j = 0; j < d; ++j) v[j] *= gt[j];
+                     round_row(prod_dt, d, v.data());
+                     float dw = 0;
+                     for (int64_t j = 0; j < d; ++j) dw += v[j];
+                     dweights[at] = dw;
+                   }
+                 }
+               });
 }
 
 void gather(void* out, const void* x, DType dt, const int64_t* rows, int64_t m, int64_t padded,
@@ -198,12 +238,16 @@ void gather(void* out, const void* x, DType dt, const int64_t* rows, int64_t m, 
 }
 
 void scatter_add(void* dx, const void* g, DType dt, const int64_t* rows, int64_t m, int64_t d) {
-  parallel_for(
-      m, std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)), [&](int64_t r0, int64_t r1) {
-        for (int64_t r = r0; r < r1; ++r)
-          for (int64_t j = 0; j < d; ++j)
-            store(dx, dt, rows[r] * d + j, load(dx, dt, rows[r] * d + j) + load(g, dt, r * d + j));
-      });
+  parallel_for(m, std::max<int64_t>(1, 16384 / std::max<int64_t>(d, 1)),
+               [&](int64_t r0, int64_t r1) {
+                 std::vector<float> a(static_cast<size_t>(d)), b(static_cast<size_t>(d));
+                 for (int64_t r = r0; r < r1; ++r) {
+                   load_row(dx, dt, rows[r] * d, d, a.data());
+                   load_row(g, dt, r * d, d, b.data());
+                   for (int64_t j = 0; j < d; ++j) a[j] += b[j];
+                   store_row(dx, dt, rows[r] * d, d, a.data());
+                 }
+               });
 }
 
 const MoeKernels kCpuMoe = {route, route_backward, gather, scatter_add, combine, combine_backward};
