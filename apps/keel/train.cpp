@@ -255,11 +255,13 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
                    "another step\n",
                    cfg.debug.inject.module.c_str(), static_cast<long long>(r.step));
     if (advisor) advisor->observe(r, &layers);
-    // A mixture of experts' routing this step (this rank's tokens): experts no token reached, and
-    // the busiest over a layer's mean.
+    // A mixture of experts' routing this step (this rank's tokens): experts no token reached,
+    // the busiest over a layer's mean, and HF's load-balancing loss of the step's tokens (logged
+    // whether or not model.router_aux_loss_coef adds it to the loss).
     if (const models::ExpertLoad load = models::expert_load(trainer_ptr->model()); load.layers) {
       step_extra["moe/unused_experts"] = load.unused;
       step_extra["moe/max_load"] = load.max_load;
+      step_extra["moe/aux_loss"] = load.balance_loss;
     }
     loggers->log(r, step_extra);
     // Standard output gone (a closed pipe: `keel train | head`, a full disk under > train.log):

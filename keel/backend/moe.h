@@ -30,10 +30,12 @@ struct MoeKernels {
   void (*route)(const void* logits, DType dt, int64_t n, int64_t e, int64_t k, bool normalize,
                 float* probs, float* weights, int32_t* experts);
   // dlogits [n, e] (dt) from dweights [n, k] f32: through the renormalization (when `normalize`)
-  // and the softmax; an expert no token chose gets p * (0 - <dp, p>).
+  // and the softmax; an expert no token chose gets p * (0 - <dp, p>). `dprobs` [e] (or null): a
+  // gradient added to the probabilities of every counted token (`counted` [n], null: every one),
+  // the balance loss's (ops::MoeBalance), before the softmax's backward.
   void (*route_backward)(void* dlogits, DType dt, const float* dweights, const float* probs,
                          const float* weights, const int32_t* experts, int64_t n, int64_t e,
-                         int64_t k, bool normalize);
+                         int64_t k, bool normalize, const float* dprobs, const uint8_t* counted);
   // An expert's input: out [padded, d] = x's rows `rows` [m] (x [n, d]), then zeros to `padded`.
   void (*gather)(void* out, const void* x, DType dt, const int64_t* rows, int64_t m, int64_t padded,
                  int64_t d);

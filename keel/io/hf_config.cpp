@@ -447,7 +447,9 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
         j["decoder_sparse_step"] = s.moe.sparse_step;
         j["mlp_only_layers"] = s.moe.dense_layers;
       }
-      j["output_router_logits"] = false;
+      // The load-balancing loss this model trained with (HF's training adds it as keel's did).
+      j["output_router_logits"] = s.moe.aux_coef > 0;
+      if (s.moe.aux_coef > 0) j["router_aux_loss_coef"] = s.moe.aux_coef;
     }
     if (s.gemma()) {
       j["hidden_activation"] = "gelu_pytorch_tanh";
@@ -848,12 +850,18 @@ HfConfig read_hf_config(const std::string& dir) {
           }
         }
       }
+      // The load-balancing loss HF's training adds: router_aux_loss_coef times it, where
+      // output_router_logits is set (their configs' default coefficients where absent). keel's
+      // runs take model.router_aux_loss_coef instead, saying where they differ (train/run.cpp).
+      if (c.boolean("output_router_logits", false)) {
+        s.moe.aux_coef = c.number({"router_aux_loss_coef"}, variant == "olmoe" ? 0.01 : 0.001);
+        if (!(std::isfinite(s.moe.aux_coef) && s.moe.aux_coef >= 0))
+          throw Error(file +
+                          ": router_aux_loss_coef = " + c.find({"router_aux_loss_coef"})->dump() +
+                          " must be a weight >= 0 (0.001 in Qwen3-MoE's and Mixtral's configs)",
+                      Error::kUsage);
+      }
       // What keel's training does not add or apply: refused, not left out without a word.
-      if (c.boolean("output_router_logits", false))
-        throw unsupported(
-            "output_router_logits = true (the router's load-balancing loss, router_aux_loss_coef "
-            "times it, added to the loss while training); set it to false, as the published "
-            "checkpoints have it");
       if (mixtral && c.number({"router_jitter_noise"}, 0.0) != 0)
         throw unsupported("router_jitter_noise = " + c.find({"router_jitter_noise"})->dump() +
                           " (noise on the router's input while training); set it to 0");

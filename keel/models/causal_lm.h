@@ -28,6 +28,9 @@ struct MoeSpec {
   int64_t experts = 0, per_token = 0, ffn = 0, sparse_step = 1;
   bool normalize = false;
   std::vector<int64_t> dense_layers;
+  // The load-balancing loss's weight in training (HF's router_aux_loss_coef where
+  // output_router_logits is set; keel's model.router_aux_loss_coef): 0 adds none.
+  double aux_coef = 0;
 };
 
 struct ModelSpec {

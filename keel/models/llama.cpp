@@ -155,7 +155,8 @@ Tensor LlamaSparseMoe::forward(const Tensor& x) {
     // residual stream) and its output summed into zeros of the input's dtype.
     const Shape shape = x.shape();
     const Tensor flat = ops::reshape(x, {-1, shape.back()});
-    const ops::MoeRouting r = ops::moe_route(gate->forward(flat), top_k, normalize);
+    const ops::MoeRouting r =
+        ops::moe_route(gate->forward(flat), top_k, normalize, balance, !nn::Module::recomputing());
     std::vector<Tensor> outputs(experts.size());
     for (size_t e = 0; e < experts.size(); ++e) {
       const std::vector<int64_t>& rows = r.rows_of[e];
@@ -184,12 +185,19 @@ ExpertLoad expert_load(nn::Module& model) {
       out.max_load = std::max(out.max_load, static_cast<double>(most) * std::ssize(moe->routed) /
                                                 static_cast<double>(total));
   }
+  if (const ops::MoeBalance* b = router_balance(model)) out.balance_loss = b->step.loss();
   return out;
 }
 
 void reset_expert_load(nn::Module& model) {
   for (nn::Module* m : model.modules())
     if (auto* moe = dynamic_cast<LlamaSparseMoe*>(m)) moe->reset_routed();
+  if (ops::MoeBalance* b = router_balance(model)) b->clear_step();
+}
+
+ops::MoeBalance* router_balance(nn::Module& model) {
+  auto* lm = dynamic_cast<LlamaForCausalLM*>(&model);
+  return lm ? lm->balance.get() : nullptr;
 }
 
 namespace {
@@ -259,12 +267,21 @@ LlamaForCausalLM::LlamaForCausalLM(const ModelSpec& s, uint64_t seed)
         "lm_head",
         std::make_unique<nn::Linear>(spec_.n_embd, spec_.vocab_size, false, spec_.param_dtype));
   init_parameters(*this, seed);  // HF's LlamaPreTrainedModel._init_weights (init_std)
+  for (LlamaDecoderLayer* layer : model->layers)
+    if (layer->moe) {
+      if (!balance) balance = std::make_shared<ops::MoeBalance>();
+      layer->moe->balance = balance;
+    }
 }
 
 Tensor LlamaForCausalLM::run(const Tensor& ids, const ops::AttentionMask& mask,
                              const KVCaches* caches, const std::vector<int64_t>& keep) {
   return call({ids}, [&] {
     KEEL_CHECK(ids.dim() == 2, "Llama input_ids must be [B, T], got " + shape_str(ids.shape()));
+    // HF's load_balancing_loss_func counts the tokens its attention mask does (a cached decode's
+    // mask covers the cache's keys too: its new tokens are all counted).
+    if (balance && !nn::Module::recomputing())
+      balance->begin(caches ? Tensor() : mask.key_padding, ids.numel());
     Tensor x = model->embed_tokens->forward(ids);
     if (spec_.gemma()) {
       // HF's GemmaModel: the embeddings times sqrt(hidden_size), that factor rounded to their

@@ -2,11 +2,13 @@
 // no biases, tied or untied lm_head; and the architectures built of its layers (ModelSpec's
 // hf_model_type: Gemma, Gemma-2, Mistral, Phi-3, Qwen2, Qwen3).
 #pragma once
+#include <memory>
 #include <vector>
 
 #include "keel/models/causal_lm.h"
 #include "keel/models/kv_cache.h"
 #include "keel/nn/layers.h"
+#include "keel/ops/moe.h"
 
 namespace keel::models {
 
@@ -56,6 +58,8 @@ class LlamaSparseMoe : public nn::Module {
   // checkpointed block's recompute is not counted again): what expert_load reports.
   std::vector<int64_t> routed;
   void reset_routed() { std::fill(routed.begin(), routed.end(), 0); }
+  // The model's, shared by its sparse layers: the load-balancing loss of each forward's routing.
+  std::shared_ptr<ops::MoeBalance> balance;
 };
 
 // The experts' load since the last reset_expert_load(), over every sparse layer of `model`: how
@@ -65,9 +69,17 @@ class LlamaSparseMoe : public nn::Module {
 struct ExpertLoad {
   int64_t layers = 0, unused = 0;  // layers: 0 for a dense model
   double max_load = 0;
+  // The load-balancing loss (ops::MoeBalance) of those forwards' tokens together: top_k when the
+  // router spreads them evenly, up to the experts' count as it collapses onto one.
+  double balance_loss = 0;
 };
 ExpertLoad expert_load(nn::Module& model);
 void reset_expert_load(nn::Module& model);
+
+// The load-balancing loss of `model`'s last forward, whose backward adds its gradient times
+// balance->grad (what training sets when model.router_aux_loss_coef asks for it); null for a
+// dense model.
+ops::MoeBalance* router_balance(nn::Module& model);
 
 class LlamaDecoderLayer : public nn::Module {
  public:
@@ -98,7 +110,8 @@ class LlamaForCausalLM : public CausalLM {
  public:
   LlamaForCausalLM(const ModelSpec& s, uint64_t seed);
   LlamaModel* model;
-  nn::Linear* lm_head = nullptr;  // null when tied to embed_tokens
+  nn::Linear* lm_head = nullptr;             // null when tied to embed_tokens
+  std::shared_ptr<ops::MoeBalance> balance;  // a mixture's (its sparse layers share it); else null
 
   std::vector<LookupTable> lookup_tables() const override {
     if (spec_.tie_embeddings) return {};  // the tied head gives every row a gradient

@@ -1,5 +1,6 @@
 #include "keel/ops/moe.h"
 
+#include <algorithm>
 #include <memory>
 #include <span>
 #include <string>
@@ -21,7 +22,62 @@ std::vector<MoeExpertRows> expert_rows(const MoeRouting& r) {
 
 }  // namespace
 
-// The weights' backward, through the renormalization and the softmax (backend/moe.h).
+double MoeBalance::Sums::loss() const {
+  if (tokens == 0) return 0;
+  double sum = 0;
+  for (size_t x = 0; x < chosen.size(); ++x) sum += chosen[x] * probs[x];
+  const auto n = static_cast<double>(tokens);
+  return static_cast<double>(chosen.size()) * sum / (n * n);
+}
+
+void MoeBalance::Sums::clear() {
+  std::fill(chosen.begin(), chosen.end(), 0.0);
+  std::fill(probs.begin(), probs.end(), 0.0);
+  tokens = 0;
+}
+
+void MoeBalance::begin(const Tensor& key_padding, int64_t tokens_per_layer) {
+  forward.clear();
+  counted.clear();
+  if (!key_padding.defined()) return;
+  KEEL_CHECK(key_padding.numel() == tokens_per_layer,
+             "MoeBalance: a mask of " + std::to_string(key_padding.numel()) + " for " +
+                 std::to_string(tokens_per_layer) + " tokens");
+  const Tensor mask = key_padding.to(Device::cpu()).to_dtype(DType::U8);
+  const auto* m = mask.data_as<uint8_t>();
+  counted.assign(m, m + tokens_per_layer);
+}
+
+namespace {
+
+// A layer's routing added to a balance's sums: each counted token's k choices and probabilities.
+void add_routing(MoeBalance& b, const float* probs, const std::vector<int32_t>& experts, int64_t n,
+                 int64_t e, int64_t k) {
+  for (MoeBalance::Sums* s : {&b.forward, &b.step}) {
+    s->chosen.resize(static_cast<size_t>(e), 0.0);
+    s->probs.resize(static_cast<size_t>(e), 0.0);
+  }
+  std::vector<double> chosen(static_cast<size_t>(e), 0.0), prob(static_cast<size_t>(e), 0.0);
+  int64_t tokens = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    if (!b.counted.empty() && !b.counted[static_cast<size_t>(t)]) continue;
+    ++tokens;
+    for (int64_t j = 0; j < k; ++j) chosen[static_cast<size_t>(experts[t * k + j])] += 1;
+    for (int64_t x = 0; x < e; ++x) prob[static_cast<size_t>(x)] += probs[t * e + x];
+  }
+  for (MoeBalance::Sums* s : {&b.forward, &b.step}) {
+    for (size_t x = 0; x < chosen.size(); ++x) {
+      s->chosen[x] += chosen[x];
+      s->probs[x] += prob[x];
+    }
+    s->tokens += tokens;
+  }
+}
+
+}  // namespace
+
+// The weights' backward, through the renormalization and the softmax (backend/moe.h), with the
+// balance loss's gradient where a balance asks for one.
 struct MoeRouteNode final : Node {
   Tensor probs;  // [tokens, experts] f32
   Tensor weights;
@@ -29,19 +85,33 @@ struct MoeRouteNode final : Node {
   int64_t k = 0;
   bool normalize = false;
   DType logits_dt = DType::F32;
+  std::shared_ptr<const MoeBalance> balance;
   std::vector<Tensor> backward(const Tensor& g) override {  // g [tokens, k]
     const Tensor gw = g.dtype() == DType::F32 ? g : g.to_dtype(DType::F32);
     const int64_t n = probs.size(0), e = probs.size(1);
+    // d(grad * loss)/dP_x for each counted token: grad * experts * f_x / N, f_x = chosen_x / N.
+    std::vector<float> dprobs;
+    if (balance && balance->grad != 0 && balance->forward.tokens > 0) {
+      const MoeBalance::Sums& f = balance->forward;
+      const auto tokens = static_cast<double>(f.tokens);
+      for (int64_t x = 0; x < e; ++x)
+        dprobs.push_back(static_cast<float>(balance->grad * static_cast<double>(e) *
+                                            f.chosen[static_cast<size_t>(x)] / (tokens * tokens)));
+    }
     Tensor dlogits = Tensor::empty({n, e}, logits_dt, probs.device());
     moe_kernels(probs.device())
-        .route_backward(dlogits.data(), logits_dt, gw.data_as<float>(), probs.data_as<float>(),
-                        weights.data_as<float>(), experts.data(), n, e, k, normalize);
+        .route_backward(
+            dlogits.data(), logits_dt, gw.data_as<float>(), probs.data_as<float>(),
+            weights.data_as<float>(), experts.data(), n, e, k, normalize,
+            dprobs.empty() ? nullptr : dprobs.data(),
+            dprobs.empty() || balance->counted.empty() ? nullptr : balance->counted.data());
     return {dlogits};
   }
   const char* name() const override { return "moe_route"; }
 };
 
-MoeRouting moe_route(const Tensor& router_logits, int64_t top_k, bool normalize) {
+MoeRouting moe_route(const Tensor& router_logits, int64_t top_k, bool normalize,
+                     const std::shared_ptr<MoeBalance>& balance, bool count) {
   check_floating("moe_route", router_logits);
   KEEL_CHECK(router_logits.dim() == 2, "moe_route: router logits must be [tokens, experts], got " +
                                            shape_str(router_logits.shape()));
@@ -66,6 +136,12 @@ MoeRouting moe_route(const Tensor& router_logits, int64_t top_k, bool normalize)
       r.rows_of[x].push_back(t);
       r.slots_of[x].push_back(static_cast<int32_t>(j));
     }
+  if (balance) {
+    KEEL_CHECK(balance->counted.empty() || std::ssize(balance->counted) == n,
+               "moe_route: a balance counting " + std::to_string(balance->counted.size()) +
+                   " tokens for a layer of " + std::to_string(n));
+    if (count) add_routing(*balance, probs.data_as<float>(), r.experts, n, e, top_k);
+  }
   if (any_requires_grad({&router_logits})) {
     auto node = std::make_shared<MoeRouteNode>();
     node->probs = probs;
@@ -74,6 +150,7 @@ MoeRouting moe_route(const Tensor& router_logits, int64_t top_k, bool normalize)
     node->k = top_k;
     node->normalize = normalize;
     node->logits_dt = router_logits.dtype();
+    node->balance = balance;
     record_node(r.weights, node, {&router_logits});
   }
   return r;

@@ -97,6 +97,7 @@ const std::vector<KeySpec>& key_table() {
     k.push_back(KEEL_KEY("model", model, attention).one_of({"eager", "math", "flash"}));
     k.push_back(KEEL_KEY("model", model, base_dtype).one_of({"f32", "bf16"}));
     k.push_back(KEEL_KEY("model", model, allow_nonfinite_weights));
+    k.push_back(KEEL_KEY("model", model, router_aux_loss_coef).at_least(0).at_most(100));
     // [model.adapter]
     k.push_back(
         KEEL_KEY("model.adapter", model.adapter, kind).one_of({"none", "lora", "dora", "lokr"}));

@@ -48,6 +48,9 @@ struct ModelConfig {
   // Load weights (model.path, resume) that hold nan/inf instead of stopping with an error naming
   // the tensor and the index (io/weight_check.h).
   bool allow_nonfinite_weights = false;
+  // A mixture of experts' load-balancing loss, added to the training loss times this weight (HF's
+  // router_aux_loss_coef where output_router_logits is set); 0: none.
+  double router_aux_loss_coef = 0;
 };
 
 struct DataConfig {

@@ -338,6 +338,36 @@ void say_file_dropouts(const io::HfConfig& hf, const Config& cfg, const Say& say
   }
 }
 
+// HF trains a mixture of experts with config.json's load-balancing loss (router_aux_loss_coef
+// times it, where output_router_logits is set); keel with model.router_aux_loss_coef, which the
+// config decides: a difference is said, as the dropouts' are. On a dense model the key is an error.
+void take_router_loss(io::HfConfig& hf, const Config& cfg, const Say& say) {
+  const double coef = cfg.model.router_aux_loss_coef;
+  const std::string file = cfg.model.path + "/config.json";
+  if (hf.spec.moe.experts == 0) {
+    if (coef > 0)
+      throw Error("model.router_aux_loss_coef = " + nlohmann::json(coef).dump() +
+                      " weighs a mixture of experts' load-balancing loss, but " + file + " is " +
+                      hf.spec.architecture() +
+                      ", a dense model (no router); remove model.router_aux_loss_coef",
+                  Error::kUsage);
+    return;
+  }
+  if (hf.spec.moe.aux_coef != coef) {
+    const std::string given = hf.spec.moe.aux_coef > 0
+                                  ? "output_router_logits = true with router_aux_loss_coef = " +
+                                        nlohmann::json(hf.spec.moe.aux_coef).dump()
+                                  : std::string("output_router_logits = false");
+    say_or_print(say, "note: " + file + "'s " + given + " (HF trains " +
+                          (hf.spec.moe.aux_coef > 0 ? "with" : "without") +
+                          " the router's load-balancing loss) differs from "
+                          "model.router_aux_loss_coef = " +
+                          nlohmann::json(coef).dump() + "; set model.router_aux_loss_coef = " +
+                          nlohmann::json(hf.spec.moe.aux_coef).dump() + " to train as HF does");
+  }
+  hf.spec.moe.aux_coef = coef;
+}
+
 // MB = 10^6 bytes, as keel memory and keel doctor print theirs: the load note stands beside their
 // figures (doctor prints both), and in MiB a 2.47 GB base read "2357 MB" against "2533.5 MB".
 std::string mb(size_t bytes) { return std::to_string((bytes + 500000) / 1000000) + " MB"; }
@@ -361,6 +391,7 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
     hf.spec.dropout = cfg.model.dropout;
     hf.spec.attention_dropout = cfg.model.attention_dropout;
     say_file_dropouts(hf, cfg, say);
+    take_router_loss(hf, cfg, say);
     const io::WeightCheck check{cfg.model.allow_nonfinite_weights,
                                 [&](const std::string& w) { say_or_print(say, w); }};
     if (adapted && !io::is_keel_checkpoint(cfg.model.path)) {
@@ -432,6 +463,14 @@ std::unique_ptr<models::CausalLM> build_model(const Config& cfg, const data::Tok
                             "max_position_embeddings (with rope_scaling) in config.json to "
                             "extend it");
   } else {
+    if (cfg.model.router_aux_loss_coef > 0)
+      throw Error(
+          "model.router_aux_loss_coef = " + nlohmann::json(cfg.model.router_aux_loss_coef).dump() +
+              " weighs a mixture of experts' load-balancing loss, but a model built from "
+              "the [model] sizes is dense; set model.path to a mixture's directory (keel "
+              "init-model --family qwen3_moe, olmoe or mixtral writes one), or remove "
+              "model.router_aux_loss_coef",
+          Error::kUsage);
     const models::ModelSpec spec = model_spec(cfg, tok.vocab_size(), param_dtype);
     if (adapted && param_dtype == DType::F32 && base_dt != DType::F32) {
       random_spec = spec;

@@ -17,6 +17,7 @@
 #include "keel/io/checkpoint.h"
 #include "keel/io/hf_model.h"
 #include "keel/io/trained_model.h"
+#include "keel/models/llama.h"
 #include "keel/nn/layers.h"
 #include "keel/numerics/format_info.h"
 #include "keel/numerics/tensor_stats.h"
@@ -525,6 +526,11 @@ double forward_backward(Run& run, const std::vector<data::Batch>& window, uint64
   for (auto& b : window) tokens += b.n_targets;
   if (window_tokens >= 0) tokens = window_tokens;  // data-parallel: the global window's
   double loss_sum = 0;
+  // A mixture's load-balancing loss (model.router_aux_loss_coef): each micro-batch's, weighted as
+  // its loss is by its share of the window's tokens, so that one micro-batch's window gives HF's
+  // loss + router_aux_loss_coef * aux. Its gradient enters at the routers' logits (ops/moe.h).
+  const double aux_coef = run.model->spec().moe.aux_coef;
+  ops::MoeBalance* balance = aux_coef > 0 ? models::router_balance(*run.model) : nullptr;
   for (size_t i = 0; i < window.size() && tokens > 0; ++i) {
     const data::Batch b = window[i].to(run.device);
     if (b.n_targets == 0) continue;
@@ -537,8 +543,15 @@ double forward_backward(Run& run, const std::vector<data::Batch>& window, uint64
         mix_seed(step_seed, static_cast<uint64_t>(mb_first + static_cast<int64_t>(i) * mb_stride)));
     // The loss's graph holds the only handle to the logits: their buffer takes the gradient.
     Tensor mb_loss = batch_loss_sum(*run.model, b);
+    const double seed = loss_scale / static_cast<double>(tokens);
     loss_sum += mb_loss.item();
-    backward(ops::scale(mb_loss, static_cast<float>(loss_scale / static_cast<double>(tokens))));
+    if (balance) {
+      const double weight = aux_coef * static_cast<double>(b.n_targets);
+      loss_sum += weight * balance->forward.loss();
+      balance->grad = weight * seed;
+    }
+    backward(ops::scale(mb_loss, static_cast<float>(seed)));
+    if (balance) balance->grad = 0;
   }
   return loss_sum;
 }

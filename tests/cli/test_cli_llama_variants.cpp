@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/io/hf_weights.h"
+#include "keel/ops/elementwise.h"
 #include "tests/support/check.h"
 #include "tests/support/run_keel.h"
 #include "tests/support/tiny_models.h"
@@ -723,8 +724,8 @@ TEST(CliGemma, InitModelWritesBothAndTheyTrainAndExport) {
 // writes one of each with its configs' names, a LoRA on the experts' projections (and Mixtral's
 // router) trains and its PEFT adapter applies as the checkpoint computes, a generation runs, keel
 // memory counts the experts' parameters, and what keel's layer does not do is refused naming
-// the field: the load-balancing loss, Mixtral's router noise, OLMoE's q/k/v clamp, experts in a
-// dense model_type, more experts a token than the layer has, and a config whose router or
+// the field: a negative load-balancing weight, Mixtral's router noise, OLMoE's q/k/v clamp, experts
+// in a dense model_type, more experts a token than the layer has, and a config whose router or
 // experts disagree with the weights.
 TEST(CliMoe, InitModelWritesEachAndALoraOnItsExpertsTrains) {
   for (const std::string family : {"qwen3_moe", "olmoe", "mixtral"}) {
@@ -780,10 +781,8 @@ TEST(CliMoe, InitModelWritesEachAndALoraOnItsExpertsTrains) {
     const std::string file = dir + "/base/config.json: ";
     json bad = cfg;
     bad["output_router_logits"] = true;
-    expect_config_refused(dir, bad,
-                          file +
-                              "output_router_logits = true (the router's "
-                              "load-balancing loss");
+    bad["router_aux_loss_coef"] = -1;
+    expect_config_refused(dir, bad, file + "router_aux_loss_coef = -1 must be a weight >= 0");
     bad = cfg;
     bad["num_experts_per_tok"] = 7;
     expect_config_refused(dir, bad,
@@ -882,6 +881,83 @@ TEST(CliMoe, AnInjectionIntoAnExpertThatDidNotRunIsSaid) {
   EXPECT_EQ(routed.code, 3) << routed.output;  // the NaN stopped the run, captured
   EXPECT_NOT_CONTAINS(routed.err, "nothing was injected");
   EXPECT_CONTAINS(routed.err, "debug.inject put nan into model.layers.1.mlp.experts.1's output");
+}
+
+// The load-balancing loss (model.router_aux_loss_coef, HF's router_aux_loss_coef where
+// output_router_logits is set): with one micro-batch a step, the loss is the cross-entropy plus
+// the weight times moe/aux_loss (the same forward: step 1 of two runs differs by exactly that);
+// a router of large weights (its initial ones times 40), which full fine-tuning at lr 1e-2 drives
+// onto a few experts, keeps its tokens spread under it (the natural collapse, and its cure); the
+// file's coefficient, when
+// it differs from the key, is said; checkpoints and exports write the one trained with; and on a
+// dense model the key is an error naming it.
+TEST(CliMoe, TheLoadBalancingLossIsAddedAndSpreadsTheTokens) {
+  const std::string dir = test::temp_dir("cli-moe-balance");
+  models::ModelSpec s = test::tiny_model_spec("mixtral");
+  s.vocab_size = 259;
+  s.max_seq_len = 32;
+  s.moe.experts = 6;
+  auto m = models::make_causal_lm(s, 11);
+  for (auto& [name, p] : m->named_parameters())
+    if (name.ends_with("gate.weight")) Tensor(p).copy_from(ops::scale(p, 40.0f));
+  io::save_hf_model(*m, dir + "/base");
+  auto train = [&](const std::string& out, double coef, int64_t steps) {
+    const test::KeelRun r = test::run_keel(
+        test::with_sets(
+            {"train"},
+            {"run.out_dir=" + dir + "/" + out, "run.threads=1", "model.path=" + dir + "/base",
+             "data.seq_len=16", "train.batch_size=8", "train.max_steps=" + std::to_string(steps),
+             "optim.lr=1e-2", "log.tensorboard=false",
+             "model.router_aux_loss_coef=" + std::to_string(coef)}),
+        {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    return std::make_pair(r, test::step_records(dir + "/" + out));
+  };
+  const auto [plain_run, plain] = train("plain", 0, 30);
+  const auto [balanced_run, balanced] = train("balanced", 0.5, 30);
+  ASSERT_EQ(plain.size(), 30u);
+  ASSERT_EQ(balanced.size(), 30u);
+  const double aux1 = balanced[0].at("moe/aux_loss").get<double>();
+  EXPECT_EQ(plain[0].at("moe/aux_loss").get<double>(), aux1);
+  EXPECT_NEAR(balanced[0].at("loss").get<double>() - plain[0].at("loss").get<double>(), 0.5 * aux1,
+              1e-5);
+  const double plain_end = plain.back().at("moe/aux_loss").get<double>();
+  const double balanced_end = balanced.back().at("moe/aux_loss").get<double>();
+  std::printf("moe/aux_loss: start %.4f, after 30 steps %.4f without the loss, %.4f with it\n",
+              aux1, plain_end, balanced_end);
+  // (Measured: 2.10 at the start; 3.71 after 30 steps without the loss, 1.98 with it.)
+  EXPECT_GT(plain_end, 1.5 * aux1);  // collapsing onto few experts
+  EXPECT_LT(balanced_end, 1.05 * aux1);
+  EXPECT_LT(balanced_end, 0.6 * plain_end);
+  EXPECT_EQ(plain_run.err.find("router_aux_loss_coef"), std::string::npos) << plain_run.err;
+  // What it trained with, written back: HF's training of the checkpoint adds the same loss.
+  const json saved = read_json_file(dir + "/balanced/checkpoints/last/config.json");
+  EXPECT_EQ(saved.at("output_router_logits"), true);
+  EXPECT_EQ(saved.at("router_aux_loss_coef"), 0.5);
+  EXPECT_EQ(read_json_file(dir + "/plain/checkpoints/last/config.json").at("output_router_logits"),
+            false);
+  // A file that trains with it (HF's) beside a run that does not: said, with the key to set.
+  json cfg = read_json_file(dir + "/base/config.json");
+  cfg["output_router_logits"] = true;
+  cfg["router_aux_loss_coef"] = 0.02;
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  const auto [noted, noted_steps] = train("noted", 0, 1);
+  EXPECT_CONTAINS(noted.err, dir +
+                                 "/base/config.json's output_router_logits = true with "
+                                 "router_aux_loss_coef = 0.02 (HF trains with the router's "
+                                 "load-balancing loss) differs from model.router_aux_loss_coef = "
+                                 "0.0; set model.router_aux_loss_coef = 0.02 to train as HF does");
+  // On a dense model: an error naming the key, before anything is loaded.
+  init_tiny("qwen3", dir + "/dense");
+  const test::KeelRun dense = test::run_keel(
+      test::with_sets({"train"}, {"run.out_dir=" + dir + "/d", "model.path=" + dir + "/dense",
+                                  "model.router_aux_loss_coef=0.01", "log.tensorboard=false"}));
+  EXPECT_EQ(dense.code, 2) << dense.output;
+  EXPECT_CONTAINS(dense.err,
+                  "model.router_aux_loss_coef = 0.01 weighs a mixture of experts' "
+                  "load-balancing loss, but " +
+                      dir + "/dense/config.json is");
+  EXPECT_CONTAINS(dense.err, "a dense model (no router); remove model.router_aux_loss_coef");
 }
 
 }  // namespace

@@ -1377,6 +1377,18 @@ TEST(HfModel, MixturesOfExpertsReadTheirPublishedConfigs) {
     for (int64_t layer = 0; layer < s.n_layer; ++layer) EXPECT_TRUE(s.moe_layer(layer)) << layer;
     EXPECT_EQ(models::parameter_count(s), c.params);
     EXPECT_EQ(s.qk_norm_over_projection(), std::string(c.type) == "olmoe");
+    // output_router_logits false (as published): no load-balancing loss; true: the file's
+    // router_aux_loss_coef, or the type's default where it is absent (OlmoeConfig's 0.01,
+    // Qwen3MoeConfig's and MixtralConfig's 0.001).
+    EXPECT_EQ(s.moe.aux_coef, 0.0);
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+    j["output_router_logits"] = true;
+    const double published = j.at("router_aux_loss_coef");
+    std::ofstream(dir + "/config.json") << j.dump();
+    EXPECT_EQ(read_hf_config(dir).spec.moe.aux_coef, published);
+    j.erase("router_aux_loss_coef");
+    std::ofstream(dir + "/config.json") << j.dump();
+    EXPECT_EQ(read_hf_config(dir).spec.moe.aux_coef, std::string(c.type) == "olmoe" ? 0.01 : 0.001);
   }
   EXPECT_NEAR(double(48 * qwen_layer + 2 * 151936 * int64_t{2048} + 2048) / 1e9, 30.53, 0.01);
   // Qwen3-MoE's decoder_sparse_step and mlp_only_layers: its dense layers' MLP is

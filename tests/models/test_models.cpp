@@ -9,6 +9,7 @@
 #include "keel/amp/autocast.h"
 #include "keel/autograd/node.h"
 #include "keel/models/causal_lm.h"
+#include "keel/models/llama.h"
 #include "keel/ops/cross_entropy.h"
 #include "keel/ops/shape.h"
 #include "tests/support/check.h"
@@ -22,11 +23,15 @@ struct StepOutput {
   std::unique_ptr<models::CausalLM> model;
 };
 
-StepOutput run_step(const std::string& family, const std::string& precision) {
+// `aux_coef`: the fixture `family` (a mixture's spec with "_aux" after it) adds HF's
+// load-balancing loss times it (output_router_logits), as training does (ops::MoeBalance).
+StepOutput run_step(const std::string& family, const std::string& precision, double aux_coef = 0) {
   const io::Safetensors& fx = test::fixture("models");
   const std::string pre = family + "." + precision + ".";
   StepOutput out;
-  out.model = models::make_causal_lm(test::tiny_model_spec(family), 1);
+  const std::string spec_family =
+      aux_coef > 0 ? family.substr(0, family.size() - std::string("_aux").size()) : family;
+  out.model = models::make_causal_lm(test::tiny_model_spec(spec_family), 1);
   for (auto& [name, p] : out.model->named_parameters()) {
     Tensor dst = p;
     dst.copy_from(fx.at(pre + "param." + name));
@@ -38,19 +43,20 @@ StepOutput run_step(const std::string& family, const std::string& precision) {
   const int64_t V = logits.size(-1);
   Tensor flat = amp::autocast(amp::AmpOp::kCrossEntropy, ops::reshape(logits, {-1, V}));
   Tensor loss = ops::cross_entropy(flat, ops::reshape(fx.at(pre + "labels"), {-1}));
-  backward(loss);
   out.loss = loss.item();
+  if (aux_coef > 0) {
+    ops::MoeBalance* balance = models::router_balance(*out.model);
+    EXPECT_NEAR(balance->forward.loss(), fx.at(pre + "aux_loss").item(), 1e-5) << pre;
+    out.loss += aux_coef * balance->forward.loss();
+    balance->grad = aux_coef;
+  }
+  backward(loss);
   return out;
 }
 
-class ModelParity : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
-
-TEST_P(ModelParity, LossAndEveryGradientMatchPyTorch) {
-  const auto& [family, precision] = GetParam();
+// The loss and every gradient of a step against the fixture's.
+void expect_step_matches(const StepOutput& s, const std::string& pre, bool mixed) {
   const io::Safetensors& fx = test::fixture("models");
-  const std::string pre = family + "." + precision + ".";
-  StepOutput s = run_step(family, precision);
-  const bool mixed = precision == "bf16-mixed";
   const double ref_loss = fx.at(pre + "loss").item();
   EXPECT_NEAR(s.loss, ref_loss, mixed ? 2e-2 * std::fabs(ref_loss) : 1e-5 * std::fabs(ref_loss))
       << pre << "loss";
@@ -69,6 +75,37 @@ TEST_P(ModelParity, LossAndEveryGradientMatchPyTorch) {
     ++checked;
   }
   EXPECT_GT(checked, 10);
+}
+
+class ModelParity : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(ModelParity, LossAndEveryGradientMatchPyTorch) {
+  const auto& [family, precision] = GetParam();
+  expect_step_matches(run_step(family, precision), family + "." + precision + ".",
+                      precision == "bf16-mixed");
+}
+
+// A mixture's load-balancing loss added as HF adds it (output_router_logits, router_aux_loss_coef
+// 0.5), over a padded batch: the loss, the aux loss alone, and every gradient (the routers' move
+// by it most). The Qwen3-MoE has one sparse layer, the OLMoE two (their routings counted together).
+TEST(ModelParity, TheLoadBalancingLossAndItsGradientsMatchPyTorch) {
+  for (const std::string family : {"qwen3_moe_aux", "olmoe_aux"})
+    for (const std::string precision : {"32-true", "bf16-mixed"}) {
+      SCOPED_TRACE(family + " " + precision);
+      expect_step_matches(run_step(family, precision, 0.5), family + "." + precision + ".",
+                          precision == "bf16-mixed");
+    }
+  // The term moves the routers' gradients well beyond the tolerance above: without it they differ.
+  const io::Safetensors& fx = test::fixture("models");
+  const std::string router = "model.layers.0.mlp.gate.weight";
+  const auto with = fx.at("olmoe_aux.32-true.grad." + router).to_floats();
+  const auto without = fx.at("olmoe.32-true.grad." + router).to_floats();
+  double diff = 0, amax = 0;
+  for (size_t i = 0; i < with.size(); ++i) {
+    diff = std::max(diff, double(std::fabs(with[i] - without[i])));
+    amax = std::max(amax, double(std::fabs(with[i])));
+  }
+  EXPECT_GT(diff, 0.1 * amax);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, ModelParity,

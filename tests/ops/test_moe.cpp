@@ -191,6 +191,105 @@ TEST(MoeCombine, BitsDoNotDependOnTheThreadCount) {
   }
 }
 
+// The load-balancing loss (ops::MoeBalance) against HF's load_balancing_loss_func written out in
+// f64 over two layers' routings with padding, and its gradient, with the routing weights', against
+// finite differences of F = <g1, w1> + <g2, w2> + c * loss (the choices fixed: logits far apart).
+TEST(MoeBalance, LossIsHfsAndItsGradientMatchesFiniteDifferences) {
+  const int64_t n = 6, e = 5, k = 2;
+  const Tensor mask = Tensor::from_ints({1, 1, 1, 0, 1, 0}, {2, 3}, DType::U8);
+  const std::vector<float> g1 = randn({n, k}, 31).to_floats(), g2 = randn({n, k}, 32).to_floats();
+  const double c = 0.7;
+  for (const bool normalize : {false, true}) {
+    SCOPED_TRACE(normalize ? "normalized" : "plain");
+    // HF's function: the layers' logits concatenated, masked means of the one-hot choices and of
+    // the softmax, their product summed times the experts.
+    auto hf_loss = [&](const std::vector<std::vector<float>>& layers) {
+      std::vector<double> chosen(e, 0), probs(e, 0);
+      double tokens = 0;
+      for (const auto& l : layers)
+        for (int64_t t = 0; t < n; ++t) {
+          if (!mask.data_as<uint8_t>()[t]) continue;
+          tokens += 1;
+          const std::vector<float> row(l.begin() + t * e, l.begin() + t * e + e);
+          const RouteRef r = route_ref(Tensor::from_floats(row, {1, e}), k, false);
+          for (int32_t x : r.experts) chosen[x] += 1;
+          double m = -INFINITY, sum = 0;
+          for (int64_t x = 0; x < e; ++x) m = std::max(m, double(l[t * e + x]));
+          for (int64_t x = 0; x < e; ++x) sum += std::exp(double(l[t * e + x]) - m);
+          for (int64_t x = 0; x < e; ++x) probs[x] += std::exp(double(l[t * e + x]) - m) / sum;
+        }
+      double out = 0;
+      for (int64_t x = 0; x < e; ++x) out += chosen[x] / tokens * (probs[x] / tokens);
+      return out * e;
+    };
+    // F through keel's routing and balance.
+    auto objective = [&](const std::vector<std::vector<float>>& layers, double* aux) {
+      auto balance = std::make_shared<ops::MoeBalance>();
+      balance->begin(mask, n);
+      double f = 0;
+      for (size_t l = 0; l < layers.size(); ++l) {
+        const ops::MoeRouting r =
+            ops::moe_route(Tensor::from_floats(layers[l], {n, e}), k, normalize, balance);
+        const auto w = r.weights.to_floats();
+        for (size_t i = 0; i < w.size(); ++i) f += double(l ? g2[i] : g1[i]) * w[i];
+      }
+      if (aux) *aux = balance->forward.loss();
+      return f + c * balance->forward.loss();
+    };
+    std::vector<std::vector<float>> layers = {randn({n, e}, 41, 3.f).to_floats(),
+                                              randn({n, e}, 42, 3.f).to_floats()};
+    double aux = 0;
+    objective(layers, &aux);
+    EXPECT_NEAR(aux, hf_loss(layers), 1e-6);
+    // Analytic: the routes' backward with g on the weights and balance->grad = c.
+    auto balance = std::make_shared<ops::MoeBalance>();
+    balance->begin(mask, n);
+    std::vector<Tensor> logits, weights;
+    std::vector<ops::MoeRouting> routes;
+    for (size_t l = 0; l < 2; ++l) {
+      logits.push_back(Tensor::from_floats(layers[l], {n, e}));
+      logits.back().set_requires_grad(true);
+      routes.push_back(ops::moe_route(logits.back(), k, normalize, balance));
+    }
+    // (A recompute's routing, count = false, adds nothing to the sums.)
+    ops::moe_route(Tensor::from_floats(layers[0], {n, e}), k, normalize, balance, false);
+    EXPECT_DOUBLE_EQ(balance->forward.loss(), aux);
+    EXPECT_EQ(balance->forward.tokens, 2 * 4);
+    balance->grad = c;
+    backward(routes[0].weights, Tensor::from_floats(g1, {n, k}));
+    backward(routes[1].weights, Tensor::from_floats(g2, {n, k}));
+    const double h = 1e-3;
+    for (size_t l = 0; l < 2; ++l) {
+      const auto analytic = logits[l].grad().to_floats();
+      for (size_t i = 0; i < layers[l].size(); ++i) {
+        auto plus = layers, minus = layers;
+        plus[l][i] += static_cast<float>(h);
+        minus[l][i] -= static_cast<float>(h);
+        const double numeric = (objective(plus, nullptr) - objective(minus, nullptr)) / (2 * h);
+        EXPECT_NEAR(analytic[i], numeric, 2e-3 + 2e-3 * std::fabs(numeric))
+            << "layer " << l << " logit " << i;
+      }
+    }
+    // A padded token's logits get the weights' gradient alone: balance->grad = 0 gives it too.
+    auto unbalanced = std::make_shared<ops::MoeBalance>();
+    unbalanced->begin(mask, n);
+    Tensor l0 = Tensor::from_floats(layers[0], {n, e});
+    l0.set_requires_grad(true);
+    const ops::MoeRouting r0 = ops::moe_route(l0, k, normalize, unbalanced);
+    backward(r0.weights, Tensor::from_floats(g1, {n, k}));
+    const auto with = logits[0].grad().to_floats(), without = l0.grad().to_floats();
+    for (int64_t t : {3, 5})
+      for (int64_t x = 0; x < e; ++x) EXPECT_EQ(with[t * e + x], without[t * e + x]);
+    EXPECT_NE(with[0], without[0]);
+  }
+  // Even routing: every token's probabilities uniform, choices spread evenly, gives top_k.
+  auto even = std::make_shared<ops::MoeBalance>();
+  even->begin(Tensor(), 4);
+  ops::moe_route(Tensor::zeros({4, 4}, DType::F32), 1, false, even);  // ties: expert 0 takes all
+  EXPECT_DOUBLE_EQ(even->forward.loss(), 1.0);  // 4 * (1 * 1/4): P even, whatever f is
+  EXPECT_DOUBLE_EQ(even->step.loss(), 1.0);
+}
+
 TEST(MoeErrors, ShapesTopKAndTheGpuAreNamed) {
   EXPECT_NE(test::error_of([] {
               ops::moe_route(randn({3, 4}, 1), 5, true);

@@ -187,14 +187,20 @@ TEST(Checkpoint, MixturesOfExpertsMatchToo) {
   s.moe.dense_layers = {};
   const std::string base = test::temp_dir("ckpt-moe-base");
   io::save_hf_model(*models::make_causal_lm(s, 5), base);
-  for (const CkptCase& k :
-       {CkptCase{"llama", "32-true", "none"}, CkptCase{"llama", "bf16-mixed", "lora"}}) {
-    const std::string tag = ckpt_case_name(k) + "_moe";
+  std::vector<double> first_losses;
+  // The load-balancing loss's gradient enters at the routers inside the recomputed blocks, from
+  // the sums their first forward counted (the recompute counts nothing again).
+  for (const auto& [k, aux_coef] : {std::pair{CkptCase{"llama", "32-true", "none"}, 0.0},
+                                    std::pair{CkptCase{"llama", "bf16-mixed", "lora"}, 0.0},
+                                    std::pair{CkptCase{"llama", "32-true", "none"}, 0.05},
+                                    std::pair{CkptCase{"llama", "bf16-mixed", "lora"}, 0.05}}) {
+    const std::string tag = ckpt_case_name(k) + (aux_coef > 0 ? "_moe_aux" : "_moe");
     auto config = [&](const std::string& checkpointing) {
       Config c = ckpt_config(k, checkpointing, tag + "_" + checkpointing);
       c.model = ModelConfig{};
       c.model.path = base;
       c.model.attention_dropout = 0.1;
+      c.model.router_aux_loss_coef = aux_coef;
       if (k.adapter != "none") {
         c.model.adapter.kind = k.adapter;
         c.model.adapter.r = 4;
@@ -207,7 +213,12 @@ TEST(Checkpoint, MixturesOfExpertsMatchToo) {
     const CkptTrace ckpt = ckpt_trace(config("blocks"));
     ckpt_expect_same_run(plain, ckpt);
     EXPECT_EQ(ckpt.block_recomputes, 3 * 2 * 3) << tag;
+    first_losses.push_back(plain.loss.at(0));
   }
+  // (The loss took the load-balancing term: the same forwards, another loss.)
+  ASSERT_EQ(first_losses.size(), 4u);
+  EXPECT_GT(first_losses[2], first_losses[0]);
+  EXPECT_GT(first_losses[3], first_losses[1]);
 }
 
 TEST(Checkpoint, AGradAccumOfOneMatchesToo) {

@@ -88,7 +88,7 @@ void route(const void* logits, DType dt, int64_t n, int64_t e, int64_t k, bool n
 
 void route_backward(void* dlogits, DType dt, const float* dweights, const float* probs,
                     const float* weights, const int32_t* experts, int64_t n, int64_t e, int64_t k,
-                    bool normalize) {
+                    bool normalize, const float* dprobs, const uint8_t* counted) {
   parallel_for(n, std::max<int64_t>(1, 4096 / std::max<int64_t>(e, 1)),
                [&](int64_t t0, int64_t t1) {
                  std::vector<float> dp(static_cast<size_t>(e));
@@ -105,10 +105,17 @@ void route_backward(void* dlogits, DType dt, const float* dweights, const float*
                    for (int64_t j = 0; j < k; ++j)
                      dp[static_cast<size_t>(experts[t * k + j])] =
                          normalize ? (gw[j] - gw_dot_w) / chosen : gw[j];
-                   float dp_dot_p = 0;  // softmax: dz = p * (dp - <dp, p>)
-                   for (int64_t j = 0; j < k; ++j) {
-                     const int32_t x = experts[t * k + j];
-                     dp_dot_p += dp[static_cast<size_t>(x)] * p[x];
+                   float dp_dot_p = 0;                        // softmax: dz = p * (dp - <dp, p>)
+                   if (dprobs && (!counted || counted[t])) {  // every dp non-zero
+                     for (int64_t x = 0; x < e; ++x) {
+                       dp[static_cast<size_t>(x)] += dprobs[x];
+                       dp_dot_p += dp[static_cast<size_t>(x)] * p[x];
+                     }
+                   } else {  // the chosen alone (the same bits as before a balance existed)
+                     for (int64_t j = 0; j < k; ++j) {
+                       const int32_t x = experts[t * k + j];
+                       dp_dot_p += dp[static_cast<size_t>(x)] * p[x];
+                     }
                    }
                    for (int64_t x = 0; x < e; ++x)
                      store(dlogits, dt, t * e + x, p[x] * (dp[static_cast<size_t>(x)] - dp_dot_p));
