@@ -219,7 +219,6 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
       !cfg.debug.underflow_overflow.enabled && cfg.debug.inject.module.empty();
   TrainerHooks hooks;
   hooks.on_step_begin = [&](int64_t step) {
-    models::reset_expert_load(trainer_ptr->model());  // (a mixture's routing, counted per step)
     if (injector) injector->begin_step(step);
     if (tracer) tracer->begin_batch(step);
   };
@@ -258,10 +257,10 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
     // A mixture of experts' routing this step (this rank's tokens): experts no token reached,
     // the busiest over a layer's mean, and HF's load-balancing loss of the step's tokens (logged
     // whether or not model.router_aux_loss_coef adds it to the loss).
-    if (const models::ExpertLoad load = models::expert_load(trainer_ptr->model()); load.layers) {
-      step_extra["moe/unused_experts"] = load.unused;
-      step_extra["moe/max_load"] = load.max_load;
-      step_extra["moe/aux_loss"] = load.balance_loss;
+    if (r.moe_layers) {
+      step_extra["moe/unused_experts"] = r.moe_unused_experts;
+      step_extra["moe/max_load"] = r.moe_max_load;
+      step_extra["moe/aux_loss"] = r.moe_aux_loss;
     }
     loggers->log(r, step_extra);
     // Standard output gone (a closed pipe: `keel train | head`, a full disk under > train.log):
@@ -397,6 +396,9 @@ int run_ranked(Config cfg, const std::shared_ptr<dist::ProcessGroup>& pg) {
   advisor_opt.total_steps = trainer.run().total_steps;
   advisor_opt.adaptive = cfg.optim.name != "sgd";
   advisor_opt.adapter = cfg.model.adapter.kind;
+  advisor_opt.experts = trainer.model().spec().moe.experts;
+  advisor_opt.experts_per_token = trainer.model().spec().moe.per_token;
+  advisor_opt.router_aux_loss_coef = trainer.model().spec().moe.aux_coef;
   if (rank == 0 && trainer.steps_done() == 0) {
     double sum_sq = 0;
     int64_t n = 0;

@@ -81,13 +81,16 @@ std::string TrendAdvisor::observe(StepResult& r, const std::vector<BlockGradNorm
   const bool scale_due = observe_scale(r, &scale) || observe_regrowth(r, &scale);
   const bool under_due = layers && observe_layers(r, *layers, &under);
   const bool round_due = observe_rounding(r, &round);
+  Finding routing;
+  const bool routing_due = observe_routing(r, &routing);
   std::string advice = trend_line(r);
   if (!advice.empty()) findings_.push_back(finding_);
   Finding stall;
   const bool stall_due = observe_stall(r, &stall);
   if (under_due) explain_vanished(r, under);
-  for (const Finding* f : {scale_due ? &scale : nullptr, under_due ? &under : nullptr,
-                           round_due ? &round : nullptr, stall_due ? &stall : nullptr}) {
+  for (const Finding* f :
+       {scale_due ? &scale : nullptr, under_due ? &under : nullptr, round_due ? &round : nullptr,
+        stall_due ? &stall : nullptr, routing_due ? &routing : nullptr}) {
     if (!f) continue;
     findings_.push_back(*f);
     advice += (advice.empty() ? "" : "\n") + f->trend + ": " + f->cause + "; " + f->action;
@@ -150,6 +153,10 @@ nlohmann::json TrendAdvisor::state() const {
           {"underflow", underflow_},
           {"round_run", round_run_},
           {"round_reported", round_reported_},
+          {"routing_run", routing_run_},
+          {"routing_reported", routing_reported_},
+          {"first_aux", first_aux_},
+          {"first_collapsed", first_collapsed_},
           // Measured before the first update: a resumed process cannot measure it again.
           {"weight_rms", opt_.weight_rms}};
 }
@@ -218,6 +225,12 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
                 round_run = i("round_run");
   const double start_loss = x("start_loss"), best_loss = x("best_loss"), best_norm = x("best_norm"),
                weight_rms = x("weight_rms");
+  // Written since the routing finding: an older checkpoint's advisor lacks them (then unseen).
+  const bool routing = s.contains("routing_run");
+  const int64_t routing_run = routing ? i("routing_run") : 0;
+  const bool routing_reported = routing && b("routing_reported");
+  const double first_aux = routing ? x("first_aux") : -1;
+  const bool first_collapsed = routing && b("first_collapsed");
   trend_ = static_cast<Trend>(t);
   window_ = std::move(window);
   last_spike_ = last_spike;
@@ -247,6 +260,10 @@ void TrendAdvisor::restore(const nlohmann::json& s, const std::string& file,
   underflow_ = underflow;
   round_run_ = round_run;
   round_reported_ = round_reported;
+  routing_run_ = routing_run;
+  routing_reported_ = routing_reported;
+  first_aux_ = first_aux;
+  first_collapsed_ = first_collapsed;
   opt_.weight_rms = weight_rms;
 }
 
@@ -574,6 +591,51 @@ bool TrendAdvisor::observe_rounding(const StepResult& r, Finding* f) {
   else
     f->action = "the updates are below f32's resolution for these weights: optim.lr (" + lr_now(r) +
                 ") is too small to change them; raise optim.lr";
+  return true;
+}
+
+bool TrendAdvisor::observe_routing(const StepResult& r, Finding* f) {
+  const auto k = static_cast<double>(opt_.experts_per_token);
+  if (r.moe_layers == 0 || k <= 0 || opt_.experts <= 0 || !std::isfinite(r.moe_aux_loss) ||
+      r.moe_aux_loss <= 0)
+    return false;
+  const double most = static_cast<double>(opt_.experts) / k;  // every token chose one expert
+  const double ratio = r.moe_aux_loss / k, load = r.moe_max_load / most;
+  const bool collapsed = ratio >= opt_.routing_ratio || load >= opt_.routing_load;
+  if (r.step == 1 && first_aux_ < 0) {
+    first_aux_ = r.moe_aux_loss;
+    first_collapsed_ = collapsed;
+  }
+  if (!collapsed) {
+    routing_run_ = 0;
+    if (ratio < 1.25 && load < 0.5) routing_reported_ = false;  // evened out
+    return false;
+  }
+  if (++routing_run_ < opt_.routing_steps || routing_reported_) return false;
+  routing_reported_ = true;
+  // The updates did it when step 1 was not collapsed; else the start had it (the model's routers
+  // on this data), and a lower learning rate would not help.
+  const bool rose = first_aux_ > 0 && !first_collapsed_;
+  f->step = r.step;
+  f->trend = "routing";
+  f->cause = "the routers send most tokens to a few experts on the last " +
+             std::to_string(opt_.routing_steps) + " steps: at step " + std::to_string(r.step) +
+             " the busiest expert took " + num(r.moe_max_load) + "x its layer's mean (" +
+             num(most) + "x: every token's), " + std::to_string(r.moe_unused_experts) +
+             " (layer, expert) pairs took no token, and moe/aux_loss is " + num(r.moe_aux_loss) +
+             " (" + num(k) + " when even)" +
+             (rose ? "; step 1 was spread (moe/aux_loss " + num(first_aux_) +
+                         "): the updates concentrated it"
+              : first_aux_ > 0 ? "; so from step 1: the model's routers on this data"
+                               : std::string());
+  const std::string lower = rose ? " or lower optim.lr (" + lr_now(r) + ")" : std::string();
+  f->action = opt_.router_aux_loss_coef > 0
+                  ? "raise model.router_aux_loss_coef (now " + num(opt_.router_aux_loss_coef) +
+                        ") to weigh the load-balancing loss more" + lower
+                  : "set model.router_aux_loss_coef = 0.001 (HF's router_aux_loss_coef in "
+                    "Mixtral's and Qwen3-MoE's configs; OLMoE's 0.01): the load-balancing loss "
+                    "trains the routers toward an even load" +
+                        lower;
   return true;
 }
 

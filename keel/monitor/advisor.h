@@ -65,6 +65,8 @@
 //               on round_steps (3) applied steps in a row: the share and the fix (bf16-mixed's f32
 //               masters, or optim.stochastic_rounding = true). Not said when stochastic rounding
 //               is on: its unchanged values are unbiased draws, and the updates land on average.
+// And, for a mixture of experts, "routing" (AdvisorOptions::experts_per_token): its routers
+// collapsing onto a few experts.
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -183,6 +185,21 @@ struct AdvisorOptions {
   // was told "lower optim.lr" (a fix that fixes nothing).
   int64_t inject_step = -1;
   std::string inject_what;
+  // A mixture of experts (StepResult::moe_layers): its experts a layer, the experts a token takes
+  // (top_k; 0 = dense) and model.router_aux_loss_coef. routing: on routing_steps (5) steps in a
+  // row, the step's load-balancing loss (moe_aux_loss, top_k when even) at >= routing_ratio (1.5)
+  // times top_k, or its busiest expert (moe_max_load) at >= routing_load (0.75) of the most it can
+  // take (experts / top_k: every token chose it): the routers send most tokens to a few experts.
+  // Both are needed: a full fine-tune of a 6-expert Mixtral at optim.lr 1e-2 drove every token to
+  // the same 2 experts a layer with its probabilities still near even (aux 2.00 -> 2.27, load
+  // 3.0 of 3), and with larger router weights the aux loss rose too (2.10 -> 3.71). Neither is
+  // reached by chance: a uniform router's busiest of 8 experts would need 12 of 16 tokens' choices.
+  // Said with whether the updates did it (step 1 was neither) or the start had it, and the fix:
+  // the load-balancing loss, or more of it. Said again only after the routing evened out.
+  int64_t experts = 0, experts_per_token = 0;
+  double router_aux_loss_coef = 0;
+  double routing_ratio = 1.5, routing_load = 0.75;
+  int64_t routing_steps = 5;
 };
 
 // One finding, as metrics.jsonl records it: {"kind": "advisor", step, trend, cause, action,
@@ -296,6 +313,13 @@ class TrendAdvisor {
   bool underflow_ = false;  // some block has vanished (f16 and no scaler: the cause)
   int64_t round_run_ = 0;   // applied steps in a row at >= round_share
   bool round_reported_ = false;
+  // "routing" (AdvisorOptions::experts_per_token): steps in a row collapsed, said, and step 1's
+  // load-balancing loss (< 0: not seen) and whether step 1 was collapsed already.
+  bool observe_routing(const StepResult& r, Finding* f);
+  int64_t routing_run_ = 0;
+  bool routing_reported_ = false;
+  double first_aux_ = -1;
+  bool first_collapsed_ = false;
   // Whether an exploding verdict's condition has cleared at `r` (back near the best window).
   bool recovered(const StepResult& r) const;
   // Whether the updates blew a trainable weight up past kDivergedWeight (asked through

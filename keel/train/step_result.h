@@ -27,6 +27,11 @@ struct StepResult {
   // The update's counts (optim::UpdateCounts, 0 when no update was applied): elements of the
   // updated parameters, and those whose non-zero update left the stored value unchanged.
   int64_t update_elements = 0, rounded_away = 0;
+  // A mixture of experts' routing over the step's tokens on this rank (models::expert_load): the
+  // load-balancing loss (the experts a token takes when even), the (layer, expert) pairs no token
+  // reached, the busiest expert's tokens over its layer's mean. moe_layers 0: a dense model.
+  int64_t moe_layers = 0, moe_unused_experts = 0;
+  double moe_aux_loss = 0, moe_max_load = 0;
   // The advisor's lines when it found something (or empty): the trend's line when its class
   // changed, then any per-layer underflow or rounded-away finding, one per line ('\n').
   std::string advice;

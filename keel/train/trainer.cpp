@@ -223,6 +223,7 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   r.loss_scale = run_.scaler ? run_.scaler->get_scale() : 1.0;
   r.lr = run_.schedule.lr(sched_step_);
   if (hooks_.on_step_begin) hooks_.on_step_begin(r.step);
+  models::reset_expert_load(*run_.model);  // (a mixture's routing, counted per step)
 
   // 1. Zero grads; the step's dropout seeds derive from (run seed, step).
   run_.optimizer->zero_grad();
@@ -513,6 +514,12 @@ StepResult Trainer::train_step(const std::vector<data::Batch>& window, int64_t e
   r.nan_steps = nan_steps_;
   r.seconds = std::chrono::duration<double>(clock::now() - t0).count();
   r.tokens_per_s = r.seconds > 0 ? tokens / r.seconds : 0;
+  if (const models::ExpertLoad load = models::expert_load(*run_.model); load.layers) {
+    r.moe_layers = load.layers;
+    r.moe_unused_experts = load.unused;
+    r.moe_aux_loss = load.balance_loss;
+    r.moe_max_load = load.max_load;
+  }
   if (hooks_.on_step) hooks_.on_step(r);
   return r;
 }

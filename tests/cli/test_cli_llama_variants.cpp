@@ -929,6 +929,26 @@ TEST(CliMoe, TheLoadBalancingLossIsAddedAndSpreadsTheTokens) {
   EXPECT_GT(plain_end, 1.5 * aux1);  // collapsing onto few experts
   EXPECT_LT(balanced_end, 1.05 * aux1);
   EXPECT_LT(balanced_end, 0.6 * plain_end);
+  // The advisor says the collapse once, with the fix: the loss the other run added.
+  auto routing_findings = [&](const std::string& out) {
+    std::vector<json> found;
+    std::ifstream in(dir + "/" + out + "/metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+      const json rec = json::parse(line);
+      if (rec.value("kind", "") == "advisor" && rec.value("trend", "") == "routing")
+        found.push_back(rec);
+    }
+    return found;
+  };
+  const std::vector<json> said = routing_findings("plain");
+  ASSERT_EQ(said.size(), 1u) << plain_run.output;
+  EXPECT_CONTAINS(said[0].at("cause").get<std::string>(),
+                  "the routers send most tokens to a few experts on the last 5 steps");
+  EXPECT_CONTAINS(said[0].at("cause").get<std::string>(), "the updates concentrated it");
+  EXPECT_CONTAINS(said[0].at("action").get<std::string>(),
+                  "set model.router_aux_loss_coef = 0.001");
+  EXPECT_CONTAINS(plain_run.out, "routing: the routers send most tokens to a few experts");
+  EXPECT_TRUE(routing_findings("balanced").empty()) << balanced_run.output;
   EXPECT_EQ(plain_run.err.find("router_aux_loss_coef"), std::string::npos) << plain_run.err;
   // What it trained with, written back: HF's training of the checkpoint adds the same loss.
   const json saved = read_json_file(dir + "/balanced/checkpoints/last/config.json");

@@ -1109,6 +1109,83 @@ TEST(Advisor, AScaleGrownBackIntoOverflowNamesGrowthInterval) {
   EXPECT_TRUE(start.advice.empty()) << start.advice.front().second;
 }
 
+// A mixture of experts' routers collapsing (StepResult::moe_*): 6 experts, 2 a token. Said once
+// when the busiest expert took >= 3/4 of the most it can (3x its layer's mean) or the aux loss
+// reached 1.5 x 2, on 5 steps in a row; a burst of 4 is not; from a spread start it is the updates'
+// doing (lower the lr too), from a collapsed one the model's; the fix names the key; said again
+// after the routing evened out; a resumed advisor says it at the same step; a dense model never.
+StepResult routed(int64_t i, double aux, double load) {
+  StepResult r = step(i, 3.0, 1.0);
+  r.moe_layers = 2;
+  r.moe_aux_loss = aux;
+  r.moe_max_load = load;
+  r.moe_unused_experts = load >= 2.5 ? 8 : 0;
+  return r;
+}
+
+TEST(Advisor, RoutersCollapsingOntoAFewExpertsAreSaidWithTheLoadBalancingFix) {
+  AdvisorOptions o;
+  o.experts = 6;
+  o.experts_per_token = 2;
+  o.peak_lr = 1e-2;
+  auto run = [&](AdvisorOptions opt, const std::function<StepResult(int64_t)>& at, int64_t n) {
+    LayerFeed f(opt);
+    for (int64_t i = 1; i <= n; ++i) f.feed(at(i), {});
+    return f.of("routing");
+  };
+  // Near-even probabilities, every token to the same 2 experts from step 4 (the load alone).
+  const auto soft = [](int64_t i) { return routed(i, i < 4 ? 2.0 : 2.27, i < 4 ? 1.5 : 3.0); };
+  auto said = run(o, soft, 20);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_EQ(said[0].step, 8);
+  EXPECT_CONTAINS(said[0].cause,
+                  "at step 8 the busiest expert took 3x its layer's mean (3x: every "
+                  "token's), 8 (layer, expert) pairs took no token, and "
+                  "moe/aux_loss is 2.27 (2 when even); step 1 was spread");
+  EXPECT_CONTAINS(said[0].action, "set model.router_aux_loss_coef = 0.001");
+  EXPECT_CONTAINS(said[0].action, "or lower optim.lr (now 0.01, 0.003 at this step");
+  // The aux loss alone (3.2 >= 1.5 x 2), with the loss already on: raise it.
+  o.router_aux_loss_coef = 0.001;
+  said = run(
+      o, [](int64_t i) { return routed(i, i < 4 ? 2.0 : 3.2, 2.0); }, 20);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_CONTAINS(said[0].action, "raise model.router_aux_loss_coef (now 0.001)");
+  o.router_aux_loss_coef = 0;
+  // Collapsed from step 1: the model's routers, no learning rate to lower.
+  said = run(
+      o, [](int64_t i) { return routed(i, 2.27, 3.0); }, 20);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_EQ(said[0].step, 5);
+  EXPECT_CONTAINS(said[0].cause, "so from step 1: the model's routers on this data");
+  EXPECT_EQ(said[0].action.find("optim.lr"), std::string::npos) << said[0].action;
+  // A burst of 4 steps, and uneven loads below the thresholds (2x of 3; aux 2.8): nothing.
+  EXPECT_TRUE(run(
+                  o, [](int64_t i) { return routed(i, 2.1, i >= 5 && i <= 8 ? 3.0 : 1.5); }, 30)
+                  .empty());
+  EXPECT_TRUE(run(
+                  o, [](int64_t i) { return routed(i, 2.8, 2.0); }, 30)
+                  .empty());
+  // Evened out, then collapsed again: said again.
+  said = run(
+      o, [](int64_t i) { return routed(i, 2.0, i % 20 < 10 ? 1.2 : 3.0); }, 40);
+  EXPECT_EQ(said.size(), 2u);
+  // A dense model (no sparse layers) and an advisor without the mixture's sizes say nothing.
+  EXPECT_TRUE(run(
+                  o, [](int64_t i) { return step(i, 3.0, 1.0); }, 20)
+                  .empty());
+  AdvisorOptions unknown;
+  EXPECT_TRUE(run(unknown, soft, 20).empty());
+  // Resumed after step 6 (two steps into the collapse): said at step 8 all the same.
+  LayerFeed before(o);
+  for (int64_t i = 1; i <= 6; ++i) before.feed(soft(i), {});
+  LayerFeed after(o);
+  after.adv.restore(nlohmann::json::parse(before.adv.state().dump()), "trainer.json", "fix");
+  for (int64_t i = 7; i <= 20; ++i) after.feed(soft(i), {});
+  ASSERT_EQ(after.of("routing").size(), 1u);
+  EXPECT_EQ(after.of("routing")[0].step, 8);
+  EXPECT_CONTAINS(after.of("routing")[0].cause, "step 1 was spread");
+}
+
 // A run resumed from a checkpoint carries on with the advisor's state saved in it (state(), through
 // JSON as trainer.json holds it): wherever it is cut, the resumed advisor says what the
 // uninterrupted one says, at the same steps. It started over: its "loss scale" finding, its spike
