@@ -551,12 +551,14 @@ double forward_backward(Run& run, const std::vector<data::Batch>& window, uint64
     // The loss's graph holds the only handle to the logits: their buffer takes the gradient.
     Tensor mb_loss = batch_loss_sum(*run.model, b);
     const double seed = loss_scale / static_cast<double>(tokens);
-    loss_sum += mb_loss.item();
+    // (Summed a micro-batch at a time: ranks that each hold one add up as one rank's window does.)
+    double mb_sum = mb_loss.item();
     if (balance) {
       const double weight = aux_coef * static_cast<double>(b.n_targets);
-      loss_sum += weight * balance->forward.loss();
+      mb_sum += weight * balance->forward.loss();
       balance->grad = weight * seed;
     }
+    loss_sum += mb_sum;
     backward(ops::scale(mb_loss, static_cast<float>(seed)));
     if (balance) balance->grad = 0;
   }

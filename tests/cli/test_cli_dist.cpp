@@ -140,6 +140,45 @@ TEST(CliDist, TwoRanksMatchOneRankWithTheSameGlobalBatch) {
   EXPECT_EQ(two.err.find("ranks disagree"), std::string::npos) << two.err;
 }
 
+// A mixture of experts (a tiny OLMoE, 6 experts a layer, 2 a token) with its load-balancing loss:
+// an expert routed on one rank's micro-batch only gets a zero gradient on the other, and each
+// rank's balance loss is its micro-batch's, weighted by its share of the global window's tokens:
+// 2 ranks x 1 give the losses, routing figures and weights of 1 rank x 2 bit for bit.
+TEST(CliDist, TwoRanksTrainAMixtureOfExpertsAsOneRankDoes) {
+  SKIP_WITHOUT_MPIRUN();
+  const std::string dir = test::temp_dir("cli-dist-moe");
+  const Ran init =
+      test::run_keel({"init-model", "--family", "olmoe", "--out", dir + "/base", "--n-layer", "2",
+                      "--n-embd", "32", "--n-head", "2", "--max-seq-len", "32", "--num-experts",
+                      "6", "--experts-per-token", "2", "--expert-size", "16"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  auto sets = [&](const std::string& out, const std::string& accum) {
+    std::vector<std::string> s =
+        tiny(dir + "/" + out,
+             {"train.grad_accum=" + accum, "train.max_steps=4", "model.router_aux_loss_coef=0.05"});
+    s.erase(std::remove_if(s.begin(), s.end(),
+                           [](const std::string& k) { return k.rfind("model.n_", 0) == 0; }),
+            s.end());
+    s.push_back("model.path=" + dir + "/base");
+    return s;
+  };
+  Ran one = run_train(1, sets("one", "2"));
+  ASSERT_EQ(one.code, 0) << one.out << one.err;
+  Ran two = run_train(2, sets("two", "1"));
+  ASSERT_EQ(two.code, 0) << two.out << two.err;
+  const auto a = step_records(dir + "/one"), b = step_records(dir + "/two");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].at("loss").get<double>(), b[i].at("loss").get<double>()) << "step " << i + 1;
+    EXPECT_EQ(a[i].at("grad_norm").get<double>(), b[i].at("grad_norm").get<double>());
+    EXPECT_GT(b[i].at("moe/aux_loss").get<double>(), 0) << "step " << i + 1;
+  }
+  EXPECT_TRUE(slurp(dir + "/one/checkpoints/last/model.safetensors") ==
+              slurp(dir + "/two/checkpoints/last/model.safetensors"));
+  expect_ranks_identical(dir + "/two");
+}
+
 // Two micro-batches per rank: (g0 + g2) + (g1 + g3) across ranks against ((g0 + g1) + g2) + g3 on
 // one rank, so f32 rounding differs; the losses stay within 1e-6 relative over 8 AdamW steps
 // (measured: 1.6e-8), the grad norms within 1e-5 (measured: 1.0e-6). 15 micro-batches per epoch:
