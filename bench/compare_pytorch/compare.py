@@ -74,6 +74,14 @@ def from_shape(shape, B, T, **extra):
 # scaling), the seed's micro-batch: a bf16 frozen base under bf16-mixed.
 CONFIGS["llama-1b-lora-b2t512"] = from_shape("1b", 2, 512, adapter=SEED_LORA,
                                              precisions=["bf16-mixed"])
+# A Mixtral-style mixture of experts (Llama's layers; 8 experts 1024 wide a layer, 2 a token; HF's
+# MixtralSparseMoeBlock on the torch side): a LoRA on q, v and every expert's w1, w3, w2 (PEFT's
+# names) over a bf16 frozen base. Not in the default list: --only mixtral-4l512-lora-b4t128.
+MOE = {"mixtral-4l512-lora-b4t128": dict(
+    family="mixtral", n_layer=4, n_embd=512, n_head=8, n_kv_head=2, vocab=32000, ffn=1024,
+    experts=8, top_k=2, B=4, T=128, precisions=["bf16-mixed", "32-true"],
+    adapter=dict(kind="lora", r=16, alpha=32.0, dropout=0.0,
+                 targets=["q_proj", "v_proj", "w1", "w3", "w2"]))}
 # A seconds-long run of the whole script (not in the default list): --only smoke --scaling 1,2.
 # lora-tiny: the LoRA path at write_random_hf's tiny shape (GQA, llama3 scaling, untied head); no
 # adapter dropout, so that the 32-true losses of every step must agree (dropout masks differ).
@@ -245,6 +253,10 @@ def build_torch_model(model_dir, base_dtype="f32", adapter=None, adapter_init=No
         rs = cfg.get("rope_scaling")
         if rs and rs.get("rope_type", rs.get("type")) not in ("llama3", "default"):
             raise SystemExit(f"{model_dir}: rope_scaling {rs} is not implemented here")
+        # Mixtral: each MLP a sparse block of E experts (w1 gate, w3 up, w2 down), k a token.
+        E, K = cfg.get("num_local_experts", 0), cfg.get("num_experts_per_tok", 0)
+        if cfg["model_type"] not in ("llama", "mixtral"):
+            raise SystemExit(f"{model_dir}: model_type {cfg['model_type']} is not implemented here")
 
         class RMSNorm(nn.Module):  # HF LlamaRMSNorm
             def __init__(self):
@@ -255,6 +267,35 @@ def build_torch_model(model_dir, base_dtype="f32", adapter=None, adapter_init=No
                 xf = x.float()
                 xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
                 return self.weight * xf.to(x.dtype)
+
+        class Expert(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w1 = nn.Linear(C, Fd, bias=False, **dd)
+                self.w3 = nn.Linear(C, Fd, bias=False, **dd)
+                self.w2 = nn.Linear(Fd, C, bias=False, **dd)
+
+        class SparseMoe(nn.Module):  # HF's MixtralSparseMoeBlock (no router noise)
+            def __init__(self):
+                super().__init__()
+                self.gate = nn.Linear(C, E, bias=False, **dd)
+                self.experts = nn.ModuleList(Expert() for _ in range(E))
+
+            def forward(self, h):
+                B, T, _ = h.shape
+                flat = h.reshape(-1, C)
+                probs = torch.softmax(self.gate(flat), dim=-1, dtype=torch.float)
+                w, sel = torch.topk(probs, K, dim=-1)
+                w = (w / w.sum(dim=-1, keepdim=True)).to(flat.dtype)
+                out = torch.zeros_like(flat)
+                for e, ex in enumerate(self.experts):
+                    tok, slot = torch.where(sel == e)
+                    if tok.numel() == 0:
+                        continue
+                    x = flat[tok]
+                    y = ex.w2(F.silu(ex.w1(x)) * ex.w3(x)) * w[tok, slot, None]
+                    out.index_add_(0, tok, y.to(flat.dtype))
+                return out.view(B, T, C)
 
         def rope(x, cos, sin):  # [B, H, T, D], HF rotate_half
             x1, x2 = x[..., : D // 2], x[..., D // 2:]
@@ -269,6 +310,9 @@ def build_torch_model(model_dir, base_dtype="f32", adapter=None, adapter_init=No
                 for n, o in (("q_proj", H * D), ("k_proj", Hkv * D), ("v_proj", Hkv * D)):
                     setattr(self.self_attn, n, nn.Linear(C, o, bias=False, **dd))
                 self.self_attn.o_proj = nn.Linear(H * D, C, bias=False, **dd)
+                if E:
+                    self.block_sparse_moe = SparseMoe()
+                    return
                 self.mlp = nn.Module()
                 self.mlp.gate_proj = nn.Linear(C, Fd, bias=False, **dd)
                 self.mlp.up_proj = nn.Linear(C, Fd, bias=False, **dd)
@@ -283,7 +327,10 @@ def build_torch_model(model_dir, base_dtype="f32", adapter=None, adapter_init=No
                 if Hkv != H:
                     k, v = (t.repeat_interleave(H // Hkv, dim=1) for t in (k, v))
                 x = x + a.o_proj(causal_attention(q, k, v).transpose(1, 2).reshape(B, T, H * D))
-                h, m = self.post_attention_layernorm(x), self.mlp
+                h = self.post_attention_layernorm(x)
+                if E:
+                    return x + self.block_sparse_moe(h)
+                m = self.mlp
                 return x + m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
 
         class Llama(nn.Module):
@@ -473,7 +520,8 @@ def torch_worker(a):
 # Driver
 # ---------------------------------------------------------------------------------------------
 def adapter_weights(c):
-    """Weights of the adapter (LoRA/DoRA A and B: r x (in + out) per target) of a Llama `c`."""
+    """Weights of the adapter (LoRA/DoRA A and B: r x (in + out) per target) of a Llama `c` that a
+    token runs through (a mixture: its top_k experts' adapters, not every expert's)."""
     ad = c.get("adapter")
     if not ad:
         return 0
@@ -481,7 +529,10 @@ def adapter_weights(c):
     kv = C // c["n_head"] * c.get("n_kv_head", c["n_head"])
     dims = {"q_proj": (C, C), "k_proj": (C, kv), "v_proj": (C, kv), "o_proj": (C, C),
             "gate_proj": (C, F), "up_proj": (C, F), "down_proj": (F, C)}
-    return c["n_layer"] * sum(ad["r"] * sum(dims[t]) for t in ad["targets"])
+    # A mixture's experts (Mixtral's names): the top_k a token runs, each with its adapter.
+    dims.update({"w1": (C, F), "w3": (C, F), "w2": (F, C)})
+    each = {t: c.get("top_k", 1) if t in ("w1", "w3", "w2") else 1 for t in ad["targets"]}
+    return c["n_layer"] * sum(each[t] * ad["r"] * sum(dims[t]) for t in ad["targets"])
 
 
 def flops_per_token(c, T):
@@ -494,7 +545,9 @@ def flops_per_token(c, T):
         mm = L * 12 * C * C + V * C  # c_attn 3C², c_proj C², c_fc 4C², mlp.c_proj 4C²; tied head
     else:
         kv = C // c["n_head"] * c.get("n_kv_head", c["n_head"])  # grouped-query k, v widths
-        mm = L * (2 * C * C + 2 * C * kv + 3 * C * c["ffn"]) + V * C  # q o, k v, MLP; head
+        # q o, k v, the MLP (a mixture: its top_k experts and the router); head
+        mlp = c.get("top_k", 1) * 3 * C * c["ffn"] + C * c.get("experts", 0)
+        mm = L * (2 * C * C + 2 * C * kv + mlp) + V * C
     if c.get("adapter"):
         return 4 * mm + 6 * adapter_weights(c) + 12 * L * T * C
     return 6 * mm + 12 * L * T * C
@@ -521,6 +574,11 @@ def prepare(name, c, a, keel_cli):
                str(max(c["T"], 64)), "--seed", "1234"]
         if c["family"] == "llama":
             cmd += ["--untied", "--intermediate-size", str(c["ffn"])]
+        if c.get("experts"):  # a mixture (Mixtral's head untied, as published)
+            cmd += ["--untied", "--num-experts", str(c["experts"]), "--experts-per-token", str(c["top_k"]),
+                    "--expert-size", str(c["ffn"])]
+        if c.get("n_kv_head"):
+            cmd += ["--n-kv-head", str(c["n_kv_head"])]
         subprocess.run(cmd, check=True, capture_output=True)
     ids = os.path.join(d, f"ids-{a.steps}x{c['B']}x{c['T'] + 1}.bin")
     if not os.path.exists(ids):
@@ -629,6 +687,7 @@ def main():
     blas_reported = False
     names = [n for n in a.only.split(",") if n] or list(CONFIGS)
     CONFIGS.update(SMOKE)
+    CONFIGS.update(MOE)
     for n in names:
         if n not in CONFIGS:
             raise SystemExit(f"--only {n}: unknown configuration; use one of {', '.join(CONFIGS)}")
