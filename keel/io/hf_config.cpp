@@ -204,6 +204,7 @@ constexpr HfArchitecture kArchitectures[] = {
     {"qwen3", "Qwen3ForCausalLM", nullptr, "llama"},         // and q/k norms
     {"qwen3_moe", "Qwen3MoeForCausalLM", nullptr, "llama"},  // Qwen3's with 128 experts, 8 a token
     {"smollm3", "SmolLM3ForCausalLM", nullptr, "llama"},     // and NoPE layers
+    {"cohere", "CohereForCausalLM", nullptr, "llama"},       // parallel blocks, LayerNorms
 };
 
 const HfArchitecture& architecture_of(const json& j, const std::string& file) {
@@ -512,7 +513,11 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
         s.moe.experts > 0 && s.hf_model_type != "qwen3_moe" ? s.moe.ffn : s.ffn_dim();
     j["vocab_size"] = s.vocab_size;
     j["max_position_embeddings"] = s.max_seq_len;
-    j["rms_norm_eps"] = s.norm_eps;
+    j[s.cohere() ? "layer_norm_eps" : "rms_norm_eps"] = s.norm_eps;
+    if (s.cohere()) {
+      j["logit_scale"] = s.logit_scale;
+      j["use_qk_norm"] = false;
+    }
     j["rope_theta"] = s.rope_theta;
     j["rope_scaling"] = rope_scaling_json(s.rope_scaling);
     if (s.rope_scaling.kind == ops::RopeScaling::Kind::kLongRope) {
@@ -625,11 +630,25 @@ HfConfig read_hf_config(const std::string& dir) {
     s.rope_theta = c.number({"rope_theta"}, s.hf_model_type == "gemma3_text" ? 1e6
                                             : s.hf_model_type == "smollm3"   ? 2e6
                                                                              : 10000.0);
-    // (Olmo2Config's and Olmo3Config's default eps is 1e-5; their files give it)
-    s.norm_eps = c.number({"rms_norm_eps"}, s.post_norms() ? 1e-5 : 1e-6);
-    // (Gemma and SmolLM3 tie their head to the embedding unless the file says otherwise, as
-    // their configs do.)
-    s.tie_embeddings = c.boolean("tie_word_embeddings", s.gemma() || s.hf_model_type == "smollm3");
+    // (Olmo2Config's and Olmo3Config's default eps is 1e-5; their files give it. Cohere's
+    // LayerNorms take layer_norm_eps, 1e-5 in CohereConfig.)
+    s.norm_eps = s.cohere() ? c.number({"layer_norm_eps"}, 1e-5)
+                            : c.number({"rms_norm_eps"}, s.post_norms() ? 1e-5 : 1e-6);
+    // (Gemma, SmolLM3 and Cohere tie their head to the embedding unless the file says otherwise,
+    // as their configs do.)
+    s.tie_embeddings = c.boolean("tie_word_embeddings",
+                                 s.gemma() || s.hf_model_type == "smollm3" || s.cohere());
+    if (s.cohere()) {
+      // CohereForCausalLM: the logits times logit_scale (CohereConfig's 0.0625 where absent).
+      s.logit_scale = c.number({"logit_scale"}, 0.0625);
+      if (!(std::isfinite(s.logit_scale) && s.logit_scale > 0))
+        throw Error(file + ": logit_scale = " + c.find({"logit_scale"})->dump() +
+                        " must be a number > 0 (Command-R's 0.0625)",
+                    Error::kUsage);
+      // Command-R+'s LayerNorm over each head's query and key (weights [heads, head_dim]).
+      if (c.boolean("use_qk_norm", false))
+        throw unsupported("use_qk_norm = true (Command-R+'s per-head query and key LayerNorms)");
+    }
     if (s.gemma()) {
       // HF's Gemma MLP: ACT2FN[hidden_activation], gelu_pytorch_tanh when absent (Gemma-1's
       // files that name only hidden_act "gelu" run it so too, with a warning).

@@ -112,6 +112,17 @@ struct ModelSpec {
   // divided by logits_scaling. 1 (0 for attention_multiplier) for every other model.
   double embedding_multiplier = 1, residual_multiplier = 1, attention_multiplier = 0,
          logits_scaling = 1;
+  // An HF Cohere (CohereForCausalLM: Command-R, Aya-23, Aya Expanse): Llama's layers with the
+  // attention and the MLP side by side on one norm's output, both added to the residual (HF's
+  // CohereDecoderLayer: no post_attention_layernorm), LayerNorms without bias (HF's
+  // CohereLayerNorm: centered_norms), RoPE on adjacent channel pairs (interleaved_rope), the head
+  // tied to the embedding and the logits times logit_scale (0.0625 for Command-R; 1 for every
+  // other model).
+  double logit_scale = 1;
+  bool cohere() const { return hf_model_type == "cohere"; }
+  bool parallel_block() const { return cohere(); }
+  bool centered_norms() const { return cohere(); }
+  bool interleaved_rope() const { return cohere(); }
   // A mixture-of-experts model (HF's Qwen3-MoE "qwen3_moe", OLMoE "olmoe", Mixtral "mixtral"):
   // the MLP of each sparse layer (moe_layer) is a MoeSpec; `moe.experts` 0: every layer dense.
   MoeSpec moe;
@@ -130,7 +141,7 @@ struct ModelSpec {
 
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
   // "granite", "mistral", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4", "phi3", "qwen2",
-  // "qwen3", "qwen3_moe" or "smollm3".
+  // "qwen3", "qwen3_moe", "smollm3" or "cohere".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).

@@ -11,6 +11,16 @@
 
 namespace keel::models {
 
+namespace {
+// [..., D] with each row's channels reordered 0, 2, 4, ..., 1, 3, 5, ... (D even).
+Tensor evens_first(const Tensor& x) {
+  Shape pairs = x.shape(), out = x.shape();
+  pairs.back() /= 2;
+  pairs.push_back(2);
+  return ops::reshape(ops::transpose(ops::reshape(x, pairs), -1, -2), out);
+}
+}  // namespace
+
 LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
     : nn::Module("LlamaAttention"),
       n_head(s.n_head),
@@ -20,6 +30,7 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
       rope_scaling(s.layer_rope_scaling(layer)),
       rotary_dim(s.rotary_dim()),
       rotates(s.layer_rotates(layer)),
+      interleaved(s.interleaved_rope()),
       sliding_window(s.layer_window(layer)),
       scores{static_cast<float>(s.attention_scale()), static_cast<float>(s.attn_softcap)},
       attention_dropout(s.attention_dropout) {
@@ -73,6 +84,13 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
     if (q_norm && !norm_whole_projection) {  // Qwen3, Gemma-3, EXAONE-4: each head's D channels
       q = q_norm->forward(q);
       k = k_norm->forward(k);
+    }
+    if (interleaved && rotates) {
+      // Cohere's RoPE turns the pairs (2i, 2i + 1), ops::rope the pairs (i, i + D/2): the same
+      // rotation once each head's channels are reordered evens first. q·kᵀ does not change when
+      // q's and k's channels are reordered alike, so they stay reordered (the cache's keys too).
+      q = evens_first(q);
+      k = evens_first(k);
     }
     const Tensor positions = mask.positions.defined()            ? mask.positions
                              : caches && caches->rows.size() > 1 ? caches->positions(x.size(1))
@@ -201,9 +219,10 @@ ops::MoeBalance* router_balance(nn::Module& model) {
 }
 
 namespace {
-// A norm over the hidden size: Gemma's scale by 1 + weight.
+// A norm over the hidden size: Gemma's scale by 1 + weight, Cohere's a LayerNorm without bias.
 std::unique_ptr<nn::RMSNorm> hidden_norm(const ModelSpec& s) {
-  return std::make_unique<nn::RMSNorm>(s.n_embd, s.norm_eps, s.param_dtype, s.gemma());
+  return std::make_unique<nn::RMSNorm>(s.n_embd, s.norm_eps, s.param_dtype, s.gemma(),
+                                       s.centered_norms());
 }
 }  // namespace
 
@@ -212,7 +231,8 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s, int64_t layer)
   residual_multiplier = s.residual_multiplier;
   if (!s.post_norms()) input_layernorm = register_module("input_layernorm", hidden_norm(s));
   self_attn = register_module("self_attn", std::make_unique<LlamaAttention>(s, layer));
-  post_attention_layernorm = register_module("post_attention_layernorm", hidden_norm(s));
+  if (!s.parallel_block())
+    post_attention_layernorm = register_module("post_attention_layernorm", hidden_norm(s));
   if (s.sandwich_norms())
     pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", hidden_norm(s));
   if (s.moe_layer(layer))
@@ -232,6 +252,11 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mas
       Tensor h = nn::residual_add(x, post_attention_layernorm->forward(
                                          self_attn->forward(x, mask, backend, caches, layer)));
       return nn::residual_add(h, post_feedforward_layernorm->forward(feed_forward(h)));
+    }
+    if (!post_attention_layernorm) {  // Cohere: (x + attention(h)) + mlp(h), h = one norm of x
+      const Tensor h = input_layernorm->forward(x);
+      Tensor a = self_attn->forward(h, mask, backend, caches, layer);
+      return nn::residual_add(nn::residual_add(x, a), feed_forward(h));
     }
     Tensor a = self_attn->forward(input_layernorm->forward(x), mask, backend, caches, layer);
     if (residual_multiplier != 1) {  // Granite: residual + sublayer(x) * residual_multiplier
@@ -313,6 +338,8 @@ Tensor LlamaForCausalLM::run(const Tensor& ids, const ops::AttentionMask& mask,
     // powers of two its files give (8, 16), and what HF's CUDA division computes.
     if (spec_.logits_scaling != 1)
       logits = ops::scale(logits, static_cast<float>(1.0 / spec_.logits_scaling));
+    // Cohere's logits * logit_scale.
+    if (spec_.logit_scale != 1) logits = ops::scale(logits, static_cast<float>(spec_.logit_scale));
     return logits;
   });
 }

@@ -26,6 +26,7 @@ class LlamaAttention : public nn::Module {
   ops::RopeScaling rope_scaling;
   int64_t rotary_dim;           // the channels of a head RoPE turns (Phi-4-mini: 3/4 of them)
   bool rotates;                 // false: a NoPE layer (SmolLM3's every 4th), q and k as projected
+  bool interleaved;             // Cohere's RoPE on adjacent channel pairs (ModelSpec's)
   int64_t sliding_window;       // this layer's window (ModelSpec::layer_window); 0: every key
   ops::AttentionScores scores;  // q·kᵀ's scale and soft cap (Gemma-2's)
   double attention_dropout;     // on the probabilities (ModelSpec::attention_dropout)
@@ -87,7 +88,9 @@ class LlamaDecoderLayer : public nn::Module {
   Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
                  const KVCaches* caches = nullptr, size_t layer = 0);
   nn::RMSNorm* input_layernorm = nullptr;  // null for OLMo-2 (ModelSpec::post_norms())
-  nn::RMSNorm* post_attention_layernorm;
+  // Null for Cohere (ModelSpec::parallel_block(): the attention and the MLP share
+  // input_layernorm's output).
+  nn::RMSNorm* post_attention_layernorm = nullptr;
   // Gemma-2's (ModelSpec::sandwich_norms()): the MLP's input and output norms, and
   // post_attention_layernorm then normalizes the attention's output; else null.
   nn::RMSNorm *pre_feedforward_layernorm = nullptr, *post_feedforward_layernorm = nullptr;

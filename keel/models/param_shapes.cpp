@@ -64,7 +64,8 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
       p.push_back(
           {h + ".self_attn.k_norm.weight", {s.qk_norm_over_projection() ? kv_dim : D}, false});
     }
-    p.push_back({h + ".post_attention_layernorm.weight", {C}, false});
+    if (!s.parallel_block())  // (Cohere's MLP shares the attention's norm)
+      p.push_back({h + ".post_attention_layernorm.weight", {C}, false});
     if (s.sandwich_norms()) p.push_back({h + ".pre_feedforward_layernorm.weight", {C}, false});
     if (s.moe_layer(l)) {  // the router, then each expert's MLP (Mixtral's w1, w3, w2)
       const std::string moe = h + (s.mixtral_names() ? ".block_sparse_moe" : ".mlp");

@@ -44,14 +44,21 @@ Tensor LayerNorm::forward(const Tensor& x) {
   });
 }
 
-RMSNorm::RMSNorm(int64_t dim, double e, DType dt, bool offset)
-    : Module("RMSNorm"), eps(e), unit_offset(offset) {
+RMSNorm::RMSNorm(int64_t dim, double e, DType dt, bool offset, bool center)
+    : Module("RMSNorm"), eps(e), unit_offset(offset), centered(center) {
   weight = register_parameter("weight", Tensor::full({dim}, offset ? 0.0f : 1.0f, dt));
 }
 
 Tensor RMSNorm::forward(const Tensor& x) {
   return call({x}, [&] {
     Tensor xn = autocast(AmpOp::kRmsNorm, x), w = autocast(AmpOp::kRmsNorm, weight);
+    if (centered) {  // HF's CohereLayerNorm: in f32, weight * normalized, then x's dtype
+      const DType out = xn.dtype();
+      if (out != DType::F32) xn = ops::cast(xn, DType::F32);
+      if (w.dtype() != DType::F32) w = ops::cast(w, DType::F32);
+      const Tensor y = ops::layer_norm(xn, w, Tensor(), static_cast<float>(eps));
+      return out == DType::F32 ? y : ops::cast(y, out);
+    }
     if (!unit_offset) return ops::rms_norm(xn, w, static_cast<float>(eps));
     // HF's GemmaRMSNorm: x.float() normalized, times (1 + weight.float()), cast back to x's
     // dtype: in f32 whatever the dtypes (under -mixed autocast has made both f32 already).

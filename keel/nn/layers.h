@@ -45,12 +45,15 @@ class LayerNorm : public Module {
 class RMSNorm : public Module {
  public:
   // `unit_offset`: Gemma's norm, which scales by 1 + weight (the weight stored as that offset,
-  // 0 at construction); else by weight (1 at construction).
-  RMSNorm(int64_t dim, double eps, DType dt = DType::F32, bool unit_offset = false);
+  // 0 at construction); else by weight (1 at construction). `centered`: Cohere's, a LayerNorm
+  // without bias (HF's CohereLayerNorm: the mean subtracted before the root mean square), in f32
+  // and cast back to x's dtype, as HF computes it.
+  RMSNorm(int64_t dim, double eps, DType dt = DType::F32, bool unit_offset = false,
+          bool centered = false);
   Tensor forward(const Tensor& x);
   Tensor weight;  // [dim]
   double eps;
-  bool unit_offset;
+  bool unit_offset, centered;
 };
 
 class Embedding : public Module {

@@ -43,7 +43,8 @@ std::string trained_run(const std::string& family, const std::string& kind,
               {"--n-layer", "2", "--n-embd", "32", "--n-head", "4", "--max-seq-len", "32"});
   if (family != "gpt2") init.insert(init.end(), {"--n-kv-head", "2"});
   // (Gemma and Phi-4-mini tie their head)
-  if (family != "gpt2" && !family.starts_with("gemma") && !phi4_mini && family != "smollm3")
+  if (family != "gpt2" && !family.starts_with("gemma") && !phi4_mini && family != "smollm3" &&
+      family != "cohere")
     init.push_back("--untied");
   if (wide) init.insert(init.end(), {"--head-dim", "16"});
   const test::KeelRun b = test::run_keel(init);
@@ -305,7 +306,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // LoRA under YaRN rope_scaling, an OLMo-3's (a sliding layer rotating unscaled, a full one by
   // YaRN), an EXAONE-4's (its per-head q/k norms after OLMo-2's, a full layer without RoPE), the
   // mixtures of experts: a Qwen3-MoE's LoRA (its experts' down_proj), an OLMoE whole (its router
-  // and experts trained), a Mixtral's LoRA (its experts' w2 and its router).
+  // and experts trained), a Mixtral's LoRA (its experts' w2 and its router), a Cohere's LoRA (its
+  // parallel blocks, LayerNorms without bias, adjacent-pair RoPE and logit_scale).
   for (const auto& [family, kind] :
        std::vector<std::pair<std::string, std::string>>{{"gpt2", "lora"},
                                                         {"llama", "lora"},
@@ -325,7 +327,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
                                                         {"exaone4", "lora"},
                                                         {"qwen3_moe", "lora"},
                                                         {"olmoe", "none"},
-                                                        {"mixtral", "lora"}}) {
+                                                        {"mixtral", "lora"},
+                                                        {"cohere", "lora"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

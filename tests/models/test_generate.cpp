@@ -125,11 +125,13 @@ TEST_P(KvCache, SameTokensWithAndWithoutTheCache) {
 // window, its keys and values cut from one fused qkv_proj product. olmo3: a sliding layer
 // rotating unscaled beside a full one under YaRN. exaone4: a sliding layer rotating beside a
 // full one without RoPE. qwen3_moe: a dense layer beside a mixture of experts, whose routing of a
-// decode's one token and of the whole sequence must agree.
+// decode's one token and of the whole sequence must agree. cohere: its keys cached with their
+// channels reordered for the adjacent-pair RoPE, its attention and MLP side by side.
 INSTANTIATE_TEST_SUITE_P(
     Backends, KvCache,
     ::testing::Combine(::testing::Values("gpt2", "llama", "qwen3_d8", "mistral_w3", "phi3_w3",
-                                         "gemma2", "gemma3", "olmo3", "exaone4", "qwen3_moe"),
+                                         "gemma2", "gemma3", "olmo3", "exaone4", "qwen3_moe",
+                                         "cohere"),
                        ::testing::Values("eager", "math", "flash"), ::testing::Bool()),
     [](const auto& info) {
       return std::get<0>(info.param) + "_" + std::get<1>(info.param) +

@@ -41,7 +41,7 @@ namespace keel::test {
 inline const std::vector<std::string> kFixtureFamilies = {
     "gpt2",    "llama",   "qwen2", "qwen3",   "qwen3_d8",  "mistral_w3", "qwen2_w3", "phi3_w3",
     "phi3_lr", "phi3_sr", "phi4m", "gemma",   "gemma2",    "gemma3",     "smollm3",  "granite",
-    "olmo2",   "yarn",    "olmo3", "exaone4", "qwen3_moe", "olmoe",      "mixtral"};
+    "olmo2",   "yarn",    "olmo3", "exaone4", "qwen3_moe", "olmoe",      "mixtral", "cohere"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
@@ -54,7 +54,8 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool phi3 = family == "phi3_w3" || phi3_long;
   const bool gemma = family == "gemma" || family == "gemma2" || family == "gemma3";
   const bool smollm3 = family == "smollm3", granite = family == "granite",
-             olmo2 = family == "olmo2", olmo3 = family == "olmo3", exaone4 = family == "exaone4";
+             olmo2 = family == "olmo2", olmo3 = family == "olmo3", exaone4 = family == "exaone4",
+             cohere = family == "cohere";
   const bool moe = models::ModelSpec::is_moe_type(family);
   s.family = family != "gpt2" ? "llama" : family;
   s.hf_model_type = qwen      ? family.substr(0, 5)
@@ -66,6 +67,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
                     : olmo2   ? "olmo2"
                     : olmo3   ? "olmo3"
                     : exaone4 ? "exaone4"
+                    : cohere  ? "cohere"
                     : moe     ? family
                               : "";
   if (moe) {
@@ -82,6 +84,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.logits_scaling = 4;
   }
   if (smollm3) s.nope_period = 2;
+  if (cohere) s.logit_scale = 0.5;  // (Command-R's 0.0625 would flatten these logits)
   const bool yarn = family == "yarn" || olmo3 || exaone4;
   if (wide_heads || phi4_mini || yarn) s.head_width = 8;
   if (yarn) {
@@ -113,7 +116,8 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.n_head = 4;
     s.n_kv_head = 2;
     s.intermediate_size = 48;
-    s.tie_embeddings = gemma || phi4_mini || smollm3;  // these tie their head to the embedding
+    // these tie their head to the embedding
+    s.tie_embeddings = gemma || phi4_mini || smollm3 || cohere;
   }
   if (family == "gemma2" || family == "gemma3") {  // a window of 3 on layer 0, scale 6^-1/2
     s.sliding_window = 3;
