@@ -636,8 +636,8 @@ HfConfig read_hf_config(const std::string& dir) {
                             : c.number({"rms_norm_eps"}, s.post_norms() ? 1e-5 : 1e-6);
     // (Gemma, SmolLM3 and Cohere tie their head to the embedding unless the file says otherwise,
     // as their configs do.)
-    s.tie_embeddings = c.boolean("tie_word_embeddings",
-                                 s.gemma() || s.hf_model_type == "smollm3" || s.cohere());
+    s.tie_embeddings =
+        c.boolean("tie_word_embeddings", s.gemma() || s.hf_model_type == "smollm3" || s.cohere());
     if (s.cohere()) {
       // CohereForCausalLM: the logits times logit_scale (CohereConfig's 0.0625 where absent).
       s.logit_scale = c.number({"logit_scale"}, 0.0625);

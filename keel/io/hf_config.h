@@ -40,6 +40,10 @@
 //     use_sliding_window refused; written back as SmolLM3.
 //   Qwen3ForCausalLM (model_type "qwen3"): Llama's with q_norm/k_norm (ModelSpec::qk_norm()), its
 //     head_dim hidden_size / num_attention_heads (Qwen3-1.7B, -8B, -14B); written back as Qwen3.
+//   CohereForCausalLM (model_type "cohere"): Llama's fields (layer_norm_eps for rms_norm_eps),
+//     its layers' attention and MLP side by side on one LayerNorm without bias, RoPE on adjacent
+//     channel pairs, the tied head's logits times logit_scale (ModelSpec::cohere()); use_qk_norm
+//     (Command-R+) refused; written back as Cohere.
 // Every problem is an Error naming the file and the field: a missing or mistyped field, sizes that
 // disagree with each other or with the weights' headers, an unsupported architecture variant
 // (e.g. attention biases).

@@ -352,17 +352,24 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       add("residual stream", 1, s * BT * C, "", false);
       add("norm statistics", 2, 4 * BT, "", false);
     } else {
-      add("residual stream", 2, s * BT * C, "2 per block + final norm: [B,T,C] " + sd, true);
-      add("norm statistics", 2, 4 * BT, "rstd [B*T] f32 per RMSNorm", true);
+      // (Cohere's parallel block: one norm, whose output the attention and the MLP share.)
+      const int64_t norms = sp.parallel_block() ? 1 : 2;
+      add("residual stream", norms, s * BT * C,
+          std::to_string(norms) + " per block + final norm: [B,T,C] " + sd, true);
+      add("norm statistics", 2, 4 * BT,
+          sp.centered_norms() ? "mean, rstd [B*T] f32 per LayerNorm" : "rstd [B*T] f32 per RMSNorm",
+          true);
       const std::string li =
-          std::string(sp.post_norms() ? "the residual stream's copies under -mixed (OLMo-2's "
-                                        "projections read it unnormed)"
-                                      : "normed inputs (one autocast copy shared by q, k, v "
-                                        "and one by gate, up under -mixed)") +
+          std::string(sp.post_norms()       ? "the residual stream's copies under -mixed (OLMo-2's "
+                                              "projections read it unnormed)"
+                      : sp.parallel_block() ? "the normed input (one autocast copy shared by q, "
+                                              "k, v, gate and up under -mixed)"
+                                            : "normed inputs (one autocast copy shared by q, k, v "
+                                              "and one by gate, up under -mixed)") +
           ", o_proj and down_proj inputs, " + cd;
       // normed (q, k, v), normed (gate, up); OLMo-2's read the residual stream itself (its
       // autocast copy under -mixed)
-      add("linear inputs", sp.post_norms() && !pol.autocast ? 0 : 2, c * BT * C, li, true);
+      add("linear inputs", sp.post_norms() && !pol.autocast ? 0 : norms, c * BT * C, li, true);
       add("linear inputs", 1, c * BT * qC, li, true);  // o_proj's [B,T,H*D]
       add("linear inputs", 1, c * BT * Fk, li, true);  // down_proj's (each expert's rows)
       add("q, k, v", 1, c * BT * qC, "after rope / split-heads, " + cd, true);

@@ -308,27 +308,14 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // mixtures of experts: a Qwen3-MoE's LoRA (its experts' down_proj), an OLMoE whole (its router
   // and experts trained), a Mixtral's LoRA (its experts' w2 and its router), a Cohere's LoRA (its
   // parallel blocks, LayerNorms without bias, adjacent-pair RoPE and logit_scale).
-  for (const auto& [family, kind] :
-       std::vector<std::pair<std::string, std::string>>{{"gpt2", "lora"},
-                                                        {"llama", "lora"},
-                                                        {"phi3", "lora"},
-                                                        {"phi4m", "lora"},
-                                                        {"gemma", "none"},
-                                                        {"gemma2", "lora"},
-                                                        {"gemma3", "none"},
-                                                        {"qwen2", "none"},
-                                                        {"qwen3", "none"},
-                                                        {"qwen3-wide", "none"},
-                                                        {"smollm3", "lora"},
-                                                        {"granite", "none"},
-                                                        {"olmo2", "lora"},
-                                                        {"llama-yarn", "lora"},
-                                                        {"olmo3", "lora"},
-                                                        {"exaone4", "lora"},
-                                                        {"qwen3_moe", "lora"},
-                                                        {"olmoe", "none"},
-                                                        {"mixtral", "lora"},
-                                                        {"cohere", "lora"}}) {
+  for (const auto& [family, kind] : std::vector<std::pair<std::string, std::string>>{
+           {"gpt2", "lora"},       {"llama", "lora"},      {"phi3", "lora"},
+           {"phi4m", "lora"},      {"gemma", "none"},      {"gemma2", "lora"},
+           {"gemma3", "none"},     {"qwen2", "none"},      {"qwen3", "none"},
+           {"qwen3-wide", "none"}, {"smollm3", "lora"},    {"granite", "none"},
+           {"olmo2", "lora"},      {"llama-yarn", "lora"}, {"olmo3", "lora"},
+           {"exaone4", "lora"},    {"qwen3_moe", "lora"},  {"olmoe", "none"},
+           {"mixtral", "lora"},    {"cohere", "lora"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

@@ -433,6 +433,49 @@ TEST(CliOlmo2, InitModelWritesOneAndALoraTrains) {
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
+// Cohere (CohereForCausalLM): init-model writes one with CohereConfig's names (layer_norm_eps,
+// logit_scale, use_qk_norm), keel memory counts one norm a layer (its MLP shares the attention's),
+// a LoRA trains and its PEFT adapter applies as the checkpoint computes, and a decode with the
+// cache gives the tokens a decode without it gives (its keys cached reordered for the
+// adjacent-pair RoPE).
+TEST(CliCohere, InitModelWritesOneALoraTrainsAndTheCacheDecodesAsTheWholeSequence) {
+  const std::string dir = test::temp_dir("cli-cohere");
+  const test::KeelRun init = test::run_keel(
+      {"init-model", "--family", "cohere", "--out", dir + "/base", "--n-layer", "2", "--n-embd",
+       "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32", "--init-std", "0.1"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  const json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("model_type"), "cohere");
+  EXPECT_EQ(cfg.at("architectures"), json::array({"CohereForCausalLM"}));
+  EXPECT_EQ(cfg.at("logit_scale"), 0.0625);
+  EXPECT_EQ(cfg.at("layer_norm_eps"), 1e-5);
+  EXPECT_EQ(cfg.at("use_qk_norm"), false);
+  EXPECT_EQ(cfg.at("tie_word_embeddings"), true);
+  EXPECT_FALSE(cfg.contains("rms_norm_eps"));
+  const test::KeelRun mem = test::run_keel({"memory", "--model", dir + "/base", "--json"});
+  ASSERT_EQ(mem.code, 0) << mem.output;
+  // Embedding 259 x 32 (tied), the final norm, and per layer: q_proj and o_proj 32 x 32, k_proj
+  // and v_proj 16 x 32, gate/up/down 3 x 32 x 96, one norm of 32.
+  const int64_t per_layer = 2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 96 + 32;
+  EXPECT_EQ(json::parse(mem.out).at("params").get<int64_t>(), 259 * 32 + 32 + 2 * per_layer);
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2"}).at("model_type"),
+            "cohere");
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+  std::vector<std::string> tokens[2];
+  for (const bool cache : {true, false}) {
+    std::vector<std::string> argv = {"generate",         dir + "/out", "12+3",
+                                     "--max-new-tokens", "8",          "--json"};
+    if (!cache) argv.push_back("--no-cache");
+    const test::KeelRun g = test::run_keel(argv, {"OMP_NUM_THREADS=1"});
+    ASSERT_EQ(g.code, 0) << g.output;
+    const json out = json::parse(g.out);
+    for (const json& t : out.at("tokens")) tokens[cache].push_back(t.dump());
+  }
+  EXPECT_EQ(tokens[0].size(), 8u);
+  EXPECT_EQ(tokens[0], tokens[1]);
+}
+
 // A 4-layer `family` base in DIR/base from init-model: three sliding layers and a full one over
 // its config's default window (4096) under HF architecture `arch`. Returns its config.json.
 json init_three_of_four_sliding(const std::string& family, const std::string& arch,

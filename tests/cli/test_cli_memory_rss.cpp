@@ -252,6 +252,13 @@ TEST(CliMemoryRss, Exaone4EstimateWithin10PercentOfPeakRss) {
   memtest_family("exaone4", R"(["q_proj", "v_proj"])");
 }
 
+// A Cohere from its config.json: one LayerNorm a layer whose output the attention and the MLP
+// share, q and k reordered for the adjacent-pair RoPE, the tied head's logits scaled.
+TEST(CliMemoryRss, CohereEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  memtest_family("cohere", R"(["q_proj", "v_proj"])");
+}
+
 // A Qwen3-MoE from its config.json (8 experts 256 wide, 2 a token): the experts' gathered rows,
 // their outputs and routing, an expert adapter's share of the tokens, and oneDNN's kernels for
 // the experts' padded batch shapes.

@@ -1342,6 +1342,61 @@ TEST(HfModel, Exaone4ThirtyTwoBReadsItsWindowLayersAndNope) {
 // 1024 wide, 8 a token, not renormalized, q/k norms over the projections; 6.92B) and
 // Mixtral-8x7B (32 layers of 8 experts 14336 wide, 2 a token; 46.70B): each read with its sizes
 // and counted as the models are published.
+// Cohere's published configs (Aya-23-8B: grouped-query heads, Aya Expanse's shape; Aya-23-35B:
+// Command-R's, rope_theta 8e6): the family, their LayerNorms' eps, logit_scale and the tied head,
+// and the parameter count of a layer without post_attention_layernorm (8.03B and 34.98B).
+// Command-R+'s per-head q/k LayerNorms are refused naming the field.
+TEST(HfModel, CohereReadsItsPublishedConfigs) {
+  struct Case {
+    const char* file;
+    int64_t C, F, L, H, Hkv;
+    double theta;
+  };
+  for (const Case& c : {Case{"aya_23_8b.json", 4096, 14336, 32, 32, 8, 10000.0},
+                        Case{"aya_23_35b.json", 8192, 22528, 40, 64, 64, 8e6}}) {
+    SCOPED_TRACE(c.file);
+    const std::string dir = test::temp_dir("hf-cohere");
+    fs::copy_file(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/" + c.file,
+                  dir + "/config.json", fs::copy_options::overwrite_existing);
+    const models::ModelSpec s = read_hf_config(dir).spec;
+    EXPECT_EQ(s.architecture(), "cohere");
+    EXPECT_TRUE(s.parallel_block() && s.centered_norms() && s.interleaved_rope());
+    EXPECT_EQ(s.logit_scale, 0.0625);
+    EXPECT_EQ(s.norm_eps, 1e-5);
+    EXPECT_EQ(s.rope_theta, c.theta);
+    EXPECT_TRUE(s.tie_embeddings);
+    EXPECT_EQ(s.kv_heads(), c.Hkv);
+    const int64_t D = c.C / c.H;
+    const int64_t layer = 2 * c.C * c.C + 2 * c.C * c.Hkv * D + 3 * c.C * c.F + c.C;  // one norm
+    EXPECT_EQ(models::parameter_count(s), c.L * layer + 256000 * c.C + c.C);
+    // Written back as it was read.
+    const nlohmann::json back = io::hf_config_json(s, DType::BF16);
+    EXPECT_EQ(back.at("model_type"), "cohere");
+    EXPECT_EQ(back.at("architectures")[0], "CohereForCausalLM");
+    EXPECT_EQ(back.at("logit_scale"), 0.0625);
+    EXPECT_EQ(back.at("layer_norm_eps"), 1e-5);
+    EXPECT_FALSE(back.contains("rms_norm_eps"));
+    EXPECT_EQ(back.at("use_qk_norm"), false);
+  }
+  EXPECT_NEAR(double(32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * int64_t{14336} + 4096) +
+                     256000 * int64_t{4096} + 4096) /
+                  1e9,
+              8.03, 0.01);
+  const std::string dir = test::temp_dir("hf-cohere-bad");
+  nlohmann::json j = nlohmann::json::parse(
+      std::ifstream(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/aya_23_8b.json"));
+  j["use_qk_norm"] = true;  // Command-R+
+  std::ofstream(dir + "/config.json") << j.dump();
+  EXPECT_CONTAINS(test::error_of([&] { read_hf_config(dir); }),
+                  "use_qk_norm = true (Command-R+'s per-head query and key LayerNorms) is not "
+                  "supported by keel's cohere model");
+  j["use_qk_norm"] = false;
+  j["logit_scale"] = 0;
+  std::ofstream(dir + "/config.json") << j.dump();
+  EXPECT_CONTAINS(test::error_of([&] { read_hf_config(dir); }),
+                  "logit_scale = 0 must be a number > 0");
+}
+
 TEST(HfModel, MixturesOfExpertsReadTheirPublishedConfigs) {
   struct Case {
     const char* file;

@@ -127,16 +127,17 @@ TEST_P(KvCache, SameTokensWithAndWithoutTheCache) {
 // full one without RoPE. qwen3_moe: a dense layer beside a mixture of experts, whose routing of a
 // decode's one token and of the whole sequence must agree. cohere: its keys cached with their
 // channels reordered for the adjacent-pair RoPE, its attention and MLP side by side.
-INSTANTIATE_TEST_SUITE_P(
-    Backends, KvCache,
-    ::testing::Combine(::testing::Values("gpt2", "llama", "qwen3_d8", "mistral_w3", "phi3_w3",
-                                         "gemma2", "gemma3", "olmo3", "exaone4", "qwen3_moe",
-                                         "cohere"),
-                       ::testing::Values("eager", "math", "flash"), ::testing::Bool()),
-    [](const auto& info) {
-      return std::get<0>(info.param) + "_" + std::get<1>(info.param) +
-             (std::get<2>(info.param) ? "_bf16_mixed" : "_f32");
-    });
+INSTANTIATE_TEST_SUITE_P(Backends, KvCache,
+                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen3_d8",
+                                                              "mistral_w3", "phi3_w3", "gemma2",
+                                                              "gemma3", "olmo3", "exaone4",
+                                                              "qwen3_moe", "cohere"),
+                                            ::testing::Values("eager", "math", "flash"),
+                                            ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::get<1>(info.param) +
+                                  (std::get<2>(info.param) ? "_bf16_mixed" : "_f32");
+                         });
 
 // A session's cache across decodes (keel chat's turns): a second decode whose prompt extends the
 // first's tokens computes only the new ones (several at once after the cached ones), and chooses

@@ -41,7 +41,7 @@ namespace keel::test {
 inline const std::vector<std::string> kFixtureFamilies = {
     "gpt2",    "llama",   "qwen2", "qwen3",   "qwen3_d8",  "mistral_w3", "qwen2_w3", "phi3_w3",
     "phi3_lr", "phi3_sr", "phi4m", "gemma",   "gemma2",    "gemma3",     "smollm3",  "granite",
-    "olmo2",   "yarn",    "olmo3", "exaone4", "qwen3_moe", "olmoe",      "mixtral", "cohere"};
+    "olmo2",   "yarn",    "olmo3", "exaone4", "qwen3_moe", "olmoe",      "mixtral",  "cohere"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
