@@ -155,6 +155,7 @@ TEST(Bpe, TinyFixtureMatchesReferenceIds) {
   check(*load_hf_tokenizer(kTiny + "/qwen_style"), "qwen_style", false);
   check(*load_hf_tokenizer(kTiny + "/starcoder_style"), "starcoder_style", true);
   check(*load_hf_tokenizer(kTiny + "/digit_runs_style"), "digit_runs_style", true);
+  check(*load_hf_tokenizer(kTiny + "/cohere_style"), "cohere_style", false);  // (NFC's)
 }
 
 TEST(Bpe, DigitsPreTokenizerSplitsAtEveryNumericCharacter) {

@@ -94,8 +94,12 @@ const digitsPre = (individual) => ({ type: "Sequence", pretokenizers: [
   { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true }] });
 const starcoderStyle = { ...gpt2Style, pre_tokenizer: digitsPre(true) };
 const digitRunsStyle = { ...gpt2Style, pre_tokenizer: digitsPre(false) };
+// Cohere style (Command-R's, Aya's files): NFC, then Digits(individual_digits) and ByteLevel, a
+// BOS token added by its TemplateProcessing.
+const cohereStyle = { ...starcoderStyle, normalizer: { type: "NFC" },
+  post_processor: llamaStyle.post_processor };
 for (const [name, file] of [["qwen_style", qwenStyle], ["starcoder_style", starcoderStyle],
-  ["digit_runs_style", digitRunsStyle]]) {
+  ["digit_runs_style", digitRunsStyle], ["cohere_style", cohereStyle]]) {
   fs.mkdirSync(path.join(outDir, name), { recursive: true });
   fs.writeFileSync(path.join(outDir, name, "tokenizer.json"), JSON.stringify(file));
 }
@@ -121,6 +125,7 @@ const load = (json) => TokenizerLoader.fromPreTrained({
   tokenizerJSON: json, tokenizerConfig: { tokenizer_class: "PreTrainedTokenizerFast" } });
 const llamaTok = load(llamaStyle), gpt2Tok = load(gpt2Style), qwenTok = load(qwenStyle);
 const starcoderTok = load(starcoderStyle), digitRunsTok = load(digitRunsStyle);
+const cohereTok = load(cohereStyle);
 const enc = (t, list = strings) => list.map((s) => t.encode(s, { add_special_tokens: false }));
 // Decomposed and precomposed text: NFC composes "e" + U+0301 into U+00E9 (bytes c3 a9), reorders
 // marks (U+0328 before U+0301), maps U+212B to U+00C5, joins Hangul jamo; a mark right after an
@@ -146,6 +151,8 @@ const expected = {
   qwen_style: { strings: nfcStrings, ids: enc(qwenTok, nfcStrings) },
   starcoder_style: { strings: digitStrings, ids: enc(starcoderTok, digitStrings) },
   digit_runs_style: { strings: digitStrings, ids: enc(digitRunsTok, digitStrings) },
+  cohere_style: { strings: nfcStrings.concat(digitStrings.slice(strings.length)),
+    ids: enc(cohereTok, nfcStrings.concat(digitStrings.slice(strings.length))) },
 };
 // One line per case: strings, then their ids.
 const lines = Object.entries(expected).map(([name, c]) =>
