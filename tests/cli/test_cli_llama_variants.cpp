@@ -366,6 +366,20 @@ TEST(CliPhi3, InitModelWritesOneAndALoraOnItsFusedProjectionsIsPefts) {
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
+// A `layers`-layer `family` base in DIR/base from init-model (32 wide, 4 heads, 2 kv, init std
+// 0.1), whose config.json names `family` and HF class `arch`. Returns its config.json.
+json init_family(const std::string& family, const std::string& arch, const std::string& dir,
+                 const std::string& layers) {
+  const test::KeelRun init = test::run_keel(
+      {"init-model", "--family", family, "--out", dir + "/base", "--n-layer", layers, "--n-embd",
+       "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32", "--init-std", "0.1"});
+  EXPECT_EQ(init.code, 0) << init.output;
+  json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("model_type"), family);
+  EXPECT_EQ(cfg.at("architectures"), json::array({arch}));
+  return cfg;
+}
+
 // A SmolLM3 (SmolLM3ForCausalLM): init-model writes one whose every 4th layer has no RoPE, a LoRA
 // on it trains and its adapter applies to the base as the run's checkpoint computes, the NoPE
 // layers compute without rotation (a list with none scores otherwise; ModelParity's smollm3 checks
@@ -373,13 +387,7 @@ TEST(CliPhi3, InitModelWritesOneAndALoraOnItsFusedProjectionsIsPefts) {
 // naming the field.
 TEST(CliSmolLM3, InitModelWritesOneItsNoPeLayersComputeAndALoraTrains) {
   const std::string dir = test::temp_dir("cli-smollm3");
-  const test::KeelRun init = test::run_keel(
-      {"init-model", "--family", "smollm3", "--out", dir + "/base", "--n-layer", "4", "--n-embd",
-       "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32", "--init-std", "0.1"});
-  ASSERT_EQ(init.code, 0) << init.output;
-  const json cfg = read_json_file(dir + "/base/config.json");
-  EXPECT_EQ(cfg.at("model_type"), "smollm3");
-  EXPECT_EQ(cfg.at("architectures"), json::array({"SmolLM3ForCausalLM"}));
+  const json cfg = init_family("smollm3", "SmolLM3ForCausalLM", dir, "4");
   EXPECT_EQ(cfg.at("no_rope_layers"), json::array({1, 1, 1, 0}));
   EXPECT_EQ(cfg.at("no_rope_layer_interval"), 4);
   EXPECT_EQ(cfg.at("tie_word_embeddings"), true);
@@ -440,13 +448,7 @@ TEST(CliOlmo2, InitModelWritesOneAndALoraTrains) {
 // adjacent-pair RoPE).
 TEST(CliCohere, InitModelWritesOneALoraTrainsAndTheCacheDecodesAsTheWholeSequence) {
   const std::string dir = test::temp_dir("cli-cohere");
-  const test::KeelRun init = test::run_keel(
-      {"init-model", "--family", "cohere", "--out", dir + "/base", "--n-layer", "2", "--n-embd",
-       "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32", "--init-std", "0.1"});
-  ASSERT_EQ(init.code, 0) << init.output;
-  const json cfg = read_json_file(dir + "/base/config.json");
-  EXPECT_EQ(cfg.at("model_type"), "cohere");
-  EXPECT_EQ(cfg.at("architectures"), json::array({"CohereForCausalLM"}));
+  const json cfg = init_family("cohere", "CohereForCausalLM", dir, "2");
   EXPECT_EQ(cfg.at("logit_scale"), 0.0625);
   EXPECT_EQ(cfg.at("layer_norm_eps"), 1e-5);
   EXPECT_EQ(cfg.at("use_qk_norm"), false);
@@ -480,13 +482,7 @@ TEST(CliCohere, InitModelWritesOneALoraTrainsAndTheCacheDecodesAsTheWholeSequenc
 // its config's default window (4096) under HF architecture `arch`. Returns its config.json.
 json init_three_of_four_sliding(const std::string& family, const std::string& arch,
                                 const std::string& dir) {
-  const test::KeelRun init = test::run_keel(
-      {"init-model", "--family", family, "--out", dir + "/base", "--n-layer", "4", "--n-embd", "32",
-       "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32", "--init-std", "0.1"});
-  EXPECT_EQ(init.code, 0) << init.output;
-  json cfg = read_json_file(dir + "/base/config.json");
-  EXPECT_EQ(cfg.at("model_type"), family);
-  EXPECT_EQ(cfg.at("architectures"), json::array({arch}));
+  json cfg = init_family(family, arch, dir, "4");
   EXPECT_EQ(cfg.at("layer_types"), json::array({"sliding_attention", "sliding_attention",
                                                 "sliding_attention", "full_attention"}));
   EXPECT_EQ(cfg.at("sliding_window"), 4096);
