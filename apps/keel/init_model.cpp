@@ -129,7 +129,12 @@ int run_init_model(const InitModelArgs& a) {
     s.attention_multiplier = 1.0 / static_cast<double>(s.head_dim());
     s.logits_scaling = 8;
   }
-  if (a.family == "cohere") s.logit_scale = 0.0625;  // CohereConfig's (Command-R's)
+  if (a.family == "cohere" || a.family == "cohere2")  // CohereConfig's (Command-R's)
+    s.logit_scale = 0.0625;
+  if (a.family == "cohere2") {  // Cohere2Config's: 3 of 4 layers sliding over 4096 positions
+    s.sliding_window = 4096;
+    s.sliding_period = 4;
+  }
   s.rope_theta = a.rope_theta;
   s.norm_eps = a.norm_eps;
   s.init_std = a.init_std;
@@ -235,10 +240,10 @@ Command add_init_model(CLI::App& app) {
          "MLP a mixture of experts, weights renormalized) | olmoe (OLMo-2's q/k norms, Llama's "
          "norms, experts, weights not renormalized) | mixtral (Mistral's layers with experts) | "
          "cohere (attention and MLP side by side, LayerNorms, RoPE on adjacent pairs, logits "
-         "times 0.0625)")
+         "times 0.0625) | cohere2 (Cohere's layers, 3 of 4 sliding, the 4th without RoPE)")
       ->check(CLI::IsMember({"gpt2", "llama", "gemma", "gemma2", "gemma3", "granite", "olmo2",
                              "olmo3", "exaone4", "phi3", "qwen2", "qwen3", "smollm3", "qwen3_moe",
-                             "olmoe", "mixtral", "cohere"}))
+                             "olmoe", "mixtral", "cohere", "cohere2"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

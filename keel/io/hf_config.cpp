@@ -205,6 +205,7 @@ constexpr HfArchitecture kArchitectures[] = {
     {"qwen3_moe", "Qwen3MoeForCausalLM", nullptr, "llama"},  // Qwen3's with 128 experts, 8 a token
     {"smollm3", "SmolLM3ForCausalLM", nullptr, "llama"},     // and NoPE layers
     {"cohere", "CohereForCausalLM", nullptr, "llama"},       // parallel blocks, LayerNorms
+    {"cohere2", "Cohere2ForCausalLM", nullptr, "llama"},     // and 3 of 4 sliding, NoPE full
 };
 
 const HfArchitecture& architecture_of(const json& j, const std::string& file) {
@@ -475,7 +476,8 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
       write_layer_types();
     }
-    if (variant == "exaone4") {  // its window, and which layers slide (as Exaone4Config reads)
+    // Its window, and which layers slide (as Exaone4Config and Cohere2Config read them).
+    if (variant == "exaone4" || variant == "cohere2") {
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
       j["sliding_window_pattern"] =
           s.sliding_window > 0 && s.sliding_period > 0 ? json(s.sliding_period) : json();
@@ -516,7 +518,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     j[s.cohere() ? "layer_norm_eps" : "rms_norm_eps"] = s.norm_eps;
     if (s.cohere()) {
       j["logit_scale"] = s.logit_scale;
-      j["use_qk_norm"] = false;
+      if (variant == "cohere") j["use_qk_norm"] = false;  // (Cohere2Config has none)
     }
     j["rope_theta"] = s.rope_theta;
     j["rope_scaling"] = rope_scaling_json(s.rope_scaling);
@@ -800,8 +802,8 @@ HfConfig read_hf_config(const std::string& dir) {
           "\"full_attention\", repeated, one entry a layer";
       listed_sliding_period(layout);
     }
-    if (variant == "exaone4") {
-      // EXAONE-4: the layers layer_types names "sliding_attention" slide over the last
+    if (variant == "exaone4" || variant == "cohere2") {
+      // EXAONE-4 (and Cohere2): the layers layer_types names "sliding_attention" slide over the last
       // sliding_window positions (Exaone4Config's 4096; null: none, every layer full and
       // rotating), the others see every key without RoPE (ModelSpec::layer_rotates). Without
       // layer_types every sliding_window_pattern-th layer is full: a number (4), or "L"s then a
@@ -810,8 +812,9 @@ HfConfig read_hf_config(const std::string& dir) {
       s.sliding_window = window && window->is_null() ? 0 : c.integer({"sliding_window"}, 4096);
       if (s.sliding_window > 0) {
         const std::string layout =
-            "keel's exaone4 slides all layers but every Nth: \"sliding_attention\" N - 1 times, "
-            "then \"full_attention\", repeated, one entry a layer";
+            "keel's " + variant +
+            " slides all layers but every Nth: \"sliding_attention\" N - 1 times, then "
+            "\"full_attention\", repeated, one entry a layer";
         s.sliding_period = 4;
         const json* pattern = c.find({"sliding_window_pattern"});
         if (pattern && !c.find({"layer_types"})) {  // (layer_types, when given, is what HF reads)
@@ -828,6 +831,9 @@ HfConfig read_hf_config(const std::string& dir) {
         }
         listed_sliding_period(layout);
       }
+      // HF's Cohere2 rotates only the layers that slide: without a window none would rotate.
+      if (variant == "cohere2" && s.sliding_window == 0)
+        throw unsupported("sliding_window = null (HF's Cohere2 then turns no layer by RoPE)");
     }
     if (models::ModelSpec::is_moe_type(variant)) {
       // A mixture of experts (ModelSpec::moe): Qwen3-MoE's and OLMoE's num_experts,

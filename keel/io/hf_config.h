@@ -44,6 +44,9 @@
 //     its layers' attention and MLP side by side on one LayerNorm without bias, RoPE on adjacent
 //     channel pairs, the tied head's logits times logit_scale (ModelSpec::cohere()); use_qk_norm
 //     (Command-R+) refused; written back as Cohere.
+//   Cohere2ForCausalLM (model_type "cohere2"): Cohere's, and EXAONE-4's sliding layers (three of
+//     four, rotating) and full ones without RoPE; a null sliding_window refused; written back as
+//     Cohere2.
 // Every problem is an Error naming the file and the field: a missing or mistyped field, sizes that
 // disagree with each other or with the weights' headers, an unsupported architecture variant
 // (e.g. attention biases).

@@ -103,7 +103,9 @@ struct ModelSpec {
   // An EXAONE-4 with a window rotates its sliding layers only: its full ones see positions only
   // through the causal mask (HF's "global NoPE"); without a window every layer rotates.
   bool layer_rotates(int64_t layer) const {
-    if (hf_model_type == "exaone4" && sliding_window > 0 && layer_window(layer) == 0) return false;
+    if ((hf_model_type == "exaone4" || hf_model_type == "cohere2") && sliding_window > 0 &&
+        layer_window(layer) == 0)
+      return false;
     return nope_period <= 0 || (layer + 1) % nope_period != 0;
   }
   // Granite's multipliers (GraniteForCausalLM): the embedding's output times
@@ -117,9 +119,11 @@ struct ModelSpec {
   // CohereDecoderLayer: no post_attention_layernorm), LayerNorms without bias (HF's
   // CohereLayerNorm: centered_norms), RoPE on adjacent channel pairs (interleaved_rope), the head
   // tied to the embedding and the logits times logit_scale (0.0625 for Command-R; 1 for every
-  // other model).
+  // other model). A Cohere2 (Cohere2ForCausalLM: Command-R7B): Cohere's layers, all but every
+  // fourth sliding (sliding_period 4, or as layer_types lists them) and only those rotating: the
+  // full ones take no RoPE (layer_rotates, as EXAONE-4's).
   double logit_scale = 1;
-  bool cohere() const { return hf_model_type == "cohere"; }
+  bool cohere() const { return hf_model_type == "cohere" || hf_model_type == "cohere2"; }
   bool parallel_block() const { return cohere(); }
   bool centered_norms() const { return cohere(); }
   bool interleaved_rope() const { return cohere(); }
@@ -141,7 +145,7 @@ struct ModelSpec {
 
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
   // "granite", "mistral", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4", "phi3", "qwen2",
-  // "qwen3", "qwen3_moe", "smollm3" or "cohere".
+  // "qwen3", "qwen3_moe", "smollm3", "cohere" or "cohere2".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).

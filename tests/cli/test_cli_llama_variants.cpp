@@ -502,6 +502,21 @@ void expect_full_layer_first_refused(const std::string& dir, json cfg, const std
                             family + " slides all layers but every Nth");
 }
 
+// Cohere2 (Command-R7B): init-model writes three sliding layers and a full one, a LoRA trains and
+// its PEFT adapter applies; a full layer first is refused naming layer_types.
+TEST(CliCohere, Cohere2WritesItsSlidingLayersAndALoraTrains) {
+  const std::string dir = test::temp_dir("cli-cohere2");
+  const json cfg = init_three_of_four_sliding("cohere2", "Cohere2ForCausalLM", dir);
+  EXPECT_EQ(cfg.at("sliding_window_pattern"), 4);
+  EXPECT_EQ(cfg.at("logit_scale"), 0.0625);
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2"}).at("model_type"),
+            "cohere2");
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+  expect_full_layer_first_refused(dir, cfg, "cohere2");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+}
+
 // EXAONE-4 (Exaone4ForCausalLM): OLMo-2's norms after each sublayer with a q/k norm per head;
 // three of every four layers slide, and where the model slides its full layers take no RoPE (HF's
 // global NoPE).

@@ -1382,6 +1382,35 @@ TEST(HfModel, CohereReadsItsPublishedConfigs) {
                      256000 * int64_t{4096} + 4096) /
                   1e9,
               8.03, 0.01);
+  // Command-R7B (Cohere2ForCausalLM): three of four layers sliding over 4096 positions and
+  // rotating, the fourth full without RoPE; logit_scale 0.25; 8.03B parameters.
+  {
+    const std::string dir = test::temp_dir("hf-cohere2");
+    fs::copy_file(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/command_r7b.json",
+                  dir + "/config.json", fs::copy_options::overwrite_existing);
+    const models::ModelSpec s = read_hf_config(dir).spec;
+    EXPECT_EQ(s.architecture(), "cohere2");
+    EXPECT_TRUE(s.parallel_block() && s.centered_norms() && s.interleaved_rope());
+    EXPECT_EQ(s.logit_scale, 0.25);
+    EXPECT_EQ(s.rope_theta, 50000.0);
+    for (int64_t l = 0; l < 8; ++l) {
+      EXPECT_EQ(s.layer_window(l), l % 4 == 3 ? 0 : 4096) << l;
+      EXPECT_EQ(s.layer_rotates(l), l % 4 != 3) << l;
+    }
+    const int64_t layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * int64_t{14336} + 4096;
+    EXPECT_EQ(models::parameter_count(s), 32 * layer + 256000 * int64_t{4096} + 4096);
+    const nlohmann::json back = io::hf_config_json(s, DType::BF16);
+    EXPECT_EQ(back.at("architectures")[0], "Cohere2ForCausalLM");
+    EXPECT_EQ(back.at("sliding_window_pattern"), 4);
+    EXPECT_EQ(back.at("layer_types")[3], "full_attention");
+    EXPECT_FALSE(back.contains("use_qk_norm"));
+    // Without a window HF's Cohere2 would turn no layer: refused naming the field.
+    nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/config.json"));
+    j["sliding_window"] = nullptr;
+    std::ofstream(dir + "/config.json") << j.dump();
+    EXPECT_CONTAINS(test::error_of([&] { read_hf_config(dir); }),
+                    "sliding_window = null (HF's Cohere2 then turns no layer by RoPE)");
+  }
   const std::string dir = test::temp_dir("hf-cohere-bad");
   nlohmann::json j = nlohmann::json::parse(
       std::ifstream(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/aya_23_8b.json"));

@@ -87,6 +87,7 @@ uint64_t decode_seed(const std::string& family) {
   if (family == "gemma3") return 11;
   if (family == "olmo3") return 5;
   if (family == "qwen3_moe") return 8;
+  if (family == "cohere2") return 8;
   return 7;
 }
 
@@ -131,7 +132,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, KvCache,
                          ::testing::Combine(::testing::Values("gpt2", "llama", "qwen3_d8",
                                                               "mistral_w3", "phi3_w3", "gemma2",
                                                               "gemma3", "olmo3", "exaone4",
-                                                              "qwen3_moe", "cohere"),
+                                                              "qwen3_moe", "cohere", "cohere2"),
                                             ::testing::Values("eager", "math", "flash"),
                                             ::testing::Bool()),
                          [](const auto& info) {

@@ -39,9 +39,10 @@ namespace keel::test {
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
-    "gpt2",    "llama",   "qwen2", "qwen3",   "qwen3_d8",  "mistral_w3", "qwen2_w3", "phi3_w3",
-    "phi3_lr", "phi3_sr", "phi4m", "gemma",   "gemma2",    "gemma3",     "smollm3",  "granite",
-    "olmo2",   "yarn",    "olmo3", "exaone4", "qwen3_moe", "olmoe",      "mixtral",  "cohere"};
+    "gpt2",    "llama",   "qwen2",   "qwen3",  "qwen3_d8", "mistral_w3", "qwen2_w3",
+    "phi3_w3", "phi3_lr", "phi3_sr", "phi4m",  "gemma",    "gemma2",     "gemma3",
+    "smollm3", "granite", "olmo2",   "yarn",   "olmo3",    "exaone4",    "qwen3_moe",
+    "olmoe",   "mixtral", "cohere",  "cohere2"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
@@ -55,7 +56,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool gemma = family == "gemma" || family == "gemma2" || family == "gemma3";
   const bool smollm3 = family == "smollm3", granite = family == "granite",
              olmo2 = family == "olmo2", olmo3 = family == "olmo3", exaone4 = family == "exaone4",
-             cohere = family == "cohere";
+             cohere = family == "cohere" || family == "cohere2";
   const bool moe = models::ModelSpec::is_moe_type(family);
   s.family = family != "gpt2" ? "llama" : family;
   s.hf_model_type = qwen      ? family.substr(0, 5)
@@ -67,7 +68,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
                     : olmo2   ? "olmo2"
                     : olmo3   ? "olmo3"
                     : exaone4 ? "exaone4"
-                    : cohere  ? "cohere"
+                    : cohere  ? family
                     : moe     ? family
                               : "";
   if (moe) {
@@ -129,7 +130,8 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.final_softcap = 3;
   }
   if (family == "gemma3") s.rope_local_theta = 100;  // layer 0's RoPE base, layer 1's 1e4
-  if (olmo3 || exaone4) {  // layer 0 slides (OLMo-3's unscaled); layer 1 full (EXAONE-4's NoPE)
+  // layer 0 slides (OLMo-3's unscaled); layer 1 full (EXAONE-4's and Cohere2's NoPE)
+  if (olmo3 || exaone4 || family == "cohere2") {
     s.sliding_window = 3;
     s.sliding_period = 2;
   }
