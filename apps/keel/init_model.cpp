@@ -23,6 +23,7 @@ struct InitModelArgs {
   int64_t n_layer = 2, n_embd = 64, n_head = 4, n_kv_head = 0, head_dim = 0, intermediate_size = 0;
   int64_t vocab_size = 259, max_seq_len = 128, shard_bytes = 0;
   int64_t num_experts = 4, experts_per_token = 2, expert_size = 0;  // qwen3_moe, olmoe, mixtral
+  int64_t shared_expert_size = 0;                                   // qwen2_moe
   bool untied = false;
   double rope_theta = 10000.0, norm_eps = 1e-5, init_std = 0.02;
   uint64_t seed = 0;
@@ -86,6 +87,12 @@ int run_init_model(const InitModelArgs& a) {
     s.sliding_window = 4096;
     s.sliding_period = 4;
   }
+  if (a.shared_expert_size != 0 && a.family != "qwen2_moe")
+    throw Error(
+        "init-model --shared-expert-size is Qwen2-MoE's shared expert (--family "
+        "qwen2_moe); drop it for " +
+            a.family,
+        Error::kUsage);
   if (models::ModelSpec::is_moe_type(a.family)) {  // every layer sparse
     if (a.experts_per_token > a.num_experts)
       throw Error("init-model --experts-per-token " + std::to_string(a.experts_per_token) +
@@ -94,12 +101,13 @@ int run_init_model(const InitModelArgs& a) {
                   Error::kUsage);
     s.moe.experts = a.num_experts;
     s.moe.per_token = a.experts_per_token;
-    s.moe.normalize = a.family != "olmoe";  // Qwen3-MoE's published files, Mixtral's always
+    // Qwen3-MoE's published files, Mixtral's always; OLMoE's and Qwen1.5-MoE's not
+    s.moe.normalize = a.family != "olmoe" && a.family != "qwen2_moe";
   } else if (a.num_experts != InitModelArgs{}.num_experts ||
              a.experts_per_token != InitModelArgs{}.experts_per_token || a.expert_size != 0) {
     throw Error(
         "init-model: --num-experts, --experts-per-token and --expert-size are for the "
-        "mixtures of experts (--family qwen3_moe, olmoe or mixtral); drop them for " +
+        "mixtures of experts (--family qwen3_moe, qwen2_moe, olmoe or mixtral); drop them for " +
             a.family,
         Error::kUsage);
   }
@@ -116,7 +124,12 @@ int run_init_model(const InitModelArgs& a) {
   s.intermediate_size = a.intermediate_size;
   if (s.moe.experts > 0) {  // an expert's width: --expert-size, else the dense MLP's
     s.moe.ffn = a.expert_size > 0 ? a.expert_size : s.ffn_dim();
-    if (a.family != "qwen3_moe") s.intermediate_size = s.moe.ffn;  // (their one width)
+    if (a.family != "qwen3_moe" && a.family != "qwen2_moe")
+      s.intermediate_size = s.moe.ffn;  // (their one width)
+    // Qwen2-MoE's shared expert: --shared-expert-size, else 4 experts wide (Qwen1.5-MoE's 5632
+    // beside its 1408).
+    if (a.family == "qwen2_moe")
+      s.moe.shared_ffn = a.shared_expert_size > 0 ? a.shared_expert_size : 4 * s.moe.ffn;
   }
   s.vocab_size = a.vocab_size;
   s.max_seq_len = a.max_seq_len;
@@ -240,10 +253,11 @@ Command add_init_model(CLI::App& app) {
          "MLP a mixture of experts, weights renormalized) | olmoe (OLMo-2's q/k norms, Llama's "
          "norms, experts, weights not renormalized) | mixtral (Mistral's layers with experts) | "
          "cohere (attention and MLP side by side, LayerNorms, RoPE on adjacent pairs, logits "
-         "times 0.0625) | cohere2 (Cohere's layers, 3 of 4 sliding, the 4th without RoPE)")
+         "times 0.0625) | cohere2 (Cohere's layers, 3 of 4 sliding, the 4th without RoPE) | "
+         "qwen2_moe (Qwen2's layers, each MLP experts and a gated shared expert)")
       ->check(CLI::IsMember({"gpt2", "llama", "gemma", "gemma2", "gemma3", "granite", "olmo2",
                              "olmo3", "exaone4", "phi3", "qwen2", "qwen3", "smollm3", "qwen3_moe",
-                             "olmoe", "mixtral", "cohere", "cohere2"}))
+                             "qwen2_moe", "olmoe", "mixtral", "cohere", "cohere2"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,
@@ -276,6 +290,10 @@ Command add_init_model(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--expert-size", a->expert_size,
                   "qwen3_moe, olmoe, mixtral: an expert's MLP width (0: --intermediate-size's)")
+      ->check(config_check("model.intermediate_size", true))
+      ->capture_default_str();
+  sub->add_option("--shared-expert-size", a->shared_expert_size,
+                  "qwen2_moe: its shared expert's MLP width (0: 4 x --expert-size)")
       ->check(config_check("model.intermediate_size", true))
       ->capture_default_str();
   sub->add_flag("--untied", a->untied, "llama: a separate lm_head (default: tied to embed_tokens)");

@@ -52,6 +52,14 @@ struct MoeKernels {
   void (*combine_backward)(const void* g, DType g_dt, const void* const* ys, const DType* y_dts,
                            void* const* dys, const MoeExpertRows* experts, int64_t n_experts,
                            const float* weights, float* dweights, int64_t k, int64_t d);
+  // A shared expert's gated output (Qwen2-MoE's): out [n, d] = sigmoid(logit[t]) * x[t, :], the
+  // sigmoid rounded to dt, then the product (logit [n], x, out in dt), as HF's
+  // F.sigmoid(shared_expert_gate(x)) * shared_expert(x) rounds them.
+  void (*gate_rows)(void* out, const void* x, const void* logit, DType dt, int64_t n, int64_t d);
+  // Its backward from g [n, d]: dx = g * s (rounded to dt), dlogit[t] = <g[t], x[t]> * s (1 - s)
+  // (f32 sums, rounded to dt); either may be null when not wanted.
+  void (*gate_rows_backward)(void* dx, void* dlogit, const void* g, const void* x,
+                             const void* logit, DType dt, int64_t n, int64_t d);
 };
 
 // The kernels of `dev`; a GPU's is an Error naming the fix (the model's MoE layers run on the CPU).

@@ -203,6 +203,7 @@ constexpr HfArchitecture kArchitectures[] = {
     {"qwen2", "Qwen2ForCausalLM", nullptr, "llama"},         // and q/k/v biases
     {"qwen3", "Qwen3ForCausalLM", nullptr, "llama"},         // and q/k norms
     {"qwen3_moe", "Qwen3MoeForCausalLM", nullptr, "llama"},  // Qwen3's with 128 experts, 8 a token
+    {"qwen2_moe", "Qwen2MoeForCausalLM", nullptr, "llama"},  // Qwen2's, 60 experts and a shared one
     {"smollm3", "SmolLM3ForCausalLM", nullptr, "llama"},     // and NoPE layers
     {"cohere", "CohereForCausalLM", nullptr, "llama"},       // parallel blocks, LayerNorms
     {"cohere2", "Cohere2ForCausalLM", nullptr, "llama"},     // and 3 of 4 sliding, NoPE full
@@ -444,11 +445,12 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
       j[variant == "mixtral" ? "num_local_experts" : "num_experts"] = s.moe.experts;
       j["num_experts_per_tok"] = s.moe.per_token;
       if (variant != "mixtral") j["norm_topk_prob"] = s.moe.normalize;
-      if (variant == "qwen3_moe") {
+      if (variant == "qwen3_moe" || variant == "qwen2_moe") {
         j["moe_intermediate_size"] = s.moe.ffn;
         j["decoder_sparse_step"] = s.moe.sparse_step;
         j["mlp_only_layers"] = s.moe.dense_layers;
       }
+      if (variant == "qwen2_moe") j["shared_expert_intermediate_size"] = s.moe.shared_ffn;
       // The load-balancing loss this model trained with (HF's training adds it as keel's did).
       j["output_router_logits"] = s.moe.aux_coef > 0;
       if (s.moe.aux_coef > 0) j["router_aux_loss_coef"] = s.moe.aux_coef;
@@ -497,7 +499,8 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
       j["use_sliding_window"] = false;
       j["sliding_window"] = nullptr;
     }
-    if (variant == "qwen2" || variant == "qwen3" || variant == "qwen3_moe") {
+    if (variant == "qwen2" || variant == "qwen3" || variant == "qwen3_moe" ||
+        variant == "qwen2_moe") {
       j["use_sliding_window"] = s.sliding_window > 0;
       if (s.sliding_window > 0) {
         j["sliding_window"] = s.sliding_window;
@@ -512,7 +515,9 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     j["head_dim"] = s.head_dim();
     // (OLMoE's and Mixtral's is their experts' width; Qwen3-MoE's its dense layers')
     j["intermediate_size"] =
-        s.moe.experts > 0 && s.hf_model_type != "qwen3_moe" ? s.moe.ffn : s.ffn_dim();
+        s.moe.experts > 0 && s.hf_model_type != "qwen3_moe" && s.hf_model_type != "qwen2_moe"
+            ? s.moe.ffn
+            : s.ffn_dim();
     j["vocab_size"] = s.vocab_size;
     j["max_position_embeddings"] = s.max_seq_len;
     j[s.cohere() ? "layer_norm_eps" : "rms_norm_eps"] = s.norm_eps;
@@ -542,7 +547,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     }
     j["tie_word_embeddings"] = s.tie_embeddings;
     // (Qwen2's q/k/v biases are its architecture's, and Phi3Config has neither key.)
-    if (variant != "qwen2" && variant != "phi3") {
+    if (variant != "qwen2" && variant != "qwen2_moe" && variant != "phi3") {
       j["attention_bias"] = false;
       j["mlp_bias"] = false;
     }
@@ -697,7 +702,8 @@ HfConfig read_hf_config(const std::string& dir) {
       expect_layout(*slides, layout);
       return true;
     };
-    if ((variant == "qwen2" || variant == "qwen3" || variant == "qwen3_moe") &&
+    if ((variant == "qwen2" || variant == "qwen3" || variant == "qwen3_moe" ||
+         variant == "qwen2_moe") &&
         c.boolean("use_sliding_window", false)) {
       // Qwen2's (and Qwen3's) sliding window is off unless use_sliding_window says so, then for
       // the layers from max_window_layers on (HF's Qwen2Config: its default 28), or those
@@ -803,8 +809,8 @@ HfConfig read_hf_config(const std::string& dir) {
       listed_sliding_period(layout);
     }
     if (variant == "exaone4" || variant == "cohere2") {
-      // EXAONE-4 (and Cohere2): the layers layer_types names "sliding_attention" slide over the last
-      // sliding_window positions (Exaone4Config's 4096; null: none, every layer full and
+      // EXAONE-4 (and Cohere2): the layers layer_types names "sliding_attention" slide over the
+      // last sliding_window positions (Exaone4Config's 4096; null: none, every layer full and
       // rotating), the others see every key without RoPE (ModelSpec::layer_rotates). Without
       // layer_types every sliding_window_pattern-th layer is full: a number (4), or "L"s then a
       // "G" ("LLLG", the 32B's).
@@ -841,11 +847,16 @@ HfConfig read_hf_config(const std::string& dir) {
       // absent). An expert's width: Qwen3-MoE's moe_intermediate_size (intermediate_size is its
       // dense layers'), OLMoE's and Mixtral's intermediate_size. Renormalized weights: Qwen3-MoE
       // and OLMoE as norm_topk_prob says, Mixtral always.
-      const bool qwen = variant == "qwen3_moe", mixtral = variant == "mixtral";
+      // Qwen2-MoE (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): Qwen3-MoE's fields (Qwen2MoeConfig's
+      // defaults: 60 experts 1408 wide, 4 a token) and a shared expert
+      // shared_expert_intermediate_size wide (5632).
+      const bool qwen2 = variant == "qwen2_moe";
+      const bool qwen = variant == "qwen3_moe" || qwen2, mixtral = variant == "mixtral";
       const char* count = mixtral ? "num_local_experts" : "num_experts";
-      s.moe.experts = c.integer({count}, qwen ? 128 : mixtral ? 8 : 64);
-      s.moe.per_token = c.integer({"num_experts_per_tok"}, mixtral ? 2 : 8);
-      s.moe.ffn = qwen ? c.integer({"moe_intermediate_size"}, 768) : s.intermediate_size;
+      s.moe.experts = c.integer({count}, qwen2 ? 60 : qwen ? 128 : mixtral ? 8 : 64);
+      s.moe.per_token = c.integer({"num_experts_per_tok"}, mixtral ? 2 : qwen2 ? 4 : 8);
+      s.moe.ffn =
+          qwen ? c.integer({"moe_intermediate_size"}, qwen2 ? 1408 : 768) : s.intermediate_size;
       s.moe.normalize = mixtral || c.boolean("norm_topk_prob", false);
       auto out_of = [&](const std::string& field, int64_t v, const std::string& range) {
         return Error(file + ": " + field + " = " + std::to_string(v) + " must be " + range,
@@ -860,6 +871,11 @@ HfConfig read_hf_config(const std::string& dir) {
             std::string("from 1 to ") + count + " (" + std::to_string(s.moe.experts) + ")");
       if (s.moe.ffn < 1)
         throw out_of(qwen ? "moe_intermediate_size" : "intermediate_size", s.moe.ffn, ">= 1");
+      if (qwen2) {
+        s.moe.shared_ffn = c.integer({"shared_expert_intermediate_size"}, 5632);
+        if (s.moe.shared_ffn < 1)
+          throw out_of("shared_expert_intermediate_size", s.moe.shared_ffn, ">= 1");
+      }
       if (qwen) {  // every decoder_sparse_step-th layer sparse, but mlp_only_layers
         s.moe.sparse_step = c.integer({"decoder_sparse_step"}, 1);
         if (s.moe.sparse_step < 1) throw out_of("decoder_sparse_step", s.moe.sparse_step, ">= 1");
@@ -898,7 +914,7 @@ HfConfig read_hf_config(const std::string& dir) {
       throw unsupported(std::string(c.find({"num_experts"}) ? "num_experts" : "num_local_experts") +
                         " = " + experts->dump() +
                         " (experts in a model_type keel reads as dense; keel's mixtures of "
-                        "experts are qwen3_moe, olmoe and mixtral)");
+                        "experts are qwen3_moe, qwen2_moe, olmoe and mixtral)");
     }
     if (variant == "granite") {
       // Granite (GraniteConfig's defaults: 1 each; its files give all four).

@@ -268,7 +268,8 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
   int64_t sparse = 0;
   while (sparse < s.n_layer && !s.moe_layer(sparse)) ++sparse;
   if (s.moe.experts > 0 && sparse < s.n_layer) {
-    const bool mixtral = s.mixtral_names(), qwen = s.hf_model_type == "qwen3_moe";
+    const bool mixtral = s.mixtral_names(),
+               qwen = s.hf_model_type == "qwen3_moe" || s.hf_model_type == "qwen2_moe";
     const std::string moe =
         "model.layers." + std::to_string(sparse) + (mixtral ? ".block_sparse_moe" : ".mlp");
     const std::string router = moe + ".gate.weight",
@@ -280,6 +281,11 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
     if (const Shape* u = shape_of({up.c_str()}); u && u->size() == 2 && (*u)[0] != s.moe.ffn)
       throw disagree(qwen ? "moe_intermediate_size" : "intermediate_size", s.moe.ffn,
                      "experts " + std::to_string((*u)[0]) + " wide");
+    const std::string shared = moe + ".shared_expert.up_proj.weight";
+    if (const Shape* u = shape_of({shared.c_str()});
+        u && u->size() == 2 && (*u)[0] != s.moe.shared_ffn)
+      throw disagree("shared_expert_intermediate_size", s.moe.shared_ffn,
+                     "a shared expert " + std::to_string((*u)[0]) + " wide");
   }
 }
 

@@ -31,6 +31,9 @@ struct MoeSpec {
   // The load-balancing loss's weight in training (HF's router_aux_loss_coef where
   // output_router_logits is set; keel's model.router_aux_loss_coef): 0 adds none.
   double aux_coef = 0;
+  // Qwen2-MoE's shared expert: an MLP this wide that every token goes through, its output times
+  // sigmoid(shared_expert_gate(x)) added to the routed experts'; 0: none.
+  int64_t shared_ffn = 0;
 };
 
 struct ModelSpec {
@@ -136,7 +139,8 @@ struct ModelSpec {
                moe.dense_layers.end();
   }
   static bool is_moe_type(const std::string& model_type) {
-    return model_type == "qwen3_moe" || model_type == "olmoe" || model_type == "mixtral";
+    return model_type == "qwen3_moe" || model_type == "olmoe" || model_type == "mixtral" ||
+           model_type == "qwen2_moe";
   }
   static constexpr int64_t kMaxExperts = 1024;  // (published models: 8 to 256)
   // Mixtral's names: block_sparse_moe for the layer's MoE, w1, w3 and w2 for an expert's gate,
@@ -145,11 +149,11 @@ struct ModelSpec {
 
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
   // "granite", "mistral", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4", "phi3", "qwen2",
-  // "qwen3", "qwen3_moe", "smollm3", "cohere" or "cohere2".
+  // "qwen3", "qwen3_moe", "qwen2_moe", "smollm3", "cohere" or "cohere2".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).
-  bool qkv_bias() const { return hf_model_type == "qwen2"; }
+  bool qkv_bias() const { return hf_model_type == "qwen2" || hf_model_type == "qwen2_moe"; }
   // An HF Qwen3 (Qwen3ForCausalLM): Llama's layers with an RMSNorm over each head's query and key
   // (q_norm, k_norm: weights [head_dim]) before RoPE.
   bool qk_norm() const {

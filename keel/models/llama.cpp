@@ -164,6 +164,12 @@ LlamaSparseMoe::LlamaSparseMoe(const ModelSpec& s)
   for (int64_t e = 0; e < s.moe.experts; ++e)
     experts.push_back(register_module("experts." + std::to_string(e),
                                       std::make_unique<LlamaMLP>(s, s.moe.ffn, true)));
+  if (s.moe.shared_ffn > 0) {
+    shared_expert =
+        register_module("shared_expert", std::make_unique<LlamaMLP>(s, s.moe.shared_ffn));
+    shared_expert_gate = register_module(
+        "shared_expert_gate", std::make_unique<nn::Linear>(s.n_embd, 1, false, s.param_dtype));
+  }
 }
 
 Tensor LlamaSparseMoe::forward(const Tensor& x) {
@@ -183,7 +189,15 @@ Tensor LlamaSparseMoe::forward(const Tensor& x) {
         outputs[e] = experts[e]->forward(
             ops::gather_rows(flat, rows, ops::moe_padded_rows(std::ssize(rows))));
     }
-    return ops::reshape(ops::moe_combine(outputs, r, x.dtype()), shape);
+    Tensor out = ops::moe_combine(outputs, r, x.dtype());
+    if (shared_expert) {
+      // HF's Qwen2MoeSparseMoeBlock: routed + sigmoid(shared_expert_gate(x)) * shared_expert(x),
+      // the gated product in the experts' compute dtype, added to the routed sum's.
+      auto [shared, logit] =
+          amp::promote(shared_expert->forward(flat), shared_expert_gate->forward(flat));
+      out = nn::residual_add(out, ops::gate_rows(shared, logit));
+    }
+    return ops::reshape(out, shape);
   });
 }
 

@@ -53,6 +53,10 @@ class LlamaSparseMoe : public nn::Module {
   Tensor forward(const Tensor& x);  // [..., C]
   nn::Linear* gate;                 // the router: [moe.experts, C]
   std::vector<LlamaMLP*> experts;
+  // Qwen2-MoE's (MoeSpec::shared_ffn): every token's MLP, gated by sigmoid(shared_expert_gate(x));
+  // null for the others.
+  LlamaMLP* shared_expert = nullptr;
+  nn::Linear* shared_expert_gate = nullptr;  // [1, C]
   int64_t top_k;
   bool normalize;  // norm_topk_prob
   // The tokens routed to each expert by the forwards since the last reset_routed() (a

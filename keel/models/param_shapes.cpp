@@ -77,6 +77,12 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
         linear(p, x + (w123 ? ".w3" : ".up_proj"), C, s.moe.ffn, false);
         linear(p, x + (w123 ? ".w2" : ".down_proj"), s.moe.ffn, C, false);
       }
+      if (s.moe.shared_ffn > 0) {  // Qwen2-MoE's shared expert and its gate
+        linear(p, moe + ".shared_expert.gate_proj", C, s.moe.shared_ffn, false);
+        linear(p, moe + ".shared_expert.up_proj", C, s.moe.shared_ffn, false);
+        linear(p, moe + ".shared_expert.down_proj", s.moe.shared_ffn, C, false);
+        linear(p, moe + ".shared_expert_gate", C, 1, false);
+      }
     } else if (s.fused_projections()) {
       linear(p, h + ".mlp.gate_up_proj", C, 2 * F, false);
       linear(p, h + ".mlp.down_proj", F, C, false);

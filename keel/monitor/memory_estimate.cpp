@@ -396,6 +396,16 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
             "experts' rows (B*T*k of [C]) and outputs, " + cd + ", routing [B*T,E] f32";
         add("mixture of experts", 2, c * BT * topk * C, mo, true);
         add("mixture of experts", 1, 4 * BT * (sp.moe.experts + topk), mo, true);
+        // Qwen2-MoE's shared expert on every token: its gate and up outputs and down_proj's
+        // input [B,T,Fs], and the output its sigmoid gate multiplies.
+        if (const int64_t Fs = sp.moe.shared_ffn; Fs > 0) {
+          const std::string sh =
+              "shared expert: gate, up outputs and down input [B,T,Fs], its "
+              "output [B,T,C], " +
+              cd;
+          add("mixture of experts", 3, c * BT * Fs, sh, true);
+          add("mixture of experts", 1, c * BT * C, sh, true);
+        }
       }
       // Gemma's GeGLU is gelu(gate) * up: the product keeps the gelu's output too.
       if (sp.gemma()) add("geglu", 1, c * BT * F, "gelu(gate) [B,T,F] " + cd, true);

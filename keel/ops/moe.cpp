@@ -282,4 +282,37 @@ Tensor moe_combine(const std::vector<Tensor>& expert_outputs, const MoeRouting& 
   return out;
 }
 
+// The gated rows' backward: x's gradient and the gate logit's (backend/moe.h).
+struct GateRowsNode final : Node {
+  Tensor x, logit;
+  std::vector<Tensor> backward(const Tensor& g) override {  // g [n, d]
+    const Tensor gd = g.dtype() == x.dtype() ? g : g.to_dtype(x.dtype());
+    Tensor dx = needs_grad(0) ? Tensor::empty_like(x) : Tensor();
+    Tensor dl = needs_grad(1) ? Tensor::empty_like(logit) : Tensor();
+    moe_kernels(x.device())
+        .gate_rows_backward(dx.defined() ? dx.data() : nullptr, dl.defined() ? dl.data() : nullptr,
+                            gd.data(), x.data(), logit.data(), x.dtype(), x.size(0), x.size(1));
+    return {dx, dl};
+  }
+  const char* name() const override { return "gate_rows"; }
+};
+
+Tensor gate_rows(const Tensor& x, const Tensor& logit) {
+  check_floating("gate_rows", x);
+  KEEL_CHECK(x.dim() == 2 && logit.dim() == 2 && logit.size(0) == x.size(0) && logit.size(1) == 1,
+             "gate_rows: x [n, d] and logit [n, 1], got " + shape_str(x.shape()) + " and " +
+                 shape_str(logit.shape()));
+  KEEL_CHECK(logit.dtype() == x.dtype(), "gate_rows: x and logit of one dtype");
+  Tensor out = Tensor::empty_like(x);
+  moe_kernels(x.device())
+      .gate_rows(out.data(), x.data(), logit.data(), x.dtype(), x.size(0), x.size(1));
+  if (any_requires_grad({&x, &logit})) {
+    auto node = std::make_shared<GateRowsNode>();
+    node->x = x;
+    node->logit = logit;
+    record_node(out, node, {&x, &logit});
+  }
+  return out;
+}
+
 }  // namespace keel::ops

@@ -85,4 +85,8 @@ int64_t moe_padded_rows(int64_t m);
 Tensor moe_combine(const std::vector<Tensor>& expert_outputs, const MoeRouting& routing,
                    DType dtype);
 
+// A shared expert's gated output (Qwen2-MoE's): sigmoid(logit) * x, x [tokens, d] and logit
+// [tokens, 1] of one floating dtype, the sigmoid rounded to it first (backend/moe.h).
+Tensor gate_rows(const Tensor& x, const Tensor& logit);
+
 }  // namespace keel::ops

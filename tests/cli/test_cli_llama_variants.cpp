@@ -882,19 +882,76 @@ TEST(CliMoe, InitModelWritesEachAndALoraOnItsExpertsTrains) {
   dense["num_experts"] = 8;
   expect_config_refused(dir, dense,
                         "num_experts = 8 (experts in a model_type keel reads as dense; keel's "
-                        "mixtures of experts are qwen3_moe, olmoe and mixtral)");
+                        "mixtures of experts are qwen3_moe, qwen2_moe, olmoe and mixtral)");
   for (const auto& [args, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--family", "olmoe", "--num-experts", "2", "--experts-per-token", "3"},
             "init-model --experts-per-token 3 exceeds --num-experts 2"},
            {{"--family", "llama", "--num-experts", "8"},
             "--num-experts, --experts-per-token and --expert-size are for the mixtures of experts "
-            "(--family qwen3_moe, olmoe or mixtral); drop them for llama"}}) {
+            "(--family qwen3_moe, qwen2_moe, olmoe or mixtral); drop them for llama"}}) {
     std::vector<std::string> argv = {"init-model", "--out", dir + "/x"};
     argv.insert(argv.end(), args.begin(), args.end());
     const test::KeelRun r = test::run_keel(argv);
     EXPECT_EQ(r.code, 2) << r.output;
     EXPECT_CONTAINS(r.err, message);
   }
+}
+
+// Qwen2-MoE (Qwen2MoeForCausalLM: Qwen1.5-MoE): Qwen2's q/k/v biases, each layer's experts and
+// a shared expert behind its sigmoid gate. init-model writes one with its config's names, keel
+// memory counts every parameter, a LoRA on the attention and every expert's and the shared
+// expert's projections (PEFT matches both by name) trains and its adapter applies, and a config
+// whose shared expert disagrees with the weights, or the flag on another family, is refused.
+TEST(CliMoe, Qwen2MoeSharedExpertTrainsAndIsCheckedAgainstItsWeights) {
+  const std::string dir = test::temp_dir("cli-qwen2-moe");
+  const test::KeelRun init = test::run_keel({"init-model",  "--family",
+                                             "qwen2_moe",   "--out",
+                                             dir + "/base", "--n-layer",
+                                             "2",           "--n-embd",
+                                             "32",          "--n-head",
+                                             "4",           "--n-kv-head",
+                                             "2",           "--max-seq-len",
+                                             "32",          "--num-experts",
+                                             "6",           "--experts-per-token",
+                                             "2",           "--expert-size",
+                                             "16",          "--shared-expert-size",
+                                             "48"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  const json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("architectures"), json::array({"Qwen2MoeForCausalLM"}));
+  EXPECT_EQ(cfg.at("shared_expert_intermediate_size"), 48);
+  EXPECT_EQ(cfg.at("moe_intermediate_size"), 16);
+  EXPECT_EQ(cfg.at("norm_topk_prob"), false);
+  const test::KeelRun mem = test::run_keel({"memory", "--model", dir + "/base", "--json"});
+  ASSERT_EQ(mem.code, 0) << mem.output;
+  // Per layer: q and o 32 x 32, k and v 16 x 32 with their biases (32, 16, 16), 2 norms, a router
+  // of 6 x 32, 6 experts of 3 x 32 x 16, the shared expert 3 x 32 x 48 and its gate 32; the tied
+  // embedding 259 x 32 and the final norm.
+  const int64_t layer =
+      2 * 32 * 32 + 2 * 16 * 32 + 64 + 2 * 32 + 6 * 32 + 6 * 3 * 32 * 16 + 3 * 32 * 48 + 32;
+  EXPECT_EQ(json::parse(mem.out).at("params").get<int64_t>(), 2 * layer + 259 * 32 + 32);
+  std::ofstream(dir + "/t.txt") << "12+34=46 and 5+7=12\n\n90+9=99 and 1+2=3\n";
+  EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2",
+                              "model.adapter.target_modules=[\"q_proj\", \"gate_proj\", "
+                              "\"up_proj\", \"down_proj\"]"})
+                .at("model_type"),
+            "qwen2_moe");
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+  // (Four names, matching q_proj and every expert's and the shared expert's projections.)
+  const json adapter = read_json_file(dir + "/peft/adapter_config.json");
+  EXPECT_EQ(adapter.at("target_modules").size(), 4u);
+  json bad = cfg;
+  bad["shared_expert_intermediate_size"] = 40;
+  expect_config_refused(dir, bad,
+                        "shared_expert_intermediate_size = 40 but the weights in " + dir +
+                            "/base hold a shared expert 48 wide");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  const test::KeelRun misuse = test::run_keel(
+      {"init-model", "--family", "qwen2", "--out", dir + "/x", "--shared-expert-size", "64"});
+  EXPECT_EQ(misuse.code, 2) << misuse.output;
+  EXPECT_CONTAINS(misuse.err,
+                  "init-model --shared-expert-size is Qwen2-MoE's shared expert "
+                  "(--family qwen2_moe); drop it for qwen2");
 }
 
 // An expert no token is routed to runs nothing: debug.inject into it corrupts nothing, and the run

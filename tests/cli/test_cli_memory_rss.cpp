@@ -268,6 +268,15 @@ TEST(CliMemoryRss, MoeEstimateWithin10PercentOfPeakRss) {
                  {"--num-experts", "8", "--experts-per-token", "2", "--expert-size", "256"});
 }
 
+// A Qwen2-MoE from its config.json (8 experts 256 wide, 2 a token, a shared expert 512 wide):
+// the shared expert's activations over every token beside the routed experts'.
+TEST(CliMemoryRss, Qwen2MoeEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  memtest_family("qwen2_moe", R"(["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"])",
+                 {"--num-experts", "8", "--experts-per-token", "2", "--expert-size", "256",
+                  "--shared-expert-size", "512"});
+}
+
 // A Granite from its config.json: its multiplied embedding, sublayer outputs and logits (each
 // product a transient copy beside what Llama's layers keep).
 TEST(CliMemoryRss, GraniteEstimateWithin10PercentOfPeakRss) {

@@ -750,7 +750,8 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
       "OlmoeForCausalLM (olmoe), Exaone4ForCausalLM (exaone4), Phi3ForCausalLM (phi3), "
       "Qwen2ForCausalLM (qwen2), "
       "Qwen3ForCausalLM (qwen3), Qwen3MoeForCausalLM (qwen3_moe), "
-      "SmolLM3ForCausalLM (smollm3)");
+      "Qwen2MoeForCausalLM (qwen2_moe), SmolLM3ForCausalLM (smollm3), CohereForCausalLM "
+      "(cohere), Cohere2ForCausalLM (cohere2)");
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};
@@ -1475,6 +1476,32 @@ TEST(HfModel, MixturesOfExpertsReadTheirPublishedConfigs) {
     EXPECT_EQ(read_hf_config(dir).spec.moe.aux_coef, std::string(c.type) == "olmoe" ? 0.01 : 0.001);
   }
   EXPECT_NEAR(double(48 * qwen_layer + 2 * 151936 * int64_t{2048} + 2048) / 1e9, 30.53, 0.01);
+  // Qwen1.5-MoE-A2.7B (Qwen2MoeForCausalLM): Qwen2's q/k/v biases, 60 experts 1408 wide, 4 a token
+  // unrenormalized, and a shared expert 5632 wide with its gate [1, 2048]: 14.32B.
+  {
+    const std::string dir = test::temp_dir("hf-qwen2-moe");
+    fs::copy_file(
+        std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/qwen1_5_moe_a2_7b.json",
+        dir + "/config.json", fs::copy_options::overwrite_existing);
+    const models::ModelSpec s = read_hf_config(dir).spec;
+    EXPECT_EQ(s.architecture(), "qwen2_moe");
+    EXPECT_TRUE(s.qkv_bias());
+    EXPECT_EQ(s.moe.experts, 60);
+    EXPECT_EQ(s.moe.per_token, 4);
+    EXPECT_EQ(s.moe.ffn, 1408);
+    EXPECT_EQ(s.moe.shared_ffn, 5632);
+    EXPECT_FALSE(s.moe.normalize);
+    const int64_t layer = 4 * 2048 * 2048 + 3 * 2048 + 2 * 2048 + 60 * 2048 + 60 * 3 * 2048 * 1408 +
+                          3 * 2048 * 5632 + 2048;
+    EXPECT_EQ(models::parameter_count(s), 24 * layer + 2 * 151936 * int64_t{2048} + 2048);
+    EXPECT_NEAR(double(models::parameter_count(s)) / 1e9, 14.32, 0.01);
+    const nlohmann::json back = io::hf_config_json(s, DType::BF16);
+    EXPECT_EQ(back.at("architectures")[0], "Qwen2MoeForCausalLM");
+    EXPECT_EQ(back.at("shared_expert_intermediate_size"), 5632);
+    EXPECT_EQ(back.at("moe_intermediate_size"), 1408);
+    EXPECT_EQ(back.at("intermediate_size"), 5632);
+    EXPECT_FALSE(back.contains("attention_bias"));
+  }
   // Qwen3-MoE's decoder_sparse_step and mlp_only_layers: its dense layers' MLP is
   // intermediate_size wide, and their count is the file's.
   const std::string dir = test::temp_dir("hf-moe-dense");

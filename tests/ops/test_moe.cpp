@@ -290,6 +290,29 @@ TEST(MoeBalance, LossIsHfsAndItsGradientMatchesFiniteDifferences) {
   EXPECT_DOUBLE_EQ(even->step.loss(), 1.0);
 }
 
+// Qwen2-MoE's gated shared expert: sigmoid(logit) * x against f64, and both gradients against
+// finite differences; the sigmoid rounded to bf16 first under bf16.
+TEST(MoeGateRows, ValuesAndGradientsMatch) {
+  const Tensor x = randn({5, 3}, 51), logit = randn({5, 1}, 52, 2.f);
+  const auto xv = x.to_floats(), lv = logit.to_floats();
+  const auto out = ops::gate_rows(x, logit).to_floats();
+  for (int64_t t = 0; t < 5; ++t)
+    for (int64_t j = 0; j < 3; ++j)
+      EXPECT_NEAR(out[t * 3 + j], xv[t * 3 + j] / (1 + std::exp(-double(lv[t]))), 1e-6);
+  std::vector<Tensor> inputs = {randn({5, 3}, 53), randn({5, 1}, 54)};
+  for (Tensor& t : inputs) t.set_requires_grad(true);
+  expect_gradcheck([](const std::vector<Tensor>& in) { return ops::gate_rows(in[0], in[1]); },
+                   inputs, test::GradcheckOptions{}, "gate_rows");
+  const Tensor xb = randn({2, 4}, 55, 1.f, DType::BF16), lb = randn({2, 1}, 56, 1.f, DType::BF16);
+  const auto yb = ops::gate_rows(xb, lb).to_floats();
+  const auto xbv = xb.to_floats(), lbv = lb.to_floats();
+  for (int64_t t = 0; t < 2; ++t) {
+    const float s = Tensor::full({}, 1.0f / (1.0f + std::exp(-lbv[t])), DType::BF16).item();
+    for (int64_t j = 0; j < 4; ++j)
+      EXPECT_EQ(yb[t * 4 + j], Tensor::full({}, s * xbv[t * 4 + j], DType::BF16).item());
+  }
+}
+
 TEST(MoeErrors, ShapesTopKAndTheGpuAreNamed) {
   EXPECT_NE(test::error_of([] {
               ops::moe_route(randn({3, 4}, 1), 5, true);

@@ -39,10 +39,10 @@ namespace keel::test {
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
-    "gpt2",    "llama",   "qwen2",   "qwen3",  "qwen3_d8", "mistral_w3", "qwen2_w3",
-    "phi3_w3", "phi3_lr", "phi3_sr", "phi4m",  "gemma",    "gemma2",     "gemma3",
-    "smollm3", "granite", "olmo2",   "yarn",   "olmo3",    "exaone4",    "qwen3_moe",
-    "olmoe",   "mixtral", "cohere",  "cohere2"};
+    "gpt2",    "llama",   "qwen2",   "qwen3",   "qwen3_d8", "mistral_w3", "qwen2_w3",
+    "phi3_w3", "phi3_lr", "phi3_sr", "phi4m",   "gemma",    "gemma2",     "gemma3",
+    "smollm3", "granite", "olmo2",   "yarn",    "olmo3",    "exaone4",    "qwen3_moe",
+    "olmoe",   "mixtral", "cohere",  "cohere2", "qwen2_moe"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
@@ -75,8 +75,9 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.moe.experts = 4;
     s.moe.per_token = 2;
     s.moe.ffn = 24;
-    s.moe.normalize = family != "olmoe";
+    s.moe.normalize = family != "olmoe" && family != "qwen2_moe";
     if (family == "qwen3_moe") s.moe.dense_layers = {0};
+    if (family == "qwen2_moe") s.moe.shared_ffn = 32;
   }
   if (granite) {
     s.embedding_multiplier = 3;

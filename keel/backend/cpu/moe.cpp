@@ -257,7 +257,42 @@ void scatter_add(void* dx, const void* g, DType dt, const int64_t* rows, int64_t
                });
 }
 
-const MoeKernels kCpuMoe = {route, route_backward, gather, scatter_add, combine, combine_backward};
+// sigmoid(l) rounded to dt, as the gate's torch.sigmoid in the logit's dtype leaves it.
+float rounded_sigmoid(const void* logit, DType dt, int64_t t) {
+  const float s = 1.0f / (1.0f + std::exp(-load(logit, dt, t)));
+  return round_to(dt, s);
+}
+
+void gate_rows(void* out, const void* x, const void* logit, DType dt, int64_t n, int64_t d) {
+  parallel_for(n, std::max<int64_t>(1, 4096 / std::max<int64_t>(d, 1)),
+               [&](int64_t t0, int64_t t1) {
+                 for (int64_t t = t0; t < t1; ++t) {
+                   const float s = rounded_sigmoid(logit, dt, t);
+                   for (int64_t j = 0; j < d; ++j)
+                     store(out, dt, t * d + j, s * load(x, dt, t * d + j));
+                 }
+               });
+}
+
+void gate_rows_backward(void* dx, void* dlogit, const void* g, const void* x, const void* logit,
+                        DType dt, int64_t n, int64_t d) {
+  parallel_for(n, std::max<int64_t>(1, 4096 / std::max<int64_t>(d, 1)),
+               [&](int64_t t0, int64_t t1) {
+                 for (int64_t t = t0; t < t1; ++t) {
+                   const float s = rounded_sigmoid(logit, dt, t);
+                   float gx = 0;
+                   for (int64_t j = 0; j < d; ++j) {
+                     const float gj = load(g, dt, t * d + j);
+                     if (dx) store(dx, dt, t * d + j, gj * s);
+                     gx += gj * load(x, dt, t * d + j);
+                   }
+                   if (dlogit) store(dlogit, dt, t, gx * s * (1.0f - s));
+                 }
+               });
+}
+
+const MoeKernels kCpuMoe = {route,   route_backward,   gather,    scatter_add,
+                            combine, combine_backward, gate_rows, gate_rows_backward};
 
 }  // namespace
 
