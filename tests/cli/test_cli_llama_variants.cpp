@@ -774,6 +774,20 @@ TEST(CliGemma, InitModelWritesBothAndTheyTrainAndExport) {
                                 "attention's scores, which keel's CUDA attention does not do yet");
 }
 
+// A 2-layer `family` mixture in DIR/base from init-model: 32 wide, 4 heads (2 kv), 6 experts 16
+// wide a layer, 2 a token, and `more` flags.
+void init_moe(const std::string& family, const std::string& dir,
+              const std::vector<std::string>& more = {}) {
+  std::vector<std::string> argv = {
+      "init-model", "--family",      family, "--out",         dir + "/base", "--n-layer",
+      "2",          "--n-embd",      "32",   "--n-head",      "4",           "--n-kv-head",
+      "2",          "--max-seq-len", "32",   "--num-experts", "6",           "--experts-per-token",
+      "2",          "--expert-size", "16"};
+  argv.insert(argv.end(), more.begin(), more.end());
+  const test::KeelRun init = test::run_keel(argv);
+  ASSERT_EQ(init.code, 0) << init.output;
+}
+
 // The mixtures of experts (Qwen3MoeForCausalLM, OlmoeForCausalLM, MixtralForCausalLM): init-model
 // writes one of each with its configs' names, a LoRA on the experts' projections (and Mixtral's
 // router) trains and its PEFT adapter applies as the checkpoint computes, a generation runs, keel
@@ -785,18 +799,7 @@ TEST(CliMoe, InitModelWritesEachAndALoraOnItsExpertsTrains) {
   for (const std::string family : {"qwen3_moe", "olmoe", "mixtral"}) {
     SCOPED_TRACE(family);
     const std::string dir = test::temp_dir("cli-moe-" + family);
-    const test::KeelRun init = test::run_keel({"init-model",  "--family",
-                                               family,        "--out",
-                                               dir + "/base", "--n-layer",
-                                               "2",           "--n-embd",
-                                               "32",          "--n-head",
-                                               "4",           "--n-kv-head",
-                                               "2",           "--max-seq-len",
-                                               "32",          "--num-experts",
-                                               "6",           "--experts-per-token",
-                                               "2",           "--expert-size",
-                                               "16"});
-    ASSERT_EQ(init.code, 0) << init.output;
+    ASSERT_NO_FATAL_FAILURE(init_moe(family, dir));
     const bool mixtral = family == "mixtral", qwen = family == "qwen3_moe";
     const json cfg = read_json_file(dir + "/base/config.json");
     EXPECT_EQ(cfg.at("model_type"), family);
@@ -904,19 +907,7 @@ TEST(CliMoe, InitModelWritesEachAndALoraOnItsExpertsTrains) {
 // whose shared expert disagrees with the weights, or the flag on another family, is refused.
 TEST(CliMoe, Qwen2MoeSharedExpertTrainsAndIsCheckedAgainstItsWeights) {
   const std::string dir = test::temp_dir("cli-qwen2-moe");
-  const test::KeelRun init = test::run_keel({"init-model",  "--family",
-                                             "qwen2_moe",   "--out",
-                                             dir + "/base", "--n-layer",
-                                             "2",           "--n-embd",
-                                             "32",          "--n-head",
-                                             "4",           "--n-kv-head",
-                                             "2",           "--max-seq-len",
-                                             "32",          "--num-experts",
-                                             "6",           "--experts-per-token",
-                                             "2",           "--expert-size",
-                                             "16",          "--shared-expert-size",
-                                             "48"});
-  ASSERT_EQ(init.code, 0) << init.output;
+  ASSERT_NO_FATAL_FAILURE(init_moe("qwen2_moe", dir, {"--shared-expert-size", "48"}));
   const json cfg = read_json_file(dir + "/base/config.json");
   EXPECT_EQ(cfg.at("architectures"), json::array({"Qwen2MoeForCausalLM"}));
   EXPECT_EQ(cfg.at("shared_expert_intermediate_size"), 48);
