@@ -148,6 +148,13 @@ int run_init_model(const InitModelArgs& a) {
     s.sliding_window = 4096;
     s.sliding_period = 4;
   }
+  // PhiConfig's and GPTNeoXConfig's defaults: RoPE on half (a quarter) of each head, gelu_new
+  // (the exact gelu), an untied head.
+  if (a.family == "phi" || a.family == "gpt_neox") {
+    s.partial_rotary_factor = a.family == "phi" ? 0.5 : 0.25;
+    s.mlp_gelu = a.family == "phi" ? ops::GeluApprox::Tanh : ops::GeluApprox::None;
+    s.tie_embeddings = false;
+  }
   s.rope_theta = a.rope_theta;
   s.norm_eps = a.norm_eps;
   s.init_std = a.init_std;
@@ -254,10 +261,14 @@ Command add_init_model(CLI::App& app) {
          "norms, experts, weights not renormalized) | mixtral (Mistral's layers with experts) | "
          "cohere (attention and MLP side by side, LayerNorms, RoPE on adjacent pairs, logits "
          "times 0.0625) | cohere2 (Cohere's layers, 3 of 4 sliding, the 4th without RoPE) | "
-         "qwen2_moe (Qwen2's layers, each MLP experts and a gated shared expert)")
-      ->check(CLI::IsMember({"gpt2", "llama", "gemma", "gemma2", "gemma3", "granite", "olmo2",
-                             "olmo3", "exaone4", "phi3", "qwen2", "qwen3", "smollm3", "qwen3_moe",
-                             "qwen2_moe", "olmoe", "mixtral", "cohere", "cohere2"}))
+         "qwen2_moe (Qwen2's layers, each MLP experts and a gated shared expert) | phi (Phi-2's: "
+         "attention and a gelu MLP side by side on one LayerNorm, biases, RoPE on half of each "
+         "head) | gpt_neox (Pythia's: Phi's layers with a norm for each branch, q/k/v fused head "
+         "by head, RoPE on a quarter of each head)")
+      ->check(CLI::IsMember({"gpt2",    "llama",     "gemma",     "gemma2", "gemma3",  "granite",
+                             "olmo2",   "olmo3",     "exaone4",   "phi3",   "qwen2",   "qwen3",
+                             "smollm3", "qwen3_moe", "qwen2_moe", "olmoe",  "mixtral", "cohere",
+                             "cohere2", "phi",       "gpt_neox"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

@@ -207,6 +207,8 @@ constexpr HfArchitecture kArchitectures[] = {
     {"smollm3", "SmolLM3ForCausalLM", nullptr, "llama"},     // and NoPE layers
     {"cohere", "CohereForCausalLM", nullptr, "llama"},       // parallel blocks, LayerNorms
     {"cohere2", "Cohere2ForCausalLM", nullptr, "llama"},     // and 3 of 4 sliding, NoPE full
+    {"phi", "PhiForCausalLM", nullptr, "llama"},             // parallel blocks, biases, gelu MLP
+    {"gpt_neox", "GPTNeoXForCausalLM", nullptr, "llama"},    // Phi's, per-head qkv, two norms
 };
 
 const HfArchitecture& architecture_of(const json& j, const std::string& file) {
@@ -507,7 +509,10 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
         j["max_window_layers"] = s.sliding_from_layer;
       }
     }
-    j["hidden_act"] = s.gemma() ? "gelu_pytorch_tanh" : "silu";
+    j["hidden_act"] = s.gemma()                             ? "gelu_pytorch_tanh"
+                      : !s.gelu_mlp()                       ? "silu"
+                      : s.mlp_gelu == ops::GeluApprox::None ? "gelu"
+                                                            : "gelu_new";
     j["num_hidden_layers"] = s.n_layer;
     j["hidden_size"] = s.n_embd;
     j["num_attention_heads"] = s.n_head;
@@ -520,7 +525,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
             : s.ffn_dim();
     j["vocab_size"] = s.vocab_size;
     j["max_position_embeddings"] = s.max_seq_len;
-    j[s.cohere() ? "layer_norm_eps" : "rms_norm_eps"] = s.norm_eps;
+    j[s.centered_norms() ? "layer_norm_eps" : "rms_norm_eps"] = s.norm_eps;
     if (s.cohere()) {
       j["logit_scale"] = s.logit_scale;
       if (variant == "cohere") j["use_qk_norm"] = false;  // (Cohere2Config has none)
@@ -533,7 +538,16 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
           longrope_attention_factor(s.max_seq_len, s.rope_scaling.original_max_position))
         j["rope_scaling"]["attention_factor"] = s.rope_scaling.attention_factor;
     }
-    if (s.partial_rotary_factor != 1) j["partial_rotary_factor"] = s.partial_rotary_factor;
+    // (PhiConfig's default is 0.5: written whatever it is. GPTNeoXConfig reads rotary_pct and
+    // rotary_emb_base.)
+    if (s.partial_rotary_factor != 1 || s.phi())
+      j["partial_rotary_factor"] = s.partial_rotary_factor;
+    if (s.gpt_neox()) {
+      j["rotary_pct"] = s.partial_rotary_factor;
+      j["rotary_emb_base"] = s.rope_theta;
+      j["use_parallel_residual"] = s.parallel_residual;
+    }
+    if (s.phi()) j["qk_layernorm"] = false;
     if (variant == "olmo3") {
       // And per layer type, as transformers 5's Olmo3Config reads it: from the older fields alone
       // it rotates the sliding layers by its default base 500000, whatever rope_theta says.
@@ -547,7 +561,11 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     }
     j["tie_word_embeddings"] = s.tie_embeddings;
     // (Qwen2's q/k/v biases are its architecture's, and Phi3Config has neither key.)
-    if (variant != "qwen2" && variant != "qwen2_moe" && variant != "phi3") {
+    // (GPT-NeoX's attention_bias is its own; PhiConfig has neither key: its biases are its
+    // architecture's.)
+    if (s.gpt_neox()) {
+      j["attention_bias"] = s.attention_bias;
+    } else if (variant != "qwen2" && variant != "qwen2_moe" && variant != "phi3" && !s.phi()) {
       j["attention_bias"] = false;
       j["mlp_bias"] = false;
     }
@@ -633,14 +651,17 @@ HfConfig read_hf_config(const std::string& dir) {
     s.intermediate_size = c.integer({"intermediate_size"});
     s.vocab_size = c.integer({"vocab_size"});
     s.max_seq_len = c.integer({"max_position_embeddings"}, 2048);
-    // (Gemma3TextConfig's default base is 1e6, SmolLM3Config's 2e6; their files give it)
-    s.rope_theta = c.number({"rope_theta"}, s.hf_model_type == "gemma3_text" ? 1e6
-                                            : s.hf_model_type == "smollm3"   ? 2e6
-                                                                             : 10000.0);
-    // (Olmo2Config's and Olmo3Config's default eps is 1e-5; their files give it. Cohere's
-    // LayerNorms take layer_norm_eps, 1e-5 in CohereConfig.)
-    s.norm_eps = s.cohere() ? c.number({"layer_norm_eps"}, 1e-5)
-                            : c.number({"rms_norm_eps"}, s.post_norms() ? 1e-5 : 1e-6);
+    // (Gemma3TextConfig's default base is 1e6, SmolLM3Config's 2e6; their files give it.
+    // GPTNeoXConfig's is rotary_emb_base, which transformers 5 writes as rope_theta.)
+    s.rope_theta = s.gpt_neox()
+                       ? c.number({"rotary_emb_base", "rope_theta"}, 10000.0)
+                       : c.number({"rope_theta"}, s.hf_model_type == "gemma3_text" ? 1e6
+                                                  : s.hf_model_type == "smollm3"   ? 2e6
+                                                                                   : 10000.0);
+    // (Olmo2Config's and Olmo3Config's default eps is 1e-5; their files give it. Cohere's, Phi's
+    // and GPT-NeoX's LayerNorms take layer_norm_eps, 1e-5 in their configs.)
+    s.norm_eps = s.centered_norms() ? c.number({"layer_norm_eps"}, 1e-5)
+                                    : c.number({"rms_norm_eps"}, s.post_norms() ? 1e-5 : 1e-6);
     // (Gemma, SmolLM3 and Cohere tie their head to the embedding unless the file says otherwise,
     // as their configs do.)
     s.tie_embeddings =
@@ -656,7 +677,27 @@ HfConfig read_hf_config(const std::string& dir) {
       if (c.boolean("use_qk_norm", false))
         throw unsupported("use_qk_norm = true (Command-R+'s per-head query and key LayerNorms)");
     }
-    if (s.gemma()) {
+    if (s.gelu_mlp()) {
+      // Phi and GPT-NeoX: lm_head (embed_out) is a Linear of its own (HF's Phi would tie its
+      // weight and keep its bias; no published Phi or GPT-NeoX ties it).
+      if (s.tie_embeddings) throw unsupported("tie_word_embeddings = true");
+      // Their MLP's activation: PhiConfig's gelu_new, GPTNeoXConfig's gelu (the exact form:
+      // Pythia); GPT-NeoX-20B's gelu_fast is the tanh form written another way.
+      const std::string act = c.string("hidden_act", s.phi() ? "gelu_new" : "gelu");
+      if (act == "gelu")
+        s.mlp_gelu = ops::GeluApprox::None;
+      else if (act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast")
+        s.mlp_gelu = ops::GeluApprox::Tanh;
+      else
+        throw unsupported("hidden_act '" + act + "' (keel's " + s.architecture() +
+                          " MLP takes gelu, or its tanh form gelu_new)");
+      if (s.phi() && c.boolean("qk_layernorm", false))
+        throw unsupported("qk_layernorm = true (LayerNorms over each head's query and key)");
+      if (s.gpt_neox()) {
+        s.parallel_residual = c.boolean("use_parallel_residual", true);
+        s.attention_bias = c.boolean("attention_bias", true);
+      }
+    } else if (s.gemma()) {
       // HF's Gemma MLP: ACT2FN[hidden_activation], gelu_pytorch_tanh when absent (Gemma-1's
       // files that name only hidden_act "gelu" run it so too, with a warning).
       const std::string act = c.string("hidden_activation", "gelu_pytorch_tanh");
@@ -666,7 +707,8 @@ HfConfig read_hf_config(const std::string& dir) {
     } else if (const std::string act = c.string("hidden_act", "silu"); act != "silu") {
       throw unsupported("hidden_act '" + act + "' (keel's Llama MLP is SwiGLU)");
     }
-    if (c.boolean("attention_bias", false)) throw unsupported("attention_bias = true");
+    if (!s.gpt_neox() && c.boolean("attention_bias", false))
+      throw unsupported("attention_bias = true");
     if (c.boolean("mlp_bias", false)) throw unsupported("mlp_bias = true");
     if (const json* rs = c.find({"rope_scaling"}))
       s.rope_scaling = read_rope_scaling(*rs, file, s.max_seq_len);
@@ -962,18 +1004,22 @@ HfConfig read_hf_config(const std::string& dir) {
       if (const auto slides = sliding_layers("keel's SmolLM3 slides no layer"))
         expect_layout(*slides, "keel's SmolLM3 slides no layer");
     }
-    if (variant != "phi3" && c.number({"partial_rotary_factor"}, 1.0) != 1.0)
+    // The share of each head's channels RoPE turns: Phi-3's partial_rotary_factor (Phi-4-mini's
+    // 0.75; 1 where absent), Phi's (PhiConfig's 0.5 where absent; Phi-2's 0.4), GPT-NeoX's
+    // rotary_pct (0.25 where absent: Pythia's). Checked against the head once it is known.
+    const bool partial = variant == "phi3" || s.gelu_mlp();
+    const char* rotary_key =
+        s.gpt_neox() && c.find({"rotary_pct"}) ? "rotary_pct" : "partial_rotary_factor";
+    if (!partial && c.number({"partial_rotary_factor"}, 1.0) != 1.0)
       throw unsupported("partial_rotary_factor = " + c.find({"partial_rotary_factor"})->dump() +
                         " (keel's " + s.architecture() + " turns every channel of a head)");
-    if (variant == "phi3") {
-      // Phi-4-mini turns 3/4 of each head's channels (HF's partial_rotary_factor, Phi3Config's
-      // only reader of it among keel's architectures; checked against the head once it is known).
-      s.partial_rotary_factor = c.number({"partial_rotary_factor"}, 1.0);
+    if (partial) {
+      s.partial_rotary_factor = c.number({rotary_key}, s.phi() ? 0.5 : s.gpt_neox() ? 0.25 : 1.0);
       if (!(s.partial_rotary_factor > 0 && s.partial_rotary_factor <= 1))
-        throw Error(file +
-                        ": partial_rotary_factor must be a number in (0, 1] (the share of a "
-                        "head's channels RoPE turns), got " +
-                        c.find({"partial_rotary_factor"})->dump(),
+        throw Error(file + ": " + rotary_key +
+                        " must be a number in (0, 1] (the share of a head's channels RoPE "
+                        "turns), got " +
+                        c.find({rotary_key})->dump(),
                     Error::kUsage);
     }
     // A head width of its own (Qwen3-0.6B's and -4B's, Mistral-Nemo's), as HF's attention reads
@@ -989,11 +1035,10 @@ HfConfig read_hf_config(const std::string& dir) {
       s.head_width = hd;
     }
     if (s.n_head > 0 && s.partial_rotary_factor != 1 && (s.rotary_dim() < 2 || s.rotary_dim() % 2))
-      throw Error(file + ": partial_rotary_factor = " + c.find({"partial_rotary_factor"})->dump() +
+      throw Error(file + ": " + rotary_key + " = " + json(s.partial_rotary_factor).dump() +
                       " of a head of " + std::to_string(s.head_dim()) + " channels turns " +
-                      std::to_string(s.rotary_dim()) +
-                      "; RoPE turns pairs: fix partial_rotary_factor so that head_dim times it is "
-                      "an even number of 2 or more",
+                      std::to_string(s.rotary_dim()) + "; RoPE turns pairs: fix " + rotary_key +
+                      " so that head_dim times it is an even number of 2 or more",
                   Error::kUsage);
     if (const ops::RopeScaling& r = s.rope_scaling;
         r.kind == ops::RopeScaling::Kind::kLongRope && s.n_head > 0 &&

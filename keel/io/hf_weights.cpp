@@ -35,11 +35,15 @@ bool is_conv1d(const std::string& family, const std::string& name) {
 }
 
 // Tensors HF files may hold that keel has no parameter for and may skip: GPT-2's causal-mask
-// buffers, Llama's rotary inverse frequencies, a tied lm_head.
+// buffers (and GPT-NeoX's, as Pythia's files hold them), Llama's rotary inverse frequencies, a tied
+// lm_head.
 bool ignorable(const models::ModelSpec& spec, const std::string& name) {
   if (spec.family == "gpt2")
     return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
            name == "lm_head.weight";
+  if (spec.gpt_neox() &&
+      (ends_with(name, ".attention.bias") || ends_with(name, ".attention.masked_bias")))
+    return true;
   // A Gemma3ForConditionalGeneration's vision tower and projector: keel reads its language model.
   if (spec.hf_model_type == "gemma3_text" && multimodal_vision_tensor(name)) return true;
   return ends_with(name, ".rotary_emb.inv_freq") ||
@@ -225,8 +229,9 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
   if (layers != s.n_layer)
     throw disagree(gpt2 ? "n_layer" : "num_hidden_layers", s.n_layer,
                    std::to_string(layers) + " blocks");
-  const Shape* emb = gpt2 ? shape_of({"wte.weight", "transformer.wte.weight"})
-                          : shape_of({"model.embed_tokens.weight"});
+  const std::string embedding = s.embedding_name();
+  const Shape* emb =
+      gpt2 ? shape_of({"wte.weight", "transformer.wte.weight"}) : shape_of({embedding.c_str()});
   if (emb && emb->size() == 2) {
     if ((*emb)[0] != s.vocab_size)
       throw disagree("vocab_size", s.vocab_size,
@@ -241,29 +246,34 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
       throw disagree("n_positions", s.max_seq_len,
                      "a position embedding of " + std::to_string((*wpe)[0]) + " rows");
   // A query projection of another width: head_dim (or its absence) is wrong for these weights.
-  // Phi-3's qkv_proj holds the query's rows and then the keys' and values'.
-  const bool fused = s.fused_projections();
+  // Phi-3's qkv_proj (GPT-NeoX's query_key_value) holds the query's rows and then the keys' and
+  // values' (head by head).
+  const bool fused = s.fused_projections() || s.per_head_qkv();
   const int64_t kv_rows = fused ? 2 * s.kv_heads() * s.head_dim() : 0;
-  if (const Shape* q = shape_of({fused ? "model.layers.0.self_attn.qkv_proj.weight"
-                                       : "model.layers.0.self_attn.q_proj.weight"});
+  const models::ModelSpec::ModuleNames n = s.module_names();
+  const std::string layer0 = std::string(n.model) + ".layers.0.",
+                    attn0 = layer0 + n.attention + "." + (fused ? n.qkv : "q_proj") + ".weight",
+                    mlp0 = layer0 + "mlp." + (fused && !s.per_head_qkv() ? "gate_up_proj" : n.up) +
+                           ".weight";
+  if (const Shape* q = shape_of({attn0.c_str()});
       !gpt2 && q && q->size() == 2 && (*q)[0] != s.n_head * s.head_dim() + kv_rows)
     throw disagree(
         s.head_width > 0 ? "head_dim" : "num_attention_heads",
         s.head_width > 0 ? s.head_width : s.n_head,
-        std::string(fused ? "a qkv_proj of " : "a q_proj of ") + std::to_string((*q)[0]) +
+        std::string("a ") + (fused ? n.qkv : "q_proj") + " of " + std::to_string((*q)[0]) +
             " rows, not " +
             (fused ? "(num_attention_heads " + std::to_string(s.n_head) +
                          " + 2 x num_key_value_heads " + std::to_string(s.kv_heads()) + ")"
                    : "num_attention_heads " + std::to_string(s.n_head)) +
             " x head_dim " + std::to_string(s.head_dim()));
   // Phi-3's gate_up_proj holds gate's rows, then up's.
-  const Shape* mlp = gpt2    ? shape_of({"h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.weight"})
-                     : fused ? shape_of({"model.layers.0.mlp.gate_up_proj.weight"})
-                             : shape_of({"model.layers.0.mlp.up_proj.weight"});
-  const int64_t mlp_rows = fused ? 2 * s.ffn_dim() : s.ffn_dim();
+  const bool gate_up = s.fused_projections();
+  const Shape* mlp = gpt2 ? shape_of({"h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.weight"})
+                          : shape_of({mlp0.c_str()});
+  const int64_t mlp_rows = gate_up ? 2 * s.ffn_dim() : s.ffn_dim();
   if (mlp && mlp->size() == 2 && (*mlp)[gpt2 ? 1 : 0] != mlp_rows)
     throw disagree(gpt2 ? "n_inner" : "intermediate_size", s.ffn_dim(),
-                   "an MLP " + std::to_string((*mlp)[gpt2 ? 1 : 0] / (fused ? 2 : 1)) + " wide");
+                   "an MLP " + std::to_string((*mlp)[gpt2 ? 1 : 0] / (gate_up ? 2 : 1)) + " wide");
   // A mixture of experts: the first sparse layer's router [experts, n_embd], an expert's width.
   int64_t sparse = 0;
   while (sparse < s.n_layer && !s.moe_layer(sparse)) ++sparse;

@@ -27,6 +27,23 @@ double ModelSpec::attention_scale() const {
   return 1.0 / std::sqrt(d);
 }
 
+ModelSpec::ModuleNames ModelSpec::module_names() const {
+  if (gpt_neox())
+    return {"gpt_neox",        "embed_in", "final_layer_norm", "embed_out",    "attention",
+            "query_key_value", "dense",    "dense_h_to_4h",    "dense_4h_to_h"};
+  if (phi())
+    return {"model", "embed_tokens", "final_layernorm", "lm_head", "self_attn", "qkv_proj", "dense",
+            "fc1",   "fc2"};
+  return {"model",    "embed_tokens", "norm",    "lm_head",  "self_attn",
+          "qkv_proj", "o_proj",       "up_proj", "down_proj"};
+}
+
+std::string ModelSpec::embedding_name() const {
+  if (family == "gpt2") return "transformer.wte.weight";
+  const ModuleNames n = module_names();
+  return std::string(n.model) + "." + n.embed + ".weight";
+}
+
 void ModelSpec::validate() const {
   auto bad = [](const std::string& m) { return Error("model: " + m, Error::kUsage); };
   if (family != "gpt2" && family != "llama")
@@ -72,6 +89,17 @@ void ModelSpec::validate() const {
     throw bad("attention_multiplier must be finite and >= 0 (0: 1 / sqrt(head_dim))");
   if (!(rope_local_theta >= 0) || !std::isfinite(rope_local_theta))
     throw bad("rope_local_theta must be finite and >= 0 (0: rope_theta)");
+  // (HF's PhiForCausalLM ties lm_head's weight but keeps its bias; no published Phi or GPT-NeoX
+  // ties its head.)
+  if ((phi() || gpt_neox()) && tie_embeddings)
+    throw bad(architecture() +
+              "'s head is not tied to its embedding here: tie_embeddings must be "
+              "false");
+  if (per_head_qkv() && kv_heads() != n_head)
+    throw bad("gpt_neox's query_key_value holds as many key/value heads as query heads (" +
+              std::to_string(n_head) + "), not " + std::to_string(kv_heads()));
+  if (moe.experts > 0 && gelu_mlp())
+    throw bad(architecture() + " has no mixture-of-experts layers");
   if (moe.experts < 0) throw bad("moe.experts must be >= 0 (0: a dense model)");
   if (moe.experts > 0) {
     if (family != "llama") throw bad("only the llama family has mixture-of-experts layers");

@@ -12,6 +12,7 @@
 
 #include "keel/models/kv_cache.h"
 #include "keel/nn/module.h"
+#include "keel/ops/activation.h"
 #include "keel/ops/attention.h"
 #include "keel/ops/rope.h"
 
@@ -127,9 +128,50 @@ struct ModelSpec {
   // full ones take no RoPE (layer_rotates, as EXAONE-4's).
   double logit_scale = 1;
   bool cohere() const { return hf_model_type == "cohere" || hf_model_type == "cohere2"; }
-  bool parallel_block() const { return cohere(); }
-  bool centered_norms() const { return cohere(); }
   bool interleaved_rope() const { return cohere(); }
+  // An HF Phi (PhiForCausalLM: Phi-1, Phi-1.5, Phi-2): the attention and the MLP side by side on
+  // one LayerNorm (with a bias), summed, then added to the residual (HF's PhiDecoderLayer:
+  // attention + mlp + residual); biases on q, k, v and the output projection (self_attn.dense),
+  // an MLP of two biased Linears around a gelu (mlp.fc1, mlp.fc2: gelu_mlp), a partial RoPE
+  // (Phi-2's 0.4 of each head), model.final_layernorm, and an untied lm_head with a bias.
+  bool phi() const { return hf_model_type == "phi"; }
+  // An HF GPT-NeoX (GPTNeoXForCausalLM: Pythia, GPT-NeoX-20B, Dolly-v2, RedPajama-INCITE): Phi's
+  // sublayers under other names (gpt_neox.embed_in, .layers.N.attention.query_key_value and
+  // .dense, .mlp.dense_h_to_4h and .dense_4h_to_h, gpt_neox.final_layer_norm, embed_out), the
+  // query, key and value projections one Linear whose rows go head by head (each head's q, then
+  // its k, then its v: per_head_qkv), a norm before the MLP of its own, and the two branches side
+  // by side (parallel_residual, its use_parallel_residual) or one after the other.
+  bool gpt_neox() const { return hf_model_type == "gpt_neox"; }
+  bool parallel_residual = true;  // GPT-NeoX's use_parallel_residual (only read for it)
+  bool attention_bias = true;     // GPT-NeoX's: biases on query_key_value and dense (only for it)
+  // The attention and the MLP read the same residual stream and their outputs are added to it
+  // together: Cohere's (x + attention) + mlp, Phi's and GPT-NeoX's (attention + mlp) + x.
+  bool parallel_block() const { return cohere() || phi() || (gpt_neox() && parallel_residual); }
+  // A parallel block's one norm, whose output both branches read (Cohere's, Phi's; a GPT-NeoX
+  // normalizes the MLP's input with post_attention_layernorm of its own).
+  bool shared_block_norm() const { return cohere() || phi(); }
+  // LayerNorms (the mean subtracted before the root mean square) in place of RMSNorms: Cohere's
+  // without a bias, Phi's and GPT-NeoX's with one (torch's nn.LayerNorm).
+  bool centered_norms() const { return cohere() || biased_norms(); }
+  bool biased_norms() const { return phi() || gpt_neox(); }
+  // Phi's and GPT-NeoX's MLP: up (fc1, dense_h_to_4h) and down (fc2, dense_4h_to_h), both with a
+  // bias, around a gelu (mlp_gelu: Phi's gelu_new is the tanh form, Pythia's gelu the exact one).
+  bool gelu_mlp() const { return phi() || gpt_neox(); }
+  ops::GeluApprox mlp_gelu = ops::GeluApprox::Tanh;
+  bool per_head_qkv() const { return gpt_neox(); }
+  bool out_bias() const { return phi() || (gpt_neox() && attention_bias); }
+  bool head_bias() const { return phi(); }
+  // The HF names of the modules a Llama-family model registers (its parameters' names, what an
+  // adapter's target_modules and a PEFT directory name): Llama's, Phi's or GPT-NeoX's.
+  struct ModuleNames {
+    const char *model, *embed, *final_norm, *head;  // model.embed_tokens, model.norm, lm_head
+    const char *attention, *qkv, *out;              // self_attn, qkv_proj, o_proj
+    const char *up, *down;                          // an MLP's up_proj and down_proj
+  };
+  ModuleNames module_names() const;
+  // The token embedding's parameter ("model.embed_tokens.weight", GPT-2's
+  // "transformer.wte.weight").
+  std::string embedding_name() const;
   // A mixture-of-experts model (HF's Qwen3-MoE "qwen3_moe", OLMoE "olmoe", Mixtral "mixtral"):
   // the MLP of each sparse layer (moe_layer) is a MoeSpec; `moe.experts` 0: every layer dense.
   MoeSpec moe;
@@ -149,11 +191,14 @@ struct ModelSpec {
 
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
   // "granite", "mistral", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4", "phi3", "qwen2",
-  // "qwen3", "qwen3_moe", "qwen2_moe", "smollm3", "cohere" or "cohere2".
+  // "qwen3", "qwen3_moe", "qwen2_moe", "smollm3", "cohere", "cohere2", "phi" or "gpt_neox".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).
-  bool qkv_bias() const { return hf_model_type == "qwen2" || hf_model_type == "qwen2_moe"; }
+  // Phi's and GPT-NeoX's too (the latter's attention_bias).
+  bool qkv_bias() const {
+    return hf_model_type == "qwen2" || hf_model_type == "qwen2_moe" || out_bias();
+  }
   // An HF Qwen3 (Qwen3ForCausalLM): Llama's layers with an RMSNorm over each head's query and key
   // (q_norm, k_norm: weights [head_dim]) before RoPE.
   bool qk_norm() const {

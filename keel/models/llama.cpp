@@ -35,17 +35,20 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
       scores{static_cast<float>(s.attention_scale()), static_cast<float>(s.attn_softcap)},
       attention_dropout(s.attention_dropout) {
   const int64_t d = s.head_dim();
+  const ModelSpec::ModuleNames names = s.module_names();
   auto lin = [&](int64_t in, int64_t out, bool bias) {
     return std::make_unique<nn::Linear>(in, out, bias, s.param_dtype);
   };
-  if (s.fused_projections()) {
-    qkv_proj = register_module("qkv_proj", lin(s.n_embd, (n_head + 2 * n_kv_head) * d, false));
+  per_head_qkv = s.per_head_qkv();
+  if (s.fused_projections() || per_head_qkv) {
+    qkv_proj =
+        register_module(names.qkv, lin(s.n_embd, (n_head + 2 * n_kv_head) * d, s.qkv_bias()));
   } else {
     q_proj = register_module("q_proj", lin(s.n_embd, n_head * d, s.qkv_bias()));
     k_proj = register_module("k_proj", lin(s.n_embd, n_kv_head * d, s.qkv_bias()));
     v_proj = register_module("v_proj", lin(s.n_embd, n_kv_head * d, s.qkv_bias()));
   }
-  o_proj = register_module("o_proj", lin(n_head * d, s.n_embd, false));
+  o_proj = register_module(names.out, lin(n_head * d, s.n_embd, s.out_bias()));
   if (s.qk_norm()) {
     // (Gemma-3's scale by 1 + weight, as its other norms; OLMo-2's span the whole projection)
     const int64_t q_width = s.qk_norm_over_projection() ? n_head * d : d;
@@ -67,7 +70,20 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
     // A decode of one prompt: positions from what its cache holds; rows side by side: each row's.
     const int64_t past = caches && caches->rows.size() == 1 ? caches->rows[0]->length : 0;
     Tensor q, k, v;
-    if (qkv_proj) {  // Phi-3: one product, its columns q's, k's, then v's (HF's Phi3Attention)
+    if (per_head_qkv) {
+      // GPT-NeoX: one product whose columns go head by head, each head's q, k, then v (HF's
+      // view(B, T, H, 3D) chunked in three).
+      const int64_t d = o_proj->in_features / n_head;
+      const Tensor qkv = qkv_proj->forward(x);
+      Shape by_head = qkv.shape(), merged = qkv.shape();
+      by_head.back() = n_head;
+      by_head.push_back(3 * d);
+      merged.back() = n_head * d;
+      const std::vector<Tensor> parts = ops::split_last(ops::reshape(qkv, by_head), {d, d, d});
+      q = ops::split_heads(ops::reshape(parts[0], merged), n_head);
+      k = ops::split_heads(ops::reshape(parts[1], merged), n_head);
+      v = ops::split_heads(ops::reshape(parts[2], merged), n_head);
+    } else if (qkv_proj) {  // Phi-3: one product, its columns q's, k's, then v's (Phi3Attention)
       const int64_t d = o_proj->in_features / n_head;
       const std::vector<Tensor> qkv =
           ops::split_last(qkv_proj->forward(x), {n_head * d, n_kv_head * d, n_kv_head * d});
@@ -128,6 +144,15 @@ LlamaMLP::LlamaMLP(const ModelSpec& s, int64_t width, bool expert) : nn::Module(
   const int64_t f = width > 0 ? width : s.ffn_dim();
   const bool w123 = expert && s.mixtral_names();  // Mixtral's experts: w1 gate, w3 up, w2 down
   gelu_gate = s.gemma();
+  if (s.gelu_mlp()) {  // Phi's fc1 and fc2, GPT-NeoX's dense_h_to_4h and dense_4h_to_h
+    const ModelSpec::ModuleNames names = s.module_names();
+    gelu = s.mlp_gelu;
+    up_proj =
+        register_module(names.up, std::make_unique<nn::Linear>(s.n_embd, f, true, s.param_dtype));
+    down_proj =
+        register_module(names.down, std::make_unique<nn::Linear>(f, s.n_embd, true, s.param_dtype));
+    return;
+  }
   if (s.fused_projections()) {
     gate_up_proj = register_module("gate_up_proj", lin(s.n_embd, 2 * f));
   } else {
@@ -139,6 +164,9 @@ LlamaMLP::LlamaMLP(const ModelSpec& s, int64_t width, bool expert) : nn::Module(
 
 Tensor LlamaMLP::forward(const Tensor& x) {
   return call({x}, [&] {
+    // Phi, GPT-NeoX: the gelu in the product's dtype (not an autocast op), as HF's ACT2FN runs.
+    if (!gate_proj && !gate_up_proj)
+      return down_proj->forward(ops::gelu(up_proj->forward(x), gelu));
     if (gate_up_proj) {  // Phi-3: gate's columns, then up's (HF's Phi3MLP chunks in two)
       const int64_t f = down_proj->in_features;
       const std::vector<Tensor> gate_up = ops::split_last(gate_up_proj->forward(x), {f, f});
@@ -233,19 +261,23 @@ ops::MoeBalance* router_balance(nn::Module& model) {
 }
 
 namespace {
-// A norm over the hidden size: Gemma's scale by 1 + weight, Cohere's a LayerNorm without bias.
+// A norm over the hidden size: Gemma's scale by 1 + weight, Cohere's a LayerNorm without bias,
+// Phi's and GPT-NeoX's a LayerNorm with one.
 std::unique_ptr<nn::RMSNorm> hidden_norm(const ModelSpec& s) {
   return std::make_unique<nn::RMSNorm>(s.n_embd, s.norm_eps, s.param_dtype, s.gemma(),
-                                       s.centered_norms());
+                                       s.centered_norms(), s.biased_norms());
 }
 }  // namespace
 
 LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s, int64_t layer)
     : nn::Module("LlamaDecoderLayer") {
   residual_multiplier = s.residual_multiplier;
+  parallel = s.parallel_block();
+  cohere = s.cohere();
   if (!s.post_norms()) input_layernorm = register_module("input_layernorm", hidden_norm(s));
-  self_attn = register_module("self_attn", std::make_unique<LlamaAttention>(s, layer));
-  if (!s.parallel_block())
+  self_attn =
+      register_module(s.module_names().attention, std::make_unique<LlamaAttention>(s, layer));
+  if (!s.shared_block_norm())
     post_attention_layernorm = register_module("post_attention_layernorm", hidden_norm(s));
   if (s.sandwich_norms())
     pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", hidden_norm(s));
@@ -267,10 +299,15 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mas
                                          self_attn->forward(x, mask, backend, caches, layer)));
       return nn::residual_add(h, post_feedforward_layernorm->forward(feed_forward(h)));
     }
-    if (!post_attention_layernorm) {  // Cohere: (x + attention(h)) + mlp(h), h = one norm of x
+    if (parallel) {  // both branches read x (through one norm, or a GPT-NeoX's two)
       const Tensor h = input_layernorm->forward(x);
       Tensor a = self_attn->forward(h, mask, backend, caches, layer);
-      return nn::residual_add(nn::residual_add(x, a), feed_forward(h));
+      // Cohere: (x + attention(h)) + mlp(h).
+      if (cohere) return nn::residual_add(nn::residual_add(x, a), feed_forward(h));
+      // Phi and GPT-NeoX: (attention + mlp) + x, the branches' sum in their dtype (16-bit under
+      // -mixed, as HF's autocast adds them) before the f32 residual.
+      Tensor m = feed_forward(post_attention_layernorm ? post_attention_layernorm->forward(x) : h);
+      return nn::residual_add(nn::residual_add(a, m), x);
     }
     Tensor a = self_attn->forward(input_layernorm->forward(x), mask, backend, caches, layer);
     if (residual_multiplier != 1) {  // Granite: residual + sublayer(x) * residual_multiplier
@@ -290,21 +327,23 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mas
 }
 
 LlamaModel::LlamaModel(const ModelSpec& s) : nn::Module("LlamaModel") {
+  const ModelSpec::ModuleNames names = s.module_names();
   embed_tokens = register_module(
-      "embed_tokens", std::make_unique<nn::Embedding>(s.vocab_size, s.n_embd, s.param_dtype));
+      names.embed, std::make_unique<nn::Embedding>(s.vocab_size, s.n_embd, s.param_dtype));
   for (int64_t i = 0; i < s.n_layer; ++i)
     layers.push_back(
         register_module("layers." + std::to_string(i), std::make_unique<LlamaDecoderLayer>(s, i)));
-  norm = register_module("norm", hidden_norm(s));
+  norm = register_module(names.final_norm, hidden_norm(s));
 }
 
 LlamaForCausalLM::LlamaForCausalLM(const ModelSpec& s, uint64_t seed)
     : CausalLM("LlamaForCausalLM", s) {
-  model = register_module("model", std::make_unique<LlamaModel>(spec_));
-  if (!spec_.tie_embeddings)
+  const ModelSpec::ModuleNames names = spec_.module_names();
+  model = register_module(names.model, std::make_unique<LlamaModel>(spec_));
+  if (!spec_.tie_embeddings)  // (Phi's with a bias)
     lm_head = register_module(
-        "lm_head",
-        std::make_unique<nn::Linear>(spec_.n_embd, spec_.vocab_size, false, spec_.param_dtype));
+        names.head, std::make_unique<nn::Linear>(spec_.n_embd, spec_.vocab_size, spec_.head_bias(),
+                                                 spec_.param_dtype));
   init_parameters(*this, seed);  // HF's LlamaPreTrainedModel._init_weights (init_std)
   for (LlamaDecoderLayer* layer : model->layers)
     if (layer->moe) {

@@ -17,8 +17,10 @@ class LlamaAttention : public nn::Module {
   LlamaAttention(const ModelSpec& s, int64_t layer);
   Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
                  const KVCaches* caches = nullptr, size_t layer = 0);  // [B,T,C]
-  // Phi-3 (ModelSpec::fused_projections()): qkv_proj alone, q_proj, k_proj and v_proj null.
+  // Phi-3 (ModelSpec::fused_projections()) and GPT-NeoX (its query_key_value, per_head_qkv):
+  // qkv_proj alone, q_proj, k_proj and v_proj null. o_proj: Phi's and GPT-NeoX's dense.
   nn::Linear *q_proj = nullptr, *k_proj = nullptr, *v_proj = nullptr, *qkv_proj = nullptr, *o_proj;
+  bool per_head_qkv = false;  // GPT-NeoX's qkv_proj rows: head by head, each its q, k, then v
   nn::RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // ModelSpec::qk_norm() (Qwen3, Gemma-3)
   bool norm_whole_projection = false;  // OLMo-2's: q_norm and k_norm before the heads split
   int64_t n_head, n_kv_head;
@@ -39,8 +41,11 @@ class LlamaMLP : public nn::Module {
   explicit LlamaMLP(const ModelSpec& s, int64_t width = 0, bool expert = false);
   Tensor forward(const Tensor& x);
   // Phi-3 (ModelSpec::fused_projections()): gate_up_proj alone, gate_proj and up_proj null.
+  // Phi and GPT-NeoX (ModelSpec::gelu_mlp()): up_proj (fc1, dense_h_to_4h) and down_proj (fc2,
+  // dense_4h_to_h) with biases, gate_proj null: down(gelu(up(x))).
   nn::Linear *gate_proj = nullptr, *up_proj = nullptr, *gate_up_proj = nullptr, *down_proj;
-  bool gelu_gate = false;  // Gemma's GeGLU: gelu-tanh(gate) * up; else SwiGLU
+  bool gelu_gate = false;                        // Gemma's GeGLU: gelu-tanh(gate) * up; else SwiGLU
+  ops::GeluApprox gelu = ops::GeluApprox::Tanh;  // gelu_mlp's (ModelSpec::mlp_gelu)
 };
 
 // A sparse layer's MLP (ModelSpec::moe_layer; HF's Qwen3MoeSparseMoeBlock, OlmoeSparseMoeBlock,
@@ -92,9 +97,11 @@ class LlamaDecoderLayer : public nn::Module {
   Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
                  const KVCaches* caches = nullptr, size_t layer = 0);
   nn::RMSNorm* input_layernorm = nullptr;  // null for OLMo-2 (ModelSpec::post_norms())
-  // Null for Cohere (ModelSpec::parallel_block(): the attention and the MLP share
-  // input_layernorm's output).
+  // Null for Cohere and Phi (ModelSpec::shared_block_norm(): the attention and the MLP share
+  // input_layernorm's output); a parallel GPT-NeoX's normalizes the MLP's input.
   nn::RMSNorm* post_attention_layernorm = nullptr;
+  bool parallel = false;  // ModelSpec::parallel_block()
+  bool cohere = false;    // its parallel sum's order: (x + attention) + mlp
   // Gemma-2's (ModelSpec::sandwich_norms()): the MLP's input and output norms, and
   // post_attention_layernorm then normalizes the attention's output; else null.
   nn::RMSNorm *pre_feedforward_layernorm = nullptr, *post_feedforward_layernorm = nullptr;
@@ -108,21 +115,21 @@ class LlamaDecoderLayer : public nn::Module {
 class LlamaModel : public nn::Module {
  public:
   explicit LlamaModel(const ModelSpec& s);
-  nn::Embedding* embed_tokens;
+  nn::Embedding* embed_tokens;  // GPT-NeoX's embed_in
   std::vector<LlamaDecoderLayer*> layers;
-  nn::RMSNorm* norm;
+  nn::RMSNorm* norm;  // Phi's final_layernorm, GPT-NeoX's final_layer_norm
 };
 
 class LlamaForCausalLM : public CausalLM {
  public:
   LlamaForCausalLM(const ModelSpec& s, uint64_t seed);
   LlamaModel* model;
-  nn::Linear* lm_head = nullptr;             // null when tied to embed_tokens
+  nn::Linear* lm_head = nullptr;  // null when tied to embed_tokens (GPT-NeoX's embed_out)
   std::shared_ptr<ops::MoeBalance> balance;  // a mixture's (its sparse layers share it); else null
 
   std::vector<LookupTable> lookup_tables() const override {
     if (spec_.tie_embeddings) return {};  // the tied head gives every row a gradient
-    return {{"model.embed_tokens.weight", false}};
+    return {{spec_.embedding_name(), false}};
   }
 
  protected:

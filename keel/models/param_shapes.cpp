@@ -45,27 +45,34 @@ std::vector<ParamShape> gpt2(const ModelSpec& s) {
 std::vector<ParamShape> llama(const ModelSpec& s) {
   const int64_t C = s.n_embd, F = s.ffn_dim(), D = s.head_dim();
   const int64_t q_dim = s.n_head * D, kv_dim = s.kv_heads() * D;
+  const ModelSpec::ModuleNames n = s.module_names();
+  const std::string model = n.model, attn = std::string(".") + n.attention;
   std::vector<ParamShape> p;
-  p.push_back({"model.embed_tokens.weight", {s.vocab_size, C}, s.tie_embeddings});
+  // A norm's weight, and a LayerNorm's bias (Phi's, GPT-NeoX's).
+  auto add_norm = [&](const std::string& path) {
+    p.push_back({path + ".weight", {C}, false});
+    if (s.biased_norms()) p.push_back({path + ".bias", {C}, false});
+  };
+  p.push_back({s.embedding_name(), {s.vocab_size, C}, s.tie_embeddings});
   for (int64_t l = 0; l < s.n_layer; ++l) {
-    const std::string h = "model.layers." + std::to_string(l);
-    if (!s.post_norms()) p.push_back({h + ".input_layernorm.weight", {C}, false});
-    if (s.fused_projections()) {
-      linear(p, h + ".self_attn.qkv_proj", C, q_dim + 2 * kv_dim, false);
+    const std::string h = model + ".layers." + std::to_string(l);
+    if (!s.post_norms()) add_norm(h + ".input_layernorm");
+    if (s.fused_projections() || s.per_head_qkv()) {
+      linear(p, h + attn + "." + n.qkv, C, q_dim + 2 * kv_dim, s.qkv_bias());
     } else {
-      linear(p, h + ".self_attn.q_proj", C, q_dim, s.qkv_bias());
-      linear(p, h + ".self_attn.k_proj", C, kv_dim, s.qkv_bias());
-      linear(p, h + ".self_attn.v_proj", C, kv_dim, s.qkv_bias());
+      linear(p, h + attn + ".q_proj", C, q_dim, s.qkv_bias());
+      linear(p, h + attn + ".k_proj", C, kv_dim, s.qkv_bias());
+      linear(p, h + attn + ".v_proj", C, kv_dim, s.qkv_bias());
     }
-    linear(p, h + ".self_attn.o_proj", q_dim, C, false);
+    linear(p, h + attn + "." + n.out, q_dim, C, s.out_bias());
     if (s.qk_norm()) {  // per head, or (OLMo-2) over the whole projection
       p.push_back(
           {h + ".self_attn.q_norm.weight", {s.qk_norm_over_projection() ? q_dim : D}, false});
       p.push_back(
           {h + ".self_attn.k_norm.weight", {s.qk_norm_over_projection() ? kv_dim : D}, false});
     }
-    if (!s.parallel_block())  // (Cohere's MLP shares the attention's norm)
-      p.push_back({h + ".post_attention_layernorm.weight", {C}, false});
+    if (!s.shared_block_norm())  // (Cohere's and Phi's MLP share the attention's norm)
+      add_norm(h + ".post_attention_layernorm");
     if (s.sandwich_norms()) p.push_back({h + ".pre_feedforward_layernorm.weight", {C}, false});
     if (s.moe_layer(l)) {  // the router, then each expert's MLP (Mixtral's w1, w3, w2)
       const std::string moe = h + (s.mixtral_names() ? ".block_sparse_moe" : ".mlp");
@@ -83,6 +90,9 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
         linear(p, moe + ".shared_expert.down_proj", s.moe.shared_ffn, C, false);
         linear(p, moe + ".shared_expert_gate", C, 1, false);
       }
+    } else if (s.gelu_mlp()) {
+      linear(p, h + ".mlp." + n.up, C, F, true);
+      linear(p, h + ".mlp." + n.down, F, C, true);
     } else if (s.fused_projections()) {
       linear(p, h + ".mlp.gate_up_proj", C, 2 * F, false);
       linear(p, h + ".mlp.down_proj", F, C, false);
@@ -94,8 +104,8 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
     if (s.sandwich_norms() || s.post_norms())
       p.push_back({h + ".post_feedforward_layernorm.weight", {C}, false});
   }
-  p.push_back({"model.norm.weight", {C}, false});
-  if (!s.tie_embeddings) linear(p, "lm_head", C, s.vocab_size, false);
+  add_norm(model + "." + n.final_norm);
+  if (!s.tie_embeddings) linear(p, n.head, C, s.vocab_size, s.head_bias());
   return p;
 }
 

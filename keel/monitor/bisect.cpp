@@ -134,8 +134,9 @@ std::string describe_rows(const Capture& c, ReplayResult& r) {
   for (size_t k = 0; k < r.nonfinite_rows.size() && k < 5; ++k)
     out += " " + std::to_string(r.nonfinite_rows[k]);
   if (r.nonfinite_rows.size() > 5) out += " ...";
-  const bool embedding =
-      name.find("embed_tokens") != std::string::npos || name.find("wte") != std::string::npos;
+  const bool embedding = name.find("embed_tokens") != std::string::npos ||
+                         name.find("wte") != std::string::npos ||
+                         name.find("embed_in") != std::string::npos;  // (GPT-NeoX's)
   if (!embedding) return out;
   for (size_t m = 0; m < c.window.size(); ++m) {
     const data::Batch& b = c.window[m];

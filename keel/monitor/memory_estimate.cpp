@@ -43,6 +43,8 @@ models::ModelSpec spec_of(const MemoryQuery& q) {
   s.vocab_size = q.vocab > 0 ? q.vocab : data::ByteTokenizer::kVocab;
   s.max_seq_len = std::max(q.max_seq_len, q.seq);
   s.tie_embeddings = q.family == "gpt2" ? true : q.tie_embeddings;
+  s.parallel_residual = q.parallel_residual;
+  s.attention_bias = q.attention_bias;
   return s;
 }
 
@@ -352,11 +354,12 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       add("residual stream", 1, s * BT * C, "", false);
       add("norm statistics", 2, 4 * BT, "", false);
     } else {
-      // (Cohere's parallel block: one norm, whose output the attention and the MLP share.)
-      const int64_t norms = sp.parallel_block() ? 1 : 2;
-      add("residual stream", norms, s * BT * C,
-          std::to_string(norms) + " per block + final norm: [B,T,C] " + sd, true);
-      add("norm statistics", 2, 4 * BT,
+      // (A parallel block's branches read one residual stream: Cohere's and Phi's through one
+      // norm, whose output the attention and the MLP share, a GPT-NeoX's through one each.)
+      const int64_t streams = sp.parallel_block() ? 1 : 2, norms = sp.shared_block_norm() ? 1 : 2;
+      add("residual stream", streams, s * BT * C,
+          std::to_string(streams) + " per block + final norm: [B,T,C] " + sd, true);
+      add("norm statistics", sp.centered_norms() ? 2 * norms : norms, 4 * BT,
           sp.centered_norms() ? "mean, rstd [B*T] f32 per LayerNorm" : "rstd [B*T] f32 per RMSNorm",
           true);
       const std::string li =
@@ -385,7 +388,11 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
         add("q, k norms", 1, 4 * BT * H, qk, true);
         add("q, k norms", 1, 4 * BT * sp.kv_heads(), qk, true);
       }
-      add("swiglu inputs", 2, c * BT * Fk, "gate and up outputs [B,T,F] " + cd, true);
+      // (Phi's and GPT-NeoX's MLP keeps its gelu's input, fc1's output, beside fc2's input.)
+      if (sp.gelu_mlp())
+        add("gelu input", 1, c * BT * F, "fc1 (dense_h_to_4h) output [B,T,F] " + cd, true);
+      else
+        add("swiglu inputs", 2, c * BT * Fk, "gate and up outputs [B,T,F] " + cd, true);
       // A mixture of experts (counted for every block: Qwen3-MoE's dense mlp_only_layers are
       // few): each expert's gathered tokens (B*T*k rows of the normed input) and their autocast
       // copy, its output rows the combine keeps, the routing's probabilities and weights.
@@ -550,11 +557,12 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     // and eager in f32, whose P is the f32 one the softmax's backward reads).
     if (!flash && q.attention_dropout > 0 && cdt == 4) layer += block_bytes(4 * B * H * T * T);
     // (GeGLU's backward holds the gelu's gradient beside gate's and up's)
-    const int64_t mlp_rows = !llama ? 2 : sp.gemma() ? 4 : 3;
+    const int64_t mlp_rows = !llama || sp.gelu_mlp() ? 2 : sp.gemma() ? 4 : 3;
     int64_t mlp = mlp_rows * block_bytes(c * BT * Fk) + 2 * block_bytes(s * BT * C);
     if (sparse) mlp += block_bytes(c * BT * topk * C);  // the experts' output gradients
     // A Phi-3's fused qkv_proj and gate_up_proj take their pieces' gradients in one buffer of the
     // fused output's shape (ops::split_last), beside the pieces' own.
+    if (sp.per_head_qkv()) layer += block_bytes(c * BT * (qC + 2 * kvC));  // (GPT-NeoX's too)
     if (sp.fused_projections()) {
       layer += block_bytes(c * BT * (qC + 2 * kvC));
       mlp += block_bytes(c * BT * 2 * F);
@@ -860,6 +868,8 @@ void set_sizes(MemoryQuery& q, const models::ModelSpec& s) {
   q.vocab = s.vocab_size;
   q.max_seq_len = s.max_seq_len;
   q.tie_embeddings = s.tie_embeddings;
+  q.parallel_residual = s.parallel_residual;
+  q.attention_bias = s.attention_bias;
 }
 
 std::string memory_fit_advice(const MemoryQuery& q, int64_t available) {
@@ -894,6 +904,8 @@ std::string memory_fit_advice(const MemoryQuery& q, int64_t available) {
     a.adapter.r = 16;
     // PEFT's usual targets: a Phi-3's attention is one qkv_proj.
     a.adapter.target_modules = q.hf_model_type == "phi3" ? std::vector<std::string>{"qkv_proj"}
+                               : q.hf_model_type == "gpt_neox"
+                                   ? std::vector<std::string>{"query_key_value"}
                                : q.family == "llama" ? std::vector<std::string>{"q_proj", "v_proj"}
                                                      : std::vector<std::string>{"c_attn", "c_proj"};
     a.base_dtype = "bf16";

@@ -67,6 +67,8 @@ struct MemoryQuery {
   int64_t vocab = 0;        // 0 = the byte tokenizer's 259
   int64_t max_seq_len = 0;  // gpt2 position table; 0 = seq
   bool tie_embeddings = true;
+  // A GPT-NeoX's use_parallel_residual and attention_bias (ModelSpec's).
+  bool parallel_residual = true, attention_bias = true;
   std::string attention = "eager";  // eager | math | flash
   double attention_dropout = 0;     // model.attention_dropout (a dropped copy of P, eager/math)
   // model.adapter: kind (none | lora | dora | lokr), r, dropout and target_modules. With the

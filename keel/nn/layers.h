@@ -45,13 +45,14 @@ class LayerNorm : public Module {
 class RMSNorm : public Module {
  public:
   // `unit_offset`: Gemma's norm, which scales by 1 + weight (the weight stored as that offset,
-  // 0 at construction); else by weight (1 at construction). `centered`: Cohere's, a LayerNorm
-  // without bias (HF's CohereLayerNorm: the mean subtracted before the root mean square), in f32
-  // and cast back to x's dtype, as HF computes it.
+  // 0 at construction); else by weight (1 at construction). `centered`: a LayerNorm (the mean
+  // subtracted before the root mean square), in f32 and cast back to x's dtype: Cohere's without
+  // a bias (HF's CohereLayerNorm), Phi's and GPT-NeoX's with one (`bias`: torch's nn.LayerNorm,
+  // which computes a 16-bit input in f32 too).
   RMSNorm(int64_t dim, double eps, DType dt = DType::F32, bool unit_offset = false,
-          bool centered = false);
+          bool centered = false, bool bias = false);
   Tensor forward(const Tensor& x);
-  Tensor weight;  // [dim]
+  Tensor weight, bias;  // [dim]; bias undefined but for a centered norm that has one
   double eps;
   bool unit_offset, centered;
 };

@@ -306,7 +306,8 @@ void check_shape_keys_match(const ModelConfig& m, const models::ModelSpec& file_
 // HF trains with config.json's dropout probabilities (GPT-2's resid_pdrop, embd_pdrop and
 // attn_pdrop, 0.1 each; Granite-3's attention_dropout 0.1); keel with its own keys, which the
 // config decides: a difference is said, not hidden. A Llama-family model has no residual or
-// embedding dropout to set (a Phi-3's file may name them): said as not applied.
+// embedding dropout to set (a Phi-3's, a Phi-2's or a GPT-NeoX's file may name them): said as not
+// applied.
 void say_file_dropouts(const io::HfConfig& hf, const Config& cfg, const Say& say) {
   struct FileDropout {
     const char* file_key;
@@ -316,6 +317,7 @@ void say_file_dropouts(const io::HfConfig& hf, const Config& cfg, const Say& say
   const FileDropout dropouts[] = {
       {"resid_pdrop", "model.dropout", cfg.model.dropout},
       {"embd_pdrop", "model.dropout", cfg.model.dropout},
+      {"hidden_dropout", "model.dropout", cfg.model.dropout},  // (GPT-NeoX's)
       {"attn_pdrop", "model.attention_dropout", cfg.model.attention_dropout},
       {"attention_dropout", "model.attention_dropout", cfg.model.attention_dropout}};
   const std::string file = cfg.model.path + "/config.json";

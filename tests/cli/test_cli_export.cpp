@@ -41,7 +41,8 @@ std::string trained_run(const std::string& family, const std::string& kind,
       "--out", dir + "/base"};
   init.insert(init.end(),
               {"--n-layer", "2", "--n-embd", "32", "--n-head", "4", "--max-seq-len", "32"});
-  if (family != "gpt2") init.insert(init.end(), {"--n-kv-head", "2"});
+  // (GPT-NeoX's key/value heads are its query heads)
+  if (family != "gpt2" && family != "gpt_neox") init.insert(init.end(), {"--n-kv-head", "2"});
   // (Gemma and Phi-4-mini tie their head)
   if (family != "gpt2" && !family.starts_with("gemma") && !phi4_mini && family != "smollm3" &&
       !family.starts_with("cohere"))
@@ -85,10 +86,12 @@ std::string trained_run(const std::string& family, const std::string& kind,
   }
   // (Mixtral's experts name their down projection w2; a mixture's down_proj are its experts')
   const std::string targets = family == "gpt2" ? "[\"c_attn\", \"c_fc\"]"
-                              : family.starts_with("phi")
+                              : family == "phi3" || phi4_mini
                                   ? "[\"qkv_proj\", \"gate_up_proj\", \"down_proj\"]"
-                              : family == "mixtral" ? "[\"q_proj\", \"v_proj\", \"w2\", \"gate\"]"
-                                                    : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
+                              : family == "phi"      ? "[\"q_proj\", \"v_proj\", \"fc2\"]"
+                              : family == "gpt_neox" ? "[\"query_key_value\", \"dense_4h_to_h\"]"
+                              : family == "mixtral"  ? "[\"q_proj\", \"v_proj\", \"w2\", \"gate\"]"
+                                                     : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
   std::ofstream(dir + "/c.toml") << "[run]\nout_dir = \"" << dir
                                  << "/out\"\nthreads = 1\n[model]\npath = \"" << dir << "/base\"\n"
                                  << (bf16_base ? "base_dtype = \"bf16\"\n" : "")
@@ -308,14 +311,17 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // YaRN), an EXAONE-4's (its per-head q/k norms after OLMo-2's, a full layer without RoPE), the
   // mixtures of experts: a Qwen3-MoE's LoRA (its experts' down_proj), an OLMoE whole (its router
   // and experts trained), a Mixtral's LoRA (its experts' w2 and its router), a Cohere's LoRA (its
-  // parallel blocks, LayerNorms without bias, adjacent-pair RoPE and logit_scale).
+  // parallel blocks, LayerNorms without bias, adjacent-pair RoPE and logit_scale), a Phi's LoRA
+  // (its biased q/v and fc2), a GPT-NeoX whole (its per-head query_key_value, biases trained).
   for (const auto& [family, kind] : std::vector<std::pair<std::string, std::string>>{
-           {"gpt2", "lora"},      {"llama", "lora"},      {"phi3", "lora"},    {"phi4m", "lora"},
-           {"gemma", "none"},     {"gemma2", "lora"},     {"gemma3", "none"},  {"qwen2", "none"},
-           {"qwen3", "none"},     {"qwen3-wide", "none"}, {"smollm3", "lora"}, {"granite", "none"},
-           {"olmo2", "lora"},     {"llama-yarn", "lora"}, {"olmo3", "lora"},   {"exaone4", "lora"},
-           {"qwen3_moe", "lora"}, {"olmoe", "none"},      {"mixtral", "lora"}, {"cohere", "lora"},
-           {"qwen2_moe", "lora"}, {"cohere2", "lora"}}) {
+           {"gpt2", "lora"},       {"llama", "lora"},      {"phi3", "lora"},
+           {"phi4m", "lora"},      {"gemma", "none"},      {"gemma2", "lora"},
+           {"gemma3", "none"},     {"qwen2", "none"},      {"qwen3", "none"},
+           {"qwen3-wide", "none"}, {"smollm3", "lora"},    {"granite", "none"},
+           {"olmo2", "lora"},      {"llama-yarn", "lora"}, {"olmo3", "lora"},
+           {"exaone4", "lora"},    {"qwen3_moe", "lora"},  {"olmoe", "none"},
+           {"mixtral", "lora"},    {"cohere", "lora"},     {"qwen2_moe", "lora"},
+           {"cohere2", "lora"},    {"phi", "lora"},        {"gpt_neox", "none"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

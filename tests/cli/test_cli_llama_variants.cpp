@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "keel/io/hf_weights.h"
+#include "keel/io/safetensors.h"
 #include "keel/ops/elementwise.h"
 #include "tests/support/check.h"
 #include "tests/support/run_keel.h"
@@ -370,14 +371,35 @@ TEST(CliPhi3, InitModelWritesOneAndALoraOnItsFusedProjectionsIsPefts) {
 // 0.1), whose config.json names `family` and HF class `arch`. Returns its config.json.
 json init_family(const std::string& family, const std::string& arch, const std::string& dir,
                  const std::string& layers) {
+  // (GPT-NeoX's key/value heads are its query heads.)
   const test::KeelRun init = test::run_keel(
       {"init-model", "--family", family, "--out", dir + "/base", "--n-layer", layers, "--n-embd",
-       "32", "--n-head", "4", "--n-kv-head", "2", "--max-seq-len", "32", "--init-std", "0.1"});
+       "32", "--n-head", "4", "--n-kv-head", family == "gpt_neox" ? "4" : "2", "--max-seq-len",
+       "32", "--init-std", "0.1"});
   EXPECT_EQ(init.code, 0) << init.output;
   json cfg = read_json_file(dir + "/base/config.json");
   EXPECT_EQ(cfg.at("model_type"), family);
   EXPECT_EQ(cfg.at("architectures"), json::array({arch}));
   return cfg;
+}
+
+// The greedy tokens keel generate continues "12+3" with from DIR/out, with and without its KV
+// cache: the same 8.
+void expect_cached_decode_agrees(const std::string& dir) {
+  std::vector<std::string> tokens[2];
+  std::string output;
+  for (const bool cache : {true, false}) {
+    std::vector<std::string> argv = {"generate",         dir + "/out", "12+3",
+                                     "--max-new-tokens", "8",          "--json"};
+    if (!cache) argv.push_back("--no-cache");
+    const test::KeelRun g = test::run_keel(argv, {"OMP_NUM_THREADS=1"});
+    ASSERT_EQ(g.code, 0) << g.output;
+    const json out = json::parse(g.out);  // (held: a range-for over a temporary's at() dangles)
+    for (const json& t : out.at("tokens")) tokens[cache].push_back(t.dump());
+    output = g.output;
+  }
+  EXPECT_EQ(tokens[0].size(), 8u) << output;
+  EXPECT_EQ(tokens[0], tokens[1]);
 }
 
 // A SmolLM3 (SmolLM3ForCausalLM): init-model writes one whose every 4th layer has no RoPE, a LoRA
@@ -464,18 +486,111 @@ TEST(CliCohere, InitModelWritesOneALoraTrainsAndTheCacheDecodesAsTheWholeSequenc
   EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2"}).at("model_type"),
             "cohere");
   ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
-  std::vector<std::string> tokens[2];
-  for (const bool cache : {true, false}) {
-    std::vector<std::string> argv = {"generate",         dir + "/out", "12+3",
-                                     "--max-new-tokens", "8",          "--json"};
-    if (!cache) argv.push_back("--no-cache");
-    const test::KeelRun g = test::run_keel(argv, {"OMP_NUM_THREADS=1"});
-    ASSERT_EQ(g.code, 0) << g.output;
-    const json out = json::parse(g.out);
-    for (const json& t : out.at("tokens")) tokens[cache].push_back(t.dump());
+  ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
+}
+
+// Phi (PhiForCausalLM: Phi-1, Phi-1.5, Phi-2): the attention and a gelu MLP side by side on one
+// LayerNorm with a bias, biases on every projection and the head, RoPE on half of each head
+// (PhiConfig's default; Phi-2's 0.4). init-model writes one, keel memory counts its biases, a LoRA
+// trains and its PEFT adapter applies, the cached decode equals the uncached, its file's residual
+// dropout is said not to be applied, and what keel's model cannot compute is refused.
+TEST(CliPhi, InitModelWritesOneALoraTrainsAndItsResidualDropoutIsSaid) {
+  const std::string dir = test::temp_dir("cli-phi");
+  json cfg = init_family("phi", "PhiForCausalLM", dir, "2");
+  EXPECT_EQ(cfg.at("partial_rotary_factor"), 0.5);
+  EXPECT_EQ(cfg.at("hidden_act"), "gelu_new");
+  EXPECT_EQ(cfg.at("layer_norm_eps"), 1e-5);
+  EXPECT_EQ(cfg.at("tie_word_embeddings"), false);
+  EXPECT_EQ(cfg.at("qk_layernorm"), false);
+  const test::KeelRun mem = test::run_keel({"memory", "--model", dir + "/base", "--json"});
+  ASSERT_EQ(mem.code, 0) << mem.output;
+  // The embedding and lm_head 259 x 32 (with a bias), the final norm's weight and bias; per
+  // layer: one norm's 2 x 32, q_proj and dense 32 x 32, k_proj and v_proj 16 x 32, fc1 and fc2
+  // 32 x 96, each with its bias.
+  const int64_t per_layer =
+      64 + 2 * (32 * 32 + 32) + 2 * (32 * 16 + 16) + 32 * 96 + 96 + 96 * 32 + 32;
+  EXPECT_EQ(json::parse(mem.out).at("params").get<int64_t>(),
+            2 * 259 * 32 + 259 + 64 + 2 * per_layer);
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  cfg["resid_pdrop"] = 0.1;  // Phi-2's
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  const json saved = train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2"});
+  EXPECT_EQ(saved.at("model_type"), "phi");
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+  ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
+  const test::KeelRun said = test::run_keel(
+      test::with_sets({"train"}, {"model.path=" + dir + "/base", "run.out_dir=" + dir + "/said",
+                                  "train.max_steps=1", "data.seq_len=24", "run.threads=1",
+                                  "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(said.code, 0) << said.output;
+  EXPECT_CONTAINS(said.output, "resid_pdrop = 0.1 is not applied: keel's phi has no residual");
+  // RoPE on another share of each head computes otherwise; one that is not pairs, or a q/k norm,
+  // is refused naming the field.
+  const double half = eval_loss(dir + "/base", dir + "/t.txt");
+  json quarter = cfg;
+  quarter["partial_rotary_factor"] = 0.25;
+  std::ofstream(dir + "/base/config.json") << quarter.dump(2);
+  EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), half);
+  quarter["partial_rotary_factor"] = 0.4;
+  expect_config_refused(dir, quarter,
+                        dir +
+                            "/base/config.json: partial_rotary_factor = 0.4 of a head of 8 "
+                            "channels turns 3; RoPE turns pairs");
+  json qk = cfg;
+  qk["qk_layernorm"] = true;
+  expect_config_refused(dir, qk,
+                        dir +
+                            "/base/config.json: qk_layernorm = true (LayerNorms over each "
+                            "head's query and key) is not supported by keel's phi model");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+}
+
+// GPT-NeoX (GPTNeoXForCausalLM: Pythia, GPT-NeoX-20B): Phi's sublayers under its own names, q, k
+// and v one query_key_value whose rows go head by head, a norm for each branch, RoPE on a quarter
+// of each head, and the branches side by side or (use_parallel_residual = false) in sequence.
+// init-model writes one, a LoRA on query_key_value (PEFT's target for it) trains and its adapter
+// applies, the cached decode equals the uncached, both layouts compute, and the causal-mask and
+// rotary buffers Pythia's files hold are skipped.
+TEST(CliGptNeox, InitModelWritesOneALoraOnQueryKeyValueTrainsAndBothResidualsCompute) {
+  const std::string dir = test::temp_dir("cli-gpt-neox");
+  const json cfg = init_family("gpt_neox", "GPTNeoXForCausalLM", dir, "2");
+  EXPECT_EQ(cfg.at("rotary_pct"), 0.25);
+  EXPECT_EQ(cfg.at("rotary_emb_base"), 10000.0);
+  EXPECT_EQ(cfg.at("hidden_act"), "gelu");
+  EXPECT_EQ(cfg.at("use_parallel_residual"), true);
+  EXPECT_EQ(cfg.at("attention_bias"), true);
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  const double parallel = eval_loss(dir + "/base", dir + "/t.txt");
+  {  // Pythia's buffers beside its weights: read past, the model unchanged
+    const std::string file = dir + "/base/model.safetensors";
+    io::Safetensors st = io::read_safetensors(file);
+    st.tensors.emplace_back("gpt_neox.layers.0.attention.bias", Tensor::full({1, 1, 4, 4}, 1.0f));
+    st.tensors.emplace_back("gpt_neox.layers.0.attention.masked_bias", Tensor::full({}, -1e9f));
+    st.tensors.emplace_back("gpt_neox.layers.0.attention.rotary_emb.inv_freq",
+                            Tensor::full({1}, 1.0f));
+    io::write_safetensors(file, st.tensors, st.metadata);
+    EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), parallel);
   }
-  EXPECT_EQ(tokens[0].size(), 8u);
-  EXPECT_EQ(tokens[0], tokens[1]);
+  const json saved =
+      train_falls(dir, {"model.adapter.kind=lora",
+                        "model.adapter.target_modules=[\"query_key_value\"]", "optim.lr=5e-2"});
+  EXPECT_EQ(saved.at("model_type"), "gpt_neox");
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+  ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
+  // keel's default targets (q_proj, v_proj) name no layer of it: said with the names it has.
+  const test::KeelRun wrong = test::run_keel(
+      test::with_sets({"train"}, {"model.path=" + dir + "/base", "run.out_dir=" + dir + "/wrong",
+                                  "model.adapter.kind=lora", "train.max_steps=1"}),
+      {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(wrong.code, 2) << wrong.output;
+  EXPECT_CONTAINS(wrong.err, "query_key_value, dense, dense_h_to_4h, dense_4h_to_h");
+  // The branches in sequence compute otherwise than side by side.
+  json sequential = cfg;
+  sequential["use_parallel_residual"] = false;
+  std::ofstream(dir + "/base/config.json") << sequential.dump(2);
+  EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), parallel);
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
 // A 4-layer `family` base in DIR/base from init-model: three sliding layers and a full one over

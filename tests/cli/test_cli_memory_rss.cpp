@@ -203,10 +203,22 @@ TEST(CliMemoryRss, Qwen3EstimateWithin10PercentOfPeakRss) {
 void memtest_family(const std::string& family, const std::string& targets,
                     const std::vector<std::string>& init_flags = {}) {
   const std::string dir = test::temp_dir("cli-memory-" + family);
-  std::vector<std::string> init = {"init-model",  "--family",      family, "--out",
-                                   dir + "/base", "--n-layer",     "4",    "--n-embd",
-                                   "256",         "--n-head",      "4",    "--n-kv-head",
-                                   "2",           "--max-seq-len", "256"};
+  // (GPT-NeoX's key/value heads are its query heads)
+  std::vector<std::string> init = {"init-model",
+                                   "--family",
+                                   family,
+                                   "--out",
+                                   dir + "/base",
+                                   "--n-layer",
+                                   "4",
+                                   "--n-embd",
+                                   "256",
+                                   "--n-head",
+                                   "4",
+                                   "--n-kv-head",
+                                   family == "gpt_neox" ? "4" : "2",
+                                   "--max-seq-len",
+                                   "256"};
   init.insert(init.end(), init_flags.begin(), init_flags.end());
   const test::KeelRun init_run = run_keel(init);
   const test::KeelRun& init_ = init_run;
@@ -257,6 +269,20 @@ TEST(CliMemoryRss, Exaone4EstimateWithin10PercentOfPeakRss) {
 TEST(CliMemoryRss, CohereEstimateWithin10PercentOfPeakRss) {
   if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
   memtest_family("cohere", R"(["q_proj", "v_proj"])");
+}
+
+// A Phi from its config.json: one LayerNorm (with a bias) a layer whose output the attention and a
+// gelu MLP share, biased projections, the branches summed before the residual.
+TEST(CliMemoryRss, PhiEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  memtest_family("phi", R"(["q_proj", "v_proj", "fc1", "fc2"])");
+}
+
+// A GPT-NeoX from its config.json: a norm for each branch of a parallel block, q, k and v cut head
+// by head from one query_key_value product (its gradient one buffer of the fused shape).
+TEST(CliMemoryRss, GptNeoxEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  memtest_family("gpt_neox", R"(["query_key_value"])");
 }
 
 // A Qwen3-MoE from its config.json (8 experts 256 wide, 2 a token): the experts' gathered rows,

@@ -1427,6 +1427,99 @@ TEST(HfModel, CohereReadsItsPublishedConfigs) {
                   "logit_scale = 0 must be a number > 0");
 }
 
+// Phi-2 (PhiForCausalLM) and Pythia / GPT-NeoX-20B (GPTNeoXForCausalLM) as published: their
+// LayerNorms with biases, partial RoPE, gelu MLPs, parallel blocks and biases, counted to the
+// parameter (Pythia-160M's 162,322,944 as EleutherAI lists it; Phi-2's 2.78B; GPT-NeoX-20B's
+// 20.55B), and written back as HF reads them.
+TEST(HfModel, PhiAndGptNeoxReadTheirPublishedConfigs) {
+  auto read = [](const char* file) {
+    const std::string dir = test::temp_dir("hf-phi-neox");
+    fs::copy_file(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/" + file,
+                  dir + "/config.json", fs::copy_options::overwrite_existing);
+    return read_hf_config(dir).spec;
+  };
+  // One block: two LayerNorms (one for Phi), q, k, v and dense with biases, fc1 and fc2 with them.
+  auto block = [](int64_t C, int64_t F, int64_t norms) {
+    return norms * 2 * C + 4 * C * C + 4 * C + 2 * C * F + F + C;
+  };
+  {
+    const models::ModelSpec s = read("phi_2.json");
+    EXPECT_EQ(s.architecture(), "phi");
+    EXPECT_TRUE(s.parallel_block() && s.shared_block_norm() && s.biased_norms());
+    EXPECT_EQ(s.rotary_dim(), 32);  // 0.4 of 80
+    EXPECT_EQ(s.mlp_gelu, ops::GeluApprox::Tanh);
+    EXPECT_FALSE(s.tie_embeddings);
+    const int64_t C = 2560, V = 51200;
+    EXPECT_EQ(models::parameter_count(s), 32 * block(C, 10240, 1) + 2 * V * C + V + 2 * C);
+    EXPECT_NEAR(double(models::parameter_count(s)) / 1e9, 2.78, 0.005);
+    const nlohmann::json back = io::hf_config_json(s, DType::BF16);
+    EXPECT_EQ(back.at("architectures")[0], "PhiForCausalLM");
+    EXPECT_EQ(back.at("partial_rotary_factor"), 0.4);
+    EXPECT_EQ(back.at("hidden_act"), "gelu_new");
+    EXPECT_EQ(back.at("layer_norm_eps"), 1e-5);
+    EXPECT_EQ(back.at("qk_layernorm"), false);
+    EXPECT_FALSE(back.contains("attention_bias"));
+  }
+  for (const char* file : {"pythia_160m.json", "gpt_neox_20b.json"}) {
+    SCOPED_TRACE(file);
+    const models::ModelSpec s = read(file);
+    const bool pythia = std::string(file) == "pythia_160m.json";
+    EXPECT_EQ(s.architecture(), "gpt_neox");
+    EXPECT_TRUE(s.parallel_block() && !s.shared_block_norm() && s.per_head_qkv());
+    EXPECT_EQ(s.rotary_dim(), pythia ? 16 : 24);  // 0.25 of 64, of 96
+    EXPECT_EQ(s.mlp_gelu, pythia ? ops::GeluApprox::None : ops::GeluApprox::Tanh);  // gelu_fast
+    const int64_t C = pythia ? 768 : 6144, V = pythia ? 50304 : 50432;
+    EXPECT_EQ(models::parameter_count(s),
+              (pythia ? 12 : 44) * block(C, 4 * C, 2) + 2 * V * C + 2 * C);
+    if (pythia) {
+      EXPECT_EQ(models::parameter_count(s), 162322944);
+    } else {
+      EXPECT_NEAR(double(models::parameter_count(s)) / 1e9, 20.55, 0.01);
+    }
+    const nlohmann::json back = io::hf_config_json(s, DType::F16);
+    EXPECT_EQ(back.at("architectures")[0], "GPTNeoXForCausalLM");
+    EXPECT_EQ(back.at("rotary_pct"), 0.25);
+    EXPECT_EQ(back.at("rotary_emb_base"), 10000.0);
+    EXPECT_EQ(back.at("use_parallel_residual"), true);
+    EXPECT_EQ(back.at("attention_bias"), true);
+    EXPECT_EQ(back.at("hidden_act"), pythia ? "gelu" : "gelu_new");
+  }
+  // What keel does not run is refused naming the field; use_parallel_residual = false and
+  // attention_bias = false are read.
+  const std::string dir = test::temp_dir("hf-neox-fields");
+  auto with = [&](const char* file, const nlohmann::json& fields) {
+    nlohmann::json cfg = nlohmann::json::parse(
+        test::slurp(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/" + file));
+    cfg.update(fields);
+    std::ofstream(dir + "/config.json") << cfg.dump();
+  };
+  with("pythia_160m.json", {{"use_parallel_residual", false}, {"attention_bias", false}});
+  {
+    const models::ModelSpec s = read_hf_config(dir).spec;
+    EXPECT_FALSE(s.parallel_block());
+    EXPECT_FALSE(s.qkv_bias() || s.out_bias());
+    EXPECT_EQ(models::parameter_count(s),
+              12 * (block(768, 3072, 2) - 4 * 768) + 2 * 50304 * 768 + 2 * 768);
+  }
+  for (const auto& [file, fields, needle] :
+       std::vector<std::tuple<const char*, nlohmann::json, std::string>>{
+           {"phi_2.json", {{"qk_layernorm", true}}, "qk_layernorm = true"},
+           {"phi_2.json", {{"tie_word_embeddings", true}}, "tie_word_embeddings = true"},
+           {"phi_2.json", {{"hidden_act", "relu"}}, "hidden_act 'relu'"},
+           {"pythia_160m.json", {{"rotary_pct", 0.3}}, "rotary_pct = 0.3"},
+           {"pythia_160m.json", {{"rotary_pct", 1.5}}, "rotary_pct must be a number in (0, 1]"}}) {
+    SCOPED_TRACE(needle);
+    with(file, fields);
+    try {
+      read_hf_config(dir);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(dir + "/config.json"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(HfModel, MixturesOfExpertsReadTheirPublishedConfigs) {
   struct Case {
     const char* file;

@@ -35,14 +35,18 @@ namespace keel::test {
 // sliding over 3 positions and rotating, layer 1 full and without RoPE). "qwen3_moe", "olmoe",
 // "mixtral": mixtures of 4 experts 24 wide, 2 a token: a Qwen3-MoE (Qwen3's q/k norms, weights
 // renormalized, layer 0 dense: its mlp_only_layers), an OLMoE (q/k norms over the projections,
-// weights not renormalized), a Mixtral (w1/w3/w2, renormalized).
+// weights not renormalized), a Mixtral (w1/w3/w2, renormalized). "phi": a Phi-2 (two heads 8 wide
+// over one key/value head, RoPE on 4 of their channels, the tanh gelu, biases, parallel blocks on
+// one LayerNorm, lm_head with a bias). "gpt_neox": a Pythia (two heads, RoPE on 2 of 8 channels,
+// the exact gelu, q/k/v one product head by head, a norm for each branch); "gpt_neox_seq": the
+// same without use_parallel_residual (the branches in sequence).
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
-    "gpt2",    "llama",   "qwen2",   "qwen3",   "qwen3_d8", "mistral_w3", "qwen2_w3",
-    "phi3_w3", "phi3_lr", "phi3_sr", "phi4m",   "gemma",    "gemma2",     "gemma3",
-    "smollm3", "granite", "olmo2",   "yarn",    "olmo3",    "exaone4",    "qwen3_moe",
-    "olmoe",   "mixtral", "cohere",  "cohere2", "qwen2_moe"};
+    "gpt2",    "llama",     "qwen2", "qwen3",    "qwen3_d8",    "mistral_w3", "qwen2_w3", "phi3_w3",
+    "phi3_lr", "phi3_sr",   "phi4m", "gemma",    "gemma2",      "gemma3",     "smollm3",  "granite",
+    "olmo2",   "yarn",      "olmo3", "exaone4",  "qwen3_moe",   "olmoe",      "mixtral",  "cohere",
+    "cohere2", "qwen2_moe", "phi",   "gpt_neox", "gpt_neox_seq"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
@@ -58,6 +62,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
              olmo2 = family == "olmo2", olmo3 = family == "olmo3", exaone4 = family == "exaone4",
              cohere = family == "cohere" || family == "cohere2";
   const bool moe = models::ModelSpec::is_moe_type(family);
+  const bool phi = family == "phi", neox = family.starts_with("gpt_neox");
   s.family = family != "gpt2" ? "llama" : family;
   s.hf_model_type = qwen      ? family.substr(0, 5)
                     : mistral ? "mistral"
@@ -69,6 +74,8 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
                     : olmo3   ? "olmo3"
                     : exaone4 ? "exaone4"
                     : cohere  ? family
+                    : phi     ? "phi"
+                    : neox    ? "gpt_neox"
                     : moe     ? family
                               : "";
   if (moe) {
@@ -135,6 +142,13 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   if (olmo3 || exaone4 || family == "cohere2") {
     s.sliding_window = 3;
     s.sliding_period = 2;
+  }
+  if (phi || neox) {  // two heads 8 wide; Phi's share one key/value head
+    s.n_head = 2;
+    s.n_kv_head = phi ? 1 : 2;
+    s.partial_rotary_factor = phi ? 0.5 : 0.25;
+    s.mlp_gelu = phi ? ops::GeluApprox::Tanh : ops::GeluApprox::None;
+    s.parallel_residual = family != "gpt_neox_seq";
   }
   return s;
 }
