@@ -150,6 +150,12 @@ int run_init_model(const InitModelArgs& a) {
   }
   // PhiConfig's and GPTNeoXConfig's defaults: RoPE on half (a quarter) of each head, gelu_new
   // (the exact gelu), an untied head.
+  // StableLM-2-1.6B's: RoPE on a quarter of each head, q/k/v biases, the branches in sequence.
+  if (a.family == "stablelm") {
+    s.partial_rotary_factor = 0.25;
+    s.attention_bias = true;
+    s.parallel_residual = false;
+  }
   if (a.family == "phi" || a.family == "gpt_neox") {
     s.partial_rotary_factor = a.family == "phi" ? 0.5 : 0.25;
     s.mlp_gelu = a.family == "phi" ? ops::GeluApprox::Tanh : ops::GeluApprox::None;
@@ -264,11 +270,12 @@ Command add_init_model(CLI::App& app) {
          "qwen2_moe (Qwen2's layers, each MLP experts and a gated shared expert) | phi (Phi-2's: "
          "attention and a gelu MLP side by side on one LayerNorm, biases, RoPE on half of each "
          "head) | gpt_neox (Pythia's: Phi's layers with a norm for each branch, q/k/v fused head "
-         "by head, RoPE on a quarter of each head)")
-      ->check(CLI::IsMember({"gpt2",    "llama",     "gemma",     "gemma2", "gemma3",  "granite",
-                             "olmo2",   "olmo3",     "exaone4",   "phi3",   "qwen2",   "qwen3",
-                             "smollm3", "qwen3_moe", "qwen2_moe", "olmoe",  "mixtral", "cohere",
-                             "cohere2", "phi",       "gpt_neox"}))
+         "by head, RoPE on a quarter of each head) | stablelm (StableLM-2's: Llama's layers with "
+         "biased LayerNorms and q/k/v biases, RoPE on a quarter of each head)")
+      ->check(CLI::IsMember({"gpt2",    "llama",     "gemma",     "gemma2",  "gemma3",  "granite",
+                             "olmo2",   "olmo3",     "exaone4",   "phi3",    "qwen2",   "qwen3",
+                             "smollm3", "qwen3_moe", "qwen2_moe", "olmoe",   "mixtral", "cohere",
+                             "cohere2", "phi",       "gpt_neox",  "stablelm"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

@@ -209,6 +209,7 @@ constexpr HfArchitecture kArchitectures[] = {
     {"cohere2", "Cohere2ForCausalLM", nullptr, "llama"},     // and 3 of 4 sliding, NoPE full
     {"phi", "PhiForCausalLM", nullptr, "llama"},             // parallel blocks, biases, gelu MLP
     {"gpt_neox", "GPTNeoXForCausalLM", nullptr, "llama"},    // Phi's, per-head qkv, two norms
+    {"stablelm", "StableLmForCausalLM", nullptr, "llama"},  // Llama's with LayerNorms, partial RoPE
 };
 
 const HfArchitecture& architecture_of(const json& j, const std::string& file) {
@@ -538,16 +539,20 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
           longrope_attention_factor(s.max_seq_len, s.rope_scaling.original_max_position))
         j["rope_scaling"]["attention_factor"] = s.rope_scaling.attention_factor;
     }
-    // (PhiConfig's default is 0.5: written whatever it is. GPTNeoXConfig reads rotary_pct and
-    // rotary_emb_base.)
-    if (s.partial_rotary_factor != 1 || s.phi())
+    // (PhiConfig's default is 0.5, StableLmConfig's 0.25: written whatever it is. GPTNeoXConfig
+    // reads rotary_pct and rotary_emb_base.)
+    if (s.partial_rotary_factor != 1 || s.phi() || s.stablelm())
       j["partial_rotary_factor"] = s.partial_rotary_factor;
     if (s.gpt_neox()) {
       j["rotary_pct"] = s.partial_rotary_factor;
       j["rotary_emb_base"] = s.rope_theta;
       j["use_parallel_residual"] = s.parallel_residual;
     }
-    if (s.phi()) j["qk_layernorm"] = false;
+    if (s.phi() || s.stablelm()) j["qk_layernorm"] = false;
+    if (s.stablelm()) {
+      j["use_qkv_bias"] = s.attention_bias;
+      j["use_parallel_residual"] = s.parallel_residual;
+    }
     if (variant == "olmo3") {
       // And per layer type, as transformers 5's Olmo3Config reads it: from the older fields alone
       // it rotates the sliding layers by its default base 500000, whatever rope_theta says.
@@ -565,7 +570,8 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     // architecture's.)
     if (s.gpt_neox()) {
       j["attention_bias"] = s.attention_bias;
-    } else if (variant != "qwen2" && variant != "qwen2_moe" && variant != "phi3" && !s.phi()) {
+    } else if (variant != "qwen2" && variant != "qwen2_moe" && variant != "phi3" && !s.phi() &&
+               !s.stablelm()) {
       j["attention_bias"] = false;
       j["mlp_bias"] = false;
     }
@@ -676,6 +682,16 @@ HfConfig read_hf_config(const std::string& dir) {
       // Command-R+'s LayerNorm over each head's query and key (weights [heads, head_dim]).
       if (c.boolean("use_qk_norm", false))
         throw unsupported("use_qk_norm = true (Command-R+'s per-head query and key LayerNorms)");
+    }
+    if (s.stablelm()) {
+      // StableLmConfig's defaults: no q/k/v biases, the branches in sequence (StableLM-2-1.6B's
+      // file sets use_qkv_bias, the 12B's use_parallel_residual and qk_layernorm).
+      s.attention_bias = c.boolean("use_qkv_bias", false);
+      s.parallel_residual = c.boolean("use_parallel_residual", false);
+      if (c.boolean("qk_layernorm", false))
+        throw unsupported(
+            "qk_layernorm = true (StableLM-2-12B's LayerNorms over each head's query and key, one "
+            "per head)");
     }
     if (s.gelu_mlp()) {
       // Phi and GPT-NeoX: lm_head (embed_out) is a Linear of its own (HF's Phi would tie its
@@ -1007,14 +1023,16 @@ HfConfig read_hf_config(const std::string& dir) {
     // The share of each head's channels RoPE turns: Phi-3's partial_rotary_factor (Phi-4-mini's
     // 0.75; 1 where absent), Phi's (PhiConfig's 0.5 where absent; Phi-2's 0.4), GPT-NeoX's
     // rotary_pct (0.25 where absent: Pythia's). Checked against the head once it is known.
-    const bool partial = variant == "phi3" || s.gelu_mlp();
+    const bool partial = variant == "phi3" || s.gelu_mlp() || s.stablelm();
     const char* rotary_key =
         s.gpt_neox() && c.find({"rotary_pct"}) ? "rotary_pct" : "partial_rotary_factor";
     if (!partial && c.number({"partial_rotary_factor"}, 1.0) != 1.0)
       throw unsupported("partial_rotary_factor = " + c.find({"partial_rotary_factor"})->dump() +
                         " (keel's " + s.architecture() + " turns every channel of a head)");
     if (partial) {
-      s.partial_rotary_factor = c.number({rotary_key}, s.phi() ? 0.5 : s.gpt_neox() ? 0.25 : 1.0);
+      s.partial_rotary_factor = c.number({rotary_key}, s.phi()                        ? 0.5
+                                                       : s.gpt_neox() || s.stablelm() ? 0.25
+                                                                                      : 1.0);
       if (!(s.partial_rotary_factor > 0 && s.partial_rotary_factor <= 1))
         throw Error(file + ": " + rotary_key +
                         " must be a number in (0, 1] (the share of a head's channels RoPE "

@@ -142,18 +142,31 @@ struct ModelSpec {
   // its k, then its v: per_head_qkv), a norm before the MLP of its own, and the two branches side
   // by side (parallel_residual, its use_parallel_residual) or one after the other.
   bool gpt_neox() const { return hf_model_type == "gpt_neox"; }
-  bool parallel_residual = true;  // GPT-NeoX's use_parallel_residual (only read for it)
-  bool attention_bias = true;     // GPT-NeoX's: biases on query_key_value and dense (only for it)
+  // An HF StableLM (StableLmForCausalLM: StableLM-2-1.6B, StableLM-3B-4E1T, StableLM-Zephyr):
+  // Llama's names and SwiGLU MLP with LayerNorms that have a bias, RoPE on a share of each head
+  // (partial_rotary_factor, 0.25), q/k/v biases where use_qkv_bias says (attention_bias here), and
+  // with use_parallel_residual (the 12B's) Cohere's parallel block on one norm.
+  bool stablelm() const { return hf_model_type == "stablelm"; }
+  // GPT-NeoX's and StableLM's use_parallel_residual (only read for them: GPTNeoXConfig's default
+  // true, StableLmConfig's false).
+  bool parallel_residual = true;
+  // GPT-NeoX's attention_bias (biases on query_key_value and dense), StableLM's use_qkv_bias (on
+  // q, k and v); only read for them.
+  bool attention_bias = true;
   // The attention and the MLP read the same residual stream and their outputs are added to it
-  // together: Cohere's (x + attention) + mlp, Phi's and GPT-NeoX's (attention + mlp) + x.
-  bool parallel_block() const { return cohere() || phi() || (gpt_neox() && parallel_residual); }
-  // A parallel block's one norm, whose output both branches read (Cohere's, Phi's; a GPT-NeoX
-  // normalizes the MLP's input with post_attention_layernorm of its own).
-  bool shared_block_norm() const { return cohere() || phi(); }
+  // together: Cohere's and StableLM's (x + attention) + mlp (residual_first_sum), Phi's and
+  // GPT-NeoX's (attention + mlp) + x.
+  bool parallel_block() const {
+    return cohere() || phi() || ((gpt_neox() || stablelm()) && parallel_residual);
+  }
+  bool residual_first_sum() const { return cohere() || stablelm(); }
+  // A parallel block's one norm, whose output both branches read (Cohere's, Phi's, StableLM's; a
+  // GPT-NeoX normalizes the MLP's input with post_attention_layernorm of its own).
+  bool shared_block_norm() const { return parallel_block() && !gpt_neox(); }
   // LayerNorms (the mean subtracted before the root mean square) in place of RMSNorms: Cohere's
-  // without a bias, Phi's and GPT-NeoX's with one (torch's nn.LayerNorm).
+  // without a bias, Phi's, GPT-NeoX's and StableLM's with one (torch's nn.LayerNorm).
   bool centered_norms() const { return cohere() || biased_norms(); }
-  bool biased_norms() const { return phi() || gpt_neox(); }
+  bool biased_norms() const { return phi() || gpt_neox() || stablelm(); }
   // Phi's and GPT-NeoX's MLP: up (fc1, dense_h_to_4h) and down (fc2, dense_4h_to_h), both with a
   // bias, around a gelu (mlp_gelu: Phi's gelu_new is the tanh form, Pythia's gelu the exact one).
   bool gelu_mlp() const { return phi() || gpt_neox(); }
@@ -191,13 +204,15 @@ struct ModelSpec {
 
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
   // "granite", "mistral", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4", "phi3", "qwen2",
-  // "qwen3", "qwen3_moe", "qwen2_moe", "smollm3", "cohere", "cohere2", "phi" or "gpt_neox".
+  // "qwen3", "qwen3_moe", "qwen2_moe", "smollm3", "cohere", "cohere2", "phi", "gpt_neox" or
+  // "stablelm".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).
-  // Phi's and GPT-NeoX's too (the latter's attention_bias).
+  // Phi's and GPT-NeoX's too (the latter's attention_bias), StableLM's where use_qkv_bias says.
   bool qkv_bias() const {
-    return hf_model_type == "qwen2" || hf_model_type == "qwen2_moe" || out_bias();
+    return hf_model_type == "qwen2" || hf_model_type == "qwen2_moe" || out_bias() ||
+           (stablelm() && attention_bias);
   }
   // An HF Qwen3 (Qwen3ForCausalLM): Llama's layers with an RMSNorm over each head's query and key
   // (q_norm, k_norm: weights [head_dim]) before RoPE.

@@ -273,7 +273,7 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s, int64_t layer)
     : nn::Module("LlamaDecoderLayer") {
   residual_multiplier = s.residual_multiplier;
   parallel = s.parallel_block();
-  cohere = s.cohere();
+  residual_first = s.residual_first_sum();
   if (!s.post_norms()) input_layernorm = register_module("input_layernorm", hidden_norm(s));
   self_attn =
       register_module(s.module_names().attention, std::make_unique<LlamaAttention>(s, layer));
@@ -302,8 +302,8 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mas
     if (parallel) {  // both branches read x (through one norm, or a GPT-NeoX's two)
       const Tensor h = input_layernorm->forward(x);
       Tensor a = self_attn->forward(h, mask, backend, caches, layer);
-      // Cohere: (x + attention(h)) + mlp(h).
-      if (cohere) return nn::residual_add(nn::residual_add(x, a), feed_forward(h));
+      // Cohere, StableLM: (x + attention(h)) + mlp(h).
+      if (residual_first) return nn::residual_add(nn::residual_add(x, a), feed_forward(h));
       // Phi and GPT-NeoX: (attention + mlp) + x, the branches' sum in their dtype (16-bit under
       // -mixed, as HF's autocast adds them) before the f32 residual.
       Tensor m = feed_forward(post_attention_layernorm ? post_attention_layernorm->forward(x) : h);

@@ -100,8 +100,8 @@ class LlamaDecoderLayer : public nn::Module {
   // Null for Cohere and Phi (ModelSpec::shared_block_norm(): the attention and the MLP share
   // input_layernorm's output); a parallel GPT-NeoX's normalizes the MLP's input.
   nn::RMSNorm* post_attention_layernorm = nullptr;
-  bool parallel = false;  // ModelSpec::parallel_block()
-  bool cohere = false;    // its parallel sum's order: (x + attention) + mlp
+  bool parallel = false;        // ModelSpec::parallel_block()
+  bool residual_first = false;  // its sum's order: (x + attention) + mlp (Cohere's, StableLM's)
   // Gemma-2's (ModelSpec::sandwich_norms()): the MLP's input and output norms, and
   // post_attention_layernorm then normalizes the attention's output; else null.
   nn::RMSNorm *pre_feedforward_layernorm = nullptr, *post_feedforward_layernorm = nullptr;

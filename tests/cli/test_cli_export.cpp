@@ -312,16 +312,16 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // mixtures of experts: a Qwen3-MoE's LoRA (its experts' down_proj), an OLMoE whole (its router
   // and experts trained), a Mixtral's LoRA (its experts' w2 and its router), a Cohere's LoRA (its
   // parallel blocks, LayerNorms without bias, adjacent-pair RoPE and logit_scale), a Phi's LoRA
-  // (its biased q/v and fc2), a GPT-NeoX whole (its per-head query_key_value, biases trained).
+  // (its biased q/v and fc2), a GPT-NeoX whole (its per-head query_key_value, biases trained), a
+  // StableLM's LoRA (its biased LayerNorms and q/k/v, a quarter of each head turned).
   for (const auto& [family, kind] : std::vector<std::pair<std::string, std::string>>{
-           {"gpt2", "lora"},       {"llama", "lora"},      {"phi3", "lora"},
-           {"phi4m", "lora"},      {"gemma", "none"},      {"gemma2", "lora"},
-           {"gemma3", "none"},     {"qwen2", "none"},      {"qwen3", "none"},
-           {"qwen3-wide", "none"}, {"smollm3", "lora"},    {"granite", "none"},
-           {"olmo2", "lora"},      {"llama-yarn", "lora"}, {"olmo3", "lora"},
-           {"exaone4", "lora"},    {"qwen3_moe", "lora"},  {"olmoe", "none"},
-           {"mixtral", "lora"},    {"cohere", "lora"},     {"qwen2_moe", "lora"},
-           {"cohere2", "lora"},    {"phi", "lora"},        {"gpt_neox", "none"}}) {
+           {"gpt2", "lora"},      {"llama", "lora"},      {"phi3", "lora"},    {"phi4m", "lora"},
+           {"gemma", "none"},     {"gemma2", "lora"},     {"gemma3", "none"},  {"qwen2", "none"},
+           {"qwen3", "none"},     {"qwen3-wide", "none"}, {"smollm3", "lora"}, {"granite", "none"},
+           {"olmo2", "lora"},     {"llama-yarn", "lora"}, {"olmo3", "lora"},   {"exaone4", "lora"},
+           {"qwen3_moe", "lora"}, {"olmoe", "none"},      {"mixtral", "lora"}, {"cohere", "lora"},
+           {"qwen2_moe", "lora"}, {"cohere2", "lora"},    {"phi", "lora"},     {"gpt_neox", "none"},
+           {"stablelm", "lora"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

@@ -593,6 +593,40 @@ TEST(CliGptNeox, InitModelWritesOneALoraOnQueryKeyValueTrainsAndBothResidualsCom
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
+// StableLM (StableLmForCausalLM: StableLM-2-1.6B, StableLM-3B-4E1T): Llama's layers with biased
+// LayerNorms, q/k/v biases (use_qkv_bias) and RoPE on a quarter of each head. init-model writes
+// StableLM-2-1.6B's layout, a LoRA trains and its adapter applies, the cached decode equals the
+// uncached, and the 12B's use_parallel_residual computes (its per-head qk_layernorm is refused).
+TEST(CliStableLm, InitModelWritesOneALoraTrainsAndTheParallelBlockComputes) {
+  const std::string dir = test::temp_dir("cli-stablelm");
+  const json cfg = init_family("stablelm", "StableLmForCausalLM", dir, "2");
+  EXPECT_EQ(cfg.at("partial_rotary_factor"), 0.25);
+  EXPECT_EQ(cfg.at("use_qkv_bias"), true);
+  EXPECT_EQ(cfg.at("use_parallel_residual"), false);
+  EXPECT_EQ(cfg.at("layer_norm_eps"), 1e-5);
+  EXPECT_EQ(cfg.at("hidden_act"), "silu");
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2"}).at("model_type"),
+            "stablelm");
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+  ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
+  // The parallel block reads post_attention_layernorm no more: its weights are then refused as
+  // unexpected, and without them the block computes otherwise.
+  const double sequential = eval_loss(dir + "/base", dir + "/t.txt");
+  json parallel = cfg;
+  parallel["use_parallel_residual"] = true;
+  std::ofstream(dir + "/base/config.json") << parallel.dump(2);
+  const test::KeelRun r =
+      test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_CONTAINS(r.err, "post_attention_layernorm");
+  json qk = cfg;
+  qk["qk_layernorm"] = true;
+  expect_config_refused(dir, qk, dir + "/base/config.json: qk_layernorm = true (StableLM-2-12B's");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), sequential);
+}
+
 // A 4-layer `family` base in DIR/base from init-model: three sliding layers and a full one over
 // its config's default window (4096) under HF architecture `arch`. Returns its config.json.
 json init_three_of_four_sliding(const std::string& family, const std::string& arch,

@@ -1427,11 +1427,12 @@ TEST(HfModel, CohereReadsItsPublishedConfigs) {
                   "logit_scale = 0 must be a number > 0");
 }
 
-// Phi-2 (PhiForCausalLM) and Pythia / GPT-NeoX-20B (GPTNeoXForCausalLM) as published: their
-// LayerNorms with biases, partial RoPE, gelu MLPs, parallel blocks and biases, counted to the
-// parameter (Pythia-160M's 162,322,944 as EleutherAI lists it; Phi-2's 2.78B; GPT-NeoX-20B's
-// 20.55B), and written back as HF reads them.
-TEST(HfModel, PhiAndGptNeoxReadTheirPublishedConfigs) {
+// Phi-2 (PhiForCausalLM), Pythia / GPT-NeoX-20B (GPTNeoXForCausalLM) and StableLM-2-1.6B
+// (StableLmForCausalLM) as published: their LayerNorms with biases, partial RoPE, gelu MLPs,
+// parallel blocks and biases, counted to the parameter (Pythia-160M's 162,322,944 as EleutherAI
+// lists it; Phi-2's 2.78B; GPT-NeoX-20B's 20.55B; StableLM-2's 1.64B), and written back as HF
+// reads them.
+TEST(HfModel, PhiGptNeoxAndStableLmReadTheirPublishedConfigs) {
   auto read = [](const char* file) {
     const std::string dir = test::temp_dir("hf-phi-neox");
     fs::copy_file(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/" + file,
@@ -1484,6 +1485,24 @@ TEST(HfModel, PhiAndGptNeoxReadTheirPublishedConfigs) {
     EXPECT_EQ(back.at("attention_bias"), true);
     EXPECT_EQ(back.at("hidden_act"), pythia ? "gelu" : "gelu_new");
   }
+  // StableLM-2-1.6B (StableLmForCausalLM): Llama's layers with biased LayerNorms, q/k/v biases and
+  // RoPE on a quarter of each head; 1.64B parameters.
+  {
+    const models::ModelSpec s = read("stablelm_2_1_6b.json");
+    EXPECT_EQ(s.architecture(), "stablelm");
+    EXPECT_TRUE(s.biased_norms() && s.qkv_bias() && !s.out_bias() && !s.parallel_block());
+    EXPECT_EQ(s.rotary_dim(), 16);  // 0.25 of 64
+    const int64_t C = 2048, F = 5632, V = 100352;
+    const int64_t layer = 4 * C + 4 * C * C + 3 * C + 3 * C * F;
+    EXPECT_EQ(models::parameter_count(s), 24 * layer + 2 * V * C + 2 * C);
+    EXPECT_NEAR(double(models::parameter_count(s)) / 1e9, 1.64, 0.005);
+    const nlohmann::json back = io::hf_config_json(s, DType::BF16);
+    EXPECT_EQ(back.at("architectures")[0], "StableLmForCausalLM");
+    EXPECT_EQ(back.at("partial_rotary_factor"), 0.25);
+    EXPECT_EQ(back.at("use_qkv_bias"), true);
+    EXPECT_EQ(back.at("use_parallel_residual"), false);
+    EXPECT_EQ(back.at("layer_norm_eps"), 1e-5);
+  }
   // What keel does not run is refused naming the field; use_parallel_residual = false and
   // attention_bias = false are read.
   const std::string dir = test::temp_dir("hf-neox-fields");
@@ -1507,7 +1526,10 @@ TEST(HfModel, PhiAndGptNeoxReadTheirPublishedConfigs) {
            {"phi_2.json", {{"tie_word_embeddings", true}}, "tie_word_embeddings = true"},
            {"phi_2.json", {{"hidden_act", "relu"}}, "hidden_act 'relu'"},
            {"pythia_160m.json", {{"rotary_pct", 0.3}}, "rotary_pct = 0.3"},
-           {"pythia_160m.json", {{"rotary_pct", 1.5}}, "rotary_pct must be a number in (0, 1]"}}) {
+           {"pythia_160m.json", {{"rotary_pct", 1.5}}, "rotary_pct must be a number in (0, 1]"},
+           {"stablelm_2_1_6b.json",
+            {{"qk_layernorm", true}},
+            "qk_layernorm = true (StableLM-2-12B"}}) {
     SCOPED_TRACE(needle);
     with(file, fields);
     try {

@@ -134,12 +134,14 @@ TEST_P(KvCache, SameTokensWithAndWithoutTheCache) {
 // beside them). cohere: its keys cached with their
 // channels reordered for the adjacent-pair RoPE, its attention and MLP side by side. phi: a
 // partial RoPE beside a biased MLP on one norm; gpt_neox: keys and values cut head by head from
-// one product (each head's q, k, v), a norm for each branch.
+// one product (each head's q, k, v), a norm for each branch; stablelm_par: biased LayerNorms and
+// a partial RoPE in Cohere's parallel block.
 INSTANTIATE_TEST_SUITE_P(
     Backends, KvCache,
     ::testing::Combine(::testing::Values("gpt2", "llama", "qwen3_d8", "mistral_w3", "phi3_w3",
                                          "gemma2", "gemma3", "olmo3", "exaone4", "qwen3_moe",
-                                         "cohere", "cohere2", "qwen2_moe", "phi", "gpt_neox"),
+                                         "cohere", "cohere2", "qwen2_moe", "phi", "gpt_neox",
+                                         "stablelm_par"),
                        ::testing::Values("eager", "math", "flash"), ::testing::Bool()),
     [](const auto& info) {
       return std::get<0>(info.param) + "_" + std::get<1>(info.param) +
