@@ -549,6 +549,8 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
       j["use_parallel_residual"] = s.parallel_residual;
     }
     if (s.phi() || s.stablelm()) j["qk_layernorm"] = false;
+    // The sublayer dropout the run trained with, as GPT-2's (a base's embd_pdrop stays its own).
+    if (s.branch_dropout()) j[s.phi() ? "resid_pdrop" : "hidden_dropout"] = s.dropout;
     if (s.stablelm()) {
       j["use_qkv_bias"] = s.attention_bias;
       j["use_parallel_residual"] = s.parallel_residual;
@@ -650,6 +652,14 @@ HfConfig read_hf_config(const std::string& dir) {
       throw unsupported("reorder_and_upcast_attn = true");
   } else {
     s.attention_dropout = probability("attention_dropout", 0.0);
+    // The sublayer dropout of Phi (resid_pdrop; its embd_pdrop is not keel's), GPT-NeoX and
+    // StableLM (hidden_dropout): ModelSpec::branch_dropout. (Their configs' defaults: 0.)
+    if (s.phi()) {
+      s.dropout = probability("resid_pdrop", 0.0);
+      probability("embd_pdrop", 0.0);
+    } else if (s.branch_dropout()) {
+      s.dropout = probability("hidden_dropout", 0.0);
+    }
     s.n_layer = c.integer({"num_hidden_layers", "n_layer"});
     s.n_embd = c.integer({"hidden_size", "n_embd"});
     s.n_head = c.integer({"num_attention_heads", "n_head"});

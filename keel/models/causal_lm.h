@@ -57,7 +57,9 @@ struct ModelSpec {
   double partial_rotary_factor = 1.0;
   double norm_eps = 1e-5;
   double init_std = 0.02;
-  double dropout = 0.0;  // gpt2: residual, MLP and embedding dropout
+  // gpt2: residual, MLP and embedding dropout; Phi, GPT-NeoX and StableLM: their sublayers'
+  // (ModelSpec::branch_dropout).
+  double dropout = 0.0;
   // Dropout on the attention probabilities while training (HF's attn_pdrop for GPT-2,
   // attention_dropout for the Llama family; ops::AttentionDropout).
   double attention_dropout = 0.0;
@@ -167,6 +169,10 @@ struct ModelSpec {
   // without a bias, Phi's, GPT-NeoX's and StableLM's with one (torch's nn.LayerNorm).
   bool centered_norms() const { return cohere() || biased_norms(); }
   bool biased_norms() const { return phi() || gpt_neox() || stablelm(); }
+  // The Llama-family layers whose HF models drop a sublayer's output while training, with
+  // `dropout`: Phi's resid_pdrop (the attention's and the MLP's outputs), GPT-NeoX's
+  // hidden_dropout (those and the embedding's), StableLM's hidden_dropout (the MLP's alone).
+  bool branch_dropout() const { return phi() || gpt_neox() || stablelm(); }
   // Phi's and GPT-NeoX's MLP: up (fc1, dense_h_to_4h) and down (fc2, dense_4h_to_h), both with a
   // bias, around a gelu (mlp_gelu: Phi's gelu_new is the tanh form, Pythia's gelu the exact one).
   bool gelu_mlp() const { return phi() || gpt_neox(); }

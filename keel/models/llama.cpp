@@ -288,6 +288,12 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s, int64_t layer)
     mlp = register_module("mlp", std::make_unique<LlamaMLP>(s));
   if (s.sandwich_norms() || s.post_norms())
     post_feedforward_layernorm = register_module("post_feedforward_layernorm", hidden_norm(s));
+  if (s.branch_dropout()) {  // HF's post_attention_dropout / post_mlp_dropout (Phi's resid_dropout)
+    if (!s.stablelm())
+      attention_dropout =
+          register_module("post_attention_dropout", std::make_unique<nn::Dropout>(s.dropout));
+    mlp_dropout = register_module("post_mlp_dropout", std::make_unique<nn::Dropout>(s.dropout));
+  }
 }
 
 Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mask,
@@ -299,17 +305,21 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mas
                                          self_attn->forward(x, mask, backend, caches, layer)));
       return nn::residual_add(h, post_feedforward_layernorm->forward(feed_forward(h)));
     }
+    // Phi's, GPT-NeoX's and StableLM's dropout of a sublayer's output while training.
+    auto dropped = [](nn::Dropout* d, const Tensor& y) { return d ? d->forward(y) : y; };
     if (parallel) {  // both branches read x (through one norm, or a GPT-NeoX's two)
       const Tensor h = input_layernorm->forward(x);
-      Tensor a = self_attn->forward(h, mask, backend, caches, layer);
+      Tensor a = dropped(attention_dropout, self_attn->forward(h, mask, backend, caches, layer));
       // Cohere, StableLM: (x + attention(h)) + mlp(h).
-      if (residual_first) return nn::residual_add(nn::residual_add(x, a), feed_forward(h));
+      if (residual_first)
+        return nn::residual_add(nn::residual_add(x, a), dropped(mlp_dropout, feed_forward(h)));
       // Phi and GPT-NeoX: (attention + mlp) + x, the branches' sum in their dtype (16-bit under
       // -mixed, as HF's autocast adds them) before the f32 residual.
       Tensor m = feed_forward(post_attention_layernorm ? post_attention_layernorm->forward(x) : h);
-      return nn::residual_add(nn::residual_add(a, m), x);
+      return nn::residual_add(nn::residual_add(a, dropped(mlp_dropout, m)), x);
     }
-    Tensor a = self_attn->forward(input_layernorm->forward(x), mask, backend, caches, layer);
+    Tensor a = dropped(attention_dropout, self_attn->forward(input_layernorm->forward(x), mask,
+                                                             backend, caches, layer));
     if (residual_multiplier != 1) {  // Granite: residual + sublayer(x) * residual_multiplier
       const float m = static_cast<float>(residual_multiplier);
       Tensor h = nn::residual_add(x, ops::scale(a, m));
@@ -317,7 +327,8 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mas
     }
     if (!pre_feedforward_layernorm) {
       Tensor h = nn::residual_add(x, a);
-      return nn::residual_add(h, feed_forward(post_attention_layernorm->forward(h)));
+      return nn::residual_add(
+          h, dropped(mlp_dropout, feed_forward(post_attention_layernorm->forward(h))));
     }
     // Gemma-2 (HF's Gemma2DecoderLayer): each sublayer's output normalized before its residual.
     Tensor h = nn::residual_add(x, post_attention_layernorm->forward(a));
@@ -334,6 +345,8 @@ LlamaModel::LlamaModel(const ModelSpec& s) : nn::Module("LlamaModel") {
     layers.push_back(
         register_module("layers." + std::to_string(i), std::make_unique<LlamaDecoderLayer>(s, i)));
   norm = register_module(names.final_norm, hidden_norm(s));
+  if (s.gpt_neox())  // (HF's GPTNeoXModel drops the embedding's output by hidden_dropout too)
+    embed_dropout = register_module("emb_dropout", std::make_unique<nn::Dropout>(s.dropout));
 }
 
 LlamaForCausalLM::LlamaForCausalLM(const ModelSpec& s, uint64_t seed)
@@ -361,6 +374,7 @@ Tensor LlamaForCausalLM::run(const Tensor& ids, const ops::AttentionMask& mask,
     if (balance && !nn::Module::recomputing())
       balance->begin(caches ? Tensor() : mask.key_padding, ids.numel());
     Tensor x = model->embed_tokens->forward(ids);
+    if (model->embed_dropout) x = model->embed_dropout->forward(x);
     if (spec_.gemma()) {
       // HF's GemmaModel: the embeddings times sqrt(hidden_size), that factor rounded to their
       // dtype first (torch.tensor(hidden_size**0.5, dtype=hidden_states.dtype)).

@@ -106,6 +106,9 @@ class LlamaDecoderLayer : public nn::Module {
   // post_attention_layernorm then normalizes the attention's output; else null.
   nn::RMSNorm *pre_feedforward_layernorm = nullptr, *post_feedforward_layernorm = nullptr;
   double residual_multiplier = 1;  // Granite's: each sublayer's output scaled before its add
+  // ModelSpec::branch_dropout's on the attention's output (Phi, GPT-NeoX) and the MLP's (and
+  // StableLM); else null.
+  nn::Dropout *attention_dropout = nullptr, *mlp_dropout = nullptr;
   LlamaAttention* self_attn;
   LlamaMLP* mlp = nullptr;        // a dense layer's
   LlamaSparseMoe* moe = nullptr;  // a sparse layer's (ModelSpec::moe_layer)
@@ -117,7 +120,8 @@ class LlamaModel : public nn::Module {
   explicit LlamaModel(const ModelSpec& s);
   nn::Embedding* embed_tokens;  // GPT-NeoX's embed_in
   std::vector<LlamaDecoderLayer*> layers;
-  nn::RMSNorm* norm;  // Phi's final_layernorm, GPT-NeoX's final_layer_norm
+  nn::RMSNorm* norm;                     // Phi's final_layernorm, GPT-NeoX's final_layer_norm
+  nn::Dropout* embed_dropout = nullptr;  // GPT-NeoX's emb_dropout (ModelSpec::branch_dropout)
 };
 
 class LlamaForCausalLM : public CausalLM {

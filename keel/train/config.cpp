@@ -1035,19 +1035,23 @@ void check_keys_take_effect(const Config& cfg) {
                     " damps SGD's momentum, but optim.momentum = 0 keeps none; set "
                     "optim.momentum, or remove optim.dampening",
                 Error::kUsage);
-  // model.dropout drops GPT-2's residual streams and embedding (HF's resid_pdrop, embd_pdrop). A
-  // Llama-family model has no such layers (HF's has none: its only dropout is attention_dropout,
-  // on the attention probabilities: model.attention_dropout), and trained as without the key.
+  // model.dropout drops GPT-2's residual streams and embedding (HF's resid_pdrop, embd_pdrop), and
+  // Phi's, GPT-NeoX's and StableLM's sublayer outputs. Another Llama-family model has no such
+  // layers (HF's has none: its only dropout is attention_dropout, on the attention probabilities:
+  // model.attention_dropout), and trained as without the key.
   if (cfg.model.dropout > 0) {
     const bool from_dir = !cfg.model.path.empty();
     const models::ModelSpec file_spec =
         from_dir ? io::read_hf_config(cfg.model.path).spec : models::ModelSpec{};
-    if (from_dir ? file_spec.family == "llama" : cfg.model.family == "llama")
+    // (Phi, GPT-NeoX and StableLM drop their sublayers' outputs: ModelSpec::branch_dropout.)
+    if (from_dir ? file_spec.family == "llama" && !file_spec.branch_dropout()
+                 : cfg.model.family == "llama")
       throw Error(
           "model.dropout = " + format_double(cfg.model.dropout, false) + " with " +
               (from_dir ? "model.path = " + cfg.model.path + " (" + file_spec.architecture() + ")"
                         : std::string("model.family = \"llama\"")) +
-              ": keel's Llama-family models have no such dropout layers (HF's "
+              ": keel's Llama-family models have no such dropout layers but Phi's, GPT-NeoX's "
+              "and StableLM's (HF's "
               "LlamaForCausalLM drops nothing but, where config.json's attention_dropout "
               "says so, attention probabilities: model.attention_dropout); remove "
               "model.dropout (model.adapter.dropout is an adapter's input dropout)",

@@ -325,12 +325,19 @@ void say_file_dropouts(const io::HfConfig& hf, const Config& cfg, const Say& say
     const auto p = hf.json.find(d.file_key);
     if (p == hf.json.end() || !p->is_number() || p->get<double>() == d.value) continue;
     const std::string given = std::string(d.file_key) + " = " + p->dump();
-    if (hf.spec.family != "gpt2" && std::string(d.key) == "model.dropout") {
+    // The one file key model.dropout stands for beside GPT-2's: Phi's resid_pdrop, GPT-NeoX's and
+    // StableLM's hidden_dropout (ModelSpec::branch_dropout).
+    const std::string own = hf.spec.phi() ? "resid_pdrop" : "hidden_dropout";
+    if (hf.spec.family != "gpt2" && std::string(d.key) == "model.dropout" &&
+        !(hf.spec.branch_dropout() && d.file_key == own)) {
       if (p->get<double>() > 0)
-        say_or_print(say, "note: " + file + "'s " + given + " is not applied: keel's " +
-                              hf.spec.architecture() +
-                              " has no residual or embedding dropout (HF's applies it while "
-                              "training)");
+        say_or_print(
+            say,
+            "note: " + file + "'s " + given + " is not applied: keel's " + hf.spec.architecture() +
+                (hf.spec.branch_dropout() ? " drops its sublayers' outputs by model.dropout (" +
+                                                own + "'s), not its embedding"
+                                          : std::string(" has no residual or embedding dropout")) +
+                " (HF's applies it while training)");
       continue;
     }
     say_or_print(say, "note: " + file + "'s " + given + " (HF trains with it) differs from " +

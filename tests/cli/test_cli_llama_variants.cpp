@@ -524,7 +524,27 @@ TEST(CliPhi, InitModelWritesOneALoraTrainsAndItsResidualDropoutIsSaid) {
                                   "log.tensorboard=false"}),
       {"OMP_NUM_THREADS=1"});
   EXPECT_EQ(said.code, 0) << said.output;
-  EXPECT_CONTAINS(said.output, "resid_pdrop = 0.1 is not applied: keel's phi has no residual");
+  EXPECT_CONTAINS(said.output,
+                  "resid_pdrop = 0.1 (HF trains with it) differs from model.dropout = 0.0 (no "
+                  "dropout); set model.dropout = 0.1 to train as HF does");
+  // With it, the run drops the attention's and the MLP's outputs (another loss, the same at each
+  // repeat: the masks come from run.seed), and the export says the dropout it trained with.
+  auto dropped_run = [&](const std::string& out, double p) {
+    const test::KeelRun r = test::run_keel(
+        test::with_sets({"train"}, {"model.path=" + dir + "/base", "run.out_dir=" + dir + out,
+                                    "train.max_steps=2", "data.seq_len=24", "run.threads=1",
+                                    "log.tensorboard=false", "model.dropout=" + std::to_string(p)}),
+        {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    const std::vector<json> steps = test::step_records(dir + out);
+    return steps.empty() ? -1.0 : steps.front().at("loss").get<double>();
+  };
+  const double plain = dropped_run("/p0", 0), dropped = dropped_run("/p1", 0.1);
+  EXPECT_NE(dropped, plain);
+  EXPECT_EQ(dropped_run("/p1b", 0.1), dropped);
+  const test::KeelRun ex = test::run_keel({"export", dir + "/p1", "--out", dir + "/p1-hf"});
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  EXPECT_EQ(read_json_file(dir + "/p1-hf/config.json").at("resid_pdrop"), 0.1);
   // RoPE on another share of each head computes otherwise; one that is not pairs, or a q/k norm,
   // is refused naming the field.
   const double half = eval_loss(dir + "/base", dir + "/t.txt");

@@ -221,6 +221,43 @@ TEST(Checkpoint, MixturesOfExpertsMatchToo) {
   EXPECT_GT(first_losses[3], first_losses[1]);
 }
 
+// Phi's, GPT-NeoX's and StableLM's dropout of their sublayers' outputs (model.dropout) draws the
+// same masks when a checkpointed block recomputes: the same bits with and without checkpointing,
+// and another loss than without the dropout.
+TEST(Checkpoint, SublayerDropoutsOfPhiGptNeoxAndStableLmMatchToo) {
+  for (const char* family : {"phi", "gpt_neox", "stablelm_par"}) {
+    models::ModelSpec s = test::tiny_model_spec(family);
+    s.n_layer = 3;
+    s.vocab_size = 259;
+    s.max_seq_len = 32;
+    const std::string base = test::temp_dir(std::string("ckpt-") + family + "-base");
+    io::save_hf_model(*models::make_causal_lm(s, 5), base);
+    std::vector<double> first_losses;
+    for (const double dropout : {0.0, 0.1}) {
+      const CkptCase k{"llama", "bf16-mixed", "lora"};
+      const std::string tag = std::string(family) + (dropout > 0 ? "_dropout" : "_plain");
+      auto config = [&](const std::string& checkpointing) {
+        Config c = ckpt_config(k, checkpointing, tag + "_" + checkpointing);
+        c.model = ModelConfig{};
+        c.model.path = base;
+        c.model.dropout = dropout;
+        c.model.adapter.kind = k.adapter;
+        c.model.adapter.r = 4;
+        c.model.adapter.target_modules = {s.gpt_neox() ? "query_key_value" : "q_proj"};
+        return c;
+      };
+      const CkptTrace plain = ckpt_trace(config("none"));
+      const CkptTrace ckpt = ckpt_trace(config("blocks"));
+      SCOPED_TRACE(tag);
+      ckpt_expect_same_run(plain, ckpt);
+      EXPECT_EQ(ckpt.block_recomputes, 3 * 2 * 3);
+      first_losses.push_back(plain.loss.at(0));
+    }
+    ASSERT_EQ(first_losses.size(), 2u);
+    EXPECT_NE(first_losses[0], first_losses[1]) << family << ": the dropout dropped nothing";
+  }
+}
+
 TEST(Checkpoint, AGradAccumOfOneMatchesToo) {
   CkptCase k{"llama", "16-mixed", "dora"};
   Config a = ckpt_config(k, "none", "acc1_none"), b = ckpt_config(k, "blocks", "acc1_blocks");
