@@ -1182,6 +1182,35 @@ TEST(CliMoe, ANanInARouterIsCapturedAndReplaysBitForBit) {
   EXPECT_TRUE(j.at("reproduced").get<bool>()) << rep.out;
 }
 
+// A NaN in a GPT-NeoX's attention output (debug.inject at step 2) under its sublayer dropout
+// (model.dropout: HF's hidden_dropout on the embedding and both branches) and the attention
+// probabilities': captured, and keel replay reproduces the step bit for bit, every dropout mask
+// drawn again from the step's seed and the module's path.
+TEST(CliGptNeox, ANanUnderItsDropoutsIsCapturedAndReplaysBitForBit) {
+  const std::string dir = test::temp_dir("cli-neox-replay");
+  models::ModelSpec s = test::tiny_model_spec("gpt_neox");
+  s.vocab_size = 259;
+  s.max_seq_len = 32;
+  io::save_hf_model(*models::make_causal_lm(s, 5), dir + "/base");
+  const test::KeelRun r = test::run_keel(
+      test::with_sets(
+          {"train"},
+          {"run.out_dir=" + dir + "/out", "run.threads=1", "model.path=" + dir + "/base",
+           "data.seq_len=16", "train.max_steps=4", "train.grad_accum=2", "model.dropout=0.1",
+           "model.attention_dropout=0.1", "debug.inject.module=gpt_neox.layers.1.attention.dense",
+           "debug.inject.step=2", "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_CONTAINS(r.err, "debug.inject put nan into gpt_neox.layers.1.attention.dense's output");
+  const std::string capture = dir + "/out/debug/nan_capture/rank0";
+  ASSERT_TRUE(fs::exists(capture + "/capture.json")) << r.err;
+  const test::KeelRun rep = test::run_keel({"replay", capture, "--json"}, {"OMP_NUM_THREADS=1"});
+  ASSERT_EQ(rep.code, 0) << rep.output;
+  const json j = json::parse(rep.out);
+  EXPECT_TRUE(j.at("bit_exact").get<bool>()) << rep.out;
+  EXPECT_TRUE(j.at("reproduced").get<bool>()) << rep.out;
+}
+
 // The load-balancing loss (model.router_aux_loss_coef, HF's router_aux_loss_coef where
 // output_router_logits is set): with one micro-batch a step, the loss is the cross-entropy plus
 // the weight times moe/aux_loss (the same forward: step 1 of two runs differs by exactly that);
