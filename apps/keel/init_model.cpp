@@ -271,11 +271,12 @@ Command add_init_model(CLI::App& app) {
          "attention and a gelu MLP side by side on one LayerNorm, biases, RoPE on half of each "
          "head) | gpt_neox (Pythia's: Phi's layers with a norm for each branch, q/k/v fused head "
          "by head, RoPE on a quarter of each head) | stablelm (StableLM-2's: Llama's layers with "
-         "biased LayerNorms and q/k/v biases, RoPE on a quarter of each head)")
-      ->check(CLI::IsMember({"gpt2",    "llama",     "gemma",     "gemma2",  "gemma3",  "granite",
-                             "olmo2",   "olmo3",     "exaone4",   "phi3",    "qwen2",   "qwen3",
-                             "smollm3", "qwen3_moe", "qwen2_moe", "olmoe",   "mixtral", "cohere",
-                             "cohere2", "phi",       "gpt_neox",  "stablelm"}))
+         "biased LayerNorms and q/k/v biases, RoPE on a quarter of each head) | olmo (OLMo's: "
+         "Llama's layers with LayerNorms without parameters)")
+      ->check(CLI::IsMember({"gpt2",    "llama",     "gemma",     "gemma2",   "gemma3",  "granite",
+                             "olmo2",   "olmo3",     "exaone4",   "phi3",     "qwen2",   "qwen3",
+                             "smollm3", "qwen3_moe", "qwen2_moe", "olmoe",    "mixtral", "cohere",
+                             "cohere2", "phi",       "gpt_neox",  "stablelm", "olmo"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

@@ -210,6 +210,7 @@ constexpr HfArchitecture kArchitectures[] = {
     {"phi", "PhiForCausalLM", nullptr, "llama"},             // parallel blocks, biases, gelu MLP
     {"gpt_neox", "GPTNeoXForCausalLM", nullptr, "llama"},    // Phi's, per-head qkv, two norms
     {"stablelm", "StableLmForCausalLM", nullptr, "llama"},  // Llama's with LayerNorms, partial RoPE
+    {"olmo", "OlmoForCausalLM", nullptr, "llama"},  // Llama's, LayerNorms without parameters
 };
 
 const HfArchitecture& architecture_of(const json& j, const std::string& file) {
@@ -549,6 +550,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
       j["use_parallel_residual"] = s.parallel_residual;
     }
     if (s.phi() || s.stablelm()) j["qk_layernorm"] = false;
+    if (s.olmo()) j["clip_qkv"] = nullptr;
     // The sublayer dropout the run trained with, as GPT-2's (a base's embd_pdrop stays its own).
     if (s.branch_dropout()) j[s.phi() ? "resid_pdrop" : "hidden_dropout"] = s.dropout;
     if (s.stablelm()) {
@@ -676,8 +678,10 @@ HfConfig read_hf_config(const std::string& dir) {
                                                                                    : 10000.0);
     // (Olmo2Config's and Olmo3Config's default eps is 1e-5; their files give it. Cohere's, Phi's
     // and GPT-NeoX's LayerNorms take layer_norm_eps, 1e-5 in their configs.)
-    s.norm_eps = s.centered_norms() ? c.number({"layer_norm_eps"}, 1e-5)
-                                    : c.number({"rms_norm_eps"}, s.post_norms() ? 1e-5 : 1e-6);
+    // (HF's OlmoLayerNorm takes 1e-5 whatever a file says.)
+    s.norm_eps = s.olmo()             ? 1e-5
+                 : s.centered_norms() ? c.number({"layer_norm_eps"}, 1e-5)
+                                      : c.number({"rms_norm_eps"}, s.post_norms() ? 1e-5 : 1e-6);
     // (Gemma, SmolLM3 and Cohere tie their head to the embedding unless the file says otherwise,
     // as their configs do.)
     s.tie_embeddings =
@@ -693,6 +697,13 @@ HfConfig read_hf_config(const std::string& dir) {
       if (c.boolean("use_qk_norm", false))
         throw unsupported("use_qk_norm = true (Command-R+'s per-head query and key LayerNorms)");
     }
+    // OLMo's clamp of the q/k/v projections (OLMoE's field too): keel's layers do not clamp.
+    if ((s.olmo() || s.hf_model_type == "olmoe") && c.find({"clip_qkv"}))
+      throw Error(file + ": clip_qkv = " + c.find({"clip_qkv"})->dump() + " (" +
+                      (s.olmo() ? "OLMo" : "OLMoE") +
+                      "'s clamp of the q/k/v projections) is not supported by keel's " +
+                      s.architecture() + " model; set it to null",
+                  Error::kUsage);
     if (s.stablelm()) {
       // StableLmConfig's defaults: no q/k/v biases, the branches in sequence (StableLM-2-1.6B's
       // file sets use_qkv_bias, the 12B's use_parallel_residual and qk_layernorm).
@@ -974,9 +985,6 @@ HfConfig read_hf_config(const std::string& dir) {
       if (mixtral && c.number({"router_jitter_noise"}, 0.0) != 0)
         throw unsupported("router_jitter_noise = " + c.find({"router_jitter_noise"})->dump() +
                           " (noise on the router's input while training); set it to 0");
-      if (variant == "olmoe" && c.find({"clip_qkv"}))
-        throw unsupported("clip_qkv = " + c.find({"clip_qkv"})->dump() +
-                          " (OLMoE's clamp of the q/k/v projections); set it to null");
     } else if (const json* experts = c.find({"num_experts", "num_local_experts"});
                experts && !(experts->is_number_integer() && experts->get<int64_t>() == 0)) {
       throw unsupported(std::string(c.find({"num_experts"}) ? "num_experts" : "num_local_experts") +

@@ -167,8 +167,11 @@ struct ModelSpec {
   bool shared_block_norm() const { return parallel_block() && !gpt_neox(); }
   // LayerNorms (the mean subtracted before the root mean square) in place of RMSNorms: Cohere's
   // without a bias, Phi's, GPT-NeoX's and StableLM's with one (torch's nn.LayerNorm).
-  bool centered_norms() const { return cohere() || biased_norms(); }
+  bool centered_norms() const { return cohere() || biased_norms() || olmo(); }
   bool biased_norms() const { return phi() || gpt_neox() || stablelm(); }
+  // An HF OLMo (OlmoForCausalLM: OLMo-1B, OLMo-7B, OLMo-1.7): Llama's layers with LayerNorms that
+  // have neither weight nor bias (HF's OlmoLayerNorm, its eps 1e-5 whatever the file says).
+  bool olmo() const { return hf_model_type == "olmo"; }
   // The Llama-family layers whose HF models drop a sublayer's output while training, with
   // `dropout`: Phi's resid_pdrop (the attention's and the MLP's outputs), GPT-NeoX's
   // hidden_dropout (those and the embedding's), StableLM's hidden_dropout (the MLP's alone).

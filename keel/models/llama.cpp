@@ -262,10 +262,14 @@ ops::MoeBalance* router_balance(nn::Module& model) {
 
 namespace {
 // A norm over the hidden size: Gemma's scale by 1 + weight, Cohere's a LayerNorm without bias,
-// Phi's and GPT-NeoX's a LayerNorm with one.
+// Phi's, GPT-NeoX's and StableLM's a LayerNorm with one, OLMo's one without parameters.
 std::unique_ptr<nn::RMSNorm> hidden_norm(const ModelSpec& s) {
+  using Affine = nn::RMSNorm::Affine;
   return std::make_unique<nn::RMSNorm>(s.n_embd, s.norm_eps, s.param_dtype, s.gemma(),
-                                       s.centered_norms(), s.biased_norms());
+                                       s.centered_norms(),
+                                       s.olmo()           ? Affine::kNone
+                                       : s.biased_norms() ? Affine::kWeightAndBias
+                                                          : Affine::kWeight);
 }
 }  // namespace
 

@@ -50,6 +50,7 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
   std::vector<ParamShape> p;
   // A norm's weight, and a LayerNorm's bias (Phi's, GPT-NeoX's).
   auto add_norm = [&](const std::string& path) {
+    if (s.olmo()) return;  // (OLMo's have no parameters)
     p.push_back({path + ".weight", {C}, false});
     if (s.biased_norms()) p.push_back({path + ".bias", {C}, false});
   };

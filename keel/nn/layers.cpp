@@ -44,20 +44,23 @@ Tensor LayerNorm::forward(const Tensor& x) {
   });
 }
 
-RMSNorm::RMSNorm(int64_t dim, double e, DType dt, bool offset, bool center, bool has_bias)
+RMSNorm::RMSNorm(int64_t dim, double e, DType dt, bool offset, bool center, Affine affine)
     : Module("RMSNorm"), eps(e), unit_offset(offset), centered(center) {
-  weight = register_parameter("weight", Tensor::full({dim}, offset ? 0.0f : 1.0f, dt));
-  KEEL_CHECK(!has_bias || center, "RMSNorm: only a centered norm (a LayerNorm) has a bias");
-  if (has_bias) bias = register_parameter("bias", Tensor::zeros({dim}, dt));
+  KEEL_CHECK(affine == Affine::kWeight || center,
+             "RMSNorm: only a centered norm (a LayerNorm) has a bias or no weight");
+  if (affine != Affine::kNone)
+    weight = register_parameter("weight", Tensor::full({dim}, offset ? 0.0f : 1.0f, dt));
+  if (affine == Affine::kWeightAndBias) bias = register_parameter("bias", Tensor::zeros({dim}, dt));
 }
 
 Tensor RMSNorm::forward(const Tensor& x) {
   return call({x}, [&] {
-    Tensor xn = autocast(AmpOp::kRmsNorm, x), w = autocast(AmpOp::kRmsNorm, weight);
-    if (centered) {  // HF's CohereLayerNorm, nn.LayerNorm: in f32, then x's dtype
+    Tensor xn = autocast(AmpOp::kRmsNorm, x);
+    Tensor w = weight.defined() ? autocast(AmpOp::kRmsNorm, weight) : Tensor();
+    if (centered) {  // HF's CohereLayerNorm, OlmoLayerNorm, nn.LayerNorm: in f32, then x's dtype
       const DType out = xn.dtype();
       if (out != DType::F32) xn = ops::cast(xn, DType::F32);
-      if (w.dtype() != DType::F32) w = ops::cast(w, DType::F32);
+      if (w.defined() && w.dtype() != DType::F32) w = ops::cast(w, DType::F32);
       Tensor b = bias.defined() ? autocast(AmpOp::kRmsNorm, bias) : Tensor();
       if (b.defined() && b.dtype() != DType::F32) b = ops::cast(b, DType::F32);
       const Tensor y = ops::layer_norm(xn, w, b, static_cast<float>(eps));

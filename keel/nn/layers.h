@@ -46,13 +46,15 @@ class RMSNorm : public Module {
  public:
   // `unit_offset`: Gemma's norm, which scales by 1 + weight (the weight stored as that offset,
   // 0 at construction); else by weight (1 at construction). `centered`: a LayerNorm (the mean
-  // subtracted before the root mean square), in f32 and cast back to x's dtype: Cohere's without
-  // a bias (HF's CohereLayerNorm), Phi's and GPT-NeoX's with one (`bias`: torch's nn.LayerNorm,
-  // which computes a 16-bit input in f32 too).
+  // subtracted before the root mean square), in f32 and cast back to x's dtype, whose `affine`
+  // parameters are a weight (Cohere's CohereLayerNorm), a weight and a bias (Phi's, GPT-NeoX's,
+  // StableLM's: torch's nn.LayerNorm, which computes a 16-bit input in f32 too), or none (OLMo's
+  // OlmoLayerNorm).
+  enum class Affine { kWeight, kWeightAndBias, kNone };
   RMSNorm(int64_t dim, double eps, DType dt = DType::F32, bool unit_offset = false,
-          bool centered = false, bool bias = false);
+          bool centered = false, Affine affine = Affine::kWeight);
   Tensor forward(const Tensor& x);
-  Tensor weight, bias;  // [dim]; bias undefined but for a centered norm that has one
+  Tensor weight, bias;  // [dim] or undefined (as `affine` says)
   double eps;
   bool unit_offset, centered;
 };

@@ -313,7 +313,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // and experts trained), a Mixtral's LoRA (its experts' w2 and its router), a Cohere's LoRA (its
   // parallel blocks, LayerNorms without bias, adjacent-pair RoPE and logit_scale), a Phi's LoRA
   // (its biased q/v and fc2), a GPT-NeoX whole (its per-head query_key_value, biases trained), a
-  // StableLM's LoRA (its biased LayerNorms and q/k/v, a quarter of each head turned).
+  // StableLM's LoRA (its biased LayerNorms and q/k/v, a quarter of each head turned), an OLMo's
+  // LoRA (its LayerNorms without parameters).
   for (const auto& [family, kind] : std::vector<std::pair<std::string, std::string>>{
            {"gpt2", "lora"},      {"llama", "lora"},      {"phi3", "lora"},    {"phi4m", "lora"},
            {"gemma", "none"},     {"gemma2", "lora"},     {"gemma3", "none"},  {"qwen2", "none"},
@@ -321,7 +322,7 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
            {"olmo2", "lora"},     {"llama-yarn", "lora"}, {"olmo3", "lora"},   {"exaone4", "lora"},
            {"qwen3_moe", "lora"}, {"olmoe", "none"},      {"mixtral", "lora"}, {"cohere", "lora"},
            {"qwen2_moe", "lora"}, {"cohere2", "lora"},    {"phi", "lora"},     {"gpt_neox", "none"},
-           {"stablelm", "lora"}}) {
+           {"stablelm", "lora"},  {"olmo", "lora"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);
@@ -348,7 +349,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
     // (OLMo-2's norms after each sublayer scale a sublayer's small outputs, bf16's weight
     // rounding with them: up to 4% of the largest logit in this tiny model, against 3% for the
     // pre-norm models.)
-    const bool post_norms = out.find("export-olmo") != std::string::npos ||
+    const bool post_norms = out.find("export-olmo2") != std::string::npos ||
+                            out.find("export-olmo3") != std::string::npos ||
                             out.find("export-exaone4") != std::string::npos;
     expect_close(torch_logits, want, bf16 ? (post_norms ? 6e-2 : 3e-2) : 1e-5,
                  out + ": torch vs the checkpoint");

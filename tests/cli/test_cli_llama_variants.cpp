@@ -647,6 +647,33 @@ TEST(CliStableLm, InitModelWritesOneALoraTrainsAndTheParallelBlockComputes) {
   EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), sequential);
 }
 
+// OLMo (OlmoForCausalLM: OLMo-1B, OLMo-7B): Llama's layers with LayerNorms that have no
+// parameters. init-model writes one without norm tensors, a LoRA trains and its adapter applies,
+// the cached decode equals the uncached, and its clamp of q, k and v (clip_qkv) is refused.
+TEST(CliOlmo, InitModelWritesOneWithoutNormWeightsAndALoraTrains) {
+  const std::string dir = test::temp_dir("cli-olmo");
+  const json cfg = init_family("olmo", "OlmoForCausalLM", dir, "2");
+  EXPECT_TRUE(cfg.at("clip_qkv").is_null());
+  const test::KeelRun mem = test::run_keel({"memory", "--model", dir + "/base", "--json"});
+  ASSERT_EQ(mem.code, 0) << mem.output;
+  // The embedding 259 x 32 (tied) and per layer q_proj and o_proj 32 x 32, k_proj and v_proj
+  // 16 x 32, gate/up/down 3 x 32 x 96: no norm holds a parameter.
+  EXPECT_EQ(json::parse(mem.out).at("params").get<int64_t>(),
+            259 * 32 + 2 * (2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 96));
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2"}).at("model_type"),
+            "olmo");
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+  ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
+  json clip = cfg;
+  clip["clip_qkv"] = 8.0;
+  expect_config_refused(dir, clip,
+                        dir +
+                            "/base/config.json: clip_qkv = 8.0 (OLMo's clamp of the q/k/v "
+                            "projections) is not supported by keel's olmo model; set it to null");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+}
+
 // A 4-layer `family` base in DIR/base from init-model: three sliding layers and a full one over
 // its config's default window (4096) under HF architecture `arch`. Returns its config.json.
 json init_three_of_four_sliding(const std::string& family, const std::string& arch,

@@ -735,11 +735,11 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
   m = error_of([&] { load_hf_model(dir); });
   EXPECT_CONTAINS(m, "rope_scaling must be an object or null");
   cfg = config_of(spec);
-  cfg["model_type"] = "olmo";
-  cfg["architectures"] = {"OlmoForCausalLM"};
+  cfg["model_type"] = "falcon";
+  cfg["architectures"] = {"FalconForCausalLM"};
   write_hf_dir(dir, cfg, tensors);
   m = error_of([&] { load_hf_model(dir); });
-  EXPECT_CONTAINS(m, "OlmoForCausalLM");
+  EXPECT_CONTAINS(m, "FalconForCausalLM");
   EXPECT_CONTAINS(m, "unsupported model");
   EXPECT_CONTAINS(
       m,
@@ -751,7 +751,8 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
       "Qwen2ForCausalLM (qwen2), "
       "Qwen3ForCausalLM (qwen3), Qwen3MoeForCausalLM (qwen3_moe), "
       "Qwen2MoeForCausalLM (qwen2_moe), SmolLM3ForCausalLM (smollm3), CohereForCausalLM "
-      "(cohere), Cohere2ForCausalLM (cohere2)");
+      "(cohere), Cohere2ForCausalLM (cohere2), PhiForCausalLM (phi), GPTNeoXForCausalLM "
+      "(gpt_neox), StableLmForCausalLM (stablelm), OlmoForCausalLM (olmo)");
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};
@@ -1427,12 +1428,12 @@ TEST(HfModel, CohereReadsItsPublishedConfigs) {
                   "logit_scale = 0 must be a number > 0");
 }
 
-// Phi-2 (PhiForCausalLM), Pythia / GPT-NeoX-20B (GPTNeoXForCausalLM) and StableLM-2-1.6B
-// (StableLmForCausalLM) as published: their LayerNorms with biases, partial RoPE, gelu MLPs,
-// parallel blocks and biases, counted to the parameter (Pythia-160M's 162,322,944 as EleutherAI
-// lists it; Phi-2's 2.78B; GPT-NeoX-20B's 20.55B; StableLM-2's 1.64B), and written back as HF
-// reads them.
-TEST(HfModel, PhiGptNeoxAndStableLmReadTheirPublishedConfigs) {
+// Phi-2 (PhiForCausalLM), Pythia / GPT-NeoX-20B (GPTNeoXForCausalLM), StableLM-2-1.6B
+// (StableLmForCausalLM) and OLMo-1B (OlmoForCausalLM) as published: their LayerNorms with biases,
+// partial RoPE, gelu MLPs, parallel blocks and biases, counted to the parameter (Pythia-160M's
+// 162,322,944 as EleutherAI lists it; Phi-2's 2.78B; GPT-NeoX-20B's 20.55B; StableLM-2's 1.64B),
+// and written back as HF reads them.
+TEST(HfModel, PhiGptNeoxStableLmAndOlmoReadTheirPublishedConfigs) {
   auto read = [](const char* file) {
     const std::string dir = test::temp_dir("hf-phi-neox");
     fs::copy_file(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/" + file,
@@ -1503,6 +1504,19 @@ TEST(HfModel, PhiGptNeoxAndStableLmReadTheirPublishedConfigs) {
     EXPECT_EQ(back.at("use_parallel_residual"), false);
     EXPECT_EQ(back.at("layer_norm_eps"), 1e-5);
   }
+  // OLMo-1B (OlmoForCausalLM): Llama's layers, tied, with LayerNorms that have no parameters;
+  // 1,176,764,416 parameters.
+  {
+    const models::ModelSpec s = read("olmo_1b.json");
+    EXPECT_EQ(s.architecture(), "olmo");
+    EXPECT_TRUE(s.centered_norms() && s.tie_embeddings);
+    EXPECT_EQ(s.norm_eps, 1e-5);
+    EXPECT_EQ(models::parameter_count(s),
+              16 * (4 * 2048 * 2048 + 3 * 2048 * int64_t{8192}) + 50304 * 2048);
+    const nlohmann::json back = io::hf_config_json(s, DType::F32);
+    EXPECT_EQ(back.at("architectures")[0], "OlmoForCausalLM");
+    EXPECT_TRUE(back.at("clip_qkv").is_null());
+  }
   // What keel does not run is refused naming the field; use_parallel_residual = false and
   // attention_bias = false are read.
   const std::string dir = test::temp_dir("hf-neox-fields");
@@ -1529,7 +1543,8 @@ TEST(HfModel, PhiGptNeoxAndStableLmReadTheirPublishedConfigs) {
            {"pythia_160m.json", {{"rotary_pct", 1.5}}, "rotary_pct must be a number in (0, 1]"},
            {"stablelm_2_1_6b.json",
             {{"qk_layernorm", true}},
-            "qk_layernorm = true (StableLM-2-12B"}}) {
+            "qk_layernorm = true (StableLM-2-12B"},
+           {"olmo_1b.json", {{"clip_qkv", 8.0}}, "clip_qkv = 8.0 (OLMo's clamp of the q/k/v"}}) {
     SCOPED_TRACE(needle);
     with(file, fields);
     try {

@@ -41,15 +41,16 @@ namespace keel::test {
 // the exact gelu, q/k/v one product head by head, a norm for each branch); "gpt_neox_seq": the
 // same without use_parallel_residual (the branches in sequence). "stablelm": a StableLM-2 (Llama's
 // layers with biased LayerNorms and q/k/v biases, RoPE on 2 of 8 channels, two query heads a
-// key/value head); "stablelm_par": with use_parallel_residual and no q/k/v biases.
+// key/value head); "stablelm_par": with use_parallel_residual and no q/k/v biases. "olmo": an OLMo
+// (Llama's layers with LayerNorms that have no parameters).
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
-    "gpt2",         "llama",    "qwen2",       "qwen3",   "qwen3_d8",  "mistral_w3", "qwen2_w3",
-    "phi3_w3",      "phi3_lr",  "phi3_sr",     "phi4m",   "gemma",     "gemma2",     "gemma3",
-    "smollm3",      "granite",  "olmo2",       "yarn",    "olmo3",     "exaone4",    "qwen3_moe",
-    "olmoe",        "mixtral",  "cohere",      "cohere2", "qwen2_moe", "phi",        "gpt_neox",
-    "gpt_neox_seq", "stablelm", "stablelm_par"};
+    "gpt2",         "llama",    "qwen2",        "qwen3",   "qwen3_d8",  "mistral_w3", "qwen2_w3",
+    "phi3_w3",      "phi3_lr",  "phi3_sr",      "phi4m",   "gemma",     "gemma2",     "gemma3",
+    "smollm3",      "granite",  "olmo2",        "yarn",    "olmo3",     "exaone4",    "qwen3_moe",
+    "olmoe",        "mixtral",  "cohere",       "cohere2", "qwen2_moe", "phi",        "gpt_neox",
+    "gpt_neox_seq", "stablelm", "stablelm_par", "olmo"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
@@ -68,21 +69,22 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool phi = family == "phi", neox = family.starts_with("gpt_neox"),
              stablelm = family.starts_with("stablelm");
   s.family = family != "gpt2" ? "llama" : family;
-  s.hf_model_type = qwen       ? family.substr(0, 5)
-                    : mistral  ? "mistral"
-                    : phi3     ? "phi3"
-                    : gemma    ? (family == "gemma3" ? "gemma3_text" : family)
-                    : smollm3  ? "smollm3"
-                    : granite  ? "granite"
-                    : olmo2    ? "olmo2"
-                    : olmo3    ? "olmo3"
-                    : exaone4  ? "exaone4"
-                    : cohere   ? family
-                    : phi      ? "phi"
-                    : neox     ? "gpt_neox"
-                    : stablelm ? "stablelm"
-                    : moe      ? family
-                               : "";
+  s.hf_model_type = qwen               ? family.substr(0, 5)
+                    : mistral          ? "mistral"
+                    : phi3             ? "phi3"
+                    : gemma            ? (family == "gemma3" ? "gemma3_text" : family)
+                    : smollm3          ? "smollm3"
+                    : granite          ? "granite"
+                    : olmo2            ? "olmo2"
+                    : olmo3            ? "olmo3"
+                    : exaone4          ? "exaone4"
+                    : cohere           ? family
+                    : phi              ? "phi"
+                    : neox             ? "gpt_neox"
+                    : stablelm         ? "stablelm"
+                    : family == "olmo" ? "olmo"
+                    : moe              ? family
+                                       : "";
   if (moe) {
     s.moe.experts = 4;
     s.moe.per_token = 2;
