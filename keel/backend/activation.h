@@ -1,5 +1,5 @@
-// Kernel interface: activations (GELU, SiLU, SwiGLU, soft cap) and the element-wise transcendental
-// maps they are built from.
+// Kernel interface: activations (GELU, SiLU, SwiGLU, soft cap, clamp) and the element-wise
+// transcendental maps they are built from.
 //
 // Buffers hold n elements of one floating dtype `dt` (f32, bf16 or f16); values are computed in
 // f32 and rounded once on store (opmath). Backward kernels write (not accumulate) their gradients,
@@ -33,6 +33,11 @@ struct ActivationKernels {
   // dx = dout * (1 - tanh(x / cap)^2)
   void (*softcap_backward)(void* dx, const void* dout, const void* x, DType dt, int64_t n,
                            float cap);
+  // out = min(max(x, lo), hi), a NaN kept (torch.clamp's; OLMo's clip_qkv)
+  void (*clamp)(void* out, const void* x, DType dt, int64_t n, float lo, float hi);
+  // dx = dout where lo <= x <= hi, else 0 (torch's: the bounds pass, a NaN does not)
+  void (*clamp_backward)(void* dx, const void* dout, const void* x, DType dt, int64_t n, float lo,
+                         float hi);
   // out = exp(x), tanh(x), erf(x) with the vectorized f32 functions of backend/cpu/vec_math.inc
   // (<= 2 ulp in f32), for ops that need them and for the accuracy tests.
   void (*exp)(void* out, const void* x, DType dt, int64_t n);

@@ -550,7 +550,8 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
       j["use_parallel_residual"] = s.parallel_residual;
     }
     if (s.phi() || s.stablelm()) j["qk_layernorm"] = false;
-    if (s.olmo()) j["clip_qkv"] = nullptr;
+    if (s.olmo() || variant == "olmoe")
+      j["clip_qkv"] = s.clip_qkv > 0 ? json(s.clip_qkv) : json(nullptr);
     // The sublayer dropout the run trained with, as GPT-2's (a base's embd_pdrop stays its own).
     if (s.branch_dropout()) j[s.phi() ? "resid_pdrop" : "hidden_dropout"] = s.dropout;
     if (s.stablelm()) {
@@ -697,13 +698,14 @@ HfConfig read_hf_config(const std::string& dir) {
       if (c.boolean("use_qk_norm", false))
         throw unsupported("use_qk_norm = true (Command-R+'s per-head query and key LayerNorms)");
     }
-    // OLMo's clamp of the q/k/v projections (OLMoE's field too): keel's layers do not clamp.
-    if ((s.olmo() || s.hf_model_type == "olmoe") && c.find({"clip_qkv"}))
-      throw Error(file + ": clip_qkv = " + c.find({"clip_qkv"})->dump() + " (" +
-                      (s.olmo() ? "OLMo" : "OLMoE") +
-                      "'s clamp of the q/k/v projections) is not supported by keel's " +
-                      s.architecture() + " model; set it to null",
-                  Error::kUsage);
+    // OLMo's and OLMoE's clamp of the q/k/v projections (OLMo-1.7's 8; null: none).
+    if (s.olmo() || s.hf_model_type == "olmoe") {
+      s.clip_qkv = c.number({"clip_qkv"}, 0.0);
+      if (!(s.clip_qkv > 0 && std::isfinite(s.clip_qkv)) && c.find({"clip_qkv"}))
+        throw Error(file + ": clip_qkv = " + c.find({"clip_qkv"})->dump() +
+                        " must be a positive bound (OLMo-1.7's 8), or null for none",
+                    Error::kUsage);
+    }
     if (s.stablelm()) {
       // StableLmConfig's defaults: no q/k/v biases, the branches in sequence (StableLM-2-1.6B's
       // file sets use_qkv_bias, the 12B's use_parallel_residual and qk_layernorm).

@@ -100,6 +100,10 @@ void ModelSpec::validate() const {
               std::to_string(n_head) + "), not " + std::to_string(kv_heads()));
   if (moe.experts > 0 && gelu_mlp())
     throw bad(architecture() + " has no mixture-of-experts layers");
+  if (!(clip_qkv >= 0) || !std::isfinite(clip_qkv))
+    throw bad("clip_qkv must be finite and >= 0 (0: no clamp)");
+  if (clip_qkv > 0 && !olmo() && hf_model_type != "olmoe")
+    throw bad("clip_qkv clamps OLMo's and OLMoE's projections only");
   if (moe.experts < 0) throw bad("moe.experts must be >= 0 (0: a dense model)");
   if (moe.experts > 0) {
     if (family != "llama") throw bad("only the llama family has mixture-of-experts layers");

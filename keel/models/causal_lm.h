@@ -172,6 +172,9 @@ struct ModelSpec {
   // An HF OLMo (OlmoForCausalLM: OLMo-1B, OLMo-7B, OLMo-1.7): Llama's layers with LayerNorms that
   // have neither weight nor bias (HF's OlmoLayerNorm, its eps 1e-5 whatever the file says).
   bool olmo() const { return hf_model_type == "olmo"; }
+  // OLMo's and OLMoE's clip_qkv: the query, key and value projections (OLMoE's after its q/k
+  // norms) clamped to [-clip_qkv, clip_qkv] (OLMo-1.7's 8); 0: none.
+  double clip_qkv = 0;
   // The Llama-family layers whose HF models drop a sublayer's output while training, with
   // `dropout`: Phi's resid_pdrop (the attention's and the MLP's outputs), GPT-NeoX's
   // hidden_dropout (those and the embedding's), StableLM's hidden_dropout (the MLP's alone).

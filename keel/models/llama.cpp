@@ -33,7 +33,8 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
       interleaved(s.interleaved_rope()),
       sliding_window(s.layer_window(layer)),
       scores{static_cast<float>(s.attention_scale()), static_cast<float>(s.attn_softcap)},
-      attention_dropout(s.attention_dropout) {
+      attention_dropout(s.attention_dropout),
+      clip_qkv(static_cast<float>(s.clip_qkv)) {
   const int64_t d = s.head_dim();
   const ModelSpec::ModuleNames names = s.module_names();
   auto lin = [&](int64_t in, int64_t out, bool bias) {
@@ -70,6 +71,8 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
     // A decode of one prompt: positions from what its cache holds; rows side by side: each row's.
     const int64_t past = caches && caches->rows.size() == 1 ? caches->rows[0]->length : 0;
     Tensor q, k, v;
+    // OLMo's clip_qkv: each projection (OLMoE's q and k after their norms) clamped, as HF's clamp_.
+    auto clipped = [this](const Tensor& t) { return clip_qkv > 0 ? ops::clamp(t, clip_qkv) : t; };
     if (per_head_qkv) {
       // GPT-NeoX: one product whose columns go head by head, each head's q, k, then v (HF's
       // view(B, T, H, 3D) chunked in three).
@@ -91,11 +94,11 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
       k = ops::split_heads(qkv[1], n_kv_head);
       v = ops::split_heads(qkv[2], n_kv_head);
     } else if (norm_whole_projection) {  // OLMo-2: q and k normalized over all their heads
-      q = ops::split_heads(q_norm->forward(q_proj->forward(x)), n_head);
-      k = ops::split_heads(k_norm->forward(k_proj->forward(x)), n_kv_head);
+      q = ops::split_heads(clipped(q_norm->forward(q_proj->forward(x))), n_head);
+      k = ops::split_heads(clipped(k_norm->forward(k_proj->forward(x))), n_kv_head);
     } else {
-      q = ops::split_heads(q_proj->forward(x), n_head);     // [B,H,T,D]
-      k = ops::split_heads(k_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
+      q = ops::split_heads(clipped(q_proj->forward(x)), n_head);     // [B,H,T,D]
+      k = ops::split_heads(clipped(k_proj->forward(x)), n_kv_head);  // [B,Hkv,T,D]
     }
     if (q_norm && !norm_whole_projection) {  // Qwen3, Gemma-3, EXAONE-4: each head's D channels
       q = q_norm->forward(q);
@@ -120,7 +123,7 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
       q = ops::rope(q, theta, past, rope_scaling, rotary_dim);
       k = ops::rope(k, theta, past, rope_scaling, rotary_dim);
     }
-    if (!qkv_proj) v = ops::split_heads(v_proj->forward(x), n_kv_head);  // [B,Hkv,T,D]
+    if (!qkv_proj) v = ops::split_heads(clipped(v_proj->forward(x)), n_kv_head);  // [B,Hkv,T,D]
     q = amp::autocast(AmpOp::kAttention, q);
     k = amp::autocast(AmpOp::kAttention, k);
     v = amp::autocast(AmpOp::kAttention, v);

@@ -32,6 +32,7 @@ class LlamaAttention : public nn::Module {
   int64_t sliding_window;       // this layer's window (ModelSpec::layer_window); 0: every key
   ops::AttentionScores scores;  // q·kᵀ's scale and soft cap (Gemma-2's)
   double attention_dropout;     // on the probabilities (ModelSpec::attention_dropout)
+  float clip_qkv;               // OLMo's clamp of q, k and v (ModelSpec::clip_qkv); 0: none
 };
 
 class LlamaMLP : public nn::Module {

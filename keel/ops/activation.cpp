@@ -71,6 +71,33 @@ Tensor softcap(const Tensor& x, float cap) {
   return out;
 }
 
+struct ClampNode final : Node {
+  Tensor x;
+  float bound = 1;
+  std::vector<Tensor> backward(const Tensor& grad) override {
+    const Tensor g = grad_as(grad, x);
+    Tensor dx = Tensor::empty_like(x);
+    act(x).clamp_backward(dx.data(), g.data(), x.data(), x.dtype(), x.numel(), -bound, bound);
+    return {dx};
+  }
+  const char* name() const override { return "clamp"; }
+};
+
+Tensor clamp(const Tensor& x, float bound) {
+  check_floating("clamp", x);
+  KEEL_CHECK(bound > 0 && std::isfinite(bound),
+             "clamp: bound = " + std::to_string(bound) + " must be positive and finite");
+  Tensor out = Tensor::empty_like(x);
+  act(x).clamp(out.data(), x.data(), x.dtype(), x.numel(), -bound, bound);
+  if (any_requires_grad({&x})) {
+    auto n = std::make_shared<ClampNode>();
+    n->x = x;
+    n->bound = bound;
+    record_node(out, n, {&x});
+  }
+  return out;
+}
+
 struct SiluNode final : Node {
   Tensor x;
   std::vector<Tensor> backward(const Tensor& grad) override {

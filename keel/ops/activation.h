@@ -13,5 +13,8 @@ Tensor swiglu(const Tensor& gate, const Tensor& up);  // silu(gate) * up (Llama 
 // cap * tanh(x / cap), cap > 0: Gemma-2's final_logit_softcapping (and its attention's, inside the
 // attention kernels), smooth below cap and bounded by it.
 Tensor softcap(const Tensor& x, float cap);
+// min(max(x, -bound), bound), bound > 0 (torch.clamp: OLMo's clip_qkv on its q/k/v projections);
+// the gradient passes where -bound <= x <= bound. A NaN stays a NaN (and takes no gradient).
+Tensor clamp(const Tensor& x, float bound);
 
 }  // namespace keel::ops

@@ -649,7 +649,8 @@ TEST(CliStableLm, InitModelWritesOneALoraTrainsAndTheParallelBlockComputes) {
 
 // OLMo (OlmoForCausalLM: OLMo-1B, OLMo-7B): Llama's layers with LayerNorms that have no
 // parameters. init-model writes one without norm tensors, a LoRA trains and its adapter applies,
-// the cached decode equals the uncached, and its clamp of q, k and v (clip_qkv) is refused.
+// the cached decode equals the uncached, and OLMo-1.7's clamp of q, k and v (clip_qkv) computes
+// (a bound below the projections' values otherwise than none; one not positive is refused).
 TEST(CliOlmo, InitModelWritesOneWithoutNormWeightsAndALoraTrains) {
   const std::string dir = test::temp_dir("cli-olmo");
   const json cfg = init_family("olmo", "OlmoForCausalLM", dir, "2");
@@ -665,12 +666,19 @@ TEST(CliOlmo, InitModelWritesOneWithoutNormWeightsAndALoraTrains) {
             "olmo");
   ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
   ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
+  const double unclipped = eval_loss(dir + "/base", dir + "/t.txt");
   json clip = cfg;
-  clip["clip_qkv"] = 8.0;
+  clip["clip_qkv"] = 8.0;  // (above every value here: the same loss)
+  std::ofstream(dir + "/base/config.json") << clip.dump(2);
+  EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), unclipped);
+  clip["clip_qkv"] = 0.05;
+  std::ofstream(dir + "/base/config.json") << clip.dump(2);
+  EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), unclipped);
+  clip["clip_qkv"] = 0;
   expect_config_refused(dir, clip,
                         dir +
-                            "/base/config.json: clip_qkv = 8.0 (OLMo's clamp of the q/k/v "
-                            "projections) is not supported by keel's olmo model; set it to null");
+                            "/base/config.json: clip_qkv = 0 must be a positive bound "
+                            "(OLMo-1.7's 8), or null for none");
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
@@ -1066,10 +1074,10 @@ TEST(CliMoe, InitModelWritesEachAndALoraOnItsExpertsTrains) {
       bad["router_jitter_noise"] = 0.1;
       expect_config_refused(dir, bad, file + "router_jitter_noise = 0.1");
     }
-    if (family == "olmoe") {
+    if (family == "olmoe") {  // (its clip_qkv is read, as OLMo's: a bound of 0 is refused)
       bad = cfg;
-      bad["clip_qkv"] = 8;
-      expect_config_refused(dir, bad, file + "clip_qkv = 8 (OLMoE's clamp");
+      bad["clip_qkv"] = 0;
+      expect_config_refused(dir, bad, file + "clip_qkv = 0 must be a positive bound");
     }
     std::ofstream(dir + "/base/config.json") << cfg.dump(2);
   }

@@ -586,7 +586,8 @@ TEST(CudaTraining, OneStepOfGpt2AndLlamaBehavesAsOnTheCpu) {
 // heads wider than n_embd / n_head (Qwen3-0.6B's head_dim), Phi-3's fused projections and longrope
 // (past and within its original context), Gemma's 1 + w norms, GeGLU and scaled embedding,
 // Cohere's parallel blocks, bias-free LayerNorms and adjacent-pair RoPE (its q and k reordered),
-// Phi's and GPT-NeoX's biased LayerNorms, gelu MLPs and (GPT-NeoX) per-head fused q/k/v,
+// Phi's and GPT-NeoX's biased LayerNorms, gelu MLPs and (GPT-NeoX) per-head fused q/k/v, OLMo's
+// weightless LayerNorms and clamped q/k/v (ops::clamp's kernels),
 // with every attention backend: the loss and every gradient of one forward and backward as on the
 // CPU (the same weights), in f32 and under bf16 autocast.
 TEST(CudaTraining, LlamaFamilyModelsComputeAsOnTheCpu) {
@@ -596,8 +597,9 @@ TEST(CudaTraining, LlamaFamilyModelsComputeAsOnTheCpu) {
       Tensor::from_ints({5, 9, 2, 7, 3, 3, 8, -100, 4, 6, 1, 0, 2, -100, -100, -100}, {16});
   Tensor mask = Tensor::zeros({2, 8}, DType::U8);
   for (int64_t i = 0; i < 14; ++i) mask.data_as<uint8_t>()[i] = 1;
-  for (const char* family : {"qwen2", "qwen3", "qwen3_d8", "phi3_lr", "phi3_sr", "phi4m", "gemma",
-                             "smollm3", "granite", "olmo2", "yarn", "cohere", "phi", "gpt_neox"})
+  for (const char* family :
+       {"qwen2", "qwen3", "qwen3_d8", "phi3_lr", "phi3_sr", "phi4m", "gemma", "smollm3", "granite",
+        "olmo2", "yarn", "cohere", "phi", "gpt_neox", "olmo_clip"})
     for (const char* backend : {"eager", "math", "flash"})
       for (const bool mixed : {false, true}) {
         const std::string what =

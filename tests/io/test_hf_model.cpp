@@ -1517,6 +1517,16 @@ TEST(HfModel, PhiGptNeoxStableLmAndOlmoReadTheirPublishedConfigs) {
     EXPECT_EQ(back.at("architectures")[0], "OlmoForCausalLM");
     EXPECT_TRUE(back.at("clip_qkv").is_null());
   }
+  {  // OLMo-1.7's clamp, read and written back
+    const std::string dir = test::temp_dir("hf-olmo-clip");
+    nlohmann::json cfg = nlohmann::json::parse(
+        test::slurp(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/olmo_1b.json"));
+    cfg["clip_qkv"] = 8.0;
+    std::ofstream(dir + "/config.json") << cfg.dump();
+    const models::ModelSpec s = read_hf_config(dir).spec;
+    EXPECT_EQ(s.clip_qkv, 8.0);
+    EXPECT_EQ(io::hf_config_json(s, DType::F32).at("clip_qkv"), 8.0);
+  }
   // What keel does not run is refused naming the field; use_parallel_residual = false and
   // attention_bias = false are read.
   const std::string dir = test::temp_dir("hf-neox-fields");
@@ -1544,7 +1554,7 @@ TEST(HfModel, PhiGptNeoxStableLmAndOlmoReadTheirPublishedConfigs) {
            {"stablelm_2_1_6b.json",
             {{"qk_layernorm", true}},
             "qk_layernorm = true (StableLM-2-12B"},
-           {"olmo_1b.json", {{"clip_qkv", 8.0}}, "clip_qkv = 8.0 (OLMo's clamp of the q/k/v"}}) {
+           {"olmo_1b.json", {{"clip_qkv", -8.0}}, "clip_qkv = -8.0 must be a positive bound"}}) {
     SCOPED_TRACE(needle);
     with(file, fields);
     try {

@@ -1,4 +1,4 @@
-// gelu (exact, tanh), silu, swiglu and the vec_math.inc functions they use: f64 references,
+// gelu (exact, tanh), silu, swiglu, clamp and the vec_math.inc functions they use: f64 references,
 // gradient checks, PyTorch parity, special values, determinism, and every ISA against the others.
 #include <gtest/gtest.h>
 
@@ -168,6 +168,35 @@ TEST(Activation, SpecialValuesPropagateAsInPyTorch) {
   EXPECT_EQ(s[3], 0.f);
   EXPECT_LE(std::fabs(s[4]), 1e-11f);
   EXPECT_EQ(s[5], 30.f);
+}
+
+// OLMo's clip_qkv: torch.clamp(x, -b, b) in every dtype, its gradient passing where -b <= x <= b
+// (the bounds included, as torch's), a NaN kept with no gradient, an infinity clamped.
+TEST(Activation, ClampBoundsValuesAndPassesTheGradientInsideThem) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::nanf("");
+  for (DType dt : {DType::F32, DType::BF16, DType::F16}) {
+    const std::vector<float> xs = {-3.f, -1.f, -0.5f, 0.f, 0.75f, 1.f, 2.5f, nan, inf, -inf};
+    Tensor x = Tensor::from_floats(xs, {10}).to_dtype(dt).set_requires_grad(true);
+    Tensor y = ops::clamp(x, 1.f);
+    ASSERT_EQ(y.dtype(), dt);
+    backward(y, Tensor::full({10}, 2.f, dt));
+    const std::vector<float> yv = y.to_floats(), gv = x.grad().to_floats();
+    const std::vector<float> want = {-1.f, -1.f, -0.5f, 0.f, 0.75f, 1.f, 1.f, nan, 1.f, -1.f};
+    const std::vector<float> want_grad = {0.f, 2.f, 2.f, 2.f, 2.f, 2.f, 0.f, 0.f, 0.f, 0.f};
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (std::isnan(want[i]))
+        EXPECT_TRUE(std::isnan(yv[i])) << dtype_name(dt);
+      else
+        EXPECT_EQ(yv[i], want[i]) << dtype_name(dt) << " clamp(" << xs[i] << ")";
+      EXPECT_EQ(gv[i], want_grad[i]) << dtype_name(dt) << " grad at " << xs[i];
+    }
+  }
+  // Away from the bounds (a step of 1e-3 never crosses one here): the finite differences agree.
+  Tensor x = Tensor::from_floats({-2.f, -0.4f, 0.1f, 0.6f, 1.7f, -0.9f}, {2, 3});
+  expect_gradcheck([](const std::vector<Tensor>& in) { return ops::clamp(in[0], 1.f); }, {x}, {},
+                   "clamp");
+  EXPECT_THROW(ops::clamp(randn({2}, 1), 0.f), Error);
+  EXPECT_THROW(ops::clamp(randn({2}, 1), inf), Error);
 }
 
 TEST(Activation, RejectsBadInput) {

@@ -42,7 +42,7 @@ namespace keel::test {
 // same without use_parallel_residual (the branches in sequence). "stablelm": a StableLM-2 (Llama's
 // layers with biased LayerNorms and q/k/v biases, RoPE on 2 of 8 channels, two query heads a
 // key/value head); "stablelm_par": with use_parallel_residual and no q/k/v biases. "olmo": an OLMo
-// (Llama's layers with LayerNorms that have no parameters).
+// (Llama's layers with LayerNorms that have no parameters); "olmo_clip": with clip_qkv 1.
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
@@ -50,7 +50,7 @@ inline const std::vector<std::string> kFixtureFamilies = {
     "phi3_w3",      "phi3_lr",  "phi3_sr",      "phi4m",   "gemma",     "gemma2",     "gemma3",
     "smollm3",      "granite",  "olmo2",        "yarn",    "olmo3",     "exaone4",    "qwen3_moe",
     "olmoe",        "mixtral",  "cohere",       "cohere2", "qwen2_moe", "phi",        "gpt_neox",
-    "gpt_neox_seq", "stablelm", "stablelm_par", "olmo"};
+    "gpt_neox_seq", "stablelm", "stablelm_par", "olmo",    "olmo_clip"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
@@ -69,22 +69,22 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool phi = family == "phi", neox = family.starts_with("gpt_neox"),
              stablelm = family.starts_with("stablelm");
   s.family = family != "gpt2" ? "llama" : family;
-  s.hf_model_type = qwen               ? family.substr(0, 5)
-                    : mistral          ? "mistral"
-                    : phi3             ? "phi3"
-                    : gemma            ? (family == "gemma3" ? "gemma3_text" : family)
-                    : smollm3          ? "smollm3"
-                    : granite          ? "granite"
-                    : olmo2            ? "olmo2"
-                    : olmo3            ? "olmo3"
-                    : exaone4          ? "exaone4"
-                    : cohere           ? family
-                    : phi              ? "phi"
-                    : neox             ? "gpt_neox"
-                    : stablelm         ? "stablelm"
-                    : family == "olmo" ? "olmo"
-                    : moe              ? family
-                                       : "";
+  s.hf_model_type = qwen       ? family.substr(0, 5)
+                    : mistral  ? "mistral"
+                    : phi3     ? "phi3"
+                    : gemma    ? (family == "gemma3" ? "gemma3_text" : family)
+                    : smollm3  ? "smollm3"
+                    : granite  ? "granite"
+                    : olmo2    ? "olmo2"
+                    : olmo3    ? "olmo3"
+                    : exaone4  ? "exaone4"
+                    : cohere   ? family
+                    : phi      ? "phi"
+                    : neox     ? "gpt_neox"
+                    : stablelm ? "stablelm"
+                    : family.starts_with("olmo_") || family == "olmo" ? "olmo"
+                    : moe                                             ? family
+                                                                      : "";
   if (moe) {
     s.moe.experts = 4;
     s.moe.per_token = 2;
@@ -157,6 +157,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.mlp_gelu = phi ? ops::GeluApprox::Tanh : ops::GeluApprox::None;
     s.parallel_residual = family != "gpt_neox_seq";
   }
+  if (family == "olmo_clip") s.clip_qkv = 1;
   if (stablelm) {
     s.n_head = 2;
     s.n_kv_head = 1;

@@ -68,6 +68,14 @@ struct SoftCapGrad {
     return g * (4.f * e / (d * d));
   }
 };
+struct Clamp {  // (comparisons: a NaN passes through, as torch.clamp keeps it)
+  float lo, hi;
+  __device__ float operator()(float x) const { return x < lo ? lo : (x > hi ? hi : x); }
+};
+struct ClampGrad {
+  float lo, hi;
+  __device__ float operator()(float g, float x) const { return x >= lo && x <= hi ? g : 0.f; }
+};
 struct Exp {
   __device__ float operator()(float x) const { return expf(x); }
 };
@@ -122,13 +130,22 @@ void act_softcap_backward(void* dx, const void* dout, const void* x, DType dt, i
                           float cap) {
   map2(dx, dout, x, dt, n, SoftCapGrad{1.f / cap});
 }
+void act_clamp(void* out, const void* x, DType dt, int64_t n, float lo, float hi) {
+  map1(out, x, dt, n, Clamp{lo, hi});
+}
+void act_clamp_backward(void* dx, const void* dout, const void* x, DType dt, int64_t n, float lo,
+                        float hi) {
+  map2(dx, dout, x, dt, n, ClampGrad{lo, hi});
+}
 void act_exp(void* out, const void* x, DType dt, int64_t n) { map1(out, x, dt, n, Exp{}); }
 void act_tanh(void* out, const void* x, DType dt, int64_t n) { map1(out, x, dt, n, Tanh{}); }
 void act_erf(void* out, const void* x, DType dt, int64_t n) { map1(out, x, dt, n, Erf{}); }
 
 const ActivationKernels kActivation = {
-    act_gelu,    act_gelu_backward,    act_silu, act_silu_backward, act_swiglu, act_swiglu_backward,
-    act_softcap, act_softcap_backward, act_exp,  act_tanh,          act_erf,
+    act_gelu,   act_gelu_backward,   act_silu,    act_silu_backward,
+    act_swiglu, act_swiglu_backward, act_softcap, act_softcap_backward,
+    act_clamp,  act_clamp_backward,  act_exp,     act_tanh,
+    act_erf,
 };
 
 }  // namespace
