@@ -10,7 +10,9 @@
 #include "keel/autograd/node.h"
 #include "keel/models/causal_lm.h"
 #include "keel/models/llama.h"
+#include "keel/nn/layers.h"
 #include "keel/ops/cross_entropy.h"
+#include "keel/ops/elementwise.h"
 #include "keel/ops/shape.h"
 #include "tests/support/check.h"
 #include "tests/support/tiny_models.h"
@@ -196,6 +198,37 @@ TEST(Models, FusedProjectionsComputeTheSplitOnes) {
       test::expect_close(ops::reshape(gate_up, {-1}), grads_of({"mlp.gate_proj", "mlp.up_proj"}),
                          tol, tol, layer + "gate_up_proj");
     }
+  }
+}
+
+// The order of a parallel block's sum, pinned bit for bit under bf16-mixed (the parity fixtures'
+// tolerance does not tell the orders apart): Phi's and GPT-NeoX's (attention + mlp) + x, the
+// branches added in bf16 first as HF's autocast adds its bf16 Linear outputs; Cohere's and
+// StableLM's x + attention, then + mlp, in f32. A block's output against its own sublayers'.
+TEST(Models, ParallelBlocksSumAsTheirHfModelsDo) {
+  const io::Safetensors& fx = test::fixture("models");
+  for (const std::string family : {"phi", "gpt_neox", "cohere", "stablelm_par"}) {
+    auto m = models::make_causal_lm(test::tiny_model_spec(family), 7);
+    auto* layer = dynamic_cast<models::LlamaForCausalLM&>(*m).model->layers[0];
+    NoGradGuard no_grad;
+    amp::AutocastGuard autocast(true, DType::BF16);
+    const Tensor x = dynamic_cast<models::LlamaForCausalLM&>(*m).model->embed_tokens->forward(
+        fx.at("llama.32-true.input_ids"));
+    const ops::AttentionMask mask(fx.at("llama.32-true.attention_mask"), Tensor());
+    const Tensor got = layer->forward(x, mask, ops::AttentionBackend::kEager);
+    const Tensor h = layer->input_layernorm->forward(x);
+    const Tensor a = layer->self_attn->forward(h, mask, ops::AttentionBackend::kEager);
+    const Tensor f = layer->feed_forward(
+        layer->post_attention_layernorm ? layer->post_attention_layernorm->forward(x) : h);
+    ASSERT_EQ(a.dtype(), DType::BF16) << family;
+    const bool residual_first = family == "cohere" || family == "stablelm_par";
+    const Tensor want = residual_first ? nn::residual_add(nn::residual_add(x, a), f)
+                                       : nn::residual_add(ops::add(a, f), x);
+    test::expect_bitwise_equal(got, want, family);
+    // (and the other order differs: the pin has something to hold)
+    const Tensor other = residual_first ? nn::residual_add(ops::add(a, f), x)
+                                        : nn::residual_add(nn::residual_add(x, a), f);
+    EXPECT_NE(got.to_floats(), other.to_floats()) << family;
   }
 }
 
