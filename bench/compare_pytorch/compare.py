@@ -82,6 +82,11 @@ MOE = {"mixtral-4l512-lora-b4t128": dict(
     experts=8, top_k=2, B=4, T=128, precisions=["bf16-mixed", "32-true"],
     adapter=dict(kind="lora", r=16, alpha=32.0, dropout=0.0,
                  targets=["q_proj", "v_proj", "w1", "w3", "w2"]))}
+# Pythia-160M's shape (GPT-NeoX: the attention and a gelu MLP side by side, LayerNorms with
+# biases, query_key_value fused head by head, RoPE on a quarter of each head, untied embed_out).
+# Not in the default list: --only pythia-160m-b4t128.
+NEOX = {"pythia-160m-b4t128": dict(family="gpt_neox", n_layer=12, n_embd=768, n_head=12,
+                                   vocab=50304, ffn=3072, B=4, T=128)}
 # A seconds-long run of the whole script (not in the default list): --only smoke --scaling 1,2.
 # lora-tiny: the LoRA path at write_random_hf's tiny shape (GQA, llama3 scaling, untied head); no
 # adapter dropout, so that the 32-true losses of every step must agree (dropout masks differ).
@@ -243,6 +248,62 @@ def build_torch_model(model_dir, base_dtype="f32", adapter=None, adapter_init=No
                 return F.linear(tr.ln_f(x), tr.wte.weight)  # tied head
 
         model, prefix = GPT2(), "transformer."
+    elif cfg["model_type"] == "gpt_neox":  # HF's GPTNeoXForCausalLM, parallel residual
+        C, H, L, V = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"], cfg[
+            "vocab_size"]
+        D, Fd, eps = C // H, cfg["intermediate_size"], cfg.get("layer_norm_eps", 1e-5)
+        R, theta = int(D * cfg.get("rotary_pct", 0.25)), cfg.get("rotary_emb_base", 10000)
+        if not cfg.get("use_parallel_residual", True) or cfg.get("hidden_act", "gelu") != "gelu":
+            raise SystemExit(f"{model_dir}: only the parallel, exact-gelu GPT-NeoX is implemented here")
+
+        def rope(x, cos, sin):  # the first R channels of each head, HF's rotate_half
+            r, rest = x[..., :R], x[..., R:]
+            r1, r2 = r[..., : R // 2], r[..., R // 2:]
+            return torch.cat((r * cos + torch.cat((-r2, r1), dim=-1) * sin, rest), dim=-1)
+
+        class NeoxLayer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.input_layernorm = nn.LayerNorm(C, eps=eps, **dd)
+                self.post_attention_layernorm = nn.LayerNorm(C, eps=eps, **dd)
+                self.attention = nn.Module()
+                self.attention.query_key_value = nn.Linear(C, 3 * C, **dd)
+                self.attention.dense = nn.Linear(C, C, **dd)
+                self.mlp = nn.Module()
+                self.mlp.dense_h_to_4h = nn.Linear(C, Fd, **dd)
+                self.mlp.dense_4h_to_h = nn.Linear(Fd, C, **dd)
+
+            def forward(self, x, cos, sin):
+                B, T, _ = x.shape
+                a = self.attention
+                qkv = a.query_key_value(self.input_layernorm(x)).view(B, T, H, 3 * D).transpose(1, 2)
+                q, k, v = qkv.chunk(3, dim=-1)
+                y = causal_attention(rope(q, cos, sin), rope(k, cos, sin), v)
+                attn = a.dense(y.transpose(1, 2).reshape(B, T, C))
+                m = self.mlp
+                mlp = m.dense_4h_to_h(F.gelu(m.dense_h_to_4h(self.post_attention_layernorm(x))))
+                return mlp + attn + x
+
+        class Neox(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gpt_neox = nn.Module()
+                self.gpt_neox.embed_in = nn.Embedding(V, C, **dd)
+                self.gpt_neox.layers = nn.ModuleList(NeoxLayer() for _ in range(L))
+                self.gpt_neox.final_layer_norm = nn.LayerNorm(C, eps=eps, **dd)
+                self.embed_out = nn.Linear(C, V, bias=False, **dd)
+
+            def forward(self, ids):
+                T = ids.shape[1]
+                inv = 1.0 / (theta ** (torch.arange(0, R, 2, dtype=torch.float64) / R))
+                f = torch.outer(torch.arange(T, dtype=torch.float64), inv).float()
+                cos, sin = torch.cat((f.cos(), f.cos()), -1), torch.cat((f.sin(), f.sin()), -1)
+                x = self.gpt_neox.embed_in(ids)
+                for layer in self.gpt_neox.layers:
+                    x = layer(x, cos, sin)
+                return self.embed_out(self.gpt_neox.final_layer_norm(x))
+
+        model, prefix = Neox(), ""
     else:
         C, H, L, V = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"], cfg[
             "vocab_size"]
@@ -543,6 +604,8 @@ def flops_per_token(c, T):
     C, L, V = c["n_embd"], c["n_layer"], c["vocab"]
     if c["family"] == "gpt2":
         mm = L * 12 * C * C + V * C  # c_attn 3C², c_proj C², c_fc 4C², mlp.c_proj 4C²; tied head
+    elif c["family"] == "gpt_neox":
+        mm = L * (4 * C * C + 2 * C * c["ffn"]) + V * C  # query_key_value, dense, the MLP; embed_out
     else:
         kv = C // c["n_head"] * c.get("n_kv_head", c["n_head"])  # grouped-query k, v widths
         # q o, k v, the MLP (a mixture: its top_k experts and the router); head
@@ -572,7 +635,7 @@ def prepare(name, c, a, keel_cli):
                "--n-layer", str(c["n_layer"]), "--n-embd", str(c["n_embd"]), "--n-head",
                str(c["n_head"]), "--vocab-size", str(c["vocab"]), "--max-seq-len",
                str(max(c["T"], 64)), "--seed", "1234"]
-        if c["family"] == "llama":
+        if c["family"] in ("llama", "gpt_neox"):
             cmd += ["--untied", "--intermediate-size", str(c["ffn"])]
         if c.get("experts"):  # a mixture (Mixtral's head untied, as published)
             cmd += ["--untied", "--num-experts", str(c["experts"]), "--experts-per-token", str(c["top_k"]),
@@ -688,6 +751,7 @@ def main():
     names = [n for n in a.only.split(",") if n] or list(CONFIGS)
     CONFIGS.update(SMOKE)
     CONFIGS.update(MOE)
+    CONFIGS.update(NEOX)
     for n in names:
         if n not in CONFIGS:
             raise SystemExit(f"--only {n}: unknown configuration; use one of {', '.join(CONFIGS)}")
