@@ -150,6 +150,11 @@ int run_init_model(const InitModelArgs& a) {
   }
   // PhiConfig's and GPTNeoXConfig's defaults: RoPE on half (a quarter) of each head, gelu_new
   // (the exact gelu), an untied head.
+  // GlmConfig's: RoPE on adjacent pairs of half of each head, q/k/v biases.
+  if (a.family == "glm" || a.family == "glm4") {
+    s.partial_rotary_factor = 0.5;
+    s.attention_bias = true;
+  }
   // StableLM-2-1.6B's: RoPE on a quarter of each head, q/k/v biases, the branches in sequence.
   if (a.family == "stablelm") {
     s.partial_rotary_factor = 0.25;
@@ -272,11 +277,14 @@ Command add_init_model(CLI::App& app) {
          "head) | gpt_neox (Pythia's: Phi's layers with a norm for each branch, q/k/v fused head "
          "by head, RoPE on a quarter of each head) | stablelm (StableLM-2's: Llama's layers with "
          "biased LayerNorms and q/k/v biases, RoPE on a quarter of each head) | olmo (OLMo's: "
-         "Llama's layers with LayerNorms without parameters)")
-      ->check(CLI::IsMember({"gpt2",    "llama",     "gemma",     "gemma2",   "gemma3",  "granite",
-                             "olmo2",   "olmo3",     "exaone4",   "phi3",     "qwen2",   "qwen3",
-                             "smollm3", "qwen3_moe", "qwen2_moe", "olmoe",    "mixtral", "cohere",
-                             "cohere2", "phi",       "gpt_neox",  "stablelm", "olmo"}))
+         "Llama's layers with LayerNorms without parameters) | glm (GLM-4's: q/k/v biases, "
+         "gate_up_proj, RoPE on adjacent pairs of half of each head) | glm4 (GLM-4-0414's: and a "
+         "norm after the attention and after the MLP)")
+      ->check(CLI::IsMember({"gpt2",     "llama",    "gemma",   "gemma2",    "gemma3",
+                             "granite",  "olmo2",    "olmo3",   "exaone4",   "phi3",
+                             "qwen2",    "qwen3",    "smollm3", "qwen3_moe", "qwen2_moe",
+                             "olmoe",    "mixtral",  "cohere",  "cohere2",   "phi",
+                             "gpt_neox", "stablelm", "olmo",    "glm",       "glm4"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

@@ -211,6 +211,8 @@ constexpr HfArchitecture kArchitectures[] = {
     {"gpt_neox", "GPTNeoXForCausalLM", nullptr, "llama"},    // Phi's, per-head qkv, two norms
     {"stablelm", "StableLmForCausalLM", nullptr, "llama"},  // Llama's with LayerNorms, partial RoPE
     {"olmo", "OlmoForCausalLM", nullptr, "llama"},  // Llama's, LayerNorms without parameters
+    {"glm", "GlmForCausalLM", nullptr, "llama"},    // q/k/v biases, pair RoPE on half a head
+    {"glm4", "Glm4ForCausalLM", nullptr, "llama"},  // and norms after each sublayer
 };
 
 const HfArchitecture& architecture_of(const json& j, const std::string& file) {
@@ -542,7 +544,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     }
     // (PhiConfig's default is 0.5, StableLmConfig's 0.25: written whatever it is. GPTNeoXConfig
     // reads rotary_pct and rotary_emb_base.)
-    if (s.partial_rotary_factor != 1 || s.phi() || s.stablelm())
+    if (s.partial_rotary_factor != 1 || s.phi() || s.stablelm() || s.glm())
       j["partial_rotary_factor"] = s.partial_rotary_factor;
     if (s.gpt_neox()) {
       j["rotary_pct"] = s.partial_rotary_factor;
@@ -573,7 +575,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     // (Qwen2's q/k/v biases are its architecture's, and Phi3Config has neither key.)
     // (GPT-NeoX's attention_bias is its own; PhiConfig has neither key: its biases are its
     // architecture's.)
-    if (s.gpt_neox()) {
+    if (s.gpt_neox() || s.glm()) {
       j["attention_bias"] = s.attention_bias;
     } else if (variant != "qwen2" && variant != "qwen2_moe" && variant != "phi3" && !s.phi() &&
                !s.stablelm()) {
@@ -682,7 +684,9 @@ HfConfig read_hf_config(const std::string& dir) {
     // (HF's OlmoLayerNorm takes 1e-5 whatever a file says.)
     s.norm_eps = s.olmo()             ? 1e-5
                  : s.centered_norms() ? c.number({"layer_norm_eps"}, 1e-5)
-                                      : c.number({"rms_norm_eps"}, s.post_norms() ? 1e-5 : 1e-6);
+                                      : c.number({"rms_norm_eps"}, s.post_norms() ? 1e-5
+                                                                   : s.glm()      ? 1.5625e-7
+                                                                                  : 1e-6);
     // (Gemma, SmolLM3 and Cohere tie their head to the embedding unless the file says otherwise,
     // as their configs do.)
     s.tie_embeddings =
@@ -706,6 +710,7 @@ HfConfig read_hf_config(const std::string& dir) {
                         " must be a positive bound (OLMo-1.7's 8), or null for none",
                     Error::kUsage);
     }
+    if (s.glm()) s.attention_bias = c.boolean("attention_bias", true);  // (GlmConfig's default)
     if (s.stablelm()) {
       // StableLmConfig's defaults: no q/k/v biases, the branches in sequence (StableLM-2-1.6B's
       // file sets use_qkv_bias, the 12B's use_parallel_residual and qk_layernorm).
@@ -746,7 +751,7 @@ HfConfig read_hf_config(const std::string& dir) {
     } else if (const std::string act = c.string("hidden_act", "silu"); act != "silu") {
       throw unsupported("hidden_act '" + act + "' (keel's Llama MLP is SwiGLU)");
     }
-    if (!s.gpt_neox() && c.boolean("attention_bias", false))
+    if (!s.gpt_neox() && !s.glm() && c.boolean("attention_bias", false))
       throw unsupported("attention_bias = true");
     if (c.boolean("mlp_bias", false)) throw unsupported("mlp_bias = true");
     if (const json* rs = c.find({"rope_scaling"}))
@@ -833,7 +838,7 @@ HfConfig read_hf_config(const std::string& dir) {
                         std::to_string(s.rope_scaling.original_max_position),
                     Error::kUsage);
     }
-    if (s.sandwich_norms()) {
+    if (s.sandwich_norms() && s.gemma()) {
       // Gemma-2: every other layer slides, from the first (HF's Gemma2: layer_types' default, or
       // is_sliding = not layer_idx % 2). Gemma-3: five of every six (sliding_window_pattern 6),
       // the sliding ones rotating by rope_local_base_freq. Scores and logits soft-capped where
@@ -1043,14 +1048,14 @@ HfConfig read_hf_config(const std::string& dir) {
     // The share of each head's channels RoPE turns: Phi-3's partial_rotary_factor (Phi-4-mini's
     // 0.75; 1 where absent), Phi's (PhiConfig's 0.5 where absent; Phi-2's 0.4), GPT-NeoX's
     // rotary_pct (0.25 where absent: Pythia's). Checked against the head once it is known.
-    const bool partial = variant == "phi3" || s.gelu_mlp() || s.stablelm();
+    const bool partial = variant == "phi3" || s.gelu_mlp() || s.stablelm() || s.glm();
     const char* rotary_key =
         s.gpt_neox() && c.find({"rotary_pct"}) ? "rotary_pct" : "partial_rotary_factor";
     if (!partial && c.number({"partial_rotary_factor"}, 1.0) != 1.0)
       throw unsupported("partial_rotary_factor = " + c.find({"partial_rotary_factor"})->dump() +
                         " (keel's " + s.architecture() + " turns every channel of a head)");
     if (partial) {
-      s.partial_rotary_factor = c.number({rotary_key}, s.phi()                        ? 0.5
+      s.partial_rotary_factor = c.number({rotary_key}, s.phi() || s.glm()             ? 0.5
                                                        : s.gpt_neox() || s.stablelm() ? 0.25
                                                                                       : 1.0);
       if (!(s.partial_rotary_factor > 0 && s.partial_rotary_factor <= 1))
@@ -1062,8 +1067,10 @@ HfConfig read_hf_config(const std::string& dir) {
     }
     // A head width of its own (Qwen3-0.6B's and -4B's, Mistral-Nemo's), as HF's attention reads
     // it: getattr(config, "head_dim", hidden_size // num_attention_heads).
-    // (GemmaConfig's default head_dim is 256, not hidden_size / heads)
-    if (const int64_t hd = c.integer({"head_dim"}, s.gemma() ? 256 : 0);
+    // (GemmaConfig's default head_dim is 256, GlmConfig's 128, not hidden_size / heads)
+    if (const int64_t hd = c.integer({"head_dim"}, s.gemma() ? 256
+                                                   : s.glm() ? 128
+                                                             : 0);
         hd > 0 && (s.n_head < 1 || s.n_embd % s.n_head != 0 || hd != s.n_embd / s.n_head)) {
       if (hd > models::ModelSpec::kMaxHeadWidth)
         throw Error(file + ": head_dim = " + std::to_string(hd) + " is wider than keel's heads (" +

@@ -253,8 +253,8 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
   const models::ModelSpec::ModuleNames n = s.module_names();
   const std::string layer0 = std::string(n.model) + ".layers.0.",
                     attn0 = layer0 + n.attention + "." + (fused ? n.qkv : "q_proj") + ".weight",
-                    mlp0 = layer0 + "mlp." + (fused && !s.per_head_qkv() ? "gate_up_proj" : n.up) +
-                           ".weight";
+                    mlp0 =
+                        layer0 + "mlp." + (s.fused_gate_up() ? "gate_up_proj" : n.up) + ".weight";
   if (const Shape* q = shape_of({attn0.c_str()});
       !gpt2 && q && q->size() == 2 && (*q)[0] != s.n_head * s.head_dim() + kv_rows)
     throw disagree(
@@ -267,7 +267,7 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
                    : "num_attention_heads " + std::to_string(s.n_head)) +
             " x head_dim " + std::to_string(s.head_dim()));
   // Phi-3's gate_up_proj holds gate's rows, then up's.
-  const bool gate_up = s.fused_projections();
+  const bool gate_up = s.fused_gate_up();
   const Shape* mlp = gpt2 ? shape_of({"h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.weight"})
                           : shape_of({mlp0.c_str()});
   const int64_t mlp_rows = gate_up ? 2 * s.ffn_dim() : s.ffn_dim();

@@ -34,6 +34,19 @@ ModelSpec::ModuleNames ModelSpec::module_names() const {
   if (phi())
     return {"model", "embed_tokens", "final_layernorm", "lm_head", "self_attn", "qkv_proj", "dense",
             "fc1",   "fc2"};
+  if (hf_model_type == "glm4")  // (its sandwich norms' names)
+    return {"model",
+            "embed_tokens",
+            "norm",
+            "lm_head",
+            "self_attn",
+            "qkv_proj",
+            "o_proj",
+            "up_proj",
+            "down_proj",
+            "post_self_attn_layernorm",
+            "post_attention_layernorm",
+            "post_mlp_layernorm"};
   return {"model",    "embed_tokens", "norm",    "lm_head",  "self_attn",
           "qkv_proj", "o_proj",       "up_proj", "down_proj"};
 }

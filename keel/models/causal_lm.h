@@ -130,7 +130,15 @@ struct ModelSpec {
   // full ones take no RoPE (layer_rotates, as EXAONE-4's).
   double logit_scale = 1;
   bool cohere() const { return hf_model_type == "cohere" || hf_model_type == "cohere2"; }
-  bool interleaved_rope() const { return cohere(); }
+  // Cohere's and GLM's RoPE turns adjacent channel pairs (2i, 2i + 1) (GLM's on the first
+  // rotary_dim() channels of a head).
+  bool interleaved_rope() const { return cohere() || glm(); }
+  // An HF GLM (GlmForCausalLM: GLM-4-9B; Glm4ForCausalLM: GLM-4-0414, GLM-Z1): Llama's layers with
+  // q/k/v biases (attention_bias), gate and up as one gate_up_proj (Phi-3's), RoPE on adjacent
+  // pairs of half of each head (partial_rotary_factor 0.5); GLM-4-0414 adds a norm after the
+  // attention and one after the MLP (sandwich_norms: post_self_attn_layernorm and
+  // post_mlp_layernorm, its post_attention_layernorm the MLP's input norm).
+  bool glm() const { return hf_model_type == "glm" || hf_model_type == "glm4"; }
   // An HF Phi (PhiForCausalLM: Phi-1, Phi-1.5, Phi-2): the attention and the MLP side by side on
   // one LayerNorm (with a bias), summed, then added to the residual (HF's PhiDecoderLayer:
   // attention + mlp + residual); biases on q, k, v and the output projection (self_attn.dense),
@@ -152,8 +160,8 @@ struct ModelSpec {
   // GPT-NeoX's and StableLM's use_parallel_residual (only read for them: GPTNeoXConfig's default
   // true, StableLmConfig's false).
   bool parallel_residual = true;
-  // GPT-NeoX's attention_bias (biases on query_key_value and dense), StableLM's use_qkv_bias (on
-  // q, k and v); only read for them.
+  // GPT-NeoX's attention_bias (biases on query_key_value and dense), StableLM's use_qkv_bias and
+  // GLM's attention_bias (on q, k and v); only read for them.
   bool attention_bias = true;
   // The attention and the MLP read the same residual stream and their outputs are added to it
   // together: Cohere's and StableLM's (x + attention) + mlp (residual_first_sum), Phi's and
@@ -192,6 +200,10 @@ struct ModelSpec {
     const char *model, *embed, *final_norm, *head;  // model.embed_tokens, model.norm, lm_head
     const char *attention, *qkv, *out;              // self_attn, qkv_proj, o_proj
     const char *up, *down;                          // an MLP's up_proj and down_proj
+    // sandwich_norms(): the attention's output norm, the MLP's input and output norms
+    const char* attn_out_norm = "post_attention_layernorm";
+    const char* mlp_in_norm = "pre_feedforward_layernorm";
+    const char* mlp_out_norm = "post_feedforward_layernorm";
   };
   ModuleNames module_names() const;
   // The token embedding's parameter ("model.embed_tokens.weight", GPT-2's
@@ -224,7 +236,7 @@ struct ModelSpec {
   // Phi's and GPT-NeoX's too (the latter's attention_bias), StableLM's where use_qkv_bias says.
   bool qkv_bias() const {
     return hf_model_type == "qwen2" || hf_model_type == "qwen2_moe" || out_bias() ||
-           (stablelm() && attention_bias);
+           ((stablelm() || glm()) && attention_bias);
   }
   // An HF Qwen3 (Qwen3ForCausalLM): Llama's layers with an RMSNorm over each head's query and key
   // (q_norm, k_norm: weights [head_dim]) before RoPE.
@@ -262,6 +274,8 @@ struct ModelSpec {
   // v's) and gate and up as one (mlp.gate_up_proj: gate's rows, then up's), so that an adapter on
   // qkv_proj or gate_up_proj is PEFT's on those modules.
   bool fused_projections() const { return hf_model_type == "phi3"; }
+  // gate and up as one gate_up_proj: Phi-3's and GLM's.
+  bool fused_gate_up() const { return fused_projections() || glm(); }
   // An HF Gemma (GemmaForCausalLM) or Gemma-2 (Gemma2ForCausalLM): Llama's layers with RMSNorms
   // that scale by 1 + weight (weights stored as the offset, 0 at init), the embedding's output
   // times sqrt(hidden_size) rounded to its dtype, and a GeGLU MLP (gelu-tanh(gate) * up). Gemma-2
@@ -276,7 +290,7 @@ struct ModelSpec {
     return hf_model_type == "gemma" || hf_model_type == "gemma2" || hf_model_type == "gemma3_text";
   }
   bool sandwich_norms() const {
-    return hf_model_type == "gemma2" || hf_model_type == "gemma3_text";
+    return hf_model_type == "gemma2" || hf_model_type == "gemma3_text" || hf_model_type == "glm4";
   }
   // The scale of q·kᵀ: Granite's attention_multiplier, else 1 / sqrt(query_pre_attn_scalar),
   // else 1 / sqrt(head_dim()).

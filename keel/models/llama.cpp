@@ -12,8 +12,13 @@
 namespace keel::models {
 
 namespace {
-// [..., D] with each row's channels reordered 0, 2, 4, ..., 1, 3, 5, ... (D even).
-Tensor evens_first(const Tensor& x) {
+// [..., D] with the first `width` channels of each row reordered 0, 2, 4, ..., 1, 3, 5, ...
+// (width even) and the rest left where they are.
+Tensor evens_first(const Tensor& x, int64_t width) {
+  if (width < x.size(-1)) {
+    const std::vector<Tensor> parts = ops::split_last(x, {width, x.size(-1) - width});
+    return ops::concat_last(evens_first(parts[0], width), parts[1]);
+  }
   Shape pairs = x.shape(), out = x.shape();
   pairs.back() /= 2;
   pairs.push_back(2);
@@ -105,11 +110,12 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
       k = k_norm->forward(k);
     }
     if (interleaved && rotates) {
-      // Cohere's RoPE turns the pairs (2i, 2i + 1), ops::rope the pairs (i, i + D/2): the same
-      // rotation once each head's channels are reordered evens first. q·kᵀ does not change when
-      // q's and k's channels are reordered alike, so they stay reordered (the cache's keys too).
-      q = evens_first(q);
-      k = evens_first(k);
+      // Cohere's (and GLM's) RoPE turns the pairs (2i, 2i + 1), ops::rope the pairs
+      // (i, i + D/2): the same rotation once each head's turned channels are reordered evens
+      // first. q·kᵀ does not change when q's and k's channels are reordered alike, so they stay
+      // reordered (the cache's keys too).
+      q = evens_first(q, rotary_dim);
+      k = evens_first(k, rotary_dim);
     }
     const Tensor positions = mask.positions.defined()            ? mask.positions
                              : caches && caches->rows.size() > 1 ? caches->positions(x.size(1))
@@ -156,7 +162,7 @@ LlamaMLP::LlamaMLP(const ModelSpec& s, int64_t width, bool expert) : nn::Module(
         register_module(names.down, std::make_unique<nn::Linear>(f, s.n_embd, true, s.param_dtype));
     return;
   }
-  if (s.fused_projections()) {
+  if (s.fused_gate_up()) {
     gate_up_proj = register_module("gate_up_proj", lin(s.n_embd, 2 * f));
   } else {
     gate_proj = register_module(w123 ? "w1" : "gate_proj", lin(s.n_embd, f));
@@ -285,16 +291,18 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s, int64_t layer)
   self_attn =
       register_module(s.module_names().attention, std::make_unique<LlamaAttention>(s, layer));
   if (!s.shared_block_norm())
-    post_attention_layernorm = register_module("post_attention_layernorm", hidden_norm(s));
+    post_attention_layernorm = register_module(
+        s.sandwich_norms() ? s.module_names().attn_out_norm : "post_attention_layernorm",
+        hidden_norm(s));
   if (s.sandwich_norms())
-    pre_feedforward_layernorm = register_module("pre_feedforward_layernorm", hidden_norm(s));
+    pre_feedforward_layernorm = register_module(s.module_names().mlp_in_norm, hidden_norm(s));
   if (s.moe_layer(layer))
     moe = register_module(s.mixtral_names() ? "block_sparse_moe" : "mlp",
                           std::make_unique<LlamaSparseMoe>(s));
   else
     mlp = register_module("mlp", std::make_unique<LlamaMLP>(s));
   if (s.sandwich_norms() || s.post_norms())
-    post_feedforward_layernorm = register_module("post_feedforward_layernorm", hidden_norm(s));
+    post_feedforward_layernorm = register_module(s.module_names().mlp_out_norm, hidden_norm(s));
   if (s.branch_dropout()) {  // HF's post_attention_dropout / post_mlp_dropout (Phi's resid_dropout)
     if (!s.stablelm())
       attention_dropout =

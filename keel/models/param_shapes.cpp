@@ -73,8 +73,8 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
           {h + ".self_attn.k_norm.weight", {s.qk_norm_over_projection() ? kv_dim : D}, false});
     }
     if (!s.shared_block_norm())  // (Cohere's and Phi's MLP share the attention's norm)
-      add_norm(h + ".post_attention_layernorm");
-    if (s.sandwich_norms()) p.push_back({h + ".pre_feedforward_layernorm.weight", {C}, false});
+      add_norm(h + "." + (s.sandwich_norms() ? n.attn_out_norm : "post_attention_layernorm"));
+    if (s.sandwich_norms()) add_norm(h + "." + n.mlp_in_norm);
     if (s.moe_layer(l)) {  // the router, then each expert's MLP (Mixtral's w1, w3, w2)
       const std::string moe = h + (s.mixtral_names() ? ".block_sparse_moe" : ".mlp");
       const bool w123 = s.mixtral_names();
@@ -94,7 +94,7 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
     } else if (s.gelu_mlp()) {
       linear(p, h + ".mlp." + n.up, C, F, true);
       linear(p, h + ".mlp." + n.down, F, C, true);
-    } else if (s.fused_projections()) {
+    } else if (s.fused_gate_up()) {
       linear(p, h + ".mlp.gate_up_proj", C, 2 * F, false);
       linear(p, h + ".mlp.down_proj", F, C, false);
     } else {
@@ -102,8 +102,7 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
       linear(p, h + ".mlp.up_proj", C, F, false);
       linear(p, h + ".mlp.down_proj", F, C, false);
     }
-    if (s.sandwich_norms() || s.post_norms())
-      p.push_back({h + ".post_feedforward_layernorm.weight", {C}, false});
+    if (s.sandwich_norms() || s.post_norms()) add_norm(h + "." + n.mlp_out_norm);
   }
   add_norm(model + "." + n.final_norm);
   if (!s.tie_embeddings) linear(p, n.head, C, s.vocab_size, s.head_bias());

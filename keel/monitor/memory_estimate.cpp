@@ -562,11 +562,9 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     if (sparse) mlp += block_bytes(c * BT * topk * C);  // the experts' output gradients
     // A Phi-3's fused qkv_proj and gate_up_proj take their pieces' gradients in one buffer of the
     // fused output's shape (ops::split_last), beside the pieces' own.
-    if (sp.per_head_qkv()) layer += block_bytes(c * BT * (qC + 2 * kvC));  // (GPT-NeoX's too)
-    if (sp.fused_projections()) {
-      layer += block_bytes(c * BT * (qC + 2 * kvC));
-      mlp += block_bytes(c * BT * 2 * F);
-    }
+    // (GPT-NeoX's query_key_value too; GLM's gate_up_proj alone.)
+    if (sp.fused_projections() || sp.per_head_qkv()) layer += block_bytes(c * BT * (qC + 2 * kvC));
+    if (sp.fused_gate_up()) mlp += block_bytes(c * BT * 2 * F);
     layer_transient = std::max({layer, mlp, adapter_transient});
     // A block's backward runs after the lm_head's has dropped the logits (cross_entropy's node
     // hands them over as dlogits), yet the measured peaks of small configurations are not lower

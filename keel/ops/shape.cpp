@@ -213,4 +213,56 @@ std::vector<Tensor> split_last(const Tensor& x, const std::vector<int64_t>& size
   return pieces;
 }
 
+// ---- concat_last: split_last's inverse; its backward cuts the gradient into the two widths.
+
+struct ConcatLastNode final : Node {
+  int64_t rows = 0, wa = 0, wb = 0;
+  Shape a_shape, b_shape;
+  std::vector<Tensor> backward(const Tensor& g) override {  // g [..., wa + wb]
+    const size_t elem = dtype_size(g.dtype());
+    const char* src = static_cast<const char*>(g.data());
+    Tensor da, db;
+    if (needs_grad(0)) {
+      da = Tensor::empty(a_shape, g.dtype(), g.device());
+      shape_kernels(g.device()).copy_2d(da.data(), wa, src, wa + wb, elem, rows, wa);
+    }
+    if (needs_grad(1)) {
+      db = Tensor::empty(b_shape, g.dtype(), g.device());
+      shape_kernels(g.device()).copy_2d(db.data(), wb, src + wa * elem, wa + wb, elem, rows, wb);
+    }
+    return {da, db};
+  }
+  const char* name() const override { return "concat_last"; }
+};
+
+Tensor concat_last(const Tensor& a, const Tensor& b) {
+  KEEL_CHECK(
+      a.dim() >= 1 && a.dim() == b.dim() && a.dtype() == b.dtype() && a.device() == b.device(),
+      "concat_last: a " + shape_str(a.shape()) + " and b " + shape_str(b.shape()) +
+          " must share their rank, dtype and device");
+  for (int64_t d = 0; d + 1 < a.dim(); ++d)
+    KEEL_CHECK(a.size(d) == b.size(d), "concat_last: leading dims differ: " + shape_str(a.shape()) +
+                                           " and " + shape_str(b.shape()));
+  const int64_t wa = a.size(-1), wb = b.size(-1);
+  int64_t n = 1;  // rows: the leading dims' product
+  for (int64_t d = 0; d + 1 < a.dim(); ++d) n *= a.size(d);
+  Shape out_shape = a.shape();
+  out_shape.back() = wa + wb;
+  Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
+  const size_t elem = dtype_size(a.dtype());
+  char* dst = static_cast<char*>(out.data());
+  shape_kernels(a.device()).copy_2d(dst, wa + wb, a.data(), wa, elem, n, wa);
+  shape_kernels(a.device()).copy_2d(dst + wa * elem, wa + wb, b.data(), wb, elem, n, wb);
+  if (any_requires_grad({&a, &b})) {
+    auto node = std::make_shared<ConcatLastNode>();
+    node->rows = n;
+    node->wa = wa;
+    node->wb = wb;
+    node->a_shape = a.shape();
+    node->b_shape = b.shape();
+    record_node(out, node, {&a, &b});
+  }
+  return out;
+}
+
 }  // namespace keel::ops

@@ -85,7 +85,8 @@ std::string trained_run(const std::string& family, const std::string& kind,
     std::ofstream(dir + "/base/config.json") << cfg.dump(2);
   }
   // (Mixtral's experts name their down projection w2; a mixture's down_proj are its experts')
-  const std::string targets = family == "gpt2" ? "[\"c_attn\", \"c_fc\"]"
+  const std::string targets = family == "gpt2"   ? "[\"c_attn\", \"c_fc\"]"
+                              : family == "glm4" ? "[\"q_proj\", \"v_proj\", \"gate_up_proj\"]"
                               : family == "phi3" || phi4_mini
                                   ? "[\"qkv_proj\", \"gate_up_proj\", \"down_proj\"]"
                               : family == "phi"      ? "[\"q_proj\", \"v_proj\", \"fc2\"]"
@@ -314,7 +315,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // parallel blocks, LayerNorms without bias, adjacent-pair RoPE and logit_scale), a Phi's LoRA
   // (its biased q/v and fc2), a GPT-NeoX whole (its per-head query_key_value, biases trained), a
   // StableLM's LoRA (its biased LayerNorms and q/k/v, a quarter of each head turned), an OLMo's
-  // LoRA (its LayerNorms without parameters).
+  // LoRA (its LayerNorms without parameters), a GLM-4-0414's LoRA (its gate_up_proj, biased q/k/v,
+  // adjacent-pair RoPE on half of each head and norms after each sublayer).
   for (const auto& [family, kind] : std::vector<std::pair<std::string, std::string>>{
            {"gpt2", "lora"},      {"llama", "lora"},      {"phi3", "lora"},    {"phi4m", "lora"},
            {"gemma", "none"},     {"gemma2", "lora"},     {"gemma3", "none"},  {"qwen2", "none"},
@@ -322,7 +324,7 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
            {"olmo2", "lora"},     {"llama-yarn", "lora"}, {"olmo3", "lora"},   {"exaone4", "lora"},
            {"qwen3_moe", "lora"}, {"olmoe", "none"},      {"mixtral", "lora"}, {"cohere", "lora"},
            {"qwen2_moe", "lora"}, {"cohere2", "lora"},    {"phi", "lora"},     {"gpt_neox", "none"},
-           {"stablelm", "lora"},  {"olmo", "lora"}}) {
+           {"stablelm", "lora"},  {"olmo", "lora"},       {"glm4", "lora"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

@@ -682,6 +682,36 @@ TEST(CliOlmo, InitModelWritesOneWithoutNormWeightsAndALoraTrains) {
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
+// GLM (GlmForCausalLM: GLM-4-9B) and GLM-4-0414 (Glm4ForCausalLM, GLM-Z1): q/k/v biases, gate and
+// up as one gate_up_proj, RoPE on adjacent pairs of half of each head; GLM-4-0414 adds a norm after
+// the attention and one after the MLP under its names. init-model writes each, a LoRA on q_proj and
+// gate_up_proj trains and its adapter applies, the cached decode equals the uncached, and another
+// share of turned channels computes otherwise.
+TEST(CliGlm, InitModelWritesEachALoraOnGateUpTrainsAndTheCacheDecodesAsTheWholeSequence) {
+  for (const auto& [family, arch] :
+       {std::pair{"glm", "GlmForCausalLM"}, std::pair{"glm4", "Glm4ForCausalLM"}}) {
+    SCOPED_TRACE(family);
+    const std::string dir = test::temp_dir(std::string("cli-") + family);
+    const json cfg = init_family(family, arch, dir, "2");
+    EXPECT_EQ(cfg.at("partial_rotary_factor"), 0.5);
+    EXPECT_EQ(cfg.at("attention_bias"), true);
+    std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+    EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora",
+                                "model.adapter.target_modules=[\"q_proj\", \"gate_up_proj\"]",
+                                "optim.lr=5e-2"})
+                  .at("model_type"),
+              family);
+    ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+    ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
+    const double half = eval_loss(dir + "/base", dir + "/t.txt");
+    json all = cfg;
+    all["partial_rotary_factor"] = 1.0;
+    std::ofstream(dir + "/base/config.json") << all.dump(2);
+    EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), half);
+    std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  }
+}
+
 // A 4-layer `family` base in DIR/base from init-model: three sliding layers and a full one over
 // its config's default window (4096) under HF architecture `arch`. Returns its config.json.
 json init_three_of_four_sliding(const std::string& family, const std::string& arch,

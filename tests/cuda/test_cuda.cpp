@@ -587,9 +587,10 @@ TEST(CudaTraining, OneStepOfGpt2AndLlamaBehavesAsOnTheCpu) {
 // (past and within its original context), Gemma's 1 + w norms, GeGLU and scaled embedding,
 // Cohere's parallel blocks, bias-free LayerNorms and adjacent-pair RoPE (its q and k reordered),
 // Phi's and GPT-NeoX's biased LayerNorms, gelu MLPs and (GPT-NeoX) per-head fused q/k/v, OLMo's
-// weightless LayerNorms and clamped q/k/v (ops::clamp's kernels),
-// with every attention backend: the loss and every gradient of one forward and backward as on the
-// CPU (the same weights), in f32 and under bf16 autocast.
+// weightless LayerNorms and clamped q/k/v (ops::clamp's kernels), GLM-4-0414's partial
+// adjacent-pair RoPE (ops::concat_last) and sandwich norms, with every attention backend: the loss
+// and every gradient of one forward and backward as on the CPU (the same weights), in f32 and under
+// bf16 autocast.
 TEST(CudaTraining, LlamaFamilyModelsComputeAsOnTheCpu) {
   REQUIRE_GPU();
   const Tensor ids = Tensor::from_ints({1, 5, 9, 2, 7, 3, 3, 8, 4, 4, 6, 1, 0, 2, 0, 0}, {2, 8});
@@ -599,7 +600,7 @@ TEST(CudaTraining, LlamaFamilyModelsComputeAsOnTheCpu) {
   for (int64_t i = 0; i < 14; ++i) mask.data_as<uint8_t>()[i] = 1;
   for (const char* family :
        {"qwen2", "qwen3", "qwen3_d8", "phi3_lr", "phi3_sr", "phi4m", "gemma", "smollm3", "granite",
-        "olmo2", "yarn", "cohere", "phi", "gpt_neox", "olmo_clip"})
+        "olmo2", "yarn", "cohere", "phi", "gpt_neox", "olmo_clip", "glm4"})
     for (const char* backend : {"eager", "math", "flash"})
       for (const bool mixed : {false, true}) {
         const std::string what =

@@ -752,7 +752,8 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
       "Qwen3ForCausalLM (qwen3), Qwen3MoeForCausalLM (qwen3_moe), "
       "Qwen2MoeForCausalLM (qwen2_moe), SmolLM3ForCausalLM (smollm3), CohereForCausalLM "
       "(cohere), Cohere2ForCausalLM (cohere2), PhiForCausalLM (phi), GPTNeoXForCausalLM "
-      "(gpt_neox), StableLmForCausalLM (stablelm), OlmoForCausalLM (olmo)");
+      "(gpt_neox), StableLmForCausalLM (stablelm), OlmoForCausalLM (olmo), GlmForCausalLM (glm), "
+      "Glm4ForCausalLM (glm4)");
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};
@@ -1429,11 +1430,12 @@ TEST(HfModel, CohereReadsItsPublishedConfigs) {
 }
 
 // Phi-2 (PhiForCausalLM), Pythia / GPT-NeoX-20B (GPTNeoXForCausalLM), StableLM-2-1.6B
-// (StableLmForCausalLM) and OLMo-1B (OlmoForCausalLM) as published: their LayerNorms with biases,
+// (StableLmForCausalLM), OLMo-1B (OlmoForCausalLM) and GLM-4-9B-0414 (Glm4ForCausalLM) as
+// published: their LayerNorms with biases,
 // partial RoPE, gelu MLPs, parallel blocks and biases, counted to the parameter (Pythia-160M's
 // 162,322,944 as EleutherAI lists it; Phi-2's 2.78B; GPT-NeoX-20B's 20.55B; StableLM-2's 1.64B),
 // and written back as HF reads them.
-TEST(HfModel, PhiGptNeoxStableLmAndOlmoReadTheirPublishedConfigs) {
+TEST(HfModel, PhiGptNeoxStableLmOlmoAndGlmReadTheirPublishedConfigs) {
   auto read = [](const char* file) {
     const std::string dir = test::temp_dir("hf-phi-neox");
     fs::copy_file(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/" + file,
@@ -1526,6 +1528,25 @@ TEST(HfModel, PhiGptNeoxStableLmAndOlmoReadTheirPublishedConfigs) {
     const models::ModelSpec s = read_hf_config(dir).spec;
     EXPECT_EQ(s.clip_qkv, 8.0);
     EXPECT_EQ(io::hf_config_json(s, DType::F32).at("clip_qkv"), 8.0);
+  }
+  // GLM-4-9B-0414 (Glm4ForCausalLM): q/k/v biases, gate_up_proj, RoPE on adjacent pairs of half
+  // of each 128-wide head, a norm after the attention and after the MLP; 9.40B parameters.
+  {
+    const models::ModelSpec s = read("glm4_9b_0414.json");
+    EXPECT_EQ(s.architecture(), "glm4");
+    EXPECT_TRUE(s.glm() && s.interleaved_rope() && s.fused_gate_up() && s.sandwich_norms());
+    EXPECT_TRUE(s.qkv_bias() && !s.out_bias());
+    EXPECT_EQ(s.head_dim(), 128);
+    EXPECT_EQ(s.rotary_dim(), 64);
+    const int64_t C = 4096, F = 13696, V = 151552, kv = 2 * 128;
+    const int64_t layer = 2 * C * C + C + 2 * (C * kv + kv) + 3 * C * F + 4 * C;
+    EXPECT_EQ(models::parameter_count(s), 40 * layer + 2 * V * C + C);
+    EXPECT_NEAR(double(models::parameter_count(s)) / 1e9, 9.40, 0.01);
+    const nlohmann::json back = io::hf_config_json(s, DType::BF16);
+    EXPECT_EQ(back.at("architectures")[0], "Glm4ForCausalLM");
+    EXPECT_EQ(back.at("partial_rotary_factor"), 0.5);
+    EXPECT_EQ(back.at("attention_bias"), true);
+    EXPECT_EQ(back.at("head_dim"), 128);
   }
   // What keel does not run is refused naming the field; use_parallel_residual = false and
   // attention_bias = false are read.

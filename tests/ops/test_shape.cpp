@@ -144,6 +144,14 @@ TEST(Shape, Gradchecks) {
         return ops::split_last(in[0], {2, 3, 4})[1];
       },
       {randn({3, 9}, 8)}, {}, "split_last one piece");
+  // concat_last: both inputs' gradients, and split_last's inverse bit for bit.
+  test::expect_gradcheck([](const V& in) { return ops::concat_last(in[0], in[1]); },
+                         {randn({2, 3, 4}, 11), randn({2, 3, 2}, 12)}, {}, "concat_last");
+  const Tensor x = randn({3, 2, 7}, 13);
+  const auto halves = ops::split_last(x, {5, 2});
+  test::expect_bitwise_equal(ops::concat_last(halves[0], halves[1]), x, "concat_last(split_last)");
+  EXPECT_THROW(ops::concat_last(randn({2, 3}, 1), randn({3, 3}, 2)), Error);
+  EXPECT_THROW(ops::concat_last(randn({2, 3}, 1), randn({2, 3}, 2, 1.f, DType::BF16)), Error);
 }
 
 TEST(Shape, SplitLastGradientOfUnusedPiecesIsZeroAndGraphsCanBeReused) {

@@ -42,7 +42,9 @@ namespace keel::test {
 // same without use_parallel_residual (the branches in sequence). "stablelm": a StableLM-2 (Llama's
 // layers with biased LayerNorms and q/k/v biases, RoPE on 2 of 8 channels, two query heads a
 // key/value head); "stablelm_par": with use_parallel_residual and no q/k/v biases. "olmo": an OLMo
-// (Llama's layers with LayerNorms that have no parameters); "olmo_clip": with clip_qkv 1.
+// (Llama's layers with LayerNorms that have no parameters); "olmo_clip": with clip_qkv 1. "glm": a
+// GLM-4 (q/k/v biases, gate_up_proj, heads 8 wide whose RoPE turns adjacent pairs of the first 4
+// channels); "glm4": a GLM-4-0414 (and a norm after the attention and after the MLP).
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
@@ -50,7 +52,7 @@ inline const std::vector<std::string> kFixtureFamilies = {
     "phi3_w3",      "phi3_lr",  "phi3_sr",      "phi4m",   "gemma",     "gemma2",     "gemma3",
     "smollm3",      "granite",  "olmo2",        "yarn",    "olmo3",     "exaone4",    "qwen3_moe",
     "olmoe",        "mixtral",  "cohere",       "cohere2", "qwen2_moe", "phi",        "gpt_neox",
-    "gpt_neox_seq", "stablelm", "stablelm_par", "olmo",    "olmo_clip"};
+    "gpt_neox_seq", "stablelm", "stablelm_par", "olmo",    "olmo_clip", "glm",        "glm4"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
@@ -82,6 +84,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
                     : phi      ? "phi"
                     : neox     ? "gpt_neox"
                     : stablelm ? "stablelm"
+                    : family == "glm" || family == "glm4"             ? family
                     : family.starts_with("olmo_") || family == "olmo" ? "olmo"
                     : moe                                             ? family
                                                                       : "";
@@ -158,6 +161,11 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.parallel_residual = family != "gpt_neox_seq";
   }
   if (family == "olmo_clip") s.clip_qkv = 1;
+  if (family == "glm" || family == "glm4") {
+    s.head_width = 8;
+    s.partial_rotary_factor = 0.5;
+    s.attention_bias = true;
+  }
   if (stablelm) {
     s.n_head = 2;
     s.n_kv_head = 1;
