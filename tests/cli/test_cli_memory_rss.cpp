@@ -285,6 +285,13 @@ TEST(CliMemoryRss, GptNeoxEstimateWithin10PercentOfPeakRss) {
   memtest_family("gpt_neox", R"(["query_key_value"])");
 }
 
+// A GLM-4-0414 from its config.json: gate_up_proj (its gradient one buffer of the fused shape),
+// q and k reordered over half of each head for the adjacent-pair RoPE, a norm after each sublayer.
+TEST(CliMemoryRss, Glm4EstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  memtest_family("glm4", R"(["q_proj", "v_proj", "gate_up_proj"])");
+}
+
 // A Qwen3-MoE from its config.json (8 experts 256 wide, 2 a token): the experts' gathered rows,
 // their outputs and routing, an expert adapter's share of the tokens, and oneDNN's kernels for
 // the experts' padded batch shapes.
