@@ -95,6 +95,12 @@ ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file, int6
     } else {
       s.attention_factor = 0;  // derived from the context lengths (read_hf_config)
     }
+  } else if (t == "dynamic") {
+    // HF's dynamic NTK: the RoPE base grows with a forward's length past max_position_embeddings
+    // (ops::RopeScaling); within it, none.
+    s.kind = Kind::kDynamic;
+    s.factor = required("factor");
+    s.original_max_position = max_positions;
   } else if (t == "yarn") {
     // As transformers' _compute_yarn_parameters: the file's factor; the original context
     // rope_scaling's original_max_position_embeddings (a top-level one wins: read_hf_config),
@@ -130,8 +136,9 @@ ops::RopeScaling read_rope_scaling(const json& rs, const std::string& file, int6
               : yarn_mscale(s.factor);
   } else {
     throw Error(where + " type '" + t +
-                "' is not supported by keel's RoPE (it runs 'default', 'linear', 'llama3', "
-                "'yarn' and Phi-3's 'longrope'; Llama 3.1/3.2 checkpoints use 'llama3')");
+                "' is not supported by keel's RoPE (it runs 'default', 'linear', 'dynamic', "
+                "'llama3', 'yarn' and Phi-3's 'longrope'; Llama 3.1/3.2 checkpoints use "
+                "'llama3')");
   }
   return s;
 }
@@ -150,6 +157,8 @@ json rope_scaling_json(const ops::RopeScaling& s) {
       return nullptr;
     case ops::RopeScaling::Kind::kLinear:
       return {{"rope_type", "linear"}, {"factor", s.factor}};
+    case ops::RopeScaling::Kind::kDynamic:  // (its original context: max_position_embeddings)
+      return {{"rope_type", "dynamic"}, {"factor", s.factor}};
     case ops::RopeScaling::Kind::kLlama3:
       return {{"rope_type", "llama3"},
               {"factor", s.factor},

@@ -63,12 +63,24 @@ std::vector<double> rope_inv_freq(double theta, int64_t head_dim, const RopeScal
                    sc.beta_slow > 0 && std::isfinite(sc.beta_fast + sc.beta_slow),
                "rope: yarn rope_scaling needs original_max_position_embeddings, a positive "
                "attention_factor and positive beta_fast and beta_slow");
+  if (sc.kind == Kind::kDynamic)
+    KEEL_CHECK(sc.original_max_position > 0 && head_dim > 2,
+               "rope: dynamic rope_scaling needs max_position_embeddings and heads wider than 2");
   const double pi = 3.14159265358979323846;
+  // HF's _compute_dynamic_ntk_parameters: the base grows with the forward's length past the
+  // original context (an unchanged base within it).
+  const double base =
+      sc.kind == Kind::kDynamic && seq_len > sc.original_max_position
+          ? theta * std::pow(sc.factor * static_cast<double>(seq_len) /
+                                     static_cast<double>(sc.original_max_position) -
+                                 (sc.factor - 1),
+                             static_cast<double>(head_dim) / static_cast<double>(head_dim - 2))
+          : theta;
   if (sc.kind == Kind::kYarn) {
     // HF's _compute_yarn_parameters: the pairs turning more than beta_fast times within the
     // original context keep their frequency, those turning fewer than beta_slow times are
     // interpolated (/ factor), a linear ramp between.
-    const double dim = static_cast<double>(head_dim), base = theta;
+    const double dim = static_cast<double>(head_dim);
     auto correction_dim = [&](double turns) {
       return dim * std::log(static_cast<double>(sc.original_max_position) / (turns * 2 * pi)) /
              (2 * std::log(base));
@@ -93,8 +105,8 @@ std::vector<double> rope_inv_freq(double theta, int64_t head_dim, const RopeScal
       seq_len > sc.original_max_position ? sc.long_factor : sc.short_factor;
   std::vector<double> inv(head_dim / 2);
   for (int64_t i = 0; i < head_dim / 2; ++i) {
-    // HF: inv_freq = 1 / theta^(arange(0, D, 2) / D)
-    double f = 1.0 / std::pow(theta, static_cast<double>(2 * i) / static_cast<double>(head_dim));
+    // HF: inv_freq = 1 / theta^(arange(0, D, 2) / D) (dynamic: the grown base)
+    double f = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(head_dim));
     if (long_rope) {
       f /= ext[i];  // HF's _compute_longrope_parameters: 1 / (ext_factors * base^(2i / D))
     } else if (sc.kind == Kind::kLinear) {

@@ -17,7 +17,7 @@ namespace keel::ops {
 // stretches, and by how much. The angles of a position change, so a checkpoint must be run with
 // the scaling it was trained with (Llama 3.1/3.2 ship "llama3").
 struct RopeScaling {
-  enum class Kind { kNone, kLinear, kLlama3, kLongRope, kYarn };
+  enum class Kind { kNone, kLinear, kLlama3, kLongRope, kYarn, kDynamic };
   Kind kind = Kind::kNone;
   double factor = 1.0;  // linear: every inv_freq / factor; llama3: the low frequencies / factor
   // llama3 only: wavelengths above original_max_position / low_freq_factor are divided by
@@ -38,6 +38,11 @@ struct RopeScaling {
   double beta_fast = 32, beta_slow = 1;
   bool truncate = true;
   double attention_factor = 1.0;  // longrope, yarn
+  // dynamic (HF's dynamic NTK): unscaled while a forward's positions stay within
+  // original_max_position (the model's max_position_embeddings); past it, for a forward reaching
+  // seq_len, the base theta * (factor * seq_len / original - (factor - 1))^(D / (D - 2)). Per
+  // forward, where HF's rotary module keeps the longest length it has seen until a forward within
+  // the original context resets it: the same for every forward within it or at a new longest.
   bool operator==(const RopeScaling&) const = default;
 };
 

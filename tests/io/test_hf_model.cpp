@@ -724,12 +724,24 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
   cfg["rope_scaling"]["original_max_position_embeddings"] = 8192.0;  // integral: as 8192
   write_hf_dir(dir, cfg, tensors);
   EXPECT_EQ(read_hf_config(dir).spec.rope_scaling.original_max_position, 8192);
+  // Dynamic NTK is read (its original context the file's max_position_embeddings) and written
+  // back; a type keel does not run is refused naming it.
   cfg["rope_scaling"] = {{"type", "dynamic"}, {"factor", 4.0}};
+  write_hf_dir(dir, cfg, tensors);
+  {
+    const models::ModelSpec dyn = read_hf_config(dir).spec;
+    EXPECT_EQ(dyn.rope_scaling.kind, ops::RopeScaling::Kind::kDynamic);
+    EXPECT_EQ(dyn.rope_scaling.factor, 4.0);
+    EXPECT_EQ(dyn.rope_scaling.original_max_position, dyn.max_seq_len);
+    EXPECT_EQ(io::hf_config_json(dyn, DType::F32).at("rope_scaling"),
+              json({{"rope_type", "dynamic"}, {"factor", 4.0}}));
+  }
+  cfg["rope_scaling"] = {{"type", "ntk-by-parts"}, {"factor", 4.0}};
   write_hf_dir(dir, cfg, tensors);
   m = error_of([&] { load_hf_model(dir); });
   EXPECT_CONTAINS(m,
-                  "rope_scaling type 'dynamic' is not supported by keel's RoPE (it runs "
-                  "'default', 'linear', 'llama3', 'yarn' and Phi-3's 'longrope'");
+                  "rope_scaling type 'ntk-by-parts' is not supported by keel's RoPE (it runs "
+                  "'default', 'linear', 'dynamic', 'llama3', 'yarn' and Phi-3's 'longrope'");
   cfg["rope_scaling"] = 8;
   write_hf_dir(dir, cfg, tensors);
   m = error_of([&] { load_hf_model(dir); });
@@ -1171,8 +1183,8 @@ TEST(HfModel, Transformers5RopeParametersReadAsTheOlderFields) {
                   dir +
                       "/config.json: rope_parameters must be an object (rope_theta, rope_type, "
                       "...), got 5");
-  bad["rope_parameters"] = {{"rope_type", "dynamic"}, {"factor", 2.0}};
-  EXPECT_CONTAINS(refusal(bad), "type 'dynamic' is not supported");
+  bad["rope_parameters"] = {{"rope_type", "ntk-by-parts"}, {"factor", 2.0}};
+  EXPECT_CONTAINS(refusal(bad), "type 'ntk-by-parts' is not supported");
   // A share of a head's channels where keel's Llama turns them all: refused, not ignored.
   bad["rope_parameters"] = {{"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5}};
   EXPECT_CONTAINS(refusal(bad),

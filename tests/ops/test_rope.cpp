@@ -204,6 +204,32 @@ TEST(Rope, LongRopeSwitchesFactorsPastTheOriginalContext) {
   EXPECT_THROW(ops::rope(x, 10000.f, 4, lr), Error);
 }
 
+// Dynamic NTK (HF's _compute_dynamic_ntk_parameters): within the original context the unscaled
+// frequencies bit for bit; a forward reaching L past it turns by the base
+// theta * (factor * L / original - (factor - 1))^(D / (D - 2)), decided by its longest position.
+TEST(Rope, DynamicNtkGrowsTheBasePastTheOriginalContext) {
+  ops::RopeScaling dy;
+  dy.kind = ops::RopeScaling::Kind::kDynamic;
+  dy.factor = 2;
+  dy.original_max_position = 6;
+  Tensor x = randn({2, 3, 3, 8}, 26);
+  // Positions 3..5 stay within 6: the same bits as no scaling.
+  test::expect_bitwise_equal(ops::rope(x, 10000.f, 3, dy), ops::rope(x, 10000.f, 3),
+                             "dynamic within its context");
+  EXPECT_EQ(ops::rope_inv_freq(10000.0, 8, dy, 6), ops::rope_inv_freq(10000.0, 8, {}, 6));
+  // Positions 5..7 reach 8: base 1e4 * (2 * 8 / 6 - 1)^(8 / 6).
+  const double base = 10000.0 * std::pow(2.0 * 8 / 6 - 1, 8.0 / 6);
+  std::vector<double> inv;
+  for (int64_t i = 0; i < 4; ++i) inv.push_back(1.0 / std::pow(base, i / 4.0));
+  const std::vector<double> got = ops::rope_inv_freq(10000.0, 8, dy, 8);
+  for (int64_t i = 0; i < 4; ++i) EXPECT_NEAR(got[i], inv[i], 1e-15 * inv[0]) << i;
+  expect_close(ops::rope(x, 10000.f, 5, dy).to_floats(), rope_ref(x, 10000.0, 5, false, inv), 1e-6,
+               1e-6, "dynamic at 5..7");
+  test::expect_gradcheck(
+      [&](const std::vector<Tensor>& in) { return ops::rope(in[0], 1e4f, 5, dy); },
+      {randn({1, 2, 3, 8}, 27)}, {}, "rope dynamic");
+}
+
 // Phi-4-mini's partial rotary (HF's partial_rotary_factor 0.75: 96 of 128 channels): the first R
 // channels turn as a head of R would (pairs (i, i + R/2), inv_freq theta^(-2i/R)), the other D - R
 // pass bit for bit, forward and backward, at an offset, at given positions and with longrope

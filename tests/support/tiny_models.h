@@ -44,15 +44,17 @@ namespace keel::test {
 // key/value head); "stablelm_par": with use_parallel_residual and no q/k/v biases. "olmo": an OLMo
 // (Llama's layers with LayerNorms that have no parameters); "olmo_clip": with clip_qkv 1. "glm": a
 // GLM-4 (q/k/v biases, gate_up_proj, heads 8 wide whose RoPE turns adjacent pairs of the first 4
-// channels); "glm4": a GLM-4-0414 (and a norm after the attention and after the MLP).
+// channels); "glm4": a GLM-4-0414 (and a norm after the attention and after the MLP). "dynamic":
+// the Llama with dynamic NTK RoPE (factor 2) past an original context of 4.
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
-    "gpt2",         "llama",    "qwen2",        "qwen3",   "qwen3_d8",  "mistral_w3", "qwen2_w3",
-    "phi3_w3",      "phi3_lr",  "phi3_sr",      "phi4m",   "gemma",     "gemma2",     "gemma3",
-    "smollm3",      "granite",  "olmo2",        "yarn",    "olmo3",     "exaone4",    "qwen3_moe",
-    "olmoe",        "mixtral",  "cohere",       "cohere2", "qwen2_moe", "phi",        "gpt_neox",
-    "gpt_neox_seq", "stablelm", "stablelm_par", "olmo",    "olmo_clip", "glm",        "glm4"};
+    "gpt2",         "llama",     "qwen2",     "qwen3",    "qwen3_d8",     "mistral_w3",
+    "qwen2_w3",     "phi3_w3",   "phi3_lr",   "phi3_sr",  "phi4m",        "gemma",
+    "gemma2",       "gemma3",    "smollm3",   "granite",  "olmo2",        "yarn",
+    "olmo3",        "exaone4",   "qwen3_moe", "olmoe",    "mixtral",      "cohere",
+    "cohere2",      "qwen2_moe", "phi",       "gpt_neox", "gpt_neox_seq", "stablelm",
+    "stablelm_par", "olmo",      "olmo_clip", "glm",      "glm4",         "dynamic"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
@@ -161,6 +163,11 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.parallel_residual = family != "gpt_neox_seq";
   }
   if (family == "olmo_clip") s.clip_qkv = 1;
+  if (family == "dynamic") {  // dynamic NTK past an original context of 4 (rows of 8)
+    s.rope_scaling.kind = ops::RopeScaling::Kind::kDynamic;
+    s.rope_scaling.factor = 2;
+    s.rope_scaling.original_max_position = 4;
+  }
   if (family == "glm" || family == "glm4") {
     s.head_width = 8;
     s.partial_rotary_factor = 0.5;
