@@ -174,7 +174,8 @@ struct ModelSpec {
   // GPT-NeoX normalizes the MLP's input with post_attention_layernorm of its own).
   bool shared_block_norm() const { return parallel_block() && !gpt_neox(); }
   // LayerNorms (the mean subtracted before the root mean square) in place of RMSNorms: Cohere's
-  // without a bias, Phi's, GPT-NeoX's and StableLM's with one (torch's nn.LayerNorm).
+  // without a bias, Phi's, GPT-NeoX's and StableLM's with one (torch's nn.LayerNorm), OLMo's with
+  // neither weight nor bias.
   bool centered_norms() const { return cohere() || biased_norms() || olmo(); }
   bool biased_norms() const { return phi() || gpt_neox() || stablelm(); }
   // An HF OLMo (OlmoForCausalLM: OLMo-1B, OLMo-7B, OLMo-1.7): Llama's layers with LayerNorms that
@@ -195,7 +196,8 @@ struct ModelSpec {
   bool out_bias() const { return phi() || (gpt_neox() && attention_bias); }
   bool head_bias() const { return phi(); }
   // The HF names of the modules a Llama-family model registers (its parameters' names, what an
-  // adapter's target_modules and a PEFT directory name): Llama's, Phi's or GPT-NeoX's.
+  // adapter's target_modules and a PEFT directory name): Llama's, Phi's, GPT-NeoX's or GLM-4-0414's
+  // (its sandwich norms).
   struct ModuleNames {
     const char *model, *embed, *final_norm, *head;  // model.embed_tokens, model.norm, lm_head
     const char *attention, *qkv, *out;              // self_attn, qkv_proj, o_proj
@@ -228,12 +230,13 @@ struct ModelSpec {
 
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
   // "granite", "mistral", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4", "phi3", "qwen2",
-  // "qwen3", "qwen3_moe", "qwen2_moe", "smollm3", "cohere", "cohere2", "phi", "gpt_neox" or
-  // "stablelm".
+  // "qwen3", "qwen3_moe", "qwen2_moe", "smollm3", "cohere", "cohere2", "phi", "gpt_neox",
+  // "stablelm", "olmo", "glm" or "glm4".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).
-  // Phi's and GPT-NeoX's too (the latter's attention_bias), StableLM's where use_qkv_bias says.
+  // Phi's and GPT-NeoX's too (the latter's attention_bias), StableLM's and GLM's where
+  // use_qkv_bias / attention_bias says.
   bool qkv_bias() const {
     return hf_model_type == "qwen2" || hf_model_type == "qwen2_moe" || out_bias() ||
            ((stablelm() || glm()) && attention_bias);
