@@ -1219,25 +1219,27 @@ TEST(CliMoe, AnInjectionIntoAnExpertThatDidNotRunIsSaid) {
   EXPECT_CONTAINS(routed.err, "debug.inject put nan into model.layers.1.mlp.experts.1's output");
 }
 
-// A NaN in a mixture's router (debug.inject into a layer's gate at step 2) stops the run with a
-// capture, and keel replay reproduces the step bit for bit: the routing, the experts each token
-// went to, and the load-balancing loss's gradient at the routers.
-TEST(CliMoe, ANanInARouterIsCapturedAndReplaysBitForBit) {
-  const std::string dir = test::temp_dir("cli-moe-replay");
-  models::ModelSpec s = test::tiny_model_spec("mixtral");
+// The tiny model `s` (vocabulary 259, 32 positions) trained with `sets` while debug.inject puts a
+// NaN into `module`'s output at step 2: the run stops with a capture (exit 3), and keel replay
+// reproduces the step bit for bit.
+void expect_injected_nan_replays(const std::string& dir, models::ModelSpec s,
+                                 const std::string& module, const std::vector<std::string>& sets) {
   s.vocab_size = 259;
   s.max_seq_len = 32;
   io::save_hf_model(*models::make_causal_lm(s, 5), dir + "/base");
-  const test::KeelRun r = test::run_keel(
-      test::with_sets(
-          {"train"}, {"run.out_dir=" + dir + "/out", "run.threads=1", "model.path=" + dir + "/base",
-                      "data.seq_len=16", "train.max_steps=4", "train.grad_accum=2",
-                      "model.router_aux_loss_coef=0.02", "model.attention_dropout=0.1",
-                      "debug.inject.module=model.layers.1.block_sparse_moe.gate",
-                      "debug.inject.step=2", "log.tensorboard=false"}),
-      {"OMP_NUM_THREADS=1"});
+  std::vector<std::string> all = {"run.out_dir=" + dir + "/out",
+                                  "run.threads=1",
+                                  "model.path=" + dir + "/base",
+                                  "data.seq_len=16",
+                                  "train.max_steps=4",
+                                  "train.grad_accum=2",
+                                  "debug.inject.module=" + module,
+                                  "debug.inject.step=2",
+                                  "log.tensorboard=false"};
+  all.insert(all.end(), sets.begin(), sets.end());
+  const test::KeelRun r = test::run_keel(test::with_sets({"train"}, all), {"OMP_NUM_THREADS=1"});
   EXPECT_EQ(r.code, 3) << r.output;
-  EXPECT_CONTAINS(r.err, "debug.inject put nan into model.layers.1.block_sparse_moe.gate's output");
+  EXPECT_CONTAINS(r.err, "debug.inject put nan into " + module + "'s output");
   const std::string capture = dir + "/out/debug/nan_capture/rank0";
   ASSERT_TRUE(fs::exists(capture + "/capture.json")) << r.err;
   const test::KeelRun rep = test::run_keel({"replay", capture, "--json"}, {"OMP_NUM_THREADS=1"});
@@ -1247,33 +1249,22 @@ TEST(CliMoe, ANanInARouterIsCapturedAndReplaysBitForBit) {
   EXPECT_TRUE(j.at("reproduced").get<bool>()) << rep.out;
 }
 
+// A NaN in a mixture's router (a layer's gate): the replay reproduces the routing, the experts
+// each token went to, and the load-balancing loss's gradient at the routers.
+TEST(CliMoe, ANanInARouterIsCapturedAndReplaysBitForBit) {
+  expect_injected_nan_replays(test::temp_dir("cli-moe-replay"), test::tiny_model_spec("mixtral"),
+                              "model.layers.1.block_sparse_moe.gate",
+                              {"model.router_aux_loss_coef=0.02", "model.attention_dropout=0.1"});
+}
+
 // A NaN in a GPT-NeoX's attention output (debug.inject at step 2) under its sublayer dropout
 // (model.dropout: HF's hidden_dropout on the embedding and both branches) and the attention
 // probabilities': captured, and keel replay reproduces the step bit for bit, every dropout mask
 // drawn again from the step's seed and the module's path.
 TEST(CliGptNeox, ANanUnderItsDropoutsIsCapturedAndReplaysBitForBit) {
-  const std::string dir = test::temp_dir("cli-neox-replay");
-  models::ModelSpec s = test::tiny_model_spec("gpt_neox");
-  s.vocab_size = 259;
-  s.max_seq_len = 32;
-  io::save_hf_model(*models::make_causal_lm(s, 5), dir + "/base");
-  const test::KeelRun r = test::run_keel(
-      test::with_sets(
-          {"train"},
-          {"run.out_dir=" + dir + "/out", "run.threads=1", "model.path=" + dir + "/base",
-           "data.seq_len=16", "train.max_steps=4", "train.grad_accum=2", "model.dropout=0.1",
-           "model.attention_dropout=0.1", "debug.inject.module=gpt_neox.layers.1.attention.dense",
-           "debug.inject.step=2", "log.tensorboard=false"}),
-      {"OMP_NUM_THREADS=1"});
-  EXPECT_EQ(r.code, 3) << r.output;
-  EXPECT_CONTAINS(r.err, "debug.inject put nan into gpt_neox.layers.1.attention.dense's output");
-  const std::string capture = dir + "/out/debug/nan_capture/rank0";
-  ASSERT_TRUE(fs::exists(capture + "/capture.json")) << r.err;
-  const test::KeelRun rep = test::run_keel({"replay", capture, "--json"}, {"OMP_NUM_THREADS=1"});
-  ASSERT_EQ(rep.code, 0) << rep.output;
-  const json j = json::parse(rep.out);
-  EXPECT_TRUE(j.at("bit_exact").get<bool>()) << rep.out;
-  EXPECT_TRUE(j.at("reproduced").get<bool>()) << rep.out;
+  expect_injected_nan_replays(test::temp_dir("cli-neox-replay"), test::tiny_model_spec("gpt_neox"),
+                              "gpt_neox.layers.1.attention.dense",
+                              {"model.dropout=0.1", "model.attention_dropout=0.1"});
 }
 
 // The load-balancing loss (model.router_aux_loss_coef, HF's router_aux_loss_coef where
