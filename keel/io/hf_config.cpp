@@ -558,17 +558,14 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     if (s.gpt_neox()) {
       j["rotary_pct"] = s.partial_rotary_factor;
       j["rotary_emb_base"] = s.rope_theta;
-      j["use_parallel_residual"] = s.parallel_residual;
     }
+    if (s.gpt_neox() || s.stablelm()) j["use_parallel_residual"] = s.parallel_residual;
     if (s.phi() || s.stablelm()) j["qk_layernorm"] = false;
     if (s.olmo() || variant == "olmoe")
       j["clip_qkv"] = s.clip_qkv > 0 ? json(s.clip_qkv) : json(nullptr);
     // The sublayer dropout the run trained with, as GPT-2's (a base's embd_pdrop stays its own).
-    if (s.branch_dropout()) j[s.phi() ? "resid_pdrop" : "hidden_dropout"] = s.dropout;
-    if (s.stablelm()) {
-      j["use_qkv_bias"] = s.attention_bias;
-      j["use_parallel_residual"] = s.parallel_residual;
-    }
+    if (const char* field = s.branch_dropout_field()) j[field] = s.dropout;
+    if (s.stablelm()) j["use_qkv_bias"] = s.attention_bias;
     if (variant == "olmo3") {
       // And per layer type, as transformers 5's Olmo3Config reads it: from the older fields alone
       // it rotates the sliding layers by its default base 500000, whatever rope_theta says.
@@ -668,12 +665,8 @@ HfConfig read_hf_config(const std::string& dir) {
     s.attention_dropout = probability("attention_dropout", 0.0);
     // The sublayer dropout of Phi (resid_pdrop; its embd_pdrop is not keel's), GPT-NeoX and
     // StableLM (hidden_dropout): ModelSpec::branch_dropout. (Their configs' defaults: 0.)
-    if (s.phi()) {
-      s.dropout = probability("resid_pdrop", 0.0);
-      probability("embd_pdrop", 0.0);
-    } else if (s.branch_dropout()) {
-      s.dropout = probability("hidden_dropout", 0.0);
-    }
+    if (const char* field = s.branch_dropout_field()) s.dropout = probability(field, 0.0);
+    if (s.phi()) probability("embd_pdrop", 0.0);
     s.n_layer = c.integer({"num_hidden_layers", "n_layer"});
     s.n_embd = c.integer({"hidden_size", "n_embd"});
     s.n_head = c.integer({"num_attention_heads", "n_head"});

@@ -188,6 +188,11 @@ struct ModelSpec {
   // `dropout`: Phi's resid_pdrop (the attention's and the MLP's outputs), GPT-NeoX's
   // hidden_dropout (those and the embedding's), StableLM's hidden_dropout (the MLP's alone).
   bool branch_dropout() const { return phi() || gpt_neox() || stablelm(); }
+  // The config.json field that dropout is read from and written back as: Phi's resid_pdrop,
+  // GPT-NeoX's and StableLM's hidden_dropout; nullptr for the others.
+  const char* branch_dropout_field() const {
+    return phi() ? "resid_pdrop" : branch_dropout() ? "hidden_dropout" : nullptr;
+  }
   // Phi's and GPT-NeoX's MLP: up (fc1, dense_h_to_4h) and down (fc2, dense_4h_to_h), both with a
   // bias, around a gelu (mlp_gelu: Phi's gelu_new is the tanh form, Pythia's gelu the exact one).
   bool gelu_mlp() const { return phi() || gpt_neox(); }

@@ -305,9 +305,10 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s, int64_t layer)
     post_feedforward_layernorm = register_module(s.module_names().mlp_out_norm, hidden_norm(s));
   if (s.branch_dropout()) {  // HF's post_attention_dropout / post_mlp_dropout (Phi's resid_dropout)
     if (!s.stablelm())
-      attention_dropout =
+      post_attention_dropout =
           register_module("post_attention_dropout", std::make_unique<nn::Dropout>(s.dropout));
-    mlp_dropout = register_module("post_mlp_dropout", std::make_unique<nn::Dropout>(s.dropout));
+    post_mlp_dropout =
+        register_module("post_mlp_dropout", std::make_unique<nn::Dropout>(s.dropout));
   }
 }
 
@@ -324,17 +325,18 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mas
     auto dropped = [](nn::Dropout* d, const Tensor& y) { return d ? d->forward(y) : y; };
     if (parallel) {  // both branches read x (through one norm, or a GPT-NeoX's two)
       const Tensor h = input_layernorm->forward(x);
-      Tensor a = dropped(attention_dropout, self_attn->forward(h, mask, backend, caches, layer));
+      Tensor a =
+          dropped(post_attention_dropout, self_attn->forward(h, mask, backend, caches, layer));
       // Cohere, StableLM: (x + attention(h)) + mlp(h).
       if (residual_first)
-        return nn::residual_add(nn::residual_add(x, a), dropped(mlp_dropout, feed_forward(h)));
+        return nn::residual_add(nn::residual_add(x, a), dropped(post_mlp_dropout, feed_forward(h)));
       // Phi and GPT-NeoX: (attention + mlp) + x, the branches' sum in their dtype (16-bit under
       // -mixed, as HF's autocast adds them) before the f32 residual.
       Tensor m = feed_forward(post_attention_layernorm ? post_attention_layernorm->forward(x) : h);
-      return nn::residual_add(nn::residual_add(a, dropped(mlp_dropout, m)), x);
+      return nn::residual_add(nn::residual_add(a, dropped(post_mlp_dropout, m)), x);
     }
-    Tensor a = dropped(attention_dropout, self_attn->forward(input_layernorm->forward(x), mask,
-                                                             backend, caches, layer));
+    Tensor a = dropped(post_attention_dropout, self_attn->forward(input_layernorm->forward(x), mask,
+                                                                  backend, caches, layer));
     if (residual_multiplier != 1) {  // Granite: residual + sublayer(x) * residual_multiplier
       const float m = static_cast<float>(residual_multiplier);
       Tensor h = nn::residual_add(x, ops::scale(a, m));
@@ -343,7 +345,7 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mas
     if (!pre_feedforward_layernorm) {
       Tensor h = nn::residual_add(x, a);
       return nn::residual_add(
-          h, dropped(mlp_dropout, feed_forward(post_attention_layernorm->forward(h))));
+          h, dropped(post_mlp_dropout, feed_forward(post_attention_layernorm->forward(h))));
     }
     // Gemma-2 (HF's Gemma2DecoderLayer): each sublayer's output normalized before its residual.
     Tensor h = nn::residual_add(x, post_attention_layernorm->forward(a));

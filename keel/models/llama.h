@@ -108,8 +108,8 @@ class LlamaDecoderLayer : public nn::Module {
   nn::RMSNorm *pre_feedforward_layernorm = nullptr, *post_feedforward_layernorm = nullptr;
   double residual_multiplier = 1;  // Granite's: each sublayer's output scaled before its add
   // ModelSpec::branch_dropout's on the attention's output (Phi, GPT-NeoX) and the MLP's (and
-  // StableLM); else null.
-  nn::Dropout *attention_dropout = nullptr, *mlp_dropout = nullptr;
+  // StableLM's); else null. (Not the attention probabilities' dropout: LlamaAttention's.)
+  nn::Dropout *post_attention_dropout = nullptr, *post_mlp_dropout = nullptr;
   LlamaAttention* self_attn;
   LlamaMLP* mlp = nullptr;        // a dense layer's
   LlamaSparseMoe* moe = nullptr;  // a sparse layer's (ModelSpec::moe_layer)

@@ -216,9 +216,10 @@ std::vector<Tensor> split_last(const Tensor& x, const std::vector<int64_t>& size
 // ---- concat_last: split_last's inverse; its backward cuts the gradient into the two widths.
 
 struct ConcatLastNode final : Node {
-  int64_t rows = 0, wa = 0, wb = 0;
+  int64_t rows = 0;
   Shape a_shape, b_shape;
   std::vector<Tensor> backward(const Tensor& g) override {  // g [..., wa + wb]
+    const int64_t wa = a_shape.back(), wb = b_shape.back();
     const size_t elem = dtype_size(g.dtype());
     const char* src = static_cast<const char*>(g.data());
     Tensor da, db;
@@ -240,12 +241,13 @@ Tensor concat_last(const Tensor& a, const Tensor& b) {
       a.dim() >= 1 && a.dim() == b.dim() && a.dtype() == b.dtype() && a.device() == b.device(),
       "concat_last: a " + shape_str(a.shape()) + " and b " + shape_str(b.shape()) +
           " must share their rank, dtype and device");
-  for (int64_t d = 0; d + 1 < a.dim(); ++d)
-    KEEL_CHECK(a.size(d) == b.size(d), "concat_last: leading dims differ: " + shape_str(a.shape()) +
-                                           " and " + shape_str(b.shape()));
   const int64_t wa = a.size(-1), wb = b.size(-1);
   int64_t n = 1;  // rows: the leading dims' product
-  for (int64_t d = 0; d + 1 < a.dim(); ++d) n *= a.size(d);
+  for (int64_t d = 0; d + 1 < a.dim(); ++d) {
+    KEEL_CHECK(a.size(d) == b.size(d), "concat_last: leading dims differ: " + shape_str(a.shape()) +
+                                           " and " + shape_str(b.shape()));
+    n *= a.size(d);
+  }
   Shape out_shape = a.shape();
   out_shape.back() = wa + wb;
   Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
@@ -256,8 +258,6 @@ Tensor concat_last(const Tensor& a, const Tensor& b) {
   if (any_requires_grad({&a, &b})) {
     auto node = std::make_shared<ConcatLastNode>();
     node->rows = n;
-    node->wa = wa;
-    node->wb = wb;
     node->a_shape = a.shape();
     node->b_shape = b.shape();
     record_node(out, node, {&a, &b});

@@ -305,8 +305,9 @@ void check_shape_keys_match(const ModelConfig& m, const models::ModelSpec& file_
 
 // HF trains with config.json's dropout probabilities (GPT-2's resid_pdrop, embd_pdrop and
 // attn_pdrop, 0.1 each; Granite-3's attention_dropout 0.1); keel with its own keys, which the
-// config decides: a difference is said, not hidden. A Llama-family model has no residual or
-// embedding dropout to set (a Phi-3's, a Phi-2's or a GPT-NeoX's file may name them): said as not
+// config decides: a difference is said, not hidden. Phi's, GPT-NeoX's and StableLM's sublayer
+// dropout is model.dropout's (ModelSpec::branch_dropout_field); another residual or embedding
+// dropout a Llama-family file names (a Phi-3's resid_pdrop, a Phi-2's embd_pdrop) is said as not
 // applied.
 void say_file_dropouts(const io::HfConfig& hf, const Config& cfg, const Say& say) {
   struct FileDropout {
@@ -325,19 +326,17 @@ void say_file_dropouts(const io::HfConfig& hf, const Config& cfg, const Say& say
     const auto p = hf.json.find(d.file_key);
     if (p == hf.json.end() || !p->is_number() || p->get<double>() == d.value) continue;
     const std::string given = std::string(d.file_key) + " = " + p->dump();
-    // The one file key model.dropout stands for beside GPT-2's: Phi's resid_pdrop, GPT-NeoX's and
-    // StableLM's hidden_dropout (ModelSpec::branch_dropout).
-    const std::string own = hf.spec.phi() ? "resid_pdrop" : "hidden_dropout";
+    // The one file key model.dropout stands for beside GPT-2's.
+    const char* own = hf.spec.branch_dropout_field();
     if (hf.spec.family != "gpt2" && std::string(d.key) == "model.dropout" &&
-        !(hf.spec.branch_dropout() && d.file_key == own)) {
+        !(own && d.file_key == std::string(own))) {
       if (p->get<double>() > 0)
-        say_or_print(
-            say,
-            "note: " + file + "'s " + given + " is not applied: keel's " + hf.spec.architecture() +
-                (hf.spec.branch_dropout() ? " drops its sublayers' outputs by model.dropout (" +
-                                                own + "'s), not its embedding"
-                                          : std::string(" has no residual or embedding dropout")) +
-                " (HF's applies it while training)");
+        say_or_print(say, "note: " + file + "'s " + given + " is not applied: keel's " +
+                              hf.spec.architecture() +
+                              (own ? " drops its sublayers' outputs by model.dropout (" +
+                                         std::string(own) + "'s), not its embedding"
+                                   : std::string(" has no residual or embedding dropout")) +
+                              " (HF's applies it while training)");
       continue;
     }
     say_or_print(say, "note: " + file + "'s " + given + " (HF trains with it) differs from " +

@@ -48,6 +48,15 @@ double eval_loss(const std::string& model, const std::string& data,
   return r.code == 0 ? json::parse(r.out).at("loss").get<double>() : -1.0;
 }
 
+// keel eval's loss of DIR/base on DIR/t.txt once its config.json is `cfg` (left so), and of `cfg`
+// with `fields` changed.
+double eval_with(const std::string& dir, const json& cfg, const json& fields = json::object()) {
+  json changed = cfg;
+  changed.update(fields);
+  std::ofstream(dir + "/base/config.json") << changed.dump(2);
+  return eval_loss(dir + "/base", dir + "/t.txt");
+}
+
 // A tiny Llama, the same weights as a Mistral with a 32-position window over 64 positions, and a
 // text.
 const MistralFiles& mistral_files() {
@@ -547,11 +556,9 @@ TEST(CliPhi, InitModelWritesOneALoraTrainsAndItsResidualDropoutIsSaid) {
   EXPECT_EQ(read_json_file(dir + "/p1-hf/config.json").at("resid_pdrop"), 0.1);
   // RoPE on another share of each head computes otherwise; one that is not pairs, or a q/k norm,
   // is refused naming the field.
-  const double half = eval_loss(dir + "/base", dir + "/t.txt");
+  const double half = eval_with(dir, cfg);
+  EXPECT_NE(eval_with(dir, cfg, {{"partial_rotary_factor", 0.25}}), half);
   json quarter = cfg;
-  quarter["partial_rotary_factor"] = 0.25;
-  std::ofstream(dir + "/base/config.json") << quarter.dump(2);
-  EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), half);
   quarter["partial_rotary_factor"] = 0.4;
   expect_config_refused(dir, quarter,
                         dir +
@@ -606,10 +613,7 @@ TEST(CliGptNeox, InitModelWritesOneALoraOnQueryKeyValueTrainsAndBothResidualsCom
   EXPECT_EQ(wrong.code, 2) << wrong.output;
   EXPECT_CONTAINS(wrong.err, "query_key_value, dense, dense_h_to_4h, dense_4h_to_h");
   // The branches in sequence compute otherwise than side by side.
-  json sequential = cfg;
-  sequential["use_parallel_residual"] = false;
-  std::ofstream(dir + "/base/config.json") << sequential.dump(2);
-  EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), parallel);
+  EXPECT_NE(eval_with(dir, cfg, {{"use_parallel_residual", false}}), parallel);
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
@@ -666,14 +670,11 @@ TEST(CliOlmo, InitModelWritesOneWithoutNormWeightsAndALoraTrains) {
             "olmo");
   ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
   ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
-  const double unclipped = eval_loss(dir + "/base", dir + "/t.txt");
+  const double unclipped = eval_with(dir, cfg);
+  // (8: above every value here, the same loss)
+  EXPECT_EQ(eval_with(dir, cfg, {{"clip_qkv", 8.0}}), unclipped);
+  EXPECT_NE(eval_with(dir, cfg, {{"clip_qkv", 0.05}}), unclipped);
   json clip = cfg;
-  clip["clip_qkv"] = 8.0;  // (above every value here: the same loss)
-  std::ofstream(dir + "/base/config.json") << clip.dump(2);
-  EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), unclipped);
-  clip["clip_qkv"] = 0.05;
-  std::ofstream(dir + "/base/config.json") << clip.dump(2);
-  EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), unclipped);
   clip["clip_qkv"] = 0;
   expect_config_refused(dir, clip,
                         dir +
@@ -703,11 +704,8 @@ TEST(CliGlm, InitModelWritesEachALoraOnGateUpTrainsAndTheCacheDecodesAsTheWholeS
               family);
     ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
     ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
-    const double half = eval_loss(dir + "/base", dir + "/t.txt");
-    json all = cfg;
-    all["partial_rotary_factor"] = 1.0;
-    std::ofstream(dir + "/base/config.json") << all.dump(2);
-    EXPECT_NE(eval_loss(dir + "/base", dir + "/t.txt"), half);
+    const double half = eval_with(dir, cfg);
+    EXPECT_NE(eval_with(dir, cfg, {{"partial_rotary_factor", 1.0}}), half);
     std::ofstream(dir + "/base/config.json") << cfg.dump(2);
   }
 }
