@@ -166,6 +166,14 @@ int run_init_model(const InitModelArgs& a) {
     s.mlp_gelu = a.family == "phi" ? ops::GeluApprox::Tanh : ops::GeluApprox::None;
     s.tie_embeddings = false;
   }
+  // FalconConfig's: the exact gelu, the head tied; one key/value head (Falcon-7B's multi_query)
+  // or one a query head in the older layout, any other count new_decoder_architecture's with a
+  // norm for each branch (Falcon-40B's).
+  if (a.family == "falcon") {
+    s.mlp_gelu = ops::GeluApprox::None;
+    s.new_decoder_architecture = s.kv_heads() != 1 && s.kv_heads() != s.n_head;
+    s.norm_per_branch = s.new_decoder_architecture;
+  }
   s.rope_theta = a.rope_theta;
   s.norm_eps = a.norm_eps;
   s.init_std = a.init_std;
@@ -279,12 +287,15 @@ Command add_init_model(CLI::App& app) {
          "biased LayerNorms and q/k/v biases, RoPE on a quarter of each head) | olmo (OLMo's: "
          "Llama's layers with LayerNorms without parameters) | glm (GLM-4's: q/k/v biases, "
          "gate_up_proj, RoPE on adjacent pairs of half of each head) | glm4 (GLM-4-0414's: and a "
-         "norm after the attention and after the MLP)")
-      ->check(CLI::IsMember({"gpt2",     "llama",    "gemma",   "gemma2",    "gemma3",
-                             "granite",  "olmo2",    "olmo3",   "exaone4",   "phi3",
-                             "qwen2",    "qwen3",    "smollm3", "qwen3_moe", "qwen2_moe",
-                             "olmoe",    "mixtral",  "cohere",  "cohere2",   "phi",
-                             "gpt_neox", "stablelm", "olmo",    "glm",       "glm4"}))
+         "norm after the attention and after the MLP) | falcon (Falcon-7B's: GPT-NeoX's "
+         "layers without biases on one LayerNorm, q/k/v fused a key/value group at a time; "
+         "--n-kv-head 1 its multi-query, another count than 1 or --n-head Falcon-40B's layout "
+         "with a norm for each branch)")
+      ->check(CLI::IsMember({"gpt2",    "llama",     "gemma",     "gemma2",   "gemma3",  "granite",
+                             "olmo2",   "olmo3",     "exaone4",   "phi3",     "qwen2",   "qwen3",
+                             "smollm3", "qwen3_moe", "qwen2_moe", "olmoe",    "mixtral", "cohere",
+                             "cohere2", "phi",       "gpt_neox",  "stablelm", "olmo",    "glm",
+                             "glm4",    "falcon"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <tuple>
 
@@ -219,9 +220,10 @@ constexpr HfArchitecture kArchitectures[] = {
     {"phi", "PhiForCausalLM", nullptr, "llama"},             // parallel blocks, biases, gelu MLP
     {"gpt_neox", "GPTNeoXForCausalLM", nullptr, "llama"},    // Phi's, per-head qkv, two norms
     {"stablelm", "StableLmForCausalLM", nullptr, "llama"},  // Llama's with LayerNorms, partial RoPE
-    {"olmo", "OlmoForCausalLM", nullptr, "llama"},  // Llama's, LayerNorms without parameters
-    {"glm", "GlmForCausalLM", nullptr, "llama"},    // q/k/v biases, pair RoPE on half a head
-    {"glm4", "Glm4ForCausalLM", nullptr, "llama"},  // and norms after each sublayer
+    {"olmo", "OlmoForCausalLM", nullptr, "llama"},      // Llama's, LayerNorms without parameters
+    {"glm", "GlmForCausalLM", nullptr, "llama"},        // q/k/v biases, pair RoPE on half a head
+    {"glm4", "Glm4ForCausalLM", nullptr, "llama"},      // and norms after each sublayer
+    {"falcon", "FalconForCausalLM", nullptr, "llama"},  // GPT-NeoX's, grouped qkv, no biases
 };
 
 const HfArchitecture& architecture_of(const json& j, const std::string& file) {
@@ -592,10 +594,69 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     // (As GPT-2's. A Phi-3's resid_pdrop and embd_pdrop, which keel does not apply, stay the
     // base's.)
     j["attention_dropout"] = s.attention_dropout;
+    if (s.falcon()) {
+      // FalconConfig's own fields in place of Llama's (its head_dim is a property, which a key
+      // of that name would fail to set).
+      for (const char* k : {"head_dim", "num_key_value_heads", "intermediate_size", "hidden_act",
+                            "layer_norm_eps", "attention_bias", "mlp_bias"})
+        j.erase(k);
+      j["new_decoder_architecture"] = s.new_decoder_architecture;
+      j["num_kv_heads"] = s.kv_heads();
+      j["multi_query"] = s.kv_heads() == 1;  // (read only without new_decoder_architecture)
+      j["parallel_attn"] = s.parallel_residual;
+      j["num_ln_in_parallel_attn"] =
+          s.new_decoder_architecture ? json(s.norm_per_branch ? 2 : 1) : json(nullptr);
+      j["ffn_hidden_size"] = s.ffn_dim();
+      j["activation"] = s.mlp_gelu == ops::GeluApprox::None ? "gelu" : "gelu_new";
+      j["layer_norm_epsilon"] = s.norm_eps;
+      j["bias"] = false;
+      j["alibi"] = false;
+    }
   }
   j["torch_dtype"] = torch_dtype;
   return j;
 }
+namespace {
+// FalconConfig's layout fields (model_type "falcon"): its key/value heads
+// (new_decoder_architecture's num_kv_heads; else multi_query's one, or one a query head), its MLP's
+// width (ffn_hidden_size, 4 x hidden_size where absent), whether the attention and the MLP run side
+// by side (parallel_attn) and on one norm or two (num_ln_in_parallel_attn: 2 where absent under
+// new_decoder_architecture); each layout HF's FalconDecoderLayer cannot run, and Falcon-RW's ALiBi
+// and biases, refused naming the field.
+template <typename Unsupported>
+void read_falcon_layout(const ConfigReader& c, models::ModelSpec& s,
+                        const Unsupported& unsupported) {
+  if (c.boolean("alibi", false))
+    throw unsupported("alibi = true (Falcon-RW's ALiBi position biases in place of RoPE)");
+  // (HF's FalconLinear adds a bias after the product, in f32 beside a bf16 product under autocast:
+  // no published rotary Falcon has one.)
+  if (c.boolean("bias", false)) throw unsupported("bias = true (Falcon-RW's biased projections)");
+  s.new_decoder_architecture = c.boolean("new_decoder_architecture", false);
+  s.parallel_residual = c.boolean("parallel_attn", true);
+  const bool multi_query = c.boolean("multi_query", true);
+  s.n_kv_head = s.new_decoder_architecture ? c.integer({"num_kv_heads"}, s.n_head)
+                : multi_query              ? 1
+                                           : s.n_head;
+  if (s.new_decoder_architecture && !s.parallel_residual)
+    throw unsupported(
+        "parallel_attn = false with new_decoder_architecture = true (HF's FalconDecoderLayer "
+        "then has no input for its MLP)");
+  const int64_t norms = c.integer({"num_ln_in_parallel_attn"}, s.new_decoder_architecture ? 2 : 1);
+  if (norms != 1 && norms != 2)
+    throw unsupported("num_ln_in_parallel_attn = " + std::to_string(norms) +
+                      " (a parallel block's norms: 1, or 2 under new_decoder_architecture)");
+  if (norms == 2 && s.parallel_residual && !s.new_decoder_architecture)
+    throw unsupported(
+        "num_ln_in_parallel_attn = 2 without new_decoder_architecture (HF's FalconDecoderLayer "
+        "then builds ln_attn and ln_mlp but runs input_layernorm)");
+  s.norm_per_branch = s.new_decoder_architecture && norms == 2;
+  s.intermediate_size =
+      c.integer({"ffn_hidden_size"}, s.n_embd <= std::numeric_limits<int64_t>::max() / 4
+                                         ? 4 * s.n_embd
+                                         : std::numeric_limits<int64_t>::max());
+}
+}  // namespace
+
 HfConfig read_hf_config(const std::string& dir) {
   const std::string file = dir + "/config.json";
   if (!path_exists(file)) {
@@ -668,10 +729,16 @@ HfConfig read_hf_config(const std::string& dir) {
     if (const char* field = s.branch_dropout_field()) s.dropout = probability(field, 0.0);
     if (s.phi()) probability("embd_pdrop", 0.0);
     s.n_layer = c.integer({"num_hidden_layers", "n_layer"});
-    s.n_embd = c.integer({"hidden_size", "n_embd"});
+    s.n_embd = c.integer({"hidden_size", "n_embd", "n_embed"});  // (FalconConfig's n_embed)
     s.n_head = c.integer({"num_attention_heads", "n_head"});
-    s.n_kv_head = c.integer({"num_key_value_heads"}, s.n_head);
-    s.intermediate_size = c.integer({"intermediate_size"});
+    if (s.falcon()) {
+      read_falcon_layout(c, s, unsupported);
+      // (A parallel Falcon applies its attention_dropout nowhere, as HF's.)
+      if (s.parallel_residual) s.attention_dropout = 0;
+    } else {
+      s.n_kv_head = c.integer({"num_key_value_heads"}, s.n_head);
+      s.intermediate_size = c.integer({"intermediate_size"});
+    }
     s.vocab_size = c.integer({"vocab_size"});
     s.max_seq_len = c.integer({"max_position_embeddings"}, 2048);
     // (Gemma3TextConfig's default base is 1e6, SmolLM3Config's 2e6; their files give it.
@@ -685,14 +752,16 @@ HfConfig read_hf_config(const std::string& dir) {
     // and GPT-NeoX's LayerNorms take layer_norm_eps, 1e-5 in their configs.)
     // (HF's OlmoLayerNorm takes 1e-5 whatever a file says.)
     s.norm_eps = s.olmo()             ? 1e-5
+                 : s.falcon()         ? c.number({"layer_norm_epsilon"}, 1e-5)
                  : s.centered_norms() ? c.number({"layer_norm_eps"}, 1e-5)
                                       : c.number({"rms_norm_eps"}, s.post_norms() ? 1e-5
                                                                    : s.glm()      ? 1.5625e-7
                                                                                   : 1e-6);
     // (Gemma, SmolLM3 and Cohere tie their head to the embedding unless the file says otherwise,
     // as their configs do.)
-    s.tie_embeddings =
-        c.boolean("tie_word_embeddings", s.gemma() || s.hf_model_type == "smollm3" || s.cohere());
+    // (Falcon's too: FalconConfig keeps PretrainedConfig's default.)
+    s.tie_embeddings = c.boolean("tie_word_embeddings", s.gemma() || s.hf_model_type == "smollm3" ||
+                                                            s.cohere() || s.falcon());
     if (s.cohere()) {
       // CohereForCausalLM: the logits times logit_scale (CohereConfig's 0.0625 where absent).
       s.logit_scale = c.number({"logit_scale"}, 0.0625);
@@ -726,16 +795,18 @@ HfConfig read_hf_config(const std::string& dir) {
     if (s.gelu_mlp()) {
       // Phi and GPT-NeoX: lm_head (embed_out) is a Linear of its own (HF's Phi would tie its
       // weight and keep its bias; no published Phi or GPT-NeoX ties it).
-      if (s.tie_embeddings) throw unsupported("tie_word_embeddings = true");
-      // Their MLP's activation: PhiConfig's gelu_new, GPTNeoXConfig's gelu (the exact form:
-      // Pythia); GPT-NeoX-20B's gelu_fast is the tanh form written another way.
-      const std::string act = c.string("hidden_act", s.phi() ? "gelu_new" : "gelu");
+      if (s.tie_embeddings && !s.falcon()) throw unsupported("tie_word_embeddings = true");
+      // Their MLP's activation: PhiConfig's gelu_new, GPTNeoXConfig's and FalconConfig's gelu
+      // (the exact form: Pythia, Falcon); GPT-NeoX-20B's gelu_fast is the tanh form written
+      // another way.
+      const char* act_key = s.falcon() ? "activation" : "hidden_act";
+      const std::string act = c.string(act_key, s.phi() ? "gelu_new" : "gelu");
       if (act == "gelu")
         s.mlp_gelu = ops::GeluApprox::None;
       else if (act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast")
         s.mlp_gelu = ops::GeluApprox::Tanh;
       else
-        throw unsupported("hidden_act '" + act + "' (keel's " + s.architecture() +
+        throw unsupported(std::string(act_key) + " '" + act + "' (keel's " + s.architecture() +
                           " MLP takes gelu, or its tanh form gelu_new)");
       if (s.phi() && c.boolean("qk_layernorm", false))
         throw unsupported("qk_layernorm = true (LayerNorms over each head's query and key)");
@@ -1050,7 +1121,8 @@ HfConfig read_hf_config(const std::string& dir) {
     // The share of each head's channels RoPE turns: Phi-3's partial_rotary_factor (Phi-4-mini's
     // 0.75; 1 where absent), Phi's (PhiConfig's 0.5 where absent; Phi-2's 0.4), GPT-NeoX's
     // rotary_pct (0.25 where absent: Pythia's). Checked against the head once it is known.
-    const bool partial = variant == "phi3" || s.gelu_mlp() || s.stablelm() || s.glm();
+    const bool partial =
+        variant == "phi3" || (s.gelu_mlp() && !s.falcon()) || s.stablelm() || s.glm();
     const char* rotary_key =
         s.gpt_neox() && c.find({"rotary_pct"}) ? "rotary_pct" : "partial_rotary_factor";
     if (!partial && c.number({"partial_rotary_factor"}, 1.0) != 1.0)

@@ -217,7 +217,7 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
   };
   int64_t layers = 0;  // 1 + the largest block index in the tensor names (h.N. / layers.N.)
   for (auto& [name, shape] : shapes) {
-    const std::string tag = gpt2 ? "h." : "layers.";
+    const std::string tag = gpt2 ? "h." : std::string(s.module_names().layers) + ".";
     for (size_t at = name.find(tag); at != std::string::npos; at = name.find(tag, at + 1)) {
       if (at > 0 && name[at - 1] != '.') continue;
       size_t i = at + tag.size(), j = i;
@@ -248,31 +248,34 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
   // A query projection of another width: head_dim (or its absence) is wrong for these weights.
   // Phi-3's qkv_proj (GPT-NeoX's query_key_value) holds the query's rows and then the keys' and
   // values' (head by head).
-  const bool fused = s.fused_projections() || s.per_head_qkv();
+  const bool fused = s.fused_projections() || s.grouped_qkv();
   const int64_t kv_rows = fused ? 2 * s.kv_heads() * s.head_dim() : 0;
   const models::ModelSpec::ModuleNames n = s.module_names();
-  const std::string layer0 = std::string(n.model) + ".layers.0.",
+  const std::string layer0 = std::string(n.model) + "." + n.layers + ".0.",
                     attn0 = layer0 + n.attention + "." + (fused ? n.qkv : "q_proj") + ".weight",
                     mlp0 =
                         layer0 + "mlp." + (s.fused_gate_up() ? "gate_up_proj" : n.up) + ".weight";
   if (const Shape* q = shape_of({attn0.c_str()});
       !gpt2 && q && q->size() == 2 && (*q)[0] != s.n_head * s.head_dim() + kv_rows)
-    throw disagree(
-        s.head_width > 0 ? "head_dim" : "num_attention_heads",
-        s.head_width > 0 ? s.head_width : s.n_head,
-        std::string("a ") + (fused ? n.qkv : "q_proj") + " of " + std::to_string((*q)[0]) +
-            " rows, not " +
-            (fused ? "(num_attention_heads " + std::to_string(s.n_head) +
-                         " + 2 x num_key_value_heads " + std::to_string(s.kv_heads()) + ")"
-                   : "num_attention_heads " + std::to_string(s.n_head)) +
-            " x head_dim " + std::to_string(s.head_dim()));
+    throw disagree(s.head_width > 0 ? "head_dim" : "num_attention_heads",
+                   s.head_width > 0 ? s.head_width : s.n_head,
+                   std::string("a ") + (fused ? n.qkv : "q_proj") + " of " +
+                       std::to_string((*q)[0]) + " rows, not " +
+                       (fused ? "(num_attention_heads " + std::to_string(s.n_head) + " + 2 x " +
+                                    (s.falcon() ? "num_kv_heads " : "num_key_value_heads ") +
+                                    std::to_string(s.kv_heads()) + ")"
+                              : "num_attention_heads " + std::to_string(s.n_head)) +
+                       " x head_dim " + std::to_string(s.head_dim()));
   // Phi-3's gate_up_proj holds gate's rows, then up's.
   const bool gate_up = s.fused_gate_up();
   const Shape* mlp = gpt2 ? shape_of({"h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.weight"})
                           : shape_of({mlp0.c_str()});
   const int64_t mlp_rows = gate_up ? 2 * s.ffn_dim() : s.ffn_dim();
   if (mlp && mlp->size() == 2 && (*mlp)[gpt2 ? 1 : 0] != mlp_rows)
-    throw disagree(gpt2 ? "n_inner" : "intermediate_size", s.ffn_dim(),
+    throw disagree(gpt2         ? "n_inner"
+                   : s.falcon() ? "ffn_hidden_size"
+                                : "intermediate_size",
+                   s.ffn_dim(),
                    "an MLP " + std::to_string((*mlp)[gpt2 ? 1 : 0] / (gate_up ? 2 : 1)) + " wide");
   // A mixture of experts: the first sparse layer's router [experts, n_embd], an expert's width.
   int64_t sparse = 0;

@@ -34,6 +34,17 @@ ModelSpec::ModuleNames ModelSpec::module_names() const {
   if (phi())
     return {"model", "embed_tokens", "final_layernorm", "lm_head", "self_attn", "qkv_proj", "dense",
             "fc1",   "fc2"};
+  if (falcon()) {
+    ModuleNames n{"transformer", "word_embeddings", "ln_f",
+                  "lm_head",     "self_attention",  "query_key_value",
+                  "dense",       "dense_h_to_4h",   "dense_4h_to_h"};
+    n.layers = "h";
+    if (norm_per_branch) {
+      n.attn_in_norm = "ln_attn";
+      n.mlp_norm = "ln_mlp";
+    }
+    return n;
+  }
   if (hf_model_type == "glm4")  // (its sandwich norms' names)
     return {"model",
             "embed_tokens",
@@ -108,9 +119,29 @@ void ModelSpec::validate() const {
     throw bad(architecture() +
               "'s head is not tied to its embedding here: tie_embeddings must be "
               "false");
-  if (per_head_qkv() && kv_heads() != n_head)
+  if (gpt_neox() && kv_heads() != n_head)
     throw bad("gpt_neox's query_key_value holds as many key/value heads as query heads (" +
               std::to_string(n_head) + "), not " + std::to_string(kv_heads()));
+  if (falcon() && !new_decoder_architecture && kv_heads() != 1 && kv_heads() != n_head)
+    throw bad(
+        "falcon's query_key_value holds one key/value head (multi_query) or one a query head "
+        "unless new_decoder_architecture, not " +
+        std::to_string(kv_heads()) + " of " + std::to_string(n_head));
+  if (falcon() && new_decoder_architecture && !parallel_residual)
+    throw bad(
+        "falcon's new_decoder_architecture runs its attention and MLP side by side "
+        "(parallel_attn = true), as HF's FalconDecoderLayer");
+  if (falcon() && norm_per_branch && !(new_decoder_architecture && parallel_residual))
+    throw bad(
+        "falcon's two norms a block (num_ln_in_parallel_attn 2) are new_decoder_architecture's");
+  // (HF's rotary Falcon drops no attention probabilities; a parallel block not its attention's
+  // output either: model.attention_dropout would change nothing.)
+  if (falcon() && parallel_residual && attention_dropout > 0)
+    throw bad(
+        "falcon's parallel blocks drop no attention output or probabilities (HF's "
+        "FalconDecoderLayer; its hidden_dropout is model.dropout): attention_dropout must be "
+        "0, not " +
+        std::to_string(attention_dropout));
   if (moe.experts > 0 && gelu_mlp())
     throw bad(architecture() + " has no mixture-of-experts layers");
   if (!(clip_qkv >= 0) || !std::isfinite(clip_qkv))

@@ -157,8 +157,20 @@ struct ModelSpec {
   // (partial_rotary_factor, 0.25), q/k/v biases where use_qkv_bias says (attention_bias here), and
   // with use_parallel_residual (the 12B's) Cohere's parallel block on one norm.
   bool stablelm() const { return hf_model_type == "stablelm"; }
-  // GPT-NeoX's and StableLM's use_parallel_residual (only read for them: GPTNeoXConfig's default
-  // true, StableLmConfig's false).
+  // An HF Falcon (FalconForCausalLM: Falcon-7B, -40B, -180B, Falcon2-11B): GPT-NeoX's attention
+  // and gelu MLP under its names (transformer.word_embeddings, .h.N.self_attention.query_key_value
+  // and .dense, .mlp.dense_h_to_4h and .dense_4h_to_h, transformer.ln_f, lm_head), without
+  // biases, the head tied unless the file says otherwise. Its query_key_value's rows go key/value
+  // group by group (grouped_qkv): Falcon-7B's multi_query one group of all its queries, the
+  // older layout one group a head, new_decoder_architecture's num_kv_heads groups. The attention
+  // and the MLP side by side ((attention + mlp) + x, parallel_attn) on one LayerNorm or, with
+  // new_decoder_architecture's num_ln_in_parallel_attn 2, one each (ln_attn, ln_mlp:
+  // norm_per_branch), or one after the other.
+  bool falcon() const { return hf_model_type == "falcon"; }
+  // Falcon's new_decoder_architecture and num_ln_in_parallel_attn 2 (only read for it).
+  bool new_decoder_architecture = false, norm_per_branch = false;
+  // GPT-NeoX's and StableLM's use_parallel_residual, Falcon's parallel_attn (only read for them:
+  // GPTNeoXConfig's and FalconConfig's default true, StableLmConfig's false).
   bool parallel_residual = true;
   // GPT-NeoX's attention_bias (biases on query_key_value and dense), StableLM's use_qkv_bias and
   // GLM's attention_bias (on q, k and v); only read for them.
@@ -167,17 +179,20 @@ struct ModelSpec {
   // together: Cohere's and StableLM's (x + attention) + mlp (residual_first_sum), Phi's and
   // GPT-NeoX's (attention + mlp) + x.
   bool parallel_block() const {
-    return cohere() || phi() || ((gpt_neox() || stablelm()) && parallel_residual);
+    return cohere() || phi() || ((gpt_neox() || stablelm() || falcon()) && parallel_residual);
   }
   bool residual_first_sum() const { return cohere() || stablelm(); }
-  // A parallel block's one norm, whose output both branches read (Cohere's, Phi's, StableLM's; a
-  // GPT-NeoX normalizes the MLP's input with post_attention_layernorm of its own).
-  bool shared_block_norm() const { return parallel_block() && !gpt_neox(); }
+  // A parallel block's one norm, whose output both branches read (Cohere's, Phi's, StableLM's,
+  // most Falcons'; a GPT-NeoX normalizes the MLP's input with post_attention_layernorm of its own,
+  // a Falcon-40B with ln_mlp).
+  bool shared_block_norm() const {
+    return parallel_block() && !gpt_neox() && !(falcon() && norm_per_branch);
+  }
   // LayerNorms (the mean subtracted before the root mean square) in place of RMSNorms: Cohere's
   // without a bias, Phi's, GPT-NeoX's and StableLM's with one (torch's nn.LayerNorm), OLMo's with
   // neither weight nor bias.
   bool centered_norms() const { return cohere() || biased_norms() || olmo(); }
-  bool biased_norms() const { return phi() || gpt_neox() || stablelm(); }
+  bool biased_norms() const { return phi() || gpt_neox() || stablelm() || falcon(); }
   // An HF OLMo (OlmoForCausalLM: OLMo-1B, OLMo-7B, OLMo-1.7): Llama's layers with LayerNorms that
   // have neither weight nor bias (HF's OlmoLayerNorm, its eps 1e-5 whatever the file says).
   bool olmo() const { return hf_model_type == "olmo"; }
@@ -186,18 +201,25 @@ struct ModelSpec {
   double clip_qkv = 0;
   // The Llama-family layers whose HF models drop a sublayer's output while training, with
   // `dropout`: Phi's resid_pdrop (the attention's and the MLP's outputs), GPT-NeoX's
-  // hidden_dropout (those and the embedding's), StableLM's hidden_dropout (the MLP's alone).
-  bool branch_dropout() const { return phi() || gpt_neox() || stablelm(); }
+  // hidden_dropout (those and the embedding's), StableLM's hidden_dropout (the MLP's alone),
+  // Falcon's hidden_dropout (a parallel block's branch sum, else the MLP's; a Falcon in sequence
+  // drops the attention's output by attention_dropout, and no Falcon its probabilities).
+  bool branch_dropout() const { return phi() || gpt_neox() || stablelm() || falcon(); }
   // The config.json field that dropout is read from and written back as: Phi's resid_pdrop,
   // GPT-NeoX's and StableLM's hidden_dropout; nullptr for the others.
   const char* branch_dropout_field() const {
     return phi() ? "resid_pdrop" : branch_dropout() ? "hidden_dropout" : nullptr;
   }
-  // Phi's and GPT-NeoX's MLP: up (fc1, dense_h_to_4h) and down (fc2, dense_4h_to_h), both with a
-  // bias, around a gelu (mlp_gelu: Phi's gelu_new is the tanh form, Pythia's gelu the exact one).
-  bool gelu_mlp() const { return phi() || gpt_neox(); }
+  // Phi's, GPT-NeoX's and Falcon's MLP: up (fc1, dense_h_to_4h) and down (fc2, dense_4h_to_h),
+  // with a bias but Falcon's (mlp_bias), around a gelu (mlp_gelu: Phi's gelu_new is the tanh
+  // form, Pythia's and Falcon's gelu the exact one).
+  bool gelu_mlp() const { return phi() || gpt_neox() || falcon(); }
+  bool mlp_bias() const { return phi() || gpt_neox(); }
   ops::GeluApprox mlp_gelu = ops::GeluApprox::Tanh;
-  bool per_head_qkv() const { return gpt_neox(); }
+  // GPT-NeoX's and Falcon's query_key_value: one Linear whose rows go key/value head by head,
+  // each group its kv_heads() / n_head queries, then its key, then its value (GPT-NeoX's a group a
+  // head: q, k, v of head 0, then head 1).
+  bool grouped_qkv() const { return gpt_neox() || falcon(); }
   bool out_bias() const { return phi() || (gpt_neox() && attention_bias); }
   bool head_bias() const { return phi(); }
   // The HF names of the modules a Llama-family model registers (its parameters' names, what an
@@ -211,6 +233,10 @@ struct ModelSpec {
     const char* attn_out_norm = "post_attention_layernorm";
     const char* mlp_in_norm = "pre_feedforward_layernorm";
     const char* mlp_out_norm = "post_feedforward_layernorm";
+    const char* layers = "layers";  // the decoder layers' list (Falcon's h)
+    // The attention's input norm, and the MLP's (a layer's second: Falcon-40B's ln_attn, ln_mlp)
+    const char* attn_in_norm = "input_layernorm";
+    const char* mlp_norm = "post_attention_layernorm";
   };
   ModuleNames module_names() const;
   // The token embedding's parameter ("model.embed_tokens.weight", GPT-2's
@@ -236,7 +262,7 @@ struct ModelSpec {
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
   // "granite", "mistral", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4", "phi3", "qwen2",
   // "qwen3", "qwen3_moe", "qwen2_moe", "smollm3", "cohere", "cohere2", "phi", "gpt_neox",
-  // "stablelm", "olmo", "glm" or "glm4".
+  // "stablelm", "olmo", "glm", "glm4" or "falcon".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).

@@ -38,15 +38,17 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
       interleaved(s.interleaved_rope()),
       sliding_window(s.layer_window(layer)),
       scores{static_cast<float>(s.attention_scale()), static_cast<float>(s.attn_softcap)},
-      attention_dropout(s.attention_dropout),
+      // (HF's rotary Falcon drops no probabilities: its attention_dropout is a sequential block's
+      // output's.)
+      attention_dropout(s.falcon() ? 0.0 : s.attention_dropout),
       clip_qkv(static_cast<float>(s.clip_qkv)) {
   const int64_t d = s.head_dim();
   const ModelSpec::ModuleNames names = s.module_names();
   auto lin = [&](int64_t in, int64_t out, bool bias) {
     return std::make_unique<nn::Linear>(in, out, bias, s.param_dtype);
   };
-  per_head_qkv = s.per_head_qkv();
-  if (s.fused_projections() || per_head_qkv) {
+  grouped_qkv = s.grouped_qkv();
+  if (s.fused_projections() || grouped_qkv) {
     qkv_proj =
         register_module(names.qkv, lin(s.n_embd, (n_head + 2 * n_kv_head) * d, s.qkv_bias()));
   } else {
@@ -78,19 +80,22 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
     Tensor q, k, v;
     // OLMo's clip_qkv: each projection (OLMoE's q and k after their norms) clamped, as HF's clamp_.
     auto clipped = [this](const Tensor& t) { return clip_qkv > 0 ? ops::clamp(t, clip_qkv) : t; };
-    if (per_head_qkv) {
-      // GPT-NeoX: one product whose columns go head by head, each head's q, k, then v (HF's
-      // view(B, T, H, 3D) chunked in three).
-      const int64_t d = o_proj->in_features / n_head;
+    if (grouped_qkv) {
+      // GPT-NeoX, Falcon: one product whose columns go key/value group by group, each group's
+      // n_head / n_kv_head queries, then its key, then its value (HF's GPT-NeoX view(B, T, H, 3D)
+      // chunked in three, Falcon's view(B, T, groups, queries + 2, D)): group g's queries are
+      // heads g * r to g * r + r - 1, which read key/value head g as grouped-query heads do.
+      const int64_t d = o_proj->in_features / n_head, r = n_head / n_kv_head;
       const Tensor qkv = qkv_proj->forward(x);
-      Shape by_head = qkv.shape(), merged = qkv.shape();
-      by_head.back() = n_head;
-      by_head.push_back(3 * d);
-      merged.back() = n_head * d;
-      const std::vector<Tensor> parts = ops::split_last(ops::reshape(qkv, by_head), {d, d, d});
-      q = ops::split_heads(ops::reshape(parts[0], merged), n_head);
-      k = ops::split_heads(ops::reshape(parts[1], merged), n_head);
-      v = ops::split_heads(ops::reshape(parts[2], merged), n_head);
+      Shape by_group = qkv.shape(), queries = qkv.shape(), keys = qkv.shape();
+      by_group.back() = n_kv_head;
+      by_group.push_back((r + 2) * d);
+      queries.back() = n_head * d;
+      keys.back() = n_kv_head * d;
+      const std::vector<Tensor> parts = ops::split_last(ops::reshape(qkv, by_group), {r * d, d, d});
+      q = ops::split_heads(ops::reshape(parts[0], queries), n_head);
+      k = ops::split_heads(ops::reshape(parts[1], keys), n_kv_head);
+      v = ops::split_heads(ops::reshape(parts[2], keys), n_kv_head);
     } else if (qkv_proj) {  // Phi-3: one product, its columns q's, k's, then v's (Phi3Attention)
       const int64_t d = o_proj->in_features / n_head;
       const std::vector<Tensor> qkv =
@@ -153,13 +158,13 @@ LlamaMLP::LlamaMLP(const ModelSpec& s, int64_t width, bool expert) : nn::Module(
   const int64_t f = width > 0 ? width : s.ffn_dim();
   const bool w123 = expert && s.mixtral_names();  // Mixtral's experts: w1 gate, w3 up, w2 down
   gelu_gate = s.gemma();
-  if (s.gelu_mlp()) {  // Phi's fc1 and fc2, GPT-NeoX's dense_h_to_4h and dense_4h_to_h
+  if (s.gelu_mlp()) {  // Phi's fc1 and fc2, GPT-NeoX's and Falcon's dense_h_to_4h, dense_4h_to_h
     const ModelSpec::ModuleNames names = s.module_names();
     gelu = s.mlp_gelu;
-    up_proj =
-        register_module(names.up, std::make_unique<nn::Linear>(s.n_embd, f, true, s.param_dtype));
-    down_proj =
-        register_module(names.down, std::make_unique<nn::Linear>(f, s.n_embd, true, s.param_dtype));
+    up_proj = register_module(
+        names.up, std::make_unique<nn::Linear>(s.n_embd, f, s.mlp_bias(), s.param_dtype));
+    down_proj = register_module(
+        names.down, std::make_unique<nn::Linear>(f, s.n_embd, s.mlp_bias(), s.param_dtype));
     return;
   }
   if (s.fused_gate_up()) {
@@ -287,26 +292,29 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelSpec& s, int64_t layer)
   residual_multiplier = s.residual_multiplier;
   parallel = s.parallel_block();
   residual_first = s.residual_first_sum();
-  if (!s.post_norms()) input_layernorm = register_module("input_layernorm", hidden_norm(s));
-  self_attn =
-      register_module(s.module_names().attention, std::make_unique<LlamaAttention>(s, layer));
+  const ModelSpec::ModuleNames names = s.module_names();
+  if (!s.post_norms()) input_layernorm = register_module(names.attn_in_norm, hidden_norm(s));
+  self_attn = register_module(names.attention, std::make_unique<LlamaAttention>(s, layer));
   if (!s.shared_block_norm())
-    post_attention_layernorm = register_module(
-        s.sandwich_norms() ? s.module_names().attn_out_norm : "post_attention_layernorm",
-        hidden_norm(s));
+    post_attention_layernorm =
+        register_module(s.sandwich_norms() ? names.attn_out_norm : names.mlp_norm, hidden_norm(s));
   if (s.sandwich_norms())
-    pre_feedforward_layernorm = register_module(s.module_names().mlp_in_norm, hidden_norm(s));
+    pre_feedforward_layernorm = register_module(names.mlp_in_norm, hidden_norm(s));
   if (s.moe_layer(layer))
     moe = register_module(s.mixtral_names() ? "block_sparse_moe" : "mlp",
                           std::make_unique<LlamaSparseMoe>(s));
   else
     mlp = register_module("mlp", std::make_unique<LlamaMLP>(s));
   if (s.sandwich_norms() || s.post_norms())
-    post_feedforward_layernorm = register_module(s.module_names().mlp_out_norm, hidden_norm(s));
+    post_feedforward_layernorm = register_module(names.mlp_out_norm, hidden_norm(s));
   if (s.branch_dropout()) {  // HF's post_attention_dropout / post_mlp_dropout (Phi's resid_dropout)
-    if (!s.stablelm())
-      post_attention_dropout =
-          register_module("post_attention_dropout", std::make_unique<nn::Dropout>(s.dropout));
+    // (A Falcon drops its parallel branches' sum, or in sequence the attention's output by
+    // attention_dropout and the MLP's by hidden_dropout.)
+    falcon_sum_dropout = s.falcon() && parallel;
+    if (!s.stablelm() && !falcon_sum_dropout)
+      post_attention_dropout = register_module(
+          "post_attention_dropout",
+          std::make_unique<nn::Dropout>(s.falcon() ? s.attention_dropout : s.dropout));
     post_mlp_dropout =
         register_module("post_mlp_dropout", std::make_unique<nn::Dropout>(s.dropout));
   }
@@ -330,9 +338,12 @@ Tensor LlamaDecoderLayer::forward(const Tensor& x, const ops::AttentionMask& mas
       // Cohere, StableLM: (x + attention(h)) + mlp(h).
       if (residual_first)
         return nn::residual_add(nn::residual_add(x, a), dropped(post_mlp_dropout, feed_forward(h)));
-      // Phi and GPT-NeoX: (attention + mlp) + x, the branches' sum in their dtype (16-bit under
-      // -mixed, as HF's autocast adds them) before the f32 residual.
+      // Phi, GPT-NeoX and Falcon: (attention + mlp) + x, the branches' sum in their dtype (16-bit
+      // under -mixed, as HF's autocast adds them) before the f32 residual; Falcon's dropout on the
+      // sum (HF's dropout_add(mlp_output + attention_output, residual)).
       Tensor m = feed_forward(post_attention_layernorm ? post_attention_layernorm->forward(x) : h);
+      if (falcon_sum_dropout)
+        return nn::residual_add(dropped(post_mlp_dropout, nn::residual_add(a, m)), x);
       return nn::residual_add(nn::residual_add(a, dropped(post_mlp_dropout, m)), x);
     }
     Tensor a = dropped(post_attention_dropout, self_attn->forward(input_layernorm->forward(x), mask,
@@ -359,8 +370,8 @@ LlamaModel::LlamaModel(const ModelSpec& s) : nn::Module("LlamaModel") {
   embed_tokens = register_module(
       names.embed, std::make_unique<nn::Embedding>(s.vocab_size, s.n_embd, s.param_dtype));
   for (int64_t i = 0; i < s.n_layer; ++i)
-    layers.push_back(
-        register_module("layers." + std::to_string(i), std::make_unique<LlamaDecoderLayer>(s, i)));
+    layers.push_back(register_module(std::string(names.layers) + "." + std::to_string(i),
+                                     std::make_unique<LlamaDecoderLayer>(s, i)));
   norm = register_module(names.final_norm, hidden_norm(s));
   if (s.gpt_neox())  // (HF's GPTNeoXModel drops the embedding's output by hidden_dropout too)
     embed_dropout = register_module("emb_dropout", std::make_unique<nn::Dropout>(s.dropout));

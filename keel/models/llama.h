@@ -17,10 +17,13 @@ class LlamaAttention : public nn::Module {
   LlamaAttention(const ModelSpec& s, int64_t layer);
   Tensor forward(const Tensor& x, const ops::AttentionMask& mask, ops::AttentionBackend backend,
                  const KVCaches* caches = nullptr, size_t layer = 0);  // [B,T,C]
-  // Phi-3 (ModelSpec::fused_projections()) and GPT-NeoX (its query_key_value, per_head_qkv):
-  // qkv_proj alone, q_proj, k_proj and v_proj null. o_proj: Phi's and GPT-NeoX's dense.
+  // Phi-3 (ModelSpec::fused_projections()), GPT-NeoX and Falcon (their query_key_value,
+  // grouped_qkv): qkv_proj alone, q_proj, k_proj and v_proj null. o_proj: Phi's, GPT-NeoX's and
+  // Falcon's dense.
   nn::Linear *q_proj = nullptr, *k_proj = nullptr, *v_proj = nullptr, *qkv_proj = nullptr, *o_proj;
-  bool per_head_qkv = false;  // GPT-NeoX's qkv_proj rows: head by head, each its q, k, then v
+  // GPT-NeoX's and Falcon's qkv_proj rows: key/value group by group, each its queries, its key,
+  // then its value (ModelSpec::grouped_qkv)
+  bool grouped_qkv = false;
   nn::RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // ModelSpec::qk_norm() (Qwen3, Gemma-3)
   bool norm_whole_projection = false;  // OLMo-2's: q_norm and k_norm before the heads split
   int64_t n_head, n_kv_head;
@@ -31,7 +34,7 @@ class LlamaAttention : public nn::Module {
   bool interleaved;             // Cohere's RoPE on adjacent channel pairs (ModelSpec's)
   int64_t sliding_window;       // this layer's window (ModelSpec::layer_window); 0: every key
   ops::AttentionScores scores;  // q·kᵀ's scale and soft cap (Gemma-2's)
-  double attention_dropout;     // on the probabilities (ModelSpec::attention_dropout)
+  double attention_dropout;     // on the probabilities (ModelSpec::attention_dropout; Falcon 0)
   float clip_qkv;               // OLMo's clamp of q, k and v (ModelSpec::clip_qkv); 0: none
 };
 
@@ -107,9 +110,12 @@ class LlamaDecoderLayer : public nn::Module {
   // post_attention_layernorm then normalizes the attention's output; else null.
   nn::RMSNorm *pre_feedforward_layernorm = nullptr, *post_feedforward_layernorm = nullptr;
   double residual_multiplier = 1;  // Granite's: each sublayer's output scaled before its add
-  // ModelSpec::branch_dropout's on the attention's output (Phi, GPT-NeoX) and the MLP's (and
-  // StableLM's); else null. (Not the attention probabilities' dropout: LlamaAttention's.)
+  // ModelSpec::branch_dropout's on the attention's output (Phi, GPT-NeoX, a Falcon in sequence)
+  // and the MLP's (and StableLM's); else null. (Not the attention probabilities' dropout:
+  // LlamaAttention's.) A parallel Falcon's post_mlp_dropout drops the branches' sum
+  // (falcon_sum_dropout).
   nn::Dropout *post_attention_dropout = nullptr, *post_mlp_dropout = nullptr;
+  bool falcon_sum_dropout = false;
   LlamaAttention* self_attn;
   LlamaMLP* mlp = nullptr;        // a dense layer's
   LlamaSparseMoe* moe = nullptr;  // a sparse layer's (ModelSpec::moe_layer)

@@ -56,9 +56,9 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
   };
   p.push_back({s.embedding_name(), {s.vocab_size, C}, s.tie_embeddings});
   for (int64_t l = 0; l < s.n_layer; ++l) {
-    const std::string h = model + ".layers." + std::to_string(l);
-    if (!s.post_norms()) add_norm(h + ".input_layernorm");
-    if (s.fused_projections() || s.per_head_qkv()) {
+    const std::string h = model + "." + n.layers + "." + std::to_string(l);
+    if (!s.post_norms()) add_norm(h + "." + n.attn_in_norm);
+    if (s.fused_projections() || s.grouped_qkv()) {
       linear(p, h + attn + "." + n.qkv, C, q_dim + 2 * kv_dim, s.qkv_bias());
     } else {
       linear(p, h + attn + ".q_proj", C, q_dim, s.qkv_bias());
@@ -73,7 +73,7 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
           {h + ".self_attn.k_norm.weight", {s.qk_norm_over_projection() ? kv_dim : D}, false});
     }
     if (!s.shared_block_norm())  // (Cohere's and Phi's MLP share the attention's norm)
-      add_norm(h + "." + (s.sandwich_norms() ? n.attn_out_norm : "post_attention_layernorm"));
+      add_norm(h + "." + (s.sandwich_norms() ? n.attn_out_norm : n.mlp_norm));
     if (s.sandwich_norms()) add_norm(h + "." + n.mlp_in_norm);
     if (s.moe_layer(l)) {  // the router, then each expert's MLP (Mixtral's w1, w3, w2)
       const std::string moe = h + (s.mixtral_names() ? ".block_sparse_moe" : ".mlp");
@@ -92,8 +92,8 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
         linear(p, moe + ".shared_expert_gate", C, 1, false);
       }
     } else if (s.gelu_mlp()) {
-      linear(p, h + ".mlp." + n.up, C, F, true);
-      linear(p, h + ".mlp." + n.down, F, C, true);
+      linear(p, h + ".mlp." + n.up, C, F, s.mlp_bias());
+      linear(p, h + ".mlp." + n.down, F, C, s.mlp_bias());
     } else if (s.fused_gate_up()) {
       linear(p, h + ".mlp.gate_up_proj", C, 2 * F, false);
       linear(p, h + ".mlp.down_proj", F, C, false);

@@ -562,8 +562,8 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     if (sparse) mlp += block_bytes(c * BT * topk * C);  // the experts' output gradients
     // A Phi-3's fused qkv_proj and gate_up_proj take their pieces' gradients in one buffer of the
     // fused output's shape (ops::split_last), beside the pieces' own.
-    // (GPT-NeoX's query_key_value too; GLM's gate_up_proj alone.)
-    if (sp.fused_projections() || sp.per_head_qkv()) layer += block_bytes(c * BT * (qC + 2 * kvC));
+    // (GPT-NeoX's and Falcon's query_key_value too; GLM's gate_up_proj alone.)
+    if (sp.fused_projections() || sp.grouped_qkv()) layer += block_bytes(c * BT * (qC + 2 * kvC));
     if (sp.fused_gate_up()) mlp += block_bytes(c * BT * 2 * F);
     layer_transient = std::max({layer, mlp, adapter_transient});
     // A block's backward runs after the lm_head's has dropped the logits (cross_entropy's node
@@ -902,7 +902,7 @@ std::string memory_fit_advice(const MemoryQuery& q, int64_t available) {
     a.adapter.r = 16;
     // PEFT's usual targets: a Phi-3's attention is one qkv_proj.
     a.adapter.target_modules = q.hf_model_type == "phi3" ? std::vector<std::string>{"qkv_proj"}
-                               : q.hf_model_type == "gpt_neox"
+                               : q.hf_model_type == "gpt_neox" || q.hf_model_type == "falcon"
                                    ? std::vector<std::string>{"query_key_value"}
                                : q.family == "llama" ? std::vector<std::string>{"q_proj", "v_proj"}
                                                      : std::vector<std::string>{"c_attn", "c_proj"};

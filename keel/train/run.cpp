@@ -318,13 +318,17 @@ void say_file_dropouts(const io::HfConfig& hf, const Config& cfg, const Say& say
   const FileDropout dropouts[] = {
       {"resid_pdrop", "model.dropout", cfg.model.dropout},
       {"embd_pdrop", "model.dropout", cfg.model.dropout},
-      {"hidden_dropout", "model.dropout", cfg.model.dropout},  // (GPT-NeoX's)
+      {"hidden_dropout", "model.dropout", cfg.model.dropout},  // (GPT-NeoX's, Falcon's)
       {"attn_pdrop", "model.attention_dropout", cfg.model.attention_dropout},
       {"attention_dropout", "model.attention_dropout", cfg.model.attention_dropout}};
   const std::string file = cfg.model.path + "/config.json";
   for (const FileDropout& d : dropouts) {
     const auto p = hf.json.find(d.file_key);
     if (p == hf.json.end() || !p->is_number() || p->get<double>() == d.value) continue;
+    // (HF's parallel Falcon applies its attention_dropout nowhere: nothing to follow.)
+    if (hf.spec.falcon() && hf.spec.parallel_block() &&
+        d.file_key == std::string("attention_dropout"))
+      continue;
     const std::string given = std::string(d.file_key) + " = " + p->dump();
     // The one file key model.dropout stands for beside GPT-2's.
     const char* own = hf.spec.branch_dropout_field();

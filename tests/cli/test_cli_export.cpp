@@ -35,17 +35,22 @@ std::string trained_run(const std::string& family, const std::string& kind,
   const std::string dir =
       test::temp_dir("export-" + family + "-" + kind + (bf16_base ? "-bf16" : ""));
   const bool wide = family == "qwen3-wide", phi4_mini = family == "phi4m";
-  const bool yarn = family == "llama-yarn";
-  std::vector<std::string> init = {
-      "init-model", "--family", wide ? "qwen3" : (phi4_mini ? "phi3" : (yarn ? "llama" : family)),
-      "--out", dir + "/base"};
+  const bool yarn = family == "llama-yarn", falcon_7b = family == "falcon-7b";
+  std::vector<std::string> init = {"init-model", "--family",
+                                   wide        ? "qwen3"
+                                   : phi4_mini ? "phi3"
+                                   : yarn      ? "llama"
+                                   : falcon_7b ? "falcon"
+                                               : family,
+                                   "--out", dir + "/base"};
   init.insert(init.end(),
               {"--n-layer", "2", "--n-embd", "32", "--n-head", "4", "--max-seq-len", "32"});
-  // (GPT-NeoX's key/value heads are its query heads)
-  if (family != "gpt2" && family != "gpt_neox") init.insert(init.end(), {"--n-kv-head", "2"});
-  // (Gemma and Phi-4-mini tie their head)
+  // (GPT-NeoX's key/value heads are its query heads; Falcon-7B's one is its multi_query)
+  if (family != "gpt2" && family != "gpt_neox")
+    init.insert(init.end(), {"--n-kv-head", falcon_7b ? "1" : "2"});
+  // (Gemma, Phi-4-mini and Falcon-7B tie their head)
   if (family != "gpt2" && !family.starts_with("gemma") && !phi4_mini && family != "smollm3" &&
-      !family.starts_with("cohere"))
+      !family.starts_with("cohere") && !falcon_7b)
     init.push_back("--untied");
   if (wide) init.insert(init.end(), {"--head-dim", "16"});
   const test::KeelRun b = test::run_keel(init);
@@ -85,14 +90,14 @@ std::string trained_run(const std::string& family, const std::string& kind,
     std::ofstream(dir + "/base/config.json") << cfg.dump(2);
   }
   // (Mixtral's experts name their down projection w2; a mixture's down_proj are its experts')
-  const std::string targets = family == "gpt2"   ? "[\"c_attn\", \"c_fc\"]"
-                              : family == "glm4" ? "[\"q_proj\", \"v_proj\", \"gate_up_proj\"]"
-                              : family == "phi3" || phi4_mini
-                                  ? "[\"qkv_proj\", \"gate_up_proj\", \"down_proj\"]"
-                              : family == "phi"      ? "[\"q_proj\", \"v_proj\", \"fc2\"]"
-                              : family == "gpt_neox" ? "[\"query_key_value\", \"dense_4h_to_h\"]"
-                              : family == "mixtral"  ? "[\"q_proj\", \"v_proj\", \"w2\", \"gate\"]"
-                                                     : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
+  const std::string targets =
+      family == "gpt2"                ? "[\"c_attn\", \"c_fc\"]"
+      : family == "glm4"              ? "[\"q_proj\", \"v_proj\", \"gate_up_proj\"]"
+      : family == "phi3" || phi4_mini ? "[\"qkv_proj\", \"gate_up_proj\", \"down_proj\"]"
+      : family == "phi"               ? "[\"q_proj\", \"v_proj\", \"fc2\"]"
+      : family == "gpt_neox" || family == "falcon" ? "[\"query_key_value\", \"dense_4h_to_h\"]"
+      : family == "mixtral"                        ? "[\"q_proj\", \"v_proj\", \"w2\", \"gate\"]"
+                                                   : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
   std::ofstream(dir + "/c.toml") << "[run]\nout_dir = \"" << dir
                                  << "/out\"\nthreads = 1\n[model]\npath = \"" << dir << "/base\"\n"
                                  << (bf16_base ? "base_dtype = \"bf16\"\n" : "")
@@ -316,7 +321,9 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // (its biased q/v and fc2), a GPT-NeoX whole (its per-head query_key_value, biases trained), a
   // StableLM's LoRA (its biased LayerNorms and q/k/v, a quarter of each head turned), an OLMo's
   // LoRA (its LayerNorms without parameters), a GLM-4-0414's LoRA (its gate_up_proj, biased q/k/v,
-  // adjacent-pair RoPE on half of each head and norms after each sublayer).
+  // adjacent-pair RoPE on half of each head and norms after each sublayer), a Falcon-40B-layout
+  // LoRA (its query_key_value by key/value group, ln_attn and ln_mlp, an untied head) and a
+  // Falcon-7B whole (its one key/value head, one norm a block, the tied head).
   for (const auto& [family, kind] : std::vector<std::pair<std::string, std::string>>{
            {"gpt2", "lora"},      {"llama", "lora"},      {"phi3", "lora"},    {"phi4m", "lora"},
            {"gemma", "none"},     {"gemma2", "lora"},     {"gemma3", "none"},  {"qwen2", "none"},
@@ -324,7 +331,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
            {"olmo2", "lora"},     {"llama-yarn", "lora"}, {"olmo3", "lora"},   {"exaone4", "lora"},
            {"qwen3_moe", "lora"}, {"olmoe", "none"},      {"mixtral", "lora"}, {"cohere", "lora"},
            {"qwen2_moe", "lora"}, {"cohere2", "lora"},    {"phi", "lora"},     {"gpt_neox", "none"},
-           {"stablelm", "lora"},  {"olmo", "lora"},       {"glm4", "lora"}}) {
+           {"stablelm", "lora"},  {"olmo", "lora"},       {"glm4", "lora"},    {"falcon", "lora"},
+           {"falcon-7b", "none"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

@@ -380,7 +380,7 @@ TEST(CliPhi3, InitModelWritesOneAndALoraOnItsFusedProjectionsIsPefts) {
 // 0.1), whose config.json names `family` and HF class `arch`. Returns its config.json.
 json init_family(const std::string& family, const std::string& arch, const std::string& dir,
                  const std::string& layers) {
-  // (GPT-NeoX's key/value heads are its query heads.)
+  // (GPT-NeoX's key/value heads are its query heads; Falcon's 2 of 4 its new_decoder_architecture.)
   const test::KeelRun init = test::run_keel(
       {"init-model", "--family", family, "--out", dir + "/base", "--n-layer", layers, "--n-embd",
        "32", "--n-head", "4", "--n-kv-head", family == "gpt_neox" ? "4" : "2", "--max-seq-len",
@@ -615,6 +615,111 @@ TEST(CliGptNeox, InitModelWritesOneALoraOnQueryKeyValueTrainsAndBothResidualsCom
   // The branches in sequence compute otherwise than side by side.
   EXPECT_NE(eval_with(dir, cfg, {{"use_parallel_residual", false}}), parallel);
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+}
+
+// Falcon (FalconForCausalLM): GPT-NeoX's sublayers without biases under its names, q, k and v
+// one query_key_value whose rows go key/value group by group. init-model writes Falcon-40B's
+// layout for 2 key/value heads of 4 (new_decoder_architecture, ln_attn and ln_mlp) and Falcon-7B's
+// for one (multi_query, one norm), a LoRA on query_key_value trains and its adapter applies, the
+// cached decode equals the uncached, its hidden_dropout is model.dropout's (on the branches' sum),
+// and what HF's FalconDecoderLayer cannot run, ALiBi and biases are refused naming the field.
+TEST(CliFalcon, InitModelWritesBothLayoutsALoraOnQueryKeyValueTrainsAndRefusalsNameTheField) {
+  const std::string dir = test::temp_dir("cli-falcon");
+  const json cfg = init_family("falcon", "FalconForCausalLM", dir, "2");
+  EXPECT_EQ(cfg.at("new_decoder_architecture"), true);
+  EXPECT_EQ(cfg.at("num_kv_heads"), 2);
+  EXPECT_EQ(cfg.at("num_ln_in_parallel_attn"), 2);
+  EXPECT_EQ(cfg.at("parallel_attn"), true);
+  EXPECT_EQ(cfg.at("activation"), "gelu");
+  EXPECT_EQ(cfg.at("layer_norm_epsilon"), 1e-5);
+  EXPECT_EQ(cfg.at("tie_word_embeddings"), true);
+  EXPECT_EQ(cfg.at("bias"), false);
+  EXPECT_FALSE(cfg.contains("head_dim"));  // (a property of FalconConfig: a key would not load)
+  const io::Safetensors st = io::read_safetensors(dir + "/base/model.safetensors");
+  std::vector<std::string> names;
+  for (const auto& [name, t] : st.tensors) names.push_back(name);
+  for (const char* name :
+       {"transformer.word_embeddings.weight", "transformer.h.1.ln_attn.bias",
+        "transformer.h.1.ln_mlp.weight", "transformer.h.0.self_attention.query_key_value.weight",
+        "transformer.h.0.mlp.dense_4h_to_h.weight", "transformer.ln_f.weight"})
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  const double plain = eval_loss(dir + "/base", dir + "/t.txt");
+  EXPECT_EQ(
+      train_falls(dir, {"model.adapter.kind=lora",
+                        "model.adapter.target_modules=[\"query_key_value\"]", "optim.lr=5e-2"})
+          .at("model_type"),
+      "falcon");
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+  ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
+  // Its hidden_dropout drops the branches' sum while training: another loss, and the export
+  // writes it back.
+  auto first_loss = [&](const std::string& out, const std::vector<std::string>& sets) {
+    std::vector<std::string> all = {"model.path=" + dir + "/base",
+                                    "run.out_dir=" + dir + out,
+                                    "train.max_steps=1",
+                                    "data.seq_len=24",
+                                    "run.threads=1",
+                                    "log.tensorboard=false"};
+    all.insert(all.end(), sets.begin(), sets.end());
+    const test::KeelRun r = test::run_keel(test::with_sets({"train"}, all), {"OMP_NUM_THREADS=1"});
+    EXPECT_EQ(r.code, 0) << r.output;
+    const std::vector<json> steps = test::step_records(dir + out);
+    return steps.empty() ? -1.0 : steps.front().at("loss").get<double>();
+  };
+  EXPECT_NE(first_loss("/d1", {"model.dropout=0.1"}), first_loss("/d0", {}));
+  const test::KeelRun ex = test::run_keel({"export", dir + "/d1", "--out", dir + "/d1-hf"});
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  EXPECT_EQ(read_json_file(dir + "/d1-hf/config.json").at("hidden_dropout"), 0.1);
+  // A parallel Falcon drops no attention output or probabilities (HF's): the key is refused.
+  const test::KeelRun attn = test::run_keel(
+      test::with_sets({"train"}, {"model.path=" + dir + "/base", "run.out_dir=" + dir + "/ad",
+                                  "train.max_steps=1", "model.attention_dropout=0.1"}),
+      {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(attn.code, 2) << attn.output;
+  EXPECT_CONTAINS(attn.err, "falcon's parallel blocks drop no attention output or probabilities");
+  // One norm a block (num_ln_in_parallel_attn 1, Falcon2-11B's) reads input_layernorm, which
+  // these files do not hold: named.
+  json one_norm = cfg;
+  one_norm["num_ln_in_parallel_attn"] = 1;
+  std::ofstream(dir + "/base/config.json") << one_norm.dump(2);
+  const test::KeelRun missing =
+      test::run_keel({"eval", dir + "/base", "--data", dir + "/t.txt", "--tokenizer", "byte"});
+  EXPECT_EQ(missing.code, 1) << missing.output;
+  EXPECT_CONTAINS(missing.err, "tensor 'transformer.h.0.input_layernorm.weight' is missing");
+  json refused = cfg;
+  refused["alibi"] = true;
+  expect_config_refused(dir, refused,
+                        dir +
+                            "/base/config.json: alibi = true (Falcon-RW's ALiBi position "
+                            "biases in place of RoPE) is not supported by keel's falcon model");
+  refused = cfg;
+  refused["bias"] = true;
+  expect_config_refused(dir, refused, dir + "/base/config.json: bias = true (Falcon-RW's");
+  refused = cfg;
+  refused["parallel_attn"] = false;
+  expect_config_refused(dir, refused,
+                        "parallel_attn = false with new_decoder_architecture = true (HF's "
+                        "FalconDecoderLayer then has no input for its MLP)");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), plain);
+  // Falcon-7B's layout: one key/value head (multi_query), one norm a block.
+  const std::string seven = test::temp_dir("cli-falcon-7b");
+  const test::KeelRun init = test::run_keel({"init-model", "--family", "falcon", "--out", seven,
+                                             "--n-layer", "1", "--n-embd", "32", "--n-head", "4",
+                                             "--n-kv-head", "1", "--max-seq-len", "32"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  const json mq = read_json_file(seven + "/config.json");
+  EXPECT_EQ(mq.at("new_decoder_architecture"), false);
+  EXPECT_EQ(mq.at("multi_query"), true);
+  const io::Safetensors mq_st = io::read_safetensors(seven + "/model.safetensors");
+  for (const auto& [name, t] : mq_st.tensors) {
+    if (name == "transformer.h.0.self_attention.query_key_value.weight") {
+      EXPECT_EQ(t.shape(), (Shape{(4 + 2) * 8, 32}));
+    }
+    EXPECT_EQ(name.find("ln_mlp"), std::string::npos) << name;
+  }
+  EXPECT_GT(eval_loss(seven, dir + "/t.txt"), 0.0);
 }
 
 // StableLM (StableLmForCausalLM: StableLM-2-1.6B, StableLM-3B-4E1T): Llama's layers with biased
@@ -1263,6 +1368,14 @@ TEST(CliGptNeox, ANanUnderItsDropoutsIsCapturedAndReplaysBitForBit) {
   expect_injected_nan_replays(test::temp_dir("cli-neox-replay"), test::tiny_model_spec("gpt_neox"),
                               "gpt_neox.layers.1.attention.dense",
                               {"model.dropout=0.1", "model.attention_dropout=0.1"});
+}
+
+// A NaN in a Falcon's attention output under its hidden_dropout (on the branches' sum): captured,
+// and keel replay reproduces the step bit for bit.
+TEST(CliFalcon, ANanUnderItsDropoutIsCapturedAndReplaysBitForBit) {
+  expect_injected_nan_replays(test::temp_dir("cli-falcon-replay"),
+                              test::tiny_model_spec("falcon40b"),
+                              "transformer.h.1.self_attention.dense", {"model.dropout=0.1"});
 }
 
 // The load-balancing loss (model.router_aux_loss_coef, HF's router_aux_loss_coef where

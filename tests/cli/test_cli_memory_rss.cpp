@@ -285,6 +285,14 @@ TEST(CliMemoryRss, GptNeoxEstimateWithin10PercentOfPeakRss) {
   memtest_family("gpt_neox", R"(["query_key_value"])");
 }
 
+// A Falcon from its config.json (init-model's Falcon-40B layout for 2 key/value heads of 4):
+// ln_attn and ln_mlp, q, k and v cut by key/value group from one query_key_value product (its
+// gradient one buffer of the fused shape), a gelu MLP without biases, the head tied.
+TEST(CliMemoryRss, FalconEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  memtest_family("falcon", R"(["query_key_value"])");
+}
+
 // A GLM-4-0414 from its config.json: gate_up_proj (its gradient one buffer of the fused shape),
 // q and k reordered over half of each head for the adjacent-pair RoPE, a norm after each sublayer.
 TEST(CliMemoryRss, Glm4EstimateWithin10PercentOfPeakRss) {

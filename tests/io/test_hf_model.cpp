@@ -747,11 +747,11 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
   m = error_of([&] { load_hf_model(dir); });
   EXPECT_CONTAINS(m, "rope_scaling must be an object or null");
   cfg = config_of(spec);
-  cfg["model_type"] = "falcon";
-  cfg["architectures"] = {"FalconForCausalLM"};
+  cfg["model_type"] = "bloom";
+  cfg["architectures"] = {"BloomForCausalLM"};
   write_hf_dir(dir, cfg, tensors);
   m = error_of([&] { load_hf_model(dir); });
-  EXPECT_CONTAINS(m, "FalconForCausalLM");
+  EXPECT_CONTAINS(m, "BloomForCausalLM");
   EXPECT_CONTAINS(m, "unsupported model");
   EXPECT_CONTAINS(
       m,
@@ -765,7 +765,7 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
       "Qwen2MoeForCausalLM (qwen2_moe), SmolLM3ForCausalLM (smollm3), CohereForCausalLM "
       "(cohere), Cohere2ForCausalLM (cohere2), PhiForCausalLM (phi), GPTNeoXForCausalLM "
       "(gpt_neox), StableLmForCausalLM (stablelm), OlmoForCausalLM (olmo), GlmForCausalLM (glm), "
-      "Glm4ForCausalLM (glm4)");
+      "Glm4ForCausalLM (glm4), FalconForCausalLM (falcon)");
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};
@@ -1481,7 +1481,7 @@ TEST(HfModel, PhiGptNeoxStableLmOlmoAndGlmReadTheirPublishedConfigs) {
     const models::ModelSpec s = read(file);
     const bool pythia = std::string(file) == "pythia_160m.json";
     EXPECT_EQ(s.architecture(), "gpt_neox");
-    EXPECT_TRUE(s.parallel_block() && !s.shared_block_norm() && s.per_head_qkv());
+    EXPECT_TRUE(s.parallel_block() && !s.shared_block_norm() && s.grouped_qkv());
     EXPECT_EQ(s.rotary_dim(), pythia ? 16 : 24);  // 0.25 of 64, of 96
     EXPECT_EQ(s.mlp_gelu, pythia ? ops::GeluApprox::None : ops::GeluApprox::Tanh);  // gelu_fast
     const int64_t C = pythia ? 768 : 6144, V = pythia ? 50304 : 50432;
@@ -1597,6 +1597,53 @@ TEST(HfModel, PhiGptNeoxStableLmOlmoAndGlmReadTheirPublishedConfigs) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find(dir + "/config.json"), std::string::npos) << e.what();
     }
+  }
+}
+
+// Falcon (FalconForCausalLM) as its published configs give it: Falcon-7B's multi_query (one
+// key/value head for 71 query heads, one norm a block) and Falcon-40B's new_decoder_architecture
+// (8 key/value groups of 16 queries, ln_attn and ln_mlp), both without biases, the exact gelu, an
+// MLP 4 x hidden_size wide (no ffn_hidden_size in their files) and the head tied (FalconConfig
+// keeps PretrainedConfig's tie_word_embeddings); written back as FalconConfig reads them.
+TEST(HfModel, FalconReadsItsPublishedConfigs) {
+  for (const char* file : {"falcon_7b.json", "falcon_40b.json"}) {
+    SCOPED_TRACE(file);
+    const std::string dir = test::temp_dir("hf-falcon");
+    fs::copy_file(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/" + file,
+                  dir + "/config.json", fs::copy_options::overwrite_existing);
+    const models::ModelSpec s = read_hf_config(dir).spec;
+    const bool seven = std::string(file) == "falcon_7b.json";
+    EXPECT_EQ(s.architecture(), "falcon");
+    EXPECT_TRUE(s.parallel_block() && s.grouped_qkv() && s.biased_norms() && s.tie_embeddings);
+    EXPECT_FALSE(s.qkv_bias() || s.out_bias() || s.mlp_bias() || s.head_bias());
+    EXPECT_EQ(s.shared_block_norm(), seven);
+    EXPECT_EQ(s.kv_heads(), seven ? 1 : 8);
+    EXPECT_EQ(s.head_dim(), 64);
+    EXPECT_EQ(s.rotary_dim(), 64);
+    EXPECT_EQ(s.mlp_gelu, ops::GeluApprox::None);
+    EXPECT_EQ(s.max_seq_len, 2048);  // (FalconConfig's default)
+    const int64_t C = seven ? 4544 : 8192, H = seven ? 71 : 128, V = 65024;
+    const int64_t block =
+        (seven ? 2 : 4) * C + (H + 2 * s.kv_heads()) * 64 * C + C * C + 2 * C * 4 * C;
+    EXPECT_EQ(models::parameter_count(s), (seven ? 32 : 60) * block + V * C + 2 * C);
+    EXPECT_EQ(models::parameter_count(s), seven ? 6921720704 : 41303293952);
+    const nlohmann::json back = io::hf_config_json(s, DType::BF16);
+    EXPECT_EQ(back.at("architectures")[0], "FalconForCausalLM");
+    EXPECT_EQ(back.at("new_decoder_architecture"), !seven);
+    EXPECT_EQ(back.at("multi_query"), seven);
+    EXPECT_EQ(back.at("num_kv_heads"), s.kv_heads());
+    EXPECT_EQ(back.at("ffn_hidden_size"), 4 * C);
+    EXPECT_EQ(back.at("num_ln_in_parallel_attn"), seven ? nlohmann::json() : nlohmann::json(2));
+    EXPECT_EQ(back.at("activation"), "gelu");
+    for (const char* llama_key :
+         {"head_dim", "num_key_value_heads", "intermediate_size", "hidden_act", "layer_norm_eps"})
+      EXPECT_FALSE(back.contains(llama_key)) << llama_key;
+    // Read back from what it wrote: the same model.
+    std::ofstream(dir + "/config.json") << back.dump(2);
+    const models::ModelSpec again = read_hf_config(dir).spec;
+    EXPECT_EQ(models::parameter_count(again), models::parameter_count(s));
+    EXPECT_EQ(again.kv_heads(), s.kv_heads());
+    EXPECT_EQ(again.norm_per_branch, s.norm_per_branch);
   }
 }
 

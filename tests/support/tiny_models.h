@@ -45,16 +45,20 @@ namespace keel::test {
 // (Llama's layers with LayerNorms that have no parameters); "olmo_clip": with clip_qkv 1. "glm": a
 // GLM-4 (q/k/v biases, gate_up_proj, heads 8 wide whose RoPE turns adjacent pairs of the first 4
 // channels); "glm4": a GLM-4-0414 (and a norm after the attention and after the MLP). "dynamic":
-// the Llama with dynamic NTK RoPE (factor 2) past an original context of 4.
+// the Llama with dynamic NTK RoPE (factor 2) past an original context of 4. "falcon": a Falcon-7B
+// (one key/value head for 4 query heads, q/k/v fused a group at a time, parallel blocks on one
+// LayerNorm, no biases, the exact gelu, the head tied); "falcon40b": a Falcon-40B
+// (new_decoder_architecture: 2 groups of 2 queries, ln_attn and ln_mlp, an lm_head of its own);
+// "falcon_seq": the older layout (a group a head) with its branches in sequence.
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
-    "gpt2",         "llama",     "qwen2",     "qwen3",    "qwen3_d8",     "mistral_w3",
-    "qwen2_w3",     "phi3_w3",   "phi3_lr",   "phi3_sr",  "phi4m",        "gemma",
-    "gemma2",       "gemma3",    "smollm3",   "granite",  "olmo2",        "yarn",
-    "olmo3",        "exaone4",   "qwen3_moe", "olmoe",    "mixtral",      "cohere",
-    "cohere2",      "qwen2_moe", "phi",       "gpt_neox", "gpt_neox_seq", "stablelm",
-    "stablelm_par", "olmo",      "olmo_clip", "glm",      "glm4",         "dynamic"};
+    "gpt2",         "llama",    "qwen2",        "qwen3",     "qwen3_d8",  "mistral_w3", "qwen2_w3",
+    "phi3_w3",      "phi3_lr",  "phi3_sr",      "phi4m",     "gemma",     "gemma2",     "gemma3",
+    "smollm3",      "granite",  "olmo2",        "yarn",      "olmo3",     "exaone4",    "qwen3_moe",
+    "olmoe",        "mixtral",  "cohere",       "cohere2",   "qwen2_moe", "phi",        "gpt_neox",
+    "gpt_neox_seq", "stablelm", "stablelm_par", "olmo",      "olmo_clip", "glm",        "glm4",
+    "dynamic",      "falcon",   "falcon40b",    "falcon_seq"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
@@ -71,7 +75,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
              cohere = family == "cohere" || family == "cohere2";
   const bool moe = models::ModelSpec::is_moe_type(family);
   const bool phi = family == "phi", neox = family.starts_with("gpt_neox"),
-             stablelm = family.starts_with("stablelm");
+             stablelm = family.starts_with("stablelm"), falcon = family.starts_with("falcon");
   s.family = family != "gpt2" ? "llama" : family;
   s.hf_model_type = qwen       ? family.substr(0, 5)
                     : mistral  ? "mistral"
@@ -86,6 +90,7 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
                     : phi      ? "phi"
                     : neox     ? "gpt_neox"
                     : stablelm ? "stablelm"
+                    : falcon   ? "falcon"
                     : family == "glm" || family == "glm4"             ? family
                     : family.starts_with("olmo_") || family == "olmo" ? "olmo"
                     : moe                                             ? family
@@ -172,6 +177,13 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.head_width = 8;
     s.partial_rotary_factor = 0.5;
     s.attention_bias = true;
+  }
+  if (falcon) {
+    s.mlp_gelu = ops::GeluApprox::None;
+    s.n_kv_head = family == "falcon" ? 1 : family == "falcon_seq" ? 4 : 2;
+    s.new_decoder_architecture = s.norm_per_branch = family == "falcon40b";
+    s.tie_embeddings = family != "falcon40b";
+    s.parallel_residual = family != "falcon_seq";
   }
   if (stablelm) {
     s.n_head = 2;

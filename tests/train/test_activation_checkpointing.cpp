@@ -221,11 +221,12 @@ TEST(Checkpoint, MixturesOfExpertsMatchToo) {
   EXPECT_GT(first_losses[3], first_losses[1]);
 }
 
-// Phi's, GPT-NeoX's and StableLM's dropout of their sublayers' outputs (model.dropout) draws the
-// same masks when a checkpointed block recomputes: the same bits with and without checkpointing,
-// and another loss than without the dropout.
-TEST(Checkpoint, SublayerDropoutsOfPhiGptNeoxAndStableLmMatchToo) {
-  for (const char* family : {"phi", "gpt_neox", "stablelm_par"}) {
+// Phi's, GPT-NeoX's, StableLM's and Falcon's dropout of their sublayers' outputs (model.dropout;
+// a parallel Falcon's on the branches' sum) draws the same masks when a checkpointed block
+// recomputes: the same bits with and without checkpointing, and another loss than without the
+// dropout.
+TEST(Checkpoint, SublayerDropoutsOfPhiGptNeoxStableLmAndFalconMatchToo) {
+  for (const char* family : {"phi", "gpt_neox", "stablelm_par", "falcon", "falcon_seq"}) {
     models::ModelSpec s = test::tiny_model_spec(family);
     s.n_layer = 3;
     s.vocab_size = 259;
@@ -243,7 +244,7 @@ TEST(Checkpoint, SublayerDropoutsOfPhiGptNeoxAndStableLmMatchToo) {
         c.model.dropout = dropout;
         c.model.adapter.kind = k.adapter;
         c.model.adapter.r = 4;
-        c.model.adapter.target_modules = {s.gpt_neox() ? "query_key_value" : "q_proj"};
+        c.model.adapter.target_modules = {s.grouped_qkv() ? "query_key_value" : "q_proj"};
         return c;
       };
       const CkptTrace plain = ckpt_trace(config("none"));
