@@ -224,6 +224,7 @@ constexpr HfArchitecture kArchitectures[] = {
     {"glm", "GlmForCausalLM", nullptr, "llama"},        // q/k/v biases, pair RoPE on half a head
     {"glm4", "Glm4ForCausalLM", nullptr, "llama"},      // and norms after each sublayer
     {"falcon", "FalconForCausalLM", nullptr, "llama"},  // GPT-NeoX's, grouped qkv, no biases
+    {"gptj", "GPTJForCausalLM", nullptr, "llama"},      // Phi's block, pair RoPE, GPT-2's names
 };
 
 const HfArchitecture& architecture_of(const json& j, const std::string& file) {
@@ -612,11 +613,55 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
       j["bias"] = false;
       j["alibi"] = false;
     }
+    if (s.gptj()) {
+      // GPTJConfig's own names (its attribute_map reads hidden_size as n_embd, and so on) and
+      // fields; RoPE's base is its architecture's.
+      for (const char* k :
+           {"num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads",
+            "head_dim", "intermediate_size", "max_position_embeddings", "hidden_act",
+            "layer_norm_eps", "rope_theta", "rope_scaling", "partial_rotary_factor",
+            "attention_bias", "mlp_bias", "attention_dropout"})
+        j.erase(k);
+      j["n_layer"] = s.n_layer;
+      j["n_embd"] = s.n_embd;
+      j["n_head"] = s.n_head;
+      j["n_positions"] = s.max_seq_len;
+      j["n_inner"] = s.ffn_dim();
+      j["rotary_dim"] = s.rotary_dim();
+      j["activation_function"] = s.mlp_gelu == ops::GeluApprox::None ? "gelu" : "gelu_new";
+      j["layer_norm_epsilon"] = s.norm_eps;
+      j["embd_pdrop"] = s.dropout;  // (resid_pdrop above: one key, model.dropout)
+      j["attn_pdrop"] = s.attention_dropout;
+    }
   }
   j["torch_dtype"] = torch_dtype;
   return j;
 }
 namespace {
+constexpr int64_t kMaxSize = std::numeric_limits<int64_t>::max();
+
+// GPT-J's rotary_dim: the first channels of each head RoPE turns (GPT-J-6B's 64 of 256), as the
+// share partial_rotary_factor of the head (its width known). HF's GPTJAttention turns the whole
+// embedding's width when it is null, which no head holds: refused, as are a width past the head
+// and an odd one, naming the field.
+void read_gptj_rotary_dim(const ConfigReader& c, models::ModelSpec& s) {
+  if (s.n_head < 1 || s.n_embd < 1) return;  // (the sizes' own check names them)
+  if (c.j.contains("rotary_dim") && c.j["rotary_dim"].is_null())
+    throw Error(c.file +
+                    ": rotary_dim = null is not supported by keel's gptj model (HF's GPT-J then "
+                    "turns hidden_size channels of each head); give the channels RoPE turns",
+                Error::kUsage);
+  const int64_t d = s.head_dim(), r = c.integer({"rotary_dim"}, 64);  // (GPTJConfig's default)
+  if (r < 2 || r % 2 || r > d)
+    throw Error(c.file + ": rotary_dim = " + std::to_string(r) +
+                    " must be an even number of channels from 2 to a head's " + std::to_string(d) +
+                    " (RoPE turns pairs of a head's channels)",
+                Error::kUsage);
+  // The share whose int(d * share) is r (r / d may round below it).
+  double share = static_cast<double>(r) / static_cast<double>(d);
+  while (s.partial_rotary_factor = share, s.rotary_dim() < r) share = std::nextafter(share, 2.0);
+}
+
 // FalconConfig's layout fields (model_type "falcon"): its key/value heads
 // (new_decoder_architecture's num_kv_heads; else multi_query's one, or one a query head), its MLP's
 // width (ffn_hidden_size, 4 x hidden_size where absent), whether the attention and the MLP run side
@@ -723,11 +768,12 @@ HfConfig read_hf_config(const std::string& dir) {
     if (c.boolean("reorder_and_upcast_attn", false))
       throw unsupported("reorder_and_upcast_attn = true");
   } else {
-    s.attention_dropout = probability("attention_dropout", 0.0);
+    s.attention_dropout = probability(s.gptj() ? "attn_pdrop" : "attention_dropout", 0.0);
     // The sublayer dropout of Phi (resid_pdrop; its embd_pdrop is not keel's), GPT-NeoX and
     // StableLM (hidden_dropout): ModelSpec::branch_dropout. (Their configs' defaults: 0.)
     if (const char* field = s.branch_dropout_field()) s.dropout = probability(field, 0.0);
-    if (s.phi()) probability("embd_pdrop", 0.0);
+    // (GPT-J's embd_pdrop drops the embedding's output: model.dropout's too, as GPT-2's.)
+    if (s.phi() || s.gptj()) probability("embd_pdrop", 0.0);
     s.n_layer = c.integer({"num_hidden_layers", "n_layer"});
     s.n_embd = c.integer({"hidden_size", "n_embd", "n_embed"});  // (FalconConfig's n_embed)
     s.n_head = c.integer({"num_attention_heads", "n_head"});
@@ -737,13 +783,18 @@ HfConfig read_hf_config(const std::string& dir) {
       if (s.parallel_residual) s.attention_dropout = 0;
     } else {
       s.n_kv_head = c.integer({"num_key_value_heads"}, s.n_head);
-      s.intermediate_size = c.integer({"intermediate_size"});
+      // (GPT-J's n_inner: 4 x n_embd where absent or null)
+      s.intermediate_size =
+          s.gptj() ? c.integer({"n_inner"}, s.n_embd <= kMaxSize / 4 ? 4 * s.n_embd : kMaxSize)
+                   : c.integer({"intermediate_size"});
     }
     s.vocab_size = c.integer({"vocab_size"});
-    s.max_seq_len = c.integer({"max_position_embeddings"}, 2048);
+    s.max_seq_len = c.integer({"max_position_embeddings", "n_positions"}, 2048);
     // (Gemma3TextConfig's default base is 1e6, SmolLM3Config's 2e6; their files give it.
     // GPTNeoXConfig's is rotary_emb_base, which transformers 5 writes as rope_theta.)
-    s.rope_theta = s.gpt_neox()
+    // (GPT-J's is 10000, which its files do not give.)
+    s.rope_theta = s.gptj() ? 10000.0
+                   : s.gpt_neox()
                        ? c.number({"rotary_emb_base", "rope_theta"}, 10000.0)
                        : c.number({"rope_theta"}, s.hf_model_type == "gemma3_text" ? 1e6
                                                   : s.hf_model_type == "smollm3"   ? 2e6
@@ -751,12 +802,12 @@ HfConfig read_hf_config(const std::string& dir) {
     // (Olmo2Config's and Olmo3Config's default eps is 1e-5; their files give it. Cohere's, Phi's
     // and GPT-NeoX's LayerNorms take layer_norm_eps, 1e-5 in their configs.)
     // (HF's OlmoLayerNorm takes 1e-5 whatever a file says.)
-    s.norm_eps = s.olmo()             ? 1e-5
-                 : s.falcon()         ? c.number({"layer_norm_epsilon"}, 1e-5)
-                 : s.centered_norms() ? c.number({"layer_norm_eps"}, 1e-5)
-                                      : c.number({"rms_norm_eps"}, s.post_norms() ? 1e-5
-                                                                   : s.glm()      ? 1.5625e-7
-                                                                                  : 1e-6);
+    s.norm_eps = s.olmo()                 ? 1e-5
+                 : s.falcon() || s.gptj() ? c.number({"layer_norm_epsilon"}, 1e-5)
+                 : s.centered_norms()     ? c.number({"layer_norm_eps"}, 1e-5)
+                                          : c.number({"rms_norm_eps"}, s.post_norms() ? 1e-5
+                                                                       : s.glm()      ? 1.5625e-7
+                                                                                      : 1e-6);
     // (Gemma, SmolLM3 and Cohere tie their head to the embedding unless the file says otherwise,
     // as their configs do.)
     // (Falcon's too: FalconConfig keeps PretrainedConfig's default.)
@@ -799,8 +850,10 @@ HfConfig read_hf_config(const std::string& dir) {
       // Their MLP's activation: PhiConfig's gelu_new, GPTNeoXConfig's and FalconConfig's gelu
       // (the exact form: Pythia, Falcon); GPT-NeoX-20B's gelu_fast is the tanh form written
       // another way.
-      const char* act_key = s.falcon() ? "activation" : "hidden_act";
-      const std::string act = c.string(act_key, s.phi() ? "gelu_new" : "gelu");
+      const char* act_key = s.falcon() ? "activation"
+                            : s.gptj() ? "activation_function"
+                                       : "hidden_act";
+      const std::string act = c.string(act_key, s.phi() || s.gptj() ? "gelu_new" : "gelu");
       if (act == "gelu")
         s.mlp_gelu = ops::GeluApprox::None;
       else if (act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast")
@@ -827,7 +880,8 @@ HfConfig read_hf_config(const std::string& dir) {
     if (!s.gpt_neox() && !s.glm() && c.boolean("attention_bias", false))
       throw unsupported("attention_bias = true");
     if (c.boolean("mlp_bias", false)) throw unsupported("mlp_bias = true");
-    if (const json* rs = c.find({"rope_scaling"}))
+    // (GPTJAttention reads no rope_scaling.)
+    if (const json* rs = c.find({"rope_scaling"}); rs && !s.gptj())
       s.rope_scaling = read_rope_scaling(*rs, file, s.max_seq_len);
     const std::string& variant = s.hf_model_type;
     // HF's layer_types, one "full_attention" or "sliding_attention" a layer: which layers slide
@@ -1121,8 +1175,7 @@ HfConfig read_hf_config(const std::string& dir) {
     // The share of each head's channels RoPE turns: Phi-3's partial_rotary_factor (Phi-4-mini's
     // 0.75; 1 where absent), Phi's (PhiConfig's 0.5 where absent; Phi-2's 0.4), GPT-NeoX's
     // rotary_pct (0.25 where absent: Pythia's). Checked against the head once it is known.
-    const bool partial =
-        variant == "phi3" || (s.gelu_mlp() && !s.falcon()) || s.stablelm() || s.glm();
+    const bool partial = variant == "phi3" || s.phi() || s.gpt_neox() || s.stablelm() || s.glm();
     const char* rotary_key =
         s.gpt_neox() && c.find({"rotary_pct"}) ? "rotary_pct" : "partial_rotary_factor";
     if (!partial && c.number({"partial_rotary_factor"}, 1.0) != 1.0)
@@ -1153,6 +1206,7 @@ HfConfig read_hf_config(const std::string& dir) {
                     Error::kUsage);
       s.head_width = hd;
     }
+    if (s.gptj()) read_gptj_rotary_dim(c, s);
     if (s.n_head > 0 && s.partial_rotary_factor != 1 && (s.rotary_dim() < 2 || s.rotary_dim() % 2))
       throw Error(file + ": " + rotary_key + " = " + json(s.partial_rotary_factor).dump() +
                       " of a head of " + std::to_string(s.head_dim()) + " channels turns " +

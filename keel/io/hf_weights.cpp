@@ -35,14 +35,16 @@ bool is_conv1d(const std::string& family, const std::string& name) {
 }
 
 // Tensors HF files may hold that keel has no parameter for and may skip: GPT-2's causal-mask
-// buffers (and GPT-NeoX's, as Pythia's files hold them), Llama's rotary inverse frequencies, a tied
-// lm_head.
+// buffers (and GPT-NeoX's and GPT-J's, as Pythia's files hold them), Llama's rotary inverse
+// frequencies, a tied lm_head.
 bool ignorable(const models::ModelSpec& spec, const std::string& name) {
   if (spec.family == "gpt2")
     return ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
            name == "lm_head.weight";
   if (spec.gpt_neox() &&
       (ends_with(name, ".attention.bias") || ends_with(name, ".attention.masked_bias")))
+    return true;
+  if (spec.gptj() && (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")))
     return true;
   // A Gemma3ForConditionalGeneration's vision tower and projector: keel reads its language model.
   if (spec.hf_model_type == "gemma3_text" && multimodal_vision_tensor(name)) return true;

@@ -34,6 +34,13 @@ ModelSpec::ModuleNames ModelSpec::module_names() const {
   if (phi())
     return {"model", "embed_tokens", "final_layernorm", "lm_head", "self_attn", "qkv_proj", "dense",
             "fc1",   "fc2"};
+  if (gptj()) {
+    ModuleNames n{"transformer", "wte",      "ln_f",  "lm_head", "attn",
+                  "qkv_proj",    "out_proj", "fc_in", "fc_out"};
+    n.layers = "h";
+    n.attn_in_norm = "ln_1";
+    return n;
+  }
   if (falcon()) {
     ModuleNames n{"transformer", "word_embeddings", "ln_f",
                   "lm_head",     "self_attention",  "query_key_value",
@@ -115,13 +122,18 @@ void ModelSpec::validate() const {
     throw bad("rope_local_theta must be finite and >= 0 (0: rope_theta)");
   // (HF's PhiForCausalLM ties lm_head's weight but keeps its bias; no published Phi or GPT-NeoX
   // ties its head.)
-  if ((phi() || gpt_neox()) && tie_embeddings)
+  if ((phi() || gpt_neox() || gptj()) && tie_embeddings)
     throw bad(architecture() +
               "'s head is not tied to its embedding here: tie_embeddings must be "
               "false");
   if (gpt_neox() && kv_heads() != n_head)
     throw bad("gpt_neox's query_key_value holds as many key/value heads as query heads (" +
               std::to_string(n_head) + "), not " + std::to_string(kv_heads()));
+  if (gptj() && kv_heads() != n_head)
+    throw bad("gptj's k_proj and v_proj are as wide as q_proj: n_kv_head must be n_head (" +
+              std::to_string(n_head) + "), not " + std::to_string(kv_heads()));
+  if ((gptj() || falcon()) && head_width > 0)
+    throw bad(architecture() + "'s heads are n_embd / n_head wide (its head_dim is not a field)");
   if (falcon() && !new_decoder_architecture && kv_heads() != 1 && kv_heads() != n_head)
     throw bad(
         "falcon's query_key_value holds one key/value head (multi_query) or one a query head "

@@ -132,7 +132,7 @@ struct ModelSpec {
   bool cohere() const { return hf_model_type == "cohere" || hf_model_type == "cohere2"; }
   // Cohere's and GLM's RoPE turns adjacent channel pairs (2i, 2i + 1) (GLM's on the first
   // rotary_dim() channels of a head).
-  bool interleaved_rope() const { return cohere() || glm(); }
+  bool interleaved_rope() const { return cohere() || glm() || gptj(); }
   // An HF GLM (GlmForCausalLM: GLM-4-9B; Glm4ForCausalLM: GLM-4-0414, GLM-Z1): Llama's layers with
   // q/k/v biases (attention_bias), gate and up as one gate_up_proj (Phi-3's), RoPE on adjacent
   // pairs of half of each head (partial_rotary_factor 0.5); GLM-4-0414 adds a norm after the
@@ -167,6 +167,13 @@ struct ModelSpec {
   // new_decoder_architecture's num_ln_in_parallel_attn 2, one each (ln_attn, ln_mlp:
   // norm_per_branch), or one after the other.
   bool falcon() const { return hf_model_type == "falcon"; }
+  // An HF GPT-J (GPTJForCausalLM: GPT-J-6B, GPT4All-J): Phi's parallel block on one LayerNorm,
+  // (attention + mlp) + x, under GPT-2's names (transformer.wte, .h.N.ln_1, .attn.q_proj, k_proj,
+  // v_proj and out_proj without biases, .mlp.fc_in and fc_out with them, transformer.ln_f) and an
+  // untied lm_head with a bias; RoPE (base 10000) on adjacent pairs of the first rotary_dim
+  // channels of each head (GLM's), gelu_new; its resid_pdrop on the attention's and the MLP's
+  // outputs and embd_pdrop on the embedding's are one key, model.dropout (as GPT-2's).
+  bool gptj() const { return hf_model_type == "gptj"; }
   // Falcon's new_decoder_architecture and num_ln_in_parallel_attn 2 (only read for it).
   bool new_decoder_architecture = false, norm_per_branch = false;
   // GPT-NeoX's and StableLM's use_parallel_residual, Falcon's parallel_attn (only read for them:
@@ -179,7 +186,8 @@ struct ModelSpec {
   // together: Cohere's and StableLM's (x + attention) + mlp (residual_first_sum), Phi's and
   // GPT-NeoX's (attention + mlp) + x.
   bool parallel_block() const {
-    return cohere() || phi() || ((gpt_neox() || stablelm() || falcon()) && parallel_residual);
+    return cohere() || phi() || gptj() ||
+           ((gpt_neox() || stablelm() || falcon()) && parallel_residual);
   }
   bool residual_first_sum() const { return cohere() || stablelm(); }
   // A parallel block's one norm, whose output both branches read (Cohere's, Phi's, StableLM's,
@@ -192,7 +200,7 @@ struct ModelSpec {
   // without a bias, Phi's, GPT-NeoX's and StableLM's with one (torch's nn.LayerNorm), OLMo's with
   // neither weight nor bias.
   bool centered_norms() const { return cohere() || biased_norms() || olmo(); }
-  bool biased_norms() const { return phi() || gpt_neox() || stablelm() || falcon(); }
+  bool biased_norms() const { return phi() || gpt_neox() || stablelm() || falcon() || gptj(); }
   // An HF OLMo (OlmoForCausalLM: OLMo-1B, OLMo-7B, OLMo-1.7): Llama's layers with LayerNorms that
   // have neither weight nor bias (HF's OlmoLayerNorm, its eps 1e-5 whatever the file says).
   bool olmo() const { return hf_model_type == "olmo"; }
@@ -204,24 +212,24 @@ struct ModelSpec {
   // hidden_dropout (those and the embedding's), StableLM's hidden_dropout (the MLP's alone),
   // Falcon's hidden_dropout (a parallel block's branch sum, else the MLP's; a Falcon in sequence
   // drops the attention's output by attention_dropout, and no Falcon its probabilities).
-  bool branch_dropout() const { return phi() || gpt_neox() || stablelm() || falcon(); }
+  bool branch_dropout() const { return phi() || gpt_neox() || stablelm() || falcon() || gptj(); }
   // The config.json field that dropout is read from and written back as: Phi's resid_pdrop,
   // GPT-NeoX's and StableLM's hidden_dropout; nullptr for the others.
   const char* branch_dropout_field() const {
-    return phi() ? "resid_pdrop" : branch_dropout() ? "hidden_dropout" : nullptr;
+    return phi() || gptj() ? "resid_pdrop" : branch_dropout() ? "hidden_dropout" : nullptr;
   }
   // Phi's, GPT-NeoX's and Falcon's MLP: up (fc1, dense_h_to_4h) and down (fc2, dense_4h_to_h),
   // with a bias but Falcon's (mlp_bias), around a gelu (mlp_gelu: Phi's gelu_new is the tanh
   // form, Pythia's and Falcon's gelu the exact one).
-  bool gelu_mlp() const { return phi() || gpt_neox() || falcon(); }
-  bool mlp_bias() const { return phi() || gpt_neox(); }
+  bool gelu_mlp() const { return phi() || gpt_neox() || falcon() || gptj(); }
+  bool mlp_bias() const { return phi() || gpt_neox() || gptj(); }
   ops::GeluApprox mlp_gelu = ops::GeluApprox::Tanh;
   // GPT-NeoX's and Falcon's query_key_value: one Linear whose rows go key/value head by head,
   // each group its kv_heads() / n_head queries, then its key, then its value (GPT-NeoX's a group a
   // head: q, k, v of head 0, then head 1).
   bool grouped_qkv() const { return gpt_neox() || falcon(); }
   bool out_bias() const { return phi() || (gpt_neox() && attention_bias); }
-  bool head_bias() const { return phi(); }
+  bool head_bias() const { return phi() || gptj(); }
   // The HF names of the modules a Llama-family model registers (its parameters' names, what an
   // adapter's target_modules and a PEFT directory name): Llama's, Phi's, GPT-NeoX's or GLM-4-0414's
   // (its sandwich norms).
@@ -262,7 +270,7 @@ struct ModelSpec {
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
   // "granite", "mistral", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4", "phi3", "qwen2",
   // "qwen3", "qwen3_moe", "qwen2_moe", "smollm3", "cohere", "cohere2", "phi", "gpt_neox",
-  // "stablelm", "olmo", "glm", "glm4" or "falcon".
+  // "stablelm", "olmo", "glm", "glm4", "falcon" or "gptj".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).

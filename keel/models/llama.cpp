@@ -373,8 +373,11 @@ LlamaModel::LlamaModel(const ModelSpec& s) : nn::Module("LlamaModel") {
     layers.push_back(register_module(std::string(names.layers) + "." + std::to_string(i),
                                      std::make_unique<LlamaDecoderLayer>(s, i)));
   norm = register_module(names.final_norm, hidden_norm(s));
-  if (s.gpt_neox())  // (HF's GPTNeoXModel drops the embedding's output by hidden_dropout too)
-    embed_dropout = register_module("emb_dropout", std::make_unique<nn::Dropout>(s.dropout));
+  // (HF's GPTNeoXModel drops the embedding's output by hidden_dropout too, GPTJModel's by
+  // embd_pdrop: model.dropout as well)
+  if (s.gpt_neox() || s.gptj())
+    embed_dropout = register_module(s.gptj() ? "drop" : "emb_dropout",
+                                    std::make_unique<nn::Dropout>(s.dropout));
 }
 
 LlamaForCausalLM::LlamaForCausalLM(const ModelSpec& s, uint64_t seed)

@@ -128,7 +128,7 @@ class LlamaModel : public nn::Module {
   nn::Embedding* embed_tokens;  // GPT-NeoX's embed_in
   std::vector<LlamaDecoderLayer*> layers;
   nn::RMSNorm* norm;                     // Phi's final_layernorm, GPT-NeoX's final_layer_norm
-  nn::Dropout* embed_dropout = nullptr;  // GPT-NeoX's emb_dropout (ModelSpec::branch_dropout)
+  nn::Dropout* embed_dropout = nullptr;  // GPT-NeoX's emb_dropout, GPT-J's drop (branch_dropout)
 };
 
 class LlamaForCausalLM : public CausalLM {

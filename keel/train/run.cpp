@@ -330,9 +330,11 @@ void say_file_dropouts(const io::HfConfig& hf, const Config& cfg, const Say& say
         d.file_key == std::string("attention_dropout"))
       continue;
     const std::string given = std::string(d.file_key) + " = " + p->dump();
-    // The one file key model.dropout stands for beside GPT-2's.
+    // The one file key model.dropout stands for beside GPT-2's (and GPT-J's embd_pdrop, which
+    // model.dropout applies to its embedding as GPT-2's).
     const char* own = hf.spec.branch_dropout_field();
-    if (hf.spec.family != "gpt2" && std::string(d.key) == "model.dropout" &&
+    const bool embedding_too = hf.spec.gptj() && d.file_key == std::string("embd_pdrop");
+    if (hf.spec.family != "gpt2" && std::string(d.key) == "model.dropout" && !embedding_too &&
         !(own && d.file_key == std::string(own))) {
       if (p->get<double>() > 0)
         say_or_print(say, "note: " + file + "'s " + given + " is not applied: keel's " +

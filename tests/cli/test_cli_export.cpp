@@ -45,8 +45,9 @@ std::string trained_run(const std::string& family, const std::string& kind,
                                    "--out", dir + "/base"};
   init.insert(init.end(),
               {"--n-layer", "2", "--n-embd", "32", "--n-head", "4", "--max-seq-len", "32"});
-  // (GPT-NeoX's key/value heads are its query heads; Falcon-7B's one is its multi_query)
-  if (family != "gpt2" && family != "gpt_neox")
+  // (GPT-NeoX's and GPT-J's key/value heads are their query heads; Falcon-7B's one is its
+  // multi_query)
+  if (family != "gpt2" && family != "gpt_neox" && family != "gptj")
     init.insert(init.end(), {"--n-kv-head", falcon_7b ? "1" : "2"});
   // (Gemma, Phi-4-mini and Falcon-7B tie their head)
   if (family != "gpt2" && !family.starts_with("gemma") && !phi4_mini && family != "smollm3" &&
@@ -95,6 +96,7 @@ std::string trained_run(const std::string& family, const std::string& kind,
       : family == "glm4"              ? "[\"q_proj\", \"v_proj\", \"gate_up_proj\"]"
       : family == "phi3" || phi4_mini ? "[\"qkv_proj\", \"gate_up_proj\", \"down_proj\"]"
       : family == "phi"               ? "[\"q_proj\", \"v_proj\", \"fc2\"]"
+      : family == "gptj"              ? "[\"q_proj\", \"out_proj\", \"fc_in\"]"
       : family == "gpt_neox" || family == "falcon" ? "[\"query_key_value\", \"dense_4h_to_h\"]"
       : family == "mixtral"                        ? "[\"q_proj\", \"v_proj\", \"w2\", \"gate\"]"
                                                    : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
@@ -323,7 +325,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // LoRA (its LayerNorms without parameters), a GLM-4-0414's LoRA (its gate_up_proj, biased q/k/v,
   // adjacent-pair RoPE on half of each head and norms after each sublayer), a Falcon-40B-layout
   // LoRA (its query_key_value by key/value group, ln_attn and ln_mlp, an untied head) and a
-  // Falcon-7B whole (its one key/value head, one norm a block, the tied head).
+  // Falcon-7B whole (its one key/value head, one norm a block, the tied head), a GPT-J's LoRA (its
+  // adjacent-pair RoPE on a quarter of each head, the biased fc_in and lm_head).
   for (const auto& [family, kind] : std::vector<std::pair<std::string, std::string>>{
            {"gpt2", "lora"},      {"llama", "lora"},      {"phi3", "lora"},    {"phi4m", "lora"},
            {"gemma", "none"},     {"gemma2", "lora"},     {"gemma3", "none"},  {"qwen2", "none"},
@@ -332,7 +335,7 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
            {"qwen3_moe", "lora"}, {"olmoe", "none"},      {"mixtral", "lora"}, {"cohere", "lora"},
            {"qwen2_moe", "lora"}, {"cohere2", "lora"},    {"phi", "lora"},     {"gpt_neox", "none"},
            {"stablelm", "lora"},  {"olmo", "lora"},       {"glm4", "lora"},    {"falcon", "lora"},
-           {"falcon-7b", "none"}}) {
+           {"falcon-7b", "none"}, {"gptj", "lora"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

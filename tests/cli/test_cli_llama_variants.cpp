@@ -380,11 +380,12 @@ TEST(CliPhi3, InitModelWritesOneAndALoraOnItsFusedProjectionsIsPefts) {
 // 0.1), whose config.json names `family` and HF class `arch`. Returns its config.json.
 json init_family(const std::string& family, const std::string& arch, const std::string& dir,
                  const std::string& layers) {
-  // (GPT-NeoX's key/value heads are its query heads; Falcon's 2 of 4 its new_decoder_architecture.)
+  // (GPT-NeoX's and GPT-J's key/value heads are their query heads; Falcon's 2 of 4 its
+  // new_decoder_architecture.)
   const test::KeelRun init = test::run_keel(
       {"init-model", "--family", family, "--out", dir + "/base", "--n-layer", layers, "--n-embd",
-       "32", "--n-head", "4", "--n-kv-head", family == "gpt_neox" ? "4" : "2", "--max-seq-len",
-       "32", "--init-std", "0.1"});
+       "32", "--n-head", "4", "--n-kv-head", family == "gpt_neox" || family == "gptj" ? "4" : "2",
+       "--max-seq-len", "32", "--init-std", "0.1"});
   EXPECT_EQ(init.code, 0) << init.output;
   json cfg = read_json_file(dir + "/base/config.json");
   EXPECT_EQ(cfg.at("model_type"), family);
@@ -1368,6 +1369,51 @@ TEST(CliGptNeox, ANanUnderItsDropoutsIsCapturedAndReplaysBitForBit) {
   expect_injected_nan_replays(test::temp_dir("cli-neox-replay"), test::tiny_model_spec("gpt_neox"),
                               "gpt_neox.layers.1.attention.dense",
                               {"model.dropout=0.1", "model.attention_dropout=0.1"});
+}
+
+// GPT-J (GPTJForCausalLM: GPT-J-6B): Phi's block under GPT-2's names, RoPE on adjacent pairs of
+// the first rotary_dim channels of each head. init-model writes one, a LoRA trains and its adapter
+// applies, the cached decode equals the uncached, the causal-mask buffers older files hold are
+// skipped, its embd_pdrop is model.dropout's (a difference said as one to follow), and another
+// rotary_dim computes otherwise.
+TEST(CliGptj, InitModelWritesOneALoraTrainsAndItsRotaryDimComputes) {
+  const std::string dir = test::temp_dir("cli-gptj");
+  const json cfg = init_family("gptj", "GPTJForCausalLM", dir, "2");
+  EXPECT_EQ(cfg.at("rotary_dim"), 2);  // a quarter of 8 (init-model's GPT-J-6B share)
+  EXPECT_EQ(cfg.at("n_embd"), 32);
+  EXPECT_EQ(cfg.at("n_inner"), 96);  // (init-model's default width, written out)
+  EXPECT_EQ(cfg.at("activation_function"), "gelu_new");
+  EXPECT_EQ(cfg.at("tie_word_embeddings"), false);
+  EXPECT_FALSE(cfg.contains("hidden_size"));
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  const double plain = eval_loss(dir + "/base", dir + "/t.txt");
+  {  // the buffers of older GPT-J files beside its weights: read past, the model unchanged
+    const std::string file = dir + "/base/model.safetensors";
+    io::Safetensors st = io::read_safetensors(file);
+    st.tensors.emplace_back("transformer.h.0.attn.bias", Tensor::full({1, 1, 4, 4}, 1.0f));
+    st.tensors.emplace_back("transformer.h.0.attn.masked_bias", Tensor::full({}, -1e9f));
+    io::write_safetensors(file, st.tensors, st.metadata);
+    EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), plain);
+  }
+  EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2"}).at("model_type"),
+            "gptj");
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+  ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
+  EXPECT_NE(eval_with(dir, cfg, {{"rotary_dim", 8}}), plain);
+  json dropped = cfg;
+  dropped["embd_pdrop"] = 0.1;
+  std::ofstream(dir + "/base/config.json") << dropped.dump(2);
+  const test::KeelRun said = test::run_keel(
+      test::with_sets({"train"}, {"model.path=" + dir + "/base", "run.out_dir=" + dir + "/said",
+                                  "train.max_steps=1", "data.seq_len=24", "run.threads=1",
+                                  "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(said.code, 0) << said.output;
+  EXPECT_CONTAINS(said.output,
+                  "embd_pdrop = 0.1 (HF trains with it) differs from model.dropout = 0.0 (no "
+                  "dropout); set model.dropout = 0.1 to train as HF does");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), plain);
 }
 
 // A NaN in a Falcon's attention output under its hidden_dropout (on the branches' sum): captured,

@@ -216,7 +216,7 @@ void memtest_family(const std::string& family, const std::string& targets,
                                    "--n-head",
                                    "4",
                                    "--n-kv-head",
-                                   family == "gpt_neox" ? "4" : "2",
+                                   family == "gpt_neox" || family == "gptj" ? "4" : "2",
                                    "--max-seq-len",
                                    "256"};
   init.insert(init.end(), init_flags.begin(), init_flags.end());
@@ -291,6 +291,13 @@ TEST(CliMemoryRss, GptNeoxEstimateWithin10PercentOfPeakRss) {
 TEST(CliMemoryRss, FalconEstimateWithin10PercentOfPeakRss) {
   if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
   memtest_family("falcon", R"(["query_key_value"])");
+}
+
+// A GPT-J from its config.json: Phi's block under GPT-2's names, q and k reordered over the turned
+// quarter of each head for the adjacent-pair RoPE, a biased head.
+TEST(CliMemoryRss, GptjEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  memtest_family("gptj", R"(["q_proj", "v_proj", "fc_in", "fc_out"])");
 }
 
 // A GLM-4-0414 from its config.json: gate_up_proj (its gradient one buffer of the fused shape),

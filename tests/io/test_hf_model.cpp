@@ -765,7 +765,7 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
       "Qwen2MoeForCausalLM (qwen2_moe), SmolLM3ForCausalLM (smollm3), CohereForCausalLM "
       "(cohere), Cohere2ForCausalLM (cohere2), PhiForCausalLM (phi), GPTNeoXForCausalLM "
       "(gpt_neox), StableLmForCausalLM (stablelm), OlmoForCausalLM (olmo), GlmForCausalLM (glm), "
-      "Glm4ForCausalLM (glm4), FalconForCausalLM (falcon)");
+      "Glm4ForCausalLM (glm4), FalconForCausalLM (falcon), GPTJForCausalLM (gptj)");
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};
@@ -1644,6 +1644,53 @@ TEST(HfModel, FalconReadsItsPublishedConfigs) {
     EXPECT_EQ(models::parameter_count(again), models::parameter_count(s));
     EXPECT_EQ(again.kv_heads(), s.kv_heads());
     EXPECT_EQ(again.norm_per_branch, s.norm_per_branch);
+  }
+}
+
+// GPT-J-6B (GPTJForCausalLM) as its published config gives it: GPT-2's names (n_embd, n_inner
+// null: 4 x n_embd), RoPE on adjacent pairs of the first rotary_dim 64 of each head's 256
+// channels, an untied head with a bias; written back as GPTJConfig reads it. An absent, odd or
+// too wide rotary_dim is refused naming the field.
+TEST(HfModel, GptjReadsItsPublishedConfig) {
+  const std::string dir = test::temp_dir("hf-gptj");
+  fs::copy_file(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/gptj_6b.json",
+                dir + "/config.json", fs::copy_options::overwrite_existing);
+  const nlohmann::json file = nlohmann::json::parse(test::slurp(dir + "/config.json"));
+  const models::ModelSpec s = read_hf_config(dir).spec;
+  EXPECT_EQ(s.architecture(), "gptj");
+  EXPECT_TRUE(s.parallel_block() && s.shared_block_norm() && s.interleaved_rope());
+  EXPECT_TRUE(s.head_bias() && s.mlp_bias() && !s.qkv_bias() && !s.out_bias());
+  EXPECT_FALSE(s.tie_embeddings);
+  EXPECT_EQ(s.head_dim(), 256);
+  EXPECT_EQ(s.rotary_dim(), 64);
+  EXPECT_EQ(s.ffn_dim(), 16384);
+  EXPECT_EQ(s.max_seq_len, 2048);
+  EXPECT_EQ(s.rope_theta, 10000.0);
+  EXPECT_EQ(s.mlp_gelu, ops::GeluApprox::Tanh);
+  // Per block: ln_1's weight and bias, q/k/v/out_proj 4096 x 4096, fc_in and fc_out with biases;
+  // the embedding, ln_f, and lm_head with its bias.
+  const int64_t C = 4096, F = 16384, V = 50400;
+  const int64_t block = 2 * C + 4 * C * C + (C * F + F) + (F * C + C);
+  EXPECT_EQ(models::parameter_count(s), 28 * block + V * C + 2 * C + V * C + V);
+  EXPECT_EQ(models::parameter_count(s), 6050882784);
+  const nlohmann::json back = io::hf_config_json(s, DType::F16);
+  EXPECT_EQ(back.at("architectures")[0], "GPTJForCausalLM");
+  for (const char* key :
+       {"n_embd", "n_layer", "n_head", "n_positions", "rotary_dim", "activation_function",
+        "layer_norm_epsilon", "resid_pdrop", "embd_pdrop", "attn_pdrop", "tie_word_embeddings"})
+    EXPECT_EQ(back.at(key), file.at(key)) << key;
+  EXPECT_EQ(back.at("n_inner"), 16384);
+  for (const char* llama_key :
+       {"hidden_size", "num_attention_heads", "intermediate_size", "rope_theta", "head_dim"})
+    EXPECT_FALSE(back.contains(llama_key)) << llama_key;
+  for (const auto& [value, message] : std::vector<std::pair<nlohmann::json, std::string>>{
+           {nullptr, "rotary_dim = null is not supported by keel's gptj model"},
+           {63, "rotary_dim = 63 must be an even number of channels from 2 to a head's 256"},
+           {512, "rotary_dim = 512 must be an even number of channels from 2 to a head's 256"}}) {
+    nlohmann::json bad = file;
+    bad["rotary_dim"] = value;
+    std::ofstream(dir + "/config.json") << bad.dump(2);
+    EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }), message);
   }
 }
 

@@ -202,12 +202,13 @@ TEST(Models, FusedProjectionsComputeTheSplitOnes) {
 }
 
 // The order of a parallel block's sum, pinned bit for bit under bf16-mixed (the parity fixtures'
-// tolerance does not tell the orders apart): Phi's, GPT-NeoX's and Falcon's (attention + mlp) + x,
-// the branches added in bf16 first as HF's autocast adds its bf16 Linear outputs; Cohere's and
+// tolerance does not tell the orders apart): Phi's, GPT-NeoX's, Falcon's and GPT-J's (attention +
+// mlp)
+// + x, the branches added in bf16 first as HF's autocast adds its bf16 Linear outputs; Cohere's and
 // StableLM's x + attention, then + mlp, in f32. A block's output against its own sublayers'.
 TEST(Models, ParallelBlocksSumAsTheirHfModelsDo) {
   const io::Safetensors& fx = test::fixture("models");
-  for (const std::string family : {"phi", "gpt_neox", "cohere", "stablelm_par", "falcon"}) {
+  for (const std::string family : {"phi", "gpt_neox", "cohere", "stablelm_par", "falcon", "gptj"}) {
     auto m = models::make_causal_lm(test::tiny_model_spec(family), 7);
     auto* layer = dynamic_cast<models::LlamaForCausalLM&>(*m).model->layers[0];
     NoGradGuard no_grad;

@@ -49,16 +49,19 @@ namespace keel::test {
 // (one key/value head for 4 query heads, q/k/v fused a group at a time, parallel blocks on one
 // LayerNorm, no biases, the exact gelu, the head tied); "falcon40b": a Falcon-40B
 // (new_decoder_architecture: 2 groups of 2 queries, ln_attn and ln_mlp, an lm_head of its own);
-// "falcon_seq": the older layout (a group a head) with its branches in sequence.
+// "falcon_seq": the older layout (a group a head) with its branches in sequence. "gptj": a GPT-J
+// (two heads 8 wide, RoPE on adjacent pairs of their first 4 channels, Phi's block under GPT-2's
+// names, q/k/v without biases, lm_head with one).
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
-    "gpt2",         "llama",    "qwen2",        "qwen3",     "qwen3_d8",  "mistral_w3", "qwen2_w3",
-    "phi3_w3",      "phi3_lr",  "phi3_sr",      "phi4m",     "gemma",     "gemma2",     "gemma3",
-    "smollm3",      "granite",  "olmo2",        "yarn",      "olmo3",     "exaone4",    "qwen3_moe",
-    "olmoe",        "mixtral",  "cohere",       "cohere2",   "qwen2_moe", "phi",        "gpt_neox",
-    "gpt_neox_seq", "stablelm", "stablelm_par", "olmo",      "olmo_clip", "glm",        "glm4",
-    "dynamic",      "falcon",   "falcon40b",    "falcon_seq"};
+    "gpt2",         "llama",     "qwen2",      "qwen3",    "qwen3_d8",     "mistral_w3",
+    "qwen2_w3",     "phi3_w3",   "phi3_lr",    "phi3_sr",  "phi4m",        "gemma",
+    "gemma2",       "gemma3",    "smollm3",    "granite",  "olmo2",        "yarn",
+    "olmo3",        "exaone4",   "qwen3_moe",  "olmoe",    "mixtral",      "cohere",
+    "cohere2",      "qwen2_moe", "phi",        "gpt_neox", "gpt_neox_seq", "stablelm",
+    "stablelm_par", "olmo",      "olmo_clip",  "glm",      "glm4",         "dynamic",
+    "falcon",       "falcon40b", "falcon_seq", "gptj"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   models::ModelSpec s;
@@ -77,20 +80,21 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool phi = family == "phi", neox = family.starts_with("gpt_neox"),
              stablelm = family.starts_with("stablelm"), falcon = family.starts_with("falcon");
   s.family = family != "gpt2" ? "llama" : family;
-  s.hf_model_type = qwen       ? family.substr(0, 5)
-                    : mistral  ? "mistral"
-                    : phi3     ? "phi3"
-                    : gemma    ? (family == "gemma3" ? "gemma3_text" : family)
-                    : smollm3  ? "smollm3"
-                    : granite  ? "granite"
-                    : olmo2    ? "olmo2"
-                    : olmo3    ? "olmo3"
-                    : exaone4  ? "exaone4"
-                    : cohere   ? family
-                    : phi      ? "phi"
-                    : neox     ? "gpt_neox"
-                    : stablelm ? "stablelm"
-                    : falcon   ? "falcon"
+  s.hf_model_type = qwen               ? family.substr(0, 5)
+                    : mistral          ? "mistral"
+                    : phi3             ? "phi3"
+                    : gemma            ? (family == "gemma3" ? "gemma3_text" : family)
+                    : smollm3          ? "smollm3"
+                    : granite          ? "granite"
+                    : olmo2            ? "olmo2"
+                    : olmo3            ? "olmo3"
+                    : exaone4          ? "exaone4"
+                    : cohere           ? family
+                    : phi              ? "phi"
+                    : neox             ? "gpt_neox"
+                    : stablelm         ? "stablelm"
+                    : falcon           ? "falcon"
+                    : family == "gptj" ? "gptj"
                     : family == "glm" || family == "glm4"             ? family
                     : family.starts_with("olmo_") || family == "olmo" ? "olmo"
                     : moe                                             ? family
@@ -177,6 +181,13 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.head_width = 8;
     s.partial_rotary_factor = 0.5;
     s.attention_bias = true;
+  }
+  if (family == "gptj") {  // two heads 8 wide, RoPE on 4 of their channels
+    s.n_head = 2;
+    s.n_kv_head = 2;
+    s.partial_rotary_factor = 0.5;
+    s.mlp_gelu = ops::GeluApprox::Tanh;
+    s.tie_embeddings = false;
   }
   if (falcon) {
     s.mlp_gelu = ops::GeluApprox::None;

@@ -221,12 +221,12 @@ TEST(Checkpoint, MixturesOfExpertsMatchToo) {
   EXPECT_GT(first_losses[3], first_losses[1]);
 }
 
-// Phi's, GPT-NeoX's, StableLM's and Falcon's dropout of their sublayers' outputs (model.dropout;
-// a parallel Falcon's on the branches' sum) draws the same masks when a checkpointed block
-// recomputes: the same bits with and without checkpointing, and another loss than without the
-// dropout.
+// Phi's, GPT-NeoX's, StableLM's, Falcon's and GPT-J's dropout of their sublayers' outputs
+// (model.dropout; a parallel Falcon's on the branches' sum) draws the same masks when a
+// checkpointed block recomputes: the same bits with and without checkpointing, and another loss
+// than without the dropout.
 TEST(Checkpoint, SublayerDropoutsOfPhiGptNeoxStableLmAndFalconMatchToo) {
-  for (const char* family : {"phi", "gpt_neox", "stablelm_par", "falcon", "falcon_seq"}) {
+  for (const char* family : {"phi", "gpt_neox", "stablelm_par", "falcon", "falcon_seq", "gptj"}) {
     models::ModelSpec s = test::tiny_model_spec(family);
     s.n_layer = 3;
     s.vocab_size = 259;
