@@ -291,8 +291,11 @@ std::optional<double> init_std(const ModelSpec& spec, const std::string& name) {
     return spec.init_std;
   }
   // LlamaPreTrainedModel._init_weights: N(0, initializer_range) for linears and embeddings;
-  // norms 1 and biases 0 (Qwen2's q/k/v), as built.
-  if (name.find("norm") != std::string::npos || ends_with(".bias")) return std::nullopt;
+  // norms 1 and biases 0 (Qwen2's q/k/v), as built. (Falcon's and GPT-J's norms are ln_attn,
+  // ln_mlp, ln_1 and ln_f.)
+  if (name.find("norm") != std::string::npos || name.find(".ln_") != std::string::npos ||
+      ends_with(".bias"))
+    return std::nullopt;
   return spec.init_std;
 }
 

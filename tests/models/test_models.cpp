@@ -140,6 +140,24 @@ TEST(Models, InitializationIsDeterministicAndFollowsHf) {
     test::expect_bitwise_equal(pa[i].second, pb[i].second, pa[i].first);
   EXPECT_EQ(a->find_parameter("transformer.h.0.ln_1.weight").to_floats()[0], 1.0f);
   EXPECT_EQ(a->find_parameter("transformer.h.0.attn.c_attn.bias").to_floats()[0], 0.0f);
+  // Every family's norms start at 1 (Gemma's, which scale by 1 + weight, at 0) and its biases at
+  // 0, whatever HF names them (Falcon's ln_attn, GPT-J's ln_1); every other parameter is drawn.
+  for (const std::string& family : test::kFixtureFamilies) {
+    const models::ModelSpec s = test::tiny_model_spec(family);
+    auto m = models::make_causal_lm(s, 7);
+    for (auto& [name, p] : m->named_parameters()) {
+      const std::vector<float> v = p.to_floats();
+      const bool norm =
+          name.find("norm") != std::string::npos || name.find(".ln_") != std::string::npos;
+      const bool bias = name.ends_with(".bias");
+      const float built = bias ? 0.0f : s.gemma() ? 0.0f : 1.0f;
+      if (norm || bias) {
+        EXPECT_EQ(std::count(v.begin(), v.end(), built), std::ssize(v)) << family << " " << name;
+      } else {
+        EXPECT_LT(std::count(v.begin(), v.end(), v[0]), std::ssize(v)) << family << " " << name;
+      }
+    }
+  }
 }
 
 TEST(Models, SpecErrorsNameTheProblem) {
