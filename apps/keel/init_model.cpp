@@ -25,6 +25,7 @@ struct InitModelArgs {
   int64_t num_experts = 4, experts_per_token = 2, expert_size = 0;  // qwen3_moe, olmoe, mixtral
   int64_t shared_expert_size = 0;                                   // qwen2_moe
   bool untied = false;
+  bool qk_layernorm = false;  // cohere (Command-R+'s use_qk_norm), stablelm, phi
   double rope_theta = 10000.0, norm_eps = 1e-5, init_std = 0.02;
   uint64_t seed = 0;
 };
@@ -180,6 +181,13 @@ int run_init_model(const InitModelArgs& a) {
     s.mlp_gelu = ops::GeluApprox::Tanh;
     s.tie_embeddings = false;
   }
+  if (a.qk_layernorm && a.family != "cohere" && a.family != "stablelm" && a.family != "phi")
+    throw Error(
+        "init-model --qk-layernorm is Command-R+'s, StableLM-2-12B's and Phi's (--family "
+        "cohere, stablelm or phi); drop it for " +
+            a.family,
+        Error::kUsage);
+  s.qk_layernorm = a.qk_layernorm;
   s.rope_theta = a.rope_theta;
   s.norm_eps = a.norm_eps;
   s.init_std = a.init_std;
@@ -342,6 +350,9 @@ Command add_init_model(CLI::App& app) {
       ->check(config_check("model.intermediate_size", true))
       ->capture_default_str();
   sub->add_flag("--untied", a->untied, "llama: a separate lm_head (default: tied to embed_tokens)");
+  sub->add_flag("--qk-layernorm", a->qk_layernorm,
+                "cohere, stablelm, phi: LayerNorms over each head's query and key (Command-R+'s "
+                "use_qk_norm, StableLM-2-12B's and Phi's qk_layernorm)");
   config_option("--rope-theta", a->rope_theta, "llama: RoPE base", "model.rope_theta", false);
   config_option("--norm-eps", a->norm_eps, "layer/RMS norm epsilon", "model.norm_eps", false);
   config_option("--init-std", a->init_std, "initializer_range", "model.init_std", false);

@@ -544,7 +544,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     j[s.centered_norms() ? "layer_norm_eps" : "rms_norm_eps"] = s.norm_eps;
     if (s.cohere()) {
       j["logit_scale"] = s.logit_scale;
-      if (variant == "cohere") j["use_qk_norm"] = false;  // (Cohere2Config has none)
+      if (variant == "cohere") j["use_qk_norm"] = s.qk_layernorm;  // (Cohere2Config has none)
     }
     j["rope_theta"] = s.rope_theta;
     j["rope_scaling"] = rope_scaling_json(s.rope_scaling);
@@ -563,7 +563,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
       j["rotary_emb_base"] = s.rope_theta;
     }
     if (s.gpt_neox() || s.stablelm()) j["use_parallel_residual"] = s.parallel_residual;
-    if (s.phi() || s.stablelm()) j["qk_layernorm"] = false;
+    if (s.phi() || s.stablelm()) j["qk_layernorm"] = s.qk_layernorm;
     if (s.olmo() || variant == "olmoe")
       j["clip_qkv"] = s.clip_qkv > 0 ? json(s.clip_qkv) : json(nullptr);
     // The sublayer dropout the run trained with, as GPT-2's (a base's embd_pdrop stays its own).
@@ -820,9 +820,9 @@ HfConfig read_hf_config(const std::string& dir) {
         throw Error(file + ": logit_scale = " + c.find({"logit_scale"})->dump() +
                         " must be a number > 0 (Command-R's 0.0625)",
                     Error::kUsage);
-      // Command-R+'s LayerNorm over each head's query and key (weights [heads, head_dim]).
-      if (c.boolean("use_qk_norm", false))
-        throw unsupported("use_qk_norm = true (Command-R+'s per-head query and key LayerNorms)");
+      // Command-R+'s LayerNorm over each head's query and key (weights [heads, head_dim];
+      // Cohere2Config has no such field).
+      if (s.hf_model_type == "cohere") s.qk_layernorm = c.boolean("use_qk_norm", false);
     }
     // OLMo's and OLMoE's clamp of the q/k/v projections (OLMo-1.7's 8; null: none).
     if (s.olmo() || s.hf_model_type == "olmoe") {
@@ -838,10 +838,8 @@ HfConfig read_hf_config(const std::string& dir) {
       // file sets use_qkv_bias, the 12B's use_parallel_residual and qk_layernorm).
       s.attention_bias = c.boolean("use_qkv_bias", false);
       s.parallel_residual = c.boolean("use_parallel_residual", false);
-      if (c.boolean("qk_layernorm", false))
-        throw unsupported(
-            "qk_layernorm = true (StableLM-2-12B's LayerNorms over each head's query and key, one "
-            "per head)");
+      // (StableLM-2-12B's LayerNorms over each head's query and key, one per head)
+      s.qk_layernorm = c.boolean("qk_layernorm", false);
     }
     if (s.gelu_mlp()) {
       // Phi and GPT-NeoX: lm_head (embed_out) is a Linear of its own (HF's Phi would tie its
@@ -861,8 +859,8 @@ HfConfig read_hf_config(const std::string& dir) {
       else
         throw unsupported(std::string(act_key) + " '" + act + "' (keel's " + s.architecture() +
                           " MLP takes gelu, or its tanh form gelu_new)");
-      if (s.phi() && c.boolean("qk_layernorm", false))
-        throw unsupported("qk_layernorm = true (LayerNorms over each head's query and key)");
+      // (Phi's one LayerNorm over every head's query, one over every key)
+      if (s.phi()) s.qk_layernorm = c.boolean("qk_layernorm", false);
       if (s.gpt_neox()) {
         s.parallel_residual = c.boolean("use_parallel_residual", true);
         s.attention_bias = c.boolean("attention_bias", true);

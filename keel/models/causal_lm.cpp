@@ -129,6 +129,8 @@ void ModelSpec::validate() const {
   if (gpt_neox() && kv_heads() != n_head)
     throw bad("gpt_neox's query_key_value holds as many key/value heads as query heads (" +
               std::to_string(n_head) + "), not " + std::to_string(kv_heads()));
+  if (qk_layernorm && hf_model_type != "cohere" && !stablelm() && !phi())
+    throw bad("qk_layernorm normalizes Command-R+'s, StableLM's and Phi's queries and keys only");
   if (gptj() && kv_heads() != n_head)
     throw bad("gptj's k_proj and v_proj are as wide as q_proj: n_kv_head must be n_head (" +
               std::to_string(n_head) + "), not " + std::to_string(kv_heads()));

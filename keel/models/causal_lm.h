@@ -281,10 +281,20 @@ struct ModelSpec {
            ((stablelm() || glm()) && attention_bias);
   }
   // An HF Qwen3 (Qwen3ForCausalLM): Llama's layers with an RMSNorm over each head's query and key
-  // (q_norm, k_norm: weights [head_dim]) before RoPE.
+  // (q_norm, k_norm: weights [head_dim]) before RoPE. Phi's qk_layernorm: a LayerNorm with a bias
+  // there (q_layernorm, k_layernorm).
   bool qk_norm() const {
     return hf_model_type == "qwen3" || hf_model_type == "qwen3_moe" || hf_model_type == "olmoe" ||
-           hf_model_type == "gemma3_text" || post_norms();
+           hf_model_type == "gemma3_text" || post_norms() || (phi() && qk_layernorm);
+  }
+  // Command-R+'s use_qk_norm (Cohere), StableLM-2-12B's and Phi's qk_layernorm: LayerNorms over
+  // each head's query and key before RoPE; Cohere's and StableLM's without a bias and with a
+  // weight of each head's own (head_qk_layernorm: nn::HeadLayerNorm, Cohere's q_norm [heads,
+  // head_dim], StableLM's q_layernorm.norms.<h>), Phi's one weight and bias for every head
+  // (qk_norm()). Only read for them.
+  bool qk_layernorm = false;
+  bool head_qk_layernorm() const {
+    return qk_layernorm && (hf_model_type == "cohere" || stablelm());
   }
   // An HF OLMo-2 (Olmo2ForCausalLM): Llama's layers with no norm before the attention or the MLP
   // but one after each (post_attention_layernorm on the attention's output,

@@ -58,14 +58,28 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
   }
   o_proj = register_module(names.out, lin(n_head * d, s.n_embd, s.out_bias()));
   if (s.qk_norm()) {
-    // (Gemma-3's scale by 1 + weight, as its other norms; OLMo-2's span the whole projection)
+    // (Gemma-3's scale by 1 + weight, as its other norms; OLMo-2's span the whole projection;
+    // Phi's are LayerNorms with a bias, q_layernorm and k_layernorm)
     const int64_t q_width = s.qk_norm_over_projection() ? n_head * d : d;
     const int64_t k_width = s.qk_norm_over_projection() ? n_kv_head * d : d;
-    q_norm = register_module(
-        "q_norm", std::make_unique<nn::RMSNorm>(q_width, s.norm_eps, s.param_dtype, s.gemma()));
-    k_norm = register_module(
-        "k_norm", std::make_unique<nn::RMSNorm>(k_width, s.norm_eps, s.param_dtype, s.gemma()));
+    const bool phi = s.phi();
+    auto norm = [&](int64_t width) {
+      return std::make_unique<nn::RMSNorm>(
+          width, s.norm_eps, s.param_dtype, s.gemma(), phi,
+          phi ? nn::RMSNorm::Affine::kWeightAndBias : nn::RMSNorm::Affine::kWeight);
+    };
+    q_norm = register_module(phi ? "q_layernorm" : "q_norm", norm(q_width));
+    k_norm = register_module(phi ? "k_layernorm" : "k_norm", norm(k_width));
     norm_whole_projection = s.qk_norm_over_projection();
+  }
+  if (s.head_qk_layernorm()) {  // Command-R+'s q_norm [heads, d]; StableLM-2-12B's one a head
+    const bool per_head = s.stablelm();
+    q_head_norm = register_module(
+        per_head ? "q_layernorm" : "q_norm",
+        std::make_unique<nn::HeadLayerNorm>(n_head, d, s.norm_eps, s.param_dtype, per_head));
+    k_head_norm = register_module(
+        per_head ? "k_layernorm" : "k_norm",
+        std::make_unique<nn::HeadLayerNorm>(n_kv_head, d, s.norm_eps, s.param_dtype, per_head));
   }
 }
 
@@ -106,6 +120,16 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
     } else if (norm_whole_projection) {  // OLMo-2: q and k normalized over all their heads
       q = ops::split_heads(clipped(q_norm->forward(q_proj->forward(x))), n_head);
       k = ops::split_heads(clipped(k_norm->forward(k_proj->forward(x))), n_kv_head);
+    } else if (q_head_norm) {  // Command-R+, StableLM-2-12B: each head by a weight of its own
+      // ([B, T, heads * D] seen as [B, T, heads, D] for the norm, as HF's view before it)
+      auto by_head = [](nn::HeadLayerNorm& norm, const Tensor& y) {
+        Shape heads = y.shape();
+        heads.back() = norm.heads;
+        heads.push_back(norm.dim);
+        return ops::reshape(norm.forward(ops::reshape(y, heads)), y.shape());
+      };
+      q = ops::split_heads(by_head(*q_head_norm, q_proj->forward(x)), n_head);
+      k = ops::split_heads(by_head(*k_head_norm, k_proj->forward(x)), n_kv_head);
     } else {
       q = ops::split_heads(clipped(q_proj->forward(x)), n_head);     // [B,H,T,D]
       k = ops::split_heads(clipped(k_proj->forward(x)), n_kv_head);  // [B,Hkv,T,D]

@@ -25,6 +25,9 @@ class LlamaAttention : public nn::Module {
   // then its value (ModelSpec::grouped_qkv)
   bool grouped_qkv = false;
   nn::RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // ModelSpec::qk_norm() (Qwen3, Gemma-3)
+  // ModelSpec::head_qk_layernorm() (Command-R+'s q_norm, StableLM-2-12B's q_layernorm): over
+  // [B, T, heads, head_dim], before the heads split.
+  nn::HeadLayerNorm *q_head_norm = nullptr, *k_head_norm = nullptr;
   bool norm_whole_projection = false;  // OLMo-2's: q_norm and k_norm before the heads split
   int64_t n_head, n_kv_head;
   double rope_theta;

@@ -66,11 +66,25 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
       linear(p, h + attn + ".v_proj", C, kv_dim, s.qkv_bias());
     }
     linear(p, h + attn + "." + n.out, q_dim, C, s.out_bias());
-    if (s.qk_norm()) {  // per head, or (OLMo-2) over the whole projection
+    if (s.qk_norm() && s.phi()) {  // Phi's qk_layernorm: one LayerNorm for every head
+      for (const char* qk : {".q_layernorm", ".k_layernorm"}) {
+        p.push_back({h + attn + qk + ".weight", {D}, false});
+        p.push_back({h + attn + qk + ".bias", {D}, false});
+      }
+    } else if (s.qk_norm()) {  // per head, or (OLMo-2) over the whole projection
       p.push_back(
           {h + ".self_attn.q_norm.weight", {s.qk_norm_over_projection() ? q_dim : D}, false});
       p.push_back(
           {h + ".self_attn.k_norm.weight", {s.qk_norm_over_projection() ? kv_dim : D}, false});
+    }
+    if (s.head_qk_layernorm() && s.stablelm()) {  // an nn.LayerNorm a head
+      for (int64_t i = 0; i < s.n_head; ++i)
+        p.push_back({h + attn + ".q_layernorm.norms." + std::to_string(i) + ".weight", {D}, false});
+      for (int64_t i = 0; i < s.kv_heads(); ++i)
+        p.push_back({h + attn + ".k_layernorm.norms." + std::to_string(i) + ".weight", {D}, false});
+    } else if (s.head_qk_layernorm()) {  // Command-R+'s: a weight [heads, D]
+      p.push_back({h + attn + ".q_norm.weight", {s.n_head, D}, false});
+      p.push_back({h + attn + ".k_norm.weight", {s.kv_heads(), D}, false});
     }
     if (!s.shared_block_norm())  // (Cohere's and Phi's MLP share the attention's norm)
       add_norm(h + "." + (s.sandwich_norms() ? n.attn_out_norm : n.mlp_norm));

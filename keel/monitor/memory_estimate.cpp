@@ -379,14 +379,18 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       add("q, k, v", 2, c * BT * kvC, "after rope / split-heads, " + cd, true);
       // Qwen3's q_norm and k_norm keep their inputs, in f32 (RMSNorm runs in f32: under -mixed
       // its own cast of the split heads), and a statistic per head and token.
-      if (sp.qk_norm()) {
+      // (Phi's are LayerNorms, a mean beside each rstd; Command-R+'s and StableLM-2-12B's weight
+      // per head multiplies the normalized f32 values, which it keeps too.)
+      if (sp.qk_norm() || sp.head_qk_layernorm()) {
         const int64_t nb = pol.autocast ? 4 : c;
-        const std::string qk = "q_norm and k_norm inputs [B,H,T,D] and rstd, " +
+        const std::string qk = "q_norm and k_norm inputs [B,H,T,D] and statistics, " +
                                std::string(nb == 4 ? "f32" : "16-bit");
-        add("q, k norms", 1, nb * BT * qC, qk, true);
-        add("q, k norms", 1, nb * BT * kvC, qk, true);
-        add("q, k norms", 1, 4 * BT * H, qk, true);
-        add("q, k norms", 1, 4 * BT * sp.kv_heads(), qk, true);
+        const int64_t copies = sp.head_qk_layernorm() ? 2 : 1;
+        const int64_t stats = sp.head_qk_layernorm() || (sp.qk_norm() && sp.phi()) ? 2 : 1;
+        add("q, k norms", copies, nb * BT * qC, qk, true);
+        add("q, k norms", copies, nb * BT * kvC, qk, true);
+        add("q, k norms", stats, 4 * BT * H, qk, true);
+        add("q, k norms", stats, 4 * BT * sp.kv_heads(), qk, true);
       }
       // (Phi's and GPT-NeoX's MLP keeps its gelu's input, fc1's output, beside fc2's input.)
       if (sp.gelu_mlp())

@@ -7,6 +7,7 @@
 #include "keel/ops/embedding.h"
 #include "keel/ops/linear.h"
 #include "keel/ops/norm.h"
+#include "keel/ops/shape.h"
 #include "keel/tensor/random.h"
 
 namespace keel::nn {
@@ -74,6 +75,40 @@ Tensor RMSNorm::forward(const Tensor& x) {
     if (w.dtype() != DType::F32) w = ops::cast(w, DType::F32);
     w = ops::add(w, Tensor::full(w.shape(), 1.0f, DType::F32).to(w.device()));
     const Tensor y = ops::rms_norm(xn, w, static_cast<float>(eps));
+    return out == DType::F32 ? y : ops::cast(y, out);
+  });
+}
+
+HeadLayerNorm::HeadLayerNorm(int64_t h, int64_t d, double e, DType dt, bool module_per_head)
+    : Module("HeadLayerNorm"), heads(h), dim(d), eps(e) {
+  if (!module_per_head) {
+    weight = register_parameter("weight", Tensor::full({heads, dim}, 1.0f, dt));
+    return;
+  }
+  for (int64_t i = 0; i < heads; ++i)
+    norms.push_back(register_module("norms." + std::to_string(i),
+                                    std::make_unique<RMSNorm>(dim, e, dt, false, true)));
+}
+
+Tensor HeadLayerNorm::forward(const Tensor& x) {
+  return call({x}, [&] {
+    KEEL_CHECK(x.dim() >= 2 && x.size(-2) == heads && x.size(-1) == dim,
+               "HeadLayerNorm: x must end in [" + std::to_string(heads) + ", " +
+                   std::to_string(dim) + "], got " + shape_str(x.shape()));
+    // The heads' weights as one [heads, dim] (StableLM's gathered from its modules).
+    Tensor w = weight;
+    if (!w.defined()) {
+      std::vector<Tensor> rows;
+      for (RMSNorm* n : norms) rows.push_back(n->weight);
+      w = ops::reshape(ops::concat_last(rows), {heads, dim});
+    }
+    Tensor xn = autocast(AmpOp::kRmsNorm, x);
+    w = autocast(AmpOp::kRmsNorm, w);
+    const DType out = xn.dtype();
+    if (out != DType::F32) xn = ops::cast(xn, DType::F32);
+    if (w.dtype() != DType::F32) w = ops::cast(w, DType::F32);
+    // (CohereLayerNorm: the normalized f32 values times the f32 weight, then x's dtype)
+    const Tensor y = ops::mul(ops::layer_norm(xn, Tensor(), Tensor(), static_cast<float>(eps)), w);
     return out == DType::F32 ? y : ops::cast(y, out);
   });
 }

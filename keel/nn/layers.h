@@ -2,6 +2,7 @@
 // runs one op from ops/; none of them casts by itself.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "keel/nn/module.h"
 #include "keel/ops/activation.h"
@@ -57,6 +58,21 @@ class RMSNorm : public Module {
   Tensor weight, bias;  // [dim] or undefined (as `affine` says)
   double eps;
   bool unit_offset, centered;
+};
+
+// A LayerNorm without bias over each head's channels of x [..., heads, dim], each head scaled by a
+// weight of its own, in f32 (the product cast to x's dtype under autocast's norm rule): Cohere's
+// q_norm / k_norm (HF's CohereLayerNorm over (heads, head_dim): one parameter `weight` [heads,
+// dim]) and, with `module_per_head`, StableLM's q_layernorm / k_layernorm (an nn.LayerNorm per
+// head: `norms.<h>.weight` [dim] each).
+class HeadLayerNorm : public Module {
+ public:
+  HeadLayerNorm(int64_t heads, int64_t dim, double eps, DType dt, bool module_per_head);
+  Tensor forward(const Tensor& x);
+  Tensor weight;                // [heads, dim]; undefined with module_per_head
+  std::vector<RMSNorm*> norms;  // module_per_head: head h's (its weight [dim])
+  int64_t heads, dim;
+  double eps;
 };
 
 class Embedding : public Module {

@@ -213,56 +213,69 @@ std::vector<Tensor> split_last(const Tensor& x, const std::vector<int64_t>& size
   return pieces;
 }
 
-// ---- concat_last: split_last's inverse; its backward cuts the gradient into the two widths.
+// ---- concat_last: split_last's inverse; its backward cuts the gradient into the parts' widths.
 
 struct ConcatLastNode final : Node {
   int64_t rows = 0;
-  Shape a_shape, b_shape;
-  std::vector<Tensor> backward(const Tensor& g) override {  // g [..., wa + wb]
-    const int64_t wa = a_shape.back(), wb = b_shape.back();
+  std::vector<Shape> shapes;                                // the parts'
+  std::vector<Tensor> backward(const Tensor& g) override {  // g [..., sum of the widths]
+    int64_t total = 0;
+    for (const Shape& s : shapes) total += s.back();
     const size_t elem = dtype_size(g.dtype());
     const char* src = static_cast<const char*>(g.data());
-    Tensor da, db;
-    if (needs_grad(0)) {
-      da = Tensor::empty(a_shape, g.dtype(), g.device());
-      shape_kernels(g.device()).copy_2d(da.data(), wa, src, wa + wb, elem, rows, wa);
+    std::vector<Tensor> grads(shapes.size());
+    int64_t begin = 0;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const int64_t w = shapes[i].back();
+      if (needs_grad(i)) {
+        grads[i] = Tensor::empty(shapes[i], g.dtype(), g.device());
+        shape_kernels(g.device())
+            .copy_2d(grads[i].data(), w, src + begin * elem, total, elem, rows, w);
+      }
+      begin += w;
     }
-    if (needs_grad(1)) {
-      db = Tensor::empty(b_shape, g.dtype(), g.device());
-      shape_kernels(g.device()).copy_2d(db.data(), wb, src + wa * elem, wa + wb, elem, rows, wb);
-    }
-    return {da, db};
+    return grads;
   }
   const char* name() const override { return "concat_last"; }
 };
 
-Tensor concat_last(const Tensor& a, const Tensor& b) {
-  KEEL_CHECK(
-      a.dim() >= 1 && a.dim() == b.dim() && a.dtype() == b.dtype() && a.device() == b.device(),
-      "concat_last: a " + shape_str(a.shape()) + " and b " + shape_str(b.shape()) +
-          " must share their rank, dtype and device");
-  const int64_t wa = a.size(-1), wb = b.size(-1);
-  int64_t n = 1;  // rows: the leading dims' product
-  for (int64_t d = 0; d + 1 < a.dim(); ++d) {
-    KEEL_CHECK(a.size(d) == b.size(d), "concat_last: leading dims differ: " + shape_str(a.shape()) +
-                                           " and " + shape_str(b.shape()));
-    n *= a.size(d);
+Tensor concat_last(const std::vector<Tensor>& parts) {
+  KEEL_CHECK(!parts.empty(), "concat_last: no parts");
+  const Tensor& a = parts[0];
+  int64_t n = 1, total = 0;  // rows (the leading dims' product), the output's width
+  for (const Tensor& p : parts) {
+    KEEL_CHECK(
+        p.dim() >= 1 && p.dim() == a.dim() && p.dtype() == a.dtype() && p.device() == a.device(),
+        "concat_last: parts " + shape_str(a.shape()) + " and " + shape_str(p.shape()) +
+            " must share their rank, dtype and device");
+    for (int64_t d = 0; d + 1 < a.dim(); ++d)
+      KEEL_CHECK(p.size(d) == a.size(d), "concat_last: leading dims differ: " +
+                                             shape_str(a.shape()) + " and " + shape_str(p.shape()));
+    total += p.size(-1);
   }
+  for (int64_t d = 0; d + 1 < a.dim(); ++d) n *= a.size(d);
   Shape out_shape = a.shape();
-  out_shape.back() = wa + wb;
+  out_shape.back() = total;
   Tensor out = Tensor::empty(out_shape, a.dtype(), a.device());
   const size_t elem = dtype_size(a.dtype());
   char* dst = static_cast<char*>(out.data());
-  shape_kernels(a.device()).copy_2d(dst, wa + wb, a.data(), wa, elem, n, wa);
-  shape_kernels(a.device()).copy_2d(dst + wa * elem, wa + wb, b.data(), wb, elem, n, wb);
-  if (any_requires_grad({&a, &b})) {
+  int64_t begin = 0;
+  for (const Tensor& p : parts) {
+    shape_kernels(a.device())
+        .copy_2d(dst + begin * elem, total, p.data(), p.size(-1), elem, n, p.size(-1));
+    begin += p.size(-1);
+  }
+  std::vector<const Tensor*> inputs;
+  for (const Tensor& p : parts) inputs.push_back(&p);
+  if (any_requires_grad(inputs)) {
     auto node = std::make_shared<ConcatLastNode>();
     node->rows = n;
-    node->a_shape = a.shape();
-    node->b_shape = b.shape();
-    record_node(out, node, {&a, &b});
+    for (const Tensor& p : parts) node->shapes.push_back(p.shape());
+    record_node(out, node, inputs);
   }
   return out;
 }
+
+Tensor concat_last(const Tensor& a, const Tensor& b) { return concat_last(std::vector{a, b}); }
 
 }  // namespace keel::ops

@@ -13,8 +13,9 @@ Tensor split_heads(const Tensor& x, int64_t n_heads);           // [B, T, H*D] -
 Tensor merge_heads(const Tensor& x);                            // [B, H, T, D] -> [B, T, H*D]
 // Pieces of the last dimension, e.g. a fused qkv projection into q, k, v.
 std::vector<Tensor> split_last(const Tensor& x, const std::vector<int64_t>& sizes);
-// a and b side by side along the last dimension (the same leading dims and dtype): split_last's
+// The parts side by side along the last dimension (the same leading dims and dtype): split_last's
 // inverse, e.g. a partial RoPE's turned channels back beside those it passed.
+Tensor concat_last(const std::vector<Tensor>& parts);
 Tensor concat_last(const Tensor& a, const Tensor& b);
 
 }  // namespace keel::ops

@@ -36,13 +36,16 @@ std::string trained_run(const std::string& family, const std::string& kind,
       test::temp_dir("export-" + family + "-" + kind + (bf16_base ? "-bf16" : ""));
   const bool wide = family == "qwen3-wide", phi4_mini = family == "phi4m";
   const bool yarn = family == "llama-yarn", falcon_7b = family == "falcon-7b";
+  const bool qk = family.ends_with("-qk");  // with --qk-layernorm
   std::vector<std::string> init = {"init-model", "--family",
                                    wide        ? "qwen3"
                                    : phi4_mini ? "phi3"
                                    : yarn      ? "llama"
                                    : falcon_7b ? "falcon"
+                                   : qk        ? family.substr(0, family.size() - 3)
                                                : family,
                                    "--out", dir + "/base"};
+  if (qk) init.push_back("--qk-layernorm");
   init.insert(init.end(),
               {"--n-layer", "2", "--n-embd", "32", "--n-head", "4", "--max-seq-len", "32"});
   // (GPT-NeoX's and GPT-J's key/value heads are their query heads; Falcon-7B's one is its
@@ -326,16 +329,21 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // adjacent-pair RoPE on half of each head and norms after each sublayer), a Falcon-40B-layout
   // LoRA (its query_key_value by key/value group, ln_attn and ln_mlp, an untied head) and a
   // Falcon-7B whole (its one key/value head, one norm a block, the tied head), a GPT-J's LoRA (its
-  // adjacent-pair RoPE on a quarter of each head, the biased fc_in and lm_head).
+  // adjacent-pair RoPE on a quarter of each head, the biased fc_in and lm_head), a Command-R+
+  // layout's LoRA (its q/k norms a weight per head), a StableLM and a Phi with q/k LayerNorms
+  // trained whole (their norms trained away from 1).
   for (const auto& [family, kind] : std::vector<std::pair<std::string, std::string>>{
-           {"gpt2", "lora"},      {"llama", "lora"},      {"phi3", "lora"},    {"phi4m", "lora"},
-           {"gemma", "none"},     {"gemma2", "lora"},     {"gemma3", "none"},  {"qwen2", "none"},
-           {"qwen3", "none"},     {"qwen3-wide", "none"}, {"smollm3", "lora"}, {"granite", "none"},
-           {"olmo2", "lora"},     {"llama-yarn", "lora"}, {"olmo3", "lora"},   {"exaone4", "lora"},
-           {"qwen3_moe", "lora"}, {"olmoe", "none"},      {"mixtral", "lora"}, {"cohere", "lora"},
-           {"qwen2_moe", "lora"}, {"cohere2", "lora"},    {"phi", "lora"},     {"gpt_neox", "none"},
-           {"stablelm", "lora"},  {"olmo", "lora"},       {"glm4", "lora"},    {"falcon", "lora"},
-           {"falcon-7b", "none"}, {"gptj", "lora"}}) {
+           {"gpt2", "lora"},       {"llama", "lora"},       {"phi3", "lora"},
+           {"phi4m", "lora"},      {"gemma", "none"},       {"gemma2", "lora"},
+           {"gemma3", "none"},     {"qwen2", "none"},       {"qwen3", "none"},
+           {"qwen3-wide", "none"}, {"smollm3", "lora"},     {"granite", "none"},
+           {"olmo2", "lora"},      {"llama-yarn", "lora"},  {"olmo3", "lora"},
+           {"exaone4", "lora"},    {"qwen3_moe", "lora"},   {"olmoe", "none"},
+           {"mixtral", "lora"},    {"cohere", "lora"},      {"qwen2_moe", "lora"},
+           {"cohere2", "lora"},    {"phi", "lora"},         {"gpt_neox", "none"},
+           {"stablelm", "lora"},   {"olmo", "lora"},        {"glm4", "lora"},
+           {"falcon", "lora"},     {"falcon-7b", "none"},   {"gptj", "lora"},
+           {"cohere-qk", "lora"},  {"stablelm-qk", "none"}, {"phi-qk", "none"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

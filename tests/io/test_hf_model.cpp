@@ -1429,16 +1429,51 @@ TEST(HfModel, CohereReadsItsPublishedConfigs) {
   const std::string dir = test::temp_dir("hf-cohere-bad");
   nlohmann::json j = nlohmann::json::parse(
       std::ifstream(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/aya_23_8b.json"));
-  j["use_qk_norm"] = true;  // Command-R+
-  std::ofstream(dir + "/config.json") << j.dump();
-  EXPECT_CONTAINS(test::error_of([&] { read_hf_config(dir); }),
-                  "use_qk_norm = true (Command-R+'s per-head query and key LayerNorms) is not "
-                  "supported by keel's cohere model");
-  j["use_qk_norm"] = false;
   j["logit_scale"] = 0;
   std::ofstream(dir + "/config.json") << j.dump();
   EXPECT_CONTAINS(test::error_of([&] { read_hf_config(dir); }),
                   "logit_scale = 0 must be a number > 0");
+}
+
+// Command-R+ (CohereForCausalLM with use_qk_norm): Cohere's layers with a LayerNorm over each
+// head's query and key, a weight of each head's own ([96, 128] and [8, 128]); 104B parameters;
+// written back with the field. StableLM-2-12B's and Phi's qk_layernorm read alike.
+TEST(HfModel, PerHeadQueryAndKeyNormsAreRead) {
+  const std::string dir = test::temp_dir("hf-qk-norms");
+  const std::string corpus = std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/";
+  fs::copy_file(corpus + "command_r_plus.json", dir + "/config.json",
+                fs::copy_options::overwrite_existing);
+  models::ModelSpec s = read_hf_config(dir).spec;
+  EXPECT_TRUE(s.head_qk_layernorm() && s.parallel_block() && s.tie_embeddings);
+  const int64_t C = 12288, H = 96, Hkv = 8, D = 128, F = 33792, V = 256000;
+  const int64_t layer = C + 2 * C * H * D + 2 * C * Hkv * D + 3 * C * F + (H + Hkv) * D;
+  EXPECT_EQ(models::parameter_count(s), 64 * layer + V * C + C);
+  EXPECT_NEAR(double(models::parameter_count(s)) / 1e9, 103.8, 0.05);
+  bool found = false;
+  for (const models::ParamShape& p : models::parameter_shapes(s))
+    if (p.name == "model.layers.63.self_attn.k_norm.weight") {
+      found = true;
+      EXPECT_EQ(p.shape, (Shape{Hkv, D}));
+    }
+  EXPECT_TRUE(found);
+  EXPECT_EQ(io::hf_config_json(s, DType::BF16).at("use_qk_norm"), true);
+  for (const char* file : {"stablelm_2_1_6b.json", "phi_2.json"}) {
+    SCOPED_TRACE(file);
+    nlohmann::json j = nlohmann::json::parse(test::slurp(corpus + file));
+    const models::ModelSpec plain = [&] {
+      std::ofstream(dir + "/config.json") << j.dump();
+      return read_hf_config(dir).spec;
+    }();
+    j["qk_layernorm"] = true;
+    std::ofstream(dir + "/config.json") << j.dump();
+    s = read_hf_config(dir).spec;
+    EXPECT_TRUE(s.qk_layernorm);
+    // StableLM's a weight [D] per query and key head; Phi's a weight and a bias [D] each for q
+    // and k.
+    const int64_t d = s.head_dim(), added = s.stablelm() ? (s.n_head + s.kv_heads()) * d : 4 * d;
+    EXPECT_EQ(models::parameter_count(s), models::parameter_count(plain) + s.n_layer * added);
+    EXPECT_EQ(io::hf_config_json(s, DType::BF16).at("qk_layernorm"), true);
+  }
 }
 
 // Phi-2 (PhiForCausalLM), Pythia / GPT-NeoX-20B (GPTNeoXForCausalLM), StableLM-2-1.6B
@@ -1579,14 +1614,10 @@ TEST(HfModel, PhiGptNeoxStableLmOlmoAndGlmReadTheirPublishedConfigs) {
   }
   for (const auto& [file, fields, needle] :
        std::vector<std::tuple<const char*, nlohmann::json, std::string>>{
-           {"phi_2.json", {{"qk_layernorm", true}}, "qk_layernorm = true"},
            {"phi_2.json", {{"tie_word_embeddings", true}}, "tie_word_embeddings = true"},
            {"phi_2.json", {{"hidden_act", "relu"}}, "hidden_act 'relu'"},
            {"pythia_160m.json", {{"rotary_pct", 0.3}}, "rotary_pct = 0.3"},
            {"pythia_160m.json", {{"rotary_pct", 1.5}}, "rotary_pct must be a number in (0, 1]"},
-           {"stablelm_2_1_6b.json",
-            {{"qk_layernorm", true}},
-            "qk_layernorm = true (StableLM-2-12B"},
            {"olmo_1b.json", {{"clip_qkv", -8.0}}, "clip_qkv = -8.0 must be a positive bound"}}) {
     SCOPED_TRACE(needle);
     with(file, fields);

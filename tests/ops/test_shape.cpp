@@ -152,6 +152,16 @@ TEST(Shape, Gradchecks) {
   test::expect_bitwise_equal(ops::concat_last(halves[0], halves[1]), x, "concat_last(split_last)");
   EXPECT_THROW(ops::concat_last(randn({2, 3}, 1), randn({3, 3}, 2)), Error);
   EXPECT_THROW(ops::concat_last(randn({2, 3}, 1), randn({2, 3}, 2, 1.f, DType::BF16)), Error);
+  // Of several parts (StableLM's per-head norm weights): each part's gradient, and split_last's
+  // inverse bit for bit.
+  test::expect_gradcheck(
+      [](const V& in) {
+        return ops::concat_last(std::vector<Tensor>{in[0], in[1], in[2]});
+      },
+      {randn({2, 3}, 14), randn({2, 1}, 15), randn({2, 4}, 16)}, {}, "concat_last of three");
+  const auto thirds = ops::split_last(x, {1, 4, 2});
+  test::expect_bitwise_equal(ops::concat_last(thirds), x, "concat_last(split_last) of three");
+  EXPECT_THROW(ops::concat_last(std::vector<Tensor>{}), Error);
 }
 
 TEST(Shape, SplitLastGradientOfUnusedPiecesIsZeroAndGraphsCanBeReused) {

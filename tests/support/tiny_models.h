@@ -51,7 +51,10 @@ namespace keel::test {
 // (new_decoder_architecture: 2 groups of 2 queries, ln_attn and ln_mlp, an lm_head of its own);
 // "falcon_seq": the older layout (a group a head) with its branches in sequence. "gptj": a GPT-J
 // (two heads 8 wide, RoPE on adjacent pairs of their first 4 channels, Phi's block under GPT-2's
-// names, q/k/v without biases, lm_head with one).
+// names, q/k/v without biases, lm_head with one). "cohere_qk", "stablelm_qk", "phi_qk": the cohere,
+// stablelm_par and phi families with LayerNorms over each head's query and key before RoPE
+// (Command-R+'s use_qk_norm: a weight [heads, head_dim]; StableLM-2-12B's qk_layernorm: one per
+// head; Phi's qk_layernorm: one weight and bias for every head).
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
@@ -61,9 +64,16 @@ inline const std::vector<std::string> kFixtureFamilies = {
     "olmo3",        "exaone4",   "qwen3_moe",  "olmoe",    "mixtral",      "cohere",
     "cohere2",      "qwen2_moe", "phi",        "gpt_neox", "gpt_neox_seq", "stablelm",
     "stablelm_par", "olmo",      "olmo_clip",  "glm",      "glm4",         "dynamic",
-    "falcon",       "falcon40b", "falcon_seq", "gptj"};
+    "falcon",       "falcon40b", "falcon_seq", "gptj",     "cohere_qk",    "stablelm_qk",
+    "phi_qk"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
+  if (family.ends_with("_qk")) {  // a base family with its q/k LayerNorms
+    models::ModelSpec s = tiny_model_spec(
+        family == "stablelm_qk" ? "stablelm_par" : family.substr(0, family.size() - 3));
+    s.qk_layernorm = true;
+    return s;
+  }
   models::ModelSpec s;
   const bool wide_heads = family == "qwen3_d8";
   const bool qwen_window = family == "qwen2_w3";
