@@ -175,8 +175,9 @@ int run_init_model(const InitModelArgs& a) {
     s.new_decoder_architecture = s.kv_heads() != 1 && s.kv_heads() != s.n_head;
     s.norm_per_branch = s.new_decoder_architecture;
   }
-  // GPTJConfig's: RoPE on a quarter of each head (GPT-J-6B's 64 of 256), gelu_new, an untied head.
-  if (a.family == "gptj") {
+  // GPTJConfig's and CodeGenConfig's: RoPE on a quarter of each head (GPT-J-6B's 64 of 256),
+  // gelu_new, an untied head.
+  if (a.family == "gptj" || a.family == "codegen") {
     s.partial_rotary_factor = 0.25;
     s.mlp_gelu = ops::GeluApprox::Tanh;
     s.tie_embeddings = false;
@@ -305,12 +306,13 @@ Command add_init_model(CLI::App& app) {
          "layers without biases on one LayerNorm, q/k/v fused a key/value group at a time; "
          "--n-kv-head 1 its multi-query, another count than 1 or --n-head Falcon-40B's layout "
          "with a norm for each branch) | gptj (GPT-J-6B's: Phi's block under GPT-2's names, "
-         "q/k/v and out_proj without biases, RoPE on adjacent pairs of a quarter of each head)")
+         "q/k/v and out_proj without biases, RoPE on adjacent pairs of a quarter of each head) | "
+         "codegen (CodeGen's: GPT-J's with q, v and k one qkv_proj in 4 blocks of heads)")
       ->check(CLI::IsMember({"gpt2",    "llama",     "gemma",     "gemma2",   "gemma3",  "granite",
                              "olmo2",   "olmo3",     "exaone4",   "phi3",     "qwen2",   "qwen3",
                              "smollm3", "qwen3_moe", "qwen2_moe", "olmoe",    "mixtral", "cohere",
                              "cohere2", "phi",       "gpt_neox",  "stablelm", "olmo",    "glm",
-                             "glm4",    "falcon",    "gptj"}))
+                             "glm4",    "falcon",    "gptj",      "codegen"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

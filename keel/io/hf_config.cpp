@@ -220,11 +220,12 @@ constexpr HfArchitecture kArchitectures[] = {
     {"phi", "PhiForCausalLM", nullptr, "llama"},             // parallel blocks, biases, gelu MLP
     {"gpt_neox", "GPTNeoXForCausalLM", nullptr, "llama"},    // Phi's, per-head qkv, two norms
     {"stablelm", "StableLmForCausalLM", nullptr, "llama"},  // Llama's with LayerNorms, partial RoPE
-    {"olmo", "OlmoForCausalLM", nullptr, "llama"},      // Llama's, LayerNorms without parameters
-    {"glm", "GlmForCausalLM", nullptr, "llama"},        // q/k/v biases, pair RoPE on half a head
-    {"glm4", "Glm4ForCausalLM", nullptr, "llama"},      // and norms after each sublayer
-    {"falcon", "FalconForCausalLM", nullptr, "llama"},  // GPT-NeoX's, grouped qkv, no biases
-    {"gptj", "GPTJForCausalLM", nullptr, "llama"},      // Phi's block, pair RoPE, GPT-2's names
+    {"olmo", "OlmoForCausalLM", nullptr, "llama"},        // Llama's, LayerNorms without parameters
+    {"glm", "GlmForCausalLM", nullptr, "llama"},          // q/k/v biases, pair RoPE on half a head
+    {"glm4", "Glm4ForCausalLM", nullptr, "llama"},        // and norms after each sublayer
+    {"falcon", "FalconForCausalLM", nullptr, "llama"},    // GPT-NeoX's, grouped qkv, no biases
+    {"gptj", "GPTJForCausalLM", nullptr, "llama"},        // Phi's block, pair RoPE, GPT-2's names
+    {"codegen", "CodeGenForCausalLM", nullptr, "llama"},  // GPT-J's, q/v/k in 4 blocks of heads
 };
 
 const HfArchitecture& architecture_of(const json& j, const std::string& file) {
@@ -626,6 +627,7 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
       j["n_embd"] = s.n_embd;
       j["n_head"] = s.n_head;
       j["n_positions"] = s.max_seq_len;
+      if (s.codegen()) j["n_ctx"] = s.max_seq_len;  // (CodeGenConfig's, which nothing reads)
       j["n_inner"] = s.ffn_dim();
       j["rotary_dim"] = s.rotary_dim();
       j["activation_function"] = s.mlp_gelu == ops::GeluApprox::None ? "gelu" : "gelu_new";
@@ -647,8 +649,8 @@ constexpr int64_t kMaxSize = std::numeric_limits<int64_t>::max();
 void read_gptj_rotary_dim(const ConfigReader& c, models::ModelSpec& s) {
   if (s.n_head < 1 || s.n_embd < 1) return;  // (the sizes' own check names them)
   if (c.j.contains("rotary_dim") && c.j["rotary_dim"].is_null())
-    throw Error(c.file +
-                    ": rotary_dim = null is not supported by keel's gptj model (HF's GPT-J then "
+    throw Error(c.file + ": rotary_dim = null is not supported by keel's " + s.architecture() +
+                    " model (HF's GPT-J then "
                     "turns hidden_size channels of each head); give the channels RoPE turns",
                 Error::kUsage);
   const int64_t d = s.head_dim(), r = c.integer({"rotary_dim"}, 64);  // (GPTJConfig's default)

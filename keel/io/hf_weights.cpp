@@ -44,7 +44,8 @@ bool ignorable(const models::ModelSpec& spec, const std::string& name) {
   if (spec.gpt_neox() &&
       (ends_with(name, ".attention.bias") || ends_with(name, ".attention.masked_bias")))
     return true;
-  if (spec.gptj() && (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")))
+  if (spec.gptj() && (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias") ||
+                      ends_with(name, ".attn.causal_mask")))  // (CodeGen's)
     return true;
   // A Gemma3ForConditionalGeneration's vision tower and projector: keel reads its language model.
   if (spec.hf_model_type == "gemma3_text" && multimodal_vision_tensor(name)) return true;
@@ -250,7 +251,7 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
   // A query projection of another width: head_dim (or its absence) is wrong for these weights.
   // Phi-3's qkv_proj (GPT-NeoX's query_key_value) holds the query's rows and then the keys' and
   // values' (head by head).
-  const bool fused = s.fused_projections() || s.grouped_qkv();
+  const bool fused = s.fused_projections() || s.grouped_qkv() || s.codegen();
   const int64_t kv_rows = fused ? 2 * s.kv_heads() * s.head_dim() : 0;
   const models::ModelSpec::ModuleNames n = s.module_names();
   const std::string layer0 = std::string(n.model) + "." + n.layers + ".0.",

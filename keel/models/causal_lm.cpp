@@ -132,8 +132,14 @@ void ModelSpec::validate() const {
   if (qk_layernorm && hf_model_type != "cohere" && !stablelm() && !phi())
     throw bad("qk_layernorm normalizes Command-R+'s, StableLM's and Phi's queries and keys only");
   if (gptj() && kv_heads() != n_head)
-    throw bad("gptj's k_proj and v_proj are as wide as q_proj: n_kv_head must be n_head (" +
+    throw bad(architecture() +
+              "'s keys and values are as wide as its queries: n_kv_head must be n_head (" +
               std::to_string(n_head) + "), not " + std::to_string(kv_heads()));
+  if (codegen() && n_head % kCodegenBlocks)
+    throw bad(
+        "codegen's qkv_proj holds its heads in 4 blocks: n_head must be a multiple of 4, "
+        "not " +
+        std::to_string(n_head));
   if ((gptj() || falcon()) && head_width > 0)
     throw bad(architecture() + "'s heads are n_embd / n_head wide (its head_dim is not a field)");
   if (falcon() && !new_decoder_architecture && kv_heads() != 1 && kv_heads() != n_head)

@@ -173,7 +173,13 @@ struct ModelSpec {
   // untied lm_head with a bias; RoPE (base 10000) on adjacent pairs of the first rotary_dim
   // channels of each head (GLM's), gelu_new; its resid_pdrop on the attention's and the MLP's
   // outputs and embd_pdrop on the embedding's are one key, model.dropout (as GPT-2's).
-  bool gptj() const { return hf_model_type == "gptj"; }
+  // An HF CodeGen (CodeGenForCausalLM: CodeGen-350M/2B/6B/16B mono, multi, nl) is GPT-J's block
+  // with q, k and v one qkv_proj (codegen_qkv); gptj() holds for it too.
+  bool gptj() const { return hf_model_type == "gptj" || codegen(); }
+  bool codegen() const { return hf_model_type == "codegen"; }
+  // CodeGen's qkv_proj: its rows in 4 blocks (the TPU-v4 shards it was trained on, HF's mp_num),
+  // each a quarter of the heads' queries, then their values, then their keys.
+  static constexpr int64_t kCodegenBlocks = 4;
   // Falcon's new_decoder_architecture and num_ln_in_parallel_attn 2 (only read for it).
   bool new_decoder_architecture = false, norm_per_branch = false;
   // GPT-NeoX's and StableLM's use_parallel_residual, Falcon's parallel_attn (only read for them:
@@ -270,7 +276,7 @@ struct ModelSpec {
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
   // "granite", "mistral", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4", "phi3", "qwen2",
   // "qwen3", "qwen3_moe", "qwen2_moe", "smollm3", "cohere", "cohere2", "phi", "gpt_neox",
-  // "stablelm", "olmo", "glm", "glm4", "falcon" or "gptj".
+  // "stablelm", "olmo", "glm", "glm4", "falcon", "gptj" or "codegen".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).

@@ -48,7 +48,8 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
     return std::make_unique<nn::Linear>(in, out, bias, s.param_dtype);
   };
   grouped_qkv = s.grouped_qkv();
-  if (s.fused_projections() || grouped_qkv) {
+  codegen_qkv = s.codegen();
+  if (s.fused_projections() || grouped_qkv || codegen_qkv) {
     qkv_proj =
         register_module(names.qkv, lin(s.n_embd, (n_head + 2 * n_kv_head) * d, s.qkv_bias()));
   } else {
@@ -110,6 +111,21 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
       q = ops::split_heads(ops::reshape(parts[0], queries), n_head);
       k = ops::split_heads(ops::reshape(parts[1], keys), n_kv_head);
       v = ops::split_heads(ops::reshape(parts[2], keys), n_kv_head);
+    } else if (codegen_qkv) {
+      // CodeGen: one product whose columns go in 4 blocks, each a quarter of the heads' queries,
+      // values, then keys (HF's reshape(..., mp_num, -1) split in that order): block b holds
+      // heads b * n_head / 4 onwards.
+      const int64_t d = o_proj->in_features / n_head, per = n_head / ModelSpec::kCodegenBlocks;
+      const Tensor qkv = qkv_proj->forward(x);
+      Shape by_block = qkv.shape(), merged = qkv.shape();
+      by_block.back() = ModelSpec::kCodegenBlocks;
+      by_block.push_back(3 * per * d);
+      merged.back() = n_head * d;
+      const std::vector<Tensor> parts =
+          ops::split_last(ops::reshape(qkv, by_block), {per * d, per * d, per * d});
+      q = ops::split_heads(ops::reshape(parts[0], merged), n_head);
+      v = ops::split_heads(ops::reshape(parts[1], merged), n_head);
+      k = ops::split_heads(ops::reshape(parts[2], merged), n_head);
     } else if (qkv_proj) {  // Phi-3: one product, its columns q's, k's, then v's (Phi3Attention)
       const int64_t d = o_proj->in_features / n_head;
       const std::vector<Tensor> qkv =

@@ -24,6 +24,7 @@ class LlamaAttention : public nn::Module {
   // GPT-NeoX's and Falcon's qkv_proj rows: key/value group by group, each its queries, its key,
   // then its value (ModelSpec::grouped_qkv)
   bool grouped_qkv = false;
+  bool codegen_qkv = false;                          // CodeGen's qkv_proj rows (ModelSpec::codegen)
   nn::RMSNorm *q_norm = nullptr, *k_norm = nullptr;  // ModelSpec::qk_norm() (Qwen3, Gemma-3)
   // ModelSpec::head_qk_layernorm() (Command-R+'s q_norm, StableLM-2-12B's q_layernorm): over
   // [B, T, heads, head_dim], before the heads split.

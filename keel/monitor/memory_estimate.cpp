@@ -567,7 +567,8 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     // A Phi-3's fused qkv_proj and gate_up_proj take their pieces' gradients in one buffer of the
     // fused output's shape (ops::split_last), beside the pieces' own.
     // (GPT-NeoX's and Falcon's query_key_value too; GLM's gate_up_proj alone.)
-    if (sp.fused_projections() || sp.grouped_qkv()) layer += block_bytes(c * BT * (qC + 2 * kvC));
+    if (sp.fused_projections() || sp.grouped_qkv() || sp.codegen())
+      layer += block_bytes(c * BT * (qC + 2 * kvC));
     if (sp.fused_gate_up()) mlp += block_bytes(c * BT * 2 * F);
     layer_transient = std::max({layer, mlp, adapter_transient});
     // A block's backward runs after the lm_head's has dropped the logits (cross_entropy's node
@@ -908,6 +909,7 @@ std::string memory_fit_advice(const MemoryQuery& q, int64_t available) {
     a.adapter.target_modules = q.hf_model_type == "phi3" ? std::vector<std::string>{"qkv_proj"}
                                : q.hf_model_type == "gpt_neox" || q.hf_model_type == "falcon"
                                    ? std::vector<std::string>{"query_key_value"}
+                               : q.hf_model_type == "codegen" ? std::vector<std::string>{"qkv_proj"}
                                : q.family == "llama" ? std::vector<std::string>{"q_proj", "v_proj"}
                                                      : std::vector<std::string>{"c_attn", "c_proj"};
     a.base_dtype = "bf16";

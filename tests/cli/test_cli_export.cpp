@@ -50,7 +50,7 @@ std::string trained_run(const std::string& family, const std::string& kind,
               {"--n-layer", "2", "--n-embd", "32", "--n-head", "4", "--max-seq-len", "32"});
   // (GPT-NeoX's and GPT-J's key/value heads are their query heads; Falcon-7B's one is its
   // multi_query)
-  if (family != "gpt2" && family != "gpt_neox" && family != "gptj")
+  if (family != "gpt2" && family != "gpt_neox" && family != "gptj" && family != "codegen")
     init.insert(init.end(), {"--n-kv-head", falcon_7b ? "1" : "2"});
   // (Gemma, Phi-4-mini and Falcon-7B tie their head)
   if (family != "gpt2" && !family.starts_with("gemma") && !phi4_mini && family != "smollm3" &&
@@ -100,6 +100,7 @@ std::string trained_run(const std::string& family, const std::string& kind,
       : family == "phi3" || phi4_mini ? "[\"qkv_proj\", \"gate_up_proj\", \"down_proj\"]"
       : family == "phi"               ? "[\"q_proj\", \"v_proj\", \"fc2\"]"
       : family == "gptj"              ? "[\"q_proj\", \"out_proj\", \"fc_in\"]"
+      : family == "codegen"           ? "[\"qkv_proj\", \"fc_out\"]"
       : family == "gpt_neox" || family == "falcon" ? "[\"query_key_value\", \"dense_4h_to_h\"]"
       : family == "mixtral"                        ? "[\"q_proj\", \"v_proj\", \"w2\", \"gate\"]"
                                                    : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
@@ -331,7 +332,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // Falcon-7B whole (its one key/value head, one norm a block, the tied head), a GPT-J's LoRA (its
   // adjacent-pair RoPE on a quarter of each head, the biased fc_in and lm_head), a Command-R+
   // layout's LoRA (its q/k norms a weight per head), a StableLM and a Phi with q/k LayerNorms
-  // trained whole (their norms trained away from 1).
+  // trained whole (their norms trained away from 1), a CodeGen's LoRA (on its qkv_proj of 4
+  // blocks).
   for (const auto& [family, kind] : std::vector<std::pair<std::string, std::string>>{
            {"gpt2", "lora"},       {"llama", "lora"},       {"phi3", "lora"},
            {"phi4m", "lora"},      {"gemma", "none"},       {"gemma2", "lora"},
@@ -343,7 +345,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
            {"cohere2", "lora"},    {"phi", "lora"},         {"gpt_neox", "none"},
            {"stablelm", "lora"},   {"olmo", "lora"},        {"glm4", "lora"},
            {"falcon", "lora"},     {"falcon-7b", "none"},   {"gptj", "lora"},
-           {"cohere-qk", "lora"},  {"stablelm-qk", "none"}, {"phi-qk", "none"}}) {
+           {"cohere-qk", "lora"},  {"stablelm-qk", "none"}, {"phi-qk", "none"},
+           {"codegen", "lora"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

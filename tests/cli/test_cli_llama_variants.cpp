@@ -393,10 +393,11 @@ json init_family(const std::string& family, const std::string& arch, const std::
                  const std::string& layers) {
   // (GPT-NeoX's and GPT-J's key/value heads are their query heads; Falcon's 2 of 4 its
   // new_decoder_architecture.)
-  const test::KeelRun init = test::run_keel(
-      {"init-model", "--family", family, "--out", dir + "/base", "--n-layer", layers, "--n-embd",
-       "32", "--n-head", "4", "--n-kv-head", family == "gpt_neox" || family == "gptj" ? "4" : "2",
-       "--max-seq-len", "32", "--init-std", "0.1"});
+  const test::KeelRun init =
+      test::run_keel({"init-model", "--family", family, "--out", dir + "/base", "--n-layer", layers,
+                      "--n-embd", "32", "--n-head", "4", "--n-kv-head",
+                      family == "gpt_neox" || family == "gptj" || family == "codegen" ? "4" : "2",
+                      "--max-seq-len", "32", "--init-std", "0.1"});
   EXPECT_EQ(init.code, 0) << init.output;
   json cfg = read_json_file(dir + "/base/config.json");
   EXPECT_EQ(cfg.at("model_type"), family);
@@ -1418,6 +1419,33 @@ TEST(CliGptj, InitModelWritesOneALoraTrainsAndItsRotaryDimComputes) {
                   "dropout); set model.dropout = 0.1 to train as HF does");
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
   EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), plain);
+}
+
+// CodeGen (CodeGenForCausalLM: CodeGen-350M-mono and up): GPT-J's block with q, v and k one
+// qkv_proj in 4 blocks of heads. init-model writes one, a LoRA on qkv_proj (PEFT's target for it)
+// trains and its adapter applies, the cached decode equals the uncached, and the causal-mask
+// buffers its files hold are skipped.
+TEST(CliCodegen, InitModelWritesOneALoraOnQkvProjTrainsAndItsBuffersAreSkipped) {
+  const std::string dir = test::temp_dir("cli-codegen");
+  const json cfg = init_family("codegen", "CodeGenForCausalLM", dir, "2");
+  EXPECT_EQ(cfg.at("n_ctx"), 32);
+  EXPECT_EQ(cfg.at("rotary_dim"), 2);
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  const double plain = eval_loss(dir + "/base", dir + "/t.txt");
+  {
+    const std::string file = dir + "/base/model.safetensors";
+    io::Safetensors st = io::read_safetensors(file);
+    st.tensors.emplace_back("transformer.h.0.attn.causal_mask", Tensor::full({1, 1, 4, 4}, 1.0f));
+    st.tensors.emplace_back("transformer.h.1.attn.masked_bias", Tensor::full({}, -1e9f));
+    io::write_safetensors(file, st.tensors, st.metadata);
+    EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), plain);
+  }
+  EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora",
+                              "model.adapter.target_modules=[\"qkv_proj\"]", "optim.lr=5e-2"})
+                .at("model_type"),
+            "codegen");
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+  ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
 }
 
 // A NaN in a Falcon's attention output under its hidden_dropout (on the branches' sum): captured,

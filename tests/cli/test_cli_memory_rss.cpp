@@ -204,21 +204,22 @@ void memtest_family(const std::string& family, const std::string& targets,
                     const std::vector<std::string>& init_flags = {}) {
   const std::string dir = test::temp_dir("cli-memory-" + family);
   // (GPT-NeoX's key/value heads are its query heads)
-  std::vector<std::string> init = {"init-model",
-                                   "--family",
-                                   family,
-                                   "--out",
-                                   dir + "/base",
-                                   "--n-layer",
-                                   "4",
-                                   "--n-embd",
-                                   "256",
-                                   "--n-head",
-                                   "4",
-                                   "--n-kv-head",
-                                   family == "gpt_neox" || family == "gptj" ? "4" : "2",
-                                   "--max-seq-len",
-                                   "256"};
+  std::vector<std::string> init = {
+      "init-model",
+      "--family",
+      family,
+      "--out",
+      dir + "/base",
+      "--n-layer",
+      "4",
+      "--n-embd",
+      "256",
+      "--n-head",
+      "4",
+      "--n-kv-head",
+      family == "gpt_neox" || family == "gptj" || family == "codegen" ? "4" : "2",
+      "--max-seq-len",
+      "256"};
   init.insert(init.end(), init_flags.begin(), init_flags.end());
   const test::KeelRun init_run = run_keel(init);
   const test::KeelRun& init_ = init_run;
@@ -298,6 +299,13 @@ TEST(CliMemoryRss, FalconEstimateWithin10PercentOfPeakRss) {
 TEST(CliMemoryRss, GptjEstimateWithin10PercentOfPeakRss) {
   if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
   memtest_family("gptj", R"(["q_proj", "v_proj", "fc_in", "fc_out"])");
+}
+
+// A CodeGen from its config.json: GPT-J's block with q, v and k cut from one qkv_proj in 4 blocks
+// (its gradient one buffer of the fused shape).
+TEST(CliMemoryRss, CodegenEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  memtest_family("codegen", R"(["qkv_proj", "fc_in"])");
 }
 
 // A GLM-4-0414 from its config.json: gate_up_proj (its gradient one buffer of the fused shape),

@@ -765,7 +765,8 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
       "Qwen2MoeForCausalLM (qwen2_moe), SmolLM3ForCausalLM (smollm3), CohereForCausalLM "
       "(cohere), Cohere2ForCausalLM (cohere2), PhiForCausalLM (phi), GPTNeoXForCausalLM "
       "(gpt_neox), StableLmForCausalLM (stablelm), OlmoForCausalLM (olmo), GlmForCausalLM (glm), "
-      "Glm4ForCausalLM (glm4), FalconForCausalLM (falcon), GPTJForCausalLM (gptj)");
+      "Glm4ForCausalLM (glm4), FalconForCausalLM (falcon), GPTJForCausalLM (gptj), "
+      "CodeGenForCausalLM (codegen)");
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};
@@ -1723,6 +1724,43 @@ TEST(HfModel, GptjReadsItsPublishedConfig) {
     std::ofstream(dir + "/config.json") << bad.dump(2);
     EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }), message);
   }
+}
+
+// CodeGen-350M-mono (CodeGenForCausalLM) as its published config gives it: GPT-J's block, q, v and
+// k one qkv_proj (its 4 blocks of heads), RoPE on the first 32 of each head's 64 channels; written
+// back as CodeGenConfig reads it. Heads that 4 blocks cannot share are refused naming the sizes.
+TEST(HfModel, CodegenReadsItsPublishedConfig) {
+  const std::string dir = test::temp_dir("hf-codegen");
+  fs::copy_file(
+      std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/codegen_350m_mono.json",
+      dir + "/config.json", fs::copy_options::overwrite_existing);
+  const nlohmann::json file = nlohmann::json::parse(test::slurp(dir + "/config.json"));
+  const models::ModelSpec s = read_hf_config(dir).spec;
+  EXPECT_EQ(s.architecture(), "codegen");
+  EXPECT_TRUE(s.gptj() && s.codegen() && s.parallel_block() && s.head_bias());
+  EXPECT_EQ(s.rotary_dim(), 32);
+  const int64_t C = 1024, F = 4096, V = 51200;
+  const int64_t block = 2 * C + 4 * C * C + (C * F + F) + (F * C + C);
+  EXPECT_EQ(models::parameter_count(s), 20 * block + V * C + 2 * C + V * C + V);
+  EXPECT_EQ(models::parameter_count(s), 356712448);
+  bool fused = false;
+  for (const models::ParamShape& p : models::parameter_shapes(s))
+    fused =
+        fused || (p.name == "transformer.h.0.attn.qkv_proj.weight" && p.shape == Shape{3 * C, C});
+  EXPECT_TRUE(fused);
+  const nlohmann::json back = io::hf_config_json(s, DType::F16);
+  EXPECT_EQ(back.at("architectures")[0], "CodeGenForCausalLM");
+  for (const char* key : {"n_embd", "n_layer", "n_head", "n_positions", "n_ctx", "rotary_dim",
+                          "activation_function", "tie_word_embeddings"})
+    EXPECT_EQ(back.at(key), file.at(key)) << key;
+  nlohmann::json bad = file;
+  bad["n_head"] = 2;
+  bad["n_embd"] = 128;
+  bad["rotary_dim"] = 32;
+  std::ofstream(dir + "/config.json") << bad.dump(2);
+  EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
+                  "codegen's qkv_proj holds its heads in 4 blocks: n_head must be a multiple of 4, "
+                  "not 2");
 }
 
 TEST(HfModel, MixturesOfExpertsReadTheirPublishedConfigs) {

@@ -97,8 +97,8 @@ uint64_t decode_seed(const std::string& family) {
   if (family == "falcon") return 3;
   if (family == "falcon40b" || family == "gptj") return 5;
   if (family == "stablelm_qk") return 8;  // (2 of 7 seeds: its f32 q/k norms in a bf16 block)
-  if (family == "olmo") return 5;  // (2 of 7 seeds)
-  if (family == "glm4") return 3;  // (3 of 8 seeds)
+  if (family == "olmo") return 5;         // (2 of 7 seeds)
+  if (family == "glm4") return 3;         // (3 of 8 seeds)
   return 7;
 }
 
@@ -147,14 +147,15 @@ TEST_P(KvCache, SameTokensWithAndWithoutTheCache) {
 // falcon: one key/value head cut from the end of each row's one product; falcon40b: a key and a
 // value cut from each group of its product, two norms. gptj: its keys cached with the first 4 of
 // each head's channels reordered for the adjacent-pair RoPE, Phi's block. cohere_qk, stablelm_qk:
-// keys normalized head by head before they are cached.
+// keys normalized head by head before they are cached. codegen: its values and keys cut from 4
+// blocks of one product.
 INSTANTIATE_TEST_SUITE_P(
     Backends, KvCache,
     ::testing::Combine(::testing::Values("gpt2", "llama", "qwen3_d8", "mistral_w3", "phi3_w3",
                                          "gemma2", "gemma3", "olmo3", "exaone4", "qwen3_moe",
                                          "cohere", "cohere2", "qwen2_moe", "phi", "gpt_neox",
                                          "stablelm_par", "olmo", "glm4", "falcon", "falcon40b",
-                                         "gptj", "cohere_qk", "stablelm_qk"),
+                                         "gptj", "cohere_qk", "stablelm_qk", "codegen"),
                        ::testing::Values("eager", "math", "flash"), ::testing::Bool()),
     [](const auto& info) {
       return std::get<0>(info.param) + "_" + std::get<1>(info.param) +

@@ -54,7 +54,8 @@ namespace keel::test {
 // names, q/k/v without biases, lm_head with one). "cohere_qk", "stablelm_qk", "phi_qk": the cohere,
 // stablelm_par and phi families with LayerNorms over each head's query and key before RoPE
 // (Command-R+'s use_qk_norm: a weight [heads, head_dim]; StableLM-2-12B's qk_layernorm: one per
-// head; Phi's qk_layernorm: one weight and bias for every head).
+// head; Phi's qk_layernorm: one weight and bias for every head). "codegen": a CodeGen (GPT-J's
+// block with q, v and k one qkv_proj in 4 blocks of 2 heads; 8 heads 4 wide over 32 channels).
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
@@ -65,7 +66,7 @@ inline const std::vector<std::string> kFixtureFamilies = {
     "cohere2",      "qwen2_moe", "phi",        "gpt_neox", "gpt_neox_seq", "stablelm",
     "stablelm_par", "olmo",      "olmo_clip",  "glm",      "glm4",         "dynamic",
     "falcon",       "falcon40b", "falcon_seq", "gptj",     "cohere_qk",    "stablelm_qk",
-    "phi_qk"};
+    "phi_qk",       "codegen"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   if (family.ends_with("_qk")) {  // a base family with its q/k LayerNorms
@@ -90,21 +91,21 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool phi = family == "phi", neox = family.starts_with("gpt_neox"),
              stablelm = family.starts_with("stablelm"), falcon = family.starts_with("falcon");
   s.family = family != "gpt2" ? "llama" : family;
-  s.hf_model_type = qwen               ? family.substr(0, 5)
-                    : mistral          ? "mistral"
-                    : phi3             ? "phi3"
-                    : gemma            ? (family == "gemma3" ? "gemma3_text" : family)
-                    : smollm3          ? "smollm3"
-                    : granite          ? "granite"
-                    : olmo2            ? "olmo2"
-                    : olmo3            ? "olmo3"
-                    : exaone4          ? "exaone4"
-                    : cohere           ? family
-                    : phi              ? "phi"
-                    : neox             ? "gpt_neox"
-                    : stablelm         ? "stablelm"
-                    : falcon           ? "falcon"
-                    : family == "gptj" ? "gptj"
+  s.hf_model_type = qwen       ? family.substr(0, 5)
+                    : mistral  ? "mistral"
+                    : phi3     ? "phi3"
+                    : gemma    ? (family == "gemma3" ? "gemma3_text" : family)
+                    : smollm3  ? "smollm3"
+                    : granite  ? "granite"
+                    : olmo2    ? "olmo2"
+                    : olmo3    ? "olmo3"
+                    : exaone4  ? "exaone4"
+                    : cohere   ? family
+                    : phi      ? "phi"
+                    : neox     ? "gpt_neox"
+                    : stablelm ? "stablelm"
+                    : falcon   ? "falcon"
+                    : family == "gptj" || family == "codegen"         ? family
                     : family == "glm" || family == "glm4"             ? family
                     : family.starts_with("olmo_") || family == "olmo" ? "olmo"
                     : moe                                             ? family
@@ -192,12 +193,17 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.partial_rotary_factor = 0.5;
     s.attention_bias = true;
   }
-  if (family == "gptj") {  // two heads 8 wide, RoPE on 4 of their channels
+  if (family == "gptj" || family == "codegen") {  // gptj: two heads 8 wide, RoPE on 4 channels
     s.n_head = 2;
     s.n_kv_head = 2;
     s.partial_rotary_factor = 0.5;
     s.mlp_gelu = ops::GeluApprox::Tanh;
     s.tie_embeddings = false;
+  }
+  if (family == "codegen") {  // 8 heads 4 wide over 32 channels (4 blocks of 2), RoPE on all
+    s.n_embd = 32;
+    s.n_head = s.n_kv_head = 8;
+    s.partial_rotary_factor = 1;
   }
   if (falcon) {
     s.mlp_gelu = ops::GeluApprox::None;
