@@ -177,6 +177,17 @@ void expect_config_refused(const std::string& dir, const json& bad, const std::s
   EXPECT_CONTAINS(r.err, message);
 }
 
+// DIR/base/model.safetensors with the buffers `names` beside its weights (older HF files hold
+// causal masks and rotary frequencies): keel eval reads past them, its loss still `loss`.
+void expect_buffers_skipped(const std::string& dir, const std::vector<std::string>& names,
+                            double loss) {
+  const std::string file = dir + "/base/model.safetensors";
+  io::Safetensors st = io::read_safetensors(file);
+  for (const std::string& name : names) st.tensors.emplace_back(name, Tensor::full({1, 4}, 1.0f));
+  io::write_safetensors(file, st.tensors, st.metadata);
+  EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), loss);
+}
+
 // DIR/base with `cfg` changed by `fields` fails keel eval (exit 1) naming `tensor` as missing.
 void expect_missing_tensor(const std::string& dir, json cfg, const json& fields,
                            const std::string& tensor) {
@@ -599,16 +610,12 @@ TEST(CliGptNeox, InitModelWritesOneALoraOnQueryKeyValueTrainsAndBothResidualsCom
   EXPECT_EQ(cfg.at("attention_bias"), true);
   std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
   const double parallel = eval_loss(dir + "/base", dir + "/t.txt");
-  {  // Pythia's buffers beside its weights: read past, the model unchanged
-    const std::string file = dir + "/base/model.safetensors";
-    io::Safetensors st = io::read_safetensors(file);
-    st.tensors.emplace_back("gpt_neox.layers.0.attention.bias", Tensor::full({1, 1, 4, 4}, 1.0f));
-    st.tensors.emplace_back("gpt_neox.layers.0.attention.masked_bias", Tensor::full({}, -1e9f));
-    st.tensors.emplace_back("gpt_neox.layers.0.attention.rotary_emb.inv_freq",
-                            Tensor::full({1}, 1.0f));
-    io::write_safetensors(file, st.tensors, st.metadata);
-    EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), parallel);
-  }
+  // Pythia's buffers beside its weights: read past, the model unchanged
+  expect_buffers_skipped(
+      dir,
+      {"gpt_neox.layers.0.attention.bias", "gpt_neox.layers.0.attention.masked_bias",
+       "gpt_neox.layers.0.attention.rotary_emb.inv_freq"},
+      parallel);
   const json saved =
       train_falls(dir, {"model.adapter.kind=lora",
                         "model.adapter.target_modules=[\"query_key_value\"]", "optim.lr=5e-2"});
@@ -1392,14 +1399,9 @@ TEST(CliGptj, InitModelWritesOneALoraTrainsAndItsRotaryDimComputes) {
   EXPECT_FALSE(cfg.contains("hidden_size"));
   std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
   const double plain = eval_loss(dir + "/base", dir + "/t.txt");
-  {  // the buffers of older GPT-J files beside its weights: read past, the model unchanged
-    const std::string file = dir + "/base/model.safetensors";
-    io::Safetensors st = io::read_safetensors(file);
-    st.tensors.emplace_back("transformer.h.0.attn.bias", Tensor::full({1, 1, 4, 4}, 1.0f));
-    st.tensors.emplace_back("transformer.h.0.attn.masked_bias", Tensor::full({}, -1e9f));
-    io::write_safetensors(file, st.tensors, st.metadata);
-    EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), plain);
-  }
+  // the buffers of older GPT-J files beside its weights: read past, the model unchanged
+  expect_buffers_skipped(dir, {"transformer.h.0.attn.bias", "transformer.h.0.attn.masked_bias"},
+                         plain);
   EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora", "optim.lr=5e-2"}).at("model_type"),
             "gptj");
   ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
@@ -1432,14 +1434,8 @@ TEST(CliCodegen, InitModelWritesOneALoraOnQkvProjTrainsAndItsBuffersAreSkipped) 
   EXPECT_EQ(cfg.at("rotary_dim"), 2);
   std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
   const double plain = eval_loss(dir + "/base", dir + "/t.txt");
-  {
-    const std::string file = dir + "/base/model.safetensors";
-    io::Safetensors st = io::read_safetensors(file);
-    st.tensors.emplace_back("transformer.h.0.attn.causal_mask", Tensor::full({1, 1, 4, 4}, 1.0f));
-    st.tensors.emplace_back("transformer.h.1.attn.masked_bias", Tensor::full({}, -1e9f));
-    io::write_safetensors(file, st.tensors, st.metadata);
-    EXPECT_EQ(eval_loss(dir + "/base", dir + "/t.txt"), plain);
-  }
+  expect_buffers_skipped(
+      dir, {"transformer.h.0.attn.causal_mask", "transformer.h.1.attn.masked_bias"}, plain);
   EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora",
                               "model.adapter.target_modules=[\"qkv_proj\"]", "optim.lr=5e-2"})
                 .at("model_type"),
