@@ -86,7 +86,13 @@ MOE = {"mixtral-4l512-lora-b4t128": dict(
 # biases, query_key_value fused head by head, RoPE on a quarter of each head, untied embed_out).
 # Not in the default list: --only pythia-160m-b4t128.
 NEOX = {"pythia-160m-b4t128": dict(family="gpt_neox", n_layer=12, n_embd=768, n_head=12,
-                                   vocab=50304, ffn=3072, B=4, T=128)}
+                                   vocab=50304, ffn=3072, B=4, T=128),
+        # Falcon-7B's layout at Pythia-160M's size (Falcon: multi_query, one key/value head cut
+        # from the end of query_key_value; the attention and an exact-gelu MLP side by side on one
+        # LayerNorm; no biases; the head tied to its 65,024-token embedding).
+        # Not in the default list either: --only falcon-mq-12l768-b4t128.
+        "falcon-mq-12l768-b4t128": dict(family="falcon", n_layer=12, n_embd=768, n_head=12,
+                                        n_kv_head=1, vocab=65024, ffn=3072, B=4, T=128)}
 # A seconds-long run of the whole script (not in the default list): --only smoke --scaling 1,2.
 # lora-tiny: the LoRA path at write_random_hf's tiny shape (GQA, llama3 scaling, untied head); no
 # adapter dropout, so that the 32-true losses of every step must agree (dropout masks differ).
@@ -304,6 +310,65 @@ def build_torch_model(model_dir, base_dtype="f32", adapter=None, adapter_init=No
                 return self.embed_out(self.gpt_neox.final_layer_norm(x))
 
         model, prefix = Neox(), ""
+    elif cfg["model_type"] == "falcon":  # HF's FalconForCausalLM, parallel_attn on one norm
+        C, H, L, V = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"], cfg[
+            "vocab_size"]
+        D, Fd, eps = C // H, cfg["ffn_hidden_size"], cfg.get("layer_norm_epsilon", 1e-5)
+        new = cfg.get("new_decoder_architecture", False)
+        G = cfg["num_kv_heads"] if new else 1 if cfg.get("multi_query", True) else H
+        if (not cfg.get("parallel_attn", True) or cfg.get("activation", "gelu") != "gelu" or
+                (new and cfg.get("num_ln_in_parallel_attn") != 1) or cfg.get("bias") or
+                not cfg.get("tie_word_embeddings", True)):
+            raise SystemExit(f"{model_dir}: only a tied, one-norm parallel Falcon is implemented here")
+
+        def rope(x, cos, sin):  # HF's rotate_half over the whole head
+            x1, x2 = x[..., : D // 2], x[..., D // 2:]
+            return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+        class FalconLayer(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.input_layernorm = nn.LayerNorm(C, eps=eps, **dd)
+                self.self_attention = nn.Module()
+                self.self_attention.query_key_value = nn.Linear(C, (H + 2 * G) * D, bias=False, **dd)
+                self.self_attention.dense = nn.Linear(C, C, bias=False, **dd)
+                self.mlp = nn.Module()
+                self.mlp.dense_h_to_4h = nn.Linear(C, Fd, bias=False, **dd)
+                self.mlp.dense_4h_to_h = nn.Linear(Fd, C, bias=False, **dd)
+
+            def forward(self, x, cos, sin):
+                B, T, _ = x.shape
+                h = self.input_layernorm(x)
+                a = self.self_attention
+                g = a.query_key_value(h).view(B, T, G, H // G + 2, D)  # each group: queries, k, v
+                q = g[:, :, :, :-2].reshape(B, T, H, D).transpose(1, 2)
+                k = g[:, :, :, -2].transpose(1, 2).repeat_interleave(H // G, dim=1)
+                v = g[:, :, :, -1].transpose(1, 2).repeat_interleave(H // G, dim=1)
+                y = causal_attention(rope(q, cos, sin), rope(k, cos, sin), v)
+                attn = a.dense(y.transpose(1, 2).reshape(B, T, C))
+                m = self.mlp
+                return m.dense_4h_to_h(F.gelu(m.dense_h_to_4h(h))) + attn + x
+
+        class Falcon(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.transformer = nn.Module()
+                self.transformer.word_embeddings = nn.Embedding(V, C, **dd)
+                self.transformer.h = nn.ModuleList(FalconLayer() for _ in range(L))
+                self.transformer.ln_f = nn.LayerNorm(C, eps=eps, **dd)
+
+            def forward(self, ids):
+                T, tr = ids.shape[1], self.transformer
+                theta = cfg.get("rope_theta", 10000.0)
+                inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+                f = torch.outer(torch.arange(T, dtype=torch.float64), inv).float()
+                cos, sin = torch.cat((f.cos(), f.cos()), -1), torch.cat((f.sin(), f.sin()), -1)
+                x = tr.word_embeddings(ids)
+                for layer in tr.h:
+                    x = layer(x, cos, sin)
+                return F.linear(tr.ln_f(x), tr.word_embeddings.weight)  # tied head
+
+        model, prefix = Falcon(), ""
     else:
         C, H, L, V = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_hidden_layers"], cfg[
             "vocab_size"]
@@ -606,6 +671,9 @@ def flops_per_token(c, T):
         mm = L * 12 * C * C + V * C  # c_attn 3C², c_proj C², c_fc 4C², mlp.c_proj 4C²; tied head
     elif c["family"] == "gpt_neox":
         mm = L * (4 * C * C + 2 * C * c["ffn"]) + V * C  # query_key_value, dense, the MLP; embed_out
+    elif c["family"] == "falcon":  # query_key_value (H + 2 kv heads), dense, the MLP; tied head
+        D = C // c["n_head"]
+        mm = L * (C * (c["n_head"] + 2 * c["n_kv_head"]) * D + C * C + 2 * C * c["ffn"]) + V * C
     else:
         kv = C // c["n_head"] * c.get("n_kv_head", c["n_head"])  # grouped-query k, v widths
         # q o, k v, the MLP (a mixture: its top_k experts and the router); head
@@ -637,6 +705,8 @@ def prepare(name, c, a, keel_cli):
                str(max(c["T"], 64)), "--seed", "1234"]
         if c["family"] in ("llama", "gpt_neox"):
             cmd += ["--untied", "--intermediate-size", str(c["ffn"])]
+        if c["family"] == "falcon":  # (its head tied, as Falcon's files)
+            cmd += ["--intermediate-size", str(c["ffn"])]
         if c.get("experts"):  # a mixture (Mixtral's head untied, as published)
             cmd += ["--untied", "--num-experts", str(c["experts"]), "--experts-per-token", str(c["top_k"]),
                     "--expert-size", str(c["ffn"])]
