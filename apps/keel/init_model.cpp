@@ -177,6 +177,11 @@ int run_init_model(const InitModelArgs& a) {
   }
   // GPTJConfig's and CodeGenConfig's: RoPE on a quarter of each head (GPT-J-6B's 64 of 256),
   // gelu_new, an untied head.
+  // Starcoder2Config's: biases (use_bias), the tanh gelu.
+  if (a.family == "starcoder2") {
+    s.attention_bias = true;
+    s.mlp_gelu = ops::GeluApprox::Tanh;
+  }
   if (a.family == "gptj" || a.family == "codegen") {
     s.partial_rotary_factor = 0.25;
     s.mlp_gelu = ops::GeluApprox::Tanh;
@@ -307,12 +312,15 @@ Command add_init_model(CLI::App& app) {
          "--n-kv-head 1 its multi-query, another count than 1 or --n-head Falcon-40B's layout "
          "with a norm for each branch) | gptj (GPT-J-6B's: Phi's block under GPT-2's names, "
          "q/k/v and out_proj without biases, RoPE on adjacent pairs of a quarter of each head) | "
-         "codegen (CodeGen's: GPT-J's with q, v and k one qkv_proj in 4 blocks of heads)")
-      ->check(CLI::IsMember({"gpt2",    "llama",     "gemma",     "gemma2",   "gemma3",  "granite",
-                             "olmo2",   "olmo3",     "exaone4",   "phi3",     "qwen2",   "qwen3",
-                             "smollm3", "qwen3_moe", "qwen2_moe", "olmoe",    "mixtral", "cohere",
-                             "cohere2", "phi",       "gpt_neox",  "stablelm", "olmo",    "glm",
-                             "glm4",    "falcon",    "gptj",      "codegen"}))
+         "codegen (CodeGen's: GPT-J's with q, v and k one qkv_proj in 4 blocks of heads) | "
+         "starcoder2 (StarCoder2's: Llama's layers with biased LayerNorms and projections and a "
+         "gelu MLP, c_fc and c_proj)")
+      ->check(
+          CLI::IsMember({"gpt2",    "llama",     "gemma",     "gemma2",   "gemma3",    "granite",
+                         "olmo2",   "olmo3",     "exaone4",   "phi3",     "qwen2",     "qwen3",
+                         "smollm3", "qwen3_moe", "qwen2_moe", "olmoe",    "mixtral",   "cohere",
+                         "cohere2", "phi",       "gpt_neox",  "stablelm", "olmo",      "glm",
+                         "glm4",    "falcon",    "gptj",      "codegen",  "starcoder2"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

@@ -226,6 +226,7 @@ constexpr HfArchitecture kArchitectures[] = {
     {"falcon", "FalconForCausalLM", nullptr, "llama"},    // GPT-NeoX's, grouped qkv, no biases
     {"gptj", "GPTJForCausalLM", nullptr, "llama"},        // Phi's block, pair RoPE, GPT-2's names
     {"codegen", "CodeGenForCausalLM", nullptr, "llama"},  // GPT-J's, q/v/k in 4 blocks of heads
+    {"starcoder2", "Starcoder2ForCausalLM", nullptr, "llama"},  // LayerNorms, biases, gelu MLP
 };
 
 const HfArchitecture& architecture_of(const json& j, const std::string& file) {
@@ -458,7 +459,8 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
     const std::string& variant = s.hf_model_type;
     j["architectures"] = {architecture_of(s).hf_class};
     j["model_type"] = architecture_of(s).model_type;
-    if (variant == "mistral" || variant == "mixtral" || variant == "phi3")
+    if (variant == "mistral" || variant == "mixtral" || variant == "phi3" ||
+        variant == "starcoder2")
       j["sliding_window"] = s.sliding_window > 0 ? json(s.sliding_window) : json();
     if (models::ModelSpec::is_moe_type(variant)) {  // as the configs read them (hf_config reading)
       j[variant == "mixtral" ? "num_local_experts" : "num_experts"] = s.moe.experts;
@@ -614,6 +616,13 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
       j["bias"] = false;
       j["alibi"] = false;
     }
+    if (s.starcoder2()) {  // Starcoder2Config's names
+      for (const char* k : {"layer_norm_eps", "attention_bias", "mlp_bias"}) j.erase(k);
+      j["norm_epsilon"] = s.norm_eps;
+      j["use_bias"] = s.attention_bias;
+      j["hidden_act"] = s.mlp_gelu == ops::GeluApprox::None ? "gelu" : "gelu_pytorch_tanh";
+      j["embedding_dropout"] = s.dropout;  // (residual_dropout above: one key, model.dropout)
+    }
     if (s.gptj()) {
       // GPTJConfig's own names (its attribute_map reads hidden_size as n_embd, and so on) and
       // fields; RoPE's base is its architecture's.
@@ -698,9 +707,7 @@ void read_falcon_layout(const ConfigReader& c, models::ModelSpec& s,
         "then builds ln_attn and ln_mlp but runs input_layernorm)");
   s.norm_per_branch = s.new_decoder_architecture && norms == 2;
   s.intermediate_size =
-      c.integer({"ffn_hidden_size"}, s.n_embd <= std::numeric_limits<int64_t>::max() / 4
-                                         ? 4 * s.n_embd
-                                         : std::numeric_limits<int64_t>::max());
+      c.integer({"ffn_hidden_size"}, s.n_embd <= kMaxSize / 4 ? 4 * s.n_embd : kMaxSize);
 }
 }  // namespace
 
@@ -774,8 +781,10 @@ HfConfig read_hf_config(const std::string& dir) {
     // The sublayer dropout of Phi (resid_pdrop; its embd_pdrop is not keel's), GPT-NeoX and
     // StableLM (hidden_dropout): ModelSpec::branch_dropout. (Their configs' defaults: 0.)
     if (const char* field = s.branch_dropout_field()) s.dropout = probability(field, 0.0);
-    // (GPT-J's embd_pdrop drops the embedding's output: model.dropout's too, as GPT-2's.)
+    // (GPT-J's embd_pdrop and StarCoder2's embedding_dropout drop the embedding's output:
+    // model.dropout's too, as GPT-2's.)
     if (s.phi() || s.gptj()) probability("embd_pdrop", 0.0);
+    if (s.starcoder2()) probability("embedding_dropout", 0.0);
     s.n_layer = c.integer({"num_hidden_layers", "n_layer"});
     s.n_embd = c.integer({"hidden_size", "n_embd", "n_embed"});  // (FalconConfig's n_embed)
     s.n_head = c.integer({"num_attention_heads", "n_head"});
@@ -806,15 +815,17 @@ HfConfig read_hf_config(const std::string& dir) {
     // (HF's OlmoLayerNorm takes 1e-5 whatever a file says.)
     s.norm_eps = s.olmo()                 ? 1e-5
                  : s.falcon() || s.gptj() ? c.number({"layer_norm_epsilon"}, 1e-5)
+                 : s.starcoder2()         ? c.number({"norm_epsilon"}, 1e-5)
                  : s.centered_norms()     ? c.number({"layer_norm_eps"}, 1e-5)
                                           : c.number({"rms_norm_eps"}, s.post_norms() ? 1e-5
                                                                        : s.glm()      ? 1.5625e-7
                                                                                       : 1e-6);
     // (Gemma, SmolLM3 and Cohere tie their head to the embedding unless the file says otherwise,
     // as their configs do.)
-    // (Falcon's too: FalconConfig keeps PretrainedConfig's default.)
-    s.tie_embeddings = c.boolean("tie_word_embeddings", s.gemma() || s.hf_model_type == "smollm3" ||
-                                                            s.cohere() || s.falcon());
+    // (Falcon's and StarCoder2's too: their configs keep PretrainedConfig's default.)
+    s.tie_embeddings =
+        c.boolean("tie_word_embeddings", s.gemma() || s.hf_model_type == "smollm3" || s.cohere() ||
+                                             s.falcon() || s.starcoder2());
     if (s.cohere()) {
       // CohereForCausalLM: the logits times logit_scale (CohereConfig's 0.0625 where absent).
       s.logit_scale = c.number({"logit_scale"}, 0.0625);
@@ -846,14 +857,17 @@ HfConfig read_hf_config(const std::string& dir) {
     if (s.gelu_mlp()) {
       // Phi and GPT-NeoX: lm_head (embed_out) is a Linear of its own (HF's Phi would tie its
       // weight and keep its bias; no published Phi or GPT-NeoX ties it).
-      if (s.tie_embeddings && !s.falcon()) throw unsupported("tie_word_embeddings = true");
+      if (s.tie_embeddings && (s.phi() || s.gpt_neox() || s.gptj()))
+        throw unsupported("tie_word_embeddings = true");
       // Their MLP's activation: PhiConfig's gelu_new, GPTNeoXConfig's and FalconConfig's gelu
       // (the exact form: Pythia, Falcon); GPT-NeoX-20B's gelu_fast is the tanh form written
       // another way.
       const char* act_key = s.falcon() ? "activation"
                             : s.gptj() ? "activation_function"
                                        : "hidden_act";
-      const std::string act = c.string(act_key, s.phi() || s.gptj() ? "gelu_new" : "gelu");
+      const std::string act = c.string(act_key, s.phi() || s.gptj() ? "gelu_new"
+                                                : s.starcoder2()    ? "gelu_pytorch_tanh"
+                                                                    : "gelu");
       if (act == "gelu")
         s.mlp_gelu = ops::GeluApprox::None;
       else if (act == "gelu_new" || act == "gelu_pytorch_tanh" || act == "gelu_fast")
@@ -867,6 +881,8 @@ HfConfig read_hf_config(const std::string& dir) {
         s.parallel_residual = c.boolean("use_parallel_residual", true);
         s.attention_bias = c.boolean("attention_bias", true);
       }
+      // (StarCoder2's use_bias: on q, k, v, o_proj, c_fc and c_proj; Starcoder2Config's default)
+      if (s.starcoder2()) s.attention_bias = c.boolean("use_bias", true);
     } else if (s.gemma()) {
       // HF's Gemma MLP: ACT2FN[hidden_activation], gelu_pytorch_tanh when absent (Gemma-1's
       // files that name only hidden_act "gelu" run it so too, with a warning).
@@ -935,8 +951,10 @@ HfConfig read_hf_config(const std::string& dir) {
         expect_layout(*slides, layout);
       }
     }
-    if (variant == "mistral" || variant == "mixtral" || variant == "phi3") {
+    if (variant == "mistral" || variant == "mixtral" || variant == "phi3" ||
+        variant == "starcoder2") {
       // Mistral-7B-v0.1 slides over 4096 of its 32768 positions, v0.2 and later over none;
+      // StarCoder2's every layer over 4096;
       // Phi-3-mini-4k over 2047 of 4096 (HF's sliding-window mask, as Mistral's), Phi-4 none.
       s.sliding_window = c.integer({"sliding_window"}, 0);  // null: none
     }

@@ -34,6 +34,9 @@ ModelSpec::ModuleNames ModelSpec::module_names() const {
   if (phi())
     return {"model", "embed_tokens", "final_layernorm", "lm_head", "self_attn", "qkv_proj", "dense",
             "fc1",   "fc2"};
+  if (starcoder2())
+    return {"model",    "embed_tokens", "norm", "lm_head", "self_attn",
+            "qkv_proj", "o_proj",       "c_fc", "c_proj"};
   if (gptj()) {
     ModuleNames n{"transformer", "wte",      "ln_f",  "lm_head", "attn",
                   "qkv_proj",    "out_proj", "fc_in", "fc_out"};

@@ -176,6 +176,13 @@ struct ModelSpec {
   // An HF CodeGen (CodeGenForCausalLM: CodeGen-350M/2B/6B/16B mono, multi, nl) is GPT-J's block
   // with q, k and v one qkv_proj (codegen_qkv); gptj() holds for it too.
   bool gptj() const { return hf_model_type == "gptj" || codegen(); }
+  // An HF StarCoder2 (Starcoder2ForCausalLM: StarCoder2-3B, 7B, 15B): Llama's names and
+  // grouped-query attention with LayerNorms that have a bias (norm_epsilon), biases on q, k, v,
+  // o_proj and the MLP where use_bias says (attention_bias here), an MLP of two Linears around a
+  // gelu (mlp.c_fc, mlp.c_proj: gelu_mlp), and Mistral's window on every layer; its
+  // residual_dropout on the attention's and the MLP's outputs and embedding_dropout on the
+  // embedding's are one key, model.dropout.
+  bool starcoder2() const { return hf_model_type == "starcoder2"; }
   bool codegen() const { return hf_model_type == "codegen"; }
   // CodeGen's qkv_proj: its rows in 4 blocks (the TPU-v4 shards it was trained on, HF's mp_num),
   // each a quarter of the heads' queries, then their values, then their keys.
@@ -206,7 +213,9 @@ struct ModelSpec {
   // without a bias, Phi's, GPT-NeoX's and StableLM's with one (torch's nn.LayerNorm), OLMo's with
   // neither weight nor bias.
   bool centered_norms() const { return cohere() || biased_norms() || olmo(); }
-  bool biased_norms() const { return phi() || gpt_neox() || stablelm() || falcon() || gptj(); }
+  bool biased_norms() const {
+    return phi() || gpt_neox() || stablelm() || falcon() || gptj() || starcoder2();
+  }
   // An HF OLMo (OlmoForCausalLM: OLMo-1B, OLMo-7B, OLMo-1.7): Llama's layers with LayerNorms that
   // have neither weight nor bias (HF's OlmoLayerNorm, its eps 1e-5 whatever the file says).
   bool olmo() const { return hf_model_type == "olmo"; }
@@ -218,23 +227,30 @@ struct ModelSpec {
   // hidden_dropout (those and the embedding's), StableLM's hidden_dropout (the MLP's alone),
   // Falcon's hidden_dropout (a parallel block's branch sum, else the MLP's; a Falcon in sequence
   // drops the attention's output by attention_dropout, and no Falcon its probabilities).
-  bool branch_dropout() const { return phi() || gpt_neox() || stablelm() || falcon() || gptj(); }
+  bool branch_dropout() const {
+    return phi() || gpt_neox() || stablelm() || falcon() || gptj() || starcoder2();
+  }
   // The config.json field that dropout is read from and written back as: Phi's resid_pdrop,
   // GPT-NeoX's and StableLM's hidden_dropout; nullptr for the others.
   const char* branch_dropout_field() const {
-    return phi() || gptj() ? "resid_pdrop" : branch_dropout() ? "hidden_dropout" : nullptr;
+    return phi() || gptj()    ? "resid_pdrop"
+           : starcoder2()     ? "residual_dropout"
+           : branch_dropout() ? "hidden_dropout"
+                              : nullptr;
   }
   // Phi's, GPT-NeoX's and Falcon's MLP: up (fc1, dense_h_to_4h) and down (fc2, dense_4h_to_h),
   // with a bias but Falcon's (mlp_bias), around a gelu (mlp_gelu: Phi's gelu_new is the tanh
   // form, Pythia's and Falcon's gelu the exact one).
-  bool gelu_mlp() const { return phi() || gpt_neox() || falcon() || gptj(); }
-  bool mlp_bias() const { return phi() || gpt_neox() || gptj(); }
+  bool gelu_mlp() const { return phi() || gpt_neox() || falcon() || gptj() || starcoder2(); }
+  bool mlp_bias() const {
+    return phi() || gpt_neox() || gptj() || (starcoder2() && attention_bias);
+  }
   ops::GeluApprox mlp_gelu = ops::GeluApprox::Tanh;
   // GPT-NeoX's and Falcon's query_key_value: one Linear whose rows go key/value head by head,
   // each group its kv_heads() / n_head queries, then its key, then its value (GPT-NeoX's a group a
   // head: q, k, v of head 0, then head 1).
   bool grouped_qkv() const { return gpt_neox() || falcon(); }
-  bool out_bias() const { return phi() || (gpt_neox() && attention_bias); }
+  bool out_bias() const { return phi() || ((gpt_neox() || starcoder2()) && attention_bias); }
   bool head_bias() const { return phi() || gptj(); }
   // The HF names of the modules a Llama-family model registers (its parameters' names, what an
   // adapter's target_modules and a PEFT directory name): Llama's, Phi's, GPT-NeoX's or GLM-4-0414's
@@ -276,7 +292,7 @@ struct ModelSpec {
   // The name a message gives the model: "gpt2", "llama", "gemma", "gemma2", "gemma3_text",
   // "granite", "mistral", "mixtral", "olmo2", "olmo3", "olmoe", "exaone4", "phi3", "qwen2",
   // "qwen3", "qwen3_moe", "qwen2_moe", "smollm3", "cohere", "cohere2", "phi", "gpt_neox",
-  // "stablelm", "olmo", "glm", "glm4", "falcon", "gptj" or "codegen".
+  // "stablelm", "olmo", "glm", "glm4", "falcon", "gptj", "codegen" or "starcoder2".
   const std::string& architecture() const { return hf_model_type.empty() ? family : hf_model_type; }
   // An HF Qwen2 (Qwen2ForCausalLM): Llama's layers with biases on the q, k and v projections (not
   // o_proj).

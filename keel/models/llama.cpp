@@ -414,9 +414,11 @@ LlamaModel::LlamaModel(const ModelSpec& s) : nn::Module("LlamaModel") {
                                      std::make_unique<LlamaDecoderLayer>(s, i)));
   norm = register_module(names.final_norm, hidden_norm(s));
   // (HF's GPTNeoXModel drops the embedding's output by hidden_dropout too, GPTJModel's by
-  // embd_pdrop: model.dropout as well)
-  if (s.gpt_neox() || s.gptj())
-    embed_dropout = register_module(s.gptj() ? "drop" : "emb_dropout",
+  // embd_pdrop, Starcoder2Model's by embedding_dropout: model.dropout as well)
+  if (s.gpt_neox() || s.gptj() || s.starcoder2())
+    embed_dropout = register_module(s.gptj()         ? "drop"
+                                    : s.starcoder2() ? "embedding_dropout"
+                                                     : "emb_dropout",
                                     std::make_unique<nn::Dropout>(s.dropout));
 }
 

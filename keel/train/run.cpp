@@ -318,7 +318,9 @@ void say_file_dropouts(const io::HfConfig& hf, const Config& cfg, const Say& say
   const FileDropout dropouts[] = {
       {"resid_pdrop", "model.dropout", cfg.model.dropout},
       {"embd_pdrop", "model.dropout", cfg.model.dropout},
-      {"hidden_dropout", "model.dropout", cfg.model.dropout},  // (GPT-NeoX's, Falcon's)
+      {"hidden_dropout", "model.dropout", cfg.model.dropout},    // (GPT-NeoX's, Falcon's)
+      {"residual_dropout", "model.dropout", cfg.model.dropout},  // (StarCoder2's)
+      {"embedding_dropout", "model.dropout", cfg.model.dropout},
       {"attn_pdrop", "model.attention_dropout", cfg.model.attention_dropout},
       {"attention_dropout", "model.attention_dropout", cfg.model.attention_dropout}};
   const std::string file = cfg.model.path + "/config.json";
@@ -330,10 +332,12 @@ void say_file_dropouts(const io::HfConfig& hf, const Config& cfg, const Say& say
         d.file_key == std::string("attention_dropout"))
       continue;
     const std::string given = std::string(d.file_key) + " = " + p->dump();
-    // The one file key model.dropout stands for beside GPT-2's (and GPT-J's embd_pdrop, which
-    // model.dropout applies to its embedding as GPT-2's).
+    // The one file key model.dropout stands for beside GPT-2's (and GPT-J's embd_pdrop and
+    // StarCoder2's embedding_dropout, which model.dropout applies to the embedding as GPT-2's).
     const char* own = hf.spec.branch_dropout_field();
-    const bool embedding_too = hf.spec.gptj() && d.file_key == std::string("embd_pdrop");
+    const bool embedding_too =
+        (hf.spec.gptj() && d.file_key == std::string("embd_pdrop")) ||
+        (hf.spec.starcoder2() && d.file_key == std::string("embedding_dropout"));
     if (hf.spec.family != "gpt2" && std::string(d.key) == "model.dropout" && !embedding_too &&
         !(own && d.file_key == std::string(own))) {
       if (p->get<double>() > 0)

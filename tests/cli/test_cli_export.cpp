@@ -54,7 +54,7 @@ std::string trained_run(const std::string& family, const std::string& kind,
     init.insert(init.end(), {"--n-kv-head", falcon_7b ? "1" : "2"});
   // (Gemma, Phi-4-mini and Falcon-7B tie their head)
   if (family != "gpt2" && !family.starts_with("gemma") && !phi4_mini && family != "smollm3" &&
-      !family.starts_with("cohere") && !falcon_7b)
+      !family.starts_with("cohere") && !falcon_7b && family != "starcoder2")
     init.push_back("--untied");
   if (wide) init.insert(init.end(), {"--head-dim", "16"});
   const test::KeelRun b = test::run_keel(init);
@@ -101,6 +101,7 @@ std::string trained_run(const std::string& family, const std::string& kind,
       : family == "phi"               ? "[\"q_proj\", \"v_proj\", \"fc2\"]"
       : family == "gptj"              ? "[\"q_proj\", \"out_proj\", \"fc_in\"]"
       : family == "codegen"           ? "[\"qkv_proj\", \"fc_out\"]"
+      : family == "starcoder2"        ? "[\"q_proj\", \"v_proj\", \"c_fc\"]"
       : family == "gpt_neox" || family == "falcon" ? "[\"query_key_value\", \"dense_4h_to_h\"]"
       : family == "mixtral"                        ? "[\"q_proj\", \"v_proj\", \"w2\", \"gate\"]"
                                                    : "[\"q_proj\", \"v_proj\", \"down_proj\"]";
@@ -333,7 +334,7 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // adjacent-pair RoPE on a quarter of each head, the biased fc_in and lm_head), a Command-R+
   // layout's LoRA (its q/k norms a weight per head), a StableLM and a Phi with q/k LayerNorms
   // trained whole (their norms trained away from 1), a CodeGen's LoRA (on its qkv_proj of 4
-  // blocks).
+  // blocks), a StarCoder2's LoRA (its biased projections and gelu MLP, the tied head).
   for (const auto& [family, kind] : std::vector<std::pair<std::string, std::string>>{
            {"gpt2", "lora"},       {"llama", "lora"},       {"phi3", "lora"},
            {"phi4m", "lora"},      {"gemma", "none"},       {"gemma2", "lora"},
@@ -346,7 +347,7 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
            {"stablelm", "lora"},   {"olmo", "lora"},        {"glm4", "lora"},
            {"falcon", "lora"},     {"falcon-7b", "none"},   {"gptj", "lora"},
            {"cohere-qk", "lora"},  {"stablelm-qk", "none"}, {"phi-qk", "none"},
-           {"codegen", "lora"}}) {
+           {"codegen", "lora"},    {"starcoder2", "lora"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

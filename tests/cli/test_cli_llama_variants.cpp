@@ -1444,6 +1444,46 @@ TEST(CliCodegen, InitModelWritesOneALoraOnQkvProjTrainsAndItsBuffersAreSkipped) 
   ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
 }
 
+// StarCoder2 (Starcoder2ForCausalLM): Llama's layers with biased LayerNorms and projections and a
+// gelu MLP (c_fc, c_proj). init-model writes one, a LoRA on its MLP trains and its adapter
+// applies, the cached decode equals the uncached, a window computes otherwise than none, and the
+// file's residual_dropout and embedding_dropout are said as model.dropout's to follow.
+TEST(CliStarcoder2, InitModelWritesOneALoraTrainsAndItsWindowAndDropoutsApply) {
+  const std::string dir = test::temp_dir("cli-starcoder2");
+  const json cfg = init_family("starcoder2", "Starcoder2ForCausalLM", dir, "2");
+  EXPECT_EQ(cfg.at("use_bias"), true);
+  EXPECT_EQ(cfg.at("hidden_act"), "gelu_pytorch_tanh");
+  EXPECT_EQ(cfg.at("norm_epsilon"), 1e-5);
+  EXPECT_TRUE(cfg.at("sliding_window").is_null());
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  const double plain = eval_loss(dir + "/base", dir + "/t.txt");
+  EXPECT_NE(eval_with(dir, cfg, {{"sliding_window", 4}}), plain);
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+  EXPECT_EQ(
+      train_falls(dir, {"model.adapter.kind=lora",
+                        "model.adapter.target_modules=[\"c_fc\", \"c_proj\"]", "optim.lr=5e-2"})
+          .at("model_type"),
+      "starcoder2");
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+  ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
+  json dropped = cfg;
+  dropped["residual_dropout"] = 0.1;
+  dropped["embedding_dropout"] = 0.1;
+  std::ofstream(dir + "/base/config.json") << dropped.dump(2);
+  const test::KeelRun said = test::run_keel(
+      test::with_sets({"train"}, {"model.path=" + dir + "/base", "run.out_dir=" + dir + "/said",
+                                  "train.max_steps=1", "data.seq_len=24", "run.threads=1",
+                                  "log.tensorboard=false"}),
+      {"OMP_NUM_THREADS=1"});
+  EXPECT_EQ(said.code, 0) << said.output;
+  for (const char* field : {"residual_dropout", "embedding_dropout"})
+    EXPECT_CONTAINS(said.output,
+                    std::string(field) +
+                        " = 0.1 (HF trains with it) differs from model.dropout = "
+                        "0.0 (no dropout); set model.dropout = 0.1 to train as HF does");
+  std::ofstream(dir + "/base/config.json") << cfg.dump(2);
+}
+
 // A NaN in a Falcon's attention output under its hidden_dropout (on the branches' sum): captured,
 // and keel replay reproduces the step bit for bit.
 TEST(CliFalcon, ANanUnderItsDropoutIsCapturedAndReplaysBitForBit) {

@@ -301,6 +301,13 @@ TEST(CliMemoryRss, GptjEstimateWithin10PercentOfPeakRss) {
   memtest_family("gptj", R"(["q_proj", "v_proj", "fc_in", "fc_out"])");
 }
 
+// A StarCoder2 from its config.json: biased LayerNorms and projections, the gelu MLP's input kept,
+// grouped-query heads.
+TEST(CliMemoryRss, Starcoder2EstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  memtest_family("starcoder2", R"(["q_proj", "v_proj", "c_fc", "c_proj"])");
+}
+
 // A CodeGen from its config.json: GPT-J's block with q, v and k cut from one qkv_proj in 4 blocks
 // (its gradient one buffer of the fused shape).
 TEST(CliMemoryRss, CodegenEstimateWithin10PercentOfPeakRss) {

@@ -766,7 +766,7 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
       "(cohere), Cohere2ForCausalLM (cohere2), PhiForCausalLM (phi), GPTNeoXForCausalLM "
       "(gpt_neox), StableLmForCausalLM (stablelm), OlmoForCausalLM (olmo), GlmForCausalLM (glm), "
       "Glm4ForCausalLM (glm4), FalconForCausalLM (falcon), GPTJForCausalLM (gptj), "
-      "CodeGenForCausalLM (codegen)");
+      "CodeGenForCausalLM (codegen), Starcoder2ForCausalLM (starcoder2)");
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};
@@ -1761,6 +1761,40 @@ TEST(HfModel, CodegenReadsItsPublishedConfig) {
   EXPECT_CONTAINS(error_of([&] { read_hf_config(dir); }),
                   "codegen's qkv_proj holds its heads in 4 blocks: n_head must be a multiple of 4, "
                   "not 2");
+}
+
+// StarCoder2-3B (Starcoder2ForCausalLM) as its published config gives it: Llama's layers with
+// biased LayerNorms (norm_epsilon) and projections (use_bias), the tanh-gelu MLP (c_fc, c_proj),
+// 24 query heads over 2 key/value heads, every layer sliding over 4096 positions, the head tied;
+// 3,030,371,328 parameters; its dropouts (0.1 each) read as the file's; written back as
+// Starcoder2Config reads it.
+TEST(HfModel, Starcoder2ReadsItsPublishedConfig) {
+  const std::string dir = test::temp_dir("hf-starcoder2");
+  fs::copy_file(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/starcoder2_3b.json",
+                dir + "/config.json", fs::copy_options::overwrite_existing);
+  const models::ModelSpec s = read_hf_config(dir).spec;
+  EXPECT_EQ(s.architecture(), "starcoder2");
+  EXPECT_TRUE(s.biased_norms() && s.qkv_bias() && s.out_bias() && s.mlp_bias() && s.gelu_mlp());
+  EXPECT_FALSE(s.parallel_block());
+  EXPECT_TRUE(s.tie_embeddings);
+  EXPECT_EQ(s.layer_window(0), 4096);
+  EXPECT_EQ(s.layer_window(29), 4096);
+  EXPECT_EQ(s.mlp_gelu, ops::GeluApprox::Tanh);
+  EXPECT_EQ(s.dropout, 0.1);
+  const int64_t C = 3072, F = 12288, V = 49152, kv = 2 * 128;
+  const int64_t layer = 4 * C + 2 * (C * C + C) + 2 * (C * kv + kv) + (C * F + F) + (F * C + C);
+  EXPECT_EQ(models::parameter_count(s), 30 * layer + V * C + 2 * C);
+  EXPECT_EQ(models::parameter_count(s), 3030371328);
+  const nlohmann::json back = io::hf_config_json(s, DType::BF16);
+  EXPECT_EQ(back.at("architectures")[0], "Starcoder2ForCausalLM");
+  EXPECT_EQ(back.at("norm_epsilon"), 1e-5);
+  EXPECT_EQ(back.at("use_bias"), true);
+  EXPECT_EQ(back.at("sliding_window"), 4096);
+  EXPECT_EQ(back.at("hidden_act"), "gelu_pytorch_tanh");
+  EXPECT_EQ(back.at("residual_dropout"), 0.1);
+  EXPECT_EQ(back.at("embedding_dropout"), 0.1);
+  EXPECT_FALSE(back.contains("layer_norm_eps"));
+  EXPECT_FALSE(back.contains("attention_bias"));
 }
 
 TEST(HfModel, MixturesOfExpertsReadTheirPublishedConfigs) {

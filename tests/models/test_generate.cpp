@@ -148,14 +148,15 @@ TEST_P(KvCache, SameTokensWithAndWithoutTheCache) {
 // value cut from each group of its product, two norms. gptj: its keys cached with the first 4 of
 // each head's channels reordered for the adjacent-pair RoPE, Phi's block. cohere_qk, stablelm_qk:
 // keys normalized head by head before they are cached. codegen: its values and keys cut from 4
-// blocks of one product.
+// blocks of one product. starcoder2: Mistral's window over biased projections and a gelu MLP.
 INSTANTIATE_TEST_SUITE_P(
     Backends, KvCache,
     ::testing::Combine(::testing::Values("gpt2", "llama", "qwen3_d8", "mistral_w3", "phi3_w3",
                                          "gemma2", "gemma3", "olmo3", "exaone4", "qwen3_moe",
                                          "cohere", "cohere2", "qwen2_moe", "phi", "gpt_neox",
                                          "stablelm_par", "olmo", "glm4", "falcon", "falcon40b",
-                                         "gptj", "cohere_qk", "stablelm_qk", "codegen"),
+                                         "gptj", "cohere_qk", "stablelm_qk", "codegen",
+                                         "starcoder2"),
                        ::testing::Values("eager", "math", "flash"), ::testing::Bool()),
     [](const auto& info) {
       return std::get<0>(info.param) + "_" + std::get<1>(info.param) +

@@ -56,6 +56,8 @@ namespace keel::test {
 // (Command-R+'s use_qk_norm: a weight [heads, head_dim]; StableLM-2-12B's qk_layernorm: one per
 // head; Phi's qk_layernorm: one weight and bias for every head). "codegen": a CodeGen (GPT-J's
 // block with q, v and k one qkv_proj in 4 blocks of 2 heads; 8 heads 4 wide over 32 channels).
+// "starcoder2": a StarCoder2 (biased LayerNorms and projections, the tanh-gelu MLP c_fc / c_proj,
+// every layer sliding over 3 positions, the head tied).
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
@@ -66,7 +68,7 @@ inline const std::vector<std::string> kFixtureFamilies = {
     "cohere2",      "qwen2_moe", "phi",        "gpt_neox", "gpt_neox_seq", "stablelm",
     "stablelm_par", "olmo",      "olmo_clip",  "glm",      "glm4",         "dynamic",
     "falcon",       "falcon40b", "falcon_seq", "gptj",     "cohere_qk",    "stablelm_qk",
-    "phi_qk",       "codegen"};
+    "phi_qk",       "codegen",   "starcoder2"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   if (family.ends_with("_qk")) {  // a base family with its q/k LayerNorms
@@ -105,11 +107,11 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
                     : neox     ? "gpt_neox"
                     : stablelm ? "stablelm"
                     : falcon   ? "falcon"
-                    : family == "gptj" || family == "codegen"         ? family
-                    : family == "glm" || family == "glm4"             ? family
-                    : family.starts_with("olmo_") || family == "olmo" ? "olmo"
-                    : moe                                             ? family
-                                                                      : "";
+                    : family == "gptj" || family == "codegen" || family == "starcoder2" ? family
+                    : family == "glm" || family == "glm4"                               ? family
+                    : family.starts_with("olmo_") || family == "olmo"                   ? "olmo"
+                    : moe                                                               ? family
+                                                                                        : "";
   if (moe) {
     s.moe.experts = 4;
     s.moe.per_token = 2;
@@ -199,6 +201,12 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
     s.partial_rotary_factor = 0.5;
     s.mlp_gelu = ops::GeluApprox::Tanh;
     s.tie_embeddings = false;
+  }
+  if (family == "starcoder2") {  // Mistral's window of 3 on every layer, biases, the head tied
+    s.sliding_window = 3;
+    s.attention_bias = true;
+    s.mlp_gelu = ops::GeluApprox::Tanh;
+    s.tie_embeddings = true;
   }
   if (family == "codegen") {  // 8 heads 4 wide over 32 channels (4 blocks of 2), RoPE on all
     s.n_embd = 32;
