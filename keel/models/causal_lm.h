@@ -226,21 +226,25 @@ struct ModelSpec {
   // `dropout`: Phi's resid_pdrop (the attention's and the MLP's outputs), GPT-NeoX's
   // hidden_dropout (those and the embedding's), StableLM's hidden_dropout (the MLP's alone),
   // Falcon's hidden_dropout (a parallel block's branch sum, else the MLP's; a Falcon in sequence
-  // drops the attention's output by attention_dropout, and no Falcon its probabilities).
+  // drops the attention's output by attention_dropout, and no Falcon its probabilities), GPT-J's
+  // resid_pdrop and StarCoder2's residual_dropout (the attention's and the MLP's outputs; their
+  // embedding's by the same key).
   bool branch_dropout() const {
     return phi() || gpt_neox() || stablelm() || falcon() || gptj() || starcoder2();
   }
-  // The config.json field that dropout is read from and written back as: Phi's resid_pdrop,
-  // GPT-NeoX's and StableLM's hidden_dropout; nullptr for the others.
+  // The config.json field that dropout is read from and written back as: Phi's and GPT-J's
+  // resid_pdrop, StarCoder2's residual_dropout, GPT-NeoX's, StableLM's and Falcon's
+  // hidden_dropout; nullptr for the others.
   const char* branch_dropout_field() const {
     return phi() || gptj()    ? "resid_pdrop"
            : starcoder2()     ? "residual_dropout"
            : branch_dropout() ? "hidden_dropout"
                               : nullptr;
   }
-  // Phi's, GPT-NeoX's and Falcon's MLP: up (fc1, dense_h_to_4h) and down (fc2, dense_4h_to_h),
-  // with a bias but Falcon's (mlp_bias), around a gelu (mlp_gelu: Phi's gelu_new is the tanh
-  // form, Pythia's and Falcon's gelu the exact one).
+  // Phi's, GPT-NeoX's, Falcon's, GPT-J's and StarCoder2's MLP: up (fc1, dense_h_to_4h, fc_in,
+  // c_fc) and down (fc2, dense_4h_to_h, fc_out, c_proj), with biases but Falcon's (StarCoder2's as
+  // use_bias says: mlp_bias), around a gelu (mlp_gelu: Phi's and GPT-J's gelu_new and
+  // StarCoder2's gelu_pytorch_tanh are the tanh form, Pythia's and Falcon's gelu the exact one).
   bool gelu_mlp() const { return phi() || gpt_neox() || falcon() || gptj() || starcoder2(); }
   bool mlp_bias() const {
     return phi() || gpt_neox() || gptj() || (starcoder2() && attention_bias);
@@ -253,8 +257,8 @@ struct ModelSpec {
   bool out_bias() const { return phi() || ((gpt_neox() || starcoder2()) && attention_bias); }
   bool head_bias() const { return phi() || gptj(); }
   // The HF names of the modules a Llama-family model registers (its parameters' names, what an
-  // adapter's target_modules and a PEFT directory name): Llama's, Phi's, GPT-NeoX's or GLM-4-0414's
-  // (its sandwich norms).
+  // adapter's target_modules and a PEFT directory name): Llama's, Phi's, GPT-NeoX's, Falcon's,
+  // GPT-J's (and CodeGen's), StarCoder2's or GLM-4-0414's (its sandwich norms).
   struct ModuleNames {
     const char *model, *embed, *final_norm, *head;  // model.embed_tokens, model.norm, lm_head
     const char *attention, *qkv, *out;              // self_attn, qkv_proj, o_proj
