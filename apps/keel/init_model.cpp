@@ -74,9 +74,14 @@ int run_init_model(const InitModelArgs& a) {
   models::ModelSpec s;
   // Gemma, Gemma-2, Gemma-3, Phi-3, Qwen2, Qwen3 and SmolLM3 are Llama's layers
   // (models/causal_lm.h), written back as their own architectures.
-  const bool llama_layers = a.family != "gpt2" && a.family != "llama";
-  s.family = llama_layers ? "llama" : a.family;
-  s.hf_model_type = !llama_layers ? "" : a.family == "gemma3" ? "gemma3_text" : a.family;
+  // (GPT-BigCode is GPT-2's blocks: the gpt2 family.)
+  const bool bigcode = a.family == "gpt_bigcode";
+  const bool llama_layers = a.family != "gpt2" && a.family != "llama" && !bigcode;
+  s.family = llama_layers ? "llama" : bigcode ? "gpt2" : a.family;
+  s.hf_model_type = bigcode                ? "gpt_bigcode"
+                    : !llama_layers        ? ""
+                    : a.family == "gemma3" ? "gemma3_text"
+                                           : a.family;
   if (a.family == "gemma2") {  // Gemma2Config's defaults; the scale of head_dim
     s.sliding_window = 4096;
     s.sliding_period = 2;
@@ -134,7 +139,7 @@ int run_init_model(const InitModelArgs& a) {
   }
   s.vocab_size = a.vocab_size;
   s.max_seq_len = a.max_seq_len;
-  s.tie_embeddings = a.family == "gpt2" || !a.untied;
+  s.tie_embeddings = s.family == "gpt2" || !a.untied;
   if (a.family == "gemma2" || a.family == "gemma3")
     s.query_pre_attn_scalar = static_cast<double>(s.head_dim());
   if (a.family == "granite") {  // Granite-3's multipliers, its attention's scale 1 / head_dim
@@ -197,17 +202,18 @@ int run_init_model(const InitModelArgs& a) {
   s.rope_theta = a.rope_theta;
   s.norm_eps = a.norm_eps;
   s.init_std = a.init_std;
-  if (a.family == "gpt2" && a.untied)
+  if (s.family == "gpt2" && a.untied)
     throw Error("init-model: GPT-2 always ties lm_head to wte; drop --untied", Error::kUsage);
   // Llama's options, which GPT-2 has not (they were dropped silently, the summary line still
   // printing "(2 kv)").
-  if (a.family == "gpt2" && a.n_kv_head != 0 && a.n_kv_head != a.n_head)
+  if (s.family == "gpt2" && a.n_kv_head != 0 && a.n_kv_head != a.n_head &&
+      !(bigcode && a.n_kv_head == 1))
     throw Error("init-model: GPT-2 has no grouped key/value heads; drop --n-kv-head",
                 Error::kUsage);
-  if (a.family == "gpt2" && s.head_width > 0)
+  if (s.family == "gpt2" && s.head_width > 0)
     throw Error("init-model: GPT-2's heads are --n-embd / --n-head wide; drop --head-dim",
                 Error::kUsage);
-  if (a.family == "gpt2" && a.rope_theta != InitModelArgs{}.rope_theta)
+  if (s.family == "gpt2" && a.rope_theta != InitModelArgs{}.rope_theta)
     throw Error("init-model: GPT-2 has learned positions, no RoPE; drop --rope-theta",
                 Error::kUsage);
   auto dt = dtype_from_name(a.dtype);
@@ -314,13 +320,14 @@ Command add_init_model(CLI::App& app) {
          "q/k/v and out_proj without biases, RoPE on adjacent pairs of a quarter of each head) | "
          "codegen (CodeGen's: GPT-J's with q, v and k one qkv_proj in 4 blocks of heads) | "
          "starcoder2 (StarCoder2's: Llama's layers with biased LayerNorms and projections and a "
-         "gelu MLP, c_fc and c_proj)")
-      ->check(
-          CLI::IsMember({"gpt2",    "llama",     "gemma",     "gemma2",   "gemma3",    "granite",
-                         "olmo2",   "olmo3",     "exaone4",   "phi3",     "qwen2",     "qwen3",
-                         "smollm3", "qwen3_moe", "qwen2_moe", "olmoe",    "mixtral",   "cohere",
-                         "cohere2", "phi",       "gpt_neox",  "stablelm", "olmo",      "glm",
-                         "glm4",    "falcon",    "gptj",      "codegen",  "starcoder2"}))
+         "gelu MLP, c_fc and c_proj) | gpt_bigcode (StarCoder-1's, SantaCoder's: GPT-2's blocks "
+         "with nn.Linear weights; --n-kv-head 1 its multi_query)")
+      ->check(CLI::IsMember({"gpt2",     "llama",    "gemma",   "gemma2",     "gemma3",
+                             "granite",  "olmo2",    "olmo3",   "exaone4",    "phi3",
+                             "qwen2",    "qwen3",    "smollm3", "qwen3_moe",  "qwen2_moe",
+                             "olmoe",    "mixtral",  "cohere",  "cohere2",    "phi",
+                             "gpt_neox", "stablelm", "olmo",    "glm",        "glm4",
+                             "falcon",   "gptj",     "codegen", "starcoder2", "gpt_bigcode"}))
       ->capture_default_str();
   // A size or value flag checked as its config key is (range and message from the key table).
   auto config_option = [sub](const char* flag, auto& value, const char* help, const char* key,

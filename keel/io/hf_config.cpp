@@ -227,6 +227,7 @@ constexpr HfArchitecture kArchitectures[] = {
     {"gptj", "GPTJForCausalLM", nullptr, "llama"},        // Phi's block, pair RoPE, GPT-2's names
     {"codegen", "CodeGenForCausalLM", nullptr, "llama"},  // GPT-J's, q/v/k in 4 blocks of heads
     {"starcoder2", "Starcoder2ForCausalLM", nullptr, "llama"},  // LayerNorms, biases, gelu MLP
+    {"gpt_bigcode", "GPTBigCodeForCausalLM", nullptr, "gpt2"},  // GPT-2's, nn.Linear, multi_query
 };
 
 const HfArchitecture& architecture_of(const json& j, const std::string& file) {
@@ -434,9 +435,10 @@ json hf_config_json(const models::ModelSpec& s, DType dt, const json& base) {
                             : dt == DType::F16 ? "float16"
                                                : "float32";
   if (s.family == "gpt2") {
-    j["architectures"] = {"GPT2LMHeadModel"};
-    j["model_type"] = "gpt2";
-    j["activation_function"] = "gelu_new";
+    j["architectures"] = {architecture_of(s).hf_class};
+    j["model_type"] = architecture_of(s).model_type;
+    j["activation_function"] = s.gpt_bigcode() ? "gelu_pytorch_tanh" : "gelu_new";
+    if (s.gpt_bigcode()) j["multi_query"] = s.kv_heads() == 1;
     j["n_layer"] = s.n_layer;
     j["n_embd"] = s.n_embd;
     j["n_head"] = s.n_head;
@@ -735,7 +737,8 @@ HfConfig read_hf_config(const std::string& dir) {
   ConfigReader c{j, file};
   models::ModelSpec& s = out.spec;
   s.family = arch.family;
-  if (s.family == "llama" && std::string(arch.model_type) != "llama")
+  if ((s.family == "llama" && std::string(arch.model_type) != "llama") ||
+      std::string(arch.model_type) == "gpt_bigcode")
     s.hf_model_type = arch.model_type;
   auto unsupported = [&](const std::string& what) {  // the user's file: a usage error (exit 2)
     return Error(file + ": " + what + " is not supported by keel's " + s.architecture() + " model",
@@ -768,7 +771,10 @@ HfConfig read_hf_config(const std::string& dir) {
     s.tie_embeddings = true;
     if (!c.boolean("tie_word_embeddings", true))
       throw unsupported("tie_word_embeddings = false (GPT-2's lm_head is tied to wte)");
-    const std::string act = c.string("activation_function", "gelu_new");
+    // GPT-BigCode's multi_query (GPTBigCodeConfig's default): one key/value head.
+    if (s.gpt_bigcode() && c.boolean("multi_query", true)) s.n_kv_head = 1;
+    const std::string act =
+        c.string("activation_function", s.gpt_bigcode() ? "gelu_pytorch_tanh" : "gelu_new");
     if (act != "gelu_new" && act != "gelu_pytorch_tanh")
       throw unsupported("activation_function '" + act + "' (keel's GPT-2 uses gelu_new)");
     if (c.boolean("scale_attn_by_inverse_layer_idx", false))

@@ -28,8 +28,9 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 // GPT-2's Conv1D layers: stored [in, out] by HF.
-bool is_conv1d(const std::string& family, const std::string& name) {
-  return family == "gpt2" &&
+// (GPT-BigCode's are nn.Linear.)
+bool is_conv1d(const models::ModelSpec& spec, const std::string& name) {
+  return spec.family == "gpt2" && !spec.gpt_bigcode() &&
          (ends_with(name, ".attn.c_attn.weight") || ends_with(name, ".attn.c_proj.weight") ||
           ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_proj.weight"));
 }
@@ -274,12 +275,13 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
   const Shape* mlp = gpt2 ? shape_of({"h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.weight"})
                           : shape_of({mlp0.c_str()});
   const int64_t mlp_rows = gate_up ? 2 * s.ffn_dim() : s.ffn_dim();
-  if (mlp && mlp->size() == 2 && (*mlp)[gpt2 ? 1 : 0] != mlp_rows)
+  const size_t out_dim = gpt2 && !s.gpt_bigcode() ? 1 : 0;  // (GPT-2's Conv1D is [in, out])
+  if (mlp && mlp->size() == 2 && (*mlp)[out_dim] != mlp_rows)
     throw disagree(gpt2         ? "n_inner"
                    : s.falcon() ? "ffn_hidden_size"
                                 : "intermediate_size",
                    s.ffn_dim(),
-                   "an MLP " + std::to_string((*mlp)[gpt2 ? 1 : 0] / (gate_up ? 2 : 1)) + " wide");
+                   "an MLP " + std::to_string((*mlp)[out_dim] / (gate_up ? 2 : 1)) + " wide");
   // A mixture of experts: the first sparse layer's router [experts, n_embd], an expert's width.
   int64_t sparse = 0;
   while (sparse < s.n_layer && !s.moe_layer(sparse)) ++sparse;
@@ -406,7 +408,7 @@ void for_each_weight(models::CausalLM& model, const std::string& dir,
     const MappedSafetensors& file = *it->second.file;
     const TensorInfo& info = *it->second.info;
     used.insert(key);
-    const bool conv = is_conv1d(spec.family, name);
+    const bool conv = is_conv1d(spec, name);
     const Shape want = conv ? Shape{p.size(1), p.size(0)} : p.shape();
     if (!dtype_is_floating(info.dtype))
       throw Error(file.path() + ": tensor '" + key + "' has dtype " + dtype_name(info.dtype) +
@@ -442,7 +444,7 @@ std::optional<FileElement> file_element(const models::ModelSpec& spec, const std
   if (it == src.tensors.end() || it->second.info->shape.size() != 2) return std::nullopt;
   const TensorInfo& info = *it->second.info;
   FileElement e{it->second.file->path(), key, index, 0};
-  if (is_conv1d(spec.family, name)) std::swap(e.index[0], e.index[1]);
+  if (is_conv1d(spec, name)) std::swap(e.index[0], e.index[1]);
   if (e.index[0] >= info.shape[0] || e.index[1] >= info.shape[1]) return std::nullopt;
   const int64_t flat = e.index[0] * info.shape[1] + e.index[1];
   const Tensor t = it->second.file->tensor(info);
@@ -487,7 +489,7 @@ void save_hf_model(models::CausalLM& model, const std::string& dir, const HfSave
   for (auto& [name, p] : base_parameters(model)) {
     Tensor t = p;
     if (opt.dtype && t.dtype() != *opt.dtype) t = t.to_dtype(*opt.dtype);
-    if (is_conv1d(spec.family, name)) t = transpose2d(t);  // back to Conv1D's [in, out]
+    if (is_conv1d(spec, name)) t = transpose2d(t);  // back to Conv1D's [in, out]
     stored = t.dtype();
     total += static_cast<int64_t>(t.nbytes());
     tensors.emplace_back(name, t);

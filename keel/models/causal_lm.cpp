@@ -84,6 +84,9 @@ void ModelSpec::validate() const {
     throw bad("unknown family '" + family + "': use gpt2 or llama");
   if (n_layer < 1 || n_embd < 1 || n_head < 1) throw bad("n_layer, n_embd and n_head must be >= 1");
   if (head_width < 0) throw bad("head_width must be >= 0 (0: n_embd / n_head)");
+  if (family == "gpt2" && kv_heads() != n_head && !(gpt_bigcode() && kv_heads() == 1))
+    throw bad("gpt2's key/value heads are its query heads (" + std::to_string(n_head) +
+              "), or one under gpt_bigcode's multi_query, not " + std::to_string(kv_heads()));
   if (head_width > 0 && family == "gpt2" && head_width * n_head != n_embd)
     throw bad("gpt2's heads are n_embd / n_head wide; head_width " + std::to_string(head_width) +
               " is llama's");

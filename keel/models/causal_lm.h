@@ -183,6 +183,11 @@ struct ModelSpec {
   // residual_dropout on the attention's and the MLP's outputs and embedding_dropout on the
   // embedding's are one key, model.dropout.
   bool starcoder2() const { return hf_model_type == "starcoder2"; }
+  // An HF GPT-BigCode (GPTBigCodeForCausalLM: StarCoder, StarCoderBase, SantaCoder, WizardCoder,
+  // tiny_starcoder), in the gpt2 family: GPT-2's blocks and names with nn.Linear weights (no
+  // Conv1D transpose) and, with multi_query, one key/value head: c_attn's rows the queries, then
+  // one key, then one value; without it each head's q, k, v side by side.
+  bool gpt_bigcode() const { return hf_model_type == "gpt_bigcode"; }
   bool codegen() const { return hf_model_type == "codegen"; }
   // CodeGen's qkv_proj: its rows in 4 blocks (the TPU-v4 shards it was trained on, HF's mp_num),
   // each a quarter of the heads' queries, then their values, then their keys.

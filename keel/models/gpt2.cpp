@@ -15,9 +15,13 @@ GPT2Attention::GPT2Attention(const ModelSpec& s)
     : nn::Module("GPT2Attention"),
       n_head(s.n_head),
       n_embd(s.n_embd),
+      n_kv_head(s.kv_heads()),
+      per_head_qkv(s.gpt_bigcode() && s.kv_heads() == s.n_head),
       attention_dropout(s.attention_dropout) {
+  const int64_t d = s.n_embd / s.n_head;
   c_attn = register_module(
-      "c_attn", std::make_unique<nn::Linear>(s.n_embd, 3 * s.n_embd, true, s.param_dtype));
+      "c_attn",
+      std::make_unique<nn::Linear>(s.n_embd, s.n_embd + 2 * n_kv_head * d, true, s.param_dtype));
   c_proj = register_module("c_proj",
                            std::make_unique<nn::Linear>(s.n_embd, s.n_embd, true, s.param_dtype));
   resid_dropout = register_module("resid_dropout", std::make_unique<nn::Dropout>(s.dropout));
@@ -26,12 +30,23 @@ GPT2Attention::GPT2Attention(const ModelSpec& s)
 Tensor GPT2Attention::forward(const Tensor& x, const ops::AttentionMask& mask,
                               ops::AttentionBackend backend, const KVCaches* caches, size_t layer) {
   return call({x}, [&] {
-    Tensor qkv = c_attn->forward(x);                              // [B, T, 3C]
-    auto parts = ops::split_last(qkv, {n_embd, n_embd, n_embd});  // 3 x [B, T, C]
+    const int64_t d = n_embd / n_head;
+    Tensor qkv = c_attn->forward(x);  // [B, T, C + 2 * kv * D]
+    std::vector<Tensor> parts;
+    if (per_head_qkv) {  // GPT-BigCode (HF's view(B, T, H, 3D) split in D, D, D)
+      Shape by_head = qkv.shape(), merged = qkv.shape();
+      by_head.back() = n_head;
+      by_head.push_back(3 * d);
+      merged.back() = n_embd;
+      for (const Tensor& t : ops::split_last(ops::reshape(qkv, by_head), {d, d, d}))
+        parts.push_back(ops::reshape(t, merged));
+    } else {  // the queries, then the keys, then the values (3 x [B, T, C] for GPT-2)
+      parts = ops::split_last(qkv, {n_embd, n_kv_head * d, n_kv_head * d});
+    }
     using amp::AmpOp;
     Tensor q = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[0], n_head));  // [B,H,T,D]
-    Tensor k = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[1], n_head));
-    Tensor v = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[2], n_head));
+    Tensor k = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[1], n_kv_head));
+    Tensor v = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[2], n_kv_head));
     Tensor y;  // [B, T, C]
     if (caches) {
       y = ops::merge_heads(cached_step_attention(q, k, v, *caches, layer, backend));

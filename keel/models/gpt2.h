@@ -17,6 +17,10 @@ class GPT2Attention : public nn::Module {
   nn::Linear *c_attn, *c_proj;
   nn::Dropout* resid_dropout;
   int64_t n_head, n_embd;
+  int64_t n_kv_head;  // GPT-BigCode's multi_query: 1; else n_head
+  // GPT-BigCode without multi_query: c_attn's rows each head's q, k, v side by side (GPT-2's are
+  // all the queries, then the keys, then the values).
+  bool per_head_qkv = false;
   double attention_dropout;  // on the probabilities (ModelSpec::attention_dropout)
 };
 

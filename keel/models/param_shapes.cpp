@@ -30,7 +30,7 @@ std::vector<ParamShape> gpt2(const ModelSpec& s) {
     const std::string h = "transformer.h." + std::to_string(l);
     p.push_back({h + ".ln_1.weight", {C}, false});
     p.push_back({h + ".ln_1.bias", {C}, false});
-    linear(p, h + ".attn.c_attn", C, 3 * C, true);
+    linear(p, h + ".attn.c_attn", C, C + 2 * s.kv_heads() * (C / s.n_head), true);
     linear(p, h + ".attn.c_proj", C, C, true);
     p.push_back({h + ".ln_2.weight", {C}, false});
     p.push_back({h + ".ln_2.bias", {C}, false});

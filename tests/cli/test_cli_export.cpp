@@ -51,10 +51,11 @@ std::string trained_run(const std::string& family, const std::string& kind,
   // (GPT-NeoX's and GPT-J's key/value heads are their query heads; Falcon-7B's one is its
   // multi_query)
   if (family != "gpt2" && family != "gpt_neox" && family != "gptj" && family != "codegen")
-    init.insert(init.end(), {"--n-kv-head", falcon_7b ? "1" : "2"});
+    init.insert(init.end(), {"--n-kv-head", falcon_7b || family == "gpt_bigcode" ? "1" : "2"});
   // (Gemma, Phi-4-mini and Falcon-7B tie their head)
   if (family != "gpt2" && !family.starts_with("gemma") && !phi4_mini && family != "smollm3" &&
-      !family.starts_with("cohere") && !falcon_7b && family != "starcoder2")
+      !family.starts_with("cohere") && !falcon_7b && family != "starcoder2" &&
+      family != "gpt_bigcode")
     init.push_back("--untied");
   if (wide) init.insert(init.end(), {"--head-dim", "16"});
   const test::KeelRun b = test::run_keel(init);
@@ -95,8 +96,8 @@ std::string trained_run(const std::string& family, const std::string& kind,
   }
   // (Mixtral's experts name their down projection w2; a mixture's down_proj are its experts')
   const std::string targets =
-      family == "gpt2"                ? "[\"c_attn\", \"c_fc\"]"
-      : family == "glm4"              ? "[\"q_proj\", \"v_proj\", \"gate_up_proj\"]"
+      family == "gpt2" || family == "gpt_bigcode" ? "[\"c_attn\", \"c_fc\"]"
+      : family == "glm4"                          ? "[\"q_proj\", \"v_proj\", \"gate_up_proj\"]"
       : family == "phi3" || phi4_mini ? "[\"qkv_proj\", \"gate_up_proj\", \"down_proj\"]"
       : family == "phi"               ? "[\"q_proj\", \"v_proj\", \"fc2\"]"
       : family == "gptj"              ? "[\"q_proj\", \"out_proj\", \"fc_in\"]"
@@ -334,7 +335,8 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
   // adjacent-pair RoPE on a quarter of each head, the biased fc_in and lm_head), a Command-R+
   // layout's LoRA (its q/k norms a weight per head), a StableLM and a Phi with q/k LayerNorms
   // trained whole (their norms trained away from 1), a CodeGen's LoRA (on its qkv_proj of 4
-  // blocks), a StarCoder2's LoRA (its biased projections and gelu MLP, the tied head).
+  // blocks), a StarCoder2's LoRA (its biased projections and gelu MLP, the tied head), a
+  // GPT-BigCode's LoRA (its multi_query c_attn in nn.Linear's layout).
   for (const auto& [family, kind] : std::vector<std::pair<std::string, std::string>>{
            {"gpt2", "lora"},       {"llama", "lora"},       {"phi3", "lora"},
            {"phi4m", "lora"},      {"gemma", "none"},       {"gemma2", "lora"},
@@ -347,7 +349,7 @@ TEST(CliExport, PyTorchForwardOfTheExportAgrees) {
            {"stablelm", "lora"},   {"olmo", "lora"},        {"glm4", "lora"},
            {"falcon", "lora"},     {"falcon-7b", "none"},   {"gptj", "lora"},
            {"cohere-qk", "lora"},  {"stablelm-qk", "none"}, {"phi-qk", "none"},
-           {"codegen", "lora"},    {"starcoder2", "lora"}}) {
+           {"codegen", "lora"},    {"starcoder2", "lora"},  {"gpt_bigcode", "lora"}}) {
     const std::string dir = trained_run(family, kind);
     const std::vector<float> want =
         logits_of(*io::load_trained_model(dir + "/out/checkpoints/last").model);

@@ -1484,6 +1484,38 @@ TEST(CliStarcoder2, InitModelWritesOneALoraTrainsAndItsWindowAndDropoutsApply) {
   std::ofstream(dir + "/base/config.json") << cfg.dump(2);
 }
 
+// GPT-BigCode (GPTBigCodeForCausalLM: StarCoder, SantaCoder): GPT-2's blocks with nn.Linear
+// weights and multi_query. init-model writes one, a LoRA on c_attn trains, its adapter (not
+// fan_in_fan_out: no Conv1D here) applies to the base, and the cached decode equals the uncached.
+TEST(CliGptBigCode, InitModelWritesOneALoraOnItsMultiQueryAttentionTrainsAndApplies) {
+  const std::string dir = test::temp_dir("cli-bigcode");
+  const test::KeelRun init = test::run_keel(
+      {"init-model", "--family", "gpt_bigcode", "--out", dir + "/base", "--n-layer", "2",
+       "--n-embd", "32", "--n-head", "4", "--n-kv-head", "1", "--max-seq-len", "32"});
+  ASSERT_EQ(init.code, 0) << init.output;
+  const json cfg = read_json_file(dir + "/base/config.json");
+  EXPECT_EQ(cfg.at("model_type"), "gpt_bigcode");
+  EXPECT_EQ(cfg.at("architectures"), json::array({"GPTBigCodeForCausalLM"}));
+  EXPECT_EQ(cfg.at("multi_query"), true);
+  for (const auto& [name, t] : io::read_safetensors(dir + "/base/model.safetensors").tensors)
+    if (name == "transformer.h.0.attn.c_attn.weight") {
+      EXPECT_EQ(t.shape(), (Shape{32 + 2 * 8, 32}));  // nn.Linear's [out, in]
+    }
+  std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
+  EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora",
+                              "model.adapter.target_modules=[\"c_attn\"]", "optim.lr=5e-2"})
+                .at("model_type"),
+            "gpt_bigcode");
+  ASSERT_NO_FATAL_FAILURE(expect_adapter_applies(dir));
+  EXPECT_EQ(read_json_file(dir + "/peft/adapter_config.json").at("fan_in_fan_out"), false);
+  ASSERT_NO_FATAL_FAILURE(expect_cached_decode_agrees(dir));
+  // GPT-2's key/value heads are its query heads: 2 of 4 is refused naming the flag.
+  const test::KeelRun bad = test::run_keel({"init-model", "--family", "gpt_bigcode", "--out",
+                                            dir + "/bad", "--n-head", "4", "--n-kv-head", "2"});
+  EXPECT_EQ(bad.code, 2) << bad.output;
+  EXPECT_CONTAINS(bad.err, "--n-kv-head");
+}
+
 // A NaN in a Falcon's attention output under its hidden_dropout (on the branches' sum): captured,
 // and keel replay reproduces the step bit for bit.
 TEST(CliFalcon, ANanUnderItsDropoutIsCapturedAndReplaysBitForBit) {

@@ -766,7 +766,8 @@ TEST_F(HfErrors, ConfigFieldsAndArchitecture) {
       "(cohere), Cohere2ForCausalLM (cohere2), PhiForCausalLM (phi), GPTNeoXForCausalLM "
       "(gpt_neox), StableLmForCausalLM (stablelm), OlmoForCausalLM (olmo), GlmForCausalLM (glm), "
       "Glm4ForCausalLM (glm4), FalconForCausalLM (falcon), GPTJForCausalLM (gptj), "
-      "CodeGenForCausalLM (codegen), Starcoder2ForCausalLM (starcoder2)");
+      "CodeGenForCausalLM (codegen), Starcoder2ForCausalLM (starcoder2), "
+      "GPTBigCodeForCausalLM (gpt_bigcode)");
   // A Qwen2's q/k/v biases are its weights: a file without them is named.
   cfg["model_type"] = "qwen2";
   cfg["architectures"] = {"Qwen2ForCausalLM"};
@@ -1795,6 +1796,30 @@ TEST(HfModel, Starcoder2ReadsItsPublishedConfig) {
   EXPECT_EQ(back.at("embedding_dropout"), 0.1);
   EXPECT_FALSE(back.contains("layer_norm_eps"));
   EXPECT_FALSE(back.contains("attention_bias"));
+}
+
+// StarCoder (GPTBigCodeForCausalLM) as its published config gives it: GPT-2's blocks with nn.Linear
+// weights and multi_query (c_attn [6144 + 2 x 128, 6144]), 8192 learned positions; 15.5B
+// parameters; written back as GPTBigCodeConfig reads it.
+TEST(HfModel, GptBigCodeReadsItsPublishedConfig) {
+  const std::string dir = test::temp_dir("hf-bigcode");
+  fs::copy_file(std::string(KEEL_SOURCE_DIR) + "/tests/fuzz/corpus/hf_config/starcoder.json",
+                dir + "/config.json", fs::copy_options::overwrite_existing);
+  const models::ModelSpec s = read_hf_config(dir).spec;
+  EXPECT_EQ(s.family, "gpt2");
+  EXPECT_EQ(s.architecture(), "gpt_bigcode");
+  EXPECT_EQ(s.kv_heads(), 1);
+  EXPECT_EQ(s.max_seq_len, 8192);
+  const int64_t C = 6144, F = 24576, V = 49152, qkv = C + 2 * 128;
+  const int64_t block = 4 * C + (C * qkv + qkv) + (C * C + C) + (C * F + F) + (F * C + C);
+  EXPECT_EQ(models::parameter_count(s), 40 * block + V * C + 8192 * C + 2 * C);
+  EXPECT_NEAR(double(models::parameter_count(s)) / 1e9, 15.5, 0.05);
+  const nlohmann::json back = io::hf_config_json(s, DType::F32);
+  EXPECT_EQ(back.at("architectures")[0], "GPTBigCodeForCausalLM");
+  EXPECT_EQ(back.at("model_type"), "gpt_bigcode");
+  EXPECT_EQ(back.at("multi_query"), true);
+  EXPECT_EQ(back.at("activation_function"), "gelu_pytorch_tanh");
+  EXPECT_EQ(back.at("n_inner"), F);
 }
 
 TEST(HfModel, MixturesOfExpertsReadTheirPublishedConfigs) {

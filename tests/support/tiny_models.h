@@ -57,18 +57,20 @@ namespace keel::test {
 // head; Phi's qk_layernorm: one weight and bias for every head). "codegen": a CodeGen (GPT-J's
 // block with q, v and k one qkv_proj in 4 blocks of 2 heads; 8 heads 4 wide over 32 channels).
 // "starcoder2": a StarCoder2 (biased LayerNorms and projections, the tanh-gelu MLP c_fc / c_proj,
-// every layer sliding over 3 positions, the head tied).
+// every layer sliding over 3 positions, the head tied). "gpt_bigcode", "gpt_bigcode_mha": GPT-2's
+// tiny model as a GPT-BigCode (nn.Linear weights), with multi_query (one key/value head for its
+// two) and without (each head's q, k, v side by side).
 // Every family above, each with its PyTorch fixtures in tests/fixtures/models.safetensors (the
 // parity and optimizer-step tests run over all of them).
 inline const std::vector<std::string> kFixtureFamilies = {
-    "gpt2",         "llama",     "qwen2",      "qwen3",    "qwen3_d8",     "mistral_w3",
-    "qwen2_w3",     "phi3_w3",   "phi3_lr",    "phi3_sr",  "phi4m",        "gemma",
-    "gemma2",       "gemma3",    "smollm3",    "granite",  "olmo2",        "yarn",
-    "olmo3",        "exaone4",   "qwen3_moe",  "olmoe",    "mixtral",      "cohere",
-    "cohere2",      "qwen2_moe", "phi",        "gpt_neox", "gpt_neox_seq", "stablelm",
-    "stablelm_par", "olmo",      "olmo_clip",  "glm",      "glm4",         "dynamic",
-    "falcon",       "falcon40b", "falcon_seq", "gptj",     "cohere_qk",    "stablelm_qk",
-    "phi_qk",       "codegen",   "starcoder2"};
+    "gpt2",         "llama",     "qwen2",      "qwen3",       "qwen3_d8",       "mistral_w3",
+    "qwen2_w3",     "phi3_w3",   "phi3_lr",    "phi3_sr",     "phi4m",          "gemma",
+    "gemma2",       "gemma3",    "smollm3",    "granite",     "olmo2",          "yarn",
+    "olmo3",        "exaone4",   "qwen3_moe",  "olmoe",       "mixtral",        "cohere",
+    "cohere2",      "qwen2_moe", "phi",        "gpt_neox",    "gpt_neox_seq",   "stablelm",
+    "stablelm_par", "olmo",      "olmo_clip",  "glm",         "glm4",           "dynamic",
+    "falcon",       "falcon40b", "falcon_seq", "gptj",        "cohere_qk",      "stablelm_qk",
+    "phi_qk",       "codegen",   "starcoder2", "gpt_bigcode", "gpt_bigcode_mha"};
 
 inline models::ModelSpec tiny_model_spec(const std::string& family) {
   if (family.ends_with("_qk")) {  // a base family with its q/k LayerNorms
@@ -92,7 +94,8 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   const bool moe = models::ModelSpec::is_moe_type(family);
   const bool phi = family == "phi", neox = family.starts_with("gpt_neox"),
              stablelm = family.starts_with("stablelm"), falcon = family.starts_with("falcon");
-  s.family = family != "gpt2" ? "llama" : family;
+  const bool bigcode = family.starts_with("gpt_bigcode");
+  s.family = family != "gpt2" && !bigcode ? "llama" : "gpt2";
   s.hf_model_type = qwen       ? family.substr(0, 5)
                     : mistral  ? "mistral"
                     : phi3     ? "phi3"
@@ -153,8 +156,12 @@ inline models::ModelSpec tiny_model_spec(const std::string& family) {
   s.vocab_size = 37;
   s.max_seq_len = 8;
   s.norm_eps = 1e-5;
-  if (family == "gpt2") {
+  if (s.family == "gpt2") {
     s.n_head = 2;
+    if (bigcode) {
+      s.hf_model_type = "gpt_bigcode";
+      s.n_kv_head = family == "gpt_bigcode" ? 1 : 2;
+    }
   } else {
     s.n_head = 4;
     s.n_kv_head = 2;
