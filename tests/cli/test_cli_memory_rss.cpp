@@ -204,22 +204,24 @@ void memtest_family(const std::string& family, const std::string& targets,
                     const std::vector<std::string>& init_flags = {}) {
   const std::string dir = test::temp_dir("cli-memory-" + family);
   // (GPT-NeoX's key/value heads are its query heads)
-  std::vector<std::string> init = {
-      "init-model",
-      "--family",
-      family,
-      "--out",
-      dir + "/base",
-      "--n-layer",
-      "4",
-      "--n-embd",
-      "256",
-      "--n-head",
-      "4",
-      "--n-kv-head",
-      family == "gpt_neox" || family == "gptj" || family == "codegen" ? "4" : "2",
-      "--max-seq-len",
-      "256"};
+  std::vector<std::string> init = {"init-model",
+                                   "--family",
+                                   family,
+                                   "--out",
+                                   dir + "/base",
+                                   "--n-layer",
+                                   "4",
+                                   "--n-embd",
+                                   "256",
+                                   "--n-head",
+                                   "4",
+                                   "--n-kv-head",
+                                   family == "gpt_neox" || family == "gptj" || family == "codegen"
+                                       ? "4"
+                                   : family == "gpt_bigcode" ? "1"
+                                                             : "2",
+                                   "--max-seq-len",
+                                   "256"};
   init.insert(init.end(), init_flags.begin(), init_flags.end());
   const test::KeelRun init_run = run_keel(init);
   const test::KeelRun& init_ = init_run;
@@ -306,6 +308,13 @@ TEST(CliMemoryRss, GptjEstimateWithin10PercentOfPeakRss) {
 TEST(CliMemoryRss, Starcoder2EstimateWithin10PercentOfPeakRss) {
   if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
   memtest_family("starcoder2", R"(["q_proj", "v_proj", "c_fc", "c_proj"])");
+}
+
+// A GPT-BigCode from its config.json (multi_query): GPT-2's blocks with one key/value head, its
+// c_attn output C + 2 x D wide.
+TEST(CliMemoryRss, GptBigCodeEstimateWithin10PercentOfPeakRss) {
+  if (memtest_sanitized()) GTEST_SKIP() << "AddressSanitizer changes every allocation's size";
+  memtest_family("gpt_bigcode", R"(["c_attn", "c_fc"])");
 }
 
 // A CodeGen from its config.json: GPT-J's block with q, v and k cut from one qkv_proj in 4 blocks
