@@ -252,7 +252,7 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
   // A query projection of another width: head_dim (or its absence) is wrong for these weights.
   // Phi-3's qkv_proj (GPT-NeoX's query_key_value) holds the query's rows and then the keys' and
   // values' (head by head).
-  const bool fused = s.fused_projections() || s.grouped_qkv() || s.codegen();
+  const bool fused = s.fused_qkv();
   const int64_t kv_rows = fused ? 2 * s.kv_heads() * s.head_dim() : 0;
   const models::ModelSpec::ModuleNames n = s.module_names();
   const std::string layer0 = std::string(n.model) + "." + n.layers + ".0.",

@@ -7,6 +7,7 @@
 #include "keel/nn/checkpoint.h"
 #include "keel/nn/layers.h"
 #include "keel/numerics/error.h"
+#include "keel/ops/shape.h"
 #include "keel/tensor/random.h"
 
 #include <cmath>
@@ -272,6 +273,18 @@ Tensor CausalLM::run_blocks(const std::vector<nn::Module*>& blocks, Tensor x,
 ops::AttentionDropout attention_probability_dropout(const nn::Module& m, double p) {
   if (!m.is_training() || p == 0) return {};
   return {static_cast<float>(p), nn::dropout_mask_seed(m.path() + ".attn_dropout")};
+}
+
+std::vector<Tensor> split_grouped_qkv(const Tensor& qkv, int64_t n_head, int64_t n_kv_head) {
+  const int64_t r = n_head / n_kv_head, d = qkv.size(-1) / (n_head + 2 * n_kv_head);
+  Shape by_group = qkv.shape(), queries = qkv.shape(), keys = qkv.shape();
+  by_group.back() = n_kv_head;
+  by_group.push_back((r + 2) * d);
+  queries.back() = n_head * d;
+  keys.back() = n_kv_head * d;
+  const std::vector<Tensor> parts = ops::split_last(ops::reshape(qkv, by_group), {r * d, d, d});
+  return {ops::reshape(parts[0], queries), ops::reshape(parts[1], keys),
+          ops::reshape(parts[2], keys)};
 }
 
 std::unique_ptr<CausalLM> make_causal_lm(const ModelSpec& spec, uint64_t seed) {

@@ -197,8 +197,9 @@ struct ModelSpec {
   // GPT-NeoX's and StableLM's use_parallel_residual, Falcon's parallel_attn (only read for them:
   // GPTNeoXConfig's and FalconConfig's default true, StableLmConfig's false).
   bool parallel_residual = true;
-  // GPT-NeoX's attention_bias (biases on query_key_value and dense), StableLM's use_qkv_bias and
-  // GLM's attention_bias (on q, k and v); only read for them.
+  // GPT-NeoX's attention_bias (biases on query_key_value and dense), StableLM's use_qkv_bias,
+  // GLM's attention_bias (on q, k and v) and StarCoder2's use_bias (on q, k, v, o_proj and its
+  // MLP); only read for them.
   bool attention_bias = true;
   // The attention and the MLP read the same residual stream and their outputs are added to it
   // together: Cohere's and StableLM's (x + attention) + mlp (residual_first_sum), Phi's and
@@ -259,6 +260,9 @@ struct ModelSpec {
   // each group its kv_heads() / n_head queries, then its key, then its value (GPT-NeoX's a group a
   // head: q, k, v of head 0, then head 1).
   bool grouped_qkv() const { return gpt_neox() || falcon(); }
+  // q, k and v one Linear (names.qkv): Phi-3's, GPT-NeoX's, Falcon's and CodeGen's, each with its
+  // own row layout.
+  bool fused_qkv() const { return fused_projections() || grouped_qkv() || codegen(); }
   bool out_bias() const { return phi() || ((gpt_neox() || starcoder2()) && attention_bias); }
   bool head_bias() const { return phi() || gptj(); }
   // The HF names of the modules a Llama-family model registers (its parameters' names, what an
@@ -469,6 +473,13 @@ class CausalLM : public nn::Module {
   int64_t blocks_per_segment_ = 0;
   friend void resize_token_embeddings(CausalLM& model, int64_t new_vocab);  // models/resize.h
 };
+
+// The queries, keys and values [B, T, n_head * D], [B, T, n_kv_head * D] (twice) of one fused
+// product qkv [B, T, (n_head + 2 * n_kv_head) * D] whose rows go key/value group by group, each
+// group its n_head / n_kv_head queries, then its key, then its value: GPT-NeoX's and GPT-BigCode's
+// (without multi_query) a group a head, Falcon's num_kv_heads groups. Group g's queries are heads
+// g * r to g * r + r - 1, which read key/value head g as grouped-query heads do.
+std::vector<Tensor> split_grouped_qkv(const Tensor& qkv, int64_t n_head, int64_t n_kv_head);
 
 // Builds a model with deterministic initialization from `seed` (GPT-2: N(0, init_std), residual
 // projections scaled by 1/sqrt(2 n_layer), biases 0, norms 1; Llama: N(0, init_std), norms 1).

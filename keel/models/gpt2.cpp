@@ -32,17 +32,11 @@ Tensor GPT2Attention::forward(const Tensor& x, const ops::AttentionMask& mask,
   return call({x}, [&] {
     const int64_t d = n_embd / n_head;
     Tensor qkv = c_attn->forward(x);  // [B, T, C + 2 * kv * D]
-    std::vector<Tensor> parts;
-    if (per_head_qkv) {  // GPT-BigCode (HF's view(B, T, H, 3D) split in D, D, D)
-      Shape by_head = qkv.shape(), merged = qkv.shape();
-      by_head.back() = n_head;
-      by_head.push_back(3 * d);
-      merged.back() = n_embd;
-      for (const Tensor& t : ops::split_last(ops::reshape(qkv, by_head), {d, d, d}))
-        parts.push_back(ops::reshape(t, merged));
-    } else {  // the queries, then the keys, then the values (3 x [B, T, C] for GPT-2)
-      parts = ops::split_last(qkv, {n_embd, n_kv_head * d, n_kv_head * d});
-    }
+    // GPT-BigCode without multi_query: a group a head (HF's view(B, T, H, 3D) split in D, D,
+    // D); else the queries, then the keys, then the values (3 x [B, T, C] for GPT-2).
+    const std::vector<Tensor> parts =
+        per_head_qkv ? split_grouped_qkv(qkv, n_head, n_head)
+                     : ops::split_last(qkv, {n_embd, n_kv_head * d, n_kv_head * d});
     using amp::AmpOp;
     Tensor q = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[0], n_head));  // [B,H,T,D]
     Tensor k = amp::autocast(AmpOp::kAttention, ops::split_heads(parts[1], n_kv_head));

@@ -49,7 +49,7 @@ LlamaAttention::LlamaAttention(const ModelSpec& s, int64_t layer)
   };
   grouped_qkv = s.grouped_qkv();
   codegen_qkv = s.codegen();
-  if (s.fused_projections() || grouped_qkv || codegen_qkv) {
+  if (s.fused_qkv()) {
     qkv_proj =
         register_module(names.qkv, lin(s.n_embd, (n_head + 2 * n_kv_head) * d, s.qkv_bias()));
   } else {
@@ -96,21 +96,12 @@ Tensor LlamaAttention::forward(const Tensor& x, const ops::AttentionMask& mask,
     // OLMo's clip_qkv: each projection (OLMoE's q and k after their norms) clamped, as HF's clamp_.
     auto clipped = [this](const Tensor& t) { return clip_qkv > 0 ? ops::clamp(t, clip_qkv) : t; };
     if (grouped_qkv) {
-      // GPT-NeoX, Falcon: one product whose columns go key/value group by group, each group's
-      // n_head / n_kv_head queries, then its key, then its value (HF's GPT-NeoX view(B, T, H, 3D)
-      // chunked in three, Falcon's view(B, T, groups, queries + 2, D)): group g's queries are
-      // heads g * r to g * r + r - 1, which read key/value head g as grouped-query heads do.
-      const int64_t d = o_proj->in_features / n_head, r = n_head / n_kv_head;
-      const Tensor qkv = qkv_proj->forward(x);
-      Shape by_group = qkv.shape(), queries = qkv.shape(), keys = qkv.shape();
-      by_group.back() = n_kv_head;
-      by_group.push_back((r + 2) * d);
-      queries.back() = n_head * d;
-      keys.back() = n_kv_head * d;
-      const std::vector<Tensor> parts = ops::split_last(ops::reshape(qkv, by_group), {r * d, d, d});
-      q = ops::split_heads(ops::reshape(parts[0], queries), n_head);
-      k = ops::split_heads(ops::reshape(parts[1], keys), n_kv_head);
-      v = ops::split_heads(ops::reshape(parts[2], keys), n_kv_head);
+      // GPT-NeoX, Falcon: one product whose columns go key/value group by group (HF's GPT-NeoX
+      // view(B, T, H, 3D) chunked in three, Falcon's view(B, T, groups, queries + 2, D)).
+      const std::vector<Tensor> parts = split_grouped_qkv(qkv_proj->forward(x), n_head, n_kv_head);
+      q = ops::split_heads(parts[0], n_head);
+      k = ops::split_heads(parts[1], n_kv_head);
+      v = ops::split_heads(parts[2], n_kv_head);
     } else if (codegen_qkv) {
       // CodeGen: one product whose columns go in 4 blocks, each a quarter of the heads' queries,
       // values, then keys (HF's reshape(..., mp_num, -1) split in that order): block b holds

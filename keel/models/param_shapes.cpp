@@ -58,7 +58,7 @@ std::vector<ParamShape> llama(const ModelSpec& s) {
   for (int64_t l = 0; l < s.n_layer; ++l) {
     const std::string h = model + "." + n.layers + "." + std::to_string(l);
     if (!s.post_norms()) add_norm(h + "." + n.attn_in_norm);
-    if (s.fused_projections() || s.grouped_qkv() || s.codegen()) {
+    if (s.fused_qkv()) {
       linear(p, h + attn + "." + n.qkv, C, q_dim + 2 * kv_dim, s.qkv_bias());
     } else {
       linear(p, h + attn + ".q_proj", C, q_dim, s.qkv_bias());

@@ -567,8 +567,7 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
     // A Phi-3's fused qkv_proj and gate_up_proj take their pieces' gradients in one buffer of the
     // fused output's shape (ops::split_last), beside the pieces' own.
     // (GPT-NeoX's and Falcon's query_key_value too; GLM's gate_up_proj alone.)
-    if (sp.fused_projections() || sp.grouped_qkv() || sp.codegen())
-      layer += block_bytes(c * BT * (qC + 2 * kvC));
+    if (sp.fused_qkv()) layer += block_bytes(c * BT * (qC + 2 * kvC));
     if (sp.fused_gate_up()) mlp += block_bytes(c * BT * 2 * F);
     layer_transient = std::max({layer, mlp, adapter_transient});
     // A block's backward runs after the lm_head's has dropped the logits (cross_entropy's node
@@ -905,13 +904,12 @@ std::string memory_fit_advice(const MemoryQuery& q, int64_t available) {
     MemoryQuery a = q;
     a.adapter.kind = "lora";
     a.adapter.r = 16;
-    // PEFT's usual targets: a Phi-3's attention is one qkv_proj.
-    a.adapter.target_modules = q.hf_model_type == "phi3" ? std::vector<std::string>{"qkv_proj"}
-                               : q.hf_model_type == "gpt_neox" || q.hf_model_type == "falcon"
-                                   ? std::vector<std::string>{"query_key_value"}
-                               : q.hf_model_type == "codegen" ? std::vector<std::string>{"qkv_proj"}
-                               : q.family == "llama" ? std::vector<std::string>{"q_proj", "v_proj"}
-                                                     : std::vector<std::string>{"c_attn", "c_proj"};
+    // PEFT's usual targets: q and v, or the one Linear that holds them (Phi-3's qkv_proj,
+    // GPT-NeoX's and Falcon's query_key_value, CodeGen's qkv_proj).
+    const models::ModelSpec sp = spec_of(q);
+    a.adapter.target_modules = q.family != "llama" ? std::vector<std::string>{"c_attn", "c_proj"}
+                               : sp.fused_qkv()    ? std::vector<std::string>{sp.module_names().qkv}
+                                                   : std::vector<std::string>{"q_proj", "v_proj"};
     a.base_dtype = "bf16";
     std::string targets;
     for (const std::string& t : a.adapter.target_modules)
