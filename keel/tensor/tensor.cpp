@@ -193,24 +193,28 @@ Tensor Tensor::from_floats(const std::vector<float>& v, const Shape& shape, DTyp
              "from_floats: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
   Tensor t = empty(shape, dt);
   const int64_t n = t.numel();
+  if (n == 0) return t;  // an empty vector may hold no buffer
+  // The buffer and the dtype are looked up once, not per element: these loops run over whole
+  // weights (fill_normal, checkpoints), and Tensor::data() checks the storage at each call.
+  void* out = t.data();
   switch (dt) {
     case DType::F32:
-      if (n > 0) std::memcpy(t.data(), v.data(), n * 4);  // an empty vector may hold no buffer
+      std::memcpy(out, v.data(), n * 4);
       break;
     case DType::BF16:
-      for (int64_t i = 0; i < n; ++i) store_f32(t.data_as<bf16_t>() + i, v[i]);
+      for (int64_t i = 0; i < n; ++i) store_f32(static_cast<bf16_t*>(out) + i, v[i]);
       break;
     case DType::F16:
-      for (int64_t i = 0; i < n; ++i) store_f32(t.data_as<f16_t>() + i, v[i]);
+      for (int64_t i = 0; i < n; ++i) store_f32(static_cast<f16_t*>(out) + i, v[i]);
       break;
     case DType::I32:
-      for (int64_t i = 0; i < n; ++i) t.data_as<int32_t>()[i] = static_cast<int32_t>(v[i]);
+      for (int64_t i = 0; i < n; ++i) static_cast<int32_t*>(out)[i] = static_cast<int32_t>(v[i]);
       break;
     case DType::I64:
-      for (int64_t i = 0; i < n; ++i) t.data_as<int64_t>()[i] = static_cast<int64_t>(v[i]);
+      for (int64_t i = 0; i < n; ++i) static_cast<int64_t*>(out)[i] = static_cast<int64_t>(v[i]);
       break;
     case DType::U8:
-      for (int64_t i = 0; i < n; ++i) t.data_as<uint8_t>()[i] = static_cast<uint8_t>(v[i]);
+      for (int64_t i = 0; i < n; ++i) static_cast<uint8_t*>(out)[i] = static_cast<uint8_t>(v[i]);
       break;
   }
   return t;
@@ -220,20 +224,18 @@ Tensor Tensor::from_ints(const std::vector<int64_t>& v, const Shape& shape, DTyp
   KEEL_CHECK(static_cast<int64_t>(v.size()) == shape_numel(shape),
              "from_ints: " + std::to_string(v.size()) + " values for shape " + shape_str(shape));
   Tensor t = empty(shape, dt);
-  for (size_t i = 0; i < v.size(); ++i) {
-    switch (dt) {
-      case DType::I32:
-        t.data_as<int32_t>()[i] = static_cast<int32_t>(v[i]);
-        break;
-      case DType::I64:
-        t.data_as<int64_t>()[i] = v[i];
-        break;
-      case DType::U8:
-        t.data_as<uint8_t>()[i] = static_cast<uint8_t>(v[i]);
-        break;
-      default:
-        KEEL_CHECK(false, "from_ints: integer dtype required");
-    }
+  const int64_t n = t.numel();
+  if (n == 0) return t;
+  KEEL_CHECK(dt == DType::I32 || dt == DType::I64 || dt == DType::U8,
+             "from_ints: integer dtype required");
+  void* out = t.data();
+  for (int64_t i = 0; i < n; ++i) {
+    if (dt == DType::I32)
+      static_cast<int32_t*>(out)[i] = static_cast<int32_t>(v[i]);
+    else if (dt == DType::I64)
+      static_cast<int64_t*>(out)[i] = v[i];
+    else
+      static_cast<uint8_t*>(out)[i] = static_cast<uint8_t>(v[i]);
   }
   return t;
 }
@@ -419,50 +421,44 @@ std::vector<float> Tensor::to_floats() const {
   if (device().is_cuda()) return to(Device::cpu()).to_floats();
   const int64_t n = numel();
   std::vector<float> v(n);
-  for (int64_t i = 0; i < n; ++i) {
-    switch (dtype()) {
-      case DType::F32:
-        v[i] = data_as<float>()[i];
-        break;
-      case DType::BF16:
-        v[i] = load_f32(data_as<bf16_t>() + i);
-        break;
-      case DType::F16:
-        v[i] = load_f32(data_as<f16_t>() + i);
-        break;
-      case DType::I32:
-        v[i] = static_cast<float>(data_as<int32_t>()[i]);
-        break;
-      case DType::I64:
-        v[i] = static_cast<float>(data_as<int64_t>()[i]);
-        break;
-      case DType::U8:
-        v[i] = static_cast<float>(data_as<uint8_t>()[i]);
-        break;
-    }
+  if (n == 0) return v;
+  const void* in = data();  // once (see from_floats)
+  switch (dtype()) {
+    case DType::F32:
+      std::memcpy(v.data(), in, n * 4);
+      break;
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) v[i] = load_f32(static_cast<const bf16_t*>(in) + i);
+      break;
+    case DType::F16:
+      for (int64_t i = 0; i < n; ++i) v[i] = load_f32(static_cast<const f16_t*>(in) + i);
+      break;
+    case DType::I32:
+      for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(static_cast<const int32_t*>(in)[i]);
+      break;
+    case DType::I64:
+      for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(static_cast<const int64_t*>(in)[i]);
+      break;
+    case DType::U8:
+      for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(static_cast<const uint8_t*>(in)[i]);
+      break;
   }
   return v;
 }
 
 std::vector<int64_t> Tensor::to_ints() const {
   if (device().is_cuda()) return to(Device::cpu()).to_ints();
+  const DType dt = dtype();
   const int64_t n = numel();
   std::vector<int64_t> v(n);
-  for (int64_t i = 0; i < n; ++i) {
-    switch (dtype()) {
-      case DType::I32:
-        v[i] = data_as<int32_t>()[i];
-        break;
-      case DType::I64:
-        v[i] = data_as<int64_t>()[i];
-        break;
-      case DType::U8:
-        v[i] = data_as<uint8_t>()[i];
-        break;
-      default:
-        KEEL_CHECK(false, "to_ints: integer dtype required");
-    }
-  }
+  if (n == 0) return v;
+  KEEL_CHECK(dt == DType::I32 || dt == DType::I64 || dt == DType::U8,
+             "to_ints: integer dtype required");
+  const void* in = data();
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = dt == DType::I32   ? static_cast<const int32_t*>(in)[i]
+           : dt == DType::I64 ? static_cast<const int64_t*>(in)[i]
+                              : static_cast<const uint8_t*>(in)[i];
   return v;
 }
 
