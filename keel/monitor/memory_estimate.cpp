@@ -349,7 +349,10 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
           "c_attn, attn.c_proj, c_fc ([B,T,C]) and mlp.c_proj ([B,T,4C]) inputs, " + cd;
       add("linear inputs", 3, c * BT * C, li, true);
       add("linear inputs", 1, c * BT * F, li, true);
-      add("q, k, v", 3, c * BT * C, "split-heads copies [B,H,T,D] " + cd, true);
+      // (GPT-BigCode's multi_query keys and values are one head: [B,1,T,D].)
+      const std::string qkv = "split-heads copies [B,H,T,D], k and v [B,kv,T,D], " + cd;
+      add("q, k, v", 1, c * BT * C, qkv, true);
+      add("q, k, v", 2, c * BT * kvC, qkv, true);
       add("gelu input", 1, c * BT * F, "c_fc output [B,T,F] " + cd, true);
       add("residual stream", 1, s * BT * C, "", false);
       add("norm statistics", 2, 4 * BT, "", false);

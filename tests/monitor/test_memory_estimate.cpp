@@ -12,6 +12,7 @@
 #include "keel/models/causal_lm.h"
 #include "keel/monitor/memory_estimate.h"
 #include "keel/numerics/error.h"
+#include "keel/tensor/host_memory.h"
 #include "keel/train/config.h"
 #include "tests/support/check.h"
 
@@ -201,6 +202,25 @@ TEST(MemoryEstimate, ActivationsScaleAsTheSavedTensors) {
   q.layers = 3;
   const MemoryEstimate l3 = estimate_memory(q);
   EXPECT_EQ(l4.activations - l3.activations, l3.activations - a.activations);
+}
+
+// GPT-BigCode's multi_query keeps one key head and one value head per block ([B,1,T,D]), not a
+// head's copy per query head: counting three [B,T,C] copies over-counted its peak RSS by 5%.
+TEST(MemoryEstimate, MultiQueryKeysAndValuesAreOneHeadWide) {
+  MemoryQuery q = gpt2_query(2, 64, 4, 4, 32);  // D = 16, B * T = 128
+  q.hf_model_type = "gpt_bigcode";
+  auto qkv_bytes = [&](int64_t kv_heads) {
+    q.kv_heads = kv_heads;
+    for (const MemoryItem& it : estimate_memory(q).activation_items)
+      if (it.name == "q, k, v") return it.bytes;
+    ADD_FAILURE() << "no \"q, k, v\" row";
+    return int64_t{0};
+  };
+  const auto block = [](int64_t n) {
+    return static_cast<int64_t>(host_memory::block_size(static_cast<size_t>(n)));
+  };
+  EXPECT_EQ(qkv_bytes(4), 2 * 3 * block(128 * 64 * 4));
+  EXPECT_EQ(qkv_bytes(1), 2 * (block(128 * 64 * 4) + 2 * block(128 * 16 * 4)));
 }
 
 TEST(MemoryEstimate, QueryFromConfig) {
