@@ -42,6 +42,6 @@ phase_done "the sanitized tests"
 # Fuzzing: a short libFuzzer campaign per input format (safetensors, config.json, tokenizers,
 # chat templates, JSONL, TOML, NaN captures, trainer.json), clang + ASan + UBSan,
 # KEEL_FUZZ_SECONDS each (6 here; 0 skips it). A finding fails the script. Its clang build (only
-# the layers up to monitor/) takes ~2 minutes on 2 cores from cold, the campaigns ~40 s.
+# the layers up to train/) takes ~1.5 minutes on 2 cores from cold, the campaigns ~40 s.
 export KEEL_FUZZ_SECONDS=${KEEL_FUZZ_SECONDS:-6}
 if [ "$KEEL_FUZZ_SECONDS" != 0 ]; then bash scripts/fuzz.sh; phase_done "fuzzing"; fi
