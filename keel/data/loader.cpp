@@ -37,6 +37,7 @@ Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_le
   int64_t* in = b.input_ids.data_as<int64_t>();
   int64_t* lab = b.labels.data_as<int64_t>();
   uint8_t* mask = b.attention_mask.data_as<uint8_t>();
+  int64_t* position = packed ? b.position_ids.data_as<int64_t>() : nullptr;
   for (int64_t r = 0; r < B; ++r) {
     const ExampleView& e = rows[static_cast<size_t>(r)];
     KEEL_CHECK(e.consistent(), "example tokens and target differ in length");
@@ -55,7 +56,7 @@ Batch collate(const Dataset& ds, const std::vector<int64_t>& ids, int64_t seq_le
       in_r[t] = real ? e.id(static_cast<size_t>(t)) : pad_id;
       mask_r[t] = real ? 1 : 0;
       while (next < example_start.size() && t == example_start[next]) ++next, pos = 0;
-      if (packed) b.position_ids.data_as<int64_t>()[r * T + t] = pos++;
+      if (packed) position[r * T + t] = pos++;
       // Position t predicts token t+1, which must exist within the kept row, be a target and
       // belong to the same example.
       const bool same_example = next >= example_start.size() || t + 1 != example_start[next];

@@ -395,24 +395,26 @@ void Tensor::fill(float value) {
     runtime_for(device()).fill(data(), pattern, dtype_size(dtype()), n, device().index);
     return;
   }
+  if (n == 0) return;
+  void* out = data();  // once (see from_floats)
   switch (dtype()) {
     case DType::F32:
-      for (int64_t i = 0; i < n; ++i) data_as<float>()[i] = value;
+      std::fill_n(static_cast<float*>(out), n, value);
       break;
     case DType::BF16:
-      for (int64_t i = 0; i < n; ++i) store_f32(data_as<bf16_t>() + i, value);
+      for (int64_t i = 0; i < n; ++i) store_f32(static_cast<bf16_t*>(out) + i, value);
       break;
     case DType::F16:
-      for (int64_t i = 0; i < n; ++i) store_f32(data_as<f16_t>() + i, value);
+      for (int64_t i = 0; i < n; ++i) store_f32(static_cast<f16_t*>(out) + i, value);
       break;
     case DType::I32:
-      for (int64_t i = 0; i < n; ++i) data_as<int32_t>()[i] = static_cast<int32_t>(value);
+      std::fill_n(static_cast<int32_t*>(out), n, static_cast<int32_t>(value));
       break;
     case DType::I64:
-      for (int64_t i = 0; i < n; ++i) data_as<int64_t>()[i] = static_cast<int64_t>(value);
+      std::fill_n(static_cast<int64_t*>(out), n, static_cast<int64_t>(value));
       break;
     case DType::U8:
-      for (int64_t i = 0; i < n; ++i) data_as<uint8_t>()[i] = static_cast<uint8_t>(value);
+      std::fill_n(static_cast<uint8_t*>(out), n, static_cast<uint8_t>(value));
       break;
   }
 }
