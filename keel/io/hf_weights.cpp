@@ -28,9 +28,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 // GPT-2's Conv1D layers: stored [in, out] by HF.
-// (GPT-BigCode's are nn.Linear.)
 bool is_conv1d(const models::ModelSpec& spec, const std::string& name) {
-  return spec.family == "gpt2" && !spec.gpt_bigcode() &&
+  return spec.conv1d_weights() &&
          (ends_with(name, ".attn.c_attn.weight") || ends_with(name, ".attn.c_proj.weight") ||
           ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_proj.weight"));
 }
@@ -275,7 +274,7 @@ void check_sizes_against_weights(const std::string& dir, const models::ModelSpec
   const Shape* mlp = gpt2 ? shape_of({"h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_fc.weight"})
                           : shape_of({mlp0.c_str()});
   const int64_t mlp_rows = gate_up ? 2 * s.ffn_dim() : s.ffn_dim();
-  const size_t out_dim = gpt2 && !s.gpt_bigcode() ? 1 : 0;  // (GPT-2's Conv1D is [in, out])
+  const size_t out_dim = s.conv1d_weights() ? 1 : 0;  // (Conv1D is [in, out])
   if (mlp && mlp->size() == 2 && (*mlp)[out_dim] != mlp_rows)
     throw disagree(gpt2         ? "n_inner"
                    : s.falcon() ? "ffn_hidden_size"

@@ -53,8 +53,7 @@ json peft_config_json(const models::CausalLM& model, const nn::AdapterOptions& o
     c["bias"] = "none";
     c["init_lora_weights"] = true;
     // PEFT's flag for weights stored [in, out]: GPT-2's Conv1D layers in HF.
-    // (GPT-2's Conv1D layout; GPT-BigCode's are nn.Linear)
-    c["fan_in_fan_out"] = model.spec().family == "gpt2" && !model.spec().gpt_bigcode();
+    c["fan_in_fan_out"] = model.spec().conv1d_weights();
   }
   return c;
 }

@@ -188,6 +188,9 @@ struct ModelSpec {
   // Conv1D transpose) and, with multi_query, one key/value head: c_attn's rows the queries, then
   // one key, then one value; without it each head's q, k, v side by side.
   bool gpt_bigcode() const { return hf_model_type == "gpt_bigcode"; }
+  // HF stores the attention's and the MLP's weights as Conv1D [in, out] (GPT-2's; GPT-BigCode's
+  // are nn.Linear [out, in]): transposed on load and save, PEFT's fan_in_fan_out.
+  bool conv1d_weights() const { return family == "gpt2" && !gpt_bigcode(); }
   bool codegen() const { return hf_model_type == "codegen"; }
   // CodeGen's qkv_proj: its rows in 4 blocks (the TPU-v4 shards it was trained on, HF's mp_num),
   // each a quarter of the heads' queries, then their values, then their keys.

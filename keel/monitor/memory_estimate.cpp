@@ -332,6 +332,12 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       (per_block ? it->per_block : it->outside) += bytes;
     };
     const std::string sd = s == 4 ? "f32" : "16-bit", cd = c == 4 ? "f32" : "16-bit";
+    // The attention's inputs: the queries, and the keys and values of kv_heads() heads (one under
+    // GPT-BigCode's multi_query, fewer than the queries' under grouped-query attention).
+    auto add_qkv = [&](const std::string& detail) {
+      add("q, k, v", 1, c * BT * qC, detail, true);
+      add("q, k, v", 2, c * BT * kvC, detail, true);
+    };
     const std::string attn_detail = flash ? "flash: output [B,T,C] " + cd + " + lse [B,H,T] f32"
                                           : "probabilities [B,H,T,T] f32 (" + q.attention + ")";
     if (flash) {
@@ -349,10 +355,7 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
           "c_attn, attn.c_proj, c_fc ([B,T,C]) and mlp.c_proj ([B,T,4C]) inputs, " + cd;
       add("linear inputs", 3, c * BT * C, li, true);
       add("linear inputs", 1, c * BT * F, li, true);
-      // (GPT-BigCode's multi_query keys and values are one head: [B,1,T,D].)
-      const std::string qkv = "split-heads copies [B,H,T,D], k and v [B,kv,T,D], " + cd;
-      add("q, k, v", 1, c * BT * C, qkv, true);
-      add("q, k, v", 2, c * BT * kvC, qkv, true);
+      add_qkv("split-heads copies [B,H,T,D], k and v [B,kv,T,D], " + cd);
       add("gelu input", 1, c * BT * F, "c_fc output [B,T,F] " + cd, true);
       add("residual stream", 1, s * BT * C, "", false);
       add("norm statistics", 2, 4 * BT, "", false);
@@ -378,8 +381,7 @@ MemoryEstimate estimate_memory(const MemoryQuery& q) {
       add("linear inputs", sp.post_norms() && !pol.autocast ? 0 : norms, c * BT * C, li, true);
       add("linear inputs", 1, c * BT * qC, li, true);  // o_proj's [B,T,H*D]
       add("linear inputs", 1, c * BT * Fk, li, true);  // down_proj's (each expert's rows)
-      add("q, k, v", 1, c * BT * qC, "after rope / split-heads, " + cd, true);
-      add("q, k, v", 2, c * BT * kvC, "after rope / split-heads, " + cd, true);
+      add_qkv("after rope / split-heads, " + cd);
       // Qwen3's q_norm and k_norm keep their inputs, in f32 (RMSNorm runs in f32: under -mixed
       // its own cast of the split heads), and a statistic per head and token.
       // (Phi's are LayerNorms, a mean beside each rstd; Command-R+'s and StableLM-2-12B's weight
