@@ -1497,10 +1497,10 @@ TEST(CliGptBigCode, InitModelWritesOneALoraOnItsMultiQueryAttentionTrainsAndAppl
   EXPECT_EQ(cfg.at("model_type"), "gpt_bigcode");
   EXPECT_EQ(cfg.at("architectures"), json::array({"GPTBigCodeForCausalLM"}));
   EXPECT_EQ(cfg.at("multi_query"), true);
-  for (const auto& [name, t] : io::read_safetensors(dir + "/base/model.safetensors").tensors)
-    if (name == "transformer.h.0.attn.c_attn.weight") {
-      EXPECT_EQ(t.shape(), (Shape{32 + 2 * 8, 32}));  // nn.Linear's [out, in]
-    }
+  const io::Safetensors weights = io::read_safetensors(dir + "/base/model.safetensors");
+  const Tensor* c_attn = weights.find("transformer.h.0.attn.c_attn.weight");
+  ASSERT_NE(c_attn, nullptr);
+  EXPECT_EQ(c_attn->shape(), (Shape{32 + 2 * 8, 32}));  // nn.Linear's [out, in]
   std::ofstream(dir + "/t.txt") << "12+34=46\n\n5+7=12\n\n90+9=99\n";
   EXPECT_EQ(train_falls(dir, {"model.adapter.kind=lora",
                               "model.adapter.target_modules=[\"c_attn\"]", "optim.lr=5e-2"})

@@ -96,12 +96,10 @@ uint64_t decode_seed(const std::string& family) {
   // gptj.)
   if (family == "falcon") return 3;
   if (family == "falcon40b" || family == "gptj") return 5;
-  if (family == "stablelm_qk") return 8;
-  if (family.starts_with("gpt_bigcode"))
-    return 3;  // (2 of 6 seeds clear for both)  // (2 of 7 seeds: its f32 q/k norms in a bf16
-               // block)
-  if (family == "olmo") return 5;  // (2 of 7 seeds)
-  if (family == "glm4") return 3;  // (3 of 8 seeds)
+  if (family == "stablelm_qk") return 8;  // (2 of 7 seeds: its f32 q/k norms in a bf16 block)
+  if (family.starts_with("gpt_bigcode")) return 3;  // (2 of 6 seeds clear for both)
+  if (family == "olmo") return 5;                   // (2 of 7 seeds)
+  if (family == "glm4") return 3;                   // (3 of 8 seeds)
   return 7;
 }
 
