@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Device check of the CUDA backend (issue 7), in one call of at most 8 minutes on a fresh GPU
-# machine: configure and build (Release, sm_90, only what is needed), run the GPU tests, the keel
-# benchmark (GPT-2 124M, B=16, T=1024, bf16-mixed, with the bf16 matmul rate measured in the same
-# run) and the same model in PyTorch, then print a short table last.
+# Device check of the CUDA backend (issue 7; the goals in its table are issue 26's), in one call of
+# at most 8 minutes on a fresh GPU machine: configure and build (Release, sm_90, only what is
+# needed), run the GPU tests, the keel benchmark (GPT-2 124M, B=16, T=1024, bf16-mixed, with the
+# bf16 matmul rate measured in the same run) and the same model in PyTorch, then print a short
+# table last.
 #
 #   bash bench/gpu_check.sh                          # from the repository root or anywhere
 #   KEEL_GPU_ARCH=80 bash bench/gpu_check.sh         # an A100
@@ -127,9 +128,10 @@ if k:
              ("keel GPT-2 124M B=16 T=1024 bf16-mixed", f"{float(k['keel_tok_s']):,.0f} tok/s "
               f"({float(k['step_ms']):.1f} ms/step, attention {k.get('attention', '?')})"),
              ("  by attention backend", f"flash {float(k.get('flash_tok_s', 0)):,.0f} tok/s, "
-              f"eager {float(k.get('eager_tok_s', 0)):,.0f} tok/s"),
-             ("keel MFU (vs the measured bf16 rate)", f"{100 * float(k['mfu']):.1f}%  (goal >= 35%)")]
-    goal &= float(k["mfu"]) >= 0.35
+              f"eager {float(k.get('eager_tok_s', 0)):,.0f} tok/s, flash on tensor cores "
+              f"{float(k.get('flash_mma_tok_s', 0)):,.0f} tok/s"),
+             ("keel MFU (vs the measured bf16 rate)", f"{100 * float(k['mfu']):.1f}%  (goal >= 40%)")]
+    goal &= float(k["mfu"]) >= 0.40
 else:
     rows.append(("keel benchmark", "FAILED (no RESULT line)"))
     goal = False
@@ -139,10 +141,10 @@ if t:
     if k:
         ratio = float(k["keel_tok_s"]) / float(t["torch_tok_s"])
         d = abs(float(k["loss0"]) - float(t["loss0"]))
-        rows.append(("keel / PyTorch tokens/s", f"{ratio:.2f}x  (goal >= 0.90)"))
+        rows.append(("keel / PyTorch tokens/s", f"{ratio:.2f}x  (goal >= 1.2)"))
         rows.append(("step-0 loss keel | torch", f"{float(k['loss0']):.5f} | {float(t['loss0']):.5f}"
                      f"  (|diff| {d:.1e}, parity if < 1e-2)"))
-        goal &= ratio >= 0.9 and d < 1e-2
+        goal &= ratio >= 1.2 and d < 1e-2
 else:
     rows.append(("PyTorch benchmark", "FAILED (no RESULT line)"))
     goal = False

@@ -421,6 +421,66 @@ TEST(CudaOps, AttentionEveryBackendWithPaddingAndGqa) {
       }
 }
 
+// Flash on tensor cores (backend/cuda/attention_mma.cu, on with KEEL_CUDA_FLASH_MMA=1): one
+// partial 64-row tile (T=37) and several (T=150), grouped-query heads, batch 1's first 70 keys
+// padding (a whole tile of rows that see nothing, output and gradients 0) and one in the middle,
+// head dims 64 and 128, bf16 and f16, forward and backward against the CPU; the same bits twice;
+// and the launches are the tensor-core kernels', not a silent fallback to the CUDA-core ones.
+TEST(CudaOps, FlashOnTensorCoresMatchesTheCpu) {
+  REQUIRE_GPU();
+  struct EnvGuard {
+    EnvGuard() { setenv("KEEL_CUDA_FLASH_MMA", "1", 1); }
+    ~EnvGuard() { unsetenv("KEEL_CUDA_FLASH_MMA"); }
+  } on;
+  for (int64_t t : {37, 150}) {
+    std::vector<int64_t> mask_v(2 * t, 1);
+    for (int64_t j = 0; j < std::min<int64_t>(70, t - 5); ++j) mask_v[t + j] = 0;
+    mask_v[t + t - 3] = 0;
+    Tensor mask = Tensor::from_ints(mask_v, {2, t}, DType::U8);
+    for (DType dt : {DType::BF16, DType::F16})
+      for (int64_t d : {64, 128})
+        for (bool masked : {false, true}) {
+          Tensor q = test::randn({2, 4, t, d}, 25, 1.f, dt),
+                 k = test::randn({2, 2, t, d}, 26, 1.f, dt),
+                 v = test::randn({2, 2, t, d}, 27, 1.f, dt);
+          const std::string what = std::string("flash on tensor cores ") + dtype_name(dt) +
+                                   " T=" + std::to_string(t) + " D=" + std::to_string(d) +
+                                   (masked ? " padded" : "");
+          auto f = [&](auto& x) {
+            return ops::attention(x[0], x[1], x[2], masked ? x[3] : Tensor(),
+                                  ops::AttentionBackend::kFlash);
+          };
+          expect_matches_cpu(f, {q, k, v, mask}, tol_for(dt, 1e-4), what);
+
+          // On the GPU again, profiled: the tensor-core kernels ran, forward and backward, and
+          // gave the same bits as before (fixed order, no atomics).
+          std::vector<Tensor> runs[2];
+          for (int rep = 0; rep < 2; ++rep) {
+            std::vector<Tensor> x;
+            for (const Tensor& in : {q, k, v}) {
+              Tensor g = in.to(kGpu);
+              g.set_requires_grad(true);
+              x.push_back(g);
+            }
+            x.push_back(mask.to(kGpu));
+            cuda::profile_begin();
+            Tensor out = f(x);
+            backward(out, test::randn(out.shape(), 99, 1.f, dt).to(kGpu));
+            const std::vector<cuda::ProfileRow> rows = cuda::profile_end();
+            int mma_launches = 0;
+            for (const auto& r : rows)
+              if (r.site.find("attention_mma.cu") != std::string::npos) mma_launches += r.calls;
+            EXPECT_EQ(mma_launches, 3) << what << ": forward, dK/dV and dQ on tensor cores";
+            runs[rep] = {out.to(Device::cpu()), x[0].grad().to(Device::cpu()),
+                         x[1].grad().to(Device::cpu()), x[2].grad().to(Device::cpu())};
+          }
+          for (size_t n = 0; n < 4; ++n)
+            test::expect_bitwise_equal(runs[1][n], runs[0][n],
+                                       what + " rerun " + std::to_string(n));
+        }
+  }
+}
+
 // Rows longer than 2048 keys do not fit the eager softmax's registers and take its block-per-row
 // kernels (backend/cuda/attention.cu), forward and backward.
 TEST(CudaOps, EagerSoftmaxOfRowsLongerThanItsRegisters) {

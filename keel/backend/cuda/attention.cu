@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "keel/backend/cuda/common.cuh"
+#include "keel/backend/cuda/attention.cuh"
 #include "keel/backend/cuda/tables.h"
 
 namespace keel::cuda {
@@ -22,34 +22,6 @@ constexpr int kTile = 32;  // queries and keys per tile
 constexpr int kWarps = 4;  // per block
 constexpr int kPerWarp = kTile / kWarps;
 constexpr int kMaxHeadDim = 128;
-
-struct Dims {
-  int64_t batch, hq, hkv, t, d;
-  float scale;
-  const uint8_t* mask;
-};
-Dims dims_of(const AttentionDims& a) {
-  return {a.batch, a.heads_q, a.heads_kv, a.seq, a.head_dim, a.scale, a.key_padding_mask};
-}
-
-__device__ __forceinline__ bool key_real(const uint8_t* mk, int64_t j) { return !mk || mk[j]; }
-
-// First real key of a mask row (t when none), computed by the whole block.
-__device__ int64_t first_real_key(const uint8_t* mk, int64_t t) {
-  __shared__ long long first;
-  if (!mk) return 0;
-  if (threadIdx.x == 0) first = t;
-  __syncthreads();
-  for (int64_t j = threadIdx.x; j < t; j += blockDim.x)
-    if (mk[j]) {
-      atomicMin(&first, static_cast<long long>(j));  // a minimum: order-independent
-      break;
-    }
-  __syncthreads();
-  const int64_t f = first;
-  __syncthreads();
-  return f;
-}
 
 // rows [r0, r0 + 32) of a [t, d] matrix into a [32, d + 1] f32 tile (zeros past t).
 template <class T>
@@ -76,13 +48,13 @@ struct Row {
   int64_t r, t, n;
   const uint8_t* mk;
 };
-__device__ __forceinline__ Row row_of(const Dims& a) {
+__device__ __forceinline__ Row row_of(const AttnDims& a) {
   const int64_t r = blockIdx.x, i = r % a.t, b = r / (a.hq * a.t);
   return {r, a.t, i + 1, a.mask ? a.mask + b * a.t : nullptr};
 }
 
 template <class EP, class ES>
-__global__ void softmax_fwd_kernel(float* p32, EP* p_lp, const float* s, Dims a) {
+__global__ void softmax_fwd_kernel(float* p32, EP* p_lp, const float* s, AttnDims a) {
   __shared__ float sh[32];
   const auto [r, t, n, mk] = row_of(a);
   float* pr = p32 + r * t;
@@ -106,7 +78,7 @@ __global__ void softmax_fwd_kernel(float* p32, EP* p_lp, const float* s, Dims a)
 }
 
 template <class ED, class EG>
-__global__ void softmax_bwd_kernel(ED* ds, const float* p32, const EG* dp, Dims a) {
+__global__ void softmax_bwd_kernel(ED* ds, const float* p32, const EG* dp, AttnDims a) {
   __shared__ float sh[32];
   const auto [r, t, n, mk] = row_of(a);
   const float* pr = p32 + r * t;
@@ -125,7 +97,7 @@ __global__ void softmax_bwd_kernel(ED* ds, const float* p32, const EG* dp, Dims 
 // score is read and exponentiated once, and masked keys are never read. Without a padding mask
 // every row sees i + 1 >= 1 keys and needs no count. Longer rows take the kernels above.
 template <class EP, class ES, int PER>
-__global__ void softmax_fwd_reg_kernel(float* p32, EP* p_lp, const float* s, Dims a) {
+__global__ void softmax_fwd_reg_kernel(float* p32, EP* p_lp, const float* s, AttnDims a) {
   __shared__ float sh[32];
   const auto [r, t, n, mk] = row_of(a);
   float* pr = p32 + r * t;
@@ -162,7 +134,7 @@ __global__ void softmax_fwd_reg_kernel(float* p32, EP* p_lp, const float* s, Dim
 }
 
 template <class ED, class EG, int PER>
-__global__ void softmax_bwd_reg_kernel(ED* ds, const float* p32, const EG* dp, Dims a) {
+__global__ void softmax_bwd_reg_kernel(ED* ds, const float* p32, const EG* dp, AttnDims a) {
   __shared__ float sh[32];
   const auto [r, t, n, mk] = row_of(a);
   const float* pr = p32 + r * t;
@@ -207,7 +179,7 @@ void attn_softmax_forward(float* p32, void* p_lp, DType p_dt, const void* s_raw,
                           DType score_dt, const AttentionDims& ad) {
   KEEL_CHECK(s_dt == DType::F32, "attention softmax: CUDA takes raw f32 scores");
   const float* s = static_cast<const float*>(s_raw);
-  const Dims a = dims_of(ad);
+  const AttnDims a = attn_dims_of(ad);
   const int64_t rows = a.batch * a.hq * a.t;
   if (rows <= 0) return;
   const int threads = row_threads_for(a.t);
@@ -239,7 +211,7 @@ void attn_softmax_forward(float* p32, void* p_lp, DType p_dt, const void* s_raw,
 
 void attn_softmax_backward(void* ds, DType ds_dt, const float* p32, const void* dp, DType dp_dt,
                            void* p_lp, const AttentionDims& ad) {
-  const Dims a = dims_of(ad);
+  const AttnDims a = attn_dims_of(ad);
   const int64_t rows = a.batch * a.hq * a.t;
   if (rows <= 0) return;
   if (p_lp) convert_async(p_lp, ds_dt, p32, DType::F32, rows * a.t);  // a pass of its own here
@@ -280,7 +252,7 @@ __device__ __forceinline__ void accumulate_keys(float (&acc)[NDV], float coef, c
 
 template <class T, int NDV>
 __global__ void __launch_bounds__(kWarps * 32)
-    flash_fwd_kernel(T* o, float* lse, const T* q, const T* k, const T* v, Dims a) {
+    flash_fwd_kernel(T* o, float* lse, const T* q, const T* k, const T* v, AttnDims a) {
   extern __shared__ float smem[];
   const int64_t t = a.t, d = a.d, p = d + 1, group = a.hq / a.hkv;
   float* qs = smem;
@@ -347,14 +319,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 size_t tiles_smem(int tiles, int64_t d) { return static_cast<size_t>(tiles) * kTile * (d + 1) * 4; }
 
-template <class K>
-void allow_smem(K kernel, size_t bytes) {
-  if (bytes > 48 * 1024)
-    KEEL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(bytes)));
-}
-
-void check_head_dim(const Dims& a) {
+void check_head_dim(const AttnDims& a) {
   if (a.d > kMaxHeadDim)
     throw Error("attention = \"flash\" on CUDA supports head dims up to " +
                     std::to_string(kMaxHeadDim) + ", this model has " + std::to_string(a.d) +
@@ -364,7 +329,7 @@ void check_head_dim(const Dims& a) {
 
 template <class T, int NDV>
 void flash_fwd_launch(void* o, float* lse, const void* q, const void* k, const void* v,
-                      const Dims& a) {
+                      const AttnDims& a) {
   const size_t smem = tiles_smem(3, a.d);
   auto kernel = flash_fwd_kernel<T, NDV>;
   allow_smem(kernel, smem);
@@ -376,9 +341,10 @@ void flash_fwd_launch(void* o, float* lse, const void* q, const void* k, const v
 
 void attn_flash_forward(void* o, float* lse, const void* q, const void* k, const void* v, DType dt,
                         const AttentionDims& ad) {
-  const Dims a = dims_of(ad);
+  const AttnDims a = attn_dims_of(ad);
   check_head_dim(a);
   if (a.batch * a.hq * a.t <= 0) return;
+  if (flash_mma_forward(o, lse, q, k, v, dt, a)) return;
   KEEL_CUDA_FLOAT_TYPES(dt, T, {
     if (a.d <= 64)
       flash_fwd_launch<T, 2>(o, lse, q, k, v, a);
@@ -404,7 +370,7 @@ __global__ void flash_drow_kernel(float* drow, const T* o, const T* dout, int64_
 template <class T, int NDV>
 __global__ void __launch_bounds__(kWarps * 32)
     flash_dkdv_kernel(T* dk, T* dv, const T* q, const T* k, const T* v, const T* dout,
-                      const float* lse, const float* drow, Dims a) {
+                      const float* lse, const float* drow, AttnDims a) {
   extern __shared__ float smem[];
   const int64_t t = a.t, d = a.d, p = d + 1, group = a.hq / a.hkv;
   float* ks = smem;
@@ -484,7 +450,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <class T, int NDV>
 __global__ void __launch_bounds__(kWarps * 32)
     flash_dq_kernel(T* dq, const T* q, const T* k, const T* v, const T* dout, const float* lse,
-                    const float* drow, Dims a) {
+                    const float* drow, AttnDims a) {
   extern __shared__ float smem[];
   const int64_t t = a.t, d = a.d, p = d + 1, group = a.hq / a.hkv;
   float* qs = smem;
@@ -543,7 +509,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <class T, int NDV>
 void flash_bwd_launch(void* dq, void* dk, void* dv, const void* q, const void* k, const void* v,
-                      const void* dout, const float* lse, const float* drow, const Dims& a) {
+                      const void* dout, const float* lse, const float* drow, const AttnDims& a) {
   const size_t smem = tiles_smem(4, a.d);
   if (dk || dv) {
     auto kernel = flash_dkdv_kernel<T, NDV>;
@@ -566,7 +532,7 @@ void flash_bwd_launch(void* dq, void* dk, void* dv, const void* q, const void* k
 void attn_flash_backward(void* dq, void* dk, void* dv, const void* q, const void* k, const void* v,
                          const void* o, const void* dout, const float* lse, DType dt,
                          const AttentionDims& ad) {
-  const Dims a = dims_of(ad);
+  const AttnDims a = attn_dims_of(ad);
   check_head_dim(a);
   const int64_t rows = a.batch * a.hq * a.t;
   if (rows <= 0 || (!dq && !dk && !dv)) return;
@@ -575,6 +541,7 @@ void attn_flash_backward(void* dq, void* dk, void* dv, const void* q, const void
     flash_drow_kernel<<<(rows + 7) / 8, 256, 0, stream()>>>(drow.as<float>(), (const T*)o,
                                                             (const T*)dout, rows, a.d);
     KEEL_CUDA_LAUNCHED();
+    if (flash_mma_backward(dq, dk, dv, q, k, v, dout, lse, drow.as<float>(), dt, a)) return;
     if (a.d <= 64)
       flash_bwd_launch<T, 2>(dq, dk, dv, q, k, v, dout, lse, drow.as<float>(), a);
     else

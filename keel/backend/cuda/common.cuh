@@ -43,6 +43,7 @@ void profile_mark(std::string site);
 cudaStream_t stream();
 int current_device();
 int sm_count();
+int compute_capability();  // of the current device: 80 for an A100, 90 for an H100/H200
 
 // ---- element access -------------------------------------------------------------------------
 __device__ __forceinline__ float ld(const float* p) { return *p; }

@@ -302,6 +302,18 @@ int sm_count() {
   return n[d];
 }
 
+int compute_capability() {
+  static int cc[kMaxDevices] = {};
+  const int d = current_device();
+  if (cc[d] == 0) {
+    int major = 0, minor = 0;
+    KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d));
+    KEEL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d));
+    cc[d] = major * 10 + minor;
+  }
+  return cc[d];
+}
+
 std::string device_name(int device) {
   use_device(device);
   cudaDeviceProp p{};
