@@ -16,8 +16,8 @@ struct MatmulArgs {
   int64_t batch = 1, m = 0, n = 0, k = 0;
   bool trans_a = false, trans_b = false;
   bool accumulate = false;  // C += A·B instead of C = A·B
-  // CPU only: C = A·B + bias, the row `bias` [N] (dtype bias_dt) added to the f32 accumulator
-  // before the one rounding to out_dt. Not with accumulate.
+  // C = A·B + bias, the row `bias` [N] (dtype bias_dt) added to the f32 accumulator before the
+  // one rounding to out_dt, where the table's fuses_bias says so. Not with accumulate.
   const void* bias = nullptr;
   DType bias_dt = DType::F32;
   // CPU only: C = alpha·(A·B), the f32 accumulator scaled in f32 before the one rounding to out_dt
@@ -30,6 +30,9 @@ struct MatmulKernels {
   // where the CPU has no f16 matmul; the result is rounded once to out_dt.
   void (*matmul)(const MatmulArgs& args);
   const char* (*describe)();  // which implementation runs (for logs and the bench)
+  // Whether matmul adds this bias itself (one batch, no accumulate); otherwise the caller adds it
+  // (ops::linear: an f32 product, a row add, a conversion).
+  bool (*fuses_bias)(const void* bias, DType bias_dt, DType out_dt);
 };
 
 const MatmulKernels& matmul_kernels(Device dev);

@@ -8,7 +8,8 @@ namespace keel::ops {
 
 namespace {
 
-// C = op(A)·op(B) (+ bias, CPU only) over `batch` matrices; out_dt F32 or A's dtype.
+// C = op(A)·op(B) (+ bias, where the kernels fuse it) over `batch` matrices; out_dt F32 or A's
+// dtype.
 void mm(void* c, DType out_dt, const Tensor& a, const Tensor& b, int64_t batch, int64_t m,
         int64_t n, int64_t k, bool ta, bool tb, bool acc = false, const Tensor& bias = Tensor()) {
   MatmulArgs args;
@@ -36,7 +37,9 @@ void linear_forward(Tensor& y, const Tensor& x, const Tensor& w, const Tensor& b
                     int64_t n, int64_t k) {
   const auto& ew = elementwise_kernels(x.device());
   if (!bias.defined()) return mm(y.data(), y.dtype(), x, w, 1, m, n, k, false, true);
-  if (x.device().is_cpu())  // the bias in oneDNN's epilogue: one pass over y instead of three
+  // The bias in the product's epilogue (oneDNN's post-op, cuBLASLt's EPILOGUE_BIAS): one pass
+  // over y instead of three.
+  if (matmul_kernels(x.device()).fuses_bias(bias.data(), bias.dtype(), y.dtype()))
     return mm(y.data(), y.dtype(), x, w, 1, m, n, k, false, true, false, bias);
   if (y.dtype() == DType::F32) {
     mm(y.data(), DType::F32, x, w, 1, m, n, k, false, true);

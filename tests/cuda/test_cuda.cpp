@@ -269,6 +269,38 @@ TEST(CudaOps, LinearAndMatmul) {
   }
 }
 
+// The bias in cuBLASLt's epilogue (backend/cuda/matmul.cu, on with KEEL_CUDA_BIAS_EPILOGUE=1):
+// linear forward and backward against the CPU in each dtype, small and with an odd N large enough
+// to run padded (the bias padded with it), and the product is the fused one (its launch site says
+// "+bias"), not the separate add.
+TEST(CudaOps, LinearWithTheBiasInCublasLtsEpilogue) {
+  REQUIRE_GPU();
+  struct EnvGuard {
+    EnvGuard() { setenv("KEEL_CUDA_BIAS_EPILOGUE", "1", 1); }
+    ~EnvGuard() { unsetenv("KEEL_CUDA_BIAS_EPILOGUE"); }
+  } on;
+  struct Case {
+    int64_t m, n, k;
+  };
+  for (DType dt : kFloats)
+    for (const Case& c : {Case{10, 48, 64}, Case{512, 1001, 272}}) {
+      const std::string what = std::string("linear with the bias fused ") + dtype_name(dt) + " " +
+                               std::to_string(c.m) + "x" + std::to_string(c.n) + "x" +
+                               std::to_string(c.k);
+      Tensor x = test::randn({c.m, c.k}, 3, 1.f, dt), w = test::randn({c.n, c.k}, 4, 0.2f, dt),
+             bias = test::randn({c.n}, 5, 1.f, dt);
+      expect_matches_cpu([](auto& v) { return ops::linear(v[0], v[1], v[2]); }, {x, w, bias},
+                         tol_for(dt, 1e-4), what);
+      Tensor xg = x.to(kGpu), wg = w.to(kGpu), bg = bias.to(kGpu);
+      cuda::profile_begin();
+      ops::linear(xg, wg, bg);
+      int fused = 0;
+      for (const auto& r : cuda::profile_end())
+        if (r.site.find("+bias") != std::string::npos) fused += r.calls;
+      EXPECT_EQ(fused, 1) << what;
+    }
+}
+
 // Large products with an odd N or K (GPT-2's 50,257-token vocabulary) run on zero-padded copies
 // (backend/cuda/matmul.cu): each operand in turn, plain and accumulating, against the CPU backend.
 TEST(CudaOps, MatmulWithUnalignedRowsMatchesTheCpu) {

@@ -330,7 +330,9 @@ void cpu_matmul(const MatmulArgs& args) {
 
 const char* cpu_describe() { return "oneDNN matmul (f32 accumulation)"; }
 
-const MatmulKernels cpu_table{cpu_matmul, cpu_describe};
+bool cpu_fuses_bias(const void*, DType, DType) { return true; }  // oneDNN's bias post-op
+
+const MatmulKernels cpu_table{cpu_matmul, cpu_describe, cpu_fuses_bias};
 
 }  // namespace
 

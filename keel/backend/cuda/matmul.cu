@@ -15,10 +15,16 @@
 // (cudaMemcpy2DAsync, ~1 ms for 1.6 GB), the output's first N columns copied back. The zeros add
 // 0 * 0 to each sum, so the padded product is exact; M needs no padding, only an aligned leading
 // dimension when A is transposed.
+//
+// A bias row (ops::linear) rides in cuBLASLt's EPILOGUE_BIAS: added to the f32 accumulator before
+// the one rounding, as on the CPU, instead of an f32 product, a row add and a conversion (~4 ms of
+// GPT-2 124M's step on an H200). Off unless KEEL_CUDA_BIAS_EPILOGUE=1 until a GPU run has checked
+// it (CudaOps.LinearWithTheBiasInCublasLtsEpilogue; docs/cuda.md).
 #include <cublasLt.h>
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -122,7 +128,7 @@ uint32_t alignment(const void* p) {
 }
 
 using PlanKey = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                           bool, bool, uint32_t, uint32_t, uint32_t>;
+                           bool, bool, uint32_t, uint32_t, uint32_t, int>;
 
 // Leading dimensions (elements between rows of the stored row-major matrices).
 struct Lds {
@@ -186,6 +192,16 @@ Plan make_plan(DeviceCtx& c, const MatmulArgs& a, const Lds& ld, uint32_t al_a, 
   else
     check_lt(lt().layout_create(&p.lb, in_t, k, n, ld.a), "layout A");  // A stored [M, K]
   check_lt(lt().layout_create(&p.lc, out_t, m, n, ld.c), "layout C");
+  if (a.bias) {  // a vector of cuBLASLt's m (our N) added to every column (our row) of D
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    check_lt(
+        lt().desc_set_attribute(p.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue),
+        "bias epilogue");
+    const cudaDataType_t bias_t = cuda_type(a.bias_dt);
+    check_lt(
+        lt().desc_set_attribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_t, sizeof bias_t),
+        "bias dtype");
+  }
   if (a.batch > 1) {
     set_batch(p.la, a.batch, a.k * a.n);
     set_batch(p.lb, a.batch, a.m * a.k);
@@ -224,13 +240,28 @@ Plan make_plan(DeviceCtx& c, const MatmulArgs& a, const Lds& ld, uint32_t al_a, 
   return p;
 }
 
+bool bias_epilogue_enabled() {
+  const char* e = std::getenv("KEEL_CUDA_BIAS_EPILOGUE");  // read at each call: tests switch it
+  return e && std::strcmp(e, "1") == 0;
+}
+
+// The bias in cuBLASLt's epilogue: its dtype is the output's (cuBLASLt's default, and what
+// ops::linear passes), 16-byte aligned (a parameter's own allocation; a view into a flat buffer
+// may not be).
+bool cuda_fuses_bias(const void* bias, DType bias_dt, DType out_dt) {
+  return bias_epilogue_enabled() && bias_dt == out_dt && aligned_to(bias, 16);
+}
+
 void cuda_matmul(const MatmulArgs& a) {
-  KEEL_CHECK(!a.bias,
-             "matmul: the fused bias is CPU only (ops::linear adds it separately on CUDA)");
+  KEEL_CHECK(
+      !a.bias || (cuda_fuses_bias(a.bias, a.bias_dt, a.out_dt) && a.batch == 1 && !a.accumulate),
+      "cuda matmul: a fused bias needs one batch, no accumulate, the output's dtype and "
+      "KEEL_CUDA_BIAS_EPILOGUE=1 (ops::linear adds it separately otherwise)");
   KEEL_CHECK(a.alpha == 1.f, "matmul: the fused alpha is CPU only");
   KEEL_CHECK(a.out_dt == DType::F32 || a.out_dt == a.in_dt,
              "cuda matmul: out dtype must be f32 or the input dtype");
   if (a.batch <= 0 || a.m <= 0 || a.n <= 0) return;
+  KEEL_CHECK(a.k > 0 || !a.bias, "cuda matmul: a fused bias with K = 0");
   if (a.k <= 0) {  // an empty sum: C = 0 (or unchanged when accumulating)
     if (!a.accumulate)
       KEEL_CUDA_CHECK(
@@ -273,9 +304,9 @@ void cuda_matmul(const MatmulArgs& a) {
                                       cudaMemcpyDeviceToDevice, stream()));
     return static_cast<const void*>(d);
   };
-  const void *pa = a.a, *pb = a.b;
+  const void *pa = a.a, *pb = a.b, *pbias = a.bias;
   void* pc = a.c;
-  std::unique_ptr<Scratch> sa, sb, sc;
+  std::unique_ptr<Scratch> sa, sb, sc, sbias;
   if (ga_rows != a_rows || ga_cols != a_cols || ld.a != a_cols)
     pa = padded_copy(sa, a.a, a_rows, a_cols, ga_rows, ga_cols, ld.a, ei);
   if (gb_rows != b_rows || gb_cols != b_cols || ld.b != b_cols)
@@ -286,6 +317,8 @@ void cuda_matmul(const MatmulArgs& a) {
       KEEL_CUDA_CHECK(cudaMemcpy2DAsync(sc->as<void>(), g.n * eo, a.c, a.n * eo, a.n * eo, a.m,
                                         cudaMemcpyDeviceToDevice, stream()));
     pc = sc->as<void>();
+    if (a.bias)  // the bias as long as the padded rows, zeros past N
+      pbias = padded_copy(sbias, a.bias, 1, a.n, 1, g.n, g.n, dtype_size(a.bias_dt));
   }
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -304,10 +337,15 @@ void cuda_matmul(const MatmulArgs& a) {
                       a.trans_b,
                       al_a,
                       al_b,
-                      al_c};
+                      al_c,
+                      a.bias ? static_cast<int>(a.bias_dt) : -1};
     auto it = c.plans.find(key);
     if (it == c.plans.end()) it = c.plans.emplace(key, make_plan(c, g, ld, al_a, al_b, al_c)).first;
     const Plan& p = it->second;
+    if (a.bias)  // the plan is cached across calls; its bias pointer is this call's
+      check_lt(
+          lt().desc_set_attribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &pbias, sizeof pbias),
+          "bias pointer");
     const float alpha = 1.f, beta = a.accumulate ? 1.f : 0.f;
     check_lt(lt().matmul(c.handle, p.op, &alpha, pb, p.la, pa, p.lb, &beta, pc, p.lc, pc, p.lc,
                          &p.algo, c.workspace, kWorkspace, stream()),
@@ -320,13 +358,13 @@ void cuda_matmul(const MatmulArgs& a) {
     profile_mark(std::string("matmul ") + dtype_name(a.in_dt) + "->" + dtype_name(a.out_dt) + " " +
                  (a.batch > 1 ? std::to_string(a.batch) + "x" : "") + std::to_string(a.m) + "x" +
                  std::to_string(a.n) + "x" + std::to_string(a.k) + (a.trans_a ? " T" : " N") +
-                 (a.trans_b ? "T" : "N") + (a.accumulate ? " +=" : "") +
+                 (a.trans_b ? "T" : "N") + (a.accumulate ? " +=" : "") + (a.bias ? " +bias" : "") +
                  (sa || sb || sc ? " padded" : ""));
 }
 
 const char* cuda_describe() { return "cuBLASLt (f32 accumulation; f32 inputs without TF32)"; }
 
-const MatmulKernels kMatmul = {cuda_matmul, cuda_describe};
+const MatmulKernels kMatmul = {cuda_matmul, cuda_describe, cuda_fuses_bias};
 
 }  // namespace
 
