@@ -6,12 +6,17 @@
 //
 //   compare_keel --model DIR --ids FILE --batch B --seq T --steps N --precision P
 //                [--threads N] [--lr 1e-4] [--weight-decay 0.1] [--max-grad-norm 1.0]
+//                [--device cpu|cuda]
 //                [--adapter lora|dora --r 32 --alpha 64 --adapter-dropout 0.05
 //                 --targets q_proj,k_proj,... --base-dtype f32|bf16 --adapter-init DIR]
 //
 // With --adapter the base is frozen (stored in --base-dtype) and only the adapter trains; the
 // adapter as initialized is written to --adapter-init (a PEFT directory) unless that directory
 // exists, so that the PyTorch side starts from the same lora_A.
+//
+// --device cuda trains on the GPU (run.device): each step is timed to its end on the device, the
+// matmul peak is an 8192³ product there, and the JSON adds the caching allocator's peak
+// ("peak_gpu_mb").
 //
 // FILE holds int64 little-endian token ids [steps, B, T + 1]: row b of step s is the input
 // ids[s, b, :T] with the next-token labels ids[s, b, 1:].
@@ -31,6 +36,7 @@
 #include <vector>
 
 #include "bench/matmul_peak.h"
+#include "keel/backend/cuda_api.h"
 #include "keel/io/hf_model.h"
 #include "keel/numerics/error.h"
 #include "keel/tensor/host_memory.h"
@@ -78,6 +84,12 @@ int main(int argc, char** argv) try {
                 steps = std::stoll(arg(argc, argv, "--steps", ""));
   const std::string precision = arg(argc, argv, "--precision", "32-true");
   const int threads = std::stoi(arg(argc, argv, "--threads", "0"));
+  const std::string device = arg(argc, argv, "--device", "cpu");
+  if (device != "cpu" && device != "cuda")
+    throw Error("compare_keel: --device " + device + ": use cpu or cuda");
+  const bool gpu = device == "cuda";
+  if (gpu && !cuda::status().usable)
+    throw Error("compare_keel: --device cuda, but no usable GPU: " + cuda::status().reason);
   if (threads > 0) omp_set_num_threads(threads);
 
   // Token batches: [steps, B, T + 1] int64.
@@ -99,6 +111,7 @@ int main(int argc, char** argv) try {
   Config c;
   c.run.out_dir = dir + "/out";
   c.run.threads = threads;
+  c.run.device = device;
   c.model.path = model;
   c.data.task = "text";
   c.data.path = dir + "/corpus.txt";
@@ -126,7 +139,8 @@ int main(int argc, char** argv) try {
 
   // Probed before and after the steps (bench/matmul_peak.h); the buffers live throughout, so the
   // second probe adds nothing to the peak RSS.
-  MatmulPeak peak_probe(precision == "32-true" ? DType::F32 : DType::BF16);
+  MatmulPeak peak_probe(precision == "32-true" ? DType::F32 : DType::BF16, gpu ? 8192 : 1024,
+                        gpu ? Device::cuda(0) : Device::cpu());
   const double peak_before = peak_probe.probe();
 
   // What the process holds before the model exists: shared libraries (oneDNN; with a CUDA build
@@ -160,10 +174,12 @@ int main(int argc, char** argv) try {
     batch.labels = Tensor::from_ints(lab, {B, T});
     batch.attention_mask = Tensor::full({B, T}, 1.0f, DType::U8);
     batch.n_targets = B * T;
+    const auto t0 = clk::now();
     const StepResult r = t.train_step({batch}, 0);
+    if (gpu) cuda::synchronize(0);  // the optimizer's kernels may still be queued
     if (!r.stepped) throw Error("compare_keel: step " + std::to_string(s) + " did not update");
     losses.push_back(r.loss);
-    seconds.push_back(r.seconds);
+    seconds.push_back(gpu ? std::chrono::duration<double>(clk::now() - t0).count() : r.seconds);
     const auto hm = host_memory::stats();
     std::fprintf(stderr,
                  "step %lld: loss %.6f, %.3f s, %s block cache: %lld hits, %lld misses, %lld "
@@ -186,6 +202,7 @@ int main(int argc, char** argv) try {
       "\"peak_gflops_after\": %.2f, \"peak_rss_mb\": %.1f, \"base_rss_mb\": %.1f, ",
       static_cast<long long>(spec.n_layer), static_cast<long long>(spec.n_embd), peak_before,
       peak_after, ru.ru_maxrss / 1024.0, base_rss);
+  if (gpu) std::printf("\"peak_gpu_mb\": %.1f, ", cuda::mem_stats(0).peak / 1048576.0);
   std::printf("\"loss\": [");
   for (size_t i = 0; i < losses.size(); ++i) std::printf("%s%.9g", i ? ", " : "", losses[i]);
   std::printf("], \"seconds\": [");
@@ -193,6 +210,8 @@ int main(int argc, char** argv) try {
   std::printf("]}\n");
   return 0;
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "compare_keel: %s\n", e.what());
+  const std::string m = e.what();  // (most messages name compare_keel already)
+  std::fprintf(stderr, "%s%s\n",
+               m.rfind("compare_keel:", 0) == 0 ? "" : "compare_keel: ", m.c_str());
   return 1;
 }

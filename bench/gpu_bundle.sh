@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs what bench/gpu_check.sh runs (keel, test_cuda, bench_gpu) with the shared libraries a bare
+# Packs what bench/gpu_check.sh runs (keel, test_cuda, bench_gpu, compare_keel) with the shared libraries a bare
 # GPU machine lacks, for a GPU machine that cannot install Debian packages (oneDNN, toml++, fmt,
 # Open MPI): build here, carry the archive, and run `bash bench/gpu_check.sh --prebuilt ARCHIVE`
 # there. The CUDA libraries stay out (cuBLASLt and NCCL are hundreds of MB): the GPU machine's own
@@ -16,14 +16,14 @@ build=${1:-build}
 archive=${2:-build-gpu-bundle/keel-gpu.tar.xz}
 grep -q "^KEEL_CUDA:STRING=\(ON\|AUTO\)" "$build/CMakeCache.txt" ||
   { echo "gpu_bundle: $build is not a CUDA build (configure with -DKEEL_CUDA=ON)"; exit 1; }
-cmake --build "$build" --target keel_cli test_cuda bench_gpu
+cmake --build "$build" --target keel_cli test_cuda bench_gpu compare_keel
 stage=$(mktemp -d /tmp/keel-gpu-bundle.XXXXXX)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
-for b in keel tests/test_cuda bench/bench_gpu; do
+for b in keel tests/test_cuda bench/bench_gpu bench/compare_keel; do
   strip -o "$stage/bin/$(basename "$b")" "$build/$b"
 done
-# Every shared library the three need, except the C library's own, the driver's and CUDA's big
+# Every shared library the four need, except the C library's own, the driver's and CUDA's big
 # ones (taken from the GPU machine).
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libcuda\.|libnccl|libcublas)'
 for b in "$stage"/bin/*; do

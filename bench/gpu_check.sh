@@ -45,6 +45,8 @@ if [[ -n $prebuilt ]]; then
   cp "$build/bin/keel" "$KEEL_BUNDLE_BUILD_DIR/keel"
   mkdir -p "$build/tests" "$build/bench"
   mv "$build/bin/test_cuda" "$build/tests/" && mv "$build/bin/bench_gpu" "$build/bench/"
+  # compare.py (KEEL_GPU_LORA) finds its worker and keel beside each other under --build.
+  mv "$build/bin/compare_keel" "$build/bench/" && cp "$build/bin/keel" "$build/keel"
   # cuBLASLt (dlopen'ed) and NCCL come from this machine's CUDA.
   libdirs=$(find /usr/local /opt /usr/lib -name 'libcublasLt.so.13' -o -name 'libnccl.so.2' \
     2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
@@ -64,8 +66,8 @@ else
       "--prebuilt with an archive from bench/gpu_bundle.sh)"
     exit 1
   fi
-  log "build keel, test_cuda, bench_gpu with -j$jobs"
-  if ! cmake --build "$build" -j "$jobs" --target keel_cli test_cuda bench_gpu \
+  log "build keel, test_cuda, bench_gpu, compare_keel with -j$jobs"
+  if ! cmake --build "$build" -j "$jobs" --target keel_cli test_cuda bench_gpu compare_keel \
     >"$logs/build.log" 2>&1; then
     grep -m20 -B2 -A10 "error" "$logs/build.log" | head -60
     echo "gpu_check: build failed (full log: $logs/build.log)"
@@ -112,10 +114,22 @@ log "PyTorch benchmark"
 PYTHONUNBUFFERED=1 timeout "${KEEL_GPU_TORCH_TIMEOUT:-120}" python3 bench/gpt2_torch.py --dump "$dump" --profile "${KEEL_GPU_TORCH_PROFILE:-0}" 2>&1 | tee "$logs/torch.log" | tail -12
 torch=$(grep "^RESULT" "$logs/torch.log" | tail -1)
 rm -rf "$dump"
+# KEEL_GPU_LORA=1b (or 8b): the seed's LoRA recipe side by side with PyTorch and a hand-written LoRA
+# on the same weights and batches (bench/compare_pytorch/compare.py --device cuda; issue 26 item 3).
+# The 8B checkpoint is ~16 GB of random bf16 written first (KEEL_GPU_LORA_WORK keeps it).
+lora=
+if [[ -n ${KEEL_GPU_LORA:-} ]]; then
+  log "LoRA side by side on the GPU: llama-${KEEL_GPU_LORA}-lora-b2t512"
+  timeout "${KEEL_GPU_LORA_TIMEOUT:-300}" python3 bench/compare_pytorch/compare.py --device cuda \
+    --build "$build" --only "llama-${KEEL_GPU_LORA}-lora-b2t512" --precisions bf16-mixed \
+    --rounds 1 --steps 5 --warmup 2 --work "${KEEL_GPU_LORA_WORK:-/tmp/keel-compare}" 2>&1 |
+    tee "$logs/lora.log" | tail -14
+  lora=$(grep -m1 "goal (issue 26)" "$logs/lora.log" || echo "FAILED (see $logs/lora.log)")
+fi
 
-python3 - "$keel" "$torch" "$tests_rc" "$failed" "$skipped" "$tests_line" "$((SECONDS - start))" <<'PY'
+python3 - "$keel" "$torch" "$tests_rc" "$failed" "$skipped" "$tests_line" "$((SECONDS - start))" "$lora" <<'PY'
 import sys
-keel, torch, rc, failed, skipped, line, secs = sys.argv[1:8]
+keel, torch, rc, failed, skipped, line, secs, lora = sys.argv[1:9]
 def kv(s):
     return dict(p.split("=", 1) for p in s.split()[1:] if "=" in p)
 k, t = kv(keel), kv(torch)
@@ -148,6 +162,9 @@ if t:
 else:
     rows.append(("PyTorch benchmark", "FAILED (no RESULT line)"))
     goal = False
+if lora:
+    rows.append(("LoRA vs PyTorch on the GPU", lora.strip().removeprefix("goal (issue 26): ")))
+    goal &= " met" in lora and "NOT met" not in lora
 rows.append(("wall time of this check", f"{secs} s (limit 480 s)"))
 w = max(len(r[0]) for r in rows)
 print()

@@ -98,6 +98,11 @@ NEOX = {"pythia-160m-b4t128": dict(family="gpt_neox", n_layer=12, n_embd=768, n_
 # adapter dropout, so that the 32-true losses of every step must agree (dropout masks differ).
 SMOKE = {"smoke": dict(family="gpt2", n_layer=2, n_embd=64, n_head=4, vocab=512, B=2, T=16),
          "lora-tiny": from_shape("tiny", 2, 64, adapter=dict(SEED_LORA, r=8, dropout=0.0))}
+# The seed's run at its real size, for a GPU (issue 26 item 3; --device cuda): Llama-3.1-8B's
+# shapes, the seed's LoRA and micro-batch over a bf16 frozen base. Not in the default list:
+# --device cuda --only llama-8b-lora-b2t512 (llama-1b-lora-b2t512 is its quick variant).
+GPU = {"llama-8b-lora-b2t512": from_shape("8b", 2, 512, adapter=SEED_LORA,
+                                          precisions=["bf16-mixed"])}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,9 +200,11 @@ def build_torch_model(model_dir, base_dtype="f32", adapter=None, adapter_init=No
     dd = dict(device="meta", dtype=pdt)
 
     def causal_attention(q, k, v):  # [B, H, T, D] each
+        if q.is_cuda:  # on a GPU, PyTorch's own fused attention (flash where it applies)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         T, D = q.shape[-2], q.shape[-1]
         s = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(D))
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
         p = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1)
         return p @ v
 
@@ -247,7 +254,7 @@ def build_torch_model(model_dir, base_dtype="f32", adapter=None, adapter_init=No
 
             def forward(self, ids):
                 tr = self.transformer
-                pos = torch.arange(ids.shape[1])
+                pos = torch.arange(ids.shape[1], device=ids.device)
                 x = tr.wte(ids) + tr.wpe(pos)
                 for b in tr.h:
                     x = b(x)
@@ -303,7 +310,7 @@ def build_torch_model(model_dir, base_dtype="f32", adapter=None, adapter_init=No
                 T = ids.shape[1]
                 inv = 1.0 / (theta ** (torch.arange(0, R, 2, dtype=torch.float64) / R))
                 f = torch.outer(torch.arange(T, dtype=torch.float64), inv).float()
-                cos, sin = torch.cat((f.cos(), f.cos()), -1), torch.cat((f.sin(), f.sin()), -1)
+                cos, sin = (torch.cat((g, g), -1).to(ids.device) for g in (f.cos(), f.sin()))
                 x = self.gpt_neox.embed_in(ids)
                 for layer in self.gpt_neox.layers:
                     x = layer(x, cos, sin)
@@ -362,7 +369,7 @@ def build_torch_model(model_dir, base_dtype="f32", adapter=None, adapter_init=No
                 theta = cfg.get("rope_theta", 10000.0)
                 inv = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
                 f = torch.outer(torch.arange(T, dtype=torch.float64), inv).float()
-                cos, sin = torch.cat((f.cos(), f.cos()), -1), torch.cat((f.sin(), f.sin()), -1)
+                cos, sin = (torch.cat((g, g), -1).to(ids.device) for g in (f.cos(), f.sin()))
                 x = tr.word_embeddings(ids)
                 for layer in tr.h:
                     x = layer(x, cos, sin)
@@ -475,7 +482,7 @@ def build_torch_model(model_dir, base_dtype="f32", adapter=None, adapter_init=No
                 if rs and rs.get("rope_type", rs.get("type")) == "llama3":
                     inv = llama3_inv_freq(inv, rs)
                 f = torch.outer(torch.arange(T, dtype=torch.float64), inv).float()
-                cos, sin = torch.cat((f.cos(), f.cos()), -1), torch.cat((f.sin(), f.sin()), -1)
+                cos, sin = (torch.cat((g, g), -1).to(ids.device) for g in (f.cos(), f.sin()))
                 x = self.model.embed_tokens(ids)
                 for layer in self.model.layers:
                     x = layer(x, cos, sin)
@@ -573,17 +580,24 @@ def torch_blas():
         return {"core": "", "config": "not OpenBLAS"}
 
 
-def torch_matmul_probe(dtype, seconds=0.3, n=1024):
+def torch_matmul_probe(dtype, seconds=0.3, n=1024, device="cpu"):
     """The same probe as keel's (bench/matmul_peak.h) through PyTorch: best GFLOP/s of an n^3 NT
-    product over `seconds` of back-to-back calls (OpenBLAS in f32, oneDNN/AMX in bf16). Printed
-    beside keel's, it shows whether the two sides ran in the same state of the shared host."""
+    product over `seconds` of back-to-back calls (OpenBLAS in f32, oneDNN/AMX in bf16; cuBLAS on a
+    GPU, each call waited for). Printed beside keel's, it shows whether the two sides ran in the
+    same state of the shared host."""
     import torch
-    x, w = torch.full((n, n), 0.5, dtype=dtype), torch.full((n, n), 0.25, dtype=dtype)
-    torch.matmul(x, w.t())
+    x = torch.full((n, n), 0.5, dtype=dtype, device=device)
+    w = torch.full((n, n), 0.25, dtype=dtype, device=device)
+
+    def call():
+        torch.matmul(x, w.t())
+        if device != "cpu":
+            torch.cuda.synchronize()
+    call()
     best, start, calls = 1e30, time.perf_counter(), 0
     while calls < 5 or time.perf_counter() - start < seconds:
         t0 = time.perf_counter()
-        torch.matmul(x, w.t())
+        call()
         best = min(best, time.perf_counter() - t0)
         calls += 1
     return 2.0 * n ** 3 / best / 1e9
@@ -597,12 +611,16 @@ def probe_rates(runs):
 def torch_worker(a):
     import torch
     torch.set_num_threads(a.threads)
+    gpu = a.device == "cuda"
     blas = torch_blas()
     base_rss = current_rss_mb()  # interpreter + torch's libraries, before the model exists
     probe_dtype = torch.bfloat16 if a.precision == "bf16-mixed" else torch.float32
-    probe_before = torch_matmul_probe(probe_dtype)
+    probe_n = 8192 if gpu else 1024  # as keel's (bench/compare_keel.cpp)
+    probe_before = torch_matmul_probe(probe_dtype, n=probe_n, device=a.device)
     adapter = json.loads(a.adapter) if a.adapter else None
     model = build_torch_model(a.model, a.base_dtype, adapter, a.adapter_init)
+    if gpu:
+        model.to("cuda")
     model.train()
     # keel's param groups (optim/optimizer.cpp make_param_groups): no decay on biases, norms, 1-D;
     # only what trains (under an adapter, the adapter).
@@ -617,29 +635,33 @@ def torch_worker(a):
                             lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
     B, T, S = a.batch, a.seq, a.steps
     ids = torch.from_numpy(__import__("numpy").fromfile(a.ids, dtype="<i8").reshape(S, B, T + 1))
+    ids = ids.to(a.device)
     params = [p for p in model.parameters() if p.requires_grad]
     losses, seconds = [], []
     for s in range(S):
         x, y = ids[s, :, :T].contiguous(), ids[s, :, 1:].contiguous()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16-mixed"):
+        with torch.autocast(a.device, dtype=torch.bfloat16, enabled=a.precision == "bf16-mixed"):
             logits = model(x)
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
                                                      y.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm)
         opt.step()
+        if gpu:
+            torch.cuda.synchronize()
         seconds.append(time.perf_counter() - t0)
         losses.append(loss.item())
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    probe_after = torch_matmul_probe(probe_dtype)
+    probe_after = torch_matmul_probe(probe_dtype, n=probe_n, device=a.device)
+    extra = {"peak_gpu_mb": torch.cuda.max_memory_allocated() / 1048576.0} if gpu else {}
     print(json.dumps({"side": "torch", "precision": a.precision, "threads": torch.get_num_threads(),
                       "blas": blas, "peak_gflops_before": probe_before,
                       "peak_gflops_after": probe_after, "peak_rss_mb": rss, "base_rss_mb": base_rss,
                       "params": sum(p.numel() for p in model.parameters()),
                       "trainable": sum(p.numel() for p in params), "loss": losses,
-                      "seconds": seconds}))
+                      "seconds": seconds, **extra}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -724,7 +746,7 @@ def side_cmds(a, model, ids, c, precision, threads, keel_bin):
     common = ["--model", model, "--ids", ids, "--batch", str(c["B"]), "--seq", str(c["T"]),
               "--steps", str(a.steps), "--precision", precision, "--threads", str(threads),
               "--lr", str(a.lr), "--weight-decay", str(a.weight_decay), "--max-grad-norm",
-              str(a.max_grad_norm)]
+              str(a.max_grad_norm), "--device", a.device]
     keel, torch = [], []
     ad = c.get("adapter")
     if ad:
@@ -737,8 +759,7 @@ def side_cmds(a, model, ids, c, precision, threads, keel_bin):
                 "--adapter-dropout", str(ad["dropout"]), "--targets", ",".join(ad["targets"])]
         torch = ["--adapter", json.dumps(ad)]
     return {"keel": [keel_bin] + common + keel,
-            "torch": ["/usr/bin/python3", os.path.abspath(__file__), "--worker", "torch"] + common
-            + torch}
+            "torch": [a.python, os.path.abspath(__file__), "--worker", "torch"] + common + torch}
 
 
 def summarize(runs, warmup, tokens):
@@ -746,8 +767,10 @@ def summarize(runs, warmup, tokens):
     per_round = [statistics.median(r["seconds"][warmup:]) for r in runs]
     all_steps = [s for r in runs for s in r["seconds"][warmup:]]
     med = statistics.median(per_round)
+    # On a GPU the memory that counts is the device's (each side's allocator peak).
+    mem_key = "peak_gpu_mb" if "peak_gpu_mb" in runs[0] else "peak_rss_mb"
     return dict(tps=tokens / med, med=med, lo=min(all_steps), hi=max(all_steps),
-                rss=max(r["peak_rss_mb"] for r in runs),
+                rss=max(r[mem_key] for r in runs),
                 base=max(r.get("base_rss_mb", 0) for r in runs), runs=runs)
 
 
@@ -790,6 +813,12 @@ def main():
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--work", default="/tmp/keel-compare")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="cuda: both sides train on the GPU (PyTorch with its own fused attention); "
+                   "memory is each side's GPU allocator peak, the MFU peak an 8192^3 product")
+    p.add_argument("--python", default="",
+                   help="the PyTorch side's interpreter (default: Debian's /usr/bin/python3 on the "
+                   "CPU, this interpreter with --device cuda)")
     p.add_argument("--torch-openblas-core", default="",
                    help="OPENBLAS_CORETYPE for the PyTorch side only (e.g. Cooperlake, for a CPU "
                    "that Debian's OpenBLAS does not recognize; OPENBLAS_L2_SIZE is dropped with it), "
@@ -798,6 +827,10 @@ def main():
     a = p.parse_args()
     if a.worker == "torch":
         return torch_worker(a)
+    a.python = a.python or ("/usr/bin/python3" if a.device == "cpu" else sys.executable)
+    gpu = a.device == "cuda"
+    if gpu:
+        a.scaling = "none"  # thread scaling is a CPU table
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     build = a.build if os.path.isabs(a.build) else os.path.join(root, a.build)
@@ -822,6 +855,7 @@ def main():
     CONFIGS.update(SMOKE)
     CONFIGS.update(MOE)
     CONFIGS.update(NEOX)
+    CONFIGS.update(GPU)
     for n in names:
         if n not in CONFIGS:
             raise SystemExit(f"--only {n}: unknown configuration; use one of {', '.join(CONFIGS)}")
@@ -880,17 +914,20 @@ def main():
                           f"torch {t['runs'][0]['trainable']}")
             print(f"\n{name} ({k['runs'][0]['params'] / 1e6:.1f}M params{trains}, B={c['B']} "
                   f"T={c['T']}) {prec}")
-            print(f"  keel  {k['tps']:9.0f} tok/s  step {fmt_spread(k)}  peak RSS {k['rss']:.0f} MB "
-                  f"({k['base']:.0f} before the model)")
-            print(f"  torch {t['tps']:9.0f} tok/s  step {fmt_spread(t)}  peak RSS {t['rss']:.0f} MB "
-                  f"({t['base']:.0f} before the model)")
+            mem = "peak GPU memory" if gpu else "peak RSS"
+            before = "" if gpu else " ({:.0f} before the model)"
+            print(f"  keel  {k['tps']:9.0f} tok/s  step {fmt_spread(k)}  {mem} {k['rss']:.0f} MB"
+                  + before.format(k['base']))
+            print(f"  torch {t['tps']:9.0f} tok/s  step {fmt_spread(t)}  {mem} {t['rss']:.0f} MB"
+                  + before.format(t['base']))
             mark = f" [PyTorch on {handicap}]" if handicap and prec == "32-true" else ""
+            n3 = "8192^3" if gpu else "1024^3"
             print(f"  keel/torch tokens/s {k['tps'] / t['tps']:.2f}x{mark} (fastest steps: "
-                  f"{t['lo'] / k['lo']:.2f}x)   RSS keel/torch "
+                  f"{t['lo'] / k['lo']:.2f}x)   {'GPU memory' if gpu else 'RSS'} keel/torch "
                   f"{k['rss'] / t['rss']:.2f}   keel MFU {100 * mfu:.1f}% of the "
                   f"{'f32' if prec == '32-true' else 'bf16'} matmul peak ({peak:.0f} GFLOP/s, "
-                  f"1024^3 in keel's process; probes {min(probes):.0f}..{peak:.0f})")
-            print(f"  the same 1024^3 product through PyTorch, probed beside its steps: "
+                  f"{n3} in keel's process; probes {min(probes):.0f}..{peak:.0f})")
+            print(f"  the same {n3} product through PyTorch, probed beside its steps: "
                   f"{min(torch_probes):.0f}..{max(torch_probes):.0f} GFLOP/s")
             print("  loss keel : " + " ".join(f"{x:.6f}" for x in kl))
             print("  loss torch: " + " ".join(f"{x:.6f}" for x in tl))
@@ -900,11 +937,16 @@ def main():
             if ad:
                 tmfu = t["tps"] * flops_per_token(c, c["T"]) / (peak * 1e9)
                 speed, mem = k["tps"] / t["tps"], k["rss"] / t["rss"]
-                met = "met" if speed >= 2 and mem <= 0.7 else "NOT met"
                 print(f"  MFU (adapter step FLOPs, of keel's {peak:.0f} GFLOP/s peak): keel "
                       f"{100 * mfu:.1f}%, torch {100 * tmfu:.1f}%")
-                print(f"  goal (issue 25): keel >= 2x torch tokens/s at <= 0.7x its peak RSS: "
-                      f"{speed:.2f}x at {mem:.2f}x: {met}")
+                if gpu:
+                    met = "met" if speed >= 1 else "NOT met"
+                    print(f"  goal (issue 26): keel at least as fast as torch with a hand-written "
+                          f"LoRA: {speed:.2f}x: {met} (GPU memory {mem:.2f}x)")
+                else:
+                    met = "met" if speed >= 2 and mem <= 0.7 else "NOT met"
+                    print(f"  goal (issue 25): keel >= 2x torch tokens/s at <= 0.7x its peak RSS: "
+                          f"{speed:.2f}x at {mem:.2f}x: {met}")
         if (name, "32-true") in results and (name, "bf16-mixed") in results:
             k32, k16 = results[(name, "32-true")]["keel"], results[(name, "bf16-mixed")]["keel"]
             t16 = results[(name, "bf16-mixed")]["torch"]
