@@ -138,7 +138,7 @@ struct SwigluNode final : Node {
 };
 
 Tensor swiglu(const Tensor& gate, const Tensor& up) {
-  check_same_dtype("swiglu", gate, up);
+  check_operands("swiglu", gate, up);
   check_floating("swiglu", gate);
   KEEL_CHECK(gate.shape() == up.shape(),
              "swiglu: gate " + shape_str(gate.shape()) + " and up " + shape_str(up.shape()) +

@@ -121,8 +121,8 @@ AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v,
                              const AttentionDropout& drop) {
   const Tensor& mask = am.key_padding;
   check_floating("attention", q);
-  check_same_dtype("attention", q, k);
-  check_same_dtype("attention", q, v);
+  check_operands("attention", q, k);
+  check_operands("attention", q, v);
   KEEL_CHECK(k.device() == q.device() && v.device() == q.device(),
              "attention: q, k and v must be on the same device");
   if (q.dim() != 4 || k.dim() != 4 || k.shape() != v.shape() || q.size(0) != k.size(0) ||

@@ -27,7 +27,7 @@ struct AddNode final : Node {
 };
 
 Tensor add(const Tensor& a, const Tensor& b) {
-  check_same_dtype("add", a, b);
+  check_operands("add", a, b);
   check_floating("add", a);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   if (a.shape() == b.shape()) {
@@ -73,7 +73,7 @@ struct MulNode final : Node {
 };
 
 Tensor mul(const Tensor& a, const Tensor& b) {
-  check_same_dtype("mul", a, b);
+  check_operands("mul", a, b);
   check_floating("mul", a);
   Tensor out = Tensor::empty(a.shape(), a.dtype(), a.device());
   if (a.shape() == b.shape()) {
@@ -129,7 +129,7 @@ struct AddScaledNode final : Node {
 };
 
 Tensor add_scaled(const Tensor& a, const Tensor& b, float s) {
-  check_same_dtype("add_scaled", a, b);
+  check_operands("add_scaled", a, b);
   check_floating("add_scaled", a);
   KEEL_CHECK(a.shape() == b.shape(),
              "add_scaled: shapes differ: " + shape_str(a.shape()) + " and " + shape_str(b.shape()));

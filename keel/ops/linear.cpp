@@ -80,7 +80,7 @@ struct LinearNode final : Node {
 };
 
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
-  check_same_dtype("linear", x, w);
+  check_operands("linear", x, w);
   check_floating("linear", x);
   KEEL_CHECK(w.dim() == 2 && x.dim() >= 1 && x.size(-1) == w.size(1),
              "linear: input " + shape_str(x.shape()) + " does not match weight " +
@@ -89,7 +89,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   int64_t m = 1;  // rows: every dim but the last (x.numel() / k fails for k = 0)
   for (int64_t d = 0; d + 1 < x.dim(); ++d) m *= x.size(d);
   if (b.defined()) {
-    check_same_dtype("linear", x, b);
+    check_operands("linear", x, b);
     KEEL_CHECK(b.numel() == n,
                "linear: bias " + shape_str(b.shape()) + " for " + std::to_string(n) + " outputs");
   }
@@ -141,7 +141,7 @@ struct MatmulNode final : Node {
 };
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool ta, bool tb) {
-  check_same_dtype("matmul", a, b);
+  check_operands("matmul", a, b);
   check_floating("matmul", a);
   KEEL_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: need at least 2-D operands, got " +
                                                shape_str(a.shape()) + " and " +

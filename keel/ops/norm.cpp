@@ -17,7 +17,7 @@ void check_norm_args(const char* op, const Tensor& x, const Tensor& p, const cha
   KEEL_CHECK(x.dim() >= 1, std::string(op) + ": needs at least 1 dimension, got a scalar");
   KEEL_CHECK(eps >= 0.f, std::string(op) + ": eps must be >= 0, got " + std::to_string(eps));
   if (!p.defined()) return;
-  check_same_dtype(op, x, p);
+  check_operands(op, x, p);
   KEEL_CHECK(p.dim() == 1 && p.size(0) == x.size(-1),
              std::string(op) + ": " + what + " " + shape_str(p.shape()) + " does not match input " +
                  shape_str(x.shape()) + " (expected [" + std::to_string(x.size(-1)) +

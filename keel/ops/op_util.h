@@ -7,10 +7,15 @@
 
 namespace keel::ops {
 
-inline void check_same_dtype(const char* op, const Tensor& a, const Tensor& b) {
+// Two operands of one op: one dtype, and one device (a kernel of one device handed the other's
+// pointer would read foreign memory, or fault, instead of saying so).
+inline void check_operands(const char* op, const Tensor& a, const Tensor& b) {
   KEEL_CHECK(a.dtype() == b.dtype(), std::string(op) + ": dtype mismatch (" +
                                          dtype_name(a.dtype()) + " vs " + dtype_name(b.dtype()) +
                                          "); cast explicitly or run under autocast");
+  KEEL_CHECK(a.device() == b.device(), std::string(op) + ": operands on different devices (" +
+                                           a.device().str() + " vs " + b.device().str() +
+                                           "); move one with .to(device)");
 }
 inline void check_floating(const char* op, const Tensor& a) {
   KEEL_CHECK(dtype_is_floating(a.dtype()),

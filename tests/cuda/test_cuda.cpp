@@ -252,6 +252,29 @@ TEST(CudaOps, ElementwiseAndCast) {
                      {0, 0}, "f16 overflow and NaN", false);
 }
 
+// A CPU operand beside a GPU one is an error naming both devices, not a kernel reading host
+// memory (DoRA's forward once built its 1/n and its -1 row on the host: ops/op_util.h).
+TEST(CudaOps, OperandsOnTwoDevicesAreAnError) {
+  REQUIRE_GPU();
+  Tensor cpu = Tensor::full({4}, 1.f), gpu = Tensor::full({4}, 2.f).to(kGpu);
+  for (const auto& [what, f] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"add", [&] { ops::add(gpu, cpu); }},
+           {"mul", [&] { ops::mul(cpu, gpu); }},
+           {"linear", [&] {
+              ops::linear(gpu.view({1, 4}), Tensor::full({3, 4}, 1.f));
+            }}}) {
+    try {
+      f();
+      ADD_FAILURE() << what << ": no error";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_TRUE(m.find("different devices (") != std::string::npos &&
+                  m.find("cuda:0") != std::string::npos && m.find("cpu") != std::string::npos)
+          << what << ": " << m;
+    }
+  }
+}
+
 TEST(CudaOps, LinearAndMatmul) {
   REQUIRE_GPU();
   for (DType dt : kFloats) {

@@ -112,7 +112,7 @@ Tensor DoraAdapter::forward(Linear& base, const Tensor& x) {
     Tensor n = weight_norm(base.weight, lora_weight, scaling);
     std::vector<float> inv = n.to_floats();
     for (float& v : inv) v = 1.0f / v;  // a zero row gives inf, as m / 0 does in torch
-    inv_norm = Tensor::from_floats(inv, {n.size(0)});
+    inv_norm = Tensor::from_floats(inv, {n.size(0)}).to(magnitude.device());
   }
   Tensor mag_norm_scale = ops::mul(magnitude, inv_norm);     // [out] f32, m / n
   Tensor lora_result = lora_B->forward(lora_A->forward(h));  // [..., out]
@@ -136,7 +136,8 @@ Tensor DoraAdapter::forward(Linear& base, const Tensor& x) {
   }
   // (m/n - 1) * base_result + (m/n) * lora_result * s, in f32 (torch promotes to m's dtype).
   const int64_t out = mag_norm_scale.size(0);
-  Tensor scale_minus_one = ops::add(mag_norm_scale, Tensor::full({out}, -1.0f));
+  Tensor scale_minus_one =
+      ops::add(mag_norm_scale, Tensor::full({out}, -1.0f).to(mag_norm_scale.device()));
   if (base_result.dtype() != DType::F32) base_result = ops::cast(base_result, DType::F32);
   if (lora_result.dtype() != DType::F32) lora_result = ops::cast(lora_result, DType::F32);
   Tensor dora = ops::add(ops::mul(base_result, scale_minus_one),
