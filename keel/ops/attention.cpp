@@ -123,8 +123,6 @@ AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v,
   check_floating("attention", q);
   check_operands("attention", q, k);
   check_operands("attention", q, v);
-  KEEL_CHECK(k.device() == q.device() && v.device() == q.device(),
-             "attention: q, k and v must be on the same device");
   if (q.dim() != 4 || k.dim() != 4 || k.shape() != v.shape() || q.size(0) != k.size(0) ||
       q.size(2) != k.size(2) || q.size(3) != k.size(3) || q.size(3) < 1 || k.size(1) < 1 ||
       q.size(1) % k.size(1) != 0)

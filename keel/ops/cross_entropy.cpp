@@ -45,6 +45,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
                      Reduction reduction) {
   check_floating("cross_entropy", logits);
   check_targets("cross_entropy", targets);
+  KEEL_CHECK(targets.device() == logits.device(),
+             "cross_entropy: targets on " + targets.device().str() + " but logits on " +
+                 logits.device().str() + "; move the targets with .to(device)");
   KEEL_CHECK(logits.dim() == 2 && logits.size(1) > 0,
              "cross_entropy: logits must be [N, V] with V > 0, got " + shape_str(logits.shape()) +
                  " (flatten [B, T, V] to [B*T, V] first)");
