@@ -364,6 +364,25 @@ TEST(Adapters, DoraWeightNormIsTorchsFormulaBitForBitAtAnyThreadCount) {
     }
 }
 
+// The GPU's path (weight_norm_by_ops: ops on the weight's device, no copy of W to the host), run
+// here on the CPU: within f32 rounding of the f64 formula above, for every pair of dtypes, and
+// without a lora_weight (the initial magnitude).
+TEST(Adapters, DoraWeightNormThroughOpsAgreesWithTheFormula) {
+  const int64_t out = 97, in = 1024;
+  for (DType wdt : {DType::F32, DType::BF16, DType::F16})
+    for (DType ldt : {DType::F32, DType::BF16, DType::F16}) {
+      const Tensor w = test::randn({out, in}, 90, 0.05f).to_dtype(wdt);
+      const Tensor l = test::randn({out, in}, 91, 0.01f).to_dtype(ldt);
+      const std::string what =
+          std::string(dtype_name(wdt)) + " weight, " + dtype_name(ldt) + " B·A";
+      test::expect_close(DoraAdapter::weight_norm_by_ops(w, l, 2.5),
+                         DoraAdapter::weight_norm(w, l, 2.5), 0, 2e-6, what);
+      test::expect_close(DoraAdapter::weight_norm_by_ops(w, Tensor(), 1.0),
+                         DoraAdapter::weight_norm(w, Tensor::zeros({out, in}), 1.0), 0, 2e-6,
+                         what + ", no B·A");
+    }
+}
+
 TEST(Adapters, BitIdenticalAcrossRuns) {
   for (const std::string kind : {"lora", "dora", "lokr", "lokr_lowrank"})
     for (bool mixed : {false, true}) {

@@ -87,10 +87,25 @@ Tensor DoraAdapter::weight_norm(const Tensor& w, const Tensor& lora_weight, doub
   NoGradGuard no_grad;
   KEEL_CHECK(lora_weight.shape() == w.shape(), "DoRA weight_norm: shapes differ");
   // torch: weight + scaling * lora_weight, the product rounded in lora_weight's dtype, the sum in
-  // the wider dtype (f32 here), then the row norm. On the host: a CUDA weight is copied over.
-  const Device cpu = Device::cpu();
-  return row_norms(w.device().is_cpu() ? w : w.to(cpu),
-                   lora_weight.device().is_cpu() ? lora_weight : lora_weight.to(cpu), s);
+  // the wider dtype (f32 here), then the row norm.
+  if (!w.device().is_cpu()) return weight_norm_by_ops(w, lora_weight, s);
+  return row_norms(w, lora_weight.device().is_cpu() ? lora_weight : lora_weight.to(w.device()), s);
+}
+
+Tensor DoraAdapter::weight_norm_by_ops(const Tensor& w, const Tensor& lora_weight, double s) {
+  NoGradGuard no_grad;
+  const int64_t out = w.size(0), in = w.size(1);
+  auto f32 = [](const Tensor& t) { return t.dtype() == DType::F32 ? t : ops::cast(t, DType::F32); };
+  Tensor v = f32(w);
+  if (lora_weight.defined())
+    v = ops::add(v, f32(ops::scale(lora_weight.device() == w.device() ? lora_weight
+                                                                      : lora_weight.to(w.device()),
+                                   static_cast<float>(s))));
+  const Tensor ones = Tensor::full({in, 1}, 1.0f).to(w.device());
+  const std::vector<float> sums = ops::matmul(ops::mul(v, v), ones).to_floats();  // [out]
+  std::vector<float> norm(static_cast<size_t>(out));
+  for (int64_t o = 0; o < out; ++o) norm[o] = static_cast<float>(std::sqrt(double(sums[o])));
+  return Tensor::from_floats(norm, {out});
 }
 
 Tensor DoraAdapter::forward(Linear& base, const Tensor& x) {

@@ -23,6 +23,11 @@ class DoraAdapter : public LoraAdapter {
   // ||W + s·lora_weight||_row [out] f32 (PEFT's get_weight_norm), outside autograd; lora_weight
   // [out, in] in any floating dtype (s·lora_weight is rounded in that dtype, as torch does).
   static Tensor weight_norm(const Tensor& w, const Tensor& lora_weight, double s);
+  // The same norms through ops on w's device (weight_norm's path for a GPU weight: no copy of W
+  // to the host, only the [out] sums come back): each product s·lora_weight rounded in its dtype,
+  // added to W in f32, squared and summed per row in f32 by a product with a column of ones, the
+  // root taken on the host in f64. Within f32 rounding of weight_norm (its order differs).
+  static Tensor weight_norm_by_ops(const Tensor& w, const Tensor& lora_weight, double s);
 
   Tensor magnitude;  // [out] f32, "lora_magnitude_vector"
 };
