@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Packs what bench/gpu_check.sh runs (keel, test_cuda, bench_gpu, compare_keel) with the shared libraries a bare
-# GPU machine lacks, for a GPU machine that cannot install Debian packages (oneDNN, toml++, fmt,
-# Open MPI): build here, carry the archive, and run `bash bench/gpu_check.sh --prebuilt ARCHIVE`
+# Packs what bench/gpu_check.sh runs (keel, test_cuda, test_dist, bench_gpu, compare_keel) with the
+# shared libraries a bare GPU machine lacks, for a GPU machine that cannot install Debian packages
+# (oneDNN, toml++, fmt, Open MPI): build here, carry the archive, and run `bash bench/gpu_check.sh --prebuilt ARCHIVE`
 # there. The CUDA libraries stay out (cuBLASLt and NCCL are hundreds of MB): the GPU machine's own
 # CUDA 13 provides them, and gpu_check.sh finds their directories.
 #
@@ -16,14 +16,14 @@ build=${1:-build}
 archive=${2:-build-gpu-bundle/keel-gpu.tar.xz}
 grep -q "^KEEL_CUDA:STRING=\(ON\|AUTO\)" "$build/CMakeCache.txt" ||
   { echo "gpu_bundle: $build is not a CUDA build (configure with -DKEEL_CUDA=ON)"; exit 1; }
-cmake --build "$build" --target keel_cli test_cuda bench_gpu compare_keel
+cmake --build "$build" --target keel_cli test_cuda test_dist bench_gpu compare_keel
 stage=$(mktemp -d /tmp/keel-gpu-bundle.XXXXXX)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
-for b in keel tests/test_cuda bench/bench_gpu bench/compare_keel; do
+for b in keel tests/test_cuda tests/test_dist bench/bench_gpu bench/compare_keel; do
   strip -o "$stage/bin/$(basename "$b")" "$build/$b"
 done
-# Every shared library the four need, except the C library's own, the driver's and CUDA's big
+# Every shared library they need, except the C library's own, the driver's and CUDA's big
 # ones (taken from the GPU machine).
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|libpthread\.|librt\.|libcuda\.|libnccl|libcublas)'
 for b in "$stage"/bin/*; do

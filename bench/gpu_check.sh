@@ -44,7 +44,8 @@ if [[ -n $prebuilt ]]; then
   mkdir -p "$KEEL_BUNDLE_BUILD_DIR/tests" "$KEEL_BUNDLE_BUILD_DIR/bench"
   cp "$build/bin/keel" "$KEEL_BUNDLE_BUILD_DIR/keel"
   mkdir -p "$build/tests" "$build/bench"
-  mv "$build/bin/test_cuda" "$build/tests/" && mv "$build/bin/bench_gpu" "$build/bench/"
+  mv "$build/bin/test_cuda" "$build/bin/test_dist" "$build/tests/" &&
+    mv "$build/bin/bench_gpu" "$build/bench/"
   # compare.py (KEEL_GPU_LORA) finds its worker and keel beside each other under --build.
   mv "$build/bin/compare_keel" "$build/bench/" && cp "$build/bin/keel" "$build/keel"
   # cuBLASLt (dlopen'ed) and NCCL come from this machine's CUDA.
@@ -66,8 +67,8 @@ else
       "--prebuilt with an archive from bench/gpu_bundle.sh)"
     exit 1
   fi
-  log "build keel, test_cuda, bench_gpu, compare_keel with -j$jobs"
-  if ! cmake --build "$build" -j "$jobs" --target keel_cli test_cuda bench_gpu compare_keel \
+  log "build keel, test_cuda, test_dist, bench_gpu, compare_keel with -j$jobs"
+  if ! cmake --build "$build" -j "$jobs" --target keel_cli test_cuda test_dist bench_gpu compare_keel \
     >"$logs/build.log" 2>&1; then
     grep -m20 -B2 -A10 "error" "$logs/build.log" | head -60
     echo "gpu_check: build failed (full log: $logs/build.log)"
@@ -79,15 +80,19 @@ log "GPU tests, one process each"
 export OMP_NUM_THREADS=$jobs
 : >"$logs/tests.log"
 tests_rc=0 failed=0 skipped=0 passed=0 no_gpu=0
-failed_tests=()
-for t in $("$build/tests/test_cuda" --gtest_list_tests |
-  awk '/^[A-Za-z].*\.$/ {suite = $1; next} /^  [A-Za-z]/ {print suite $1}'); do
+failed_tests=()  # "binary test" pairs
+# Every test of test_cuda, then test_dist's one-rank NCCL group (its other NcclGroup test is the
+# machine-without-a-GPU one).
+cases=$("$build/tests/test_cuda" --gtest_list_tests |
+  awk '/^[A-Za-z].*\.$/ {suite = $1; next} /^  [A-Za-z]/ {print "test_cuda " suite $1}')
+[[ -x $build/tests/test_dist ]] && cases+=$'\ntest_dist NcclGroup.OneRankNcclCollectives'
+while read -r bin t; do
   if ((SECONDS - start > ${KEEL_GPU_TESTS_BUDGET:-300})); then
-    failed=$((failed + 1)); tests_rc=1; failed_tests+=("$t")
+    failed=$((failed + 1)); tests_rc=1; failed_tests+=("$bin $t")
     log "$t: NOT RUN (the tests' time budget is spent)"
     continue
   fi
-  timeout "${KEEL_GPU_TEST_TIMEOUT:-60}" "$build/tests/test_cuda" --gtest_color=no \
+  timeout "${KEEL_GPU_TEST_TIMEOUT:-60}" "$build/tests/$bin" --gtest_color=no \
     --gtest_filter="$t" >"$logs/test.one" 2>&1
   rc=$?
   cat "$logs/test.one" >>"$logs/tests.log"
@@ -99,11 +104,11 @@ for t in $("$build/tests/test_cuda" --gtest_list_tests |
   elif [[ $rc == 0 ]]; then
     passed=$((passed + 1)); verdict=ok
   else
-    failed=$((failed + 1)); tests_rc=1; verdict="FAILED (exit $rc)"; failed_tests+=("$t")
+    failed=$((failed + 1)); tests_rc=1; verdict="FAILED (exit $rc)"; failed_tests+=("$bin $t")
     grep -E "Failure|error|Error|Expected|Which is|actual|terminate|what\(\)" "$logs/test.one" | head -12
   fi
   log "$t: $verdict"
-done
+done <<<"$cases"
 rm -f "$logs/test.one"
 tests_line="$passed passed$( ((no_gpu)) && echo ", the GPU was not usable")"
 dump=$(mktemp -d /tmp/keel-gpu-parity.XXXXXX)
@@ -180,11 +185,12 @@ verdict=$?
 # misaligned accesses, errors of the API), within KEEL_GPU_SANITIZE_S seconds in all.
 if [[ ${KEEL_GPU_SANITIZE:-0} == 1 ]] && ((${#failed_tests[@]})) && command -v compute-sanitizer >/dev/null; then
   until=$((SECONDS + ${KEEL_GPU_SANITIZE_S:-60}))
-  for t in "${failed_tests[@]}"; do
+  for case in "${failed_tests[@]}"; do
+    read -r bin t <<<"$case"
     left=$((until - SECONDS))
     ((left > 5)) || break
     log "compute-sanitizer memcheck: $t"
-    timeout "$left" compute-sanitizer --tool memcheck --print-limit 20 "$build/tests/test_cuda" \
+    timeout "$left" compute-sanitizer --tool memcheck --print-limit 20 "$build/tests/$bin" \
       --gtest_filter="$t" >>"$logs/sanitize.log" 2>&1
     grep -E "^========= (Invalid|Program hit|Error|  *at )" "$logs/sanitize.log" | tail -8
   done
