@@ -2,8 +2,9 @@
 # Packs what bench/gpu_check.sh runs (keel, test_cuda, test_dist, bench_gpu, compare_keel) with the
 # shared libraries a bare GPU machine lacks, for a GPU machine that cannot install Debian packages
 # (oneDNN, toml++, fmt, Open MPI): build here, carry the archive, and run
-# `bash bench/gpu_check.sh --prebuilt ARCHIVE` there. The CUDA libraries stay out (cuBLASLt and NCCL are hundreds of MB): the GPU machine's own
-# CUDA 13 provides them, and gpu_check.sh finds their directories.
+# `bash bench/gpu_check.sh --prebuilt ARCHIVE` there. The CUDA libraries stay out (cuBLASLt and
+# NCCL are hundreds of MB): the GPU machine's own CUDA 13 provides them, and gpu_check.sh finds
+# their directories.
 #
 #   bash bench/gpu_bundle.sh [BUILD_DIR=build] [ARCHIVE=build-gpu-bundle/keel-gpu.tar.xz]
 #
