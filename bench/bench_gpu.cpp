@@ -2,7 +2,8 @@
 // training at B=16, T=1024 in bf16-mixed on one CUDA device (AdamW, clipping at 1.0: the whole
 // step of DESIGN §3) in four variants: attention flash (CUDA cores), eager, flash on tensor cores
 // (KEEL_CUDA_FLASH_MMA=1), and that with the bias in cuBLASLt's epilogue
-// (KEEL_CUDA_BIAS_EPILOGUE=1), with MFU against the bf16 matmul rate measured in the same run
+// (KEEL_CUDA_BIAS_EPILOGUE=1) and the embedding's backward grouped on the device
+// (KEEL_CUDA_DEVICE_GROUPING=1), with MFU against the bf16 matmul rate measured in the same run
 // (cuBLASLt through keel's matmul kernels, 8192³, bf16 in, f32 accumulation). The fastest variant
 // is the headline.
 //
@@ -15,7 +16,7 @@
 // every launch and prints the ROWS launch sites that took the most device time. The last line is
 // machine-readable:
 //   RESULT keel_tok_s=... step_ms=... mfu=... peak_tflops=... loss0=... attention=<fastest>
-//          flash_tok_s=... eager_tok_s=... flash_mma_tok_s=... flash_mma_bias_tok_s=...
+//          flash_tok_s=... eager_tok_s=... flash_mma_tok_s=... flash_mma_fused_tok_s=...
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -172,7 +173,8 @@ int main(int argc, char** argv) {
   // Flash (tiled, f32 online softmax on CUDA cores), eager (scores through cuBLASLt, softmax
   // kernel between), flash on tensor cores: all keel's; the table reports the fastest.
   // The variants, each a backend and the switches of the kernels not yet checked on a GPU
-  // (backend/cuda/attention_mma.cu, matmul.cu's bias epilogue), set only for its own steps.
+  // (backend/cuda/attention_mma.cu, matmul.cu's bias epilogue, embedding.cu's grouping), set only
+  // for its own steps.
   struct Variant {
     const char* name;  // also its RESULT key, <name>_tok_s
     ops::AttentionBackend backend;
@@ -182,9 +184,9 @@ int main(int argc, char** argv) {
       {"flash", ops::AttentionBackend::kFlash, {}},  // first: its step 0 is the initial model
       {"eager", ops::AttentionBackend::kEager, {}},
       {"flash_mma", ops::AttentionBackend::kFlash, {"KEEL_CUDA_FLASH_MMA"}},
-      {"flash_mma_bias",
+      {"flash_mma_fused",
        ops::AttentionBackend::kFlash,
-       {"KEEL_CUDA_FLASH_MMA", "KEEL_CUDA_BIAS_EPILOGUE"}},
+       {"KEEL_CUDA_FLASH_MMA", "KEEL_CUDA_BIAS_EPILOGUE", "KEEL_CUDA_DEVICE_GROUPING"}},
   };
   auto switched = [](const Variant& v, bool on) {
     for (const char* e : v.switches) on ? setenv(e, "1", 1) : unsetenv(e);

@@ -148,8 +148,8 @@ if k:
               f"({float(k['step_ms']):.1f} ms/step, attention {k.get('attention', '?')})"),
              ("  by attention backend", f"flash {float(k.get('flash_tok_s', 0)):,.0f} tok/s, "
               f"eager {float(k.get('eager_tok_s', 0)):,.0f}, flash on tensor cores "
-              f"{float(k.get('flash_mma_tok_s', 0)):,.0f}, and the bias epilogue "
-              f"{float(k.get('flash_mma_bias_tok_s', 0)):,.0f} tok/s"),
+              f"{float(k.get('flash_mma_tok_s', 0)):,.0f}, and with the bias epilogue and "
+              f"device grouping {float(k.get('flash_mma_fused_tok_s', 0)):,.0f} tok/s"),
              ("keel MFU (vs the measured bf16 rate)", f"{100 * float(k['mfu']):.1f}%  (goal >= 40%)")]
     goal &= float(k["mfu"]) >= 0.40
 else:

@@ -23,6 +23,7 @@
 #include "keel/amp/autocast.h"
 #include "keel/autograd/node.h"
 #include "keel/backend/cuda_api.h"
+#include "keel/backend/embedding.h"
 #include "keel/backend/matmul.h"
 #include "keel/backend/monitor.h"
 #include "keel/backend/optim.h"
@@ -402,6 +403,49 @@ TEST(CudaOps, SoftmaxAndNorms) {
   Tensor ninf = Tensor::full({2, 8}, -INFINITY);
   expect_matches_cpu([](auto& v) { return ops::softmax(v[0]); }, {ninf}, {0, 0}, "softmax -inf row",
                      false);
+}
+
+// The embedding's backward grouped on the device (backend/cuda/embedding.cu, on with
+// KEEL_CUDA_DEVICE_GROUPING=1): the same bits as the host-grouped GPU path (each id's positions
+// summed in ascending order, the same kernel arithmetic) and the CPU's within rounding, i32 and
+// i64 ids, many repeats over a GPT-2-sized vocabulary, the rows no id names untouched; and no id
+// read back to the host (no "read_back" site).
+TEST(CudaOps, EmbeddingGroupedOnTheDeviceAsOnTheHost) {
+  REQUIRE_GPU();
+  const int64_t v = 50257, d = 96, n = 3000;
+  std::vector<int64_t> id_v(n);
+  for (int64_t i = 0; i < n; ++i) id_v[i] = (i * 7919) % 613 * 61;  // 613 ids, each ~5 times
+  id_v[5] = v - 1;
+  for (DType dt : kFloats)
+    for (DType id_dt : {DType::I32, DType::I64}) {
+      const std::string what = std::string("embedding grouped on the device ") + dtype_name(dt) +
+                               " " + dtype_name(id_dt) + " ids";
+      const Tensor ids = Tensor::from_ints(id_v, {n}, id_dt);
+      const Tensor g = test::randn({n, d}, 32, 1.f, dt);
+      Tensor grads[3];  // CPU, GPU grouped on the host, GPU grouped on the device
+      for (int side = 0; side < 3; ++side) {
+        const Device dev = side == 0 ? Device::cpu() : kGpu;
+        Tensor dw = test::randn({v, d}, 33, 1.f, dt).to(dev);  // accumulated into
+        const Tensor gd = g.to(dev), idd = ids.to(dev);
+        if (side == 2) setenv("KEEL_CUDA_DEVICE_GROUPING", "1", 1);
+        cuda::profile_begin();
+        embedding_kernels(dev).scatter_add(dw.data(), gd.data(), idd.data(), id_dt, dt, n, v, d);
+        const std::vector<cuda::ProfileRow> rows = cuda::profile_end();
+        unsetenv("KEEL_CUDA_DEVICE_GROUPING");
+        if (side == 2) {
+          bool on_device = false;
+          for (const auto& r : rows) {
+            EXPECT_EQ(r.site.find("read_back"), std::string::npos) << what << ": " << r.site;
+            on_device |= r.site.find("grouped_on_device") != std::string::npos;
+          }
+          EXPECT_TRUE(on_device) << what << ": the device grouping did not run";
+        }
+        grads[side] = dw.to(Device::cpu());
+      }
+      test::expect_bitwise_equal(grads[2], grads[1], what + " vs grouped on the host");
+      const Tol tol = tol_for(dt);
+      test::expect_close(grads[2], grads[0], tol.atol, tol.rtol, what + " vs the CPU");
+    }
 }
 
 TEST(CudaOps, EmbeddingRopeDropoutShapes) {

@@ -1,6 +1,17 @@
 // CUDA embedding: id checks, gather, and the deterministic scatter-add of the backward.
 // Semantics as backend/cpu (backend/embedding.h).
+//
+// The scatter-add groups positions by id (a stable sort) and sums each group in position order.
+// By default the grouping is done on the host (the ids read back: a synchronization in the middle
+// of the backward). With KEEL_CUDA_DEVICE_GROUPING=1 it stays on the device: CUB's radix sort of
+// (id, position) pairs is stable, so each id's positions come out ascending and the sums are the
+// same bits; a block per sorted position, of which only the first of each id's run works. Written
+// without a GPU (session 45): off until CudaOps.EmbeddingGroupedOnTheDeviceAsOnTheHost has run.
+#include <cub/device/device_radix_sort.cuh>
+
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -76,10 +87,73 @@ __global__ void scatter_kernel(T* dw, const T* g, const int64_t* order, const in
     st(row + j, ld(row + j) + ld(&sum));
   }
 }
+// ---- grouping on the device ------------------------------------------------------------------
+
+__global__ void sort_inputs_kernel(uint32_t* keys, int32_t* positions, const void* ids, bool i32,
+                                   int64_t n) {
+  KEEL_CUDA_FOR(i, n) {
+    keys[i] = static_cast<uint32_t>(id_at(ids, i32, i));  // validated: in [0, v), v < 2^31
+    positions[i] = static_cast<int32_t>(i);
+  }
+}
+
+// Block p of the sorted positions: the first of its id's run sums the run (ascending positions)
+// per column, as scatter_kernel sums a group.
+template <class T>
+__global__ void sorted_scatter_kernel(T* dw, const T* g, const uint32_t* keys,
+                                      const int32_t* positions, int64_t n, int64_t d) {
+  const int64_t p = blockIdx.x;
+  const uint32_t id = keys[p];
+  if (p > 0 && keys[p - 1] == id) return;  // not the first of its run
+  T* row = dw + static_cast<int64_t>(id) * d;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t q = p; q < n && keys[q] == id; ++q) acc += ld(g + positions[q] * d + j);
+    T sum;
+    st(&sum, acc);
+    st(row + j, ld(row + j) + ld(&sum));
+  }
+}
+
+bool device_grouping_enabled() {
+  const char* e = std::getenv("KEEL_CUDA_DEVICE_GROUPING");  // read at each call: tests switch it
+  return e && std::strcmp(e, "1") == 0;
+}
+
+void scatter_add_grouped_on_device(void* dweight, const void* grad, const void* ids, DType id_dt,
+                                   DType dt, int64_t n, int64_t v, int64_t d) {
+  int end_bit = 1;  // the bits an id < v needs
+  while (end_bit < 32 && (int64_t{1} << end_bit) < v) ++end_bit;
+  const int count = static_cast<int>(n);
+  size_t sort_bytes = 0;
+  KEEL_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, sort_bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), count, 0, end_bit,
+      stream()));
+  const size_t pairs = static_cast<size_t>(n) * 4;  // bytes of one array of keys or positions
+  Scratch buf(4 * pairs + sort_bytes);
+  uint32_t* keys_in = buf.as<uint32_t>();
+  uint32_t* keys = keys_in + n;
+  int32_t* pos_in = reinterpret_cast<int32_t*>(keys + n);
+  int32_t* pos = pos_in + n;
+  void* sort_tmp = pos + n;
+  sort_inputs_kernel<<<grid_for(n), kThreads, 0, stream()>>>(keys_in, pos_in, ids,
+                                                             id_dt == DType::I32, n);
+  KEEL_CUDA_LAUNCHED();
+  KEEL_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, keys_in, keys, pos_in, pos,
+                                                  count, 0, end_bit, stream()));
+  const int threads = d >= 256 ? 256 : 128;
+  KEEL_CUDA_FLOAT_TYPES(dt, T,
+                        sorted_scatter_kernel<<<n, threads, 0, stream()>>>(
+                            (T*)dweight, (const T*)grad, keys, pos, n, d));
+  KEEL_CUDA_LAUNCHED();
+}
+
 void emb_scatter_add(void* dweight, const void* grad, const void* ids, DType id_dt, DType dt,
                      int64_t n, int64_t v, int64_t d) {
-  (void)v;
   if (n <= 0 || d <= 0) return;
+  if (device_grouping_enabled() && n < (int64_t{1} << 31) && v <= (int64_t{1} << 31))
+    return scatter_add_grouped_on_device(dweight, grad, ids, id_dt, dt, n, v, d);
   // The grouping (a stable sort of the ids) on the host: ids are small next to the gradients.
   std::vector<int64_t> h(n);
   if (id_dt == DType::I32) {
