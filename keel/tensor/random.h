@@ -15,6 +15,9 @@ class Rng {
   uint64_t next_u64();
   double uniform();  // [0, 1)
   double normal();   // standard normal (Box-Muller, one value per call, deterministic)
+  // The value normal() gives when its two draws are a and b (fill_normal spreads these over
+  // threads after drawing the words in order).
+  static double normal_of(uint64_t a, uint64_t b);
   std::array<uint64_t, 4> state() const { return s_; }
   void set_state(const std::array<uint64_t, 4>& s) { s_ = s; }
 

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <vector>
 
 #include "keel/tensor/random.h"
+#include "tests/support/check.h"
 
 namespace keel {
 namespace {
@@ -36,6 +38,32 @@ TEST(Random, RngIsDeterministicPerSeed) {
     differs |= u != c.uniform();
   }
   EXPECT_TRUE(differs);
+}
+
+// fill_normal draws its words in order and spreads the Box-Muller arithmetic over threads: the
+// values are rng.normal()'s, called once per element, at any thread count and over several chunks
+// (a partial last one); the generator ends where those calls leave it; and the first values of
+// seed 0 keep their bits (every from-scratch run's initial weights).
+TEST(Random, FillNormalIsNormalCalledInOrderAtAnyThreadCount) {
+  const int64_t n = (int64_t{1} << 17) + 4099;
+  for (int threads : {1, 3}) {
+    test::ThreadsGuard guard(threads);
+    Rng seq(7), filled(7);
+    Tensor t = Tensor::empty({n}, DType::F32);
+    fill_normal(t, filled, 0.5, 0.02);
+    const std::vector<float> v = t.to_floats();
+    for (int64_t i = 0; i < n; ++i) {
+      const float want = static_cast<float>(0.5 + 0.02 * seq.normal());
+      if (v[i] != want) {
+        ADD_FAILURE() << threads << " threads: element " << i << " is " << v[i] << ", not " << want;
+        break;
+      }
+    }
+    EXPECT_EQ(filled.state(), seq.state()) << threads << " threads";
+  }
+  Rng r(0);
+  EXPECT_EQ(r.normal(), -0x1.36b8ef9b1343ep-6);
+  EXPECT_EQ(r.normal(), -0x1.9d69103227bc6p-2);
 }
 
 }  // namespace
