@@ -18,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "keel/amp/autocast.h"
@@ -58,6 +59,14 @@ using json = nlohmann::json;
   } while (0)
 
 const Device kGpu = Device::cuda(0);
+
+// One of the CUDA kernels' switches (KEEL_CUDA_FLASH_MMA, ...: read at each call) set to 1 for a
+// scope.
+struct SwitchOn {
+  const char* name;
+  explicit SwitchOn(const char* n) : name(n) { setenv(name, "1", 1); }
+  ~SwitchOn() { unsetenv(name); }
+};
 
 // ---- without a GPU ----------------------------------------------------------------------------
 
@@ -299,10 +308,7 @@ TEST(CudaOps, LinearAndMatmul) {
 // "+bias"), not the separate add.
 TEST(CudaOps, LinearWithTheBiasInCublasLtsEpilogue) {
   REQUIRE_GPU();
-  struct EnvGuard {
-    EnvGuard() { setenv("KEEL_CUDA_BIAS_EPILOGUE", "1", 1); }
-    ~EnvGuard() { unsetenv("KEEL_CUDA_BIAS_EPILOGUE"); }
-  } on;
+  const SwitchOn on("KEEL_CUDA_BIAS_EPILOGUE");
   struct Case {
     int64_t m, n, k;
   };
@@ -427,11 +433,14 @@ TEST(CudaOps, EmbeddingGroupedOnTheDeviceAsOnTheHost) {
         const Device dev = side == 0 ? Device::cpu() : kGpu;
         Tensor dw = test::randn({v, d}, 33, 1.f, dt).to(dev);  // accumulated into
         const Tensor gd = g.to(dev), idd = ids.to(dev);
-        if (side == 2) setenv("KEEL_CUDA_DEVICE_GROUPING", "1", 1);
-        cuda::profile_begin();
-        embedding_kernels(dev).scatter_add(dw.data(), gd.data(), idd.data(), id_dt, dt, n, v, d);
-        const std::vector<cuda::ProfileRow> rows = cuda::profile_end();
-        unsetenv("KEEL_CUDA_DEVICE_GROUPING");
+        std::vector<cuda::ProfileRow> rows;
+        {
+          std::optional<SwitchOn> on;
+          if (side == 2) on.emplace("KEEL_CUDA_DEVICE_GROUPING");
+          cuda::profile_begin();
+          embedding_kernels(dev).scatter_add(dw.data(), gd.data(), idd.data(), id_dt, dt, n, v, d);
+          rows = cuda::profile_end();
+        }
         if (side == 2) {
           bool on_device = false;
           for (const auto& r : rows) {
@@ -527,10 +536,7 @@ TEST(CudaOps, AttentionEveryBackendWithPaddingAndGqa) {
 // and the launches are the tensor-core kernels', not a silent fallback to the CUDA-core ones.
 TEST(CudaOps, FlashOnTensorCoresMatchesTheCpu) {
   REQUIRE_GPU();
-  struct EnvGuard {
-    EnvGuard() { setenv("KEEL_CUDA_FLASH_MMA", "1", 1); }
-    ~EnvGuard() { unsetenv("KEEL_CUDA_FLASH_MMA"); }
-  } on;
+  const SwitchOn on("KEEL_CUDA_FLASH_MMA");
   for (int64_t t : {37, 150}) {
     std::vector<int64_t> mask_v(2 * t, 1);
     for (int64_t j = 0; j < std::min<int64_t>(70, t - 5); ++j) mask_v[t + j] = 0;

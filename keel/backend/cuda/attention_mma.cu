@@ -105,12 +105,54 @@ __device__ __forceinline__ void accumulate(FragC (&acc)[D / 16], const T* p, con
       acc, p, kPLd, [&](int kk, int n) { return b + kk * 16 * kLd<D> + n * 16; }, kLd<D>);
 }
 
-// ---- forward --------------------------------------------------------------------------------
+// A block's shared memory: `Tiles` 64-row tiles in the 16-bit dtype, then each warp's scratch: an
+// f32 16 x 64 score tile, two 16-bit 16 x 64 tiles (P and dS, or Pᵀ and dSᵀ) and, for the
+// forward (Out), its f32 16 x D output rows. Every piece starts on a 32-byte boundary (WMMA).
+template <class T, int D, int Tiles, bool Out>
+struct Smem {
+  static constexpr size_t kWarpBytes =
+      kScoreBytes + 2 * kPBytes + (Out ? size_t(16) * (D + 4) * 4 : 0);
+  static constexpr size_t kBytes = Tiles * kTileBytes<D> + kWarps * kWarpBytes;
+  T* tile[Tiles];
+  float* scores;
+  T* p;
+  T* ds;
+  float* out;
+  __device__ explicit Smem(unsigned char* base) {
+#pragma unroll
+    for (int i = 0; i < Tiles; ++i) tile[i] = reinterpret_cast<T*>(base + i * kTileBytes<D>);
+    unsigned char* mine = base + Tiles * kTileBytes<D> + (threadIdx.x >> 5) * kWarpBytes;
+    scores = reinterpret_cast<float*>(mine);
+    p = reinterpret_cast<T*>(mine + kScoreBytes);
+    ds = reinterpret_cast<T*>(mine + kScoreBytes + kPBytes);
+    out = Out ? reinterpret_cast<float*>(mine + kScoreBytes + 2 * kPBytes) : nullptr;
+  }
+};
+template <class T, int D>
+using FwdSmem = Smem<T, D, 3, true>;  // Q, K, V
+template <class T, int D>
+using BwdSmem = Smem<T, D, 4, false>;  // K, V, Q, dO (dK/dV); Q, dO, K, V (dQ)
 
-template <int D>
-constexpr size_t kFwdWarpBytes = kScoreBytes + kPBytes + size_t(16) * (D + 4) * 4;
-template <int D>
-constexpr size_t kFwdSmem = 3 * kTileBytes<D> + kWarps* kFwdWarpBytes<D>;
+// The block's place: blocks walk 64-row tiles, then `heads` heads, then the batch; its rows
+// [r0, r1), its batch row's padding mask and first real key (computed by the whole block).
+struct Place {
+  int64_t r0, r1, head, b;
+  const uint8_t* mk;
+  int64_t first;
+};
+__device__ Place place_of(const AttnDims& a, int64_t heads) {
+  const int64_t tiles = (a.t + kRows - 1) / kRows;
+  Place p;
+  p.r0 = blockIdx.x % tiles * kRows;
+  p.r1 = min(a.t, p.r0 + kRows);
+  p.head = blockIdx.x / tiles % heads;
+  p.b = blockIdx.x / (tiles * heads);
+  p.mk = a.mask ? a.mask + p.b * a.t : nullptr;
+  p.first = first_real_key(p.mk, a.t);
+  return p;
+}
+
+// ---- forward --------------------------------------------------------------------------------
 
 template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
@@ -119,21 +161,12 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kOLd = D + 4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  T* qs = reinterpret_cast<T*>(smem);
-  T* ks = qs + kRows * kLd<D>;
-  T* vs = ks + kRows * kLd<D>;
-  unsigned char* mine = smem + 3 * kTileBytes<D> + warp * kFwdWarpBytes<D>;
-  float* sc = reinterpret_cast<float*>(mine);
-  T* pt = reinterpret_cast<T*>(mine + kScoreBytes);
-  float* oacc = reinterpret_cast<float*>(mine + kScoreBytes + kPBytes);
+  const FwdSmem<T, D> sm(smem);
+  T *qs = sm.tile[0], *ks = sm.tile[1], *vs = sm.tile[2], *pt = sm.p;
+  float *sc = sm.scores, *oacc = sm.out;
 
   const int64_t t = a.t, group = a.hq / a.hkv;
-  const int64_t ntiles = (t + kRows - 1) / kRows;
-  const int64_t qt = blockIdx.x % ntiles, h = (blockIdx.x / ntiles) % a.hq,
-                b = blockIdx.x / (ntiles * a.hq);
-  const int64_t i0 = qt * kRows, i1 = min(t, i0 + kRows);
-  const uint8_t* mk = a.mask ? a.mask + b * t : nullptr;
-  const int64_t first = first_real_key(mk, t);
+  const auto [i0, i1, h, b, mk, first] = place_of(a, a.hq);
   const T* qb = q + (b * a.hq + h) * t * D;
   const T* kb = k + (b * a.hkv + h / group) * t * D;
   const T* vb = v + (b * a.hkv + h / group) * t * D;
@@ -209,10 +242,6 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- backward -------------------------------------------------------------------------------
 
-constexpr size_t kBwdWarpBytes = kScoreBytes + 2 * kPBytes;
-template <int D>
-constexpr size_t kBwdSmem = 4 * kTileBytes<D> + kWarps* kBwdWarpBytes;
-
 // Writes a warp's 16 x D accumulator, times `scale`, to rows [r0, r0 + 16) of out (rows past t
 // dropped), through its 16 x 16 f32 scratch tile.
 template <class T, int D>
@@ -240,22 +269,13 @@ __global__ void __launch_bounds__(kThreads)
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  T* ks = reinterpret_cast<T*>(smem);
-  T* vs = ks + kRows * kLd<D>;
-  T* qs = vs + kRows * kLd<D>;
-  T* dos = qs + kRows * kLd<D>;
-  unsigned char* mine = smem + 4 * kTileBytes<D> + warp * kBwdWarpBytes;
-  float* sc = reinterpret_cast<float*>(mine);
-  T* pt = reinterpret_cast<T*>(mine + kScoreBytes);             // Pᵀ, 16 keys x 64 queries
-  T* dst = reinterpret_cast<T*>(mine + kScoreBytes + kPBytes);  // dSᵀ
+  const BwdSmem<T, D> sm(smem);
+  T *ks = sm.tile[0], *vs = sm.tile[1], *qs = sm.tile[2], *dos = sm.tile[3];
+  T *pt = sm.p, *dst = sm.ds;  // Pᵀ and dSᵀ, 16 keys x 64 queries
+  float* sc = sm.scores;
 
   const int64_t t = a.t, group = a.hq / a.hkv;
-  const int64_t nkt = (t + kRows - 1) / kRows;
-  const int64_t kt = blockIdx.x % nkt, kvh = (blockIdx.x / nkt) % a.hkv,
-                b = blockIdx.x / (nkt * a.hkv);
-  const int64_t j0 = kt * kRows, j1 = min(t, j0 + kRows);
-  const uint8_t* mk = a.mask ? a.mask + b * t : nullptr;
-  const int64_t first = first_real_key(mk, t);
+  const auto [j0, j1, kvh, b, mk, first] = place_of(a, a.hkv);  // keys [j0, j1) of kv head kvh
   const int64_t kvoff = (b * a.hkv + kvh) * t * D;
   const int64_t w0 = j0 + warp * 16;  // this warp's first key
 
@@ -328,21 +348,12 @@ __global__ void __launch_bounds__(kThreads)
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  T* qs = reinterpret_cast<T*>(smem);
-  T* dos = qs + kRows * kLd<D>;
-  T* ks = dos + kRows * kLd<D>;
-  T* vs = ks + kRows * kLd<D>;
-  unsigned char* mine = smem + 4 * kTileBytes<D> + warp * kBwdWarpBytes;
-  float* sc = reinterpret_cast<float*>(mine);
-  T* dst = reinterpret_cast<T*>(mine + kScoreBytes);
+  const BwdSmem<T, D> sm(smem);
+  T *qs = sm.tile[0], *dos = sm.tile[1], *ks = sm.tile[2], *vs = sm.tile[3], *dst = sm.ds;
+  float* sc = sm.scores;
 
   const int64_t t = a.t, group = a.hq / a.hkv;
-  const int64_t ntiles = (t + kRows - 1) / kRows;
-  const int64_t qt = blockIdx.x % ntiles, h = (blockIdx.x / ntiles) % a.hq,
-                b = blockIdx.x / (ntiles * a.hq);
-  const int64_t i0 = qt * kRows, i1 = min(t, i0 + kRows);
-  const uint8_t* mk = a.mask ? a.mask + b * t : nullptr;
-  const int64_t first = first_real_key(mk, t);
+  const auto [i0, i1, h, b, mk, first] = place_of(a, a.hq);
   const int64_t hoff = (b * a.hq + h) * t;
   const int64_t kvoff = (b * a.hkv + h / group) * t * D;
   const int64_t w0 = i0 + warp * 16, wlast = min(t, w0 + 16) - 1;
@@ -432,9 +443,9 @@ bool flash_mma_forward(void* o, float* lse, const void* q, const void* k, const 
     with_head_dim(a.d, [&](auto dim) {
       constexpr int D = decltype(dim)::value;
       auto kernel = flash_mma_fwd_kernel<T, D>;
-      allow_smem(kernel, kFwdSmem<D>);
+      allow_smem(kernel, FwdSmem<T, D>::kBytes);
       const int64_t blocks = a.batch * a.hq * ((a.t + kRows - 1) / kRows);
-      kernel<<<blocks, kThreads, kFwdSmem<D>, stream()>>>(
+      kernel<<<blocks, kThreads, FwdSmem<T, D>::kBytes, stream()>>>(
           static_cast<T*>(o), lse, static_cast<const T*>(q), static_cast<const T*>(k),
           static_cast<const T*>(v), a);
       KEEL_CUDA_LAUNCHED();
@@ -452,12 +463,12 @@ bool flash_mma_backward(void* dq, void* dk, void* dv, const void* q, const void*
     with_head_dim(a.d, [&](auto dim) {
       constexpr int D = decltype(dim)::value;
       if (dk || dv) {
-        // The kernel writes both: a missing one gets scratch.
-        Scratch spare(static_cast<size_t>(a.batch * a.hkv * a.t * D) * sizeof(T));
+        // The kernel writes both: a missing one gets scratch (none when both are wanted).
+        Scratch spare(dk && dv ? 0 : static_cast<size_t>(a.batch * a.hkv * a.t * D) * sizeof(T));
         auto kernel = flash_mma_dkdv_kernel<T, D>;
-        allow_smem(kernel, kBwdSmem<D>);
+        allow_smem(kernel, BwdSmem<T, D>::kBytes);
         const int64_t blocks = a.batch * a.hkv * ((a.t + kRows - 1) / kRows);
-        kernel<<<blocks, kThreads, kBwdSmem<D>, stream()>>>(
+        kernel<<<blocks, kThreads, BwdSmem<T, D>::kBytes, stream()>>>(
             static_cast<T*>(dk ? dk : spare.as<void>()),
             static_cast<T*>(dv ? dv : spare.as<void>()), static_cast<const T*>(q),
             static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const T*>(dout), lse,
@@ -466,9 +477,9 @@ bool flash_mma_backward(void* dq, void* dk, void* dv, const void* q, const void*
       }
       if (dq) {
         auto kernel = flash_mma_dq_kernel<T, D>;
-        allow_smem(kernel, kBwdSmem<D>);
+        allow_smem(kernel, BwdSmem<T, D>::kBytes);
         const int64_t blocks = a.batch * a.hq * ((a.t + kRows - 1) / kRows);
-        kernel<<<blocks, kThreads, kBwdSmem<D>, stream()>>>(
+        kernel<<<blocks, kThreads, BwdSmem<T, D>::kBytes, stream()>>>(
             static_cast<T*>(dq), static_cast<const T*>(q), static_cast<const T*>(k),
             static_cast<const T*>(v), static_cast<const T*>(dout), lse, drow, a);
         KEEL_CUDA_LAUNCHED();
