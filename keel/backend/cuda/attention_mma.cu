@@ -15,8 +15,10 @@
 // accumulator in shared memory too, where each row's rescaling by exp(m_old - m_new) can reach it;
 // the backward's accumulators never need rescaling and stay in fragments.
 //
-// Off unless KEEL_CUDA_FLASH_MMA=1: written without a GPU (session 45) and not yet run on one;
-// `CudaOps.FlashOnTensorCoresMatchesTheCpu` (tests/cuda) checks it against the CPU on a GPU.
+// Off unless KEEL_CUDA_FLASH_MMA=1: written without a GPU (session 45) and not yet run on one.
+// tests/cuda_emulated runs these kernels on the CPU through a host emulator of blocks, warps and
+// WMMA tiles (their logic: tiles, masks, synchronization, rounding points) on every machine;
+// `CudaOps.FlashOnTensorCoresMatchesTheCpu` (tests/cuda) checks them on a GPU.
 #include <mma.h>
 
 #include <cstdlib>
@@ -158,7 +160,7 @@ template <class T, int D>
 __global__ void __launch_bounds__(kThreads)
     flash_mma_fwd_kernel(T* o, float* lse, const T* q, const T* k, const T* v, AttnDims a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  extern __shared__ __align__(128) unsigned char smem[];
+  KEEL_DYNAMIC_SMEM(smem);
   constexpr int kOLd = D + 4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const FwdSmem<T, D> sm(smem);
@@ -267,7 +269,7 @@ __global__ void __launch_bounds__(kThreads)
     flash_mma_dkdv_kernel(T* dk, T* dv, const T* q, const T* k, const T* v, const T* dout,
                           const float* lse, const float* drow, AttnDims a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  extern __shared__ __align__(128) unsigned char smem[];
+  KEEL_DYNAMIC_SMEM(smem);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const BwdSmem<T, D> sm(smem);
   T *ks = sm.tile[0], *vs = sm.tile[1], *qs = sm.tile[2], *dos = sm.tile[3];
@@ -346,7 +348,7 @@ __global__ void __launch_bounds__(kThreads)
     flash_mma_dq_kernel(T* dq, const T* q, const T* k, const T* v, const T* dout, const float* lse,
                         const float* drow, AttnDims a) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-  extern __shared__ __align__(128) unsigned char smem[];
+  KEEL_DYNAMIC_SMEM(smem);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const BwdSmem<T, D> sm(smem);
   T *qs = sm.tile[0], *dos = sm.tile[1], *ks = sm.tile[2], *vs = sm.tile[3], *dst = sm.ds;
@@ -402,7 +404,12 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
+}  // namespace
+
 // ---- dispatch -------------------------------------------------------------------------------
+// (Not in tests/cuda_emulated's host build of these kernels, which launches them itself.)
+#ifndef KEEL_CUDA_EMULATED
+namespace {
 
 bool enabled() {
   const char* e = std::getenv("KEEL_CUDA_FLASH_MMA");  // read at each call: tests switch it
@@ -488,5 +495,6 @@ bool flash_mma_backward(void* dq, void* dk, void* dv, const void* q, const void*
   });
   return true;
 }
+#endif  // KEEL_CUDA_EMULATED
 
 }  // namespace keel::cuda
