@@ -187,22 +187,21 @@ void attn_softmax_forward(float* p32, void* p_lp, DType p_dt, const void* s_raw,
     KEEL_CUDA_FLOAT_TYPES(score_dt, ES, {
       if (p_lp) {
         KEEL_CUDA_FLOAT_TYPES(p_dt, EP,
-                              softmax_fwd_reg_kernel<EP, ES, per()>
-                              <<<rows, threads, 0, stream()>>>(p32, (EP*)p_lp, s, a));
+                              KEEL_LAUNCH(rows, threads, 0, softmax_fwd_reg_kernel<EP, ES, per()>)(
+                                  p32, (EP*)p_lp, s, a));
       } else {
-        softmax_fwd_reg_kernel<float, ES, per()>
-            <<<rows, threads, 0, stream()>>>(p32, nullptr, s, a);
+        KEEL_LAUNCH(rows, threads, 0, softmax_fwd_reg_kernel<float, ES, per()>)(p32, nullptr, s, a);
       }
     });
   });
   if (!in_registers) {
     KEEL_CUDA_FLOAT_TYPES(score_dt, ES, {
       if (p_lp) {
-        KEEL_CUDA_FLOAT_TYPES(p_dt, EP,
-                              softmax_fwd_kernel<EP, ES>
-                              <<<rows, threads, 0, stream()>>>(p32, (EP*)p_lp, s, a));
+        KEEL_CUDA_FLOAT_TYPES(
+            p_dt, EP,
+            KEEL_LAUNCH(rows, threads, 0, softmax_fwd_kernel<EP, ES>)(p32, (EP*)p_lp, s, a));
       } else {
-        softmax_fwd_kernel<float, ES><<<rows, threads, 0, stream()>>>(p32, nullptr, s, a);
+        KEEL_LAUNCH(rows, threads, 0, softmax_fwd_kernel<float, ES>)(p32, nullptr, s, a);
       }
     });
   }
@@ -218,14 +217,14 @@ void attn_softmax_backward(void* ds, DType ds_dt, const float* p32, const void* 
   const int threads = row_threads_for(a.t);
   const bool in_registers = with_keys_per_thread(a.t, [&](auto per) {
     KEEL_CUDA_FLOAT_TYPES(ds_dt, ED, KEEL_CUDA_FLOAT_TYPES(dp_dt, EG, {
-                            softmax_bwd_reg_kernel<ED, EG, per()>
-                                <<<rows, threads, 0, stream()>>>((ED*)ds, p32, (const EG*)dp, a);
+                            KEEL_LAUNCH(rows, threads, 0, softmax_bwd_reg_kernel<ED, EG, per()>)
+                            ((ED*)ds, p32, (const EG*)dp, a);
                           }));
   });
   if (!in_registers) {
     KEEL_CUDA_FLOAT_TYPES(ds_dt, ED, KEEL_CUDA_FLOAT_TYPES(dp_dt, EG, {
-                            softmax_bwd_kernel<ED, EG>
-                                <<<rows, threads, 0, stream()>>>((ED*)ds, p32, (const EG*)dp, a);
+                            KEEL_LAUNCH(rows, threads, 0, softmax_bwd_kernel<ED, EG>)
+                            ((ED*)ds, p32, (const EG*)dp, a);
                           }));
   }
   KEEL_CUDA_LAUNCHED();
@@ -253,7 +252,8 @@ __device__ __forceinline__ void accumulate_keys(float (&acc)[NDV], float coef, c
 template <class T, int NDV>
 __global__ void __launch_bounds__(kWarps * 32)
     flash_fwd_kernel(T* o, float* lse, const T* q, const T* k, const T* v, AttnDims a) {
-  extern __shared__ float smem[];
+  KEEL_DYNAMIC_SMEM(smem_bytes);
+  float* smem = reinterpret_cast<float*>(smem_bytes);
   const int64_t t = a.t, d = a.d, p = d + 1, group = a.hq / a.hkv;
   float* qs = smem;
   float* ks = qs + kTile * p;
@@ -334,8 +334,8 @@ void flash_fwd_launch(void* o, float* lse, const void* q, const void* k, const v
   auto kernel = flash_fwd_kernel<T, NDV>;
   allow_smem(kernel, smem);
   const int64_t blocks = a.batch * a.hq * ((a.t + kTile - 1) / kTile);
-  kernel<<<blocks, kWarps * 32, smem, stream()>>>((T*)o, lse, (const T*)q, (const T*)k, (const T*)v,
-                                                  a);
+  KEEL_LAUNCH(blocks, kWarps * 32, smem, kernel)
+  ((T*)o, lse, (const T*)q, (const T*)k, (const T*)v, a);
   KEEL_CUDA_LAUNCHED();
 }
 
@@ -371,7 +371,8 @@ template <class T, int NDV>
 __global__ void __launch_bounds__(kWarps * 32)
     flash_dkdv_kernel(T* dk, T* dv, const T* q, const T* k, const T* v, const T* dout,
                       const float* lse, const float* drow, AttnDims a) {
-  extern __shared__ float smem[];
+  KEEL_DYNAMIC_SMEM(smem_bytes);
+  float* smem = reinterpret_cast<float*>(smem_bytes);
   const int64_t t = a.t, d = a.d, p = d + 1, group = a.hq / a.hkv;
   float* ks = smem;
   float* vs = ks + kTile * p;
@@ -451,7 +452,8 @@ template <class T, int NDV>
 __global__ void __launch_bounds__(kWarps * 32)
     flash_dq_kernel(T* dq, const T* q, const T* k, const T* v, const T* dout, const float* lse,
                     const float* drow, AttnDims a) {
-  extern __shared__ float smem[];
+  KEEL_DYNAMIC_SMEM(smem_bytes);
+  float* smem = reinterpret_cast<float*>(smem_bytes);
   const int64_t t = a.t, d = a.d, p = d + 1, group = a.hq / a.hkv;
   float* qs = smem;
   float* dos = qs + kTile * p;
@@ -515,16 +517,16 @@ void flash_bwd_launch(void* dq, void* dk, void* dv, const void* q, const void* k
     auto kernel = flash_dkdv_kernel<T, NDV>;
     allow_smem(kernel, smem);
     const int64_t blocks = a.batch * a.hkv * ((a.t + kTile - 1) / kTile);
-    kernel<<<blocks, kWarps * 32, smem, stream()>>>((T*)dk, (T*)dv, (const T*)q, (const T*)k,
-                                                    (const T*)v, (const T*)dout, lse, drow, a);
+    KEEL_LAUNCH(blocks, kWarps * 32, smem, kernel)
+    ((T*)dk, (T*)dv, (const T*)q, (const T*)k, (const T*)v, (const T*)dout, lse, drow, a);
     KEEL_CUDA_LAUNCHED();
   }
   if (dq) {
     auto kernel = flash_dq_kernel<T, NDV>;
     allow_smem(kernel, smem);
     const int64_t blocks = a.batch * a.hq * ((a.t + kTile - 1) / kTile);
-    kernel<<<blocks, kWarps * 32, smem, stream()>>>((T*)dq, (const T*)q, (const T*)k, (const T*)v,
-                                                    (const T*)dout, lse, drow, a);
+    KEEL_LAUNCH(blocks, kWarps * 32, smem, kernel)
+    ((T*)dq, (const T*)q, (const T*)k, (const T*)v, (const T*)dout, lse, drow, a);
     KEEL_CUDA_LAUNCHED();
   }
 }
@@ -538,8 +540,8 @@ void attn_flash_backward(void* dq, void* dk, void* dv, const void* q, const void
   if (rows <= 0 || (!dq && !dk && !dv)) return;
   Scratch drow(static_cast<size_t>(rows) * 4);
   KEEL_CUDA_FLOAT_TYPES(dt, T, {
-    flash_drow_kernel<<<(rows + 7) / 8, 256, 0, stream()>>>(drow.as<float>(), (const T*)o,
-                                                            (const T*)dout, rows, a.d);
+    KEEL_LAUNCH((rows + 7) / 8, 256, 0, flash_drow_kernel<T>)
+    (drow.as<float>(), (const T*)o, (const T*)dout, rows, a.d);
     KEEL_CUDA_LAUNCHED();
     if (flash_mma_backward(dq, dk, dv, q, k, v, dout, lse, drow.as<float>(), dt, a)) return;
     if (a.d <= 64)

@@ -5,11 +5,6 @@
 #include "keel/backend/attention.h"
 #include "keel/backend/cuda/common.cuh"
 
-// A kernel's dynamic shared memory (tests/cuda_emulated's host emulator defines its own).
-#ifndef KEEL_DYNAMIC_SMEM
-#define KEEL_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
-#endif
-
 namespace keel::cuda {
 
 struct AttnDims {

@@ -407,8 +407,6 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 // ---- dispatch -------------------------------------------------------------------------------
-// (Not in tests/cuda_emulated's host build of these kernels, which launches them itself.)
-#ifndef KEEL_CUDA_EMULATED
 namespace {
 
 bool enabled() {
@@ -450,11 +448,12 @@ bool flash_mma_forward(void* o, float* lse, const void* q, const void* k, const 
     with_head_dim(a.d, [&](auto dim) {
       constexpr int D = decltype(dim)::value;
       auto kernel = flash_mma_fwd_kernel<T, D>;
-      allow_smem(kernel, FwdSmem<T, D>::kBytes);
+      constexpr size_t smem = FwdSmem<T, D>::kBytes;
+      allow_smem(kernel, smem);
       const int64_t blocks = a.batch * a.hq * ((a.t + kRows - 1) / kRows);
-      kernel<<<blocks, kThreads, FwdSmem<T, D>::kBytes, stream()>>>(
-          static_cast<T*>(o), lse, static_cast<const T*>(q), static_cast<const T*>(k),
-          static_cast<const T*>(v), a);
+      KEEL_LAUNCH(blocks, kThreads, smem, kernel)
+      (static_cast<T*>(o), lse, static_cast<const T*>(q), static_cast<const T*>(k),
+       static_cast<const T*>(v), a);
       KEEL_CUDA_LAUNCHED();
     });
   });
@@ -473,28 +472,28 @@ bool flash_mma_backward(void* dq, void* dk, void* dv, const void* q, const void*
         // The kernel writes both: a missing one gets scratch (none when both are wanted).
         Scratch spare(dk && dv ? 0 : static_cast<size_t>(a.batch * a.hkv * a.t * D) * sizeof(T));
         auto kernel = flash_mma_dkdv_kernel<T, D>;
-        allow_smem(kernel, BwdSmem<T, D>::kBytes);
+        constexpr size_t smem = BwdSmem<T, D>::kBytes;
+        allow_smem(kernel, smem);
         const int64_t blocks = a.batch * a.hkv * ((a.t + kRows - 1) / kRows);
-        kernel<<<blocks, kThreads, BwdSmem<T, D>::kBytes, stream()>>>(
-            static_cast<T*>(dk ? dk : spare.as<void>()),
-            static_cast<T*>(dv ? dv : spare.as<void>()), static_cast<const T*>(q),
-            static_cast<const T*>(k), static_cast<const T*>(v), static_cast<const T*>(dout), lse,
-            drow, a);
+        KEEL_LAUNCH(blocks, kThreads, smem, kernel)
+        (static_cast<T*>(dk ? dk : spare.as<void>()), static_cast<T*>(dv ? dv : spare.as<void>()),
+         static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+         static_cast<const T*>(dout), lse, drow, a);
         KEEL_CUDA_LAUNCHED();
       }
       if (dq) {
         auto kernel = flash_mma_dq_kernel<T, D>;
-        allow_smem(kernel, BwdSmem<T, D>::kBytes);
+        constexpr size_t smem = BwdSmem<T, D>::kBytes;
+        allow_smem(kernel, smem);
         const int64_t blocks = a.batch * a.hq * ((a.t + kRows - 1) / kRows);
-        kernel<<<blocks, kThreads, BwdSmem<T, D>::kBytes, stream()>>>(
-            static_cast<T*>(dq), static_cast<const T*>(q), static_cast<const T*>(k),
-            static_cast<const T*>(v), static_cast<const T*>(dout), lse, drow, a);
+        KEEL_LAUNCH(blocks, kThreads, smem, kernel)
+        (static_cast<T*>(dq), static_cast<const T*>(q), static_cast<const T*>(k),
+         static_cast<const T*>(v), static_cast<const T*>(dout), lse, drow, a);
         KEEL_CUDA_LAUNCHED();
       }
     });
   });
   return true;
 }
-#endif  // KEEL_CUDA_EMULATED
 
 }  // namespace keel::cuda

@@ -35,6 +35,17 @@ namespace keel::cuda {
   } while (0)
 // Set between profile_begin() and profile_end() (cuda_api.h).
 extern bool g_profiling;
+// A kernel launch on the current device's stream: KEEL_LAUNCH(grid, block, smem, kernel)(args...)
+// (the kernel last: its template arguments may hold commas). tests/cuda_emulated's host emulator
+// defines it to run the kernel on std::threads.
+#ifndef KEEL_LAUNCH
+#define KEEL_LAUNCH(grid, block, smem, ...) \
+  __VA_ARGS__<<<(grid), (block), (smem), ::keel::cuda::stream()>>>
+#endif
+// A kernel's dynamic shared memory, 128-byte aligned (the host emulator defines its own).
+#ifndef KEEL_DYNAMIC_SMEM
+#define KEEL_DYNAMIC_SMEM(name) extern __shared__ __align__(128) unsigned char name[]
+#endif
 // Records an event after the work queued so far, labelled by its launch site or `site`.
 void profile_mark(const char* func, const char* file, int line);
 void profile_mark(std::string site);

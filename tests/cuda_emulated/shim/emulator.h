@@ -55,28 +55,40 @@ inline EmuDim block_dim, grid_dim;
 inline Warp& warp() { return current->warps[thread_idx.x / 32]; }
 
 // Runs kernel(args...) over `grid` blocks of `threads` threads with `smem` bytes of dynamic
-// shared memory, one block at a time.
+// shared memory, one block at a time: the same `threads` host threads run every block, meeting at
+// a barrier between blocks (shared memory is not cleared in between, as on a GPU).
 template <class Kernel, class... Args>
 void launch(Kernel kernel, unsigned grid, unsigned threads, size_t smem, Args... args) {
   block_dim = {threads, 1, 1};
   grid_dim = {grid, 1, 1};
-  for (unsigned b = 0; b < grid; ++b) {
-    auto block = std::make_unique<Block>(threads, smem);
-    std::vector<std::thread> ts;
-    ts.reserve(threads);
-    for (unsigned t = 0; t < threads; ++t)
-      ts.emplace_back([&, t, b] {
-        thread_idx = {t, 0, 0};
+  Block block(threads, smem);
+  std::barrier<> next_block(static_cast<std::ptrdiff_t>(threads));
+  std::vector<std::thread> ts;
+  ts.reserve(threads);
+  for (unsigned t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      thread_idx = {t, 0, 0};
+      current = &block;
+      for (unsigned b = 0; b < grid; ++b) {
         block_idx = {b, 0, 0};
-        current = block.get();
         kernel(args...);
-      });
-    for (auto& th : ts) th.join();
-  }
+        next_block.arrive_and_wait();
+      }
+    });
+  for (auto& th : ts) th.join();
+}
+
+// KEEL_LAUNCH(grid, block, smem, kernel)(args...) (backend/cuda/common.cuh) runs it here.
+template <class Kernel>
+auto launcher(Kernel kernel, int64_t grid, int64_t threads, size_t smem) {
+  return [=](auto... args) {
+    launch(kernel, static_cast<unsigned>(grid), static_cast<unsigned>(threads), smem, args...);
+  };
 }
 
 }  // namespace emu
 
+#define KEEL_LAUNCH(grid, block, smem, ...) ::emu::launcher(__VA_ARGS__, (grid), (block), (smem))
 #define threadIdx (::emu::thread_idx)
 #define blockIdx (::emu::block_idx)
 #define blockDim (::emu::block_dim)
@@ -110,8 +122,12 @@ V __shfl_sync(unsigned, V v, int src_lane) {
   return emu_exchange(v, src_lane);
 }
 inline bool __any_sync(unsigned, bool p) {
+  emu::Warp& w = emu::warp();
+  w.slot[threadIdx.x % 32] = p;
+  w.bar.arrive_and_wait();
   bool any = false;
-  for (int o = 0; o < 32; ++o) any |= emu_exchange(static_cast<int>(p), o) != 0;
+  for (uint64_t v : w.slot) any |= v != 0;
+  w.bar.arrive_and_wait();
   return any;
 }
 
