@@ -1,12 +1,20 @@
 // The host builds of backend/cuda's sources (emulated_*.cpp), as the tests see them.
 #pragma once
+#include "keel/backend/activation.h"
 #include "keel/backend/attention.h"
+#include "keel/backend/dropout.h"
+#include "keel/backend/monitor.h"
+#include "keel/backend/rope.h"
 
 #include <string>
 #include <vector>
 
 namespace keel::emucuda {
-const AttentionKernels& attention_table();  // backend/cuda/attention.cu (+ attention_mma.cu)
+const AttentionKernels& attention_table();    // backend/cuda/attention.cu (+ attention_mma.cu)
+const ActivationKernels& activation_table();  // backend/cuda/activation.cu
+const DropoutKernels& dropout_table();        // backend/cuda/dropout.cu
+const MonitorKernels& monitor_table();        // backend/cuda/monitor.cu
+const RopeKernels& rope_table();              // backend/cuda/rope.cu
 // The source file of every kernel launched so far, in order (emulated_runtime.cpp).
 std::vector<std::string>& launched_files();
 }  // namespace keel::emucuda

@@ -24,7 +24,7 @@ void profile_mark(const char*, const char* file, int) {
 void profile_mark(std::string) {}
 cudaStream_t stream() { return nullptr; }
 int current_device() { return 0; }
-int sm_count() { return 4; }
+int sm_count() { return 1; }  // (grids of at most 32 blocks: fewer to run)
 int compute_capability() { return 90; }
 
 void throw_cuda_error(cudaError_t e, const char* what, const char* file, int line) {

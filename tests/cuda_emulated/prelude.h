@@ -14,8 +14,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "keel/backend/activation.h"
 #include "keel/backend/attention.h"
@@ -32,5 +34,7 @@
 #include "keel/backend/softmax.h"
 #include "keel/numerics/dtype.h"
 #include "keel/numerics/error.h"
+#include "keel/numerics/format_info.h"
 #include "keel/numerics/hash.h"
+#include "keel/numerics/tensor_stats.h"
 #include "keel/tensor/device.h"

@@ -119,7 +119,7 @@ void act_swiglu_backward(void* dgate, void* dup, const void* dout, const void* g
                          DType dt, int64_t n) {
   if (n <= 0) return;
   KEEL_CUDA_FLOAT_TYPES(dt, T,
-                        swiglu_bwd_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
+                        KEEL_LAUNCH(grid_for(n), kThreads, 0, swiglu_bwd_kernel<T>)(
                             (T*)dgate, (T*)dup, (const T*)dout, (const T*)gate, (const T*)up, n));
   KEEL_CUDA_LAUNCHED();
 }

@@ -20,7 +20,7 @@ void dropout_apply(void* out, const void* x, DType dt, int64_t n, uint64_t seed,
   if (n <= 0) return;
   const uint64_t key = splitmix64_at(seed, 0);
   KEEL_CUDA_FLOAT_TYPES(dt, T,
-                        dropout_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
+                        KEEL_LAUNCH(grid_for(n), kThreads, 0, dropout_kernel<T, T>)(
                             (T*)out, (const T*)x, n, key, threshold, scale));
   KEEL_CUDA_LAUNCHED();
 }
@@ -54,11 +54,12 @@ void dropout_apply_cast(void* out, DType out_dt, const void* x, DType x_dt, int6
   const uint64_t key = splitmix64_at(seed, 0);
   KEEL_CUDA_FLOAT_TYPES(out_dt, TO, KEEL_CUDA_FLOAT_TYPES(x_dt, TI, {
                           if (keep)
-                            dropout_keep_kernel<<<grid_for((n + 7) / 8), kThreads, 0, stream()>>>(
-                                (TO*)out, (const TI*)x, n, key, threshold, scale, keep);
+                            KEEL_LAUNCH(grid_for((n + 7) / 8), kThreads, 0,
+                                        dropout_keep_kernel<TO, TI>)
+                            ((TO*)out, (const TI*)x, n, key, threshold, scale, keep);
                           else
-                            dropout_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
-                                (TO*)out, (const TI*)x, n, key, threshold, scale);
+                            KEEL_LAUNCH(grid_for(n), kThreads, 0, dropout_kernel<TO, TI>)
+                            ((TO*)out, (const TI*)x, n, key, threshold, scale);
                         }));
   KEEL_CUDA_LAUNCHED();
 }
@@ -68,7 +69,7 @@ void dropout_apply_kept(void* out, DType out_dt, const void* x, DType x_dt, int6
   KEEL_CUDA_FLOAT_TYPES(
       out_dt, TO,
       KEEL_CUDA_FLOAT_TYPES(x_dt, TI,
-                            dropout_kept_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
+                            KEEL_LAUNCH(grid_for(n), kThreads, 0, dropout_kept_kernel<TO, TI>)(
                                 (TO*)out, (const TI*)x, n, keep, scale)));
   KEEL_CUDA_LAUNCHED();
 }

@@ -70,10 +70,10 @@ void map1(void* out, const void* a, DType dt, int64_t n, Op op) {
   if (n <= 0) return;
   KEEL_CUDA_FLOAT_TYPES(dt, T, {
     if (vectorizable<T>({out, a}))
-      map1_kernel<T, 4>
-          <<<grid_for(n / 4 + 1), kThreads, 0, stream()>>>((T*)out, (const T*)a, n, op);
+      KEEL_LAUNCH(grid_for(n / 4 + 1), kThreads, 0, map1_kernel<T, 4, Op>)
+      ((T*)out, (const T*)a, n, op);
     else
-      map1_kernel<T, 1><<<grid_for(n), kThreads, 0, stream()>>>((T*)out, (const T*)a, n, op);
+      KEEL_LAUNCH(grid_for(n), kThreads, 0, map1_kernel<T, 1, Op>)((T*)out, (const T*)a, n, op);
   });
   KEEL_CUDA_LAUNCHED();
 }
@@ -82,11 +82,10 @@ void map2(void* out, const void* a, const void* b, DType dt, int64_t n, Op op) {
   if (n <= 0) return;
   KEEL_CUDA_FLOAT_TYPES(dt, T, {
     if (vectorizable<T>({out, a, b}))
-      map2_kernel<T, 4><<<grid_for(n / 4 + 1), kThreads, 0, stream()>>>((T*)out, (const T*)a,
-                                                                        (const T*)b, n, op);
-    else
-      map2_kernel<T, 1>
-          <<<grid_for(n), kThreads, 0, stream()>>>((T*)out, (const T*)a, (const T*)b, n, op);
+      KEEL_LAUNCH(grid_for(n / 4 + 1), kThreads, 0, map2_kernel<T, 4, Op>)
+    ((T*)out, (const T*)a, (const T*)b, n, op);
+    else KEEL_LAUNCH(grid_for(n), kThreads, 0, map2_kernel<T, 1, Op>)((T*)out, (const T*)a,
+                                                                      (const T*)b, n, op);
   });
   KEEL_CUDA_LAUNCHED();
 }
@@ -97,11 +96,10 @@ void map_rows(void* out, const void* a, const void* row, DType dt, int64_t rows,
   if (n <= 0) return;
   KEEL_CUDA_FLOAT_TYPES(dt, T, {
     if (cols % 4 == 0 && vectorizable<T>({out, a, row}))
-      map_rows_kernel<T, 4><<<grid_for(n / 4), kThreads, 0, stream()>>>((T*)out, (const T*)a,
-                                                                        (const T*)row, n, cols, op);
-    else
-      map_rows_kernel<T, 1><<<grid_for(n), kThreads, 0, stream()>>>((T*)out, (const T*)a,
-                                                                    (const T*)row, n, cols, op);
+      KEEL_LAUNCH(grid_for(n / 4), kThreads, 0, map_rows_kernel<T, 4, Op>)
+    ((T*)out, (const T*)a, (const T*)row, n, cols, op);
+    else KEEL_LAUNCH(grid_for(n), kThreads, 0, map_rows_kernel<T, 1, Op>)(
+        (T*)out, (const T*)a, (const T*)row, n, cols, op);
   });
   KEEL_CUDA_LAUNCHED();
 }

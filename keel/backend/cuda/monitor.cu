@@ -140,12 +140,12 @@ GradSetStats unscale_norm(void* const* bufs, const DType* dts, const int64_t* ns
   auto* d_out = reinterpret_cast<double*>(base + desc_bytes + chunks * 32);
   KEEL_CUDA_CHECK(
       cudaMemcpyAsync(d_desc, desc.data(), nd * sizeof(BufDesc), cudaMemcpyHostToDevice, stream()));
-  unscale_norm_kernel<<<chunks, kThreads, 0, stream()>>>(
-      d_bad, d_sq, d_zero, d_below, d_desc, static_cast<int>(nd), inv_scale, normal_min);
-  finish_unscale_norm_kernel<<<1, 1024, 0, stream()>>>(d_out, d_bad, d_sq, chunks);
+  KEEL_LAUNCH(chunks, kThreads, 0, unscale_norm_kernel)
+  (d_bad, d_sq, d_zero, d_below, d_desc, static_cast<int>(nd), inv_scale, normal_min);
+  KEEL_LAUNCH(1, 1024, 0, finish_unscale_norm_kernel)(d_out, d_bad, d_sq, chunks);
   if (per)
-    finish_per_buffer_kernel<<<static_cast<unsigned>(nd), kThreads, 0, stream()>>>(
-        d_out + 2, d_desc, d_sq, d_zero, d_below, chunks);
+    KEEL_LAUNCH(static_cast<unsigned>(nd), kThreads, 0, finish_per_buffer_kernel)
+    (d_out + 2, d_desc, d_sq, d_zero, d_below, chunks);
   KEEL_CUDA_LAUNCHED();
   std::vector<double> h(out_bytes / 8, 0.0);
   read_back(h.data(), d_out, out_bytes);  // the one synchronization of the step's steps 4-5
@@ -230,9 +230,9 @@ TensorStats dev_stats(const void* data, DType dt, int64_t n, DType fmt) {
     Scratch parts(static_cast<size_t>(blocks + 1) * sizeof(StatsPart));
     StatsPart* p = parts.as<StatsPart>();
     KEEL_CUDA_FLOAT_TYPES(dt, T,
-                          stats_kernel<<<blocks, kThreads, 0, stream()>>>(
+                          KEEL_LAUNCH(blocks, kThreads, 0, stats_kernel<T>)(
                               p + 1, (const T*)data, n, fi.min_normal, fi.max / 2));
-    stats_finish_kernel<<<1, kThreads, 0, stream()>>>(p, p + 1, blocks);
+    KEEL_LAUNCH(1, kThreads, 0, stats_finish_kernel)(p, p + 1, blocks);
     KEEL_CUDA_LAUNCHED();
     StatsPart h{};
     read_back(&h, p, sizeof h);

@@ -33,13 +33,13 @@ void rope_rotate(void* out, const void* x, const float* cos, const float* sin, D
   const int64_t n = rows * t * (rot / 2);
   if (n <= 0) return;
   KEEL_CUDA_FLOAT_TYPES(dt, T,
-                        rope_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
+                        KEEL_LAUNCH(grid_for(n), kThreads, 0, rope_kernel<T>)(
                             (T*)out, (const T*)x, cos, sin, rows, t, d, rot, inverse ? -1.f : 1.f));
   KEEL_CUDA_LAUNCHED();
   if (rot < d && out != x) {
     const int64_t m = rows * t * (d - rot);
     KEEL_CUDA_FLOAT_TYPES(dt, T,
-                          rope_pass_kernel<<<grid_for(m), kThreads, 0, stream()>>>(
+                          KEEL_LAUNCH(grid_for(m), kThreads, 0, rope_pass_kernel<T>)(
                               (T*)out, (const T*)x, rows * t, d, rot));
     KEEL_CUDA_LAUNCHED();
   }

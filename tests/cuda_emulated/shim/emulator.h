@@ -138,6 +138,10 @@ inline long long atomicMin(long long* p, long long v) {
   return old;
 }
 
+using std::isfinite;  // CUDA's device math in the global namespace
+using std::isinf;
+using std::isnan;
+
 template <class A, class B>
 inline std::common_type_t<A, B> min(A a, B b) {
   return b < a ? b : a;

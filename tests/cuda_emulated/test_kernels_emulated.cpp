@@ -1,0 +1,217 @@
+// backend/cuda's activation, dropout, monitor and rope kernels (each changed since the last GPU
+// run) on the CPU through the host emulator (shim/, prelude.h), against the CPU's tables on the
+// same inputs: the functions' values within a few units of rounding (the emulator's math is the
+// host's libm, not CUDA's: what this checks is each kernel's indexing, vector tails and rounding
+// points), dropout's masks and products bit for bit, the fused unscale + finite check + sums of
+// squares with its per-buffer counts, tensor statistics field by field.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "keel/backend/optim.h"
+#include "keel/numerics/tensor_stats.h"
+#include "tests/cuda_emulated/emulated.h"
+#include "tests/support/check.h"
+
+namespace keel {
+namespace {
+
+const DType kFloats[] = {DType::F32, DType::BF16, DType::F16};
+
+double tol_of(DType dt) { return dt == DType::F32 ? 2e-6 : 2 * test::eps_of(dt); }
+
+Tensor empty_like(const Tensor& t) { return Tensor::empty(t.shape(), t.dtype()); }
+
+void expect_same(const Tensor& got, const Tensor& want, const std::string& what) {
+  const double tol = tol_of(want.dtype());
+  test::expect_close(got.to_dtype(DType::F32), want.to_dtype(DType::F32), tol, tol, what);
+}
+
+TEST(CudaEmulated, ActivationsMatchTheCpu) {
+  const ActivationKernels &gpu = emucuda::activation_table(),
+                          &cpu = activation_kernels(Device::cpu());
+  const int64_t n = 1003;  // not a multiple of the 4-wide vector path: its tail too
+  for (DType dt : kFloats) {
+    const std::string name = dtype_name(dt);
+    const Tensor x = test::randn({n}, 60, 2.5f, dt), u = test::randn({n}, 61, 1.f, dt),
+                 g = test::randn({n}, 62, 1.f, dt);
+    // Unary forwards and their backwards, on both tables.
+    struct Fn {
+      const char* what;
+      void (*fwd)(const ActivationKernels&, void*, const void*, DType, int64_t);
+      void (*bwd)(const ActivationKernels&, void*, const void*, const void*, DType, int64_t);
+    };
+    const Fn fns[] = {
+        {"gelu tanh",
+         [](auto& k, void* o, const void* a, DType d, int64_t m) { k.gelu(o, a, d, m, true); },
+         [](auto& k, void* o, const void* gr, const void* a, DType d, int64_t m) {
+           k.gelu_backward(o, gr, a, d, m, true);
+         }},
+        {"gelu erf",
+         [](auto& k, void* o, const void* a, DType d, int64_t m) { k.gelu(o, a, d, m, false); },
+         [](auto& k, void* o, const void* gr, const void* a, DType d, int64_t m) {
+           k.gelu_backward(o, gr, a, d, m, false);
+         }},
+        {"silu", [](auto& k, void* o, const void* a, DType d, int64_t m) { k.silu(o, a, d, m); },
+         [](auto& k, void* o, const void* gr, const void* a, DType d, int64_t m) {
+           k.silu_backward(o, gr, a, d, m);
+         }},
+        {"softcap",
+         [](auto& k, void* o, const void* a, DType d, int64_t m) { k.softcap(o, a, d, m, 3.f); },
+         [](auto& k, void* o, const void* gr, const void* a, DType d, int64_t m) {
+           k.softcap_backward(o, gr, a, d, m, 3.f);
+         }},
+        {"clamp",
+         [](auto& k, void* o, const void* a, DType d, int64_t m) {
+           k.clamp(o, a, d, m, -1.f, 1.5f);
+         },
+         [](auto& k, void* o, const void* gr, const void* a, DType d, int64_t m) {
+           k.clamp_backward(o, gr, a, d, m, -1.f, 1.5f);
+         }},
+        {"exp", [](auto& k, void* o, const void* a, DType d, int64_t m) { k.exp(o, a, d, m); },
+         nullptr},
+        {"tanh", [](auto& k, void* o, const void* a, DType d, int64_t m) { k.tanh(o, a, d, m); },
+         nullptr},
+        {"erf", [](auto& k, void* o, const void* a, DType d, int64_t m) { k.erf(o, a, d, m); },
+         nullptr},
+    };
+    for (const Fn& f : fns) {
+      Tensor out[2] = {empty_like(x), empty_like(x)}, dx[2] = {empty_like(x), empty_like(x)};
+      for (int side = 0; side < 2; ++side) {
+        const ActivationKernels& k = side == 0 ? gpu : cpu;
+        f.fwd(k, out[side].data(), x.data(), dt, n);
+        if (f.bwd) f.bwd(k, dx[side].data(), g.data(), x.data(), dt, n);
+      }
+      expect_same(out[0], out[1], std::string(f.what) + " " + name);
+      if (f.bwd) expect_same(dx[0], dx[1], std::string(f.what) + " backward " + name);
+    }
+    Tensor out[2] = {empty_like(x), empty_like(x)}, dgate[2] = {empty_like(x), empty_like(x)},
+           dup[2] = {empty_like(x), empty_like(x)};
+    for (int side = 0; side < 2; ++side) {
+      const ActivationKernels& k = side == 0 ? gpu : cpu;
+      k.swiglu(out[side].data(), x.data(), u.data(), dt, n);
+      k.swiglu_backward(dgate[side].data(), dup[side].data(), g.data(), x.data(), u.data(), dt, n);
+    }
+    expect_same(out[0], out[1], "swiglu " + name);
+    expect_same(dgate[0], dgate[1], "swiglu dgate " + name);
+    expect_same(dup[0], dup[1], "swiglu dup " + name);
+  }
+}
+
+// The mask is a pure function of (seed, index), the product one f32 multiply rounded once: the
+// same bits on both tables, and apply_cast's kept mask byte for byte.
+TEST(CudaEmulated, DropoutMatchesTheCpuBitForBit) {
+  const DropoutKernels &gpu = emucuda::dropout_table(), &cpu = dropout_kernels(Device::cpu());
+  const int64_t n = 1003;
+  const uint32_t threshold = 0x4ccccccd;  // p = 0.3
+  const float scale = 1.f / 0.7f;
+  for (DType dt : kFloats)
+    for (DType out_dt : {DType::F32, dt}) {
+      const std::string name = std::string(dtype_name(dt)) + " -> " + dtype_name(out_dt);
+      const Tensor x = test::randn({n}, 63, 1.f, dt);
+      Tensor plain[2], cast[2], kept[2], keep[2];
+      for (int side = 0; side < 2; ++side) {
+        const DropoutKernels& k = side == 0 ? gpu : cpu;
+        plain[side] = empty_like(x);
+        k.apply(plain[side].data(), x.data(), dt, n, 77, threshold, scale);
+        cast[side] = Tensor::empty({n}, out_dt);
+        keep[side] = Tensor::zeros({(n + 7) / 8}, DType::U8);
+        k.apply_cast(cast[side].data(), out_dt, x.data(), dt, n, 77, threshold, scale,
+                     keep[side].data_as<uint8_t>());
+        kept[side] = Tensor::empty({n}, out_dt);
+        k.apply_kept(kept[side].data(), out_dt, x.data(), dt, n, keep[side].data_as<uint8_t>(),
+                     scale);
+      }
+      test::expect_bitwise_equal(plain[0], plain[1], "dropout " + name);
+      test::expect_bitwise_equal(cast[0], cast[1], "dropout_cast " + name);
+      test::expect_bitwise_equal(keep[0], keep[1], "dropout_cast's mask " + name);
+      test::expect_bitwise_equal(kept[0], kept[1], "dropout from the kept mask " + name);
+      test::expect_bitwise_equal(kept[0], cast[0], "kept mask = hashed mask " + name);
+    }
+}
+
+// The step's one pass over the gradients: non-finite count, unscaled values, sum of squares, and
+// each buffer's sum, zeros and values below the compute dtype's smallest normal.
+TEST(CudaEmulated, FusedUnscaleNormAndStatsMatchTheCpu) {
+  const MonitorKernels &gpu = emucuda::monitor_table(), &cpu = monitor_kernels(Device::cpu());
+  std::vector<Tensor> in = {test::randn({3000}, 40, 1000.f), test::randn({17, 9}, 41, 500.f),
+                            test::randn({9000}, 42, 2.f, DType::BF16)};
+  in[0].data_as<float>()[7] = 0.f;
+  in[2].data_as<uint16_t>()[11] = 0;  // a bf16 zero
+  in[2].data_as<uint16_t>()[12] = 1;  // and a subnormal
+  for (bool with_nan : {false, true}) {
+    std::vector<Tensor> bufs[2];
+    for (auto& side : bufs)
+      for (const Tensor& t : in) side.push_back(t.clone());
+    if (with_nan)
+      for (auto& side : bufs) side[1].data_as<float>()[5] = NAN;
+    GradSetStats s[2];
+    GradBufStats per[2][3];
+    for (int side = 0; side < 2; ++side) {
+      std::vector<void*> p;
+      std::vector<DType> dts;
+      std::vector<int64_t> ns;
+      for (Tensor& t : bufs[side])
+        p.push_back(t.data()), dts.push_back(t.dtype()), ns.push_back(t.numel());
+      s[side] = (side == 0 ? gpu : cpu)
+                    .unscale_norm(p.data(), dts.data(), ns.data(), 3, 1.f / 1024,
+                                  6.1035156e-05f / 1024, per[side]);
+    }
+    const std::string name = with_nan ? "with a NaN" : "finite";
+    EXPECT_EQ(s[0].nonfinite, s[1].nonfinite) << name;
+    if (with_nan) {
+      EXPECT_TRUE(std::isnan(s[0].sum_squares)) << name;
+    } else {
+      EXPECT_NEAR(s[0].sum_squares, s[1].sum_squares, 1e-6 * s[1].sum_squares) << name;
+    }
+    for (int i = 0; i < 3; ++i) {
+      test::expect_bitwise_equal(bufs[0][i], bufs[1][i], name + " unscaled " + std::to_string(i));
+      EXPECT_EQ(per[0][i].zero, per[1][i].zero) << name << " " << i;
+      EXPECT_EQ(per[0][i].below_normal, per[1][i].below_normal) << name << " " << i;
+      if (!(with_nan && i == 1)) {
+        EXPECT_NEAR(per[0][i].sum_squares, per[1][i].sum_squares, 1e-6 * per[1][i].sum_squares)
+            << name << " " << i;
+      }
+    }
+  }
+  for (DType dt : kFloats) {
+    std::vector<float> v = test::randn({10007}, 50, 1e4f).to_floats();
+    v[3] = 0.f, v[4] = 1e-41f, v[5] = INFINITY, v[6] = NAN, v[7] = 60000.f;
+    const Tensor t = Tensor::from_floats(v, {10007}, dt);
+    const TensorStats a = tensor_stats(t.data(), dt, t.numel(), DType::F16);
+    const TensorStats b = gpu.stats(t.data(), dt, t.numel(), DType::F16);
+    EXPECT_EQ(b.nan, a.nan) << dtype_name(dt);
+    EXPECT_EQ(b.inf, a.inf) << dtype_name(dt);
+    EXPECT_EQ(b.zero, a.zero) << dtype_name(dt);
+    EXPECT_EQ(b.subnormal, a.subnormal) << dtype_name(dt);
+    EXPECT_EQ(b.near_max, a.near_max) << dtype_name(dt);
+    EXPECT_EQ(b.abs_min, a.abs_min) << dtype_name(dt);
+    EXPECT_EQ(b.abs_max, a.abs_max) << dtype_name(dt);
+  }
+}
+
+// RoPE over a whole head and a partial one (Phi-4-mini's: the last channels pass), both ways.
+TEST(CudaEmulated, RopeMatchesTheCpu) {
+  const RopeKernels &gpu = emucuda::rope_table(), &cpu = rope_kernels(Device::cpu());
+  const int64_t rows = 6, t = 9, d = 16;
+  for (DType dt : kFloats)
+    for (int64_t rot : {d, int64_t{12}})
+      for (bool inverse : {false, true}) {
+        const Tensor x = test::randn({rows, t, d}, 64, 1.f, dt);
+        const Tensor cs = test::randn({t, rot / 2}, 65, 1.f),
+                     sn = test::randn({t, rot / 2}, 66, 1.f);
+        Tensor out[2] = {empty_like(x), empty_like(x)};
+        for (int side = 0; side < 2; ++side)
+          (side == 0 ? gpu : cpu)
+              .rotate(out[side].data(), x.data(), cs.data_as<float>(), sn.data_as<float>(), dt,
+                      rows, t, d, rot, inverse);
+        expect_same(out[0], out[1],
+                    std::string("rope ") + dtype_name(dt) + " rot " + std::to_string(rot) +
+                        (inverse ? " inverse" : ""));
+      }
+}
+
+}  // namespace
+}  // namespace keel
