@@ -3,10 +3,10 @@
 // in every lane), called through their kernel table as ops::attention calls them on a GPU, and
 // compared with the CPU's table on the same inputs: the flash backend on CUDA cores (the default)
 // and on tensor cores (KEEL_CUDA_FLASH_MMA=1: attention_mma.cu), forward output and lse and the
-// dQ, dK, dV of the backward; the eager/math backends' softmax pair. Grouped-query heads, a batch
-// row whose first keys are padding (whole tiles of rows that see nothing) and one padding key
-// inside, one partial tile and several. This checks the kernels' logic on every machine, GPU or
-// not; CudaOps.* (tests/cuda) checks them on the hardware.
+// dQ, dK, dV of the backward; the eager/math backends' softmax pair. Grouped-query heads, one
+// batch row or two, a row whose first keys are padding (whole tiles of rows that see nothing) and
+// one padding key inside, one partial tile and several. This checks the kernels' logic on every
+// machine, GPU or not; CudaOps.* (tests/cuda) checks them on the hardware.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -26,27 +26,28 @@ struct Case {
   DType dt;
   int64_t t, d;
   bool padded;
+  int64_t batch = 1;  // 2 for some: a second row's offsets (each row costs emulation time)
 };
 
 std::string name_of(const char* what, const Case& c) {
-  return std::string(what) + " " + dtype_name(c.dt) + " T=" + std::to_string(c.t) +
-         " D=" + std::to_string(c.d) + (c.padded ? " padded" : "");
+  return std::string(what) + " " + dtype_name(c.dt) + " B=" + std::to_string(c.batch) +
+         " T=" + std::to_string(c.t) + " D=" + std::to_string(c.d) + (c.padded ? " padded" : "");
 }
 
-// batch 2, 2 query heads over 1 key/value head; batch row 1's first min(70, T - 5) keys and its
-// third-to-last are padding. (Sizes are small: the emulator runs a block's threads on the host's
-// cores, meeting at a barrier at every shuffle.)
+// c.batch rows, 2 query heads over 1 key/value head; with padding, the last row's first
+// min(70, T - 5) keys and its third-to-last are padding. (Sizes are small: the emulator runs a
+// block's threads on the host's cores, meeting at a barrier at every shuffle.)
 struct Problem {
-  static constexpr int64_t b = 2, hq = 2, hkv = 1;
+  static constexpr int64_t hq = 2, hkv = 1;
   Case c;
-  int64_t padding;
+  int64_t b, padding;
   Tensor mask, q, k, v, dout;
   AttentionDims dims;
-  explicit Problem(const Case& cs) : c(cs), padding(std::min<int64_t>(70, cs.t - 5)) {
+  explicit Problem(const Case& cs) : c(cs), b(cs.batch), padding(std::min<int64_t>(70, cs.t - 5)) {
     const int64_t t = c.t;
-    std::vector<int64_t> mask_v(2 * t, 1);
-    for (int64_t j = 0; j < padding; ++j) mask_v[t + j] = 0;
-    mask_v[t + t - 3] = 0;
+    std::vector<int64_t> mask_v(b * t, 1);
+    for (int64_t j = 0; j < padding; ++j) mask_v[(b - 1) * t + j] = 0;
+    mask_v[b * t - 3] = 0;
     mask = Tensor::from_ints(mask_v, {b, t}, DType::U8);
     q = test::randn({b, hq, t, c.d}, 25, 1.f, c.dt);
     k = test::randn({b, hkv, t, c.d}, 26, 1.f, c.dt);
@@ -57,7 +58,7 @@ struct Problem {
     dims.key_padding_mask = c.padded ? mask.data_as<uint8_t>() : nullptr;
   }
   bool sees_nothing(int64_t row) const {  // row of [B, Hq, T]
-    return c.padded && row / (hq * c.t) == 1 && row % c.t < padding;
+    return c.padded && row / (hq * c.t) == b - 1 && row % c.t < padding;
   }
 };
 
@@ -98,13 +99,13 @@ void expect_flash_matches_the_cpu(const Case& c, const char* what, const char* k
 }
 
 TEST(CudaEmulated, FlashOnCudaCoresMatchesTheCpu) {
-  for (const Case& c : {Case{DType::BF16, 70, 16, true}, Case{DType::F32, 40, 80, false}})
+  for (const Case& c : {Case{DType::BF16, 70, 16, true, 2}, Case{DType::F32, 40, 80, false}})
     expect_flash_matches_the_cpu(c, "flash on CUDA cores", "attention.cu");
 }
 
 TEST(CudaEmulated, FlashOnTensorCoresMatchesTheCpu) {
   setenv("KEEL_CUDA_FLASH_MMA", "1", 1);
-  for (const Case& c : {Case{DType::BF16, 37, 64, true}, Case{DType::BF16, 150, 64, true},
+  for (const Case& c : {Case{DType::BF16, 37, 64, true}, Case{DType::BF16, 150, 64, true, 2},
                         Case{DType::F16, 100, 128, false}})
     expect_flash_matches_the_cpu(c, "flash on tensor cores", "attention_mma.cu");
   unsetenv("KEEL_CUDA_FLASH_MMA");
@@ -113,7 +114,7 @@ TEST(CudaEmulated, FlashOnTensorCoresMatchesTheCpu) {
 // The eager/math backends' softmax pair: p32 and its rounded copy from raw f32 scores, then ds
 // from dp and P rounded for dV, with each row's keys in registers (a block of 128 threads a row).
 TEST(CudaEmulated, AttentionSoftmaxPairMatchesTheCpu) {
-  for (const Case& c : {Case{DType::BF16, 40, 8, true}, Case{DType::F16, 70, 8, false}}) {
+  for (const Case& c : {Case{DType::BF16, 40, 8, true, 2}, Case{DType::F16, 70, 8, false}}) {
     const std::string name = name_of("attention softmax", c);
     const Problem p(c);
     const int64_t rows = p.b * p.hq * c.t;
