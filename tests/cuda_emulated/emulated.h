@@ -2,7 +2,9 @@
 #pragma once
 #include "keel/backend/activation.h"
 #include "keel/backend/attention.h"
+#include "keel/backend/cross_entropy.h"
 #include "keel/backend/dropout.h"
+#include "keel/backend/elementwise.h"
 #include "keel/backend/monitor.h"
 #include "keel/backend/rope.h"
 
@@ -10,11 +12,13 @@
 #include <vector>
 
 namespace keel::emucuda {
-const AttentionKernels& attention_table();    // backend/cuda/attention.cu (+ attention_mma.cu)
-const ActivationKernels& activation_table();  // backend/cuda/activation.cu
-const DropoutKernels& dropout_table();        // backend/cuda/dropout.cu
-const MonitorKernels& monitor_table();        // backend/cuda/monitor.cu
-const RopeKernels& rope_table();              // backend/cuda/rope.cu
+const AttentionKernels& attention_table();         // backend/cuda/attention.cu (+ attention_mma.cu)
+const ActivationKernels& activation_table();       // backend/cuda/activation.cu
+const CrossEntropyKernels& cross_entropy_table();  // backend/cuda/cross_entropy.cu
+const DropoutKernels& dropout_table();             // backend/cuda/dropout.cu
+const ElementwiseKernels& elementwise_table();     // backend/cuda/elementwise.cu
+const MonitorKernels& monitor_table();             // backend/cuda/monitor.cu
+const RopeKernels& rope_table();                   // backend/cuda/rope.cu
 // The source file of every kernel launched so far, in order (emulated_runtime.cpp).
 std::vector<std::string>& launched_files();
 }  // namespace keel::emucuda

@@ -1,16 +1,15 @@
-// backend/cuda's activation, dropout, monitor and rope kernels (each changed since the last GPU
-// run) on the CPU through the host emulator (shim/, prelude.h), against the CPU's tables on the
-// same inputs: the functions' values within a few units of rounding (the emulator's math is the
-// host's libm, not CUDA's: what this checks is each kernel's indexing, vector tails and rounding
-// points), dropout's masks and products bit for bit, the fused unscale + finite check + sums of
-// squares with its per-buffer counts, tensor statistics field by field.
+// backend/cuda's activation, dropout, monitor, rope, elementwise and cross_entropy kernels (each
+// changed since the last GPU run) on the CPU through the host emulator (shim/, prelude.h), against
+// the CPU's tables on the same inputs: the functions' values within a few units of rounding (the
+// emulator's math is the host's libm, not CUDA's: what this checks is each kernel's indexing,
+// vector tails and rounding points), dropout's masks and products bit for bit, the fused unscale +
+// finite check + sums of squares with its per-buffer counts, tensor statistics field by field.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 #include <vector>
 
-#include "keel/backend/optim.h"
 #include "keel/numerics/tensor_stats.h"
 #include "tests/cuda_emulated/emulated.h"
 #include "tests/support/check.h"
@@ -190,6 +189,81 @@ TEST(CudaEmulated, FusedUnscaleNormAndStatsMatchTheCpu) {
     EXPECT_EQ(b.abs_min, a.abs_min) << dtype_name(dt);
     EXPECT_EQ(b.abs_max, a.abs_max) << dtype_name(dt);
   }
+}
+
+// Element-wise arithmetic, row broadcasts, column sums (two-stage, chunked), conversions and the
+// fixed-tree f64 sums: odd sizes (vector tails), rows past one chunk.
+TEST(CudaEmulated, ElementwiseMatchesTheCpu) {
+  const ElementwiseKernels &gpu = emucuda::elementwise_table(),
+                           &cpu = elementwise_kernels(Device::cpu());
+  const int64_t rows = 131, cols = 37, n = rows * cols;
+  for (DType dt : kFloats) {
+    const std::string name = dtype_name(dt);
+    const Tensor a = test::randn({n}, 70, 1.f, dt), b = test::randn({n}, 71, 1.f, dt),
+                 row = test::randn({cols}, 72, 1.f, dt);
+    // (Column sums of 131 rows add in another order than the CPU's: f32 rounding, 1e-4.)
+    auto both = [&](const char* what, int64_t len, auto&& f) {
+      Tensor out[2] = {Tensor::empty({len}, dt), Tensor::empty({len}, dt)};
+      f(gpu, out[0].data());
+      f(cpu, out[1].data());
+      const double tol = len == cols && dt == DType::F32 ? 1e-4 : tol_of(dt);
+      test::expect_close(out[0].to_dtype(DType::F32), out[1].to_dtype(DType::F32), tol, tol,
+                         std::string(what) + " " + name);
+    };
+    both("add", n, [&](auto& k, void* o) { k.add(o, a.data(), b.data(), dt, n); });
+    both("mul", n, [&](auto& k, void* o) { k.mul(o, a.data(), b.data(), dt, n); });
+    both("axpby", n, [&](auto& k, void* o) { k.axpby(o, 0.3f, a.data(), -1.7f, b.data(), dt, n); });
+    both("add_scaled", n,
+         [&](auto& k, void* o) { k.add_scaled(o, a.data(), 0.25f, b.data(), dt, n); });
+    both("add_row", n,
+         [&](auto& k, void* o) { k.add_row(o, a.data(), row.data(), dt, rows, cols); });
+    both("mul_row", n,
+         [&](auto& k, void* o) { k.mul_row(o, a.data(), row.data(), dt, rows, cols); });
+    both("sum_rows", cols, [&](auto& k, void* o) { k.sum_rows(o, a.data(), dt, rows, cols); });
+    both("sum_rows_mul", cols,
+         [&](auto& k, void* o) { k.sum_rows_mul(o, a.data(), b.data(), dt, rows, cols); });
+    for (DType to : kFloats) {
+      Tensor out[2] = {Tensor::empty({n}, to), Tensor::empty({n}, to)};
+      gpu.convert(out[0].data(), to, a.data(), dt, n);
+      cpu.convert(out[1].data(), to, a.data(), dt, n);
+      test::expect_bitwise_equal(out[0], out[1],
+                                 std::string("convert ") + name + " -> " + dtype_name(to));
+    }
+    // f32 within the device's blocks, f64 across them: 1e-3 of a sum of ~70, 1e-6 of the squares.
+    EXPECT_NEAR(gpu.sum(a.data(), dt, n), cpu.sum(a.data(), dt, n), 1e-3) << name;
+    const double sq = cpu.sum_squares(a.data(), dt, n);
+    EXPECT_NEAR(gpu.sum_squares(a.data(), dt, n), sq, 1e-6 * sq) << name;
+  }
+}
+
+// Cross-entropy: the loss over rows (per-row max and log-sum-exp, ignored rows), the gradient,
+// the count of counted rows and the first invalid target; a vocabulary over 8192 (1024 threads a
+// row) and one under.
+TEST(CudaEmulated, CrossEntropyMatchesTheCpu) {
+  const CrossEntropyKernels &gpu = emucuda::cross_entropy_table(),
+                            &cpu = cross_entropy_kernels(Device::cpu());
+  for (int64_t v : {int64_t{1031}, int64_t{8300}})
+    for (DType dt : kFloats) {
+      const std::string name = std::string(dtype_name(dt)) + " V=" + std::to_string(v);
+      const int64_t n = 6;
+      const Tensor logits = test::randn({n, v}, 73, 2.f, dt);
+      const Tensor targets = Tensor::from_ints({5, -100, v - 1, 0, 77, -100}, {n});
+      EXPECT_EQ(gpu.count(targets.data(), DType::I64, n, -100), 4) << name;
+      EXPECT_EQ(gpu.find_invalid(targets.data(), DType::I64, n, v, -100), -1) << name;
+      Tensor stats[2] = {Tensor::empty({n, 2}), Tensor::empty({n, 2})},
+             grad[2] = {Tensor::empty({n, v}, dt), Tensor::empty({n, v}, dt)};
+      double loss[2];
+      for (int side = 0; side < 2; ++side) {
+        const CrossEntropyKernels& k = side == 0 ? gpu : cpu;
+        loss[side] = k.forward(stats[side].data_as<float>(), logits.data(), dt, targets.data(),
+                               DType::I64, n, v, -100);
+        k.backward(grad[side].data(), logits.data(), dt, stats[side].data_as<float>(),
+                   targets.data(), DType::I64, n, v, -100, 0.25f);
+      }
+      EXPECT_NEAR(loss[0], loss[1], 1e-5 * std::abs(loss[1])) << name;
+      test::expect_close(stats[0], stats[1], 1e-5, 1e-5, name + " stats");
+      expect_same(grad[0], grad[1], "cross_entropy backward " + name);
+    }
 }
 
 // RoPE over a whole head and a partial one (Phi-4-mini's: the last channels pass), both ways.

@@ -23,8 +23,8 @@ int64_t ce_count(const void* targets, DType tdt, int64_t n, int64_t ignore) {
   if (n <= 0) return 0;
   Scratch s(8);
   KEEL_CUDA_CHECK(cudaMemsetAsync(s.as<void>(), 0, 8, stream()));
-  count_kernel<<<grid_for(n), kThreads, 0, stream()>>>(s.as<unsigned long long>(), targets,
-                                                       tdt == DType::I32, n, ignore);
+  KEEL_LAUNCH(grid_for(n), kThreads, 0, count_kernel)
+  (s.as<unsigned long long>(), targets, tdt == DType::I32, n, ignore);
   KEEL_CUDA_LAUNCHED();
   unsigned long long out = 0;
   read_back(&out, s.as<void>(), 8);
@@ -70,9 +70,9 @@ double ce_forward(float* stats, const void* logits, DType dt, const void* target
   double* p = rl.as<double>();
   const int threads = v >= 8192 ? 1024 : 256;
   KEEL_CUDA_FLOAT_TYPES(dt, T,
-                        ce_fwd_kernel<<<n, threads, 0, stream()>>>(
+                        KEEL_LAUNCH(n, threads, 0, ce_fwd_kernel<T>)(
                             stats, p + 1, (const T*)logits, targets, tdt == DType::I32, v, ignore));
-  sum_doubles_kernel<<<1, 1024, 0, stream()>>>(p, p + 1, n);
+  KEEL_LAUNCH(1, 1024, 0, sum_doubles_kernel<>)(p, p + 1, n);
   KEEL_CUDA_LAUNCHED();
   double out = 0;
   read_back(&out, p, 8);
@@ -99,7 +99,7 @@ void ce_backward(void* dlogits, const void* logits, DType dt, const float* stats
   if (n * v <= 0) return;
   KEEL_CUDA_FLOAT_TYPES(
       dt, T,
-      ce_bwd_kernel<<<grid_for(n * v), kThreads, 0, stream()>>>(
+      KEEL_LAUNCH(grid_for(n * v), kThreads, 0, ce_bwd_kernel<T>)(
           (T*)dlogits, (const T*)logits, stats, targets, tdt == DType::I32, n, v, ignore, scale));
   KEEL_CUDA_LAUNCHED();
 }

@@ -56,10 +56,9 @@ void dropout_apply_cast(void* out, DType out_dt, const void* x, DType x_dt, int6
                           if (keep)
                             KEEL_LAUNCH(grid_for((n + 7) / 8), kThreads, 0,
                                         dropout_keep_kernel<TO, TI>)
-                            ((TO*)out, (const TI*)x, n, key, threshold, scale, keep);
-                          else
-                            KEEL_LAUNCH(grid_for(n), kThreads, 0, dropout_kernel<TO, TI>)
-                            ((TO*)out, (const TI*)x, n, key, threshold, scale);
+                          ((TO*)out, (const TI*)x, n, key, threshold, scale, keep);
+                          else KEEL_LAUNCH(grid_for(n), kThreads, 0, dropout_kernel<TO, TI>)(
+                              (TO*)out, (const TI*)x, n, key, threshold, scale);
                         }));
   KEEL_CUDA_LAUNCHED();
 }

@@ -48,7 +48,7 @@ __global__ void add_scaled_kernel(T* out, const T* a, float s, const T* b, int64
 void ew_add_scaled(void* out, const void* a, float s, const void* b, DType dt, int64_t n) {
   if (n <= 0) return;
   KEEL_CUDA_FLOAT_TYPES(dt, T,
-                        add_scaled_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
+                        KEEL_LAUNCH(grid_for(n), kThreads, 0, add_scaled_kernel<T>)(
                             (T*)out, (const T*)a, s, (const T*)b, n));
   KEEL_CUDA_LAUNCHED();
 }
@@ -82,10 +82,10 @@ void col_sums(void* out, const void* a, const void* b, DType dt, int64_t rows, i
     KEEL_CUDA_CHECK(cudaMemsetAsync(partial.as<float>(), 0, chunks * cols * 4, stream()));
   KEEL_CUDA_FLOAT_TYPES(dt, T, {
     if (rows > 0)
-      col_partial_kernel<<<grid_for(chunks * cols), kThreads, 0, stream()>>>(
-          partial.as<float>(), (const T*)a, (const T*)b, rows, cols);
-    col_finish_kernel<<<grid_for(cols), kThreads, 0, stream()>>>((T*)out, partial.as<float>(),
-                                                                 chunks, cols);
+      KEEL_LAUNCH(grid_for(chunks * cols), kThreads, 0, col_partial_kernel<T>)
+      (partial.as<float>(), (const T*)a, (const T*)b, rows, cols);
+    KEEL_LAUNCH(grid_for(cols), kThreads, 0, col_finish_kernel<T>)
+    ((T*)out, partial.as<float>(), chunks, cols);
   });
   KEEL_CUDA_LAUNCHED();
 }
@@ -123,10 +123,9 @@ double block_sum(const void* a, DType dt, int64_t n) {
   const int64_t blocks = (n + kReduceBlock - 1) / kReduceBlock;
   Scratch partial(static_cast<size_t>(blocks + 1) * 8);
   double* p = partial.as<double>();
-  KEEL_CUDA_FLOAT_TYPES(dt, T,
-                        block_sum_kernel<T, kSquare>
-                        <<<blocks, kThreads, 0, stream()>>>(p + 1, (const T*)a, n));
-  sum_doubles_kernel<<<1, 1024, 0, stream()>>>(p, p + 1, blocks);
+  KEEL_CUDA_FLOAT_TYPES(
+      dt, T, KEEL_LAUNCH(blocks, kThreads, 0, block_sum_kernel<T, kSquare>)(p + 1, (const T*)a, n));
+  KEEL_LAUNCH(1, 1024, 0, sum_doubles_kernel<>)(p, p + 1, blocks);
   KEEL_CUDA_LAUNCHED();
   double out = 0;
   read_back(&out, p, 8);

@@ -143,9 +143,8 @@ GradSetStats unscale_norm(void* const* bufs, const DType* dts, const int64_t* ns
   KEEL_LAUNCH(chunks, kThreads, 0, unscale_norm_kernel)
   (d_bad, d_sq, d_zero, d_below, d_desc, static_cast<int>(nd), inv_scale, normal_min);
   KEEL_LAUNCH(1, 1024, 0, finish_unscale_norm_kernel)(d_out, d_bad, d_sq, chunks);
-  if (per)
-    KEEL_LAUNCH(static_cast<unsigned>(nd), kThreads, 0, finish_per_buffer_kernel)
-    (d_out + 2, d_desc, d_sq, d_zero, d_below, chunks);
+  if (per) KEEL_LAUNCH(static_cast<unsigned>(nd), kThreads, 0, finish_per_buffer_kernel)
+  (d_out + 2, d_desc, d_sq, d_zero, d_below, chunks);
   KEEL_CUDA_LAUNCHED();
   std::vector<double> h(out_bytes / 8, 0.0);
   read_back(h.data(), d_out, out_bytes);  // the one synchronization of the step's steps 4-5

@@ -131,11 +131,27 @@ inline bool __any_sync(unsigned, bool p) {
   return any;
 }
 
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  std::lock_guard<std::mutex> lock(emu::current->atomics);
+  const unsigned long long old = *p;
+  *p = old + v;
+  return old;
+}
 inline long long atomicMin(long long* p, long long v) {
   std::lock_guard<std::mutex> lock(emu::current->atomics);
   const long long old = *p;
   if (v < old) *p = v;
   return old;
+}
+
+// CUDA's rounded arithmetic intrinsics (never fused: a volatile keeps the host from contracting).
+inline float __fmul_rn(float a, float b) {
+  volatile float r = a * b;
+  return r;
+}
+inline float __fadd_rn(float a, float b) {
+  volatile float r = a + b;
+  return r;
 }
 
 using std::isfinite;  // CUDA's device math in the global namespace
