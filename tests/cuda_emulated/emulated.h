@@ -6,7 +6,11 @@
 #include "keel/backend/dropout.h"
 #include "keel/backend/elementwise.h"
 #include "keel/backend/monitor.h"
+#include "keel/backend/norm.h"
+#include "keel/backend/optim.h"
 #include "keel/backend/rope.h"
+#include "keel/backend/shape.h"
+#include "keel/backend/softmax.h"
 
 #include <string>
 #include <vector>
@@ -18,7 +22,11 @@ const CrossEntropyKernels& cross_entropy_table();  // backend/cuda/cross_entropy
 const DropoutKernels& dropout_table();             // backend/cuda/dropout.cu
 const ElementwiseKernels& elementwise_table();     // backend/cuda/elementwise.cu
 const MonitorKernels& monitor_table();             // backend/cuda/monitor.cu
+const NormKernels& norm_table();                   // backend/cuda/norm.cu
+const OptimKernels& optim_table();                 // backend/cuda/optim.cu
 const RopeKernels& rope_table();                   // backend/cuda/rope.cu
+const ShapeKernels& shape_table();                 // backend/cuda/shape.cu
+const SoftmaxKernels& softmax_table();             // backend/cuda/softmax.cu
 // The source file of every kernel launched so far, in order (emulated_runtime.cpp).
 std::vector<std::string>& launched_files();
 }  // namespace keel::emucuda

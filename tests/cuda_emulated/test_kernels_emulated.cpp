@@ -1,5 +1,5 @@
-// backend/cuda's activation, dropout, monitor, rope, elementwise and cross_entropy kernels (each
-// changed since the last GPU run) on the CPU through the host emulator (shim/, prelude.h), against
+// backend/cuda's activation, dropout, monitor, rope, elementwise, cross_entropy, norm, optim,
+// softmax and shape kernels on the CPU through the host emulator (shim/, prelude.h), against
 // the CPU's tables on the same inputs: the functions' values within a few units of rounding (the
 // emulator's math is the host's libm, not CUDA's: what this checks is each kernel's indexing,
 // vector tails and rounding points), dropout's masks and products bit for bit, the fused unscale +
@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "keel/numerics/tensor_stats.h"
@@ -264,6 +265,138 @@ TEST(CudaEmulated, CrossEntropyMatchesTheCpu) {
       test::expect_close(stats[0], stats[1], 1e-5, 1e-5, name + " stats");
       expect_same(grad[0], grad[1], "cross_entropy backward " + name);
     }
+}
+
+// LayerNorm and RMSNorm, forward (with their statistics) and backward (dx, and the weight and bias
+// gradients' chunked column sums), with and without an affine transform; rows wider than a warp.
+TEST(CudaEmulated, NormsMatchTheCpu) {
+  const NormKernels &gpu = emucuda::norm_table(), &cpu = norm_kernels(Device::cpu());
+  const int64_t rows = 70, cols = 300;  // (more than one 64-row chunk of the column sums)
+  // f32 without an affine transform, bf16 with one (f16 takes bf16's template path).
+  for (const auto& [dt, affine] : {std::pair{DType::F32, false}, std::pair{DType::BF16, true}}) {
+    const std::string name = std::string(dtype_name(dt)) + (affine ? " affine" : "");
+    const Tensor x = test::randn({rows, cols}, 80, 2.f, dt),
+                 dy = test::randn({rows, cols}, 81, 1.f, dt), w = test::randn({cols}, 82, 1.f, dt),
+                 b = test::randn({cols}, 83, 1.f, dt);
+    const void* wp = affine ? w.data() : nullptr;
+    const void* bp = affine ? b.data() : nullptr;
+    Tensor y[2], mean[2], rstd[2], dx[2], dw[2], db[2], ry[2], rr[2], rdx[2], rdw[2];
+    for (int side = 0; side < 2; ++side) {
+      const NormKernels& k = side == 0 ? gpu : cpu;
+      y[side] = empty_like(x), dx[side] = empty_like(x), ry[side] = empty_like(x),
+      rdx[side] = empty_like(x);
+      mean[side] = Tensor::empty({rows}), rstd[side] = Tensor::empty({rows}),
+      rr[side] = Tensor::empty({rows});
+      dw[side] = empty_like(w), db[side] = empty_like(b), rdw[side] = empty_like(w);
+      k.layer_norm(y[side].data(), mean[side].data_as<float>(), rstd[side].data_as<float>(),
+                   x.data(), wp, bp, dt, rows, cols, 1e-5f);
+      k.layer_norm_backward(dx[side].data(), affine ? dw[side].data() : nullptr,
+                            affine ? db[side].data() : nullptr, dy.data(), x.data(), wp,
+                            mean[side].data_as<float>(), rstd[side].data_as<float>(), dt, rows,
+                            cols);
+      k.rms_norm(ry[side].data(), rr[side].data_as<float>(), x.data(), wp, dt, rows, cols, 1e-6f);
+      k.rms_norm_backward(rdx[side].data(), affine ? rdw[side].data() : nullptr, dy.data(),
+                          x.data(), wp, rr[side].data_as<float>(), dt, rows, cols);
+    }
+    const double col_tol = dt == DType::F32 ? 1e-4 : tol_of(dt);  // sums of 70 rows
+    expect_same(y[0], y[1], "layer_norm " + name);
+    test::expect_close(mean[0], mean[1], 1e-6, 1e-5, "layer_norm mean " + name);
+    test::expect_close(rstd[0], rstd[1], 1e-6, 1e-5, "layer_norm rstd " + name);
+    expect_same(dx[0], dx[1], "layer_norm dx " + name);
+    expect_same(ry[0], ry[1], "rms_norm " + name);
+    test::expect_close(rr[0], rr[1], 1e-6, 1e-5, "rms_norm rstd " + name);
+    expect_same(rdx[0], rdx[1], "rms_norm dx " + name);
+    if (affine) {
+      for (const auto& [got, want, what] :
+           {std::tuple{dw[0], dw[1], "layer_norm dw "}, std::tuple{db[0], db[1], "layer_norm db "},
+            std::tuple{rdw[0], rdw[1], "rms_norm dw "}})
+        test::expect_close(got.to_dtype(DType::F32), want.to_dtype(DType::F32), col_tol, col_tol,
+                           what + name);
+    }
+  }
+}
+
+// AdamW and SGD (momentum, Nesterov, weight decay), plain and with stochastic rounding into bf16
+// (and its count of rounded-away updates), and the scaler's unscale: the same bits as the CPU
+// (the same operations in the same order, the rounded intrinsics never fused).
+TEST(CudaEmulated, OptimizersMatchTheCpuBitForBit) {
+  const OptimKernels &gpu = emucuda::optim_table(), &cpu = optim_kernels(Device::cpu());
+  const int64_t n = 1003;
+  for (DType dt : kFloats)
+    for (bool sr : {false, true}) {
+      if (sr && dt != DType::BF16) continue;
+      const std::string name = std::string(dtype_name(dt)) + (sr ? " SR" : "");
+      const Tensor p = test::randn({n}, 30, 1.f, dt), g = test::randn({n}, 31, 0.1f, dt),
+                   m = test::randn({n}, 32, 0.01f, dt),
+                   v = test::rand_uniform({n}, 33, 0.f, 1e-3f, dt);
+      Tensor ps[2], ms[2], vs[2], sp[2], sb[2];
+      int64_t away[2] = {0, 0}, sgd_away[2] = {0, 0};
+      for (int side = 0; side < 2; ++side) {
+        const OptimKernels& k = side == 0 ? gpu : cpu;
+        ps[side] = p.clone(), ms[side] = m.clone(), vs[side] = v.clone();
+        AdamWStep s;
+        s.lr = 3e-3, s.weight_decay = 0.1, s.step = 7, s.stochastic_rounding = sr, s.seed = 5;
+        s.grad_scale = 0.5f;
+        s.rounded_away = &away[side];
+        k.adamw(ps[side].data(), g.data(), ms[side].data(), vs[side].data(), dt, n, s);
+        sp[side] = p.clone(), sb[side] = m.clone();
+        SgdStep q;
+        q.lr = 0.1, q.momentum = 0.9, q.dampening = 0.1, q.weight_decay = 0.01, q.nesterov = true;
+        q.stochastic_rounding = sr, q.seed = 9, q.rounded_away = &sgd_away[side];
+        k.sgd(sp[side].data(), g.data(), sb[side].data(), dt, n, q);
+      }
+      test::expect_bitwise_equal(ps[0], ps[1], "adamw p " + name);
+      test::expect_bitwise_equal(ms[0], ms[1], "adamw m " + name);
+      test::expect_bitwise_equal(vs[0], vs[1], "adamw v " + name);
+      EXPECT_EQ(away[0], away[1]) << "adamw rounded away " << name;
+      test::expect_bitwise_equal(sp[0], sp[1], "sgd p " + name);
+      test::expect_bitwise_equal(sb[0], sb[1], "sgd buffer " + name);
+      EXPECT_EQ(sgd_away[0], sgd_away[1]) << "sgd rounded away " << name;
+      std::vector<float> gv = g.to_floats();
+      gv[3] = NAN, gv[9] = INFINITY;
+      Tensor u[2] = {Tensor::from_floats(gv, {n}, dt), Tensor::from_floats(gv, {n}, dt)};
+      EXPECT_EQ(gpu.unscale(u[0].data(), dt, n, 1.f / 64),
+                cpu.unscale(u[1].data(), dt, n, 1.f / 64))
+          << "unscale's non-finite count " << name;
+      test::expect_close(u[0], u[1], 0, 0, "unscaled " + name);
+    }
+}
+
+// Row softmax and log-softmax with their backwards; rows wider than a block's threads.
+TEST(CudaEmulated, SoftmaxMatchesTheCpu) {
+  const SoftmaxKernels &gpu = emucuda::softmax_table(), &cpu = softmax_kernels(Device::cpu());
+  const int64_t rows = 9, cols = 700;
+  for (DType dt : kFloats)
+    for (bool log : {false, true}) {
+      const std::string name = std::string(log ? "log_softmax " : "softmax ") + dtype_name(dt);
+      const Tensor x = test::randn({rows, cols}, 84, 3.f, dt),
+                   dy = test::randn({rows, cols}, 85, 1.f, dt);
+      Tensor y[2] = {empty_like(x), empty_like(x)}, dx[2] = {empty_like(x), empty_like(x)};
+      for (int side = 0; side < 2; ++side) {
+        const SoftmaxKernels& k = side == 0 ? gpu : cpu;
+        (log ? k.log_softmax : k.softmax)(y[side].data(), x.data(), dt, rows, cols);
+        (log ? k.log_softmax_backward : k.softmax_backward)(dx[side].data(), dy.data(),
+                                                            y[side].data(), dt, rows, cols);
+      }
+      expect_same(y[0], y[1], name);
+      expect_same(dx[0], dx[1], name + " backward");
+    }
+}
+
+// swap_dims (split/merge heads, transposes) and copy_2d: bytes moved, bit for bit.
+TEST(CudaEmulated, ShapeCopiesMatchTheCpuBitForBit) {
+  const ShapeKernels &gpu = emucuda::shape_table(), &cpu = shape_kernels(Device::cpu());
+  for (DType dt : kFloats) {
+    const Tensor x = test::randn({2, 3, 5, 4, 7}, 86, 1.f, dt);
+    Tensor out[2] = {empty_like(x), empty_like(x)};
+    for (int side = 0; side < 2; ++side)
+      (side == 0 ? gpu : cpu).swap_dims(out[side].data(), x.data(), dtype_size(dt), 2, 3, 5, 4, 7);
+    test::expect_bitwise_equal(out[0], out[1], std::string("swap_dims ") + dtype_name(dt));
+    Tensor dst[2] = {Tensor::zeros({6, 40}, dt), Tensor::zeros({6, 40}, dt)};
+    for (int side = 0; side < 2; ++side)
+      (side == 0 ? gpu : cpu).copy_2d(dst[side].data(), 40, x.data(), 35, dtype_size(dt), 6, 33);
+    test::expect_bitwise_equal(dst[0], dst[1], std::string("copy_2d ") + dtype_name(dt));
+  }
 }
 
 // RoPE over a whole head and a partial one (Phi-4-mini's: the last channels pass), both ways.

@@ -81,9 +81,8 @@ void col_sums(void* out, const void* a, const void* b, DType dt, int64_t rows, i
   if (rows <= 0)
     KEEL_CUDA_CHECK(cudaMemsetAsync(partial.as<float>(), 0, chunks * cols * 4, stream()));
   KEEL_CUDA_FLOAT_TYPES(dt, T, {
-    if (rows > 0)
-      KEEL_LAUNCH(grid_for(chunks * cols), kThreads, 0, col_partial_kernel<T>)
-      (partial.as<float>(), (const T*)a, (const T*)b, rows, cols);
+    if (rows > 0) KEEL_LAUNCH(grid_for(chunks * cols), kThreads, 0, col_partial_kernel<T>)
+    (partial.as<float>(), (const T*)a, (const T*)b, rows, cols);
     KEEL_LAUNCH(grid_for(cols), kThreads, 0, col_finish_kernel<T>)
     ((T*)out, partial.as<float>(), chunks, cols);
   });

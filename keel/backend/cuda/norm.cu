@@ -88,11 +88,11 @@ void norm_dw(T* dw, T* db, const T* dy, const T* x, const float* mean, const flo
   if (rows <= 0) {
     KEEL_CUDA_CHECK(cudaMemsetAsync(part.as<float>(), 0, 2 * chunks * cols * 4, stream()));
   } else {
-    norm_dw_partial_kernel<<<grid_for(chunks * cols), kThreads, 0, stream()>>>(pw, pb, dy, x, mean,
-                                                                               rstd, rows, cols);
+    KEEL_LAUNCH(grid_for(chunks * cols), kThreads, 0, norm_dw_partial_kernel<T>)
+    (pw, pb, dy, x, mean, rstd, rows, cols);
   }
-  if (dw) col_finish_kernel<<<grid_for(cols), kThreads, 0, stream()>>>(dw, pw, chunks, cols);
-  if (db) col_finish_kernel<<<grid_for(cols), kThreads, 0, stream()>>>(db, pb, chunks, cols);
+  if (dw) KEEL_LAUNCH(grid_for(cols), kThreads, 0, col_finish_kernel<T>)(dw, pw, chunks, cols);
+  if (db) KEEL_LAUNCH(grid_for(cols), kThreads, 0, col_finish_kernel<T>)(db, pb, chunks, cols);
   KEEL_CUDA_LAUNCHED();
 }
 
@@ -101,7 +101,7 @@ void norm_layer_norm(void* y, float* mean, float* rstd, const void* x, const voi
   if (rows <= 0 || cols <= 0) return;
   KEEL_CUDA_FLOAT_TYPES(
       dt, T,
-      norm_fwd_kernel<<<rows, row_threads(cols), 0, stream()>>>(
+      KEEL_LAUNCH(rows, row_threads(cols), 0, norm_fwd_kernel<T>)(
           (T*)y, mean, rstd, (const T*)x, (const T*)w, (const T*)b, cols, eps, true));
   KEEL_CUDA_LAUNCHED();
 }
@@ -111,8 +111,8 @@ void norm_layer_norm_backward(void* dx, void* dw, void* db, const void* dy, cons
   if (cols <= 0) return;
   KEEL_CUDA_FLOAT_TYPES(dt, T, {
     if (dx && rows > 0)
-      norm_dx_kernel<<<rows, row_threads(cols), 0, stream()>>>((T*)dx, (const T*)dy, (const T*)x,
-                                                               (const T*)w, mean, rstd, cols, true);
+      KEEL_LAUNCH(rows, row_threads(cols), 0, norm_dx_kernel<T>)
+      ((T*)dx, (const T*)dy, (const T*)x, (const T*)w, mean, rstd, cols, true);
     if (dw || db) norm_dw((T*)dw, (T*)db, (const T*)dy, (const T*)x, mean, rstd, rows, cols);
   });
   KEEL_CUDA_LAUNCHED();
@@ -122,7 +122,7 @@ void norm_rms_norm(void* y, float* rstd, const void* x, const void* w, DType dt,
   if (rows <= 0 || cols <= 0) return;
   KEEL_CUDA_FLOAT_TYPES(
       dt, T,
-      norm_fwd_kernel<<<rows, row_threads(cols), 0, stream()>>>(
+      KEEL_LAUNCH(rows, row_threads(cols), 0, norm_fwd_kernel<T>)(
           (T*)y, nullptr, rstd, (const T*)x, (const T*)w, (const T*)nullptr, cols, eps, false));
   KEEL_CUDA_LAUNCHED();
 }
@@ -131,8 +131,8 @@ void norm_rms_norm_backward(void* dx, void* dw, const void* dy, const void* x, c
   if (cols <= 0) return;
   KEEL_CUDA_FLOAT_TYPES(dt, T, {
     if (dx && rows > 0)
-      norm_dx_kernel<<<rows, row_threads(cols), 0, stream()>>>(
-          (T*)dx, (const T*)dy, (const T*)x, (const T*)w, nullptr, rstd, cols, false);
+      KEEL_LAUNCH(rows, row_threads(cols), 0, norm_dx_kernel<T>)
+      ((T*)dx, (const T*)dy, (const T*)x, (const T*)w, nullptr, rstd, cols, false);
     if (dw) norm_dw((T*)dw, (T*)nullptr, (const T*)dy, (const T*)x, nullptr, rstd, rows, cols);
   });
   KEEL_CUDA_LAUNCHED();

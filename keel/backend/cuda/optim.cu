@@ -88,7 +88,7 @@ void opt_adamw(void* p, const void* g, void* m, void* v, DType dt, int64_t n, co
                       static_cast<float>(-(s.lr / bc1)),
                       s.grad_scale};
   KEEL_CUDA_FLOAT_TYPES(dt, T,
-                        adamw_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
+                        KEEL_LAUNCH(grid_for(n), kThreads, 0, adamw_kernel<T>)(
                             (T*)p, (const T*)g, (T*)m, (T*)v, n, c, s.stochastic_rounding, s.seed,
                             reinterpret_cast<unsigned long long*>(s.rounded_away)));
   KEEL_CUDA_LAUNCHED();
@@ -135,7 +135,7 @@ void opt_sgd(void* p, const void* g, void* buf, DType dt, int64_t n, const SgdSt
   if (n <= 0) return;
   KEEL_CUDA_FLOAT_TYPES(
       dt, T,
-      sgd_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
+      KEEL_LAUNCH(grid_for(n), kThreads, 0, sgd_kernel<T>)(
           (T*)p, (const T*)g, c.use_momentum ? (T*)buf : (T*)nullptr, n, c, s.stochastic_rounding,
           s.seed, reinterpret_cast<unsigned long long*>(s.rounded_away)));
   KEEL_CUDA_LAUNCHED();

@@ -31,12 +31,12 @@ void swap_dims_as(void* out, const void* in, int64_t outer, int64_t n0, int64_t 
                   int64_t inner) {
   const int64_t n = outer * n0 * mid * n1 * inner;
   if (n < (int64_t{1} << 31))
-    swap_dims_kernel<E, uint32_t><<<grid_for(n), kThreads, 0, stream()>>>(
-        (E*)out, (const E*)in, uint32_t(outer), uint32_t(n0), uint32_t(mid), uint32_t(n1),
-        uint32_t(inner));
+    KEEL_LAUNCH(grid_for(n), kThreads, 0, swap_dims_kernel<E, uint32_t>)
+    ((E*)out, (const E*)in, uint32_t(outer), uint32_t(n0), uint32_t(mid), uint32_t(n1),
+     uint32_t(inner));
   else
-    swap_dims_kernel<E, int64_t>
-        <<<grid_for(n), kThreads, 0, stream()>>>((E*)out, (const E*)in, outer, n0, mid, n1, inner);
+    KEEL_LAUNCH(grid_for(n), kThreads, 0, swap_dims_kernel<E, int64_t>)
+    ((E*)out, (const E*)in, outer, n0, mid, n1, inner);
 }
 void swap_dims(void* out, const void* in, size_t elem, int64_t outer, int64_t n0, int64_t mid,
                int64_t n1, int64_t inner) {

@@ -45,14 +45,14 @@ void softmax_fwd(void* y, const void* x, DType dt, int64_t rows, int64_t cols, b
   if (rows <= 0 || cols <= 0) return;
   KEEL_CUDA_FLOAT_TYPES(
       dt, T,
-      softmax_kernel<<<rows, row_threads(cols), 0, stream()>>>((T*)y, (const T*)x, cols, log));
+      KEEL_LAUNCH(rows, row_threads(cols), 0, softmax_kernel<T>)((T*)y, (const T*)x, cols, log));
   KEEL_CUDA_LAUNCHED();
 }
 void softmax_bwd(void* dx, const void* dy, const void* y, DType dt, int64_t rows, int64_t cols,
                  bool log) {
   if (rows <= 0 || cols <= 0) return;
   KEEL_CUDA_FLOAT_TYPES(dt, T,
-                        softmax_bwd_kernel<<<rows, row_threads(cols), 0, stream()>>>(
+                        KEEL_LAUNCH(rows, row_threads(cols), 0, softmax_bwd_kernel<T>)(
                             (T*)dx, (const T*)dy, (const T*)y, cols, log));
   KEEL_CUDA_LAUNCHED();
 }

@@ -153,6 +153,16 @@ inline float __fadd_rn(float a, float b) {
   volatile float r = a + b;
   return r;
 }
+inline float __fdiv_rn(float a, float b) {
+  volatile float r = a / b;
+  return r;
+}
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }  // IEEE: correctly rounded on both
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
 
 using std::isfinite;  // CUDA's device math in the global namespace
 using std::isinf;
