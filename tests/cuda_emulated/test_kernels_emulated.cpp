@@ -1,5 +1,5 @@
-// backend/cuda's activation, dropout, monitor, rope, elementwise, cross_entropy, norm, optim,
-// softmax and shape kernels on the CPU through the host emulator (shim/, prelude.h), against
+// backend/cuda's activation, dropout, monitor, rope, elementwise, cross_entropy, embedding, norm,
+// optim, softmax and shape kernels on the CPU through the host emulator (shim/, prelude.h), against
 // the CPU's tables on the same inputs: the functions' values within a few units of rounding (the
 // emulator's math is the host's libm, not CUDA's: what this checks is each kernel's indexing,
 // vector tails and rounding points), dropout's masks and products bit for bit, the fused unscale +
@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -397,6 +398,43 @@ TEST(CudaEmulated, ShapeCopiesMatchTheCpuBitForBit) {
       (side == 0 ? gpu : cpu).copy_2d(dst[side].data(), 40, x.data(), 35, dtype_size(dt), 6, 33);
     test::expect_bitwise_equal(dst[0], dst[1], std::string("copy_2d ") + dtype_name(dt));
   }
+}
+
+// The embedding: the gather bit for bit, the id check, and the backward's scatter-add grouped on
+// the host (the ids read back) and on the device (KEEL_CUDA_DEVICE_GROUPING=1: shim/cub's radix
+// sort, then a block per sorted position), each the CPU's bits; i32 and i64 ids with repeats.
+TEST(CudaEmulated, EmbeddingMatchesTheCpuBitForBit) {
+  const EmbeddingKernels &gpu = emucuda::embedding_table(), &cpu = embedding_kernels(Device::cpu());
+  const int64_t v = 300, d = 40, n = 200;
+  std::vector<int64_t> id_v(n);
+  for (int64_t i = 0; i < n; ++i) id_v[i] = (i * 7919) % 59 * 5;  // 59 ids below v, each ~3 times
+  id_v[7] = v - 1;
+  for (DType dt : kFloats)
+    for (DType id_dt : {DType::I32, DType::I64}) {
+      const std::string name = std::string(dtype_name(dt)) + " " + dtype_name(id_dt) + " ids";
+      const Tensor ids = Tensor::from_ints(id_v, {n}, id_dt), w = test::randn({v, d}, 87, 1.f, dt),
+                   g = test::randn({n, d}, 88, 1.f, dt);
+      Tensor rows[2] = {Tensor::empty({n, d}, dt), Tensor::empty({n, d}, dt)};
+      gpu.gather(rows[0].data(), w.data(), ids.data(), id_dt, dt, n, d);
+      cpu.gather(rows[1].data(), w.data(), ids.data(), id_dt, dt, n, d);
+      test::expect_bitwise_equal(rows[0], rows[1], "gather " + name);
+      EXPECT_EQ(gpu.find_invalid(ids.data(), id_dt, n, v), -1) << name;
+      EXPECT_EQ(gpu.find_invalid(ids.data(), id_dt, n, v - 1), 7) << name;  // id v - 1 at 7
+      Tensor want = test::randn({v, d}, 89, 1.f, dt);
+      Tensor host = want.clone(), device = want.clone();
+      cpu.scatter_add(want.data(), g.data(), ids.data(), id_dt, dt, n, v, d);
+      gpu.scatter_add(host.data(), g.data(), ids.data(), id_dt, dt, n, v, d);
+      emucuda::launched_files().clear();
+      setenv("KEEL_CUDA_DEVICE_GROUPING", "1", 1);
+      gpu.scatter_add(device.data(), g.data(), ids.data(), id_dt, dt, n, v, d);
+      unsetenv("KEEL_CUDA_DEVICE_GROUPING");
+      bool on_device = false;
+      for (const std::string& f : emucuda::launched_files())
+        on_device |= f == "embedding.cu scatter_add_grouped_on_device";
+      EXPECT_TRUE(on_device) << name << ": the device grouping did not run";
+      test::expect_bitwise_equal(host, want, "scatter_add grouped on the host " + name);
+      test::expect_bitwise_equal(device, want, "scatter_add grouped on the device " + name);
+    }
 }
 
 // RoPE over a whole head and a partial one (Phi-4-mini's: the last channels pass), both ways.

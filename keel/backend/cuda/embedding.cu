@@ -41,8 +41,8 @@ int64_t find_invalid_ids(const void* ids, DType dt, int64_t n, int64_t v, int64_
   Scratch s(8);
   const unsigned long long none = ~0ull;
   KEEL_CUDA_CHECK(cudaMemsetAsync(s.as<void>(), 0xff, 8, stream()));  // = none, no host sync
-  find_invalid_kernel<<<grid_for(n), kThreads, 0, stream()>>>(
-      s.as<unsigned long long>(), ids, dt == DType::I32, n, v, ignore, use_ignore);
+  KEEL_LAUNCH(grid_for(n), kThreads, 0, find_invalid_kernel)
+  (s.as<unsigned long long>(), ids, dt == DType::I32, n, v, ignore, use_ignore);
   KEEL_CUDA_LAUNCHED();
   unsigned long long out = 0;
   read_back(&out, s.as<void>(), 8);
@@ -64,11 +64,11 @@ void emb_gather(void* out, const void* weight, const void* ids, DType id_dt, DTy
   if (n * d <= 0) return;
   const bool i32 = id_dt == DType::I32;
   if (dtype_size(dt) == 4)
-    gather_kernel<<<grid_for(n * d), kThreads, 0, stream()>>>(
-        (uint32_t*)out, (const uint32_t*)weight, ids, i32, n, d);
+    KEEL_LAUNCH(grid_for(n * d), kThreads, 0, gather_kernel<uint32_t>)
+    ((uint32_t*)out, (const uint32_t*)weight, ids, i32, n, d);
   else
-    gather_kernel<<<grid_for(n * d), kThreads, 0, stream()>>>(
-        (uint16_t*)out, (const uint16_t*)weight, ids, i32, n, d);
+    KEEL_LAUNCH(grid_for(n * d), kThreads, 0, gather_kernel<uint16_t>)
+    ((uint16_t*)out, (const uint16_t*)weight, ids, i32, n, d);
   KEEL_CUDA_LAUNCHED();
 }
 
@@ -137,14 +137,14 @@ void scatter_add_grouped_on_device(void* dweight, const void* grad, const void* 
   int32_t* pos_in = reinterpret_cast<int32_t*>(keys + n);
   int32_t* pos = pos_in + n;
   void* sort_tmp = pos + n;
-  sort_inputs_kernel<<<grid_for(n), kThreads, 0, stream()>>>(keys_in, pos_in, ids,
-                                                             id_dt == DType::I32, n);
+  KEEL_LAUNCH(grid_for(n), kThreads, 0, sort_inputs_kernel)
+  (keys_in, pos_in, ids, id_dt == DType::I32, n);
   KEEL_CUDA_LAUNCHED();
   KEEL_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(sort_tmp, sort_bytes, keys_in, keys, pos_in, pos,
                                                   count, 0, end_bit, stream()));
   const int threads = d >= 256 ? 256 : 128;
   KEEL_CUDA_FLOAT_TYPES(dt, T,
-                        sorted_scatter_kernel<<<n, threads, 0, stream()>>>(
+                        KEEL_LAUNCH(n, threads, 0, sorted_scatter_kernel<T>)(
                             (T*)dweight, (const T*)grad, keys, pos, n, d));
   KEEL_CUDA_LAUNCHED();
 }
@@ -179,7 +179,7 @@ void emb_scatter_add(void* dweight, const void* grad, const void* ids, DType id_
   const int64_t* order = dev.as<int64_t>();
   const int threads = d >= 256 ? 256 : 128;
   KEEL_CUDA_FLOAT_TYPES(dt, T,
-                        scatter_kernel<<<ng, threads, 0, stream()>>>(
+                        KEEL_LAUNCH(ng, threads, 0, scatter_kernel<T>)(
                             (T*)dweight, (const T*)grad, order, order + n, order + n + ng + 1, d));
   KEEL_CUDA_LAUNCHED();
   // meta must outlive the copy from pageable memory: cudaMemcpyAsync from pageable memory has

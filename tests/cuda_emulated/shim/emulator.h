@@ -137,9 +137,10 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
   *p = old + v;
   return old;
 }
-inline long long atomicMin(long long* p, long long v) {
+template <class I>  // long long, unsigned long long
+inline I atomicMin(I* p, I v) {
   std::lock_guard<std::mutex> lock(emu::current->atomics);
-  const long long old = *p;
+  const I old = *p;
   if (v < old) *p = v;
   return old;
 }
