@@ -34,7 +34,8 @@ uint64_t Rng::next_u64() {
   return result;
 }
 
-double Rng::uniform() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+double Rng::uniform() { return uniform_of(next_u64()); }
+double Rng::uniform_of(uint64_t w) { return static_cast<double>(w >> 11) * 0x1.0p-53; }
 
 double Rng::normal() {
   const uint64_t a = next_u64();
@@ -42,8 +43,7 @@ double Rng::normal() {
 }
 
 double Rng::normal_of(uint64_t a, uint64_t b) {
-  const double u1 = 1.0 - static_cast<double>(a >> 11) * 0x1.0p-53;  // 1 - uniform(): (0, 1]
-  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;        // uniform()
+  const double u1 = 1.0 - uniform_of(a), u2 = uniform_of(b);  // u1 in (0, 1]
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 

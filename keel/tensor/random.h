@@ -18,6 +18,7 @@ class Rng {
   // The value normal() gives when its two draws are a and b (fill_normal spreads these over
   // threads after drawing the words in order).
   static double normal_of(uint64_t a, uint64_t b);
+  static double uniform_of(uint64_t w);  // the value uniform() gives when its draw is w
   std::array<uint64_t, 4> state() const { return s_; }
   void set_state(const std::array<uint64_t, 4>& s) { s_ = s; }
 
